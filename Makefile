@@ -1,0 +1,51 @@
+# gpubatch: `make demo` and `make test` do all set-up themselves (a .venv with the project installed).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-stamp
+OUT     := out/demo
+
+.DEFAULT_GOAL := help
+.PHONY: help demo test lint format gpu-test bench sample-data clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)  ## run the main job on sample_data/ (GPU when usable, else CPU)
+	rm -rf $(OUT) && mkdir -p $(OUT)
+	$(BIN)/gpubatch info sample_data/imagenet
+	$(BIN)/gpubatch convert sample_data/imagenet $(OUT)/imagenet-webdataset --to webdataset --device auto
+	$(BIN)/gpubatch convert sample_data/imagenet $(OUT)/imagenet-tfrecord --to tfrecord \
+		--resize-shorter 256 --center-crop 224 --quality 90 --shard-size 32 --device auto
+	$(BIN)/gpubatch convert sample_data/coco $(OUT)/coco-lmdb --to lmdb --device auto
+	$(BIN)/gpubatch convert sample_data/coco $(OUT)/coco-tfrecord --to tfrecord --resize-shorter 128 --device auto
+	$(BIN)/gpubatch info $(OUT)/imagenet-tfrecord
+	$(BIN)/gpubatch info $(OUT)/coco-tfrecord
+
+test: $(STAMP)  ## run the test suite (GPU tests skip without a GPU)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)  ## ruff lint
+	$(BIN)/ruff check gpubatch tests benchmarks sample_data
+
+format: $(STAMP)  ## ruff format
+	$(BIN)/ruff format gpubatch tests benchmarks sample_data
+
+# On the lent GPU machine: its own python3 (no venv, no pip), packages from the carried .gpu-site.
+gpu-test:  ## GPU tests + a GPU convert, with the system python3 (run on the GPU machine)
+	python3 -m pytest -q -m gpu -p no:cacheprovider tests
+	rm -rf /tmp/gpubatch-gpu-demo
+	python3 -m gpubatch convert sample_data/imagenet /tmp/gpubatch-gpu-demo --to tfrecord \
+		--resize-shorter 256 --center-crop 224 --quality 90 --device gpu
+
+sample-data: $(STAMP)  ## regenerate sample_data/ (deterministic)
+	$(BIN)/python sample_data/make_sample_data.py
+
+clean:  ## remove the venv and outputs
+	rm -rf $(VENV) out .pytest_cache .ruff_cache

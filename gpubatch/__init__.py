@@ -1,0 +1,49 @@
+"""gpubatch: a GPU batch engine for whole datasets.
+
+Convert datasets between JPEG/PNG folders, LMDB, TFRecord, MXNet RecordIO, COCO and WebDataset,
+passing encoded bytes through untouched or decoding, transforming and re-encoding them (on the GPU
+when one is usable, else on the CPU). Importing this package is cheap: the heavy parts (Pillow,
+CuPy, nvImageCodec) load on first use.
+
+    >>> import gpubatch
+    >>> summary = gpubatch.convert("imagenet/train", "out/train-wds", to="webdataset")
+    >>> gpubatch.info("out/train-wds").records
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "convert": ("gpubatch.api", "convert"),
+    "info": ("gpubatch.api", "info"),
+    "open_dataset": ("gpubatch.api", "open_dataset"),
+    "ConvertRequest": ("gpubatch.api", "ConvertRequest"),
+    "RunSummary": ("gpubatch.api", "RunSummary"),
+    "DatasetReport": ("gpubatch.report.info", "DatasetReport"),
+    "Record": ("gpubatch.types", "Record"),
+    "Boxes": ("gpubatch.types", "Boxes"),
+    "Media": ("gpubatch.types", "Media"),
+    "DatasetInfo": ("gpubatch.types", "DatasetInfo"),
+    "GpubatchError": ("gpubatch.errors", "GpubatchError"),
+    "RecordError": ("gpubatch.errors", "RecordError"),
+    "ErrorPolicy": ("gpubatch.errors", "ErrorPolicy"),
+    "format_names": ("gpubatch.formats", "format_names"),
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'gpubatch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,3 @@
+from gpubatch.cli import main
+
+main()

@@ -1,0 +1,92 @@
+"""Path safety and atomic output.
+
+Every dataset gpubatch writes is built in a staging folder beside the destination and renamed into
+place only when complete, so an interrupted or failed run never leaves something that looks finished.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+
+from .errors import UsageError
+
+STAGING_MARK = ".gpubatch-partial-"
+
+
+def safe_relpath(name: str) -> str:
+    """Validate a member or file name from a dataset and return it in normalized POSIX form.
+
+    Raises:
+        ValueError: the name is empty, absolute, or climbs out of the dataset root (``..``).
+    """
+    if not name or "\x00" in name:
+        raise ValueError(f"invalid name {name!r}")
+    posix = name.replace("\\", "/")
+    if posix.startswith("/") or (len(posix) > 1 and posix[1] == ":"):
+        raise ValueError(f"absolute path {name!r} is not allowed inside a dataset")
+    parts = [p for p in PurePosixPath(posix).parts if p not in ("", ".")]
+    if not parts or any(p == ".." for p in parts):
+        raise ValueError(f"path {name!r} escapes the dataset root")
+    return "/".join(parts)
+
+
+def safe_join(root: Path, name: str) -> Path:
+    """``root / name`` after :func:`safe_relpath` validation."""
+    return Path(root) / safe_relpath(name)
+
+
+def is_within(path: Path, root: Path) -> bool:
+    """True when ``path`` is ``root`` or lies inside it (symlinks resolved)."""
+    path, root = Path(path).resolve(), Path(root).resolve()
+    return path == root or root in path.parents
+
+
+def check_output(src: Path | None, dst: Path, overwrite: bool) -> None:
+    """Refuse destinations that would lose data: an existing one without --overwrite, or one that
+    overlaps the source."""
+    dst = Path(dst)
+    if src is not None:
+        if is_within(dst, src):
+            raise UsageError(f"output {dst} is the source or lies inside it: choose a destination outside {src}")
+        if overwrite and dst.exists() and is_within(src, dst):
+            raise UsageError(f"--overwrite would delete the source {src}, which lies inside {dst}")
+    if dst.exists() or dst.is_symlink():
+        if not overwrite:
+            raise UsageError(f"output {dst} already exists: pass --overwrite to replace it")
+    if not dst.parent.exists():
+        raise UsageError(f"the folder {dst.parent} for the output does not exist")
+
+
+@contextmanager
+def staged_output(dst: Path, overwrite: bool) -> Iterator[Path]:
+    """Yield a fresh staging folder; on success it replaces ``dst`` (atomically where the OS allows).
+
+    On any exception (KeyboardInterrupt included) the staging folder is removed and ``dst`` is left as
+    it was.
+    """
+    dst = Path(dst)
+    stage = dst.parent / f".{dst.name}{STAGING_MARK}{uuid.uuid4().hex[:8]}"
+    stage.mkdir()
+    try:
+        yield stage
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    old = None
+    if dst.exists() or dst.is_symlink():
+        if not overwrite:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise UsageError(f"output {dst} appeared while the run was going: pass --overwrite to replace it")
+        old = dst.parent / f".{dst.name}.gpubatch-old-{uuid.uuid4().hex[:8]}"
+        os.replace(dst, old)
+    os.replace(stage, dst)
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink()

@@ -1,0 +1,246 @@
+"""The public Python API, which the CLI calls too: :func:`convert`, :func:`info`, :func:`open_dataset`.
+
+    >>> from gpubatch import convert
+    >>> s = convert("data/train", "out/train-tfr", to="tfrecord", resize_shorter=256, quality=90)
+    >>> s.records_out, s.skipped
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ._paths import check_output, staged_output
+from .engine.device import Device, DeviceKind, resolve
+from .errors import ErrorPolicy, ErrorRouter, GpubatchError, RunStats, UsageError
+from .formats import get_format, open_reader
+from .formats.base import Reader, WriteOptions, Writer
+from .formats.manifest import write_manifest
+from .types import Record
+
+
+@dataclass(frozen=True)
+class ConvertRequest:
+    """Everything one ``convert`` run needs; the CLI builds one from its flags.
+
+    Pixel options (``resize_shorter``, ``center_crop``, ``resize``, ``quality``, ``image_format`` other
+    than "keep") decode, transform and re-encode images; without them encoded bytes pass through
+    untouched. ``device`` is "auto", "cpu" or "gpu".
+    """
+
+    src: Path
+    dst: Path
+    to: str
+    from_format: str | None = None
+    resize_shorter: int | None = None
+    center_crop: int | None = None
+    resize: tuple[int, int] | None = None
+    quality: int | None = None
+    image_format: str = "keep"
+    max_pixels: int | None = None
+    shard_size: int = 10_000
+    name: str = "data"
+    layout: str = "imagenet"
+    workers: int | None = None
+    limit: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    on_error: str = "skip"
+    overwrite: bool = False
+    device: str = "auto"
+    gpu: int = 0
+    batch_size: int = 256
+    gpu_memory: str | None = None
+
+    def options(self) -> dict[str, Any]:
+        """The request as JSON-able settings for the manifest."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = str(v) if isinstance(v, Path) else v
+        return out
+
+
+@dataclass
+class RunSummary:
+    """What a run did, for the end-of-run summary, ``--json`` and the manifest."""
+
+    src: str
+    dst: str
+    src_format: str
+    dst_format: str
+    device: str
+    device_reason: str
+    records_in: int = 0
+    records_out: int = 0
+    passthrough: int = 0
+    transcoded: int = 0
+    fallbacks: int = 0
+    boxes_dropped: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+    skipped: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def records_per_second(self) -> float:
+        return self.records_in / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["records_per_second"] = round(self.records_per_second, 1)
+        return d
+
+
+class _BoxWarningWriter(Writer):
+    """Passes records to a writer; warns once when boxes meet a format that cannot hold them."""
+
+    def __init__(self, inner: Writer, fmt_name: str, carries_boxes: bool, stats: RunStats):
+        self.inner, self.fmt_name, self.carries_boxes, self.stats = inner, fmt_name, carries_boxes, stats
+
+    def write(self, record: Record) -> None:
+        if record.boxes is not None and len(record.boxes) and not self.carries_boxes:
+            self.stats.warn(f"{self.fmt_name} cannot hold detection boxes: boxes were dropped")
+        self.inner.write(record)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _select(reader: Reader, limit: int | None, shuffle: bool, seed: int) -> list[Any]:
+    entries = list(reader.entries())
+    if shuffle:
+        random.Random(seed).shuffle(entries)
+    if limit is not None:
+        if limit < 0:
+            raise UsageError(f"--limit must be >= 0, got {limit}")
+        entries = entries[:limit]
+    return entries
+
+
+def convert(
+    src: str | Path | ConvertRequest,
+    dst: str | Path | None = None,
+    to: str | None = None,
+    *,
+    progress: Callable[[int, int], Callable[[int], None]] | None = None,
+    on_device: Callable[[Device], None] | None = None,
+    **options: Any,
+) -> RunSummary:
+    """Convert the dataset at ``src`` into format ``to`` at ``dst``.
+
+    Args:
+        src: source dataset (folder, LMDB dir, shard folder, COCO folder or JSON), or a ConvertRequest.
+        dst: destination path; it must not exist unless ``overwrite=True``, and must lie outside ``src``.
+        to: output format name (see :func:`gpubatch.format_names`).
+        progress: ``progress(total)`` returns a callback advanced by one per record.
+        on_device: called once with the resolved device, before data moves.
+        **options: any other :class:`ConvertRequest` field.
+
+    Returns:
+        a :class:`RunSummary`. The output appears at ``dst`` only when complete.
+
+    Raises:
+        GpubatchError: bad arguments or an unreadable source (one-line message);
+        RecordFailed: a bad record under ``on_error="fail"``.
+    """
+    if isinstance(src, ConvertRequest):
+        req = src
+    else:
+        if dst is None or to is None:
+            raise UsageError("convert needs a source, a destination and a format (to=...)")
+        req = ConvertRequest(src=Path(src), dst=Path(dst), to=to, **options)
+    from .engine.plan import make_plan
+
+    fmt = get_format(req.to)
+    src_path, dst_path = Path(req.src), Path(req.dst)
+    if not src_path.exists():
+        raise UsageError(f"source {src_path} does not exist")
+    if req.shard_size < 1:
+        raise UsageError(f"--shard-size must be >= 1, got {req.shard_size}")
+    if req.layout not in ("imagenet", "flat"):
+        raise UsageError(f"unknown layout {req.layout!r}; supported: imagenet, flat")
+    policy = ErrorPolicy(req.on_error) if req.on_error in ("skip", "fail") else None
+    if policy is None:
+        raise UsageError(f"unknown --on-error {req.on_error!r}; supported: skip, fail")
+    plan = make_plan(req.resize_shorter, req.center_crop, req.resize, req.image_format, req.quality, req.max_pixels)
+    check_output(src_path, dst_path, req.overwrite)
+    if plan.touches_pixels or req.device == "gpu":
+        device = resolve(req.device, req.gpu)
+    else:
+        device = Device(DeviceKind.CPU, reason="no pixel option: encoded bytes pass through untouched")
+    if on_device:
+        on_device(device)
+
+    stats = RunStats()
+    router = ErrorRouter(policy, stats)
+    start = time.perf_counter()
+    with open_reader(src_path, req.from_format) as reader:
+        src_format = reader.format_name
+        entries = _select(reader, req.limit, req.shuffle, req.seed)
+        info = reader.info()
+        opts = WriteOptions(shard_size=req.shard_size, name=req.name, source=str(src_path),
+                            extra={"layout": req.layout})
+        tick = progress(len(entries)) if progress else None
+        with staged_output(dst_path, req.overwrite) as stage:
+            writer = _BoxWarningWriter(fmt.writer(stage, info, opts), fmt.name, fmt.carries_boxes, stats)
+            try:
+                with writer:
+                    _run(device, reader, entries, writer, plan, router, req, tick)
+            except OSError as e:
+                raise GpubatchError(f"writing {dst_path} failed: {e}") from None
+            seconds = time.perf_counter() - start
+            summary = RunSummary(
+                src=str(src_path), dst=str(dst_path), src_format=src_format, dst_format=fmt.name,
+                device=str(device), device_reason=device.reason, records_in=stats.records_in,
+                records_out=stats.records_out, passthrough=stats.passthrough, transcoded=stats.transcoded,
+                fallbacks=stats.fallbacks, boxes_dropped=stats.boxes_dropped, bytes_in=stats.bytes_in,
+                bytes_out=stats.bytes_out, seconds=seconds, skipped=[e.as_dict() for e in stats.errors],
+                warnings=list(stats.warnings),
+            )
+            write_manifest(stage, {
+                "format": fmt.name,
+                "records": stats.records_out,
+                "classes": list(info.classes),
+                "categories": [dict(c) for c in info.categories],
+                "source": {"path": str(src_path.resolve()), "format": src_format},
+                "options": req.options(),
+                "device": str(device),
+                "errors": summary.skipped,
+                "warnings": summary.warnings,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            })
+    return summary
+
+
+def _run(device: Device, reader: Reader, entries: list, writer: Writer, plan: Any, router: ErrorRouter,
+         req: ConvertRequest, tick: Callable[[int], None] | None) -> None:
+    from .engine.executor import default_workers, run_host
+
+    workers = req.workers or default_workers()
+    if device.is_gpu and plan.touches_pixels:
+        from .engine.gpu_executor import run_device
+
+        run_device(device, reader, entries, writer, plan, router, workers=workers,
+                   batch_size=req.batch_size, gpu_memory=req.gpu_memory, progress=tick)
+    else:
+        run_host(reader, entries, writer, plan, router, workers, tick)
+
+
+def open_dataset(path: str | Path, fmt: str | None = None) -> Reader:
+    """A reader over the dataset at ``path``: iterate it for :class:`~gpubatch.types.Record` values,
+    ``len()`` it, ``.info()`` for classes. Use as a context manager to close its files."""
+    return open_reader(Path(path), fmt)
+
+
+def info(path: str | Path, fmt: str | None = None, workers: int | None = None,
+         progress: Callable[[int, int], Callable[[int], None]] | None = None):
+    """Describe the dataset at ``path``: a :class:`~gpubatch.report.info.DatasetReport`."""
+    from .report.info import describe
+
+    return describe(Path(path), fmt, workers, progress)

@@ -1,0 +1,45 @@
+"""``gpubatch info PATH`` and ``gpubatch formats``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .options import FORMAT_NAMES
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--from", "from_format", type=click.Choice(FORMAT_NAMES), default=None,
+              help="Dataset format  [default: detected]")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader threads.")
+def info(path: Path, from_format: str | None, as_json: bool, workers: int | None) -> None:
+    """Show what the dataset at PATH holds: format, records, classes, image sizes (from headers), bytes."""
+    from ..api import info as describe
+    from ..report.info import render
+    from ..report.progress import progress_bar
+
+    with progress_bar("reading headers", enabled=not as_json) as start:
+        report = describe(path, from_format, workers, start)
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        render(report)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+def formats() -> None:
+    """List the dataset formats, what each holds, and whether it carries boxes."""
+    from rich.table import Table
+
+    from ..formats import FORMATS, format_names
+    from ..report.console import stdout_console
+
+    t = Table("format", "boxes", "description")
+    for name in format_names():
+        f = FORMATS[name]
+        t.add_row(name, "yes" if f.carries_boxes else "no", f.description)
+    stdout_console().print(t)

@@ -1,0 +1,1 @@
+"""The batch engine: device selection, op chains, codecs and the pipelined executor."""

@@ -1,0 +1,1 @@
+"""Codecs: decode and encode, host (CPU) and device (GPU) side by side."""

@@ -1,0 +1,183 @@
+"""Image codecs: header probing, decode and encode on the host (Pillow), with the GPU side in
+:mod:`gpubatch.engine.codecs.image_gpu`.
+
+Decoded images are uint8 RGB, HWC, with EXIF orientation applied. Grayscale, CMYK, palette and
+alpha images become RGB (alpha composited over white), so every later op sees one layout.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...types import sniff_image_codec
+
+#: Pillow's own decompression-bomb threshold; images above it are refused unless --max-pixels says otherwise.
+DEFAULT_MAX_PIXELS = 89_478_485
+
+_EXIF_TRANSPOSED = {5, 6, 7, 8}  # orientations that swap width and height
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """What an image's header says, read without decoding pixels.
+
+    Attributes:
+        codec: "jpeg", "png", ...
+        width, height: displayed size in pixels (EXIF orientation applied).
+        mode: Pillow mode of the stored pixels ("RGB", "L", "CMYK", "P", "RGBA", ...).
+        orientation: EXIF orientation tag (1 = upright).
+        subsampling: JPEG chroma subsampling ("4:2:0", "4:2:2", "4:4:4", "gray", ...) or "".
+    """
+
+    codec: str
+    width: int
+    height: int
+    mode: str
+    orientation: int = 1
+    subsampling: str = ""
+
+
+def _pillow():
+    from PIL import Image
+
+    # gpubatch enforces its own pixel limit (--max-pixels) before any pixel is decoded.
+    Image.MAX_IMAGE_PIXELS = None
+    return Image
+
+
+def jpeg_subsampling(data: bytes) -> str:
+    """Chroma subsampling of a JPEG from its SOF marker ("4:2:0", "4:2:2", "4:4:4", "4:4:0", "gray")."""
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return ""
+        marker = data[i + 1]
+        if marker == 0xFF:
+            i += 1
+            continue
+        seg_len = struct.unpack(">H", data[i + 2 : i + 4])[0]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            ncomp = data[i + 9] if i + 9 < n else 0
+            if ncomp == 1:
+                return "gray"
+            if i + 10 + 3 * ncomp > n:
+                return ""
+            h = [data[i + 11 + 3 * c] >> 4 for c in range(ncomp)]
+            v = [data[i + 11 + 3 * c] & 0x0F for c in range(ncomp)]
+            if ncomp == 4:
+                return "cmyk"
+            if h[1:] != [1] * (ncomp - 1) or v[1:] != [1] * (ncomp - 1):
+                return "other"
+            return {(1, 1): "4:4:4", (2, 1): "4:2:2", (2, 2): "4:2:0", (1, 2): "4:4:0", (4, 1): "4:1:1"}.get(
+                (h[0], v[0]), "other"
+            )
+        if marker in (0xD9, 0xDA):
+            return ""
+        i += 2 + seg_len
+    return ""
+
+
+def probe(data: bytes) -> ImageHeader:
+    """Read an image's header (size, mode, orientation) without decoding its pixels.
+
+    Raises:
+        ValueError: the bytes are not an image Pillow can read.
+    """
+    Image = _pillow()
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            w, h = im.size
+            mode = im.mode
+            codec = (im.format or "").lower() or sniff_image_codec(data) or "unknown"
+            orientation = 1
+            if codec in ("jpeg", "mpo", "tiff", "webp", "png"):
+                try:
+                    orientation = int(im.getexif().get(0x0112, 1) or 1)
+                except Exception:  # a broken EXIF block is not a broken image
+                    orientation = 1
+    except Exception as e:  # Pillow raises many types for bad data
+        raise ValueError(f"not a readable image ({_why(e)})") from None
+    if codec == "mpo":
+        codec = "jpeg"
+    if orientation in _EXIF_TRANSPOSED:
+        w, h = h, w
+    sub = jpeg_subsampling(data) if codec == "jpeg" else ""
+    return ImageHeader(codec, w, h, mode, orientation, sub)
+
+
+def decode(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Decode an encoded image to uint8 RGB HWC with EXIF orientation applied.
+
+    Raises:
+        ValueError: unreadable, truncated, or above ``max_pixels`` (checked before decoding).
+    """
+    Image = _pillow()
+    from PIL import ImageOps
+
+    try:
+        im = Image.open(io.BytesIO(data))
+        w, h = im.size
+        if max_pixels and w * h > max_pixels:
+            raise ValueError(f"image of {w}x{h} = {w * h} pixels exceeds --max-pixels {max_pixels}")
+        im.load()
+        im = ImageOps.exif_transpose(im)
+        im = _to_rgb(im)
+        return np.asarray(im, dtype=np.uint8)
+    except ValueError:
+        raise
+    except Exception as e:
+        raise ValueError(f"cannot decode image ({_why(e)})") from None
+
+
+def _why(e: Exception) -> str:
+    """Pillow's error as a short reason, without object reprs."""
+    from PIL import UnidentifiedImageError
+
+    if isinstance(e, UnidentifiedImageError):
+        return "unknown or corrupt image format"
+    msg = str(e).split(" <_io.")[0].strip() or type(e).__name__
+    return msg if msg.lower() != type(e).__name__.lower() else type(e).__name__
+
+
+def _to_rgb(im):
+    from PIL import Image
+
+    if im.mode == "RGB":
+        return im
+    if im.mode == "P":
+        im = im.convert("RGBA" if "transparency" in im.info else "RGB")
+    if im.mode in ("LA", "La", "PA"):
+        im = im.convert("RGBA")
+    if im.mode in ("RGBA", "RGBa"):
+        base = Image.new("RGB", im.size, (255, 255, 255))
+        base.paste(im.convert("RGBA"), mask=im.getchannel("A"))
+        return base
+    if im.mode in ("I;16", "I;16B", "I;16L", "I"):
+        arr = np.asarray(im, dtype=np.float64)
+        top = 65535.0 if arr.max(initial=0) > 255 else 255.0
+        im = Image.fromarray(np.clip(arr * (255.0 / top), 0, 255).round().astype(np.uint8), "L")
+    return im.convert("RGB")
+
+
+def encode(pixels: np.ndarray, codec: str, quality: int = 95) -> bytes:
+    """Encode uint8 HWC (RGB or gray) pixels as "jpeg" or "png".
+
+    JPEG uses 4:2:0 subsampling and the given quality (1-100); PNG is lossless.
+    """
+    Image = _pillow()
+    arr = np.ascontiguousarray(pixels, dtype=np.uint8)
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    im = Image.fromarray(arr)
+    buf = io.BytesIO()
+    if codec == "jpeg":
+        im.save(buf, "JPEG", quality=int(quality), subsampling="4:2:0", optimize=False)
+    elif codec == "png":
+        im.save(buf, "PNG", compress_level=6)
+    else:
+        raise ValueError(f"cannot encode {codec!r}; supported: jpeg, png")
+    return buf.getvalue()

@@ -1,0 +1,95 @@
+"""Device selection: ``auto`` | ``cpu`` | ``gpu``, resolved once per run, with the reason said.
+
+Probing imports CuPy and nvImageCodec only when asked about a GPU; ``cpu`` imports neither.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from dataclasses import dataclass
+
+from ..errors import UsageError
+
+INSTALL_HINT = "pip install 'gpubatch[cu13]' (or [cu12] for a CUDA 12 driver)"
+
+
+class DeviceKind(str, enum.Enum):
+    CPU = "cpu"
+    GPU = "gpu"
+
+
+@dataclass(frozen=True)
+class Device:
+    """The device a run uses.
+
+    Attributes:
+        kind: cpu or gpu.
+        index: CUDA device ordinal (0 for the CPU).
+        name: "NVIDIA H100 80GB HBM3", or the CPU description.
+        reason: why this device was chosen, shown to the user.
+    """
+
+    kind: DeviceKind
+    index: int = 0
+    name: str = "cpu"
+    reason: str = ""
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind is DeviceKind.GPU
+
+    def __str__(self) -> str:
+        return f"gpu:{self.index} ({self.name})" if self.is_gpu else "cpu"
+
+
+@functools.lru_cache(maxsize=8)
+def gpu_problem(index: int = 0) -> tuple[str | None, str]:
+    """(None, device name) when the GPU engine can run on device ``index``, else (reason, "")."""
+    try:
+        import cupy
+    except ImportError:
+        return f"CuPy is not installed: {INSTALL_HINT}", ""
+    except Exception as e:  # a broken CUDA install raises all sorts
+        return f"CuPy failed to load ({type(e).__name__}: {e})", ""
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return f"no usable CUDA device ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})", ""
+    if count == 0:
+        return "no CUDA device found", ""
+    if not 0 <= index < count:
+        return f"--gpu {index} does not exist: this machine has {count} GPU(s) (0..{count - 1})", ""
+    try:
+        from nvidia import nvimgcodec  # noqa: F401
+    except ImportError:
+        return f"nvImageCodec is not installed: {INSTALL_HINT}", ""
+    except Exception as e:
+        return f"nvImageCodec failed to load ({type(e).__name__}: {e})", ""
+    try:
+        props = cupy.cuda.runtime.getDeviceProperties(index)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    except Exception as e:
+        return f"cannot query GPU {index} ({type(e).__name__}: {e})", ""
+    return None, name
+
+
+def resolve(request: str = "auto", index: int = 0) -> Device:
+    """Resolve ``auto``/``cpu``/``gpu`` to a :class:`Device`.
+
+    Raises:
+        UsageError: ``gpu`` was asked for and no usable GPU is present (the message says why), or the
+            request is not one of the three names.
+    """
+    request = (request or "auto").lower()
+    if request == "cpu":
+        return Device(DeviceKind.CPU, reason="--device cpu")
+    if request not in ("auto", "gpu"):
+        raise UsageError(f"unknown device {request!r}; supported: auto, cpu, gpu")
+    problem, name = gpu_problem(index)
+    if problem is None:
+        why = "--device gpu" if request == "gpu" else "auto: CUDA GPU, CuPy and nvImageCodec usable"
+        return Device(DeviceKind.GPU, index, name, why)
+    if request == "gpu":
+        raise UsageError(f"--device gpu: {problem}")
+    return Device(DeviceKind.CPU, reason=f"auto: {problem}")

@@ -1,0 +1,175 @@
+"""The pipeline: read -> (check | decode -> ops -> encode) -> write.
+
+Reading and per-record work run on a thread pool (file reads, Pillow's decode, resize and encode all
+release the GIL) with a bounded window of records in flight, so memory stays flat however large the
+dataset; results are written in dataset order by the calling thread. A failing record becomes a
+:class:`RecordError` routed to the run's :class:`ErrorRouter`; it never stops the other records unless
+the policy says so.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from ..errors import ErrorRouter, RecordError, RunStats, Stage
+from ..formats.base import Reader, Writer
+from ..types import Media, Record
+from .codecs import image as host_codec
+from .plan import Plan
+from .registry import HOST, get_kernel
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def default_workers() -> int:
+    return max(1, min(32, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int, window: int | None = None) -> Iterator[R]:
+    """``map(fn, items)`` on ``workers`` threads, results in input order, at most ``window`` in flight.
+
+    If the consumer stops early (an exception, a break), queued work is cancelled.
+    """
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    window = window or workers * 4
+    it = iter(items)
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpubatch")
+    pending: deque[Future] = deque()
+    try:
+        for item in it:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= window:
+                break
+        while pending:
+            result = pending.popleft().result()
+            for item in it:
+                pending.append(pool.submit(fn, item))
+                break
+            yield result
+    finally:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def check_encoded(record: Record, max_pixels: int) -> None:
+    """Cheap validity check of bytes that pass through untouched.
+
+    Reads the header (size, mode) without decoding; a JPEG without its end marker or a PNG without its
+    IEND chunk is fully decoded to tell trailing bytes from truncation.
+
+    Raises:
+        RecordError: not an image, truncated, corrupt, or above ``max_pixels``.
+    """
+    if record.media is not Media.IMAGE:
+        return
+    try:
+        hdr = host_codec.probe(record.data)
+    except ValueError as e:
+        raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+    if max_pixels and hdr.width * hdr.height > max_pixels:
+        raise RecordError(
+            record.key, record.origin, Stage.DECODE,
+            f"image of {hdr.width}x{hdr.height} = {hdr.width * hdr.height} pixels exceeds --max-pixels {max_pixels}",
+        )
+    tail = record.data[-16:].rstrip(b"\x00\r\n ")
+    complete = (
+        (hdr.codec == "jpeg" and tail.endswith(b"\xff\xd9"))
+        or (hdr.codec == "png" and b"IEND" in record.data[-12:])
+    )
+    if not complete:
+        try:
+            host_codec.decode(record.data, max_pixels)
+        except ValueError as e:
+            raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+
+
+def transform_host(record: Record, plan: Plan, stats: RunStats) -> Record:
+    """Decode, run the plan's ops and re-encode one record on the CPU."""
+    try:
+        pixels = host_codec.decode(record.data, plan.max_pixels)
+    except ValueError as e:
+        raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+    h, w = pixels.shape[:2]
+    boxes = record.boxes
+    if boxes is not None and boxes.canvas != (h, w):
+        ch, cw = boxes.canvas
+        boxes, _ = boxes.affine(w / max(cw, 1), h / max(ch, 1), 0.0, 0.0, (h, w))
+    try:
+        for op in plan.ops:
+            pixels = get_kernel(op.name, HOST)(op, [pixels])[0]
+        boxes, dropped = plan.move_boxes(boxes, h, w)
+    except Exception as e:  # record boundary: any op failure is this record's error
+        raise RecordError(record.key, record.origin, Stage.TRANSFORM, f"{type(e).__name__}: {e}") from None
+    codec = plan.out_codec(record.codec)
+    try:
+        data = host_codec.encode(pixels, codec, plan.jpeg_quality)
+    except Exception as e:  # record boundary
+        raise RecordError(record.key, record.origin, Stage.ENCODE, f"{type(e).__name__}: {e}") from None
+    if dropped:
+        stats.add(boxes_dropped=dropped)
+    return record.with_(data=data, codec=codec, boxes=boxes)
+
+
+def run_host(
+    reader: Reader,
+    entries: list[Any],
+    writer: Writer,
+    plan: Plan,
+    router: ErrorRouter,
+    workers: int,
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Run the whole pipeline on the CPU."""
+    stats = router.stats
+    plan.validate(HOST)
+
+    def work(entry: Any) -> Record | RecordError:
+        try:
+            record = reader.read(entry)
+        except RecordError as e:
+            return e
+        stats.add(records_in=1, bytes_in=len(record.data))
+        try:
+            if plan.needs_decode(record.codec):
+                out = transform_host(record, plan, stats)
+                stats.add(transcoded=1)
+                return out
+            check_encoded(record, plan.max_pixels)
+            stats.add(passthrough=1)
+            return record
+        except RecordError as e:
+            return e
+
+    write_results(ordered_map(work, entries, workers), writer, router, progress)
+
+
+def write_results(
+    results: Iterable[Record | RecordError],
+    writer: Writer,
+    router: ErrorRouter,
+    progress: Callable[[int], None] | None,
+) -> None:
+    """Write records in order, route errors to the policy, report progress one record at a time."""
+    stats = router.stats
+    for result in results:
+        if isinstance(result, RecordError):
+            if result.stage is Stage.READ:
+                stats.add(records_in=1)
+            router(result)
+        else:
+            try:
+                writer.write(result)
+            except ValueError as e:  # this record does not fit the format; I/O errors end the run
+                router(RecordError(result.key, result.origin, Stage.WRITE, str(e)))
+            else:
+                stats.add(records_out=1, bytes_out=len(result.data))
+        if progress:
+            progress(1)

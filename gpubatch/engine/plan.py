@@ -1,0 +1,110 @@
+"""A validated op chain plus the encode settings: checked before any data moves."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from ..types import Boxes
+from .codecs.image import DEFAULT_MAX_PIXELS
+from .ops.base import Op
+from .registry import get_kernel
+
+IMAGE_FORMATS = ("keep", "jpeg", "png")
+_LOSSLESS = {"png", "bmp", "tiff"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What happens to each record's pixels.
+
+    Attributes:
+        ops: the op chain, applied in order to decoded uint8 RGB HWC pixels.
+        image_format: "keep" (JPEG stays JPEG, PNG stays PNG), "jpeg" or "png".
+        quality: JPEG quality 1-100; given explicitly, it re-encodes JPEGs even with no op.
+        max_pixels: images above this many pixels are refused before decoding.
+        min_box_visibility: boxes keeping this fraction of their area or less after a crop are dropped.
+    """
+
+    ops: tuple[Op, ...] = ()
+    image_format: str = "keep"
+    quality: int | None = None
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    min_box_visibility: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.image_format not in IMAGE_FORMATS:
+            raise UsageError(f"unknown image format {self.image_format!r}; supported: {', '.join(IMAGE_FORMATS)}")
+        if self.quality is not None and not 1 <= int(self.quality) <= 100:
+            raise UsageError(f"--quality must be between 1 and 100, got {self.quality}")
+        if self.max_pixels is not None and self.max_pixels < 0:
+            raise UsageError(f"--max-pixels must be >= 0, got {self.max_pixels}")
+
+    @property
+    def jpeg_quality(self) -> int:
+        return 95 if self.quality is None else int(self.quality)
+
+    @property
+    def touches_pixels(self) -> bool:
+        """True when any record may need decoding (an op, a format change or an explicit quality)."""
+        return bool(self.ops) or self.image_format != "keep" or self.quality is not None
+
+    def out_codec(self, codec: str) -> str:
+        if self.image_format != "keep":
+            return self.image_format
+        return "png" if codec in _LOSSLESS else "jpeg"
+
+    def needs_decode(self, codec: str) -> bool:
+        """Whether a record of ``codec`` must be decoded and re-encoded under this plan."""
+        if self.ops:
+            return True
+        out = self.out_codec(codec)
+        if out != codec:
+            return True
+        return self.quality is not None and codec == "jpeg"
+
+    def validate(self, backend: str) -> None:
+        """Check that every op has a kernel on ``backend`` (raises UsageError naming what exists)."""
+        for op in self.ops:
+            get_kernel(op.name, backend)
+
+    def out_hw(self, h: int, w: int) -> tuple[int, int]:
+        for op in self.ops:
+            h, w = op.out_hw(h, w)
+        return h, w
+
+    def move_boxes(self, boxes: Boxes | None, h: int, w: int) -> tuple[Boxes | None, int]:
+        """Boxes after the whole chain on an (h, w) image, and how many were dropped on the way."""
+        dropped = 0
+        for op in self.ops:
+            boxes, d = op.move_boxes(boxes, h, w, self.min_box_visibility)
+            dropped += d
+            h, w = op.out_hw(h, w)
+        return boxes, dropped
+
+
+def make_plan(
+    resize_shorter: int | None = None,
+    center_crop: int | None = None,
+    resize: Sequence[int] | None = None,
+    image_format: str = "keep",
+    quality: int | None = None,
+    max_pixels: int | None = None,
+) -> Plan:
+    """The plan of ``convert``'s pixel options: resize (h, w), then resize-shorter, then center crop."""
+    from .ops.geometry import CenterCrop, Resize, ResizeShorter
+
+    ops: list[Op] = []
+    if resize:
+        ops.append(Resize(int(resize[0]), int(resize[1])))
+    if resize_shorter:
+        ops.append(ResizeShorter(int(resize_shorter)))
+    if center_crop:
+        ops.append(CenterCrop(int(center_crop)))
+    return Plan(
+        ops=tuple(ops),
+        image_format=image_format,
+        quality=quality,
+        max_pixels=DEFAULT_MAX_PIXELS if max_pixels is None else int(max_pixels),
+    )

@@ -1,0 +1,136 @@
+"""Errors, the per-record error policy, run statistics and exit codes.
+
+A user mistake (missing source, bad option, output in the way) raises a :class:`GpubatchError` whose
+message is one line that says what is wrong and how to fix it; the CLI prints it without a traceback.
+A problem with one record (corrupt JPEG, bad protobuf) is a :class:`RecordError` value handled by one
+:class:`ErrorPolicy`: skipped and reported, or fatal.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+class ExitCode(enum.IntEnum):
+    """Process exit codes of the ``gpubatch`` command."""
+
+    OK = 0
+    ERROR = 1  # the run failed (I/O error, GPU error, ...)
+    USAGE = 2  # bad command line or options (click uses 2 too)
+    BAD_RECORD = 3  # --on-error fail stopped on a bad record
+    INTERRUPTED = 130
+
+
+class GpubatchError(Exception):
+    """An error a user can act on; ``str(err)`` is a one-line message."""
+
+    exit_code = ExitCode.ERROR
+
+
+class UsageError(GpubatchError):
+    """Bad arguments: unknown format, missing source, output in the way, ..."""
+
+    exit_code = ExitCode.USAGE
+
+
+class FormatError(GpubatchError):
+    """A dataset that cannot be read as the format it claims to be."""
+
+
+class DependencyError(GpubatchError):
+    """An optional dependency is missing; the message names the ``pip install`` that fixes it."""
+
+
+class Stage(str, enum.Enum):
+    """Where in the pipeline a record failed."""
+
+    READ = "read"
+    DECODE = "decode"
+    TRANSFORM = "transform"
+    ENCODE = "encode"
+    WRITE = "write"
+
+
+class RecordError(Exception):
+    """One record could not be processed.
+
+    Attributes:
+        key: the record's key.
+        origin: where it came from ("shard.tar#member").
+        stage: the pipeline stage that failed.
+        reason: one line saying why.
+    """
+
+    def __init__(self, key: str, origin: str, stage: Stage | str, reason: str):
+        self.key = key
+        self.origin = origin
+        self.stage = Stage(stage)
+        self.reason = " ".join(str(reason).split()) or "unknown error"
+        super().__init__(f"{origin or key}: {self.stage.value}: {self.reason}")
+
+    def as_dict(self) -> dict:
+        return {"key": self.key, "origin": self.origin, "stage": self.stage.value, "reason": self.reason}
+
+
+class RecordFailed(GpubatchError):
+    """Raised under ``--on-error fail`` when a record fails."""
+
+    exit_code = ExitCode.BAD_RECORD
+
+    def __init__(self, error: RecordError):
+        self.error = error
+        super().__init__(f"stopped at a bad record (use --on-error skip to skip it): {error}")
+
+
+class ErrorPolicy(str, enum.Enum):
+    """What a run does with a bad record."""
+
+    SKIP = "skip"
+    FAIL = "fail"
+
+
+@dataclass
+class RunStats:
+    """Counters of one run, shared by the pipeline threads; feeds the summary and the manifest."""
+
+    records_in: int = 0
+    records_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    passthrough: int = 0
+    transcoded: int = 0
+    fallbacks: int = 0
+    boxes_dropped: int = 0
+    errors: list[RecordError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+    def warn(self, message: str) -> None:
+        with self._lock:
+            if message not in self.warnings:
+                self.warnings.append(message)
+
+    def error_reasons(self) -> Counter:
+        return Counter(f"{e.stage.value}: {e.reason}" for e in self.errors)
+
+
+class ErrorRouter:
+    """Applies an :class:`ErrorPolicy` to record errors and records them in :class:`RunStats`."""
+
+    def __init__(self, policy: ErrorPolicy | str, stats: RunStats):
+        self.policy = ErrorPolicy(policy)
+        self.stats = stats
+
+    def __call__(self, error: RecordError) -> None:
+        with self.stats._lock:
+            self.stats.errors.append(error)
+        if self.policy is ErrorPolicy.FAIL:
+            raise RecordFailed(error)

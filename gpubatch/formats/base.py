@@ -1,0 +1,204 @@
+"""Format, Reader and Writer contracts, and the sharded writer they share.
+
+A reader first lists its dataset's *entries* (a cheap scan of names, offsets or index files), then
+reads one entry at a time into a :class:`~gpubatch.types.Record`. That split gives ``len()``,
+``--limit``, ``--shuffle`` and parallel reads without loading a dataset into memory.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..errors import RecordError, Stage
+from ..types import DatasetInfo, Media, Record
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """Options every writer understands.
+
+    Attributes:
+        shard_size: records per shard for sharded formats (tfrecord, webdataset, recordio).
+        name: file name prefix of shards (``NAME-00000-of-00004.tfrecord``).
+        source: a short description of where the data came from, for the manifest.
+    """
+
+    shard_size: int = 10_000
+    name: str = "data"
+    source: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Reader(abc.ABC):
+    """Reads one dataset. Subclasses implement :meth:`_scan` and :meth:`read`."""
+
+    format_name: str = ""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._entries: list[Any] | None = None
+
+    @abc.abstractmethod
+    def _scan(self) -> list[Any]:
+        """List the dataset's entries (cheap: names, offsets, index lines), in dataset order."""
+
+    @abc.abstractmethod
+    def read(self, entry: Any) -> Record:
+        """Read one entry. Raises RecordError when that entry is corrupt."""
+
+    def info(self) -> DatasetInfo:
+        """Dataset-level facts (classes, categories)."""
+        return DatasetInfo()
+
+    def entries(self) -> list[Any]:
+        if self._entries is None:
+            self._entries = self._scan()
+        return self._entries
+
+    def __len__(self) -> int:
+        return len(self.entries())
+
+    def __iter__(self) -> Iterator[Record]:
+        for entry in self.entries():
+            yield self.read(entry)
+
+    def close(self) -> None:
+        """Release open files."""
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def record_error(key: str, origin: str, reason: object, stage: Stage = Stage.READ) -> RecordError:
+        return RecordError(key, origin, stage, str(reason))
+
+
+class Writer(abc.ABC):
+    """Writes one dataset into a folder (the staging folder of the run)."""
+
+    def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
+        self.root = Path(root)
+        self.info = info
+        self.options = options
+        self.count = 0
+        self.bytes = 0
+
+    @abc.abstractmethod
+    def write(self, record: Record) -> None:
+        """Add one record."""
+
+    def close(self) -> None:
+        """Flush and finish every file."""
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close()
+
+
+class Format(abc.ABC):
+    """A dataset format: its name, what it can carry, how to recognize, read and write it."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    media: ClassVar[tuple[Media, ...]] = (Media.IMAGE,)
+    carries_labels: ClassVar[bool] = True
+    carries_boxes: ClassVar[bool] = False
+    detect_priority: ClassVar[int] = 50  # lower is tried first
+
+    @classmethod
+    @abc.abstractmethod
+    def detect(cls, path: Path) -> bool:
+        """True when ``path`` looks like a dataset of this format."""
+
+    @classmethod
+    @abc.abstractmethod
+    def reader(cls, path: Path) -> Reader: ...
+
+    @classmethod
+    @abc.abstractmethod
+    def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer: ...
+
+
+class ShardedWriter(Writer):
+    """A writer that spreads records over shards of ``options.shard_size`` records.
+
+    The last record of a full shard is held back until another record arrives, so no shard holds
+    a single record unless the whole dataset does (a one-line TFRecord index breaks the ``tfrecord``
+    package's reader). Subclasses implement :meth:`_open_shard`, :meth:`_write_to_shard`,
+    :meth:`_close_shard`; :meth:`_finish` may rename shards once their number is known.
+    """
+
+    def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
+        super().__init__(root, info, options)
+        self.shard_index = -1
+        self.in_shard = 0
+        self.shards: list[Path] = []
+        self._pending: Record | None = None
+        self._open = False
+
+    @abc.abstractmethod
+    def _open_shard(self, index: int) -> Path: ...
+
+    @abc.abstractmethod
+    def _write_to_shard(self, record: Record) -> int:
+        """Write one record into the open shard, return bytes written."""
+
+    @abc.abstractmethod
+    def _close_shard(self) -> None: ...
+
+    def _finish(self) -> None:
+        """Called once after the last shard is closed."""
+
+    def _put(self, record: Record) -> None:
+        if not self._open:
+            self.shard_index += 1
+            self.shards.append(self._open_shard(self.shard_index))
+            self._open = True
+            self.in_shard = 0
+        self.bytes += self._write_to_shard(record)
+        self.in_shard += 1
+        self.count += 1
+
+    def write(self, record: Record) -> None:
+        if self._pending is not None:
+            self._rotate()
+            pending, self._pending = self._pending, None
+            self._put(pending)
+        elif self._open and self.in_shard >= self.options.shard_size:
+            if self.options.shard_size > 1:
+                self._pending = record
+                return
+            self._rotate()
+        self._put(record)
+
+    def _rotate(self) -> None:
+        self._close_shard()
+        self._open = False
+
+    def close(self) -> None:
+        if self._pending is not None:
+            self._put(self._pending)  # the shard grows by one rather than leaving a 1-record shard
+            self._pending = None
+        if self._open:
+            self._close_shard()
+            self._open = False
+        self._finish()
+
+
+def shard_names(paths: Sequence[Path], rename: Callable[[int, int], str]) -> list[Path]:
+    """Rename shard files once their count is known; ``rename(index, total)`` gives the new name."""
+    out = []
+    for i, p in enumerate(paths):
+        new = p.with_name(rename(i, len(paths)))
+        p.rename(new)
+        out.append(new)
+    return out

@@ -1,0 +1,251 @@
+"""COCO detection datasets: an image folder plus an instances JSON.
+
+Written as ``DST/images/<file_name>`` and ``DST/annotations/instances.json`` with what pycocotools
+and DALI's ``readers.coco`` both need: integer ids, ``width``/``height`` on every image, annotations
+with ``bbox`` [x, y, w, h] in pixels, ``area``, ``iscrowd`` (0/1 int) and ``segmentation`` (kept as
+given, polygons moved with the pixels), categories in ascending id order. An image-level class index,
+when records carry one, goes in the image entry's ``label`` field (other readers ignore it).
+
+Reading takes the dataset folder (the JSON found under ``annotations/`` or at the root) or the JSON
+file itself; the image folder is found beside it (``images/``, the split name, or the JSON's folder).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .._paths import safe_join, safe_relpath
+from ..errors import FormatError
+from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
+from . import register_format
+from .base import Format, Reader, WriteOptions, Writer
+from .folder import safe_component
+from .manifest import read_manifest
+
+ANNOTATIONS = "annotations/instances.json"
+_BOX_FIELDS = {"bbox", "category_id", "image_id", "iscrowd"}
+_IMAGE_FIELDS = {"id", "file_name", "width", "height", "label"}
+
+
+def _is_coco_json(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    return head.lstrip().startswith(b"{") and (b'"images"' in head or b'"annotations"' in head)
+
+
+def find_annotations(path: Path) -> Path | None:
+    path = Path(path)
+    if path.is_file():
+        return path if path.suffix == ".json" and _is_coco_json(path) else None
+    if not path.is_dir():
+        return None
+    candidates = sorted((path / "annotations").glob("*.json")) if (path / "annotations").is_dir() else []
+    candidates += sorted(p for p in path.glob("*.json") if p.name != "gpubatch.json")
+    instances = [p for p in candidates if p.name.startswith("instances")]
+    for p in instances + candidates:
+        if _is_coco_json(p):
+            return p
+    return None
+
+
+class CocoReader(Reader):
+    def __init__(self, path: Path):
+        path = Path(path)
+        ann = find_annotations(path)
+        if ann is None:
+            raise FormatError(f"no COCO instances JSON at {path}")
+        super().__init__(path if path.is_dir() else ann.parent)
+        self.ann_file = ann
+        try:
+            doc = json.loads(ann.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise FormatError(f"cannot read {ann}: {e}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
+            raise FormatError(f"{ann} is not a COCO instances file (no 'images' list)")
+        self.doc = doc
+        self.anns: dict[Any, list[dict]] = {}
+        for a in doc.get("annotations") or []:
+            self.anns.setdefault(a.get("image_id"), []).append(a)
+        self.image_root = self._find_image_root()
+
+    def _find_image_root(self) -> Path:
+        ann_dir = self.ann_file.parent
+        split = self.ann_file.stem.split("_", 1)[-1]
+        roots = [self.path / "images", ann_dir.parent / "images", self.path / split, ann_dir.parent / split,
+                 ann_dir, self.path]
+        first = next((im.get("file_name") for im in self.doc["images"] if im.get("file_name")), None)
+        if first:
+            for r in roots:
+                try:
+                    if safe_join(r, first).is_file():
+                        return r
+                except ValueError:
+                    break
+        return roots[0] if roots[0].is_dir() else self.path
+
+    def _scan(self) -> list[dict]:
+        return sorted(self.doc["images"], key=lambda im: (str(type(im.get("id"))), im.get("id")))
+
+    def info(self) -> DatasetInfo:
+        manifest = read_manifest(self.path) or {}
+        cats = sorted(self.doc.get("categories") or [], key=lambda c: c.get("id", 0))
+        extra = {k: self.doc[k] for k in ("info", "licenses") if k in self.doc}
+        return DatasetInfo(classes=tuple(manifest.get("classes") or ()), categories=tuple(cats), extra=extra)
+
+    def read(self, image: dict) -> Record:
+        name = str(image.get("file_name", ""))
+        key = name.rsplit(".", 1)[0] if name else str(image.get("id"))
+        try:
+            rel = safe_relpath(name)
+            path = safe_join(self.image_root, rel)
+        except ValueError as e:
+            raise self.record_error(key, f"{self.ann_file}#{image.get('id')}", e) from None
+        origin = str(path)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise self.record_error(key, origin, e) from None
+        anns = self.anns.get(image.get("id"), [])
+        h, w = int(image.get("height") or 0), int(image.get("width") or 0)
+        if not h or not w:
+            from ..engine.codecs.image import probe
+
+            try:
+                hdr = probe(data)
+            except ValueError as e:
+                raise self.record_error(key, origin, e) from None
+            h, w = hdr.height, hdr.width
+        xyxy, labels, crowd, extra = [], [], [], []
+        for a in anns:
+            bbox = a.get("bbox")
+            if not isinstance(bbox, list) or len(bbox) != 4:
+                continue
+            x, y, bw, bh = (float(v) for v in bbox)
+            xyxy.append([x, y, x + bw, y + bh])
+            labels.append(int(a.get("category_id", 0)))
+            crowd.append(int(a.get("iscrowd", 0)))
+            extra.append({k: v for k, v in a.items() if k not in _BOX_FIELDS})
+        boxes = Boxes(xyxy, labels, (h, w), crowd, tuple(extra))
+        meta = {"filename": rel.rsplit("/", 1)[-1], "file_name": rel, "coco_id": image.get("id")}
+        other = {k: v for k, v in image.items() if k not in _IMAGE_FIELDS}
+        if other:
+            meta["coco_image"] = other
+        label = image.get("label")
+        return Record(key=key, data=data, codec=sniff_image_codec(data) or "unknown",
+                      label=int(label) if isinstance(label, int) and label >= 0 else None,
+                      boxes=boxes, meta=meta, origin=origin)
+
+
+class CocoWriter(Writer):
+    def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
+        super().__init__(root, info, options)
+        self.images: list[dict] = []
+        self.annotations: list[dict] = []
+        self._names: set[str] = set()
+        self._image_ids: set[int] = set()
+        self._ann_ids: set[int] = set()
+        self._labels: set[int] = set()
+        (root / "images").mkdir()
+
+    def _unique_name(self, record: Record) -> str:
+        rel = record.meta.get("file_name")
+        name = record.filename
+        if rel and rel.rsplit("/", 1)[-1].rsplit(".", 1)[0] == name.rsplit(".", 1)[0]:
+            parts = rel.split("/")[:-1]
+            candidate = "/".join([*(safe_component(p) for p in parts), safe_component(name)])
+        else:
+            candidate = safe_component(name)
+        stem, ext = candidate.rsplit(".", 1)
+        n = 1
+        while candidate in self._names:
+            candidate = f"{stem}_{n}.{ext}"
+            n += 1
+        self._names.add(candidate)
+        return candidate
+
+    def write(self, record: Record) -> None:
+        name = self._unique_name(record)
+        path = self.root / "images" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(record.data)
+        if record.boxes is not None:
+            h, w = record.boxes.canvas
+        else:
+            from ..engine.codecs.image import probe
+
+            try:
+                hdr = probe(record.data)
+                h, w = hdr.height, hdr.width
+            except ValueError:
+                h = w = 0
+        cid = record.meta.get("coco_id")
+        image_id = cid if isinstance(cid, int) and cid not in self._image_ids else len(self.images) + 1
+        while image_id in self._image_ids:
+            image_id += 1
+        self._image_ids.add(image_id)
+        entry: dict[str, Any] = {"id": image_id, "file_name": name, "width": int(w), "height": int(h)}
+        entry.update(record.meta.get("coco_image") or {})
+        if record.label is not None:
+            entry["label"] = int(record.label)
+        self.images.append(entry)
+        b = record.boxes
+        for i in range(len(b) if b is not None else 0):
+            x0, y0, x1, y1 = (float(v) for v in b.xyxy[i])
+            extra = dict(b.extra[i])
+            aid = extra.pop("id", None)
+            if not isinstance(aid, int) or aid in self._ann_ids:
+                aid = len(self.annotations) + 1
+                while aid in self._ann_ids:
+                    aid += 1
+            self._ann_ids.add(aid)
+            seg = extra.pop("segmentation", [])
+            if isinstance(seg, list):
+                seg = [p for p in seg if isinstance(p, list) and len(p) >= 6]
+            self.annotations.append({
+                "id": aid, "image_id": image_id, "category_id": int(b.labels[i]),
+                "bbox": [round(x0, 3), round(y0, 3), round(x1 - x0, 3), round(y1 - y0, 3)],
+                "area": float(extra.pop("area", (x1 - x0) * (y1 - y0))),
+                "iscrowd": int(b.iscrowd[i]), "segmentation": seg, **extra,
+            })
+            self._labels.add(int(b.labels[i]))
+        self.count += 1
+        self.bytes += len(record.data)
+
+    def close(self) -> None:
+        cats = {int(c["id"]): dict(c) for c in self.info.categories}
+        for lab in self._labels - set(cats):
+            cats[lab] = {"id": lab, "name": str(lab), "supercategory": ""}
+        doc: dict[str, Any] = dict(self.info.extra)
+        doc.update({
+            "images": sorted(self.images, key=lambda im: im["id"]),
+            "annotations": sorted(self.annotations, key=lambda a: a["id"]),
+            "categories": [cats[k] for k in sorted(cats)],
+        })
+        out = self.root / ANNOTATIONS
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc), encoding="utf-8")
+
+
+@register_format
+class CocoFormat(Format):
+    name = "coco"
+    description = "COCO detection: images/ + annotations/instances.json (boxes, segmentation kept)"
+    carries_boxes = True
+    detect_priority = 40
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        return find_annotations(Path(path)) is not None
+
+    @classmethod
+    def reader(cls, path: Path) -> Reader:
+        return CocoReader(path)
+
+    @classmethod
+    def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer:
+        return CocoWriter(root, info, options)

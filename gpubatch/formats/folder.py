@@ -1,0 +1,189 @@
+"""Image folders: ImageNet layout ``root/<class>/<file>`` or a flat folder with a DALI-style file list.
+
+Reading:
+- ``root/file_list.txt`` present: one ``relative/path label`` per line (split at the last space),
+  integer labels; class names come from the manifest when gpubatch wrote it, else ``str(label)``.
+- sub-folders holding images: ImageNet layout; classes are the sorted sub-folder names, labels their
+  index (as torchvision's ImageFolder and DALI's ``file_root`` do). Files directly in the root are ignored.
+- otherwise: every image under the root, unlabeled.
+
+Writing: ImageNet layout when records carry labels (plus ``file_list.txt``), a flat folder otherwise;
+``layout="flat"`` forces a flat folder with ``file_list.txt``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from .._paths import safe_join, safe_relpath
+from ..types import IMAGE_EXTENSIONS, DatasetInfo, Record, sniff_image_codec
+from . import register_format
+from .base import Format, Reader, WriteOptions, Writer
+from .manifest import MANIFEST_NAME, read_manifest
+
+FILE_LIST = "file_list.txt"
+
+
+def _is_image_name(name: str) -> bool:
+    return "." in name and name.rsplit(".", 1)[1].lower() in IMAGE_EXTENSIONS
+
+
+def _walk_images(root: Path) -> list[str]:
+    """Relative POSIX paths of image files under ``root``, sorted, hidden files and folders skipped."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        rel = os.path.relpath(dirpath, root)
+        for f in filenames:
+            if not f.startswith(".") and _is_image_name(f):
+                out.append(f if rel == "." else f"{rel}/{f}".replace(os.sep, "/"))
+    return sorted(out)
+
+
+def _strip_ext(rel: str) -> str:
+    return rel.rsplit(".", 1)[0] if "." in rel.rsplit("/", 1)[-1] else rel
+
+
+def label_names(labels: list[int], known: list[str] | None) -> tuple[str, ...]:
+    """Class names for integer labels: the known names, extended with ``str(i)`` where missing."""
+    known = list(known or [])
+    top = max(labels, default=-1)
+    return tuple(known[i] if i < len(known) else str(i) for i in range(max(top + 1, len(known))))
+
+
+class FolderReader(Reader):
+    def __init__(self, path: Path):
+        path = Path(path)
+        self.list_file: Path | None = None
+        if path.is_file():
+            self.list_file, path = path, path.parent
+        elif (path / FILE_LIST).is_file():
+            self.list_file = path / FILE_LIST
+        super().__init__(path)
+        self._classes: tuple[str, ...] = ()
+
+    def _scan(self) -> list[tuple[str, int | None]]:
+        manifest = read_manifest(self.path) or {}
+        if self.list_file is not None:
+            entries = []
+            for n, line in enumerate(self.list_file.read_text(encoding="utf-8").splitlines(), 1):
+                line = line.strip()
+                if not line or line.startswith("#"):
+                    continue
+                parts = line.rsplit(maxsplit=1)
+                if len(parts) != 2 or not re.fullmatch(r"-?\d+", parts[1]):
+                    from ..errors import FormatError
+
+                    raise FormatError(f"{self.list_file}:{n}: expected 'relative/path label', got {line!r}")
+                entries.append((safe_relpath(parts[0]), int(parts[1])))
+            self._classes = label_names([e[1] for e in entries], manifest.get("classes"))
+            return entries
+        subdirs = sorted(
+            d.name for d in self.path.iterdir() if d.is_dir() and not d.name.startswith(".")
+        )
+        per_class = {d: _walk_images(self.path / d) for d in subdirs}
+        classes = [d for d in subdirs if per_class[d]]
+        if classes:
+            self._classes = tuple(classes)
+            return [(f"{c}/{f}", i) for i, c in enumerate(classes) for f in per_class[c]]
+        self._classes = tuple(manifest.get("classes") or ())
+        return [(f, None) for f in _walk_images(self.path)]
+
+    def info(self) -> DatasetInfo:
+        self.entries()
+        manifest = read_manifest(self.path) or {}
+        return DatasetInfo(classes=self._classes, categories=tuple(manifest.get("categories") or ()))
+
+    def read(self, entry: tuple[str, int | None]) -> Record:
+        rel, label = entry
+        origin = str(self.path / rel)
+        try:
+            data = safe_join(self.path, rel).read_bytes()
+        except (OSError, ValueError) as e:
+            raise self.record_error(_strip_ext(rel), origin, e) from None
+        ext = rel.rsplit(".", 1)[-1].lower() if "." in rel else ""
+        codec = sniff_image_codec(data) or IMAGE_EXTENSIONS.get(ext, ext)
+        return Record(
+            key=_strip_ext(rel),
+            data=data,
+            codec=codec,
+            label=label,
+            meta={"filename": rel.rsplit("/", 1)[-1]},
+            origin=origin,
+        )
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._\-]+")
+
+
+def safe_component(name: str) -> str:
+    """A file or folder name made of letters, digits, ``._-`` (others become ``_``)."""
+    out = _UNSAFE.sub("_", name).strip(".") or "_"
+    return out[:200]
+
+
+class FolderWriter(Writer):
+    def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
+        super().__init__(root, info, options)
+        self.flat = options.extra.get("layout", "imagenet") == "flat"
+        self._used: set[str] = set()
+        self._lines: list[str] = []
+
+    def _class_dir(self, label: int) -> str:
+        names = self.info.classes
+        return safe_component(names[label] if 0 <= label < len(names) else str(label))
+
+    def write(self, record: Record) -> None:
+        name = record.filename
+        stem, ext = name.rsplit(".", 1)
+        if record.label is not None and not self.flat:
+            rel = f"{self._class_dir(record.label)}/{safe_component(stem)}.{ext}"
+        else:
+            key_dir = record.key.rsplit("/", 1)[0] if "/" in record.key else ""
+            parts = [safe_component(p) for p in key_dir.split("/") if p]
+            rel = "/".join([*parts, f"{safe_component(stem)}.{ext}"])
+        base, n = rel, 1
+        while rel in self._used or rel == FILE_LIST or rel == MANIFEST_NAME:
+            rel = f"{base.rsplit('.', 1)[0]}_{n}.{ext}"
+            n += 1
+        self._used.add(rel)
+        path = safe_join(self.root, rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(record.data)
+        if record.label is not None:
+            self._lines.append(f"{rel} {record.label}\n")
+        self.count += 1
+        self.bytes += len(record.data)
+
+    def close(self) -> None:
+        if self._lines and len(self._lines) == self.count:
+            (self.root / FILE_LIST).write_text("".join(self._lines), encoding="utf-8")
+
+
+@register_format
+class FolderFormat(Format):
+    name = "folder"
+    description = "image files: ImageNet layout root/<class>/<file>, or flat with a file_list.txt"
+    detect_priority = 90
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        path = Path(path)
+        if path.is_file():
+            return path.name == FILE_LIST
+        if (path / FILE_LIST).is_file():
+            return True
+        for _dirpath, _dirs, files in os.walk(path):
+            if any(_is_image_name(f) for f in files):
+                return True
+        return False
+
+    @classmethod
+    def reader(cls, path: Path) -> Reader:
+        return FolderReader(path)
+
+    @classmethod
+    def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer:
+        return FolderWriter(root, info, options)

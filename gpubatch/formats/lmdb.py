@@ -1,0 +1,238 @@
+"""LMDB of Caffe ``Datum`` records, as Caffe's ``convert_imageset --encoded`` writes them.
+
+Every value is a Datum with ``data`` (field 4, the encoded image bytes), ``label`` (field 5) and
+``encoded=true`` (field 7), label and encoded always present on the wire (DALI emits a label only
+when the field is there). Keys are ``%08d_<key>``, at most 511 bytes, in the unnamed main DB, and no
+other keys: Caffe and DALI's ``readers.caffe`` treat every entry as a sample.
+
+Reading also accepts raw Datums (``encoded=false``: planar CHW, BGR pixels); those are turned into
+lossless PNG records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DependencyError, FormatError
+from ..types import DatasetInfo, Record, sniff_image_codec
+from . import register_format
+from .base import Format, Reader, WriteOptions, Writer
+from .folder import label_names
+from .manifest import read_manifest
+
+MAX_KEY_BYTES = 511
+COMMIT_EVERY = 1000
+COMMIT_BYTES = 64 << 20
+_KEY_PREFIX = re.compile(rb"^\d{8}_")
+
+
+def _lmdb():
+    try:
+        import lmdb
+    except ImportError:  # pragma: no cover - a core dependency
+        raise DependencyError("the lmdb format needs the lmdb package: pip install lmdb") from None
+    return lmdb
+
+
+# --- Caffe Datum protobuf (proto2), encoded and parsed by hand: no maintained package ships it ----------
+
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1  # negative int32 values are sign-extended to 10 bytes, as protobuf does
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def encode_datum(data: bytes, label: int, encoded: bool = True) -> bytes:
+    """Serialize a Caffe Datum with fields data (4), label (5) and encoded (7)."""
+    return b"\x22" + _varint(len(data)) + data + b"\x28" + _varint(label) + b"\x38" + (b"\x01" if encoded else b"\x00")
+
+
+def _read_varint(buf: bytes, i: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        b = buf[i]
+        i += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, i
+        shift += 7
+
+
+def decode_datum(buf: bytes) -> dict:
+    """Parse a Datum into {channels, height, width, data, label, encoded} (absent fields left out)."""
+    out: dict = {}
+    i, n = 0, len(buf)
+    names = {1: "channels", 2: "height", 3: "width", 5: "label", 7: "encoded"}
+    while i < n:
+        tag, i = _read_varint(buf, i)
+        field, wire = tag >> 3, tag & 7
+        if wire == 0:
+            v, i = _read_varint(buf, i)
+            if field in names:
+                if v >= 1 << 63:
+                    v -= 1 << 64
+                out[names[field]] = bool(v) if field == 7 else v
+        elif wire == 2:
+            ln, i = _read_varint(buf, i)
+            if i + ln > n:
+                raise ValueError("truncated Datum")
+            if field == 4:
+                out["data"] = bytes(buf[i : i + ln])
+            i += ln
+        elif wire == 5:
+            i += 4
+        elif wire == 1:
+            i += 8
+        else:
+            raise ValueError(f"bad wire type {wire}")
+    if i != n:
+        raise ValueError("truncated Datum")
+    return out
+
+
+def datum_key(index: int, key: str) -> bytes:
+    """``%08d_<key>`` in UTF-8, the key part hashed when the whole would pass LMDB's 511-byte limit."""
+    k = f"{index:08d}_{key}".encode()
+    if len(k) > MAX_KEY_BYTES:
+        k = f"{index:08d}_{hashlib.sha1(key.encode()).hexdigest()}".encode()
+    return k
+
+
+class LmdbReader(Reader):
+    def __init__(self, path: Path):
+        path = Path(path)
+        super().__init__(path.parent if path.is_file() else path)
+        try:
+            self.env = _lmdb().open(
+                str(self.path), readonly=True, lock=False, subdir=True, readahead=False, max_readers=512
+            )
+        except Exception as e:
+            raise FormatError(f"cannot open LMDB {self.path}: {e}") from None
+        self._local = threading.local()
+
+    def _scan(self) -> list[bytes]:
+        with self.env.begin() as txn:
+            return list(txn.cursor().iternext(keys=True, values=False))
+
+    def info(self) -> DatasetInfo:
+        manifest = read_manifest(self.path) or {}
+        known = manifest.get("classes")
+        if known:
+            return DatasetInfo(classes=tuple(known), categories=tuple(manifest.get("categories") or ()))
+        labels = []
+        with self.env.begin() as txn:
+            for _, v in txn.cursor():
+                try:
+                    labels.append(int(decode_datum(v).get("label", 0)))
+                except ValueError:
+                    continue
+        return DatasetInfo(classes=label_names([x for x in labels if x >= 0], None))
+
+    def read(self, entry: bytes) -> Record:
+        key = _KEY_PREFIX.sub(b"", entry).decode("utf-8", "replace")
+        origin = f"{self.path}#{entry.decode('utf-8', 'replace')}"
+        with self.env.begin() as txn:
+            value = txn.get(entry)
+        if value is None:
+            raise self.record_error(key, origin, "key vanished from the database")
+        try:
+            d = decode_datum(value)
+        except ValueError as e:
+            raise self.record_error(key, origin, f"not a Caffe Datum: {e}") from None
+        data = d.get("data", b"")
+        label = d.get("label")
+        meta = {}
+        if label is not None and label < 0:
+            label = None  # gpubatch writes -1 for unlabeled records
+        enc = d.get("encoded")  # absent: Caffe reads raw, DALI encoded; the bytes decide
+        if enc is True or (enc is None and sniff_image_codec(data)):
+            codec = sniff_image_codec(data) or "unknown"
+        else:
+            c, h, w = d.get("channels", 0), d.get("height", 0), d.get("width", 0)
+            if c not in (1, 3) or c * h * w != len(data) or not h or not w:
+                raise self.record_error(key, origin, f"raw Datum {c}x{h}x{w} does not match {len(data)} bytes")
+            from ..engine.codecs.image import encode
+
+            pixels = np.frombuffer(data, np.uint8).reshape(c, h, w).transpose(1, 2, 0)
+            data = encode(pixels[:, :, ::-1] if c == 3 else pixels, "png")
+            codec, meta = "png", {"raw_datum": True}
+        return Record(key=key, data=data, codec=codec, label=label, meta=meta, origin=origin)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class LmdbWriter(Writer):
+    def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
+        super().__init__(root, info, options)
+        self.lmdb = _lmdb()
+        self.map_size = 256 << 20
+        self.env = self.lmdb.open(str(root), map_size=self.map_size, subdir=True, meminit=False, max_dbs=0)
+        self._batch: list[tuple[bytes, bytes]] = []
+        self._batch_bytes = 0
+
+    def write(self, record: Record) -> None:
+        label = -1 if record.label is None else int(record.label)
+        value = encode_datum(record.data, label)
+        self._batch.append((datum_key(self.count, record.key), value))
+        self._batch_bytes += len(value)
+        self.count += 1
+        self.bytes += len(record.data)
+        if len(self._batch) >= COMMIT_EVERY or self._batch_bytes >= COMMIT_BYTES:
+            self._commit()
+
+    def _commit(self) -> None:
+        while self._batch:
+            try:
+                with self.env.begin(write=True) as txn:
+                    for k, v in self._batch:
+                        txn.put(k, v, overwrite=True)
+            except self.lmdb.MapFullError:
+                # As Caffe does: double the map and retry the whole transaction.
+                self.map_size *= 2
+                self.env.set_mapsize(self.map_size)
+                continue
+            self._batch, self._batch_bytes = [], 0
+
+    def close(self) -> None:
+        self._commit()
+        self.env.sync(True)
+        self.env.close()
+        lock = self.root / "lock.mdb"
+        if lock.exists():
+            lock.unlink()  # readers open with lock=False; a stale lock file is only clutter
+
+
+@register_format
+class LmdbFormat(Format):
+    name = "lmdb"
+    description = "LMDB of Caffe Datum records (encoded images + label), keys %08d_<key>"
+    detect_priority = 10
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        path = Path(path)
+        return (path.is_dir() and (path / "data.mdb").is_file()) or (path.is_file() and path.name == "data.mdb")
+
+    @classmethod
+    def reader(cls, path: Path) -> Reader:
+        return LmdbReader(path)
+
+    @classmethod
+    def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer:
+        return LmdbWriter(root, info, options)

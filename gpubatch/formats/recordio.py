@@ -1,0 +1,276 @@
+"""MXNet RecordIO: ``NAME.rec`` + ``NAME.idx`` (``key<TAB>offset`` per record).
+
+Framing follows dmlc-core: ``u32 magic 0xCED7230A | u32 (cflag << 29 | length) | payload | pad to 4``,
+a payload holding the magic at a 4-aligned offset split into parts (cflag 1, 2, 3) with the magic
+dropped, as dmlc's writer does, so MXNet's chunked reader never sees a false record start.
+
+Payload: 24-byte IRHeader ``<IfQQ`` (flag, label, id, id2) then the image bytes.
+- classification: flag 0, label = class index (-1 when unlabeled).
+- detection: flag = label count, then float32 labels in MXNet's detection layout
+  ``[A, B, <image label>, (cls, xmin, ymin, xmax, ymax) * N]`` with header width A = 3, object width
+  B = 5 and corners normalized to [0, 1] (``ImageDetRecordIter``'s convention).
+
+Several shards are ``NAME-00000.rec`` + ``.idx`` each, plus ``NAME-dali.idx`` with offsets global
+across the concatenated shards, which is the one index DALI's ``readers.mxnet`` takes for several files.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import FormatError
+from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
+from . import register_format
+from .base import Format, Reader, ShardedWriter, WriteOptions, Writer
+from .folder import label_names
+from .manifest import read_manifest
+
+MAGIC = 0xCED7230A
+_MAGIC_BYTES = struct.pack("<I", MAGIC)
+_IR = struct.Struct("<IfQQ")
+_DET_HEADER = 3  # A: [A, B, image label]
+_DET_OBJECT = 5  # B: class + 4 corners
+
+
+def _pad(n: int) -> int:
+    return (4 - n % 4) % 4
+
+
+def frame(payload: bytes) -> bytes:
+    """Frame one record, splitting at every 4-aligned occurrence of the magic (dmlc's rule)."""
+    parts, start = [], 0
+    for pos in range(0, len(payload) - 3, 4):
+        if payload[pos : pos + 4] == _MAGIC_BYTES:
+            parts.append(payload[start:pos])
+            start = pos + 4
+    parts.append(payload[start:])
+    out = bytearray()
+    for i, part in enumerate(parts):
+        if len(parts) == 1:
+            cflag = 0
+        else:
+            cflag = 1 if i == 0 else (3 if i == len(parts) - 1 else 2)
+        if len(part) >= 1 << 29:
+            raise ValueError("record too large for RecordIO (2^29 bytes)")
+        out += _MAGIC_BYTES + struct.pack("<I", (cflag << 29) | len(part)) + part + b"\x00" * _pad(len(part))
+    return bytes(out)
+
+
+def pack_payload(record: Record, index: int) -> bytes:
+    label = -1.0 if record.label is None else float(record.label)
+    if record.boxes is None:
+        return _IR.pack(0, label, index, 0) + record.data
+    nb = record.boxes.normalized()
+    cls = record.boxes.labels.astype(np.float32)[:, None]
+    objs = np.concatenate([cls, nb], axis=1).reshape(-1)
+    labels = np.concatenate([np.array([_DET_HEADER, _DET_OBJECT, label], np.float32), objs]).astype("<f4")
+    return _IR.pack(len(labels), 0.0, index, 0) + labels.tobytes() + record.data
+
+
+class RecordIOReader(Reader):
+    def __init__(self, path: Path):
+        path = Path(path)
+        if path.is_file():
+            self.recs = [path]
+            root = path.parent
+        else:
+            self.recs = sorted(p for p in path.glob("*.rec") if p.is_file())
+            root = path
+        super().__init__(root)
+        if not self.recs:
+            raise FormatError(f"no .rec files in {path}")
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.manifest = read_manifest(self.path) or {}
+
+    def _fd(self, s: int) -> int:
+        with self._lock:
+            if s not in self._fds:
+                self._fds[s] = os.open(self.recs[s], os.O_RDONLY)
+            return self._fds[s]
+
+    def _scan(self) -> list[tuple[int, int, str]]:
+        entries = []
+        for s, rec in enumerate(self.recs):
+            idx = rec.with_suffix(".idx")
+            rows = None
+            if idx.is_file():
+                try:
+                    rows = []
+                    for ln in idx.read_text().splitlines():
+                        if ln.strip():
+                            k, off = ln.split("\t") if "\t" in ln else ln.split()
+                            rows.append((int(off), k.strip()))
+                    rows.sort()
+                except ValueError:
+                    rows = None
+            if rows is None:
+                rows = [(off, str(i)) for i, off in enumerate(self._scan_rec(rec))]
+            entries.extend((s, off, k) for off, k in rows)
+        return entries
+
+    @staticmethod
+    def _scan_rec(rec: Path) -> list[int]:
+        offsets, pos, size = [], 0, rec.stat().st_size
+        with open(rec, "rb") as f:
+            while pos < size:
+                head = f.read(8)
+                if len(head) < 8:
+                    raise FormatError(f"{rec}: truncated record header at byte {pos}")
+                magic, lrec = struct.unpack("<II", head)
+                if magic != MAGIC:
+                    raise FormatError(f"{rec}: bad magic at byte {pos}: not MXNet RecordIO")
+                cflag, length = lrec >> 29, lrec & ((1 << 29) - 1)
+                if cflag in (0, 1):
+                    offsets.append(pos)
+                pos += 8 + length + _pad(length)
+                f.seek(pos)
+        return offsets
+
+    def _payload(self, s: int, off: int) -> bytes:
+        fd, parts = self._fd(s), []
+        while True:
+            head = os.pread(fd, 8, off)
+            if len(head) < 8:
+                raise ValueError("truncated record header")
+            magic, lrec = struct.unpack("<II", head)
+            if magic != MAGIC:
+                raise ValueError("wrong magic number")
+            cflag, length = lrec >> 29, lrec & ((1 << 29) - 1)
+            body = os.pread(fd, length, off + 8)
+            if len(body) < length:
+                raise ValueError("truncated record")
+            parts.append(body)
+            if cflag in (0, 3):
+                return _MAGIC_BYTES.join(parts)
+            if (cflag == 1) != (len(parts) == 1):
+                raise ValueError(f"bad continuation flag {cflag}")
+            off += 8 + length + _pad(length)
+
+    def read(self, entry: tuple[int, int, str]) -> Record:
+        s, off, k = entry
+        key = f"{self.recs[s].stem}_{k}"
+        origin = f"{self.recs[s]}@{off}"
+        try:
+            payload = self._payload(s, off)
+            if len(payload) < _IR.size:
+                raise ValueError("record shorter than its 24-byte IRHeader")
+            flag, label, _id, _id2 = _IR.unpack_from(payload)
+            if _IR.size + 4 * flag > len(payload):
+                raise ValueError(f"header announces {flag} labels beyond the record")
+            labels = np.frombuffer(payload, "<f4", count=flag, offset=_IR.size).copy()
+        except ValueError as e:
+            raise self.record_error(key, origin, e) from None
+        data = payload[_IR.size + 4 * flag :]
+        boxes, meta = None, {}
+        img_label = None if flag else label
+        if flag >= 2 and labels[0] >= 2 and labels[1] >= 5 and (flag - labels[0]) % labels[1] == 0:
+            a, b = int(labels[0]), int(labels[1])
+            if a >= 3:
+                img_label = labels[2]
+            objs = labels[a:].reshape(-1, b)
+            from ..engine.codecs.image import probe
+
+            try:
+                hdr = probe(data)
+            except ValueError as e:
+                raise self.record_error(key, origin, e) from None
+            h, w = hdr.height, hdr.width
+            xyxy = objs[:, 1:5] * np.array([w, h, w, h], np.float32)
+            boxes = Boxes(xyxy, objs[:, 0].astype(np.int64), (h, w))
+        elif flag:
+            meta["labels"] = labels.tolist()
+            img_label = labels[0]
+        lab = None if img_label is None or img_label < 0 else int(img_label)
+        return Record(key=key, data=data, codec=sniff_image_codec(data) or "unknown", label=lab,
+                      boxes=boxes, meta=meta, origin=origin)
+
+    def info(self) -> DatasetInfo:
+        if self.manifest.get("classes") is not None:
+            return DatasetInfo(classes=tuple(self.manifest["classes"]),
+                               categories=tuple(self.manifest.get("categories") or ()))
+        labels = []
+        for e in self.entries():
+            try:
+                payload = self._payload(e[0], e[1])
+                flag, label, _, _ = _IR.unpack_from(payload)
+            except (ValueError, struct.error):
+                continue
+            if flag == 0 and label >= 0:
+                labels.append(int(label))
+        return DatasetInfo(classes=label_names(labels, None))
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+class RecordIOWriter(ShardedWriter):
+    def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
+        super().__init__(root, info, options)
+        self._f = None
+        self._idx: list[str] = []
+        self._dali: list[str] = []
+        self._global = 0
+
+    def _open_shard(self, index: int) -> Path:
+        path = self.root / f"{self.options.name}-{index:05d}.rec"
+        self._f = open(path, "wb")
+        self._idx = []
+        return path
+
+    def _write_to_shard(self, record: Record) -> int:
+        pos = self._f.tell()
+        self._idx.append(f"{self.count}\t{pos}\n")
+        self._dali.append(f"{self.count}\t{self._global + pos}\n")
+        blob = frame(pack_payload(record, self.count))
+        self._f.write(blob)
+        return len(blob)
+
+    def _close_shard(self) -> None:
+        self._global += self._f.tell()
+        self._f.close()
+        self.shards[-1].with_suffix(".idx").write_text("".join(self._idx))
+
+    def _finish(self) -> None:
+        if len(self.shards) == 1:
+            rec = self.shards[0]
+            rec.with_suffix(".idx").rename(self.root / f"{self.options.name}.idx")
+            self.shards = [rec.rename(self.root / f"{self.options.name}.rec")]
+        elif self.shards:
+            (self.root / f"{self.options.name}-dali.idx").write_text("".join(self._dali))
+
+
+@register_format
+class RecordIOFormat(Format):
+    name = "recordio"
+    description = "MXNet RecordIO .rec + .idx (IRHeader labels; detection label arrays for boxes)"
+    carries_boxes = True
+    detect_priority = 30
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        path = Path(path)
+        recs = [path] if path.is_file() else sorted(path.glob("*.rec")) if path.is_dir() else []
+        if not recs:
+            return False
+        try:
+            with open(recs[0], "rb") as f:
+                return f.read(4) == _MAGIC_BYTES
+        except OSError:
+            return False
+
+    @classmethod
+    def reader(cls, path: Path) -> Reader:
+        return RecordIOReader(path)
+
+    @classmethod
+    def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer:
+        return RecordIOWriter(root, info, options)

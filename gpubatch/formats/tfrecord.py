@@ -1,0 +1,347 @@
+"""TFRecord shards of ``tf.train.Example`` records, built on the ``tfrecord`` package.
+
+Shards are ``NAME-00000-of-000NN.tfrecord`` with a DALI/``tfrecord``-package index
+``NAME-00000-of-000NN.idx`` beside each (``<offset> <size>`` per record). Framing (masked CRC-32C of
+length and data) and Example serialization come from the ``tfrecord`` package; reading checks both
+CRCs, as TensorFlow does, so a damaged record is reported rather than half-parsed.
+
+Features written to every record (every key in every record, as TF's FixedLenFeature and older
+DALI need): ``image/encoded``, ``image/format``, ``image/filename``, ``image/source_id``,
+``image/height``, ``image/width``, ``image/class/label`` (0-based class index, -1 when unlabeled),
+``image/class/text``, ``image/object/bbox/{xmin,ymin,xmax,ymax}`` (normalized to [0, 1], as the TF
+Object Detection API writes them), ``image/object/class/label`` (category ids),
+``image/object/class/text``, ``image/object/is_crowd``, ``image/object/area`` and ``gpubatch/meta``
+(JSON of the per-record fields no standard key holds, e.g. COCO segmentation; other readers ignore it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DependencyError, FormatError
+from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
+from . import register_format
+from .base import Format, Reader, ShardedWriter, WriteOptions, Writer, shard_names
+from .manifest import read_manifest
+
+_SHARD = re.compile(r".*-\d{5}-of-\d{5}(\.tfrecord)?$")
+
+
+def _tfr():
+    try:
+        from tfrecord import example_pb2
+        from tfrecord.writer import TFRecordWriter
+    except ImportError:  # pragma: no cover - a core dependency
+        raise DependencyError("the tfrecord format needs: pip install tfrecord") from None
+    return example_pb2, TFRecordWriter
+
+
+def _masked_crc(data: bytes) -> bytes:
+    return _tfr()[1].masked_crc(data)
+
+
+def _looks_like_tfrecord(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return False
+    return len(head) == 12 and _masked_crc(head[:8]) == head[8:12]
+
+
+def shard_files(path: Path) -> list[Path]:
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    return sorted(
+        p
+        for p in path.iterdir()
+        if p.is_file() and (p.suffix == ".tfrecord" or (_SHARD.match(p.name) and not p.suffix == ".idx"))
+    )
+
+
+def _index_of(shard: Path) -> Path:
+    return shard.with_suffix(".idx") if shard.suffix == ".tfrecord" else shard.with_name(shard.name + ".idx")
+
+
+class TFRecordReader(Reader):
+    def __init__(self, path: Path):
+        super().__init__(path)
+        self.shards = shard_files(self.path)
+        if not self.shards:
+            raise FormatError(f"no .tfrecord shards in {self.path}")
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.manifest = read_manifest(self.path) or {}
+
+    def _fd(self, shard: int) -> int:
+        with self._lock:
+            if shard not in self._fds:
+                self._fds[shard] = os.open(self.shards[shard], os.O_RDONLY)
+            return self._fds[shard]
+
+    def _scan(self) -> list[tuple[int, int, int]]:
+        entries = []
+        for s, shard in enumerate(self.shards):
+            size = shard.stat().st_size
+            idx = _index_of(shard)
+            rows = None
+            if idx.is_file():
+                try:
+                    rows = [tuple(map(int, ln.split()[:2])) for ln in idx.read_text().splitlines() if ln.strip()]
+                except ValueError:
+                    rows = None
+                if rows and (rows[-1][0] + rows[-1][1] != size):
+                    rows = None  # stale index: scan instead
+            if rows is None:
+                rows = self._scan_shard(shard, size)
+            entries.extend((s, off, ln) for off, ln in rows)
+        return entries
+
+    @staticmethod
+    def _scan_shard(shard: Path, size: int) -> list[tuple[int, int]]:
+        rows, pos = [], 0
+        with open(shard, "rb") as f:
+            while pos < size:
+                head = f.read(12)
+                if len(head) < 12:
+                    raise FormatError(f"{shard}: truncated record header at byte {pos}")
+                if _masked_crc(head[:8]) != head[8:12]:
+                    raise FormatError(f"{shard}: corrupt record length at byte {pos} (CRC mismatch)")
+                (length,) = struct.unpack("<Q", head[:8])
+                total = 16 + length
+                if pos + total > size:
+                    raise FormatError(f"{shard}: truncated record at byte {pos}")
+                rows.append((pos, total))
+                pos += total
+                f.seek(pos)
+        return rows
+
+    def info(self) -> DatasetInfo:
+        if self.manifest.get("classes") is not None:
+            return DatasetInfo(
+                classes=tuple(self.manifest.get("classes") or ()),
+                categories=tuple(self.manifest.get("categories") or ()),
+            )
+        labels, texts, cats = [], {}, {}
+        for entry in self.entries():
+            try:
+                feats = self._features(entry)
+            except ValueError:
+                continue
+            lab = _ints(feats, "image/class/label")
+            if lab and lab[0] >= 0:
+                labels.append(lab[0])
+                txt = _bytes(feats, "image/class/text")
+                if txt:
+                    texts[lab[0]] = txt[0].decode("utf-8", "replace")
+            for cid, name in zip(_ints(feats, "image/object/class/label"), _bytes(feats, "image/object/class/text")):
+                cats.setdefault(cid, name.decode("utf-8", "replace"))
+        top = max(labels, default=-1)
+        classes = tuple(texts.get(i, str(i)) for i in range(top + 1))
+        categories = tuple({"id": c, "name": n, "supercategory": ""} for c, n in sorted(cats.items()))
+        return DatasetInfo(classes=classes, categories=categories)
+
+    def _features(self, entry: tuple[int, int, int]) -> Any:
+        s, off, ln = entry
+        buf = os.pread(self._fd(s), ln, off)
+        if len(buf) != ln:
+            raise ValueError("truncated record")
+        if _masked_crc(buf[:8]) != buf[8:12]:
+            raise ValueError("corrupt record length (CRC mismatch)")
+        (length,) = struct.unpack("<Q", buf[:8])
+        if 16 + length != ln:
+            raise ValueError("record length disagrees with the index")
+        data = buf[12 : 12 + length]
+        if _masked_crc(data) != buf[12 + length :]:
+            raise ValueError("corrupt record data (CRC mismatch)")
+        example_pb2, _ = _tfr()
+        try:
+            ex = example_pb2.Example.FromString(data)
+        except Exception as e:  # protobuf's DecodeError and friends
+            raise ValueError(f"not a tf.train.Example: {e}") from None
+        return ex.features.feature
+
+    def read(self, entry: tuple[int, int, int]) -> Record:
+        s, off, _ = entry
+        origin = f"{self.shards[s]}@{off}"
+        try:
+            feats = self._features(entry)
+        except ValueError as e:
+            raise self.record_error(f"{self.shards[s].name}@{off}", origin, e) from None
+        enc = _bytes(feats, "image/encoded")
+        if not enc:
+            raise self.record_error(f"{self.shards[s].name}@{off}", origin, "no image/encoded feature")
+        data = enc[0]
+        fname = (_bytes(feats, "image/filename") or [b""])[0].decode("utf-8", "replace")
+        source_id = (_bytes(feats, "image/source_id") or [b""])[0].decode("utf-8", "replace")
+        key = source_id or (fname.rsplit(".", 1)[0] if fname else f"{self.shards[s].stem}_{off}")
+        meta_raw = (_bytes(feats, "gpubatch/meta") or [b""])[0]
+        meta = json.loads(meta_raw) if meta_raw else {}
+        box_extra = meta.pop("box_extra", None)
+        if fname:
+            meta.setdefault("filename", fname)
+        lab = _ints(feats, "image/class/label")
+        label = lab[0] if lab and lab[0] >= 0 else None
+        boxes = None
+        xmin = _floats(feats, "image/object/bbox/xmin")
+        h = (_ints(feats, "image/height") or [0])[0]
+        w = (_ints(feats, "image/width") or [0])[0]
+        if len(xmin) or "image/object/bbox/xmin" in feats and meta.get("has_boxes"):
+            if not h or not w:
+                from ..engine.codecs.image import probe
+
+                try:
+                    hdr = probe(data)
+                except ValueError as e:
+                    raise self.record_error(key, origin, e) from None
+                h, w = hdr.height, hdr.width
+            norm = np.stack(
+                [xmin, _floats(feats, "image/object/bbox/ymin"), _floats(feats, "image/object/bbox/xmax"),
+                 _floats(feats, "image/object/bbox/ymax")], axis=1
+            ) if len(xmin) else np.zeros((0, 4), np.float32)
+            xyxy = norm * np.array([w, h, w, h], np.float32)
+            n = len(xyxy)
+            crowd = _ints(feats, "image/object/is_crowd") or [0] * n
+            extra = tuple(box_extra) if box_extra and len(box_extra) == n else ()
+            boxes = Boxes(xyxy, _ints(feats, "image/object/class/label")[:n] or [0] * n, (h, w), crowd[:n], extra)
+        meta.pop("has_boxes", None)
+        codec = sniff_image_codec(data) or (_bytes(feats, "image/format") or [b"unknown"])[0].decode().lower()
+        return Record(key=key, data=data, codec=codec, label=label, boxes=boxes, meta=meta, origin=origin)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+def _bytes(feats: Any, key: str) -> list[bytes]:
+    return list(feats[key].bytes_list.value) if key in feats else []
+
+
+def _ints(feats: Any, key: str) -> list[int]:
+    return [int(v) for v in feats[key].int64_list.value] if key in feats else []
+
+
+def _floats(feats: Any, key: str) -> np.ndarray:
+    return np.asarray(feats[key].float_list.value, np.float32) if key in feats else np.zeros(0, np.float32)
+
+
+class TFRecordWriter(ShardedWriter):
+    def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
+        super().__init__(root, info, options)
+        _, self._writer_cls = _tfr()
+        self._writer = None
+        self._index: list[str] = []
+        self._cat_names = {int(c["id"]): str(c.get("name", "")) for c in info.categories}
+
+    def _open_shard(self, index: int) -> Path:
+        path = self.root / f"{self.options.name}-{index:05d}.partial"
+        self._writer = self._writer_cls(str(path))
+        self._index = []
+        return path
+
+    def _write_to_shard(self, record: Record) -> int:
+        f = self._writer.file
+        start = f.tell()
+        self._writer.write(self._datum(record))
+        end = f.tell()
+        self._index.append(f"{start} {end - start}\n")
+        return end - start
+
+    def _close_shard(self) -> None:
+        self._writer.close()
+        self.shards[-1].with_suffix(".idx").write_text("".join(self._index))
+
+    def _finish(self) -> None:
+        def name(i: int, n: int) -> str:
+            return f"{self.options.name}-{i:05d}-of-{n:05d}"
+
+        for i, shard in enumerate(self.shards):
+            shard.with_suffix(".idx").rename(self.root / f"{name(i, len(self.shards))}.idx")
+        self.shards = shard_names(self.shards, lambda i, n: name(i, n) + ".tfrecord")
+
+    def _datum(self, r: Record) -> dict[str, tuple[Any, str]]:
+        meta = dict(r.meta)
+        h = w = 0
+        if r.boxes is not None:
+            h, w = r.boxes.canvas
+        else:
+            from ..engine.codecs.image import probe
+
+            try:
+                hdr = probe(r.data)
+                h, w = hdr.height, hdr.width
+            except ValueError:
+                pass
+        classes = self.info.classes
+        text = classes[r.label] if r.label is not None and 0 <= r.label < len(classes) else ""
+        b = r.boxes
+        if b is not None:
+            nb = b.normalized()
+            meta["has_boxes"] = True
+            if any(b.extra):
+                meta["box_extra"] = [dict(e) for e in b.extra]
+        else:
+            nb = np.zeros((0, 4), np.float32)
+        cats = [int(c) for c in (b.labels if b is not None else [])]
+        fname = r.filename
+        return {
+            "image/encoded": (r.data, "byte"),
+            "image/format": (r.codec.upper().encode() if r.codec == "jpeg" else r.codec.encode(), "byte"),
+            "image/filename": (fname.encode(), "byte"),
+            "image/source_id": (r.key.encode(), "byte"),
+            "image/height": (h, "int"),
+            "image/width": (w, "int"),
+            "image/class/label": (-1 if r.label is None else int(r.label), "int"),
+            "image/class/text": (text.encode(), "byte"),
+            "image/object/bbox/xmin": (nb[:, 0].tolist(), "float"),
+            "image/object/bbox/ymin": (nb[:, 1].tolist(), "float"),
+            "image/object/bbox/xmax": (nb[:, 2].tolist(), "float"),
+            "image/object/bbox/ymax": (nb[:, 3].tolist(), "float"),
+            "image/object/class/label": (cats, "int"),
+            "image/object/class/text": ([self._cat_names.get(c, str(c)).encode() for c in cats], "byte"),
+            "image/object/is_crowd": ([int(x) for x in (b.iscrowd if b is not None else [])], "int"),
+            "image/object/area": (
+                [float((x1 - x0) * (y1 - y0)) for x0, y0, x1, y1 in (b.xyxy if b is not None else [])],
+                "float",
+            ),
+            "gpubatch/meta": (json.dumps(meta, sort_keys=True, default=str).encode(), "byte"),
+        }
+
+
+@register_format
+class TFRecordFormat(Format):
+    name = "tfrecord"
+    description = "TFRecord shards of tf.train.Example (image/encoded, labels, boxes) with DALI .idx files"
+    carries_boxes = True
+    detect_priority = 20
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        path = Path(path)
+        if path.is_file():
+            return path.suffix == ".tfrecord" or _looks_like_tfrecord(path)
+        try:
+            shards = shard_files(path)
+        except OSError:
+            return False
+        return bool(shards) and _looks_like_tfrecord(shards[0])
+
+    @classmethod
+    def reader(cls, path: Path) -> Reader:
+        return TFRecordReader(path)
+
+    @classmethod
+    def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer:
+        return TFRecordWriter(root, info, options)
+

@@ -1,0 +1,261 @@
+"""WebDataset tar shards ``NAME-000000.tar``, with a DALI ``v1.2`` index ``NAME-000000.idx`` beside each.
+
+A sample is consecutive members sharing a key: ``key.jpg`` (or ``.png``...), ``key.cls`` (the class
+index as ASCII decimal, as webdataset's ``int(data)`` reads it) and ``key.json`` when the record has
+boxes or other fields (``{"width", "height", "label", "class", "annotations": [COCO-style boxes
+(bbox = [x, y, w, h] in pixels, category_id, iscrowd, ...)], "meta": {...}}``). Tars are written in
+GNU format with integer mtimes and ASCII names, so they hold no pax headers; keys use
+``[A-Za-z0-9_-/]`` with no dot, extensions are lower case, members of a sample are adjacent.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+from .._paths import safe_relpath
+from ..errors import FormatError
+from ..types import IMAGE_EXTENSIONS, Boxes, DatasetInfo, Record, sniff_image_codec
+from . import register_format
+from .base import Format, Reader, ShardedWriter, WriteOptions, Writer
+from .folder import label_names
+from .manifest import read_manifest
+
+_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext, key without dots
+_KEY_BAD = re.compile(r"[^A-Za-z0-9_\-/]+")
+
+
+def split_member(name: str) -> tuple[str, str] | None:
+    """(key, extension) of a member name as webdataset and DALI group it, or None to skip it."""
+    base = name.rsplit("/", 1)[-1]
+    if not base or base.startswith(".") or base.startswith("__"):
+        return None
+    m = _KEY_EXT.match(name)
+    return (m.group(1), m.group(2).lower()) if m else None
+
+
+def safe_key(key: str) -> str:
+    """A WebDataset key: ``[A-Za-z0-9_-/]``, no dots, no empty path parts."""
+    parts = [_KEY_BAD.sub("_", p) for p in key.replace("\\", "/").split("/") if p not in ("", ".", "..")]
+    return "/".join(p for p in parts if p) or "sample"
+
+
+class WebDatasetReader(Reader):
+    def __init__(self, path: Path):
+        path = Path(path)
+        self.tars = [path] if path.is_file() else sorted(p for p in path.glob("*.tar") if p.is_file())
+        super().__init__(path.parent if path.is_file() else path)
+        if not self.tars:
+            raise FormatError(f"no .tar shards in {path}")
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.manifest = read_manifest(self.path) or {}
+
+    def _fd(self, s: int) -> int:
+        with self._lock:
+            if s not in self._fds:
+                self._fds[s] = os.open(self.tars[s], os.O_RDONLY)
+            return self._fds[s]
+
+    def _scan(self) -> list[tuple[int, str, tuple]]:
+        entries = []
+        for s, tar in enumerate(self.tars):
+            try:
+                with tarfile.open(tar, "r:") as tf:
+                    current, members = None, []
+                    for m in tf:
+                        if not m.isfile():
+                            continue
+                        ke = split_member(m.name)
+                        if ke is None:
+                            continue
+                        if ke[0] != current:
+                            if members:
+                                entries.append((s, current, tuple(members)))
+                            current, members = ke[0], []
+                        members.append((ke[1], m.offset_data, m.size, m.name))
+                    if members:
+                        entries.append((s, current, tuple(members)))
+            except (tarfile.TarError, OSError) as e:
+                raise FormatError(f"cannot read tar shard {tar}: {e}") from None
+        return entries
+
+    def info(self) -> DatasetInfo:
+        if self.manifest.get("classes") is not None:
+            return DatasetInfo(classes=tuple(self.manifest["classes"]),
+                               categories=tuple(self.manifest.get("categories") or ()))
+        labels = []
+        for s, _key, members in self.entries():
+            for ext, off, size, _ in members:
+                if ext == "cls":
+                    try:
+                        labels.append(int(os.pread(self._fd(s), size, off)))
+                    except ValueError:
+                        pass
+        return DatasetInfo(classes=label_names([x for x in labels if x >= 0], None))
+
+    def read(self, entry: tuple[int, str, tuple]) -> Record:
+        s, key, members = entry
+        origin = f"{self.tars[s]}#{key}"
+        try:
+            safe_relpath(key)
+            for _, _, _, name in members:
+                safe_relpath(name)
+        except ValueError as e:
+            raise self.record_error(key, origin, e) from None
+        parts = {}
+        for ext, off, size, name in members:
+            if ext in parts:
+                raise self.record_error(key, origin, f"duplicate member {name}")
+            parts[ext] = (off, size, name)
+        image_ext = next((e for e in parts if e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS), None)
+        if image_ext is None:
+            raise self.record_error(key, origin, f"no image member (has: {', '.join(sorted(parts))})")
+        fd = self._fd(s)
+        off, size, name = parts[image_ext]
+        data = os.pread(fd, size, off)
+        if len(data) != size:
+            raise self.record_error(key, f"{self.tars[s]}#{name}", "truncated member")
+        label, boxes, meta = None, None, {"filename": name.rsplit("/", 1)[-1]}
+        try:
+            if "cls" in parts:
+                o, n, _ = parts["cls"]
+                label = int(os.pread(fd, n, o).strip() or b"-1")
+            if "json" in parts:
+                o, n, _ = parts["json"]
+                doc = json.loads(os.pread(fd, n, o))
+                if isinstance(doc, dict):
+                    meta.update(doc.get("meta") or {})
+                    if label is None and isinstance(doc.get("label"), int):
+                        label = doc["label"]
+                    if "annotations" in doc:
+                        boxes = _boxes_from_json(doc, data)
+        except (ValueError, TypeError, KeyError) as e:
+            raise self.record_error(key, origin, f"bad .cls/.json member: {e}") from None
+        codec = sniff_image_codec(data) or IMAGE_EXTENSIONS.get(image_ext.rsplit(".", 1)[-1], "unknown")
+        return Record(key=key, data=data, codec=codec, label=label if label is None or label >= 0 else None,
+                      boxes=boxes, meta=meta, origin=origin)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+def _boxes_from_json(doc: dict, data: bytes) -> Boxes:
+    h, w = int(doc.get("height") or 0), int(doc.get("width") or 0)
+    if not h or not w:
+        from ..engine.codecs.image import probe
+
+        hdr = probe(data)
+        h, w = hdr.height, hdr.width
+    xyxy, labels, crowd, extra = [], [], [], []
+    for a in doc["annotations"]:
+        x, y, bw, bh = (float(v) for v in a["bbox"])
+        xyxy.append([x, y, x + bw, y + bh])
+        labels.append(int(a.get("category_id", 0)))
+        crowd.append(int(a.get("iscrowd", 0)))
+        extra.append({k: v for k, v in a.items() if k not in ("bbox", "category_id", "iscrowd")})
+    return Boxes(xyxy, labels, (h, w), crowd, tuple(extra))
+
+
+class WebDatasetWriter(ShardedWriter):
+    def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
+        super().__init__(root, info, options)
+        self._tar: tarfile.TarFile | None = None
+        self._index: list[str] = []
+        self._keys: set[str] = set()
+        self._mtime = int(os.environ.get("SOURCE_DATE_EPOCH", time.time()))
+
+    def _open_shard(self, index: int) -> Path:
+        path = self.root / f"{self.options.name}-{index:06d}.tar"
+        self._tar = tarfile.open(path, "w", format=tarfile.GNU_FORMAT)
+        self._index = []
+        return path
+
+    def _add(self, name: str, payload: bytes) -> tuple[int, int]:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = len(payload), self._mtime, 0o644
+        info.uname = info.gname = ""
+        header = len(info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape"))
+        start = self._tar.offset
+        self._tar.addfile(info, io.BytesIO(payload))
+        return start + header, len(payload)
+
+    def _unique(self, key: str) -> str:
+        key, base, n = safe_key(key), safe_key(key), 1
+        while key in self._keys:
+            key = f"{base}_{n}"
+            n += 1
+        self._keys.add(key)
+        return key
+
+    def _write_to_shard(self, record: Record) -> int:
+        key = self._unique(record.key)
+        ext = record.filename.rsplit(".", 1)[-1].lower()
+        members: dict[str, bytes] = {ext: record.data}
+        if record.label is not None:
+            members["cls"] = str(int(record.label)).encode("ascii")
+        doc = self._json(record)
+        if doc is not None:
+            members["json"] = json.dumps(doc, sort_keys=True, default=str).encode("utf-8")
+        start, line = self._tar.offset, []
+        for e in sorted(members):
+            off, size = self._add(f"{key}.{e}", members[e])
+            line.append(f"{e} {off} {size} {key}.{e}")
+        self._index.append(" ".join(line) + "\n")
+        return self._tar.offset - start
+
+    def _json(self, record: Record) -> dict | None:
+        meta = {k: v for k, v in record.meta.items() if k != "filename"}
+        if record.boxes is None and not meta:
+            return None
+        doc: dict = {"filename": record.filename}
+        if record.label is not None:
+            doc["label"] = int(record.label)
+            if record.label < len(self.info.classes):
+                doc["class"] = self.info.classes[record.label]
+        if record.boxes is not None:
+            b = record.boxes
+            doc["height"], doc["width"] = b.canvas
+            doc["annotations"] = [
+                {"bbox": [float(x0), float(y0), float(x1 - x0), float(y1 - y0)],
+                 "category_id": int(b.labels[i]), "iscrowd": int(b.iscrowd[i]), **dict(b.extra[i])}
+                for i, (x0, y0, x1, y1) in enumerate(b.xyxy)
+            ]
+        if meta:
+            doc["meta"] = meta
+        return doc
+
+    def _close_shard(self) -> None:
+        self._tar.close()
+        self.shards[-1].with_suffix(".idx").write_text(f"v1.2 {len(self._index)}\n" + "".join(self._index))
+
+
+@register_format
+class WebDatasetFormat(Format):
+    name = "webdataset"
+    description = "WebDataset tar shards (key.jpg, key.cls, key.json) with DALI v1.2 .idx files"
+    carries_boxes = True
+    detect_priority = 25
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        path = Path(path)
+        tars = [path] if path.is_file() else sorted(path.glob("*.tar")) if path.is_dir() else []
+        return bool(tars) and tars[0].suffix == ".tar" and tarfile.is_tarfile(tars[0])
+
+    @classmethod
+    def reader(cls, path: Path) -> Reader:
+        return WebDatasetReader(path)
+
+    @classmethod
+    def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer:
+        return WebDatasetWriter(root, info, options)

@@ -1,0 +1,1 @@
+"""Terminal output: one stderr console, progress bars, summaries and reports."""

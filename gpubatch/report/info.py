@@ -1,0 +1,162 @@
+"""``gpubatch info``: what a dataset holds, from record headers (no pixel is decoded)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import RecordError
+
+
+@dataclass
+class DatasetReport:
+    """Facts about one dataset.
+
+    Attributes:
+        path, format: where and what.
+        records: readable records; ``unreadable`` lists the others with reasons.
+        classes: class names; ``class_counts`` maps each to its record count (plus "(unlabeled)").
+        width, height: min / median / mean / max over records, in pixels (EXIF orientation applied).
+        codecs, subsampling, modes: counts per JPEG/PNG..., per chroma subsampling, per pixel mode.
+        boxes: total detection boxes; categories: detection categories.
+        payload_bytes: sum of encoded record sizes; disk_bytes: size of the dataset's files.
+    """
+
+    path: str
+    format: str
+    records: int = 0
+    classes: list[str] = field(default_factory=list)
+    class_counts: dict[str, int] = field(default_factory=dict)
+    width: dict[str, float] = field(default_factory=dict)
+    height: dict[str, float] = field(default_factory=dict)
+    codecs: dict[str, int] = field(default_factory=dict)
+    subsampling: dict[str, int] = field(default_factory=dict)
+    modes: dict[str, int] = field(default_factory=dict)
+    boxes: int = 0
+    images_with_boxes: int = 0
+    categories: list[dict] = field(default_factory=list)
+    payload_bytes: int = 0
+    disk_bytes: int = 0
+    unreadable: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _stats(values: list[int]) -> dict[str, float]:
+    if not values:
+        return {}
+    a = np.asarray(values)
+    return {"min": int(a.min()), "median": float(np.median(a)), "mean": round(float(a.mean()), 1),
+            "max": int(a.max())}
+
+
+def _disk_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def describe(path: Path, fmt: str | None = None, workers: int | None = None,
+             progress: Callable[[int], Callable[[int], None]] | None = None) -> DatasetReport:
+    """Read every record's header (not its pixels) and summarize the dataset."""
+    from ..engine.codecs.image import probe
+    from ..engine.executor import default_workers, ordered_map
+    from ..formats import open_reader
+
+    with open_reader(path, fmt) as reader:
+        info = reader.info()
+        entries = reader.entries()
+        report = DatasetReport(path=str(path), format=reader.format_name, classes=list(info.classes),
+                               categories=[dict(c) for c in info.categories])
+        tick = progress(len(entries)) if progress else None
+
+        def work(entry: Any) -> tuple:
+            try:
+                rec = reader.read(entry)
+            except RecordError as e:
+                return (None, e)
+            try:
+                return (rec, probe(rec.data))
+            except ValueError as e:
+                return (rec, RecordError(rec.key, rec.origin, "decode", str(e)))
+
+        widths, heights = [], []
+        labels: Counter = Counter()
+        codecs: Counter = Counter()
+        subs: Counter = Counter()
+        modes: Counter = Counter()
+        for rec, hdr in ordered_map(work, entries, workers or default_workers()):
+            if tick:
+                tick(1)
+            if isinstance(hdr, RecordError):
+                report.unreadable.append(hdr.as_dict())
+                continue
+            report.records += 1
+            report.payload_bytes += len(rec.data)
+            labels[rec.label] += 1
+            widths.append(hdr.width)
+            heights.append(hdr.height)
+            codecs[hdr.codec] += 1
+            modes[hdr.mode] += 1
+            if hdr.subsampling:
+                subs[hdr.subsampling] += 1
+            if rec.boxes is not None and len(rec.boxes):
+                report.boxes += len(rec.boxes)
+                report.images_with_boxes += 1
+    names = report.classes
+    for label, n in sorted(labels.items(), key=lambda kv: (kv[0] is None, kv[0] if kv[0] is not None else 0)):
+        name = "(unlabeled)" if label is None else (names[label] if label < len(names) else str(label))
+        report.class_counts[name] = n
+    report.width, report.height = _stats(widths), _stats(heights)
+    report.codecs, report.subsampling, report.modes = dict(codecs), dict(subs), dict(modes)
+    report.disk_bytes = _disk_bytes(Path(path))
+    return report
+
+
+def render(report: DatasetReport) -> None:
+    """Print the report as rich tables on the stderr console."""
+    from rich.table import Table
+
+    from .console import console
+    from .summary import human_bytes
+
+    con = console()
+    t = Table(title=f"{report.path}  [dim]({report.format})[/]", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("records", f"{report.records:,}")
+    if report.unreadable:
+        t.add_row("unreadable", f"[red]{len(report.unreadable):,}[/]")
+    t.add_row("classes", f"{len(report.classes):,}")
+    if report.width:
+        w, h = report.width, report.height
+        t.add_row("width", f"{w['min']}..{w['max']} (median {w['median']:g}, mean {w['mean']:g})")
+        t.add_row("height", f"{h['min']}..{h['max']} (median {h['median']:g}, mean {h['mean']:g})")
+    t.add_row("codecs", ", ".join(f"{k} {v:,}" for k, v in sorted(report.codecs.items())))
+    if report.subsampling:
+        t.add_row("JPEG subsampling", ", ".join(f"{k} {v:,}" for k, v in sorted(report.subsampling.items())))
+    t.add_row("pixel modes", ", ".join(f"{k} {v:,}" for k, v in sorted(report.modes.items())))
+    if report.boxes or report.categories:
+        t.add_row("boxes", f"{report.boxes:,} on {report.images_with_boxes:,} images, "
+                           f"{len(report.categories)} categories")
+    t.add_row("payload", human_bytes(report.payload_bytes))
+    t.add_row("on disk", human_bytes(report.disk_bytes))
+    con.print(t)
+    if report.class_counts:
+        ct = Table(title="records per class", title_justify="left")
+        ct.add_column("class")
+        ct.add_column("records", justify="right")
+        shown = list(report.class_counts.items())
+        for name, n in shown[:50]:
+            ct.add_row(name, f"{n:,}")
+        if len(shown) > 50:
+            ct.add_row(f"... {len(shown) - 50} more", "")
+        con.print(ct)
+    for e in report.unreadable[:10]:
+        con.print(f"[red]unreadable[/] {e['origin'] or e['key']}: {e['reason']}")

@@ -1,0 +1,43 @@
+"""A rich progress bar (records/s, ETA) on a terminal; silent when stderr is not one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from .console import console
+
+
+@contextmanager
+def progress_bar(description: str, enabled: bool = True) -> Iterator[Callable[[int], Callable[[int], None]]]:
+    """Yield ``start(total) -> advance(n)``; the bar is shown only on an interactive terminal."""
+    con = console()
+    if not enabled or not con.is_terminal:
+        yield lambda total: (lambda n: None)
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    class Rate(TextColumn):
+        def render(self, task):  # records/s from rich's own speed estimate
+            from rich.text import Text
+
+            speed = task.finished_speed or task.speed
+            return Text(f"{speed:,.0f} rec/s" if speed else "", style="progress.data.speed")
+
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(""),
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=con, transient=False,
+    ) as prog:
+
+        def start(total: int) -> Callable[[int], None]:
+            task = prog.add_task(description, total=total)
+            return lambda n: prog.advance(task, n)
+
+        yield start

@@ -1,0 +1,53 @@
+"""The one-screen end-of-run summary of ``convert`` (and later ``augment``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def render_summary(summary: Any, title: str = "convert") -> None:
+    """Print a RunSummary on the stderr console: counts, bytes, time, skipped records with reasons."""
+    from rich.table import Table
+
+    from .console import console
+
+    con = console()
+    t = Table(title=f"{title}: {summary.src} ({summary.src_format}) -> {summary.dst} ({summary.dst_format})",
+              show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("device", f"{summary.device}  [dim]{summary.device_reason}[/]")
+    t.add_row("records in", f"{summary.records_in:,}")
+    t.add_row("records out", f"{summary.records_out:,}")
+    work = f"{summary.passthrough:,} passed through, {summary.transcoded:,} re-encoded"
+    if summary.fallbacks:
+        work += f", {summary.fallbacks:,} decoded on the CPU after the GPU refused them"
+    t.add_row("work", work)
+    if summary.boxes_dropped:
+        t.add_row("boxes dropped", f"{summary.boxes_dropped:,} (left the image)")
+    style = "red" if summary.skipped else "green"
+    t.add_row("skipped", f"[{style}]{len(summary.skipped):,}[/]")
+    t.add_row("bytes", f"{human_bytes(summary.bytes_in)} in, {human_bytes(summary.bytes_out)} out")
+    t.add_row("time", f"{summary.seconds:.2f} s ({summary.records_per_second:,.0f} records/s)")
+    con.print(t)
+    if summary.skipped:
+        reasons = Counter(f"{e['stage']}: {e['reason']}" for e in summary.skipped)
+        rt = Table(title="skipped records", title_justify="left")
+        rt.add_column("record")
+        rt.add_column("reason")
+        for e in summary.skipped[:20]:
+            rt.add_row(e["origin"] or e["key"], f"{e['stage']}: {e['reason']}")
+        if len(summary.skipped) > 20:
+            rt.add_row(f"... {len(summary.skipped) - 20} more", f"{len(reasons)} distinct reasons")
+        con.print(rt)
+    for w in summary.warnings:
+        con.print(f"[yellow]warning:[/] {w}")

@@ -1,0 +1,238 @@
+"""Core value types: records, boxes, media kinds and batch specs.
+
+Only the standard library and NumPy are imported here, so these types are cheap to use from the CLI,
+the format modules and the engine alike.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+
+class Media(str, enum.Enum):
+    """What a record's payload holds."""
+
+    IMAGE = "image"
+    VIDEO = "video"
+    AUDIO = "audio"
+
+
+class Layout(str, enum.Enum):
+    """Memory layout of decoded pixels or samples."""
+
+    HWC = "HWC"
+    CHW = "CHW"
+    FHWC = "FHWC"
+    T = "T"
+
+
+# File extension (lower case, no dot) -> codec name, for the image codecs gpubatch reads.
+IMAGE_EXTENSIONS: Mapping[str, str] = MappingProxyType(
+    {
+        "jpg": "jpeg",
+        "jpeg": "jpeg",
+        "jpe": "jpeg",
+        "png": "png",
+        "jp2": "jpeg2000",
+        "j2k": "jpeg2000",
+        "bmp": "bmp",
+        "webp": "webp",
+        "tif": "tiff",
+        "tiff": "tiff",
+    }
+)
+
+# Codec name -> the extension gpubatch writes for it.
+CODEC_EXTENSION: Mapping[str, str] = MappingProxyType(
+    {"jpeg": "jpg", "png": "png", "jpeg2000": "jp2", "bmp": "bmp", "webp": "webp", "tiff": "tiff"}
+)
+
+
+def sniff_image_codec(data: bytes) -> str | None:
+    """Codec of an encoded image from its magic bytes, or None when it is not a known image."""
+    if data[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if data[:4] == b"\x00\x00\x00\x0c" and data[4:8] == b"jP  " or data[:4] == b"\xff\x4f\xff\x51":
+        return "jpeg2000"
+    if data[:2] == b"BM":
+        return "bmp"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    if data[:4] in (b"II*\x00", b"MM\x00*"):
+        return "tiff"
+    return None
+
+
+@dataclass(frozen=True, eq=False)
+class Boxes:
+    """Detection annotations of one image.
+
+    Attributes:
+        xyxy: float32 array (N, 4), corners (x0, y0, x1, y1) in pixels of the image as stored
+            (COCO's [x, y, w, h] becomes [x, y, x + w, y + h]).
+        labels: int64 array (N,), the category id of each box (COCO ids, not remapped).
+        canvas: (height, width) in pixels of the image the boxes refer to.
+        iscrowd: int64 array (N,) of 0/1.
+        extra: per box, a dict of other annotation fields carried through untouched except for
+            ``segmentation`` polygons, which move with the pixels.
+    """
+
+    xyxy: np.ndarray
+    labels: np.ndarray
+    canvas: tuple[int, int]
+    iscrowd: np.ndarray | None = None
+    extra: tuple[Mapping[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        xyxy = np.asarray(self.xyxy, dtype=np.float32).reshape(-1, 4)
+        labels = np.asarray(self.labels, dtype=np.int64).reshape(-1)
+        if len(labels) != len(xyxy):
+            raise ValueError(f"{len(xyxy)} boxes but {len(labels)} labels")
+        iscrowd = (
+            np.zeros(len(xyxy), np.int64)
+            if self.iscrowd is None
+            else np.asarray(self.iscrowd, dtype=np.int64).reshape(-1)
+        )
+        extra = tuple(self.extra) if self.extra else tuple({} for _ in range(len(xyxy)))
+        if len(iscrowd) != len(xyxy) or len(extra) != len(xyxy):
+            raise ValueError("iscrowd and extra must have one entry per box")
+        object.__setattr__(self, "xyxy", xyxy)
+        object.__setattr__(self, "labels", labels)
+        object.__setattr__(self, "iscrowd", iscrowd)
+        object.__setattr__(self, "extra", extra)
+        object.__setattr__(self, "canvas", (int(self.canvas[0]), int(self.canvas[1])))
+
+    def __len__(self) -> int:
+        return len(self.xyxy)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Boxes):
+            return NotImplemented
+        return (
+            self.canvas == other.canvas
+            and np.array_equal(self.xyxy, other.xyxy)
+            and np.array_equal(self.labels, other.labels)
+            and np.array_equal(self.iscrowd, other.iscrowd)
+        )
+
+    def normalized(self) -> np.ndarray:
+        """Corners divided by the canvas width and height: float32 (N, 4) in [0, 1]."""
+        h, w = self.canvas
+        scale = np.array([w, h, w, h], np.float32)
+        return self.xyxy / np.maximum(scale, 1)
+
+    def affine(
+        self, sx: float, sy: float, tx: float, ty: float, canvas: tuple[int, int], min_visible: float = 0.0
+    ) -> tuple[Boxes, int]:
+        """Scale then translate every box (x' = sx * x + tx), clip to the new canvas.
+
+        Boxes whose visible area falls to ``min_visible`` of their moved area or below (and empty boxes)
+        are dropped; polygon segmentations move the same way. Returns the new boxes and how many
+        were dropped.
+        """
+        h, w = canvas
+        moved = self.xyxy * np.array([sx, sy, sx, sy], np.float32) + np.array([tx, ty, tx, ty], np.float32)
+        clipped = np.clip(moved, 0, np.array([w, h, w, h], np.float32))
+        area = (moved[:, 2] - moved[:, 0]) * (moved[:, 3] - moved[:, 1])
+        vis = (clipped[:, 2] - clipped[:, 0]) * (clipped[:, 3] - clipped[:, 1])
+        keep = (vis > 0) & (vis > min_visible * np.maximum(area, 1e-12))
+        extra = []
+        for i in np.flatnonzero(keep):
+            e = dict(self.extra[i])
+            seg = e.get("segmentation")
+            if isinstance(seg, list):
+                e["segmentation"] = [
+                    [
+                        float(min(max(v * (sx if j % 2 == 0 else sy) + (tx if j % 2 == 0 else ty), 0.0),
+                                  w if j % 2 == 0 else h))
+                        for j, v in enumerate(poly)
+                    ]
+                    for poly in seg
+                ]
+            if "area" in e:
+                e["area"] = float(e["area"]) * abs(sx * sy)
+            extra.append(e)
+        out = Boxes(clipped[keep], self.labels[keep], canvas, self.iscrowd[keep], tuple(extra))
+        return out, int((~keep).sum())
+
+
+@dataclass(frozen=True)
+class Record:
+    """One sample of a dataset, as it travels from a reader to a writer.
+
+    Attributes:
+        key: stable, unique name of the sample within its dataset (``class/file`` without extension
+            for a folder, the member key for WebDataset, ...).
+        data: the encoded payload (JPEG/PNG/... bytes), passed through untouched unless a pixel op runs.
+        media: what ``data`` holds.
+        codec: codec of ``data`` ("jpeg", "png", ...).
+        label: class index into the dataset's class list, or None when unlabeled.
+        boxes: detection annotations, or None.
+        meta: other per-record fields carried through (file name, COCO image fields, ...).
+        origin: where the record came from ("shard.tar#member"), used in every error message.
+    """
+
+    key: str
+    data: bytes
+    media: Media = Media.IMAGE
+    codec: str = "jpeg"
+    label: int | None = None
+    boxes: Boxes | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    origin: str = ""
+
+    def with_(self, **changes: Any) -> Record:
+        """A copy with some fields replaced."""
+        return replace(self, **changes)
+
+    @property
+    def filename(self) -> str:
+        """A file name for this record: the source file name when known, else key + codec extension."""
+        name = self.meta.get("filename")
+        ext = CODEC_EXTENSION.get(self.codec, self.codec)
+        if name:
+            stem = name.rsplit("/", 1)[-1]
+            if "." in stem and IMAGE_EXTENSIONS.get(stem.rsplit(".", 1)[1].lower()) == self.codec:
+                return stem
+            return stem.rsplit(".", 1)[0] + "." + ext
+        return self.key.rsplit("/", 1)[-1] + "." + ext
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a reader knows about its dataset as a whole.
+
+    Attributes:
+        classes: class names, indexed by ``Record.label``.
+        categories: COCO-style detection categories (``{"id", "name", "supercategory"}``), or empty.
+        extra: other dataset-level fields (COCO ``info``/``licenses``...).
+    """
+
+    classes: tuple[str, ...] = ()
+    categories: tuple[Mapping[str, Any], ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """Shape and type of decoded data flowing between ops.
+
+    Attributes:
+        layout: memory layout of each item.
+        dtype: NumPy dtype name ("uint8", "float16", "float32").
+        channels: channels per pixel.
+        shape: spatial shape (H, W) when every item has it, None when ragged.
+    """
+
+    layout: Layout = Layout.HWC
+    dtype: str = "uint8"
+    channels: int = 3
+    shape: tuple[int, ...] | None = None

@@ -1,0 +1,258 @@
+"""The command line: exit codes, one-line errors, safe output, summaries, --json, info."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from gpubatch import convert
+from gpubatch.errors import ExitCode, RecordFailed
+from tests.helpers import ROOT, content, jpeg_bytes, photo, run_cli, tree_digest
+
+
+def one_line_error(proc):
+    err = proc.stderr.strip()
+    assert "Traceback" not in err, err
+    errors = [ln for ln in err.splitlines() if ln.startswith(("error:", "Error:"))]
+    assert len(errors) == 1 and err.splitlines()[-1] == errors[0], err
+    return errors[0]
+
+
+def test_help_and_version():
+    p = run_cli("--help")
+    assert p.returncode == 0 and "convert" in p.stdout and "info" in p.stdout
+    p = run_cli("--version")
+    assert p.returncode == 0 and "gpubatch" in p.stdout
+
+
+def test_convert_and_json_summary(imagenet, tmp_path):
+    before = tree_digest(imagenet)
+    p = run_cli("convert", imagenet, tmp_path / "out", "--to", "webdataset", "--json")
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s["records_in"] == 60 and s["records_out"] == 60 and s["skipped"] == []
+    assert s["device"] == "cpu" and "pass through" in s["device_reason"]
+    assert "records out" in p.stderr  # the summary table goes to stderr
+    assert tree_digest(imagenet) == before
+
+
+def test_missing_source(tmp_path):
+    p = run_cli("convert", tmp_path / "nope", tmp_path / "out", "--to", "lmdb")
+    assert p.returncode == ExitCode.USAGE
+    assert "does not exist" in one_line_error(p)
+    p = run_cli("info", tmp_path / "nope")
+    assert p.returncode == ExitCode.USAGE and "does not exist" in one_line_error(p)
+
+
+def test_unknown_format(imagenet, tmp_path):
+    p = run_cli("convert", imagenet, tmp_path / "out", "--to", "parquet")
+    assert p.returncode == ExitCode.USAGE and "parquet" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_undetectable_source(tmp_path):
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("hello")
+    p = run_cli("info", tmp_path / "junk")
+    assert p.returncode == ExitCode.ERROR and "--from" in one_line_error(p)
+
+
+def test_existing_destination_needs_overwrite(imagenet, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    p = run_cli("convert", imagenet, out, "--to", "tfrecord")
+    assert p.returncode == ExitCode.USAGE and "--overwrite" in one_line_error(p)
+    assert (out / "keep.txt").read_text() == "precious"
+    p = run_cli("convert", imagenet, out, "--to", "tfrecord", "--overwrite", "-q")
+    assert p.returncode == 0 and not (out / "keep.txt").exists()
+    assert len(list(out.glob("*.tfrecord"))) == 1
+
+
+@pytest.mark.parametrize("where", ["same", "inside"])
+def test_destination_in_source_refused(imagenet, where):
+    dst = imagenet if where == "same" else imagenet / "bird" / "out"
+    before = tree_digest(imagenet)
+    p = run_cli("convert", imagenet, dst, "--to", "lmdb", "--overwrite")
+    assert p.returncode == ExitCode.USAGE and "inside" in one_line_error(p)
+    assert tree_digest(imagenet) == before
+
+
+def test_overwrite_cannot_delete_the_source(tmp_path, imagenet):
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    shutil.move(str(imagenet), parent / "src")
+    p = run_cli("convert", parent / "src", parent, "--to", "lmdb", "--overwrite")
+    assert p.returncode == ExitCode.USAGE and "delete the source" in one_line_error(p)
+    assert (parent / "src" / "bird").is_dir()
+
+
+def _add_bad_files(root):
+    (root / "bird" / "truncated.jpg").write_bytes(jpeg_bytes(photo(64, 80))[:900])
+    (root / "bird" / "text.jpg").write_bytes(b"this is not an image at all")
+    (root / "car" / "empty.png").write_bytes(b"")
+
+
+def test_bad_records_are_skipped_and_listed(imagenet, tmp_path):
+    _add_bad_files(imagenet)
+    for pixels in ([], ["--resize-shorter", "64"]):
+        out = tmp_path / f"out{len(pixels)}"
+        p = run_cli("convert", imagenet, out, "--to", "tfrecord", "--json", *pixels)
+        assert p.returncode == 0, p.stderr
+        s = json.loads(p.stdout)
+        assert s["records_in"] == 63 and s["records_out"] == 60
+        assert sorted(os.path.basename(e["origin"]) for e in s["skipped"]) == ["empty.png", "text.jpg", "truncated.jpg"]
+        assert all(e["stage"] == "decode" and e["reason"] for e in s["skipped"])
+        manifest = json.loads((out / "gpubatch.json").read_text())
+        assert len(manifest["errors"]) == 3 and manifest["records"] == 60
+        assert "skipped records" in p.stderr
+
+
+def test_on_error_fail_stops_and_writes_nothing(imagenet, tmp_path):
+    _add_bad_files(imagenet)
+    out = tmp_path / "out"
+    p = run_cli("convert", imagenet, out, "--to", "webdataset", "--on-error", "fail")
+    assert p.returncode == ExitCode.BAD_RECORD
+    assert "bad record" in one_line_error(p)
+    assert not out.exists()
+    assert not [x for x in tmp_path.iterdir() if x.name.startswith(".out")]  # no staging left behind
+
+
+def test_interrupted_run_leaves_nothing(imagenet, tmp_path, monkeypatch):
+    from gpubatch.formats import webdataset
+
+    calls = {"n": 0}
+    real = webdataset.WebDatasetWriter._write_to_shard
+
+    def boom(self, record):
+        calls["n"] += 1
+        if calls["n"] == 30:
+            raise KeyboardInterrupt
+        return real(self, record)
+
+    monkeypatch.setattr(webdataset.WebDatasetWriter, "_write_to_shard", boom)
+    with pytest.raises(KeyboardInterrupt):
+        convert(imagenet, tmp_path / "out", to="webdataset", shard_size=10)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imagenet"]
+
+
+def test_fail_policy_from_python(imagenet, tmp_path):
+    (imagenet / "car" / "bad.jpg").write_bytes(b"\xff\xd8\xff\xe0garbage")
+    with pytest.raises(RecordFailed):
+        convert(imagenet, tmp_path / "out", to="lmdb", on_error="fail")
+    assert not (tmp_path / "out").exists()
+
+
+def test_max_pixels_refuses_before_decoding(imagenet, tmp_path):
+    p = run_cli("convert", imagenet, tmp_path / "o", "--to", "folder", "--max-pixels", "40000", "--json", "-q")
+    s = json.loads(p.stdout)
+    assert p.returncode == 0 and s["records_out"] < 60
+    assert all("exceeds --max-pixels 40000" in e["reason"] for e in s["skipped"])
+
+
+def test_device_gpu_without_gpu_is_one_line(imagenet, tmp_path):
+    from gpubatch.engine.device import gpu_problem
+
+    if gpu_problem(0)[0] is None:
+        pytest.skip("this machine has a usable GPU")
+    p = run_cli("convert", imagenet, tmp_path / "o", "--to", "lmdb", "--resize-shorter", "64", "--device", "gpu")
+    assert p.returncode == ExitCode.USAGE and "--device gpu" in one_line_error(p)
+    assert not (tmp_path / "o").exists()
+
+
+def test_auto_device_says_what_it_chose(imagenet, tmp_path):
+    p = run_cli("convert", imagenet, tmp_path / "o", "--to", "lmdb", "--resize-shorter", "64", "--json")
+    s = json.loads(p.stdout)
+    assert p.returncode == 0 and s["device_reason"].startswith("auto:")
+    assert "device:" in p.stderr
+
+
+@pytest.mark.parametrize("fmt", ["folder", "lmdb", "tfrecord", "recordio", "coco", "webdataset"])
+def test_info_on_every_format(imagenet, tmp_path, fmt):
+    if fmt == "folder":
+        path = imagenet
+    else:
+        path = tmp_path / fmt
+        convert(imagenet, path, to=fmt)
+    p = run_cli("info", path, "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["format"] == fmt and r["records"] == 60
+    assert r["class_counts"] == {"bird": 15, "car": 15, "flower": 15, "mountain": 15}
+    assert r["codecs"] == {"jpeg": 58, "png": 2}
+    assert r["width"]["min"] >= 100 and r["height"]["max"] < 400
+    assert r["payload_bytes"] > 1_000_000 and r["disk_bytes"] >= r["payload_bytes"] * 0.9
+    p = run_cli("info", path)
+    assert p.returncode == 0 and "records per class" in p.stderr
+
+
+def test_info_on_coco(coco):
+    p = run_cli("info", coco, "--json")
+    r = json.loads(p.stdout)
+    assert r["format"] == "coco" and r["records"] == 12 and r["boxes"] == 31
+    assert [c["name"] for c in r["categories"]] == ["square", "disc", "triangle"]
+
+
+def test_formats_command():
+    p = run_cli("formats")
+    assert p.returncode == 0 and "webdataset" in p.stdout and "recordio" in p.stdout
+
+
+def test_heavy_imports_stay_lazy(imagenet):
+    code = (
+        "import sys, gpubatch; from gpubatch.cli import main\n"
+        "try:\n    main(['info', sys.argv[1], '--json'])\nexcept SystemExit:\n    pass\n"
+        "bad = [m for m in ('cupy', 'nvidia.nvimgcodec', 'PyNvVideoCodec', 'av', 'torch') if m in sys.modules]\n"
+        "print('HEAVY', bad)"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(imagenet)], capture_output=True, text=True, cwd=ROOT)
+    assert "HEAVY []" in p.stdout, p.stdout + p.stderr
+    p = subprocess.run([sys.executable, "-c", "import sys, gpubatch; gpubatch.__version__; "
+                        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('PIL','numpy','lmdb','tfrecord')))"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.stdout.strip() == "[]", p.stdout
+
+
+def test_path_escape_in_coco_is_rejected(coco, tmp_path):
+    doc = json.loads((coco / "annotations" / "instances.json").read_text())
+    (tmp_path / "secret.jpg").write_bytes((coco / "images" / doc["images"][0]["file_name"]).read_bytes())
+    doc["images"][1]["file_name"] = "../../secret.jpg"
+    doc["images"][2]["file_name"] = "/etc/passwd"
+    (coco / "annotations" / "instances.json").write_text(json.dumps(doc))
+    s = convert(coco, tmp_path / "out", to="webdataset")
+    assert s.records_out == 10 and len(s.skipped) == 2
+    assert all("escapes" in e["reason"] or "absolute" in e["reason"] for e in s.skipped)
+
+
+def test_path_escape_in_tar_is_rejected(imagenet, tmp_path):
+    convert(imagenet, tmp_path / "w", to="webdataset", limit=4)
+    tar = next((tmp_path / "w").glob("*.tar"))
+    data = jpeg_bytes(photo(32, 32))
+    with tarfile.open(tar, "a", format=tarfile.GNU_FORMAT) as tf:
+        info = tarfile.TarInfo("../evil.jpg")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    s = convert(tmp_path / "w", tmp_path / "out", to="folder")
+    assert s.records_out == 4 and len(s.skipped) == 1 and "escapes" in s.skipped[0]["reason"]
+    assert not (tmp_path / "evil.jpg").exists()
+
+
+def test_corrupt_tfrecord_record_is_reported(imagenet, tmp_path):
+    convert(imagenet, tmp_path / "t", to="tfrecord", limit=5)
+    shard = next((tmp_path / "t").glob("*.tfrecord"))
+    raw = bytearray(shard.read_bytes())
+    raw[200] ^= 0xFF  # inside the first record's data
+    shard.write_bytes(bytes(raw))
+    s = convert(tmp_path / "t", tmp_path / "out", to="folder")
+    assert s.records_out == 4 and "CRC" in s.skipped[0]["reason"]
+
+
+def test_content_is_what_the_api_says(imagenet, tmp_path):
+    convert(imagenet, tmp_path / "o", to="recordio")
+    assert sum(content(tmp_path / "o").values()) == 60

@@ -1,0 +1,40 @@
+"""Shared fixtures; tests marked ``gpu`` are skipped (with the reason) where no usable GPU is present."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "sample_data"
+
+
+def pytest_collection_modifyitems(config, items):
+    if not any("gpu" in item.keywords for item in items):
+        return
+    from gpubatch.engine.device import gpu_problem
+
+    problem, _ = gpu_problem(0)
+    if problem:
+        skip = pytest.mark.skip(reason=f"no usable GPU: {problem}")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def imagenet(tmp_path: Path) -> Path:
+    """A private copy of sample_data/imagenet (60 images, 4 classes)."""
+    dst = tmp_path / "imagenet"
+    shutil.copytree(SAMPLE / "imagenet", dst)
+    return dst
+
+
+@pytest.fixture
+def coco(tmp_path: Path) -> Path:
+    """A private copy of sample_data/coco (12 images with boxes and polygons)."""
+    dst = tmp_path / "coco"
+    shutil.copytree(SAMPLE / "coco", dst)
+    return dst

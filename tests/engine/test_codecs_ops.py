@@ -1,0 +1,167 @@
+"""Host codecs and ops: colour modes, EXIF, sizes, boxes; the CPU reference of the GPU engine."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gpubatch import convert
+from gpubatch.api import open_dataset
+from gpubatch.engine.codecs.image import decode, encode, jpeg_subsampling, probe
+from gpubatch.engine.executor import check_encoded
+from gpubatch.engine.ops.geometry import CenterCrop, ResizeShorter, crop_pad_cpu, resize_cpu
+from gpubatch.errors import RecordError
+from gpubatch.types import Boxes, Record
+from tests.conftest import SAMPLE
+from tests.helpers import jpeg_bytes, photo
+
+
+def _png(im: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_modes_become_rgb():
+    arr = photo(40, 60, 1)
+    gray = decode(jpeg_bytes(np.asarray(Image.fromarray(arr).convert("L")), 95))
+    assert gray.shape == (40, 60, 3) and np.array_equal(gray[..., 0], gray[..., 2])
+    buf = io.BytesIO()
+    Image.fromarray(arr).convert("CMYK").save(buf, "JPEG", quality=95)
+    cmyk = decode(buf.getvalue())
+    assert cmyk.shape == (40, 60, 3) and np.abs(cmyk.astype(int) - arr).mean() < 12
+    alpha = np.full((40, 60), 255, np.uint8)
+    alpha[:10, :10] = 0
+    rgba = decode(_png(Image.fromarray(np.dstack([arr, alpha]), "RGBA")))
+    assert (rgba[:10, :10] == 255).all() and np.array_equal(rgba[20:, 20:], arr[20:, 20:])
+    pal = decode(_png(Image.fromarray(arr).quantize(32)))
+    assert pal.shape == (40, 60, 3)
+
+
+def test_exif_orientation_is_applied():
+    arr = photo(48, 80, 2)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored rotated 90 degrees; viewers rotate it back
+    buf = io.BytesIO()
+    Image.fromarray(arr).transpose(Image.Transpose.ROTATE_90).save(buf, "JPEG", quality=98, exif=exif)
+    out = decode(buf.getvalue())
+    assert out.shape == (48, 80, 3)
+    assert np.abs(out.astype(int) - arr).mean() < 4
+    hdr = probe(buf.getvalue())
+    assert (hdr.width, hdr.height, hdr.orientation) == (80, 48, 6)
+
+
+def test_sample_special_images_decode():
+    for name in ("bird/bird_000.jpg", "car/car_000.jpg", "flower/flower_000.jpg", "mountain/mountain_000.png",
+                 "mountain/mountain_001.png"):
+        data = (SAMPLE / "imagenet" / name).read_bytes()
+        out = decode(data)
+        hdr = probe(data)
+        assert out.dtype == np.uint8 and out.shape == (hdr.height, hdr.width, 3)
+
+
+def test_subsampling_from_header():
+    arr = photo(32, 32)
+    for sub in ("4:2:0", "4:2:2", "4:4:4"):
+        assert jpeg_subsampling(jpeg_bytes(arr, subsampling=sub)) == sub
+    assert jpeg_subsampling(jpeg_bytes(arr[..., 0])) == "gray"
+
+
+def test_max_pixels_is_checked_before_decode():
+    with pytest.raises(ValueError, match="exceeds --max-pixels 100"):
+        decode(jpeg_bytes(photo(20, 20)), max_pixels=100)
+
+
+def test_encode_roundtrip():
+    arr = photo(50, 70, 3)
+    assert np.array_equal(decode(encode(arr, "png")), arr)
+    j = encode(arr, "jpeg", 92)
+    assert probe(j).subsampling == "4:2:0" and np.abs(decode(j).astype(int) - arr).mean() < 3
+
+
+def test_check_encoded_tells_truncation_from_trailing_bytes():
+    data = jpeg_bytes(photo(64, 64))
+    check_encoded(Record("ok", data + b"trailing-junk"), 0)
+    with pytest.raises(RecordError, match="decode"):
+        check_encoded(Record("t", data[: len(data) // 2]), 0)
+
+
+@pytest.mark.parametrize("hw", [(300, 400), (400, 300), (256, 256), (1, 1), (3, 700)])
+def test_resize_shorter_and_center_crop_sizes(hw):
+    h, w = hw
+    img = photo(h, w)
+    rs = ResizeShorter(256)
+    oh, ow = rs.out_hw(h, w)
+    assert min(oh, ow) == 256 or min(h, w) == 0
+    out = resize_cpu(img, oh, ow)
+    assert out.shape == (oh, ow, 3)
+    cc = CenterCrop(224)
+    crop = crop_pad_cpu(out, *cc.origin(oh, ow), 224, 224)
+    assert crop.shape == (224, 224, 3)
+
+
+def test_resize_antialiases_when_downscaling():
+    stripes = np.zeros((64, 64, 3), np.uint8)
+    stripes[:, ::2] = 255
+    small = resize_cpu(stripes, 16, 16)
+    assert np.abs(small[:, 1:-1].astype(int) - 127).max() <= 2  # averaged, not aliased to 0 or 255
+
+
+def test_center_crop_pads_small_images():
+    img = np.full((10, 20, 3), 200, np.uint8)
+    out = crop_pad_cpu(img, *CenterCrop(16).origin(10, 20), 16, 16)
+    assert out.shape == (16, 16, 3) and (out[:3] == 0).all() and (out[3:13] == 200).all()
+
+
+def test_boxes_affine_clips_and_drops():
+    b = Boxes([[10, 10, 50, 50], [90, 90, 120, 120], [0, 0, 5, 5]], [1, 2, 3], (100, 100),
+              extra=({"segmentation": [[10, 10, 50, 10, 50, 50]]}, {}, {}))
+    out, dropped = b.affine(2.0, 2.0, -20.0, -20.0, (100, 100), min_visible=0.0)
+    assert dropped == 2  # the second leaves the canvas, the third is moved off it
+    np.testing.assert_allclose(out.xyxy, [[0, 0, 80, 80]])
+    assert out.extra[0]["segmentation"] == [[0.0, 0.0, 80.0, 0.0, 80.0, 80.0]]
+
+
+def test_convert_with_pixel_ops_resizes_everything(imagenet, tmp_path):
+    s = convert(imagenet, tmp_path / "o", to="tfrecord", resize_shorter=64, center_crop=56, quality=85,
+                device="cpu")
+    assert s.records_out == 60 and s.transcoded == 60 and s.device == "cpu"
+    with open_dataset(tmp_path / "o") as r:
+        for rec in r:
+            assert rec.codec in ("jpeg", "png")
+            assert decode(rec.data).shape == (56, 56, 3)
+
+
+def test_image_format_png_converts_every_image(imagenet, tmp_path):
+    s = convert(imagenet, tmp_path / "o", to="webdataset", image_format="png", device="cpu", limit=6)
+    assert s.transcoded == 6
+    with open_dataset(tmp_path / "o") as r:
+        assert {rec.codec for rec in r} == {"png"}
+
+
+def test_quality_alone_reencodes_jpegs_only(imagenet, tmp_path):
+    s = convert(imagenet, tmp_path / "o", to="lmdb", quality=50, device="cpu")
+    assert s.transcoded == 58 and s.passthrough == 2
+
+
+def test_boxes_are_rescaled_with_the_pixels(coco, tmp_path):
+    convert(coco, tmp_path / "o", to="tfrecord", resize_shorter=100, device="cpu")
+    src = {r.key: r for r in open_dataset(coco)}
+    for rec in open_dataset(tmp_path / "o"):
+        orig = src[rec.key]
+        oh, ow = orig.boxes.canvas
+        h, w = decode(rec.data).shape[:2]
+        assert rec.boxes.canvas == (h, w) and min(h, w) == 100
+        scale = np.array([w / ow, h / oh, w / ow, h / oh], np.float32)
+        np.testing.assert_allclose(rec.boxes.xyxy, orig.boxes.xyxy * scale, atol=0.05)
+
+
+def test_center_crop_clips_boxes_and_counts_drops(coco, tmp_path):
+    s = convert(coco, tmp_path / "o", to="coco", center_crop=60, device="cpu")
+    total = sum(len(r.boxes) for r in open_dataset(tmp_path / "o"))
+    assert total + s.boxes_dropped == 31 and s.boxes_dropped > 0
+    for r in open_dataset(tmp_path / "o"):
+        assert (r.boxes.xyxy >= 0).all() and (r.boxes.xyxy <= 60).all()

@@ -1,0 +1,232 @@
+"""What gpubatch writes, read back by independent readers: the tfrecord package, pycocotools,
+the webdataset package, plain lmdb with a hand parse of Caffe Datum, and MXNet's RecordIO rules."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import tarfile
+
+import numpy as np
+import pytest
+
+from gpubatch import convert
+from gpubatch.api import open_dataset
+
+
+def _source(imagenet):
+    with open_dataset(imagenet) as r:
+        classes = r.info().classes
+        return {hashlib.sha256(x.data).hexdigest(): classes[x.label] for x in r}, classes
+
+
+def test_tfrecord_package_reads_shards_and_index(imagenet, tmp_path):
+    from tfrecord.reader import tfrecord_loader
+
+    convert(imagenet, tmp_path / "t", to="tfrecord", shard_size=16)
+    src, classes = _source(imagenet)
+    seen = {}
+    shards = sorted((tmp_path / "t").glob("*.tfrecord"))
+    assert len(shards) == 4
+    for shard in shards:
+        idx = shard.with_suffix(".idx")
+        rows = [tuple(map(int, ln.split())) for ln in idx.read_text().splitlines()]
+        assert rows[0][0] == 0 and rows[-1][0] + rows[-1][1] == shard.stat().st_size
+        for ex in tfrecord_loader(str(shard), str(idx), {"image/encoded": "byte", "image/class/label": "int",
+                                                          "image/height": "int", "image/width": "int",
+                                                          "image/object/bbox/xmin": "float"}):
+            seen[hashlib.sha256(ex["image/encoded"]).hexdigest()] = classes[int(ex["image/class/label"][0])]
+            assert ex["image/height"][0] > 0 and ex["image/width"][0] > 0
+            assert len(ex["image/object/bbox/xmin"]) == 0
+    assert seen == src
+
+
+def test_tfrecord_crc_is_tensorflows(imagenet, tmp_path):
+    import crc32c
+
+    def masked(b):
+        c = crc32c.crc32c(b)
+        return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+    assert masked(b"\x00" * 8) == 0x07980329  # FORMATS.md test vector for length 0
+    convert(imagenet, tmp_path / "t", to="tfrecord", limit=3)
+    buf = next((tmp_path / "t").glob("*.tfrecord")).read_bytes()
+    pos = 0
+    while pos < len(buf):
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        assert struct.unpack_from("<I", buf, pos + 8)[0] == masked(buf[pos : pos + 8])
+        assert struct.unpack_from("<I", buf, pos + 12 + n)[0] == masked(buf[pos + 12 : pos + 12 + n])
+        pos += 16 + n
+    assert pos == len(buf)
+
+
+def test_pycocotools_reads_coco(coco, tmp_path):
+    from pycocotools.coco import COCO
+
+    convert(coco, tmp_path / "c", to="coco")
+    api = COCO(str(tmp_path / "c" / "annotations" / "instances.json"))
+    orig = COCO(str(coco / "annotations" / "instances.json"))
+    assert sorted(api.getImgIds()) == sorted(orig.getImgIds())
+    assert api.getCatIds() == orig.getCatIds()
+    for img_id in orig.getImgIds():
+        a = sorted((x["category_id"], tuple(x["bbox"])) for x in orig.loadAnns(orig.getAnnIds(imgIds=img_id)))
+        b = sorted((x["category_id"], tuple(x["bbox"])) for x in api.loadAnns(api.getAnnIds(imgIds=img_id)))
+        assert [x[0] for x in a] == [x[0] for x in b]
+        np.testing.assert_allclose([x[1] for x in a], [x[1] for x in b], atol=1e-3)
+        info = api.loadImgs(img_id)[0]
+        assert (tmp_path / "c" / "images" / info["file_name"]).is_file()
+        # masks decode: the polygons are valid for pycocotools
+        for ann in api.loadAnns(api.getAnnIds(imgIds=img_id)):
+            assert api.annToMask(ann).sum() > 0
+            assert isinstance(ann["iscrowd"], int) and isinstance(ann["id"], int)
+
+
+def test_webdataset_package_reads_shards(imagenet, tmp_path):
+    import webdataset as wds
+
+    convert(imagenet, tmp_path / "w", to="webdataset", shard_size=16)
+    src, classes = _source(imagenet)
+    shards = sorted(str(p) for p in (tmp_path / "w").glob("*.tar"))
+    seen = {}
+    for sample in wds.WebDataset(shards, shardshuffle=False, empty_check=False):
+        img = next(v for k, v in sample.items() if k in ("jpg", "png"))
+        seen[hashlib.sha256(img).hexdigest()] = classes[int(sample["cls"])]
+    assert seen == src
+    for shard in shards:
+        with tarfile.open(shard) as tf:
+            for m in tf.getmembers():
+                assert m.pax_headers == {} and m.type == tarfile.REGTYPE and m.name.isascii()
+                assert "." not in m.name.split(".", 1)[0]
+
+
+def test_webdataset_dali_index_points_at_member_data(imagenet, tmp_path):
+    convert(imagenet, tmp_path / "w", to="webdataset", shard_size=30)
+    for idx in (tmp_path / "w").glob("*.idx"):
+        lines = idx.read_text().splitlines()
+        version, count = lines[0].split()
+        assert version == "v1.2" and int(count) == len(lines) - 1 == 30
+        raw = idx.with_suffix(".tar").read_bytes()
+        with tarfile.open(idx.with_suffix(".tar")) as tf:
+            members = {m.name: m for m in tf.getmembers()}
+            payloads = {m.name: tf.extractfile(m).read() for m in members.values()}
+        for line in lines[1:]:
+            f = line.split()
+            for i in range(0, len(f), 4):
+                ext, off, size, name = f[i], int(f[i + 1]), int(f[i + 2]), f[i + 3]
+                assert off % 512 == 0 and name.endswith("." + ext)
+                assert raw[off : off + size] == payloads[name]
+                assert members[name].offset_data == off and members[name].size == size
+
+
+def _datum_fields(buf: bytes) -> dict:
+    """A minimal, separate protobuf walk of a Datum (tags 0x22 data, 0x28 label, 0x38 encoded)."""
+
+    def varint(i):
+        r = s = 0
+        while True:
+            b = buf[i]
+            r |= (b & 0x7F) << s
+            i += 1
+            if b < 0x80:
+                return r, i
+            s += 7
+
+    out, i = {}, 0
+    while i < len(buf):
+        tag = buf[i]
+        i += 1
+        if tag == 0x22:
+            n, i = varint(i)
+            out["data"], i = buf[i : i + n], i + n
+        else:
+            out[tag], i = varint(i)
+    return out
+
+
+def test_lmdb_is_caffe_datum(imagenet, tmp_path):
+    import lmdb
+
+    convert(imagenet, tmp_path / "l", to="lmdb")
+    src, classes = _source(imagenet)
+    env = lmdb.open(str(tmp_path / "l"), readonly=True, lock=False)
+    seen, keys = {}, []
+    with env.begin() as txn:
+        for k, v in txn.cursor():
+            keys.append(k)
+            d = _datum_fields(v)
+            assert d[0x38] == 1  # encoded=true always on the wire
+            assert 0x28 in d  # label always on the wire, 0 included
+            seen[hashlib.sha256(d["data"]).hexdigest()] = classes[d[0x28]]
+    assert seen == src
+    assert keys == sorted(keys) and all(k[:9].decode()[:8].isdigit() and k[8:9] == b"_" for k in keys)
+    assert int(keys[0][:8]) == 0 and int(keys[-1][:8]) == 59
+
+
+def test_datum_bytes_match_the_spec():
+    from gpubatch.formats.lmdb import decode_datum, encode_datum
+
+    assert encode_datum(b"JPEGDATA", 7).hex() == "22084a5045474441544128073801"
+    assert encode_datum(b"JPEGDATA", 0).hex().endswith("28003801")
+    assert decode_datum(encode_datum(b"x", -1))["label"] == -1
+
+
+def test_recordio_matches_mxnet_layout(imagenet, tmp_path):
+    convert(imagenet, tmp_path / "r", to="recordio")
+    rec, idx = tmp_path / "r" / "data.rec", tmp_path / "r" / "data.idx"
+    src, classes = _source(imagenet)
+    raw = rec.read_bytes()
+    seen = {}
+    for line in idx.read_text().splitlines():
+        key, off = line.split("\t")  # MXNet's Python reader splits on TAB
+        off = int(off)
+        magic, lrec = struct.unpack_from("<II", raw, off)
+        assert magic == 0xCED7230A and off % 4 == 0
+        cflag, n = lrec >> 29, lrec & ((1 << 29) - 1)
+        assert cflag == 0
+        flag, label, id1, id2 = struct.unpack_from("<IfQQ", raw, off + 8)
+        assert flag == 0 and id1 == int(key) and id2 == 0
+        seen[hashlib.sha256(raw[off + 32 : off + 8 + n]).hexdigest()] = classes[int(label)]
+    assert seen == src
+
+
+def test_recordio_splits_payloads_holding_the_magic():
+    from gpubatch.formats.recordio import MAGIC, frame
+
+    payload = b"abcd" + struct.pack("<I", MAGIC) + b"efgh" + struct.pack("<I", MAGIC) + b"ij"
+    out = frame(payload)
+    parts, pos = [], 0
+    while pos < len(out):
+        magic, lrec = struct.unpack_from("<II", out, pos)
+        assert magic == MAGIC
+        n = lrec & ((1 << 29) - 1)
+        parts.append((lrec >> 29, out[pos + 8 : pos + 8 + n]))
+        pos += 8 + n + (-n % 4)
+    assert [c for c, _ in parts] == [1, 2, 3]
+    assert struct.pack("<I", MAGIC).join(p for _, p in parts) == payload
+
+
+def test_recordio_reads_split_records(tmp_path):
+    from gpubatch.formats import get_format
+    from gpubatch.formats.base import WriteOptions
+    from gpubatch.formats.recordio import MAGIC
+    from gpubatch.types import DatasetInfo, Record
+
+    data = b"\xff\xd8\xff\xe0" + struct.pack("<I", MAGIC) * 3 + b"\x00" * 5 + b"\xff\xd9"
+    root = tmp_path / "r"
+    root.mkdir()
+    fmt = get_format("recordio")
+    with fmt.writer(root, DatasetInfo(classes=("a", "b")), WriteOptions()) as w:
+        w.write(Record(key="x", data=data, label=1))
+        w.write(Record(key="y", data=b"plain", label=0))
+    recs = list(fmt.reader(root))
+    assert [r.data for r in recs] == [data, b"plain"] and [r.label for r in recs] == [1, 0]
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "webdataset", "recordio", "coco", "lmdb", "folder"])
+def test_manifest(imagenet, tmp_path, fmt):
+    convert(imagenet, tmp_path / "o", to=fmt)
+    m = json.loads((tmp_path / "o" / "gpubatch.json").read_text())
+    assert m["format"] == fmt and m["records"] == 60
+    assert m["classes"] == ["bird", "car", "flower", "mountain"] and m["errors"] == []
+    assert m["source"]["format"] == "folder"

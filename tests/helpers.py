@@ -1,0 +1,59 @@
+"""Test helpers: dataset snapshots, CLI runner, image makers."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from gpubatch.api import open_dataset
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tree_digest(path: Path) -> dict[str, str]:
+    """sha256 of every file under ``path`` (to prove a source was not modified)."""
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def content(path: Path, fmt: str | None = None) -> Counter:
+    """Multiset of (class name, sha256 of bytes) over a dataset's records."""
+    with open_dataset(path, fmt) as r:
+        classes = r.info().classes
+        out = Counter()
+        for rec in r:
+            name = None if rec.label is None else classes[rec.label]
+            out[(name, hashlib.sha256(rec.data).hexdigest())] += 1
+    return out
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m gpubatch ARGS`` in a subprocess, capturing output."""
+    return subprocess.run([sys.executable, "-m", "gpubatch", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300)
+
+
+def jpeg_bytes(arr: np.ndarray, quality: int = 90, **kw) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "JPEG", quality=quality, **kw)
+    return buf.getvalue()
+
+
+def photo(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """A smooth, real-looking RGB test image (gradients + blobs + grain)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = rng.uniform(50, 200, 3) + xx[..., None] * rng.uniform(-0.3, 0.3, 3) * 255 / max(w, 1)
+    img = img + yy[..., None] * rng.uniform(-0.3, 0.3, 3) * 255 / max(h, 1)
+    for _ in range(4):
+        cy, cx, r = rng.uniform(0, h), rng.uniform(0, w), rng.uniform(0.1, 0.4) * max(min(h, w), 1)
+        img = img + np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * r * r))[..., None] * rng.uniform(-80, 80, 3)
+    img = img + rng.normal(0, 4, (h, w, 3))
+    return np.clip(img, 0, 255).astype(np.uint8)
