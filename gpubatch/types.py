@@ -140,6 +140,9 @@ class Boxes:
         """
         h, w = canvas
         moved = self.xyxy * np.array([sx, sy, sx, sy], np.float32) + np.array([tx, ty, tx, ty], np.float32)
+        # a mirror (negative scale) swaps the corners
+        moved = np.stack([np.minimum(moved[:, 0], moved[:, 2]), np.minimum(moved[:, 1], moved[:, 3]),
+                          np.maximum(moved[:, 0], moved[:, 2]), np.maximum(moved[:, 1], moved[:, 3])], axis=1)
         clipped = np.clip(moved, 0, np.array([w, h, w, h], np.float32))
         area = (moved[:, 2] - moved[:, 0]) * (moved[:, 3] - moved[:, 1])
         vis = (clipped[:, 2] - clipped[:, 0]) * (clipped[:, 3] - clipped[:, 1])

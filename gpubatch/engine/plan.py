@@ -25,6 +25,7 @@ class Plan:
         quality: JPEG quality 1-100; given explicitly, it re-encodes JPEGs even with no op.
         max_pixels: images above this many pixels are refused before decoding.
         min_box_visibility: boxes keeping this fraction of their area or less after a crop are dropped.
+        seed: seed of the per-record random parameters (random crops, flips).
     """
 
     ops: tuple[Op, ...] = ()
@@ -32,6 +33,7 @@ class Plan:
     quality: int | None = None
     max_pixels: int = DEFAULT_MAX_PIXELS
     min_box_visibility: float = 0.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.image_format not in IMAGE_FORMATS:
@@ -66,21 +68,35 @@ class Plan:
 
     def validate(self, backend: str) -> None:
         """Check that every op has a kernel on ``backend`` (raises UsageError naming what exists)."""
-        for op in self.ops:
+        for i, op in enumerate(self.ops):
             get_kernel(op.name, backend)
+            if op.name == "normalize" and i != len(self.ops) - 1:
+                raise UsageError("normalize must be the last op of a chain")
 
-    def out_hw(self, h: int, w: int) -> tuple[int, int]:
+    def draw(self, key: str, h: int, w: int) -> list:
+        """Per-op parameters of the record ``key`` with an (h, w) decoded image (same on CPU and GPU)."""
+        from .rng import record_rng
+
+        rng = record_rng(self.seed, key) if any(op.random for op in self.ops) else None
+        params = []
         for op in self.ops:
-            h, w = op.out_hw(h, w)
+            p = op.make_params(h, w, rng) if op.random else None
+            params.append(p)
+            h, w = op.out_hw(h, w, p)
+        return params
+
+    def out_hw(self, h: int, w: int, params: list | None = None) -> tuple[int, int]:
+        for op, p in zip(self.ops, params or [None] * len(self.ops)):
+            h, w = op.out_hw(h, w, p)
         return h, w
 
-    def move_boxes(self, boxes: Boxes | None, h: int, w: int) -> tuple[Boxes | None, int]:
+    def move_boxes(self, boxes: Boxes | None, h: int, w: int, params: list | None = None) -> tuple[Boxes | None, int]:
         """Boxes after the whole chain on an (h, w) image, and how many were dropped on the way."""
         dropped = 0
-        for op in self.ops:
-            boxes, d = op.move_boxes(boxes, h, w, self.min_box_visibility)
+        for op, p in zip(self.ops, params or [None] * len(self.ops)):
+            boxes, d = op.move_boxes(boxes, h, w, p, self.min_box_visibility)
             dropped += d
-            h, w = op.out_hw(h, w)
+            h, w = op.out_hw(h, w, p)
         return boxes, dropped
 
 

@@ -51,6 +51,18 @@ def _pillow():
 
 def jpeg_subsampling(data: bytes) -> str:
     """Chroma subsampling of a JPEG from its SOF marker ("4:2:0", "4:2:2", "4:4:4", "4:4:0", "gray")."""
+    hdr = jpeg_header(data)
+    return hdr[1] if hdr else ""
+
+
+def jpeg_header(data: bytes) -> tuple[int, str, int, int] | None:
+    """(SOF marker, subsampling, width, height) from a JPEG's frame header, without decoding.
+
+    The SOF marker tells baseline (0xC0) and extended (0xC1) from progressive (0xC2) and others; the
+    size is as stored (before EXIF orientation). None when no frame header is found.
+    """
+    if data[:2] != b"\xff\xd8":
+        return None
     i, n = 2, len(data)
     while i + 4 <= n:
         if data[i] != 0xFF:
@@ -59,26 +71,31 @@ def jpeg_subsampling(data: bytes) -> str:
         if marker == 0xFF:
             i += 1
             continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # markers without a length
+            i += 2
+            continue
         seg_len = struct.unpack(">H", data[i + 2 : i + 4])[0]
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            ncomp = data[i + 9] if i + 9 < n else 0
+            if i + 10 > n:
+                return None
+            height, width = struct.unpack(">HH", data[i + 5 : i + 9])
+            ncomp = data[i + 9]
             if ncomp == 1:
-                return "gray"
+                return marker, "gray", width, height
             if i + 10 + 3 * ncomp > n:
-                return ""
+                return None
             h = [data[i + 11 + 3 * c] >> 4 for c in range(ncomp)]
             v = [data[i + 11 + 3 * c] & 0x0F for c in range(ncomp)]
             if ncomp == 4:
-                return "cmyk"
+                return marker, "cmyk", width, height
             if h[1:] != [1] * (ncomp - 1) or v[1:] != [1] * (ncomp - 1):
-                return "other"
-            return {(1, 1): "4:4:4", (2, 1): "4:2:2", (2, 2): "4:2:0", (1, 2): "4:4:0", (4, 1): "4:1:1"}.get(
-                (h[0], v[0]), "other"
-            )
+                return marker, "other", width, height
+            sub = {(1, 1): "4:4:4", (2, 1): "4:2:2", (2, 2): "4:2:0", (1, 2): "4:4:0", (4, 1): "4:1:1"}
+            return marker, sub.get((h[0], v[0]), "other"), width, height
         if marker in (0xD9, 0xDA):
-            return ""
+            return None
         i += 2 + seg_len
-    return ""
+    return None
 
 
 def probe(data: bytes) -> ImageHeader:

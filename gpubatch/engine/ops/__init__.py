@@ -5,7 +5,11 @@ Every op module registers its kernels on import; :data:`OPS` maps op names to cl
 
 from __future__ import annotations
 
-from .base import OPS, Op
-from .geometry import CenterCrop, Resize, ResizeShorter
+from .base import OPS, Op, Window
+from .geometry import CenterCrop, Flip, RandomResizedCrop, Resize, ResizeShorter
+from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 
-__all__ = ["OPS", "CenterCrop", "Op", "Resize", "ResizeShorter"]
+__all__ = [
+    "IMAGENET_MEAN", "IMAGENET_STD", "OPS", "CenterCrop", "Flip", "Normalize", "Op", "RandomResizedCrop",
+    "Resize", "ResizeShorter", "Window",
+]

@@ -1,0 +1,81 @@
+"""Batches: HostBatch (a list of NumPy HWC arrays) and DeviceBatch (one packed CuPy buffer).
+
+A DeviceBatch holds a whole ragged batch in ONE buffer with per-item offsets and shapes, so one kernel
+launch covers it; items are zero-copy views, and the buffer exchanges with PyTorch/JAX via DLPack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+HostBatch = list  # list[np.ndarray], uint8 HWC
+
+
+@dataclass
+class DeviceBatch:
+    """Items packed in one device buffer.
+
+    Attributes:
+        buffer: 1-D CuPy array holding every item back to back.
+        offsets: int64 (N,) element offset of each item in ``buffer``.
+        shapes: per item its shape (e.g. (H, W, 3) or (3, H, W)).
+        keys: record keys, for error messages and per-record parameters.
+        keep: objects that own device memory the batch's kernels read (decoded images).
+    """
+
+    buffer: Any
+    offsets: np.ndarray
+    shapes: list[tuple[int, ...]]
+    keys: list[str] = field(default_factory=list)
+    keep: list[Any] = field(default_factory=list)  # owners of input memory the kernels may still read
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def item(self, i: int) -> Any:
+        """Zero-copy view of item ``i``."""
+        n = int(np.prod(self.shapes[i]))
+        off = int(self.offsets[i])
+        return self.buffer[off : off + n].reshape(self.shapes[i])
+
+    def items(self) -> list[Any]:
+        return [self.item(i) for i in range(len(self))]
+
+    def stacked(self) -> Any:
+        """The batch as one (N, ...) array when every item has the same shape (zero-copy)."""
+        if not self.shapes:
+            raise ValueError("empty batch")
+        if any(s != self.shapes[0] for s in self.shapes):
+            raise ValueError("items differ in shape; use items()")
+        return self.buffer[: len(self) * int(np.prod(self.shapes[0]))].reshape(len(self), *self.shapes[0])
+
+    def __dlpack__(self, stream: Any = None):
+        return self.stacked().__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self.buffer.__dlpack_device__()
+
+
+def pack_tables(*arrays: np.ndarray) -> tuple[np.ndarray, list[tuple[int, np.dtype, tuple]]]:
+    """Lay several small host arrays into one byte buffer (16-byte aligned) for a single H2D copy."""
+    layout, total = [], 0
+    for a in arrays:
+        total = (total + 15) // 16 * 16
+        layout.append((total, a.dtype, a.shape))
+        total += a.nbytes
+    buf = np.zeros(max(total, 16), np.uint8)
+    for (off, _, _), a in zip(layout, arrays):
+        buf[off : off + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+    return buf, layout
+
+
+def upload_tables(cp: Any, arrays: list[np.ndarray], stream: Any) -> list[Any]:
+    """Copy host tables to the device in one transfer on ``stream``; returns device views."""
+    buf, layout = pack_tables(*arrays)
+    with stream:
+        dev = cp.asarray(buf)
+    return [dev[off : off + int(np.prod(shape)) * np.dtype(dt).itemsize].view(dt).reshape(shape)
+            for off, dt, shape in layout]

@@ -1,0 +1,455 @@
+"""The GPU engine: decode (nvImageCodec) -> fused resample kernel (CuPy) -> encode, pipelined.
+
+:class:`GpuEngine` owns one device's decoder, encoder, kernel stream and memory cap.
+:class:`ImagePipeline` is the public in-memory API: encoded images in, one packed CuPy batch out
+(DLPack-exchangeable with PyTorch/JAX), batch N+1 decoding while batch N's kernels run.
+:func:`run_device` is ``convert``'s GPU path: reader threads -> GPU stage thread -> ordered writer,
+joined by bounded queues so memory stays flat.
+
+Every decoded image of a batch goes through ONE resample launch: the op chain (crop, resize, flip)
+is folded into a per-sample :class:`~gpubatch.engine.ops.base.Window`, and a trailing ``normalize``
+into the launch's store (layout, dtype). Parameters are drawn on the host per record key, exactly as
+the CPU path draws them, so both paths agree.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ..errors import ErrorRouter, GpubatchError, RecordError, Stage, UsageError
+from ..formats.base import Reader, Writer
+from ..types import Record
+from .batch import DeviceBatch, upload_tables
+from .device import Device
+from .ops.base import Op, Window
+from .ops.normalize import Normalize
+from .plan import Plan
+from .registry import DEVICE, get_kernel
+
+BLOCK = 256
+_DTYPE_TAG = {"uint8": "u8", "float16": "f16", "float32": "f32"}
+DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
+_SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?i?b?)?\s*$", re.I)
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6, "mib": 1 << 20,
+          "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
+
+
+def parse_memory(spec: str | int | float | None, total: int) -> int:
+    """Bytes from "2GiB", "512MB", "0.5" (a fraction of ``total``) or a byte count."""
+    if spec is None:
+        return min(DEFAULT_GPU_MEMORY, total)
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        value, unit = float(spec), ""
+    else:
+        m = _SIZE.match(str(spec))
+        if not m:
+            raise UsageError(f"--gpu-memory {spec!r}: give a size like 2GiB, 512MiB or a fraction like 0.5")
+        value, unit = float(m.group(1)), (m.group(2) or "").lower()
+    if unit == "" and value <= 1.0:
+        return int(value * total)
+    if unit not in _UNITS:
+        raise UsageError(f"--gpu-memory {spec!r}: unknown unit {unit!r}")
+    out = int(value * _UNITS[unit])
+    if out < 64 << 20:
+        raise UsageError(f"--gpu-memory {spec!r} is below 64 MiB: too small for any batch")
+    return out
+
+
+class GpuEngine:
+    """One GPU's decoder, encoder, kernel stream and memory cap."""
+
+    def __init__(self, device: Device, batch_size: int = 256, cpu_threads: int = 8,
+                 gpu_memory: str | int | float | None = None):
+        import cupy as cp
+
+        from .codecs.image_gpu import GpuImageDecoder
+
+        self.cp = cp
+        self.device = device
+        self.dev = cp.cuda.Device(device.index)
+        self.dev.use()
+        free, total = cp.cuda.runtime.memGetInfo()
+        self.memory_limit = parse_memory(gpu_memory, total)
+        cp.get_default_memory_pool().set_limit(size=self.memory_limit)
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.cpu_threads = cpu_threads
+        self.decoder = GpuImageDecoder(device.index, batch_size, cpu_threads)
+        self._encoder = None
+
+    @property
+    def encoder(self):
+        if self._encoder is None:
+            from .codecs.image_gpu import GpuImageEncoder
+
+            self._encoder = GpuImageEncoder(self.device.index, self.cpu_threads)
+        return self._encoder
+
+    def close(self) -> None:
+        self.stream.synchronize()
+        self.decoder.close()
+        if self._encoder is not None:
+            self._encoder.close()
+
+    def resample(self, arrays: Sequence[Any], windows: Sequence[Window], normalize: Normalize | None = None,
+                 out: Any = None) -> DeviceBatch:
+        """One fused launch: each ``arrays[i]`` (uint8 HWC) through ``windows[i]``, then ``normalize``.
+
+        Output items are uint8 HWC unless ``normalize`` says otherwise; ``out`` may be a preallocated
+        1-D buffer large enough for the whole batch (a ring slot).
+        """
+        cp = self.cp
+        n = len(arrays)
+        layout = normalize.layout if normalize else "HWC"
+        dtype = normalize.dtype if normalize else "uint8"
+        norm = normalize.mul_add() if normalize else np.array([1, 1, 1, 0, 0, 0], np.float32)
+        in_ptr = np.empty(n, np.uint64)
+        in_shape = np.empty((n, 3), np.int32)
+        geo = np.empty((n, 4), np.float32)
+        out_shape = np.empty((n, 2), np.int32)
+        sizes = np.empty(n, np.int64)
+        blocks = np.empty(n, np.int32)
+        keep = []
+        for i, (a, win) in enumerate(zip(arrays, windows)):
+            if a.strides[2] != 1 or a.strides[1] != 3:
+                a = cp.ascontiguousarray(a)
+                keep.append(a)
+            in_ptr[i] = a.data.ptr
+            in_shape[i] = (a.shape[0], a.shape[1], a.strides[0])
+            geo[i] = win.as_array()
+            out_shape[i] = (win.oh, win.ow)
+            sizes[i] = win.oh * win.ow * 3
+            blocks[i] = -(-(win.oh * win.ow) // BLOCK)
+        offsets = np.zeros(n, np.int64)
+        if n:
+            offsets[1:] = np.cumsum(sizes)[:-1]
+        first_block = np.zeros(n, np.int32)
+        if n:
+            first_block[1:] = np.cumsum(blocks)[:-1]
+        total_blocks = int(blocks.sum()) if n else 0
+        total = int(sizes.sum()) if n else 0
+        with self.stream:
+            if out is None or out.size < total:
+                out = cp.empty(max(total, 1), dtype=dtype)
+            shapes = [(int(oh), int(ow), 3) if layout == "HWC" else (3, int(oh), int(ow)) for oh, ow in out_shape]
+            if n == 0:
+                return DeviceBatch(out, offsets, shapes)
+            t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, t_norm = upload_tables(
+                cp, [in_ptr, in_shape, geo, out_shape, offsets, first_block, norm], self.stream)
+            from .kernels import kernel
+
+            fn = kernel("resample", f"resample_{_DTYPE_TAG[dtype]}_{layout.lower()}")
+            fn((total_blocks,), (BLOCK,), (t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, np.int32(n),
+                                          t_norm, out))
+        return DeviceBatch(out, offsets, shapes)
+
+
+def chain_windows(ops: Sequence[Op], params: Sequence[Any], h: int, w: int) -> tuple[Window, Normalize | None]:
+    """Fold a chain of geometric ops (and a trailing normalize) into one window on an (h, w) image."""
+    win = Window.identity(h, w)
+    norm = None
+    for op, p in zip(ops, params):
+        if isinstance(op, Normalize):
+            norm = op
+            continue
+        step = get_kernel(op.name, DEVICE)(op, win.oh, win.ow, p)
+        if step is None:
+            raise UsageError(f"op {op.name!r} cannot run inside the fused GPU resample")
+        win = win.then(step)
+    return win, norm
+
+
+class ImagePipeline:
+    """Encoded images in, one packed batch of processed images out: the public in-memory API.
+
+    >>> from gpubatch.engine.gpu_executor import ImagePipeline
+    >>> from gpubatch.engine.ops import RandomResizedCrop, Flip, Normalize
+    >>> pipe = ImagePipeline([RandomResizedCrop(224), Flip(), Normalize()], seed=0)
+    >>> batch = pipe(list_of_jpeg_bytes)            # DeviceBatch; batch.stacked() -> (N, 3, 224, 224) fp16
+    >>> tensor = torch.from_dlpack(batch)            # zero-copy
+
+    On the GPU the result lives in a ring of ``ring`` output buffers: a batch stays valid until
+    ``ring - 1`` more batches have been produced. Failed images are reported in ``last_errors``.
+    """
+
+    def __init__(self, ops: Sequence[Op], device: Device | str = "auto", batch_size: int = 256, seed: int = 0,
+                 gpu: int = 0, cpu_threads: int | None = None, gpu_memory: str | int | float | None = None,
+                 max_pixels: int = 0, ring: int = 3):
+        from .device import resolve
+        from .executor import default_workers
+
+        self.plan = Plan(ops=tuple(ops), seed=seed, max_pixels=max_pixels)
+        self.device = device if isinstance(device, Device) else resolve(device, gpu)
+        self.plan.validate(DEVICE if self.device.is_gpu else "host")
+        self.cpu_threads = cpu_threads or default_workers()
+        self.engine = (GpuEngine(self.device, batch_size, self.cpu_threads, gpu_memory)
+                       if self.device.is_gpu else None)
+        self._ring: list[Any] = [None] * ring
+        self._slot = 0
+        self.last_errors: list[tuple[int, str]] = []
+        self.stats = {"images": 0, "gpu": 0, "hw": 0, "fallbacks": 0}
+        self._threads: ThreadPoolExecutor | None = None
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(max_workers=self.cpu_threads, thread_name_prefix="gpubatch-cpu")
+        return self._threads
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+
+    def __enter__(self) -> ImagePipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __call__(self, blobs: Sequence[bytes], keys: Sequence[str] | None = None):
+        return self.process(self.decode(blobs), keys or [str(i) for i in range(len(blobs))])
+
+    def decode(self, blobs: Sequence[bytes]) -> Any:
+        """Stage 1 (may run in another thread): decode a batch."""
+        if self.engine is None:
+            from .codecs import image as host
+
+            def one(b: bytes) -> tuple[Any, str | None]:
+                try:
+                    return host.decode(b, self.plan.max_pixels), None
+                except ValueError as e:
+                    return None, str(e)
+
+            return list(self._pool().map(one, blobs))
+        return self.engine.decoder.decode(list(blobs), self.engine.stream, self.plan.max_pixels)
+
+    def process(self, decoded: Any, keys: Sequence[str]):
+        """Stage 2: the op chain on a decoded batch. GPU: a DeviceBatch; CPU: a list of NumPy arrays."""
+        self.last_errors = []
+        if self.engine is None:
+            from .registry import HOST
+
+            def one(arr: Any, key: str) -> Any:
+                for op, p in zip(self.plan.ops, self.plan.draw(key, *arr.shape[:2])):
+                    arr = get_kernel(op.name, HOST)(op, [arr], [p])[0]
+                return arr
+
+            self.last_errors = [(i, err) for i, (arr, err) in enumerate(decoded) if err is not None]
+            good = [(arr, key) for (arr, err), key in zip(decoded, keys) if err is None]
+            outs = list(self._pool().map(lambda ak: one(*ak), good))
+            self.stats["images"] += len(outs)
+            return outs
+        res = decoded
+        arrays, windows, norm = [], [], None
+        for i, (a, key) in enumerate(zip(res.arrays, keys)):
+            if a is None:
+                self.last_errors.append((i, res.errors[i] or "decode failed"))
+                continue
+            win, norm = chain_windows(self.plan.ops, self.plan.draw(key, a.shape[0], a.shape[1]), a.shape[0], a.shape[1])
+            arrays.append(a)
+            windows.append(win)
+        slot = self._slot
+        self._slot = (self._slot + 1) % len(self._ring)
+        batch = self.engine.resample(arrays, windows, norm, out=self._ring[slot])
+        self._ring[slot] = batch.buffer
+        batch.keep = res.keep  # the decoded images stay alive until the batch is dropped
+        self.stats["images"] += len(arrays)
+        self.stats["gpu"] += res.on_gpu
+        self.stats["hw"] += res.hw
+        self.stats["fallbacks"] += res.fallbacks
+        return batch
+
+    def iterate(self, batches: Iterable[tuple[Sequence[bytes], Sequence[str]]], prefetch: int = 2) -> Iterator[Any]:
+        """Process many batches, decoding batch N+1 in a thread while batch N's kernels run."""
+        q: queue.Queue = queue.Queue(maxsize=prefetch)
+        stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                for blobs, keys in batches:
+                    if stop.is_set():
+                        return
+                    q.put((self.decode(blobs), keys))
+                q.put(None)
+            except BaseException as e:  # hand the failure to the consumer
+                q.put(e)
+
+        t = threading.Thread(target=produce, name="gpubatch-decode", daemon=True)
+        t.start()
+        try:
+            while True:
+                item = q.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield self.process(*item)
+        finally:
+            stop.set()
+            while t.is_alive():
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    t.join(0.05)
+
+
+# --- convert's GPU path --------------------------------------------------------------------------------
+
+
+def _batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    batch = []
+    for x in items:
+        batch.append(x)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _transform_batch(engine: GpuEngine, plan: Plan, batch: list[Record | RecordError], stats) -> list[Record | RecordError]:
+    """Decode, transform and re-encode one batch on the GPU; passthrough records are checked on the CPU."""
+    from .executor import check_encoded
+
+    cp = engine.cp
+    out: list[Record | RecordError] = list(batch)
+    todo = []
+    for i, r in enumerate(batch):
+        if isinstance(r, RecordError):
+            continue
+        if plan.needs_decode(r.codec):
+            todo.append(i)
+        else:
+            try:
+                check_encoded(r, plan.max_pixels)
+                stats.add(passthrough=1)
+            except RecordError as e:
+                out[i] = e
+    if not todo:
+        return out
+    res = engine.decoder.decode([batch[i].data for i in todo], engine.stream, plan.max_pixels)
+    stats.add(fallbacks=res.fallbacks)
+    ok, arrays, windows, moved = [], [], [], []
+    for j, i in enumerate(todo):
+        r = batch[i]
+        a = res.arrays[j]
+        if a is None:
+            out[i] = RecordError(r.key, r.origin, Stage.DECODE, res.errors[j] or "decode failed")
+            continue
+        h, w = int(a.shape[0]), int(a.shape[1])
+        params = plan.draw(r.key, h, w)
+        boxes = r.boxes
+        if boxes is not None and boxes.canvas != (h, w):
+            ch, cw = boxes.canvas
+            boxes, _ = boxes.affine(w / max(cw, 1), h / max(ch, 1), 0.0, 0.0, (h, w))
+        boxes, dropped = plan.move_boxes(boxes, h, w, params)
+        if dropped:
+            stats.add(boxes_dropped=dropped)
+        win, _ = chain_windows(plan.ops, params, h, w)
+        ok.append(i)
+        arrays.append(a)
+        windows.append(win)
+        moved.append(boxes)
+    if not ok:
+        return out
+    encoded = _resample_encode(engine, plan, [batch[i].codec for i in ok], arrays, windows)
+    engine.stream.synchronize()
+    del res  # the decoded images may be freed now that the kernels reading them are done
+    for i, boxes, data in zip(ok, moved, encoded):
+        r = batch[i]
+        if isinstance(data, str):
+            out[i] = RecordError(r.key, r.origin, Stage.ENCODE, data)
+            continue
+        out[i] = r.with_(data=data, codec=plan.out_codec(r.codec), boxes=boxes)
+        stats.add(transcoded=1)
+    return out
+
+
+def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: list, windows: list) -> list:
+    """Resample then encode; a batch that does not fit the memory cap is split in halves and retried."""
+    cp = engine.cp
+    try:
+        dev = engine.resample(arrays, windows)
+        items = dev.items()
+        results: list[Any] = [None] * len(items)
+        by_codec: dict[str, list[int]] = {}
+        for k, c in enumerate(codecs):
+            by_codec.setdefault(plan.out_codec(c), []).append(k)
+        for codec, idx in by_codec.items():
+            enc = engine.encoder.encode([items[k] for k in idx], codec, plan.jpeg_quality, engine.stream)
+            for k, data in zip(idx, enc):
+                results[k] = data if data is not None else f"the GPU {codec} encoder failed"
+        return results
+    except cp.cuda.memory.OutOfMemoryError:
+        if len(arrays) <= 1:
+            raise GpubatchError(
+                f"one image does not fit the GPU memory cap ({engine.memory_limit >> 20} MiB): raise --gpu-memory"
+            ) from None
+        engine.stream.synchronize()
+        cp.get_default_memory_pool().free_all_blocks()
+        half = len(arrays) // 2
+        return (_resample_encode(engine, plan, codecs[:half], arrays[:half], windows[:half])
+                + _resample_encode(engine, plan, codecs[half:], arrays[half:], windows[half:]))
+
+
+def run_device(device: Device, reader: Reader, entries: list[Any], writer: Writer, plan: Plan,
+               router: ErrorRouter, workers: int, batch_size: int = 256, gpu_memory: Any = None,
+               progress: Callable[[int], None] | None = None) -> None:
+    """``convert`` on the GPU: read (threads) -> decode/resample/encode (GPU thread) -> write (caller)."""
+    from .executor import ordered_map, write_results
+
+    stats = router.stats
+    plan.validate(DEVICE)
+    engine = GpuEngine(device, batch_size, workers, gpu_memory)
+
+    def read(entry: Any) -> Record | RecordError:
+        try:
+            r = reader.read(entry)
+        except RecordError as e:
+            return e
+        stats.add(records_in=1, bytes_in=len(r.data))
+        return r
+
+    q: queue.Queue = queue.Queue(maxsize=2)
+    stop = threading.Event()
+
+    def gpu_stage() -> None:
+        try:
+            engine.dev.use()
+            for batch in _batches(ordered_map(read, entries, workers, window=batch_size * 2), batch_size):
+                if stop.is_set():
+                    return
+                q.put(_transform_batch(engine, plan, batch, stats))
+            q.put(None)
+        except BaseException as e:
+            q.put(e)
+
+    t = threading.Thread(target=gpu_stage, name="gpubatch-gpu", daemon=True)
+    t.start()
+
+    def results() -> Iterator[Record | RecordError]:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+
+    try:
+        write_results(results(), writer, router, progress)
+    finally:
+        stop.set()
+        while t.is_alive():
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                t.join(0.05)
+        engine.close()

@@ -1,0 +1,195 @@
+"""GPU kernels and codecs against their CPU references (marked gpu: skipped without a usable GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpubatch import convert
+from gpubatch.api import open_dataset
+from gpubatch.engine.codecs import image as host
+from gpubatch.engine.device import resolve
+from gpubatch.engine.ops import CenterCrop, Flip, Normalize, RandomResizedCrop, Resize, ResizeShorter, Window
+from gpubatch.engine.ops.normalize import normalize_cpu
+from gpubatch.engine.plan import Plan
+from tests.conftest import SAMPLE
+from tests.helpers import jpeg_bytes, photo
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from gpubatch.engine.gpu_executor import GpuEngine
+
+    eng = GpuEngine(resolve("gpu"), batch_size=64, cpu_threads=4)
+    yield eng
+    eng.close()
+
+
+def _windows(plan: Plan, key: str, h: int, w: int):
+    from gpubatch.engine.gpu_executor import chain_windows
+
+    return chain_windows(plan.ops, plan.draw(key, h, w), h, w)
+
+
+def _cpu_chain(plan: Plan, key: str, img: np.ndarray):
+    from gpubatch.engine.registry import HOST, get_kernel
+
+    for op, p in zip(plan.ops, plan.draw(key, *img.shape[:2])):
+        img = get_kernel(op.name, HOST)(op, [img], [p])[0]
+    return img
+
+
+CHAINS = {
+    "val": (ResizeShorter(256), CenterCrop(224)),
+    "train": (RandomResizedCrop(224), Flip(p=0.5)),
+    "resize": (Resize(97, 311),),
+    "upscale": (ResizeShorter(600),),
+    "pad": (CenterCrop(400),),
+    "vflip": (Flip(horizontal=False, vertical=True, p=1.0),),
+}
+SIZES = [(375, 500), (500, 333), (97, 1003), (1, 1), (17, 5), (224, 224)]
+
+
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+def test_resample_matches_cpu(engine, chain):
+    import cupy as cp
+
+    plan = Plan(ops=CHAINS[chain], seed=7)
+    imgs = [photo(h, w, seed=i) for i, (h, w) in enumerate(SIZES)]
+    copies = [im.copy() for im in imgs]
+    dev = [cp.asarray(im) for im in imgs]
+    wins = [_windows(plan, f"k{i}", *im.shape[:2])[0] for i, im in enumerate(imgs)]
+    batch = engine.resample(dev, wins)
+    engine.stream.synchronize()
+    for i, im in enumerate(imgs):
+        ref = _cpu_chain(plan, f"k{i}", im)
+        got = batch.item(i).get()
+        assert got.shape == ref.shape
+        diff = np.abs(got.astype(int) - ref.astype(int))
+        assert diff.max() <= 3 and diff.mean() < 0.6, (chain, SIZES[i], diff.max(), diff.mean())
+        assert np.array_equal(imgs[i], copies[i])  # input untouched
+        assert np.array_equal(dev[i].get(), copies[i])
+
+
+def test_batched_equals_one_by_one_and_empty(engine):
+    import cupy as cp
+
+    plan = Plan(ops=CHAINS["train"], seed=1)
+    imgs = [cp.asarray(photo(h, w, seed=i)) for i, (h, w) in enumerate(SIZES)]
+    wins = [_windows(plan, f"k{i}", *im.shape[:2])[0] for i, im in enumerate(imgs)]
+    together = engine.resample(imgs, wins)
+    for i in range(len(imgs)):
+        alone = engine.resample([imgs[i]], [wins[i]])
+        assert cp.array_equal(together.item(i), alone.item(0))
+    assert len(engine.resample([], [])) == 0
+
+
+def test_fused_normalize_fp16_chw(engine):
+    import cupy as cp
+
+    norm = Normalize(layout="CHW", dtype="float16")
+    plan = Plan(ops=(ResizeShorter(256), CenterCrop(224), norm))
+    imgs = [photo(h, w, seed=i) for i, (h, w) in enumerate(SIZES)]
+    wins = [_windows(plan, "k", *im.shape[:2]) for im in imgs]
+    batch = engine.resample([cp.asarray(im) for im in imgs], [w for w, _ in wins], norm)
+    out = batch.stacked().get()
+    assert out.shape == (len(imgs), 3, 224, 224) and out.dtype == np.float16
+    for i, im in enumerate(imgs):
+        ref = normalize_cpu(_cpu_chain(Plan(ops=plan.ops[:2]), "k", im), Normalize(layout="CHW", dtype="float32"))
+        np.testing.assert_allclose(out[i].astype(np.float32), ref, atol=0.06)
+
+
+def test_gpu_decode_matches_pillow(engine):
+    blobs = [p.read_bytes() for p in sorted((SAMPLE / "imagenet").rglob("*.*"))]
+    res = engine.decoder.decode(blobs, engine.stream)
+    engine.stream.synchronize()
+    assert all(e is None for e in res.errors)
+    assert res.on_gpu >= 50 and res.on_gpu + res.fallbacks == len(blobs)
+    for b, a in zip(blobs, res.arrays):
+        ref = host.decode(b)
+        got = a.get()
+        assert got.shape == ref.shape  # EXIF orientation applied on both
+        assert np.abs(got.astype(int) - ref.astype(int)).mean() < 3.0
+
+
+def test_gpu_decode_falls_back_and_reports(engine):
+    good = jpeg_bytes(photo(64, 80))
+    blobs = [good, good[:300], b"not an image", (SAMPLE / "imagenet/car/car_000.jpg").read_bytes(),
+             (SAMPLE / "imagenet/mountain/mountain_000.png").read_bytes()]
+    res = engine.decoder.decode(blobs, engine.stream)
+    assert res.arrays[0] is not None and res.errors[0] is None
+    assert res.arrays[1] is None and res.errors[1]
+    assert res.arrays[2] is None and res.errors[2]
+    assert res.arrays[3] is not None and res.arrays[4] is not None  # CMYK and PNG through the CPU
+    assert res.fallbacks >= 2
+
+
+def test_gpu_encode_roundtrip(engine):
+    import cupy as cp
+
+    imgs = [photo(120, 160, seed=s) for s in range(4)]
+    out = engine.encoder.encode([cp.asarray(im) for im in imgs], "jpeg", 92, engine.stream)
+    for im, data in zip(imgs, out):
+        assert data[:3] == b"\xff\xd8\xff"
+        assert np.abs(host.decode(data).astype(int) - im).mean() < 3.0
+    png = engine.encoder.encode([cp.asarray(imgs[0])], "png", 0, engine.stream)[0]
+    assert np.array_equal(host.decode(png), imgs[0])
+
+
+def test_convert_on_gpu_matches_cpu(imagenet, tmp_path):
+    g = convert(imagenet, tmp_path / "g", to="tfrecord", resize_shorter=64, center_crop=56, quality=95,
+                device="gpu")
+    c = convert(imagenet, tmp_path / "c", to="tfrecord", resize_shorter=64, center_crop=56, quality=95,
+                device="cpu")
+    assert g.device.startswith("gpu") and g.records_out == c.records_out == 60 and not g.skipped
+    gpu = {r.key: host.decode(r.data) for r in open_dataset(tmp_path / "g")}
+    cpu = {r.key: host.decode(r.data) for r in open_dataset(tmp_path / "c")}
+    assert gpu.keys() == cpu.keys()
+    for k in gpu:
+        assert gpu[k].shape == (56, 56, 3)
+        assert np.abs(gpu[k].astype(int) - cpu[k].astype(int)).mean() < 4.0
+
+
+def test_convert_on_gpu_skips_bad_records_and_moves_boxes(coco, tmp_path):
+    (coco / "images" / "000000000003.jpg").write_bytes(b"\xff\xd8\xff\xe0broken")
+    s = convert(coco, tmp_path / "g", to="coco", resize_shorter=100, device="gpu")
+    assert s.records_out == 11 and len(s.skipped) == 1
+    src = {r.key: r for r in open_dataset(coco)}
+    for r in open_dataset(tmp_path / "g"):
+        oh, ow = src[r.key].boxes.canvas
+        h, w = host.decode(r.data).shape[:2]
+        assert min(h, w) == 100 and r.boxes.canvas == (h, w)
+        scale = np.array([w / ow, h / oh, w / ow, h / oh], np.float32)
+        np.testing.assert_allclose(r.boxes.xyxy, src[r.key].boxes.xyxy * scale, atol=0.05)
+
+
+def test_batch_split_under_memory_cap(tmp_path):
+    import cupy as cp
+
+    from gpubatch.engine.gpu_executor import GpuEngine, _resample_encode
+
+    eng = GpuEngine(resolve("gpu"), batch_size=16, cpu_threads=2, gpu_memory="64MiB")
+    try:
+        imgs = [cp.asarray(photo(1500, 1500, seed=i)) for i in range(12)]  # 12 x 6.75 MB outputs > cap
+        wins = [Window.identity(1500, 1500)] * 12
+        out = _resample_encode(eng, Plan(image_format="jpeg"), ["jpeg"] * 12, imgs, wins)
+        assert len(out) == 12 and all(isinstance(o, bytes) for o in out)
+    finally:
+        cp.get_default_memory_pool().set_limit(size=0)
+        eng.close()
+
+
+def test_image_pipeline_reproducible_and_matches_cpu():
+    from gpubatch.engine.gpu_executor import ImagePipeline
+
+    blobs = [jpeg_bytes(photo(300 + 7 * i, 400 - 5 * i, seed=i), 92) for i in range(8)]
+    keys = [f"img{i}" for i in range(8)]
+    ops = [RandomResizedCrop(224), Flip(), Normalize(layout="CHW", dtype="float32")]
+    with ImagePipeline(ops, device="gpu", seed=3) as gp, ImagePipeline(ops, device="cpu", seed=3) as cp_:
+        a = gp(blobs, keys).stacked().get()
+        b = gp(blobs, keys).stacked().get()
+        ref = np.stack(cp_(blobs, keys))
+    assert a.shape == (8, 3, 224, 224) and np.array_equal(a, b)
+    assert np.abs(a - ref).mean() < 0.05
