@@ -2,16 +2,58 @@
 
 So a run is reproducible with ``--seed``, and the CPU and GPU paths, or a resumed run, draw exactly
 the same crops and flips for the same record, whatever the batch it lands in or the thread it runs on.
+
+:class:`KeyedRandom` is a counter-mode generator over BLAKE2b: each block of 64 bytes is
+``blake2b(seed, stream, key, counter)``. Creating one costs about a microsecond, against ~20 us for a
+seeded NumPy Generator: at 25,000 images/s the per-record host budget is 40 us in total.
 """
 
 from __future__ import annotations
 
 import hashlib
+import struct
 
-import numpy as np
+_U53 = 1.0 / (1 << 53)
 
 
-def record_rng(seed: int, key: str, stream: int = 0) -> np.random.Generator:
-    """A NumPy generator determined by ``seed``, the record ``key`` and a ``stream`` number."""
-    digest = hashlib.blake2b(f"{int(seed)}\x00{stream}\x00{key}".encode(), digest_size=16).digest()
-    return np.random.Generator(np.random.PCG64(int.from_bytes(digest, "little")))
+class KeyedRandom:
+    """The subset of ``numpy.random.Generator`` that ops use (scalar ``random``, ``uniform``, ``integers``)."""
+
+    __slots__ = ("_prefix", "_block", "_buf", "_pos")
+
+    def __init__(self, seed: int, key: str, stream: int = 0):
+        self._prefix = f"{int(seed)}\x00{int(stream)}\x00{key}\x00".encode()
+        self._block = 0
+        self._buf: tuple[int, ...] = ()
+        self._pos = 0
+
+    def _next64(self) -> int:
+        if self._pos >= len(self._buf):
+            digest = hashlib.blake2b(self._prefix + struct.pack("<Q", self._block), digest_size=64).digest()
+            self._buf = struct.unpack("<8Q", digest)
+            self._block += 1
+            self._pos = 0
+        v = self._buf[self._pos]
+        self._pos += 1
+        return v
+
+    def random(self) -> float:
+        """Uniform float in [0, 1) with 53 random bits."""
+        return (self._next64() >> 11) * _U53
+
+    def uniform(self, low: float = 0.0, high: float = 1.0) -> float:
+        return low + (high - low) * self.random()
+
+    def integers(self, low: int, high: int | None = None) -> int:
+        """Uniform integer in [low, high) (or [0, low) with one argument)."""
+        if high is None:
+            low, high = 0, low
+        span = int(high) - int(low)
+        if span <= 0:
+            raise ValueError(f"integers: empty range [{low}, {high})")
+        return int(low) + (self._next64() % span)  # bias below 2**-40 for spans under 2**24
+
+
+def record_rng(seed: int, key: str, stream: int = 0) -> KeyedRandom:
+    """The generator of record ``key`` under ``seed`` (``stream`` separates independent uses)."""
+    return KeyedRandom(seed, key, stream)

@@ -133,7 +133,7 @@ def test_gpu_encode_roundtrip(engine):
     out = engine.encoder.encode([cp.asarray(im) for im in imgs], "jpeg", 92, engine.stream)
     for im, data in zip(imgs, out):
         assert data[:3] == b"\xff\xd8\xff"
-        assert np.abs(host.decode(data).astype(int) - im).mean() < 3.0
+        assert np.abs(host.decode(data).astype(int) - im).mean() < 4.0  # q92 on grainy pixels
     png = engine.encoder.encode([cp.asarray(imgs[0])], "png", 0, engine.stream)[0]
     assert np.array_equal(host.decode(png), imgs[0])
 

@@ -62,7 +62,7 @@ class Op:
         if cls.name:
             OPS[cls.name] = cls
 
-    def make_params(self, h: int, w: int, rng: np.random.Generator) -> Any:
+    def make_params(self, h: int, w: int, rng: Any) -> Any:
         """Per-record parameters for an (h, w) input (None for deterministic ops)."""
         return None
 

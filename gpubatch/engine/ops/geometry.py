@@ -118,7 +118,7 @@ class RandomResizedCrop(Op):
         object.__setattr__(self, "scale", _pair("scale", self.scale, 1e-6, 1.0))
         object.__setattr__(self, "ratio", _pair("ratio", self.ratio, 1e-3, 1e3))
 
-    def make_params(self, h: int, w: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
+    def make_params(self, h: int, w: int, rng: Any) -> tuple[int, int, int, int]:
         """(top, left, height, width) of the window."""
         area = h * w
         log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
@@ -161,7 +161,7 @@ class Flip(Op):
         if not 0.0 <= float(self.p) <= 1.0:
             raise UsageError(f"flip p must be within [0, 1], got {self.p}")
 
-    def make_params(self, h: int, w: int, rng: np.random.Generator) -> tuple[bool, bool]:
+    def make_params(self, h: int, w: int, rng: Any) -> tuple[bool, bool]:
         hf = bool(rng.random() < self.p) if self.horizontal else False
         vf = bool(rng.random() < self.p) if self.vertical else False
         return hf, vf
