@@ -44,8 +44,8 @@ def main() -> None:
 
     from gpubatch.engine.codecs.image import jpeg_subsampling
     from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
-    from gpubatch.engine.gpu_executor import GpuEngine, chain_windows
     from gpubatch.engine.device import resolve
+    from gpubatch.engine.gpu_executor import GpuEngine, chain_windows
     from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
     from gpubatch.engine.plan import Plan
     from gpubatch.synthetic import make_jpeg_set

@@ -59,6 +59,44 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int, window: 
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def prefetched(items: Iterable[T], depth: int = 2) -> Iterator[T]:
+    """Iterate ``items`` in a background thread, up to ``depth`` ahead of the consumer."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=max(1, depth))
+    done = object()
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for x in items:
+                if stop.is_set():
+                    return
+                q.put((True, x))
+            q.put((True, done))
+        except BaseException as e:  # hand the failure to the consumer
+            q.put((False, e))
+
+    t = threading.Thread(target=produce, name="gpubatch-prefetch", daemon=True)
+    t.start()
+    try:
+        while True:
+            ok, x = q.get()
+            if not ok:
+                raise x
+            if x is done:
+                return
+            yield x
+    finally:
+        stop.set()
+        while t.is_alive():
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                t.join(0.05)
+
+
 def check_encoded(record: Record, max_pixels: int) -> None:
     """Cheap validity check of bytes that pass through untouched.
 

@@ -99,7 +99,8 @@ class GpuEngine:
 
     def resample(self, arrays: Sequence[Any], windows: Sequence[Window], normalize: Normalize | None = None,
                  out: Any = None) -> DeviceBatch:
-        """One fused launch: each ``arrays[i]`` (uint8 HWC) through ``windows[i]``, then ``normalize``.
+        """One fused launch: each ``arrays[i]`` (uint8 HWC CuPy array or DeviceImage) through ``windows[i]``,
+        then ``normalize``.
 
         Output items are uint8 HWC unless ``normalize`` says otherwise; ``out`` may be a preallocated
         1-D buffer large enough for the whole batch (a ring slot).
@@ -117,11 +118,15 @@ class GpuEngine:
         blocks = np.empty(n, np.int32)
         keep = []
         for i, (a, win) in enumerate(zip(arrays, windows)):
-            if a.strides[2] != 1 or a.strides[1] != 3:
-                a = cp.ascontiguousarray(a)
-                keep.append(a)
-            in_ptr[i] = a.data.ptr
-            in_shape[i] = (a.shape[0], a.shape[1], a.strides[0])
+            if isinstance(a, cp.ndarray):
+                if a.strides[2] != 1 or a.strides[1] != 3:
+                    a = cp.ascontiguousarray(a)
+                    keep.append(a)
+                in_ptr[i] = a.data.ptr
+                in_shape[i] = (a.shape[0], a.shape[1], a.strides[0])
+            else:  # a DeviceImage straight from the decoder
+                in_ptr[i] = a.ptr
+                in_shape[i] = (a.shape[0], a.shape[1], a.row_stride)
             geo[i] = win.as_array()
             out_shape[i] = (win.oh, win.ow)
             sizes[i] = win.oh * win.ow * 3
@@ -139,7 +144,7 @@ class GpuEngine:
                 out = cp.empty(max(total, 1), dtype=dtype)
             shapes = [(int(oh), int(ow), 3) if layout == "HWC" else (3, int(oh), int(ow)) for oh, ow in out_shape]
             if n == 0:
-                return DeviceBatch(out, offsets, shapes)
+                return DeviceBatch(out, offsets, shapes, keep=keep)
             t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, t_norm = upload_tables(
                 cp, [in_ptr, in_shape, geo, out_shape, offsets, first_block, norm], self.stream)
             from .kernels import kernel
@@ -147,7 +152,7 @@ class GpuEngine:
             fn = kernel("resample", f"resample_{_DTYPE_TAG[dtype]}_{layout.lower()}")
             fn((total_blocks,), (BLOCK,), (t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, np.int32(n),
                                           t_norm, out))
-        return DeviceBatch(out, offsets, shapes)
+        return DeviceBatch(out, offsets, shapes, keep=keep)
 
 
 def chain_windows(ops: Sequence[Op], params: Sequence[Any], h: int, w: int) -> tuple[Window, Normalize | None]:
@@ -259,7 +264,7 @@ class ImagePipeline:
         self._slot = (self._slot + 1) % len(self._ring)
         batch = self.engine.resample(arrays, windows, norm, out=self._ring[slot])
         self._ring[slot] = batch.buffer
-        batch.keep = res.keep  # the decoded images stay alive until the batch is dropped
+        batch.keep.extend(res.keep)  # the decoded images stay alive until the batch is dropped
         self.stats["images"] += len(arrays)
         self.stats["gpu"] += res.on_gpu
         self.stats["hw"] += res.hw
@@ -267,13 +272,16 @@ class ImagePipeline:
         return batch
 
     def iterate(self, batches: Iterable[tuple[Sequence[bytes], Sequence[str]]], prefetch: int = 2) -> Iterator[Any]:
-        """Process many batches, decoding batch N+1 in a thread while batch N's kernels run."""
+        """Process many batches: batch N+2 is read (by whatever ``batches`` does) and N+1 decoded in
+        their own threads while batch N's kernels run."""
+        from .executor import prefetched
+
         q: queue.Queue = queue.Queue(maxsize=prefetch)
         stop = threading.Event()
 
         def produce() -> None:
             try:
-                for blobs, keys in batches:
+                for blobs, keys in prefetched(batches, prefetch):
                     if stop.is_set():
                         return
                     q.put((self.decode(blobs), keys))
@@ -318,7 +326,6 @@ def _transform_batch(engine: GpuEngine, plan: Plan, batch: list[Record | RecordE
     """Decode, transform and re-encode one batch on the GPU; passthrough records are checked on the CPU."""
     from .executor import check_encoded
 
-    cp = engine.cp
     out: list[Record | RecordError] = list(batch)
     todo = []
     for i, r in enumerate(batch):
