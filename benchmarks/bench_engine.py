@@ -208,11 +208,12 @@ def main() -> None:
     results = {"environment": environment(), "args": {k: v for k, v in vars(args).items() if k != "run"},
                "results": {}}
     for name in args.only.split(","):
-        cmd = [sys.executable, __file__, "--run", name, "--images", str(args.images), "--batch-size",
+        cmd = [sys.executable, "-X", "faulthandler", __file__, "--run", name, "--images", str(args.images), "--batch-size",
                str(args.batch_size), "--repeats", str(args.repeats), "--data", args.data]
         p = subprocess.run(cmd, capture_output=True, text=True)
         line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        res = json.loads(line[7:]) if line else {"error": (p.stderr or p.stdout).strip().splitlines()[-5:]}
+        res = json.loads(line[7:]) if line else {
+            "error": f"exit {p.returncode}: " + " | ".join((p.stderr + p.stdout).strip().splitlines()[-12:])}
         results["results"][name] = res
         print(f"{name:24s} {json.dumps(res)}", flush=True)
     if args.json:
