@@ -41,7 +41,7 @@ format: $(STAMP)  ## ruff format
 gpu-test:  ## GPU tests + a GPU convert, with the system python3 (run on the GPU machine)
 	python3 -m pytest -q -m gpu -p no:cacheprovider tests
 	rm -rf /tmp/gpubatch-gpu-demo
-	python3 -m gpubatch convert sample_data/imagenet /tmp/gpubatch-gpu-demo --to tfrecord \
+	python3 -m gpubatch convert sample_data/imagenet /tmp/gpubatch-gpu-demo --to webdataset \
 		--resize-shorter 256 --center-crop 224 --quality 90 --device gpu
 
 sample-data: $(STAMP)  ## regenerate sample_data/ (deterministic)

@@ -110,11 +110,12 @@ def run_pipeline(name: str, args) -> dict:
                 last = now
             rates.append(len(files) / (time.perf_counter() - t0))
         stats = dict(pipe.stats)
+        timings = {k: round(v, 3) for k, v in pipe.timings.items()}
     lat.sort()
     return {"images_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
             "gpu_mem_gib": mem.stop(), "hw_share": stats["hw"] / max(stats["gpu"], 1) if device == "gpu" else None,
             "fallbacks": stats["fallbacks"], "batch_ms_p50": 1e3 * lat[len(lat) // 2],
-            "batch_ms_p99": 1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))]}
+            "batch_ms_p99": 1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))], "stage_seconds": timings}
 
 
 def run_transcode(args) -> dict:

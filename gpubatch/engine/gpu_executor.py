@@ -17,6 +17,7 @@ from __future__ import annotations
 import queue
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -200,6 +201,8 @@ class ImagePipeline:
         self.last_errors: list[tuple[int, str]] = []
         self.stats = {"images": 0, "gpu": 0, "hw": 0, "fallbacks": 0}
         self._threads: ThreadPoolExecutor | None = None
+        # seconds spent per stage by iterate(): waiting for reads, decoding, waiting for decode, ops
+        self.timings = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0, "ops": 0.0}
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._threads is None:
@@ -278,13 +281,20 @@ class ImagePipeline:
 
         q: queue.Queue = queue.Queue(maxsize=prefetch)
         stop = threading.Event()
+        tm = self.timings
 
         def produce() -> None:
             try:
+                t = time.perf_counter()
                 for blobs, keys in prefetched(batches, prefetch):
+                    t1 = time.perf_counter()
+                    tm["read_wait"] += t1 - t
                     if stop.is_set():
                         return
-                    q.put((self.decode(blobs), keys))
+                    decoded = self.decode(blobs)
+                    t = time.perf_counter()
+                    tm["decode"] += t - t1
+                    q.put((decoded, keys))
                 q.put(None)
             except BaseException as e:  # hand the failure to the consumer
                 q.put(e)
@@ -293,12 +303,17 @@ class ImagePipeline:
         t.start()
         try:
             while True:
+                t0 = time.perf_counter()
                 item = q.get()
+                t1 = time.perf_counter()
+                tm["decode_wait"] += t1 - t0
                 if item is None:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield self.process(*item)
+                out = self.process(*item)
+                tm["ops"] += time.perf_counter() - t1
+                yield out
         finally:
             stop.set()
             while t.is_alive():

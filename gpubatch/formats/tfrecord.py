@@ -41,6 +41,11 @@ def _tfr():
         from tfrecord.writer import TFRecordWriter
     except ImportError:  # pragma: no cover - a core dependency
         raise DependencyError("the tfrecord format needs: pip install tfrecord") from None
+    except TypeError as e:  # old generated protobuf code against a newer protobuf runtime
+        raise DependencyError(
+            f"the installed tfrecord package does not work with this protobuf ({e.__class__.__name__}: "
+            "Descriptors cannot be created directly): pip install -U 'tfrecord>=1.14.6'"
+        ) from None
     return example_pb2, TFRecordWriter
 
 

@@ -139,9 +139,9 @@ def test_gpu_encode_roundtrip(engine):
 
 
 def test_convert_on_gpu_matches_cpu(imagenet, tmp_path):
-    g = convert(imagenet, tmp_path / "g", to="tfrecord", resize_shorter=64, center_crop=56, quality=95,
+    g = convert(imagenet, tmp_path / "g", to="webdataset", resize_shorter=64, center_crop=56, quality=95,
                 device="gpu")
-    c = convert(imagenet, tmp_path / "c", to="tfrecord", resize_shorter=64, center_crop=56, quality=95,
+    c = convert(imagenet, tmp_path / "c", to="webdataset", resize_shorter=64, center_crop=56, quality=95,
                 device="cpu")
     assert g.device.startswith("gpu") and g.records_out == c.records_out == 60 and not g.skipped
     gpu = {r.key: host.decode(r.data) for r in open_dataset(tmp_path / "g")}
