@@ -111,6 +111,9 @@ def run_pipeline(name: str, args) -> dict:
             rates.append(len(files) / (time.perf_counter() - t0))
         stats = dict(pipe.stats)
         timings = {k: round(v, 3) for k, v in pipe.timings.items()}
+        if pipe.engine is not None:
+            timings.update({f"decoder_{k}": round(v, 3) for k, v in pipe.engine.decoder.timings.items()})
+            timings["cuda_share"] = round(pipe.engine.decoder.cuda_share, 3)
     lat.sort()
     return {"images_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
             "gpu_mem_gib": mem.stop(), "hw_share": stats["hw"] / max(stats["gpu"], 1) if device == "gpu" else None,

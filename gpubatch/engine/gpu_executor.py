@@ -19,7 +19,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -156,6 +155,20 @@ class GpuEngine:
         return DeviceBatch(out, offsets, shapes, keep=keep)
 
 
+def _cpu_chain_one(plan: Plan, blob: bytes, key: str) -> tuple[Any, str | None]:
+    """Decode one image and run the plan's ops on it on the CPU (in a worker process)."""
+    from .codecs import image as host
+    from .registry import HOST
+
+    try:
+        arr = host.decode(blob, plan.max_pixels)
+    except ValueError as e:
+        return None, str(e)
+    for op, p in zip(plan.ops, plan.draw(key, *arr.shape[:2])):
+        arr = get_kernel(op.name, HOST)(op, [arr], [p])[0]
+    return arr, None
+
+
 def chain_windows(ops: Sequence[Op], params: Sequence[Any], h: int, w: int) -> tuple[Window, Normalize | None]:
     """Fold a chain of geometric ops (and a trailing normalize) into one window on an (h, w) image."""
     win = Window.identity(h, w)
@@ -200,13 +213,18 @@ class ImagePipeline:
         self._slot = 0
         self.last_errors: list[tuple[int, str]] = []
         self.stats = {"images": 0, "gpu": 0, "hw": 0, "fallbacks": 0}
-        self._threads: ThreadPoolExecutor | None = None
+        self._threads: Any = None
         # seconds spent per stage by iterate(): waiting for reads, decoding, waiting for decode, ops
         self.timings = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0, "ops": 0.0}
 
-    def _pool(self) -> ThreadPoolExecutor:
+    def _pool(self):
+        """The CPU path's worker processes (threads would serialize on the GIL between Pillow calls)."""
         if self._threads is None:
-            self._threads = ThreadPoolExecutor(max_workers=self.cpu_threads, thread_name_prefix="gpubatch-cpu")
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+            self._threads = ProcessPoolExecutor(max_workers=self.cpu_threads, mp_context=ctx)
         return self._threads
 
     def close(self) -> None:
@@ -227,31 +245,18 @@ class ImagePipeline:
     def decode(self, blobs: Sequence[bytes]) -> Any:
         """Stage 1 (may run in another thread): decode a batch."""
         if self.engine is None:
-            from .codecs import image as host
-
-            def one(b: bytes) -> tuple[Any, str | None]:
-                try:
-                    return host.decode(b, self.plan.max_pixels), None
-                except ValueError as e:
-                    return None, str(e)
-
-            return list(self._pool().map(one, blobs))
+            return list(blobs)  # the CPU path decodes inside its worker processes, with the ops
         return self.engine.decoder.decode(list(blobs), self.engine.stream, self.plan.max_pixels)
 
     def process(self, decoded: Any, keys: Sequence[str]):
         """Stage 2: the op chain on a decoded batch. GPU: a DeviceBatch; CPU: a list of NumPy arrays."""
         self.last_errors = []
         if self.engine is None:
-            from .registry import HOST
-
-            def one(arr: Any, key: str) -> Any:
-                for op, p in zip(self.plan.ops, self.plan.draw(key, *arr.shape[:2])):
-                    arr = get_kernel(op.name, HOST)(op, [arr], [p])[0]
-                return arr
-
-            self.last_errors = [(i, err) for i, (arr, err) in enumerate(decoded) if err is not None]
-            good = [(arr, key) for (arr, err), key in zip(decoded, keys) if err is None]
-            outs = list(self._pool().map(lambda ak: one(*ak), good))
+            chunk = max(1, len(decoded) // (4 * self.cpu_threads))
+            results = list(self._pool().map(_cpu_chain_one, [self.plan] * len(decoded), decoded, keys,
+                                             chunksize=chunk))
+            self.last_errors = [(i, err) for i, (arr, err) in enumerate(results) if err is not None]
+            outs = [arr for arr, err in results if err is None]
             self.stats["images"] += len(outs)
             return outs
         res = decoded

@@ -172,8 +172,8 @@ def test_batch_split_under_memory_cap(tmp_path):
 
     eng = GpuEngine(resolve("gpu"), batch_size=16, cpu_threads=2, gpu_memory="64MiB")
     try:
-        imgs = [cp.asarray(photo(1500, 1500, seed=i)) for i in range(12)]  # 12 x 6.75 MB outputs > cap
-        wins = [Window.identity(1500, 1500)] * 12
+        imgs = [cp.asarray(photo(300, 300, seed=i)) for i in range(12)]
+        wins = [Window(0.0, 0.2, 0.0, 0.2, 1500, 1500)] * 12  # upscaled: 12 x 6.75 MB of output > cap
         out = _resample_encode(eng, Plan(image_format="jpeg"), ["jpeg"] * 12, imgs, wins)
         assert len(out) == 12 and all(isinstance(o, bytes) for o in out)
     finally:
