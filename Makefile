@@ -44,6 +44,9 @@ gpu-test:  ## GPU tests + a GPU convert, with the system python3 (run on the GPU
 	python3 -m gpubatch convert sample_data/imagenet /tmp/gpubatch-gpu-demo --to webdataset \
 		--resize-shorter 256 --center-crop 224 --quality 90 --device gpu
 
+bench:  ## engine benchmark: GPU chains, transcode, CPU path, DataLoader (GPU machine, system python3)
+	python3 benchmarks/bench_engine.py --images 4096 --json benchmarks/last-run.json
+
 sample-data: $(STAMP)  ## regenerate sample_data/ (deterministic)
 	$(BIN)/python sample_data/make_sample_data.py
 
