@@ -34,6 +34,7 @@ from .plan import Plan
 from .registry import DEVICE, get_kernel
 
 BLOCK = 256
+READ_THREADS = 4
 _DTYPE_TAG = {"uint8": "u8", "float16": "f16", "float32": "f32"}
 DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?i?b?)?\s*$", re.I)
@@ -67,10 +68,17 @@ class GpuEngine:
 
     def __init__(self, device: Device, batch_size: int = 256, cpu_threads: int = 8,
                  gpu_memory: str | int | float | None = None):
+        import sys
+
         import cupy as cp
 
         from .codecs.image_gpu import GpuImageDecoder
 
+        # The decode calls release the GIL and must get it back quickly to hand results on; with
+        # reader threads busy in Python, the default 5 ms switch interval cut hardware-engine
+        # throughput several-fold (benchmarks/decode_variants.py). 1 ms keeps them fed.
+        if sys.getswitchinterval() > 0.001:
+            sys.setswitchinterval(0.001)
         self.cp = cp
         self.device = device
         self.dev = cp.cuda.Device(device.index)
@@ -450,7 +458,8 @@ def run_device(device: Device, reader: Reader, entries: list[Any], writer: Write
     def gpu_stage() -> None:
         try:
             engine.dev.use()
-            for batch in _batches(ordered_map(read, entries, workers, window=batch_size * 2), batch_size):
+            readers = min(workers, READ_THREADS)  # more Python threads starve the decoders of the GIL
+            for batch in _batches(ordered_map(read, entries, readers, window=batch_size * 2), batch_size):
                 if stop.is_set():
                     return
                 q.put(_transform_batch(engine, plan, batch, stats))

@@ -195,12 +195,13 @@ class GpuImageDecoder:
         self._side.shutdown(wait=True)
         self._cpu.shutdown(wait=True)
 
-    def _timed(self, decoder, stream, blobs: list[bytes]) -> tuple[list[Any], float]:
+    def _timed(self, decoder, stream, blobs: list[bytes], sync: bool = True) -> tuple[list[Any], float]:
         if not blobs:
             return [], 0.0
         t0 = time.perf_counter()
         out = decoder.decode(blobs, params=self.params, cuda_stream=stream.ptr)
-        stream.synchronize()  # this decoder's own stream: the timing drives the split
+        if sync:
+            stream.synchronize()  # this decoder's own stream: the timing drives the split
         return out, time.perf_counter() - t0
 
     def _split(self, groups: dict[str, list[int]]) -> tuple[list[list[int]], list[int]]:
@@ -257,10 +258,12 @@ class GpuImageDecoder:
         tm["parse"] += t0 - t_start
         side = self._side.submit(self._timed, self.cuda, self.cuda_stream, [blobs[i] for i in to_cuda])
         res = DecodeResult(arrays, errors)
-        retry, t_hw = [], 0.0
-        for lst in hw_lists:
-            out, dt = self._timed(self.hw, self.hw_stream, [blobs[i] for i in lst])
-            t_hw += dt
+        retry = []
+        outs = [self._timed(self.hw, self.hw_stream, [blobs[i] for i in lst], sync=False)[0] for lst in hw_lists]
+        if hw_lists:
+            self.hw_stream.synchronize()  # once for all kinds: each GIL re-acquisition can cost a switch interval
+        t_hw = time.perf_counter() - t0
+        for lst, out in zip(hw_lists, outs):
             ok = False
             for i, img in zip(lst, out):
                 if img is None:
