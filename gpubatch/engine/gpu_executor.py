@@ -14,9 +14,7 @@ the CPU path draws them, so both paths agree.
 
 from __future__ import annotations
 
-import queue
 import re
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -292,48 +290,32 @@ class ImagePipeline:
         their own threads while batch N's kernels run."""
         from .executor import prefetched
 
-        q: queue.Queue = queue.Queue(maxsize=prefetch)
-        stop = threading.Event()
         tm = self.timings
 
-        def produce() -> None:
-            try:
+        def decoded() -> Iterator[tuple[Any, Sequence[str]]]:
+            t = time.perf_counter()
+            for blobs, keys in prefetched(batches, prefetch):
+                t1 = time.perf_counter()
+                tm["read_wait"] += t1 - t
+                out = self.decode(blobs)
                 t = time.perf_counter()
-                for blobs, keys in prefetched(batches, prefetch):
-                    t1 = time.perf_counter()
-                    tm["read_wait"] += t1 - t
-                    if stop.is_set():
-                        return
-                    decoded = self.decode(blobs)
-                    t = time.perf_counter()
-                    tm["decode"] += t - t1
-                    q.put((decoded, keys))
-                q.put(None)
-            except BaseException as e:  # hand the failure to the consumer
-                q.put(e)
+                tm["decode"] += t - t1
+                yield out, keys
 
-        t = threading.Thread(target=produce, name="gpubatch-decode", daemon=True)
-        t.start()
+        it = prefetched(decoded(), prefetch)
         try:
             while True:
                 t0 = time.perf_counter()
-                item = q.get()
+                item = next(it, None)
                 t1 = time.perf_counter()
                 tm["decode_wait"] += t1 - t0
                 if item is None:
                     return
-                if isinstance(item, BaseException):
-                    raise item
                 out = self.process(*item)
                 tm["ops"] += time.perf_counter() - t1
                 yield out
         finally:
-            stop.set()
-            while t.is_alive():
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    t.join(0.05)
+            it.close()  # stops the decode and read threads when the consumer leaves early
 
 
 # --- convert's GPU path --------------------------------------------------------------------------------
@@ -438,7 +420,7 @@ def run_device(device: Device, reader: Reader, entries: list[Any], writer: Write
                router: ErrorRouter, workers: int, batch_size: int = 256, gpu_memory: Any = None,
                progress: Callable[[int], None] | None = None) -> None:
     """``convert`` on the GPU: read (threads) -> decode/resample/encode (GPU thread) -> write (caller)."""
-    from .executor import ordered_map, write_results
+    from .executor import ordered_map, prefetched, write_results
 
     stats = router.stats
     plan.validate(DEVICE)
@@ -452,40 +434,13 @@ def run_device(device: Device, reader: Reader, entries: list[Any], writer: Write
         stats.add(records_in=1, bytes_in=len(r.data))
         return r
 
-    q: queue.Queue = queue.Queue(maxsize=2)
-    stop = threading.Event()
-
-    def gpu_stage() -> None:
-        try:
-            engine.dev.use()
-            readers = min(workers, READ_THREADS)  # more Python threads starve the decoders of the GIL
-            for batch in _batches(ordered_map(read, entries, readers, window=batch_size * 2), batch_size):
-                if stop.is_set():
-                    return
-                q.put(_transform_batch(engine, plan, batch, stats))
-            q.put(None)
-        except BaseException as e:
-            q.put(e)
-
-    t = threading.Thread(target=gpu_stage, name="gpubatch-gpu", daemon=True)
-    t.start()
-
-    def results() -> Iterator[Record | RecordError]:
-        while True:
-            item = q.get()
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield from item
+    def gpu_stage() -> Iterator[list[Record | RecordError]]:
+        engine.dev.use()
+        readers = min(workers, READ_THREADS)  # more Python threads starve the decoders of the GIL
+        for batch in _batches(ordered_map(read, entries, readers, window=batch_size * 2), batch_size):
+            yield _transform_batch(engine, plan, batch, stats)
 
     try:
-        write_results(results(), writer, router, progress)
+        write_results((r for batch in prefetched(gpu_stage(), 2) for r in batch), writer, router, progress)
     finally:
-        stop.set()
-        while t.is_alive():
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                t.join(0.05)
         engine.close()
