@@ -94,7 +94,7 @@ def run_pipeline(name: str, args) -> dict:
         for i in range(0, limit, B):
             yield list(io.map(Path.read_bytes, files[i : i + B])), keys[i : i + B]
 
-    with ImagePipeline(ops, device=device, batch_size=B, seed=0) as pipe:
+    with ImagePipeline(ops, device=device, seed=0) as pipe:
         sync = pipe.engine.stream.synchronize if pipe.engine else (lambda: None)
         for _ in pipe.iterate(batches(min(len(files), 4 * B))):
             pass

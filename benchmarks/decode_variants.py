@@ -11,20 +11,18 @@ threads; with the CUDA share fixed. Prints images/s and the decoder's own stage 
 from __future__ import annotations
 
 import argparse
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from _data import DEFAULT_DATA, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=2048)
-    ap.add_argument("--data", default=str(ROOT / ".bench-data" / "mixed"))
+    ap.add_argument("--data", default=str(DEFAULT_DATA))
     args = ap.parse_args()
     import cupy as cp
 
@@ -33,13 +31,8 @@ def main() -> None:
     from gpubatch.engine.gpu_executor import GpuEngine, chain_windows
     from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
     from gpubatch.engine.plan import Plan
-    from gpubatch.synthetic import make_jpeg_set
-
-    make_jpeg_set(Path(args.data), args.images)
-    files = sorted(Path(args.data).rglob("*.jpg"))[: args.images]
-    blobs = list(ThreadPoolExecutor(16).map(Path.read_bytes, files))
-    batches = [blobs[i : i + 256] for i in range(0, len(blobs), 256)]
-    eng = GpuEngine(resolve("gpu"), batch_size=256, cpu_threads=16)
+    files, blobs, batches = load_blobs(args.data, args.images)
+    eng = GpuEngine(resolve("gpu"), cpu_threads=16)
     plan = Plan(ops=(RandomResizedCrop(224), Flip(), Normalize()))
 
     def run(dec: GpuImageDecoder, passes: int = 2) -> float:
@@ -101,16 +94,16 @@ def main() -> None:
     t.join()
 
     for threads in (4, 8):
-        d = GpuImageDecoder(0, 256, threads)
+        d = GpuImageDecoder(0, threads)
         report(f"CUDA decoder with {threads} threads", d, run(d))
         d.close()
     for share in (0.0, 0.25, 0.5):
-        d = GpuImageDecoder(0, 256, 8, cuda_share=share)
+        d = GpuImageDecoder(0, 8, cuda_share=share)
         d._step = 0.0
         d._adapt = lambda a, b: None
         report(f"fixed CUDA share {share}", d, run(d))
         d.close()
-    d = GpuImageDecoder(0, 256, 8, hw_decoder=False)
+    d = GpuImageDecoder(0, 8, hw_decoder=False)
     report("CUDA decoder only", d, run(d))
     d.close()
     print("cupy", cp.__version__)

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from _data import DEFAULT_DATA, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
 
 
 def rate(fn, batches, repeats=3) -> float:
@@ -37,7 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--data", default=str(ROOT / ".bench-data" / "mixed"))
+    ap.add_argument("--data", default=str(DEFAULT_DATA))
     args = ap.parse_args()
     import cupy as cp
     from nvidia import nvimgcodec as nic
@@ -48,13 +44,8 @@ def main() -> None:
     from gpubatch.engine.gpu_executor import GpuEngine, chain_windows
     from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
     from gpubatch.engine.plan import Plan
-    from gpubatch.synthetic import make_jpeg_set
-
-    make_jpeg_set(Path(args.data), args.images)
-    files = sorted(Path(args.data).rglob("*.jpg"))[: args.images]
-    blobs = list(ThreadPoolExecutor(16).map(Path.read_bytes, files))
     B = args.batch_size
-    batches = [blobs[i : i + B] for i in range(0, len(blobs), B)]
+    _, blobs, batches = load_blobs(args.data, args.images, B)
     subs = [jpeg_subsampling(b) for b in blobs]
     print("subsampling mix:", {s: subs.count(s) for s in set(subs)})
     stream = cp.cuda.Stream(non_blocking=True)
@@ -85,7 +76,7 @@ def main() -> None:
     del decoders
 
     dev = resolve("gpu")
-    eng = GpuEngine(dev, batch_size=B, cpu_threads=16)
+    eng = GpuEngine(dev, cpu_threads=16)
     dec: GpuImageDecoder = eng.decoder
 
     def routed(b):

@@ -129,6 +129,26 @@ def check_encoded(record: Record, max_pixels: int) -> None:
             raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
 
 
+def read_counted(reader: Reader, entry: Any, stats: RunStats) -> Record | RecordError:
+    """Read one entry, counting it in ``stats``; a bad entry comes back as its RecordError."""
+    try:
+        record = reader.read(entry)
+    except RecordError as e:
+        return e
+    stats.add(records_in=1, bytes_in=len(record.data))
+    return record
+
+
+def pass_through(record: Record, plan: Plan, stats: RunStats) -> Record | RecordError:
+    """A record whose bytes go out untouched, after :func:`check_encoded`."""
+    try:
+        check_encoded(record, plan.max_pixels)
+    except RecordError as e:
+        return e
+    stats.add(passthrough=1)
+    return record
+
+
 def transform_host(record: Record, plan: Plan, stats: RunStats) -> Record:
     """Decode, run the plan's ops and re-encode one record on the CPU."""
     try:
@@ -171,21 +191,17 @@ def run_host(
     plan.validate(HOST)
 
     def work(entry: Any) -> Record | RecordError:
-        try:
-            record = reader.read(entry)
-        except RecordError as e:
-            return e
-        stats.add(records_in=1, bytes_in=len(record.data))
-        try:
-            if plan.needs_decode(record.codec):
-                out = transform_host(record, plan, stats)
-                stats.add(transcoded=1)
-                return out
-            check_encoded(record, plan.max_pixels)
-            stats.add(passthrough=1)
+        record = read_counted(reader, entry, stats)
+        if isinstance(record, RecordError):
             return record
+        if not plan.needs_decode(record.codec):
+            return pass_through(record, plan, stats)
+        try:
+            out = transform_host(record, plan, stats)
         except RecordError as e:
             return e
+        stats.add(transcoded=1)
+        return out
 
     write_results(ordered_map(work, entries, workers), writer, router, progress)
 

@@ -64,7 +64,7 @@ def parse_memory(spec: str | int | float | None, total: int) -> int:
 class GpuEngine:
     """One GPU's decoder, encoder, kernel stream and memory cap."""
 
-    def __init__(self, device: Device, batch_size: int = 256, cpu_threads: int = 8,
+    def __init__(self, device: Device, cpu_threads: int = 8,
                  gpu_memory: str | int | float | None = None):
         import sys
 
@@ -86,7 +86,7 @@ class GpuEngine:
         cp.get_default_memory_pool().set_limit(size=self.memory_limit)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.cpu_threads = cpu_threads
-        self.decoder = GpuImageDecoder(device.index, batch_size, cpu_threads)
+        self.decoder = GpuImageDecoder(device.index, cpu_threads)
         self._encoder = None
 
     @property
@@ -203,7 +203,7 @@ class ImagePipeline:
     ``ring - 1`` more batches have been produced. Failed images are reported in ``last_errors``.
     """
 
-    def __init__(self, ops: Sequence[Op], device: Device | str = "auto", batch_size: int = 256, seed: int = 0,
+    def __init__(self, ops: Sequence[Op], device: Device | str = "auto", seed: int = 0,
                  gpu: int = 0, cpu_threads: int | None = None, gpu_memory: str | int | float | None = None,
                  max_pixels: int = 0, ring: int = 3):
         from .device import resolve
@@ -213,31 +213,31 @@ class ImagePipeline:
         self.device = device if isinstance(device, Device) else resolve(device, gpu)
         self.plan.validate(DEVICE if self.device.is_gpu else "host")
         self.cpu_threads = cpu_threads or default_workers()
-        self.engine = (GpuEngine(self.device, batch_size, self.cpu_threads, gpu_memory)
+        self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory)
                        if self.device.is_gpu else None)
         self._ring: list[Any] = [None] * ring
         self._slot = 0
         self.last_errors: list[tuple[int, str]] = []
         self.stats = {"images": 0, "gpu": 0, "hw": 0, "fallbacks": 0}
-        self._threads: Any = None
+        self._workers: Any = None
         # seconds spent per stage by iterate(): waiting for reads, decoding, waiting for decode, ops
         self.timings = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0, "ops": 0.0}
 
     def _pool(self):
         """The CPU path's worker processes (threads would serialize on the GIL between Pillow calls)."""
-        if self._threads is None:
+        if self._workers is None:
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor
 
             ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-            self._threads = ProcessPoolExecutor(max_workers=self.cpu_threads, mp_context=ctx)
-        return self._threads
+            self._workers = ProcessPoolExecutor(max_workers=self.cpu_threads, mp_context=ctx)
+        return self._workers
 
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
-        if self._threads is not None:
-            self._threads.shutdown(wait=True)
+        if self._workers is not None:
+            self._workers.shutdown(wait=True)
 
     def __enter__(self) -> ImagePipeline:
         return self
@@ -334,7 +334,7 @@ def _batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 def _transform_batch(engine: GpuEngine, plan: Plan, batch: list[Record | RecordError], stats) -> list[Record | RecordError]:
     """Decode, transform and re-encode one batch on the GPU; passthrough records are checked on the CPU."""
-    from .executor import check_encoded
+    from .executor import pass_through
 
     out: list[Record | RecordError] = list(batch)
     todo = []
@@ -344,11 +344,7 @@ def _transform_batch(engine: GpuEngine, plan: Plan, batch: list[Record | RecordE
         if plan.needs_decode(r.codec):
             todo.append(i)
         else:
-            try:
-                check_encoded(r, plan.max_pixels)
-                stats.add(passthrough=1)
-            except RecordError as e:
-                out[i] = e
+            out[i] = pass_through(r, plan, stats)
     if not todo:
         return out
     res = engine.decoder.decode([batch[i].data for i in todo], engine.stream, plan.max_pixels)
@@ -420,19 +416,14 @@ def run_device(device: Device, reader: Reader, entries: list[Any], writer: Write
                router: ErrorRouter, workers: int, batch_size: int = 256, gpu_memory: Any = None,
                progress: Callable[[int], None] | None = None) -> None:
     """``convert`` on the GPU: read (threads) -> decode/resample/encode (GPU thread) -> write (caller)."""
-    from .executor import ordered_map, prefetched, write_results
+    from .executor import ordered_map, prefetched, read_counted, write_results
 
     stats = router.stats
     plan.validate(DEVICE)
-    engine = GpuEngine(device, batch_size, workers, gpu_memory)
+    engine = GpuEngine(device, workers, gpu_memory)
 
     def read(entry: Any) -> Record | RecordError:
-        try:
-            r = reader.read(entry)
-        except RecordError as e:
-            return e
-        stats.add(records_in=1, bytes_in=len(r.data))
-        return r
+        return read_counted(reader, entry, stats)
 
     def gpu_stage() -> Iterator[list[Record | RecordError]]:
         engine.dev.use()

@@ -85,11 +85,6 @@ class Plan:
             h, w = op.out_hw(h, w, p)
         return params
 
-    def out_hw(self, h: int, w: int, params: list | None = None) -> tuple[int, int]:
-        for op, p in zip(self.ops, params or [None] * len(self.ops)):
-            h, w = op.out_hw(h, w, p)
-        return h, w
-
     def move_boxes(self, boxes: Boxes | None, h: int, w: int, params: list | None = None) -> tuple[Boxes | None, int]:
         """Boxes after the whole chain on an (h, w) image, and how many were dropped on the way."""
         dropped = 0

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 def engine():
     from gpubatch.engine.gpu_executor import GpuEngine
 
-    eng = GpuEngine(resolve("gpu"), batch_size=64, cpu_threads=4)
+    eng = GpuEngine(resolve("gpu"), cpu_threads=4)
     yield eng
     eng.close()
 
@@ -170,7 +170,7 @@ def test_batch_split_under_memory_cap(tmp_path):
 
     from gpubatch.engine.gpu_executor import GpuEngine, _resample_encode
 
-    eng = GpuEngine(resolve("gpu"), batch_size=16, cpu_threads=2, gpu_memory="64MiB")
+    eng = GpuEngine(resolve("gpu"), cpu_threads=2, gpu_memory="64MiB")
     try:
         imgs = [cp.asarray(photo(300, 300, seed=i)) for i in range(12)]
         wins = [Window(0.0, 0.2, 0.0, 0.2, 1500, 1500)] * 12  # upscaled: 12 x 6.75 MB of output > cap

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from ...errors import DependencyError
-from ...types import sniff_image_codec
 from . import image as host
 from .image import jpeg_header
 
@@ -155,8 +154,8 @@ class GpuImageDecoder:
     batch towards equal finishing times of the two decoders.
     """
 
-    def __init__(self, device_index: int = 0, batch_size: int = 256, cpu_threads: int = 8,
-                 hw_decoder: bool = True, cuda_share: float = 0.3):
+    def __init__(self, device_index: int = 0, cpu_threads: int = 8, hw_decoder: bool = True,
+                 cuda_share: float = 0.3):
         import os
 
         import cupy as cp
@@ -358,8 +357,3 @@ class GpuImageEncoder:
         hosts = [a.get(stream=stream) for a in arrays]
         stream.synchronize()
         return list(self._cpu.map(lambda a: host.encode(a, codec, quality), hosts))
-
-
-def is_gpu_decodable(data: bytes) -> bool:
-    """True when the header says the GPU decoders may take these bytes (a baseline/progressive JPEG)."""
-    return sniff_image_codec(data) == "jpeg" and jpeg_kind(data)[0] is not None
