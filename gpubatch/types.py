@@ -132,39 +132,50 @@ class Boxes:
     def affine(
         self, sx: float, sy: float, tx: float, ty: float, canvas: tuple[int, int], min_visible: float = 0.0
     ) -> tuple[Boxes, int]:
-        """Scale then translate every box (x' = sx * x + tx), clip to the new canvas.
+        """Scale then translate every box (x' = sx * x + tx): :meth:`warp` with a diagonal matrix."""
+        return self.warp(np.array([[sx, 0.0, tx], [0.0, sy, ty], [0.0, 0.0, 1.0]]), canvas, min_visible)
 
-        Boxes whose visible area falls to ``min_visible`` of their moved area or below (and empty boxes)
-        are dropped; polygon segmentations move the same way. Returns the new boxes and how many
-        were dropped.
+    def warp(self, matrix: np.ndarray, canvas: tuple[int, int], min_visible: float = 0.0) -> tuple[Boxes, int]:
+        """Move every box by a 3x3 projective map of pixel coordinates, then clip to the new canvas.
+
+        A box becomes the box enclosing its four moved corners (a mirror swaps them, a rotation grows
+        it). Boxes whose clipped area falls to ``min_visible`` of their moved area or below (and empty
+        boxes) are dropped; polygon segmentations move point by point and are clipped. Returns the new
+        boxes and how many were dropped.
         """
+        m = np.asarray(matrix, np.float64).reshape(3, 3)
         h, w = canvas
-        moved = self.xyxy * np.array([sx, sy, sx, sy], np.float32) + np.array([tx, ty, tx, ty], np.float32)
-        # a mirror (negative scale) swaps the corners
-        moved = np.stack([np.minimum(moved[:, 0], moved[:, 2]), np.minimum(moved[:, 1], moved[:, 3]),
-                          np.maximum(moved[:, 0], moved[:, 2]), np.maximum(moved[:, 1], moved[:, 3])], axis=1)
-        clipped = np.clip(moved, 0, np.array([w, h, w, h], np.float32))
+        x0, y0, x1, y1 = (self.xyxy[:, i].astype(np.float64) for i in range(4))
+        corners = np.stack([np.stack([x0, y0], 1), np.stack([x1, y0], 1), np.stack([x0, y1], 1),
+                            np.stack([x1, y1], 1)], 1)  # (N, 4, 2)
+        moved_pts = _project(m, corners.reshape(-1, 2)).reshape(-1, 4, 2)
+        moved = np.concatenate([moved_pts.min(1), moved_pts.max(1)], 1) if len(self) else np.zeros((0, 4))
+        clipped = np.clip(moved, 0, np.array([w, h, w, h], np.float64))
         area = (moved[:, 2] - moved[:, 0]) * (moved[:, 3] - moved[:, 1])
         vis = (clipped[:, 2] - clipped[:, 0]) * (clipped[:, 3] - clipped[:, 1])
         keep = (vis > 0) & (vis > min_visible * np.maximum(area, 1e-12))
+        scale = abs(float(np.linalg.det(m[:2, :2]))) / max(abs(float(m[2, 2])), 1e-12) ** 2
         extra = []
         for i in np.flatnonzero(keep):
             e = dict(self.extra[i])
             seg = e.get("segmentation")
             if isinstance(seg, list):
                 e["segmentation"] = [
-                    [
-                        float(min(max(v * (sx if j % 2 == 0 else sy) + (tx if j % 2 == 0 else ty), 0.0),
-                                  w if j % 2 == 0 else h))
-                        for j, v in enumerate(poly)
-                    ]
+                    np.clip(_project(m, np.asarray(poly, np.float64).reshape(-1, 2)), 0, [w, h]).reshape(-1).tolist()
                     for poly in seg
                 ]
             if "area" in e:
-                e["area"] = float(e["area"]) * abs(sx * sy)
+                e["area"] = float(e["area"]) * scale
             extra.append(e)
         out = Boxes(clipped[keep], self.labels[keep], canvas, self.iscrowd[keep], tuple(extra))
         return out, int((~keep).sum())
+
+
+def _project(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    """(N, 2) points through a 3x3 projective map."""
+    z = pts @ m[:2, :2].T + m[:2, 2]
+    d = pts @ m[2, :2] + m[2, 2]
+    return z / d[:, None]
 
 
 @dataclass(frozen=True)

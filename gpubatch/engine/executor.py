@@ -156,15 +156,10 @@ def transform_host(record: Record, plan: Plan, stats: RunStats) -> Record:
     except ValueError as e:
         raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
     h, w = pixels.shape[:2]
-    boxes = record.boxes
-    if boxes is not None and boxes.canvas != (h, w):
-        ch, cw = boxes.canvas
-        boxes, _ = boxes.affine(w / max(cw, 1), h / max(ch, 1), 0.0, 0.0, (h, w))
-    params = plan.draw(record.key, h, w)
     try:
+        params, boxes, dropped = plan.draw_and_move(record.key, h, w, record.boxes)
         for op, p in zip(plan.ops, params):
             pixels = get_kernel(op.name, HOST)(op, [pixels], [p])[0]
-        boxes, dropped = plan.move_boxes(boxes, h, w, params)
     except Exception as e:  # record boundary: any op failure is this record's error
         raise RecordError(record.key, record.origin, Stage.TRANSFORM, f"{type(e).__name__}: {e}") from None
     codec = plan.out_codec(record.codec)

@@ -85,6 +85,7 @@ class GpuEngine:
         self.memory_limit = parse_memory(gpu_memory, total)
         cp.get_default_memory_pool().set_limit(size=self.memory_limit)
         self.stream = cp.cuda.Stream(non_blocking=True)
+        self._null = cp.zeros(1, cp.uint64)  # stands for an unused pointer argument
         self.cpu_threads = cpu_threads
         self.decoder = GpuImageDecoder(device.index, cpu_threads)
         self._encoder = None
@@ -103,62 +104,96 @@ class GpuEngine:
         if self._encoder is not None:
             self._encoder.close()
 
-    def resample(self, arrays: Sequence[Any], windows: Sequence[Window], normalize: Normalize | None = None,
-                 out: Any = None) -> DeviceBatch:
-        """One fused launch: each ``arrays[i]`` (uint8 HWC CuPy array or DeviceImage) through ``windows[i]``,
-        then ``normalize``.
+    def _out_tables(self, out_hw: np.ndarray, per_pixel: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """Offsets (elements), first block per sample, total blocks and total elements of a packed output."""
+        n = len(out_hw)
+        pixels = out_hw[:, 0].astype(np.int64) * out_hw[:, 1]
+        sizes = pixels * per_pixel
+        blocks = -(-pixels // BLOCK)
+        offsets = np.zeros(n, np.int64)
+        first = np.zeros(n, np.int32)
+        if n:
+            offsets[1:] = np.cumsum(sizes)[:-1]
+            first[1:] = np.cumsum(blocks)[:-1]
+        return offsets, first, int(blocks.sum()), int(sizes.sum())
+
+    def resample(self, src: Any, windows: Sequence[Window], normalize: Normalize | None = None,
+                 out: Any = None, fill: Sequence[float] = (0.0, 0.0, 0.0)) -> DeviceBatch:
+        """One fused launch: image ``i`` of ``src`` (a :class:`Ragged`, or a list of DeviceImages / uint8 HWC
+        CuPy arrays) through ``windows[i]``, then ``normalize``; pixels outside the image read ``fill``.
 
         Output items are uint8 HWC unless ``normalize`` says otherwise; ``out`` may be a preallocated
         1-D buffer large enough for the whole batch (a ring slot).
         """
+        from .gpu_chain import Ragged
+
         cp = self.cp
-        n = len(arrays)
+        if not isinstance(src, Ragged):
+            src = Ragged.from_items(cp, src)
+        n = len(src)
         layout = normalize.layout if normalize else "HWC"
         dtype = normalize.dtype if normalize else "uint8"
-        norm = normalize.mul_add() if normalize else np.array([1, 1, 1, 0, 0, 0], np.float32)
-        in_ptr = np.empty(n, np.uint64)
-        in_shape = np.empty((n, 3), np.int32)
-        geo = np.empty((n, 4), np.float32)
-        out_shape = np.empty((n, 2), np.int32)
-        sizes = np.empty(n, np.int64)
-        blocks = np.empty(n, np.int32)
-        keep = []
-        for i, (a, win) in enumerate(zip(arrays, windows)):
-            if isinstance(a, cp.ndarray):
-                if a.strides[2] != 1 or a.strides[1] != 3:
-                    a = cp.ascontiguousarray(a)
-                    keep.append(a)
-                in_ptr[i] = a.data.ptr
-                in_shape[i] = (a.shape[0], a.shape[1], a.strides[0])
-            else:  # a DeviceImage straight from the decoder
-                in_ptr[i] = a.ptr
-                in_shape[i] = (a.shape[0], a.shape[1], a.row_stride)
-            geo[i] = win.as_array()
-            out_shape[i] = (win.oh, win.ow)
-            sizes[i] = win.oh * win.ow * 3
-            blocks[i] = -(-(win.oh * win.ow) // BLOCK)
-        offsets = np.zeros(n, np.int64)
-        if n:
-            offsets[1:] = np.cumsum(sizes)[:-1]
-        first_block = np.zeros(n, np.int32)
-        if n:
-            first_block[1:] = np.cumsum(blocks)[:-1]
-        total_blocks = int(blocks.sum()) if n else 0
-        total = int(sizes.sum()) if n else 0
+        norm = np.concatenate([normalize.mul_add() if normalize else np.array([1, 1, 1, 0, 0, 0], np.float32),
+                               np.asarray(fill, np.float32)]).astype(np.float32)
+        geo = np.array([w.as_array() for w in windows], np.float32).reshape(n, 4)
+        out_shape = np.array([(w.oh, w.ow) for w in windows], np.int32).reshape(n, 2)
+        offsets, first_block, total_blocks, total = self._out_tables(out_shape, 3)
         with self.stream:
             if out is None or out.size < total:
                 out = cp.empty(max(total, 1), dtype=dtype)
             shapes = [(int(oh), int(ow), 3) if layout == "HWC" else (3, int(oh), int(ow)) for oh, ow in out_shape]
             if n == 0:
-                return DeviceBatch(out, offsets, shapes, keep=keep)
+                return DeviceBatch(out, offsets, shapes, keep=list(src.keep))
             t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, t_norm = upload_tables(
-                cp, [in_ptr, in_shape, geo, out_shape, offsets, first_block, norm], self.stream)
+                cp, [src.ptr, src.shape, geo, out_shape, offsets, first_block, norm], self.stream)
             from .kernels import kernel
 
             fn = kernel("resample", f"resample_{_DTYPE_TAG[dtype]}_{layout.lower()}")
             fn((total_blocks,), (BLOCK,), (t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, np.int32(n),
                                           t_norm, out))
-        return DeviceBatch(out, offsets, shapes, keep=keep)
+        return DeviceBatch(out, offsets, shapes, keep=list(src.keep))
+
+    def step(self, src: Any, steps: Sequence[Any]) -> DeviceBatch:
+        """One launch of ``kernels/step.cu``: image ``i`` of ``src`` (a :class:`Ragged`) through ``steps[i]``
+        (a :class:`~gpubatch.engine.ops.pixel.Step`), with the per-image statistics its codes need."""
+        from .kernels import kernel
+        from .ops.pixel import NPRM, stats_needed
+
+        cp = self.cp
+        n = len(src)
+        prm = np.zeros((n, NPRM), np.float32)
+        out_shape = src.hw.astype(np.int32).copy()
+        flags = 0
+        for i, st in enumerate(steps):
+            prm[i, : len(st.prm)] = st.prm
+            if st.out_hw is not None:
+                out_shape[i] = st.out_hw
+            flags |= stats_needed(int(st.prm[0]))
+        offsets, first_block, total_blocks, total = self._out_tables(out_shape, 1)
+        offsets *= 3
+        in_first = self._out_tables(src.hw.astype(np.int32), 1)[1] if flags else first_block
+        in_blocks = int((-(-(src.hw[:, 0].astype(np.int64) * src.hw[:, 1]) // BLOCK)).sum()) if n else 0
+        shapes = [(int(h), int(w), 3) for h, w in out_shape]
+        with self.stream:
+            out = cp.empty(max(total * 3, 1), dtype=cp.uint8)
+            if n == 0:
+                return DeviceBatch(out, offsets, shapes)
+            t_ptr, t_shape, t_oshape, t_off, t_first, t_prm, t_in_first = upload_tables(
+                cp, [src.ptr, src.shape, out_shape, offsets, first_block, prm, in_first], self.stream)
+            gsum = minmax = lut = self._null
+            if flags:
+                gsum = cp.zeros(n, cp.uint64) if flags & 1 else self._null
+                minmax = (cp.asarray(np.tile(np.array([255, 255, 255, 0, 0, 0], np.int32), (n, 1)))
+                          if flags & 2 else self._null)
+                hist = cp.zeros((n, 768), cp.uint32) if flags & 4 else self._null
+                kernel("step", "stats_u8")((in_blocks,), (BLOCK,), (t_ptr, t_shape, t_in_first, np.int32(n),
+                                                                   np.int32(flags), gsum, minmax, hist))
+                if flags & 4:
+                    lut = cp.empty((n, 768), cp.uint8)
+                    kernel("step", "equalize_lut")((-(-3 * n // 128),), (128,), (hist, np.int32(n), lut))
+            kernel("step", "step_u8")((total_blocks,), (BLOCK,), (t_ptr, t_shape, t_oshape, t_off, t_first, np.int32(n),
+                                                                t_prm, gsum, minmax, lut, out))
+        return DeviceBatch(out, offsets, shapes, keep=list(src.keep))
 
 
 def _cpu_chain_one(plan: Plan, blob: bytes, key: str) -> tuple[Any, str | None]:
@@ -176,18 +211,14 @@ def _cpu_chain_one(plan: Plan, blob: bytes, key: str) -> tuple[Any, str | None]:
 
 
 def chain_windows(ops: Sequence[Op], params: Sequence[Any], h: int, w: int) -> tuple[Window, Normalize | None]:
-    """Fold a chain of geometric ops (and a trailing normalize) into one window on an (h, w) image."""
-    win = Window.identity(h, w)
-    norm = None
-    for op, p in zip(ops, params):
-        if isinstance(op, Normalize):
-            norm = op
-            continue
-        step = get_kernel(op.name, DEVICE)(op, win.oh, win.ow, p)
-        if step is None:
-            raise UsageError(f"op {op.name!r} cannot run inside the fused GPU resample")
-        win = win.then(step)
-    return win, norm
+    """Fold a chain of window ops (and a trailing normalize) into one window on an (h, w) image."""
+    from .gpu_chain import fold_windows
+
+    norm = ops[-1] if ops and isinstance(ops[-1], Normalize) else None
+    body = list(ops[:-1] if norm is not None else ops)
+    if any(op.kind != "window" for op in body):
+        raise UsageError("chain_windows: only window ops (crop, resize, flip, pad) fold into one resample")
+    return fold_windows(body, range(len(body)), params, h, w), norm
 
 
 class ImagePipeline:
@@ -265,18 +296,20 @@ class ImagePipeline:
             outs = [arr for arr, err in results if err is None]
             self.stats["images"] += len(outs)
             return outs
+        from .gpu_chain import Ragged, run_chain
+
         res = decoded
-        arrays, windows, norm = [], [], None
+        arrays, params = [], []
         for i, (a, key) in enumerate(zip(res.arrays, keys)):
             if a is None:
                 self.last_errors.append((i, res.errors[i] or "decode failed"))
                 continue
-            win, norm = chain_windows(self.plan.ops, self.plan.draw(key, a.shape[0], a.shape[1]), a.shape[0], a.shape[1])
             arrays.append(a)
-            windows.append(win)
+            params.append(self.plan.draw(key, a.shape[0], a.shape[1]))
         slot = self._slot
         self._slot = (self._slot + 1) % len(self._ring)
-        batch = self.engine.resample(arrays, windows, norm, out=self._ring[slot])
+        batch = run_chain(self.engine, self.plan.ops, Ragged.from_items(self.engine.cp, arrays), params,
+                          out=self._ring[slot])
         self._ring[slot] = batch.buffer
         batch.keep.extend(res.keep)  # the decoded images stay alive until the batch is dropped
         self.stats["images"] += len(arrays)
@@ -349,7 +382,7 @@ def _transform_batch(engine: GpuEngine, plan: Plan, batch: list[Record | RecordE
         return out
     res = engine.decoder.decode([batch[i].data for i in todo], engine.stream, plan.max_pixels)
     stats.add(fallbacks=res.fallbacks)
-    ok, arrays, windows, moved = [], [], [], []
+    ok, arrays, params_all, moved = [], [], [], []
     for j, i in enumerate(todo):
         r = batch[i]
         a = res.arrays[j]
@@ -357,22 +390,16 @@ def _transform_batch(engine: GpuEngine, plan: Plan, batch: list[Record | RecordE
             out[i] = RecordError(r.key, r.origin, Stage.DECODE, res.errors[j] or "decode failed")
             continue
         h, w = int(a.shape[0]), int(a.shape[1])
-        params = plan.draw(r.key, h, w)
-        boxes = r.boxes
-        if boxes is not None and boxes.canvas != (h, w):
-            ch, cw = boxes.canvas
-            boxes, _ = boxes.affine(w / max(cw, 1), h / max(ch, 1), 0.0, 0.0, (h, w))
-        boxes, dropped = plan.move_boxes(boxes, h, w, params)
+        params, boxes, dropped = plan.draw_and_move(r.key, h, w, r.boxes)
         if dropped:
             stats.add(boxes_dropped=dropped)
-        win, _ = chain_windows(plan.ops, params, h, w)
         ok.append(i)
         arrays.append(a)
-        windows.append(win)
+        params_all.append(params)
         moved.append(boxes)
     if not ok:
         return out
-    encoded = _resample_encode(engine, plan, [batch[i].codec for i in ok], arrays, windows)
+    encoded = _resample_encode(engine, plan, [batch[i].codec for i in ok], arrays, params_all)
     engine.stream.synchronize()
     del res  # the decoded images may be freed now that the kernels reading them are done
     for i, boxes, data in zip(ok, moved, encoded):
@@ -385,11 +412,13 @@ def _transform_batch(engine: GpuEngine, plan: Plan, batch: list[Record | RecordE
     return out
 
 
-def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: list, windows: list) -> list:
-    """Resample then encode; a batch that does not fit the memory cap is split in halves and retried."""
+def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: list, params: list) -> list:
+    """Run the chain then encode; a batch that does not fit the memory cap is split in halves and retried."""
+    from .gpu_chain import Ragged, run_chain
+
     cp = engine.cp
     try:
-        dev = engine.resample(arrays, windows)
+        dev = run_chain(engine, plan.ops, Ragged.from_items(cp, arrays), params)
         items = dev.items()
         results: list[Any] = [None] * len(items)
         by_codec: dict[str, list[int]] = {}
@@ -408,8 +437,8 @@ def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: l
         engine.stream.synchronize()
         cp.get_default_memory_pool().free_all_blocks()
         half = len(arrays) // 2
-        return (_resample_encode(engine, plan, codecs[:half], arrays[:half], windows[:half])
-                + _resample_encode(engine, plan, codecs[half:], arrays[half:], windows[half:]))
+        return (_resample_encode(engine, plan, codecs[:half], arrays[:half], params[:half])
+                + _resample_encode(engine, plan, codecs[half:], arrays[half:], params[half:]))
 
 
 def run_device(device: Device, reader: Reader, entries: list[Any], writer: Writer, plan: Plan,

@@ -9,7 +9,7 @@ from ..errors import UsageError
 from ..types import Boxes
 from .codecs.image import DEFAULT_MAX_PIXELS
 from .ops.base import Op
-from .registry import get_kernel
+from .registry import DEVICE, get_kernel
 
 IMAGE_FORMATS = ("keep", "jpeg", "png")
 _LOSSLESS = {"png", "bmp", "tiff"}
@@ -67,23 +67,42 @@ class Plan:
         return self.quality is not None and codec == "jpeg"
 
     def validate(self, backend: str) -> None:
-        """Check that every op has a kernel on ``backend`` (raises UsageError naming what exists)."""
+        """Check that every op can run on ``backend`` (raises UsageError naming what exists)."""
         for i, op in enumerate(self.ops):
-            get_kernel(op.name, backend)
+            if backend != DEVICE or op.kind == "custom":
+                get_kernel(op.name, backend)
             if op.name == "normalize" and i != len(self.ops) - 1:
                 raise UsageError("normalize must be the last op of a chain")
 
-    def draw(self, key: str, h: int, w: int) -> list:
-        """Per-op parameters of the record ``key`` with an (h, w) decoded image (same on CPU and GPU)."""
+    def draw(self, key: str, h: int, w: int, boxes: Boxes | None = None) -> list:
+        """Per-op parameters of the record ``key`` with an (h, w) decoded image (same on CPU and GPU).
+
+        ``boxes`` (on the decoded canvas) are followed through the chain for ops that look at them.
+        """
         from .rng import record_rng
 
         rng = record_rng(self.seed, key) if any(op.random for op in self.ops) else None
+        track = boxes is not None and any(op.needs_boxes for op in self.ops)
         params = []
         for op in self.ops:
-            p = op.make_params(h, w, rng) if op.random else None
+            p = op.make_params(h, w, rng, boxes) if op.random else None
             params.append(p)
+            if track:
+                boxes, _ = op.move_boxes(boxes, h, w, p, self.min_box_visibility)
             h, w = op.out_hw(h, w, p)
         return params
+
+    def draw_and_move(self, key: str, h: int, w: int, boxes: Boxes | None) -> tuple[list, Boxes | None, int]:
+        """Parameters, the boxes after the chain and how many were dropped, for a record decoded to (h, w).
+
+        Boxes annotated on another canvas (a resized source) are first scaled to the decoded size.
+        """
+        if boxes is not None and boxes.canvas != (h, w):
+            ch, cw = boxes.canvas
+            boxes, _ = boxes.affine(w / max(cw, 1), h / max(ch, 1), 0.0, 0.0, (h, w))
+        params = self.draw(key, h, w, boxes)
+        boxes, dropped = self.move_boxes(boxes, h, w, params)
+        return params, boxes, dropped
 
     def move_boxes(self, boxes: Boxes | None, h: int, w: int, params: list | None = None) -> tuple[Boxes | None, int]:
         """Boxes after the whole chain on an (h, w) image, and how many were dropped on the way."""

@@ -13,7 +13,7 @@ def module(name: str):
     """The compiled RawModule of ``<name>.cu`` (NVRTC compiles it once; CuPy caches it on disk too)."""
     import cupy
 
-    return cupy.RawModule(code=(_DIR / f"{name}.cu").read_text(), options=("-std=c++17",))
+    return cupy.RawModule(code=(_DIR / f"{name}.cu").read_text(), options=("-std=c++17", f"-I{_DIR}"))
 
 
 @functools.cache

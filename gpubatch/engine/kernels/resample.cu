@@ -5,28 +5,17 @@
 // antialiased bilinear: a triangle whose radius is max(|b|, 1) input pixels, taps outside the image
 // dropped and the weights renormalised, so a crop folded into the window reads real pixels beyond its
 // edge exactly as Pillow's resize(box=...) does. Output pixels whose centre falls outside the image are
-// zero (padding), matching crop-then-pad on the CPU.
-//
-// Blocks are laid out flat over the batch; a block finds its sample by binary search over the
-// first_block prefix table (DALI's slice kernels do the same), so small and large samples share one grid.
+// the fill colour (zero unless a pad says otherwise), matching crop-then-pad on the CPU.
 #include <cuda_fp16.h>
+#include "common.cuh"
 
 struct Geo {
     float ay, by, ax, bx;  // in_y = ay + by * (oy + 0.5); in_x = ax + bx * (ox + 0.5)
 };
 
-__device__ __forceinline__ int find_sample(const int* __restrict__ first_block, int n, int block) {
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {  // last s with first_block[s] <= block
-        int mid = (lo + hi + 1) >> 1;
-        if (first_block[mid] <= block) lo = mid; else hi = mid - 1;
-    }
-    return lo;
-}
-
 template <typename T> __device__ __forceinline__ T cvt(float v);
 template <> __device__ __forceinline__ unsigned char cvt<unsigned char>(float v) {
-    return (unsigned char)fminf(fmaxf(rintf(v), 0.f), 255.f);
+    return to_u8(v);
 }
 template <> __device__ __forceinline__ __half cvt<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ float cvt<float>(float v) { return v; }
@@ -39,7 +28,7 @@ __device__ void resample_impl(
     const int* __restrict__ out_shape,              // N x 2: out height, out width
     const long long* __restrict__ out_off,          // N: element offset of each sample's output
     const int* __restrict__ first_block,            // N: first block of each sample
-    int n, const float* __restrict__ norm,          // 6: mul[3], add[3] (out = v * mul + add)
+    int n, const float* __restrict__ norm,          // 9: mul[3], add[3] (out = v * mul + add), fill[3]
     T* __restrict__ out)
 {
     const int s = find_sample(first_block, n, blockIdx.x);
@@ -52,7 +41,7 @@ __device__ void resample_impl(
     const Geo g = geo[s];
     const float cy = g.ay + g.by * (oy + 0.5f);
     const float cx = g.ax + g.bx * (ox + 0.5f);
-    float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f;
+    float acc0 = norm[6], acc1 = norm[7], acc2 = norm[8];
     if (cy >= 0.f && cy < (float)ih && cx >= 0.f && cx < (float)iw) {
         const float ry = fmaxf(fabsf(g.by), 1.f), rx = fmaxf(fabsf(g.bx), 1.f);
         // Pillow: taps [int(c - r + 0.5), int(c + r + 0.5)), weight tri((t + 0.5 - c) / r)
@@ -81,10 +70,10 @@ __device__ void resample_impl(
         }
         const float inv = 1.f / fmaxf(wy_sum * wx_sum, 1e-20f);
         acc0 *= inv; acc1 *= inv; acc2 *= inv;
-        acc0 = fmaf(acc0, norm[0], norm[3]);
-        acc1 = fmaf(acc1, norm[1], norm[4]);
-        acc2 = fmaf(acc2, norm[2], norm[5]);
     }
+    acc0 = fmaf(acc0, norm[0], norm[3]);
+    acc1 = fmaf(acc1, norm[1], norm[4]);
+    acc2 = fmaf(acc2, norm[2], norm[5]);
     T* o = out + out_off[s];
     if (CHW) {
         const int plane = oh * ow;

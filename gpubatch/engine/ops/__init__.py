@@ -6,10 +6,36 @@ Every op module registers its kernels on import; :data:`OPS` maps op names to cl
 from __future__ import annotations
 
 from .base import OPS, Op, Window
-from .geometry import CenterCrop, Flip, RandomResizedCrop, Resize, ResizeShorter
+from .codec import JpegQuality
+from .geometry import CenterCrop, Expand, Flip, Pad, RandomIoUCrop, RandomResizedCrop, Resize, ResizeShorter
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from .pixel import (
+                    AutoContrast,
+                    Brightness,
+                    ColorJitter,
+                    Contrast,
+                    Equalize,
+                    GaussianBlur,
+                    GaussianNoise,
+                    Grayscale,
+                    Hue,
+                    Invert,
+                    PhotometricDistort,
+                    Posterize,
+                    RandomErasing,
+                    Saturation,
+                    Sharpness,
+                    Solarize,
+                    Step,
+                    StepOp,
+)
+from .policies import AutoAugment, RandAugment, TrivialAugment
+from .warp import Affine, Perspective, Rotate, Rotate90
 
 __all__ = [
-    "IMAGENET_MEAN", "IMAGENET_STD", "OPS", "CenterCrop", "Flip", "Normalize", "Op", "RandomResizedCrop",
-    "Resize", "ResizeShorter", "Window",
+    "IMAGENET_MEAN", "IMAGENET_STD", "OPS", "Affine", "AutoAugment", "AutoContrast", "Brightness", "CenterCrop",
+    "ColorJitter", "Contrast", "Equalize", "Expand", "Flip", "GaussianBlur", "GaussianNoise", "Grayscale", "Hue",
+    "Invert", "JpegQuality", "Normalize", "Op", "Pad", "Perspective", "PhotometricDistort", "Posterize",
+    "RandAugment", "RandomErasing", "RandomIoUCrop", "RandomResizedCrop", "Resize", "ResizeShorter", "Rotate",
+    "Rotate90", "Saturation", "Sharpness", "Solarize", "Step", "StepOp", "TrivialAugment", "Window",
 ]

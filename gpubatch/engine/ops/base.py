@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ...errors import UsageError
 from ...types import Boxes
 
 OPS: dict[str, type[Op]] = {}
@@ -56,14 +57,20 @@ class Op:
     name: ClassVar[str] = ""
     moves_boxes: ClassVar[bool] = False
     random: ClassVar[bool] = False
+    # how the GPU runs it: "window" (folded into the fused resample), "step" (per-sample programs of
+    # kernels/step.cu), "normalize" (the resample's store) or "custom" (its own device kernel)
+    kind: ClassVar[str] = "window"
+    needs_boxes: ClassVar[bool] = False  # make_params looks at the record's boxes
+    pads: ClassVar[bool] = False  # a window op that may show pixels outside the image (its ``fill``)
 
     def __init_subclass__(cls, **kw: object) -> None:
         super().__init_subclass__(**kw)
         if cls.name:
             OPS[cls.name] = cls
 
-    def make_params(self, h: int, w: int, rng: Any) -> Any:
-        """Per-record parameters for an (h, w) input (None for deterministic ops)."""
+    def make_params(self, h: int, w: int, rng: Any, boxes: Boxes | None = None) -> Any:
+        """Per-record parameters for an (h, w) input (None for deterministic ops); ``boxes`` are the
+        record's boxes at this point of the chain (passed to ops with ``needs_boxes``)."""
         return None
 
     def window(self, h: int, w: int, params: Any = None) -> Window | None:
@@ -84,3 +91,58 @@ class Op:
         # invert in = a + b * out  ->  out = (in - a) / b
         sx, sy = 1.0 / win.bx, 1.0 / win.by
         return boxes.affine(sx, sy, -win.ax * sx, -win.ay * sy, (win.oh, win.ow), min_visible)
+
+
+# --- parameter checks shared by the op modules (one-line UsageErrors) ----------------------------------
+
+
+def positive(name: str, value: Any) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+        raise UsageError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def pair(name: str, value: Any, low: float, high: float) -> tuple[float, float]:
+    """A (min, max) pair within [low, high]."""
+    try:
+        a, b = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} must be two numbers (min, max), got {value!r}") from None
+    if not (low <= a <= b <= high):
+        raise UsageError(f"{name} must satisfy {low} <= min <= max <= {high}, got ({a}, {b})")
+    return a, b
+
+
+def spread(name: str, value: Any, center: float | None, low: float, high: float) -> tuple[float, float]:
+    """A range given as (min, max), or as one number ``x`` meaning ``center -/+ x`` (``x, x`` without a
+    centre), as torchvision's ColorJitter and RandomRotation read theirs."""
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        x = float(value)
+        if center is None:
+            return pair(name, (x, x), low, high)
+        if x < 0:
+            raise UsageError(f"{name} must be >= 0, got {x}")
+        return pair(name, (max(center - x, low), center + x), low, high)
+    return pair(name, value, low, high)
+
+
+def probability(name: str, value: Any) -> float:
+    try:
+        p = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} must be a number within [0, 1], got {value!r}") from None
+    if not 0.0 <= p <= 1.0:
+        raise UsageError(f"{name} must be within [0, 1], got {p}")
+    return p
+
+
+def colour(name: str, value: Any) -> tuple[float, float, float]:
+    """A fill colour: one level for all channels or three (0-255)."""
+    vals = [value] * 3 if isinstance(value, (int, float, np.integer, np.floating)) else list(value)
+    try:
+        out = tuple(float(v) for v in vals)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} must be a level or three levels 0-255, got {value!r}") from None
+    if len(out) != 3 or not all(0.0 <= v <= 255.0 for v in out):
+        raise UsageError(f"{name} must be a level or three levels 0-255, got {value!r}")
+    return out  # type: ignore[return-value]

@@ -1,4 +1,4 @@
-"""Geometry ops: resize, resize-shorter, center crop, random resized crop, flip.
+"""Geometry ops: resize, resize-shorter, center crop, random resized crop, flip, pad, expand, IoU crop.
 
 Images are uint8 HWC RGB. Resampling is bilinear, antialiased when downscaling (a triangle filter
 whose radius grows with the scale factor, as Pillow, DALI and torchvision's ``antialias=True`` do).
@@ -21,24 +21,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import UsageError
-from ..registry import DEVICE, HOST, register_kernel
-from .base import Op, Window
-
-
-def _positive(name: str, value: int) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
-        raise UsageError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _pair(name: str, value: Any, low: float, high: float) -> tuple[float, float]:
-    try:
-        a, b = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{name} must be two numbers (min, max), got {value!r}") from None
-    if not (low <= a <= b <= high):
-        raise UsageError(f"{name} must satisfy {low} <= min <= max <= {high}, got ({a}, {b})")
-    return a, b
+from ..registry import HOST, register_kernel
+from .base import Op, Window, colour, pair, positive, probability
 
 
 @dataclass(frozen=True)
@@ -51,8 +35,8 @@ class Resize(Op):
     moves_boxes = True
 
     def __post_init__(self) -> None:
-        _positive("resize height", self.height)
-        _positive("resize width", self.width)
+        positive("resize height", self.height)
+        positive("resize width", self.width)
 
     def window(self, h: int, w: int, params: Any = None) -> Window:
         return Window(0.0, h / self.height, 0.0, w / self.width, self.height, self.width)
@@ -67,7 +51,7 @@ class ResizeShorter(Op):
     moves_boxes = True
 
     def __post_init__(self) -> None:
-        _positive("resize-shorter size", self.size)
+        positive("resize-shorter size", self.size)
 
     def window(self, h: int, w: int, params: Any = None) -> Window:
         if h <= w:
@@ -84,9 +68,10 @@ class CenterCrop(Op):
     size: int
     name = "center_crop"
     moves_boxes = True
+    pads = True
 
     def __post_init__(self) -> None:
-        _positive("center-crop size", self.size)
+        positive("center-crop size", self.size)
 
     def origin(self, h: int, w: int) -> tuple[int, int]:
         """Top-left (y, x) of the crop in input coordinates (negative when padding)."""
@@ -114,11 +99,11 @@ class RandomResizedCrop(Op):
 
     def __post_init__(self) -> None:
         size = (self.size, self.size) if isinstance(self.size, (int, np.integer)) else tuple(self.size)
-        object.__setattr__(self, "size", (_positive("size", size[0]), _positive("size", size[1])))
-        object.__setattr__(self, "scale", _pair("scale", self.scale, 1e-6, 1.0))
-        object.__setattr__(self, "ratio", _pair("ratio", self.ratio, 1e-3, 1e3))
+        object.__setattr__(self, "size", (positive("size", size[0]), positive("size", size[1])))
+        object.__setattr__(self, "scale", pair("scale", self.scale, 1e-6, 1.0))
+        object.__setattr__(self, "ratio", pair("ratio", self.ratio, 1e-3, 1e3))
 
-    def make_params(self, h: int, w: int, rng: Any) -> tuple[int, int, int, int]:
+    def make_params(self, h: int, w: int, rng: Any, boxes: Any = None) -> tuple[int, int, int, int]:
         """(top, left, height, width) of the window."""
         area = h * w
         log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
@@ -158,10 +143,9 @@ class Flip(Op):
     random = True
 
     def __post_init__(self) -> None:
-        if not 0.0 <= float(self.p) <= 1.0:
-            raise UsageError(f"flip p must be within [0, 1], got {self.p}")
+        object.__setattr__(self, "p", probability("flip p", self.p))
 
-    def make_params(self, h: int, w: int, rng: Any) -> tuple[bool, bool]:
+    def make_params(self, h: int, w: int, rng: Any, boxes: Any = None) -> tuple[bool, bool]:
         hf = bool(rng.random() < self.p) if self.horizontal else False
         vf = bool(rng.random() < self.p) if self.vertical else False
         return hf, vf
@@ -170,6 +154,142 @@ class Flip(Op):
         hf, vf = params if params is not None else (self.horizontal, self.vertical)
         return Window(float(h) if vf else 0.0, -1.0 if vf else 1.0, float(w) if hf else 0.0,
                       -1.0 if hf else 1.0, h, w)
+
+
+@dataclass(frozen=True)
+class Pad(Op):
+    """Pad by ``padding`` pixels: one number for all sides, (left/right, top/bottom) or (left, top, right,
+    bottom), with ``fill`` (a level or three), as torchvision's Pad."""
+
+    padding: Any = 4
+    fill: Any = 0
+    name = "pad"
+    moves_boxes = True
+    pads = True
+
+    def __post_init__(self) -> None:
+        pd = (self.padding,) * 4 if isinstance(self.padding, (int, np.integer)) else tuple(self.padding)
+        if len(pd) == 2:
+            pd = (pd[0], pd[1], pd[0], pd[1])
+        if len(pd) != 4 or any(not isinstance(v, (int, np.integer)) or v < 0 for v in pd):
+            raise UsageError(f"pad padding must be 1, 2 or 4 integers >= 0, got {self.padding!r}")
+        object.__setattr__(self, "padding", tuple(int(v) for v in pd))
+        object.__setattr__(self, "fill", colour("pad fill", self.fill))
+
+    def window(self, h: int, w: int, params: Any = None) -> Window:
+        left, top, right, bottom = self.padding
+        return Window(float(-top), 1.0, float(-left), 1.0, h + top + bottom, w + left + right)
+
+
+@dataclass(frozen=True)
+class Expand(Op):
+    """Zoom out (SSD's expand, torchvision's RandomZoomOut): with probability ``p``, place the image at a
+    random spot of a canvas ``side_range`` times larger, filled with ``fill``."""
+
+    side_range: Any = (1.0, 4.0)
+    fill: Any = (124, 116, 104)
+    p: float = 0.5
+    name = "expand"
+    moves_boxes = True
+    random = True
+    pads = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "side_range", pair("expand side_range", self.side_range, 1.0, 16.0))
+        object.__setattr__(self, "fill", colour("expand fill", self.fill))
+        object.__setattr__(self, "p", probability("expand p", self.p))
+
+    def make_params(self, h: int, w: int, rng: Any, boxes: Any = None) -> tuple[int, int, int, int] | None:
+        """(top, left, canvas height, canvas width), or None when not applied."""
+        if rng.random() >= self.p:
+            return None
+        r = rng.uniform(*self.side_range)
+        ch, cw = int(h * r), int(w * r)
+        return int((ch - h) * rng.random()), int((cw - w) * rng.random()), ch, cw
+
+    def window(self, h: int, w: int, params: Any = None) -> Window:
+        if params is None:
+            return Window.identity(h, w)
+        top, left, ch, cw = params
+        return Window(float(-top), 1.0, float(-left), 1.0, ch, cw)
+
+
+IOU_OPTIONS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
+
+
+@dataclass(frozen=True)
+class RandomIoUCrop(Op):
+    """SSD's random crop (torchvision's RandomIoUCrop): pick a minimum IoU from ``options`` (1.0 = no crop),
+    then try up to ``trials`` windows of side ``scale`` x the image and aspect ``ratio`` until one keeps
+    a box centre and overlaps some box by that IoU. Boxes whose centre leaves the crop are dropped."""
+
+    scale: Any = (0.3, 1.0)
+    ratio: Any = (0.5, 2.0)
+    options: Any = IOU_OPTIONS
+    trials: int = 40
+    name = "random_iou_crop"
+    moves_boxes = True
+    random = True
+    needs_boxes = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scale", pair("random_iou_crop scale", self.scale, 1e-3, 1.0))
+        object.__setattr__(self, "ratio", pair("random_iou_crop ratio", self.ratio, 1e-3, 1e3))
+        try:
+            opts = tuple(float(v) for v in self.options)
+        except (TypeError, ValueError):
+            raise UsageError(f"random_iou_crop options must be numbers, got {self.options!r}") from None
+        if not opts:
+            raise UsageError("random_iou_crop options must not be empty")
+        object.__setattr__(self, "options", opts)
+        positive("random_iou_crop trials", self.trials)
+
+    def make_params(self, h: int, w: int, rng: Any, boxes: Any = None) -> tuple[int, int, int, int] | None:
+        """(top, left, height, width) of the crop, or None for the whole image."""
+        xyxy = boxes.xyxy.astype(np.float64) if boxes is not None and len(boxes) else None
+        for _ in range(50):
+            min_iou = self.options[int(rng.integers(0, len(self.options)))]
+            if min_iou >= 1.0:
+                return None
+            for _ in range(self.trials):
+                cw = int(w * rng.uniform(*self.scale))
+                ch = int(h * rng.uniform(*self.scale))
+                if ch == 0 or not self.ratio[0] <= cw / ch <= self.ratio[1]:
+                    continue
+                left, top = int((w - cw) * rng.random()), int((h - ch) * rng.random())
+                if cw == 0:
+                    continue
+                if xyxy is None:
+                    return top, left, ch, cw
+                cx, cy = (xyxy[:, 0] + xyxy[:, 2]) / 2, (xyxy[:, 1] + xyxy[:, 3]) / 2
+                inside = (left < cx) & (cx < left + cw) & (top < cy) & (cy < top + ch)
+                if not inside.any():
+                    continue
+                b = xyxy[inside]
+                iw = np.clip(np.minimum(b[:, 2], left + cw) - np.maximum(b[:, 0], left), 0, None)
+                ih = np.clip(np.minimum(b[:, 3], top + ch) - np.maximum(b[:, 1], top), 0, None)
+                inter = iw * ih
+                union = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1]) + cw * ch - inter
+                if (inter / np.maximum(union, 1e-12)).max() >= min_iou:
+                    return top, left, ch, cw
+        return None
+
+    def window(self, h: int, w: int, params: Any = None) -> Window:
+        if params is None:
+            return Window.identity(h, w)
+        top, left, ch, cw = params
+        return Window(float(top), 1.0, float(left), 1.0, ch, cw)
+
+    def move_boxes(self, boxes: Any, h: int, w: int, params: Any = None, min_visible: float = 0.0) -> tuple[Any, int]:
+        if boxes is None or params is None or not len(boxes):
+            return boxes, 0
+        top, left, ch, cw = params
+        cx, cy = (boxes.xyxy[:, 0] + boxes.xyxy[:, 2]) / 2, (boxes.xyxy[:, 1] + boxes.xyxy[:, 3]) / 2
+        inside = (left < cx) & (cx < left + cw) & (top < cy) & (cy < top + ch)
+        kept = type(boxes)(boxes.xyxy[inside], boxes.labels[inside], boxes.canvas, boxes.iscrowd[inside],
+                           tuple(e for e, k in zip(boxes.extra, inside) if k))
+        out, dropped = super().move_boxes(kept, h, w, params, min_visible)
+        return out, dropped + int((~inside).sum())
 
 
 # --- host kernel (Pillow / NumPy): the reference of the fused GPU resample ----------------------------
@@ -185,11 +305,11 @@ def _axis_span(a: float, b: float, n_out: int, n_in: int) -> tuple[int, int]:
     return lo, hi
 
 
-def resample_cpu(img: np.ndarray, win: Window) -> np.ndarray:
+def resample_cpu(img: np.ndarray, win: Window, fill: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> np.ndarray:
     """Apply a window to one uint8 HWC image with Pillow's antialiased bilinear filter.
 
     The crop is folded into the resize as a box (Pillow reads real pixels beyond the box edge, as the
-    GPU kernel does); output pixels whose centre falls outside the image are zero.
+    GPU kernel does); output pixels whose centre falls outside the image are ``fill``.
     """
     from PIL import Image
 
@@ -197,12 +317,13 @@ def resample_cpu(img: np.ndarray, win: Window) -> np.ndarray:
     if win == Window.identity(h, w):
         return img
     if win.by == 1.0 and win.bx == 1.0 and float(win.ay).is_integer() and float(win.ax).is_integer():
-        return crop_pad_cpu(img, int(win.ay), int(win.ax), win.oh, win.ow)  # a pure crop: no filter
+        return crop_pad_cpu(img, int(win.ay), int(win.ax), win.oh, win.ow, fill)  # a pure crop: no filter
     by, ay = (win.by, win.ay) if win.by > 0 else (-win.by, win.ay + win.by * win.oh)
     bx, ax = (win.bx, win.ax) if win.bx > 0 else (-win.bx, win.ax + win.bx * win.ow)
     y0, y1 = _axis_span(ay, by, win.oh, h)
     x0, x1 = _axis_span(ax, bx, win.ow, w)
-    out = np.zeros((win.oh, win.ow, img.shape[2]), np.uint8)
+    out = np.empty((win.oh, win.ow, img.shape[2]), np.uint8)
+    out[:] = np.asarray(fill, np.float32).round().astype(np.uint8)
     if y1 > y0 and x1 > x0:
         box = (max(ax + bx * x0, 0.0), max(ay + by * y0, 0.0), min(ax + bx * x1, float(w)),
                min(ay + by * y1, float(h)))
@@ -221,12 +342,14 @@ def resize_cpu(img: np.ndarray, height: int, width: int) -> np.ndarray:
     return resample_cpu(img, Window(0.0, h / height, 0.0, w / width, height, width))
 
 
-def crop_pad_cpu(img: np.ndarray, y0: int, x0: int, height: int, width: int) -> np.ndarray:
-    """The window [y0, y0 + height) x [x0, x0 + width), zero where it leaves the image."""
+def crop_pad_cpu(img: np.ndarray, y0: int, x0: int, height: int, width: int,
+                 fill: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> np.ndarray:
+    """The window [y0, y0 + height) x [x0, x0 + width), ``fill`` where it leaves the image."""
     h, w = img.shape[:2]
     if 0 <= y0 and 0 <= x0 and y0 + height <= h and x0 + width <= w:
         return img[y0 : y0 + height, x0 : x0 + width]
-    out = np.zeros((height, width, *img.shape[2:]), img.dtype)
+    out = np.empty((height, width, *img.shape[2:]), img.dtype)
+    out[:] = np.asarray(fill, np.float32).round().astype(img.dtype)
     sy0, sx0 = max(y0, 0), max(x0, 0)
     sy1, sx1 = min(y0 + height, h), min(x0 + width, w)
     if sy1 > sy0 and sx1 > sx0:
@@ -235,14 +358,10 @@ def crop_pad_cpu(img: np.ndarray, y0: int, x0: int, height: int, width: int) -> 
 
 
 def _geometry_host(op: Op, images: list[np.ndarray], params: list[Any]) -> list[np.ndarray]:
-    return [resample_cpu(im, op.window(im.shape[0], im.shape[1], p)) for im, p in zip(images, params)]
+    fill = getattr(op, "fill", (0.0, 0.0, 0.0))
+    return [resample_cpu(im, op.window(im.shape[0], im.shape[1], p), fill) for im, p in zip(images, params)]
 
 
-def _geometry_device(op: Op, h: int, w: int, params: Any) -> Window:
-    """Device side: geometric ops are folded into the fused resample launch as windows."""
-    return op.window(h, w, params)
-
-
-for _name in ("resize", "resize_shorter", "center_crop", "random_resized_crop", "flip"):
+for _name in ("resize", "resize_shorter", "center_crop", "random_resized_crop", "flip", "pad", "expand",
+              "random_iou_crop"):
     register_kernel(_name, HOST)(_geometry_host)
-    register_kernel(_name, DEVICE)(_geometry_device)

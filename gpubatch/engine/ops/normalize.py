@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import UsageError
-from ..registry import DEVICE, HOST, register_kernel
+from ..registry import HOST, register_kernel
 from .base import Op
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -30,6 +30,7 @@ class Normalize(Op):
     layout: str = "CHW"
     dtype: str = "float16"
     name = "normalize"
+    kind = "normalize"
 
     def __post_init__(self) -> None:
         if len(self.mean) != 3 or len(self.std) != 3 or any(float(s) <= 0 for s in self.std):
@@ -63,8 +64,3 @@ def normalize_cpu(img: np.ndarray, op: Normalize) -> np.ndarray:
 def _normalize_host(op: Normalize, images: list[np.ndarray], params: list[Any]) -> list[np.ndarray]:
     return [normalize_cpu(im, op) for im in images]
 
-
-@register_kernel("normalize", DEVICE)
-def _normalize_device(op: Normalize) -> np.ndarray:
-    """Device side: the resample launch's store stage takes these six constants."""
-    return op.mul_add()
