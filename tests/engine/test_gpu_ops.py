@@ -7,11 +7,41 @@ import numpy as np
 import pytest
 
 from gpubatch.engine.device import resolve
-from gpubatch.engine.ops import (Affine, AutoAugment, AutoContrast, Brightness, CenterCrop, ColorJitter, Contrast,
-                                 Equalize, Expand, Flip, GaussianBlur, GaussianNoise, Grayscale, Hue, Invert,
-                                 JpegQuality, Normalize, Pad, Perspective, PhotometricDistort, Posterize, RandAugment,
-                                 RandomErasing, RandomIoUCrop, RandomResizedCrop, Resize, ResizeShorter, Rotate,
-                                 Rotate90, Saturation, Sharpness, Solarize, TrivialAugment)
+from gpubatch.engine.ops import (
+    Affine,
+    AutoAugment,
+    AutoContrast,
+    Brightness,
+    CenterCrop,
+    ColorJitter,
+    Contrast,
+    Equalize,
+    Expand,
+    Flip,
+    GaussianBlur,
+    GaussianNoise,
+    Grayscale,
+    Hue,
+    Invert,
+    JpegQuality,
+    Normalize,
+    Pad,
+    Perspective,
+    PhotometricDistort,
+    Posterize,
+    RandAugment,
+    RandomErasing,
+    RandomIoUCrop,
+    RandomResizedCrop,
+    Resize,
+    ResizeShorter,
+    Rotate,
+    Rotate90,
+    Saturation,
+    Sharpness,
+    Solarize,
+    TrivialAugment,
+)
 from gpubatch.engine.ops.normalize import normalize_cpu
 from gpubatch.engine.plan import Plan
 from gpubatch.engine.registry import HOST, get_kernel

@@ -7,10 +7,35 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance, ImageOps
 
-from gpubatch.engine.ops import (OPS, Affine, AutoAugment, AutoContrast, Brightness, ColorJitter, Contrast, Equalize,
-                                 Expand, Flip, GaussianBlur, GaussianNoise, Grayscale, Hue, Invert, Pad, Perspective,
-                                 Posterize, RandAugment, RandomErasing, RandomIoUCrop, Rotate, Rotate90, Saturation,
-                                 Sharpness, Solarize, TrivialAugment)
+from gpubatch.engine.ops import (
+    OPS,
+    Affine,
+    AutoAugment,
+    AutoContrast,
+    Brightness,
+    ColorJitter,
+    Contrast,
+    Equalize,
+    Expand,
+    Flip,
+    GaussianBlur,
+    GaussianNoise,
+    Grayscale,
+    Hue,
+    Invert,
+    Pad,
+    Perspective,
+    Posterize,
+    RandAugment,
+    RandomErasing,
+    RandomIoUCrop,
+    Rotate,
+    Rotate90,
+    Saturation,
+    Sharpness,
+    Solarize,
+    TrivialAugment,
+)
 from gpubatch.engine.ops.pixel import run_steps_host
 from gpubatch.engine.plan import Plan
 from gpubatch.engine.registry import HOST, get_kernel
