@@ -78,7 +78,7 @@ OPS = {
     "trivialaugment": ((TrivialAugment(),), 2),
     "autoaugment": ((AutoAugment(),), 2),
     "photometric_distort": ((PhotometricDistort(p=1.0),), 2),
-    "mixed_chain": ((Rotate(degrees=10), ColorJitter(0.3, 0.3), Pad(padding=2), Resize(64, 80), Equalize()), 2),
+    "mixed_chain": ((Rotate(degrees=10), ColorJitter(0.3, 0.3), Equalize(), Resize(64, 80), Pad(padding=2)), 3),
     "step_then_normalize": ((GaussianBlur(kernel_size=3), Normalize(layout="CHW", dtype="float32")), 0.02),
 }
 

@@ -41,13 +41,14 @@ __device__ void resample_impl(
     const Geo g = geo[s];
     const float cy = g.ay + g.by * (oy + 0.5f);
     const float cx = g.ax + g.bx * (ox + 0.5f);
-    float acc0 = norm[6], acc1 = norm[7], acc2 = norm[8];
+    float acc0 = norm[6], acc1 = norm[7], acc2 = norm[8];  // the fill, unless the centre is inside
     if (cy >= 0.f && cy < (float)ih && cx >= 0.f && cx < (float)iw) {
         const float ry = fmaxf(fabsf(g.by), 1.f), rx = fmaxf(fabsf(g.bx), 1.f);
         // Pillow: taps [int(c - r + 0.5), int(c + r + 0.5)), weight tri((t + 0.5 - c) / r)
         const int y0 = max((int)floorf(cy - ry + 0.5f), 0), y1 = min((int)floorf(cy + ry + 0.5f), ih);
         const int x0 = max((int)floorf(cx - rx + 0.5f), 0), x1 = min((int)floorf(cx + rx + 0.5f), iw);
         const float iry = 1.f / ry, irx = 1.f / rx;
+        acc0 = acc1 = acc2 = 0.f;
         float wx_sum = 0.f;
         for (int x = x0; x < x1; ++x) wx_sum += fmaxf(0.f, 1.f - fabsf((x + 0.5f - cx) * irx));
         float wy_sum = 0.f;
