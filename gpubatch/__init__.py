@@ -16,6 +16,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "convert": ("gpubatch.api", "convert"),
+    "augment": ("gpubatch.api", "augment"),
+    "AugmentRequest": ("gpubatch.api", "AugmentRequest"),
     "info": ("gpubatch.api", "info"),
     "open_dataset": ("gpubatch.api", "open_dataset"),
     "ConvertRequest": ("gpubatch.api", "ConvertRequest"),

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from typing import Any
 
 from ._paths import check_output, staged_output
 from .engine.device import Device, DeviceKind, resolve
+from .engine.registry import DEVICE, HOST
 from .errors import ErrorPolicy, ErrorRouter, GpubatchError, RunStats, UsageError
 from .formats import get_format, open_reader
 from .formats.base import Reader, WriteOptions, Writer
@@ -176,19 +178,26 @@ def convert(
         device = Device(DeviceKind.CPU, reason="no pixel option: encoded bytes pass through untouched")
     if on_device:
         on_device(device)
+    return _execute(req, src_path, dst_path, fmt, plan, device, policy, progress, {"options": req.options()})
 
+
+def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, device: Device, policy: ErrorPolicy,
+             progress: Callable[[int, int], Callable[[int], None]] | None, manifest: dict[str, Any]) -> RunSummary:
+    """Read ``src`` -> run ``plan`` on ``device`` -> write ``fmt`` at ``dst`` (staged), summary and manifest."""
     stats = RunStats()
     router = ErrorRouter(policy, stats)
     start = time.perf_counter()
     with open_reader(src_path, req.from_format) as reader:
         src_format = reader.format_name
-        entries = _select(reader, req.limit, req.shuffle, req.seed)
+        entries = _select(reader, req.limit, getattr(req, "shuffle", False), req.seed)
         info = reader.info()
         opts = WriteOptions(shard_size=req.shard_size, name=req.name, source=str(src_path),
                             extra={"layout": req.layout})
-        tick = progress(len(entries)) if progress else None
+        tick = progress(len(entries) * plan.outputs_per_record) if progress else None
         with staged_output(dst_path, req.overwrite) as stage:
-            writer = _BoxWarningWriter(fmt.writer(stage, info, opts), fmt.name, fmt.carries_boxes, stats)
+            writer: Writer = _BoxWarningWriter(fmt.writer(stage, info, opts), fmt.name, fmt.carries_boxes, stats)
+            if plan.augmenting:
+                writer = _ParamsLog(writer, stage / PARAMS_FILE, stats)
             try:
                 with writer:
                     _run(device, reader, entries, writer, plan, router, req, tick)
@@ -209,13 +218,157 @@ def convert(
                 "classes": list(info.classes),
                 "categories": [dict(c) for c in info.categories],
                 "source": {"path": str(src_path.resolve()), "format": src_format},
-                "options": req.options(),
+                **manifest,
                 "device": str(device),
                 "errors": summary.skipped,
                 "warnings": summary.warnings,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             })
     return summary
+
+
+PARAMS_FILE = "augment-params.jsonl"
+
+
+class _ParamsLog(Writer):
+    """Passes records to a writer and logs, per written record, the parameters drawn for it (JSON lines)."""
+
+    def __init__(self, inner: Writer, path: Path, stats: RunStats):
+        self.inner, self.stats = inner, stats
+        self.fh = open(path, "w")  # noqa: SIM115 - closed in close()
+
+    def write(self, record: Record) -> None:
+        params = self.stats.drawn.pop(record.key, None)
+        self.inner.write(record)
+        entry = {"key": record.key, "params": jsonable(params)} if params is not None else {"key": record.key, "original": True}
+        self.fh.write(json.dumps(entry) + "\n")
+
+    def close(self) -> None:
+        self.fh.close()
+        self.inner.close()
+
+
+def jsonable(value: Any) -> Any:
+    """Drawn parameters as JSON values (tuples -> lists, NumPy scalars -> numbers)."""
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        return value.item()
+    return value
+
+
+@dataclass(frozen=True)
+class AugmentRequest:
+    """Everything one ``augment`` run needs. The chain is ``ops`` (chain text), ``pipeline`` (a YAML/JSON
+    file) or ``preset`` (a name from :data:`gpubatch.engine.spec.PRESETS`); exactly one."""
+
+    src: Path
+    dst: Path
+    to: str | None = None
+    ops: str | None = None
+    pipeline: Path | None = None
+    preset: str | None = None
+    copies: int = 1
+    keep_original: bool = False
+    seed: int = 0
+    from_format: str | None = None
+    quality: int | None = None
+    image_format: str = "keep"
+    max_pixels: int | None = None
+    min_box_visibility: float = 0.25
+    shard_size: int = 10_000
+    name: str = "data"
+    layout: str = "imagenet"
+    workers: int | None = None
+    limit: int | None = None
+    on_error: str = "skip"
+    overwrite: bool = False
+    device: str = "auto"
+    gpu: int = 0
+    batch_size: int = 256
+    gpu_memory: str | None = None
+
+    options = ConvertRequest.options
+
+    def chain(self) -> tuple[Any, ...]:
+        from .engine import spec
+
+        given = [x for x in (self.ops, self.pipeline, self.preset) if x]
+        if len(given) != 1:
+            raise UsageError("augment needs exactly one of --preset, --ops or --pipeline")
+        if self.preset:
+            ops = spec.preset(self.preset)
+        elif self.ops:
+            ops = spec.parse_chain(self.ops)
+        else:
+            ops = spec.load_pipeline(self.pipeline)
+        if any(op.kind == "normalize" for op in ops):
+            raise UsageError("normalize makes tensors, and augment writes images: leave it out of the chain")
+        return ops
+
+
+def augment(
+    src: str | Path | AugmentRequest,
+    dst: str | Path | None = None,
+    *,
+    progress: Callable[[int, int], Callable[[int], None]] | None = None,
+    on_device: Callable[[Device], None] | None = None,
+    **options: Any,
+) -> RunSummary:
+    """Write ``copies`` augmented variants of every image of ``src`` to ``dst`` (keys ``<key>_aug<k>``).
+
+    Parameters are drawn per output key from ``seed``, so a run is reproducible and any output can be
+    regenerated; ``dst`` holds ``augment-params.jsonl`` with every record's drawn parameters, and the
+    manifest the chain and the seed. Boxes and polygons move with the pixels.
+
+    Args:
+        src: source dataset, or an AugmentRequest.
+        dst: destination (written only when complete).
+        **options: any other :class:`AugmentRequest` field (``ops=``, ``preset=``, ``copies=``, ``to=``...).
+    """
+    from .engine.codecs.image import DEFAULT_MAX_PIXELS
+    from .engine.plan import Plan
+    from .engine.spec import chain_spec
+
+    if isinstance(src, AugmentRequest):
+        req = src
+    else:
+        if dst is None:
+            raise UsageError("augment needs a source and a destination")
+        req = AugmentRequest(src=Path(src), dst=Path(dst), **options)
+    src_path, dst_path = Path(req.src), Path(req.dst)
+    ops = req.chain()  # refused before any data is read
+    if req.copies < 1:
+        raise UsageError(f"--copies must be >= 1, got {req.copies}")
+    if not 0.0 <= req.min_box_visibility <= 1.0:
+        raise UsageError(f"--min-box-visibility must be within [0, 1], got {req.min_box_visibility}")
+    policy = ErrorPolicy(req.on_error) if req.on_error in ("skip", "fail") else None
+    if policy is None:
+        raise UsageError(f"unknown --on-error {req.on_error!r}; supported: skip, fail")
+    if not src_path.exists():
+        raise UsageError(f"source {src_path} does not exist")
+    to = req.to
+    if to is None:
+        from .formats import detect
+
+        to = req.from_format or detect(src_path).name
+    fmt = get_format(to)
+    plan = Plan(ops=ops, image_format=req.image_format, quality=req.quality,
+                max_pixels=DEFAULT_MAX_PIXELS if req.max_pixels is None else int(req.max_pixels),
+                min_box_visibility=req.min_box_visibility, seed=req.seed, copies=req.copies,
+                keep_original=req.keep_original)
+    check_output(src_path, dst_path, req.overwrite)
+    device = resolve(req.device, req.gpu)
+    plan.validate(DEVICE if device.is_gpu else HOST)
+    if on_device:
+        on_device(device)
+    manifest = {"options": {**req.options(), "to": fmt.name},
+                "augment": {"chain": chain_spec(ops), "seed": req.seed, "copies": req.copies,
+                            "keep_original": req.keep_original, "min_box_visibility": req.min_box_visibility,
+                            "params_file": PARAMS_FILE}}
+    return _execute(req, src_path, dst_path, fmt, plan, device, policy, progress, manifest)
 
 
 def _run(device: Device, reader: Reader, entries: list, writer: Writer, plan: Any, router: ErrorRouter,

@@ -12,6 +12,7 @@ import enum
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class ExitCode(enum.IntEnum):
@@ -106,6 +107,8 @@ class RunStats:
     boxes_dropped: int = 0
     errors: list[RecordError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # output key -> the parameters drawn for it (augment runs), taken by the writer as it writes the record
+    drawn: dict[str, Any] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **counts: int) -> None:

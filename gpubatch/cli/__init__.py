@@ -17,6 +17,7 @@ from .. import __version__
 
 _COMMANDS = {
     "convert": ("gpubatch.cli.convert", "convert", "Convert a dataset to another format (optionally resizing / re-encoding)."),
+    "augment": ("gpubatch.cli.augment", "augment", "Write K augmented copies of every image (GPU, box-aware, seeded)."),
     "info": ("gpubatch.cli.info", "info", "Show what a dataset holds."),
     "formats": ("gpubatch.cli.info", "formats", "List the dataset formats gpubatch reads and writes."),
 }
@@ -50,6 +51,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
       gpubatch info sample_data/imagenet
       gpubatch convert sample_data/imagenet out/wds --to webdataset
       gpubatch convert sample_data/imagenet out/tfr --to tfrecord --resize-shorter 256 --quality 90
+      gpubatch augment sample_data/coco out/coco-aug --preset ssd --copies 2
     """
     ctx.obj = {"debug": debug}
 

@@ -149,12 +149,10 @@ def pass_through(record: Record, plan: Plan, stats: RunStats) -> Record | Record
     return record
 
 
-def transform_host(record: Record, plan: Plan, stats: RunStats) -> Record:
-    """Decode, run the plan's ops and re-encode one record on the CPU."""
-    try:
-        pixels = host_codec.decode(record.data, plan.max_pixels)
-    except ValueError as e:
-        raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+def transform_host(record: Record, plan: Plan, stats: RunStats, pixels: Any = None) -> Record:
+    """Decode (unless ``pixels`` are given), run the plan's ops and re-encode one record on the CPU."""
+    if pixels is None:
+        pixels = decode_host(record, plan)
     h, w = pixels.shape[:2]
     try:
         params, boxes, dropped = plan.draw_and_move(record.key, h, w, record.boxes)
@@ -169,7 +167,36 @@ def transform_host(record: Record, plan: Plan, stats: RunStats) -> Record:
         raise RecordError(record.key, record.origin, Stage.ENCODE, f"{type(e).__name__}: {e}") from None
     if dropped:
         stats.add(boxes_dropped=dropped)
+    if plan.augmenting:
+        stats.drawn[record.key] = params
     return record.with_(data=data, codec=codec, boxes=boxes)
+
+
+def decode_host(record: Record, plan: Plan) -> Any:
+    try:
+        return host_codec.decode(record.data, plan.max_pixels)
+    except ValueError as e:
+        raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+
+
+def expand_host(record: Record, plan: Plan, stats: RunStats) -> list[Record | RecordError]:
+    """Everything one source record becomes on the CPU (one output, or an augment run's variants)."""
+    outs: list[Record | RecordError] = []
+    pixels = None
+    for out, transform in plan.outputs(record):
+        if not transform:
+            outs.append(pass_through(out, plan, stats))
+            continue
+        try:
+            if pixels is None:
+                pixels = decode_host(record, plan)  # once per source record, however many variants
+            outs.append(transform_host(out, plan, stats, pixels))
+            stats.add(transcoded=1)
+        except RecordError as e:
+            outs.append(e)
+            if e.stage is Stage.DECODE:
+                break  # one error for the source record, not one per variant
+    return outs
 
 
 def run_host(
@@ -185,20 +212,13 @@ def run_host(
     stats = router.stats
     plan.validate(HOST)
 
-    def work(entry: Any) -> Record | RecordError:
+    def work(entry: Any) -> list[Record | RecordError]:
         record = read_counted(reader, entry, stats)
         if isinstance(record, RecordError):
-            return record
-        if not plan.needs_decode(record.codec):
-            return pass_through(record, plan, stats)
-        try:
-            out = transform_host(record, plan, stats)
-        except RecordError as e:
-            return e
-        stats.add(transcoded=1)
-        return out
+            return [record]
+        return expand_host(record, plan, stats)
 
-    write_results(ordered_map(work, entries, workers), writer, router, progress)
+    write_results((r for rs in ordered_map(work, entries, workers) for r in rs), writer, router, progress)
 
 
 def write_results(

@@ -366,50 +366,61 @@ def _batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 
 def _transform_batch(engine: GpuEngine, plan: Plan, batch: list[Record | RecordError], stats) -> list[Record | RecordError]:
-    """Decode, transform and re-encode one batch on the GPU; passthrough records are checked on the CPU."""
+    """Decode, transform and re-encode one batch on the GPU; passthrough records are checked on the CPU.
+
+    A source record is decoded once however many outputs it has (an augment run's variants share it).
+    """
     from .executor import pass_through
 
-    out: list[Record | RecordError] = list(batch)
-    todo = []
+    out: list[Record | RecordError | None] = []
+    jobs: list[tuple[int, int, Record]] = []  # (position in out, source index, output record)
     for i, r in enumerate(batch):
         if isinstance(r, RecordError):
+            out.append(r)
             continue
-        if plan.needs_decode(r.codec):
-            todo.append(i)
-        else:
-            out[i] = pass_through(r, plan, stats)
-    if not todo:
-        return out
-    res = engine.decoder.decode([batch[i].data for i in todo], engine.stream, plan.max_pixels)
+        for rec, transform in plan.outputs(r):
+            if transform:
+                jobs.append((len(out), i, rec))
+                out.append(None)
+            else:
+                out.append(pass_through(rec, plan, stats))
+    if not jobs:
+        return out  # type: ignore[return-value]
+    sources = sorted({i for _, i, _ in jobs})
+    slot = {i: k for k, i in enumerate(sources)}
+    res = engine.decoder.decode([batch[i].data for i in sources], engine.stream, plan.max_pixels)
     stats.add(fallbacks=res.fallbacks)
     ok, arrays, params_all, moved = [], [], [], []
-    for j, i in enumerate(todo):
-        r = batch[i]
-        a = res.arrays[j]
+    failed: set[int] = set()
+    for pos, i, rec in jobs:
+        a = res.arrays[slot[i]]
         if a is None:
-            out[i] = RecordError(r.key, r.origin, Stage.DECODE, res.errors[j] or "decode failed")
+            if i not in failed:  # one error per source record, not one per variant
+                failed.add(i)
+                src = batch[i]
+                out[pos] = RecordError(src.key, src.origin, Stage.DECODE, res.errors[slot[i]] or "decode failed")
             continue
         h, w = int(a.shape[0]), int(a.shape[1])
-        params, boxes, dropped = plan.draw_and_move(r.key, h, w, r.boxes)
+        params, boxes, dropped = plan.draw_and_move(rec.key, h, w, rec.boxes)
         if dropped:
             stats.add(boxes_dropped=dropped)
-        ok.append(i)
+        if plan.augmenting:
+            stats.drawn[rec.key] = params
+        ok.append((pos, rec))
         arrays.append(a)
         params_all.append(params)
         moved.append(boxes)
-    if not ok:
-        return out
-    encoded = _resample_encode(engine, plan, [batch[i].codec for i in ok], arrays, params_all)
-    engine.stream.synchronize()
-    del res  # the decoded images may be freed now that the kernels reading them are done
-    for i, boxes, data in zip(ok, moved, encoded):
-        r = batch[i]
-        if isinstance(data, str):
-            out[i] = RecordError(r.key, r.origin, Stage.ENCODE, data)
-            continue
-        out[i] = r.with_(data=data, codec=plan.out_codec(r.codec), boxes=boxes)
-        stats.add(transcoded=1)
-    return out
+    if ok:
+        encoded = _resample_encode(engine, plan, [rec.codec for _, rec in ok], arrays, params_all)
+        engine.stream.synchronize()
+        del res  # the decoded images may be freed now that the kernels reading them are done
+        for (pos, rec), boxes, data in zip(ok, moved, encoded):
+            if isinstance(data, str):
+                out[pos] = RecordError(rec.key, rec.origin, Stage.ENCODE, data)
+                continue
+            out[pos] = rec.with_(data=data, codec=plan.out_codec(rec.codec), boxes=boxes)
+            stats.add(transcoded=1)
+    return [r for r in out if r is not None]
 
 
 def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: list, params: list) -> list:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from ..types import Boxes
+from ..types import Boxes, Record
 from .codecs.image import DEFAULT_MAX_PIXELS
 from .ops.base import Op
 from .registry import DEVICE, get_kernel
@@ -26,6 +26,9 @@ class Plan:
         max_pixels: images above this many pixels are refused before decoding.
         min_box_visibility: boxes keeping this fraction of their area or less after a crop are dropped.
         seed: seed of the per-record random parameters (random crops, flips).
+        copies: 0 for convert (each record goes out once, under its own key); K >= 1 for augment: K
+            variants ``<key>_aug<k>`` per record, each drawing its own parameters.
+        keep_original: with ``copies``, also write each record untouched under its own key.
     """
 
     ops: tuple[Op, ...] = ()
@@ -34,6 +37,8 @@ class Plan:
     max_pixels: int = DEFAULT_MAX_PIXELS
     min_box_visibility: float = 0.0
     seed: int = 0
+    copies: int = 0
+    keep_original: bool = False
 
     def __post_init__(self) -> None:
         if self.image_format not in IMAGE_FORMATS:
@@ -42,6 +47,21 @@ class Plan:
             raise UsageError(f"--quality must be between 1 and 100, got {self.quality}")
         if self.max_pixels is not None and self.max_pixels < 0:
             raise UsageError(f"--max-pixels must be >= 0, got {self.max_pixels}")
+
+    @property
+    def augmenting(self) -> bool:
+        return self.copies > 0
+
+    @property
+    def outputs_per_record(self) -> int:
+        return self.copies + int(self.keep_original) if self.copies else 1
+
+    def outputs(self, record: Record) -> list[tuple[Record, bool]]:
+        """The records ``record`` becomes, each with whether its pixels go through the chain."""
+        if not self.copies:
+            return [(record, self.needs_decode(record.codec))]
+        out = [(record, False)] if self.keep_original else []
+        return out + [(variant(record, f"_aug{k}"), True) for k in range(self.copies)]
 
     @property
     def jpeg_quality(self) -> int:
@@ -112,6 +132,18 @@ class Plan:
             dropped += d
             h, w = op.out_hw(h, w, p)
         return boxes, dropped
+
+
+def variant(record: Record, suffix: str) -> Record:
+    """``record`` under the key ``<key><suffix>``, its file names renamed the same way (new COCO ids)."""
+    meta = dict(record.meta)
+    for f in ("filename", "file_name"):
+        name = meta.get(f)
+        if isinstance(name, str) and name:
+            head, dot, ext = name.rpartition(".")
+            meta[f] = f"{head}{suffix}.{ext}" if dot and "/" not in ext else name + suffix
+    meta.pop("coco_id", None)
+    return record.with_(key=record.key + suffix, meta=meta)
 
 
 def make_plan(

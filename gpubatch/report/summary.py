@@ -1,4 +1,4 @@
-"""The one-screen end-of-run summary of ``convert`` (and later ``augment``)."""
+"""The one-screen end-of-run summary of ``convert`` and ``augment``."""
 
 from __future__ import annotations
 
@@ -33,11 +33,14 @@ def render_summary(summary: Any, title: str = "convert") -> None:
         work += f", {summary.fallbacks:,} decoded on the CPU after the GPU refused them"
     t.add_row("work", work)
     if summary.boxes_dropped:
-        t.add_row("boxes dropped", f"{summary.boxes_dropped:,} (left the image)")
+        t.add_row("boxes dropped", f"{summary.boxes_dropped:,} (left the image, or kept too little of their area)")
     style = "red" if summary.skipped else "green"
     t.add_row("skipped", f"[{style}]{len(summary.skipped):,}[/]")
     t.add_row("bytes", f"{human_bytes(summary.bytes_in)} in, {human_bytes(summary.bytes_out)} out")
-    t.add_row("time", f"{summary.seconds:.2f} s ({summary.records_per_second:,.0f} records/s)")
+    rate = f"{summary.records_per_second:,.0f} records/s"
+    if summary.records_out != summary.records_in and summary.seconds > 0:
+        rate += f" in, {summary.records_out / summary.seconds:,.0f} out"
+    t.add_row("time", f"{summary.seconds:.2f} s ({rate})")
     con.print(t)
     if summary.skipped:
         reasons = Counter(f"{e['stage']}: {e['reason']}" for e in summary.skipped)

@@ -1,0 +1,114 @@
+"""``gpubatch augment SRC DST``: a thin adapter over :func:`gpubatch.api.augment`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .options import FORMAT_NAMES, device_options, run_options
+
+
+def _list_ops(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from rich.table import Table
+
+    from ..engine.spec import describe_ops
+    from ..report.console import stdout_console
+
+    t = Table(title="augment ops (chain: op(param=value) | op2 | ...)", title_justify="left")
+    t.add_column("op", style="bold")
+    t.add_column("parameters [default]", overflow="fold")
+    t.add_column("boxes", justify="center")
+    t.add_column("what it does")
+    for d in describe_ops():
+        params = ", ".join(f"{n}={v}" if v is not None else f"{n} (required)" for n, v in d["params"])
+        t.add_row(d["name"], params, "moves" if d["moves_boxes"] else "", d["doc"])
+    stdout_console().print(t)
+    ctx.exit(0)
+
+
+def _list_presets(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from rich.table import Table
+
+    from ..engine.spec import PRESETS
+    from ..report.console import stdout_console
+
+    t = Table(title="augment presets (--preset NAME)", title_justify="left")
+    t.add_column("preset", style="bold")
+    t.add_column("chain")
+    t.add_column("what it is")
+    for name, (chain, doc) in PRESETS.items():
+        t.add_row(name, chain, doc)
+    stdout_console().print(t)
+    ctx.exit(0)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--preset", default=None, metavar="NAME", help="A named chain (see --list-presets).")
+@click.option("--ops", default=None, metavar="SPEC",
+              help='Op chain, e.g. "random_resized_crop(size=224) | flip(p=0.5)" (see --list-ops).')
+@click.option("--pipeline", type=click.Path(path_type=Path), default=None, metavar="FILE",
+              help="Op chain from a YAML or JSON file: a list of {op: NAME, param: value}.")
+@click.option("--copies", type=click.IntRange(min=1), default=1, show_default=True, metavar="K",
+              help="Augmented variants per image, written as <key>_aug<k>.")
+@click.option("--keep-original", is_flag=True, help="Also write every image untouched under its own key.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the drawn parameters.")
+@click.option("--to", "to", type=click.Choice(FORMAT_NAMES), default=None, help="Output format  [default: the source's]")
+@click.option("--from", "from_format", type=click.Choice(FORMAT_NAMES), default=None,
+              help="Source format  [default: detected]")
+@click.option("--quality", type=click.IntRange(1, 100), default=None, metavar="Q",
+              help="JPEG quality of written images  [default: 95]")
+@click.option("--image-format", type=click.Choice(["keep", "jpeg", "png"]), default="keep", show_default=True,
+              help="Codec of written images; keep leaves JPEG as JPEG and PNG as PNG.")
+@click.option("--min-box-visibility", type=click.FloatRange(0, 1), default=0.25, show_default=True,
+              help="Drop a box that keeps this fraction of its area or less after a crop or warp.")
+@click.option("--max-pixels", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Refuse images above N pixels, before decoding  [default: 89478485]")
+@click.option("--shard-size", type=click.IntRange(min=1), default=10_000, show_default=True, metavar="N",
+              help="Records per shard (tfrecord, webdataset, recordio).")
+@click.option("--name", default="data", show_default=True, help="Shard file name prefix.")
+@click.option("--layout", type=click.Choice(["imagenet", "flat"]), default="imagenet", show_default=True,
+              help="folder output: class sub-folders, or one flat folder with file_list.txt.")
+@click.option("--limit", type=click.IntRange(min=0), default=None, metavar="N", help="Augment the first N records only.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True, help="Images per GPU batch.")
+@click.option("--gpu-memory", default=None, metavar="SIZE", help="Cap on the GPU memory the run takes, e.g. 2GiB.")
+@click.option("--list-ops", is_flag=True, expose_value=False, is_eager=True, callback=_list_ops,
+              help="List every op with its parameters and exit.")
+@click.option("--list-presets", is_flag=True, expose_value=False, is_eager=True, callback=_list_presets,
+              help="List the presets and exit.")
+@device_options
+@run_options
+def augment(src: Path, dst: Path, as_json: bool, quiet: bool, **opts) -> None:
+    """Write K augmented variants of every image of SRC to DST.
+
+    The chain comes from --preset, --ops or --pipeline and is checked before any data is read. Every
+    variant draws its parameters from (--seed, its key), so a run is reproducible and each output can
+    be regenerated; DST holds augment-params.jsonl with the parameters drawn per record. Boxes and
+    polygons (COCO, TFRecord) move with the pixels. DST appears only when the run completes.
+    """
+    from ..api import AugmentRequest
+    from ..api import augment as run
+    from ..report.console import console
+    from ..report.progress import progress_bar
+    from ..report.summary import render_summary
+
+    req = AugmentRequest(src=src, dst=dst, **opts)
+    con = console()
+
+    def said(device) -> None:
+        if not quiet:
+            con.print(f"[dim]device:[/] {device}  [dim]({device.reason})[/]")
+
+    with progress_bar("augment", enabled=not quiet) as start:
+        summary = run(req, progress=start, on_device=said)
+    if not quiet:
+        render_summary(summary, title="augment")
+    if as_json:
+        click.echo(json.dumps(summary.as_dict(), indent=2))
