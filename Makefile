@@ -43,9 +43,12 @@ gpu-test:  ## GPU tests + a GPU convert, with the system python3 (run on the GPU
 	rm -rf /tmp/gpubatch-gpu-demo
 	python3 -m gpubatch convert sample_data/imagenet /tmp/gpubatch-gpu-demo --to webdataset \
 		--resize-shorter 256 --center-crop 224 --quality 90 --device gpu
+	rm -rf /tmp/gpubatch-gpu-augment
+	python3 -m gpubatch augment sample_data/coco /tmp/gpubatch-gpu-augment --preset ssd --copies 2 --device gpu
 
-bench:  ## engine benchmark: GPU chains, transcode, CPU path, DataLoader (GPU machine, system python3)
+bench:  ## engine + augment benchmarks: GPU chains, transcode, CPU path, DataLoader (GPU machine, system python3)
 	python3 benchmarks/bench_engine.py --images 4096 --json benchmarks/last-run.json
+	python3 benchmarks/bench_augment.py --images 4096 --preset resnet50-train --copies 2 --json benchmarks/last-augment.json
 
 sample-data: $(STAMP)  ## regenerate sample_data/ (deterministic)
 	$(BIN)/python sample_data/make_sample_data.py
