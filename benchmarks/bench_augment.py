@@ -58,9 +58,11 @@ def main() -> None:
         s = gpubatch.augment(src, dst, **kw)
         dt = time.perf_counter() - t0
         runs.append({"seconds": dt, "records_in": s.records_in, "records_out": s.records_out,
-                     "out_per_s": s.records_out / dt, "device": s.device, "skipped": len(s.skipped)})
+                     "out_per_s": s.records_out / dt, "device": s.device, "skipped": len(s.skipped),
+                     "stage_seconds": s.timings})
         shutil.rmtree(dst, ignore_errors=True)
         print(f"run {i}: {s.records_out} images out in {dt:.2f} s = {s.records_out / dt:,.0f} images/s ({s.device})")
+        print("   stage seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in s.timings.items()))
     med = statistics.median(r["out_per_s"] for r in runs)
     result = {"benchmark": "augment", "chain": a.ops or a.preset, "copies": a.copies, "to": a.to,
               "images_in": a.images, "batch_size": a.batch_size, "quality": a.quality,

@@ -88,6 +88,7 @@ class RunSummary:
     seconds: float = 0.0
     skipped: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def records_per_second(self) -> float:
@@ -210,7 +211,7 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
                 records_out=stats.records_out, passthrough=stats.passthrough, transcoded=stats.transcoded,
                 fallbacks=stats.fallbacks, boxes_dropped=stats.boxes_dropped, bytes_in=stats.bytes_in,
                 bytes_out=stats.bytes_out, seconds=seconds, skipped=[e.as_dict() for e in stats.errors],
-                warnings=list(stats.warnings),
+                warnings=list(stats.warnings), timings={k: round(v, 4) for k, v in stats.timings.items()},
             )
             write_manifest(stage, {
                 "format": fmt.name,

@@ -109,12 +109,17 @@ class RunStats:
     warnings: list[str] = field(default_factory=list)
     # output key -> the parameters drawn for it (augment runs), taken by the writer as it writes the record
     drawn: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per pipeline stage (summed over threads)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **counts: int) -> None:
         with self._lock:
             for name, n in counts.items():
                 setattr(self, name, getattr(self, name) + n)
+
+    def timed(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            self.timings[stage] = self.timings.get(stage, 0.0) + seconds
 
     def warn(self, message: str) -> None:
         with self._lock:

@@ -228,8 +228,17 @@ def write_results(
     progress: Callable[[int], None] | None,
 ) -> None:
     """Write records in order, route errors to the policy, report progress one record at a time."""
+    import time
+
     stats = router.stats
-    for result in results:
+    it = iter(results)
+    while True:
+        t0 = time.perf_counter()
+        result = next(it, None)
+        t1 = time.perf_counter()
+        stats.timed("write_wait", t1 - t0)
+        if result is None:
+            return
         if isinstance(result, RecordError):
             if result.stage is Stage.READ:
                 stats.add(records_in=1)
@@ -243,3 +252,4 @@ def write_results(
                 stats.add(records_out=1, bytes_out=len(result.data))
         if progress:
             progress(1)
+        stats.timed("write", time.perf_counter() - t1)

@@ -388,7 +388,10 @@ def _transform_batch(engine: GpuEngine, plan: Plan, batch: list[Record | RecordE
         return out  # type: ignore[return-value]
     sources = sorted({i for _, i, _ in jobs})
     slot = {i: k for k, i in enumerate(sources)}
+    t0 = time.perf_counter()
     res = engine.decoder.decode([batch[i].data for i in sources], engine.stream, plan.max_pixels)
+    t1 = time.perf_counter()
+    stats.timed("decode", t1 - t0)
     stats.add(fallbacks=res.fallbacks)
     ok, arrays, params_all, moved = [], [], [], []
     failed: set[int] = set()
@@ -410,9 +413,12 @@ def _transform_batch(engine: GpuEngine, plan: Plan, batch: list[Record | RecordE
         arrays.append(a)
         params_all.append(params)
         moved.append(boxes)
+    t2 = time.perf_counter()
+    stats.timed("draw", t2 - t1)
     if ok:
-        encoded = _resample_encode(engine, plan, [rec.codec for _, rec in ok], arrays, params_all)
+        encoded = _resample_encode(engine, plan, [rec.codec for _, rec in ok], arrays, params_all, stats)
         engine.stream.synchronize()
+        stats.timed("ops+encode", time.perf_counter() - t2)
         del res  # the decoded images may be freed now that the kernels reading them are done
         for (pos, rec), boxes, data in zip(ok, moved, encoded):
             if isinstance(data, str):
@@ -423,13 +429,17 @@ def _transform_batch(engine: GpuEngine, plan: Plan, batch: list[Record | RecordE
     return [r for r in out if r is not None]
 
 
-def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: list, params: list) -> list:
+def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: list, params: list,
+                     stats: Any = None) -> list:
     """Run the chain then encode; a batch that does not fit the memory cap is split in halves and retried."""
     from .gpu_chain import Ragged, run_chain
 
     cp = engine.cp
     try:
+        t0 = time.perf_counter()
         dev = run_chain(engine, plan.ops, Ragged.from_items(cp, arrays), params)
+        if stats is not None:
+            stats.timed("ops_launch", time.perf_counter() - t0)
         items = dev.items()
         results: list[Any] = [None] * len(items)
         by_codec: dict[str, list[int]] = {}
@@ -448,8 +458,8 @@ def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: l
         engine.stream.synchronize()
         cp.get_default_memory_pool().free_all_blocks()
         half = len(arrays) // 2
-        return (_resample_encode(engine, plan, codecs[:half], arrays[:half], params[:half])
-                + _resample_encode(engine, plan, codecs[half:], arrays[half:], params[half:]))
+        return (_resample_encode(engine, plan, codecs[:half], arrays[:half], params[:half], stats)
+                + _resample_encode(engine, plan, codecs[half:], arrays[half:], params[half:], stats))
 
 
 def run_device(device: Device, reader: Reader, entries: list[Any], writer: Writer, plan: Plan,
@@ -460,7 +470,9 @@ def run_device(device: Device, reader: Reader, entries: list[Any], writer: Write
 
     stats = router.stats
     plan.validate(DEVICE)
+    t0 = time.perf_counter()
     engine = GpuEngine(device, workers, gpu_memory)
+    stats.timed("gpu_init", time.perf_counter() - t0)
 
     def read(entry: Any) -> Record | RecordError:
         return read_counted(reader, entry, stats)
