@@ -57,6 +57,7 @@ class ConvertRequest:
     gpu: int = 0
     batch_size: int = 256
     gpu_memory: str | None = None
+    gpu_procs: int | None = None
 
     def options(self) -> dict[str, Any]:
         """The request as JSON-able settings for the manifest."""
@@ -290,6 +291,7 @@ class AugmentRequest:
     gpu: int = 0
     batch_size: int = 256
     gpu_memory: str | None = None
+    gpu_procs: int | None = None
 
     options = ConvertRequest.options
 
@@ -373,11 +375,18 @@ def augment(
 
 
 def _run(device: Device, reader: Reader, entries: list, writer: Writer, plan: Any, router: ErrorRouter,
-         req: ConvertRequest, tick: Callable[[int], None] | None) -> None:
+         req: Any, tick: Callable[[int], None] | None) -> None:
     from .engine.executor import default_workers, run_host
 
     workers = req.workers or default_workers()
     if device.is_gpu and plan.touches_pixels:
+        from .engine.gpu_procs import auto_procs, run_device_procs
+
+        procs = req.gpu_procs or auto_procs(len(entries), req.batch_size)
+        if procs > 1:
+            run_device_procs(device, Path(req.src), reader.format_name, entries, writer, plan, router, procs,
+                             workers, req.batch_size, req.gpu_memory, tick)
+            return
         from .engine.gpu_executor import run_device
 
         run_device(device, reader, entries, writer, plan, router, workers=workers,

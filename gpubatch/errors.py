@@ -75,6 +75,9 @@ class RecordError(Exception):
     def as_dict(self) -> dict:
         return {"key": self.key, "origin": self.origin, "stage": self.stage.value, "reason": self.reason}
 
+    def __reduce__(self):  # travels between worker processes
+        return (RecordError, (self.key, self.origin, self.stage.value, self.reason))
+
 
 class RecordFailed(GpubatchError):
     """Raised under ``--on-error fail`` when a record fails."""

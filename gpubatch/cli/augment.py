@@ -83,6 +83,8 @@ def _list_presets(ctx: click.Context, _param: click.Parameter, value: bool) -> N
               help="List every op with its parameters and exit.")
 @click.option("--list-presets", is_flag=True, expose_value=False, is_eager=True, callback=_list_presets,
               help="List the presets and exit.")
+@click.option("--gpu-procs", type=click.IntRange(min=1), default=None, metavar="N",
+              help="GPU worker processes, each with its own decoders and CUDA context  [default: 1 per 4 cores, max 4]")
 @device_options
 @run_options
 def augment(src: Path, dst: Path, as_json: bool, quiet: bool, **opts) -> None:

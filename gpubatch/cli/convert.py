@@ -38,6 +38,8 @@ from .options import FORMAT_NAMES, device_options, run_options
               help="Images per GPU batch.")
 @click.option("--gpu-memory", default=None, metavar="SIZE",
               help="Cap on the GPU memory the run takes, e.g. 2GiB or 0.5 (fraction)  [default: 0.8 GiB of buffers]")
+@click.option("--gpu-procs", type=click.IntRange(min=1), default=None, metavar="N",
+              help="GPU worker processes, each with its own decoders and CUDA context  [default: 1 per 4 cores, max 4]")
 @device_options
 @run_options
 def convert(src: Path, dst: Path, to: str, as_json: bool, quiet: bool, **opts) -> None:

@@ -65,7 +65,7 @@ class GpuEngine:
     """One GPU's decoder, encoder, kernel stream and memory cap."""
 
     def __init__(self, device: Device, cpu_threads: int = 8,
-                 gpu_memory: str | int | float | None = None):
+                 gpu_memory: str | int | float | None = None, share: int = 1):
         import sys
 
         import cupy as cp
@@ -82,7 +82,8 @@ class GpuEngine:
         self.dev = cp.cuda.Device(device.index)
         self.dev.use()
         free, total = cp.cuda.runtime.memGetInfo()
-        self.memory_limit = parse_memory(gpu_memory, total)
+        # ``share`` processes split the cap (each worker process of a multi-process run owns one engine)
+        self.memory_limit = max(parse_memory(gpu_memory, total) // max(share, 1), 256 << 20)
         cp.get_default_memory_pool().set_limit(size=self.memory_limit)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self._null = cp.zeros(1, cp.uint64)  # stands for an unused pointer argument

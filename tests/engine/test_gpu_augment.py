@@ -52,3 +52,19 @@ def test_gpu_rerun_is_byte_identical(imagenet, tmp_path):
         gpubatch.augment(imagenet, tmp_path / name, ops=chain, copies=2, seed=11, device="gpu")
     a, b = _records(tmp_path / "a"), _records(tmp_path / "b")
     assert a.keys() == b.keys() and all(a[k].data == b[k].data for k in a)
+
+
+def test_worker_processes_give_the_same_output(imagenet, tmp_path):
+    bad = next(imagenet.rglob("*.jpg"))
+    bad.write_bytes(bad.read_bytes()[:300])
+    kw = dict(preset="randaugment", copies=2, seed=5, batch_size=8, device="gpu")
+    one = gpubatch.augment(imagenet, tmp_path / "one", gpu_procs=1, **kw)
+    three = gpubatch.augment(imagenet, tmp_path / "three", gpu_procs=3, **kw)
+    assert one.records_out == three.records_out and len(one.skipped) == len(three.skipped) == 1
+    assert one.transcoded == three.transcoded and one.records_in == three.records_in
+    a, b = _records(tmp_path / "one"), _records(tmp_path / "three")
+    assert list(a) == list(b) and all(a[k].data == b[k].data for k in a)
+    assert _log(tmp_path / "one") == _log(tmp_path / "three")
+    c = gpubatch.convert(imagenet, tmp_path / "conv", to="tfrecord", resize_shorter=64, gpu_procs=2, batch_size=8,
+                         device="gpu")
+    assert c.records_out == c.records_in - 1

@@ -198,3 +198,12 @@ def test_bad_parameters_are_usage_errors(make):
 def test_every_op_has_a_host_kernel():
     for name in OPS:
         get_kernel(name, HOST)
+
+
+def test_record_errors_cross_processes():
+    import pickle
+
+    from gpubatch.errors import RecordError, Stage
+
+    e = pickle.loads(pickle.dumps(RecordError("k", "a.tar#k", Stage.DECODE, "truncated")))
+    assert (e.key, e.origin, e.stage, e.reason) == ("k", "a.tar#k", Stage.DECODE, "truncated")
