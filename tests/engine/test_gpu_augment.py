@@ -65,6 +65,6 @@ def test_worker_processes_give_the_same_output(imagenet, tmp_path):
     a, b = _records(tmp_path / "one"), _records(tmp_path / "three")
     assert list(a) == list(b) and all(a[k].data == b[k].data for k in a)
     assert _log(tmp_path / "one") == _log(tmp_path / "three")
-    c = gpubatch.convert(imagenet, tmp_path / "conv", to="tfrecord", resize_shorter=64, gpu_procs=2, batch_size=8,
+    c = gpubatch.convert(imagenet, tmp_path / "conv", to="webdataset", resize_shorter=64, gpu_procs=2, batch_size=8,
                          device="gpu")
     assert c.records_out == c.records_in - 1
