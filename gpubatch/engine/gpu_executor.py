@@ -65,7 +65,7 @@ class GpuEngine:
     """One GPU's decoder, encoder, kernel stream and memory cap."""
 
     def __init__(self, device: Device, cpu_threads: int = 8,
-                 gpu_memory: str | int | float | None = None, share: int = 1):
+                 gpu_memory: str | int | float | None = None, share: int = 1, deterministic: bool = False):
         import sys
 
         import cupy as cp
@@ -88,7 +88,7 @@ class GpuEngine:
         self.stream = cp.cuda.Stream(non_blocking=True)
         self._null = cp.zeros(1, cp.uint64)  # stands for an unused pointer argument
         self.cpu_threads = cpu_threads
-        self.decoder = GpuImageDecoder(device.index, cpu_threads)
+        self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic)
         self._encoder = None
 
     @property
@@ -472,7 +472,7 @@ def run_device(device: Device, reader: Reader, entries: list[Any], writer: Write
     stats = router.stats
     plan.validate(DEVICE)
     t0 = time.perf_counter()
-    engine = GpuEngine(device, workers, gpu_memory)
+    engine = GpuEngine(device, workers, gpu_memory, deterministic=True)  # written bytes must not vary
     stats.timed("gpu_init", time.perf_counter() - t0)
 
     def read(entry: Any) -> Record | RecordError:

@@ -42,7 +42,7 @@ def _init(device_index: int, src: str, fmt: str, plan: Plan, threads: int, gpu_m
     reader = open_reader(Path(src), fmt)
     reader.entries()  # the reader's own scan sets up shard handles the entries refer to
     device = Device(DeviceKind.GPU, device_index, reason="worker")
-    _W.update(reader=reader, plan=plan, engine=GpuEngine(device, threads, gpu_memory, share=procs))
+    _W.update(reader=reader, plan=plan, engine=GpuEngine(device, threads, gpu_memory, share=procs, deterministic=True))
 
 
 def _work(entries: list[Any]) -> tuple[list[Any], dict[str, Any], dict[str, int], dict[str, float]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,10 +153,14 @@ class GpuImageDecoder:
     less than half the speed of single-kind calls on an H200), while the CUDA decoder takes the share
     ``cuda_share`` of the batch, slowest-for-hardware kinds first, in parallel. The share adapts each
     batch towards equal finishing times of the two decoders.
+
+    The two decoders' pixels differ slightly (their IDCTs and chroma upsampling differ), so runs that
+    write images use ``deterministic=True``: a fixed share, and each image routed by a hash of its
+    bytes, so the same input gives the same output bytes whatever the batching, timing or process.
     """
 
     def __init__(self, device_index: int = 0, cpu_threads: int = 8, hw_decoder: bool = True,
-                 cuda_share: float = 0.3):
+                 cuda_share: float = 0.3, deterministic: bool = False):
         import os
 
         import cupy as cp
@@ -180,6 +185,7 @@ class GpuImageDecoder:
         self.params = nic.DecodeParams(apply_exif_orientation=True, color_spec=nic.ColorSpec.SRGB,
                                        allow_any_depth=False)
         self.cuda_share = cuda_share if hw_decoder else 1.0
+        self.deterministic = deterministic
         self._step = 0.1
         self.hw_refuses: set[str] = set()
         self.hw_takes: set[str] = set()
@@ -203,12 +209,21 @@ class GpuImageDecoder:
             stream.synchronize()  # this decoder's own stream: the timing drives the split
         return out, time.perf_counter() - t0
 
-    def _split(self, groups: dict[str, list[int]]) -> tuple[list[list[int]], list[int]]:
+    def _split(self, groups: dict[str, list[int]], blobs: list[bytes]) -> tuple[list[list[int]], list[int]]:
         """(per-kind index lists for the hardware engine, indices for the CUDA decoder)."""
         if self.hw is None:
             return [], [i for idx in groups.values() for i in idx]
         hw_kinds = [k for k in _HW_ORDER if k in groups and k not in self.hw_refuses]
         cuda = [i for k, idx in groups.items() if k not in hw_kinds for i in idx]
+        if self.deterministic:
+            cut = int(self.cuda_share * 0xFFFFFFFF)
+            hw_lists = []
+            for k in hw_kinds:
+                mine = [i for i in groups[k] if zlib.crc32(blobs[i][-256:]) >= cut]
+                cuda.extend(i for i in groups[k] if zlib.crc32(blobs[i][-256:]) < cut)
+                if mine:
+                    hw_lists.append(mine)
+            return hw_lists, sorted(cuda)
         total = sum(len(v) for v in groups.values())
         want = int(round(self.cuda_share * total)) - len(cuda)
         hw_lists = []
@@ -225,7 +240,7 @@ class GpuImageDecoder:
         return [lst for lst in hw_lists if lst], cuda
 
     def _adapt(self, t_hw: float, t_cuda: float) -> None:
-        if t_hw <= 0 or t_cuda <= 0:
+        if self.deterministic or t_hw <= 0 or t_cuda <= 0:
             return
         self.cuda_share += self._step if t_hw > t_cuda else -self._step
         self.cuda_share = min(0.95, max(0.0, self.cuda_share))
@@ -253,7 +268,7 @@ class GpuImageDecoder:
                 groups.setdefault(kind, []).append(i)
         tm = self.timings
         t0 = time.perf_counter()
-        hw_lists, to_cuda = self._split(groups)
+        hw_lists, to_cuda = self._split(groups, blobs)
         tm["parse"] += t0 - t_start
         side = self._side.submit(self._timed, self.cuda, self.cuda_stream, [blobs[i] for i in to_cuda])
         res = DecodeResult(arrays, errors)
