@@ -16,12 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,44 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gpubatch.bench.measure import GpuSampler  # noqa: E402
+from gpubatch.bench.runner import environment  # noqa: E402
+
 CONTENDERS = ["gpu-train", "gpu-val", "gpu-transcode", "cpu-train", "torch-dataloader-train"]
-
-
-class MemorySampler:
-    """Peak device memory in use (NVML), sampled every 10 ms, minus the level at construction."""
-
-    def __init__(self, index: int = 0):
-        self.ok = False
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nvml = pynvml
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self.base = self._used()
-            self.peak = self.base
-            self.ok = True
-        except Exception:  # no NVML: memory is reported as unknown
-            return
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _used(self) -> int:
-        return self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._used())
-            time.sleep(0.01)
-
-    def stop(self) -> float | None:
-        if not self.ok:
-            return None
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, self._used())
-        return (self.peak - self.base) / 2**30
 
 
 def files_of(data: Path, n: int) -> list[Path]:
@@ -77,7 +41,7 @@ def files_of(data: Path, n: int) -> list[Path]:
 
 
 def run_pipeline(name: str, args) -> dict:
-    mem = MemorySampler()  # before CUDA is touched in this process
+    mem = GpuSampler()  # before CUDA is touched in this process
     from gpubatch.engine.gpu_executor import ImagePipeline
     from gpubatch.engine.ops import CenterCrop, Flip, Normalize, RandomResizedCrop, ResizeShorter
 
@@ -116,13 +80,13 @@ def run_pipeline(name: str, args) -> dict:
             timings["cuda_share"] = round(pipe.engine.decoder.cuda_share, 3)
     lat.sort()
     return {"images_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
-            "gpu_mem_gib": mem.stop(), "hw_share": stats["hw"] / max(stats["gpu"], 1) if device == "gpu" else None,
+            "gpu_mem_gib": mem.stop()["gpu_mem_gib"], "hw_share": stats["hw"] / max(stats["gpu"], 1) if device == "gpu" else None,
             "fallbacks": stats["fallbacks"], "batch_ms_p50": 1e3 * lat[len(lat) // 2],
             "batch_ms_p99": 1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))], "stage_seconds": timings}
 
 
 def run_transcode(args) -> dict:
-    mem = MemorySampler()
+    mem = GpuSampler()
     import gpubatch
 
     data = Path(args.data)
@@ -144,7 +108,7 @@ def run_transcode(args) -> dict:
             e2e.append(n / (time.perf_counter() - t0))
             rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
     return {"images_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
-            "end_to_end_images_per_s": statistics.median(e2e), "gpu_mem_gib": mem.stop()}
+            "end_to_end_images_per_s": statistics.median(e2e), "gpu_mem_gib": mem.stop()["gpu_mem_gib"]}
 
 
 def run_dataloader(args) -> dict:
@@ -169,24 +133,6 @@ def run_dataloader(args) -> dict:
             pass
         rates.append(args.images / (time.perf_counter() - t0))
     return {"images_per_s": statistics.median(rates), "min": min(rates), "max": max(rates), "workers": workers}
-
-
-def environment() -> dict:
-    env = {"python": platform.python_version(), "cpu_cores": os.cpu_count(), "platform": platform.platform(),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
-        env["gpu"] = out
-    except (OSError, subprocess.SubprocessError):
-        env["gpu"] = "none"
-    for mod in ("cupy", "nvidia.nvimgcodec", "PIL", "numpy", "torch"):
-        try:
-            m = __import__(mod, fromlist=["__version__"])
-            env[mod] = getattr(m, "__version__", "?")
-        except Exception:
-            env[mod] = None
-    return env
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ import click
 from .. import __version__
 
 _COMMANDS = {
+    "bench": ("gpubatch.cli.bench", "bench", "Measure a model's preprocessing: GPU vs CPU vs peers, with reports."),
     "convert": ("gpubatch.cli.convert", "convert", "Convert a dataset to another format (optionally resizing / re-encoding)."),
     "augment": ("gpubatch.cli.augment", "augment", "Write K augmented copies of every image (GPU, box-aware, seeded)."),
     "info": ("gpubatch.cli.info", "info", "Show what a dataset holds."),

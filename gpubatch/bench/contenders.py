@@ -1,0 +1,271 @@
+"""Bench contenders, each run in its own process: ``python -m gpubatch.bench.contenders '{json args}'``
+prints one ``RESULT {json}`` line.
+
+- ``gpubatch-gpu`` / ``gpubatch-cpu``: :class:`~gpubatch.engine.gpu_executor.ImagePipeline` on the device /
+  on every core (worker processes), reading the files from disk each batch.
+- ``torch-dataloader``: a PyTorch DataLoader, one worker per core, torchvision transforms on Pillow.
+- ``dali``: NVIDIA DALI's file reader, mixed decoder and its own ops, when ``nvidia.dali`` imports.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from . import chain_ops, get_model
+from .measure import CpuUse, GpuSampler, bottleneck, timed_windows
+
+READ_THREADS = 4
+
+
+def data_files(data: str, n: int) -> list[Path]:
+    files = sorted(p for p in Path(data).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
+    return files[:n] if n else files
+
+
+def _batches(files: list[Path], batch: int):
+    io = ThreadPoolExecutor(READ_THREADS)
+    for start in itertools.cycle(range(0, max(len(files) - batch + 1, 1), batch)):
+        chunk = files[start : start + batch]
+        yield list(io.map(Path.read_bytes, chunk)), [f"{p.parent.name}/{p.stem}" for p in chunk]
+
+
+def _encode_one(arr: Any) -> int:
+    from ..engine.codecs import image as host
+
+    return len(host.encode(arr, "jpeg", 90))
+
+
+def run_gpubatch(a: dict, device: str) -> dict:
+    sampler = GpuSampler(a.get("gpu", 0)) if device == "gpu" else None
+    from ..engine.gpu_executor import ImagePipeline
+
+    model = get_model(a["model"])
+    ops = chain_ops(model.chains[a["chain"]])
+    files = data_files(a["data"], a["images"])
+    B = a["batch_size"]
+    pipe = ImagePipeline(ops, device=device, seed=0, cpu_threads=a.get("threads"), gpu=a.get("gpu", 0))
+    eng = pipe.engine
+    if eng is not None and a.get("cuda_share") is not None:
+        eng.decoder.cuda_share, eng.decoder.deterministic = float(a["cuda_share"]), True
+    sync = eng.stream.synchronize if eng else (lambda: None)
+    it = pipe.iterate(_batches(files, B))
+    enc = {"encode": 0.0}
+
+    def step() -> int:
+        out = next(it)
+        n = len(out)
+        if model.encode:
+            t0 = time.perf_counter()
+            if eng is not None:
+                eng.encoder.encode(out.items(), "jpeg", 90, eng.stream)
+            else:
+                list(pipe._pool().map(_encode_one, out, chunksize=8))
+            enc["encode"] += time.perf_counter() - t0
+        return n
+
+    cpu = CpuUse()
+    if sampler:
+        sampler.measuring = True
+    res = timed_windows(step, a["seconds"], warmup=3, sync=sync)
+    res["cpu_cores_used"] = cpu.stop()
+    stages = {"read_wait": pipe.timings["read_wait"], "decode": pipe.timings["decode"],
+              "ops" if ops else "copy-out": pipe.timings["ops"], "decode_wait": pipe.timings["decode_wait"]}
+    if model.encode:
+        stages["encode"] = enc["encode"]
+    res["stages_s"] = {k: round(v, 3) for k, v in stages.items()}
+    res["bottleneck"] = bottleneck({"read": stages["read_wait"], "decode": stages["decode"],
+                                    "ops/copy-out": stages.get("ops", stages.get("copy-out", 0)),
+                                    "encode": stages.get("encode", 0)})
+    if eng is not None:
+        res["hw_decoder_share"] = pipe.stats["hw"] / max(pipe.stats["gpu"], 1)
+        res["cpu_fallbacks"] = pipe.stats["fallbacks"]
+        res["decoder_s"] = {k: round(v, 3) for k, v in eng.decoder.timings.items()}
+    it.close()
+    if device == "gpu" and a.get("fidelity", True):
+        res["fidelity"] = fidelity(ops, files[:16], a.get("gpu", 0))
+    if a.get("with_model") and device == "gpu":
+        res["model"] = with_model(model, pipe, files, B)
+    pipe.close()
+    if sampler:
+        res.update(sampler.stop())
+    return res
+
+
+def fidelity(ops: tuple, files: list[Path], gpu: int) -> dict:
+    """GPU outputs against the CPU path's for the same records (the chain up to normalize, in uint8 levels)."""
+    import numpy as np
+
+    from ..engine.gpu_executor import ImagePipeline
+
+    body = tuple(op for op in ops if op.kind != "normalize")
+    blobs, keys = [p.read_bytes() for p in files], [f"{p.parent.name}/{p.stem}" for p in files]
+    with ImagePipeline(body, device="gpu", seed=0, gpu=gpu) as g, ImagePipeline(body, device="cpu", seed=0) as c:
+        gb = g(blobs, keys)
+        g.engine.stream.synchronize()
+        got = [gb.item(i).get() for i in range(len(gb))]
+        ref = c(blobs, keys)
+    diffs = [np.abs(x.astype(np.int32) - y.astype(np.int32)) for x, y in zip(got, ref) if x.shape == y.shape]
+    if not diffs:
+        return {"images": 0}
+    return {"images": len(diffs), "max_abs_diff": int(max(d.max() for d in diffs)),
+            "mean_abs_diff": float(np.mean([d.mean() for d in diffs])), "units": "uint8 levels"}
+
+
+def with_model(model: Any, pipe: Any, files: list[Path], batch: int) -> dict:
+    """A real training step of torchvision's model (random weights, channels_last, AMP) fed by in-memory
+    synthetic batches ("model alone") and by the pipeline ("model + pipeline")."""
+    try:
+        import torch
+        import torchvision
+    except ImportError as e:
+        return {"skipped": f"torch/torchvision not importable: {e}"}
+    if model.torchvision is None:
+        return {"skipped": f"no torchvision model for {model.name}"}
+    net = getattr(torchvision.models, model.torchvision)(weights=None).cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def train(x: Any) -> int:
+        y = torch.randint(0, 1000, (x.shape[0],), device="cuda")
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(net(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return int(x.shape[0])
+
+    fake = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    alone = timed_windows(lambda: train(fake), 10.0, warmup=5, sync=torch.cuda.synchronize)
+    it = pipe.iterate(_batches(files, batch))
+
+    def fed() -> int:
+        out = next(it)
+        x = torch.from_dlpack(out).to(memory_format=torch.channels_last)
+        return train(x)
+
+    both = timed_windows(fed, 10.0, warmup=3, sync=torch.cuda.synchronize)
+    it.close()
+    return {"model": model.torchvision, "model_alone_images_per_s": alone["images_per_s"],
+            "model_plus_pipeline_images_per_s": both["images_per_s"],
+            "starved": both["images_per_s"] < 0.95 * alone["images_per_s"]}
+
+
+def run_dataloader(a: dict) -> dict:
+    try:
+        import torch
+        import torchvision.transforms as T
+    except ImportError as e:
+        return {"skipped": f"torch/torchvision not importable: {e}"}
+    model = get_model(a["model"])
+    norm = [T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
+    tf = {("resnet50", "train"): T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), *norm]),
+          ("resnet50", "val"): T.Compose([T.Resize(256), T.CenterCrop(224), *norm]),
+          ("decode-only", "decode"): T.PILToTensor(),
+          ("transcode", "transcode"): T.Resize(256)}.get((model.name, a["chain"]))
+    if tf is None:
+        return {"skipped": f"no torchvision equivalent of {model.name}/{a['chain']} (boxes need transforms.v2)"}
+    files = data_files(a["data"], a["images"])
+    encode = model.encode
+    ds = _Files(files, tf, encode)
+    workers = os.cpu_count() or 1
+    dl = torch.utils.data.DataLoader(ds, batch_size=a["batch_size"], num_workers=workers, persistent_workers=True,
+                                     prefetch_factor=4, collate_fn=None if not encode else list)
+    state = {"it": iter(dl)}
+
+    def step() -> int:
+        try:
+            b = next(state["it"])
+        except StopIteration:
+            state["it"] = iter(dl)
+            b = next(state["it"])
+        return len(b)
+
+    cpu = CpuUse()
+    res = timed_windows(step, a["seconds"], warmup=2)
+    res["cpu_cores_used"] = cpu.stop()
+    res["workers"] = workers
+    return res
+
+
+class _Files:
+    def __init__(self, files: list[Path], tf: Any, encode: bool):
+        self.files, self.tf, self.encode = files, tf, encode
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> Any:
+        import io
+
+        from PIL import Image
+
+        img = self.tf(Image.open(self.files[i]).convert("RGB"))
+        if self.encode:
+            buf = io.BytesIO()
+            img.save(buf, "JPEG", quality=90)
+            return buf.getvalue()
+        return img
+
+
+def run_dali(a: dict) -> dict:
+    try:
+        from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali.plugin.base_iterator import LastBatchPolicy  # noqa: F401  (version check)
+    except ImportError as e:
+        return {"skipped": f"nvidia.dali not importable: {e}"}
+    model = get_model(a["model"])
+    if (model.name, a["chain"]) not in (("resnet50", "train"), ("resnet50", "val"), ("decode-only", "decode")):
+        return {"skipped": f"no DALI pipeline for {model.name}/{a['chain']} (DALI cannot encode or write)"}
+    files = [str(p) for p in data_files(a["data"], a["images"])]
+    sampler = GpuSampler(a.get("gpu", 0))
+
+    @pipeline_def(batch_size=a["batch_size"], num_threads=os.cpu_count() or 4, device_id=a.get("gpu", 0))
+    def pipe():
+        jpegs, _ = fn.readers.file(files=files, random_shuffle=False, name="r")
+        if a["chain"] == "train":
+            imgs = fn.decoders.image(jpegs, device="mixed", output_type=types.RGB, hw_decoder_load=0.9)
+            imgs = fn.random_resized_crop(imgs, size=224)
+        else:
+            imgs = fn.decoders.image(jpegs, device="mixed", output_type=types.RGB)
+            if a["chain"] == "val":
+                imgs = fn.resize(imgs, resize_shorter=256)
+        if a["chain"] == "decode":
+            return imgs
+        return fn.crop_mirror_normalize(imgs, dtype=types.FLOAT16, output_layout="CHW", crop=(224, 224),
+                                        mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
+                                        std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
+                                        mirror=fn.random.coin_flip() if a["chain"] == "train" else 0)
+
+    p = pipe()
+    p.build()
+    sampler.measuring = True
+    res = timed_windows(lambda: (p.run(), a["batch_size"])[1], a["seconds"], warmup=3)
+    res.update(sampler.stop())
+    return res
+
+
+def main() -> None:
+    a = json.loads(sys.argv[1])
+    name = a["contender"]
+    if name == "gpubatch-gpu":
+        res = run_gpubatch(a, "gpu")
+    elif name == "gpubatch-cpu":
+        res = run_gpubatch(a, "cpu")
+    elif name == "torch-dataloader":
+        res = run_dataloader(a)
+    elif name == "dali":
+        res = run_dali(a)
+    else:
+        res = {"error": f"unknown contender {name!r}"}
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()

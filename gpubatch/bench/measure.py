@@ -1,0 +1,141 @@
+"""Measurement pieces: timed windows with an injectable clock, NVML memory/utilisation sampling, CPU use.
+
+Honesty rules (see README, "Benchmarks"): warm-up batches are excluded, the caller's ``sync`` (the GPU
+stream) runs before every clock read, figures are medians of several windows with the spread kept.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    k = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
+    return sorted_values[k]
+
+
+def timed_windows(step: Callable[[], int], seconds: float, warmup: int = 3, windows: int = 5,
+                  sync: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.perf_counter,
+                  min_batches: int = 2) -> dict[str, Any]:
+    """Call ``step`` (one batch; returns how many images it produced) for about ``seconds`` after
+    ``warmup`` untimed calls, and split the timed run into ``windows`` windows.
+
+    Returns images/s as the median of the window rates, their min and max, p50/p99 batch latency (ms),
+    the images and seconds timed.
+    """
+    for _ in range(warmup):
+        step()
+    sync()
+    per_window = max(seconds / max(windows, 1), 1e-9)
+    rates, lat = [], []
+    images_total, t_start = 0, clock()
+    for _ in range(max(windows, 1)):
+        t0 = last = clock()
+        n = batches = 0
+        while batches < min_batches or last - t0 < per_window:
+            n += step()
+            sync()
+            now = clock()
+            lat.append(now - last)
+            last = now
+            batches += 1
+        rates.append(n / max(last - t0, 1e-12))
+        images_total += n
+    lat.sort()
+    return {"images_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
+            "window_rates": rates, "batch_ms_p50": 1e3 * percentile(lat, 0.5),
+            "batch_ms_p99": 1e3 * percentile(lat, 0.99), "images": images_total,
+            "seconds": clock() - t_start, "batches": len(lat)}
+
+
+class CpuUse:
+    """CPU cores busy on average, between construction and :meth:`stop`, in this process and every live
+    descendant (worker pools, a forkserver's workers), from /proc; elsewhere this process only."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.c0 = self._cpu()
+
+    @staticmethod
+    def _cpu() -> float:
+        import os
+
+        try:
+            tick = os.sysconf("SC_CLK_TCK")
+            stats = {}
+            for d in os.listdir("/proc"):
+                if d.isdigit():
+                    try:
+                        with open(f"/proc/{d}/stat") as fh:
+                            f = fh.read().rsplit(")", 1)[1].split()
+                        stats[int(d)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)  # ppid, utime + stime
+                    except (OSError, IndexError, ValueError):
+                        continue
+            tree, todo = set(), [os.getpid()]
+            while todo:
+                pid = todo.pop()
+                tree.add(pid)
+                todo.extend(c for c, (pp, _) in stats.items() if pp == pid and c not in tree)
+            return sum(stats[p][1] for p in tree if p in stats)
+        except OSError:
+            r = resource.getrusage(resource.RUSAGE_SELF)
+            return r.ru_utime + r.ru_stime
+
+    def stop(self) -> float:
+        return (self._cpu() - self.c0) / max(time.perf_counter() - self.t0, 1e-9)
+
+
+class GpuSampler:
+    """Device memory in use (peak minus the level at construction, CUDA context included) and GPU
+    utilisation (mean), sampled from NVML every 10 ms. Without NVML both read None."""
+
+    def __init__(self, index: int = 0):
+        self.ok = False
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self.base = self._used()
+        except Exception:  # no NVML (no driver, no pynvml): memory and utilisation are unknown
+            return
+        self.ok = True
+        self.peak = self.base
+        self.util: list[int] = []
+        self.measuring = False
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _used(self) -> int:
+        return self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._used())
+            if self.measuring:
+                self.util.append(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
+            time.sleep(0.01)
+
+    def stop(self) -> dict[str, float | None]:
+        if not self.ok:
+            return {"gpu_mem_gib": None, "gpu_util_pct": None}
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self._used())
+        return {"gpu_mem_gib": (self.peak - self.base) / 2**30,
+                "gpu_util_pct": statistics.fmean(self.util) if self.util else None}
+
+
+def bottleneck(stages: dict[str, float]) -> str | None:
+    """The stage that took the most time."""
+    stages = {k: v for k, v in stages.items() if isinstance(v, (int, float)) and v > 0}
+    return max(stages, key=stages.get) if stages else None

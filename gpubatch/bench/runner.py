@@ -1,0 +1,169 @@
+"""Run a bench: data, one subprocess per contender and chain, the optional sweep, the environment.
+
+The result is a JSON-able dict (schema ``gpubatch-bench/1``, documented in the README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from . import MODELS, get_model
+
+CONTENDERS = ("gpubatch-gpu", "gpubatch-cpu", "torch-dataloader", "dali")
+SWEEPABLE = {"batch_size": int, "threads": int, "cuda_share": float}
+SCHEMA = "gpubatch-bench/1"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GPUBATCH_CACHE", Path.home() / ".cache" / "gpubatch"))
+
+
+def parse_sweep(spec: str | None) -> tuple[str, list[Any]] | None:
+    if not spec:
+        return None
+    name, _, values = spec.partition("=")
+    name = name.strip().replace("-", "_")
+    if name not in SWEEPABLE or not values:
+        raise UsageError(f"--sweep {spec!r}: write PARAM=v1,v2,...; PARAM one of {', '.join(SWEEPABLE)}")
+    try:
+        return name, [SWEEPABLE[name](v) for v in values.split(",")]
+    except ValueError:
+        raise UsageError(f"--sweep {spec!r}: values of {name} must be {SWEEPABLE[name].__name__}s") from None
+
+
+def environment(argv: list[str] | None = None) -> dict[str, Any]:
+    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                           "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                           "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                           "command": " ".join(argv if argv is not None else sys.argv)}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                env["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        env["cpu_model"] = platform.processor() or None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip().splitlines()
+        env["gpu"] = out[0] if out else None
+    except (OSError, subprocess.SubprocessError):
+        env["gpu"] = None
+    versions = {}
+    for mod in ("gpubatch", "cupy", "nvidia.nvimgcodec", "PIL", "numpy", "torch", "torchvision", "nvidia.dali"):
+        try:
+            m = __import__(mod, fromlist=["__version__"])
+            versions[mod] = getattr(m, "__version__", "?")
+        except Exception:
+            versions[mod] = None
+    env["versions"] = versions
+    try:
+        import cupy
+
+        v = cupy.cuda.runtime.runtimeGetVersion()
+        env["cuda_runtime"] = f"{v // 1000}.{v % 1000 // 10}"
+    except Exception:
+        env["cuda_runtime"] = None
+    return env
+
+
+def run_contender(args: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One contender in its own process; its RESULT line, or an error with the last lines it printed."""
+    cmd = [sys.executable, "-m", "gpubatch.bench.contenders", json.dumps(args)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line:
+        return json.loads(line[7:])
+    tail = " | ".join((p.stderr + p.stdout).strip().splitlines()[-6:])
+    return {"error": f"exit {p.returncode}: {tail}"}
+
+
+def run_bench(model: str, data: Path | None = None, synthetic: int | None = None, batch_size: int = 256,
+              seconds: float = 10.0, device: str = "auto", baselines: list[str] | None = None,
+              sweep: str | None = None, with_model: bool = False, gpu: int = 0, images: int | None = None,
+              argv: list[str] | None = None, say: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Benchmark ``model``'s chains; see the module docstring for what comes back."""
+    from ..engine.device import resolve
+
+    m = get_model(model)
+    sweep_spec = parse_sweep(sweep)
+    contenders = list(baselines or CONTENDERS)
+    unknown = [c for c in contenders if c not in CONTENDERS]
+    if unknown:
+        raise UsageError(f"unknown baseline {unknown[0]!r}; valid: {', '.join(CONTENDERS)}")
+    if (data is None) == (synthetic is None):
+        raise UsageError("give exactly one of --data PATH or --synthetic N")
+    if synthetic is not None:
+        if synthetic < batch_size:
+            raise UsageError(f"--synthetic {synthetic} is smaller than one batch ({batch_size})")
+        from ..synthetic import make_jpeg_set
+
+        root = cache_dir() / f"synthetic-{synthetic}"
+        say(f"synthetic data: {synthetic} JPEGs in {root}")
+        data = make_jpeg_set(root, synthetic)
+        source = {"path": str(data), "kind": "synthetic", "images": synthetic}
+    else:
+        data = Path(data)
+        if not data.is_dir():
+            raise UsageError(f"--data {data}: not a folder of JPEGs")
+        from .contenders import data_files
+
+        n = len(data_files(str(data), images or 0))
+        if n < batch_size:
+            raise UsageError(f"--data {data} holds {n} JPEGs, fewer than one batch ({batch_size})")
+        source = {"path": str(data), "kind": "folder", "images": n}
+    source["page_cache"] = "warm: every contender reads all files in its warm-up and windows; nothing is dropped"
+    dev = resolve(device, gpu) if device != "cpu" else None
+    gpu_ok = dev is not None and dev.is_gpu
+    base = {"model": m.name, "data": str(data), "images": images or source["images"], "batch_size": batch_size,
+            "seconds": seconds, "gpu": gpu, "with_model": with_model}
+    timeout = 20 * seconds + 600
+    results: dict[str, dict[str, Any]] = {}
+    for chain in m.chains:
+        results[chain] = {}
+        for c in contenders:
+            if c in ("gpubatch-gpu", "dali") and not gpu_ok:
+                reason = dev.reason if dev is not None else "--device cpu"
+                results[chain][c] = {"skipped": f"no GPU: {reason}"}
+                continue
+            say(f"{m.name}/{chain}: {c} ...")
+            results[chain][c] = run_contender({**base, "contender": c, "chain": chain}, timeout)
+        cpu = results[chain].get("gpubatch-cpu", {}).get("images_per_s")
+        for r in results[chain].values():
+            if cpu and "images_per_s" in r:
+                r["speedup_vs_cpu"] = r["images_per_s"] / cpu
+    sweep_out = None
+    if sweep_spec and gpu_ok:
+        name, values = sweep_spec
+        chain = next(iter(m.chains))
+        points = []
+        for v in values:
+            say(f"sweep {name}={v} ...")
+            args = {**base, "contender": "gpubatch-gpu", "chain": chain, "fidelity": False, "with_model": False,
+                    name: v}
+            r = run_contender(args, timeout)
+            points.append({"value": v, **{k: r.get(k) for k in ("images_per_s", "min", "max", "gpu_mem_gib", "error")}})
+        sweep_out = {"param": name, "chain": chain, "contender": "gpubatch-gpu", "points": points}
+    elif sweep_spec:
+        sweep_out = {"param": sweep_spec[0], "skipped": "the sweep runs the GPU contender; no GPU"}
+    return {"schema": SCHEMA, "model": {"name": m.name, "doc": m.doc, "chains": m.chains},
+            "environment": environment(argv), "data": source,
+            "settings": {"batch_size": batch_size, "seconds": seconds, "device": device, "contenders": contenders,
+                         "with_model": with_model, "windows": 5, "warmup_batches": 3},
+            "results": results, "sweep": sweep_out}
+
+
+def list_models() -> list[tuple[str, str, dict[str, str]]]:
+    return [(m.name, m.doc, m.chains) for m in MODELS.values()]

@@ -1,0 +1,72 @@
+"""``gpubatch bench --model NAME``: preprocessing throughput here, GPU vs CPU vs peers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from rich.table import Table
+
+    from ..bench.runner import list_models
+    from ..report.console import stdout_console
+
+    t = Table(title="bench models (--model NAME)", title_justify="left")
+    t.add_column("model", style="bold")
+    t.add_column("chains", overflow="fold")
+    t.add_column("what it is")
+    for name, doc, chains in list_models():
+        t.add_row(name, "\n".join(f"{k}: {v or '(decode only)'}" for k, v in chains.items()), doc)
+    stdout_console().print(t)
+    ctx.exit(0)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", default=None, metavar="NAME", help="Preprocessing chain to measure (see --list-models).")
+@click.option("--data", type=click.Path(path_type=Path), default=None, help="A folder of JPEGs (searched recursively).")
+@click.option("--synthetic", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Generate N ImageNet-like JPEGs (mixed subsampling, 75-97 quality) in a cache folder.")
+@click.option("--images", type=click.IntRange(min=1), default=None, metavar="N", help="Use the first N files of --data.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Timed seconds per contender (after warm-up), split into 5 windows.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True)
+@click.option("--gpu", type=int, default=0, show_default=True, help="CUDA device ordinal.")
+@click.option("--baselines", default=None, metavar="LIST",
+              help="Comma-separated contenders  [default: gpubatch-gpu,gpubatch-cpu,torch-dataloader,dali]")
+@click.option("--sweep", default=None, metavar="PARAM=v1,v2",
+              help="Re-run the GPU contender for each value of batch_size, threads or cuda_share.")
+@click.option("--with-model", is_flag=True, help="Also time a real training step fed by the pipeline (torch).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the result as JSON.")
+@click.option("--report", type=click.Path(path_type=Path), default=None, metavar="FILE.html|FILE.md",
+              help="Write a self-contained HTML page (inline SVG charts) or Markdown.")
+@click.option("--list-models", is_flag=True, expose_value=False, is_eager=True, callback=_list_models,
+              help="List the models and exit.")
+def bench(model: str | None, baselines: str | None, json_path: Path | None, report: Path | None, **opts) -> None:
+    """Measure a model's preprocessing: images/s on the GPU and the CPU and against peers, GPU memory and
+    utilisation, CPU cores, batch latency, the hardware decoder's share, where the time goes, and
+    whether GPU pixels agree with the CPU path's."""
+    from ..bench.report import render_terminal, to_html, to_markdown
+    from ..bench.runner import run_bench
+    from ..errors import UsageError
+    from ..report.console import console
+
+    if not model:
+        raise UsageError("bench needs --model NAME (see --list-models)")
+    if report is not None and report.suffix.lower() not in (".html", ".htm", ".md"):
+        raise UsageError(f"--report {report}: give a .html or .md file name")
+    con = console()
+    result = run_bench(model, baselines=baselines.split(",") if baselines else None, argv=["gpubatch", *sys.argv[1:]],
+                       say=lambda s: con.print(f"[dim]{s}[/]"), **opts)
+    render_terminal(result, con)
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2))
+    if report:
+        report.write_text(to_markdown(result) if report.suffix.lower() == ".md" else to_html(result))
+        con.print(f"report: {report}")

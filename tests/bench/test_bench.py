@@ -1,0 +1,129 @@
+"""The bench harness with a fake clock, the report renderers, the JSON schema and the CLI (CPU only)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpubatch.bench import MODELS
+from gpubatch.bench.measure import bottleneck, percentile, timed_windows
+from gpubatch.bench.report import to_html, to_markdown
+from gpubatch.bench.runner import SCHEMA, parse_sweep
+from gpubatch.errors import UsageError
+from tests.helpers import run_cli
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_windows_exclude_warmup_and_take_the_median():
+    clock = FakeClock()
+    calls = []
+    costs = iter([100.0] * 3 + [0.1] * 1000)  # slow warm-up batches must not count
+
+    def step():
+        calls.append(1)
+        clock.t += next(costs)
+        return 10
+
+    syncs = []
+    r = timed_windows(step, seconds=1.0, warmup=3, windows=5, sync=lambda: syncs.append(clock.t), clock=clock)
+    assert r["images_per_s"] == pytest.approx(100.0)  # 10 images per 0.1 s
+    assert r["min"] == pytest.approx(100.0) and r["max"] == pytest.approx(100.0)
+    assert r["batch_ms_p50"] == pytest.approx(100.0)
+    assert len(syncs) == r["batches"] + 1  # synchronized before every clock read of a batch
+
+
+def test_windows_report_spread_and_tail_latency():
+    clock = FakeClock()
+    pattern = iter(([0.1] * 9 + [1.0]) * 100)
+
+    def step():
+        clock.t += next(pattern)
+        return 10
+
+    r = timed_windows(step, seconds=5.0, warmup=0, windows=5, clock=clock, min_batches=10)
+    assert r["min"] < r["images_per_s"] <= r["max"] * 1.0001
+    assert r["batch_ms_p99"] == pytest.approx(1000.0) and r["batch_ms_p50"] == pytest.approx(100.0)
+    assert percentile([], 0.5) == 0.0 and bottleneck({"read": 1.0, "decode": 3.0, "x": None}) == "decode"
+
+
+def _result():
+    return {
+        "schema": SCHEMA, "model": {"name": "resnet50", "doc": "d", "chains": MODELS["resnet50"].chains},
+        "environment": {"gpu": "NVIDIA H200, 580", "cpu_model": "Xeon", "cpu_cores": 16, "cuda_runtime": "13.0",
+                        "date": "2026-11-21", "command": "gpubatch bench --model resnet50"},
+        "data": {"path": "/d", "kind": "synthetic", "images": 4096, "page_cache": "warm"},
+        "settings": {"batch_size": 256, "seconds": 10, "windows": 5, "warmup_batches": 3},
+        "results": {"train": {
+            "gpubatch-gpu": {"images_per_s": 5000.0, "min": 4900.0, "max": 5100.0, "speedup_vs_cpu": 3.5,
+                             "gpu_mem_gib": 1.2, "gpu_util_pct": 40.0, "cpu_cores_used": 6.0, "batch_ms_p50": 50.0,
+                             "batch_ms_p99": 60.0, "hw_decoder_share": 0.7, "bottleneck": "decode",
+                             "fidelity": {"images": 16, "max_abs_diff": 3, "mean_abs_diff": 0.4, "units": "uint8 levels"},
+                             "model": {"model": "resnet50", "model_alone_images_per_s": 3000.0,
+                                       "model_plus_pipeline_images_per_s": 2900.0, "starved": False}},
+            "gpubatch-cpu": {"images_per_s": 1400.0, "min": 1300.0, "max": 1500.0, "speedup_vs_cpu": 1.0},
+            "dali": {"skipped": "nvidia.dali not importable"}}},
+        "sweep": {"param": "batch_size", "chain": "train", "contender": "gpubatch-gpu",
+                  "points": [{"value": 64, "images_per_s": 3000.0}, {"value": 256, "images_per_s": 5000.0}]},
+    }
+
+
+def test_reports_say_what_ran():
+    r = _result()
+    md = to_markdown(r)
+    assert "| gpubatch-gpu | 5,000 | 4,900-5,100 | 3.5x | 1.20 GiB | 40% |" in md
+    assert "dali | skipped: nvidia.dali not importable" in md and "max |diff| 3" in md and "the model is fed" in md
+    assert "NVIDIA H200" in md and "warm-up batches excluded" in md and "## sweep batch_size" in md
+    page = to_html(r)
+    assert page.startswith("<!doctype html>") and page.count("<svg") == 2 and "<script" not in page
+    assert "gpubatch-cpu" in page and "1,400" in page
+    json.dumps(r)  # the schema is plain JSON
+
+
+def test_sweep_parsing():
+    assert parse_sweep("batch_size=64,128") == ("batch_size", [64, 128])
+    assert parse_sweep("cuda-share=0.2,0.4") == ("cuda_share", [0.2, 0.4])
+    for bad in ("nope=1", "batch_size=", "batch_size=a"):
+        with pytest.raises(UsageError):
+            parse_sweep(bad)
+
+
+def test_cli_runs_on_the_cpu_and_writes_reports(tmp_path):
+    from gpubatch.synthetic import make_jpeg_set
+
+    data = make_jpeg_set(tmp_path / "jpegs", 24)
+    r = run_cli("bench", "--model", "resnet50", "--data", data, "--batch-size", "8", "--seconds", "0.3",
+                "--device", "cpu", "--baselines", "gpubatch-cpu,gpubatch-gpu", "--json", tmp_path / "r.json",
+                "--report", tmp_path / "r.html")
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["schema"] == SCHEMA and set(res["results"]) == {"train", "val"}
+    for chain in ("train", "val"):
+        assert res["results"][chain]["gpubatch-cpu"]["images_per_s"] > 0
+        assert "no GPU" in res["results"][chain]["gpubatch-gpu"]["skipped"]
+    assert {"gpu", "cpu_model", "cpu_cores", "versions", "command", "date"} <= set(res["environment"])
+    assert "<svg" in (tmp_path / "r.html").read_text()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "vgg"], "unknown model 'vgg'"),
+    ([], "bench needs --model"),
+    (["--model", "resnet50"], "exactly one of --data PATH or --synthetic N"),
+    (["--model", "resnet50", "--synthetic", "8", "--baselines", "caffe"], "unknown baseline 'caffe'"),
+    (["--model", "resnet50", "--synthetic", "300", "--report", "x.pdf"], "give a .html or .md"),
+])
+def test_cli_errors(args, message):
+    r = run_cli("bench", *args)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_list_models():
+    r = run_cli("bench", "--list-models")
+    assert r.returncode == 0 and all(m in r.stdout for m in MODELS)
