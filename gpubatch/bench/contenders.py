@@ -88,13 +88,13 @@ def run_gpubatch(a: dict, device: str) -> dict:
         res["cpu_fallbacks"] = pipe.stats["fallbacks"]
         res["decoder_s"] = {k: round(v, 3) for k, v in eng.decoder.timings.items()}
     it.close()
+    if sampler:
+        res.update(sampler.stop())  # the pipeline's own memory and utilisation, before the extras below
     if device == "gpu" and a.get("fidelity", True):
         res["fidelity"] = fidelity(ops, files[:16], a.get("gpu", 0))
     if a.get("with_model") and device == "gpu":
         res["model"] = with_model(model, pipe, files, B)
     pipe.close()
-    if sampler:
-        res.update(sampler.stop())
     return res
 
 
