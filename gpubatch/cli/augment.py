@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .options import FORMAT_NAMES, device_options, run_options
+from .options import FORMAT_NAMES, device_options, pipeline_options, run_options
 
 
 def _list_ops(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -61,30 +61,16 @@ def _list_presets(ctx: click.Context, _param: click.Parameter, value: bool) -> N
 @click.option("--keep-original", is_flag=True, help="Also write every image untouched under its own key.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the drawn parameters.")
 @click.option("--to", "to", type=click.Choice(FORMAT_NAMES), default=None, help="Output format  [default: the source's]")
-@click.option("--from", "from_format", type=click.Choice(FORMAT_NAMES), default=None,
-              help="Source format  [default: detected]")
 @click.option("--quality", type=click.IntRange(1, 100), default=None, metavar="Q",
               help="JPEG quality of written images  [default: 95]")
-@click.option("--image-format", type=click.Choice(["keep", "jpeg", "png"]), default="keep", show_default=True,
-              help="Codec of written images; keep leaves JPEG as JPEG and PNG as PNG.")
 @click.option("--min-box-visibility", type=click.FloatRange(0, 1), default=0.25, show_default=True,
               help="Drop a box that keeps this fraction of its area or less after a crop or warp.")
-@click.option("--max-pixels", type=click.IntRange(min=0), default=None, metavar="N",
-              help="Refuse images above N pixels, before decoding  [default: 89478485]")
-@click.option("--shard-size", type=click.IntRange(min=1), default=10_000, show_default=True, metavar="N",
-              help="Records per shard (tfrecord, webdataset, recordio).")
-@click.option("--name", default="data", show_default=True, help="Shard file name prefix.")
-@click.option("--layout", type=click.Choice(["imagenet", "flat"]), default="imagenet", show_default=True,
-              help="folder output: class sub-folders, or one flat folder with file_list.txt.")
 @click.option("--limit", type=click.IntRange(min=0), default=None, metavar="N", help="Augment the first N records only.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True, help="Images per GPU batch.")
-@click.option("--gpu-memory", default=None, metavar="SIZE", help="Cap on the GPU memory the run takes, e.g. 2GiB.")
 @click.option("--list-ops", is_flag=True, expose_value=False, is_eager=True, callback=_list_ops,
               help="List every op with its parameters and exit.")
 @click.option("--list-presets", is_flag=True, expose_value=False, is_eager=True, callback=_list_presets,
               help="List the presets and exit.")
-@click.option("--gpu-procs", type=click.IntRange(min=1), default=None, metavar="N",
-              help="GPU worker processes, each with its own decoders and CUDA context  [default: 1 per 4 cores, max 4]")
+@pipeline_options
 @device_options
 @run_options
 def augment(src: Path, dst: Path, as_json: bool, quiet: bool, **opts) -> None:

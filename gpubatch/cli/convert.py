@@ -7,39 +7,23 @@ from pathlib import Path
 
 import click
 
-from .options import FORMAT_NAMES, device_options, run_options
+from .options import FORMAT_NAMES, device_options, pipeline_options, run_options
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option("--to", "to", type=click.Choice(FORMAT_NAMES), required=True, help="Output format.")
-@click.option("--from", "from_format", type=click.Choice(FORMAT_NAMES), default=None,
-              help="Source format  [default: detected]")
 @click.option("--resize-shorter", type=click.IntRange(min=1), default=None, metavar="N",
               help="Resize so the shorter side is N pixels (antialiased bilinear).")
 @click.option("--center-crop", type=click.IntRange(min=1), default=None, metavar="N",
               help="Crop the central NxN window (after --resize-shorter).")
 @click.option("--quality", type=click.IntRange(1, 100), default=None, metavar="Q",
               help="JPEG quality of re-encoded images  [default: 95]; given alone, it re-encodes JPEGs.")
-@click.option("--image-format", type=click.Choice(["keep", "jpeg", "png"]), default="keep", show_default=True,
-              help="Codec of re-encoded images; keep leaves JPEG as JPEG and PNG as PNG.")
-@click.option("--max-pixels", type=click.IntRange(min=0), default=None, metavar="N",
-              help="Refuse images above N pixels, before decoding  [default: 89478485, Pillow's limit; 0 = none]")
-@click.option("--shard-size", type=click.IntRange(min=1), default=10_000, show_default=True, metavar="N",
-              help="Records per shard (tfrecord, webdataset, recordio).")
-@click.option("--name", default="data", show_default=True, help="Shard file name prefix.")
-@click.option("--layout", type=click.Choice(["imagenet", "flat"]), default="imagenet", show_default=True,
-              help="folder output: class sub-folders, or one flat folder with file_list.txt.")
 @click.option("--limit", type=click.IntRange(min=0), default=None, metavar="N", help="Convert the first N records only.")
 @click.option("--shuffle", is_flag=True, help="Write records in a random order (see --seed).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of --shuffle.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True,
-              help="Images per GPU batch.")
-@click.option("--gpu-memory", default=None, metavar="SIZE",
-              help="Cap on the GPU memory the run takes, e.g. 2GiB or 0.5 (fraction)  [default: 0.8 GiB of buffers]")
-@click.option("--gpu-procs", type=click.IntRange(min=1), default=None, metavar="N",
-              help="GPU worker processes, each with its own decoders and CUDA context  [default: 1 per 4 cores, max 4]")
+@pipeline_options
 @device_options
 @run_options
 def convert(src: Path, dst: Path, to: str, as_json: bool, quiet: bool, **opts) -> None:

@@ -28,3 +28,29 @@ def run_options(f):
     ]):
         f = opt(f)
     return f
+
+
+def pipeline_options(f):
+    """Options of commands that read a dataset, transform it and write another (convert, augment)."""
+    for opt in reversed([
+        click.option("--from", "from_format", type=click.Choice(FORMAT_NAMES), default=None,
+                     help="Source format  [default: detected]"),
+        click.option("--image-format", type=click.Choice(["keep", "jpeg", "png"]), default="keep", show_default=True,
+                     help="Codec of re-encoded images; keep leaves JPEG as JPEG and PNG as PNG."),
+        click.option("--max-pixels", type=click.IntRange(min=0), default=None, metavar="N",
+                     help="Refuse images above N pixels, before decoding  [default: 89478485, Pillow's limit; 0 = none]"),
+        click.option("--shard-size", type=click.IntRange(min=1), default=10_000, show_default=True, metavar="N",
+                     help="Records per shard (tfrecord, webdataset, recordio)."),
+        click.option("--name", default="data", show_default=True, help="Shard file name prefix."),
+        click.option("--layout", type=click.Choice(["imagenet", "flat"]), default="imagenet", show_default=True,
+                     help="folder output: class sub-folders, or one flat folder with file_list.txt."),
+        click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True,
+                     help="Images per GPU batch."),
+        click.option("--gpu-memory", default=None, metavar="SIZE",
+                     help="Cap on the GPU memory the run takes, e.g. 2GiB or 0.5 (fraction)  [default: 1 GiB of buffers]"),
+        click.option("--gpu-procs", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="GPU worker processes, each with its own decoders and CUDA context  "
+                          "[default: 1 per 4 cores, at most 2]"),
+    ]):
+        f = opt(f)
+    return f

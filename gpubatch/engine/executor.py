@@ -232,24 +232,33 @@ def write_results(
 
     stats = router.stats
     it = iter(results)
-    while True:
-        t0 = time.perf_counter()
-        result = next(it, None)
-        t1 = time.perf_counter()
-        stats.timed("write_wait", t1 - t0)
-        if result is None:
-            return
-        if isinstance(result, RecordError):
-            if result.stage is Stage.READ:
-                stats.add(records_in=1)
-            router(result)
-        else:
-            try:
-                writer.write(result)
-            except ValueError as e:  # this record does not fit the format; I/O errors end the run
-                router(RecordError(result.key, result.origin, Stage.WRITE, str(e)))
-            else:
-                stats.add(records_out=1, bytes_out=len(result.data))
-        if progress:
-            progress(1)
-        stats.timed("write", time.perf_counter() - t1)
+    wait = write = 0.0
+    try:
+        while True:
+            t0 = time.perf_counter()
+            result = next(it, None)
+            t1 = time.perf_counter()
+            wait += t1 - t0
+            if result is None:
+                return
+            _write_one(result, writer, router, stats)
+            if progress:
+                progress(1)
+            write += time.perf_counter() - t1
+    finally:
+        stats.timed("write_wait", wait)
+        stats.timed("write", write)
+
+
+def _write_one(result: Record | RecordError, writer: Writer, router: ErrorRouter, stats: RunStats) -> None:
+    if isinstance(result, RecordError):
+        if result.stage is Stage.READ:
+            stats.add(records_in=1)
+        router(result)
+        return
+    try:
+        writer.write(result)
+    except ValueError as e:  # this record does not fit the format; I/O errors end the run
+        router(RecordError(result.key, result.origin, Stage.WRITE, str(e)))
+    else:
+        stats.add(records_out=1, bytes_out=len(result.data))

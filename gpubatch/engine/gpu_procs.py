@@ -29,9 +29,13 @@ _COUNTS = ("records_in", "bytes_in", "passthrough", "transcoded", "fallbacks", "
 
 
 def auto_procs(entries: int, batch_size: int) -> int:
-    """Worker processes for a run: one per 4 cores, at most 4, and no more than the batches justify."""
+    """Worker processes for a run: one per 4 cores, at most 2, and no more than the batches justify.
+
+    Two doubled augment throughput on an H200; four were slower than two, as the processes' CUDA
+    contexts time-slice the GPU (benchmarks/RESULTS.md).
+    """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(4, cores // 4, -(-entries // (2 * batch_size))))
+    return max(1, min(2, cores // 4, -(-entries // (2 * batch_size))))
 
 
 def _init(device_index: int, src: str, fmt: str, plan: Plan, threads: int, gpu_memory: Any, procs: int) -> None:

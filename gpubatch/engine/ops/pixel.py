@@ -363,6 +363,15 @@ class ColorJitter(StepOp):
         return steps or [COPY_STEP]
 
 
+def _named(cls: type[StepOp], name: str, doc: str) -> type[StepOp]:
+    """Name, document and register an op class made by a factory below."""
+    cls.name = name
+    cls.__name__ = cls.__qualname__ = "".join(s.title() for s in name.split("_"))
+    cls.__doc__ = doc
+    OPS[name] = cls
+    return register_step_op(cls)
+
+
 def _one_factor_op(name: str, code: int, doc: str):
     @dataclass(frozen=True)
     class _FactorOp(StepOp):
@@ -380,11 +389,7 @@ def _one_factor_op(name: str, code: int, doc: str):
         def make_steps(self, h: int, w: int, params: float) -> list[Step]:
             return [Step((float(code), float(params)))]
 
-    _FactorOp.name = name
-    _FactorOp.__name__ = _FactorOp.__qualname__ = "".join(s.title() for s in name.split("_"))
-    _FactorOp.__doc__ = doc
-    OPS[name] = _FactorOp
-    return register_step_op(_FactorOp)
+    return _named(_FactorOp, name, doc)
 
 
 Brightness = _one_factor_op("brightness", BRIGHTNESS, "Multiply pixels by ``factor`` (a number or a (min, max) range).")
@@ -426,11 +431,7 @@ def _plain_op(name: str, code: int, doc: str):
         def make_steps(self, h: int, w: int, params: Any) -> list[Step]:
             return [Step((float(code),))]
 
-    _PlainOp.name = name
-    _PlainOp.__name__ = _PlainOp.__qualname__ = "".join(s.title() for s in name.split("_"))
-    _PlainOp.__doc__ = doc
-    OPS[name] = _PlainOp
-    return register_step_op(_PlainOp)
+    return _named(_PlainOp, name, doc)
 
 
 Grayscale = _plain_op("grayscale", GRAYSCALE, "Replace RGB by luma in all three channels (with probability p).")
