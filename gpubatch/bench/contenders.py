@@ -2,26 +2,23 @@
 prints one ``RESULT {json}`` line.
 
 - ``gpubatch-gpu`` / ``gpubatch-cpu``: :class:`~gpubatch.engine.gpu_executor.ImagePipeline` on the device /
-  on every core (worker processes), reading the files from disk each batch.
+  on every core (worker processes), reading the files from disk each batch in reader processes
+  (``ImagePipeline.iterate_files``).
 - ``torch-dataloader``: a PyTorch DataLoader, one worker per core, torchvision transforms on Pillow.
 - ``dali``: NVIDIA DALI's file reader, mixed decoder and its own ops, when ``nvidia.dali`` imports.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from . import chain_ops, get_model
 from .measure import CpuUse, GpuSampler, bottleneck, timed_windows
-
-READ_THREADS = 4
 
 
 def data_files(data: str, n: int) -> list[Path]:
@@ -29,11 +26,8 @@ def data_files(data: str, n: int) -> list[Path]:
     return files[:n] if n else files
 
 
-def _batches(files: list[Path], batch: int):
-    io = ThreadPoolExecutor(READ_THREADS)
-    for start in itertools.cycle(range(0, max(len(files) - batch + 1, 1), batch)):
-        chunk = files[start : start + batch]
-        yield list(io.map(Path.read_bytes, chunk)), [f"{p.parent.name}/{p.stem}" for p in chunk]
+def _keys(files: list[Path]) -> list[str]:
+    return [f"{p.parent.name}/{p.stem}" for p in files]
 
 
 def _encode_one(arr: Any) -> int:
@@ -55,7 +49,7 @@ def run_gpubatch(a: dict, device: str) -> dict:
     if eng is not None and a.get("cuda_share") is not None:
         eng.decoder.cuda_share, eng.decoder.deterministic = float(a["cuda_share"]), True
     sync = eng.stream.synchronize if eng else (lambda: None)
-    it = pipe.iterate(_batches(files, B))
+    it = pipe.iterate_files(files, _keys(files), B, repeat=True)
     enc = {"encode": 0.0}
 
     def step() -> int:
@@ -105,7 +99,7 @@ def fidelity(ops: tuple, files: list[Path], gpu: int) -> dict:
     from ..engine.gpu_executor import ImagePipeline
 
     body = tuple(op for op in ops if op.kind != "normalize")
-    blobs, keys = [p.read_bytes() for p in files], [f"{p.parent.name}/{p.stem}" for p in files]
+    blobs, keys = [p.read_bytes() for p in files], _keys(files)
     with ImagePipeline(body, device="gpu", seed=0, gpu=gpu) as g, ImagePipeline(body, device="cpu", seed=0) as c:
         gb = g(blobs, keys)
         g.engine.stream.synchronize()
@@ -143,7 +137,7 @@ def with_model(model: Any, pipe: Any, files: list[Path], batch: int) -> dict:
 
     fake = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     alone = timed_windows(lambda: train(fake), 10.0, warmup=5, sync=torch.cuda.synchronize)
-    it = pipe.iterate(_batches(files, batch))
+    it = pipe.iterate_files(files, _keys(files), batch, repeat=True)
 
     def fed() -> int:
         out = next(it)

@@ -24,6 +24,7 @@ class DeviceBatch:
         shapes: per item its shape (e.g. (H, W, 3) or (3, H, W)).
         keys: record keys, for error messages and per-record parameters.
         keep: objects that own device memory the batch's kernels read (decoded images).
+        stream: the CUDA stream its kernels were enqueued on (None: already finished, or host).
     """
 
     buffer: Any
@@ -31,6 +32,7 @@ class DeviceBatch:
     shapes: list[tuple[int, ...]]
     keys: list[str] = field(default_factory=list)
     keep: list[Any] = field(default_factory=list)  # owners of input memory the kernels may still read
+    stream: Any = None
 
     def __len__(self) -> int:
         return len(self.shapes)
@@ -52,8 +54,13 @@ class DeviceBatch:
             raise ValueError("items differ in shape; use items()")
         return self.buffer[: len(self) * int(np.prod(self.shapes[0]))].reshape(len(self), *self.shapes[0])
 
-    def __dlpack__(self, stream: Any = None):
-        return self.stacked().__dlpack__(stream=stream)
+    def __dlpack__(self, stream: Any = None, **kw: Any):
+        """DLPack export; the consumer's ``stream`` waits for this batch's kernels."""
+        arr = self.stacked()
+        if self.stream is None:
+            return arr.__dlpack__(stream=stream, **kw)
+        with self.stream:  # CuPy orders the consumer stream after the current (producer) stream
+            return arr.__dlpack__(stream=stream, **kw)
 
     def __dlpack_device__(self):
         return self.buffer.__dlpack_device__()

@@ -34,6 +34,7 @@ from .registry import DEVICE, get_kernel
 BLOCK = 256
 READ_THREADS = 4
 _DTYPE_TAG = {"uint8": "u8", "float16": "f16", "float32": "f32"}
+SWITCH_INTERVAL = 0.001  # seconds; see GpuEngine
 DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?i?b?)?\s*$", re.I)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6, "mib": 1 << 20,
@@ -65,18 +66,20 @@ class GpuEngine:
     """One GPU's decoder, encoder, kernel stream and memory cap."""
 
     def __init__(self, device: Device, cpu_threads: int = 8,
-                 gpu_memory: str | int | float | None = None, share: int = 1, deterministic: bool = False):
+                 gpu_memory: str | int | float | None = None, share: int = 1, deterministic: bool = True):
+        import os
         import sys
 
         import cupy as cp
 
         from .codecs.image_gpu import GpuImageDecoder
 
-        # The decode calls release the GIL and must get it back quickly to hand results on; with
-        # reader threads busy in Python, the default 5 ms switch interval cut hardware-engine
-        # throughput several-fold (benchmarks/decode_variants.py). 1 ms keeps them fed.
-        if sys.getswitchinterval() > 0.001:
-            sys.setswitchinterval(0.001)
+        # The decoders' threads take the GIL back while a call runs; with other threads busy in
+        # Python each such hand-over waits up to one switch interval, which cut decode throughput
+        # several-fold at the default 5 ms (benchmarks/decode_study.py, group "gil").
+        interval = float(os.environ.get("GPUBATCH_SWITCH_INTERVAL", SWITCH_INTERVAL))
+        if sys.getswitchinterval() > interval:
+            sys.setswitchinterval(interval)
         self.cp = cp
         self.device = device
         self.dev = cp.cuda.Device(device.index)
@@ -144,7 +147,7 @@ class GpuEngine:
                 out = cp.empty(max(total, 1), dtype=dtype)
             shapes = [(int(oh), int(ow), 3) if layout == "HWC" else (3, int(oh), int(ow)) for oh, ow in out_shape]
             if n == 0:
-                return DeviceBatch(out, offsets, shapes, keep=list(src.keep))
+                return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=self.stream)
             t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, t_norm = upload_tables(
                 cp, [src.ptr, src.shape, geo, out_shape, offsets, first_block, norm], self.stream)
             from .kernels import kernel
@@ -152,7 +155,7 @@ class GpuEngine:
             fn = kernel("resample", f"resample_{_DTYPE_TAG[dtype]}_{layout.lower()}")
             fn((total_blocks,), (BLOCK,), (t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, np.int32(n),
                                           t_norm, out))
-        return DeviceBatch(out, offsets, shapes, keep=list(src.keep))
+        return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=self.stream)
 
     def step(self, src: Any, steps: Sequence[Any]) -> DeviceBatch:
         """One launch of ``kernels/step.cu``: image ``i`` of ``src`` (a :class:`Ragged`) through ``steps[i]``
@@ -178,7 +181,7 @@ class GpuEngine:
         with self.stream:
             out = cp.empty(max(total * 3, 1), dtype=cp.uint8)
             if n == 0:
-                return DeviceBatch(out, offsets, shapes)
+                return DeviceBatch(out, offsets, shapes, stream=self.stream)
             t_ptr, t_shape, t_oshape, t_off, t_first, t_prm, t_in_first = upload_tables(
                 cp, [src.ptr, src.shape, out_shape, offsets, first_block, prm, in_first], self.stream)
             gsum = minmax = lut = self._null
@@ -194,7 +197,7 @@ class GpuEngine:
                     kernel("step", "equalize_lut")((-(-3 * n // 128),), (128,), (hist, np.int32(n), lut))
             kernel("step", "step_u8")((total_blocks,), (BLOCK,), (t_ptr, t_shape, t_oshape, t_off, t_first, np.int32(n),
                                                                 t_prm, gsum, minmax, lut, out))
-        return DeviceBatch(out, offsets, shapes, keep=list(src.keep))
+        return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=self.stream)
 
 
 def _cpu_chain_one(plan: Plan, blob: bytes, key: str) -> tuple[Any, str | None]:
@@ -232,7 +235,9 @@ class ImagePipeline:
     >>> tensor = torch.from_dlpack(batch)            # zero-copy
 
     On the GPU the result lives in a ring of ``ring`` output buffers: a batch stays valid until
-    ``ring - 1`` more batches have been produced. Failed images are reported in ``last_errors``.
+    ``ring - 1`` more batches have been produced. Batches from :meth:`iterate` are not waited for:
+    their kernels are ordered on :attr:`stream` (synchronize it, or make your stream wait on it,
+    before reading). Failed images are reported in ``last_errors``.
     """
 
     def __init__(self, ops: Sequence[Op], device: Device | str = "auto", seed: int = 0,
@@ -277,8 +282,17 @@ class ImagePipeline:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def stream(self) -> Any:
+        """The CUDA stream results of :meth:`iterate` are ordered on (None on the CPU)."""
+        return self.engine.stream if self.engine is not None else None
+
     def __call__(self, blobs: Sequence[bytes], keys: Sequence[str] | None = None):
-        return self.process(self.decode(blobs), keys or [str(i) for i in range(len(blobs))])
+        """One batch, finished: on the GPU the stream is synchronized before the batch is returned."""
+        out = self.process(self.decode(blobs), keys or [str(i) for i in range(len(blobs))])
+        if self.engine is not None:
+            self.engine.stream.synchronize()
+        return out
 
     def decode(self, blobs: Sequence[bytes]) -> Any:
         """Stage 1 (may run in another thread): decode a batch."""
@@ -286,8 +300,13 @@ class ImagePipeline:
             return list(blobs)  # the CPU path decodes inside its worker processes, with the ops
         return self.engine.decoder.decode(list(blobs), self.engine.stream, self.plan.max_pixels)
 
-    def process(self, decoded: Any, keys: Sequence[str]):
-        """Stage 2: the op chain on a decoded batch. GPU: a DeviceBatch; CPU: a list of NumPy arrays."""
+    def process(self, decoded: Any, keys: Sequence[str], params: Sequence[Any] | None = None,
+                sizes: Sequence[tuple[int, int] | None] | None = None):
+        """Stage 2: the op chain on a decoded batch. GPU: a DeviceBatch; CPU: a list of NumPy arrays.
+
+        ``params`` (with the ``sizes`` they were drawn for, as a :class:`~gpubatch.engine.feed.FileFeed`
+        gives them) are used where the decoded size matches; other records are drawn here.
+        """
         self.last_errors = []
         if self.engine is None:
             chunk = max(1, len(decoded) // (4 * self.cpu_threads))
@@ -300,19 +319,22 @@ class ImagePipeline:
         from .gpu_chain import Ragged, run_chain
 
         res = decoded
-        arrays, params = [], []
+        arrays, drawn = [], []
         for i, (a, key) in enumerate(zip(res.arrays, keys)):
             if a is None:
                 self.last_errors.append((i, res.errors[i] or "decode failed"))
                 continue
             arrays.append(a)
-            params.append(self.plan.draw(key, a.shape[0], a.shape[1]))
+            h, w = a.shape[0], a.shape[1]
+            if params is not None and params[i] is not None and sizes is not None and sizes[i] == (h, w):
+                drawn.append(params[i])
+            else:
+                drawn.append(self.plan.draw(key, h, w))
         slot = self._slot
         self._slot = (self._slot + 1) % len(self._ring)
-        batch = run_chain(self.engine, self.plan.ops, Ragged.from_items(self.engine.cp, arrays), params,
+        batch = run_chain(self.engine, self.plan.ops, Ragged.from_items(self.engine.cp, arrays), drawn,
                           out=self._ring[slot])
         self._ring[slot] = batch.buffer
-        batch.keep.extend(res.keep)  # the decoded images stay alive until the batch is dropped
         self.stats["images"] += len(arrays)
         self.stats["gpu"] += res.on_gpu
         self.stats["hw"] += res.hw
@@ -321,20 +343,41 @@ class ImagePipeline:
 
     def iterate(self, batches: Iterable[tuple[Sequence[bytes], Sequence[str]]], prefetch: int = 2) -> Iterator[Any]:
         """Process many batches: batch N+2 is read (by whatever ``batches`` does) and N+1 decoded in
-        their own threads while batch N's kernels run."""
+        their own threads while batch N's kernels run.
+
+        Reading in Python threads of this process slows the decoders (see :mod:`gpubatch.engine.feed`);
+        for files, :meth:`iterate_files` reads in worker processes instead.
+        """
+        return self._iterate(((blobs, keys, None, None) for blobs, keys in batches), prefetch)
+
+    def iterate_files(self, files: Sequence[Any], keys: Sequence[str] | None = None, batch_size: int = 256,
+                      repeat: bool = False, workers: int | None = None, prefetch: int = 2) -> Iterator[Any]:
+        """Process image files in batches: reading, JPEG header parsing and the parameter draws run in
+        ``workers`` processes (:class:`~gpubatch.engine.feed.FileFeed`), decode and kernels here.
+        ``repeat`` cycles over the files forever. Unreadable files are reported in ``last_errors``."""
+        from .feed import FileFeed
+
+        feed = FileFeed(files, keys, batch_size, self.plan if self.engine is not None else None, workers,
+                        repeat=repeat)
+        try:
+            yield from self._iterate(((f.blobs, f.keys, f.params, f.sizes) for f in feed), prefetch)
+        finally:
+            feed.close()
+
+    def _iterate(self, items: Iterable[tuple[Any, Any, Any, Any]], prefetch: int) -> Iterator[Any]:
         from .executor import prefetched
 
         tm = self.timings
 
-        def decoded() -> Iterator[tuple[Any, Sequence[str]]]:
+        def decoded() -> Iterator[tuple[Any, Sequence[str], Any, Any]]:
             t = time.perf_counter()
-            for blobs, keys in prefetched(batches, prefetch):
+            for blobs, keys, params, sizes in prefetched(items, prefetch):
                 t1 = time.perf_counter()
                 tm["read_wait"] += t1 - t
                 out = self.decode(blobs)
                 t = time.perf_counter()
                 tm["decode"] += t - t1
-                yield out, keys
+                yield out, keys, params, sizes
 
         it = prefetched(decoded(), prefetch)
         try:

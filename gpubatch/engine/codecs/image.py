@@ -98,6 +98,57 @@ def jpeg_header(data: bytes) -> tuple[int, str, int, int] | None:
     return None
 
 
+def jpeg_orientation(data: bytes) -> int:
+    """EXIF orientation (1-8) from a JPEG's APP1 segment, without Pillow; 1 when there is none.
+
+    Walks the markers up to the frame header, then reads IFD0 of the TIFF block for tag 0x0112.
+    """
+    n = len(data)
+    if data[:2] != b"\xff\xd8":
+        return 1
+    i = 2
+    while i + 4 <= n and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xFF:
+            i += 1
+            continue
+        if marker in (0xD9, 0xDA) or 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return 1  # EXIF comes before the frame header
+        seg_len = (data[i + 2] << 8) | data[i + 3]
+        if marker == 0xE1 and data[i + 4 : i + 10] == b"Exif\x00\x00":
+            return _tiff_orientation(data[i + 10 : i + 2 + seg_len])
+        i += 2 + seg_len
+    return 1
+
+
+def _tiff_orientation(tiff: bytes) -> int:
+    if len(tiff) < 8 or tiff[:2] not in (b"II", b"MM"):
+        return 1
+    end = "<" if tiff[:2] == b"II" else ">"
+    try:
+        (ifd,) = struct.unpack_from(end + "I", tiff, 4)
+        (count,) = struct.unpack_from(end + "H", tiff, ifd)
+        for k in range(count):
+            tag, typ, _, value = struct.unpack_from(end + "HHI4s", tiff, ifd + 2 + 12 * k)
+            if tag == 0x0112 and typ == 3:  # SHORT: the value sits in the first two bytes
+                (v,) = struct.unpack_from(end + "H", value, 0)
+                return v if 1 <= v <= 8 else 1
+    except struct.error:  # a truncated block is no orientation
+        return 1
+    return 1
+
+
+def jpeg_display_size(data: bytes) -> tuple[int, int] | None:
+    """(height, width) a JPEG decodes to with EXIF orientation applied, from its headers; None if unknown."""
+    hdr = jpeg_header(data)
+    if not hdr:
+        return None
+    _, _, w, h = hdr
+    if w <= 0 or h <= 0:
+        return None
+    return (w, h) if jpeg_orientation(data) in _EXIF_TRANSPOSED else (h, w)
+
+
 def probe(data: bytes) -> ImageHeader:
     """Read an image's header (size, mode, orientation) without decoding its pixels.
 

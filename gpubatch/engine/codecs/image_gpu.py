@@ -1,9 +1,8 @@
 """GPU image codecs on nvImageCodec: routed batched JPEG decode and batched JPEG encode.
 
-Decode. A batch that mixes JPEG kinds runs at the pace of the slowest decoder, so each JPEG's header
-(SOF type, chroma subsampling) is read first and the batch is split: what the hardware JPEG engine
-takes goes to a ``HW_GPU_ONLY`` decoder, the rest to the CUDA decoder (Huffman on the GPU), both at
-once from two threads on their own streams. Which kinds the hardware engine takes is learned, not
+Decode. Each JPEG's header (SOF type, chroma subsampling) is read first and the batch is split:
+part goes to a ``HW_GPU_ONLY`` decoder (the hardware JPEG engine), part to the CUDA decoder (Huffman
+on the GPU), both at once from two threads on their own streams, and nothing waits for the GPU. Which kinds the hardware engine takes is learned, not
 assumed: a kind it returns None for is routed to the CUDA decoder from then on. Whatever the GPU
 decoders refuse (CMYK, PNG, corrupt data) is decoded by Pillow into its slot and counted as a
 fallback; only a record that fails there too becomes an error. EXIF orientation is applied.
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,8 +97,9 @@ class DeviceImage:
         return self.cupy().get()
 
 
-def _device_image(img: Any) -> DeviceImage | None:
-    """Wrap an nvImageCodec Image; None when it is not uint8 HWC RGB (then the CPU decodes it)."""
+def _device_image(img: Any, owner: Any = None) -> DeviceImage | None:
+    """Wrap an nvImageCodec Image (kept alive by ``owner``, else by itself); None when it is not
+    uint8 HWC RGB (then the CPU decodes it)."""
     cai = img.__cuda_array_interface__
     shape = tuple(cai["shape"])
     if len(shape) != 3 or shape[2] != 3 or cai["typestr"] != "|u1":
@@ -109,7 +108,7 @@ def _device_image(img: Any) -> DeviceImage | None:
     row = strides[0] if strides else shape[1] * 3
     if strides and (strides[1] != 3 or strides[2] != 1):
         return None
-    return DeviceImage(int(cai["data"][0]), shape, int(row), img)
+    return DeviceImage(int(cai["data"][0]), shape, int(row), img if owner is None else owner)
 
 
 # Hardware-engine preference: the kinds it decodes fastest go to it first, the rest may go to CUDA.
@@ -146,21 +145,51 @@ def _keep_freed_memory(cp, device_index: int, threshold: int = 512 << 20) -> Non
     _POOLS_SET.add(device_index)
 
 
-class GpuImageDecoder:
-    """Batched, routed JPEG decode on one GPU (see the module docstring).
+class _Release:
+    """Owns a batch's decoded images; when dropped, frees them only after the consumer's work so far.
 
-    The hardware engine decodes one chroma-subsampling kind per call (a call that mixes kinds ran at
-    less than half the speed of single-kind calls on an H200), while the CUDA decoder takes the share
-    ``cuda_share`` of the batch, slowest-for-hardware kinds first, in parallel. The share adapts each
-    batch towards equal finishing times of the two decoders.
-
-    The two decoders' pixels differ slightly (their IDCTs and chroma upsampling differ), so runs that
-    write images use ``deterministic=True``: a fixed share, and each image routed by a hash of its
-    bytes, so the same input gives the same output bytes whatever the batching, timing or process.
+    nvImageCodec frees an image with ``cudaFreeAsync`` on the stream it was decoded on, which knows
+    nothing of the kernels that read it on the consumer's stream. Dropping this object first makes
+    the decoder streams wait for an event recorded on the consumer stream, so the memory is reused
+    only once every kernel enqueued before the drop has finished. No host thread ever waits.
     """
 
+    __slots__ = ("images", "consumer", "producers")
+
+    def __init__(self, images: list[Any], consumer: Any, producers: tuple[Any, ...]):
+        self.images, self.consumer, self.producers = images, consumer, producers
+
+    def __del__(self) -> None:
+        try:
+            ev = self.consumer.record()
+            for s in self.producers:
+                s.wait_event(ev)
+        except Exception:  # interpreter shutdown: the context is going away with the memory
+            pass
+        self.images = None
+
+
+class GpuImageDecoder:
+    """Batched, routed, stream-ordered JPEG decode on one GPU (see the module docstring).
+
+    The hardware engine's host side (bitstream parsing before the engine runs) takes about one core
+    and tops out near 11,500 images/s on mixed photos, while the CUDA decoder (Huffman on the GPU)
+    scales with CPU threads (15,800 images/s with 15), so each batch is split: the CUDA decoder takes
+    the share ``cuda_share``, slowest-for-hardware kinds first, from a second thread, and the rest
+    goes to the hardware engine in one call. Neither call is waited for: the consumer stream waits
+    on events of the decoder streams, so batch N+1 decodes while batch N's kernels run
+    (benchmarks/decode_study.py has the figures).
+
+    The two decoders' pixels differ slightly (their IDCTs and chroma upsampling differ), so the share
+    is fixed by default (``deterministic=True``): a batch is then always split the same way, and the
+    same input batched the same way gives the same output bytes whatever the timing or process.
+    ``deterministic=False`` lets the share move each batch towards equal host time of the two calls.
+    """
+
+    HW_THREADS = 4
+
     def __init__(self, device_index: int = 0, cpu_threads: int = 8, hw_decoder: bool = True,
-                 cuda_share: float = 0.3, deterministic: bool = False):
+                 cuda_share: float = 0.55, deterministic: bool = True):
         import os
 
         import cupy as cp
@@ -168,14 +197,14 @@ class GpuImageDecoder:
         nic = nvimgcodec()
         self.cp, self.nic = cp, nic
         self.device_index = device_index
-        threads = max(1, min(cpu_threads, (os.cpu_count() or 2) - 1))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+        threads = max(1, min(cpu_threads, cores - 1))
         # No hardware-decoder preallocation hints: they reserve batch x 640 x 640 x 3 bytes up front
         # (315 MB at batch 256) and measured no faster.
-        opts = ""
         with cp.cuda.Device(device_index):
             _keep_freed_memory(cp, device_index)
-            self.hw = (nic.Decoder(device_id=device_index, max_num_cpu_threads=2,
-                                   backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)], options=opts)
+            self.hw = (nic.Decoder(device_id=device_index, max_num_cpu_threads=self.HW_THREADS,
+                                   backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)])
                        if hw_decoder else None)
             self.cuda = nic.Decoder(device_id=device_index, max_num_cpu_threads=threads,
                                     backends=[nic.Backend(nic.BackendKind.HYBRID_CPU_GPU)],
@@ -192,44 +221,34 @@ class GpuImageDecoder:
         self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubatch-cuda-decode")
         self._cpu = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpubatch-cpu-decode")
         self._lock = threading.Lock()
-        # seconds per part of decode(): header parse, hardware calls, waiting for the CUDA decoder,
-        # wrapping results, CPU fallbacks
+        # host seconds per part of decode(): header parse, the hardware call, waiting for the CUDA
+        # decoder's call, wrapping results, CPU fallbacks (the GPU work itself is not waited for)
         self.timings = {"parse": 0.0, "hw": 0.0, "cuda_wait": 0.0, "wrap": 0.0, "cpu": 0.0}
 
     def close(self) -> None:
         self._side.shutdown(wait=True)
         self._cpu.shutdown(wait=True)
 
-    def _timed(self, decoder, stream, blobs: list[bytes], sync: bool = True) -> tuple[list[Any], float]:
+    def _call(self, decoder, stream, blobs: list[bytes]) -> tuple[list[Any], float]:
+        """One decode call, not waited for on the GPU; (results, host seconds)."""
         if not blobs:
             return [], 0.0
         t0 = time.perf_counter()
         out = decoder.decode(blobs, params=self.params, cuda_stream=stream.ptr)
-        if sync:
-            stream.synchronize()  # this decoder's own stream: the timing drives the split
         return out, time.perf_counter() - t0
 
-    def _split(self, groups: dict[str, list[int]], blobs: list[bytes]) -> tuple[list[list[int]], list[int]]:
-        """(per-kind index lists for the hardware engine, indices for the CUDA decoder)."""
+    def _split(self, groups: dict[str, list[int]]) -> tuple[list[int], list[int]]:
+        """(indices for the hardware engine, indices for the CUDA decoder): the CUDA decoder gets
+        ``cuda_share`` of the batch, the kinds the hardware engine is slowest on first. The split
+        depends only on the batch's contents, so a fixed share routes a given batch the same way
+        every time."""
         if self.hw is None:
             return [], [i for idx in groups.values() for i in idx]
         hw_kinds = [k for k in _HW_ORDER if k in groups and k not in self.hw_refuses]
         cuda = [i for k, idx in groups.items() if k not in hw_kinds for i in idx]
-        if self.deterministic:
-            cut = int(self.cuda_share * 0xFFFFFFFF)
-            hw_lists = []
-            for k in hw_kinds:
-                mine = [i for i in groups[k] if zlib.crc32(blobs[i][-256:]) >= cut]
-                cuda.extend(i for i in groups[k] if zlib.crc32(blobs[i][-256:]) < cut)
-                if mine:
-                    hw_lists.append(mine)
-            return hw_lists, sorted(cuda)
         total = sum(len(v) for v in groups.values())
         want = int(round(self.cuda_share * total)) - len(cuda)
-        hw_lists = []
-        for k in hw_kinds:
-            idx = groups[k]
-            hw_lists.append(idx)
+        hw_lists = [list(groups[k]) for k in hw_kinds]
         for lst in reversed(hw_lists):  # hand the hardware's slowest kinds to CUDA first
             if want <= 0:
                 break
@@ -237,17 +256,21 @@ class GpuImageDecoder:
             cuda.extend(lst[len(lst) - take :])
             del lst[len(lst) - take :]
             want -= take
-        return [lst for lst in hw_lists if lst], cuda
+        return sorted(i for lst in hw_lists for i in lst), sorted(cuda)
 
     def _adapt(self, t_hw: float, t_cuda: float) -> None:
         if self.deterministic or t_hw <= 0 or t_cuda <= 0:
             return
         self.cuda_share += self._step if t_hw > t_cuda else -self._step
-        self.cuda_share = min(0.95, max(0.0, self.cuda_share))
+        self.cuda_share = min(0.95, max(0.05, self.cuda_share))
         self._step = max(0.01, self._step * 0.8)
 
     def decode(self, blobs: list[bytes], stream, max_pixels: int = 0) -> DecodeResult:
-        """Decode ``blobs`` into uint8 RGB HWC device images ordered before later work on ``stream``."""
+        """Decode ``blobs`` into uint8 RGB HWC device images, ready for work enqueued later on ``stream``.
+
+        The host does not wait for the GPU: ``stream`` waits on the decoders' streams. Keep the
+        result's ``keep`` until the kernels reading the images are enqueued; dropping it then is safe.
+        """
         t_start = time.perf_counter()
         cp = self.cp
         n = len(blobs)
@@ -268,31 +291,29 @@ class GpuImageDecoder:
                 groups.setdefault(kind, []).append(i)
         tm = self.timings
         t0 = time.perf_counter()
-        hw_lists, to_cuda = self._split(groups, blobs)
+        to_hw, to_cuda = self._split(groups)
         tm["parse"] += t0 - t_start
-        side = self._side.submit(self._timed, self.cuda, self.cuda_stream, [blobs[i] for i in to_cuda])
+        side = self._side.submit(self._call, self.cuda, self.cuda_stream, [blobs[i] for i in to_cuda])
         res = DecodeResult(arrays, errors)
-        retry = []
-        outs = [self._timed(self.hw, self.hw_stream, [blobs[i] for i in lst], sync=False)[0] for lst in hw_lists]
-        if hw_lists:
-            self.hw_stream.synchronize()  # once for all kinds: each GIL re-acquisition can cost a switch interval
-        t_hw = time.perf_counter() - t0
-        for lst, out in zip(hw_lists, outs):
-            ok = False
-            for i, img in zip(lst, out):
-                if img is None:
-                    retry.append(i)
-                else:
-                    arrays[i] = img
-                    res.hw += 1
-                    ok = True
-            with self._lock:  # a kind the engine decoded even once is not refused for a corrupt file
-                if ok:
-                    self.hw_takes.add(kinds[lst[0]])
-                elif kinds[lst[0]] not in self.hw_takes:
-                    self.hw_refuses.add(kinds[lst[0]])
+        hw_out, t_hw = self._call(self.hw, self.hw_stream, [blobs[i] for i in to_hw]) if to_hw else ([], 0.0)
         t1 = time.perf_counter()
         tm["hw"] += t1 - t0
+        retry = []
+        taken: dict[str, bool] = {}
+        for i, img in zip(to_hw, hw_out):
+            if img is None:
+                retry.append(i)
+                taken.setdefault(kinds[i], False)
+            else:
+                arrays[i] = img
+                res.hw += 1
+                taken[kinds[i]] = True
+        with self._lock:  # a kind the engine decoded even once is not refused for a corrupt file
+            for kind, ok in taken.items():
+                if ok:
+                    self.hw_takes.add(kind)
+                elif kind not in self.hw_takes:
+                    self.hw_refuses.add(kind)
         cuda_out, t_cuda = side.result()
         t2 = time.perf_counter()
         tm["cuda_wait"] += t2 - t1
@@ -303,24 +324,30 @@ class GpuImageDecoder:
             else:
                 arrays[i] = img
         if retry:
-            out, _ = self._timed(self.cuda, self.cuda_stream, [blobs[i] for i in retry])
+            out, _ = self._call(self.cuda, self.cuda_stream, [blobs[i] for i in retry])
             for i, img in zip(retry, out):
                 if img is None:
                     to_cpu.append(i)
                 else:
                     arrays[i] = img
+        # every DeviceImage holds ``owner``, so the images are freed (stream-ordered) with the last of them
+        owner = _Release([], stream, (self.hw_stream, self.cuda_stream))
         for i in range(n):
             img = arrays[i]
             if img is None:
                 continue
-            ref = _device_image(img)
+            ref = _device_image(img, owner)
             if ref is None:  # an odd result (alpha, 16 bit): let the CPU path do it
                 arrays[i] = None
                 to_cpu.append(i)
                 continue
+            owner.images.append(img)
             arrays[i] = ref
             res.on_gpu += 1
-        # Both decoder streams were synchronized above, so the images are ready for any stream.
+        if owner.images:  # later work on ``stream`` runs after both decoders' work
+            for s in (self.hw_stream, self.cuda_stream):
+                stream.wait_event(s.record())
+            res.keep.append(owner)
         t3 = time.perf_counter()
         tm["wrap"] += t3 - t2
         to_cpu = sorted(set(to_cpu))
@@ -333,8 +360,8 @@ class GpuImageDecoder:
                     else:
                         a = cp.asarray(arr)
                         arrays[i] = DeviceImage(a.data.ptr, a.shape, a.strides[0], a)
+                        res.keep.append(a)
                         res.fallbacks += 1
-        res.keep = [a.owner for a in arrays if a is not None]
         tm["cpu"] += time.perf_counter() - t3
         return res
 

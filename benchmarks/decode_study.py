@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""Where decode throughput is lost: synchronous vs stream-ordered decode, decoder thread counts, busy
+Python threads alongside, feeding from processes, and the JPEG encoder's rate on small images.
+
+    python3 benchmarks/decode_study.py [--images 4096] [--data DIR] [--only NAME,...]
+
+Every figure is images/s over 2 passes of the set (batch 256) after 2 warm-up batches, with the GPU
+synchronized before the clock is read. One line per condition, then a JSON summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+from _data import DEFAULT_DATA, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
+
+RESULTS: dict[str, float] = {}
+GROUPS = ("routed", "hw4", "hw8", "cuda8", "cuda15", "async", "gil", "default", "views", "host", "encode")
+# --only takes any of these (each prefix-matches the conditions it runs)
+
+
+def report(name: str, rate: float, extra: str = "") -> None:
+    RESULTS[name] = round(rate)
+    print(f"{name:58s} {rate:9,.0f} img/s  {extra}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--images", type=int, default=4096)
+    ap.add_argument("--data", default=str(DEFAULT_DATA))
+    ap.add_argument("--only", default="")
+    ap.add_argument("--timeout", type=float, default=90, help="seconds per group (each in its own process)")
+    args = ap.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    if not only:  # every group in its own process: a clean CUDA context each, and a hang costs one group
+        import subprocess
+        import sys
+
+        from _data import load_blobs as make
+
+        make(args.data, args.images)
+        for group in GROUPS:
+            try:
+                subprocess.run([sys.executable, __file__, "--images", str(args.images), "--data", args.data,
+                                "--only", group], timeout=args.timeout, check=False)
+            except subprocess.TimeoutExpired:
+                print(f"{group}: did not finish in {args.timeout:.0f} s", flush=True)
+        return
+    import cupy as cp
+    import numpy as np
+    from nvidia import nvimgcodec as nic
+
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder, jpeg_kind
+
+    files, blobs, batches = load_blobs(args.data, args.images)
+    stream = cp.cuda.Stream(non_blocking=True)
+    params = nic.DecodeParams(apply_exif_orientation=True, color_spec=nic.ColorSpec.SRGB, allow_any_depth=False)
+    kinds = [jpeg_kind(b)[0] for b in blobs]
+    kind_batches = []
+    for start in range(0, len(blobs), 256):
+        groups: dict[str, list[int]] = {}
+        for i in range(start, min(start + 256, len(blobs))):
+            groups.setdefault(kinds[i], []).append(i)
+        kind_batches.append(groups)
+
+    def want(name: str) -> bool:
+        return not only or any(name.startswith(o) for o in only)
+
+    def timed(fn, passes: int = 2) -> float:
+        for b in range(2):
+            fn(b)
+        cp.cuda.runtime.deviceSynchronize()
+        t0 = time.perf_counter()
+        for _ in range(passes):
+            for b in range(len(batches)):
+                fn(b)
+        cp.cuda.runtime.deviceSynchronize()
+        return passes * len(blobs) / (time.perf_counter() - t0)
+
+    # 1. gpubatch's decoder: adaptive share, and fixed shares (the deterministic mode writers use)
+    if want("routed"):
+        keep: deque = deque()
+
+        def product(dec) -> float:
+            def fn(b: int) -> None:
+                res = dec.decode(batches[b], stream)
+                keep.append((stream.record(), res))  # the event: this batch's images are ready
+                if len(keep) > 2:
+                    keep.popleft()[0].synchronize()
+
+            return timed(fn)
+
+        dec = GpuImageDecoder(0, 16)
+        report("routed: gpubatch decoder, adaptive share", product(dec),
+               f"share {dec.cuda_share:.2f} {dict((k, round(v, 2)) for k, v in dec.timings.items())}")
+        for share in (0.3, 0.4, 0.5, 0.6, 0.7):
+            dec.deterministic, dec.cuda_share = True, share
+            report(f"routed: gpubatch decoder, fixed share {share}", product(dec))
+        keep.clear()
+        dec.close()
+
+    def in_flight(submit, stream, depth: int = 2):
+        """fn(b): submit batch b on ``stream`` without waiting; keep ``depth`` batches in flight."""
+        keep: deque = deque()
+
+        def fn(b: int) -> None:
+            keep.append((None, submit(b)))
+            keep[-1] = (stream.record(), keep[-1][1])
+            if len(keep) > depth:
+                keep.popleft()[0].synchronize()
+
+        return fn
+
+    def study_hw(threads: int) -> None:
+        hw = nic.Decoder(max_num_cpu_threads=threads, backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)])
+        s = cp.cuda.Stream(non_blocking=True)
+        host = {"s": 0.0}
+
+        def per_kind(b: int) -> list:
+            t = time.perf_counter()
+            outs = [hw.decode([blobs[i] for i in idx], params=params, cuda_stream=s.ptr)
+                    for idx in kind_batches[b].values()]
+            host["s"] += time.perf_counter() - t
+            return outs
+
+        def synced(b: int) -> None:
+            per_kind(b)
+            s.synchronize()
+
+        report(f"hw{threads}: HW only, per kind, sync per batch", timed(synced), f"host {host['s']:.2f}s")
+        host["s"] = 0.0
+        report(f"hw{threads}: HW only, per kind, stream-ordered (2 in flight)", timed(in_flight(per_kind, s)),
+               f"host {host['s']:.2f}s")
+        mixed = in_flight(lambda b: hw.decode(batches[b], params=params, cuda_stream=s.ptr), s)
+        report(f"hw{threads}: HW only, mixed calls, stream-ordered", timed(mixed))
+
+    def study_cuda(threads: int) -> None:
+        cu = nic.Decoder(max_num_cpu_threads=threads, backends=[nic.Backend(nic.BackendKind.HYBRID_CPU_GPU)],
+                         options="nvjpeg_cuda_decoder:hybrid_huffman_threshold=0")
+        s = cp.cuda.Stream(non_blocking=True)
+        fn = in_flight(lambda b: cu.decode(batches[b], params=params, cuda_stream=s.ptr), s)
+        report(f"cuda{threads}: CUDA decoder only, stream-ordered", timed(fn))
+
+    # 2. hardware engine only, one kind per call, thread counts, synchronous vs stream-ordered
+    for threads in (2, 4, 8):
+        if want(f"hw{threads}"):
+            study_hw(threads)
+
+    # 3. CUDA decoder (Huffman on GPU) alone, stream-ordered, thread counts
+    for threads in (4, 8, 15):
+        if want(f"cuda{threads}"):
+            study_cuda(threads)
+
+    # 4. routed and stream-ordered: HW per kind on one thread, CUDA share on a second, nothing waits
+    def routed_async_factory(hw_threads: int, cuda_threads: int, share: float):
+        hw = nic.Decoder(max_num_cpu_threads=hw_threads, backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)])
+        cu = nic.Decoder(max_num_cpu_threads=cuda_threads, backends=[nic.Backend(nic.BackendKind.HYBRID_CPU_GPU)],
+                         options="nvjpeg_cuda_decoder:hybrid_huffman_threshold=0")
+        s_hw, s_cu = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+        side = ThreadPoolExecutor(1)
+        keep: deque = deque()
+        order = ("4:2:0", "4:2:2", "4:4:4")
+
+        def fn(b: int) -> None:
+            groups = kind_batches[b]
+            total = sum(len(v) for v in groups.values())
+            want_cuda = int(share * total)
+            hw_lists, cuda_idx = [], []
+            for k in sorted(groups, key=lambda k: order.index(k.split("/")[1]) if k.split("/")[1] in order else 9):
+                hw_lists.append(list(groups[k]))
+            for lst in reversed(hw_lists):
+                take = min(want_cuda - len(cuda_idx), len(lst))
+                if take <= 0:
+                    break
+                cuda_idx.extend(lst[len(lst) - take:])
+                del lst[len(lst) - take:]
+            fut = side.submit(cu.decode, [blobs[i] for i in cuda_idx], params=params, cuda_stream=s_cu.ptr)
+            outs = [hw.decode([blobs[i] for i in lst], params=params, cuda_stream=s_hw.ptr) for lst in hw_lists if lst]
+            outs.append(fut.result())
+            keep.append((s_hw.record(), s_cu.record(), outs))
+            if len(keep) > 2:
+                e1, e2, _ = keep.popleft()
+                e1.synchronize()
+                e2.synchronize()
+
+        return fn, side
+
+    for hw_t, cu_t, share in ((4, 14, 0.4), (4, 14, 0.5), (4, 14, 0.6), (2, 14, 0.5)):
+        name = f"async hw{hw_t}/cuda{cu_t} share {share}"
+        if not want("async"):
+            continue
+        fn, side = routed_async_factory(hw_t, cu_t, share)
+        report(name + ": routed, stream-ordered", timed(fn))
+        side.shutdown()
+
+    # 5. the same with a CPU-bound Python thread alongside (GIL pressure), by switch interval
+    if want("gil"):
+        import sys
+
+        fn, side = routed_async_factory(4, 14, 0.5)
+        stop = threading.Event()
+
+        def busy() -> None:
+            x = 0
+            while not stop.is_set():
+                for i in range(1000):
+                    x += i * i
+
+        for interval in (0.001, 0.0002, 0.00005):
+            sys.setswitchinterval(interval)
+            stop.clear()
+            t = threading.Thread(target=busy, daemon=True)
+            t.start()
+            report(f"gil: routed async + 1 busy Python thread, switch interval {interval * 1e3:g} ms",
+                   timed(fn, passes=1))
+            stop.set()
+            t.join()
+        side.shutdown()
+
+    # 6. default Decoder (and DALI-like split in one Decoder), stream-ordered, mixed batches
+    if want("default"):
+        for name, kw in (
+            ("default Decoder()", {}),
+            ("one Decoder: HW load 0.9 adaptive + CUDA (GPU Huffman)",
+             {"backends": [nic.Backend(nic.BackendKind.HW_GPU_ONLY, load_hint=0.9,
+                                       load_hint_policy=nic.LoadHintPolicy.ADAPTIVE_MINIMIZE_IDLE_TIME),
+                           nic.Backend(nic.BackendKind.HYBRID_CPU_GPU)],
+              "options": "nvjpeg_cuda_decoder:hybrid_huffman_threshold=0"}),
+        ):
+            d = nic.Decoder(**kw)
+            s = cp.cuda.Stream(non_blocking=True)
+            fn = in_flight(lambda b, d=d, s=s: d.decode(batches[b], params=params, cuda_stream=s.ptr), s)
+            report(f"default: {name}, stream-ordered", timed(fn))
+
+    # 7. decode from numpy views of one shared buffer (what a feeding process would hand over)
+    if want("views"):
+        fn, side = routed_async_factory(4, 14, 0.5)
+        flat = np.frombuffer(b"".join(blobs), np.uint8)
+        offs = np.cumsum([0] + [len(b) for b in blobs])
+        views = [flat[offs[i]:offs[i + 1]] for i in range(len(blobs))]
+        saved = list(blobs)
+        blobs[:] = views
+        report("views: routed async, inputs are numpy views of one buffer", timed(fn))
+        blobs[:] = saved
+        side.shutdown()
+
+    # 8. per-image host costs of the GPU process
+    if want("host"):
+        t = time.perf_counter()
+        for b in blobs:
+            jpeg_kind(b)
+        report("host: jpeg_kind header parse (Python)", len(blobs) / (time.perf_counter() - t))
+        t = time.perf_counter()
+        css = [nic.CodeStream(b) for b in blobs]
+        report("host: nic.CodeStream(bytes) (header parse in C++)", len(blobs) / (time.perf_counter() - t),
+               f"attrs {[a for a in dir(css[0]) if not a.startswith('_')]}")
+        t = time.perf_counter()
+        paths = [str(f) for f in files]
+        [nic.CodeStream(p) for p in paths]
+        report("host: nic.CodeStream(path)", len(blobs) / (time.perf_counter() - t))
+        d = nic.Decoder(max_num_cpu_threads=4, backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)])
+        out = d.decode(batches[0], params=params, cuda_stream=stream.ptr)
+        stream.synchronize()
+        t = time.perf_counter()
+        for _ in range(10):
+            [im.__cuda_array_interface__ for im in out if im is not None]
+        report("host: Image.__cuda_array_interface__", 10 * len(out) / (time.perf_counter() - t))
+
+    # 9. JPEG encode of 224x224 and ~256x340 images, batch 256, encoder thread counts
+    if want("encode"):
+        rng = np.random.default_rng(0)
+        for hw_ in ((224, 224), (256, 341)):
+            src = cp.asarray(rng.integers(0, 255, (256, *hw_, 3), dtype=np.uint8))
+            src = cp.asarray(cp.asnumpy(src))  # noisy content is the worst case for Huffman
+            smooth = cp.asarray(np.repeat(np.repeat(cp.asnumpy(src[:, ::8, ::8]), 8, 1), 8, 2)[:, : hw_[0], : hw_[1]])
+            for threads in (0, 4, 8):
+                enc = nic.Encoder(max_num_cpu_threads=threads) if threads else nic.Encoder()
+                ep = nic.EncodeParams(quality_type=nic.QualityType.QUALITY, quality_value=90.0,
+                                      chroma_subsampling=nic.ChromaSubsampling.CSS_420)
+                imgs = [nic.as_image(smooth[i], cuda_stream=stream.ptr) for i in range(256)]
+
+                def run_enc(b: int, enc=enc, imgs=imgs, ep=ep) -> None:
+                    [bytes(c) for c in enc.encode(imgs, "jpeg", params=ep, cuda_stream=stream.ptr)]
+
+                rate = timed(run_enc, passes=1)  # one pass encodes as many images as the set holds
+                report(f"encode: {hw_[0]}x{hw_[1]} q90, encoder threads {threads or 'default'}", rate)
+                del enc
+
+    print("RESULT " + json.dumps(RESULTS), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""FileFeed: files read, header-parsed and drawn for in worker processes (CPU only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpubatch.engine.codecs.image import decode, jpeg_display_size, jpeg_orientation
+from gpubatch.engine.feed import FileFeed
+from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
+from gpubatch.engine.plan import Plan
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_data" / "imagenet"
+
+
+def _files() -> list[Path]:
+    return sorted(p for p in SAMPLES.rglob("*") if p.is_file() and p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+
+
+def test_display_size_matches_decode_including_exif_rotation():
+    rotated = 0
+    for f in _files():
+        data = f.read_bytes()
+        hw = jpeg_display_size(data)
+        if f.suffix.lower() == ".png":
+            assert hw is None
+            continue
+        try:
+            arr = decode(data)
+        except ValueError:
+            continue
+        assert hw == arr.shape[:2], f
+        rotated += jpeg_orientation(data) in (5, 6, 7, 8)
+    assert rotated >= 1  # the sample set holds an EXIF-rotated photo: the size must come out transposed
+
+
+def test_orientation_of_broken_exif_is_upright():
+    head = b"\xff\xd8\xff\xe1\x00\x10Exif\x00\x00MM\x00\x2a\x00\x00\xff\xff"
+    assert jpeg_orientation(head) == 1
+    assert jpeg_orientation(b"not a jpeg") == 1
+
+
+@pytest.mark.parametrize("slot_bytes", [64 << 20, 100_000])  # the second overflows: batches come back pickled
+def test_feed_gives_bytes_sizes_and_the_same_draws(tmp_path: Path, slot_bytes: int):
+    files = _files()
+    missing = tmp_path / "gone.jpg"
+    paths = [*files[:20], missing, *files[20:]]
+    keys = [f"k{i}" for i in range(len(paths))]
+    plan = Plan(ops=(RandomResizedCrop(64), Flip(), Normalize()), seed=7)
+    got = []
+    with FileFeed(paths, keys, batch_size=16, plan=plan, workers=2, depth=2, slot_bytes=slot_bytes) as feed:
+        for fed in feed:
+            assert len(fed.keys) == len(fed.blobs) == len(fed.sizes) == len(fed.params) == len(fed.errors)
+            got.extend(zip(fed.keys, fed.blobs, fed.sizes, fed.params, fed.errors))
+    assert [g[0] for g in got] == keys
+    for (key, blob, hw, params, err), path in zip(got, paths):
+        if path == missing:
+            assert blob == b"" and hw is None and params is None and "cannot read" in err
+            continue
+        assert err is None and blob == path.read_bytes()
+        assert hw == jpeg_display_size(blob)
+        if hw is not None:
+            assert params == plan.draw(key, *hw)
+
+
+def test_feed_repeats_and_stops_early():
+    files = _files()[:10]
+    with FileFeed(files, batch_size=4, workers=1, depth=2, repeat=True) as feed:
+        seen = []
+        for fed in feed:
+            seen.append(len(fed))
+            if len(seen) == 7:
+                break
+    assert seen == [4, 4, 2, 4, 4, 2, 4]
+
+
+def test_image_pipeline_iterate_files_on_cpu_matches_call():
+    from gpubatch.engine.gpu_executor import ImagePipeline
+
+    files = [f for f in _files() if f.suffix.lower() != ".png"][:12]
+    keys = [f.stem for f in files]
+    ops = [RandomResizedCrop(48), Flip(), Normalize(dtype="float32")]
+    with ImagePipeline(ops, device="cpu", seed=2, cpu_threads=2) as pipe:
+        streamed = [a for b in pipe.iterate_files(files, keys, batch_size=5, workers=1) for a in b]
+        direct = pipe([f.read_bytes() for f in files], keys)
+    assert len(streamed) == len(direct) == len(files)
+    for a, b in zip(streamed, direct):
+        np.testing.assert_array_equal(a, b)
