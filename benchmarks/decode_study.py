@@ -96,13 +96,22 @@ def main() -> None:
             return timed(fn)
 
         dec = GpuImageDecoder(0, 16)
-        report("routed: gpubatch decoder, adaptive share", product(dec),
-               f"share {dec.cuda_share:.2f} {dict((k, round(v, 2)) for k, v in dec.timings.items())}")
-        for share in (0.3, 0.4, 0.5, 0.6, 0.7):
-            dec.deterministic, dec.cuda_share = True, share
-            report(f"routed: gpubatch decoder, fixed share {share}", product(dec))
+        product(dec)  # warm-up pass: memory pools and the decoders' buffers grow to the data
+        for share in (0.4, 0.5, 0.6, 0.7):
+            dec.cuda_share = share
+            report(f"routed: gpubatch decoder, fixed share {share}", product(dec),
+                   f"{dict((k, round(v, 2)) for k, v in dec.timings.items())}")
+        dec.deterministic = False
+        report("routed: gpubatch decoder, adaptive share", product(dec), f"share {dec.cuda_share:.2f}")
         keep.clear()
         dec.close()
+        for per_kind, cuda_threads in ((False, 15), (True, 8), (True, 11)):
+            dec = GpuImageDecoder(0, 16, hw_per_kind=per_kind, cuda_threads=cuda_threads, cuda_share=0.6)
+            product(dec)
+            report(f"routed: share 0.6, HW {'per kind' if per_kind else 'one call'}, CUDA threads {cuda_threads}",
+                   product(dec))
+            keep.clear()
+            dec.close()
 
     def in_flight(submit, stream, depth: int = 2):
         """fn(b): submit batch b on ``stream`` without waiting; keep ``depth`` batches in flight."""

@@ -176,7 +176,7 @@ class GpuImageDecoder:
     and tops out near 11,500 images/s on mixed photos, while the CUDA decoder (Huffman on the GPU)
     scales with CPU threads (15,800 images/s with 15), so each batch is split: the CUDA decoder takes
     the share ``cuda_share``, slowest-for-hardware kinds first, from a second thread, and the rest
-    goes to the hardware engine in one call. Neither call is waited for: the consumer stream waits
+    goes to the hardware engine, one call per chroma-subsampling kind. Neither call is waited for: the consumer stream waits
     on events of the decoder streams, so batch N+1 decodes while batch N's kernels run
     (benchmarks/decode_study.py has the figures).
 
@@ -189,7 +189,8 @@ class GpuImageDecoder:
     HW_THREADS = 4
 
     def __init__(self, device_index: int = 0, cpu_threads: int = 8, hw_decoder: bool = True,
-                 cuda_share: float = 0.55, deterministic: bool = True):
+                 cuda_share: float = 0.5, deterministic: bool = True, hw_per_kind: bool = True,
+                 cuda_threads: int | None = None):
         import os
 
         import cupy as cp
@@ -199,6 +200,7 @@ class GpuImageDecoder:
         self.device_index = device_index
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
         threads = max(1, min(cpu_threads, cores - 1))
+        self.hw_per_kind = hw_per_kind
         # No hardware-decoder preallocation hints: they reserve batch x 640 x 640 x 3 bytes up front
         # (315 MB at batch 256) and measured no faster.
         with cp.cuda.Device(device_index):
@@ -206,7 +208,7 @@ class GpuImageDecoder:
             self.hw = (nic.Decoder(device_id=device_index, max_num_cpu_threads=self.HW_THREADS,
                                    backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)])
                        if hw_decoder else None)
-            self.cuda = nic.Decoder(device_id=device_index, max_num_cpu_threads=threads,
+            self.cuda = nic.Decoder(device_id=device_index, max_num_cpu_threads=cuda_threads or threads,
                                     backends=[nic.Backend(nic.BackendKind.HYBRID_CPU_GPU)],
                                     options="nvjpeg_cuda_decoder:hybrid_huffman_threshold=0")
             self.hw_stream = _process_stream(cp, device_index, "hw")
@@ -237,13 +239,13 @@ class GpuImageDecoder:
         out = decoder.decode(blobs, params=self.params, cuda_stream=stream.ptr)
         return out, time.perf_counter() - t0
 
-    def _split(self, groups: dict[str, list[int]]) -> tuple[list[int], list[int]]:
-        """(indices for the hardware engine, indices for the CUDA decoder): the CUDA decoder gets
-        ``cuda_share`` of the batch, the kinds the hardware engine is slowest on first. The split
-        depends only on the batch's contents, so a fixed share routes a given batch the same way
-        every time."""
+    def _split(self, groups: dict[str, list[int]]) -> tuple[list[list[int]], list[int]]:
+        """(per-kind index lists for the hardware engine, indices for the CUDA decoder): the CUDA
+        decoder gets ``cuda_share`` of the batch, the kinds the hardware engine is slowest on first.
+        The split depends only on the batch's contents, so a fixed share routes a given batch the
+        same way every time."""
         if self.hw is None:
-            return [], [i for idx in groups.values() for i in idx]
+            return [], sorted(i for idx in groups.values() for i in idx)
         hw_kinds = [k for k in _HW_ORDER if k in groups and k not in self.hw_refuses]
         cuda = [i for k, idx in groups.items() if k not in hw_kinds for i in idx]
         total = sum(len(v) for v in groups.values())
@@ -256,7 +258,9 @@ class GpuImageDecoder:
             cuda.extend(lst[len(lst) - take :])
             del lst[len(lst) - take :]
             want -= take
-        return sorted(i for lst in hw_lists for i in lst), sorted(cuda)
+        if not self.hw_per_kind:
+            hw_lists = [sorted(i for lst in hw_lists for i in lst)]
+        return [lst for lst in hw_lists if lst], sorted(cuda)
 
     def _adapt(self, t_hw: float, t_cuda: float) -> None:
         if self.deterministic or t_hw <= 0 or t_cuda <= 0:
@@ -295,8 +299,12 @@ class GpuImageDecoder:
         tm["parse"] += t0 - t_start
         side = self._side.submit(self._call, self.cuda, self.cuda_stream, [blobs[i] for i in to_cuda])
         res = DecodeResult(arrays, errors)
-        hw_out, t_hw = self._call(self.hw, self.hw_stream, [blobs[i] for i in to_hw]) if to_hw else ([], 0.0)
+        hw_out: list[Any] = []
+        for lst in to_hw:  # one call per kind: the engine's host side is slower on mixed calls
+            hw_out.extend(self._call(self.hw, self.hw_stream, [blobs[i] for i in lst])[0])
+        to_hw = [i for lst in to_hw for i in lst]
         t1 = time.perf_counter()
+        t_hw = t1 - t0
         tm["hw"] += t1 - t0
         retry = []
         taken: dict[str, bool] = {}
