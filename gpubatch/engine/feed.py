@@ -1,8 +1,9 @@
 """Feeding the GPU process from worker processes: file reads, JPEG headers and parameter draws.
 
 nvImageCodec's decode calls take the GIL back once per image while they run, so any Python thread
-busy in the same process slows them several-fold (one CPU-bound thread cut a routed decode from
-13,700 to 641 images/s at a 1 ms switch interval; benchmarks/decode_study.py, group "gil"). So the
+busy in the same process slows them several-fold (one CPU-bound thread cut a routed decode that
+runs at about 16,000 images/s alone to 641 images/s at a 1 ms switch interval;
+benchmarks/decode_study.py, group "gil", and benchmarks/RESULTS.md). So the
 host work that is Python (reading files, parsing JPEG headers, drawing each record's random
 parameters) runs here, in worker processes, and the process that drives the GPU only copies the
 encoded bytes out of shared memory, decodes and launches.
@@ -130,8 +131,9 @@ class FileFeed:
         self.batch_size = max(1, int(batch_size))
         self.repeat = repeat
         self.depth = max(1, depth)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
-        workers = workers or max(1, min(4, cores // 4))
+        from .executor import default_workers
+
+        workers = workers or max(1, min(4, default_workers() // 4))
         self.slot_bytes = int(slot_bytes)
         self.shm = SharedMemory(create=True, size=self.depth * self.slot_bytes)
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),

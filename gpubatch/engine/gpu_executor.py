@@ -74,9 +74,10 @@ class GpuEngine:
 
         from .codecs.image_gpu import GpuImageDecoder
 
-        # The decoders' threads take the GIL back while a call runs; with other threads busy in
-        # Python each such hand-over waits up to one switch interval, which cut decode throughput
-        # several-fold at the default 5 ms (benchmarks/decode_study.py, group "gil").
+        # The decoders' threads take the GIL back once per image while a call runs; with another
+        # thread busy in Python each hand-over waits up to one switch interval (one busy thread:
+        # 641 images/s at 1 ms, 4,802 at 0.05 ms; benchmarks/decode_study.py, group "gil"). A short
+        # interval only softens that: the real cure is no busy Python threads here (engine/feed.py).
         interval = float(os.environ.get("GPUBATCH_SWITCH_INTERVAL", SWITCH_INTERVAL))
         if sys.getswitchinterval() > interval:
             sys.setswitchinterval(interval)

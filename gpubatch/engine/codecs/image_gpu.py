@@ -2,10 +2,11 @@
 
 Decode. Each JPEG's header (SOF type, chroma subsampling) is read first and the batch is split:
 part goes to a ``HW_GPU_ONLY`` decoder (the hardware JPEG engine), part to the CUDA decoder (Huffman
-on the GPU), both at once from two threads on their own streams, and nothing waits for the GPU. Which kinds the hardware engine takes is learned, not
-assumed: a kind it returns None for is routed to the CUDA decoder from then on. Whatever the GPU
-decoders refuse (CMYK, PNG, corrupt data) is decoded by Pillow into its slot and counted as a
-fallback; only a record that fails there too becomes an error. EXIF orientation is applied.
+on the GPU), both at once from two threads on their own streams, and nothing waits for the GPU.
+Which kinds the hardware engine takes is learned, not assumed: a kind it returns None for is routed
+to the CUDA decoder from then on. Whatever the GPU decoders refuse (CMYK, PNG, corrupt data) is
+decoded by Pillow into its slot and counted as a fallback; only a record that fails there too
+becomes an error. EXIF orientation is applied.
 
 Encode. ``nvimgcodec.Encoder`` on the GPU (CUDA encoder; Hopper has no hardware JPEG encoder),
 batched, from zero-copy views of the packed output buffer.
@@ -176,9 +177,9 @@ class GpuImageDecoder:
     and tops out near 11,500 images/s on mixed photos, while the CUDA decoder (Huffman on the GPU)
     scales with CPU threads (15,800 images/s with 15), so each batch is split: the CUDA decoder takes
     the share ``cuda_share``, slowest-for-hardware kinds first, from a second thread, and the rest
-    goes to the hardware engine, one call per chroma-subsampling kind. Neither call is waited for: the consumer stream waits
-    on events of the decoder streams, so batch N+1 decodes while batch N's kernels run
-    (benchmarks/decode_study.py has the figures).
+    goes to the hardware engine, one call per chroma-subsampling kind. Neither call is waited for:
+    the consumer stream waits on events of the decoder streams, so batch N+1 decodes while batch N's
+    kernels run (benchmarks/decode_study.py has the figures).
 
     The two decoders' pixels differ slightly (their IDCTs and chroma upsampling differ), so the share
     is fixed by default (``deterministic=True``): a batch is then always split the same way, and the
@@ -191,15 +192,15 @@ class GpuImageDecoder:
     def __init__(self, device_index: int = 0, cpu_threads: int = 8, hw_decoder: bool = True,
                  cuda_share: float = 0.5, deterministic: bool = True, hw_per_kind: bool = True,
                  cuda_threads: int | None = None):
-        import os
 
         import cupy as cp
 
         nic = nvimgcodec()
         self.cp, self.nic = cp, nic
         self.device_index = device_index
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
-        threads = max(1, min(cpu_threads, cores - 1))
+        from ..executor import default_workers
+
+        threads = max(1, min(cpu_threads, default_workers() - 1))
         self.hw_per_kind = hw_per_kind
         # No hardware-decoder preallocation hints: they reserve batch x 640 x 640 x 3 bytes up front
         # (315 MB at batch 256) and measured no faster.
