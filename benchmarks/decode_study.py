@@ -20,13 +20,23 @@ from concurrent.futures import ThreadPoolExecutor
 from _data import DEFAULT_DATA, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
 
 RESULTS: dict[str, float] = {}
-GROUPS = ("routed", "hw4", "hw8", "cuda8", "cuda15", "async", "gil", "default", "views", "host", "encode")
+GROUPS = ("routed", "reuse", "hw4", "hw8", "cuda8", "cuda15", "async", "gil", "default", "views", "host", "encode")
 # --only takes any of these (each prefix-matches the conditions it runs)
+
+
+CORES = [0.0]  # CPU cores the process kept busy during the last timed() run
+
+
+def _cpu_seconds() -> float:
+    import os
+
+    t = os.times()
+    return t.user + t.system
 
 
 def report(name: str, rate: float, extra: str = "") -> None:
     RESULTS[name] = round(rate)
-    print(f"{name:58s} {rate:9,.0f} img/s  {extra}", flush=True)
+    print(f"{name:58s} {rate:9,.0f} img/s  {CORES[0]:4.1f} cores  {extra}", flush=True)
 
 
 def main() -> None:
@@ -34,6 +44,10 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=4096)
     ap.add_argument("--data", default=str(DEFAULT_DATA))
     ap.add_argument("--only", default="")
+    ap.add_argument("--passes", type=int, default=2, help="passes over the set per measurement")
+    ap.add_argument("--start-at", type=float, default=0.0,
+                    help="routed group: wait for this time.time() before measuring (to run processes side by side)")
+    ap.add_argument("--configs", default="", help="routed group: share[:cuda_threads],... (e.g. 0.5:15,0.6)")
     ap.add_argument("--timeout", type=float, default=90, help="seconds per group (each in its own process)")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
@@ -47,7 +61,7 @@ def main() -> None:
         for group in GROUPS:
             try:
                 subprocess.run([sys.executable, __file__, "--images", str(args.images), "--data", args.data,
-                                "--only", group], timeout=args.timeout, check=False)
+                                "--only", group, "--configs", args.configs], timeout=args.timeout, check=False)
             except subprocess.TimeoutExpired:
                 print(f"{group}: did not finish in {args.timeout:.0f} s", flush=True)
         return
@@ -71,16 +85,18 @@ def main() -> None:
     def want(name: str) -> bool:
         return not only or any(name.startswith(o) for o in only)
 
-    def timed(fn, passes: int = 2) -> float:
+    def timed(fn, passes: int = args.passes) -> float:
         for b in range(2):
             fn(b)
         cp.cuda.runtime.deviceSynchronize()
-        t0 = time.perf_counter()
+        c0, t0 = _cpu_seconds(), time.perf_counter()
         for _ in range(passes):
             for b in range(len(batches)):
                 fn(b)
         cp.cuda.runtime.deviceSynchronize()
-        return passes * len(blobs) / (time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        CORES[0] = (_cpu_seconds() - c0) / wall
+        return passes * len(blobs) / wall
 
     # 1. gpubatch's decoder: adaptive share, and fixed shares (the deterministic mode writers use)
     if want("routed"):
@@ -95,23 +111,31 @@ def main() -> None:
 
             return timed(fn)
 
-        dec = GpuImageDecoder(0, 16)
-        product(dec)  # warm-up pass: memory pools and the decoders' buffers grow to the data
-        for share in (0.4, 0.5, 0.6, 0.7):
-            dec.cuda_share = share
-            report(f"routed: gpubatch decoder, fixed share {share}", product(dec),
+        configs = [(0.4, None), (0.5, None), (0.6, None), (0.5, 11)]
+        if args.configs:
+            configs = [(float(c.split(":")[0]), int(c.split(":")[1]) if ":" in c else None)
+                       for c in args.configs.split(",")]
+        for share, cu_threads in configs:
+            dec = GpuImageDecoder(0, 16, cuda_share=share, cuda_threads=cu_threads)
+            product(dec)  # warm-up pass: memory pools and the decoders' buffers grow to the data
+            for k in dec.timings:
+                dec.timings[k] = 0.0
+            while time.time() < args.start_at:
+                time.sleep(0.001)
+            report(f"routed: CUDA share {share} on {cu_threads or 'default'} threads", product(dec),
                    f"{dict((k, round(v, 2)) for k, v in dec.timings.items())}")
-        dec.deterministic = False
-        report("routed: gpubatch decoder, adaptive share", product(dec), f"share {dec.cuda_share:.2f}")
-        keep.clear()
-        dec.close()
-        for per_kind, cuda_threads in ((False, 15), (True, 8), (True, 11)):
-            dec = GpuImageDecoder(0, 16, hw_per_kind=per_kind, cuda_threads=cuda_threads, cuda_share=0.6)
-            product(dec)
-            report(f"routed: share 0.6, HW {'per kind' if per_kind else 'one call'}, CUDA threads {cuda_threads}",
-                   product(dec))
+            if (share, cu_threads) == configs[-1] and not args.configs:
+                dec.deterministic = False
+                report("routed: same, adaptive share", product(dec), f"share {dec.cuda_share:.2f}")
             keep.clear()
             dec.close()
+        if args.configs:
+            return print("RESULT " + json.dumps(RESULTS), flush=True)
+        dec = GpuImageDecoder(0, 16, cuda_share=0.0)
+        product(dec)
+        report("routed: hardware engine only (share 0)", product(dec), f"hw refuses {sorted(dec.hw_refuses)}")
+        keep.clear()
+        dec.close()
 
     def in_flight(submit, stream, depth: int = 2):
         """fn(b): submit batch b on ``stream`` without waiting; keep ``depth`` batches in flight."""
@@ -155,13 +179,38 @@ def main() -> None:
         fn = in_flight(lambda b: cu.decode(batches[b], params=params, cuda_stream=s.ptr), s)
         report(f"cuda{threads}: CUDA decoder only, stream-ordered", timed(fn))
 
+    # 2b. hardware engine only: decoding into reused Images (images=) instead of fresh allocations
+    if want("reuse"):
+        d = nic.Decoder(max_num_cpu_threads=2, backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)])
+        s1 = cp.cuda.Stream(non_blocking=True)
+        ring: deque = deque()
+
+        def fresh(b: int) -> list:
+            return d.decode(batches[b], params=params, cuda_stream=s1.ptr)
+
+        def reused(b: int) -> list:
+            if len(ring) >= 3:
+                old = ring.popleft()
+                s1.synchronize()  # measured upper bound: the old images are free once the stream is done
+                out = d.decode(batches[b], images=old, params=params, cuda_stream=s1.ptr)
+            else:
+                out = d.decode(batches[b], params=params, cuda_stream=s1.ptr)
+            ring.append(out)
+            return out
+
+        report("reuse: HW only, one mixed call, fresh Images", timed(in_flight(fresh, s1)))
+        report("reuse: HW only, one mixed call, images= reused (ring of 3)", timed(reused))
+        ring.clear()
+        report("reuse: HW only, one mixed call, fresh Images, synchronized each batch",
+               timed(lambda b: (fresh(b), s1.synchronize())))
+
     # 2. hardware engine only, one kind per call, thread counts, synchronous vs stream-ordered
     for threads in (2, 4, 8):
         if want(f"hw{threads}"):
             study_hw(threads)
 
     # 3. CUDA decoder (Huffman on GPU) alone, stream-ordered, thread counts
-    for threads in (4, 8, 15):
+    for threads in (4, 8, 15, 24, 32, 48):
         if want(f"cuda{threads}"):
             study_cuda(threads)
 

@@ -4,10 +4,10 @@ where the bytes come from (pre-read in memory; read from disk by reader threads;
 processes, ``iterate_files``; the same with decode and ops inline in one thread) and the GIL switch
 interval the engine sets. Each condition runs in its own process.
 
-    python3 benchmarks/pipeline_study.py [--images 4096] [--chain train|val]
-        [--intervals 0.001,0.0002,0.00005] [--sources memory,files,feed,feed-inline]
+    python3 benchmarks/pipeline_study.py [--images 4096] [--chain train|val] [--sync batch|lag]
+        [--intervals 0.001,0.0002,0.00005] [--sources memory,memory-inline,files,feed,feed-inline]
 
-Images/s over 2 passes of the set after 3 warm-up batches, batch 256, the stream synchronized after
+Images/s over 2 passes of the set after one warm-up pass (``--warmup N`` batches instead), batch 256, the stream synchronized after
 every batch (as ``gpubatch bench`` does), with the stage and decoder seconds.
 """
 
@@ -46,19 +46,61 @@ def one(args: argparse.Namespace) -> None:
 
     if args.source == "feed":
         it = pipe.iterate_files(files, keys, 256, repeat=True)
-    elif args.source == "feed-inline":  # no prefetch threads: read processes, then decode and ops in turn
+    elif args.source == "decode-inline":  # decode only, results held 2 batches (no kernels)
+        held: list = []
+
+        class _N:
+            def __init__(self, n: int) -> None:
+                self.n = n
+
+            def __len__(self) -> int:
+                return self.n
+
+        def decode_only():
+            for b in itertools.cycle(range(len(batches))):
+                res = pipe.decode(batches[b])
+                res.order(pipe.stream)
+                held.append(res)
+                if len(held) > 2:
+                    held.pop(0)
+                yield _N(len(batches[b]))
+
+        it = decode_only()
+    elif args.source == "memory-inline":  # no threads at all: decode then ops in turn, bytes in memory
+
+        def inline_memory():
+            for b in itertools.cycle(range(len(batches))):
+                yield pipe.process(pipe.decode(batches[b]), key_batches[b])
+
+        it = inline_memory()
+    elif args.source in ("feed-inline", "feed-worker"):  # no prefetch threads: read processes, then decode and ops in turn
         from gpubatch.engine.feed import FileFeed
 
-        feed = FileFeed(files, keys, 256, pipe.plan, repeat=True)
+        feed = FileFeed(files, keys, 256, pipe.plan, repeat=True, views=True, depth=6)
 
         def inline():
+            tm = pipe.timings
+            t = time.perf_counter()
             for fed in feed:
-                yield pipe.process(pipe.decode(fed.blobs), fed.keys, fed.params, fed.sizes)
+                t1 = time.perf_counter()
+                tm["read_wait"] += t1 - t
+                dec = pipe.decode(fed.blobs, fed.headers)
+                t2 = time.perf_counter()
+                tm["decode"] += t2 - t1
+                out = pipe.process(dec, fed.keys, fed.params, fed.sizes, fed.windows)
+                fed.done()
+                t = time.perf_counter()
+                tm["ops"] += t - t2
+                yield out
 
         it = inline()
+        if args.source == "feed-worker":  # the same, in one worker thread; this thread only consumes
+            from gpubatch.engine.executor import prefetched
+
+            it = prefetched(inline(), 2)
     else:
         it = pipe.iterate(source())
-    for _ in range(3):
+    for _ in range(args.warmup if args.warmup >= 0 else len(batches)):
         next(it)
     pipe.stream.synchronize()
     for k in pipe.timings:
@@ -66,16 +108,38 @@ def one(args: argparse.Namespace) -> None:
     for k in pipe.engine.decoder.timings:
         pipe.engine.decoder.timings[k] = 0.0
     n, t0 = 0, time.perf_counter()
+    lag: list = []
     for _ in range(2 * len(batches)):
         n += len(next(it))
-        pipe.stream.synchronize()
+        if args.sync == "batch":
+            pipe.stream.synchronize()
+        else:  # a consumer that keeps 2 batches in flight: wait for the one before last
+            lag.append(pipe.stream.record())
+            if len(lag) > 2:
+                lag.pop(0).synchronize()
+    pipe.stream.synchronize()
     rate = n / (time.perf_counter() - t0)
-    it.close()
-    out = {"source": args.source, "interval": sys.getswitchinterval(), "chain": args.chain,
+    it.close()  # no decode thread may run beside the measurement below
+    kernel_ms, host_ms = [], []
+    if args.source != "decode-inline":  # the op chain's own GPU and host time, on decoded batches
+        import cupy as cp
+
+        for b in range(4):
+            res = pipe.decode(batches[b])
+            cp.cuda.runtime.deviceSynchronize()
+            e0 = pipe.stream.record()
+            h0 = time.perf_counter()
+            pipe.process(res, key_batches[b])
+            host_ms.append(1e3 * (time.perf_counter() - h0))
+            e1 = pipe.stream.record()
+            e1.synchronize()
+            kernel_ms.append(cp.cuda.get_elapsed_time(e0, e1))
+    out = {"source": args.source, "sync": args.sync, "interval": sys.getswitchinterval(), "chain": args.chain,
            "images_per_s": round(rate),
            "stages_s": {k: round(v, 2) for k, v in pipe.timings.items()},
            "decoder_s": {k: round(v, 2) for k, v in pipe.engine.decoder.timings.items()},
-           "cuda_share": pipe.engine.decoder.cuda_share}
+           "cuda_share": pipe.engine.decoder.cuda_share,
+           "process_gpu_ms": [round(x, 2) for x in kernel_ms], "process_host_ms": [round(x, 2) for x in host_ms]}
     print("RESULT " + json.dumps(out), flush=True)
     pipe.close()
 
@@ -87,6 +151,9 @@ def main() -> None:
     ap.add_argument("--chain", default="train")
     ap.add_argument("--intervals", default="0.001,0.0002,0.00005")
     ap.add_argument("--sources", default="memory,files,feed,feed-inline")
+    ap.add_argument("--warmup", type=int, default=-1, help="warm-up batches (default: one pass of the set)")
+    ap.add_argument("--sync", default="batch", choices=("batch", "lag"),
+                    help="synchronize after every batch, or keep 2 batches in flight")
     ap.add_argument("--source", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.source:
@@ -96,7 +163,7 @@ def main() -> None:
         for interval in args.intervals.split(","):
             env = dict(os.environ, GPUBATCH_SWITCH_INTERVAL=interval)
             cmd = [sys.executable, __file__, "--images", str(args.images), "--data", args.data,
-                   "--chain", args.chain, "--source", source]
+                   "--chain", args.chain, "--source", source, "--sync", args.sync, "--warmup", str(args.warmup)]
             try:
                 p = subprocess.run(cmd, env=env, timeout=120, capture_output=True, text=True)
                 lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import chain_ops, get_model
-from .measure import CpuUse, GpuSampler, bottleneck, timed_windows
+from .measure import CpuUse, GpuSampler, bottleneck, timed_windows, warmup_batches
 
 
 def data_files(data: str, n: int) -> list[Path]:
@@ -67,7 +67,7 @@ def run_gpubatch(a: dict, device: str) -> dict:
     cpu = CpuUse()
     if sampler:
         sampler.measuring = True
-    res = timed_windows(step, a["seconds"], warmup=3, sync=sync)
+    res = timed_windows(step, a["seconds"], warmup=warmup_batches(a), sync=sync)
     res["cpu_cores_used"] = cpu.stop()
     stages = {"read_wait": pipe.timings["read_wait"], "decode": pipe.timings["decode"],
               "ops" if ops else "copy-out": pipe.timings["ops"], "decode_wait": pipe.timings["decode_wait"]}
@@ -182,7 +182,7 @@ def run_dataloader(a: dict) -> dict:
         return len(b)
 
     cpu = CpuUse()
-    res = timed_windows(step, a["seconds"], warmup=2)
+    res = timed_windows(step, a["seconds"], warmup=warmup_batches(a))
     res["cpu_cores_used"] = cpu.stop()
     res["workers"] = workers
     return res
@@ -240,7 +240,7 @@ def run_dali(a: dict) -> dict:
     p = pipe()
     p.build()
     sampler.measuring = True
-    res = timed_windows(lambda: (p.run(), a["batch_size"])[1], a["seconds"], warmup=3)
+    res = timed_windows(lambda: (p.run(), a["batch_size"])[1], a["seconds"], warmup=warmup_batches(a))
     res.update(sampler.stop())
     return res
 

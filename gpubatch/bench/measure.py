@@ -21,6 +21,13 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[k]
 
 
+def warmup_batches(a: dict) -> int:
+    """Untimed batches before the clock starts: one pass over the data set (at least 3), so every
+    contender's buffers and pools have met the largest images (the GPU decoders' internal buffers grow
+    on demand; measured, a 3-batch warm-up left that growth inside the timed run)."""
+    return max(3, -(-int(a["images"]) // int(a["batch_size"])))
+
+
 def timed_windows(step: Callable[[], int], seconds: float, warmup: int = 3, windows: int = 5,
                   sync: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.perf_counter,
                   min_batches: int = 2) -> dict[str, Any]:

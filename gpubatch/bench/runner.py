@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import UsageError
 from . import MODELS, get_model
+from .measure import warmup_batches
 
 CONTENDERS = ("gpubatch-gpu", "gpubatch-cpu", "torch-dataloader", "dali")
 SWEEPABLE = {"batch_size": int, "threads": int, "cuda_share": float}
@@ -161,7 +162,8 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
     return {"schema": SCHEMA, "model": {"name": m.name, "doc": m.doc, "chains": m.chains},
             "environment": environment(argv), "data": source,
             "settings": {"batch_size": batch_size, "seconds": seconds, "device": device, "contenders": contenders,
-                         "with_model": with_model, "windows": 5, "warmup_batches": 3},
+                         "with_model": with_model, "windows": 5,
+                         "warmup_batches": warmup_batches(base)},
             "results": results, "sweep": sweep_out}
 
 

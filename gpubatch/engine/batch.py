@@ -79,10 +79,52 @@ def pack_tables(*arrays: np.ndarray) -> tuple[np.ndarray, list[tuple[int, np.dty
     return buf, layout
 
 
-def upload_tables(cp: Any, arrays: list[np.ndarray], stream: Any) -> list[Any]:
-    """Copy host tables to the device in one transfer on ``stream``; returns device views."""
+class PinnedStaging:
+    """A ring of pinned host buffers for the small per-launch tables, so uploading them never blocks.
+
+    ``cupy.asarray(numpy_array)`` copies from pageable memory, and such a copy returns only once it is
+    done, which is after all the work queued before it on the stream: on the engine's stream that is
+    the decoders' work and the previous batch's kernels, so the launching thread used to wait for the
+    GPU at every batch. From a pinned buffer the copy is truly asynchronous. A slot is refilled only
+    once its last copy has finished (its event; with ``slots`` batches in between that is at once).
+    """
+
+    def __init__(self, cp: Any, slots: int = 8):
+        self.cp = cp
+        self._mem: list[Any] = [None] * slots
+        self._host: list[np.ndarray | None] = [None] * slots
+        self._done: list[Any] = [None] * slots
+        self._next = 0
+
+    def upload(self, data: np.ndarray, stream: Any) -> Any:
+        """A device copy of the bytes of ``data`` (uint8, 1-D), enqueued on ``stream``."""
+        cp = self.cp
+        i = self._next
+        self._next = (i + 1) % len(self._mem)
+        if self._done[i] is not None:
+            self._done[i].synchronize()
+        n = data.nbytes
+        host = self._host[i]
+        if host is None or host.size < n:
+            size = max(64 << 10, 1 << (n - 1).bit_length())
+            self._mem[i] = cp.cuda.alloc_pinned_memory(size)
+            host = self._host[i] = np.frombuffer(self._mem[i], np.uint8, size)
+        host[:n] = data
+        with stream:
+            dev = cp.empty(n, cp.uint8)
+        dev.data.copy_from_host_async(host.ctypes.data, n, stream)
+        self._done[i] = stream.record()
+        return dev
+
+
+def upload_tables(cp: Any, arrays: list[np.ndarray], stream: Any, staging: PinnedStaging | None = None) -> list[Any]:
+    """Copy host tables to the device in one transfer on ``stream``; returns device views. With
+    ``staging`` the copy goes through pinned memory and the host does not wait."""
     buf, layout = pack_tables(*arrays)
-    with stream:
-        dev = cp.asarray(buf)
+    if staging is not None:
+        dev = staging.upload(buf, stream)
+    else:
+        with stream:
+            dev = cp.asarray(buf)
     return [dev[off : off + int(np.prod(shape)) * np.dtype(dt).itemsize].view(dt).reshape(shape)
             for off, dt, shape in layout]

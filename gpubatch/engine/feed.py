@@ -17,10 +17,12 @@ not change. A record whose decoded size differs from its header's is drawn again
 from __future__ import annotations
 
 import os
+import queue
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,10 @@ class FedBatch:
         sizes: per record the (height, width) its header says it decodes to, or None.
         params: per record the drawn op parameters (None without a plan, or where the size is unknown).
         errors: per record None or why it could not be read.
+        headers: per record (GPU-decodable JPEG kind or None, width, height), as the GPU decoder routes by.
+        windows: the chain's leading window segment folded per record (geometry (N, 4), output sizes
+            (N, 2); :func:`~gpubatch.engine.gpu_chain.leading_windows`), or None.
+        release: in views mode, returns the batch's slot to the feed (call :meth:`done`).
     """
 
     blobs: list[bytes]
@@ -47,32 +53,46 @@ class FedBatch:
     sizes: list[tuple[int, int] | None]
     params: list[Any] | None
     errors: list[str | None]
+    headers: list[tuple[str | None, int, int]] | None = None
+    windows: tuple[Any, Any] | None = None
+    release: Any = None
+
+    def done(self) -> None:
+        """Hand the batch's shared-memory slot back (views mode; a no-op otherwise). Dropping the
+        batch does it too, so a consumer that stops early never leaves the feed waiting for a slot."""
+        if self.release is not None:
+            self.release()
+            self.release = None
+
+    def __del__(self) -> None:
+        self.done()
 
     def __len__(self) -> int:
         return len(self.blobs)
 
 
 def _init(shm_name: str, plan: Plan | None, slot_bytes: int) -> None:
-    from multiprocessing import resource_tracker
     from multiprocessing.shared_memory import SharedMemory
 
+    # Spawned workers share the parent's resource tracker, which keeps one entry per name: this
+    # mapping adds nothing, and the parent's unlink removes it (unregistering it here as well made the
+    # tracker fail on that second removal).
     shm = SharedMemory(name=shm_name)
-    try:  # the parent owns (and unlinks) the segment; this process only maps it
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    except Exception:
-        pass
     _W.update(shm=shm, plan=plan, slot=slot_bytes)
 
 
 def _read(slot: int, paths: list[str], keys: list[str]) -> tuple:
-    """Read ``paths`` into ``slot``; (offsets, lengths, sizes, params, errors, overflow blobs or None)."""
+    """Read ``paths`` into ``slot``; (offsets, lengths, sizes, params, errors, overflow blobs or None,
+    headers, windows)."""
     from .codecs.image import jpeg_display_size
+    from .codecs.image_gpu import jpeg_kind
+    from .gpu_chain import leading_windows
 
     buf = _W["shm"].buf
     plan: Plan | None = _W["plan"]
     slot_bytes = _W["slot"]
     base, pos = slot * slot_bytes, 0
-    offsets, lengths, sizes, errors, params = [], [], [], [], []
+    offsets, lengths, sizes, errors, params, headers = [], [], [], [], [], []
     overflow: list[bytes] | None = None
     draw = plan is not None and any(op.random for op in plan.ops)
     for path, key in zip(paths, keys):
@@ -93,6 +113,7 @@ def _read(slot: int, paths: list[str], keys: list[str]) -> tuple:
             err = f"cannot read {path}: {e.strerror or e}"
         head = bytes(data[:65536])
         hw = jpeg_display_size(head) if head else None
+        headers.append(jpeg_kind(head) if head else (None, 0, 0))
         offsets.append(pos)
         lengths.append(len(data))
         if overflow is not None:
@@ -103,8 +124,9 @@ def _read(slot: int, paths: list[str], keys: list[str]) -> tuple:
             data.release()
         sizes.append(hw)
         errors.append(err)
-        params.append(plan.draw(key, hw[0], hw[1]) if draw and hw is not None else None)
-    return offsets, lengths, sizes, params if draw else None, errors, overflow
+        params.append(plan.draw(key, hw[0], hw[1]) if plan is not None and hw is not None else None)
+    windows = leading_windows(plan.ops, params, sizes) if plan is not None else None
+    return offsets, lengths, sizes, params if draw else None, errors, overflow, headers, windows
 
 
 class FileFeed:
@@ -116,11 +138,16 @@ class FileFeed:
 
     ``repeat`` cycles over the files forever (benchmarks). ``depth`` batches are in flight, each in a
     shared-memory slot of ``slot_bytes``.
+
+    ``views=True`` hands the bytes over without a copy, as NumPy uint8 views of the slot (nvImageCodec
+    decodes from them directly): the consumer calls ``fed.done()`` (or drops the batch) once it no
+    longer needs them, and the feed reuses a slot only after that. Copying a 256-image batch out took about 5 ms of the
+    consuming thread (benchmarks/pipeline_study.py, "read_wait" of source feed-inline).
     """
 
     def __init__(self, files: Sequence[str | Path], keys: Sequence[str] | None = None, batch_size: int = 256,
                  plan: Plan | None = None, workers: int | None = None, depth: int = 4, repeat: bool = False,
-                 slot_bytes: int = SLOT_BYTES):
+                 slot_bytes: int = SLOT_BYTES, views: bool = False):
         import multiprocessing as mp
         from multiprocessing.shared_memory import SharedMemory
 
@@ -130,6 +157,9 @@ class FileFeed:
             raise ValueError("FileFeed: one key per file")
         self.batch_size = max(1, int(batch_size))
         self.repeat = repeat
+        self.views = views
+        self._returned: queue.SimpleQueue = queue.SimpleQueue()
+        self._stopped = False
         self.depth = max(1, depth)
         from .executor import default_workers
 
@@ -141,7 +171,10 @@ class FileFeed:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
-        self.shm.close()
+        try:
+            self.shm.close()
+        except BufferError:  # views of a batch are still alive: the mapping goes with the last of them
+            self.shm.close = lambda: None  # type: ignore[method-assign]  (its __del__ would retry)
         try:
             self.shm.unlink()
         except FileNotFoundError:
@@ -161,30 +194,60 @@ class FileFeed:
             if not self.repeat or n == 0:
                 return
 
+    def stop(self) -> None:
+        """Make a running iteration end at its next step, even one waiting for a slot to come back."""
+        self._stopped = True
+        self._returned.put(None)
+
     def __iter__(self) -> Iterator[FedBatch]:
+        import numpy as np
+
         spans = self._spans()
         pending: deque[tuple[int, int, int, Future]] = deque()
         free = list(range(self.depth))
+        returned = self._returned = queue.SimpleQueue()  # slots handed back (views mode); None: stop
+        self._stopped = False
+        nxt = next(spans, None)
 
-        def submit() -> None:
-            span = next(spans, None)
-            if span is None:
-                return
-            slot = free.pop()
-            a, b = span
-            pending.append((slot, a, b, self.pool.submit(_read, slot, self.files[a:b], self.keys[a:b])))
+        def fill(block: bool) -> None:
+            """Start reads into free slots; wait for one only when nothing else can be yielded."""
+            nonlocal nxt
+            while nxt is not None and not self._stopped:
+                while True:
+                    try:
+                        got = returned.get_nowait()
+                    except queue.Empty:
+                        break
+                    if got is not None:
+                        free.append(got)
+                if not free:
+                    if pending or not block:
+                        return
+                    got = returned.get()  # every slot is with the consumer: wait for one
+                    if got is None:
+                        return
+                    free.append(got)
+                slot = free.pop()
+                a, b = nxt
+                pending.append((slot, a, b, self.pool.submit(_read, slot, self.files[a:b], self.keys[a:b])))
+                nxt = next(spans, None)
 
-        for _ in range(self.depth):
-            submit()
         buf = self.shm.buf
-        while pending:
+        while True:
+            fill(block=True)
+            if self._stopped or not pending:
+                return
             slot, a, b, fut = pending.popleft()
-            offsets, lengths, sizes, params, errors, overflow = fut.result()
+            offsets, lengths, sizes, params, errors, overflow, headers, windows = fut.result()
+            release = None
+            base = slot * self.slot_bytes
             if overflow is not None:
                 blobs = overflow
+                free.append(slot)
+            elif self.views:
+                blobs = [np.frombuffer(buf, np.uint8, n, base + o) if n else b"" for o, n in zip(offsets, lengths)]
+                release = partial(returned.put, slot)
             else:
-                base = slot * self.slot_bytes
                 blobs = [bytes(buf[base + o : base + o + n]) for o, n in zip(offsets, lengths)]
-            free.append(slot)
-            submit()
-            yield FedBatch(blobs, self.keys[a:b], sizes, params, errors)
+                free.append(slot)
+            yield FedBatch(blobs, self.keys[a:b], sizes, params, errors, headers, windows, release)

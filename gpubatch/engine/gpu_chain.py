@@ -104,6 +104,28 @@ def fold_windows(ops: Sequence[Op], idx: Sequence[int], params: Sequence[Any], h
     return win
 
 
+def leading_windows(ops: Sequence[Op], params: Sequence[Sequence[Any] | None],
+                    sizes: Sequence[tuple[int, int] | None]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The chain's leading window segment folded per record, as arrays: geometry (N, 4) float32
+    (``Window.as_array``) and output size (N, 2) int32; rows of records without a size or parameters
+    are zeros. None when the chain does not start with a window segment. (Computed where the
+    parameters are drawn, in :class:`~gpubatch.engine.feed.FileFeed` workers, so that the process
+    driving the GPU does no per-image Python for it.)"""
+    segs = [sg for sg in segments(ops) if sg[0] != "normalize"]
+    if segs and segs[0][0] != "window":
+        return None
+    idx = segs[0][1] if segs else []
+    n = len(sizes)
+    geo, out = np.zeros((n, 4), np.float32), np.zeros((n, 2), np.int32)
+    for r, (hw, prm) in enumerate(zip(sizes, params)):
+        if hw is None or prm is None:
+            continue
+        win = fold_windows(ops, idx, prm, hw[0], hw[1])
+        geo[r] = (win.ay, win.by, win.ax, win.bx)
+        out[r] = (win.oh, win.ow)
+    return geo, out
+
+
 def segment_fill(ops: Sequence[Op], idx: Sequence[int]) -> tuple[float, float, float]:
     for i in idx:
         if ops[i].pads:
@@ -111,9 +133,11 @@ def segment_fill(ops: Sequence[Op], idx: Sequence[int]) -> tuple[float, float, f
     return ZERO_FILL
 
 
-def run_chain(engine: Any, ops: Sequence[Op], src: Ragged, params: Sequence[Sequence[Any]], out: Any = None) -> Any:
+def run_chain(engine: Any, ops: Sequence[Op], src: Ragged, params: Sequence[Sequence[Any]], out: Any = None,
+              first: tuple[np.ndarray, np.ndarray] | None = None) -> Any:
     """Run ``ops`` over ``src`` with per-record ``params[r][op]``; returns a DeviceBatch (``out``: an
-    optional preallocated buffer for the final result)."""
+    optional preallocated buffer for the final result; ``first``: the leading window segment already
+    folded, as :func:`leading_windows` gives it for these records)."""
     segs = segments(ops)
     norm = ops[-1] if segs and segs[-1][0] == "normalize" else None
     if norm is not None:
@@ -129,7 +153,10 @@ def run_chain(engine: Any, ops: Sequence[Op], src: Ragged, params: Sequence[Sequ
         last = k == len(segs) - 1
         hw = cur.hw
         if kind == "window":
-            windows = [fold_windows(ops, idx, params[r], int(hw[r, 0]), int(hw[r, 1])) for r in range(n)]
+            if k == 0 and first is not None:
+                windows: Any = first
+            else:
+                windows = [fold_windows(ops, idx, params[r], int(hw[r, 0]), int(hw[r, 1])) for r in range(n)]
             result = engine.resample(cur, windows, norm if last else None, out=out if last else None,
                                      fill=segment_fill(ops, idx))
         elif kind == "step":

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import ErrorRouter, GpubatchError, RecordError, Stage, UsageError
 from ..formats.base import Reader, Writer
 from ..types import Record
-from .batch import DeviceBatch, upload_tables
+from .batch import DeviceBatch, PinnedStaging, upload_tables
 from .device import Device
 from .ops.base import Op, Window
 from .ops.normalize import Normalize
@@ -90,6 +90,7 @@ class GpuEngine:
         self.memory_limit = max(parse_memory(gpu_memory, total) // max(share, 1), 256 << 20)
         cp.get_default_memory_pool().set_limit(size=self.memory_limit)
         self.stream = cp.cuda.Stream(non_blocking=True)
+        self.staging = PinnedStaging(cp)  # launch tables reach the device without the host waiting
         self._null = cp.zeros(1, cp.uint64)  # stands for an unused pointer argument
         self.cpu_threads = cpu_threads
         self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic)
@@ -122,10 +123,12 @@ class GpuEngine:
             first[1:] = np.cumsum(blocks)[:-1]
         return offsets, first, int(blocks.sum()), int(sizes.sum())
 
-    def resample(self, src: Any, windows: Sequence[Window], normalize: Normalize | None = None,
-                 out: Any = None, fill: Sequence[float] = (0.0, 0.0, 0.0)) -> DeviceBatch:
+    def resample(self, src: Any, windows: Sequence[Window] | tuple[np.ndarray, np.ndarray],
+                 normalize: Normalize | None = None, out: Any = None,
+                 fill: Sequence[float] = (0.0, 0.0, 0.0)) -> DeviceBatch:
         """One fused launch: image ``i`` of ``src`` (a :class:`Ragged`, or a list of DeviceImages / uint8 HWC
         CuPy arrays) through ``windows[i]``, then ``normalize``; pixels outside the image read ``fill``.
+        ``windows`` may also be given as arrays: geometry (N, 4) and output sizes (N, 2).
 
         Output items are uint8 HWC unless ``normalize`` says otherwise; ``out`` may be a preallocated
         1-D buffer large enough for the whole batch (a ring slot).
@@ -140,17 +143,21 @@ class GpuEngine:
         dtype = normalize.dtype if normalize else "uint8"
         norm = np.concatenate([normalize.mul_add() if normalize else np.array([1, 1, 1, 0, 0, 0], np.float32),
                                np.asarray(fill, np.float32)]).astype(np.float32)
-        geo = np.array([w.as_array() for w in windows], np.float32).reshape(n, 4)
-        out_shape = np.array([(w.oh, w.ow) for w in windows], np.int32).reshape(n, 2)
+        if isinstance(windows, tuple):
+            geo = np.ascontiguousarray(windows[0], np.float32).reshape(n, 4)
+            out_shape = np.ascontiguousarray(windows[1], np.int32).reshape(n, 2)
+        else:
+            geo = np.array([w.as_array() for w in windows], np.float32).reshape(n, 4)
+            out_shape = np.array([(w.oh, w.ow) for w in windows], np.int32).reshape(n, 2)
         offsets, first_block, total_blocks, total = self._out_tables(out_shape, 3)
         with self.stream:
             if out is None or out.size < total:
                 out = cp.empty(max(total, 1), dtype=dtype)
-            shapes = [(int(oh), int(ow), 3) if layout == "HWC" else (3, int(oh), int(ow)) for oh, ow in out_shape]
+            shapes = [(oh, ow, 3) if layout == "HWC" else (3, oh, ow) for oh, ow in out_shape.tolist()]
             if n == 0:
                 return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=self.stream)
             t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, t_norm = upload_tables(
-                cp, [src.ptr, src.shape, geo, out_shape, offsets, first_block, norm], self.stream)
+                cp, [src.ptr, src.shape, geo, out_shape, offsets, first_block, norm], self.stream, self.staging)
             from .kernels import kernel
 
             fn = kernel("resample", f"resample_{_DTYPE_TAG[dtype]}_{layout.lower()}")
@@ -183,13 +190,14 @@ class GpuEngine:
             out = cp.empty(max(total * 3, 1), dtype=cp.uint8)
             if n == 0:
                 return DeviceBatch(out, offsets, shapes, stream=self.stream)
-            t_ptr, t_shape, t_oshape, t_off, t_first, t_prm, t_in_first = upload_tables(
-                cp, [src.ptr, src.shape, out_shape, offsets, first_block, prm, in_first], self.stream)
+            init = np.tile(np.array([255, 255, 255, 0, 0, 0], np.int32), (n if flags & 2 else 0, 1))
+            t_ptr, t_shape, t_oshape, t_off, t_first, t_prm, t_in_first, t_minmax = upload_tables(
+                cp, [src.ptr, src.shape, out_shape, offsets, first_block, prm, in_first, init], self.stream,
+                self.staging)
             gsum = minmax = lut = self._null
             if flags:
                 gsum = cp.zeros(n, cp.uint64) if flags & 1 else self._null
-                minmax = (cp.asarray(np.tile(np.array([255, 255, 255, 0, 0, 0], np.int32), (n, 1)))
-                          if flags & 2 else self._null)
+                minmax = t_minmax if flags & 2 else self._null
                 hist = cp.zeros((n, 768), cp.uint32) if flags & 4 else self._null
                 kernel("step", "stats_u8")((in_blocks,), (BLOCK,), (t_ptr, t_shape, t_in_first, np.int32(n),
                                                                    np.int32(flags), gsum, minmax, hist))
@@ -295,18 +303,22 @@ class ImagePipeline:
             self.engine.stream.synchronize()
         return out
 
-    def decode(self, blobs: Sequence[bytes]) -> Any:
-        """Stage 1 (may run in another thread): decode a batch."""
+    def decode(self, blobs: Sequence[bytes], headers: Sequence[tuple[str | None, int, int]] | None = None) -> Any:
+        """Stage 1 (may run in another thread): decode a batch (``headers``: the blobs' JPEG kinds and
+        sizes when already parsed, as a FileFeed gives them)."""
         if self.engine is None:
             return list(blobs)  # the CPU path decodes inside its worker processes, with the ops
-        return self.engine.decoder.decode(list(blobs), self.engine.stream, self.plan.max_pixels)
+        return self.engine.decoder.decode(list(blobs), self.engine.stream, self.plan.max_pixels, order=False,
+                                          headers=list(headers) if headers is not None else None)
 
     def process(self, decoded: Any, keys: Sequence[str], params: Sequence[Any] | None = None,
-                sizes: Sequence[tuple[int, int] | None] | None = None):
+                sizes: Sequence[tuple[int, int] | None] | None = None,
+                windows: tuple[np.ndarray, np.ndarray] | None = None):
         """Stage 2: the op chain on a decoded batch. GPU: a DeviceBatch; CPU: a list of NumPy arrays.
 
-        ``params`` (with the ``sizes`` they were drawn for, as a :class:`~gpubatch.engine.feed.FileFeed`
-        gives them) are used where the decoded size matches; other records are drawn here.
+        ``params`` (with the ``sizes`` they were drawn for, and the leading ``windows`` folded from
+        them, as a :class:`~gpubatch.engine.feed.FileFeed` gives them) are used where the decoded size
+        matches; other records are drawn (and folded) here.
         """
         self.last_errors = []
         if self.engine is None:
@@ -317,24 +329,37 @@ class ImagePipeline:
             outs = [arr for arr, err in results if err is None]
             self.stats["images"] += len(outs)
             return outs
-        from .gpu_chain import Ragged, run_chain
+        from .gpu_chain import Ragged, leading_windows, run_chain
 
         res = decoded
-        arrays, drawn = [], []
+        res.order(self.engine.stream)  # this batch's kernels wait for its decode, and no later one's
+        arrays, drawn, rows, redrawn = [], [], [], []
         for i, (a, key) in enumerate(zip(res.arrays, keys)):
             if a is None:
                 self.last_errors.append((i, res.errors[i] or "decode failed"))
                 continue
-            arrays.append(a)
             h, w = a.shape[0], a.shape[1]
-            if params is not None and params[i] is not None and sizes is not None and sizes[i] == (h, w):
+            fed = sizes is not None and sizes[i] == (h, w)
+            if fed and params is not None and params[i] is not None:
                 drawn.append(params[i])
             else:
                 drawn.append(self.plan.draw(key, h, w))
+            if not fed:
+                redrawn.append(len(arrays))
+            rows.append(i)
+            arrays.append(a)
+        first = None
+        if windows is not None and rows:
+            first = (windows[0][rows], windows[1][rows])
+            if redrawn:
+                fix = leading_windows(self.plan.ops, [drawn[r] for r in redrawn],
+                                      [tuple(arrays[r].shape[:2]) for r in redrawn])
+                if fix is not None:
+                    first[0][redrawn], first[1][redrawn] = fix
         slot = self._slot
         self._slot = (self._slot + 1) % len(self._ring)
         batch = run_chain(self.engine, self.plan.ops, Ragged.from_items(self.engine.cp, arrays), drawn,
-                          out=self._ring[slot])
+                          out=self._ring[slot], first=first)
         self._ring[slot] = batch.buffer
         self.stats["images"] += len(arrays)
         self.stats["gpu"] += res.on_gpu
@@ -349,7 +374,7 @@ class ImagePipeline:
         Reading in Python threads of this process slows the decoders (see :mod:`gpubatch.engine.feed`);
         for files, :meth:`iterate_files` reads in worker processes instead.
         """
-        return self._iterate(((blobs, keys, None, None) for blobs, keys in batches), prefetch)
+        return self._iterate(((blobs, keys, None) for blobs, keys in batches), prefetch)
 
     def iterate_files(self, files: Sequence[Any], keys: Sequence[str] | None = None, batch_size: int = 256,
                       repeat: bool = False, workers: int | None = None, prefetch: int = 2) -> Iterator[Any]:
@@ -359,26 +384,29 @@ class ImagePipeline:
         from .feed import FileFeed
 
         feed = FileFeed(files, keys, batch_size, self.plan if self.engine is not None else None, workers,
-                        repeat=repeat)
+                        repeat=repeat, views=True, depth=6)
         try:
-            yield from self._iterate(((f.blobs, f.keys, f.params, f.sizes) for f in feed), prefetch)
+            yield from self._iterate(((f.blobs, f.keys, f) for f in feed), prefetch, on_stop=feed.stop)
         finally:
             feed.close()
 
-    def _iterate(self, items: Iterable[tuple[Any, Any, Any, Any]], prefetch: int) -> Iterator[Any]:
+    def _iterate(self, items: Iterable[tuple[Any, Any, Any]], prefetch: int,
+                 on_stop: Callable[[], None] | None = None) -> Iterator[Any]:
+        """Batches (blobs, keys, FedBatch or None) through decode (a thread) and process (here);
+        ``on_stop`` is called first when the iteration ends (it unblocks a source waiting for slots)."""
         from .executor import prefetched
 
         tm = self.timings
 
-        def decoded() -> Iterator[tuple[Any, Sequence[str], Any, Any]]:
+        def decoded() -> Iterator[tuple[Any, Sequence[str], Any]]:
             t = time.perf_counter()
-            for blobs, keys, params, sizes in prefetched(items, prefetch):
+            for blobs, keys, fed in prefetched(items, prefetch):
                 t1 = time.perf_counter()
                 tm["read_wait"] += t1 - t
-                out = self.decode(blobs)
+                out = self.decode(blobs, fed.headers if fed is not None else None)
                 t = time.perf_counter()
                 tm["decode"] += t - t1
-                yield out, keys, params, sizes
+                yield out, keys, fed
 
         it = prefetched(decoded(), prefetch)
         try:
@@ -389,10 +417,17 @@ class ImagePipeline:
                 tm["decode_wait"] += t1 - t0
                 if item is None:
                     return
-                out = self.process(*item)
+                out, keys, fed = item
+                if fed is None:
+                    out = self.process(out, keys)
+                else:
+                    out = self.process(out, keys, fed.params, fed.sizes, fed.windows)
+                    fed.done()  # the encoded bytes (views of the feed's shared memory) are no longer read
                 tm["ops"] += time.perf_counter() - t1
                 yield out
         finally:
+            if on_stop is not None:
+                on_stop()
             it.close()  # stops the decode and read threads when the consumer leaves early
 
 

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from gpubatch.engine.codecs.image import decode, jpeg_display_size, jpeg_orientation
+from gpubatch.engine.codecs.image_gpu import jpeg_kind
+from gpubatch.engine.gpu_chain import fold_windows
 from gpubatch.engine.feed import FileFeed
 from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
 from gpubatch.engine.plan import Plan
@@ -49,11 +51,14 @@ def test_feed_gives_bytes_sizes_and_the_same_draws(tmp_path: Path, slot_bytes: i
     paths = [*files[:20], missing, *files[20:]]
     keys = [f"k{i}" for i in range(len(paths))]
     plan = Plan(ops=(RandomResizedCrop(64), Flip(), Normalize()), seed=7)
-    got = []
+    got, headers, geo, out = [], [], [], []
     with FileFeed(paths, keys, batch_size=16, plan=plan, workers=2, depth=2, slot_bytes=slot_bytes) as feed:
         for fed in feed:
             assert len(fed.keys) == len(fed.blobs) == len(fed.sizes) == len(fed.params) == len(fed.errors)
             got.extend(zip(fed.keys, fed.blobs, fed.sizes, fed.params, fed.errors))
+            headers.extend(fed.headers)
+            geo.extend(fed.windows[0])
+            out.extend(fed.windows[1])
     assert [g[0] for g in got] == keys
     for (key, blob, hw, params, err), path in zip(got, paths):
         if path == missing:
@@ -63,6 +68,15 @@ def test_feed_gives_bytes_sizes_and_the_same_draws(tmp_path: Path, slot_bytes: i
         assert hw == jpeg_display_size(blob)
         if hw is not None:
             assert params == plan.draw(key, *hw)
+    for (key, blob, hw, params, _), head, g, o in zip(got, headers, geo, out):
+        assert head == (jpeg_kind(blob) if blob else (None, 0, 0))  # what the GPU decoder routes by
+        if hw is None:
+            assert not g.any() and not o.any()
+            continue
+        # the leading window segment (crop + flip) folded as the GPU process would fold it
+        win = fold_windows(plan.ops, [0, 1], params, *hw)
+        np.testing.assert_allclose(g, [win.ay, win.by, win.ax, win.bx], rtol=1e-6)
+        assert tuple(o) == (win.oh, win.ow) == (64, 64)
 
 
 def test_feed_repeats_and_stops_early():
@@ -88,3 +102,37 @@ def test_image_pipeline_iterate_files_on_cpu_matches_call():
     assert len(streamed) == len(direct) == len(files)
     for a, b in zip(streamed, direct):
         np.testing.assert_array_equal(a, b)
+
+
+def test_views_mode_gives_the_bytes_and_reuses_slots_only_when_done():
+    files = _files()[:12]
+    with FileFeed(files, batch_size=4, workers=1, depth=2, repeat=True, views=True) as feed:
+        seen = 0
+        for fed in feed:
+            for blob, path in zip(fed.blobs, files[(seen * 4) % 12 : (seen * 4) % 12 + 4]):
+                assert bytes(blob) == path.read_bytes()
+            fed.done()  # two slots serve any number of batches once each is handed back
+            seen += 1
+            if seen == 7:
+                break
+
+
+def test_pipeline_stopping_early_on_a_repeating_feed_returns():
+    import threading
+
+    from gpubatch.engine.gpu_executor import ImagePipeline
+
+    files = [f for f in _files() if f.suffix.lower() != ".png"][:12]
+    done = threading.Event()
+
+    def run() -> None:
+        with ImagePipeline([RandomResizedCrop(32), Normalize()], device="cpu", seed=0, cpu_threads=1) as pipe:
+            for k, _ in enumerate(pipe.iterate_files(files, batch_size=4, repeat=True, workers=1)):
+                if k == 2:
+                    break
+        done.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(60)
+    assert done.is_set(), "iterate_files did not return after the consumer stopped"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,8 @@ class DecodeResult:
         fallbacks: how many Pillow decoded after the GPU refused them.
         keep: objects that own the device memory (nvImageCodec Images); hold them until the kernels
             reading ``arrays`` have finished.
+        ready: events of the decoder streams that work reading ``arrays`` must wait for, not yet
+            waited on (see :meth:`order`).
     """
 
     arrays: list[Any]
@@ -69,6 +72,13 @@ class DecodeResult:
     hw: int = 0
     fallbacks: int = 0
     keep: list[Any] = field(default_factory=list)
+    ready: list[Any] = field(default_factory=list)
+
+    def order(self, stream: Any) -> None:
+        """Make work enqueued on ``stream`` from now on wait for the decoders (once)."""
+        for ev in self.ready:
+            stream.wait_event(ev)
+        self.ready = []
 
 
 class DeviceImage:
@@ -147,24 +157,24 @@ def _keep_freed_memory(cp, device_index: int, threshold: int = 512 << 20) -> Non
 
 
 class _Release:
-    """Owns a batch's decoded images; when dropped, frees them only after the consumer's work so far.
+    """Owns a batch's decoded images; when dropped, hands them to a deferred-free queue.
 
     nvImageCodec frees an image with ``cudaFreeAsync`` on the stream it was decoded on, which knows
-    nothing of the kernels that read it on the consumer's stream. Dropping this object first makes
-    the decoder streams wait for an event recorded on the consumer stream, so the memory is reused
-    only once every kernel enqueued before the drop has finished. No host thread ever waits.
+    nothing of the kernels that read it on the consumer's stream. Dropping this object records an
+    event on the consumer stream and queues (event, images); the decoder drops the images (frees
+    them) once the event has completed, checked without waiting at its next calls. The decoder
+    streams never wait on the consumer, so a later batch's decode never queues behind this batch's
+    kernels.
     """
 
-    __slots__ = ("images", "consumer", "producers")
+    __slots__ = ("images", "consumer", "sink")
 
-    def __init__(self, images: list[Any], consumer: Any, producers: tuple[Any, ...]):
-        self.images, self.consumer, self.producers = images, consumer, producers
+    def __init__(self, images: list[Any], consumer: Any, sink: deque):
+        self.images, self.consumer, self.sink = images, consumer, sink
 
     def __del__(self) -> None:
         try:
-            ev = self.consumer.record()
-            for s in self.producers:
-                s.wait_event(ev)
+            self.sink.append((self.consumer.record(), self.images))
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
         self.images = None
@@ -181,6 +191,10 @@ class GpuImageDecoder:
     the consumer stream waits on events of the decoder streams, so batch N+1 decodes while batch N's
     kernels run (benchmarks/decode_study.py has the figures).
 
+    One hardware decoder only: nvImageCodec 0.9 pools the hardware engine's work across decoder
+    instances, and two instances called at once on different streams failed ("Expected the same CUDA
+    stream for all the samples in the minibatch") and then crashed the process.
+
     The two decoders' pixels differ slightly (their IDCTs and chroma upsampling differ), so the share
     is fixed by default (``deterministic=True``): a batch is then always split the same way, and the
     same input batched the same way gives the same output bytes whatever the timing or process.
@@ -190,8 +204,7 @@ class GpuImageDecoder:
     HW_THREADS = 4
 
     def __init__(self, device_index: int = 0, cpu_threads: int = 8, hw_decoder: bool = True,
-                 cuda_share: float = 0.5, deterministic: bool = True, hw_per_kind: bool = True,
-                 cuda_threads: int | None = None):
+                 cuda_share: float = 0.5, deterministic: bool = True, cuda_threads: int | None = None):
 
         import cupy as cp
 
@@ -201,7 +214,6 @@ class GpuImageDecoder:
         from ..executor import default_workers
 
         threads = max(1, min(cpu_threads, default_workers() - 1))
-        self.hw_per_kind = hw_per_kind
         # No hardware-decoder preallocation hints: they reserve batch x 640 x 640 x 3 bytes up front
         # (315 MB at batch 256) and measured no faster.
         with cp.cuda.Device(device_index):
@@ -224,13 +236,24 @@ class GpuImageDecoder:
         self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubatch-cuda-decode")
         self._cpu = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpubatch-cpu-decode")
         self._lock = threading.Lock()
-        # host seconds per part of decode(): header parse, the hardware call, waiting for the CUDA
-        # decoder's call, wrapping results, CPU fallbacks (the GPU work itself is not waited for)
+        self._calling = threading.Lock()  # one decode() at a time: the hardware decoder is not reentrant
+        self._freed: deque = deque()  # (consumer event, images) of dropped batches, freed once done
+        # host seconds per part of decode(): header parse, the hardware calls, waiting for the
+        # CUDA decoder's call, wrapping results, CPU fallbacks (the GPU work itself is not waited for)
         self.timings = {"parse": 0.0, "hw": 0.0, "cuda_wait": 0.0, "wrap": 0.0, "cpu": 0.0}
 
     def close(self) -> None:
         self._side.shutdown(wait=True)
         self._cpu.shutdown(wait=True)
+        while self._freed:
+            ev, _ = self._freed.popleft()
+            ev.synchronize()
+
+    def _collect(self) -> None:
+        """Free the images of dropped batches whose consumer work has finished (never waits)."""
+        q = self._freed
+        while q and q[0][0].done:
+            q.popleft()
 
     def _call(self, decoder, stream, blobs: list[bytes]) -> tuple[list[Any], float]:
         """One decode call, not waited for on the GPU; (results, host seconds)."""
@@ -259,8 +282,6 @@ class GpuImageDecoder:
             cuda.extend(lst[len(lst) - take :])
             del lst[len(lst) - take :]
             want -= take
-        if not self.hw_per_kind:
-            hw_lists = [sorted(i for lst in hw_lists for i in lst)]
         return [lst for lst in hw_lists if lst], sorted(cuda)
 
     def _adapt(self, t_hw: float, t_cuda: float) -> None:
@@ -270,13 +291,24 @@ class GpuImageDecoder:
         self.cuda_share = min(0.95, max(0.05, self.cuda_share))
         self._step = max(0.01, self._step * 0.8)
 
-    def decode(self, blobs: list[bytes], stream, max_pixels: int = 0) -> DecodeResult:
+    def decode(self, blobs: list[bytes], stream, max_pixels: int = 0, order: bool = True,
+               headers: list[tuple[str | None, int, int]] | None = None) -> DecodeResult:
         """Decode ``blobs`` into uint8 RGB HWC device images, ready for work enqueued later on ``stream``.
 
         The host does not wait for the GPU: ``stream`` waits on the decoders' streams. Keep the
         result's ``keep`` until the kernels reading the images are enqueued; dropping it then is safe.
+        With ``order=False`` that wait is left to the caller (``result.order(stream)``, just before the
+        kernels that read the images): a decode thread running ahead then never makes an earlier
+        batch's kernels wait for a later batch's decode. ``headers`` are the blobs' :func:`jpeg_kind`
+        results when already known (a :class:`~gpubatch.engine.feed.FileFeed` parses them in its workers).
         """
+        with self._calling:
+            return self._decode(blobs, stream, max_pixels, order, headers)
+
+    def _decode(self, blobs: list[bytes], stream, max_pixels: int, order: bool,
+                headers: list[tuple[str | None, int, int]] | None) -> DecodeResult:
         t_start = time.perf_counter()
+        self._collect()
         cp = self.cp
         n = len(blobs)
         arrays: list[Any] = [None] * n
@@ -285,7 +317,9 @@ class GpuImageDecoder:
         groups: dict[str, list[int]] = {}
         to_cpu = []
         for i, b in enumerate(blobs):
-            kind, w, h = jpeg_kind(b)
+            kind, w, h = headers[i] if headers is not None else (None, 0, 0)
+            if kind is None:  # not given, or not seen in the part of the file the feed looked at
+                kind, w, h = jpeg_kind(bytes(b))
             if max_pixels and w * h > max_pixels:
                 errors[i] = f"image of {w}x{h} = {w * h} pixels exceeds --max-pixels {max_pixels}"
                 continue
@@ -340,7 +374,8 @@ class GpuImageDecoder:
                 else:
                     arrays[i] = img
         # every DeviceImage holds ``owner``, so the images are freed (stream-ordered) with the last of them
-        owner = _Release([], stream, (self.hw_stream, self.cuda_stream))
+        producers = (self.hw_stream, self.cuda_stream)
+        owner = _Release([], stream, self._freed)
         for i in range(n):
             img = arrays[i]
             if img is None:
@@ -353,15 +388,16 @@ class GpuImageDecoder:
             owner.images.append(img)
             arrays[i] = ref
             res.on_gpu += 1
-        if owner.images:  # later work on ``stream`` runs after both decoders' work
-            for s in (self.hw_stream, self.cuda_stream):
-                stream.wait_event(s.record())
+        if owner.images:
+            res.ready = [s.record() for s in producers]
             res.keep.append(owner)
+            if order:  # later work on ``stream`` runs after both decoders' work
+                res.order(stream)
         t3 = time.perf_counter()
         tm["wrap"] += t3 - t2
         to_cpu = sorted(set(to_cpu))
         if to_cpu:
-            decoded = list(self._cpu.map(lambda i: _host_decode(blobs[i], max_pixels), to_cpu))
+            decoded = list(self._cpu.map(lambda i: _host_decode(bytes(blobs[i]), max_pixels), to_cpu))
             with stream:
                 for i, (arr, err) in zip(to_cpu, decoded):
                     if err is not None:
