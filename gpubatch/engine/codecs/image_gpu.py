@@ -236,7 +236,9 @@ class GpuImageDecoder:
         self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubatch-cuda-decode")
         self._cpu = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpubatch-cpu-decode")
         self._lock = threading.Lock()
-        self._calling = threading.Lock()  # one decode() at a time: the hardware decoder is not reentrant
+        # one decode() at a time: a second thread's call beside a running one broke the hardware
+        # decoder ("Something went wrong during decoding", then a crash; benchmarks/pipeline_study.py)
+        self._calling = threading.Lock()
         self._freed: deque = deque()  # (consumer event, images) of dropped batches, freed once done
         # host seconds per part of decode(): header parse, the hardware calls, waiting for the
         # CUDA decoder's call, wrapping results, CPU fallbacks (the GPU work itself is not waited for)
