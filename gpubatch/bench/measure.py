@@ -24,7 +24,8 @@ def percentile(sorted_values: list[float], q: float) -> float:
 def warmup_batches(a: dict) -> int:
     """Untimed batches before the clock starts: one pass over the data set (at least 3), so every
     contender's buffers and pools have met the largest images (the GPU decoders' internal buffers grow
-    on demand; measured, a 3-batch warm-up left that growth inside the timed run)."""
+    on demand: with 3 warm-up batches the decoder measured 8,225 images/s, with one pass 13,004, on one
+    H200; benchmarks/pipeline_study.py --sources decode-inline --sync lag [--warmup 3], RESULTS.md)."""
     return max(3, -(-int(a["images"]) // int(a["batch_size"])))
 
 

@@ -117,14 +117,10 @@ class PinnedStaging:
         return dev
 
 
-def upload_tables(cp: Any, arrays: list[np.ndarray], stream: Any, staging: PinnedStaging | None = None) -> list[Any]:
-    """Copy host tables to the device in one transfer on ``stream``; returns device views. With
-    ``staging`` the copy goes through pinned memory and the host does not wait."""
+def upload_tables(arrays: list[np.ndarray], stream: Any, staging: PinnedStaging) -> list[Any]:
+    """Copy host tables to the device in one transfer on ``stream``, through ``staging`` (pinned,
+    so the host does not wait); returns device views."""
     buf, layout = pack_tables(*arrays)
-    if staging is not None:
-        dev = staging.upload(buf, stream)
-    else:
-        with stream:
-            dev = cp.asarray(buf)
+    dev = staging.upload(buf, stream)
     return [dev[off : off + int(np.prod(shape)) * np.dtype(dt).itemsize].view(dt).reshape(shape)
             for off, dt, shape in layout]

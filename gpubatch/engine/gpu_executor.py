@@ -157,7 +157,7 @@ class GpuEngine:
             if n == 0:
                 return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=self.stream)
             t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, t_norm = upload_tables(
-                cp, [src.ptr, src.shape, geo, out_shape, offsets, first_block, norm], self.stream, self.staging)
+                [src.ptr, src.shape, geo, out_shape, offsets, first_block, norm], self.stream, self.staging)
             from .kernels import kernel
 
             fn = kernel("resample", f"resample_{_DTYPE_TAG[dtype]}_{layout.lower()}")
@@ -192,8 +192,7 @@ class GpuEngine:
                 return DeviceBatch(out, offsets, shapes, stream=self.stream)
             init = np.tile(np.array([255, 255, 255, 0, 0, 0], np.int32), (n if flags & 2 else 0, 1))
             t_ptr, t_shape, t_oshape, t_off, t_first, t_prm, t_in_first, t_minmax = upload_tables(
-                cp, [src.ptr, src.shape, out_shape, offsets, first_block, prm, in_first, init], self.stream,
-                self.staging)
+                [src.ptr, src.shape, out_shape, offsets, first_block, prm, in_first, init], self.stream, self.staging)
             gsum = minmax = lut = self._null
             if flags:
                 gsum = cp.zeros(n, cp.uint64) if flags & 1 else self._null

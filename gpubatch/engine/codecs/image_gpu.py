@@ -235,7 +235,6 @@ class GpuImageDecoder:
         self.hw_takes: set[str] = set()
         self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubatch-cuda-decode")
         self._cpu = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpubatch-cpu-decode")
-        self._lock = threading.Lock()
         # one decode() at a time: a second thread's call beside a running one broke the hardware
         # decoder ("Something went wrong during decoding", then a crash; benchmarks/pipeline_study.py)
         self._calling = threading.Lock()
@@ -353,12 +352,11 @@ class GpuImageDecoder:
                 arrays[i] = img
                 res.hw += 1
                 taken[kinds[i]] = True
-        with self._lock:  # a kind the engine decoded even once is not refused for a corrupt file
-            for kind, ok in taken.items():
-                if ok:
-                    self.hw_takes.add(kind)
-                elif kind not in self.hw_takes:
-                    self.hw_refuses.add(kind)
+        for kind, ok in taken.items():  # (under ``_calling``) a kind decoded even once is not refused
+            if ok:                          # for a corrupt file
+                self.hw_takes.add(kind)
+            elif kind not in self.hw_takes:
+                self.hw_refuses.add(kind)
         cuda_out, t_cuda = side.result()
         t2 = time.perf_counter()
         tm["cuda_wait"] += t2 - t1
