@@ -91,7 +91,7 @@ def run_transcode(args) -> dict:
 
     data = Path(args.data)
     n = len(files_of(data, args.images))
-    rates, e2e = [], []
+    rates, e2e, stages = [], [], []
     with tempfile.TemporaryDirectory(dir=data.parent) as tmp:
         for rep in range(args.repeats + 1):
             stamps = []
@@ -101,14 +101,17 @@ def run_transcode(args) -> dict:
 
             t0 = time.perf_counter()
             s = gpubatch.convert(data, Path(tmp) / f"out{rep}", to="folder", resize_shorter=256, quality=90,
-                                 device="gpu", batch_size=args.batch_size, limit=args.images, progress=progress)
+                                 device="gpu", batch_size=args.batch_size, limit=args.images, progress=progress,
+                                 gpu_procs=args.gpu_procs)
             if rep == 0:
                 continue  # warm-up (kernel compile cache, page cache)
             assert s.records_out == n, s
             e2e.append(n / (time.perf_counter() - t0))
             rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
+            stages.append({k: round(v, 3) for k, v in s.timings.items()})
     return {"images_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
-            "end_to_end_images_per_s": statistics.median(e2e), "gpu_mem_gib": mem.stop()["gpu_mem_gib"]}
+            "end_to_end_images_per_s": statistics.median(e2e), "gpu_mem_gib": mem.stop()["gpu_mem_gib"],
+            "stage_seconds": stages}
 
 
 def run_dataloader(args) -> dict:
@@ -142,6 +145,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--data", default=str(ROOT / ".bench-data" / "mixed"))
     ap.add_argument("--only", default=",".join(CONTENDERS))
+    ap.add_argument("--gpu-procs", type=int, default=None, help="GPU worker processes of the transcode (default: auto)")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--run", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -160,6 +164,8 @@ def main() -> None:
     for name in args.only.split(","):
         cmd = [sys.executable, "-X", "faulthandler", __file__, "--run", name, "--images", str(args.images), "--batch-size",
                str(args.batch_size), "--repeats", str(args.repeats), "--data", args.data]
+        if args.gpu_procs:
+            cmd += ["--gpu-procs", str(args.gpu_procs)]
         p = subprocess.run(cmd, capture_output=True, text=True)
         line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
         res = json.loads(line[7:]) if line else {

@@ -380,17 +380,11 @@ def _run(device: Device, reader: Reader, entries: list, writer: Writer, plan: An
 
     workers = req.workers or default_workers()
     if device.is_gpu and plan.touches_pixels:
-        from .engine.gpu_procs import auto_procs, run_device_procs
+        from .engine.gpu_procs import auto_procs, run_device
 
         procs = req.gpu_procs or auto_procs(len(entries), req.batch_size)
-        if procs > 1:
-            run_device_procs(device, Path(req.src), reader.format_name, entries, writer, plan, router, procs,
-                             workers, req.batch_size, req.gpu_memory, tick)
-            return
-        from .engine.gpu_executor import run_device
-
-        run_device(device, reader, entries, writer, plan, router, workers=workers,
-                   batch_size=req.batch_size, gpu_memory=req.gpu_memory, progress=tick)
+        run_device(device, Path(req.src), reader.format_name, entries, writer, plan, router, procs, workers,
+                   req.batch_size, req.gpu_memory, tick)
     else:
         run_host(reader, entries, writer, plan, router, workers, tick)
 

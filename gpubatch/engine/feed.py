@@ -4,20 +4,23 @@ nvImageCodec's decode calls take the GIL back once per image while they run, so 
 busy in the same process slows them several-fold (one CPU-bound thread cut a routed decode that
 runs at about 16,000 images/s alone to 641 images/s at a 1 ms switch interval;
 benchmarks/decode_study.py, group "gil", and benchmarks/RESULTS.md). So the
-host work that is Python (reading files, parsing JPEG headers, drawing each record's random
-parameters) runs here, in worker processes, and the process that drives the GPU only copies the
-encoded bytes out of shared memory, decodes and launches.
+host work that is Python (reading files or dataset records, parsing JPEG headers, drawing each
+record's random parameters) runs here, in worker processes, and the process that drives the GPU
+decodes straight out of shared memory and launches.
 
-Each worker reads a whole batch straight into its slot of a shared-memory ring (``readinto``: one
+Each worker reads a whole batch into its slot of a shared-memory ring (files with ``readinto``: one
 copy), parses each JPEG's frame header and EXIF orientation to know the decoded size, and draws the
 record's parameters from (seed, key, size): exactly what the GPU process would draw, so outputs do
 not change. A record whose decoded size differs from its header's is drawn again after decode.
+:class:`FileFeed` serves :meth:`~gpubatch.engine.gpu_executor.ImagePipeline.iterate_files`,
+:class:`RecordFeed` the GPU path of ``convert`` and ``augment`` (:mod:`gpubatch.engine.gpu_procs`).
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -26,6 +29,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ..types import Record
 from .plan import Plan
 
 SLOT_BYTES = 64 << 20  # one batch's encoded bytes; a batch that does not fit comes back pickled
@@ -71,7 +75,7 @@ class FedBatch:
         return len(self.blobs)
 
 
-def _init(shm_name: str, plan: Plan | None, slot_bytes: int) -> None:
+def _init(shm_name: str, plan: Plan | None, slot_bytes: int, source: tuple[str, str] | None = None) -> None:
     from multiprocessing.shared_memory import SharedMemory
 
     # Spawned workers share the parent's resource tracker, which keeps one entry per name: this
@@ -79,95 +83,183 @@ def _init(shm_name: str, plan: Plan | None, slot_bytes: int) -> None:
     # tracker fail on that second removal).
     shm = SharedMemory(name=shm_name)
     _W.update(shm=shm, plan=plan, slot=slot_bytes)
+    if source is not None:  # a RecordFeed: each worker opens the dataset itself
+        from ..formats import open_reader
+
+        reader = open_reader(Path(source[0]), source[1])
+        reader.entries()  # the reader's own scan sets up the shard handles entries refer to
+        _W["reader"] = reader
+
+
+class _Slot:
+    """A worker's writer into one slot of the ring: bytes go in back to back; a batch that does not fit
+    comes back pickled instead (``overflow``)."""
+
+    def __init__(self, slot: int):
+        self.buf = _W["shm"].buf
+        self.cap = _W["slot"]
+        self.base, self.pos = slot * self.cap, 0
+        self.offsets: list[int] = []
+        self.lengths: list[int] = []
+        self.overflow: list[bytes] | None = None
+
+    def _spill(self) -> None:
+        if self.overflow is None:
+            b = self.base
+            self.overflow = [bytes(self.buf[b + o : b + o + n]) for o, n in zip(self.offsets, self.lengths)]
+
+    def _add(self, n: int) -> None:
+        self.offsets.append(self.pos)
+        self.lengths.append(n)
+        if self.overflow is None:
+            self.pos += n
+
+    def put(self, data: bytes) -> None:
+        n = len(data)
+        if self.overflow is None and self.pos + n <= self.cap:
+            a = self.base + self.pos
+            self.buf[a : a + n] = data
+        else:
+            self._spill()
+            self.overflow.append(bytes(data))  # type: ignore[union-attr]
+        self._add(n)
+
+    def read_file(self, path: str) -> bytes:
+        """Read a whole file into the slot (``readinto``: one copy); returns its first 64 KiB."""
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            if self.overflow is None and self.pos + size <= self.cap:
+                a = self.base + self.pos
+                with self.buf[a : a + size] as view:
+                    got = f.readinto(view)
+                head = bytes(self.buf[a : a + min(got, 65536)])
+            else:
+                self._spill()
+                data = f.read()
+                self.overflow.append(data)  # type: ignore[union-attr]
+                got, head = len(data), data[:65536]
+        self._add(got)
+        return head
+
+    def skip(self) -> None:
+        """An empty item (a file that could not be read)."""
+        if self.overflow is not None:
+            self.overflow.append(b"")
+        self._add(0)
+
+    def layout(self) -> tuple[list[int], list[int], list[bytes] | None]:
+        return self.offsets, self.lengths, self.overflow
+
+
+def _draws(plan: Plan | None) -> bool:
+    return plan is not None and any(op.random for op in plan.ops)
 
 
 def _read(slot: int, paths: list[str], keys: list[str]) -> tuple:
-    """Read ``paths`` into ``slot``; (offsets, lengths, sizes, params, errors, overflow blobs or None,
-    headers, windows)."""
+    """Read ``paths`` into ``slot``; (slot layout, (sizes, params, errors, headers, windows))."""
     from .codecs.image import jpeg_display_size
     from .codecs.image_gpu import jpeg_kind
     from .gpu_chain import leading_windows
 
-    buf = _W["shm"].buf
     plan: Plan | None = _W["plan"]
-    slot_bytes = _W["slot"]
-    base, pos = slot * slot_bytes, 0
-    offsets, lengths, sizes, errors, params, headers = [], [], [], [], [], []
-    overflow: list[bytes] | None = None
-    draw = plan is not None and any(op.random for op in plan.ops)
+    out = _Slot(slot)
+    sizes, errors, params, headers = [], [], [], []
     for path, key in zip(paths, keys):
-        data: bytes | memoryview = b""
-        err = None
+        err, head = None, b""
         try:
-            with open(path, "rb", buffering=0) as f:
-                size = os.fstat(f.fileno()).st_size
-                if overflow is None and pos + size <= slot_bytes:
-                    with buf[base + pos : base + pos + size] as view:
-                        got = f.readinto(view)
-                    data = buf[base + pos : base + pos + got]
-                else:
-                    if overflow is None:  # the slot is full: this batch goes back pickled
-                        overflow = [bytes(buf[base + o : base + o + n]) for o, n in zip(offsets, lengths)]
-                    data = f.read()
+            head = out.read_file(path)
         except OSError as e:
             err = f"cannot read {path}: {e.strerror or e}"
-        head = bytes(data[:65536])
+            out.skip()
         hw = jpeg_display_size(head) if head else None
         headers.append(jpeg_kind(head) if head else (None, 0, 0))
-        offsets.append(pos)
-        lengths.append(len(data))
-        if overflow is not None:
-            overflow.append(bytes(data))
-        else:
-            pos += len(data)
-        if isinstance(data, memoryview):
-            data.release()
         sizes.append(hw)
         errors.append(err)
         params.append(plan.draw(key, hw[0], hw[1]) if plan is not None and hw is not None else None)
     windows = leading_windows(plan.ops, params, sizes) if plan is not None else None
-    return offsets, lengths, sizes, params if draw else None, errors, overflow, headers, windows
+    return out.layout(), (sizes, params if _draws(plan) else None, errors, headers, windows)
 
 
-class FileFeed:
-    """Batches of files read, header-parsed and drawn for in ``workers`` processes, in order.
+def _read_records(slot: int, entries: list[Any]) -> tuple:
+    """Read dataset ``entries`` for ``convert``/``augment`` on the GPU (see :class:`RecordFeed`)."""
+    from ..errors import RunStats
+    from .codecs.image import jpeg_display_size
+    from .codecs.image_gpu import jpeg_kind
+    from .executor import pass_through, read_counted
+    from .gpu_chain import leading_windows
 
-    >>> with FileFeed(paths, keys, batch_size=256, plan=plan) as feed:
-    ...     for fed in feed:  # FedBatch
-    ...         ...
+    t0 = time.perf_counter()
+    plan: Plan = _W["plan"]
+    reader = _W["reader"]
+    stats = RunStats()
+    out = _Slot(slot)
+    headers, sizes, keys = [], [], []
+    results: list[Any] = []
+    jobs: list[Job] = []
+    for entry in entries:
+        record = read_counted(reader, entry, stats)
+        if not isinstance(record, Record):
+            results.append(record)
+            continue
+        source = -1
+        for rec, transform in plan.outputs(record):
+            if not transform:
+                results.append(pass_through(rec, plan, stats))
+                continue
+            if source < 0:  # decoded once however many variants it has
+                source = len(sizes)
+                out.put(record.data)
+                head = record.data[:65536]
+                sizes.append(jpeg_display_size(head))
+                headers.append(jpeg_kind(head))
+                keys.append((record.key, record.origin))
+            hw = sizes[source]
+            template = rec.with_(data=b"")
+            if hw is None:
+                jobs.append(Job(source, template, None, None, 0))
+            else:
+                jobs.append(Job(source, template, *plan.draw_and_move(rec.key, hw[0], hw[1], rec.boxes)))
+            results.append(len(jobs) - 1)
+    windows = leading_windows(plan.ops, [j.params for j in jobs], [sizes[j.source] for j in jobs])
+    counts = {k: getattr(stats, k) for k in ("records_in", "bytes_in", "passthrough")}
+    return out.layout(), (sizes, headers, keys, jobs, results, windows, counts, time.perf_counter() - t0)
 
-    ``repeat`` cycles over the files forever (benchmarks). ``depth`` batches are in flight, each in a
-    shared-memory slot of ``slot_bytes``.
 
+class Feed:
+    """Batches prepared in ``workers`` processes into a shared-memory ring of ``depth`` slots, in order.
+
+    Subclasses say what a batch is (:meth:`_submit`) and what comes back (:meth:`_batch`).
     ``views=True`` hands the bytes over without a copy, as NumPy uint8 views of the slot (nvImageCodec
-    decodes from them directly): the consumer calls ``fed.done()`` (or drops the batch) once it no
-    longer needs them, and the feed reuses a slot only after that. Copying a 256-image batch out took about 5 ms of the
-    consuming thread (benchmarks/pipeline_study.py, "read_wait" of source feed-inline).
+    decodes from them directly): the consumer calls ``done()`` on the batch (or drops it) once it no
+    longer needs them, and the feed reuses a slot only after that. Copying a 256-image batch out took
+    about 5 ms of the consuming thread (benchmarks/pipeline_study.py, "read_wait" of source feed-inline).
     """
 
-    def __init__(self, files: Sequence[str | Path], keys: Sequence[str] | None = None, batch_size: int = 256,
-                 plan: Plan | None = None, workers: int | None = None, depth: int = 4, repeat: bool = False,
-                 slot_bytes: int = SLOT_BYTES, views: bool = False):
+    def __init__(self, spans: list[tuple[int, int]], plan: Plan | None, workers: int | None, depth: int,
+                 repeat: bool, slot_bytes: int, views: bool, source: tuple[str, str] | None = None):
         import multiprocessing as mp
         from multiprocessing.shared_memory import SharedMemory
 
-        self.files = [str(f) for f in files]
-        self.keys = list(keys) if keys is not None else [Path(f).stem for f in self.files]
-        if len(self.keys) != len(self.files):
-            raise ValueError("FileFeed: one key per file")
-        self.batch_size = max(1, int(batch_size))
+        from .executor import default_workers
+
+        self.spans = spans
         self.repeat = repeat
         self.views = views
         self._returned: queue.SimpleQueue = queue.SimpleQueue()
         self._stopped = False
+        self._primed: tuple | None = None
         self.depth = max(1, depth)
-        from .executor import default_workers
-
         workers = workers or max(1, min(4, default_workers() // 4))
         self.slot_bytes = int(slot_bytes)
         self.shm = SharedMemory(create=True, size=self.depth * self.slot_bytes)
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                                        initializer=_init, initargs=(self.shm.name, plan, self.slot_bytes))
+                                        initializer=_init, initargs=(self.shm.name, plan, self.slot_bytes, source))
+
+    def _submit(self, slot: int, a: int, b: int) -> Future:
+        raise NotImplementedError
+
+    def _batch(self, blobs: list[Any], a: int, b: int, extra: Any, release: Any) -> Any:
+        raise NotImplementedError
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -180,18 +272,16 @@ class FileFeed:
         except FileNotFoundError:
             pass
 
-    def __enter__(self) -> FileFeed:
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _spans(self) -> Iterator[tuple[int, int]]:
-        n, b = len(self.files), self.batch_size
+    def _cycle(self) -> Iterator[tuple[int, int]]:
         while True:
-            for start in range(0, n, b):
-                yield start, min(start + b, n)
-            if not self.repeat or n == 0:
+            yield from self.spans
+            if not self.repeat or not self.spans:
                 return
 
     def stop(self) -> None:
@@ -199,46 +289,54 @@ class FileFeed:
         self._stopped = True
         self._returned.put(None)
 
-    def __iter__(self) -> Iterator[FedBatch]:
+    def start(self) -> None:
+        """Start the first reads now (the workers start up meanwhile); iterating does it otherwise."""
+        if self._primed is None:
+            self._primed = self._state()
+            self._fill(self._primed, block=False)
+
+    def _state(self) -> tuple:
+        self._returned = queue.SimpleQueue()  # slots handed back (views mode); None: stop
+        self._stopped = False
+        spans = self._cycle()
+        return spans, deque(), list(range(self.depth)), [next(spans, None)]
+
+    def _fill(self, state: tuple, block: bool) -> None:
+        """Start reads into free slots; wait for one only when nothing else can be yielded."""
+        spans, pending, free, nxt = state
+        returned = self._returned
+        while nxt[0] is not None and not self._stopped:
+            while True:
+                try:
+                    got = returned.get_nowait()
+                except queue.Empty:
+                    break
+                if got is not None:
+                    free.append(got)
+            if not free:
+                if pending or not block:
+                    return
+                got = returned.get()  # every slot is with the consumer: wait for one
+                if got is None:
+                    return
+                free.append(got)
+            slot = free.pop()
+            a, b = nxt[0]
+            pending.append((slot, a, b, self._submit(slot, a, b)))
+            nxt[0] = next(spans, None)
+
+    def __iter__(self) -> Iterator[Any]:
         import numpy as np
 
-        spans = self._spans()
-        pending: deque[tuple[int, int, int, Future]] = deque()
-        free = list(range(self.depth))
-        returned = self._returned = queue.SimpleQueue()  # slots handed back (views mode); None: stop
-        self._stopped = False
-        nxt = next(spans, None)
-
-        def fill(block: bool) -> None:
-            """Start reads into free slots; wait for one only when nothing else can be yielded."""
-            nonlocal nxt
-            while nxt is not None and not self._stopped:
-                while True:
-                    try:
-                        got = returned.get_nowait()
-                    except queue.Empty:
-                        break
-                    if got is not None:
-                        free.append(got)
-                if not free:
-                    if pending or not block:
-                        return
-                    got = returned.get()  # every slot is with the consumer: wait for one
-                    if got is None:
-                        return
-                    free.append(got)
-                slot = free.pop()
-                a, b = nxt
-                pending.append((slot, a, b, self.pool.submit(_read, slot, self.files[a:b], self.keys[a:b])))
-                nxt = next(spans, None)
-
+        state, self._primed = self._primed or self._state(), None
+        _, pending, free, _ = state
         buf = self.shm.buf
         while True:
-            fill(block=True)
+            self._fill(state, block=True)
             if self._stopped or not pending:
                 return
             slot, a, b, fut = pending.popleft()
-            offsets, lengths, sizes, params, errors, overflow, headers, windows = fut.result()
+            (offsets, lengths, overflow), extra = fut.result()
             release = None
             base = slot * self.slot_bytes
             if overflow is not None:
@@ -246,8 +344,113 @@ class FileFeed:
                 free.append(slot)
             elif self.views:
                 blobs = [np.frombuffer(buf, np.uint8, n, base + o) if n else b"" for o, n in zip(offsets, lengths)]
-                release = partial(returned.put, slot)
+                release = partial(self._returned.put, slot)
             else:
                 blobs = [bytes(buf[base + o : base + o + n]) for o, n in zip(offsets, lengths)]
                 free.append(slot)
-            yield FedBatch(blobs, self.keys[a:b], sizes, params, errors, headers, windows, release)
+            yield self._batch(blobs, a, b, extra, release)
+
+
+def _spans(n: int, batch_size: int) -> list[tuple[int, int]]:
+    b = max(1, int(batch_size))
+    return [(a, min(a + b, n)) for a in range(0, n, b)]
+
+
+class FileFeed(Feed):
+    """Batches of files read, header-parsed and drawn for in ``workers`` processes, in order.
+
+    >>> with FileFeed(paths, keys, batch_size=256, plan=plan) as feed:
+    ...     for fed in feed:  # FedBatch
+    ...         ...
+
+    ``repeat`` cycles over the files forever (benchmarks). ``depth`` batches are in flight, each in a
+    shared-memory slot of ``slot_bytes``; ``views`` as for :class:`Feed`.
+    """
+
+    def __init__(self, files: Sequence[str | Path], keys: Sequence[str] | None = None, batch_size: int = 256,
+                 plan: Plan | None = None, workers: int | None = None, depth: int = 4, repeat: bool = False,
+                 slot_bytes: int = SLOT_BYTES, views: bool = False):
+        self.files = [str(f) for f in files]
+        self.keys = list(keys) if keys is not None else [Path(f).stem for f in self.files]
+        if len(self.keys) != len(self.files):
+            raise ValueError("FileFeed: one key per file")
+        super().__init__(_spans(len(self.files), batch_size), plan, workers, depth, repeat, slot_bytes, views)
+
+    def _submit(self, slot: int, a: int, b: int) -> Future:
+        return self.pool.submit(_read, slot, self.files[a:b], self.keys[a:b])
+
+    def _batch(self, blobs: list[Any], a: int, b: int, extra: Any, release: Any) -> FedBatch:
+        sizes, params, errors, headers, windows = extra
+        return FedBatch(blobs, self.keys[a:b], sizes, params, errors, headers, windows, release)
+
+
+@dataclass
+class Job:
+    """One output record to be made on the GPU from a decoded source image of a :class:`FedRecords`.
+
+    Attributes:
+        source: index of the source image in the batch.
+        template: the output record without its data (key, label, metadata; boxes as read).
+        params: the op parameters drawn for the source's header size (None when it is unknown).
+        boxes: ``template``'s boxes moved through the chain with ``params``; ``dropped`` how many went.
+    """
+
+    source: int
+    template: Record
+    params: list | None
+    boxes: Any
+    dropped: int
+
+
+@dataclass
+class FedRecords:
+    """One batch of dataset records from a :class:`RecordFeed`.
+
+    Attributes:
+        blobs: the encoded bytes of each source image that goes through the chain.
+        sizes, headers: per source its header's decoded (height, width) or None, and its JPEG kind.
+        sources: per source its record's (key, origin), for errors.
+        jobs: the outputs to make on the GPU (:class:`Job`).
+        results: every output of the batch in order: a finished Record / RecordError (passed-through
+            records, read errors), or the index of the job that makes it.
+        windows: the chain's leading window segment folded per job (or None).
+        counts: RunStats counters of the reads and pass-throughs.
+        seconds: the worker's time on the batch.
+    """
+
+    blobs: list[Any]
+    sizes: list[tuple[int, int] | None]
+    headers: list[tuple[str | None, int, int]]
+    sources: list[tuple[str, str]]
+    jobs: list[Job]
+    results: list[Any]
+    windows: tuple[Any, Any] | None
+    counts: dict[str, int]
+    seconds: float = 0.0
+    release: Any = None
+
+    done = FedBatch.done
+    __del__ = FedBatch.__del__
+
+
+class RecordFeed(Feed):
+    """Batches of dataset entries for ``convert``/``augment`` on the GPU, prepared in ``workers`` processes.
+
+    Each worker opens the dataset itself, reads its batch's records, checks and finishes those that
+    pass through untouched, and for every output that goes through the chain puts the source's bytes
+    in the slot (once per source), parses its JPEG header and draws the output's parameters (and moves
+    its boxes) for the header's size. The process driving the GPU then only decodes, launches and encodes.
+    """
+
+    def __init__(self, src: str | Path, fmt: str, entries: Sequence[Any], plan: Plan, batch_size: int = 256,
+                 workers: int | None = None, depth: int = 4, slot_bytes: int = SLOT_BYTES, views: bool = True,
+                 spans: list[tuple[int, int]] | None = None):
+        self.entries = list(entries)
+        spans = spans if spans is not None else _spans(len(self.entries), batch_size)
+        super().__init__(spans, plan, workers, depth, False, slot_bytes, views, (str(src), fmt))
+
+    def _submit(self, slot: int, a: int, b: int) -> Future:
+        return self.pool.submit(_read_records, slot, self.entries[a:b])
+
+    def _batch(self, blobs: list[Any], a: int, b: int, extra: Any, release: Any) -> FedRecords:
+        return FedRecords(blobs, *extra, release=release)

@@ -3,8 +3,8 @@
 :class:`GpuEngine` owns one device's decoder, encoder, kernel stream and memory cap.
 :class:`ImagePipeline` is the public in-memory API: encoded images in, one packed CuPy batch out
 (DLPack-exchangeable with PyTorch/JAX), batch N+1 decoding while batch N's kernels run.
-:func:`run_device` is ``convert``'s GPU path: reader threads -> GPU stage thread -> ordered writer,
-joined by bounded queues so memory stays flat.
+:func:`transform_fed` makes the outputs of ``convert`` and ``augment`` from a fed batch
+(:mod:`gpubatch.engine.gpu_procs` runs it in GPU worker processes).
 
 Every decoded image of a batch goes through ONE resample launch: the op chain (crop, resize, flip)
 is folded into a per-sample :class:`~gpubatch.engine.ops.base.Window`, and a trailing ``normalize``
@@ -21,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ErrorRouter, GpubatchError, RecordError, Stage, UsageError
-from ..formats.base import Reader, Writer
+from ..errors import GpubatchError, RecordError, Stage, UsageError
 from ..types import Record
 from .batch import DeviceBatch, PinnedStaging, upload_tables
 from .device import Device
@@ -32,7 +31,6 @@ from .plan import Plan
 from .registry import DEVICE, get_kernel
 
 BLOCK = 256
-READ_THREADS = 4
 _DTYPE_TAG = {"uint8": "u8", "float16": "f16", "float32": "f32"}
 SWITCH_INTERVAL = 0.001  # seconds; see GpuEngine
 DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
@@ -66,7 +64,8 @@ class GpuEngine:
     """One GPU's decoder, encoder, kernel stream and memory cap."""
 
     def __init__(self, device: Device, cpu_threads: int = 8,
-                 gpu_memory: str | int | float | None = None, share: int = 1, deterministic: bool = True):
+                 gpu_memory: str | int | float | None = None, share: int = 1, deterministic: bool = True,
+                 jpeg_encoder: str = "batched"):
         import os
         import sys
 
@@ -94,6 +93,7 @@ class GpuEngine:
         self._null = cp.zeros(1, cp.uint64)  # stands for an unused pointer argument
         self.cpu_threads = cpu_threads
         self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic)
+        self.jpeg_encoder = jpeg_encoder
         self._encoder = None
 
     @property
@@ -101,7 +101,7 @@ class GpuEngine:
         if self._encoder is None:
             from .codecs.image_gpu import GpuImageEncoder
 
-            self._encoder = GpuImageEncoder(self.device.index, self.cpu_threads)
+            self._encoder = GpuImageEncoder(self.device.index, self.cpu_threads, self.jpeg_encoder, self.staging)
         return self._encoder
 
     def close(self) -> None:
@@ -393,30 +393,16 @@ class ImagePipeline:
                  on_stop: Callable[[], None] | None = None) -> Iterator[Any]:
         """Batches (blobs, keys, FedBatch or None) through decode (a thread) and process (here);
         ``on_stop`` is called first when the iteration ends (it unblocks a source waiting for slots)."""
-        from .executor import prefetched
-
         tm = self.timings
 
-        def decoded() -> Iterator[tuple[Any, Sequence[str], Any]]:
-            t = time.perf_counter()
-            for blobs, keys, fed in prefetched(items, prefetch):
-                t1 = time.perf_counter()
-                tm["read_wait"] += t1 - t
-                out = self.decode(blobs, fed.headers if fed is not None else None)
-                t = time.perf_counter()
-                tm["decode"] += t - t1
-                yield out, keys, fed
+        def decode(item: tuple[Any, Any, Any]) -> Any:
+            blobs, _, fed = item
+            return self.decode(blobs, fed.headers if fed is not None else None)
 
-        it = prefetched(decoded(), prefetch)
+        batches = decode_ahead(decode, items, prefetch, tm)
         try:
-            while True:
-                t0 = time.perf_counter()
-                item = next(it, None)
+            for (_, keys, fed), out in batches:
                 t1 = time.perf_counter()
-                tm["decode_wait"] += t1 - t0
-                if item is None:
-                    return
-                out, keys, fed = item
                 if fed is None:
                     out = self.process(out, keys)
                 else:
@@ -427,105 +413,118 @@ class ImagePipeline:
         finally:
             if on_stop is not None:
                 on_stop()
-            it.close()  # stops the decode and read threads when the consumer leaves early
+            batches.close()
 
 
-# --- convert's GPU path --------------------------------------------------------------------------------
+# --- convert's and augment's GPU path ---------------------------------------------------------------
 
 
-def _batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    batch = []
-    for x in items:
-        batch.append(x)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+def decode_ahead(decode: Callable[[Any], Any], items: Iterable[Any], prefetch: int,
+                 timings: dict[str, float]) -> Iterator[tuple[Any, Any]]:
+    """(item, decode(item)) pairs: items come from a thread, ``decode`` runs in another, ``prefetch``
+    ahead of the consumer. ``timings`` gets "read_wait", "decode" and "decode_wait" seconds."""
+    from .executor import prefetched
+
+    def decoded() -> Iterator[tuple[Any, Any]]:
+        t = time.perf_counter()
+        for item in prefetched(items, prefetch):
+            t1 = time.perf_counter()
+            timings["read_wait"] += t1 - t
+            out = decode(item)
+            t = time.perf_counter()
+            timings["decode"] += t - t1
+            yield item, out
+
+    it = prefetched(decoded(), prefetch)
+    try:
+        while True:
+            t0 = time.perf_counter()
+            got = next(it, None)
+            timings["decode_wait"] += time.perf_counter() - t0
+            if got is None:
+                return
+            yield got
+    finally:
+        it.close()  # stops the decode and read threads when the consumer leaves early
 
 
-def _transform_batch(engine: GpuEngine, plan: Plan, batch: list[Record | RecordError], stats) -> list[Record | RecordError]:
-    """Decode, transform and re-encode one batch on the GPU; passthrough records are checked on the CPU.
+def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any) -> list[Record | RecordError]:
+    """The outputs of one :class:`~gpubatch.engine.feed.FedRecords` batch, in order: its jobs run through
+    the chain and are encoded from the decoded sources ``res``; a record that failed to decode gives one
+    error however many variants it has. Parameters (and moved boxes) drawn by the feed for a source's
+    header size are used where the decoded size matches; the rest are drawn here."""
+    from .gpu_chain import leading_windows
 
-    A source record is decoded once however many outputs it has (an augment run's variants share it).
-    """
-    from .executor import pass_through
-
-    out: list[Record | RecordError | None] = []
-    jobs: list[tuple[int, int, Record]] = []  # (position in out, source index, output record)
-    for i, r in enumerate(batch):
-        if isinstance(r, RecordError):
-            out.append(r)
-            continue
-        for rec, transform in plan.outputs(r):
-            if transform:
-                jobs.append((len(out), i, rec))
-                out.append(None)
-            else:
-                out.append(pass_through(rec, plan, stats))
-    if not jobs:
-        return out  # type: ignore[return-value]
-    sources = sorted({i for _, i, _ in jobs})
-    slot = {i: k for k, i in enumerate(sources)}
-    t0 = time.perf_counter()
-    res = engine.decoder.decode([batch[i].data for i in sources], engine.stream, plan.max_pixels)
-    t1 = time.perf_counter()
-    stats.timed("decode", t1 - t0)
-    stats.add(fallbacks=res.fallbacks)
-    ok, arrays, params_all, moved = [], [], [], []
+    res.order(engine.stream)  # this batch's kernels wait for its decode, and no later one's
+    out: list[Any] = list(fed.results)
+    where = {r: pos for pos, r in enumerate(out) if isinstance(r, int)}
+    rows: list[int] = []
+    arrays, params, jobs, redrawn = [], [], [], []
     failed: set[int] = set()
-    for pos, i, rec in jobs:
-        a = res.arrays[slot[i]]
+    dropped = 0
+    for j, job in enumerate(fed.jobs):
+        pos = where[j]
+        a = res.arrays[job.source]
         if a is None:
-            if i not in failed:  # one error per source record, not one per variant
-                failed.add(i)
-                src = batch[i]
-                out[pos] = RecordError(src.key, src.origin, Stage.DECODE, res.errors[slot[i]] or "decode failed")
+            out[pos] = None
+            if job.source not in failed:  # one error per source record, not one per variant
+                failed.add(job.source)
+                key, origin = fed.sources[job.source]
+                out[pos] = RecordError(key, origin, Stage.DECODE, res.errors[job.source] or "decode failed")
             continue
-        h, w = int(a.shape[0]), int(a.shape[1])
-        params, boxes, dropped = plan.draw_and_move(rec.key, h, w, rec.boxes)
-        if dropped:
-            stats.add(boxes_dropped=dropped)
+        t = job.template
+        hw = (int(a.shape[0]), int(a.shape[1]))
+        if fed.sizes[job.source] == hw:
+            drawn, boxes, d = job.params, job.boxes, job.dropped
+        else:  # the header said otherwise (or nothing): draw for the decoded size
+            drawn, boxes, d = plan.draw_and_move(t.key, hw[0], hw[1], t.boxes)
+            redrawn.append(len(rows))
+        dropped += d
         if plan.augmenting:
-            stats.drawn[rec.key] = params
-        ok.append((pos, rec))
+            stats.drawn[t.key] = drawn
+        rows.append(j)
         arrays.append(a)
-        params_all.append(params)
-        moved.append(boxes)
-    t2 = time.perf_counter()
-    stats.timed("draw", t2 - t1)
-    if ok:
-        encoded = _resample_encode(engine, plan, [rec.codec for _, rec in ok], arrays, params_all, stats)
-        engine.stream.synchronize()
-        stats.timed("ops+encode", time.perf_counter() - t2)
-        del res  # the decoded images may be freed now that the kernels reading them are done
-        for (pos, rec), boxes, data in zip(ok, moved, encoded):
+        params.append(drawn)
+        jobs.append((pos, t, boxes))
+    if dropped:
+        stats.add(boxes_dropped=dropped)
+    stats.add(fallbacks=res.fallbacks)
+    if rows:
+        first = None
+        if fed.windows is not None:
+            first = (fed.windows[0][rows], fed.windows[1][rows])
+            if redrawn:
+                fix = leading_windows(plan.ops, [params[r] for r in redrawn],
+                                      [tuple(arrays[r].shape[:2]) for r in redrawn])
+                if fix is not None:
+                    first[0][redrawn], first[1][redrawn] = fix
+        encoded = _resample_encode(engine, plan, [t.codec for _, t, _ in jobs], arrays, params, first)
+        done = 0
+        for (pos, t, boxes), data in zip(jobs, encoded):
             if isinstance(data, str):
-                out[pos] = RecordError(rec.key, rec.origin, Stage.ENCODE, data)
+                out[pos] = RecordError(t.key, t.origin, Stage.ENCODE, data)
                 continue
-            out[pos] = rec.with_(data=data, codec=plan.out_codec(rec.codec), boxes=boxes)
-            stats.add(transcoded=1)
+            out[pos] = t.with_(data=data, codec=plan.out_codec(t.codec), boxes=boxes)
+            done += 1
+        stats.add(transcoded=done)
     return [r for r in out if r is not None]
 
 
 def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: list, params: list,
-                     stats: Any = None) -> list:
-    """Run the chain then encode; a batch that does not fit the memory cap is split in halves and retried."""
+                     first: tuple[np.ndarray, np.ndarray] | None = None) -> list:
+    """Run the chain (``first``: its leading windows, already folded) then encode, in output order
+    (bytes, or why the encoder failed); a batch that does not fit the memory cap is split in halves."""
     from .gpu_chain import Ragged, run_chain
 
     cp = engine.cp
     try:
-        t0 = time.perf_counter()
-        dev = run_chain(engine, plan.ops, Ragged.from_items(cp, arrays), params)
-        if stats is not None:
-            stats.timed("ops_launch", time.perf_counter() - t0)
-        items = dev.items()
-        results: list[Any] = [None] * len(items)
+        dev = run_chain(engine, plan.ops, Ragged.from_items(cp, arrays), params, first=first)
+        results: list[Any] = [None] * len(dev)
         by_codec: dict[str, list[int]] = {}
         for k, c in enumerate(codecs):
             by_codec.setdefault(plan.out_codec(c), []).append(k)
         for codec, idx in by_codec.items():
-            enc = engine.encoder.encode([items[k] for k in idx], codec, plan.jpeg_quality, engine.stream)
+            enc = engine.encoder.encode_batch(dev, idx, codec, plan.jpeg_quality, engine.stream)
             for k, data in zip(idx, enc):
                 results[k] = data if data is not None else f"the GPU {codec} encoder failed"
         return results
@@ -536,33 +535,7 @@ def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: l
             ) from None
         engine.stream.synchronize()
         cp.get_default_memory_pool().free_all_blocks()
-        half = len(arrays) // 2
-        return (_resample_encode(engine, plan, codecs[:half], arrays[:half], params[:half], stats)
-                + _resample_encode(engine, plan, codecs[half:], arrays[half:], params[half:], stats))
-
-
-def run_device(device: Device, reader: Reader, entries: list[Any], writer: Writer, plan: Plan,
-               router: ErrorRouter, workers: int, batch_size: int = 256, gpu_memory: Any = None,
-               progress: Callable[[int], None] | None = None) -> None:
-    """``convert`` on the GPU: read (threads) -> decode/resample/encode (GPU thread) -> write (caller)."""
-    from .executor import ordered_map, prefetched, read_counted, write_results
-
-    stats = router.stats
-    plan.validate(DEVICE)
-    t0 = time.perf_counter()
-    engine = GpuEngine(device, workers, gpu_memory, deterministic=True)  # written bytes must not vary
-    stats.timed("gpu_init", time.perf_counter() - t0)
-
-    def read(entry: Any) -> Record | RecordError:
-        return read_counted(reader, entry, stats)
-
-    def gpu_stage() -> Iterator[list[Record | RecordError]]:
-        engine.dev.use()
-        readers = min(workers, READ_THREADS)  # more Python threads starve the decoders of the GIL
-        for batch in _batches(ordered_map(read, entries, readers, window=batch_size * 2), batch_size):
-            yield _transform_batch(engine, plan, batch, stats)
-
-    try:
-        write_results((r for batch in prefetched(gpu_stage(), 2) for r in batch), writer, router, progress)
-    finally:
-        engine.close()
+        h = len(arrays) // 2
+        halves = [None, None] if first is None else [(first[0][:h], first[1][:h]), (first[0][h:], first[1][h:])]
+        return (_resample_encode(engine, plan, codecs[:h], arrays[:h], params[:h], halves[0])
+                + _resample_encode(engine, plan, codecs[h:], arrays[h:], params[h:], halves[1]))

@@ -1,102 +1,179 @@
-"""``convert`` / ``augment`` on the GPU from several worker processes.
+"""``convert`` / ``augment`` on the GPU: GPU worker processes fed by reader processes, written in order here.
 
-One Python process cannot keep a GPU busy on this work: reading, JPEG header parsing, parameter draws
-and record building are Python, and every decoder call needs the GIL back to hand its results on, so
-the GPU stage runs at the pace of the busiest Python thread (benchmarks/RESULTS.md has the figures).
-Here each worker process owns a GpuEngine (its own CUDA context, decoders, encoder and memory cap) and
-its own reader over the source: the parent sends batches of *entries* (names, offsets), a worker reads,
-decodes, transforms and encodes them and sends the finished records back, and the parent writes them in
-dataset order. Workers start with ``spawn`` (CUDA must not be initialised before a fork).
+Nothing that is Python may share a process with the decoders: nvImageCodec's calls take the GIL back
+once per image, so one busy Python thread beside them cuts decode several-fold (see
+:mod:`gpubatch.engine.feed`). So the work is split over processes:
+
+- this process starts ``procs`` GPU workers, takes their finished batches in dataset order and writes
+  them (the writer's Python stays here);
+- each GPU worker owns a :class:`~gpubatch.engine.gpu_executor.GpuEngine` (its CUDA context, decoders,
+  encoder and share of the memory cap) and a :class:`~gpubatch.engine.feed.RecordFeed` whose reader
+  processes read its batches, pass untouched records through, parse the JPEG headers and draw every
+  output's parameters; the worker decodes batch N+1 from the feed's shared memory (a thread) while
+  batch N runs through the chain and the JPEG encoder, and sends the encoded records back.
+
+Batch ``c`` goes to worker ``c % procs`` and is split the same way whatever ``procs`` is, so the output
+bytes do not depend on the number of workers. Workers start with ``spawn`` (CUDA must not be
+initialised before a fork).
 """
 
 from __future__ import annotations
 
 import os
-from collections import deque
+import queue
+import time
+import traceback
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..errors import ErrorRouter, RecordError, RunStats
+from ..errors import ErrorRouter, GpubatchError, RecordError, RunStats
 from ..formats.base import Writer
 from ..types import Record
 from .device import Device
 from .plan import Plan
 
-_W: dict[str, Any] = {}
-_COUNTS = ("records_in", "bytes_in", "passthrough", "transcoded", "fallbacks", "boxes_dropped")
+QUEUE_DEPTH = 3  # finished batches a worker may have waiting for the writer
+FEED_DEPTH = 4  # batches a worker's reader processes prepare ahead
 
 
 def auto_procs(entries: int, batch_size: int) -> int:
-    """Worker processes for a run: one per 4 cores, at most 2, and no more than the batches justify.
+    """GPU worker processes for a run: one.
 
-    Two doubled augment throughput on an H200; four were slower than two, as the processes' CUDA
-    contexts time-slice the GPU (benchmarks/RESULTS.md).
+    With the batched JPEG encoder one worker outran two on an H200 (augment 9,242 against 7,016
+    output images/s; benchmarks/RESULTS.md): two CUDA contexts time-slice the GPU, and the host work
+    a second process could take over is gone. ``--gpu-procs`` still asks for more.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(2, cores // 4, -(-entries // (2 * batch_size))))
+    return 1
 
 
-def _init(device_index: int, src: str, fmt: str, plan: Plan, threads: int, gpu_memory: Any, procs: int) -> None:
-    from ..formats import open_reader
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _put(q: Any, stop: Any, msg: tuple) -> None:
+    while True:
+        try:
+            q.put(msg, timeout=0.5)
+            return
+        except queue.Full:
+            if stop.is_set():
+                q.cancel_join_thread()  # the writer is gone: exit without flushing to it
+                raise _Stopped from None
+
+
+def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any], batch_size: int,
+            feed_workers: int, threads: int, gpu_memory: Any, procs: int, out: Any, stop: Any) -> None:
+    """One GPU worker process: its batches through feed -> decode -> chain -> encode -> ``out``."""
     from .device import Device, DeviceKind
-    from .gpu_executor import GpuEngine
+    from .feed import RecordFeed
+    from .gpu_executor import GpuEngine, decode_ahead, transform_fed
 
-    reader = open_reader(Path(src), fmt)
-    reader.entries()  # the reader's own scan sets up shard handles the entries refer to
-    device = Device(DeviceKind.GPU, device_index, reason="worker")
-    _W.update(reader=reader, plan=plan, engine=GpuEngine(device, threads, gpu_memory, share=procs, deterministic=True))
+    feed = engine = None
+    try:
+        t0 = time.perf_counter()
+        feed = RecordFeed(src, fmt, entries, plan, batch_size, workers=feed_workers, depth=FEED_DEPTH)
+        feed.start()  # the reader processes start up while CUDA does
+        engine = GpuEngine(Device(DeviceKind.GPU, device_index, reason="worker"), threads, gpu_memory,
+                           share=procs, deterministic=True)  # written bytes must not vary
+        tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
+        first = {"gpu_init": time.perf_counter() - t0}
+
+        def decode(fed: Any) -> Any:
+            return engine.decoder.decode(fed.blobs, engine.stream, plan.max_pixels, order=False, headers=fed.headers)
+
+        seen = dict(tm)
+        for fed, res in decode_ahead(decode, feed, 2, tm):
+            if stop.is_set():
+                out.cancel_join_thread()
+                return
+            stats = RunStats()
+            t1 = time.perf_counter()
+            done = transform_fed(engine, plan, fed, res, stats)
+            del res  # the decoded images go once the kernels reading them are done
+            fed.done()  # the source bytes (views of the feed's shared memory) are no longer read
+            timings = {k: v - seen[k] for k, v in tm.items()}
+            seen = dict(tm)
+            timings.update(first, **{"ops+encode": time.perf_counter() - t1, "read (feed workers)": fed.seconds})
+            first = {}
+            counts = {**fed.counts, **{k: getattr(stats, k) for k in ("transcoded", "fallbacks", "boxes_dropped")}}
+            _put(out, stop, ("batch", done, stats.drawn, counts, timings))
+    except _Stopped:
+        return
+    except BaseException as e:  # noqa: BLE001 - the parent reports it; nothing else would see it
+        msg = ("error", str(e)) if isinstance(e, GpubatchError) else ("crash", traceback.format_exc())
+        try:
+            _put(out, stop, msg)
+        except _Stopped:
+            pass
+    finally:
+        if engine is not None:
+            engine.close()
+        if feed is not None:
+            feed.close()
 
 
-def _work(entries: list[Any]) -> tuple[list[Any], dict[str, Any], dict[str, int], dict[str, float]]:
-    import time
-
-    from .executor import read_counted
-    from .gpu_executor import _transform_batch
-
-    stats = RunStats()
-    t0 = time.perf_counter()
-    batch = [read_counted(_W["reader"], e, stats) for e in entries]
-    stats.timed("read", time.perf_counter() - t0)
-    out = _transform_batch(_W["engine"], _W["plan"], batch, stats)
-    return out, stats.drawn, {k: getattr(stats, k) for k in _COUNTS}, stats.timings
-
-
-def run_device_procs(device: Device, src: Path, fmt: str, entries: list[Any], writer: Writer, plan: Plan,
-                     router: ErrorRouter, procs: int, workers: int, batch_size: int = 256,
-                     gpu_memory: Any = None, progress: Callable[[int], None] | None = None) -> None:
+def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: Writer, plan: Plan,
+               router: ErrorRouter, procs: int, workers: int, batch_size: int = 256,
+               gpu_memory: Any = None, progress: Callable[[int], None] | None = None) -> None:
     """Run ``plan`` over ``entries`` in ``procs`` GPU worker processes; write in order in this one."""
     import multiprocessing as mp
 
     from .executor import write_results
+    from .registry import DEVICE
 
+    plan.validate(DEVICE)
     stats = router.stats
-    threads = max(2, workers // procs)
-    pool = ProcessPoolExecutor(max_workers=procs, mp_context=mp.get_context("spawn"), initializer=_init,
-                               initargs=(device.index, str(src), fmt, plan, threads, gpu_memory, procs))
+    ctx = mp.get_context("spawn")
     chunks = [entries[i : i + batch_size] for i in range(0, len(entries), batch_size)]
+    procs = max(1, min(procs, len(chunks)))
+    # cores: the decoders' and the encoder's threads in each worker, then its reader processes
+    threads = max(2, workers // procs)
+    feed_workers = max(1, min(4, _cores() // (4 * procs)))
+    stop = ctx.Event()
+    queues = [ctx.Queue(maxsize=QUEUE_DEPTH) for _ in range(procs)]
+    children = []
+    for k in range(procs):
+        mine = [e for chunk in chunks[k::procs] for e in chunk]
+        p = ctx.Process(target=_worker, name=f"gpubatch-gpu{k}",
+                        args=(device.index, str(src), fmt, plan, mine, batch_size, feed_workers, threads,
+                              gpu_memory, procs, queues[k], stop))
+        p.start()
+        children.append(p)
+
+    def receive(k: int) -> tuple:
+        while True:
+            try:
+                return queues[k].get(timeout=1.0)
+            except queue.Empty:
+                if not children[k].is_alive():
+                    raise GpubatchError(f"GPU worker process {k} ended unexpectedly (exit code "
+                                        f"{children[k].exitcode})") from None
 
     def results() -> Iterator[Record | RecordError]:
-        pending: deque[Future] = deque()
-        it = iter(chunks)
-        for chunk in it:
-            pending.append(pool.submit(_work, chunk))
-            if len(pending) >= 2 * procs:
-                break
-        while pending:
-            out, drawn, counts, timings = pending.popleft().result()
-            for chunk in it:
-                pending.append(pool.submit(_work, chunk))
-                break
+        for c in range(len(chunks)):
+            msg = receive(c % procs)
+            if msg[0] == "error":
+                raise GpubatchError(msg[1])
+            if msg[0] == "crash":
+                raise GpubatchError(f"a GPU worker process failed:\n{msg[1]}")
+            _, out, drawn, counts, timings = msg
             stats.add(**counts)
             stats.drawn.update(drawn)
-            for k, v in timings.items():
-                stats.timed(k, v)
+            for name, v in timings.items():
+                stats.timed(name, v)
             yield from out
 
     try:
         write_results(results(), writer, router, progress)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
+        stop.set()
+        for p in children:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+                p.join()

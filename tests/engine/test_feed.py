@@ -9,10 +9,11 @@ import pytest
 
 from gpubatch.engine.codecs.image import decode, jpeg_display_size, jpeg_orientation
 from gpubatch.engine.codecs.image_gpu import jpeg_kind
-from gpubatch.engine.gpu_chain import fold_windows
 from gpubatch.engine.feed import FileFeed
+from gpubatch.engine.gpu_chain import fold_windows
 from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
 from gpubatch.engine.plan import Plan
+from gpubatch.errors import RecordError
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_data" / "imagenet"
 
@@ -68,7 +69,7 @@ def test_feed_gives_bytes_sizes_and_the_same_draws(tmp_path: Path, slot_bytes: i
         assert hw == jpeg_display_size(blob)
         if hw is not None:
             assert params == plan.draw(key, *hw)
-    for (key, blob, hw, params, _), head, g, o in zip(got, headers, geo, out):
+    for (_, blob, hw, params, _), head, g, o in zip(got, headers, geo, out):
         assert head == (jpeg_kind(blob) if blob else (None, 0, 0))  # what the GPU decoder routes by
         if hw is None:
             assert not g.any() and not o.any()
@@ -136,3 +137,96 @@ def test_pipeline_stopping_early_on_a_repeating_feed_returns():
     t.start()
     t.join(60)
     assert done.is_set(), "iterate_files did not return after the consumer stopped"
+
+
+def _decoded_size(data: bytes) -> tuple[int, int] | None:
+    try:
+        return decode(data).shape[:2]
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize("dataset, fmt", [("imagenet", "folder"), ("coco", "coco")])
+def test_record_feed_reads_passes_through_and_draws_per_output(dataset: str, fmt: str):
+    """What a GPU worker gets for augment: untouched originals finished, one source per record, and per
+    variant the parameters and moved boxes the CPU path draws for the decoded size."""
+    from gpubatch.engine import spec
+    from gpubatch.engine.feed import RecordFeed
+    from gpubatch.engine.gpu_chain import leading_windows
+    from gpubatch.formats import open_reader
+    from gpubatch.types import Record
+
+    src = SAMPLES.parent / dataset
+    reader = open_reader(src, fmt)
+    entries = reader.entries()
+    ops = spec.preset("ssd") if dataset == "coco" else spec.preset("resnet50-train")
+    plan = Plan(ops=ops, seed=3, copies=2, keep_original=True, min_box_visibility=0.25)
+    batches = []
+    with RecordFeed(src, fmt, entries, plan, batch_size=5, workers=2, depth=2) as feed:
+        feed.start()
+        for fed in feed:
+            fed.blobs = [bytes(b) for b in fed.blobs]  # views of a slot the feed reuses once done
+            fed.done()
+            batches.append(fed)
+    records = [reader.read(e) for e in entries]
+    assert sum(f.counts["records_in"] for f in batches) == len(records)
+    assert sum(f.counts["passthrough"] for f in batches) <= len(records)
+    k = 0
+    for fed in batches:
+        assert len(fed.blobs) == len(fed.sizes) == len(fed.headers) == len(fed.sources)
+        it = iter(fed.results)
+        n_jobs = 0
+        for rec in records[k : k + 5]:
+            original = next(it)
+            assert isinstance(original, Record | RecordError)
+            if isinstance(original, Record):
+                assert original.key == rec.key and original.data == rec.data  # passed through untouched
+            for variant in range(2):
+                j = next(it)
+                assert j == n_jobs
+                job = fed.jobs[j]
+                n_jobs += 1
+                assert job.template.key == f"{rec.key}_aug{variant}" and job.template.data == b""
+                assert fed.sources[job.source] == (rec.key, rec.origin)
+                hw = fed.sizes[job.source]
+                assert hw == jpeg_display_size(rec.data)
+                if hw is None:
+                    assert job.params is None
+                    continue
+                assert hw == _decoded_size(rec.data) or _decoded_size(rec.data) is None
+                params, boxes, dropped = plan.draw_and_move(job.template.key, *hw, rec.boxes)
+                assert job.params == params and job.dropped == dropped
+                assert (job.boxes is None) == (boxes is None)
+                if boxes is not None:
+                    np.testing.assert_allclose(job.boxes.xyxy, boxes.xyxy)
+            src_i = fed.jobs[n_jobs - 1].source
+            assert bytes(fed.blobs[src_i]) == rec.data  # once per record, for both variants
+        assert next(it, None) is None
+        k += 5
+        want = leading_windows(plan.ops, [j.params for j in fed.jobs], [fed.sizes[j.source] for j in fed.jobs])
+        if want is None:
+            assert fed.windows is None
+        else:
+            np.testing.assert_array_equal(fed.windows[0], want[0])
+            np.testing.assert_array_equal(fed.windows[1], want[1])
+    assert k >= len(records)
+
+
+def test_record_feed_reports_unreadable_records_in_place(tmp_path: Path):
+    import shutil
+
+    from gpubatch.engine.feed import RecordFeed
+    from gpubatch.engine.ops import ResizeShorter
+    from gpubatch.formats import open_reader
+
+    src = tmp_path / "set"
+    shutil.copytree(SAMPLES, src)
+    reader = open_reader(src, "folder")
+    entries = reader.entries()
+    (src / entries[3][0]).unlink()
+    plan = Plan(ops=(ResizeShorter(32),))
+    with RecordFeed(src, "folder", entries, plan, batch_size=4, workers=1, depth=2, views=False) as feed:
+        results = [r for fed in feed for r in fed.results]
+    assert len(results) == len(entries)
+    assert isinstance(results[3], RecordError) and results[3].stage.value == "read"
+    assert all(isinstance(r, int) for i, r in enumerate(results) if i != 3)

@@ -8,8 +8,8 @@ to the CUDA decoder from then on. Whatever the GPU decoders refuse (CMYK, PNG, c
 decoded by Pillow into its slot and counted as a fallback; only a record that fails there too
 becomes an error. EXIF orientation is applied.
 
-Encode. ``nvimgcodec.Encoder`` on the GPU (CUDA encoder; Hopper has no hardware JPEG encoder),
-batched, from zero-copy views of the packed output buffer.
+Encode. JPEG on the GPU, a whole batch per few launches (:mod:`~gpubatch.engine.codecs.jpeg_gpu`), or
+nvImageCodec's CUDA encoder image by image (Hopper has no hardware JPEG encoder).
 """
 
 from __future__ import annotations
@@ -419,25 +419,53 @@ def _host_decode(data: bytes, max_pixels: int) -> tuple[np.ndarray | None, str |
 
 
 class GpuImageEncoder:
-    """Batched JPEG encode on the GPU; PNG (lossless) on the CPU threads."""
+    """Batched JPEG encode on the GPU; PNG (lossless) on the CPU threads.
+
+    ``jpeg="batched"`` (the default) encodes a whole batch in a few launches
+    (:mod:`~gpubatch.engine.codecs.jpeg_gpu`); ``jpeg="nvimagecodec"`` uses nvImageCodec's CUDA encoder,
+    image by image (slower on small images; kept to compare against).
+    """
 
     THREADS = 4
+    KINDS = ("batched", "nvimagecodec")
 
-    def __init__(self, device_index: int = 0, cpu_threads: int = 8):
-        nic = nvimgcodec()
-        self.nic = nic
-        # 4 threads: 7,430 images/s on 224x224 batches against 6,055 with the default (one per core)
-        # and 6,770 with 8 (benchmarks/decode_study.py, group "encode")
-        self.encoder = nic.Encoder(device_id=device_index, max_num_cpu_threads=self.THREADS)
+    def __init__(self, device_index: int = 0, cpu_threads: int = 8, jpeg: str = "batched", staging: Any = None):
+        if jpeg not in self.KINDS:
+            raise ValueError(f"unknown JPEG encoder {jpeg!r}; supported: {', '.join(self.KINDS)}")
+        self.jpeg = jpeg
+        if jpeg == "batched":
+            import cupy as cp
+
+            from ..batch import PinnedStaging
+            from .jpeg_gpu import BatchedJpegEncoder
+
+            self.batched = BatchedJpegEncoder(cp, staging or PinnedStaging(cp))
+        else:
+            nic = nvimgcodec()
+            self.nic = nic
+            # 4 threads: 7,430 images/s on 224x224 batches against 6,055 with the default (one per core)
+            # and 6,770 with 8 (benchmarks/decode_study.py, group "encode")
+            self.encoder = nic.Encoder(device_id=device_index, max_num_cpu_threads=self.THREADS)
         self._cpu = ThreadPoolExecutor(max_workers=max(1, cpu_threads), thread_name_prefix="gpubatch-encode")
 
     def close(self) -> None:
         self._cpu.shutdown(wait=True)
 
+    def encode_batch(self, batch: Any, idx: list[int], codec: str, quality: int, stream) -> list[bytes | None]:
+        """Encode items ``idx`` of a uint8 HWC :class:`~gpubatch.engine.batch.DeviceBatch` (the batched
+        JPEG encoder reads them in place, without a view object per item)."""
+        if codec == "jpeg" and self.jpeg == "batched":
+            from ..gpu_chain import Ragged
+
+            return list(self.batched.encode(Ragged.from_batch(batch).take(idx), quality, stream))
+        return self.encode([batch.item(k) for k in idx], codec, quality, stream)
+
     def encode(self, arrays: list[Any], codec: str, quality: int, stream) -> list[bytes | None]:
         """Encode CuPy uint8 HWC arrays (ordered on ``stream``); None where the encoder failed."""
         if not arrays:
             return []
+        if codec == "jpeg" and self.jpeg == "batched":
+            return list(self.batched.encode(arrays, quality, stream))
         if codec == "jpeg":
             nic = self.nic
             images = [nic.as_image(a, cuda_stream=stream.ptr) for a in arrays]
