@@ -37,6 +37,7 @@ def one(a: argparse.Namespace) -> dict:
     src = make_jpeg_set(Path(a.data), a.images)
     reader = open_reader(src, "folder")
     entries = reader.entries()[: a.images]
+    entries = entries[a.rotate * 256 :] + entries[: a.rotate * 256]  # which batch comes first
     if a.transcode:
         plan = make_plan(resize_shorter=256, quality=90)
     else:
@@ -46,6 +47,15 @@ def one(a: argparse.Namespace) -> dict:
     feed.start()
     engine = GpuEngine(Device(DeviceKind.GPU, 0, reason="study"), a.threads, None, deterministic=True,
                        jpeg_encoder=a.jpeg_encoder)
+    if a.hw_preallocate or a.decoder_options:
+        from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
+
+        engine.decoder.close()
+        pre = tuple(int(x) for x in a.hw_preallocate.split("x")) if a.hw_preallocate else None
+        engine.decoder = GpuImageDecoder(0, a.threads, hw_preallocate=pre, options=a.decoder_options)
+    if a.release_threshold is not None:  # the driver pool nvImageCodec allocates decoded images from
+        pool = engine.cp.cuda.runtime.deviceGetDefaultMemPool(0)
+        engine.cp.cuda.runtime.memPoolSetAttribute(pool, 4, a.release_threshold)
     init = time.perf_counter() - t0
     tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
     per_batch, passes = [], []
@@ -104,6 +114,10 @@ def main() -> None:
     ap.add_argument("--feed-workers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--jpeg-encoder", default="batched", help="batched (gpubatch's kernels) or nvimagecodec")
+    ap.add_argument("--hw-preallocate", default=None, help="BxHxW: the hardware decoder's preallocation hints")
+    ap.add_argument("--decoder-options", default="", help="extra nvImageCodec decoder options")
+    ap.add_argument("--rotate", type=int, default=0, help="start at this batch of the set")
+    ap.add_argument("--release-threshold", type=int, default=None, help="bytes the driver pool keeps")
     ap.add_argument("--mode", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.mode:

@@ -65,7 +65,7 @@ class GpuEngine:
 
     def __init__(self, device: Device, cpu_threads: int = 8,
                  gpu_memory: str | int | float | None = None, share: int = 1, deterministic: bool = True,
-                 jpeg_encoder: str = "batched"):
+                 jpeg_encoder: str = "batched", hw_preallocate: tuple[int, int, int] | None = None):
         import os
         import sys
 
@@ -92,7 +92,8 @@ class GpuEngine:
         self.staging = PinnedStaging(cp)  # launch tables reach the device without the host waiting
         self._null = cp.zeros(1, cp.uint64)  # stands for an unused pointer argument
         self.cpu_threads = cpu_threads
-        self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic)
+        self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic,
+                                       hw_preallocate=hw_preallocate)
         self.jpeg_encoder = jpeg_encoder
         self._encoder = None
 
