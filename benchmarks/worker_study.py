@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import subprocess
 import sys
 import time
@@ -73,6 +74,8 @@ def one(a: argparse.Namespace) -> dict:
         if a.mode == "full":
             out = transform_fed(engine, plan, fed, res, RunStats())
             n_out += len(out)
+            if a.pickle:  # what sending the batch to the writer process costs this one
+                pickle.dumps(("batch", out), protocol=pickle.HIGHEST_PROTOCOL)
         elif a.mode == "chain":
             from gpubatch.engine.gpu_chain import Ragged, run_chain
 
@@ -118,6 +121,7 @@ def main() -> None:
     ap.add_argument("--decoder-options", default="", help="extra nvImageCodec decoder options")
     ap.add_argument("--rotate", type=int, default=0, help="start at this batch of the set")
     ap.add_argument("--release-threshold", type=int, default=None, help="bytes the driver pool keeps")
+    ap.add_argument("--pickle", action="store_true", help="full: also pickle each finished batch")
     ap.add_argument("--mode", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.mode:

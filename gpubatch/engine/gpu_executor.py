@@ -449,11 +449,13 @@ def decode_ahead(decode: Callable[[Any], Any], items: Iterable[Any], prefetch: i
         it.close()  # stops the decode and read threads when the consumer leaves early
 
 
-def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any) -> list[Record | RecordError]:
+def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any,
+                  sink: Any = None) -> list[Record | RecordError]:
     """The outputs of one :class:`~gpubatch.engine.feed.FedRecords` batch, in order: its jobs run through
     the chain and are encoded from the decoded sources ``res``; a record that failed to decode gives one
     error however many variants it has. Parameters (and moved boxes) drawn by the feed for a source's
-    header size are used where the decoded size matches; the rest are drawn here."""
+    header size are used where the decoded size matches; the rest are drawn here. With a ``sink``
+    (:class:`~gpubatch.engine.codecs.jpeg_gpu.Sink`) JPEG records hold an ``EncodedSpan`` of it as data."""
     from .gpu_chain import leading_windows
 
     res.order(engine.stream)  # this batch's kernels wait for its decode, and no later one's
@@ -499,7 +501,7 @@ def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any)
                                       [tuple(arrays[r].shape[:2]) for r in redrawn])
                 if fix is not None:
                     first[0][redrawn], first[1][redrawn] = fix
-        encoded = _resample_encode(engine, plan, [t.codec for _, t, _ in jobs], arrays, params, first)
+        encoded = _resample_encode(engine, plan, [t.codec for _, t, _ in jobs], arrays, params, first, sink)
         done = 0
         for (pos, t, boxes), data in zip(jobs, encoded):
             if isinstance(data, str):
@@ -512,7 +514,7 @@ def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any)
 
 
 def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: list, params: list,
-                     first: tuple[np.ndarray, np.ndarray] | None = None) -> list:
+                     first: tuple[np.ndarray, np.ndarray] | None = None, sink: Any = None) -> list:
     """Run the chain (``first``: its leading windows, already folded) then encode, in output order
     (bytes, or why the encoder failed); a batch that does not fit the memory cap is split in halves."""
     from .gpu_chain import Ragged, run_chain
@@ -525,7 +527,7 @@ def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: l
         for k, c in enumerate(codecs):
             by_codec.setdefault(plan.out_codec(c), []).append(k)
         for codec, idx in by_codec.items():
-            enc = engine.encoder.encode_batch(dev, idx, codec, plan.jpeg_quality, engine.stream)
+            enc = engine.encoder.encode_batch(dev, idx, codec, plan.jpeg_quality, engine.stream, sink)
             for k, data in zip(idx, enc):
                 results[k] = data if data is not None else f"the GPU {codec} encoder failed"
         return results
@@ -538,5 +540,5 @@ def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: l
         cp.get_default_memory_pool().free_all_blocks()
         h = len(arrays) // 2
         halves = [None, None] if first is None else [(first[0][:h], first[1][:h]), (first[0][h:], first[1][h:])]
-        return (_resample_encode(engine, plan, codecs[:h], arrays[:h], params[:h], halves[0])
-                + _resample_encode(engine, plan, codecs[h:], arrays[h:], params[h:], halves[1]))
+        return (_resample_encode(engine, plan, codecs[:h], arrays[:h], params[:h], halves[0], sink)
+                + _resample_encode(engine, plan, codecs[h:], arrays[h:], params[h:], halves[1], sink))

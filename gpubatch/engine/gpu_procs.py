@@ -34,6 +34,8 @@ from .device import Device
 from .plan import Plan
 
 QUEUE_DEPTH = 3  # finished batches a worker may have waiting for the writer
+OUT_SLOTS = QUEUE_DEPTH + 2  # output slots: the queued batches, the one being written, the one being made
+OUT_SLOT_BYTES = 32 << 20  # a batch's encoded JPEG data; a batch that does not fit travels pickled
 FEED_DEPTH = 4  # batches a worker's reader processes prepare ahead
 HW_PREALLOCATE = 640  # height and width the hardware decoder's buffers are reserved for
 
@@ -67,14 +69,44 @@ def _put(q: Any, stop: Any, msg: tuple) -> None:
                 raise _Stopped from None
 
 
+def _free_slot(free: list[int], returns: Any, stop: Any) -> int:
+    """An output slot the writer has handed back (waits for one when all are in flight)."""
+    while True:
+        try:
+            while True:
+                free.append(returns.get_nowait())
+        except queue.Empty:
+            pass
+        if free:
+            return free.pop()
+        try:
+            free.append(returns.get(timeout=0.5))
+        except queue.Empty:
+            if stop.is_set():
+                raise _Stopped from None
+
+
 def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any], batch_size: int,
-            feed_workers: int, threads: int, gpu_memory: Any, procs: int, out: Any, stop: Any) -> None:
-    """One GPU worker process: its batches through feed -> decode -> chain -> encode -> ``out``."""
+            feed_workers: int, threads: int, gpu_memory: Any, procs: int, out: Any, stop: Any,
+            out_shm: str, returns: Any) -> None:
+    """One GPU worker process: its batches through feed -> decode -> chain -> encode -> ``out``.
+
+    Encoded JPEG data goes straight from the device into a slot of the ``out_shm`` ring (the records
+    sent hold :class:`~gpubatch.engine.codecs.jpeg_gpu.EncodedSpan` values): pickling the bytes instead
+    cost this process 15-20% of its throughput (benchmarks/worker_study.py ``--pickle``). The writer
+    hands a slot back through ``returns`` once it has made the files."""
+    from multiprocessing.shared_memory import SharedMemory
+
+    import numpy as np
+
+    from .codecs.jpeg_gpu import Sink
     from .device import Device, DeviceKind
     from .feed import RecordFeed
     from .gpu_executor import GpuEngine, decode_ahead, transform_fed
 
     feed = engine = None
+    shm = SharedMemory(name=out_shm)
+    free = list(range(OUT_SLOTS))
     try:
         t0 = time.perf_counter()
         feed = RecordFeed(src, fmt, entries, plan, batch_size, workers=feed_workers, depth=FEED_DEPTH)
@@ -96,8 +128,14 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
                 out.cancel_join_thread()
                 return
             stats = RunStats()
+            slot = _free_slot(free, returns, stop)
+            sink = Sink(np.frombuffer(shm.buf, np.uint8, OUT_SLOT_BYTES, slot * OUT_SLOT_BYTES))
             t1 = time.perf_counter()
-            done = transform_fed(engine, plan, fed, res, stats)
+            done = transform_fed(engine, plan, fed, res, stats, sink)
+            del sink
+            if not any(isinstance(r, Record) and not isinstance(r.data, bytes) for r in done):
+                free.append(slot)  # nothing went into the slot
+                slot = None
             del res  # the decoded images go once the kernels reading them are done
             fed.done()  # the source bytes (views of the feed's shared memory) are no longer read
             timings = {k: v - seen[k] for k, v in tm.items()}
@@ -105,7 +143,7 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
             timings.update(first, **{"ops+encode": time.perf_counter() - t1, "read (feed workers)": fed.seconds})
             first = {}
             counts = {**fed.counts, **{k: getattr(stats, k) for k in ("transcoded", "fallbacks", "boxes_dropped")}}
-            _put(out, stop, ("batch", done, stats.drawn, counts, timings))
+            _put(out, stop, ("batch", done, stats.drawn, counts, timings, slot))
     except _Stopped:
         return
     except BaseException as e:  # noqa: BLE001 - the parent reports it; nothing else would see it
@@ -119,6 +157,10 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
             engine.close()
         if feed is not None:
             feed.close()
+        try:
+            shm.close()
+        except BufferError:  # a slot view is still referenced: the mapping goes with the process
+            shm.close = lambda: None  # type: ignore[method-assign]
 
 
 def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: Writer, plan: Plan,
@@ -126,6 +168,7 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
                gpu_memory: Any = None, progress: Callable[[int], None] | None = None) -> None:
     """Run ``plan`` over ``entries`` in ``procs`` GPU worker processes; write in order in this one."""
     import multiprocessing as mp
+    from multiprocessing.shared_memory import SharedMemory
 
     from .executor import write_results
     from .registry import DEVICE
@@ -140,12 +183,14 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
     feed_workers = max(1, min(4, _cores() // (4 * procs)))
     stop = ctx.Event()
     queues = [ctx.Queue(maxsize=QUEUE_DEPTH) for _ in range(procs)]
+    returns = [ctx.Queue() for _ in range(procs)]
+    rings = [SharedMemory(create=True, size=OUT_SLOTS * OUT_SLOT_BYTES) for _ in range(procs)]
     children = []
     for k in range(procs):
         mine = [e for chunk in chunks[k::procs] for e in chunk]
         p = ctx.Process(target=_worker, name=f"gpubatch-gpu{k}",
                         args=(device.index, str(src), fmt, plan, mine, batch_size, feed_workers, threads,
-                              gpu_memory, procs, queues[k], stop))
+                              gpu_memory, procs, queues[k], stop, rings[k].name, returns[k]))
         p.start()
         children.append(p)
 
@@ -169,7 +214,14 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
                 raise GpubatchError(msg[1])
             if msg[0] == "crash":
                 raise GpubatchError(f"a GPU worker process failed:\n{msg[1]}")
-            _, out, drawn, counts, timings = msg
+            _, out, drawn, counts, timings, slot = msg
+            if slot is not None:  # make the files whose data the worker left in its output ring
+                k = c % procs
+                view = rings[k].buf[slot * OUT_SLOT_BYTES : (slot + 1) * OUT_SLOT_BYTES]
+                out = [r.with_(data=r.data.assemble(view)) if isinstance(r, Record) and not isinstance(r.data, bytes)
+                       else r for r in out]
+                view.release()
+                returns[k].put(slot)
             stats.add(**counts)
             stats.drawn.update(drawn)
             for name, v in timings.items():
@@ -185,3 +237,6 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
             if p.is_alive():
                 p.terminate()
                 p.join()
+        for ring in rings:
+            ring.close()
+            ring.unlink()

@@ -458,13 +458,15 @@ class GpuImageEncoder:
     def close(self) -> None:
         self._cpu.shutdown(wait=True)
 
-    def encode_batch(self, batch: Any, idx: list[int], codec: str, quality: int, stream) -> list[bytes | None]:
+    def encode_batch(self, batch: Any, idx: list[int], codec: str, quality: int, stream,
+                     sink: Any = None) -> list[Any]:
         """Encode items ``idx`` of a uint8 HWC :class:`~gpubatch.engine.batch.DeviceBatch` (the batched
-        JPEG encoder reads them in place, without a view object per item)."""
+        JPEG encoder reads them in place, without a view object per item, and writes into ``sink``
+        when given: :class:`~gpubatch.engine.codecs.jpeg_gpu.EncodedSpan` values then come back)."""
         if codec == "jpeg" and self.jpeg == "batched":
             from ..gpu_chain import Ragged
 
-            return list(self.batched.encode(Ragged.from_batch(batch).take(idx), quality, stream))
+            return list(self.batched.encode(Ragged.from_batch(batch).take(idx), quality, stream, sink))
         return self.encode([batch.item(k) for k in idx], codec, quality, stream)
 
     def encode(self, arrays: list[Any], codec: str, quality: int, stream) -> list[bytes | None]:

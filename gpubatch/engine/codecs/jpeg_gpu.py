@@ -51,6 +51,32 @@ class JpegTables:
     huff: np.ndarray
 
 
+@dataclass(frozen=True)
+class EncodedSpan:
+    """A JPEG of ``height`` x ``width`` at ``quality`` whose entropy-coded data lies at [start, end) of a
+    host buffer (a :class:`Sink`); the file is made when it is read (:meth:`assemble`)."""
+
+    start: int
+    end: int
+    height: int
+    width: int
+    quality: int
+
+    def assemble(self, buf: Any) -> bytes:
+        tab = tables(self.quality)
+        return b"".join((tab.prefix, struct.pack(">HH", self.height, self.width), tab.suffix,
+                         buf[self.start : self.end], EOI))
+
+
+class Sink:
+    """A host buffer (a NumPy uint8 array, e.g. over shared memory) the encoder copies entropy-coded data
+    into, back to back from ``pos``: files then travel as :class:`EncodedSpan` values, not bytes."""
+
+    def __init__(self, view: np.ndarray):
+        self.view = view
+        self.pos = 0
+
+
 def huffman_codes(bits: bytes, values: bytes) -> dict[int, tuple[int, int]]:
     """symbol -> (code, length) of a JPEG Huffman table given as its BITS and HUFFVAL lists (Annex C)."""
     codes: dict[int, tuple[int, int]] = {}
@@ -148,9 +174,10 @@ class BatchedJpegEncoder:
             self._cos = self.cp.asarray(dct_matrix())
         return (tab, *self._dev[quality])
 
-    def encode(self, items: Any, quality: int, stream: Any) -> list[bytes]:
+    def encode(self, items: Any, quality: int, stream: Any, sink: Sink | None = None) -> list[Any]:
         """JPEG bytes of each item (a :class:`~gpubatch.engine.gpu_chain.Ragged`, or a list of CuPy uint8
-        HWC arrays or DeviceImages), ordered on ``stream``."""
+        HWC arrays or DeviceImages), ordered on ``stream``; with a ``sink`` that has room for them, the
+        data goes there and :class:`EncodedSpan` values come back instead."""
         from ..batch import upload_tables
         from ..gpu_chain import Ragged
         from ..kernels import kernel
@@ -195,7 +222,16 @@ class BatchedJpegEncoder:
             stuffed = cp.zeros(total + int(shift[-1] + ff[-1]), cp.uint8)
             stuffed[shift + cp.arange(total, dtype=idx)] = raw
             ends = base + cp.concatenate([shift, (shift[-1:] + ff[-1:])])[base]
-            data, ends = stuffed.get(stream=stream), ends.get(stream=stream)
+            ends = ends.get(stream=stream)
+            if sink is not None and sink.pos + len(stuffed) <= len(sink.view):
+                at = sink.pos
+                stuffed.get(stream=stream, out=sink.view[at : at + len(stuffed)])
+                stream.synchronize()
+                sink.pos += len(stuffed)
+                q = int(quality)
+                return [EncodedSpan(at + int(ends[i]), at + int(ends[i + 1]), h, w, q)
+                        for i, (h, w) in enumerate(hw.tolist())]
+            data = stuffed.get(stream=stream)
             stream.synchronize()
         prefix, suffix = tab.prefix, tab.suffix
         view = memoryview(data)
