@@ -380,11 +380,10 @@ def _run(device: Device, reader: Reader, entries: list, writer: Writer, plan: An
 
     workers = req.workers or default_workers()
     if device.is_gpu and plan.touches_pixels:
-        from .engine.gpu_procs import auto_procs, run_device
+        from .engine.gpu_procs import run_device
 
-        procs = req.gpu_procs or auto_procs(len(entries), req.batch_size)
-        run_device(device, Path(req.src), reader.format_name, entries, writer, plan, router, procs, workers,
-                   req.batch_size, req.gpu_memory, tick)
+        run_device(device, Path(req.src), reader.format_name, entries, writer, plan, router, req.gpu_procs or 1,
+                   workers, req.batch_size, req.gpu_memory, tick)
     else:
         run_host(reader, entries, writer, plan, router, workers, tick)
 

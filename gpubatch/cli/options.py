@@ -50,7 +50,7 @@ def pipeline_options(f):
                      help="Cap on the GPU memory the run takes, e.g. 2GiB or 0.5 (fraction)  [default: 1 GiB of buffers]"),
         click.option("--gpu-procs", type=click.IntRange(min=1), default=None, metavar="N",
                      help="GPU worker processes, each with its own decoders and CUDA context  "
-                          "[default: 1 per 4 cores, at most 2]"),
+                          "[default: 1]"),
     ]):
         f = opt(f)
     return f

@@ -40,16 +40,6 @@ FEED_DEPTH = 4  # batches a worker's reader processes prepare ahead
 HW_PREALLOCATE = 640  # height and width the hardware decoder's buffers are reserved for
 
 
-def auto_procs(entries: int, batch_size: int) -> int:
-    """GPU worker processes for a run: one.
-
-    With the batched JPEG encoder one worker outran two on an H200 (augment 9,242 against 7,016
-    output images/s; benchmarks/RESULTS.md): two CUDA contexts time-slice the GPU, and the host work
-    a second process could take over is gone. ``--gpu-procs`` still asks for more.
-    """
-    return 1
-
-
 def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -166,7 +156,11 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
 def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: Writer, plan: Plan,
                router: ErrorRouter, procs: int, workers: int, batch_size: int = 256,
                gpu_memory: Any = None, progress: Callable[[int], None] | None = None) -> None:
-    """Run ``plan`` over ``entries`` in ``procs`` GPU worker processes; write in order in this one."""
+    """Run ``plan`` over ``entries`` in ``procs`` GPU worker processes; write in order in this one.
+
+    One worker is the default: with the batched JPEG encoder, one outran two on an H200 (augment
+    9,242 against 7,016 output images/s; benchmarks/RESULTS.md), as two CUDA contexts time-slice the GPU.
+    """
     import multiprocessing as mp
     from multiprocessing.shared_memory import SharedMemory
 
