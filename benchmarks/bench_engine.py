@@ -51,7 +51,7 @@ def run_pipeline(name: str, args) -> dict:
     ops = ([RandomResizedCrop(224), Flip(p=0.5), Normalize(layout="CHW", dtype="float16")] if chain == "train"
            else [ResizeShorter(256), CenterCrop(224), Normalize(layout="CHW", dtype="float16")])
     device = "gpu" if name.startswith("gpu") else "cpu"
-    io = ThreadPoolExecutor(4)  # see gpu_executor.READ_THREADS
+    io = ThreadPoolExecutor(4)  # reader threads: more slow the decoders (they share the GIL)
     B = args.batch_size
 
     def batches(limit: int):

@@ -329,7 +329,7 @@ class ImagePipeline:
             outs = [arr for arr, err in results if err is None]
             self.stats["images"] += len(outs)
             return outs
-        from .gpu_chain import Ragged, leading_windows, run_chain
+        from .gpu_chain import Ragged, run_chain
 
         res = decoded
         res.order(self.engine.stream)  # this batch's kernels wait for its decode, and no later one's
@@ -348,14 +348,7 @@ class ImagePipeline:
                 redrawn.append(len(arrays))
             rows.append(i)
             arrays.append(a)
-        first = None
-        if windows is not None and rows:
-            first = (windows[0][rows], windows[1][rows])
-            if redrawn:
-                fix = leading_windows(self.plan.ops, [drawn[r] for r in redrawn],
-                                      [tuple(arrays[r].shape[:2]) for r in redrawn])
-                if fix is not None:
-                    first[0][redrawn], first[1][redrawn] = fix
+        first = fed_windows(self.plan.ops, windows, rows, redrawn, drawn, arrays)
         slot = self._slot
         self._slot = (self._slot + 1) % len(self._ring)
         batch = run_chain(self.engine, self.plan.ops, Ragged.from_items(self.engine.cp, arrays), drawn,
@@ -449,6 +442,22 @@ def decode_ahead(decode: Callable[[Any], Any], items: Iterable[Any], prefetch: i
         it.close()  # stops the decode and read threads when the consumer leaves early
 
 
+def fed_windows(ops: Sequence[Op], windows: tuple[np.ndarray, np.ndarray] | None, rows: list[int],
+                redrawn: list[int], params: list, arrays: list) -> tuple[np.ndarray, np.ndarray] | None:
+    """The leading windows a feed folded (``windows``), for the records kept (``rows``), refolded for
+    the ``redrawn`` ones (indices into ``params``/``arrays``, drawn again for their decoded size)."""
+    from .gpu_chain import leading_windows
+
+    if windows is None or not rows:
+        return None
+    first = (windows[0][rows], windows[1][rows])
+    if redrawn:
+        fix = leading_windows(ops, [params[r] for r in redrawn], [tuple(arrays[r].shape[:2]) for r in redrawn])
+        if fix is not None:
+            first[0][redrawn], first[1][redrawn] = fix
+    return first
+
+
 def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any,
                   sink: Any = None) -> list[Record | RecordError]:
     """The outputs of one :class:`~gpubatch.engine.feed.FedRecords` batch, in order: its jobs run through
@@ -456,8 +465,6 @@ def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any,
     error however many variants it has. Parameters (and moved boxes) drawn by the feed for a source's
     header size are used where the decoded size matches; the rest are drawn here. With a ``sink``
     (:class:`~gpubatch.engine.codecs.jpeg_gpu.Sink`) JPEG records hold an ``EncodedSpan`` of it as data."""
-    from .gpu_chain import leading_windows
-
     res.order(engine.stream)  # this batch's kernels wait for its decode, and no later one's
     out: list[Any] = list(fed.results)
     where = {r: pos for pos, r in enumerate(out) if isinstance(r, int)}
@@ -493,14 +500,7 @@ def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any,
         stats.add(boxes_dropped=dropped)
     stats.add(fallbacks=res.fallbacks)
     if rows:
-        first = None
-        if fed.windows is not None:
-            first = (fed.windows[0][rows], fed.windows[1][rows])
-            if redrawn:
-                fix = leading_windows(plan.ops, [params[r] for r in redrawn],
-                                      [tuple(arrays[r].shape[:2]) for r in redrawn])
-                if fix is not None:
-                    first[0][redrawn], first[1][redrawn] = fix
+        first = fed_windows(plan.ops, fed.windows, rows, redrawn, params, arrays)
         encoded = _resample_encode(engine, plan, [t.codec for _, t, _ in jobs], arrays, params, first, sink)
         done = 0
         for (pos, t, boxes), data in zip(jobs, encoded):

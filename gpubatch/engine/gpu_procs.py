@@ -122,10 +122,10 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
             sink = Sink(np.frombuffer(shm.buf, np.uint8, OUT_SLOT_BYTES, slot * OUT_SLOT_BYTES))
             t1 = time.perf_counter()
             done = transform_fed(engine, plan, fed, res, stats, sink)
-            del sink
-            if not any(isinstance(r, Record) and not isinstance(r.data, bytes) for r in done):
-                free.append(slot)  # nothing went into the slot
+            if sink.pos == 0:  # nothing went into the slot (no JPEG, or a batch too big for it)
+                free.append(slot)
                 slot = None
+            del sink
             del res  # the decoded images go once the kernels reading them are done
             fed.done()  # the source bytes (views of the feed's shared memory) are no longer read
             timings = {k: v - seen[k] for k, v in tm.items()}
