@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from _data import DEFAULT_DATA, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
 
 RESULTS: dict[str, float] = {}
-GROUPS = ("routed", "reuse", "hw4", "hw8", "cuda8", "cuda15", "async", "gil", "default", "views", "host", "encode")
+GROUPS = ("routed", "reuse", "hw4", "hw8", "cuda8", "cuda15", "async", "gil", "default", "views", "host", "encode",
+          "roi")
 # --only takes any of these (each prefix-matches the conditions it runs)
 
 
@@ -348,6 +349,52 @@ def main() -> None:
                 rate = timed(run_enc, passes=1)  # one pass encodes as many images as the set holds
                 report(f"encode: {hw_[0]}x{hw_[1]} q90, encoder threads {threads or 'default'}", rate)
                 del enc
+
+    # 13. region (ROI) decode of the train chain's random-resized-crop windows, against full decode
+    if want("roi"):
+        from gpubatch.engine.ops import RandomResizedCrop
+        from gpubatch.engine.rng import record_rng
+
+        rrc = RandomResizedCrop(224)
+        heads = [jpeg_kind(b) for b in blobs]
+        regions, kept = [], []
+        for i, (_, w, h) in enumerate(heads):
+            top, left, ch, cw = rrc.make_params(h, w, record_rng(0, f"img{i}"))
+            regions.append(nic.Region(top, left, top + ch, left + cw))
+            kept.append(ch * cw / (h * w))
+        t0 = time.perf_counter()
+        subs = [nic.CodeStream(b).get_sub_code_stream(region=r) for b, r in zip(blobs, regions)]
+        per_image_us = 1e6 * (time.perf_counter() - t0) / len(blobs)
+        sub_batches = [subs[i : i + 256] for i in range(0, len(subs), 256)]
+        head_batches = [heads[i : i + 256] for i in range(0, len(heads), 256)]
+        area = float(np.mean(kept))
+        print(f"roi: mean kept area {area:.2f}; CodeStream + sub-stream per image {per_image_us:.1f} us", flush=True)
+        keep: deque = deque()
+        for name, share in (("hardware engine only", 0.0), ("CUDA decoder only", 1.0), ("routed, share 0.5", 0.5)):
+            dec = GpuImageDecoder(0, 16, cuda_share=share)
+
+            def run(which, dec=dec):
+                def fn(b: int) -> None:
+                    if which == "full":
+                        res = dec.decode(batches[b], stream, headers=head_batches[b])
+                    elif which == "roi":
+                        res = dec.decode(sub_batches[b], stream, headers=head_batches[b])
+                    else:  # sub-streams made in the timed loop, as a pipeline would make them
+                        lo = b * 256
+                        made = [nic.CodeStream(x).get_sub_code_stream(region=r)
+                                for x, r in zip(batches[b], regions[lo : lo + 256])]
+                        res = dec.decode(made, stream, headers=head_batches[b])
+                    keep.append((stream.record(), res))
+                    if len(keep) > 2:
+                        keep.popleft()[0].synchronize()
+
+                return fn
+
+            for which in ("full", "roi", "roi+make"):
+                timed(run(which))  # warm-up pass
+                report(f"roi: {name}, {which}", timed(run(which)))
+            keep.clear()
+            dec.close()
 
     print("RESULT " + json.dumps(RESULTS), flush=True)
 

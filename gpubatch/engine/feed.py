@@ -75,6 +75,27 @@ class FedBatch:
         return len(self.blobs)
 
 
+def shm_free() -> int | None:
+    """Bytes free in /dev/shm (where shared memory lives on Linux), or None where it cannot be told."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def fit_slots(depth: int, slot_bytes: int) -> int:
+    """A slot size for a ring of ``depth`` slots that takes at most half of the free shared memory.
+
+    Touching shared memory beyond what /dev/shm holds kills the process (SIGBUS; containers often
+    give 64 MiB). Smaller slots only cost speed: a batch that does not fit travels pickled instead.
+    """
+    free = shm_free()
+    if free is None:
+        return slot_bytes
+    return max(1 << 20, min(slot_bytes, free // (2 * max(depth, 1))))
+
+
 def _init(shm_name: str, plan: Plan | None, slot_bytes: int, source: tuple[str, str] | None = None) -> None:
     from multiprocessing.shared_memory import SharedMemory
 
@@ -250,7 +271,7 @@ class Feed:
         self._primed: tuple | None = None
         self.depth = max(1, depth)
         workers = workers or max(1, min(4, default_workers() // 4))
-        self.slot_bytes = int(slot_bytes)
+        self.slot_bytes = fit_slots(self.depth, int(slot_bytes))
         self.shm = SharedMemory(create=True, size=self.depth * self.slot_bytes)
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                         initializer=_init, initargs=(self.shm.name, plan, self.slot_bytes, source))

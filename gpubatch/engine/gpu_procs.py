@@ -78,7 +78,7 @@ def _free_slot(free: list[int], returns: Any, stop: Any) -> int:
 
 def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any], batch_size: int,
             feed_workers: int, threads: int, gpu_memory: Any, procs: int, out: Any, stop: Any,
-            out_shm: str, returns: Any) -> None:
+            out_shm: str, slot_bytes: int, returns: Any) -> None:
     """One GPU worker process: its batches through feed -> decode -> chain -> encode -> ``out``.
 
     Encoded JPEG data goes straight from the device into a slot of the ``out_shm`` ring (the records
@@ -119,7 +119,7 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
                 return
             stats = RunStats()
             slot = _free_slot(free, returns, stop)
-            sink = Sink(np.frombuffer(shm.buf, np.uint8, OUT_SLOT_BYTES, slot * OUT_SLOT_BYTES))
+            sink = Sink(np.frombuffer(shm.buf, np.uint8, slot_bytes, slot * slot_bytes))
             t1 = time.perf_counter()
             done = transform_fed(engine, plan, fed, res, stats, sink)
             if sink.pos == 0:  # nothing went into the slot (no JPEG, or a batch too big for it)
@@ -165,6 +165,7 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
     from multiprocessing.shared_memory import SharedMemory
 
     from .executor import write_results
+    from .feed import fit_slots, shm_free
     from .registry import DEVICE
 
     plan.validate(DEVICE)
@@ -178,13 +179,17 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
     stop = ctx.Event()
     queues = [ctx.Queue(maxsize=QUEUE_DEPTH) for _ in range(procs)]
     returns = [ctx.Queue() for _ in range(procs)]
-    rings = [SharedMemory(create=True, size=OUT_SLOTS * OUT_SLOT_BYTES) for _ in range(procs)]
+    slot_bytes = fit_slots(OUT_SLOTS * procs, OUT_SLOT_BYTES)
+    if slot_bytes < OUT_SLOT_BYTES:
+        stats.warn(f"shared memory (/dev/shm) has {shm_free() >> 20} MiB free: batches travel pickled, which is "
+                   "slower; give it more (a container's --shm-size)")
+    rings = [SharedMemory(create=True, size=OUT_SLOTS * slot_bytes) for _ in range(procs)]
     children = []
     for k in range(procs):
         mine = [e for chunk in chunks[k::procs] for e in chunk]
         p = ctx.Process(target=_worker, name=f"gpubatch-gpu{k}",
                         args=(device.index, str(src), fmt, plan, mine, batch_size, feed_workers, threads,
-                              gpu_memory, procs, queues[k], stop, rings[k].name, returns[k]))
+                              gpu_memory, procs, queues[k], stop, rings[k].name, slot_bytes, returns[k]))
         p.start()
         children.append(p)
 
@@ -211,7 +216,7 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
             _, out, drawn, counts, timings, slot = msg
             if slot is not None:  # make the files whose data the worker left in its output ring
                 k = c % procs
-                view = rings[k].buf[slot * OUT_SLOT_BYTES : (slot + 1) * OUT_SLOT_BYTES]
+                view = rings[k].buf[slot * slot_bytes : (slot + 1) * slot_bytes]
                 out = [r.with_(data=r.data.assemble(view)) if isinstance(r, Record) and not isinstance(r.data, bytes)
                        else r for r in out]
                 view.release()

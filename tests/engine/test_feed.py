@@ -230,3 +230,23 @@ def test_record_feed_reports_unreadable_records_in_place(tmp_path: Path):
     assert len(results) == len(entries)
     assert isinstance(results[3], RecordError) and results[3].stage.value == "read"
     assert all(isinstance(r, int) for i, r in enumerate(results) if i != 3)
+
+
+def test_rings_fit_a_small_dev_shm(monkeypatch):
+    """A container's 64 MiB /dev/shm: slots shrink (batches then come back pickled) instead of the
+    process dying of SIGBUS when it touches memory /dev/shm cannot hold."""
+    import os
+
+    from gpubatch.engine import feed as feed_mod
+
+    class Small:
+        f_bavail, f_frsize = 64 * 256, 4096  # 64 MiB free
+
+    monkeypatch.setattr(os, "statvfs", lambda path: Small())
+    assert feed_mod.fit_slots(4, 64 << 20) == 8 << 20  # 4 slots take half of it
+    assert feed_mod.fit_slots(4, 1 << 20) == 1 << 20  # what fits is left alone
+    files = _files()[:12]
+    with FileFeed(files, batch_size=6, workers=1, depth=2, slot_bytes=64 << 20) as feed:
+        assert feed.slot_bytes == 16 << 20
+        got = [bytes(b) for fed in feed for b in fed.blobs]
+    assert got == [f.read_bytes() for f in files]
