@@ -207,3 +207,19 @@ def test_record_errors_cross_processes():
 
     e = pickle.loads(pickle.dumps(RecordError("k", "a.tar#k", Stage.DECODE, "truncated")))
     assert (e.key, e.origin, e.stage, e.reason) == ("k", "a.tar#k", Stage.DECODE, "truncated")
+
+
+@pytest.mark.parametrize("layout", ["CHW", "HWC"])
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "float32"])
+def test_normalize_table_equals_the_formula(layout: str, dtype: str):
+    """The CPU normalize looks uint8 pixels up in a per-channel table: the same values, pixel for pixel,
+    as computing (v / 255 - mean) / std for each."""
+    from gpubatch.engine.ops.normalize import Normalize, _values, normalize_cpu
+
+    op = Normalize(mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3), layout=layout, dtype=dtype)
+    img = np.random.default_rng(1).integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    want = _values(img, op)
+    want = np.ascontiguousarray(want.transpose(2, 0, 1)) if layout == "CHW" else want
+    got = normalize_cpu(img, op)
+    assert got.dtype == want.dtype and got.shape == want.shape and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
