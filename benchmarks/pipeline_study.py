@@ -6,6 +6,7 @@ interval the engine sets. Each condition runs in its own process.
 
     python3 benchmarks/pipeline_study.py [--images 4096] [--chain train|val] [--sync batch|lag]
         [--intervals 0.001,0.0002,0.00005] [--sources memory,memory-inline,files,feed,feed-inline]
+        [--region-decode]
 
 Images/s over 2 passes of the set after one warm-up pass (``--warmup N`` batches instead), batch 256, the stream synchronized after
 every batch (as ``gpubatch bench`` does), with the stage and decoder seconds.
@@ -34,7 +35,7 @@ def one(args: argparse.Namespace) -> None:
     keys = [f"{p.parent.name}/{p.stem}" for p in files]
     key_batches = [keys[i : i + 256] for i in range(0, len(keys), 256)]
     ops = chain_ops(get_model("resnet50").chains[args.chain])
-    pipe = ImagePipeline(ops, device="gpu", seed=0)
+    pipe = ImagePipeline(ops, device="gpu", seed=0, region_decode=args.region_decode)
     io = ThreadPoolExecutor(4)
 
     def source():
@@ -131,7 +132,8 @@ def one(args: argparse.Namespace) -> None:
             pipe.process(res, key_batches[b])
             host_ms.append(1e3 * (time.perf_counter() - h0))
             pipe.stream.synchronize()
-    out = {"source": args.source, "sync": args.sync, "interval": sys.getswitchinterval(), "chain": args.chain,
+    out = {"source": args.source, "region_decode": args.region_decode, "sync": args.sync,
+           "interval": sys.getswitchinterval(), "chain": args.chain,
            "images_per_s": round(rate),
            "stages_s": {k: round(v, 2) for k, v in pipe.timings.items()},
            "decoder_s": {k: round(v, 2) for k, v in pipe.engine.decoder.timings.items()},
@@ -151,6 +153,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=-1, help="warm-up batches (default: one pass of the set)")
     ap.add_argument("--sync", default="batch", choices=("batch", "lag"),
                     help="synchronize after every batch, or keep 2 batches in flight")
+    ap.add_argument("--region-decode", action="store_true", help="feed sources: decode only the crops' regions")
     ap.add_argument("--source", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.source:
@@ -161,6 +164,8 @@ def main() -> None:
             env = dict(os.environ, GPUBATCH_SWITCH_INTERVAL=interval)
             cmd = [sys.executable, __file__, "--images", str(args.images), "--data", args.data,
                    "--chain", args.chain, "--source", source, "--sync", args.sync, "--warmup", str(args.warmup)]
+            if args.region_decode:
+                cmd.append("--region-decode")
             try:
                 p = subprocess.run(cmd, env=env, timeout=120, capture_output=True, text=True)
                 lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -49,6 +49,8 @@ class FedBatch:
         headers: per record (GPU-decodable JPEG kind or None, width, height), as the GPU decoder routes by.
         windows: the chain's leading window segment folded per record (geometry (N, 4), output sizes
             (N, 2); :func:`~gpubatch.engine.gpu_chain.leading_windows`), or None.
+        regions: per record the (y0, x0, y1, x1) region to decode, or None (a whole image); the
+            record's window and size are then the region's.
         release: in views mode, returns the batch's slot to the feed (call :meth:`done`).
     """
 
@@ -59,6 +61,7 @@ class FedBatch:
     errors: list[str | None]
     headers: list[tuple[str | None, int, int]] | None = None
     windows: tuple[Any, Any] | None = None
+    regions: list[tuple[int, int, int, int] | None] | None = None
     release: Any = None
 
     def done(self) -> None:
@@ -176,15 +179,19 @@ def _draws(plan: Plan | None) -> bool:
     return plan is not None and any(op.random for op in plan.ops)
 
 
-def _read(slot: int, paths: list[str], keys: list[str]) -> tuple:
-    """Read ``paths`` into ``slot``; (slot layout, (sizes, params, errors, headers, windows))."""
-    from .codecs.image import jpeg_display_size
+def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False) -> tuple:
+    """Read ``paths`` into ``slot``; (slot layout, (sizes, params, errors, headers, windows, regions)).
+
+    With ``regions``, records whose leading window reads only part of the image get the region to
+    decode (see :func:`~gpubatch.engine.gpu_chain.leading_regions`; upright JPEGs only): their window
+    is moved into the region and their size is the region's, the size the decoder will return."""
+    from .codecs.image import jpeg_display_size, jpeg_orientation
     from .codecs.image_gpu import jpeg_kind
-    from .gpu_chain import leading_windows
+    from .gpu_chain import leading_regions, leading_windows
 
     plan: Plan | None = _W["plan"]
     out = _Slot(slot)
-    sizes, errors, params, headers = [], [], [], []
+    sizes, errors, params, headers, upright = [], [], [], [], []
     for path, key in zip(paths, keys):
         err, head = None, b""
         try:
@@ -193,12 +200,22 @@ def _read(slot: int, paths: list[str], keys: list[str]) -> tuple:
             err = f"cannot read {path}: {e.strerror or e}"
             out.skip()
         hw = jpeg_display_size(head) if head else None
+        upright.append(regions and hw is not None and jpeg_orientation(head) == 1)
         headers.append(jpeg_kind(head) if head else (None, 0, 0))
         sizes.append(hw)
         errors.append(err)
         params.append(plan.draw(key, hw[0], hw[1]) if plan is not None and hw is not None else None)
     windows = leading_windows(plan.ops, params, sizes) if plan is not None else None
-    return out.layout(), (sizes, params if _draws(plan) else None, errors, headers, windows)
+    cut: list[Any] | None = None
+    if regions and windows is not None:
+        cut = [r if ok else None for r, ok in zip(leading_regions(windows, sizes), upright)]
+        for i, r in enumerate(cut):
+            if r is not None:
+                y0, x0, y1, x1 = r
+                windows[0][i, 0] -= y0
+                windows[0][i, 2] -= x0
+                sizes[i] = (y1 - y0, x1 - x0)
+    return out.layout(), (sizes, params if _draws(plan) else None, errors, headers, windows, cut)
 
 
 def _read_records(slot: int, entries: list[Any]) -> tuple:
@@ -385,24 +402,26 @@ class FileFeed(Feed):
     ...         ...
 
     ``repeat`` cycles over the files forever (benchmarks). ``depth`` batches are in flight, each in a
-    shared-memory slot of ``slot_bytes``; ``views`` as for :class:`Feed`.
+    shared-memory slot of ``slot_bytes``; ``views`` as for :class:`Feed`. ``regions`` asks for the
+    region of each image the chain's leading crop reads (``FedBatch.regions``).
     """
 
     def __init__(self, files: Sequence[str | Path], keys: Sequence[str] | None = None, batch_size: int = 256,
                  plan: Plan | None = None, workers: int | None = None, depth: int = 4, repeat: bool = False,
-                 slot_bytes: int = SLOT_BYTES, views: bool = False):
+                 slot_bytes: int = SLOT_BYTES, views: bool = False, regions: bool = False):
         self.files = [str(f) for f in files]
+        self.regions = regions
         self.keys = list(keys) if keys is not None else [Path(f).stem for f in self.files]
         if len(self.keys) != len(self.files):
             raise ValueError("FileFeed: one key per file")
         super().__init__(_spans(len(self.files), batch_size), plan, workers, depth, repeat, slot_bytes, views)
 
     def _submit(self, slot: int, a: int, b: int) -> Future:
-        return self.pool.submit(_read, slot, self.files[a:b], self.keys[a:b])
+        return self.pool.submit(_read, slot, self.files[a:b], self.keys[a:b], self.regions)
 
     def _batch(self, blobs: list[Any], a: int, b: int, extra: Any, release: Any) -> FedBatch:
-        sizes, params, errors, headers, windows = extra
-        return FedBatch(blobs, self.keys[a:b], sizes, params, errors, headers, windows, release)
+        sizes, params, errors, headers, windows, regions = extra
+        return FedBatch(blobs, self.keys[a:b], sizes, params, errors, headers, windows, regions, release)
 
 
 @dataclass

@@ -126,6 +126,31 @@ def leading_windows(ops: Sequence[Op], params: Sequence[Sequence[Any] | None],
     return geo, out
 
 
+def leading_regions(windows: tuple[np.ndarray, np.ndarray], sizes: Sequence[tuple[int, int] | None],
+                    min_saving: float = 0.1) -> list[tuple[int, int, int, int] | None]:
+    """Per record the part of its (h, w) image its leading window reads, as (y0, x0, y1, x1): the
+    sampled span widened by the resampling filter's reach (the scale when downscaling, one pixel
+    otherwise) plus one pixel, so a region decode gives the pixels a full decode would. None where
+    the size is unknown or the region would save less than ``min_saving`` of the image."""
+    import math
+
+    def span(a: float, b: float, n: int, limit: int) -> tuple[int, int]:
+        lo, hi = (a, a + b * n) if b > 0 else (a + b * n, a)
+        reach = math.ceil(max(abs(b), 1.0)) + 1
+        return max(0, math.floor(lo) - reach), min(limit, math.ceil(hi) + reach)
+
+    out: list[tuple[int, int, int, int] | None] = []
+    for (ay, by, ax, bx), (oh, ow), hw in zip(windows[0].tolist(), windows[1].tolist(), sizes):
+        if hw is None or oh <= 0 or ow <= 0:
+            out.append(None)
+            continue
+        y0, y1 = span(ay, by, oh, hw[0])
+        x0, x1 = span(ax, bx, ow, hw[1])
+        keep = y1 > y0 and x1 > x0 and (y1 - y0) * (x1 - x0) <= (1.0 - min_saving) * hw[0] * hw[1]
+        out.append((y0, x0, y1, x1) if keep else None)
+    return out
+
+
 def segment_fill(ops: Sequence[Op], idx: Sequence[int]) -> tuple[float, float, float]:
     for i in idx:
         if ops[i].pads:

@@ -243,6 +243,11 @@ class ImagePipeline:
     >>> batch = pipe(list_of_jpeg_bytes)            # DeviceBatch; batch.stacked() -> (N, 3, 224, 224) fp16
     >>> tensor = torch.from_dlpack(batch)            # zero-copy
 
+    ``region_decode=True`` makes :meth:`iterate_files` decode only the part of each image the chain's
+    leading crop reads (nvImageCodec region decode), widened by the resampling filter's reach so the
+    output matches a full decode. Off by default: it measured no faster with the sub-streams made
+    in the decode call (benchmarks/RESULTS.md, decode_study group "roi").
+
     On the GPU the result lives in a ring of ``ring`` output buffers: a batch stays valid until
     ``ring - 1`` more batches have been produced. Batches from :meth:`iterate` are not waited for:
     their kernels are ordered on :attr:`stream` (synchronize it, or make your stream wait on it,
@@ -251,11 +256,12 @@ class ImagePipeline:
 
     def __init__(self, ops: Sequence[Op], device: Device | str = "auto", seed: int = 0,
                  gpu: int = 0, cpu_threads: int | None = None, gpu_memory: str | int | float | None = None,
-                 max_pixels: int = 0, ring: int = 3):
+                 max_pixels: int = 0, ring: int = 3, region_decode: bool = False):
         from .device import resolve
         from .executor import default_workers
 
         self.plan = Plan(ops=tuple(ops), seed=seed, max_pixels=max_pixels)
+        self.region_decode = region_decode
         self.device = device if isinstance(device, Device) else resolve(device, gpu)
         self.plan.validate(DEVICE if self.device.is_gpu else "host")
         self.cpu_threads = cpu_threads or default_workers()
@@ -303,13 +309,15 @@ class ImagePipeline:
             self.engine.stream.synchronize()
         return out
 
-    def decode(self, blobs: Sequence[bytes], headers: Sequence[tuple[str | None, int, int]] | None = None) -> Any:
+    def decode(self, blobs: Sequence[bytes], headers: Sequence[tuple[str | None, int, int]] | None = None,
+               regions: Sequence[tuple[int, int, int, int] | None] | None = None) -> Any:
         """Stage 1 (may run in another thread): decode a batch (``headers``: the blobs' JPEG kinds and
-        sizes when already parsed, as a FileFeed gives them)."""
+        sizes when already parsed, ``regions``: the parts to decode, as a FileFeed gives them)."""
         if self.engine is None:
             return list(blobs)  # the CPU path decodes inside its worker processes, with the ops
         return self.engine.decoder.decode(list(blobs), self.engine.stream, self.plan.max_pixels, order=False,
-                                          headers=list(headers) if headers is not None else None)
+                                          headers=list(headers) if headers is not None else None,
+                                          regions=list(regions) if regions is not None else None)
 
     def process(self, decoded: Any, keys: Sequence[str], params: Sequence[Any] | None = None,
                 sizes: Sequence[tuple[int, int] | None] | None = None,
@@ -376,8 +384,9 @@ class ImagePipeline:
         ``repeat`` cycles over the files forever. Unreadable files are reported in ``last_errors``."""
         from .feed import FileFeed
 
-        feed = FileFeed(files, keys, batch_size, self.plan if self.engine is not None else None, workers,
-                        repeat=repeat, views=True, depth=6)
+        gpu = self.engine is not None
+        feed = FileFeed(files, keys, batch_size, self.plan if gpu else None, workers, repeat=repeat, views=True,
+                        depth=6, regions=gpu and self.region_decode)
         try:
             yield from self._iterate(((f.blobs, f.keys, f) for f in feed), prefetch, on_stop=feed.stop)
         finally:
@@ -391,7 +400,9 @@ class ImagePipeline:
 
         def decode(item: tuple[Any, Any, Any]) -> Any:
             blobs, _, fed = item
-            return self.decode(blobs, fed.headers if fed is not None else None)
+            if fed is None:
+                return self.decode(blobs)
+            return self.decode(blobs, fed.headers, fed.regions)
 
         batches = decode_ahead(decode, items, prefetch, tm)
         try:

@@ -250,3 +250,44 @@ def test_rings_fit_a_small_dev_shm(monkeypatch):
         assert feed.slot_bytes == 16 << 20
         got = [bytes(b) for fed in feed for b in fed.blobs]
     assert got == [f.read_bytes() for f in files]
+
+
+def test_regions_give_the_pixels_of_a_full_decode():
+    """With ``regions`` the feed names the part of each upright JPEG the leading crop reads, moves the
+    window into it and reports the region's size; resampling the region gives what resampling the
+    whole image gives (the region covers the filter's reach). Pillow's box resize is not exactly
+    shift-invariant (moving a box by whole pixels changes up to a fifth of the values by one level),
+    so the comparison allows that."""
+    from gpubatch.engine.codecs.image import jpeg_orientation
+    from gpubatch.engine.ops.base import Window
+    from gpubatch.engine.ops.geometry import resample_cpu
+
+    files = [f for f in _files() if f.suffix.lower() != ".png"]
+    keys = [f"k{i}" for i in range(len(files))]
+    plan = Plan(ops=(RandomResizedCrop(64), Flip(), Normalize()), seed=5)
+    cut = 0
+    with FileFeed(files, keys, batch_size=16, plan=plan, workers=2, depth=2, regions=True) as feed:
+        for fed in feed:
+            for i, (key, blob) in enumerate(zip(fed.keys, fed.blobs)):
+                region = fed.regions[i]
+                try:
+                    full = decode(blob)
+                except ValueError:
+                    assert region is None or fed.sizes[i] is not None
+                    continue
+                win = fold_windows(plan.ops, [0, 1], fed.params[i], *full.shape[:2])
+                if region is None:
+                    assert fed.sizes[i] == full.shape[:2]
+                    continue
+                assert jpeg_orientation(blob) == 1
+                y0, x0, y1, x1 = region
+                assert fed.sizes[i] == (y1 - y0, x1 - x0) and (y1 - y0) * (x1 - x0) < full.shape[0] * full.shape[1]
+                g, o = fed.windows[0][i], fed.windows[1][i]
+                moved = Window(float(g[0]), float(g[1]), float(g[2]), float(g[3]), int(o[0]), int(o[1]))
+                whole = Window(moved.ay + y0, moved.by, moved.ax + x0, moved.bx, moved.oh, moved.ow)
+                np.testing.assert_allclose(whole.as_array(), win.as_array(), rtol=1e-6, atol=1e-4)
+                got = resample_cpu(full[y0:y1, x0:x1], moved).astype(int)
+                want = resample_cpu(full, whole).astype(int)
+                assert np.abs(got - want).max() <= 1 and np.abs(got - want).mean() < 0.3, key
+                cut += 1
+    assert cut >= 10  # most crops keep well under 90% of the image

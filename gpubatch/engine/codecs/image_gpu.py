@@ -300,7 +300,8 @@ class GpuImageDecoder:
         self._step = max(0.01, self._step * 0.8)
 
     def decode(self, blobs: list[bytes], stream, max_pixels: int = 0, order: bool = True,
-               headers: list[tuple[str | None, int, int]] | None = None) -> DecodeResult:
+               headers: list[tuple[str | None, int, int]] | None = None,
+               regions: list[tuple[int, int, int, int] | None] | None = None) -> DecodeResult:
         """Decode ``blobs`` into uint8 RGB HWC device images, ready for work enqueued later on ``stream``.
 
         The host does not wait for the GPU: ``stream`` waits on the decoders' streams. Keep the
@@ -309,12 +310,28 @@ class GpuImageDecoder:
         kernels that read the images): a decode thread running ahead then never makes an earlier
         batch's kernels wait for a later batch's decode. ``headers`` are the blobs' :func:`jpeg_kind`
         results when already known (a :class:`~gpubatch.engine.feed.FileFeed` parses them in its workers).
+        ``regions`` gives per blob a (y0, x0, y1, x1) part to decode (nvImageCodec region decode) or
+        None; what the GPU refuses is decoded whole by Pillow, and its size tells the caller so.
         """
         with self._calling:
-            return self._decode(blobs, stream, max_pixels, order, headers)
+            return self._decode(blobs, stream, max_pixels, order, headers, regions)
+
+    def _sub_streams(self, blobs: list[Any], regions: list[tuple[int, int, int, int] | None]) -> list[Any]:
+        """What the GPU decoders get: the encoded bytes, or a region of them as an nvImageCodec sub-stream."""
+        nic = self.nic
+        out = list(blobs)
+        for i, r in enumerate(regions):
+            if r is not None:
+                try:
+                    cs = nic.CodeStream(blobs[i])
+                except TypeError:  # a buffer type the constructor does not take
+                    cs = nic.CodeStream(bytes(blobs[i]))
+                out[i] = cs.get_sub_code_stream(region=nic.Region(*r))
+        return out
 
     def _decode(self, blobs: list[bytes], stream, max_pixels: int, order: bool,
-                headers: list[tuple[str | None, int, int]] | None) -> DecodeResult:
+                headers: list[tuple[str | None, int, int]] | None,
+                regions: list[tuple[int, int, int, int] | None] | None = None) -> DecodeResult:
         t_start = time.perf_counter()
         self._collect()
         cp = self.cp
@@ -340,11 +357,12 @@ class GpuImageDecoder:
         t0 = time.perf_counter()
         to_hw, to_cuda = self._split(groups)
         tm["parse"] += t0 - t_start
-        side = self._side.submit(self._call, self.cuda, self.cuda_stream, [blobs[i] for i in to_cuda])
+        gpu_in = self._sub_streams(blobs, regions) if regions is not None and any(regions) else blobs
+        side = self._side.submit(self._call, self.cuda, self.cuda_stream, [gpu_in[i] for i in to_cuda])
         res = DecodeResult(arrays, errors)
         hw_out: list[Any] = []
         for lst in to_hw:  # one call per kind: the engine's host side is slower on mixed calls
-            hw_out.extend(self._call(self.hw, self.hw_stream, [blobs[i] for i in lst])[0])
+            hw_out.extend(self._call(self.hw, self.hw_stream, [gpu_in[i] for i in lst])[0])
         to_hw = [i for lst in to_hw for i in lst]
         t1 = time.perf_counter()
         t_hw = t1 - t0
@@ -374,7 +392,7 @@ class GpuImageDecoder:
             else:
                 arrays[i] = img
         if retry:
-            out, _ = self._call(self.cuda, self.cuda_stream, [blobs[i] for i in retry])
+            out, _ = self._call(self.cuda, self.cuda_stream, [gpu_in[i] for i in retry])
             for i, img in zip(retry, out):
                 if img is None:
                     to_cpu.append(i)
