@@ -483,10 +483,9 @@ class RecordFeed(Feed):
     """
 
     def __init__(self, src: str | Path, fmt: str, entries: Sequence[Any], plan: Plan, batch_size: int = 256,
-                 workers: int | None = None, depth: int = 4, slot_bytes: int = SLOT_BYTES, views: bool = True,
-                 spans: list[tuple[int, int]] | None = None):
+                 workers: int | None = None, depth: int = 4, slot_bytes: int = SLOT_BYTES, views: bool = True):
         self.entries = list(entries)
-        spans = spans if spans is not None else _spans(len(self.entries), batch_size)
+        spans = _spans(len(self.entries), batch_size)
         super().__init__(spans, plan, workers, depth, False, slot_bytes, views, (str(src), fmt))
 
     def _submit(self, slot: int, a: int, b: int) -> Future:

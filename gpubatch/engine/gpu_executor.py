@@ -226,8 +226,8 @@ def _cpu_chain_one(plan: Plan, blob: bytes, key: str) -> tuple[Any, str | None]:
 def _cpu_chain_chunk(plan: Plan, blobs: list[Any], keys: list[str]) -> tuple[str | None, list[tuple[Any, str | None]]]:
     """:func:`_cpu_chain_one` over a chunk (in a worker process); the arrays go back through a shared
     memory block the worker makes: (its name or None, per item ((shape, dtype, offset), None) or
-    (None, error)). Pickling them back instead capped the CPU path at about 1,700 images/s whatever
-    the cores: the parent took 0.6 ms per 224x224 fp16 result to receive and unpickle it."""
+    (None, error)). Pickled back instead, each 224x224 fp16 result took the pool's parent 0.5 ms against
+    0.08 ms for none (benchmarks/cpu_study.py): a serial cap near 2,000 images/s whatever the cores."""
     from multiprocessing.shared_memory import SharedMemory
 
     outs = [_cpu_chain_one(plan, b, k) for b, k in zip(blobs, keys)]

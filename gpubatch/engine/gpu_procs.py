@@ -83,7 +83,7 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
 
     Encoded JPEG data goes straight from the device into a slot of the ``out_shm`` ring (the records
     sent hold :class:`~gpubatch.engine.codecs.jpeg_gpu.EncodedSpan` values): pickling the bytes instead
-    cost this process 15-20% of its throughput (benchmarks/worker_study.py ``--pickle``). The writer
+    cost this process 13-20% of its throughput (benchmarks/worker_study.py ``--pickle``). The writer
     hands a slot back through ``returns`` once it has made the files."""
     from multiprocessing.shared_memory import SharedMemory
 
@@ -102,7 +102,7 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
         feed = RecordFeed(src, fmt, entries, plan, batch_size, workers=feed_workers, depth=FEED_DEPTH)
         feed.start()  # the reader processes start up while CUDA does
         # the hardware decoder's buffers reserved for a batch of 640x640 images up front: transcode ran at
-        # 9,675-10,125 images/s so against 8,597-9,085 without (benchmarks/worker_study.py)
+        # 9,675-10,125 images/s with them against 8,597-9,085 without (benchmarks/worker_study.py)
         engine = GpuEngine(Device(DeviceKind.GPU, device_index, reason="worker"), threads, gpu_memory,
                            share=procs, deterministic=True,  # written bytes must not vary
                            hw_preallocate=(batch_size, HW_PREALLOCATE, HW_PREALLOCATE))
@@ -183,15 +183,19 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
     if slot_bytes < OUT_SLOT_BYTES:
         stats.warn(f"shared memory (/dev/shm) has {shm_free() >> 20} MiB free: batches travel pickled, which is "
                    "slower; give it more (a container's --shm-size)")
-    rings = [SharedMemory(create=True, size=OUT_SLOTS * slot_bytes) for _ in range(procs)]
-    children = []
-    for k in range(procs):
-        mine = [e for chunk in chunks[k::procs] for e in chunk]
-        p = ctx.Process(target=_worker, name=f"gpubatch-gpu{k}",
-                        args=(device.index, str(src), fmt, plan, mine, batch_size, feed_workers, threads,
-                              gpu_memory, procs, queues[k], stop, rings[k].name, slot_bytes, returns[k]))
-        p.start()
-        children.append(p)
+    t_start = time.perf_counter()
+    rings: list[Any] = []
+    children: list[Any] = []
+
+    def start() -> None:
+        for k in range(procs):
+            rings.append(SharedMemory(create=True, size=OUT_SLOTS * slot_bytes))
+            mine = [e for chunk in chunks[k::procs] for e in chunk]
+            p = ctx.Process(target=_worker, name=f"gpubatch-gpu{k}",
+                            args=(device.index, str(src), fmt, plan, mine, batch_size, feed_workers, threads,
+                                  gpu_memory, procs, queues[k], stop, rings[k].name, slot_bytes, returns[k]))
+            p.start()
+            children.append(p)
 
     def receive(k: int) -> tuple:
         while True:
@@ -201,8 +205,6 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
                 if not children[k].is_alive():
                     raise GpubatchError(f"GPU worker process {k} ended unexpectedly (exit code "
                                         f"{children[k].exitcode})") from None
-
-    t_start = time.perf_counter()
 
     def results() -> Iterator[Record | RecordError]:
         for c in range(len(chunks)):
@@ -228,6 +230,7 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
             yield from out
 
     try:
+        start()
         write_results(results(), writer, router, progress)
     finally:
         stop.set()
