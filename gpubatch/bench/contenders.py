@@ -69,13 +69,17 @@ def run_gpubatch(a: dict, device: str) -> dict:
         sampler.measuring = True
     res = timed_windows(step, a["seconds"], warmup=warmup_batches(a), sync=sync)
     res["cpu_cores_used"] = cpu.stop()
-    stages = {"read_wait": pipe.timings["read_wait"], "decode": pipe.timings["decode"],
-              "ops" if ops else "copy-out": pipe.timings["ops"], "decode_wait": pipe.timings["decode_wait"]}
+    if eng is None:  # the worker processes read, decode and run the ops: one stage seen from here
+        stages = {"workers (read, decode, ops)": pipe.timings["workers"]}
+    else:
+        stages = {"read_wait": pipe.timings["read_wait"], "decode": pipe.timings["decode"],
+                  "ops" if ops else "copy-out": pipe.timings["ops"], "decode_wait": pipe.timings["decode_wait"]}
     if model.encode:
         stages["encode"] = enc["encode"]
     res["stages_s"] = {k: round(v, 3) for k, v in stages.items()}
-    res["bottleneck"] = bottleneck({"read": stages["read_wait"], "decode": stages["decode"],
+    res["bottleneck"] = bottleneck({"read": stages.get("read_wait", 0), "decode": stages.get("decode", 0),
                                     "ops/copy-out": stages.get("ops", stages.get("copy-out", 0)),
+                                    "worker processes": stages.get("workers (read, decode, ops)", 0),
                                     "encode": stages.get("encode", 0)})
     if eng is not None:
         res["hw_decoder_share"] = pipe.stats["hw"] / max(pipe.stats["gpu"], 1)

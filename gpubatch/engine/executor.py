@@ -19,8 +19,9 @@ from ..errors import ErrorRouter, RecordError, RunStats, Stage
 from ..formats.base import Reader, Writer
 from ..types import Media, Record
 from .codecs import image as host_codec
+from .host_chain import run_chain_host
 from .plan import Plan
-from .registry import HOST, get_kernel
+from .registry import HOST
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -156,8 +157,7 @@ def transform_host(record: Record, plan: Plan, stats: RunStats, pixels: Any = No
     h, w = pixels.shape[:2]
     try:
         params, boxes, dropped = plan.draw_and_move(record.key, h, w, record.boxes)
-        for op, p in zip(plan.ops, params):
-            pixels = get_kernel(op.name, HOST)(op, [pixels], [p])[0]
+        pixels = run_chain_host(plan.ops, pixels, params)
     except Exception as e:  # record boundary: any op failure is this record's error
         raise RecordError(record.key, record.origin, Stage.TRANSFORM, f"{type(e).__name__}: {e}") from None
     codec = plan.out_codec(record.codec)

@@ -14,6 +14,7 @@ the CPU path draws them, so both paths agree.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -28,7 +29,7 @@ from .device import Device
 from .ops.base import Op, Window
 from .ops.normalize import Normalize
 from .plan import Plan
-from .registry import DEVICE, get_kernel
+from .registry import DEVICE
 
 BLOCK = 256
 _DTYPE_TAG = {"uint8": "u8", "float16": "f16", "float32": "f32"}
@@ -209,18 +210,20 @@ class GpuEngine:
         return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=self.stream)
 
 
-def _cpu_chain_one(plan: Plan, blob: bytes, key: str) -> tuple[Any, str | None]:
-    """Decode one image and run the plan's ops on it on the CPU (in a worker process)."""
+def _cpu_chain_one(plan: Plan, blob: bytes | str, key: str) -> tuple[Any, str | None]:
+    """Decode one image (encoded bytes, or a file path to read) and run the plan's ops on it on the CPU
+    (in a worker process)."""
     from .codecs import image as host
-    from .registry import HOST
+    from .host_chain import run_chain_host
 
     try:
-        arr = host.decode(blob, plan.max_pixels)
-    except ValueError as e:
-        return None, str(e)
-    for op, p in zip(plan.ops, plan.draw(key, *arr.shape[:2])):
-        arr = get_kernel(op.name, HOST)(op, [arr], [p])[0]
-    return arr, None
+        if isinstance(blob, str):  # a file path: the worker reads it
+            with open(blob, "rb") as f:
+                blob = f.read()
+        im = host.decode_image(blob, plan.max_pixels)
+    except (OSError, ValueError) as e:
+        return None, str(e) if isinstance(e, ValueError) else f"cannot read: {e.strerror or e}"
+    return run_chain_host(plan.ops, im, plan.draw(key, im.height, im.width)), None
 
 
 def _cpu_chain_chunk(plan: Plan, blobs: list[Any], keys: list[str]) -> tuple[str | None, list[tuple[Any, str | None]]]:
@@ -312,8 +315,9 @@ class ImagePipeline:
         self.last_errors: list[tuple[int, str]] = []
         self.stats = {"images": 0, "gpu": 0, "hw": 0, "fallbacks": 0}
         self._workers: Any = None
-        # seconds spent per stage by iterate(): waiting for reads, decoding, waiting for decode, ops
-        self.timings = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0, "ops": 0.0}
+        # seconds spent per stage by iterate(): waiting for reads, decoding, waiting for decode, ops;
+        # on the CPU, waiting for the worker processes (they read, decode and run the ops)
+        self.timings = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0, "ops": 0.0, "workers": 0.0}
 
     def _pool(self):
         """The CPU path's worker processes (threads would serialize on the GIL between Pillow calls)."""
@@ -372,13 +376,8 @@ class ImagePipeline:
         if self.engine is None:
             n, pool = len(decoded), self._pool()
             step = max(1, n // (4 * self.cpu_threads))
-            futures = [pool.submit(_cpu_chain_chunk, self.plan, list(decoded[a : a + step]), list(keys[a : a + step]))
-                       for a in range(0, n, step)]
-            results = [r for f in futures for r in _take_chunk(*f.result())]
-            self.last_errors = [(i, err) for i, (arr, err) in enumerate(results) if err is not None]
-            outs = [arr for arr, err in results if err is None]
-            self.stats["images"] += len(outs)
-            return outs
+            return self._cpu_batch([pool.submit(_cpu_chain_chunk, self.plan, [bytes(b) for b in decoded[a : a + step]],
+                                                list(keys[a : a + step])) for a in range(0, n, step)])
         from .gpu_chain import Ragged, run_chain
 
         res = decoded
@@ -426,13 +425,60 @@ class ImagePipeline:
         ``repeat`` cycles over the files forever. Unreadable files are reported in ``last_errors``."""
         from .feed import FileFeed
 
-        gpu = self.engine is not None
-        feed = FileFeed(files, keys, batch_size, self.plan if gpu else None, workers, repeat=repeat, views=True,
-                        depth=6, regions=gpu and self.region_decode)
+        if self.engine is None:
+            yield from self._iterate_files_cpu([str(f) for f in files], keys, batch_size, repeat, prefetch + 1)
+            return
+        feed = FileFeed(files, keys, batch_size, self.plan, workers, repeat=repeat, views=True,
+                        depth=6, regions=self.region_decode)
         try:
             yield from self._iterate(((f.blobs, f.keys, f) for f in feed), prefetch, on_stop=feed.stop)
         finally:
             feed.close()
+
+    def _iterate_files_cpu(self, files: list[str], keys: Sequence[str] | None, batch_size: int, repeat: bool,
+                           depth: int) -> Iterator[list[np.ndarray]]:
+        """The CPU path of :meth:`iterate_files`: the worker processes read, decode and transform the files
+        themselves (the encoded bytes never pass through this process), ``depth`` batches in flight."""
+        from collections import deque
+        from itertools import count
+
+        keys = list(keys) if keys is not None else [os.path.splitext(os.path.basename(f))[0] for f in files]
+        if len(keys) != len(files):
+            raise ValueError("iterate_files: one key per file")
+        n = len(files)
+        if n == 0:
+            return
+        pool, step = self._pool(), max(1, batch_size // (4 * self.cpu_threads))
+        starts = (s for r in (count() if repeat else range(1)) for s in range(0, n, batch_size))
+
+        def submit(a: int) -> list[Any]:
+            b = min(a + batch_size, n)
+            return [pool.submit(_cpu_chain_chunk, self.plan, files[c : min(c + step, b)], keys[c : min(c + step, b)])
+                    for c in range(a, b, step)]
+
+        flight: deque = deque()
+        try:
+            for a in starts:
+                flight.append(submit(a))
+                if len(flight) < depth:
+                    continue
+                yield self._cpu_batch(flight.popleft())
+            while flight:
+                yield self._cpu_batch(flight.popleft())
+        finally:
+            for futures in flight:  # the consumer left early: drop what is still queued, free what is done
+                for f in futures:
+                    if not f.cancel():
+                        _take_chunk(*f.result())
+
+    def _cpu_batch(self, futures: list[Any]) -> list[np.ndarray]:
+        t0 = time.perf_counter()
+        results = [r for f in futures for r in _take_chunk(*f.result())]
+        self.timings["workers"] += time.perf_counter() - t0
+        self.last_errors = [(i, err) for i, (arr, err) in enumerate(results) if err is not None]
+        outs = [arr for arr, err in results if err is None]
+        self.stats["images"] += len(outs)
+        return outs
 
     def _iterate(self, items: Iterable[tuple[Any, Any, Any]], prefetch: int,
                  on_stop: Callable[[], None] | None = None) -> Iterator[Any]:

@@ -291,3 +291,20 @@ def test_regions_give_the_pixels_of_a_full_decode():
                 assert np.abs(got - want).max() <= 1 and np.abs(got - want).mean() < 0.3, key
                 cut += 1
     assert cut >= 10  # most crops keep well under 90% of the image
+
+
+def test_cpu_iterate_files_reports_unreadable_and_corrupt_files(tmp_path):
+    """On the CPU the worker processes read the files themselves: a missing file and a corrupt one are
+    reported in ``last_errors`` of their batch, and the rest of the batch comes out."""
+    from gpubatch.engine.gpu_executor import ImagePipeline
+
+    files = [f for f in _files() if f.suffix.lower() != ".png"][:6]
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    paths = [files[0], tmp_path / "missing.jpg", *files[1:3], bad, *files[3:]]
+    with ImagePipeline([RandomResizedCrop(32), Normalize()], device="cpu", seed=0, cpu_threads=2) as pipe:
+        got, errors = [], []
+        for b in pipe.iterate_files(paths, batch_size=4):
+            got.append(len(b))
+            errors.append([i for i, _ in pipe.last_errors])
+    assert got == [3, 3] and errors == [[1], [0]]

@@ -223,3 +223,27 @@ def test_normalize_table_equals_the_formula(layout: str, dtype: str):
     got = normalize_cpu(img, op)
     assert got.dtype == want.dtype and got.shape == want.shape and got.flags.c_contiguous
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("chain", ["train", "val", "pad"])
+def test_host_chain_folds_windows_like_the_ops_one_by_one(chain):
+    """The CPU path folds a run of window ops into one Pillow resample (as the GPU folds them into one
+    launch); the result is what running the ops one by one gives, within one level of rounding."""
+    from gpubatch.engine.host_chain import run_chain_host
+    from gpubatch.engine.ops import CenterCrop, Normalize, RandomResizedCrop, ResizeShorter
+
+    ops = {"train": (RandomResizedCrop(64), Flip(p=1.0), Normalize(layout="CHW", dtype="float32")),
+           "val": (ResizeShorter(80), CenterCrop(64), Normalize(dtype="uint8")),
+           "pad": (Pad(6, fill=(10, 200, 30)), Flip(p=1.0), Grayscale())}[chain]
+    plan = Plan(ops=ops, seed=1)
+    for k in range(4):
+        src = photo(90 + 17 * k, 130 - 9 * k, seed=k)
+        params = plan.draw(f"r{k}", *src.shape[:2])
+        ref = src
+        for op, p in zip(ops, params):
+            ref = get_kernel(op.name, HOST)(op, [ref], [p])[0]
+        got = run_chain_host(ops, Image.fromarray(src), params)
+        assert got.shape == ref.shape and got.dtype == ref.dtype
+        tol = 1.0 / (255 * 0.224) + 1e-6 if chain == "train" else 1
+        assert np.abs(got.astype(np.float64) - ref.astype(np.float64)).max() <= tol
+        np.testing.assert_array_equal(run_chain_host(ops, src, params), got)  # array in, same pixels

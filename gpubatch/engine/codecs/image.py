@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -183,6 +184,11 @@ def decode(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     Raises:
         ValueError: unreadable, truncated, or above ``max_pixels`` (checked before decoding).
     """
+    return np.asarray(decode_image(data, max_pixels), dtype=np.uint8)
+
+
+def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Any:
+    """:func:`decode`, as an RGB Pillow image (what Pillow's resize reads without a copy)."""
     Image = _pillow()
     from PIL import ImageOps
 
@@ -192,9 +198,8 @@ def decode(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
         if max_pixels and w * h > max_pixels:
             raise ValueError(f"image of {w}x{h} = {w * h} pixels exceeds --max-pixels {max_pixels}")
         im.load()
-        im = ImageOps.exif_transpose(im)
-        im = _to_rgb(im)
-        return np.asarray(im, dtype=np.uint8)
+        ImageOps.exif_transpose(im, in_place=True)  # in place: no copy of an upright image
+        return _to_rgb(im)
     except ValueError:
         raise
     except Exception as e:

@@ -143,14 +143,18 @@ def _process_stream(cp, device_index: int, name: str):
     return _STREAMS[key]
 
 
-def _keep_freed_memory(cp, device_index: int, threshold: int = 512 << 20) -> None:
+# bytes of freed memory the driver's default pool keeps (see _keep_freed_memory)
+POOL_KEEP = 512 << 20
+
+
+def _keep_freed_memory(cp, device_index: int) -> None:
     """Let the driver's default pool (where nvImageCodec allocates decoded images) keep up to
-    ``threshold`` bytes of freed memory instead of returning it at every synchronization."""
+    :data:`POOL_KEEP` bytes of freed memory instead of returning it at every synchronization."""
     if device_index in _POOLS_SET:
         return
     try:
         pool = cp.cuda.runtime.deviceGetDefaultMemPool(device_index)
-        cp.cuda.runtime.memPoolSetAttribute(pool, 4, threshold)  # cudaMemPoolAttrReleaseThreshold
+        cp.cuda.runtime.memPoolSetAttribute(pool, 4, POOL_KEEP)  # cudaMemPoolAttrReleaseThreshold
     except Exception:  # a driver without stream-ordered pools: nvImageCodec uses cudaMalloc there
         pass
     _POOLS_SET.add(device_index)

@@ -305,30 +305,43 @@ def _axis_span(a: float, b: float, n_out: int, n_in: int) -> tuple[int, int]:
     return lo, hi
 
 
-def resample_cpu(img: np.ndarray, win: Window, fill: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> np.ndarray:
-    """Apply a window to one uint8 HWC image with Pillow's antialiased bilinear filter.
+def resample_cpu(img: Any, win: Window, fill: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> np.ndarray:
+    """Apply a window to one uint8 HWC image (or RGB Pillow image) with Pillow's antialiased bilinear
+    filter.
 
     The crop is folded into the resize as a box (Pillow reads real pixels beyond the box edge, as the
     GPU kernel does); output pixels whose centre falls outside the image are ``fill``.
     """
     from PIL import Image
 
-    h, w = img.shape[:2]
+    pil = img if isinstance(img, Image.Image) else None
+    h, w = (pil.height, pil.width) if pil is not None else img.shape[:2]
     if win == Window.identity(h, w):
-        return img
+        return np.asarray(pil) if pil is not None else img
     if win.by == 1.0 and win.bx == 1.0 and float(win.ay).is_integer() and float(win.ax).is_integer():
-        return crop_pad_cpu(img, int(win.ay), int(win.ax), win.oh, win.ow, fill)  # a pure crop: no filter
+        arr = np.asarray(pil) if pil is not None else img  # a pure crop: no filter
+        return crop_pad_cpu(arr, int(win.ay), int(win.ax), win.oh, win.ow, fill)
     by, ay = (win.by, win.ay) if win.by > 0 else (-win.by, win.ay + win.by * win.oh)
     bx, ax = (win.bx, win.ax) if win.bx > 0 else (-win.bx, win.ax + win.bx * win.ow)
     y0, y1 = _axis_span(ay, by, win.oh, h)
     x0, x1 = _axis_span(ax, bx, win.ow, w)
-    out = np.empty((win.oh, win.ow, img.shape[2]), np.uint8)
-    out[:] = np.asarray(fill, np.float32).round().astype(np.uint8)
+    part = None
     if y1 > y0 and x1 > x0:
         box = (max(ax + bx * x0, 0.0), max(ay + by * y0, 0.0), min(ax + bx * x1, float(w)),
                min(ay + by * y1, float(h)))
-        part = Image.fromarray(img).resize((x1 - x0, y1 - y0), Image.BILINEAR, box=box)
-        out[y0:y1, x0:x1] = np.asarray(part)
+        src = pil if pil is not None else Image.fromarray(img)
+        resized = src.resize((x1 - x0, y1 - y0), Image.BILINEAR, box=box)
+        if (y0, x0, y1, x1) == (0, 0, win.oh, win.ow):  # no fill around Pillow's output: mirror it there
+            if win.by < 0:
+                resized = resized.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
+            if win.bx < 0:
+                resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            return np.asarray(resized)
+        part = np.asarray(resized)
+    out = np.empty((win.oh, win.ow, 3 if pil is not None else img.shape[2]), np.uint8)
+    out[:] = np.asarray(fill, np.float32).round().astype(np.uint8)
+    if part is not None:
+        out[y0:y1, x0:x1] = part
     if win.by < 0:
         out = out[::-1]
     if win.bx < 0:

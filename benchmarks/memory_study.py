@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Where the GPU path's device memory goes, and what each knob costs in memory and speed.
+
+    python3 benchmarks/memory_study.py [--images 4096] [--chain train|val] [--seconds 4]
+        [--configs "default;prefetch=1;ring=2;keep=0;threads=8;region=1"]
+
+Each configuration runs in its own process (a fresh CUDA context). Device memory in use is read from
+NVML as ``gpubatch bench`` reads it: minus the level before the process touched CUDA, CUDA context
+included. Printed per configuration: after the CUDA context (CuPy), after the engine (decoders) is
+built, after one warm-up pass over the set, the peak over the whole run, and the images/s of the timed
+windows (median of 5, the stream synchronized after every batch) with ``iterate_files``, batch 256.
+
+Knobs (``key=value``, joined by commas; configurations by semicolons):
+``prefetch`` (batches decoded ahead), ``ring`` (output buffers), ``threads`` (decoder CPU threads),
+``keep`` (MiB of freed memory the driver pool keeps, ``image_gpu.POOL_KEEP``), ``region`` (1: region decode),
+``batch`` (batch size), ``workers`` (feed processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+from _data import DEFAULT_DATA, ROOT, load_blobs  # noqa: F401  (benchmarks/_data.py, beside this script)
+
+
+def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
+    from gpubatch.bench.measure import GpuSampler, timed_windows
+
+    sampler = GpuSampler(0)  # before CUDA is touched
+    if not sampler.ok:
+        return {"error": "NVML is not available"}
+    mib = lambda: round((sampler._used() - sampler.base) / 2**20)  # noqa: E731
+    import cupy as cp
+
+    cp.cuda.Device(0).use()
+    cp.zeros(1)
+    out = {"context_mib": mib()}
+
+    from gpubatch.bench import chain_ops, get_model
+    from gpubatch.engine.codecs import image_gpu
+    from gpubatch.engine.gpu_executor import ImagePipeline
+
+    if "keep" in knobs:
+        image_gpu.POOL_KEEP = int(knobs["keep"]) << 20
+    files, _, _ = load_blobs(args.data, args.images)
+    keys = [f"{p.parent.name}/{p.stem}" for p in files]
+    ops = chain_ops(get_model("resnet50").chains[args.chain])
+    batch = int(knobs.get("batch", 256))
+    pipe = ImagePipeline(ops, device="gpu", seed=0, ring=int(knobs.get("ring", 3)),
+                         cpu_threads=int(knobs["threads"]) if "threads" in knobs else None,
+                         region_decode=knobs.get("region", "0") == "1")
+    out["engine_mib"] = mib()
+    workers = int(knobs["workers"]) if "workers" in knobs else None
+    it = pipe.iterate_files(files, keys, batch, repeat=True, prefetch=int(knobs.get("prefetch", 2)), workers=workers)
+    for _ in range(-(-len(files) // batch)):
+        next(it)
+    pipe.engine.stream.synchronize()
+    out["after_pass_mib"] = mib()
+    res = timed_windows(lambda: len(next(it)), args.seconds, warmup=0, sync=pipe.engine.stream.synchronize)
+    out["images_per_s"] = round(res["images_per_s"])
+    out["peak_mib"] = round(sampler.stop()["gpu_mem_gib"] * 1024)
+    out["decoder_mib_kept"] = image_gpu.POOL_KEEP >> 20
+    it.close()
+    pipe.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=4096)
+    ap.add_argument("--chain", default="train", choices=["train", "val"])
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--data", default=str(DEFAULT_DATA))
+    ap.add_argument("--configs", default="default;prefetch=1;ring=2;keep=0;prefetch=1,ring=2,keep=0")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one is not None:
+        knobs = dict(kv.split("=", 1) for kv in args.one.split(",") if "=" in kv)
+        print("RESULT " + json.dumps(one(args, knobs)), flush=True)
+        return
+    load_blobs(args.data, args.images)  # make the set once, outside the timed processes
+    print(f"{args.chain} chain, {args.images} images; MiB of device memory in use above the level before CUDA")
+    print(f"{'configuration':34s} {'context':>8s} {'engine':>8s} {'1 pass':>8s} {'peak':>8s} {'images/s':>9s}")
+    for cfg in args.configs.split(";"):
+        cmd = [sys.executable, __file__, "--one", cfg, "--images", str(args.images), "--chain", args.chain,
+               "--seconds", str(args.seconds), "--data", args.data]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if line is None:
+            print(f"{cfg:34s} failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+            continue
+        r = json.loads(line[7:])
+        if "error" in r:
+            print(f"{cfg:34s} {r['error']}")
+            continue
+        print(f"{cfg:34s} {r['context_mib']:8d} {r['engine_mib']:8d} {r['after_pass_mib']:8d} {r['peak_mib']:8d} "
+              f"{r['images_per_s']:9,d}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
