@@ -55,7 +55,13 @@ def main() -> None:
     import numpy as np
 
     from gpubatch.engine.codecs import image as host
-    from gpubatch.engine.gpu_executor import ImagePipeline, _cpu_chain_chunk, _cpu_chain_one, _take_chunk
+    from gpubatch.engine.gpu_executor import (
+        ImagePipeline,
+        _cpu_chain_chunk,
+        _cpu_chain_one,
+        _take_chunk,
+        cpu_chunk,
+    )
     from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
     from gpubatch.engine.ops.normalize import _values, normalize_cpu
     from gpubatch.engine.plan import Plan
@@ -83,18 +89,21 @@ def main() -> None:
 
     # 2. results back from worker processes: pickled (pool.map) or through shared memory (chunks)
     ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-    step = max(1, 256 // (4 * a.workers))
+    step = max(1, 256 // (4 * a.workers))  # the CPU path's chunks before cpu_chunk()
     with ProcessPoolExecutor(a.workers, mp_context=ctx) as pool:
         def pickled() -> None:
             for s in range(0, len(blobs), 256):
                 list(pool.map(_cpu_chain_one, [plan] * len(blobs[s : s + 256]), blobs[s : s + 256],
                               keys[s : s + 256], chunksize=step))
 
-        def shared() -> None:
+        def shared(chunk: int = step) -> None:
             for s in range(0, len(blobs), 256):
-                futs = [pool.submit(_cpu_chain_chunk, plan, blobs[c : c + step], keys[c : c + step])
-                        for c in range(s, min(s + 256, len(blobs)), step)]
+                futs = [pool.submit(_cpu_chain_chunk, plan, blobs[c : c + chunk], keys[c : c + chunk])
+                        for c in range(s, min(s + 256, len(blobs)), chunk)]
                 [r for f in futs for r in _take_chunk(*f.result())]
+
+        def shared_even() -> None:
+            shared(cpu_chunk(256, a.workers))
 
         for name, task in (("nothing", _result_none), ("a 224x224 fp16 array", _result_array)):
             list(pool.map(task, blobs, chunksize=step))
@@ -104,14 +113,16 @@ def main() -> None:
                 list(pool.map(task, blobs, chunksize=step))
                 runs.append(1e3 * (time.perf_counter() - t) / len(blobs))
             print(f"pool.map returning {name:22s} {statistics.median(runs):6.3f} ms/image (no work: the hand-off)")
-        for name, fn in (("results pickled (pool.map)", pickled), ("results through shared memory", shared)):
+        for name, fn in (("results pickled (pool.map)", pickled),
+                         (f"shared memory, chunks of {step}", shared),
+                         (f"shared memory, chunks of {cpu_chunk(256, a.workers)} (now)", shared_even)):
             fn()
             runs = []
             for _ in range(a.repeats):
                 t = time.perf_counter()
                 fn()
                 runs.append(len(blobs) / (time.perf_counter() - t))
-            print(f"{name:32s} {statistics.median(runs):8,.0f} images/s")
+            print(f"{name:40s} {statistics.median(runs):8,.0f} images/s")
 
     # 3. the pipeline as users run it
     with ImagePipeline(list(ops), device="cpu", seed=0, cpu_threads=a.workers) as pipe:

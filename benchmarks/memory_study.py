@@ -8,12 +8,15 @@ Each configuration runs in its own process (a fresh CUDA context). Device memory
 NVML as ``gpubatch bench`` reads it: minus the level before the process touched CUDA, CUDA context
 included. Printed per configuration: after the CUDA context (CuPy), after the engine (decoders) is
 built, after one warm-up pass over the set, the peak over the whole run, and the images/s of the timed
-windows (median of 5, the stream synchronized after every batch) with ``iterate_files``, batch 256.
+windows (median of 5, the stream synchronized after every batch) with ``iterate_files``, batch 256;
+then what CuPy's pool holds (kernel outputs, launch tables) and the high-water mark of the driver's
+default pool (nvImageCodec's decoded images). The rest is the decoders' own buffers and the context.
 
 Knobs (``key=value``, joined by commas; configurations by semicolons):
 ``prefetch`` (batches decoded ahead), ``ring`` (output buffers), ``threads`` (decoder CPU threads),
 ``keep`` (MiB of freed memory the driver pool keeps, ``image_gpu.POOL_KEEP``), ``region`` (1: region decode),
-``batch`` (batch size), ``workers`` (feed processes).
+``batch`` (batch size), ``workers`` (feed processes), ``stack`` (bytes of stack per GPU thread,
+cudaLimitStackSize, set right after the context is made).
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     cp.cuda.Device(0).use()
     cp.zeros(1)
     out = {"context_mib": mib()}
+    if "stack" in knobs:  # bytes of stack per GPU thread the context reserves (cudaLimitStackSize)
+        cp.cuda.runtime.deviceSetLimit(0, int(knobs["stack"]))
+        cp.zeros(1) + 1
+        cp.cuda.Device().synchronize()
+        out["context_mib"] = mib()
 
     from gpubatch.bench import chain_ops, get_model
     from gpubatch.engine.codecs import image_gpu
@@ -59,6 +67,9 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         next(it)
     pipe.engine.stream.synchronize()
     out["after_pass_mib"] = mib()
+    drv = cp.cuda.runtime.deviceGetDefaultMemPool(0)
+    out["cupy_pool_mib"] = cp.get_default_memory_pool().total_bytes() >> 20  # kernel outputs, tables
+    out["driver_pool_high_mib"] = cp.cuda.runtime.memPoolGetAttribute(drv, 6) >> 20  # decoded images (ReservedMemHigh)
     res = timed_windows(lambda: len(next(it)), args.seconds, warmup=0, sync=pipe.engine.stream.synchronize)
     out["images_per_s"] = round(res["images_per_s"])
     out["peak_mib"] = round(sampler.stop()["gpu_mem_gib"] * 1024)
@@ -83,7 +94,8 @@ def main() -> None:
         return
     load_blobs(args.data, args.images)  # make the set once, outside the timed processes
     print(f"{args.chain} chain, {args.images} images; MiB of device memory in use above the level before CUDA")
-    print(f"{'configuration':34s} {'context':>8s} {'engine':>8s} {'1 pass':>8s} {'peak':>8s} {'images/s':>9s}")
+    print(f"{'configuration':34s} {'context':>8s} {'engine':>8s} {'1 pass':>8s} {'peak':>8s} {'images/s':>9s}"
+          f" {'CuPy pool':>9s} {'decoded':>8s}")
     for cfg in args.configs.split(";"):
         cmd = [sys.executable, __file__, "--one", cfg, "--images", str(args.images), "--chain", args.chain,
                "--seconds", str(args.seconds), "--data", args.data]
@@ -97,7 +109,7 @@ def main() -> None:
             print(f"{cfg:34s} {r['error']}")
             continue
         print(f"{cfg:34s} {r['context_mib']:8d} {r['engine_mib']:8d} {r['after_pass_mib']:8d} {r['peak_mib']:8d} "
-              f"{r['images_per_s']:9,d}", flush=True)
+              f"{r['images_per_s']:9,d} {r['cupy_pool_mib']:9d} {r['driver_pool_high_mib']:8d}", flush=True)
 
 
 if __name__ == "__main__":

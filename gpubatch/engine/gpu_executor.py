@@ -226,6 +226,14 @@ def _cpu_chain_one(plan: Plan, blob: bytes | str, key: str) -> tuple[Any, str | 
     return run_chain_host(plan.ops, im, plan.draw(key, im.height, im.width)), None
 
 
+def cpu_chunk(batch: int, workers: int) -> int:
+    """Images per task of the CPU path: a batch split evenly over the worker processes. Smaller tasks
+    left workers idle: a process pool keeps only workers + 1 tasks queued and refills the queue from a
+    thread of the parent that waits for the GIL (chunks of batch / (4 x workers) used 12.1 of 16 cores;
+    benchmarks/cpu_study.py)."""
+    return max(1, -(-batch // max(workers, 1)))
+
+
 def _cpu_chain_chunk(plan: Plan, blobs: list[Any], keys: list[str]) -> tuple[str | None, list[tuple[Any, str | None]]]:
     """:func:`_cpu_chain_one` over a chunk (in a worker process); the arrays go back through a shared
     memory block the worker makes: (its name or None, per item ((shape, dtype, offset), None) or
@@ -375,7 +383,7 @@ class ImagePipeline:
         self.last_errors = []
         if self.engine is None:
             n, pool = len(decoded), self._pool()
-            step = max(1, n // (4 * self.cpu_threads))
+            step = cpu_chunk(n, self.cpu_threads)
             return self._cpu_batch([pool.submit(_cpu_chain_chunk, self.plan, [bytes(b) for b in decoded[a : a + step]],
                                                 list(keys[a : a + step])) for a in range(0, n, step)])
         from .gpu_chain import Ragged, run_chain
@@ -448,7 +456,7 @@ class ImagePipeline:
         n = len(files)
         if n == 0:
             return
-        pool, step = self._pool(), max(1, batch_size // (4 * self.cpu_threads))
+        pool, step = self._pool(), cpu_chunk(batch_size, self.cpu_threads)
         starts = (s for r in (count() if repeat else range(1)) for s in range(0, n, batch_size))
 
         def submit(a: int) -> list[Any]:
