@@ -16,7 +16,9 @@ Knobs (``key=value``, joined by commas; configurations by semicolons):
 ``prefetch`` (batches decoded ahead), ``ring`` (output buffers), ``threads`` (decoder CPU threads),
 ``keep`` (MiB of freed memory the driver pool keeps, ``image_gpu.POOL_KEEP``), ``region`` (1: region decode),
 ``batch`` (batch size), ``workers`` (feed processes), ``stack`` (bytes of stack per GPU thread,
-cudaLimitStackSize, set right after the context is made).
+``gpu_executor.STACK_BYTES``, or ``none`` for the driver's default).
+The context column is the CUDA context CuPy makes; the engine column is after the engine set the
+stack size and built its decoders.
 """
 
 from __future__ import annotations
@@ -41,11 +43,10 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     cp.cuda.Device(0).use()
     cp.zeros(1)
     out = {"context_mib": mib()}
-    if "stack" in knobs:  # bytes of stack per GPU thread the context reserves (cudaLimitStackSize)
-        cp.cuda.runtime.deviceSetLimit(0, int(knobs["stack"]))
-        cp.zeros(1) + 1
-        cp.cuda.Device().synchronize()
-        out["context_mib"] = mib()
+    from gpubatch.engine import gpu_executor
+
+    if "stack" in knobs:  # bytes of stack per GPU thread the engine sets (cudaLimitStackSize); none: the driver's
+        gpu_executor.STACK_BYTES = None if knobs["stack"] == "none" else int(knobs["stack"])
 
     from gpubatch.bench import chain_ops, get_model
     from gpubatch.engine.codecs import image_gpu
@@ -57,12 +58,12 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     keys = [f"{p.parent.name}/{p.stem}" for p in files]
     ops = chain_ops(get_model("resnet50").chains[args.chain])
     batch = int(knobs.get("batch", 256))
-    pipe = ImagePipeline(ops, device="gpu", seed=0, ring=int(knobs.get("ring", 3)),
+    pipe = ImagePipeline(ops, device="gpu", seed=0, ring=int(knobs.get("ring", 2)),
                          cpu_threads=int(knobs["threads"]) if "threads" in knobs else None,
                          region_decode=knobs.get("region", "0") == "1")
     out["engine_mib"] = mib()
     workers = int(knobs["workers"]) if "workers" in knobs else None
-    it = pipe.iterate_files(files, keys, batch, repeat=True, prefetch=int(knobs.get("prefetch", 2)), workers=workers)
+    it = pipe.iterate_files(files, keys, batch, repeat=True, prefetch=int(knobs.get("prefetch", 1)), workers=workers)
     for _ in range(-(-len(files) // batch)):
         next(it)
     pipe.engine.stream.synchronize()
@@ -85,7 +86,7 @@ def main() -> None:
     ap.add_argument("--chain", default="train", choices=["train", "val"])
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--data", default=str(DEFAULT_DATA))
-    ap.add_argument("--configs", default="default;prefetch=1;ring=2;keep=0;prefetch=1,ring=2,keep=0")
+    ap.add_argument("--configs", default="default;stack=none;prefetch=2;ring=3;region=1")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one is not None:

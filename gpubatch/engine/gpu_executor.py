@@ -35,6 +35,11 @@ BLOCK = 256
 _DTYPE_TAG = {"uint8": "u8", "float16": "f16", "float32": "f32"}
 SWITCH_INTERVAL = 0.001  # seconds; see GpuEngine
 DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
+# Stack bytes per GPU thread the CUDA context reserves (cudaLimitStackSize; the driver's default is
+# 1 KiB, which on an H200 is 1 KiB x 132 SMs x 2,048 threads = 264 MiB of device memory). The driver
+# raises it by itself for a kernel that needs more, so a small start costs nothing: the context went
+# from 529 to 333 MiB at 256 bytes, at the same speed (benchmarks/memory_study.py). None: leave it.
+STACK_BYTES: int | None = 256
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?i?b?)?\s*$", re.I)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6, "mib": 1 << 20,
           "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
@@ -85,6 +90,8 @@ class GpuEngine:
         self.device = device
         self.dev = cp.cuda.Device(device.index)
         self.dev.use()
+        if STACK_BYTES is not None and cp.cuda.runtime.deviceGetLimit(0) > STACK_BYTES:
+            cp.cuda.runtime.deviceSetLimit(0, STACK_BYTES)  # cudaLimitStackSize
         free, total = cp.cuda.runtime.memGetInfo()
         # ``share`` processes split the cap (each worker process of a multi-process run owns one engine)
         self.memory_limit = max(parse_memory(gpu_memory, total) // max(share, 1), 256 << 20)
@@ -307,7 +314,7 @@ class ImagePipeline:
 
     def __init__(self, ops: Sequence[Op], device: Device | str = "auto", seed: int = 0,
                  gpu: int = 0, cpu_threads: int | None = None, gpu_memory: str | int | float | None = None,
-                 max_pixels: int = 0, ring: int = 3, region_decode: bool = False):
+                 max_pixels: int = 0, ring: int = 2, region_decode: bool = False):
         from .device import resolve
         from .executor import default_workers
 
@@ -417,7 +424,7 @@ class ImagePipeline:
         self.stats["fallbacks"] += res.fallbacks
         return batch
 
-    def iterate(self, batches: Iterable[tuple[Sequence[bytes], Sequence[str]]], prefetch: int = 2) -> Iterator[Any]:
+    def iterate(self, batches: Iterable[tuple[Sequence[bytes], Sequence[str]]], prefetch: int = 1) -> Iterator[Any]:
         """Process many batches: batch N+2 is read (by whatever ``batches`` does) and N+1 decoded in
         their own threads while batch N's kernels run.
 
@@ -427,14 +434,14 @@ class ImagePipeline:
         return self._iterate(((blobs, keys, None) for blobs, keys in batches), prefetch)
 
     def iterate_files(self, files: Sequence[Any], keys: Sequence[str] | None = None, batch_size: int = 256,
-                      repeat: bool = False, workers: int | None = None, prefetch: int = 2) -> Iterator[Any]:
+                      repeat: bool = False, workers: int | None = None, prefetch: int = 1) -> Iterator[Any]:
         """Process image files in batches: reading, JPEG header parsing and the parameter draws run in
         ``workers`` processes (:class:`~gpubatch.engine.feed.FileFeed`), decode and kernels here.
         ``repeat`` cycles over the files forever. Unreadable files are reported in ``last_errors``."""
         from .feed import FileFeed
 
         if self.engine is None:
-            yield from self._iterate_files_cpu([str(f) for f in files], keys, batch_size, repeat, prefetch + 1)
+            yield from self._iterate_files_cpu([str(f) for f in files], keys, batch_size, repeat, max(3, prefetch + 1))
             return
         feed = FileFeed(files, keys, batch_size, self.plan, workers, repeat=repeat, views=True,
                         depth=6, regions=self.region_decode)
@@ -522,21 +529,37 @@ class ImagePipeline:
 
 def decode_ahead(decode: Callable[[Any], Any], items: Iterable[Any], prefetch: int,
                  timings: dict[str, float]) -> Iterator[tuple[Any, Any]]:
-    """(item, decode(item)) pairs: items come from a thread, ``decode`` runs in another, ``prefetch``
-    ahead of the consumer. ``timings`` gets "read_wait", "decode" and "decode_wait" seconds."""
+    """(item, decode(item)) pairs: items come from a thread, ``decode`` runs in another, at most
+    ``prefetch`` decoded batches ahead of the one the consumer holds. ``timings`` gets "read_wait",
+    "decode" and "decode_wait" seconds.
+
+    A decode starts only once a slot is free, so at most ``prefetch + 1`` decoded batches are held at a
+    time, plus the one before until its kernels finish (a plain queue of depth ``prefetch`` would hold
+    one more: finished, waiting to be put). With ``prefetch=1`` batch N+1 decodes while batch N's
+    kernels run, and no batch beyond that takes device memory."""
+    import threading
+
     from .executor import prefetched
+
+    depth = max(1, prefetch)
+    slots = threading.Semaphore(depth)
+    stop = threading.Event()
 
     def decoded() -> Iterator[tuple[Any, Any]]:
         t = time.perf_counter()
-        for item in prefetched(items, prefetch):
+        for item in prefetched(items, depth):
             t1 = time.perf_counter()
             timings["read_wait"] += t1 - t
+            while not slots.acquire(timeout=0.05):
+                if stop.is_set():
+                    return
+            t1 = time.perf_counter()
             out = decode(item)
             t = time.perf_counter()
             timings["decode"] += t - t1
             yield item, out
 
-    it = prefetched(decoded(), prefetch)
+    it = prefetched(decoded(), depth)
     try:
         while True:
             t0 = time.perf_counter()
@@ -544,8 +567,10 @@ def decode_ahead(decode: Callable[[Any], Any], items: Iterable[Any], prefetch: i
             timings["decode_wait"] += time.perf_counter() - t0
             if got is None:
                 return
+            slots.release()  # the consumer holds this batch now: the next may start decoding
             yield got
     finally:
+        stop.set()
         it.close()  # stops the decode and read threads when the consumer leaves early
 
 
