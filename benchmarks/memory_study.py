@@ -37,7 +37,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     sampler = GpuSampler(0)  # before CUDA is touched
     if not sampler.ok:
         return {"error": "NVML is not available"}
-    mib = lambda: round((sampler._used() - sampler.base) / 2**20)  # noqa: E731
+    mib = lambda: round((sampler.used() - sampler.base) / 2**20)  # noqa: E731
     import cupy as cp
 
     cp.cuda.Device(0).use()

@@ -112,7 +112,7 @@ class GpuSampler:
             pynvml.nvmlInit()
             self.nvml = pynvml
             self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self.base = self._used()
+            self.base = self.used()
         except Exception:  # no NVML (no driver, no pynvml): memory and utilisation are unknown
             return
         self.ok = True
@@ -123,12 +123,13 @@ class GpuSampler:
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
 
-    def _used(self) -> int:
+    def used(self) -> int:
+        """Device memory in use now, bytes."""
         return self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self._used())
+            self.peak = max(self.peak, self.used())
             if self.measuring:
                 self.util.append(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
             time.sleep(0.01)
@@ -138,7 +139,7 @@ class GpuSampler:
             return {"gpu_mem_gib": None, "gpu_util_pct": None}
         self._stop.set()
         self._t.join()
-        self.peak = max(self.peak, self._used())
+        self.peak = max(self.peak, self.used())
         return {"gpu_mem_gib": (self.peak - self.base) / 2**30,
                 "gpu_util_pct": statistics.fmean(self.util) if self.util else None}
 

@@ -14,10 +14,10 @@ the CPU path draws them, so both paths agree.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -226,19 +226,23 @@ def _cpu_chain_one(plan: Plan, blob: bytes | str, key: str) -> tuple[Any, str | 
 
     try:
         if isinstance(blob, str):  # a file path: the worker reads it
-            with open(blob, "rb") as f:
-                blob = f.read()
+            try:
+                with open(blob, "rb") as f:
+                    blob = f.read()
+            except OSError as e:
+                return None, f"cannot read {blob}: {e.strerror or e}"  # as FileFeed words it
         im = host.decode_image(blob, plan.max_pixels)
-    except (OSError, ValueError) as e:
-        return None, str(e) if isinstance(e, ValueError) else f"cannot read: {e.strerror or e}"
+    except ValueError as e:
+        return None, str(e)
     return run_chain_host(plan.ops, im, plan.draw(key, im.height, im.width)), None
 
 
 def cpu_chunk(batch: int, workers: int) -> int:
-    """Images per task of the CPU path: a batch split evenly over the worker processes. Smaller tasks
-    left workers idle: a process pool keeps only workers + 1 tasks queued and refills the queue from a
-    thread of the parent that waits for the GIL (chunks of batch / (4 x workers) used 12.1 of 16 cores;
-    benchmarks/cpu_study.py)."""
+    """Images per task of the CPU path: a batch split evenly over the worker processes, one task per
+    worker per batch. A process pool queues only workers + 1 tasks and refills that queue from a thread
+    of the parent; with four tasks per worker per batch the bench's CPU path used 12.1 of 16 cores
+    (2,546 / 2,492 images/s, train / val), with one task 13.9 cores (2,853 / 2,899), on two machines of
+    the same kind (benchmarks/RESULTS.md, sixth session)."""
     return max(1, -(-batch // max(workers, 1)))
 
 
@@ -437,8 +441,9 @@ class ImagePipeline:
     def iterate_files(self, files: Sequence[Any], keys: Sequence[str] | None = None, batch_size: int = 256,
                       repeat: bool = False, workers: int | None = None, prefetch: int = 1) -> Iterator[Any]:
         """Process image files in batches: reading, JPEG header parsing and the parameter draws run in
-        ``workers`` processes (:class:`~gpubatch.engine.feed.FileFeed`), decode and kernels here.
-        ``repeat`` cycles over the files forever. Unreadable files are reported in ``last_errors``."""
+        ``workers`` processes (:class:`~gpubatch.engine.feed.FileFeed`), decode and kernels here. On the
+        CPU the pipeline's own worker processes read, decode and transform the files (``workers`` is not
+        used). ``repeat`` cycles over the files forever. Unreadable files are reported in ``last_errors``."""
         from .feed import FileFeed
 
         if self.engine is None:
@@ -458,24 +463,23 @@ class ImagePipeline:
         from collections import deque
         from itertools import count
 
-        keys = list(keys) if keys is not None else [os.path.splitext(os.path.basename(f))[0] for f in files]
+        from .feed import _spans
+
+        keys = list(keys) if keys is not None else [Path(f).stem for f in files]
         if len(keys) != len(files):
             raise ValueError("iterate_files: one key per file")
-        n = len(files)
-        if n == 0:
-            return
         pool, step = self._pool(), cpu_chunk(batch_size, self.cpu_threads)
-        starts = (s for r in (count() if repeat else range(1)) for s in range(0, n, batch_size))
+        spans = _spans(len(files), batch_size)
+        batches = (span for _ in (count() if repeat and spans else range(1)) for span in spans)
 
-        def submit(a: int) -> list[Any]:
-            b = min(a + batch_size, n)
+        def submit(a: int, b: int) -> list[Any]:
             return [pool.submit(_cpu_chain_chunk, self.plan, files[c : min(c + step, b)], keys[c : min(c + step, b)])
                     for c in range(a, b, step)]
 
         flight: deque = deque()
         try:
-            for a in starts:
-                flight.append(submit(a))
+            for a, b in batches:
+                flight.append(submit(a, b))
                 if len(flight) < depth:
                     continue
                 yield self._cpu_batch(flight.popleft())
