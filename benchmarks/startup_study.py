@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""What a GPU worker spends before its first batch, and whether warming the decoders with tiny images
+takes the first real batch's extra cost away.
+
+    python3 benchmarks/startup_study.py [--images 1024] [--warm none,none,tiny,tiny256]
+
+Each warm-up mode runs in its own process (cold, like a ``convert`` worker): imports, the engine (CUDA
+context, decoders with the hardware decoder preallocated as the workers do), the kernels' first load,
+then the warm-up (``tiny``: one 64x64 JPEG of each subsampling through each decoder; ``tiny256``: 256
+of them), then the real batches of the synthetic mixed set (256 each, the stream synchronized after
+every batch). Seconds per step. The first process compiles the kernels CuPy has not cached yet, so the
+default runs "none" twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+import time
+
+from _data import DEFAULT_DATA, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
+
+
+def tiny_jpegs(n: int) -> list[bytes]:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    out = []
+    for k in range(n):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (64, 64, 3), np.uint8)).save(buf, "JPEG", quality=90, subsampling=k % 3)
+        out.append(buf.getvalue())
+    return out
+
+
+def one(a: argparse.Namespace) -> dict:
+    t = {}
+    t0 = time.perf_counter()
+    import cupy as cp
+    from nvidia import nvimgcodec  # noqa: F401
+
+    from gpubatch.engine.device import Device, DeviceKind
+    from gpubatch.engine.gpu_executor import GpuEngine
+
+    t["imports"] = time.perf_counter() - t0
+    _, _, batches = load_blobs(a.data, a.images)
+    t1 = time.perf_counter()
+    engine = GpuEngine(Device(DeviceKind.GPU, 0, reason="study"), 15, None, hw_preallocate=(256, 640, 640))
+    t["engine"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    from gpubatch.engine.kernels import kernel
+
+    kernel("resample", "resample_f16_chw")
+    kernel("resample", "resample_u8_hwc")
+    t["kernels (resample)"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    engine.encoder.encode([cp.zeros((64, 64, 3), cp.uint8)], "jpeg", 90, engine.stream)
+    t["JPEG encoder, first use"] = time.perf_counter() - t1
+    dec = engine.decoder
+    if a.warm != "none":
+        tiny = tiny_jpegs(3 if a.warm == "tiny" else 256)
+        for name, d, s in (("hw", dec.hw, dec.hw_stream), ("cuda", dec.cuda, dec.cuda_stream)):
+            t1 = time.perf_counter()
+            dec._call(d, s, tiny)
+            s.synchronize()
+            t[f"warm-up {a.warm} ({name})"] = time.perf_counter() - t1
+    for b, blobs in enumerate(batches[:4]):
+        t1 = time.perf_counter()
+        res = dec.decode(blobs, engine.stream)
+        engine.stream.synchronize()
+        t[f"batch {b}"] = time.perf_counter() - t1
+        del res
+    t["total"] = time.perf_counter() - t0
+    engine.close()
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=1024)
+    ap.add_argument("--data", default=str(DEFAULT_DATA))
+    ap.add_argument("--warm", default="none,none,tiny,tiny256")
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.one:
+        print("RESULT " + json.dumps(one(a)), flush=True)
+        return
+    load_blobs(a.data, a.images)
+    for mode in a.warm.split(","):
+        p = subprocess.run([sys.executable, __file__, "--one", "--warm", mode, "--images", str(a.images),
+                            "--data", a.data], capture_output=True, text=True)
+        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if line is None:
+            print(f"{mode}: failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+            continue
+        r = json.loads(line[7:])
+        print(f"warm-up {mode}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
