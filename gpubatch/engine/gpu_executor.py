@@ -114,6 +114,22 @@ class GpuEngine:
             self._encoder = GpuImageEncoder(self.device.index, self.cpu_threads, self.jpeg_encoder, self.staging)
         return self._encoder
 
+    def warm_up(self, batch: int = 256, encoder: bool = False) -> float:
+        """Pay the one-off costs before the first batch: the decoders' first calls (and the buffers a
+        batch of ``batch`` needs), the resample kernels' load and, with ``encoder``, the JPEG encoder's
+        first use. Returns the seconds it took."""
+        from .kernels import kernel
+
+        t0 = time.perf_counter()
+        self.decoder.warm_up(batch)
+        for tag, layout in (("u8", "hwc"), ("f16", "chw")):  # compiled (or read from CuPy's cache) and loaded
+            kernel("resample", f"resample_{tag}_{layout}")
+        if encoder:
+            with self.stream:
+                tiny = self.cp.zeros((16, 16, 3), self.cp.uint8)
+            self.encoder.encode([tiny], "jpeg", 90, self.stream)
+        return time.perf_counter() - t0
+
     def close(self) -> None:
         self.stream.synchronize()
         self.decoder.close()
@@ -306,6 +322,10 @@ class ImagePipeline:
     >>> batch = pipe(list_of_jpeg_bytes)            # DeviceBatch; batch.stacked() -> (N, 3, 224, 224) fp16
     >>> tensor = torch.from_dlpack(batch)            # zero-copy
 
+    On the GPU the decoders are warmed up when the pipeline is made (``warm_up``: a batch of that
+    many tiny JPEGs, about 1.1 s; 0 skips it), so the first batch does not pay their first call
+    (1.2-1.7 s) and no later batch stalls while their buffers grow (benchmarks/startup_study.py).
+
     ``region_decode=True`` makes :meth:`iterate_files` decode only the part of each image the chain's
     leading crop reads (nvImageCodec region decode), widened by the resampling filter's reach so the
     output matches a full decode. Off by default: it measured no faster with the sub-streams made
@@ -319,7 +339,7 @@ class ImagePipeline:
 
     def __init__(self, ops: Sequence[Op], device: Device | str = "auto", seed: int = 0,
                  gpu: int = 0, cpu_threads: int | None = None, gpu_memory: str | int | float | None = None,
-                 max_pixels: int = 0, ring: int = 2, region_decode: bool = False):
+                 max_pixels: int = 0, ring: int = 2, region_decode: bool = False, warm_up: int = 256):
         from .device import resolve
         from .executor import default_workers
 
@@ -330,6 +350,8 @@ class ImagePipeline:
         self.cpu_threads = cpu_threads or default_workers()
         self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory)
                        if self.device.is_gpu else None)
+        if self.engine is not None and warm_up:
+            self.engine.warm_up(warm_up)
         self._ring: list[Any] = [None] * ring
         self._slot = 0
         self.last_errors: list[tuple[int, str]] = []

@@ -106,8 +106,10 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
         engine = GpuEngine(Device(DeviceKind.GPU, device_index, reason="worker"), threads, gpu_memory,
                            share=procs, deterministic=True,  # written bytes must not vary
                            hw_preallocate=(batch_size, HW_PREALLOCATE, HW_PREALLOCATE))
+        gpu_init = time.perf_counter() - t0
+        warm = engine.warm_up(batch_size, encoder=True)  # while the reader processes start and read
         tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
-        first = {"gpu_init": time.perf_counter() - t0}
+        first = {"gpu_init": gpu_init, "warm_up": warm}
 
         def decode(fed: Any) -> Any:
             return engine.decoder.decode(fed.blobs, engine.stream, plan.max_pixels, order=False, headers=fed.headers)

@@ -14,6 +14,8 @@ nvImageCodec's CUDA encoder image by image (Hopper has no hardware JPEG encoder)
 
 from __future__ import annotations
 
+import functools
+import io
 import threading
 import time
 from collections import deque
@@ -254,6 +256,21 @@ class GpuImageDecoder:
         # CUDA decoder's call, wrapping results, CPU fallbacks (the GPU work itself is not waited for)
         self.timings = {"parse": 0.0, "hw": 0.0, "cuda_wait": 0.0, "wrap": 0.0, "cpu": 0.0}
 
+    def warm_up(self, batch: int = 256) -> float:
+        """Run ``batch`` tiny JPEGs (every subsampling) through each decoder once; returns the seconds.
+
+        A cold decoder's first call took 1.2-1.7 s, and a later batch whose kinds outgrew what the
+        hardware decoder had met cost another 0.3-0.4 s once. After this warm-up (about 1.1 s) the first
+        real batch took 0.03 s and no later batch stalled (benchmarks/startup_study.py, H200)."""
+        t0 = time.perf_counter()
+        blobs = _tiny_jpegs(batch)
+        with self._calling:
+            for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
+                if decoder is not None:
+                    self._call(decoder, stream, blobs)
+                    stream.synchronize()
+        return time.perf_counter() - t0
+
     def close(self) -> None:
         self._side.shutdown(wait=True)
         self._cpu.shutdown(wait=True)
@@ -438,6 +455,21 @@ class GpuImageDecoder:
                         res.fallbacks += 1
         tm["cpu"] += time.perf_counter() - t3
         return res
+
+
+@functools.cache
+def _tiny_jpegs(n: int) -> list[bytes]:
+    """``n`` 64x64 JPEGs, 4:4:4, 4:2:2 and 4:2:0 in turn (decoder warm-up)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (64, 64, 3), np.uint8)
+    kinds = []
+    for sub in range(3):
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, "JPEG", quality=90, subsampling=sub)
+        kinds.append(buf.getvalue())
+    return [kinds[k % 3] for k in range(n)]
 
 
 def _host_decode(data: bytes, max_pixels: int) -> tuple[np.ndarray | None, str | None]:
