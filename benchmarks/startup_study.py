@@ -7,7 +7,7 @@ takes the first real batch's extra cost away.
 Each warm-up mode runs in its own process (cold, like a ``convert`` worker): imports, the engine (CUDA
 context, decoders with the hardware decoder preallocated as the workers do), the kernels' first load,
 then the warm-up (``tiny``: one 64x64 JPEG of each subsampling through each decoder; ``tiny256``: 256
-of them), then the real batches of the synthetic mixed set (256 each, the stream synchronized after
+of them, as ``GpuEngine.warm_up`` does), then the real batches of the synthetic mixed set (256 each, the stream synchronized after
 every batch). Seconds per step. The first process compiles the kernels CuPy has not cached yet, so the
 default runs "none" twice.
 """
@@ -15,26 +15,12 @@ default runs "none" twice.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import subprocess
 import sys
 import time
 
 from _data import DEFAULT_DATA, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
-
-
-def tiny_jpegs(n: int) -> list[bytes]:
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    out = []
-    for k in range(n):
-        buf = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (64, 64, 3), np.uint8)).save(buf, "JPEG", quality=90, subsampling=k % 3)
-        out.append(buf.getvalue())
-    return out
 
 
 def one(a: argparse.Namespace) -> dict:
@@ -62,7 +48,9 @@ def one(a: argparse.Namespace) -> dict:
     t["JPEG encoder, first use"] = time.perf_counter() - t1
     dec = engine.decoder
     if a.warm != "none":
-        tiny = tiny_jpegs(3 if a.warm == "tiny" else 256)
+        from gpubatch.engine.codecs.image_gpu import _tiny_jpegs  # what GpuEngine.warm_up decodes
+
+        tiny = _tiny_jpegs(3 if a.warm == "tiny" else 256)
         for name, d, s in (("hw", dec.hw, dec.hw_stream), ("cuda", dec.cuda, dec.cuda_stream)):
             t1 = time.perf_counter()
             dec._call(d, s, tiny)
