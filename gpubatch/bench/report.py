@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-COLUMNS = ("images/s", "spread", "vs CPU", "GPU mem", "GPU util", "CPU cores", "batch p50/p99", "HW JPEG", "bottleneck")
+COLUMNS = ("images/s", "spread", "whole run", "vs CPU", "GPU mem", "GPU util", "CPU cores", "batch p50/p99", "HW JPEG", "bottleneck")
 
 
 def _num(v: Any, fmt: str = "{:,.0f}", none: str = "-") -> str:
@@ -22,6 +22,7 @@ def rows(result: dict[str, Any], chain: str) -> list[tuple[str, dict[str, Any], 
         cells = [
             _num(r["images_per_s"]),
             f"{_num(r['min'])}-{_num(r['max'])}",
+            _num(r.get("whole_run_images_per_s")),
             _num(r.get("speedup_vs_cpu"), "{:.1f}x"),
             _num(r.get("gpu_mem_gib"), "{:.2f} GiB"),
             _num(r.get("gpu_util_pct"), "{:.0f}%"),

@@ -37,6 +37,7 @@ def test_windows_exclude_warmup_and_take_the_median():
     assert r["images_per_s"] == pytest.approx(100.0)  # 10 images per 0.1 s
     assert r["min"] == pytest.approx(100.0) and r["max"] == pytest.approx(100.0)
     assert r["batch_ms_p50"] == pytest.approx(100.0)
+    assert r["whole_run_images_per_s"] == pytest.approx(100.0)
     assert len(syncs) == r["batches"] + 1  # synchronized before every clock read of a batch
 
 
@@ -50,6 +51,8 @@ def test_windows_report_spread_and_tail_latency():
 
     r = timed_windows(step, seconds=5.0, warmup=0, windows=5, clock=clock, min_batches=10)
     assert r["min"] < r["images_per_s"] <= r["max"] * 1.0001
+    assert r["whole_run_images_per_s"] == pytest.approx(r["images"] / r["seconds"])
+    assert r["whole_run_images_per_s"] == pytest.approx(100 / 1.9)  # 10 images per batch, 1.9 s per 10 batches
     assert r["batch_ms_p99"] == pytest.approx(1000.0) and r["batch_ms_p50"] == pytest.approx(100.0)
     assert percentile([], 0.5) == 0.0 and bottleneck({"read": 1.0, "decode": 3.0, "x": None}) == "decode"
 
@@ -63,6 +66,7 @@ def _result():
         "settings": {"batch_size": 256, "seconds": 10, "windows": 5, "warmup_batches": 3},
         "results": {"train": {
             "gpubatch-gpu": {"images_per_s": 5000.0, "min": 4900.0, "max": 5100.0, "speedup_vs_cpu": 3.5,
+                             "whole_run_images_per_s": 4950.0,
                              "gpu_mem_gib": 1.2, "gpu_util_pct": 40.0, "cpu_cores_used": 6.0, "batch_ms_p50": 50.0,
                              "batch_ms_p99": 60.0, "hw_decoder_share": 0.7, "bottleneck": "decode",
                              "fidelity": {"images": 16, "max_abs_diff": 3, "mean_abs_diff": 0.4, "units": "uint8 levels"},
@@ -78,7 +82,8 @@ def _result():
 def test_reports_say_what_ran():
     r = _result()
     md = to_markdown(r)
-    assert "| gpubatch-gpu | 5,000 | 4,900-5,100 | 3.5x | 1.20 GiB | 40% |" in md
+    assert "| gpubatch-gpu | 5,000 | 4,900-5,100 | 4,950 | 3.5x | 1.20 GiB | 40% |" in md
+    assert "| gpubatch-cpu | 1,400 | 1,300-1,500 | - | 1.0x |" in md  # a result from before the whole-run figure
     assert "dali | skipped: nvidia.dali not importable" in md and "max |diff| 3" in md and "the model is fed" in md
     assert "NVIDIA H200" in md and "warm-up batches excluded" in md and "## sweep batch_size" in md
     page = to_html(r)
