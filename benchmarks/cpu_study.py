@@ -2,11 +2,12 @@
 """Where the CPU path's time goes: per-image stage costs of the train chain, and how results get back
 from the worker processes (pickled through the pool's pipes, or through shared memory as now).
 
-    python3 benchmarks/cpu_study.py [--images 512] [--workers N] [--repeats 3]
+    python3 benchmarks/cpu_study.py [--images 512] [--workers N] [--repeats 3] [--batches 16]
 
 Data: the synthetic mixed JPEG set (``gpubatch.synthetic``), generated under --data. Stage costs are
-milliseconds per image in this process (median of --repeats passes); transfer and pipeline figures are
-images/s with --workers processes (median of --repeats passes after one warm-up pass).
+milliseconds per image in this process (median of --repeats passes); transfer figures are images/s
+with --workers processes (median of --repeats passes after one warm-up pass); pipeline figures are
+images/s over --batches batches of 256 after 4 untimed ones, with the CPU cores used.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,6 +48,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=512)
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batches", type=int, default=16, help="timed batches of the pipeline runs")
     ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "gpubatch-cpu-study")
     a = ap.parse_args()
 
@@ -124,18 +127,27 @@ def main() -> None:
                 runs.append(len(blobs) / (time.perf_counter() - t))
             print(f"{name:40s} {statistics.median(runs):8,.0f} images/s")
 
-    # 3. the pipeline as users run it
-    with ImagePipeline(list(ops), device="cpu", seed=0, cpu_threads=a.workers) as pipe:
-        for _ in pipe.iterate_files(files, keys, batch_size=256):
-            pass
-        runs = []
-        for _ in range(a.repeats):
-            t, n = time.perf_counter(), 0
-            for b in pipe.iterate_files(files, keys, batch_size=256):
-                n += len(b)
-            runs.append(n / (time.perf_counter() - t))
-        print(f"{'ImagePipeline(device=cpu).iterate_files':32s} {statistics.median(runs):8,.0f} images/s")
+    # 3. the pipeline as users run it: batches of 256 over the set again and again, after 4 untimed
+    # batches; with more batches in flight (prefetch), and with a shorter GIL switch interval in this
+    # process (the pool's thread that hands out tasks waits for the GIL)
+    from gpubatch.bench.measure import CpuUse
 
+    for prefetch, interval in ((1, None), (4, None), (1, 0.0005)):
+        old = sys.getswitchinterval()
+        if interval:
+            sys.setswitchinterval(interval)
+        with ImagePipeline(list(ops), device="cpu", seed=0, cpu_threads=a.workers) as pipe:
+            it = pipe.iterate_files(files, keys, batch_size=256, repeat=True, prefetch=prefetch)
+            for _ in range(4):
+                next(it)
+            cpu, t, n = CpuUse(), time.perf_counter(), 0
+            for _ in range(a.batches):
+                n += len(next(it))
+            rate, cores = n / (time.perf_counter() - t), cpu.stop()
+            it.close()
+        sys.setswitchinterval(old)
+        name = f"iterate_files, prefetch {prefetch}" + (f", switch interval {interval * 1e3:g} ms" if interval else "")
+        print(f"{name:40s} {rate:8,.0f} images/s, {cores:4.1f} cores")
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,8 @@ Knobs (``key=value``, joined by commas; configurations by semicolons):
 ``prefetch`` (batches decoded ahead), ``ring`` (output buffers), ``threads`` (decoder CPU threads),
 ``keep`` (MiB of freed memory the driver pool keeps, ``image_gpu.POOL_KEEP``), ``region`` (1: region decode),
 ``batch`` (batch size), ``workers`` (feed processes), ``stack`` (bytes of stack per GPU thread,
-``gpu_executor.STACK_BYTES``, or ``none`` for the driver's default).
+``gpu_executor.STACK_BYTES``, or ``none`` for the driver's default), ``options`` (extra nvImageCodec
+decoder options, joined by "+").
 The context column is the CUDA context CuPy makes; the engine column is after the engine set the
 stack size and built its decoders.
 """
@@ -61,6 +62,11 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     pipe = ImagePipeline(ops, device="gpu", seed=0, ring=int(knobs.get("ring", 2)),
                          cpu_threads=int(knobs["threads"]) if "threads" in knobs else None,
                          region_decode=knobs.get("region", "0") == "1")
+    if "options" in knobs:  # extra nvImageCodec decoder options ("+" between them): a decoder made with them
+        from gpubatch.engine.codecs.image_gpu import GpuImageDecoder  # replaces the engine's
+
+        pipe.engine.decoder.close()
+        pipe.engine.decoder = GpuImageDecoder(0, pipe.cpu_threads, options=knobs["options"].replace("+", " "))
     out["engine_mib"] = mib()
     workers = int(knobs["workers"]) if "workers" in knobs else None
     it = pipe.iterate_files(files, keys, batch, repeat=True, prefetch=int(knobs.get("prefetch", 1)), workers=workers)
