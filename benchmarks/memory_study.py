@@ -61,12 +61,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     batch = int(knobs.get("batch", 256))
     pipe = ImagePipeline(ops, device="gpu", seed=0, ring=int(knobs.get("ring", 2)),
                          cpu_threads=int(knobs["threads"]) if "threads" in knobs else None,
-                         region_decode=knobs.get("region", "0") == "1")
-    if "options" in knobs:  # extra nvImageCodec decoder options ("+" between them): a decoder made with them
-        from gpubatch.engine.codecs.image_gpu import GpuImageDecoder  # replaces the engine's
-
-        pipe.engine.decoder.close()
-        pipe.engine.decoder = GpuImageDecoder(0, pipe.cpu_threads, options=knobs["options"].replace("+", " "))
+                         region_decode=knobs.get("region", "0") == "1",
+                         decoder_options=knobs.get("options", "").replace("+", " "))
     out["engine_mib"] = mib()
     workers = int(knobs["workers"]) if "workers" in knobs else None
     it = pipe.iterate_files(files, keys, batch, repeat=True, prefetch=int(knobs.get("prefetch", 1)), workers=workers)

@@ -48,12 +48,7 @@ def one(a: argparse.Namespace) -> dict:
     feed.start()
     pre = tuple(int(x) for x in a.hw_preallocate.split("x")) if a.hw_preallocate else None
     engine = GpuEngine(Device(DeviceKind.GPU, 0, reason="study"), a.threads, None, deterministic=True,
-                       jpeg_encoder=a.jpeg_encoder, hw_preallocate=pre)
-    if a.decoder_options:  # extra nvImageCodec options: a decoder made with them replaces the engine's
-        from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
-
-        engine.decoder.close()
-        engine.decoder = GpuImageDecoder(0, a.threads, hw_preallocate=pre, options=a.decoder_options)
+                       jpeg_encoder=a.jpeg_encoder, hw_preallocate=pre, decoder_options=a.decoder_options or "")
     if a.release_threshold is not None:  # the driver pool nvImageCodec allocates decoded images from
         pool = engine.cp.cuda.runtime.deviceGetDefaultMemPool(0)
         engine.cp.cuda.runtime.memPoolSetAttribute(pool, 4, a.release_threshold)

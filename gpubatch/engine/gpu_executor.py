@@ -72,7 +72,8 @@ class GpuEngine:
 
     def __init__(self, device: Device, cpu_threads: int = 8,
                  gpu_memory: str | int | float | None = None, share: int = 1, deterministic: bool = True,
-                 jpeg_encoder: str = "batched", hw_preallocate: tuple[int, int, int] | None = None):
+                 jpeg_encoder: str = "batched", hw_preallocate: tuple[int, int, int] | None = None,
+                 decoder_options: str = ""):
         import os
         import sys
 
@@ -102,7 +103,7 @@ class GpuEngine:
         self._null = cp.zeros(1, cp.uint64)  # stands for an unused pointer argument
         self.cpu_threads = cpu_threads
         self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic,
-                                       hw_preallocate=hw_preallocate)
+                                       hw_preallocate=hw_preallocate, options=decoder_options)
         self.jpeg_encoder = jpeg_encoder
         self._encoder = None
 
@@ -326,6 +327,9 @@ class ImagePipeline:
     many tiny JPEGs, about 1.1 s; 0 skips it), so the first batch does not pay their first call
     (1.2-1.7 s) and no later batch stalls while their buffers grow (benchmarks/startup_study.py).
 
+    ``decoder_options`` are extra nvImageCodec decoder options (space-separated, as nvImageCodec
+    takes them), for tuning studies.
+
     ``region_decode=True`` makes :meth:`iterate_files` decode only the part of each image the chain's
     leading crop reads (nvImageCodec region decode), widened by the resampling filter's reach so the
     output matches a full decode. Off by default: it measured no faster with the sub-streams made
@@ -339,7 +343,8 @@ class ImagePipeline:
 
     def __init__(self, ops: Sequence[Op], device: Device | str = "auto", seed: int = 0,
                  gpu: int = 0, cpu_threads: int | None = None, gpu_memory: str | int | float | None = None,
-                 max_pixels: int = 0, ring: int = 2, region_decode: bool = False, warm_up: int = 256):
+                 max_pixels: int = 0, ring: int = 2, region_decode: bool = False, warm_up: int = 256,
+                 decoder_options: str = ""):
         from .device import resolve
         from .executor import default_workers
 
@@ -348,7 +353,7 @@ class ImagePipeline:
         self.device = device if isinstance(device, Device) else resolve(device, gpu)
         self.plan.validate(DEVICE if self.device.is_gpu else "host")
         self.cpu_threads = cpu_threads or default_workers()
-        self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory)
+        self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory, decoder_options=decoder_options)
                        if self.device.is_gpu else None)
         if self.engine is not None and warm_up:
             self.engine.warm_up(warm_up)
