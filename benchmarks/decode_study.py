@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from _data import DEFAULT_DATA, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
 
 RESULTS: dict[str, float] = {}
-GROUPS = ("routed", "reuse", "hw4", "hw8", "cuda8", "cuda15", "async", "gil", "default", "views", "host", "encode",
+GROUPS = ("capi", "hwpar", "routed", "reuse", "hw4", "hw8", "cuda8", "cuda15", "async", "gil", "default", "views", "host", "encode",
           "roi")
 # --only takes any of these (each prefix-matches the conditions it runs)
 
@@ -48,7 +48,8 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2, help="passes over the set per measurement")
     ap.add_argument("--start-at", type=float, default=0.0,
                     help="routed group: wait for this time.time() before measuring (to run processes side by side)")
-    ap.add_argument("--configs", default="", help="routed group: share[:cuda_threads],... (e.g. 0.5:15,0.6)")
+    ap.add_argument("--configs", default="", help="routed group: share[:cuda_threads],... (e.g. 0.5:15,0.6); "
+                    "capi group: api:hw_instances:share:cuda_threads,... (e.g. c:3:0.5:11)")
     ap.add_argument("--timeout", type=float, default=90, help="seconds per group (each in its own process)")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
@@ -98,6 +99,147 @@ def main() -> None:
         wall = time.perf_counter() - t0
         CORES[0] = (_cpu_seconds() - c0) / wall
         return passes * len(blobs) / wall
+
+    # 0. the routed decoder through nvImageCodec's Python binding against its C API (ctypes), alone
+    # and beside one busy Python thread (as in a pipeline whose consumer runs Python)
+    if want("capi"):
+        import sys
+
+        keep0: deque = deque()
+        stop = threading.Event()
+
+        def busy() -> None:
+            x = 0
+            while not stop.is_set():
+                for i in range(1000):
+                    x += i * i
+
+        def product0(dec) -> float:
+            def fn(b: int) -> None:
+                res = dec.decode(batches[b], stream, headers=None)
+                keep0.append((stream.record(), res))
+                if len(keep0) > 2:
+                    keep0.popleft()[0].synchronize()
+
+            return timed(fn)
+
+        sys.setswitchinterval(0.0002)  # what the engine sets (gpu_executor.SWITCH_INTERVAL)
+        if not args.configs:
+            # the two decoders decoupled: each batch split as the routed decoder splits it (share 0.5),
+            # the hardware part decoded by one thread and the CUDA part by another, each running through
+            # the batches at its own pace (no barrier between the two halves of a batch)
+            router = GpuImageDecoder(0, 16, cuda_share=0.5, api="c")
+            splits = [router._split(kb) for kb in kind_batches]
+            router.close()
+            dec_hw = GpuImageDecoder(0, 16, cuda_share=0.0, api="c")
+            dec_cu = GpuImageDecoder(0, 16, hw_decoder=False, api="c")
+            for d in (dec_hw, dec_cu):
+                d.warm_up(256)
+
+            def half(dec, which: int, ids: list[int], s) -> None:
+                ring: deque = deque()
+                for b in ids:
+                    idx = [i for lst in splits[b][0] for i in lst] if which == 0 else splits[b][1]
+                    res = dec.decode([blobs[i] for i in idx], s)
+                    ring.append((s.record(), res))
+                    if len(ring) > 2:
+                        ring.popleft()[0].synchronize()
+
+            for label, parts in (("HW half alone", (0,)), ("CUDA half alone", (1,)), ("both halves at once", (0, 1))):
+                for warm in (True, False):
+                    ids = list(range(len(batches))) * (1 if warm else args.passes)
+                    t0, c0 = time.perf_counter(), _cpu_seconds()
+                    ths = [threading.Thread(target=half, args=((dec_hw, dec_cu)[w], w, ids,
+                                                                cp.cuda.Stream(non_blocking=True))) for w in parts]
+                    for t in ths:
+                        t.start()
+                    for t in ths:
+                        t.join()
+                    cp.cuda.runtime.deviceSynchronize()
+                    wall = time.perf_counter() - t0
+                    CORES[0] = (_cpu_seconds() - c0) / wall
+                report(f"capi: decoupled, {label} (images/s of whole batches)", len(ids) * 256 / wall)
+            dec_hw.close()
+            dec_cu.close()
+        configs = [("python", 1, 0.5, None), ("c", 1, 0.5, None), ("c", 3, 0.5, None), ("c", 3, 0.5, 8),
+                   ("c", 3, 0.5, 11), ("c", 3, 0.6, 11), ("c", 1, 0.0, None), ("c", 3, 0.0, None), ("c", 1, 1.0, None),
+                   ("c", 1, 1.0, 11)]
+        if args.configs:  # api:hw_instances:share:cuda_threads,...
+            configs = [(a, int(i), float(s), int(t) if t else None)
+                       for a, i, s, t in (c.split(":") for c in args.configs.split(","))]
+        for api, inst, share, cu_threads in configs:
+            dec = GpuImageDecoder(0, 16, cuda_share=share, api=api, hw_instances=inst, cuda_threads=cu_threads)
+            dec.warm_up(256)
+            product0(dec)  # warm-up pass
+            for k in dec.timings:
+                dec.timings[k] = 0.0
+            name = f"capi: {api} API, {inst} HW decoder(s), CUDA share {share}, {cu_threads or 15} CUDA threads"
+            report(name, product0(dec), f"{dict((k, round(v, 2)) for k, v in dec.timings.items())}")
+            stop.clear()
+            t = threading.Thread(target=busy, daemon=True)
+            t.start()
+            report(name + ", 1 busy thread", product0(dec))
+            stop.set()
+            t.join()
+            keep0.clear()
+            dec.close()
+
+    # 0b. the hardware engine alone through the C API: more decoder instances, and host work in
+    # several threads at once (each thread its own instances and stream)
+    if want("hwpar"):
+        import numpy as np
+
+        from gpubatch.engine.codecs.nvimgcodec_c import BACKEND_HW_GPU_ONLY, library
+
+        lib = library()
+        addr = [np.frombuffer(b, np.uint8) for b in blobs]
+        dims = [lib.header(lib.code_stream(a.ctypes.data, a.nbytes)) for a in addr]  # (leaks 4,096 small streams)
+        slab_bytes = 256 * max(d.width * d.height for d in dims) * 3
+        confs = [(1, 3), (1, 6), (2, 3), (3, 3), (4, 2)]
+        if args.configs:  # threads:instances,...
+            confs = [tuple(int(x) for x in c.split(":")) for c in args.configs.split(",")]
+        for n_threads, inst in confs:
+            workers = []
+            for _ in range(n_threads):
+                decs = [lib.decoder(0, 2, BACKEND_HW_GPU_ONLY) for _ in range(inst)]
+                st = cp.cuda.Stream(non_blocking=True)
+                workers.append((decs, st, cp.empty(slab_bytes, cp.uint8)))
+
+            def run(w: int, ids: list[int], workers=workers, inst=inst) -> None:
+                decs, st, slab = workers[w]
+                turn = 0
+                for b in ids:
+                    for idx in kind_batches[b].values():
+                        css, imgs, off = [], [], 0
+                        for i in idx:
+                            css.append(lib.code_stream(addr[i].ctypes.data, addr[i].nbytes))
+                            d = dims[i]
+                            imgs.append(lib.image(slab.data.ptr + off, d.height, d.width, d.width * 3, st.ptr))
+                            off += d.width * d.height * 3
+                        dec = decs[turn % inst]
+                        turn += 1
+                        dec.finish(dec.start(css, imgs))
+                        lib.destroy(css, imgs)
+
+            def go(passes: int, n_threads=n_threads) -> float:
+                ids = [b for _ in range(passes) for b in range(len(batches))]
+                t0 = time.perf_counter()
+                c0 = _cpu_seconds()
+                ths = [threading.Thread(target=run, args=(w, ids[w::n_threads])) for w in range(n_threads)]
+                for t in ths:
+                    t.start()
+                for t in ths:
+                    t.join()
+                cp.cuda.runtime.deviceSynchronize()
+                wall = time.perf_counter() - t0
+                CORES[0] = (_cpu_seconds() - c0) / wall
+                return len(ids) * 256 / wall
+
+            go(1)
+            report(f"hwpar: HW only, C API, {n_threads} thread(s) x {inst} decoders", go(args.passes))
+            for decs, _, _ in workers:
+                for d in decs:
+                    d.close()
 
     # 1. gpubatch's decoder: adaptive share, and fixed shares (the deterministic mode writers use)
     if want("routed"):
@@ -371,7 +513,7 @@ def main() -> None:
         print(f"roi: mean kept area {area:.2f}; CodeStream + sub-stream per image {per_image_us:.1f} us", flush=True)
         keep: deque = deque()
         for name, share in (("hardware engine only", 0.0), ("CUDA decoder only", 1.0), ("routed, share 0.5", 0.5)):
-            dec = GpuImageDecoder(0, 16, cuda_share=share)
+            dec = GpuImageDecoder(0, 16, cuda_share=share, api="python")  # takes sub-stream objects
 
             def run(which, dec=dec):
                 def fn(b: int) -> None:

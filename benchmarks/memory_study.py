@@ -17,7 +17,8 @@ Knobs (``key=value``, joined by commas; configurations by semicolons):
 ``keep`` (MiB of freed memory the driver pool keeps, ``image_gpu.POOL_KEEP``), ``region`` (1: region decode),
 ``batch`` (batch size), ``workers`` (feed processes), ``stack`` (bytes of stack per GPU thread,
 ``gpu_executor.STACK_BYTES``, or ``none`` for the driver's default), ``options`` (extra nvImageCodec
-decoder options, joined by "+").
+decoder options, joined by "+"), ``api`` (``c``: nvImageCodec's C API, one device buffer per batch;
+``python``: its Python binding, one allocation per image), ``hw`` (hardware-decoder instances).
 The context column is the CUDA context CuPy makes; the engine column is after the engine set the
 stack size and built its decoders.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -55,6 +57,10 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
 
     if "keep" in knobs:
         image_gpu.POOL_KEEP = int(knobs["keep"]) << 20
+    if "api" in knobs:  # the decoder through nvImageCodec's C API (c) or its Python binding (python)
+        os.environ["GPUBATCH_DECODE_API"] = knobs["api"]
+    if "hw" in knobs:  # hardware-decoder instances the calls take turns on
+        os.environ["GPUBATCH_HW_DECODERS"] = knobs["hw"]
     files, _, _ = load_blobs(args.data, args.images)
     keys = [f"{p.parent.name}/{p.stem}" for p in files]
     ops = chain_ops(get_model("resnet50").chains[args.chain])

@@ -1,8 +1,9 @@
 """GPU image codecs on nvImageCodec: routed batched JPEG decode and batched JPEG encode.
 
 Decode. Each JPEG's header (SOF type, chroma subsampling) is read first and the batch is split:
-part goes to a ``HW_GPU_ONLY`` decoder (the hardware JPEG engine), part to the CUDA decoder (Huffman
-on the GPU), both at once from two threads on their own streams, and nothing waits for the GPU.
+part goes to ``HW_GPU_ONLY`` decoders (the hardware JPEG engine), part to the CUDA decoder (Huffman
+on the GPU), both at once, each on its own stream, and nothing waits for the GPU. By default both are
+driven through nvImageCodec's C API (:mod:`.nvimgcodec_c`), decoding into one device buffer per batch.
 Which kinds the hardware engine takes is learned, not assumed: a kind it returns None for is routed
 to the CUDA decoder from then on. Whatever the GPU decoders refuse (CMYK, PNG, corrupt data) is
 decoded by Pillow into its slot and counted as a fallback; only a record that fails there too
@@ -14,10 +15,13 @@ nvImageCodec's CUDA encoder image by image (Hopper has no hardware JPEG encoder)
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import io
+import os
 import threading
 import time
+import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -100,7 +104,7 @@ class DeviceImage:
         """A CuPy view of the pixels (for tests and slow paths)."""
         import cupy as cp
 
-        if isinstance(self.owner, cp.ndarray):
+        if isinstance(self.owner, cp.ndarray) and self.owner.shape == self.shape:  # a CPU fallback's array
             return self.owner
         h, w, c = self.shape
         mem = cp.cuda.UnownedMemory(self.ptr, self.row_stride * h, self.owner)
@@ -149,17 +153,39 @@ def _process_stream(cp, device_index: int, name: str):
 POOL_KEEP = 512 << 20
 
 
-def _keep_freed_memory(cp, device_index: int) -> None:
-    """Let the driver's default pool (where nvImageCodec allocates decoded images) keep up to
-    :data:`POOL_KEEP` bytes of freed memory instead of returning it at every synchronization."""
-    if device_index in _POOLS_SET:
-        return
-    try:
-        pool = cp.cuda.runtime.deviceGetDefaultMemPool(device_index)
-        cp.cuda.runtime.memPoolSetAttribute(pool, 4, POOL_KEEP)  # cudaMemPoolAttrReleaseThreshold
-    except Exception:  # a driver without stream-ordered pools: nvImageCodec uses cudaMalloc there
-        pass
-    _POOLS_SET.add(device_index)
+def _keep_freed_memory(cp, device_index: int) -> bool:
+    """Let the driver's default pool (where decoded images live) keep up to :data:`POOL_KEEP` bytes
+    of freed memory instead of returning it at every synchronization. False where the device has no
+    stream-ordered pool."""
+    if device_index not in _POOLS_SET:
+        try:
+            pool = cp.cuda.runtime.deviceGetDefaultMemPool(device_index)
+            cp.cuda.runtime.memPoolSetAttribute(pool, 4, POOL_KEEP)  # cudaMemPoolAttrReleaseThreshold
+            _POOLS_SET.add(device_index)
+        except Exception:  # a driver without stream-ordered pools: nvImageCodec uses cudaMalloc there
+            return False
+    return True
+
+
+class _Slab:
+    """One batch's decoded images: a stream-ordered allocation from the driver's pool, made on the
+    hardware decoder's stream and freed (``cudaFreeAsync``) on the consumer's stream when the last
+    reference goes, that is once the kernels reading it are enqueued. The host never waits for the
+    free; the driver hands the memory to a later batch once the consumer's work before the free has
+    run (making that batch's decode stream wait on it where it must)."""
+
+    __slots__ = ("ptr", "consumer", "runtime")
+
+    def __init__(self, cp, size: int, stream: Any, consumer: Any):
+        self.runtime = cp.cuda.runtime
+        self.ptr = self.runtime.mallocAsync(size, stream.ptr)
+        self.consumer = consumer
+
+    def __del__(self) -> None:
+        try:
+            self.runtime.freeAsync(self.ptr, self.consumer.ptr)
+        except Exception:  # interpreter shutdown: the context is going away with the memory
+            pass
 
 
 class _Release:
@@ -189,29 +215,37 @@ class _Release:
 class GpuImageDecoder:
     """Batched, routed, stream-ordered JPEG decode on one GPU (see the module docstring).
 
-    The hardware engine's host side (bitstream parsing before the engine runs) takes about one core
-    and tops out near 11,500 images/s on mixed photos, while the CUDA decoder (Huffman on the GPU)
-    scales with CPU threads (15,800 images/s with 15), so each batch is split: the CUDA decoder takes
-    the share ``cuda_share``, slowest-for-hardware kinds first, from a second thread, and the rest
-    goes to the hardware engine, one call per chroma-subsampling kind. Neither call is waited for:
+    Each batch is split: the CUDA decoder (Huffman on the GPU, one image per CPU thread) takes the
+    share ``cuda_share``, the kinds the hardware engine is slowest on first, and the hardware JPEG
+    engine takes the rest, one call per chroma-subsampling kind. Neither is waited for on the GPU:
     the consumer stream waits on events of the decoder streams, so batch N+1 decodes while batch N's
-    kernels run (benchmarks/decode_study.py has the figures).
+    kernels run.
 
-    One hardware decoder only: nvImageCodec 0.9 pools the hardware engine's work across decoder
-    instances, and two instances called at once on different streams failed ("Expected the same CUDA
-    stream for all the samples in the minibatch") and then crashed the process.
+    ``api="c"`` (the default) drives nvImageCodec through its C API (:mod:`.nvimgcodec_c`): one thread
+    starts the CUDA decoder (its work runs on its own threads), then runs the hardware engine's
+    calls; the per-image calls keep the GIL instead of handing it over once per image; the images
+    land in one stream-ordered device buffer per batch. The hardware decoder waits, at the start of
+    each call, until that instance's previous call has finished on the GPU, so the calls take turns
+    over ``hw_instances`` instances (3): with one instance the engine alone decoded 8,800-9,700
+    images/s of the mixed set, with three 15,900-17,100, one thread calling them in turn (H200;
+    benchmarks/decode_study.py, group "capi", and RESULTS.md). ``api="python"`` uses the Python
+    binding (one instance, the CUDA decoder called from a second thread); it is the fallback where
+    the C library cannot be loaded, and the reference the C path is tested against.
 
     The two decoders' pixels differ slightly (their IDCTs and chroma upsampling differ), so the share
     is fixed by default (``deterministic=True``): a batch is then always split the same way, and the
     same input batched the same way gives the same output bytes whatever the timing or process.
-    ``deterministic=False`` lets the share move each batch towards equal host time of the two calls.
+    ``deterministic=False`` lets the share move each batch towards equal host time of the two calls
+    (Python binding only).
     """
 
     HW_THREADS = 4
+    HW_INSTANCES = 3
 
     def __init__(self, device_index: int = 0, cpu_threads: int = 8, hw_decoder: bool = True,
                  cuda_share: float = 0.5, deterministic: bool = True, cuda_threads: int | None = None,
-                 hw_preallocate: tuple[int, int, int] | None = None, options: str = ""):
+                 hw_preallocate: tuple[int, int, int] | None = None, options: str = "",
+                 api: str | None = None, hw_instances: int | None = None):
 
         import cupy as cp
 
@@ -229,14 +263,37 @@ class GpuImageDecoder:
             b, h, w = hw_preallocate
             hw_options += (f" nvjpeg_hw_decoder:preallocate_batch_size={b} nvjpeg_hw_decoder:preallocate_height_hint={h}"
                            f" nvjpeg_hw_decoder:preallocate_width_hint={w}")
+        self.api = api or os.environ.get("GPUBATCH_DECODE_API", "c")
+        if self.api not in ("c", "python"):
+            raise ValueError(f"unknown decode API {self.api!r}: 'c' or 'python'")
+        self.hw = self.cuda = self.lib = self.hw_c = self.cuda_c = None
+        self.hw_cs: list[Any] = []
+        hw_instances = hw_instances or int(os.environ.get("GPUBATCH_HW_DECODERS", self.HW_INSTANCES))
         with cp.cuda.Device(device_index):
-            _keep_freed_memory(cp, device_index)
-            self.hw = (nic.Decoder(device_id=device_index, max_num_cpu_threads=self.HW_THREADS,
-                                   backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)], options=hw_options)
-                       if hw_decoder else None)
-            self.cuda = nic.Decoder(device_id=device_index, max_num_cpu_threads=cuda_threads or threads,
-                                    backends=[nic.Backend(nic.BackendKind.HYBRID_CPU_GPU)],
-                                    options=f"nvjpeg_cuda_decoder:hybrid_huffman_threshold=0 {options}")
+            self.stream_ordered = _keep_freed_memory(cp, device_index)
+            cuda_options = f"nvjpeg_cuda_decoder:hybrid_huffman_threshold=0 {options}"
+            if self.api == "c":
+                from .nvimgcodec_c import BACKEND_HW_GPU_ONLY, BACKEND_HYBRID_CPU_GPU, CApiError, library
+
+                try:
+                    self.lib = library()
+                except (DependencyError, CApiError, OSError) as e:  # a wheel laid out otherwise
+                    warnings.warn(f"nvImageCodec's C API is not usable ({e}); decoding through its Python "
+                                  "binding", RuntimeWarning, stacklevel=2)
+                    self.api = "python"
+            if self.api == "c":
+                if hw_decoder:
+                    self.hw_cs = [self.lib.decoder(device_index, self.HW_THREADS, BACKEND_HW_GPU_ONLY, hw_options)
+                                  for _ in range(max(1, hw_instances))]
+                    self.hw_c = self.hw_cs[0]
+                self.cuda_c = self.lib.decoder(device_index, cuda_threads or threads, BACKEND_HYBRID_CPU_GPU,
+                                               cuda_options)
+            else:
+                self.hw = (nic.Decoder(device_id=device_index, max_num_cpu_threads=self.HW_THREADS,
+                                       backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)], options=hw_options)
+                           if hw_decoder else None)
+                self.cuda = nic.Decoder(device_id=device_index, max_num_cpu_threads=cuda_threads or threads,
+                                        backends=[nic.Backend(nic.BackendKind.HYBRID_CPU_GPU)], options=cuda_options)
             self.hw_stream = _process_stream(cp, device_index, "hw")
             self.cuda_stream = _process_stream(cp, device_index, "cuda")
         self.params = nic.DecodeParams(apply_exif_orientation=True, color_spec=nic.ColorSpec.SRGB,
@@ -244,6 +301,7 @@ class GpuImageDecoder:
         self.cuda_share = cuda_share if hw_decoder else 1.0
         self.deterministic = deterministic
         self._step = 0.1
+        self._hw_turn = 0
         self.hw_refuses: set[str] = set()
         self.hw_takes: set[str] = set()
         self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubatch-cuda-decode")
@@ -265,10 +323,21 @@ class GpuImageDecoder:
         t0 = time.perf_counter()
         blobs = _tiny_jpegs(batch)
         with self._calling:
+            if self.lib is not None:
+                kinds = [jpeg_kind(b)[0] for b in blobs]
+                every = list(range(len(blobs)))
+                res = DecodeResult([None] * len(blobs), [None] * len(blobs))
+                for hw in self.hw_cs:
+                    self.hw_c = hw
+                    self._gpu_c(blobs, None, kinds, [every], [], self.hw_stream, res)
+                self.hw_c = self.hw_cs[0] if self.hw_cs else None
+                self._gpu_c(blobs, None, kinds, [], every, self.cuda_stream, res)
+                res.keep.clear()
             for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
                 if decoder is not None:
                     self._call(decoder, stream, blobs)
-                    stream.synchronize()
+            self.hw_stream.synchronize()
+            self.cuda_stream.synchronize()
         return time.perf_counter() - t0
 
     def close(self) -> None:
@@ -277,6 +346,11 @@ class GpuImageDecoder:
         while self._freed:
             ev, _ = self._freed.popleft()
             ev.synchronize()
+        self.hw_stream.synchronize()
+        self.cuda_stream.synchronize()
+        for dec in self.hw_cs + ([self.cuda_c] if self.cuda_c else []):
+            dec.close()
+        self.hw_cs, self.hw_c, self.cuda_c = [], None, None
 
     def _collect(self) -> None:
         """Free the images of dropped batches whose consumer work has finished (never waits)."""
@@ -297,7 +371,7 @@ class GpuImageDecoder:
         decoder gets ``cuda_share`` of the batch, the kinds the hardware engine is slowest on first.
         The split depends only on the batch's contents, so a fixed share routes a given batch the
         same way every time."""
-        if self.hw is None:
+        if self.hw is None and self.hw_c is None:
             return [], sorted(i for idx in groups.values() for i in idx)
         hw_kinds = [k for k in _HW_ORDER if k in groups and k not in self.hw_refuses]
         cuda = [i for k, idx in groups.items() if k not in hw_kinds for i in idx]
@@ -355,7 +429,6 @@ class GpuImageDecoder:
                 regions: list[tuple[int, int, int, int] | None] | None = None) -> DecodeResult:
         t_start = time.perf_counter()
         self._collect()
-        cp = self.cp
         n = len(blobs)
         arrays: list[Any] = [None] * n
         errors: list[str | None] = [None] * n
@@ -378,31 +451,151 @@ class GpuImageDecoder:
         t0 = time.perf_counter()
         to_hw, to_cuda = self._split(groups)
         tm["parse"] += t0 - t_start
-        gpu_in = self._sub_streams(blobs, regions) if regions is not None and any(regions) else blobs
-        side = self._side.submit(self._call, self.cuda, self.cuda_stream, [gpu_in[i] for i in to_cuda])
         res = DecodeResult(arrays, errors)
-        hw_out: list[Any] = []
-        for lst in to_hw:  # one call per kind: the engine's host side is slower on mixed calls
-            hw_out.extend(self._call(self.hw, self.hw_stream, [gpu_in[i] for i in lst])[0])
-        to_hw = [i for lst in to_hw for i in lst]
-        t1 = time.perf_counter()
-        t_hw = t1 - t0
-        tm["hw"] += t1 - t0
+        gpu = self._gpu_c if self.lib is not None else self._gpu_python
+        to_cpu.extend(gpu(blobs, regions, kinds, to_hw, to_cuda, stream, res))
+        if res.on_gpu:
+            res.ready = [s.record() for s in (self.hw_stream, self.cuda_stream)]
+            if order:  # later work on ``stream`` runs after both decoders' work
+                res.order(stream)
+        t3 = time.perf_counter()
+        to_cpu = sorted(set(to_cpu))
+        if to_cpu:
+            cp = self.cp
+            decoded = list(self._cpu.map(lambda i: _host_decode(bytes(blobs[i]), max_pixels), to_cpu))
+            with stream:
+                for i, (arr, err) in zip(to_cpu, decoded):
+                    if err is not None:
+                        errors[i] = err
+                    else:
+                        a = cp.asarray(arr)
+                        arrays[i] = DeviceImage(a.data.ptr, a.shape, a.strides[0], a)
+                        res.keep.append(a)
+                        res.fallbacks += 1
+        tm["cpu"] += time.perf_counter() - t3
+        return res
+
+    def _learn(self, kinds: list[str | None], hw_idx: list[int], ok: list[bool]) -> list[int]:
+        """Note which kinds the hardware engine takes; returns the indices it failed (to retry)."""
         retry = []
         taken: dict[str, bool] = {}
-        for i, img in zip(to_hw, hw_out):
-            if img is None:
+        for i, good in zip(hw_idx, ok):
+            if good:
+                taken[kinds[i]] = True
+            else:
                 retry.append(i)
                 taken.setdefault(kinds[i], False)
-            else:
-                arrays[i] = img
-                res.hw += 1
-                taken[kinds[i]] = True
-        for kind, ok in taken.items():  # (under ``_calling``) a kind decoded even once is not refused
-            if ok:                          # for a corrupt file
+        for kind, good in taken.items():  # (under ``_calling``) a kind decoded even once is not refused
+            if good:                          # for a corrupt file
                 self.hw_takes.add(kind)
             elif kind not in self.hw_takes:
                 self.hw_refuses.add(kind)
+        return retry
+
+    def _gpu_c(self, blobs, regions, kinds, to_hw, to_cuda, stream, res: DecodeResult) -> list[int]:
+        """Decode through nvImageCodec's C API into one device buffer per batch (see
+        :mod:`.nvimgcodec_c`); fills ``res`` and returns the indices left for the CPU."""
+        lib, cp, tm = self.lib, self.cp, self.timings
+        t0 = time.perf_counter()
+        hw = self.hw_cs or [self.hw_c]
+        routes = [(hw[(self._hw_turn + k) % len(hw)], self.hw_stream, lst) for k, lst in enumerate(to_hw)]
+        self._hw_turn += len(to_hw)
+        routes.append((self.cuda_c, self.cuda_stream, to_cuda))
+        hosts: list[Any] = []  # keeps host views of the encoded bytes alive until the decoders are done
+        streams: dict[int, int] = {}
+        shapes: dict[int, tuple[int, int]] = {}
+        turns: dict[int, tuple[int, int, int]] = {}  # EXIF orientation per image
+        to_cpu: list[int] = []
+        for _, _, idx in routes:
+            for i in idx:
+                addr, size, keep = _host_address(blobs[i])
+                hosts.append(keep)
+                r = regions[i] if regions is not None else None
+                cs = lib.code_stream(addr, size, r)
+                hdr = lib.header(cs) if cs else None
+                if hdr is None:
+                    if cs:
+                        lib.destroy([cs], [])
+                    to_cpu.append(i)
+                    continue
+                h, w = (r[2] - r[0], r[3] - r[1]) if r is not None else (hdr.height, hdr.width)
+                if hdr.rotated % 180:
+                    h, w = w, h
+                streams[i], shapes[i], turns[i] = cs, (h, w), hdr.orientation
+        offsets, total = {}, 0
+        for i, (h, w) in shapes.items():
+            offsets[i] = total
+            total += (h * w * 3 + 255) & ~255
+        if self.stream_ordered:
+            slab: Any = _Slab(cp, max(total, 1), self.hw_stream, stream)
+            base = slab.ptr
+            self.cuda_stream.wait_event(self.hw_stream.record())  # both decoders write into it
+        else:
+            slab = cp.empty(max(total, 1), cp.uint8)
+            base = slab.data.ptr
+        images: dict[int, int] = {}
+
+        def start(decoder, strm, idx):
+            idx = [i for i in idx if i in streams]
+            for i in idx:
+                h, w = shapes[i]
+                if i in images:  # a retry: the failed attempt's descriptor goes
+                    lib.destroy([], [images[i]])
+                images[i] = lib.image(base + offsets[i], h, w, w * 3, strm.ptr, turns[i])
+            return idx, decoder.start([streams[i] for i in idx], [images[i] for i in idx])
+
+        t1 = time.perf_counter()
+        tm["wrap"] += t1 - t0
+        # the CUDA decoder's per-image work runs on its own threads while this thread runs the
+        # hardware engine's host work, one call per kind
+        cuda_idx, cuda_started = start(*routes[-1])
+        retry: list[int] = []
+        done: dict[int, bool] = {}
+        for decoder, strm, idx in routes[:-1]:
+            hw_idx, started = start(decoder, strm, idx)
+            ok = decoder.finish(started)
+            res.hw += sum(ok)
+            done.update((i, True) for i, good in zip(hw_idx, ok) if good)
+            retry.extend(self._learn(kinds, hw_idx, ok))
+        t2 = time.perf_counter()
+        tm["hw"] += t2 - t1
+        done.update(zip(cuda_idx, self.cuda_c.finish(cuda_started)))
+        if retry:  # what the hardware engine refused or failed, once more on the CUDA decoder
+            again, started = start(self.cuda_c, self.cuda_stream, retry)
+            done.update(zip(again, self.cuda_c.finish(started)))
+        tm["cuda_wait"] += time.perf_counter() - t2
+        for i, good in done.items():
+            if good:
+                h, w = shapes[i]
+                res.arrays[i] = DeviceImage(base + offsets[i], (h, w, 3), w * 3, slab)
+                res.on_gpu += 1
+            else:
+                to_cpu.append(i)
+        lib.destroy(list(streams.values()), list(images.values()))
+        if res.on_gpu:
+            res.keep.append(slab if self.stream_ordered else _Release([slab], stream, self._freed))
+        return to_cpu
+
+    def _gpu_python(self, blobs, regions, kinds, to_hw, to_cuda, stream, res: DecodeResult) -> list[int]:
+        """Decode through nvImageCodec's Python binding (one output allocation per image)."""
+        tm = self.timings
+        arrays = res.arrays
+        to_cpu: list[int] = []
+        t0 = time.perf_counter()
+        gpu_in = self._sub_streams(blobs, regions) if regions is not None and any(regions) else blobs
+        side = self._side.submit(self._call, self.cuda, self.cuda_stream, [gpu_in[i] for i in to_cuda])
+        hw_out: list[Any] = []
+        for lst in to_hw:  # one call per kind: the engine's host side is slower on mixed calls
+            hw_out.extend(self._call(self.hw, self.hw_stream, [gpu_in[i] for i in lst])[0])
+        to_hw = to_hw_flat(to_hw)
+        t1 = time.perf_counter()
+        t_hw = t1 - t0
+        tm["hw"] += t1 - t0
+        for i, img in zip(to_hw, hw_out):
+            if img is not None:
+                arrays[i] = img
+        res.hw += sum(img is not None for img in hw_out)
+        retry = self._learn(kinds, to_hw, [img is not None for img in hw_out])
         cuda_out, t_cuda = side.result()
         t2 = time.perf_counter()
         tm["cuda_wait"] += t2 - t1
@@ -420,11 +613,10 @@ class GpuImageDecoder:
                 else:
                     arrays[i] = img
         # every DeviceImage holds ``owner``, so the images are freed (stream-ordered) with the last of them
-        producers = (self.hw_stream, self.cuda_stream)
         owner = _Release([], stream, self._freed)
-        for i in range(n):
+        for i in range(len(arrays)):
             img = arrays[i]
-            if img is None:
+            if img is None or isinstance(img, DeviceImage):
                 continue
             ref = _device_image(img, owner)
             if ref is None:  # an odd result (alpha, 16 bit): let the CPU path do it
@@ -435,26 +627,26 @@ class GpuImageDecoder:
             arrays[i] = ref
             res.on_gpu += 1
         if owner.images:
-            res.ready = [s.record() for s in producers]
             res.keep.append(owner)
-            if order:  # later work on ``stream`` runs after both decoders' work
-                res.order(stream)
-        t3 = time.perf_counter()
-        tm["wrap"] += t3 - t2
-        to_cpu = sorted(set(to_cpu))
-        if to_cpu:
-            decoded = list(self._cpu.map(lambda i: _host_decode(bytes(blobs[i]), max_pixels), to_cpu))
-            with stream:
-                for i, (arr, err) in zip(to_cpu, decoded):
-                    if err is not None:
-                        errors[i] = err
-                    else:
-                        a = cp.asarray(arr)
-                        arrays[i] = DeviceImage(a.data.ptr, a.shape, a.strides[0], a)
-                        res.keep.append(a)
-                        res.fallbacks += 1
-        tm["cpu"] += time.perf_counter() - t3
-        return res
+        tm["wrap"] += time.perf_counter() - t2
+        return to_cpu
+
+
+def to_hw_flat(to_hw: list[list[int]]) -> list[int]:
+    return [i for lst in to_hw for i in lst]
+
+
+def _host_address(blob: Any) -> tuple[int, int, Any]:
+    """(address, size, object keeping it valid) of encoded bytes: ``bytes``, or any buffer (the feed's
+    NumPy views of shared memory are writable, which is the fastest case)."""
+    if isinstance(blob, bytes):
+        return ctypes.cast(blob, ctypes.c_void_p).value or 0, len(blob), blob
+    try:
+        c = ctypes.c_char.from_buffer(blob)
+        return ctypes.addressof(c), len(blob) if isinstance(blob, np.ndarray) else memoryview(blob).nbytes, c
+    except (TypeError, ValueError):  # read-only or not contiguous
+        arr = np.ascontiguousarray(np.frombuffer(blob, np.uint8))
+        return arr.ctypes.data, arr.nbytes, arr
 
 
 @functools.cache
