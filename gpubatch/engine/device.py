@@ -60,12 +60,19 @@ def gpu_problem(index: int = 0) -> tuple[str | None, str]:
         return "no CUDA device found", ""
     if not 0 <= index < count:
         return f"--gpu {index} does not exist: this machine has {count} GPU(s) (0..{count - 1})", ""
-    try:
-        from nvidia import nvimgcodec  # noqa: F401
-    except ImportError:
-        return f"nvImageCodec is not installed: {INSTALL_HINT}", ""
-    except Exception as e:
-        return f"nvImageCodec failed to load ({type(e).__name__}: {e})", ""
+    try:  # its C library, loaded without importing the Python binding (which makes an instance)
+        import ctypes
+
+        from .codecs.nvimgcodec_c import library_path
+
+        ctypes.CDLL(library_path())
+    except Exception:
+        try:  # the decoder falls back to the Python binding where the C library is not usable
+            from nvidia import nvimgcodec  # noqa: F401
+        except ImportError:
+            return f"nvImageCodec is not installed: {INSTALL_HINT}", ""
+        except Exception as e:
+            return f"nvImageCodec failed to load ({type(e).__name__}: {e})", ""
     try:
         props = cupy.cuda.runtime.getDeviceProperties(index)
         name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])

@@ -249,8 +249,7 @@ class GpuImageDecoder:
 
         import cupy as cp
 
-        nic = nvimgcodec()
-        self.cp, self.nic = cp, nic
+        self.cp = cp
         self.device_index = device_index
         from ..executor import default_workers
 
@@ -289,6 +288,7 @@ class GpuImageDecoder:
                 self.cuda_c = self.lib.decoder(device_index, cuda_threads or threads, BACKEND_HYBRID_CPU_GPU,
                                                cuda_options)
             else:
+                nic = self.nic = nvimgcodec()
                 self.hw = (nic.Decoder(device_id=device_index, max_num_cpu_threads=self.HW_THREADS,
                                        backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)], options=hw_options)
                            if hw_decoder else None)
@@ -296,8 +296,9 @@ class GpuImageDecoder:
                                         backends=[nic.Backend(nic.BackendKind.HYBRID_CPU_GPU)], options=cuda_options)
             self.hw_stream = _process_stream(cp, device_index, "hw")
             self.cuda_stream = _process_stream(cp, device_index, "cuda")
-        self.params = nic.DecodeParams(apply_exif_orientation=True, color_spec=nic.ColorSpec.SRGB,
-                                       allow_any_depth=False)
+        if self.api == "python":
+            self.params = self.nic.DecodeParams(apply_exif_orientation=True, color_spec=self.nic.ColorSpec.SRGB,
+                                                allow_any_depth=False)
         self.cuda_share = cuda_share if hw_decoder else 1.0
         self.deterministic = deterministic
         self._step = 0.1

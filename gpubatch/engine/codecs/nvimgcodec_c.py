@@ -313,12 +313,17 @@ class Decoder:
 
 
 def library_path() -> str:
-    """Where the installed nvImageCodec wheel keeps ``libnvimgcodec.so.0``."""
+    """Where the installed nvImageCodec wheel keeps ``libnvimgcodec.so.0`` (found without importing the
+    Python binding, whose import makes an instance of its own and loads every extension)."""
+    import importlib.util
+
     try:
-        from nvidia import nvimgcodec
-    except ImportError:
-        raise DependencyError("GPU image codecs need nvImageCodec: pip install 'gpubatch[cu13]'") from None
-    path = os.path.join(os.path.dirname(nvimgcodec.__file__), "libnvimgcodec.so.0")
+        spec = importlib.util.find_spec("nvidia.nvimgcodec")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise DependencyError("GPU image codecs need nvImageCodec: pip install 'gpubatch[cu13]'")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "libnvimgcodec.so.0")
     if not os.path.exists(path):
         raise DependencyError(f"nvImageCodec's C library is not where the wheel puts it: {path}")
     return path
