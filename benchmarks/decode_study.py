@@ -11,6 +11,7 @@ synchronized before the clock is read. One line per condition, then a JSON summa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import threading
 import time
@@ -33,6 +34,26 @@ def _cpu_seconds() -> float:
 
     t = os.times()
     return t.user + t.system
+
+
+@contextlib.contextmanager
+def busy_thread():
+    """One CPU-bound Python thread running beside the body (GIL pressure, as a busy consumer makes)."""
+    stop = threading.Event()
+
+    def busy() -> None:
+        x = 0
+        while not stop.is_set():
+            for i in range(1000):
+                x += i * i
+
+    t = threading.Thread(target=busy, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
 
 
 def report(name: str, rate: float, extra: str = "") -> None:
@@ -106,13 +127,6 @@ def main() -> None:
         import sys
 
         keep0: deque = deque()
-        stop = threading.Event()
-
-        def busy() -> None:
-            x = 0
-            while not stop.is_set():
-                for i in range(1000):
-                    x += i * i
 
         def product0(dec) -> float:
             def fn(b: int) -> None:
@@ -175,12 +189,8 @@ def main() -> None:
                 dec.timings[k] = 0.0
             name = f"capi: {api} API, {inst} HW decoder(s), CUDA share {share}, {cu_threads or 15} CUDA threads"
             report(name, product0(dec), f"{dict((k, round(v, 2)) for k, v in dec.timings.items())}")
-            stop.clear()
-            t = threading.Thread(target=busy, daemon=True)
-            t.start()
-            report(name + ", 1 busy thread", product0(dec))
-            stop.set()
-            t.join()
+            with busy_thread():
+                report(name + ", 1 busy thread", product0(dec))
             keep0.clear()
             dec.close()
 
@@ -404,23 +414,12 @@ def main() -> None:
         import sys
 
         fn, side = routed_async_factory(4, 14, 0.5)
-        stop = threading.Event()
-
-        def busy() -> None:
-            x = 0
-            while not stop.is_set():
-                for i in range(1000):
-                    x += i * i
 
         for interval in (0.001, 0.0002, 0.00005):
             sys.setswitchinterval(interval)
-            stop.clear()
-            t = threading.Thread(target=busy, daemon=True)
-            t.start()
-            report(f"gil: routed async + 1 busy Python thread, switch interval {interval * 1e3:g} ms",
-                   timed(fn, passes=1))
-            stop.set()
-            t.join()
+            with busy_thread():
+                report(f"gil: routed async + 1 busy Python thread, switch interval {interval * 1e3:g} ms",
+                       timed(fn, passes=1))
         side.shutdown()
 
     # 6. default Decoder (and DALI-like split in one Decoder), stream-ordered, mixed batches

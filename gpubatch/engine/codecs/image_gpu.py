@@ -66,8 +66,9 @@ class DecodeResult:
         errors: per item None or the reason it could not be decoded by any path.
         on_gpu: how many the GPU decoders produced; ``hw`` of those by the hardware engine.
         fallbacks: how many Pillow decoded after the GPU refused them.
-        keep: objects that own the device memory (nvImageCodec Images); hold them until the kernels
-            reading ``arrays`` have finished.
+        keep: objects that own the device memory (the batch's stream-ordered buffer, or nvImageCodec
+            Images); hold them until the kernels reading ``arrays`` are enqueued on the consumer's
+            stream: dropping them then frees the memory in stream order.
         ready: events of the decoder streams that work reading ``arrays`` must wait for, not yet
             waited on (see :meth:`order`).
     """
@@ -265,7 +266,7 @@ class GpuImageDecoder:
         self.api = api or os.environ.get("GPUBATCH_DECODE_API", "c")
         if self.api not in ("c", "python"):
             raise ValueError(f"unknown decode API {self.api!r}: 'c' or 'python'")
-        self.hw = self.cuda = self.lib = self.hw_c = self.cuda_c = None
+        self.hw = self.cuda = self.lib = self.cuda_c = None
         self.hw_cs: list[Any] = []
         hw_instances = hw_instances or int(os.environ.get("GPUBATCH_HW_DECODERS", self.HW_INSTANCES))
         with cp.cuda.Device(device_index):
@@ -284,7 +285,6 @@ class GpuImageDecoder:
                 if hw_decoder:
                     self.hw_cs = [self.lib.decoder(device_index, self.HW_THREADS, BACKEND_HW_GPU_ONLY, hw_options)
                                   for _ in range(max(1, hw_instances))]
-                    self.hw_c = self.hw_cs[0]
                 self.cuda_c = self.lib.decoder(device_index, cuda_threads or threads, BACKEND_HYBRID_CPU_GPU,
                                                cuda_options)
             else:
@@ -305,14 +305,17 @@ class GpuImageDecoder:
         self._hw_turn = 0
         self.hw_refuses: set[str] = set()
         self.hw_takes: set[str] = set()
-        self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubatch-cuda-decode")
+        # the Python binding's CUDA-decoder calls run beside its hardware calls from this thread
+        self._side = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubatch-cuda-decode")
+                      if self.api == "python" else None)
         self._cpu = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpubatch-cpu-decode")
         # one decode() at a time: a second thread's call beside a running one broke the hardware
         # decoder ("Something went wrong during decoding", then a crash; benchmarks/pipeline_study.py)
         self._calling = threading.Lock()
         self._freed: deque = deque()  # (consumer event, images) of dropped batches, freed once done
-        # host seconds per part of decode(): header parse, the hardware calls, waiting for the
-        # CUDA decoder's call, wrapping results, CPU fallbacks (the GPU work itself is not waited for)
+        # host seconds per part of decode(): header parse, the hardware calls (with the C API also
+        # starting the CUDA decoder), waiting for the CUDA decoder, wrapping results (with the C API
+        # the per-image code streams and descriptors), CPU fallbacks (the GPU work is not waited for)
         self.timings = {"parse": 0.0, "hw": 0.0, "cuda_wait": 0.0, "wrap": 0.0, "cpu": 0.0}
 
     def warm_up(self, batch: int = 256) -> float:
@@ -328,10 +331,8 @@ class GpuImageDecoder:
                 kinds = [jpeg_kind(b)[0] for b in blobs]
                 every = list(range(len(blobs)))
                 res = DecodeResult([None] * len(blobs), [None] * len(blobs))
-                for hw in self.hw_cs:
-                    self.hw_c = hw
+                for _ in self.hw_cs:  # one call each: the calls take turns over the instances
                     self._gpu_c(blobs, None, kinds, [every], [], self.hw_stream, res)
-                self.hw_c = self.hw_cs[0] if self.hw_cs else None
                 self._gpu_c(blobs, None, kinds, [], every, self.cuda_stream, res)
                 res.keep.clear()
             for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
@@ -342,7 +343,8 @@ class GpuImageDecoder:
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        self._side.shutdown(wait=True)
+        if self._side is not None:
+            self._side.shutdown(wait=True)
         self._cpu.shutdown(wait=True)
         while self._freed:
             ev, _ = self._freed.popleft()
@@ -351,7 +353,7 @@ class GpuImageDecoder:
         self.cuda_stream.synchronize()
         for dec in self.hw_cs + ([self.cuda_c] if self.cuda_c else []):
             dec.close()
-        self.hw_cs, self.hw_c, self.cuda_c = [], None, None
+        self.hw_cs, self.cuda_c = [], None
 
     def _collect(self) -> None:
         """Free the images of dropped batches whose consumer work has finished (never waits)."""
@@ -372,7 +374,7 @@ class GpuImageDecoder:
         decoder gets ``cuda_share`` of the batch, the kinds the hardware engine is slowest on first.
         The split depends only on the batch's contents, so a fixed share routes a given batch the
         same way every time."""
-        if self.hw is None and self.hw_c is None:
+        if self.hw is None and not self.hw_cs:
             return [], sorted(i for idx in groups.values() for i in idx)
         hw_kinds = [k for k in _HW_ORDER if k in groups and k not in self.hw_refuses]
         cuda = [i for k, idx in groups.items() if k not in hw_kinds for i in idx]
@@ -498,7 +500,7 @@ class GpuImageDecoder:
         :mod:`.nvimgcodec_c`); fills ``res`` and returns the indices left for the CPU."""
         lib, cp, tm = self.lib, self.cp, self.timings
         t0 = time.perf_counter()
-        hw = self.hw_cs or [self.hw_c]
+        hw = self.hw_cs
         routes = [(hw[(self._hw_turn + k) % len(hw)], self.hw_stream, lst) for k, lst in enumerate(to_hw)]
         self._hw_turn += len(to_hw)
         routes.append((self.cuda_c, self.cuda_stream, to_cuda))
@@ -588,7 +590,7 @@ class GpuImageDecoder:
         hw_out: list[Any] = []
         for lst in to_hw:  # one call per kind: the engine's host side is slower on mixed calls
             hw_out.extend(self._call(self.hw, self.hw_stream, [gpu_in[i] for i in lst])[0])
-        to_hw = to_hw_flat(to_hw)
+        to_hw = [i for lst in to_hw for i in lst]
         t1 = time.perf_counter()
         t_hw = t1 - t0
         tm["hw"] += t1 - t0
@@ -631,10 +633,6 @@ class GpuImageDecoder:
             res.keep.append(owner)
         tm["wrap"] += time.perf_counter() - t2
         return to_cpu
-
-
-def to_hw_flat(to_hw: list[list[int]]) -> list[int]:
-    return [i for lst in to_hw for i in lst]
 
 
 def _host_address(blob: Any) -> tuple[int, int, Any]:
