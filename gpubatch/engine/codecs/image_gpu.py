@@ -228,7 +228,7 @@ class GpuImageDecoder:
     land in one stream-ordered device buffer per batch. The hardware decoder waits, at the start of
     each call, until that instance's previous call has finished on the GPU, so the calls take turns
     over ``hw_instances`` instances (3): with one instance the engine alone decoded 8,800-9,700
-    images/s of the mixed set, with three 15,900-17,100, one thread calling them in turn (H200;
+    images/s of the mixed set, with three 13,100-17,100, one thread calling them in turn (H200;
     benchmarks/decode_study.py, group "capi", and RESULTS.md). ``api="python"`` uses the Python
     binding (one instance, the CUDA decoder called from a second thread); it is the fallback where
     the C library cannot be loaded, and the reference the C path is tested against.
