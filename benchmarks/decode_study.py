@@ -56,6 +56,21 @@ def busy_thread():
         t.join()
 
 
+def threads_wall(jobs: list, sync) -> float:
+    """Run each (function, args) of ``jobs`` in its own thread at once; the seconds until all are done
+    and ``sync()`` (the GPU) has returned. Sets the cores the process kept busy meanwhile."""
+    t0, c0 = time.perf_counter(), _cpu_seconds()
+    ths = [threading.Thread(target=fn, args=args) for fn, args in jobs]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    sync()
+    wall = time.perf_counter() - t0
+    CORES[0] = (_cpu_seconds() - c0) / wall
+    return wall
+
+
 def report(name: str, rate: float, extra: str = "") -> None:
     RESULTS[name] = round(rate)
     print(f"{name:58s} {rate:9,.0f} img/s  {CORES[0]:4.1f} cores  {extra}", flush=True)
@@ -162,16 +177,8 @@ def main() -> None:
             for label, parts in (("HW half alone", (0,)), ("CUDA half alone", (1,)), ("both halves at once", (0, 1))):
                 for warm in (True, False):
                     ids = list(range(len(batches))) * (1 if warm else args.passes)
-                    t0, c0 = time.perf_counter(), _cpu_seconds()
-                    ths = [threading.Thread(target=half, args=((dec_hw, dec_cu)[w], w, ids,
-                                                                cp.cuda.Stream(non_blocking=True))) for w in parts]
-                    for t in ths:
-                        t.start()
-                    for t in ths:
-                        t.join()
-                    cp.cuda.runtime.deviceSynchronize()
-                    wall = time.perf_counter() - t0
-                    CORES[0] = (_cpu_seconds() - c0) / wall
+                    wall = threads_wall([(half, ((dec_hw, dec_cu)[w], w, ids, cp.cuda.Stream(non_blocking=True)))
+                                         for w in parts], cp.cuda.runtime.deviceSynchronize)
                 report(f"capi: decoupled, {label} (images/s of whole batches)", len(ids) * 256 / wall)
             dec_hw.close()
             dec_cu.close()
@@ -203,7 +210,11 @@ def main() -> None:
 
         lib = library()
         addr = [np.frombuffer(b, np.uint8) for b in blobs]
-        dims = [lib.header(lib.code_stream(a.ctypes.data, a.nbytes)) for a in addr]  # (leaks 4,096 small streams)
+        dims = []
+        for a in addr:
+            cs = lib.code_stream(a.ctypes.data, a.nbytes)
+            dims.append(lib.header(cs))
+            lib.destroy([cs], [])
         slab_bytes = 256 * max(d.width * d.height for d in dims) * 3
         confs = [(1, 3), (1, 6), (2, 3), (3, 3), (4, 2)]
         if args.configs:  # threads:instances,...
@@ -233,16 +244,8 @@ def main() -> None:
 
             def go(passes: int, n_threads=n_threads) -> float:
                 ids = [b for _ in range(passes) for b in range(len(batches))]
-                t0 = time.perf_counter()
-                c0 = _cpu_seconds()
-                ths = [threading.Thread(target=run, args=(w, ids[w::n_threads])) for w in range(n_threads)]
-                for t in ths:
-                    t.start()
-                for t in ths:
-                    t.join()
-                cp.cuda.runtime.deviceSynchronize()
-                wall = time.perf_counter() - t0
-                CORES[0] = (_cpu_seconds() - c0) / wall
+                wall = threads_wall([(run, (w, ids[w::n_threads])) for w in range(n_threads)],
+                                    cp.cuda.runtime.deviceSynchronize)
                 return len(ids) * 256 / wall
 
             go(1)
