@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--start-at", type=float, default=0.0,
                     help="routed group: wait for this time.time() before measuring (to run processes side by side)")
     ap.add_argument("--configs", default="", help="routed group: share[:cuda_threads],... (e.g. 0.5:15,0.6); "
-                    "capi group: api:hw_instances:share:cuda_threads,... (e.g. c:3:0.5:11)")
+                    "capi group: api:hw_instances:share:cuda_threads[:ahead],... (e.g. c:3:0.5:11:2)")
     ap.add_argument("--timeout", type=float, default=90, help="seconds per group (each in its own process)")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
@@ -123,14 +123,19 @@ def main() -> None:
     def want(name: str) -> bool:
         return not only or any(name.startswith(o) for o in only)
 
-    def timed(fn, passes: int = args.passes) -> float:
+    def timed(fn, passes: int = args.passes, drain=None) -> float:
+        """``drain``: completes what ``fn`` left in flight (before the clock is read)."""
         for b in range(2):
             fn(b)
+        if drain is not None:
+            drain()
         cp.cuda.runtime.deviceSynchronize()
         c0, t0 = _cpu_seconds(), time.perf_counter()
         for _ in range(passes):
             for b in range(len(batches)):
                 fn(b)
+        if drain is not None:
+            drain()
         cp.cuda.runtime.deviceSynchronize()
         wall = time.perf_counter() - t0
         CORES[0] = (_cpu_seconds() - c0) / wall
@@ -142,15 +147,30 @@ def main() -> None:
         import sys
 
         keep0: deque = deque()
+        fell = [0]  # images the GPU decoders did not decode (none in the mixed set: each one is a fault)
 
-        def product0(dec) -> float:
-            def fn(b: int) -> None:
-                res = dec.decode(batches[b], stream, headers=None)
+        def product0(dec, ahead: int = 0) -> float:
+            """Batches through ``dec``: each waited for (``ahead`` 0), or ``ahead`` batches handed to the
+            decoders' threads before the oldest is completed (as ``decode_ahead`` does in a pipeline)."""
+            pend: deque = deque()
+
+            def done(res) -> None:
+                res.order(stream)
+                fell[0] += res.fallbacks + sum(e is not None for e in res.errors)
                 keep0.append((stream.record(), res))
                 if len(keep0) > 2:
                     keep0.popleft()[0].synchronize()
 
-            return timed(fn)
+            def fn(b: int) -> None:
+                pend.append(dec.decode(batches[b], stream, order=False, wait=not ahead))
+                if len(pend) > ahead:
+                    done(pend.popleft())
+
+            def drain() -> None:
+                while pend:
+                    done(pend.popleft())
+
+            return timed(fn, drain=drain)
 
         sys.setswitchinterval(0.0002)  # 0.2 ms (the engine sets 1 ms, gpu_executor.SWITCH_INTERVAL)
         if not args.configs:
@@ -182,22 +202,25 @@ def main() -> None:
                 report(f"capi: decoupled, {label} (images/s of whole batches)", len(ids) * 256 / wall)
             dec_hw.close()
             dec_cu.close()
-        configs = [("python", 1, 0.5, None), ("c", 1, 0.5, None), ("c", 3, 0.5, None), ("c", 3, 0.5, 8),
-                   ("c", 3, 0.5, 11), ("c", 3, 0.6, 11), ("c", 1, 0.0, None), ("c", 3, 0.0, None), ("c", 1, 1.0, None),
-                   ("c", 1, 1.0, 11)]
-        if args.configs:  # api:hw_instances:share:cuda_threads,...
-            configs = [(a, int(i), float(s), int(t) if t else None)
-                       for a, i, s, t in (c.split(":") for c in args.configs.split(","))]
-        for api, inst, share, cu_threads in configs:
+        configs = [("python", 1, 0.5, None, 0), ("c", 3, 0.5, None, 0), ("c", 3, 0.5, None, 1), ("c", 3, 0.5, None, 2),
+                   ("c", 3, 0.5, None, 3), ("c", 3, 0.0, None, 0), ("c", 1, 1.0, None, 0)]
+        if args.configs:  # api:hw_instances:share:cuda_threads[:ahead],...
+            configs = [(a, int(i), float(s), int(t) if t else None, int(ah[0]) if ah else 0)
+                       for a, i, s, t, *ah in (c.split(":") for c in args.configs.split(","))]
+        for api, inst, share, cu_threads, ahead in configs:
             dec = GpuImageDecoder(0, 16, cuda_share=share, api=api, hw_instances=inst, cuda_threads=cu_threads)
             dec.warm_up(256)
-            product0(dec)  # warm-up pass
+            product0(dec, ahead)  # warm-up pass
             for k in dec.timings:
                 dec.timings[k] = 0.0
-            name = f"capi: {api} API, {inst} HW decoder(s), CUDA share {share}, {cu_threads or 15} CUDA threads"
-            report(name, product0(dec), f"{dict((k, round(v, 2)) for k, v in dec.timings.items())}")
+            name = (f"capi: {api} API, {inst} HW decoder(s), CUDA share {share}, {cu_threads or 15} CUDA threads, "
+                    + (f"{ahead} batch(es) handed over ahead" if ahead else "each batch waited for"))
+            fell[0] = 0
+            report(name, product0(dec, ahead), f"{dict((k, round(v, 2)) for k, v in dec.timings.items())}, "
+                   f"not decoded on the GPU: {fell[0]}")
+            fell[0] = 0
             with busy_thread():
-                report(name + ", 1 busy thread", product0(dec))
+                report(name + ", 1 busy thread", product0(dec, ahead), f"not decoded on the GPU: {fell[0]}")
             keep0.clear()
             dec.close()
 

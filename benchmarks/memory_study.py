@@ -9,8 +9,9 @@ NVML as ``gpubatch bench`` reads it: minus the level before the process touched 
 included. Printed per configuration: after the CUDA context (CuPy), after the engine (decoders) is
 built, after one warm-up pass over the set, the peak over the whole run, and the images/s of the timed
 windows (median of 5, the stream synchronized after every batch) with ``iterate_files``, batch 256;
-then what CuPy's pool holds (kernel outputs, launch tables) and the high-water mark of the driver's
-default pool (nvImageCodec's decoded images). The rest is the decoders' own buffers and the context.
+then what CuPy's pool holds (kernel outputs, launch tables), the high-water mark of the driver's
+default pool (decoded images) and how many images the CPU decoded (none expected on the mixed set).
+The rest is the decoders' own buffers and the context.
 
 Knobs (``key=value``, joined by commas; configurations by semicolons):
 ``prefetch`` (batches decoded ahead), ``ring`` (output buffers), ``threads`` (decoder CPU threads),
@@ -18,7 +19,9 @@ Knobs (``key=value``, joined by commas; configurations by semicolons):
 ``batch`` (batch size), ``workers`` (feed processes), ``stack`` (bytes of stack per GPU thread,
 ``gpu_executor.STACK_BYTES``, or ``none`` for the driver's default), ``options`` (extra nvImageCodec
 decoder options, joined by "+"), ``api`` (``c``: nvImageCodec's C API, one device buffer per batch;
-``python``: its Python binding, one allocation per image), ``hw`` (hardware-decoder instances).
+``python``: its Python binding, one allocation per image), ``hw`` (hardware-decoder instances),
+``coupled`` (1: the decode thread waits for both decoders' parts of each batch before it hands over
+the next, instead of each decoder's thread going through the batches at its own pace).
 The context column is the CUDA context CuPy makes; the engine column is after the engine set the
 stack size and built its decoders.
 """
@@ -61,6 +64,9 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         os.environ["GPUBATCH_DECODE_API"] = knobs["api"]
     if "hw" in knobs:  # hardware-decoder instances the calls take turns on
         os.environ["GPUBATCH_HW_DECODERS"] = knobs["hw"]
+    if knobs.get("coupled") == "1":  # the decode thread waits for both decoders' parts of each batch
+        decode = image_gpu.GpuImageDecoder.decode
+        image_gpu.GpuImageDecoder.decode = lambda self, *a, **k: decode(self, *a, **{**k, "wait": True})
     files, _, _ = load_blobs(args.data, args.images)
     keys = [f"{p.parent.name}/{p.stem}" for p in files]
     ops = chain_ops(get_model("resnet50").chains[args.chain])
@@ -83,6 +89,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     out["images_per_s"] = round(res["images_per_s"])
     out["peak_mib"] = round(sampler.stop()["gpu_mem_gib"] * 1024)
     out["decoder_mib_kept"] = image_gpu.POOL_KEEP >> 20
+    out["not_on_gpu"] = pipe.stats["images"] - pipe.stats["gpu"]  # CPU fallbacks (none expected on the set)
     it.close()
     pipe.close()
     return out
@@ -104,7 +111,7 @@ def main() -> None:
     load_blobs(args.data, args.images)  # make the set once, outside the timed processes
     print(f"{args.chain} chain, {args.images} images; MiB of device memory in use above the level before CUDA")
     print(f"{'configuration':34s} {'context':>8s} {'engine':>8s} {'1 pass':>8s} {'peak':>8s} {'images/s':>9s}"
-          f" {'CuPy pool':>9s} {'decoded':>8s}")
+          f" {'CuPy pool':>9s} {'decoded':>8s} {'CPU':>5s}")
     for cfg in args.configs.split(";"):
         cmd = [sys.executable, __file__, "--one", cfg, "--images", str(args.images), "--chain", args.chain,
                "--seconds", str(args.seconds), "--data", args.data]
@@ -118,7 +125,8 @@ def main() -> None:
             print(f"{cfg:34s} {r['error']}")
             continue
         print(f"{cfg:34s} {r['context_mib']:8d} {r['engine_mib']:8d} {r['after_pass_mib']:8d} {r['peak_mib']:8d} "
-              f"{r['images_per_s']:9,d} {r['cupy_pool_mib']:9d} {r['driver_pool_high_mib']:8d}", flush=True)
+              f"{r['images_per_s']:9,d} {r['cupy_pool_mib']:9d} {r['driver_pool_high_mib']:8d} {r['not_on_gpu']:5d}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,9 @@ def run_gpubatch(a: dict, device: str) -> dict:
     if model.encode:
         stages["encode"] = enc["encode"]
     res["stages_s"] = {k: round(v, 3) for k, v in stages.items()}
-    res["bottleneck"] = bottleneck({"read": stages.get("read_wait", 0), "decode": stages.get("decode", 0),
+    # the consumer's wait for decode counts for decode: the decoders' threads do the work it waits for
+    res["bottleneck"] = bottleneck({"read": stages.get("read_wait", 0),
+                                    "decode": stages.get("decode", 0) + stages.get("decode_wait", 0),
                                     "ops/copy-out": stages.get("ops", stages.get("copy-out", 0)),
                                     "worker processes": stages.get("workers (read, decode, ops)", 0),
                                     "encode": stages.get("encode", 0)})

@@ -402,13 +402,14 @@ class ImagePipeline:
 
     def decode(self, blobs: Sequence[bytes], headers: Sequence[tuple[str | None, int, int]] | None = None,
                regions: Sequence[tuple[int, int, int, int] | None] | None = None) -> Any:
-        """Stage 1 (may run in another thread): decode a batch (``headers``: the blobs' JPEG kinds and
-        sizes when already parsed, ``regions``: the parts to decode, as a FileFeed gives them)."""
+        """Stage 1 (may run in another thread): hand a batch to the decoders (``headers``: the blobs' JPEG
+        kinds and sizes when already parsed, ``regions``: the parts to decode, as a FileFeed gives
+        them). On the GPU the result may still be decoding: :meth:`process` completes it."""
         if self.engine is None:
             return list(blobs)  # the CPU path decodes inside its worker processes, with the ops
         return self.engine.decoder.decode(list(blobs), self.engine.stream, self.plan.max_pixels, order=False,
                                           headers=list(headers) if headers is not None else None,
-                                          regions=list(regions) if regions is not None else None)
+                                          regions=list(regions) if regions is not None else None, wait=False)
 
     def process(self, decoded: Any, keys: Sequence[str], params: Sequence[Any] | None = None,
                 sizes: Sequence[tuple[int, int] | None] | None = None,
@@ -429,6 +430,7 @@ class ImagePipeline:
 
         res = decoded
         res.order(self.engine.stream)  # this batch's kernels wait for its decode, and no later one's
+        self.timings["decode_wait"] += res.waited
         arrays, drawn, rows, redrawn = [], [], [], []
         for i, (a, key) in enumerate(zip(res.arrays, keys)):
             if a is None:
@@ -542,13 +544,13 @@ class ImagePipeline:
         batches = decode_ahead(decode, items, prefetch, tm)
         try:
             for (_, keys, fed), out in batches:
-                t1 = time.perf_counter()
+                t1, waited = time.perf_counter(), tm["decode_wait"]
                 if fed is None:
                     out = self.process(out, keys)
                 else:
                     out = self.process(out, keys, fed.params, fed.sizes, fed.windows)
                     fed.done()  # the encoded bytes (views of the feed's shared memory) are no longer read
-                tm["ops"] += time.perf_counter() - t1
+                tm["ops"] += time.perf_counter() - t1 - (tm["decode_wait"] - waited)  # process() waits for decode
                 yield out
         finally:
             if on_stop is not None:
@@ -568,7 +570,9 @@ def decode_ahead(decode: Callable[[Any], Any], items: Iterable[Any], prefetch: i
     A decode starts only once a slot is free, so at most ``prefetch + 1`` decoded batches are held at a
     time, plus the one before until its kernels finish (a plain queue of depth ``prefetch`` would hold
     one more: finished, waiting to be put). With ``prefetch=1`` batch N+1 decodes while batch N's
-    kernels run, and no batch beyond that takes device memory."""
+    kernels run, and no batch beyond that takes device memory. ``decode`` may return a result still
+    being decoded (``GpuImageDecoder.decode(..., wait=False)``), which the consumer completes: the
+    slots then bound how far the decoders' own threads may run ahead of it."""
     import threading
 
     from .executor import prefetched

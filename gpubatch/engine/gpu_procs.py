@@ -112,7 +112,8 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
         first = {"gpu_init": gpu_init, "warm_up": warm}
 
         def decode(fed: Any) -> Any:
-            return engine.decoder.decode(fed.blobs, engine.stream, plan.max_pixels, order=False, headers=fed.headers)
+            return engine.decoder.decode(fed.blobs, engine.stream, plan.max_pixels, order=False, headers=fed.headers,
+                                         wait=False)
 
         seen = dict(tm)
         for fed, res in decode_ahead(decode, feed, 2, tm):
@@ -124,6 +125,7 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
             sink = Sink(np.frombuffer(shm.buf, np.uint8, slot_bytes, slot * slot_bytes))
             t1 = time.perf_counter()
             done = transform_fed(engine, plan, fed, res, stats, sink)
+            tm["decode_wait"] += res.waited
             if sink.pos == 0:  # nothing went into the slot (no JPEG, or a batch too big for it)
                 free.append(slot)
                 slot = None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import numpy as np
 import pytest
 
@@ -123,7 +126,8 @@ def test_c_api_decoder_equals_python_binding():
     for i in range(12):
         sub = ("4:2:0", "4:2:2", "4:4:4")[i % 3]
         blobs.append(jpeg_bytes(photo(150 + 7 * i, 230 - 3 * i, seed=i), 80 + i, subsampling=sub))
-    blobs += [blobs[-1][:300], b"not an image"]
+    blobs.append(jpeg_bytes(photo(120, 170, seed=40)[..., 0], 85))  # gray
+    blobs += [blobs[-2][:300], b"not an image"]
     regions = []
     for i, b in enumerate(blobs):
         _, w, h = jpeg_kind(b)
@@ -149,6 +153,59 @@ def test_c_api_decoder_equals_python_binding():
             assert (a is None) == (b is None)
             if a is not None:
                 np.testing.assert_array_equal(a, b)
+
+
+def test_decoders_threads_run_batches_ahead_with_the_same_result(engine):
+    """Batches handed to the decoders' threads several at a time (``wait=False``) and completed later
+    give what batches decoded one at a time give: pixels, routing, hardware share, fallbacks, errors;
+    a result dropped unread leaves the next batches intact; and so with the GIL passing between the
+    threads at almost any statement."""
+    rng = np.random.default_rng(3)
+    blobs = [jpeg_bytes(photo(int(rng.integers(90, 260)), int(rng.integers(90, 260)), seed=i), int(rng.integers(75, 98)),
+                     subsampling=i % 3) for i in range(60)]
+    blobs[6] = blobs[6][:400]  # corrupt: the GPU fails it, then Pillow
+    blobs[9] = (SAMPLE / "imagenet/mountain/mountain_000.png").read_bytes()  # straight to Pillow
+    batches = [blobs[k::3] for k in range(3)]
+    dec, stream = engine.decoder, engine.stream
+
+    def seen(res):
+        stream.synchronize()
+        return ([None if a is None else a.get() for a in res.arrays], [e is None for e in res.errors], res.on_gpu,
+                res.hw, res.fallbacks)
+
+    one_by_one = [seen(dec.decode(b, stream)) for b in batches]
+    assert one_by_one[0][2] >= 15 and one_by_one[0][3] > 0 and one_by_one[0][4] >= 1
+    assert one_by_one[0][1].count(False) == 1
+    # the GIL passing between threads at almost every statement, a busy Python thread beside them
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(100))
+
+    busy = threading.Thread(target=spin, daemon=True)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    busy.start()
+    try:
+        for _ in range(3):
+            ahead = [dec.decode(b, stream, order=False, wait=False) for b in batches]
+            dec.decode(batches[0], stream, order=False, wait=False)  # dropped unread
+            ahead.append(dec.decode(batches[1], stream, order=False, wait=False))
+            got = []
+            for res in ahead:
+                res.order(stream)
+                got.append(seen(res))
+            for g, ref in zip(got, one_by_one + [one_by_one[1]]):
+                assert g[1:] == ref[1:]
+                for a, b in zip(g[0], ref[0]):
+                    assert (a is None) == (b is None)
+                    if a is not None:
+                        np.testing.assert_array_equal(a, b)
+    finally:
+        stop.set()
+        busy.join()
+        sys.setswitchinterval(interval)
 
 
 def test_gpu_decode_falls_back_and_reports(engine):

@@ -3,7 +3,8 @@
 Decode. Each JPEG's header (SOF type, chroma subsampling) is read first and the batch is split:
 part goes to ``HW_GPU_ONLY`` decoders (the hardware JPEG engine), part to the CUDA decoder (Huffman
 on the GPU), both at once, each on its own stream, and nothing waits for the GPU. By default both are
-driven through nvImageCodec's C API (:mod:`.nvimgcodec_c`), decoding into one device buffer per batch.
+driven through nvImageCodec's C API (:mod:`.nvimgcodec_c`), each from a thread of its own that goes
+through the batches at that decoder's pace, decoding into one device buffer per batch part.
 Which kinds the hardware engine takes is learned, not assumed: a kind it returns None for is routed
 to the CUDA decoder from then on. Whatever the GPU decoders refuse (CMYK, PNG, corrupt data) is
 decoded by Pillow into its slot and counted as a fallback; only a record that fails there too
@@ -66,11 +67,15 @@ class DecodeResult:
         errors: per item None or the reason it could not be decoded by any path.
         on_gpu: how many the GPU decoders produced; ``hw`` of those by the hardware engine.
         fallbacks: how many Pillow decoded after the GPU refused them.
-        keep: objects that own the device memory (the batch's stream-ordered buffer, or nvImageCodec
+        keep: objects that own the device memory (the batch's stream-ordered buffers, or nvImageCodec
             Images); hold them until the kernels reading ``arrays`` are enqueued on the consumer's
             stream: dropping them then frees the memory in stream order.
         ready: events of the decoder streams that work reading ``arrays`` must wait for, not yet
             waited on (see :meth:`order`).
+        waited: host seconds :meth:`wait` spent waiting for the decoders.
+
+    A result from ``GpuImageDecoder.decode(..., wait=False)`` may still be decoding: :meth:`wait` (or
+    :meth:`order`, which calls it) completes it; read nothing else before.
     """
 
     arrays: list[Any]
@@ -80,12 +85,29 @@ class DecodeResult:
     fallbacks: int = 0
     keep: list[Any] = field(default_factory=list)
     ready: list[Any] = field(default_factory=list)
+    waited: float = 0.0
+    pending: Any = None  # a callable that completes the result (decoders still running)
+
+    def wait(self) -> DecodeResult:
+        """Block until every image of the batch is decoded or failed (on the host side: the GPU work
+        is ordered through :meth:`order`)."""
+        if self.pending is not None:
+            t0 = time.perf_counter()
+            complete, self.pending = self.pending, None
+            complete(self)
+            self.waited += time.perf_counter() - t0
+        return self
 
     def order(self, stream: Any) -> None:
-        """Make work enqueued on ``stream`` from now on wait for the decoders (once)."""
+        """Complete the result, then make work enqueued on ``stream`` from now on wait for the decoders
+        (once)."""
+        self.wait()
         for ev in self.ready:
             stream.wait_event(ev)
         self.ready = []
+        for owner in self.keep:  # the consumer now waits for the decode: freeing needs no extra wait
+            if isinstance(owner, _Slab):
+                owner.event = None
 
 
 class DeviceImage:
@@ -169,21 +191,27 @@ def _keep_freed_memory(cp, device_index: int) -> bool:
 
 
 class _Slab:
-    """One batch's decoded images: a stream-ordered allocation from the driver's pool, made on the
-    hardware decoder's stream and freed (``cudaFreeAsync``) on the consumer's stream when the last
-    reference goes, that is once the kernels reading it are enqueued. The host never waits for the
-    free; the driver hands the memory to a later batch once the consumer's work before the free has
-    run (making that batch's decode stream wait on it where it must)."""
+    """One batch half's decoded images: a stream-ordered allocation from the driver's pool, made on the
+    decoder's stream and freed (``cudaFreeAsync``) on the consumer's stream when the last reference
+    goes, that is once the kernels reading it are enqueued. The host never waits for the free; the
+    driver hands the memory to a later batch once the consumer's work before the free has run (making
+    that batch's decode stream wait on it where it must). ``event`` is the decode's end on the
+    decoder's stream while the consumer has not waited for it (:meth:`DecodeResult.order` clears it):
+    a result dropped unread makes the consumer wait for it before the free, so no later batch gets the
+    memory while the decoder still writes it."""
 
-    __slots__ = ("ptr", "consumer", "runtime")
+    __slots__ = ("ptr", "consumer", "runtime", "event")
 
     def __init__(self, cp, size: int, stream: Any, consumer: Any):
         self.runtime = cp.cuda.runtime
         self.ptr = self.runtime.mallocAsync(size, stream.ptr)
         self.consumer = consumer
+        self.event = None
 
     def __del__(self) -> None:
         try:
+            if self.event is not None:
+                self.consumer.wait_event(self.event)
             self.runtime.freeAsync(self.ptr, self.consumer.ptr)
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
@@ -213,6 +241,18 @@ class _Release:
         self.images = None
 
 
+@dataclass
+class _Part:
+    """What one decoder thread made of its part of a batch (``GpuImageDecoder._half``)."""
+
+    done: list[tuple[int, DeviceImage]] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)  # for the CPU
+    hw: int = 0
+    owner: Any = None  # the part's device buffer (None when nothing in it was decoded)
+    event: Any = None  # the decode's end on the decoder's stream
+    retry: Any = None  # a future of the CUDA decoder's _Part for what the hardware engine failed
+
+
 class GpuImageDecoder:
     """Batched, routed, stream-ordered JPEG decode on one GPU (see the module docstring).
 
@@ -222,10 +262,12 @@ class GpuImageDecoder:
     the consumer stream waits on events of the decoder streams, so batch N+1 decodes while batch N's
     kernels run.
 
-    ``api="c"`` (the default) drives nvImageCodec through its C API (:mod:`.nvimgcodec_c`): one thread
-    starts the CUDA decoder (its work runs on its own threads), then runs the hardware engine's
-    calls; the per-image calls keep the GIL instead of handing it over once per image; the images
-    land in one stream-ordered device buffer per batch. The hardware decoder waits, at the start of
+    ``api="c"`` (the default) drives nvImageCodec through its C API (:mod:`.nvimgcodec_c`): each
+    decoder's part of every batch is decoded by a thread of its own (the CUDA decoder's per-image work
+    then runs on its own threads), batch after batch at its own pace, so neither waits for the other
+    at the end of each batch (``decode(..., wait=False)``); the per-image calls keep the GIL instead
+    of handing it over once per image; each part's images land in one stream-ordered device buffer.
+    The hardware decoder waits, at the start of
     each call, until that instance's previous call has finished on the GPU, so the calls take turns
     over ``hw_instances`` instances (3): with one instance the engine alone decoded 8,800-9,700
     images/s of the mixed set, with three 13,100-17,100, one thread calling them in turn (H200;
@@ -305,36 +347,44 @@ class GpuImageDecoder:
         self._hw_turn = 0
         self.hw_refuses: set[str] = set()
         self.hw_takes: set[str] = set()
-        # the Python binding's CUDA-decoder calls run beside its hardware calls from this thread
-        self._side = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubatch-cuda-decode")
-                      if self.api == "python" else None)
+        # the Python binding's CUDA-decoder calls run beside its hardware calls from the calling thread;
+        # with the C API each decoder's part of every batch is decoded by a thread of its own
+        one = functools.partial(ThreadPoolExecutor, max_workers=1)
+        self._side = one(thread_name_prefix="gpubatch-cuda-decode") if self.api == "python" else None
+        self._hw_thread = one(thread_name_prefix="gpubatch-hw-decode") if self.api == "c" else None
+        self._cuda_thread = one(thread_name_prefix="gpubatch-cuda-decode") if self.api == "c" else None
         self._cpu = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpubatch-cpu-decode")
         # one decode() at a time: a second thread's call beside a running one broke the hardware
         # decoder ("Something went wrong during decoding", then a crash; benchmarks/pipeline_study.py)
         self._calling = threading.Lock()
         self._freed: deque = deque()  # (consumer event, images) of dropped batches, freed once done
-        # host seconds per part of decode(): header parse, the hardware calls (with the C API also
-        # starting the CUDA decoder), waiting for the CUDA decoder, wrapping results (with the C API
-        # the per-image code streams and descriptors), CPU fallbacks (the GPU work is not waited for)
-        self.timings = {"parse": 0.0, "hw": 0.0, "cuda_wait": 0.0, "wrap": 0.0, "cpu": 0.0}
+        # host seconds per part of decoding (the GPU work is not waited for): header parse and split
+        # ("parse", the calling thread); each decoder's calls ("hw", "cuda": with the Python binding the
+        # wait for the CUDA decoder's side thread) and the per-image code streams and descriptors around
+        # them ("hw_wrap", "cuda_wrap": with the Python binding the wrapping of its results), each in
+        # its decoder's thread with the C API; CPU decodes ("cpu")
+        self.timings = {"parse": 0.0, "hw": 0.0, "hw_wrap": 0.0, "cuda": 0.0, "cuda_wrap": 0.0, "cpu": 0.0}
 
     def warm_up(self, batch: int = 256) -> float:
-        """Run ``batch`` tiny JPEGs (every subsampling) through each decoder once; returns the seconds.
+        """Run ``batch`` tiny JPEGs (every subsampling, and gray) through each decoder once; returns the
+        seconds.
 
         A cold decoder's first call took 1.2-1.7 s, and a later batch whose kinds outgrew what the
         hardware decoder had met cost another 0.3-0.4 s once. After this warm-up (about 1.1 s) the first
-        real batch took 0.03 s and no later batch stalled (benchmarks/startup_study.py, H200)."""
+        real batch took 0.03 s and no later batch stalled (benchmarks/startup_study.py, H200). It also
+        settles which kinds the hardware engine takes, so the routing of real batches (and with it
+        their output bytes) does not depend on how far the hardware thread has got."""
         t0 = time.perf_counter()
         blobs = _tiny_jpegs(batch)
         with self._calling:
             if self.lib is not None:
                 kinds = [jpeg_kind(b)[0] for b in blobs]
                 every = list(range(len(blobs)))
-                res = DecodeResult([None] * len(blobs), [None] * len(blobs))
                 for _ in self.hw_cs:  # one call each: the calls take turns over the instances
-                    self._gpu_c(blobs, None, kinds, [every], [], self.hw_stream, res)
-                self._gpu_c(blobs, None, kinds, [], every, self.cuda_stream, res)
-                res.keep.clear()
+                    part = self._half(True, blobs, None, kinds, [every], self.hw_stream)
+                    if part.retry is not None:
+                        part.retry.result()
+                self._half(False, blobs, None, kinds, [every], self.hw_stream)
             for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
                 if decoder is not None:
                     self._call(decoder, stream, blobs)
@@ -343,8 +393,9 @@ class GpuImageDecoder:
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        if self._side is not None:
-            self._side.shutdown(wait=True)
+        for pool in (self._side, self._hw_thread, self._cuda_thread):
+            if pool is not None:
+                pool.shutdown(wait=True)
         self._cpu.shutdown(wait=True)
         while self._freed:
             ev, _ = self._freed.popleft()
@@ -399,7 +450,7 @@ class GpuImageDecoder:
 
     def decode(self, blobs: list[bytes], stream, max_pixels: int = 0, order: bool = True,
                headers: list[tuple[str | None, int, int]] | None = None,
-               regions: list[tuple[int, int, int, int] | None] | None = None) -> DecodeResult:
+               regions: list[tuple[int, int, int, int] | None] | None = None, wait: bool = True) -> DecodeResult:
         """Decode ``blobs`` into uint8 RGB HWC device images, ready for work enqueued later on ``stream``.
 
         The host does not wait for the GPU: ``stream`` waits on the decoders' streams. Keep the
@@ -410,9 +461,21 @@ class GpuImageDecoder:
         results when already known (a :class:`~gpubatch.engine.feed.FileFeed` parses them in its workers).
         ``regions`` gives per blob a (y0, x0, y1, x1) part to decode (nvImageCodec region decode) or
         None; what the GPU refuses is decoded whole by Pillow, and its size tells the caller so.
+
+        ``wait=False`` (with ``order=False``) returns once the batch is handed over: with the C API the
+        hardware engine's part and the CUDA decoder's part are each decoded by a thread of their own,
+        batch after batch, so the decoder that is done with its part of batch N goes on to batch N+1
+        while the other is still at N. ``result.order(stream)`` (or ``result.wait()``) completes the
+        result; nothing else of it may be read before. The caller bounds how many batches it hands
+        over ahead (``gpu_executor.decode_ahead`` does).
         """
         with self._calling:
-            return self._decode(blobs, stream, max_pixels, order, headers, regions)
+            res = self._decode(blobs, stream, max_pixels, headers, regions)
+        if wait or order:
+            res.wait()
+        if order:  # later work on ``stream`` runs after both decoders' work
+            res.order(stream)
+        return res
 
     def _sub_streams(self, blobs: list[Any], regions: list[tuple[int, int, int, int] | None]) -> list[Any]:
         """What the GPU decoders get: the encoded bytes, or a region of them as an nvImageCodec sub-stream."""
@@ -427,7 +490,7 @@ class GpuImageDecoder:
                 out[i] = cs.get_sub_code_stream(region=nic.Region(*r))
         return out
 
-    def _decode(self, blobs: list[bytes], stream, max_pixels: int, order: bool,
+    def _decode(self, blobs: list[bytes], stream, max_pixels: int,
                 headers: list[tuple[str | None, int, int]] | None,
                 regions: list[tuple[int, int, int, int] | None] | None = None) -> DecodeResult:
         t_start = time.perf_counter()
@@ -451,32 +514,64 @@ class GpuImageDecoder:
             else:
                 groups.setdefault(kind, []).append(i)
         tm = self.timings
-        t0 = time.perf_counter()
         to_hw, to_cuda = self._split(groups)
-        tm["parse"] += t0 - t_start
         res = DecodeResult(arrays, errors)
-        gpu = self._gpu_c if self.lib is not None else self._gpu_python
-        to_cpu.extend(gpu(blobs, regions, kinds, to_hw, to_cuda, stream, res))
-        if res.on_gpu:
-            res.ready = [s.record() for s in (self.hw_stream, self.cuda_stream)]
-            if order:  # later work on ``stream`` runs after both decoders' work
-                res.order(stream)
-        t3 = time.perf_counter()
-        to_cpu = sorted(set(to_cpu))
-        if to_cpu:
-            cp = self.cp
-            decoded = list(self._cpu.map(lambda i: _host_decode(bytes(blobs[i]), max_pixels), to_cpu))
-            with stream:
-                for i, (arr, err) in zip(to_cpu, decoded):
-                    if err is not None:
-                        errors[i] = err
-                    else:
-                        a = cp.asarray(arr)
-                        arrays[i] = DeviceImage(a.data.ptr, a.shape, a.strides[0], a)
-                        res.keep.append(a)
-                        res.fallbacks += 1
-        tm["cpu"] += time.perf_counter() - t3
+        if self.lib is None:  # the Python binding: both decoders' calls made here, then the fallbacks
+            tm["parse"] += time.perf_counter() - t_start
+            to_cpu.extend(self._gpu_python(blobs, regions, kinds, to_hw, to_cuda, stream, res))
+            if res.on_gpu:
+                res.ready = [s.record() for s in (self.hw_stream, self.cuda_stream)]
+            t0 = time.perf_counter()
+            failed = sorted(set(to_cpu))
+            self._place(res, zip(failed, self._cpu.map(lambda i: _host_decode(bytes(blobs[i]), max_pixels), failed)),
+                        stream)
+            tm["cpu"] += time.perf_counter() - t0
+            return res
+        # the C API: each decoder's part goes to its thread; what the GPU cannot take starts on the CPU
+        cpu_now = [(i, self._cpu.submit(_host_decode, bytes(blobs[i]), max_pixels)) for i in to_cpu]
+        parts = []
+        if to_hw:
+            parts.append(self._hw_thread.submit(self._half, True, blobs, regions, kinds, to_hw, stream))
+        if to_cuda:
+            parts.append(self._cuda_thread.submit(self._half, False, blobs, regions, kinds, [to_cuda], stream))
+        res.pending = functools.partial(self._complete, parts, cpu_now, blobs, stream, max_pixels)
+        tm["parse"] += time.perf_counter() - t_start
         return res
+
+    def _complete(self, parts: list[Any], cpu_now: list[tuple[int, Any]], blobs: list[Any], stream: Any,
+                  max_pixels: int, res: DecodeResult) -> None:
+        """Gather a batch's parts (and their retries) and its CPU decodes into ``res`` (the C API path)."""
+        failed: list[int] = []
+        while parts:
+            part = parts.pop(0).result()
+            for i, img in part.done:
+                res.arrays[i] = img
+            res.on_gpu += len(part.done)
+            res.hw += part.hw
+            failed.extend(part.failed)
+            if part.owner is not None:
+                res.keep.append(part.owner)
+                res.ready.append(part.event)
+            if part.retry is not None:
+                parts.append(part.retry)
+        t0 = time.perf_counter()
+        decoded = [(i, f.result()) for i, f in cpu_now]
+        decoded += zip(failed, self._cpu.map(lambda i: _host_decode(bytes(blobs[i]), max_pixels), failed))
+        self._place(res, decoded, stream)
+        self.timings["cpu"] += time.perf_counter() - t0
+
+    def _place(self, res: DecodeResult, decoded: Any, stream: Any) -> None:
+        """Copy CPU decodes ((index, (array, error)) pairs) to the device, ordered on ``stream``."""
+        cp = self.cp
+        with cp.cuda.Device(self.device_index), stream:
+            for i, (arr, err) in decoded:
+                if err is not None:
+                    res.errors[i] = err
+                else:
+                    a = cp.asarray(arr)
+                    res.arrays[i] = DeviceImage(a.data.ptr, a.shape, a.strides[0], a)
+                    res.keep.append(a)
+                    res.fallbacks += 1
 
     def _learn(self, kinds: list[str | None], hw_idx: list[int], ok: list[bool]) -> list[int]:
         """Note which kinds the hardware engine takes; returns the indices it failed (to retry)."""
@@ -495,21 +590,21 @@ class GpuImageDecoder:
                 self.hw_refuses.add(kind)
         return retry
 
-    def _gpu_c(self, blobs, regions, kinds, to_hw, to_cuda, stream, res: DecodeResult) -> list[int]:
-        """Decode through nvImageCodec's C API into one device buffer per batch (see
-        :mod:`.nvimgcodec_c`); fills ``res`` and returns the indices left for the CPU."""
+    def _half(self, hw: bool, blobs: list[Any], regions: list | None, kinds: list[str | None],
+              lists: list[list[int]], consumer: Any) -> _Part:
+        """Decode the items ``lists`` of a batch through nvImageCodec's C API (see :mod:`.nvimgcodec_c`)
+        into one device buffer, with the hardware engine (``hw``: one call per list, that is per kind,
+        taking turns over the instances) or the CUDA decoder; runs in that decoder's thread. What the
+        hardware engine fails is handed to the CUDA decoder's thread (``retry``)."""
         lib, cp, tm = self.lib, self.cp, self.timings
+        strm = self.hw_stream if hw else self.cuda_stream
         t0 = time.perf_counter()
-        hw = self.hw_cs
-        routes = [(hw[(self._hw_turn + k) % len(hw)], self.hw_stream, lst) for k, lst in enumerate(to_hw)]
-        self._hw_turn += len(to_hw)
-        routes.append((self.cuda_c, self.cuda_stream, to_cuda))
-        hosts: list[Any] = []  # keeps host views of the encoded bytes alive until the decoders are done
+        part = _Part()
+        hosts: list[Any] = []  # keeps host views of the encoded bytes alive until the decoder is done
         streams: dict[int, int] = {}
         shapes: dict[int, tuple[int, int]] = {}
         turns: dict[int, tuple[int, int, int]] = {}  # EXIF orientation per image
-        to_cpu: list[int] = []
-        for _, _, idx in routes:
+        for idx in lists:
             for i in idx:
                 addr, size, keep = _host_address(blobs[i])
                 hosts.append(keep)
@@ -519,7 +614,7 @@ class GpuImageDecoder:
                 if hdr is None:
                     if cs:
                         lib.destroy([cs], [])
-                    to_cpu.append(i)
+                    part.failed.append(i)
                     continue
                 h, w = (r[2] - r[0], r[3] - r[1]) if r is not None else (hdr.height, hdr.width)
                 if hdr.rotated % 180:
@@ -529,55 +624,53 @@ class GpuImageDecoder:
         for i, (h, w) in shapes.items():
             offsets[i] = total
             total += (h * w * 3 + 255) & ~255
-        if self.stream_ordered:
-            slab: Any = _Slab(cp, max(total, 1), self.hw_stream, stream)
-            base = slab.ptr
-            self.cuda_stream.wait_event(self.hw_stream.record())  # both decoders write into it
-        else:
-            slab = cp.empty(max(total, 1), cp.uint8)
-            base = slab.data.ptr
         images: dict[int, int] = {}
-
-        def start(decoder, strm, idx):
-            idx = [i for i in idx if i in streams]
-            for i in idx:
-                h, w = shapes[i]
-                if i in images:  # a retry: the failed attempt's descriptor goes
-                    lib.destroy([], [images[i]])
+        with cp.cuda.Device(self.device_index):
+            if self.stream_ordered:
+                slab: Any = _Slab(cp, max(total, 1), strm, consumer)
+                base = slab.ptr
+            else:
+                slab = cp.empty(max(total, 1), cp.uint8)
+                base = slab.data.ptr
+            for i, (h, w) in shapes.items():
                 images[i] = lib.image(base + offsets[i], h, w, w * 3, strm.ptr, turns[i])
-            return idx, decoder.start([streams[i] for i in idx], [images[i] for i in idx])
-
-        t1 = time.perf_counter()
-        tm["wrap"] += t1 - t0
-        # the CUDA decoder's per-image work runs on its own threads while this thread runs the
-        # hardware engine's host work, one call per kind
-        cuda_idx, cuda_started = start(*routes[-1])
-        retry: list[int] = []
-        done: dict[int, bool] = {}
-        for decoder, strm, idx in routes[:-1]:
-            hw_idx, started = start(decoder, strm, idx)
-            ok = decoder.finish(started)
-            res.hw += sum(ok)
-            done.update((i, True) for i, good in zip(hw_idx, ok) if good)
-            retry.extend(self._learn(kinds, hw_idx, ok))
+            t1 = time.perf_counter()
+            done: list[tuple[int, bool]] = []
+            retry: list[int] = []
+            if hw:
+                hw_dec = self.hw_cs
+                for idx in lists:
+                    idx = [i for i in idx if i in streams]
+                    if not idx:
+                        continue
+                    dec = hw_dec[self._hw_turn % len(hw_dec)]
+                    self._hw_turn += 1
+                    ok = dec.finish(dec.start([streams[i] for i in idx], [images[i] for i in idx]))
+                    part.hw += sum(ok)
+                    done.extend(zip(idx, ok))
+                    retry.extend(self._learn(kinds, idx, ok))
+                if retry:  # what the hardware engine refused or failed, once more on the CUDA decoder
+                    part.retry = self._cuda_thread.submit(self._half, False, blobs, regions, kinds, [retry], consumer)
+            else:
+                idx = list(streams)
+                done.extend(zip(idx, self.cuda_c.finish(self.cuda_c.start([streams[i] for i in idx],
+                                                                             [images[i] for i in idx]))))
+            part.event = strm.record()
         t2 = time.perf_counter()
-        tm["hw"] += t2 - t1
-        done.update(zip(cuda_idx, self.cuda_c.finish(cuda_started)))
-        if retry:  # what the hardware engine refused or failed, once more on the CUDA decoder
-            again, started = start(self.cuda_c, self.cuda_stream, retry)
-            done.update(zip(again, self.cuda_c.finish(started)))
-        tm["cuda_wait"] += time.perf_counter() - t2
-        for i, good in done.items():
+        lib.destroy(list(streams.values()), list(images.values()))
+        for i, good in done:
             if good:
                 h, w = shapes[i]
-                res.arrays[i] = DeviceImage(base + offsets[i], (h, w, 3), w * 3, slab)
-                res.on_gpu += 1
-            else:
-                to_cpu.append(i)
-        lib.destroy(list(streams.values()), list(images.values()))
-        if res.on_gpu:
-            res.keep.append(slab if self.stream_ordered else _Release([slab], stream, self._freed))
-        return to_cpu
+                part.done.append((i, DeviceImage(base + offsets[i], (h, w, 3), w * 3, slab)))
+            elif not hw:
+                part.failed.append(i)
+        if self.stream_ordered:
+            slab.event = part.event  # until the consumer waits for it (DecodeResult.order)
+        if part.done:
+            part.owner = slab if self.stream_ordered else _Release([slab], consumer, self._freed)
+        tm["hw_wrap" if hw else "cuda_wrap"] += (t1 - t0) + (time.perf_counter() - t2)
+        tm["hw" if hw else "cuda"] += t2 - t1
+        return part
 
     def _gpu_python(self, blobs, regions, kinds, to_hw, to_cuda, stream, res: DecodeResult) -> list[int]:
         """Decode through nvImageCodec's Python binding (one output allocation per image)."""
@@ -601,7 +694,7 @@ class GpuImageDecoder:
         retry = self._learn(kinds, to_hw, [img is not None for img in hw_out])
         cuda_out, t_cuda = side.result()
         t2 = time.perf_counter()
-        tm["cuda_wait"] += t2 - t1
+        tm["cuda"] += t2 - t1
         self._adapt(t_hw, t_cuda)
         for i, img in zip(to_cuda, cuda_out):
             if img is None:
@@ -631,7 +724,7 @@ class GpuImageDecoder:
             res.on_gpu += 1
         if owner.images:
             res.keep.append(owner)
-        tm["wrap"] += time.perf_counter() - t2
+        tm["hw_wrap"] += time.perf_counter() - t2
         return to_cpu
 
 
@@ -650,17 +743,20 @@ def _host_address(blob: Any) -> tuple[int, int, Any]:
 
 @functools.cache
 def _tiny_jpegs(n: int) -> list[bytes]:
-    """``n`` 64x64 JPEGs, 4:4:4, 4:2:2 and 4:2:0 in turn (decoder warm-up)."""
+    """``n`` 64x64 JPEGs, 4:4:4, 4:2:2, 4:2:0 and gray in turn (decoder warm-up)."""
     from PIL import Image
 
     rng = np.random.default_rng(0)
     pixels = rng.integers(0, 256, (64, 64, 3), np.uint8)
     kinds = []
-    for sub in range(3):
+    for sub in (0, 1, 2, None):
         buf = io.BytesIO()
-        Image.fromarray(pixels).save(buf, "JPEG", quality=90, subsampling=sub)
+        if sub is None:
+            Image.fromarray(pixels[..., 0]).save(buf, "JPEG", quality=90)
+        else:
+            Image.fromarray(pixels).save(buf, "JPEG", quality=90, subsampling=sub)
         kinds.append(buf.getvalue())
-    return [kinds[k % 3] for k in range(n)]
+    return [kinds[k % len(kinds)] for k in range(n)]
 
 
 def _host_decode(data: bytes, max_pixels: int) -> tuple[np.ndarray | None, str | None]:

@@ -17,7 +17,7 @@ Why this exists beside the ``nvidia.nvimgcodec`` Python binding (nvImageCodec 0.
 
 Only what gpubatch needs is declared: instance, decoder, code streams (with an optional region),
 images on caller-owned device memory, decode, futures. The structures follow ``nvimgcodec.h`` of
-nvImageCodec 0.9 (shipped in the wheel under ``nvidia/nvimgcodec/include``); ``tests/test_gpu_engine.py``
+nvImageCodec 0.9 (shipped in the wheel under ``nvidia/nvimgcodec/include``); ``tests/engine/test_gpu.py``
 decodes through both bindings and compares the pixels.
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes as C
 import functools
 import os
+import threading
 from dataclasses import dataclass
 
 from ...errors import DependencyError
@@ -187,14 +188,28 @@ class Library:
         self.instance = inst
         self.params = _new(_DecodeParams, _T_DECODE_PARAMS)
         self.params.apply_exif_orientation = 1
-        self._info = _new(_ImageInfo, _T_IMAGE_INFO)  # scratch for headers (calls hold the GIL)
-        out = self._out = _new(_ImageInfo, _T_IMAGE_INFO)  # the template of every output image
-        out.orientation = _new(_Orientation, _T_ORIENTATION)
-        out.color_spec, out.sample_format, out.num_planes = COLORSPEC_SRGB, SAMPLEFORMAT_I_RGB, 1
-        out.buffer_kind = BUFFER_STRIDED_DEVICE
-        plane = self._out_plane = out.plane_info[0]
-        plane.struct_type, plane.struct_size = _T_IMAGE_PLANE_INFO, C.sizeof(_PlaneInfo)
-        plane.num_channels, plane.sample_type = 3, SAMPLE_UINT8
+        # Scratch structures (a header read into, the template every output image is filled from),
+        # one set per thread: the GIL may pass to another thread between the Python statements that
+        # fill one, so shared ones mixed two threads' images (the decoders' two threads made
+        # the CUDA decoder fail images with "Invalid parameter" before they were per thread).
+        self._local = threading.local()
+
+    def _scratch(self) -> tuple[_ImageInfo, _ImageInfo, _PlaneInfo]:
+        """This thread's (header scratch, output template, the template's plane)."""
+        local = self._local
+        try:
+            return local.scratch
+        except AttributeError:
+            info = _new(_ImageInfo, _T_IMAGE_INFO)
+            out = _new(_ImageInfo, _T_IMAGE_INFO)
+            out.orientation = _new(_Orientation, _T_ORIENTATION)
+            out.color_spec, out.sample_format, out.num_planes = COLORSPEC_SRGB, SAMPLEFORMAT_I_RGB, 1
+            out.buffer_kind = BUFFER_STRIDED_DEVICE
+            plane = out.plane_info[0]
+            plane.struct_type, plane.struct_size = _T_IMAGE_PLANE_INFO, C.sizeof(_PlaneInfo)
+            plane.num_channels, plane.sample_type = 3, SAMPLE_UINT8
+            local.scratch = (info, out, plane)
+            return local.scratch
 
     def _check(self, name: str, *args) -> None:
         status = self._f[name](*args)
@@ -241,7 +256,7 @@ class Library:
         return (sub.value or 0) if status == 0 else 0
 
     def header(self, cs: int) -> Header | None:
-        info = self._info
+        info = self._scratch()[0]
         info.struct_type, info.struct_size, info.struct_next = _T_IMAGE_INFO, C.sizeof(_ImageInfo), None
         if self._f["nvimgcodecCodeStreamGetImageInfo"](cs, C.byref(info)) != 0:
             return None
@@ -254,7 +269,8 @@ class Library:
         the size after ``orientation`` (the code stream's :attr:`Header.orientation`, which the
         decoders read from here: left at zero, a rotated JPEG is written unrotated into a buffer of
         the other shape)."""
-        info, o, p = self._out, self._out.orientation, self._out_plane  # filled in place (GIL held)
+        _, info, p = self._scratch()  # this thread's template, filled in place
+        o = info.orientation
         o.rotated, o.flip_x, o.flip_y = orientation
         p.width, p.height, p.row_stride = width, height, row_stride
         info.buffer, info.cuda_stream = ptr, stream_ptr
