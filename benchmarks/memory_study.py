@@ -20,8 +20,10 @@ Knobs (``key=value``, joined by commas; configurations by semicolons):
 ``gpu_executor.STACK_BYTES``, or ``none`` for the driver's default), ``options`` (extra nvImageCodec
 decoder options, joined by "+"), ``api`` (``c``: nvImageCodec's C API, one device buffer per batch;
 ``python``: its Python binding, one allocation per image), ``hw`` (hardware-decoder instances),
-``coupled`` (1: the decode thread waits for both decoders' parts of each batch before it hands over
-the next, instead of each decoder's thread going through the batches at its own pace).
+``switch`` (the interpreter's switch interval, seconds, ``gpu_executor.SWITCH_INTERVAL``), ``share``
+(the CUDA decoder's share of each batch), ``coupled``
+(1: the decode thread waits for both decoders' parts of each batch before it hands over the next,
+instead of each decoder's thread going through the batches at its own pace).
 The context column is the CUDA context CuPy makes; the engine column is after the engine set the
 stack size and built its decoders.
 """
@@ -64,6 +66,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         os.environ["GPUBATCH_DECODE_API"] = knobs["api"]
     if "hw" in knobs:  # hardware-decoder instances the calls take turns on
         os.environ["GPUBATCH_HW_DECODERS"] = knobs["hw"]
+    if "switch" in knobs:  # the interpreter's switch interval the engine sets (seconds)
+        os.environ["GPUBATCH_SWITCH_INTERVAL"] = knobs["switch"]
     if knobs.get("coupled") == "1":  # the decode thread waits for both decoders' parts of each batch
         decode = image_gpu.GpuImageDecoder.decode
         image_gpu.GpuImageDecoder.decode = lambda self, *a, **k: decode(self, *a, **{**k, "wait": True})
@@ -76,6 +80,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
                          region_decode=knobs.get("region", "0") == "1",
                          decoder_options=knobs.get("options", "").replace("+", " "))
     out["engine_mib"] = mib()
+    if "share" in knobs:  # the CUDA decoder's share of each batch
+        pipe.engine.decoder.cuda_share = float(knobs["share"])
     workers = int(knobs["workers"]) if "workers" in knobs else None
     it = pipe.iterate_files(files, keys, batch, repeat=True, prefetch=int(knobs.get("prefetch", 1)), workers=workers)
     for _ in range(-(-len(files) // batch)):
@@ -90,6 +96,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     out["peak_mib"] = round(sampler.stop()["gpu_mem_gib"] * 1024)
     out["decoder_mib_kept"] = image_gpu.POOL_KEEP >> 20
     out["not_on_gpu"] = pipe.stats["images"] - pipe.stats["gpu"]  # CPU fallbacks (none expected on the set)
+    out["stage_s"] = {k: round(v, 2) for k, v in {**pipe.timings, **pipe.engine.decoder.timings}.items() if v}
     it.close()
     pipe.close()
     return out
@@ -102,6 +109,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--data", default=str(DEFAULT_DATA))
     ap.add_argument("--configs", default="default;stack=none;prefetch=2;ring=3;region=1")
+    ap.add_argument("--stages", action="store_true", help="print the seconds each stage took (pipeline, decoder)")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one is not None:
@@ -127,6 +135,8 @@ def main() -> None:
         print(f"{cfg:34s} {r['context_mib']:8d} {r['engine_mib']:8d} {r['after_pass_mib']:8d} {r['peak_mib']:8d} "
               f"{r['images_per_s']:9,d} {r['cupy_pool_mib']:9d} {r['driver_pool_high_mib']:8d} {r['not_on_gpu']:5d}",
               flush=True)
+        if args.stages:
+            print(f"{'':34s} seconds per stage, whole run: {r['stage_s']}", flush=True)
 
 
 if __name__ == "__main__":

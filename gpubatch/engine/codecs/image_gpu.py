@@ -175,7 +175,6 @@ def _process_stream(cp, device_index: int, name: str):
 # bytes of freed memory the driver's default pool keeps (see _keep_freed_memory)
 POOL_KEEP = 512 << 20
 
-
 def _keep_freed_memory(cp, device_index: int) -> bool:
     """Let the driver's default pool (where decoded images live) keep up to :data:`POOL_KEEP` bytes
     of freed memory instead of returning it at every synchronization. False where the device has no
@@ -243,7 +242,7 @@ class _Release:
 
 @dataclass
 class _Part:
-    """What one decoder thread made of its part of a batch (``GpuImageDecoder._half``)."""
+    """What one decoder thread made of its part of a batch (``GpuImageDecoder._run``)."""
 
     done: list[tuple[int, DeviceImage]] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)  # for the CPU
@@ -251,6 +250,22 @@ class _Part:
     owner: Any = None  # the part's device buffer (None when nothing in it was decoded)
     event: Any = None  # the decode's end on the decoder's stream
     retry: Any = None  # a future of the CUDA decoder's _Part for what the hardware engine failed
+
+
+@dataclass
+class _Job:
+    """One decoder's part of a batch, ready for its decode calls (``GpuImageDecoder._prepare``)."""
+
+    hw: bool
+    lists: list[list[int]]  # item indices: one list per call
+    stream: Any  # the decoder's stream
+    consumer: Any  # the stream the batch's readers run on
+    part: _Part = field(default_factory=_Part)
+    hosts: list[Any] = field(default_factory=list)  # keeps the encoded bytes' host views alive
+    streams: dict[int, int] = field(default_factory=dict)  # item -> code stream
+    images: dict[int, int] = field(default_factory=dict)  # item -> output image descriptor
+    views: dict[int, tuple[int, tuple[int, int, int], int]] = field(default_factory=dict)  # (ptr, shape, row)
+    slab: Any = None  # the part's device buffer
 
 
 class GpuImageDecoder:
@@ -359,10 +374,11 @@ class GpuImageDecoder:
         self._calling = threading.Lock()
         self._freed: deque = deque()  # (consumer event, images) of dropped batches, freed once done
         # host seconds per part of decoding (the GPU work is not waited for): header parse and split
-        # ("parse", the calling thread); each decoder's calls ("hw", "cuda": with the Python binding the
-        # wait for the CUDA decoder's side thread) and the per-image code streams and descriptors around
-        # them ("hw_wrap", "cuda_wrap": with the Python binding the wrapping of its results), each in
-        # its decoder's thread with the C API; CPU decodes ("cpu")
+        # ("parse"), the per-image code streams and output descriptors of each decoder's part
+        # ("hw_wrap", "cuda_wrap"; with the Python binding the wrapping of its results), all in the
+        # thread that hands the batch over; each decoder's calls ("hw", "cuda"), in that decoder's
+        # thread with the C API (with the Python binding "cuda" is the wait for its side thread);
+        # CPU decodes ("cpu")
         self.timings = {"parse": 0.0, "hw": 0.0, "hw_wrap": 0.0, "cuda": 0.0, "cuda_wrap": 0.0, "cpu": 0.0}
 
     def warm_up(self, batch: int = 256) -> float:
@@ -381,10 +397,10 @@ class GpuImageDecoder:
                 kinds = [jpeg_kind(b)[0] for b in blobs]
                 every = list(range(len(blobs)))
                 for _ in self.hw_cs:  # one call each: the calls take turns over the instances
-                    part = self._half(True, blobs, None, kinds, [every], self.hw_stream)
+                    part = self._run(self._prepare(True, blobs, None, [every], self.hw_stream), blobs, None, kinds)
                     if part.retry is not None:
                         part.retry.result()
-                self._half(False, blobs, None, kinds, [every], self.hw_stream)
+                self._run(self._prepare(False, blobs, None, [every], self.hw_stream), blobs, None, kinds)
             for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
                 if decoder is not None:
                     self._call(decoder, stream, blobs)
@@ -530,10 +546,10 @@ class GpuImageDecoder:
         # the C API: each decoder's part goes to its thread; what the GPU cannot take starts on the CPU
         cpu_now = [(i, self._cpu.submit(_host_decode, bytes(blobs[i]), max_pixels)) for i in to_cpu]
         parts = []
-        if to_hw:
-            parts.append(self._hw_thread.submit(self._half, True, blobs, regions, kinds, to_hw, stream))
-        if to_cuda:
-            parts.append(self._cuda_thread.submit(self._half, False, blobs, regions, kinds, [to_cuda], stream))
+        for hw, lists, thread in ((True, to_hw, self._hw_thread), (False, [to_cuda], self._cuda_thread)):
+            if any(lists):
+                parts.append(thread.submit(self._run, self._prepare(hw, blobs, regions, lists, stream), blobs, regions,
+                                           kinds))
         res.pending = functools.partial(self._complete, parts, cpu_now, blobs, stream, max_pixels)
         tm["parse"] += time.perf_counter() - t_start
         return res
@@ -590,56 +606,61 @@ class GpuImageDecoder:
                 self.hw_refuses.add(kind)
         return retry
 
-    def _half(self, hw: bool, blobs: list[Any], regions: list | None, kinds: list[str | None],
-              lists: list[list[int]], consumer: Any) -> _Part:
-        """Decode the items ``lists`` of a batch through nvImageCodec's C API (see :mod:`.nvimgcodec_c`)
-        into one device buffer, with the hardware engine (``hw``: one call per list, that is per kind,
-        taking turns over the instances) or the CUDA decoder; runs in that decoder's thread. What the
-        hardware engine fails is handed to the CUDA decoder's thread (``retry``)."""
-        lib, cp, tm = self.lib, self.cp, self.timings
-        strm = self.hw_stream if hw else self.cuda_stream
+    def _prepare(self, hw: bool, blobs: list[Any], regions: list | None, lists: list[list[int]],
+                 consumer: Any) -> _Job:
+        """Make the code streams and output descriptors of the items ``lists`` of a batch, all in one
+        device buffer taken on the decoder's stream (runs in the thread that hands the batch over, so
+        the decoder's own thread only makes the decode calls)."""
+        lib, cp = self.lib, self.cp
         t0 = time.perf_counter()
-        part = _Part()
-        hosts: list[Any] = []  # keeps host views of the encoded bytes alive until the decoder is done
-        streams: dict[int, int] = {}
+        job = _Job(hw, lists, self.hw_stream if hw else self.cuda_stream, consumer)
         shapes: dict[int, tuple[int, int]] = {}
         turns: dict[int, tuple[int, int, int]] = {}  # EXIF orientation per image
         for idx in lists:
             for i in idx:
                 addr, size, keep = _host_address(blobs[i])
-                hosts.append(keep)
+                job.hosts.append(keep)
                 r = regions[i] if regions is not None else None
                 cs = lib.code_stream(addr, size, r)
                 hdr = lib.header(cs) if cs else None
                 if hdr is None:
                     if cs:
                         lib.destroy([cs], [])
-                    part.failed.append(i)
+                    job.part.failed.append(i)
                     continue
                 h, w = (r[2] - r[0], r[3] - r[1]) if r is not None else (hdr.height, hdr.width)
                 if hdr.rotated % 180:
                     h, w = w, h
-                streams[i], shapes[i], turns[i] = cs, (h, w), hdr.orientation
+                job.streams[i], shapes[i], turns[i] = cs, (h, w), hdr.orientation
         offsets, total = {}, 0
         for i, (h, w) in shapes.items():
             offsets[i] = total
             total += (h * w * 3 + 255) & ~255
-        images: dict[int, int] = {}
         with cp.cuda.Device(self.device_index):
             if self.stream_ordered:
-                slab: Any = _Slab(cp, max(total, 1), strm, consumer)
-                base = slab.ptr
+                job.slab = _Slab(cp, max(total, 1), job.stream, consumer)
+                base = job.slab.ptr
             else:
-                slab = cp.empty(max(total, 1), cp.uint8)
-                base = slab.data.ptr
-            for i, (h, w) in shapes.items():
-                images[i] = lib.image(base + offsets[i], h, w, w * 3, strm.ptr, turns[i])
-            t1 = time.perf_counter()
-            done: list[tuple[int, bool]] = []
-            retry: list[int] = []
-            if hw:
+                job.slab = cp.empty(max(total, 1), cp.uint8)
+                base = job.slab.data.ptr
+        for i, (h, w) in shapes.items():
+            job.images[i] = lib.image(base + offsets[i], h, w, w * 3, job.stream.ptr, turns[i])
+            job.views[i] = (base + offsets[i], (h, w, 3), w * 3)
+        self.timings["hw_wrap" if hw else "cuda_wrap"] += time.perf_counter() - t0
+        return job
+
+    def _run(self, job: _Job, blobs: list[Any], regions: list | None, kinds: list[str | None]) -> _Part:
+        """Decode a prepared part of a batch with the hardware engine (``job.hw``: one call per list,
+        that is per kind, taking turns over the instances) or the CUDA decoder; runs in that decoder's
+        thread. What the hardware engine fails is handed to the CUDA decoder's thread (``retry``)."""
+        lib, cp, part, streams, images = self.lib, self.cp, job.part, job.streams, job.images
+        t0 = time.perf_counter()
+        done: list[tuple[int, bool]] = []
+        retry: list[int] = []
+        with cp.cuda.Device(self.device_index):
+            if job.hw:
                 hw_dec = self.hw_cs
-                for idx in lists:
+                for idx in job.lists:
                     idx = [i for i in idx if i in streams]
                     if not idx:
                         continue
@@ -649,27 +670,26 @@ class GpuImageDecoder:
                     part.hw += sum(ok)
                     done.extend(zip(idx, ok))
                     retry.extend(self._learn(kinds, idx, ok))
-                if retry:  # what the hardware engine refused or failed, once more on the CUDA decoder
-                    part.retry = self._cuda_thread.submit(self._half, False, blobs, regions, kinds, [retry], consumer)
             else:
                 idx = list(streams)
                 done.extend(zip(idx, self.cuda_c.finish(self.cuda_c.start([streams[i] for i in idx],
                                                                              [images[i] for i in idx]))))
-            part.event = strm.record()
-        t2 = time.perf_counter()
+            part.event = job.stream.record()
         lib.destroy(list(streams.values()), list(images.values()))
+        if retry:  # what the hardware engine refused or failed, once more on the CUDA decoder
+            again = self._prepare(False, blobs, regions, [retry], job.consumer)
+            part.retry = self._cuda_thread.submit(self._run, again, blobs, regions, kinds)
+        slab = job.slab
         for i, good in done:
             if good:
-                h, w = shapes[i]
-                part.done.append((i, DeviceImage(base + offsets[i], (h, w, 3), w * 3, slab)))
-            elif not hw:
+                part.done.append((i, DeviceImage(*job.views[i], slab)))
+            elif not job.hw:
                 part.failed.append(i)
         if self.stream_ordered:
             slab.event = part.event  # until the consumer waits for it (DecodeResult.order)
         if part.done:
-            part.owner = slab if self.stream_ordered else _Release([slab], consumer, self._freed)
-        tm["hw_wrap" if hw else "cuda_wrap"] += (t1 - t0) + (time.perf_counter() - t2)
-        tm["hw" if hw else "cuda"] += t2 - t1
+            part.owner = slab if self.stream_ordered else _Release([slab], job.consumer, self._freed)
+        self.timings["hw" if job.hw else "cuda"] += time.perf_counter() - t0
         return part
 
     def _gpu_python(self, blobs, regions, kinds, to_hw, to_cuda, stream, res: DecodeResult) -> list[int]:
