@@ -175,6 +175,7 @@ def _process_stream(cp, device_index: int, name: str):
 # bytes of freed memory the driver's default pool keeps (see _keep_freed_memory)
 POOL_KEEP = 512 << 20
 
+
 def _keep_freed_memory(cp, device_index: int) -> bool:
     """Let the driver's default pool (where decoded images live) keep up to :data:`POOL_KEEP` bytes
     of freed memory instead of returning it at every synchronization. False where the device has no
@@ -190,7 +191,7 @@ def _keep_freed_memory(cp, device_index: int) -> bool:
 
 
 class _Slab:
-    """One batch half's decoded images: a stream-ordered allocation from the driver's pool, made on the
+    """One decoder's part of a batch, decoded: a stream-ordered allocation from the driver's pool, made on the
     decoder's stream and freed (``cudaFreeAsync``) on the consumer's stream when the last reference
     goes, that is once the kernels reading it are enqueued. The host never waits for the free; the
     driver hands the memory to a later batch once the consumer's work before the free has run (making
@@ -277,12 +278,14 @@ class GpuImageDecoder:
     the consumer stream waits on events of the decoder streams, so batch N+1 decodes while batch N's
     kernels run.
 
-    ``api="c"`` (the default) drives nvImageCodec through its C API (:mod:`.nvimgcodec_c`): each
-    decoder's part of every batch is decoded by a thread of its own (the CUDA decoder's per-image work
-    then runs on its own threads), batch after batch at its own pace, so neither waits for the other
-    at the end of each batch (``decode(..., wait=False)``); the per-image calls keep the GIL instead
-    of handing it over once per image; each part's images land in one stream-ordered device buffer.
-    The hardware decoder waits, at the start of
+    ``api="c"`` (the default) drives nvImageCodec through its C API (:mod:`.nvimgcodec_c`): the
+    thread that hands a batch over makes each part's code streams and output descriptors (per-image
+    calls that keep the GIL instead of handing it over once per image), all of a part's images in one
+    stream-ordered device buffer; then each decoder's part is decoded by a thread of its own (the
+    CUDA decoder's per-image work runs on its own threads), batch after batch at that decoder's pace,
+    so neither waits for the other at the end of each batch (``decode(..., wait=False)``). In the
+    bench's training chain that measured +17-27% over waiting for both parts of every batch
+    (benchmarks/memory_study.py, ``coupled=1``). The hardware decoder waits, at the start of
     each call, until that instance's previous call has finished on the GPU, so the calls take turns
     over ``hw_instances`` instances (3): with one instance the engine alone decoded 8,800-9,700
     images/s of the mixed set, with three 13,100-17,100, one thread calling them in turn (H200;
