@@ -125,7 +125,8 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
             sink = Sink(np.frombuffer(shm.buf, np.uint8, slot_bytes, slot * slot_bytes))
             t1 = time.perf_counter()
             done = transform_fed(engine, plan, fed, res, stats, sink)
-            tm["decode_wait"] += res.waited
+            waited = res.waited  # transform_fed waited this long for the decoders' threads first
+            tm["decode_wait"] += waited
             if sink.pos == 0:  # nothing went into the slot (no JPEG, or a batch too big for it)
                 free.append(slot)
                 slot = None
@@ -134,7 +135,7 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
             fed.done()  # the source bytes (views of the feed's shared memory) are no longer read
             timings = {k: v - seen[k] for k, v in tm.items()}
             seen = dict(tm)
-            timings.update(first, **{"ops+encode": time.perf_counter() - t1, "read (feed workers)": fed.seconds})
+            timings.update(first, **{"ops+encode": time.perf_counter() - t1 - waited, "read (feed workers)": fed.seconds})
             first = {}
             counts = {**fed.counts, **{k: getattr(stats, k) for k in ("transcoded", "fallbacks", "boxes_dropped")}}
             _put(out, stop, ("batch", done, stats.drawn, counts, timings, slot))

@@ -284,8 +284,8 @@ class GpuImageDecoder:
     stream-ordered device buffer; then each decoder's part is decoded by a thread of its own (the
     CUDA decoder's per-image work runs on its own threads), batch after batch at that decoder's pace,
     so neither waits for the other at the end of each batch (``decode(..., wait=False)``). In the
-    bench's training chain that measured +17-27% over waiting for both parts of every batch
-    (benchmarks/memory_study.py, ``coupled=1``). The hardware decoder waits, at the start of
+    bench's training and validation chains that measured +17-27% over waiting for both parts of
+    every batch (benchmarks/memory_study.py, ``coupled=1``). The hardware decoder waits, at the start of
     each call, until that instance's previous call has finished on the GPU, so the calls take turns
     over ``hw_instances`` instances (3): with one instance the engine alone decoded 8,800-9,700
     images/s of the mixed set, with three 13,100-17,100, one thread calling them in turn (H200;
