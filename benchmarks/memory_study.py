@@ -20,6 +20,7 @@ Knobs (``key=value``, joined by commas; configurations by semicolons):
 ``gpu_executor.STACK_BYTES``, or ``none`` for the driver's default), ``options`` (extra nvImageCodec
 decoder options, joined by "+"), ``api`` (``c``: nvImageCodec's C API, one device buffer per batch;
 ``python``: its Python binding, one allocation per image), ``hw`` (hardware-decoder instances),
+``cuda`` (the CUDA decoder's threads, ``executor.default_decoder_threads``; ``threads`` caps it),
 ``switch`` (the interpreter's switch interval, seconds, ``gpu_executor.SWITCH_INTERVAL``), ``share``
 (the CUDA decoder's share of each batch), ``coupled``
 (1: the decode thread waits for both decoders' parts of each batch before it hands over the next,
@@ -66,6 +67,10 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         os.environ["GPUBATCH_DECODE_API"] = knobs["api"]
     if "hw" in knobs:  # hardware-decoder instances the calls take turns on
         os.environ["GPUBATCH_HW_DECODERS"] = knobs["hw"]
+    if "cuda" in knobs:  # the CUDA decoder's threads (executor.default_decoder_threads)
+        from gpubatch.engine import executor
+
+        executor.default_decoder_threads = lambda: int(knobs["cuda"])
     if "switch" in knobs:  # the interpreter's switch interval the engine sets (seconds)
         os.environ["GPUBATCH_SWITCH_INTERVAL"] = knobs["switch"]
     if knobs.get("coupled") == "1":  # the decode thread waits for both decoders' parts of each batch

@@ -31,6 +31,20 @@ def default_workers() -> int:
     return max(1, min(32, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
+def default_readers(cores: int | None = None) -> int:
+    """Reader processes a GPU pipeline's feed starts by default: a quarter of the cores, 1 to 4."""
+    return max(1, min(4, (cores or default_workers()) // 4))
+
+
+def default_decoder_threads() -> int:
+    """CPU threads of the CUDA JPEG decoder by default: the cores less the feed's reader processes and
+    one for the pipeline's own threads (11 on 16 cores). With 15 on 16 cores the threads crowded out
+    the rest of the pipeline: the training chain ran 16,000-17,400 images/s against 19,600-20,000
+    with 11 and 14,300-17,500 with 8 (H200; benchmarks/memory_study.py ``threads=``, RESULTS.md)."""
+    cores = default_workers()
+    return max(1, cores - default_readers(cores) - 1)
+
+
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int, window: int | None = None) -> Iterator[R]:
     """``map(fn, items)`` on ``workers`` threads, results in input order, at most ``window`` in flight.
 

@@ -278,7 +278,7 @@ class Feed:
         import multiprocessing as mp
         from multiprocessing.shared_memory import SharedMemory
 
-        from .executor import default_workers
+        from .executor import default_readers
 
         self.spans = spans
         self.repeat = repeat
@@ -287,7 +287,7 @@ class Feed:
         self._stopped = False
         self._primed: tuple | None = None
         self.depth = max(1, depth)
-        workers = workers or max(1, min(4, default_workers() // 4))
+        workers = workers or default_readers()
         self.slot_bytes = fit_slots(self.depth, int(slot_bytes))
         self.shm = SharedMemory(create=True, size=self.depth * self.slot_bytes)
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),

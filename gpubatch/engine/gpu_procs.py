@@ -169,7 +169,7 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
     import multiprocessing as mp
     from multiprocessing.shared_memory import SharedMemory
 
-    from .executor import write_results
+    from .executor import default_readers, write_results
     from .feed import fit_slots, shm_free
     from .registry import DEVICE
 
@@ -180,7 +180,7 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
     procs = max(1, min(procs, len(chunks)))
     # cores: the decoders' and the encoder's threads in each worker, then its reader processes
     threads = max(2, workers // procs)
-    feed_workers = max(1, min(4, _cores() // (4 * procs)))
+    feed_workers = default_readers(max(1, _cores() // procs))
     stop = ctx.Event()
     queues = [ctx.Queue(maxsize=QUEUE_DEPTH) for _ in range(procs)]
     returns = [ctx.Queue() for _ in range(procs)]

@@ -312,9 +312,9 @@ class GpuImageDecoder:
 
         self.cp = cp
         self.device_index = device_index
-        from ..executor import default_workers
+        from ..executor import default_decoder_threads
 
-        threads = max(1, min(cpu_threads, default_workers() - 1))
+        threads = max(1, min(cpu_threads, default_decoder_threads()))
         # Hardware-decoder preallocation (``hw_preallocate``: batch, height, width) reserves
         # batch x h x w x 3 bytes up front (315 MB for 256 x 640 x 640); off by default: it measured no
         # faster in steady state.
