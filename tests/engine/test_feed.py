@@ -321,3 +321,14 @@ def test_decoder_warm_up_images_cover_every_subsampling():
     assert len(blobs) == 256
     assert set(kinds) == {"baseline/4:4:4", "baseline/4:2:2", "baseline/4:2:0", "baseline/gray"}
     assert all(decode(b).shape == (64, 64, 3) for b in blobs[:4])
+
+
+@pytest.mark.parametrize("cores, readers, threads", [(16, 4, 11), (32, 4, 27), (8, 2, 5), (4, 1, 2), (1, 1, 1)])
+def test_decoder_threads_leave_cores_to_the_feed_and_the_pipeline(monkeypatch, cores, readers, threads):
+    """The CUDA decoder's default thread count leaves the feed's reader processes and one core for
+    the pipeline's own threads (15 threads on 16 cores crowded them out)."""
+    from gpubatch.engine import executor
+
+    monkeypatch.setattr(executor, "default_workers", lambda: cores)
+    assert executor.default_readers() == readers
+    assert executor.default_decoder_threads() == threads
