@@ -213,7 +213,7 @@ def main() -> None:
             product0(dec, ahead)  # warm-up pass
             for k in dec.timings:
                 dec.timings[k] = 0.0
-            name = (f"capi: {api} API, {inst} HW decoder(s), CUDA share {share}, {cu_threads or 15} CUDA threads, "
+            name = (f"capi: {api} API, {inst} HW decoder(s), CUDA share {share}, {dec.cuda_threads} CUDA threads, "
                     + (f"{ahead} batch(es) handed over ahead" if ahead else "each batch waited for"))
             fell[0] = 0
             report(name, product0(dec, ahead), f"{dict((k, round(v, 2)) for k, v in dec.timings.items())}, "

@@ -315,6 +315,7 @@ class GpuImageDecoder:
         from ..executor import default_decoder_threads
 
         threads = max(1, min(cpu_threads, default_decoder_threads()))
+        self.cuda_threads = cuda_threads or threads  # the CUDA decoder's CPU threads
         # Hardware-decoder preallocation (``hw_preallocate``: batch, height, width) reserves
         # batch x h x w x 3 bytes up front (315 MB for 256 x 640 x 640); off by default: it measured no
         # faster in steady state.
@@ -345,14 +346,14 @@ class GpuImageDecoder:
                 if hw_decoder:
                     self.hw_cs = [self.lib.decoder(device_index, self.HW_THREADS, BACKEND_HW_GPU_ONLY, hw_options)
                                   for _ in range(max(1, hw_instances))]
-                self.cuda_c = self.lib.decoder(device_index, cuda_threads or threads, BACKEND_HYBRID_CPU_GPU,
+                self.cuda_c = self.lib.decoder(device_index, self.cuda_threads, BACKEND_HYBRID_CPU_GPU,
                                                cuda_options)
             else:
                 nic = self.nic = nvimgcodec()
                 self.hw = (nic.Decoder(device_id=device_index, max_num_cpu_threads=self.HW_THREADS,
                                        backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)], options=hw_options)
                            if hw_decoder else None)
-                self.cuda = nic.Decoder(device_id=device_index, max_num_cpu_threads=cuda_threads or threads,
+                self.cuda = nic.Decoder(device_id=device_index, max_num_cpu_threads=self.cuda_threads,
                                         backends=[nic.Backend(nic.BackendKind.HYBRID_CPU_GPU)], options=cuda_options)
             self.hw_stream = _process_stream(cp, device_index, "hw")
             self.cuda_stream = _process_stream(cp, device_index, "cuda")
