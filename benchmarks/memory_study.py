@@ -9,13 +9,16 @@ NVML as ``gpubatch bench`` reads it: minus the level before the process touched 
 included. Printed per configuration: after the CUDA context (CuPy), after the engine (decoders) is
 built, after one warm-up pass over the set, the peak over the whole run, and the images/s of the timed
 windows (median of 5, the stream synchronized after every batch) with ``iterate_files``, batch 256;
-then what CuPy's pool holds (kernel outputs, launch tables), the high-water mark of the driver's
-default pool (decoded images) and how many images the CPU decoded (none expected on the mixed set).
+then what CuPy's pool holds (kernel outputs, launch tables), the high-water marks of the driver's
+default pool (decoded images: what it reserved, and what was in use at once; the gap is
+fragmentation) and how many images the CPU decoded (none expected on the mixed set).
 The rest is the decoders' own buffers and the context.
 
 Knobs (``key=value``, joined by commas; configurations by semicolons):
 ``prefetch`` (batches decoded ahead), ``ring`` (output buffers), ``threads`` (decoder CPU threads),
-``keep`` (MiB of freed memory the driver pool keeps, ``image_gpu.POOL_KEEP``), ``region`` (1: region decode),
+``keep`` (MiB of freed memory the driver pool keeps, ``image_gpu.POOL_KEEP``), ``round`` (MiB a batch
+part's device buffer is rounded up to, ``image_gpu.SLAB_ROUND``), ``fit`` (0: each part's buffer of its
+own size instead of the largest part's, ``image_gpu.SLAB_FIT``), ``region`` (1: region decode),
 ``batch`` (batch size), ``workers`` (feed processes), ``stack`` (bytes of stack per GPU thread,
 ``gpu_executor.STACK_BYTES``, or ``none`` for the driver's default), ``options`` (extra nvImageCodec
 decoder options, joined by "+"), ``api`` (``c``: nvImageCodec's C API, one device buffer per batch;
@@ -63,6 +66,10 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
 
     if "keep" in knobs:
         image_gpu.POOL_KEEP = int(knobs["keep"]) << 20
+    if "round" in knobs:  # MiB a batch part's buffer is rounded up to
+        image_gpu.SLAB_ROUND = int(knobs["round"]) << 20
+    if "fit" in knobs:  # 1: parts take the size of the largest part before them (within a third)
+        image_gpu.SLAB_FIT = knobs["fit"] == "1"
     if "api" in knobs:  # the decoder through nvImageCodec's C API (c) or its Python binding (python)
         os.environ["GPUBATCH_DECODE_API"] = knobs["api"]
     if "hw" in knobs:  # hardware-decoder instances the calls take turns on
@@ -96,8 +103,12 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     drv = cp.cuda.runtime.deviceGetDefaultMemPool(0)
     out["cupy_pool_mib"] = cp.get_default_memory_pool().total_bytes() >> 20  # kernel outputs, tables
     out["driver_pool_high_mib"] = cp.cuda.runtime.memPoolGetAttribute(drv, 6) >> 20  # decoded images (ReservedMemHigh)
+    out["driver_used_high_mib"] = cp.cuda.runtime.memPoolGetAttribute(drv, 8) >> 20  # of it in use at once (UsedMemHigh)
     res = timed_windows(lambda: len(next(it)), args.seconds, warmup=0, sync=pipe.engine.stream.synchronize)
     out["images_per_s"] = round(res["images_per_s"])
+    out["driver_pool_end_high_mib"] = cp.cuda.runtime.memPoolGetAttribute(drv, 6) >> 20
+    out["driver_used_end_high_mib"] = cp.cuda.runtime.memPoolGetAttribute(drv, 8) >> 20
+    out["stack_bytes_end"] = cp.cuda.runtime.deviceGetLimit(0)
     out["peak_mib"] = round(sampler.stop()["gpu_mem_gib"] * 1024)
     out["decoder_mib_kept"] = image_gpu.POOL_KEEP >> 20
     out["not_on_gpu"] = pipe.stats["images"] - pipe.stats["gpu"]  # CPU fallbacks (none expected on the set)
@@ -105,6 +116,99 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     it.close()
     pipe.close()
     return out
+
+
+_LIMITS = ("stack", "printf FIFO", "malloc heap")  # cudaLimit 0, 1, 2
+
+
+def breakdown(args: argparse.Namespace) -> list[tuple[str, int, str]]:
+    """(step, MiB above the level before CUDA, the context's limits) after each step of building and
+    running the GPU path, train chain, defaults: where the memory goes, piece by piece. The decoders
+    are first built alone (and destroyed) to price each, then the pipeline is built as ``bench`` does."""
+    from gpubatch.bench.measure import GpuSampler
+
+    sampler = GpuSampler(0)
+    if not sampler.ok:
+        return [("NVML is not available", 0, "")]
+    import cupy as cp
+
+    rows: list[tuple[str, int, str]] = []
+    rt = cp.cuda.runtime
+
+    def note(what: str) -> None:
+        limits = ", ".join(f"{n} {rt.deviceGetLimit(i) >> 10} KiB" if i else f"{n} {rt.deviceGetLimit(i)} B"
+                           for i, n in enumerate(_LIMITS))
+        rows.append((what, round((sampler.used() - sampler.base) / 2**20), limits))
+
+    cp.cuda.Device(0).use()
+    rt.free(0)
+    note("CUDA context (cudaFree(0))")
+    cp.zeros(1)
+    note("+ CuPy's first array")
+    from gpubatch.engine import gpu_executor
+
+    rt.deviceSetLimit(0, gpu_executor.STACK_BYTES or rt.deviceGetLimit(0))
+    note(f"+ stack {gpu_executor.STACK_BYTES} bytes per thread")
+    from gpubatch.engine.codecs import image_gpu
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
+    from gpubatch.engine.codecs.nvimgcodec_c import BACKEND_HW_GPU_ONLY, BACKEND_HYBRID_CPU_GPU, library
+    from gpubatch.engine.executor import default_decoder_threads
+
+    lib = library()
+    note("+ nvImageCodec instance")
+    built = []
+    for k in range(GpuImageDecoder.HW_INSTANCES):
+        built.append(lib.decoder(0, GpuImageDecoder.HW_THREADS, BACKEND_HW_GPU_ONLY))
+        note(f"+ hardware decoder {k + 1}")
+    built.append(lib.decoder(0, default_decoder_threads(), BACKEND_HYBRID_CPU_GPU,
+                             "nvjpeg_cuda_decoder:hybrid_huffman_threshold=0"))
+    note(f"+ CUDA decoder ({default_decoder_threads()} threads)")
+    for d in built:
+        d.close()
+    note("decoders destroyed")
+    from gpubatch.bench import chain_ops, get_model
+    from gpubatch.engine.gpu_executor import ImagePipeline
+
+    files, _, _ = load_blobs(args.data, args.images)
+    keys = [f"{p.parent.name}/{p.stem}" for p in files]
+    pipe = ImagePipeline(chain_ops(get_model("resnet50").chains[args.chain]), device="gpu", seed=0, warm_up=0)
+    note("pipeline built (engine, decoders)")
+    dec = pipe.engine.decoder
+    blobs = image_gpu._tiny_jpegs(256)  # the warm-up's batch, one decoder at a time
+    kinds = [image_gpu.jpeg_kind(b)[0] for b in blobs]
+    every = [list(range(len(blobs)))]
+    for k, _ in enumerate(dec.hw_cs):
+        part = dec._run(dec._prepare(True, blobs, None, every, dec.hw_stream), blobs, None, kinds)
+        if part.retry is not None:
+            part.retry.result()
+        dec.hw_stream.synchronize()
+        note(f"+ hardware decoder {k + 1}'s first call (256 tiny JPEGs)")
+        del part
+    dec._run(dec._prepare(False, blobs, None, every, dec.cuda_stream), blobs, None, kinds)
+    dec.cuda_stream.synchronize()
+    note("+ the CUDA decoder's first call")
+    pipe.engine.warm_up(256)
+    note("+ the rest of the engine's warm-up (resample kernels loaded)")
+    drv = rt.deviceGetDefaultMemPool(0)
+    it = pipe.iterate_files(files, keys, 256, repeat=True)
+    next(it)
+    pipe.engine.stream.synchronize()
+    note("+ first batch")
+    for _ in range(-(-len(files) // 256)):
+        next(it)
+    pipe.engine.stream.synchronize()
+    note("+ one pass over the set")
+    peak = round((sampler.stop()["gpu_mem_gib"] or 0) * 1024)
+    pool = cp.get_default_memory_pool()
+    other = sampler.used() - sampler.base - pool.total_bytes() - rt.memPoolGetAttribute(drv, 5)
+    rows.append(("now, of which in neither pool (the context, the decoders' own buffers, kernels)", other >> 20, ""))
+    rows.append((f"peak; CuPy pool {pool.total_bytes() >> 20} MiB (used {pool.used_bytes() >> 20}); driver pool "
+                 f"reserved high {rt.memPoolGetAttribute(drv, 6) >> 20} MiB, used high "
+                 f"{rt.memPoolGetAttribute(drv, 8) >> 20} MiB, reserved now {rt.memPoolGetAttribute(drv, 5) >> 20}",
+                 peak, ""))
+    it.close()
+    pipe.close()
+    return rows
 
 
 def main() -> None:
@@ -115,8 +219,25 @@ def main() -> None:
     ap.add_argument("--data", default=str(DEFAULT_DATA))
     ap.add_argument("--configs", default="default;stack=none;prefetch=2;ring=3;region=1")
     ap.add_argument("--stages", action="store_true", help="print the seconds each stage took (pipeline, decoder)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="only the memory after each step of building and running the default GPU path")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.breakdown:
+        load_blobs(args.data, args.images)
+        p = subprocess.run([sys.executable, __file__, "--one", "breakdown", "--images", str(args.images), "--chain",
+                            args.chain, "--data", args.data], capture_output=True, text=True)
+        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if line is None:
+            print(f"breakdown failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+            return
+        print(f"{args.chain} chain, {args.images} images; MiB of device memory in use above the level before CUDA")
+        for what, mib, limits in json.loads(line[7:]):
+            print(f"{mib:6d}  {what}" + (f"  ({limits})" if limits else ""))
+        return
+    if args.one == "breakdown":
+        print("RESULT " + json.dumps(breakdown(args)), flush=True)
+        return
     if args.one is not None:
         knobs = dict(kv.split("=", 1) for kv in args.one.split(",") if "=" in kv)
         print("RESULT " + json.dumps(one(args, knobs)), flush=True)
@@ -124,7 +245,7 @@ def main() -> None:
     load_blobs(args.data, args.images)  # make the set once, outside the timed processes
     print(f"{args.chain} chain, {args.images} images; MiB of device memory in use above the level before CUDA")
     print(f"{'configuration':34s} {'context':>8s} {'engine':>8s} {'1 pass':>8s} {'peak':>8s} {'images/s':>9s}"
-          f" {'CuPy pool':>9s} {'decoded':>8s} {'CPU':>5s}")
+          f" {'CuPy pool':>9s} {'decoded':>8s} {'in use':>7s} {'CPU':>5s}")
     for cfg in args.configs.split(";"):
         cmd = [sys.executable, __file__, "--one", cfg, "--images", str(args.images), "--chain", args.chain,
                "--seconds", str(args.seconds), "--data", args.data]
@@ -138,7 +259,8 @@ def main() -> None:
             print(f"{cfg:34s} {r['error']}")
             continue
         print(f"{cfg:34s} {r['context_mib']:8d} {r['engine_mib']:8d} {r['after_pass_mib']:8d} {r['peak_mib']:8d} "
-              f"{r['images_per_s']:9,d} {r['cupy_pool_mib']:9d} {r['driver_pool_high_mib']:8d} {r['not_on_gpu']:5d}",
+              f"{r['images_per_s']:9,d} {r['cupy_pool_mib']:9d} {r['driver_pool_end_high_mib']:8d} "
+              f"{r['driver_used_end_high_mib']:7d} {r['not_on_gpu']:5d}",
               flush=True)
         if args.stages:
             print(f"{'':34s} seconds per stage, whole run: {r['stage_s']}", flush=True)

@@ -38,9 +38,10 @@ DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
 # Stack bytes per GPU thread the CUDA context reserves (cudaLimitStackSize; the driver's default is
 # 1 KiB, which on an H200 is 1 KiB x 132 SMs x 2,048 threads = 264 MiB of device memory). The driver
 # raises it by itself for a kernel that needs more, so a small start costs nothing: the context and
-# decoders took 541 MiB at the default, 343 at 256 bytes and 293 at 64, at the same speed (train chain,
-# benchmarks/memory_study.py, H200). None: leave it.
-STACK_BYTES: int | None = 64
+# decoders took 541 MiB at the default, 343 at 256 bytes, 293 at 64 and 14 MiB less again at 16, at
+# the same speed; no kernel of the run raised it (train chain, benchmarks/memory_study.py, H200).
+# None: leave it.
+STACK_BYTES: int | None = 16
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?i?b?)?\s*$", re.I)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6, "mib": 1 << 20,
           "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}

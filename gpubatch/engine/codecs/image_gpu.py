@@ -174,6 +174,10 @@ def _process_stream(cp, device_index: int, name: str):
 
 # bytes of freed memory the driver's default pool keeps (see _keep_freed_memory)
 POOL_KEEP = 512 << 20
+# A batch part's device buffer is rounded up to this many bytes, and with SLAB_FIT taken at the size of
+# the largest part before it where that is at most a third more (GpuImageDecoder._slab_size).
+SLAB_ROUND = 16 << 20
+SLAB_FIT = True
 
 
 def _keep_freed_memory(cp, device_index: int) -> bool:
@@ -267,6 +271,8 @@ class _Job:
     images: dict[int, int] = field(default_factory=dict)  # item -> output image descriptor
     views: dict[int, tuple[int, tuple[int, int, int], int]] = field(default_factory=dict)  # (ptr, shape, row)
     slab: Any = None  # the part's device buffer
+    shapes: dict[int, tuple[int, int]] = field(default_factory=dict)  # item -> (h, w) decoded
+    turns: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # item -> EXIF orientation
 
 
 class GpuImageDecoder:
@@ -287,9 +293,11 @@ class GpuImageDecoder:
     bench's training and validation chains that measured +17-27% over waiting for both parts of
     every batch (benchmarks/memory_study.py, ``coupled=1``). The hardware decoder waits, at the start of
     each call, until that instance's previous call has finished on the GPU, so the calls take turns
-    over ``hw_instances`` instances (3): with one instance the engine alone decoded 8,800-9,700
+    over ``hw_instances`` instances (2): with one instance the engine alone decoded 8,800-9,700
     images/s of the mixed set, with three 13,100-17,100, one thread calling them in turn (H200;
-    benchmarks/decode_study.py, group "capi", and RESULTS.md). ``api="python"`` uses the Python
+    benchmarks/decode_study.py, group "capi", and RESULTS.md); in the pipeline, where each decoder
+    goes at its own pace, two ran as fast as three and each instance costs about 28 MiB
+    (benchmarks/memory_study.py, ``hw=2``). ``api="python"`` uses the Python
     binding (one instance, the CUDA decoder called from a second thread); it is the fallback where
     the C library cannot be loaded, and the reference the C path is tested against.
 
@@ -301,7 +309,7 @@ class GpuImageDecoder:
     """
 
     HW_THREADS = 4
-    HW_INSTANCES = 3
+    HW_INSTANCES = 2
 
     def __init__(self, device_index: int = 0, cpu_threads: int = 8, hw_decoder: bool = True,
                  cuda_share: float = 0.5, deterministic: bool = True, cuda_threads: int | None = None,
@@ -364,6 +372,7 @@ class GpuImageDecoder:
         self.deterministic = deterministic
         self._step = 0.1
         self._hw_turn = 0
+        self._slab_cap = {True: 0, False: 0}  # the largest buffer each decoder's parts have taken
         self.hw_refuses: set[str] = set()
         self.hw_takes: set[str] = set()
         # the Python binding's CUDA-decoder calls run beside its hardware calls from the calling thread;
@@ -615,7 +624,7 @@ class GpuImageDecoder:
         """Make the code streams and output descriptors of the items ``lists`` of a batch, all in one
         device buffer taken on the decoder's stream (runs in the thread that hands the batch over, so
         the decoder's own thread only makes the decode calls)."""
-        lib, cp = self.lib, self.cp
+        lib = self.lib
         t0 = time.perf_counter()
         job = _Job(hw, lists, self.hw_stream if hw else self.cuda_stream, consumer)
         shapes: dict[int, tuple[int, int]] = {}
@@ -636,22 +645,44 @@ class GpuImageDecoder:
                 if hdr.rotated % 180:
                     h, w = w, h
                 job.streams[i], shapes[i], turns[i] = cs, (h, w), hdr.orientation
-        offsets, total = {}, 0
-        for i, (h, w) in shapes.items():
-            offsets[i] = total
-            total += (h * w * 3 + 255) & ~255
-        with cp.cuda.Device(self.device_index):
-            if self.stream_ordered:
-                job.slab = _Slab(cp, max(total, 1), job.stream, consumer)
-                base = job.slab.ptr
-            else:
-                job.slab = cp.empty(max(total, 1), cp.uint8)
-                base = job.slab.data.ptr
-        for i, (h, w) in shapes.items():
-            job.images[i] = lib.image(base + offsets[i], h, w, w * 3, job.stream.ptr, turns[i])
-            job.views[i] = (base + offsets[i], (h, w, 3), w * 3)
+        job.shapes, job.turns = shapes, turns
+        self._bind(job)
         self.timings["hw_wrap" if hw else "cuda_wrap"] += time.perf_counter() - t0
         return job
+
+    def _slab_size(self, hw: bool, need: int) -> int:
+        """Bytes to take for a part that needs ``need``: rounded up to :data:`SLAB_ROUND`, and up to the
+        largest part this decoder has taken where that is at most a third larger, so that parts fit
+        each other's freed blocks. With exact sizes the driver's pool reserved 384 MiB on the bench's
+        training chain while at most 296 MiB were in use at once; rounded up to 16 MiB it reserved
+        320, all of it in use (rounded to 2, 4 or 8 MiB: 352-384; benchmarks/memory_study.py, H200)."""
+        size = -(-max(need, 1) // SLAB_ROUND) * SLAB_ROUND
+        if not SLAB_FIT:
+            return size
+        cap = self._slab_cap[hw]
+        if size <= cap and size * 4 > cap * 3:
+            return cap
+        self._slab_cap[hw] = max(cap, size)
+        return size
+
+    def _bind(self, job: _Job) -> None:
+        """Take the part's device buffer (on the decoder's stream) and make its output descriptors."""
+        lib, cp = self.lib, self.cp
+        offsets, total = {}, 0
+        for i, (h, w) in job.shapes.items():
+            offsets[i] = total
+            total += (h * w * 3 + 255) & ~255
+        size = self._slab_size(job.hw, total)
+        with cp.cuda.Device(self.device_index):
+            if self.stream_ordered:
+                job.slab = _Slab(cp, size, job.stream, job.consumer)
+                base = job.slab.ptr
+            else:
+                job.slab = cp.empty(size, cp.uint8)
+                base = job.slab.data.ptr
+        for i, (h, w) in job.shapes.items():
+            job.images[i] = lib.image(base + offsets[i], h, w, w * 3, job.stream.ptr, job.turns[i])
+            job.views[i] = (base + offsets[i], (h, w, 3), w * 3)
 
     def _run(self, job: _Job, blobs: list[Any], regions: list | None, kinds: list[str | None]) -> _Part:
         """Decode a prepared part of a batch with the hardware engine (``job.hw``: one call per list,
