@@ -38,24 +38,23 @@ def test_host_address_points_at_the_bytes(kind):
 
 
 def test_part_buffers_take_few_sizes_so_freed_ones_are_reused():
-    """A part's buffer is rounded up to SLAB_ROUND, and takes the size of the largest part before it
-    unless that is over a third larger; each decoder keeps its own largest size."""
+    """A part's buffer is rounded up to a quarter of its leading power of two (at least SLAB_ROUND),
+    and takes the size of the largest part before it unless that is over a third larger; each decoder
+    keeps its own largest size."""
     from types import SimpleNamespace
 
     from gpubatch.engine.codecs import image_gpu
 
     mib = 1 << 20
     dec = SimpleNamespace(_slab_cap={True: 0, False: 0})
-    size = lambda hw, need: image_gpu.GpuImageDecoder._slab_size(dec, hw, need)  # noqa: E731
-    r = image_gpu.SLAB_ROUND
-    assert size(True, 1) == r
-    assert size(True, 5 * r - mib) == 5 * r          # rounded up
-    assert size(True, 4 * r - mib) == 5 * r          # within a third of the largest: its size
-    assert size(True, 2 * r) == 2 * r                # far smaller: its own size, the largest kept
-    assert dec._slab_cap[True] == 5 * r
-    assert size(True, 6 * r + 1) == 7 * r and dec._slab_cap[True] == 7 * r   # a larger one raises it
-    assert size(False, 3 * r) == 3 * r               # the other decoder has its own
-    assert size(True, 0) == r                        # an empty part still gets a valid buffer
+    size = lambda hw, need: image_gpu.GpuImageDecoder._slab_size(dec, hw, need) // mib  # noqa: E731
+    assert size(True, 1) == image_gpu.SLAB_ROUND // mib   # an empty or tiny part still gets a buffer
+    assert size(True, 70 * mib) == 80                     # 16 MiB steps from 64 MiB
+    assert size(True, 41 * mib) == 48                     # 8 MiB steps from 32: far smaller, its own size
+    assert size(True, 61 * mib) == 80                     # within a third of the largest: its size
+    assert dec._slab_cap[True] == 80 * mib
+    assert size(True, 100 * mib) == 112 and dec._slab_cap[True] == 112 * mib   # a larger one raises it
+    assert size(False, 40 * mib) == 40                    # the other decoder has its own
 
 
 def test_library_path_says_what_is_missing(monkeypatch, tmp_path):

@@ -174,9 +174,10 @@ def _process_stream(cp, device_index: int, name: str):
 
 # bytes of freed memory the driver's default pool keeps (see _keep_freed_memory)
 POOL_KEEP = 512 << 20
-# A batch part's device buffer is rounded up to this many bytes, and with SLAB_FIT taken at the size of
+# A batch part's device buffer is rounded up to a quarter of its size's leading power of two (16 MiB
+# steps from 64 MiB, 8 MiB from 32), at least SLAB_ROUND bytes, and with SLAB_FIT taken at the size of
 # the largest part before it where that is at most a third more (GpuImageDecoder._slab_size).
-SLAB_ROUND = 16 << 20
+SLAB_ROUND = 2 << 20
 SLAB_FIT = True
 
 
@@ -651,12 +652,16 @@ class GpuImageDecoder:
         return job
 
     def _slab_size(self, hw: bool, need: int) -> int:
-        """Bytes to take for a part that needs ``need``: rounded up to :data:`SLAB_ROUND`, and up to the
-        largest part this decoder has taken where that is at most a third larger, so that parts fit
-        each other's freed blocks. With exact sizes the driver's pool reserved 384 MiB on the bench's
-        training chain while at most 296 MiB were in use at once; rounded up to 16 MiB it reserved
-        320, all of it in use (rounded to 2, 4 or 8 MiB: 352-384; benchmarks/memory_study.py, H200)."""
-        size = -(-max(need, 1) // SLAB_ROUND) * SLAB_ROUND
+        """Bytes to take for a part that needs ``need``: rounded up to one of four sizes per power of two
+        (and to :data:`SLAB_ROUND`), and up to the largest part this decoder has taken where that is at
+        most a third larger, so that parts fit each other's freed blocks. On the bench's training
+        chain (parts of about 74 MiB) exact sizes left the driver's pool reserving 384 MiB while at
+        most 296 were in use at once; 16 MiB steps reserved 320, all in use (2, 4 or 8 MiB steps:
+        352-384). With region decode (parts of about 40 MiB) 8 MiB steps reserved 160 and 16 MiB steps
+        224 (benchmarks/memory_study.py, H200)."""
+        size = max(need, 1)
+        step = max(SLAB_ROUND, (1 << (size.bit_length() - 1)) >> 2)
+        size = -(-size // step) * step
         if not SLAB_FIT:
             return size
         cap = self._slab_cap[hw]
