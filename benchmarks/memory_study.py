@@ -16,8 +16,8 @@ The rest is the decoders' own buffers and the context.
 
 Knobs (``key=value``, joined by commas; configurations by semicolons):
 ``prefetch`` (batches decoded ahead), ``ring`` (output buffers), ``threads`` (decoder CPU threads),
-``keep`` (MiB of freed memory the driver pool keeps, ``image_gpu.POOL_KEEP``), ``round`` (MiB a batch
-part's device buffer is rounded up to, ``image_gpu.SLAB_ROUND``), ``fit`` (0: each part's buffer of its
+``keep`` (MiB of freed memory the driver pool keeps, ``image_gpu.POOL_KEEP``), ``round`` (the least step, MiB,
+a batch part's device buffer is rounded up by, ``image_gpu.SLAB_ROUND``), ``fit`` (0: each part's buffer of its
 own size instead of the largest part's, ``image_gpu.SLAB_FIT``), ``region`` (1: region decode),
 ``batch`` (batch size), ``workers`` (feed processes), ``stack`` (bytes of stack per GPU thread,
 ``gpu_executor.STACK_BYTES``, or ``none`` for the driver's default), ``options`` (extra nvImageCodec
@@ -66,7 +66,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
 
     if "keep" in knobs:
         image_gpu.POOL_KEEP = int(knobs["keep"]) << 20
-    if "round" in knobs:  # MiB a batch part's buffer is rounded up to
+    if "round" in knobs:  # the least step (MiB) a batch part's buffer is rounded up by
         image_gpu.SLAB_ROUND = int(knobs["round"]) << 20
     if "fit" in knobs:  # 1: parts take the size of the largest part before them (within a third)
         image_gpu.SLAB_FIT = knobs["fit"] == "1"
