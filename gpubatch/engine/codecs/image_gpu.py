@@ -272,8 +272,6 @@ class _Job:
     images: dict[int, int] = field(default_factory=dict)  # item -> output image descriptor
     views: dict[int, tuple[int, tuple[int, int, int], int]] = field(default_factory=dict)  # (ptr, shape, row)
     slab: Any = None  # the part's device buffer
-    shapes: dict[int, tuple[int, int]] = field(default_factory=dict)  # item -> (h, w) decoded
-    turns: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # item -> EXIF orientation
 
 
 class GpuImageDecoder:
@@ -297,8 +295,8 @@ class GpuImageDecoder:
     over ``hw_instances`` instances (2): with one instance the engine alone decoded 8,800-9,700
     images/s of the mixed set, with three 13,100-17,100, one thread calling them in turn (H200;
     benchmarks/decode_study.py, group "capi", and RESULTS.md); in the pipeline, where each decoder
-    goes at its own pace, two ran as fast as three and each instance costs about 28 MiB
-    (benchmarks/memory_study.py, ``hw=2``). ``api="python"`` uses the Python
+    goes at its own pace, two ran within 1% of three, and the third took 53-57 MiB more
+    (``gpubatch bench`` and benchmarks/memory_study.py, ``hw=2``). ``api="python"`` uses the Python
     binding (one instance, the CUDA decoder called from a second thread); it is the fallback where
     the C library cannot be loaded, and the reference the C path is tested against.
 
@@ -646,8 +644,7 @@ class GpuImageDecoder:
                 if hdr.rotated % 180:
                     h, w = w, h
                 job.streams[i], shapes[i], turns[i] = cs, (h, w), hdr.orientation
-        job.shapes, job.turns = shapes, turns
-        self._bind(job)
+        self._bind(job, shapes, turns)
         self.timings["hw_wrap" if hw else "cuda_wrap"] += time.perf_counter() - t0
         return job
 
@@ -670,11 +667,12 @@ class GpuImageDecoder:
         self._slab_cap[hw] = max(cap, size)
         return size
 
-    def _bind(self, job: _Job) -> None:
-        """Take the part's device buffer (on the decoder's stream) and make its output descriptors."""
+    def _bind(self, job: _Job, shapes: dict[int, tuple[int, int]], turns: dict[int, tuple[int, int, int]]) -> None:
+        """Take the part's device buffer (on the decoder's stream) and make its output descriptors
+        (``shapes``: item -> decoded (h, w); ``turns``: item -> EXIF orientation)."""
         lib, cp = self.lib, self.cp
         offsets, total = {}, 0
-        for i, (h, w) in job.shapes.items():
+        for i, (h, w) in shapes.items():
             offsets[i] = total
             total += (h * w * 3 + 255) & ~255
         size = self._slab_size(job.hw, total)
@@ -685,8 +683,8 @@ class GpuImageDecoder:
             else:
                 job.slab = cp.empty(size, cp.uint8)
                 base = job.slab.data.ptr
-        for i, (h, w) in job.shapes.items():
-            job.images[i] = lib.image(base + offsets[i], h, w, w * 3, job.stream.ptr, job.turns[i])
+        for i, (h, w) in shapes.items():
+            job.images[i] = lib.image(base + offsets[i], h, w, w * 3, job.stream.ptr, turns[i])
             job.views[i] = (base + offsets[i], (h, w, 3), w * 3)
 
     def _run(self, job: _Job, blobs: list[Any], regions: list | None, kinds: list[str | None]) -> _Part:
