@@ -100,15 +100,12 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         next(it)
     pipe.engine.stream.synchronize()
     out["after_pass_mib"] = mib()
-    drv = cp.cuda.runtime.deviceGetDefaultMemPool(0)
     out["cupy_pool_mib"] = cp.get_default_memory_pool().total_bytes() >> 20  # kernel outputs, tables
-    out["driver_pool_high_mib"] = cp.cuda.runtime.memPoolGetAttribute(drv, 6) >> 20  # decoded images (ReservedMemHigh)
-    out["driver_used_high_mib"] = cp.cuda.runtime.memPoolGetAttribute(drv, 8) >> 20  # of it in use at once (UsedMemHigh)
     res = timed_windows(lambda: len(next(it)), args.seconds, warmup=0, sync=pipe.engine.stream.synchronize)
     out["images_per_s"] = round(res["images_per_s"])
-    out["driver_pool_end_high_mib"] = cp.cuda.runtime.memPoolGetAttribute(drv, 6) >> 20
-    out["driver_used_end_high_mib"] = cp.cuda.runtime.memPoolGetAttribute(drv, 8) >> 20
-    out["stack_bytes_end"] = cp.cuda.runtime.deviceGetLimit(0)
+    drv = cp.cuda.runtime.deviceGetDefaultMemPool(0)  # decoded images: high-water marks of the whole run
+    out["driver_pool_high_mib"] = cp.cuda.runtime.memPoolGetAttribute(drv, 6) >> 20  # reserved (ReservedMemHigh)
+    out["driver_used_high_mib"] = cp.cuda.runtime.memPoolGetAttribute(drv, 8) >> 20  # in use at once (UsedMemHigh)
     out["peak_mib"] = round(sampler.stop()["gpu_mem_gib"] * 1024)
     out["decoder_mib_kept"] = image_gpu.POOL_KEEP >> 20
     out["not_on_gpu"] = pipe.stats["images"] - pipe.stats["gpu"]  # CPU fallbacks (none expected on the set)
@@ -160,8 +157,7 @@ def breakdown(args: argparse.Namespace) -> list[tuple[str, int, str]]:
     for k in range(GpuImageDecoder.HW_INSTANCES):
         built.append(lib.decoder(0, GpuImageDecoder.HW_THREADS, BACKEND_HW_GPU_ONLY))
         note(f"+ hardware decoder {k + 1}")
-    built.append(lib.decoder(0, default_decoder_threads(), BACKEND_HYBRID_CPU_GPU,
-                             "nvjpeg_cuda_decoder:hybrid_huffman_threshold=0"))
+    built.append(lib.decoder(0, default_decoder_threads(), BACKEND_HYBRID_CPU_GPU, image_gpu.CUDA_DECODER_OPTIONS))
     note(f"+ CUDA decoder ({default_decoder_threads()} threads)")
     for d in built:
         d.close()
@@ -211,6 +207,18 @@ def breakdown(args: argparse.Namespace) -> list[tuple[str, int, str]]:
     return rows
 
 
+def _child(args: argparse.Namespace, one: str) -> tuple[object, str | None]:
+    """Run ``--one ONE`` in a fresh process (a fresh CUDA context): (its result, None), or (None, the
+    last line it wrote to stderr)."""
+    cmd = [sys.executable, __file__, "--one", one, "--images", str(args.images), "--chain", args.chain,
+           "--seconds", str(args.seconds), "--data", args.data]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        return None, (p.stderr.strip().splitlines() or ["?"])[-1]
+    return json.loads(line[7:]), None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=4096)
@@ -225,14 +233,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.breakdown:
         load_blobs(args.data, args.images)
-        p = subprocess.run([sys.executable, __file__, "--one", "breakdown", "--images", str(args.images), "--chain",
-                            args.chain, "--data", args.data], capture_output=True, text=True)
-        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if line is None:
-            print(f"breakdown failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+        rows, failed = _child(args, "breakdown")
+        if failed:
+            print(f"breakdown failed: {failed}")
             return
         print(f"{args.chain} chain, {args.images} images; MiB of device memory in use above the level before CUDA")
-        for what, mib, limits in json.loads(line[7:]):
+        for what, mib, limits in rows:
             print(f"{mib:6d}  {what}" + (f"  ({limits})" if limits else ""))
         return
     if args.one == "breakdown":
@@ -247,20 +253,16 @@ def main() -> None:
     print(f"{'configuration':34s} {'context':>8s} {'engine':>8s} {'1 pass':>8s} {'peak':>8s} {'images/s':>9s}"
           f" {'CuPy pool':>9s} {'decoded':>8s} {'in use':>7s} {'CPU':>5s}")
     for cfg in args.configs.split(";"):
-        cmd = [sys.executable, __file__, "--one", cfg, "--images", str(args.images), "--chain", args.chain,
-               "--seconds", str(args.seconds), "--data", args.data]
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if line is None:
-            print(f"{cfg:34s} failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+        r, failed = _child(args, cfg)
+        if failed:
+            print(f"{cfg:34s} failed: {failed}")
             continue
-        r = json.loads(line[7:])
         if "error" in r:
             print(f"{cfg:34s} {r['error']}")
             continue
         print(f"{cfg:34s} {r['context_mib']:8d} {r['engine_mib']:8d} {r['after_pass_mib']:8d} {r['peak_mib']:8d} "
-              f"{r['images_per_s']:9,d} {r['cupy_pool_mib']:9d} {r['driver_pool_end_high_mib']:8d} "
-              f"{r['driver_used_end_high_mib']:7d} {r['not_on_gpu']:5d}",
+              f"{r['images_per_s']:9,d} {r['cupy_pool_mib']:9d} {r['driver_pool_high_mib']:8d} "
+              f"{r['driver_used_high_mib']:7d} {r['not_on_gpu']:5d}",
               flush=True)
         if args.stages:
             print(f"{'':34s} seconds per stage, whole run: {r['stage_s']}", flush=True)

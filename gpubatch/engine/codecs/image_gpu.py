@@ -174,6 +174,9 @@ def _process_stream(cp, device_index: int, name: str):
 
 # bytes of freed memory the driver's default pool keeps (see _keep_freed_memory)
 POOL_KEEP = 512 << 20
+# the CUDA decoder's options: Huffman decoding on the GPU for every image (GPU-NOTES: 11,900 against
+# 7,400 images/s with the default threshold)
+CUDA_DECODER_OPTIONS = "nvjpeg_cuda_decoder:hybrid_huffman_threshold=0"
 # A batch part's device buffer is rounded up to a quarter of its size's leading power of two (16 MiB
 # steps from 64 MiB, 8 MiB from 32), at least SLAB_ROUND bytes, and with SLAB_FIT taken at the size of
 # the largest part before it where that is at most a third more (GpuImageDecoder._slab_size).
@@ -339,7 +342,7 @@ class GpuImageDecoder:
         hw_instances = hw_instances or int(os.environ.get("GPUBATCH_HW_DECODERS", self.HW_INSTANCES))
         with cp.cuda.Device(device_index):
             self.stream_ordered = _keep_freed_memory(cp, device_index)
-            cuda_options = f"nvjpeg_cuda_decoder:hybrid_huffman_threshold=0 {options}"
+            cuda_options = f"{CUDA_DECODER_OPTIONS} {options}"
             if self.api == "c":
                 from .nvimgcodec_c import BACKEND_HW_GPU_ONLY, BACKEND_HYBRID_CPU_GPU, CApiError, library
 
