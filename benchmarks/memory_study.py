@@ -11,7 +11,8 @@ built, after one warm-up pass over the set, the peak over the whole run, and the
 windows (median of 5, the stream synchronized after every batch) with ``iterate_files``, batch 256;
 then what CuPy's pool holds (kernel outputs, launch tables), the high-water marks of the driver's
 default pool (decoded images: what it reserved, and what was in use at once; the gap is
-fragmentation) and how many images the CPU decoded (none expected on the mixed set).
+fragmentation), how many images the CPU decoded (none expected on the mixed set) and how many chunk
+calls gave up waiting for their buffer and took one of their own (none expected).
 The rest is the decoders' own buffers and the context.
 
 Knobs (``key=value``, joined by commas; configurations by semicolons):
@@ -27,7 +28,14 @@ decoder options, joined by "+"), ``api`` (``c``: nvImageCodec's C API, one devic
 ``switch`` (the interpreter's switch interval, seconds, ``gpu_executor.SWITCH_INTERVAL``), ``share``
 (the CUDA decoder's share of each batch), ``coupled``
 (1: the decode thread waits for both decoders' parts of each batch before it hands over the next,
-instead of each decoder's thread going through the batches at its own pace).
+instead of each decoder's thread going through the batches at its own pace; whole parts), ``chunk``
+(images per decode call, each call into a buffer the same call of the next batch part reuses, the
+resample run per call, ``ImagePipeline(decode_chunk=...)``; default 0: whole batch parts, a buffer
+each),
+``hw_chunk`` (the hardware engine's calls are split only above this, ``image_gpu.HW_CHUNK``),
+``cuda_ring`` (the CUDA decoder's calls take this many buffers in turn; 0: call k of a part takes
+buffer k, ``image_gpu.CUDA_RING``), ``slack`` (a chunk buffer grows to a call's size plus
+1/slack, ``image_gpu.RING_SLACK``).
 The context column is the CUDA context CuPy makes; the engine column is after the engine set the
 stack size and built its decoders.
 """
@@ -80,9 +88,15 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         executor.default_decoder_threads = lambda: int(knobs["cuda"])
     if "switch" in knobs:  # the interpreter's switch interval the engine sets (seconds)
         os.environ["GPUBATCH_SWITCH_INTERVAL"] = knobs["switch"]
-    if knobs.get("coupled") == "1":  # the decode thread waits for both decoders' parts of each batch
+    if knobs.get("coupled") == "1":  # the decode thread waits for both decoders' parts of each batch (whole)
         decode = image_gpu.GpuImageDecoder.decode
-        image_gpu.GpuImageDecoder.decode = lambda self, *a, **k: decode(self, *a, **{**k, "wait": True})
+        image_gpu.GpuImageDecoder.decode = lambda self, *a, **k: decode(self, *a, **{**k, "wait": True, "chunk": 0})
+    if "hw_chunk" in knobs:  # the hardware engine's calls are split above this many images (chunks)
+        image_gpu.HW_CHUNK = int(knobs["hw_chunk"])
+    if "slack" in knobs:  # a chunk buffer grows to the call's size plus 1/slack
+        image_gpu.RING_SLACK = int(knobs["slack"])
+    if "cuda_ring" in knobs:  # the CUDA decoder's calls over this many buffers in turn (0: one per call of a part)
+        image_gpu.CUDA_RING = int(knobs["cuda_ring"])
     files, _, _ = load_blobs(args.data, args.images)
     keys = [f"{p.parent.name}/{p.stem}" for p in files]
     ops = chain_ops(get_model("resnet50").chains[args.chain])
@@ -90,7 +104,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     pipe = ImagePipeline(ops, device="gpu", seed=0, ring=int(knobs.get("ring", 2)),
                          cpu_threads=int(knobs["threads"]) if "threads" in knobs else None,
                          region_decode=knobs.get("region", "0") == "1",
-                         decoder_options=knobs.get("options", "").replace("+", " "))
+                         decoder_options=knobs.get("options", "").replace("+", " "),
+                         decode_chunk=int(knobs.get("chunk", 0)))
     out["engine_mib"] = mib()
     if "share" in knobs:  # the CUDA decoder's share of each batch
         pipe.engine.decoder.cuda_share = float(knobs["share"])
@@ -109,6 +124,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     out["peak_mib"] = round(sampler.stop()["gpu_mem_gib"] * 1024)
     out["decoder_mib_kept"] = image_gpu.POOL_KEEP >> 20
     out["not_on_gpu"] = pipe.stats["images"] - pipe.stats["gpu"]  # CPU fallbacks (none expected on the set)
+    out["ring_waits"] = pipe.engine.decoder.ring_waits  # chunk calls that took a buffer of their own
     out["stage_s"] = {k: round(v, 2) for k, v in {**pipe.timings, **pipe.engine.decoder.timings}.items() if v}
     it.close()
     pipe.close()
@@ -171,17 +187,10 @@ def breakdown(args: argparse.Namespace) -> list[tuple[str, int, str]]:
     note("pipeline built (engine, decoders)")
     dec = pipe.engine.decoder
     blobs = image_gpu._tiny_jpegs(256)  # the warm-up's batch, one decoder at a time
-    kinds = [image_gpu.jpeg_kind(b)[0] for b in blobs]
-    every = [list(range(len(blobs)))]
     for k, _ in enumerate(dec.hw_cs):
-        part = dec._run(dec._prepare(True, blobs, None, every, dec.hw_stream), blobs, None, kinds)
-        if part.retry is not None:
-            part.retry.result()
-        dec.hw_stream.synchronize()
+        dec.first_call(True, blobs)
         note(f"+ hardware decoder {k + 1}'s first call (256 tiny JPEGs)")
-        del part
-    dec._run(dec._prepare(False, blobs, None, every, dec.cuda_stream), blobs, None, kinds)
-    dec.cuda_stream.synchronize()
+    dec.first_call(False, blobs)
     note("+ the CUDA decoder's first call")
     pipe.engine.warm_up(256)
     note("+ the rest of the engine's warm-up (resample kernels loaded)")
@@ -251,7 +260,7 @@ def main() -> None:
     load_blobs(args.data, args.images)  # make the set once, outside the timed processes
     print(f"{args.chain} chain, {args.images} images; MiB of device memory in use above the level before CUDA")
     print(f"{'configuration':34s} {'context':>8s} {'engine':>8s} {'1 pass':>8s} {'peak':>8s} {'images/s':>9s}"
-          f" {'CuPy pool':>9s} {'decoded':>8s} {'in use':>7s} {'CPU':>5s}")
+          f" {'CuPy pool':>9s} {'decoded':>8s} {'in use':>7s} {'CPU':>5s} {'waits':>5s}")
     for cfg in args.configs.split(";"):
         r, failed = _child(args, cfg)
         if failed:
@@ -262,7 +271,7 @@ def main() -> None:
             continue
         print(f"{cfg:34s} {r['context_mib']:8d} {r['engine_mib']:8d} {r['after_pass_mib']:8d} {r['peak_mib']:8d} "
               f"{r['images_per_s']:9,d} {r['cupy_pool_mib']:9d} {r['driver_pool_high_mib']:8d} "
-              f"{r['driver_used_high_mib']:7d} {r['not_on_gpu']:5d}",
+              f"{r['driver_used_high_mib']:7d} {r['not_on_gpu']:5d} {r['ring_waits']:5d}",
               flush=True)
         if args.stages:
             print(f"{'':34s} seconds per stage, whole run: {r['stage_s']}", flush=True)

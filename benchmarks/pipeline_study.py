@@ -57,6 +57,8 @@ def one(args: argparse.Namespace) -> None:
             def __len__(self) -> int:
                 return self.n
 
+        pipe.chunk = 0  # whole batches: the results are held, not read chunk by chunk
+
         def decode_only():
             for b in itertools.cycle(range(len(batches))):
                 res = pipe.decode(batches[b])

@@ -20,7 +20,8 @@ from . import MODELS, get_model
 from .measure import warmup_batches
 
 CONTENDERS = ("gpubatch-gpu", "gpubatch-cpu", "torch-dataloader", "dali")
-SWEEPABLE = {"batch_size": int, "threads": int, "cuda_share": float, "warm_up": int, "region_decode": int}
+SWEEPABLE = {"batch_size": int, "threads": int, "cuda_share": float, "warm_up": int, "region_decode": int,
+             "decode_chunk": int}
 SCHEMA = "gpubatch-bench/1"
 
 

@@ -104,6 +104,27 @@ def fold_windows(ops: Sequence[Op], idx: Sequence[int], params: Sequence[Any], h
     return win
 
 
+# image sizes a chain's output size is tried on (fixed_window_chain): ordinary, tall, wide, tiny
+_PROBES = ((480, 640), (640, 427), (37, 1500), (2000, 90), (1, 1))
+
+
+def fixed_window_chain(plan: Any) -> tuple[list[int], Any, tuple[int, int]] | None:
+    """(the op indices, the trailing Normalize or None, the output (height, width)) when ``plan``'s chain
+    is one window segment (crops, resizes, flips, pads), maybe then a normalize, whose output size is
+    the same whatever the image's (tried on a few sizes and parameter draws); else None."""
+    segs = segments(plan.ops)
+    norm = plan.ops[-1] if segs and segs[-1][0] == "normalize" else None
+    body = segs[:-1] if norm is not None else segs
+    if len(body) != 1 or body[0][0] != "window":
+        return None
+    idx = body[0][1]
+    outs = set()
+    for k, (h, w) in enumerate(_PROBES):
+        win = fold_windows(plan.ops, idx, plan.draw(f"size probe {k}", h, w), h, w)
+        outs.add((win.oh, win.ow))
+    return (idx, norm, outs.pop()) if len(outs) == 1 else None
+
+
 def leading_windows(ops: Sequence[Op], params: Sequence[Sequence[Any] | None],
                     sizes: Sequence[tuple[int, int] | None]) -> tuple[np.ndarray, np.ndarray] | None:
     """The chain's leading window segment folded per record, as arrays: geometry (N, 4) float32

@@ -153,13 +153,16 @@ class GpuEngine:
 
     def resample(self, src: Any, windows: Sequence[Window] | tuple[np.ndarray, np.ndarray],
                  normalize: Normalize | None = None, out: Any = None,
-                 fill: Sequence[float] = (0.0, 0.0, 0.0)) -> DeviceBatch:
+                 fill: Sequence[float] = (0.0, 0.0, 0.0), offsets: np.ndarray | None = None,
+                 stream: Any = None) -> DeviceBatch:
         """One fused launch: image ``i`` of ``src`` (a :class:`Ragged`, or a list of DeviceImages / uint8 HWC
         CuPy arrays) through ``windows[i]``, then ``normalize``; pixels outside the image read ``fill``.
         ``windows`` may also be given as arrays: geometry (N, 4) and output sizes (N, 2).
 
         Output items are uint8 HWC unless ``normalize`` says otherwise; ``out`` may be a preallocated
-        1-D buffer large enough for the whole batch (a ring slot).
+        1-D buffer large enough for the whole batch (a ring slot). ``offsets`` (elements, per image) place
+        the outputs in ``out`` instead of packing them from its start (part of a batch at a time);
+        ``stream``: the stream to run on instead of the engine's.
         """
         from .gpu_chain import Ragged
 
@@ -177,21 +180,27 @@ class GpuEngine:
         else:
             geo = np.array([w.as_array() for w in windows], np.float32).reshape(n, 4)
             out_shape = np.array([(w.oh, w.ow) for w in windows], np.int32).reshape(n, 2)
-        offsets, first_block, total_blocks, total = self._out_tables(out_shape, 3)
-        with self.stream:
+        packed, first_block, total_blocks, total = self._out_tables(out_shape, 3)
+        if offsets is None:
+            offsets = packed
+        else:
+            offsets = np.ascontiguousarray(offsets, np.int64).reshape(n)
+            total = int((offsets + out_shape[:, 0].astype(np.int64) * out_shape[:, 1] * 3).max()) if n else 0
+        stream = stream or self.stream
+        with stream:
             if out is None or out.size < total:
                 out = cp.empty(max(total, 1), dtype=dtype)
             shapes = [(oh, ow, 3) if layout == "HWC" else (3, oh, ow) for oh, ow in out_shape.tolist()]
             if n == 0:
-                return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=self.stream)
+                return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=stream)
             t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, t_norm = upload_tables(
-                [src.ptr, src.shape, geo, out_shape, offsets, first_block, norm], self.stream, self.staging)
+                [src.ptr, src.shape, geo, out_shape, offsets, first_block, norm], stream, self.staging)
             from .kernels import kernel
 
             fn = kernel("resample", f"resample_{_DTYPE_TAG[dtype]}_{layout.lower()}")
             fn((total_blocks,), (BLOCK,), (t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, np.int32(n),
                                           t_norm, out))
-        return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=self.stream)
+        return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=stream)
 
     def step(self, src: Any, steps: Sequence[Any]) -> DeviceBatch:
         """One launch of ``kernels/step.cu``: image ``i`` of ``src`` (a :class:`Ragged`) through ``steps[i]``
@@ -331,6 +340,16 @@ class ImagePipeline:
     ``decoder_options`` are extra nvImageCodec decoder options (space-separated, as nvImageCodec
     takes them), for tuning studies.
 
+    ``decode_chunk=N`` (for a GPU memory budget; ``image_gpu.DECODE_CHUNK`` = 96 measured best): a
+    chain of window ops (crops, resizes, flips) to a fixed output size, with or without a trailing
+    ``normalize`` (the training and validation chains), is decoded in calls of at most N images, each
+    into a buffer the same call of the next batch reuses, and each call's resample runs as soon as it
+    is decoded, into its rows of the batch's output: the decoded images then take about one batch of
+    device memory instead of two. On an H200 at batch 256 that took the bench's chains from 965-969 to
+    871-873 MiB, and with ``region_decode`` to 775-777 MiB, at 5-17% less speed, so it is off by default
+    (benchmarks/memory_study.py, ``chunk``; benchmarks/RESULTS.md). Process batches in the order they
+    were decoded. Other chains are decoded whole.
+
     ``region_decode=True`` makes :meth:`iterate_files` decode only the part of each image the chain's
     leading crop reads (nvImageCodec region decode), widened by the resampling filter's reach so the
     output matches a full decode. Off by default: it measured no faster with the sub-streams made
@@ -345,7 +364,7 @@ class ImagePipeline:
     def __init__(self, ops: Sequence[Op], device: Device | str = "auto", seed: int = 0,
                  gpu: int = 0, cpu_threads: int | None = None, gpu_memory: str | int | float | None = None,
                  max_pixels: int = 0, ring: int = 2, region_decode: bool = False, warm_up: int = 256,
-                 decoder_options: str = ""):
+                 decoder_options: str = "", decode_chunk: int = 0):
         from .device import resolve
         from .executor import default_workers
 
@@ -358,8 +377,14 @@ class ImagePipeline:
                        if self.device.is_gpu else None)
         if self.engine is not None and warm_up:
             self.engine.warm_up(warm_up)
+        from .gpu_chain import fixed_window_chain
+
+        # a chain of one resample to a fixed size may run on each decoded chunk as it comes (see process)
+        self._fixed = fixed_window_chain(self.plan) if self.engine is not None else None
+        self.chunk = max(0, decode_chunk) if self._fixed else 0
         self._ring: list[Any] = [None] * ring
         self._slot = 0
+        self._side: dict[bool, Any] | None = None  # see _side_streams
         self.last_errors: list[tuple[int, str]] = []
         self.stats = {"images": 0, "gpu": 0, "hw": 0, "fallbacks": 0}
         self._workers: Any = None
@@ -410,7 +435,8 @@ class ImagePipeline:
             return list(blobs)  # the CPU path decodes inside its worker processes, with the ops
         return self.engine.decoder.decode(list(blobs), self.engine.stream, self.plan.max_pixels, order=False,
                                           headers=list(headers) if headers is not None else None,
-                                          regions=list(regions) if regions is not None else None, wait=False)
+                                          regions=list(regions) if regions is not None else None, wait=False,
+                                          chunk=self.chunk)
 
     def process(self, decoded: Any, keys: Sequence[str], params: Sequence[Any] | None = None,
                 sizes: Sequence[tuple[int, int] | None] | None = None,
@@ -430,6 +456,8 @@ class ImagePipeline:
         from .gpu_chain import Ragged, run_chain
 
         res = decoded
+        if self._fixed is not None:
+            return self._process_chunks(res, keys, params, sizes, windows)
         res.order(self.engine.stream)  # this batch's kernels wait for its decode, and no later one's
         self.timings["decode_wait"] += res.waited
         arrays, drawn, rows, redrawn = [], [], [], []
@@ -458,6 +486,79 @@ class ImagePipeline:
         self.stats["hw"] += res.hw
         self.stats["fallbacks"] += res.fallbacks
         return batch
+
+    def _side_streams(self) -> dict[bool, Any]:
+        """Streams for the resample of each decoder's chunks ({True: hardware engine, False: CUDA
+        decoder}): each decoder's reuse of its buffers then waits only for the kernels on its own chunks."""
+        if self._side is None:
+            cp = self.engine.cp
+            with self.engine.dev:
+                self._side = {hw: cp.cuda.Stream(non_blocking=True) for hw in (True, False)}
+        return self._side
+
+    def _process_chunks(self, res: Any, keys: Sequence[str], params: Sequence[Any] | None,
+                        sizes: Sequence[tuple[int, int] | None] | None,
+                        windows: tuple[np.ndarray, np.ndarray] | None) -> DeviceBatch:
+        """:meth:`process` for a chain of one resample to a fixed size: each decoded chunk is resampled
+        as it comes (``DecodeResult.chunks``) into the rows of the items it holds, then released to the
+        decoders; rows of items that failed after all are closed up at the end."""
+        from .gpu_chain import Ragged, fold_windows, segment_fill
+
+        eng, cp, ops = self.engine, self.engine.cp, self.plan.ops
+        idx, norm, (oh, ow) = self._fixed
+        fill = segment_fill(ops, idx)
+        dtype = norm.dtype if norm is not None else "uint8"
+        shape = (oh, ow, 3) if norm is None or norm.layout == "HWC" else (3, oh, ow)
+        per = 3 * oh * ow
+        rows = [i for i, err in enumerate(res.errors) if err is None]  # what may still decode
+        rank = {i: r for r, i in enumerate(rows)}
+        slot = self._slot
+        self._slot = (self._slot + 1) % len(self._ring)
+        buf = self._ring[slot]
+        if buf is None or buf.size < max(len(rows), 1) * per or buf.dtype != np.dtype(dtype):
+            with eng.stream:
+                buf = cp.empty(max(len(rows), 1) * per, dtype)
+        done: list[int] = []
+        side = self._side_streams()
+        start = eng.stream.record()  # the side streams follow the engine stream's earlier work on the ring
+        for on in side.values():
+            on.wait_event(start)
+        used = set()
+        for items, on in res.chunks(eng.stream, side):
+            geo = np.empty((len(items), 4), np.float32)
+            out_hw = np.empty((len(items), 2), np.int32)
+            for k, (i, a) in enumerate(items):
+                h, w = a.shape[0], a.shape[1]
+                fed = sizes is not None and sizes[i] == (h, w)
+                if fed and windows is not None:
+                    geo[k], out_hw[k] = windows[0][i], windows[1][i]
+                    continue
+                p = params[i] if fed and params is not None and params[i] is not None else self.plan.draw(keys[i], h, w)
+                win = fold_windows(ops, idx, p, h, w)
+                geo[k], out_hw[k] = win.as_array(), (win.oh, win.ow)
+            if (out_hw != (oh, ow)).any():
+                raise RuntimeError(f"a chunk's output size differs from the chain's fixed {oh}x{ow}")
+            eng.resample(Ragged.from_items(cp, [a for _, a in items]), (geo, out_hw), norm, out=buf, fill=fill,
+                         offsets=np.array([rank[i] * per for i, _ in items], np.int64), stream=on)
+            done.extend(i for i, _ in items)
+            items = None  # the chunk's memory goes back to the decoder
+            used.add(on)
+        for on in used - {eng.stream}:  # the batch is read on the engine's stream
+            eng.stream.wait_event(on.record())
+        self.timings["decode_wait"] += res.waited
+        done.sort()
+        got = set(done)
+        self.last_errors = [(i, err or "decode failed") for i, err in enumerate(res.errors) if i not in got]
+        if len(done) < len(rows):  # close up the rows of what failed after all (in stream order)
+            with eng.stream:
+                view = buf[: len(rows) * per].reshape(len(rows), per)
+                view[: len(done)] = view[cp.asarray(np.array([rank[i] for i in done], np.int64))]
+        self._ring[slot] = buf
+        self.stats["images"] += len(done)
+        self.stats["gpu"] += res.on_gpu
+        self.stats["hw"] += res.hw
+        self.stats["fallbacks"] += res.fallbacks
+        return DeviceBatch(buf, np.arange(len(done), dtype=np.int64) * per, [shape] * len(done), stream=eng.stream)
 
     def iterate(self, batches: Iterable[tuple[Sequence[bytes], Sequence[str]]], prefetch: int = 1) -> Iterator[Any]:
         """Process many batches: batch N+2 is read (by whatever ``batches`` does) and N+1 decoded in

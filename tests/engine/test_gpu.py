@@ -208,6 +208,106 @@ def test_decoders_threads_run_batches_ahead_with_the_same_result(engine):
         sys.setswitchinterval(interval)
 
 
+def test_chunked_decode_reuses_few_buffers_with_the_same_result(engine, monkeypatch):
+    """``decode(chunk=N)``: calls of at most N images into a ring of buffers per decoder (which grow
+    where a call needs more) give, read through ``chunks()``, what whole-part decodes give, with
+    several batches handed over ahead; a chunked result dropped unread frees its buffers for the next
+    batches; one read out of order is slowed (its calls take buffers of their own), never stuck."""
+    from gpubatch.engine.codecs import image_gpu
+
+    rng = np.random.default_rng(5)
+    blobs = [jpeg_bytes(photo(int(rng.integers(60, 300)), int(rng.integers(60, 300)), seed=i), int(rng.integers(75, 98)),
+                     subsampling=i % 3) for i in range(72)]
+    blobs[5] = blobs[5][:400]  # corrupt: the GPU fails it, then Pillow
+    blobs[13] = (SAMPLE / "imagenet/mountain/mountain_000.png").read_bytes()  # straight to Pillow
+    batches = [blobs[k::3] for k in range(3)]
+    dec, stream = engine.decoder, engine.stream
+
+    def whole(b):
+        res = dec.decode(b, stream)
+        stream.synchronize()
+        return [None if a is None else a.get() for a in res.arrays], res.errors, res.on_gpu, res.hw, res.fallbacks
+
+    def read(res, n):
+        got: list = [None] * n
+        sizes = []
+        for items, on in res.chunks(stream):
+            assert on is stream
+            sizes.append(len(items))
+            with stream:  # ordered after the chunk's decode; its buffer goes back to the decoder after this
+                for i, a in items:
+                    got[i] = a.cupy().copy()
+        stream.synchronize()
+        return [None if a is None else a.get() for a in got], res.errors, res.on_gpu, res.hw, res.fallbacks, sizes
+
+    ref = [whole(b) for b in batches]
+    assert ref[0][2] >= 15 and ref[0][3] > 0 and ref[1][4] >= 1 and sum(e is not None for e in ref[2][1]) == 1
+    monkeypatch.setattr(image_gpu, "HW_CHUNK", 4)  # the hardware engine's calls split too
+
+    def same(got, want):
+        assert got[1:5] == want[1:5]
+        for a, b in zip(got[0], want[0]):
+            assert (a is None) == (b is None)
+            if a is not None:
+                np.testing.assert_array_equal(a, b)
+
+    waits = dec.ring_waits
+    ahead = [dec.decode(b, stream, order=False, wait=False, chunk=3) for b in batches]
+    dec.decode(batches[0], stream, order=False, wait=False, chunk=3)  # dropped unread
+    ahead.append(dec.decode(batches[1], stream, order=False, wait=False, chunk=5))
+    for res, want in zip(ahead, ref + [ref[1]]):
+        got = read(res, len(want[0]))
+        assert max(got[5]) <= 5 and len(got[5]) >= 6  # many calls, each a few images (the CPU's last)
+        same(got, want)
+    assert dec.ring_waits == waits
+    assert len(dec._rings[False]) <= 5  # call k of a part: slot k (about 12 images a part, calls of 3)
+    with pytest.raises(ValueError):
+        dec.decode(batches[0], stream, chunk=3)  # must be read through chunks()
+    early = dec.decode(batches[0], stream, order=False, wait=False, chunk=2)
+    late = dec.decode(batches[2], stream, order=False, wait=False, chunk=2)
+    monkeypatch.setattr(image_gpu, "RING_WAIT", 0.2)
+    same(read(late, len(ref[2][0])), ref[2])  # out of order: its calls find the slots held
+    same(read(early, len(ref[0][0])), ref[0])
+    assert dec.ring_waits > waits
+    monkeypatch.setattr(image_gpu, "CUDA_RING", 2)  # the CUDA decoder's calls over two slots in turn
+    same(read(dec.decode(batches[1], stream, order=False, wait=False, chunk=3), len(ref[1][0])), ref[1])
+
+
+def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path):
+    """A fixed-size chain resampled chunk by chunk into its rows gives the batches whole-batch decoding
+    gives, in ``iterate_files`` and in ``__call__``; images that fail are left out and reported, the rows
+    after them closed up."""
+    from gpubatch.engine.gpu_executor import ImagePipeline
+
+    paths = []
+    for i in range(40):
+        p = tmp_path / f"img{i:02d}.jpg"
+        sub = ("4:2:0", "4:2:2", "4:4:4")[i % 3]
+        p.write_bytes(jpeg_bytes(photo(150 + 9 * i, 300 - 4 * i, seed=i), 80 + i % 15, subsampling=sub))
+        paths.append(p)
+    paths[7].write_bytes(paths[7].read_bytes()[:300])  # corrupt: fails on the GPU, then on the CPU
+    paths[21].write_bytes(b"not an image")
+    blobs = [p.read_bytes() for p in paths]
+    keys = [p.stem for p in paths]
+    out = {}
+    for chunk in (0, 3):
+        for chain in ((RandomResizedCrop(64), Flip(), Normalize(layout="CHW", dtype="float16")),
+                      (ResizeShorter(80), CenterCrop(64))):
+            with ImagePipeline(chain, device="gpu", seed=2, ring=8, decode_chunk=chunk) as pipe:
+                assert pipe.chunk == chunk
+                fed = [b.stacked().get() for b in pipe.iterate_files(paths, keys, batch_size=16, workers=2)]
+                called, errors = [], []
+                for a in range(0, 40, 16):
+                    called.append(pipe(blobs[a : a + 16], keys[a : a + 16]).stacked().get())
+                    errors.append([i for i, _ in pipe.last_errors])
+                out[chunk, len(chain)] = fed, called, errors
+    for n in (2, 3):
+        for got, want in zip(out[3, n][0] + out[3, n][1], out[0, n][0] + out[0, n][1]):
+            np.testing.assert_array_equal(got, want)
+        assert out[3, n][2] == out[0, n][2] == [[7], [5], []]
+        assert sum(len(b) for b in out[3, n][0]) == 38
+
+
 def test_gpu_decode_falls_back_and_reports(engine):
     good = jpeg_bytes(photo(64, 80))
     blobs = [good, good[:300], b"not an image", (SAMPLE / "imagenet/car/car_000.jpg").read_bytes(),

@@ -57,6 +57,31 @@ def test_part_buffers_take_few_sizes_so_freed_ones_are_reused():
     assert size(False, 40 * mib) == 40                    # the other decoder has its own
 
 
+def test_chunks_split_each_call_evenly():
+    from gpubatch.engine.codecs.image_gpu import _pieces
+
+    assert _pieces(list(range(10)), 4) == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert _pieces(list(range(8)), 8) == [list(range(8))]
+    assert _pieces(list(range(9)), 8) == [[0, 1, 2, 3, 4], [5, 6, 7, 8]]
+    assert _pieces([], 3) == [[]]
+
+
+def test_fixed_size_chains_are_found():
+    """Chains that end in one resample to a size that does not depend on the image's are run chunk
+    by chunk (ImagePipeline); the others whole."""
+    from gpubatch.engine.gpu_chain import fixed_window_chain
+    from gpubatch.engine.ops import CenterCrop, Flip, Normalize, RandomResizedCrop, Resize, ResizeShorter
+    from gpubatch.engine.plan import Plan
+
+    fixed = lambda *ops: fixed_window_chain(Plan(ops=ops))  # noqa: E731
+    idx, norm, size = fixed(RandomResizedCrop(224), Flip(), Normalize(layout="CHW", dtype="float16"))
+    assert (idx, size, norm.dtype) == ([0, 1], (224, 224), "float16")
+    assert fixed(ResizeShorter(256), CenterCrop(224))[1:] == (None, (224, 224))
+    assert fixed(Resize(97, 311))[2] == (97, 311)
+    assert fixed(ResizeShorter(256)) is None  # the output follows the image's aspect
+    assert fixed(Flip()) is None
+
+
 def test_library_path_says_what_is_missing(monkeypatch, tmp_path):
     """No nvImageCodec wheel, or one without the C library where the wheel puts it: a one-line
     DependencyError naming what is missing (the package is looked up, not imported)."""

@@ -20,10 +20,13 @@ import ctypes
 import functools
 import io
 import os
+import queue
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +78,9 @@ class DecodeResult:
         waited: host seconds :meth:`wait` spent waiting for the decoders.
 
     A result from ``GpuImageDecoder.decode(..., wait=False)`` may still be decoding: :meth:`wait` (or
-    :meth:`order`, which calls it) completes it; read nothing else before.
+    :meth:`order`, which calls it) completes it, or :meth:`chunks` takes its images part by part as
+    they are decoded; read nothing else before. A result decoded in chunks (``decode(..., chunk=N)``)
+    must be read through :meth:`chunks`.
     """
 
     arrays: list[Any]
@@ -86,15 +91,28 @@ class DecodeResult:
     keep: list[Any] = field(default_factory=list)
     ready: list[Any] = field(default_factory=list)
     waited: float = 0.0
-    pending: Any = None  # a callable that completes the result (decoders still running)
+    pending: Any = None  # a callable (this result) -> iterator of the parts still decoding
+    feed: Any = None  # the queue the decoders' threads post the parts on (see GpuImageDecoder._gather)
+    chunked: bool = False
+
+    def _parts(self) -> Iterator[tuple[list[tuple[int, DeviceImage]], Any, Any, bool | None]]:
+        source, self.pending = self.pending, None
+        return source(self) if source is not None else iter(())
 
     def wait(self) -> DecodeResult:
         """Block until every image of the batch is decoded or failed (on the host side: the GPU work
         is ordered through :meth:`order`)."""
         if self.pending is not None:
+            if self.chunked:
+                raise RuntimeError("a batch decoded in chunks is read through DecodeResult.chunks()")
             t0 = time.perf_counter()
-            complete, self.pending = self.pending, None
-            complete(self)
+            for items, owner, event, _ in self._parts():
+                for i, img in items:
+                    self.arrays[i] = img
+                if owner is not None:
+                    self.keep.append(owner)
+                if event is not None:
+                    self.ready.append(event)
             self.waited += time.perf_counter() - t0
         return self
 
@@ -106,8 +124,44 @@ class DecodeResult:
             stream.wait_event(ev)
         self.ready = []
         for owner in self.keep:  # the consumer now waits for the decode: freeing needs no extra wait
-            if isinstance(owner, _Slab):
+            if isinstance(owner, (_Slab, _Chunk)):
                 owner.event = None
+
+    def chunks(self, stream: Any, side: dict[bool, Any] | None = None) -> Iterator[tuple[list[tuple[int, DeviceImage]], Any]]:
+        """The decoded images as ((index, image) list, stream) pairs, each as soon as one decode call
+        (or the CPU fallbacks, last) has made it; work enqueued on the pair's stream after it is yielded
+        runs after that decode. That stream is ``stream``, or with ``side`` ({True: a stream for the
+        hardware engine's calls, False: one for the CUDA decoder's}) the decoder's own, so that neither
+        decoder's reuse of its buffers waits on the other's work: make ``stream`` wait for them before
+        the batch is read. Items never yielded failed (``errors``). The images are not kept in
+        ``arrays``: drop each list once the work reading it is enqueued, which frees its memory (with
+        ``chunk``, hands it back to the decoder for a later call). Read the batches of one decoder in
+        the order they were handed over."""
+        if self.pending is None:  # finished already (or the Python binding): one list
+            self.order(stream)
+            done = [(i, a) for i, a in enumerate(self.arrays) if a is not None]
+            if done:
+                yield done, stream
+            return
+        parts = self._parts()
+        while True:
+            t0 = time.perf_counter()
+            msg = next(parts, None)
+            self.waited += time.perf_counter() - t0
+            if msg is None:
+                return
+            items, owner, event, hw = msg
+            msg = None
+            on = side[hw] if side is not None and hw is not None else stream
+            if event is not None:
+                on.wait_event(event)
+                if isinstance(owner, (_Slab, _Chunk)):
+                    owner.event = None
+                    owner.consumer = on  # its memory is freed (or handed back) after the work on ``on``
+            owner = None
+            if items:
+                yield items, on
+            items = None
 
 
 class DeviceImage:
@@ -182,6 +236,19 @@ CUDA_DECODER_OPTIONS = "nvjpeg_cuda_decoder:hybrid_huffman_threshold=0"
 # the largest part before it where that is at most a third more (GpuImageDecoder._slab_size).
 SLAB_ROUND = 2 << 20
 SLAB_FIT = True
+# Decoding in chunks (``decode(..., chunk=N)``, which ImagePipeline uses for chains that end in one
+# resample of a fixed output size): each decoder's part of a batch is decoded in calls of at most N
+# images (the CUDA decoder; DECODE_CHUNK by default) or HW_CHUNK (the hardware engine, which slowed by
+# 14% on calls of 43 images instead of 85), and in at least two calls. Each call decodes into a buffer
+# (ring slot) that the same call of the next batch part reuses once the consumer's kernels have read
+# it; with CUDA_RING > 0 the CUDA decoder's calls take that many slots in turn instead. A call waits at
+# most RING_WAIT seconds for its slot, then takes a buffer of its own (a consumer reading batches out
+# of order is slowed, never stuck).
+DECODE_CHUNK = 96
+HW_CHUNK = 96
+CUDA_RING = 0
+RING_WAIT = 1.0
+RING_SLACK = 16  # a slot grows to the call's size plus 1/RING_SLACK, so that it seldom grows again
 
 
 def _keep_freed_memory(cp, device_index: int) -> bool:
@@ -249,16 +316,50 @@ class _Release:
         self.images = None
 
 
+class _RingSlot:
+    """One of a decoder's chunk buffers (``decode(..., chunk=N)``): call k of each part of a batch
+    decodes into slot k (see ``GpuImageDecoder._ring_bind``). ``free`` is held from the start of a call decoding into the slot until the images of
+    that call are dropped (:class:`_Chunk`); ``release`` is then the consumer's event after the work
+    that read them, which the slot's next call waits for on the GPU. ``ptr``/``size``: the buffer the
+    next call handed over gets (it only grows; see ``GpuImageDecoder._ring_bind``)."""
+
+    __slots__ = ("ptr", "size", "free", "release", "orphans")
+
+    def __init__(self) -> None:
+        self.ptr, self.size = 0, 0
+        self.free = threading.Semaphore(1)
+        self.release: Any = None
+        self.orphans: list[int] = []  # old buffers of a grown slot whose call did not get it: freed by the next
+
+
+class _Chunk:
+    """Owns the images one decode call made in a :class:`_RingSlot`: dropping the last of them records
+    the consumer's progress and hands the slot back to the decoder. ``event``: the decode's end on the
+    decoder's stream while the consumer has not waited for it (a chunk dropped unread makes the
+    consumer wait for it first, so the slot is never reused under a running decode)."""
+
+    __slots__ = ("slot", "consumer", "event")
+
+    def __init__(self, slot: _RingSlot, consumer: Any):
+        self.slot, self.consumer, self.event = slot, consumer, None
+
+    def __del__(self) -> None:
+        try:
+            if self.event is not None:
+                self.consumer.wait_event(self.event)
+            self.slot.release = self.consumer.record()
+        except Exception:  # interpreter shutdown: the context is going away with the memory
+            pass
+        self.slot.free.release()
+
+
 @dataclass
 class _Part:
-    """What one decoder thread made of its part of a batch (``GpuImageDecoder._run``)."""
+    """What one decoder thread could not decode of its part of a batch (``GpuImageDecoder._run``)."""
 
-    done: list[tuple[int, DeviceImage]] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)  # for the CPU
-    hw: int = 0
-    owner: Any = None  # the part's device buffer (None when nothing in it was decoded)
-    event: Any = None  # the decode's end on the decoder's stream
-    retry: Any = None  # a future of the CUDA decoder's _Part for what the hardware engine failed
+    hw: int = 0  # images the hardware engine decoded
+    retried: int = 0  # 1: what the hardware engine failed goes to the CUDA decoder as a part of its own
 
 
 @dataclass
@@ -269,12 +370,41 @@ class _Job:
     lists: list[list[int]]  # item indices: one list per call
     stream: Any  # the decoder's stream
     consumer: Any  # the stream the batch's readers run on
+    sink: Any = None  # a weak reference to the batch's DecodeResult (None: the results are dropped)
     part: _Part = field(default_factory=_Part)
     hosts: list[Any] = field(default_factory=list)  # keeps the encoded bytes' host views alive
     streams: dict[int, int] = field(default_factory=dict)  # item -> code stream
     images: dict[int, int] = field(default_factory=dict)  # item -> output image descriptor
     views: dict[int, tuple[int, tuple[int, int, int], int]] = field(default_factory=dict)  # (ptr, shape, row)
-    slab: Any = None  # the part's device buffer
+    slab: Any = None  # the part's device buffer (whole parts)
+    slots: list[Any] = field(default_factory=list)  # per call its ring slot (chunks)
+    retire: list[int | None] = field(default_factory=list)  # per call: the slot's old buffer to free, 0: none,
+                                                             # None: the slot did not grow
+    turns: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # item -> EXIF orientation
+
+
+class _Closed(Exception):
+    """The decoder is closing: a call waiting for its ring slot stops."""
+
+
+def _post(sink: Any, msg: tuple) -> None:
+    """Put ``msg`` on the queue of the DecodeResult ``sink`` refers to; dropped (freeing what it owns)
+    where the result is gone or there is none."""
+    res = sink() if sink is not None else None
+    if res is not None:
+        res.feed.put(msg)
+
+
+def _pieces(idx: list[int], chunk: int) -> list[list[int]]:
+    """``idx`` in consecutive pieces of at most ``chunk`` items, as even as can be."""
+    k = max(1, -(-len(idx) // chunk))
+    step, extra = divmod(len(idx), k)
+    out, a = [], 0
+    for j in range(k):
+        b = a + step + (j < extra)
+        out.append(idx[a:b])
+        a = b
+    return out
 
 
 class GpuImageDecoder:
@@ -375,6 +505,13 @@ class GpuImageDecoder:
         self._step = 0.1
         self._hw_turn = 0
         self._slab_cap = {True: 0, False: 0}  # the largest buffer each decoder's parts have taken
+        # each decoder's chunk buffers and the next one a call takes (decode(..., chunk=N))
+        self._rings: dict[bool, list[_RingSlot]] = {True: [], False: []}
+        self._ring_turn = {True: 0, False: 0}  # (with CUDA_RING)
+        # per decoder, events after a grown slot's old buffer was freed: the pool is trimmed once they are done
+        self._trims: dict[bool, deque] = {True: deque(), False: deque()}
+        self._closing = False
+        self.ring_waits = 0  # calls that gave up waiting for their slot and took a buffer of their own
         self.hw_refuses: set[str] = set()
         self.hw_takes: set[str] = set()
         # the Python binding's CUDA-decoder calls run beside its hardware calls from the calling thread;
@@ -409,13 +546,9 @@ class GpuImageDecoder:
         blobs = _tiny_jpegs(batch)
         with self._calling:
             if self.lib is not None:
-                kinds = [jpeg_kind(b)[0] for b in blobs]
-                every = list(range(len(blobs)))
                 for _ in self.hw_cs:  # one call each: the calls take turns over the instances
-                    part = self._run(self._prepare(True, blobs, None, [every], self.hw_stream), blobs, None, kinds)
-                    if part.retry is not None:
-                        part.retry.result()
-                self._run(self._prepare(False, blobs, None, [every], self.hw_stream), blobs, None, kinds)
+                    self.first_call(True, blobs)
+                self.first_call(False, blobs)
             for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
                 if decoder is not None:
                     self._call(decoder, stream, blobs)
@@ -423,7 +556,18 @@ class GpuImageDecoder:
             self.cuda_stream.synchronize()
         return time.perf_counter() - t0
 
+    def first_call(self, hw: bool, blobs: list[bytes]) -> None:
+        """One whole-part call of the hardware engine (``hw``) or the CUDA decoder on ``blobs``, the
+        results dropped, waited for (the C API; for the warm-up and memory studies)."""
+        kinds = [jpeg_kind(b)[0] for b in blobs]
+        job = self._prepare(hw, blobs, None, [list(range(len(blobs)))], self.hw_stream)
+        self._run(job, blobs, None, kinds)
+        self._cuda_thread.submit(int).result()  # a retry of what the hardware engine failed has run
+        self.hw_stream.synchronize()
+        self.cuda_stream.synchronize()
+
     def close(self) -> None:
+        self._closing = True  # a call waiting for its ring slot gives up
         for pool in (self._side, self._hw_thread, self._cuda_thread):
             if pool is not None:
                 pool.shutdown(wait=True)
@@ -436,6 +580,17 @@ class GpuImageDecoder:
         for dec in self.hw_cs + ([self.cuda_c] if self.cuda_c else []):
             dec.close()
         self.hw_cs, self.cuda_c = [], None
+        rt = self.cp.cuda.runtime
+        for ring in self._rings.values():  # the chunk buffers (their last readers: the consumer's streams)
+            for slot in ring:
+                if slot.release is not None:
+                    slot.release.synchronize()
+                for ptr in [slot.ptr, *slot.orphans]:
+                    if ptr:
+                        rt.freeAsync(ptr, self.hw_stream.ptr)
+                slot.ptr = slot.size = 0
+                slot.orphans = []
+        self.hw_stream.synchronize()
 
     def _collect(self) -> None:
         """Free the images of dropped batches whose consumer work has finished (never waits)."""
@@ -481,7 +636,8 @@ class GpuImageDecoder:
 
     def decode(self, blobs: list[bytes], stream, max_pixels: int = 0, order: bool = True,
                headers: list[tuple[str | None, int, int]] | None = None,
-               regions: list[tuple[int, int, int, int] | None] | None = None, wait: bool = True) -> DecodeResult:
+               regions: list[tuple[int, int, int, int] | None] | None = None, wait: bool = True,
+               chunk: int = 0) -> DecodeResult:
         """Decode ``blobs`` into uint8 RGB HWC device images, ready for work enqueued later on ``stream``.
 
         The host does not wait for the GPU: ``stream`` waits on the decoders' streams. Keep the
@@ -499,9 +655,20 @@ class GpuImageDecoder:
         while the other is still at N. ``result.order(stream)`` (or ``result.wait()``) completes the
         result; nothing else of it may be read before. The caller bounds how many batches it hands
         over ahead (``gpu_executor.decode_ahead`` does).
+
+        ``chunk=N`` (with ``wait=False``, ``order=False``; the C API) decodes each decoder's part in
+        calls of at most N images (the hardware engine's: :data:`HW_CHUNK`), at least two, each into a
+        buffer that the same call of that decoder's next part reuses: the result is read through
+        ``result.chunks(stream)``, call by call, and the decoded images take about one batch of
+        memory instead of two (ImagePipeline runs its kernels on each chunk as it comes). Elsewhere
+        ``chunk`` is ignored.
         """
+        if chunk and (wait or order):
+            raise ValueError("decode(chunk=N) needs wait=False and order=False: read it through chunks()")
+        if self.lib is None or not self.stream_ordered:
+            chunk = 0
         with self._calling:
-            res = self._decode(blobs, stream, max_pixels, headers, regions)
+            res = self._decode(blobs, stream, max_pixels, headers, regions, chunk)
         if wait or order:
             res.wait()
         if order:  # later work on ``stream`` runs after both decoders' work
@@ -523,7 +690,7 @@ class GpuImageDecoder:
 
     def _decode(self, blobs: list[bytes], stream, max_pixels: int,
                 headers: list[tuple[str | None, int, int]] | None,
-                regions: list[tuple[int, int, int, int] | None] | None = None) -> DecodeResult:
+                regions: list[tuple[int, int, int, int] | None] | None = None, chunk: int = 0) -> DecodeResult:
         t_start = time.perf_counter()
         self._collect()
         n = len(blobs)
@@ -554,55 +721,69 @@ class GpuImageDecoder:
                 res.ready = [s.record() for s in (self.hw_stream, self.cuda_stream)]
             t0 = time.perf_counter()
             failed = sorted(set(to_cpu))
-            self._place(res, zip(failed, self._cpu.map(lambda i: _host_decode(bytes(blobs[i]), max_pixels), failed)),
-                        stream)
+            for i, img in self._place(res, zip(failed, self._cpu.map(lambda i: _host_decode(bytes(blobs[i]), max_pixels),
+                                                                     failed)), stream):
+                res.arrays[i] = img
             tm["cpu"] += time.perf_counter() - t0
             return res
-        # the C API: each decoder's part goes to its thread; what the GPU cannot take starts on the CPU
+        # the C API: each decoder's part goes to its thread, which posts what it decodes on the result's
+        # queue; what the GPU cannot take starts on the CPU
         cpu_now = [(i, self._cpu.submit(_host_decode, bytes(blobs[i]), max_pixels)) for i in to_cpu]
-        parts = []
+        res.feed, res.chunked = queue.SimpleQueue(), bool(chunk)
+        sink = weakref.ref(res)  # the threads post nothing once the result is dropped (freeing its memory)
+        parts = 0
         for hw, lists, thread in ((True, to_hw, self._hw_thread), (False, [to_cuda], self._cuda_thread)):
             if any(lists):
-                parts.append(thread.submit(self._run, self._prepare(hw, blobs, regions, lists, stream), blobs, regions,
-                                           kinds))
-        res.pending = functools.partial(self._complete, parts, cpu_now, blobs, stream, max_pixels)
+                job = self._prepare(hw, blobs, regions, lists, stream, chunk)
+                job.sink = sink
+                thread.submit(self._run, job, blobs, regions, kinds)
+                parts += 1
+        res.pending = functools.partial(self._gather, parts, cpu_now, blobs, stream, max_pixels)
         tm["parse"] += time.perf_counter() - t_start
         return res
 
-    def _complete(self, parts: list[Any], cpu_now: list[tuple[int, Any]], blobs: list[Any], stream: Any,
-                  max_pixels: int, res: DecodeResult) -> None:
-        """Gather a batch's parts (and their retries) and its CPU decodes into ``res`` (the C API path)."""
+    def _gather(self, parts: int, cpu_now: list[tuple[int, Any]], blobs: list[Any], stream: Any, max_pixels: int,
+                res: DecodeResult) -> Iterator[tuple[list[tuple[int, DeviceImage]], Any, Any]]:
+        """A batch's decoded images as its decoders' threads post them, (items, owner, decode-end event)
+        per call or part, then its CPU decodes (the C API path; ``parts``: the decoder parts handed over)."""
         failed: list[int] = []
+        feed = res.feed
         while parts:
-            part = parts.pop(0).result()
-            for i, img in part.done:
-                res.arrays[i] = img
-            res.on_gpu += len(part.done)
-            res.hw += part.hw
-            failed.extend(part.failed)
-            if part.owner is not None:
-                res.keep.append(part.owner)
-                res.ready.append(part.event)
-            if part.retry is not None:
-                parts.append(part.retry)
+            msg = feed.get()
+            if msg[0] == "images":
+                res.on_gpu += len(msg[1])
+                out, msg = msg[1:], None
+                yield out
+                out = None
+            elif msg[0] == "end":
+                part = msg[1]
+                res.hw += part.hw
+                failed.extend(part.failed)
+                parts += part.retried - 1
+            else:
+                raise msg[1]
         t0 = time.perf_counter()
         decoded = [(i, f.result()) for i, f in cpu_now]
         decoded += zip(failed, self._cpu.map(lambda i: _host_decode(bytes(blobs[i]), max_pixels), failed))
-        self._place(res, decoded, stream)
+        placed = self._place(res, decoded, stream)
         self.timings["cpu"] += time.perf_counter() - t0
+        if placed:
+            yield placed, None, None, None
 
-    def _place(self, res: DecodeResult, decoded: Any, stream: Any) -> None:
-        """Copy CPU decodes ((index, (array, error)) pairs) to the device, ordered on ``stream``."""
+    def _place(self, res: DecodeResult, decoded: Any, stream: Any) -> list[tuple[int, DeviceImage]]:
+        """Copy CPU decodes ((index, (array, error)) pairs) to the device, ordered on ``stream``; the
+        errors go to ``res``."""
         cp = self.cp
+        out = []
         with cp.cuda.Device(self.device_index), stream:
             for i, (arr, err) in decoded:
                 if err is not None:
                     res.errors[i] = err
                 else:
                     a = cp.asarray(arr)
-                    res.arrays[i] = DeviceImage(a.data.ptr, a.shape, a.strides[0], a)
-                    res.keep.append(a)
+                    out.append((i, DeviceImage(a.data.ptr, a.shape, a.strides[0], a)))
                     res.fallbacks += 1
+        return out
 
     def _learn(self, kinds: list[str | None], hw_idx: list[int], ok: list[bool]) -> list[int]:
         """Note which kinds the hardware engine takes; returns the indices it failed (to retry)."""
@@ -622,12 +803,17 @@ class GpuImageDecoder:
         return retry
 
     def _prepare(self, hw: bool, blobs: list[Any], regions: list | None, lists: list[list[int]],
-                 consumer: Any) -> _Job:
-        """Make the code streams and output descriptors of the items ``lists`` of a batch, all in one
-        device buffer taken on the decoder's stream (runs in the thread that hands the batch over, so
-        the decoder's own thread only makes the decode calls)."""
+                 consumer: Any, chunk: int = 0) -> _Job:
+        """Make the code streams and output descriptors of the items ``lists`` of a batch (one decode
+        call per list): all in one device buffer taken on the decoder's stream, or with ``chunk`` in
+        calls of at most ``chunk`` items, each in the decoder's next ring slot. Runs in the thread that
+        hands the batch over, so the decoder's own thread only makes the decode calls."""
         lib = self.lib
         t0 = time.perf_counter()
+        if chunk:
+            lists = [piece for idx in lists for piece in _pieces(idx, HW_CHUNK if hw else chunk)]
+            if len(lists) == 1 and len(lists[0]) > 1:  # two calls at least: the next part's first call
+                lists = _pieces(lists[0], -(-len(lists[0]) // 2))  # then never waits on the last one's readers
         job = _Job(hw, lists, self.hw_stream if hw else self.cuda_stream, consumer)
         shapes: dict[int, tuple[int, int]] = {}
         turns: dict[int, tuple[int, int, int]] = {}  # EXIF orientation per image
@@ -647,7 +833,12 @@ class GpuImageDecoder:
                 if hdr.rotated % 180:
                     h, w = w, h
                 job.streams[i], shapes[i], turns[i] = cs, (h, w), hdr.orientation
-        self._bind(job, shapes, turns)
+        job.turns = turns
+        if chunk:
+            for idx in lists:
+                self._ring_bind(job, [i for i in idx if i in shapes], shapes, turns)
+        else:
+            self._bind(job, shapes, turns)
         self.timings["hw_wrap" if hw else "cuda_wrap"] += time.perf_counter() - t0
         return job
 
@@ -690,48 +881,162 @@ class GpuImageDecoder:
             job.images[i] = lib.image(base + offsets[i], h, w, w * 3, job.stream.ptr, turns[i])
             job.views[i] = (base + offsets[i], (h, w, 3), w * 3)
 
-    def _run(self, job: _Job, blobs: list[Any], regions: list | None, kinds: list[str | None]) -> _Part:
-        """Decode a prepared part of a batch with the hardware engine (``job.hw``: one call per list,
-        that is per kind, taking turns over the instances) or the CUDA decoder; runs in that decoder's
-        thread. What the hardware engine fails is handed to the CUDA decoder's thread (``retry``)."""
-        lib, cp, part, streams, images = self.lib, self.cp, job.part, job.streams, job.images
+    def _ring_bind(self, job: _Job, idx: list[int], shapes: dict[int, tuple[int, int]],
+                   turns: dict[int, tuple[int, int, int]]) -> None:
+        """Give the next call of ``job`` (items ``idx``) its ring slot (call k of a part: slot k; with
+        :data:`CUDA_RING` the CUDA decoder's calls take its slots in turn), grown first where its buffer
+        is too small (a new buffer; the old one is freed once its last call's readers are done, see
+        :meth:`_take_slot`), and make the output descriptors in it."""
+        lib, cp = self.lib, self.cp
+        ring = self._rings[job.hw]
+        if CUDA_RING and not job.hw:
+            k = self._ring_turn[False] % CUDA_RING
+            self._ring_turn[False] += 1
+        else:
+            k = len(job.slots)
+        while len(ring) <= k:
+            ring.append(_RingSlot())
+        slot = ring[k]
+        offsets, total = {}, 0
+        for i in idx:
+            h, w = shapes[i]
+            offsets[i] = total
+            total += (h * w * 3 + 255) & ~255
+        retire = None
+        if total > slot.size:
+            size = total + total // RING_SLACK  # room for a somewhat larger call later
+            step = max(SLAB_ROUND, (1 << (size.bit_length() - 1)) >> 4)
+            size = -(-size // step) * step
+            with cp.cuda.Device(self.device_index):
+                ptr = cp.cuda.runtime.mallocAsync(size, job.stream.ptr)
+            retire, slot.ptr, slot.size = slot.ptr, ptr, size
+        job.slots.append(slot)
+        job.retire.append(retire)
+        base = slot.ptr
+        for i in idx:
+            h, w = shapes[i]
+            job.images[i] = lib.image(base + offsets[i], h, w, w * 3, job.stream.ptr, turns[i])
+            job.views[i] = (base + offsets[i], (h, w, 3), w * 3)
+
+    def _take_slot(self, job: _Job, k: int) -> Any:
+        """Before call ``k`` of a chunked ``job``: wait until the previous call in its ring slot was read
+        (at most :data:`RING_WAIT` seconds), make the decoder's stream wait for those readers, and free
+        the slot's old buffer where it grew. Returns the owner of this call's images (a :class:`_Chunk`),
+        or, after the wait ran out, a buffer of the call's own (a :class:`_Slab`) the call's output
+        descriptors are moved to."""
+        slot = job.slots[k]
+        t_end = time.perf_counter() + RING_WAIT
+        while not slot.free.acquire(timeout=0.05):
+            if self._closing:
+                raise _Closed
+            if time.perf_counter() > t_end:  # the consumer holds the slot (batches read out of order?)
+                self.ring_waits += 1
+                if job.retire[k]:  # the slot grew for this call: its next holder frees the old buffer
+                    slot.orphans.append(job.retire[k])
+                return None
+        owner = _Chunk(slot, job.consumer)
+        rt = self.cp.cuda.runtime
+        if slot.release is not None:
+            job.stream.wait_event(slot.release)
+        old = job.retire[k]
+        if old is not None or slot.orphans:  # the slot grew: free its old buffers after their last readers
+            for ptr in [old, *slot.orphans]:
+                if ptr:
+                    rt.freeAsync(ptr, job.stream.ptr)
+            slot.orphans = []
+            self._trims[job.hw].append(job.stream.record())  # then let the pool give the memory back
+        trims = self._trims[job.hw]
+        if trims and trims[0].done:
+            while trims and trims[0].done:
+                trims.popleft()
+            rt.memPoolTrimTo(rt.deviceGetDefaultMemPool(self.device_index), 0)
+        return owner
+
+    def _own_buffer(self, job: _Job, idx: list[int]) -> _Slab:
+        """A buffer of its own for a chunked call that could not have its slot: the call's descriptors
+        are made again in it (and the slot's turn is skipped: its buffer stays with its holder)."""
+        lib = self.lib
+        total = sum((job.views[i][1][0] * job.views[i][1][1] * 3 + 255) & ~255 for i in idx)
+        with self.cp.cuda.Device(self.device_index):
+            slab = _Slab(self.cp, max(total, 1), job.stream, job.consumer)
+        pos = slab.ptr
+        for i in idx:
+            _, (h, w, _c), row = job.views[i]
+            lib.destroy([], [job.images[i]])
+            job.images[i] = lib.image(pos, h, w, row, job.stream.ptr, job.turns[i])
+            job.views[i] = (pos, (h, w, 3), row)
+            pos += (h * w * 3 + 255) & ~255
+        return slab
+
+    def _run(self, job: _Job, blobs: list[Any], regions: list | None, kinds: list[str | None]) -> None:
+        """Decode a prepared part of a batch with the hardware engine (``job.hw``: one call per list, that
+        is per kind or chunk, taking turns over the instances) or the CUDA decoder; runs in that
+        decoder's thread. Posts on the batch's result (``job.sink``) the images of each call (chunks) or
+        of the whole part, then the part's end; what the hardware engine failed then goes to the CUDA
+        decoder's thread as a part of its own."""
+        try:
+            retry = self._calls(job, kinds)
+        except _Closed:
+            return
+        except BaseException as e:  # the consumer raises it
+            _post(job.sink, ("error", e))
+            raise
+        finally:
+            self.lib.destroy(list(job.streams.values()), list(job.images.values()))
+        job.part.retried = int(bool(retry))
+        _post(job.sink, ("end", job.part))  # before the retry can post its own end
+        if retry:  # what the hardware engine refused or failed, once more on the CUDA decoder
+            again = self._prepare(False, blobs, regions, [retry], job.consumer)
+            again.sink = job.sink
+            self._cuda_thread.submit(self._run, again, blobs, regions, kinds)
+
+    def _calls(self, job: _Job, kinds: list[str | None]) -> list[int]:
+        """The decode calls of :meth:`_run`; returns what the hardware engine failed."""
+        cp, part, streams, images = self.cp, job.part, job.streams, job.images
         t0 = time.perf_counter()
         done: list[tuple[int, bool]] = []
         retry: list[int] = []
         with cp.cuda.Device(self.device_index):
-            if job.hw:
-                hw_dec = self.hw_cs
-                for idx in job.lists:
-                    idx = [i for i in idx if i in streams]
-                    if not idx:
-                        continue
-                    dec = hw_dec[self._hw_turn % len(hw_dec)]
+            for k, idx in enumerate(job.lists):
+                idx = [i for i in idx if i in streams]
+                if not idx:
+                    continue
+                owner = None
+                if job.slots:  # a chunk: into its ring slot, or a buffer of its own
+                    owner = self._take_slot(job, k)
+                    if owner is None:
+                        owner = self._own_buffer(job, idx)
+                if job.hw:
+                    dec = self.hw_cs[self._hw_turn % len(self.hw_cs)]
                     self._hw_turn += 1
                     ok = dec.finish(dec.start([streams[i] for i in idx], [images[i] for i in idx]))
                     part.hw += sum(ok)
-                    done.extend(zip(idx, ok))
                     retry.extend(self._learn(kinds, idx, ok))
-            else:
-                idx = list(streams)
-                done.extend(zip(idx, self.cuda_c.finish(self.cuda_c.start([streams[i] for i in idx],
-                                                                             [images[i] for i in idx]))))
-            part.event = job.stream.record()
-        lib.destroy(list(streams.values()), list(images.values()))
-        if retry:  # what the hardware engine refused or failed, once more on the CUDA decoder
-            again = self._prepare(False, blobs, regions, [retry], job.consumer)
-            part.retry = self._cuda_thread.submit(self._run, again, blobs, regions, kinds)
-        slab = job.slab
+                else:
+                    ok = self.cuda_c.finish(self.cuda_c.start([streams[i] for i in idx], [images[i] for i in idx]))
+                done.extend(zip(idx, ok))
+                if owner is not None:
+                    self._publish(job, done, owner)
+                    done, owner = [], None
+            if not job.slots:  # the whole part in one buffer
+                slab = job.slab
+                self._publish(job, done, slab if self.stream_ordered else _Release([slab], job.consumer, self._freed))
+        self.timings["hw" if job.hw else "cuda"] += time.perf_counter() - t0
+        return retry
+
+    def _publish(self, job: _Job, done: list[tuple[int, bool]], owner: Any) -> None:
+        """Post the images of ``done`` (item, decoded) in ``owner``'s memory with the decode's end event;
+        what the CUDA decoder failed goes to the CPU."""
+        event = job.stream.record()
+        if not isinstance(owner, _Release):
+            owner.event = event  # until the consumer waits for it
+        items = []
         for i, good in done:
             if good:
-                part.done.append((i, DeviceImage(*job.views[i], slab)))
+                items.append((i, DeviceImage(*job.views[i], owner)))
             elif not job.hw:
-                part.failed.append(i)
-        if self.stream_ordered:
-            slab.event = part.event  # until the consumer waits for it (DecodeResult.order)
-        if part.done:
-            part.owner = slab if self.stream_ordered else _Release([slab], job.consumer, self._freed)
-        self.timings["hw" if job.hw else "cuda"] += time.perf_counter() - t0
-        return part
+                job.part.failed.append(i)
+        _post(job.sink, ("images", items, owner, event, job.hw))
 
     def _gpu_python(self, blobs, regions, kinds, to_hw, to_cuda, stream, res: DecodeResult) -> list[int]:
         """Decode through nvImageCodec's Python binding (one output allocation per image)."""
