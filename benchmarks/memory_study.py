@@ -93,8 +93,12 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         image_gpu.GpuImageDecoder.decode = lambda self, *a, **k: decode(self, *a, **{**k, "wait": True, "chunk": 0})
     if "hw_chunk" in knobs:  # the hardware engine's calls are split above this many images (chunks)
         image_gpu.HW_CHUNK = int(knobs["hw_chunk"])
+    if "calls" in knobs:  # calls a chunked part is split into at least (image_gpu.MIN_CALLS)
+        image_gpu.MIN_CALLS = int(knobs["calls"])
     if "slack" in knobs:  # a chunk buffer grows to the call's size plus 1/slack
         image_gpu.RING_SLACK = int(knobs["slack"])
+    if "hw_ring" in knobs:  # as cuda_ring, for the hardware engine
+        image_gpu.HW_RING = int(knobs["hw_ring"])
     if "cuda_ring" in knobs:  # the CUDA decoder's calls over this many buffers in turn (0: one per call of a part)
         image_gpu.CUDA_RING = int(knobs["cuda_ring"])
     files, _, _ = load_blobs(args.data, args.images)

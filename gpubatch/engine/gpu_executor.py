@@ -346,7 +346,7 @@ class ImagePipeline:
     into a buffer the same call of the next batch reuses, and each call's resample runs as soon as it
     is decoded, into its rows of the batch's output: the decoded images then take about one batch of
     device memory instead of two. On an H200 at batch 256 that took the bench's chains from 965-969 to
-    871-873 MiB, and with ``region_decode`` to 775-777 MiB, at 5-17% less speed, so it is off by default
+    871-873 MiB, and with ``region_decode`` to 775-779 MiB, at 5-21% less speed, so it is off by default
     (benchmarks/memory_study.py, ``chunk``; benchmarks/RESULTS.md). Process batches in the order they
     were decoded. Other chains are decoded whole.
 
@@ -385,6 +385,7 @@ class ImagePipeline:
         self._ring: list[Any] = [None] * ring
         self._slot = 0
         self._side: dict[bool, Any] | None = None  # see _side_streams
+        self._ring_done: list[Any] = [None] * ring  # per output buffer, the end of its last chunked batch
         self.last_errors: list[tuple[int, str]] = []
         self.stats = {"images": 0, "gpu": 0, "hw": 0, "fallbacks": 0}
         self._workers: Any = None
@@ -520,9 +521,9 @@ class ImagePipeline:
                 buf = cp.empty(max(len(rows), 1) * per, dtype)
         done: list[int] = []
         side = self._side_streams()
-        start = eng.stream.record()  # the side streams follow the engine stream's earlier work on the ring
-        for on in side.values():
-            on.wait_event(start)
+        if self._ring_done[slot] is not None:  # the side streams write ``buf`` after its last batch's work
+            for on in side.values():
+                on.wait_event(self._ring_done[slot])
         used = set()
         for items, on in res.chunks(eng.stream, side):
             geo = np.empty((len(items), 4), np.float32)
@@ -554,6 +555,7 @@ class ImagePipeline:
                 view = buf[: len(rows) * per].reshape(len(rows), per)
                 view[: len(done)] = view[cp.asarray(np.array([rank[i] for i in done], np.int64))]
         self._ring[slot] = buf
+        self._ring_done[slot] = eng.stream.record()
         self.stats["images"] += len(done)
         self.stats["gpu"] += res.on_gpu
         self.stats["hw"] += res.hw

@@ -247,7 +247,9 @@ SLAB_FIT = True
 DECODE_CHUNK = 96
 HW_CHUNK = 96
 CUDA_RING = 0
+HW_RING = 0  # as CUDA_RING, for the hardware engine's calls
 RING_WAIT = 1.0
+MIN_CALLS = 2  # calls a chunked part is split into at least
 RING_SLACK = 16  # a slot grows to the call's size plus 1/RING_SLACK, so that it seldom grows again
 
 
@@ -529,9 +531,10 @@ class GpuImageDecoder:
         # ("parse"), the per-image code streams and output descriptors of each decoder's part
         # ("hw_wrap", "cuda_wrap"; with the Python binding the wrapping of its results), all in the
         # thread that hands the batch over; each decoder's calls ("hw", "cuda"), in that decoder's
-        # thread with the C API (with the Python binding "cuda" is the wait for its side thread);
-        # CPU decodes ("cpu")
-        self.timings = {"parse": 0.0, "hw": 0.0, "hw_wrap": 0.0, "cuda": 0.0, "cuda_wrap": 0.0, "cpu": 0.0}
+        # thread with the C API (with the Python binding "cuda" is the wait for its side thread), of
+        # which, decoding in chunks, the waits for a ring slot ("hw_slot", "cuda_slot"); CPU decodes ("cpu")
+        self.timings = {"parse": 0.0, "hw": 0.0, "hw_wrap": 0.0, "cuda": 0.0, "cuda_wrap": 0.0, "cpu": 0.0,
+                        "hw_slot": 0.0, "cuda_slot": 0.0}
 
     def warm_up(self, batch: int = 256) -> float:
         """Run ``batch`` tiny JPEGs (every subsampling, and gray) through each decoder once; returns the
@@ -812,8 +815,8 @@ class GpuImageDecoder:
         t0 = time.perf_counter()
         if chunk:
             lists = [piece for idx in lists for piece in _pieces(idx, HW_CHUNK if hw else chunk)]
-            if len(lists) == 1 and len(lists[0]) > 1:  # two calls at least: the next part's first call
-                lists = _pieces(lists[0], -(-len(lists[0]) // 2))  # then never waits on the last one's readers
+            if len(lists) < MIN_CALLS and len(lists[0]) > 1:  # two calls at least: the next part's first
+                lists = _pieces(lists[0], -(-len(lists[0]) // MIN_CALLS))  # call never waits on the last one's readers
         job = _Job(hw, lists, self.hw_stream if hw else self.cuda_stream, consumer)
         shapes: dict[int, tuple[int, int]] = {}
         turns: dict[int, tuple[int, int, int]] = {}  # EXIF orientation per image
@@ -889,9 +892,10 @@ class GpuImageDecoder:
         :meth:`_take_slot`), and make the output descriptors in it."""
         lib, cp = self.lib, self.cp
         ring = self._rings[job.hw]
-        if CUDA_RING and not job.hw:
-            k = self._ring_turn[False] % CUDA_RING
-            self._ring_turn[False] += 1
+        taken_in_turn = HW_RING if job.hw else CUDA_RING
+        if taken_in_turn:
+            k = self._ring_turn[job.hw] % taken_in_turn
+            self._ring_turn[job.hw] += 1
         else:
             k = len(job.slots)
         while len(ring) <= k:
@@ -925,7 +929,8 @@ class GpuImageDecoder:
         or, after the wait ran out, a buffer of the call's own (a :class:`_Slab`) the call's output
         descriptors are moved to."""
         slot = job.slots[k]
-        t_end = time.perf_counter() + RING_WAIT
+        t0 = time.perf_counter()
+        t_end = t0 + RING_WAIT
         while not slot.free.acquire(timeout=0.05):
             if self._closing:
                 raise _Closed
@@ -934,6 +939,7 @@ class GpuImageDecoder:
                 if job.retire[k]:  # the slot grew for this call: its next holder frees the old buffer
                     slot.orphans.append(job.retire[k])
                 return None
+        self.timings["hw_slot" if job.hw else "cuda_slot"] += time.perf_counter() - t0
         owner = _Chunk(slot, job.consumer)
         rt = self.cp.cuda.runtime
         if slot.release is not None:
