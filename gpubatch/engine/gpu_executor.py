@@ -340,15 +340,16 @@ class ImagePipeline:
     ``decoder_options`` are extra nvImageCodec decoder options (space-separated, as nvImageCodec
     takes them), for tuning studies.
 
-    ``decode_chunk=N`` (for a GPU memory budget; ``image_gpu.DECODE_CHUNK`` = 96 measured best): a
-    chain of window ops (crops, resizes, flips) to a fixed output size, with or without a trailing
-    ``normalize`` (the training and validation chains), is decoded in calls of at most N images, each
-    into a buffer the same call of the next batch reuses, and each call's resample runs as soon as it
-    is decoded, into its rows of the batch's output: the decoded images then take about one batch of
-    device memory instead of two. On an H200 at batch 256 that took the bench's chains from 965-969 to
+    On the GPU a chain of window ops (crops, resizes, flips) to a fixed output size, with or without a
+    trailing ``normalize`` (the training and validation chains), is resampled part by part: each
+    decoder's part of a batch as soon as it is decoded, on a stream per decoder, into its rows of the
+    batch's output (other chains run once the whole batch is decoded). With ``decode_chunk=N`` (for a
+    GPU memory budget; ``image_gpu.DECODE_CHUNK`` = 96 measured best) those parts are calls of at most
+    N images, each into a buffer the same call of the next batch reuses: the decoded images then take
+    about one batch of device memory instead of two. On an H200 at batch 256 that took the bench's chains from 965-969 to
     871-873 MiB, and with ``region_decode`` to 775-779 MiB, at 5-21% less speed, so it is off by default
     (benchmarks/memory_study.py, ``chunk``; benchmarks/RESULTS.md). Process batches in the order they
-    were decoded. Other chains are decoded whole.
+    were decoded.
 
     ``region_decode=True`` makes :meth:`iterate_files` decode only the part of each image the chain's
     leading crop reads (nvImageCodec region decode), widened by the resampling filter's reach so the
@@ -500,9 +501,10 @@ class ImagePipeline:
     def _process_chunks(self, res: Any, keys: Sequence[str], params: Sequence[Any] | None,
                         sizes: Sequence[tuple[int, int] | None] | None,
                         windows: tuple[np.ndarray, np.ndarray] | None) -> DeviceBatch:
-        """:meth:`process` for a chain of one resample to a fixed size: each decoded chunk is resampled
-        as it comes (``DecodeResult.chunks``) into the rows of the items it holds, then released to the
-        decoders; rows of items that failed after all are closed up at the end."""
+        """:meth:`process` for a chain of one resample to a fixed size: each decoded part (a decoder's
+        part of the batch, or with ``decode_chunk`` one call) is resampled as it comes
+        (``DecodeResult.chunks``) into the rows of the items it holds, then released to the decoders;
+        rows of items that failed after all are closed up at the end."""
         from .gpu_chain import Ragged, fold_windows, segment_fill
 
         eng, cp, ops = self.engine, self.engine.cp, self.plan.ops

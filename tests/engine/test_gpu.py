@@ -155,25 +155,34 @@ def test_c_api_decoder_equals_python_binding():
                 np.testing.assert_array_equal(a, b)
 
 
+def _mixed_batches(seed: int, n: int, sides: tuple[int, int], corrupt: int, png: int) -> list[list[bytes]]:
+    """``n`` JPEGs of random sizes and qualities, the three subsamplings in turn, blob ``corrupt`` cut
+    short (the GPU fails it, then Pillow) and blob ``png`` a PNG (straight to Pillow), dealt into three
+    batches."""
+    rng = np.random.default_rng(seed)
+    blobs = [jpeg_bytes(photo(int(rng.integers(*sides)), int(rng.integers(*sides)), seed=i), int(rng.integers(75, 98)),
+                        subsampling=i % 3) for i in range(n)]
+    blobs[corrupt] = blobs[corrupt][:400]
+    blobs[png] = (SAMPLE / "imagenet/mountain/mountain_000.png").read_bytes()
+    return [blobs[k::3] for k in range(3)]
+
+
+def _finished(res, stream):
+    """(host pixels or None, decoded-or-not, on_gpu, hw, fallbacks) of a whole (not chunked) result."""
+    stream.synchronize()
+    return ([None if a is None else a.get() for a in res.arrays], [e is None for e in res.errors], res.on_gpu,
+            res.hw, res.fallbacks)
+
+
 def test_decoders_threads_run_batches_ahead_with_the_same_result(engine):
     """Batches handed to the decoders' threads several at a time (``wait=False``) and completed later
     give what batches decoded one at a time give: pixels, routing, hardware share, fallbacks, errors;
     a result dropped unread leaves the next batches intact; and so with the GIL passing between the
     threads at almost any statement."""
-    rng = np.random.default_rng(3)
-    blobs = [jpeg_bytes(photo(int(rng.integers(90, 260)), int(rng.integers(90, 260)), seed=i), int(rng.integers(75, 98)),
-                     subsampling=i % 3) for i in range(60)]
-    blobs[6] = blobs[6][:400]  # corrupt: the GPU fails it, then Pillow
-    blobs[9] = (SAMPLE / "imagenet/mountain/mountain_000.png").read_bytes()  # straight to Pillow
-    batches = [blobs[k::3] for k in range(3)]
+    batches = _mixed_batches(3, 60, (90, 260), corrupt=6, png=9)
     dec, stream = engine.decoder, engine.stream
 
-    def seen(res):
-        stream.synchronize()
-        return ([None if a is None else a.get() for a in res.arrays], [e is None for e in res.errors], res.on_gpu,
-                res.hw, res.fallbacks)
-
-    one_by_one = [seen(dec.decode(b, stream)) for b in batches]
+    one_by_one = [_finished(dec.decode(b, stream), stream) for b in batches]
     assert one_by_one[0][2] >= 15 and one_by_one[0][3] > 0 and one_by_one[0][4] >= 1
     assert one_by_one[0][1].count(False) == 1
     # the GIL passing between threads at almost every statement, a busy Python thread beside them
@@ -195,7 +204,7 @@ def test_decoders_threads_run_batches_ahead_with_the_same_result(engine):
             got = []
             for res in ahead:
                 res.order(stream)
-                got.append(seen(res))
+                got.append(_finished(res, stream))
             for g, ref in zip(got, one_by_one + [one_by_one[1]]):
                 assert g[1:] == ref[1:]
                 for a, b in zip(g[0], ref[0]):
@@ -215,18 +224,8 @@ def test_chunked_decode_reuses_few_buffers_with_the_same_result(engine, monkeypa
     batches; one read out of order is slowed (its calls take buffers of their own), never stuck."""
     from gpubatch.engine.codecs import image_gpu
 
-    rng = np.random.default_rng(5)
-    blobs = [jpeg_bytes(photo(int(rng.integers(60, 300)), int(rng.integers(60, 300)), seed=i), int(rng.integers(75, 98)),
-                     subsampling=i % 3) for i in range(72)]
-    blobs[5] = blobs[5][:400]  # corrupt: the GPU fails it, then Pillow
-    blobs[13] = (SAMPLE / "imagenet/mountain/mountain_000.png").read_bytes()  # straight to Pillow
-    batches = [blobs[k::3] for k in range(3)]
+    batches = _mixed_batches(5, 72, (60, 300), corrupt=5, png=13)
     dec, stream = engine.decoder, engine.stream
-
-    def whole(b):
-        res = dec.decode(b, stream)
-        stream.synchronize()
-        return [None if a is None else a.get() for a in res.arrays], res.errors, res.on_gpu, res.hw, res.fallbacks
 
     def read(res, n):
         got: list = [None] * n
@@ -238,10 +237,11 @@ def test_chunked_decode_reuses_few_buffers_with_the_same_result(engine, monkeypa
                 for i, a in items:
                     got[i] = a.cupy().copy()
         stream.synchronize()
-        return [None if a is None else a.get() for a in got], res.errors, res.on_gpu, res.hw, res.fallbacks, sizes
+        return [None if a is None else a.get() for a in got], [e is None for e in res.errors], res.on_gpu, res.hw, \
+            res.fallbacks, sizes
 
-    ref = [whole(b) for b in batches]
-    assert ref[0][2] >= 15 and ref[0][3] > 0 and ref[1][4] >= 1 and sum(e is not None for e in ref[2][1]) == 1
+    ref = [_finished(dec.decode(b, stream), stream) for b in batches]
+    assert ref[0][2] >= 15 and ref[0][3] > 0 and ref[1][4] >= 1 and ref[2][1].count(False) == 1
     monkeypatch.setattr(image_gpu, "HW_CHUNK", 4)  # the hardware engine's calls split too
 
     def same(got, want):
@@ -274,9 +274,9 @@ def test_chunked_decode_reuses_few_buffers_with_the_same_result(engine, monkeypa
 
 
 def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path):
-    """A fixed-size chain resampled chunk by chunk into its rows gives the batches whole-batch decoding
-    gives, in ``iterate_files`` and in ``__call__``; images that fail are left out and reported, the rows
-    after them closed up."""
+    """A fixed-size chain resampled part by part (whole decoder parts, or chunks of 3) into its rows
+    gives the batches one resample of the whole decoded batch gives, in ``iterate_files`` and in
+    ``__call__``; images that fail are left out and reported, the rows after them closed up."""
     from gpubatch.engine.gpu_executor import ImagePipeline
 
     paths = []
@@ -290,11 +290,14 @@ def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path):
     blobs = [p.read_bytes() for p in paths]
     keys = [p.stem for p in paths]
     out = {}
-    for chunk in (0, 3):
+    for chunk in ("whole", 0, 3):
+        calls = 0 if chunk == "whole" else chunk
         for chain in ((RandomResizedCrop(64), Flip(), Normalize(layout="CHW", dtype="float16")),
                       (ResizeShorter(80), CenterCrop(64))):
-            with ImagePipeline(chain, device="gpu", seed=2, ring=8, decode_chunk=chunk) as pipe:
-                assert pipe.chunk == chunk
+            with ImagePipeline(chain, device="gpu", seed=2, ring=8, decode_chunk=calls) as pipe:
+                assert pipe._fixed is not None and pipe.chunk == calls
+                if chunk == "whole":
+                    pipe._fixed = None  # the path of other chains: one resample once the batch is decoded
                 fed = [b.stacked().get() for b in pipe.iterate_files(paths, keys, batch_size=16, workers=2)]
                 called, errors = [], []
                 for a in range(0, 40, 16):
@@ -302,10 +305,11 @@ def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path):
                     errors.append([i for i, _ in pipe.last_errors])
                 out[chunk, len(chain)] = fed, called, errors
     for n in (2, 3):
-        for got, want in zip(out[3, n][0] + out[3, n][1], out[0, n][0] + out[0, n][1]):
-            np.testing.assert_array_equal(got, want)
-        assert out[3, n][2] == out[0, n][2] == [[7], [5], []]
-        assert sum(len(b) for b in out[3, n][0]) == 38
+        for chunk in (0, 3):
+            for got, want in zip(out[chunk, n][0] + out[chunk, n][1], out["whole", n][0] + out["whole", n][1]):
+                np.testing.assert_array_equal(got, want)
+            assert out[chunk, n][2] == out["whole", n][2] == [[7], [5], []]
+            assert sum(len(b) for b in out[chunk, n][0]) == 38
 
 
 def test_gpu_decode_falls_back_and_reports(engine):
