@@ -95,7 +95,7 @@ def run_gpubatch(a: dict, device: str) -> dict:
     if device == "gpu" and a.get("fidelity", True):
         res["fidelity"] = fidelity(ops, files[:16], a.get("gpu", 0))
     if a.get("with_model") and device == "gpu":
-        res["model"] = with_model(model, pipe, files, B)
+        res["model"] = with_model(model, pipe, files, B, res.get("images_per_s"), res.get("gpu_util_pct"))
     pipe.close()
     return res
 
@@ -120,9 +120,11 @@ def fidelity(ops: tuple, files: list[Path], gpu: int) -> dict:
             "mean_abs_diff": float(np.mean([d.mean() for d in diffs])), "units": "uint8 levels"}
 
 
-def with_model(model: Any, pipe: Any, files: list[Path], batch: int) -> dict:
+def with_model(model: Any, pipe: Any, files: list[Path], batch: int, pipe_images_per_s: float | None = None,
+               pipe_util_pct: float | None = None) -> dict:
     """A real training step of torchvision's model (random weights, channels_last, AMP) fed by in-memory
-    synthetic batches ("model alone") and by the pipeline ("model + pipeline")."""
+    synthetic batches ("model alone") and by the pipeline ("model + pipeline"), judged with the
+    pipeline's own speed and GPU utilisation from the same run (:func:`model_sharing`)."""
     try:
         import torch
         import torchvision
@@ -154,9 +156,23 @@ def with_model(model: Any, pipe: Any, files: list[Path], batch: int) -> dict:
 
     both = timed_windows(fed, 10.0, warmup=3, sync=torch.cuda.synchronize)
     it.close()
-    return {"model": model.torchvision, "model_alone_images_per_s": alone["images_per_s"],
-            "model_plus_pipeline_images_per_s": both["images_per_s"],
-            "starved": both["images_per_s"] < 0.95 * alone["images_per_s"]}
+    return {"model": model.torchvision,
+            **model_sharing(alone["images_per_s"], both["images_per_s"], pipe_images_per_s, pipe_util_pct)}
+
+
+def model_sharing(alone: float, fed: float, pipe_images_per_s: float | None, pipe_util_pct: float | None) -> dict:
+    """The ``--with-model`` figures: the model's images/s alone and fed by the pipeline; ``starved`` when
+    fed runs under 95% of alone. With the pipeline's own images/s and mean GPU utilisation (NVML: the
+    share of time a kernel ran; the hardware JPEG engine is not counted) also the pipeline's GPU time
+    per image and the most both could reach on one GPU were their GPU times simply to add up
+    (``shared_ceiling_images_per_s``): how much of the gap sharing the GPU explains."""
+    out: dict[str, Any] = {"model_alone_images_per_s": alone, "model_plus_pipeline_images_per_s": fed,
+                           "starved": fed < 0.95 * alone}
+    if pipe_images_per_s and pipe_util_pct is not None and alone > 0:
+        per_image = pipe_util_pct / 100.0 / pipe_images_per_s  # GPU-seconds of the pipeline's kernels per image
+        out["pipeline_gpu_us_per_image"] = per_image * 1e6
+        out["shared_ceiling_images_per_s"] = 1.0 / (1.0 / alone + per_image)
+    return out
 
 
 def run_dataloader(a: dict) -> dict:

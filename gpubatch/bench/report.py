@@ -46,9 +46,15 @@ def _notes(result: dict[str, Any], chain: str) -> list[str]:
         if md and "skipped" in md:
             notes.append(f"--with-model ({name}): skipped: {md['skipped']}")
         elif md:
-            verdict = "the GPU is starved" if md["starved"] else "the model is fed"
-            notes.append(f"--with-model {md['model']} ({name}): model alone {md['model_alone_images_per_s']:,.0f} images/s, "
-                         f"model + pipeline {md['model_plus_pipeline_images_per_s']:,.0f}: {verdict}")
+            fed, alone = md["model_plus_pipeline_images_per_s"], md["model_alone_images_per_s"]
+            verdict = "the model is fed" if not md["starved"] else f"the model runs at {fed / alone:.0%} of its speed alone"
+            ceiling = md.get("shared_ceiling_images_per_s")
+            if md["starved"] and ceiling:
+                verdict += (f"; the pipeline's own kernels take about {md['pipeline_gpu_us_per_image']:.0f} us of GPU "
+                            f"time an image, which leaves both at most {ceiling:,.0f} images/s on one GPU "
+                            f"({fed / ceiling:.0%} of that reached)")
+            notes.append(f"--with-model {md['model']} ({name}): model alone {alone:,.0f} images/s, "
+                         f"model + pipeline {fed:,.0f}: {verdict}")
         if r.get("stages_s"):
             notes.append(f"stages ({name}, seconds): " + ", ".join(f"{k} {v:.2f}" for k, v in r["stages_s"].items()))
     return notes

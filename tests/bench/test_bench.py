@@ -92,6 +92,23 @@ def test_reports_say_what_ran():
     json.dumps(r)  # the schema is plain JSON
 
 
+def test_model_verdict_accounts_for_the_pipelines_own_gpu_time():
+    """--with-model: the ceiling both reach on one GPU adds the pipeline's GPU time per image (from its
+    utilisation and speed) to the model's; the report says how much of the gap that explains."""
+    from gpubatch.bench.contenders import model_sharing
+
+    md = model_sharing(6000.0, 4300.0, 18500.0, 61.0)
+    assert md["starved"] and abs(md["pipeline_gpu_us_per_image"] - 61.0 / 100 / 18500 * 1e6) < 1e-6
+    assert abs(md["shared_ceiling_images_per_s"] - 1 / (1 / 6000 + 0.61 / 18500)) < 1e-6  # about 5,009
+    assert model_sharing(6000.0, 5900.0, 18500.0, 61.0)["starved"] is False
+    assert "shared_ceiling_images_per_s" not in model_sharing(6000.0, 4300.0, 18500.0, None)  # no NVML
+    r = _result()
+    r["results"]["train"]["gpubatch-gpu"]["model"] = {"model": "resnet50", **md}
+    text = to_markdown(r)
+    assert "model + pipeline 4,300: the model runs at 72% of its speed alone" in text
+    assert "about 33 us of GPU time an image, which leaves both at most 5,009 images/s on one GPU (86% of that" in text
+
+
 def test_sweep_parsing():
     assert parse_sweep("batch_size=64,128") == ("batch_size", [64, 128])
     assert parse_sweep("cuda-share=0.2,0.4") == ("cuda_share", [0.2, 0.4])
