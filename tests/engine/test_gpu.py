@@ -167,6 +167,17 @@ def _mixed_batches(seed: int, n: int, sides: tuple[int, int], corrupt: int, png:
     return [blobs[k::3] for k in range(3)]
 
 
+def _jpeg_files(folder, n: int, size, quality) -> list:
+    """``n`` JPEG files img00.jpg, ... in ``folder``: image i of ``size(i)`` (h, w) at ``quality(i)``, the
+    three chroma subsamplings in turn."""
+    paths = []
+    for i in range(n):
+        p = folder / f"img{i:02d}.jpg"
+        p.write_bytes(jpeg_bytes(photo(*size(i), seed=i), quality(i), subsampling=("4:2:0", "4:2:2", "4:4:4")[i % 3]))
+        paths.append(p)
+    return paths
+
+
 def _finished(res, stream):
     """(host pixels or None, decoded-or-not, on_gpu, hw, fallbacks) of a whole (not chunked) result."""
     stream.synchronize()
@@ -279,12 +290,7 @@ def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path):
     ``__call__``; images that fail are left out and reported, the rows after them closed up."""
     from gpubatch.engine.gpu_executor import ImagePipeline
 
-    paths = []
-    for i in range(40):
-        p = tmp_path / f"img{i:02d}.jpg"
-        sub = ("4:2:0", "4:2:2", "4:4:4")[i % 3]
-        p.write_bytes(jpeg_bytes(photo(150 + 9 * i, 300 - 4 * i, seed=i), 80 + i % 15, subsampling=sub))
-        paths.append(p)
+    paths = _jpeg_files(tmp_path, 40, lambda i: (150 + 9 * i, 300 - 4 * i), lambda i: 80 + i % 15)
     paths[7].write_bytes(paths[7].read_bytes()[:300])  # corrupt: fails on the GPU, then on the CPU
     paths[21].write_bytes(b"not an image")
     blobs = [p.read_bytes() for p in paths]
@@ -398,12 +404,7 @@ def test_region_decode_matches_full_decode(tmp_path):
     gives the batches a full decode gives, up to the rounding of the moved window origin."""
     from gpubatch.engine.gpu_executor import ImagePipeline
 
-    paths = []
-    for i in range(32):
-        p = tmp_path / f"img{i:02d}.jpg"
-        sub = ("4:2:0", "4:2:2", "4:4:4")[i % 3]
-        p.write_bytes(jpeg_bytes(photo(300 + 11 * i, 420 - 5 * i, seed=i), 85 + i % 10, subsampling=sub))
-        paths.append(p)
+    paths = _jpeg_files(tmp_path, 32, lambda i: (300 + 11 * i, 420 - 5 * i), lambda i: 85 + i % 10)
     ops = [RandomResizedCrop(96), Flip(), Normalize(layout="HWC", dtype="uint8")]
     out = {}
     for roi in (False, True):
@@ -422,13 +423,8 @@ def test_stream_ordered_batches_and_iterate_files_match_finished_calls(tmp_path)
     one-batch calls; ``iterate_files`` (reader processes, parameters drawn there) gives the same."""
     from gpubatch.engine.gpu_executor import ImagePipeline
 
-    paths, keys = [], []
-    for i in range(48):
-        p = tmp_path / f"img{i:02d}.jpg"
-        sub = ("4:2:0", "4:2:2", "4:4:4")[i % 3]
-        p.write_bytes(jpeg_bytes(photo(200 + 9 * i, 260 - 3 * i, seed=i), 80 + i % 15, subsampling=sub))
-        paths.append(p)
-        keys.append(p.stem)
+    paths = _jpeg_files(tmp_path, 48, lambda i: (200 + 9 * i, 260 - 3 * i), lambda i: 80 + i % 15)
+    keys = [p.stem for p in paths]
     blobs = [p.read_bytes() for p in paths]
     ops = [RandomResizedCrop(96), Flip(), Normalize(layout="CHW", dtype="float16")]
     spans = [(i, i + 8) for i in range(0, 48, 8)]
