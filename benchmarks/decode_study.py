@@ -2,7 +2,7 @@
 """Where decode throughput is lost: synchronous vs stream-ordered decode, decoder thread counts, busy
 Python threads alongside, feeding from processes, and the JPEG encoder's rate on small images.
 
-    python3 benchmarks/decode_study.py [--images 4096] [--data DIR] [--only NAME,...]
+    python3 benchmarks/decode_study.py [--images 4096] [--data DIR] [--only NAME,...] [--calls 96]
 
 Every figure is images/s over 2 passes of the set (batch 256) after 2 warm-up batches, with the GPU
 synchronized before the clock is read. One line per condition, then a JSON summary line.
@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from _data import DEFAULT_DATA, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
 
 RESULTS: dict[str, float] = {}
-GROUPS = ("capi", "hwpar", "routed", "reuse", "hw4", "hw8", "cuda8", "cuda15", "async", "gil", "default", "views", "host", "encode",
-          "roi")
+GROUPS = ("capi", "calls", "overlap", "hwpar", "routed", "reuse", "hw4", "hw8", "cuda8", "cuda15", "async", "gil", "default", "views",
+          "host", "encode", "roi")
 # --only takes any of these (each prefix-matches the conditions it runs)
 
 
@@ -87,6 +87,8 @@ def main() -> None:
     ap.add_argument("--configs", default="", help="routed group: share[:cuda_threads],... (e.g. 0.5:15,0.6); "
                     "capi group: api:hw_instances:share:cuda_threads[:ahead],... (e.g. c:3:0.5:11:2)")
     ap.add_argument("--timeout", type=float, default=90, help="seconds per group (each in its own process)")
+    ap.add_argument("--calls", type=int, default=96, help="calls group: the most images per decode call of the "
+                    "chunked halves (as ImagePipeline(decode_chunk=N) makes them, two calls a half at least)")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     if not only:  # every group in its own process: a clean CUDA context each, and a hang costs one group
@@ -141,6 +143,97 @@ def main() -> None:
         CORES[0] = (_cpu_seconds() - c0) / wall
         return passes * len(blobs) / wall
 
+    def decoupled(limit: int = 0) -> None:
+        """The two decoders decoupled: each batch split as the routed decoder splits it (share 0.5), the
+        hardware part decoded by one thread and the CUDA part by another, each running through the
+        batches at its own pace (no barrier between the two halves of a batch). ``limit``: each half in
+        calls of at most that many images, two at least (as chunked decode makes them); 0: one call."""
+        from gpubatch.engine.codecs.image_gpu import HW_CHUNK, _pieces
+
+        router = GpuImageDecoder(0, 16, cuda_share=0.5, api="c")
+        splits = [router._split(kb) for kb in kind_batches]
+        router.close()
+        dec_hw = GpuImageDecoder(0, 16, cuda_share=0.0, api="c")
+        dec_cu = GpuImageDecoder(0, 16, hw_decoder=False, api="c")
+        for d in (dec_hw, dec_cu):
+            d.warm_up(256)
+
+        def calls(which: int, b: int) -> list[list[int]]:
+            if which == 1:
+                lists = [splits[b][1]]
+            else:
+                lists = splits[b][0]
+            if not limit:
+                return [[i for lst in lists for i in lst]]
+            out = [p for lst in lists for p in _pieces(lst, max(limit, HW_CHUNK) if which == 0 else limit)]
+            return _pieces(out[0], -(-len(out[0]) // 2)) if len(out) == 1 and len(out[0]) > 1 else out
+
+        def half(dec, which: int, ids: list[int], s) -> None:
+            ring: deque = deque()
+            for b in ids:
+                for idx in calls(which, b):
+                    res = dec.decode([blobs[i] for i in idx], s)
+                    ring.append((s.record(), res))
+                    if len(ring) > 4:
+                        ring.popleft()[0].synchronize()
+
+        how = f"calls of at most {limit}" if limit else "one call a half"
+        for label, parts in (("HW half alone", (0,)), ("CUDA half alone", (1,)), ("both halves at once", (0, 1))):
+            for warm in (True, False):
+                ids = list(range(len(batches))) * (1 if warm else args.passes)
+                wall = threads_wall([(half, ((dec_hw, dec_cu)[w], w, ids, cp.cuda.Stream(non_blocking=True)))
+                                     for w in parts], cp.cuda.runtime.deviceSynchronize)
+            report(f"capi: decoupled, {label}, {how} (images/s of whole batches)", len(ids) * 256 / wall)
+        dec_hw.close()
+        dec_cu.close()
+
+    # the decoders alone with each batch half in one call against the chunked pipeline's calls
+    if want("calls"):
+        import sys
+
+        from gpubatch.engine.gpu_executor import SWITCH_INTERVAL
+
+        sys.setswitchinterval(SWITCH_INTERVAL)  # as the engine sets it
+        decoupled()
+        decoupled(args.calls)
+
+    # the CUDA decoder alone on its half of every batch, calls waited for one by one against the next
+    # call started before the last is finished (does one decoder take calls in flight together?)
+    if want("overlap"):
+        dec = GpuImageDecoder(0, 16, hw_decoder=False, api="c")
+        dec.warm_up(256)
+        router = GpuImageDecoder(0, 16, cuda_share=0.5, api="c")
+        halves = [router._split(kb)[1] for kb in kind_batches]
+        router.close()
+        s = dec.cuda_stream
+        for size in (128, 64):
+            for overlap in (False, True):
+                jobs = [dec._prepare(False, blobs, None, [idx[a : a + size]], s)
+                        for _ in range(args.passes) for idx in halves for a in range(0, len(idx), size)]
+                cp.cuda.runtime.deviceSynchronize()
+                t0 = time.perf_counter()
+                prev, n = None, 0
+                for job in jobs:
+                    idx = list(job.streams)
+                    started = dec.cuda_c.start([job.streams[i] for i in idx], [job.images[i] for i in idx])
+                    if not overlap:
+                        n += sum(dec.cuda_c.finish(started))
+                        continue
+                    if prev is not None:
+                        n += sum(dec.cuda_c.finish(prev))
+                    prev = started
+                if prev is not None:
+                    n += sum(dec.cuda_c.finish(prev))
+                cp.cuda.runtime.deviceSynchronize()
+                wall = time.perf_counter() - t0
+                for job in jobs:
+                    dec.lib.destroy(list(job.streams.values()), list(job.images.values()))
+                report(f"overlap: CUDA decoder alone, calls of {size}, " + ("next started before the last is finished"
+                       if overlap else "each finished before the next"), n / wall,
+                       f"decoded {n} of {sum(len(j.streams) for j in jobs)}")
+                del jobs
+        dec.close()
+
     # 0. the routed decoder through nvImageCodec's Python binding against its C API (ctypes), alone
     # and beside one busy Python thread (as in a pipeline whose consumer runs Python)
     if want("capi"):
@@ -174,34 +267,7 @@ def main() -> None:
 
         sys.setswitchinterval(0.0002)  # 0.2 ms (the engine sets 1 ms, gpu_executor.SWITCH_INTERVAL)
         if not args.configs:
-            # the two decoders decoupled: each batch split as the routed decoder splits it (share 0.5),
-            # the hardware part decoded by one thread and the CUDA part by another, each running through
-            # the batches at its own pace (no barrier between the two halves of a batch)
-            router = GpuImageDecoder(0, 16, cuda_share=0.5, api="c")
-            splits = [router._split(kb) for kb in kind_batches]
-            router.close()
-            dec_hw = GpuImageDecoder(0, 16, cuda_share=0.0, api="c")
-            dec_cu = GpuImageDecoder(0, 16, hw_decoder=False, api="c")
-            for d in (dec_hw, dec_cu):
-                d.warm_up(256)
-
-            def half(dec, which: int, ids: list[int], s) -> None:
-                ring: deque = deque()
-                for b in ids:
-                    idx = [i for lst in splits[b][0] for i in lst] if which == 0 else splits[b][1]
-                    res = dec.decode([blobs[i] for i in idx], s)
-                    ring.append((s.record(), res))
-                    if len(ring) > 2:
-                        ring.popleft()[0].synchronize()
-
-            for label, parts in (("HW half alone", (0,)), ("CUDA half alone", (1,)), ("both halves at once", (0, 1))):
-                for warm in (True, False):
-                    ids = list(range(len(batches))) * (1 if warm else args.passes)
-                    wall = threads_wall([(half, ((dec_hw, dec_cu)[w], w, ids, cp.cuda.Stream(non_blocking=True)))
-                                         for w in parts], cp.cuda.runtime.deviceSynchronize)
-                report(f"capi: decoupled, {label} (images/s of whole batches)", len(ids) * 256 / wall)
-            dec_hw.close()
-            dec_cu.close()
+            decoupled()
         configs = [("python", 1, 0.5, None, 0), ("c", 3, 0.5, None, 0), ("c", 3, 0.5, None, 1), ("c", 3, 0.5, None, 2),
                    ("c", 3, 0.5, None, 3), ("c", 3, 0.0, None, 0), ("c", 1, 1.0, None, 0)]
         if args.configs:  # api:hw_instances:share:cuda_threads[:ahead],...
