@@ -148,7 +148,7 @@ def main() -> None:
         hardware part decoded by one thread and the CUDA part by another, each running through the
         batches at its own pace (no barrier between the two halves of a batch). ``limit``: each half in
         calls of at most that many images, two at least (as chunked decode makes them); 0: one call."""
-        from gpubatch.engine.codecs.image_gpu import HW_CHUNK, _pieces
+        from gpubatch.engine.codecs.image_gpu import _call_lists
 
         router = GpuImageDecoder(0, 16, cuda_share=0.5, api="c")
         splits = [router._split(kb) for kb in kind_batches]
@@ -159,14 +159,10 @@ def main() -> None:
             d.warm_up(256)
 
         def calls(which: int, b: int) -> list[list[int]]:
-            if which == 1:
-                lists = [splits[b][1]]
-            else:
-                lists = splits[b][0]
+            lists = splits[b][0] if which == 0 else [splits[b][1]]
             if not limit:
                 return [[i for lst in lists for i in lst]]
-            out = [p for lst in lists for p in _pieces(lst, max(limit, HW_CHUNK) if which == 0 else limit)]
-            return _pieces(out[0], -(-len(out[0]) // 2)) if len(out) == 1 and len(out[0]) > 1 else out
+            return _call_lists(lists, which == 0, limit)  # as the engine splits a part
 
         def half(dec, which: int, ids: list[int], s) -> None:
             ring: deque = deque()

@@ -347,7 +347,7 @@ class ImagePipeline:
     GPU memory budget; ``image_gpu.DECODE_CHUNK`` = 96 measured best) those parts are calls of at most
     N images, each into a buffer the same call of the next batch reuses: the decoded images then take
     about one batch of device memory instead of two. On an H200 at batch 256 that took the bench's chains from 965-969 to
-    871-873 MiB, and with ``region_decode`` to 775-779 MiB, at 5-21% less speed, so it is off by default
+    871-873 MiB, and with ``region_decode`` to 775-781 MiB, at 14-24% less speed, so it is off by default
     (benchmarks/memory_study.py, ``chunk``; benchmarks/RESULTS.md). Process batches in the order they
     were decoded.
 
@@ -462,21 +462,14 @@ class ImagePipeline:
             return self._process_chunks(res, keys, params, sizes, windows)
         res.order(self.engine.stream)  # this batch's kernels wait for its decode, and no later one's
         self.timings["decode_wait"] += res.waited
-        arrays, drawn, rows, redrawn = [], [], [], []
-        for i, (a, key) in enumerate(zip(res.arrays, keys)):
+        arrays, rows = [], []
+        for i, a in enumerate(res.arrays):
             if a is None:
                 self.last_errors.append((i, res.errors[i] or "decode failed"))
                 continue
-            h, w = a.shape[0], a.shape[1]
-            fed = sizes is not None and sizes[i] == (h, w)
-            if fed and params is not None and params[i] is not None:
-                drawn.append(params[i])
-            else:
-                drawn.append(self.plan.draw(key, h, w))
-            if not fed:
-                redrawn.append(len(arrays))
             rows.append(i)
             arrays.append(a)
+        drawn, redrawn = self._draws(rows, arrays, keys, params, sizes)
         first = fed_windows(self.plan.ops, windows, rows, redrawn, drawn, arrays)
         slot = self._slot
         self._slot = (self._slot + 1) % len(self._ring)
@@ -488,6 +481,20 @@ class ImagePipeline:
         self.stats["hw"] += res.hw
         self.stats["fallbacks"] += res.fallbacks
         return batch
+
+    def _draws(self, rows: list[int], arrays: list[Any], keys: Sequence[str], params: Sequence[Any] | None,
+               sizes: Sequence[tuple[int, int] | None] | None) -> tuple[list[Any], list[int]]:
+        """Parameters of the records ``rows`` (decoded as ``arrays``): those the feed drew where it drew for
+        the decoded size, else drawn here; and the positions (in ``rows``) of the ones drawn here."""
+        drawn, redrawn = [], []
+        for k, (i, a) in enumerate(zip(rows, arrays)):
+            h, w = a.shape[0], a.shape[1]
+            fed = sizes is not None and sizes[i] == (h, w)
+            drawn.append(params[i] if fed and params is not None and params[i] is not None
+                         else self.plan.draw(keys[i], h, w))
+            if not fed:
+                redrawn.append(k)
+        return drawn, redrawn
 
     def _side_streams(self) -> dict[bool, Any]:
         """Streams for the resample of each decoder's chunks ({True: hardware engine, False: CUDA
@@ -505,7 +512,7 @@ class ImagePipeline:
         part of the batch, or with ``decode_chunk`` one call) is resampled as it comes
         (``DecodeResult.chunks``) into the rows of the items it holds, then released to the decoders;
         rows of items that failed after all are closed up at the end."""
-        from .gpu_chain import Ragged, fold_windows, segment_fill
+        from .gpu_chain import Ragged, leading_windows, segment_fill
 
         eng, cp, ops = self.engine, self.engine.cp, self.plan.ops
         idx, norm, (oh, ow) = self._fixed
@@ -528,23 +535,17 @@ class ImagePipeline:
                 on.wait_event(self._ring_done[slot])
         used = set()
         for items, on in res.chunks(eng.stream, side):
-            geo = np.empty((len(items), 4), np.float32)
-            out_hw = np.empty((len(items), 2), np.int32)
-            for k, (i, a) in enumerate(items):
-                h, w = a.shape[0], a.shape[1]
-                fed = sizes is not None and sizes[i] == (h, w)
-                if fed and windows is not None:
-                    geo[k], out_hw[k] = windows[0][i], windows[1][i]
-                    continue
-                p = params[i] if fed and params is not None and params[i] is not None else self.plan.draw(keys[i], h, w)
-                win = fold_windows(ops, idx, p, h, w)
-                geo[k], out_hw[k] = win.as_array(), (win.oh, win.ow)
+            part, arrays = [i for i, _ in items], [a for _, a in items]
+            items = None
+            drawn, redrawn = self._draws(part, arrays, keys, params, sizes)
+            geo, out_hw = (fed_windows(ops, windows, part, redrawn, drawn, arrays)
+                           or leading_windows(ops, drawn, [tuple(a.shape[:2]) for a in arrays]))
             if (out_hw != (oh, ow)).any():
                 raise RuntimeError(f"a chunk's output size differs from the chain's fixed {oh}x{ow}")
-            eng.resample(Ragged.from_items(cp, [a for _, a in items]), (geo, out_hw), norm, out=buf, fill=fill,
-                         offsets=np.array([rank[i] * per for i, _ in items], np.int64), stream=on)
-            done.extend(i for i, _ in items)
-            items = None  # the chunk's memory goes back to the decoder
+            eng.resample(Ragged.from_items(cp, arrays), (geo, out_hw), norm, out=buf, fill=fill,
+                         offsets=np.array([rank[i] * per for i in part], np.int64), stream=on)
+            done.extend(part)
+            arrays = None  # the chunk's memory goes back to the decoder
             used.add(on)
         for on in used - {eng.stream}:  # the batch is read on the engine's stream
             eng.stream.wait_event(on.record())

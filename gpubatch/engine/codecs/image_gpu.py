@@ -238,8 +238,9 @@ SLAB_ROUND = 2 << 20
 SLAB_FIT = True
 # Decoding in chunks (``decode(..., chunk=N)``, which ImagePipeline uses for chains that end in one
 # resample of a fixed output size): each decoder's part of a batch is decoded in calls of at most N
-# images (the CUDA decoder; DECODE_CHUNK by default) or HW_CHUNK (the hardware engine, which slowed by
-# 14% on calls of 43 images instead of 85), and in at least two calls. Each call decodes into a buffer
+# images (the CUDA decoder; DECODE_CHUNK by default) or HW_CHUNK (the hardware engine), and in at least
+# MIN_CALLS calls (_call_lists). On the mixed set, whose parts are 120-136 images, calls of at most 64
+# (often three of about 45 a part) ran the pipeline 14% slower than calls of at most 96 (two of 60-68). Each call decodes into a buffer
 # (ring slot) that the same call of the next batch part reuses once the consumer's kernels have read
 # it; with CUDA_RING > 0 the CUDA decoder's calls take that many slots in turn instead. A call waits at
 # most RING_WAIT seconds for its slot, then takes a buffer of its own (a consumer reading batches out
@@ -383,6 +384,17 @@ class _Job:
     retire: list[int | None] = field(default_factory=list)  # per call: the slot's old buffer to free, 0: none,
                                                              # None: the slot did not grow
     turns: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # item -> EXIF orientation
+
+
+def _call_lists(lists: list[list[int]], hw: bool, chunk: int) -> list[list[int]]:
+    """A decoder's part of a batch (one list of items per kind) as the calls of chunked decode: each list
+    in pieces of at most ``chunk`` items (the hardware engine's: :data:`HW_CHUNK`), and at least
+    :data:`MIN_CALLS` calls, so that the next part's first call never waits on the readers of the call
+    just made."""
+    out = [piece for idx in lists for piece in _pieces(idx, HW_CHUNK if hw else chunk)]
+    if len(out) < MIN_CALLS and len(out[0]) > 1:
+        out = _pieces(out[0], -(-len(out[0]) // MIN_CALLS))
+    return out
 
 
 class _Closed(Exception):
@@ -814,9 +826,7 @@ class GpuImageDecoder:
         lib = self.lib
         t0 = time.perf_counter()
         if chunk:
-            lists = [piece for idx in lists for piece in _pieces(idx, HW_CHUNK if hw else chunk)]
-            if len(lists) < MIN_CALLS and len(lists[0]) > 1:  # two calls at least: the next part's first
-                lists = _pieces(lists[0], -(-len(lists[0]) // MIN_CALLS))  # call never waits on the last one's readers
+            lists = _call_lists(lists, hw, chunk)
         job = _Job(hw, lists, self.hw_stream if hw else self.cuda_stream, consumer)
         shapes: dict[int, tuple[int, int]] = {}
         turns: dict[int, tuple[int, int, int]] = {}  # EXIF orientation per image
