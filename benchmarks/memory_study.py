@@ -35,7 +35,12 @@ each),
 ``hw_chunk`` (the hardware engine's calls are split only above this, ``image_gpu.HW_CHUNK``),
 ``cuda_ring`` (the CUDA decoder's calls take this many buffers in turn; 0: call k of a part takes
 buffer k, ``image_gpu.CUDA_RING``), ``slack`` (a chunk buffer grows to a call's size plus
-1/slack, ``image_gpu.RING_SLACK``).
+1/slack, ``image_gpu.RING_SLACK``), ``sched`` (how host threads wait for the GPU: ``auto``, ``spin``,
+``yield`` or ``blocking``, ``gpu_executor.SYNC_POLICY`` by default), ``connections``
+(``CUDA_DEVICE_MAX_CONNECTIONS``), ``alloc`` (``count`` or ``pool``: give nvImageCodec's decoders
+allocators of ours that count nvJPEG's own device and pinned memory, from ``cudaMalloc`` or from the
+stream-ordered pool). ``--threads`` prints the CPU cores each thread (pool) of the process, and its
+child processes together, kept busy during the timed windows.
 The context column is the CUDA context CuPy makes; the engine column is after the engine set the
 stack size and built its decoders.
 """
@@ -54,6 +59,13 @@ from _data import DEFAULT_DATA, ROOT, load_blobs  # noqa: F401  (benchmarks/_dat
 def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     from gpubatch.bench.measure import GpuSampler, timed_windows
 
+    if "connections" in knobs:  # CUDA_DEVICE_MAX_CONNECTIONS: the device's work queues streams map onto
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = knobs["connections"]
+    from gpubatch.engine import gpu_executor
+
+    # how host threads wait for the GPU, set before the context below exists (the engine sets its
+    # default only where it makes the context itself)
+    gpu_executor.set_sync_policy(0, knobs.get("sched", gpu_executor.SYNC_POLICY))
     sampler = GpuSampler(0)  # before CUDA is touched
     if not sampler.ok:
         return {"error": "NVML is not available"}
@@ -63,7 +75,6 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     cp.cuda.Device(0).use()
     cp.zeros(1)
     out = {"context_mib": mib()}
-    from gpubatch.engine import gpu_executor
 
     if "stack" in knobs:  # bytes of stack per GPU thread the engine sets (cudaLimitStackSize); none: the driver's
         gpu_executor.STACK_BYTES = None if knobs["stack"] == "none" else int(knobs["stack"])
@@ -101,6 +112,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         image_gpu.HW_RING = int(knobs["hw_ring"])
     if "cuda_ring" in knobs:  # the CUDA decoder's calls over this many buffers in turn (0: one per call of a part)
         image_gpu.CUDA_RING = int(knobs["cuda_ring"])
+    counted = _count_allocations(knobs["alloc"]) if "alloc" in knobs else None
     files, _, _ = load_blobs(args.data, args.images)
     keys = [f"{p.parent.name}/{p.stem}" for p in files]
     ops = chain_ops(get_model("resnet50").chains[args.chain])
@@ -120,7 +132,11 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     pipe.engine.stream.synchronize()
     out["after_pass_mib"] = mib()
     out["cupy_pool_mib"] = cp.get_default_memory_pool().total_bytes() >> 20  # kernel outputs, tables
+    before = thread_cpu()
     res = timed_windows(lambda: len(next(it)), args.seconds, warmup=0, sync=pipe.engine.stream.synchronize)
+    after = thread_cpu()
+    wall = res["seconds"]
+    out["threads"] = {k: round((after.get(k, 0.0) - before.get(k, 0.0)) / wall, 2) for k in after}
     out["images_per_s"] = round(res["images_per_s"])
     drv = cp.cuda.runtime.deviceGetDefaultMemPool(0)  # decoded images: high-water marks of the whole run
     out["driver_pool_high_mib"] = cp.cuda.runtime.memPoolGetAttribute(drv, 6) >> 20  # reserved (ReservedMemHigh)
@@ -129,10 +145,165 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     out["decoder_mib_kept"] = image_gpu.POOL_KEEP >> 20
     out["not_on_gpu"] = pipe.stats["images"] - pipe.stats["gpu"]  # CPU fallbacks (none expected on the set)
     out["ring_waits"] = pipe.engine.decoder.ring_waits  # chunk calls that took a buffer of their own
+    if counted is not None:
+        out["decoder_alloc"] = {k: {"peak_mib": round(v["peak"] / 2**20, 1), "now_mib": round(v["now"] / 2**20, 1),
+                                    "mallocs": v["n"], "largest_mib": round(v["big"] / 2**20, 2)}
+                                for k, v in counted.items()}
     out["stage_s"] = {k: round(v, 2) for k, v in {**pipe.timings, **pipe.engine.decoder.timings}.items() if v}
     it.close()
     pipe.close()
     return out
+
+
+def _count_allocations(how: str) -> dict[str, dict[str, int]]:
+    """Give every nvImageCodec decoder the engine makes (C API) a device and a pinned allocator of ours
+    that count what nvJPEG takes, per decoder kind ("hw", "cuda") and memory ("device", "pinned"):
+    bytes now, peak bytes, calls, largest. ``how``: ``count`` (cudaMalloc, as nvJPEG does by itself) or
+    ``pool`` (the driver's stream-ordered pool, on the stream nvJPEG names)."""
+    import ctypes as C
+
+    import cupy as cp
+
+    from gpubatch.engine.codecs import nvimgcodec_c as nc
+
+    rt = cp.cuda.runtime
+    stats: dict[str, dict[str, int]] = {}
+    sizes: dict[int, tuple[str, int]] = {}
+    malloc_t = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(C.c_void_p), C.c_size_t, C.c_void_p)
+    free_t = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p, C.c_size_t, C.c_void_p)
+    kinds = {1: "hw/device", 2: "hw/pinned", 3: "cuda/device", 4: "cuda/pinned"}
+
+    def note(key: str, ptr: int, size: int) -> None:
+        s = stats.setdefault(key, {"now": 0, "peak": 0, "n": 0, "big": 0})
+        s["now"] += size
+        s["n"] += 1
+        s["peak"], s["big"] = max(s["peak"], s["now"]), max(s["big"], size)
+        sizes[ptr] = (key, size)
+
+    def forget(ptr: int) -> None:
+        key, size = sizes.pop(ptr, (None, 0))
+        if key is not None:
+            stats[key]["now"] -= size
+
+    def dev_malloc(ctx, out, size, stream):
+        try:
+            ptr = rt.mallocAsync(size, stream or 0) if how == "pool" else rt.malloc(size)
+        except Exception:
+            return 1
+        out[0] = ptr
+        note(kinds[ctx], ptr, size)
+        return 0
+
+    def dev_free(ctx, ptr, size, stream):
+        if ptr:
+            forget(ptr)
+            rt.freeAsync(ptr, stream or 0) if how == "pool" else rt.free(ptr)
+        return 0
+
+    def pin_malloc(ctx, out, size, stream):
+        try:
+            ptr = rt.hostAlloc(size, 0)
+        except Exception:
+            return 1
+        out[0] = ptr
+        note(kinds[ctx], ptr, size)
+        return 0
+
+    def pin_free(ctx, ptr, size, stream):
+        if ptr:
+            forget(ptr)
+            rt.freeHost(ptr)
+        return 0
+
+    class Dev(C.Structure):
+        _fields_ = nc._head() + [("malloc", malloc_t), ("free", free_t), ("ctx", C.c_void_p), ("padding", C.c_size_t)]
+
+    class Pin(C.Structure):
+        _fields_ = nc._head() + [("malloc", malloc_t), ("free", free_t), ("ctx", C.c_void_p), ("padding", C.c_size_t)]
+
+    keep: list = []
+    decoder = nc.Library.decoder
+
+    def with_allocators(self, device_id, threads, backend, options=""):
+        base = 1 if backend == nc.BACKEND_HW_GPU_ONLY else 3
+        dev, pin = nc._new(Dev, 3), nc._new(Pin, 4)  # NVIMGCODEC_STRUCTURE_TYPE_DEVICE/PINNED_ALLOCATOR
+        dev.malloc, dev.free, dev.ctx = malloc_t(dev_malloc), free_t(dev_free), base
+        pin.malloc, pin.free, pin.ctx = malloc_t(pin_malloc), free_t(pin_free), base + 1
+        keep.extend([dev, pin])
+        nc._ExecutionParams._allocators = (C.addressof(dev), C.addressof(pin))
+        try:
+            return decoder(self, device_id, threads, backend, options)
+        finally:
+            nc._ExecutionParams._allocators = None
+
+    new = nc._new
+
+    def new_with(cls, struct_type):
+        s = new(cls, struct_type)
+        if cls is nc._ExecutionParams and getattr(cls, "_allocators", None):
+            s.device_allocator, s.pinned_allocator = cls._allocators
+        return s
+
+    nc._new = new_with
+    nc.Library.decoder = with_allocators
+    nc._keep_allocators = keep  # the callbacks live as long as the process
+    return stats
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds so far per thread of this process, by the Python thread's name (threads of one pool
+    summed: "gpubatch-cuda-decode_0" counts as "gpubatch-cuda-decode"), threads Python did not start
+    (nvImageCodec's workers, the driver's) as "native (N)", and all descendant processes (the feed's
+    workers) as "children (N)"; from /proc (Linux)."""
+    import re
+    import threading
+
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu(path: str) -> float:
+        with open(path) as fh:
+            f = fh.read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / tick
+
+    names = {t.native_id: re.sub(r"_\d+$", "", t.name) for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    native = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            c = cpu(f"/proc/self/task/{tid}/stat")
+        except OSError:
+            continue
+        name = names.get(int(tid))
+        if name is None:
+            name, native = "native", native + 1
+        out[name] = out.get(name, 0.0) + c
+    kids = 0
+    for pid in _descendants():
+        try:
+            out["children"] = out.get("children", 0.0) + cpu(f"/proc/{pid}/stat")
+            kids += 1
+        except OSError:
+            continue
+    return {(f"{k} ({native})" if k == "native" else f"{k} ({kids})" if k == "children" else k): v
+            for k, v in out.items()}
+
+
+def _descendants() -> list[int]:
+    parent: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    parent[int(d)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, todo = [], [os.getpid()]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        found.extend(kids)
+        todo.extend(kids)
+    return found
 
 
 _LIMITS = ("stack", "printf FIFO", "malloc heap")  # cudaLimit 0, 1, 2
@@ -240,6 +411,8 @@ def main() -> None:
     ap.add_argument("--data", default=str(DEFAULT_DATA))
     ap.add_argument("--configs", default="default;stack=none;prefetch=2;ring=3;region=1")
     ap.add_argument("--stages", action="store_true", help="print the seconds each stage took (pipeline, decoder)")
+    ap.add_argument("--threads", action="store_true",
+                    help="print the CPU cores each thread (pool) kept busy during the timed windows")
     ap.add_argument("--breakdown", action="store_true",
                     help="only the memory after each step of building and running the default GPU path")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
@@ -279,6 +452,12 @@ def main() -> None:
               flush=True)
         if args.stages:
             print(f"{'':34s} seconds per stage, whole run: {r['stage_s']}", flush=True)
+        if "decoder_alloc" in r:
+            print(f"{'':34s} nvJPEG's own allocations: {r['decoder_alloc']}", flush=True)
+        if args.threads:
+            busy = sorted(r["threads"].items(), key=lambda kv: -kv[1])
+            print(f"{'':34s} CPU cores busy per thread, timed windows: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in busy if v >= 0.01), flush=True)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from .measure import warmup_batches
 
 CONTENDERS = ("gpubatch-gpu", "gpubatch-cpu", "torch-dataloader", "dali")
 SWEEPABLE = {"batch_size": int, "threads": int, "cuda_share": float, "warm_up": int, "region_decode": int,
-             "decode_chunk": int}
+             "decode_chunk": int, "sync": str}
 SCHEMA = "gpubatch-bench/1"
 
 

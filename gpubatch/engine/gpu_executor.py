@@ -42,6 +42,63 @@ DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
 # the same speed; no kernel of the run raised it (train chain, benchmarks/memory_study.py, H200).
 # None: leave it.
 STACK_BYTES: int | None = 16
+# How host threads wait for the GPU: the primary context's scheduling flag (set_sync_policy). The
+# driver's default ("auto") spins while a process has fewer contexts than cores, so the decoders' 20-odd
+# native threads busy-wait in their synchronizations. Sleeping instead ("blocking") measured no
+# clear difference (H200, paired runs: training chain +2-5% in 6 of 6 pairs, validation chain -1 to
+# -2% in 3 of 3, fed to ResNet-50 -1% and +3%; CPU use unchanged; benchmarks/RESULTS.md, eleventh
+# session), so the driver's default stays. ``GPUBATCH_SYNC`` or ``sync=`` pick another; it is applied
+# only where gpubatch makes the process's context (see GpuEngine), never to a context a host program made.
+SYNC_POLICY = "auto"
+SYNC_POLICIES = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}
+
+
+def _libcuda() -> Any:
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    return cuda if cuda.cuInit(0) == 0 else None
+
+
+def sync_policy_state(device_index: int) -> tuple[str | None, bool]:
+    """(the primary context's scheduling policy, whether that context is active) for device
+    ``device_index``; (None, False) without the driver."""
+    import ctypes
+
+    cuda = _libcuda()
+    dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    if cuda is None or cuda.cuDeviceGet(ctypes.byref(dev), device_index) != 0:
+        return None, False
+    if cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) != 0:
+        return None, False
+    names = {v: k for k, v in SYNC_POLICIES.items()}
+    return names.get(flags.value & 7), bool(active.value)
+
+
+def set_sync_policy(device_index: int, policy: str, only_before_context: bool = False) -> bool:
+    """Set how every host thread of this process waits for device ``device_index`` (stream and event
+    synchronizations, nvImageCodec's worker threads' among them): ``spin`` (busy-wait), ``yield``
+    (busy-wait, yielding the core), ``blocking`` (sleep until woken) or ``auto`` (the driver's
+    default: spin while there are fewer contexts than cores). Through the driver API on the primary
+    context, which CuPy and nvImageCodec share; with ``only_before_context``, left alone where that
+    context is already active (a host program made it). Returns whether the policy was set."""
+    import ctypes
+
+    if policy not in SYNC_POLICIES:
+        raise UsageError(f"GPU sync policy {policy!r}: one of {', '.join(SYNC_POLICIES)}")
+    cuda = _libcuda()
+    dev = ctypes.c_int()
+    if cuda is None or cuda.cuDeviceGet(ctypes.byref(dev), device_index) != 0:
+        return False
+    if only_before_context and sync_policy_state(device_index)[1]:
+        return False
+    fn = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
+    return fn(dev, ctypes.c_uint(SYNC_POLICIES[policy])) == 0
+
+
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?i?b?)?\s*$", re.I)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6, "mib": 1 << 20,
           "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
@@ -74,9 +131,13 @@ class GpuEngine:
     def __init__(self, device: Device, cpu_threads: int = 8,
                  gpu_memory: str | int | float | None = None, share: int = 1, deterministic: bool = True,
                  jpeg_encoder: str = "batched", hw_preallocate: tuple[int, int, int] | None = None,
-                 decoder_options: str = ""):
+                 decoder_options: str = "", sync: str | None = None):
         import os
         import sys
+
+        # before CuPy touches the device: how every thread waits for it (see SYNC_POLICY)
+        self.sync = set_sync_policy(device.index, sync or os.environ.get("GPUBATCH_SYNC") or SYNC_POLICY,
+                                    only_before_context=True)
 
         import cupy as cp
 
@@ -351,6 +412,10 @@ class ImagePipeline:
     (benchmarks/memory_study.py, ``chunk``; benchmarks/RESULTS.md). Process batches in the order they
     were decoded.
 
+    ``sync`` is how host threads wait for the GPU (``auto``, the driver's default, unless
+    ``GPUBATCH_SYNC`` says otherwise; ``spin``, ``yield``, ``blocking``); it is set only when the
+    pipeline makes the process's CUDA context, so a program that used the GPU first keeps its own.
+
     ``region_decode=True`` makes :meth:`iterate_files` decode only the part of each image the chain's
     leading crop reads (nvImageCodec region decode), widened by the resampling filter's reach so the
     output matches a full decode. Off by default: it measured no faster with the sub-streams made
@@ -365,7 +430,7 @@ class ImagePipeline:
     def __init__(self, ops: Sequence[Op], device: Device | str = "auto", seed: int = 0,
                  gpu: int = 0, cpu_threads: int | None = None, gpu_memory: str | int | float | None = None,
                  max_pixels: int = 0, ring: int = 2, region_decode: bool = False, warm_up: int = 256,
-                 decoder_options: str = "", decode_chunk: int = 0):
+                 decoder_options: str = "", decode_chunk: int = 0, sync: str | None = None):
         from .device import resolve
         from .executor import default_workers
 
@@ -374,7 +439,7 @@ class ImagePipeline:
         self.device = device if isinstance(device, Device) else resolve(device, gpu)
         self.plan.validate(DEVICE if self.device.is_gpu else "host")
         self.cpu_threads = cpu_threads or default_workers()
-        self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory, decoder_options=decoder_options)
+        self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory, decoder_options=decoder_options, sync=sync)
                        if self.device.is_gpu else None)
         if self.engine is not None and warm_up:
             self.engine.warm_up(warm_up)

@@ -113,6 +113,7 @@ def test_sweep_parsing():
     assert parse_sweep("batch_size=64,128") == ("batch_size", [64, 128])
     assert parse_sweep("cuda-share=0.2,0.4") == ("cuda_share", [0.2, 0.4])
     assert parse_sweep("decode_chunk=0,96") == ("decode_chunk", [0, 96])
+    assert parse_sweep("sync=auto,blocking") == ("sync", ["auto", "blocking"])
     for bad in ("nope=1", "batch_size=", "batch_size=a"):
         with pytest.raises(UsageError):
             parse_sweep(bad)

@@ -438,3 +438,37 @@ def test_stream_ordered_batches_and_iterate_files_match_finished_calls(tmp_path)
         pipe.stream.synchronize()
         for r, batch in zip(ref, fed):
             np.testing.assert_array_equal(batch.stacked().get(), r)
+
+
+_SYNC_PROBE = """
+import os, sys
+from gpubatch.engine import gpu_executor as ge
+if sys.argv[1] == "host-first":  # a host program used the GPU before gpubatch
+    import cupy as cp
+    cp.zeros(1)
+from gpubatch.engine.gpu_executor import ImagePipeline
+from gpubatch.engine.ops import CenterCrop
+pipe = ImagePipeline([CenterCrop(8)], device="auto", warm_up=0)
+print(pipe.device.kind.value, pipe.engine.sync, *ge.sync_policy_state(0))
+pipe.close()
+"""
+
+
+@pytest.mark.parametrize("case,env,want", [("fresh", None, "auto"), ("fresh", "blocking", "blocking"),
+                                           ("host-first", "blocking", "auto")])
+def test_sync_policy_is_set_only_where_gpubatch_makes_the_context(case, env, want):
+    """A fresh process (as the CLI's) gets ``SYNC_POLICY`` (``auto``) or ``GPUBATCH_SYNC`` before its
+    context exists, ``--device auto``'s probe included; a context a host program made first keeps its
+    own (``auto``: the driver's default) whatever ``GPUBATCH_SYNC`` says."""
+    import os
+    import subprocess
+
+    run_env = {k: v for k, v in os.environ.items() if k != "GPUBATCH_SYNC"}
+    if env:
+        run_env["GPUBATCH_SYNC"] = env
+    out = subprocess.run([sys.executable, "-c", _SYNC_PROBE, case], capture_output=True, text=True, env=run_env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    kind, was_set, policy, active = out.stdout.split()[-4:]
+    assert (kind, policy, active) == ("gpu", want, "True")
+    assert was_set == str(case == "fresh")
