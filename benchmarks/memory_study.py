@@ -39,7 +39,9 @@ buffer k, ``image_gpu.CUDA_RING``), ``slack`` (a chunk buffer grows to a call's 
 ``yield`` or ``blocking``, ``gpu_executor.SYNC_POLICY`` by default), ``connections``
 (``CUDA_DEVICE_MAX_CONNECTIONS``), ``alloc`` (``count`` or ``pool``: give nvImageCodec's decoders
 allocators of ours that count nvJPEG's own device and pinned memory, from ``cudaMalloc`` or from the
-stream-ordered pool). ``--threads`` prints the CPU cores each thread (pool) of the process, and its
+stream-ordered pool), ``profile`` (1: the main thread's wall time per function, cProfile, over the
+timed windows), ``gil`` (ms of pure-Python work, the GIL held, added to each batch's hand-over: how
+much the pipeline suffers from other threads holding the GIL). ``--threads`` prints the CPU cores each thread (pool) of the process, and its
 child processes together, kept busy during the timed windows.
 The context column is the CUDA context CuPy makes; the engine column is after the engine set the
 stack size and built its decoders.
@@ -52,6 +54,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from _data import DEFAULT_DATA, ROOT, load_blobs  # noqa: F401  (benchmarks/_data.py, beside this script)
 
@@ -102,6 +105,17 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     if knobs.get("coupled") == "1":  # the decode thread waits for both decoders' parts of each batch (whole)
         decode = image_gpu.GpuImageDecoder.decode
         image_gpu.GpuImageDecoder.decode = lambda self, *a, **k: decode(self, *a, **{**k, "wait": True, "chunk": 0})
+    if "gil" in knobs:  # the hand-over thread holds the GIL this many more ms per batch (pure Python)
+        extra = float(knobs["gil"]) / 1e3
+        handed = image_gpu.GpuImageDecoder.decode
+
+        def busy_decode(self, *a, **k):
+            t_end = time.perf_counter() + extra
+            while time.perf_counter() < t_end:
+                pass
+            return handed(self, *a, **k)
+
+        image_gpu.GpuImageDecoder.decode = busy_decode
     if "hw_chunk" in knobs:  # the hardware engine's calls are split above this many images (chunks)
         image_gpu.HW_CHUNK = int(knobs["hw_chunk"])
     if "calls" in knobs:  # calls a chunked part is split into at least (image_gpu.MIN_CALLS)
@@ -133,7 +147,16 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     out["after_pass_mib"] = mib()
     out["cupy_pool_mib"] = cp.get_default_memory_pool().total_bytes() >> 20  # kernel outputs, tables
     before = thread_cpu()
+    prof = None
+    if knobs.get("profile") == "1":  # the main thread's wall time per function (cProfile), timed windows
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     res = timed_windows(lambda: len(next(it)), args.seconds, warmup=0, sync=pipe.engine.stream.synchronize)
+    if prof is not None:
+        prof.disable()
+        out["profile"] = _top_functions(prof, 22)
     after = thread_cpu()
     wall = res["seconds"]
     out["threads"] = {k: round((after.get(k, 0.0) - before.get(k, 0.0)) / wall, 2) for k in after}
@@ -248,6 +271,17 @@ def _count_allocations(how: str) -> dict[str, dict[str, int]]:
     nc.Library.decoder = with_allocators
     nc._keep_allocators = keep  # the callbacks live as long as the process
     return stats
+
+
+def _top_functions(prof, n: int) -> list[str]:
+    """The ``n`` functions the profiled thread spent most wall time in themselves (cProfile's tottime),
+    with their calls and cumulative time."""
+    import pstats
+
+    st = pstats.Stats(prof)
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:n]
+    return [f"{tt:7.3f}s self {ct:7.3f}s total {nc:7d} calls  {os.path.basename(f)}:{ln}({fn})"
+            for (f, ln, fn), (_, nc, tt, ct, _) in rows]
 
 
 def thread_cpu() -> dict[str, float]:
@@ -454,6 +488,8 @@ def main() -> None:
             print(f"{'':34s} seconds per stage, whole run: {r['stage_s']}", flush=True)
         if "decoder_alloc" in r:
             print(f"{'':34s} nvJPEG's own allocations: {r['decoder_alloc']}", flush=True)
+        if "profile" in r:
+            print("\n".join(f"{'':34s} {line}" for line in r["profile"]), flush=True)
         if args.threads:
             busy = sorted(r["threads"].items(), key=lambda kv: -kv[1])
             print(f"{'':34s} CPU cores busy per thread, timed windows: "

@@ -94,6 +94,7 @@ class PinnedStaging:
         self._mem: list[Any] = [None] * slots
         self._host: list[np.ndarray | None] = [None] * slots
         self._done: list[Any] = [None] * slots
+        self._dev: list[Any] = [None] * slots
         self._next = 0
 
     def upload(self, data: np.ndarray, stream: Any) -> Any:
@@ -114,6 +115,7 @@ class PinnedStaging:
             dev = cp.empty(n, cp.uint8)
         dev.data.copy_from_host_async(host.ctypes.data, n, stream)
         self._done[i] = stream.record()
+        self._dev[i] = dev  # alive until the slot is refilled, so raw pointers into it stay valid
         return dev
 
 
@@ -124,3 +126,13 @@ def upload_tables(arrays: list[np.ndarray], stream: Any, staging: PinnedStaging)
     dev = staging.upload(buf, stream)
     return [dev[off : off + int(np.prod(shape)) * np.dtype(dt).itemsize].view(dt).reshape(shape)
             for off, dt, shape in layout]
+
+
+def upload_table_addresses(arrays: list[np.ndarray], stream: Any, staging: PinnedStaging) -> list[np.uint64]:
+    """As :func:`upload_tables`, for tables only kernels read: each table's device address, as a
+    kernel's pointer argument (valid while ``staging`` keeps the transfer: until it has made as many
+    more as it has slots). No CuPy slice, view and reshape per table: less host work per launch, and
+    that work holds the GIL the decoders' threads wait for."""
+    buf, layout = pack_tables(*arrays)
+    base = staging.upload(buf, stream).data.ptr
+    return [np.uint64(base + off) for off, _, _ in layout]

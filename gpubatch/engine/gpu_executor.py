@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import GpubatchError, RecordError, Stage, UsageError
 from ..types import Record
-from .batch import DeviceBatch, PinnedStaging, upload_tables
+from .batch import DeviceBatch, PinnedStaging, upload_table_addresses, upload_tables
 from .device import Device
 from .ops.base import Op, Window
 from .ops.normalize import Normalize
@@ -254,7 +254,7 @@ class GpuEngine:
             shapes = [(oh, ow, 3) if layout == "HWC" else (3, oh, ow) for oh, ow in out_shape.tolist()]
             if n == 0:
                 return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=stream)
-            t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, t_norm = upload_tables(
+            t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, t_norm = upload_table_addresses(
                 [src.ptr, src.shape, geo, out_shape, offsets, first_block, norm], stream, self.staging)
             from .kernels import kernel
 

@@ -160,3 +160,44 @@ def test_headers_and_image_descriptors_from_two_threads_keep_their_own_values():
     finally:
         sys.setswitchinterval(interval)
     assert not wrong, wrong[:5]
+
+
+def test_a_batch_of_code_streams_and_descriptors_equals_them_one_by_one():
+    """``open_streams`` and ``images`` (a batch part at a time) make a new handle per image, with the
+    values ``code_stream``/``header``/``image`` give one by one; what is not an image gives None.
+    (nvImageCodec re-initializes a handle left in the output argument instead of making a new one:
+    reused out-arguments once gave every image of a batch the same handle, which crashed on destroy.)"""
+    from gpubatch.engine.codecs.image_gpu import _host_address
+    from tests.helpers import jpeg_bytes, photo
+
+    try:
+        lib = capi.library()
+    except Exception as e:  # noqa: BLE001 - no nvImageCodec here (CI): nothing to test against
+        pytest.skip(f"nvImageCodec's library is not loadable: {e}")
+    blobs = [jpeg_bytes(photo(30 + 7 * k, 50 - 3 * k, seed=k)) for k in range(5)] + [b"not an image at all"]
+    hosts = [_host_address(b) for b in blobs]
+    sources = [(a, n, (2, 3, 20, 30) if k == 2 else None) for k, (a, n, _) in enumerate(hosts)]
+    opened = lib.open_streams(sources)
+    assert opened[-1] is None
+    handles = [o[0] for o in opened[:-1]]
+    assert len(set(handles)) == len(handles) and all(handles)
+    for k, (_, h, w, turn) in enumerate(opened[:-1]):
+        one = lib.code_stream(*sources[k])
+        hdr = lib.header(one)
+        assert (h, w, turn) == (hdr.height, hdr.width, hdr.orientation)
+        if k != 2:  # (item 2 is a region of its image)
+            assert (h, w) == (30 + 7 * k, 50 - 3 * k)
+        lib.destroy([one], [])
+    specs = [((k + 1) << 20, 10 + k, 20 + k, 60 + 3 * k, (90 * (k % 2), 0, k % 2)) for k in range(4)]
+    imgs = lib.images(specs, 0)
+    assert len(set(imgs)) == 4 and all(imgs)
+    get = lib.fast.nvimgcodecImageGetImageInfo
+    get.argtypes, get.restype = [ctypes.c_void_p, ctypes.POINTER(capi._ImageInfo)], ctypes.c_int
+    info = capi._new(capi._ImageInfo, capi._T_IMAGE_INFO)
+    for img, (ptr, h, w, row, (rot, fx, fy)) in zip(imgs, specs):
+        info.struct_next = None
+        get(img, ctypes.byref(info))
+        p, o = info.plane_info[0], info.orientation
+        assert (info.buffer, p.height, p.width, p.row_stride, o.rotated, o.flip_x, o.flip_y) == (ptr, h, w, row, rot,
+                                                                                                   fx, fy)
+    lib.destroy(handles, imgs)

@@ -830,22 +830,22 @@ class GpuImageDecoder:
         job = _Job(hw, lists, self.hw_stream if hw else self.cuda_stream, consumer)
         shapes: dict[int, tuple[int, int]] = {}
         turns: dict[int, tuple[int, int, int]] = {}  # EXIF orientation per image
-        for idx in lists:
-            for i in idx:
-                addr, size, keep = _host_address(blobs[i])
-                job.hosts.append(keep)
-                r = regions[i] if regions is not None else None
-                cs = lib.code_stream(addr, size, r)
-                hdr = lib.header(cs) if cs else None
-                if hdr is None:
-                    if cs:
-                        lib.destroy([cs], [])
-                    job.part.failed.append(i)
-                    continue
-                h, w = (r[2] - r[0], r[3] - r[1]) if r is not None else (hdr.height, hdr.width)
-                if hdr.rotated % 180:
-                    h, w = w, h
-                job.streams[i], shapes[i], turns[i] = cs, (h, w), hdr.orientation
+        items = [i for idx in lists for i in idx]
+        sources = []
+        for i in items:
+            addr, size, keep = _host_address(blobs[i])
+            job.hosts.append(keep)
+            sources.append((addr, size, regions[i] if regions is not None else None))
+        for i, (_, _, r), got in zip(items, sources, lib.open_streams(sources)):
+            if got is None:
+                job.part.failed.append(i)
+                continue
+            cs, h, w, turn = got
+            if r is not None:
+                h, w = r[2] - r[0], r[3] - r[1]
+            if turn[0] % 180:
+                h, w = w, h
+            job.streams[i], shapes[i], turns[i] = cs, (h, w), turn
         job.turns = turns
         if chunk:
             for idx in lists:
@@ -877,7 +877,7 @@ class GpuImageDecoder:
     def _bind(self, job: _Job, shapes: dict[int, tuple[int, int]], turns: dict[int, tuple[int, int, int]]) -> None:
         """Take the part's device buffer (on the decoder's stream) and make its output descriptors
         (``shapes``: item -> decoded (h, w); ``turns``: item -> EXIF orientation)."""
-        lib, cp = self.lib, self.cp
+        cp = self.cp
         offsets, total = {}, 0
         for i, (h, w) in shapes.items():
             offsets[i] = total
@@ -890,9 +890,16 @@ class GpuImageDecoder:
             else:
                 job.slab = cp.empty(size, cp.uint8)
                 base = job.slab.data.ptr
-        for i, (h, w) in shapes.items():
-            job.images[i] = lib.image(base + offsets[i], h, w, w * 3, job.stream.ptr, turns[i])
-            job.views[i] = (base + offsets[i], (h, w, 3), w * 3)
+        self._describe(job, shapes, turns, base, offsets)
+
+    def _describe(self, job: _Job, shapes: dict[int, tuple[int, int]], turns: dict[int, tuple[int, int, int]],
+                  base: int, offsets: dict[int, int]) -> None:
+        """The output descriptors of the items ``offsets`` names (bytes from ``base``), in one call."""
+        specs = [(base + off, *shapes[i], shapes[i][1] * 3, turns[i]) for i, off in offsets.items()]
+        for (i, off), img in zip(offsets.items(), self.lib.images(specs, job.stream.ptr)):
+            h, w = shapes[i]
+            job.images[i] = img
+            job.views[i] = (base + off, (h, w, 3), w * 3)
 
     def _ring_bind(self, job: _Job, idx: list[int], shapes: dict[int, tuple[int, int]],
                    turns: dict[int, tuple[int, int, int]]) -> None:
@@ -900,7 +907,7 @@ class GpuImageDecoder:
         :data:`CUDA_RING` the CUDA decoder's calls take its slots in turn), grown first where its buffer
         is too small (a new buffer; the old one is freed once its last call's readers are done, see
         :meth:`_take_slot`), and make the output descriptors in it."""
-        lib, cp = self.lib, self.cp
+        cp = self.cp
         ring = self._rings[job.hw]
         taken_in_turn = HW_RING if job.hw else CUDA_RING
         if taken_in_turn:
@@ -926,11 +933,7 @@ class GpuImageDecoder:
             retire, slot.ptr, slot.size = slot.ptr, ptr, size
         job.slots.append(slot)
         job.retire.append(retire)
-        base = slot.ptr
-        for i in idx:
-            h, w = shapes[i]
-            job.images[i] = lib.image(base + offsets[i], h, w, w * 3, job.stream.ptr, turns[i])
-            job.views[i] = (base + offsets[i], (h, w, 3), w * 3)
+        self._describe(job, shapes, turns, slot.ptr, offsets)
 
     def _take_slot(self, job: _Job, k: int) -> Any:
         """Before call ``k`` of a chunked ``job``: wait until the previous call in its ring slot was read

@@ -243,15 +243,17 @@ class Library:
         cs = C.c_void_p()
         if self._f["nvimgcodecCodeStreamCreateFromHostMem"](self.instance, C.byref(cs), address, size, None) != 0:
             return 0
-        if region is None:
-            return cs.value or 0
+        return self._region(cs.value or 0, region) if region is not None else (cs.value or 0)
+
+    def _region(self, cs: int, region: tuple[int, int, int, int]) -> int:
+        """The (y0, x0, y1, x1) region of code stream ``cs`` as a code stream of its own (``cs`` is
+        released: the sub-stream holds it, nvImageCodec reference-counts them); 0 on failure."""
         view = _new(_CodeStreamView, _T_CODE_STREAM_VIEW)
         view.region = _new(_Region, _T_REGION)
         view.region.ndim = 2
         view.region.start[0], view.region.start[1], view.region.end[0], view.region.end[1] = region
         sub = C.c_void_p()
         status = self._f["nvimgcodecCodeStreamGetSubCodeStream"](cs, C.byref(sub), C.byref(view))
-        # the sub-stream holds its parent (nvImageCodec reference-counts code streams)
         self._f["nvimgcodecCodeStreamDestroy"](cs)
         return (sub.value or 0) if status == 0 else 0
 
@@ -263,21 +265,84 @@ class Library:
         p, o = info.plane_info[0], info.orientation
         return Header(int(p.width), int(p.height), int(o.rotated), int(o.flip_x), int(o.flip_y))
 
+    def open_streams(self, sources: list[tuple[int, int, tuple[int, int, int, int] | None]]
+                     ) -> list[tuple[int, int, int, tuple[int, int, int]] | None]:
+        """:meth:`code_stream` then :meth:`header` for each (host address, size, region or None): per
+        source (code stream, height, width, EXIF orientation as :attr:`Header.orientation`), the size
+        as stored, or None where it is not an image (nothing is left to destroy then).
+
+        A whole batch part at a time, with the calls and structures bound once: this runs with the GIL
+        held, and every microsecond of it per image is a microsecond the other threads (the decoders'
+        own among them) wait per image: 3 ms more of it per batch cost the training chain 7%
+        (benchmarks/memory_study.py ``gil=3``, H200)."""
+        f = self._f
+        create, info_of = f["nvimgcodecCodeStreamCreateFromHostMem"], f["nvimgcodecCodeStreamGetImageInfo"]
+        destroy = f["nvimgcodecCodeStreamDestroy"]
+        inst = self.instance
+        info = self._scratch()[0]
+        ref_info = C.byref(info)
+        plane, o = info.plane_info[0], info.orientation  # views into ``info``: they read each call's result
+        cs = C.c_void_p()
+        ref_cs = C.byref(cs)
+        kind, size_of = _T_IMAGE_INFO, C.sizeof(_ImageInfo)
+        out: list[tuple[int, int, int, tuple[int, int, int]] | None] = []
+        append = out.append
+        for address, size, region in sources:
+            cs.value = None  # a handle already there is re-initialized, not a new one made
+            if create(inst, ref_cs, address, size, None) != 0:
+                append(None)
+                continue
+            handle = cs.value or 0
+            if region is not None and handle:
+                handle = self._region(handle, region)
+            if not handle:
+                append(None)
+                continue
+            info.struct_type = kind
+            info.struct_size = size_of
+            info.struct_next = None
+            if info_of(handle, ref_info) != 0:
+                destroy(handle)
+                append(None)
+                continue
+            append((handle, plane.height, plane.width, (o.rotated, o.flip_x, o.flip_y)))
+        return out
+
     def image(self, ptr: int, height: int, width: int, row_stride: int, stream_ptr: int,
               orientation: tuple[int, int, int] = (0, 0, 0)) -> int:
         """An image descriptor for uint8 RGB HWC pixels at device address ``ptr`` (caller-owned), of
         the size after ``orientation`` (the code stream's :attr:`Header.orientation`, which the
         decoders read from here: left at zero, a rotated JPEG is written unrotated into a buffer of
         the other shape)."""
-        _, info, p = self._scratch()  # this thread's template, filled in place
+        return self.images([(ptr, height, width, row_stride, orientation)], stream_ptr)[0]
+
+    def images(self, specs: list[tuple[int, int, int, int, tuple[int, int, int]]], stream_ptr: int) -> list[int]:
+        """:meth:`image` for each (device address, height, width, row stride, orientation), all ordered
+        on ``stream_ptr``; a batch part at a time, for the reason :meth:`open_streams` gives."""
+        create = self._f["nvimgcodecImageCreate"]
+        inst = self.instance
+        _, info, plane = self._scratch()  # this thread's template, filled in place
         o = info.orientation
-        o.rotated, o.flip_x, o.flip_y = orientation
-        p.width, p.height, p.row_stride = width, height, row_stride
-        info.buffer, info.cuda_stream = ptr, stream_ptr
+        ref_info = C.byref(info)
         img = C.c_void_p()
-        if self._f["nvimgcodecImageCreate"](self.instance, C.byref(img), C.byref(info)) != 0:
-            raise CApiError("nvimgcodecImageCreate failed")
-        return img.value
+        ref_img = C.byref(img)
+        info.cuda_stream = stream_ptr
+        turn = None
+        out: list[int] = []
+        for ptr, height, width, row_stride, orientation in specs:
+            if orientation != turn:
+                turn = orientation
+                o.rotated, o.flip_x, o.flip_y = orientation
+            plane.width = width
+            plane.height = height
+            plane.row_stride = row_stride
+            info.buffer = ptr
+            img.value = None  # (as in open_streams)
+            if create(inst, ref_img, ref_info) != 0:
+                self.destroy([], out)
+                raise CApiError("nvimgcodecImageCreate failed")
+            out.append(img.value)
+        return out
 
     def destroy(self, code_streams: list[int], images: list[int]) -> None:
         d_cs, d_img = self._f["nvimgcodecCodeStreamDestroy"], self._f["nvimgcodecImageDestroy"]
