@@ -37,7 +37,8 @@ each),
 buffer k, ``image_gpu.CUDA_RING``), ``slack`` (a chunk buffer grows to a call's size plus
 1/slack, ``image_gpu.RING_SLACK``), ``sched`` (how host threads wait for the GPU: ``auto``, ``spin``,
 ``yield`` or ``blocking``, ``gpu_executor.SYNC_POLICY`` by default), ``connections``
-(``CUDA_DEVICE_MAX_CONNECTIONS``), ``alloc`` (``count`` or ``pool``: give nvImageCodec's decoders
+(``CUDA_DEVICE_MAX_CONNECTIONS``), ``hw_threads`` (each hardware-decoder instance's worker
+threads, ``GpuImageDecoder.HW_THREADS``), ``alloc`` (``count`` or ``pool``: give nvImageCodec's decoders
 allocators of ours that count nvJPEG's own device and pinned memory, from ``cudaMalloc`` or from the
 stream-ordered pool), ``profile`` (1: the main thread's wall time per function, cProfile, over the
 timed windows), ``gil`` (ms of pure-Python work, the GIL held, added to each batch's hand-over: how
@@ -116,6 +117,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
             return handed(self, *a, **k)
 
         image_gpu.GpuImageDecoder.decode = busy_decode
+    if "hw_threads" in knobs:  # each hardware-decoder instance's worker threads (its header parsing)
+        image_gpu.GpuImageDecoder.HW_THREADS = int(knobs["hw_threads"])
     if "hw_chunk" in knobs:  # the hardware engine's calls are split above this many images (chunks)
         image_gpu.HW_CHUNK = int(knobs["hw_chunk"])
     if "calls" in knobs:  # calls a chunked part is split into at least (image_gpu.MIN_CALLS)

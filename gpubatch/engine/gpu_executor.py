@@ -408,7 +408,7 @@ class ImagePipeline:
     GPU memory budget; ``image_gpu.DECODE_CHUNK`` = 96 measured best) those parts are calls of at most
     N images, each into a buffer the same call of the next batch reuses: the decoded images then take
     about one batch of device memory instead of two. On an H200 at batch 256 that took the bench's chains from 965-969 to
-    871-873 MiB, and with ``region_decode`` to 775-781 MiB, at 14-24% less speed, so it is off by default
+    871-873 MiB, and with ``region_decode`` to 773-781 MiB, at 14-24% less speed, so it is off by default
     (benchmarks/memory_study.py, ``chunk``; benchmarks/RESULTS.md). Process batches in the order they
     were decoded.
 
