@@ -40,8 +40,8 @@ buffer k, ``image_gpu.CUDA_RING``), ``slack`` (a chunk buffer grows to a call's 
 (``CUDA_DEVICE_MAX_CONNECTIONS``), ``hw_threads`` (each hardware-decoder instance's worker
 threads, ``GpuImageDecoder.HW_THREADS``), ``alloc`` (``count`` or ``pool``: give nvImageCodec's decoders
 allocators of ours that count nvJPEG's own device and pinned memory, from ``cudaMalloc`` or from the
-stream-ordered pool), ``profile`` (1: the main thread's wall time per function, cProfile, over the
-timed windows), ``gil`` (ms of pure-Python work, the GIL held, added to each batch's hand-over: how
+stream-ordered pool), ``profile`` (1: wall time per function, cProfile, over the timed windows; in Python 3.12
+it sees every thread, and slows them), ``gil`` (ms of pure-Python work, the GIL held, added to each batch's hand-over: how
 much the pipeline suffers from other threads holding the GIL). ``--threads`` prints the CPU cores each thread (pool) of the process, and its
 child processes together, kept busy during the timed windows.
 The context column is the CUDA context CuPy makes; the engine column is after the engine set the
@@ -151,7 +151,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     out["cupy_pool_mib"] = cp.get_default_memory_pool().total_bytes() >> 20  # kernel outputs, tables
     before = thread_cpu()
     prof = None
-    if knobs.get("profile") == "1":  # the main thread's wall time per function (cProfile), timed windows
+    if knobs.get("profile") == "1":  # wall time per function (cProfile: every thread in 3.12), timed windows
         import cProfile
 
         prof = cProfile.Profile()
@@ -211,40 +211,33 @@ def _count_allocations(how: str) -> dict[str, dict[str, int]]:
         if key is not None:
             stats[key]["now"] -= size
 
-    def dev_malloc(ctx, out, size, stream):
-        try:
-            ptr = rt.mallocAsync(size, stream or 0) if how == "pool" else rt.malloc(size)
-        except Exception:
-            return 1
-        out[0] = ptr
-        note(kinds[ctx], ptr, size)
-        return 0
+    def malloc(take):
+        def call(ctx, out, size, stream):
+            try:
+                ptr = take(size, stream or 0)
+            except Exception:  # nvJPEG reads the failure from the status
+                return 1
+            out[0] = ptr
+            note(kinds[ctx], ptr, size)
+            return 0
 
-    def dev_free(ctx, ptr, size, stream):
-        if ptr:
-            forget(ptr)
-            rt.freeAsync(ptr, stream or 0) if how == "pool" else rt.free(ptr)
-        return 0
+        return malloc_t(call)
 
-    def pin_malloc(ctx, out, size, stream):
-        try:
-            ptr = rt.hostAlloc(size, 0)
-        except Exception:
-            return 1
-        out[0] = ptr
-        note(kinds[ctx], ptr, size)
-        return 0
+    def free(give):
+        def call(ctx, ptr, size, stream):
+            if ptr:
+                forget(ptr)
+                give(ptr, stream or 0)
+            return 0
 
-    def pin_free(ctx, ptr, size, stream):
-        if ptr:
-            forget(ptr)
-            rt.freeHost(ptr)
-        return 0
+        return free_t(call)
 
-    class Dev(C.Structure):
-        _fields_ = nc._head() + [("malloc", malloc_t), ("free", free_t), ("ctx", C.c_void_p), ("padding", C.c_size_t)]
+    pool = how == "pool"
+    device = (malloc(rt.mallocAsync if pool else lambda n, _s: rt.malloc(n)),
+              free(rt.freeAsync if pool else lambda p, _s: rt.free(p)))
+    pinned = (malloc(lambda n, _s: rt.hostAlloc(n, 0)), free(lambda p, _s: rt.freeHost(p)))
 
-    class Pin(C.Structure):
+    class Allocator(C.Structure):  # nvimgcodecDeviceAllocator_t and nvimgcodecPinnedAllocator_t alike
         _fields_ = nc._head() + [("malloc", malloc_t), ("free", free_t), ("ctx", C.c_void_p), ("padding", C.c_size_t)]
 
     keep: list = []
@@ -252,33 +245,20 @@ def _count_allocations(how: str) -> dict[str, dict[str, int]]:
 
     def with_allocators(self, device_id, threads, backend, options=""):
         base = 1 if backend == nc.BACKEND_HW_GPU_ONLY else 3
-        dev, pin = nc._new(Dev, 3), nc._new(Pin, 4)  # NVIMGCODEC_STRUCTURE_TYPE_DEVICE/PINNED_ALLOCATOR
-        dev.malloc, dev.free, dev.ctx = malloc_t(dev_malloc), free_t(dev_free), base
-        pin.malloc, pin.free, pin.ctx = malloc_t(pin_malloc), free_t(pin_free), base + 1
-        keep.extend([dev, pin])
-        nc._ExecutionParams._allocators = (C.addressof(dev), C.addressof(pin))
-        try:
-            return decoder(self, device_id, threads, backend, options)
-        finally:
-            nc._ExecutionParams._allocators = None
+        dev, pin = nc._new(Allocator, 3), nc._new(Allocator, 4)  # STRUCTURE_TYPE_DEVICE/PINNED_ALLOCATOR
+        (dev.malloc, dev.free), dev.ctx = device, base
+        (pin.malloc, pin.free), pin.ctx = pinned, base + 1
+        keep.extend([dev, pin, device, pinned])
+        return decoder(self, device_id, threads, backend, options, allocators=(C.addressof(dev), C.addressof(pin)))
 
-    new = nc._new
-
-    def new_with(cls, struct_type):
-        s = new(cls, struct_type)
-        if cls is nc._ExecutionParams and getattr(cls, "_allocators", None):
-            s.device_allocator, s.pinned_allocator = cls._allocators
-        return s
-
-    nc._new = new_with
     nc.Library.decoder = with_allocators
-    nc._keep_allocators = keep  # the callbacks live as long as the process
+    nc._keep_allocators = keep  # the structures and callbacks live as long as the process
     return stats
 
 
 def _top_functions(prof, n: int) -> list[str]:
-    """The ``n`` functions the profiled thread spent most wall time in themselves (cProfile's tottime),
-    with their calls and cumulative time."""
+    """The ``n`` functions the profile saw most wall time spent in themselves (cProfile's tottime), with
+    their calls and cumulative time. (In Python 3.12 cProfile sees every thread, not only its own.)"""
     import pstats
 
     st = pstats.Stats(prof)

@@ -46,7 +46,7 @@ STACK_BYTES: int | None = 16
 # driver's default ("auto") spins while a process has fewer contexts than cores, so the decoders' 20-odd
 # native threads busy-wait in their synchronizations. Sleeping instead ("blocking") measured no
 # clear difference (H200, paired runs: training chain +2-5% in 6 of 6 pairs, validation chain -1 to
-# -2% in 3 of 3, fed to ResNet-50 -1% and +3%; CPU use unchanged; benchmarks/RESULTS.md, eleventh
+# -2% in 3 of 4, fed to ResNet-50 -1% and +3%; CPU use unchanged; benchmarks/RESULTS.md, eleventh
 # session), so the driver's default stays. ``GPUBATCH_SYNC`` or ``sync=`` pick another; it is applied
 # only where gpubatch makes the process's context (see GpuEngine), never to a context a host program made.
 SYNC_POLICY = "auto"

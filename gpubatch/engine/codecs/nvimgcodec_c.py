@@ -223,7 +223,11 @@ class Library:
 
     # -- decoders ------------------------------------------------------------------------------------
 
-    def decoder(self, device_id: int, threads: int, backend: int, options: str = "") -> Decoder:
+    def decoder(self, device_id: int, threads: int, backend: int, options: str = "",
+                allocators: tuple[int, int] | None = None) -> Decoder:
+        """A decoder of one backend kind with ``threads`` worker threads. ``allocators``: addresses of an
+        ``nvimgcodecDeviceAllocator_t`` and an ``nvimgcodecPinnedAllocator_t`` for nvJPEG's own buffers
+        (kept alive by the caller as long as the decoder), else nvJPEG allocates them itself."""
         b = _new(_Backend, _T_BACKEND)
         b.kind = backend
         b.params = _new(_BackendParams, _T_BACKEND_PARAMS)
@@ -231,6 +235,8 @@ class Library:
         ep = _new(_ExecutionParams, _T_EXECUTION_PARAMS)
         ep.max_num_cpu_threads, ep.device_id = threads, device_id
         ep.num_backends, ep.backends = 1, C.pointer(b)
+        if allocators is not None:
+            ep.device_allocator, ep.pinned_allocator = allocators
         handle = C.c_void_p()
         self._check("nvimgcodecDecoderCreate", self.instance, C.byref(handle), C.byref(ep), options.encode())
         return Decoder(self, handle)
