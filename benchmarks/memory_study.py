@@ -149,7 +149,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     pipe.engine.stream.synchronize()
     out["after_pass_mib"] = mib()
     out["cupy_pool_mib"] = cp.get_default_memory_pool().total_bytes() >> 20  # kernel outputs, tables
-    before = thread_cpu()
+    before, _ = thread_cpu()
     prof = None
     if knobs.get("profile") == "1":  # wall time per function (cProfile: every thread in 3.12), timed windows
         import cProfile
@@ -160,9 +160,10 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     if prof is not None:
         prof.disable()
         out["profile"] = _top_functions(prof, 22)
-    after = thread_cpu()
+    after, counts = thread_cpu()
     wall = res["seconds"]
-    out["threads"] = {k: round((after.get(k, 0.0) - before.get(k, 0.0)) / wall, 2) for k in after}
+    out["threads"] = {(f"{k} ({counts[k]})" if k in counts else k): round((v - before.get(k, 0.0)) / wall, 2)
+                      for k, v in after.items()}
     out["images_per_s"] = round(res["images_per_s"])
     drv = cp.cuda.runtime.deviceGetDefaultMemPool(0)  # decoded images: high-water marks of the whole run
     out["driver_pool_high_mib"] = cp.cuda.runtime.memPoolGetAttribute(drv, 6) >> 20  # reserved (ReservedMemHigh)
@@ -267,60 +268,31 @@ def _top_functions(prof, n: int) -> list[str]:
             for (f, ln, fn), (_, nc, tt, ct, _) in rows]
 
 
-def thread_cpu() -> dict[str, float]:
-    """CPU seconds so far per thread of this process, by the Python thread's name (threads of one pool
+def thread_cpu() -> tuple[dict[str, float], dict[str, int]]:
+    """(CPU seconds so far per thread of this process, by the Python thread's name (threads of one pool
     summed: "gpubatch-cuda-decode_0" counts as "gpubatch-cuda-decode"), threads Python did not start
-    (nvImageCodec's workers, the driver's) as "native (N)", and all descendant processes (the feed's
-    workers) as "children (N)"; from /proc (Linux)."""
+    (nvImageCodec's workers, the driver's) as "native", and all descendant processes (the feed's
+    workers) as "children"; how many "native" threads and "children" there are); from /proc (Linux)."""
     import re
     import threading
 
-    tick = os.sysconf("SC_CLK_TCK")
-
-    def cpu(path: str) -> float:
-        with open(path) as fh:
-            f = fh.read().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / tick
+    from gpubatch.bench.measure import stat_cpu_seconds, tree_cpu_seconds
 
     names = {t.native_id: re.sub(r"_\d+$", "", t.name) for t in threading.enumerate()}
     out: dict[str, float] = {}
     native = 0
     for tid in os.listdir("/proc/self/task"):
         try:
-            c = cpu(f"/proc/self/task/{tid}/stat")
+            c = stat_cpu_seconds(f"/proc/self/task/{tid}/stat")
         except OSError:
             continue
         name = names.get(int(tid))
         if name is None:
             name, native = "native", native + 1
         out[name] = out.get(name, 0.0) + c
-    kids = 0
-    for pid in _descendants():
-        try:
-            out["children"] = out.get("children", 0.0) + cpu(f"/proc/{pid}/stat")
-            kids += 1
-        except OSError:
-            continue
-    return {(f"{k} ({native})" if k == "native" else f"{k} ({kids})" if k == "children" else k): v
-            for k, v in out.items()}
-
-
-def _descendants() -> list[int]:
-    parent: dict[int, int] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as fh:
-                    parent[int(d)] = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, todo = [], [os.getpid()]
-    while todo:
-        p = todo.pop()
-        kids = [c for c, pp in parent.items() if pp == p]
-        found.extend(kids)
-        todo.extend(kids)
-    return found
+    kids = {pid: c for pid, c in tree_cpu_seconds().items() if pid != os.getpid()}
+    out["children"] = sum(kids.values())
+    return out, {"native": native, "children": len(kids)}
 
 
 _LIMITS = ("stack", "printf FIFO", "malloc heap")  # cudaLimit 0, 1, 2

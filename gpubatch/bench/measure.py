@@ -66,6 +66,37 @@ def timed_windows(step: Callable[[], int], seconds: float, warmup: int = 3, wind
             "seconds": total, "batches": len(lat)}
 
 
+def stat_cpu_seconds(path: str) -> float:
+    """User + system CPU seconds of the process or thread whose /proc ``stat`` file is ``path``."""
+    import os
+
+    with open(path) as fh:
+        f = fh.read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds() -> dict[int, float]:
+    """CPU seconds so far of this process and every live descendant, by pid, from /proc (Linux)."""
+    import os
+
+    stats: dict[int, tuple[int, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    f = fh.read().rsplit(")", 1)[1].split()
+                stats[int(d)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)  # ppid, utime + stime
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, todo = set(), [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo.extend(c for c, (pp, _) in stats.items() if pp == pid and c not in tree)
+    return {p: stats[p][1] for p in tree if p in stats}
+
+
 class CpuUse:
     """CPU cores busy on average, between construction and :meth:`stop`, in this process and every live
     descendant (worker pools, a forkserver's workers), from /proc; elsewhere this process only."""
@@ -76,25 +107,8 @@ class CpuUse:
 
     @staticmethod
     def _cpu() -> float:
-        import os
-
         try:
-            tick = os.sysconf("SC_CLK_TCK")
-            stats = {}
-            for d in os.listdir("/proc"):
-                if d.isdigit():
-                    try:
-                        with open(f"/proc/{d}/stat") as fh:
-                            f = fh.read().rsplit(")", 1)[1].split()
-                        stats[int(d)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)  # ppid, utime + stime
-                    except (OSError, IndexError, ValueError):
-                        continue
-            tree, todo = set(), [os.getpid()]
-            while todo:
-                pid = todo.pop()
-                tree.add(pid)
-                todo.extend(c for c, (pp, _) in stats.items() if pp == pid and c not in tree)
-            return sum(stats[p][1] for p in tree if p in stats)
+            return sum(tree_cpu_seconds().values())
         except OSError:
             r = resource.getrusage(resource.RUSAGE_SELF)
             return r.ru_utime + r.ru_stime

@@ -53,14 +53,18 @@ SYNC_POLICY = "auto"
 SYNC_POLICIES = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}
 
 
-def _libcuda() -> Any:
+def _primary_context(device_index: int) -> tuple[Any, Any] | None:
+    """(the driver library, the device handle) for ``device_index``, or None without a driver."""
     import ctypes
 
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return None
-    return cuda if cuda.cuInit(0) == 0 else None
+    dev = ctypes.c_int()
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), device_index) != 0:
+        return None
+    return cuda, dev
 
 
 def sync_policy_state(device_index: int) -> tuple[str | None, bool]:
@@ -68,11 +72,9 @@ def sync_policy_state(device_index: int) -> tuple[str | None, bool]:
     ``device_index``; (None, False) without the driver."""
     import ctypes
 
-    cuda = _libcuda()
-    dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
-    if cuda is None or cuda.cuDeviceGet(ctypes.byref(dev), device_index) != 0:
-        return None, False
-    if cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) != 0:
+    found = _primary_context(device_index)
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+    if found is None or found[0].cuDevicePrimaryCtxGetState(found[1], ctypes.byref(flags), ctypes.byref(active)):
         return None, False
     names = {v: k for k, v in SYNC_POLICIES.items()}
     return names.get(flags.value & 7), bool(active.value)
@@ -89,12 +91,10 @@ def set_sync_policy(device_index: int, policy: str, only_before_context: bool = 
 
     if policy not in SYNC_POLICIES:
         raise UsageError(f"GPU sync policy {policy!r}: one of {', '.join(SYNC_POLICIES)}")
-    cuda = _libcuda()
-    dev = ctypes.c_int()
-    if cuda is None or cuda.cuDeviceGet(ctypes.byref(dev), device_index) != 0:
+    found = _primary_context(device_index)
+    if found is None or (only_before_context and sync_policy_state(device_index)[1]):
         return False
-    if only_before_context and sync_policy_state(device_index)[1]:
-        return False
+    cuda, dev = found
     fn = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
     return fn(dev, ctypes.c_uint(SYNC_POLICIES[policy])) == 0
 
