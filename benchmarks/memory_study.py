@@ -40,10 +40,12 @@ buffer k, ``image_gpu.CUDA_RING``), ``slack`` (a chunk buffer grows to a call's 
 (``CUDA_DEVICE_MAX_CONNECTIONS``), ``hw_threads`` (each hardware-decoder instance's worker
 threads, ``GpuImageDecoder.HW_THREADS``), ``alloc`` (``count`` or ``pool``: give nvImageCodec's decoders
 allocators of ours that count nvJPEG's own device and pinned memory, from ``cudaMalloc`` or from the
-stream-ordered pool), ``profile`` (1: wall time per function, cProfile, over the timed windows; in Python 3.12
+stream-ordered pool), ``native`` (1: code streams, headers and output descriptors made a whole part per call by the
+compiled helper, the GIL released, instead of per-image calls from Python, ``nvimgcodec_native``), ``profile`` (1: wall time per function, cProfile, over the timed windows; in Python 3.12
 it sees every thread, and slows them), ``gil`` (ms of pure-Python work, the GIL held, added to each batch's hand-over: how
 much the pipeline suffers from other threads holding the GIL). ``--threads`` prints the CPU cores each thread (pool) of the process, and its
-child processes together, kept busy during the timed windows.
+child processes together, kept busy during the timed windows; ``--gil-probe`` how late a thread
+coming back from a 1 ms sleep got the GIL back (the wait a decoder thread has after each native call).
 The context column is the CUDA context CuPy makes; the engine column is after the engine set the
 stack size and built its decoders.
 """
@@ -129,6 +131,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         image_gpu.HW_RING = int(knobs["hw_ring"])
     if "cuda_ring" in knobs:  # the CUDA decoder's calls over this many buffers in turn (0: one per call of a part)
         image_gpu.CUDA_RING = int(knobs["cuda_ring"])
+    if "native" in knobs:  # 1: the hand-over's per-part calls through the compiled helper (GIL released)
+        os.environ["GPUBATCH_NATIVE"] = knobs["native"]
     counted = _count_allocations(knobs["alloc"]) if "alloc" in knobs else None
     files, _, _ = load_blobs(args.data, args.images)
     keys = [f"{p.parent.name}/{p.stem}" for p in files]
@@ -156,7 +160,10 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
 
         prof = cProfile.Profile()
         prof.enable()
+    probe = GilProbe() if knobs.get("probe") == "1" else None
     res = timed_windows(lambda: len(next(it)), args.seconds, warmup=0, sync=pipe.engine.stream.synchronize)
+    if probe is not None:
+        out["gil_wait_us"] = probe.stop()
     if prof is not None:
         prof.disable()
         out["profile"] = _top_functions(prof, 22)
@@ -180,6 +187,39 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     it.close()
     pipe.close()
     return out
+
+
+class GilProbe:
+    """How long a thread coming back from native code waits for the GIL: a thread that sleeps 1 ms
+    at a time (the GIL released, as in a ctypes or CUDA call) and notes how late it runs again. The
+    lateness is the wait for the GIL plus the OS's wake-up delay (tens of microseconds on an idle
+    machine); ``stop`` gives its mean and percentiles in microseconds."""
+
+    def __init__(self, period: float = 1e-3):
+        import threading
+
+        self.period, self.late = period, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gil-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        clock, sleep, late, period = time.perf_counter, time.sleep, self.late, self.period
+        while not self._stop.is_set():
+            t0 = clock()
+            sleep(period)
+            late.append(clock() - t0 - period)
+
+    def stop(self) -> dict[str, float]:
+        import numpy as np
+
+        self._stop.set()
+        self._thread.join()
+        us = np.asarray(self.late) * 1e6
+        if not len(us):
+            return {}
+        return {"n": len(us), "mean": round(float(us.mean()), 1),
+                **{f"p{q}": round(float(np.percentile(us, q)), 1) for q in (50, 90, 99)}}
 
 
 def _count_allocations(how: str) -> dict[str, dict[str, int]]:
@@ -404,6 +444,8 @@ def main() -> None:
                     help="print the CPU cores each thread (pool) kept busy during the timed windows")
     ap.add_argument("--breakdown", action="store_true",
                     help="only the memory after each step of building and running the default GPU path")
+    ap.add_argument("--gil-probe", action="store_true",
+                    help="print how late a thread returning from a 1 ms sleep got the GIL back (GilProbe)")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.breakdown:
@@ -428,7 +470,7 @@ def main() -> None:
     print(f"{'configuration':34s} {'context':>8s} {'engine':>8s} {'1 pass':>8s} {'peak':>8s} {'images/s':>9s}"
           f" {'CuPy pool':>9s} {'decoded':>8s} {'in use':>7s} {'CPU':>5s} {'waits':>5s}")
     for cfg in args.configs.split(";"):
-        r, failed = _child(args, cfg)
+        r, failed = _child(args, cfg + (",probe=1" if args.gil_probe else ""))
         if failed:
             print(f"{cfg:34s} failed: {failed}")
             continue
@@ -441,6 +483,8 @@ def main() -> None:
               flush=True)
         if args.stages:
             print(f"{'':34s} seconds per stage, whole run: {r['stage_s']}", flush=True)
+        if "gil_wait_us" in r:
+            print(f"{'':34s} GIL wait after a 1 ms sleep (us): {r['gil_wait_us']}", flush=True)
         if "decoder_alloc" in r:
             print(f"{'':34s} nvJPEG's own allocations: {r['decoder_alloc']}", flush=True)
         if "profile" in r:
