@@ -40,8 +40,7 @@ buffer k, ``image_gpu.CUDA_RING``), ``slack`` (a chunk buffer grows to a call's 
 (``CUDA_DEVICE_MAX_CONNECTIONS``), ``hw_threads`` (each hardware-decoder instance's worker
 threads, ``GpuImageDecoder.HW_THREADS``), ``alloc`` (``count`` or ``pool``: give nvImageCodec's decoders
 allocators of ours that count nvJPEG's own device and pinned memory, from ``cudaMalloc`` or from the
-stream-ordered pool), ``native`` (1: code streams, headers and output descriptors made a whole part per call by the
-compiled helper, the GIL released, instead of per-image calls from Python, ``nvimgcodec_native``), ``profile`` (1: wall time per function, cProfile, over the timed windows; in Python 3.12
+stream-ordered pool), ``profile`` (1: wall time per function, cProfile, over the timed windows; in Python 3.12
 it sees every thread, and slows them), ``gil`` (ms of pure-Python work, the GIL held, added to each batch's hand-over: how
 much the pipeline suffers from other threads holding the GIL). ``--threads`` prints the CPU cores each thread (pool) of the process, and its
 child processes together, kept busy during the timed windows; ``--gil-probe`` how late a thread
@@ -131,8 +130,6 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         image_gpu.HW_RING = int(knobs["hw_ring"])
     if "cuda_ring" in knobs:  # the CUDA decoder's calls over this many buffers in turn (0: one per call of a part)
         image_gpu.CUDA_RING = int(knobs["cuda_ring"])
-    if "native" in knobs:  # 1: the hand-over's per-part calls through the compiled helper (GIL released)
-        os.environ["GPUBATCH_NATIVE"] = knobs["native"]
     counted = _count_allocations(knobs["alloc"]) if "alloc" in knobs else None
     files, _, _ = load_blobs(args.data, args.images)
     keys = [f"{p.parent.name}/{p.stem}" for p in files]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -202,101 +201,3 @@ def test_a_batch_of_code_streams_and_descriptors_equals_them_one_by_one():
         assert (info.buffer, p.height, p.width, p.row_stride, o.rotated, o.flip_x, o.flip_y) == (ptr, h, w, row, rot,
                                                                                                    fx, fy)
     lib.destroy(handles, imgs)
-
-
-def _library_or_skip():
-    try:
-        return capi.library()
-    except Exception as e:  # noqa: BLE001 - no nvImageCodec here (CI): nothing to test against
-        pytest.skip(f"nvImageCodec's library is not loadable: {e}")
-
-
-def test_the_compiled_helper_gives_what_the_python_loops_give(monkeypatch):
-    """The whole-part calls compiled at first use (GIL released) make what the per-image Python loops
-    make: per source the code stream or 0, the size as stored, the EXIF orientation (a rotated JPEG),
-    regions; per image a descriptor with the given address, size, stride, orientation and stream; the
-    decode-and-wait call refuses nothing here and the helper destroys what it is given."""
-    import io
-
-    from PIL import Image
-
-    from gpubatch.engine.codecs import nvimgcodec_native
-    from tests.helpers import jpeg_bytes, photo
-
-    lib = _library_or_skip()
-    native = nvimgcodec_native.load(lib.path)  # built whether or not the engine uses it (GPUBATCH_NATIVE)
-    if native is None:
-        pytest.skip("no C compiler here: the Python loops are what runs")
-    exif = Image.Exif()
-    exif[0x0112] = 6  # stored turned; decoders turn it back
-    buf = io.BytesIO()
-    Image.fromarray(photo(40, 64, seed=9)).save(buf, "JPEG", quality=90, exif=exif)
-    blobs = [jpeg_bytes(photo(30 + 7 * k, 50 - 3 * k, seed=k), 80 + k, subsampling=k % 3) for k in range(6)]
-    blobs += [buf.getvalue(), b"not an image at all", blobs[0][:40]]
-    hosts = [_host_address(b) for b in blobs]
-    addr = np.array([a for a, _, _ in hosts], np.uint64)
-    size = np.array([n for _, n, _ in hosts], np.uint64)
-    region = np.full((len(blobs), 4), -1, np.int32)
-    region[2] = (2, 3, 20, 30)
-    region[4] = (0, 0, 5, 7)
-    got = {}
-    for name, helper in (("native", native), ("python", None)):
-        monkeypatch.setitem(lib.__dict__, "native", helper)  # (a cached property: it lives in the instance)
-        cs, hw, turn = lib.open_part(addr, size, region)
-        got[name] = (cs != 0, hw.copy(), turn.copy())
-        lib.destroy(cs.tolist(), [])
-    monkeypatch.undo()
-    (ok_n, hw_n, turn_n), (ok_p, hw_p, turn_p) = got["native"], got["python"]
-    assert ok_n.tolist() == ok_p.tolist() == [True] * 7 + [False, False]
-    np.testing.assert_array_equal(hw_n, hw_p)
-    np.testing.assert_array_equal(turn_n, turn_p)
-    assert turn_n[6].tolist() != [0, 0, 0] and hw_n[0].tolist() == [30, 50]
-
-    dims = np.array([[10 + k, 20 + k] for k in range(5)], np.int32)
-    ptr = np.array([(k + 1) << 20 for k in range(5)], np.uint64)
-    row = np.array([60 + 3 * k for k in range(5)], np.uint64)
-    turns = np.array([(90 * (k % 2), 0, k % 2) for k in range(5)], np.int32)
-    imgs = lib.images_part(ptr, dims, row, turns, 12345 << 8)
-    assert len(set(imgs.tolist())) == 5 and imgs.all()
-    get = lib.fast.nvimgcodecImageGetImageInfo
-    get.argtypes, get.restype = [ctypes.c_void_p, ctypes.POINTER(capi._ImageInfo)], ctypes.c_int
-    info = capi._new(capi._ImageInfo, capi._T_IMAGE_INFO)
-    for k, img in enumerate(imgs.tolist()):
-        info.struct_next = None
-        assert get(img, ctypes.byref(info)) == 0
-        p, o = info.plane_info[0], info.orientation
-        assert (info.buffer, p.height, p.width, p.row_stride, info.cuda_stream) == (int(ptr[k]), *dims[k], row[k], 12345 << 8)
-        assert (o.rotated, o.flip_x, o.flip_y) == tuple(turns[k])
-        assert (p.num_channels, p.sample_type, info.sample_format) == (3, capi.SAMPLE_UINT8, capi.SAMPLEFORMAT_I_RGB)
-    lib.destroy([], imgs.tolist())
-    assert nvimgcodec_native.load(lib.path) is native  # built and loaded once
-    monkeypatch.setenv("GPUBATCH_NATIVE", "1")
-    assert nvimgcodec_native.enabled()
-    monkeypatch.delenv("GPUBATCH_NATIVE")
-    assert not nvimgcodec_native.enabled()  # off by default
-
-
-def test_the_helper_is_built_once_and_missing_compilers_fall_back(tmp_path, monkeypatch):
-    """The helper is compiled once per source and header (reused after), and a machine without a C
-    compiler gets None, with a warning saying why: the Python loops then."""
-    from gpubatch.engine.codecs import nvimgcodec_native as nn
-
-    lib = _library_or_skip()
-    include = str(Path(lib.path).parent / "include")
-    import shutil
-
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler here")
-    first = nn.build(include, tmp_path)
-    stamp = first.stat().st_mtime_ns
-    assert nn.build(include, tmp_path) == first and first.stat().st_mtime_ns == stamp
-    assert list(tmp_path.iterdir()) == [first]  # no work folder left behind
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    with pytest.raises(OSError):
-        nn.build(include, tmp_path / "other")
-    nn.load.cache_clear()
-    monkeypatch.setattr(nn, "cache_dir", lambda: tmp_path / "fresh")
-    monkeypatch.setattr(nn.tempfile, "gettempdir", lambda: str(tmp_path / "fresh-tmp"))
-    with pytest.warns(RuntimeWarning, match="could not be built"):
-        assert nn.load(lib.path) is None
-    nn.load.cache_clear()

@@ -409,14 +409,6 @@ def _post(sink: Any, msg: tuple) -> None:
         res.feed.put(msg)
 
 
-def _packed(dims: np.ndarray) -> tuple[np.ndarray, int]:
-    """Byte offsets of uint8 RGB images of sizes ``dims`` (n, 2) packed in one buffer, each at a
-    multiple of 256 bytes, and the bytes they take."""
-    sizes = (dims[:, 0].astype(np.int64) * dims[:, 1] * 3 + 255) & ~255
-    ends = np.cumsum(sizes)
-    return ends - sizes, int(ends[-1]) if len(ends) else 0
-
-
 def _pieces(idx: list[int], chunk: int) -> list[list[int]]:
     """``idx`` in consecutive pieces of at most ``chunk`` items, as even as can be."""
     k = max(1, -(-len(idx) // chunk))
@@ -575,13 +567,9 @@ class GpuImageDecoder:
             for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
                 if decoder is not None:
                     self._call(decoder, stream, blobs)
-            self._synchronize()
+            self.hw_stream.synchronize()
+            self.cuda_stream.synchronize()
         return time.perf_counter() - t0
-
-    def _synchronize(self) -> None:
-        """Wait for both decoder streams."""
-        self.hw_stream.synchronize()
-        self.cuda_stream.synchronize()
 
     def first_call(self, hw: bool, blobs: list[bytes]) -> None:
         """One whole-part call of the hardware engine (``hw``) or the CUDA decoder on ``blobs``, the
@@ -590,7 +578,8 @@ class GpuImageDecoder:
         job = self._prepare(hw, blobs, None, [list(range(len(blobs)))], self.hw_stream)
         self._run(job, blobs, None, kinds)
         self._cuda_thread.submit(int).result()  # a retry of what the hardware engine failed has run
-        self._synchronize()
+        self.hw_stream.synchronize()
+        self.cuda_stream.synchronize()
 
     def close(self) -> None:
         self._closing = True  # a call waiting for its ring slot gives up
@@ -601,7 +590,8 @@ class GpuImageDecoder:
         while self._freed:
             ev, _ = self._freed.popleft()
             ev.synchronize()
-        self._synchronize()
+        self.hw_stream.synchronize()
+        self.cuda_stream.synchronize()
         for dec in self.hw_cs + ([self.cuda_c] if self.cuda_c else []):
             dec.close()
         self.hw_cs, self.cuda_c = [], None
@@ -838,35 +828,30 @@ class GpuImageDecoder:
         if chunk:
             lists = _call_lists(lists, hw, chunk)
         job = _Job(hw, lists, self.hw_stream if hw else self.cuda_stream, consumer)
+        shapes: dict[int, tuple[int, int]] = {}
+        turns: dict[int, tuple[int, int, int]] = {}  # EXIF orientation per image
         items = [i for idx in lists for i in idx]
-        n = len(items)
-        addr, size, job.hosts = (list(c) for c in zip(*[_host_address(blobs[i]) for i in items])) if n else ([], [], [])
-        region = None
-        if regions is not None and any(regions[i] is not None for i in items):
-            region = np.array([regions[i] if regions[i] is not None else (-1, -1, -1, -1) for i in items],
-                              np.int32).reshape(n, 4)
-        # one call for the part: the compiled helper, with the GIL released (else a Python loop)
-        cs, dims, turn = lib.open_part(np.array(addr, np.uint64), np.array(size, np.uint64), region)
-        good = cs != 0
-        if region is not None:  # a region decodes to the region's size
-            cut = good & (region[:, 0] >= 0)
-            dims[cut, 0] = region[cut, 2] - region[cut, 0]
-            dims[cut, 1] = region[cut, 3] - region[cut, 1]
-        swap = (turn[:, 0] % 180) != 0  # EXIF turns by 90 or 270 degrees swap the decoded sides
-        dims[swap] = dims[swap][:, ::-1]
-        ids = np.array(items, np.int64)
-        job.part.failed.extend(ids[~good].tolist())
-        opened = ids[good].tolist()
-        dims, turn = dims[good], turn[good]
-        job.streams = dict(zip(opened, cs[good].tolist()))
-        job.turns = dict(zip(opened, map(tuple, turn.tolist())))
+        sources = []
+        for i in items:
+            addr, size, keep = _host_address(blobs[i])
+            job.hosts.append(keep)
+            sources.append((addr, size, regions[i] if regions is not None else None))
+        for i, (_, _, r), got in zip(items, sources, lib.open_streams(sources)):
+            if got is None:
+                job.part.failed.append(i)
+                continue
+            cs, h, w, turn = got
+            if r is not None:
+                h, w = r[2] - r[0], r[3] - r[1]
+            if turn[0] % 180:
+                h, w = w, h
+            job.streams[i], shapes[i], turns[i] = cs, (h, w), turn
+        job.turns = turns
         if chunk:
-            at = {i: k for k, i in enumerate(opened)}
             for idx in lists:
-                sel = [at[i] for i in idx if i in at]
-                self._ring_bind(job, [opened[k] for k in sel], dims[sel], turn[sel])
+                self._ring_bind(job, [i for i in idx if i in shapes], shapes, turns)
         else:
-            self._bind(job, opened, dims, turn)
+            self._bind(job, shapes, turns)
         self.timings["hw_wrap" if hw else "cuda_wrap"] += time.perf_counter() - t0
         return job
 
@@ -889,11 +874,14 @@ class GpuImageDecoder:
         self._slab_cap[hw] = max(cap, size)
         return size
 
-    def _bind(self, job: _Job, items: list[int], dims: np.ndarray, turn: np.ndarray) -> None:
-        """Take the part's device buffer (on the decoder's stream) and make the output descriptors of
-        ``items`` (decoded sizes ``dims`` (n, 2), EXIF orientations ``turn`` (n, 3)) in it."""
+    def _bind(self, job: _Job, shapes: dict[int, tuple[int, int]], turns: dict[int, tuple[int, int, int]]) -> None:
+        """Take the part's device buffer (on the decoder's stream) and make its output descriptors
+        (``shapes``: item -> decoded (h, w); ``turns``: item -> EXIF orientation)."""
         cp = self.cp
-        offsets, total = _packed(dims)
+        offsets, total = {}, 0
+        for i, (h, w) in shapes.items():
+            offsets[i] = total
+            total += (h * w * 3 + 255) & ~255
         size = self._slab_size(job.hw, total)
         with cp.cuda.Device(self.device_index):
             if self.stream_ordered:
@@ -902,22 +890,23 @@ class GpuImageDecoder:
             else:
                 job.slab = cp.empty(size, cp.uint8)
                 base = job.slab.data.ptr
-        self._describe(job, items, dims, turn, base, offsets)
+        self._describe(job, shapes, turns, base, offsets)
 
-    def _describe(self, job: _Job, items: list[int], dims: np.ndarray, turn: np.ndarray, base: int,
-                  offsets: np.ndarray) -> None:
-        """The output descriptors of ``items`` at ``offsets`` bytes from ``base``, in one call."""
-        ptr = np.uint64(base) + offsets.astype(np.uint64)
-        row = dims[:, 1].astype(np.uint64) * np.uint64(3)
-        job.images.update(zip(items, self.lib.images_part(ptr, dims, row, turn, job.stream.ptr).tolist()))
-        job.views.update(zip(items, [(p, (h, w, 3), w * 3) for p, (h, w) in zip(ptr.tolist(), dims.tolist())]))
+    def _describe(self, job: _Job, shapes: dict[int, tuple[int, int]], turns: dict[int, tuple[int, int, int]],
+                  base: int, offsets: dict[int, int]) -> None:
+        """The output descriptors of the items ``offsets`` names (bytes from ``base``), in one call."""
+        specs = [(base + off, *shapes[i], shapes[i][1] * 3, turns[i]) for i, off in offsets.items()]
+        for (i, off), img in zip(offsets.items(), self.lib.images(specs, job.stream.ptr)):
+            h, w = shapes[i]
+            job.images[i] = img
+            job.views[i] = (base + off, (h, w, 3), w * 3)
 
-    def _ring_bind(self, job: _Job, items: list[int], dims: np.ndarray, turn: np.ndarray) -> None:
-        """Give the next call of ``job`` (``items``, decoded sizes ``dims``, orientations ``turn``) its
-        ring slot (call k of a part: slot k; with :data:`CUDA_RING` the CUDA decoder's calls take its
-        slots in turn), grown first where its buffer is too small (a new buffer; the old one is freed
-        once its last call's readers are done, see :meth:`_take_slot`), and make the output
-        descriptors in it."""
+    def _ring_bind(self, job: _Job, idx: list[int], shapes: dict[int, tuple[int, int]],
+                   turns: dict[int, tuple[int, int, int]]) -> None:
+        """Give the next call of ``job`` (items ``idx``) its ring slot (call k of a part: slot k; with
+        :data:`CUDA_RING` the CUDA decoder's calls take its slots in turn), grown first where its buffer
+        is too small (a new buffer; the old one is freed once its last call's readers are done, see
+        :meth:`_take_slot`), and make the output descriptors in it."""
         cp = self.cp
         ring = self._rings[job.hw]
         taken_in_turn = HW_RING if job.hw else CUDA_RING
@@ -929,7 +918,11 @@ class GpuImageDecoder:
         while len(ring) <= k:
             ring.append(_RingSlot())
         slot = ring[k]
-        offsets, total = _packed(dims)
+        offsets, total = {}, 0
+        for i in idx:
+            h, w = shapes[i]
+            offsets[i] = total
+            total += (h * w * 3 + 255) & ~255
         retire = None
         if total > slot.size:
             size = total + total // RING_SLACK  # room for a somewhat larger call later
@@ -940,7 +933,7 @@ class GpuImageDecoder:
             retire, slot.ptr, slot.size = slot.ptr, ptr, size
         job.slots.append(slot)
         job.retire.append(retire)
-        self._describe(job, items, dims, turn, slot.ptr, offsets)
+        self._describe(job, shapes, turns, slot.ptr, offsets)
 
     def _take_slot(self, job: _Job, k: int) -> Any:
         """Before call ``k`` of a chunked ``job``: wait until the previous call in its ring slot was read
@@ -1035,11 +1028,11 @@ class GpuImageDecoder:
                 if job.hw:
                     dec = self.hw_cs[self._hw_turn % len(self.hw_cs)]
                     self._hw_turn += 1
-                    ok = dec.run([streams[i] for i in idx], [images[i] for i in idx])
+                    ok = dec.finish(dec.start([streams[i] for i in idx], [images[i] for i in idx]))
                     part.hw += sum(ok)
                     retry.extend(self._learn(kinds, idx, ok))
                 else:
-                    ok = self.cuda_c.run([streams[i] for i in idx], [images[i] for i in idx])
+                    ok = self.cuda_c.finish(self.cuda_c.start([streams[i] for i in idx], [images[i] for i in idx]))
                 done.extend(zip(idx, ok))
                 if owner is not None:
                     self._publish(job, done, owner)

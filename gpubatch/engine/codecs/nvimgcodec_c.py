@@ -29,8 +29,6 @@ import os
 import threading
 from dataclasses import dataclass
 
-import numpy as np
-
 from ...errors import DependencyError
 
 # enum values from nvimgcodec.h (0.9)
@@ -352,48 +350,7 @@ class Library:
             out.append(img.value)
         return out
 
-    # -- whole batch parts: the compiled helper with the GIL released, else the loops above --------------
-
-    @functools.cached_property
-    def native(self):
-        """The compiled whole-part helper (:mod:`.nvimgcodec_native`) where ``GPUBATCH_NATIVE=1``, else
-        None: the Python loops (the default; see that module for why)."""
-        from .nvimgcodec_native import enabled, load
-
-        return load(self.path) if enabled() else None
-
-    def open_part(self, addr: np.ndarray, size: np.ndarray, region: np.ndarray | None
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`open_streams` for a batch part given as arrays: host addresses and sizes, and an (n, 4)
-        array of regions (y0, x0, y1, x1; a row of -1 for none) or None. Returns per source the code
-        stream (0 where it is not an image), the (height, width) as stored and the EXIF orientation."""
-        if self.native is not None:
-            return self.native.open_streams(self.instance.value, addr, size, region)
-        n = len(addr)
-        regions = [None] * n if region is None else [None if r[0] < 0 else tuple(r) for r in region.tolist()]
-        got = self.open_streams(list(zip(np.asarray(addr).tolist(), np.asarray(size).tolist(), regions)))
-        none = (0, 0, 0, (0, 0, 0))
-        got = [g or none for g in got]
-        return (np.array([g[0] for g in got], np.uint64).reshape(n), np.array([g[1:3] for g in got], np.int32).reshape(n, 2),
-                np.array([g[3] for g in got], np.int32).reshape(n, 3))
-
-    def images_part(self, ptr: np.ndarray, hw: np.ndarray, row: np.ndarray, turn: np.ndarray,
-                    stream_ptr: int) -> np.ndarray:
-        """:meth:`images` for a batch part given as arrays (device addresses, (height, width), row
-        strides, orientations); returns the descriptors."""
-        if self.native is not None:
-            out = self.native.images(self.instance.value, ptr, hw, row, turn, stream_ptr)
-            if out is None:
-                raise CApiError("nvimgcodecImageCreate failed")
-            return out
-        specs = list(zip(np.asarray(ptr).tolist(), hw[:, 0].tolist(), hw[:, 1].tolist(), np.asarray(row).tolist(),
-                         map(tuple, np.asarray(turn).tolist())))
-        return np.array(self.images(specs, stream_ptr), np.uint64).reshape(len(specs))
-
     def destroy(self, code_streams: list[int], images: list[int]) -> None:
-        if self.native is not None and len(code_streams) + len(images) > 1:
-            self.native.destroy(np.asarray(code_streams, np.uint64), np.asarray(images, np.uint64))
-            return
         d_cs, d_img = self._f["nvimgcodecCodeStreamDestroy"], self._f["nvimgcodecImageDestroy"]
         for cs in code_streams:
             if cs:
@@ -423,18 +380,6 @@ class Decoder:
         lib._check("nvimgcodecDecoderDecode", self.handle, C.cast(cs_arr, _P), C.cast(img_arr, _P), n,
                    C.byref(lib.params), C.byref(fut))
         return fut, n
-
-    def run(self, code_streams: list[int], images: list[int]) -> list[bool]:
-        """:meth:`start` then :meth:`finish`, in one call with the GIL released where the compiled
-        helper is there (the thread then takes the GIL back once instead of twice)."""
-        native = self.lib.native
-        if native is None or not code_streams:
-            return self.finish(self.start(code_streams, images))
-        ok = native.decode(self.handle.value, np.array(code_streams, np.uint64), np.array(images, np.uint64),
-                           C.addressof(self.lib.params))
-        if ok is None:
-            raise CApiError("nvimgcodecDecoderDecode failed")
-        return ok.tolist()
 
     def finish(self, started) -> list[bool]:
         if started is None:
