@@ -25,7 +25,8 @@ own size instead of the largest part's, ``image_gpu.SLAB_FIT``), ``region`` (1: 
 decoder options, joined by "+"), ``api`` (``c``: nvImageCodec's C API, one device buffer per batch;
 ``python``: its Python binding, one allocation per image), ``hw`` (hardware-decoder instances),
 ``cuda`` (the CUDA decoder's threads, ``executor.default_decoder_threads``; ``threads`` caps it),
-``switch`` (the interpreter's switch interval, seconds, ``gpu_executor.SWITCH_INTERVAL``), ``share``
+``switch`` (the interpreter's switch interval, seconds, ``gpu_executor.SWITCH_INTERVAL``), ``pin`` (0: the
+feed's shared-memory ring not page-locked for the GPU, ``gpu_executor.PIN_FEED``), ``share``
 (the CUDA decoder's share of each batch), ``coupled``
 (1: the decode thread waits for both decoders' parts of each batch before it hands over the next,
 instead of each decoder's thread going through the batches at its own pace; whole parts), ``chunk``
@@ -81,6 +82,9 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     cp.zeros(1)
     out = {"context_mib": mib()}
 
+    if "internal" in knobs:  # 0: the driver's pool may not make a stream wait on another to reuse memory
+        pool = cp.cuda.runtime.deviceGetDefaultMemPool(0)
+        cp.cuda.runtime.memPoolSetAttribute(pool, 3, int(knobs["internal"]))  # ReuseAllowInternalDependencies
     if "stack" in knobs:  # bytes of stack per GPU thread the engine sets (cudaLimitStackSize); none: the driver's
         gpu_executor.STACK_BYTES = None if knobs["stack"] == "none" else int(knobs["stack"])
 
@@ -102,6 +106,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         from gpubatch.engine import executor
 
         executor.default_decoder_threads = lambda: int(knobs["cuda"])
+    if "pin" in knobs:  # 0: the feed's ring stays pageable (gpu_executor.PIN_FEED)
+        os.environ["GPUBATCH_PIN_FEED"] = knobs["pin"]
     if "switch" in knobs:  # the interpreter's switch interval the engine sets (seconds)
         os.environ["GPUBATCH_SWITCH_INTERVAL"] = knobs["switch"]
     if knobs.get("coupled") == "1":  # the decode thread waits for both decoders' parts of each batch (whole)
@@ -120,6 +126,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         image_gpu.GpuImageDecoder.decode = busy_decode
     if "hw_threads" in knobs:  # each hardware-decoder instance's worker threads (its header parsing)
         image_gpu.GpuImageDecoder.HW_THREADS = int(knobs["hw_threads"])
+    if "hw_mixed" in knobs:  # 1: the hardware engine's part in one call, whatever the kinds (image_gpu.HW_MIXED)
+        image_gpu.HW_MIXED = knobs["hw_mixed"] == "1"
     if "hw_chunk" in knobs:  # the hardware engine's calls are split above this many images (chunks)
         image_gpu.HW_CHUNK = int(knobs["hw_chunk"])
     if "calls" in knobs:  # calls a chunked part is split into at least (image_gpu.MIN_CALLS)

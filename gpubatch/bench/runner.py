@@ -19,7 +19,8 @@ from ..errors import UsageError
 from . import MODELS, get_model
 from .measure import warmup_batches
 
-CONTENDERS = ("gpubatch-gpu", "gpubatch-cpu", "torch-dataloader", "dali")
+CONTENDERS = ("gpubatch-gpu", "gpubatch-cpu", "torch-dataloader", "dali", "dali-defaults")
+GPU_CONTENDERS = ("gpubatch-gpu", "dali", "dali-defaults")
 SWEEPABLE = {"batch_size": int, "threads": int, "cuda_share": float, "warm_up": int, "region_decode": int,
              "decode_chunk": int, "sync": str}
 SCHEMA = "gpubatch-bench/1"
@@ -136,7 +137,7 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
     for chain in m.chains:
         results[chain] = {}
         for c in contenders:
-            if c in ("gpubatch-gpu", "dali") and not gpu_ok:
+            if c in GPU_CONTENDERS and not gpu_ok:
                 reason = dev.reason if dev is not None else "--device cpu"
                 results[chain][c] = {"skipped": f"no GPU: {reason}"}
                 continue

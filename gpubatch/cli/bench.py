@@ -39,7 +39,7 @@ def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> No
 @click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True)
 @click.option("--gpu", type=int, default=0, show_default=True, help="CUDA device ordinal.")
 @click.option("--baselines", default=None, metavar="LIST",
-              help="Comma-separated contenders  [default: gpubatch-gpu,gpubatch-cpu,torch-dataloader,dali]")
+              help="Comma-separated contenders  [default: gpubatch-gpu,gpubatch-cpu,torch-dataloader,dali,dali-defaults]")
 @click.option("--sweep", default=None, metavar="PARAM=v1,v2",
               help="Re-run the GPU contender for each value of batch_size, threads, cuda_share, warm_up (tiny "
                    "images the decoders are warmed with; 0: none), region_decode (0/1) or decode_chunk "

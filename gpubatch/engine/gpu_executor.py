@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,17 @@ from .registry import DEVICE
 BLOCK = 256
 _DTYPE_TAG = {"uint8": "u8", "float16": "f16", "float32": "f32"}
 SWITCH_INTERVAL = 0.001  # seconds; see GpuEngine
+# Page-lock the feed's shared-memory ring for the GPU (GpuEngine.pin_host); GPUBATCH_PIN_FEED=0 turns
+# it off. HELD_SLOTS: batches whose slot waits for the GPU before the oldest is waited for.
+PIN_FEED = True
+HELD_SLOTS = 2
+FEED_SLOTS = 6  # the feed's ring (iterate_files), besides the held ones
+
+
+def pin_feed() -> bool:
+    import os
+
+    return os.environ.get("GPUBATCH_PIN_FEED", "1" if PIN_FEED else "0") not in ("0", "")
 DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
 # Stack bytes per GPU thread the CUDA context reserves (cudaLimitStackSize; the driver's default is
 # 1 KiB, which on an H200 is 1 KiB x 132 SMs x 2,048 threads = 264 MiB of device memory). The driver
@@ -192,6 +204,42 @@ class GpuEngine:
                 tiny = self.cp.zeros((16, 16, 3), self.cp.uint8)
             self.encoder.encode([tiny], "jpeg", 90, self.stream)
         return time.perf_counter() - t0
+
+    def pin_host(self, buf: Any) -> Callable[[], None] | None:
+        """Page-lock the host memory of ``buf`` (the feed's shared-memory ring) for the GPU; returns
+        the function that unlocks it, or None where the driver refused (then nothing changes).
+
+        The decoders copy each image's encoded bytes to the device with one ``cudaMemcpyAsync``; from
+        pageable memory the driver stages that copy on the calling thread, which made the hardware
+        decoder's thread spend 24.5 us per image in the call against DALI's 5.4 us from its pinned
+        buffers (CUPTI trace, benchmarks/timeline.py). From page-locked memory the copy is a DMA the
+        call only queues, so the bytes must stay put until the GPU has read them: call
+        :meth:`drain` before unlocking, and let slots go only in stream order (ImagePipeline does)."""
+        import numpy as np
+
+        view = np.frombuffer(buf, np.uint8)
+        ptr, size = view.ctypes.data, view.nbytes
+        del view  # no export of the buffer may outlive this call (shared memory closes only without one)
+        rt = self.cp.cuda.runtime
+        try:
+            with self.dev:
+                rt.hostRegister(ptr, size, 0)
+        except rt.CUDARuntimeError:
+            return None
+
+        def unpin() -> None:
+            try:
+                with self.dev:
+                    rt.hostUnregister(ptr)
+            except rt.CUDARuntimeError:
+                pass
+
+        return unpin
+
+    def drain(self) -> None:
+        """Wait until every decode handed over so far has finished, on the host and on the GPU."""
+        self.decoder.drain()
+        self.stream.synchronize()
 
     def close(self) -> None:
         self.stream.synchronize()
@@ -457,7 +505,7 @@ class ImagePipeline:
         self._workers: Any = None
         # seconds spent per stage by iterate(): waiting for reads, decoding, waiting for decode, ops;
         # on the CPU, waiting for the worker processes (they read, decode and run the ops)
-        self.timings = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0, "ops": 0.0, "workers": 0.0}
+        self.timings = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0, "ops": 0.0, "workers": 0.0, "pin": 0.0}
 
     def _pool(self):
         """The CPU path's worker processes (threads would serialize on the GIL between Pillow calls)."""
@@ -650,11 +698,20 @@ class ImagePipeline:
         if self.engine is None:
             yield from self._iterate_files_cpu([str(f) for f in files], keys, batch_size, repeat, max(3, prefetch + 1))
             return
+        pin = pin_feed()
+        # slots: those being read ahead, decoded and processed, plus (pinned) those waiting for the GPU
         feed = FileFeed(files, keys, batch_size, self.plan, workers, repeat=repeat, views=True,
-                        depth=6, regions=self.region_decode)
+                        depth=FEED_SLOTS + (HELD_SLOTS if pin else 0), regions=self.region_decode)
+        t0 = time.perf_counter()
+        unpin = self.engine.pin_host(feed.shm.buf) if pin else None
+        self.timings["pin"] += time.perf_counter() - t0
         try:
-            yield from self._iterate(((f.blobs, f.keys, f) for f in feed), prefetch, on_stop=feed.stop)
+            yield from self._iterate(((f.blobs, f.keys, f) for f in feed), prefetch, on_stop=feed.stop,
+                                     ordered_release=unpin is not None)
         finally:
+            if unpin is not None:
+                self.engine.drain()  # no copy from the ring is queued or running any more
+                unpin()
             feed.close()
 
     def _iterate_files_cpu(self, files: list[str], keys: Sequence[str] | None, batch_size: int, repeat: bool,
@@ -702,10 +759,20 @@ class ImagePipeline:
         return outs
 
     def _iterate(self, items: Iterable[tuple[Any, Any, Any]], prefetch: int,
-                 on_stop: Callable[[], None] | None = None) -> Iterator[Any]:
+                 on_stop: Callable[[], None] | None = None, ordered_release: bool = False) -> Iterator[Any]:
         """Batches (blobs, keys, FedBatch or None) through decode (a thread) and process (here);
-        ``on_stop`` is called first when the iteration ends (it unblocks a source waiting for slots)."""
+        ``on_stop`` is called first when the iteration ends (it unblocks a source waiting for slots).
+        With ``ordered_release`` (the feed's memory is page-locked, so the decoders' copies from it run
+        on the GPU after their calls return) a batch's slot goes back only once the GPU is past the
+        batch's decode: an event on :attr:`stream` after its kernels, which wait for that decode."""
         tm = self.timings
+        held: deque = deque()  # (event, FedBatch) of batches whose encoded bytes the GPU may still read
+
+        def release(block: bool) -> None:
+            while held and (block or held[0][0].done or len(held) > HELD_SLOTS):
+                event, fed = held.popleft()
+                event.synchronize()
+                fed.done()
 
         def decode(item: tuple[Any, Any, Any]) -> Any:
             blobs, _, fed = item
@@ -721,13 +788,18 @@ class ImagePipeline:
                     out = self.process(out, keys)
                 else:
                     out = self.process(out, keys, fed.params, fed.sizes, fed.windows)
-                    fed.done()  # the encoded bytes (views of the feed's shared memory) are no longer read
+                    if ordered_release:
+                        held.append((self.engine.stream.record(), fed))
+                        release(block=False)
+                    else:
+                        fed.done()  # the encoded bytes (views of the feed's shared memory) are no longer read
                 tm["ops"] += time.perf_counter() - t1 - (tm["decode_wait"] - waited)  # process() waits for decode
                 yield out
         finally:
             if on_stop is not None:
                 on_stop()
             batches.close()
+            release(block=True)
 
 
 # --- convert's and augment's GPU path ---------------------------------------------------------------

@@ -92,9 +92,9 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
     from .codecs.jpeg_gpu import Sink
     from .device import Device, DeviceKind
     from .feed import RecordFeed
-    from .gpu_executor import GpuEngine, decode_ahead, transform_fed
+    from .gpu_executor import GpuEngine, decode_ahead, pin_feed, transform_fed
 
-    feed = engine = None
+    feed = engine = unpin = None
     shm = SharedMemory(name=out_shm)
     free = list(range(OUT_SLOTS))
     try:
@@ -107,6 +107,9 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
                            share=procs, deterministic=True,  # written bytes must not vary
                            hw_preallocate=(batch_size, HW_PREALLOCATE, HW_PREALLOCATE))
         gpu_init = time.perf_counter() - t0
+        # the decoders copy encoded bytes straight from the ring by DMA (GpuEngine.pin_host); a slot then
+        # goes back only once this process's stream is past the batch (below)
+        unpin = engine.pin_host(feed.shm.buf) if pin_feed() else None
         warm = engine.warm_up(batch_size, encoder=True)  # while the reader processes start and read
         tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
         first = {"gpu_init": gpu_init, "warm_up": warm}
@@ -132,6 +135,8 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
                 slot = None
             del sink
             del res  # the decoded images go once the kernels reading them are done
+            if unpin is not None:  # the GPU may still be copying this batch's bytes (in practice the encode waited)
+                engine.stream.synchronize()
             fed.done()  # the source bytes (views of the feed's shared memory) are no longer read
             timings = {k: v - seen[k] for k, v in tm.items()}
             seen = dict(tm)
@@ -149,6 +154,9 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
             pass
     finally:
         if engine is not None:
+            if unpin is not None:
+                engine.drain()
+                unpin()
             engine.close()
         if feed is not None:
             feed.close()

@@ -440,6 +440,56 @@ def test_stream_ordered_batches_and_iterate_files_match_finished_calls(tmp_path)
             np.testing.assert_array_equal(batch.stacked().get(), r)
 
 
+def test_pin_host_page_locks_shared_memory_and_unpins_it():
+    """``GpuEngine.pin_host`` registers a shared-memory ring with the driver (its pages become host
+    memory the GPU copies from by DMA) and the function it returns gives them back."""
+    from multiprocessing.shared_memory import SharedMemory
+
+    import cupy as cp
+
+    from gpubatch.engine.device import Device, DeviceKind
+    from gpubatch.engine.gpu_executor import GpuEngine
+
+    engine = GpuEngine(Device(DeviceKind.GPU, 0, reason="test"), 2)
+    shm = SharedMemory(create=True, size=8 << 20)
+    try:
+        view = np.frombuffer(shm.buf, np.uint8)
+        addr = view.ctypes.data + (3 << 20)
+        del view
+        unpin = engine.pin_host(shm.buf)
+        assert unpin is not None
+        assert cp.cuda.runtime.pointerGetAttributes(addr).type == 1  # cudaMemoryTypeHost: registered
+        unpin()
+        assert cp.cuda.runtime.pointerGetAttributes(addr).type == 0  # unregistered again
+    finally:
+        engine.close()
+        shm.close()
+        shm.unlink()
+
+
+@pytest.mark.parametrize("pin", ["1", "0"])
+def test_iterate_files_with_reused_slots_matches_one_batch_calls(tmp_path, monkeypatch, pin):
+    """Many passes over the files (the feed's six slots each reused several times, while with a
+    page-locked ring the GPU copies from a slot after the decode call returned) give every batch
+    exactly as one-batch calls do: a slot is refilled only once the GPU has read it."""
+    from gpubatch.engine.gpu_executor import ImagePipeline
+
+    monkeypatch.setenv("GPUBATCH_PIN_FEED", pin)
+    paths = _jpeg_files(tmp_path, 40, lambda i: (240 + 13 * i, 380 - 4 * i), lambda i: 78 + i % 19)
+    keys = [p.stem for p in paths]
+    blobs = [p.read_bytes() for p in paths]
+    ops = [RandomResizedCrop(64), Flip(), Normalize(layout="CHW", dtype="float16")]
+    spans = [(i, i + 8) for i in range(0, 40, 8)]
+    with ImagePipeline(ops, device="gpu", seed=6, ring=4) as pipe:
+        ref = [pipe(blobs[a:b], keys[a:b]).stacked().get() for a, b in spans]
+        it = pipe.iterate_files(paths, keys, batch_size=8, workers=2, repeat=True)
+        for k in range(5 * len(spans)):  # the ring holds 4 outputs: read each before the next ones
+            got = next(it).stacked()
+            pipe.stream.synchronize()
+            np.testing.assert_array_equal(got.get(), ref[k % len(spans)])
+        it.close()
+
+
 _SYNC_PROBE = """
 import os, sys
 from gpubatch.engine import gpu_executor as ge

@@ -226,6 +226,12 @@ def _process_stream(cp, device_index: int, name: str):
     return _STREAMS[key]
 
 
+# The CUDA decoder's share of each batch (the rest goes to the hardware engine). 0.35 beat 0.5 in 9 of
+# 10 alternating pairs on the bench's training chain (about +6% on their means) and in 4 of 5 on the
+# validation chain (+3%), once the feed's ring was page-locked: that made the hardware engine's calls
+# cheaper (its per-image copy call 24.5 -> 9 us), so it takes more of the batch; 0.25 starved the CUDA
+# decoder's side and lost 20% (H200, benchmarks/memory_study.py ``share``; RESULTS.md, thirteenth session)
+CUDA_SHARE = 0.35
 # bytes of freed memory the driver's default pool keeps (see _keep_freed_memory)
 POOL_KEEP = 512 << 20
 # the CUDA decoder's options: Huffman decoding on the GPU for every image (GPU-NOTES: 11,900 against
@@ -251,6 +257,9 @@ CUDA_RING = 0
 HW_RING = 0  # as CUDA_RING, for the hardware engine's calls
 RING_WAIT = 1.0
 MIN_CALLS = 2  # calls a chunked part is split into at least
+# The hardware engine's part of a batch in one call whatever the chroma subsamplings (True), or one
+# call per kind (False)
+HW_MIXED = False
 RING_SLACK = 16  # a slot grows to the call's size plus 1/RING_SLACK, so that it seldom grows again
 
 
@@ -458,7 +467,7 @@ class GpuImageDecoder:
     HW_INSTANCES = 2
 
     def __init__(self, device_index: int = 0, cpu_threads: int = 8, hw_decoder: bool = True,
-                 cuda_share: float = 0.5, deterministic: bool = True, cuda_threads: int | None = None,
+                 cuda_share: float = CUDA_SHARE, deterministic: bool = True, cuda_threads: int | None = None,
                  hw_preallocate: tuple[int, int, int] | None = None, options: str = "",
                  api: str | None = None, hw_instances: int | None = None):
 
@@ -581,6 +590,15 @@ class GpuImageDecoder:
         self.hw_stream.synchronize()
         self.cuda_stream.synchronize()
 
+    def drain(self) -> None:
+        """Wait until every part handed over so far is decoded: the decoders' threads idle (the hardware
+        engine's first, since what it fails goes on to the CUDA decoder's) and their streams done."""
+        for pool in (self._hw_thread, self._cuda_thread, self._side):
+            if pool is not None:
+                pool.submit(int).result()
+        self.hw_stream.synchronize()
+        self.cuda_stream.synchronize()
+
     def close(self) -> None:
         self._closing = True  # a call waiting for its ring slot gives up
         for pool in (self._side, self._hw_thread, self._cuda_thread):
@@ -640,7 +658,10 @@ class GpuImageDecoder:
             cuda.extend(lst[len(lst) - take :])
             del lst[len(lst) - take :]
             want -= take
-        return [lst for lst in hw_lists if lst], sorted(cuda)
+        hw_lists = [lst for lst in hw_lists if lst]
+        if HW_MIXED and hw_lists:
+            hw_lists = [sorted(i for lst in hw_lists for i in lst)]
+        return hw_lists, sorted(cuda)
 
     def _adapt(self, t_hw: float, t_cuda: float) -> None:
         if self.deterministic or t_hw <= 0 or t_cuda <= 0:
