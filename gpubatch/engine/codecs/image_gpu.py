@@ -227,8 +227,8 @@ def _process_stream(cp, device_index: int, name: str):
 
 
 # The CUDA decoder's share of each batch (the rest goes to the hardware engine). 0.35 beat 0.5 in 9 of
-# 10 alternating pairs on the bench's training chain (about +6% on their means) and in 4 of 5 on the
-# validation chain (+3%), once the feed's ring was page-locked: that made the hardware engine's calls
+# 10 alternating pairs on the bench's training chain (+6.6% on their means) and in 4 of 5 on the
+# validation chain (+3.3%), once the feed's ring was page-locked: that made the hardware engine's calls
 # cheaper (its per-image copy call 24.5 -> 9 us), so it takes more of the batch; 0.25 starved the CUDA
 # decoder's side and lost 20% (H200, benchmarks/memory_study.py ``share``; RESULTS.md, thirteenth session)
 CUDA_SHARE = 0.35
