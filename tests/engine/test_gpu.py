@@ -468,17 +468,20 @@ def test_pin_host_page_locks_shared_memory_and_unpins_it():
 
 
 @pytest.mark.parametrize("pin", ["1", "0"])
-def test_iterate_files_with_reused_slots_matches_one_batch_calls(tmp_path, monkeypatch, pin):
-    """Many passes over the files (the feed's six slots each reused several times, while with a
+@pytest.mark.parametrize("chain", ["train", "val"])
+def test_iterate_files_with_reused_slots_matches_one_batch_calls(tmp_path, monkeypatch, pin, chain):
+    """Many passes over the files (the feed's slots each reused several times, while with a
     page-locked ring the GPU copies from a slot after the decode call returned) give every batch
-    exactly as one-batch calls do: a slot is refilled only once the GPU has read it."""
+    exactly as one-batch calls do: a slot is refilled only once the GPU has read it. The validation
+    chain (no random op) takes the feed's windows without drawing anything again."""
     from gpubatch.engine.gpu_executor import ImagePipeline
 
     monkeypatch.setenv("GPUBATCH_PIN_FEED", pin)
     paths = _jpeg_files(tmp_path, 40, lambda i: (240 + 13 * i, 380 - 4 * i), lambda i: 78 + i % 19)
     keys = [p.stem for p in paths]
     blobs = [p.read_bytes() for p in paths]
-    ops = [RandomResizedCrop(64), Flip(), Normalize(layout="CHW", dtype="float16")]
+    ops = ([RandomResizedCrop(64), Flip(), Normalize(layout="CHW", dtype="float16")] if chain == "train"
+           else [ResizeShorter(72), CenterCrop(64), Normalize(layout="CHW", dtype="float16")])
     spans = [(i, i + 8) for i in range(0, 40, 8)]
     with ImagePipeline(ops, device="gpu", seed=6, ring=4) as pipe:
         ref = [pipe(blobs[a:b], keys[a:b]).stacked().get() for a, b in spans]
