@@ -602,7 +602,7 @@ class ImagePipeline:
         ``windows_only`` (the feed folded each record's windows, and nothing but those windows is read)
         a record decoded at the feed's size needs no parameters: None stands for them. For a chain with
         no random op the feed sends no parameters, and drawing every record's again here took 1.6 s
-        of a 3 s run of the validation chain's consuming thread, the GIL held (cProfile, H200)."""
+        of a 4 s profiled window of the validation chain, the GIL held (cProfile, H200)."""
         drawn, redrawn = [], []
         for k, (i, a) in enumerate(zip(rows, arrays)):
             h, w = a.shape[0], a.shape[1]

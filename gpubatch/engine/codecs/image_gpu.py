@@ -258,7 +258,7 @@ HW_RING = 0  # as CUDA_RING, for the hardware engine's calls
 RING_WAIT = 1.0
 MIN_CALLS = 2  # calls a chunked part is split into at least
 # The hardware engine's part of a batch in one call whatever the chroma subsamplings (True), or one
-# call per kind (False)
+# call per kind (False): one mixed call lost 8-20% in the pipeline (memory_study ``hw_mixed=1``, H200)
 HW_MIXED = False
 RING_SLACK = 16  # a slot grows to the call's size plus 1/RING_SLACK, so that it seldom grows again
 
