@@ -41,11 +41,6 @@ PIN_FEED = True
 HELD_SLOTS = 2
 FEED_SLOTS = 6  # the feed's ring (iterate_files), besides the held ones
 
-
-def pin_feed() -> bool:
-    import os
-
-    return os.environ.get("GPUBATCH_PIN_FEED", "1" if PIN_FEED else "0") not in ("0", "")
 DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
 # Stack bytes per GPU thread the CUDA context reserves (cudaLimitStackSize; the driver's default is
 # 1 KiB, which on an H200 is 1 KiB x 132 SMs x 2,048 threads = 264 MiB of device memory). The driver
@@ -63,6 +58,13 @@ STACK_BYTES: int | None = 16
 # only where gpubatch makes the process's context (see GpuEngine), never to a context a host program made.
 SYNC_POLICY = "auto"
 SYNC_POLICIES = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}
+
+
+def pin_feed() -> bool:
+    """Whether the feed's ring is page-locked for the GPU (:data:`PIN_FEED`, ``GPUBATCH_PIN_FEED``)."""
+    import os
+
+    return os.environ.get("GPUBATCH_PIN_FEED", "1" if PIN_FEED else "0") not in ("0", "")
 
 
 def _primary_context(device_index: int) -> tuple[Any, Any] | None:
