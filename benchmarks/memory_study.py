@@ -61,6 +61,8 @@ import time
 
 from _data import DEFAULT_DATA, ROOT, load_blobs  # noqa: F401  (benchmarks/_data.py, beside this script)
 
+from gpubatch.bench.contenders import file_keys
+
 
 def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     from gpubatch.bench.measure import GpuSampler, timed_windows
@@ -140,7 +142,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         image_gpu.CUDA_RING = int(knobs["cuda_ring"])
     counted = _count_allocations(knobs["alloc"]) if "alloc" in knobs else None
     files, _, _ = load_blobs(args.data, args.images)
-    keys = [f"{p.parent.name}/{p.stem}" for p in files]
+    keys = file_keys(files)
     ops = chain_ops(get_model("resnet50").chains[args.chain])
     batch = int(knobs.get("batch", 256))
     pipe = ImagePipeline(ops, device="gpu", seed=0, ring=int(knobs.get("ring", 2)),
@@ -391,7 +393,7 @@ def breakdown(args: argparse.Namespace) -> list[tuple[str, int, str]]:
     from gpubatch.engine.gpu_executor import ImagePipeline
 
     files, _, _ = load_blobs(args.data, args.images)
-    keys = [f"{p.parent.name}/{p.stem}" for p in files]
+    keys = file_keys(files)
     pipe = ImagePipeline(chain_ops(get_model("resnet50").chains[args.chain]), device="gpu", seed=0, warm_up=0)
     note("pipeline built (engine, decoders)")
     dec = pipe.engine.decoder

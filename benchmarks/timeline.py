@@ -163,6 +163,7 @@ def summarize(events: list[dict], names: dict[int, str] | None = None, top: int 
     by_stream: dict[int, list[dict]] = defaultdict(list)
     for e in gpu:
         by_stream[e.get("args", {}).get("stream", -1)].append(e)
+    stream_spans = {sid: [(e["ts"], e["ts"] + e["dur"]) for e in evs] for sid, evs in by_stream.items()}
     streams = {}
     for sid, evs in sorted(by_stream.items(), key=lambda kv: -sum(e["dur"] for e in kv[1])):
         per_name: dict[str, list[float]] = defaultdict(list)
@@ -176,7 +177,7 @@ def summarize(events: list[dict], names: dict[int, str] | None = None, top: int 
             if c in launch:
                 launchers[names.get(launch[c].get("tid"), str(launch[c].get("tid")))] += 1
         streams[str(sid)] = {
-            "events": len(evs), "busy": round(covered([(e["ts"], e["ts"] + e["dur"]) for e in evs]) / window, 3),
+            "events": len(evs), "busy": round(covered(stream_spans[sid]) / window, 3),
             "launched_by": dict(sorted(launchers.items(), key=lambda kv: -kv[1])[:3]),
             "launch_to_start_us": ({"p50": round(statistics.median(delays), 1),
                                     "p90": round(sorted(delays)[int(0.9 * (len(delays) - 1))], 1)} if delays else None),
@@ -200,11 +201,10 @@ def summarize(events: list[dict], names: dict[int, str] | None = None, top: int 
     during = {}
     for t, w in sorted(waits.items(), key=lambda kv: -covered(kv[1])):
         total = covered(w)
+        shares = {sid: overlap(s, w) / total for sid, s in stream_spans.items()}
         during[t] = {"wait_ms": round(total / 1e3, 1),
                      "gpu_idle": round(1 - overlap(spans, w) / total, 3),
-                     "streams_busy": {sid: round(overlap([(e["ts"], e["ts"] + e["dur"]) for e in evs], w) / total, 3)
-                                      for sid, evs in by_stream.items()
-                                      if overlap([(e["ts"], e["ts"] + e["dur"]) for e in evs], w) / total >= 0.02}}
+                     "streams_busy": {sid: round(v, 3) for sid, v in shares.items() if v >= 0.02}}
     out["during_waits"] = during
     return out
 
@@ -230,16 +230,26 @@ def show(s: dict) -> None:
         print(f"  {t}: {d['wait_ms']} ms waiting; GPU idle {d['gpu_idle']:.0%}; streams {d['streams_busy']}")
 
 
+def _bench_args(args: argparse.Namespace) -> dict:
+    """The bench contenders' arguments for this run (the data set made first)."""
+    load_blobs(args.data, args.images)
+    return {"model": "resnet50", "chain": args.chain, "data": args.data, "images": args.images,
+            "batch_size": args.batch, "gpu": 0}
+
+
 def gpubatch_step(args: argparse.Namespace) -> tuple[Callable[[], int], Callable[[], None], Callable[[], None]]:
-    """(one batch, synchronize, close) for gpubatch's GPU path with its defaults, warmed up."""
+    """(one batch, synchronize, close) for gpubatch's GPU path with its defaults, warmed up as the bench
+    warms it (one pass over the set)."""
     from gpubatch.bench import chain_ops, get_model
+    from gpubatch.bench.contenders import data_files, file_keys
+    from gpubatch.bench.measure import warmup_batches
     from gpubatch.engine.gpu_executor import ImagePipeline
 
-    files, _, _ = load_blobs(args.data, args.images)
-    keys = [f"{p.parent.name}/{p.stem}" for p in files]
+    a = _bench_args(args)
+    files = data_files(a["data"], a["images"])
     pipe = ImagePipeline(chain_ops(get_model("resnet50").chains[args.chain]), device="gpu", seed=0)
-    it = pipe.iterate_files(files, keys, args.batch, repeat=True)
-    for _ in range(-(-len(files) // args.batch)):
+    it = pipe.iterate_files(files, file_keys(files), args.batch, repeat=True)
+    for _ in range(warmup_batches(a)):
         next(it)
     pipe.engine.stream.synchronize()
 
@@ -255,14 +265,13 @@ def dali_step(args: argparse.Namespace, setting: str) -> tuple[Callable[[], int]
     import cupy as cp
 
     from gpubatch.bench.contenders import dali_pipeline
+    from gpubatch.bench.measure import warmup_batches
 
-    load_blobs(args.data, args.images)
-    a = {"model": "resnet50", "chain": args.chain, "data": args.data, "images": args.images,
-         "batch_size": args.batch, "gpu": 0}
+    a = _bench_args(args)
     p = dali_pipeline(a, setting)
     if isinstance(p, str):
         sys.exit(p)
-    for _ in range(-(-args.images // args.batch)):
+    for _ in range(warmup_batches(a)):
         p.run()
     cp.cuda.runtime.deviceSynchronize()
     return (lambda: (p.run(), args.batch)[1]), cp.cuda.runtime.deviceSynchronize, lambda: None

@@ -28,7 +28,8 @@ def data_files(data: str, n: int) -> list[Path]:
     return files[:n] if n else files
 
 
-def _keys(files: list[Path]) -> list[str]:
+def file_keys(files: list[Path]) -> list[str]:
+    """The record key of each bench file ("class/stem"), as every contender and study draws by."""
     return [f"{p.parent.name}/{p.stem}" for p in files]
 
 
@@ -53,7 +54,7 @@ def run_gpubatch(a: dict, device: str) -> dict:
     if eng is not None and a.get("cuda_share") is not None:
         eng.decoder.cuda_share, eng.decoder.deterministic = float(a["cuda_share"]), True
     sync = eng.stream.synchronize if eng else (lambda: None)
-    it = pipe.iterate_files(files, _keys(files), B, repeat=True)
+    it = pipe.iterate_files(files, file_keys(files), B, repeat=True)
     enc = {"encode": 0.0}
 
     def step() -> int:
@@ -109,7 +110,7 @@ def fidelity(ops: tuple, files: list[Path], gpu: int) -> dict:
     from ..engine.gpu_executor import ImagePipeline
 
     body = tuple(op for op in ops if op.kind != "normalize")
-    blobs, keys = [p.read_bytes() for p in files], _keys(files)
+    blobs, keys = [p.read_bytes() for p in files], file_keys(files)
     with ImagePipeline(body, device="gpu", seed=0, gpu=gpu) as g, ImagePipeline(body, device="cpu", seed=0) as c:
         gb = g(blobs, keys)
         g.engine.stream.synchronize()
@@ -149,7 +150,7 @@ def with_model(model: Any, pipe: Any, files: list[Path], batch: int, pipe_images
 
     fake = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     alone = timed_windows(lambda: train(fake), 10.0, warmup=5, sync=torch.cuda.synchronize)
-    it = pipe.iterate_files(files, _keys(files), batch, repeat=True)
+    it = pipe.iterate_files(files, file_keys(files), batch, repeat=True)
 
     def fed() -> int:
         out = next(it)
