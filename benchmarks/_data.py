@@ -12,11 +12,18 @@ if str(ROOT) not in sys.path:
 DEFAULT_DATA = ROOT / ".bench-data" / "mixed"
 
 
-def load_blobs(data: str | Path, n: int, batch_size: int = 256) -> tuple[list[Path], list[bytes], list[list[bytes]]]:
-    """Make (if needed) and read ``n`` JPEGs of the set at ``data``: (files, blobs, batches of blobs)."""
-    from gpubatch.synthetic import make_jpeg_set
+def parse_mix(text: str) -> tuple[tuple[str, float], ...] | None:
+    """``"4:2:0=0.5,4:4:4=0.5"`` as make_jpeg_set's ``mix``; "" as None (the default mix)."""
+    return tuple((k, float(v)) for k, v in (p.split("=") for p in text.split(","))) if text else None
 
-    make_jpeg_set(Path(data), n)
+
+def load_blobs(data: str | Path, n: int, batch_size: int = 256,
+               mix: tuple[tuple[str, float], ...] | None = None) -> tuple[list[Path], list[bytes], list[list[bytes]]]:
+    """Make (if needed) and read ``n`` JPEGs of the set at ``data`` (``mix``: its chroma subsamplings, as
+    make_jpeg_set takes them): (files, blobs, batches of blobs)."""
+    from gpubatch.synthetic import SUBSAMPLING_MIX, make_jpeg_set
+
+    make_jpeg_set(Path(data), n, mix=mix or SUBSAMPLING_MIX)
     files = sorted(Path(data).rglob("*.jpg"))[:n]
     blobs = list(ThreadPoolExecutor(16).map(Path.read_bytes, files))
     return files, blobs, [blobs[i : i + batch_size] for i in range(0, len(blobs), batch_size)]

@@ -85,7 +85,8 @@ def main() -> None:
     ap.add_argument("--start-at", type=float, default=0.0,
                     help="routed group: wait for this time.time() before measuring (to run processes side by side)")
     ap.add_argument("--configs", default="", help="routed group: share[:cuda_threads],... (e.g. 0.5:15,0.6); "
-                    "capi group: api:hw_instances:share:cuda_threads[:ahead],... (e.g. c:3:0.5:11:2)")
+                    "capi group: api:hw_instances:share:cuda_threads[:ahead],... (e.g. c:3:0.5:11:2); "
+                    "hwpar group: threads:instances[:modes],... (e.g. 1:3:f,1:3:s,2:3:fx; modes in the group's comment)")
     ap.add_argument("--timeout", type=float, default=90, help="seconds per group (each in its own process)")
     ap.add_argument("--calls", type=int, default=96, help="calls group: the most images per decode call of the "
                     "chunked halves (as ImagePipeline(decode_chunk=N) makes them, two calls a half at least)")
@@ -301,29 +302,45 @@ def main() -> None:
             dims.append(lib.header(cs))
             lib.destroy([cs], [])
         slab_bytes = 256 * max(d.width * d.height for d in dims) * 3
-        confs = [(1, 3), (1, 6), (2, 3), (3, 3), (4, 2)]
-        if args.configs:  # threads:instances,...
-            confs = [tuple(int(x) for x in c.split(":")) for c in args.configs.split(",")]
-        for n_threads, inst in confs:
+        confs = [(1, 3, ""), (1, 6, ""), (2, 3, ""), (3, 3, ""), (4, 2, "")]
+        if args.configs:  # threads:instances[:modes],...
+            confs = [(int(t), int(i), m[0] if m else "") for t, i, *m in (c.split(":") for c in args.configs.split(","))]
+        # Each thread has instances of its own and takes every n-th batch, one call per kind. Modes (letters):
+        # f: each batch's kinds in one fixed order (4:2:0, 4:2:2, 4:4:4), so that with as many instances as
+        # kinds each instance always meets the same kind; s: that order, with the first kind's instance
+        # moved on by one each batch, so each instance meets another kind each batch (as many calls per
+        # instance as f: only the kinds an instance meets in turn differ); x: each instance decodes on a
+        # CUDA stream of its own (else one stream per thread, which orders all its calls on the GPU); p:
+        # each instance preallocates nvJPEG's hardware pool for 128 images of 640x640. No mode: the kinds
+        # in the order each batch first shows them, the calls over the instances in turn.
+        for n_threads, inst, mode in confs:
+            hw_opts = ("nvjpeg_hw_decoder:preallocate_batch_size=128 nvjpeg_hw_decoder:preallocate_height_hint=640"
+                       " nvjpeg_hw_decoder:preallocate_width_hint=640") if "p" in mode else ""
             workers = []
             for _ in range(n_threads):
-                decs = [lib.decoder(0, 2, BACKEND_HW_GPU_ONLY) for _ in range(inst)]
-                st = cp.cuda.Stream(non_blocking=True)
-                workers.append((decs, st, cp.empty(slab_bytes, cp.uint8)))
+                decs = [lib.decoder(0, 2, BACKEND_HW_GPU_ONLY, hw_opts) for _ in range(inst)]
+                sts = [cp.cuda.Stream(non_blocking=True) for _ in range(inst if "x" in mode else 1)]
+                workers.append((decs, sts, cp.empty(slab_bytes, cp.uint8)))
 
-            def run(w: int, ids: list[int], workers=workers, inst=inst) -> None:
-                decs, st, slab = workers[w]
+            def run(w: int, ids: list[int], workers=workers, inst=inst, mode=mode) -> None:
+                decs, sts, slab = workers[w]
                 turn = 0
                 for b in ids:
-                    for idx in kind_batches[b].values():
-                        css, imgs, off = [], [], 0
+                    groups = kind_batches[b]
+                    if "f" in mode or "s" in mode:
+                        groups = {k: groups[k] for k in sorted(groups)}
+                        turn = b if "s" in mode else 0
+                    off = 0
+                    for idx in groups.values():
+                        dec = decs[turn % inst]
+                        st = sts[turn % inst % len(sts)]
+                        turn += 1
+                        css, imgs = [], []
                         for i in idx:
                             css.append(lib.code_stream(addr[i].ctypes.data, addr[i].nbytes))
                             d = dims[i]
                             imgs.append(lib.image(slab.data.ptr + off, d.height, d.width, d.width * 3, st.ptr))
                             off += d.width * d.height * 3
-                        dec = decs[turn % inst]
-                        turn += 1
                         dec.finish(dec.start(css, imgs))
                         lib.destroy(css, imgs)
 
@@ -334,7 +351,8 @@ def main() -> None:
                 return len(ids) * 256 / wall
 
             go(1)
-            report(f"hwpar: HW only, C API, {n_threads} thread(s) x {inst} decoders", go(args.passes))
+            report(f"hwpar: HW only, C API, {n_threads} thread(s) x {inst} decoders{' ' + mode if mode else ''}",
+                   go(args.passes))
             for decs, _, _ in workers:
                 for d in decs:
                     d.close()

@@ -3,7 +3,7 @@
 profiler) of the ResNet-50 training or validation chain, run by gpubatch's GPU path or by DALI.
 
     python3 benchmarks/timeline.py [--contender gpubatch-gpu|dali|dali-defaults] [--chain train|val]
-        [--seconds 1] [--images 4096] [--trace trace.json.gz]
+        [--seconds 1] [--images 4096] [--share 0.35] [--trace trace.json.gz]
 
 After one untimed pass over the set, the batches of ``--seconds`` are traced: every kernel, copy and
 memset on the device and every CUDA runtime and driver call on the host, whoever made them
@@ -248,6 +248,8 @@ def gpubatch_step(args: argparse.Namespace) -> tuple[Callable[[], int], Callable
     a = _bench_args(args)
     files = data_files(a["data"], a["images"])
     pipe = ImagePipeline(chain_ops(get_model("resnet50").chains[args.chain]), device="gpu", seed=0)
+    if args.share is not None:
+        pipe.engine.decoder.cuda_share = args.share
     it = pipe.iterate_files(files, file_keys(files), args.batch, repeat=True)
     for _ in range(warmup_batches(a)):
         next(it)
@@ -287,6 +289,7 @@ def main() -> None:
     ap.add_argument("--data", default=str(DEFAULT_DATA))
     ap.add_argument("--trace", default=None, help="also write the raw trace here (Chrome trace JSON; .gz: gzipped)")
     ap.add_argument("--json", default=None, help="write the summary here as JSON")
+    ap.add_argument("--share", type=float, default=None, help="gpubatch: the CUDA decoder's share of each batch")
     args = ap.parse_args()
     if args.contender == "gpubatch-gpu":
         step, sync, close = gpubatch_step(args)

@@ -34,17 +34,17 @@ def photo_like(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def _one(args: tuple[Path, int, int]) -> int:
+def _one(args: tuple[Path, int, int, tuple[tuple[str, float], ...]]) -> int:
     from PIL import Image
 
-    root, seed, i = args
+    root, seed, i, mix = args
     rng = np.random.default_rng([seed, i])
     h, w = int(rng.integers(333, 500)), int(rng.integers(375, 560))
     if rng.random() < 0.3:
         h, w = w, h
     u, acc = rng.random(), 0.0
-    sub = SUBSAMPLING_MIX[-1][0]
-    for name, share in SUBSAMPLING_MIX:
+    sub = mix[-1][0]
+    for name, share in mix:
         acc += share
         if u < acc:
             sub = name
@@ -57,14 +57,17 @@ def _one(args: tuple[Path, int, int]) -> int:
     return len(buf.getvalue())
 
 
-def make_jpeg_set(root: Path, n: int, seed: int = 0, workers: int | None = None) -> Path:
-    """Write ``n`` JPEGs as an ImageNet-style folder of 16 classes under ``root`` (skipped if complete)."""
+def make_jpeg_set(root: Path, n: int, seed: int = 0, workers: int | None = None,
+                  mix: tuple[tuple[str, float], ...] = SUBSAMPLING_MIX) -> Path:
+    """Write ``n`` JPEGs as an ImageNet-style folder of 16 classes under ``root`` (skipped if complete);
+    ``mix``: (chroma subsampling, share) pairs, whose shares add up to 1."""
     root = Path(root)
-    marker = root / f".complete-{n}-{seed}"
+    tag = "" if mix == SUBSAMPLING_MIX else "-" + "-".join(f"{name.replace(':', '')}_{share:g}" for name, share in mix)
+    marker = root / f".complete-{n}-{seed}{tag}"
     if marker.exists():
         return root
     root.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
-        list(pool.map(_one, [(root, seed, i) for i in range(n)], chunksize=16))
+        list(pool.map(_one, [(root, seed, i, tuple(mix)) for i in range(n)], chunksize=16))
     marker.touch()
     return root

@@ -151,3 +151,20 @@ def test_cli_errors(args, message):
 def test_list_models():
     r = run_cli("bench", "--list-models")
     assert r.returncode == 0 and all(m in r.stdout for m in MODELS)
+
+
+def test_synthetic_set_takes_a_chroma_mix(tmp_path):
+    from collections import Counter
+
+    from gpubatch.engine.codecs.image import jpeg_header
+    from gpubatch.synthetic import make_jpeg_set
+
+    def kinds(root):
+        return Counter(jpeg_header(p.read_bytes())[1] for p in sorted(root.rglob("*.jpg")))
+
+    default = kinds(make_jpeg_set(tmp_path / "default", 48))
+    assert set(default) == {"4:2:0", "4:2:2", "4:4:4"}
+    two = make_jpeg_set(tmp_path / "two", 48, mix=(("4:2:0", 0.5), ("4:4:4", 0.5)))
+    got = kinds(two)
+    assert set(got) == {"4:2:0", "4:4:4"} and min(got.values()) >= 12
+    assert len(list(two.glob(".complete-48-0-*"))) == 1  # a set of another mix is told apart from the default's
