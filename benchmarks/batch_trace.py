@@ -10,9 +10,7 @@ The ResNet-50 training or validation chain runs as ``memory_study`` runs it (``i
 
 - ``handover``: ``GpuImageDecoder.decode`` in the decode thread (header split, code streams, output
   descriptors, the parts handed to the decoders' threads);
-- ``hw`` / ``cuda``: each decoder's whole part of a batch in its thread (``_run``; an engine that makes
-  the hardware engine's calls one by one, ``_hw_call``: each call, the part from the first's start to
-  the last's end), of which
+- ``hw`` / ``cuda``: each decoder's part of a batch in its thread (``_run``), of which
   ``hw_slot`` / ``cuda_slot`` the waits for a chunk buffer the consumer still reads;
 - ``process``: ``ImagePipeline.process`` in the consumer, of which ``chunk_wait`` is the time it
   waited for the decoders' next chunk; ``next``: the whole ``next()`` of the iterator (``process``
@@ -74,23 +72,17 @@ def instrument() -> None:
         job.trace_seq = getattr(local, "seq", -1)  # set by decode() in this thread; -1 for a retry's part
         return job
 
-    run = dec_cls._run
+    def spanned(fn, stage, seq_of):
+        """``fn(self, obj, ...)`` recording its span as ``stage(obj)`` of batch ``seq_of(obj)``."""
 
-    def traced_run(self, job, *a, **k):
-        t0 = time.perf_counter()
-        try:
-            return run(self, job, *a, **k)
-        finally:
-            record("hw" if job.hw else "cuda", getattr(job, "trace_seq", -1), t0, time.perf_counter())
+        def traced(self, obj, *a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(self, obj, *a, **k)
+            finally:
+                record(stage(obj), seq_of(obj), t0, time.perf_counter())
 
-    take = dec_cls._take_slot
-
-    def traced_take(self, job, *a, **k):
-        t0 = time.perf_counter()
-        try:
-            return take(self, job, *a, **k)
-        finally:
-            record("hw_slot" if job.hw else "cuda_slot", getattr(job, "trace_seq", -1), t0, time.perf_counter())
+        return traced
 
     chunks = res_cls.chunks
 
@@ -107,29 +99,14 @@ def instrument() -> None:
             record("chunk_wait", seq, t0, time.perf_counter())
             yield got
 
-    process = ImagePipeline.process
+    def seq_of(obj):
+        return getattr(obj, "trace_seq", -1)
 
-    def traced_process(self, decoded, *a, **k):
-        t0 = time.perf_counter()
-        try:
-            return process(self, decoded, *a, **k)
-        finally:
-            record("process", getattr(decoded, "trace_seq", -1), t0, time.perf_counter())
-
-    dec_cls.decode, dec_cls._prepare, dec_cls._run, dec_cls._take_slot = (traced_decode, traced_prepare, traced_run,
-                                                                          traced_take)
-    hw_call = getattr(dec_cls, "_hw_call", None)
-    if hw_call is not None:  # an engine whose hardware part is decoded call by call (each a span of its own)
-
-        def traced_hw_call(self, job, *a, **k):
-            t0 = time.perf_counter()
-            try:
-                return hw_call(self, job, *a, **k)
-            finally:
-                record("hw", getattr(job, "trace_seq", -1), t0, time.perf_counter())
-
-        dec_cls._hw_call = traced_hw_call
-    res_cls.chunks, ImagePipeline.process = traced_chunks, traced_process
+    dec_cls.decode, dec_cls._prepare = traced_decode, traced_prepare
+    dec_cls._run = spanned(dec_cls._run, lambda job: "hw" if job.hw else "cuda", seq_of)
+    dec_cls._take_slot = spanned(dec_cls._take_slot, lambda job: "hw_slot" if job.hw else "cuda_slot", seq_of)
+    ImagePipeline.process = spanned(ImagePipeline.process, lambda _: "process", seq_of)
+    res_cls.chunks = traced_chunks
 
 
 def summarize(t_start: float, t_end: float) -> dict:

@@ -1,8 +1,8 @@
 """Synthetic ImageNet-like JPEG sets for benchmarks: no downloads, deterministic by seed.
 
 Photo-like content (smooth colour fields, soft blobs, edges and film grain), sizes around 500x400,
-about 80-120 KB each, chroma subsampling mixed as in real datasets (about half 4:2:0, a quarter each
-4:2:2 and 4:4:4) and quality 75-97. A set of one size and one subsampling flatters every decoder.
+about 80-120 KB each, chroma subsampling mixed as in real datasets (by default about half 4:2:0, a
+quarter each 4:2:2 and 4:4:4) and quality 75-97. A set of one size and one subsampling flatters every decoder.
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ def make_jpeg_set(root: Path, n: int, seed: int = 0, workers: int | None = None,
     if marker.exists():
         return root
     root.mkdir(parents=True, exist_ok=True)
+    for old in root.glob(".complete-*"):  # the files are rewritten: no set made before stays complete
+        old.unlink()
     with ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
         list(pool.map(_one, [(root, seed, i, tuple(mix)) for i in range(n)], chunksize=16))
     marker.touch()

@@ -168,3 +168,5 @@ def test_synthetic_set_takes_a_chroma_mix(tmp_path):
     got = kinds(two)
     assert set(got) == {"4:2:0", "4:4:4"} and min(got.values()) >= 12
     assert len(list(two.glob(".complete-48-0-*"))) == 1  # a set of another mix is told apart from the default's
+    assert kinds(make_jpeg_set(two, 48)) == default  # made again over it with the default mix
+    assert set(kinds(make_jpeg_set(two, 48, mix=(("4:2:0", 0.5), ("4:4:4", 0.5))))) == {"4:2:0", "4:4:4"}
