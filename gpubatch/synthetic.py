@@ -67,8 +67,9 @@ def make_jpeg_set(root: Path, n: int, seed: int = 0, workers: int | None = None,
     if marker.exists():
         return root
     root.mkdir(parents=True, exist_ok=True)
-    for old in root.glob(".complete-*"):  # the files are rewritten: no set made before stays complete
-        old.unlink()
+    for old in root.glob(".complete-*"):  # files rewritten from another seed or mix: those sets are gone
+        if not old.name.endswith(f"-{seed}{tag}"):
+            old.unlink()
     with ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
         list(pool.map(_one, [(root, seed, i, tuple(mix)) for i in range(n)], chunksize=16))
     marker.touch()

@@ -169,4 +169,6 @@ def test_synthetic_set_takes_a_chroma_mix(tmp_path):
     assert set(got) == {"4:2:0", "4:4:4"} and min(got.values()) >= 12
     assert len(list(two.glob(".complete-48-0-*"))) == 1  # a set of another mix is told apart from the default's
     assert kinds(make_jpeg_set(two, 48)) == default  # made again over it with the default mix
+    make_jpeg_set(two, 24)  # fewer images, same seed and mix: the first 24 again, the 48's marker kept
+    assert (two / ".complete-48-0").exists() and kinds(two) == default
     assert set(kinds(make_jpeg_set(two, 48, mix=(("4:2:0", 0.5), ("4:4:4", 0.5))))) == {"4:2:0", "4:4:4"}
