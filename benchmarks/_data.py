@@ -17,13 +17,19 @@ def parse_mix(text: str) -> tuple[tuple[str, float], ...] | None:
     return tuple((k, float(v)) for k, v in (p.split("=") for p in text.split(","))) if text else None
 
 
-def load_blobs(data: str | Path, n: int, batch_size: int = 256,
-               mix: tuple[tuple[str, float], ...] | None = None) -> tuple[list[Path], list[bytes], list[list[bytes]]]:
-    """Make (if needed) and read ``n`` JPEGs of the set at ``data`` (``mix``: its chroma subsamplings, as
-    make_jpeg_set takes them): (files, blobs, batches of blobs)."""
+def jpeg_set(data: str | Path, n: int, mix: tuple[tuple[str, float], ...] | None = None) -> list[Path]:
+    """Make (if needed) the set of ``n`` JPEGs at ``data`` (``mix``: its chroma subsamplings, as
+    make_jpeg_set takes them) and list its files, in the bench's order."""
+    from gpubatch.bench.contenders import data_files
     from gpubatch.synthetic import SUBSAMPLING_MIX, make_jpeg_set
 
     make_jpeg_set(Path(data), n, mix=mix or SUBSAMPLING_MIX)
-    files = sorted(Path(data).rglob("*.jpg"))[:n]
+    return data_files(str(data), n)
+
+
+def load_blobs(data: str | Path, n: int, batch_size: int = 256,
+               mix: tuple[tuple[str, float], ...] | None = None) -> tuple[list[Path], list[bytes], list[list[bytes]]]:
+    """:func:`jpeg_set`, read: (files, blobs, batches of blobs)."""
+    files = jpeg_set(data, n, mix)
     blobs = list(ThreadPoolExecutor(16).map(Path.read_bytes, files))
     return files, blobs, [blobs[i : i + batch_size] for i in range(0, len(blobs), batch_size)]

@@ -33,7 +33,7 @@ import threading
 import time
 from collections import defaultdict
 
-from _data import DEFAULT_DATA, load_blobs  # noqa: F401  (benchmarks/_data.py, beside this script)
+from _data import DEFAULT_DATA, jpeg_set  # noqa: F401  (benchmarks/_data.py, beside this script)
 
 from gpubatch.bench.contenders import file_keys
 
@@ -109,8 +109,11 @@ def instrument() -> None:
     res_cls.chunks = traced_chunks
 
 
-def summarize(t_start: float, t_end: float) -> dict:
-    """Stage shares of the window and per-batch medians (see the module docstring)."""
+def summarize(t_start: float, t_end: float, images: int) -> dict:
+    """Stage shares of the window (``images`` came out of it) and per-batch medians (see the module
+    docstring)."""
+    from gpubatch.bench.measure import percentile
+
     wall = t_end - t_start
     busy: dict[str, float] = defaultdict(float)
     by_thread: dict[str, float] = defaultdict(float)
@@ -152,12 +155,12 @@ def summarize(t_start: float, t_end: float) -> dict:
     return {
         "window_s": round(wall, 3),
         "batches": batches,
-        "images_per_s": round(batches * 256 / wall) if wall else 0,
+        "images_per_s": round(images / wall) if wall else 0,
         "busy_share": {k: round(v / wall, 3) for k, v in sorted(busy.items(), key=lambda kv: -kv[1])},
         "threads": {k: sorted(v) for k, v in threads.items()},
         "busy_share_by_thread": {k: round(v / wall, 3) for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1])},
         "median_ms": {k: round(1e3 * statistics.median(v), 2) for k, v in rows.items() if v},
-        "p90_ms": {k: round(1e3 * sorted(v)[int(0.9 * (len(v) - 1))], 2) for k, v in rows.items() if v},
+        "p90_ms": {k: round(1e3 * percentile(sorted(v), 0.9), 2) for k, v in rows.items() if v},
         "ended_last": dict(last),
     }
 
@@ -176,7 +179,7 @@ def main() -> None:
     from gpubatch.bench import chain_ops, get_model
     from gpubatch.engine.gpu_executor import ImagePipeline
 
-    files, _, _ = load_blobs(args.data, args.images)
+    files = jpeg_set(args.data, args.images)
     pipe = ImagePipeline(chain_ops(get_model("resnet50").chains[args.chain]), device="gpu", seed=0)
     if args.share is not None:
         pipe.engine.decoder.cuda_share = args.share
@@ -187,9 +190,10 @@ def main() -> None:
     sync()
     ON.set()
     t_start = time.perf_counter()
+    images = 0
     while time.perf_counter() - t_start < args.seconds:
         t0 = time.perf_counter()
-        next(it)
+        images += len(next(it))
         t1 = time.perf_counter()
         sync()
         t2 = time.perf_counter()
@@ -201,7 +205,7 @@ def main() -> None:
     ON.clear()
     it.close()
     pipe.close()
-    summary = summarize(t_start, t_end)
+    summary = summarize(t_start, t_end, images)
     summary.update({"chain": args.chain, "share": args.share if args.share is not None else "default"})
     print(f"{args.chain} chain: {summary['batches']} batches in {summary['window_s']} s "
           f"({summary['images_per_s']:,} images/s, traced)")

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
-from _data import DEFAULT_DATA, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
+from _data import DEFAULT_DATA, jpeg_set, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
 
 RESULTS: dict[str, float] = {}
 GROUPS = ("capi", "calls", "overlap", "hwpar", "routed", "reuse", "hw4", "hw8", "cuda8", "cuda15", "async", "gil", "default", "views",
@@ -96,9 +96,7 @@ def main() -> None:
         import subprocess
         import sys
 
-        from _data import load_blobs as make
-
-        make(args.data, args.images)
+        jpeg_set(args.data, args.images)
         for group in GROUPS:
             try:
                 subprocess.run([sys.executable, __file__, "--images", str(args.images), "--data", args.data,

@@ -59,7 +59,7 @@ import subprocess
 import sys
 import time
 
-from _data import DEFAULT_DATA, ROOT, load_blobs, parse_mix  # noqa: F401  (benchmarks/_data.py, beside this script)
+from _data import DEFAULT_DATA, ROOT, jpeg_set, parse_mix  # noqa: F401  (benchmarks/_data.py, beside this script)
 
 from gpubatch.bench.contenders import file_keys
 
@@ -141,7 +141,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     if "cuda_ring" in knobs:  # the CUDA decoder's calls over this many buffers in turn (0: one per call of a part)
         image_gpu.CUDA_RING = int(knobs["cuda_ring"])
     counted = _count_allocations(knobs["alloc"]) if "alloc" in knobs else None
-    files, _, _ = load_blobs(args.data, args.images, mix=parse_mix(args.mix))
+    files = jpeg_set(args.data, args.images, parse_mix(args.mix))
     keys = file_keys(files)
     ops = chain_ops(get_model("resnet50").chains[args.chain])
     batch = int(knobs.get("batch", 256))
@@ -392,7 +392,7 @@ def breakdown(args: argparse.Namespace) -> list[tuple[str, int, str]]:
     from gpubatch.bench import chain_ops, get_model
     from gpubatch.engine.gpu_executor import ImagePipeline
 
-    files, _, _ = load_blobs(args.data, args.images, mix=parse_mix(args.mix))
+    files = jpeg_set(args.data, args.images, parse_mix(args.mix))
     keys = file_keys(files)
     pipe = ImagePipeline(chain_ops(get_model("resnet50").chains[args.chain]), device="gpu", seed=0, warm_up=0)
     note("pipeline built (engine, decoders)")
@@ -458,7 +458,7 @@ def main() -> None:
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.breakdown:
-        load_blobs(args.data, args.images, mix=parse_mix(args.mix))
+        jpeg_set(args.data, args.images, parse_mix(args.mix))
         rows, failed = _child(args, "breakdown")
         if failed:
             print(f"breakdown failed: {failed}")
@@ -474,7 +474,7 @@ def main() -> None:
         knobs = dict(kv.split("=", 1) for kv in args.one.split(",") if "=" in kv)
         print("RESULT " + json.dumps(one(args, knobs)), flush=True)
         return
-    load_blobs(args.data, args.images, mix=parse_mix(args.mix))  # make the set once, outside the timed processes
+    jpeg_set(args.data, args.images, parse_mix(args.mix))  # make the set once, outside the timed processes
     print(f"{args.chain} chain, {args.images} images; MiB of device memory in use above the level before CUDA")
     print(f"{'configuration':34s} {'context':>8s} {'engine':>8s} {'1 pass':>8s} {'peak':>8s} {'images/s':>9s}"
           f" {'CuPy pool':>9s} {'decoded':>8s} {'in use':>7s} {'CPU':>5s} {'waits':>5s}")

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _data import DEFAULT_DATA, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
+from _data import DEFAULT_DATA, jpeg_set, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
 
 
 def one(args: argparse.Namespace) -> None:
@@ -160,7 +160,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.source:
         return one(args)
-    load_blobs(args.data, args.images)
+    jpeg_set(args.data, args.images)
     for source in args.sources.split(","):
         for interval in args.intervals.split(","):
             env = dict(os.environ, GPUBATCH_SWITCH_INTERVAL=interval)

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from _data import DEFAULT_DATA, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
+from _data import DEFAULT_DATA, jpeg_set, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
 
 
 def one(a: argparse.Namespace) -> dict:
@@ -77,7 +77,7 @@ def main() -> None:
     if a.one:
         print("RESULT " + json.dumps(one(a)), flush=True)
         return
-    load_blobs(a.data, a.images)
+    jpeg_set(a.data, a.images)
     for mode in a.warm.split(","):
         p = subprocess.run([sys.executable, __file__, "--one", "--warm", mode, "--images", str(a.images),
                             "--data", a.data], capture_output=True, text=True)

@@ -36,7 +36,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from _data import DEFAULT_DATA, ROOT, load_blobs  # noqa: F401  (benchmarks/_data.py, beside this script)
+from _data import DEFAULT_DATA, ROOT, jpeg_set  # noqa: F401  (benchmarks/_data.py, beside this script)
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 API_CATS = ("cuda_runtime", "cuda_driver")
@@ -232,7 +232,7 @@ def show(s: dict) -> None:
 
 def _bench_args(args: argparse.Namespace) -> dict:
     """The bench contenders' arguments for this run (the data set made first)."""
-    load_blobs(args.data, args.images)
+    jpeg_set(args.data, args.images)
     return {"model": "resnet50", "chain": args.chain, "data": args.data, "images": args.images,
             "batch_size": args.batch, "gpu": 0}
 
