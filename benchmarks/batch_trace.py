@@ -2,7 +2,7 @@
 """Which stage each batch waits for: a host-side timeline of the GPU path's threads, batch by batch.
 
     python3 benchmarks/batch_trace.py [--chain train|val] [--seconds 2] [--images 4096] [--share 0.35]
-        [--json summary.json] [--trace trace.json]
+        [--chunk N] [--hw-chunk N] [--json summary.json] [--trace trace.json]
 
 The ResNet-50 training or validation chain runs as ``memory_study`` runs it (``iterate_files``, batch
 256, the engine's stream synchronized after every batch, after one untimed pass over the set). For
@@ -172,6 +172,8 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=4096)
     ap.add_argument("--data", default=str(DEFAULT_DATA))
     ap.add_argument("--share", type=float, default=None, help="the CUDA decoder's share of each batch")
+    ap.add_argument("--chunk", type=int, default=0, help="ImagePipeline(decode_chunk=N): decode in calls of at most N")
+    ap.add_argument("--hw-chunk", type=int, default=None, help="the hardware engine's calls split above N (image_gpu.HW_CHUNK)")
     ap.add_argument("--json", default=None, help="write the summary here")
     ap.add_argument("--trace", default=None, help="write the spans here as a Chrome trace")
     args = ap.parse_args()
@@ -180,7 +182,12 @@ def main() -> None:
     from gpubatch.engine.gpu_executor import ImagePipeline
 
     files = jpeg_set(args.data, args.images)
-    pipe = ImagePipeline(chain_ops(get_model("resnet50").chains[args.chain]), device="gpu", seed=0)
+    if args.hw_chunk is not None:
+        from gpubatch.engine.codecs import image_gpu
+
+        image_gpu.HW_CHUNK = args.hw_chunk
+    pipe = ImagePipeline(chain_ops(get_model("resnet50").chains[args.chain]), device="gpu", seed=0,
+                         decode_chunk=args.chunk)
     if args.share is not None:
         pipe.engine.decoder.cuda_share = args.share
     it = pipe.iterate_files(files, file_keys(files), 256, repeat=True)
@@ -206,7 +213,8 @@ def main() -> None:
     it.close()
     pipe.close()
     summary = summarize(t_start, t_end, images)
-    summary.update({"chain": args.chain, "share": args.share if args.share is not None else "default"})
+    summary.update({"chain": args.chain, "share": args.share if args.share is not None else "default",
+                    "chunk": args.chunk, "hw_chunk": args.hw_chunk})
     print(f"{args.chain} chain: {summary['batches']} batches in {summary['window_s']} s "
           f"({summary['images_per_s']:,} images/s, traced)")
     print("busy share of the window per stage (threads):")

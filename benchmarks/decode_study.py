@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from _data import DEFAULT_DATA, jpeg_set, load_blobs  # noqa: E402  (benchmarks/_data.py, beside this script)
 
 RESULTS: dict[str, float] = {}
-GROUPS = ("capi", "calls", "overlap", "hwpar", "routed", "reuse", "hw4", "hw8", "cuda8", "cuda15", "async", "gil", "default", "views",
+GROUPS = ("capi", "calls", "overlap", "hwpar", "nvjpeg", "routed", "reuse", "hw4", "hw8", "cuda8", "cuda15", "async", "gil", "default", "views",
           "host", "encode", "roi")
 # --only takes any of these (each prefix-matches the conditions it runs)
 
@@ -69,6 +69,11 @@ def threads_wall(jobs: list, sync) -> float:
     wall = time.perf_counter() - t0
     CORES[0] = (_cpu_seconds() - c0) / wall
     return wall
+
+
+def _decoded(groups: dict[str, list[int]], mode: str) -> int:
+    """Images of a batch (kind -> indices) the hwpar and nvjpeg groups decode in ``mode`` (n: no 4:4:4)."""
+    return sum(len(v) for k, v in groups.items() if not ("n" in mode and k.endswith("4:4:4")))
 
 
 def report(name: str, rate: float, extra: str = "") -> None:
@@ -308,7 +313,8 @@ def main() -> None:
         # kinds each instance always meets the same kind; s: that order, with the first kind's instance
         # moved on by one each batch, so each instance meets another kind each batch (as many calls per
         # instance as f: only the kinds an instance meets in turn differ); x: each instance decodes on a
-        # CUDA stream of its own (else one stream per thread, which orders all its calls on the GPU); p:
+        # CUDA stream of its own (else one stream per thread, which orders all its calls on the GPU); n: the
+        # 4:4:4 images left out (the pipeline sends them to the CUDA decoder); p:
         # each instance preallocates nvJPEG's hardware pool for 128 images of 640x640. No mode: the kinds
         # in the order each batch first shows them, the calls over the instances in turn.
         for n_threads, inst, mode in confs:
@@ -325,6 +331,8 @@ def main() -> None:
                 turn = 0
                 for b in ids:
                     groups = kind_batches[b]
+                    if "n" in mode:
+                        groups = {k: v for k, v in groups.items() if not k.endswith("4:4:4")}
                     if "f" in mode or "s" in mode:
                         groups = {k: groups[k] for k in sorted(groups)}
                         turn = b if "s" in mode else 0
@@ -342,15 +350,113 @@ def main() -> None:
                         dec.finish(dec.start(css, imgs))
                         lib.destroy(css, imgs)
 
-            def go(passes: int, n_threads=n_threads) -> float:
+            def go(passes: int, n_threads=n_threads, mode=mode) -> float:
                 ids = [b for _ in range(passes) for b in range(len(batches))]
                 wall = threads_wall([(run, (w, ids[w::n_threads])) for w in range(n_threads)],
                                     cp.cuda.runtime.deviceSynchronize)
-                return len(ids) * 256 / wall
+                return sum(_decoded(kind_batches[b], mode) for b in ids) / wall
 
             go(1)
             report(f"hwpar: HW only, C API, {n_threads} thread(s) x {inst} decoders{' ' + mode if mode else ''}",
                    go(args.passes))
+            for decs, _, _ in workers:
+                for d in decs:
+                    d.close()
+
+    # 0c. the same engine through nvJPEG's batched API directly (gpubatch.engine.codecs.nvjpeg_hw): no
+    # per-image code stream, descriptor, header re-parse or capability check; the calls as in hwpar
+    # (configs threads:instances[:modes], modes f, s, x, n as there; 0: without nvjpeg_hw.FLAGS, that is
+    # chroma upsampled without interpolation). First the pixels of one call against nvImageCodec's.
+    if want("nvjpeg"):
+        import numpy as np
+
+        from gpubatch.engine.codecs import nvjpeg_hw
+        from gpubatch.engine.codecs.nvjpeg_hw import HwBatchDecoder
+
+        default_flags = nvjpeg_hw.FLAGS
+
+        host = [np.frombuffer(b, np.uint8) for b in blobs]
+        dims = [jpeg_kind(b)[1:] for b in blobs]
+        slab_bytes = 256 * max(w * h for w, h in dims) * 3
+        from gpubatch.engine.codecs import image as host_codec
+
+        for kind in sorted(kind_batches[0]):
+            idx = kind_batches[0][kind]
+            ref = nic.Decoder(backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)]).decode(
+                [blobs[i] for i in idx[:16]], params=params)
+            pil = [host_codec.decode(blobs[i]).astype(np.int16) for i in idx[:16]]
+            for flags in (default_flags, 0):
+                nvjpeg_hw.FLAGS = flags
+                probe = HwBatchDecoder(cp)
+                if flags and kind == "baseline/4:2:0":
+                    print(f"nvjpeg: hardware engines, cores per engine: {probe.engines()}", flush=True)
+                out = cp.zeros(slab_bytes, cp.uint8)
+                places, off = [], 0
+                for i in idx:
+                    places.append((out.data.ptr + off, dims[i][0] * 3))
+                    off += dims[i][0] * dims[i][1] * 3
+                probe.decode([(host[i].ctypes.data, host[i].nbytes) for i in idx], places, stream)
+                stream.synchronize()
+                diffs = {"direct/nvimgcodec": [], "direct/pillow": [], "nvimgcodec/pillow": []}
+                for (ptr, _), i, r, p in zip(places, idx, ref, pil):
+                    w, h = dims[i]
+                    got = out[ptr - out.data.ptr : ptr - out.data.ptr + w * h * 3].reshape(h, w, 3).get().astype(np.int16)
+                    nv = cp.asnumpy(cp.asarray(r)).astype(np.int16)
+                    for name, (a, b) in zip(diffs, ((got, nv), (got, p), (nv, p))):
+                        d = np.abs(a - b)
+                        diffs[name].append((int(d.max()), float(d.mean()), float((d > 4).mean())))
+                print(f"nvjpeg {kind} ({len(idx)} in one call, flags {flags}): max / mean / share >4 over 16: "
+                      + "; ".join(f"{k} {max(x[0] for x in v)} / {np.mean([x[1] for x in v]):.3f} / "
+                                  f"{np.mean([x[2] for x in v]):.4f}" for k, v in diffs.items()), flush=True)
+                probe.close()
+        nvjpeg_hw.FLAGS = default_flags
+        confs = [(1, 2, "f"), (1, 3, "f"), (1, 3, "fx"), (2, 3, "fx")]
+        if args.configs:
+            confs = [(int(t), int(i), m[0] if m else "") for t, i, *m in (c.split(":") for c in args.configs.split(","))]
+        for n_threads, inst, mode in confs:
+            workers = []
+            for _ in range(n_threads):
+                nvjpeg_hw.FLAGS = 0 if "0" in mode else default_flags
+                decs = [HwBatchDecoder(cp) for _ in range(inst)]
+                nvjpeg_hw.FLAGS = default_flags
+                sts = [cp.cuda.Stream(non_blocking=True) for _ in range(inst if "x" in mode else 1)]
+                workers.append((decs, sts, cp.empty(slab_bytes, cp.uint8)))
+            spent = {"call": 0.0}
+
+            def run(w: int, ids: list[int], workers=workers, inst=inst, mode=mode, spent=spent) -> None:
+                decs, sts, slab = workers[w]
+                turn = 0
+                for b in ids:
+                    groups = kind_batches[b]
+                    if "n" in mode:
+                        groups = {k: v for k, v in groups.items() if not k.endswith("4:4:4")}
+                    if "f" in mode or "s" in mode:
+                        groups = {k: groups[k] for k in sorted(groups)}
+                        turn = b if "s" in mode else 0
+                    off = 0
+                    for idx in groups.values():
+                        dec = decs[turn % inst]
+                        st = sts[turn % inst % len(sts)]
+                        turn += 1
+                        places = []
+                        for i in idx:
+                            places.append((slab.data.ptr + off, dims[i][0] * 3))
+                            off += dims[i][0] * dims[i][1] * 3
+                        t0 = time.perf_counter()
+                        dec.decode([(host[i].ctypes.data, host[i].nbytes) for i in idx], places, st)
+                        spent["call"] += time.perf_counter() - t0
+
+            def go(passes: int, n_threads=n_threads, mode=mode) -> float:
+                ids = [b for _ in range(passes) for b in range(len(batches))]
+                wall = threads_wall([(run, (w, ids[w::n_threads])) for w in range(n_threads)],
+                                    cp.cuda.runtime.deviceSynchronize)
+                return sum(_decoded(kind_batches[b], mode) for b in ids) / wall
+
+            go(1)
+            spent["call"] = 0.0
+            rate = go(args.passes)
+            report(f"nvjpeg: HW only, direct, {n_threads} thread(s) x {inst} instances{' ' + mode if mode else ''}",
+                   rate, f"(host s in decode calls: {spent['call']:.2f})")
             for decs, _, _ in workers:
                 for d in decs:
                     d.close()

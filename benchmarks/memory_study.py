@@ -39,7 +39,9 @@ buffer k, ``image_gpu.CUDA_RING``), ``slack`` (a chunk buffer grows to a call's 
 1/slack, ``image_gpu.RING_SLACK``), ``sched`` (how host threads wait for the GPU: ``auto``, ``spin``,
 ``yield`` or ``blocking``, ``gpu_executor.SYNC_POLICY`` by default), ``connections``
 (``CUDA_DEVICE_MAX_CONNECTIONS``), ``hw_threads`` (each hardware-decoder instance's worker
-threads, ``GpuImageDecoder.HW_THREADS``), ``alloc`` (``count`` or ``pool``: give nvImageCodec's decoders
+threads, ``GpuImageDecoder.HW_THREADS``), ``direct`` (0: the hardware engine through nvImageCodec's
+hardware decoder instead of nvJPEG directly, ``image_gpu.HW_DIRECT``), ``prio`` (the decoder streams made at the device's greatest
+priority: ``hw``, ``cuda`` or ``hw+cuda``, ``image_gpu.HIGH_PRIORITY``), ``alloc`` (``count`` or ``pool``: give nvImageCodec's decoders
 allocators of ours that count nvJPEG's own device and pinned memory, from ``cudaMalloc`` or from the
 stream-ordered pool), ``profile`` (1: wall time per function, cProfile, over the timed windows; in Python 3.12
 it sees every thread, and slows them), ``gil`` (ms of pure-Python work, the GIL held, added to each batch's hand-over: how
@@ -138,6 +140,10 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         image_gpu.RING_SLACK = int(knobs["slack"])
     if "hw_ring" in knobs:  # as cuda_ring, for the hardware engine
         image_gpu.HW_RING = int(knobs["hw_ring"])
+    if "direct" in knobs:  # 0: the hardware engine through nvImageCodec instead of nvJPEG directly
+        os.environ["GPUBATCH_HW_DIRECT"] = knobs["direct"]
+    if "prio" in knobs:  # decoder streams at the greatest priority: hw, cuda or both ("+"-joined)
+        image_gpu.HIGH_PRIORITY = tuple(knobs["prio"].split("+"))
     if "cuda_ring" in knobs:  # the CUDA decoder's calls over this many buffers in turn (0: one per call of a part)
         image_gpu.CUDA_RING = int(knobs["cuda_ring"])
     counted = _count_allocations(knobs["alloc"]) if "alloc" in knobs else None
@@ -398,7 +404,7 @@ def breakdown(args: argparse.Namespace) -> list[tuple[str, int, str]]:
     note("pipeline built (engine, decoders)")
     dec = pipe.engine.decoder
     blobs = image_gpu._tiny_jpegs(256)  # the warm-up's batch, one decoder at a time
-    for k, _ in enumerate(dec.hw_cs):
+    for k, _ in enumerate(dec.hw_cs or dec.hw_direct):
         dec.first_call(True, blobs)
         note(f"+ hardware decoder {k + 1}'s first call (256 tiny JPEGs)")
     dec.first_call(False, blobs)

@@ -145,7 +145,7 @@ class GpuEngine:
     def __init__(self, device: Device, cpu_threads: int = 8,
                  gpu_memory: str | int | float | None = None, share: int = 1, deterministic: bool = True,
                  jpeg_encoder: str = "batched", hw_preallocate: tuple[int, int, int] | None = None,
-                 decoder_options: str = "", sync: str | None = None):
+                 decoder_options: str = "", sync: str | None = None, hw_direct: bool | None = None):
         import os
         import sys
 
@@ -179,7 +179,7 @@ class GpuEngine:
         self._null = cp.zeros(1, cp.uint64)  # stands for an unused pointer argument
         self.cpu_threads = cpu_threads
         self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic,
-                                       hw_preallocate=hw_preallocate, options=decoder_options)
+                                       hw_preallocate=hw_preallocate, options=decoder_options, hw_direct=hw_direct)
         self.jpeg_encoder = jpeg_encoder
         self._encoder = None
 
@@ -209,14 +209,15 @@ class GpuEngine:
 
     def pin_host(self, buf: Any) -> Callable[[], None] | None:
         """Page-lock the host memory of ``buf`` (the feed's shared-memory ring) for the GPU; returns
-        the function that unlocks it, or None where the driver refused (then nothing changes).
+        the function that unlocks it (after waiting, through :meth:`drain`, until no copy from it is
+        queued or running), or None where the driver refused (then nothing changes).
 
         The decoders copy each image's encoded bytes to the device with one ``cudaMemcpyAsync``; from
         pageable memory the driver stages that copy on the calling thread, which made the hardware
         decoder's thread spend 24.5 us per image in the call against DALI's 5.4 us from its pinned
         buffers (CUPTI trace, benchmarks/timeline.py). From page-locked memory the copy is a DMA the
-        call only queues, so the bytes must stay put until the GPU has read them: call
-        :meth:`drain` before unlocking, and let slots go only in stream order (ImagePipeline does)."""
+        call only queues, so the bytes must stay put until the GPU has read them: let slots go only
+        in stream order (ImagePipeline does); the returned function drains the decoders first."""
         import numpy as np
 
         view = np.frombuffer(buf, np.uint8)
@@ -230,6 +231,7 @@ class GpuEngine:
             return None
 
         def unpin() -> None:
+            self.drain()  # no copy from the buffer is queued or running any more
             try:
                 with self.dev:
                     rt.hostUnregister(ptr)
@@ -489,7 +491,9 @@ class ImagePipeline:
         self.device = device if isinstance(device, Device) else resolve(device, gpu)
         self.plan.validate(DEVICE if self.device.is_gpu else "host")
         self.cpu_threads = cpu_threads or default_workers()
-        self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory, decoder_options=decoder_options, sync=sync)
+        # region decode needs nvImageCodec's hardware decoder (the direct path decodes whole images)
+        self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory, decoder_options=decoder_options, sync=sync,
+                                 hw_direct=False if region_decode else None)
                        if self.device.is_gpu else None)
         if self.engine is not None and warm_up:
             self.engine.warm_up(warm_up)
@@ -720,7 +724,6 @@ class ImagePipeline:
                                      ordered_release=unpin is not None)
         finally:
             if unpin is not None:
-                self.engine.drain()  # no copy from the ring is queued or running any more
                 unpin()
             feed.close()
 

@@ -155,7 +155,6 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
     finally:
         if engine is not None:
             if unpin is not None:
-                engine.drain()
                 unpin()
             engine.close()
         if feed is not None:

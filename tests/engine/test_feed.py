@@ -39,6 +39,16 @@ def test_display_size_matches_decode_including_exif_rotation():
     assert rotated >= 1  # the sample set holds an EXIF-rotated photo: the size must come out transposed
 
 
+def test_jpeg_kind_sets_exif_turned_images_apart():
+    """An EXIF-oriented JPEG gets a kind of its own (the hardware engine's direct path does not turn
+    images, so the router sends those to the CUDA decoder); an upright one keeps the plain kind."""
+    kinds = {f.name: jpeg_kind(f.read_bytes()) for f in _files() if f.suffix.lower() != ".png"}
+    turned = [k for k in kinds.values() if k[0] and k[0].endswith("/turned")]
+    assert len(turned) >= 1 and all(k[0].count("/") == 2 for k in turned)
+    assert kinds["flower_000.jpg"][0].endswith("/turned")  # orientation 6 in the sample set
+    assert sum(1 for k in kinds.values() if k[0] and not k[0].endswith("/turned")) >= 30  # upright: plain kinds
+
+
 def test_orientation_of_broken_exif_is_upright():
     head = b"\xff\xd8\xff\xe1\x00\x10Exif\x00\x00MM\x00\x2a\x00\x00\xff\xff"
     assert jpeg_orientation(head) == 1

@@ -137,7 +137,7 @@ def test_c_api_decoder_equals_python_binding():
 
     stream = cp.cuda.Stream(non_blocking=True)
     for api in ("python", "c"):
-        dec = GpuImageDecoder(0, 4, api=api)
+        dec = GpuImageDecoder(0, 4, api=api, hw_direct=False)  # the same hardware decoder (the direct path: below)
         for name, reg in (("full", None), ("region", regions)):
             res = dec.decode(blobs, stream, regions=reg)
             stream.synchronize()
@@ -153,6 +153,56 @@ def test_c_api_decoder_equals_python_binding():
             assert (a is None) == (b is None)
             if a is not None:
                 np.testing.assert_array_equal(a, b)
+
+
+def test_hw_direct_path_matches_nvimagecodec_and_retries_a_failed_call(monkeypatch):
+    """The hardware engine driven through nvJPEG directly (the default) gives nvImageCodec's hardware
+    decoder's pixels, chroma upsampled by interpolation as libjpeg does; EXIF-turned images go to the
+    CUDA decoder, which turns them; a call nvJPEG fails is decoded again by the CUDA decoder, its images
+    all kept."""
+    import cupy as cp
+
+    from gpubatch.engine.codecs import nvjpeg_hw
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
+
+    blobs = [jpeg_bytes(photo(150 + 7 * i, 230 - 3 * i, seed=i), 80 + i, subsampling=("4:2:0", "4:2:2", "4:4:4")[i % 3])
+             for i in range(24)]
+    blobs.append(jpeg_bytes(photo(120, 170, seed=40)[..., 0], 85))  # gray
+    blobs.append((SAMPLE / "imagenet/flower/flower_000.jpg").read_bytes())  # EXIF orientation 6
+    stream = cp.cuda.Stream(non_blocking=True)
+    got = {}
+    for direct in (True, False):
+        dec = GpuImageDecoder(0, 4, api="c", cuda_share=0.0, hw_direct=direct)
+        assert bool(dec.hw_direct) == direct and bool(dec.hw_cs) != direct
+        dec.warm_up(64)
+        res = dec.decode(blobs, stream)
+        got[direct] = _finished(res, stream)
+        dec.close()
+    (d_px, d_ok, d_gpu, d_hw, d_fb), (n_px, n_ok, n_gpu, n_hw, n_fb) = got[True], got[False]
+    assert all(d_ok) and all(n_ok) and d_gpu == n_gpu == len(blobs) and d_fb == n_fb == 0
+    assert d_hw == len(blobs) - 1 and n_hw >= d_hw  # the turned photo went to the CUDA decoder
+    for b, x, y in zip(blobs, d_px, n_px):
+        assert x.shape == y.shape == host.decode(b).shape
+        assert np.abs(x.astype(int) - y.astype(int)).max() <= 1
+    assert np.abs(d_px[-1].astype(int) - host.decode(blobs[-1]).astype(int)).mean() < 3.0
+
+    calls = []
+    real = nvjpeg_hw.HwBatchDecoder.decode
+
+    def fail_first(self, sources, outputs, stream):
+        calls.append(len(sources))
+        if len(calls) == 1:
+            raise nvjpeg_hw.NvjpegError("nvjpegDecodeBatched", 3)
+        return real(self, sources, outputs, stream)
+
+    dec = GpuImageDecoder(0, 4, api="c", cuda_share=0.0, hw_direct=True)
+    dec.warm_up(64)
+    monkeypatch.setattr(nvjpeg_hw.HwBatchDecoder, "decode", fail_first)
+    px, ok, on_gpu, hw, fb = _finished(dec.decode(blobs, stream), stream)
+    dec.close()
+    assert all(ok) and on_gpu == len(blobs) and fb == 0 and hw == len(blobs) - 1 - calls[0]
+    for x, y in zip(px, d_px):
+        assert np.abs(x.astype(int) - y.astype(int)).mean() < 1.0  # the retried call: CUDA decoder's pixels
 
 
 def _mixed_batches(seed: int, n: int, sides: tuple[int, int], corrupt: int, png: int) -> list[list[bytes]]:

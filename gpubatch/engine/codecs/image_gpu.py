@@ -35,7 +35,8 @@ import numpy as np
 
 from ...errors import DependencyError
 from . import image as host
-from .image import jpeg_header
+from .image import jpeg_header, jpeg_orientation
+from .nvjpeg_hw import NvjpegError
 
 # SOF markers nvJPEG's GPU decoders handle (baseline, extended, progressive Huffman).
 _GPU_SOF = {0xC0: "baseline", 0xC1: "extended", 0xC2: "progressive"}
@@ -51,14 +52,17 @@ def nvimgcodec():
 
 
 def jpeg_kind(data: bytes) -> tuple[str | None, int, int]:
-    """("baseline/4:2:0"-style kind, width, height) of a JPEG the GPU decoders may take, else (None, w, h)."""
+    """("baseline/4:2:0"-style kind, width, height) of a JPEG the GPU decoders may take, else (None, w, h).
+    A JPEG with an EXIF orientation other than upright gets "/turned" after its kind: the hardware
+    engine's direct path does not turn images, so those go to the CUDA decoder, which does."""
     hdr = jpeg_header(data)
     if hdr is None:
         return None, 0, 0
     sof, sub, w, h = hdr
     if sof not in _GPU_SOF or sub not in _GPU_SUB:
         return None, w, h
-    return f"{_GPU_SOF[sof]}/{sub}", w, h
+    kind = f"{_GPU_SOF[sof]}/{sub}"
+    return (kind if jpeg_orientation(data) == 1 else kind + "/turned"), w, h
 
 
 @dataclass
@@ -213,15 +217,20 @@ _STREAMS: dict[tuple[int, str], Any] = {}
 _POOLS_SET: set[int] = set()
 
 
-def _process_stream(cp, device_index: int, name: str):
-    """A non-blocking stream that lives as long as the process.
+def _process_stream(cp, device_index: int, name: str, high: bool = False):
+    """A non-blocking stream that lives as long as the process (``high``: at the device's greatest
+    priority, so that its kernels are scheduled before those of other streams).
 
     nvImageCodec frees each decoded image on the stream it was decoded on (cudaFreeAsync); an image
     outliving a destroyed stream crashed the process at exit. These streams are never destroyed.
     """
-    key = (device_index, name)
+    key = (device_index, name, high)
     if key not in _STREAMS:
-        ptr = cp.cuda.runtime.streamCreateWithFlags(1)  # cudaStreamNonBlocking
+        rt = cp.cuda.runtime
+        if high:
+            ptr = rt.streamCreateWithPriority(1, -1024)  # the driver clamps it to the greatest priority
+        else:
+            ptr = rt.streamCreateWithFlags(1)  # cudaStreamNonBlocking
         _STREAMS[key] = cp.cuda.ExternalStream(ptr, device_index)
     return _STREAMS[key]
 
@@ -260,6 +269,14 @@ MIN_CALLS = 2  # calls a chunked part is split into at least
 # The hardware engine's part of a batch in one call whatever the chroma subsamplings (True), or one
 # call per kind (False): one mixed call lost 8-20% in the pipeline (memory_study ``hw_mixed=1``, H200)
 HW_MIXED = False
+# The hardware engine driven through nvJPEG's batched API directly (:mod:`.nvjpeg_hw`) instead of
+# nvImageCodec's hardware decoder, where nvJPEG loads (GPUBATCH_HW_DIRECT=0 turns it off). The engine
+# alone, one thread, the mixed set's kinds a call each: 22,500-23,900 images/s against 16,000-17,300
+# (H200; benchmarks/decode_study.py, groups "nvjpeg" and "hwpar").
+HW_DIRECT = True
+# the decoders' streams ("hw", "cuda") made at the device's greatest priority (their kernels, the
+# hardware path's colour conversion among them, go before the consumer's)
+HIGH_PRIORITY: tuple[str, ...] = ()
 RING_SLACK = 16  # a slot grows to the call's size plus 1/RING_SLACK, so that it seldom grows again
 
 
@@ -393,6 +410,8 @@ class _Job:
     retire: list[int | None] = field(default_factory=list)  # per call: the slot's old buffer to free, 0: none,
                                                              # None: the slot did not grow
     turns: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # item -> EXIF orientation
+    direct: bool = False  # the hardware engine through nvJPEG directly: no code streams or descriptors
+    sources: dict[int, tuple[int, int]] = field(default_factory=dict)  # (direct) item -> (host address, size)
 
 
 def _call_lists(lists: list[list[int]], hw: bool, chunk: int) -> list[list[int]]:
@@ -469,7 +488,7 @@ class GpuImageDecoder:
     def __init__(self, device_index: int = 0, cpu_threads: int = 8, hw_decoder: bool = True,
                  cuda_share: float = CUDA_SHARE, deterministic: bool = True, cuda_threads: int | None = None,
                  hw_preallocate: tuple[int, int, int] | None = None, options: str = "",
-                 api: str | None = None, hw_instances: int | None = None):
+                 api: str | None = None, hw_instances: int | None = None, hw_direct: bool | None = None):
 
         import cupy as cp
 
@@ -492,6 +511,7 @@ class GpuImageDecoder:
             raise ValueError(f"unknown decode API {self.api!r}: 'c' or 'python'")
         self.hw = self.cuda = self.lib = self.cuda_c = None
         self.hw_cs: list[Any] = []
+        self.hw_direct: list[Any] = []  # nvjpeg_hw.HwBatchDecoder instances (the C API's hardware path)
         hw_instances = hw_instances or int(os.environ.get("GPUBATCH_HW_DECODERS", self.HW_INSTANCES))
         with cp.cuda.Device(device_index):
             self.stream_ordered = _keep_freed_memory(cp, device_index)
@@ -506,7 +526,9 @@ class GpuImageDecoder:
                                   "binding", RuntimeWarning, stacklevel=2)
                     self.api = "python"
             if self.api == "c":
-                if hw_decoder:
+                if hw_decoder and _want_direct(hw_direct):
+                    self.hw_direct = self._direct_instances(max(1, hw_instances))
+                if hw_decoder and not self.hw_direct:
                     self.hw_cs = [self.lib.decoder(device_index, self.HW_THREADS, BACKEND_HW_GPU_ONLY, hw_options)
                                   for _ in range(max(1, hw_instances))]
                 self.cuda_c = self.lib.decoder(device_index, self.cuda_threads, BACKEND_HYBRID_CPU_GPU,
@@ -518,8 +540,8 @@ class GpuImageDecoder:
                            if hw_decoder else None)
                 self.cuda = nic.Decoder(device_id=device_index, max_num_cpu_threads=self.cuda_threads,
                                         backends=[nic.Backend(nic.BackendKind.HYBRID_CPU_GPU)], options=cuda_options)
-            self.hw_stream = _process_stream(cp, device_index, "hw")
-            self.cuda_stream = _process_stream(cp, device_index, "cuda")
+            self.hw_stream = _process_stream(cp, device_index, "hw", "hw" in HIGH_PRIORITY)
+            self.cuda_stream = _process_stream(cp, device_index, "cuda", "cuda" in HIGH_PRIORITY)
         if self.api == "python":
             self.params = self.nic.DecodeParams(apply_exif_orientation=True, color_spec=self.nic.ColorSpec.SRGB,
                                                 allow_any_depth=False)
@@ -557,6 +579,23 @@ class GpuImageDecoder:
         self.timings = {"parse": 0.0, "hw": 0.0, "hw_wrap": 0.0, "cuda": 0.0, "cuda_wrap": 0.0, "cpu": 0.0,
                         "hw_slot": 0.0, "cuda_slot": 0.0}
 
+    def _direct_instances(self, n: int) -> list[Any]:
+        """``n`` instances of the hardware engine's direct path, or none (with a warning) where nvJPEG
+        cannot make them (then nvImageCodec's hardware decoder is used)."""
+        from .nvjpeg_hw import HwBatchDecoder
+
+        made: list[Any] = []
+        try:
+            for _ in range(n):
+                made.append(HwBatchDecoder(self.cp))
+        except (DependencyError, NvjpegError, OSError) as e:
+            for dec in made:
+                dec.close()
+            warnings.warn(f"the hardware JPEG engine is not usable through nvJPEG directly ({e}); using "
+                          "nvImageCodec's hardware decoder", RuntimeWarning, stacklevel=3)
+            return []
+        return made
+
     def warm_up(self, batch: int = 256) -> float:
         """Run ``batch`` tiny JPEGs (every subsampling, and gray) through each decoder once; returns the
         seconds.
@@ -570,7 +609,7 @@ class GpuImageDecoder:
         blobs = _tiny_jpegs(batch)
         with self._calling:
             if self.lib is not None:
-                for _ in self.hw_cs:  # one call each: the calls take turns over the instances
+                for _ in self.hw_cs or self.hw_direct:  # one call each: the calls take turns over the instances
                     self.first_call(True, blobs)
                 self.first_call(False, blobs)
             for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
@@ -584,7 +623,13 @@ class GpuImageDecoder:
         """One whole-part call of the hardware engine (``hw``) or the CUDA decoder on ``blobs``, the
         results dropped, waited for (the C API; for the warm-up and memory studies)."""
         kinds = [jpeg_kind(b)[0] for b in blobs]
-        job = self._prepare(hw, blobs, None, [list(range(len(blobs)))], self.hw_stream)
+        lists = [list(range(len(blobs)))]
+        if hw and self.hw_direct:  # a call per kind: a kind the engine refuses fails its own call only
+            groups: dict[str | None, list[int]] = {}
+            for i, k in enumerate(kinds):
+                groups.setdefault(k, []).append(i)
+            lists = list(groups.values())
+        job = self._prepare(hw, blobs, None, lists, self.hw_stream)
         self._run(job, blobs, None, kinds)
         self._cuda_thread.submit(int).result()  # a retry of what the hardware engine failed has run
         self.hw_stream.synchronize()
@@ -610,9 +655,9 @@ class GpuImageDecoder:
             ev.synchronize()
         self.hw_stream.synchronize()
         self.cuda_stream.synchronize()
-        for dec in self.hw_cs + ([self.cuda_c] if self.cuda_c else []):
+        for dec in self.hw_cs + self.hw_direct + ([self.cuda_c] if self.cuda_c else []):
             dec.close()
-        self.hw_cs, self.cuda_c = [], None
+        self.hw_cs, self.hw_direct, self.cuda_c = [], [], None
         rt = self.cp.cuda.runtime
         for ring in self._rings.values():  # the chunk buffers (their last readers: the consumer's streams)
             for slot in ring:
@@ -644,7 +689,7 @@ class GpuImageDecoder:
         decoder gets ``cuda_share`` of the batch, the kinds the hardware engine is slowest on first.
         The split depends only on the batch's contents, so a fixed share routes a given batch the
         same way every time."""
-        if self.hw is None and not self.hw_cs:
+        if self.hw is None and not self.hw_cs and not self.hw_direct:
             return [], sorted(i for idx in groups.values() for i in idx)
         hw_kinds = [k for k in _HW_ORDER if k in groups and k not in self.hw_refuses]
         cuda = [i for k, idx in groups.items() if k not in hw_kinds for i in idx]
@@ -733,6 +778,7 @@ class GpuImageDecoder:
         arrays: list[Any] = [None] * n
         errors: list[str | None] = [None] * n
         kinds: list[str | None] = [None] * n
+        dims: list[tuple[int, int]] = [(0, 0)] * n  # (width, height) as stored
         groups: dict[str, list[int]] = {}
         to_cpu = []
         for i, b in enumerate(blobs):
@@ -742,7 +788,9 @@ class GpuImageDecoder:
             if max_pixels and w * h > max_pixels:
                 errors[i] = f"image of {w}x{h} = {w * h} pixels exceeds --max-pixels {max_pixels}"
                 continue
-            kinds[i] = kind
+            if kind is not None and self.hw_direct and bytes(b[-2:]) != b"\xff\xd9":
+                kind += "/unended"  # cut short (or followed by other bytes): nvImageCodec's checks, not the direct path
+            kinds[i], dims[i] = kind, (w, h)
             if kind is None:
                 to_cpu.append(i)
             else:
@@ -770,7 +818,7 @@ class GpuImageDecoder:
         parts = 0
         for hw, lists, thread in ((True, to_hw, self._hw_thread), (False, [to_cuda], self._cuda_thread)):
             if any(lists):
-                job = self._prepare(hw, blobs, regions, lists, stream, chunk)
+                job = self._prepare(hw, blobs, regions, lists, stream, chunk, dims)
                 job.sink = sink
                 thread.submit(self._run, job, blobs, regions, kinds)
                 parts += 1
@@ -839,16 +887,19 @@ class GpuImageDecoder:
         return retry
 
     def _prepare(self, hw: bool, blobs: list[Any], regions: list | None, lists: list[list[int]],
-                 consumer: Any, chunk: int = 0) -> _Job:
+                 consumer: Any, chunk: int = 0, dims: list[tuple[int, int]] | None = None) -> _Job:
         """Make the code streams and output descriptors of the items ``lists`` of a batch (one decode
         call per list): all in one device buffer taken on the decoder's stream, or with ``chunk`` in
         calls of at most ``chunk`` items, each in the decoder's next ring slot. Runs in the thread that
-        hands the batch over, so the decoder's own thread only makes the decode calls."""
+        hands the batch over, so the decoder's own thread only makes the decode calls. The hardware
+        engine's direct path (``hw_direct``) needs neither: its items' places come from their stored
+        sizes (``dims``: (width, height) per item, read from the headers where not given), whole
+        images whatever ``regions`` asks (the caller reads the size of what it gets)."""
         lib = self.lib
         t0 = time.perf_counter()
         if chunk:
             lists = _call_lists(lists, hw, chunk)
-        job = _Job(hw, lists, self.hw_stream if hw else self.cuda_stream, consumer)
+        job = _Job(hw, lists, self.hw_stream if hw else self.cuda_stream, consumer, direct=hw and bool(self.hw_direct))
         shapes: dict[int, tuple[int, int]] = {}
         turns: dict[int, tuple[int, int, int]] = {}  # EXIF orientation per image
         items = [i for idx in lists for i in idx]
@@ -857,7 +908,15 @@ class GpuImageDecoder:
             addr, size, keep = _host_address(blobs[i])
             job.hosts.append(keep)
             sources.append((addr, size, regions[i] if regions is not None else None))
-        for i, (_, _, r), got in zip(items, sources, lib.open_streams(sources)):
+        if job.direct:
+            for i, (addr, size, _) in zip(items, sources):
+                w, h = dims[i] if dims is not None else jpeg_kind(bytes(blobs[i]))[1:]
+                if w <= 0 or h <= 0:
+                    job.part.failed.append(i)
+                    continue
+                job.sources[i], shapes[i], turns[i] = (addr, size), (h, w), (0, 0, 0)
+            sources = []
+        for i, (_, _, r), got in zip(items, sources, lib.open_streams(sources) if sources else []):
             if got is None:
                 job.part.failed.append(i)
                 continue
@@ -915,7 +974,13 @@ class GpuImageDecoder:
 
     def _describe(self, job: _Job, shapes: dict[int, tuple[int, int]], turns: dict[int, tuple[int, int, int]],
                   base: int, offsets: dict[int, int]) -> None:
-        """The output descriptors of the items ``offsets`` names (bytes from ``base``), in one call."""
+        """The output descriptors of the items ``offsets`` names (bytes from ``base``), in one call (the
+        direct path: only their places)."""
+        if job.direct:
+            for i, off in offsets.items():
+                h, w = shapes[i]
+                job.views[i] = (base + off, (h, w, 3), w * 3)
+            return
         specs = [(base + off, *shapes[i], shapes[i][1] * 3, turns[i]) for i, off in offsets.items()]
         for (i, off), img in zip(offsets.items(), self.lib.images(specs, job.stream.ptr)):
             h, w = shapes[i]
@@ -1002,8 +1067,9 @@ class GpuImageDecoder:
         pos = slab.ptr
         for i in idx:
             _, (h, w, _c), row = job.views[i]
-            lib.destroy([], [job.images[i]])
-            job.images[i] = lib.image(pos, h, w, row, job.stream.ptr, job.turns[i])
+            if not job.direct:
+                lib.destroy([], [job.images[i]])
+                job.images[i] = lib.image(pos, h, w, row, job.stream.ptr, job.turns[i])
             job.views[i] = (pos, (h, w, 3), row)
             pos += (h * w * 3 + 255) & ~255
         return slab
@@ -1032,13 +1098,13 @@ class GpuImageDecoder:
 
     def _calls(self, job: _Job, kinds: list[str | None]) -> list[int]:
         """The decode calls of :meth:`_run`; returns what the hardware engine failed."""
-        cp, part, streams, images = self.cp, job.part, job.streams, job.images
+        cp, part, streams, images, views = self.cp, job.part, job.streams, job.images, job.views
         t0 = time.perf_counter()
         done: list[tuple[int, bool]] = []
         retry: list[int] = []
         with cp.cuda.Device(self.device_index):
             for k, idx in enumerate(job.lists):
-                idx = [i for i in idx if i in streams]
+                idx = [i for i in idx if i in views]
                 if not idx:
                     continue
                 owner = None
@@ -1046,7 +1112,17 @@ class GpuImageDecoder:
                     owner = self._take_slot(job, k)
                     if owner is None:
                         owner = self._own_buffer(job, idx)
-                if job.hw:
+                if job.direct:
+                    dec = self.hw_direct[self._hw_turn % len(self.hw_direct)]
+                    self._hw_turn += 1
+                    try:
+                        dec.decode([job.sources[i] for i in idx], [(views[i][0], views[i][2]) for i in idx], job.stream)
+                        ok = [True] * len(idx)
+                    except NvjpegError:  # the call failed as a whole (a corrupt image fails its call)
+                        ok = [False] * len(idx)
+                    part.hw += sum(ok)
+                    retry.extend(self._learn(kinds, idx, ok))
+                elif job.hw:
                     dec = self.hw_cs[self._hw_turn % len(self.hw_cs)]
                     self._hw_turn += 1
                     ok = dec.finish(dec.start([streams[i] for i in idx], [images[i] for i in idx]))
@@ -1132,6 +1208,14 @@ class GpuImageDecoder:
             res.keep.append(owner)
         tm["hw_wrap"] += time.perf_counter() - t2
         return to_cpu
+
+
+def _want_direct(hw_direct: bool | None) -> bool:
+    """Whether to drive the hardware engine through nvJPEG directly (``hw_direct``, else
+    :data:`HW_DIRECT` unless GPUBATCH_HW_DIRECT=0)."""
+    if hw_direct is not None:
+        return hw_direct
+    return HW_DIRECT and os.environ.get("GPUBATCH_HW_DIRECT", "1") != "0"
 
 
 def _host_address(blob: Any) -> tuple[int, int, Any]:

@@ -1,0 +1,166 @@
+"""The hardware JPEG engine through nvJPEG's batched API, called directly (``libnvjpeg`` via ctypes).
+
+nvImageCodec drives the same engine through the same nvJPEG calls, with a per-image layer around them:
+a code stream and an output descriptor per image, and per image a second parse of its header
+(``nvjpegJpegStreamParseHeader``) and a capability check on the decoder's worker threads before the
+batched call. gpubatch has already read every header (kind, size) when it routes a batch, so here a
+call is one ``nvjpegDecodeBatched`` over the encoded bytes and the output places, nothing per image.
+
+One :class:`HwBatchDecoder` is one nvJPEG handle and decode state. nvJPEG keeps a call's bitstreams in
+the state's pinned buffers until the engine has read them, so a call first waits (on the host) until
+the same instance's previous call has finished on the GPU; callers alternate over two or more
+instances so that this wait finds the work done.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import functools
+import importlib.util
+import os
+from typing import Any
+
+from ...errors import DependencyError
+
+BACKEND_HARDWARE = 3  # nvjpegBackend_t
+OUTPUT_RGBI = 5  # nvjpegOutputFormat_t: interleaved RGB
+STATUS_SUCCESS = 0
+# NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION: chroma upsampled by interpolation, as libjpeg (and so
+# Pillow and nvImageCodec) does it; without it the engine's 4:2:0 and 4:2:2 output differed from
+# Pillow's by up to 28-32 levels (mean 0.9-1.4), with it ... (decode_study.py, group "nvjpeg")
+FLAGS = 1 << 5
+_MAX_COMPONENT = 4
+
+
+class NvjpegError(RuntimeError):
+    """An nvJPEG call failed (``status``: its nvjpegStatus_t)."""
+
+    def __init__(self, call: str, status: int):
+        super().__init__(f"{call} failed with nvJPEG status {status}")
+        self.status = status
+
+
+class _Image(C.Structure):  # nvjpegImage_t (CUDA 13: size_t pitches)
+    _fields_ = [("channel", C.c_void_p * _MAX_COMPONENT), ("pitch", C.c_size_t * _MAX_COMPONENT)]
+
+
+def library_path() -> str:
+    """``libnvjpeg.so.13`` where the CUDA 13 nvJPEG wheel puts it (``nvidia/cu13/lib``), else the bare
+    name for the dynamic loader."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    for root in (list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []):
+        path = os.path.join(root, "cu13", "lib", "libnvjpeg.so.13")
+        if os.path.exists(path):
+            return path
+    return "libnvjpeg.so.13"
+
+
+@functools.cache
+def library() -> Any:
+    """libnvjpeg, its calls declared (the GIL is released for each)."""
+    try:
+        lib = C.CDLL(library_path())
+    except OSError as e:
+        raise DependencyError(f"nvJPEG's library is not loadable ({e}): pip install 'gpubatch[cu13]'") from None
+    vp, st = C.c_void_p, C.c_int
+    for name, args in {
+        "nvjpegCreateEx": [st, vp, vp, C.c_uint, C.POINTER(vp)],
+        "nvjpegDestroy": [vp],
+        "nvjpegJpegStateCreate": [vp, C.POINTER(vp)],
+        "nvjpegJpegStateDestroy": [vp],
+        "nvjpegGetHardwareDecoderInfo": [vp, C.POINTER(C.c_uint), C.POINTER(C.c_uint)],
+        "nvjpegDecodeBatchedInitialize": [vp, vp, C.c_int, C.c_int, st],
+        "nvjpegDecodeBatched": [vp, vp, C.POINTER(vp), C.POINTER(C.c_size_t), C.POINTER(_Image), vp],
+        "nvjpegDecodeBatchedPreAllocate": [vp, vp, C.c_int, C.c_int, C.c_int, st, st],
+    }.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, st
+    return lib
+
+
+def _check(call: str, status: int) -> None:
+    if status != STATUS_SUCCESS:
+        raise NvjpegError(call, status)
+
+
+def available() -> bool:
+    """Whether the hardware engine can be driven directly (nvJPEG loads and makes a hardware handle)."""
+    try:
+        lib = library()
+    except DependencyError:
+        return False
+    handle = C.c_void_p()
+    if lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, C.byref(handle)) != STATUS_SUCCESS:
+        return False
+    lib.nvjpegDestroy(handle)
+    return True
+
+
+class HwBatchDecoder:
+    """One nvJPEG hardware-backend handle and decode state (see the module docstring). Make it with the
+    device current; ``cp`` is CuPy (for the event that tracks the previous call)."""
+
+    def __init__(self, cp: Any):
+        self.lib = library()
+        self.cp = cp
+        self.device = cp.cuda.runtime.getDevice()  # made current in each calling thread (nvJPEG allocates there)
+        self.handle, self.state = C.c_void_p(), C.c_void_p()
+        _check("nvjpegCreateEx", self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, FLAGS, C.byref(self.handle)))
+        try:
+            _check("nvjpegJpegStateCreate", self.lib.nvjpegJpegStateCreate(self.handle, C.byref(self.state)))
+            # nvJPEG's memory pool for the hardware path (nvImageCodec makes this call for the same reason,
+            # at the same minimal size)
+            _check("nvjpegDecodeBatchedPreAllocate",
+                   self.lib.nvjpegDecodeBatchedPreAllocate(self.handle, self.state, 1, 1, 1, 0, OUTPUT_RGBI))
+        except NvjpegError:
+            if self.state:
+                self.lib.nvjpegJpegStateDestroy(self.state)
+            self.lib.nvjpegDestroy(self.handle)
+            raise
+        self.done: Any = None  # the previous call's end on its stream
+
+    def engines(self) -> tuple[int, int]:
+        """(hardware engines, cores per engine) nvJPEG reports."""
+        n, cores = C.c_uint(), C.c_uint()
+        _check("nvjpegGetHardwareDecoderInfo",
+               self.lib.nvjpegGetHardwareDecoderInfo(self.handle, C.byref(n), C.byref(cores)))
+        return n.value, cores.value
+
+    def decode(self, sources: list[tuple[int, int]], outputs: list[tuple[int, int]], stream: Any) -> None:
+        """Decode ``sources`` ((host address, size) of each JPEG's bytes, valid until this instance's
+        next call has begun) into ``outputs`` ((device address, row pitch) of each interleaved RGB
+        image) on ``stream``, not waited for. Raises :class:`NvjpegError` where nvJPEG refused the call
+        (the whole call: a corrupt image fails its batch)."""
+        n = len(sources)
+        if not n:
+            return
+        data = (C.c_void_p * n)(*[a for a, _ in sources])
+        sizes = (C.c_size_t * n)(*[s for _, s in sources])
+        images = (_Image * n)()
+        for img, (ptr, pitch) in zip(images, outputs):
+            img.channel[0], img.pitch[0] = ptr, pitch
+        if self.done is not None:
+            self.done.synchronize()  # the state's buffers are free again
+        lib = self.lib
+        with self.cp.cuda.Device(self.device):
+            _check("nvjpegDecodeBatchedInitialize",
+                   lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, OUTPUT_RGBI))
+            try:
+                _check("nvjpegDecodeBatched", lib.nvjpegDecodeBatched(self.handle, self.state, data, sizes, images,
+                                                                       C.c_void_p(stream.ptr)))
+            finally:
+                self.done = stream.record()
+
+    def close(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()
+            self.done = None
+        if self.state:
+            self.lib.nvjpegJpegStateDestroy(self.state)
+            self.state = C.c_void_p()
+        if self.handle:
+            self.lib.nvjpegDestroy(self.handle)
+            self.handle = C.c_void_p()
