@@ -235,12 +235,13 @@ def _process_stream(cp, device_index: int, name: str, high: bool = False):
     return _STREAMS[key]
 
 
-# The CUDA decoder's share of each batch (the rest goes to the hardware engine). 0.35 beat 0.5 in 9 of
-# 10 alternating pairs on the bench's training chain (+6.6% on their means) and in 4 of 5 on the
-# validation chain (+3.3%), once the feed's ring was page-locked: that made the hardware engine's calls
-# cheaper (its per-image copy call 24.5 -> 9 us), so it takes more of the batch; 0.25 starved the CUDA
-# decoder's side and lost 20% (H200, benchmarks/memory_study.py ``share``; RESULTS.md, thirteenth session)
-CUDA_SHARE = 0.35
+# The CUDA decoder's share of each batch (the rest goes to the hardware engine). With the hardware
+# engine driven through nvJPEG directly (HW_DIRECT), 0.3 beat 0.35 in 7 of 8 alternating pairs, +1.9%
+# on the training chain's means and +2.0% on the validation chain's, for 2 MiB (H200,
+# benchmarks/memory_study.py ``share``; RESULTS.md, fifteenth session). Before, 0.35 had beaten 0.5 in
+# 9 of 10 pairs once the feed's ring was page-locked, and 0.25 had starved the CUDA decoder's side
+# (thirteenth session).
+CUDA_SHARE = 0.3
 # bytes of freed memory the driver's default pool keeps (see _keep_freed_memory)
 POOL_KEEP = 512 << 20
 # the CUDA decoder's options: Huffman decoding on the GPU for every image (GPU-NOTES: 11,900 against
