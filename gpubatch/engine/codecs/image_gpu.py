@@ -1,12 +1,14 @@
-"""GPU image codecs on nvImageCodec: routed batched JPEG decode and batched JPEG encode.
+"""GPU image codecs on nvImageCodec and nvJPEG: routed batched JPEG decode and batched JPEG encode.
 
 Decode. Each JPEG's header (SOF type, chroma subsampling) is read first and the batch is split:
-part goes to ``HW_GPU_ONLY`` decoders (the hardware JPEG engine), part to the CUDA decoder (Huffman
-on the GPU), both at once, each on its own stream, and nothing waits for the GPU. By default both are
-driven through nvImageCodec's C API (:mod:`.nvimgcodec_c`), each from a thread of its own that goes
-through the batches at that decoder's pace, decoding into one device buffer per batch part.
-Which kinds the hardware engine takes is learned, not assumed: a kind it returns None for is routed
-to the CUDA decoder from then on. Whatever the GPU decoders refuse (CMYK, PNG, corrupt data) is
+part goes to the hardware JPEG engine, part to the CUDA decoder (Huffman on the GPU), both at once,
+each on its own stream, and nothing waits for the GPU. By default the CUDA decoder is driven through
+nvImageCodec's C API (:mod:`.nvimgcodec_c`) and the hardware engine through nvJPEG's batched API
+directly (:mod:`.nvjpeg_hw`; nvImageCodec's ``HW_GPU_ONLY`` decoder where nvJPEG cannot be loaded,
+with ``hw_direct=False`` or for region decode), each from a thread of its own that goes through the
+batches at that decoder's pace, decoding into one device buffer per batch part.
+Which kinds the hardware engine takes is learned, not assumed: a kind it fails is routed to the
+CUDA decoder from then on. Whatever the GPU decoders refuse (CMYK, PNG, corrupt data) is
 decoded by Pillow into its slot and counted as a fallback; only a record that fails there too
 becomes an error. EXIF orientation is applied.
 
@@ -472,7 +474,10 @@ class GpuImageDecoder:
     images/s of the mixed set, with three 13,100-17,100, one thread calling them in turn (H200;
     benchmarks/decode_study.py, group "capi", and RESULTS.md); in the pipeline, where each decoder
     goes at its own pace, two ran within 1% of three, and the third took 53-57 MiB more
-    (``gpubatch bench`` and benchmarks/memory_study.py, ``hw=2``). ``api="python"`` uses the Python
+    (``gpubatch bench`` and benchmarks/memory_study.py, ``hw=2``; nvImageCodec's hardware decoder).
+    With ``hw_direct`` (the default where nvJPEG loads; :data:`HW_DIRECT`) those instances are
+    :class:`~gpubatch.engine.codecs.nvjpeg_hw.HwBatchDecoder` objects and the hardware part needs no
+    code streams or descriptors: its places come from the sizes the headers gave. ``api="python"`` uses the Python
     binding (one instance, the CUDA decoder called from a second thread); it is the fallback where
     the C library cannot be loaded, and the reference the C path is tested against.
 
