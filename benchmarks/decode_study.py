@@ -76,6 +76,22 @@ def _decoded(groups: dict[str, list[int]], mode: str) -> int:
     return sum(len(v) for k, v in groups.items() if not ("n" in mode and k.endswith("4:4:4")))
 
 
+def _hw_calls(kind_batches: list[dict[str, list[int]]], ids: list[int], mode: str, inst: int, streams: int):
+    """One thread's calls in the hwpar and nvjpeg groups, in order: (instance, stream, item indices, first
+    call of its batch) per call, a call per kind of each batch ``ids`` names (modes: the hwpar group's)."""
+    turn = 0
+    for b in ids:
+        groups = kind_batches[b]
+        if "n" in mode:
+            groups = {k: v for k, v in groups.items() if not k.endswith("4:4:4")}
+        if "f" in mode or "s" in mode:
+            groups = {k: groups[k] for k in sorted(groups)}
+            turn = b if "s" in mode else 0
+        for k, idx in enumerate(groups.values()):
+            yield turn % inst, turn % inst % streams, idx, k == 0
+            turn += 1
+
+
 def report(name: str, rate: float, extra: str = "") -> None:
     RESULTS[name] = round(rate)
     print(f"{name:58s} {rate:9,.0f} img/s  {CORES[0]:4.1f} cores  {extra}", flush=True)
@@ -328,27 +344,17 @@ def main() -> None:
 
             def run(w: int, ids: list[int], workers=workers, inst=inst, mode=mode) -> None:
                 decs, sts, slab = workers[w]
-                turn = 0
-                for b in ids:
-                    groups = kind_batches[b]
-                    if "n" in mode:
-                        groups = {k: v for k, v in groups.items() if not k.endswith("4:4:4")}
-                    if "f" in mode or "s" in mode:
-                        groups = {k: groups[k] for k in sorted(groups)}
-                        turn = b if "s" in mode else 0
-                    off = 0
-                    for idx in groups.values():
-                        dec = decs[turn % inst]
-                        st = sts[turn % inst % len(sts)]
-                        turn += 1
-                        css, imgs = [], []
-                        for i in idx:
-                            css.append(lib.code_stream(addr[i].ctypes.data, addr[i].nbytes))
-                            d = dims[i]
-                            imgs.append(lib.image(slab.data.ptr + off, d.height, d.width, d.width * 3, st.ptr))
-                            off += d.width * d.height * 3
-                        dec.finish(dec.start(css, imgs))
-                        lib.destroy(css, imgs)
+                off = 0
+                for d, s, idx, first in _hw_calls(kind_batches, ids, mode, inst, len(sts)):
+                    dec, st, off = decs[d], sts[s], 0 if first else off
+                    css, imgs = [], []
+                    for i in idx:
+                        css.append(lib.code_stream(addr[i].ctypes.data, addr[i].nbytes))
+                        dm = dims[i]
+                        imgs.append(lib.image(slab.data.ptr + off, dm.height, dm.width, dm.width * 3, st.ptr))
+                        off += dm.width * dm.height * 3
+                    dec.finish(dec.start(css, imgs))
+                    lib.destroy(css, imgs)
 
             def go(passes: int, n_threads=n_threads, mode=mode) -> float:
                 ids = [b for _ in range(passes) for b in range(len(batches))]
@@ -425,26 +431,16 @@ def main() -> None:
 
             def run(w: int, ids: list[int], workers=workers, inst=inst, mode=mode, spent=spent) -> None:
                 decs, sts, slab = workers[w]
-                turn = 0
-                for b in ids:
-                    groups = kind_batches[b]
-                    if "n" in mode:
-                        groups = {k: v for k, v in groups.items() if not k.endswith("4:4:4")}
-                    if "f" in mode or "s" in mode:
-                        groups = {k: groups[k] for k in sorted(groups)}
-                        turn = b if "s" in mode else 0
-                    off = 0
-                    for idx in groups.values():
-                        dec = decs[turn % inst]
-                        st = sts[turn % inst % len(sts)]
-                        turn += 1
-                        places = []
-                        for i in idx:
-                            places.append((slab.data.ptr + off, dims[i][0] * 3))
-                            off += dims[i][0] * dims[i][1] * 3
-                        t0 = time.perf_counter()
-                        dec.decode([(host[i].ctypes.data, host[i].nbytes) for i in idx], places, st)
-                        spent["call"] += time.perf_counter() - t0
+                off = 0
+                for d, s, idx, first in _hw_calls(kind_batches, ids, mode, inst, len(sts)):
+                    off = 0 if first else off
+                    places = []
+                    for i in idx:
+                        places.append((slab.data.ptr + off, dims[i][0] * 3))
+                        off += dims[i][0] * dims[i][1] * 3
+                    t0 = time.perf_counter()
+                    decs[d].decode([(host[i].ctypes.data, host[i].nbytes) for i in idx], places, sts[s])
+                    spent["call"] += time.perf_counter() - t0
 
             def go(passes: int, n_threads=n_threads, mode=mode) -> float:
                 ids = [b for _ in range(passes) for b in range(len(batches))]

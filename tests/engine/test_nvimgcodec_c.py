@@ -70,8 +70,9 @@ def test_a_part_becomes_the_calls_chunked_decode_makes():
     """Each kind's list in pieces of at most ``chunk`` (the hardware engine's: HW_CHUNK), two calls at least."""
     from gpubatch.engine.codecs.image_gpu import HW_CHUNK, _call_lists
 
-    assert HW_CHUNK == 96
-    assert [len(c) for c in _call_lists([list(range(128))], True, 64)] == [64, 64]  # HW_CHUNK, not 64
+    assert HW_CHUNK == 256
+    assert [len(c) for c in _call_lists([list(range(128))], True, 64)] == [64, 64]  # one kind: two calls at least
+    assert [len(c) for c in _call_lists([list(range(130)), list(range(130, 180))], True, 64)] == [130, 50]  # whole kinds
     assert [len(c) for c in _call_lists([list(range(85)), list(range(85, 128))], True, 64)] == [85, 43]
     assert [len(c) for c in _call_lists([list(range(136))], False, 64)] == [46, 45, 45]
     assert _call_lists([list(range(50))], False, 96) == [list(range(25)), list(range(25, 50))]  # two at least

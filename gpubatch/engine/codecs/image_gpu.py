@@ -263,8 +263,12 @@ SLAB_FIT = True
 # it; with CUDA_RING > 0 the CUDA decoder's calls take that many slots in turn instead. A call waits at
 # most RING_WAIT seconds for its slot, then takes a buffer of its own (a consumer reading batches out
 # of order is slowed, never stuck).
+# The hardware engine's calls stay whole per kind (HW_CHUNK = 256: a batch's kind is never split), so
+# each of its instances keeps meeting one kind: with its calls split at 96, chunked decode ran 22,448 /
+# 22,729 images/s against 23,243 / 24,305 whole (H200, the direct path, memory_study ``hw_chunk=256``,
+# both at 872 MiB; RESULTS.md, fifteenth session).
 DECODE_CHUNK = 96
-HW_CHUNK = 96
+HW_CHUNK = 256
 CUDA_RING = 0
 HW_RING = 0  # as CUDA_RING, for the hardware engine's calls
 RING_WAIT = 1.0

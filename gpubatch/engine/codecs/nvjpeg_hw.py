@@ -88,19 +88,6 @@ def _check(call: str, status: int) -> None:
         raise NvjpegError(call, status)
 
 
-def available() -> bool:
-    """Whether the hardware engine can be driven directly (nvJPEG loads and makes a hardware handle)."""
-    try:
-        lib = library()
-    except DependencyError:
-        return False
-    handle = C.c_void_p()
-    if lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, C.byref(handle)) != STATUS_SUCCESS:
-        return False
-    lib.nvjpegDestroy(handle)
-    return True
-
-
 class HwBatchDecoder:
     """One nvJPEG hardware-backend handle and decode state (see the module docstring). Make it with the
     device current; ``cp`` is CuPy (for the event that tracks the previous call)."""
