@@ -264,9 +264,10 @@ SLAB_FIT = True
 # most RING_WAIT seconds for its slot, then takes a buffer of its own (a consumer reading batches out
 # of order is slowed, never stuck).
 # The hardware engine's calls stay whole per kind (HW_CHUNK = 256: a batch's kind is never split), so
-# each of its instances keeps meeting one kind: with its calls split at 96, chunked decode ran 22,448 /
-# 22,729 images/s against 23,243 / 24,305 whole (H200, the direct path, memory_study ``hw_chunk=256``,
-# both at 872 MiB; RESULTS.md, fifteenth session).
+# each of its instances keeps meeting one kind: whole won 3 of 4 alternating pairs against calls split
+# at 96, +3% on the means (23,243 / 24,305 against 22,448 / 22,729 on one machine, 20,241 / 19,013
+# against 18,648 / 20,092 on another), both at 872 MiB (H200, the direct path, memory_study
+# ``hw_chunk``; RESULTS.md, fifteenth session).
 DECODE_CHUNK = 96
 HW_CHUNK = 256
 CUDA_RING = 0
