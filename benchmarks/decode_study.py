@@ -76,6 +76,14 @@ def _decoded(groups: dict[str, list[int]], mode: str) -> int:
     return sum(len(v) for k, v in groups.items() if not ("n" in mode and k.endswith("4:4:4")))
 
 
+def _hw_rate(run, kind_batches: list[dict[str, list[int]]], passes: int, n_threads: int, mode: str, sync) -> float:
+    """Images/s of ``passes`` over the set in ``n_threads`` threads, thread w running ``run(w, batch ids)``
+    on every n-th batch (the hwpar and nvjpeg groups)."""
+    ids = [b for _ in range(passes) for b in range(len(kind_batches))]
+    wall = threads_wall([(run, (w, ids[w::n_threads])) for w in range(n_threads)], sync)
+    return sum(_decoded(kind_batches[b], mode) for b in ids) / wall
+
+
 def _hw_calls(kind_batches: list[dict[str, list[int]]], ids: list[int], mode: str, inst: int, streams: int):
     """One thread's calls in the hwpar and nvjpeg groups, in order: (instance, stream, item indices, first
     call of its batch) per call, a call per kind of each batch ``ids`` names (modes: the hwpar group's)."""
@@ -356,15 +364,10 @@ def main() -> None:
                     dec.finish(dec.start(css, imgs))
                     lib.destroy(css, imgs)
 
-            def go(passes: int, n_threads=n_threads, mode=mode) -> float:
-                ids = [b for _ in range(passes) for b in range(len(batches))]
-                wall = threads_wall([(run, (w, ids[w::n_threads])) for w in range(n_threads)],
-                                    cp.cuda.runtime.deviceSynchronize)
-                return sum(_decoded(kind_batches[b], mode) for b in ids) / wall
-
-            go(1)
+            sync = cp.cuda.runtime.deviceSynchronize
+            _hw_rate(run, kind_batches, 1, n_threads, mode, sync)
             report(f"hwpar: HW only, C API, {n_threads} thread(s) x {inst} decoders{' ' + mode if mode else ''}",
-                   go(args.passes))
+                   _hw_rate(run, kind_batches, args.passes, n_threads, mode, sync))
             for decs, _, _ in workers:
                 for d in decs:
                     d.close()
@@ -442,15 +445,10 @@ def main() -> None:
                     decs[d].decode([(host[i].ctypes.data, host[i].nbytes) for i in idx], places, sts[s])
                     spent["call"] += time.perf_counter() - t0
 
-            def go(passes: int, n_threads=n_threads, mode=mode) -> float:
-                ids = [b for _ in range(passes) for b in range(len(batches))]
-                wall = threads_wall([(run, (w, ids[w::n_threads])) for w in range(n_threads)],
-                                    cp.cuda.runtime.deviceSynchronize)
-                return sum(_decoded(kind_batches[b], mode) for b in ids) / wall
-
-            go(1)
+            sync = cp.cuda.runtime.deviceSynchronize
+            _hw_rate(run, kind_batches, 1, n_threads, mode, sync)
             spent["call"] = 0.0
-            rate = go(args.passes)
+            rate = _hw_rate(run, kind_batches, args.passes, n_threads, mode, sync)
             report(f"nvjpeg: HW only, direct, {n_threads} thread(s) x {inst} instances{' ' + mode if mode else ''}",
                    rate, f"(host s in decode calls: {spent['call']:.2f})")
             for decs, _, _ in workers:

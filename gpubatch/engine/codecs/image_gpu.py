@@ -279,7 +279,7 @@ MIN_CALLS = 2  # calls a chunked part is split into at least
 HW_MIXED = False
 # The hardware engine driven through nvJPEG's batched API directly (:mod:`.nvjpeg_hw`) instead of
 # nvImageCodec's hardware decoder, where nvJPEG loads (GPUBATCH_HW_DIRECT=0 turns it off). The engine
-# alone, one thread, the mixed set's kinds a call each: 22,500-23,900 images/s against 16,000-17,300
+# alone, one thread, the mixed set's kinds a call each: 21,900-23,900 images/s against 16,000-17,300
 # (H200; benchmarks/decode_study.py, groups "nvjpeg" and "hwpar").
 HW_DIRECT = True
 # the decoders' streams ("hw", "cuda") made at the device's greatest priority (their kernels, the
