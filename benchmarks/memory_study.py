@@ -40,7 +40,9 @@ buffer k, ``image_gpu.CUDA_RING``), ``slack`` (a chunk buffer grows to a call's 
 ``yield`` or ``blocking``, ``gpu_executor.SYNC_POLICY`` by default), ``connections``
 (``CUDA_DEVICE_MAX_CONNECTIONS``), ``hw_threads`` (each hardware-decoder instance's worker
 threads, ``GpuImageDecoder.HW_THREADS``), ``direct`` (0: the hardware engine through nvImageCodec's
-hardware decoder instead of nvJPEG directly, ``image_gpu.HW_DIRECT``), ``prio`` (the decoder streams made at the device's greatest
+hardware decoder instead of nvJPEG directly, ``image_gpu.HW_DIRECT``), ``planes`` (``always``, ``chunked`` or ``never``:
+when the direct path decodes 4:2:0 and 4:2:2 images into their planes instead of interleaved RGB,
+``image_gpu.HW_PLANES``), ``prio`` (the decoder streams made at the device's greatest
 priority: ``hw``, ``cuda`` or ``hw+cuda``, ``image_gpu.HIGH_PRIORITY``), ``alloc`` (``count`` or ``pool``: give nvImageCodec's decoders
 allocators of ours that count nvJPEG's own device and pinned memory, from ``cudaMalloc`` or from the
 stream-ordered pool), ``profile`` (1: wall time per function, cProfile, over the timed windows; in Python 3.12
@@ -96,6 +98,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     from gpubatch.engine.codecs import image_gpu
     from gpubatch.engine.gpu_executor import ImagePipeline
 
+    if "planes" in knobs:  # when the hardware engine's direct path decodes into planes (always, chunked, never)
+        image_gpu.HW_PLANES = knobs["planes"]
     if "keep" in knobs:
         image_gpu.POOL_KEEP = int(knobs["keep"]) << 20
     if "round" in knobs:  # the least step (MiB) a batch part's buffer is rounded up by

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
+from .codecs.planes import PLANE_CODE
 from .ops.base import Op, Window
 from .registry import DEVICE, get_kernel
 
@@ -29,7 +30,9 @@ class Ragged:
 
     Attributes:
         ptr: uint64 (N,) address of each image's pixel (0, 0).
-        shape: int32 (N, 3) height, width, row stride in bytes.
+        shape: int32 (N, 3) height, width, row stride in bytes; (N, 4) where some images are in the
+            JPEG's planes (DeviceImage.sampling), the fourth column their format (0: interleaved RGB,
+            1: 4:2:0 planes, 2: 4:2:2 planes). Only the fused resample reads those (:attr:`planes`).
         keep: objects owning the memory, held until the kernels reading it are done.
     """
 
@@ -44,19 +47,28 @@ class Ragged:
     def hw(self) -> np.ndarray:
         return self.shape[:, :2]
 
+    @property
+    def planes(self) -> bool:
+        """Whether some images are in planes (only ``GpuEngine.resample`` reads such a batch)."""
+        return self.shape.shape[1] == 4
+
     @staticmethod
     def from_items(cp: Any, items: Sequence[Any]) -> Ragged:
         """From DeviceImages (the decoder's) or uint8 HWC CuPy arrays."""
         n = len(items)
-        ptr, shape, keep = np.empty(n, np.uint64), np.empty((n, 3), np.int32), []
+        sampled = [getattr(a, "sampling", None) for a in items]
+        planes = any(sampled)
+        ptr, shape, keep = np.empty(n, np.uint64), np.zeros((n, 4 if planes else 3), np.int32), []
         for i, a in enumerate(items):
             if isinstance(a, cp.ndarray):
                 if a.strides[2] != 1 or a.strides[1] != 3:
                     a = cp.ascontiguousarray(a)
                 keep.append(a)
-                ptr[i], shape[i] = a.data.ptr, (a.shape[0], a.shape[1], a.strides[0])
+                ptr[i], shape[i, :3] = a.data.ptr, (a.shape[0], a.shape[1], a.strides[0])
             else:
-                ptr[i], shape[i] = a.ptr, (a.shape[0], a.shape[1], a.row_stride)
+                ptr[i], shape[i, :3] = a.ptr, (a.shape[0], a.shape[1], a.row_stride)
+                if sampled[i]:
+                    shape[i, 3] = PLANE_CODE[sampled[i]]
         return Ragged(ptr, shape, keep)
 
     @staticmethod

@@ -310,7 +310,7 @@ class GpuEngine:
                 [src.ptr, src.shape, geo, out_shape, offsets, first_block, norm], stream, self.staging)
             from .kernels import kernel
 
-            fn = kernel("resample", f"resample_{_DTYPE_TAG[dtype]}_{layout.lower()}")
+            fn = kernel("resample", f"resample_{_DTYPE_TAG[dtype]}_{layout.lower()}{'_planes' if src.planes else ''}")
             fn((total_blocks,), (BLOCK,), (t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, np.int32(n),
                                           t_norm, out))
         return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=stream)
@@ -322,6 +322,8 @@ class GpuEngine:
         from .ops.pixel import NPRM, stats_needed
 
         cp = self.cp
+        if src.planes:
+            raise ValueError("the step kernels read interleaved RGB; decode without planes=True")
         n = len(src)
         prm = np.zeros((n, NPRM), np.float32)
         out_shape = src.hw.astype(np.int32).copy()
@@ -458,11 +460,13 @@ class ImagePipeline:
     decoder's part of a batch as soon as it is decoded, on a stream per decoder, into its rows of the
     batch's output (other chains run once the whole batch is decoded). With ``decode_chunk=N`` (for a
     GPU memory budget; ``image_gpu.DECODE_CHUNK`` = 96 measured best) those parts are calls of at most
-    N images, each into a buffer the same call of the next batch reuses: the decoded images then take
-    about one batch of device memory instead of two. On an H200 at batch 256 that took the bench's chains from 965-969 to
-    871-873 MiB, and with ``region_decode`` to 773-781 MiB, at 14-24% less speed, so it is off by default
-    (benchmarks/memory_study.py, ``chunk``; benchmarks/RESULTS.md). Process batches in the order they
-    were decoded.
+    N images, each into a buffer the same call of the next batch reuses, and the hardware engine's 4:2:0
+    and 4:2:2 images stay in the JPEG's planes (1.5 and 2 bytes a pixel instead of 3; the resample makes
+    RGB of them as libjpeg does, ``image_gpu.HW_PLANES``): the decoded images then take about two thirds
+    of one batch of device memory instead of two batches. On an H200 at batch 256 that took the bench's
+    chains from 936 to 780 MiB at 11-15% less speed, so it is off by default (benchmarks/memory_study.py,
+    ``chunk``; benchmarks/RESULTS.md, sixteenth session). Process batches in the order they were
+    decoded.
 
     ``sync`` is how host threads wait for the GPU (``auto``, the driver's default, unless
     ``GPUBATCH_SYNC`` says otherwise; ``spin``, ``yield``, ``blocking``); it is set only when the
@@ -502,6 +506,10 @@ class ImagePipeline:
         # a chain of one resample to a fixed size may run on each decoded chunk as it comes (see process)
         self._fixed = fixed_window_chain(self.plan) if self.engine is not None else None
         self.chunk = max(0, decode_chunk) if self._fixed else 0
+        # the hardware engine's 4:2:0 and 4:2:2 images in their planes (only the resample reads them)
+        from .codecs.image_gpu import want_planes
+
+        self._planes = self._fixed is not None and want_planes(self.chunk)
         self._ring: list[Any] = [None] * ring
         self._slot = 0
         self._side: dict[bool, Any] | None = None  # see _side_streams
@@ -557,7 +565,7 @@ class ImagePipeline:
         return self.engine.decoder.decode(list(blobs), self.engine.stream, self.plan.max_pixels, order=False,
                                           headers=list(headers) if headers is not None else None,
                                           regions=list(regions) if regions is not None else None, wait=False,
-                                          chunk=self.chunk)
+                                          chunk=self.chunk, planes=self._planes)
 
     def process(self, decoded: Any, keys: Sequence[str], params: Sequence[Any] | None = None,
                 sizes: Sequence[tuple[int, int] | None] | None = None,

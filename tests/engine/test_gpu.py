@@ -189,11 +189,11 @@ def test_hw_direct_path_matches_nvimagecodec_and_retries_a_failed_call(monkeypat
     calls = []
     real = nvjpeg_hw.HwBatchDecoder.decode
 
-    def fail_first(self, sources, outputs, stream):
+    def fail_first(self, sources, outputs, stream, fmt=nvjpeg_hw.OUTPUT_RGBI):
         calls.append(len(sources))
         if len(calls) == 1:
             raise nvjpeg_hw.NvjpegError("nvjpegDecodeBatched", 3)
-        return real(self, sources, outputs, stream)
+        return real(self, sources, outputs, stream, fmt)
 
     dec = GpuImageDecoder(0, 4, api="c", cuda_share=0.0, hw_direct=True)
     dec.warm_up(64)
@@ -203,6 +203,87 @@ def test_hw_direct_path_matches_nvimagecodec_and_retries_a_failed_call(monkeypat
     assert all(ok) and on_gpu == len(blobs) and fb == 0 and hw == len(blobs) - 1 - calls[0]
     for x, y in zip(px, d_px):
         assert np.abs(x.astype(int) - y.astype(int)).mean() < 1.0  # the retried call: CUDA decoder's pixels
+
+
+def test_nvjpeg_binding_decodes_regions_and_planes():
+    """The direct binding's region calls (``nvjpegDecodeBatchedEx``, parameters set afresh each call)
+    give the part of the whole decode they name, whole images beside them; its planes, read with
+    libjpeg's arithmetic, are Pillow's decode."""
+    import cupy as cp
+
+    from gpubatch.engine.codecs import nvjpeg_hw, planes
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    dec = nvjpeg_hw.HwBatchDecoder(cp)
+    for sub in ("4:2:0", "4:2:2"):
+        blobs = [jpeg_bytes(photo(101 + 17 * i, 223 - 9 * i, seed=i), 80 + i, subsampling=sub) for i in range(6)]
+        host_bytes = [np.frombuffer(b, np.uint8) for b in blobs]
+        src = [(h.ctypes.data, h.nbytes) for h in host_bytes]
+        shapes = [host.decode(b).shape for b in blobs]
+        full = [cp.zeros(s, cp.uint8) for s in shapes]
+        dec.decode(src, [(a.data.ptr, a.shape[1] * 3) for a in full], stream)
+        for rnd in range(2):  # twice: the reused parameters must not keep the last call's regions
+            regions = [None if (i + rnd) % 3 == 0 else (3 + i, 5 * i + rnd, s[0] - 2 * i, s[1] - 7) for i, s in enumerate(shapes)]
+            part = [cp.zeros((s[0], s[1], 3) if r is None else (r[2] - r[0], r[3] - r[1], 3), cp.uint8)
+                    for r, s in zip(regions, shapes)]
+            dec.decode(src, [(a.data.ptr, a.shape[1] * 3) for a in part], stream, regions=regions)
+            stream.synchronize()
+            for r, a, f in zip(regions, part, full):
+                want = f if r is None else f[r[0] : r[2], r[1] : r[3]]
+                assert int(cp.abs(a.astype(cp.int16) - want.astype(cp.int16)).max()) <= 1
+        hs, vs = planes.SUBSAMPLING[sub]
+        bufs = [cp.zeros(planes.plane_bytes(s[1], s[0], hs, vs), cp.uint8) for s in shapes]
+        dec.decode(src, [planes.plane_places(b.data.ptr, s[1], s[0], hs, vs) for b, s in zip(bufs, shapes)], stream,
+                   nvjpeg_hw.OUTPUT_YUV)
+        stream.synchronize()
+        for b, s, blob in zip(bufs, shapes, blobs):
+            rgb = planes.planes_to_rgb(*planes.plane_views(b.get(), s[1], s[0], hs, vs), hs, vs)
+            assert np.abs(rgb.astype(int) - host.decode(blob).astype(int)).max() <= 1
+    dec.close()
+
+
+def test_planes_are_pillows_pixels_and_resample_as_rgb(engine):
+    """``decode(..., planes=True)``: the hardware engine's 4:2:0 and 4:2:2 images come in the JPEG's
+    planes (``sampling`` set; the other kinds, the EXIF-turned photo and the CPU's fallback as RGB), in
+    fewer bytes; made RGB by libjpeg's arithmetic they are Pillow's decode; and the fused resample
+    reads them as it reads the same pixels interleaved, in one launch with RGB images beside them."""
+    import cupy as cp
+
+    from gpubatch.engine.codecs import planes
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
+
+    subs = ("4:2:0", "4:2:2", "4:4:4")
+    blobs = [jpeg_bytes(photo(97 + 13 * i, 211 - 5 * i, seed=i), 75 + i, subsampling=subs[i % 3]) for i in range(18)]
+    blobs.append(jpeg_bytes(photo(120, 170, seed=40)[..., 0], 85))  # gray
+    blobs.append((SAMPLE / "imagenet/flower/flower_000.jpg").read_bytes())  # EXIF orientation 6
+    blobs.append(blobs[0][:300])  # cut short: the CPU
+    stream = cp.cuda.Stream(non_blocking=True)
+    dec = GpuImageDecoder(0, 4, api="c", cuda_share=0.0, hw_direct=True)
+    dec.warm_up(64)
+    res = dec.decode(blobs, stream, planes=True)
+    stream.synchronize()
+    imgs = res.arrays
+    for i, img in enumerate(imgs[:18]):
+        want = planes.SUBSAMPLING.get(subs[i % 3])
+        assert img.sampling == want
+        if want:
+            h, w, _ = img.shape
+            assert img.row_stride == w and planes.plane_bytes(w, h, *want) < h * w * 3
+    assert all(img.sampling is None for img in imgs[18:20]) and imgs[20] is None
+    for b, img in zip(blobs[:19], imgs[:19]):  # (the turned photo: the CUDA decoder's turn, checked elsewhere)
+        d = np.abs(img.get().astype(int) - host.decode(b).astype(int))
+        assert d.max() <= 1 if img.sampling else d.mean() < 1.0  # planes: libjpeg's arithmetic, Pillow's pixels
+
+    rgb = [img.cupy() for img in imgs[:20]]  # the same pixels, interleaved (converted on the host)
+    norm = Normalize(dtype="float32")
+    for chain in sorted(CHAINS):
+        plan = Plan(ops=CHAINS[chain], seed=3)
+        wins = [_windows(plan, f"k{i}", *img.shape[:2])[0] for i, img in enumerate(imgs[:20])]
+        a, b = engine.resample(imgs[:20], wins, norm), engine.resample(rgb, wins, norm)
+        engine.stream.synchronize()
+        for i in range(20):
+            assert np.abs(a.item(i).get() - b.item(i).get()).max() < 1e-4, (chain, i)
+    dec.close()
 
 
 def _mixed_batches(seed: int, n: int, sides: tuple[int, int], corrupt: int, png: int) -> list[list[bytes]]:
@@ -334,11 +415,16 @@ def test_chunked_decode_reuses_few_buffers_with_the_same_result(engine, monkeypa
     same(read(dec.decode(batches[1], stream, order=False, wait=False, chunk=3), len(ref[1][0])), ref[1])
 
 
-def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path):
+def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path, monkeypatch):
     """A fixed-size chain resampled part by part (whole decoder parts, or chunks of 3) into its rows
     gives the batches one resample of the whole decoded batch gives, in ``iterate_files`` and in
-    ``__call__``; images that fail are left out and reported, the rows after them closed up."""
+    ``__call__``; images that fail are left out and reported, the rows after them closed up. With the
+    hardware engine's images in their planes (chunked decode's default) the batches are the same to
+    a level (the planes read as Pillow decodes, the engine's RGB within a level of it)."""
+    from gpubatch.engine.codecs import image_gpu
     from gpubatch.engine.gpu_executor import ImagePipeline
+
+    monkeypatch.setattr(image_gpu, "HW_PLANES", "never")
 
     paths = _jpeg_files(tmp_path, 40, lambda i: (150 + 9 * i, 300 - 4 * i), lambda i: 80 + i % 15)
     paths[7].write_bytes(paths[7].read_bytes()[:300])  # corrupt: fails on the GPU, then on the CPU
@@ -366,6 +452,16 @@ def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path):
                 np.testing.assert_array_equal(got, want)
             assert out[chunk, n][2] == out["whole", n][2] == [[7], [5], []]
             assert sum(len(b) for b in out[chunk, n][0]) == 38
+    monkeypatch.setattr(image_gpu, "HW_PLANES", "chunked")
+    for chain, tol in (((RandomResizedCrop(64), Flip(), Normalize(layout="CHW", dtype="float16")), 0.02),
+                       ((ResizeShorter(80), CenterCrop(64)), 1)):
+        with ImagePipeline(chain, device="gpu", seed=2, ring=8, decode_chunk=3) as pipe:
+            assert pipe._planes
+            fed = [b.stacked().get() for b in pipe.iterate_files(paths, keys, batch_size=16, workers=2)]
+            assert pipe.stats["hw"] > 0
+        for got, want in zip(fed, out["whole", len(chain)][0]):
+            assert got.shape == want.shape
+            assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() <= tol
 
 
 def test_gpu_decode_falls_back_and_reports(engine):

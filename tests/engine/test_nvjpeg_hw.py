@@ -46,3 +46,13 @@ def test_failed_call_names_the_call_and_status():
     with pytest.raises(nvjpeg_hw.NvjpegError):
         nvjpeg_hw._check("nvjpegDecodeBatched", 5)
     nvjpeg_hw._check("nvjpegDecodeBatched", nvjpeg_hw.STATUS_SUCCESS)
+
+
+def test_planes_are_asked_for_with_chunked_decode_unless_told(monkeypatch):
+    """Decoding into planes is slower in nvJPEG than its RGB, so whole parts keep RGB by default."""
+    monkeypatch.setattr(image_gpu, "HW_PLANES", "chunked")
+    assert image_gpu.want_planes(96) and not image_gpu.want_planes(0)
+    monkeypatch.setattr(image_gpu, "HW_PLANES", "always")
+    assert image_gpu.want_planes(0)
+    monkeypatch.setattr(image_gpu, "HW_PLANES", "never")
+    assert not image_gpu.want_planes(96)

@@ -37,8 +37,9 @@ import numpy as np
 
 from ...errors import DependencyError
 from . import image as host
+from . import planes as jplanes
 from .image import jpeg_header, jpeg_orientation
-from .nvjpeg_hw import NvjpegError
+from .nvjpeg_hw import OUTPUT_RGBI, OUTPUT_YUV, NvjpegError
 
 # SOF markers nvJPEG's GPU decoders handle (baseline, extended, progressive Huffman).
 _GPU_SOF = {0xC0: "baseline", 0xC1: "extended", 0xC2: "progressive"}
@@ -176,17 +177,24 @@ class DeviceImage:
     Attributes:
         ptr: device address of pixel (0, 0); ``shape`` (H, W, 3); ``row_stride`` bytes between rows.
         owner: the nvImageCodec Image (or CuPy array) that owns the memory.
+        sampling: None for interleaved RGB; (2, 2) or (2, 1) for an image kept in the JPEG's own
+            planes, 4:2:0 or 4:2:2 (``decode(..., planes=True)``; :mod:`.planes` has the layout, whose
+            luma rows are ``row_stride`` bytes). The fused resample reads those; :meth:`get` and
+            :meth:`cupy` convert them (slowly, on the host).
     """
 
-    __slots__ = ("ptr", "shape", "row_stride", "owner")
+    __slots__ = ("ptr", "shape", "row_stride", "owner", "sampling")
 
-    def __init__(self, ptr: int, shape: tuple[int, int, int], row_stride: int, owner: Any):
-        self.ptr, self.shape, self.row_stride, self.owner = ptr, shape, row_stride, owner
+    def __init__(self, ptr: int, shape: tuple[int, int, int], row_stride: int, owner: Any,
+                 sampling: tuple[int, int] | None = None):
+        self.ptr, self.shape, self.row_stride, self.owner, self.sampling = ptr, shape, row_stride, owner, sampling
 
     def cupy(self):
-        """A CuPy view of the pixels (for tests and slow paths)."""
+        """A CuPy view of the pixels (a converted copy for an image in planes; for tests and slow paths)."""
         import cupy as cp
 
+        if self.sampling is not None:
+            return cp.asarray(self.get())
         if isinstance(self.owner, cp.ndarray) and self.owner.shape == self.shape:  # a CPU fallback's array
             return self.owner
         h, w, c = self.shape
@@ -194,7 +202,16 @@ class DeviceImage:
         return cp.ndarray((h, w, c), cp.uint8, cp.cuda.MemoryPointer(mem, 0), strides=(self.row_stride, c, 1))
 
     def get(self) -> np.ndarray:
-        return self.cupy().get()
+        if self.sampling is None:
+            return self.cupy().get()
+        import cupy as cp
+
+        h, w, _ = self.shape
+        hs, vs = self.sampling
+        size = jplanes.plane_bytes(w, h, hs, vs)
+        mem = cp.cuda.UnownedMemory(self.ptr, size, self.owner)
+        flat = cp.ndarray((size,), cp.uint8, cp.cuda.MemoryPointer(mem, 0)).get()
+        return jplanes.planes_to_rgb(*jplanes.plane_views(flat, w, h, hs, vs), hs, vs)
 
 
 def _device_image(img: Any, owner: Any = None) -> DeviceImage | None:
@@ -285,6 +302,20 @@ HW_DIRECT = True
 # the decoders' streams ("hw", "cuda") made at the device's greatest priority (their kernels, the
 # hardware path's colour conversion among them, go before the consumer's)
 HIGH_PRIORITY: tuple[str, ...] = ()
+# With ``decode(..., planes=True)`` the direct path decodes 4:2:0 and 4:2:2 JPEGs into their own planes
+# (1.5 and 2 bytes a pixel instead of 3; .planes) and the resample kernel makes RGB of them as libjpeg
+# does. ImagePipeline asks for it where one resample reads the images, and (HW_PLANES "chunked") only
+# with chunked decode: there it took the training chain from 872 to 780 MiB, while nvJPEG's output in
+# planes is slower than its RGB (the engine alone 21,700-26,300 against 25,400-28,900 images/s: a copy
+# per plane), so whole batch parts lost 8-13% for 92 MiB (H200; memory_study ``planes``, RESULTS.md,
+# sixteenth session). "always" / "never" (GPUBATCH_HW_PLANES) for studies.
+HW_PLANES = os.environ.get("GPUBATCH_HW_PLANES", "chunked")
+
+
+def want_planes(chunk: int) -> bool:
+    """Whether a reader of one resample asks the decoder for planes (:data:`HW_PLANES`), decoding in
+    chunks of ``chunk`` (0: whole parts)."""
+    return HW_PLANES == "always" or (HW_PLANES == "chunked" and chunk > 0)
 RING_SLACK = 16  # a slot grows to the call's size plus 1/RING_SLACK, so that it seldom grows again
 
 
@@ -420,6 +451,15 @@ class _Job:
     turns: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # item -> EXIF orientation
     direct: bool = False  # the hardware engine through nvJPEG directly: no code streams or descriptors
     sources: dict[int, tuple[int, int]] = field(default_factory=dict)  # (direct) item -> (host address, size)
+    planes: dict[int, tuple[int, int]] = field(default_factory=dict)  # (direct) item -> chroma sampling, decoded
+                                                                       # into planes (.planes)
+
+
+def _item_bytes(job: _Job, i: int, h: int, w: int) -> int:
+    """Device bytes item ``i`` of ``job`` takes decoded at (h, w), 256-byte aligned."""
+    sampling = job.planes.get(i)
+    size = jplanes.plane_bytes(w, h, *sampling) if sampling else h * w * 3
+    return (size + 255) & ~255
 
 
 def _call_lists(lists: list[list[int]], hw: bool, chunk: int) -> list[list[int]]:
@@ -622,6 +662,8 @@ class GpuImageDecoder:
             if self.lib is not None:
                 for _ in self.hw_cs or self.hw_direct:  # one call each: the calls take turns over the instances
                     self.first_call(True, blobs)
+                for _ in self.hw_direct if HW_PLANES != "never" else ():  # and the decode into planes
+                    self.first_call(True, blobs, planes=True)
                 self.first_call(False, blobs)
             for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
                 if decoder is not None:
@@ -630,9 +672,10 @@ class GpuImageDecoder:
             self.cuda_stream.synchronize()
         return time.perf_counter() - t0
 
-    def first_call(self, hw: bool, blobs: list[bytes]) -> None:
+    def first_call(self, hw: bool, blobs: list[bytes], planes: bool = False) -> None:
         """One whole-part call of the hardware engine (``hw``) or the CUDA decoder on ``blobs``, the
-        results dropped, waited for (the C API; for the warm-up and memory studies)."""
+        results dropped, waited for (the C API; for the warm-up and memory studies; ``planes`` as
+        :meth:`decode` takes it)."""
         kinds = [jpeg_kind(b)[0] for b in blobs]
         lists = [list(range(len(blobs)))]
         if hw and self.hw_direct:  # a call per kind: a kind the engine refuses fails its own call only
@@ -640,7 +683,7 @@ class GpuImageDecoder:
             for i, k in enumerate(kinds):
                 groups.setdefault(k, []).append(i)
             lists = list(groups.values())
-        job = self._prepare(hw, blobs, None, lists, self.hw_stream)
+        job = self._prepare(hw, blobs, None, lists, self.hw_stream, plane_kinds=kinds if planes else None)
         self._run(job, blobs, None, kinds)
         self._cuda_thread.submit(int).result()  # a retry of what the hardware engine failed has run
         self.hw_stream.synchronize()
@@ -729,7 +772,7 @@ class GpuImageDecoder:
     def decode(self, blobs: list[bytes], stream, max_pixels: int = 0, order: bool = True,
                headers: list[tuple[str | None, int, int]] | None = None,
                regions: list[tuple[int, int, int, int] | None] | None = None, wait: bool = True,
-               chunk: int = 0) -> DecodeResult:
+               chunk: int = 0, planes: bool = False) -> DecodeResult:
         """Decode ``blobs`` into uint8 RGB HWC device images, ready for work enqueued later on ``stream``.
 
         The host does not wait for the GPU: ``stream`` waits on the decoders' streams. Keep the
@@ -754,13 +797,18 @@ class GpuImageDecoder:
         ``result.chunks(stream)``, call by call, and the decoded images take about one batch of
         memory instead of two (ImagePipeline runs its kernels on each chunk as it comes). Elsewhere
         ``chunk`` is ignored.
+
+        ``planes=True`` lets the hardware engine's direct path decode 4:2:0 and
+        4:2:2 JPEGs into their own planes, 1.5 and 2 bytes a pixel instead of 3: those DeviceImages
+        have ``sampling`` set, and only the fused resample (``GpuEngine.resample``) reads them as they
+        are. Pass it where that resample is all that reads the batch.
         """
         if chunk and (wait or order):
             raise ValueError("decode(chunk=N) needs wait=False and order=False: read it through chunks()")
         if self.lib is None or not self.stream_ordered:
             chunk = 0
         with self._calling:
-            res = self._decode(blobs, stream, max_pixels, headers, regions, chunk)
+            res = self._decode(blobs, stream, max_pixels, headers, regions, chunk, planes)
         if wait or order:
             res.wait()
         if order:  # later work on ``stream`` runs after both decoders' work
@@ -782,7 +830,8 @@ class GpuImageDecoder:
 
     def _decode(self, blobs: list[bytes], stream, max_pixels: int,
                 headers: list[tuple[str | None, int, int]] | None,
-                regions: list[tuple[int, int, int, int] | None] | None = None, chunk: int = 0) -> DecodeResult:
+                regions: list[tuple[int, int, int, int] | None] | None = None, chunk: int = 0,
+                planes: bool = False) -> DecodeResult:
         t_start = time.perf_counter()
         self._collect()
         n = len(blobs)
@@ -829,7 +878,7 @@ class GpuImageDecoder:
         parts = 0
         for hw, lists, thread in ((True, to_hw, self._hw_thread), (False, [to_cuda], self._cuda_thread)):
             if any(lists):
-                job = self._prepare(hw, blobs, regions, lists, stream, chunk, dims)
+                job = self._prepare(hw, blobs, regions, lists, stream, chunk, dims, kinds if planes else None)
                 job.sink = sink
                 thread.submit(self._run, job, blobs, regions, kinds)
                 parts += 1
@@ -898,14 +947,17 @@ class GpuImageDecoder:
         return retry
 
     def _prepare(self, hw: bool, blobs: list[Any], regions: list | None, lists: list[list[int]],
-                 consumer: Any, chunk: int = 0, dims: list[tuple[int, int]] | None = None) -> _Job:
+                 consumer: Any, chunk: int = 0, dims: list[tuple[int, int]] | None = None,
+                 plane_kinds: list[str | None] | None = None) -> _Job:
         """Make the code streams and output descriptors of the items ``lists`` of a batch (one decode
         call per list): all in one device buffer taken on the decoder's stream, or with ``chunk`` in
         calls of at most ``chunk`` items, each in the decoder's next ring slot. Runs in the thread that
         hands the batch over, so the decoder's own thread only makes the decode calls. The hardware
         engine's direct path (``hw_direct``) needs neither: its items' places come from their stored
         sizes (``dims``: (width, height) per item, read from the headers where not given), whole
-        images whatever ``regions`` asks (the caller reads the size of what it gets)."""
+        images whatever ``regions`` asks (the caller reads the size of what it gets); with
+        ``plane_kinds`` (the items' kinds) its 4:2:0 and 4:2:2 images go into their planes
+        (a call is one kind, unless :data:`HW_MIXED`, which keeps RGB)."""
         lib = self.lib
         t0 = time.perf_counter()
         if chunk:
@@ -926,6 +978,10 @@ class GpuImageDecoder:
                     job.part.failed.append(i)
                     continue
                 job.sources[i], shapes[i], turns[i] = (addr, size), (h, w), (0, 0, 0)
+                if plane_kinds is not None and not HW_MIXED:
+                    sampling = jplanes.SUBSAMPLING.get(plane_kinds[i].partition("/")[2])
+                    if sampling is not None:
+                        job.planes[i] = sampling
             sources = []
         for i, (_, _, r), got in zip(items, sources, lib.open_streams(sources) if sources else []):
             if got is None:
@@ -972,7 +1028,7 @@ class GpuImageDecoder:
         offsets, total = {}, 0
         for i, (h, w) in shapes.items():
             offsets[i] = total
-            total += (h * w * 3 + 255) & ~255
+            total += _item_bytes(job, i, h, w)
         size = self._slab_size(job.hw, total)
         with cp.cuda.Device(self.device_index):
             if self.stream_ordered:
@@ -990,7 +1046,7 @@ class GpuImageDecoder:
         if job.direct:
             for i, off in offsets.items():
                 h, w = shapes[i]
-                job.views[i] = (base + off, (h, w, 3), w * 3)
+                job.views[i] = (base + off, (h, w, 3), w if i in job.planes else w * 3)
             return
         specs = [(base + off, *shapes[i], shapes[i][1] * 3, turns[i]) for i, off in offsets.items()]
         for (i, off), img in zip(offsets.items(), self.lib.images(specs, job.stream.ptr)):
@@ -1019,7 +1075,7 @@ class GpuImageDecoder:
         for i in idx:
             h, w = shapes[i]
             offsets[i] = total
-            total += (h * w * 3 + 255) & ~255
+            total += _item_bytes(job, i, h, w)
         retire = None
         if total > slot.size:
             size = total + total // RING_SLACK  # room for a somewhat larger call later
@@ -1072,7 +1128,7 @@ class GpuImageDecoder:
         """A buffer of its own for a chunked call that could not have its slot: the call's descriptors
         are made again in it (and the slot's turn is skipped: its buffer stays with its holder)."""
         lib = self.lib
-        total = sum((job.views[i][1][0] * job.views[i][1][1] * 3 + 255) & ~255 for i in idx)
+        total = sum(_item_bytes(job, i, *job.views[i][1][:2]) for i in idx)
         with self.cp.cuda.Device(self.device_index):
             slab = _Slab(self.cp, max(total, 1), job.stream, job.consumer)
         pos = slab.ptr
@@ -1082,7 +1138,7 @@ class GpuImageDecoder:
                 lib.destroy([], [job.images[i]])
                 job.images[i] = lib.image(pos, h, w, row, job.stream.ptr, job.turns[i])
             job.views[i] = (pos, (h, w, 3), row)
-            pos += (h * w * 3 + 255) & ~255
+            pos += _item_bytes(job, i, h, w)
         return slab
 
     def _run(self, job: _Job, blobs: list[Any], regions: list | None, kinds: list[str | None]) -> None:
@@ -1126,8 +1182,13 @@ class GpuImageDecoder:
                 if job.direct:
                     dec = self.hw_direct[self._hw_turn % len(self.hw_direct)]
                     self._hw_turn += 1
+                    if idx[0] in job.planes:  # (a call is one kind)
+                        fmt, places = OUTPUT_YUV, [jplanes.plane_places(views[i][0], views[i][1][1], views[i][1][0],
+                                                                        *job.planes[i]) for i in idx]
+                    else:
+                        fmt, places = OUTPUT_RGBI, [(views[i][0], views[i][2]) for i in idx]
                     try:
-                        dec.decode([job.sources[i] for i in idx], [(views[i][0], views[i][2]) for i in idx], job.stream)
+                        dec.decode([job.sources[i] for i in idx], places, job.stream, fmt)
                         ok = [True] * len(idx)
                     except NvjpegError:  # the call failed as a whole (a corrupt image fails its call)
                         ok = [False] * len(idx)
@@ -1160,7 +1221,7 @@ class GpuImageDecoder:
         items = []
         for i, good in done:
             if good:
-                items.append((i, DeviceImage(*job.views[i], owner)))
+                items.append((i, DeviceImage(*job.views[i], owner, job.planes.get(i))))
             elif not job.hw:
                 job.part.failed.append(i)
         _post(job.sink, ("images", items, owner, event, job.hw))

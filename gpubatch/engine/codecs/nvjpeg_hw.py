@@ -23,6 +23,7 @@ from typing import Any
 from ...errors import DependencyError
 
 BACKEND_HARDWARE = 3  # nvjpegBackend_t
+OUTPUT_YUV = 1  # nvjpegOutputFormat_t: the JPEG's own planes (Y, Cb, Cr at their sampled sizes)
 OUTPUT_RGBI = 5  # nvjpegOutputFormat_t: interleaved RGB
 STATUS_SUCCESS = 0
 # NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION: chroma upsampled by interpolation, as libjpeg (and so
@@ -78,6 +79,12 @@ def library() -> Any:
         "nvjpegDecodeBatchedInitialize": [vp, vp, C.c_int, C.c_int, st],
         "nvjpegDecodeBatched": [vp, vp, C.POINTER(vp), C.POINTER(C.c_size_t), C.POINTER(_Image), vp],
         "nvjpegDecodeBatchedPreAllocate": [vp, vp, C.c_int, C.c_int, C.c_int, st, st],
+        "nvjpegDecodeBatchedEx": [vp, vp, C.POINTER(vp), C.POINTER(C.c_size_t), C.POINTER(_Image), C.POINTER(vp), vp],
+        "nvjpegDecodeParamsCreate": [vp, C.POINTER(vp)],
+        "nvjpegDecodeParamsDestroy": [vp],
+        "nvjpegDecodeParamsSetOutputFormat": [vp, st],
+        "nvjpegDecodeParamsSetROI": [vp, C.c_int, C.c_int, C.c_int, C.c_int],
+        "nvjpegDecodeParamsSetExifOrientation": [vp, st],
     }.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, st
@@ -111,6 +118,7 @@ class HwBatchDecoder:
             self.lib.nvjpegDestroy(self.handle)
             raise
         self.done: Any = None  # the previous call's end on its stream
+        self.params: list[Any] = []  # per-image decode parameters of region calls (made as needed, reused)
 
     def engines(self) -> tuple[int, int]:
         """(hardware engines, cores per engine) nvJPEG reports."""
@@ -119,35 +127,63 @@ class HwBatchDecoder:
                self.lib.nvjpegGetHardwareDecoderInfo(self.handle, C.byref(n), C.byref(cores)))
         return n.value, cores.value
 
-    def decode(self, sources: list[tuple[int, int]], outputs: list[tuple[int, int]], stream: Any) -> None:
+    def decode(self, sources: list[tuple[int, int]], outputs: list[tuple[int, ...]], stream: Any,
+               fmt: int = OUTPUT_RGBI, regions: list[tuple[int, int, int, int] | None] | None = None) -> None:
         """Decode ``sources`` ((host address, size) of each JPEG's bytes, valid until this instance's
-        next call has begun) into ``outputs`` ((device address, row pitch) of each interleaved RGB
-        image) on ``stream``, not waited for. Raises :class:`NvjpegError` where nvJPEG refused the call
-        (the whole call: a corrupt image fails its batch)."""
+        next call has begun) into ``outputs`` on ``stream``, not waited for: per image (device address,
+        row pitch) of its interleaved RGB (``fmt`` :data:`OUTPUT_RGBI`), or those of its Y, Cb and Cr
+        planes, six numbers (:data:`OUTPUT_YUV`). ``regions`` gives per image None or the (y0, x0, y1, x1)
+        part to decode (``nvjpegDecodeBatchedEx``; its output is that part's size; each call sets every
+        image's parameters afresh). Raises :class:`NvjpegError` where nvJPEG refused the call (the whole
+        call: a corrupt image fails its batch)."""
         n = len(sources)
         if not n:
             return
         data = (C.c_void_p * n)(*[a for a, _ in sources])
         sizes = (C.c_size_t * n)(*[s for _, s in sources])
         images = (_Image * n)()
-        for img, (ptr, pitch) in zip(images, outputs):
-            img.channel[0], img.pitch[0] = ptr, pitch
+        for img, places in zip(images, outputs):
+            for c in range(len(places) // 2):
+                img.channel[c], img.pitch[c] = places[2 * c], places[2 * c + 1]
         if self.done is not None:
             self.done.synchronize()  # the state's buffers are free again
         lib = self.lib
         with self.cp.cuda.Device(self.device):
             _check("nvjpegDecodeBatchedInitialize",
-                   lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, OUTPUT_RGBI))
+                   lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, fmt))
             try:
-                _check("nvjpegDecodeBatched", lib.nvjpegDecodeBatched(self.handle, self.state, data, sizes, images,
-                                                                       C.c_void_p(stream.ptr)))
+                if regions is None:
+                    _check("nvjpegDecodeBatched", lib.nvjpegDecodeBatched(self.handle, self.state, data, sizes, images,
+                                                                           C.c_void_p(stream.ptr)))
+                else:
+                    params = self._region_params(regions, fmt)
+                    _check("nvjpegDecodeBatchedEx", lib.nvjpegDecodeBatchedEx(self.handle, self.state, data, sizes,
+                                                                               images, params, C.c_void_p(stream.ptr)))
             finally:
                 self.done = stream.record()
+
+    def _region_params(self, regions: list[tuple[int, int, int, int] | None], fmt: int) -> Any:
+        """The per-image parameters of a region call, every field set for this call (a reused object
+        keeps what its last image had otherwise)."""
+        lib = self.lib
+        while len(self.params) < len(regions):
+            p = C.c_void_p()
+            _check("nvjpegDecodeParamsCreate", lib.nvjpegDecodeParamsCreate(self.handle, C.byref(p)))
+            self.params.append(p)
+        for p, r in zip(self.params, regions):
+            _check("nvjpegDecodeParamsSetOutputFormat", lib.nvjpegDecodeParamsSetOutputFormat(p, fmt))
+            _check("nvjpegDecodeParamsSetExifOrientation", lib.nvjpegDecodeParamsSetExifOrientation(p, 1))
+            roi = (0, 0, -1, -1) if r is None else (r[1], r[0], r[3] - r[1], r[2] - r[0])
+            _check("nvjpegDecodeParamsSetROI", lib.nvjpegDecodeParamsSetROI(p, *roi))
+        return (C.c_void_p * len(regions))(*[p.value for p in self.params[: len(regions)]])
 
     def close(self) -> None:
         if self.done is not None:
             self.done.synchronize()
             self.done = None
+        for p in self.params:
+            self.lib.nvjpegDecodeParamsDestroy(p)
+        self.params = []
         if self.state:
             self.lib.nvjpegJpegStateDestroy(self.state)
             self.state = C.c_void_p()
