@@ -305,10 +305,11 @@ HIGH_PRIORITY: tuple[str, ...] = ()
 # With ``decode(..., planes=True)`` the direct path decodes 4:2:0 and 4:2:2 JPEGs into their own planes
 # (1.5 and 2 bytes a pixel instead of 3; .planes) and the resample kernel makes RGB of them as libjpeg
 # does. ImagePipeline asks for it where one resample reads the images, and (HW_PLANES "chunked") only
-# with chunked decode: there it took the training chain from 872 to 780 MiB, while nvJPEG's output in
-# planes is slower than its RGB (the engine alone 21,700-26,300 against 25,400-28,900 images/s: a copy
-# per plane), so whole batch parts lost 8-13% for 92 MiB (H200; memory_study ``planes``, RESULTS.md,
-# sixteenth session). "always" / "never" (GPUBATCH_HW_PLANES) for studies.
+# with chunked decode: there it took the training chain from 872 to 780 MiB at 0-9% less speed, while
+# nvJPEG writes planes more slowly than RGB (the engine alone 18,400-23,900 against 27,300-28,400
+# images/s, benchmarks/nvjpeg_study.py), so whole batch parts lost 2-29% for 28-92 MiB (H200;
+# memory_study ``planes``; RESULTS.md, sixteenth session). "always" / "never" (GPUBATCH_HW_PLANES) for
+# studies.
 HW_PLANES = os.environ.get("GPUBATCH_HW_PLANES", "chunked")
 
 
