@@ -152,11 +152,11 @@ def one(mode: str, n_images: int) -> dict:
         rates.append(n / (time.perf_counter() - t0))
     out.update(images_s=round(statistics.median(rates)), passes=[round(r) for r in rates],
                host_ms_per_call=round(spent[0] / spent[1] * 1e3, 2), peak=round((sampler.peak - sampler.base) / 2**20))
-    out["pixels"] = _pixels(cp, mode, batches[0], blobs, info, regions, call, stream, P)
+    out["pixels"] = _pixels(cp, mode, batches[0], blobs, info, regions, shape, call, stream, P)
     return out
 
 
-def _pixels(cp, mode, calls, blobs, info, regions, call, stream, P) -> dict:
+def _pixels(cp, mode, calls, blobs, info, regions, shape, call, stream, P) -> dict:
     """Max / mean |difference| from Pillow's decode over the first batch's calls (up to 24 images each),
     and bytes written outside the images (4 KiB gaps between them)."""
     from PIL import Image
@@ -170,7 +170,7 @@ def _pixels(cp, mode, calls, blobs, info, regions, call, stream, P) -> dict:
         hs, vs = P.SUBSAMPLING[kind[9:]]
         sizes = []
         for i in idx:
-            w, h = (regions[i][3] - regions[i][1], regions[i][2] - regions[i][0]) if regions else info[i][1:]
+            w, h = shape(i)
             sizes.append((w, h, w * h * 3 if lay == "rgb" else P.plane_bytes(w, h, hs, vs)))
         buf = cp.full(sum(s + gap for _, _, s in sizes), 0xAB, cp.uint8)
         call(0, idx, buf.data.ptr, gap)

@@ -302,6 +302,7 @@ HW_DIRECT = True
 # the decoders' streams ("hw", "cuda") made at the device's greatest priority (their kernels, the
 # hardware path's colour conversion among them, go before the consumer's)
 HIGH_PRIORITY: tuple[str, ...] = ()
+RING_SLACK = 16  # a slot grows to the call's size plus 1/RING_SLACK, so that it seldom grows again
 # With ``decode(..., planes=True)`` the direct path decodes 4:2:0 and 4:2:2 JPEGs into their own planes
 # (1.5 and 2 bytes a pixel instead of 3; .planes) and the resample kernel makes RGB of them as libjpeg
 # does. ImagePipeline asks for it where one resample reads the images, and (HW_PLANES "chunked") only
@@ -317,7 +318,6 @@ def want_planes(chunk: int) -> bool:
     """Whether a reader of one resample asks the decoder for planes (:data:`HW_PLANES`), decoding in
     chunks of ``chunk`` (0: whole parts)."""
     return HW_PLANES == "always" or (HW_PLANES == "chunked" and chunk > 0)
-RING_SLACK = 16  # a slot grows to the call's size plus 1/RING_SLACK, so that it seldom grows again
 
 
 def _keep_freed_memory(cp, device_index: int) -> bool:
@@ -454,6 +454,15 @@ class _Job:
     sources: dict[int, tuple[int, int]] = field(default_factory=dict)  # (direct) item -> (host address, size)
     planes: dict[int, tuple[int, int]] = field(default_factory=dict)  # (direct) item -> chroma sampling, decoded
                                                                        # into planes (.planes)
+    outputs: dict[int, tuple[int, ...]] = field(default_factory=dict)  # (direct) item -> its nvJPEG output places
+
+
+def _direct_view(job: _Job, i: int, ptr: int, h: int, w: int) -> None:
+    """Place item ``i`` of a direct-path job at ``ptr``: its view, and its output places for nvJPEG (made
+    here, in the thread that hands the batch over, not in the hardware engine's thread)."""
+    sampling = job.planes.get(i)
+    job.views[i] = (ptr, (h, w, 3), w if sampling else w * 3)
+    job.outputs[i] = jplanes.plane_places(ptr, w, h, *sampling) if sampling else (ptr, w * 3)
 
 
 def _item_bytes(job: _Job, i: int, h: int, w: int) -> int:
@@ -1046,8 +1055,7 @@ class GpuImageDecoder:
         direct path: only their places)."""
         if job.direct:
             for i, off in offsets.items():
-                h, w = shapes[i]
-                job.views[i] = (base + off, (h, w, 3), w if i in job.planes else w * 3)
+                _direct_view(job, i, base + off, *shapes[i])
             return
         specs = [(base + off, *shapes[i], shapes[i][1] * 3, turns[i]) for i, off in offsets.items()]
         for (i, off), img in zip(offsets.items(), self.lib.images(specs, job.stream.ptr)):
@@ -1135,10 +1143,12 @@ class GpuImageDecoder:
         pos = slab.ptr
         for i in idx:
             _, (h, w, _c), row = job.views[i]
-            if not job.direct:
+            if job.direct:
+                _direct_view(job, i, pos, h, w)
+            else:
                 lib.destroy([], [job.images[i]])
                 job.images[i] = lib.image(pos, h, w, row, job.stream.ptr, job.turns[i])
-            job.views[i] = (pos, (h, w, 3), row)
+                job.views[i] = (pos, (h, w, 3), row)
             pos += _item_bytes(job, i, h, w)
         return slab
 
@@ -1183,13 +1193,9 @@ class GpuImageDecoder:
                 if job.direct:
                     dec = self.hw_direct[self._hw_turn % len(self.hw_direct)]
                     self._hw_turn += 1
-                    if idx[0] in job.planes:  # (a call is one kind)
-                        fmt, places = OUTPUT_YUV, [jplanes.plane_places(views[i][0], views[i][1][1], views[i][1][0],
-                                                                        *job.planes[i]) for i in idx]
-                    else:
-                        fmt, places = OUTPUT_RGBI, [(views[i][0], views[i][2]) for i in idx]
+                    fmt = OUTPUT_YUV if idx[0] in job.planes else OUTPUT_RGBI  # (a call is one kind)
                     try:
-                        dec.decode([job.sources[i] for i in idx], places, job.stream, fmt)
+                        dec.decode([job.sources[i] for i in idx], [job.outputs[i] for i in idx], job.stream, fmt)
                         ok = [True] * len(idx)
                     except NvjpegError:  # the call failed as a whole (a corrupt image fails its call)
                         ok = [False] * len(idx)
