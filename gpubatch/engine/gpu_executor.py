@@ -464,7 +464,7 @@ class ImagePipeline:
     and 4:2:2 images stay in the JPEG's planes (1.5 and 2 bytes a pixel instead of 3; the resample makes
     RGB of them as libjpeg does, ``image_gpu.HW_PLANES``): the decoded images then take about two thirds
     of one batch of device memory instead of two batches. On an H200 at batch 256 that took the bench's
-    chains from 936-940 to 780 MiB at 10-18% less speed, so it is off by default (benchmarks/memory_study.py,
+    chains from 936-940 to 780 MiB at 10-20% less speed, so it is off by default (benchmarks/memory_study.py,
     ``chunk``; benchmarks/RESULTS.md, sixteenth session). Process batches in the order they were
     decoded.
 
