@@ -191,14 +191,14 @@ class GpuEngine:
             self._encoder = GpuImageEncoder(self.device.index, self.cpu_threads, self.jpeg_encoder, self.staging)
         return self._encoder
 
-    def warm_up(self, batch: int = 256, encoder: bool = False) -> float:
+    def warm_up(self, batch: int = 256, encoder: bool = False, regions: bool = False) -> float:
         """Pay the one-off costs before the first batch: the decoders' first calls (and the buffers a
-        batch of ``batch`` needs), the resample kernels' load and, with ``encoder``, the JPEG encoder's
-        first use. Returns the seconds it took."""
+        batch of ``batch`` needs; with ``regions``, the hardware engine's region calls too), the resample
+        kernels' load and, with ``encoder``, the JPEG encoder's first use. Returns the seconds it took."""
         from .kernels import kernel
 
         t0 = time.perf_counter()
-        self.decoder.warm_up(batch)
+        self.decoder.warm_up(batch, regions)
         for tag, layout in (("u8", "hwc"), ("f16", "chw")):  # compiled (or read from CuPy's cache) and loaded
             kernel("resample", f"resample_{tag}_{layout}")
         if encoder:
@@ -478,9 +478,11 @@ class ImagePipeline:
     in the decode call (benchmarks/RESULTS.md, decode_study group "roi").
 
     On the GPU the result lives in a ring of ``ring`` output buffers: a batch stays valid until
-    ``ring - 1`` more batches have been produced. Batches from :meth:`iterate` are not waited for:
-    their kernels are ordered on :attr:`stream` (synchronize it, or make your stream wait on it,
-    before reading). Failed images are reported in ``last_errors``.
+    ``ring - 1`` more batches have been produced. GPU work that reads a batch, enqueued on the
+    current CuPy (or torch) stream before the batch that reuses its buffer is asked for, runs before
+    that buffer is written again. Batches from :meth:`iterate` are not waited for: their kernels are
+    ordered on :attr:`stream` (synchronize it, or make your stream wait on it, before reading).
+    Failed images are reported in ``last_errors``.
     """
 
     def __init__(self, ops: Sequence[Op], device: Device | str = "auto", seed: int = 0,
@@ -495,12 +497,10 @@ class ImagePipeline:
         self.device = device if isinstance(device, Device) else resolve(device, gpu)
         self.plan.validate(DEVICE if self.device.is_gpu else "host")
         self.cpu_threads = cpu_threads or default_workers()
-        # region decode needs nvImageCodec's hardware decoder (the direct path decodes whole images)
-        self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory, decoder_options=decoder_options, sync=sync,
-                                 hw_direct=False if region_decode else None)
+        self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory, decoder_options=decoder_options, sync=sync)
                        if self.device.is_gpu else None)
         if self.engine is not None and warm_up:
-            self.engine.warm_up(warm_up)
+            self.engine.warm_up(warm_up, regions=region_decode)
         from .gpu_chain import fixed_window_chain
 
         # a chain of one resample to a fixed size may run on each decoded chunk as it comes (see process)
@@ -600,6 +600,7 @@ class ImagePipeline:
         first = fed_windows(self.plan.ops, windows, rows, redrawn, drawn, arrays)
         slot = self._slot
         self._slot = (self._slot + 1) % len(self._ring)
+        self._after_readers([self.engine.stream])
         batch = run_chain(self.engine, self.plan.ops, Ragged.from_items(self.engine.cp, arrays), drawn,
                           out=self._ring[slot], first=first)
         self._ring[slot] = batch.buffer
@@ -630,6 +631,26 @@ class ImagePipeline:
             if not fed:
                 redrawn.append(k)
         return drawn, redrawn
+
+    def _after_readers(self, streams: list[Any]) -> None:
+        """Make ``streams`` (about to write an output buffer of the ring) wait for the GPU work the
+        consumer has enqueued so far: on CuPy's current stream of the calling thread and, where torch
+        has made its CUDA context, torch's. A batch's readers enqueued before the consumer asks for
+        the batch that reuses its buffer then finish before it is overwritten, however far the host
+        runs ahead of the GPU."""
+        import sys
+
+        cp, eng = self.engine.cp, self.engine
+        ptrs = {cp.cuda.get_current_stream().ptr}
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            ptrs.add(torch.cuda.current_stream(eng.device.index).cuda_stream)
+        ptrs.discard(eng.stream.ptr)  # already ordered before what the engine's stream does next
+        for ptr in ptrs:
+            event = cp.cuda.Event(disable_timing=True)
+            event.record(cp.cuda.ExternalStream(ptr))
+            for on in streams:
+                on.wait_event(event)
 
     def _side_streams(self) -> dict[bool, Any]:
         """Streams for the resample of each decoder's chunks ({True: hardware engine, False: CUDA
@@ -668,6 +689,7 @@ class ImagePipeline:
         if self._ring_done[slot] is not None:  # the side streams write ``buf`` after its last batch's work
             for on in side.values():
                 on.wait_event(self._ring_done[slot])
+        self._after_readers([*side.values(), eng.stream])
         used = set()
         for items, on in res.chunks(eng.stream, side):
             part, arrays = [i for i, _ in items], [a for _, a in items]

@@ -545,23 +545,79 @@ def test_image_pipeline_reproducible_and_matches_cpu():
     assert np.abs(a - ref).mean() < 0.05
 
 
-def test_region_decode_matches_full_decode(tmp_path):
+@pytest.mark.parametrize("chunk", [0, 5])
+def test_region_decode_matches_full_decode(tmp_path, monkeypatch, chunk):
     """``region_decode``: each image decoded only where the random crop reads (with the filter's reach)
-    gives the batches a full decode gives, up to the rounding of the moved window origin."""
+    gives the batches a full decode gives, up to the rounding of the moved window origin; the
+    hardware engine's part goes through the direct path's region calls (whole parts, and chunks)."""
+    from gpubatch.engine.codecs.nvjpeg_hw import HwBatchDecoder
     from gpubatch.engine.gpu_executor import ImagePipeline
 
     paths = _jpeg_files(tmp_path, 32, lambda i: (300 + 11 * i, 420 - 5 * i), lambda i: 85 + i % 10)
     ops = [RandomResizedCrop(96), Flip(), Normalize(layout="HWC", dtype="uint8")]
+    calls: list = []  # the regions of each direct-path call
+    real = HwBatchDecoder.decode
+    monkeypatch.setattr(HwBatchDecoder, "decode", lambda self, *a, **k: (calls.append(k.get("regions")),
+                                                                         real(self, *a, **k))[1])
     out = {}
     for roi in (False, True):
-        with ImagePipeline(ops, device="gpu", seed=9, ring=8, region_decode=roi) as pipe:
+        with ImagePipeline(ops, device="gpu", seed=9, ring=8, region_decode=roi, decode_chunk=chunk) as pipe:
+            calls.clear()  # (not the warm-up's)
             batches = list(pipe.iterate_files(paths, batch_size=8, workers=2))
             pipe.stream.synchronize()
             out[roi] = np.concatenate([b.stacked().get() for b in batches]).astype(int)
             assert pipe.stats["fallbacks"] == 0
+            if pipe.engine.decoder.hw_direct:
+                cut = sum(r is not None for c in calls if c for r in c)
+                assert pipe.stats["hw"] > 0 and (cut > 0) == roi, (pipe.stats, cut)
     diff = np.abs(out[True] - out[False])
     assert out[True].shape == (32, 96, 96, 3)
     assert diff.max() <= 2 and diff.mean() < 0.1, (diff.max(), diff.mean())
+
+
+def test_ring_of_one_waits_for_the_consumers_reads(tmp_path):
+    """With one output buffer the next batch overwrites the last, yet GPU work reading a batch that
+    was enqueued (on the consumer's current stream) before the next batch was asked for still reads
+    that batch: the pipeline's streams wait for the consumer's. The reader is held back by a kernel
+    that spins for about 200 ms first; a consumer whose stream nobody waits for sees the next batch."""
+    import cupy as cp
+
+    from gpubatch.engine.gpu_executor import ImagePipeline
+
+    paths = _jpeg_files(tmp_path, 16, lambda i: (200 + 9 * i, 260 - 3 * i), lambda i: 80 + i % 15)
+    ops = [RandomResizedCrop(64), Flip(), Normalize(layout="CHW", dtype="float16")]
+    spin = cp.RawKernel(r"""
+    extern "C" __global__ void spin(long long cycles) {
+        long long t0 = clock64();
+        while (clock64() - t0 < cycles) { }
+    }""", "spin")
+    cycles = np.int64(cp.cuda.Device().attributes["ClockRate"] * 1000 // 5)  # kHz: about 200 ms
+    for fenced in (True, False):
+        with ImagePipeline(ops, device="gpu", seed=5, ring=1) as pipe:
+            ref = []
+            for batch in pipe.iterate_files(paths, batch_size=8, workers=2):
+                pipe.stream.synchronize()
+                ref.append(batch.stacked().get())
+            consumer = cp.cuda.Stream(non_blocking=True)
+            it = pipe.iterate_files(paths, batch_size=8, workers=2)
+            first = next(it)
+            with consumer:
+                consumer.wait_event(pipe.stream.record())
+                spin((1,), (1,), (cycles,))  # the reader is late
+                copy = first.stacked().copy()  # enqueued before the next batch is asked for
+                if fenced:
+                    second = next(it)
+                else:
+                    with cp.cuda.Stream(non_blocking=True):  # asked for from a stream without that work
+                        second = next(it)
+            consumer.synchronize()
+            pipe.stream.synchronize()
+            np.testing.assert_array_equal(second.stacked().get(), ref[1])
+            if fenced:
+                np.testing.assert_array_equal(copy.get(), ref[0])
+            else:
+                assert not np.array_equal(copy.get(), ref[0])
+            it.close()
 
 
 def test_stream_ordered_batches_and_iterate_files_match_finished_calls(tmp_path):

@@ -5,7 +5,7 @@ part goes to the hardware JPEG engine, part to the CUDA decoder (Huffman on the 
 each on its own stream, and nothing waits for the GPU. By default the CUDA decoder is driven through
 nvImageCodec's C API (:mod:`.nvimgcodec_c`) and the hardware engine through nvJPEG's batched API
 directly (:mod:`.nvjpeg_hw`; nvImageCodec's ``HW_GPU_ONLY`` decoder where nvJPEG cannot be loaded,
-with ``hw_direct=False`` or for region decode), each from a thread of its own that goes through the
+or with ``hw_direct=False``), each from a thread of its own that goes through the
 batches at that decoder's pace, decoding into one device buffer per batch part.
 Which kinds the hardware engine takes is learned, not assumed: a kind it fails is routed to the
 CUDA decoder from then on. Whatever the GPU decoders refuse (CMYK, PNG, corrupt data) is
@@ -455,6 +455,7 @@ class _Job:
     planes: dict[int, tuple[int, int]] = field(default_factory=dict)  # (direct) item -> chroma sampling, decoded
                                                                        # into planes (.planes)
     outputs: dict[int, tuple[int, ...]] = field(default_factory=dict)  # (direct) item -> its nvJPEG output places
+    regions: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # (direct) item -> the part decoded
 
 
 def _direct_view(job: _Job, i: int, ptr: int, h: int, w: int) -> None:
@@ -657,7 +658,7 @@ class GpuImageDecoder:
             return []
         return made
 
-    def warm_up(self, batch: int = 256) -> float:
+    def warm_up(self, batch: int = 256, regions: bool = False) -> float:
         """Run ``batch`` tiny JPEGs (every subsampling, and gray) through each decoder once; returns the
         seconds.
 
@@ -665,7 +666,8 @@ class GpuImageDecoder:
         hardware decoder had met cost another 0.3-0.4 s once. After this warm-up (about 1.1 s) the first
         real batch took 0.03 s and no later batch stalled (benchmarks/startup_study.py, H200). It also
         settles which kinds the hardware engine takes, so the routing of real batches (and with it
-        their output bytes) does not depend on how far the hardware thread has got."""
+        their output bytes) does not depend on how far the hardware thread has got. With ``regions``
+        the hardware engine's direct path also makes a region call on each instance."""
         t0 = time.perf_counter()
         blobs = _tiny_jpegs(batch)
         with self._calling:
@@ -674,6 +676,8 @@ class GpuImageDecoder:
                     self.first_call(True, blobs)
                 for _ in self.hw_direct if HW_PLANES != "never" else ():  # and the decode into planes
                     self.first_call(True, blobs, planes=True)
+                for _ in self.hw_direct if regions else ():  # and region calls (nvjpegDecodeBatchedEx)
+                    self.first_call(True, blobs, regions=[(8, 16, 40, 64)] * len(blobs))
                 self.first_call(False, blobs)
             for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
                 if decoder is not None:
@@ -682,10 +686,11 @@ class GpuImageDecoder:
             self.cuda_stream.synchronize()
         return time.perf_counter() - t0
 
-    def first_call(self, hw: bool, blobs: list[bytes], planes: bool = False) -> None:
+    def first_call(self, hw: bool, blobs: list[bytes], planes: bool = False,
+                   regions: list[tuple[int, int, int, int] | None] | None = None) -> None:
         """One whole-part call of the hardware engine (``hw``) or the CUDA decoder on ``blobs``, the
-        results dropped, waited for (the C API; for the warm-up and memory studies; ``planes`` as
-        :meth:`decode` takes it)."""
+        results dropped, waited for (the C API; for the warm-up and memory studies; ``planes`` and
+        ``regions`` as :meth:`decode` takes them)."""
         kinds = [jpeg_kind(b)[0] for b in blobs]
         lists = [list(range(len(blobs)))]
         if hw and self.hw_direct:  # a call per kind: a kind the engine refuses fails its own call only
@@ -693,8 +698,8 @@ class GpuImageDecoder:
             for i, k in enumerate(kinds):
                 groups.setdefault(k, []).append(i)
             lists = list(groups.values())
-        job = self._prepare(hw, blobs, None, lists, self.hw_stream, plane_kinds=kinds if planes else None)
-        self._run(job, blobs, None, kinds)
+        job = self._prepare(hw, blobs, regions, lists, self.hw_stream, plane_kinds=kinds if planes else None)
+        self._run(job, blobs, regions, kinds)
         self._cuda_thread.submit(int).result()  # a retry of what the hardware engine failed has run
         self.hw_stream.synchronize()
         self.cuda_stream.synchronize()
@@ -791,8 +796,8 @@ class GpuImageDecoder:
         kernels that read the images): a decode thread running ahead then never makes an earlier
         batch's kernels wait for a later batch's decode. ``headers`` are the blobs' :func:`jpeg_kind`
         results when already known (a :class:`~gpubatch.engine.feed.FileFeed` parses them in its workers).
-        ``regions`` gives per blob a (y0, x0, y1, x1) part to decode (nvImageCodec region decode) or
-        None; what the GPU refuses is decoded whole by Pillow, and its size tells the caller so.
+        ``regions`` gives per blob a (y0, x0, y1, x1) part to decode or None (the hardware engine's
+        direct path: nvJPEG's region calls; the CUDA decoder: nvImageCodec's sub-code streams); what the GPU refuses is decoded whole by Pillow, and its size tells the caller so.
 
         ``wait=False`` (with ``order=False``) returns once the batch is handed over: with the C API the
         hardware engine's part and the CUDA decoder's part are each decoded by a thread of their own,
@@ -964,10 +969,10 @@ class GpuImageDecoder:
         calls of at most ``chunk`` items, each in the decoder's next ring slot. Runs in the thread that
         hands the batch over, so the decoder's own thread only makes the decode calls. The hardware
         engine's direct path (``hw_direct``) needs neither: its items' places come from their stored
-        sizes (``dims``: (width, height) per item, read from the headers where not given), whole
-        images whatever ``regions`` asks (the caller reads the size of what it gets); with
-        ``plane_kinds`` (the items' kinds) its 4:2:0 and 4:2:2 images go into their planes
-        (a call is one kind, unless :data:`HW_MIXED`, which keeps RGB)."""
+        sizes (``dims``: (width, height) per item, read from the headers where not given), or from
+        ``regions`` (nvJPEG's region calls); with ``plane_kinds`` (the items' kinds) its 4:2:0 and
+        4:2:2 images go into their planes where the part decodes whole images (a call is one kind,
+        unless :data:`HW_MIXED`, which keeps RGB)."""
         lib = self.lib
         t0 = time.perf_counter()
         if chunk:
@@ -982,13 +987,18 @@ class GpuImageDecoder:
             job.hosts.append(keep)
             sources.append((addr, size, regions[i] if regions is not None else None))
         if job.direct:
-            for i, (addr, size, _) in zip(items, sources):
+            # planes only for whole images (a call is one output format, and a region's chroma edges
+            # would need the samples outside it)
+            whole = regions is None or not any(regions[i] is not None for i in items)
+            for i, (addr, size, r) in zip(items, sources):
                 w, h = dims[i] if dims is not None else jpeg_kind(bytes(blobs[i]))[1:]
                 if w <= 0 or h <= 0:
                     job.part.failed.append(i)
                     continue
                 job.sources[i], shapes[i], turns[i] = (addr, size), (h, w), (0, 0, 0)
-                if plane_kinds is not None and not HW_MIXED:
+                if r is not None:
+                    job.regions[i], shapes[i] = r, (r[2] - r[0], r[3] - r[1])
+                if plane_kinds is not None and not HW_MIXED and whole:
                     sampling = jplanes.SUBSAMPLING.get(plane_kinds[i].partition("/")[2])
                     if sampling is not None:
                         job.planes[i] = sampling
@@ -1194,8 +1204,10 @@ class GpuImageDecoder:
                     dec = self.hw_direct[self._hw_turn % len(self.hw_direct)]
                     self._hw_turn += 1
                     fmt = OUTPUT_YUV if idx[0] in job.planes else OUTPUT_RGBI  # (a call is one kind)
+                    parts = [job.regions.get(i) for i in idx] if job.regions else None
                     try:
-                        dec.decode([job.sources[i] for i in idx], [job.outputs[i] for i in idx], job.stream, fmt)
+                        dec.decode([job.sources[i] for i in idx], [job.outputs[i] for i in idx], job.stream, fmt,
+                                   regions=parts)
                         ok = [True] * len(idx)
                     except NvjpegError:  # the call failed as a whole (a corrupt image fails its call)
                         ok = [False] * len(idx)
