@@ -648,7 +648,7 @@ class ImagePipeline:
         ptrs.discard(eng.stream.ptr)  # already ordered before what the engine's stream does next
         for ptr in ptrs:
             event = cp.cuda.Event(disable_timing=True)
-            event.record(cp.cuda.ExternalStream(ptr))
+            cp.cuda.runtime.eventRecord(event.ptr, ptr)
             for on in streams:
                 on.wait_event(event)
 

@@ -312,6 +312,9 @@ RING_SLACK = 16  # a slot grows to the call's size plus 1/RING_SLACK, so that it
 # memory_study ``planes``; RESULTS.md, sixteenth session). "always" / "never" (GPUBATCH_HW_PLANES) for
 # studies.
 HW_PLANES = os.environ.get("GPUBATCH_HW_PLANES", "chunked")
+# Which decoders' parts take the regions ``decode(..., regions=)`` asks for ("hw", "cuda"); a part not
+# named decodes whole images (for studies: memory_study ``regions_for``)
+REGIONS_FOR: tuple[str, ...] = ("hw", "cuda")
 
 
 def want_planes(chunk: int) -> bool:
@@ -707,8 +710,8 @@ class GpuImageDecoder:
     def drain(self) -> None:
         """Wait until every part handed over so far is decoded: the decoders' threads idle (the hardware
         engine's first, since what it fails goes on to the CUDA decoder's) and their streams done."""
-        for pool in (self._hw_thread, self._cuda_thread, self._side):
-            if pool is not None:
+        for pool in (self._hw_thread, self._cuda_thread, self._side) if not self._closing else ():
+            if pool is not None:  # (once closed, the threads have finished)
                 pool.submit(int).result()
         self.hw_stream.synchronize()
         self.cuda_stream.synchronize()
@@ -893,9 +896,10 @@ class GpuImageDecoder:
         parts = 0
         for hw, lists, thread in ((True, to_hw, self._hw_thread), (False, [to_cuda], self._cuda_thread)):
             if any(lists):
-                job = self._prepare(hw, blobs, regions, lists, stream, chunk, dims, kinds if planes else None)
+                cut = regions if ("hw" if hw else "cuda") in REGIONS_FOR else None
+                job = self._prepare(hw, blobs, cut, lists, stream, chunk, dims, kinds if planes else None)
                 job.sink = sink
-                thread.submit(self._run, job, blobs, regions, kinds)
+                thread.submit(self._run, job, blobs, cut, kinds)
                 parts += 1
         res.pending = functools.partial(self._gather, parts, cpu_now, blobs, stream, max_pixels)
         tm["parse"] += time.perf_counter() - t_start

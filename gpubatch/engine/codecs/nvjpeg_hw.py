@@ -82,6 +82,20 @@ def library() -> Any:
         "nvjpegDecodeBatchedEx": [vp, vp, C.POINTER(vp), C.POINTER(C.c_size_t), C.POINTER(_Image), C.POINTER(vp), vp],
         "nvjpegDecodeParamsCreate": [vp, C.POINTER(vp)],
         "nvjpegDecodeParamsDestroy": [vp],
+    }.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, st
+    return lib
+
+
+@functools.cache
+def setters() -> Any:
+    """libnvjpeg again, for the decode parameters' setters with the GIL kept: each is a few field
+    writes, and a region call makes three per image; releasing the GIL for each made the hardware
+    engine's thread wait for it back three times an image while the pipeline's other threads ran."""
+    lib = C.PyDLL(library_path())
+    vp, st = C.c_void_p, C.c_int
+    for name, args in {
         "nvjpegDecodeParamsSetOutputFormat": [vp, st],
         "nvjpegDecodeParamsSetROI": [vp, C.c_int, C.c_int, C.c_int, C.c_int],
         "nvjpegDecodeParamsSetExifOrientation": [vp, st],
@@ -170,11 +184,14 @@ class HwBatchDecoder:
             p = C.c_void_p()
             _check("nvjpegDecodeParamsCreate", lib.nvjpegDecodeParamsCreate(self.handle, C.byref(p)))
             self.params.append(p)
+        put = setters()
+        fmt_of, turn_of, roi_of = (put.nvjpegDecodeParamsSetOutputFormat, put.nvjpegDecodeParamsSetExifOrientation,
+                                   put.nvjpegDecodeParamsSetROI)
         for p, r in zip(self.params, regions):
-            _check("nvjpegDecodeParamsSetOutputFormat", lib.nvjpegDecodeParamsSetOutputFormat(p, fmt))
-            _check("nvjpegDecodeParamsSetExifOrientation", lib.nvjpegDecodeParamsSetExifOrientation(p, 1))
-            roi = (0, 0, -1, -1) if r is None else (r[1], r[0], r[3] - r[1], r[2] - r[0])
-            _check("nvjpegDecodeParamsSetROI", lib.nvjpegDecodeParamsSetROI(p, *roi))
+            status = (fmt_of(p, fmt) or turn_of(p, 1)
+                      or (roi_of(p, 0, 0, -1, -1) if r is None else roi_of(p, r[1], r[0], r[3] - r[1], r[2] - r[0])))
+            if status:
+                _check("nvjpegDecodeParamsSet*", status)
         return (C.c_void_p * len(regions))(*[p.value for p in self.params[: len(regions)]])
 
     def close(self) -> None:
