@@ -34,7 +34,8 @@ instead of each decoder's thread going through the batches at its own pace; whol
 resample run per call, ``ImagePipeline(decode_chunk=...)``; default 0: whole batch parts, a buffer
 each),
 ``hw_chunk`` (the hardware engine's calls are split only above this, ``image_gpu.HW_CHUNK``),
-``regions_for`` (with ``region=1``: which decoders' parts decode regions, ``hw``, ``cuda`` or
+``fence`` (0: the output ring's writers do not wait for the consumer's current stream,
+``gpu_executor.FENCE_READERS``), ``regions_for`` (with ``region=1``: which decoders' parts decode regions, ``hw``, ``cuda`` or
 ``hw+cuda``, ``image_gpu.REGIONS_FOR``), ``cuda_ring`` (the CUDA decoder's calls take this many buffers in turn; 0: call k of a part takes
 buffer k, ``image_gpu.CUDA_RING``), ``slack`` (a chunk buffer grows to a call's size plus
 1/slack, ``image_gpu.RING_SLACK``), ``sched`` (how host threads wait for the GPU: ``auto``, ``spin``,
@@ -149,6 +150,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         os.environ["GPUBATCH_HW_DIRECT"] = knobs["direct"]
     if "prio" in knobs:  # decoder streams at the greatest priority: hw, cuda or both ("+"-joined)
         image_gpu.HIGH_PRIORITY = tuple(knobs["prio"].split("+"))
+    if "fence" in knobs:  # 0: the output ring's writers do not wait for the consumer's stream
+        gpu_executor.FENCE_READERS = knobs["fence"] == "1"
     if "regions_for" in knobs:  # with region=1, which decoders' parts take the regions (hw, cuda, "+"-joined)
         image_gpu.REGIONS_FOR = tuple(knobs["regions_for"].split("+"))
     if "cuda_ring" in knobs:  # the CUDA decoder's calls over this many buffers in turn (0: one per call of a part)

@@ -40,6 +40,9 @@ SWITCH_INTERVAL = 0.001  # seconds; see GpuEngine
 PIN_FEED = True
 HELD_SLOTS = 2
 FEED_SLOTS = 6  # the feed's ring (iterate_files), besides the held ones
+# ImagePipeline's writers of an output buffer wait for the consumer's current stream(s) first
+# (ImagePipeline._after_readers; False only for studies: memory_study ``fence=0``)
+FENCE_READERS = True
 
 DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
 # Stack bytes per GPU thread the CUDA context reserves (cudaLimitStackSize; the driver's default is
@@ -640,6 +643,8 @@ class ImagePipeline:
         runs ahead of the GPU."""
         import sys
 
+        if not FENCE_READERS:
+            return
         cp, eng = self.engine.cp, self.engine
         ptrs = {cp.cuda.get_current_stream().ptr}
         torch = sys.modules.get("torch")
