@@ -545,13 +545,17 @@ def test_image_pipeline_reproducible_and_matches_cpu():
     assert np.abs(a - ref).mean() < 0.05
 
 
-@pytest.mark.parametrize("chunk", [0, 5])
-def test_region_decode_matches_full_decode(tmp_path, monkeypatch, chunk):
+@pytest.mark.parametrize("chunk,regions_for", [(0, "hw+cuda"), (5, "hw+cuda"), (0, "hw"), (0, "")])
+def test_region_decode_matches_full_decode(tmp_path, monkeypatch, chunk, regions_for):
     """``region_decode``: each image decoded only where the random crop reads (with the filter's reach)
     gives the batches a full decode gives, up to the rounding of the moved window origin; the
-    hardware engine's part goes through the direct path's region calls (whole parts, and chunks)."""
+    hardware engine's part goes through the direct path's region calls (whole parts, and chunks). A
+    decoder not in ``REGIONS_FOR`` decodes whole images and gives views of the regions."""
+    from gpubatch.engine.codecs import image_gpu
     from gpubatch.engine.codecs.nvjpeg_hw import HwBatchDecoder
     from gpubatch.engine.gpu_executor import ImagePipeline
+
+    monkeypatch.setattr(image_gpu, "REGIONS_FOR", tuple(filter(None, regions_for.split("+"))))
 
     paths = _jpeg_files(tmp_path, 32, lambda i: (300 + 11 * i, 420 - 5 * i), lambda i: 85 + i % 10)
     ops = [RandomResizedCrop(96), Flip(), Normalize(layout="HWC", dtype="uint8")]
@@ -569,7 +573,7 @@ def test_region_decode_matches_full_decode(tmp_path, monkeypatch, chunk):
             assert pipe.stats["fallbacks"] == 0
             if pipe.engine.decoder.hw_direct:
                 cut = sum(r is not None for c in calls if c for r in c)
-                assert pipe.stats["hw"] > 0 and (cut > 0) == roi, (pipe.stats, cut)
+                assert pipe.stats["hw"] > 0 and (cut > 0) == (roi and "hw" in regions_for), (pipe.stats, cut)
     diff = np.abs(out[True] - out[False])
     assert out[True].shape == (32, 96, 96, 3)
     assert diff.max() <= 2 and diff.mean() < 0.1, (diff.max(), diff.mean())

@@ -312,8 +312,8 @@ RING_SLACK = 16  # a slot grows to the call's size plus 1/RING_SLACK, so that it
 # memory_study ``planes``; RESULTS.md, sixteenth session). "always" / "never" (GPUBATCH_HW_PLANES) for
 # studies.
 HW_PLANES = os.environ.get("GPUBATCH_HW_PLANES", "chunked")
-# Which decoders' parts take the regions ``decode(..., regions=)`` asks for ("hw", "cuda"); a part not
-# named decodes whole images (for studies: memory_study ``regions_for``)
+# Which decoders decode only the regions ``decode(..., regions=)`` asks for ("hw", "cuda"); a decoder
+# not named decodes whole images and gives views of the regions (for studies: memory_study ``regions_for``)
 REGIONS_FOR: tuple[str, ...] = ("hw", "cuda")
 
 
@@ -459,6 +459,8 @@ class _Job:
                                                                        # into planes (.planes)
     outputs: dict[int, tuple[int, ...]] = field(default_factory=dict)  # (direct) item -> its nvJPEG output places
     regions: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # (direct) item -> the part decoded
+    crops: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # item -> the part its view shows
+                                                                               # (decoded whole; REGIONS_FOR)
 
 
 def _direct_view(job: _Job, i: int, ptr: int, h: int, w: int) -> None:
@@ -896,10 +898,9 @@ class GpuImageDecoder:
         parts = 0
         for hw, lists, thread in ((True, to_hw, self._hw_thread), (False, [to_cuda], self._cuda_thread)):
             if any(lists):
-                cut = regions if ("hw" if hw else "cuda") in REGIONS_FOR else None
-                job = self._prepare(hw, blobs, cut, lists, stream, chunk, dims, kinds if planes else None)
+                job = self._prepare(hw, blobs, regions, lists, stream, chunk, dims, kinds if planes else None)
                 job.sink = sink
-                thread.submit(self._run, job, blobs, cut, kinds)
+                thread.submit(self._run, job, blobs, regions, kinds)
                 parts += 1
         res.pending = functools.partial(self._gather, parts, cpu_now, blobs, stream, max_pixels)
         tm["parse"] += time.perf_counter() - t_start
@@ -982,6 +983,9 @@ class GpuImageDecoder:
         if chunk:
             lists = _call_lists(lists, hw, chunk)
         job = _Job(hw, lists, self.hw_stream if hw else self.cuda_stream, consumer, direct=hw and bool(self.hw_direct))
+        if regions is not None and ("hw" if hw else "cuda") not in REGIONS_FOR:  # whole images, region views
+            job.crops = {i: regions[i] for idx in lists for i in idx if regions[i] is not None}
+            regions, plane_kinds = None, None
         shapes: dict[int, tuple[int, int]] = {}
         turns: dict[int, tuple[int, int, int]] = {}  # EXIF orientation per image
         items = [i for idx in lists for i in idx]
@@ -1244,7 +1248,11 @@ class GpuImageDecoder:
         items = []
         for i, good in done:
             if good:
-                items.append((i, DeviceImage(*job.views[i], owner, job.planes.get(i))))
+                ptr, shape, row = job.views[i]
+                if i in job.crops:  # (interleaved RGB)
+                    y0, x0, y1, x1 = job.crops[i]
+                    ptr, shape = ptr + y0 * row + x0 * 3, (y1 - y0, x1 - x0, 3)
+                items.append((i, DeviceImage(ptr, shape, row, owner, job.planes.get(i))))
             elif not job.hw:
                 job.part.failed.append(i)
         _post(job.sink, ("images", items, owner, event, job.hw))
