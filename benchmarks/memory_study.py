@@ -34,8 +34,9 @@ instead of each decoder's thread going through the batches at its own pace; whol
 resample run per call, ``ImagePipeline(decode_chunk=...)``; default 0: whole batch parts, a buffer
 each),
 ``hw_chunk`` (the hardware engine's calls are split only above this, ``image_gpu.HW_CHUNK``),
-``fence`` (0: the output ring's writers do not wait for the consumer's current stream,
-``gpu_executor.FENCE_READERS``), ``regions_for`` (with ``region=1``: which decoders' parts decode regions, ``hw``, ``cuda`` or
+``fence`` (0: the output ring's writers do not wait for the streams the batches were taken on,
+``gpu_executor.FENCE_READERS``), ``read`` (``legacy`` or ``own``: each batch is taken with ``stacked()`` on
+the legacy default stream or on a non-blocking stream of the consumer's own, so the ring fences it), ``regions_for`` (with ``region=1``: which decoders' parts decode regions, ``hw``, ``cuda`` or
 ``hw+cuda``, ``image_gpu.REGIONS_FOR``), ``cuda_ring`` (the CUDA decoder's calls take this many buffers in turn; 0: call k of a part takes
 buffer k, ``image_gpu.CUDA_RING``), ``slack`` (a chunk buffer grows to a call's size plus
 1/slack, ``image_gpu.RING_SLACK``), ``sched`` (how host threads wait for the GPU: ``auto``, ``spin``,
@@ -184,7 +185,14 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         prof = cProfile.Profile()
         prof.enable()
     probe = GilProbe() if knobs.get("probe") == "1" else None
-    res = timed_windows(lambda: len(next(it)), args.seconds, warmup=0, sync=pipe.engine.stream.synchronize)
+    take = lambda: len(next(it))  # noqa: E731
+    if knobs.get("read") in ("legacy", "own"):  # the batch taken (stacked()) on a stream, which the ring then fences
+        own = cp.cuda.Stream(non_blocking=True) if knobs["read"] == "own" else cp.cuda.Stream.null
+
+        def take() -> int:
+            with own:
+                return len(next(it).stacked())
+    res = timed_windows(take, args.seconds, warmup=0, sync=pipe.engine.stream.synchronize)
     if probe is not None:
         out["gil_wait_us"] = probe.stop()
     if prof is not None:

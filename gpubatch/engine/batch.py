@@ -25,6 +25,10 @@ class DeviceBatch:
         keys: record keys, for error messages and per-record parameters.
         keep: objects that own device memory the batch's kernels read (decoded images).
         stream: the CUDA stream its kernels were enqueued on (None: already finished, or host).
+        readers: the streams (handles; 0 the legacy default stream) its items were taken on:
+            CuPy's current stream at :meth:`stacked` / :meth:`item`, the consumer's stream of
+            ``__dlpack__``. A producer that reuses the buffer makes its writes wait for the work
+            enqueued on them by then (``ImagePipeline``'s output ring).
     """
 
     buffer: Any
@@ -33,12 +37,19 @@ class DeviceBatch:
     keys: list[str] = field(default_factory=list)
     keep: list[Any] = field(default_factory=list)  # owners of input memory the kernels may still read
     stream: Any = None
+    readers: set[int] = field(default_factory=set)
 
     def __len__(self) -> int:
         return len(self.shapes)
 
+    def _read_on_current_stream(self) -> None:
+        import cupy
+
+        self.readers.add(cupy.cuda.get_current_stream().ptr)
+
     def item(self, i: int) -> Any:
-        """Zero-copy view of item ``i``."""
+        """Zero-copy view of item ``i`` (read on the current stream)."""
+        self._read_on_current_stream()
         n = int(np.prod(self.shapes[i]))
         off = int(self.offsets[i])
         return self.buffer[off : off + n].reshape(self.shapes[i])
@@ -47,7 +58,12 @@ class DeviceBatch:
         return [self.item(i) for i in range(len(self))]
 
     def stacked(self) -> Any:
-        """The batch as one (N, ...) array when every item has the same shape (zero-copy)."""
+        """The batch as one (N, ...) array when every item has the same shape (zero-copy; read on the
+        current stream)."""
+        self._read_on_current_stream()
+        return self._stacked()
+
+    def _stacked(self) -> Any:
         if not self.shapes:
             raise ValueError("empty batch")
         if any(s != self.shapes[0] for s in self.shapes):
@@ -55,8 +71,11 @@ class DeviceBatch:
         return self.buffer[: len(self) * int(np.prod(self.shapes[0]))].reshape(len(self), *self.shapes[0])
 
     def __dlpack__(self, stream: Any = None, **kw: Any):
-        """DLPack export; the consumer's ``stream`` waits for this batch's kernels."""
-        arr = self.stacked()
+        """DLPack export; the consumer's ``stream`` waits for this batch's kernels (and is noted as a
+        reader: None and 1 name the legacy default stream, 2 the per-thread one, -1 none)."""
+        if stream != -1:
+            self.readers.add(0 if stream in (None, 1) else int(stream))
+        arr = self._stacked()
         if self.stream is None:
             return arr.__dlpack__(stream=stream, **kw)
         with self.stream:  # CuPy orders the consumer stream after the current (producer) stream

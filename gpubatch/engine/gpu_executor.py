@@ -481,9 +481,10 @@ class ImagePipeline:
     in the decode call (benchmarks/RESULTS.md, decode_study group "roi").
 
     On the GPU the result lives in a ring of ``ring`` output buffers: a batch stays valid until
-    ``ring - 1`` more batches have been produced. GPU work that reads a batch, enqueued on the
-    current CuPy (or torch) stream before the batch that reuses its buffer is asked for, runs before
-    that buffer is written again. Batches from :meth:`iterate` are not waited for: their kernels are
+    ``ring - 1`` more batches have been produced. GPU work that reads a batch on the stream it was
+    taken on (CuPy's current stream at ``stacked()`` / ``item()``, the consumer's stream of DLPack, as
+    ``torch.from_dlpack(batch)`` gives it), enqueued before the batch that reuses its buffer is asked
+    for, runs before that buffer is written again. Batches from :meth:`iterate` are not waited for: their kernels are
     ordered on :attr:`stream` (synchronize it, or make your stream wait on it, before reading).
     Failed images are reported in ``last_errors``.
     """
@@ -517,6 +518,7 @@ class ImagePipeline:
         self._slot = 0
         self._side: dict[bool, Any] | None = None  # see _side_streams
         self._ring_done: list[Any] = [None] * ring  # per output buffer, the end of its last chunked batch
+        self._ring_readers: list[set[int] | None] = [None] * ring  # per output buffer, its last batch's readers
         self.last_errors: list[tuple[int, str]] = []
         self.stats = {"images": 0, "gpu": 0, "hw": 0, "fallbacks": 0}
         self._workers: Any = None
@@ -603,10 +605,10 @@ class ImagePipeline:
         first = fed_windows(self.plan.ops, windows, rows, redrawn, drawn, arrays)
         slot = self._slot
         self._slot = (self._slot + 1) % len(self._ring)
-        self._after_readers([self.engine.stream])
+        self._after_readers(slot, [self.engine.stream])
         batch = run_chain(self.engine, self.plan.ops, Ragged.from_items(self.engine.cp, arrays), drawn,
                           out=self._ring[slot], first=first)
-        self._ring[slot] = batch.buffer
+        self._ring[slot], self._ring_readers[slot] = batch.buffer, batch.readers
         self.stats["images"] += len(arrays)
         self.stats["gpu"] += res.on_gpu
         self.stats["hw"] += res.hw
@@ -635,23 +637,19 @@ class ImagePipeline:
                 redrawn.append(k)
         return drawn, redrawn
 
-    def _after_readers(self, streams: list[Any]) -> None:
-        """Make ``streams`` (about to write an output buffer of the ring) wait for the GPU work the
-        consumer has enqueued so far: on CuPy's current stream of the calling thread and, where torch
-        has made its CUDA context, torch's. A batch's readers enqueued before the consumer asks for
-        the batch that reuses its buffer then finish before it is overwritten, however far the host
-        runs ahead of the GPU."""
-        import sys
-
-        if not FENCE_READERS:
+    def _after_readers(self, slot: int, streams: list[Any]) -> None:
+        """Make ``streams`` (about to write output buffer ``slot`` of the ring) wait for the GPU work
+        enqueued so far on the streams the last batch in that buffer was read on
+        (``DeviceBatch.readers``: taken with ``stacked()`` / ``item()`` or through DLPack). Readers
+        enqueued before the consumer asks for the batch that reuses the buffer then finish before it
+        is overwritten, however far the host runs ahead of the GPU. A batch nobody took costs nothing
+        here: an event on the legacy default stream also waits for every blocking stream's work, and
+        recording one per batch took 4-8% of the bench chains' speed (memory_study ``fence``, H200)."""
+        readers, self._ring_readers[slot] = self._ring_readers[slot], None
+        if not readers or not FENCE_READERS:
             return
         cp, eng = self.engine.cp, self.engine
-        ptrs = {cp.cuda.get_current_stream().ptr}
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_initialized():
-            ptrs.add(torch.cuda.current_stream(eng.device.index).cuda_stream)
-        ptrs.discard(eng.stream.ptr)  # already ordered before what the engine's stream does next
-        for ptr in ptrs:
+        for ptr in readers - {eng.stream.ptr}:  # (the engine's own stream is ordered already)
             event = cp.cuda.Event(disable_timing=True)
             cp.cuda.runtime.eventRecord(event.ptr, ptr)
             for on in streams:
@@ -694,7 +692,7 @@ class ImagePipeline:
         if self._ring_done[slot] is not None:  # the side streams write ``buf`` after its last batch's work
             for on in side.values():
                 on.wait_event(self._ring_done[slot])
-        self._after_readers([*side.values(), eng.stream])
+        self._after_readers(slot, [*side.values(), eng.stream])
         used = set()
         for items, on in res.chunks(eng.stream, side):
             part, arrays = [i for i, _ in items], [a for _, a in items]
@@ -725,7 +723,9 @@ class ImagePipeline:
         self.stats["gpu"] += res.on_gpu
         self.stats["hw"] += res.hw
         self.stats["fallbacks"] += res.fallbacks
-        return DeviceBatch(buf, np.arange(len(done), dtype=np.int64) * per, [shape] * len(done), stream=eng.stream)
+        batch = DeviceBatch(buf, np.arange(len(done), dtype=np.int64) * per, [shape] * len(done), stream=eng.stream)
+        self._ring_readers[slot] = batch.readers  # (the set itself: what the consumer takes later counts)
+        return batch
 
     def iterate(self, batches: Iterable[tuple[Sequence[bytes], Sequence[str]]], prefetch: int = 1) -> Iterator[Any]:
         """Process many batches: batch N+2 is read (by whatever ``batches`` does) and N+1 decoded in

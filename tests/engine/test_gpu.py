@@ -579,15 +579,17 @@ def test_region_decode_matches_full_decode(tmp_path, monkeypatch, chunk, regions
     assert diff.max() <= 2 and diff.mean() < 0.1, (diff.max(), diff.mean())
 
 
-def test_ring_of_one_waits_for_the_consumers_reads(tmp_path):
+def test_ring_of_one_waits_for_the_consumers_reads(tmp_path, monkeypatch):
     """With one output buffer the next batch overwrites the last, yet GPU work reading a batch that
-    was enqueued (on the consumer's current stream) before the next batch was asked for still reads
-    that batch: the pipeline's streams wait for the consumer's. The reader is held back by a kernel
-    that spins for about a second first; a consumer whose stream nobody waits for sees the next batch."""
+    was enqueued (on the stream it was taken on) before the next batch was asked for still reads
+    that batch: the pipeline's streams wait for the reader's. The reader is held back by a kernel
+    that spins for about a second first; without that wait (``FENCE_READERS`` off) it sees the next
+    batch."""
     import time
 
     import cupy as cp
 
+    from gpubatch.engine import gpu_executor
     from gpubatch.engine.gpu_executor import ImagePipeline
 
     paths = _jpeg_files(tmp_path, 16, lambda i: (200 + 9 * i, 260 - 3 * i), lambda i: 80 + i % 15)
@@ -601,6 +603,7 @@ def test_ring_of_one_waits_for_the_consumers_reads(tmp_path):
     }""", "spin")
     cycles = np.int64(cp.cuda.Device().attributes["ClockRate"] * 1000)  # (kHz) about a second
     for fenced in (True, False):
+        monkeypatch.setattr(gpu_executor, "FENCE_READERS", fenced)
         with ImagePipeline(ops, device="gpu", seed=5, ring=1) as pipe:
             ref = [pipe(b, k).stacked().get() for b, k in batches]
             consumer = cp.cuda.Stream(non_blocking=True)
@@ -610,12 +613,9 @@ def test_ring_of_one_waits_for_the_consumers_reads(tmp_path):
             with consumer:
                 consumer.wait_event(pipe.stream.record())
                 spin((1,), (1,), (cycles,))  # the reader is late
-                copy = first.stacked().copy()  # enqueued before the next batch is asked for
-                if fenced:
-                    second = next(it)
-                else:
-                    with cp.cuda.Stream(non_blocking=True):  # asked for from a stream without that work
-                        second = next(it)
+                copy = first.stacked().copy()  # taken and read here, before the next batch is asked for
+            with cp.cuda.Stream(non_blocking=True):  # asked for from another stream
+                second = next(it)
             consumer.synchronize()
             pipe.stream.synchronize()
             np.testing.assert_array_equal(second.stacked().get(), ref[1])
