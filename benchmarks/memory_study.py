@@ -162,7 +162,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     keys = file_keys(files)
     ops = chain_ops(get_model("resnet50").chains[args.chain])
     batch = int(knobs.get("batch", 256))
-    pipe = ImagePipeline(ops, device="gpu", seed=0, ring=int(knobs.get("ring", 2)),
+    ring = {"ring": int(knobs["ring"])} if "ring" in knobs else {}
+    pipe = ImagePipeline(ops, device="gpu", seed=0, **ring,
                          cpu_threads=int(knobs["threads"]) if "threads" in knobs else None,
                          region_decode=knobs.get("region", "0") == "1",
                          decoder_options=knobs.get("options", "").replace("+", " "),
@@ -469,7 +470,7 @@ def main() -> None:
     ap.add_argument("--chain", default="train", choices=["train", "val"])
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--data", default=str(DEFAULT_DATA))
-    ap.add_argument("--configs", default="default;stack=none;prefetch=2;ring=3;region=1")
+    ap.add_argument("--configs", default="default;stack=none;prefetch=2;ring=2;region=1")
     ap.add_argument("--stages", action="store_true", help="print the seconds each stage took (pipeline, decoder)")
     ap.add_argument("--threads", action="store_true",
                     help="print the CPU cores each thread (pool) kept busy during the timed windows")

@@ -491,7 +491,7 @@ class ImagePipeline:
 
     def __init__(self, ops: Sequence[Op], device: Device | str = "auto", seed: int = 0,
                  gpu: int = 0, cpu_threads: int | None = None, gpu_memory: str | int | float | None = None,
-                 max_pixels: int = 0, ring: int = 2, region_decode: bool = False, warm_up: int = 256,
+                 max_pixels: int = 0, ring: int = 1, region_decode: bool = False, warm_up: int = 256,
                  decoder_options: str = "", decode_chunk: int = 0, sync: str | None = None):
         from .device import resolve
         from .executor import default_workers

@@ -206,9 +206,10 @@ def test_hw_direct_path_matches_nvimagecodec_and_retries_a_failed_call(monkeypat
 
 
 def test_nvjpeg_binding_decodes_regions_and_planes():
-    """The direct binding's region calls (``nvjpegDecodeBatchedEx``, parameters set afresh each call)
-    give the part of the whole decode they name, whole images beside them; its planes, read with
-    libjpeg's arithmetic, are Pillow's decode."""
+    """The direct binding's region calls (``nvjpegDecodeBatchedEx``, each image's parameters reused
+    from call to call) give the part of the whole decode they name, whole images beside them; its
+    planes (a plain call, then a call with parameters, which switches their output format, then
+    regions in RGB again), read with libjpeg's arithmetic, are Pillow's decode."""
     import cupy as cp
 
     from gpubatch.engine.codecs import nvjpeg_hw, planes
@@ -222,23 +223,29 @@ def test_nvjpeg_binding_decodes_regions_and_planes():
         shapes = [host.decode(b).shape for b in blobs]
         full = [cp.zeros(s, cp.uint8) for s in shapes]
         dec.decode(src, [(a.data.ptr, a.shape[1] * 3) for a in full], stream)
-        for rnd in range(2):  # twice: the reused parameters must not keep the last call's regions
-            regions = [None if (i + rnd) % 3 == 0 else (3 + i, 5 * i + rnd, s[0] - 2 * i, s[1] - 7) for i, s in enumerate(shapes)]
-            part = [cp.zeros((s[0], s[1], 3) if r is None else (r[2] - r[0], r[3] - r[1], 3), cp.uint8)
-                    for r, s in zip(regions, shapes)]
-            dec.decode(src, [(a.data.ptr, a.shape[1] * 3) for a in part], stream, regions=regions)
-            stream.synchronize()
-            for r, a, f in zip(regions, part, full):
-                want = f if r is None else f[r[0] : r[2], r[1] : r[3]]
-                assert int(cp.abs(a.astype(cp.int16) - want.astype(cp.int16)).max()) <= 1
         hs, vs = planes.SUBSAMPLING[sub]
-        bufs = [cp.zeros(planes.plane_bytes(s[1], s[0], hs, vs), cp.uint8) for s in shapes]
-        dec.decode(src, [planes.plane_places(b.data.ptr, s[1], s[0], hs, vs) for b, s in zip(bufs, shapes)], stream,
-                   nvjpeg_hw.OUTPUT_YUV)
-        stream.synchronize()
-        for b, s, blob in zip(bufs, shapes, blobs):
-            rgb = planes.planes_to_rgb(*planes.plane_views(b.get(), s[1], s[0], hs, vs), hs, vs)
-            assert np.abs(rgb.astype(int) - host.decode(blob).astype(int)).max() <= 1
+        # region calls (twice: the reused parameters must not keep the last call's regions), planes by a
+        # plain call and by a call with parameters (their output format switched), regions again
+        for step in ("rgb0", "rgb1", "yuv", "yuv-ex", "rgb2"):
+            if step.startswith("rgb"):
+                rnd = int(step[3])
+                regions = [None if (i + rnd) % 3 == 0 else (3 + i, 5 * i + rnd, s[0] - 2 * i, s[1] - 7)
+                           for i, s in enumerate(shapes)]
+                part = [cp.zeros((s[0], s[1], 3) if r is None else (r[2] - r[0], r[3] - r[1], 3), cp.uint8)
+                        for r, s in zip(regions, shapes)]
+                dec.decode(src, [(a.data.ptr, a.shape[1] * 3) for a in part], stream, regions=regions)
+                stream.synchronize()
+                for r, a, f in zip(regions, part, full):
+                    want = f if r is None else f[r[0] : r[2], r[1] : r[3]]
+                    assert int(cp.abs(a.astype(cp.int16) - want.astype(cp.int16)).max()) <= 1
+                continue
+            bufs = [cp.zeros(planes.plane_bytes(s[1], s[0], hs, vs), cp.uint8) for s in shapes]
+            dec.decode(src, [planes.plane_places(b.data.ptr, s[1], s[0], hs, vs) for b, s in zip(bufs, shapes)],
+                       stream, nvjpeg_hw.OUTPUT_YUV, regions=[None] * len(blobs) if step == "yuv-ex" else None)
+            stream.synchronize()
+            for b, s, blob in zip(bufs, shapes, blobs):
+                rgb = planes.planes_to_rgb(*planes.plane_views(b.get(), s[1], s[0], hs, vs), hs, vs)
+                assert np.abs(rgb.astype(int) - host.decode(blob).astype(int)).max() <= 1
     dec.close()
 
 
