@@ -189,17 +189,19 @@ def test_hw_direct_path_matches_nvimagecodec_and_retries_a_failed_call(monkeypat
     calls = []
     real = nvjpeg_hw.HwBatchDecoder.decode
 
-    def fail_first(self, sources, outputs, stream, fmt=nvjpeg_hw.OUTPUT_RGBI):
+    def fail_first(self, sources, outputs, stream, fmt=nvjpeg_hw.OUTPUT_RGBI, regions=None):
         calls.append(len(sources))
         if len(calls) == 1:
             raise nvjpeg_hw.NvjpegError("nvjpegDecodeBatched", 3)
-        return real(self, sources, outputs, stream, fmt)
+        return real(self, sources, outputs, stream, fmt, regions)
 
     dec = GpuImageDecoder(0, 4, api="c", cuda_share=0.0, hw_direct=True)
-    dec.warm_up(64)
-    monkeypatch.setattr(nvjpeg_hw.HwBatchDecoder, "decode", fail_first)
-    px, ok, on_gpu, hw, fb = _finished(dec.decode(blobs, stream), stream)
-    dec.close()
+    try:
+        dec.warm_up(64)
+        monkeypatch.setattr(nvjpeg_hw.HwBatchDecoder, "decode", fail_first)
+        px, ok, on_gpu, hw, fb = _finished(dec.decode(blobs, stream), stream)
+    finally:
+        dec.close()
     assert all(ok) and on_gpu == len(blobs) and fb == 0 and hw == len(blobs) - 1 - calls[0]
     for x, y in zip(px, d_px):
         assert np.abs(x.astype(int) - y.astype(int)).mean() < 1.0  # the retried call: CUDA decoder's pixels
