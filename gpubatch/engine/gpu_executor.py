@@ -466,19 +466,22 @@ class ImagePipeline:
     N images, each into a buffer the same call of the next batch reuses, and the hardware engine's 4:2:0
     and 4:2:2 images stay in the JPEG's planes (1.5 and 2 bytes a pixel instead of 3; the resample makes
     RGB of them as libjpeg does, ``image_gpu.HW_PLANES``): the decoded images then take about two thirds
-    of one batch of device memory instead of two batches. On an H200 at batch 256 that took the bench's
-    chains from 936-940 to 780 MiB at 10-20% less speed, so it is off by default (benchmarks/memory_study.py,
-    ``chunk``; benchmarks/RESULTS.md, sixteenth session). Process batches in the order they were
-    decoded.
+    of one batch of device memory instead of two batches. On an H200 at batch 256, with two output
+    buffers, that took the bench's chains from 936-940 to 780 MiB at 10-20% less speed, so it is off by
+    default (benchmarks/memory_study.py, ``chunk``; benchmarks/RESULTS.md, sixteenth session). Process
+    batches in the order they were decoded.
 
     ``sync`` is how host threads wait for the GPU (``auto``, the driver's default, unless
     ``GPUBATCH_SYNC`` says otherwise; ``spin``, ``yield``, ``blocking``); it is set only when the
     pipeline makes the process's CUDA context, so a program that used the GPU first keeps its own.
 
-    ``region_decode=True`` makes :meth:`iterate_files` decode only the part of each image the chain's
-    leading crop reads (nvImageCodec region decode), widened by the resampling filter's reach so the
-    output matches a full decode. Off by default: it measured no faster with the sub-streams made
-    in the decode call (benchmarks/RESULTS.md, decode_study group "roi").
+    ``region_decode=True`` makes :meth:`iterate_files` decode only the part of each upright image the
+    chain's leading crop reads, widened by the resampling filter's reach so the output matches a full
+    decode: the hardware engine's part through nvJPEG's region calls, the CUDA decoder's through
+    nvImageCodec's sub-code streams. It takes less device memory (on an H200 at batch 256 the bench's
+    training chain 708-710 MiB against 866, the validation chain 770 against 866) and measured 5-7%
+    slower than full decode and a GPU crop, so it is off by default (benchmarks/memory_study.py,
+    ``region``; benchmarks/RESULTS.md, seventeenth session).
 
     On the GPU the result lives in a ring of ``ring`` output buffers: a batch stays valid until
     ``ring - 1`` more batches have been produced. GPU work that reads a batch on the stream it was
@@ -643,8 +646,10 @@ class ImagePipeline:
         (``DeviceBatch.readers``: taken with ``stacked()`` / ``item()`` or through DLPack). Readers
         enqueued before the consumer asks for the batch that reuses the buffer then finish before it
         is overwritten, however far the host runs ahead of the GPU. A batch nobody took costs nothing
-        here: an event on the legacy default stream also waits for every blocking stream's work, and
-        recording one per batch took 4-8% of the bench chains' speed (memory_study ``fence``, H200)."""
+        here (an event recorded on the consumer's current stream for every batch, taken or not, ran
+        the bench's chains 4-8% slower in 6 of 6 alternating pairs on one H200 machine; batches taken
+        on the legacy default stream, so fenced, ran within the spread of untaken ones on another:
+        memory_study ``fence`` and ``read``, RESULTS.md, seventeenth session)."""
         readers, self._ring_readers[slot] = self._ring_readers[slot], None
         if not readers or not FENCE_READERS:
             return
