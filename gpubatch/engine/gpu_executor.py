@@ -479,12 +479,14 @@ class ImagePipeline:
     chain's leading crop reads, widened by the resampling filter's reach so the output matches a full
     decode: the hardware engine's part through nvJPEG's region calls, the CUDA decoder's through
     nvImageCodec's sub-code streams. It takes less device memory (on an H200 at batch 256 the bench's
-    training chain 708-710 MiB against 866, the validation chain 770 against 866) and measured 5-7%
-    slower than full decode and a GPU crop, so it is off by default (benchmarks/memory_study.py,
+    training chain 708-710 MiB against 866, the validation chain 770 against 866) and measured 3-13%
+    slower than full decode and a GPU crop (medians of four calls; 5-7% at the final code), so it is
+    off by default (benchmarks/memory_study.py,
     ``region``; benchmarks/RESULTS.md, seventeenth session).
 
-    On the GPU the result lives in a ring of ``ring`` output buffers: a batch stays valid until
-    ``ring - 1`` more batches have been produced. GPU work that reads a batch on the stream it was
+    On the GPU the batches of :meth:`iterate` and :meth:`iterate_files` live in a ring of ``ring``
+    output buffers: a batch stays valid until ``ring - 1`` more batches have been produced (with one
+    buffer, until the next is asked for); a one-batch call (``pipe(blobs)``) gets a buffer of its own. GPU work that reads a batch on the stream it was
     taken on (CuPy's current stream at ``stacked()`` / ``item()``, the consumer's stream of DLPack, as
     ``torch.from_dlpack(batch)`` gives it), enqueued before the batch that reuses its buffer is asked
     for, runs before that buffer is written again. Batches from :meth:`iterate` are not waited for: their kernels are
@@ -557,8 +559,9 @@ class ImagePipeline:
         return self.engine.stream if self.engine is not None else None
 
     def __call__(self, blobs: Sequence[bytes], keys: Sequence[str] | None = None):
-        """One batch, finished: on the GPU the stream is synchronized before the batch is returned."""
-        out = self.process(self.decode(blobs), keys or [str(i) for i in range(len(blobs))])
+        """One batch, finished: on the GPU the stream is synchronized before the batch is returned. Its
+        device buffer is its own (not the output ring's), so it stays valid as long as it is held."""
+        out = self.process(self.decode(blobs), keys or [str(i) for i in range(len(blobs))], own=True)
         if self.engine is not None:
             self.engine.stream.synchronize()
         return out
@@ -577,12 +580,13 @@ class ImagePipeline:
 
     def process(self, decoded: Any, keys: Sequence[str], params: Sequence[Any] | None = None,
                 sizes: Sequence[tuple[int, int] | None] | None = None,
-                windows: tuple[np.ndarray, np.ndarray] | None = None):
+                windows: tuple[np.ndarray, np.ndarray] | None = None, own: bool = False):
         """Stage 2: the op chain on a decoded batch. GPU: a DeviceBatch; CPU: a list of NumPy arrays.
 
         ``params`` (with the ``sizes`` they were drawn for, and the leading ``windows`` folded from
         them, as a :class:`~gpubatch.engine.feed.FileFeed` gives them) are used where the decoded size
-        matches; other records are drawn (and folded) here.
+        matches; other records are drawn (and folded) here. On the GPU the batch is written into the
+        next buffer of the output ring, or with ``own`` into a buffer of its own.
         """
         self.last_errors = []
         if self.engine is None:
@@ -594,7 +598,7 @@ class ImagePipeline:
 
         res = decoded
         if self._fixed is not None:
-            return self._process_chunks(res, keys, params, sizes, windows)
+            return self._process_chunks(res, keys, params, sizes, windows, own)
         res.order(self.engine.stream)  # this batch's kernels wait for its decode, and no later one's
         self.timings["decode_wait"] += res.waited
         arrays, rows = [], []
@@ -606,12 +610,13 @@ class ImagePipeline:
             arrays.append(a)
         drawn, redrawn = self._draws(rows, arrays, keys, params, sizes)
         first = fed_windows(self.plan.ops, windows, rows, redrawn, drawn, arrays)
-        slot = self._slot
-        self._slot = (self._slot + 1) % len(self._ring)
-        self._after_readers(slot, [self.engine.stream])
+        slot = self._next_slot(own)
+        if slot is not None:
+            self._after_readers(slot, [self.engine.stream])
         batch = run_chain(self.engine, self.plan.ops, Ragged.from_items(self.engine.cp, arrays), drawn,
-                          out=self._ring[slot], first=first)
-        self._ring[slot], self._ring_readers[slot] = batch.buffer, batch.readers
+                          out=self._ring[slot] if slot is not None else None, first=first)
+        if slot is not None:
+            self._ring[slot], self._ring_readers[slot] = batch.buffer, batch.readers
         self.stats["images"] += len(arrays)
         self.stats["gpu"] += res.on_gpu
         self.stats["hw"] += res.hw
@@ -640,6 +645,14 @@ class ImagePipeline:
                 redrawn.append(k)
         return drawn, redrawn
 
+    def _next_slot(self, own: bool) -> int | None:
+        """The output ring's buffer the next batch goes into (None: a buffer of its own)."""
+        if own:
+            return None
+        slot = self._slot
+        self._slot = (slot + 1) % len(self._ring)
+        return slot
+
     def _after_readers(self, slot: int, streams: list[Any]) -> None:
         """Make ``streams`` (about to write output buffer ``slot`` of the ring) wait for the GPU work
         enqueued so far on the streams the last batch in that buffer was read on
@@ -647,7 +660,7 @@ class ImagePipeline:
         enqueued before the consumer asks for the batch that reuses the buffer then finish before it
         is overwritten, however far the host runs ahead of the GPU. A batch nobody took costs nothing
         here (an event recorded on the consumer's current stream for every batch, taken or not, ran
-        the bench's chains 4-8% slower in 6 of 6 alternating pairs on one H200 machine; batches taken
+        the bench's chains 4-8% slower in 5 of 6 alternating pairs on one H200 machine; batches taken
         on the legacy default stream, so fenced, ran within the spread of untaken ones on another:
         memory_study ``fence`` and ``read``, RESULTS.md, seventeenth session)."""
         readers, self._ring_readers[slot] = self._ring_readers[slot], None
@@ -671,7 +684,7 @@ class ImagePipeline:
 
     def _process_chunks(self, res: Any, keys: Sequence[str], params: Sequence[Any] | None,
                         sizes: Sequence[tuple[int, int] | None] | None,
-                        windows: tuple[np.ndarray, np.ndarray] | None) -> DeviceBatch:
+                        windows: tuple[np.ndarray, np.ndarray] | None, own: bool = False) -> DeviceBatch:
         """:meth:`process` for a chain of one resample to a fixed size: each decoded part (a decoder's
         part of the batch, or with ``decode_chunk`` one call) is resampled as it comes
         (``DecodeResult.chunks``) into the rows of the items it holds, then released to the decoders;
@@ -686,18 +699,21 @@ class ImagePipeline:
         per = 3 * oh * ow
         rows = [i for i, err in enumerate(res.errors) if err is None]  # what may still decode
         rank = {i: r for r, i in enumerate(rows)}
-        slot = self._slot
-        self._slot = (self._slot + 1) % len(self._ring)
-        buf = self._ring[slot]
+        slot = self._next_slot(own)
+        buf = self._ring[slot] if slot is not None else None
+        side = self._side_streams()
         if buf is None or buf.size < max(len(rows), 1) * per or buf.dtype != np.dtype(dtype):
             with eng.stream:
                 buf = cp.empty(max(len(rows), 1) * per, dtype)
-        done: list[int] = []
-        side = self._side_streams()
-        if self._ring_done[slot] is not None:  # the side streams write ``buf`` after its last batch's work
+            fresh = eng.stream.record()  # (the pool's block may have been read on the engine's stream)
             for on in side.values():
+                on.wait_event(fresh)
+        done: list[int] = []
+        if slot is not None and self._ring_done[slot] is not None:  # the side streams write ``buf`` after
+            for on in side.values():                                 # its last batch's work
                 on.wait_event(self._ring_done[slot])
-        self._after_readers(slot, [*side.values(), eng.stream])
+        if slot is not None:
+            self._after_readers(slot, [*side.values(), eng.stream])
         used = set()
         for items, on in res.chunks(eng.stream, side):
             part, arrays = [i for i, _ in items], [a for _, a in items]
@@ -722,14 +738,14 @@ class ImagePipeline:
             with eng.stream:
                 view = buf[: len(rows) * per].reshape(len(rows), per)
                 view[: len(done)] = view[cp.asarray(np.array([rank[i] for i in done], np.int64))]
-        self._ring[slot] = buf
-        self._ring_done[slot] = eng.stream.record()
         self.stats["images"] += len(done)
         self.stats["gpu"] += res.on_gpu
         self.stats["hw"] += res.hw
         self.stats["fallbacks"] += res.fallbacks
         batch = DeviceBatch(buf, np.arange(len(done), dtype=np.int64) * per, [shape] * len(done), stream=eng.stream)
-        self._ring_readers[slot] = batch.readers  # (the set itself: what the consumer takes later counts)
+        if slot is not None:
+            self._ring[slot], self._ring_done[slot] = buf, eng.stream.record()
+            self._ring_readers[slot] = batch.readers  # (the set itself: what the consumer takes later counts)
         return batch
 
     def iterate(self, batches: Iterable[tuple[Sequence[bytes], Sequence[str]]], prefetch: int = 1) -> Iterator[Any]:
