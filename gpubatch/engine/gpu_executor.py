@@ -40,8 +40,8 @@ SWITCH_INTERVAL = 0.001  # seconds; see GpuEngine
 PIN_FEED = True
 HELD_SLOTS = 2
 FEED_SLOTS = 6  # the feed's ring (iterate_files), besides the held ones
-# ImagePipeline's writers of an output buffer wait for the consumer's current stream(s) first
-# (ImagePipeline._after_readers; False only for studies: memory_study ``fence=0``)
+# ImagePipeline's writers of an output buffer first wait for the streams its last batch was taken on
+# (ImagePipeline._after_readers; False only for studies and tests: memory_study ``fence=0``)
 FENCE_READERS = True
 
 DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
@@ -481,17 +481,18 @@ class ImagePipeline:
     nvImageCodec's sub-code streams. It takes less device memory (on an H200 at batch 256 the bench's
     training chain 708-710 MiB against 866, the validation chain 770 against 866) and measured 3-13%
     slower than full decode and a GPU crop (medians of four calls; 5-7% at the final code), so it is
-    off by default (benchmarks/memory_study.py,
-    ``region``; benchmarks/RESULTS.md, seventeenth session).
+    off by default (benchmarks/memory_study.py, ``region``; benchmarks/RESULTS.md, seventeenth
+    session).
 
     On the GPU the batches of :meth:`iterate` and :meth:`iterate_files` live in a ring of ``ring``
     output buffers: a batch stays valid until ``ring - 1`` more batches have been produced (with one
-    buffer, until the next is asked for); a one-batch call (``pipe(blobs)``) gets a buffer of its own. GPU work that reads a batch on the stream it was
-    taken on (CuPy's current stream at ``stacked()`` / ``item()``, the consumer's stream of DLPack, as
-    ``torch.from_dlpack(batch)`` gives it), enqueued before the batch that reuses its buffer is asked
-    for, runs before that buffer is written again. Batches from :meth:`iterate` are not waited for: their kernels are
-    ordered on :attr:`stream` (synchronize it, or make your stream wait on it, before reading).
-    Failed images are reported in ``last_errors``.
+    buffer, until the next is asked for); a one-batch call (``pipe(blobs)``) gets a buffer of its own.
+    GPU work that reads a batch on the stream it was taken on (CuPy's current stream at ``stacked()``
+    / ``item()``, the consumer's stream of DLPack, as ``torch.from_dlpack(batch)`` gives it), enqueued
+    before the batch that reuses its buffer is asked for, runs before that buffer is written again.
+    Batches from :meth:`iterate` are not waited for: their kernels are ordered on :attr:`stream`
+    (synchronize it, or make your stream wait on it, before reading). Failed images are reported in
+    ``last_errors``.
     """
 
     def __init__(self, ops: Sequence[Op], device: Device | str = "auto", seed: int = 0,

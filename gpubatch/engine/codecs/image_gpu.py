@@ -804,7 +804,8 @@ class GpuImageDecoder:
         batch's kernels wait for a later batch's decode. ``headers`` are the blobs' :func:`jpeg_kind`
         results when already known (a :class:`~gpubatch.engine.feed.FileFeed` parses them in its workers).
         ``regions`` gives per blob a (y0, x0, y1, x1) part to decode or None (the hardware engine's
-        direct path: nvJPEG's region calls; the CUDA decoder: nvImageCodec's sub-code streams); what the GPU refuses is decoded whole by Pillow, and its size tells the caller so.
+        direct path: nvJPEG's region calls; the CUDA decoder: nvImageCodec's sub-code streams); what
+        the GPU refuses is decoded whole by Pillow, and its size tells the caller so.
 
         ``wait=False`` (with ``order=False``) returns once the batch is handed over: with the C API the
         hardware engine's part and the CUDA decoder's part are each decoded by a thread of their own,
