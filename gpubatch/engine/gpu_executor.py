@@ -480,7 +480,7 @@ class ImagePipeline:
     decode: the hardware engine's part through nvJPEG's region calls, the CUDA decoder's through
     nvImageCodec's sub-code streams. It takes less device memory (on an H200 at batch 256 the bench's
     training chain 708-710 MiB against 866, the validation chain 770 against 866) and measured 3-13%
-    slower than full decode and a GPU crop (medians of four calls; 5-7% at the final code), so it is
+    slower than full decode and a GPU crop (medians of four calls; 5-7% in the last pairs), so it is
     off by default (benchmarks/memory_study.py, ``region``; benchmarks/RESULTS.md, seventeenth
     session).
 
