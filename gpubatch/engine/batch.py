@@ -50,12 +50,17 @@ class DeviceBatch:
     def item(self, i: int) -> Any:
         """Zero-copy view of item ``i`` (read on the current stream)."""
         self._read_on_current_stream()
+        return self._item(i)
+
+    def _item(self, i: int) -> Any:
         n = int(np.prod(self.shapes[i]))
         off = int(self.offsets[i])
         return self.buffer[off : off + n].reshape(self.shapes[i])
 
     def items(self) -> list[Any]:
-        return [self.item(i) for i in range(len(self))]
+        """Zero-copy views of every item (read on the current stream)."""
+        self._read_on_current_stream()
+        return [self._item(i) for i in range(len(self))]
 
     def stacked(self) -> Any:
         """The batch as one (N, ...) array when every item has the same shape (zero-copy; read on the

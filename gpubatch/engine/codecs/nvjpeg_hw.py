@@ -62,6 +62,14 @@ def library_path() -> str:
     return "libnvjpeg.so.13"
 
 
+def _declare(lib: Any, calls: dict[str, list[Any]]) -> Any:
+    """Give ``lib``'s ``calls`` their argument types (each returns an nvjpegStatus_t); returns ``lib``."""
+    for name, args in calls.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, C.c_int
+    return lib
+
+
 @functools.cache
 def library() -> Any:
     """libnvjpeg, its calls declared (the GIL is released for each)."""
@@ -70,7 +78,7 @@ def library() -> Any:
     except OSError as e:
         raise DependencyError(f"nvJPEG's library is not loadable ({e}): pip install 'gpubatch[cu13]'") from None
     vp, st = C.c_void_p, C.c_int
-    for name, args in {
+    return _declare(lib, {
         "nvjpegCreateEx": [st, vp, vp, C.c_uint, C.POINTER(vp)],
         "nvjpegDestroy": [vp],
         "nvjpegJpegStateCreate": [vp, C.POINTER(vp)],
@@ -82,28 +90,23 @@ def library() -> Any:
         "nvjpegDecodeBatchedEx": [vp, vp, C.POINTER(vp), C.POINTER(C.c_size_t), C.POINTER(_Image), C.POINTER(vp), vp],
         "nvjpegDecodeParamsCreate": [vp, C.POINTER(vp)],
         "nvjpegDecodeParamsDestroy": [vp],
-    }.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, st
-    return lib
+    })
 
 
 @functools.cache
 def setters() -> Any:
-    """libnvjpeg again, for the decode parameters' setters with the GIL kept: each is a few field
-    writes, and a region call makes one or more per image; releasing the GIL for each made the hardware
-    engine's thread wait for it back as often while the pipeline's other threads ran (the training
-    chain with region decode ran 15,500-16,400 images/s against 21,600-22,500 in full, H200)."""
-    lib = C.PyDLL(library_path())
+    """libnvjpeg again (loaded by :func:`library` first), for the decode parameters' setters with the
+    GIL kept: each is a few field writes, and a region call makes one or more per image; releasing the
+    GIL for each made the hardware engine's thread wait for it back as often while the pipeline's other
+    threads ran (the training chain with region decode ran 15,500-16,400 images/s against
+    21,600-22,500 in full, H200)."""
+    library()
     vp, st = C.c_void_p, C.c_int
-    for name, args in {
+    return _declare(C.PyDLL(library_path()), {
         "nvjpegDecodeParamsSetOutputFormat": [vp, st],
         "nvjpegDecodeParamsSetROI": [vp, C.c_int, C.c_int, C.c_int, C.c_int],
         "nvjpegDecodeParamsSetExifOrientation": [vp, st],
-    }.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, st
-    return lib
+    })
 
 
 def _check(call: str, status: int) -> None:
