@@ -172,7 +172,8 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=4096)
     ap.add_argument("--data", default=str(DEFAULT_DATA))
     ap.add_argument("--share", type=float, default=None, help="the CUDA decoder's share of each batch")
-    ap.add_argument("--chunk", type=int, default=0, help="ImagePipeline(decode_chunk=N): decode in calls of at most N")
+    ap.add_argument("--chunk", type=int, default=None,
+                    help="ImagePipeline(decode_chunk=N): decode in calls of at most N (0: whole parts)")
     ap.add_argument("--hw-chunk", type=int, default=None, help="the hardware engine's calls split above N (image_gpu.HW_CHUNK)")
     ap.add_argument("--json", default=None, help="write the summary here")
     ap.add_argument("--trace", default=None, help="write the spans here as a Chrome trace")

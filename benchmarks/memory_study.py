@@ -31,8 +31,8 @@ feed's shared-memory ring not page-locked for the GPU, ``gpu_executor.PIN_FEED``
 (1: the decode thread waits for both decoders' parts of each batch before it hands over the next,
 instead of each decoder's thread going through the batches at its own pace; whole parts), ``chunk``
 (images per decode call, each call into a buffer the same call of the next batch part reuses, the
-resample run per call, ``ImagePipeline(decode_chunk=...)``; default 0: whole batch parts, a buffer
-each),
+resample run per call, ``ImagePipeline(decode_chunk=...)``; by default ``image_gpu.DECODE_CHUNK``, calls
+whole; 0: whole batch parts, a buffer from the driver's pool each),
 ``hw_chunk`` (the hardware engine's calls are split only above this, ``image_gpu.HW_CHUNK``),
 ``fence`` (0: the output ring's writers do not wait for the streams the batches were taken on,
 ``gpu_executor.FENCE_READERS``), ``read`` (``legacy`` or ``own``: each batch is taken with ``stacked()`` on
@@ -167,7 +167,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
                          cpu_threads=int(knobs["threads"]) if "threads" in knobs else None,
                          region_decode=knobs.get("region", "0") == "1",
                          decoder_options=knobs.get("options", "").replace("+", " "),
-                         decode_chunk=int(knobs.get("chunk", 0)))
+                         decode_chunk=int(knobs["chunk"]) if "chunk" in knobs else None)
     out["engine_mib"] = mib()
     if "share" in knobs:  # the CUDA decoder's share of each batch
         pipe.engine.decoder.cuda_share = float(knobs["share"])

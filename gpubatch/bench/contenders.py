@@ -49,7 +49,7 @@ def run_gpubatch(a: dict, device: str) -> dict:
     B = a["batch_size"]
     pipe = ImagePipeline(ops, device=device, seed=0, cpu_threads=a.get("threads"), gpu=a.get("gpu", 0),
                          warm_up=a.get("warm_up", 256), region_decode=bool(a.get("region_decode", 0)),
-                         decode_chunk=int(a.get("decode_chunk", 0)), sync=a.get("sync"))
+                         decode_chunk=int(a["decode_chunk"]) if "decode_chunk" in a else None, sync=a.get("sync"))
     eng = pipe.engine
     if eng is not None and a.get("cuda_share") is not None:
         eng.decoder.cuda_share, eng.decoder.deterministic = float(a["cuda_share"]), True

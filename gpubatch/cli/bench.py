@@ -43,7 +43,8 @@ def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> No
 @click.option("--sweep", default=None, metavar="PARAM=v1,v2",
               help="Re-run the GPU contender for each value of batch_size, threads, cuda_share, warm_up (tiny "
                    "images the decoders are warmed with; 0: none), region_decode (0/1) or decode_chunk "
-                   "(images per decode call, each resampled as it comes: less GPU memory; 0: whole batches) or sync "
+                   "(images per decode call at most, each call resampled as it comes and its buffer reused; default "
+                   "256; 0: whole batch parts, two batches of memory) or sync "
                    "(how threads wait for the GPU: auto, spin, yield, blocking).")
 @click.option("--with-model", is_flag=True, help="Also time a real training step fed by the pipeline (torch).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the result as JSON.")

@@ -461,15 +461,16 @@ class ImagePipeline:
     On the GPU a chain of window ops (crops, resizes, flips) to a fixed output size, with or without a
     trailing ``normalize`` (the training and validation chains), is resampled part by part: each
     decoder's part of a batch as soon as it is decoded, on a stream per decoder, into its rows of the
-    batch's output (other chains run once the whole batch is decoded). With ``decode_chunk=N`` (for a
-    GPU memory budget; ``image_gpu.DECODE_CHUNK`` = 96 measured best) those parts are calls of at most
-    N images, each into a buffer the same call of the next batch reuses, and the hardware engine's 4:2:0
-    and 4:2:2 images stay in the JPEG's planes (1.5 and 2 bytes a pixel instead of 3; the resample makes
-    RGB of them as libjpeg does, ``image_gpu.HW_PLANES``): the decoded images then take about two thirds
-    of one batch of device memory instead of two batches. On an H200 at batch 256, with two output
-    buffers, that took the bench's chains from 936-940 to 780 MiB at 10-20% less speed, so it is off by
-    default (benchmarks/memory_study.py, ``chunk``; benchmarks/RESULTS.md, sixteenth session). Process
-    batches in the order they were decoded.
+    batch's output (other chains run once the whole batch is decoded). Each decoder call (one per
+    chroma-subsampling kind on the hardware engine, one for the CUDA decoder's part: ``decode_chunk``
+    images at most, ``image_gpu.DECODE_CHUNK`` = 256 by default) decodes into a buffer that the same
+    call of the next batch reuses once the kernels reading it have run, so the decoded images take
+    about one batch of device memory instead of two (``decode_chunk=0``: a buffer from the driver's
+    pool per part, alive until the part is read, while the next batch decodes into another). Smaller
+    chunks (``decode_chunk=96``) split the calls and keep the hardware engine's 4:2:0 and 4:2:2 images
+    in the JPEG's planes (1.5 and 2 bytes a pixel instead of 3; the resample makes RGB of them as
+    libjpeg does, ``image_gpu.HW_PLANES``), for less memory at less speed. Process batches in the
+    order they were decoded.
 
     ``sync`` is how host threads wait for the GPU (``auto``, the driver's default, unless
     ``GPUBATCH_SYNC`` says otherwise; ``spin``, ``yield``, ``blocking``); it is set only when the
@@ -498,7 +499,7 @@ class ImagePipeline:
     def __init__(self, ops: Sequence[Op], device: Device | str = "auto", seed: int = 0,
                  gpu: int = 0, cpu_threads: int | None = None, gpu_memory: str | int | float | None = None,
                  max_pixels: int = 0, ring: int = 1, region_decode: bool = False, warm_up: int = 256,
-                 decoder_options: str = "", decode_chunk: int = 0, sync: str | None = None):
+                 decoder_options: str = "", decode_chunk: int | None = None, sync: str | None = None):
         from .device import resolve
         from .executor import default_workers
 
@@ -515,9 +516,10 @@ class ImagePipeline:
 
         # a chain of one resample to a fixed size may run on each decoded chunk as it comes (see process)
         self._fixed = fixed_window_chain(self.plan) if self.engine is not None else None
-        self.chunk = max(0, decode_chunk) if self._fixed else 0
+        from .codecs.image_gpu import DECODE_CHUNK, want_planes
+
+        self.chunk = max(0, DECODE_CHUNK if decode_chunk is None else decode_chunk) if self._fixed else 0
         # the hardware engine's 4:2:0 and 4:2:2 images in their planes (only the resample reads them)
-        from .codecs.image_gpu import want_planes
 
         self._planes = self._fixed is not None and want_planes(self.chunk)
         self._ring: list[Any] = [None] * ring

@@ -425,8 +425,9 @@ def test_chunked_decode_reuses_few_buffers_with_the_same_result(engine, monkeypa
 
 
 def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path, monkeypatch):
-    """A fixed-size chain resampled part by part (whole decoder parts, or chunks of 3) into its rows
-    gives the batches one resample of the whole decoded batch gives, in ``iterate_files`` and in
+    """A fixed-size chain resampled part by part (whole decoder parts from the pool, whole calls in
+    reused buffers as by default, or chunks of 3) into its rows gives the batches one resample of the
+    whole decoded batch gives, in ``iterate_files`` and in
     ``__call__``; images that fail are left out and reported, the rows after them closed up. With the
     hardware engine's images in their planes (chunked decode's default) the batches are the same to
     a level (the planes read as Pillow decodes, the engine's RGB within a level of it)."""
@@ -441,12 +442,12 @@ def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path, mon
     blobs = [p.read_bytes() for p in paths]
     keys = [p.stem for p in paths]
     out = {}
-    for chunk in ("whole", 0, 3):
+    for chunk in ("whole", 0, 3, None):
         calls = 0 if chunk == "whole" else chunk
         for chain in ((RandomResizedCrop(64), Flip(), Normalize(layout="CHW", dtype="float16")),
                       (ResizeShorter(80), CenterCrop(64))):
             with ImagePipeline(chain, device="gpu", seed=2, ring=8, decode_chunk=calls) as pipe:
-                assert pipe._fixed is not None and pipe.chunk == calls
+                assert pipe._fixed is not None and pipe.chunk == (image_gpu.DECODE_CHUNK if calls is None else calls)
                 if chunk == "whole":
                     pipe._fixed = None  # the path of other chains: one resample once the batch is decoded
                 fed = [b.stacked().get() for b in pipe.iterate_files(paths, keys, batch_size=16, workers=2)]
@@ -456,7 +457,7 @@ def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path, mon
                     errors.append([i for i, _ in pipe.last_errors])
                 out[chunk, len(chain)] = fed, called, errors
     for n in (2, 3):
-        for chunk in (0, 3):
+        for chunk in (0, 3, None):
             for got, want in zip(out[chunk, n][0] + out[chunk, n][1], out["whole", n][0] + out["whole", n][1]):
                 np.testing.assert_array_equal(got, want)
             assert out[chunk, n][2] == out["whole", n][2] == [[7], [5], []]
@@ -554,7 +555,7 @@ def test_image_pipeline_reproducible_and_matches_cpu():
     assert np.abs(a - ref).mean() < 0.05
 
 
-@pytest.mark.parametrize("chunk,regions_for", [(0, "hw+cuda"), (5, "hw+cuda"), (0, "hw"), (0, "")])
+@pytest.mark.parametrize("chunk,regions_for", [(None, "hw+cuda"), (0, "hw+cuda"), (5, "hw+cuda"), (None, "hw"), (None, "")])
 def test_region_decode_matches_full_decode(tmp_path, monkeypatch, chunk, regions_for):
     """``region_decode``: each image decoded only where the random crop reads (with the filter's reach)
     gives the batches a full decode gives, up to the rounding of the moved window origin; the

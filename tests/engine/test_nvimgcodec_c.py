@@ -66,15 +66,20 @@ def test_chunks_split_each_call_evenly():
     assert _pieces([], 3) == [[]]
 
 
-def test_a_part_becomes_the_calls_chunked_decode_makes():
-    """Each kind's list in pieces of at most ``chunk`` (the hardware engine's: HW_CHUNK), two calls at least."""
+def test_a_part_becomes_the_calls_chunked_decode_makes(monkeypatch):
+    """Each kind's list in pieces of at most ``chunk`` (the hardware engine's: HW_CHUNK), and at least
+    MIN_CALLS calls (1 by default: whole calls)."""
+    from gpubatch.engine.codecs import image_gpu
     from gpubatch.engine.codecs.image_gpu import HW_CHUNK, _call_lists
 
-    assert HW_CHUNK == 256
-    assert [len(c) for c in _call_lists([list(range(128))], True, 64)] == [64, 64]  # one kind: two calls at least
+    assert HW_CHUNK == 256 and image_gpu.MIN_CALLS == 1
+    assert [len(c) for c in _call_lists([list(range(128))], True, 64)] == [128]  # a kind whole
     assert [len(c) for c in _call_lists([list(range(130)), list(range(130, 180))], True, 64)] == [130, 50]  # whole kinds
-    assert [len(c) for c in _call_lists([list(range(85)), list(range(85, 128))], True, 64)] == [85, 43]
     assert [len(c) for c in _call_lists([list(range(136))], False, 64)] == [46, 45, 45]
+    assert _call_lists([list(range(77))], False, 256) == [list(range(77))]  # the default chunk: the part whole
+    monkeypatch.setattr(image_gpu, "MIN_CALLS", 2)
+    assert [len(c) for c in _call_lists([list(range(128))], True, 64)] == [64, 64]  # one kind: two calls at least
+    assert [len(c) for c in _call_lists([list(range(85)), list(range(85, 128))], True, 64)] == [85, 43]
     assert _call_lists([list(range(50))], False, 96) == [list(range(25)), list(range(25, 50))]  # two at least
     assert _call_lists([[5]], False, 96) == [[5]]
 

@@ -52,6 +52,7 @@ def test_planes_are_asked_for_with_chunked_decode_unless_told(monkeypatch):
     """Decoding into planes is slower in nvJPEG than its RGB, so whole parts keep RGB by default."""
     monkeypatch.setattr(image_gpu, "HW_PLANES", "chunked")
     assert image_gpu.want_planes(96) and not image_gpu.want_planes(0)
+    assert not image_gpu.want_planes(image_gpu.DECODE_CHUNK)  # the default: whole calls, in RGB
     monkeypatch.setattr(image_gpu, "HW_PLANES", "always")
     assert image_gpu.want_planes(0)
     monkeypatch.setattr(image_gpu, "HW_PLANES", "never")

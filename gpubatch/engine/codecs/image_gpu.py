@@ -273,24 +273,26 @@ SLAB_ROUND = 2 << 20
 SLAB_FIT = True
 # Decoding in chunks (``decode(..., chunk=N)``, which ImagePipeline uses for chains that end in one
 # resample of a fixed output size): each decoder's part of a batch is decoded in calls of at most N
-# images (the CUDA decoder; DECODE_CHUNK by default) or HW_CHUNK (the hardware engine), and in at least
-# MIN_CALLS calls (_call_lists). On the mixed set, whose parts are 120-136 images, calls of at most 64
-# (often three of about 45 a part) ran the pipeline 14% slower than calls of at most 96 (two of 60-68). Each call decodes into a buffer
-# (ring slot) that the same call of the next batch part reuses once the consumer's kernels have read
-# it; with CUDA_RING > 0 the CUDA decoder's calls take that many slots in turn instead. A call waits at
-# most RING_WAIT seconds for its slot, then takes a buffer of its own (a consumer reading batches out
-# of order is slowed, never stuck).
-# The hardware engine's calls stay whole per kind (HW_CHUNK = 256: a batch's kind is never split), so
-# each of its instances keeps meeting one kind: whole won 3 of 4 alternating pairs against calls split
-# at 96, +3% on the means (23,243 / 24,305 against 22,448 / 22,729 on one machine, 20,241 / 19,013
-# against 18,648 / 20,092 on another), both at 872 MiB (H200, the direct path, memory_study
-# ``hw_chunk``; RESULTS.md, fifteenth session).
-DECODE_CHUNK = 96
+# images (the CUDA decoder) or HW_CHUNK (the hardware engine), and in at least MIN_CALLS calls
+# (_call_lists). Each call decodes into a buffer (ring slot) that the same call of the next batch part
+# reuses once the consumer's kernels have read it, so the decoded images take about one batch of
+# memory instead of two; with CUDA_RING > 0 the CUDA decoder's calls take that many slots in turn
+# instead. A call waits at most RING_WAIT seconds for its slot, then takes a buffer of its own (a
+# consumer reading batches out of order is slowed, never stuck).
+# ImagePipeline's default, DECODE_CHUNK = 256, keeps every call whole: one per kind on the hardware
+# engine (HW_CHUNK = 256: a batch's kind is never split, so each of its instances keeps meeting one
+# kind; calls split at 96 lost 3 of 4 alternating pairs, fifteenth session) and the CUDA decoder's part
+# in one (MIN_CALLS = 1: split in two, it lost 2 of 3 pairs on each chain, up to 15%). On the bench's
+# chains that took 866 MiB down to 734 at the speed of whole parts from the driver's pool (train
+# medians 22,679 against 22,745 images/s over 7 alternating rounds, val 23,178 against 23,441; H200,
+# memory_study ``chunk=256``; RESULTS.md, eighteenth session). Smaller chunks (decode_chunk=96) cost
+# more speed than they save memory (sixteenth and seventeenth sessions).
+DECODE_CHUNK = 256
 HW_CHUNK = 256
 CUDA_RING = 0
 HW_RING = 0  # as CUDA_RING, for the hardware engine's calls
 RING_WAIT = 1.0
-MIN_CALLS = 2  # calls a chunked part is split into at least
+MIN_CALLS = 1  # calls a chunked part is split into at least
 # The hardware engine's part of a batch in one call whatever the chroma subsamplings (True), or one
 # call per kind (False): one mixed call lost 8-20% in the pipeline (memory_study ``hw_mixed=1``, H200)
 HW_MIXED = False
@@ -302,15 +304,19 @@ HW_DIRECT = True
 # the decoders' streams ("hw", "cuda") made at the device's greatest priority (their kernels, the
 # hardware path's colour conversion among them, go before the consumer's)
 HIGH_PRIORITY: tuple[str, ...] = ()
-RING_SLACK = 16  # a slot grows to the call's size plus 1/RING_SLACK, so that it seldom grows again
+# A slot grows to the call's size plus 1/RING_SLACK, so that it seldom grows again: each growth holds
+# the old buffer and the new at once until the old one's readers are done. With whole calls, 1/4 took
+# the decoded images' high-water mark from 240 (1/16) and 212 (1/8) to 184 MiB (H200, memory_study
+# ``slack``, eighteenth session).
+RING_SLACK = 4
 # With ``decode(..., planes=True)`` the direct path decodes 4:2:0 and 4:2:2 JPEGs into their own planes
 # (1.5 and 2 bytes a pixel instead of 3; .planes) and the resample kernel makes RGB of them as libjpeg
 # does. ImagePipeline asks for it where one resample reads the images, and (HW_PLANES "chunked") only
-# with chunked decode: there it took the training chain from 872 to 780 MiB at 0-9% less speed, while
-# nvJPEG writes planes more slowly than RGB (the engine alone 18,400-23,900 against 27,300-28,400
-# images/s, benchmarks/nvjpeg_study.py), so whole batch parts lost 2-29% for 28-92 MiB (H200;
-# memory_study ``planes``; RESULTS.md, sixteenth session). "always" / "never" (GPUBATCH_HW_PLANES) for
-# studies.
+# with calls split below HW_CHUNK (decode_chunk=96): there it took the training chain from 872 to 780
+# MiB at 0-9% less speed, while nvJPEG writes planes more slowly than RGB (the engine alone
+# 18,400-23,900 against 27,300-28,400 images/s, benchmarks/nvjpeg_study.py), so whole batch parts lost
+# 2-29% for 28-92 MiB (H200; memory_study ``planes``; RESULTS.md, sixteenth session). "always" /
+# "never" (GPUBATCH_HW_PLANES) for studies.
 HW_PLANES = os.environ.get("GPUBATCH_HW_PLANES", "chunked")
 # Which decoders decode only the regions ``decode(..., regions=)`` asks for ("hw", "cuda"); a decoder
 # not named decodes whole images and gives views of the regions (for studies: memory_study ``regions_for``;
@@ -321,8 +327,8 @@ REGIONS_FOR: tuple[str, ...] = ("hw", "cuda")
 
 def want_planes(chunk: int) -> bool:
     """Whether a reader of one resample asks the decoder for planes (:data:`HW_PLANES`), decoding in
-    chunks of ``chunk`` (0: whole parts)."""
-    return HW_PLANES == "always" or (HW_PLANES == "chunked" and chunk > 0)
+    chunks of ``chunk`` (0: whole parts; :data:`HW_CHUNK` and more: whole calls)."""
+    return HW_PLANES == "always" or (HW_PLANES == "chunked" and 0 < chunk < HW_CHUNK)
 
 
 def _keep_freed_memory(cp, device_index: int) -> bool:
@@ -483,8 +489,8 @@ def _item_bytes(job: _Job, i: int, h: int, w: int) -> int:
 def _call_lists(lists: list[list[int]], hw: bool, chunk: int) -> list[list[int]]:
     """A decoder's part of a batch (one list of items per kind) as the calls of chunked decode: each list
     in pieces of at most ``chunk`` items (the hardware engine's: :data:`HW_CHUNK`), and at least
-    :data:`MIN_CALLS` calls, so that the next part's first call never waits on the readers of the call
-    just made."""
+    :data:`MIN_CALLS` calls (with two, the next part's first call never waits on the readers of the call
+    just made)."""
     out = [piece for idx in lists for piece in _pieces(idx, HW_CHUNK if hw else chunk)]
     if len(out) < MIN_CALLS and len(out[0]) > 1:
         out = _pieces(out[0], -(-len(out[0]) // MIN_CALLS))
