@@ -821,8 +821,9 @@ class GpuImageDecoder:
         over ahead (``gpu_executor.decode_ahead`` does).
 
         ``chunk=N`` (with ``wait=False``, ``order=False``; the C API) decodes each decoder's part in
-        calls of at most N images (the hardware engine's: :data:`HW_CHUNK`), at least two, each into a
-        buffer that the same call of that decoder's next part reuses: the result is read through
+        calls of at most N images (the hardware engine's: :data:`HW_CHUNK`; at least
+        :data:`MIN_CALLS`), each into a buffer that the same call of that decoder's next part reuses:
+        the result is read through
         ``result.chunks(stream)``, call by call, and the decoded images take about one batch of
         memory instead of two (ImagePipeline runs its kernels on each chunk as it comes). Elsewhere
         ``chunk`` is ignored.
