@@ -480,10 +480,10 @@ class ImagePipeline:
     chain's leading crop reads, widened by the resampling filter's reach so the output matches a full
     decode: the hardware engine's part through nvJPEG's region calls, the CUDA decoder's through
     nvImageCodec's sub-code streams. It takes less device memory (on an H200 at batch 256 the bench's
-    training chain 708-710 MiB against 866, the validation chain 770 against 866) and measured 3-13%
-    slower than full decode and a GPU crop (medians of four calls; 5-7% in the last pairs), so it is
-    off by default (benchmarks/memory_study.py, ``region``; benchmarks/RESULTS.md, seventeenth
-    session).
+    training chain 642-644 MiB against 738, the validation chain 674) and measured slower than full
+    decode and a GPU crop (3-13% in the medians of four calls with whole parts, seventeenth session;
+    2-11% in 5 of 6 pairs with the reused buffers and 40% in one, eighteenth session), so it is off
+    by default (benchmarks/memory_study.py, ``region``; benchmarks/RESULTS.md).
 
     On the GPU the batches of :meth:`iterate` and :meth:`iterate_files` live in a ring of ``ring``
     output buffers: a batch stays valid until ``ring - 1`` more batches have been produced (with one

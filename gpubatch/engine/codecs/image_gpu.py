@@ -282,11 +282,14 @@ SLAB_FIT = True
 # ImagePipeline's default, DECODE_CHUNK = 256, keeps every call whole: one per kind on the hardware
 # engine (HW_CHUNK = 256: a batch's kind is never split, so each of its instances keeps meeting one
 # kind; calls split at 96 lost 3 of 4 alternating pairs, fifteenth session) and the CUDA decoder's part
-# in one (MIN_CALLS = 1: split in two, it lost 2 of 3 pairs on each chain, up to 15%). On the bench's
-# chains that took 866 MiB down to 734 at the speed of whole parts from the driver's pool (train
-# medians 22,679 against 22,745 images/s over 7 alternating rounds, val 23,178 against 23,441; H200,
-# memory_study ``chunk=256``; RESULTS.md, eighteenth session). Smaller chunks (decode_chunk=96) cost
-# more speed than they save memory (sixteenth and seventeenth sessions).
+# in one (MIN_CALLS = 1: split in two, it lost 6 of 6 pairs, by 1-15%). On the bench's chains that
+# took the peak from 866 MiB (whole parts from the driver's pool, decode_chunk=0) to 738, at 2.2% less
+# speed on the training chain (the median of 15 alternating pairs, 3 won; medians 21,252 against
+# 21,949 images/s) and 0.8% on the validation chain (13 pairs, 5 won; 22,613 against 22,586), three
+# H200 machines (memory_study ``chunk=0``; RESULTS.md, eighteenth session). Two slots taken in turn for
+# the CUDA decoder's calls (CUDA_RING = 2), so that its next part never waits for the last one's
+# readers, took 802 MiB and were no faster. Smaller chunks (decode_chunk=96) cost more speed than they
+# save memory (sixteenth and seventeenth sessions).
 DECODE_CHUNK = 256
 HW_CHUNK = 256
 CUDA_RING = 0
