@@ -520,7 +520,6 @@ class ImagePipeline:
 
         self.chunk = max(0, DECODE_CHUNK if decode_chunk is None else decode_chunk) if self._fixed else 0
         # the hardware engine's 4:2:0 and 4:2:2 images in their planes (only the resample reads them)
-
         self._planes = self._fixed is not None and want_planes(self.chunk)
         self._ring: list[Any] = [None] * ring
         self._slot = 0

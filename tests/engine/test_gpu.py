@@ -427,10 +427,10 @@ def test_chunked_decode_reuses_few_buffers_with_the_same_result(engine, monkeypa
 def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path, monkeypatch):
     """A fixed-size chain resampled part by part (whole decoder parts from the pool, whole calls in
     reused buffers as by default, or chunks of 3) into its rows gives the batches one resample of the
-    whole decoded batch gives, in ``iterate_files`` and in
-    ``__call__``; images that fail are left out and reported, the rows after them closed up. With the
-    hardware engine's images in their planes (chunked decode's default) the batches are the same to
-    a level (the planes read as Pillow decodes, the engine's RGB within a level of it)."""
+    whole decoded batch gives, in ``iterate_files`` and in ``__call__``; images that fail are left out
+    and reported, the rows after them closed up. With the hardware engine's images in their planes
+    (split calls' default) the batches are the same to a level (the planes read as Pillow decodes,
+    the engine's RGB within a level of it)."""
     from gpubatch.engine.codecs import image_gpu
     from gpubatch.engine.gpu_executor import ImagePipeline
 
@@ -559,8 +559,9 @@ def test_image_pipeline_reproducible_and_matches_cpu():
 def test_region_decode_matches_full_decode(tmp_path, monkeypatch, chunk, regions_for):
     """``region_decode``: each image decoded only where the random crop reads (with the filter's reach)
     gives the batches a full decode gives, up to the rounding of the moved window origin; the
-    hardware engine's part goes through the direct path's region calls (whole parts, and chunks). A
-    decoder not in ``REGIONS_FOR`` decodes whole images and gives views of the regions."""
+    hardware engine's part goes through the direct path's region calls (the default reused buffers,
+    whole parts, and chunks). A decoder not in ``REGIONS_FOR`` decodes whole images and gives views of
+    the regions."""
     from gpubatch.engine.codecs import image_gpu
     from gpubatch.engine.codecs.nvjpeg_hw import HwBatchDecoder
     from gpubatch.engine.gpu_executor import ImagePipeline

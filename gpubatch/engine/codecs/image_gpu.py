@@ -826,10 +826,9 @@ class GpuImageDecoder:
         ``chunk=N`` (with ``wait=False``, ``order=False``; the C API) decodes each decoder's part in
         calls of at most N images (the hardware engine's: :data:`HW_CHUNK`; at least
         :data:`MIN_CALLS`), each into a buffer that the same call of that decoder's next part reuses:
-        the result is read through
-        ``result.chunks(stream)``, call by call, and the decoded images take about one batch of
-        memory instead of two (ImagePipeline runs its kernels on each chunk as it comes). Elsewhere
-        ``chunk`` is ignored.
+        the result is read through ``result.chunks(stream)``, call by call, and the decoded images
+        take about one batch of memory instead of two (ImagePipeline runs its kernels on each chunk
+        as it comes). Elsewhere ``chunk`` is ignored.
 
         ``planes=True`` lets the hardware engine's direct path decode 4:2:0 and
         4:2:2 JPEGs into their own planes, 1.5 and 2 bytes a pixel instead of 3: those DeviceImages
