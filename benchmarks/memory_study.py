@@ -39,7 +39,8 @@ whole; 0: whole batch parts, a buffer from the driver's pool each),
 the legacy default stream or on a non-blocking stream of the consumer's own, so the ring fences it), ``regions_for`` (with ``region=1``: which decoders' parts decode regions, ``hw``, ``cuda`` or
 ``hw+cuda``, ``image_gpu.REGIONS_FOR``), ``cuda_ring`` (the CUDA decoder's calls take this many buffers in turn; 0: call k of a part takes
 buffer k, ``image_gpu.CUDA_RING``), ``slack`` (a chunk buffer grows to a call's size plus
-1/slack, ``image_gpu.RING_SLACK``), ``sched`` (how host threads wait for the GPU: ``auto``, ``spin``,
+1/slack, ``image_gpu.RING_SLACK``), ``core`` (0: no CPU core of its own for the hardware
+decoder's thread, ``affinity.RESERVE_CORE``), ``sched`` (how host threads wait for the GPU: ``auto``, ``spin``,
 ``yield`` or ``blocking``, ``gpu_executor.SYNC_POLICY`` by default), ``connections``
 (``CUDA_DEVICE_MAX_CONNECTIONS``), ``hw_threads`` (each hardware-decoder instance's worker
 threads, ``GpuImageDecoder.HW_THREADS``), ``direct`` (0: the hardware engine through nvImageCodec's
@@ -157,6 +158,10 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         image_gpu.REGIONS_FOR = tuple(knobs["regions_for"].split("+"))
     if "cuda_ring" in knobs:  # the CUDA decoder's calls over this many buffers in turn (0: one per call of a part)
         image_gpu.CUDA_RING = int(knobs["cuda_ring"])
+    if "core" in knobs:  # 0: no CPU core reserved for the hardware decoder's thread (affinity.RESERVE_CORE)
+        from gpubatch.engine import affinity
+
+        affinity.RESERVE_CORE = knobs["core"] == "1"
     counted = _count_allocations(knobs["alloc"]) if "alloc" in knobs else None
     files = jpeg_set(args.data, args.images, parse_mix(args.mix))
     keys = file_keys(files)

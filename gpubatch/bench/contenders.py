@@ -43,6 +43,10 @@ def run_gpubatch(a: dict, device: str) -> dict:
     sampler = GpuSampler(a.get("gpu", 0)) if device == "gpu" else None
     from ..engine.gpu_executor import ImagePipeline
 
+    if "reserve_core" in a:  # (a process of its own: the setting goes with it)
+        from ..engine import affinity
+
+        affinity.RESERVE_CORE = bool(a["reserve_core"])
     model = get_model(a["model"])
     ops = chain_ops(model.chains[a["chain"]])
     files = data_files(a["data"], a["images"])

@@ -22,7 +22,7 @@ from .measure import warmup_batches
 CONTENDERS = ("gpubatch-gpu", "gpubatch-cpu", "torch-dataloader", "dali", "dali-defaults")
 GPU_CONTENDERS = ("gpubatch-gpu", "dali", "dali-defaults")
 SWEEPABLE = {"batch_size": int, "threads": int, "cuda_share": float, "warm_up": int, "region_decode": int,
-             "decode_chunk": int, "sync": str}
+             "decode_chunk": int, "sync": str, "reserve_core": int}
 SCHEMA = "gpubatch-bench/1"
 
 

@@ -44,8 +44,9 @@ def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> No
               help="Re-run the GPU contender for each value of batch_size, threads, cuda_share, warm_up (tiny "
                    "images the decoders are warmed with; 0: none), region_decode (0/1) or decode_chunk "
                    "(images per decode call at most, each call resampled as it comes and its buffer reused; default "
-                   "256; 0: whole batch parts, two batches of memory) or sync "
-                   "(how threads wait for the GPU: auto, spin, yield, blocking).")
+                   "256; 0: whole batch parts, two batches of memory), sync "
+                   "(how threads wait for the GPU: auto, spin, yield, blocking) or reserve_core (1: a CPU core of "
+                   "its own for the hardware decoder's thread, the default on 8 cores or more; 0: none).")
 @click.option("--with-model", is_flag=True, help="Also time a real training step fed by the pipeline (torch).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the result as JSON.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, metavar="FILE.html|FILE.md",

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import GpubatchError, RecordError, Stage, UsageError
 from ..types import Record
+from . import affinity
 from .batch import DeviceBatch, PinnedStaging, upload_table_addresses, upload_tables
 from .device import Device
 from .ops.base import Op, Window
@@ -148,13 +149,23 @@ class GpuEngine:
     def __init__(self, device: Device, cpu_threads: int = 8,
                  gpu_memory: str | int | float | None = None, share: int = 1, deterministic: bool = True,
                  jpeg_encoder: str = "batched", hw_preallocate: tuple[int, int, int] | None = None,
-                 decoder_options: str = "", sync: str | None = None, hw_direct: bool | None = None):
+                 decoder_options: str = "", sync: str | None = None, hw_direct: bool | None = None,
+                 cores: Any = "auto"):
+        """``cores``: the CPU core reserved for the hardware decoder's thread (:mod:`.affinity`): "auto"
+        takes one here unless ``share`` engines share the GPU; an :class:`~.affinity.Reservation` taken
+        already (before the process started threads that must leave the core); None: none. Closing
+        the engine releases it."""
         import os
         import sys
 
         # before CuPy touches the device: how every thread waits for it (see SYNC_POLICY)
         self.sync = set_sync_policy(device.index, sync or os.environ.get("GPUBATCH_SYNC") or SYNC_POLICY,
                                     only_before_context=True)
+        # a core of its own for the hardware decoder's thread, taken before the CUDA context's and the
+        # decoders' threads start; not where several engines share the GPU
+        if cores == "auto":
+            cores = affinity.reserve(device.index) if share <= 1 else None
+        self.cores = cores
 
         import cupy as cp
 
@@ -182,7 +193,8 @@ class GpuEngine:
         self._null = cp.zeros(1, cp.uint64)  # stands for an unused pointer argument
         self.cpu_threads = cpu_threads
         self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic,
-                                       hw_preallocate=hw_preallocate, options=decoder_options, hw_direct=hw_direct)
+                                       hw_preallocate=hw_preallocate, options=decoder_options, hw_direct=hw_direct,
+                                       hw_core=self.cores)
         self.jpeg_encoder = jpeg_encoder
         self._encoder = None
 
@@ -253,6 +265,9 @@ class GpuEngine:
         self.decoder.close()
         if self._encoder is not None:
             self._encoder.close()
+        if self.cores is not None:
+            self.cores.release()
+            self.cores = None
 
     def _out_tables(self, out_hw: np.ndarray, per_pixel: int) -> tuple[np.ndarray, np.ndarray, int, int]:
         """Offsets (elements), first block per sample, total blocks and total elements of a packed output."""

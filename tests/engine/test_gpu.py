@@ -541,6 +541,43 @@ def test_batch_split_under_memory_cap(tmp_path):
         eng.close()
 
 
+def test_hardware_decoder_thread_has_a_core_of_its_own():
+    """Where 8 or more cores are usable the engine takes one for the hardware engine's thread: the thread that
+    built it (and what it starts) leaves the core, that thread runs on it and decodes there, and closing the
+    engine gives the building thread its cores back."""
+    import os
+
+    from gpubatch.engine import affinity
+    from gpubatch.engine.gpu_executor import GpuEngine
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("CPU affinity is Linux's")
+    blobs = [jpeg_bytes(photo(200, 300, seed=i), 95) for i in range(8)]
+    out: dict = {}
+
+    def run():  # in a thread of its own: the test runner's CPU mask is not touched
+        before = os.sched_getaffinity(0)
+        eng = GpuEngine(resolve("gpu"), cpu_threads=2)
+        try:
+            res = eng.cores
+            out["reserved"] = res is not None
+            if res is not None:
+                out["building thread"] = os.sched_getaffinity(0) == before - {res.core} == res.others
+                out["hw thread"] = eng.decoder._hw_thread.submit(os.sched_getaffinity, 0).result() == {res.core}
+            got = eng.decoder.decode(blobs, eng.stream)
+            out["decoded"] = all(a is not None for a in got.arrays) and got.hw >= 4
+        finally:
+            eng.close()
+        out["released"] = os.sched_getaffinity(0) == before
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    enough = len(os.sched_getaffinity(0)) >= affinity.MIN_CPUS
+    want = {"reserved": True, "building thread": True, "hw thread": True} if enough else {"reserved": False}
+    assert out == {**want, "decoded": True, "released": True}
+
+
 def test_image_pipeline_reproducible_and_matches_cpu():
     from gpubatch.engine.gpu_executor import ImagePipeline
 

@@ -549,7 +549,10 @@ class GpuImageDecoder:
     (``gpubatch bench`` and benchmarks/memory_study.py, ``hw=2``; nvImageCodec's hardware decoder).
     With ``hw_direct`` (the default where nvJPEG loads; :data:`HW_DIRECT`) those instances are
     :class:`~gpubatch.engine.codecs.nvjpeg_hw.HwBatchDecoder` objects and the hardware part needs no
-    code streams or descriptors: its places come from the sizes the headers gave. ``api="python"`` uses the Python
+    code streams or descriptors: its places come from the sizes the headers gave. ``hw_core`` (an
+    :class:`~gpubatch.engine.affinity.Reservation`, which :class:`~gpubatch.engine.gpu_executor.GpuEngine`
+    takes) binds the hardware engine's thread to a CPU core the rest of the pipeline leaves to it: that
+    thread is the pipeline's pace. ``api="python"`` uses the Python
     binding (one instance, the CUDA decoder called from a second thread); it is the fallback where
     the C library cannot be loaded, and the reference the C path is tested against.
 
@@ -566,7 +569,8 @@ class GpuImageDecoder:
     def __init__(self, device_index: int = 0, cpu_threads: int = 8, hw_decoder: bool = True,
                  cuda_share: float = CUDA_SHARE, deterministic: bool = True, cuda_threads: int | None = None,
                  hw_preallocate: tuple[int, int, int] | None = None, options: str = "",
-                 api: str | None = None, hw_instances: int | None = None, hw_direct: bool | None = None):
+                 api: str | None = None, hw_instances: int | None = None, hw_direct: bool | None = None,
+                 hw_core: Any = None):
 
         import cupy as cp
 
@@ -641,7 +645,9 @@ class GpuImageDecoder:
         # with the C API each decoder's part of every batch is decoded by a thread of its own
         one = functools.partial(ThreadPoolExecutor, max_workers=1)
         self._side = one(thread_name_prefix="gpubatch-cuda-decode") if self.api == "python" else None
-        self._hw_thread = one(thread_name_prefix="gpubatch-hw-decode") if self.api == "c" else None
+        # (``hw_core``: an affinity.Reservation whose core the hardware engine's thread is bound to)
+        self._hw_thread = (one(thread_name_prefix="gpubatch-hw-decode", initializer=hw_core.pin if hw_core else None)
+                           if self.api == "c" else None)
         self._cuda_thread = one(thread_name_prefix="gpubatch-cuda-decode") if self.api == "c" else None
         self._cpu = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpubatch-cpu-decode")
         # one decode() at a time: a second thread's call beside a running one broke the hardware

@@ -1,0 +1,96 @@
+"""CPU placement of the GPU engine's threads: a core of its own for the hardware decoder's thread.
+
+The GPU pipeline runs at the pace of the one thread that drives the hardware JPEG engine: about 80% of
+its time is nvJPEG's host work for each call (``nvjpegDecodeBatched``), and it is busy nearly all the
+time. When the scheduler puts another of the pipeline's threads (the CUDA decoder's workers, the feed's
+reader processes, the consuming thread) on its core, the whole pipeline waits. :func:`reserve` takes
+one core for it: the thread that builds the engine, and so every thread and process started from it
+afterwards (the decoders' worker threads, the CUDA driver's, the feed's readers), leaves that core
+(and its hyper-threading siblings) to the hardware decoder's thread, which :meth:`Reservation.pin`
+binds to it. :meth:`Reservation.release` gives the building thread its cores back.
+
+Only where the process may use at least :data:`MIN_CPUS` cores, on Linux; ``GPUBATCH_RESERVE_CORE=0``
+turns it off. A GPU engine per device in one process takes a core per device (counted from the last).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+# Whether a GPU engine reserves a core for its hardware decoder's thread (GPUBATCH_RESERVE_CORE=0: no)
+RESERVE_CORE = True
+# the fewest usable cores with which a core is reserved (below that, every core is needed for the rest)
+MIN_CPUS = 8
+
+
+def _siblings(cpu: int) -> set[int]:
+    """``cpu`` and the hyper-threads sharing its core (Linux sysfs; just ``cpu`` where unreadable)."""
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+            text = f.read().strip()
+    except OSError:
+        return {cpu}
+    out = {cpu}
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        if a.strip().isdigit() and (not b or b.strip().isdigit()):
+            out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def plan(cpus: set[int], device_index: int = 0, siblings=_siblings) -> tuple[int, set[int]] | None:
+    """(the core for the hardware decoder's thread, the cores everything else keeps) out of ``cpus``,
+    or None where too few are usable: the ``device_index``-th core from the last, its siblings left out."""
+    if len(cpus) < MIN_CPUS:
+        return None
+    ordered = sorted(cpus)
+    core = ordered[-1 - device_index % len(ordered)]
+    others = cpus - siblings(core)
+    if len(others) < MIN_CPUS - 2:  # siblings took too much
+        return None
+    return core, others
+
+
+@dataclass
+class Reservation:
+    """A core taken for the hardware decoder's thread (see the module docstring)."""
+
+    core: int
+    others: set[int]  # what the reserving thread (and all it starts) keeps
+    thread: int  # the reserving thread's native id
+    before: set[int]  # its cores before
+
+    def pin(self) -> None:
+        """Bind the calling thread to the reserved core (the hardware decoder's thread, at its start)."""
+        try:
+            os.sched_setaffinity(0, {self.core})
+        except OSError:  # taken away meanwhile (a cgroup change): stay where the scheduler puts it
+            pass
+
+    def release(self) -> None:
+        """Give the reserving thread its cores back, unless someone set others meanwhile (threads and
+        processes started from it keep the narrower set)."""
+        try:
+            if os.sched_getaffinity(self.thread) == self.others:
+                os.sched_setaffinity(self.thread, self.before)
+        except OSError:  # the thread has ended
+            pass
+
+
+def reserve(device_index: int = 0) -> Reservation | None:
+    """Take a core for the hardware decoder's thread of the engine on ``device_index``: the calling
+    thread leaves it from now on. None where turned off, not Linux, or too few cores are usable."""
+    if not RESERVE_CORE or os.environ.get("GPUBATCH_RESERVE_CORE", "1") == "0" or not hasattr(os, "sched_setaffinity"):
+        return None
+    try:
+        before = os.sched_getaffinity(0)
+        got = plan(set(before), device_index)
+        if got is None:
+            return None
+        core, others = got
+        os.sched_setaffinity(0, others)
+    except OSError:
+        return None
+    return Reservation(core, others, threading.get_native_id(), set(before))

@@ -1,0 +1,109 @@
+"""The core reserved for the hardware decoder's thread (engine/affinity.py), on this machine's CPUs."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from gpubatch.engine import affinity
+
+linux = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
+
+
+def test_plan_takes_the_last_core_per_device_and_leaves_its_siblings_out():
+    alone = lambda c: {c}  # noqa: E731
+    assert affinity.plan(set(range(affinity.MIN_CPUS - 1)), 0, alone) is None  # too few cores
+    cpus = set(range(16))
+    assert affinity.plan(cpus, 0, alone) == (15, set(range(15)))
+    assert affinity.plan(cpus, 1, alone) == (14, cpus - {14})  # a second GPU's engine: the next core
+    # hyper-threads: core 15 shares its core with 7, which nothing else gets either
+    assert affinity.plan(cpus, 0, lambda c: {c, c - 8} if c >= 8 else {c, c + 8}) == (15, cpus - {7, 15})
+    assert affinity.plan({2, 5, 9, 11, 12, 13, 20, 31}, 0, alone) == (31, {2, 5, 9, 11, 12, 13, 20})
+
+
+def test_plan_gives_up_where_siblings_take_too_much():
+    assert affinity.plan(set(range(8)), 0, lambda c: set(range(8)) - {0}) is None
+
+
+def _in_thread(fn):
+    """Run ``fn`` in a thread of its own (its CPU mask changes never touch the test runner's), returning
+    its result or raising its error."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 (re-raised below)
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    """Reserving made possible with this machine's cores (CI has 2)."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    if len(cpus) < 2:
+        pytest.skip("needs 2 usable cores")
+    monkeypatch.setattr(affinity, "MIN_CPUS", 2)
+    monkeypatch.setattr(affinity, "_siblings", lambda c: {c})
+    return cpus
+
+
+@linux
+def test_reserve_pin_and_release(two_cores):
+    cpus = two_cores
+
+    def run():
+        res = affinity.reserve(0)
+        assert res is not None and res.core == max(cpus)
+        assert os.sched_getaffinity(0) == cpus - {res.core}  # this thread leaves the core
+        # a thread started from here inherits that; the hardware decoder's thread binds itself to the core
+        seen = {}
+
+        def child():
+            seen["inherited"] = os.sched_getaffinity(0)
+            res.pin()
+            seen["pinned"] = os.sched_getaffinity(0)
+
+        t = threading.Thread(target=child)
+        t.start()
+        t.join()
+        assert seen == {"inherited": cpus - {res.core}, "pinned": {res.core}}
+        res.release()
+        return os.sched_getaffinity(0)
+
+    assert _in_thread(run) == cpus
+
+
+@linux
+def test_release_leaves_a_mask_someone_else_set(two_cores):
+    def run():
+        res = affinity.reserve(0)
+        mine = {res.core}  # neither what the engine set nor what the thread had
+        os.sched_setaffinity(0, mine)  # (the user moved the thread after the engine was built)
+        res.release()
+        return os.sched_getaffinity(0) == mine
+
+    assert _in_thread(run)
+
+
+@linux
+def test_reserve_can_be_turned_off(two_cores, monkeypatch):
+    monkeypatch.setenv("GPUBATCH_RESERVE_CORE", "0")
+    assert _in_thread(lambda: (affinity.reserve(0), os.sched_getaffinity(0))) == (None, two_cores)
+    monkeypatch.delenv("GPUBATCH_RESERVE_CORE")
+    monkeypatch.setattr(affinity, "RESERVE_CORE", False)
+    assert _in_thread(lambda: affinity.reserve(0)) is None
+
+
+def test_reserve_needs_enough_cores(monkeypatch):
+    monkeypatch.setattr(affinity, "MIN_CPUS", 10_000)
+    assert _in_thread(lambda: affinity.reserve(0)) is None
