@@ -39,7 +39,7 @@ from ...errors import DependencyError
 from . import image as host
 from . import planes as jplanes
 from .image import jpeg_header, jpeg_orientation
-from .nvjpeg_hw import OUTPUT_RGBI, OUTPUT_YUV, NvjpegError
+from .nvjpeg_hw import OUTPUT_RGBI, OUTPUT_YUV, NvjpegError, call_args
 
 # SOF markers nvJPEG's GPU decoders handle (baseline, extended, progressive Huffman).
 _GPU_SOF = {0xC0: "baseline", 0xC1: "extended", 0xC2: "progressive"}
@@ -472,6 +472,7 @@ class _Job:
     regions: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # (direct) item -> the part decoded
     crops: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # item -> the part its view shows
                                                                                # (decoded whole; REGIONS_FOR)
+    args: list[Any] = field(default_factory=list)  # (direct) per call its nvJPEG arrays (nvjpeg_hw.call_args)
 
 
 def _direct_view(job: _Job, i: int, ptr: int, h: int, w: int) -> None:
@@ -932,11 +933,13 @@ class GpuImageDecoder:
         feed = res.feed
         while parts:
             msg = feed.get()
-            if msg[0] == "images":
-                res.on_gpu += len(msg[1])
-                out, msg = msg[1:], None
-                yield out
-                out = None
+            if msg[0] == "images":  # a decode call's views, their owner, its end event, which decoder
+                _, views, owner, event, hw = msg
+                msg = None
+                res.on_gpu += len(views)
+                yield [(i, DeviceImage(ptr, shape, row, owner, sampling)) for i, ptr, shape, row, sampling in views], \
+                    owner, event, hw
+                owner = views = None
             elif msg[0] == "end":
                 part = msg[1]
                 res.hw += part.hw
@@ -1045,6 +1048,9 @@ class GpuImageDecoder:
                 self._ring_bind(job, [i for i in idx if i in shapes], shapes, turns)
         else:
             self._bind(job, shapes, turns)
+        if job.direct:  # each call's arrays made here, not in the hardware engine's thread (the pipeline's pace)
+            calls = [[i for i in idx if i in job.views] for idx in lists]
+            job.args = [call_args([job.sources[i] for i in idx], [job.outputs[i] for i in idx]) for idx in calls]
         self.timings["hw_wrap" if hw else "cuda_wrap"] += time.perf_counter() - t0
         return job
 
@@ -1222,10 +1228,11 @@ class GpuImageDecoder:
                 if not idx:
                     continue
                 owner = None
+                args = job.args[k] if job.args else None
                 if job.slots:  # a chunk: into its ring slot, or a buffer of its own
                     owner = self._take_slot(job, k)
                     if owner is None:
-                        owner = self._own_buffer(job, idx)
+                        owner, args = self._own_buffer(job, idx), None  # (new places: new arrays)
                 if job.direct:
                     dec = self.hw_direct[self._hw_turn % len(self.hw_direct)]
                     self._hw_turn += 1
@@ -1233,7 +1240,7 @@ class GpuImageDecoder:
                     parts = [job.regions.get(i) for i in idx] if job.regions else None
                     try:
                         dec.decode([job.sources[i] for i in idx], [job.outputs[i] for i in idx], job.stream, fmt,
-                                   regions=parts)
+                                   regions=parts, args=args)
                         ok = [True] * len(idx)
                     except NvjpegError:  # the call failed as a whole (a corrupt image fails its call)
                         ok = [False] * len(idx)
@@ -1263,17 +1270,17 @@ class GpuImageDecoder:
         event = job.stream.record()
         if not isinstance(owner, _Release):
             owner.event = event  # until the consumer waits for it
-        items = []
+        views = []  # (item, address, shape, row pitch, sampling): the consumer makes the DeviceImages (_gather)
         for i, good in done:
             if good:
                 ptr, shape, row = job.views[i]
                 if i in job.crops:  # (interleaved RGB)
                     y0, x0, y1, x1 = job.crops[i]
                     ptr, shape = ptr + y0 * row + x0 * 3, (y1 - y0, x1 - x0, 3)
-                items.append((i, DeviceImage(ptr, shape, row, owner, job.planes.get(i))))
+                views.append((i, ptr, shape, row, job.planes.get(i)))
             elif not job.hw:
                 job.part.failed.append(i)
-        _post(job.sink, ("images", items, owner, event, job.hw))
+        _post(job.sink, ("images", views, owner, event, job.hw))
 
     def _gpu_python(self, blobs, regions, kinds, to_hw, to_cuda, stream, res: DecodeResult) -> list[int]:
         """Decode through nvImageCodec's Python binding (one output allocation per image)."""

@@ -114,6 +114,19 @@ def _check(call: str, status: int) -> None:
         raise NvjpegError(call, status)
 
 
+def call_args(sources: list[tuple[int, int]], outputs: list[tuple[int, ...]]) -> tuple[int, Any, Any, Any]:
+    """The arrays one ``nvjpegDecodeBatched`` call takes, for :meth:`HwBatchDecoder.decode` (``args=``):
+    built ahead, in a thread other than the one making the calls, which is the pipeline's pace."""
+    n = len(sources)
+    data = (C.c_void_p * n)(*[a for a, _ in sources])
+    sizes = (C.c_size_t * n)(*[s for _, s in sources])
+    images = (_Image * n)()
+    for img, places in zip(images, outputs):
+        for c in range(len(places) // 2):
+            img.channel[c], img.pitch[c] = places[2 * c], places[2 * c + 1]
+    return n, data, sizes, images
+
+
 class HwBatchDecoder:
     """One nvJPEG hardware-backend handle and decode state (see the module docstring). Make it with the
     device current; ``cp`` is CuPy (for the event that tracks the previous call)."""
@@ -147,23 +160,19 @@ class HwBatchDecoder:
         return n.value, cores.value
 
     def decode(self, sources: list[tuple[int, int]], outputs: list[tuple[int, ...]], stream: Any,
-               fmt: int = OUTPUT_RGBI, regions: list[tuple[int, int, int, int] | None] | None = None) -> None:
+               fmt: int = OUTPUT_RGBI, regions: list[tuple[int, int, int, int] | None] | None = None,
+               args: tuple[int, Any, Any, Any] | None = None) -> None:
         """Decode ``sources`` ((host address, size) of each JPEG's bytes, valid until this instance's
         next call has begun) into ``outputs`` on ``stream``, not waited for: per image (device address,
         row pitch) of its interleaved RGB (``fmt`` :data:`OUTPUT_RGBI`), or those of its Y, Cb and Cr
         planes, six numbers (:data:`OUTPUT_YUV`). ``regions`` gives per image None or the (y0, x0, y1, x1)
         part to decode (``nvjpegDecodeBatchedEx``; its output is that part's size; each call sets every
-        image's ROI afresh). Raises :class:`NvjpegError` where nvJPEG refused the call (the whole
-        call: a corrupt image fails its batch)."""
-        n = len(sources)
+        image's ROI afresh). ``args``: :func:`call_args` of ``sources`` and ``outputs``, made already.
+        Raises :class:`NvjpegError` where nvJPEG refused the call (the whole call: a corrupt image fails
+        its batch)."""
+        n, data, sizes, images = args if args is not None else call_args(sources, outputs)
         if not n:
             return
-        data = (C.c_void_p * n)(*[a for a, _ in sources])
-        sizes = (C.c_size_t * n)(*[s for _, s in sources])
-        images = (_Image * n)()
-        for img, places in zip(images, outputs):
-            for c in range(len(places) // 2):
-                img.channel[c], img.pitch[c] = places[2 * c], places[2 * c + 1]
         if self.done is not None:
             self.done.synchronize()  # the state's buffers are free again
         lib = self.lib
