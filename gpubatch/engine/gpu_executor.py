@@ -192,9 +192,14 @@ class GpuEngine:
         self.staging = PinnedStaging(cp)  # launch tables reach the device without the host waiting
         self._null = cp.zeros(1, cp.uint64)  # stands for an unused pointer argument
         self.cpu_threads = cpu_threads
-        self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic,
-                                       hw_preallocate=hw_preallocate, options=decoder_options, hw_direct=hw_direct,
-                                       hw_core=self.cores)
+        try:
+            self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic,
+                                           hw_preallocate=hw_preallocate, options=decoder_options,
+                                           hw_direct=hw_direct, hw_core=self.cores)
+        except BaseException:  # no engine: the building thread gets its cores back
+            if self.cores is not None:
+                self.cores.release()
+            raise
         self.jpeg_encoder = jpeg_encoder
         self._encoder = None
 
