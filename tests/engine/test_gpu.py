@@ -189,11 +189,11 @@ def test_hw_direct_path_matches_nvimagecodec_and_retries_a_failed_call(monkeypat
     calls = []
     real = nvjpeg_hw.HwBatchDecoder.decode
 
-    def fail_first(self, sources, outputs, stream, fmt=nvjpeg_hw.OUTPUT_RGBI, regions=None):
+    def fail_first(self, sources, outputs, stream, fmt=nvjpeg_hw.OUTPUT_RGBI, regions=None, args=None):
         calls.append(len(sources))
         if len(calls) == 1:
             raise nvjpeg_hw.NvjpegError("nvjpegDecodeBatched", 3)
-        return real(self, sources, outputs, stream, fmt, regions)
+        return real(self, sources, outputs, stream, fmt, regions, args)
 
     dec = GpuImageDecoder(0, 4, api="c", cuda_share=0.0, hw_direct=True)
     try:
