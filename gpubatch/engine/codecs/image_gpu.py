@@ -660,9 +660,10 @@ class GpuImageDecoder:
         # ("hw_wrap", "cuda_wrap"; with the Python binding the wrapping of its results), all in the
         # thread that hands the batch over; each decoder's calls ("hw", "cuda"), in that decoder's
         # thread with the C API (with the Python binding "cuda" is the wait for its side thread), of
-        # which, decoding in chunks, the waits for a ring slot ("hw_slot", "cuda_slot"); CPU decodes ("cpu")
+        # which, decoding in chunks, the waits for a ring slot ("hw_slot", "cuda_slot"), and on the
+        # hardware engine's direct path the nvJPEG calls themselves ("hw_nvjpeg"); CPU decodes ("cpu")
         self.timings = {"parse": 0.0, "hw": 0.0, "hw_wrap": 0.0, "cuda": 0.0, "cuda_wrap": 0.0, "cpu": 0.0,
-                        "hw_slot": 0.0, "cuda_slot": 0.0}
+                        "hw_slot": 0.0, "cuda_slot": 0.0, "hw_nvjpeg": 0.0}
 
     def _direct_instances(self, n: int) -> list[Any]:
         """``n`` instances of the hardware engine's direct path, or none (with a warning) where nvJPEG
@@ -1238,12 +1239,14 @@ class GpuImageDecoder:
                     self._hw_turn += 1
                     fmt = OUTPUT_YUV if idx[0] in job.planes else OUTPUT_RGBI  # (a call is one kind)
                     parts = [job.regions.get(i) for i in idx] if job.regions else None
+                    t_call = time.perf_counter()
                     try:
                         dec.decode([job.sources[i] for i in idx], [job.outputs[i] for i in idx], job.stream, fmt,
                                    regions=parts, args=args)
                         ok = [True] * len(idx)
                     except NvjpegError:  # the call failed as a whole (a corrupt image fails its call)
                         ok = [False] * len(idx)
+                    self.timings["hw_nvjpeg"] += time.perf_counter() - t_call
                     part.hw += sum(ok)
                     retry.extend(self._learn(kinds, idx, ok))
                 elif job.hw:
