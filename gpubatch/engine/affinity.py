@@ -1,8 +1,8 @@
 """CPU placement of the GPU engine's threads: a core of its own for the hardware decoder's thread.
 
-The GPU pipeline runs at the pace of the one thread that drives the hardware JPEG engine: about 80% of
-its time is nvJPEG's host work for each call (``nvjpegDecodeBatched``), and it is busy nearly all the
-time. When the scheduler puts another of the pipeline's threads (the CUDA decoder's workers, the feed's
+The GPU pipeline runs at the pace of the one thread that drives the hardware JPEG engine: it is busy
+nearly all the time, over 90% of it in nvJPEG's host work for each call (``nvjpegDecodeBatched``;
+``hw_nvjpeg`` in the decoder's timings). When the scheduler puts another of the pipeline's threads (the CUDA decoder's workers, the feed's
 reader processes, the consuming thread) on its core, the whole pipeline waits. :func:`reserve` takes
 one core for it: the thread that builds the engine, and so every thread and process started from it
 afterwards (the decoders' worker threads, the CUDA driver's, the feed's readers), leaves that core
