@@ -1,8 +1,8 @@
 """CPU placement of the GPU engine's threads: a core of its own for the hardware decoder's thread.
 
 The GPU pipeline runs at the pace of the one thread that drives the hardware JPEG engine: it is busy
-nearly all the time, over 90% of it in nvJPEG's host work for each call (``nvjpegDecodeBatched``;
-``hw_nvjpeg`` in the decoder's timings). When the scheduler puts another of the pipeline's threads (the CUDA decoder's workers, the feed's
+nearly all the time, over 90% of it in nvJPEG's calls (``hw_nvjpeg`` against ``hw`` in the decoder's
+timings, ``benchmarks/memory_study.py --stages``). When the scheduler puts another of the pipeline's threads (the CUDA decoder's workers, the feed's
 reader processes, the consuming thread) on its core, the whole pipeline waits. :func:`reserve` takes
 one core for it: the thread that builds the engine, and so every thread and process started from it
 afterwards (the decoders' worker threads, the CUDA driver's, the feed's readers), leaves that core
@@ -40,15 +40,16 @@ def _siblings(cpu: int) -> set[int]:
     return out
 
 
-def plan(cpus: set[int], device_index: int = 0, siblings=_siblings) -> tuple[int, set[int]] | None:
+def plan(cpus: set[int], device_index: int = 0, siblings=None) -> tuple[int, set[int]] | None:
     """(the core for the hardware decoder's thread, the cores everything else keeps) out of ``cpus``,
-    or None where too few are usable: the ``device_index``-th core from the last, its siblings left out."""
+    or None where too few are usable: the ``device_index``-th core from the last, its siblings
+    (``siblings(cpu)``, by default :func:`_siblings`) left out."""
     if len(cpus) < MIN_CPUS:
         return None
     ordered = sorted(cpus)
     core = ordered[-1 - device_index % len(ordered)]
-    others = cpus - siblings(core)
-    if len(others) < MIN_CPUS - 2:  # siblings took too much
+    others = cpus - (siblings or _siblings)(core)
+    if not others or len(others) < MIN_CPUS - 2:  # siblings took too much
         return None
     return core, others
 

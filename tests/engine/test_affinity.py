@@ -107,3 +107,11 @@ def test_reserve_can_be_turned_off(two_cores, monkeypatch):
 def test_reserve_needs_enough_cores(monkeypatch):
     monkeypatch.setattr(affinity, "MIN_CPUS", 10_000)
     assert _in_thread(lambda: affinity.reserve(0)) is None
+
+
+@linux
+def test_reserve_leaves_out_the_cores_hyperthreads(two_cores, monkeypatch):
+    cpus = two_cores
+    monkeypatch.setattr(affinity, "_siblings", lambda c: set(cpus))  # every core shares the reserved one's
+    assert _in_thread(lambda: (affinity.reserve(0), os.sched_getaffinity(0))) == (None, cpus)
+    assert affinity.plan(set(range(16)), 0, lambda c: set(range(16))) is None  # nothing left for the rest
