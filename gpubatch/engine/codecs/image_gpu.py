@@ -450,7 +450,7 @@ class _Job:
     """One decoder's part of a batch, ready for its decode calls (``GpuImageDecoder._prepare``)."""
 
     hw: bool
-    lists: list[list[int]]  # item indices: one list per call (after _prepare, only those given a place)
+    lists: list[list[int]]  # item indices: one list per call
     stream: Any  # the decoder's stream
     consumer: Any  # the stream the batch's readers run on
     sink: Any = None  # a weak reference to the batch's DecodeResult (None: the results are dropped)
@@ -1049,11 +1049,9 @@ class GpuImageDecoder:
                 self._ring_bind(job, [i for i in idx if i in shapes], shapes, turns)
         else:
             self._bind(job, shapes, turns)
-        # each call's items that have a place (the others failed here), and on the direct path each call's
-        # arrays: made here, not in the decoder's thread (the hardware engine's is the pipeline's pace)
-        job.lists = [[i for i in idx if i in job.views] for idx in lists]
-        if job.direct:
-            job.args = [call_args([job.sources[i] for i in idx], [job.outputs[i] for i in idx]) for idx in job.lists]
+        if job.direct:  # each call's arrays made here, not in the hardware engine's thread (the pipeline's pace)
+            calls = [[i for i in idx if i in job.views] for idx in lists]
+            job.args = [call_args([job.sources[i] for i in idx], [job.outputs[i] for i in idx]) for idx in calls]
         self.timings["hw_wrap" if hw else "cuda_wrap"] += time.perf_counter() - t0
         return job
 
@@ -1221,12 +1219,13 @@ class GpuImageDecoder:
 
     def _calls(self, job: _Job, kinds: list[str | None]) -> list[int]:
         """The decode calls of :meth:`_run`; returns what the hardware engine failed."""
-        cp, part, streams, images = self.cp, job.part, job.streams, job.images
+        cp, part, streams, images, views = self.cp, job.part, job.streams, job.images, job.views
         t0 = time.perf_counter()
         done: list[tuple[int, bool]] = []
         retry: list[int] = []
         with cp.cuda.Device(self.device_index):
             for k, idx in enumerate(job.lists):
+                idx = [i for i in idx if i in views]
                 if not idx:
                     continue
                 owner = None
