@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,28 +50,29 @@ def run_pipeline(name: str, args) -> dict:
     ops = ([RandomResizedCrop(224), Flip(p=0.5), Normalize(layout="CHW", dtype="float16")] if chain == "train"
            else [ResizeShorter(256), CenterCrop(224), Normalize(layout="CHW", dtype="float16")])
     device = "gpu" if name.startswith("gpu") else "cpu"
-    io = ThreadPoolExecutor(4)  # reader threads: more slow the decoders (they share the GIL)
     B = args.batch_size
-
-    def batches(limit: int):
-        for i in range(0, limit, B):
-            yield list(io.map(Path.read_bytes, files[i : i + B])), keys[i : i + B]
+    per_pass = -(-len(files) // B)
 
     with ImagePipeline(ops, device=device, seed=0) as pipe:
         sync = pipe.engine.stream.synchronize if pipe.engine else (lambda: None)
-        for _ in pipe.iterate(batches(min(len(files), 4 * B))):
-            pass
+        # the files read as every user of the pipeline reads them (iterate_files: reader processes on the
+        # GPU path, the pipeline's worker processes on the CPU path), cycled; a pass is one set's batches
+        it = pipe.iterate_files(files, keys, B, repeat=True)
+        for _ in range(min(per_pass, 4)):
+            next(it)
         sync()
         rates, lat = [], []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            last = t0
-            for _out in pipe.iterate(batches(len(files))):
+            last, n = t0, 0
+            for _ in range(per_pass):
+                n += len(next(it))
                 sync()
                 now = time.perf_counter()
                 lat.append(now - last)
                 last = now
-            rates.append(len(files) / (time.perf_counter() - t0))
+            rates.append(n / (time.perf_counter() - t0))
+        it.close()
         stats = dict(pipe.stats)
         timings = {k: round(v, 3) for k, v in pipe.timings.items()}
         if pipe.engine is not None:

@@ -1049,9 +1049,9 @@ class GpuImageDecoder:
                 self._ring_bind(job, [i for i in idx if i in shapes], shapes, turns)
         else:
             self._bind(job, shapes, turns)
+        job.lists = [[i for i in idx if i in job.views] for idx in lists]  # each call's items that have places
         if job.direct:  # each call's arrays made here, not in the hardware engine's thread (the pipeline's pace)
-            calls = [[i for i in idx if i in job.views] for idx in lists]
-            job.args = [call_args([job.sources[i] for i in idx], [job.outputs[i] for i in idx]) for idx in calls]
+            job.args = [call_args([job.sources[i] for i in idx], [job.outputs[i] for i in idx]) for idx in job.lists]
         self.timings["hw_wrap" if hw else "cuda_wrap"] += time.perf_counter() - t0
         return job
 
@@ -1219,13 +1219,12 @@ class GpuImageDecoder:
 
     def _calls(self, job: _Job, kinds: list[str | None]) -> list[int]:
         """The decode calls of :meth:`_run`; returns what the hardware engine failed."""
-        cp, part, streams, images, views = self.cp, job.part, job.streams, job.images, job.views
+        cp, part, streams, images = self.cp, job.part, job.streams, job.images
         t0 = time.perf_counter()
         done: list[tuple[int, bool]] = []
         retry: list[int] = []
         with cp.cuda.Device(self.device_index):
-            for k, idx in enumerate(job.lists):
-                idx = [i for i in idx if i in views]
+            for k, idx in enumerate(job.lists):  # (each call's items with places: _prepare)
                 if not idx:
                     continue
                 owner = None
