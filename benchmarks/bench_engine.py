@@ -60,7 +60,7 @@ def run_pipeline(name: str, args) -> dict:
         # the files read as every user of the pipeline reads them (iterate_files: reader processes on the
         # GPU path, the pipeline's worker processes on the CPU path), cycled; a pass is one set's batches
         it = pipe.iterate_files(files, keys, B, repeat=True)
-        for _ in range(min(per_pass, 4)):
+        for _ in range(per_pass):  # the warm-up pass (the decoders' buffers grow to the set's sizes)
             next(it)
         sync()
         rates, lat = [], []
