@@ -616,19 +616,43 @@ dec.close()
 del kept, part
 gc.collect()
 again = GpuImageDecoder(0, 4, api="c")
+
+
+def cycle(chunk):  # batches and the stream they were decoded for in a reference cycle, as a test's
+    local = cp.cuda.Stream(non_blocking=True)  # kept traceback holds them: the collector may finalize
+    got = [again.decode(blobs, local, order=False, wait=False, chunk=chunk) for _ in range(2)]  # the stream
+    part = next(got[0].chunks(local)) if chunk else got[0].wait()  # and its events first
+    box = [local, got, part]
+    box.append(box)
+
+
+for chunk in (0, 256, 0, 256):
+    cycle(chunk)
+gc.collect()
 res = again.decode(blobs, stream)
 stream.synchronize()
 assert all(a is not None for a in res.arrays) and res.hw > 0
 del res
-again.close()
+for chunk in (0, 256):
+    cycle(chunk)
+again.close()  # collected after their decoder closed
+gc.collect()
+last = GpuImageDecoder(0, 4, api="c")
+res = last.decode(blobs, stream)
+stream.synchronize()
+assert all(a is not None for a in res.arrays) and res.hw > 0
+del res
+last.close()
 print("survived")
 """
 
 
 def test_batches_that_outlive_their_decoder_free_safely():
     """Decoded batches still held when their decoder closes (read, unread, half-read in chunks, and one
-    whose hardware call raised, kept by its traceback) free their memory when dropped afterwards, and a
-    new decoder works: the process neither crashes nor hangs (a subprocess of its own)."""
+    whose hardware call raised, kept by its traceback) free their memory when dropped afterwards, and so
+    do batches collected in a reference cycle with the stream they were decoded for (whose CUDA stream
+    and events the collector may destroy first), before and after their decoder closes; a new decoder
+    then works: the process neither crashes nor hangs (a subprocess of its own)."""
     import os
     import subprocess
     from pathlib import Path

@@ -164,7 +164,7 @@ class DecodeResult:
                 on.wait_event(event)
                 if isinstance(owner, (_Slab, _Chunk)):
                     owner.event = None
-                    owner.consumer = on  # its memory is freed (or handed back) after the work on ``on``
+                    owner.consumer = _stream_ref(on)  # its memory is freed (or handed back) after the work on ``on``
             owner = None
             if items:
                 yield items, on
@@ -250,7 +250,9 @@ def _process_stream(cp, device_index: int, name: str, high: bool = False):
             ptr = rt.streamCreateWithPriority(1, -1024)  # the driver clamps it to the greatest priority
         else:
             ptr = rt.streamCreateWithFlags(1)  # cudaStreamNonBlocking
-        _STREAMS[key] = cp.cuda.ExternalStream(ptr, device_index)
+        with warnings.catch_warnings():  # (CuPy 14 deprecates ExternalStream for Stream.from_external, whose
+            warnings.simplefilter("ignore", DeprecationWarning)  # Stream would destroy the handle when collected)
+            _STREAMS[key] = cp.cuda.ExternalStream(ptr, device_index)
     return _STREAMS[key]
 
 
@@ -348,6 +350,46 @@ def _keep_freed_memory(cp, device_index: int) -> bool:
     return True
 
 
+def _stream_ref(stream: Any) -> Any:
+    """A weak reference to a consumer's ``stream`` for the finalizers below (called: the stream, or None
+    once it is gone). CuPy destroys a stream's handle in its finalizer, and the garbage collector runs
+    the finalizers of a reference cycle (a test's kept traceback holding a stream and the batches
+    decoded for it) in any order, so a finalizer holding the stream itself may use a destroyed handle
+    (a segmentation fault). The collector clears weak references before it runs finalizers, so a
+    finalizer sees None instead, and waits for the device."""
+    try:
+        return weakref.ref(stream)
+    except TypeError:  # (a stream type without weak references: held)
+        return lambda: stream
+
+
+@functools.cache
+def _event_class(cp: Any) -> Any:
+    class OwnedEvent(cp.cuda.Event):
+        """A CuPy event (no timing) whose handle reads 0 once destroyed, so that a finalizer that would
+        wait on it (collected with it, in any order: see :func:`_stream_ref`) can tell."""
+
+        def __init__(self) -> None:
+            super().__init__(disable_timing=True)
+
+        def __del__(self) -> None:
+            super().__del__()
+            self.ptr = 0
+
+    return OwnedEvent
+
+
+def _gone(consumer: Any, event: Any) -> bool:
+    """Whether a finalizer's consumer stream or the decode-end ``event`` it would wait on is gone; if
+    so, it has waited for the whole device instead."""
+    if consumer is not None and (event is None or event.ptr):
+        return False
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()
+    return True
+
+
 class _Slab:
     """One decoder's part of a batch, decoded: a stream-ordered allocation from the driver's pool, made on the
     decoder's stream and freed (``cudaFreeAsync``) on the consumer's stream when the last reference
@@ -356,21 +398,26 @@ class _Slab:
     that batch's decode stream wait on it where it must). ``event`` is the decode's end on the
     decoder's stream while the consumer has not waited for it (:meth:`DecodeResult.order` clears it):
     a result dropped unread makes the consumer wait for it before the free, so no later batch gets the
-    memory while the decoder still writes it."""
+    memory while the decoder still writes it. ``consumer`` is a :func:`_stream_ref`: where the stream
+    or the event is gone first, the free waits for the whole device."""
 
     __slots__ = ("ptr", "consumer", "runtime", "event")
 
     def __init__(self, cp, size: int, stream: Any, consumer: Any):
         self.runtime = cp.cuda.runtime
         self.ptr = self.runtime.mallocAsync(size, stream.ptr)
-        self.consumer = consumer
+        self.consumer = _stream_ref(consumer)
         self.event = None
 
     def __del__(self) -> None:
         try:
-            if self.event is not None:
-                self.consumer.wait_event(self.event)
-            self.runtime.freeAsync(self.ptr, self.consumer.ptr)
+            consumer, event = self.consumer(), self.event
+            if _gone(consumer, event):
+                self.runtime.freeAsync(self.ptr, 0)
+                return
+            if event is not None:
+                consumer.wait_event(event)
+            self.runtime.freeAsync(self.ptr, consumer.ptr)
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
 
@@ -389,11 +436,13 @@ class _Release:
     __slots__ = ("images", "consumer", "sink")
 
     def __init__(self, images: list[Any], consumer: Any, sink: deque):
-        self.images, self.consumer, self.sink = images, consumer, sink
+        self.images, self.consumer, self.sink = images, _stream_ref(consumer), sink
 
     def __del__(self) -> None:
         try:
-            self.sink.append((self.consumer.record(), self.images))
+            consumer = self.consumer()
+            if not _gone(consumer, None):  # (else the device is idle: the images go now)
+                self.sink.append((consumer.record(), self.images))
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
         self.images = None
@@ -419,18 +468,23 @@ class _Chunk:
     """Owns the images one decode call made in a :class:`_RingSlot`: dropping the last of them records
     the consumer's progress and hands the slot back to the decoder. ``event``: the decode's end on the
     decoder's stream while the consumer has not waited for it (a chunk dropped unread makes the
-    consumer wait for it first, so the slot is never reused under a running decode)."""
+    consumer wait for it first, so the slot is never reused under a running decode). ``consumer``: as
+    :class:`_Slab`'s (where it or the event is gone, the slot goes back once the device is idle)."""
 
     __slots__ = ("slot", "consumer", "event")
 
     def __init__(self, slot: _RingSlot, consumer: Any):
-        self.slot, self.consumer, self.event = slot, consumer, None
+        self.slot, self.consumer, self.event = slot, _stream_ref(consumer), None
 
     def __del__(self) -> None:
         try:
-            if self.event is not None:
-                self.consumer.wait_event(self.event)
-            self.slot.release = self.consumer.record()
+            consumer, event = self.consumer(), self.event
+            if _gone(consumer, event):
+                self.slot.release = None
+            else:
+                if event is not None:
+                    consumer.wait_event(event)
+                self.slot.release = consumer.record()
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
         self.slot.free.release()
@@ -1269,7 +1323,7 @@ class GpuImageDecoder:
     def _publish(self, job: _Job, done: list[tuple[int, bool]], owner: Any) -> None:
         """Post the images of ``done`` (item, decoded) in ``owner``'s memory with the decode's end event;
         what the CUDA decoder failed goes to the CPU."""
-        event = job.stream.record()
+        event = job.stream.record(_event_class(self.cp)())  # (an event a finalizer can tell is gone)
         if not isinstance(owner, _Release):
             owner.event = event  # until the consumer waits for it
         views = []  # (item, address, shape, row pitch, sampling): the consumer makes the DeviceImages (_gather)
