@@ -379,15 +379,19 @@ def _event_class(cp: Any) -> Any:
     return OwnedEvent
 
 
-def _gone(consumer: Any, event: Any) -> bool:
-    """Whether a finalizer's consumer stream or the decode-end ``event`` it would wait on is gone; if
-    so, it has waited for the whole device instead."""
-    if consumer is not None and (event is None or event.ptr):
-        return False
+def _readers_after(consumer: Any, event: Any) -> Any:
+    """For a finalizer: the consumer's stream (``consumer``, a :func:`_stream_ref`), made to wait for the
+    decode-end ``event`` if one is given; or None, once the whole device has been waited for, where the
+    stream or the event is gone (collected first)."""
+    stream = consumer()
+    if stream is not None and (event is None or event.ptr):
+        if event is not None:
+            stream.wait_event(event)
+        return stream
     import cupy
 
     cupy.cuda.runtime.deviceSynchronize()
-    return True
+    return None
 
 
 class _Slab:
@@ -411,13 +415,8 @@ class _Slab:
 
     def __del__(self) -> None:
         try:
-            consumer, event = self.consumer(), self.event
-            if _gone(consumer, event):
-                self.runtime.freeAsync(self.ptr, 0)
-                return
-            if event is not None:
-                consumer.wait_event(event)
-            self.runtime.freeAsync(self.ptr, consumer.ptr)
+            stream = _readers_after(self.consumer, self.event)
+            self.runtime.freeAsync(self.ptr, stream.ptr if stream is not None else 0)
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
 
@@ -440,9 +439,9 @@ class _Release:
 
     def __del__(self) -> None:
         try:
-            consumer = self.consumer()
-            if not _gone(consumer, None):  # (else the device is idle: the images go now)
-                self.sink.append((consumer.record(), self.images))
+            stream = _readers_after(self.consumer, None)
+            if stream is not None:  # (else the device is idle: the images go now)
+                self.sink.append((stream.record(), self.images))
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
         self.images = None
@@ -478,13 +477,8 @@ class _Chunk:
 
     def __del__(self) -> None:
         try:
-            consumer, event = self.consumer(), self.event
-            if _gone(consumer, event):
-                self.slot.release = None
-            else:
-                if event is not None:
-                    consumer.wait_event(event)
-                self.slot.release = consumer.record()
+            stream = _readers_after(self.consumer, self.event)
+            self.slot.release = stream.record() if stream is not None else None
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
         self.slot.free.release()
