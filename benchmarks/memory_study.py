@@ -47,9 +47,9 @@ threads, ``GpuImageDecoder.HW_THREADS``), ``direct`` (0: the hardware engine thr
 hardware decoder instead of nvJPEG directly, ``image_gpu.HW_DIRECT``), ``planes`` (``always``, ``chunked`` or ``never``:
 when the direct path decodes 4:2:0 and 4:2:2 images into their planes instead of interleaved RGB,
 ``image_gpu.HW_PLANES``), ``prio`` (the decoder streams made at the device's greatest
-priority: ``hw``, ``cuda`` or ``hw+cuda``, ``image_gpu.HIGH_PRIORITY``), ``alloc`` (``count`` or ``pool``: give nvImageCodec's decoders
+priority: ``hw``, ``cuda`` or ``hw+cuda``, ``image_gpu.HIGH_PRIORITY``), ``alloc`` (``count``, ``pool`` or ``cache``: give nvImageCodec's decoders
 allocators of ours that count nvJPEG's own device and pinned memory, from ``cudaMalloc`` or from the
-stream-ordered pool), ``profile`` (1: wall time per function, cProfile, over the timed windows; in Python 3.12
+stream-ordered pool; ``cache`` also keeps freed pinned blocks for reuse instead of ``cudaFreeHost``), ``busy`` (that many busy processes at nice 19 beside the run, ``gpubatch bench --busy``), ``profile`` (1: wall time per function, cProfile, over the timed windows; in Python 3.12
 it sees every thread, and slows them), ``gil`` (ms of pure-Python work, the GIL held, added to each batch's hand-over: how
 much the pipeline suffers from other threads holding the GIL). ``--threads`` prints the CPU cores each thread (pool) of the process, and its
 child processes together, kept busy during the timed windows; ``--gil-probe`` how late a thread
@@ -183,7 +183,11 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     pipe.engine.stream.synchronize()
     out["after_pass_mib"] = mib()
     out["cupy_pool_mib"] = cp.get_default_memory_pool().total_bytes() >> 20  # kernel outputs, tables
+    from gpubatch.bench.measure import CpuUse
+
     before, _ = thread_cpu()
+    host = CpuUse()
+    alloc_before = {k: (v["n"], v.get("frees", 0)) for k, v in counted.items()} if counted is not None else {}
     prof = None
     if knobs.get("profile") == "1":  # wall time per function (cProfile: every thread in 3.12), timed windows
         import cProfile
@@ -205,6 +209,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         prof.disable()
         out["profile"] = _top_functions(prof, 22)
     after, counts = thread_cpu()
+    host.stop()
+    out["host_cpu"] = host.host
     wall = res["seconds"]
     out["threads"] = {(f"{k} ({counts[k]})" if k in counts else k): round((v - before.get(k, 0.0)) / wall, 2)
                       for k, v in after.items()}
@@ -218,7 +224,9 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     out["ring_waits"] = pipe.engine.decoder.ring_waits  # chunk calls that took a buffer of their own
     if counted is not None:
         out["decoder_alloc"] = {k: {"peak_mib": round(v["peak"] / 2**20, 1), "now_mib": round(v["now"] / 2**20, 1),
-                                    "mallocs": v["n"], "largest_mib": round(v["big"] / 2**20, 2)}
+                                    "mallocs": v["n"], "frees": v.get("frees", 0), "largest_mib": round(v["big"] / 2**20, 2),
+                                    "timed_mallocs_frees": (v["n"] - alloc_before.get(k, (0, 0))[0],
+                                                            v.get("frees", 0) - alloc_before.get(k, (0, 0))[1])}
                                 for k, v in counted.items()}
     out["stage_s"] = {k: round(v, 2) for k, v in {**pipe.timings, **pipe.engine.decoder.timings}.items() if v}
     it.close()
@@ -304,16 +312,41 @@ def _count_allocations(how: str) -> dict[str, dict[str, int]]:
     def free(give):
         def call(ctx, ptr, size, stream):
             if ptr:
+                stats.setdefault(kinds[ctx], {"now": 0, "peak": 0, "n": 0, "big": 0})
+                stats[kinds[ctx]]["frees"] = stats[kinds[ctx]].get("frees", 0) + 1
                 forget(ptr)
                 give(ptr, stream or 0)
             return 0
 
         return free_t(call)
 
-    pool = how == "pool"
+    pool = how in ("pool", "cache")
     device = (malloc(rt.mallocAsync if pool else lambda n, _s: rt.malloc(n)),
               free(rt.freeAsync if pool else lambda p, _s: rt.free(p)))
     pinned = (malloc(lambda n, _s: rt.hostAlloc(n, 0)), free(lambda p, _s: rt.freeHost(p)))
+    if how == "cache":  # pinned blocks kept for reuse, never given back (cudaFreeHost waits for the device)
+        import threading
+
+        lock, kept, block = threading.Lock(), {}, {}
+
+        def bucket(n: int) -> int:
+            return 1 << max(12, (n - 1).bit_length())
+
+        def take(n: int, _s: int) -> int:
+            b = bucket(n)
+            with lock:
+                if kept.get(b):
+                    return kept[b].pop()
+            p = rt.hostAlloc(b, 0)
+            with lock:
+                block[p] = b
+            return p
+
+        def give(p: int, _s: int) -> None:
+            with lock:
+                kept.setdefault(block[p], []).append(p)
+
+        pinned = (malloc(take), free(give))
 
     class Allocator(C.Structure):  # nvimgcodecDeviceAllocator_t and nvimgcodecPinnedAllocator_t alike
         _fields_ = nc._head() + [("malloc", malloc_t), ("free", free_t), ("ctx", C.c_void_p), ("padding", C.c_size_t)]
@@ -462,7 +495,11 @@ def _child(args: argparse.Namespace, one: str) -> tuple[object, str | None]:
     last line it wrote to stderr)."""
     cmd = [sys.executable, __file__, "--one", one, "--images", str(args.images), "--chain", args.chain,
            "--seconds", str(args.seconds), "--data", args.data, "--mix", args.mix]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    from gpubatch.bench.measure import BusyLoad
+
+    knobs = dict(kv.split("=", 1) for kv in one.split(",") if "=" in kv)
+    with BusyLoad(int(knobs.get("busy", 0))):  # busy processes at nice 19 beside the run (bench --busy)
+        p = subprocess.run(cmd, capture_output=True, text=True)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         return None, (p.stderr.strip().splitlines() or ["?"])[-1]
@@ -518,8 +555,9 @@ def main() -> None:
             continue
         print(f"{cfg:34s} {r['context_mib']:8d} {r['engine_mib']:8d} {r['after_pass_mib']:8d} {r['peak_mib']:8d} "
               f"{r['images_per_s']:9,d} {r['cupy_pool_mib']:9d} {r['driver_pool_high_mib']:8d} "
-              f"{r['driver_used_high_mib']:7d} {r['not_on_gpu']:5d} {r['ring_waits']:5d}",
-              flush=True)
+              f"{r['driver_used_high_mib']:7d} {r['not_on_gpu']:5d} {r['ring_waits']:5d}"
+              + (f"  host: {r['host_cpu']['others']} cores busy elsewhere, {r['host_cpu']['steal']} stolen"
+                 if r.get("host_cpu") else ""), flush=True)
         if args.stages:
             print(f"{'':34s} seconds per stage, whole run: {r['stage_s']}", flush=True)
         if "gil_wait_us" in r:

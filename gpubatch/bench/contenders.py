@@ -78,6 +78,7 @@ def run_gpubatch(a: dict, device: str) -> dict:
         sampler.measuring = True
     res = timed_windows(step, a["seconds"], warmup=warmup_batches(a), sync=sync)
     res["cpu_cores_used"] = cpu.stop()
+    res["host_cpu"] = cpu.host
     if eng is None:  # the worker processes read, decode and run the ops: one stage seen from here
         stages = {"workers (read, decode, ops)": pipe.timings["workers"]}
     else:
@@ -216,6 +217,7 @@ def run_dataloader(a: dict) -> dict:
     warm = max(warmup_batches(a), 2 * workers)
     res = timed_windows(step, a["seconds"], warmup=warm)
     res["cpu_cores_used"] = cpu.stop()
+    res["host_cpu"] = cpu.host
     res["workers"], res["warmup_batches"] = workers, warm
     return res
 
@@ -313,7 +315,10 @@ def run_dali(a: dict, setting: str = "best") -> dict:
 
         sync = cp.cuda.runtime.deviceSynchronize
     sampler.measuring = True
+    cpu = CpuUse()
     res = timed_windows(lambda: (p.run(), a["batch_size"])[1], a["seconds"], warmup=warmup_batches(a), sync=sync)
+    res["cpu_cores_used"] = cpu.stop()
+    res["host_cpu"] = cpu.host
     res.update(sampler.stop())
     res["setting"] = setting
     return res

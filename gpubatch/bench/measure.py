@@ -97,13 +97,30 @@ def tree_cpu_seconds() -> dict[int, float]:
     return {p: stats[p][1] for p in tree if p in stats}
 
 
+def host_cpu_ticks() -> list[int] | None:
+    """The machine's CPU time so far, in clock ticks, from /proc/stat's first line: [busy (user, nice,
+    system, irq, softirq), idle (idle, iowait), steal]; None where unreadable (not Linux)."""
+    try:
+        with open("/proc/stat") as fh:
+            f = [int(x) for x in fh.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    f += [0] * (8 - len(f))
+    return [f[0] + f[1] + f[2] + f[5] + f[6], f[3] + f[4], f[7]]
+
+
 class CpuUse:
     """CPU cores busy on average, between construction and :meth:`stop`, in this process and every live
-    descendant (worker pools, a forkserver's workers), from /proc; elsewhere this process only."""
+    descendant (worker pools, a forkserver's workers), from /proc; elsewhere this process only.
+    :attr:`host` (after :meth:`stop`) says how loaded the whole machine was meanwhile: cores busy in
+    other processes (``others``) and cores the hypervisor gave to other machines (``steal``): a run
+    beside busy neighbours is slower, whatever the tool (RESULTS.md, twenty-first session)."""
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
         self.c0 = self._cpu()
+        self.h0 = host_cpu_ticks()
+        self.host: dict[str, float] = {}
 
     @staticmethod
     def _cpu() -> float:
@@ -114,7 +131,41 @@ class CpuUse:
             return r.ru_utime + r.ru_stime
 
     def stop(self) -> float:
-        return (self._cpu() - self.c0) / max(time.perf_counter() - self.t0, 1e-9)
+        """Cores busy in this process tree; fills :attr:`host`."""
+        import os
+
+        wall = max(time.perf_counter() - self.t0, 1e-9)
+        ours = (self._cpu() - self.c0) / wall
+        h1 = host_cpu_ticks()
+        if self.h0 is not None and h1 is not None:
+            busy, _, steal = ((b - a) / os.sysconf("SC_CLK_TCK") / wall for a, b in zip(self.h0, h1))
+            self.host = {"others": round(max(0.0, busy - ours), 2), "steal": round(steal, 2)}
+        return ours
+
+
+class BusyLoad:
+    """``n`` busy single-threaded processes at the lowest priority (nice 19) while the ``with`` block
+    runs: the machine as it is when other jobs share it (``gpubatch bench --busy N``). Each spins in
+    Python and takes no memory to speak of; the block's end stops them."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.procs: list[Any] = []
+
+    def __enter__(self) -> BusyLoad:
+        import subprocess
+        import sys
+
+        code = "import os\nos.nice(19)\nwhile True:\n    pass\n"
+        self.procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(self.n)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+        self.procs = []
 
 
 class GpuSampler:

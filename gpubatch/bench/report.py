@@ -35,6 +35,12 @@ def rows(result: dict[str, Any], chain: str) -> list[tuple[str, dict[str, Any], 
     return out
 
 
+# cores busy elsewhere on the machine (other processes, or taken by the hypervisor) from which a
+# contender's row gets a note: eight busy single-threaded processes on 16 cores halved gpubatch's
+# training chain and cost DALI 16% (RESULTS.md, twenty-first session)
+BUSY_NOTE = 1.0
+
+
 def _notes(result: dict[str, Any], chain: str) -> list[str]:
     notes = []
     for name, r in result["results"][chain].items():
@@ -55,6 +61,11 @@ def _notes(result: dict[str, Any], chain: str) -> list[str]:
                             f"({fed / ceiling:.0%} of that reached)")
             notes.append(f"--with-model {md['model']} ({name}): model alone {alone:,.0f} images/s, "
                          f"model + pipeline {fed:,.0f}: {verdict}")
+        host = r.get("host_cpu") or {}
+        if host.get("others", 0) >= BUSY_NOTE or host.get("steal", 0) >= BUSY_NOTE:
+            notes.append(f"busy machine ({name}): {host.get('others', 0):.1f} cores busy in other processes, "
+                         f"{host.get('steal', 0):.1f} taken by the hypervisor during the run; figures from a busy "
+                         "machine are lower than the tool's own speed")
         if r.get("stages_s"):
             notes.append(f"stages ({name}, seconds): " + ", ".join(f"{k} {v:.2f}" for k, v in r["stages_s"].items()))
     return notes
@@ -69,7 +80,8 @@ def _header(result: dict[str, Any]) -> list[str]:
         f"data: {data['images']} JPEGs ({data['kind']}) at {data['path']}; page cache {data['page_cache']}",
         f"method: batch {s['batch_size']}, {s['warmup_batches']} warm-up batches excluded, median of {s['windows']} "
         f"windows over {s['seconds']} s, GPU synchronized before every clock read; command: {env['command']}",
-    ]
+    ] + ([f"load: {s['busy_processes']} busy processes (nice 19) ran beside every contender (--busy)"]
+         if s.get("busy_processes") else [])
 
 
 def render_terminal(result: dict[str, Any], console: Any) -> None:

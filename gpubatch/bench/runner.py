@@ -96,8 +96,22 @@ def run_contender(args: dict[str, Any], timeout: float) -> dict[str, Any]:
 def run_bench(model: str, data: Path | None = None, synthetic: int | None = None, batch_size: int = 256,
               seconds: float = 10.0, device: str = "auto", baselines: list[str] | None = None,
               sweep: str | None = None, with_model: bool = False, gpu: int = 0, images: int | None = None,
-              argv: list[str] | None = None, say: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Benchmark ``model``'s chains; see the module docstring for what comes back."""
+              argv: list[str] | None = None, say: Callable[[str], None] = lambda s: None,
+              busy: int = 0) -> dict[str, Any]:
+    """Benchmark ``model``'s chains; see the module docstring for what comes back. ``busy``: that many
+    busy processes run beside every contender (:class:`~gpubatch.bench.measure.BusyLoad`)."""
+    from .measure import BusyLoad
+
+    with BusyLoad(busy) as load:
+        if busy:
+            say(f"{busy} busy processes at nice 19 run beside the contenders")
+        return _run_bench(model, data, synthetic, batch_size, seconds, device, baselines, sweep, with_model, gpu,
+                          images, argv, say, load.n)
+
+
+def _run_bench(model: str, data: Path | None, synthetic: int | None, batch_size: int, seconds: float, device: str,
+               baselines: list[str] | None, sweep: str | None, with_model: bool, gpu: int, images: int | None,
+               argv: list[str] | None, say: Callable[[str], None], busy: int) -> dict[str, Any]:
     from ..engine.device import resolve
 
     m = get_model(model)
@@ -164,7 +178,7 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
     return {"schema": SCHEMA, "model": {"name": m.name, "doc": m.doc, "chains": m.chains},
             "environment": environment(argv), "data": source,
             "settings": {"batch_size": batch_size, "seconds": seconds, "device": device, "contenders": contenders,
-                         "with_model": with_model, "windows": 5,
+                         "with_model": with_model, "windows": 5, "busy_processes": busy,
                          "warmup_batches": warmup_batches(base)},
             "results": results, "sweep": sweep_out}
 

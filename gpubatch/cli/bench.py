@@ -47,6 +47,9 @@ def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> No
                    "256; 0: whole batch parts, two batches of memory), sync "
                    "(how threads wait for the GPU: auto, spin, yield, blocking) or reserve_core (1: a CPU core of "
                    "its own for the hardware decoder's thread, the default on 8 cores or more; 0: none).")
+@click.option("--busy", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Run N busy single-threaded processes (nice 19) beside every contender: the machine as it is "
+                   "when other jobs share it.")
 @click.option("--with-model", is_flag=True, help="Also time a real training step fed by the pipeline (torch).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the result as JSON.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, metavar="FILE.html|FILE.md",

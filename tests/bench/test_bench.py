@@ -125,12 +125,14 @@ def test_cli_runs_on_the_cpu_and_writes_reports(tmp_path):
     data = make_jpeg_set(tmp_path / "jpegs", 24)
     r = run_cli("bench", "--model", "resnet50", "--data", data, "--batch-size", "8", "--seconds", "0.3",
                 "--device", "cpu", "--baselines", "gpubatch-cpu,gpubatch-gpu", "--json", tmp_path / "r.json",
-                "--report", tmp_path / "r.html")
+                "--report", tmp_path / "r.html", "--busy", "1")
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "r.json").read_text())
     assert res["schema"] == SCHEMA and set(res["results"]) == {"train", "val"}
+    assert res["settings"]["busy_processes"] == 1 and "1 busy processes (nice 19)" in r.stdout + r.stderr
     for chain in ("train", "val"):
         assert res["results"][chain]["gpubatch-cpu"]["images_per_s"] > 0
+        assert set(res["results"][chain]["gpubatch-cpu"]["host_cpu"]) == {"others", "steal"}
         assert "no GPU" in res["results"][chain]["gpubatch-gpu"]["skipped"]
     assert {"gpu", "cpu_model", "cpu_cores", "versions", "command", "date"} <= set(res["environment"])
     assert "<svg" in (tmp_path / "r.html").read_text()
@@ -172,3 +174,51 @@ def test_synthetic_set_takes_a_chroma_mix(tmp_path):
     make_jpeg_set(two, 24)  # fewer images, same seed and mix: the first 24 again, the 48's marker kept
     assert (two / ".complete-48-0").exists() and kinds(two) == default
     assert set(kinds(make_jpeg_set(two, 48, mix=(("4:2:0", 0.5), ("4:4:4", 0.5))))) == {"4:2:0", "4:4:4"}
+
+
+def test_a_busy_machine_is_named_in_the_report():
+    """Cores busy in other processes or taken by the hypervisor during a run get a note; an idle machine
+    none."""
+    r = _result()
+    row = r["results"]["train"]["gpubatch-gpu"]
+    row["host_cpu"] = {"others": 0.3, "steal": 0.0}
+    assert "busy machine" not in to_markdown(r)
+    row["host_cpu"] = {"others": 8.1, "steal": 0.2}
+    assert "busy machine (gpubatch-gpu): 8.1 cores busy in other processes, 0.2 taken by the hypervisor" in to_markdown(r)
+
+
+def test_cpu_use_reads_the_whole_machine(monkeypatch):
+    """CpuUse.host: the machine's busy cores less this process tree's, and the stolen ones, from
+    /proc/stat's ticks over the run."""
+    import gpubatch.bench.measure as m
+
+    ticks = iter([[1000, 5000, 10], [1000 + 900, 5000 + 700, 10 + 50]])  # over 1 s at 100 ticks/s
+    clock = iter([0.0, 1.0])
+    own = iter([2.0, 5.0])  # this tree: 3 cores
+    monkeypatch.setattr(m, "host_cpu_ticks", lambda: next(ticks))
+    monkeypatch.setattr(m.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(m.CpuUse, "_cpu", staticmethod(lambda: next(own)))
+    monkeypatch.setattr("os.sysconf", lambda name: 100)
+    use = m.CpuUse()
+    assert use.stop() == 3.0
+    assert use.host == {"others": 6.0, "steal": 0.5}
+
+
+def test_host_cpu_ticks_reads_proc_stat():
+    from gpubatch.bench.measure import host_cpu_ticks
+
+    t = host_cpu_ticks()
+    if t is None:
+        pytest.skip("no /proc/stat here")
+    assert len(t) == 3 and all(isinstance(x, int) and x >= 0 for x in t) and t[0] + t[1] > 0
+
+
+def test_busy_load_runs_its_processes_only_inside_the_block():
+    from gpubatch.bench.measure import BusyLoad
+
+    with BusyLoad(2) as load:
+        procs = list(load.procs)
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)
+    assert all(p.poll() is not None for p in procs) and load.procs == []
+    with BusyLoad(0) as load:
+        assert load.procs == []
