@@ -49,7 +49,9 @@ when the direct path decodes 4:2:0 and 4:2:2 images into their planes instead of
 ``image_gpu.HW_PLANES``), ``prio`` (the decoder streams made at the device's greatest
 priority: ``hw``, ``cuda`` or ``hw+cuda``, ``image_gpu.HIGH_PRIORITY``), ``alloc`` (``count``, ``pool`` or ``cache``: give nvImageCodec's decoders
 allocators of ours that count nvJPEG's own device and pinned memory, from ``cudaMalloc`` or from the
-stream-ordered pool; ``cache`` also keeps freed pinned blocks for reuse instead of ``cudaFreeHost``), ``busy`` (that many busy processes at nice 19 beside the run, ``gpubatch bench --busy``), ``profile`` (1: wall time per function, cProfile, over the timed windows; in Python 3.12
+stream-ordered pool; ``cache`` also keeps freed pinned blocks for reuse instead of ``cudaFreeHost``), ``busy`` (that many busy processes at nice 19 beside the run, ``gpubatch bench --busy``), ``nice`` / ``nice_readers``
+(the threads Python did not start, nvImageCodec's workers among them / the feed's processes set to this
+nice value after the warm-up pass), ``profile`` (1: wall time per function, cProfile, over the timed windows; in Python 3.12
 it sees every thread, and slows them), ``gil`` (ms of pure-Python work, the GIL held, added to each batch's hand-over: how
 much the pipeline suffers from other threads holding the GIL). ``--threads`` prints the CPU cores each thread (pool) of the process, and its
 child processes together, kept busy during the timed windows; ``--gil-probe`` how late a thread
@@ -181,6 +183,18 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     for _ in range(-(-len(files) // batch)):
         next(it)
     pipe.engine.stream.synchronize()
+    if "nice" in knobs or "nice_readers" in knobs:  # (study) native threads / the feed's processes at a lower priority
+        import threading
+
+        from gpubatch.bench.measure import tree_cpu_seconds
+
+        py = {t.native_id for t in threading.enumerate()}
+        for tid in os.listdir("/proc/self/task") if "nice" in knobs else ():
+            if int(tid) not in py:
+                os.setpriority(os.PRIO_PROCESS, int(tid), int(knobs["nice"]))
+        for pid in tree_cpu_seconds() if "nice_readers" in knobs else ():
+            if pid != os.getpid():
+                os.setpriority(os.PRIO_PROCESS, pid, int(knobs["nice_readers"]))
     out["after_pass_mib"] = mib()
     out["cupy_pool_mib"] = cp.get_default_memory_pool().total_bytes() >> 20  # kernel outputs, tables
     from gpubatch.bench.measure import CpuUse
