@@ -36,8 +36,8 @@ def rows(result: dict[str, Any], chain: str) -> list[tuple[str, dict[str, Any], 
 
 
 # cores busy elsewhere on the machine (other processes, or taken by the hypervisor) from which a
-# contender's row gets a note: eight busy single-threaded processes on 16 cores halved gpubatch's
-# training chain and cost DALI 16% (RESULTS.md, twenty-first session)
+# contender's row gets a note: eight busy single-threaded processes on 16 cores cost gpubatch's training
+# chain 45-55% and DALI's 12-16% (RESULTS.md, twenty-first session)
 BUSY_NOTE = 1.0
 
 

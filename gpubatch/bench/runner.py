@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import UsageError
 from . import MODELS, get_model
-from .measure import warmup_batches
+from .measure import BusyLoad, warmup_batches
 
 CONTENDERS = ("gpubatch-gpu", "gpubatch-cpu", "torch-dataloader", "dali", "dali-defaults")
 GPU_CONTENDERS = ("gpubatch-gpu", "dali", "dali-defaults")
@@ -100,18 +100,6 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
               busy: int = 0) -> dict[str, Any]:
     """Benchmark ``model``'s chains; see the module docstring for what comes back. ``busy``: that many
     busy processes run beside every contender (:class:`~gpubatch.bench.measure.BusyLoad`)."""
-    from .measure import BusyLoad
-
-    with BusyLoad(busy) as load:
-        if busy:
-            say(f"{busy} busy processes at nice 19 run beside the contenders")
-        return _run_bench(model, data, synthetic, batch_size, seconds, device, baselines, sweep, with_model, gpu,
-                          images, argv, say, load.n)
-
-
-def _run_bench(model: str, data: Path | None, synthetic: int | None, batch_size: int, seconds: float, device: str,
-               baselines: list[str] | None, sweep: str | None, with_model: bool, gpu: int, images: int | None,
-               argv: list[str] | None, say: Callable[[str], None], busy: int) -> dict[str, Any]:
     from ..engine.device import resolve
 
     m = get_model(model)
@@ -147,34 +135,37 @@ def _run_bench(model: str, data: Path | None, synthetic: int | None, batch_size:
     base = {"model": m.name, "data": str(data), "images": images or source["images"], "batch_size": batch_size,
             "seconds": seconds, "gpu": gpu, "with_model": with_model}
     timeout = 20 * seconds + 600
-    results: dict[str, dict[str, Any]] = {}
-    for chain in m.chains:
-        results[chain] = {}
-        for c in contenders:
-            if c in GPU_CONTENDERS and not gpu_ok:
-                reason = dev.reason if dev is not None else "--device cpu"
-                results[chain][c] = {"skipped": f"no GPU: {reason}"}
-                continue
-            say(f"{m.name}/{chain}: {c} ...")
-            results[chain][c] = run_contender({**base, "contender": c, "chain": chain}, timeout)
-        cpu = results[chain].get("gpubatch-cpu", {}).get("images_per_s")
-        for r in results[chain].values():
-            if cpu and "images_per_s" in r:
-                r["speedup_vs_cpu"] = r["images_per_s"] / cpu
-    sweep_out = None
-    if sweep_spec and gpu_ok:
-        name, values = sweep_spec
-        chain = next(iter(m.chains))
-        points = []
-        for v in values:
-            say(f"sweep {name}={v} ...")
-            args = {**base, "contender": "gpubatch-gpu", "chain": chain, "fidelity": False, "with_model": False,
-                    name: v}
-            r = run_contender(args, timeout)
-            points.append({"value": v, **{k: r.get(k) for k in ("images_per_s", "min", "max", "gpu_mem_gib", "error")}})
-        sweep_out = {"param": name, "chain": chain, "contender": "gpubatch-gpu", "points": points}
-    elif sweep_spec:
-        sweep_out = {"param": sweep_spec[0], "skipped": "the sweep runs the GPU contender; no GPU"}
+    if busy:
+        say(f"{busy} busy processes at nice 19 run beside the contenders")
+    with BusyLoad(busy):
+        results: dict[str, dict[str, Any]] = {}
+        for chain in m.chains:
+            results[chain] = {}
+            for c in contenders:
+                if c in GPU_CONTENDERS and not gpu_ok:
+                    reason = dev.reason if dev is not None else "--device cpu"
+                    results[chain][c] = {"skipped": f"no GPU: {reason}"}
+                    continue
+                say(f"{m.name}/{chain}: {c} ...")
+                results[chain][c] = run_contender({**base, "contender": c, "chain": chain}, timeout)
+            cpu = results[chain].get("gpubatch-cpu", {}).get("images_per_s")
+            for r in results[chain].values():
+                if cpu and "images_per_s" in r:
+                    r["speedup_vs_cpu"] = r["images_per_s"] / cpu
+        sweep_out = None
+        if sweep_spec and gpu_ok:
+            name, values = sweep_spec
+            chain = next(iter(m.chains))
+            points = []
+            for v in values:
+                say(f"sweep {name}={v} ...")
+                args = {**base, "contender": "gpubatch-gpu", "chain": chain, "fidelity": False, "with_model": False,
+                        name: v}
+                r = run_contender(args, timeout)
+                points.append({"value": v, **{k: r.get(k) for k in ("images_per_s", "min", "max", "gpu_mem_gib", "error")}})
+            sweep_out = {"param": name, "chain": chain, "contender": "gpubatch-gpu", "points": points}
+        elif sweep_spec:
+            sweep_out = {"param": sweep_spec[0], "skipped": "the sweep runs the GPU contender; no GPU"}
     return {"schema": SCHEMA, "model": {"name": m.name, "doc": m.doc, "chains": m.chains},
             "environment": environment(argv), "data": source,
             "settings": {"batch_size": batch_size, "seconds": seconds, "device": device, "contenders": contenders,
