@@ -49,7 +49,9 @@ when the direct path decodes 4:2:0 and 4:2:2 images into their planes instead of
 ``image_gpu.HW_PLANES``), ``prio`` (the decoder streams made at the device's greatest
 priority: ``hw``, ``cuda`` or ``hw+cuda``, ``image_gpu.HIGH_PRIORITY``), ``alloc`` (``count``, ``pool`` or ``cache``: give nvImageCodec's decoders
 allocators of ours that count nvJPEG's own device and pinned memory, from ``cudaMalloc`` or from the
-stream-ordered pool; ``cache`` also keeps freed pinned blocks for reuse instead of ``cudaFreeHost``), ``busy`` (that many busy processes at nice 19 beside the run, ``gpubatch bench --busy``), ``nice`` / ``nice_readers``
+stream-ordered pool; ``cache`` also keeps freed pinned blocks for reuse instead of ``cudaFreeHost``), ``busy`` (that many busy processes at nice 19 beside the run, ``gpubatch bench --busy``; ``busy_kind``
+``normal``: at nice 0, ``idle``: SCHED_IDLE), ``slice`` (us: the scheduler time slice the process's
+threads ask for, Linux 6.12+ ``sched_setattr``), ``nice`` / ``nice_readers``
 (the threads Python did not start, nvImageCodec's workers among them / the feed's processes set to this
 nice value after the warm-up pass), ``profile`` (1: wall time per function, cProfile, over the timed windows; in Python 3.12
 it sees every thread, and slows them), ``gil`` (ms of pure-Python work, the GIL held, added to each batch's hand-over: how
@@ -77,6 +79,8 @@ from gpubatch.bench.contenders import file_keys
 def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     from gpubatch.bench.measure import GpuSampler, timed_windows
 
+    if "slice" in knobs:  # us: time slices asked for this process's threads (EEVDF custom slice; inherited)
+        print(f"slice now {_ask_slice(int(float(knobs['slice']) * 1000))} ns", file=sys.stderr)
     if "connections" in knobs:  # CUDA_DEVICE_MAX_CONNECTIONS: the device's work queues streams map onto
         os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = knobs["connections"]
     from gpubatch.engine import gpu_executor
@@ -504,6 +508,27 @@ def breakdown(args: argparse.Namespace) -> list[tuple[str, int, str]]:
     return rows
 
 
+def _ask_slice(ns: int) -> int | None:
+    """Ask the scheduler (Linux 6.12+) for time slices of ``ns`` for the calling thread and what it
+    starts, its policy and nice value kept (``sched_setattr`` with ``sched_runtime``, x86-64); returns
+    the slice the kernel then reports, or None."""
+    import ctypes as C
+
+    class Attr(C.Structure):
+        _fields_ = [("size", C.c_uint32), ("policy", C.c_uint32), ("flags", C.c_uint64), ("nice", C.c_int32),
+                    ("priority", C.c_uint32), ("runtime", C.c_uint64), ("deadline", C.c_uint64), ("period", C.c_uint64)]
+
+    libc, attr = C.CDLL(None, use_errno=True), Attr()
+    set_nr, get_nr = 314, 315  # sched_setattr, sched_getattr (x86-64)
+    if libc.syscall(get_nr, 0, C.byref(attr), C.sizeof(Attr), 0) != 0 or attr.policy != 0:
+        return None
+    attr.size, attr.runtime = C.sizeof(Attr), ns
+    if libc.syscall(set_nr, 0, C.byref(attr), 0) != 0:
+        return None
+    libc.syscall(get_nr, 0, C.byref(attr), C.sizeof(Attr), 0)
+    return int(attr.runtime)
+
+
 def _child(args: argparse.Namespace, one: str) -> tuple[object, str | None]:
     """Run ``--one ONE`` in a fresh process (a fresh CUDA context): (its result, None), or (None, the
     last line it wrote to stderr)."""
@@ -512,7 +537,7 @@ def _child(args: argparse.Namespace, one: str) -> tuple[object, str | None]:
     from gpubatch.bench.measure import BusyLoad
 
     knobs = dict(kv.split("=", 1) for kv in one.split(",") if "=" in kv)
-    with BusyLoad(int(knobs.get("busy", 0))):  # busy processes at nice 19 beside the run (bench --busy)
+    with BusyLoad(int(knobs.get("busy", 0)), knobs.get("busy_kind", "nice")):  # beside the run (bench --busy)
         p = subprocess.run(cmd, capture_output=True, text=True)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:

@@ -144,19 +144,24 @@ class CpuUse:
 
 
 class BusyLoad:
-    """``n`` busy single-threaded processes at the lowest priority (nice 19) while the ``with`` block
-    runs: the machine as it is when other jobs share it (``gpubatch bench --busy N``). Each spins in
-    Python and takes no memory to speak of; the block's end stops them."""
+    """``n`` busy single-threaded processes while the ``with`` block runs: the machine as it is when
+    other jobs share it (``gpubatch bench --busy N``). Each spins in Python and takes no memory to speak
+    of; the block's end stops them. ``kind``: ``nice`` (nice 19, the default), ``normal`` (nice 0) or
+    ``idle`` (SCHED_IDLE: runs only where nothing else wants the core)."""
 
-    def __init__(self, n: int):
-        self.n = n
+    SETUP = {"nice": "os.nice(19)", "normal": "pass", "idle": "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))"}
+
+    def __init__(self, n: int, kind: str = "nice"):
+        if kind not in self.SETUP:
+            raise ValueError(f"busy processes of kind {kind!r}: one of {', '.join(self.SETUP)}")
+        self.n, self.kind = n, kind
         self.procs: list[Any] = []
 
     def __enter__(self) -> BusyLoad:
         import subprocess
         import sys
 
-        code = "import os\nos.nice(19)\nwhile True:\n    pass\n"
+        code = f"import os\n{self.SETUP[self.kind]}\nwhile True:\n    pass\n"
         self.procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(self.n)]
         return self
 

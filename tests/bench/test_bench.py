@@ -222,3 +222,7 @@ def test_busy_load_runs_its_processes_only_inside_the_block():
     assert all(p.poll() is not None for p in procs) and load.procs == []
     with BusyLoad(0) as load:
         assert load.procs == []
+    with BusyLoad(1, "idle") as load:
+        assert load.procs[0].poll() is None
+    with pytest.raises(ValueError, match="one of nice, normal, idle"):
+        BusyLoad(1, "fast")
