@@ -29,6 +29,9 @@ import time
 
 from _data import DEFAULT_DATA, jpeg_set  # (benchmarks/_data.py, beside this script)
 
+from gpubatch.engine.codecs.nvjpeg_hw import NvjpegError
+from gpubatch.engine.codecs.nvjpeg_hw import _check as _check
+
 KINDS = ("baseline/4:4:4", "baseline/4:2:2", "baseline/4:2:0")
 BATCHED = ((3, "HARDWARE"), (5, "HARDWARE_DEVICE"), (4, "GPU_HYBRID_DEVICE"), (2, "GPU_HYBRID"))
 
@@ -36,11 +39,6 @@ BATCHED = ((3, "HARDWARE"), (5, "HARDWARE_DEVICE"), (4, "GPU_HYBRID_DEVICE"), (2
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def _check(name: str, status: int) -> None:
-    if status:
-        raise RuntimeError(f"{name} failed with nvJPEG status {status}")
 
 
 class Images:
@@ -195,7 +193,7 @@ def main() -> None:
         for backend, name in BATCHED:
             try:
                 print(f"batched {name:18s} {kind}: {batched(cp, imgs, backend, kind)}", flush=True)
-            except RuntimeError as e:
+            except NvjpegError as e:
                 print(f"batched {name:18s} {kind}: {e}", flush=True)
         for backend, name in ((2, "GPU_HYBRID"), (1, "HYBRID")):
             print(f"phases  {name:18s} {kind}: {phases(cp, imgs, backend, kind)}", flush=True)
