@@ -177,7 +177,16 @@ def main() -> None:
     ap.add_argument("--hw-chunk", type=int, default=None, help="the hardware engine's calls split above N (image_gpu.HW_CHUNK)")
     ap.add_argument("--json", default=None, help="write the summary here")
     ap.add_argument("--trace", default=None, help="write the spans here as a Chrome trace")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="N busy processes (nice 19) beside the run, as gpubatch bench --busy")
     args = ap.parse_args()
+    from gpubatch.bench.measure import BusyLoad
+
+    with BusyLoad(args.busy):
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
     instrument()
     from gpubatch.bench import chain_ops, get_model
     from gpubatch.engine.gpu_executor import ImagePipeline

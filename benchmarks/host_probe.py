@@ -170,7 +170,16 @@ def main() -> None:
     ap.add_argument("--data", default=DEFAULT_DATA)
     ap.add_argument("--calls", type=int, default=60)
     ap.add_argument("--json", default="")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="N busy processes (nice 19) beside the run, as gpubatch bench --busy")
     args = ap.parse_args()
+    from gpubatch.bench.measure import BusyLoad
+
+    with BusyLoad(args.busy):
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cores[-1]})  # one core, as the pipeline gives the hardware engine's thread
     model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")

@@ -508,6 +508,11 @@ def breakdown(args: argparse.Namespace) -> list[tuple[str, int, str]]:
     return rows
 
 
+def _knobs(config: str) -> dict[str, str]:
+    """A configuration's knobs: "a=1,b=x" -> {"a": "1", "b": "x"}."""
+    return dict(kv.split("=", 1) for kv in config.split(",") if "=" in kv)
+
+
 def _ask_slice(ns: int) -> int | None:
     """Ask the scheduler (Linux 6.12+) for time slices of ``ns`` for the calling thread and what it
     starts, its policy and nice value kept (``sched_setattr`` with ``sched_runtime``, x86-64); returns
@@ -518,6 +523,10 @@ def _ask_slice(ns: int) -> int | None:
         _fields_ = [("size", C.c_uint32), ("policy", C.c_uint32), ("flags", C.c_uint64), ("nice", C.c_int32),
                     ("priority", C.c_uint32), ("runtime", C.c_uint64), ("deadline", C.c_uint64), ("period", C.c_uint64)]
 
+    import platform
+
+    if platform.machine() != "x86_64":
+        return None
     libc, attr = C.CDLL(None, use_errno=True), Attr()
     set_nr, get_nr = 314, 315  # sched_setattr, sched_getattr (x86-64)
     if libc.syscall(get_nr, 0, C.byref(attr), C.sizeof(Attr), 0) != 0 or attr.policy != 0:
@@ -536,7 +545,7 @@ def _child(args: argparse.Namespace, one: str) -> tuple[object, str | None]:
            "--seconds", str(args.seconds), "--data", args.data, "--mix", args.mix]
     from gpubatch.bench.measure import BusyLoad
 
-    knobs = dict(kv.split("=", 1) for kv in one.split(",") if "=" in kv)
+    knobs = _knobs(one)
     with BusyLoad(int(knobs.get("busy", 0)), knobs.get("busy_kind", "nice")):  # beside the run (bench --busy)
         p = subprocess.run(cmd, capture_output=True, text=True)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -577,7 +586,7 @@ def main() -> None:
         print("RESULT " + json.dumps(breakdown(args)), flush=True)
         return
     if args.one is not None:
-        knobs = dict(kv.split("=", 1) for kv in args.one.split(",") if "=" in kv)
+        knobs = _knobs(args.one)
         print("RESULT " + json.dumps(one(args, knobs)), flush=True)
         return
     jpeg_set(args.data, args.images, parse_mix(args.mix))  # make the set once, outside the timed processes

@@ -290,7 +290,16 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="also write the raw trace here (Chrome trace JSON; .gz: gzipped)")
     ap.add_argument("--json", default=None, help="write the summary here as JSON")
     ap.add_argument("--share", type=float, default=None, help="gpubatch: the CUDA decoder's share of each batch")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="N busy processes (nice 19) beside the run, as gpubatch bench --busy")
     args = ap.parse_args()
+    from gpubatch.bench.measure import BusyLoad
+
+    with BusyLoad(args.busy):
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
     if args.contender == "gpubatch-gpu":
         step, sync, close = gpubatch_step(args)
     else:
