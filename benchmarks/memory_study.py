@@ -27,7 +27,11 @@ decoder options, joined by "+"), ``api`` (``c``: nvImageCodec's C API, one devic
 ``cuda`` (the CUDA decoder's threads, ``executor.default_decoder_threads``; ``threads`` caps it),
 ``switch`` (the interpreter's switch interval, seconds, ``gpu_executor.SWITCH_INTERVAL``), ``pin`` (0: the
 feed's shared-memory ring not page-locked for the GPU, ``gpu_executor.PIN_FEED``), ``share``
-(the CUDA decoder's share of each batch), ``coupled``
+(the CUDA decoder's share of each batch), ``takes`` (``slowest`` or ``cheapest``: the kinds the CUDA decoder's share
+is taken from first, ``image_gpu.CUDA_TAKES``), ``cpus`` (the process keeps only the last N of its cores, as
+under ``taskset``), ``route`` (``split``, ``hardware`` or ``auto``: how batches are split between the
+decoders, ``image_gpu.ROUTE``), ``split_min`` (the free cores from which ``auto`` splits,
+``image_gpu.SPLIT_MIN_CORES``), ``coupled``
 (1: the decode thread waits for both decoders' parts of each batch before it hands over the next,
 instead of each decoder's thread going through the batches at its own pace; whole parts), ``chunk``
 (images per decode call, each call into a buffer the same call of the next batch part reuses, the
@@ -79,6 +83,8 @@ from gpubatch.bench.contenders import file_keys
 def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     from gpubatch.bench.measure import GpuSampler, timed_windows
 
+    if "cpus" in knobs:  # the process may use only the last N of its cores (as under taskset), from the start
+        os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[-int(knobs["cpus"]):]))
     if "slice" in knobs:  # us: time slices asked for this process's threads (EEVDF custom slice; inherited)
         print(f"slice now {_ask_slice(int(float(knobs['slice']) * 1000))} ns", file=sys.stderr)
     if "connections" in knobs:  # CUDA_DEVICE_MAX_CONNECTIONS: the device's work queues streams map onto
@@ -116,6 +122,10 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         image_gpu.SLAB_ROUND = int(knobs["round"]) << 20
     if "fit" in knobs:  # 1: parts take the size of the largest part before them (within a third)
         image_gpu.SLAB_FIT = knobs["fit"] == "1"
+    if "route" in knobs:  # how batches are split between the decoders (split, hardware, auto)
+        os.environ["GPUBATCH_DECODE_ROUTE"] = knobs["route"]
+    if "split_min" in knobs:  # free cores from which the auto route splits (image_gpu.SPLIT_MIN_CORES)
+        image_gpu.SPLIT_MIN_CORES = float(knobs["split_min"])
     if "api" in knobs:  # the decoder through nvImageCodec's C API (c) or its Python binding (python)
         os.environ["GPUBATCH_DECODE_API"] = knobs["api"]
     if "hw" in knobs:  # hardware-decoder instances the calls take turns on
@@ -182,6 +192,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     out["engine_mib"] = mib()
     if "share" in knobs:  # the CUDA decoder's share of each batch
         pipe.engine.decoder.cuda_share = float(knobs["share"])
+    if "takes" in knobs:  # which kinds the CUDA decoder's share is taken from first (slowest, cheapest)
+        pipe.engine.decoder.cuda_takes = knobs["takes"]
     workers = int(knobs["workers"]) if "workers" in knobs else None
     it = pipe.iterate_files(files, keys, batch, repeat=True, prefetch=int(knobs.get("prefetch", 1)), workers=workers)
     for _ in range(-(-len(files) // batch)):
@@ -240,6 +252,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     out["decoder_mib_kept"] = image_gpu.POOL_KEEP >> 20
     out["not_on_gpu"] = pipe.stats["images"] - pipe.stats["gpu"]  # CPU fallbacks (none expected on the set)
     out["ring_waits"] = pipe.engine.decoder.ring_waits  # chunk calls that took a buffer of their own
+    out["route"] = f"{pipe.engine.decoder.route}" + (f" ({pipe.engine.route_cores} free)" if pipe.engine.route_cores else "")
     if counted is not None:
         out["decoder_alloc"] = {k: {"peak_mib": round(v["peak"] / 2**20, 1), "now_mib": round(v["now"] / 2**20, 1),
                                     "mallocs": v["n"], "frees": v.get("frees", 0), "largest_mib": round(v["big"] / 2**20, 2),
@@ -604,6 +617,7 @@ def main() -> None:
         print(f"{cfg:34s} {r['context_mib']:8d} {r['engine_mib']:8d} {r['after_pass_mib']:8d} {r['peak_mib']:8d} "
               f"{r['images_per_s']:9,d} {r['cupy_pool_mib']:9d} {r['driver_pool_high_mib']:8d} "
               f"{r['driver_used_high_mib']:7d} {r['not_on_gpu']:5d} {r['ring_waits']:5d}"
+              + f"  {r['route']}"
               + (f"  host: {r['host_cpu']['others']} cores busy elsewhere, {r['host_cpu']['steal']} stolen"
                  if r.get("host_cpu") else ""), flush=True)
         if args.stages:

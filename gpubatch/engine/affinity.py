@@ -95,3 +95,36 @@ def reserve(device_index: int = 0) -> Reservation | None:
     except OSError:
         return None
     return Reservation(core, others, threading.get_native_id(), set(before))
+
+
+def _cpu_ticks(cpus: set[int]) -> tuple[int, int] | None:
+    """(all ticks, idle ticks: idle + iowait) so far, summed over ``cpus``, from /proc/stat's per-CPU
+    lines; None where unreadable (not Linux)."""
+    total = idle = 0
+    try:
+        with open("/proc/stat") as fh:
+            for line in fh:
+                name, _, rest = line.partition(" ")
+                if not name.startswith("cpu") or not name[3:].isdigit() or int(name[3:]) not in cpus:
+                    continue
+                f = [int(x) for x in rest.split()[:8]]
+                total += sum(f)
+                idle += f[3] + f[4]
+    except (OSError, ValueError, IndexError):
+        return None
+    return total, idle
+
+
+def free_cores(seconds: float = 0.2) -> float:
+    """Cores of those this process may use that nothing ran on over the next ``seconds`` (others'
+    processes, this one's and time the hypervisor took for other machines all count as taken); the
+    number of usable cores where /proc/stat is unreadable."""
+    import time
+
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    a = _cpu_ticks(cpus)
+    time.sleep(seconds)
+    b = _cpu_ticks(cpus)
+    if a is None or b is None or b[0] <= a[0]:
+        return float(len(cpus))
+    return len(cpus) * (b[1] - a[1]) / (b[0] - a[0])

@@ -150,14 +150,20 @@ class GpuEngine:
                  gpu_memory: str | int | float | None = None, share: int = 1, deterministic: bool = True,
                  jpeg_encoder: str = "batched", hw_preallocate: tuple[int, int, int] | None = None,
                  decoder_options: str = "", sync: str | None = None, hw_direct: bool | None = None,
-                 cores: Any = "auto"):
+                 cores: Any = "auto", decode_route: str | None = None, route_cores: float | None = None):
         """``cores``: the CPU core reserved for the hardware decoder's thread (:mod:`.affinity`): "auto"
         takes one here unless ``share`` engines share the GPU; an :class:`~.affinity.Reservation` taken
         already (before the process started threads that must leave the core); None: none. Closing
-        the engine releases it."""
+        the engine releases it. ``decode_route``: how batches are split between the decoders
+        (:data:`~.codecs.image_gpu.ROUTES`); "auto" (the default) chooses by ``route_cores``, by
+        default the cores free now (measured over 0.2 s, before this engine starts any thread),
+        split between the ``share`` engines."""
         import os
         import sys
 
+        from .codecs.image_gpu import choose_route
+
+        self.decode_route, self.route_cores = choose_route(decode_route, route_cores, share)
         # before CuPy touches the device: how every thread waits for it (see SYNC_POLICY)
         self.sync = set_sync_policy(device.index, sync or os.environ.get("GPUBATCH_SYNC") or SYNC_POLICY,
                                     only_before_context=True)
@@ -195,7 +201,7 @@ class GpuEngine:
         try:
             self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic,
                                            hw_preallocate=hw_preallocate, options=decoder_options,
-                                           hw_direct=hw_direct, hw_core=self.cores)
+                                           hw_direct=hw_direct, hw_core=self.cores, route=self.decode_route)
         except BaseException:  # no engine: the building thread gets its cores back
             if self.cores is not None:
                 self.cores.release()
@@ -478,6 +484,16 @@ class ImagePipeline:
     ``decoder_options`` are extra nvImageCodec decoder options (space-separated, as nvImageCodec
     takes them), for tuning studies.
 
+    ``decode_route`` is how each batch is split between the GPU's two JPEG decoders (by default
+    ``GPUBATCH_DECODE_ROUTE``, else "auto"): "split" gives the CUDA decoder about 30% of it (the
+    fastest where the host has cores to spare: that decoder costs about 1 ms of CPU an image),
+    "hardware" gives the hardware JPEG engine all it decodes (a fraction of a core in all: the
+    faster route where other work takes the cores, or the process has few); "auto" takes "split"
+    where at least ``image_gpu.SPLIT_MIN_CORES`` of the cores the process may use were free over
+    0.2 s when the pipeline was made. :attr:`engine`'s ``decode_route`` and ``route_cores`` say what
+    was chosen, and on how many free cores. The two decoders' pixels differ slightly, so pass the
+    route explicitly where the same input must give the same bytes however loaded the host is.
+
     On the GPU a chain of window ops (crops, resizes, flips) to a fixed output size, with or without a
     trailing ``normalize`` (the training and validation chains), is resampled part by part: each
     decoder's part of a batch as soon as it is decoded, on a stream per decoder, into its rows of the
@@ -519,7 +535,8 @@ class ImagePipeline:
     def __init__(self, ops: Sequence[Op], device: Device | str = "auto", seed: int = 0,
                  gpu: int = 0, cpu_threads: int | None = None, gpu_memory: str | int | float | None = None,
                  max_pixels: int = 0, ring: int = 1, region_decode: bool = False, warm_up: int = 256,
-                 decoder_options: str = "", decode_chunk: int | None = None, sync: str | None = None):
+                 decoder_options: str = "", decode_chunk: int | None = None, sync: str | None = None,
+                 decode_route: str | None = None):
         from .device import resolve
         from .executor import default_workers
 
@@ -528,8 +545,8 @@ class ImagePipeline:
         self.device = device if isinstance(device, Device) else resolve(device, gpu)
         self.plan.validate(DEVICE if self.device.is_gpu else "host")
         self.cpu_threads = cpu_threads or default_workers()
-        self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory, decoder_options=decoder_options, sync=sync)
-                       if self.device.is_gpu else None)
+        self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory, decoder_options=decoder_options, sync=sync,
+                                 decode_route=decode_route) if self.device.is_gpu else None)
         if self.engine is not None and warm_up:
             self.engine.warm_up(warm_up, regions=region_decode)
         from .gpu_chain import fixed_window_chain

@@ -207,3 +207,28 @@ def test_a_batch_of_code_streams_and_descriptors_equals_them_one_by_one():
         assert (info.buffer, p.height, p.width, p.row_stride, o.rotated, o.flip_x, o.flip_y) == (ptr, h, w, row, rot,
                                                                                                    fx, fy)
     lib.destroy(handles, imgs)
+
+
+@pytest.mark.parametrize("takes, expect", [("slowest", {"baseline/4:4:4": 25, "baseline/4:2:2": 5}),
+                                           ("cheapest", {"baseline/4:2:0": 30})])
+def test_the_cuda_decoders_share_comes_from_the_kinds_its_order_names(takes, expect):
+    """The CUDA decoder takes ``cuda_share`` of the batch: from the kinds the hardware engine is
+    slowest on, or from those its own host threads decode cheapest; what the hardware engine refuses
+    (progressive) goes to the CUDA decoder whatever the share."""
+    from types import SimpleNamespace
+
+    from gpubatch.engine.codecs import image_gpu
+
+    groups, at = {}, 0
+    for kind, n in [("baseline/4:2:0", 50), ("baseline/4:2:2", 25), ("baseline/4:4:4", 25), ("progressive/4:2:0", 2)]:
+        groups[kind], at = list(range(at, at + n)), at + n
+    dec = SimpleNamespace(hw=None, hw_cs=[], hw_direct=[object()], hw_refuses=set(), cuda_share=32 / 102,
+                          cuda_takes=takes)
+    hw_lists, cuda = image_gpu.GpuImageDecoder._split(dec, groups)
+    kind_of = {i: k for k, idx in groups.items() for i in idx}
+    taken: dict[str, int] = {}
+    for i in cuda:
+        taken[kind_of[i]] = taken.get(kind_of[i], 0) + 1
+    assert taken == {**expect, "progressive/4:2:0": 2}
+    assert sorted(i for lst in hw_lists for i in lst) == sorted(set(range(102)) - set(cuda))
+    assert all(len({kind_of[i] for i in lst}) == 1 for lst in hw_lists)  # one kind per hardware call

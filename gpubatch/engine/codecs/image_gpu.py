@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import DependencyError
+from ...errors import DependencyError, UsageError
 from . import image as host
 from . import planes as jplanes
 from .image import jpeg_header, jpeg_orientation
@@ -230,6 +230,42 @@ def _device_image(img: Any, owner: Any = None) -> DeviceImage | None:
 
 # Hardware-engine preference: the kinds it decodes fastest go to it first, the rest may go to CUDA.
 _HW_ORDER = ("baseline/4:2:0", "baseline/4:2:2", "baseline/4:4:0", "baseline/gray", "baseline/4:4:4")
+# The CUDA decoder's host cost per image, cheapest kind first: its Huffman host phase works on the
+# coded data, which 4:4:4 has about twice as much of as 4:2:0 at the same size and quality
+# (benchmarks/nvjpeg_host_cost.py: 4:2:0 420-600 us an image, 4:4:4 750-990 us; RESULTS.md,
+# twenty-first session).
+_CUDA_CHEAP = ("baseline/gray", "baseline/4:2:0", "baseline/4:2:2", "baseline/4:4:0", "baseline/4:4:4")
+
+
+# Which hardware-engine instance a call of each kind goes to (modulo the instances): the commonest kinds
+# each to one of their own. An instance whose call's kind differs from its last call's decodes at about
+# half speed (8,300-9,100 images/s against 13,800-16,000, the engine alone; RESULTS.md, fourteenth
+# session), so calls taking turns over the instances were slow whenever a batch gave the engine more
+# kinds than instances (twenty-second session).
+_HW_SLOT = {"baseline/4:2:0": 0, "baseline/4:2:2": 1, "baseline/4:4:4": 2, "baseline/4:4:0": 3, "baseline/gray": 4}
+
+
+def choose_route(route: str | None = None, cores: float | None = None, share: int = 1) -> tuple[str, float | None]:
+    """(the route, the free cores it was chosen by or None): ``route`` (by default
+    GPUBATCH_DECODE_ROUTE, else :data:`ROUTE`) as given, or for "auto" by ``cores`` free (by default
+    measured now, :func:`~gpubatch.engine.affinity.free_cores`, split between ``share`` engines)."""
+    route = route or os.environ.get("GPUBATCH_DECODE_ROUTE") or ROUTE
+    if route not in ROUTES:
+        raise UsageError(f"unknown decode route {route!r}: one of {', '.join(ROUTES)}")
+    if route != "auto":
+        return route, None
+    if cores is None:
+        from ..affinity import free_cores
+
+        cores = free_cores() / max(share, 1)
+    return ("split" if cores >= SPLIT_MIN_CORES else "hardware"), round(cores, 1)
+
+
+def _cuda_cost(kind: str) -> int:
+    return _CUDA_CHEAP.index(kind) if kind in _CUDA_CHEAP else len(_CUDA_CHEAP)
+# Which kinds the CUDA decoder takes its share from first: "slowest" (the kinds the hardware engine is
+# slowest on) or "cheapest" (the kinds that cost the CUDA decoder's host threads least).
+CUDA_TAKES = "slowest"
 
 
 _STREAMS: dict[tuple[int, str], Any] = {}
@@ -263,6 +299,20 @@ def _process_stream(cp, device_index: int, name: str, high: bool = False):
 # 9 of 10 pairs once the feed's ring was page-locked, and 0.25 had starved the CUDA decoder's side
 # (thirteenth session).
 CUDA_SHARE = 0.3
+# How a batch is split between the decoders (GpuImageDecoder's ``route``; GPUBATCH_DECODE_ROUTE):
+# "split": the CUDA decoder takes CUDA_SHARE of each batch and the hardware engine the rest (two
+# instances); "hardware": the hardware engine takes every kind it decodes (HW_ONLY_INSTANCES
+# instances, one per common kind) and the CUDA decoder only what it refuses; "auto": "split" where at
+# least SPLIT_MIN_CORES cores are free, else "hardware". The CUDA decoder costs its host threads about
+# 1 ms of CPU an image (benchmarks/nvjpeg_host_cost.py), the hardware engine's thread 0.03-0.05 ms: on
+# 16 free cores the split route ran the training chain at 26,700-28,400 images/s against 21,500-22,800
+# for the engine alone, and beside 8 busy processes 14,000-14,200 against 23,100-23,200, on 8 cores
+# (taskset) 14,600-16,000 against 19,000-19,400 (H200, benchmarks/memory_study.py ``share=0,hw=3``,
+# ``busy=8``, ``cpus=8``; RESULTS.md, twenty-second session).
+ROUTES = ("auto", "split", "hardware")
+ROUTE = "auto"
+SPLIT_MIN_CORES = 12.0
+HW_ONLY_INSTANCES = 3
 # bytes of freed memory the driver's default pool keeps (see _keep_freed_memory)
 POOL_KEEP = 512 << 20
 # the CUDA decoder's options: Huffman decoding on the GPU for every image (GPU-NOTES: 11,900 against
@@ -616,10 +666,11 @@ class GpuImageDecoder:
     HW_INSTANCES = 2
 
     def __init__(self, device_index: int = 0, cpu_threads: int = 8, hw_decoder: bool = True,
-                 cuda_share: float = CUDA_SHARE, deterministic: bool = True, cuda_threads: int | None = None,
+                 cuda_share: float | None = None, deterministic: bool = True, cuda_threads: int | None = None,
                  hw_preallocate: tuple[int, int, int] | None = None, options: str = "",
                  api: str | None = None, hw_instances: int | None = None, hw_direct: bool | None = None,
-                 hw_core: Any = None):
+                 hw_core: Any = None, cuda_takes: str | None = None, route: str | None = None,
+                 cores: float | None = None):
 
         import cupy as cp
 
@@ -643,7 +694,10 @@ class GpuImageDecoder:
         self.hw = self.cuda = self.lib = self.cuda_c = None
         self.hw_cs: list[Any] = []
         self.hw_direct: list[Any] = []  # nvjpeg_hw.HwBatchDecoder instances (the C API's hardware path)
-        hw_instances = hw_instances or int(os.environ.get("GPUBATCH_HW_DECODERS", self.HW_INSTANCES))
+        self.route, self.free_cores = choose_route(route, cores) if hw_decoder else ("cuda", None)
+        hw_only = self.route == "hardware"
+        hw_instances = hw_instances or int(os.environ.get("GPUBATCH_HW_DECODERS", 0)) or (
+            HW_ONLY_INSTANCES if hw_only else self.HW_INSTANCES)
         with cp.cuda.Device(device_index):
             self.stream_ordered = _keep_freed_memory(cp, device_index)
             cuda_options = f"{CUDA_DECODER_OPTIONS} {options}"
@@ -676,7 +730,14 @@ class GpuImageDecoder:
         if self.api == "python":
             self.params = self.nic.DecodeParams(apply_exif_orientation=True, color_spec=self.nic.ColorSpec.SRGB,
                                                 allow_any_depth=False)
+        if cuda_share is None:
+            cuda_share = 0.0 if hw_only else CUDA_SHARE
         self.cuda_share = cuda_share if hw_decoder else 1.0
+        if not (self.hw or self.hw_cs or self.hw_direct):
+            self.route = "cuda"  # (no hardware engine here)
+        self.cuda_takes = cuda_takes or CUDA_TAKES
+        if self.cuda_takes not in ("slowest", "cheapest"):
+            raise ValueError(f"unknown cuda_takes {self.cuda_takes!r}: 'slowest' or 'cheapest'")
         self.deterministic = deterministic
         self._step = 0.1
         self._hw_turn = 0
@@ -836,15 +897,18 @@ class GpuImageDecoder:
         cuda = [i for k, idx in groups.items() if k not in hw_kinds for i in idx]
         total = sum(len(v) for v in groups.values())
         want = int(round(self.cuda_share * total)) - len(cuda)
-        hw_lists = [list(groups[k]) for k in hw_kinds]
-        for lst in reversed(hw_lists):  # hand the hardware's slowest kinds to CUDA first
+        hw_lists = {k: list(groups[k]) for k in hw_kinds}
+        # the hardware engine's slowest kinds first, or the CUDA decoder's cheapest
+        order = reversed(hw_kinds) if self.cuda_takes == "slowest" else sorted(hw_kinds, key=_cuda_cost)
+        for k in order:
             if want <= 0:
                 break
+            lst = hw_lists[k]
             take = min(want, len(lst))
             cuda.extend(lst[len(lst) - take :])
             del lst[len(lst) - take :]
             want -= take
-        hw_lists = [lst for lst in hw_lists if lst]
+        hw_lists = [lst for lst in hw_lists.values() if lst]
         if HW_MIXED and hw_lists:
             hw_lists = [sorted(i for lst in hw_lists for i in lst)]
         return hw_lists, sorted(cuda)
@@ -1265,6 +1329,15 @@ class GpuImageDecoder:
             again.sink = job.sink
             self._cuda_thread.submit(self._run, again, blobs, regions, kinds)
 
+    def _hw_instance(self, pool: list[Any], kind: str | None) -> Any:
+        """The hardware-engine instance for a call of ``kind``: always the same one per kind
+        (:data:`_HW_SLOT`), since an instance whose call's kind differs from its last call's decodes at
+        about half speed; calls of other kinds, or mixing kinds, take turns over the instances."""
+        slot = None if HW_MIXED else _HW_SLOT.get(kind or "")
+        if slot is None:
+            slot, self._hw_turn = self._hw_turn, self._hw_turn + 1
+        return pool[slot % len(pool)]
+
     def _calls(self, job: _Job, kinds: list[str | None]) -> list[int]:
         """The decode calls of :meth:`_run`; returns what the hardware engine failed."""
         cp, part, streams, images = self.cp, job.part, job.streams, job.images
@@ -1282,8 +1355,7 @@ class GpuImageDecoder:
                     if owner is None:
                         owner, args = self._own_buffer(job, idx), None  # (new places: new arrays)
                 if job.direct:
-                    dec = self.hw_direct[self._hw_turn % len(self.hw_direct)]
-                    self._hw_turn += 1
+                    dec = self._hw_instance(self.hw_direct, kinds[idx[0]])
                     fmt = OUTPUT_YUV if idx[0] in job.planes else OUTPUT_RGBI  # (a call is one kind)
                     parts = [job.regions.get(i) for i in idx] if job.regions else None
                     t_call = time.perf_counter()
@@ -1297,8 +1369,7 @@ class GpuImageDecoder:
                     part.hw += sum(ok)
                     retry.extend(self._learn(kinds, idx, ok))
                 elif job.hw:
-                    dec = self.hw_cs[self._hw_turn % len(self.hw_cs)]
-                    self._hw_turn += 1
+                    dec = self._hw_instance(self.hw_cs, kinds[idx[0]])
                     ok = dec.finish(dec.start([streams[i] for i in idx], [images[i] for i in idx]))
                     part.hw += sum(ok)
                     retry.extend(self._learn(kinds, idx, ok))
