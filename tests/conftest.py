@@ -24,6 +24,14 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _split_decode_route(request, monkeypatch):
+    """GPU tests decode on the split route however loaded the host is ("auto" follows the free cores,
+    and two pipelines in one test must split their batches alike); tests of the routes name theirs."""
+    if "gpu" in request.keywords:
+        monkeypatch.setenv("GPUBATCH_DECODE_ROUTE", "split")
+
+
 @pytest.fixture
 def imagenet(tmp_path: Path) -> Path:
     """A private copy of sample_data/imagenet (60 images, 4 classes)."""

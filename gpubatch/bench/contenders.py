@@ -53,7 +53,8 @@ def run_gpubatch(a: dict, device: str) -> dict:
     B = a["batch_size"]
     pipe = ImagePipeline(ops, device=device, seed=0, cpu_threads=a.get("threads"), gpu=a.get("gpu", 0),
                          warm_up=a.get("warm_up", 256), region_decode=bool(a.get("region_decode", 0)),
-                         decode_chunk=int(a["decode_chunk"]) if "decode_chunk" in a else None, sync=a.get("sync"))
+                         decode_chunk=int(a["decode_chunk"]) if "decode_chunk" in a else None, sync=a.get("sync"),
+                         decode_route=a.get("decode_route"))
     eng = pipe.engine
     if eng is not None and a.get("cuda_share") is not None:
         eng.decoder.cuda_share, eng.decoder.deterministic = float(a["cuda_share"]), True
@@ -95,6 +96,7 @@ def run_gpubatch(a: dict, device: str) -> dict:
                                     "encode": stages.get("encode", 0)})
     if eng is not None:
         res["hw_decoder_share"] = pipe.stats["hw"] / max(pipe.stats["gpu"], 1)
+        res["decode_route"] = {"route": eng.decoder.route, "free_cores": eng.route_cores}
         res["cpu_fallbacks"] = pipe.stats["fallbacks"]
         res["decoder_s"] = {k: round(v, 3) for k, v in eng.decoder.timings.items()}
     it.close()

@@ -66,6 +66,11 @@ def _notes(result: dict[str, Any], chain: str) -> list[str]:
             notes.append(f"busy machine ({name}): {host.get('others', 0):.1f} cores busy in other processes, "
                          f"{host.get('steal', 0):.1f} taken by the hypervisor during the run; figures from a busy "
                          "machine are lower than the tool's own speed")
+        route = r.get("decode_route")
+        if route:
+            free = route.get("free_cores")
+            notes.append(f"decode route ({name}): {route['route']}"
+                         + (f", chosen with {free:.1f} cores free" if free is not None else ""))
         if r.get("stages_s"):
             notes.append(f"stages ({name}, seconds): " + ", ".join(f"{k} {v:.2f}" for k, v in r["stages_s"].items()))
     return notes

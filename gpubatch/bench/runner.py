@@ -22,7 +22,7 @@ from .measure import BusyLoad, warmup_batches
 CONTENDERS = ("gpubatch-gpu", "gpubatch-cpu", "torch-dataloader", "dali", "dali-defaults")
 GPU_CONTENDERS = ("gpubatch-gpu", "dali", "dali-defaults")
 SWEEPABLE = {"batch_size": int, "threads": int, "cuda_share": float, "warm_up": int, "region_decode": int,
-             "decode_chunk": int, "sync": str, "reserve_core": int}
+             "decode_chunk": int, "sync": str, "reserve_core": int, "decode_route": str}
 SCHEMA = "gpubatch-bench/1"
 
 
@@ -97,9 +97,11 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
               seconds: float = 10.0, device: str = "auto", baselines: list[str] | None = None,
               sweep: str | None = None, with_model: bool = False, gpu: int = 0, images: int | None = None,
               argv: list[str] | None = None, say: Callable[[str], None] = lambda s: None,
-              busy: int = 0) -> dict[str, Any]:
+              busy: int = 0, decode_route: str | None = None) -> dict[str, Any]:
     """Benchmark ``model``'s chains; see the module docstring for what comes back. ``busy``: that many
-    busy processes run beside every contender (:class:`~gpubatch.bench.measure.BusyLoad`)."""
+    busy processes run beside every contender (:class:`~gpubatch.bench.measure.BusyLoad`).
+    ``decode_route``: how gpubatch's GPU contender splits batches between the decoders
+    (``image_gpu.ROUTES``; by default "auto")."""
     from ..engine.device import resolve
 
     m = get_model(model)
@@ -134,6 +136,8 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
     gpu_ok = dev is not None and dev.is_gpu
     base = {"model": m.name, "data": str(data), "images": images or source["images"], "batch_size": batch_size,
             "seconds": seconds, "gpu": gpu, "with_model": with_model}
+    if decode_route:
+        base["decode_route"] = decode_route
     timeout = 20 * seconds + 600
     if busy:
         say(f"{busy} busy processes at nice 19 run beside the contenders")
@@ -170,6 +174,7 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
             "environment": environment(argv), "data": source,
             "settings": {"batch_size": batch_size, "seconds": seconds, "device": device, "contenders": contenders,
                          "with_model": with_model, "windows": 5, "busy_processes": busy,
+                         "decode_route": decode_route or "auto",
                          "warmup_batches": warmup_batches(base)},
             "results": results, "sweep": sweep_out}
 

@@ -45,11 +45,17 @@ def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> No
                    "images the decoders are warmed with; 0: none), region_decode (0/1) or decode_chunk "
                    "(images per decode call at most, each call resampled as it comes and its buffer reused; default "
                    "256; 0: whole batch parts, two batches of memory), sync "
-                   "(how threads wait for the GPU: auto, spin, yield, blocking) or reserve_core (1: a CPU core of "
-                   "its own for the hardware decoder's thread, the default on 8 cores or more; 0: none).")
+                   "(how threads wait for the GPU: auto, spin, yield, blocking), reserve_core (1: a CPU core of "
+                   "its own for the hardware decoder's thread, the default on 8 cores or more; 0: none) or "
+                   "decode_route (split, hardware, auto).")
 @click.option("--busy", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="Run N busy single-threaded processes (nice 19) beside every contender: the machine as it is "
                    "when other jobs share it.")
+@click.option("--decode-route", type=click.Choice(["auto", "split", "hardware"]), default=None,
+              help="How gpubatch's GPU path splits each batch between the GPU's JPEG decoders: split (about 30% to "
+                   "the CUDA decoder, which costs about 1 ms of CPU an image: fastest on a machine with 15 or more "
+                   "free cores), hardware (all the hardware JPEG engine takes: far less CPU) or auto (by the cores "
+                   "free when it starts; the default, or GPUBATCH_DECODE_ROUTE).")
 @click.option("--with-model", is_flag=True, help="Also time a real training step fed by the pipeline (torch).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the result as JSON.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, metavar="FILE.html|FILE.md",

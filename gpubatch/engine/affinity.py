@@ -115,16 +115,35 @@ def _cpu_ticks(cpus: set[int]) -> tuple[int, int] | None:
     return total, idle
 
 
-def free_cores(seconds: float = 0.2) -> float:
+def _cgroup_cpu(root: str) -> tuple[float, float] | None:
+    """(the cores the cgroup v2 at ``root`` may use, from its ``cpu.max`` quota; its CPU seconds so
+    far, from ``cpu.stat``), or None where it sets no quota (a container started with ``--cpus``
+    sees every core of the host, and gets only its quota of them)."""
+    try:
+        with open(f"{root}/cpu.max") as fh:
+            quota, period = fh.read().split()[:2]
+        if quota == "max":
+            return None
+        with open(f"{root}/cpu.stat") as fh:
+            usage = next(int(line.split()[1]) for line in fh if line.startswith("usage_usec"))
+        return int(quota) / int(period), usage / 1e6
+    except (OSError, ValueError, IndexError, StopIteration, ZeroDivisionError):
+        return None
+
+
+def free_cores(seconds: float = 0.2, cgroup: str = "/sys/fs/cgroup") -> float:
     """Cores of those this process may use that nothing ran on over the next ``seconds`` (others'
-    processes, this one's and time the hypervisor took for other machines all count as taken); the
-    number of usable cores where /proc/stat is unreadable."""
+    processes, this one's and time the hypervisor took for other machines all count as taken), and
+    at most what the ``cgroup``'s CPU quota leaves; the number of usable cores where /proc/stat is
+    unreadable."""
     import time
 
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    a = _cpu_ticks(cpus)
+    a, qa, t0 = _cpu_ticks(cpus), _cgroup_cpu(cgroup), time.perf_counter()
     time.sleep(seconds)
-    b = _cpu_ticks(cpus)
-    if a is None or b is None or b[0] <= a[0]:
-        return float(len(cpus))
-    return len(cpus) * (b[1] - a[1]) / (b[0] - a[0])
+    b, qb, wall = _cpu_ticks(cpus), _cgroup_cpu(cgroup), time.perf_counter() - t0
+    free = (float(len(cpus)) if a is None or b is None or b[0] <= a[0]
+            else len(cpus) * (b[1] - a[1]) / (b[0] - a[0]))
+    if qa is not None and qb is not None:
+        free = min(free, max(0.0, qb[0] - (qb[1] - qa[1]) / wall))
+    return free

@@ -114,6 +114,7 @@ def test_sweep_parsing():
     assert parse_sweep("cuda-share=0.2,0.4") == ("cuda_share", [0.2, 0.4])
     assert parse_sweep("decode_chunk=0,96") == ("decode_chunk", [0, 96])
     assert parse_sweep("sync=auto,blocking") == ("sync", ["auto", "blocking"])
+    assert parse_sweep("decode-route=split,hardware") == ("decode_route", ["split", "hardware"])
     for bad in ("nope=1", "batch_size=", "batch_size=a"):
         with pytest.raises(UsageError):
             parse_sweep(bad)
@@ -144,6 +145,7 @@ def test_cli_runs_on_the_cpu_and_writes_reports(tmp_path):
     (["--model", "resnet50"], "exactly one of --data PATH or --synthetic N"),
     (["--model", "resnet50", "--synthetic", "8", "--baselines", "caffe"], "unknown baseline 'caffe'"),
     (["--model", "resnet50", "--synthetic", "300", "--report", "x.pdf"], "give a .html or .md"),
+    (["--model", "resnet50", "--synthetic", "300", "--decode-route", "fast"], "'fast' is not one of"),
 ])
 def test_cli_errors(args, message):
     r = run_cli("bench", *args)
@@ -185,6 +187,8 @@ def test_a_busy_machine_is_named_in_the_report():
     assert "busy machine" not in to_markdown(r)
     row["host_cpu"] = {"others": 8.1, "steal": 0.2}
     assert "busy machine (gpubatch-gpu): 8.1 cores busy in other processes, 0.2 taken by the hypervisor" in to_markdown(r)
+    row["decode_route"] = {"route": "hardware", "free_cores": 7.9}
+    assert "decode route (gpubatch-gpu): hardware, chosen with 7.9 cores free" in to_markdown(r)
 
 
 def test_cpu_use_reads_the_whole_machine(monkeypatch):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import time
 
 import pytest
 
@@ -115,3 +117,50 @@ def test_reserve_leaves_out_the_cores_hyperthreads(two_cores, monkeypatch):
     monkeypatch.setattr(affinity, "_siblings", lambda c: set(cpus))  # every core shares the reserved one's
     assert _in_thread(lambda: (affinity.reserve(0), os.sched_getaffinity(0))) == (None, cpus)
     assert affinity.plan(set(range(16)), 0, lambda c: set(range(16))) is None  # nothing left for the rest
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
+def test_free_cores_sees_a_busy_process():
+    """Free cores are counted over the cores this process may use: a process spinning on one of them
+    takes about that core."""
+    import subprocess
+
+    cpus = sorted(os.sched_getaffinity(0))
+    idle = affinity.free_cores(0.3)
+    assert 0 <= idle <= len(cpus) + 0.05
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(spin.pid, {cpus[0]})
+        time.sleep(0.2)
+        busy = affinity.free_cores(0.5)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert busy <= len(cpus) - 0.6  # the spinning core was taken most of the time (others may be too)
+
+
+def test_auto_route_by_free_cores(monkeypatch):
+    from gpubatch.engine.codecs.image_gpu import SPLIT_MIN_CORES, choose_route
+    from gpubatch.errors import UsageError
+
+    monkeypatch.delenv("GPUBATCH_DECODE_ROUTE", raising=False)
+    assert choose_route(None, SPLIT_MIN_CORES) == ("split", SPLIT_MIN_CORES)
+    assert choose_route("auto", SPLIT_MIN_CORES - 0.5) == ("hardware", SPLIT_MIN_CORES - 0.5)
+    assert choose_route("auto", 2 * SPLIT_MIN_CORES, share=2) == ("split", 2 * SPLIT_MIN_CORES)  # given: as is
+    assert choose_route("hardware", 64) == ("hardware", None)
+    monkeypatch.setenv("GPUBATCH_DECODE_ROUTE", "split")
+    assert choose_route(None, 1) == ("split", None)
+    with pytest.raises(UsageError, match="unknown decode route 'fast'"):
+        choose_route("fast")
+
+
+def test_free_cores_keeps_within_a_cgroups_quota(tmp_path):
+    """A container given 1.5 cores of a larger host (cgroup v2 ``cpu.max``) has at most 1.5 free, less
+    what its own processes used meanwhile; without a quota the host's cores count."""
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    (tmp_path / "cpu.stat").write_text("usage_usec 1000\nuser_usec 800\n")
+    assert affinity.free_cores(0.05, str(tmp_path)) <= 1.5
+    assert affinity._cgroup_cpu(str(tmp_path)) == (1.5, 0.001)
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert affinity._cgroup_cpu(str(tmp_path)) is None
+    assert affinity._cgroup_cpu(str(tmp_path / "none")) is None

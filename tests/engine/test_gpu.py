@@ -25,7 +25,7 @@ pytestmark = pytest.mark.gpu
 def engine():
     from gpubatch.engine.gpu_executor import GpuEngine
 
-    eng = GpuEngine(resolve("gpu"), cpu_threads=4)
+    eng = GpuEngine(resolve("gpu"), cpu_threads=4, decode_route="split")  # (made before the autouse fixtures)
     yield eng
     eng.close()
 
@@ -153,6 +153,75 @@ def test_c_api_decoder_equals_python_binding():
             assert (a is None) == (b is None)
             if a is not None:
                 np.testing.assert_array_equal(a, b)
+
+
+def test_auto_route_follows_the_free_cores(monkeypatch):
+    """"auto" splits batches where SPLIT_MIN_CORES cores are free, and gives the hardware engine
+    everything (with an instance per common kind) where fewer are; the engine says which and why."""
+    from gpubatch.engine.codecs.image_gpu import HW_ONLY_INSTANCES, SPLIT_MIN_CORES
+    from gpubatch.engine.gpu_executor import GpuEngine
+
+    monkeypatch.delenv("GPUBATCH_DECODE_ROUTE")
+    for cores, route, share in ((SPLIT_MIN_CORES, "split", 0.3), (SPLIT_MIN_CORES - 1, "hardware", 0.0)):
+        eng = GpuEngine(resolve("gpu"), cpu_threads=4, route_cores=cores)
+        try:
+            dec = eng.decoder
+            assert (eng.decode_route, eng.route_cores, dec.route, dec.cuda_share) == (route, cores, route, share)
+            if route == "hardware":
+                assert len(dec.hw_direct or dec.hw_cs) == HW_ONLY_INSTANCES
+        finally:
+            eng.close()
+    eng = GpuEngine(resolve("gpu"), cpu_threads=4)  # measured: somewhere between none and every core
+    try:
+        import os
+
+        assert 0 <= eng.route_cores <= len(os.sched_getaffinity(0))
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_hardware_route_gives_the_engine_every_kind_an_instance_each(direct):
+    """Route "hardware": the hardware engine decodes every kind it takes, each kind always on the same
+    instance of its own, the CUDA decoder only what the engine does not take or fails; the pixels are
+    the split route's within the two decoders' difference, and Pillow's."""
+    import cupy as cp
+
+    from gpubatch.engine.codecs.image_gpu import HW_ONLY_INSTANCES, GpuImageDecoder
+
+    rng = np.random.default_rng(7)
+    kinds = ("4:2:0", "4:2:2", "4:4:4")
+    blobs = [jpeg_bytes(photo(int(rng.integers(90, 260)), int(rng.integers(90, 260)), seed=i),
+                        int(rng.integers(75, 98)), subsampling=kinds[i % 3]) for i in range(36)]
+    cut = blobs[:35] + [blobs[35][:400]]  # a 4:4:4 JPEG cut short
+    stream = cp.cuda.Stream(non_blocking=True)
+    out = {}
+    for route in ("hardware", "split"):
+        dec = GpuImageDecoder(0, 4, route=route, hw_direct=direct)
+        assert dec.route == route and len(dec.hw_direct or dec.hw_cs) == (HW_ONLY_INSTANCES if route == "hardware" else 2)
+        picked: dict = {}
+
+        def spy(pool, kind, pick=dec._hw_instance, picked=picked):
+            got = pick(pool, kind)
+            picked.setdefault(kind, set()).add(id(got))
+            return got
+
+        dec._hw_instance = spy
+        out[route] = [_finished(dec.decode(b, stream), stream) for b in (blobs, blobs, cut)]
+        dec.close()
+        if route == "hardware":
+            assert all(len(ids) == 1 for ids in picked.values()) and len(set().union(*picked.values())) == 3
+    (first, again, failed), (split, _, _) = out["hardware"], out["split"]
+    assert first[2:] == again[2:] == (36, 36, 0)          # all on the hardware engine, the same each time
+    assert split[2] == 36 and split[3] < 30              # the split route gives the CUDA decoder a part
+    # the cut JPEG fails (on the direct path it goes to the CUDA decoder; else its call may fail whole and
+    # the CUDA decoder retry that kind's other 11)
+    assert failed[1].count(False) == 1 and failed[2] == 35 and failed[3] >= 24
+    for a, b, blob in zip(first[0], split[0], blobs):
+        assert np.abs(a.astype(int) - b.astype(int)).mean() < 1.5
+        assert np.abs(a.astype(int) - host.decode(blob).astype(int)).mean() < 3.0
+    for a, b in zip(first[0][:35], failed[0][:35]):
+        assert np.abs(a.astype(int) - b.astype(int)).mean() < 1.5
 
 
 def test_hw_direct_path_matches_nvimagecodec_and_retries_a_failed_call(monkeypatch):

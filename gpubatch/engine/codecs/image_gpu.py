@@ -311,7 +311,7 @@ CUDA_SHARE = 0.3
 # ``busy=8``, ``cpus=8``; RESULTS.md, twenty-second session).
 ROUTES = ("auto", "split", "hardware")
 ROUTE = "auto"
-SPLIT_MIN_CORES = 12.0
+SPLIT_MIN_CORES = 15.0
 HW_ONLY_INSTANCES = 3
 # bytes of freed memory the driver's default pool keeps (see _keep_freed_memory)
 POOL_KEEP = 512 << 20
