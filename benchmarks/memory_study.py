@@ -31,7 +31,8 @@ feed's shared-memory ring not page-locked for the GPU, ``gpu_executor.PIN_FEED``
 is taken from first, ``image_gpu.CUDA_TAKES``), ``cpus`` (the process keeps only the last N of its cores, as
 under ``taskset``), ``route`` (``split``, ``hardware`` or ``auto``: how batches are split between the
 decoders, ``image_gpu.ROUTE``), ``split_min`` (the free cores from which ``auto`` splits,
-``image_gpu.SPLIT_MIN_CORES``), ``coupled``
+``image_gpu.SPLIT_MIN_CORES``), ``readers_hw`` (0: the feed of the ``hardware`` route starts a quarter of the
+cores' reader processes instead of half, ``executor.READERS_HW``), ``coupled``
 (1: the decode thread waits for both decoders' parts of each batch before it hands over the next,
 instead of each decoder's thread going through the batches at its own pace; whole parts), ``chunk``
 (images per decode call, each call into a buffer the same call of the next batch part reuses, the
@@ -124,6 +125,10 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         image_gpu.SLAB_FIT = knobs["fit"] == "1"
     if "route" in knobs:  # how batches are split between the decoders (split, hardware, auto)
         os.environ["GPUBATCH_DECODE_ROUTE"] = knobs["route"]
+    if "readers_hw" in knobs:  # 0: the hardware route's feed keeps a quarter of the cores' readers
+        from gpubatch.engine import executor
+
+        executor.READERS_HW = knobs["readers_hw"] == "1"
     if "split_min" in knobs:  # free cores from which the auto route splits (image_gpu.SPLIT_MIN_CORES)
         image_gpu.SPLIT_MIN_CORES = float(knobs["split_min"])
     if "api" in knobs:  # the decoder through nvImageCodec's C API (c) or its Python binding (python)
@@ -252,7 +257,10 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     out["decoder_mib_kept"] = image_gpu.POOL_KEEP >> 20
     out["not_on_gpu"] = pipe.stats["images"] - pipe.stats["gpu"]  # CPU fallbacks (none expected on the set)
     out["ring_waits"] = pipe.engine.decoder.ring_waits  # chunk calls that took a buffer of their own
-    out["route"] = f"{pipe.engine.decoder.route}" + (f" ({pipe.engine.route_cores} free)" if pipe.engine.route_cores else "")
+    from gpubatch.engine.executor import default_readers
+
+    out["route"] = (f"{pipe.engine.decoder.route}" + (f" ({pipe.engine.route_cores} free)" if pipe.engine.route_cores else "")
+                    + f", {workers or default_readers(route=pipe.engine.decoder.route)} readers")
     if counted is not None:
         out["decoder_alloc"] = {k: {"peak_mib": round(v["peak"] / 2**20, 1), "now_mib": round(v["now"] / 2**20, 1),
                                     "mallocs": v["n"], "frees": v.get("frees", 0), "largest_mib": round(v["big"] / 2**20, 2),

@@ -31,9 +31,16 @@ def default_workers() -> int:
     return max(1, min(32, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-def default_readers(cores: int | None = None) -> int:
-    """Reader processes a GPU pipeline's feed starts by default: a quarter of the cores, 1 to 4."""
-    return max(1, min(4, (cores or default_workers()) // 4))
+def default_readers(cores: int | None = None, route: str | None = None) -> int:
+    """Reader processes a GPU pipeline's feed starts by default: a quarter of the cores, 1 to 4; half
+    of them (up to 4) on the "hardware" decode route, whose decoders leave the cores to the readers
+    (image_gpu.ROUTES; READERS_HW)."""
+    cores = cores or default_workers()
+    return max(1, min(4, cores // (2 if route == "hardware" and READERS_HW else 4)))
+
+
+# whether the "hardware" route's feed takes half the cores for its readers (default_readers)
+READERS_HW = True
 
 
 def default_decoder_threads() -> int:

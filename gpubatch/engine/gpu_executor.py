@@ -809,6 +809,9 @@ class ImagePipeline:
             return
         pin = pin_feed()
         # slots: those being read ahead, decoded and processed, plus (pinned) those waiting for the GPU
+        from .executor import default_readers
+
+        workers = workers or default_readers(route=self.engine.decoder.route)
         feed = FileFeed(files, keys, batch_size, self.plan, workers, repeat=repeat, views=True,
                         depth=FEED_SLOTS + (HELD_SLOTS if pin else 0), regions=self.region_decode)
         t0 = time.perf_counter()
