@@ -7,6 +7,10 @@ nvImageCodec's C API (:mod:`.nvimgcodec_c`) and the hardware engine through nvJP
 directly (:mod:`.nvjpeg_hw`; nvImageCodec's ``HW_GPU_ONLY`` decoder where nvJPEG cannot be loaded,
 or with ``hw_direct=False``), each from a thread of its own that goes through the
 batches at that decoder's pace, decoding into one device buffer per batch part.
+How much goes to each is the decode route (:data:`ROUTES`): "split" gives the CUDA decoder about 30%
+of each batch, "hardware" gives the hardware engine every kind it takes, and "auto" chooses by the
+free CPU cores, since the CUDA decoder costs about 1 ms of CPU an image and the hardware engine a
+twentieth of that. Each kind's calls always go to the same hardware-engine instance.
 Which kinds the hardware engine takes is learned, not assumed: a kind it fails is routed to the
 CUDA decoder from then on. Whatever the GPU decoders refuse (CMYK, PNG, corrupt data) is
 decoded by Pillow into its slot and counted as a fallback; only a record that fails there too
@@ -235,6 +239,12 @@ _HW_ORDER = ("baseline/4:2:0", "baseline/4:2:2", "baseline/4:4:0", "baseline/gra
 # (benchmarks/nvjpeg_host_cost.py: 4:2:0 420-600 us an image, 4:4:4 750-990 us; RESULTS.md,
 # twenty-first session).
 _CUDA_CHEAP = ("baseline/gray", "baseline/4:2:0", "baseline/4:2:2", "baseline/4:4:0", "baseline/4:4:4")
+# Which kinds the split route's CUDA decoder takes its share from first: "slowest" (the kinds the
+# hardware engine is slowest on) or "cheapest" (the kinds that cost the CUDA decoder's host threads
+# least). "cheapest" left the hardware engine three kinds on two instances and ran the training chain
+# at 10,500-11,000 images/s against 23,500-26,700 (H200, benchmarks/memory_study.py ``takes=cheapest``;
+# RESULTS.md, twenty-second session).
+CUDA_TAKES = "slowest"
 
 
 # Which hardware-engine instance a call of each kind goes to (modulo the instances): the commonest kinds
@@ -263,9 +273,6 @@ def choose_route(route: str | None = None, cores: float | None = None, share: in
 
 def _cuda_cost(kind: str) -> int:
     return _CUDA_CHEAP.index(kind) if kind in _CUDA_CHEAP else len(_CUDA_CHEAP)
-# Which kinds the CUDA decoder takes its share from first: "slowest" (the kinds the hardware engine is
-# slowest on) or "cheapest" (the kinds that cost the CUDA decoder's host threads least).
-CUDA_TAKES = "slowest"
 
 
 _STREAMS: dict[tuple[int, str], Any] = {}
@@ -626,9 +633,13 @@ def _pieces(idx: list[int], chunk: int) -> list[list[int]]:
 class GpuImageDecoder:
     """Batched, routed, stream-ordered JPEG decode on one GPU (see the module docstring).
 
-    Each batch is split: the CUDA decoder (Huffman on the GPU, one image per CPU thread) takes the
-    share ``cuda_share``, the kinds the hardware engine is slowest on first, and the hardware JPEG
-    engine takes the rest, one call per chroma-subsampling kind. Neither is waited for on the GPU:
+    Each batch is split by ``route`` (:func:`choose_route`; "auto" by the ``cores`` free, measured
+    when not given). On the "split" route the CUDA decoder (Huffman on the GPU, one image per CPU
+    thread, about 1 ms of CPU an image) takes the share ``cuda_share`` (:data:`CUDA_SHARE`), the kinds
+    the hardware engine is slowest on first, and the hardware JPEG engine takes the rest; on the
+    "hardware" route the engine takes every kind it decodes (``cuda_share`` 0, three instances) and
+    the CUDA decoder only what the engine does not take or fails. The engine gets one call per
+    chroma-subsampling kind, each kind always on the same instance. Neither is waited for on the GPU:
     the consumer stream waits on events of the decoder streams, so batch N+1 decodes while batch N's
     kernels run.
 
@@ -640,8 +651,8 @@ class GpuImageDecoder:
     so neither waits for the other at the end of each batch (``decode(..., wait=False)``). In the
     bench's training and validation chains that measured +17-27% over waiting for both parts of
     every batch (benchmarks/memory_study.py, ``coupled=1``). The hardware decoder waits, at the start of
-    each call, until that instance's previous call has finished on the GPU, so the calls take turns
-    over ``hw_instances`` instances (2): with one instance the engine alone decoded 8,800-9,700
+    each call, until that instance's previous call has finished on the GPU, so the calls spread
+    over ``hw_instances`` instances (2 on the split route): with one instance the engine alone decoded 8,800-9,700
     images/s of the mixed set, with three 13,100-17,100, one thread calling them in turn (H200;
     benchmarks/decode_study.py, group "capi", and RESULTS.md); in the pipeline, where each decoder
     goes at its own pace, two ran within 1% of three, and the third took 53-57 MiB more
@@ -657,7 +668,8 @@ class GpuImageDecoder:
 
     The two decoders' pixels differ slightly (their IDCTs and chroma upsampling differ), so the share
     is fixed by default (``deterministic=True``): a batch is then always split the same way, and the
-    same input batched the same way gives the same output bytes whatever the timing or process.
+    same input batched the same way on the same route gives the same output bytes whatever the timing
+    or process (the "auto" route is chosen once, when the decoder is made).
     ``deterministic=False`` lets the share move each batch towards equal host time of the two calls
     (Python binding only).
     """
