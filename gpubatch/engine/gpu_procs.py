@@ -100,6 +100,9 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
     free = list(range(OUT_SLOTS))
     try:
         t0 = time.perf_counter()
+        # the decode route follows this worker's share of the cores, not their load, so written bytes do not
+        # vary with what else runs (counted before the reservation below narrows this thread's cores)
+        route_cores = _cores() / procs
         # the hardware decoder's thread gets a core of its own, which the reader processes started below leave
         cores = affinity.reserve(device_index) if procs == 1 else None
         feed = RecordFeed(src, fmt, entries, plan, batch_size, workers=feed_workers, depth=FEED_DEPTH)
@@ -107,9 +110,8 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
         # the hardware decoder's buffers reserved for a batch of 640x640 images up front: transcode ran at
         # 9,675-10,125 images/s with them against 8,597-9,085 without (benchmarks/worker_study.py)
         engine = GpuEngine(Device(DeviceKind.GPU, device_index, reason="worker"), threads, gpu_memory,
-                           share=procs, deterministic=True, cores=cores,  # written bytes must not vary,
-                           hw_preallocate=(batch_size, HW_PREALLOCATE, HW_PREALLOCATE),
-                           route_cores=_cores() / procs)  # so the route follows the cores, not the load
+                           share=procs, deterministic=True, cores=cores,  # written bytes must not vary
+                           hw_preallocate=(batch_size, HW_PREALLOCATE, HW_PREALLOCATE), route_cores=route_cores)
         gpu_init = time.perf_counter() - t0
         # the decoders copy encoded bytes straight from the ring by DMA (GpuEngine.pin_host); a slot then
         # goes back only once this process's stream is past the batch (below)

@@ -164,3 +164,15 @@ def test_free_cores_keeps_within_a_cgroups_quota(tmp_path):
     (tmp_path / "cpu.max").write_text("max 100000\n")
     assert affinity._cgroup_cpu(str(tmp_path)) is None
     assert affinity._cgroup_cpu(str(tmp_path / "none")) is None
+
+
+def test_the_hardware_route_reads_with_more_processes(monkeypatch):
+    """The feed's readers: a quarter of the cores (1 to 4), half of them on the hardware route, whose
+    decoders leave the cores free (on 8 cores one reader had kept the training chain read-bound)."""
+    from gpubatch.engine import executor
+
+    assert [executor.default_readers(c) for c in (2, 7, 8, 16, 64)] == [1, 1, 2, 4, 4]
+    assert [executor.default_readers(c, "hardware") for c in (2, 7, 8, 16, 64)] == [1, 3, 4, 4, 4]
+    assert executor.default_readers(7, "split") == 1
+    monkeypatch.setattr(executor, "READERS_HW", False)
+    assert executor.default_readers(7, "hardware") == 1

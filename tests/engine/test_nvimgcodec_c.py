@@ -232,3 +232,23 @@ def test_the_cuda_decoders_share_comes_from_the_kinds_its_order_names(takes, exp
     assert taken == {**expect, "progressive/4:2:0": 2}
     assert sorted(i for lst in hw_lists for i in lst) == sorted(set(range(102)) - set(cuda))
     assert all(len({kind_of[i] for i in lst}) == 1 for lst in hw_lists)  # one kind per hardware call
+
+
+def test_each_kind_keeps_its_hardware_instances():
+    """A call goes to an instance whose last call was of its kind (or an unused one), least recently
+    used first: kinds as many as instances get one each; a kind alone alternates over all of them;
+    a kind more than instances takes the least recently used one."""
+    from types import SimpleNamespace
+
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
+
+    def run(pool: list, calls: list[str]) -> list[int]:
+        dec = SimpleNamespace(_hw_turn=0, _hw_last={})
+        return [pool.index(GpuImageDecoder._hw_instance(dec, pool, k)) for k in calls]
+
+    two, three = [object(), object()], [object(), object(), object()]
+    assert run(three, ["420", "422", "444"] * 3) == [0, 1, 2] * 3
+    assert run(two, ["420", "422"] * 3) == [0, 1] * 3
+    assert run(two, ["420"] * 5) == [0, 1, 0, 1, 0]
+    assert run(two, ["420", "422", "420", "444", "420", "422"]) == [0, 1, 0, 1, 0, 1]
+    assert run(three, ["420", "gray", "420", "420", "gray"]) == [0, 1, 2, 0, 1]

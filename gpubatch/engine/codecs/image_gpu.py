@@ -10,7 +10,8 @@ batches at that decoder's pace, decoding into one device buffer per batch part.
 How much goes to each is the decode route (:data:`ROUTES`): "split" gives the CUDA decoder about 30%
 of each batch, "hardware" gives the hardware engine every kind it takes, and "auto" chooses by the
 free CPU cores, since the CUDA decoder costs about 1 ms of CPU an image and the hardware engine a
-twentieth of that. Each kind's calls always go to the same hardware-engine instance.
+twentieth of that. Each kind keeps its hardware-engine instances (one has to reconfigure for
+another kind at half speed).
 Which kinds the hardware engine takes is learned, not assumed: a kind it fails is routed to the
 CUDA decoder from then on. Whatever the GPU decoders refuse (CMYK, PNG, corrupt data) is
 decoded by Pillow into its slot and counted as a fallback; only a record that fails there too
@@ -246,13 +247,6 @@ _CUDA_CHEAP = ("baseline/gray", "baseline/4:2:0", "baseline/4:2:2", "baseline/4:
 # RESULTS.md, twenty-second session).
 CUDA_TAKES = "slowest"
 
-
-# Which hardware-engine instance a call of each kind goes to (modulo the instances): the commonest kinds
-# each to one of their own. An instance whose call's kind differs from its last call's decodes at about
-# half speed (8,300-9,100 images/s against 13,800-16,000, the engine alone; RESULTS.md, fourteenth
-# session), so calls taking turns over the instances were slow whenever a batch gave the engine more
-# kinds than instances (twenty-second session).
-_HW_SLOT = {"baseline/4:2:0": 0, "baseline/4:2:2": 1, "baseline/4:4:4": 2, "baseline/4:4:0": 3, "baseline/gray": 4}
 
 
 def choose_route(route: str | None = None, cores: float | None = None, share: int = 1) -> tuple[str, float | None]:
@@ -639,7 +633,7 @@ class GpuImageDecoder:
     the hardware engine is slowest on first, and the hardware JPEG engine takes the rest; on the
     "hardware" route the engine takes every kind it decodes (``cuda_share`` 0, three instances) and
     the CUDA decoder only what the engine does not take or fails. The engine gets one call per
-    chroma-subsampling kind, each kind always on the same instance. Neither is waited for on the GPU:
+    chroma-subsampling kind, each kind keeping its instances (:meth:`_hw_instance`). Neither is waited for on the GPU:
     the consumer stream waits on events of the decoder streams, so batch N+1 decodes while batch N's
     kernels run.
 
@@ -752,7 +746,8 @@ class GpuImageDecoder:
             raise ValueError(f"unknown cuda_takes {self.cuda_takes!r}: 'slowest' or 'cheapest'")
         self.deterministic = deterministic
         self._step = 0.1
-        self._hw_turn = 0
+        self._hw_turn = 0  # hardware calls so far
+        self._hw_last: dict[int, tuple[str | None, int]] = {}  # per instance (id): its last call's kind and number
         self._slab_cap = {True: 0, False: 0}  # the largest buffer each decoder's parts have taken
         # each decoder's chunk buffers and the next one a call takes (decode(..., chunk=N))
         self._rings: dict[bool, list[_RingSlot]] = {True: [], False: []}
@@ -1342,13 +1337,18 @@ class GpuImageDecoder:
             self._cuda_thread.submit(self._run, again, blobs, regions, kinds)
 
     def _hw_instance(self, pool: list[Any], kind: str | None) -> Any:
-        """The hardware-engine instance for a call of ``kind``: always the same one per kind
-        (:data:`_HW_SLOT`), since an instance whose call's kind differs from its last call's decodes at
-        about half speed; calls of other kinds, or mixing kinds, take turns over the instances."""
-        slot = None if HW_MIXED else _HW_SLOT.get(kind or "")
-        if slot is None:
-            slot, self._hw_turn = self._hw_turn, self._hw_turn + 1
-        return pool[slot % len(pool)]
+        """The hardware-engine instance for a call of ``kind``: the least recently used of those whose
+        last call was of the same kind or that have not been used, else the least recently used of
+        all. An instance whose call's kind differs from its last call's decodes at about half speed
+        (8,300-9,100 images/s against 13,800-16,000, the engine alone; RESULTS.md, fourteenth session),
+        so each kind keeps its instances (with as many kinds as instances, one each); a kind alone
+        (a set all 4:2:0) still has its calls alternate over every instance, as taking turns gave."""
+        self._hw_turn += 1
+        last = self._hw_last
+        fits = [d for d in pool if id(d) not in last or last[id(d)][0] == kind]
+        pick = min(fits or pool, key=lambda d: last.get(id(d), (None, -1))[1])
+        last[id(pick)] = (kind, self._hw_turn)
+        return pick
 
     def _calls(self, job: _Job, kinds: list[str | None]) -> list[int]:
         """The decode calls of :meth:`_run`; returns what the hardware engine failed."""
