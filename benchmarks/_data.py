@@ -33,3 +33,15 @@ def load_blobs(data: str | Path, n: int, batch_size: int = 256,
     files = jpeg_set(data, n, mix)
     blobs = list(ThreadPoolExecutor(16).map(Path.read_bytes, files))
     return files, blobs, [blobs[i : i + batch_size] for i in range(0, len(blobs), batch_size)]
+
+
+def run_beside_busy(ap, run) -> None:
+    """Parse ``ap`` (with a ``--busy N`` option added) and call ``run(args)`` with N busy processes
+    (nice 19) beside it, as ``gpubatch bench --busy`` runs them."""
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="N busy processes (nice 19) beside the run, as gpubatch bench --busy")
+    args = ap.parse_args()
+    from gpubatch.bench.measure import BusyLoad
+
+    with BusyLoad(args.busy):
+        run(args)

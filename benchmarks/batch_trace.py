@@ -33,7 +33,7 @@ import threading
 import time
 from collections import defaultdict
 
-from _data import DEFAULT_DATA, jpeg_set  # noqa: F401  (benchmarks/_data.py, beside this script)
+from _data import DEFAULT_DATA, jpeg_set, run_beside_busy  # noqa: F401  (benchmarks/_data.py, beside this script)
 
 from gpubatch.bench.contenders import file_keys
 
@@ -177,13 +177,7 @@ def main() -> None:
     ap.add_argument("--hw-chunk", type=int, default=None, help="the hardware engine's calls split above N (image_gpu.HW_CHUNK)")
     ap.add_argument("--json", default=None, help="write the summary here")
     ap.add_argument("--trace", default=None, help="write the spans here as a Chrome trace")
-    ap.add_argument("--busy", type=int, default=0, metavar="N",
-                    help="N busy processes (nice 19) beside the run, as gpubatch bench --busy")
-    args = ap.parse_args()
-    from gpubatch.bench.measure import BusyLoad
-
-    with BusyLoad(args.busy):
-        _run(args)
+    run_beside_busy(ap, _run)
 
 
 def _run(args: argparse.Namespace) -> None:

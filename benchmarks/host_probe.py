@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 
-from _data import DEFAULT_DATA, jpeg_set  # (benchmarks/_data.py, beside this script)
+from _data import DEFAULT_DATA, jpeg_set, run_beside_busy  # (benchmarks/_data.py, beside this script)
 
 
 def _median_rate(fn, n: int, repeats: int = 7) -> float:
@@ -170,13 +170,7 @@ def main() -> None:
     ap.add_argument("--data", default=DEFAULT_DATA)
     ap.add_argument("--calls", type=int, default=60)
     ap.add_argument("--json", default="")
-    ap.add_argument("--busy", type=int, default=0, metavar="N",
-                    help="N busy processes (nice 19) beside the run, as gpubatch bench --busy")
-    args = ap.parse_args()
-    from gpubatch.bench.measure import BusyLoad
-
-    with BusyLoad(args.busy):
-        _run(args)
+    run_beside_busy(ap, _run)
 
 
 def _run(args: argparse.Namespace) -> None:

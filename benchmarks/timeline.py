@@ -36,7 +36,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from _data import DEFAULT_DATA, ROOT, jpeg_set  # noqa: F401  (benchmarks/_data.py, beside this script)
+from _data import DEFAULT_DATA, ROOT, jpeg_set, run_beside_busy  # noqa: F401  (benchmarks/_data.py, beside this script)
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 API_CATS = ("cuda_runtime", "cuda_driver")
@@ -290,13 +290,7 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="also write the raw trace here (Chrome trace JSON; .gz: gzipped)")
     ap.add_argument("--json", default=None, help="write the summary here as JSON")
     ap.add_argument("--share", type=float, default=None, help="gpubatch: the CUDA decoder's share of each batch")
-    ap.add_argument("--busy", type=int, default=0, metavar="N",
-                    help="N busy processes (nice 19) beside the run, as gpubatch bench --busy")
-    args = ap.parse_args()
-    from gpubatch.bench.measure import BusyLoad
-
-    with BusyLoad(args.busy):
-        _run(args)
+    run_beside_busy(ap, _run)
 
 
 def _run(args: argparse.Namespace) -> None:
