@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..engine.affinity import cpu_ticks as host_cpu_ticks  # the machine's busy, idle and stolen ticks
+
 
 def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
@@ -95,18 +97,6 @@ def tree_cpu_seconds() -> dict[int, float]:
         tree.add(pid)
         todo.extend(c for c, (pp, _) in stats.items() if pp == pid and c not in tree)
     return {p: stats[p][1] for p in tree if p in stats}
-
-
-def host_cpu_ticks() -> list[int] | None:
-    """The machine's CPU time so far, in clock ticks, from /proc/stat's first line: [busy (user, nice,
-    system, irq, softirq), idle (idle, iowait), steal]; None where unreadable (not Linux)."""
-    try:
-        with open("/proc/stat") as fh:
-            f = [int(x) for x in fh.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    f += [0] * (8 - len(f))
-    return [f[0] + f[1] + f[2] + f[5] + f[6], f[3] + f[4], f[7]]
 
 
 class CpuUse:

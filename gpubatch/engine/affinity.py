@@ -97,22 +97,29 @@ def reserve(device_index: int = 0) -> Reservation | None:
     return Reservation(core, others, threading.get_native_id(), set(before))
 
 
-def _cpu_ticks(cpus: set[int]) -> tuple[int, int] | None:
-    """(all ticks, idle ticks: idle + iowait) so far, summed over ``cpus``, from /proc/stat's per-CPU
-    lines; None where unreadable (not Linux)."""
-    total = idle = 0
+def cpu_ticks(cpus: set[int] | None = None) -> list[int] | None:
+    """CPU time so far, in clock ticks, from /proc/stat: [busy (user, nice, system, irq, softirq),
+    idle (idle, iowait), steal], of the whole machine (its first line) or summed over ``cpus`` (their
+    own lines); None where unreadable (not Linux)."""
+    out = [0, 0, 0]
     try:
         with open("/proc/stat") as fh:
             for line in fh:
                 name, _, rest = line.partition(" ")
-                if not name.startswith("cpu") or not name[3:].isdigit() or int(name[3:]) not in cpus:
+                if cpus is None and name != "cpu":
+                    break
+                if cpus is not None and (not name.startswith("cpu") or not name[3:].isdigit()
+                                         or int(name[3:]) not in cpus):
                     continue
                 f = [int(x) for x in rest.split()[:8]]
-                total += sum(f)
-                idle += f[3] + f[4]
-    except (OSError, ValueError, IndexError):
+                f += [0] * (8 - len(f))
+                for k, v in enumerate((f[0] + f[1] + f[2] + f[5] + f[6], f[3] + f[4], f[7])):
+                    out[k] += v
+                if cpus is None:
+                    break
+    except (OSError, ValueError):
         return None
-    return total, idle
+    return out
 
 
 def _cgroup_cpu(root: str) -> tuple[float, float] | None:
@@ -139,11 +146,11 @@ def free_cores(seconds: float = 0.2, cgroup: str = "/sys/fs/cgroup") -> float:
     import time
 
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    a, qa, t0 = _cpu_ticks(cpus), _cgroup_cpu(cgroup), time.perf_counter()
+    a, qa, t0 = cpu_ticks(cpus), _cgroup_cpu(cgroup), time.perf_counter()
     time.sleep(seconds)
-    b, qb, wall = _cpu_ticks(cpus), _cgroup_cpu(cgroup), time.perf_counter() - t0
-    free = (float(len(cpus)) if a is None or b is None or b[0] <= a[0]
-            else len(cpus) * (b[1] - a[1]) / (b[0] - a[0]))
+    b, qb, wall = cpu_ticks(cpus), _cgroup_cpu(cgroup), time.perf_counter() - t0
+    total = sum(b) - sum(a) if a is not None and b is not None else 0
+    free = float(len(cpus)) if total <= 0 else len(cpus) * (b[1] - a[1]) / total
     if qa is not None and qb is not None:
         free = min(free, max(0.0, qb[0] - (qb[1] - qa[1]) / wall))
     return free

@@ -120,6 +120,15 @@ def test_reserve_leaves_out_the_cores_hyperthreads(two_cores, monkeypatch):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
+def test_cpu_ticks_of_some_cores_add_up_to_at_most_the_machines():
+    cpus = sorted(os.sched_getaffinity(0))
+    every, one = affinity.cpu_ticks(), affinity.cpu_ticks({cpus[0]})
+    assert len(every) == len(one) == 3 and sum(one) > 0
+    assert all(o <= e for o, e in zip(one, every))
+    assert affinity.cpu_ticks(set()) == [0, 0, 0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
 def test_free_cores_sees_a_busy_process():
     """Free cores are counted over the cores this process may use: a process spinning on one of them
     takes about that core."""

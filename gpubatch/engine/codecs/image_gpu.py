@@ -675,8 +675,7 @@ class GpuImageDecoder:
                  cuda_share: float | None = None, deterministic: bool = True, cuda_threads: int | None = None,
                  hw_preallocate: tuple[int, int, int] | None = None, options: str = "",
                  api: str | None = None, hw_instances: int | None = None, hw_direct: bool | None = None,
-                 hw_core: Any = None, cuda_takes: str | None = None, route: str | None = None,
-                 cores: float | None = None):
+                 hw_core: Any = None, route: str | None = None, cores: float | None = None):
 
         import cupy as cp
 
@@ -700,7 +699,7 @@ class GpuImageDecoder:
         self.hw = self.cuda = self.lib = self.cuda_c = None
         self.hw_cs: list[Any] = []
         self.hw_direct: list[Any] = []  # nvjpeg_hw.HwBatchDecoder instances (the C API's hardware path)
-        self.route, self.free_cores = choose_route(route, cores) if hw_decoder else ("cuda", None)
+        self.route = choose_route(route, cores)[0] if hw_decoder else "cuda"
         hw_only = self.route == "hardware"
         hw_instances = hw_instances or int(os.environ.get("GPUBATCH_HW_DECODERS", 0)) or (
             HW_ONLY_INSTANCES if hw_only else self.HW_INSTANCES)
@@ -741,9 +740,7 @@ class GpuImageDecoder:
         self.cuda_share = cuda_share if hw_decoder else 1.0
         if not (self.hw or self.hw_cs or self.hw_direct):
             self.route = "cuda"  # (no hardware engine here)
-        self.cuda_takes = cuda_takes or CUDA_TAKES
-        if self.cuda_takes not in ("slowest", "cheapest"):
-            raise ValueError(f"unknown cuda_takes {self.cuda_takes!r}: 'slowest' or 'cheapest'")
+        self.cuda_takes = CUDA_TAKES  # (a study knob: benchmarks/memory_study.py ``takes``)
         self.deterministic = deterministic
         self._step = 0.1
         self._hw_turn = 0  # hardware calls so far
