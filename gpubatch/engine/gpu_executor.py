@@ -892,7 +892,7 @@ class ImagePipeline:
                 return self.decode(blobs)
             return self.decode(blobs, fed.headers, fed.regions)
 
-        batches = decode_ahead(decode, items, prefetch, tm)
+        batches = decode_ahead(decode, items, prefetch, tm, self.engine.device.index if self.engine else None)
         try:
             for (_, keys, fed), out in batches:
                 t1, waited = time.perf_counter(), tm["decode_wait"]
@@ -918,10 +918,11 @@ class ImagePipeline:
 
 
 def decode_ahead(decode: Callable[[Any], Any], items: Iterable[Any], prefetch: int,
-                 timings: dict[str, float]) -> Iterator[tuple[Any, Any]]:
+                 timings: dict[str, float], device: int | None = None) -> Iterator[tuple[Any, Any]]:
     """(item, decode(item)) pairs: items come from a thread, ``decode`` runs in another, at most
     ``prefetch`` decoded batches ahead of the one the consumer holds. ``timings`` gets "read_wait",
-    "decode" and "decode_wait" seconds.
+    "decode" and "decode_wait" seconds. ``device``: the CUDA device the decoding thread works on
+    (a thread starts on device 0; see ``image_gpu._on_device``).
 
     A decode starts only once a slot is free, so at most ``prefetch + 1`` decoded batches are held at a
     time, plus the one before until its kernels finish (a plain queue of depth ``prefetch`` would hold
@@ -938,6 +939,10 @@ def decode_ahead(decode: Callable[[Any], Any], items: Iterable[Any], prefetch: i
     stop = threading.Event()
 
     def decoded() -> Iterator[tuple[Any, Any]]:
+        if device is not None:
+            import cupy
+
+            cupy.cuda.runtime.setDevice(device)
         t = time.perf_counter()
         for item in prefetched(items, depth):
             t1 = time.perf_counter()

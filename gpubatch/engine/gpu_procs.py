@@ -125,7 +125,7 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
                                          wait=False)
 
         seen = dict(tm)
-        for fed, res in decode_ahead(decode, feed, 2, tm):
+        for fed, res in decode_ahead(decode, feed, 2, tm, device_index):
             if stop.is_set():
                 out.cancel_join_thread()
                 return

@@ -939,3 +939,71 @@ def test_sync_policy_is_set_only_where_gpubatch_makes_the_context(case, env, wan
     kind, was_set, policy, active = out.stdout.split()[-4:]
     assert (kind, policy, active) == ("gpu", want, "True")
     assert was_set == str(case == "fresh")
+
+
+_OTHER_GPU = """
+import sys, threading, time
+from pathlib import Path
+import cupy as cp
+from gpubatch import convert
+from gpubatch.engine import gpu_executor as ge
+from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
+try:
+    import pynvml
+    pynvml.nvmlInit()
+    gpu0 = pynvml.nvmlDeviceGetHandleByIndex(0)
+except Exception:  # no NVML: only this process is looked at
+    gpu0 = None
+
+def on_gpu0():
+    return {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(gpu0)} if gpu0 else set()
+
+before, seen, done = on_gpu0(), set(), threading.Event()
+
+def watch():  # processes that appear on GPU 0 while this runs (the convert worker's included)
+    while not done.is_set():
+        seen.update(on_gpu0() - before)
+        time.sleep(0.05)
+
+threading.Thread(target=watch, daemon=True).start()
+src, out = Path(sys.argv[1]), Path(sys.argv[2])
+files = sorted(src.rglob("*.jpg"))
+ops = [RandomResizedCrop(64), Flip(), Normalize(layout="CHW", dtype="float16")]
+with ge.ImagePipeline(ops, device="gpu", gpu=1, seed=0) as pipe:
+    for k, b in enumerate(pipe.iterate_files(files, batch_size=16, repeat=True)):
+        b.stacked()
+        if k == 5:
+            break
+    x = pipe([f.read_bytes() for f in files[:8]]).stacked()
+    pipe.stream.synchronize()
+    with cp.cuda.Device(1):
+        img = cp.ascontiguousarray(x[0].transpose(1, 2, 0).astype(cp.uint8))
+    enc = pipe.engine.encoder.encode([img], "jpeg", 90, pipe.stream)
+    assert enc[0]
+s = convert(src, out, to="webdataset", resize_shorter=48, quality=90, device="gpu", gpu=1)
+assert s.records_out == 60, s
+time.sleep(0.3)
+done.set()
+print("gpu0-context", ge.sync_policy_state(0)[1], "gpu1-context", ge.sync_policy_state(1)[1],
+      "gpu0-new-processes", len(seen))
+"""
+
+
+def test_a_run_on_the_second_gpu_leaves_the_first_alone(imagenet, tmp_path):
+    """A pipeline (files and in-memory batches, the encoder) and a ``convert`` on GPU 1 make no CUDA
+    context on GPU 0, in the process or in the convert's worker: each thread gpubatch starts works on
+    the run's device (a context there takes about 500 MiB of another run's GPU). Needs two GPUs."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    import cupy as cp
+
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, "-c", _OTHER_GPU, str(imagenet), str(tmp_path / "out")], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split()[-6:] == ["gpu0-context", "False", "gpu1-context", "True", "gpu0-new-processes", "0"]

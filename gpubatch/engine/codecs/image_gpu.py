@@ -269,6 +269,22 @@ def _cuda_cost(kind: str) -> int:
     return _CUDA_CHEAP.index(kind) if kind in _CUDA_CHEAP else len(_CUDA_CHEAP)
 
 
+def _on_device(cp: Any, device_index: int, then: Any = None) -> Any:
+    """A thread initializer that makes ``device_index`` the new thread's current CUDA device, then calls
+    ``then``. A thread starts on device 0, and a CUDA call made there makes device 0's context: about
+    500 MiB of GPU 0 taken by a run on another GPU (two ``gpubatch bench`` runs on GPUs 0 and 1 of one
+    host read 1.23-1.33 GiB on GPU 0 against 0.72-0.82). For the same reason the finalizers below
+    (:class:`_Slab`, :class:`_Release`, :class:`_Chunk`), which run in whichever thread drops the last
+    reference, make their own device current first."""
+
+    def init() -> None:
+        cp.cuda.runtime.setDevice(device_index)
+        if then is not None:
+            then()
+
+    return init
+
+
 _STREAMS: dict[tuple[int, str], Any] = {}
 _POOLS_SET: set[int] = set()
 
@@ -456,18 +472,20 @@ class _Slab:
     memory while the decoder still writes it. ``consumer`` is a :func:`_stream_ref`: where the stream
     or the event is gone first, the free waits for the whole device."""
 
-    __slots__ = ("ptr", "consumer", "runtime", "event")
+    __slots__ = ("ptr", "consumer", "runtime", "event", "device")
 
     def __init__(self, cp, size: int, stream: Any, consumer: Any):
         self.runtime = cp.cuda.runtime
         self.ptr = self.runtime.mallocAsync(size, stream.ptr)
         self.consumer = _stream_ref(consumer)
         self.event = None
+        self.device = cp.cuda.Device()  # (the current one: see _on_device)
 
     def __del__(self) -> None:
         try:
-            stream = _readers_after(self.consumer, self.event)
-            self.runtime.freeAsync(self.ptr, stream.ptr if stream is not None else 0)
+            with self.device:
+                stream = _readers_after(self.consumer, self.event)
+                self.runtime.freeAsync(self.ptr, stream.ptr if stream is not None else 0)
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
 
@@ -483,16 +501,20 @@ class _Release:
     kernels.
     """
 
-    __slots__ = ("images", "consumer", "sink")
+    __slots__ = ("images", "consumer", "sink", "device")
 
     def __init__(self, images: list[Any], consumer: Any, sink: deque):
+        import cupy
+
         self.images, self.consumer, self.sink = images, _stream_ref(consumer), sink
+        self.device = cupy.cuda.Device()  # (the current one: see _on_device)
 
     def __del__(self) -> None:
         try:
-            stream = _readers_after(self.consumer, None)
-            if stream is not None:  # (else the device is idle: the images go now)
-                self.sink.append((stream.record(), self.images))
+            with self.device:
+                stream = _readers_after(self.consumer, None)
+                if stream is not None:  # (else the device is idle: the images go now)
+                    self.sink.append((stream.record(), self.images))
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
         self.images = None
@@ -521,15 +543,19 @@ class _Chunk:
     consumer wait for it first, so the slot is never reused under a running decode). ``consumer``: as
     :class:`_Slab`'s (where it or the event is gone, the slot goes back once the device is idle)."""
 
-    __slots__ = ("slot", "consumer", "event")
+    __slots__ = ("slot", "consumer", "event", "device")
 
     def __init__(self, slot: _RingSlot, consumer: Any):
+        import cupy
+
         self.slot, self.consumer, self.event = slot, _stream_ref(consumer), None
+        self.device = cupy.cuda.Device()  # (the current one: see _on_device)
 
     def __del__(self) -> None:
         try:
-            stream = _readers_after(self.consumer, self.event)
-            self.slot.release = stream.record() if stream is not None else None
+            with self.device:
+                stream = _readers_after(self.consumer, self.event)
+                self.slot.release = stream.record() if stream is not None else None
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
         self.slot.free.release()
@@ -757,13 +783,16 @@ class GpuImageDecoder:
         self.hw_takes: set[str] = set()
         # the Python binding's CUDA-decoder calls run beside its hardware calls from the calling thread;
         # with the C API each decoder's part of every batch is decoded by a thread of its own
-        one = functools.partial(ThreadPoolExecutor, max_workers=1)
+        # (each thread starts on this decoder's device: _on_device)
+        one = functools.partial(ThreadPoolExecutor, max_workers=1, initializer=_on_device(cp, device_index))
         self._side = one(thread_name_prefix="gpubatch-cuda-decode") if self.api == "python" else None
         # (``hw_core``: an affinity.Reservation whose core the hardware engine's thread is bound to)
-        self._hw_thread = (one(thread_name_prefix="gpubatch-hw-decode", initializer=hw_core.pin if hw_core else None)
+        self._hw_thread = (one(thread_name_prefix="gpubatch-hw-decode",
+                               initializer=_on_device(cp, device_index, hw_core.pin if hw_core else None))
                            if self.api == "c" else None)
         self._cuda_thread = one(thread_name_prefix="gpubatch-cuda-decode") if self.api == "c" else None
-        self._cpu = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpubatch-cpu-decode")
+        self._cpu = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpubatch-cpu-decode",
+                                       initializer=_on_device(cp, device_index))
         # one decode() at a time: a second thread's call beside a running one broke the hardware
         # decoder ("Something went wrong during decoding", then a crash; benchmarks/pipeline_study.py)
         self._calling = threading.Lock()
@@ -963,7 +992,7 @@ class GpuImageDecoder:
             raise ValueError("decode(chunk=N) needs wait=False and order=False: read it through chunks()")
         if self.lib is None or not self.stream_ordered:
             chunk = 0
-        with self._calling:
+        with self._calling, self.cp.cuda.Device(self.device_index):  # (whichever thread calls: _on_device)
             res = self._decode(blobs, stream, max_pixels, headers, regions, chunk, planes)
         if wait or order:
             res.wait()
