@@ -45,11 +45,19 @@ READERS_HW = True
 
 def default_decoder_threads() -> int:
     """CPU threads of the CUDA JPEG decoder by default: the cores less the feed's reader processes and
-    one for the pipeline's own threads (11 on 16 cores). With 15 on 16 cores the threads crowded out
-    the rest of the pipeline: the training chain ran 16,000-17,400 images/s against 19,600-20,000
-    with 11 and 14,300-17,500 with 8 (H200; benchmarks/memory_study.py ``threads=``, RESULTS.md)."""
+    one for the pipeline's own threads (11 on 16 cores), at most :data:`DECODER_THREADS_MAX`. With 15
+    on 16 cores the threads crowded out the rest of the pipeline: the training chain ran
+    16,000-17,400 images/s against 19,600-20,000 with 11 and 14,300-17,500 with 8 (H200;
+    benchmarks/memory_study.py ``threads=``, RESULTS.md)."""
     cores = default_workers()
-    return max(1, cores - default_readers(cores) - 1)
+    return max(1, min(DECODER_THREADS_MAX, cores - default_readers(cores) - 1))
+
+
+# More CUDA-decoder threads than 11 are slower and take more device memory (each has nvJPEG buffers of
+# its own): on a 32-core host the training chain ran 20,800-21,000 images/s at 840 MiB with 27 threads
+# (32 less 4 readers less 1), 22,700-24,400 at 774 MiB with 16, 25,400-27,600 at 738 MiB with 11
+# (H200; benchmarks/memory_study.py ``cuda=``; RESULTS.md, twenty-third session).
+DECODER_THREADS_MAX = 11
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int, window: int | None = None) -> Iterator[R]:
