@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What each JPEG decode path costs the host's CPU, image by image, on the mixed set's kinds.
 
-    python3 benchmarks/nvjpeg_host_cost.py [--data .bench-data/mixed] [--images 64]
+    python3 benchmarks/nvjpeg_host_cost.py [--data .bench-data/mixed] [--images 64] [--in-flight NxK,...]
 
 Two questions behind the GPU path's speed on a host with few free cores (RESULTS.md, twenty-first
 session):
@@ -15,6 +15,12 @@ session):
    each phase's thread CPU time (stream parse, ``nvjpegDecodeJpegHost``, transfer, device, the
    wait), against nvImageCodec's CUDA decoder on the same images with 1 and 11 threads (the process's
    CPU time an image).
+
+3. ``--in-flight NxK,...``: nvJPEG's batched GPU-Huffman backends (and the hardware engine, to
+   compare) with K calls of N images each in flight at once, each on a state and stream of its own,
+   from one thread: host time an image, images/s, and the device memory the K states and their
+   outputs took (the device's memory in use after the run less before the states were made). Only
+   these rows are printed.
 
 Each row also gives the largest difference from Pillow over the images it checks (levels).
 """
@@ -117,6 +123,82 @@ def batched(cp, imgs: Images, backend: int, kind: str, calls: int = 20) -> str:
     return f"host {h / n * 1e6:.1f} us/img; a call at a time {n / w:,.0f} img/s; max diff {imgs.worst(kind)}"
 
 
+def in_flight(cp, data: str, backend: int, kind: str, n: int, k: int, rounds: int = 12) -> str:
+    """``k`` batched calls of ``n`` images of ``kind`` in flight (see the module docstring, 3)."""
+    import numpy as np
+
+    from gpubatch.engine.codecs import image as host
+    from gpubatch.engine.codecs import nvjpeg_hw as nh
+    from gpubatch.engine.codecs.image_gpu import jpeg_kind
+
+    blobs = [b for b in (f.read_bytes() for f in jpeg_set(data, 4096)) if jpeg_kind(b)[0] == kind][: n * k]
+    if len(blobs) < n * k:
+        return f"the set has {len(blobs)} images of this kind, fewer than {n * k}"
+    lib = nh.library()
+    cp.get_default_memory_pool().free_all_blocks()  # (the rows before: their buffers are counted there)
+    free, total = cp.cuda.runtime.memGetInfo()
+    used0 = total - free
+    calls = []  # per call: handle, state, arguments, stream, its last end, what keeps its memory
+    try:
+        for c in range(k):
+            part = blobs[c * n : (c + 1) * n]
+            dims = [jpeg_kind(b)[1:] for b in part]
+            out = cp.empty(sum(w * h * 3 for w, h in dims), cp.uint8)
+            places, off = [], 0
+            for w, h in dims:
+                places.append((out.data.ptr + off, w * 3))
+                off += w * h * 3
+            arrays = [np.frombuffer(b, np.uint8) for b in part]
+            keep: list = [out, arrays]
+            if backend in (4, 5):  # device-side input: the bitstreams uploaded once
+                dev = cp.asarray(np.concatenate(arrays))
+                keep.append(dev)
+                offsets = np.cumsum([0] + [len(b) for b in part[:-1]])
+                sources = [(dev.data.ptr + int(o), len(b)) for o, b in zip(offsets, part)]
+            else:
+                sources = [(a.ctypes.data, a.nbytes) for a in arrays]
+            handle, state = C.c_void_p(), C.c_void_p()
+            _check("nvjpegCreateEx", lib.nvjpegCreateEx(backend, None, None, nh.FLAGS if backend in (3, 5) else 0,
+                                                        C.byref(handle)))
+            calls.append([handle, state, nh.call_args(sources, places), cp.cuda.Stream(non_blocking=True), None, keep])
+            _check("nvjpegJpegStateCreate", lib.nvjpegJpegStateCreate(handle, C.byref(state)))
+        spent = []
+        for r in range(rounds + 2):
+            t0, host_s = time.perf_counter(), 0.0
+            for call in calls:
+                handle, state, (m, arr, sizes, out_images), stream, done, _ = call
+                if done is not None:
+                    done.synchronize()
+                t1 = time.perf_counter()
+                _check("nvjpegDecodeBatchedInitialize",
+                       lib.nvjpegDecodeBatchedInitialize(handle, state, m, 1, nh.OUTPUT_RGBI))
+                _check("nvjpegDecodeBatched", lib.nvjpegDecodeBatched(handle, state, arr, sizes, out_images,
+                                                                       C.c_void_p(stream.ptr)))
+                host_s += time.perf_counter() - t1
+                call[4] = stream.record()
+            for call in calls:
+                call[4].synchronize()
+            if r >= 2:  # (the first rounds grow nvJPEG's buffers)
+                spent.append((host_s, time.perf_counter() - t0))
+        free, total = cp.cuda.runtime.memGetInfo()
+        mib = (total - free - used0) / 2**20
+        first = calls[0][5][0].get()
+        worst, off = 0, 0
+        for b in blobs[:6]:
+            w, h = jpeg_kind(b)[1:]
+            img = first[off : off + w * h * 3].reshape(h, w, 3).astype(np.int16)
+            off += w * h * 3
+            worst = max(worst, int(np.abs(img - host.decode(b).astype(np.int16)).max()))
+    finally:
+        for handle, state, *_ in calls:
+            if state:
+                lib.nvjpegJpegStateDestroy(state)
+            lib.nvjpegDestroy(handle)
+    h, w = statistics.median(x[0] for x in spent), statistics.median(x[1] for x in spent)
+    return (f"host {h / (n * k) * 1e6:.1f} us/img; {n * k / w:,.0f} img/s; {mib:.0f} MiB "
+            f"({mib / (n * k):.2f} an image); max diff {worst}")
+
+
 def phases(cp, imgs: Images, backend: int, kind: str, passes: int = 3) -> str:
     from gpubatch.engine.codecs import nvjpeg_hw as nh
 
@@ -185,9 +267,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=DEFAULT_DATA)
     ap.add_argument("--images", type=int, default=64, help="images of each kind")
+    ap.add_argument("--in-flight", default="", metavar="NxK,...",
+                    help="only the in-flight rows: K calls of N images each at once (e.g. 128x1,256x1,128x2,128x4)")
     args = ap.parse_args()
     import cupy as cp
 
+    if args.in_flight:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.in_flight.split(",")]
+        for kind in ("baseline/4:4:4", "baseline/4:2:0"):
+            for backend, name in ((4, "GPU_HYBRID_DEVICE"), (2, "GPU_HYBRID"), (3, "HARDWARE")):
+                for n, k in shapes:
+                    print(f"in flight {name:18s} {kind} {n}x{k}: {in_flight(cp, args.data, backend, kind, n, k)}",
+                          flush=True)
+        return
     imgs = Images(cp, args.data, args.images)
     for kind in KINDS:
         for backend, name in BATCHED:
