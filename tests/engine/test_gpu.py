@@ -991,8 +991,9 @@ print("gpu0-context", ge.sync_policy_state(0)[1], "gpu1-context", ge.sync_policy
 
 def test_a_run_on_the_second_gpu_leaves_the_first_alone(imagenet, tmp_path):
     """A pipeline (files and in-memory batches, the encoder) and a ``convert`` on GPU 1 make no CUDA
-    context on GPU 0, in the process or in the convert's worker: each thread gpubatch starts works on
-    the run's device (a context there takes about 500 MiB of another run's GPU). Needs two GPUs."""
+    context on GPU 0, in the process or in the convert's worker: every CUDA call gpubatch makes, in
+    whichever thread, is made on the run's device (a context there takes about 500 MiB of another
+    run's GPU). Needs two GPUs."""
     import os
     import subprocess
     from pathlib import Path

@@ -248,7 +248,6 @@ _CUDA_CHEAP = ("baseline/gray", "baseline/4:2:0", "baseline/4:2:2", "baseline/4:
 CUDA_TAKES = "slowest"
 
 
-
 def choose_route(route: str | None = None, cores: float | None = None, share: int = 1) -> tuple[str, float | None]:
     """(the route, the free cores it was chosen by or None): ``route`` (by default
     GPUBATCH_DECODE_ROUTE, else :data:`ROUTE`) as given, or for "auto" by ``cores`` free (by default
@@ -273,9 +272,10 @@ def _on_device(cp: Any, device_index: int, then: Any = None) -> Any:
     """A thread initializer that makes ``device_index`` the new thread's current CUDA device, then calls
     ``then``. A thread starts on device 0, and a CUDA call made there makes device 0's context: about
     500 MiB of GPU 0 taken by a run on another GPU (two ``gpubatch bench`` runs on GPUs 0 and 1 of one
-    host read 1.23-1.33 GiB on GPU 0 against 0.72-0.82). For the same reason the finalizers below
+    host read 1.23-1.33 GiB on GPU 0 against 0.72-0.82). For the same reason
+    :meth:`GpuImageDecoder.decode`, which the caller's threads call, and the finalizers below
     (:class:`_Slab`, :class:`_Release`, :class:`_Chunk`), which run in whichever thread drops the last
-    reference, make their own device current first."""
+    reference, make their device current first (:func:`_make_current`)."""
 
     def init() -> None:
         cp.cuda.runtime.setDevice(device_index)
@@ -283,6 +283,14 @@ def _on_device(cp: Any, device_index: int, then: Any = None) -> Any:
             then()
 
     return init
+
+
+def _make_current(runtime: Any, device_index: int) -> None:
+    """Make ``device_index`` the calling thread's current device and leave it so. Not a ``with
+    cupy.cuda.Device(...)`` block: leaving one in a thread that was on device 0 sets device 0 again,
+    and since CUDA 12 setting a device makes its context (the two-GPU test failed so)."""
+    if runtime.getDevice() != device_index:
+        runtime.setDevice(device_index)
 
 
 _STREAMS: dict[tuple[int, str], Any] = {}
@@ -479,13 +487,13 @@ class _Slab:
         self.ptr = self.runtime.mallocAsync(size, stream.ptr)
         self.consumer = _stream_ref(consumer)
         self.event = None
-        self.device = cp.cuda.Device()  # (the current one: see _on_device)
+        self.device = self.runtime.getDevice()  # (see _on_device)
 
     def __del__(self) -> None:
         try:
-            with self.device:
-                stream = _readers_after(self.consumer, self.event)
-                self.runtime.freeAsync(self.ptr, stream.ptr if stream is not None else 0)
+            _make_current(self.runtime, self.device)
+            stream = _readers_after(self.consumer, self.event)
+            self.runtime.freeAsync(self.ptr, stream.ptr if stream is not None else 0)
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
 
@@ -507,14 +515,16 @@ class _Release:
         import cupy
 
         self.images, self.consumer, self.sink = images, _stream_ref(consumer), sink
-        self.device = cupy.cuda.Device()  # (the current one: see _on_device)
+        self.device = cupy.cuda.runtime.getDevice()  # (see _on_device)
 
     def __del__(self) -> None:
         try:
-            with self.device:
-                stream = _readers_after(self.consumer, None)
-                if stream is not None:  # (else the device is idle: the images go now)
-                    self.sink.append((stream.record(), self.images))
+            import cupy
+
+            _make_current(cupy.cuda.runtime, self.device)
+            stream = _readers_after(self.consumer, None)
+            if stream is not None:  # (else the device is idle: the images go now)
+                self.sink.append((stream.record(), self.images))
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
         self.images = None
@@ -549,13 +559,15 @@ class _Chunk:
         import cupy
 
         self.slot, self.consumer, self.event = slot, _stream_ref(consumer), None
-        self.device = cupy.cuda.Device()  # (the current one: see _on_device)
+        self.device = cupy.cuda.runtime.getDevice()  # (see _on_device)
 
     def __del__(self) -> None:
         try:
-            with self.device:
-                stream = _readers_after(self.consumer, self.event)
-                self.slot.release = stream.record() if stream is not None else None
+            import cupy
+
+            _make_current(cupy.cuda.runtime, self.device)
+            stream = _readers_after(self.consumer, self.event)
+            self.slot.release = stream.record() if stream is not None else None
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
         self.slot.free.release()
@@ -992,7 +1004,8 @@ class GpuImageDecoder:
             raise ValueError("decode(chunk=N) needs wait=False and order=False: read it through chunks()")
         if self.lib is None or not self.stream_ordered:
             chunk = 0
-        with self._calling, self.cp.cuda.Device(self.device_index):  # (whichever thread calls: _on_device)
+        with self._calling:
+            _make_current(self.cp.cuda.runtime, self.device_index)  # (whichever thread calls: _on_device)
             res = self._decode(blobs, stream, max_pixels, headers, regions, chunk, planes)
         if wait or order:
             res.wait()
