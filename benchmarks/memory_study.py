@@ -30,7 +30,9 @@ feed's shared-memory ring not page-locked for the GPU, ``gpu_executor.PIN_FEED``
 (the CUDA decoder's share of each batch), ``takes`` (``slowest`` or ``cheapest``: the kinds the CUDA decoder's share
 is taken from first, ``image_gpu.CUDA_TAKES``), ``cpus`` (the process keeps only the last N of its cores, as
 under ``taskset``), ``route`` (``split``, ``hardware`` or ``auto``: how batches are split between the
-decoders, ``image_gpu.ROUTE``), ``split_min`` (the free cores from which ``auto`` splits,
+decoders, ``image_gpu.ROUTE``), ``follow`` (0: the route ``auto`` chose stays for the run instead of
+following the load, ``gpubatch.engine.follow``), ``busy_after`` (seconds after the run's process starts
+that the ``busy`` processes start: load the route was not chosen by), ``split_min`` (the free cores from which ``auto`` splits,
 ``image_gpu.SPLIT_MIN_CORES``), ``readers_hw`` (0: the feed of the ``hardware`` route starts a quarter of the
 cores' reader processes instead of half, ``executor.READERS_HW``), ``coupled``
 (1: the decode thread waits for both decoders' parts of each batch before it hands over the next,
@@ -129,6 +131,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         from gpubatch.engine import executor
 
         executor.READERS_HW = knobs["readers_hw"] == "1"
+    if "follow" in knobs:  # 0: the route "auto" chose stays for the run (engine/follow.py)
+        os.environ["GPUBATCH_FOLLOW"] = knobs["follow"]
     if "split_min" in knobs:  # free cores from which the auto route splits (image_gpu.SPLIT_MIN_CORES)
         image_gpu.SPLIT_MIN_CORES = float(knobs["split_min"])
     if "api" in knobs:  # the decoder through nvImageCodec's C API (c) or its Python binding (python)
@@ -196,7 +200,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
                          decode_chunk=int(knobs["chunk"]) if "chunk" in knobs else None)
     out["engine_mib"] = mib()
     if "share" in knobs:  # the CUDA decoder's share of each batch
-        pipe.engine.decoder.cuda_share = float(knobs["share"])
+        pipe.engine.decoder.cuda_share, pipe.engine.decoder.follower = float(knobs["share"]), None
     if "takes" in knobs:  # which kinds the CUDA decoder's share is taken from first (slowest, cheapest)
         pipe.engine.decoder.cuda_takes = knobs["takes"]
     workers = int(knobs["workers"]) if "workers" in knobs else None
@@ -261,6 +265,10 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
 
     out["route"] = (f"{pipe.engine.decoder.route}" + (f" ({pipe.engine.route_cores} free)" if pipe.engine.route_cores else "")
                     + f", {workers or default_readers(route=pipe.engine.decoder.route)} readers")
+    fol = pipe.engine.decoder.follower
+    if fol is not None and fol.switches:  # the route as it followed the load
+        out["route"] += ", then " + ", ".join(f"{r} at {t:.0f} s ({c:.1f} free)" for t, r, c in fol.switches)
+        out["route"] += " (batches " + "/".join(str(v) for v in pipe.engine.decoder.route_batches.values()) + ")"
     if counted is not None:
         out["decoder_alloc"] = {k: {"peak_mib": round(v["peak"] / 2**20, 1), "now_mib": round(v["now"] / 2**20, 1),
                                     "mallocs": v["n"], "frees": v.get("frees", 0), "largest_mib": round(v["big"] / 2**20, 2),
@@ -567,8 +575,19 @@ def _child(args: argparse.Namespace, one: str) -> tuple[object, str | None]:
     from gpubatch.bench.measure import BusyLoad
 
     knobs = _knobs(one)
-    with BusyLoad(int(knobs.get("busy", 0)), knobs.get("busy_kind", "nice")):  # beside the run (bench --busy)
-        p = subprocess.run(cmd, capture_output=True, text=True)
+    busy = BusyLoad(int(knobs.get("busy", 0)), knobs.get("busy_kind", "nice"))  # beside the run (bench --busy)
+    if "busy_after" in knobs:  # started that many seconds after the run's process
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            p.wait(timeout=float(knobs["busy_after"]))
+        except subprocess.TimeoutExpired:
+            pass
+        with busy:
+            stdout, stderr = p.communicate()
+        p = subprocess.CompletedProcess(cmd, p.returncode, stdout, stderr)
+    else:
+        with busy:
+            p = subprocess.run(cmd, capture_output=True, text=True)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         return None, (p.stderr.strip().splitlines() or ["?"])[-1]

@@ -57,7 +57,7 @@ def run_gpubatch(a: dict, device: str) -> dict:
                          decode_route=a.get("decode_route"))
     eng = pipe.engine
     if eng is not None and a.get("cuda_share") is not None:
-        eng.decoder.cuda_share, eng.decoder.deterministic = float(a["cuda_share"]), True
+        eng.decoder.cuda_share, eng.decoder.deterministic, eng.decoder.follower = float(a["cuda_share"]), True, None
     sync = eng.stream.synchronize if eng else (lambda: None)
     it = pipe.iterate_files(files, file_keys(files), B, repeat=True)
     enc = {"encode": 0.0}
@@ -97,6 +97,9 @@ def run_gpubatch(a: dict, device: str) -> dict:
     if eng is not None:
         res["hw_decoder_share"] = pipe.stats["hw"] / max(pipe.stats["gpu"], 1)
         res["decode_route"] = {"route": eng.decoder.route, "free_cores": eng.route_cores}
+        if eng.decoder.follower is not None:  # the route as it followed the load (engine/follow.py)
+            res["decode_route"]["switches"] = eng.decoder.follower.switches
+            res["decode_route"]["batches"] = dict(eng.decoder.route_batches)
         res["cpu_fallbacks"] = pipe.stats["fallbacks"]
         res["decoder_s"] = {k: round(v, 3) for k, v in eng.decoder.timings.items()}
     it.close()

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engine.affinity import cpu_ticks as host_cpu_ticks  # the machine's busy, idle and stolen ticks
+from ..engine.affinity import tree_cpu_seconds  # this process tree's CPU seconds
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -75,28 +76,6 @@ def stat_cpu_seconds(path: str) -> float:
     with open(path) as fh:
         f = fh.read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu_seconds() -> dict[int, float]:
-    """CPU seconds so far of this process and every live descendant, by pid, from /proc (Linux)."""
-    import os
-
-    stats: dict[int, tuple[int, float]] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as fh:
-                    f = fh.read().rsplit(")", 1)[1].split()
-                stats[int(d)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)  # ppid, utime + stime
-            except (OSError, IndexError, ValueError):
-                continue
-    tree, todo = set(), [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        tree.add(pid)
-        todo.extend(c for c, (pp, _) in stats.items() if pp == pid and c not in tree)
-    return {p: stats[p][1] for p in tree if p in stats}
 
 
 class CpuUse:

@@ -69,8 +69,12 @@ def _notes(result: dict[str, Any], chain: str) -> list[str]:
         route = r.get("decode_route")
         if route:
             free = route.get("free_cores")
+            moves = route.get("switches")
             notes.append(f"decode route ({name}): {route['route']}"
-                         + (f", chosen with {free:.1f} cores free" if free is not None else ""))
+                         + (f", chosen with {free:.1f} cores free" if free is not None else "")
+                         + ("; followed the load: " + ", ".join(f"{r} at {t:.0f} s ({c:.1f} cores free)" for t, r, c in moves)
+                            + " (batches: " + ", ".join(f"{k} {v}" for k, v in route.get("batches", {}).items()) + ")"
+                            if moves else ""))
         if r.get("stages_s"):
             notes.append(f"stages ({name}, seconds): " + ", ".join(f"{k} {v:.2f}" for k, v in r["stages_s"].items()))
     return notes

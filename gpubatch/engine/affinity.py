@@ -122,6 +122,26 @@ def cpu_ticks(cpus: set[int] | None = None) -> list[int] | None:
     return out
 
 
+def tree_cpu_seconds() -> dict[int, float]:
+    """CPU seconds so far of this process and every live descendant, by pid, from /proc (Linux)."""
+    stats: dict[int, tuple[int, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    f = fh.read().rsplit(")", 1)[1].split()
+                stats[int(d)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)  # ppid, utime + stime
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, todo = set(), [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo.extend(c for c, (pp, _) in stats.items() if pp == pid and c not in tree)
+    return {p: stats[p][1] for p in tree if p in stats}
+
+
 def _cgroup_cpu(root: str) -> tuple[float, float] | None:
     """(the cores the cgroup v2 at ``root`` may use, from its ``cpu.max`` quota; its CPU seconds so
     far, from ``cpu.stat``), or None where it sets no quota (a container started with ``--cpus``
@@ -154,3 +174,33 @@ def free_cores(seconds: float = 0.2, cgroup: str = "/sys/fs/cgroup") -> float:
     if qa is not None and qb is not None:
         free = min(free, max(0.0, qb[0] - (qb[1] - qa[1]) / wall))
     return free
+
+
+class OthersProbe:
+    """Cores of those this process may use that other processes kept busy, since the last call (the
+    first call: since the probe was made): the machine's busy ticks on those cores less the CPU time of
+    this process and its live descendants (the feed's readers). Time the hypervisor took is not
+    counted: this process's own load raises it. None where /proc is unreadable."""
+
+    def __init__(self) -> None:
+        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._last = self._read()
+
+    def _read(self) -> tuple[float, list[int] | None, float]:
+        import time
+
+        try:
+            ours = sum(tree_cpu_seconds().values())
+        except OSError:
+            ours = 0.0
+        return time.perf_counter(), cpu_ticks(self.cpus), ours
+
+    def __call__(self) -> float | None:
+        now = self._read()
+        (t0, h0, o0), self._last = self._last, now
+        wall = now[0] - t0
+        if h0 is None or now[1] is None or wall <= 0:
+            return None
+        busy = (now[1][0] - h0[0]) / self.tick / wall
+        return max(0.0, busy - (now[2] - o0) / wall)

@@ -150,20 +150,23 @@ class GpuEngine:
                  gpu_memory: str | int | float | None = None, share: int = 1, deterministic: bool = True,
                  jpeg_encoder: str = "batched", hw_preallocate: tuple[int, int, int] | None = None,
                  decoder_options: str = "", sync: str | None = None, hw_direct: bool | None = None,
-                 cores: Any = "auto", decode_route: str | None = None, route_cores: float | None = None):
+                 cores: Any = "auto", decode_route: str | None = None, route_cores: float | None = None,
+                 follow: bool = False):
         """``cores``: the CPU core reserved for the hardware decoder's thread (:mod:`.affinity`): "auto"
         takes one here unless ``share`` engines share the GPU; an :class:`~.affinity.Reservation` taken
         already (before the process started threads that must leave the core); None: none. Closing
         the engine releases it. ``decode_route``: how batches are split between the decoders
         (:data:`~.codecs.image_gpu.ROUTES`); "auto" (the default) chooses by ``route_cores``, by
         default the cores free now (measured over 0.2 s, before this engine starts any thread),
-        split between the ``share`` engines."""
+        split between the ``share`` engines. ``follow``: where the route is "auto", it follows the
+        load on the host while the run goes (:mod:`.follow`); ``GPUBATCH_FOLLOW=0`` turns it off."""
         import os
         import sys
 
         from .codecs.image_gpu import choose_route
 
         self.decode_route, self.route_cores = choose_route(decode_route, route_cores, share)
+        follow = follow and self.route_cores is not None and os.environ.get("GPUBATCH_FOLLOW", "1") != "0"
         # before CuPy touches the device: how every thread waits for it (see SYNC_POLICY)
         self.sync = set_sync_policy(device.index, sync or os.environ.get("GPUBATCH_SYNC") or SYNC_POLICY,
                                     only_before_context=True)
@@ -201,7 +204,8 @@ class GpuEngine:
         try:
             self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic,
                                            hw_preallocate=hw_preallocate, options=decoder_options,
-                                           hw_direct=hw_direct, hw_core=self.cores, route=self.decode_route)
+                                           hw_direct=hw_direct, hw_core=self.cores, route=self.decode_route,
+                                           follow=follow)
         except BaseException:  # no engine: the building thread gets its cores back
             if self.cores is not None:
                 self.cores.release()
@@ -492,8 +496,14 @@ class ImagePipeline:
     cores, or the process has few); "auto" takes "split"
     where at least ``image_gpu.SPLIT_MIN_CORES`` of the cores the process may use were free over
     0.2 s when the pipeline was made. :attr:`engine`'s ``decode_route`` and ``route_cores`` say what
-    was chosen, and on how many free cores. The two decoders' pixels differ slightly, so pass the
-    route explicitly where the same input must give the same bytes however loaded the host is.
+    was chosen, and on how many free cores. With "auto" the same rule then follows the load as the
+    run goes (``follow_load``, the default): every second the cores other processes kept busy are
+    measured, and after two checks in a row that want the other route it is taken (work started after
+    the pipeline, such as another run or a training job's loaders, slowed the split route by half;
+    :mod:`~gpubatch.engine.follow`). ``decoder.follower.switches`` lists the changes and
+    ``decoder.route_batches`` the batches decoded on each route. The two decoders' pixels differ
+    slightly, so pass the route explicitly where the same input must give the same bytes however
+    loaded the host is.
 
     On the GPU a chain of window ops (crops, resizes, flips) to a fixed output size, with or without a
     trailing ``normalize`` (the training and validation chains), is resampled part by part: each
@@ -537,7 +547,7 @@ class ImagePipeline:
                  gpu: int = 0, cpu_threads: int | None = None, gpu_memory: str | int | float | None = None,
                  max_pixels: int = 0, ring: int = 1, region_decode: bool = False, warm_up: int = 256,
                  decoder_options: str = "", decode_chunk: int | None = None, sync: str | None = None,
-                 decode_route: str | None = None):
+                 decode_route: str | None = None, follow_load: bool = True):
         from .device import resolve
         from .executor import default_workers
 
@@ -547,7 +557,7 @@ class ImagePipeline:
         self.plan.validate(DEVICE if self.device.is_gpu else "host")
         self.cpu_threads = cpu_threads or default_workers()
         self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory, decoder_options=decoder_options, sync=sync,
-                                 decode_route=decode_route) if self.device.is_gpu else None)
+                                 decode_route=decode_route, follow=follow_load) if self.device.is_gpu else None)
         if self.engine is not None and warm_up:
             self.engine.warm_up(warm_up, regions=region_decode)
         from .gpu_chain import fixed_window_chain

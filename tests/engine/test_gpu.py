@@ -180,6 +180,52 @@ def test_auto_route_follows_the_free_cores(monkeypatch):
         eng.close()
 
 
+def test_auto_route_follows_the_load_as_the_run_goes(tmp_path, monkeypatch):
+    """With "auto" the route follows the cores other processes take while the run goes (the probe of
+    the host's load stands in here): split, then the hardware route two checks after the load came,
+    with an instance made for each of the three kinds and the CUDA decoder's buffers given back, then
+    split again once it went; the images right throughout. An explicit route, or ``follow_load=False``, keeps its route."""
+    from gpubatch.engine import follow
+    from gpubatch.engine.codecs import image_gpu
+    from gpubatch.engine.gpu_executor import ImagePipeline
+
+    monkeypatch.delenv("GPUBATCH_DECODE_ROUTE")
+    monkeypatch.setattr(image_gpu, "SPLIT_MIN_CORES", 1.0)  # "auto" splits at the start however busy the host
+    monkeypatch.setattr(follow, "CHECK_S", 0.0)  # a check every batch
+    paths = _jpeg_files(tmp_path, 48, lambda i: (200 + 9 * i, 330 - 3 * i), lambda i: 80 + i % 17)
+    keys = [p.stem for p in paths]
+    ops = [ResizeShorter(72), CenterCrop(64)]
+    with ImagePipeline(ops, device="cpu") as cpu:
+        ref = np.stack(cpu([p.read_bytes() for p in paths], keys))
+    with ImagePipeline(ops, device="gpu", seed=0) as pipe:
+        dec = pipe.engine.decoder
+        assert pipe.engine.decode_route == "split" and dec.follower is not None
+        assert len(dec.hw_direct or dec.hw_cs) == 2
+        load = [0.0]
+        dec._probe = lambda: load[0]  # cores busy in other processes
+        kinds_on_hw = set()
+        it = pipe.iterate_files(paths, keys, batch_size=16, repeat=True)
+        for k in range(36):
+            load[0] = 1000.0 if 8 <= k < 24 else 0.0
+            got = next(it).stacked()
+            pipe.stream.synchronize()
+            i = (16 * k) % 48
+            assert np.abs(got.get().astype(int) - ref[i : i + 16].astype(int)).mean() < 1.5
+            if dec.route == "hardware":
+                kinds_on_hw |= {kind for kind, _ in dec._hw_last.values()}
+            if k == 22:  # well into the hardware route: the CUDA decoder's buffers were given back
+                assert dec.route == "hardware" and all(sl.size == 0 for sl in dec._rings[False])
+        it.close()
+        assert [r for _, r, _ in dec.follower.switches] == ["hardware", "split"]
+        assert dec.route == "split" and dec.cuda_share == image_gpu.CUDA_SHARE and dec._hw_first == 2
+        assert len(dec.hw_direct or dec.hw_cs) == image_gpu.HW_ONLY_INSTANCES
+        assert dec.route_batches["hardware"] >= 8 and dec.route_batches["split"] >= 8
+        assert kinds_on_hw == {"baseline/4:2:0", "baseline/4:2:2", "baseline/4:4:4"}
+    for kw in ({"follow_load": False}, {"decode_route": "split"}):
+        with ImagePipeline(ops, device="gpu", warm_up=0, **kw) as pipe:
+            assert pipe.engine.decoder.follower is None
+
+
 @pytest.mark.parametrize("direct", [True, False])
 def test_hardware_route_gives_the_engine_every_kind_an_instance_each(direct):
     """Route "hardware": the hardware engine decodes every kind it takes, each kind always on the same

@@ -237,13 +237,15 @@ def test_the_cuda_decoders_share_comes_from_the_kinds_its_order_names(takes, exp
 def test_each_kind_keeps_its_hardware_instances():
     """A call goes to an instance whose last call was of its kind (or an unused one), least recently
     used first: kinds as many as instances get one each; a kind alone alternates over all of them;
-    a kind more than instances takes the least recently used one."""
+    a kind more than instances takes the least recently used one. Instances past ``_hw_first`` (the
+    split route after the hardware route added them) are spares: taken only by a kind none of the
+    first has."""
     from types import SimpleNamespace
 
     from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
 
-    def run(pool: list, calls: list[str]) -> list[int]:
-        dec = SimpleNamespace(_hw_turn=0, _hw_last={})
+    def run(pool: list, calls: list[str], first: int | None = None) -> list[int]:
+        dec = SimpleNamespace(_hw_turn=0, _hw_last={}, _hw_first=len(pool) if first is None else first)
         return [pool.index(GpuImageDecoder._hw_instance(dec, pool, k)) for k in calls]
 
     two, three = [object(), object()], [object(), object(), object()]
@@ -252,3 +254,6 @@ def test_each_kind_keeps_its_hardware_instances():
     assert run(two, ["420"] * 5) == [0, 1, 0, 1, 0]
     assert run(two, ["420", "422", "420", "444", "420", "422"]) == [0, 1, 0, 1, 0, 1]
     assert run(three, ["420", "gray", "420", "420", "gray"]) == [0, 1, 2, 0, 1]
+    assert run(three, ["420", "422"] * 3, first=2) == [0, 1] * 3  # the spare left alone
+    assert run(three, ["420"] * 4, first=2) == [0, 1, 0, 1]
+    assert run(three, ["420", "422", "444"] * 2, first=2) == [0, 1, 2] * 2  # a third kind takes it

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import DependencyError, UsageError
+from .. import follow as route_follow
 from . import image as host
 from . import planes as jplanes
 from .image import jpeg_header, jpeg_orientation
@@ -713,7 +714,8 @@ class GpuImageDecoder:
                  cuda_share: float | None = None, deterministic: bool = True, cuda_threads: int | None = None,
                  hw_preallocate: tuple[int, int, int] | None = None, options: str = "",
                  api: str | None = None, hw_instances: int | None = None, hw_direct: bool | None = None,
-                 hw_core: Any = None, route: str | None = None, cores: float | None = None):
+                 hw_core: Any = None, route: str | None = None, cores: float | None = None,
+                 follow: bool = False):
 
         import cupy as cp
 
@@ -731,6 +733,7 @@ class GpuImageDecoder:
             b, h, w = hw_preallocate
             hw_options += (f" nvjpeg_hw_decoder:preallocate_batch_size={b} nvjpeg_hw_decoder:preallocate_height_hint={h}"
                            f" nvjpeg_hw_decoder:preallocate_width_hint={w}")
+        self._hw_options = hw_options
         self.api = api or os.environ.get("GPUBATCH_DECODE_API", "c")
         if self.api not in ("c", "python"):
             raise ValueError(f"unknown decode API {self.api!r}: 'c' or 'python'")
@@ -741,6 +744,9 @@ class GpuImageDecoder:
         hw_only = self.route == "hardware"
         hw_instances = hw_instances or int(os.environ.get("GPUBATCH_HW_DECODERS", 0)) or (
             HW_ONLY_INSTANCES if hw_only else self.HW_INSTANCES)
+        # the instances a call picks from first; those past them are spares, taken only where none of
+        # the first has the call's kind (the split route, after the hardware route added them: _follow)
+        self._hw_first = hw_instances
         with cp.cuda.Device(device_index):
             self.stream_ordered = _keep_freed_memory(cp, device_index)
             cuda_options = f"{CUDA_DECODER_OPTIONS} {options}"
@@ -780,6 +786,16 @@ class GpuImageDecoder:
             self.route = "cuda"  # (no hardware engine here)
         self.cuda_takes = CUDA_TAKES  # (a study knob: benchmarks/memory_study.py ``takes``)
         self.deterministic = deterministic
+        # ``follow``: the route follows the load on the host while the run goes (C API, both decoders)
+        self.follower = self._probe = None
+        if follow and self.lib is not None and (self.hw_direct or self.hw_cs) and self.route in ("split", "hardware"):
+            from ..affinity import OthersProbe
+
+            self._probe = OthersProbe()
+            self.follower = route_follow.RouteFollower(self.route, float(len(self._probe.cpus or ()) or os.cpu_count() or 1),
+                                          SPLIT_MIN_CORES)
+        self._t0 = self._next_check = time.perf_counter()
+        self.route_batches = {"split": 0, "hardware": 0}  # batches decoded on each route
         self._step = 0.1
         self._hw_turn = 0  # hardware calls so far
         self._hw_last: dict[int, tuple[str | None, int]] = {}  # per instance (id): its last call's kind and number
@@ -862,6 +878,7 @@ class GpuImageDecoder:
                     self._call(decoder, stream, blobs)
             self.hw_stream.synchronize()
             self.cuda_stream.synchronize()
+        self._hw_last.clear()  # real batches' kinds take the instances afresh (_hw_instance)
         return time.perf_counter() - t0
 
     def first_call(self, hw: bool, blobs: list[bytes], planes: bool = False,
@@ -1013,6 +1030,73 @@ class GpuImageDecoder:
             res.order(stream)
         return res
 
+    def _follow(self, now: float) -> None:
+        """A check of the load (every :data:`~gpubatch.engine.follow.CHECK_S` seconds, in the thread
+        handing batches over): the route the follower gives from now on. The hardware route gets an
+        instance per common kind (:data:`HW_ONLY_INSTANCES`), made the first time it is taken; back on
+        the split route the extra ones are spares (:meth:`_hw_instance`)."""
+        self._next_check = now + route_follow.CHECK_S
+        others = self._probe()
+        if others is None:  # /proc unreadable: the route stays
+            self.follower = None
+            return
+        route = self.follower.observe(others, now - self._t0)
+        if route == self.route:
+            return
+        pool = self.hw_direct or self.hw_cs
+        if route == "hardware" and len(pool) < HW_ONLY_INSTANCES:
+            try:
+                if self.hw_direct:
+                    self.hw_direct.extend(self._direct_instances(HW_ONLY_INSTANCES - len(pool)))
+                else:
+                    from .nvimgcodec_c import BACKEND_HW_GPU_ONLY
+
+                    self.hw_cs.extend(self.lib.decoder(self.device_index, self.HW_THREADS, BACKEND_HW_GPU_ONLY,
+                                                       self._hw_options)
+                                      for _ in range(HW_ONLY_INSTANCES - len(pool)))
+            except Exception as e:  # (the instances there are enough to decode with)
+                warnings.warn(f"no more hardware-engine instances ({e})", RuntimeWarning, stacklevel=2)
+        self._hw_first = len(pool) if route == "hardware" else self.HW_INSTANCES
+        self.route, self.cuda_share = route, (0.0 if route == "hardware" else CUDA_SHARE)
+        # The buffers the new route has no calls for (the CUDA decoder's on the hardware route, the hardware
+        # engine's third kind's on the split route) are given back before the next batch is prepared, so
+        # that the new route's calls grow theirs in the memory they left. The wait is for the batches
+        # handed over before to be read. A switch to the hardware route still left the training chain's
+        # peak at 865-867 MiB against 763 on that route from the start (867-941 without the wait): the
+        # CUDA decoder keeps its own buffers, and slots grow while the last split batches are read
+        # (H100, benchmarks/memory_study.py ``busy_after``; RESULTS.md, twenty-fourth session).
+        done = self._drop_slots(False, 0) if route == "hardware" else self._drop_slots(True, self.HW_INSTANCES)
+        if done is not None:
+            done.result()
+
+    def _drop_slots(self, hw: bool, keep: int) -> Any:
+        """Free the buffers of decoder ``hw``'s ring slots past the first ``keep`` (called in the thread
+        handing batches over): a later call into such a slot makes it a new buffer; the old one is freed
+        by that decoder's thread once the calls handed over before (its jobs run in order) are read, and
+        the pool then gives the memory back. Returns that job's future, or None."""
+        olds = []
+        for slot in self._rings[hw][keep:]:
+            if slot.ptr:
+                olds.append((slot, slot.ptr))
+                slot.ptr = slot.size = 0
+        return (self._hw_thread if hw else self._cuda_thread).submit(self._free_slots, hw, olds) if olds else None
+
+    def _free_slots(self, hw: bool, olds: list[tuple[_RingSlot, int]]) -> None:
+        stream = self.hw_stream if hw else self.cuda_stream
+        rt = self.cp.cuda.runtime
+        for slot, ptr in olds:
+            if not slot.free.acquire(timeout=RING_WAIT):  # its last call's images are still held:
+                slot.orphans.append(ptr)  # the slot's next call frees it (or close())
+                continue
+            try:
+                if slot.release is not None:
+                    stream.wait_event(slot.release)
+                rt.freeAsync(ptr, stream.ptr)
+            finally:
+                slot.free.release()
+        stream.synchronize()
+        rt.memPoolTrimTo(rt.deviceGetDefaultMemPool(self.device_index), 0)
+
     def _sub_streams(self, blobs: list[Any], regions: list[tuple[int, int, int, int] | None]) -> list[Any]:
         """What the GPU decoders get: the encoded bytes, or a region of them as an nvImageCodec sub-stream."""
         nic = self.nic
@@ -1054,6 +1138,10 @@ class GpuImageDecoder:
             else:
                 groups.setdefault(kind, []).append(i)
         tm = self.timings
+        if self.follower is not None and t_start >= self._next_check:
+            self._follow(t_start)
+        if self.route in self.route_batches:
+            self.route_batches[self.route] += 1
         to_hw, to_cuda = self._split(groups)
         res = DecodeResult(arrays, errors)
         if self.lib is None:  # the Python binding: both decoders' calls made here, then the fallbacks
@@ -1384,7 +1472,10 @@ class GpuImageDecoder:
         (a set all 4:2:0) still has its calls alternate over every instance, as taking turns gave."""
         self._hw_turn += 1
         last = self._hw_last
-        fits = [d for d in pool if id(d) not in last or last[id(d)][0] == kind]
+        first = pool[: self._hw_first]
+        fits = [d for d in first if id(d) not in last or last[id(d)][0] == kind]
+        if not fits:  # a spare: one unused or of this kind
+            fits = [d for d in pool[len(first):] if id(d) not in last or last[id(d)][0] == kind]
         pick = min(fits or pool, key=lambda d: last.get(id(d), (None, -1))[1])
         last[id(pick)] = (kind, self._hw_turn)
         return pick
