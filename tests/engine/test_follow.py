@@ -54,3 +54,29 @@ def test_others_probe_counts_other_processes_not_this_ones_children():
     others = probe()
     assert ours is not None and others is not None
     assert others - ours > 0.6  # (whatever else the machine runs, it runs in both windows)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs /proc")
+def test_process_tree_found_by_children_files_or_by_parents(monkeypatch):
+    """This process's tree (a child and its grandchild) the same whether read through the threads'
+    ``children`` files or, where the kernel keeps none, by every process's parent."""
+    from gpubatch.engine import affinity
+
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3)'])\n"
+                              "time.sleep(3)\np.wait()\n"])
+    try:
+        time.sleep(0.5)
+        fast = affinity.tree_cpu_seconds()
+        grandchild = [p for p in fast if affinity._cpu_seconds(p, 100)[0] == child.pid]
+
+        def none(pid):
+            raise FileNotFoundError(pid)
+
+        monkeypatch.setattr(affinity, "_children", none)
+        slow = affinity.tree_cpu_seconds()
+    finally:
+        child.kill()
+        child.wait()
+    assert len(grandchild) == 1  # (other tests may have left children of their own)
+    assert {os.getpid(), child.pid, *grandchild} <= set(fast) & set(slow)
