@@ -14,7 +14,8 @@ fixed route did.
 :class:`RouteFollower` applies the same rule as the run goes: every :data:`CHECK_S` seconds the
 decoder asks it with the cores other processes kept busy meanwhile
 (:class:`~gpubatch.engine.affinity.OthersProbe`), and it changes the route once :data:`CONFIRM`
-checks in a row have wanted the other one.
+checks in a row have wanted the other one, leaving the split route only half a core below the
+threshold (:data:`MARGIN`) and keeping a route at least :data:`HOLD_S` seconds.
 
 A first try balanced the CUDA decoder's share by each decoder thread's busy seconds per image: it
 raised the share where it should have lowered it (0.30 to 0.44 beside 8 busy processes, slower than
@@ -28,19 +29,27 @@ from dataclasses import dataclass, field
 
 CHECK_S = 1.0  # seconds between checks of the load
 CONFIRM = 2  # checks in a row that must want the other route before it is taken
+# Against a load near the threshold: the split route is left only below SPLIT_MIN_CORES less MARGIN
+# free cores (taken again at SPLIT_MIN_CORES), and a route is kept at least HOLD_S seconds (a switch
+# gives buffers back and grows others: RESULTS.md, twenty-fourth session)
+MARGIN = 0.5
+HOLD_S = 10.0
 
 
 @dataclass
 class RouteFollower:
     """The route ("split" or "hardware") for ``cores`` usable cores: "split" while at least
-    ``split_min`` of them are left by other processes, else "hardware"; changed only after
-    ``confirm`` checks in a row want the other one. ``switches`` records each change (seconds into
-    the run, the new route, the free cores that decided it)."""
+    ``split_min`` of them are left by other processes (less ``margin`` to leave it), else "hardware";
+    changed only after ``confirm`` checks in a row want the other one, and not within ``hold``
+    seconds of the last change. ``switches`` records each change (seconds into the run, the new
+    route, the free cores that decided it)."""
 
     route: str
     cores: float
     split_min: float
     confirm: int = CONFIRM
+    margin: float = MARGIN
+    hold: float = HOLD_S
     pending: int = 0
     checks: int = 0
     switches: list[tuple[float, str, float]] = field(default_factory=list)
@@ -50,8 +59,8 @@ class RouteFollower:
         into the run."""
         self.checks += 1
         free = self.cores - others
-        want = "split" if free >= self.split_min else "hardware"
-        if want == self.route:
+        want = "split" if free >= self.split_min - (self.margin if self.route == "split" else 0.0) else "hardware"
+        if want == self.route or (self.switches and at - self.switches[-1][0] < self.hold):
             self.pending = 0
             return self.route
         self.pending += 1

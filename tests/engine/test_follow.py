@@ -14,7 +14,7 @@ from gpubatch.engine.follow import RouteFollower
 
 
 def test_route_changes_after_checks_in_a_row_want_it():
-    f = RouteFollower("split", cores=16, split_min=15, confirm=2)
+    f = RouteFollower("split", cores=16, split_min=15, confirm=2, margin=0.5, hold=0)
     assert f.observe(0.5, 1) == "split"
     assert f.observe(8.0, 2) == "split"  # one check wants the hardware route: not yet
     assert f.observe(0.0, 3) == "split"  # and the next does not: the count starts again
@@ -23,6 +23,18 @@ def test_route_changes_after_checks_in_a_row_want_it():
     assert f.observe(1.0, 6) == "hardware"  # 15 free again: back after two checks
     assert f.observe(1.0, 7) == "split"
     assert f.switches == [(5, "hardware", 8.0), (7, "split", 15.0)] and f.checks == 7
+
+
+def test_a_load_near_the_threshold_does_not_flap():
+    """The split route is left below split_min less the margin, taken again at split_min; a route is
+    held ``hold`` seconds after a change whatever the checks say."""
+    f = RouteFollower("split", cores=16, split_min=15, confirm=1, margin=0.5, hold=10)
+    assert [f.observe(o, t) for t, o in enumerate((1.2, 1.4, 1.3), start=1)] == ["split"] * 3  # 14.6-14.8 free
+    assert f.observe(1.6, 4) == "hardware"  # 14.4 free
+    assert f.observe(0.0, 5) == "hardware"  # the cores free again, but within the hold
+    assert f.observe(0.0, 13) == "hardware"
+    assert f.observe(0.0, 14) == "split"
+    assert [r for _, r, _ in f.switches] == ["hardware", "split"]
 
 
 def test_route_that_started_on_hardware_splits_once_the_cores_are_free():

@@ -192,6 +192,7 @@ def test_auto_route_follows_the_load_as_the_run_goes(tmp_path, monkeypatch):
     monkeypatch.delenv("GPUBATCH_DECODE_ROUTE")
     monkeypatch.setattr(image_gpu, "SPLIT_MIN_CORES", 1.0)  # "auto" splits at the start however busy the host
     monkeypatch.setattr(follow, "CHECK_S", 0.0)  # a check every batch
+    monkeypatch.setattr(follow, "HOLD_S", 0.0)  # and a route held no longer than the checks ask
     paths = _jpeg_files(tmp_path, 48, lambda i: (200 + 9 * i, 330 - 3 * i), lambda i: 80 + i % 17)
     keys = [p.stem for p in paths]
     ops = [ResizeShorter(72), CenterCrop(64)]

@@ -792,8 +792,9 @@ class GpuImageDecoder:
             from ..affinity import OthersProbe
 
             self._probe = OthersProbe()
-            self.follower = route_follow.RouteFollower(self.route, float(len(self._probe.cpus or ()) or os.cpu_count() or 1),
-                                          SPLIT_MIN_CORES)
+            fl = route_follow
+            self.follower = fl.RouteFollower(self.route, float(len(self._probe.cpus or ()) or os.cpu_count() or 1),
+                                             SPLIT_MIN_CORES, confirm=fl.CONFIRM, margin=fl.MARGIN, hold=fl.HOLD_S)
         self._t0 = self._next_check = time.perf_counter()
         self.route_batches = {"split": 0, "hardware": 0}  # batches decoded on each route
         self._step = 0.1
