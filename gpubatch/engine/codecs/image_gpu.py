@@ -1063,7 +1063,7 @@ class GpuImageDecoder:
         # engine's third kind's on the split route) are given back before the next batch is prepared, so
         # that the new route's calls grow theirs in the memory they left. The wait is for the batches
         # handed over before to be read. A switch to the hardware route still left the training chain's
-        # peak at 865-867 MiB against 763 on that route from the start (867-941 without the wait): the
+        # peak at 865-905 MiB against 763 on that route from the start (867-941 without the wait): the
         # CUDA decoder keeps its own buffers, and slots grow while the last split batches are read
         # (H100, benchmarks/memory_study.py ``busy_after``; RESULTS.md, twenty-fourth session).
         done = self._drop_slots(False, 0) if route == "hardware" else self._drop_slots(True, self.HW_INSTANCES)
