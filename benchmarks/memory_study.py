@@ -211,7 +211,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     if "nice" in knobs or "nice_readers" in knobs:  # (study) native threads / the feed's processes at a lower priority
         import threading
 
-        from gpubatch.bench.measure import tree_cpu_seconds
+        from gpubatch.engine.affinity import tree_cpu_seconds
 
         py = {t.native_id for t in threading.enumerate()}
         for tid in os.listdir("/proc/self/task") if "nice" in knobs else ():
@@ -433,7 +433,8 @@ def thread_cpu() -> tuple[dict[str, float], dict[str, int]]:
     import re
     import threading
 
-    from gpubatch.bench.measure import stat_cpu_seconds, tree_cpu_seconds
+    from gpubatch.bench.measure import stat_cpu_seconds
+    from gpubatch.engine.affinity import tree_cpu_seconds
 
     names = {t.native_id: re.sub(r"_\d+$", "", t.name) for t in threading.enumerate()}
     out: dict[str, float] = {}

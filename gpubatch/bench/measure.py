@@ -6,15 +6,13 @@ stream) runs before every clock read, figures are medians of several windows wit
 
 from __future__ import annotations
 
-import resource
 import statistics
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ..engine.affinity import cpu_ticks as host_cpu_ticks  # the machine's busy, idle and stolen ticks
-from ..engine.affinity import tree_cpu_seconds  # this process tree's CPU seconds
+from ..engine.affinity import HostLoad
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -83,33 +81,19 @@ class CpuUse:
     descendant (worker pools, a forkserver's workers), from /proc; elsewhere this process only.
     :attr:`host` (after :meth:`stop`) says how loaded the whole machine was meanwhile: cores busy in
     other processes (``others``) and cores the hypervisor gave to other machines (``steal``): a run
-    beside busy neighbours is slower, whatever the tool (RESULTS.md, twenty-first session)."""
+    beside busy neighbours is slower, whatever the tool (RESULTS.md, twenty-first session). The
+    readings are :class:`~gpubatch.engine.affinity.HostLoad`'s, the decoder's load probe."""
 
     def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.c0 = self._cpu()
-        self.h0 = host_cpu_ticks()
+        self._load = HostLoad()
         self.host: dict[str, float] = {}
-
-    @staticmethod
-    def _cpu() -> float:
-        try:
-            return sum(tree_cpu_seconds().values())
-        except OSError:
-            r = resource.getrusage(resource.RUSAGE_SELF)
-            return r.ru_utime + r.ru_stime
 
     def stop(self) -> float:
         """Cores busy in this process tree; fills :attr:`host`."""
-        import os
-
-        wall = max(time.perf_counter() - self.t0, 1e-9)
-        ours = (self._cpu() - self.c0) / wall
-        h1 = host_cpu_ticks()
-        if self.h0 is not None and h1 is not None:
-            busy, _, steal = ((b - a) / os.sysconf("SC_CLK_TCK") / wall for a, b in zip(self.h0, h1))
-            self.host = {"others": round(max(0.0, busy - ours), 2), "steal": round(steal, 2)}
-        return ours
+        got = self._load.take()
+        if "others" in got:
+            self.host = {"others": round(got["others"], 2), "steal": round(got["steal"], 2)}
+        return got["ours"]
 
 
 class BusyLoad:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 # Whether a GPU engine reserves a core for its hardware decoder's thread (GPUBATCH_RESERVE_CORE=0: no)
@@ -217,31 +218,38 @@ def free_cores(seconds: float = 0.2, cgroup: str = "/sys/fs/cgroup") -> float:
     return free
 
 
-class OthersProbe:
-    """Cores of those this process may use that other processes kept busy, since the last call (the
-    first call: since the probe was made): the machine's busy ticks on those cores less the CPU time of
-    this process and its live descendants (the feed's readers). Time the hypervisor took is not
-    counted: this process's own load raises it. None where /proc is unreadable."""
+class HostLoad:
+    """CPU cores busy on average between one :meth:`take` and the next (the first: since it was made),
+    from /proc: ``ours``, in this process and its live descendants (worker pools, the feed's readers;
+    where /proc is unreadable this process only); ``others``, the rest of the busy time on ``cpus`` (by
+    default every core of the machine); ``steal``, time the hypervisor gave to other machines. Without
+    /proc/stat only ``ours``."""
 
-    def __init__(self) -> None:
-        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    def __init__(self, cpus: set[int] | None = None) -> None:
+        self.cpus = cpus
+        self.tick = os.sysconf("SC_CLK_TCK")
         self._last = self._read()
 
-    def _read(self) -> tuple[float, list[int] | None, float]:
-        import time
-
+    @staticmethod
+    def own_cpu() -> float:
+        """CPU seconds so far of this process tree (of this process where /proc is unreadable)."""
         try:
-            ours = sum(tree_cpu_seconds().values())
+            return sum(tree_cpu_seconds().values())
         except OSError:
-            ours = 0.0
-        return time.perf_counter(), cpu_ticks(self.cpus), ours
+            import resource
 
-    def __call__(self) -> float | None:
+            r = resource.getrusage(resource.RUSAGE_SELF)
+            return r.ru_utime + r.ru_stime
+
+    def _read(self) -> tuple[float, list[int] | None, float]:
+        return time.perf_counter(), cpu_ticks(self.cpus), self.own_cpu()
+
+    def take(self) -> dict[str, float]:
         now = self._read()
         (t0, h0, o0), self._last = self._last, now
-        wall = now[0] - t0
-        if h0 is None or now[1] is None or wall <= 0:
-            return None
-        busy = (now[1][0] - h0[0]) / self.tick / wall
-        return max(0.0, busy - (now[2] - o0) / wall)
+        wall = max(now[0] - t0, 1e-9)
+        out = {"ours": (now[2] - o0) / wall}
+        if h0 is not None and now[1] is not None:
+            busy, _, steal = ((b - a) / self.tick / wall for a, b in zip(h0, now[1]))
+            out.update(others=max(0.0, busy - out["ours"]), steal=steal)
+        return out

@@ -13,7 +13,7 @@ fixed route did.
 
 :class:`RouteFollower` applies the same rule as the run goes: every :data:`CHECK_S` seconds the
 decoder asks it with the cores other processes kept busy meanwhile
-(:class:`~gpubatch.engine.affinity.OthersProbe`), and it changes the route once :data:`CONFIRM`
+(:class:`~gpubatch.engine.affinity.HostLoad` on its cores), and it changes the route once :data:`CONFIRM`
 checks in a row have wanted the other one, leaving the split route only half a core below the
 threshold (:data:`MARGIN`) and keeping a route at least :data:`HOLD_S` seconds.
 

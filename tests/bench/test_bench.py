@@ -195,13 +195,14 @@ def test_cpu_use_reads_the_whole_machine(monkeypatch):
     """CpuUse.host: the machine's busy cores less this process tree's, and the stolen ones, from
     /proc/stat's ticks over the run."""
     import gpubatch.bench.measure as m
+    from gpubatch.engine import affinity
 
     ticks = iter([[1000, 5000, 10], [1000 + 900, 5000 + 700, 10 + 50]])  # over 1 s at 100 ticks/s
     clock = iter([0.0, 1.0])
     own = iter([2.0, 5.0])  # this tree: 3 cores
-    monkeypatch.setattr(m, "host_cpu_ticks", lambda: next(ticks))
-    monkeypatch.setattr(m.time, "perf_counter", lambda: next(clock))
-    monkeypatch.setattr(m.CpuUse, "_cpu", staticmethod(lambda: next(own)))
+    monkeypatch.setattr(affinity, "cpu_ticks", lambda cpus=None: next(ticks))
+    monkeypatch.setattr(affinity.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(affinity.HostLoad, "own_cpu", staticmethod(lambda: next(own)))
     monkeypatch.setattr("os.sysconf", lambda name: 100)
     use = m.CpuUse()
     assert use.stop() == 3.0
@@ -209,7 +210,7 @@ def test_cpu_use_reads_the_whole_machine(monkeypatch):
 
 
 def test_host_cpu_ticks_reads_proc_stat():
-    from gpubatch.bench.measure import host_cpu_ticks
+    from gpubatch.engine.affinity import cpu_ticks as host_cpu_ticks
 
     t = host_cpu_ticks()
     if t is None:

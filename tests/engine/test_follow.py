@@ -1,4 +1,4 @@
-"""The decode route as the load on the host changes (gpubatch.engine.follow, affinity.OthersProbe)."""
+"""The decode route as the load on the host changes (gpubatch.engine.follow, affinity.HostLoad)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpubatch.engine.affinity import OthersProbe
+from gpubatch.engine.affinity import HostLoad
 from gpubatch.engine.follow import RouteFollower
 
 
@@ -51,7 +51,11 @@ _SPIN = "import time\nend = time.time() + {s}\nwhile time.time() < end:\n    pas
 def test_others_probe_counts_other_processes_not_this_ones_children():
     """A busy process of this one's own (the feed's readers are such) is not another's load; a busy
     process that is not a descendant is. Each spins for about a core."""
-    probe = OthersProbe()
+    load = HostLoad(os.sched_getaffinity(0))
+
+    def probe():
+        return load.take()["others"]
+
     child = subprocess.Popen([sys.executable, "-c", _SPIN.format(s=1.5)])
     time.sleep(0.2)
     probe()  # from here

@@ -185,6 +185,8 @@ def test_auto_route_follows_the_load_as_the_run_goes(tmp_path, monkeypatch):
     the host's load stands in here): split, then the hardware route two checks after the load came,
     with an instance made for each of the three kinds and the CUDA decoder's buffers given back, then
     split again once it went; the images right throughout. An explicit route, or ``follow_load=False``, keeps its route."""
+    from types import SimpleNamespace
+
     from gpubatch.engine import follow
     from gpubatch.engine.codecs import image_gpu
     from gpubatch.engine.gpu_executor import ImagePipeline
@@ -203,7 +205,7 @@ def test_auto_route_follows_the_load_as_the_run_goes(tmp_path, monkeypatch):
         assert pipe.engine.decode_route == "split" and dec.follower is not None
         assert len(dec.hw_direct or dec.hw_cs) == 2
         load = [0.0]
-        dec._probe = lambda: load[0]  # cores busy in other processes
+        dec._probe = SimpleNamespace(take=lambda: {"others": load[0]})  # cores busy in other processes
         kinds_on_hw = set()
         it = pipe.iterate_files(paths, keys, batch_size=16, repeat=True)
         for k in range(36):

@@ -751,7 +751,7 @@ class GpuImageDecoder:
             self.stream_ordered = _keep_freed_memory(cp, device_index)
             cuda_options = f"{CUDA_DECODER_OPTIONS} {options}"
             if self.api == "c":
-                from .nvimgcodec_c import BACKEND_HW_GPU_ONLY, BACKEND_HYBRID_CPU_GPU, CApiError, library
+                from .nvimgcodec_c import BACKEND_HYBRID_CPU_GPU, CApiError, library
 
                 try:
                     self.lib = library()
@@ -760,11 +760,8 @@ class GpuImageDecoder:
                                   "binding", RuntimeWarning, stacklevel=2)
                     self.api = "python"
             if self.api == "c":
-                if hw_decoder and _want_direct(hw_direct):
-                    self.hw_direct = self._direct_instances(max(1, hw_instances))
-                if hw_decoder and not self.hw_direct:
-                    self.hw_cs = [self.lib.decoder(device_index, self.HW_THREADS, BACKEND_HW_GPU_ONLY, hw_options)
-                                  for _ in range(max(1, hw_instances))]
+                if hw_decoder:
+                    self._more_hw(max(1, hw_instances), _want_direct(hw_direct))
                 self.cuda_c = self.lib.decoder(device_index, self.cuda_threads, BACKEND_HYBRID_CPU_GPU,
                                                cuda_options)
             else:
@@ -789,12 +786,13 @@ class GpuImageDecoder:
         # ``follow``: the route follows the load on the host while the run goes (C API, both decoders)
         self.follower = self._probe = None
         if follow and self.lib is not None and (self.hw_direct or self.hw_cs) and self.route in ("split", "hardware"):
-            from ..affinity import OthersProbe
+            from ..affinity import HostLoad
 
-            self._probe = OthersProbe()
+            cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+            self._probe = HostLoad(cpus)  # (other processes' load on this process's cores)
             fl = route_follow
-            self.follower = fl.RouteFollower(self.route, float(len(self._probe.cpus or ()) or os.cpu_count() or 1),
-                                             SPLIT_MIN_CORES, confirm=fl.CONFIRM, margin=fl.MARGIN, hold=fl.HOLD_S)
+            self.follower = fl.RouteFollower(self.route, float(len(cpus)), SPLIT_MIN_CORES, confirm=fl.CONFIRM,
+                                             margin=fl.MARGIN, hold=fl.HOLD_S)
         self._t0 = self._next_check = time.perf_counter()
         self.route_batches = {"split": 0, "hardware": 0}  # batches decoded on each route
         self._step = 0.1
@@ -835,6 +833,17 @@ class GpuImageDecoder:
         # hardware engine's direct path the nvJPEG calls themselves ("hw_nvjpeg"); CPU decodes ("cpu")
         self.timings = {"parse": 0.0, "hw": 0.0, "hw_wrap": 0.0, "cuda": 0.0, "cuda_wrap": 0.0, "cpu": 0.0,
                         "hw_slot": 0.0, "cuda_slot": 0.0, "hw_nvjpeg": 0.0}
+
+    def _more_hw(self, n: int, direct: bool) -> None:
+        """``n`` more hardware-engine instances (the C API): nvJPEG's direct path where ``direct`` and
+        it can make them, else nvImageCodec's hardware decoder."""
+        if direct:
+            self.hw_direct.extend(self._direct_instances(n))
+        if not self.hw_direct:
+            from .nvimgcodec_c import BACKEND_HW_GPU_ONLY
+
+            self.hw_cs.extend(self.lib.decoder(self.device_index, self.HW_THREADS, BACKEND_HW_GPU_ONLY, self._hw_options)
+                              for _ in range(n))
 
     def _direct_instances(self, n: int) -> list[Any]:
         """``n`` instances of the hardware engine's direct path, or none (with a warning) where nvJPEG
@@ -1037,8 +1046,8 @@ class GpuImageDecoder:
         instance per common kind (:data:`HW_ONLY_INSTANCES`), made the first time it is taken; back on
         the split route the extra ones are spares (:meth:`_hw_instance`)."""
         self._next_check = now + route_follow.CHECK_S
-        others = self._probe()
-        if others is None:  # /proc unreadable: the route stays
+        others = self._probe.take().get("others")
+        if others is None:  # /proc/stat unreadable: the route stays
             self.follower = None
             return
         route = self.follower.observe(others, now - self._t0)
@@ -1047,14 +1056,7 @@ class GpuImageDecoder:
         pool = self.hw_direct or self.hw_cs
         if route == "hardware" and len(pool) < HW_ONLY_INSTANCES:
             try:
-                if self.hw_direct:
-                    self.hw_direct.extend(self._direct_instances(HW_ONLY_INSTANCES - len(pool)))
-                else:
-                    from .nvimgcodec_c import BACKEND_HW_GPU_ONLY
-
-                    self.hw_cs.extend(self.lib.decoder(self.device_index, self.HW_THREADS, BACKEND_HW_GPU_ONLY,
-                                                       self._hw_options)
-                                      for _ in range(HW_ONLY_INSTANCES - len(pool)))
+                self._more_hw(HW_ONLY_INSTANCES - len(pool), bool(self.hw_direct))
             except Exception as e:  # (the instances there are enough to decode with)
                 warnings.warn(f"no more hardware-engine instances ({e})", RuntimeWarning, stacklevel=2)
         self._hw_first = len(pool) if route == "hardware" else self.HW_INSTANCES
