@@ -32,7 +32,8 @@ is taken from first, ``image_gpu.CUDA_TAKES``), ``cpus`` (the process keeps only
 under ``taskset``), ``route`` (``split``, ``hardware`` or ``auto``: how batches are split between the
 decoders, ``image_gpu.ROUTE``), ``follow`` (0: the route ``auto`` chose stays for the run instead of
 following the load, ``gpubatch.engine.follow``), ``busy_after`` (seconds after the run's process starts
-that the ``busy`` processes start: load the route was not chosen by), ``split_min`` (the free cores from which ``auto`` splits,
+that the ``busy`` processes start: load the route was not chosen by), ``busy_for`` (seconds after the
+run's process starts that they stop: load the route was chosen by that goes), ``split_min`` (the free cores from which ``auto`` splits,
 ``image_gpu.SPLIT_MIN_CORES``), ``readers_hw`` (0: the feed of the ``hardware`` route starts a quarter of the
 cores' reader processes instead of half, ``executor.READERS_HW``), ``coupled``
 (1: the decode thread waits for both decoders' parts of each batch before it hands over the next,
@@ -66,7 +67,8 @@ much the pipeline suffers from other threads holding the GIL). ``--threads`` pri
 child processes together, kept busy during the timed windows; ``--gil-probe`` how late a thread
 coming back from a 1 ms sleep got the GIL back (the wait a decoder thread has after each native call).
 The context column is the CUDA context CuPy makes; the engine column is after the engine set the
-stack size and built its decoders.
+stack size and built its decoders; the end column is what was in use when the timed windows ended
+(below the peak where the peak passed, as at a switch of the decode route).
 """
 
 from __future__ import annotations
@@ -74,7 +76,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -242,6 +243,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
             with own:
                 return len(next(it).stacked())
     res = timed_windows(take, args.seconds, warmup=0, sync=pipe.engine.stream.synchronize)
+    out["end_mib"] = mib()  # in use at the end of the timed windows (the peak may have been passing)
     if probe is not None:
         out["gil_wait_us"] = probe.stop()
     if prof is not None:
@@ -573,22 +575,13 @@ def _child(args: argparse.Namespace, one: str) -> tuple[object, str | None]:
     last line it wrote to stderr)."""
     cmd = [sys.executable, __file__, "--one", one, "--images", str(args.images), "--chain", args.chain,
            "--seconds", str(args.seconds), "--data", args.data, "--mix", args.mix]
-    from gpubatch.bench.measure import BusyLoad
+    from gpubatch.bench.measure import BusyLoad, run_beside
 
     knobs = _knobs(one)
     busy = BusyLoad(int(knobs.get("busy", 0)), knobs.get("busy_kind", "nice"))  # beside the run (bench --busy)
-    if "busy_after" in knobs:  # started that many seconds after the run's process
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            p.wait(timeout=float(knobs["busy_after"]))
-        except subprocess.TimeoutExpired:
-            pass
-        with busy:
-            stdout, stderr = p.communicate()
-        p = subprocess.CompletedProcess(cmd, p.returncode, stdout, stderr)
-    else:
-        with busy:
-            p = subprocess.run(cmd, capture_output=True, text=True)
+    # from busy_after seconds after the run's process starts to busy_for seconds after (default: its end)
+    p = run_beside(cmd, busy, after=float(knobs.get("busy_after", 0)),
+                   until=float(knobs["busy_for"]) if "busy_for" in knobs else None)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         return None, (p.stderr.strip().splitlines() or ["?"])[-1]
@@ -632,7 +625,7 @@ def main() -> None:
         return
     jpeg_set(args.data, args.images, parse_mix(args.mix))  # make the set once, outside the timed processes
     print(f"{args.chain} chain, {args.images} images; MiB of device memory in use above the level before CUDA")
-    print(f"{'configuration':34s} {'context':>8s} {'engine':>8s} {'1 pass':>8s} {'peak':>8s} {'images/s':>9s}"
+    print(f"{'configuration':34s} {'context':>8s} {'engine':>8s} {'1 pass':>8s} {'peak':>8s} {'end':>5s} {'images/s':>9s}"
           f" {'CuPy pool':>9s} {'decoded':>8s} {'in use':>7s} {'CPU':>5s} {'waits':>5s}")
     for cfg in args.configs.split(";"):
         r, failed = _child(args, cfg + (",probe=1" if args.gil_probe else ""))
@@ -643,7 +636,7 @@ def main() -> None:
             print(f"{cfg:34s} {r['error']}")
             continue
         print(f"{cfg:34s} {r['context_mib']:8d} {r['engine_mib']:8d} {r['after_pass_mib']:8d} {r['peak_mib']:8d} "
-              f"{r['images_per_s']:9,d} {r['cupy_pool_mib']:9d} {r['driver_pool_high_mib']:8d} "
+              f"{r.get('end_mib', 0):5d} {r['images_per_s']:9,d} {r['cupy_pool_mib']:9d} {r['driver_pool_high_mib']:8d} "
               f"{r['driver_used_high_mib']:7d} {r['not_on_gpu']:5d} {r['ring_waits']:5d}"
               + f"  {r['route']}"
               + (f"  host: {r['host_cpu']['others']} cores busy elsewhere, {r['host_cpu']['steal']} stolen"

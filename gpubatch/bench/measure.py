@@ -126,6 +126,45 @@ class BusyLoad:
         self.procs = []
 
 
+def run_beside(cmd: list[str], load: BusyLoad, after: float = 0.0, until: float | None = None,
+               timeout: float | None = None) -> Any:
+    """Run ``cmd`` (its output captured, as text) with ``load`` on from ``after`` seconds into it to
+    ``until`` seconds into it (None: its end): load that comes or goes while a run goes, which a route
+    chosen at the start does not see (``gpubatch bench --busy-after``). Returns the
+    ``subprocess.CompletedProcess``; past ``timeout`` seconds the command is killed and
+    ``subprocess.TimeoutExpired`` raised."""
+    import subprocess
+
+    start = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def talk(at: float | None) -> tuple[str, str] | None:
+        """The output once ``cmd`` ended, or None at ``at`` seconds into it (None: wait for its end)."""
+        ends = [t for t in (at, timeout) if t is not None]
+        try:
+            return p.communicate(timeout=max(0.0, min(ends) - (time.monotonic() - start)) if ends else None)
+        except subprocess.TimeoutExpired:
+            if timeout is not None and time.monotonic() - start >= timeout:
+                p.kill()
+                p.communicate()
+                raise
+            return None  # (communicate again later loses nothing)
+
+    try:
+        got = talk(after) if after > 0 else None
+        if got is None:
+            with load:
+                got = talk(until)
+            if got is None:
+                got = talk(None)
+    except BaseException:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, p.returncode, *got)
+
+
 class GpuSampler:
     """Device memory in use (peak minus the level at construction, CUDA context included) and GPU
     utilisation (mean), sampled from NVML every 10 ms. Without NVML both read None."""

@@ -89,7 +89,9 @@ def _header(result: dict[str, Any]) -> list[str]:
         f"data: {data['images']} JPEGs ({data['kind']}) at {data['path']}; page cache {data['page_cache']}",
         f"method: batch {s['batch_size']}, {s['warmup_batches']} warm-up batches excluded, median of {s['windows']} "
         f"windows over {s['seconds']} s, GPU synchronized before every clock read; command: {env['command']}",
-    ] + ([f"load: {s['busy_processes']} busy processes (nice 19) ran beside every contender (--busy)"]
+    ] + ([f"load: {s['busy_processes']} busy processes (nice 19) ran beside every contender (--busy)"
+          + (f", from {s['busy_after_s']:g} s into each contender's run (--busy-after)"
+             if s.get("busy_after_s") is not None else "")]
          if s.get("busy_processes") else [])
 
 

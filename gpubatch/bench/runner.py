@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import UsageError
 from . import MODELS, get_model
-from .measure import BusyLoad, warmup_batches
+from .measure import BusyLoad, run_beside, warmup_batches
 
 CONTENDERS = ("gpubatch-gpu", "gpubatch-cpu", "torch-dataloader", "dali", "dali-defaults")
 GPU_CONTENDERS = ("gpubatch-gpu", "dali", "dali-defaults")
@@ -79,11 +79,16 @@ def environment(argv: list[str] | None = None) -> dict[str, Any]:
     return env
 
 
-def run_contender(args: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One contender in its own process; its RESULT line, or an error with the last lines it printed."""
+def run_contender(args: dict[str, Any], timeout: float, load: BusyLoad | None = None,
+                  after: float = 0.0) -> dict[str, Any]:
+    """One contender in its own process; its RESULT line, or an error with the last lines it printed.
+    ``load``: busy processes started ``after`` seconds into the contender's process, until its end."""
     cmd = [sys.executable, "-m", "gpubatch.bench.contenders", json.dumps(args)]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if load is not None:
+            p = run_beside(cmd, load, after=after, timeout=timeout)
+        else:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -97,9 +102,11 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
               seconds: float = 10.0, device: str = "auto", baselines: list[str] | None = None,
               sweep: str | None = None, with_model: bool = False, gpu: int = 0, images: int | None = None,
               argv: list[str] | None = None, say: Callable[[str], None] = lambda s: None,
-              busy: int = 0, decode_route: str | None = None) -> dict[str, Any]:
+              busy: int = 0, busy_after: float | None = None, decode_route: str | None = None) -> dict[str, Any]:
     """Benchmark ``model``'s chains; see the module docstring for what comes back. ``busy``: that many
-    busy processes run beside every contender (:class:`~gpubatch.bench.measure.BusyLoad`).
+    busy processes run beside every contender (:class:`~gpubatch.bench.measure.BusyLoad`), from
+    ``busy_after`` seconds into each contender's process where given (load the decode route was not
+    chosen by: it follows the load, ``gpubatch.engine.follow``).
     ``decode_route``: how gpubatch's GPU contender splits batches between the decoders
     (``image_gpu.ROUTES``; by default "auto")."""
     from ..engine.device import resolve
@@ -112,6 +119,8 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
         raise UsageError(f"unknown baseline {unknown[0]!r}; valid: {', '.join(CONTENDERS)}")
     if (data is None) == (synthetic is None):
         raise UsageError("give exactly one of --data PATH or --synthetic N")
+    if busy_after is not None and not busy:
+        raise UsageError("--busy-after needs --busy N (the busy processes it starts)")
     if synthetic is not None:
         if synthetic < batch_size:
             raise UsageError(f"--synthetic {synthetic} is smaller than one batch ({batch_size})")
@@ -140,8 +149,10 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
         base["decode_route"] = decode_route
     timeout = 20 * seconds + 600
     if busy:
-        say(f"{busy} busy processes at nice 19 run beside the contenders")
-    with BusyLoad(busy):
+        say(f"{busy} busy processes at nice 19 run beside the contenders"
+            + (f", from {busy_after:g} s into each" if busy_after is not None else ""))
+    later = BusyLoad(busy) if busy_after is not None else None  # (started in each contender's run)
+    with BusyLoad(busy if later is None else 0):
         results: dict[str, dict[str, Any]] = {}
         for chain in m.chains:
             results[chain] = {}
@@ -151,7 +162,8 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
                     results[chain][c] = {"skipped": f"no GPU: {reason}"}
                     continue
                 say(f"{m.name}/{chain}: {c} ...")
-                results[chain][c] = run_contender({**base, "contender": c, "chain": chain}, timeout)
+                results[chain][c] = run_contender({**base, "contender": c, "chain": chain}, timeout, later,
+                                                  busy_after or 0.0)
             cpu = results[chain].get("gpubatch-cpu", {}).get("images_per_s")
             for r in results[chain].values():
                 if cpu and "images_per_s" in r:
@@ -165,7 +177,7 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
                 say(f"sweep {name}={v} ...")
                 args = {**base, "contender": "gpubatch-gpu", "chain": chain, "fidelity": False, "with_model": False,
                         name: v}
-                r = run_contender(args, timeout)
+                r = run_contender(args, timeout, later, busy_after or 0.0)
                 points.append({"value": v, **{k: r.get(k) for k in ("images_per_s", "min", "max", "gpu_mem_gib", "error")}})
             sweep_out = {"param": name, "chain": chain, "contender": "gpubatch-gpu", "points": points}
         elif sweep_spec:
@@ -174,6 +186,7 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
             "environment": environment(argv), "data": source,
             "settings": {"batch_size": batch_size, "seconds": seconds, "device": device, "contenders": contenders,
                          "with_model": with_model, "windows": 5, "busy_processes": busy,
+                         "busy_after_s": busy_after,
                          "decode_route": decode_route or "auto",
                          "warmup_batches": warmup_batches(base)},
             "results": results, "sweep": sweep_out}

@@ -51,6 +51,10 @@ def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> No
 @click.option("--busy", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
               help="Run N busy single-threaded processes (nice 19) beside every contender: the machine as it is "
                    "when other jobs share it.")
+@click.option("--busy-after", type=click.FloatRange(min=0), default=None, metavar="S",
+              help="Start the --busy processes S seconds into each contender's run instead of before it: load "
+                   "that arrives while a run goes (gpubatch's decode route, chosen at the start, follows it; the "
+                   "report says when it switched).")
 @click.option("--decode-route", type=click.Choice(["auto", "split", "hardware"]), default=None,
               help="How gpubatch's GPU path splits each batch between the GPU's JPEG decoders: split (about 30% to "
                    "the CUDA decoder, which costs about 1 ms of CPU an image: fastest on a machine with 15 or more "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -146,6 +147,7 @@ def test_cli_runs_on_the_cpu_and_writes_reports(tmp_path):
     (["--model", "resnet50", "--synthetic", "8", "--baselines", "caffe"], "unknown baseline 'caffe'"),
     (["--model", "resnet50", "--synthetic", "300", "--report", "x.pdf"], "give a .html or .md"),
     (["--model", "resnet50", "--synthetic", "300", "--decode-route", "fast"], "'fast' is not one of"),
+    (["--model", "resnet50", "--synthetic", "300", "--busy-after", "2"], "--busy-after needs --busy N"),
 ])
 def test_cli_errors(args, message):
     r = run_cli("bench", *args)
@@ -216,6 +218,64 @@ def test_host_cpu_ticks_reads_proc_stat():
     if t is None:
         pytest.skip("no /proc/stat here")
     assert len(t) == 3 and all(isinstance(x, int) and x >= 0 for x in t) and t[0] + t[1] > 0
+
+
+def test_cli_starts_the_busy_load_into_each_run(tmp_path):
+    """--busy-after S: the busy processes start S seconds into each contender's run (the report says so)."""
+    from gpubatch.synthetic import make_jpeg_set
+
+    data = make_jpeg_set(tmp_path / "jpegs", 16)
+    r = run_cli("bench", "--model", "resnet50", "--data", data, "--batch-size", "8", "--seconds", "0.2",
+                "--device", "cpu", "--baselines", "gpubatch-cpu", "--json", tmp_path / "r.json",
+                "--busy", "1", "--busy-after", "0.5")
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert (res["settings"]["busy_processes"], res["settings"]["busy_after_s"]) == (1, 0.5)
+    assert "from 0.5 s into each contender's run (--busy-after)" in " ".join((r.stdout + r.stderr).split())
+    assert all(res["results"][c]["gpubatch-cpu"]["images_per_s"] > 0 for c in ("train", "val"))
+
+
+class _Load:
+    """A stand-in load: when it was switched on and off (seconds of the monotonic clock)."""
+
+    def __init__(self) -> None:
+        self.on = self.off = None
+
+    def __enter__(self):
+        self.on = time.monotonic()
+        return self
+
+    def __exit__(self, *exc):
+        self.off = time.monotonic()
+
+
+def test_run_beside_switches_the_load_on_and_off_inside_the_run():
+    """run_beside: the load comes ``after`` seconds into the command and goes at ``until`` (or at its
+    end); output larger than a pipe's buffer, written before the load came, is all kept; past the
+    timeout the command is killed, the load switched off, and TimeoutExpired raised."""
+    import subprocess
+    import sys
+
+    from gpubatch.bench.measure import run_beside
+
+    talk = [sys.executable, "-c", "import sys, time; sys.stdout.write('x' * 300000); sys.stdout.flush(); time.sleep(1.2); print('end')"]
+    load, t0 = _Load(), time.monotonic()
+    p = run_beside(talk, load, after=0.4)
+    t1 = time.monotonic()
+    assert p.returncode == 0 and p.stdout == "x" * 300000 + "end\n"
+    assert 0.4 <= load.on - t0 < 1.2 and load.off <= t1 and load.off - t0 >= 1.2
+    load = _Load()
+    t0 = time.monotonic()
+    p = run_beside(talk, load, after=0.2, until=0.6)
+    assert p.returncode == 0 and 0.2 <= load.on - t0 and 0.6 <= load.off - t0 < 1.2
+    load = _Load()
+    p = run_beside([sys.executable, "-c", "print('quick')"], load, after=5.0)
+    assert p.stdout == "quick\n" and load.on is None  # it ended before the load was due
+    load = _Load()
+    t0 = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_beside([sys.executable, "-c", "import time; time.sleep(30)"], load, after=0.1, timeout=0.8)
+    assert load.on is not None and load.off is not None and time.monotonic() - t0 < 5
 
 
 def test_busy_load_runs_its_processes_only_inside_the_block():

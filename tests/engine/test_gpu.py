@@ -183,8 +183,8 @@ def test_auto_route_follows_the_free_cores(monkeypatch):
 def test_auto_route_follows_the_load_as_the_run_goes(tmp_path, monkeypatch):
     """With "auto" the route follows the cores other processes take while the run goes (the probe of
     the host's load stands in here): split, then the hardware route two checks after the load came,
-    with an instance made for each of the three kinds and the CUDA decoder's buffers given back, then
-    split again once it went; the images right throughout. An explicit route, or ``follow_load=False``, keeps its route."""
+    with an instance made for each of the three kinds and both decoders' chunk buffers given back at
+    each switch, then split again once it went; the images right throughout. An explicit route, or ``follow_load=False``, keeps its route."""
     from types import SimpleNamespace
 
     from gpubatch.engine import follow
@@ -206,6 +206,13 @@ def test_auto_route_follows_the_load_as_the_run_goes(tmp_path, monkeypatch):
         assert len(dec.hw_direct or dec.hw_cs) == 2
         load = [0.0]
         dec._probe = SimpleNamespace(take=lambda: {"others": load[0]})  # cores busy in other processes
+        freed, free_slots = [], dec._free_slots
+
+        def spy(hw, olds):
+            freed.append((dec.route, hw, len(olds)))
+            return free_slots(hw, olds)
+
+        dec._free_slots = spy
         kinds_on_hw = set()
         it = pipe.iterate_files(paths, keys, batch_size=16, repeat=True)
         for k in range(36):
@@ -220,6 +227,8 @@ def test_auto_route_follows_the_load_as_the_run_goes(tmp_path, monkeypatch):
                 assert dec.route == "hardware" and all(sl.size == 0 for sl in dec._rings[False])
         it.close()
         assert [r for _, r, _ in dec.follower.switches] == ["hardware", "split"]
+        # each switch gave back every buffer both decoders had (the hardware route's CUDA decoder: none)
+        assert [(r, hw) for r, hw, n in freed if n] == [("hardware", True), ("hardware", False), ("split", True)]
         assert dec.route == "split" and dec.cuda_share == image_gpu.CUDA_SHARE and dec._hw_first == 2
         assert len(dec.hw_direct or dec.hw_cs) == image_gpu.HW_ONLY_INSTANCES
         assert dec.route_batches["hardware"] >= 8 and dec.route_batches["split"] >= 8

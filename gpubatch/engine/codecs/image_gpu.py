@@ -1061,16 +1061,16 @@ class GpuImageDecoder:
                 warnings.warn(f"no more hardware-engine instances ({e})", RuntimeWarning, stacklevel=2)
         self._hw_first = len(pool) if route == "hardware" else self.HW_INSTANCES
         self.route, self.cuda_share = route, (0.0 if route == "hardware" else CUDA_SHARE)
-        # The buffers the new route has no calls for (the CUDA decoder's on the hardware route, the hardware
-        # engine's third kind's on the split route) are given back before the next batch is prepared, so
-        # that the new route's calls grow theirs in the memory they left. The wait is for the batches
-        # handed over before to be read. A switch to the hardware route still left the training chain's
-        # peak at 865-905 MiB against 763 on that route from the start (867-941 without the wait): the
-        # CUDA decoder keeps its own buffers, and slots grow while the last split batches are read
-        # (H100, benchmarks/memory_study.py ``busy_after``; RESULTS.md, twenty-fourth session).
-        done = self._drop_slots(False, 0) if route == "hardware" else self._drop_slots(True, self.HW_INSTANCES)
-        if done is not None:
-            done.result()
+        # Every chunk buffer of both decoders is given back before the next batch is prepared (the wait is
+        # for the batches handed over before to be read), and the new route's calls make theirs at their
+        # own sizes. Freeing only the buffers the new route has no calls for (the CUDA decoder's on the
+        # hardware route) left the hardware engine's to grow while the last split batches held the old
+        # ones: the training chain's driver pool then had 230-236 MiB in use at once against 182 on the
+        # hardware route from the start, and a peak of 865-905 MiB against 763 (H100,
+        # benchmarks/memory_study.py ``busy_after``; RESULTS.md, twenty-fourth session).
+        for done in [self._drop_slots(hw, 0) for hw in (True, False)]:
+            if done is not None:
+                done.result()
 
     def _drop_slots(self, hw: bool, keep: int) -> Any:
         """Free the buffers of decoder ``hw``'s ring slots past the first ``keep`` (called in the thread
