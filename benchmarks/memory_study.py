@@ -263,6 +263,9 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     out["decoder_mib_kept"] = image_gpu.POOL_KEEP >> 20
     out["not_on_gpu"] = pipe.stats["images"] - pipe.stats["gpu"]  # CPU fallbacks (none expected on the set)
     out["ring_waits"] = pipe.engine.decoder.ring_waits  # chunk calls that took a buffer of their own
+    out["kept_at_switch"] = pipe.engine.decoder.kept_at_switch  # buffers a route switch could not give back
+    out["driver_pool_end_mib"] = (cp.cuda.runtime.memPoolGetAttribute(drv, 5) >> 20,  # reserved now
+                                  cp.cuda.runtime.memPoolGetAttribute(drv, 7) >> 20)  # in use now
     from gpubatch.engine.executor import default_readers
 
     out["route"] = (f"{pipe.engine.decoder.route}" + (f" ({pipe.engine.route_cores} free)" if pipe.engine.route_cores else "")
@@ -271,6 +274,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     if fol is not None and fol.switches:  # the route as it followed the load
         out["route"] += ", then " + ", ".join(f"{r} at {t:.0f} s ({c:.1f} free)" for t, r, c in fol.switches)
         out["route"] += " (batches " + "/".join(str(v) for v in pipe.engine.decoder.route_batches.values()) + ")"
+        out["route"] += f"; {out['kept_at_switch']} buffers kept at a switch"
+    out["route"] += f"; driver pool at the end {out['driver_pool_end_mib'][0]} MiB, {out['driver_pool_end_mib'][1]} in use"
     if counted is not None:
         out["decoder_alloc"] = {k: {"peak_mib": round(v["peak"] / 2**20, 1), "now_mib": round(v["now"] / 2**20, 1),
                                     "mallocs": v["n"], "frees": v.get("frees", 0), "largest_mib": round(v["big"] / 2**20, 2),

@@ -806,6 +806,7 @@ class GpuImageDecoder:
         self._trims: dict[bool, deque] = {True: deque(), False: deque()}
         self._closing = False
         self.ring_waits = 0  # calls that gave up waiting for their slot and took a buffer of their own
+        self.kept_at_switch = 0  # chunk buffers a route switch could not give back (still read after RING_WAIT)
         self.hw_refuses: set[str] = set()
         self.hw_takes: set[str] = set()
         # the Python binding's CUDA-decoder calls run beside its hardware calls from the calling thread;
@@ -1090,6 +1091,7 @@ class GpuImageDecoder:
         for slot, ptr in olds:
             if not slot.free.acquire(timeout=RING_WAIT):  # its last call's images are still held:
                 slot.orphans.append(ptr)  # the slot's next call frees it (or close())
+                self.kept_at_switch += 1
                 continue
             try:
                 if slot.release is not None:
