@@ -61,7 +61,8 @@ stream-ordered pool; ``cache`` also keeps freed pinned blocks for reuse instead 
 ``normal``: at nice 0, ``idle``: SCHED_IDLE), ``slice`` (us: the scheduler time slice the process's
 threads ask for, Linux 6.12+ ``sched_setattr``), ``nice`` / ``nice_readers``
 (the threads Python did not start, nvImageCodec's workers among them / the feed's processes set to this
-nice value after the warm-up pass), ``profile`` (1: wall time per function, cProfile, over the timed windows; in Python 3.12
+nice value after the warm-up pass), ``growth`` (1: log each chunk buffer that grows and each route switch, with the driver pool's
+reserved and in-use MiB after it), ``profile`` (1: wall time per function, cProfile, over the timed windows; in Python 3.12
 it sees every thread, and slows them), ``gil`` (ms of pure-Python work, the GIL held, added to each batch's hand-over: how
 much the pipeline suffers from other threads holding the GIL). ``--threads`` prints the CPU cores each thread (pool) of the process, and its
 child processes together, kept busy during the timed windows; ``--gil-probe`` how late a thread
@@ -189,6 +190,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
 
         affinity.RESERVE_CORE = knobs["core"] == "1"
     counted = _count_allocations(knobs["alloc"]) if "alloc" in knobs else None
+    growth = _log_growth() if knobs.get("growth") == "1" else None
     files = jpeg_set(args.data, args.images, parse_mix(args.mix))
     keys = file_keys(files)
     ops = chain_ops(get_model("resnet50").chains[args.chain])
@@ -282,6 +284,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
                                     "timed_mallocs_frees": (v["n"] - alloc_before.get(k, (0, 0))[0],
                                                             v.get("frees", 0) - alloc_before.get(k, (0, 0))[1])}
                                 for k, v in counted.items()}
+    if growth is not None:
+        out["growth"] = growth
     out["stage_s"] = {k: round(v, 2) for k, v in {**pipe.timings, **pipe.engine.decoder.timings}.items() if v}
     it.close()
     pipe.close()
@@ -419,6 +423,41 @@ def _count_allocations(how: str) -> dict[str, dict[str, int]]:
     nc.Library.decoder = with_allocators
     nc._keep_allocators = keep  # the structures and callbacks live as long as the process
     return stats
+
+
+def _log_growth() -> list[str]:
+    """Log each chunk buffer that grows (seconds into the run, decoder, slot, MiB before and after) and
+    each route switch, with the driver pool's reserved and in-use MiB after it (``growth=1``)."""
+    import cupy as cp
+
+    from gpubatch.engine.codecs import image_gpu
+
+    log: list[str] = []
+    rt, t0 = cp.cuda.runtime, time.perf_counter()
+
+    def pool() -> str:
+        drv = rt.deviceGetDefaultMemPool(0)
+        return f"pool {rt.memPoolGetAttribute(drv, 5) >> 20}/{rt.memPoolGetAttribute(drv, 7) >> 20}"
+
+    bind, follow = image_gpu.GpuImageDecoder._ring_bind, image_gpu.GpuImageDecoder._follow
+
+    def ring_bind(self, job, idx, shapes, turns):
+        ring = self._rings[job.hw]
+        sizes = [sl.size for sl in ring]
+        bind(self, job, idx, shapes, turns)
+        for k, sl in enumerate(ring):
+            if sl.size != (sizes[k] if k < len(sizes) else 0):
+                log.append(f"{time.perf_counter() - t0:.2f} {'hw' if job.hw else 'cuda'}[{k}] "
+                           f"{(sizes[k] if k < len(sizes) else 0) >> 20}->{sl.size >> 20} {pool()}")
+
+    def follow_(self, now):
+        route = self.route
+        follow(self, now)
+        if self.route != route:
+            log.append(f"{time.perf_counter() - t0:.2f} switch to {self.route} {pool()}")
+
+    image_gpu.GpuImageDecoder._ring_bind, image_gpu.GpuImageDecoder._follow = ring_bind, follow_
+    return log
 
 
 def _top_functions(prof, n: int) -> list[str]:
@@ -650,6 +689,8 @@ def main() -> None:
             print(f"{'':34s} seconds per stage, whole run: {r['stage_s']}", flush=True)
         if "gil_wait_us" in r:
             print(f"{'':34s} GIL wait after a 1 ms sleep (us): {r['gil_wait_us']}", flush=True)
+        if "growth" in r:
+            print(f"{'':34s} chunk buffers grown, switches (s, MiB; pool reserved/in use): " + "; ".join(r["growth"]), flush=True)
         if "decoder_alloc" in r:
             print(f"{'':34s} nvJPEG's own allocations: {r['decoder_alloc']}", flush=True)
         if "profile" in r:
