@@ -1068,7 +1068,9 @@ class GpuImageDecoder:
         # hardware route) left the hardware engine's to grow while the last split batches held the old
         # ones: the training chain's driver pool then had 230-236 MiB in use at once against 182 on the
         # hardware route from the start, and a peak of 865-905 MiB against 763 (H100,
-        # benchmarks/memory_study.py ``busy_after``; RESULTS.md, twenty-fourth session).
+        # benchmarks/memory_study.py ``busy_after``; RESULTS.md, twenty-fourth session). Giving back
+        # every buffer empties the pool here: 803-815 MiB in 6 runs of 10; in the other 4 a buffer
+        # grew after the switch and left the pool fragmented, 865-877 (twenty-fifth session).
         for done in [self._drop_slots(hw, 0) for hw in (True, False)]:
             if done is not None:
                 done.result()
