@@ -47,7 +47,8 @@ whole; 0: whole batch parts, a buffer from the driver's pool each),
 the legacy default stream or on a non-blocking stream of the consumer's own, so the ring fences it), ``regions_for`` (with ``region=1``: which decoders' parts decode regions, ``hw``, ``cuda`` or
 ``hw+cuda``, ``image_gpu.REGIONS_FOR``), ``cuda_ring`` (the CUDA decoder's calls take this many buffers in turn; 0: call k of a part takes
 buffer k, ``image_gpu.CUDA_RING``), ``slack`` (a chunk buffer grows to a call's size plus
-1/slack, ``image_gpu.RING_SLACK``), ``core`` (0: no CPU core of its own for the hardware
+1/slack, ``image_gpu.RING_SLACK``), ``grow`` (``free``: a chunk buffer that grows gives the old one back
+first; ``overlap``: the new one is taken first, the old freed once read; ``image_gpu.FREE_BEFORE_GROW``), ``core`` (0: no CPU core of its own for the hardware
 decoder's thread, ``affinity.RESERVE_CORE``), ``sched`` (how host threads wait for the GPU: ``auto``, ``spin``,
 ``yield`` or ``blocking``, ``gpu_executor.SYNC_POLICY`` by default), ``connections``
 (``CUDA_DEVICE_MAX_CONNECTIONS``), ``hw_threads`` (each hardware-decoder instance's worker
@@ -171,6 +172,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         image_gpu.HW_CHUNK = int(knobs["hw_chunk"])
     if "calls" in knobs:  # calls a chunked part is split into at least (image_gpu.MIN_CALLS)
         image_gpu.MIN_CALLS = int(knobs["calls"])
+    if "grow" in knobs:  # "free": a growing chunk buffer gives its old one back first; "overlap": the new first
+        image_gpu.FREE_BEFORE_GROW = knobs["grow"] == "free"
     if "slack" in knobs:  # a chunk buffer grows to the call's size plus 1/slack
         image_gpu.RING_SLACK = int(knobs["slack"])
     if "hw_ring" in knobs:  # as cuda_ring, for the hardware engine
@@ -265,7 +268,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     out["decoder_mib_kept"] = image_gpu.POOL_KEEP >> 20
     out["not_on_gpu"] = pipe.stats["images"] - pipe.stats["gpu"]  # CPU fallbacks (none expected on the set)
     out["ring_waits"] = pipe.engine.decoder.ring_waits  # chunk calls that took a buffer of their own
-    out["kept_at_switch"] = pipe.engine.decoder.kept_at_switch  # buffers a route switch could not give back
+    out["frees_late"] = pipe.engine.decoder.frees_late  # buffers a switch or growth could not give back at once
     out["driver_pool_end_mib"] = (cp.cuda.runtime.memPoolGetAttribute(drv, 5) >> 20,  # reserved now
                                   cp.cuda.runtime.memPoolGetAttribute(drv, 7) >> 20)  # in use now
     from gpubatch.engine.executor import default_readers
@@ -276,7 +279,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
     if fol is not None and fol.switches:  # the route as it followed the load
         out["route"] += ", then " + ", ".join(f"{r} at {t:.0f} s ({c:.1f} free)" for t, r, c in fol.switches)
         out["route"] += " (batches " + "/".join(str(v) for v in pipe.engine.decoder.route_batches.values()) + ")"
-        out["route"] += f"; {out['kept_at_switch']} buffers kept at a switch"
+        out["route"] += f"; {out['frees_late']} buffers given back late"
     out["route"] += f"; driver pool at the end {out['driver_pool_end_mib'][0]} MiB, {out['driver_pool_end_mib'][1]} in use"
     if counted is not None:
         out["decoder_alloc"] = {k: {"peak_mib": round(v["peak"] / 2**20, 1), "now_mib": round(v["now"] / 2**20, 1),

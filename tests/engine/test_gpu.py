@@ -536,6 +536,61 @@ def test_chunked_decode_reuses_few_buffers_with_the_same_result(engine, monkeypa
     same(read(dec.decode(batches[1], stream, order=False, wait=False, chunk=3), len(ref[1][0])), ref[1])
 
 
+def test_a_growing_chunk_buffer_gives_the_old_one_back_first(engine, monkeypatch):
+    """A ring slot that must grow gives its old buffer back before it takes the new one, once the call
+    before in it has been read (never both at once), with the images right; where that call is not
+    read within GROW_WAIT (a batch handed over ahead in the same thread) the old one is freed late,
+    once read, and the images are still right."""
+    from gpubatch.engine.codecs import image_gpu
+
+    small, big, bigger = (_mixed_batches(seed, 72, sides, corrupt=4, png=10)[0]
+                          for seed, sides in ((11, (60, 120)), (12, (200, 300)), (13, (320, 400))))
+    dec, stream = engine.decoder, engine.stream
+    ref = {id(b): _finished(dec.decode(b, stream), stream) for b in (small, big, bigger)}
+    events, free, malloc = [], dec._free_slots, dec.cp.cuda.runtime.mallocAsync
+
+    def spy_free(hw, olds, wait=None):
+        events.append(("free", hw, [ptr for _, ptr in olds]))
+        return free(hw, olds, wait)
+
+    def spy_malloc(size, stream_ptr):
+        ptr = malloc(size, stream_ptr)
+        events.append(("malloc", size, ptr))
+        return ptr
+
+    monkeypatch.setattr(dec, "_free_slots", spy_free)
+    monkeypatch.setattr(dec.cp.cuda.runtime, "mallocAsync", spy_malloc)
+    late = dec.frees_late
+
+    def read(b):
+        return _read_chunks(dec.decode(b, stream, order=False, wait=False, chunk=256), stream, len(b))
+
+    _same_result(read(small), ref[id(small)])
+    sizes = {hw: [sl.size for sl in dec._rings[hw]] for hw in (True, False)}
+    events.clear()
+    _same_result(read(big), ref[id(big)])  # every slot grows: each old buffer given back, then the new taken
+    grown = [(hw, k) for hw in (True, False) for k, sl in enumerate(dec._rings[hw])
+             if k < len(sizes[hw]) and sl.size > sizes[hw][k]]
+    assert grown and dec.frees_late == late
+    kinds = [e[0] for e in events]
+    assert kinds.count("free") >= len(grown) and kinds.index("free") < kinds.index("malloc")
+    assert all(kinds[i + 1] == "malloc" for i, k in enumerate(kinds) if k == "free")  # each free, then its malloc
+    ahead = dec.decode(big, stream, order=False, wait=False, chunk=256)  # handed over, not read yet
+    monkeypatch.setattr(image_gpu, "GROW_WAIT", 0.05)
+    after = dec.decode(bigger, stream, order=False, wait=False, chunk=256)  # grows past the unread batch's
+    assert dec.frees_late > late
+    _same_result(_read_chunks(ahead, stream, len(big)), ref[id(big)])
+    _same_result(_read_chunks(after, stream, len(bigger)), ref[id(bigger)])
+    for done in [dec._drop_slots(hw, 0) for hw in (True, False)]:  # (empty rings again)
+        if done is not None:
+            done.result()
+    monkeypatch.setattr(image_gpu, "FREE_BEFORE_GROW", False)  # the new one first, the old freed once read
+    _same_result(read(small), ref[id(small)])
+    events.clear()
+    _same_result(read(big), ref[id(big)])
+    assert [e[0] for e in events if e[0] == "free"] == [] and any(e[0] == "malloc" for e in events)
+
+
 def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path, monkeypatch):
     """A fixed-size chain resampled part by part (whole decoder parts from the pool, whole calls in
     reused buffers as by default, or chunks of 3) into its rows gives the batches one resample of the

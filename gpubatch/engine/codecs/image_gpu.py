@@ -390,6 +390,13 @@ HIGH_PRIORITY: tuple[str, ...] = ()
 # the decoded images' high-water mark from 240 (1/16) and 212 (1/8) to 184 MiB (H200, memory_study
 # ``slack``, eighteenth session).
 RING_SLACK = 4
+# A slot that grows gives its old buffer back before the new one is taken: the thread handing the batch
+# over waits (once, at most a batch) for the readers of the slot's last call. Taking the new buffer
+# first held both at once and left the driver's pool fragmented: after a switch of the decode route,
+# 256 MiB reserved for 192 in use, a peak of 865-877 MiB against 803-815 where nothing grew (H100 and
+# H200, memory_study ``growth=1``; RESULTS.md, twenty-fifth session).
+FREE_BEFORE_GROW = True
+GROW_WAIT = 0.25  # seconds that wait may take; past it the old buffer is freed once read, as before
 # With ``decode(..., planes=True)`` the direct path decodes 4:2:0 and 4:2:2 JPEGs into their own planes
 # (1.5 and 2 bytes a pixel instead of 3; .planes) and the resample kernel makes RGB of them as libjpeg
 # does. ImagePipeline asks for it where one resample reads the images, and (HW_PLANES "chunked") only
@@ -806,7 +813,7 @@ class GpuImageDecoder:
         self._trims: dict[bool, deque] = {True: deque(), False: deque()}
         self._closing = False
         self.ring_waits = 0  # calls that gave up waiting for their slot and took a buffer of their own
-        self.kept_at_switch = 0  # chunk buffers a route switch could not give back (still read after RING_WAIT)
+        self.frees_late = 0  # chunk buffers a switch or growth could not give back at once (read past RING_WAIT)
         self.hw_refuses: set[str] = set()
         self.hw_takes: set[str] = set()
         # the Python binding's CUDA-decoder calls run beside its hardware calls from the calling thread;
@@ -1087,13 +1094,14 @@ class GpuImageDecoder:
                 slot.ptr = slot.size = 0
         return (self._hw_thread if hw else self._cuda_thread).submit(self._free_slots, hw, olds) if olds else None
 
-    def _free_slots(self, hw: bool, olds: list[tuple[_RingSlot, int]]) -> None:
+    def _free_slots(self, hw: bool, olds: list[tuple[_RingSlot, int]], wait: float | None = None) -> None:
         stream = self.hw_stream if hw else self.cuda_stream
         rt = self.cp.cuda.runtime
         for slot, ptr in olds:
-            if not slot.free.acquire(timeout=RING_WAIT):  # its last call's images are still held:
-                slot.orphans.append(ptr)  # the slot's next call frees it (or close())
-                self.kept_at_switch += 1
+            if not slot.free.acquire(timeout=RING_WAIT if wait is None else wait):
+                # its last call's images are still held: the slot's next call frees it (or close())
+                slot.orphans.append(ptr)
+                self.frees_late += 1
                 continue
             try:
                 if slot.release is not None:
@@ -1363,8 +1371,9 @@ class GpuImageDecoder:
                    turns: dict[int, tuple[int, int, int]]) -> None:
         """Give the next call of ``job`` (items ``idx``) its ring slot (call k of a part: slot k; with
         :data:`CUDA_RING` the CUDA decoder's calls take its slots in turn), grown first where its buffer
-        is too small (a new buffer; the old one is freed once its last call's readers are done, see
-        :meth:`_take_slot`), and make the output descriptors in it."""
+        is too small (a new buffer; with :data:`FREE_BEFORE_GROW` the old one is given back first, once
+        its last call's readers are done, else freed then by :meth:`_take_slot`), and make the output
+        descriptors in it."""
         cp = self.cp
         ring = self._rings[job.hw]
         taken_in_turn = HW_RING if job.hw else CUDA_RING
@@ -1386,6 +1395,13 @@ class GpuImageDecoder:
             size = total + total // RING_SLACK  # room for a somewhat larger call later
             step = max(SLAB_ROUND, (1 << (size.bit_length() - 1)) >> 4)
             size = -(-size // step) * step
+            if slot.ptr and FREE_BEFORE_GROW and slot not in job.slots:
+                # the old buffer goes back first, once the call before in this slot has been read (the
+                # decoder's thread frees it after the calls handed over before): old and new are never
+                # held at once, and the new one is cut from the memory the old one left
+                old, slot.ptr, slot.size = slot.ptr, 0, 0
+                thread = self._hw_thread if job.hw else self._cuda_thread
+                thread.submit(self._free_slots, job.hw, [(slot, old)], GROW_WAIT).result()
             with cp.cuda.Device(self.device_index):
                 ptr = cp.cuda.runtime.mallocAsync(size, job.stream.ptr)
             retire, slot.ptr, slot.size = slot.ptr, ptr, size
