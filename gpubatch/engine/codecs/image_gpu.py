@@ -1069,30 +1069,33 @@ class GpuImageDecoder:
                 warnings.warn(f"no more hardware-engine instances ({e})", RuntimeWarning, stacklevel=2)
         self._hw_first = len(pool) if route == "hardware" else self.HW_INSTANCES
         self.route, self.cuda_share = route, (0.0 if route == "hardware" else CUDA_SHARE)
-        # Every chunk buffer of both decoders is given back before the next batch is prepared (the wait is
-        # for the batches handed over before to be read), and the new route's calls make theirs at their
-        # own sizes. Freeing only the buffers the new route has no calls for (the CUDA decoder's on the
-        # hardware route) left the hardware engine's to grow while the last split batches held the old
-        # ones: the training chain's driver pool then had 230-236 MiB in use at once against 182 on the
-        # hardware route from the start, and a peak of 865-905 MiB against 763 (H100,
-        # benchmarks/memory_study.py ``busy_after``; RESULTS.md, twenty-fourth session). Giving back
-        # every buffer empties the pool here: 803-815 MiB in 6 runs of 10; in the other 4 a buffer
-        # grew after the switch and left the pool fragmented, 865-877 (twenty-fifth session).
-        for done in [self._drop_slots(hw, 0) for hw in (True, False)]:
-            if done is not None:
-                done.result()
+        # Every chunk buffer of both decoders is given back before the next batch is prepared, and the
+        # new route's calls make theirs at their own sizes. Freeing only the buffers the new route has no
+        # calls for (the CUDA decoder's on the hardware route) left the hardware engine's to grow while
+        # the last split batches held the old ones: the training chain's driver pool then had 230-236
+        # MiB in use at once against 182 on the hardware route from the start, and a peak of 865-905
+        # MiB against 763 (H100, benchmarks/memory_study.py ``busy_after``; RESULTS.md, twenty-fourth
+        # session). Giving back every buffer empties the pool here: 801-815 MiB; where a buffer grows
+        # again after the switch (a later batch with more of one kind), 833 (with FREE_BEFORE_GROW;
+        # 865-877 without; twenty-fifth session).
+        self._give_back_slots()
 
-    def _drop_slots(self, hw: bool, keep: int) -> Any:
-        """Free the buffers of decoder ``hw``'s ring slots past the first ``keep`` (called in the thread
-        handing batches over): a later call into such a slot makes it a new buffer; the old one is freed
-        by that decoder's thread once the calls handed over before (its jobs run in order) are read, and
-        the pool then gives the memory back. Returns that job's future, or None."""
-        olds = []
-        for slot in self._rings[hw][keep:]:
-            if slot.ptr:
-                olds.append((slot, slot.ptr))
-                slot.ptr = slot.size = 0
-        return (self._hw_thread if hw else self._cuda_thread).submit(self._free_slots, hw, olds) if olds else None
+    def _give_back_slots(self) -> None:
+        """Free every ring slot's buffer of both decoders (called in the thread handing batches over):
+        a later call into a slot makes it a new buffer. The old ones are freed by each decoder's thread
+        once the calls handed over before (its jobs run in order) have been read, and the pool then
+        gives the memory back; this waits for that."""
+        jobs = []
+        for hw in (True, False):
+            olds = []
+            for slot in self._rings[hw]:
+                if slot.ptr:
+                    olds.append((slot, slot.ptr))
+                    slot.ptr = slot.size = 0
+            if olds:
+                jobs.append((self._hw_thread if hw else self._cuda_thread).submit(self._free_slots, hw, olds))
+        for job in jobs:
+            job.result()
 
     def _free_slots(self, hw: bool, olds: list[tuple[_RingSlot, int]], wait: float | None = None) -> None:
         stream = self.hw_stream if hw else self.cuda_stream
