@@ -393,7 +393,7 @@ RING_SLACK = 4
 # A slot that grows gives its old buffer back before the new one is taken: the thread handing the batch
 # over waits (once, at most a batch) for the readers of the slot's last call. Taking the new buffer
 # first held both at once and left the driver's pool fragmented: after a switch of the decode route,
-# 256 MiB reserved for 192 in use, a peak of 865-877 MiB against 803-815 where nothing grew (H100 and
+# 256 MiB reserved for 192 in use, a peak of 865-877 MiB against 809-815 where nothing grew (H100 and
 # H200, memory_study ``growth=1``; RESULTS.md, twenty-fifth session).
 FREE_BEFORE_GROW = True
 GROW_WAIT = 0.25  # seconds that wait may take; past it the old buffer is freed once read, as before
@@ -1075,8 +1075,8 @@ class GpuImageDecoder:
         # the last split batches held the old ones: the training chain's driver pool then had 230-236
         # MiB in use at once against 182 on the hardware route from the start, and a peak of 865-905
         # MiB against 763 (H100, benchmarks/memory_study.py ``busy_after``; RESULTS.md, twenty-fourth
-        # session). Giving back every buffer empties the pool here: 801-815 MiB; where a buffer grows
-        # again after the switch (a later batch with more of one kind), 833 (with FREE_BEFORE_GROW;
+        # session). Giving back every buffer empties the pool here: 809-815 MiB; where a buffer grows
+        # again after the switch (a later batch with more of one kind), 807-835 (with FREE_BEFORE_GROW;
         # 865-877 without; twenty-fifth session).
         self._give_back_slots()
 
