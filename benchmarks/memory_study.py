@@ -482,15 +482,14 @@ def thread_cpu() -> tuple[dict[str, float], dict[str, int]]:
     import re
     import threading
 
-    from gpubatch.bench.measure import stat_cpu_seconds
-    from gpubatch.engine.affinity import tree_cpu_seconds
+    from gpubatch.engine.affinity import stat_cpu, tree_cpu_seconds
 
     names = {t.native_id: re.sub(r"_\d+$", "", t.name) for t in threading.enumerate()}
     out: dict[str, float] = {}
     native = 0
     for tid in os.listdir("/proc/self/task"):
         try:
-            c = stat_cpu_seconds(f"/proc/self/task/{tid}/stat")
+            c = stat_cpu(f"/proc/self/task/{tid}/stat")[1]
         except OSError:
             continue
         name = names.get(int(tid))

@@ -67,15 +67,6 @@ def timed_windows(step: Callable[[], int], seconds: float, warmup: int = 3, wind
             "seconds": total, "batches": len(lat)}
 
 
-def stat_cpu_seconds(path: str) -> float:
-    """User + system CPU seconds of the process or thread whose /proc ``stat`` file is ``path``."""
-    import os
-
-    with open(path) as fh:
-        f = fh.read().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class CpuUse:
     """CPU cores busy on average, between construction and :meth:`stop`, in this process and every live
     descendant (worker pools, a forkserver's workers), from /proc; elsewhere this process only.

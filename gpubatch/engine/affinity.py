@@ -123,11 +123,12 @@ def cpu_ticks(cpus: set[int] | None = None) -> list[int] | None:
     return out
 
 
-def _cpu_seconds(pid: int, tick: int) -> tuple[int, float]:
-    """(parent pid, user + system CPU seconds so far) of process ``pid``, from /proc."""
-    with open(f"/proc/{pid}/stat") as fh:
+def stat_cpu(path: str, tick: int | None = None) -> tuple[int, float]:
+    """(parent pid, user + system CPU seconds so far) of the process or thread whose /proc ``stat``
+    file is ``path`` (``tick``: the clock ticks a second, read here where not given)."""
+    with open(path) as fh:
         f = fh.read().rsplit(")", 1)[1].split()
-    return int(f[1]), (int(f[11]) + int(f[12])) / tick
+    return int(f[1]), (int(f[11]) + int(f[12])) / (tick or os.sysconf("SC_CLK_TCK"))
 
 
 def _children(pid: int) -> list[int]:
@@ -149,7 +150,7 @@ def _tree_by_children(me: int, tick: int) -> dict[int, float]:
     while todo:
         pid = todo.pop()
         try:
-            cpu, kids = _cpu_seconds(pid, tick)[1], _children(pid)
+            cpu, kids = stat_cpu(f"/proc/{pid}/stat", tick)[1], _children(pid)
         except FileNotFoundError:
             if pid == me:
                 raise
@@ -173,7 +174,7 @@ def tree_cpu_seconds() -> dict[int, float]:
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
-                stats[int(d)] = _cpu_seconds(int(d), tick)
+                stats[int(d)] = stat_cpu(f"/proc/{d}/stat", tick)
             except (OSError, IndexError, ValueError):
                 continue
     tree, todo = set(), [me]
