@@ -1093,14 +1093,9 @@ class GpuImageDecoder:
                     olds.append((slot, slot.ptr))
                     slot.ptr = slot.size = 0
             if olds:
-                jobs.append(self._give_back(hw, olds))
+                jobs.append((self._hw_thread if hw else self._cuda_thread).submit(self._free_slots, hw, olds))
         for job in jobs:
             job.result()
-
-    def _give_back(self, hw: bool, olds: list[tuple[_RingSlot, int]], wait: float | None = None) -> Any:
-        """Have decoder ``hw``'s thread free the buffers ``olds`` (slot, pointer), after the calls handed
-        over to it before, each once its slot's last call has been read (:meth:`_free_slots`); the future."""
-        return (self._hw_thread if hw else self._cuda_thread).submit(self._free_slots, hw, olds, wait)
 
     def _free_slots(self, hw: bool, olds: list[tuple[_RingSlot, int]], wait: float | None = None) -> None:
         stream = self.hw_stream if hw else self.cuda_stream
@@ -1408,7 +1403,8 @@ class GpuImageDecoder:
                 # decoder's thread frees it after the calls handed over before): old and new are never
                 # held at once, and the new one is cut from the memory the old one left
                 old, slot.ptr, slot.size = slot.ptr, 0, 0
-                self._give_back(job.hw, [(slot, old)], GROW_WAIT).result()
+                thread = self._hw_thread if job.hw else self._cuda_thread
+                thread.submit(self._free_slots, job.hw, [(slot, old)], GROW_WAIT).result()
             with cp.cuda.Device(self.device_index):
                 ptr = cp.cuda.runtime.mallocAsync(size, job.stream.ptr)
             retire, slot.ptr, slot.size = slot.ptr, ptr, size
