@@ -48,7 +48,8 @@ the legacy default stream or on a non-blocking stream of the consumer's own, so 
 ``hw+cuda``, ``image_gpu.REGIONS_FOR``), ``cuda_ring`` (the CUDA decoder's calls take this many buffers in turn; 0: call k of a part takes
 buffer k, ``image_gpu.CUDA_RING``), ``slack`` (a chunk buffer grows to a call's size plus
 1/slack, ``image_gpu.RING_SLACK``), ``grow`` (``free``: a chunk buffer that grows gives the old one back
-first; ``overlap``: the new one is taken first, the old freed once read; ``image_gpu.FREE_BEFORE_GROW``), ``core`` (0: no CPU core of its own for the hardware
+first; ``overlap``: the new one is taken first, the old freed once read; ``image_gpu.FREE_BEFORE_GROW``), ``most`` (0: a
+chunk buffer is sized by its call alone, not also by the most of its kind a batch has had, ``image_gpu.SIZE_BY_MOST``), ``core`` (0: no CPU core of its own for the hardware
 decoder's thread, ``affinity.RESERVE_CORE``), ``sched`` (how host threads wait for the GPU: ``auto``, ``spin``,
 ``yield`` or ``blocking``, ``gpu_executor.SYNC_POLICY`` by default), ``connections``
 (``CUDA_DEVICE_MAX_CONNECTIONS``), ``hw_threads`` (each hardware-decoder instance's worker
@@ -174,6 +175,8 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
         image_gpu.MIN_CALLS = int(knobs["calls"])
     if "grow" in knobs:  # "free": a growing chunk buffer gives its old one back first; "overlap": the new first
         image_gpu.FREE_BEFORE_GROW = knobs["grow"] == "free"
+    if "most" in knobs:  # 0: a chunk buffer sized by its call alone (image_gpu.SIZE_BY_MOST)
+        image_gpu.SIZE_BY_MOST = knobs["most"] == "1"
     if "slack" in knobs:  # a chunk buffer grows to the call's size plus 1/slack
         image_gpu.RING_SLACK = int(knobs["slack"])
     if "hw_ring" in knobs:  # as cuda_ring, for the hardware engine
@@ -273,8 +276,9 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
                                   cp.cuda.runtime.memPoolGetAttribute(drv, 7) >> 20)  # in use now
     from gpubatch.engine.executor import default_readers
 
-    out["route"] = (f"{pipe.engine.decoder.route}" + (f" ({pipe.engine.route_cores} free)" if pipe.engine.route_cores else "")
-                    + f", {workers or default_readers(route=pipe.engine.decoder.route)} readers")
+    start = pipe.engine.decode_route  # the route at the start, which chose the readers (the decoder's may have followed the load since)
+    out["route"] = (f"{start}" + (f" ({pipe.engine.route_cores} free)" if pipe.engine.route_cores else "")
+                    + f", {workers or default_readers(route=start)} readers")
     fol = pipe.engine.decoder.follower
     if fol is not None and fol.switches:  # the route as it followed the load
         out["route"] += ", then " + ", ".join(f"{r} at {t:.0f} s ({c:.1f} free)" for t, r, c in fol.switches)

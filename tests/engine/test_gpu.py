@@ -228,8 +228,9 @@ def test_auto_route_follows_the_load_as_the_run_goes(tmp_path, monkeypatch):
                 assert dec.route == "hardware" and all(sl.size == 0 for sl in dec._rings[False])
         it.close()
         assert [r for _, r, _ in dec.follower.switches] == ["hardware", "split"]
-        # each switch gave back every buffer both decoders had (the hardware route's CUDA decoder: none)
-        assert [(r, hw) for r, hw, n in freed if n] == [("hardware", True), ("hardware", False), ("split", True)]
+        # each switch gave back every buffer both decoders had (the hardware route's CUDA decoder: none);
+        # the two decoders' threads free theirs side by side, in either order
+        assert sorted((r, hw) for r, hw, n in freed if n) == [("hardware", False), ("hardware", True), ("split", True)]
         assert dec.route == "split" and dec.cuda_share == image_gpu.CUDA_SHARE and dec._hw_first == 2
         assert len(dec.hw_direct or dec.hw_cs) == image_gpu.HW_ONLY_INSTANCES
         assert dec.route_batches["hardware"] >= 8 and dec.route_batches["split"] >= 8
@@ -588,6 +589,48 @@ def test_a_growing_chunk_buffer_gives_the_old_one_back_first(engine, monkeypatch
     events.clear()
     _same_result(read(big), ref[id(big)])
     assert [e[0] for e in events if e[0] == "free"] == [] and any(e[0] == "malloc" for e in events)
+
+
+def test_buffers_made_after_a_give_back_fit_the_most_of_a_kind_seen(engine, monkeypatch):
+    """After every chunk buffer was given back (as a switch of the decode route does), a batch with few
+    images of a kind makes that kind's buffer large enough for the most of it a batch has had, so a
+    later batch with many takes no new buffer; sized by the call alone (``SIZE_BY_MOST`` off) it grows.
+    The images are right throughout."""
+    from gpubatch.engine.codecs import image_gpu
+
+    def blobs(n444: int, seed: int) -> list[bytes]:
+        rng = np.random.default_rng(seed)
+        sub = ["4:2:0"] * 20 + ["4:4:4"] * n444
+        return [jpeg_bytes(photo(int(rng.integers(150, 200)), int(rng.integers(150, 200)), seed=seed + i), 85,
+                           subsampling=s) for i, s in enumerate(sub)]
+
+    many, few = blobs(40, 100), blobs(10, 300)
+    dec, stream = engine.decoder, engine.stream
+    monkeypatch.setattr(dec, "cuda_share", 0.0)  # a call per kind, each kind whole (as the hardware route)
+    ref = {id(b): _finished(dec.decode(b, stream), stream) for b in (many, few)}
+    malloc, taken = dec.cp.cuda.runtime.mallocAsync, []
+
+    def spy_malloc(size, stream_ptr):
+        taken.append(size)
+        return malloc(size, stream_ptr)
+
+    monkeypatch.setattr(dec.cp.cuda.runtime, "mallocAsync", spy_malloc)
+
+    def read(b):
+        _same_result(_read_chunks(dec.decode(b, stream, order=False, wait=False, chunk=256), stream, len(b)),
+                     ref[id(b)])
+
+    for by_most in (True, False):
+        monkeypatch.setattr(image_gpu, "SIZE_BY_MOST", by_most)
+        read(many)  # the most of 4:4:4 seen: 40 images
+        dec._give_back_slots()
+        taken.clear()
+        read(few)  # new buffers, 4:2:0's and 4:4:4's
+        assert len(taken) == 2
+        taken.clear()
+        read(many)
+        assert (taken == []) == by_most, taken
+        dec._give_back_slots()
 
 
 def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path, monkeypatch):

@@ -397,6 +397,12 @@ RING_SLACK = 4
 # H200, memory_study ``growth=1``; RESULTS.md, twenty-fifth session).
 FREE_BEFORE_GROW = True
 GROW_WAIT = 0.25  # seconds that wait may take; past it the old buffer is freed once read, as before
+# A chunk buffer for a call that holds every image of its kind in the batch is made (or grown) large
+# enough for the most pixels of that kind any batch has had so far, not only for this call and a
+# quarter more: after a switch of the decode route empties every buffer, the first batch sizes them,
+# and a later batch with more of one kind used to grow its buffer again (10 switches in 18, a peak of
+# 807-835 MiB against 809-815 where nothing grew; RESULTS.md, twenty-fifth session).
+SIZE_BY_MOST = True
 # With ``decode(..., planes=True)`` the direct path decodes 4:2:0 and 4:2:2 JPEGs into their own planes
 # (1.5 and 2 bytes a pixel instead of 3; .planes) and the resample kernel makes RGB of them as libjpeg
 # does. ImagePipeline asks for it where one resample reads the images, and (HW_PLANES "chunked") only
@@ -806,6 +812,9 @@ class GpuImageDecoder:
         self._hw_turn = 0  # hardware calls so far
         self._hw_last: dict[int, tuple[str | None, int]] = {}  # per instance (id): its last call's kind and number
         self._slab_cap = {True: 0, False: 0}  # the largest buffer each decoder's parts have taken
+        self._most_px: dict[str, int] = {}  # per kind: the most pixels of it one batch has had (SIZE_BY_MOST)
+        # the batch being handed over: its items' kinds and stored sizes, and per kind (count, pixels)
+        self._batch: tuple[list[str | None], list[tuple[int, int]], dict[str, tuple[int, int]]] = ([], [], {})
         # each decoder's chunk buffers and the next one a call takes (decode(..., chunk=N))
         self._rings: dict[bool, list[_RingSlot]] = {True: [], False: []}
         self._ring_turn = {True: 0, False: 0}  # (with CUDA_RING)
@@ -1080,6 +1089,37 @@ class GpuImageDecoder:
         # 865-877 without; twenty-fifth session).
         self._give_back_slots()
 
+    def _note_batch(self, kinds: list[str | None], dims: list[tuple[int, int]], groups: dict[str, list[int]]) -> None:
+        """Keep what :meth:`_ring_bind` sizes a buffer by: the batch's kinds and sizes, and per kind the
+        most pixels one batch has had (counted before the split, so the kinds the CUDA decoder took on
+        the split route are known to the hardware route after a switch)."""
+        per = {}
+        most = self._most_px
+        for kind, idx in groups.items():
+            px = sum(dims[i][0] * dims[i][1] for i in idx)
+            per[kind] = (len(idx), px)
+            if px > most.get(kind, 0):
+                most[kind] = px
+        self._batch = (kinds, dims, per)
+
+    def _most_bytes(self, idx: list[int], total: int) -> int:
+        """The bytes a call of the items ``idx`` (``total`` bytes now) may need: where it holds every
+        image of its kind in the batch, ``total`` scaled to the most pixels of that kind a batch has
+        had; else 0 (a part of a kind, or of several: its share changes with the batch)."""
+        kinds, dims, per = self._batch
+        if not SIZE_BY_MOST or not idx or idx[-1] >= len(kinds):
+            return 0
+        kind = kinds[idx[0]]
+        count, px = per.get(kind, (0, 0))
+        if count != len(idx) or px <= 0 or any(kinds[i] != kind for i in idx):
+            return 0
+        return -(-total * self._most_px[kind] // px)
+
+    def _give_back(self, hw: bool, olds: list[tuple[_RingSlot, int]], wait: float | None = None) -> Any:
+        """Have decoder ``hw``'s thread free the buffers ``olds`` once the calls handed over before have
+        been read (:meth:`_free_slots`); returns its future."""
+        return (self._hw_thread if hw else self._cuda_thread).submit(self._free_slots, hw, olds, wait)
+
     def _give_back_slots(self) -> None:
         """Free every ring slot's buffer of both decoders (called in the thread handing batches over):
         a later call into a slot makes it a new buffer. The old ones are freed by each decoder's thread
@@ -1093,7 +1133,7 @@ class GpuImageDecoder:
                     olds.append((slot, slot.ptr))
                     slot.ptr = slot.size = 0
             if olds:
-                jobs.append((self._hw_thread if hw else self._cuda_thread).submit(self._free_slots, hw, olds))
+                jobs.append(self._give_back(hw, olds))
         for job in jobs:
             job.result()
 
@@ -1155,6 +1195,8 @@ class GpuImageDecoder:
                 to_cpu.append(i)
             else:
                 groups.setdefault(kind, []).append(i)
+        if chunk:
+            self._note_batch(kinds, dims, groups)
         tm = self.timings
         if self.follower is not None and t_start >= self._next_check:
             self._follow(t_start)
@@ -1395,7 +1437,8 @@ class GpuImageDecoder:
             total += _item_bytes(job, i, h, w)
         retire = None
         if total > slot.size:
-            size = total + total // RING_SLACK  # room for a somewhat larger call later
+            # room for a somewhat larger call later, and for the most of its kind a batch has had
+            size = max(total + total // RING_SLACK, self._most_bytes(idx, total))
             step = max(SLAB_ROUND, (1 << (size.bit_length() - 1)) >> 4)
             size = -(-size // step) * step
             if slot.ptr and FREE_BEFORE_GROW and slot not in job.slots:
@@ -1403,8 +1446,7 @@ class GpuImageDecoder:
                 # decoder's thread frees it after the calls handed over before): old and new are never
                 # held at once, and the new one is cut from the memory the old one left
                 old, slot.ptr, slot.size = slot.ptr, 0, 0
-                thread = self._hw_thread if job.hw else self._cuda_thread
-                thread.submit(self._free_slots, job.hw, [(slot, old)], GROW_WAIT).result()
+                self._give_back(job.hw, [(slot, old)], GROW_WAIT).result()
             with cp.cuda.Device(self.device_index):
                 ptr = cp.cuda.runtime.mallocAsync(size, job.stream.ptr)
             retire, slot.ptr, slot.size = slot.ptr, ptr, size
