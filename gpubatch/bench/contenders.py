@@ -96,7 +96,8 @@ def run_gpubatch(a: dict, device: str) -> dict:
                                     "encode": stages.get("encode", 0)})
     if eng is not None:
         res["hw_decoder_share"] = pipe.stats["hw"] / max(pipe.stats["gpu"], 1)
-        res["decode_route"] = {"route": eng.decoder.route, "free_cores": eng.route_cores}
+        # the route chosen at the start (the decoder's own may have followed the load since: switches)
+        res["decode_route"] = {"route": eng.decode_route, "free_cores": eng.route_cores}
         if eng.decoder.follower is not None:  # the route as it followed the load (engine/follow.py)
             res["decode_route"]["switches"] = eng.decoder.follower.switches
             res["decode_route"]["batches"] = dict(eng.decoder.route_batches)

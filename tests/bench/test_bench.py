@@ -191,6 +191,10 @@ def test_a_busy_machine_is_named_in_the_report():
     assert "busy machine (gpubatch-gpu): 8.1 cores busy in other processes, 0.2 taken by the hypervisor" in to_markdown(r)
     row["decode_route"] = {"route": "hardware", "free_cores": 7.9}
     assert "decode route (gpubatch-gpu): hardware, chosen with 7.9 cores free" in to_markdown(r)
+    row["decode_route"] = {"route": "split", "free_cores": 16.0, "switches": [[2.3, "hardware", 7.7]],
+                           "batches": {"split": 33, "hardware": 364}}
+    assert ("decode route (gpubatch-gpu): split, chosen with 16.0 cores free; followed the load: hardware at 2 s "
+            "(7.7 cores free) (batches: split 33, hardware 364)") in " ".join(to_markdown(r).split())
 
 
 def test_cpu_use_reads_the_whole_machine(monkeypatch):
