@@ -400,8 +400,9 @@ GROW_WAIT = 0.25  # seconds that wait may take; past it the old buffer is freed 
 # A chunk buffer for a call that holds every image of its kind in the batch is made (or grown) large
 # enough for the most pixels of that kind any batch has had so far, not only for this call and a
 # quarter more: after a switch of the decode route empties every buffer, the first batch sizes them,
-# and a later batch with more of one kind used to grow its buffer again (10 switches in 18, a peak of
-# 807-835 MiB against 809-815 where nothing grew; RESULTS.md, twenty-fifth session).
+# and a later batch with more of one kind used to grow its buffer again (10 switches in 18, RESULTS.md,
+# twenty-fifth session). Sized so, no buffer grew after a switch in five runs: peaks of 803-815 MiB
+# against 807-835 (the training chain, H100 and H200, memory_study ``most``; twenty-sixth session).
 SIZE_BY_MOST = True
 # With ``decode(..., planes=True)`` the direct path decodes 4:2:0 and 4:2:2 JPEGs into their own planes
 # (1.5 and 2 bytes a pixel instead of 3; .planes) and the resample kernel makes RGB of them as libjpeg
@@ -1416,7 +1417,8 @@ class GpuImageDecoder:
                    turns: dict[int, tuple[int, int, int]]) -> None:
         """Give the next call of ``job`` (items ``idx``) its ring slot (call k of a part: slot k; with
         :data:`CUDA_RING` the CUDA decoder's calls take its slots in turn), grown first where its buffer
-        is too small (a new buffer; with :data:`FREE_BEFORE_GROW` the old one is given back first, once
+        is too small (a new buffer, with :data:`SIZE_BY_MOST` large enough for the most of the call's kind
+        a batch has had; with :data:`FREE_BEFORE_GROW` the old one is given back first, once
         its last call's readers are done, else freed then by :meth:`_take_slot`), and make the output
         descriptors in it."""
         cp = self.cp
