@@ -85,10 +85,7 @@ def run_contender(args: dict[str, Any], timeout: float, load: BusyLoad | None = 
     ``load``: busy processes started ``after`` seconds into the contender's process, until its end."""
     cmd = [sys.executable, "-m", "gpubatch.bench.contenders", json.dumps(args)]
     try:
-        if load is not None:
-            p = run_beside(cmd, load, after=after, timeout=timeout)
-        else:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = run_beside(cmd, load or BusyLoad(0), after=after, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)

@@ -814,8 +814,8 @@ class GpuImageDecoder:
         self._hw_last: dict[int, tuple[str | None, int]] = {}  # per instance (id): its last call's kind and number
         self._slab_cap = {True: 0, False: 0}  # the largest buffer each decoder's parts have taken
         self._most_px: dict[str, int] = {}  # per kind: the most pixels of it one batch has had (SIZE_BY_MOST)
-        # the batch being handed over: its items' kinds and stored sizes, and per kind (count, pixels)
-        self._batch: tuple[list[str | None], list[tuple[int, int]], dict[str, tuple[int, int]]] = ([], [], {})
+        # the batch being handed over: its items' kinds, and per kind (count, pixels)
+        self._batch: tuple[list[str | None], dict[str, tuple[int, int]]] = ([], {})
         # each decoder's chunk buffers and the next one a call takes (decode(..., chunk=N))
         self._rings: dict[bool, list[_RingSlot]] = {True: [], False: []}
         self._ring_turn = {True: 0, False: 0}  # (with CUDA_RING)
@@ -1091,8 +1091,8 @@ class GpuImageDecoder:
         self._give_back_slots()
 
     def _note_batch(self, kinds: list[str | None], dims: list[tuple[int, int]], groups: dict[str, list[int]]) -> None:
-        """Keep what :meth:`_ring_bind` sizes a buffer by: the batch's kinds and sizes, and per kind the
-        most pixels one batch has had (counted before the split, so the kinds the CUDA decoder took on
+        """Keep what :meth:`_ring_bind` sizes a buffer by: the batch's kinds and per kind its count and
+        pixels, and per kind the most pixels one batch has had (counted before the split, so the kinds the CUDA decoder took on
         the split route are known to the hardware route after a switch)."""
         per = {}
         most = self._most_px
@@ -1101,14 +1101,14 @@ class GpuImageDecoder:
             per[kind] = (len(idx), px)
             if px > most.get(kind, 0):
                 most[kind] = px
-        self._batch = (kinds, dims, per)
+        self._batch = (kinds, per)
 
     def _most_bytes(self, idx: list[int], total: int) -> int:
         """The bytes a call of the items ``idx`` (``total`` bytes now) may need: where it holds every
         image of its kind in the batch, ``total`` scaled to the most pixels of that kind a batch has
         had; else 0 (a part of a kind, or of several: its share changes with the batch)."""
-        kinds, dims, per = self._batch
-        if not SIZE_BY_MOST or not idx or idx[-1] >= len(kinds):
+        kinds, per = self._batch
+        if not SIZE_BY_MOST or not idx:
             return 0
         kind = kinds[idx[0]]
         count, px = per.get(kind, (0, 0))
