@@ -401,7 +401,7 @@ GROW_WAIT = 0.25  # seconds that wait may take; past it the old buffer is freed 
 # enough for the most pixels of that kind any batch has had so far, not only for this call and a
 # quarter more: after a switch of the decode route empties every buffer, the first batch sizes them,
 # and a later batch with more of one kind used to grow its buffer again (10 switches in 18, RESULTS.md,
-# twenty-fifth session). Sized so, no buffer grew after a switch in five runs: peaks of 803-815 MiB
+# twenty-fifth session). Sized so, no buffer grew after a switch in seven runs: peaks of 803-815 MiB
 # against 807-835 (the training chain, H100 and H200, memory_study ``most``; twenty-sixth session).
 SIZE_BY_MOST = True
 # With ``decode(..., planes=True)`` the direct path decodes 4:2:0 and 4:2:2 JPEGs into their own planes
