@@ -197,7 +197,8 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
                             extra={"layout": req.layout})
         tick = progress(len(entries) * plan.outputs_per_record) if progress else None
         with staged_output(dst_path, req.overwrite) as stage:
-            writer: Writer = _BoxWarningWriter(fmt.writer(stage, info, opts), fmt.name, fmt.carries_boxes, stats)
+            inner = fmt.writer(stage, info, opts)
+            writer: Writer = _BoxWarningWriter(inner, fmt.name, fmt.carries_boxes, stats)
             if plan.augmenting:
                 writer = _ParamsLog(writer, stage / PARAMS_FILE, stats)
             try:
@@ -205,6 +206,8 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
                     _run(device, reader, entries, writer, plan, router, req, tick)
             except OSError as e:
                 raise GpubatchError(f"writing {dst_path} failed: {e}") from None
+            for message in inner.warnings:
+                stats.warn(message)
             seconds = time.perf_counter() - start
             summary = RunSummary(
                 src=str(src_path), dst=str(dst_path), src_format=src_format, dst_format=fmt.name,

@@ -89,6 +89,7 @@ class Writer(abc.ABC):
         self.options = options
         self.count = 0
         self.bytes = 0
+        self.warnings: list[str] = []  # what the user should know about the output, shown in the summary
 
     @abc.abstractmethod
     def write(self, record: Record) -> None:

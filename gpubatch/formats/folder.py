@@ -8,13 +8,16 @@ Reading:
 - otherwise: every image under the root, unlabeled.
 
 Writing: ImageNet layout when records carry labels (plus ``file_list.txt``), a flat folder otherwise;
-``layout="flat"`` forces a flat folder with ``file_list.txt``.
+``layout="flat"`` forces a flat folder with ``file_list.txt``. Each class gets a folder of its own
+(:func:`class_folders`); where the folders' sorted order is not the labels' order, the run warns, since
+ImageFolder-style readers number classes by it.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from pathlib import Path
 
 from .._paths import safe_join, safe_relpath
@@ -115,13 +118,51 @@ class FolderReader(Reader):
         )
 
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._\-]+")
+_UNSAFE = re.compile(r"[^\w.\-]+")
 
 
 def safe_component(name: str) -> str:
-    """A file or folder name made of letters, digits, ``._-`` (others become ``_``)."""
-    out = _UNSAFE.sub("_", name).strip(".") or "_"
+    """A file or folder name made of letters and digits of any script, ``_``, ``.`` and ``-``.
+
+    Everything else (spaces, separators, punctuation, control characters) becomes ``_``; the name is
+    NFC-normalized and cut to 200 characters.
+    """
+    out = _UNSAFE.sub("_", unicodedata.normalize("NFC", name)).strip(".") or "_"
     return out[:200]
+
+
+def class_folders(classes: tuple[str, ...] | list[str]) -> list[str]:
+    """One distinct folder name per class, in label order.
+
+    Names that would meet on disk (after :func:`safe_component`, compared case-insensitively, as on
+    macOS and Windows) get ``_2``, ``_3``... in label order, so two classes never share a folder.
+    Classes named by their numbers alone (``0``, ``1``, ... ``11``: a file list without names) are
+    zero-padded (``00`` ... ``11``), so the folders sort in label order.
+    """
+    classes = list(classes)
+    if len(classes) > 10 and classes == [str(i) for i in range(len(classes))]:
+        width = len(classes[-1])
+        classes = [c.zfill(width) for c in classes]
+    used: set[str] = set()
+    out = []
+    for name in classes:
+        base = safe_component(name)
+        folder, n = base, 1
+        while folder.casefold() in used:
+            n += 1
+            folder = f"{base}_{n}"
+        used.add(folder.casefold())
+        out.append(folder)
+    return out
+
+
+def numbered_as_sorted(folders: dict[int, str]) -> bool:
+    """True when label ``i`` is the i-th of the sorted folder names, for every label written.
+
+    That is how torchvision's ImageFolder and DALI's ``file_root`` number classes.
+    """
+    order = sorted(folders, key=lambda label: folders[label])
+    return order == list(range(len(order)))
 
 
 class FolderWriter(Writer):
@@ -130,10 +171,21 @@ class FolderWriter(Writer):
         self.flat = options.extra.get("layout", "imagenet") == "flat"
         self._used: set[str] = set()
         self._lines: list[str] = []
+        self._folders = class_folders(info.classes)
+        self._written: dict[int, str] = {}  # label -> its folder, for the labels written
 
     def _class_dir(self, label: int) -> str:
-        names = self.info.classes
-        return safe_component(names[label] if 0 <= label < len(names) else str(label))
+        if label not in self._written:
+            if 0 <= label < len(self._folders):
+                folder = self._folders[label]
+            else:  # a label without a class name: its number, kept apart from every named folder
+                taken = {f.casefold() for f in (*self._folders, *self._written.values())}
+                folder, n = str(label), 1
+                while folder.casefold() in taken:
+                    n += 1
+                    folder = f"{label}_{n}"
+            self._written[label] = folder
+        return self._written[label]
 
     def write(self, record: Record) -> None:
         name = record.filename
@@ -160,6 +212,10 @@ class FolderWriter(Writer):
     def close(self) -> None:
         if self._lines and len(self._lines) == self.count:
             (self.root / FILE_LIST).write_text("".join(self._lines), encoding="utf-8")
+        if self._written and not numbered_as_sorted(self._written):
+            self.warnings.append(
+                "folder: the class folders' sorted order does not give the labels (torchvision's ImageFolder "
+                f"and DALI's file_root would number them otherwise); {FILE_LIST} holds the labels")
 
 
 @register_format

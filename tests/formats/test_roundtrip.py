@@ -92,3 +92,57 @@ def test_flat_folder_with_file_list(imagenet, tmp_path):
         "".join(f"{ln.rsplit(' ', 1)[0].replace('/', '_')} {i % 2}\n" for i, ln in enumerate(lines[:5])))
     recs = list(open_dataset(tmp_path / "mine"))
     assert [r.label for r in recs] == [0, 1, 0, 1, 0]
+
+
+def _labelled_list(root, names, labels, classes):
+    """A flat folder with ``file_list.txt`` and a manifest naming ``classes`` (as gpubatch writes one)."""
+    from gpubatch.formats.manifest import write_manifest
+    from tests.helpers import jpeg_bytes, photo
+
+    root.mkdir()
+    for i, name in enumerate(names):
+        (root / name).write_bytes(jpeg_bytes(photo(24, 32, seed=i)))
+    (root / "file_list.txt").write_text("".join(f"{n} {lab}\n" for n, lab in zip(names, labels)))
+    write_manifest(root, {"format": "folder", "classes": list(classes)})
+
+
+def _sorted_folder_labels(root):
+    """Labels as torchvision's ImageFolder gives them: the index of each file's folder among the sorted folders."""
+    folders = sorted(d.name for d in root.iterdir() if d.is_dir())
+    return {f"{d}/{f.name}": folders.index(d) for d in folders for f in (root / d).iterdir()}
+
+
+def test_class_folders_never_merge_and_keep_their_labels(tmp_path):
+    classes = ["a b", "a_b", "狗", "猫", "Cat", "cat", "x/y"]
+    names = [f"{i}.jpg" for i in range(len(classes))]
+    _labelled_list(tmp_path / "src", names, range(len(classes)), classes)
+    summary = convert(tmp_path / "src", tmp_path / "out", to="folder")
+    folders = sorted(d.name for d in (tmp_path / "out").iterdir() if d.is_dir())
+    assert len(folders) == len(classes)  # one folder a class, however alike their names
+    assert len({f.casefold() for f in folders}) == len(classes)
+    assert "狗" in folders and "猫" in folders  # letters of any script are kept
+    assert content(tmp_path / "out") == content(tmp_path / "src")  # every record under its own class name
+    # these folders do not sort in label order ("Cat" < "a b"), so the summary says so
+    assert any("file_list.txt holds the labels" in w for w in summary.warnings)
+
+
+def test_class_folders_sort_in_label_order_or_a_warning_says_so(imagenet, tmp_path):
+    # ImageNet layout in, ImageNet layout out: folders sort as the labels, no warning
+    summary = convert(imagenet, tmp_path / "same", to="folder")
+    assert not summary.warnings
+    out = tmp_path / "same"
+    listed = dict(ln.rsplit(" ", 1) for ln in (out / "file_list.txt").read_text().splitlines())
+    assert {k: int(v) for k, v in listed.items()} == _sorted_folder_labels(out)
+    # classes given in another order than their names sort: the labels stay in file_list.txt, with a warning
+    _labelled_list(tmp_path / "zebra", ["z.jpg", "a.jpg"], [0, 1], ["zebra", "apple"])
+    summary = convert(tmp_path / "zebra", tmp_path / "z-out", to="folder")
+    assert len(summary.warnings) == 1 and "ImageFolder" in summary.warnings[0]
+    assert content(tmp_path / "z-out") == content(tmp_path / "zebra")
+    # twelve classes known only by number: zero-padded folders sort in label order
+    names = [f"{i}.jpg" for i in range(12)]
+    _labelled_list(tmp_path / "num", names, range(12), [str(i) for i in range(12)])
+    summary = convert(tmp_path / "num", tmp_path / "num-out", to="folder")
+    assert not summary.warnings
+    assert sorted(d.name for d in (tmp_path / "num-out").iterdir() if d.is_dir())[:3] == ["00", "01", "02"]
+    listed = dict(ln.rsplit(" ", 1) for ln in (tmp_path / "num-out" / "file_list.txt").read_text().splitlines())
+    assert {k: int(v) for k, v in listed.items()} == _sorted_folder_labels(tmp_path / "num-out")
