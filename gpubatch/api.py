@@ -116,6 +116,14 @@ class _BoxWarningWriter(Writer):
         self.inner.close()
 
 
+def _check_gpu_memory(spec: str | int | float | None) -> None:
+    """Refuse a malformed ``--gpu-memory`` before anything runs, whatever the device (a usage error)."""
+    if spec is not None:
+        from .engine.gpu_executor import parse_memory
+
+        parse_memory(spec, 80 << 30)
+
+
 def _select(reader: Reader, limit: int | None, shuffle: bool, seed: int) -> list[Any]:
     entries = list(reader.entries())
     if shuffle:
@@ -173,6 +181,7 @@ def convert(
     if policy is None:
         raise UsageError(f"unknown --on-error {req.on_error!r}; supported: skip, fail")
     plan = make_plan(req.resize_shorter, req.center_crop, req.resize, req.image_format, req.quality, req.max_pixels)
+    _check_gpu_memory(req.gpu_memory)
     check_output(src_path, dst_path, req.overwrite)
     if plan.touches_pixels or req.device == "gpu":
         device = resolve(req.device, req.gpu)
@@ -365,6 +374,7 @@ def augment(
                 max_pixels=DEFAULT_MAX_PIXELS if req.max_pixels is None else int(req.max_pixels),
                 min_box_visibility=req.min_box_visibility, seed=req.seed, copies=req.copies,
                 keep_original=req.keep_original)
+    _check_gpu_memory(req.gpu_memory)
     check_output(src_path, dst_path, req.overwrite)
     device = resolve(req.device, req.gpu)
     plan.validate(DEVICE if device.is_gpu else HOST)

@@ -166,6 +166,17 @@ def test_device_gpu_without_gpu_is_one_line(imagenet, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("args", [
+    ("convert", "--to", "lmdb"),  # bytes passed through: no GPU in the run, the size still checked
+    ("convert", "--to", "lmdb", "--resize-shorter", "64", "--device", "cpu"),
+    ("augment", "--preset", "resnet50-val", "--device", "cpu"),
+])
+def test_malformed_gpu_memory_is_refused_whatever_the_device(imagenet, tmp_path, args):
+    p = run_cli(args[0], imagenet, tmp_path / "o", *args[1:], "--gpu-memory", "12XB")
+    assert p.returncode == ExitCode.USAGE and "--gpu-memory '12XB'" in one_line_error(p)
+    assert not (tmp_path / "o").exists()
+
+
 def test_auto_device_says_what_it_chose(imagenet, tmp_path):
     p = run_cli("convert", imagenet, tmp_path / "o", "--to", "lmdb", "--resize-shorter", "64", "--json")
     s = json.loads(p.stdout)
