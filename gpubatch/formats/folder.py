@@ -2,7 +2,8 @@
 
 Reading:
 - ``root/file_list.txt`` present: one ``relative/path label`` per line (split at the last space),
-  integer labels; class names come from the manifest when gpubatch wrote it, else ``str(label)``.
+  integer labels, ``-1`` for none; class names come from the manifest when gpubatch wrote it, else
+  ``str(label)``.
 - sub-folders holding images: ImageNet layout; classes are the sorted sub-folder names, labels their
   index (as torchvision's ImageFolder and DALI's ``file_root`` do). Files directly in the root are ignored.
 - otherwise: every image under the root, unlabeled.
@@ -10,7 +11,8 @@ Reading:
 Writing: ImageNet layout when records carry labels (plus ``file_list.txt``), a flat folder otherwise;
 ``layout="flat"`` forces a flat folder with ``file_list.txt``. Each class gets a folder of its own
 (:func:`class_folders`); where the folders' sorted order is not the labels' order, the run warns, since
-ImageFolder-style readers number classes by it.
+ImageFolder-style readers number classes by it. Records without a label among labeled ones go in the
+root, outside every class folder, and ``file_list.txt`` lists them with ``-1``.
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ class FolderReader(Reader):
                     from ..errors import FormatError
 
                     raise FormatError(f"{self.list_file}:{n}: expected 'relative/path label', got {line!r}")
-                entries.append((safe_relpath(parts[0]), int(parts[1])))
-            self._classes = label_names([e[1] for e in entries], manifest.get("classes"))
+                label = int(parts[1])
+                entries.append((safe_relpath(parts[0]), label if label >= 0 else None))  # -1: unlabeled
+            self._classes = label_names([e[1] for e in entries if e[1] is not None], manifest.get("classes"))
             return entries
         subdirs = sorted(
             d.name for d in self.path.iterdir() if d.is_dir() and not d.name.startswith(".")
@@ -169,8 +172,9 @@ class FolderWriter(Writer):
     def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
         super().__init__(root, info, options)
         self.flat = options.extra.get("layout", "imagenet") == "flat"
-        self._used: set[str] = set()
+        self._used: set[str] = set()  # relative paths written, case-folded (as case-insensitive disks compare)
         self._lines: list[str] = []
+        self._unlabelled = 0
         self._folders = class_folders(info.classes)
         self._written: dict[int, str] = {}  # label -> its folder, for the labels written
 
@@ -190,28 +194,36 @@ class FolderWriter(Writer):
     def write(self, record: Record) -> None:
         name = record.filename
         stem, ext = name.rsplit(".", 1)
+        key_dir = record.key.rsplit("/", 1)[0] if "/" in record.key else ""
         if record.label is not None and not self.flat:
             rel = f"{self._class_dir(record.label)}/{safe_component(stem)}.{ext}"
+        elif record.label is None and self.info.classes and not self.flat:
+            # unlabeled among classes: in the root, where no class folder takes it in
+            rel = safe_component(f"{key_dir.replace('/', '_')}_{stem}" if key_dir else stem) + f".{ext}"
+            self._unlabelled += 1
         else:
-            key_dir = record.key.rsplit("/", 1)[0] if "/" in record.key else ""
             parts = [safe_component(p) for p in key_dir.split("/") if p]
             rel = "/".join([*parts, f"{safe_component(stem)}.{ext}"])
+            self._unlabelled += record.label is None
         base, n = rel, 1
-        while rel in self._used or rel == FILE_LIST or rel == MANIFEST_NAME:
+        while rel.casefold() in self._used or rel in (FILE_LIST, MANIFEST_NAME):
             rel = f"{base.rsplit('.', 1)[0]}_{n}.{ext}"
             n += 1
-        self._used.add(rel)
+        self._used.add(rel.casefold())
         path = safe_join(self.root, rel)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(record.data)
-        if record.label is not None:
-            self._lines.append(f"{rel} {record.label}\n")
+        self._lines.append(f"{rel} {-1 if record.label is None else record.label}\n")
         self.count += 1
         self.bytes += len(record.data)
 
     def close(self) -> None:
-        if self._lines and len(self._lines) == self.count:
+        if self._unlabelled < self.count:  # some record has a label: the list holds every record, -1 unlabeled
             (self.root / FILE_LIST).write_text("".join(self._lines), encoding="utf-8")
+            if self._unlabelled:
+                self.warnings.append(
+                    f"folder: {self._unlabelled} of {self.count} records have no label: {FILE_LIST} lists them "
+                    "with label -1" + ("" if self.flat else ", and they lie in the root, outside the class folders"))
         if self._written and not numbered_as_sorted(self._written):
             self.warnings.append(
                 "folder: the class folders' sorted order does not give the labels (torchvision's ImageFolder "

@@ -146,3 +146,27 @@ def test_class_folders_sort_in_label_order_or_a_warning_says_so(imagenet, tmp_pa
     assert sorted(d.name for d in (tmp_path / "num-out").iterdir() if d.is_dir())[:3] == ["00", "01", "02"]
     listed = dict(ln.rsplit(" ", 1) for ln in (tmp_path / "num-out" / "file_list.txt").read_text().splitlines())
     assert {k: int(v) for k, v in listed.items()} == _sorted_folder_labels(tmp_path / "num-out")
+
+
+def test_unlabelled_records_among_classes_survive_a_folder(tmp_path):
+    import io
+    import tarfile
+
+    from tests.helpers import jpeg_bytes, photo
+
+    (tmp_path / "wds").mkdir()
+    with tarfile.open(tmp_path / "wds" / "s-000000.tar", "w") as tf:
+        for name, data in [("a.jpg", jpeg_bytes(photo(20, 30, 1))), ("a.cls", b"0"),
+                           ("b.jpg", jpeg_bytes(photo(20, 30, 2))), ("b.cls", b"1"),
+                           ("0/c.jpg", jpeg_bytes(photo(20, 30, 3))),  # unlabeled, its key's folder named as a class
+                           ("d.jpg", jpeg_bytes(photo(20, 30, 4)))]:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    summary = convert(tmp_path / "wds", tmp_path / "out", to="folder")
+    assert summary.records_out == 4
+    assert any("2 of 4 records have no label" in w for w in summary.warnings)
+    # every record reads back, with its label or none, and no unlabeled file sits in a class folder
+    assert content(tmp_path / "out") == content(tmp_path / "wds")
+    assert sorted(p.name for p in (tmp_path / "out" / "0").iterdir()) == ["a.jpg"]
+    assert (tmp_path / "out" / "0_c.jpg").is_file() and (tmp_path / "out" / "d.jpg").is_file()
