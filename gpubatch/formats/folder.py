@@ -36,10 +36,23 @@ def _is_image_name(name: str) -> bool:
 
 
 def _walk_images(root: Path) -> list[str]:
-    """Relative POSIX paths of image files under ``root``, sorted, hidden files and folders skipped."""
+    """Relative POSIX paths of image files under ``root``, sorted, hidden files and folders skipped.
+
+    Linked folders are followed, but not a link to a folder the walk is inside (``ln -s .. up``): the
+    walk stops there instead of going round the loop.
+    """
     out = []
+    top = Path(root).resolve()
+    inside = {str(root): frozenset(str(p) for p in (top, *top.parents))}  # real folders each walked folder is in
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        above = inside.pop(dirpath)
+        keep = []
+        for d in sorted(d for d in dirnames if not d.startswith(".")):
+            real = os.path.realpath(os.path.join(dirpath, d))
+            if real not in above:
+                keep.append(d)
+                inside[os.path.join(dirpath, d)] = above | {real}
+        dirnames[:] = keep
         rel = os.path.relpath(dirpath, root)
         for f in filenames:
             if not f.startswith(".") and _is_image_name(f):

@@ -170,3 +170,16 @@ def test_unlabelled_records_among_classes_survive_a_folder(tmp_path):
     assert content(tmp_path / "out") == content(tmp_path / "wds")
     assert sorted(p.name for p in (tmp_path / "out" / "0").iterdir()) == ["a.jpg"]
     assert (tmp_path / "out" / "0_c.jpg").is_file() and (tmp_path / "out" / "d.jpg").is_file()
+
+
+def test_a_link_back_up_the_tree_is_read_once(imagenet, tmp_path):
+    import os
+
+    first = sorted(p for p in imagenet.iterdir() if p.is_dir())[0]
+    os.symlink("..", first / "up")  # first/up/<first>/up/... : a loop
+    os.symlink(str(first), tmp_path / "elsewhere")  # a linked class folder is followed
+    (imagenet / "linked").symlink_to(tmp_path / "elsewhere")
+    with open_dataset(imagenet) as r:
+        keys = [rec.key for rec in r]
+    per_class = len(list(first.glob("*.*")))
+    assert len(keys) == 60 + per_class and len(set(keys)) == len(keys)
