@@ -32,7 +32,9 @@ from . import register_format
 from .base import Format, Reader, ShardedWriter, WriteOptions, Writer, shard_names
 from .manifest import read_manifest
 
-_SHARD = re.compile(r".*-\d{5}-of-\d{5}(\.tfrecord)?$")
+_SHARD = re.compile(r".*-\d{5}-of-\d{5}$")
+_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")  # TensorFlow's, its tutorials' and Kaggle's names
+_GZIP = b"\x1f\x8b"
 
 
 def _tfr():
@@ -53,12 +55,22 @@ def _masked_crc(data: bytes) -> bytes:
     return _tfr()[1].masked_crc(data)
 
 
+def _is_shard_name(name: str) -> bool:
+    """``*.tfrecord``, ``*.tfrecords``, ``*.tfrec`` or ``NAME-00000-of-00010[.tfrecord]``, gzipped or not."""
+    base = name.removesuffix(".gz")
+    return base.endswith(_SUFFIXES) or bool(_SHARD.match(base.removesuffix(".tfrecord")))
+
+
 def _looks_like_tfrecord(path: Path) -> bool:
+    """A first record header whose length CRC holds, or a gzipped file named as a shard (the reader then
+    says how to unpack it)."""
     try:
         with open(path, "rb") as f:
             head = f.read(12)
     except OSError:
         return False
+    if head[:2] == _GZIP:
+        return _is_shard_name(path.name)
     return len(head) == 12 and _masked_crc(head[:8]) == head[8:12]
 
 
@@ -66,15 +78,20 @@ def shard_files(path: Path) -> list[Path]:
     path = Path(path)
     if path.is_file():
         return [path]
-    return sorted(
-        p
-        for p in path.iterdir()
-        if p.is_file() and (p.suffix == ".tfrecord" or (_SHARD.match(p.name) and not p.suffix == ".idx"))
-    )
+    return sorted(p for p in path.iterdir() if p.is_file() and _is_shard_name(p.name))
 
 
 def _index_of(shard: Path) -> Path:
     return shard.with_suffix(".idx") if shard.suffix == ".tfrecord" else shard.with_name(shard.name + ".idx")
+
+
+def _refuse_compressed(shard: Path) -> None:
+    with open(shard, "rb") as f:
+        if f.read(2) == _GZIP:
+            raise FormatError(
+                f"{shard} is gzip-compressed (TFRecordOptions compression_type='GZIP'): unpack the shards first "
+                "(gunzip, or `gzip -dc SHARD > SHARD.tfrecord`); gpubatch, like DALI, reads records by offset, "
+                "which compressed shards do not allow")
 
 
 class TFRecordReader(Reader):
@@ -96,6 +113,7 @@ class TFRecordReader(Reader):
     def _scan(self) -> list[tuple[int, int, int]]:
         entries = []
         for s, shard in enumerate(self.shards):
+            _refuse_compressed(shard)
             size = shard.stat().st_size
             idx = _index_of(shard)
             rows = None
@@ -335,7 +353,7 @@ class TFRecordFormat(Format):
     def detect(cls, path: Path) -> bool:
         path = Path(path)
         if path.is_file():
-            return path.suffix == ".tfrecord" or _looks_like_tfrecord(path)
+            return path.name.endswith(_SUFFIXES) or _looks_like_tfrecord(path)
         try:
             shards = shard_files(path)
         except OSError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import struct
 import tarfile
 
@@ -13,6 +14,8 @@ import pytest
 
 from gpubatch import convert
 from gpubatch.api import open_dataset
+from gpubatch.formats import detect
+from tests.helpers import content
 
 
 def _source(imagenet):
@@ -230,3 +233,27 @@ def test_manifest(imagenet, tmp_path, fmt):
     assert m["format"] == fmt and m["records"] == 60
     assert m["classes"] == ["bird", "car", "flower", "mountain"] and m["errors"] == []
     assert m["source"]["format"] == "folder"
+
+
+@pytest.mark.parametrize("name", ["train.tfrecords", "train00-60.tfrec", "train-00000-of-00001"])
+def test_tfrecord_shards_under_tensorflow_and_kaggle_names(imagenet, tmp_path, name):
+    convert(imagenet, tmp_path / "t", to="tfrecord")
+    (tmp_path / "named").mkdir()
+    shutil.copy(tmp_path / "t" / "data-00000-of-00001.tfrecord", tmp_path / "named" / name)
+    assert detect(tmp_path / "named").name == "tfrecord"
+    assert content(tmp_path / "named") == content(imagenet, "folder")
+
+
+def test_gzipped_tfrecord_is_refused_with_the_remedy(imagenet, tmp_path):
+    import gzip
+
+    from gpubatch.errors import FormatError
+
+    convert(imagenet, tmp_path / "t", to="tfrecord")
+    (tmp_path / "gz").mkdir()
+    raw = (tmp_path / "t" / "data-00000-of-00001.tfrecord").read_bytes()
+    (tmp_path / "gz" / "train.tfrecord.gz").write_bytes(gzip.compress(raw))
+    assert detect(tmp_path / "gz").name == "tfrecord"
+    with pytest.raises(FormatError, match="gzip-compressed.*unpack the shards first"):
+        convert(tmp_path / "gz", tmp_path / "out", to="folder")
+    assert not (tmp_path / "out").exists()
