@@ -201,6 +201,8 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
     with open_reader(src_path, req.from_format) as reader:
         src_format = reader.format_name
         entries = _select(reader, req.limit, getattr(req, "shuffle", False), req.seed)
+        if not entries and req.limit != 0:
+            raise GpubatchError(f"{src_path} ({src_format}) holds no records: nothing written")
         info = reader.info()
         opts = WriteOptions(shard_size=req.shard_size, name=req.name, source=str(src_path),
                             extra={"layout": req.layout})
@@ -217,6 +219,10 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
                 raise GpubatchError(f"writing {dst_path} failed: {e}") from None
             for message in inner.warnings:
                 stats.warn(message)
+            if stats.records_in and not stats.records_out:
+                (reason, n), *_ = stats.error_reasons().most_common(1) or [("no output", stats.records_in)]
+                raise GpubatchError(f"none of the {stats.records_in} records of {src_path} could be converted "
+                                    f"({n} x {reason}): nothing written")
             seconds = time.perf_counter() - start
             summary = RunSummary(
                 src=str(src_path), dst=str(dst_path), src_format=src_format, dst_format=fmt.name,

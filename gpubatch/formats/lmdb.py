@@ -5,8 +5,10 @@ Every value is a Datum with ``data`` (field 4, the encoded image bytes), ``label
 when the field is there). Keys are ``%08d_<key>``, at most 511 bytes, in the unnamed main DB, and no
 other keys: Caffe and DALI's ``readers.caffe`` treat every entry as a sample.
 
-Reading also accepts raw Datums (``encoded=false``: planar CHW, BGR pixels); those are turned into
-lossless PNG records.
+Reading also accepts raw Datums (``encoded=false``: planar CHW, BGR pixels), turned into lossless PNG
+records, and LMDBs whose values are the encoded image bytes themselves (no Datum; unlabeled records),
+as many PyTorch datasets store them. Their ``__name__`` keys (``__len__``, ``__keys__``) are metadata,
+not samples, and are left out. Pickled values are refused, never unpickled: unpickling can run code.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ MAX_KEY_BYTES = 511
 COMMIT_EVERY = 1000
 COMMIT_BYTES = 64 << 20
 _KEY_PREFIX = re.compile(rb"^\d{8}_")
+_META_KEY = re.compile(rb"^__\w+__$")  # __len__, __keys__: what PyTorch-style LMDBs keep beside samples
 
 
 def _lmdb():
@@ -127,7 +130,7 @@ class LmdbReader(Reader):
 
     def _scan(self) -> list[bytes]:
         with self.env.begin() as txn:
-            return list(txn.cursor().iternext(keys=True, values=False))
+            return [k for k in txn.cursor().iternext(keys=True, values=False) if not _META_KEY.match(k)]
 
     def info(self) -> DatasetInfo:
         manifest = read_manifest(self.path) or {}
@@ -153,7 +156,15 @@ class LmdbReader(Reader):
         try:
             d = decode_datum(value)
         except ValueError as e:
-            raise self.record_error(key, origin, f"not a Caffe Datum: {e}") from None
+            d, why = None, e
+        if d is None or "data" not in d:
+            codec = sniff_image_codec(value)
+            if codec:  # the value is the encoded image itself
+                return Record(key=key, data=bytes(value), codec=codec, label=None, meta={}, origin=origin)
+            if value[:1] == b"\x80" and value[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+                raise self.record_error(key, origin, "a pickled value: gpubatch does not unpickle (it can run code)")
+            if d is None:
+                raise self.record_error(key, origin, f"neither a Caffe Datum ({why}) nor image bytes")
         data = d.get("data", b"")
         label = d.get("label")
         meta = {}

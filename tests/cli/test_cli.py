@@ -124,6 +124,21 @@ def test_on_error_fail_stops_and_writes_nothing(imagenet, tmp_path):
     assert not [x for x in tmp_path.iterdir() if x.name.startswith(".out")]  # no staging left behind
 
 
+def test_a_run_that_converts_nothing_fails_and_writes_nothing(tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "a.jpg").write_text("not an image")
+    (tmp_path / "bad" / "b.jpg").write_bytes(b"")
+    p = run_cli("convert", tmp_path / "bad", tmp_path / "out", "--to", "tfrecord")
+    assert p.returncode == ExitCode.ERROR
+    assert "none of the 2 records" in one_line_error(p) and "nothing written" in p.stderr
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "file_list.txt").write_text("")
+    p = run_cli("augment", tmp_path / "none", tmp_path / "out", "--preset", "resnet50-val", "--device", "cpu")
+    assert p.returncode == ExitCode.ERROR and "holds no records" in one_line_error(p)
+    assert not (tmp_path / "out").exists()
+    assert not [x for x in tmp_path.iterdir() if x.name.startswith(".out")]
+
+
 def test_interrupted_run_leaves_nothing(imagenet, tmp_path, monkeypatch):
     from gpubatch.formats import webdataset
 

@@ -166,6 +166,27 @@ def test_lmdb_is_caffe_datum(imagenet, tmp_path):
     assert int(keys[0][:8]) == 0 and int(keys[-1][:8]) == 59
 
 
+def test_lmdb_of_plain_image_bytes_reads_and_pickles_are_refused(imagenet, tmp_path):
+    import pickle
+
+    import lmdb
+
+    with open_dataset(imagenet) as r:
+        images = [rec.data for rec in r][:3]
+    env = lmdb.open(str(tmp_path / "raw"), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for i, data in enumerate(images):
+            txn.put(f"img{i}".encode(), data)  # the value is the JPEG itself, no Datum
+        txn.put(b"__len__", b"3")  # metadata beside the samples, as PyTorch-style LMDBs keep it
+        txn.put(b"img9", pickle.dumps((images[0], 1)))
+    env.close()
+    summary = convert(tmp_path / "raw", tmp_path / "out", to="webdataset")
+    assert summary.records_in == 4 and summary.records_out == 3
+    assert [e["reason"] for e in summary.skipped] == ["a pickled value: gpubatch does not unpickle (it can run code)"]
+    with open_dataset(tmp_path / "out") as r:
+        assert sorted(rec.data for rec in r) == sorted(images)
+
+
 def test_datum_bytes_match_the_spec():
     from gpubatch.formats.lmdb import decode_datum, encode_datum
 
