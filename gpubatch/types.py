@@ -164,11 +164,57 @@ class Boxes:
                     np.clip(_project(m, np.asarray(poly, np.float64).reshape(-1, 2)), 0, [w, h]).reshape(-1).tolist()
                     for poly in seg
                 ]
+            elif isinstance(seg, dict) and "counts" in seg:  # an RLE mask (COCO's crowd regions)
+                e["segmentation"], mask_area = warp_rle(seg, m, canvas)
+                if "area" in e:
+                    e["area"] = float(mask_area)
+                extra.append(e)
+                continue
             if "area" in e:
                 e["area"] = float(e["area"]) * scale
             extra.append(e)
         out = Boxes(clipped[keep], self.labels[keep], canvas, self.iscrowd[keep], tuple(extra))
         return out, int((~keep).sum())
+
+
+def warp_rle(rle: dict, matrix: np.ndarray, canvas: tuple[int, int]) -> tuple[dict, int]:
+    """A COCO RLE mask moved by a 3x3 map of pixel coordinates onto ``canvas``: (the RLE, its area).
+
+    Each new pixel takes the mask value under its centre's source point (nearest neighbour), so a flip
+    or a 90-degree turn is exact. The counts keep their form: a list stays a list (uncompressed, as in
+    COCO's instance files), a string stays COCO's compressed string. pycocotools does the coding.
+    """
+    try:
+        from pycocotools import mask as mask_api
+    except ImportError:  # pragma: no cover - a core dependency
+        from .errors import DependencyError
+
+        raise DependencyError("COCO RLE masks need pycocotools: pip install pycocotools") from None
+    sh, sw = (int(v) for v in rle["size"])
+    counts = rle["counts"]
+    coded = (mask_api.frPyObjects({"size": [sh, sw], "counts": list(counts)}, sh, sw) if isinstance(counts, list)
+             else {"size": [sh, sw], "counts": counts.encode("ascii") if isinstance(counts, str) else counts})
+    src = mask_api.decode(coded)
+    h, w = canvas
+    inv = np.linalg.inv(np.asarray(matrix, np.float64).reshape(3, 3))
+    out = np.zeros((h, w), np.uint8)
+    xs = np.arange(w, dtype=np.float64) + 0.5
+    for y0 in range(0, h, 256):  # rows in blocks: a few MiB of coordinates at a time
+        ys = np.arange(y0, min(y0 + 256, h), dtype=np.float64) + 0.5
+        pts = np.stack(np.broadcast_arrays(xs[None, :], ys[:, None]), -1).reshape(-1, 2)
+        at = np.floor(_project(inv, pts)).astype(np.int64)
+        ok = (at[:, 0] >= 0) & (at[:, 0] < sw) & (at[:, 1] >= 0) & (at[:, 1] < sh)
+        block = np.zeros(len(pts), np.uint8)
+        block[ok] = src[at[ok, 1], at[ok, 0]]
+        out[y0 : y0 + len(ys)] = block.reshape(len(ys), w)
+    area = int(out.sum())
+    if isinstance(counts, list):
+        flat = out.ravel(order="F")
+        edges = np.concatenate([[0], np.flatnonzero(np.diff(flat)) + 1, [flat.size]])
+        runs = np.diff(edges).tolist()
+        return {"size": [h, w], "counts": ([0] if flat.size and flat[0] else []) + runs}, area
+    encoded = mask_api.encode(np.asfortranarray(out))["counts"]
+    return {"size": [h, w], "counts": encoded.decode("ascii") if isinstance(counts, str) else encoded}, area
 
 
 def _project(m: np.ndarray, pts: np.ndarray) -> np.ndarray:

@@ -160,6 +160,42 @@ def test_polygons_move_with_boxes():
     assert moved.extra[0]["area"] == pytest.approx(2000.0)
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_rle_masks_move_with_boxes(compressed):
+    from pycocotools import mask as mask_api
+
+    mask = np.zeros((120, 160), np.uint8)
+    mask[30:70, 40:90] = 1
+    mask[50:60, 100:103] = 1  # a second, thin region
+    coded = mask_api.encode(np.asfortranarray(mask))
+    if compressed:
+        rle = {"size": [120, 160], "counts": coded["counts"].decode("ascii")}
+    else:  # uncompressed counts, as COCO's instance files hold crowd regions
+        flat = mask.ravel(order="F")
+        edges = np.concatenate([[0], np.flatnonzero(np.diff(flat)) + 1, [flat.size]])
+        rle = {"size": [120, 160], "counts": np.diff(edges).tolist()}
+    boxes = Boxes([[40, 30, 103, 70]], [1], (120, 160), iscrowd=[1],
+                  extra=({"segmentation": rle, "area": float(mask.sum())},))
+
+    def decoded(seg):
+        assert isinstance(seg["counts"], str if compressed else list)
+        h, w = seg["size"]
+        counts = seg["counts"]
+        return mask_api.decode(mask_api.frPyObjects(seg, h, w) if isinstance(counts, list)
+                               else {"size": [h, w], "counts": counts.encode("ascii")})
+
+    turned, _ = boxes.warp(np.array([[0.0, 1, 0], [-1, 0, 160], [0, 0, 1]]), (160, 120))  # 90 degrees
+    assert np.array_equal(decoded(turned.extra[0]["segmentation"]), np.rot90(mask, 1))
+    assert turned.extra[0]["area"] == mask.sum()
+    flipped, _ = boxes.warp(np.array([[-1.0, 0, 160], [0, 1, 0], [0, 0, 1]]), (120, 160))
+    assert np.array_equal(decoded(flipped.extra[0]["segmentation"]), mask[:, ::-1])
+    half, _ = boxes.affine(0.5, 0.5, 0, 0, (60, 80))
+    small = decoded(half.extra[0]["segmentation"])
+    assert small.shape == (60, 80) and np.array_equal(small, mask[1::2, 1::2])
+    cropped, _ = boxes.affine(1, 1, -40, -30, (40, 40))  # a crop keeping part of the first region only
+    assert np.array_equal(decoded(cropped.extra[0]["segmentation"]), mask[30:70, 40:80])
+
+
 def test_params_reproducible_and_varied():
     plan = Plan(ops=(ColorJitter(0.4, 0.4, 0.4, 0.1), RandAugment(), AutoAugment(), RandomErasing(p=1.0)), seed=3)
     assert plan.draw("k", 100, 100) == plan.draw("k", 100, 100)

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from gpubatch import convert
+from gpubatch import augment, convert
 from gpubatch.api import open_dataset
 from gpubatch.formats import FORMATS, detect, format_names
 from tests.helpers import content
@@ -183,3 +183,35 @@ def test_a_link_back_up_the_tree_is_read_once(imagenet, tmp_path):
         keys = [rec.key for rec in r]
     per_class = len(list(first.glob("*.*")))
     assert len(keys) == 60 + per_class and len(set(keys)) == len(keys)
+
+
+def test_crowd_rle_masks_move_with_the_pixels(coco, tmp_path):
+    import json
+
+    from pycocotools.coco import COCO
+
+    ann_file = coco / "annotations" / "instances.json"
+    doc = json.loads(ann_file.read_text())
+    img = doc["images"][0]
+    h, w = img["height"], img["width"]
+    mask = np.zeros((h, w), np.uint8)
+    mask[40:120, 30:200] = 1
+    flat = mask.ravel(order="F")
+    edges = np.concatenate([[0], np.flatnonzero(np.diff(flat)) + 1, [flat.size]])
+    doc["annotations"].append({"id": 999, "image_id": img["id"], "category_id": doc["categories"][0]["id"],
+                               "bbox": [30, 40, 170, 80], "area": float(mask.sum()), "iscrowd": 1,
+                               "segmentation": {"size": [h, w], "counts": np.diff(edges).tolist()}})
+    ann_file.write_text(json.dumps(doc))
+    augment(coco, tmp_path / "flip", ops="flip(p=1)", device="cpu")
+    convert(coco, tmp_path / "half", to="coco", resize_shorter=h // 2, device="cpu")
+
+    def crowd_mask(root):
+        api = COCO(str(root / "annotations" / "instances.json"))
+        (ann,) = [a for a in api.dataset["annotations"] if a["iscrowd"]]
+        return api.annToMask(ann), ann
+
+    flipped, ann = crowd_mask(tmp_path / "flip")
+    assert np.array_equal(flipped, mask[:, ::-1]) and ann["area"] == mask.sum()
+    half, ann = crowd_mask(tmp_path / "half")
+    assert half.shape == (h // 2, round(w * (h // 2) / h))
+    assert abs(int(half.sum()) - mask.sum() / 4) < 0.05 * mask.sum() / 4 and ann["area"] == half.sum()
