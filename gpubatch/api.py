@@ -116,6 +116,13 @@ class _BoxWarningWriter(Writer):
         self.inner.close()
 
 
+def _check_name(name: str) -> None:
+    """Shard names are ``NAME-00000...``: a plain, visible file name prefix."""
+    if not name or name.startswith(".") or any(c in name for c in "/\\\0") or len(name) > 100:
+        raise UsageError(f"--name {name!r}: give a file name prefix (not empty, no path separator, "
+                         "no leading '.', at most 100 characters)")
+
+
 def _check_gpu_memory(spec: str | int | float | None) -> None:
     """Refuse a malformed ``--gpu-memory`` before anything runs, whatever the device (a usage error)."""
     if spec is not None:
@@ -182,6 +189,7 @@ def convert(
         raise UsageError(f"unknown --on-error {req.on_error!r}; supported: skip, fail")
     plan = make_plan(req.resize_shorter, req.center_crop, req.resize, req.image_format, req.quality, req.max_pixels)
     _check_gpu_memory(req.gpu_memory)
+    _check_name(req.name)
     check_output(src_path, dst_path, req.overwrite)
     if plan.touches_pixels or req.device == "gpu":
         device = resolve(req.device, req.gpu)
@@ -381,6 +389,7 @@ def augment(
                 min_box_visibility=req.min_box_visibility, seed=req.seed, copies=req.copies,
                 keep_original=req.keep_original)
     _check_gpu_memory(req.gpu_memory)
+    _check_name(req.name)
     check_output(src_path, dst_path, req.overwrite)
     device = resolve(req.device, req.gpu)
     plan.validate(DEVICE if device.is_gpu else HOST)

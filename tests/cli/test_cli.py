@@ -192,6 +192,13 @@ def test_malformed_gpu_memory_is_refused_whatever_the_device(imagenet, tmp_path,
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("name", ["a/b", "", ".hidden"])
+def test_a_shard_name_that_is_no_file_name_is_refused(imagenet, tmp_path, name):
+    p = run_cli("convert", imagenet, tmp_path / "o", "--to", "tfrecord", "--name", name)
+    assert p.returncode == ExitCode.USAGE and "--name" in one_line_error(p)
+    assert not (tmp_path / "o").exists()
+
+
 def test_auto_device_says_what_it_chose(imagenet, tmp_path):
     p = run_cli("convert", imagenet, tmp_path / "o", "--to", "lmdb", "--resize-shorter", "64", "--json")
     s = json.loads(p.stdout)
