@@ -129,7 +129,7 @@ def load_pipeline(path: str | Path) -> tuple[Op, ...]:
         elif isinstance(item, dict) and "op" in item:
             params = {k: tuple(v) if isinstance(v, list) else v for k, v in item.items() if k != "op"}
             ops.append(make_op(str(item["op"]), kwargs=params))
-        elif isinstance(item, dict) and len(item) == 1:
+        elif isinstance(item, dict) and len(item) == 1 and isinstance(next(iter(item.values())), (dict, type(None))):
             (name, params), = item.items()
             params = {k: tuple(v) if isinstance(v, list) else v for k, v in (params or {}).items()}
             ops.append(make_op(str(name), kwargs=params))

@@ -116,6 +116,10 @@ def test_pipeline_files(tmp_path):
     (tmp_path / "bad.yaml").write_text("- [unclosed\n")
     with pytest.raises(UsageError, match="not valid YAML"):
         load_pipeline(tmp_path / "bad.yaml")
+    for item in ("- {p: 0.5}\n", "- flip: 3\n", "- 7\n"):  # no op name, or parameters that are no mapping
+        (tmp_path / "odd.yaml").write_text(item)
+        with pytest.raises(UsageError, match="cannot read item"):
+            load_pipeline(tmp_path / "odd.yaml")
     for name in PRESETS:  # every preset's text round-trips through the manifest's chain text
         ops = parse_chain(PRESETS[name][0])
         assert parse_chain(chain_spec(ops)) == ops
