@@ -58,24 +58,35 @@ def check_output(src: Path | None, dst: Path, overwrite: bool) -> None:
     if dst.exists() or dst.is_symlink():
         if not overwrite:
             raise UsageError(f"output {dst} already exists: pass --overwrite to replace it")
-    if not dst.parent.exists():
-        raise UsageError(f"the folder {dst.parent} for the output does not exist")
+    for folder in (dst.parent, *dst.parent.parents):  # made when the run starts (mkdir -p), unless a file is there
+        if folder.exists():
+            if not folder.is_dir():
+                raise UsageError(f"{folder} is not a folder: the output {dst} cannot go under it")
+            break
 
 
 @contextmanager
 def staged_output(dst: Path, overwrite: bool) -> Iterator[Path]:
     """Yield a fresh staging folder; on success it replaces ``dst`` (atomically where the OS allows).
 
-    On any exception (KeyboardInterrupt included) the staging folder is removed and ``dst`` is left as
-    it was.
+    Missing folders above ``dst`` are made first (as ``mkdir -p``). On any exception (KeyboardInterrupt
+    included) the staging folder is removed, so are the folders made for it where they are still empty,
+    and ``dst`` is left as it was.
     """
     dst = Path(dst)
+    made = [f for f in (dst.parent, *dst.parent.parents) if not f.exists()]  # deepest first
+    dst.parent.mkdir(parents=True, exist_ok=True)
     stage = dst.parent / f".{dst.name}{STAGING_MARK}{uuid.uuid4().hex[:8]}"
     stage.mkdir()
     try:
         yield stage
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
+        for folder in made:  # the folders made for this output go too, where nothing else came in
+            try:
+                folder.rmdir()
+            except OSError:
+                break
         raise
     old = None
     if dst.exists() or dst.is_symlink():

@@ -63,6 +63,19 @@ def test_undetectable_source(tmp_path):
     assert p.returncode == ExitCode.ERROR and "--from" in one_line_error(p)
 
 
+def test_missing_folders_above_the_output_are_made_and_taken_back_on_failure(imagenet, tmp_path):
+    p = run_cli("convert", imagenet, tmp_path / "build" / "sets" / "train", "--to", "tfrecord", "-q")
+    assert p.returncode == 0, p.stderr
+    assert content(tmp_path / "build" / "sets" / "train") == content(imagenet)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "a.jpg").write_text("not an image")
+    p = run_cli("convert", tmp_path / "bad", tmp_path / "made" / "for" / "it", "--to", "tfrecord")
+    assert p.returncode == ExitCode.ERROR and not (tmp_path / "made").exists()
+    (tmp_path / "file").write_text("")
+    p = run_cli("convert", imagenet, tmp_path / "file" / "out", "--to", "tfrecord")
+    assert p.returncode == ExitCode.USAGE and "is not a folder" in one_line_error(p)
+
+
 def test_existing_destination_needs_overwrite(imagenet, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
