@@ -48,6 +48,26 @@ IMAGE_EXTENSIONS: Mapping[str, str] = MappingProxyType(
     }
 )
 
+# Video and audio files, which gpubatch recognizes so as to say it does not convert them (yet).
+OTHER_MEDIA_EXTENSIONS: Mapping[str, str] = MappingProxyType(
+    {**dict.fromkeys(("mp4", "mkv", "mov", "avi", "webm", "m4v", "mpg", "mpeg", "ts"), "video"),
+     **dict.fromkeys(("wav", "flac", "ogg", "mp3", "m4a", "opus", "aac"), "audio")}
+)
+
+
+def other_media_message(path: object, names: list[str]) -> str | None:
+    """The error for a dataset of video or audio files, from some of its file names; None for others."""
+    kinds: dict[str, int] = {}
+    for name in names:
+        kind = OTHER_MEDIA_EXTENSIONS.get(name.rsplit(".", 1)[-1].lower()) if "." in name else None
+        if kind:
+            kinds[kind] = kinds.get(kind, 0) + 1
+    if not kinds:
+        return None
+    what = " and ".join(f"{kind} files ({n})" for kind, n in kinds.items())
+    return f"{path} holds {what}: gpubatch converts image datasets; video and audio datasets are not supported yet"
+
+
 # Codec name -> the extension gpubatch writes for it.
 CODEC_EXTENSION: Mapping[str, str] = MappingProxyType(
     {"jpeg": "jpg", "png": "png", "jpeg2000": "jp2", "bmp": "bmp", "webp": "webp", "tiff": "tiff"}

@@ -6,9 +6,11 @@ Adding a format is one module with a ``@register_format`` class and one line in 
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 from ..errors import FormatError, UsageError
+from ..types import other_media_message
 from .base import Format, Reader, WriteOptions, Writer
 
 FORMATS: dict[str, type[Format]] = {}
@@ -44,6 +46,18 @@ def get_format(name: str) -> type[Format]:
     return fmt
 
 
+def _some_file_names(path: Path, most: int = 1000) -> list[str]:
+    """Up to ``most`` file names under ``path`` (or its own name when it is a file)."""
+    if path.is_file():
+        return [path.name]
+    names: list[str] = []
+    for _dirpath, _dirs, files in os.walk(path):
+        names.extend(files)
+        if len(names) >= most:
+            break
+    return names[:most]
+
+
 def detect(path: Path) -> type[Format]:
     """Recognize the format of the dataset at ``path`` (its manifest first, then each format's check)."""
     _load()
@@ -58,6 +72,9 @@ def detect(path: Path) -> type[Format]:
     for fmt in sorted(FORMATS.values(), key=lambda f: f.detect_priority):
         if fmt.detect(path):
             return fmt
+    media = other_media_message(path, _some_file_names(path))
+    if media:
+        raise FormatError(media)
     raise FormatError(
         f"cannot tell the format of {path}: name it with --from ({', '.join(format_names())})"
     )

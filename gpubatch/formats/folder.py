@@ -23,7 +23,7 @@ import unicodedata
 from pathlib import Path
 
 from .._paths import safe_join, safe_relpath
-from ..types import IMAGE_EXTENSIONS, DatasetInfo, Record, sniff_image_codec
+from ..types import IMAGE_EXTENSIONS, DatasetInfo, Record, other_media_message, sniff_image_codec
 from . import register_format
 from .base import Format, Reader, WriteOptions, Writer
 from .manifest import MANIFEST_NAME, read_manifest
@@ -86,7 +86,14 @@ class FolderReader(Reader):
         manifest = read_manifest(self.path) or {}
         if self.list_file is not None:
             entries = []
-            for n, line in enumerate(self.list_file.read_text(encoding="utf-8").splitlines(), 1):
+            lines = self.list_file.read_text(encoding="utf-8").splitlines()
+            firsts = [ln.split()[0] for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+            media = other_media_message(self.path, firsts)
+            if media and not any(_is_image_name(f) for f in firsts):  # e.g. DALI's video lists: path label start end
+                from ..errors import FormatError
+
+                raise FormatError(media)
+            for n, line in enumerate(lines, 1):
                 line = line.strip()
                 if not line or line.startswith("#"):
                     continue

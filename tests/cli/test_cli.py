@@ -302,3 +302,13 @@ def test_corrupt_tfrecord_record_is_reported(imagenet, tmp_path):
 def test_content_is_what_the_api_says(imagenet, tmp_path):
     convert(imagenet, tmp_path / "o", to="recordio")
     assert sum(content(tmp_path / "o").values()) == 60
+
+
+def test_video_and_audio_datasets_are_named_as_unsupported(tmp_path):
+    for folder in ("video", "audio"):
+        p = run_cli("info", ROOT / "sample_data" / folder)
+        assert p.returncode == ExitCode.ERROR
+        assert f"holds {folder} files (3)" in one_line_error(p) and "not supported yet" in p.stderr
+    p = run_cli("convert", ROOT / "sample_data" / "audio", tmp_path / "o", "--to", "tfrecord")
+    assert p.returncode == ExitCode.ERROR and "not supported yet" in one_line_error(p)
+    assert not (tmp_path / "o").exists()
