@@ -179,19 +179,16 @@ class Boxes:
         for i in np.flatnonzero(keep):
             e = dict(self.extra[i])
             seg = e.get("segmentation")
+            area = float(e.get("area", 0.0)) * scale
             if isinstance(seg, list):
                 e["segmentation"] = [
                     np.clip(_project(m, np.asarray(poly, np.float64).reshape(-1, 2)), 0, [w, h]).reshape(-1).tolist()
                     for poly in seg
                 ]
-            elif isinstance(seg, dict) and "counts" in seg:  # an RLE mask (COCO's crowd regions)
-                e["segmentation"], mask_area = warp_rle(seg, m, canvas)
-                if "area" in e:
-                    e["area"] = float(mask_area)
-                extra.append(e)
-                continue
+            elif isinstance(seg, dict) and "counts" in seg:  # an RLE mask (COCO's crowd regions): its own area
+                e["segmentation"], area = warp_rle(seg, m, canvas)
             if "area" in e:
-                e["area"] = float(e["area"]) * scale
+                e["area"] = float(area)
             extra.append(e)
         out = Boxes(clipped[keep], self.labels[keep], canvas, self.iscrowd[keep], tuple(extra))
         return out, int((~keep).sum())
