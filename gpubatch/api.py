@@ -116,19 +116,17 @@ class _BoxWarningWriter(Writer):
         self.inner.close()
 
 
-def _check_name(name: str) -> None:
-    """Shard names are ``NAME-00000...``: a plain, visible file name prefix."""
+def _check_output_options(req: Any) -> None:
+    """Refuse, before anything runs and whatever the device, a ``--name`` that is no plain, visible file
+    name prefix (shards are ``NAME-00000...``) and a malformed ``--gpu-memory``."""
+    name = req.name
     if not name or name.startswith(".") or any(c in name for c in "/\\\0") or len(name) > 100:
         raise UsageError(f"--name {name!r}: give a file name prefix (not empty, no path separator, "
                          "no leading '.', at most 100 characters)")
-
-
-def _check_gpu_memory(spec: str | int | float | None) -> None:
-    """Refuse a malformed ``--gpu-memory`` before anything runs, whatever the device (a usage error)."""
-    if spec is not None:
+    if req.gpu_memory is not None:
         from .engine.gpu_executor import parse_memory
 
-        parse_memory(spec, 80 << 30)
+        parse_memory(req.gpu_memory, 80 << 30)
 
 
 def _select(reader: Reader, limit: int | None, shuffle: bool, seed: int) -> list[Any]:
@@ -188,8 +186,7 @@ def convert(
     if policy is None:
         raise UsageError(f"unknown --on-error {req.on_error!r}; supported: skip, fail")
     plan = make_plan(req.resize_shorter, req.center_crop, req.resize, req.image_format, req.quality, req.max_pixels)
-    _check_gpu_memory(req.gpu_memory)
-    _check_name(req.name)
+    _check_output_options(req)
     check_output(src_path, dst_path, req.overwrite)
     if plan.touches_pixels or req.device == "gpu":
         device = resolve(req.device, req.gpu)
@@ -388,8 +385,7 @@ def augment(
                 max_pixels=DEFAULT_MAX_PIXELS if req.max_pixels is None else int(req.max_pixels),
                 min_box_visibility=req.min_box_visibility, seed=req.seed, copies=req.copies,
                 keep_original=req.keep_original)
-    _check_gpu_memory(req.gpu_memory)
-    _check_name(req.name)
+    _check_output_options(req)
     check_output(src_path, dst_path, req.overwrite)
     device = resolve(req.device, req.gpu)
     plan.validate(DEVICE if device.is_gpu else HOST)
