@@ -209,6 +209,8 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
         if not entries and req.limit != 0:
             raise GpubatchError(f"{src_path} ({src_format}) holds no records: nothing written")
         info = reader.info()
+        for message in reader.warnings:
+            stats.warn(message)
         opts = WriteOptions(shard_size=req.shard_size, name=req.name, source=str(src_path),
                             extra={"layout": req.layout})
         tick = progress(len(entries) * plan.outputs_per_record) if progress else None

@@ -41,6 +41,7 @@ class Reader(abc.ABC):
     def __init__(self, path: Path):
         self.path = Path(path)
         self._entries: list[Any] | None = None
+        self.warnings: list[str] = []  # what was wrong in the source but not fatal, shown in the summary
 
     @abc.abstractmethod
     def _scan(self) -> list[Any]:

@@ -8,11 +8,17 @@ when records carry one, goes in the image entry's ``label`` field (other readers
 
 Reading takes the dataset folder (the JSON found under ``annotations/`` or at the root) or the JSON
 file itself; the image folder is found beside it (``images/``, the split name, or the JSON's folder).
+The annotations are checked as they load (:func:`check_annotations`): those no trainer could use (a
+``bbox`` that is not four finite numbers, or of negative width or height) are dropped, and those that
+name no image, a category the file does not list, or an image id two images share are counted; each
+kind becomes one warning in the run's summary and manifest, and in ``gpubatch info``.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +59,83 @@ def find_annotations(path: Path) -> Path | None:
     return None
 
 
+def _number(value: Any) -> float | None:
+    """A finite JSON number (bools are not), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _ids(ids: Iterable[Any]) -> str:
+    ids = list(ids)
+    shown = ", ".join(str(i) for i in ids[:3])
+    return f"ids {shown}{', ...' if len(ids) > 3 else ''}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list[str]]:
+    """A COCO document's usable annotations by image id, and one warning per kind of fault found.
+
+    Dropped: annotations that are not objects or have a ``bbox`` other than four finite numbers, a
+    ``category_id`` or ``iscrowd`` that is not a whole number, or a negative width or height (torchvision's
+    detection models refuse such boxes; a zero size is kept, as COCO itself has some). Kept but counted:
+    annotations of an image id no image has (they cannot be written anywhere), category ids missing from
+    ``categories`` (written with a category named by its number), and image ids shared by two images
+    (their annotations go to each).
+    """
+    image_ids: dict[Any, int] = {}
+    for im in doc["images"]:
+        key = im.get("id")
+        image_ids[key] = image_ids.get(key, 0) + 1
+    cats = doc.get("categories")
+    known = {c.get("id") for c in cats if isinstance(c, dict)} if isinstance(cats, list) else set()
+    malformed, negative, orphans, unknown = [], [], [], {}
+    anns: dict[Any, list[dict]] = {}
+    raw = doc.get("annotations")
+    for i, a in enumerate(raw if isinstance(raw, list) else []):
+        if not isinstance(a, dict):
+            malformed.append(f"#{i}")
+            continue
+        aid = a.get("id", f"#{i}")
+        bbox = a.get("bbox")
+        box = [_number(v) for v in bbox] if isinstance(bbox, list) and len(bbox) == 4 else [None]
+        cat, crowd = _number(a.get("category_id")), _number(a.get("iscrowd", 0))
+        if None in box or cat is None or cat != int(cat) or crowd is None or crowd != int(crowd):
+            malformed.append(aid)
+            continue
+        if box[2] < 0 or box[3] < 0:
+            negative.append(aid)
+            continue
+        if a.get("image_id") not in image_ids:
+            orphans.append(aid)
+            continue
+        if int(cat) not in known:
+            unknown[int(cat)] = unknown.get(int(cat), 0) + 1
+        anns.setdefault(a.get("image_id"), []).append(a)
+    warnings = []
+    if malformed:
+        warnings.append(f"{name}: {_count(len(malformed), 'annotation')} dropped: bbox not four numbers, or category_id / "
+                        f"iscrowd not a whole number ({_ids(malformed)})")
+    if negative:
+        warnings.append(f"{name}: {_count(len(negative), 'annotation')} dropped: bbox of negative width or height "
+                        f"({_ids(negative)})")
+    if orphans:
+        warnings.append(f"{name}: {_count(len(orphans), 'annotation')} with an image_id no image has, not "
+                        f"written ({_ids(orphans)})")
+    if unknown:
+        warnings.append(f"{name}: {_count(sum(unknown.values()), 'annotation')} with a category_id missing from "
+                        f"'categories' ({', '.join(str(c) for c in sorted(unknown)[:5])}"
+                        f"{', ...' if len(unknown) > 5 else ''}); written with a category named by its number")
+    shared = [k for k, n in image_ids.items() if n > 1]
+    if shared:
+        warnings.append(f"{name}: {_count(len(shared), 'image id')} used by more than one image; each such "
+                        f"image gets all of the id's annotations ({_ids(shared)})")
+    return anns, warnings
+
+
 class CocoReader(Reader):
     def __init__(self, path: Path):
         path = Path(path)
@@ -67,10 +150,10 @@ class CocoReader(Reader):
             raise FormatError(f"cannot read {ann}: {e}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
             raise FormatError(f"{ann} is not a COCO instances file (no 'images' list)")
+        if not all(isinstance(im, dict) for im in doc["images"]):
+            raise FormatError(f"{ann}: every entry of 'images' must be an object")
         self.doc = doc
-        self.anns: dict[Any, list[dict]] = {}
-        for a in doc.get("annotations") or []:
-            self.anns.setdefault(a.get("image_id"), []).append(a)
+        self.anns, self.warnings = check_annotations(doc, ann.name)
         self.image_root = self._find_image_root()
 
     def _find_image_root(self) -> Path:
@@ -121,13 +204,10 @@ class CocoReader(Reader):
                 raise self.record_error(key, origin, e) from None
             h, w = hdr.height, hdr.width
         xyxy, labels, crowd, extra = [], [], [], []
-        for a in anns:
-            bbox = a.get("bbox")
-            if not isinstance(bbox, list) or len(bbox) != 4:
-                continue
-            x, y, bw, bh = (float(v) for v in bbox)
+        for a in anns:  # checked by check_annotations: numbers where numbers are due
+            x, y, bw, bh = (float(v) for v in a["bbox"])
             xyxy.append([x, y, x + bw, y + bh])
-            labels.append(int(a.get("category_id", 0)))
+            labels.append(int(a["category_id"]))
             crowd.append(int(a.get("iscrowd", 0)))
             extra.append({k: v for k, v in a.items() if k not in _BOX_FIELDS})
         boxes = Boxes(xyxy, labels, (h, w), crowd, tuple(extra))

@@ -25,6 +25,7 @@ class DatasetReport:
         codecs, subsampling, modes: counts per JPEG/PNG..., per chroma subsampling, per pixel mode.
         boxes: total detection boxes; categories: detection categories.
         payload_bytes: sum of encoded record sizes; disk_bytes: size of the dataset's files.
+        warnings: faults the reader found in the source that it worked around (COCO annotations...).
     """
 
     path: str
@@ -43,6 +44,7 @@ class DatasetReport:
     payload_bytes: int = 0
     disk_bytes: int = 0
     unreadable: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -73,7 +75,7 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
         info = reader.info()
         entries = reader.entries()
         report = DatasetReport(path=str(path), format=reader.format_name, classes=list(info.classes),
-                               categories=[dict(c) for c in info.categories])
+                               categories=[dict(c) for c in info.categories], warnings=list(reader.warnings))
         tick = progress(len(entries)) if progress else None
 
         def work(entry: Any) -> tuple:
@@ -160,3 +162,5 @@ def render(report: DatasetReport) -> None:
         con.print(ct)
     for e in report.unreadable[:10]:
         con.print(f"[red]unreadable[/] {e['origin'] or e['key']}: {e['reason']}")
+    for w in report.warnings:
+        con.print(f"[yellow]warning:[/] {w}")

@@ -312,3 +312,16 @@ def test_video_and_audio_datasets_are_named_as_unsupported(tmp_path):
     p = run_cli("convert", ROOT / "sample_data" / "audio", tmp_path / "o", "--to", "tfrecord")
     assert p.returncode == ExitCode.ERROR and "not supported yet" in one_line_error(p)
     assert not (tmp_path / "o").exists()
+
+
+def test_info_on_coco_names_faulty_annotations(coco):
+    ann_file = coco / "annotations" / "instances.json"
+    doc = json.loads(ann_file.read_text())
+    doc["annotations"][0]["bbox"][2] = -3
+    ann_file.write_text(json.dumps(doc))
+    p = run_cli("info", coco, "--json")
+    r = json.loads(p.stdout)
+    assert p.returncode == 0 and r["boxes"] == 30
+    assert r["warnings"] == ["instances.json: 1 annotation dropped: bbox of negative width or height (ids 1)"]
+    p = run_cli("info", coco)
+    assert "warning: instances.json: 1 annotation dropped" in " ".join(p.stderr.split())

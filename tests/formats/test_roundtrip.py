@@ -215,3 +215,52 @@ def test_crowd_rle_masks_move_with_the_pixels(coco, tmp_path):
     half, ann = crowd_mask(tmp_path / "half")
     assert half.shape == (h // 2, round(w * (h // 2) / h))
     assert abs(int(half.sum()) - mask.sum() / 4) < 0.05 * mask.sum() / 4 and ann["area"] == half.sum()
+
+
+def test_faulty_coco_annotations_are_dropped_or_counted_and_warned(coco, tmp_path):
+    import json
+
+    ann_file = coco / "annotations" / "instances.json"
+    doc = json.loads(ann_file.read_text())
+    before = ann_file.read_bytes()
+    good = len(doc["annotations"])
+    first, second = doc["images"][0]["id"], doc["images"][1]["id"]
+    faults = [
+        {"id": 901, "image_id": first, "category_id": 1, "bbox": [10, 10, -5, 20], "iscrowd": 0},  # negative
+        {"id": 902, "image_id": first, "category_id": 1, "bbox": [10, 10, 5], "iscrowd": 0},  # 3 numbers
+        {"id": 903, "image_id": first, "category_id": 1, "bbox": [10, "a", 5, 5], "iscrowd": 0},  # not a number
+        {"id": 904, "image_id": first, "category_id": "cat", "bbox": [1, 1, 5, 5], "iscrowd": 0},
+        {"id": 905, "image_id": 777777, "category_id": 1, "bbox": [1, 1, 5, 5], "iscrowd": 0},  # no such image
+        {"id": 906, "image_id": second, "category_id": 42, "bbox": [2, 2, 6, 6], "iscrowd": 0},  # unknown category
+        "not an object",
+    ]
+    doc["annotations"] += faults
+    ann_file.write_text(json.dumps(doc))
+    before = ann_file.read_bytes()
+    s = convert(coco, tmp_path / "out", to="coco")
+    assert ann_file.read_bytes() == before  # the source is never rewritten
+    text = "\n".join(s.warnings)
+    assert "4 annotations dropped: bbox not four numbers" in text and "(ids 902, 903, 904, ...)" in text
+    assert "1 annotation dropped: bbox of negative width or height (ids 901)" in text
+    assert "1 annotation with an image_id no image has, not written (ids 905)" in text
+    assert "1 annotation with a category_id missing from 'categories' (42)" in text
+    out = json.loads((tmp_path / "out" / "annotations" / "instances.json").read_text())
+    assert len(out["annotations"]) == good + 1  # the unknown category's box is kept ...
+    assert {"id": 42, "name": "42", "supercategory": ""} in out["categories"]  # ... under a category by number
+    manifest = json.loads((tmp_path / "out" / "gpubatch.json").read_text())
+    assert manifest["warnings"] == s.warnings
+    # a pixel op no longer sees the negative box (it used to come out as a mirrored, positive box)
+    s = convert(coco, tmp_path / "small", to="webdataset", resize_shorter=64, device="cpu")
+    assert s.records_out == 12 and len(s.warnings) == 4
+
+
+def test_coco_image_ids_shared_by_two_images_are_warned(coco, tmp_path):
+    import json
+
+    ann_file = coco / "annotations" / "instances.json"
+    doc = json.loads(ann_file.read_text())
+    doc["images"][1]["id"] = doc["images"][0]["id"]
+    ann_file.write_text(json.dumps(doc))
+    s = convert(coco, tmp_path / "out", to="coco")
+    assert s.records_out == 12
+    assert any("1 image id used by more than one image" in w for w in s.warnings), s.warnings
