@@ -27,6 +27,8 @@ from .base import Format, Reader, ShardedWriter, WriteOptions, Writer
 from .folder import label_names
 from .manifest import read_manifest
 
+_COMPRESSED = ((".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst"),
+               (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd"))
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext, key without dots
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-/]+")
 
@@ -46,13 +48,35 @@ def safe_key(key: str) -> str:
     return "/".join(p for p in parts if p) or "sample"
 
 
+def compressed_shards(path: Path) -> list[Path]:
+    """The compressed tar shards (``.tar.gz``, ``.tgz``, ``.tar.xz``...) at ``path``, a folder or a file."""
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else []
+    return [p for p in files if p.name.lower().endswith(_COMPRESSED[0])]
+
+
+def refuse_compressed(shard: Path, head: bytes | None = None) -> None:
+    """A one-line error for a compressed shard (by name, or by its first bytes when ``head`` is given)."""
+    if head is not None and not head.startswith(_COMPRESSED[1]):
+        return
+    raise FormatError(
+        f"{shard} is a compressed tar: decompress the shards to plain .tar first (gunzip, unxz, bunzip2 or "
+        "unzstd); gpubatch, like DALI, reads samples by offset, which compressed shards do not allow")
+
+
 class WebDatasetReader(Reader):
     def __init__(self, path: Path):
         path = Path(path)
         self.tars = [path] if path.is_file() else sorted(p for p in path.glob("*.tar") if p.is_file())
         super().__init__(path.parent if path.is_file() else path)
+        compressed = compressed_shards(path) if path.is_dir() or path.suffix != ".tar" else []
+        if not self.tars and compressed:
+            refuse_compressed(compressed[0])
         if not self.tars:
             raise FormatError(f"no .tar shards in {path}")
+        if compressed:
+            n = len(compressed)
+            self.warnings.append(f"{n} compressed shard{'s' if n > 1 else ''} left out ({compressed[0].name}"
+                                 f"{', ...' if n > 1 else ''}): decompress to .tar to include {'them' if n > 1 else 'it'}")
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
         self.manifest = read_manifest(self.path) or {}
@@ -66,6 +90,8 @@ class WebDatasetReader(Reader):
     def _scan(self) -> list[tuple[int, str, tuple]]:
         entries = []
         for s, tar in enumerate(self.tars):
+            with open(tar, "rb") as f:
+                refuse_compressed(tar, f.read(6))
             try:
                 with tarfile.open(tar, "r:") as tf:
                     current, members = None, []
@@ -126,7 +152,11 @@ class WebDatasetReader(Reader):
         try:
             if "cls" in parts:
                 o, n, _ = parts["cls"]
-                label = int(os.pread(fd, n, o).strip() or b"-1")
+                text = os.pread(fd, n, o).strip()
+                if not re.fullmatch(rb"-?[0-9]+", text or b"-1"):
+                    raise ValueError(f"the .cls member holds {text[:40].decode('utf-8', 'replace')!r}, not a class "
+                                     "index (webdataset's .cls is an integer)")
+                label = int(text or b"-1")
             if "json" in parts:
                 o, n, _ = parts["json"]
                 doc = json.loads(os.pread(fd, n, o))
@@ -265,8 +295,10 @@ class WebDatasetFormat(Format):
     @classmethod
     def detect(cls, path: Path) -> bool:
         path = Path(path)
-        tars = [path] if path.is_file() else sorted(path.glob("*.tar")) if path.is_dir() else []
-        return bool(tars) and tars[0].suffix == ".tar" and tarfile.is_tarfile(tars[0])
+        tars = [path] if path.is_file() and path.suffix == ".tar" else sorted(path.glob("*.tar")) if path.is_dir() else []
+        if not tars:
+            return bool(compressed_shards(path))  # recognized, so that the reader can say what to do
+        return tars[0].suffix == ".tar" and tarfile.is_tarfile(tars[0])
 
     @classmethod
     def reader(cls, path: Path) -> Reader:

@@ -278,3 +278,41 @@ def test_gzipped_tfrecord_is_refused_with_the_remedy(imagenet, tmp_path):
     with pytest.raises(FormatError, match="gzip-compressed.*unpack the shards first"):
         convert(tmp_path / "gz", tmp_path / "out", to="folder")
     assert not (tmp_path / "out").exists()
+
+
+def test_compressed_webdataset_shards_are_refused_with_the_remedy(imagenet, tmp_path):
+    import gzip
+
+    from gpubatch.errors import FormatError
+
+    convert(imagenet, tmp_path / "w", to="webdataset", shard_size=30)
+    shards = sorted((tmp_path / "w").glob("*.tar"))
+    (tmp_path / "gz").mkdir()
+    (tmp_path / "gz" / "train-0.tar.gz").write_bytes(gzip.compress(shards[0].read_bytes()))
+    (tmp_path / "named").mkdir()  # compressed, yet named .tar
+    (tmp_path / "named" / "train-0.tar").write_bytes(gzip.compress(shards[0].read_bytes()))
+    for src in (tmp_path / "gz", tmp_path / "gz" / "train-0.tar.gz", tmp_path / "named"):
+        assert detect(src).name == "webdataset"
+        with pytest.raises(FormatError, match="is a compressed tar: decompress the shards to plain .tar first"):
+            convert(src, tmp_path / "out", to="folder")
+        assert not (tmp_path / "out").exists()
+    shutil.copy(shards[1], tmp_path / "gz" / "train-1.tar")  # beside a plain shard: left out, and said so
+    s = convert(tmp_path / "gz", tmp_path / "out", to="folder")
+    assert s.records_out == 30
+    assert "1 compressed shard left out (train-0.tar.gz): decompress to .tar to include it" in s.warnings
+
+
+def test_webdataset_class_names_in_cls_are_named_as_such(imagenet, tmp_path):
+    import io
+
+    from gpubatch.errors import GpubatchError
+
+    (tmp_path / "w").mkdir()
+    data = next(p for p in imagenet.rglob("*.jpg")).read_bytes()
+    with tarfile.open(tmp_path / "w" / "s-000000.tar", "w") as tf:
+        for i, (ext, payload) in enumerate([("jpg", data), ("cls", b"dog")] * 2):
+            ti = tarfile.TarInfo(f"{i // 2:04d}.{ext}")
+            ti.size = len(payload)
+            tf.addfile(ti, io.BytesIO(payload))
+    with pytest.raises(GpubatchError, match=r"2 x read: .*the \.cls member holds 'dog', not a class index"):
+        convert(tmp_path / "w", tmp_path / "out", to="folder")
