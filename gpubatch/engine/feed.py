@@ -220,7 +220,7 @@ def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False) -
 
 def _read_records(slot: int, entries: list[Any]) -> tuple:
     """Read dataset ``entries`` for ``convert``/``augment`` on the GPU (see :class:`RecordFeed`)."""
-    from ..errors import RunStats
+    from ..errors import RecordError, RunStats, Stage
     from .codecs.image import jpeg_display_size
     from .codecs.image_gpu import jpeg_kind
     from .executor import pass_through, read_counted
@@ -256,7 +256,11 @@ def _read_records(slot: int, entries: list[Any]) -> tuple:
             if hw is None:
                 jobs.append(Job(source, template, None, None, 0))
             else:
-                jobs.append(Job(source, template, *plan.draw_and_move(rec.key, hw[0], hw[1], rec.boxes)))
+                try:
+                    jobs.append(Job(source, template, *plan.draw_and_move(rec.key, hw[0], hw[1], rec.boxes)))
+                except ValueError as e:  # an op would make it too large
+                    results.append(RecordError(rec.key, rec.origin, Stage.TRANSFORM, str(e)))
+                    continue
             results.append(len(jobs) - 1)
     windows = leading_windows(plan.ops, [j.params for j in jobs], [sizes[j.source] for j in jobs])
     counts = {k: getattr(stats, k) for k in ("records_in", "bytes_in", "passthrough")}

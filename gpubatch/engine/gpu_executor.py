@@ -1026,7 +1026,11 @@ def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any,
         if fed.sizes[job.source] == hw:
             drawn, boxes, d = job.params, job.boxes, job.dropped
         else:  # the header said otherwise (or nothing): draw for the decoded size
-            drawn, boxes, d = plan.draw_and_move(t.key, hw[0], hw[1], t.boxes)
+            try:
+                drawn, boxes, d = plan.draw_and_move(t.key, hw[0], hw[1], t.boxes)
+            except ValueError as e:  # an op would make it too large
+                out[pos] = RecordError(t.key, t.origin, Stage.TRANSFORM, str(e))
+                continue
             redrawn.append(len(rows))
         dropped += d
         if plan.augmenting:

@@ -23,7 +23,8 @@ class Plan:
         ops: the op chain, applied in order to decoded uint8 RGB HWC pixels.
         image_format: "keep" (JPEG stays JPEG, PNG stays PNG), "jpeg" or "png".
         quality: JPEG quality 1-100; given explicitly, it re-encodes JPEGs even with no op.
-        max_pixels: images above this many pixels are refused before decoding.
+        max_pixels: images above this many pixels are refused before decoding, and so is a record that
+            an op would make larger than that (0: no limit).
         min_box_visibility: boxes keeping this fraction of their area or less after a crop are dropped.
         seed: seed of the per-record random parameters (random crops, flips).
         copies: 0 for convert (each record goes out once, under its own key); K >= 1 for augment: K
@@ -47,6 +48,32 @@ class Plan:
             raise UsageError(f"--quality must be between 1 and 100, got {self.quality}")
         if self.max_pixels is not None and self.max_pixels < 0:
             raise UsageError(f"--max-pixels must be >= 0, got {self.max_pixels}")
+        if self.ops and self.max_pixels:
+            self._check_growth()
+
+    _PROBES = ((1, 1), (480, 640), (640, 480), (37, 1500), (1500, 37))
+
+    def _check_growth(self) -> None:
+        """Refuse a chain that makes every image larger than ``max_pixels`` (tried on a few input sizes):
+        each record would fail at run time, after all the reading, for want of memory."""
+        worst = []
+        for k, (h, w) in enumerate(self._PROBES):
+            try:
+                worst.append(self.too_large(h, w, self.draw(f"size probe {k}", h, w)))
+            except (ValueError, ZeroDivisionError):  # an op that cannot take this probe size
+                return
+        if all(worst):
+            name, oh, ow = min(worst, key=lambda t: t[1] * t[2])
+            raise UsageError(f"{name} makes images of {ow}x{oh} = {oh * ow:,} pixels, above --max-pixels "
+                             f"{self.max_pixels:,}: every record would fail (raise --max-pixels to allow it)")
+
+    def too_large(self, h: int, w: int, params: list) -> tuple[str, int, int] | None:
+        """(op name, height, width) of the first op whose output exceeds ``max_pixels``, or None."""
+        for op, p in zip(self.ops, params):
+            h, w = op.out_hw(h, w, p)
+            if self.max_pixels and h * w > self.max_pixels:
+                return op.name, h, w
+        return None
 
     @property
     def augmenting(self) -> bool:
@@ -116,11 +143,15 @@ class Plan:
         """Parameters, the boxes after the chain and how many were dropped, for a record decoded to (h, w).
 
         Boxes annotated on another canvas (a resized source) are first scaled to the decoded size.
+        Raises ValueError where an op would make the image larger than ``max_pixels``.
         """
         if boxes is not None and boxes.canvas != (h, w):
             ch, cw = boxes.canvas
             boxes, _ = boxes.affine(w / max(cw, 1), h / max(ch, 1), 0.0, 0.0, (h, w))
         params = self.draw(key, h, w, boxes)
+        big = self.too_large(h, w, params)
+        if big:
+            raise ValueError(f"{big[0]} would make a {big[2]}x{big[1]} image, above --max-pixels {self.max_pixels}")
         boxes, dropped = self.move_boxes(boxes, h, w, params)
         return params, boxes, dropped
 

@@ -97,7 +97,8 @@ def parse_chain(text: str) -> tuple[Op, ...]:
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as e:
-        raise UsageError(f"cannot parse op chain at column {e.offset}: {text!r}") from None
+        col = e.offset if e.offset and e.offset <= len(text) else len(text)  # (0 at the very end)
+        raise UsageError(f"cannot parse op chain at column {col}: {text!r}") from None
     return tuple(_term(t) for t in _terms(tree.body))
 
 

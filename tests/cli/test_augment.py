@@ -151,3 +151,9 @@ def test_cli_lists_and_runs(imagenet, tmp_path):
                 "--device", "cpu", "--json", "-q")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["records_out"] == 8
+
+
+@pytest.mark.parametrize("text,column", [("flip()|", 7), ("flip||flip", 6), ("flip(p=0.5", 5)])
+def test_a_chain_that_does_not_parse_names_the_column(text, column):
+    with pytest.raises(UsageError, match=f"cannot parse op chain at column {column}:"):
+        parse_chain(text)

@@ -325,3 +325,21 @@ def test_info_on_coco_names_faulty_annotations(coco):
     assert r["warnings"] == ["instances.json: 1 annotation dropped: bbox of negative width or height (ids 1)"]
     p = run_cli("info", coco)
     assert "warning: instances.json: 1 annotation dropped" in " ".join(p.stderr.split())
+
+
+def _three_small_jpegs(root):
+    root.mkdir()
+    for i, (h, w) in enumerate([(48, 64), (60, 60), (64, 48)]):
+        (root / f"{i}.jpg").write_bytes(jpeg_bytes(photo(h, w, i)))
+    return root
+
+
+def test_ops_that_make_images_above_max_pixels_are_refused(tmp_path):
+    src = _three_small_jpegs(tmp_path / "src")
+    p = run_cli("augment", src, tmp_path / "o", "--ops", "center_crop(size=100000)", "--device", "cpu")
+    assert p.returncode == 2 and "center_crop makes images of 100000x100000" in one_line_error(p)
+    assert not (tmp_path / "o").exists()
+    # sizes that depend on the image: the records that would grow too large are skipped, with the reason
+    s = convert(src, tmp_path / "out", to="folder", resize_shorter=64, max_pixels=5000, device="cpu")
+    assert s.records_out == 1 and len(s.skipped) == 2
+    assert all("resize_shorter would make a" in e["reason"] for e in s.skipped), s.skipped

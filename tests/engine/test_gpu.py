@@ -1163,3 +1163,13 @@ def test_a_run_on_the_second_gpu_leaves_the_first_alone(imagenet, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split()[-6:] == ["gpu0-context", "False", "gpu1-context", "True", "gpu0-new-processes", "0"]
+
+
+def test_gpu_run_skips_records_an_op_would_make_too_large(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, (h, w) in enumerate([(48, 64), (60, 60), (64, 48)]):
+        (src / f"{i}.jpg").write_bytes(jpeg_bytes(photo(h, w, i)))
+    s = convert(src, tmp_path / "out", to="folder", resize_shorter=64, max_pixels=5000, device="gpu")
+    assert s.records_out == 1 and len(s.skipped) == 2
+    assert all("resize_shorter would make a" in e["reason"] for e in s.skipped), s.skipped
