@@ -102,14 +102,17 @@ class RunSummary:
 
 
 class _BoxWarningWriter(Writer):
-    """Passes records to a writer; warns once when boxes meet a format that cannot hold them."""
+    """Passes records to a writer; warns once when boxes or label arrays meet a format that cannot hold them."""
 
-    def __init__(self, inner: Writer, fmt_name: str, carries_boxes: bool, stats: RunStats):
-        self.inner, self.fmt_name, self.carries_boxes, self.stats = inner, fmt_name, carries_boxes, stats
+    def __init__(self, inner: Writer, fmt: Any, stats: RunStats):
+        self.inner, self.fmt, self.stats = inner, fmt, stats
 
     def write(self, record: Record) -> None:
-        if record.boxes is not None and len(record.boxes) and not self.carries_boxes:
-            self.stats.warn(f"{self.fmt_name} cannot hold detection boxes: boxes were dropped")
+        if record.boxes is not None and len(record.boxes) and not self.fmt.carries_boxes:
+            self.stats.warn(f"{self.fmt.name} cannot hold detection boxes: boxes were dropped")
+        if not self.fmt.carries_label_arrays and len(record.meta.get("labels") or ()) > 1:
+            self.stats.warn(f"{self.fmt.name} holds one class a record: RecordIO multi-label arrays were cut to "
+                            "their first label")
         self.inner.write(record)
 
     def close(self) -> None:
@@ -216,7 +219,7 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
         tick = progress(len(entries) * plan.outputs_per_record) if progress else None
         with staged_output(dst_path, req.overwrite) as stage:
             inner = fmt.writer(stage, info, opts)
-            writer: Writer = _BoxWarningWriter(inner, fmt.name, fmt.carries_boxes, stats)
+            writer: Writer = _BoxWarningWriter(inner, fmt, stats)
             if plan.augmenting:
                 writer = _ParamsLog(writer, stage / PARAMS_FILE, stats)
             try:

@@ -114,6 +114,7 @@ class Format(abc.ABC):
     media: ClassVar[tuple[Media, ...]] = (Media.IMAGE,)
     carries_labels: ClassVar[bool] = True
     carries_boxes: ClassVar[bool] = False
+    carries_label_arrays: ClassVar[bool] = False  # RecordIO's multi-label arrays (kept in meta by some)
     detect_priority: ClassVar[int] = 50  # lower is tried first
 
     @classmethod

@@ -61,9 +61,20 @@ def frame(payload: bytes) -> bytes:
     return bytes(out)
 
 
+def label_array(record: Record) -> list[float] | None:
+    """The label array a RecordIO record came with (``meta["labels"]``, MXNet's multi-label layout), or None."""
+    labels = record.meta.get("labels")
+    if isinstance(labels, list) and labels and all(isinstance(v, (int, float)) for v in labels):
+        return [float(v) for v in labels]
+    return None
+
+
 def pack_payload(record: Record, index: int) -> bytes:
     label = -1.0 if record.label is None else float(record.label)
     if record.boxes is None:
+        labels = label_array(record)
+        if labels is not None:  # a multi-label record (im2rec --pack-label) keeps its array
+            return _IR.pack(len(labels), 0.0, index, 0) + np.asarray(labels, "<f4").tobytes() + record.data
         return _IR.pack(0, label, index, 0) + record.data
     nb = record.boxes.normalized()
     cls = record.boxes.labels.astype(np.float32)[:, None]
@@ -253,6 +264,7 @@ class RecordIOFormat(Format):
     name = "recordio"
     description = "MXNet RecordIO .rec + .idx (IRHeader labels; detection label arrays for boxes)"
     carries_boxes = True
+    carries_label_arrays = True
     detect_priority = 30
 
     @classmethod

@@ -347,6 +347,7 @@ class TFRecordFormat(Format):
     name = "tfrecord"
     description = "TFRecord shards of tf.train.Example (image/encoded, labels, boxes) with DALI .idx files"
     carries_boxes = True
+    carries_label_arrays = True  # in the record's metadata
     detect_priority = 20
 
     @classmethod

@@ -290,6 +290,7 @@ class WebDatasetFormat(Format):
     name = "webdataset"
     description = "WebDataset tar shards (key.jpg, key.cls, key.json) with DALI v1.2 .idx files"
     carries_boxes = True
+    carries_label_arrays = True  # in the record's metadata
     detect_priority = 25
 
     @classmethod

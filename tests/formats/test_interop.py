@@ -316,3 +316,36 @@ def test_webdataset_class_names_in_cls_are_named_as_such(imagenet, tmp_path):
             tf.addfile(ti, io.BytesIO(payload))
     with pytest.raises(GpubatchError, match=r"2 x read: .*the \.cls member holds 'dog', not a class index"):
         convert(tmp_path / "w", tmp_path / "out", to="folder")
+
+
+def test_recordio_multi_label_arrays_survive_or_are_warned(imagenet, tmp_path):
+    from gpubatch.formats.recordio import frame
+
+    images = [p.read_bytes() for p in sorted(imagenet.rglob("*.jpg"))[:3]]
+    arrays = [[1.0, 3.0], [0.0, 2.0, 5.0], [4.0, 1.0]]  # im2rec --pack-label: flag = count, then the labels
+    (tmp_path / "src").mkdir()
+    with open(tmp_path / "src" / "multi.rec", "wb") as f:
+        for i, (data, labels) in enumerate(zip(images, arrays)):
+            f.write(frame(struct.pack("<IfQQ", len(labels), 0.0, i, 0) + struct.pack(f"<{len(labels)}f", *labels) + data))
+
+    def arrays_in(path):
+        out = {}
+        raw = path.read_bytes()
+        pos = 0
+        while pos < len(raw):
+            _, lrec = struct.unpack_from("<II", raw, pos)
+            n = lrec & ((1 << 29) - 1)
+            flag = struct.unpack_from("<I", raw, pos + 8)[0]
+            labels = list(struct.unpack_from(f"<{flag}f", raw, pos + 32))
+            out[hashlib.sha256(raw[pos + 32 + 4 * flag : pos + 8 + n]).hexdigest()] = labels
+            pos += 8 + n + (-n % 4)
+        return out
+
+    want = arrays_in(tmp_path / "src" / "multi.rec")
+    for mid in ("tfrecord", "webdataset"):  # through a format that keeps them in the record's metadata
+        s = convert(tmp_path / "src", tmp_path / mid, to=mid)
+        assert not s.warnings
+        convert(tmp_path / mid, tmp_path / f"{mid}-back", to="recordio")
+        assert arrays_in(tmp_path / f"{mid}-back" / "data.rec") == want
+    s = convert(tmp_path / "src", tmp_path / "folder", to="folder")
+    assert any("multi-label arrays were cut to their first label" in w for w in s.warnings), s.warnings
