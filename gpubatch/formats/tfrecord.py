@@ -12,6 +12,10 @@ DALI need): ``image/encoded``, ``image/format``, ``image/filename``, ``image/sou
 Object Detection API writes them), ``image/object/class/label`` (category ids),
 ``image/object/class/text``, ``image/object/is_crowd``, ``image/object/area`` and ``gpubatch/meta``
 (JSON of the per-record fields no standard key holds, e.g. COCO segmentation; other readers ignore it).
+
+Reading also takes TensorFlow Datasets' layout (``NAME-train.tfrecord-00000-of-00016`` shards whose
+Examples hold ``image``, ``label`` and ``file_name``, class names in ``label.labels.txt`` beside them)
+and, failing known keys, the one bytes feature that holds an image.
 """
 
 from __future__ import annotations
@@ -160,15 +164,19 @@ class TFRecordReader(Reader):
                 feats = self._features(entry)
             except ValueError:
                 continue
-            lab = _ints(feats, "image/class/label")
-            if lab and lab[0] >= 0:
-                labels.append(lab[0])
+            lab = _label(feats)
+            if lab is not None and lab >= 0:
+                labels.append(lab)
                 txt = _bytes(feats, "image/class/text")
                 if txt:
-                    texts[lab[0]] = txt[0].decode("utf-8", "replace")
+                    texts[lab] = txt[0].decode("utf-8", "replace")
             for cid, name in zip(_ints(feats, "image/object/class/label"), _bytes(feats, "image/object/class/text")):
                 cats.setdefault(cid, name.decode("utf-8", "replace"))
         top = max(labels, default=-1)
+        names = self._tfds_names()
+        if names and top < len(names) and not texts:
+            texts = dict(enumerate(names))
+            top = len(names) - 1
         classes = tuple(texts.get(i, str(i)) for i in range(top + 1))
         categories = tuple({"id": c, "name": n, "supercategory": ""} for c, n in sorted(cats.items()))
         return DatasetInfo(classes=classes, categories=categories)
@@ -193,6 +201,15 @@ class TFRecordReader(Reader):
             raise ValueError(f"not a tf.train.Example: {e}") from None
         return ex.features.feature
 
+    def _tfds_names(self) -> list[str]:
+        """Class names of a TensorFlow Datasets folder (``label.labels.txt``, one a line), or none."""
+        folder = self.path if self.path.is_dir() else self.path.parent
+        try:
+            text = (folder / "label.labels.txt").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return []
+        return [ln.strip() for ln in text.splitlines() if ln.strip()]
+
     def read(self, entry: tuple[int, int, int]) -> Record:
         s, off, _ = entry
         origin = f"{self.shards[s]}@{off}"
@@ -200,11 +217,11 @@ class TFRecordReader(Reader):
             feats = self._features(entry)
         except ValueError as e:
             raise self.record_error(f"{self.shards[s].name}@{off}", origin, e) from None
-        enc = _bytes(feats, "image/encoded")
-        if not enc:
-            raise self.record_error(f"{self.shards[s].name}@{off}", origin, "no image/encoded feature")
-        data = enc[0]
-        fname = (_bytes(feats, "image/filename") or [b""])[0].decode("utf-8", "replace")
+        data = _image_bytes(feats)
+        if data is None:
+            raise self.record_error(f"{self.shards[s].name}@{off}", origin,
+                                    f"no image feature (has: {', '.join(sorted(feats)) or 'none'})")
+        fname = (_first_bytes(feats, _NAME_KEYS) or b"").decode("utf-8", "replace")
         source_id = (_bytes(feats, "image/source_id") or [b""])[0].decode("utf-8", "replace")
         key = source_id or (fname.rsplit(".", 1)[0] if fname else f"{self.shards[s].stem}_{off}")
         meta_raw = (_bytes(feats, "gpubatch/meta") or [b""])[0]
@@ -212,8 +229,8 @@ class TFRecordReader(Reader):
         box_extra = meta.pop("box_extra", None)
         if fname:
             meta.setdefault("filename", fname)
-        lab = _ints(feats, "image/class/label")
-        label = lab[0] if lab and lab[0] >= 0 else None
+        lab = _label(feats)
+        label = lab if lab is not None and lab >= 0 else None
         boxes = None
         xmin = _floats(feats, "image/object/bbox/xmin")
         h = (_ints(feats, "image/height") or [0])[0]
@@ -245,6 +262,30 @@ class TFRecordReader(Reader):
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+
+
+# Where the encoded image, the class index and the file name are found: the TF Object Detection API /
+# DALI keys first, then TensorFlow Datasets' (``image``, ``label``, ``file_name``) and other common names.
+_IMAGE_KEYS = ("image/encoded", "image", "image_raw", "img", "jpeg", "encoded")
+_LABEL_KEYS = ("image/class/label", "label")
+_NAME_KEYS = ("image/filename", "file_name", "filename")
+
+
+def _first_bytes(feats: Any, keys: tuple[str, ...]) -> bytes | None:
+    return next((v[0] for v in (_bytes(feats, k) for k in keys) if v), None)
+
+
+def _image_bytes(feats: Any) -> bytes | None:
+    """The record's encoded image: under a known key, else the one bytes feature that is an image."""
+    data = _first_bytes(feats, _IMAGE_KEYS)
+    if data is not None:
+        return data
+    found = [v[0] for k in sorted(feats) for v in [_bytes(feats, k)] if v and sniff_image_codec(v[0][:16])]
+    return found[0] if len(found) == 1 else None
+
+
+def _label(feats: Any) -> int | None:
+    return next((v[0] for v in (_ints(feats, k) for k in _LABEL_KEYS) if v), None)
 
 
 def _bytes(feats: Any, key: str) -> list[bytes]:

@@ -349,3 +349,33 @@ def test_recordio_multi_label_arrays_survive_or_are_warned(imagenet, tmp_path):
         assert arrays_in(tmp_path / f"{mid}-back" / "data.rec") == want
     s = convert(tmp_path / "src", tmp_path / "folder", to="folder")
     assert any("multi-label arrays were cut to their first label" in w for w in s.warnings), s.warnings
+
+
+def test_tensorflow_datasets_tfrecords_read_with_their_class_names(imagenet, tmp_path):
+    from tfrecord.writer import TFRecordWriter
+
+    src, classes = _source(imagenet)
+    folder = tmp_path / "imagenette" / "1.0.0"  # TensorFlow Datasets' folder and shard names
+    folder.mkdir(parents=True)
+    (folder / "label.labels.txt").write_text("\n".join(classes) + "\n")
+    (folder / "dataset_info.json").write_text('{"name": "imagenette"}')
+    with open_dataset(imagenet) as r:
+        records = list(r)
+    for shard in range(2):
+        w = TFRecordWriter(str(folder / f"imagenette-train.tfrecord-{shard:05d}-of-00002"))
+        for rec in records[shard::2]:
+            w.write({"image": (rec.data, "byte"), "label": (rec.label, "int"), "file_name": (rec.filename.encode(), "byte")})
+        w.close()
+    (tmp_path / "custom").mkdir()  # no known key: the one bytes feature that is an image
+    w = TFRecordWriter(str(tmp_path / "custom" / "x.tfrecord"))
+    for rec in records[:3]:
+        w.write({"raw_jpeg": (rec.data, "byte"), "caption": (b"a photo", "byte")})
+    w.close()
+
+    assert detect(folder).name == "tfrecord"
+    with open_dataset(folder) as r:
+        assert r.info().classes == classes
+        got = {hashlib.sha256(x.data).hexdigest(): classes[x.label] for x in r}
+    assert got == src
+    with open_dataset(tmp_path / "custom") as r:
+        assert [x.data for x in r] == [rec.data for rec in records[:3]]
