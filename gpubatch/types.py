@@ -102,7 +102,9 @@ class Boxes:
         canvas: (height, width) in pixels of the image the boxes refer to.
         iscrowd: int64 array (N,) of 0/1.
         extra: per box, a dict of other annotation fields carried through untouched except for
-            ``segmentation`` polygons, which move with the pixels.
+            ``segmentation`` (polygons and RLE masks) and COCO ``keypoints``, which move with the pixels.
+        keypoint_flip: per category id, the keypoint order of a mirror image (``left_*`` and
+            ``right_*`` swapped; :func:`keypoint_flips`), applied when a map reverses orientation.
     """
 
     xyxy: np.ndarray
@@ -110,6 +112,7 @@ class Boxes:
     canvas: tuple[int, int]
     iscrowd: np.ndarray | None = None
     extra: tuple[Mapping[str, Any], ...] = ()
+    keypoint_flip: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         xyxy = np.asarray(self.xyxy, dtype=np.float32).reshape(-1, 4)
@@ -160,8 +163,10 @@ class Boxes:
 
         A box becomes the box enclosing its four moved corners (a mirror swaps them, a rotation grows
         it). Boxes whose clipped area falls to ``min_visible`` of their moved area or below (and empty
-        boxes) are dropped; polygon segmentations move point by point and are clipped. Returns the new
-        boxes and how many were dropped.
+        boxes) are dropped; polygon segmentations move point by point and are clipped. COCO keypoints
+        move point by point; one that leaves the canvas becomes unlabeled (0, 0, 0), and under a map
+        that mirrors, left and right keypoints trade places (``keypoint_flip``). Returns the new boxes
+        and how many were dropped.
         """
         m = np.asarray(matrix, np.float64).reshape(3, 3)
         h, w = canvas
@@ -174,7 +179,9 @@ class Boxes:
         area = (moved[:, 2] - moved[:, 0]) * (moved[:, 3] - moved[:, 1])
         vis = (clipped[:, 2] - clipped[:, 0]) * (clipped[:, 3] - clipped[:, 1])
         keep = (vis > 0) & (vis > min_visible * np.maximum(area, 1e-12))
-        scale = abs(float(np.linalg.det(m[:2, :2]))) / max(abs(float(m[2, 2])), 1e-12) ** 2
+        det = float(np.linalg.det(m[:2, :2]))
+        scale = abs(det) / max(abs(float(m[2, 2])), 1e-12) ** 2
+        mirrors = det * float(m[2, 2]) < 0
         extra = []
         for i in np.flatnonzero(keep):
             e = dict(self.extra[i])
@@ -187,11 +194,61 @@ class Boxes:
                 ]
             elif isinstance(seg, dict) and "counts" in seg:  # an RLE mask (COCO's crowd regions): its own area
                 e["segmentation"], area = warp_rle(seg, m, canvas)
+            if isinstance(e.get("keypoints"), list) and len(e["keypoints"]) % 3 == 0:
+                flip = self.keypoint_flip.get(int(self.labels[i])) if mirrors else None
+                e["keypoints"], shown = warp_keypoints(e["keypoints"], m, canvas, flip)
+                if "num_keypoints" in e:
+                    e["num_keypoints"] = shown
             if "area" in e:
                 e["area"] = float(area)
             extra.append(e)
-        out = Boxes(clipped[keep], self.labels[keep], canvas, self.iscrowd[keep], tuple(extra))
+        out = Boxes(clipped[keep], self.labels[keep], canvas, self.iscrowd[keep], tuple(extra), self.keypoint_flip)
         return out, int((~keep).sum())
+
+
+def keypoint_flips(categories: Any) -> dict[int, tuple[int, ...]]:
+    """Per category id with named ``keypoints`` (COCO's categories), the keypoint order of a mirror
+    image: each ``left...`` name takes its ``right...`` twin's place and back (``l_``/``r_`` prefixes
+    too), as pose-estimation training flips them. Categories without a left/right pair are left out."""
+    out: dict[int, tuple[int, ...]] = {}
+    for c in categories or ():
+        names = c.get("keypoints") if isinstance(c, Mapping) else None
+        if not isinstance(names, list) or not isinstance(c.get("id"), int):
+            continue
+        where = {str(n): i for i, n in enumerate(names)}
+        perm = tuple(where.get(_mirror_name(str(n)), i) for i, n in enumerate(names))
+        if perm != tuple(range(len(names))):
+            out[c["id"]] = perm
+    return out
+
+
+def _mirror_name(name: str) -> str:
+    for a, b in (("left", "right"), ("right", "left"), ("Left", "Right"), ("Right", "Left"), ("LEFT", "RIGHT"),
+                 ("RIGHT", "LEFT")):
+        if a in name:
+            return name.replace(a, b)
+    for a, b in (("l_", "r_"), ("r_", "l_"), ("L", "R"), ("R", "L")):
+        if name.startswith(a) and len(name) > len(a) and (a.endswith("_") or name[len(a)].isupper()):
+            return b + name[len(a):]
+    return name
+
+
+def warp_keypoints(flat: list, matrix: np.ndarray, canvas: tuple[int, int],
+                   flip: tuple[int, ...] | None = None) -> tuple[list, int]:
+    """COCO keypoints ``[x1, y1, v1, ...]`` moved by a 3x3 map onto ``canvas``: (the list, how many are
+    labeled). Unlabeled ones (v = 0) stay (0, 0, 0), as do those the map takes off the canvas; ``flip``
+    reorders them (a mirror's left and right)."""
+    pts = np.asarray(flat, np.float64).reshape(-1, 3)
+    h, w = canvas
+    moved = _project(np.asarray(matrix, np.float64).reshape(3, 3), pts[:, :2]) if len(pts) else pts[:, :2]
+    inside = (pts[:, 2] > 0) & (moved[:, 0] >= 0) & (moved[:, 0] <= w) & (moved[:, 1] >= 0) & (moved[:, 1] <= h)
+    out = np.zeros_like(pts)
+    out[inside, :2] = np.round(moved[inside], 2)
+    out[inside, 2] = pts[inside, 2]
+    if flip is not None and len(flip) == len(out):
+        out = out[list(flip)]
+    values = [v for row in out.tolist() for v in (row[0], row[1], int(row[2]))]
+    return [int(v) if float(v).is_integer() else v for v in values], int(inside.sum())
 
 
 def warp_rle(rle: dict, matrix: np.ndarray, canvas: tuple[int, int]) -> tuple[dict, int]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from .._paths import safe_join, safe_relpath
 from ..errors import FormatError
-from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
+from ..types import Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
 from . import register_format
 from .base import Format, Reader, WriteOptions, Writer
 from .folder import safe_component
@@ -154,6 +154,7 @@ class CocoReader(Reader):
             raise FormatError(f"{ann}: every entry of 'images' must be an object")
         self.doc = doc
         self.anns, self.warnings = check_annotations(doc, ann.name)
+        self.keypoint_flip = keypoint_flips(doc.get("categories"))
         self.image_root = self._find_image_root()
 
     def _find_image_root(self) -> Path:
@@ -210,7 +211,7 @@ class CocoReader(Reader):
             labels.append(int(a["category_id"]))
             crowd.append(int(a.get("iscrowd", 0)))
             extra.append({k: v for k, v in a.items() if k not in _BOX_FIELDS})
-        boxes = Boxes(xyxy, labels, (h, w), crowd, tuple(extra))
+        boxes = Boxes(xyxy, labels, (h, w), crowd, tuple(extra), self.keypoint_flip)
         meta = {"filename": rel.rsplit("/", 1)[-1], "file_name": rel, "coco_id": image.get("id")}
         other = {k: v for k, v in image.items() if k not in _IMAGE_FIELDS}
         if other:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DependencyError, FormatError
-from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
+from ..types import Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
 from . import register_format
 from .base import Format, Reader, ShardedWriter, WriteOptions, Writer, shard_names
 from .manifest import read_manifest
@@ -107,6 +107,7 @@ class TFRecordReader(Reader):
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
         self.manifest = read_manifest(self.path) or {}
+        self.keypoint_flip = keypoint_flips(self.manifest.get("categories"))
 
     def _fd(self, shard: int) -> int:
         with self._lock:
@@ -252,7 +253,8 @@ class TFRecordReader(Reader):
             n = len(xyxy)
             crowd = _ints(feats, "image/object/is_crowd") or [0] * n
             extra = tuple(box_extra) if box_extra and len(box_extra) == n else ()
-            boxes = Boxes(xyxy, _ints(feats, "image/object/class/label")[:n] or [0] * n, (h, w), crowd[:n], extra)
+            boxes = Boxes(xyxy, _ints(feats, "image/object/class/label")[:n] or [0] * n, (h, w), crowd[:n], extra,
+                          self.keypoint_flip)
         meta.pop("has_boxes", None)
         codec = sniff_image_codec(data) or (_bytes(feats, "image/format") or [b"unknown"])[0].decode().lower()
         return Record(key=key, data=data, codec=codec, label=label, boxes=boxes, meta=meta, origin=origin)

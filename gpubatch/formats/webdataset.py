@@ -21,7 +21,7 @@ from typing import Any
 
 from .._paths import safe_relpath
 from ..errors import FormatError
-from ..types import IMAGE_EXTENSIONS, Boxes, DatasetInfo, Record, sniff_image_codec
+from ..types import IMAGE_EXTENSIONS, Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
 from . import register_format
 from .base import Format, Reader, ShardedWriter, WriteOptions, Writer
 from .folder import label_names
@@ -80,6 +80,7 @@ class WebDatasetReader(Reader):
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
         self.manifest = read_manifest(self.path) or {}
+        self.keypoint_flip = keypoint_flips(self.manifest.get("categories"))
 
     def _fd(self, s: int) -> int:
         with self._lock:
@@ -165,7 +166,7 @@ class WebDatasetReader(Reader):
                     if label is None and isinstance(doc.get("label"), int):
                         label = doc["label"]
                     if "annotations" in doc:
-                        boxes = _boxes_from_json(doc, data)
+                        boxes = _boxes_from_json(doc, data, self.keypoint_flip)
         except (ValueError, TypeError, KeyError) as e:
             raise self.record_error(key, origin, f"bad .cls/.json member: {e}") from None
         codec = sniff_image_codec(data) or IMAGE_EXTENSIONS.get(image_ext.rsplit(".", 1)[-1], "unknown")
@@ -179,7 +180,7 @@ class WebDatasetReader(Reader):
             self._fds.clear()
 
 
-def _boxes_from_json(doc: dict, data: bytes) -> Boxes:
+def _boxes_from_json(doc: dict, data: bytes, keypoint_flip: dict) -> Boxes:
     h, w = int(doc.get("height") or 0), int(doc.get("width") or 0)
     if not h or not w:
         from ..engine.codecs.image import probe
@@ -193,7 +194,7 @@ def _boxes_from_json(doc: dict, data: bytes) -> Boxes:
         labels.append(int(a.get("category_id", 0)))
         crowd.append(int(a.get("iscrowd", 0)))
         extra.append({k: v for k, v in a.items() if k not in ("bbox", "category_id", "iscrowd")})
-    return Boxes(xyxy, labels, (h, w), crowd, tuple(extra))
+    return Boxes(xyxy, labels, (h, w), crowd, tuple(extra), keypoint_flip)
 
 
 class WebDatasetWriter(ShardedWriter):

@@ -283,3 +283,12 @@ def test_host_chain_folds_windows_like_the_ops_one_by_one(chain):
         tol = 1.0 / (255 * 0.224) + 1e-6 if chain == "train" else 1
         assert np.abs(got.astype(np.float64) - ref.astype(np.float64)).max() <= tol
         np.testing.assert_array_equal(run_chain_host(ops, src, params), got)  # array in, same pixels
+
+
+def test_keypoint_flips_pair_left_and_right_names():
+    from gpubatch.types import keypoint_flips
+
+    cats = [{"id": 1, "keypoints": ["nose", "left_eye", "right_eye", "left_ear", "right_ear"]},
+            {"id": 2, "keypoints": ["Neck", "LShoulder", "RShoulder", "l_hip", "r_hip", "Lip"]},
+            {"id": 3, "keypoints": ["a", "b"]}, {"id": 4, "name": "no keypoints"}]
+    assert keypoint_flips(cats) == {1: (0, 2, 1, 4, 3), 2: (0, 2, 1, 4, 3, 5)}

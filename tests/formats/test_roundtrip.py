@@ -264,3 +264,44 @@ def test_coco_image_ids_shared_by_two_images_are_warned(coco, tmp_path):
     s = convert(coco, tmp_path / "out", to="coco")
     assert s.records_out == 12
     assert any("1 image id used by more than one image" in w for w in s.warnings), s.warnings
+
+
+def test_coco_keypoints_move_with_the_pixels_and_mirror_left_and_right(coco, tmp_path):
+    import json
+
+    ann_file = coco / "annotations" / "instances.json"
+    doc = json.loads(ann_file.read_text())
+    img = doc["images"][0]
+    h, w = img["height"], img["width"]
+    doc["categories"].append({"id": 9, "name": "person", "supercategory": "person",
+                              "keypoints": ["nose", "left_eye", "right_eye"], "skeleton": [[1, 2], [1, 3]]})
+    kps = [190, 100, 2, 180, 90, 2, 300, 90, 1]  # nose, left eye, right eye (x, y, visibility)
+    assert (h, w) == (312, 385)
+    doc["annotations"].append({"id": 500, "image_id": img["id"], "category_id": 9, "bbox": [170, 80, 140, 30],
+                               "area": 1200.0, "iscrowd": 0, "segmentation": [], "keypoints": kps, "num_keypoints": 3})
+    ann_file.write_text(json.dumps(doc))
+
+    def person(root):
+        out = json.loads((root / "annotations" / "instances.json").read_text())
+        (a,) = [a for a in out["annotations"] if a["category_id"] == 9]
+        return a
+
+    augment(coco, tmp_path / "flip", ops="flip(p=1)", device="cpu")
+    a = person(tmp_path / "flip")
+    # mirrored: x -> w - x, and the left eye's slot now holds what was the right eye
+    mirrored = [w - 190, 100, 2, w - 300, 90, 1, w - 180, 90, 2]
+    assert a["keypoints"] == mirrored and a["num_keypoints"] == 3
+    convert(coco, tmp_path / "half", to="coco", resize=(h // 2, w // 2), device="cpu")
+    a = person(tmp_path / "half")
+    sx, sy = (w // 2) / w, (h // 2) / h
+    np.testing.assert_allclose(a["keypoints"], [190 * sx, 100 * sy, 2, 180 * sx, 90 * sy, 2, 300 * sx, 90 * sy, 1],
+                               atol=0.01)
+    # a crop that leaves the right eye outside: it becomes unlabeled, and is no longer counted
+    augment(coco, tmp_path / "crop", ops="center_crop(size=200)", device="cpu")  # columns 92-292, rows 56-256
+    a = person(tmp_path / "crop")
+    np.testing.assert_allclose(a["keypoints"][:6], [190 - 92, 100 - 56, 2, 180 - 92, 90 - 56, 2], atol=0.51)
+    assert a["keypoints"][6:] == [0, 0, 0] and a["num_keypoints"] == 2
+    # through WebDataset (categories in its manifest) the mirror still swaps them
+    convert(coco, tmp_path / "wds", to="webdataset")
+    augment(tmp_path / "wds", tmp_path / "wflip", ops="flip(p=1)", device="cpu", to="coco")
+    assert person(tmp_path / "wflip")["keypoints"] == mirrored
