@@ -62,6 +62,8 @@ def check_output(src: Path | None, dst: Path, overwrite: bool) -> None:
         if folder.exists():
             if not folder.is_dir():
                 raise UsageError(f"{folder} is not a folder: the output {dst} cannot go under it")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise UsageError(f"cannot write in {folder}: the output {dst} cannot go there")
             break
 
 
@@ -75,18 +77,26 @@ def staged_output(dst: Path, overwrite: bool) -> Iterator[Path]:
     """
     dst = Path(dst)
     made = [f for f in (dst.parent, *dst.parent.parents) if not f.exists()]  # deepest first
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    stage = dst.parent / f".{dst.name}{STAGING_MARK}{uuid.uuid4().hex[:8]}"
-    stage.mkdir()
-    try:
-        yield stage
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        for folder in made:  # the folders made for this output go too, where nothing else came in
+
+    def take_back_made() -> None:  # the folders made for this output, where nothing else came in
+        for folder in made:
             try:
                 folder.rmdir()
             except OSError:
                 break
+
+    stage = dst.parent / f".{dst.name}{STAGING_MARK}{uuid.uuid4().hex[:8]}"
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        stage.mkdir()
+    except OSError as e:
+        take_back_made()
+        raise UsageError(f"cannot create the output {dst}: {e.strerror or e}") from None
+    try:
+        yield stage
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        take_back_made()
         raise
     old = None
     if dst.exists() or dst.is_symlink():

@@ -27,6 +27,23 @@ def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> No
     ctx.exit(0)
 
 
+def _check_writable(path: Path, flag: str) -> None:
+    """Refuse, before the bench runs (minutes), a result file that could not be written after it."""
+    from ..errors import UsageError
+
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a folder: give a file name")
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write it ({e.strerror or e})") from None
+    if not existed:
+        path.unlink()
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--model", default=None, metavar="NAME", help="Preprocessing chain to measure (see --list-models).")
 @click.option("--data", type=click.Path(path_type=Path), default=None, help="A folder of JPEGs (searched recursively).")
@@ -79,6 +96,9 @@ def bench(model: str | None, baselines: str | None, json_path: Path | None, repo
         raise UsageError("bench needs --model NAME (see --list-models)")
     if report is not None and report.suffix.lower() not in (".html", ".htm", ".md"):
         raise UsageError(f"--report {report}: give a .html or .md file name")
+    for flag, path in (("--json", json_path), ("--report", report)):
+        if path is not None:
+            _check_writable(path, flag)
     con = console()
     result = run_bench(model, baselines=baselines.split(",") if baselines else None, argv=["gpubatch", *sys.argv[1:]],
                        say=lambda s: con.print(f"[dim]{s}[/]"), **opts)

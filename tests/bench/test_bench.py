@@ -148,6 +148,9 @@ def test_cli_runs_on_the_cpu_and_writes_reports(tmp_path):
     (["--model", "resnet50", "--synthetic", "300", "--report", "x.pdf"], "give a .html or .md"),
     (["--model", "resnet50", "--synthetic", "300", "--decode-route", "fast"], "'fast' is not one of"),
     (["--model", "resnet50", "--synthetic", "300", "--busy-after", "2"], "--busy-after needs --busy N"),
+    # refused before the bench runs, not after it (Linux's /proc holds no new folder)
+    (["--model", "resnet50", "--synthetic", "300", "--json", "/proc/gpubatch-nowhere/r.json"], "cannot write it"),
+    (["--model", "resnet50", "--synthetic", "300", "--report", "tests"], "give a .html or .md"),
 ])
 def test_cli_errors(args, message):
     r = run_cli("bench", *args)

@@ -343,3 +343,10 @@ def test_ops_that_make_images_above_max_pixels_are_refused(tmp_path):
     s = convert(src, tmp_path / "out", to="folder", resize_shorter=64, max_pixels=5000, device="cpu")
     assert s.records_out == 1 and len(s.skipped) == 2
     assert all("resize_shorter would make a" in e["reason"] for e in s.skipped), s.skipped
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no folder can be made")
+def test_an_output_that_cannot_be_made_is_one_line(imagenet):
+    p = run_cli("convert", imagenet, "/proc/gpubatch-nowhere/out", "--to", "lmdb")
+    assert p.returncode == 2
+    assert one_line_error(p) == "error: cannot create the output /proc/gpubatch-nowhere/out: No such file or directory"
