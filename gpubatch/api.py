@@ -101,7 +101,7 @@ class RunSummary:
         return d
 
 
-class _BoxWarningWriter(Writer):
+class _LossWarningWriter(Writer):
     """Passes records to a writer; warns once when boxes or label arrays meet a format that cannot hold them."""
 
     def __init__(self, inner: Writer, fmt: Any, stats: RunStats):
@@ -219,7 +219,7 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
         tick = progress(len(entries) * plan.outputs_per_record) if progress else None
         with staged_output(dst_path, req.overwrite) as stage:
             inner = fmt.writer(stage, info, opts)
-            writer: Writer = _BoxWarningWriter(inner, fmt, stats)
+            writer: Writer = _LossWarningWriter(inner, fmt, stats)
             if plan.augmenting:
                 writer = _ParamsLog(writer, stage / PARAMS_FILE, stats)
             try:

@@ -72,6 +72,11 @@ def _ids(ids: Iterable[Any]) -> str:
     return f"ids {shown}{', ...' if len(ids) > 3 else ''}"
 
 
+def _id_key(value: Any) -> Any:
+    """An id as a dict key: JSON numbers and strings as they are, anything else (a list...) by its text."""
+    return value if value is None or isinstance(value, (int, float, str)) else json.dumps(value)
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
@@ -88,10 +93,10 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
     """
     image_ids: dict[Any, int] = {}
     for im in doc["images"]:
-        key = im.get("id")
+        key = _id_key(im.get("id"))
         image_ids[key] = image_ids.get(key, 0) + 1
     cats = doc.get("categories")
-    known = {c.get("id") for c in cats if isinstance(c, dict)} if isinstance(cats, list) else set()
+    known = {_id_key(c.get("id")) for c in cats if isinstance(c, dict)} if isinstance(cats, list) else set()
     malformed, negative, orphans, unknown = [], [], [], {}
     anns: dict[Any, list[dict]] = {}
     raw = doc.get("annotations")
@@ -109,12 +114,13 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
         if box[2] < 0 or box[3] < 0:
             negative.append(aid)
             continue
-        if a.get("image_id") not in image_ids:
+        image_id = _id_key(a.get("image_id"))
+        if image_id not in image_ids:
             orphans.append(aid)
             continue
         if int(cat) not in known:
             unknown[int(cat)] = unknown.get(int(cat), 0) + 1
-        anns.setdefault(a.get("image_id"), []).append(a)
+        anns.setdefault(image_id, []).append(a)
     warnings = []
     if malformed:
         warnings.append(f"{name}: {_count(len(malformed), 'annotation')} dropped: bbox not four numbers, or category_id / "
@@ -173,7 +179,7 @@ class CocoReader(Reader):
         return roots[0] if roots[0].is_dir() else self.path
 
     def _scan(self) -> list[dict]:
-        return sorted(self.doc["images"], key=lambda im: (str(type(im.get("id"))), im.get("id")))
+        return sorted(self.doc["images"], key=lambda im: (str(type(im.get("id"))), _id_key(im.get("id")) or 0))
 
     def info(self) -> DatasetInfo:
         manifest = read_manifest(self.path) or {}
@@ -194,7 +200,7 @@ class CocoReader(Reader):
             data = path.read_bytes()
         except OSError as e:
             raise self.record_error(key, origin, e) from None
-        anns = self.anns.get(image.get("id"), [])
+        anns = self.anns.get(_id_key(image.get("id")), [])
         h, w = int(image.get("height") or 0), int(image.get("width") or 0)
         if not h or not w:
             from ..engine.codecs.image import probe
