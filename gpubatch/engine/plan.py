@@ -59,21 +59,16 @@ class Plan:
         worst = []
         for k, (h, w) in enumerate(self._PROBES):
             try:
-                worst.append(self.too_large(h, w, self.draw(f"size probe {k}", h, w)))
+                self.move_boxes(None, h, w, self.draw(f"size probe {k}", h, w))
+            except ImageTooLarge as e:
+                worst.append(e)
+                continue
             except Exception:  # noqa: BLE001 - an op that cannot take this probe size: no verdict
                 return
-        if all(worst):
-            name, oh, ow = min(worst, key=lambda t: t[1] * t[2])
-            raise UsageError(f"{name} makes images of {ow}x{oh} = {oh * ow:,} pixels, above --max-pixels "
-                             f"{self.max_pixels:,}: every record would fail (raise --max-pixels to allow it)")
-
-    def too_large(self, h: int, w: int, params: list) -> tuple[str, int, int] | None:
-        """(op name, height, width) of the first op whose output exceeds ``max_pixels``, or None."""
-        for op, p in zip(self.ops, params):
-            h, w = op.out_hw(h, w, p)
-            if self.max_pixels and h * w > self.max_pixels:
-                return op.name, h, w
-        return None
+            return  # some image size fits
+        e = min(worst, key=lambda e: e.height * e.width)
+        raise UsageError(f"{e.op} makes images of {e.width}x{e.height} = {e.height * e.width:,} pixels, above "
+                         f"--max-pixels {self.max_pixels:,}: every record would fail (raise --max-pixels to allow it)")
 
     @property
     def augmenting(self) -> bool:
@@ -143,26 +138,37 @@ class Plan:
         """Parameters, the boxes after the chain and how many were dropped, for a record decoded to (h, w).
 
         Boxes annotated on another canvas (a resized source) are first scaled to the decoded size.
-        Raises ValueError where an op would make the image larger than ``max_pixels``.
+        Raises ImageTooLarge (a ValueError) where an op would make the image larger than ``max_pixels``.
         """
         if boxes is not None and boxes.canvas != (h, w):
             ch, cw = boxes.canvas
             boxes, _ = boxes.affine(w / max(cw, 1), h / max(ch, 1), 0.0, 0.0, (h, w))
         params = self.draw(key, h, w, boxes)
-        big = self.too_large(h, w, params)
-        if big:
-            raise ValueError(f"{big[0]} would make a {big[2]}x{big[1]} image, above --max-pixels {self.max_pixels}")
         boxes, dropped = self.move_boxes(boxes, h, w, params)
         return params, boxes, dropped
 
     def move_boxes(self, boxes: Boxes | None, h: int, w: int, params: list | None = None) -> tuple[Boxes | None, int]:
-        """Boxes after the whole chain on an (h, w) image, and how many were dropped on the way."""
+        """Boxes after the whole chain on an (h, w) image, and how many were dropped on the way.
+
+        Raises ImageTooLarge at the first op whose output would exceed ``max_pixels`` (the same walk
+        through the ops' output sizes).
+        """
         dropped = 0
         for op, p in zip(self.ops, params or [None] * len(self.ops)):
             boxes, d = op.move_boxes(boxes, h, w, p, self.min_box_visibility)
             dropped += d
             h, w = op.out_hw(h, w, p)
+            if self.max_pixels and h * w > self.max_pixels:
+                raise ImageTooLarge(op.name, h, w, self.max_pixels)
         return boxes, dropped
+
+
+class ImageTooLarge(ValueError):
+    """An op would make an image larger than ``--max-pixels`` (a ValueError: the record's error)."""
+
+    def __init__(self, op: str, height: int, width: int, limit: int):
+        super().__init__(f"{op} would make a {width}x{height} image, above --max-pixels {limit}")
+        self.op, self.height, self.width = op, height, width
 
 
 def variant(record: Record, suffix: str) -> Record:

@@ -16,6 +16,14 @@ from typing import Any, ClassVar
 from ..errors import RecordError, Stage
 from ..types import DatasetInfo, Media, Record
 
+# First bytes of the compressors shards meet (gzip, bzip2, xz, zstd): such shards cannot be read by offset.
+_COMPRESSION_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"))
+
+
+def compression(head: bytes) -> str | None:
+    """The compressor whose magic ``head`` (a file's first bytes, 6 or more) starts with, or None."""
+    return next((name for magic, name in _COMPRESSION_MAGIC if head.startswith(magic)), None)
+
 
 @dataclass(frozen=True)
 class WriteOptions:

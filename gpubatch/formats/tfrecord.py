@@ -33,12 +33,11 @@ import numpy as np
 from ..errors import DependencyError, FormatError
 from ..types import Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
 from . import register_format
-from .base import Format, Reader, ShardedWriter, WriteOptions, Writer, shard_names
+from .base import Format, Reader, ShardedWriter, WriteOptions, Writer, compression, shard_names
 from .manifest import read_manifest
 
 _SHARD = re.compile(r".*-\d{5}-of-\d{5}$")
 _SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")  # TensorFlow's, its tutorials' and Kaggle's names
-_GZIP = b"\x1f\x8b"
 
 
 def _tfr():
@@ -73,7 +72,7 @@ def _looks_like_tfrecord(path: Path) -> bool:
             head = f.read(12)
     except OSError:
         return False
-    if head[:2] == _GZIP:
+    if compression(head):
         return _is_shard_name(path.name)
     return len(head) == 12 and _masked_crc(head[:8]) == head[8:12]
 
@@ -91,11 +90,12 @@ def _index_of(shard: Path) -> Path:
 
 def _refuse_compressed(shard: Path) -> None:
     with open(shard, "rb") as f:
-        if f.read(2) == _GZIP:
-            raise FormatError(
-                f"{shard} is gzip-compressed (TFRecordOptions compression_type='GZIP'): unpack the shards first "
-                "(gunzip, or `gzip -dc SHARD > SHARD.tfrecord`); gpubatch, like DALI, reads records by offset, "
-                "which compressed shards do not allow")
+        kind = compression(f.read(6))
+    if kind:
+        raise FormatError(
+            f"{shard} is {kind}-compressed (TFRecordOptions compression_type='GZIP' writes such shards): unpack the "
+            "shards first (gunzip, or `gzip -dc SHARD > SHARD.tfrecord`; unxz, bunzip2, unzstd for the others); "
+            "gpubatch, like DALI, reads records by offset, which compressed shards do not allow")
 
 
 class TFRecordReader(Reader):

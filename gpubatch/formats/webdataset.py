@@ -23,12 +23,11 @@ from .._paths import safe_relpath
 from ..errors import FormatError
 from ..types import IMAGE_EXTENSIONS, Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
 from . import register_format
-from .base import Format, Reader, ShardedWriter, WriteOptions, Writer
+from .base import Format, Reader, ShardedWriter, WriteOptions, Writer, compression
 from .folder import label_names
 from .manifest import read_manifest
 
-_COMPRESSED = ((".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst"),
-               (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd"))
+_COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst")
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext, key without dots
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-/]+")
 
@@ -51,12 +50,12 @@ def safe_key(key: str) -> str:
 def compressed_shards(path: Path) -> list[Path]:
     """The compressed tar shards (``.tar.gz``, ``.tgz``, ``.tar.xz``...) at ``path``, a folder or a file."""
     files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else []
-    return [p for p in files if p.name.lower().endswith(_COMPRESSED[0])]
+    return [p for p in files if p.name.lower().endswith(_COMPRESSED_SUFFIXES)]
 
 
 def refuse_compressed(shard: Path, head: bytes | None = None) -> None:
     """A one-line error for a compressed shard (by name, or by its first bytes when ``head`` is given)."""
-    if head is not None and not head.startswith(_COMPRESSED[1]):
+    if head is not None and compression(head) is None:
         return
     raise FormatError(
         f"{shard} is a compressed tar: decompress the shards to plain .tar first (gunzip, unxz, bunzip2 or "
