@@ -25,6 +25,7 @@ import os
 import re
 import struct
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -160,11 +161,14 @@ class TFRecordReader(Reader):
                 categories=tuple(self.manifest.get("categories") or ()),
             )
         labels, texts, cats = [], {}, {}
+        dropped: Counter[str] = Counter()
         for entry in self.entries():
             try:
                 feats = self._features(entry)
             except ValueError:
                 continue
+            image_key = _image_key(feats)
+            dropped.update(k for k in feats if k not in _READ_KEYS and k != image_key)
             lab = _label(feats)
             if lab is not None and lab >= 0:
                 labels.append(lab)
@@ -180,6 +184,9 @@ class TFRecordReader(Reader):
             top = len(names) - 1
         classes = tuple(texts.get(i, str(i)) for i in range(top + 1))
         categories = tuple({"id": c, "name": n, "supercategory": ""} for c, n in sorted(cats.items()))
+        if dropped:
+            named = ", ".join(f"{k} ({n} record{'s' if n > 1 else ''})" for k, n in sorted(dropped.items()))
+            self.warnings.append(f"features gpubatch does not carry over, left out of the output: {named}")
         return DatasetInfo(classes=classes, categories=categories)
 
     def _features(self, entry: tuple[int, int, int]) -> Any:
@@ -271,19 +278,32 @@ class TFRecordReader(Reader):
 _IMAGE_KEYS = ("image/encoded", "image", "image_raw", "img", "jpeg", "encoded")
 _LABEL_KEYS = ("image/class/label", "label")
 _NAME_KEYS = ("image/filename", "file_name", "filename")
+# Every feature the reader takes besides the image's (the writer's keys among them). ``image/key/sha256``
+# (the TF Object Detection API's hash of the encoded bytes) is dropped without a word: gpubatch keeps the
+# bytes themselves. Any other feature is named in a warning, as it does not reach the output.
+_READ_KEYS = frozenset(_LABEL_KEYS + _NAME_KEYS + (
+    "image/format", "image/source_id", "image/height", "image/width", "image/class/text",
+    "image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax", "image/object/bbox/ymax",
+    "image/object/class/label", "image/object/class/text", "image/object/is_crowd", "image/object/area",
+    "gpubatch/meta", "image/key/sha256"))
 
 
 def _first_bytes(feats: Any, keys: tuple[str, ...]) -> bytes | None:
     return next((v[0] for v in (_bytes(feats, k) for k in keys) if v), None)
 
 
-def _image_bytes(feats: Any) -> bytes | None:
-    """The record's encoded image: under a known key, else the one bytes feature that is an image."""
-    data = _first_bytes(feats, _IMAGE_KEYS)
-    if data is not None:
-        return data
-    found = [v[0] for k in sorted(feats) for v in [_bytes(feats, k)] if v and sniff_image_codec(v[0][:16])]
+def _image_key(feats: Any) -> str | None:
+    """Where the record's encoded image is: a known key, else the one bytes feature that is an image."""
+    key = next((k for k in _IMAGE_KEYS if _bytes(feats, k)), None)
+    if key is not None:
+        return key
+    found = [k for k in sorted(feats) for v in [_bytes(feats, k)] if v and sniff_image_codec(v[0][:16])]
     return found[0] if len(found) == 1 else None
+
+
+def _image_bytes(feats: Any) -> bytes | None:
+    key = _image_key(feats)
+    return None if key is None else _bytes(feats, key)[0]
 
 
 def _label(feats: Any) -> int | None:

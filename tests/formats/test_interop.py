@@ -4,6 +4,7 @@ the webdataset package, plain lmdb with a hand parse of Caffe Datum, and MXNet's
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shutil
 import struct
@@ -11,10 +12,13 @@ import tarfile
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from gpubatch import convert
 from gpubatch.api import open_dataset
 from gpubatch.formats import detect
+from gpubatch.formats.manifest import MANIFEST_NAME
+from gpubatch.report.info import describe
 from tests.helpers import content
 
 
@@ -379,3 +383,39 @@ def test_tensorflow_datasets_tfrecords_read_with_their_class_names(imagenet, tmp
     assert got == src
     with open_dataset(tmp_path / "custom") as r:
         assert [x.data for x in r] == [rec.data for rec in records[:3]]
+
+
+def test_tfrecord_features_gpubatch_does_not_carry_are_named_in_a_warning(imagenet, tmp_path):
+    from tfrecord.writer import TFRecordWriter
+
+    with open_dataset(imagenet) as r:
+        records = list(r)[:4]
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(buf, "PNG")
+    mask = buf.getvalue()
+    src = tmp_path / "seg"
+    src.mkdir()
+    w = TFRecordWriter(str(src / "seg-train.tfrecord-00000-of-00001"))
+    for i, rec in enumerate(records):  # a TFDS segmentation set: a mask beside the image, a caption on some
+        feats = {"image": (rec.data, "byte"), "label": (rec.label, "int"), "segmentation_mask": (mask, "byte"),
+                 "image/key/sha256": (hashlib.sha256(rec.data).hexdigest().encode(), "byte")}
+        if i % 2:
+            feats["caption"] = (b"a photo", "byte")
+        w.write(feats)
+    w.close()
+
+    want = "segmentation_mask (4 records)"
+    with open_dataset(src) as r:
+        r.info()
+        assert len(r.warnings) == 1 and "caption (2 records)" in r.warnings[0] and want in r.warnings[0], r.warnings
+        assert "sha256" not in r.warnings[0]
+        assert [x.data for x in r] == [rec.data for rec in records]  # the image, not the mask
+    assert any(want in m for m in describe(src).warnings)
+    s = convert(src, tmp_path / "out", to="folder")
+    assert s.records_out == 4 and any(want in m for m in s.warnings), s.warnings
+    # every feature of gpubatch's own shards is read, even without their manifest: no warning
+    s = convert(src, tmp_path / "back", to="tfrecord")
+    (tmp_path / "back" / MANIFEST_NAME).unlink()
+    with open_dataset(tmp_path / "back") as r:
+        r.info()
+        assert not r.warnings
