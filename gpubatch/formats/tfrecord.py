@@ -12,6 +12,8 @@ DALI need): ``image/encoded``, ``image/format``, ``image/filename``, ``image/sou
 Object Detection API writes them), ``image/object/class/label`` (category ids),
 ``image/object/class/text``, ``image/object/is_crowd``, ``image/object/area`` and ``gpubatch/meta``
 (JSON of the per-record fields no standard key holds, e.g. COCO segmentation; other readers ignore it).
+Where the dataset's categories name keypoints, COCO keypoints are also written (and read) as the TF
+Object Detection API's ``image/object/keypoint/{x,y,visibility,num,text}``.
 
 Reading also takes TensorFlow Datasets' layout (``NAME-train.tfrecord-00000-of-00016`` shards whose
 Examples hold ``image``, ``label`` and ``file_name``, class names in ``label.labels.txt`` beside them)
@@ -175,15 +177,23 @@ class TFRecordReader(Reader):
                 txt = _bytes(feats, "image/class/text")
                 if txt:
                     texts[lab] = txt[0].decode("utf-8", "replace")
-            for cid, name in zip(_ints(feats, "image/object/class/label"), _bytes(feats, "image/object/class/text")):
-                cats.setdefault(cid, name.decode("utf-8", "replace"))
+            objects = _ints(feats, "image/object/class/label")
+            for cid, name in zip(objects, _bytes(feats, "image/object/class/text")):
+                cats.setdefault(cid, {"name": name.decode("utf-8", "replace")})
+            names = _bytes(feats, "image/object/keypoint/text")
+            if objects and names and len(names) % len(objects) == 0:
+                k = len(names) // len(objects)
+                for i, cid in enumerate(objects):
+                    own = [b.decode("utf-8", "replace") for b in names[i * k : (i + 1) * k]]
+                    if any(own):
+                        cats.setdefault(cid, {"name": str(cid)}).setdefault("keypoints", own)
         top = max(labels, default=-1)
         names = self._tfds_names()
         if names and top < len(names) and not texts:
             texts = dict(enumerate(names))
             top = len(names) - 1
         classes = tuple(texts.get(i, str(i)) for i in range(top + 1))
-        categories = tuple({"id": c, "name": n, "supercategory": ""} for c, n in sorted(cats.items()))
+        categories = tuple({"id": c, "supercategory": "", **fields} for c, fields in sorted(cats.items()))
         if dropped:
             named = ", ".join(f"{k} ({n} record{'s' if n > 1 else ''})" for k, n in sorted(dropped.items()))
             self.warnings.append(f"features gpubatch does not carry over, left out of the output: {named}")
@@ -260,8 +270,16 @@ class TFRecordReader(Reader):
             n = len(xyxy)
             crowd = _ints(feats, "image/object/is_crowd") or [0] * n
             extra = tuple(box_extra) if box_extra and len(box_extra) == n else ()
-            boxes = Boxes(xyxy, _ints(feats, "image/object/class/label")[:n] or [0] * n, (h, w), crowd[:n], extra,
-                          self.keypoint_flip)
+            labels = _ints(feats, "image/object/class/label")[:n] or [0] * n
+            flips = self.keypoint_flip
+            if not any("keypoints" in e for e in extra) and _floats(feats, "image/object/keypoint/x").size:
+                try:
+                    extra, names = _object_keypoints(feats, n, h, w, extra)
+                except ValueError as e:
+                    raise self.record_error(key, origin, e) from None
+                cats = [{"id": int(c), "keypoints": k} for c, k in zip(labels, names)]
+                flips = {**keypoint_flips(cats), **flips}
+            boxes = Boxes(xyxy, labels, (h, w), crowd[:n], extra, flips)
         meta.pop("has_boxes", None)
         codec = sniff_image_codec(data) or (_bytes(feats, "image/format") or [b"unknown"])[0].decode().lower()
         return Record(key=key, data=data, codec=codec, label=label, boxes=boxes, meta=meta, origin=origin)
@@ -285,7 +303,8 @@ _READ_KEYS = frozenset(_LABEL_KEYS + _NAME_KEYS + (
     "image/format", "image/source_id", "image/height", "image/width", "image/class/text",
     "image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax", "image/object/bbox/ymax",
     "image/object/class/label", "image/object/class/text", "image/object/is_crowd", "image/object/area",
-    "gpubatch/meta", "image/key/sha256"))
+    "gpubatch/meta", "image/key/sha256", "image/object/keypoint/x", "image/object/keypoint/y",
+    "image/object/keypoint/visibility", "image/object/keypoint/num", "image/object/keypoint/text"))
 
 
 def _first_bytes(feats: Any, keys: tuple[str, ...]) -> bytes | None:
@@ -304,6 +323,38 @@ def _image_key(feats: Any) -> str | None:
 def _image_bytes(feats: Any) -> bytes | None:
     key = _image_key(feats)
     return None if key is None else _bytes(feats, key)[0]
+
+
+def _object_keypoints(feats: Any, n: int, h: int, w: int,
+                      extra: tuple) -> tuple[tuple[dict, ...], list[list[str]]]:
+    """The TF Object Detection API's ``image/object/keypoint/*`` features as COCO ``keypoints`` (pixels,
+    ``[x, y, v]`` per point) and ``num_keypoints`` in each box's extra fields, and each box's keypoint
+    names (from ``keypoint/text``; empty lists without it). A point without a visibility is labeled
+    (2) unless its coordinates are NaN, as the Object Detection API's decoder takes them."""
+    xs, ys = _floats(feats, "image/object/keypoint/x"), _floats(feats, "image/object/keypoint/y")
+    if not n or len(xs) != len(ys) or len(xs) % n:
+        raise ValueError(f"{len(xs)} keypoint x and {len(ys)} y values do not split evenly among {n} objects")
+    k = len(xs) // n
+    vis = _ints(feats, "image/object/keypoint/visibility")
+    if len(vis) != len(xs):
+        vis = [0 if np.isnan(x) or np.isnan(y) else 2 for x, y in zip(xs, ys)]
+    shown = _ints(feats, "image/object/keypoint/num")
+    text = [b.decode("utf-8", "replace") for b in _bytes(feats, "image/object/keypoint/text")]
+    out, names = [], []
+    for i in range(n):
+        e = dict(extra[i]) if extra else {}
+        names.append(text[i * k : (i + 1) * k] if len(text) == len(xs) else [])
+        if names[-1] and not any(names[-1]):  # no names: a box padded to the others' count (see the writer)
+            out.append(e)
+            continue
+        flat = []
+        for j in range(i * k, (i + 1) * k):
+            v = int(vis[j]) if vis[j] > 0 and not (np.isnan(xs[j]) or np.isnan(ys[j])) else 0
+            flat += [round(float(xs[j]) * w, 2), round(float(ys[j]) * h, 2), v] if v else [0, 0, 0]
+        e["keypoints"] = [int(v) if float(v).is_integer() else v for v in flat]
+        e["num_keypoints"] = int(shown[i]) if len(shown) == n else sum(1 for v in flat[2::3] if v)
+        out.append(e)
+    return tuple(out), names
 
 
 def _label(feats: Any) -> int | None:
@@ -329,6 +380,8 @@ class TFRecordWriter(ShardedWriter):
         self._writer = None
         self._index: list[str] = []
         self._cat_names = {int(c["id"]): str(c.get("name", "")) for c in info.categories}
+        self._kp_names = {int(c["id"]): [str(n) for n in c["keypoints"]] for c in info.categories
+                          if isinstance(c.get("keypoints"), list)}
 
     def _open_shard(self, index: int) -> Path:
         path = self.root / f"{self.options.name}-{index:05d}.partial"
@@ -381,7 +434,7 @@ class TFRecordWriter(ShardedWriter):
             nb = np.zeros((0, 4), np.float32)
         cats = [int(c) for c in (b.labels if b is not None else [])]
         fname = r.filename
-        return {
+        return {**self._keypoints(b), **{
             "image/encoded": (r.data, "byte"),
             "image/format": (r.codec.upper().encode() if r.codec == "jpeg" else r.codec.encode(), "byte"),
             "image/filename": (fname.encode(), "byte"),
@@ -402,7 +455,36 @@ class TFRecordWriter(ShardedWriter):
                 "float",
             ),
             "gpubatch/meta": (json.dumps(meta, sort_keys=True, default=str).encode(), "byte"),
+        }}
+
+    def _keypoints(self, b: Boxes | None) -> dict[str, tuple[Any, str]]:
+        """COCO keypoints as the TF Object Detection API's ``image/object/keypoint/*`` features, in every
+        record of a dataset whose categories name keypoints. Its decoder reshapes them per object, so
+        every box gets the same number: a box without keypoints gets unlabeled ones (``v = 0``), with
+        empty names in ``keypoint/text``. Boxes with different numbers of keypoints are left to
+        ``gpubatch/meta``."""
+        kps = [e.get("keypoints") for e in b.extra] if b is not None else []
+        kps = [k if isinstance(k, list) and k and len(k) % 3 == 0 else None for k in kps]
+        sizes = {len(k) for k in kps if k is not None}
+        if len(sizes) > 1 or not self._kp_names and not sizes:
+            return {}
+        pts = np.zeros((0, 0, 3))
+        if len(sizes) == 1:
+            (size,) = sizes
+            pts = np.asarray([k if k is not None else [0] * size for k in kps], np.float64).reshape(len(kps), -1, 3)
+        h, w = b.canvas if b is not None else (1, 1)
+        out = {
+            "image/object/keypoint/x": ((pts[..., 0] / max(w, 1)).ravel().tolist(), "float"),
+            "image/object/keypoint/y": ((pts[..., 1] / max(h, 1)).ravel().tolist(), "float"),
+            "image/object/keypoint/visibility": (pts[..., 2].astype(np.int64).ravel().tolist(), "int"),
+            "image/object/keypoint/num": ([int(np.count_nonzero(p[:, 2])) for p in pts], "int"),
         }
+        k = pts.shape[1]
+        names = [self._kp_names.get(int(c)) for c in b.labels] if len(pts) else []
+        names = [n if n is not None and len(n) == k else None for n in names]
+        if any(names):  # "" for each point of a box whose category names none: the reader leaves those out
+            out["image/object/keypoint/text"] = ([x.encode() for n in names for x in (n or [""] * k)], "byte")
+        return out
 
 
 @register_format

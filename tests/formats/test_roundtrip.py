@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+import struct
 
 import numpy as np
 import pytest
@@ -266,42 +268,123 @@ def test_coco_image_ids_shared_by_two_images_are_warned(coco, tmp_path):
     assert any("1 image id used by more than one image" in w for w in s.warnings), s.warnings
 
 
-def test_coco_keypoints_move_with_the_pixels_and_mirror_left_and_right(coco, tmp_path):
-    import json
+KPS = [190, 100, 2, 180, 90, 2, 300, 90, 1]  # nose, left eye, right eye (x, y, visibility)
 
+
+def _add_person(coco):
+    """One person with three keypoints on the first image of the sample COCO set: (height, width)."""
     ann_file = coco / "annotations" / "instances.json"
     doc = json.loads(ann_file.read_text())
     img = doc["images"][0]
-    h, w = img["height"], img["width"]
     doc["categories"].append({"id": 9, "name": "person", "supercategory": "person",
                               "keypoints": ["nose", "left_eye", "right_eye"], "skeleton": [[1, 2], [1, 3]]})
-    kps = [190, 100, 2, 180, 90, 2, 300, 90, 1]  # nose, left eye, right eye (x, y, visibility)
-    assert (h, w) == (312, 385)
     doc["annotations"].append({"id": 500, "image_id": img["id"], "category_id": 9, "bbox": [170, 80, 140, 30],
-                               "area": 1200.0, "iscrowd": 0, "segmentation": [], "keypoints": kps, "num_keypoints": 3})
+                               "area": 1200.0, "iscrowd": 0, "segmentation": [], "keypoints": KPS, "num_keypoints": 3})
     ann_file.write_text(json.dumps(doc))
+    return img["height"], img["width"]
 
-    def person(root):
-        out = json.loads((root / "annotations" / "instances.json").read_text())
-        (a,) = [a for a in out["annotations"] if a["category_id"] == 9]
-        return a
 
+def _person(root):
+    out = json.loads((root / "annotations" / "instances.json").read_text())
+    (a,) = [a for a in out["annotations"] if a["category_id"] == 9]
+    return a
+
+
+def test_coco_keypoints_move_with_the_pixels_and_mirror_left_and_right(coco, tmp_path):
+    h, w = _add_person(coco)
+    assert (h, w) == (312, 385)
     augment(coco, tmp_path / "flip", ops="flip(p=1)", device="cpu")
-    a = person(tmp_path / "flip")
+    a = _person(tmp_path / "flip")
     # mirrored: x -> w - x, and the left eye's slot now holds what was the right eye
     mirrored = [w - 190, 100, 2, w - 300, 90, 1, w - 180, 90, 2]
     assert a["keypoints"] == mirrored and a["num_keypoints"] == 3
     convert(coco, tmp_path / "half", to="coco", resize=(h // 2, w // 2), device="cpu")
-    a = person(tmp_path / "half")
+    a = _person(tmp_path / "half")
     sx, sy = (w // 2) / w, (h // 2) / h
     np.testing.assert_allclose(a["keypoints"], [190 * sx, 100 * sy, 2, 180 * sx, 90 * sy, 2, 300 * sx, 90 * sy, 1],
                                atol=0.01)
     # a crop that leaves the right eye outside: it becomes unlabeled, and is no longer counted
     augment(coco, tmp_path / "crop", ops="center_crop(size=200)", device="cpu")  # columns 92-292, rows 56-256
-    a = person(tmp_path / "crop")
+    a = _person(tmp_path / "crop")
     np.testing.assert_allclose(a["keypoints"][:6], [190 - 92, 100 - 56, 2, 180 - 92, 90 - 56, 2], atol=0.51)
     assert a["keypoints"][6:] == [0, 0, 0] and a["num_keypoints"] == 2
     # through WebDataset (categories in its manifest) the mirror still swaps them
     convert(coco, tmp_path / "wds", to="webdataset")
     augment(tmp_path / "wds", tmp_path / "wflip", ops="flip(p=1)", device="cpu", to="coco")
-    assert person(tmp_path / "wflip")["keypoints"] == mirrored
+    assert _person(tmp_path / "wflip")["keypoints"] == mirrored
+
+
+def test_tfrecord_keypoints_of_the_object_detection_api_are_read_and_written(coco, tmp_path):
+    from tfrecord.reader import tfrecord_loader
+
+    h, w = _add_person(coco)
+    mirrored = [w - 190, 100, 2, w - 300, 90, 1, w - 180, 90, 2]
+    convert(coco, tmp_path / "tfr", to="tfrecord")
+    (shard,) = (tmp_path / "tfr").glob("*.tfrecord")
+    feats = {"image/object/keypoint/x": "float", "image/object/keypoint/y": "float",
+             "image/object/keypoint/visibility": "int", "image/object/keypoint/num": "int",
+             "image/object/keypoint/text": "byte", "image/object/class/label": "int"}
+    first = next(iter(tfrecord_loader(str(shard), None, feats)))
+    person = list(first["image/object/class/label"]).index(9)
+    n = len(first["image/object/class/label"])
+    # the Object Detection API's layout: normalized, three a box, unlabeled ones for boxes without keypoints
+    np.testing.assert_allclose(first["image/object/keypoint/x"][3 * person : 3 * person + 3],
+                               [190 / w, 180 / w, 300 / w], rtol=1e-6)
+    np.testing.assert_allclose(first["image/object/keypoint/y"][3 * person : 3 * person + 3],
+                               [100 / h, 90 / h, 90 / h], rtol=1e-6)
+    assert list(first["image/object/keypoint/visibility"]) == [0, 0, 0] * person + [2, 2, 1] + [0, 0, 0] * (
+        n - person - 1)
+    assert list(first["image/object/keypoint/num"]) == [3 if i == person else 0 for i in range(n)]
+    names = [b"nose", b"left_eye", b"right_eye"]
+    assert [bytes(t) for t in first["image/object/keypoint/text"]] == [b""] * 3 * person + names + [b""] * 3 * (
+        n - person - 1)
+    # read back through those features alone (no manifest, no gpubatch/meta): the padded boxes get none
+    from tfrecord import example_pb2
+    from tfrecord.writer import TFRecordWriter
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    with open(bare / "x.tfrecord", "wb") as f:
+        for off, size in (map(int, ln.split()) for ln in shard.with_suffix(".idx").read_text().splitlines()):
+            ex = example_pb2.Example.FromString(shard.read_bytes()[off + 12 : off + size - 4])
+            del ex.features.feature["gpubatch/meta"]
+            data = ex.SerializeToString()
+            head = struct.pack("<Q", len(data))
+            f.write(head + TFRecordWriter.masked_crc(head) + data + TFRecordWriter.masked_crc(data))
+    with open_dataset(bare) as r:
+        rec = next(iter(r))
+    assert [e.get("keypoints") for e in rec.boxes.extra] == [None] * person + [KPS] + [None] * (n - person - 1)
+
+    # such shards without gpubatch's manifest and metadata, as the Object Detection API's tools write them
+    ext = tmp_path / "ext"
+    ext.mkdir()
+    with open_dataset(tmp_path / "tfr") as r:
+        records = list(r)
+    writer = TFRecordWriter(str(ext / "coco_train.record-00000-of-00001"))
+    for rec in records:
+        b = rec.boxes
+        nb = b.normalized()
+        person = [i for i, c in enumerate(b.labels) if c == 9]
+        pts = [[*(np.array(KPS[0::3]) / w), *(np.array(KPS[1::3]) / h)]] if person else []
+        writer.write({
+            "image/encoded": (rec.data, "byte"), "image/height": (b.canvas[0], "int"), "image/width": (b.canvas[1], "int"),
+            "image/object/bbox/xmin": (nb[person, 0].tolist(), "float"), "image/object/bbox/ymin": (nb[person, 1].tolist(), "float"),
+            "image/object/bbox/xmax": (nb[person, 2].tolist(), "float"), "image/object/bbox/ymax": (nb[person, 3].tolist(), "float"),
+            "image/object/class/label": ([9] * len(person), "int"), "image/object/class/text": ([b"person"] * len(person), "byte"),
+            "image/object/keypoint/x": (pts[0][:3] if pts else [], "float"),
+            "image/object/keypoint/y": (pts[0][3:] if pts else [], "float"),
+            "image/object/keypoint/visibility": (KPS[2::3] if pts else [], "int"),
+            "image/object/keypoint/num": ([3] if pts else [], "int"),
+            "image/object/keypoint/text": ([b"nose", b"left_eye", b"right_eye"] if pts else [], "byte"),
+        })
+    writer.close()
+    with open_dataset(ext) as r:
+        info = r.info()
+        assert not r.warnings, r.warnings
+    assert [c for c in info.categories if c["id"] == 9][0]["keypoints"] == ["nose", "left_eye", "right_eye"]
+    augment(ext, tmp_path / "flip", ops="flip(p=1)", device="cpu", to="coco")
+    a = _person(tmp_path / "flip")
+    np.testing.assert_allclose(a["keypoints"], mirrored, atol=0.01)  # mirrored, and left and right swapped
+    assert a["num_keypoints"] == 3
+    out = json.loads((tmp_path / "flip" / "annotations" / "instances.json").read_text())
+    assert [c for c in out["categories"] if c["id"] == 9][0]["keypoints"] == ["nose", "left_eye", "right_eye"]
