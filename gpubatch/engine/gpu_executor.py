@@ -482,8 +482,11 @@ class ImagePipeline:
     >>> tensor = torch.from_dlpack(batch)            # zero-copy
 
     On the GPU the decoders are warmed up when the pipeline is made (``warm_up``: a batch of that
-    many tiny JPEGs, about 1.1 s; 0 skips it), so the first batch does not pay their first call
-    (1.2-1.7 s) and no later batch stalls while their buffers grow (benchmarks/startup_study.py).
+    many tiny JPEGs through each; 0 skips it), so the first batch does not pay their first calls and
+    the kinds the hardware engine takes are settled before any real batch is routed. On an H100 the
+    warm-up added 0.2-0.4 s to making the pipeline (2.63-2.75 s against 2.36-2.43) and took the first
+    batch of 256 from 0.18-0.22 s to 0.05-0.06 s (``benchmarks/startup_study.py --warm
+    pipe0,pipe256``; benchmarks/RESULTS.md, twenty-ninth session).
 
     ``decoder_options`` are extra nvImageCodec decoder options (space-separated, as nvImageCodec
     takes them), for tuning studies.

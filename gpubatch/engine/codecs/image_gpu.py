@@ -885,8 +885,10 @@ class GpuImageDecoder:
         seconds.
 
         A cold decoder's first call took 1.2-1.7 s, and a later batch whose kinds outgrew what the
-        hardware decoder had met cost another 0.3-0.4 s once. After this warm-up (about 1.1 s) the first
-        real batch took 0.03 s and no later batch stalled (benchmarks/startup_study.py, H200). It also
+        hardware decoder had met cost another 0.3-0.4 s once. After this warm-up the first real batch
+        took 0.03 s and no later batch stalled (benchmarks/startup_study.py, H200). Made through
+        ``ImagePipeline`` on an H100, the warm-up took 0.2-0.4 s, and the first batch 0.05-0.06 s
+        against 0.18-0.22 without it (twenty-ninth session). It also
         settles which kinds the hardware engine takes, so the routing of real batches (and with it
         their output bytes) does not depend on how far the hardware thread has got. With ``regions``
         the hardware engine's direct path also makes a region call on each instance."""
