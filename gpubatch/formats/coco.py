@@ -44,19 +44,30 @@ def _is_coco_json(path: Path) -> bool:
     return head.lstrip().startswith(b"{") and (b'"images"' in head or b'"annotations"' in head)
 
 
-def find_annotations(path: Path) -> Path | None:
+def annotation_files(path: Path) -> list[Path]:
+    """The COCO JSONs a dataset path names: the file itself, or those under ``annotations/`` and at
+    the folder's root. Where some are ``instances*`` files, only those (COCO 2017's folder also holds
+    ``captions_*`` and ``person_keypoints_*``)."""
     path = Path(path)
     if path.is_file():
-        return path if path.suffix == ".json" and _is_coco_json(path) else None
+        return [path] if path.suffix == ".json" and _is_coco_json(path) else []
     if not path.is_dir():
-        return None
+        return []
     candidates = sorted((path / "annotations").glob("*.json")) if (path / "annotations").is_dir() else []
     candidates += sorted(p for p in path.glob("*.json") if p.name != "gpubatch.json")
-    instances = [p for p in candidates if p.name.startswith("instances")]
-    for p in instances + candidates:
-        if _is_coco_json(p):
-            return p
-    return None
+    found = [p for p in candidates if _is_coco_json(p)]
+    return [p for p in found if p.name.startswith("instances")] or found
+
+
+def find_annotations(path: Path) -> Path | None:
+    """The one COCO JSON of a dataset path; None where there is none. Several: a FormatError that
+    names them, as reading one of them would leave the others' images out without a word."""
+    found = annotation_files(path)
+    if len(found) > 1:
+        names = ", ".join(str(p.relative_to(path)) for p in found[:4]) + (", ..." if len(found) > 4 else "")
+        raise FormatError(f"{path} holds {len(found)} COCO annotation files ({names}): pass the one to read as "
+                          f"SRC, e.g. {found[0]}")
+    return found[0] if found else None
 
 
 def _number(value: Any) -> float | None:
@@ -84,7 +95,8 @@ def _count(n: int, noun: str) -> str:
 def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list[str]]:
     """A COCO document's usable annotations by image id, and one warning per kind of fault found.
 
-    Dropped: annotations that are not objects or have a ``bbox`` other than four finite numbers, a
+    Dropped: annotations with neither ``bbox`` nor ``category_id`` (captions), and those that are not
+    objects or have a ``bbox`` other than four finite numbers, a
     ``category_id`` or ``iscrowd`` that is not a whole number, or a negative width or height (torchvision's
     detection models refuse such boxes; a zero size is kept, as COCO itself has some). Kept but counted:
     annotations of an image id no image has (they cannot be written anywhere), category ids missing from
@@ -97,7 +109,7 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
         image_ids[key] = image_ids.get(key, 0) + 1
     cats = doc.get("categories")
     known = {_id_key(c.get("id")) for c in cats if isinstance(c, dict)} if isinstance(cats, list) else set()
-    malformed, negative, orphans, unknown = [], [], [], {}
+    malformed, negative, orphans, unknown, boxless = [], [], [], {}, []
     anns: dict[Any, list[dict]] = {}
     raw = doc.get("annotations")
     for i, a in enumerate(raw if isinstance(raw, list) else []):
@@ -105,6 +117,9 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
             malformed.append(f"#{i}")
             continue
         aid = a.get("id", f"#{i}")
+        if "bbox" not in a and "category_id" not in a:
+            boxless.append(aid)
+            continue
         bbox = a.get("bbox")
         box = [_number(v) for v in bbox] if isinstance(bbox, list) and len(bbox) == 4 else [None]
         cat, crowd = _number(a.get("category_id")), _number(a.get("iscrowd", 0))
@@ -122,6 +137,10 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
             unknown[int(cat)] = unknown.get(int(cat), 0) + 1
         anns.setdefault(image_id, []).append(a)
     warnings = []
+    if boxless:
+        warnings.append(f"{name}: {_count(len(boxless), 'annotation')} with neither bbox nor category_id left out: "
+                        f"not object annotations (COCO's captions?); gpubatch reads instance and keypoint files "
+                        f"({_ids(boxless)})")
     if malformed:
         warnings.append(f"{name}: {_count(len(malformed), 'annotation')} dropped: bbox not four numbers, or category_id / "
                         f"iscrowd not a whole number ({_ids(malformed)})")
@@ -327,7 +346,7 @@ class CocoFormat(Format):
 
     @classmethod
     def detect(cls, path: Path) -> bool:
-        return find_annotations(Path(path)) is not None
+        return bool(annotation_files(Path(path)))
 
     @classmethod
     def reader(cls, path: Path) -> Reader:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import struct
@@ -288,6 +289,41 @@ def _person(root):
     out = json.loads((root / "annotations" / "instances.json").read_text())
     (a,) = [a for a in out["annotations"] if a["category_id"] == 9]
     return a
+
+
+def test_coco_2017_layout_with_one_file_per_split_asks_which_to_read(coco, tmp_path):
+    from gpubatch.errors import GpubatchError
+    from gpubatch.report.info import describe
+
+    # COCO 2017's layout: annotations/{instances,captions}_{train,val}2017.json, images in train2017/, val2017/
+    root = tmp_path / "coco2017"
+    (root / "annotations").mkdir(parents=True)
+    doc = json.loads((coco / "annotations" / "instances.json").read_text())
+    images = sorted(doc["images"], key=lambda im: im["id"])
+    for split, part in (("train2017", images[:8]), ("val2017", images[8:])):
+        (root / split).mkdir()
+        for im in part:
+            (root / split / im["file_name"]).write_bytes((coco / "images" / im["file_name"]).read_bytes())
+        ids = {im["id"] for im in part}
+        (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(
+            dict(doc, images=part, annotations=[a for a in doc["annotations"] if a["image_id"] in ids])))
+        (root / "annotations" / f"captions_{split}.json").write_text(json.dumps(
+            {"images": part, "annotations": [{"id": i, "image_id": im["id"], "caption": "a photo"}
+                                             for i, im in enumerate(part)]}))
+    assert detect(root).name == "coco"
+    for run in (lambda: convert(root, tmp_path / "out", to="coco"), lambda: describe(root)):
+        with pytest.raises(GpubatchError, match=r"holds 2 COCO annotation files \(annotations/instances_train2017.json, "
+                                                r"annotations/instances_val2017.json\): pass the one to read as SRC"):
+            run()
+    assert not (tmp_path / "out").exists()
+    s = convert(root / "annotations" / "instances_val2017.json", tmp_path / "val", to="coco")
+    assert s.records_out == 4 and not s.warnings
+    want = {hashlib.sha256((coco / "images" / im["file_name"]).read_bytes()).hexdigest() for im in images[8:]}
+    assert {sha for _, sha in content(tmp_path / "val")} == want  # the val2017 images, found beside the file
+    # a captions file read as a detection set says what it is, rather than calling its annotations malformed
+    report = describe(root / "annotations" / "captions_val2017.json")
+    assert report.records == 4
+    assert len(report.warnings) == 1 and "4 annotations with neither bbox nor category_id" in report.warnings[0]
 
 
 def test_coco_keypoints_move_with_the_pixels_and_mirror_left_and_right(coco, tmp_path):
