@@ -60,6 +60,31 @@ def _walk_images(root: Path) -> list[str]:
     return sorted(out)
 
 
+# Detection layouts whose images sit in a folder beside their boxes' folder: (images, boxes, box suffix, name)
+_DETECTION_LAYOUTS = (("JPEGImages", "Annotations", ".xml", "Pascal VOC"), ("images", "labels", ".txt", "YOLO"))
+
+
+def _detection_layout(root: Path, folders: set[str]) -> str | None:
+    """Why ``root`` is not an image folder, where its images lie in a Pascal VOC ``JPEGImages/`` beside
+    ``Annotations/*.xml`` or a YOLO ``images/`` beside ``labels/*.txt``: read as class folders, those
+    sets would lose every box and take ``JPEGImages`` or ``images`` for a class. None otherwise.
+    ``folders`` are the image files' folders, relative to ``root``."""
+    for rel in sorted(folders):
+        parts = rel.split("/")
+        for i, part in enumerate(parts):
+            for images, boxes, suffix, name in _DETECTION_LAYOUTS:
+                if part != images:
+                    continue
+                beside = root.joinpath(*parts[:i], boxes)
+                if beside.is_dir() and any(p.suffix == suffix for p in beside.rglob(f"*{suffix}")):
+                    found = "/".join(parts[: i + 1])
+                    return (f"{root} is laid out as {name} ({found}/ beside {beside.relative_to(root)}/*{suffix}): "
+                            "gpubatch reads boxes from COCO, TFRecord, RecordIO and WebDataset, not from "
+                            f"{name} files, and as class folders this set would lose its boxes; convert it to "
+                            f"COCO first, or pass {root.joinpath(*parts)} to take those images alone")
+    return None
+
+
 def _strip_ext(rel: str) -> str:
     return rel.rsplit(".", 1)[0] if "." in rel.rsplit("/", 1)[-1] else rel
 
@@ -111,6 +136,11 @@ class FolderReader(Reader):
         )
         per_class = {d: _walk_images(self.path / d) for d in subdirs}
         classes = [d for d in subdirs if per_class[d]]
+        layout = _detection_layout(self.path, {f"{c}/{f}".rsplit("/", 1)[0] for c in classes for f in per_class[c]})
+        if layout:
+            from ..errors import FormatError
+
+            raise FormatError(layout)
         if classes:
             self._classes = tuple(classes)
             return [(f"{c}/{f}", i) for i, c in enumerate(classes) for f in per_class[c]]

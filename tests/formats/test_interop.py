@@ -419,3 +419,36 @@ def test_tfrecord_features_gpubatch_does_not_carry_are_named_in_a_warning(imagen
     with open_dataset(tmp_path / "back") as r:
         r.info()
         assert not r.warnings
+
+
+def test_pascal_voc_and_yolo_layouts_are_refused_not_read_as_class_folders(imagenet, tmp_path):
+    from gpubatch.errors import GpubatchError
+
+    jpegs = sorted(imagenet.rglob("*.jpg"))[:3]
+    voc = tmp_path / "VOCdevkit" / "VOC2012"
+    yolo = tmp_path / "yolo"
+    for images, boxes, suffix in ((voc / "JPEGImages", voc / "Annotations", ".xml"),
+                                  (yolo / "images" / "train", yolo / "labels" / "train", ".txt")):
+        images.mkdir(parents=True)
+        boxes.mkdir(parents=True)
+        for i, jpg in enumerate(jpegs):
+            shutil.copy(jpg, images / f"{i:06d}.jpg")
+            (boxes / f"{i:06d}{suffix}").write_text("0 0.5 0.5 0.2 0.2\n" if suffix == ".txt" else "<annotation/>")
+    (voc / "SegmentationClass").mkdir()
+    shutil.copy(jpegs[0], voc / "SegmentationClass" / "000000.png")
+    for src, name, take in ((tmp_path / "VOCdevkit", "Pascal VOC", voc / "JPEGImages"), (voc, "Pascal VOC", voc / "JPEGImages"),
+                            (yolo, "YOLO", yolo / "images" / "train")):
+        with pytest.raises(GpubatchError, match=f"laid out as {name} .*pass {take} to take those images alone"):
+            convert(src, tmp_path / "out", to="coco")
+        with pytest.raises(GpubatchError, match=f"laid out as {name}"):
+            describe(src)
+        assert not (tmp_path / "out").exists()
+        assert convert(take, tmp_path / "images", to="webdataset", overwrite=True).records_out == 3
+    # class folders that merely share those names are still class folders
+    plain = tmp_path / "plain"
+    for cls in ("images", "labels"):
+        (plain / cls).mkdir(parents=True)
+        for jpg in jpegs:
+            shutil.copy(jpg, plain / cls / jpg.name)
+    with open_dataset(plain) as r:
+        assert r.info().classes == ("images", "labels") and len(r) == 6
