@@ -6,7 +6,9 @@ place only when complete, so an interrupted or failed run never leaves something
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -38,6 +40,41 @@ def safe_relpath(name: str) -> str:
 def safe_join(root: Path, name: str) -> Path:
     """``root / name`` after :func:`safe_relpath` validation."""
     return Path(root) / safe_relpath(name)
+
+
+# A glob (``train-*.tar``) or WebDataset's brace form (``train-{000000..000099}.tar``, ``{a,b}``)
+_PATTERN = re.compile(r"[*?\[]|\{[^{}]*(?:,|\.\.)[^{}]*\}")
+
+
+def source_files(path: Path) -> list[Path] | None:
+    """The files a source pattern names (a glob, or WebDataset's brace form), sorted; None where
+    ``path`` exists as it is, or holds no pattern."""
+    path = Path(path)
+    if path.exists() or not _PATTERN.search(str(path)):
+        return None
+    from braceexpand import braceexpand
+
+    found = {Path(p) for one in braceexpand(str(path)) for p in glob.glob(one) if os.path.isfile(p)}
+    return sorted(found)
+
+
+def require_source(path: Path) -> None:
+    """A one-line error where the source neither exists nor is a pattern that names some file."""
+    matched = source_files(path)
+    if matched is None and not Path(path).exists():
+        raise UsageError(f"source {path} does not exist")
+    if matched == []:
+        raise UsageError(f"no file matches the source pattern {path}")
+
+
+def source_root(path: Path) -> Path:
+    """The folder a source lies in: the folder itself, a file's folder, or the folder holding a
+    pattern's files."""
+    path = Path(path)
+    matched = source_files(path)
+    if matched:
+        return Path(os.path.commonpath([str(p.parent) for p in matched]))
+    return path.parent if path.is_file() else path
 
 
 def is_within(path: Path, root: Path) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ._paths import check_output, staged_output
+from ._paths import check_output, require_source, source_root, staged_output
 from .engine.device import Device, DeviceKind, resolve
 from .engine.registry import DEVICE, HOST
 from .errors import ErrorPolicy, ErrorRouter, GpubatchError, RunStats, UsageError
@@ -179,8 +179,7 @@ def convert(
 
     fmt = get_format(req.to)
     src_path, dst_path = Path(req.src), Path(req.dst)
-    if not src_path.exists():
-        raise UsageError(f"source {src_path} does not exist")
+    require_source(src_path)
     if req.shard_size < 1:
         raise UsageError(f"--shard-size must be >= 1, got {req.shard_size}")
     if req.layout not in ("imagenet", "flat"):
@@ -190,7 +189,7 @@ def convert(
         raise UsageError(f"unknown --on-error {req.on_error!r}; supported: skip, fail")
     plan = make_plan(req.resize_shorter, req.center_crop, req.resize, req.image_format, req.quality, req.max_pixels)
     _check_output_options(req)
-    check_output(src_path, dst_path, req.overwrite)
+    check_output(source_root(src_path), dst_path, req.overwrite)
     if plan.touches_pixels or req.device == "gpu":
         device = resolve(req.device, req.gpu)
     else:
@@ -378,8 +377,7 @@ def augment(
     policy = ErrorPolicy(req.on_error) if req.on_error in ("skip", "fail") else None
     if policy is None:
         raise UsageError(f"unknown --on-error {req.on_error!r}; supported: skip, fail")
-    if not src_path.exists():
-        raise UsageError(f"source {src_path} does not exist")
+    require_source(src_path)
     to = req.to
     if to is None:
         from .formats import detect
@@ -391,7 +389,7 @@ def augment(
                 min_box_visibility=req.min_box_visibility, seed=req.seed, copies=req.copies,
                 keep_original=req.keep_original)
     _check_output_options(req)
-    check_output(src_path, dst_path, req.overwrite)
+    check_output(source_root(src_path), dst_path, req.overwrite)
     device = resolve(req.device, req.gpu)
     plan.validate(DEVICE if device.is_gpu else HOST)
     if on_device:

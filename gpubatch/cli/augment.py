@@ -79,7 +79,8 @@ def augment(src: Path, dst: Path, as_json: bool, quiet: bool, **opts) -> None:
     The chain comes from --preset, --ops or --pipeline and is checked before any data is read. Every
     variant draws its parameters from (--seed, its key), so a run is reproducible and each output can
     be regenerated; DST holds augment-params.jsonl with the parameters drawn per record. Boxes and
-    polygons (COCO, TFRecord) move with the pixels. DST appears only when the run completes.
+    polygons (COCO, TFRecord) move with the pixels. DST appears only when the run completes. SRC may
+    be a quoted pattern of shards ('shards/train-*.tar').
     """
     from ..api import AugmentRequest
     from ..api import augment as run

@@ -32,7 +32,7 @@ def convert(src: Path, dst: Path, to: str, as_json: bool, quiet: bool, **opts) -
     Without pixel options the encoded bytes pass through untouched. With --resize-shorter,
     --center-crop, --quality or --image-format the images are decoded, transformed and re-encoded
     (on the GPU when --device resolves to one). DST appears only when the run completes; SRC is never
-    modified.
+    modified. SRC may be a quoted pattern of shards ('shards/train-*.tar', 'train-{000..009}.tar').
     """
     from ..api import ConvertRequest
     from ..api import convert as run

@@ -17,7 +17,10 @@ from .options import FORMAT_NAMES
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader threads.")
 def info(path: Path, from_format: str | None, as_json: bool, workers: int | None) -> None:
-    """Show what the dataset at PATH holds: format, records, classes, image sizes (from headers), bytes."""
+    """Show what the dataset at PATH holds: format, records, classes, image sizes (from headers), bytes.
+
+    PATH may be a quoted pattern of shards ('shards/train-*.tar').
+    """
     from ..api import info as describe
     from ..report.info import render
     from ..report.progress import progress_bar

@@ -9,6 +9,7 @@ import importlib
 import os
 from pathlib import Path
 
+from .._paths import require_source, source_files
 from ..errors import FormatError, UsageError
 from ..types import other_media_message
 from .base import Format, Reader, WriteOptions, Writer
@@ -62,10 +63,17 @@ def detect(path: Path) -> type[Format]:
     """Recognize the format of the dataset at ``path`` (its manifest first, then each format's check)."""
     _load()
     path = Path(path)
-    if not path.exists():
-        raise UsageError(f"source {path} does not exist")
+    require_source(path)
     from .manifest import read_manifest
 
+    matched = source_files(path)
+    if matched:  # a pattern of shards: told by its first file
+        fmt = next((f for f in sorted(FORMATS.values(), key=lambda f: f.detect_priority)
+                    if f.sharded and f.detect(matched[0])), None)
+        if fmt is None:
+            raise FormatError(f"{matched[0]}, the first file {path} names, is no webdataset, tfrecord or recordio "
+                              "shard: a source pattern picks shards of those formats")
+        return fmt
     manifest = read_manifest(path)
     if manifest and manifest.get("format") in FORMATS:
         return FORMATS[manifest["format"]]
@@ -83,9 +91,11 @@ def detect(path: Path) -> type[Format]:
 def open_reader(path: Path, fmt: str | None = None) -> Reader:
     """A reader for the dataset at ``path``, its format detected unless ``fmt`` names it."""
     path = Path(path)
-    if not path.exists():
-        raise UsageError(f"source {path} does not exist")
+    require_source(path)
     cls = get_format(fmt) if fmt else detect(path)
+    if source_files(path) and not cls.sharded:
+        raise UsageError(f"a source pattern picks shards of webdataset, tfrecord or recordio; {cls.name} takes "
+                         "its folder (or file) itself")
     reader = cls.reader(path)
     reader.format_name = cls.name
     return reader

@@ -8,6 +8,7 @@ reads one entry at a time into a :class:`~gpubatch.types.Record`. That split giv
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,42 @@ _COMPRESSION_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00"
 def compression(head: bytes) -> str | None:
     """The compressor whose magic ``head`` (a file's first bytes, 6 or more) starts with, or None."""
     return next((name for magic, name in _COMPRESSION_MAGIC if head.startswith(magic)), None)
+
+
+# Words that name a dataset's split in shard names (``train-000000.tar``, TFDS's ``NAME-validation.tfrecord-*``,
+# im2rec's ``NAME_val.rec``): shard sets that differ by one are splits, not parts of one dataset.
+_SPLIT_WORDS = frozenset({"train", "training", "val", "valid", "validation", "test", "testing", "dev", "eval",
+                          "evaluation", "holdout", "minival"})
+_SHARD_SUFFIXES = (".tar", ".tfrecord", ".tfrecords", ".tfrec", ".rec", ".gz")
+_SHARD_TAIL = re.compile(r"[-_.]?\d+(?:-of-\d+)?$")
+
+
+def shard_set(name: str) -> tuple[str, str]:
+    """(the set a shard file belongs to, its suffix): ``train-000001.tar`` -> (``train``, ``.tar``),
+    ``imagenet2012-validation.tfrecord-00003-of-00064`` -> (``imagenet2012-validation``, ````)."""
+    suffix = next((x for x in _SHARD_SUFFIXES if name.endswith(x)), "")
+    base, before = name, None
+    while base != before:
+        before = base
+        base = _SHARD_TAIL.sub("", base.removesuffix(next((x for x in _SHARD_SUFFIXES if base.endswith(x)), "")))
+    return base, suffix
+
+
+def check_one_split(files: Sequence[Path], where: Path) -> None:
+    """Refuse a folder whose shards are the sets of several splits (``train-*`` beside ``val-*``):
+    read together they would merge the splits without a word. A pattern picks one set."""
+    sets: dict[str, list[Path]] = {}
+    for f in files:
+        sets.setdefault(shard_set(f.name)[0], []).append(f)
+    if len(sets) < 2 or not any(_SPLIT_WORDS & set(re.split(r"[^a-z]+", s.lower())) for s in sets):
+        return
+    from ..errors import FormatError
+
+    named = ", ".join(f"{s or '(unnamed)'} ({len(v)} shard{'s' if len(v) > 1 else ''})" for s, v in sorted(sets.items()))
+    first, shards = next(iter(sorted(sets.items())))
+    example = Path(where) / f"{first}*{shard_set(shards[0].name)[1]}"
+    raise FormatError(f"{where} holds the shards of {len(sets)} splits ({named}), which gpubatch does not merge: "
+                      f"pass one set as a quoted pattern, e.g. '{example}'")
 
 
 @dataclass(frozen=True)
@@ -124,6 +161,7 @@ class Format(abc.ABC):
     carries_boxes: ClassVar[bool] = False
     carries_label_arrays: ClassVar[bool] = False  # RecordIO's multi-label arrays (kept in meta by some)
     detect_priority: ClassVar[int] = 50  # lower is tried first
+    sharded: ClassVar[bool] = False  # read from shard files, so a source pattern may pick some of them
 
     @classmethod
     @abc.abstractmethod

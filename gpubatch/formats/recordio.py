@@ -23,10 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .._paths import source_files, source_root
 from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
 from . import register_format
-from .base import Format, Reader, ShardedWriter, WriteOptions, Writer
+from .base import Format, Reader, ShardedWriter, WriteOptions, Writer, check_one_split
 from .folder import label_names
 from .manifest import read_manifest
 
@@ -86,13 +87,15 @@ def pack_payload(record: Record, index: int) -> bytes:
 class RecordIOReader(Reader):
     def __init__(self, path: Path):
         path = Path(path)
-        if path.is_file():
+        matched = source_files(path)
+        if matched is not None:  # a pattern: its .rec files
+            self.recs = [p for p in matched if p.suffix == ".rec"]
+        elif path.is_file():
             self.recs = [path]
-            root = path.parent
         else:
             self.recs = sorted(p for p in path.glob("*.rec") if p.is_file())
-            root = path
-        super().__init__(root)
+            check_one_split(self.recs, path)
+        super().__init__(source_root(path))
         if not self.recs:
             raise FormatError(f"no .rec files in {path}")
         self._fds: dict[int, int] = {}
@@ -266,6 +269,7 @@ class RecordIOFormat(Format):
     carries_boxes = True
     carries_label_arrays = True
     detect_priority = 30
+    sharded = True
 
     @classmethod
     def detect(cls, path: Path) -> bool:

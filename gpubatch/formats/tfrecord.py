@@ -33,10 +33,20 @@ from typing import Any
 
 import numpy as np
 
+from .._paths import source_files, source_root
 from ..errors import DependencyError, FormatError
 from ..types import Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
 from . import register_format
-from .base import Format, Reader, ShardedWriter, WriteOptions, Writer, compression, shard_names
+from .base import (
+    Format,
+    Reader,
+    ShardedWriter,
+    WriteOptions,
+    Writer,
+    check_one_split,
+    compression,
+    shard_names,
+)
 from .manifest import read_manifest
 
 _SHARD = re.compile(r".*-\d{5}-of-\d{5}$")
@@ -80,11 +90,19 @@ def _looks_like_tfrecord(path: Path) -> bool:
     return len(head) == 12 and _masked_crc(head[:8]) == head[8:12]
 
 
-def shard_files(path: Path) -> list[Path]:
+def shard_files(path: Path, one_split: bool = True) -> list[Path]:
+    """The shards a source names: a file, a pattern's shard-named files, or a folder's (refused where
+    they are several splits' and ``one_split``: :func:`~gpubatch.formats.base.check_one_split`)."""
     path = Path(path)
+    matched = source_files(path)
+    if matched is not None:
+        return [p for p in matched if _is_shard_name(p.name)]
     if path.is_file():
         return [path]
-    return sorted(p for p in path.iterdir() if p.is_file() and _is_shard_name(p.name))
+    shards = sorted(p for p in path.iterdir() if p.is_file() and _is_shard_name(p.name))
+    if one_split:
+        check_one_split(shards, path)
+    return shards
 
 
 def _index_of(shard: Path) -> Path:
@@ -103,10 +121,10 @@ def _refuse_compressed(shard: Path) -> None:
 
 class TFRecordReader(Reader):
     def __init__(self, path: Path):
-        super().__init__(path)
-        self.shards = shard_files(self.path)
+        super().__init__(source_root(path) if source_files(path) else path)
+        self.shards = shard_files(path)
         if not self.shards:
-            raise FormatError(f"no .tfrecord shards in {self.path}")
+            raise FormatError(f"no .tfrecord shards in {path}")
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
         self.manifest = read_manifest(self.path) or {}
@@ -494,6 +512,7 @@ class TFRecordFormat(Format):
     carries_boxes = True
     carries_label_arrays = True  # in the record's metadata
     detect_priority = 20
+    sharded = True
 
     @classmethod
     def detect(cls, path: Path) -> bool:
@@ -501,7 +520,7 @@ class TFRecordFormat(Format):
         if path.is_file():
             return path.name.endswith(_SUFFIXES) or _looks_like_tfrecord(path)
         try:
-            shards = shard_files(path)
+            shards = shard_files(path, one_split=False)
         except OSError:
             return False
         return bool(shards) and _looks_like_tfrecord(shards[0])

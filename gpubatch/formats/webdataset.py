@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._paths import safe_relpath
+from .._paths import safe_relpath, source_files, source_root
 from ..errors import FormatError
 from ..types import IMAGE_EXTENSIONS, Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
 from . import register_format
-from .base import Format, Reader, ShardedWriter, WriteOptions, Writer, compression
+from .base import Format, Reader, ShardedWriter, WriteOptions, Writer, check_one_split, compression
 from .folder import label_names
 from .manifest import read_manifest
 
@@ -65,9 +65,16 @@ def refuse_compressed(shard: Path, head: bytes | None = None) -> None:
 class WebDatasetReader(Reader):
     def __init__(self, path: Path):
         path = Path(path)
-        self.tars = [path] if path.is_file() else sorted(p for p in path.glob("*.tar") if p.is_file())
-        super().__init__(path.parent if path.is_file() else path)
-        compressed = compressed_shards(path) if path.is_dir() or path.suffix != ".tar" else []
+        matched = source_files(path)
+        if matched is not None:  # a pattern: its .tar files
+            self.tars = [p for p in matched if p.name.endswith(".tar")]
+            compressed = [p for p in matched if p.name.lower().endswith(_COMPRESSED_SUFFIXES)]
+        else:
+            self.tars = [path] if path.is_file() else sorted(p for p in path.glob("*.tar") if p.is_file())
+            compressed = compressed_shards(path) if path.is_dir() or path.suffix != ".tar" else []
+            if path.is_dir():
+                check_one_split(self.tars, path)
+        super().__init__(source_root(path))
         if not self.tars and compressed:
             refuse_compressed(compressed[0])
         if not self.tars:
@@ -292,6 +299,7 @@ class WebDatasetFormat(Format):
     carries_boxes = True
     carries_label_arrays = True  # in the record's metadata
     detect_priority = 25
+    sharded = True
 
     @classmethod
     def detect(cls, path: Path) -> bool:

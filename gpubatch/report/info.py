@@ -59,6 +59,11 @@ def _stats(values: list[int]) -> dict[str, float]:
 
 
 def _disk_bytes(path: Path) -> int:
+    from .._paths import source_files
+
+    matched = source_files(path)
+    if matched is not None:
+        return sum(p.stat().st_size for p in matched)
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

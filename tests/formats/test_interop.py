@@ -452,3 +452,55 @@ def test_pascal_voc_and_yolo_layouts_are_refused_not_read_as_class_folders(image
             shutil.copy(jpg, plain / cls / jpg.name)
     with open_dataset(plain) as r:
         assert r.info().classes == ("images", "labels") and len(r) == 6
+
+
+@pytest.mark.parametrize("fmt,names", [
+    ("webdataset", ("train-{:06d}.tar", "val-{:06d}.tar")),
+    ("tfrecord", ("imagenette-train.tfrecord-{:05d}-of-00002", "imagenette-validation.tfrecord-{:05d}-of-00002")),
+    ("recordio", ("mydata_train{}.rec", "mydata_val{}.rec")),
+])
+def test_shards_of_two_splits_in_one_folder_are_refused_and_a_pattern_picks_one(imagenet, tmp_path, fmt, names):
+    from gpubatch.errors import GpubatchError
+
+    ext = {"webdataset": ".tar", "tfrecord": ".tfrecord", "recordio": ".rec"}[fmt]
+    both = tmp_path / "both"
+    both.mkdir()
+    for split, name in zip(("a", "b"), names):
+        convert(imagenet, tmp_path / split, to=fmt, shard_size=20 if split == "a" else 30)
+        for i, shard in enumerate(sorted((tmp_path / split).glob(f"*{ext}"))):
+            shard.rename(both / name.format(i if fmt != "recordio" else f"-{i}" if i else ""))
+            if fmt == "webdataset":  # its index beside it, as DALI wants
+                (tmp_path / split / shard.with_suffix(".idx").name).rename(both / name.format(i).replace(".tar", ".idx"))
+    shutil.copy(tmp_path / "a" / MANIFEST_NAME, both)  # the class names, for formats that hold none
+    with pytest.raises(GpubatchError, match=r"holds the shards of 2 splits \(.*train \(3 shards\), .*val.* \(2 shards\)\)"
+                                            r".*pass one set as a quoted pattern"):
+        convert(both, tmp_path / "out", to="folder")
+    with pytest.raises(GpubatchError, match="splits"):
+        describe(both)
+    assert not (tmp_path / "out").exists()
+
+    train = {"webdataset": "train-*.tar", "tfrecord": "imagenette-train.tfrecord-*", "recordio": "mydata_train*.rec"}[fmt]
+    s = convert(both / train, tmp_path / "train", to="folder")
+    assert s.records_out == 60 and content(tmp_path / "train") == content(imagenet)
+    assert describe(both / train).records == 60
+    braces = {"webdataset": "val-{000000..000001}.tar", "tfrecord": "imagenette-validation.tfrecord-{00000,00001}-of-00002",
+              "recordio": "mydata_val{,-1}.rec"}[fmt]
+    assert convert(both / braces, tmp_path / "val", to="webdataset").records_out == 60
+
+
+def test_source_patterns_say_what_is_wrong(imagenet, tmp_path):
+    from gpubatch.errors import GpubatchError
+
+    convert(imagenet, tmp_path / "wds", to="webdataset", shard_size=20)
+    with pytest.raises(GpubatchError, match="no file matches the source pattern .*/nothing-\\*.tar"):
+        convert(tmp_path / "wds" / "nothing-*.tar", tmp_path / "out", to="folder")
+    with pytest.raises(GpubatchError, match="is no webdataset, tfrecord or recordio shard"):
+        convert(imagenet / "bird" / "*.jpg", tmp_path / "out", to="folder")
+    with pytest.raises(GpubatchError, match="a source pattern picks shards of webdataset, tfrecord or recordio"):
+        convert(tmp_path / "wds" / "*.tar", tmp_path / "out", to="folder", from_format="folder")
+    with pytest.raises(GpubatchError, match="is the source or lies inside it"):
+        convert(tmp_path / "wds" / "*.tar", tmp_path / "wds" / "out", to="folder")
+    # shards whose names differ by no split word are one dataset, read together as before
+    for i, shard in enumerate(sorted((tmp_path / "wds").glob("*.tar"))):
+        shard.rename(tmp_path / "wds" / f"{['cats', 'dogs', 'birds'][i]}.tar")
+    assert convert(tmp_path / "wds", tmp_path / "out", to="folder").records_out == 60
