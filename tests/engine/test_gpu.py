@@ -721,6 +721,13 @@ def test_convert_on_gpu_matches_cpu(imagenet, tmp_path):
         assert np.abs(gpu[k].astype(int) - cpu[k].astype(int)).mean() < 4.0
 
 
+def test_gpu_run_reads_a_source_pattern_in_its_reader_processes(imagenet, tmp_path):
+    convert(imagenet, tmp_path / "wds", to="webdataset", shard_size=20)  # 3 shards
+    s = convert(tmp_path / "wds" / "data-{000000..000001}.tar", tmp_path / "g", to="folder", resize_shorter=48,
+                device="gpu")
+    assert s.device.startswith("gpu") and s.records_in == s.records_out == 40 and not s.skipped
+
+
 def test_convert_on_gpu_skips_bad_records_and_moves_boxes(coco, tmp_path):
     (coco / "images" / "000000000003.jpg").write_bytes(b"\xff\xd8\xff\xe0broken")
     s = convert(coco, tmp_path / "g", to="coco", resize_shorter=100, device="gpu")
