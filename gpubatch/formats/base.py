@@ -34,6 +34,11 @@ _SHARD_SUFFIXES = (".tar", ".tfrecord", ".tfrecords", ".tfrec", ".rec", ".gz")
 _SHARD_TAIL = re.compile(r"[-_.]?\d+(?:-of-\d+)?$")
 
 
+def names_a_split(name: str) -> bool:
+    """True where a shard set's or folder's name holds a split's word (``train``, ``val``, ``test``...)."""
+    return bool(_SPLIT_WORDS & set(re.split(r"[^a-z]+", name.lower())))
+
+
 def shard_set(name: str) -> tuple[str, str]:
     """(the set a shard file belongs to, its suffix): ``train-000001.tar`` -> (``train``, ``.tar``),
     ``imagenet2012-validation.tfrecord-00003-of-00064`` -> (``imagenet2012-validation``, ````)."""
@@ -51,7 +56,7 @@ def check_one_split(files: Sequence[Path], where: Path) -> None:
     sets: dict[str, list[Path]] = {}
     for f in files:
         sets.setdefault(shard_set(f.name)[0], []).append(f)
-    if len(sets) < 2 or not any(_SPLIT_WORDS & set(re.split(r"[^a-z]+", s.lower())) for s in sets):
+    if len(sets) < 2 or not any(names_a_split(s) for s in sets):
         return
     from ..errors import FormatError
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from .._paths import safe_join, safe_relpath
 from ..types import IMAGE_EXTENSIONS, DatasetInfo, Record, other_media_message, sniff_image_codec
 from . import register_format
-from .base import Format, Reader, WriteOptions, Writer
+from .base import Format, Reader, WriteOptions, Writer, names_a_split
 from .manifest import MANIFEST_NAME, read_manifest
 
 FILE_LIST = "file_list.txt"
@@ -137,6 +137,11 @@ class FolderReader(Reader):
         per_class = {d: _walk_images(self.path / d) for d in subdirs}
         classes = [d for d in subdirs if per_class[d]]
         layout = _detection_layout(self.path, {f"{c}/{f}".rsplit("/", 1)[0] for c in classes for f in per_class[c]})
+        splits = [c for c in classes if names_a_split(c) and all("/" in f for f in per_class[c])]
+        if splits and not layout:  # root/train/<class>/..., root/val/<class>/...: each split would be one class
+            layout = (f"{self.path} holds split folders ({', '.join(c + '/' for c in splits)}) with class folders "
+                      f"inside: read as class folders, each split would become one class; pass one split, e.g. "
+                      f"{self.path / splits[0]}")
         if layout:
             from ..errors import FormatError
 

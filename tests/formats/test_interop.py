@@ -504,3 +504,26 @@ def test_source_patterns_say_what_is_wrong(imagenet, tmp_path):
     for i, shard in enumerate(sorted((tmp_path / "wds").glob("*.tar"))):
         shard.rename(tmp_path / "wds" / f"{['cats', 'dogs', 'birds'][i]}.tar")
     assert convert(tmp_path / "wds", tmp_path / "out", to="folder").records_out == 60
+
+
+def test_split_folders_holding_class_folders_are_refused_not_read_as_two_classes(imagenet, tmp_path):
+    from gpubatch.errors import GpubatchError
+
+    root = tmp_path / "ilsvrc"
+    for split in ("train", "val"):
+        shutil.copytree(imagenet, root / split)
+    with pytest.raises(GpubatchError, match=r"holds split folders \(train/, val/\) with class folders inside.*"
+                                            f"pass one split, e.g. {root / 'train'}"):
+        convert(root, tmp_path / "out", to="webdataset")
+    with pytest.raises(GpubatchError, match="split folders"):
+        describe(root)
+    assert not (tmp_path / "out").exists()
+    s = convert(root / "val", tmp_path / "out", to="folder")
+    assert s.records_out == 60 and content(tmp_path / "out") == content(imagenet)
+    # a class that is named like a split, with its images in it, is a class
+    flat = tmp_path / "flat"
+    for cls in ("test", "other"):
+        (flat / cls).mkdir(parents=True)
+        shutil.copy(next(imagenet.rglob("*.jpg")), flat / cls / "a.jpg")
+    with open_dataset(flat) as r:
+        assert r.info().classes == ("other", "test")
