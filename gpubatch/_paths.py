@@ -43,7 +43,8 @@ def safe_join(root: Path, name: str) -> Path:
 
 
 # A glob (``train-*.tar``) or WebDataset's brace form (``train-{000000..000099}.tar``, ``{a,b}``)
-_PATTERN = re.compile(r"[*?\[]|\{[^{}]*(?:,|\.\.)[^{}]*\}")
+_BRACES = re.compile(r"\{[^{}]*(?:,|\.\.)[^{}]*\}")
+_PATTERN = re.compile(r"[*?\[]|" + _BRACES.pattern)
 
 
 def source_files(path: Path) -> list[Path] | None:
@@ -52,10 +53,16 @@ def source_files(path: Path) -> list[Path] | None:
     path = Path(path)
     if path.exists() or not _PATTERN.search(str(path)):
         return None
-    from braceexpand import braceexpand
+    patterns = [str(path)]
+    if _BRACES.search(str(path)):
+        try:
+            from braceexpand import braceexpand
+        except ImportError:  # pragma: no cover - a core dependency
+            from .errors import DependencyError
 
-    found = {Path(p) for one in braceexpand(str(path)) for p in glob.glob(one) if os.path.isfile(p)}
-    return sorted(found)
+            raise DependencyError("brace patterns need braceexpand: pip install braceexpand") from None
+        patterns = list(braceexpand(str(path)))
+    return sorted({Path(p) for one in patterns for p in glob.glob(one) if os.path.isfile(p)})
 
 
 def require_source(path: Path) -> None:

@@ -67,9 +67,12 @@ def detect(path: Path) -> type[Format]:
     from .manifest import read_manifest
 
     matched = source_files(path)
-    if matched:  # a pattern of shards: told by its first file
-        fmt = next((f for f in sorted(FORMATS.values(), key=lambda f: f.detect_priority)
-                    if f.sharded and f.detect(matched[0])), None)
+    if matched:  # a pattern of shards: told by the manifest beside its first file, or by that file
+        manifest = read_manifest(matched[0])
+        fmt = FORMATS.get((manifest or {}).get("format"))
+        if fmt is None or not fmt.sharded:
+            fmt = next((f for f in sorted(FORMATS.values(), key=lambda f: f.detect_priority)
+                        if f.sharded and f.detect(matched[0])), None)
         if fmt is None:
             raise FormatError(f"{matched[0]}, the first file {path} names, is no webdataset, tfrecord or recordio "
                               "shard: a source pattern picks shards of those formats")

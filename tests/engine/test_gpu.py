@@ -723,7 +723,7 @@ def test_convert_on_gpu_matches_cpu(imagenet, tmp_path):
 
 def test_gpu_run_reads_a_source_pattern_in_its_reader_processes(imagenet, tmp_path):
     convert(imagenet, tmp_path / "wds", to="webdataset", shard_size=20)  # 3 shards
-    s = convert(tmp_path / "wds" / "data-{000000..000001}.tar", tmp_path / "g", to="folder", resize_shorter=48,
+    s = convert(tmp_path / "wds" / "data-00000[01].tar", tmp_path / "g", to="folder", resize_shorter=48,
                 device="gpu")
     assert s.device.startswith("gpu") and s.records_in == s.records_out == 40 and not s.skipped
 
