@@ -527,3 +527,23 @@ def test_split_folders_holding_class_folders_are_refused_not_read_as_two_classes
         shutil.copy(next(imagenet.rglob("*.jpg")), flat / cls / "a.jpg")
     with open_dataset(flat) as r:
         assert r.info().classes == ("other", "test")
+
+
+def test_source_patterns_without_braceexpand_or_a_loadable_tfrecord_package(imagenet, tmp_path, monkeypatch):
+    import sys
+
+    import gpubatch.formats.tfrecord as tfr
+    from gpubatch.errors import DependencyError, GpubatchError
+
+    convert(imagenet, tmp_path / "wds", to="webdataset", shard_size=20)
+    (tmp_path / "wds" / MANIFEST_NAME).unlink()  # the format told by the shards themselves
+
+    def broken():
+        raise DependencyError("the tfrecord package cannot load")
+
+    monkeypatch.setattr(tfr, "_tfr", broken)  # as on a machine whose protobuf the package does not fit
+    monkeypatch.setitem(sys.modules, "braceexpand", None)  # not installed
+    s = convert(tmp_path / "wds" / "data-00000[01].tar", tmp_path / "out", to="folder")
+    assert s.src_format == "webdataset" and s.records_out == 40
+    with pytest.raises(GpubatchError, match="brace patterns need braceexpand: pip install braceexpand"):
+        convert(tmp_path / "wds" / "data-{000000..000001}.tar", tmp_path / "out2", to="folder")
