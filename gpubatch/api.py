@@ -22,7 +22,7 @@ from .errors import ErrorPolicy, ErrorRouter, GpubatchError, RunStats, UsageErro
 from .formats import get_format, open_reader
 from .formats.base import Reader, WriteOptions, Writer
 from .formats.manifest import write_manifest
-from .types import Record
+from .types import IMAGE_EXTENSIONS, Record
 
 
 @dataclass(frozen=True)
@@ -102,17 +102,30 @@ class RunSummary:
 
 
 class _LossWarningWriter(Writer):
-    """Passes records to a writer; warns once when boxes or label arrays meet a format that cannot hold them."""
+    """Passes records to a writer; warns once when boxes, label arrays or a sample's other members meet a
+    format that cannot hold them, and when members that are images stay as they were while pixel ops
+    moved the image's pixels beside them."""
 
-    def __init__(self, inner: Writer, fmt: Any, stats: RunStats):
-        self.inner, self.fmt, self.stats = inner, fmt, stats
+    def __init__(self, inner: Writer, fmt: Any, stats: RunStats, geometric: bool = False):
+        self.inner, self.fmt, self.stats, self.geometric = inner, fmt, stats, geometric
 
     def write(self, record: Record) -> None:
+        from .formats.webdataset import JSON_FIELDS, MEMBERS
+
         if record.boxes is not None and len(record.boxes) and not self.fmt.carries_boxes:
             self.stats.warn(f"{self.fmt.name} cannot hold detection boxes: boxes were dropped")
         if not self.fmt.carries_label_arrays and len(record.meta.get("labels") or ()) > 1:
             self.stats.warn(f"{self.fmt.name} holds one class a record: RecordIO multi-label arrays were cut to "
                             "their first label")
+        members = record.meta.get(MEMBERS) or {}
+        if (members or JSON_FIELDS in record.meta) and not self.fmt.carries_members:
+            names = ", ".join(f".{e}" for e in sorted([*members, *([JSON_FIELDS] if JSON_FIELDS in record.meta else [])]))
+            self.stats.warn(f"{self.fmt.name} cannot hold a sample's other WebDataset members ({names}, "
+                            "e.g. captions): they were dropped; webdataset and tfrecord keep them")
+        elif self.geometric and any(e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS for e in members):
+            names = ", ".join(f".{e}" for e in sorted(members) if e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS)
+            self.stats.warn(f"the samples' other image members ({names}) were kept as they were: the geometric "
+                            "ops moved only the sample's image")
         self.inner.write(record)
 
     def close(self) -> None:
@@ -218,7 +231,7 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
         tick = progress(len(entries) * plan.outputs_per_record) if progress else None
         with staged_output(dst_path, req.overwrite) as stage:
             inner = fmt.writer(stage, info, opts)
-            writer: Writer = _LossWarningWriter(inner, fmt, stats)
+            writer: Writer = _LossWarningWriter(inner, fmt, stats, any(op.moves_boxes for op in plan.ops))
             if plan.augmenting:
                 writer = _ParamsLog(writer, stage / PARAMS_FILE, stats)
             try:

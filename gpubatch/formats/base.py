@@ -165,6 +165,7 @@ class Format(abc.ABC):
     carries_labels: ClassVar[bool] = True
     carries_boxes: ClassVar[bool] = False
     carries_label_arrays: ClassVar[bool] = False  # RecordIO's multi-label arrays (kept in meta by some)
+    carries_members: ClassVar[bool] = False  # a WebDataset sample's other members and .json fields
     detect_priority: ClassVar[int] = 50  # lower is tried first
     sharded: ClassVar[bool] = False  # read from shard files, so a source pattern may pick some of them
 

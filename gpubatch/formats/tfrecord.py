@@ -514,6 +514,7 @@ class TFRecordFormat(Format):
     description = "TFRecord shards of tf.train.Example (image/encoded, labels, boxes) with DALI .idx files"
     carries_boxes = True
     carries_label_arrays = True  # in the record's metadata
+    carries_members = True  # in gpubatch/meta
     detect_priority = 20
     sharded = True
 

@@ -3,13 +3,16 @@
 A sample is consecutive members sharing a key: ``key.jpg`` (or ``.png``...), ``key.cls`` (the class
 index as ASCII decimal, as webdataset's ``int(data)`` reads it) and ``key.json`` when the record has
 boxes or other fields (``{"width", "height", "label", "class", "annotations": [COCO-style boxes
-(bbox = [x, y, w, h] in pixels, category_id, iscrowd, ...)], "meta": {...}}``). Tars are written in
+(bbox = [x, y, w, h] in pixels, category_id, iscrowd, ...)], "meta": {...}}``). A sample's other
+members (captions, masks, arrays) and the fields of its ``.json`` that are not those are kept in the
+record's metadata (``MEMBERS``, ``JSON_FIELDS``) and written back. Tars are written in
 GNU format with integer mtimes and ASCII names, so they hold no pax headers; keys use
 ``[A-Za-z0-9_-/]`` with no dot, extensions are lower case, members of a sample are adjacent.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -173,8 +176,25 @@ class WebDatasetReader(Reader):
                         label = doc["label"]
                     if "annotations" in doc:
                         boxes = _boxes_from_json(doc, data, self.keypoint_flip)
+                    own = _JSON_KEYS if "annotations" in doc else _JSON_KEYS - {"width", "height"}
+                    if any(k not in own for k in doc):  # another tool's fields (a URL, a caption...)
+                        meta[JSON_FIELDS] = {k: v for k, v in doc.items() if k not in own}
+                else:
+                    meta[JSON_FIELDS] = doc
         except (ValueError, TypeError, KeyError) as e:
             raise self.record_error(key, origin, f"bad .cls/.json member: {e}") from None
+        kept = {}
+        for ext in sorted(e for e in parts if e not in (image_ext, "cls", "json")):
+            o, n, name = parts[ext]
+            raw = os.pread(fd, n, o)
+            if len(raw) != n:
+                raise self.record_error(key, f"{self.tars[s]}#{name}", "truncated member")
+            try:
+                kept[ext] = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                kept[ext] = {"base64": base64.b64encode(raw).decode("ascii")}
+        if kept:
+            meta[MEMBERS] = kept
         codec = sniff_image_codec(data) or IMAGE_EXTENSIONS.get(image_ext.rsplit(".", 1)[-1], "unknown")
         return Record(key=key, data=data, codec=codec, label=label if label is None or label >= 0 else None,
                       boxes=boxes, meta=meta, origin=origin)
@@ -184,6 +204,22 @@ class WebDatasetReader(Reader):
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+
+
+# Per-record metadata keys of what a sample holds besides its image, class and gpubatch's own JSON fields:
+# its other members (``MEMBERS``: extension -> UTF-8 text, or {"base64": ...} for other bytes; captions,
+# URLs, masks) and the fields of its ``.json`` that are not gpubatch's (``JSON_FIELDS``). WebDataset
+# writes them back as they were; TFRecord keeps them in ``gpubatch/meta``; other formats cannot hold them.
+MEMBERS = "members"
+JSON_FIELDS = "json"
+_JSON_KEYS = frozenset({"filename", "label", "class", "width", "height", "annotations", "meta"})
+
+
+def member_bytes(value: Any) -> bytes:
+    """A kept member's bytes (see ``MEMBERS``)."""
+    if isinstance(value, dict):
+        return base64.b64decode(value["base64"])
+    return str(value).encode("utf-8")
 
 
 def _boxes_from_json(doc: dict, data: bytes, keypoint_flip: dict) -> Boxes:
@@ -249,7 +285,9 @@ class WebDatasetWriter(ShardedWriter):
     def _write_to_shard(self, record: Record) -> int:
         key = self._unique(record.key)
         ext = record.filename.rsplit(".", 1)[-1].lower()
-        members: dict[str, bytes] = {ext: record.data}
+        members: dict[str, bytes] = {e: member_bytes(v) for e, v in (record.meta.get(MEMBERS) or {}).items()
+                                     if e not in (ext, "cls", "json")}
+        members[ext] = record.data
         if record.label is not None:
             members["cls"] = str(int(record.label)).encode("ascii")
         doc = self._json(record)
@@ -262,10 +300,38 @@ class WebDatasetWriter(ShardedWriter):
         self._index.append(" ".join(line) + "\n")
         return self._offset - start
 
-    def _json(self, record: Record) -> dict | None:
-        meta = {k: v for k, v in record.meta.items() if k != "filename"}
+    def _json(self, record: Record) -> Any:
+        """The sample's ``.json``: gpubatch's fields (boxes, class, metadata) over the source's own
+        (``JSON_FIELDS``), whose ``width``/``height`` are brought to the image as written; None
+        when there is nothing to write."""
+        meta = {k: v for k, v in record.meta.items() if k not in ("filename", MEMBERS, JSON_FIELDS)}
+        own = self._own_json(record, meta)
+        fields = record.meta.get(JSON_FIELDS)
+        if fields is None:
+            return own or None
+        if not isinstance(fields, dict):  # a .json that held no object: written back as it was
+            return own or fields
+        doc = dict(fields)
+        if "width" in doc or "height" in doc:  # the image's size as it is now (an op may have changed it)
+            doc["height"], doc["width"] = self._size(record)
+        doc.update(own)
+        return doc
+
+    @staticmethod
+    def _size(record: Record) -> tuple[int, int]:
+        if record.boxes is not None:
+            return record.boxes.canvas
+        from ..engine.codecs.image import probe
+
+        try:
+            hdr = probe(record.data)
+        except ValueError:
+            return 0, 0
+        return hdr.height, hdr.width
+
+    def _own_json(self, record: Record, meta: dict) -> dict:
         if record.boxes is None and not meta:
-            return None
+            return {}
         doc: dict = {"filename": record.filename}
         if record.label is not None:
             doc["label"] = int(record.label)
@@ -299,6 +365,7 @@ class WebDatasetFormat(Format):
     carries_boxes = True
     carries_label_arrays = True  # in the record's metadata
     detect_priority = 25
+    carries_members = True
     sharded = True
 
     @classmethod

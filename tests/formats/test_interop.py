@@ -547,3 +547,62 @@ def test_source_patterns_without_braceexpand_or_a_loadable_tfrecord_package(imag
     assert s.src_format == "webdataset" and s.records_out == 40
     with pytest.raises(GpubatchError, match="brace patterns need braceexpand: pip install braceexpand"):
         convert(tmp_path / "wds" / "data-{000000..000001}.tar", tmp_path / "out2", to="folder")
+
+
+def test_webdataset_captions_json_fields_and_other_members_are_kept(imagenet, tmp_path):
+    """Image-text shards (jpg + txt + another tool's json, as img2dataset writes them) lose nothing."""
+    jpegs = sorted(imagenet.rglob("*.jpg"))[:4]
+    src = tmp_path / "cc"
+    src.mkdir()
+    npy = b"\x93NUMPY\x01\x00" + bytes(range(256))  # bytes that are no UTF-8
+    mask = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(mask, "PNG")
+    want = {}
+    with tarfile.open(src / "00000.tar", "w") as tar:
+        for i, jpg in enumerate(jpegs):
+            w, h = Image.open(jpg).size
+            members = {"jpg": jpg.read_bytes(), "txt": f"a photo, number {i} ünïcode".encode(),
+                       "json": json.dumps({"url": f"http://x/{i}.jpg", "width": w, "height": h, "key": f"{i:09d}"}).encode(),
+                       "npy": npy, "seg.png": mask.getvalue()}
+            if i == 3:
+                members["json"] = b"[1, 2, 3]"  # a .json that holds no object
+            want[f"{i:09d}"] = members
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{i:09d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+    def members_of(root):
+        out = {}
+        for shard in sorted(root.glob("*.tar")):
+            with tarfile.open(shard) as tar:
+                for m in tar:
+                    key, ext = m.name.split(".", 1)
+                    out.setdefault(key, {})[ext] = tar.extractfile(m).read()
+        return out
+
+    s = convert(src, tmp_path / "wds", to="webdataset")
+    assert not s.warnings
+    assert members_of(tmp_path / "wds") == {k: {**v, "json": json.dumps(json.loads(v["json"]), sort_keys=True).encode()}
+                                            for k, v in want.items()}
+    # through TFRecord (kept in gpubatch/meta) and back
+    convert(src, tmp_path / "tfr", to="tfrecord")
+    convert(tmp_path / "tfr", tmp_path / "back", to="webdataset")
+    back = members_of(tmp_path / "back")
+    for key, members in want.items():
+        assert {e: back[key][e] for e in ("txt", "npy", "seg.png")} == {e: members[e] for e in ("txt", "npy", "seg.png")}
+        assert json.loads(back[key]["json"]) == json.loads(members["json"])
+    # resized: the captions stay, the json's width/height follow the image, a mask member is named in a warning
+    s = convert(src, tmp_path / "small", to="webdataset", resize_shorter=32)
+    assert any("other image members (.seg.png) were kept as they were" in w for w in s.warnings), s.warnings
+    small = members_of(tmp_path / "small")
+    for key, members in want.items():
+        assert small[key]["txt"] == members["txt"]
+        doc = json.loads(small[key]["json"])
+        if isinstance(doc, dict):
+            w, h = Image.open(io.BytesIO(small[key]["jpg"])).size
+            assert (doc["width"], doc["height"]) == (w, h) and min(w, h) == 32 and doc["url"].endswith(".jpg")
+    # formats that cannot hold them say so
+    s = convert(src, tmp_path / "folder", to="folder")
+    assert any("folder cannot hold a sample's other WebDataset members (.json, .npy, .seg.png, .txt" in w
+               for w in s.warnings), s.warnings
