@@ -150,7 +150,9 @@ class WebDatasetReader(Reader):
             if ext in parts:
                 raise self.record_error(key, origin, f"duplicate member {name}")
             parts[ext] = (off, size, name)
-        image_ext = next((e for e in parts if e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS), None)
+        images = [e for e in parts if e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS]
+        # the sample's image: a plain "jpg"/"png"... before "depth.png" or "seg.png", which stay members
+        image_ext = next((e for e in images if "." not in e), images[0] if images else None)
         if image_ext is None:
             raise self.record_error(key, origin, f"no image member (has: {', '.join(sorted(parts))})")
         fd = self._fd(s)

@@ -564,6 +564,7 @@ def test_webdataset_captions_json_fields_and_other_members_are_kept(imagenet, tm
             members = {"jpg": jpg.read_bytes(), "txt": f"a photo, number {i} ünïcode".encode(),
                        "json": json.dumps({"url": f"http://x/{i}.jpg", "width": w, "height": h, "key": f"{i:09d}"}).encode(),
                        "npy": npy, "seg.png": mask.getvalue()}
+            members = {"depth.png": mask.getvalue(), **members}  # before the image in the shard
             if i == 3:
                 members["json"] = b"[1, 2, 3]"  # a .json that holds no object
             want[f"{i:09d}"] = members
@@ -590,11 +591,12 @@ def test_webdataset_captions_json_fields_and_other_members_are_kept(imagenet, tm
     convert(tmp_path / "tfr", tmp_path / "back", to="webdataset")
     back = members_of(tmp_path / "back")
     for key, members in want.items():
-        assert {e: back[key][e] for e in ("txt", "npy", "seg.png")} == {e: members[e] for e in ("txt", "npy", "seg.png")}
+        kept = ("txt", "npy", "seg.png", "depth.png")
+        assert {e: back[key][e] for e in kept} == {e: members[e] for e in kept}
         assert json.loads(back[key]["json"]) == json.loads(members["json"])
     # resized: the captions stay, the json's width/height follow the image, a mask member is named in a warning
     s = convert(src, tmp_path / "small", to="webdataset", resize_shorter=32)
-    assert any("other image members (.seg.png) were kept as they were" in w for w in s.warnings), s.warnings
+    assert any("other image members (.depth.png, .seg.png) were kept as they were" in w for w in s.warnings), s.warnings
     small = members_of(tmp_path / "small")
     for key, members in want.items():
         assert small[key]["txt"] == members["txt"]
@@ -604,5 +606,5 @@ def test_webdataset_captions_json_fields_and_other_members_are_kept(imagenet, tm
             assert (doc["width"], doc["height"]) == (w, h) and min(w, h) == 32 and doc["url"].endswith(".jpg")
     # formats that cannot hold them say so
     s = convert(src, tmp_path / "folder", to="folder")
-    assert any("folder cannot hold a sample's other WebDataset members (.json, .npy, .seg.png, .txt" in w
+    assert any("folder cannot hold a sample's other WebDataset members (.depth.png, .json, .npy, .seg.png, .txt" in w
                for w in s.warnings), s.warnings
