@@ -22,6 +22,17 @@ from gpubatch.report.info import describe
 from tests.helpers import content
 
 
+def _refused(src, out, match):
+    """``convert`` and ``describe`` both refuse ``src`` with a one-line error matching ``match``, and
+    nothing is written."""
+    from gpubatch.errors import GpubatchError
+
+    for run in (lambda: convert(src, out, to="folder"), lambda: describe(src)):
+        with pytest.raises(GpubatchError, match=match):
+            run()
+    assert not out.exists()
+
+
 def _source(imagenet):
     with open_dataset(imagenet) as r:
         classes = r.info().classes
@@ -422,7 +433,6 @@ def test_tfrecord_features_gpubatch_does_not_carry_are_named_in_a_warning(imagen
 
 
 def test_pascal_voc_and_yolo_layouts_are_refused_not_read_as_class_folders(imagenet, tmp_path):
-    from gpubatch.errors import GpubatchError
 
     jpegs = sorted(imagenet.rglob("*.jpg"))[:3]
     voc = tmp_path / "VOCdevkit" / "VOC2012"
@@ -438,11 +448,7 @@ def test_pascal_voc_and_yolo_layouts_are_refused_not_read_as_class_folders(image
     shutil.copy(jpegs[0], voc / "SegmentationClass" / "000000.png")
     for src, name, take in ((tmp_path / "VOCdevkit", "Pascal VOC", voc / "JPEGImages"), (voc, "Pascal VOC", voc / "JPEGImages"),
                             (yolo, "YOLO", yolo / "images" / "train")):
-        with pytest.raises(GpubatchError, match=f"laid out as {name} .*pass {take} to take those images alone"):
-            convert(src, tmp_path / "out", to="coco")
-        with pytest.raises(GpubatchError, match=f"laid out as {name}"):
-            describe(src)
-        assert not (tmp_path / "out").exists()
+        _refused(src, tmp_path / "out", f"laid out as {name} .*pass {take} to take those images alone")
         assert convert(take, tmp_path / "images", to="webdataset", overwrite=True).records_out == 3
     # class folders that merely share those names are still class folders
     plain = tmp_path / "plain"
@@ -460,7 +466,6 @@ def test_pascal_voc_and_yolo_layouts_are_refused_not_read_as_class_folders(image
     ("recordio", ("mydata_train{}.rec", "mydata_val{}.rec")),
 ])
 def test_shards_of_two_splits_in_one_folder_are_refused_and_a_pattern_picks_one(imagenet, tmp_path, fmt, names):
-    from gpubatch.errors import GpubatchError
 
     ext = {"webdataset": ".tar", "tfrecord": ".tfrecord", "recordio": ".rec"}[fmt]
     both = tmp_path / "both"
@@ -472,12 +477,8 @@ def test_shards_of_two_splits_in_one_folder_are_refused_and_a_pattern_picks_one(
             if fmt == "webdataset":  # its index beside it, as DALI wants
                 (tmp_path / split / shard.with_suffix(".idx").name).rename(both / name.format(i).replace(".tar", ".idx"))
     shutil.copy(tmp_path / "a" / MANIFEST_NAME, both)  # the class names, for formats that hold none
-    with pytest.raises(GpubatchError, match=r"holds the shards of 2 splits \(.*train \(3 shards\), .*val.* \(2 shards\)\)"
-                                            r".*pass one set as a quoted pattern"):
-        convert(both, tmp_path / "out", to="folder")
-    with pytest.raises(GpubatchError, match="splits"):
-        describe(both)
-    assert not (tmp_path / "out").exists()
+    _refused(both, tmp_path / "out", r"holds the shards of 2 splits \(.*train \(3 shards\), .*val.* \(2 shards\)\)"
+                                     r".*pass one set as a quoted pattern")
 
     train = {"webdataset": "train-*.tar", "tfrecord": "imagenette-train.tfrecord-*", "recordio": "mydata_train*.rec"}[fmt]
     s = convert(both / train, tmp_path / "train", to="folder")
@@ -507,17 +508,12 @@ def test_source_patterns_say_what_is_wrong(imagenet, tmp_path):
 
 
 def test_split_folders_holding_class_folders_are_refused_not_read_as_two_classes(imagenet, tmp_path):
-    from gpubatch.errors import GpubatchError
 
     root = tmp_path / "ilsvrc"
     for split in ("train", "val"):
         shutil.copytree(imagenet, root / split)
-    with pytest.raises(GpubatchError, match=r"holds split folders \(train/, val/\) with class folders inside.*"
-                                            f"pass one split, e.g. {root / 'train'}"):
-        convert(root, tmp_path / "out", to="webdataset")
-    with pytest.raises(GpubatchError, match="split folders"):
-        describe(root)
-    assert not (tmp_path / "out").exists()
+    _refused(root, tmp_path / "out", r"holds split folders \(train/, val/\) with class folders inside.*"
+                                     f"pass one split, e.g. {root / 'train'}")
     s = convert(root / "val", tmp_path / "out", to="folder")
     assert s.records_out == 60 and content(tmp_path / "out") == content(imagenet)
     # a class that is named like a split, with its images in it, is a class
