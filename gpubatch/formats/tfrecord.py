@@ -124,7 +124,7 @@ def _refuse_compressed(shard: Path) -> None:
 
 class TFRecordReader(Reader):
     def __init__(self, path: Path):
-        super().__init__(source_root(path) if source_files(path) else path)
+        super().__init__(source_root(path))
         self.shards = shard_files(path)
         if not self.shards:
             raise FormatError(f"no .tfrecord shards in {path}")
