@@ -67,6 +67,20 @@ def check_one_split(files: Sequence[Path], where: Path) -> None:
                       f"pass one set as a quoted pattern, e.g. '{example}'")
 
 
+def image_size(record: Record) -> tuple[int, int]:
+    """(height, width) of the image a writer is given: its boxes' canvas, else its header's; (0, 0)
+    where the header cannot be read."""
+    if record.boxes is not None:
+        return record.boxes.canvas
+    from ..engine.codecs.image import probe
+
+    try:
+        hdr = probe(record.data)
+    except ValueError:
+        return 0, 0
+    return hdr.height, hdr.width
+
+
 @dataclass(frozen=True)
 class WriteOptions:
     """Options every writer understands.

@@ -26,7 +26,7 @@ from .._paths import safe_join, safe_relpath
 from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
 from . import register_format
-from .base import Format, Reader, WriteOptions, Writer
+from .base import Format, Reader, WriteOptions, Writer, image_size
 from .folder import safe_component
 from .manifest import read_manifest
 
@@ -279,16 +279,7 @@ class CocoWriter(Writer):
         path = self.root / "images" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(record.data)
-        if record.boxes is not None:
-            h, w = record.boxes.canvas
-        else:
-            from ..engine.codecs.image import probe
-
-            try:
-                hdr = probe(record.data)
-                h, w = hdr.height, hdr.width
-            except ValueError:
-                h = w = 0
+        h, w = image_size(record)
         cid = record.meta.get("coco_id")
         image_id = cid if isinstance(cid, int) and cid not in self._image_ids else len(self.images) + 1
         while image_id in self._image_ids:

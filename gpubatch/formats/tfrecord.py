@@ -45,6 +45,7 @@ from .base import (
     Writer,
     check_one_split,
     compression,
+    image_size,
     shard_names,
 )
 from .manifest import read_manifest
@@ -432,17 +433,7 @@ class TFRecordWriter(ShardedWriter):
 
     def _datum(self, r: Record) -> dict[str, tuple[Any, str]]:
         meta = dict(r.meta)
-        h = w = 0
-        if r.boxes is not None:
-            h, w = r.boxes.canvas
-        else:
-            from ..engine.codecs.image import probe
-
-            try:
-                hdr = probe(r.data)
-                h, w = hdr.height, hdr.width
-            except ValueError:
-                pass
+        h, w = image_size(r)
         classes = self.info.classes
         text = classes[r.label] if r.label is not None and 0 <= r.label < len(classes) else ""
         b = r.boxes

@@ -26,7 +26,16 @@ from .._paths import safe_relpath, source_files, source_root
 from ..errors import FormatError
 from ..types import IMAGE_EXTENSIONS, Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
 from . import register_format
-from .base import Format, Reader, ShardedWriter, WriteOptions, Writer, check_one_split, compression
+from .base import (
+    Format,
+    Reader,
+    ShardedWriter,
+    WriteOptions,
+    Writer,
+    check_one_split,
+    compression,
+    image_size,
+)
 from .folder import label_names
 from .manifest import read_manifest
 
@@ -315,21 +324,9 @@ class WebDatasetWriter(ShardedWriter):
             return own or fields
         doc = dict(fields)
         if "width" in doc or "height" in doc:  # the image's size as it is now (an op may have changed it)
-            doc["height"], doc["width"] = self._size(record)
+            doc["height"], doc["width"] = image_size(record)
         doc.update(own)
         return doc
-
-    @staticmethod
-    def _size(record: Record) -> tuple[int, int]:
-        if record.boxes is not None:
-            return record.boxes.canvas
-        from ..engine.codecs.image import probe
-
-        try:
-            hdr = probe(record.data)
-        except ValueError:
-            return 0, 0
-        return hdr.height, hdr.width
 
     def _own_json(self, record: Record, meta: dict) -> dict:
         if record.boxes is None and not meta:
