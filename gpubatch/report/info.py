@@ -26,6 +26,8 @@ class DatasetReport:
         boxes: total detection boxes; categories: detection categories.
         payload_bytes: sum of encoded record sizes; disk_bytes: size of the dataset's files.
         warnings: faults the reader found in the source that it worked around (COCO annotations...).
+        members: per extension, how many records hold that WebDataset member besides their image and
+            class (``txt`` captions, ``json`` fields of another tool, masks...), which gpubatch keeps.
     """
 
     path: str
@@ -45,6 +47,7 @@ class DatasetReport:
     disk_bytes: int = 0
     unreadable: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    members: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -75,6 +78,7 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
     from ..engine.codecs.image import probe
     from ..engine.executor import default_workers, ordered_map
     from ..formats import open_reader
+    from ..formats.webdataset import JSON_FIELDS, MEMBERS
 
     with open_reader(path, fmt) as reader:
         info = reader.info()
@@ -98,6 +102,7 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
         codecs: Counter = Counter()
         subs: Counter = Counter()
         modes: Counter = Counter()
+        members: Counter = Counter()
         for rec, hdr in ordered_map(work, entries, workers or default_workers()):
             if tick:
                 tick(1)
@@ -116,12 +121,15 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
             if rec.boxes is not None and len(rec.boxes):
                 report.boxes += len(rec.boxes)
                 report.images_with_boxes += 1
+            members.update(list(rec.meta.get(MEMBERS) or ()))
+            members.update([JSON_FIELDS] if JSON_FIELDS in rec.meta else ())
     names = report.classes
     for label, n in sorted(labels.items(), key=lambda kv: (kv[0] is None, kv[0] if kv[0] is not None else 0)):
         name = "(unlabeled)" if label is None else (names[label] if label < len(names) else str(label))
         report.class_counts[name] = n
     report.width, report.height = _stats(widths), _stats(heights)
     report.codecs, report.subsampling, report.modes = dict(codecs), dict(subs), dict(modes)
+    report.members = dict(sorted(members.items()))
     report.disk_bytes = _disk_bytes(Path(path))
     return report
 
@@ -152,6 +160,8 @@ def render(report: DatasetReport) -> None:
     if report.boxes or report.categories:
         t.add_row("boxes", f"{report.boxes:,} on {report.images_with_boxes:,} images, "
                            f"{len(report.categories)} categories")
+    if report.members:
+        t.add_row("other members", ", ".join(f"{k} {v:,}" for k, v in report.members.items()))
     t.add_row("payload", human_bytes(report.payload_bytes))
     t.add_row("on disk", human_bytes(report.disk_bytes))
     con.print(t)

@@ -578,6 +578,7 @@ def test_webdataset_captions_json_fields_and_other_members_are_kept(imagenet, tm
                     out.setdefault(key, {})[ext] = tar.extractfile(m).read()
         return out
 
+    assert describe(src).members == {"depth.png": 4, "json": 4, "npy": 4, "seg.png": 4, "txt": 4}
     s = convert(src, tmp_path / "wds", to="webdataset")
     assert not s.warnings
     assert members_of(tmp_path / "wds") == {k: {**v, "json": json.dumps(json.loads(v["json"]), sort_keys=True).encode()}
