@@ -20,7 +20,7 @@ from .engine.device import Device, DeviceKind, resolve
 from .engine.registry import DEVICE, HOST
 from .errors import ErrorPolicy, ErrorRouter, GpubatchError, RunStats, UsageError
 from .formats import get_format, open_reader
-from .formats.base import Reader, WriteOptions, Writer
+from .formats.base import JSON_FIELDS, MEMBERS, Reader, WriteOptions, Writer
 from .formats.manifest import write_manifest
 from .types import IMAGE_EXTENSIONS, Record
 
@@ -110,8 +110,6 @@ class _LossWarningWriter(Writer):
         self.inner, self.fmt, self.stats, self.geometric = inner, fmt, stats, geometric
 
     def write(self, record: Record) -> None:
-        from .formats.webdataset import JSON_FIELDS, MEMBERS
-
         if record.boxes is not None and len(record.boxes) and not self.fmt.carries_boxes:
             self.stats.warn(f"{self.fmt.name} cannot hold detection boxes: boxes were dropped")
         if not self.fmt.carries_label_arrays and len(record.meta.get("labels") or ()) > 1:

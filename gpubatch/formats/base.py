@@ -67,6 +67,15 @@ def check_one_split(files: Sequence[Path], where: Path) -> None:
                       f"pass one set as a quoted pattern, e.g. '{example}'")
 
 
+# Record metadata keys for what a WebDataset sample holds besides its image, class and gpubatch's own
+# JSON fields: its other members (``MEMBERS``: extension -> UTF-8 text, or {"base64": ...} for other
+# bytes; captions, URLs, masks) and the fields of its ``.json`` that are not gpubatch's (``JSON_FIELDS``).
+# WebDataset writes them back as they were; formats with ``carries_members`` keep them in their metadata;
+# the others cannot hold them (the run warns).
+MEMBERS = "members"
+JSON_FIELDS = "json"
+
+
 def image_size(record: Record) -> tuple[int, int]:
     """(height, width) of the image a writer is given: its boxes' canvas, else its header's; (0, 0)
     where the header cannot be read."""

@@ -136,20 +136,13 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
         if int(cat) not in known:
             unknown[int(cat)] = unknown.get(int(cat), 0) + 1
         anns.setdefault(image_id, []).append(a)
-    warnings = []
-    if boxless:
-        warnings.append(f"{name}: {_count(len(boxless), 'annotation')} with neither bbox nor category_id left out: "
-                        f"not object annotations (COCO's captions?); gpubatch reads instance and keypoint files "
-                        f"({_ids(boxless)})")
-    if malformed:
-        warnings.append(f"{name}: {_count(len(malformed), 'annotation')} dropped: bbox not four numbers, or category_id / "
-                        f"iscrowd not a whole number ({_ids(malformed)})")
-    if negative:
-        warnings.append(f"{name}: {_count(len(negative), 'annotation')} dropped: bbox of negative width or height "
-                        f"({_ids(negative)})")
-    if orphans:
-        warnings.append(f"{name}: {_count(len(orphans), 'annotation')} with an image_id no image has, not "
-                        f"written ({_ids(orphans)})")
+    warnings = [f"{name}: {_count(len(found), 'annotation')} {what} ({_ids(found)})" for found, what in (
+        (boxless, "with neither bbox nor category_id left out: not object annotations (COCO's captions?); gpubatch "
+                  "reads instance and keypoint files"),
+        (malformed, "dropped: bbox not four numbers, or category_id / iscrowd not a whole number"),
+        (negative, "dropped: bbox of negative width or height"),
+        (orphans, "with an image_id no image has, not written"),
+    ) if found]
     if unknown:
         warnings.append(f"{name}: {_count(sum(unknown.values()), 'annotation')} with a category_id missing from "
                         f"'categories' ({', '.join(str(c) for c in sorted(unknown)[:5])}"

@@ -27,6 +27,8 @@ from ..errors import FormatError
 from ..types import IMAGE_EXTENSIONS, Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
 from . import register_format
 from .base import (
+    JSON_FIELDS,
+    MEMBERS,
     Format,
     Reader,
     ShardedWriter,
@@ -217,12 +219,6 @@ class WebDatasetReader(Reader):
             self._fds.clear()
 
 
-# Per-record metadata keys of what a sample holds besides its image, class and gpubatch's own JSON fields:
-# its other members (``MEMBERS``: extension -> UTF-8 text, or {"base64": ...} for other bytes; captions,
-# URLs, masks) and the fields of its ``.json`` that are not gpubatch's (``JSON_FIELDS``). WebDataset
-# writes them back as they were; TFRecord keeps them in ``gpubatch/meta``; other formats cannot hold them.
-MEMBERS = "members"
-JSON_FIELDS = "json"
 _JSON_KEYS = frozenset({"filename", "label", "class", "width", "height", "annotations", "meta"})
 
 

@@ -78,7 +78,7 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
     from ..engine.codecs.image import probe
     from ..engine.executor import default_workers, ordered_map
     from ..formats import open_reader
-    from ..formats.webdataset import JSON_FIELDS, MEMBERS
+    from ..formats.base import JSON_FIELDS, MEMBERS
 
     with open_reader(path, fmt) as reader:
         info = reader.info()
