@@ -6,16 +6,18 @@ place only when complete, so an interrupted or failed run never leaves something
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
 import shutil
+import stat
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from .errors import UsageError
+from .errors import GpubatchError, UsageError
 
 STAGING_MARK = ".gpubatch-partial-"
 
@@ -35,6 +37,51 @@ def safe_relpath(name: str) -> str:
     if not parts or any(p == ".." for p in parts):
         raise ValueError(f"path {name!r} escapes the dataset root")
     return "/".join(parts)
+
+
+#: The most bytes one record may take: every read is bounded by it (a link to /dev/zero, a length field
+#: of 2^60), far above any image's encoded size (an 89-megapixel 16-bit PNG is under 600 MiB).
+MAX_RECORD_BYTES = 1 << 30
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, from its ``st_mode``."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def read_regular(path: Path | str, limit: int = MAX_RECORD_BYTES) -> bytes:
+    """The bytes of the regular file at ``path`` (links followed), at most ``limit`` of them.
+
+    Opened without blocking and checked before reading, so a FIFO, a device (a link to /dev/zero) or a
+    socket named like an image neither hangs nor fills memory.
+
+    Raises:
+        OSError: the file cannot be opened or read.
+        ValueError: it is not a regular file, or holds more than ``limit`` bytes.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{file_kind(st.st_mode)}, not a regular file")
+        if st.st_size > limit:
+            raise ValueError(f"{st.st_size:,} bytes, above the {limit:,}-byte bound on one record")
+        chunks, total = [], 0
+        while True:
+            want = st.st_size - total if total < st.st_size else 1 << 20  # then EOF, or what it grew by
+            chunk = os.read(fd, min(want, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise ValueError(f"more than the {limit:,}-byte bound on one record")
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def safe_join(root: Path, name: str) -> Path:
@@ -90,11 +137,26 @@ def is_within(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def check_output(src: Path | None, dst: Path, overwrite: bool) -> None:
+def output_path(dst: Path) -> Path:
+    """``dst`` made absolute (``.`` and ``..`` folded, the last link not followed), so that the staging
+    folder and the lock go beside it; the current folder, or a folder holding it, is refused: gpubatch
+    builds DST beside itself and replaces it as a whole, which cannot be done to where the run stands."""
+    out = Path(os.path.abspath(dst))
+    if out == out.parent or not out.name:
+        raise UsageError(f"output {dst} is a file-system root: name a folder to create")
+    here = Path.cwd()
+    if out.exists() and (out == here or out in here.parents):
+        raise UsageError(f"output {dst} is the current folder, or holds it: gpubatch builds a new folder and renames "
+                         "it into place, which cannot replace the folder a command runs in; name a new folder")
+    return out
+
+
+def check_output(sources: Path | list[Path] | None, dst: Path, overwrite: bool) -> None:
     """Refuse destinations that would lose data: an existing one without --overwrite, or one that
-    overlaps the source."""
-    dst = Path(dst)
-    if src is not None:
+    overlaps any folder the source is read from (a COCO file's image folder included)."""
+    dst = output_path(dst)
+    roots = [] if sources is None else [sources] if isinstance(sources, (str, Path)) else list(sources)
+    for src in roots:
         if is_within(dst, src):
             raise UsageError(f"output {dst} is the source or lies inside it: choose a destination outside {src}")
         if overwrite and dst.exists() and is_within(src, dst):
@@ -111,15 +173,147 @@ def check_output(src: Path | None, dst: Path, overwrite: bool) -> None:
             break
 
 
+# --- staging, the output lock, and the swap into place -------------------------------------------------
+#
+# Beside DST a run makes ``.DST.gpubatch-lock`` (held with flock for the whole run: a second run to the same
+# DST is refused), its staging folder ``.DST.gpubatch-partial-<pid>-<rand>``, and, only while --overwrite
+# swaps on a file system without an atomic exchange, ``.DST.gpubatch-old-<pid>-<rand>``. Whatever of these
+# a killed run left is put right by the next run to DST, which says what it did.
+
+OLD_MARK = ".gpubatch-old-"
+LOCK_MARK = ".gpubatch-lock"
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+
+
+def _beside(dst: Path, mark: str) -> Path:
+    return dst.parent / f".{dst.name}{mark}{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """Linux's renameat2 with ``flags``: True when done, False where the system or the file system
+    does not offer it (the caller falls back to plain renames); other failures raise OSError."""
+    import ctypes
+    import errno
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(src), None, str(dst))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _size(path: Path) -> int:
+    if path.is_file() or path.is_symlink():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*"))
+
+
 @contextmanager
-def staged_output(dst: Path, overwrite: bool) -> Iterator[Path]:
+def _output_lock(dst: Path) -> Iterator[None]:
+    """Hold ``.DST.gpubatch-lock`` for the run; another run holding it is a one-line error."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no lock
+        yield
+        return
+    lock = dst.parent / f".{dst.name}{LOCK_MARK}"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            owner = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            raise GpubatchError(f"another gpubatch run{f' (pid {owner})' if owner.isdigit() else ''} is writing "
+                                f"{dst}: wait for it to end, or choose another destination") from None
+        try:  # the holder before us may have removed the file as we opened it: lock the one on disk
+            same = os.path.samestat(os.fstat(fd), os.stat(lock))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)
+
+
+def recover_output(dst: Path, warn: Callable[[str], None]) -> None:
+    """Put right what a killed run to ``dst`` left beside it (called with the output lock held, so no
+    run that is still going owns any of it): an ``--overwrite`` killed between moving the old DST aside
+    and renaming the new one in gets the old DST back; staging folders and old copies are removed."""
+    prefix = f".{dst.name}"
+    left = sorted((p for p in dst.parent.iterdir() if p.name.startswith(prefix)
+                   and any(p.name.startswith(prefix + m) for m in (STAGING_MARK, OLD_MARK))),
+                  key=lambda p: p.lstat().st_mtime)
+    if not left:
+        return
+    olds = [p for p in left if p.name.startswith(prefix + OLD_MARK)]
+    if olds and not (dst.exists() or dst.is_symlink()):
+        os.replace(olds[-1], dst)
+        left.remove(olds[-1])
+        warn(f"{dst} was restored from {olds[-1].name}, where an --overwrite run that was killed mid-swap had "
+             "moved it")
+    if left:
+        size = sum(_size(p) for p in left)
+        for p in left:
+            _remove(p)
+        names = ", ".join(p.name for p in left[:3]) + (", ..." if len(left) > 3 else "")
+        warn(f"removed {len(left)} unfinished output folder{'s' if len(left) > 1 else ''} of killed runs to {dst.name} "
+             f"({names}; {size / 2**20:,.1f} MiB)")
+
+
+def _swap_in(stage: Path, dst: Path, overwrite: bool) -> None:
+    """Rename the finished ``stage`` to ``dst``, replacing an existing ``dst`` only with ``overwrite``.
+
+    Where the file system can exchange two names atomically (Linux renameat2), there is no moment
+    without a DST; elsewhere the old DST is moved aside first, and a kill in between leaves it for
+    :func:`recover_output` to restore."""
+    exists = dst.exists() or dst.is_symlink()
+    if exists and not overwrite:
+        raise UsageError(f"output {dst} appeared while the run was going: pass --overwrite to replace it")
+    if not exists:
+        if not _renameat2(stage, dst, _RENAME_NOREPLACE):
+            os.rename(stage, dst)  # pragma: no cover - a file system without renameat2
+        return
+    if _renameat2(stage, dst, _RENAME_EXCHANGE):
+        _remove(stage)  # the old DST, under the staging name
+        return
+    old = _beside(dst, OLD_MARK)  # pragma: no cover - a file system without renameat2
+    os.replace(dst, old)
+    os.replace(stage, dst)
+    _remove(old)
+
+
+@contextmanager
+def staged_output(dst: Path, overwrite: bool, warn: Callable[[str], None] | None = None) -> Iterator[Path]:
     """Yield a fresh staging folder; on success it replaces ``dst`` (atomically where the OS allows).
 
-    Missing folders above ``dst`` are made first (as ``mkdir -p``). On any exception (KeyboardInterrupt
-    included) the staging folder is removed, so are the folders made for it where they are still empty,
-    and ``dst`` is left as it was.
+    Missing folders above ``dst`` are made first (as ``mkdir -p``). The run holds ``dst``'s lock
+    throughout, and first puts right what a killed run to ``dst`` left (:func:`recover_output`; ``warn``
+    is told). On any exception (KeyboardInterrupt included) the staging folder is removed, so are the
+    folders made for it where they are still empty, and ``dst`` is left as it was.
     """
-    dst = Path(dst)
+    dst = output_path(dst)
     made = [f for f in (dst.parent, *dst.parent.parents) if not f.exists()]  # deepest first
 
     def take_back_made() -> None:  # the folders made for this output, where nothing else came in
@@ -129,29 +323,27 @@ def staged_output(dst: Path, overwrite: bool) -> Iterator[Path]:
             except OSError:
                 break
 
-    stage = dst.parent / f".{dst.name}{STAGING_MARK}{uuid.uuid4().hex[:8]}"
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
-        stage.mkdir()
     except OSError as e:
         take_back_made()
         raise UsageError(f"cannot create the output {dst}: {e.strerror or e}") from None
     try:
-        yield stage
+        with _output_lock(dst):
+            recover_output(dst, warn or (lambda message: None))
+            if (dst.exists() or dst.is_symlink()) and not overwrite:
+                raise UsageError(f"output {dst} already exists: pass --overwrite to replace it")
+            stage = _beside(dst, STAGING_MARK)
+            try:
+                stage.mkdir()
+            except OSError as e:
+                raise UsageError(f"cannot create the output {dst}: {e.strerror or e}") from None
+            try:
+                yield stage
+                _swap_in(stage, dst, overwrite)
+            except BaseException:
+                _remove(stage)
+                raise
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
         take_back_made()
         raise
-    old = None
-    if dst.exists() or dst.is_symlink():
-        if not overwrite:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise UsageError(f"output {dst} appeared while the run was going: pass --overwrite to replace it")
-        old = dst.parent / f".{dst.name}.gpubatch-old-{uuid.uuid4().hex[:8]}"
-        os.replace(dst, old)
-    os.replace(stage, dst)
-    if old is not None:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink()

@@ -21,8 +21,8 @@ from .engine.registry import DEVICE, HOST
 from .errors import ErrorPolicy, ErrorRouter, GpubatchError, RunStats, UsageError
 from .formats import get_format, open_reader
 from .formats.base import JSON_FIELDS, MEMBERS, Reader, WriteOptions, Writer
-from .formats.manifest import write_manifest
-from .types import IMAGE_EXTENSIONS, Record
+from .formats.manifest import manifest_classes, write_manifest
+from .types import IMAGE_EXTENSIONS, Media, Record
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class ConvertRequest:
     quality: int | None = None
     image_format: str = "keep"
     max_pixels: int | None = None
+    verify: str = "headers"
     shard_size: int = 10_000
     name: str = "data"
     layout: str = "imagenet"
@@ -110,6 +111,11 @@ class _LossWarningWriter(Writer):
         self.inner, self.fmt, self.stats, self.geometric = inner, fmt, stats, geometric
 
     def write(self, record: Record) -> None:
+        held = self.fmt.image_codecs
+        if held is not None and record.media is Media.IMAGE and record.codec not in held:
+            raise UsageError(f"{self.fmt.name} cannot hold {record.codec} images ({record.origin}): its readers decode "
+                             f"{', '.join(sorted(held))}; pass --image-format png (or jpeg) to re-encode them, or "
+                             "choose a format that keeps any codec (webdataset, tfrecord, folder)")
         if record.boxes is not None and len(record.boxes) and not self.fmt.carries_boxes:
             self.stats.warn(f"{self.fmt.name} cannot hold detection boxes: boxes were dropped")
         if not self.fmt.carries_label_arrays and len(record.meta.get("labels") or ()) > 1:
@@ -198,7 +204,8 @@ def convert(
     policy = ErrorPolicy(req.on_error) if req.on_error in ("skip", "fail") else None
     if policy is None:
         raise UsageError(f"unknown --on-error {req.on_error!r}; supported: skip, fail")
-    plan = make_plan(req.resize_shorter, req.center_crop, req.resize, req.image_format, req.quality, req.max_pixels)
+    plan = make_plan(req.resize_shorter, req.center_crop, req.resize, req.image_format, req.quality, req.max_pixels,
+                     req.verify)
     _check_output_options(req)
     check_output(source_root(src_path), dst_path, req.overwrite)
     if plan.touches_pixels or req.device == "gpu":
@@ -217,54 +224,63 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
     router = ErrorRouter(policy, stats)
     start = time.perf_counter()
     with open_reader(src_path, req.from_format) as reader:
+        check_output(reader.roots(), dst_path, req.overwrite)  # a COCO JSON's image folder is source too
         src_format = reader.format_name
         entries = _select(reader, req.limit, getattr(req, "shuffle", False), req.seed)
-        if not entries and req.limit != 0:
-            raise GpubatchError(f"{src_path} ({src_format}) holds no records: nothing written")
+        if not entries:
+            raise GpubatchError(f"{src_path} ({src_format}) holds no records: nothing written" if req.limit != 0
+                                else "--limit 0 converts no record: nothing written")
         info = reader.info()
         for message in reader.warnings:
             stats.warn(message)
-        opts = WriteOptions(shard_size=req.shard_size, name=req.name, source=str(src_path),
-                            extra={"layout": req.layout})
         tick = progress(len(entries) * plan.outputs_per_record) if progress else None
-        with staged_output(dst_path, req.overwrite) as stage:
-            inner = fmt.writer(stage, info, opts)
-            writer: Writer = _LossWarningWriter(inner, fmt, stats, any(op.moves_boxes for op in plan.ops))
-            if plan.augmenting:
-                writer = _ParamsLog(writer, stage / PARAMS_FILE, stats)
-            try:
-                with writer:
-                    _run(device, reader, entries, writer, plan, router, req, tick)
-            except OSError as e:
-                raise GpubatchError(f"writing {dst_path} failed: {e}") from None
-            for message in inner.warnings:
-                stats.warn(message)
-            if stats.records_in and not stats.records_out:
-                (reason, n), *_ = stats.error_reasons().most_common(1) or [("no output", stats.records_in)]
-                raise GpubatchError(f"none of the {stats.records_in} records of {src_path} could be converted "
-                                    f"({n} x {reason}): nothing written")
-            seconds = time.perf_counter() - start
-            summary = RunSummary(
-                src=str(src_path), dst=str(dst_path), src_format=src_format, dst_format=fmt.name,
-                device=str(device), device_reason=device.reason, records_in=stats.records_in,
-                records_out=stats.records_out, passthrough=stats.passthrough, transcoded=stats.transcoded,
-                fallbacks=stats.fallbacks, boxes_dropped=stats.boxes_dropped, bytes_in=stats.bytes_in,
-                bytes_out=stats.bytes_out, seconds=seconds, skipped=[e.as_dict() for e in stats.errors],
-                warnings=list(stats.warnings), timings={k: round(v, 4) for k, v in stats.timings.items()},
-            )
-            write_manifest(stage, {
-                "format": fmt.name,
-                "records": stats.records_out,
-                "classes": list(info.classes),
-                "categories": [dict(c) for c in info.categories],
-                "source": {"path": str(src_path.resolve()), "format": src_format},
-                **manifest,
-                "device": str(device),
-                "errors": summary.skipped,
-                "warnings": summary.warnings,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            })
+        try:
+            with staged_output(dst_path, req.overwrite, stats.warn) as stage:
+                summary = _write(req, reader, entries, info, stage, fmt, plan, device, router, tick, start)
+                write_manifest(stage, {
+                    "format": fmt.name,
+                    "records": stats.records_out,
+                    "classes": manifest_classes(info.classes),
+                    "categories": [dict(c) for c in info.categories],
+                    "source": {"path": str(src_path.resolve()), "format": src_format},
+                    **manifest,
+                    "device": str(device),
+                    "errors": summary.skipped,
+                    "warnings": summary.warnings,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                })
+        except OSError as e:  # disk full, a folder that went away...: the staging folder is gone already
+            raise GpubatchError(f"writing {dst_path} failed: {e.strerror or e}"
+                                f"{f' ({e.filename})' if getattr(e, 'filename', None) else ''}") from None
     return summary
+
+
+def _write(req: Any, reader: Reader, entries: list, info: Any, stage: Path, fmt: Any, plan: Any, device: Device,
+           router: ErrorRouter, tick: Callable[[int], None] | None, start: float) -> RunSummary:
+    """Run the records through ``plan`` into ``fmt`` in ``stage``: the summary of what was written."""
+    stats = router.stats
+    src_path = Path(req.src)
+    inner = fmt.writer(stage, info, WriteOptions(shard_size=req.shard_size, name=req.name, source=str(src_path),
+                                                 extra={"layout": req.layout}))
+    writer: Writer = _LossWarningWriter(inner, fmt, stats, any(op.moves_boxes for op in plan.ops))
+    if plan.augmenting:
+        writer = _ParamsLog(writer, stage / PARAMS_FILE, stats)
+    with writer:
+        _run(device, reader, entries, writer, plan, router, req, tick)
+    for message in inner.warnings:
+        stats.warn(message)
+    if stats.records_in and not stats.records_out:
+        (reason, n), *_ = stats.error_reasons().most_common(1) or [("no output", stats.records_in)]
+        raise GpubatchError(f"none of the {stats.records_in} records of {src_path} could be converted "
+                            f"({n} x {reason}): nothing written")
+    return RunSummary(
+        src=str(src_path), dst=str(req.dst), src_format=reader.format_name, dst_format=fmt.name,
+        device=str(device), device_reason=device.reason, records_in=stats.records_in,
+        records_out=stats.records_out, passthrough=stats.passthrough, transcoded=stats.transcoded,
+        fallbacks=stats.fallbacks, boxes_dropped=stats.boxes_dropped, bytes_in=stats.bytes_in,
+        bytes_out=stats.bytes_out, seconds=time.perf_counter() - start, skipped=[e.as_dict() for e in stats.errors],
+        warnings=list(stats.warnings), timings={k: round(v, 4) for k, v in stats.timings.items()},
+    )
 
 
 PARAMS_FILE = "augment-params.jsonl"
@@ -317,6 +333,7 @@ class AugmentRequest:
     quality: int | None = None
     image_format: str = "keep"
     max_pixels: int | None = None
+    verify: str = "headers"
     min_box_visibility: float = 0.25
     shard_size: int = 10_000
     name: str = "data"
@@ -398,7 +415,7 @@ def augment(
     plan = Plan(ops=ops, image_format=req.image_format, quality=req.quality,
                 max_pixels=DEFAULT_MAX_PIXELS if req.max_pixels is None else int(req.max_pixels),
                 min_box_visibility=req.min_box_visibility, seed=req.seed, copies=req.copies,
-                keep_original=req.keep_original)
+                keep_original=req.keep_original, verify=req.verify)
     _check_output_options(req)
     check_output(source_root(src_path), dst_path, req.overwrite)
     device = resolve(req.device, req.gpu)

@@ -22,7 +22,12 @@ class ExitCode(enum.IntEnum):
     ERROR = 1  # the run failed (I/O error, GPU error, ...)
     USAGE = 2  # bad command line or options (click uses 2 too)
     BAD_RECORD = 3  # --on-error fail stopped on a bad record
-    INTERRUPTED = 130
+    INTERRUPTED = 130  # Ctrl-C (SIGINT)
+    TERMINATED = 143  # SIGTERM (kill, a job scheduler's timeout)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that a run winds down as on Ctrl-C: staging removed."""
 
 
 class GpubatchError(Exception):

@@ -7,7 +7,7 @@ the format modules and the engine alike.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -70,12 +70,18 @@ def other_media_message(path: object, names: list[str]) -> str | None:
 
 # Codec name -> the extension gpubatch writes for it.
 CODEC_EXTENSION: Mapping[str, str] = MappingProxyType(
-    {"jpeg": "jpg", "png": "png", "jpeg2000": "jp2", "bmp": "bmp", "webp": "webp", "tiff": "tiff"}
+    {"jpeg": "jpg", "png": "png", "jpeg2000": "jp2", "bmp": "bmp", "webp": "webp", "tiff": "tiff", "gif": "gif",
+     "avif": "avif", "heif": "heic", "jxl": "jxl", "pnm": "pnm", "qoi": "qoi"}
 )
+
+_HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"hevm", b"hevs", b"mif1", b"msf1"}
 
 
 def sniff_image_codec(data: bytes) -> str | None:
-    """Codec of an encoded image from its magic bytes, or None when it is not a known image."""
+    """Codec of an encoded image from its magic bytes, or None when it is not a known image.
+
+    The bytes decide, never a file's extension: GIF bytes in a file named ``.jpg`` are GIF.
+    """
     if data[:3] == b"\xff\xd8\xff":
         return "jpeg"
     if data[:8] == b"\x89PNG\r\n\x1a\n":
@@ -88,6 +94,21 @@ def sniff_image_codec(data: bytes) -> str | None:
         return "webp"
     if data[:4] in (b"II*\x00", b"MM\x00*"):
         return "tiff"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if data[4:8] == b"ftyp":  # ISO base media: AVIF or HEIF by the major brand, else by a compatible one
+        size = int.from_bytes(data[:4], "big")
+        brands = [data[8:12]] + [data[i : i + 4] for i in range(16, min(size, len(data), 64), 4)]
+        if any(b in (b"avif", b"avis") for b in brands):
+            return "avif"
+        if any(b in _HEIF_BRANDS for b in brands):
+            return "heif"
+    if data[:2] == b"\xff\x0a" or data[:12] == b"\x00\x00\x00\x0cJXL \r\n\x87\n":
+        return "jxl"
+    if data[:4] == b"qoif":
+        return "qoi"
+    if len(data) > 2 and data[:1] == b"P" and data[1:2] in b"1234567" and data[2:3] in b" \t\r\n#":
+        return "pnm"
     return None
 
 
@@ -340,17 +361,83 @@ class Record:
         return self.key.rsplit("/", 1)[-1] + "." + ext
 
 
+class ClassNames(Sequence):
+    """Class names by label where labels run far beyond the classes a dataset names or uses (a label
+    of 20,000,000 among a handful): the names known, ``str(label)`` for every other label below
+    ``count``. It holds no memory per unnamed class, so an absurd label cannot exhaust memory; a
+    table that small labels fill stays a plain tuple (:func:`class_table`).
+
+    Attributes:
+        named: label -> name, for the labels that have a name of their own.
+        count: one more than the largest label.
+    """
+
+    __slots__ = ("named", "count")
+
+    def __init__(self, named: Mapping[int, str], count: int):
+        self.named = MappingProxyType(dict(named))
+        self.count = int(count)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, label):  # type: ignore[override]
+        if isinstance(label, slice):
+            raise TypeError("ClassNames takes one label at a time")
+        label = int(label)
+        if label < 0:
+            label += self.count
+        if not 0 <= label < self.count:
+            raise IndexError(f"label {label} beyond the {self.count:,} classes")
+        return self.named.get(label, str(label))
+
+    def __iter__(self):
+        raise TypeError(f"a table of {self.count:,} mostly unnamed classes is not listed one by one; "
+                        "use .named and len()")
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ClassNames):
+            return self.count == other.count and dict(self.named) == dict(other.named)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.count, tuple(sorted(self.named.items()))))
+
+    def __repr__(self) -> str:
+        return f"ClassNames({len(self.named)} named, count={self.count:,})"
+
+
+#: Labels up to this many classes always get a plain tuple of names.
+DENSE_CLASSES = 1 << 16
+
+
+def class_table(named: Mapping[int, str] | Sequence[str], labels: Any = ()) -> tuple[str, ...] | ClassNames:
+    """Class names for a dataset: ``named`` (names by label, or a list) extended with ``str(i)`` up to its
+    largest label, as a tuple where that is small (at most :data:`DENSE_CLASSES` classes, or no more
+    than four times the labels in use), else a :class:`ClassNames` that holds only the names."""
+    if isinstance(named, ClassNames):
+        names, least = dict(named.named), named.count
+    else:
+        names, least = dict(enumerate(named)) if not isinstance(named, Mapping) else dict(named), 0
+    used = {int(x) for x in labels if x is not None and int(x) >= 0}
+    count = max(max([*used, *names], default=-1) + 1, least)
+    if count <= DENSE_CLASSES or count <= 4 * (len(used) + len(names)):
+        return tuple(names.get(i, str(i)) for i in range(count))
+    return ClassNames({k: v for k, v in names.items() if v != str(k)}, count)
+
+
 @dataclass(frozen=True)
 class DatasetInfo:
     """What a reader knows about its dataset as a whole.
 
     Attributes:
-        classes: class names, indexed by ``Record.label``.
+        classes: class names, indexed by ``Record.label``: a tuple, or a :class:`ClassNames` where
+            labels run far beyond the names (see :func:`class_table`).
         categories: COCO-style detection categories (``{"id", "name", "supercategory"}``), or empty.
         extra: other dataset-level fields (COCO ``info``/``licenses``...).
     """
 
-    classes: tuple[str, ...] = ()
+    classes: tuple[str, ...] | ClassNames = ()
     categories: tuple[Mapping[str, Any], ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
 

@@ -57,14 +57,35 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
 
 
+def _terminate_as_interrupt() -> None:
+    """SIGTERM winds a run down as Ctrl-C does (staging removed, exit 143) instead of killing it where
+    it stands; only the command installs this, never the library."""
+    import signal
+
+    from ..errors import Terminated
+
+    def raise_terminated(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+        raise Terminated
+
+    try:
+        signal.signal(signal.SIGTERM, raise_terminated)
+    except ValueError:  # pragma: no cover - not the main thread (an embedding program's)
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and map errors to exit codes."""
-    from ..errors import ExitCode, GpubatchError
+    from ..errors import ExitCode, GpubatchError, Terminated
 
     debug = "--debug" in (argv if argv is not None else sys.argv[1:]) or bool(os.environ.get("GPUBATCH_DEBUG"))
+    _terminate_as_interrupt()
     try:
         cli.main(args=argv, prog_name="gpubatch", standalone_mode=False)
-    except click.exceptions.Abort:
+    except (Terminated, click.exceptions.Abort) as e:  # click turns an interrupt into Abort
+        if isinstance(e, Terminated) or isinstance(e.__cause__, Terminated):
+            click.echo("terminated: nothing was written to the destination", err=True)
+            sys.exit(ExitCode.TERMINATED)
         click.echo("interrupted", err=True)
         sys.exit(ExitCode.INTERRUPTED)
     except click.ClickException as e:

@@ -39,6 +39,9 @@ def pipeline_options(f):
                      help="Codec of re-encoded images; keep leaves JPEG as JPEG and PNG as PNG."),
         click.option("--max-pixels", type=click.IntRange(min=0), default=None, metavar="N",
                      help="Refuse images above N pixels, before decoding  [default: 89478485, Pillow's limit; 0 = none]"),
+        click.option("--verify", type=click.Choice(["headers", "full"]), default="headers", show_default=True,
+                     help="Check of the images that pass through untouched: headers (PNG CRCs, JPEG end marker), "
+                          "or full: decode every one."),
         click.option("--shard-size", type=click.IntRange(min=1), default=10_000, show_default=True, metavar="N",
                      help="Records per shard (tfrecord, webdataset, recordio)."),
         click.option("--name", default="data", show_default=True, help="Shard file name prefix."),

@@ -127,17 +127,18 @@ def prefetched(items: Iterable[T], depth: int = 2) -> Iterator[T]:
                 t.join(0.05)
 
 
-def check_encoded(record: Record, max_pixels: int) -> None:
-    """Cheap validity check of bytes that pass through untouched.
+def check_encoded(record: Record, max_pixels: int, full: bool = False) -> str:
+    """Validity check of bytes that pass through untouched; returns the codec the bytes hold.
 
-    Reads the header (size, mode) without decoding; a JPEG without its end marker or a PNG without its
-    IEND chunk is fully decoded to tell trailing bytes from truncation.
+    Reads the header (size, mode) without decoding. A JPEG without its end marker is fully decoded to
+    tell trailing bytes from truncation; a PNG has every chunk's CRC checked; other codecs (WebP, TIFF,
+    GIF, JPEG 2000, ...) are decoded. ``full`` (``--verify full``) decodes every image.
 
     Raises:
         RecordError: not an image, truncated, corrupt, or above ``max_pixels``.
     """
     if record.media is not Media.IMAGE:
-        return
+        return record.codec
     try:
         hdr = host_codec.probe(record.data)
     except ValueError as e:
@@ -147,16 +148,18 @@ def check_encoded(record: Record, max_pixels: int) -> None:
             record.key, record.origin, Stage.DECODE,
             f"image of {hdr.width}x{hdr.height} = {hdr.width * hdr.height} pixels exceeds --max-pixels {max_pixels}",
         )
+    if hdr.codec == "png":
+        damage = host_codec.png_damage(record.data)
+        if damage:
+            raise RecordError(record.key, record.origin, Stage.DECODE, damage)
     tail = record.data[-16:].rstrip(b"\x00\r\n ")
-    complete = (
-        (hdr.codec == "jpeg" and tail.endswith(b"\xff\xd9"))
-        or (hdr.codec == "png" and b"IEND" in record.data[-12:])
-    )
-    if not complete:
+    complete = (hdr.codec == "jpeg" and tail.endswith(b"\xff\xd9")) or hdr.codec == "png"
+    if full or not complete:
         try:
             host_codec.decode(record.data, max_pixels)
         except ValueError as e:
             raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+    return hdr.codec
 
 
 def read_counted(reader: Reader, entry: Any, stats: RunStats) -> Record | RecordError:
@@ -172,11 +175,11 @@ def read_counted(reader: Reader, entry: Any, stats: RunStats) -> Record | Record
 def pass_through(record: Record, plan: Plan, stats: RunStats) -> Record | RecordError:
     """A record whose bytes go out untouched, after :func:`check_encoded`."""
     try:
-        check_encoded(record, plan.max_pixels)
+        codec = check_encoded(record, plan.max_pixels, plan.verify == "full")
     except RecordError as e:
         return e
     stats.add(passthrough=1)
-    return record
+    return record if codec == record.codec else record.with_(codec=codec)  # the bytes decide, not a name
 
 
 def transform_host(record: Record, plan: Plan, stats: RunStats, pixels: Any = None) -> Record:
@@ -190,6 +193,10 @@ def transform_host(record: Record, plan: Plan, stats: RunStats, pixels: Any = No
     except Exception as e:  # record boundary: any op failure is this record's error
         raise RecordError(record.key, record.origin, Stage.TRANSFORM, f"{type(e).__name__}: {e}") from None
     codec = plan.out_codec(record.codec)
+    try:
+        plan.check_encodable(codec, *pixels.shape[:2])
+    except ValueError as e:
+        raise RecordError(record.key, record.origin, Stage.ENCODE, str(e)) from None
     try:
         data = host_codec.encode(pixels, codec, plan.jpeg_quality)
     except Exception as e:  # record boundary
@@ -287,7 +294,7 @@ def _write_one(result: Record | RecordError, writer: Writer, router: ErrorRouter
         return
     try:
         writer.write(result)
-    except ValueError as e:  # this record does not fit the format; I/O errors end the run
-        router(RecordError(result.key, result.origin, Stage.WRITE, str(e)))
+    except (ValueError, RecursionError) as e:  # this record does not fit the format; I/O errors end the run
+        router(RecordError(result.key, result.origin, Stage.WRITE, str(e) or type(e).__name__))
     else:
         stats.add(records_out=1, bytes_out=len(result.data))

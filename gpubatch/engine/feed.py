@@ -258,7 +258,7 @@ def _read_records(slot: int, entries: list[Any]) -> tuple:
             else:
                 try:
                     jobs.append(Job(source, template, *plan.draw_and_move(rec.key, hw[0], hw[1], rec.boxes)))
-                except ValueError as e:  # an op would make it too large
+                except Exception as e:  # noqa: BLE001 - the record boundary: an op too large, hostile boxes
                     results.append(RecordError(rec.key, rec.origin, Stage.TRANSFORM, str(e)))
                     continue
             results.append(len(jobs) - 1)

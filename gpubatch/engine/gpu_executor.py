@@ -117,7 +117,7 @@ def set_sync_policy(device_index: int, policy: str, only_before_context: bool = 
     return fn(dev, ctypes.c_uint(SYNC_POLICIES[policy])) == 0
 
 
-_SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?i?b?)?\s*$", re.I)
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]?i?b?)?\s*$", re.I)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6, "mib": 1 << 20,
           "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
 
@@ -133,11 +133,14 @@ def parse_memory(spec: str | int | float | None, total: int) -> int:
         if not m:
             raise UsageError(f"--gpu-memory {spec!r}: give a size like 2GiB, 512MiB or a fraction like 0.5")
         value, unit = float(m.group(1)), (m.group(2) or "").lower()
+    if value <= 0:
+        raise UsageError(f"--gpu-memory {spec!r}: give a size above 64 MiB (2GiB, 512MiB) or a fraction above 0")
     if unit == "" and value <= 1.0:
-        return int(value * total)
-    if unit not in _UNITS:
+        out = int(value * total)
+    elif unit not in _UNITS:
         raise UsageError(f"--gpu-memory {spec!r}: unknown unit {unit!r}")
-    out = int(value * _UNITS[unit])
+    else:
+        out = int(value * _UNITS[unit])
     if out < 64 << 20:
         raise UsageError(f"--gpu-memory {spec!r} is below 64 MiB: too small for any batch")
     return out
@@ -1031,10 +1034,17 @@ def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any,
         else:  # the header said otherwise (or nothing): draw for the decoded size
             try:
                 drawn, boxes, d = plan.draw_and_move(t.key, hw[0], hw[1], t.boxes)
-            except ValueError as e:  # an op would make it too large
-                out[pos] = RecordError(t.key, t.origin, Stage.TRANSFORM, str(e))
+            except Exception as e:  # noqa: BLE001 - the record boundary: an op too large, hostile boxes
+                out[pos] = RecordError(t.key, t.origin, Stage.TRANSFORM, f"{e}")
                 continue
             redrawn.append(len(rows))
+        try:
+            plan.check_encodable(plan.out_codec(t.codec), *plan.out_hw(hw[0], hw[1], drawn))
+        except ValueError as e:
+            out[pos] = RecordError(t.key, t.origin, Stage.ENCODE, str(e))
+            if len(redrawn) and redrawn[-1] == len(rows):
+                redrawn.pop()
+            continue
         dropped += d
         if plan.augmenting:
             stats.drawn[t.key] = drawn

@@ -12,6 +12,8 @@ from .ops.base import Op
 from .registry import DEVICE, get_kernel
 
 IMAGE_FORMATS = ("keep", "jpeg", "png")
+VERIFY = ("headers", "full")
+JPEG_MAX_SIDE = 65_535
 _LOSSLESS = {"png", "bmp", "tiff"}
 
 
@@ -30,6 +32,8 @@ class Plan:
         copies: 0 for convert (each record goes out once, under its own key); K >= 1 for augment: K
             variants ``<key>_aug<k>`` per record, each drawing its own parameters.
         keep_original: with ``copies``, also write each record untouched under its own key.
+        verify: how the bytes that pass through untouched are checked: "headers" (the header read, a
+            PNG's chunk CRCs, a JPEG without its end marker decoded) or "full" (every image decoded).
     """
 
     ops: tuple[Op, ...] = ()
@@ -40,8 +44,11 @@ class Plan:
     seed: int = 0
     copies: int = 0
     keep_original: bool = False
+    verify: str = "headers"
 
     def __post_init__(self) -> None:
+        if self.verify not in VERIFY:
+            raise UsageError(f"unknown --verify {self.verify!r}; supported: {', '.join(VERIFY)}")
         if self.image_format not in IMAGE_FORMATS:
             raise UsageError(f"unknown image format {self.image_format!r}; supported: {', '.join(IMAGE_FORMATS)}")
         if self.quality is not None and not 1 <= int(self.quality) <= 100:
@@ -100,13 +107,27 @@ class Plan:
         return "png" if codec in _LOSSLESS else "jpeg"
 
     def needs_decode(self, codec: str) -> bool:
-        """Whether a record of ``codec`` must be decoded and re-encoded under this plan."""
+        """Whether a record of ``codec`` must be decoded and re-encoded under this plan: always with ops;
+        with ``--image-format`` where the codec differs; with ``--quality`` alone for JPEGs only. Without
+        any of them, every codec's bytes pass through untouched (a lossless WebP stays lossless, an
+        animated one keeps its frames)."""
         if self.ops:
             return True
-        out = self.out_codec(codec)
-        if out != codec:
-            return True
+        if self.image_format != "keep":
+            return self.image_format != codec or (self.quality is not None and codec == "jpeg")
         return self.quality is not None and codec == "jpeg"
+
+    def check_encodable(self, codec: str, height: int, width: int) -> None:
+        """Raise a ValueError where ``codec`` cannot hold an image of this size (JPEG's 65,535-pixel side)."""
+        if codec == "jpeg" and max(height, width) > JPEG_MAX_SIDE:
+            raise ValueError(f"the {width}x{height} result is beyond JPEG's limit of {JPEG_MAX_SIDE:,} pixels a side: "
+                             "pass --image-format png to write such images")
+
+    def out_hw(self, h: int, w: int, params: list | None) -> tuple[int, int]:
+        """The size the chain makes of an (h, w) image with these drawn parameters."""
+        for op, p in zip(self.ops, params or [None] * len(self.ops)):
+            h, w = op.out_hw(h, w, p)
+        return h, w
 
     def validate(self, backend: str) -> None:
         """Check that every op can run on ``backend`` (raises UsageError naming what exists)."""
@@ -190,6 +211,7 @@ def make_plan(
     image_format: str = "keep",
     quality: int | None = None,
     max_pixels: int | None = None,
+    verify: str = "headers",
 ) -> Plan:
     """The plan of ``convert``'s pixel options: resize (h, w), then resize-shorter, then center crop."""
     from .ops.geometry import CenterCrop, Resize, ResizeShorter
@@ -206,4 +228,5 @@ def make_plan(
         image_format=image_format,
         quality=quality,
         max_pixels=DEFAULT_MAX_PIXELS if max_pixels is None else int(max_pixels),
+        verify=verify,
     )

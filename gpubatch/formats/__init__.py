@@ -61,8 +61,12 @@ def _some_file_names(path: Path, most: int = 1000) -> list[str]:
 
 def detect(path: Path) -> type[Format]:
     """Recognize the format of the dataset at ``path`` (its manifest first, then each format's check)."""
+    return _detect(Path(path))[0]
+
+
+def _detect(path: Path) -> tuple[type[Format], str | None]:
+    """The format of the dataset at ``path``, and a warning where its manifest named another one."""
     _load()
-    path = Path(path)
     require_source(path)
     from .manifest import read_manifest
 
@@ -76,13 +80,18 @@ def detect(path: Path) -> type[Format]:
         if fmt is None:
             raise FormatError(f"{matched[0]}, the first file {path} names, is no webdataset, tfrecord or recordio "
                               "shard: a source pattern picks shards of those formats")
-        return fmt
-    manifest = read_manifest(path)
-    if manifest and manifest.get("format") in FORMATS:
-        return FORMATS[manifest["format"]]
+        return fmt, None
+    manifest = read_manifest(path) or {}
+    said = FORMATS.get(manifest.get("format"))
+    if said is not None and said.detect(path):
+        return said, None
     for fmt in sorted(FORMATS.values(), key=lambda f: f.detect_priority):
         if fmt.detect(path):
-            return fmt
+            warning = None
+            if said is not None:  # what is on disk wins over the sidecar
+                warning = (f"{path}'s gpubatch.json says {said.name}, but its files are a {fmt.name} dataset: read "
+                           f"as {fmt.name}")
+            return fmt, warning
     media = other_media_message(path, _some_file_names(path))
     if media:
         raise FormatError(media)
@@ -95,12 +104,14 @@ def open_reader(path: Path, fmt: str | None = None) -> Reader:
     """A reader for the dataset at ``path``, its format detected unless ``fmt`` names it."""
     path = Path(path)
     require_source(path)
-    cls = get_format(fmt) if fmt else detect(path)
+    cls, warning = (get_format(fmt), None) if fmt else _detect(path)
     if source_files(path) and not cls.sharded:
         raise UsageError(f"a source pattern picks shards of webdataset, tfrecord or recordio; {cls.name} takes "
                          "its folder (or file) itself")
     reader = cls.reader(path)
     reader.format_name = cls.name
+    if warning:
+        reader.warnings.insert(0, warning)
     return reader
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from .._paths import MAX_RECORD_BYTES  # noqa: F401 - the formats' bound on a record's bytes
 from ..errors import RecordError, Stage
 from ..types import DatasetInfo, Media, Record
 
@@ -91,6 +92,19 @@ def image_size(record: Record) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
+class Damaged:
+    """An entry for what a reader found damaged or unreadable while listing its dataset: a broken
+    stretch of a shard, a folder it cannot list, a file that is no regular file, a line of a file list
+    that names no record. It counts as one of the dataset's records and is reported as skipped with its
+    reason, so that nothing the source holds goes missing without a word.
+    """
+
+    key: str
+    origin: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class WriteOptions:
     """Options every writer understands.
 
@@ -121,12 +135,41 @@ class Reader(abc.ABC):
         """List the dataset's entries (cheap: names, offsets, index lines), in dataset order."""
 
     @abc.abstractmethod
+    def _read(self, entry: Any) -> Record:
+        """Read one entry (never a :class:`Damaged` one). Raises RecordError when it is corrupt."""
+
+    def where(self, entry: Any) -> tuple[str, str]:
+        """(key, origin) of an entry, for the error of a read that failed before the reader said."""
+        return str(entry)[:120], str(self.path)
+
     def read(self, entry: Any) -> Record:
-        """Read one entry. Raises RecordError when that entry is corrupt."""
+        """Read one entry.
+
+        Raises:
+            RecordError: the entry is damaged or corrupt. This is the record boundary: whatever a reader
+                meets in hostile data (a value of the wrong type, an I/O error) becomes this record's
+                error, never the run's end.
+        """
+        if isinstance(entry, Damaged):
+            raise RecordError(entry.key, entry.origin, Stage.READ, entry.reason)
+        try:
+            return self._read(entry)
+        except RecordError:
+            raise
+        except OSError as e:
+            key, origin = self.where(entry)
+            raise RecordError(key, origin, Stage.READ, f"cannot read: {e.strerror or e}") from None
+        except Exception as e:  # noqa: BLE001 - the record boundary (see the docstring)
+            key, origin = self.where(entry)
+            raise RecordError(key, origin, Stage.READ, f"{type(e).__name__}: {e}") from None
 
     def info(self) -> DatasetInfo:
         """Dataset-level facts (classes, categories)."""
         return DatasetInfo()
+
+    def roots(self) -> list[Path]:
+        """Every folder the dataset is read from (an output must lie outside all of them)."""
+        return [self.path]
 
     def entries(self) -> list[Any]:
         if self._entries is None:
@@ -189,6 +232,9 @@ class Format(abc.ABC):
     carries_boxes: ClassVar[bool] = False
     carries_label_arrays: ClassVar[bool] = False  # RecordIO's multi-label arrays (kept in meta by some)
     carries_members: ClassVar[bool] = False  # a WebDataset sample's other members and .json fields
+    #: the image codecs this format's own readers decode; None where any codec goes (a file keeps its
+    #: codec's extension). A record of another codec stops the run before DST is written.
+    image_codecs: ClassVar[frozenset[str] | None] = None
     detect_priority: ClassVar[int] = 50  # lower is tried first
     sharded: ClassVar[bool] = False  # read from shard files, so a source pattern may pick some of them
 
@@ -204,6 +250,11 @@ class Format(abc.ABC):
     @classmethod
     @abc.abstractmethod
     def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer: ...
+
+
+# What Caffe and MXNet (OpenCV's imdecode) and DALI (nvImageCodec) all decode: LMDB Datums and RecordIO
+# records hold nothing that names a codec, so their readers decode only these.
+OPENCV_AND_DALI_CODECS = frozenset({"jpeg", "png", "bmp", "tiff", "webp", "jpeg2000", "pnm"})
 
 
 class ShardedWriter(Writer):

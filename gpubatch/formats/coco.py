@@ -22,15 +22,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .._paths import safe_join, safe_relpath
+from .._paths import read_regular, safe_join, safe_relpath
 from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
-from . import register_format
-from .base import Format, Reader, WriteOptions, Writer, image_size
+from . import fields, register_format
+from .base import Damaged, Format, Reader, WriteOptions, Writer, image_size
 from .folder import safe_component
 from .manifest import read_manifest
 
 ANNOTATIONS = "annotations/instances.json"
+MAX_JSON_BYTES = 1 << 36  # a bound against a device named like a JSON, not on real files (LVIS's is 1.1 GB)
 _BOX_FIELDS = {"bbox", "category_id", "image_id", "iscrowd"}
 _IMAGE_FIELDS = {"id", "file_name", "width", "height", "label"}
 
@@ -77,6 +78,17 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+def _category(c: Any) -> bool:
+    """An entry of 'categories' gpubatch can use: an object with a whole-number id."""
+    if not isinstance(c, dict):
+        return False
+    try:
+        fields.ident(c.get("id"), "id")
+    except ValueError:
+        return False
+    return True
+
+
 def _ids(ids: Iterable[Any]) -> str:
     ids = list(ids)
     shown = ", ".join(str(i) for i in ids[:3])
@@ -105,6 +117,8 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
     """
     image_ids: dict[Any, int] = {}
     for im in doc["images"]:
+        if not isinstance(im, dict):
+            continue
         key = _id_key(im.get("id"))
         image_ids[key] = image_ids.get(key, 0) + 1
     cats = doc.get("categories")
@@ -122,8 +136,12 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
             continue
         bbox = a.get("bbox")
         box = [_number(v) for v in bbox] if isinstance(bbox, list) and len(bbox) == 4 else [None]
-        cat, crowd = _number(a.get("category_id")), _number(a.get("iscrowd", 0))
-        if None in box or cat is None or cat != int(cat) or crowd is None or crowd != int(crowd):
+        try:
+            cat = fields.ident(a.get("category_id"), "category_id")
+            fields.whole(a.get("iscrowd", 0), "iscrowd", 0, 1)
+        except ValueError:
+            cat = None
+        if None in box or cat is None:
             malformed.append(aid)
             continue
         if box[2] < 0 or box[3] < 0:
@@ -133,13 +151,14 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
         if image_id not in image_ids:
             orphans.append(aid)
             continue
-        if int(cat) not in known:
-            unknown[int(cat)] = unknown.get(int(cat), 0) + 1
+        if cat not in known:
+            unknown[cat] = unknown.get(cat, 0) + 1
         anns.setdefault(image_id, []).append(a)
     warnings = [f"{name}: {_count(len(found), 'annotation')} {what} ({_ids(found)})" for found, what in (
         (boxless, "with neither bbox nor category_id left out: not object annotations (COCO's captions?); gpubatch "
                   "reads instance and keypoint files"),
-        (malformed, "dropped: bbox not four numbers, or category_id / iscrowd not a whole number"),
+        (malformed, "dropped: bbox not four numbers, category_id not a whole number, iscrowd not 0 or 1, or "
+                    "not an object"),
         (negative, "dropped: bbox of negative width or height"),
         (orphans, "with an image_id no image has, not written"),
     ) if found]
@@ -163,16 +182,24 @@ class CocoReader(Reader):
         super().__init__(path if path.is_dir() else ann.parent)
         self.ann_file = ann
         try:
-            doc = json.loads(ann.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
+            doc = fields.json_value(read_regular(ann, MAX_JSON_BYTES), ann.name)
+        except OSError as e:
+            raise FormatError(f"cannot read {ann}: {e.strerror or e}") from None
+        except ValueError as e:
             raise FormatError(f"cannot read {ann}: {e}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
             raise FormatError(f"{ann} is not a COCO instances file (no 'images' list)")
-        if not all(isinstance(im, dict) for im in doc["images"]):
-            raise FormatError(f"{ann}: every entry of 'images' must be an object")
-        self.doc = doc
-        self.anns, self.warnings = check_annotations(doc, ann.name)
-        self.keypoint_flip = keypoint_flips(doc.get("categories"))
+        cats = doc.get("categories")
+        kept = [c for c in cats if _category(c)] if isinstance(cats, list) else []
+        self.doc = {**doc, "categories": kept}
+        self.anns, self.warnings = check_annotations(self.doc, ann.name)
+        if isinstance(cats, list) and len(kept) < len(cats):
+            n = len(cats) - len(kept)
+            self.warnings.append(f"{ann.name}: {n} {'entry' if n == 1 else 'entries'} of 'categories' left out: "
+                                 "not an object with a whole-number id")
+        elif cats is not None and not isinstance(cats, list):
+            self.warnings.append(f"{ann.name}: 'categories' is a JSON {type(cats).__name__}, not a list: left out")
+        self.keypoint_flip = keypoint_flips(kept)
         self.image_root = self._find_image_root()
 
     def _find_image_root(self) -> Path:
@@ -180,7 +207,8 @@ class CocoReader(Reader):
         split = self.ann_file.stem.split("_", 1)[-1]
         roots = [self.path / "images", ann_dir.parent / "images", self.path / split, ann_dir.parent / split,
                  ann_dir, self.path]
-        first = next((im.get("file_name") for im in self.doc["images"] if im.get("file_name")), None)
+        first = next((im["file_name"] for im in self.doc["images"]
+                      if isinstance(im, dict) and isinstance(im.get("file_name"), str) and im["file_name"]), None)
         if first:
             for r in roots:
                 try:
@@ -190,8 +218,19 @@ class CocoReader(Reader):
                     break
         return roots[0] if roots[0].is_dir() else self.path
 
-    def _scan(self) -> list[dict]:
-        return sorted(self.doc["images"], key=lambda im: (str(type(im.get("id"))), _id_key(im.get("id")) or 0))
+    def roots(self) -> list[Path]:
+        """The dataset folder, the JSON's folder and the image folder the JSON refers to."""
+        return [self.path, self.ann_file.parent, self.image_root]
+
+    def _scan(self) -> list[dict | Damaged]:
+        images = [im for im in self.doc["images"] if isinstance(im, dict)]
+        bad = [Damaged(f"images[{i}]", f"{self.ann_file}#images[{i}]", f"an entry of 'images' that is a JSON "
+                       f"{type(im).__name__}, not an object") for i, im in enumerate(self.doc["images"])
+               if not isinstance(im, dict)]
+        return sorted(images, key=lambda im: (str(type(im.get("id"))), _id_key(im.get("id")) or 0)) + bad
+
+    def where(self, image: dict) -> tuple[str, str]:
+        return str(image.get("file_name") or image.get("id"))[:200], f"{self.ann_file}#{str(image.get('id'))[:40]}"
 
     def info(self) -> DatasetInfo:
         manifest = read_manifest(self.path) or {}
@@ -199,21 +238,27 @@ class CocoReader(Reader):
         extra = {k: self.doc[k] for k in ("info", "licenses") if k in self.doc}
         return DatasetInfo(classes=tuple(manifest.get("classes") or ()), categories=tuple(cats), extra=extra)
 
-    def read(self, image: dict) -> Record:
-        name = str(image.get("file_name", ""))
-        key = name.rsplit(".", 1)[0] if name else str(image.get("id"))
+    def _read(self, image: dict) -> Record:
+        where = f"{self.ann_file}#{str(image.get('id'))[:40]}"
         try:
+            name = fields.name(image.get("file_name"), "file_name")
+            key = name.rsplit(".", 1)[0]
             rel = safe_relpath(name)
             path = safe_join(self.image_root, rel)
         except ValueError as e:
-            raise self.record_error(key, f"{self.ann_file}#{image.get('id')}", e) from None
+            raise self.record_error(str(image.get("id"))[:200], where, e) from None
         origin = str(path)
         try:
-            data = path.read_bytes()
+            data = read_regular(path)
         except OSError as e:
+            raise self.record_error(key, origin, e.strerror or e) from None
+        except ValueError as e:
             raise self.record_error(key, origin, e) from None
+        try:
+            h, w = fields.side(image.get("height"), "height"), fields.side(image.get("width"), "width")
+        except ValueError as e:
+            raise self.record_error(key, where, e) from None
         anns = self.anns.get(_id_key(image.get("id")), [])
-        h, w = int(image.get("height") or 0), int(image.get("width") or 0)
         if not h or not w:
             from ..engine.codecs.image import probe
 

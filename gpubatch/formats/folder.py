@@ -21,11 +21,20 @@ import os
 import re
 import unicodedata
 from pathlib import Path
+from typing import Any
 
-from .._paths import safe_join, safe_relpath
-from ..types import IMAGE_EXTENSIONS, DatasetInfo, Record, other_media_message, sniff_image_codec
-from . import register_format
-from .base import Format, Reader, WriteOptions, Writer, names_a_split
+from .._paths import file_kind, read_regular, safe_join, safe_relpath
+from ..types import (
+    IMAGE_EXTENSIONS,
+    ClassNames,
+    DatasetInfo,
+    Record,
+    class_table,
+    other_media_message,
+    sniff_image_codec,
+)
+from . import fields, register_format
+from .base import Damaged, Format, Reader, WriteOptions, Writer, names_a_split
 from .manifest import MANIFEST_NAME, read_manifest
 
 FILE_LIST = "file_list.txt"
@@ -35,28 +44,61 @@ def _is_image_name(name: str) -> bool:
     return "." in name and name.rsplit(".", 1)[1].lower() in IMAGE_EXTENSIONS
 
 
-def _walk_images(root: Path) -> list[str]:
-    """Relative POSIX paths of image files under ``root``, sorted, hidden files and folders skipped.
+def _list_folder(path: str) -> list[os.DirEntry]:
+    """The entries of one folder (a seam the tests use to make a folder unreadable when run as root)."""
+    with os.scandir(path) as it:
+        return list(it)
+
+
+def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str = "") -> list[str]:
+    """Relative POSIX paths of the regular image files under ``root``, sorted, hidden files and folders
+    skipped.
 
     Linked folders are followed, but not a link to a folder the walk is inside (``ln -s .. up``): the
-    walk stops there instead of going round the loop.
+    walk stops there instead of going round the loop. What cannot be read as a record is added to
+    ``damaged`` (its keys and origins prefixed by ``prefix``), never left out without a word: a folder
+    that cannot be listed, an image name that is a FIFO, a device, a socket or a broken link.
     """
-    out = []
+    out: list[str] = []
+    damaged = [] if damaged is None else damaged
     top = Path(root).resolve()
-    inside = {str(root): frozenset(str(p) for p in (top, *top.parents))}  # real folders each walked folder is in
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        above = inside.pop(dirpath)
-        keep = []
-        for d in sorted(d for d in dirnames if not d.startswith(".")):
-            real = os.path.realpath(os.path.join(dirpath, d))
-            if real not in above:
-                keep.append(d)
-                inside[os.path.join(dirpath, d)] = above | {real}
-        dirnames[:] = keep
-        rel = os.path.relpath(dirpath, root)
-        for f in filenames:
-            if not f.startswith(".") and _is_image_name(f):
-                out.append(f if rel == "." else f"{rel}/{f}".replace(os.sep, "/"))
+    stack = [(str(root), "", frozenset(str(p) for p in (top, *top.parents)))]  # real folders it is inside
+    while stack:
+        folder, rel, above = stack.pop()
+        try:
+            items = _list_folder(folder)
+        except OSError as e:
+            where = f"{prefix}{rel}" if rel else prefix.rstrip("/") or "."
+            damaged.append(Damaged(where, folder, f"cannot list the folder: {e.strerror or e}"))
+            continue
+        for entry in items:
+            name = entry.name
+            if name.startswith("."):
+                continue
+            path = f"{rel}/{name}" if rel else name
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir:
+                real = os.path.realpath(entry.path)
+                if real not in above:
+                    stack.append((entry.path, path, above | {real}))
+                continue
+            if not _is_image_name(name):
+                continue
+            try:
+                regular = entry.is_file()
+            except OSError:
+                regular = False
+            if regular:
+                out.append(path)
+                continue
+            try:
+                kind = file_kind(os.stat(entry.path).st_mode)
+            except OSError:
+                kind = "a broken link" if entry.is_symlink() else "unreadable"
+            damaged.append(Damaged(_strip_ext(prefix + path), entry.path, f"{kind}, not a regular file"))
     return sorted(out)
 
 
@@ -89,11 +131,15 @@ def _strip_ext(rel: str) -> str:
     return rel.rsplit(".", 1)[0] if "." in rel.rsplit("/", 1)[-1] else rel
 
 
-def label_names(labels: list[int], known: list[str] | None) -> tuple[str, ...]:
-    """Class names for integer labels: the known names, extended with ``str(i)`` where missing."""
-    known = list(known or [])
-    top = max(labels, default=-1)
-    return tuple(known[i] if i < len(known) else str(i) for i in range(max(top + 1, len(known))))
+def label_names(labels: list[int], known: Any = None) -> tuple[str, ...] | ClassNames:
+    """Class names for integer labels: the known names, extended with ``str(i)`` where missing
+    (:func:`~gpubatch.types.class_table`: no table sized by an absurd label)."""
+    return class_table(known or (), labels)
+
+
+def _in_order(entries: list[tuple[str, int | None]], damaged: list[Damaged]) -> list:
+    """Image entries and damaged ones merged in path order."""
+    return sorted([*entries, *damaged], key=lambda e: e.key if isinstance(e, Damaged) else _strip_ext(e[0]))
 
 
 class FolderReader(Reader):
@@ -105,64 +151,91 @@ class FolderReader(Reader):
         elif (path / FILE_LIST).is_file():
             self.list_file = path / FILE_LIST
         super().__init__(path)
-        self._classes: tuple[str, ...] = ()
+        self._classes: tuple[str, ...] | ClassNames = ()
 
-    def _scan(self) -> list[tuple[str, int | None]]:
+    def _scan(self) -> list[tuple[str, int | None] | Damaged]:
         manifest = read_manifest(self.path) or {}
         if self.list_file is not None:
-            entries = []
-            lines = self.list_file.read_text(encoding="utf-8").splitlines()
-            firsts = [ln.split()[0] for ln in lines if ln.strip() and not ln.strip().startswith("#")]
-            media = other_media_message(self.path, firsts)
-            if media and not any(_is_image_name(f) for f in firsts):  # e.g. DALI's video lists: path label start end
-                from ..errors import FormatError
+            return self._scan_list(manifest)
+        from ..errors import FormatError
 
-                raise FormatError(media)
-            for n, line in enumerate(lines, 1):
-                line = line.strip()
-                if not line or line.startswith("#"):
-                    continue
-                parts = line.rsplit(maxsplit=1)
-                if len(parts) != 2 or not re.fullmatch(r"-?\d+", parts[1]):
-                    from ..errors import FormatError
-
-                    raise FormatError(f"{self.list_file}:{n}: expected 'relative/path label', got {line!r}")
-                label = int(parts[1])
-                entries.append((safe_relpath(parts[0]), label if label >= 0 else None))  # -1: unlabeled
-            self._classes = label_names([e[1] for e in entries if e[1] is not None], manifest.get("classes"))
-            return entries
-        subdirs = sorted(
-            d.name for d in self.path.iterdir() if d.is_dir() and not d.name.startswith(".")
-        )
-        per_class = {d: _walk_images(self.path / d) for d in subdirs}
-        classes = [d for d in subdirs if per_class[d]]
+        try:
+            subdirs = sorted(e.name for e in _list_folder(str(self.path)) if not e.name.startswith(".") and e.is_dir())
+        except OSError as e:
+            raise FormatError(f"cannot list {self.path}: {e.strerror or e}") from None
+        per_class: dict[str, list[str]] = {}
+        damaged: dict[str, list[Damaged]] = {}
+        for d in subdirs:
+            damaged[d] = []
+            per_class[d] = _walk_images(self.path / d, damaged[d], f"{d}/")
+        # a class folder that could not be listed stays a class, so the classes after it keep their labels
+        classes = [d for d in subdirs if per_class[d] or damaged[d]]
         layout = _detection_layout(self.path, {f"{c}/{f}".rsplit("/", 1)[0] for c in classes for f in per_class[c]})
-        splits = [c for c in classes if names_a_split(c) and all("/" in f for f in per_class[c])]
+        splits = [c for c in classes if per_class[c] and names_a_split(c) and all("/" in f for f in per_class[c])]
         if splits and not layout:  # root/train/<class>/..., root/val/<class>/...: each split would be one class
             layout = (f"{self.path} holds split folders ({', '.join(c + '/' for c in splits)}) with class folders "
                       f"inside: read as class folders, each split would become one class; pass one split, e.g. "
                       f"{self.path / splits[0]}")
         if layout:
-            from ..errors import FormatError
-
             raise FormatError(layout)
         if classes:
             self._classes = tuple(classes)
-            return [(f"{c}/{f}", i) for i, c in enumerate(classes) for f in per_class[c]]
-        self._classes = tuple(manifest.get("classes") or ())
-        return [(f, None) for f in _walk_images(self.path)]
+            return [e for i, c in enumerate(classes) for e in _in_order(
+                [(f"{c}/{f}", i) for f in per_class[c]], damaged[c])]
+        self._classes = manifest.get("classes") or ()
+        flat: list[Damaged] = []
+        return _in_order([(f, None) for f in _walk_images(self.path, flat)], flat)
+
+    def _scan_list(self, manifest: dict) -> list[tuple[str, int | None] | Damaged]:
+        """The entries of a DALI-style file list; a line that names no record becomes a Damaged entry."""
+        from ..errors import FormatError
+
+        try:
+            raw = read_regular(self.list_file)
+        except (OSError, ValueError) as e:
+            raise FormatError(f"cannot read {self.list_file}: {getattr(e, 'strerror', None) or e}") from None
+        lines = raw.decode("utf-8", "surrogateescape").splitlines()  # names as the file system holds them
+        firsts = [ln.split()[0] for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+        media = other_media_message(self.path, firsts)
+        if media and not any(_is_image_name(f) for f in firsts):  # e.g. DALI's video lists: path label start end
+            raise FormatError(media)
+        entries: list[tuple[str, int | None] | Damaged] = []
+        for n, line in enumerate(lines, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            where = f"{self.list_file}:{n}"
+            parts = line.rsplit(maxsplit=1)
+            if len(parts) != 2 or not re.fullmatch(r"-?\d+", parts[1]):
+                entries.append(Damaged(f"line {n}", where, f"expected 'relative/path label', got {line[:80]!r}"))
+                continue
+            try:
+                rel = safe_relpath(parts[0])
+                label = fields.label(int(parts[1]))  # -1: unlabeled
+            except ValueError as e:
+                entries.append(Damaged(_strip_ext(parts[0])[:200], where, str(e)))
+                continue
+            entries.append((rel, label))
+        self._classes = label_names([e[1] for e in entries if isinstance(e, tuple) and e[1] is not None],
+                                    manifest.get("classes"))
+        return entries
 
     def info(self) -> DatasetInfo:
         self.entries()
         manifest = read_manifest(self.path) or {}
         return DatasetInfo(classes=self._classes, categories=tuple(manifest.get("categories") or ()))
 
-    def read(self, entry: tuple[str, int | None]) -> Record:
+    def where(self, entry: tuple[str, int | None]) -> tuple[str, str]:
+        return _strip_ext(entry[0]), str(self.path / entry[0])
+
+    def _read(self, entry: tuple[str, int | None]) -> Record:
         rel, label = entry
         origin = str(self.path / rel)
         try:
-            data = safe_join(self.path, rel).read_bytes()
-        except (OSError, ValueError) as e:
+            data = read_regular(safe_join(self.path, rel))
+        except OSError as e:
+            raise self.record_error(_strip_ext(rel), origin, e.strerror or e) from None
+        except ValueError as e:
             raise self.record_error(_strip_ext(rel), origin, e) from None
         ext = rel.rsplit(".", 1)[-1].lower() if "." in rel else ""
         codec = sniff_image_codec(data) or IMAGE_EXTENSIONS.get(ext, ext)

@@ -14,20 +14,24 @@ not samples, and are left out. Pickled values are refused, never unpickled: unpi
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import struct
 import threading
 from pathlib import Path
 
 import numpy as np
 
+from .._paths import MAX_RECORD_BYTES
 from ..errors import DependencyError, FormatError
 from ..types import DatasetInfo, Record, sniff_image_codec
-from . import register_format
-from .base import Format, Reader, WriteOptions, Writer
+from . import fields, register_format
+from .base import OPENCV_AND_DALI_CODECS, Format, Reader, WriteOptions, Writer
 from .folder import label_names
 from .manifest import read_manifest
 
 MAX_KEY_BYTES = 511
+_LMDB_MAGIC = 0xBEEFC0DE
 COMMIT_EVERY = 1000
 COMMIT_BYTES = 64 << 20
 _KEY_PREFIX = re.compile(rb"^\d{8}_")
@@ -116,17 +120,62 @@ def datum_key(index: int, key: str) -> bytes:
     return k
 
 
+def _data_file(path: Path) -> Path:
+    return path if path.is_file() else path / "data.mdb"
+
+
+def needed_bytes(data_mdb: Path) -> int:
+    """The bytes an LMDB file must hold for its last page, from its newer meta page (page 0 or 1): one
+    that holds fewer would crash its reader (a bus error on the memory map), so it is refused first.
+
+    Raises:
+        FormatError: the file is no LMDB file, or is shorter than its meta page says.
+    """
+    try:
+        with open(data_mdb, "rb") as f:
+            head = f.read(2 * 65536)
+            size = os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise FormatError(f"cannot read {data_mdb}: {e.strerror or e}") from None
+    metas = []
+    psize = struct.unpack_from("<I", head, 40)[0] if len(head) >= 44 else 0
+    for at in (0, psize):  # meta pages: page header (16 bytes) then magic, version, ..., last page, txnid
+        if 0 <= at and at + 152 <= len(head) and struct.unpack_from("<I", head, at + 16)[0] == _LMDB_MAGIC:
+            last_pg, txnid = struct.unpack_from("<QQ", head, at + 136)
+            metas.append((txnid, last_pg))
+    if not metas or psize < 512 or psize & (psize - 1):
+        raise FormatError(f"{data_mdb} is not an LMDB data file (no meta page)")
+    _, last_pg = max(metas)
+    need = (last_pg + 1) * psize
+    if size < need:
+        raise FormatError(f"{data_mdb} is truncated: it holds {size:,} bytes, its last page ends at byte {need:,}; "
+                          "it cannot be read safely (restore the file)")
+    return need
+
+
 class LmdbReader(Reader):
     def __init__(self, path: Path):
         path = Path(path)
         super().__init__(path.parent if path.is_file() else path)
+        self.data_file = _data_file(path)
+        self.needed = needed_bytes(self.data_file)
         try:
+            self._size_fd = os.open(self.data_file, os.O_RDONLY)
             self.env = _lmdb().open(
                 str(self.path), readonly=True, lock=False, subdir=True, readahead=False, max_readers=512
             )
         except Exception as e:
             raise FormatError(f"cannot open LMDB {self.path}: {e}") from None
         self._local = threading.local()
+
+    def _check_size(self) -> None:
+        """A file cut short since it was opened would crash the process on the next read of the map."""
+        size = os.fstat(self._size_fd).st_size
+        if size < self.needed:
+            from ..errors import GpubatchError
+
+            raise GpubatchError(f"{self.data_file} shrank to {size:,} bytes while it was read (it needs "
+                                f"{self.needed:,}): stopped before reading past its end")
 
     def _scan(self) -> list[bytes]:
         with self.env.begin() as txn:
@@ -136,21 +185,29 @@ class LmdbReader(Reader):
         manifest = read_manifest(self.path) or {}
         known = manifest.get("classes")
         if known:
-            return DatasetInfo(classes=tuple(known), categories=tuple(manifest.get("categories") or ()))
+            return DatasetInfo(classes=known, categories=tuple(manifest.get("categories") or ()))
         labels = []
+        self._check_size()
         with self.env.begin() as txn:
             for _, v in txn.cursor():
                 try:
-                    labels.append(int(decode_datum(v).get("label", 0)))
+                    labels.append(fields.label(decode_datum(v).get("label", 0)))
                 except ValueError:
                     continue
-        return DatasetInfo(classes=label_names([x for x in labels if x >= 0], None))
+        return DatasetInfo(classes=label_names([x for x in labels if x is not None], None))
 
-    def read(self, entry: bytes) -> Record:
-        key = _KEY_PREFIX.sub(b"", entry).decode("utf-8", "replace")
-        origin = f"{self.path}#{entry.decode('utf-8', 'replace')}"
-        with self.env.begin() as txn:
-            value = txn.get(entry)
+    def where(self, entry: bytes) -> tuple[str, str]:
+        return _KEY_PREFIX.sub(b"", entry).decode("utf-8", "replace"), f"{self.path}#{entry.decode('utf-8', 'replace')}"
+
+    def _read(self, entry: bytes) -> Record:
+        key, origin = self.where(entry)
+        self._check_size()
+        with self.env.begin(buffers=True) as txn:
+            view = txn.get(entry)
+            if view is not None and len(view) > MAX_RECORD_BYTES:
+                raise self.record_error(key, origin, f"a value of {len(view):,} bytes, above the "
+                                        f"{MAX_RECORD_BYTES:,}-byte bound on one record")
+            value = None if view is None else bytes(view)
         if value is None:
             raise self.record_error(key, origin, "key vanished from the database")
         try:
@@ -166,10 +223,11 @@ class LmdbReader(Reader):
             if d is None:
                 raise self.record_error(key, origin, f"neither a Caffe Datum ({why}) nor image bytes")
         data = d.get("data", b"")
-        label = d.get("label")
+        try:
+            label = fields.label(d.get("label"), "the Datum's label")  # gpubatch writes -1 when unlabeled
+        except ValueError as e:
+            raise self.record_error(key, origin, e) from None
         meta = {}
-        if label is not None and label < 0:
-            label = None  # gpubatch writes -1 for unlabeled records
         enc = d.get("encoded")  # absent: Caffe reads raw, DALI encoded; the bytes decide
         if enc is True or (enc is None and sniff_image_codec(data)):
             codec = sniff_image_codec(data) or "unknown"
@@ -186,6 +244,7 @@ class LmdbReader(Reader):
 
     def close(self) -> None:
         self.env.close()
+        os.close(self._size_fd)
 
 
 class LmdbWriter(Writer):
@@ -193,7 +252,10 @@ class LmdbWriter(Writer):
         super().__init__(root, info, options)
         self.lmdb = _lmdb()
         self.map_size = 256 << 20
-        self.env = self.lmdb.open(str(root), map_size=self.map_size, subdir=True, meminit=False, max_dbs=0)
+        try:
+            self.env = self.lmdb.open(str(root), map_size=self.map_size, subdir=True, meminit=False, max_dbs=0)
+        except self.lmdb.Error as e:
+            raise OSError(f"LMDB: {e}") from None
         self._batch: list[tuple[bytes, bytes]] = []
         self._batch_bytes = 0
 
@@ -218,12 +280,18 @@ class LmdbWriter(Writer):
                 self.map_size *= 2
                 self.env.set_mapsize(self.map_size)
                 continue
+            except self.lmdb.Error as e:  # a full disk, an I/O error: the run's write error, in one line
+                raise OSError(f"LMDB: {e}") from None
             self._batch, self._batch_bytes = [], 0
 
     def close(self) -> None:
-        self._commit()
-        self.env.sync(True)
-        self.env.close()
+        try:
+            self._commit()
+            self.env.sync(True)
+        except self.lmdb.Error as e:
+            raise OSError(f"LMDB: {e}") from None
+        finally:
+            self.env.close()
         lock = self.root / "lock.mdb"
         if lock.exists():
             lock.unlink()  # readers open with lock=False; a stale lock file is only clutter
@@ -231,6 +299,7 @@ class LmdbWriter(Writer):
 
 @register_format
 class LmdbFormat(Format):
+    image_codecs = OPENCV_AND_DALI_CODECS
     name = "lmdb"
     description = "LMDB of Caffe Datum records (encoded images + label), keys %08d_<key>"
     detect_priority = 10

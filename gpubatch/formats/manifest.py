@@ -1,17 +1,22 @@
 """``gpubatch.json``: the small manifest written beside every dataset gpubatch makes.
 
 Other tools ignore it; gpubatch reads it back for the class names and detection categories that some
-formats (LMDB Datum, RecordIO) cannot hold themselves.
+formats (LMDB Datum, RecordIO) cannot hold themselves. It is read as untrusted input: a field of the
+wrong kind is left out (the reader then works from the data alone), never a crash.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from ..types import ClassNames, class_table
+
 MANIFEST_NAME = "gpubatch.json"
 MAX_LISTED_ERRORS = 1000
+MAX_MANIFEST_BYTES = 256 << 20
 
 
 def manifest_path(path: Path) -> Path | None:
@@ -24,15 +29,65 @@ def manifest_path(path: Path) -> Path | None:
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
-    """The manifest of the dataset at ``path``, or None when there is none (or it is unreadable)."""
+    """The manifest of the dataset at ``path``, or None when there is none (or it is unreadable).
+
+    Its ``format`` is a string or absent, ``classes`` a tuple of names or a
+    :class:`~gpubatch.types.ClassNames` or absent, ``categories`` a list of objects with whole-number
+    ids or absent: whatever else a hostile or broken file holds there is dropped."""
+    from .fields import json_object
+
     mp = manifest_path(path)
     if mp is None or not mp.is_file():
         return None
     try:
-        data = json.loads(mp.read_text(encoding="utf-8"))
+        if os.path.getsize(mp) > MAX_MANIFEST_BYTES:
+            return None
+        data = json_object(mp.read_bytes(), MANIFEST_NAME)
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and data.get("gpubatch") else None
+    if not data.get("gpubatch"):
+        return None
+    if not isinstance(data.get("format"), str):
+        data.pop("format", None)
+    classes = manifest_classes_read(data.get("classes"))
+    if classes is None:
+        data.pop("classes", None)
+    else:
+        data["classes"] = classes
+    cats = data.get("categories")
+    if cats is not None:
+        cats = [c for c in cats if isinstance(c, dict) and _whole(c.get("id"))] if isinstance(cats, list) else []
+        data["categories"] = cats
+    return data
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63
+
+
+def manifest_classes(classes: Any) -> Any:
+    """Class names as the manifest holds them: a list, or ``{"count": N, "names": {label: name}}``
+    where labels run far beyond the names (a :class:`~gpubatch.types.ClassNames`)."""
+    if isinstance(classes, ClassNames):
+        return {"count": classes.count, "names": {str(k): v for k, v in sorted(classes.named.items())}}
+    return list(classes)
+
+
+def manifest_classes_read(value: Any) -> tuple[str, ...] | ClassNames | None:
+    """The manifest's ``classes`` (either form of :func:`manifest_classes`), or None where it is neither."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    if isinstance(value, dict) and _whole(value.get("count")) and 0 <= value["count"] <= 2**31 \
+            and isinstance(value.get("names"), dict):
+        try:
+            named = {int(k): v for k, v in value["names"].items() if isinstance(v, str)}
+        except ValueError:
+            return None
+        if any(not 0 <= k < value["count"] for k in named):
+            return None
+        table = class_table(named, [value["count"] - 1] if value["count"] else [])
+        return table
+    return None
 
 
 def write_manifest(root: Path, content: dict[str, Any]) -> Path:

@@ -20,14 +20,24 @@ import os
 import struct
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from .._paths import source_files, source_root
+from .._paths import MAX_RECORD_BYTES, read_regular, source_files, source_root
 from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
-from . import register_format
-from .base import Format, Reader, ShardedWriter, WriteOptions, Writer, check_one_split
+from . import fields, register_format
+from .base import (
+    OPENCV_AND_DALI_CODECS,
+    Damaged,
+    Format,
+    Reader,
+    ShardedWriter,
+    WriteOptions,
+    Writer,
+    check_one_split,
+)
 from .folder import label_names
 from .manifest import read_manifest
 
@@ -84,6 +94,82 @@ def pack_payload(record: Record, index: int) -> bytes:
     return _IR.pack(len(labels), 0.0, index, 0) + labels.tobytes() + record.data
 
 
+def _part(f: Any, pos: int, size: int) -> tuple[int, int] | None:
+    """(cflag, whole length with header and padding) of the record part at ``pos``, or None where no
+    part header holds there (no magic, or a part that would pass the end of the file)."""
+    f.seek(pos)
+    head = f.read(8)
+    if len(head) < 8:
+        return None
+    magic, lrec = struct.unpack("<II", head)
+    if magic != MAGIC:
+        return None
+    length = lrec & ((1 << 29) - 1)
+    total = 8 + length + _pad(length)
+    return (lrec >> 29, total) if pos + 8 + length <= size else None
+
+
+def _resync(f: Any, start: int, size: int) -> int | None:
+    """The first 4-aligned offset at or after ``start`` where a record begins (the magic, then a part of
+    flag 0 or 1 that fits the file), as MXNet's chunked reader finds record heads; None if none."""
+    pos = start + (-start % 4)
+    while pos < size:
+        f.seek(pos)
+        buf = f.read(1 << 20)
+        if not buf:
+            return None
+        i = buf.find(_MAGIC_BYTES)
+        while i >= 0:
+            at = pos + i
+            if at % 4 == 0:
+                part = _part(f, at, size)
+                if part is not None and part[0] in (0, 1):
+                    return at
+            i = buf.find(_MAGIC_BYTES, i + 1)
+        pos += max(len(buf) - 3, 4)
+        pos += -pos % 4
+    return None
+
+
+def scan_rec(rec: Path) -> tuple[list[int], list[tuple[int, int, str]]]:
+    """The offsets where the records of a ``.rec`` file begin, walking its part headers, and its damaged
+    stretches (start, end, what): where no part header holds, or a split record's parts do not follow
+    each other, the walk goes on at the next record head (:func:`_resync`), keeping the records after it."""
+    starts: list[int] = []
+    damage: list[tuple[int, int, str]] = []
+    with open(rec, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        pos, open_at = 0, None  # open_at: where the split record being walked began
+        while pos < size:
+            part = _part(f, pos, size)
+            if part is not None and (part[0] in (0, 1)) == (open_at is None):
+                cflag, total = part
+                if cflag in (0, 1):
+                    open_at = pos
+                if cflag in (0, 3):
+                    starts.append(open_at)
+                    open_at = None
+                pos += total
+                continue
+            bad = open_at if open_at is not None else pos
+            nxt = _resync(f, pos + 1, size)
+            f.seek(pos)
+            if open_at is not None:
+                what = "a split record whose parts break off"
+            elif nxt is None and f.read(4) == _MAGIC_BYTES:
+                what = "a truncated last record"
+            else:
+                what = "no readable record header"
+            damage.append((bad, nxt if nxt is not None else size, what))
+            open_at = None
+            if nxt is None:
+                break
+            pos = nxt
+        if open_at is not None:
+            damage.append((open_at, size, "a split record whose last part is missing"))
+    return starts, damage
+
+
 class RecordIOReader(Reader):
     def __init__(self, path: Path):
         path = Path(path)
@@ -108,46 +194,42 @@ class RecordIOReader(Reader):
                 self._fds[s] = os.open(self.recs[s], os.O_RDONLY)
             return self._fds[s]
 
-    def _scan(self) -> list[tuple[int, int, str]]:
-        entries = []
+    def _scan(self) -> list[tuple[int, int, str] | Damaged]:
+        entries: list[tuple[int, int, str] | Damaged] = []
         for s, rec in enumerate(self.recs):
-            idx = rec.with_suffix(".idx")
-            rows = None
-            if idx.is_file():
-                try:
-                    rows = []
-                    for ln in idx.read_text().splitlines():
-                        if ln.strip():
-                            k, off = ln.split("\t") if "\t" in ln else ln.split()
-                            rows.append((int(off), k.strip()))
-                    rows.sort()
-                except ValueError:
-                    rows = None
-            if rows is None:
-                rows = [(off, str(i)) for i, off in enumerate(self._scan_rec(rec))]
-            entries.extend((s, off, k) for off, k in rows)
+            starts, damage = scan_rec(rec)
+            keys = self._index_keys(rec, starts)
+            events = [(off, (s, off, keys.get(off, str(i)) if keys else str(i))) for i, off in enumerate(starts)]
+            events += [(a, Damaged(f"{rec.stem}@{a}", f"{rec}@{a}", f"damaged file: bytes {a:,}-{b:,} hold {what}; "
+                                   "the records there are lost")) for a, b, what in damage]
+            entries.extend(e for _, e in sorted(events, key=lambda e: e[0]))
         return entries
 
-    @staticmethod
-    def _scan_rec(rec: Path) -> list[int]:
-        offsets, pos, size = [], 0, rec.stat().st_size
-        with open(rec, "rb") as f:
-            while pos < size:
-                head = f.read(8)
-                if len(head) < 8:
-                    raise FormatError(f"{rec}: truncated record header at byte {pos}")
-                magic, lrec = struct.unpack("<II", head)
-                if magic != MAGIC:
-                    raise FormatError(f"{rec}: bad magic at byte {pos}: not MXNet RecordIO")
-                cflag, length = lrec >> 29, lrec & ((1 << 29) - 1)
-                if cflag in (0, 1):
-                    offsets.append(pos)
-                pos += 8 + length + _pad(length)
-                f.seek(pos)
-        return offsets
+    def _index_keys(self, rec: Path, starts: list[int]) -> dict[int, str]:
+        """Record offset -> key from the ``.idx`` beside ``rec`` (im2rec's keys); records the index does
+        not name, or an index that names no record start, are said in a warning."""
+        idx = rec.with_suffix(".idx")
+        if not idx.is_file():
+            return {}
+        keys: dict[int, str] = {}
+        try:
+            for ln in read_regular(idx).decode("utf-8", "replace").splitlines():
+                if ln.strip():
+                    k, off = ln.split("\t") if "\t" in ln else ln.split()
+                    keys[int(off)] = k.strip()
+        except (OSError, ValueError):
+            keys = {}
+        if set(keys) != set(starts):
+            self.warnings.append(f"the index {idx.name} does not match {rec.name} (it names {len(keys):,} records, "
+                                 f"the file holds {len(starts):,}): every record in the file was read")
+            known = set(starts)
+            keys = {off: k for off, k in keys.items() if off in known}
+            taken = set(keys.values())
+            keys.update({off: f"@{off}" for off in starts if off not in keys and f"@{off}" not in taken})
+        return keys
 
     def _payload(self, s: int, off: int) -> bytes:
-        fd, parts = self._fd(s), []
+        fd, parts, total = self._fd(s), [], 0
         while True:
             head = os.pread(fd, 8, off)
             if len(head) < 8:
@@ -156,6 +238,9 @@ class RecordIOReader(Reader):
             if magic != MAGIC:
                 raise ValueError("wrong magic number")
             cflag, length = lrec >> 29, lrec & ((1 << 29) - 1)
+            total += length
+            if total > MAX_RECORD_BYTES:
+                raise ValueError(f"a record of more than {MAX_RECORD_BYTES:,} bytes, the bound on one record")
             body = os.pread(fd, length, off + 8)
             if len(body) < length:
                 raise ValueError("truncated record")
@@ -166,10 +251,13 @@ class RecordIOReader(Reader):
                 raise ValueError(f"bad continuation flag {cflag}")
             off += 8 + length + _pad(length)
 
-    def read(self, entry: tuple[int, int, str]) -> Record:
+    def where(self, entry: tuple[int, int, str]) -> tuple[str, str]:
         s, off, k = entry
-        key = f"{self.recs[s].stem}_{k}"
-        origin = f"{self.recs[s]}@{off}"
+        return f"{self.recs[s].stem}_{k}", f"{self.recs[s]}@{off}"
+
+    def _read(self, entry: tuple[int, int, str]) -> Record:
+        s, off, k = entry
+        key, origin = self.where(entry)
         try:
             payload = self._payload(s, off)
             if len(payload) < _IR.size:
@@ -178,45 +266,47 @@ class RecordIOReader(Reader):
             if _IR.size + 4 * flag > len(payload):
                 raise ValueError(f"header announces {flag} labels beyond the record")
             labels = np.frombuffer(payload, "<f4", count=flag, offset=_IR.size).copy()
+            if not np.isfinite(labels).all():
+                raise ValueError("the label array holds values that are not finite numbers")
+            data = payload[_IR.size + 4 * flag :]
+            boxes, meta = None, {}
+            img_label = None if flag else label
+            if flag >= 2 and labels[0] >= 2 and labels[1] >= 5 and (flag - labels[0]) % labels[1] == 0:
+                a, b = int(labels[0]), int(labels[1])
+                if a >= 3:
+                    img_label = labels[2]
+                objs = labels[a:].reshape(-1, b)
+                from ..engine.codecs.image import probe
+
+                hdr = probe(data)
+                h, w = hdr.height, hdr.width
+                xyxy = objs[:, 1:5] * np.array([w, h, w, h], np.float32)
+                cats = [fields.ident(float(c), "a box's class") for c in objs[:, 0]]
+                boxes = Boxes(xyxy, cats, (h, w))
+            elif flag:
+                meta["labels"] = labels.tolist()
+                img_label = labels[0]
+            lab = fields.label(None if img_label is None else float(img_label))
         except ValueError as e:
             raise self.record_error(key, origin, e) from None
-        data = payload[_IR.size + 4 * flag :]
-        boxes, meta = None, {}
-        img_label = None if flag else label
-        if flag >= 2 and labels[0] >= 2 and labels[1] >= 5 and (flag - labels[0]) % labels[1] == 0:
-            a, b = int(labels[0]), int(labels[1])
-            if a >= 3:
-                img_label = labels[2]
-            objs = labels[a:].reshape(-1, b)
-            from ..engine.codecs.image import probe
-
-            try:
-                hdr = probe(data)
-            except ValueError as e:
-                raise self.record_error(key, origin, e) from None
-            h, w = hdr.height, hdr.width
-            xyxy = objs[:, 1:5] * np.array([w, h, w, h], np.float32)
-            boxes = Boxes(xyxy, objs[:, 0].astype(np.int64), (h, w))
-        elif flag:
-            meta["labels"] = labels.tolist()
-            img_label = labels[0]
-        lab = None if img_label is None or img_label < 0 else int(img_label)
         return Record(key=key, data=data, codec=sniff_image_codec(data) or "unknown", label=lab,
                       boxes=boxes, meta=meta, origin=origin)
 
     def info(self) -> DatasetInfo:
         if self.manifest.get("classes") is not None:
-            return DatasetInfo(classes=tuple(self.manifest["classes"]),
-                               categories=tuple(self.manifest.get("categories") or ()))
+            return DatasetInfo(classes=self.manifest["classes"], categories=tuple(self.manifest.get("categories") or ()))
         labels = []
         for e in self.entries():
+            if isinstance(e, Damaged):
+                continue
             try:
                 payload = self._payload(e[0], e[1])
                 flag, label, _, _ = _IR.unpack_from(payload)
+                label = fields.label(float(label))
             except (ValueError, struct.error):
                 continue
-            if flag == 0 and label >= 0:
-                labels.append(int(label))
+            if flag == 0 and label is not None:
+                labels.append(label)
         return DatasetInfo(classes=label_names(labels, None))
 
     def close(self) -> None:
@@ -264,6 +354,7 @@ class RecordIOWriter(ShardedWriter):
 
 @register_format
 class RecordIOFormat(Format):
+    image_codecs = OPENCV_AND_DALI_CODECS
     name = "recordio"
     description = "MXNet RecordIO .rec + .idx (IRHeader labels; detection label arrays for boxes)"
     carries_boxes = True

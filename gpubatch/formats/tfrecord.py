@@ -33,11 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from .._paths import source_files, source_root
+from .._paths import read_regular, source_files, source_root
 from ..errors import DependencyError, FormatError
-from ..types import Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
-from . import register_format
+from ..types import Boxes, DatasetInfo, Record, class_table, keypoint_flips, sniff_image_codec
+from . import fields, register_format
 from .base import (
+    Damaged,
     Format,
     Reader,
     ShardedWriter,
@@ -69,7 +70,37 @@ def _tfr():
 
 
 def _masked_crc(data: bytes) -> bytes:
-    return _tfr()[1].masked_crc(data)
+    """TFRecord's masked CRC-32C of ``data``, as the 4 little-endian bytes a record holds."""
+    try:
+        from crc32c import crc32c
+    except ImportError:  # pragma: no cover - a core dependency
+        return _tfr()[1].masked_crc(data)
+    crc = crc32c(data)
+    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
+
+def _header_ok(head: bytes, pos: int, size: int) -> int:
+    """The whole length (16 + data) of the record whose 12-byte header ``head`` starts at byte ``pos``
+    of a ``size``-byte shard, or 0 where the length's CRC fails or the record would pass the end."""
+    if len(head) < 12 or _masked_crc(head[:8]) != head[8:12]:
+        return 0
+    (length,) = struct.unpack("<Q", head[:8])
+    return 16 + length if pos + 16 + length <= size else 0
+
+
+def _resync(f: Any, start: int, size: int) -> int | None:
+    """The first byte at or after ``start`` where a record header holds (its length's CRC, a length that
+    fits the shard), or None: where a damaged shard's readable records start again."""
+    chunk = 1 << 20
+    pos = start
+    while pos + 16 <= size:
+        f.seek(pos)
+        buf = f.read(chunk + 11)
+        for i in range(0, min(chunk, len(buf) - 11)):
+            if _header_ok(buf[i : i + 12], pos + i, size):
+                return pos + i
+        pos += chunk
+    return None
 
 
 def _is_shard_name(name: str) -> bool:
@@ -123,6 +154,11 @@ def _refuse_compressed(shard: Path) -> None:
             "gpubatch, like DALI, reads records by offset, which compressed shards do not allow")
 
 
+def _pread(f: Any, pos: int, n: int) -> bytes:
+    f.seek(pos)
+    return f.read(n)
+
+
 class TFRecordReader(Reader):
     def __init__(self, path: Path):
         super().__init__(source_root(path))
@@ -140,61 +176,83 @@ class TFRecordReader(Reader):
                 self._fds[shard] = os.open(self.shards[shard], os.O_RDONLY)
             return self._fds[shard]
 
-    def _scan(self) -> list[tuple[int, int, int]]:
-        entries = []
+    def _scan(self) -> list[tuple[int, int, int] | Damaged]:
+        entries: list[tuple[int, int, int] | Damaged] = []
         for s, shard in enumerate(self.shards):
             _refuse_compressed(shard)
             size = shard.stat().st_size
-            idx = _index_of(shard)
-            rows = None
-            if idx.is_file():
-                try:
-                    rows = [tuple(map(int, ln.split()[:2])) for ln in idx.read_text().splitlines() if ln.strip()]
-                except ValueError:
-                    rows = None
-                if rows and (rows[-1][0] + rows[-1][1] != size):
-                    rows = None  # stale index: scan instead
+            rows = self._index_rows(shard, size)
             if rows is None:
                 rows = self._scan_shard(shard, size)
-            entries.extend((s, off, ln) for off, ln in rows)
+            entries.extend(r if isinstance(r, Damaged) else (s, r[0], r[1]) for r in rows)
         return entries
 
+    def _index_rows(self, shard: Path, size: int) -> list[tuple[int, int]] | None:
+        """The shard's index rows (offset, length) where the index describes the shard exactly: every
+        record one after the other from byte 0 to its end. Otherwise None (the shard is scanned), with a
+        warning where an index was there: an empty, stale or damaged index must not hide records."""
+        idx = _index_of(shard)
+        if not idx.is_file():
+            return None
+        try:
+            rows = [tuple(map(int, ln.split()[:2])) for ln in read_regular(idx).decode("ascii").splitlines()
+                    if ln.strip()]
+            pos = 0
+            for off, ln in rows:
+                if off != pos or ln < 16:
+                    raise ValueError
+                pos += ln
+            if pos != size or not rows and size:
+                raise ValueError
+        except (OSError, ValueError):
+            self.warnings.append(f"the index {idx.name} does not describe {shard.name} (empty, stale or damaged): "
+                                 "the shard was scanned instead")
+            return None
+        return rows
+
     @staticmethod
-    def _scan_shard(shard: Path, size: int) -> list[tuple[int, int]]:
-        rows, pos = [], 0
+    def _scan_shard(shard: Path, size: int) -> list[tuple[int, int] | Damaged]:
+        """Every record's (offset, length) by walking the headers; a stretch where no header holds (a
+        damaged length, a truncated end) becomes one Damaged entry, and the walk goes on at the next
+        byte where a record header holds again, keeping the complete records after the damage."""
+        rows: list[tuple[int, int] | Damaged] = []
+        pos = 0
         with open(shard, "rb") as f:
             while pos < size:
-                head = f.read(12)
-                if len(head) < 12:
-                    raise FormatError(f"{shard}: truncated record header at byte {pos}")
-                if _masked_crc(head[:8]) != head[8:12]:
-                    raise FormatError(f"{shard}: corrupt record length at byte {pos} (CRC mismatch)")
-                (length,) = struct.unpack("<Q", head[:8])
-                total = 16 + length
-                if pos + total > size:
-                    raise FormatError(f"{shard}: truncated record at byte {pos}")
-                rows.append((pos, total))
-                pos += total
                 f.seek(pos)
+                total = _header_ok(f.read(12), pos, size)
+                if total:
+                    rows.append((pos, total))
+                    pos += total
+                    continue
+                nxt = _resync(f, pos + 1, size)
+                lost = (nxt if nxt is not None else size) - pos
+                what = ("a truncated last record" if nxt is None and pos + 12 <= size and
+                        _masked_crc(_pread(f, pos, 8)) == _pread(f, pos + 8, 4) else "no readable record header")
+                rows.append(Damaged(f"{shard.name}@{pos}", f"{shard}@{pos}",
+                                    f"damaged shard: bytes {pos:,}-{pos + lost:,} hold {what}; the records there "
+                                    "are lost"))
+                if nxt is None:
+                    break
+                pos = nxt
         return rows
 
     def info(self) -> DatasetInfo:
         if self.manifest.get("classes") is not None:
-            return DatasetInfo(
-                classes=tuple(self.manifest.get("classes") or ()),
-                categories=tuple(self.manifest.get("categories") or ()),
-            )
+            return DatasetInfo(classes=self.manifest["classes"], categories=tuple(self.manifest.get("categories") or ()))
         labels, texts, cats = [], {}, {}
         dropped: Counter[str] = Counter()
         for entry in self.entries():
+            if isinstance(entry, Damaged):
+                continue
             try:
                 feats = self._features(entry)
+                lab = fields.label(_label(feats))
             except ValueError:
                 continue
             image_key = _image_key(feats)
             dropped.update(k for k in feats if k not in _READ_KEYS and k != image_key)
-            lab = _label(feats)
-            if lab is not None and lab >= 0:
+            if lab is not None:
                 labels.append(lab)
                 txt = _bytes(feats, "image/class/text")
                 if txt:
@@ -209,13 +267,11 @@ class TFRecordReader(Reader):
                     own = [b.decode("utf-8", "replace") for b in names[i * k : (i + 1) * k]]
                     if any(own):
                         cats.setdefault(cid, {"name": str(cid)}).setdefault("keypoints", own)
-        top = max(labels, default=-1)
         names = self._tfds_names()
-        if names and top < len(names) and not texts:
+        if names and max(labels, default=-1) < len(names) and not texts:
             texts = dict(enumerate(names))
-            top = len(names) - 1
-        classes = tuple(texts.get(i, str(i)) for i in range(top + 1))
-        categories = tuple({"id": c, "supercategory": "", **fields} for c, fields in sorted(cats.items()))
+        classes = class_table(texts, labels)
+        categories = tuple({"id": c, "supercategory": "", **more} for c, more in sorted(cats.items()))
         if dropped:
             named = ", ".join(f"{k} ({n} record{'s' if n > 1 else ''})" for k, n in sorted(dropped.items()))
             self.warnings.append(f"features gpubatch does not carry over, left out of the output: {named}")
@@ -245,12 +301,16 @@ class TFRecordReader(Reader):
         """Class names of a TensorFlow Datasets folder (``label.labels.txt``, one a line), or none."""
         folder = self.path if self.path.is_dir() else self.path.parent
         try:
-            text = (folder / "label.labels.txt").read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+            text = read_regular(folder / "label.labels.txt", 1 << 28).decode("utf-8")
+        except (OSError, ValueError):
             return []
         return [ln.strip() for ln in text.splitlines() if ln.strip()]
 
-    def read(self, entry: tuple[int, int, int]) -> Record:
+    def where(self, entry: tuple[int, int, int]) -> tuple[str, str]:
+        s, off, _ = entry
+        return f"{self.shards[s].name}@{off}", f"{self.shards[s]}@{off}"
+
+    def _read(self, entry: tuple[int, int, int]) -> Record:
         s, off, _ = entry
         origin = f"{self.shards[s]}@{off}"
         try:
@@ -264,47 +324,53 @@ class TFRecordReader(Reader):
         fname = (_first_bytes(feats, _NAME_KEYS) or b"").decode("utf-8", "replace")
         source_id = (_bytes(feats, "image/source_id") or [b""])[0].decode("utf-8", "replace")
         key = source_id or (fname.rsplit(".", 1)[0] if fname else f"{self.shards[s].stem}_{off}")
-        meta_raw = (_bytes(feats, "gpubatch/meta") or [b""])[0]
-        meta = json.loads(meta_raw) if meta_raw else {}
-        box_extra = meta.pop("box_extra", None)
+        try:
+            meta, label, boxes = self._fields(feats, data)
+        except ValueError as e:
+            raise self.record_error(key, origin, e) from None
         if fname:
             meta.setdefault("filename", fname)
-        lab = _label(feats)
-        label = lab if lab is not None and lab >= 0 else None
-        boxes = None
-        xmin = _floats(feats, "image/object/bbox/xmin")
-        h = (_ints(feats, "image/height") or [0])[0]
-        w = (_ints(feats, "image/width") or [0])[0]
-        if len(xmin) or "image/object/bbox/xmin" in feats and meta.get("has_boxes"):
-            if not h or not w:
-                from ..engine.codecs.image import probe
-
-                try:
-                    hdr = probe(data)
-                except ValueError as e:
-                    raise self.record_error(key, origin, e) from None
-                h, w = hdr.height, hdr.width
-            norm = np.stack(
-                [xmin, _floats(feats, "image/object/bbox/ymin"), _floats(feats, "image/object/bbox/xmax"),
-                 _floats(feats, "image/object/bbox/ymax")], axis=1
-            ) if len(xmin) else np.zeros((0, 4), np.float32)
-            xyxy = norm * np.array([w, h, w, h], np.float32)
-            n = len(xyxy)
-            crowd = _ints(feats, "image/object/is_crowd") or [0] * n
-            extra = tuple(box_extra) if box_extra and len(box_extra) == n else ()
-            labels = _ints(feats, "image/object/class/label")[:n] or [0] * n
-            flips = self.keypoint_flip
-            if not any("keypoints" in e for e in extra) and _floats(feats, "image/object/keypoint/x").size:
-                try:
-                    extra, names = _object_keypoints(feats, n, h, w, extra)
-                except ValueError as e:
-                    raise self.record_error(key, origin, e) from None
-                cats = [{"id": int(c), "keypoints": k} for c, k in zip(labels, names)]
-                flips = {**keypoint_flips(cats), **flips}
-            boxes = Boxes(xyxy, labels, (h, w), crowd[:n], extra, flips)
-        meta.pop("has_boxes", None)
-        codec = sniff_image_codec(data) or (_bytes(feats, "image/format") or [b"unknown"])[0].decode().lower()
+        codec = sniff_image_codec(data) or "unknown"
         return Record(key=key, data=data, codec=codec, label=label, boxes=boxes, meta=meta, origin=origin)
+
+    def _fields(self, feats: Any, data: bytes) -> tuple[dict, int | None, Boxes | None]:
+        """The record's metadata, class and boxes, each field checked (a ValueError names the one at fault)."""
+        meta_raw = (_bytes(feats, "gpubatch/meta") or [b""])[0]
+        meta = fields.json_object(meta_raw, "gpubatch/meta") if meta_raw else {}
+        box_extra = meta.pop("box_extra", None)
+        has_boxes = meta.pop("has_boxes", None)
+        label = fields.label(_label(feats), "image/class/label")
+        xmin = _floats(feats, "image/object/bbox/xmin")
+        if not len(xmin) and not ("image/object/bbox/xmin" in feats and has_boxes):
+            return meta, label, None
+        h = fields.side((_ints(feats, "image/height") or [0])[0], "image/height")
+        w = fields.side((_ints(feats, "image/width") or [0])[0], "image/width")
+        if not h or not w:
+            from ..engine.codecs.image import probe
+
+            hdr = probe(data)
+            h, w = hdr.height, hdr.width
+        corners = [xmin, *(_floats(feats, f"image/object/bbox/{k}") for k in ("ymin", "xmax", "ymax"))]
+        n = len(xmin)
+        if any(len(c) != n for c in corners):
+            raise ValueError("image/object/bbox/{xmin,ymin,xmax,ymax} hold " + ", ".join(str(len(c)) for c in corners)
+                             + " values: one each per box is due")
+        if not np.isfinite(np.stack(corners)).all():
+            raise ValueError("image/object/bbox holds values that are not finite numbers")
+        xyxy = (np.stack(corners, axis=1) if n else np.zeros((0, 4), np.float32)) * np.array([w, h, w, h], np.float32)
+        crowd = _ints(feats, "image/object/is_crowd") or [0] * n
+        labels = _ints(feats, "image/object/class/label") or [0] * n
+        if len(crowd) != n or len(labels) != n:
+            raise ValueError(f"{n} boxes, but {len(labels)} image/object/class/label and {len(crowd)} "
+                             "image/object/is_crowd values")
+        extra = tuple(box_extra) if isinstance(box_extra, list) and len(box_extra) == n and all(
+            isinstance(e, dict) for e in box_extra) else ()
+        flips = self.keypoint_flip
+        if not any("keypoints" in e for e in extra) and _floats(feats, "image/object/keypoint/x").size:
+            extra, names = _object_keypoints(feats, n, h, w, extra)
+            cats = [{"id": int(c), "keypoints": k} for c, k in zip(labels, names)]
+            flips = {**keypoint_flips(cats), **flips}
+        return meta, label, Boxes(xyxy, labels, (h, w), crowd, extra, flips)
 
     def close(self) -> None:
         with self._lock:

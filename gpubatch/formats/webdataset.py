@@ -22,13 +22,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._paths import safe_relpath, source_files, source_root
+from .._paths import MAX_RECORD_BYTES, safe_relpath, source_files, source_root
 from ..errors import FormatError
 from ..types import IMAGE_EXTENSIONS, Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
-from . import register_format
+from . import fields, register_format
 from .base import (
     JSON_FIELDS,
     MEMBERS,
+    Damaged,
     Format,
     Reader,
     ShardedWriter,
@@ -76,6 +77,137 @@ def refuse_compressed(shard: Path, head: bytes | None = None) -> None:
         "unzstd); gpubatch, like DALI, reads samples by offset, which compressed shards do not allow")
 
 
+_BLOCK = tarfile.BLOCKSIZE
+_ZERO_BLOCK = bytes(_BLOCK)
+
+
+def _pax_fields(data: bytes) -> dict[str, str]:
+    """The records of a pax extended header (``"%d %s=%s\\n"`` each) that name a member: path and size."""
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        sp = data.find(b" ", pos)
+        if sp < 0:
+            break
+        try:
+            n = int(data[pos:sp])
+        except ValueError:
+            break
+        if n <= 0:
+            break
+        key, _, value = data[sp + 1 : pos + n].rstrip(b"\n").partition(b"=")
+        if key in (b"path", b"size"):
+            out[key.decode()] = value.decode("utf-8", "surrogateescape")
+        pos += n
+    return out
+
+
+def scan_tar(f: Any, size: int) -> tuple[list[tuple[str, int, int, int]], list[tuple[int, int, str]]]:
+    """The regular-file members of a tar (name, data offset, size, header offset) and its damaged
+    stretches (start, end, what), walking the headers one 512-byte block at a time.
+
+    A block that is no valid header (its checksum fails, a number is no number, a member would run past
+    the file's end) starts a damaged stretch, which ends at the next valid header: the members after
+    the damage are kept, as the contract for broken containers asks. GNU long names and pax ``path`` and
+    ``size`` records are followed; zero blocks (the end of the archive) are no damage.
+    """
+    members: list[tuple[str, int, int, int]] = []
+    damage: list[tuple[int, int, str]] = []
+    bad: list[Any] = []  # [start, end of its last non-zero block, what] of the open damaged stretch
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    pos = 0
+    while pos + _BLOCK <= size:
+        f.seek(pos)
+        block = f.read(_BLOCK)
+        if block == _ZERO_BLOCK:
+            pos += _BLOCK
+            continue
+        why = None
+        try:
+            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+            length = int(pax["size"]) if "size" in pax else info.size
+            if length < 0 or pos + _BLOCK + length > size:
+                why = f"a member header ({info.name[:60]!r}) that claims {length:,} bytes, past the end"
+        except (tarfile.HeaderError, ValueError, UnicodeError):
+            why = "no valid tar header"
+        if why is not None:
+            if not bad:
+                bad = [pos, pos + _BLOCK, why]
+            else:
+                bad[1] = pos + _BLOCK
+            pos += _BLOCK
+            continue
+        if bad:
+            damage.append(tuple(bad))
+            bad = []
+        data = pos + _BLOCK
+        nxt = data + length + (-length % _BLOCK)
+        if info.type == tarfile.GNUTYPE_LONGNAME:
+            f.seek(data)
+            long_name = f.read(length).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        elif info.type in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE):
+            f.seek(data)
+            pax = _pax_fields(f.read(min(length, 1 << 20)))
+        elif info.type == tarfile.XGLTYPE or info.type == tarfile.GNUTYPE_LONGLINK:
+            pass
+        else:
+            if info.type in tarfile.REGULAR_TYPES:
+                members.append((pax.get("path") or long_name or info.name, data, length, pos))
+            long_name, pax = None, {}
+        pos = nxt
+    if bad:
+        damage.append(tuple(bad))
+    if pos < size:
+        f.seek(pos)
+        if f.read(size - pos).strip(b"\0"):
+            damage.append((pos, size, "a truncated last block"))
+    return members, damage
+
+
+def _samples(s: int, tar: Path, members: list[tuple[str, int, int, int]],
+             damage: list[tuple[int, int, str]]) -> list[tuple[int, str, tuple] | Damaged]:
+    """Members grouped into samples as webdataset and DALI group them (consecutive members sharing a
+    key), in shard order, with a Damaged entry for each damaged stretch. A sample whose members lie on
+    both sides of a damaged stretch is one Damaged entry: it lost members in it."""
+    events: list[tuple[int, Any]] = [(m[3], m) for m in members] + [(d[0], d) for d in damage]
+    events.sort(key=lambda e: e[0])
+    out: list[Any] = []
+    current, group, absorbed = None, [], None
+
+    def flush() -> None:
+        if group:
+            out.append((s, current, tuple(group)))
+
+    for _, ev in events:
+        if len(ev) == 3:  # a damaged stretch
+            flush()
+            start, end, what = ev
+            out.append(Damaged(f"{tar.name}@{start}", f"{tar}@{start}",
+                               f"damaged shard: bytes {start:,}-{end:,} hold {what}; the members there are lost"))
+            current, group, absorbed = None, [], None
+            continue
+        name, off, size, _ = ev
+        ke = split_member(name)
+        if ke is None or ke[0] == absorbed:
+            continue
+        if ke[0] != current:
+            flush()
+            absorbed = None
+            if len(out) >= 2 and isinstance(out[-1], Damaged) and isinstance(out[-2], tuple) and out[-2][1] == ke[0]:
+                hole = out.pop()  # the same sample on both sides of the damage: one damaged record
+                out.pop()
+                where = hole.reason.split(" hold ")[0].removeprefix("damaged shard: ")
+                out.append(Damaged(ke[0], f"{tar}#{ke[0]}",
+                                   f"members of this sample lie in a damaged stretch of the shard ({where})"))
+                current, group, absorbed = None, [], ke[0]
+                continue
+            current, group = ke[0], []
+        group.append((ke[1], off, size, name))
+    flush()
+    return out
+
+
 class WebDatasetReader(Reader):
     def __init__(self, path: Path):
         path = Path(path)
@@ -108,46 +240,48 @@ class WebDatasetReader(Reader):
                 self._fds[s] = os.open(self.tars[s], os.O_RDONLY)
             return self._fds[s]
 
-    def _scan(self) -> list[tuple[int, str, tuple]]:
-        entries = []
+    def _scan(self) -> list[tuple[int, str, tuple] | Damaged]:
+        entries: list[tuple[int, str, tuple] | Damaged] = []
         for s, tar in enumerate(self.tars):
-            with open(tar, "rb") as f:
-                refuse_compressed(tar, f.read(6))
             try:
-                with tarfile.open(tar, "r:") as tf:
-                    current, members = None, []
-                    for m in tf:
-                        if not m.isfile():
-                            continue
-                        ke = split_member(m.name)
-                        if ke is None:
-                            continue
-                        if ke[0] != current:
-                            if members:
-                                entries.append((s, current, tuple(members)))
-                            current, members = ke[0], []
-                        members.append((ke[1], m.offset_data, m.size, m.name))
-                    if members:
-                        entries.append((s, current, tuple(members)))
-            except (tarfile.TarError, OSError) as e:
-                raise FormatError(f"cannot read tar shard {tar}: {e}") from None
+                with open(tar, "rb") as f:
+                    refuse_compressed(tar, f.read(6))
+                    members, damage = scan_tar(f, os.fstat(f.fileno()).st_size)
+            except OSError as e:
+                raise FormatError(f"cannot read tar shard {tar}: {e.strerror or e}") from None
+            entries.extend(_samples(s, tar, members, damage))
         return entries
 
     def info(self) -> DatasetInfo:
         if self.manifest.get("classes") is not None:
-            return DatasetInfo(classes=tuple(self.manifest["classes"]),
-                               categories=tuple(self.manifest.get("categories") or ()))
+            return DatasetInfo(classes=self.manifest["classes"], categories=tuple(self.manifest.get("categories") or ()))
         labels = []
-        for s, _key, members in self.entries():
+        for entry in self.entries():
+            if isinstance(entry, Damaged):
+                continue
+            s, _key, members = entry
             for ext, off, size, _ in members:
-                if ext == "cls":
+                if ext == "cls" and size <= 64:
                     try:
-                        labels.append(int(os.pread(self._fd(s), size, off)))
+                        labels.append(fields.label(int(os.pread(self._fd(s), size, off))))
                     except ValueError:
                         pass
-        return DatasetInfo(classes=label_names([x for x in labels if x >= 0], None))
+        return DatasetInfo(classes=label_names([x for x in labels if x is not None], None))
 
-    def read(self, entry: tuple[int, str, tuple]) -> Record:
+    def where(self, entry: tuple[int, str, tuple]) -> tuple[str, str]:
+        return entry[1], f"{self.tars[entry[0]]}#{entry[1]}"
+
+    def _member(self, s: int, name: str, off: int, size: int) -> bytes:
+        """One member's bytes, checked whole (a shard cut short inside it is this record's error)."""
+        if size > MAX_RECORD_BYTES:
+            raise self.record_error(name, f"{self.tars[s]}#{name}", f"member of {size:,} bytes, above the "
+                                    f"{MAX_RECORD_BYTES:,}-byte bound on one record")
+        data = os.pread(self._fd(s), size, off)
+        if len(data) != size:
+            raise self.record_error(name, f"{self.tars[s]}#{name}", "truncated member")
+        return data
+
+    def _read(self, entry: tuple[int, str, tuple]) -> Record:
         s, key, members = entry
         origin = f"{self.tars[s]}#{key}"
         try:
@@ -166,27 +300,25 @@ class WebDatasetReader(Reader):
         image_ext = next((e for e in images if "." not in e), images[0] if images else None)
         if image_ext is None:
             raise self.record_error(key, origin, f"no image member (has: {', '.join(sorted(parts))})")
-        fd = self._fd(s)
-        off, size, name = parts[image_ext]
-        data = os.pread(fd, size, off)
-        if len(data) != size:
-            raise self.record_error(key, f"{self.tars[s]}#{name}", "truncated member")
-        label, boxes, meta = None, None, {"filename": name.rsplit("/", 1)[-1]}
+        raw = {ext: self._member(s, name, off, size) for ext, (off, size, name) in parts.items()}
+        data = raw[image_ext]
+        label, boxes, meta = None, None, {"filename": parts[image_ext][2].rsplit("/", 1)[-1]}
         try:
-            if "cls" in parts:
-                o, n, _ = parts["cls"]
-                text = os.pread(fd, n, o).strip()
+            if "cls" in raw:
+                text = raw["cls"].strip()
                 if not re.fullmatch(rb"-?[0-9]+", text or b"-1"):
                     raise ValueError(f"the .cls member holds {text[:40].decode('utf-8', 'replace')!r}, not a class "
                                      "index (webdataset's .cls is an integer)")
-                label = int(text or b"-1")
-            if "json" in parts:
-                o, n, _ = parts["json"]
-                doc = json.loads(os.pread(fd, n, o))
+                label = fields.label(int(text or b"-1"), "the .cls member")
+            if "json" in raw:
+                doc = fields.json_value(raw["json"], "the .json member")
                 if isinstance(doc, dict):
-                    meta.update(doc.get("meta") or {})
+                    more = doc.get("meta") or {}
+                    if not isinstance(more, dict):
+                        raise ValueError("the .json member's meta is not an object")
+                    meta.update(more)
                     if label is None and isinstance(doc.get("label"), int):
-                        label = doc["label"]
+                        label = fields.label(doc["label"], "the .json member's label")
                     if "annotations" in doc:
                         boxes = _boxes_from_json(doc, data, self.keypoint_flip)
                     own = _JSON_KEYS if "annotations" in doc else _JSON_KEYS - {"width", "height"}
@@ -194,23 +326,18 @@ class WebDatasetReader(Reader):
                         meta[JSON_FIELDS] = {k: v for k, v in doc.items() if k not in own}
                 else:
                     meta[JSON_FIELDS] = doc
-        except (ValueError, TypeError, KeyError) as e:
+        except ValueError as e:
             raise self.record_error(key, origin, f"bad .cls/.json member: {e}") from None
         kept = {}
         for ext in sorted(e for e in parts if e not in (image_ext, "cls", "json")):
-            o, n, name = parts[ext]
-            raw = os.pread(fd, n, o)
-            if len(raw) != n:
-                raise self.record_error(key, f"{self.tars[s]}#{name}", "truncated member")
             try:
-                kept[ext] = raw.decode("utf-8")
+                kept[ext] = raw[ext].decode("utf-8")
             except UnicodeDecodeError:
-                kept[ext] = {"base64": base64.b64encode(raw).decode("ascii")}
+                kept[ext] = {"base64": base64.b64encode(raw[ext]).decode("ascii")}
         if kept:
             meta[MEMBERS] = kept
-        codec = sniff_image_codec(data) or IMAGE_EXTENSIONS.get(image_ext.rsplit(".", 1)[-1], "unknown")
-        return Record(key=key, data=data, codec=codec, label=label if label is None or label >= 0 else None,
-                      boxes=boxes, meta=meta, origin=origin)
+        codec = sniff_image_codec(data) or "unknown"
+        return Record(key=key, data=data, codec=codec, label=label, boxes=boxes, meta=meta, origin=origin)
 
     def close(self) -> None:
         with self._lock:
@@ -230,18 +357,24 @@ def member_bytes(value: Any) -> bytes:
 
 
 def _boxes_from_json(doc: dict, data: bytes, keypoint_flip: dict) -> Boxes:
-    h, w = int(doc.get("height") or 0), int(doc.get("width") or 0)
+    """A sample's boxes from its ``.json`` (COCO-style annotations), every field checked (ValueError)."""
+    h, w = fields.side(doc.get("height"), "height"), fields.side(doc.get("width"), "width")
     if not h or not w:
         from ..engine.codecs.image import probe
 
         hdr = probe(data)
         h, w = hdr.height, hdr.width
+    anns = doc["annotations"]
+    if not isinstance(anns, list):
+        raise ValueError("annotations is not a list")
     xyxy, labels, crowd, extra = [], [], [], []
-    for a in doc["annotations"]:
-        x, y, bw, bh = (float(v) for v in a["bbox"])
+    for i, a in enumerate(anns):
+        if not isinstance(a, dict) or not isinstance(a.get("bbox"), list) or len(a["bbox"]) != 4:
+            raise ValueError(f"annotation {i} has no bbox of four numbers")
+        x, y, bw, bh = (fields.number(v, f"annotation {i}'s bbox") for v in a["bbox"])
         xyxy.append([x, y, x + bw, y + bh])
-        labels.append(int(a.get("category_id", 0)))
-        crowd.append(int(a.get("iscrowd", 0)))
+        labels.append(fields.ident(a.get("category_id", 0), f"annotation {i}'s category_id"))
+        crowd.append(fields.whole(a.get("iscrowd", 0), f"annotation {i}'s iscrowd", 0, 1))
         extra.append({k: v for k, v in a.items() if k not in ("bbox", "category_id", "iscrowd")})
     return Boxes(xyxy, labels, (h, w), crowd, tuple(extra), keypoint_flip)
 

@@ -150,6 +150,30 @@ def jpeg_display_size(data: bytes) -> tuple[int, int] | None:
     return (w, h) if jpeg_orientation(data) in _EXIF_TRANSPOSED else (h, w)
 
 
+# Pillow's format names that gpubatch's codec names differ from
+_PILLOW_CODECS = {"mpo": "jpeg", "ppm": "pnm", "dib": "bmp"}
+
+
+def png_damage(data: bytes) -> str | None:
+    """What is wrong with a PNG's chunk structure (a chunk that fails its CRC, or runs past the end),
+    or None: a check of every byte at the cost of a CRC-32, cheap enough for every passed-through PNG."""
+    import zlib
+
+    pos, n = 8, len(data)
+    while pos + 12 <= n:
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        kind = data[pos + 4 : pos + 8]
+        end = pos + 12 + length
+        if end > n:
+            return f"PNG chunk {kind.decode('latin-1')!r} at byte {pos:,} runs past the end (truncated)"
+        if zlib.crc32(data[pos + 4 : end - 4]) != int.from_bytes(data[end - 4 : end], "big"):
+            return f"PNG chunk {kind.decode('latin-1')!r} at byte {pos:,} fails its CRC (corrupt)"
+        if kind == b"IEND":
+            return None
+        pos = end
+    return "PNG without its IEND chunk (truncated)"
+
+
 def probe(data: bytes) -> ImageHeader:
     """Read an image's header (size, mode, orientation) without decoding its pixels.
 
@@ -170,8 +194,7 @@ def probe(data: bytes) -> ImageHeader:
                     orientation = 1
     except Exception as e:  # Pillow raises many types for bad data
         raise ValueError(f"not a readable image ({_why(e)})") from None
-    if codec == "mpo":
-        codec = "jpeg"
+    codec = _PILLOW_CODECS.get(codec, codec)
     if orientation in _EXIF_TRANSPOSED:
         w, h = h, w
     sub = jpeg_subsampling(data) if codec == "jpeg" else ""
