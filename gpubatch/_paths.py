@@ -7,6 +7,7 @@ place only when complete, so an interrupted or failed run never leaves something
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import os
 import re
@@ -193,7 +194,6 @@ def _renameat2(src: Path, dst: Path, flags: int) -> bool:
     """Linux's renameat2 with ``flags``: True when done, False where the system or the file system
     does not offer it (the caller falls back to plain renames); other failures raise OSError."""
     import ctypes
-    import errno
 
     try:
         fn = ctypes.CDLL(None, use_errno=True).renameat2
@@ -292,8 +292,14 @@ def _swap_in(stage: Path, dst: Path, overwrite: bool) -> None:
     if exists and not overwrite:
         raise UsageError(f"output {dst} appeared while the run was going: pass --overwrite to replace it")
     if not exists:
-        if not _renameat2(stage, dst, _RENAME_NOREPLACE):
-            os.rename(stage, dst)  # pragma: no cover - a file system without renameat2
+        try:
+            if not _renameat2(stage, dst, _RENAME_NOREPLACE):
+                os.rename(stage, dst)  # pragma: no cover - a file system without renameat2
+        except OSError as e:
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY):  # another program's output landed there just now
+                raise UsageError(f"output {dst} appeared while the run was going: pass --overwrite to replace it"
+                                 ) from None
+            raise
         return
     if _renameat2(stage, dst, _RENAME_EXCHANGE):
         _remove(stage)  # the old DST, under the staging name
@@ -330,9 +336,11 @@ def staged_output(dst: Path, overwrite: bool, warn: Callable[[str], None] | None
         raise UsageError(f"cannot create the output {dst}: {e.strerror or e}") from None
     try:
         with _output_lock(dst):
-            recover_output(dst, warn or (lambda message: None))
+            said: list[str] = []
+            recover_output(dst, lambda message: (said.append(message), warn and warn(message)))
             if (dst.exists() or dst.is_symlink()) and not overwrite:
-                raise UsageError(f"output {dst} already exists: pass --overwrite to replace it")
+                raise UsageError(f"output {dst} already exists: pass --overwrite to replace it"
+                                 + "".join(f" ({m})" for m in said))
             stage = _beside(dst, STAGING_MARK)
             try:
                 stage.mkdir()

@@ -32,7 +32,9 @@ class Layout(str, enum.Enum):
     T = "T"
 
 
-# File extension (lower case, no dot) -> codec name, for the image codecs gpubatch reads.
+# File extension (lower case, no dot) -> codec name, for the image codecs gpubatch reads. The bytes name
+# the codec in the end (sniff_image_codec); an image Pillow cannot read (HEIF, JPEG XL without their
+# plugins) is a record that fails with its reason, never a file left out without a word.
 IMAGE_EXTENSIONS: Mapping[str, str] = MappingProxyType(
     {
         "jpg": "jpeg",
@@ -45,6 +47,16 @@ IMAGE_EXTENSIONS: Mapping[str, str] = MappingProxyType(
         "webp": "webp",
         "tif": "tiff",
         "tiff": "tiff",
+        "gif": "gif",
+        "avif": "avif",
+        "heic": "heif",
+        "heif": "heif",
+        "jxl": "jxl",
+        "pnm": "pnm",
+        "ppm": "pnm",
+        "pgm": "pnm",
+        "pbm": "pnm",
+        "qoi": "qoi",
     }
 )
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .._paths import MAX_RECORD_BYTES  # noqa: F401 - the formats' bound on a record's bytes
-from ..errors import RecordError, Stage
+from ..errors import GpubatchError, RecordError, Stage
 from ..types import DatasetInfo, Media, Record
 
 # First bytes of the compressors shards meet (gzip, bzip2, xz, zstd): such shards cannot be read by offset.
@@ -154,7 +154,7 @@ class Reader(abc.ABC):
             raise RecordError(entry.key, entry.origin, Stage.READ, entry.reason)
         try:
             return self._read(entry)
-        except RecordError:
+        except (RecordError, GpubatchError):  # the record's error, or one that ends the run (a source cut short)
             raise
         except OSError as e:
             key, origin = self.where(entry)

@@ -303,15 +303,19 @@ class FolderWriter(Writer):
         self._used: set[str] = set()  # relative paths written, case-folded (as case-insensitive disks compare)
         self._lines: list[str] = []
         self._unlabelled = 0
-        self._folders = class_folders(info.classes)
+        if isinstance(info.classes, ClassNames):  # labels far beyond the names: folders for the named ones
+            labels = sorted(info.classes.named)
+            self._folders = dict(zip(labels, class_folders([info.classes.named[k] for k in labels])))
+        else:
+            self._folders = dict(enumerate(class_folders(info.classes)))
         self._written: dict[int, str] = {}  # label -> its folder, for the labels written
 
     def _class_dir(self, label: int) -> str:
         if label not in self._written:
-            if 0 <= label < len(self._folders):
+            if label in self._folders:
                 folder = self._folders[label]
             else:  # a label without a class name: its number, kept apart from every named folder
-                taken = {f.casefold() for f in (*self._folders, *self._written.values())}
+                taken = {f.casefold() for f in (*self._folders.values(), *self._written.values())}
                 folder, n = str(label), 1
                 while folder.casefold() in taken:
                     n += 1

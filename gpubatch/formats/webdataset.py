@@ -19,6 +19,7 @@ import re
 import tarfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -168,43 +169,64 @@ def scan_tar(f: Any, size: int) -> tuple[list[tuple[str, int, int, int]], list[t
 def _samples(s: int, tar: Path, members: list[tuple[str, int, int, int]],
              damage: list[tuple[int, int, str]]) -> list[tuple[int, str, tuple] | Damaged]:
     """Members grouped into samples as webdataset and DALI group them (consecutive members sharing a
-    key), in shard order, with a Damaged entry for each damaged stretch. A sample whose members lie on
-    both sides of a damaged stretch is one Damaged entry: it lost members in it."""
+    key), in shard order, with each damaged stretch as a Damaged entry.
+
+    Next to a damaged stretch, a sample that lacks a member the shard's samples hold (its ``.cls`` or
+    its image lay in the stretch) is a Damaged entry in the stretch's place: written, it would be a
+    record without its label, or no record at all. Where neither neighbour lacks one, what the
+    stretch held is unknown and it stays a Damaged entry of its own."""
     events: list[tuple[int, Any]] = [(m[3], m) for m in members] + [(d[0], d) for d in damage]
     events.sort(key=lambda e: e[0])
-    out: list[Any] = []
-    current, group, absorbed = None, [], None
-
-    def flush() -> None:
-        if group:
-            out.append((s, current, tuple(group)))
-
+    seq: list[Any] = []  # (s, key, members) samples and (start, end, what) stretches, in shard order
+    current = None
     for _, ev in events:
-        if len(ev) == 3:  # a damaged stretch
-            flush()
-            start, end, what = ev
-            out.append(Damaged(f"{tar.name}@{start}", f"{tar}@{start}",
-                               f"damaged shard: bytes {start:,}-{end:,} hold {what}; the members there are lost"))
-            current, group, absorbed = None, [], None
+        if len(ev) == 3:
+            seq.append(ev)
+            current = None
             continue
         name, off, size, _ = ev
         ke = split_member(name)
-        if ke is None or ke[0] == absorbed:
+        if ke is None:
             continue
         if ke[0] != current:
-            flush()
-            absorbed = None
-            if len(out) >= 2 and isinstance(out[-1], Damaged) and isinstance(out[-2], tuple) and out[-2][1] == ke[0]:
-                hole = out.pop()  # the same sample on both sides of the damage: one damaged record
-                out.pop()
-                where = hole.reason.split(" hold ")[0].removeprefix("damaged shard: ")
-                out.append(Damaged(ke[0], f"{tar}#{ke[0]}",
-                                   f"members of this sample lie in a damaged stretch of the shard ({where})"))
-                current, group, absorbed = None, [], ke[0]
+            seq.append((s, ke[0], []))
+            current = ke[0]
+        seq[-1][2].append((ke[1], off, size, name))
+    sets = Counter(frozenset(m[0] for m in x[2]) for x in seq if len(x[2]) and not isinstance(x[2], str))
+    groups = sum(sets.values())
+    typical, n = sets.most_common(1)[0] if sets else (frozenset(), 0)
+    usual = typical if n * 2 > groups else frozenset()
+
+    def lacking(item: Any) -> bool:
+        return isinstance(item[2], list) and bool(usual - {m[0] for m in item[2]})
+
+    out: list[Any] = []
+    damaged: set[int] = set()
+    for i, item in enumerate(seq):
+        if isinstance(item[2], list):
+            continue
+        start, end, what = item
+        near = [k for k in (i - 1, i + 1) if 0 <= k < len(seq) and lacking(seq[k])]
+        for k in near:
+            damaged.add(k)
+        if not near:
+            damaged.add(i)
+    for i, item in enumerate(seq):
+        if isinstance(item[2], list):
+            if i not in damaged:
+                out.append((item[0], item[1], tuple(item[2])))
                 continue
-            current, group = ke[0], []
-        group.append((ke[1], off, size, name))
-    flush()
+            stretch = seq[i + 1] if i + 1 < len(seq) and isinstance(seq[i + 1][2], str) else seq[i - 1]
+            if out and isinstance(out[-1], Damaged) and out[-1].key == item[1]:
+                continue  # the same sample on both sides of the stretch: one damaged record
+            has = ", ".join(sorted(m[0] for m in item[2]))
+            out.append(Damaged(item[1], f"{tar}#{item[1]}", f"members of this sample lay in a damaged stretch of the "
+                               f"shard (bytes {stretch[0]:,}-{stretch[1]:,}): it holds {has}, the shard's samples "
+                               f"hold {', '.join(sorted(usual))}"))
+        elif i in damaged:
+            start, end, what = item
+            out.append(Damaged(f"{tar.name}@{start}", f"{tar}@{start}",
+                               f"damaged shard: bytes {start:,}-{end:,} hold {what}; the members there are lost"))
     return out
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import RecordError
+from ..types import ClassNames
 
 
 @dataclass
@@ -20,7 +21,9 @@ class DatasetReport:
     Attributes:
         path, format: where and what.
         records: readable records; ``unreadable`` lists the others with reasons.
-        classes: class names; ``class_counts`` maps each to its record count (plus "(unlabeled)").
+        classes: class names (empty where labels run far beyond the classes named: see ``class_count``);
+            ``class_counts`` maps each class in use to its record count (plus "(unlabeled)").
+        class_count: how many classes the labels span.
         width, height: min / median / mean / max over records, in pixels (EXIF orientation applied).
         codecs, subsampling, modes: counts per JPEG/PNG..., per chroma subsampling, per pixel mode.
         boxes: total detection boxes; categories: detection categories.
@@ -34,6 +37,7 @@ class DatasetReport:
     format: str
     records: int = 0
     classes: list[str] = field(default_factory=list)
+    class_count: int = 0
     class_counts: dict[str, int] = field(default_factory=dict)
     width: dict[str, float] = field(default_factory=dict)
     height: dict[str, float] = field(default_factory=dict)
@@ -83,7 +87,9 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
     with open_reader(path, fmt) as reader:
         info = reader.info()
         entries = reader.entries()
-        report = DatasetReport(path=str(path), format=reader.format_name, classes=list(info.classes),
+        table = info.classes
+        report = DatasetReport(path=str(path), format=reader.format_name, class_count=len(table),
+                               classes=[] if isinstance(table, ClassNames) else list(table),
                                categories=[dict(c) for c in info.categories], warnings=list(reader.warnings))
         tick = progress(len(entries)) if progress else None
 
@@ -123,9 +129,8 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
                 report.images_with_boxes += 1
             members.update(list(rec.meta.get(MEMBERS) or ()))
             members.update([JSON_FIELDS] if JSON_FIELDS in rec.meta else ())
-    names = report.classes
     for label, n in sorted(labels.items(), key=lambda kv: (kv[0] is None, kv[0] if kv[0] is not None else 0)):
-        name = "(unlabeled)" if label is None else (names[label] if label < len(names) else str(label))
+        name = "(unlabeled)" if label is None else (table[label] if label < len(table) else str(label))
         report.class_counts[name] = n
     report.width, report.height = _stats(widths), _stats(heights)
     report.codecs, report.subsampling, report.modes = dict(codecs), dict(subs), dict(modes)
@@ -148,7 +153,7 @@ def render(report: DatasetReport) -> None:
     t.add_row("records", f"{report.records:,}")
     if report.unreadable:
         t.add_row("unreadable", f"[red]{len(report.unreadable):,}[/]")
-    t.add_row("classes", f"{len(report.classes):,}")
+    t.add_row("classes", f"{report.class_count:,}")
     if report.width:
         w, h = report.width, report.height
         t.add_row("width", f"{w['min']}..{w['max']} (median {w['median']:g}, mean {w['mean']:g})")

@@ -1,0 +1,717 @@
+"""The contract for bad input, one test per class of fault: the source is never modified, every record
+is written or listed as skipped with its reason, a bad record never ends the run with a traceback, a
+broken container keeps its complete records, and bytes pass through untouched for every codec."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gpubatch import _paths
+from gpubatch.api import convert, info, open_dataset
+from gpubatch.errors import ExitCode, GpubatchError, UsageError
+from tests.helpers import ROOT, jpeg_bytes, photo, run_cli, tree_digest
+
+
+def one_line(proc) -> str:
+    """The CLI's error, checked to be one line without a traceback."""
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def summary_of(proc) -> dict:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def accounted(s) -> bool:
+    """Every record the source holds was written or listed as skipped."""
+    return s.records_out + len(s.skipped) == s.records_in
+
+
+# --- 1. the source is every folder it is read from -------------------------------------------------------
+
+
+def test_a_coco_jsons_image_folder_is_part_of_the_source(coco, tmp_path):
+    ann = coco / "annotations" / "instances.json"
+    before = tree_digest(coco)
+    with pytest.raises(UsageError, match="delete the source|lies inside"):
+        convert(ann, coco / "images", to="tfrecord", overwrite=True)
+    with pytest.raises(UsageError, match="inside"):
+        convert(ann, coco / "images" / "out", to="tfrecord")
+    p = run_cli("convert", ann, coco / "images", "--to", "tfrecord", "--overwrite")
+    assert p.returncode == ExitCode.USAGE and "source" in one_line(p)
+    assert tree_digest(coco) == before
+
+
+# --- 2. bytes pass through untouched, for every codec; the bytes name the codec ------------------------
+
+
+def _encoded(fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    frames = [Image.fromarray(photo(40, 56, seed=k)) for k in range(3)]
+    if kw.pop("frames", False):
+        frames[0].save(buf, fmt, save_all=True, append_images=frames[1:], **kw)
+    else:
+        frames[0].save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+CODECS = {  # file name -> (bytes, the codec they hold)
+    "lossless.webp": (lambda: _encoded("WEBP", lossless=True), "webp"),
+    "animated.webp": (lambda: _encoded("WEBP", frames=True, duration=100), "webp"),
+    "pages.tiff": (lambda: _encoded("TIFF", frames=True), "tiff"),
+    "j2k.jp2": (lambda: _encoded("JPEG2000"), "jpeg2000"),
+    "plain.bmp": (lambda: _encoded("BMP"), "bmp"),
+    "moving.jpg": (lambda: _encoded("GIF", frames=True, duration=100), "gif"),  # GIF bytes named .jpg
+    "avif.jpg": (lambda: _encoded("AVIF"), "avif"),
+    "photo.jpg": (lambda: jpeg_bytes(photo(40, 56)), "jpeg"),
+}
+
+
+@pytest.fixture
+def codecs_folder(tmp_path) -> Path:
+    root = tmp_path / "codecs"
+    (root / "a").mkdir(parents=True)
+    for name, (make, _) in CODECS.items():
+        (root / "a" / name).write_bytes(make())
+    return root
+
+
+@pytest.mark.parametrize("to", ["webdataset", "tfrecord", "folder", "coco"])
+def test_no_pixel_option_passes_every_codec_through_untouched(codecs_folder, tmp_path, to):
+    src = {k: ((codecs_folder / "a" / n).read_bytes(), c) for n, (_, c) in CODECS.items() for k in [Path(n).stem]}
+    s = convert(codecs_folder, tmp_path / "out", to=to)
+    assert s.records_out == len(CODECS) and s.passthrough == len(CODECS) and not s.transcoded
+    with open_dataset(tmp_path / "out") as r:
+        got = {rec.key.rsplit("/", 1)[-1]: rec for rec in r}
+    for stem, (data, codec) in src.items():
+        assert got[stem].data == data, stem  # byte for byte: a lossless WebP stays lossless, frames stay
+        assert got[stem].codec == codec, stem
+    if to == "tfrecord":
+        from tfrecord.reader import tfrecord_loader
+
+        shard = next((tmp_path / "out").glob("*.tfrecord"))
+        formats = {bytes(ex["image/source_id"]).decode().rsplit("/", 1)[-1]: bytes(ex["image/format"]).decode()
+                   for ex in tfrecord_loader(str(shard), None)}
+        assert formats["moving"] == "gif" and formats["avif"] == "avif" and formats["photo"] == "JPEG"
+    if to == "webdataset":
+        names = tarfile.open(next((tmp_path / "out").glob("*.tar"))).getnames()
+        assert "a/moving.gif" in names and "a/avif.avif" in names
+
+
+def test_quality_alone_re_encodes_jpegs_only(codecs_folder, tmp_path):
+    s = convert(codecs_folder, tmp_path / "out", to="webdataset", quality=80)
+    assert s.transcoded == 1 and s.passthrough == len(CODECS) - 1
+
+
+@pytest.mark.parametrize("to", ["lmdb", "recordio"])
+def test_a_format_whose_readers_cannot_decode_a_codec_refuses_before_writing(codecs_folder, tmp_path, to):
+    p = run_cli("convert", codecs_folder, tmp_path / "out", "--to", to)
+    assert p.returncode == ExitCode.USAGE
+    err = one_line(p)
+    assert "cannot hold" in err and ("gif" in err or "avif" in err) and "--image-format" in err
+    assert not (tmp_path / "out").exists() and [x.name for x in tmp_path.iterdir()] == ["codecs"]
+    s = convert(codecs_folder, tmp_path / "out", to=to, image_format="png")  # the fix the error names
+    assert s.records_out == len(CODECS)
+
+
+# --- 3 and 12. no record dropped without a word; a broken container keeps its complete records --------
+
+
+def _written(src: Path, dst: Path, to: str, n: int = 40, **kw) -> Path:
+    convert(src, dst, to=to, limit=n, **kw)
+    return dst
+
+
+def test_a_flipped_byte_in_a_tar_header_mid_shard_skips_that_sample_only(imagenet, tmp_path):
+    wds = _written(imagenet, tmp_path / "wds", "webdataset")
+    shard = next(wds.glob("*.tar"))
+    members = tarfile.open(shard).getmembers()
+    victim = members[len(members) // 2]
+    raw = bytearray(shard.read_bytes())
+    raw[victim.offset + 100] ^= 0x40  # inside the header: its checksum fails
+    shard.write_bytes(bytes(raw))
+    s = convert(wds, tmp_path / "out", to="tfrecord")
+    assert accounted(s) and s.records_out == 39 and len(s.skipped) == 1
+    assert "damaged" in s.skipped[0]["reason"]
+
+
+@pytest.mark.parametrize("index", ["empty", "stale", "negative", "huge"])
+def test_an_index_that_does_not_describe_its_tfrecord_shard_is_not_trusted(imagenet, tmp_path, index):
+    tfr = _written(imagenet, tmp_path / "tfr", "tfrecord")
+    idx = next(tfr.glob("*.idx"))
+    rows = idx.read_text().splitlines()
+    idx.write_text({"empty": "", "stale": "\n".join(rows[:25]) + "\n", "negative": "-10 4000\n" + "\n".join(rows[1:]),
+                    "huge": rows[0].split()[0] + " 1152921504606846976\n" + "\n".join(rows[1:])}[index])
+    s = convert(tfr, tmp_path / "out", to="webdataset")
+    assert s.records_in == s.records_out == 40 and not s.skipped
+    assert any("does not describe" in w for w in s.warnings)
+    assert info(tfr).records == 40
+
+
+def test_an_unreadable_class_folder_is_listed_and_the_classes_after_it_keep_their_labels(imagenet, tmp_path,
+                                                                                      monkeypatch):
+    from gpubatch.formats import folder
+
+    classes = sorted(p.name for p in imagenet.iterdir() if p.is_dir())
+    locked = classes[1]
+    real = folder._list_folder
+
+    def listing(path):  # chmod 000, as the superuser CI runs as would still read it
+        if os.path.basename(path) == locked:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(folder, "_list_folder", listing)
+    s = convert(imagenet, tmp_path / "out", to="webdataset")
+    assert accounted(s) and len(s.skipped) == 1 and "cannot list the folder" in s.skipped[0]["reason"]
+    with open_dataset(tmp_path / "out") as r:
+        assert r.info().classes == tuple(classes)
+        last = [rec.label for rec in r if rec.key.startswith(classes[-1] + "/")]
+    assert last and set(last) == {len(classes) - 1}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bad length crc", "2^60 length"])
+def test_a_damaged_tfrecord_shard_without_index_keeps_the_records_around_the_damage(imagenet, tmp_path, damage):
+    tfr = _written(imagenet, tmp_path / "tfr", "tfrecord")
+    for idx in tfr.glob("*.idx"):
+        idx.unlink()
+    shard = next(tfr.glob("*.tfrecord"))
+    raw = bytearray(shard.read_bytes())
+    offsets = []
+    pos = 0
+    while pos < len(raw):
+        offsets.append(pos)
+        pos += 16 + struct.unpack_from("<Q", raw, pos)[0]
+    if damage == "truncated":
+        raw = raw[: offsets[-1] + 100]
+    elif damage == "bad length crc":
+        raw[offsets[10] + 9] ^= 0xFF
+    else:
+        from gpubatch.formats.tfrecord import _masked_crc
+
+        head = struct.pack("<Q", 1 << 60)
+        raw[offsets[10] : offsets[10] + 12] = head + _masked_crc(head)
+    shard.write_bytes(bytes(raw))
+    s = convert(tfr, tmp_path / "out", to="webdataset")
+    assert accounted(s) and s.records_out == 39 and len(s.skipped) == 1
+    assert "damaged shard" in s.skipped[0]["reason"]
+
+
+@pytest.mark.parametrize("damage", ["bad magic", "truncated"])
+def test_a_damaged_recordio_file_keeps_the_records_around_the_damage(imagenet, tmp_path, damage):
+    rec_dir = _written(imagenet, tmp_path / "rec", "recordio")
+    rec = next(rec_dir.glob("*.rec"))
+    raw = bytearray(rec.read_bytes())
+    offsets = [int(ln.split("\t")[1]) for ln in rec.with_suffix(".idx").read_text().splitlines()]
+    if damage == "bad magic":
+        raw[offsets[10]] ^= 0xFF
+    else:
+        raw = raw[: offsets[-1] + 50]
+    rec.write_bytes(bytes(raw))
+    s = convert(rec_dir, tmp_path / "out", to="webdataset")
+    assert accounted(s) and s.records_out == 39 and len(s.skipped) == 1
+    assert "damaged file" in s.skipped[0]["reason"]
+
+
+def test_a_recordio_index_with_a_negative_offset_is_a_warning_not_a_write_error(imagenet, tmp_path):
+    rec_dir = _written(imagenet, tmp_path / "rec", "recordio")
+    idx = next(rec_dir.glob("*.idx"))
+    lines = idx.read_text().splitlines()
+    idx.write_text("\n".join(["0\t-10", *lines[1:]]) + "\n")
+    s = convert(rec_dir, tmp_path / "out", to="webdataset")
+    assert s.records_out == 40 and any("does not match" in w for w in s.warnings)
+    p = run_cli("info", rec_dir)
+    assert p.returncode == 0 and "Traceback" not in p.stderr
+
+
+# --- 4, 10, 11, 14. outputs: atomic swap, the leftovers of killed runs, concurrent runs, the cwd -------
+
+
+def test_overwrite_swaps_atomically_where_the_file_system_can(imagenet, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    convert(imagenet, out, to="webdataset", limit=5)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    can = _paths._renameat2(tmp_path / "a", tmp_path / "b", _paths._RENAME_EXCHANGE)
+    (tmp_path / "a").rmdir()
+    (tmp_path / "b").rmdir()
+    flags = []
+    real = _paths._renameat2
+    monkeypatch.setattr(_paths, "_renameat2", lambda a, b, f: flags.append(f) or real(a, b, f))
+    monkeypatch.setattr(_paths.os, "replace", lambda a, b: pytest.fail("a rename that leaves no DST for a moment"))
+    if can:  # one exchange of the two names: there is no moment without a DST
+        convert(imagenet, out, to="webdataset", limit=7, overwrite=True)
+        assert flags == [_paths._RENAME_EXCHANGE]
+        with open_dataset(out) as r:
+            assert len(r) == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imagenet", "out"]
+
+
+def test_a_run_killed_mid_swap_gets_its_old_output_restored_by_the_next_run(imagenet, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    convert(imagenet, out, to="webdataset", limit=5)
+    before = tree_digest(out)
+    monkeypatch.setattr(_paths, "_renameat2", lambda a, b, f: False)  # a file system without an exchange
+    real = os.replace
+    calls = []
+
+    def killed(a, b):
+        calls.append((a, b))
+        if len(calls) == 2:  # the old DST moved aside, the new one not yet in: killed here
+            raise KeyboardInterrupt
+        return real(a, b)
+
+    monkeypatch.setattr(_paths.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        convert(imagenet, out, to="webdataset", limit=7, overwrite=True)
+    monkeypatch.setattr(_paths.os, "replace", real)
+    assert not out.exists() and any(p.name.startswith(".out.gpubatch-old-") for p in tmp_path.iterdir())
+    with pytest.raises(UsageError, match="already exists.*restored"):
+        convert(imagenet, out, to="webdataset", limit=7)
+    assert tree_digest(out) == before
+    s = convert(imagenet, out, to="webdataset", limit=7, overwrite=True)
+    assert s.records_out == 7 and sorted(p.name for p in tmp_path.iterdir()) == ["imagenet", "out"]
+
+
+def test_the_staging_of_a_killed_run_is_removed_by_the_next_run_to_its_output(imagenet, tmp_path):
+    stale = tmp_path / ".out.gpubatch-partial-999999-abcdef"
+    stale.mkdir()
+    (stale / "data-000000.tar").write_bytes(b"\0" * 4096)
+    s = convert(imagenet, tmp_path / "out", to="webdataset", limit=5)
+    assert not stale.exists() and any("removed 1 unfinished output folder" in w for w in s.warnings)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imagenet", "out"]
+
+
+def test_a_second_run_to_the_same_output_is_refused_while_the_first_holds_it(imagenet, tmp_path):
+    import fcntl
+
+    lock = tmp_path / ".out.gpubatch-lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    os.write(fd, b"4242")
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        p = run_cli("convert", imagenet, tmp_path / "out", "--to", "webdataset")
+    finally:
+        os.close(fd)
+    assert p.returncode == ExitCode.ERROR and "another gpubatch run (pid 4242)" in one_line(p)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_that_appears_while_the_run_goes_is_one_line_and_leaves_no_staging(imagenet, tmp_path,
+                                                                                   monkeypatch):
+    from gpubatch.formats import webdataset
+
+    real = webdataset.WebDatasetWriter._write_to_shard
+
+    def meanwhile(self, record):  # another program makes DST while this run writes
+        (tmp_path / "out").mkdir(exist_ok=True)
+        return real(self, record)
+
+    monkeypatch.setattr(webdataset.WebDatasetWriter, "_write_to_shard", meanwhile)
+    with pytest.raises(UsageError, match="appeared while the run was going"):
+        convert(imagenet, tmp_path / "out", to="webdataset", limit=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imagenet", "out"]
+    assert not any((tmp_path / "out").iterdir())
+
+
+def test_an_output_renamed_in_by_another_program_at_the_last_moment_is_kept(imagenet, tmp_path, monkeypatch):
+    real = _paths._renameat2
+
+    def landing(a, b, flags):  # between this run's last check and its rename, another program's output lands
+        if not Path(b).exists():
+            Path(b).mkdir()
+            (Path(b) / "theirs.txt").write_text("theirs")
+        return real(a, b, flags)
+
+    monkeypatch.setattr(_paths, "_renameat2", landing)
+    with pytest.raises(UsageError, match="appeared while the run was going"):
+        convert(imagenet, tmp_path / "out", to="webdataset", limit=3)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["theirs.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imagenet", "out"]
+
+
+def test_the_current_folder_as_output_is_refused(imagenet, tmp_path):
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "keep.txt").write_text("mine")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "gpubatch", "convert", str(imagenet), ".", "--to", "webdataset",
+                        "--overwrite"], cwd=here, capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == ExitCode.USAGE and "current folder" in one_line(p)
+    assert [x.name for x in here.iterdir()] == ["keep.txt"]
+
+
+def test_sigterm_winds_the_run_down_as_ctrl_c(imagenet, tmp_path):
+    script = ("import time, sys\nfrom gpubatch.formats import webdataset\n"
+              "real = webdataset.WebDatasetWriter._write_to_shard\n"
+              "def slow(self, r):\n    time.sleep(0.2)\n    return real(self, r)\n"
+              "webdataset.WebDatasetWriter._write_to_shard = slow\n"
+              "from gpubatch.cli import main\nmain(sys.argv[1:])\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", script, "convert", str(imagenet), str(tmp_path / "out"),
+                             "--to", "webdataset", "-q"], env=env, stderr=subprocess.PIPE, text=True)
+    import time
+
+    time.sleep(2.5)
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == ExitCode.TERMINATED, err
+    assert "terminated" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imagenet"]
+
+
+# --- 5. absurd labels --------------------------------------------------------------------------------
+
+
+def _two_images(root: Path) -> None:
+    root.mkdir()
+    for k in range(2):
+        (root / f"{k}.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=k)))
+
+
+def test_a_label_of_twenty_million_takes_no_table_of_twenty_million(tmp_path):
+    src = tmp_path / "src"
+    _two_images(src)
+    (src / "file_list.txt").write_text("0.jpg 3\n1.jpg 20000000\n")
+    for to in ("webdataset", "folder", "tfrecord", "recordio"):
+        s = convert(src, tmp_path / to, to=to)
+        assert s.records_out == 2
+        assert (tmp_path / to / "gpubatch.json").stat().st_size < 20_000
+        with open_dataset(tmp_path / to) as r:
+            classes = r.info().classes
+            assert len(classes) == 20_000_001 and classes[20_000_000] == "20000000"
+            assert sorted(rec.label for rec in r) == [3, 20_000_000]
+    assert info(tmp_path / "webdataset").records == 2
+
+
+def _tfrecord_with(path: Path, features: list[dict]) -> None:
+    from tfrecord.writer import TFRecordWriter
+
+    path.mkdir()
+    w = TFRecordWriter(str(path / "x.tfrecord"))
+    for f in features:
+        w.write(f)
+    w.close()
+
+
+def _image_feature(k: int = 0, **more) -> dict:
+    return {"image/encoded": (jpeg_bytes(photo(24, 32, seed=k)), "byte"), **more}
+
+
+def _source_with_label(kind: str, root: Path, label) -> Path:
+    """A two-record source whose second record has class ``label``, in a format of each kind."""
+    from gpubatch.formats.lmdb import encode_datum
+    from gpubatch.formats.recordio import _IR, frame
+
+    if kind == "file_list":
+        _two_images(root)
+        (root / "file_list.txt").write_text(f"0.jpg 1\n1.jpg {label}\n")
+    elif kind == "tfrecord":
+        _tfrecord_with(root, [_image_feature(0, **{"image/class/label": (1, "int")}),
+                              _image_feature(1, **{"image/class/label": (int(label), "int")})])
+    elif kind == "datum":
+        import lmdb
+
+        env = lmdb.open(str(root), map_size=1 << 24)
+        with env.begin(write=True) as txn:
+            txn.put(b"00000000_a", encode_datum(jpeg_bytes(photo(24, 32)), 1))
+            txn.put(b"00000001_b", encode_datum(jpeg_bytes(photo(24, 32, seed=1)), int(label)))
+        env.close()
+    elif kind == "recordio":
+        root.mkdir()
+        data = b"".join(frame(_IR.pack(0, float(v), i, 0) + jpeg_bytes(photo(24, 32, seed=i)))
+                        for i, v in enumerate([1, label]))
+        (root / "x.rec").write_bytes(data)
+    else:  # a WebDataset .cls
+        root.mkdir()
+        with tarfile.open(root / "x.tar", "w", format=tarfile.GNU_FORMAT) as tf:
+            for k, (key, cls) in enumerate((("a", "1"), ("b", str(label)))):
+                for ext, payload in (("jpg", jpeg_bytes(photo(24, 32, seed=k))), ("cls", cls.encode())):
+                    ti = tarfile.TarInfo(f"{key}.{ext}")
+                    ti.size = len(payload)
+                    tf.addfile(ti, io.BytesIO(payload))
+    return root
+
+
+@pytest.mark.parametrize("kind", ["file_list", "tfrecord", "datum", "recordio", "cls"])
+def test_a_label_of_ten_to_the_twelfth_is_that_records_error(tmp_path, kind):
+    src = _source_with_label(kind, tmp_path / "src", 10**12)
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_in == 2 and s.records_out == 1 and len(s.skipped) == 1
+    assert "outside 0..2,147,483,647" in s.skipped[0]["reason"]
+    assert info(src).records == 1
+
+
+@pytest.mark.parametrize("label", ["nan", "inf"])
+def test_a_recordio_label_that_is_no_number_is_that_records_error(tmp_path, label):
+    src = _source_with_label("recordio", tmp_path / "src", float(label))
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_out == 1 and "not a finite number" in s.skipped[0]["reason"]
+    assert info(src).records == 1
+
+
+# --- 6. a truncated LMDB ---------------------------------------------------------------------------
+
+
+def test_a_truncated_lmdb_is_refused_in_one_line_not_a_bus_error(imagenet, tmp_path):
+    db = _written(imagenet, tmp_path / "db", "lmdb")
+    data = db / "data.mdb"
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size // 2)
+    for args in (("info", db), ("convert", db, tmp_path / "out", "--to", "webdataset")):
+        p = run_cli(*args)
+        assert p.returncode == ExitCode.ERROR, (p.returncode, p.stderr)
+        assert "truncated" in one_line(p)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_lmdb_cut_short_while_it_is_read_stops_the_run_before_reading_past_its_end(imagenet, tmp_path):
+    db = _written(imagenet, tmp_path / "db", "lmdb")
+    with open_dataset(db) as r:
+        entries = r.entries()
+        r.read(entries[0])
+        with open(db / "data.mdb", "r+b") as f:
+            f.truncate(8192)
+        with pytest.raises(GpubatchError, match="shrank"):
+            r.read(entries[-1])
+
+
+# --- 7. special files -------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_and_a_link_to_dev_zero_named_as_images_are_skipped_not_read(imagenet, tmp_path):
+    cls = sorted(p for p in imagenet.iterdir() if p.is_dir())[0]
+    os.mkfifo(cls / "pipe.jpg")
+    os.symlink("/dev/zero", cls / "zero.jpg")
+    os.symlink(tmp_path / "nowhere.jpg", cls / "dangling.jpg")
+    p = run_cli("info", imagenet, "--json")
+    assert p.returncode == 0 and len(json.loads(p.stdout)["unreadable"]) == 3
+    p = run_cli("convert", imagenet, tmp_path / "out", "--to", "webdataset", "--json")
+    s = summary_of(p)
+    assert p.returncode == 0 and s["records_out"] == 60 and s["records_in"] == 63
+    reasons = sorted(e["reason"] for e in s["skipped"])
+    assert reasons == ["a FIFO, not a regular file", "a broken link, not a regular file",
+                       "a character device, not a regular file"]
+
+
+def test_every_read_is_bounded(tmp_path):
+    big = tmp_path / "big.jpg"
+    big.write_bytes(b"\xff\xd8\xff" + bytes(5000))
+    with pytest.raises(ValueError, match="bound"):
+        _paths.read_regular(big, limit=4096)
+
+
+# --- 8. a bad record is that record's error, never a traceback ----------------------------------------
+
+
+def _tfr_case(meta=None, **more) -> list[dict]:
+    good = _image_feature(0)
+    bad = _image_feature(1, **more)
+    if meta is not None:
+        bad["gpubatch/meta"] = (meta, "byte")
+    return [good, bad]
+
+
+def _hostile(kind: str, root: Path) -> Path:
+    if kind == "tfrecord meta not an object":
+        _tfrecord_with(root, _tfr_case(b"[1, 2, 3]"))
+    elif kind == "tfrecord meta not json":
+        _tfrecord_with(root, _tfr_case(b"{not json"))
+    elif kind == "tfrecord meta nested deep":
+        _tfrecord_with(root, _tfr_case(b"[" * 100_000 + b"]" * 100_000))
+    elif kind == "tfrecord bbox lists of unequal lengths":
+        _tfrecord_with(root, _tfr_case(**{"image/object/bbox/xmin": ([0.1, 0.2], "float"),
+                                          "image/object/bbox/ymin": ([0.1], "float"),
+                                          "image/object/bbox/xmax": ([0.5, 0.6], "float"),
+                                          "image/object/bbox/ymax": ([0.5, 0.6], "float")}))
+    elif kind.startswith("coco"):
+        shutil.copytree(ROOT / "sample_data" / "coco", root)
+        ann = root / "annotations" / "instances.json"
+        doc = json.loads(ann.read_text())
+        im = doc["images"][0 if kind == "coco file_name 12" else 1]
+        if kind == "coco height nan":
+            text = json.dumps(doc).replace(f'"height": {im["height"]}', '"height": NaN', 1)
+            ann.write_text(text)
+            return root
+        if kind == "coco height tall":
+            im["height"] = "tall"
+        elif kind == "coco file_name 12":
+            im["file_name"] = 12
+        elif kind == "coco category_id 1e30":
+            doc["annotations"][0]["category_id"] = 10**30
+        elif kind == "coco non-object category":
+            doc["categories"].append("person")
+        ann.write_text(json.dumps(doc))
+    elif kind.startswith("webdataset"):
+        root.mkdir()
+        bad_json = {"webdataset json huge int": b'{"label": 1' + b"0" * 40 + b"}",
+                    "webdataset json nested deep": b'{"meta": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+                    "webdataset json digits beyond python": b'{"width": 1' + b"0" * 5000 + b"}"}[kind]
+        with tarfile.open(root / "x.tar", "w", format=tarfile.GNU_FORMAT) as tf:
+            for k, (key, doc) in enumerate((("a", b'{"label": 1}'), ("b", bad_json))):
+                for ext, payload in (("jpg", jpeg_bytes(photo(24, 32, seed=k))), ("json", doc)):
+                    ti = tarfile.TarInfo(f"{key}.{ext}")
+                    ti.size = len(payload)
+                    tf.addfile(ti, io.BytesIO(payload))
+    elif kind.startswith("file_list"):
+        _two_images(root)
+        text = {"file_list escaping path": b"0.jpg 0\n../../etc/passwd.jpg 1\n",
+                "file_list not utf-8": b"0.jpg 0\n\xff\xfe.jpg 1\n"}[kind]
+        (root / "file_list.txt").write_bytes(text)
+    return root
+
+
+HOSTILE = ["tfrecord meta not an object", "tfrecord meta not json", "tfrecord meta nested deep",
+           "tfrecord bbox lists of unequal lengths", "coco height nan", "coco height tall", "coco file_name 12",
+           "coco category_id 1e30", "webdataset json huge int", "webdataset json nested deep",
+           "webdataset json digits beyond python", "file_list escaping path", "file_list not utf-8"]
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_a_hostile_field_skips_its_record_with_a_reason(tmp_path, kind):
+    src = _hostile(kind, tmp_path / "src")
+    p = run_cli("convert", src, tmp_path / "out", "--to", "webdataset", "--json")
+    s = summary_of(p)
+    assert p.returncode == 0 and s["records_out"] + len(s["skipped"]) == s["records_in"]
+    if kind == "coco category_id 1e30":  # an annotation, not a record: dropped, with a warning
+        assert not s["skipped"] and any("1 annotation dropped" in w for w in s["warnings"])
+        return
+    assert len(s["skipped"]) == 1 and s["skipped"][0]["reason"]
+    p = run_cli("info", src, "--json")
+    assert p.returncode == 0 and len(summary_of(p)["unreadable"]) == 1
+
+
+def test_a_non_object_category_is_left_out_with_a_warning(tmp_path):
+    src = _hostile("coco non-object category", tmp_path / "src")
+    s = convert(src, tmp_path / "out", to="coco")
+    assert s.records_out == 12 and any("'categories' left out" in w for w in s.warnings)
+
+
+def test_a_coco_json_nested_100k_deep_is_one_line(tmp_path):
+    (tmp_path / "src" / "annotations").mkdir(parents=True)
+    (tmp_path / "src" / "annotations" / "instances.json").write_text(
+        '{"images": [], "annotations": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    p = run_cli("convert", tmp_path / "src", tmp_path / "out", "--to", "webdataset")
+    assert p.returncode == ExitCode.ERROR and "nested too deeply" in one_line(p)
+
+
+@pytest.mark.parametrize("classes", [5, "cat", {"count": -3}, [1, 2]])
+def test_a_hostile_manifest_is_ignored(imagenet, tmp_path, classes):
+    wds = _written(imagenet, tmp_path / "wds", "webdataset")
+    m = json.loads((wds / "gpubatch.json").read_text())
+    m["classes"] = classes
+    m["categories"] = ["x", {"id": "y"}]
+    (wds / "gpubatch.json").write_text(json.dumps(m))
+    s = convert(wds, tmp_path / "out", to="folder")
+    assert s.records_out == 40
+    assert info(wds).records == 40
+
+
+# --- 9. disk full ----------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "setpgid"), reason="needs POSIX resource limits")
+@pytest.mark.parametrize("to", ["lmdb", "tfrecord", "webdataset"])
+def test_a_full_disk_is_the_one_line_write_error_with_no_staging_left(imagenet, tmp_path, to):
+    """A file-size limit (RLIMIT_FSIZE) makes writes fail as a full disk does, with EFBIG."""
+    script = ("import resource, signal, sys\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (200000, 200000))\n"
+              "from gpubatch.cli import main\nmain(sys.argv[1:])\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-c", script, "convert", str(imagenet), str(tmp_path / "out"), "--to", to,
+                        "--shard-size", "100000"], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == ExitCode.ERROR, p.stderr
+    assert "writing" in one_line(p) and "failed" in one_line(p)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["imagenet"]
+
+
+def test_a_full_disk_at_the_manifest_is_the_one_line_write_error(imagenet, tmp_path, monkeypatch):
+    from gpubatch import api
+
+    def full(root, content):
+        raise OSError(errno.ENOSPC, "No space left on device", str(root / "gpubatch.json"))
+
+    monkeypatch.setattr(api, "write_manifest", full)
+    with pytest.raises(GpubatchError, match="No space left on device"):
+        convert(imagenet, tmp_path / "out", to="webdataset")
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["imagenet"]
+
+
+# --- 15. smaller ones -------------------------------------------------------------------------------
+
+
+def test_an_image_beyond_jpegs_side_limit_names_it(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    Image.fromarray(np.full((1, 65000, 3), 128, np.uint8)).save(src / "strip.jpg")
+    (src / "ok.jpg").write_bytes(jpeg_bytes(photo(24, 32)))
+    s = convert(src, tmp_path / "out", to="webdataset", resize_shorter=16, max_pixels=0)
+    assert s.records_out == 1 and "65,535" in s.skipped[0]["reason"] and "--image-format png" in s.skipped[0]["reason"]
+    s = convert(src, tmp_path / "png", to="webdataset", resize_shorter=16, max_pixels=0, image_format="png")
+    assert s.records_out == 2
+
+
+def test_limit_zero_writes_nothing_and_fails(imagenet, tmp_path):
+    p = run_cli("convert", imagenet, tmp_path / "out", "--to", "webdataset", "--limit", "0")
+    assert p.returncode == ExitCode.ERROR and "nothing written" in one_line(p)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("cap", ["0", "0MiB", "1.2.3"])
+def test_gpu_memory_zero_is_refused(imagenet, tmp_path, cap):
+    p = run_cli("convert", imagenet, tmp_path / "out", "--to", "webdataset", "--gpu-memory", cap)
+    assert p.returncode == ExitCode.USAGE and "--gpu-memory" in one_line(p)
+
+
+def test_what_is_on_disk_wins_over_the_manifests_format(imagenet, tmp_path):
+    (imagenet / "gpubatch.json").write_text(json.dumps({"gpubatch": "0", "format": "lmdb"}))
+    s = convert(imagenet, tmp_path / "out", to="webdataset")
+    assert s.src_format == "folder" and s.records_out == 60
+    assert any("says lmdb" in w for w in s.warnings)
+
+
+# --- passed-through bytes: PNG CRCs always, every image decoded with --verify full ---------------------
+
+
+def test_a_flipped_byte_in_a_png_is_caught_by_its_crc(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    buf = io.BytesIO()
+    Image.fromarray(photo(64, 64)).save(buf, "PNG")
+    raw = bytearray(buf.getvalue())
+    raw[len(raw) // 2] ^= 0x01
+    (src / "bad.png").write_bytes(bytes(raw))
+    (src / "ok.png").write_bytes(buf.getvalue())
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_out == 1 and "CRC" in s.skipped[0]["reason"]
+
+
+def test_verify_full_decodes_every_passed_through_image(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    good = jpeg_bytes(photo(96, 128))
+    bad = bytearray(good)
+    bad[len(bad) // 2 : len(bad) // 2 + 200] = b"\xff" * 200  # broken entropy-coded data, the end marker kept
+    (src / "hole.jpg").write_bytes(bytes(bad))
+    (src / "ok.jpg").write_bytes(good)
+    assert convert(src, tmp_path / "fast", to="webdataset").records_out == 2  # the default reads headers only
+    p = run_cli("convert", src, tmp_path / "full", "--to", "webdataset", "--verify", "full", "--json")
+    s = summary_of(p)
+    assert p.returncode == 0 and s["records_out"] == 1, s
