@@ -182,7 +182,7 @@ class CocoReader(Reader):
         super().__init__(path if path.is_dir() else ann.parent)
         self.ann_file = ann
         try:
-            doc = fields.json_value(read_regular(ann, MAX_JSON_BYTES), ann.name)
+            doc = fields.json_value(read_regular(ann, MAX_JSON_BYTES), ann.name, "surrogateescape")
         except OSError as e:
             raise FormatError(f"cannot read {ann}: {e.strerror or e}") from None
         except ValueError as e:

@@ -87,13 +87,14 @@ def name(value: Any, what: str) -> str:
     return value
 
 
-def json_value(data: bytes | str, what: str) -> Any:
+def json_value(data: bytes | str, what: str, undecodable: str = "strict") -> Any:
     """A JSON document, refused with one line where it is not JSON, holds numbers Python will not
     parse (over 4,300 digits) or is nested beyond :data:`MAX_JSON_DEPTH` (checked on documents up to
     1 MiB, the per-record ones; a dataset-wide file is checked where its parts are taken, see
-    :func:`shallow`)."""
+    :func:`shallow`). ``undecodable="surrogateescape"`` keeps bytes that are not UTF-8 as they are (a
+    dataset-wide file whose one damaged name should cost that record only)."""
     if isinstance(data, (bytes, bytearray, memoryview)):
-        data = text(bytes(data), what)
+        data = text(bytes(data), what) if undecodable == "strict" else bytes(data).decode("utf-8", undecodable)
     try:
         doc = json.loads(data)
     except RecursionError:

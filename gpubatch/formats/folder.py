@@ -218,6 +218,14 @@ class FolderReader(Reader):
             entries.append((rel, label))
         self._classes = label_names([e[1] for e in entries if isinstance(e, tuple) and e[1] is not None],
                                     manifest.get("classes"))
+        if self.list_file.name == FILE_LIST:  # the folder's own list: images it does not name are said
+            listed = {e[0] for e in entries if isinstance(e, tuple)} | {FILE_LIST}
+            unlisted = [f for f in _walk_images(self.path) if f not in listed]
+            if unlisted:
+                self.warnings.append(f"{len(unlisted):,} image file{'s' if len(unlisted) > 1 else ''} under {self.path} "
+                                     f"{'are' if len(unlisted) > 1 else 'is'} not in {FILE_LIST} and left out "
+                                     f"({', '.join(unlisted[:3])}{', ...' if len(unlisted) > 3 else ''}): a damaged "
+                                     f"or partial list? Pass {self.path / FILE_LIST} to read the list alone")
         return entries
 
     def info(self) -> DatasetInfo:

@@ -26,7 +26,7 @@ from .._paths import MAX_RECORD_BYTES
 from ..errors import DependencyError, FormatError
 from ..types import DatasetInfo, Record, sniff_image_codec
 from . import fields, register_format
-from .base import OPENCV_AND_DALI_CODECS, Format, Reader, WriteOptions, Writer
+from .base import OPENCV_AND_DALI_CODECS, Damaged, Format, Reader, WriteOptions, Writer
 from .folder import label_names
 from .manifest import read_manifest
 
@@ -177,9 +177,20 @@ class LmdbReader(Reader):
             raise GpubatchError(f"{self.data_file} shrank to {size:,} bytes while it was read (it needs "
                                 f"{self.needed:,}): stopped before reading past its end")
 
-    def _scan(self) -> list[bytes]:
-        with self.env.begin() as txn:
-            return [k for k in txn.cursor().iternext(keys=True, values=False) if not _META_KEY.match(k)]
+    def _scan(self) -> list[bytes | Damaged]:
+        """The keys in order; where the database's B-tree is damaged, the keys before the damage and a
+        Damaged entry for what could not be listed after it."""
+        keys: list[bytes | Damaged] = []
+        try:
+            with self.env.begin() as txn:
+                for k in txn.cursor().iternext(keys=True, values=False):
+                    if not _META_KEY.match(k):
+                        keys.append(k)
+        except _lmdb().Error as e:
+            after = keys[-1].decode("utf-8", "replace") if keys else "the first"
+            keys.append(Damaged(f"after {after[:80]}", f"{self.data_file}", f"damaged database: the records after key "
+                                f"{after[:80]} cannot be listed ({str(e).split(': ', 1)[-1]})"))
+        return keys
 
     def info(self) -> DatasetInfo:
         manifest = read_manifest(self.path) or {}
@@ -188,12 +199,15 @@ class LmdbReader(Reader):
             return DatasetInfo(classes=known, categories=tuple(manifest.get("categories") or ()))
         labels = []
         self._check_size()
-        with self.env.begin() as txn:
-            for _, v in txn.cursor():
-                try:
-                    labels.append(fields.label(decode_datum(v).get("label", 0)))
-                except ValueError:
-                    continue
+        try:
+            with self.env.begin() as txn:
+                for _, v in txn.cursor():
+                    try:
+                        labels.append(fields.label(decode_datum(v).get("label", 0)))
+                    except ValueError:
+                        continue
+        except _lmdb().Error:  # a damaged B-tree: the labels before the damage (the scan says what is lost)
+            pass
         return DatasetInfo(classes=label_names([x for x in labels if x is not None], None))
 
     def where(self, entry: bytes) -> tuple[str, str]:
