@@ -1180,3 +1180,35 @@ def test_gpu_run_skips_records_an_op_would_make_too_large(tmp_path):
     s = convert(src, tmp_path / "out", to="folder", resize_shorter=64, max_pixels=5000, device="gpu")
     assert s.records_out == 1 and len(s.skipped) == 2
     assert all("resize_shorter would make a" in e["reason"] for e in s.skipped), s.skipped
+
+
+def test_gpu_run_keeps_the_contract_on_damaged_and_odd_input(imagenet, tmp_path):
+    """On the GPU as on the CPU: a damaged stretch of a shard costs its sample only, GIF bytes named
+    .jpg are decoded (on the CPU, counted as a fallback), an image beyond JPEG's side limit is that
+    record's error naming it, and every record is written or listed as skipped."""
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(imagenet, src)
+    cls = sorted(p for p in src.iterdir() if p.is_dir())[0]
+    buf = io.BytesIO()
+    Image.fromarray(photo(40, 56)).save(buf, "GIF")
+    (cls / "moving.jpg").write_bytes(buf.getvalue())
+    Image.fromarray(np.full((1, 65000, 3), 128, np.uint8)).save(cls / "strip.jpg")
+    convert(src, tmp_path / "wds", to="webdataset", max_pixels=0)
+    shard = next((tmp_path / "wds").glob("*.tar"))
+    members = tarfile.open(shard).getmembers()
+    raw = bytearray(shard.read_bytes())
+    raw[members[len(members) // 2].offset + 100] ^= 0x40  # a header's checksum fails
+    shard.write_bytes(bytes(raw))
+    s = convert(tmp_path / "wds", tmp_path / "g", to="webdataset", resize_shorter=16, max_pixels=0, device="gpu")
+    assert s.device.startswith("gpu")
+    assert s.records_out + len(s.skipped) == s.records_in == 62
+    reasons = [e["reason"] for e in s.skipped]
+    assert len(s.skipped) == 2 and any("65,535" in r for r in reasons) and any("damaged" in r for r in reasons)
+    assert s.fallbacks >= 1  # the GIF, decoded on the CPU
