@@ -117,12 +117,12 @@ def render_terminal(result: dict[str, Any], console: Any) -> None:
                 skipped.append(f"{name}: {cells[0]}")
                 continue
             bar = "█" * max(1, int(12 * r["images_per_s"] / best))
-            t.add_row(name, f"[green]{bar}[/]", *cells)
+            t.add_row(escape(name), f"[green]{bar}[/]", *cells)
         console.print(t)
         for line in skipped:
             console.print(f"  [yellow]{escape(line)}[/]")
         for n in _notes(result, chain):
-            console.print(f"  {n}")
+            console.print(f"  {escape(n)}")
     sw = result.get("sweep")
     if sw and "points" in sw:
         t = Table(title=f"sweep {sw['param']} ({sw['contender']}, {sw['chain']})", title_justify="left")
@@ -132,11 +132,11 @@ def render_terminal(result: dict[str, Any], console: Any) -> None:
         best = max((p["images_per_s"] or 0 for p in sw["points"]), default=1.0) or 1.0
         for p in sw["points"]:
             v = p["images_per_s"]
-            t.add_row(str(p["value"]), _num(v) if v else p.get("error") or "-",
+            t.add_row(escape(str(p["value"])), _num(v) if v else escape(p.get("error") or "-"),
                       "[green]" + "█" * max(1, int(30 * (v or 0) / best)) + "[/]")
         console.print(t)
     elif sw:
-        console.print(f"sweep {sw['param']}: skipped: {sw['skipped']}")
+        console.print(escape(f"sweep {sw['param']}: skipped: {sw['skipped']}"))
 
 
 def to_markdown(result: dict[str, Any]) -> str:

@@ -84,7 +84,7 @@ def augment(src: Path, dst: Path, as_json: bool, quiet: bool, **opts) -> None:
     """
     from ..api import AugmentRequest
     from ..api import augment as run
-    from ..report.console import console
+    from ..report.console import console, esc
     from ..report.progress import progress_bar
     from ..report.summary import render_summary
 
@@ -93,7 +93,7 @@ def augment(src: Path, dst: Path, as_json: bool, quiet: bool, **opts) -> None:
 
     def said(device) -> None:
         if not quiet:
-            con.print(f"[dim]device:[/] {device}  [dim]({device.reason})[/]")
+            con.print(f"[dim]device:[/] {esc(device)}  [dim]({esc(device.reason)})[/]")
 
     with progress_bar("augment", enabled=not quiet) as start:
         summary = run(req, progress=start, on_device=said)

@@ -90,7 +90,7 @@ def bench(model: str | None, baselines: str | None, json_path: Path | None, repo
     from ..bench.report import render_terminal, to_html, to_markdown
     from ..bench.runner import run_bench
     from ..errors import UsageError
-    from ..report.console import console
+    from ..report.console import console, esc
 
     if not model:
         raise UsageError("bench needs --model NAME (see --list-models)")
@@ -101,10 +101,10 @@ def bench(model: str | None, baselines: str | None, json_path: Path | None, repo
             _check_writable(path, flag)
     con = console()
     result = run_bench(model, baselines=baselines.split(",") if baselines else None, argv=["gpubatch", *sys.argv[1:]],
-                       say=lambda s: con.print(f"[dim]{s}[/]"), **opts)
+                       say=lambda s: con.print(f"[dim]{esc(s)}[/]"), **opts)
     render_terminal(result, con)
     if json_path:
         json_path.write_text(json.dumps(result, indent=2))
     if report:
         report.write_text(to_markdown(result) if report.suffix.lower() == ".md" else to_html(result))
-        con.print(f"report: {report}")
+        con.print(f"report: {esc(report)}")

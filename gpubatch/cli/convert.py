@@ -36,7 +36,7 @@ def convert(src: Path, dst: Path, to: str, as_json: bool, quiet: bool, **opts) -
     """
     from ..api import ConvertRequest
     from ..api import convert as run
-    from ..report.console import console
+    from ..report.console import console, esc
     from ..report.progress import progress_bar
     from ..report.summary import render_summary
 
@@ -45,7 +45,7 @@ def convert(src: Path, dst: Path, to: str, as_json: bool, quiet: bool, **opts) -
 
     def said(device) -> None:
         if not quiet:
-            con.print(f"[dim]device:[/] {device}  [dim]({device.reason})[/]")
+            con.print(f"[dim]device:[/] {esc(device)}  [dim]({esc(device.reason)})[/]")
 
     with progress_bar(f"convert -> {to}", enabled=not quiet) as start:
         summary = run(req, progress=start, on_device=said)

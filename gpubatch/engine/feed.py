@@ -52,6 +52,7 @@ class FedBatch:
         regions: per record the (y0, x0, y1, x1) region to decode, or None (a whole image); the
             record's window and size are then the region's.
         release: in views mode, returns the batch's slot to the feed (call :meth:`done`).
+        epoch: the pass over the files the batch belongs to (``repeat``), which the draws were made for.
     """
 
     blobs: list[bytes]
@@ -63,6 +64,7 @@ class FedBatch:
     windows: tuple[Any, Any] | None = None
     regions: list[tuple[int, int, int, int] | None] | None = None
     release: Any = None
+    epoch: int = 0
 
     def done(self) -> None:
         """Hand the batch's shared-memory slot back (views mode; a no-op otherwise). Dropping the
@@ -179,7 +181,7 @@ def _draws(plan: Plan | None) -> bool:
     return plan is not None and any(op.random for op in plan.ops)
 
 
-def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False) -> tuple:
+def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False, epoch: int = 0) -> tuple:
     """Read ``paths`` into ``slot``; (slot layout, (sizes, params, errors, headers, windows, regions)).
 
     With ``regions``, records whose leading window reads only part of the image get the region to
@@ -204,7 +206,7 @@ def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False) -
         headers.append(jpeg_kind(head) if head else (None, 0, 0))
         sizes.append(hw)
         errors.append(err)
-        params.append(plan.draw(key, hw[0], hw[1]) if plan is not None and hw is not None else None)
+        params.append(plan.draw(key, hw[0], hw[1], epoch=epoch) if plan is not None and hw is not None else None)
     windows = leading_windows(plan.ops, params, sizes) if plan is not None else None
     cut: list[Any] | None = None
     if regions and windows is not None:
@@ -297,10 +299,10 @@ class Feed:
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                         initializer=_init, initargs=(self.shm.name, plan, self.slot_bytes, source))
 
-    def _submit(self, slot: int, a: int, b: int) -> Future:
+    def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
         raise NotImplementedError
 
-    def _batch(self, blobs: list[Any], a: int, b: int, extra: Any, release: Any) -> Any:
+    def _batch(self, blobs: list[Any], a: int, b: int, extra: Any, release: Any, epoch: int = 0) -> Any:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -320,11 +322,14 @@ class Feed:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _cycle(self) -> Iterator[tuple[int, int]]:
+    def _cycle(self) -> Iterator[tuple[int, int, int]]:
+        """(start, end, epoch) of each batch: the spans once, or pass after pass with ``repeat``."""
+        epoch = 0
         while True:
-            yield from self.spans
+            yield from ((a, b, epoch) for a, b in self.spans)
             if not self.repeat or not self.spans:
                 return
+            epoch += 1
 
     def stop(self) -> None:
         """Make a running iteration end at its next step, even one waiting for a slot to come back."""
@@ -363,8 +368,8 @@ class Feed:
                     return
                 free.append(got)
             slot = free.pop()
-            a, b = nxt[0]
-            pending.append((slot, a, b, self._submit(slot, a, b)))
+            a, b, epoch = nxt[0]
+            pending.append((slot, a, b, epoch, self._submit(slot, a, b, epoch)))
             nxt[0] = next(spans, None)
 
     def __iter__(self) -> Iterator[Any]:
@@ -377,7 +382,7 @@ class Feed:
             self._fill(state, block=True)
             if self._stopped or not pending:
                 return
-            slot, a, b, fut = pending.popleft()
+            slot, a, b, epoch, fut = pending.popleft()
             (offsets, lengths, overflow), extra = fut.result()
             release = None
             base = slot * self.slot_bytes
@@ -390,7 +395,7 @@ class Feed:
             else:
                 blobs = [bytes(buf[base + o : base + o + n]) for o, n in zip(offsets, lengths)]
                 free.append(slot)
-            yield self._batch(blobs, a, b, extra, release)
+            yield self._batch(blobs, a, b, extra, release, epoch)
 
 
 def _spans(n: int, batch_size: int) -> list[tuple[int, int]]:
@@ -420,12 +425,12 @@ class FileFeed(Feed):
             raise ValueError("FileFeed: one key per file")
         super().__init__(_spans(len(self.files), batch_size), plan, workers, depth, repeat, slot_bytes, views)
 
-    def _submit(self, slot: int, a: int, b: int) -> Future:
-        return self.pool.submit(_read, slot, self.files[a:b], self.keys[a:b], self.regions)
+    def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
+        return self.pool.submit(_read, slot, self.files[a:b], self.keys[a:b], self.regions, epoch)
 
-    def _batch(self, blobs: list[Any], a: int, b: int, extra: Any, release: Any) -> FedBatch:
+    def _batch(self, blobs: list[Any], a: int, b: int, extra: Any, release: Any, epoch: int = 0) -> FedBatch:
         sizes, params, errors, headers, windows, regions = extra
-        return FedBatch(blobs, self.keys[a:b], sizes, params, errors, headers, windows, regions, release)
+        return FedBatch(blobs, self.keys[a:b], sizes, params, errors, headers, windows, regions, release, epoch)
 
 
 @dataclass
@@ -492,8 +497,8 @@ class RecordFeed(Feed):
         spans = _spans(len(self.entries), batch_size)
         super().__init__(spans, plan, workers, depth, False, slot_bytes, views, (str(src), fmt))
 
-    def _submit(self, slot: int, a: int, b: int) -> Future:
+    def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
         return self.pool.submit(_read_records, slot, self.entries[a:b])
 
-    def _batch(self, blobs: list[Any], a: int, b: int, extra: Any, release: Any) -> FedRecords:
+    def _batch(self, blobs: list[Any], a: int, b: int, extra: Any, release: Any, epoch: int = 0) -> FedRecords:
         return FedRecords(blobs, *extra, release=release)

@@ -396,7 +396,7 @@ class GpuEngine:
         return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=self.stream)
 
 
-def _cpu_chain_one(plan: Plan, blob: bytes | str, key: str) -> tuple[Any, str | None]:
+def _cpu_chain_one(plan: Plan, blob: bytes | str, key: str, epoch: int = 0) -> tuple[Any, str | None]:
     """Decode one image (encoded bytes, or a file path to read) and run the plan's ops on it on the CPU
     (in a worker process)."""
     from .codecs import image as host
@@ -412,7 +412,7 @@ def _cpu_chain_one(plan: Plan, blob: bytes | str, key: str) -> tuple[Any, str | 
         im = host.decode_image(blob, plan.max_pixels)
     except ValueError as e:
         return None, str(e)
-    return run_chain_host(plan.ops, im, plan.draw(key, im.height, im.width)), None
+    return run_chain_host(plan.ops, im, plan.draw(key, im.height, im.width, epoch=epoch)), None
 
 
 def cpu_chunk(batch: int, workers: int) -> int:
@@ -424,14 +424,15 @@ def cpu_chunk(batch: int, workers: int) -> int:
     return max(1, -(-batch // max(workers, 1)))
 
 
-def _cpu_chain_chunk(plan: Plan, blobs: list[Any], keys: list[str]) -> tuple[str | None, list[tuple[Any, str | None]]]:
+def _cpu_chain_chunk(plan: Plan, blobs: list[Any], keys: list[str],
+                     epoch: int = 0) -> tuple[str | None, list[tuple[Any, str | None]]]:
     """:func:`_cpu_chain_one` over a chunk (in a worker process); the arrays go back through a shared
     memory block the worker makes: (its name or None, per item ((shape, dtype, offset), None) or
     (None, error)). Pickled back instead, each 224x224 fp16 result took the pool's parent 0.5 ms against
     0.08 ms for none (benchmarks/cpu_study.py): a serial cap near 2,000 images/s whatever the cores."""
     from multiprocessing.shared_memory import SharedMemory
 
-    outs = [_cpu_chain_one(plan, b, k) for b, k in zip(blobs, keys)]
+    outs = [_cpu_chain_one(plan, b, k, epoch) for b, k in zip(blobs, keys)]
     total = sum(a.nbytes for a, err in outs if err is None)
     if total == 0:
         return None, [(None, err) for _, err in outs]
@@ -636,8 +637,11 @@ class ImagePipeline:
 
     def process(self, decoded: Any, keys: Sequence[str], params: Sequence[Any] | None = None,
                 sizes: Sequence[tuple[int, int] | None] | None = None,
-                windows: tuple[np.ndarray, np.ndarray] | None = None, own: bool = False):
+                windows: tuple[np.ndarray, np.ndarray] | None = None, own: bool = False, epoch: int = 0):
         """Stage 2: the op chain on a decoded batch. GPU: a DeviceBatch; CPU: a list of NumPy arrays.
+
+        Random ops draw per (seed, key, ``epoch``): pass a new epoch for each pass of a training loop
+        to get new crops and flips, each epoch as reproducible as the first.
 
         ``params`` (with the ``sizes`` they were drawn for, and the leading ``windows`` folded from
         them, as a :class:`~gpubatch.engine.feed.FileFeed` gives them) are used where the decoded size
@@ -649,12 +653,12 @@ class ImagePipeline:
             n, pool = len(decoded), self._pool()
             step = cpu_chunk(n, self.cpu_threads)
             return self._cpu_batch([pool.submit(_cpu_chain_chunk, self.plan, [bytes(b) for b in decoded[a : a + step]],
-                                                list(keys[a : a + step])) for a in range(0, n, step)])
+                                                list(keys[a : a + step]), epoch) for a in range(0, n, step)])
         from .gpu_chain import Ragged, run_chain
 
         res = decoded
         if self._fixed is not None:
-            return self._process_chunks(res, keys, params, sizes, windows, own)
+            return self._process_chunks(res, keys, params, sizes, windows, own, epoch)
         res.order(self.engine.stream)  # this batch's kernels wait for its decode, and no later one's
         self.timings["decode_wait"] += res.waited
         arrays, rows = [], []
@@ -664,7 +668,7 @@ class ImagePipeline:
                 continue
             rows.append(i)
             arrays.append(a)
-        drawn, redrawn = self._draws(rows, arrays, keys, params, sizes)
+        drawn, redrawn = self._draws(rows, arrays, keys, params, sizes, epoch=epoch)
         first = fed_windows(self.plan.ops, windows, rows, redrawn, drawn, arrays)
         slot = self._next_slot(own)
         if slot is not None:
@@ -680,7 +684,8 @@ class ImagePipeline:
         return batch
 
     def _draws(self, rows: list[int], arrays: list[Any], keys: Sequence[str], params: Sequence[Any] | None,
-               sizes: Sequence[tuple[int, int] | None] | None, windows_only: bool = False) -> tuple[list[Any], list[int]]:
+               sizes: Sequence[tuple[int, int] | None] | None, windows_only: bool = False,
+               epoch: int = 0) -> tuple[list[Any], list[int]]:
         """Parameters of the records ``rows`` (decoded as ``arrays``): those the feed drew where it drew for
         the decoded size, else drawn here; and the positions (in ``rows``) of the ones drawn here. With
         ``windows_only`` (the feed folded each record's windows, and nothing but those windows is read)
@@ -696,7 +701,7 @@ class ImagePipeline:
             elif fed and windows_only:
                 drawn.append(None)
             else:
-                drawn.append(self.plan.draw(keys[i], h, w))
+                drawn.append(self.plan.draw(keys[i], h, w, epoch=epoch))
             if not fed:
                 redrawn.append(k)
         return drawn, redrawn
@@ -740,7 +745,8 @@ class ImagePipeline:
 
     def _process_chunks(self, res: Any, keys: Sequence[str], params: Sequence[Any] | None,
                         sizes: Sequence[tuple[int, int] | None] | None,
-                        windows: tuple[np.ndarray, np.ndarray] | None, own: bool = False) -> DeviceBatch:
+                        windows: tuple[np.ndarray, np.ndarray] | None, own: bool = False,
+                        epoch: int = 0) -> DeviceBatch:
         """:meth:`process` for a chain of one resample to a fixed size: each decoded part (a decoder's
         part of the batch, or with ``decode_chunk`` one call) is resampled as it comes
         (``DecodeResult.chunks``) into the rows of the items it holds, then released to the decoders;
@@ -774,7 +780,8 @@ class ImagePipeline:
         for items, on in res.chunks(eng.stream, side):
             part, arrays = [i for i, _ in items], [a for _, a in items]
             items = None
-            drawn, redrawn = self._draws(part, arrays, keys, params, sizes, windows_only=windows is not None)
+            drawn, redrawn = self._draws(part, arrays, keys, params, sizes, windows_only=windows is not None,
+                                         epoch=epoch)
             geo, out_hw = (fed_windows(ops, windows, part, redrawn, drawn, arrays)
                            or leading_windows(ops, drawn, [tuple(a.shape[:2]) for a in arrays]))
             if (out_hw != (oh, ow)).any():
@@ -818,7 +825,9 @@ class ImagePipeline:
         """Process image files in batches: reading, JPEG header parsing and the parameter draws run in
         ``workers`` processes (:class:`~gpubatch.engine.feed.FileFeed`), decode and kernels here. On the
         CPU the pipeline's own worker processes read, decode and transform the files (``workers`` is not
-        used). ``repeat`` cycles over the files forever. Unreadable files are reported in ``last_errors``."""
+        used). ``repeat`` cycles over the files forever, each pass an epoch of its own: random ops draw
+        new parameters every epoch (per seed, key and epoch, so a rerun gives the same epochs again).
+        Unreadable files are reported in ``last_errors``."""
         from .feed import FileFeed
 
         if self.engine is None:
@@ -856,16 +865,16 @@ class ImagePipeline:
             raise ValueError("iterate_files: one key per file")
         pool, step = self._pool(), cpu_chunk(batch_size, self.cpu_threads)
         spans = _spans(len(files), batch_size)
-        batches = (span for _ in (count() if repeat and spans else range(1)) for span in spans)
+        batches = ((a, b, epoch) for epoch in (count() if repeat and spans else range(1)) for a, b in spans)
 
-        def submit(a: int, b: int) -> list[Any]:
-            return [pool.submit(_cpu_chain_chunk, self.plan, files[c : min(c + step, b)], keys[c : min(c + step, b)])
-                    for c in range(a, b, step)]
+        def submit(a: int, b: int, epoch: int) -> list[Any]:
+            return [pool.submit(_cpu_chain_chunk, self.plan, files[c : min(c + step, b)], keys[c : min(c + step, b)],
+                                epoch) for c in range(a, b, step)]
 
         flight: deque = deque()
         try:
-            for a, b in batches:
-                flight.append(submit(a, b))
+            for a, b, epoch in batches:
+                flight.append(submit(a, b, epoch))
                 if len(flight) < depth:
                     continue
                 yield self._cpu_batch(flight.popleft())
@@ -915,7 +924,7 @@ class ImagePipeline:
                 if fed is None:
                     out = self.process(out, keys)
                 else:
-                    out = self.process(out, keys, fed.params, fed.sizes, fed.windows)
+                    out = self.process(out, keys, fed.params, fed.sizes, fed.windows, epoch=fed.epoch)
                     if ordered_release:
                         held.append((self.engine.stream.record(), fed))
                         release(block=False)

@@ -137,14 +137,16 @@ class Plan:
             if op.name == "normalize" and i != len(self.ops) - 1:
                 raise UsageError("normalize must be the last op of a chain")
 
-    def draw(self, key: str, h: int, w: int, boxes: Boxes | None = None) -> list:
+    def draw(self, key: str, h: int, w: int, boxes: Boxes | None = None, epoch: int = 0) -> list:
         """Per-op parameters of the record ``key`` with an (h, w) decoded image (same on CPU and GPU).
 
         ``boxes`` (on the decoded canvas) are followed through the chain for ops that look at them.
+        ``epoch`` picks the random stream: a training loop's epochs draw new crops and flips, each as
+        reproducible as the first (epoch 0 is what ``convert`` and ``augment`` draw).
         """
         from .rng import record_rng
 
-        rng = record_rng(self.seed, key) if any(op.random for op in self.ops) else None
+        rng = record_rng(self.seed, key, epoch) if any(op.random for op in self.ops) else None
         track = boxes is not None and any(op.needs_boxes for op in self.ops)
         params = []
         for op in self.ops:

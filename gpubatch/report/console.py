@@ -16,3 +16,11 @@ def stdout_console():
     from rich.console import Console
 
     return Console(highlight=False, soft_wrap=True)
+
+
+def esc(value: object) -> str:
+    """``value`` as text that rich prints as it is: brackets in file names, reasons and install hints
+    (``pip install 'gpubatch[cu13]'``) are not taken for markup."""
+    from rich.markup import escape
+
+    return escape(str(value))

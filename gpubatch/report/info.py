@@ -143,11 +143,11 @@ def render(report: DatasetReport) -> None:
     """Print the report as rich tables on the stderr console."""
     from rich.table import Table
 
-    from .console import console
+    from .console import console, esc
     from .summary import human_bytes
 
     con = console()
-    t = Table(title=f"{report.path}  [dim]({report.format})[/]", show_header=False, title_justify="left")
+    t = Table(title=f"{esc(report.path)}  [dim]({report.format})[/]", show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
     t.add_row("records", f"{report.records:,}")
@@ -158,7 +158,7 @@ def render(report: DatasetReport) -> None:
         w, h = report.width, report.height
         t.add_row("width", f"{w['min']}..{w['max']} (median {w['median']:g}, mean {w['mean']:g})")
         t.add_row("height", f"{h['min']}..{h['max']} (median {h['median']:g}, mean {h['mean']:g})")
-    t.add_row("codecs", ", ".join(f"{k} {v:,}" for k, v in sorted(report.codecs.items())))
+    t.add_row("codecs", esc(", ".join(f"{k} {v:,}" for k, v in sorted(report.codecs.items()))))
     if report.subsampling:
         t.add_row("JPEG subsampling", ", ".join(f"{k} {v:,}" for k, v in sorted(report.subsampling.items())))
     t.add_row("pixel modes", ", ".join(f"{k} {v:,}" for k, v in sorted(report.modes.items())))
@@ -166,7 +166,7 @@ def render(report: DatasetReport) -> None:
         t.add_row("boxes", f"{report.boxes:,} on {report.images_with_boxes:,} images, "
                            f"{len(report.categories)} categories")
     if report.members:
-        t.add_row("other members", ", ".join(f"{k} {v:,}" for k, v in report.members.items()))
+        t.add_row("other members", esc(", ".join(f"{k} {v:,}" for k, v in report.members.items())))
     t.add_row("payload", human_bytes(report.payload_bytes))
     t.add_row("on disk", human_bytes(report.disk_bytes))
     con.print(t)
@@ -176,11 +176,11 @@ def render(report: DatasetReport) -> None:
         ct.add_column("records", justify="right")
         shown = list(report.class_counts.items())
         for name, n in shown[:50]:
-            ct.add_row(name, f"{n:,}")
+            ct.add_row(esc(name), f"{n:,}")
         if len(shown) > 50:
             ct.add_row(f"... {len(shown) - 50} more", "")
         con.print(ct)
     for e in report.unreadable[:10]:
-        con.print(f"[red]unreadable[/] {e['origin'] or e['key']}: {e['reason']}")
+        con.print(f"[red]unreadable[/] {esc(e['origin'] or e['key'])}: {esc(e['reason'])}")
     for w in report.warnings:
-        con.print(f"[yellow]warning:[/] {w}")
+        con.print(f"[yellow]warning:[/] {esc(w)}")

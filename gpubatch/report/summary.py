@@ -18,14 +18,14 @@ def render_summary(summary: Any, title: str = "convert") -> None:
     """Print a RunSummary on the stderr console: counts, bytes, time, skipped records with reasons."""
     from rich.table import Table
 
-    from .console import console
+    from .console import console, esc
 
     con = console()
-    t = Table(title=f"{title}: {summary.src} ({summary.src_format}) -> {summary.dst} ({summary.dst_format})",
+    t = Table(title=esc(f"{title}: {summary.src} ({summary.src_format}) -> {summary.dst} ({summary.dst_format})"),
               show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("device", f"{summary.device}  [dim]{summary.device_reason}[/]")
+    t.add_row("device", f"{esc(summary.device)}  [dim]{esc(summary.device_reason)}[/]")
     t.add_row("records in", f"{summary.records_in:,}")
     t.add_row("records out", f"{summary.records_out:,}")
     work = f"{summary.passthrough:,} passed through, {summary.transcoded:,} re-encoded"
@@ -48,9 +48,9 @@ def render_summary(summary: Any, title: str = "convert") -> None:
         rt.add_column("record")
         rt.add_column("reason")
         for e in summary.skipped[:20]:
-            rt.add_row(e["origin"] or e["key"], f"{e['stage']}: {e['reason']}")
+            rt.add_row(esc(e["origin"] or e["key"]), esc(f"{e['stage']}: {e['reason']}"))
         if len(summary.skipped) > 20:
             rt.add_row(f"... {len(summary.skipped) - 20} more", f"{len(reasons)} distinct reasons")
         con.print(rt)
     for w in summary.warnings:
-        con.print(f"[yellow]warning:[/] {w}")
+        con.print(f"[yellow]warning:[/] {esc(w)}")

@@ -93,12 +93,40 @@ def test_feed_gives_bytes_sizes_and_the_same_draws(tmp_path: Path, slot_bytes: i
 def test_feed_repeats_and_stops_early():
     files = _files()[:10]
     with FileFeed(files, batch_size=4, workers=1, depth=2, repeat=True) as feed:
-        seen = []
+        seen, epochs = [], []
         for fed in feed:
             seen.append(len(fed))
+            epochs.append(fed.epoch)
             if len(seen) == 7:
                 break
     assert seen == [4, 4, 2, 4, 4, 2, 4]
+    assert epochs == [0, 0, 0, 1, 1, 1, 2]
+
+
+def test_each_epoch_of_a_repeating_iteration_draws_anew_and_reproducibly():
+    from gpubatch.engine.gpu_executor import ImagePipeline
+
+    files = [f for f in _files() if f.suffix.lower() != ".png"][:6]
+    ops = [RandomResizedCrop(32), Flip()]
+
+    def three_epochs() -> list[list[np.ndarray]]:
+        with ImagePipeline(ops, device="cpu", seed=3, cpu_threads=2) as pipe:
+            out = []
+            for k, batch in enumerate(pipe.iterate_files(files, batch_size=6, repeat=True, workers=1)):
+                out.append([a.copy() for a in batch])
+                if k == 2:
+                    break
+            first = pipe([f.read_bytes() for f in files], [f.stem for f in files])
+            again = pipe.process(pipe.decode([f.read_bytes() for f in files]), [f.stem for f in files], epoch=1)
+        return out, first, again
+
+    (runs, first, again), (reruns, _, _) = three_epochs(), three_epochs()
+    for x, y in zip(runs, reruns):  # the same seed gives the same epochs
+        assert all(np.array_equal(a, b) for a, b in zip(x, y))
+    assert all(np.array_equal(a, b) for a, b in zip(runs[0], first))  # epoch 0 is what a plain call draws
+    assert all(np.array_equal(a, b) for a, b in zip(runs[1], again))  # and process(epoch=1) the second
+    for e in (1, 2):  # new crops and flips each epoch
+        assert not all(np.array_equal(a, b) for a, b in zip(runs[0], runs[e]))
 
 
 def test_image_pipeline_iterate_files_on_cpu_matches_call():

@@ -1212,3 +1212,30 @@ def test_gpu_run_keeps_the_contract_on_damaged_and_odd_input(imagenet, tmp_path)
     reasons = [e["reason"] for e in s.skipped]
     assert len(s.skipped) == 2 and any("65,535" in r for r in reasons) and any("damaged" in r for r in reasons)
     assert s.fallbacks >= 1  # the GIF, decoded on the CPU
+
+
+def test_gpu_iterate_files_draws_anew_each_epoch_and_matches_the_cpu(tmp_path):
+    """repeat=True: every epoch new crops and flips on the GPU, the same ones on a rerun, and the same
+    draws as the CPU path's epochs (pixels agree to the resamplers' rounding)."""
+    from gpubatch.engine.gpu_executor import ImagePipeline
+
+    files = []
+    for i in range(8):
+        files.append(tmp_path / f"img{i}.jpg")
+        files[-1].write_bytes(jpeg_bytes(photo(200 + 9 * i, 260 - 7 * i, seed=i), 92))
+    ops = [RandomResizedCrop(64), Flip(), Normalize(layout="CHW", dtype="float32")]
+
+    def epochs(device: str) -> list:
+        with ImagePipeline(ops, device=device, seed=5) as pipe:
+            out = []
+            for k, batch in enumerate(pipe.iterate_files(files, batch_size=8, repeat=True, workers=1)):
+                out.append(batch.stacked().get() if device == "gpu" else np.stack(batch))
+                if k == 2:
+                    break
+        return out
+
+    gpu, again, cpu = epochs("gpu"), epochs("gpu"), epochs("cpu")
+    assert all(np.array_equal(a, b) for a, b in zip(gpu, again))
+    assert not np.array_equal(gpu[0], gpu[1]) and not np.array_equal(gpu[1], gpu[2])
+    for g, c in zip(gpu, cpu):
+        assert np.abs(g - c).mean() < 0.05
