@@ -18,7 +18,7 @@ from typing import Any
 from ._paths import check_output, require_source, source_root, staged_output
 from .engine.device import Device, DeviceKind, resolve
 from .engine.registry import DEVICE, HOST
-from .errors import ErrorPolicy, ErrorRouter, GpubatchError, RunStats, UsageError
+from .errors import ErrorPolicy, ErrorRouter, GpubatchError, RunStats, UsageError, python_messages
 from .formats import get_format, open_reader
 from .formats.base import JSON_FIELDS, MEMBERS, Reader, WriteOptions, Writer
 from .formats.manifest import manifest_classes, write_manifest
@@ -160,6 +160,7 @@ def _select(reader: Reader, limit: int | None, shuffle: bool, seed: int) -> list
     return entries
 
 
+@python_messages
 def convert(
     src: str | Path | ConvertRequest,
     dst: str | Path | None = None,
@@ -367,6 +368,7 @@ class AugmentRequest:
         return ops
 
 
+@python_messages
 def augment(
     src: str | Path | AugmentRequest,
     dst: str | Path | None = None,
@@ -443,12 +445,14 @@ def _run(device: Device, reader: Reader, entries: list, writer: Writer, plan: An
         run_host(reader, entries, writer, plan, router, workers, tick)
 
 
+@python_messages
 def open_dataset(path: str | Path, fmt: str | None = None) -> Reader:
     """A reader over the dataset at ``path``: iterate it for :class:`~gpubatch.types.Record` values,
     ``len()`` it, ``.info()`` for classes. Use as a context manager to close its files."""
     return open_reader(Path(path), fmt)
 
 
+@python_messages
 def info(path: str | Path, fmt: str | None = None, workers: int | None = None,
          progress: Callable[[int, int], Callable[[int], None]] | None = None):
     """Describe the dataset at ``path``: a :class:`~gpubatch.report.info.DatasetReport`."""

@@ -8,7 +8,10 @@ A problem with one record (corrupt JPEG, bad protobuf) is a :class:`RecordError`
 
 from __future__ import annotations
 
+import contextvars
 import enum
+import functools
+import re
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -150,3 +153,71 @@ class ErrorRouter:
             self.stats.errors.append(error)
         if self.policy is ErrorPolicy.FAIL:
             raise RecordFailed(error)
+
+
+# --- suggestions for mistyped names --------------------------------------------------------------------
+
+
+def _squash(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def did_you_mean(value: str, choices: list[str] | tuple[str, ...], aliases: dict[str, str] | None = None) -> str:
+    """`` (did you mean 'webdataset'?)`` for a mistyped ``value``, or "" where nothing is close: an alias
+    (``wds``), the same name without case, ``_`` and ``-`` (``randomresizedcrop``), a choice it starts
+    (``resnet50``: ``resnet50-train`` or ``resnet50-val``), or a near spelling (``webdatset``)."""
+    import difflib
+
+    value = str(value)
+    squashed = _squash(value)
+    found = [aliases[squashed]] if aliases and squashed in aliases else []
+    found = found or [c for c in choices if _squash(c) == squashed]
+    found = found or [c for c in choices if squashed and _squash(c).startswith(squashed)]
+    found = found or difflib.get_close_matches(value.lower(), list(choices), n=2, cutoff=0.7)
+    if not found:
+        return ""
+    return " (did you mean " + " or ".join(repr(c) for c in found[:2]) + "?)"
+
+
+# --- messages in the words of the caller ----------------------------------------------------------------
+#
+# Messages name the command's flags (``pass --overwrite to replace it``); a Python caller sees the keyword
+# arguments instead (``pass overwrite=True``). The command marks its calls (FROM_CLI); the public API
+# functions are wrapped with :func:`python_messages`.
+
+FROM_CLI: contextvars.ContextVar[bool] = contextvars.ContextVar("gpubatch_from_cli", default=False)
+_SWITCHES = {"overwrite", "shuffle", "keep-original", "json", "with-model"}
+_KEYWORDS = {"from": "from_format"}
+_FLAG = re.compile(r"--([a-z][a-z0-9-]*)(?:(\s+)(png|jpeg|keep|fail|skip|full|headers|[0-9][0-9,]*(?:\.[0-9]+)?)\b)?")
+
+
+def python_words(message: str) -> str:
+    """``message`` with the command's flags given as the API's keyword arguments: ``--overwrite`` as
+    ``overwrite=True``, ``--image-format png`` as ``image_format="png"``, ``--limit`` as ``limit``."""
+
+    def keyword(m: re.Match) -> str:
+        flag, value = m.group(1), m.group(3)
+        name = _KEYWORDS.get(flag, flag.replace("-", "_"))
+        if flag in _SWITCHES:
+            return f"{name}=True"
+        if value is None:
+            return name
+        return f"{name}={value.replace(',', '')}" if value[0].isdigit() else f'{name}="{value}"'
+
+    return _FLAG.sub(keyword, message)
+
+
+def python_messages(fn):
+    """Decorate a public API function: a GpubatchError it raises to a Python caller speaks of keyword
+    arguments, not of the command's flags."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except GpubatchError as e:
+            if not FROM_CLI.get() and e.args and isinstance(e.args[0], str):
+                e.args = (python_words(e.args[0]), *e.args[1:])
+            raise
+
+    return call

@@ -76,10 +76,11 @@ def _terminate_as_interrupt() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and map errors to exit codes."""
-    from ..errors import ExitCode, GpubatchError, Terminated
+    from ..errors import FROM_CLI, ExitCode, GpubatchError, Terminated
 
     debug = "--debug" in (argv if argv is not None else sys.argv[1:]) or bool(os.environ.get("GPUBATCH_DEBUG"))
     _terminate_as_interrupt()
+    FROM_CLI.set(True)  # messages name the command's flags
     try:
         cli.main(args=argv, prog_name="gpubatch", standalone_mode=False)
     except (Terminated, click.exceptions.Abort) as e:  # click turns an interrupt into Abort

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .options import FORMAT_NAMES, device_options, pipeline_options, run_options
+from .options import device_options, format_choice, pipeline_options, run_options
 
 
 def _list_ops(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -16,16 +16,16 @@ def _list_ops(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     from rich.table import Table
 
     from ..engine.spec import describe_ops
-    from ..report.console import stdout_console
+    from ..report.console import esc, stdout_console
 
     t = Table(title="augment ops (chain: op(param=value) | op2 | ...)", title_justify="left")
     t.add_column("op", style="bold")
-    t.add_column("parameters [default]", overflow="fold")
+    t.add_column(esc("parameters [default]"), overflow="fold")
     t.add_column("boxes", justify="center")
     t.add_column("what it does")
     for d in describe_ops():
         params = ", ".join(f"{n}={v}" if v is not None else f"{n} (required)" for n, v in d["params"])
-        t.add_row(d["name"], params, "moves" if d["moves_boxes"] else "", d["doc"])
+        t.add_row(d["name"], esc(params), "moves" if d["moves_boxes"] else "", esc(d["doc"]))
     stdout_console().print(t)
     ctx.exit(0)
 
@@ -36,14 +36,14 @@ def _list_presets(ctx: click.Context, _param: click.Parameter, value: bool) -> N
     from rich.table import Table
 
     from ..engine.spec import PRESETS
-    from ..report.console import stdout_console
+    from ..report.console import esc, stdout_console
 
     t = Table(title="augment presets (--preset NAME)", title_justify="left")
     t.add_column("preset", style="bold")
     t.add_column("chain")
     t.add_column("what it is")
     for name, (chain, doc) in PRESETS.items():
-        t.add_row(name, chain, doc)
+        t.add_row(name, esc(chain), esc(doc))
     stdout_console().print(t)
     ctx.exit(0)
 
@@ -60,7 +60,7 @@ def _list_presets(ctx: click.Context, _param: click.Parameter, value: bool) -> N
               help="Augmented variants per image, written as <key>_aug<k>.")
 @click.option("--keep-original", is_flag=True, help="Also write every image untouched under its own key.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the drawn parameters.")
-@click.option("--to", "to", type=click.Choice(FORMAT_NAMES), default=None, help="Output format  [default: the source's]")
+@click.option("--to", "to", type=format_choice(), default=None, help="Output format  [default: the source's]")
 @click.option("--quality", type=click.IntRange(1, 100), default=None, metavar="Q",
               help="JPEG quality of written images  [default: 95]")
 @click.option("--min-box-visibility", type=click.FloatRange(0, 1), default=0.25, show_default=True,

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import click
 
-from .options import FORMAT_NAMES, device_options, pipeline_options, run_options
+from .options import device_options, format_choice, pipeline_options, run_options
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--to", "to", type=click.Choice(FORMAT_NAMES), required=True, help="Output format.")
+@click.option("--to", "to", type=format_choice(), required=True, help="Output format.")
 @click.option("--resize-shorter", type=click.IntRange(min=1), default=None, metavar="N",
               help="Resize so the shorter side is N pixels (antialiased bilinear).")
 @click.option("--center-crop", type=click.IntRange(min=1), default=None, metavar="N",

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import click
 
-from .options import FORMAT_NAMES
+from .options import format_choice
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--from", "from_format", type=click.Choice(FORMAT_NAMES), default=None,
+@click.option("--from", "from_format", type=format_choice(), default=None,
               help="Dataset format  [default: detected]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader threads.")

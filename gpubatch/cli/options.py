@@ -7,6 +7,31 @@ import click
 FORMAT_NAMES = ["folder", "lmdb", "tfrecord", "recordio", "coco", "webdataset"]
 
 
+class Choice(click.Choice):
+    """click's Choice that says which choice a mistyped value was meant to be (``--to webdatset``,
+    ``--to wds``)."""
+
+    def __init__(self, choices, aliases: dict[str, str] | None = None, **kw):
+        super().__init__(choices, **kw)
+        self.aliases = aliases or {}
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            from ..errors import did_you_mean
+
+            hint = did_you_mean(value, list(self.choices), self.aliases)
+            self.fail(f"{value!r} is not one of {', '.join(map(repr, self.choices))}{hint}", param, ctx)
+
+
+def format_choice() -> Choice:
+    """The format names, with the names people also use for them suggested."""
+    from ..formats import FORMAT_ALIASES
+
+    return Choice(FORMAT_NAMES, FORMAT_ALIASES)
+
+
 def device_options(f):
     f = click.option("--gpu", "gpu", type=int, default=0, show_default=True, help="CUDA device ordinal.")(f)
     f = click.option(
@@ -33,9 +58,9 @@ def run_options(f):
 def pipeline_options(f):
     """Options of commands that read a dataset, transform it and write another (convert, augment)."""
     for opt in reversed([
-        click.option("--from", "from_format", type=click.Choice(FORMAT_NAMES), default=None,
+        click.option("--from", "from_format", type=format_choice(), default=None,
                      help="Source format  [default: detected]"),
-        click.option("--image-format", type=click.Choice(["keep", "jpeg", "png"]), default="keep", show_default=True,
+        click.option("--image-format", type=Choice(["keep", "jpeg", "png"], {"jpg": "jpeg"}), default="keep", show_default=True,
                      help="Codec of re-encoded images; keep leaves JPEG as JPEG and PNG as PNG."),
         click.option("--max-pixels", type=click.IntRange(min=0), default=None, metavar="N",
                      help="Refuse images above N pixels, before decoding  [default: 89478485, Pillow's limit; 0 = none]"),

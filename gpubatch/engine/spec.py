@@ -12,10 +12,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import UsageError, did_you_mean
 from .ops import OPS, Op
 
 PRESETS: dict[str, tuple[str, str]] = {
@@ -39,7 +40,7 @@ def make_op(name: str, args: list[Any] | tuple = (), kwargs: dict[str, Any] | No
     """The op ``name`` built from positional and keyword parameters, or a one-line UsageError."""
     cls = OPS.get(name)
     if cls is None:
-        raise UsageError(f"unknown op {name!r}; valid ops: {', '.join(sorted(OPS))}")
+        raise UsageError(f"unknown op {name!r}{did_you_mean(name, sorted(OPS))}; valid ops: {', '.join(sorted(OPS))}")
     kwargs = dict(kwargs or {})
     names = [f.name for f in _fields(cls)]
     if len(args) > len(names):
@@ -50,7 +51,8 @@ def make_op(name: str, args: list[Any] | tuple = (), kwargs: dict[str, Any] | No
         kwargs[f] = v
     unknown = sorted(set(kwargs) - set(names))
     if unknown:
-        raise UsageError(f"{name}: unknown parameter {unknown[0]!r}; valid: {', '.join(names) or 'none'}")
+        raise UsageError(f"{name}: unknown parameter {unknown[0]!r}{did_you_mean(unknown[0], names)}; valid: "
+                         f"{', '.join(names) or 'none'}")
     try:
         return cls(**kwargs)
     except TypeError as e:
@@ -87,6 +89,12 @@ def _term(node: ast.AST) -> Op:
             kwargs[kw.arg] = _literal(kw.value, name)
         return make_op(name, args, kwargs)
     raise UsageError(f"cannot read op {ast.unparse(node)!r}: write name(param=value, ...)")
+
+
+def _plain(doc: str) -> str:
+    """A docstring's reStructuredText as plain text: ``code`` and :role:`name` lose their marks."""
+    doc = re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: m.group(1).rsplit(".", 1)[-1], doc)
+    return re.sub(r"``([^`]+)``", r"\1", doc)
 
 
 def parse_chain(text: str) -> tuple[Op, ...]:
@@ -141,7 +149,8 @@ def load_pipeline(path: str | Path) -> tuple[Op, ...]:
 
 def preset(name: str) -> tuple[Op, ...]:
     if name not in PRESETS:
-        raise UsageError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+        raise UsageError(f"unknown preset {name!r}{did_you_mean(name, list(PRESETS))}; valid presets: "
+                         f"{', '.join(PRESETS)}")
     return parse_chain(PRESETS[name][0])
 
 
@@ -176,7 +185,7 @@ def describe_ops() -> list[dict[str, Any]]:
                 params.append((f.name, repr(f.default)))
             else:
                 params.append((f.name, None))
-        doc = " ".join((cls.__doc__ or "").split())
+        doc = _plain(" ".join((cls.__doc__ or "").split()))
         out.append({"name": name, "params": params, "moves_boxes": bool(cls.moves_boxes),
                     "random": bool(cls.random), "doc": doc})
     return out

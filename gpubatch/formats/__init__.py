@@ -10,11 +10,15 @@ import os
 from pathlib import Path
 
 from .._paths import require_source, source_files
-from ..errors import FormatError, UsageError
+from ..errors import FormatError, GpubatchError, UsageError, did_you_mean
 from ..types import other_media_message
 from .base import Format, Reader, WriteOptions, Writer
 
 FORMATS: dict[str, type[Format]] = {}
+#: What people call the formats, to suggest the name gpubatch knows them by (never taken silently).
+FORMAT_ALIASES = {"wds": "webdataset", "tar": "webdataset", "tfr": "tfrecord", "tfrecords": "tfrecord",
+                  "tf": "tfrecord", "rec": "recordio", "mxnet": "recordio", "caffe": "lmdb", "imagefolder": "folder",
+                  "images": "folder", "imagenet": "folder", "json": "coco"}
 _MODULES = ("folder", "lmdb", "tfrecord", "recordio", "coco", "webdataset")
 _loaded = False
 
@@ -43,7 +47,8 @@ def get_format(name: str) -> type[Format]:
     _load()
     fmt = FORMATS.get(name.lower().strip())
     if fmt is None:
-        raise UsageError(f"unknown format {name!r}; supported: {', '.join(format_names())}")
+        hint = did_you_mean(name, format_names(), FORMAT_ALIASES)
+        raise UsageError(f"unknown format {name!r}{hint}; supported: {', '.join(format_names())}")
     return fmt
 
 
@@ -105,6 +110,14 @@ def open_reader(path: Path, fmt: str | None = None) -> Reader:
     path = Path(path)
     require_source(path)
     cls, warning = (get_format(fmt), None) if fmt else _detect(path)
+    if fmt and not source_files(path) and not cls.detect(path):
+        try:
+            found = _detect(path)[0]
+        except GpubatchError:  # nothing else recognizes it either: the named reader has its say
+            found = None
+        if found is not None and found is not cls:
+            raise UsageError(f"{path} is not {cls.name} data: it looks like a dataset of the {found.name} format; "
+                             f"leave --from out to read it as that, or pass --from {found.name}")
     if source_files(path) and not cls.sharded:
         raise UsageError(f"a source pattern picks shards of webdataset, tfrecord or recordio; {cls.name} takes "
                          "its folder (or file) itself")

@@ -26,6 +26,7 @@ from typing import Any
 from .._paths import file_kind, read_regular, safe_join, safe_relpath
 from ..types import (
     IMAGE_EXTENSIONS,
+    OTHER_MEDIA_EXTENSIONS,
     ClassNames,
     DatasetInfo,
     Record,
@@ -50,14 +51,16 @@ def _list_folder(path: str) -> list[os.DirEntry]:
         return list(it)
 
 
-def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str = "") -> list[str]:
+def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str = "",
+                 others: list[str] | None = None) -> list[str]:
     """Relative POSIX paths of the regular image files under ``root``, sorted, hidden files and folders
     skipped.
 
     Linked folders are followed, but not a link to a folder the walk is inside (``ln -s .. up``): the
     walk stops there instead of going round the loop. What cannot be read as a record is added to
     ``damaged`` (its keys and origins prefixed by ``prefix``), never left out without a word: a folder
-    that cannot be listed, an image name that is a FIFO, a device, a socket or a broken link.
+    that cannot be listed, an image name that is a FIFO, a device, a socket or a broken link. Files
+    that are no images (a clip, a recording, notes) go to ``others``, to be named as left out.
     """
     out: list[str] = []
     damaged = [] if damaged is None else damaged
@@ -86,6 +89,8 @@ def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str =
                     stack.append((entry.path, path, above | {real}))
                 continue
             if not _is_image_name(name):
+                if others is not None and rel + name not in _OWN_FILES:
+                    others.append(prefix + path)
                 continue
             try:
                 regular = entry.is_file()
@@ -100,6 +105,30 @@ def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str =
                 kind = "a broken link" if entry.is_symlink() else "unreadable"
             damaged.append(Damaged(_strip_ext(prefix + path), entry.path, f"{kind}, not a regular file"))
     return sorted(out)
+
+
+def left_out_warning(root: Path, left: dict[str, list[str]]) -> str | None:
+    """The warning for files of a folder that are no records, by kind (``video``, ``audio``, ``other``,
+    ``outside``: images beside the class folders), or None."""
+    words = {"video": "video file", "audio": "audio file", "other": "file that is no image",
+             "outside": "image outside the class folders"}
+    parts = [f"{len(v):,} {words[k]}{'s' if len(v) > 1 else ''} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
+             for k, v in left.items() if v]
+    if not parts:
+        return None
+    return f"left out of {root}, as no records: " + "; ".join(parts)
+
+
+def _kinds(names: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for n in sorted(names):
+        kind = OTHER_MEDIA_EXTENSIONS.get(n.rsplit(".", 1)[-1].lower(), "other") if "." in n else "other"
+        out.setdefault(kind, []).append(n)
+    return out
+
+
+# what gpubatch writes beside a folder dataset's images: never named as left out
+_OWN_FILES = frozenset({"file_list.txt", "gpubatch.json", "augment-params.jsonl"})
 
 
 # Detection layouts whose images sit in a folder beside their boxes' folder: (images, boxes, box suffix, name)
@@ -152,6 +181,7 @@ class FolderReader(Reader):
             self.list_file = path / FILE_LIST
         super().__init__(path)
         self._classes: tuple[str, ...] | ClassNames = ()
+        self.left_out: dict[str, dict] = {}  # files that are no records, by kind (see left_out_warning)
 
     def _scan(self) -> list[tuple[str, int | None] | Damaged]:
         manifest = read_manifest(self.path) or {}
@@ -160,14 +190,16 @@ class FolderReader(Reader):
         from ..errors import FormatError
 
         try:
-            subdirs = sorted(e.name for e in _list_folder(str(self.path)) if not e.name.startswith(".") and e.is_dir())
+            top = [e for e in _list_folder(str(self.path)) if not e.name.startswith(".")]
         except OSError as e:
             raise FormatError(f"cannot list {self.path}: {e.strerror or e}") from None
+        subdirs = sorted(e.name for e in top if e.is_dir())
         per_class: dict[str, list[str]] = {}
         damaged: dict[str, list[Damaged]] = {}
+        others: list[str] = []
         for d in subdirs:
             damaged[d] = []
-            per_class[d] = _walk_images(self.path / d, damaged[d], f"{d}/")
+            per_class[d] = _walk_images(self.path / d, damaged[d], f"{d}/", others)
         # a class folder that could not be listed stays a class, so the classes after it keep their labels
         classes = [d for d in subdirs if per_class[d] or damaged[d]]
         layout = _detection_layout(self.path, {f"{c}/{f}".rsplit("/", 1)[0] for c in classes for f in per_class[c]})
@@ -180,11 +212,26 @@ class FolderReader(Reader):
             raise FormatError(layout)
         if classes:
             self._classes = tuple(classes)
+            left = _kinds(others)
+            outside = sorted(e.name for e in top if not e.is_dir() and e.name not in _OWN_FILES)
+            left["outside"] = [f for f in outside if _is_image_name(f)]
+            for kind, names in _kinds([f for f in outside if not _is_image_name(f)]).items():
+                left.setdefault(kind, []).extend(names)
+            self._left_out(left)
             return [e for i, c in enumerate(classes) for e in _in_order(
                 [(f"{c}/{f}", i) for f in per_class[c]], damaged[c])]
         self._classes = manifest.get("classes") or ()
         flat: list[Damaged] = []
-        return _in_order([(f, None) for f in _walk_images(self.path, flat)], flat)
+        others = []
+        entries = _in_order([(f, None) for f in _walk_images(self.path, flat, "", others)], flat)
+        self._left_out(_kinds(others))
+        return entries
+
+    def _left_out(self, left: dict[str, list[str]]) -> None:
+        self.left_out = {k: {"count": len(v), "names": v[:3]} for k, v in left.items() if v}
+        warning = left_out_warning(self.path, left)
+        if warning:
+            self.warnings.append(warning)
 
     def _scan_list(self, manifest: dict) -> list[tuple[str, int | None] | Damaged]:
         """The entries of a DALI-style file list; a line that names no record becomes a Damaged entry."""
@@ -337,10 +384,11 @@ class FolderWriter(Writer):
         key_dir = record.key.rsplit("/", 1)[0] if "/" in record.key else ""
         if record.label is not None and not self.flat:
             rel = f"{self._class_dir(record.label)}/{safe_component(stem)}.{ext}"
-        elif record.label is None and self.info.classes and not self.flat:
-            # unlabeled among classes: in the root, where no class folder takes it in
+        elif self.flat or record.label is None and self.info.classes:
+            # one folder (--layout flat), or unlabeled among classes: in the root, named after the key's
+            # folders too (cat/0001 -> cat_0001), where no class folder takes it in
             rel = safe_component(f"{key_dir.replace('/', '_')}_{stem}" if key_dir else stem) + f".{ext}"
-            self._unlabelled += 1
+            self._unlabelled += record.label is None
         else:
             parts = [safe_component(p) for p in key_dir.split("/") if p]
             rel = "/".join([*parts, f"{safe_component(stem)}.{ext}"])

@@ -25,7 +25,15 @@ from typing import Any
 
 from .._paths import MAX_RECORD_BYTES, safe_relpath, source_files, source_root
 from ..errors import FormatError
-from ..types import IMAGE_EXTENSIONS, Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
+from ..types import (
+    CODEC_EXTENSION,
+    IMAGE_EXTENSIONS,
+    Boxes,
+    DatasetInfo,
+    Record,
+    keypoint_flips,
+    sniff_image_codec,
+)
 from . import fields, register_format
 from .base import (
     JSON_FIELDS,
@@ -293,6 +301,15 @@ class WebDatasetReader(Reader):
     def where(self, entry: tuple[int, str, tuple]) -> tuple[str, str]:
         return entry[1], f"{self.tars[entry[0]]}#{entry[1]}"
 
+    def member_extensions(self) -> dict[str, int]:
+        """Per member extension (``jpg``, ``cls``, ``json``, ``txt``...), how many samples hold one: what a
+        webdataset pipeline's ``to_tuple("jpg", "cls")`` can ask for."""
+        counts: Counter = Counter()
+        for entry in self.entries():
+            if not isinstance(entry, Damaged):
+                counts.update({m[0] for m in entry[2]})
+        return dict(sorted(counts.items()))
+
     def _member(self, s: int, name: str, off: int, size: int) -> bytes:
         """One member's bytes, checked whole (a shard cut short inside it is this record's error)."""
         if size > MAX_RECORD_BYTES:
@@ -446,7 +463,9 @@ class WebDatasetWriter(ShardedWriter):
 
     def _write_to_shard(self, record: Record) -> int:
         key = self._unique(record.key)
-        ext = record.filename.rsplit(".", 1)[-1].lower()
+        # the codec's own extension (jpg, png, webp...), whatever the source file was called: readers pick
+        # members by it (webdataset's .decode("pil").to_tuple("jpg", "cls"))
+        ext = CODEC_EXTENSION.get(record.codec) or record.filename.rsplit(".", 1)[-1].lower()
         members: dict[str, bytes] = {e: member_bytes(v) for e, v in (record.meta.get(MEMBERS) or {}).items()
                                      if e not in (ext, "cls", "json")}
         members[ext] = record.data

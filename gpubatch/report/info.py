@@ -31,6 +31,10 @@ class DatasetReport:
         warnings: faults the reader found in the source that it worked around (COCO annotations...).
         members: per extension, how many records hold that WebDataset member besides their image and
             class (``txt`` captions, ``json`` fields of another tool, masks...), which gpubatch keeps.
+        extensions: a WebDataset's member extensions (``jpg``, ``cls``, ``json``...), per extension how
+            many samples hold one: the names a webdataset pipeline asks for.
+        left_out: files of the source that are no records (video, audio, other files among a folder's
+            images), per kind how many, with some of their names.
     """
 
     path: str
@@ -52,6 +56,8 @@ class DatasetReport:
     unreadable: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     members: dict[str, int] = field(default_factory=dict)
+    extensions: dict[str, int] = field(default_factory=dict)
+    left_out: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -135,6 +141,9 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
     report.width, report.height = _stats(widths), _stats(heights)
     report.codecs, report.subsampling, report.modes = dict(codecs), dict(subs), dict(modes)
     report.members = dict(sorted(members.items()))
+    if hasattr(reader, "member_extensions"):
+        report.extensions = reader.member_extensions()
+    report.left_out = dict(getattr(reader, "left_out", None) or {})
     report.disk_bytes = _disk_bytes(Path(path))
     return report
 
@@ -165,6 +174,8 @@ def render(report: DatasetReport) -> None:
     if report.boxes or report.categories:
         t.add_row("boxes", f"{report.boxes:,} on {report.images_with_boxes:,} images, "
                            f"{len(report.categories)} categories")
+    if report.extensions:
+        t.add_row("member extensions", esc(", ".join(f"{k} {v:,}" for k, v in report.extensions.items())))
     if report.members:
         t.add_row("other members", esc(", ".join(f"{k} {v:,}" for k, v in report.members.items())))
     t.add_row("payload", human_bytes(report.payload_bytes))

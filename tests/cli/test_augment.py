@@ -126,8 +126,8 @@ def test_pipeline_files(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--ops", "rotate(degree=3)"], "unknown parameter 'degree'; valid: degrees"),
-    (["--ops", "sharpen()"], "unknown op 'sharpen'; valid ops:"),
+    (["--ops", "rotate(degree=3)"], "unknown parameter 'degree' (did you mean 'degrees'?); valid: degrees"),
+    (["--ops", "sharpen()"], "unknown op 'sharpen' (did you mean 'sharpness'?); valid ops:"),
     (["--ops", "flip() | normalize()"], "normalize makes tensors"),
     (["--ops", "resize(height=3)"], "resize: missing parameter width"),
     (["--ops", "flip(p=__import__('os'))"], "parameters must be literals"),

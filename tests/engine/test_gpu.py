@@ -1187,11 +1187,10 @@ def test_gpu_run_keeps_the_contract_on_damaged_and_odd_input(imagenet, tmp_path)
     .jpg are decoded (on the CPU, counted as a fallback), an image beyond JPEG's side limit is that
     record's error naming it, and every record is written or listed as skipped."""
     import io
+    import shutil
     import tarfile
 
     from PIL import Image
-
-    import shutil
 
     src = tmp_path / "src"
     shutil.copytree(imagenet, src)

@@ -1,0 +1,146 @@
+"""What a new user met on a first day with every command, each fixed with its test: bracketed text
+taken for markup, WebDataset member extensions, files left out without a word, a flat layout that was
+not flat, mistyped names without a suggestion, raw docstring marks, a build warning."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+
+import pytest
+
+from gpubatch.api import convert, info, open_dataset
+from gpubatch.errors import ExitCode, UsageError
+from tests.helpers import ROOT, jpeg_bytes, photo, run_cli
+
+
+def test_bracketed_text_is_printed_as_it_is(imagenet, tmp_path):
+    """rich took ``[cu13]`` in the install hint, and brackets in file names, for markup."""
+    bad = imagenet / "bird" / "shot[1].jpg"
+    bad.write_bytes(b"not [bold]an[/] image")
+    p = run_cli("convert", imagenet, tmp_path / "out", "--to", "webdataset", "--resize-shorter", "32",
+                "--device", "auto", env={**os.environ, "COLUMNS": "400"})
+    assert p.returncode == 0, p.stderr
+    err = " ".join(p.stderr.split())
+    assert "gpubatch[cu13]" in err and "[cu12]" in err  # the CPU fallback's install hint, whole
+    assert "shot[1].jpg" in err
+
+
+def test_render_keeps_brackets_in_reasons_and_warnings(monkeypatch):
+    from rich.console import Console
+
+    from gpubatch.api import RunSummary
+    from gpubatch.report import console as console_mod
+    from gpubatch.report.summary import render_summary
+
+    out = io.StringIO()
+    monkeypatch.setattr(console_mod, "console", lambda: Console(file=out, width=300, highlight=False))
+    s = RunSummary(src="in[1]", dst="out[2]", src_format="folder", dst_format="webdataset", device="cpu",
+                   device_reason="auto: pip install 'gpubatch[cu13]'", records_in=1, records_out=0,
+                   skipped=[{"key": "k", "origin": "a/[x].jpg", "stage": "decode", "reason": "bad [red]data[/]"}],
+                   warnings=["see [bold]this[/bold]"])
+    render_summary(s)
+    text = out.getvalue()
+    for literal in ("in[1]", "out[2]", "gpubatch[cu13]", "a/[x].jpg", "bad [red]data[/]", "see [bold]this[/bold]"):
+        assert literal in text, literal
+
+
+def test_webdataset_members_take_the_codecs_own_extension(tmp_path):
+    wds = pytest.importorskip("webdataset")
+    src = tmp_path / "src"
+    for cls in ("cat", "dog"):
+        (src / cls).mkdir(parents=True)
+        for k in range(3):
+            (src / cls / f"{k}.jpeg").write_bytes(jpeg_bytes(photo(24, 32, seed=k)))
+    convert(src, tmp_path / "out", to="webdataset")
+    shard = next((tmp_path / "out").glob("*.tar"))
+    exts = {n.rsplit(".", 1)[1] for n in tarfile.open(shard).getnames()}
+    assert exts == {"jpg", "cls"}
+    pairs = list(wds.WebDataset(str(shard), shardshuffle=False).decode("pil").to_tuple("jpg", "cls"))
+    assert len(pairs) == 6 and sorted(c for _, c in pairs) == [0, 0, 0, 1, 1, 1]
+    assert info(tmp_path / "out").extensions == {"cls": 6, "jpg": 6}
+
+
+def test_files_that_are_no_records_are_counted_and_named(tmp_path):
+    src = tmp_path / "src"
+    for cls in ("cat", "dog"):
+        (src / cls).mkdir(parents=True)
+        for k in range(3):
+            (src / cls / f"{k}.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=k)))
+    (src / "cat" / "clip.mp4").write_bytes(b"\0\0\0\x18ftypmp42")
+    (src / "dog" / "bark.wav").write_bytes(b"RIFF\0\0\0\0WAVE")
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_out == 6
+    warning = next(w for w in s.warnings if w.startswith("left out"))
+    assert "1 video file (cat/clip.mp4)" in warning and "1 audio file (dog/bark.wav)" in warning
+    manifest = json.loads((tmp_path / "out" / "gpubatch.json").read_text())
+    assert warning in manifest["warnings"]
+    report = info(src)
+    assert report.left_out == {"video": {"count": 1, "names": ["cat/clip.mp4"]},
+                               "audio": {"count": 1, "names": ["dog/bark.wav"]}}
+
+
+def test_layout_flat_is_one_folder_with_the_labels_in_the_file_list(tmp_path):
+    src = tmp_path / "src"
+    for cls in ("cat", "dog", "dog/sub"):
+        (src / cls).mkdir(parents=True)
+        (src / cls / "0001.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=len(cls))))
+    convert(src, tmp_path / "flat", to="folder", layout="flat")
+    files = sorted(p.name for p in (tmp_path / "flat").iterdir())
+    assert all((tmp_path / "flat" / f).is_file() for f in files)  # no folder at all
+    lines = dict(ln.rsplit(" ", 1) for ln in (tmp_path / "flat" / "file_list.txt").read_text().splitlines())
+    assert lines == {"cat_0001.jpg": "0", "dog_0001.jpg": "1", "dog_sub_0001.jpg": "1"}
+    with open_dataset(tmp_path / "flat") as r:
+        assert sorted(rec.label for rec in r) == [0, 1, 1]
+
+
+@pytest.mark.parametrize("args,hint", [
+    (["--to", "webdatset"], "did you mean 'webdataset'"),
+    (["--to", "wds"], "did you mean 'webdataset'"),
+    (["--to", "tfrecords"], "did you mean 'tfrecord'"),
+    (["--to", "webdataset", "--image-format", "jpg"], "did you mean 'jpeg'"),
+])
+def test_mistyped_names_get_a_suggestion(imagenet, tmp_path, args, hint):
+    p = run_cli("convert", imagenet, tmp_path / "out", *args)
+    assert p.returncode == ExitCode.USAGE and hint in p.stderr
+
+
+@pytest.mark.parametrize("args,hint", [
+    (["--preset", "resnet50"], "did you mean 'resnet50-train' or 'resnet50-val'"),
+    (["--ops", "randomresizedcrop(224)"], "did you mean 'random_resized_crop'"),
+    (["--ops", "random_resized_crop(siz=224)"], "did you mean 'size'"),
+])
+def test_mistyped_presets_and_ops_get_a_suggestion(imagenet, tmp_path, args, hint):
+    p = run_cli("augment", imagenet, tmp_path / "out", *args)
+    assert p.returncode == ExitCode.USAGE and hint in p.stderr
+
+
+def test_a_from_that_names_another_format_says_what_the_source_is(imagenet):
+    p = run_cli("info", imagenet, "--from", "lmdb")
+    assert p.returncode == ExitCode.USAGE
+    assert "looks like a dataset of the folder format" in p.stderr and "No such file" not in p.stderr
+
+
+def test_python_callers_are_told_keywords_not_flags(imagenet, tmp_path):
+    (tmp_path / "out").mkdir()
+    with pytest.raises(UsageError, match=r"pass overwrite=True to replace it") as e:
+        convert(imagenet, tmp_path / "out", to="webdataset")
+    assert "--" not in str(e.value)
+    p = run_cli("convert", imagenet, tmp_path / "out", "--to", "webdataset")
+    assert "pass --overwrite to replace it" in p.stderr
+
+
+def test_list_ops_shows_no_docstring_marks():
+    p = run_cli("augment", "--list-ops")
+    assert p.returncode == 0 and "``" not in p.stdout and ":func:" not in p.stdout
+    assert "parameters [default]" in " ".join(p.stdout.split())
+
+
+def test_the_package_metadata_uses_an_spdx_license_string():
+    """setuptools deprecates the ``{text = ...}`` table: ``make demo`` printed its warning."""
+    tomllib = pytest.importorskip("tomllib")
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["license"] == "Apache-2.0"
+    assert any(r.startswith("setuptools>=77") for r in meta["build-system"]["requires"])
