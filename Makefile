@@ -14,7 +14,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[dev]'  # (setuptools' notes on editable installs)
 	@touch $(STAMP)
 
 demo: $(STAMP)  ## run the main job on sample_data/ (GPU when usable, else CPU)
