@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .._paths import read_regular, source_files, source_root
+from .._paths import MAX_RECORD_BYTES, read_regular, source_files, source_root
 from ..errors import DependencyError, FormatError
 from ..types import Boxes, DatasetInfo, Record, class_table, keypoint_flips, sniff_image_codec
 from . import fields, register_format
@@ -279,6 +279,8 @@ class TFRecordReader(Reader):
 
     def _features(self, entry: tuple[int, int, int]) -> Any:
         s, off, ln = entry
+        if ln > MAX_RECORD_BYTES + 16:
+            raise ValueError(f"a record of {ln - 16:,} bytes, above the {MAX_RECORD_BYTES:,}-byte bound on one record")
         buf = os.pread(self._fd(s), ln, off)
         if len(buf) != ln:
             raise ValueError("truncated record")
