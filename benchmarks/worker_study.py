@@ -72,7 +72,8 @@ def one(a: argparse.Namespace) -> dict:
             if a.pickle:  # what sending the batch to the writer process costs this one
                 pickle.dumps(("batch", out), protocol=pickle.HIGHEST_PROTOCOL)
         elif a.mode == "chain":
-            from gpubatch.engine.gpu_chain import Ragged, run_chain
+            from gpubatch.engine.batch import Ragged
+            from gpubatch.engine.gpu_chain import run_chain
 
             res.order(engine.stream)
             arrays = [res.arrays[j.source] for j in fed.jobs]

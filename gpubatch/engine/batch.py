@@ -1,17 +1,23 @@
-"""Batches: HostBatch (a list of NumPy HWC arrays) and DeviceBatch (one packed CuPy buffer).
+"""Batches: HostBatch (a list of NumPy HWC arrays), DeviceBatch (one packed CuPy buffer) and Ragged
+(device images by pointer), with the small host tables a launch uploads.
 
 A DeviceBatch holds a whole ragged batch in ONE buffer with per-item offsets and shapes, so one kernel
-launch covers it; items are zero-copy views, and the buffer exchanges with PyTorch/JAX via DLPack.
+launch covers it; items are zero-copy views, and the buffer exchanges with PyTorch/JAX via DLPack. A
+Ragged batch points at images wherever they lie (the decoders' buffers, a DeviceBatch's items), so a
+launch reads them without a copy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 HostBatch = list  # list[np.ndarray], uint8 HWC
+#: a Ragged image's format code for the resample kernel, by chroma sampling (0: interleaved RGB)
+PLANE_CODE = {(2, 2): 1, (2, 1): 2}
 
 
 @dataclass
@@ -160,3 +166,63 @@ def upload_table_addresses(arrays: list[np.ndarray], stream: Any, staging: Pinne
     buf, layout = pack_tables(*arrays)
     base = staging.upload(buf, stream).data.ptr
     return [np.uint64(base + off) for off, _, _ in layout]
+
+
+@dataclass
+class Ragged:
+    """A ragged batch of uint8 HWC RGB images in device memory, by pointer.
+
+    Attributes:
+        ptr: uint64 (N,) address of each image's pixel (0, 0).
+        shape: int32 (N, 3) height, width, row stride in bytes; (N, 4) where some images are in the
+            JPEG's planes (DeviceImage.sampling), the fourth column their format (0: interleaved RGB,
+            1: 4:2:0 planes, 2: 4:2:2 planes). Only the fused resample reads those (:attr:`planes`).
+        keep: objects owning the memory, held until the kernels reading it are done.
+    """
+
+    ptr: np.ndarray
+    shape: np.ndarray
+    keep: list[Any] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ptr)
+
+    @property
+    def hw(self) -> np.ndarray:
+        return self.shape[:, :2]
+
+    @property
+    def planes(self) -> bool:
+        """Whether some images are in planes (only ``GpuEngine.resample`` reads such a batch)."""
+        return self.shape.shape[1] == 4
+
+    @staticmethod
+    def from_items(cp: Any, items: Sequence[Any]) -> Ragged:
+        """From DeviceImages (the decoder's) or uint8 HWC CuPy arrays."""
+        n = len(items)
+        sampled = [getattr(a, "sampling", None) for a in items]
+        planes = any(sampled)
+        ptr, shape, keep = np.empty(n, np.uint64), np.zeros((n, 4 if planes else 3), np.int32), []
+        for i, a in enumerate(items):
+            if isinstance(a, cp.ndarray):
+                if a.strides[2] != 1 or a.strides[1] != 3:
+                    a = cp.ascontiguousarray(a)
+                keep.append(a)
+                ptr[i], shape[i, :3] = a.data.ptr, (a.shape[0], a.shape[1], a.strides[0])
+            else:
+                ptr[i], shape[i, :3] = a.ptr, (a.shape[0], a.shape[1], a.row_stride)
+                if sampled[i]:
+                    shape[i, 3] = PLANE_CODE[sampled[i]]
+        return Ragged(ptr, shape, keep)
+
+    @staticmethod
+    def from_batch(batch: Any) -> Ragged:
+        """From a uint8 HWC DeviceBatch (zero-copy)."""
+        hw = np.array([s[:2] for s in batch.shapes], np.int32).reshape(-1, 2)
+        shape = np.concatenate([hw, (hw[:, 1:2] * 3)], 1).astype(np.int32)
+        ptr = (np.uint64(batch.buffer.data.ptr) + batch.offsets.astype(np.uint64)).astype(np.uint64)
+        return Ragged(ptr, shape, [batch.buffer])
+
+    def take(self, idx: Sequence[int]) -> Ragged:
+        idx = np.asarray(idx, np.int64)
+        return Ragged(self.ptr[idx], self.shape[idx], self.keep)

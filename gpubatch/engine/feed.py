@@ -48,7 +48,7 @@ class FedBatch:
         errors: per record None or why it could not be read.
         headers: per record (GPU-decodable JPEG kind or None, width, height), as the GPU decoder routes by.
         windows: the chain's leading window segment folded per record (geometry (N, 4), output sizes
-            (N, 2); :func:`~gpubatch.engine.gpu_chain.leading_windows`), or None.
+            (N, 2); :func:`~gpubatch.engine.windows.leading_windows`), or None.
         regions: per record the (y0, x0, y1, x1) region to decode, or None (a whole image); the
             record's window and size are then the region's.
         release: in views mode, returns the batch's slot to the feed (call :meth:`done`).
@@ -185,11 +185,11 @@ def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False, e
     """Read ``paths`` into ``slot``; (slot layout, (sizes, params, errors, headers, windows, regions)).
 
     With ``regions``, records whose leading window reads only part of the image get the region to
-    decode (see :func:`~gpubatch.engine.gpu_chain.leading_regions`; upright JPEGs only): their window
+    decode (see :func:`~gpubatch.engine.windows.leading_regions`; upright JPEGs only): their window
     is moved into the region and their size is the region's, the size the decoder will return."""
     from .codecs.image import jpeg_display_size, jpeg_orientation
     from .codecs.image_gpu import jpeg_kind
-    from .gpu_chain import leading_regions, leading_windows
+    from .windows import leading_regions, leading_windows
 
     plan: Plan | None = _W["plan"]
     out = _Slot(slot)
@@ -226,7 +226,7 @@ def _read_records(slot: int, entries: list[Any]) -> tuple:
     from .codecs.image import jpeg_display_size
     from .codecs.image_gpu import jpeg_kind
     from .executor import pass_through, read_counted
-    from .gpu_chain import leading_windows
+    from .windows import leading_windows
 
     t0 = time.perf_counter()
     plan: Plan = _W["plan"]

@@ -313,7 +313,7 @@ class GpuEngine:
         the outputs in ``out`` instead of packing them from its start (part of a batch at a time);
         ``stream``: the stream to run on instead of the engine's.
         """
-        from .gpu_chain import Ragged
+        from .batch import Ragged
 
         cp = self.cp
         if not isinstance(src, Ragged):
@@ -467,7 +467,7 @@ def _take_chunk(name: str | None, layout: list[tuple[Any, str | None]]) -> list[
 
 def chain_windows(ops: Sequence[Op], params: Sequence[Any], h: int, w: int) -> tuple[Window, Normalize | None]:
     """Fold a chain of window ops (and a trailing normalize) into one window on an (h, w) image."""
-    from .gpu_chain import fold_windows
+    from .windows import fold_windows
 
     norm = ops[-1] if ops and isinstance(ops[-1], Normalize) else None
     body = list(ops[:-1] if norm is not None else ops)
@@ -567,7 +567,7 @@ class ImagePipeline:
                                  decode_route=decode_route, follow=follow_load) if self.device.is_gpu else None)
         if self.engine is not None and warm_up:
             self.engine.warm_up(warm_up, regions=region_decode)
-        from .gpu_chain import fixed_window_chain
+        from .windows import fixed_window_chain
 
         # a chain of one resample to a fixed size may run on each decoded chunk as it comes (see process)
         self._fixed = fixed_window_chain(self.plan) if self.engine is not None else None
@@ -654,7 +654,8 @@ class ImagePipeline:
             step = cpu_chunk(n, self.cpu_threads)
             return self._cpu_batch([pool.submit(_cpu_chain_chunk, self.plan, [bytes(b) for b in decoded[a : a + step]],
                                                 list(keys[a : a + step]), epoch) for a in range(0, n, step)])
-        from .gpu_chain import Ragged, run_chain
+        from .batch import Ragged
+        from .gpu_chain import run_chain
 
         res = decoded
         if self._fixed is not None:
@@ -751,7 +752,8 @@ class ImagePipeline:
         part of the batch, or with ``decode_chunk`` one call) is resampled as it comes
         (``DecodeResult.chunks``) into the rows of the items it holds, then released to the decoders;
         rows of items that failed after all are closed up at the end."""
-        from .gpu_chain import Ragged, leading_windows, segment_fill
+        from .batch import Ragged
+        from .windows import leading_windows, segment_fill
 
         eng, cp, ops = self.engine, self.engine.cp, self.plan.ops
         idx, norm, (oh, ow) = self._fixed
@@ -1000,7 +1002,7 @@ def fed_windows(ops: Sequence[Op], windows: tuple[np.ndarray, np.ndarray] | None
                 redrawn: list[int], params: list, arrays: list) -> tuple[np.ndarray, np.ndarray] | None:
     """The leading windows a feed folded (``windows``), for the records kept (``rows``), refolded for
     the ``redrawn`` ones (indices into ``params``/``arrays``, drawn again for their decoded size)."""
-    from .gpu_chain import leading_windows
+    from .windows import leading_windows
 
     if windows is None or not rows:
         return None
@@ -1082,7 +1084,8 @@ def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: l
                      first: tuple[np.ndarray, np.ndarray] | None = None, sink: Any = None) -> list:
     """Run the chain (``first``: its leading windows, already folded) then encode, in output order
     (bytes, or why the encoder failed); a batch that does not fit the memory cap is split in halves."""
-    from .gpu_chain import Ragged, run_chain
+    from .batch import Ragged
+    from .gpu_chain import run_chain
 
     cp = engine.cp
     try:

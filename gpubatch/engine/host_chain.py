@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from .gpu_chain import fold_windows, segment_fill, segments
 from .ops.base import Op
 from .ops.geometry import resample_cpu
 from .registry import HOST, get_kernel
+from .windows import fold_windows, segment_fill, segments
 
 
 def run_chain_host(ops: Sequence[Op], image: Any, params: Sequence[Any]) -> np.ndarray:

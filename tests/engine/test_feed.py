@@ -10,9 +10,9 @@ import pytest
 from gpubatch.engine.codecs.image import decode, jpeg_display_size, jpeg_orientation
 from gpubatch.engine.codecs.image_gpu import jpeg_kind
 from gpubatch.engine.feed import FileFeed
-from gpubatch.engine.gpu_chain import fold_windows
 from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
 from gpubatch.engine.plan import Plan
+from gpubatch.engine.windows import fold_windows
 from gpubatch.errors import RecordError
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_data" / "imagenet"
@@ -190,7 +190,7 @@ def test_record_feed_reads_passes_through_and_draws_per_output(dataset: str, fmt
     variant the parameters and moved boxes the CPU path draws for the decoded size."""
     from gpubatch.engine import spec
     from gpubatch.engine.feed import RecordFeed
-    from gpubatch.engine.gpu_chain import leading_windows
+    from gpubatch.engine.windows import leading_windows
     from gpubatch.formats import open_reader
     from gpubatch.types import Record
 

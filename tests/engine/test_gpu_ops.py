@@ -100,7 +100,8 @@ def _cpu(plan: Plan, key: str, img: np.ndarray, params) -> np.ndarray:
 def _gpu(engine, plan: Plan, imgs, params):
     import cupy as cp
 
-    from gpubatch.engine.gpu_chain import Ragged, run_chain
+    from gpubatch.engine.batch import Ragged
+    from gpubatch.engine.gpu_chain import run_chain
 
     batch = run_chain(engine, plan.ops, Ragged.from_items(cp, [cp.asarray(im) for im in imgs]), params)
     engine.stream.synchronize()
@@ -170,7 +171,7 @@ def test_batched_steps_equal_one_by_one_and_reproducible(engine):
 
 
 def test_window_chain_after_steps_keeps_fill_segments(engine):
-    from gpubatch.engine.gpu_chain import segments
+    from gpubatch.engine.windows import segments
 
     ops = (Expand(fill=(1, 2, 3)), CenterCrop(500), Rotate(), RandomResizedCrop(64), ResizeShorter(32), Flip())
     assert segments(ops) == [("window", [0]), ("window", [1]), ("step", [2]), ("window", [3, 4, 5])]

@@ -87,9 +87,9 @@ def test_a_part_becomes_the_calls_chunked_decode_makes(monkeypatch):
 def test_fixed_size_chains_are_found():
     """Chains that end in one resample to a size that does not depend on the image's are run chunk
     by chunk (ImagePipeline); the others whole."""
-    from gpubatch.engine.gpu_chain import fixed_window_chain
     from gpubatch.engine.ops import CenterCrop, Flip, Normalize, RandomResizedCrop, Resize, ResizeShorter
     from gpubatch.engine.plan import Plan
+    from gpubatch.engine.windows import fixed_window_chain
 
     fixed = lambda *ops: fixed_window_chain(Plan(ops=ops))  # noqa: E731
     idx, norm, size = fixed(RandomResizedCrop(224), Flip(), Normalize(layout="CHW", dtype="float16"))

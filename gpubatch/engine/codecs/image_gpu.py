@@ -1758,7 +1758,7 @@ class GpuImageEncoder:
         JPEG encoder reads them in place, without a view object per item, and writes into ``sink``
         when given: :class:`~gpubatch.engine.codecs.jpeg_gpu.EncodedSpan` values then come back)."""
         if codec == "jpeg" and self.jpeg == "batched":
-            from ..gpu_chain import Ragged
+            from ..batch import Ragged
 
             return list(self.batched.encode(Ragged.from_batch(batch).take(idx), quality, stream, sink))
         return self.encode([batch.item(k) for k in idx], codec, quality, stream)

@@ -175,11 +175,10 @@ class BatchedJpegEncoder:
         return (tab, *self._dev[quality])
 
     def encode(self, items: Any, quality: int, stream: Any, sink: Sink | None = None) -> list[Any]:
-        """JPEG bytes of each item (a :class:`~gpubatch.engine.gpu_chain.Ragged`, or a list of CuPy uint8
+        """JPEG bytes of each item (a :class:`~gpubatch.engine.batch.Ragged`, or a list of CuPy uint8
         HWC arrays or DeviceImages), ordered on ``stream``; with a ``sink`` that has room for them, the
         data goes there and :class:`EncodedSpan` values come back instead."""
-        from ..batch import upload_tables
-        from ..gpu_chain import Ragged
+        from ..batch import Ragged, upload_tables
         from ..kernels import kernel
 
         cp = self.cp

@@ -16,7 +16,6 @@ import numpy as np
 
 # sampling factors (horizontal, vertical) of the chroma planes against luma, per JPEG kind's subsampling
 SUBSAMPLING = {"4:2:0": (2, 2), "4:2:2": (2, 1)}
-PLANE_CODE = {(2, 2): 1, (2, 1): 2}  # the resample kernel's format code (0: interleaved RGB)
 
 _SCALEBITS = 16
 _ONE_HALF = 1 << (_SCALEBITS - 1)

@@ -51,7 +51,7 @@ def _jpeg_host(op: JpegQuality, images: list[np.ndarray], params: list[Any]) -> 
 @register_kernel("jpeg_quality", DEVICE)
 def _jpeg_device(engine: Any, op: JpegQuality, src: Any, params: list[Any]) -> Any:
     """Encode each quality group on the GPU, decode the whole batch back, pack it (untouched where None)."""
-    from ..gpu_chain import Ragged
+    from ..batch import Ragged
 
     n = len(src)
     ident = engine.resample(src, [_identity(int(h), int(w)) for h, w in src.hw])
