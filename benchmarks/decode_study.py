@@ -137,7 +137,8 @@ def main() -> None:
     import numpy as np
     from nvidia import nvimgcodec as nic
 
-    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder, jpeg_kind
+    from gpubatch.engine.codecs.headers import jpeg_kind
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
 
     files, blobs, batches = load_blobs(args.data, args.images)
     stream = cp.cuda.Stream(non_blocking=True)

@@ -110,7 +110,7 @@ def nvjpeg_figures(cp, blobs: list[bytes], calls: int) -> dict:
     import numpy as np
     from PIL import Image
 
-    from gpubatch.engine.codecs.image_gpu import jpeg_kind
+    from gpubatch.engine.codecs.headers import jpeg_kind
     from gpubatch.engine.codecs.nvjpeg_hw import HwBatchDecoder
 
     chosen = [b for b in blobs if jpeg_kind(b)[0] == "baseline/4:2:0"][:86]

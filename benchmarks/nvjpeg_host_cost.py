@@ -51,7 +51,7 @@ class Images:
     """The set's first images of each kind, their sizes, one output buffer, and a Pillow check."""
 
     def __init__(self, cp, data: str, n: int):
-        from gpubatch.engine.codecs.image_gpu import jpeg_kind
+        from gpubatch.engine.codecs.headers import jpeg_kind
 
         self.cp = cp
         blobs = [f.read_bytes() for f in jpeg_set(data, 4096)[:1024]]
@@ -129,7 +129,7 @@ def in_flight(cp, data: str, backend: int, kind: str, n: int, k: int, rounds: in
 
     from gpubatch.engine.codecs import image as host
     from gpubatch.engine.codecs import nvjpeg_hw as nh
-    from gpubatch.engine.codecs.image_gpu import jpeg_kind
+    from gpubatch.engine.codecs.headers import jpeg_kind
 
     blobs = [b for b in (f.read_bytes() for f in jpeg_set(data, 4096)) if jpeg_kind(b)[0] == kind][: n * k]
     if len(blobs) < n * k:

@@ -67,7 +67,7 @@ def one(mode: str, n_images: int) -> dict:
 
     from gpubatch.engine.codecs import nvjpeg_hw
     from gpubatch.engine.codecs import planes as P
-    from gpubatch.engine.codecs.image_gpu import jpeg_kind
+    from gpubatch.engine.codecs.headers import jpeg_kind
     from gpubatch.engine.gpu_executor import STACK_BYTES
 
     cp.cuda.Device(0).use()

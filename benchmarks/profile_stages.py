@@ -38,7 +38,7 @@ def main() -> None:
     import cupy as cp
     from nvidia import nvimgcodec as nic
 
-    from gpubatch.engine.codecs.image import jpeg_subsampling
+    from gpubatch.engine.codecs.headers import jpeg_subsampling
     from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
     from gpubatch.engine.device import resolve
     from gpubatch.engine.gpu_executor import GpuEngine, chain_windows

@@ -388,7 +388,7 @@ def augment(
         dst: destination (written only when complete).
         **options: any other :class:`AugmentRequest` field (``ops=``, ``preset=``, ``copies=``, ``to=``...).
     """
-    from .engine.codecs.image import DEFAULT_MAX_PIXELS
+    from .engine.codecs.headers import DEFAULT_MAX_PIXELS
     from .engine.plan import Plan
     from .engine.spec import chain_spec
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from ..errors import ErrorRouter, RecordError, RunStats, Stage
 from ..formats.base import Reader, Writer
 from ..types import Media, Record
+from .codecs import headers
 from .codecs import image as host_codec
 from .host_chain import run_chain_host
 from .plan import Plan
@@ -140,7 +141,7 @@ def check_encoded(record: Record, max_pixels: int, full: bool = False) -> str:
     if record.media is not Media.IMAGE:
         return record.codec
     try:
-        hdr = host_codec.probe(record.data)
+        hdr = headers.probe(record.data)
     except ValueError as e:
         raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
     if max_pixels and hdr.width * hdr.height > max_pixels:
@@ -149,7 +150,7 @@ def check_encoded(record: Record, max_pixels: int, full: bool = False) -> str:
             f"image of {hdr.width}x{hdr.height} = {hdr.width * hdr.height} pixels exceeds --max-pixels {max_pixels}",
         )
     if hdr.codec == "png":
-        damage = host_codec.png_damage(record.data)
+        damage = headers.png_damage(record.data)
         if damage:
             raise RecordError(record.key, record.origin, Stage.DECODE, damage)
     tail = record.data[-16:].rstrip(b"\x00\r\n ")

@@ -187,8 +187,7 @@ def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False, e
     With ``regions``, records whose leading window reads only part of the image get the region to
     decode (see :func:`~gpubatch.engine.windows.leading_regions`; upright JPEGs only): their window
     is moved into the region and their size is the region's, the size the decoder will return."""
-    from .codecs.image import jpeg_display_size, jpeg_orientation
-    from .codecs.image_gpu import jpeg_kind
+    from .codecs.headers import jpeg_display_size, jpeg_kind, jpeg_orientation
     from .windows import leading_regions, leading_windows
 
     plan: Plan | None = _W["plan"]
@@ -223,8 +222,7 @@ def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False, e
 def _read_records(slot: int, entries: list[Any]) -> tuple:
     """Read dataset ``entries`` for ``convert``/``augment`` on the GPU (see :class:`RecordFeed`)."""
     from ..errors import RecordError, RunStats, Stage
-    from .codecs.image import jpeg_display_size
-    from .codecs.image_gpu import jpeg_kind
+    from .codecs.headers import jpeg_display_size, jpeg_kind
     from .executor import pass_through, read_counted
     from .windows import leading_windows
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..types import Boxes, Record
-from .codecs.image import DEFAULT_MAX_PIXELS
+from .codecs.headers import DEFAULT_MAX_PIXELS
 from .ops.base import Op
 from .registry import DEVICE, get_kernel
 

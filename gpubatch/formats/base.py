@@ -82,7 +82,7 @@ def image_size(record: Record) -> tuple[int, int]:
     where the header cannot be read."""
     if record.boxes is not None:
         return record.boxes.canvas
-    from ..engine.codecs.image import probe
+    from ..engine.codecs.headers import probe
 
     try:
         hdr = probe(record.data)

@@ -260,7 +260,7 @@ class CocoReader(Reader):
             raise self.record_error(key, where, e) from None
         anns = self.anns.get(_id_key(image.get("id")), [])
         if not h or not w:
-            from ..engine.codecs.image import probe
+            from ..engine.codecs.headers import probe
 
             try:
                 hdr = probe(data)

@@ -276,7 +276,7 @@ class RecordIOReader(Reader):
                 if a >= 3:
                     img_label = labels[2]
                 objs = labels[a:].reshape(-1, b)
-                from ..engine.codecs.image import probe
+                from ..engine.codecs.headers import probe
 
                 hdr = probe(data)
                 h, w = hdr.height, hdr.width

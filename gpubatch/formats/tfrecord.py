@@ -348,7 +348,7 @@ class TFRecordReader(Reader):
         h = fields.side((_ints(feats, "image/height") or [0])[0], "image/height")
         w = fields.side((_ints(feats, "image/width") or [0])[0], "image/width")
         if not h or not w:
-            from ..engine.codecs.image import probe
+            from ..engine.codecs.headers import probe
 
             hdr = probe(data)
             h, w = hdr.height, hdr.width

@@ -399,7 +399,7 @@ def _boxes_from_json(doc: dict, data: bytes, keypoint_flip: dict) -> Boxes:
     """A sample's boxes from its ``.json`` (COCO-style annotations), every field checked (ValueError)."""
     h, w = fields.side(doc.get("height"), "height"), fields.side(doc.get("width"), "width")
     if not h or not w:
-        from ..engine.codecs.image import probe
+        from ..engine.codecs.headers import probe
 
         hdr = probe(data)
         h, w = hdr.height, hdr.width

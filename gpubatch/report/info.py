@@ -85,7 +85,7 @@ def _disk_bytes(path: Path) -> int:
 def describe(path: Path, fmt: str | None = None, workers: int | None = None,
              progress: Callable[[int], Callable[[int], None]] | None = None) -> DatasetReport:
     """Read every record's header (not its pixels) and summarize the dataset."""
-    from ..engine.codecs.image import probe
+    from ..engine.codecs.headers import probe
     from ..engine.executor import default_workers, ordered_map
     from ..formats import open_reader
     from ..formats.base import JSON_FIELDS, MEMBERS

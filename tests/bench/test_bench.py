@@ -165,7 +165,7 @@ def test_list_models():
 def test_synthetic_set_takes_a_chroma_mix(tmp_path):
     from collections import Counter
 
-    from gpubatch.engine.codecs.image import jpeg_header
+    from gpubatch.engine.codecs.headers import jpeg_header
     from gpubatch.synthetic import make_jpeg_set
 
     def kinds(root):

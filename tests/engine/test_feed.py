@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpubatch.engine.codecs.image import decode, jpeg_display_size, jpeg_orientation
-from gpubatch.engine.codecs.image_gpu import jpeg_kind
+from gpubatch.engine.codecs.headers import jpeg_display_size, jpeg_kind, jpeg_orientation
+from gpubatch.engine.codecs.image import decode
 from gpubatch.engine.feed import FileFeed
 from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
 from gpubatch.engine.plan import Plan
@@ -296,7 +296,7 @@ def test_regions_give_the_pixels_of_a_full_decode():
     whole image gives (the region covers the filter's reach). Pillow's box resize is not exactly
     shift-invariant (moving a box by whole pixels changes up to a fifth of the values by one level),
     so the comparison allows that."""
-    from gpubatch.engine.codecs.image import jpeg_orientation
+    from gpubatch.engine.codecs.headers import jpeg_orientation
     from gpubatch.engine.ops.base import Window
     from gpubatch.engine.ops.geometry import resample_cpu
 

@@ -120,7 +120,8 @@ def test_gpu_decode_matches_pillow(engine):
 def test_c_api_decoder_equals_python_binding():
     """The decoder through nvImageCodec's C API (one device buffer per batch) gives the pixels of the
     Python binding, with the same routing, EXIF orientation, regions and fallbacks."""
-    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder, jpeg_kind
+    from gpubatch.engine.codecs.headers import jpeg_kind
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
 
     blobs = [p.read_bytes() for p in sorted((SAMPLE / "imagenet").rglob("*.*"))]
     for i in range(12):

@@ -44,12 +44,8 @@ from ...errors import DependencyError, UsageError
 from .. import follow as route_follow
 from . import image as host
 from . import planes as jplanes
-from .image import jpeg_header, jpeg_orientation
+from .headers import jpeg_kind
 from .nvjpeg_hw import OUTPUT_RGBI, OUTPUT_YUV, NvjpegError, call_args
-
-# SOF markers nvJPEG's GPU decoders handle (baseline, extended, progressive Huffman).
-_GPU_SOF = {0xC0: "baseline", 0xC1: "extended", 0xC2: "progressive"}
-_GPU_SUB = {"4:2:0", "4:2:2", "4:4:4", "4:4:0", "gray"}
 
 
 def nvimgcodec():
@@ -58,20 +54,6 @@ def nvimgcodec():
     except ImportError:
         raise DependencyError("GPU image codecs need nvImageCodec: pip install 'gpubatch[cu13]'") from None
     return nic
-
-
-def jpeg_kind(data: bytes) -> tuple[str | None, int, int]:
-    """("baseline/4:2:0"-style kind, width, height) of a JPEG the GPU decoders may take, else (None, w, h).
-    A JPEG with an EXIF orientation other than upright gets "/turned" after its kind: the hardware
-    engine's direct path does not turn images, so those go to the CUDA decoder, which does."""
-    hdr = jpeg_header(data)
-    if hdr is None:
-        return None, 0, 0
-    sof, sub, w, h = hdr
-    if sof not in _GPU_SOF or sub not in _GPU_SUB:
-        return None, w, h
-    kind = f"{_GPU_SOF[sof]}/{sub}"
-    return (kind if jpeg_orientation(data) == 1 else kind + "/turned"), w, h
 
 
 @dataclass
