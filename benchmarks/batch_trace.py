@@ -49,7 +49,7 @@ def record(stage: str, seq: int, t0: float, t1: float) -> None:
 def instrument() -> None:
     """Wrap the engine's stage methods so that each records its span (see the module docstring)."""
     from gpubatch.engine.codecs import image_gpu
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     dec_cls, res_cls = image_gpu.GpuImageDecoder, image_gpu.DecodeResult
     local = threading.local()
@@ -183,7 +183,7 @@ def main() -> None:
 def _run(args: argparse.Namespace) -> None:
     instrument()
     from gpubatch.bench import chain_ops, get_model
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     files = jpeg_set(args.data, args.images)
     if args.hw_chunk is not None:

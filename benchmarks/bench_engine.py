@@ -43,7 +43,7 @@ def files_of(data: Path, n: int) -> list[Path]:
 
 def run_pipeline(name: str, args) -> dict:
     mem = GpuSampler()  # before CUDA is touched in this process
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
     from gpubatch.engine.ops import CenterCrop, Flip, Normalize, RandomResizedCrop, ResizeShorter
 
     files = files_of(Path(args.data), args.images)

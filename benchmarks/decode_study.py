@@ -216,7 +216,7 @@ def main() -> None:
     if want("calls"):
         import sys
 
-        from gpubatch.engine.gpu_executor import SWITCH_INTERVAL
+        from gpubatch.engine.gpu_engine import SWITCH_INTERVAL
 
         sys.setswitchinterval(SWITCH_INTERVAL)  # as the engine sets it
         decoupled()

@@ -28,7 +28,8 @@ def main() -> None:
 
     from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
     from gpubatch.engine.device import resolve
-    from gpubatch.engine.gpu_executor import GpuEngine, chain_windows
+    from gpubatch.engine.gpu_engine import GpuEngine
+    from gpubatch.engine.pipeline import chain_windows
     from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
     from gpubatch.engine.plan import Plan
     files, blobs, batches = load_blobs(args.data, args.images)
@@ -84,7 +85,7 @@ def main() -> None:
 
     def launcher():
         while not stop.is_set():
-            eng.resample(arrays, wins, norm)
+            eng.launch.resample(arrays, wins, norm)
             eng.stream.synchronize()
 
     t = threading.Thread(target=launcher, daemon=True)

@@ -119,7 +119,7 @@ def one(args: argparse.Namespace, knobs: dict[str, str]) -> dict:
 
     from gpubatch.bench import chain_ops, get_model
     from gpubatch.engine.codecs import image_gpu
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     if "planes" in knobs:  # when the hardware engine's direct path decodes into planes (always, chunked, never)
         image_gpu.HW_PLANES = knobs["planes"]
@@ -553,7 +553,7 @@ def breakdown(args: argparse.Namespace) -> list[tuple[str, int, str]]:
         d.close()
     note("decoders destroyed")
     from gpubatch.bench import chain_ops, get_model
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     files = jpeg_set(args.data, args.images, parse_mix(args.mix))
     keys = file_keys(files)

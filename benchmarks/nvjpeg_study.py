@@ -68,7 +68,7 @@ def one(mode: str, n_images: int) -> dict:
     from gpubatch.engine.codecs import nvjpeg_hw
     from gpubatch.engine.codecs import planes as P
     from gpubatch.engine.codecs.headers import jpeg_kind
-    from gpubatch.engine.gpu_executor import STACK_BYTES
+    from gpubatch.engine.gpu_engine import STACK_BYTES
 
     cp.cuda.Device(0).use()
     cp.zeros(1)

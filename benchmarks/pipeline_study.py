@@ -29,7 +29,7 @@ from _data import DEFAULT_DATA, jpeg_set, load_blobs  # noqa: E402  (benchmarks/
 
 def one(args: argparse.Namespace) -> None:
     from gpubatch.bench import chain_ops, get_model
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     files, blobs, batches = load_blobs(args.data, args.images)
     keys = [f"{p.parent.name}/{p.stem}" for p in files]

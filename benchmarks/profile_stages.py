@@ -41,7 +41,8 @@ def main() -> None:
     from gpubatch.engine.codecs.headers import jpeg_subsampling
     from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
     from gpubatch.engine.device import resolve
-    from gpubatch.engine.gpu_executor import GpuEngine, chain_windows
+    from gpubatch.engine.gpu_engine import GpuEngine
+    from gpubatch.engine.pipeline import chain_windows
     from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
     from gpubatch.engine.plan import Plan
     B = args.batch_size
@@ -103,14 +104,14 @@ def main() -> None:
         wins.append(w)
     out = None
     for _ in range(3):
-        out = eng.resample(arrays, wins, norm, out=None if out is None else out.buffer)
+        out = eng.launch.resample(arrays, wins, norm, out=None if out is None else out.buffer)
     eng.stream.synchronize()
     e0, e1 = cp.cuda.Event(), cp.cuda.Event()
     times = []
     for _ in range(10):
         t0 = time.perf_counter()
         e0.record(eng.stream)
-        out = eng.resample(arrays, wins, norm, out=out.buffer)
+        out = eng.launch.resample(arrays, wins, norm, out=out.buffer)
         e1.record(eng.stream)
         host_ms = 1e3 * (time.perf_counter() - t0)
         e1.synchronize()

@@ -34,7 +34,7 @@ def pipeline(a: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     import cupy as cp
 
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
     from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
 
     t["imports"] = time.perf_counter() - t0
@@ -64,7 +64,7 @@ def one(a: argparse.Namespace) -> dict:
     from nvidia import nvimgcodec  # noqa: F401
 
     from gpubatch.engine.device import Device, DeviceKind
-    from gpubatch.engine.gpu_executor import GpuEngine
+    from gpubatch.engine.gpu_engine import GpuEngine
 
     t["imports"] = time.perf_counter() - t0
     _, _, batches = load_blobs(a.data, a.images)

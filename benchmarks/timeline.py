@@ -243,7 +243,7 @@ def gpubatch_step(args: argparse.Namespace) -> tuple[Callable[[], int], Callable
     from gpubatch.bench import chain_ops, get_model
     from gpubatch.bench.contenders import data_files, file_keys
     from gpubatch.bench.measure import warmup_batches
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     a = _bench_args(args)
     files = data_files(a["data"], a["images"])

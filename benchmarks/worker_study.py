@@ -29,7 +29,8 @@ def one(a: argparse.Namespace) -> dict:
     from gpubatch.engine import spec
     from gpubatch.engine.device import Device, DeviceKind
     from gpubatch.engine.feed import RecordFeed
-    from gpubatch.engine.gpu_executor import GpuEngine, decode_ahead, transform_fed
+    from gpubatch.engine.gpu_engine import GpuEngine, decode_ahead
+    from gpubatch.engine.gpu_worker import transform_fed
     from gpubatch.engine.plan import Plan, make_plan
     from gpubatch.errors import RunStats
     from gpubatch.formats import open_reader

@@ -31,6 +31,7 @@ _LAZY = {
     "RecordError": ("gpubatch.errors", "RecordError"),
     "ErrorPolicy": ("gpubatch.errors", "ErrorPolicy"),
     "format_names": ("gpubatch.formats", "format_names"),
+    "ImagePipeline": ("gpubatch.engine.pipeline", "ImagePipeline"),
 }
 
 __all__ = ["__version__", *_LAZY]

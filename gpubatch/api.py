@@ -144,7 +144,7 @@ def _check_output_options(req: Any) -> None:
         raise UsageError(f"--name {name!r}: give a file name prefix (not empty, no path separator, "
                          "no leading '.', at most 100 characters)")
     if req.gpu_memory is not None:
-        from .engine.gpu_executor import parse_memory
+        from .engine.gpu_engine import parse_memory
 
         parse_memory(req.gpu_memory, 80 << 30)
 
@@ -437,7 +437,7 @@ def _run(device: Device, reader: Reader, entries: list, writer: Writer, plan: An
 
     workers = req.workers or default_workers()
     if device.is_gpu and plan.touches_pixels:
-        from .engine.gpu_procs import run_device
+        from .engine.gpu_run import run_device
 
         run_device(device, Path(req.src), reader.format_name, entries, writer, plan, router, req.gpu_procs or 1,
                    workers, req.batch_size, req.gpu_memory, tick)

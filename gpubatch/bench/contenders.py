@@ -1,7 +1,7 @@
 """Bench contenders, each run in its own process: ``python -m gpubatch.bench.contenders '{json args}'``
 prints one ``RESULT {json}`` line.
 
-- ``gpubatch-gpu`` / ``gpubatch-cpu``: :class:`~gpubatch.engine.gpu_executor.ImagePipeline` on the device /
+- ``gpubatch-gpu`` / ``gpubatch-cpu``: :class:`~gpubatch.engine.pipeline.ImagePipeline` on the device /
   on every core (worker processes), reading the files from disk each batch in reader processes
   (``ImagePipeline.iterate_files``).
 - ``torch-dataloader``: a PyTorch DataLoader, one worker per core, torchvision transforms on Pillow.
@@ -41,7 +41,7 @@ def _encode_one(arr: Any) -> int:
 
 def run_gpubatch(a: dict, device: str) -> dict:
     sampler = GpuSampler(a.get("gpu", 0)) if device == "gpu" else None
-    from ..engine.gpu_executor import ImagePipeline
+    from ..engine.pipeline import ImagePipeline
 
     if "reserve_core" in a:  # (a process of its own: the setting goes with it)
         from ..engine import affinity
@@ -118,7 +118,7 @@ def fidelity(ops: tuple, files: list[Path], gpu: int) -> dict:
     """GPU outputs against the CPU path's for the same records (the chain up to normalize, in uint8 levels)."""
     import numpy as np
 
-    from ..engine.gpu_executor import ImagePipeline
+    from ..engine.pipeline import ImagePipeline
 
     body = tuple(op for op in ops if op.kind != "normalize")
     blobs, keys = [p.read_bytes() for p in files], file_keys(files)

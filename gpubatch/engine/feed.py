@@ -12,8 +12,8 @@ Each worker reads a whole batch into its slot of a shared-memory ring (files wit
 copy), parses each JPEG's frame header and EXIF orientation to know the decoded size, and draws the
 record's parameters from (seed, key, size): exactly what the GPU process would draw, so outputs do
 not change. A record whose decoded size differs from its header's is drawn again after decode.
-:class:`FileFeed` serves :meth:`~gpubatch.engine.gpu_executor.ImagePipeline.iterate_files`,
-:class:`RecordFeed` the GPU path of ``convert`` and ``augment`` (:mod:`gpubatch.engine.gpu_procs`).
+:class:`FileFeed` serves :meth:`~gpubatch.engine.pipeline.ImagePipeline.iterate_files`,
+:class:`RecordFeed` the GPU path of ``convert`` and ``augment`` (:mod:`gpubatch.engine.gpu_run`).
 """
 
 from __future__ import annotations

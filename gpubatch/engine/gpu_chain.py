@@ -45,7 +45,7 @@ def run_chain(engine: Any, ops: Sequence[Op], src: Ragged, params: Sequence[Sequ
                 windows: Any = first
             else:
                 windows = [fold_windows(ops, idx, params[r], int(hw[r, 0]), int(hw[r, 1])) for r in range(n)]
-            result = engine.resample(cur, windows, norm if last else None, out=out if last else None,
+            result = engine.launch.resample(cur, windows, norm if last else None, out=out if last else None,
                                      fill=segment_fill(ops, idx))
         elif kind == "step":
             i = idx[0]
@@ -54,7 +54,7 @@ def run_chain(engine: Any, ops: Sequence[Op], src: Ragged, params: Sequence[Sequ
             result = None
             for s in range(op.n_steps):
                 stage = cur if result is None else Ragged.from_batch(result)
-                result = engine.step(stage, [per[r][s] for r in range(n)])
+                result = engine.launch.step(stage, [per[r][s] for r in range(n)])
         else:
             i = idx[0]
             result = get_kernel(ops[i].name, DEVICE)(engine, ops[i], cur, [params[r][i] for r in range(n)])

@@ -123,3 +123,18 @@ def segment_fill(ops: Sequence[Op], idx: Sequence[int]) -> tuple[float, float, f
         if ops[i].pads:
             return tuple(getattr(ops[i], "fill", ZERO_FILL))  # type: ignore[return-value]
     return ZERO_FILL
+
+
+def fed_windows(ops: Sequence[Op], windows: tuple[np.ndarray, np.ndarray] | None, rows: list[int],
+                redrawn: list[int], params: list, arrays: list) -> tuple[np.ndarray, np.ndarray] | None:
+    """The leading windows a feed folded (``windows``), for the records kept (``rows``), refolded for
+    the ``redrawn`` ones (indices into ``params``/``arrays``, drawn again for their decoded size)."""
+
+    if windows is None or not rows:
+        return None
+    first = (windows[0][rows], windows[1][rows])
+    if redrawn:
+        fix = leading_windows(ops, [params[r] for r in redrawn], [tuple(arrays[r].shape[:2]) for r in redrawn])
+        if fix is not None:
+            first[0][redrawn], first[1][redrawn] = fix
+    return first

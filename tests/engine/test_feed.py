@@ -104,7 +104,7 @@ def test_feed_repeats_and_stops_early():
 
 
 def test_each_epoch_of_a_repeating_iteration_draws_anew_and_reproducibly():
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     files = [f for f in _files() if f.suffix.lower() != ".png"][:6]
     ops = [RandomResizedCrop(32), Flip()]
@@ -130,7 +130,7 @@ def test_each_epoch_of_a_repeating_iteration_draws_anew_and_reproducibly():
 
 
 def test_image_pipeline_iterate_files_on_cpu_matches_call():
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     files = [f for f in _files() if f.suffix.lower() != ".png"][:12]
     keys = [f.stem for f in files]
@@ -159,7 +159,7 @@ def test_views_mode_gives_the_bytes_and_reuses_slots_only_when_done():
 def test_pipeline_stopping_early_on_a_repeating_feed_returns():
     import threading
 
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     files = [f for f in _files() if f.suffix.lower() != ".png"][:12]
     done = threading.Event()
@@ -334,7 +334,7 @@ def test_regions_give_the_pixels_of_a_full_decode():
 def test_cpu_iterate_files_reports_unreadable_and_corrupt_files(tmp_path):
     """On the CPU the worker processes read the files themselves: a missing file and a corrupt one are
     reported in ``last_errors`` of their batch, and the rest of the batch comes out."""
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     files = [f for f in _files() if f.suffix.lower() != ".png"][:6]
     bad = tmp_path / "bad.jpg"

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def engine():
-    from gpubatch.engine.gpu_executor import GpuEngine
+    from gpubatch.engine.gpu_engine import GpuEngine
 
     eng = GpuEngine(resolve("gpu"), cpu_threads=4, decode_route="split")  # (made before the autouse fixtures)
     yield eng
@@ -31,7 +31,7 @@ def engine():
 
 
 def _windows(plan: Plan, key: str, h: int, w: int):
-    from gpubatch.engine.gpu_executor import chain_windows
+    from gpubatch.engine.pipeline import chain_windows
 
     return chain_windows(plan.ops, plan.draw(key, h, w), h, w)
 
@@ -64,7 +64,7 @@ def test_resample_matches_cpu(engine, chain):
     copies = [im.copy() for im in imgs]
     dev = [cp.asarray(im) for im in imgs]
     wins = [_windows(plan, f"k{i}", *im.shape[:2])[0] for i, im in enumerate(imgs)]
-    batch = engine.resample(dev, wins)
+    batch = engine.launch.resample(dev, wins)
     engine.stream.synchronize()
     for i, im in enumerate(imgs):
         ref = _cpu_chain(plan, f"k{i}", im)
@@ -82,11 +82,11 @@ def test_batched_equals_one_by_one_and_empty(engine):
     plan = Plan(ops=CHAINS["train"], seed=1)
     imgs = [cp.asarray(photo(h, w, seed=i)) for i, (h, w) in enumerate(SIZES)]
     wins = [_windows(plan, f"k{i}", *im.shape[:2])[0] for i, im in enumerate(imgs)]
-    together = engine.resample(imgs, wins)
+    together = engine.launch.resample(imgs, wins)
     for i in range(len(imgs)):
-        alone = engine.resample([imgs[i]], [wins[i]])
+        alone = engine.launch.resample([imgs[i]], [wins[i]])
         assert cp.array_equal(together.item(i), alone.item(0))
-    assert len(engine.resample([], [])) == 0
+    assert len(engine.launch.resample([], [])) == 0
 
 
 def test_fused_normalize_fp16_chw(engine):
@@ -96,7 +96,7 @@ def test_fused_normalize_fp16_chw(engine):
     plan = Plan(ops=(ResizeShorter(256), CenterCrop(224), norm))
     imgs = [photo(h, w, seed=i) for i, (h, w) in enumerate(SIZES)]
     wins = [_windows(plan, "k", *im.shape[:2]) for im in imgs]
-    batch = engine.resample([cp.asarray(im) for im in imgs], [w for w, _ in wins], norm)
+    batch = engine.launch.resample([cp.asarray(im) for im in imgs], [w for w, _ in wins], norm)
     out = batch.stacked().get()
     assert out.shape == (len(imgs), 3, 224, 224) and out.dtype == np.float16
     for i, im in enumerate(imgs):
@@ -160,7 +160,7 @@ def test_auto_route_follows_the_free_cores(monkeypatch):
     """"auto" splits batches where SPLIT_MIN_CORES cores are free, and gives the hardware engine
     everything (with an instance per common kind) where fewer are; the engine says which and why."""
     from gpubatch.engine.codecs.image_gpu import HW_ONLY_INSTANCES, SPLIT_MIN_CORES
-    from gpubatch.engine.gpu_executor import GpuEngine
+    from gpubatch.engine.gpu_engine import GpuEngine
 
     monkeypatch.delenv("GPUBATCH_DECODE_ROUTE")
     for cores, route, share in ((SPLIT_MIN_CORES, "split", 0.3), (SPLIT_MIN_CORES - 1, "hardware", 0.0)):
@@ -190,7 +190,7 @@ def test_auto_route_follows_the_load_as_the_run_goes(tmp_path, monkeypatch):
 
     from gpubatch.engine import follow
     from gpubatch.engine.codecs import image_gpu
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     monkeypatch.delenv("GPUBATCH_DECODE_ROUTE")
     monkeypatch.setattr(image_gpu, "SPLIT_MIN_CORES", 1.0)  # "auto" splits at the start however busy the host
@@ -418,7 +418,7 @@ def test_planes_are_pillows_pixels_and_resample_as_rgb(engine):
     for chain in sorted(CHAINS):
         plan = Plan(ops=CHAINS[chain], seed=3)
         wins = [_windows(plan, f"k{i}", *img.shape[:2])[0] for i, img in enumerate(imgs[:20])]
-        a, b = engine.resample(imgs[:20], wins, norm), engine.resample(rgb, wins, norm)
+        a, b = engine.launch.resample(imgs[:20], wins, norm), engine.launch.resample(rgb, wins, norm)
         engine.stream.synchronize()
         for i in range(20):
             assert np.abs(a.item(i).get() - b.item(i).get()).max() < 1e-4, (chain, i)
@@ -642,7 +642,7 @@ def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path, mon
     (split calls' default) the batches are the same to a level (the planes read as Pillow decodes,
     the engine's RGB within a level of it)."""
     from gpubatch.engine.codecs import image_gpu
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     monkeypatch.setattr(image_gpu, "HW_PLANES", "never")
 
@@ -745,7 +745,8 @@ def test_convert_on_gpu_skips_bad_records_and_moves_boxes(coco, tmp_path):
 def test_batch_split_under_memory_cap(tmp_path):
     import cupy as cp
 
-    from gpubatch.engine.gpu_executor import GpuEngine, _resample_encode
+    from gpubatch.engine.gpu_engine import GpuEngine
+    from gpubatch.engine.gpu_worker import _resample_encode
 
     eng = GpuEngine(resolve("gpu"), cpu_threads=2, gpu_memory="64MiB")
     try:
@@ -765,7 +766,7 @@ def test_hardware_decoder_thread_has_a_core_of_its_own():
     import os
 
     from gpubatch.engine import affinity
-    from gpubatch.engine.gpu_executor import GpuEngine
+    from gpubatch.engine.gpu_engine import GpuEngine
 
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("CPU affinity is Linux's")
@@ -896,7 +897,7 @@ def test_batches_that_outlive_their_decoder_free_safely():
 
 
 def test_image_pipeline_reproducible_and_matches_cpu():
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     blobs = [jpeg_bytes(photo(300 + 7 * i, 400 - 5 * i, seed=i), 92) for i in range(8)]
     keys = [f"img{i}" for i in range(8)]
@@ -918,7 +919,7 @@ def test_region_decode_matches_full_decode(tmp_path, monkeypatch, chunk, regions
     the regions."""
     from gpubatch.engine.codecs import image_gpu
     from gpubatch.engine.codecs.nvjpeg_hw import HwBatchDecoder
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     monkeypatch.setattr(image_gpu, "REGIONS_FOR", tuple(filter(None, regions_for.split("+"))))
 
@@ -954,8 +955,8 @@ def test_ring_of_one_waits_for_the_consumers_reads(tmp_path, monkeypatch):
 
     import cupy as cp
 
-    from gpubatch.engine import gpu_executor
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine import pipeline as pipeline_mod
+    from gpubatch.engine.pipeline import ImagePipeline
 
     paths = _jpeg_files(tmp_path, 16, lambda i: (200 + 9 * i, 260 - 3 * i), lambda i: 80 + i % 15)
     blobs, keys = [p.read_bytes() for p in paths], [p.stem for p in paths]
@@ -968,7 +969,7 @@ def test_ring_of_one_waits_for_the_consumers_reads(tmp_path, monkeypatch):
     }""", "spin")
     cycles = np.int64(cp.cuda.Device().attributes["ClockRate"] * 1000)  # (kHz) about a second
     for fenced in (True, False):
-        monkeypatch.setattr(gpu_executor, "FENCE_READERS", fenced)
+        monkeypatch.setattr(pipeline_mod, "FENCE_READERS", fenced)
         with ImagePipeline(ops, device="gpu", seed=5, ring=1) as pipe:
             ref = [pipe(b, k).stacked().get() for b, k in batches]
             if fenced:  # one-batch calls do not take the ring's buffer: each result stays valid
@@ -998,7 +999,7 @@ def test_ring_of_one_waits_for_the_consumers_reads(tmp_path, monkeypatch):
 def test_stream_ordered_batches_and_iterate_files_match_finished_calls(tmp_path):
     """Batches that nobody waited for (decode, free and kernels all stream-ordered) equal finished
     one-batch calls; ``iterate_files`` (reader processes, parameters drawn there) gives the same."""
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     paths = _jpeg_files(tmp_path, 48, lambda i: (200 + 9 * i, 260 - 3 * i), lambda i: 80 + i % 15)
     keys = [p.stem for p in paths]
@@ -1025,7 +1026,7 @@ def test_pin_host_page_locks_shared_memory_and_unpins_it():
     import cupy as cp
 
     from gpubatch.engine.device import Device, DeviceKind
-    from gpubatch.engine.gpu_executor import GpuEngine
+    from gpubatch.engine.gpu_engine import GpuEngine
 
     engine = GpuEngine(Device(DeviceKind.GPU, 0, reason="test"), 2)
     shm = SharedMemory(create=True, size=8 << 20)
@@ -1051,7 +1052,7 @@ def test_iterate_files_with_reused_slots_matches_one_batch_calls(tmp_path, monke
     page-locked ring the GPU copies from a slot after the decode call returned) give every batch
     exactly as one-batch calls do: a slot is refilled only once the GPU has read it. The validation
     chain (no random op) takes the feed's windows without drawing anything again."""
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     monkeypatch.setenv("GPUBATCH_PIN_FEED", pin)
     paths = _jpeg_files(tmp_path, 40, lambda i: (240 + 13 * i, 380 - 4 * i), lambda i: 78 + i % 19)
@@ -1072,11 +1073,11 @@ def test_iterate_files_with_reused_slots_matches_one_batch_calls(tmp_path, monke
 
 _SYNC_PROBE = """
 import os, sys
-from gpubatch.engine import gpu_executor as ge
+from gpubatch.engine import gpu_engine as ge
 if sys.argv[1] == "host-first":  # a host program used the GPU before gpubatch
     import cupy as cp
     cp.zeros(1)
-from gpubatch.engine.gpu_executor import ImagePipeline
+from gpubatch.engine.pipeline import ImagePipeline
 from gpubatch.engine.ops import CenterCrop
 pipe = ImagePipeline([CenterCrop(8)], device="auto", warm_up=0)
 print(pipe.device.kind.value, pipe.engine.sync, *ge.sync_policy_state(0))
@@ -1109,7 +1110,7 @@ import sys, threading, time
 from pathlib import Path
 import cupy as cp
 from gpubatch import convert
-from gpubatch.engine import gpu_executor as ge
+from gpubatch.engine import gpu_engine as ge
 from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
 try:
     import pynvml
@@ -1217,7 +1218,7 @@ def test_gpu_run_keeps_the_contract_on_damaged_and_odd_input(imagenet, tmp_path)
 def test_gpu_iterate_files_draws_anew_each_epoch_and_matches_the_cpu(tmp_path):
     """repeat=True: every epoch new crops and flips on the GPU, the same ones on a rerun, and the same
     draws as the CPU path's epochs (pixels agree to the resamplers' rounding)."""
-    from gpubatch.engine.gpu_executor import ImagePipeline
+    from gpubatch.engine.pipeline import ImagePipeline
 
     files = []
     for i in range(8):

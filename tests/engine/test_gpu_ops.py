@@ -84,7 +84,7 @@ OPS = {
 
 @pytest.fixture(scope="module")
 def engine():
-    from gpubatch.engine.gpu_executor import GpuEngine
+    from gpubatch.engine.gpu_engine import GpuEngine
 
     eng = GpuEngine(resolve("gpu"), cpu_threads=4)
     yield eng

@@ -7,7 +7,7 @@ import ctypes
 
 import pytest
 
-from gpubatch.engine import gpu_executor as ge
+from gpubatch.engine import gpu_engine as ge
 from gpubatch.errors import UsageError
 
 

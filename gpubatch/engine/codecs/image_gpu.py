@@ -689,7 +689,7 @@ class GpuImageDecoder:
     With ``hw_direct`` (the default where nvJPEG loads; :data:`HW_DIRECT`) those instances are
     :class:`~gpubatch.engine.codecs.nvjpeg_hw.HwBatchDecoder` objects and the hardware part needs no
     code streams or descriptors: its places come from the sizes the headers gave. ``hw_core`` (an
-    :class:`~gpubatch.engine.affinity.Reservation`, which :class:`~gpubatch.engine.gpu_executor.GpuEngine`
+    :class:`~gpubatch.engine.affinity.Reservation`, which :class:`~gpubatch.engine.gpu_engine.GpuEngine`
     takes) binds the hardware engine's thread to a CPU core the rest of the pipeline leaves to it: that
     thread is the pipeline's pace. ``api="python"`` uses the Python
     binding (one instance, the CUDA decoder called from a second thread); it is the fallback where
@@ -1015,7 +1015,7 @@ class GpuImageDecoder:
         batch after batch, so the decoder that is done with its part of batch N goes on to batch N+1
         while the other is still at N. ``result.order(stream)`` (or ``result.wait()``) completes the
         result; nothing else of it may be read before. The caller bounds how many batches it hands
-        over ahead (``gpu_executor.decode_ahead`` does).
+        over ahead (``gpu_engine.decode_ahead`` does).
 
         ``chunk=N`` (with ``wait=False``, ``order=False``; the C API) decodes each decoder's part in
         calls of at most N images (the hardware engine's: :data:`HW_CHUNK`; at least

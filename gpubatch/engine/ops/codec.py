@@ -54,7 +54,7 @@ def _jpeg_device(engine: Any, op: JpegQuality, src: Any, params: list[Any]) -> A
     from ..batch import Ragged
 
     n = len(src)
-    ident = engine.resample(src, [_identity(int(h), int(w)) for h, w in src.hw])
+    ident = engine.launch.resample(src, [_identity(int(h), int(w)) for h, w in src.hw])
     items = ident.items()
     blobs: list[Any] = [None] * n
     groups: dict[int, list[int]] = {}
@@ -77,7 +77,7 @@ def _jpeg_device(engine: Any, op: JpegQuality, src: Any, params: list[Any]) -> A
         arrays[i] = res.arrays[j]
     rag = Ragged.from_items(engine.cp, arrays)
     rag.keep.extend([ident.buffer, *res.keep])
-    return engine.resample(rag, [_identity(int(h), int(w)) for h, w in rag.hw])
+    return engine.launch.resample(rag, [_identity(int(h), int(w)) for h, w in rag.hw])
 
 
 def _identity(h: int, w: int):

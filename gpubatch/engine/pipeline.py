@@ -1,20 +1,13 @@
-"""The GPU engine: decode (nvImageCodec) -> fused resample kernel (CuPy) -> encode, pipelined.
+"""The public in-memory pipeline: encoded images in, one packed batch of processed images out.
 
-:class:`GpuEngine` owns one device's decoder, encoder, kernel stream and memory cap.
-:class:`ImagePipeline` is the public in-memory API: encoded images in, one packed CuPy batch out
-(DLPack-exchangeable with PyTorch/JAX), batch N+1 decoding while batch N's kernels run.
-:func:`transform_fed` makes the outputs of ``convert`` and ``augment`` from a fed batch
-(:mod:`gpubatch.engine.gpu_procs` runs it in GPU worker processes).
-
-Every decoded image of a batch goes through ONE resample launch: the op chain (crop, resize, flip)
-is folded into a per-sample :class:`~gpubatch.engine.ops.base.Window`, and a trailing ``normalize``
-into the launch's store (layout, dtype). Parameters are drawn on the host per record key, exactly as
-the CPU path draws them, so both paths agree.
+:class:`ImagePipeline` decodes on the GPU (nvImageCodec) and runs the op chain's fused kernels, batch
+N+1 decoding while batch N's kernels run, the result DLPack-exchangeable with PyTorch and JAX; on the
+CPU its worker processes decode and run the chain's host kernels (:mod:`.host_chain`), the same draws
+per (seed, key, epoch).
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -23,45 +16,30 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import GpubatchError, RecordError, Stage, UsageError
-from ..types import Record
-from . import affinity
-from .batch import DeviceBatch, PinnedStaging, upload_table_addresses, upload_tables
+from ..errors import UsageError
+from .batch import DeviceBatch
 from .device import Device
+from .gpu_engine import GpuEngine, decode_ahead
 from .ops.base import Op, Window
 from .ops.normalize import Normalize
 from .plan import Plan
 from .registry import DEVICE
+from .windows import fed_windows
 
-BLOCK = 256
-_DTYPE_TAG = {"uint8": "u8", "float16": "f16", "float32": "f32"}
-SWITCH_INTERVAL = 0.001  # seconds; see GpuEngine
 # Page-lock the feed's shared-memory ring for the GPU (GpuEngine.pin_host); GPUBATCH_PIN_FEED=0 turns
 # it off. HELD_SLOTS: batches whose slot waits for the GPU before the oldest is waited for.
 PIN_FEED = True
+
+
 HELD_SLOTS = 2
+
+
 FEED_SLOTS = 6  # the feed's ring (iterate_files), besides the held ones
+
+
 # ImagePipeline's writers of an output buffer first wait for the streams its last batch was taken on
 # (ImagePipeline._after_readers; False only for studies and tests: memory_study ``fence=0``)
 FENCE_READERS = True
-
-DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
-# Stack bytes per GPU thread the CUDA context reserves (cudaLimitStackSize; the driver's default is
-# 1 KiB, which on an H200 is 1 KiB x 132 SMs x 2,048 threads = 264 MiB of device memory). The driver
-# raises it by itself for a kernel that needs more, so a small start costs nothing: the context and
-# decoders took 541 MiB at the default, 343 at 256 bytes, 293 at 64 and 14 MiB less again at 16, at
-# the same speed; no kernel of the run raised it (train chain, benchmarks/memory_study.py, H200).
-# None: leave it.
-STACK_BYTES: int | None = 16
-# How host threads wait for the GPU: the primary context's scheduling flag (set_sync_policy). The
-# driver's default ("auto") spins while a process has fewer contexts than cores, so the decoders' 20-odd
-# native threads busy-wait in their synchronizations. Sleeping instead ("blocking") measured no
-# clear difference (H200, paired runs: training chain +2-5% in 6 of 6 pairs, validation chain -1 to
-# -2% in 3 of 4, fed to ResNet-50 -1% and +3%; CPU use unchanged; benchmarks/RESULTS.md, eleventh
-# session), so the driver's default stays. ``GPUBATCH_SYNC`` or ``sync=`` pick another; it is applied
-# only where gpubatch makes the process's context (see GpuEngine), never to a context a host program made.
-SYNC_POLICY = "auto"
-SYNC_POLICIES = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}
 
 
 def pin_feed() -> bool:
@@ -69,331 +47,6 @@ def pin_feed() -> bool:
     import os
 
     return os.environ.get("GPUBATCH_PIN_FEED", "1" if PIN_FEED else "0") not in ("0", "")
-
-
-def _primary_context(device_index: int) -> tuple[Any, Any] | None:
-    """(the driver library, the device handle) for ``device_index``, or None without a driver."""
-    import ctypes
-
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    dev = ctypes.c_int()
-    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), device_index) != 0:
-        return None
-    return cuda, dev
-
-
-def sync_policy_state(device_index: int) -> tuple[str | None, bool]:
-    """(the primary context's scheduling policy, whether that context is active) for device
-    ``device_index``; (None, False) without the driver."""
-    import ctypes
-
-    found = _primary_context(device_index)
-    flags, active = ctypes.c_uint(), ctypes.c_int()
-    if found is None or found[0].cuDevicePrimaryCtxGetState(found[1], ctypes.byref(flags), ctypes.byref(active)):
-        return None, False
-    names = {v: k for k, v in SYNC_POLICIES.items()}
-    return names.get(flags.value & 7), bool(active.value)
-
-
-def set_sync_policy(device_index: int, policy: str, only_before_context: bool = False) -> bool:
-    """Set how every host thread of this process waits for device ``device_index`` (stream and event
-    synchronizations, nvImageCodec's worker threads' among them): ``spin`` (busy-wait), ``yield``
-    (busy-wait, yielding the core), ``blocking`` (sleep until woken) or ``auto`` (the driver's
-    default: spin while there are fewer contexts than cores). Through the driver API on the primary
-    context, which CuPy and nvImageCodec share; with ``only_before_context``, left alone where that
-    context is already active (a host program made it). Returns whether the policy was set."""
-    import ctypes
-
-    if policy not in SYNC_POLICIES:
-        raise UsageError(f"GPU sync policy {policy!r}: one of {', '.join(SYNC_POLICIES)}")
-    found = _primary_context(device_index)
-    if found is None or (only_before_context and sync_policy_state(device_index)[1]):
-        return False
-    cuda, dev = found
-    fn = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
-    return fn(dev, ctypes.c_uint(SYNC_POLICIES[policy])) == 0
-
-
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]?i?b?)?\s*$", re.I)
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6, "mib": 1 << 20,
-          "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
-
-
-def parse_memory(spec: str | int | float | None, total: int) -> int:
-    """Bytes from "2GiB", "512MB", "0.5" (a fraction of ``total``) or a byte count."""
-    if spec is None:
-        return min(DEFAULT_GPU_MEMORY, total)
-    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
-        value, unit = float(spec), ""
-    else:
-        m = _SIZE.match(str(spec))
-        if not m:
-            raise UsageError(f"--gpu-memory {spec!r}: give a size like 2GiB, 512MiB or a fraction like 0.5")
-        value, unit = float(m.group(1)), (m.group(2) or "").lower()
-    if value <= 0:
-        raise UsageError(f"--gpu-memory {spec!r}: give a size above 64 MiB (2GiB, 512MiB) or a fraction above 0")
-    if unit == "" and value <= 1.0:
-        out = int(value * total)
-    elif unit not in _UNITS:
-        raise UsageError(f"--gpu-memory {spec!r}: unknown unit {unit!r}")
-    else:
-        out = int(value * _UNITS[unit])
-    if out < 64 << 20:
-        raise UsageError(f"--gpu-memory {spec!r} is below 64 MiB: too small for any batch")
-    return out
-
-
-class GpuEngine:
-    """One GPU's decoder, encoder, kernel stream and memory cap."""
-
-    def __init__(self, device: Device, cpu_threads: int = 8,
-                 gpu_memory: str | int | float | None = None, share: int = 1, deterministic: bool = True,
-                 jpeg_encoder: str = "batched", hw_preallocate: tuple[int, int, int] | None = None,
-                 decoder_options: str = "", sync: str | None = None, hw_direct: bool | None = None,
-                 cores: Any = "auto", decode_route: str | None = None, route_cores: float | None = None,
-                 follow: bool = False):
-        """``cores``: the CPU core reserved for the hardware decoder's thread (:mod:`.affinity`): "auto"
-        takes one here unless ``share`` engines share the GPU; an :class:`~.affinity.Reservation` taken
-        already (before the process started threads that must leave the core); None: none. Closing
-        the engine releases it. ``decode_route``: how batches are split between the decoders
-        (:data:`~.codecs.image_gpu.ROUTES`); "auto" (the default) chooses by ``route_cores``, by
-        default the cores free now (measured over 0.2 s, before this engine starts any thread),
-        split between the ``share`` engines. ``follow``: where the route is "auto", it follows the
-        load on the host while the run goes (:mod:`.follow`); ``GPUBATCH_FOLLOW=0`` turns it off."""
-        import os
-        import sys
-
-        from .codecs.image_gpu import choose_route
-
-        self.decode_route, self.route_cores = choose_route(decode_route, route_cores, share)
-        follow = follow and self.route_cores is not None and os.environ.get("GPUBATCH_FOLLOW", "1") != "0"
-        # before CuPy touches the device: how every thread waits for it (see SYNC_POLICY)
-        self.sync = set_sync_policy(device.index, sync or os.environ.get("GPUBATCH_SYNC") or SYNC_POLICY,
-                                    only_before_context=True)
-        # a core of its own for the hardware decoder's thread, taken before the CUDA context's and the
-        # decoders' threads start; not where several engines share the GPU
-        if cores == "auto":
-            cores = affinity.reserve(device.index) if share <= 1 else None
-        self.cores = cores
-
-        import cupy as cp
-
-        from .codecs.image_gpu import GpuImageDecoder
-
-        # The decoders' threads take the GIL back once per image while a call runs; with another
-        # thread busy in Python each hand-over waits up to one switch interval (one busy thread:
-        # 641 images/s at 1 ms, 4,802 at 0.05 ms; benchmarks/decode_study.py, group "gil"). A short
-        # interval only softens that: the real cure is no busy Python threads here (engine/feed.py).
-        interval = float(os.environ.get("GPUBATCH_SWITCH_INTERVAL", SWITCH_INTERVAL))
-        if sys.getswitchinterval() > interval:
-            sys.setswitchinterval(interval)
-        self.cp = cp
-        self.device = device
-        self.dev = cp.cuda.Device(device.index)
-        self.dev.use()
-        if STACK_BYTES is not None and cp.cuda.runtime.deviceGetLimit(0) > STACK_BYTES:
-            cp.cuda.runtime.deviceSetLimit(0, STACK_BYTES)  # cudaLimitStackSize
-        free, total = cp.cuda.runtime.memGetInfo()
-        # ``share`` processes split the cap (each worker process of a multi-process run owns one engine)
-        self.memory_limit = max(parse_memory(gpu_memory, total) // max(share, 1), 256 << 20)
-        cp.get_default_memory_pool().set_limit(size=self.memory_limit)
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        self.staging = PinnedStaging(cp)  # launch tables reach the device without the host waiting
-        self._null = cp.zeros(1, cp.uint64)  # stands for an unused pointer argument
-        self.cpu_threads = cpu_threads
-        try:
-            self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic,
-                                           hw_preallocate=hw_preallocate, options=decoder_options,
-                                           hw_direct=hw_direct, hw_core=self.cores, route=self.decode_route,
-                                           follow=follow)
-        except BaseException:  # no engine: the building thread gets its cores back
-            if self.cores is not None:
-                self.cores.release()
-            raise
-        self.jpeg_encoder = jpeg_encoder
-        self._encoder = None
-
-    @property
-    def encoder(self):
-        if self._encoder is None:
-            from .codecs.image_gpu import GpuImageEncoder
-
-            self._encoder = GpuImageEncoder(self.device.index, self.cpu_threads, self.jpeg_encoder, self.staging)
-        return self._encoder
-
-    def warm_up(self, batch: int = 256, encoder: bool = False, regions: bool = False) -> float:
-        """Pay the one-off costs before the first batch: the decoders' first calls (and the buffers a
-        batch of ``batch`` needs; with ``regions``, the hardware engine's region calls too), the resample
-        kernels' load and, with ``encoder``, the JPEG encoder's first use. Returns the seconds it took."""
-        from .kernels import kernel
-
-        t0 = time.perf_counter()
-        self.decoder.warm_up(batch, regions)
-        for tag, layout in (("u8", "hwc"), ("f16", "chw")):  # compiled (or read from CuPy's cache) and loaded
-            kernel("resample", f"resample_{tag}_{layout}")
-        if encoder:
-            with self.stream:
-                tiny = self.cp.zeros((16, 16, 3), self.cp.uint8)
-            self.encoder.encode([tiny], "jpeg", 90, self.stream)
-        return time.perf_counter() - t0
-
-    def pin_host(self, buf: Any) -> Callable[[], None] | None:
-        """Page-lock the host memory of ``buf`` (the feed's shared-memory ring) for the GPU; returns
-        the function that unlocks it (after waiting, through :meth:`drain`, until no copy from it is
-        queued or running), or None where the driver refused (then nothing changes).
-
-        The decoders copy each image's encoded bytes to the device with one ``cudaMemcpyAsync``; from
-        pageable memory the driver stages that copy on the calling thread, which made the hardware
-        decoder's thread spend 24.5 us per image in the call against DALI's 5.4 us from its pinned
-        buffers (CUPTI trace, benchmarks/timeline.py). From page-locked memory the copy is a DMA the
-        call only queues, so the bytes must stay put until the GPU has read them: let slots go only
-        in stream order (ImagePipeline does); the returned function drains the decoders first."""
-        import numpy as np
-
-        view = np.frombuffer(buf, np.uint8)
-        ptr, size = view.ctypes.data, view.nbytes
-        del view  # no export of the buffer may outlive this call (shared memory closes only without one)
-        rt = self.cp.cuda.runtime
-        try:
-            with self.dev:
-                rt.hostRegister(ptr, size, 0)
-        except rt.CUDARuntimeError:
-            return None
-
-        def unpin() -> None:
-            self.drain()  # no copy from the buffer is queued or running any more
-            try:
-                with self.dev:
-                    rt.hostUnregister(ptr)
-            except rt.CUDARuntimeError:
-                pass
-
-        return unpin
-
-    def drain(self) -> None:
-        """Wait until every decode handed over so far has finished, on the host and on the GPU."""
-        self.decoder.drain()
-        self.stream.synchronize()
-
-    def close(self) -> None:
-        self.stream.synchronize()
-        self.decoder.close()
-        if self._encoder is not None:
-            self._encoder.close()
-        if self.cores is not None:
-            self.cores.release()
-            self.cores = None
-
-    def _out_tables(self, out_hw: np.ndarray, per_pixel: int) -> tuple[np.ndarray, np.ndarray, int, int]:
-        """Offsets (elements), first block per sample, total blocks and total elements of a packed output."""
-        n = len(out_hw)
-        pixels = out_hw[:, 0].astype(np.int64) * out_hw[:, 1]
-        sizes = pixels * per_pixel
-        blocks = -(-pixels // BLOCK)
-        offsets = np.zeros(n, np.int64)
-        first = np.zeros(n, np.int32)
-        if n:
-            offsets[1:] = np.cumsum(sizes)[:-1]
-            first[1:] = np.cumsum(blocks)[:-1]
-        return offsets, first, int(blocks.sum()), int(sizes.sum())
-
-    def resample(self, src: Any, windows: Sequence[Window] | tuple[np.ndarray, np.ndarray],
-                 normalize: Normalize | None = None, out: Any = None,
-                 fill: Sequence[float] = (0.0, 0.0, 0.0), offsets: np.ndarray | None = None,
-                 stream: Any = None) -> DeviceBatch:
-        """One fused launch: image ``i`` of ``src`` (a :class:`Ragged`, or a list of DeviceImages / uint8 HWC
-        CuPy arrays) through ``windows[i]``, then ``normalize``; pixels outside the image read ``fill``.
-        ``windows`` may also be given as arrays: geometry (N, 4) and output sizes (N, 2).
-
-        Output items are uint8 HWC unless ``normalize`` says otherwise; ``out`` may be a preallocated
-        1-D buffer large enough for the whole batch (a ring slot). ``offsets`` (elements, per image) place
-        the outputs in ``out`` instead of packing them from its start (part of a batch at a time);
-        ``stream``: the stream to run on instead of the engine's.
-        """
-        from .batch import Ragged
-
-        cp = self.cp
-        if not isinstance(src, Ragged):
-            src = Ragged.from_items(cp, src)
-        n = len(src)
-        layout = normalize.layout if normalize else "HWC"
-        dtype = normalize.dtype if normalize else "uint8"
-        norm = np.concatenate([normalize.mul_add() if normalize else np.array([1, 1, 1, 0, 0, 0], np.float32),
-                               np.asarray(fill, np.float32)]).astype(np.float32)
-        if isinstance(windows, tuple):
-            geo = np.ascontiguousarray(windows[0], np.float32).reshape(n, 4)
-            out_shape = np.ascontiguousarray(windows[1], np.int32).reshape(n, 2)
-        else:
-            geo = np.array([w.as_array() for w in windows], np.float32).reshape(n, 4)
-            out_shape = np.array([(w.oh, w.ow) for w in windows], np.int32).reshape(n, 2)
-        packed, first_block, total_blocks, total = self._out_tables(out_shape, 3)
-        if offsets is None:
-            offsets = packed
-        else:
-            offsets = np.ascontiguousarray(offsets, np.int64).reshape(n)
-            total = int((offsets + out_shape[:, 0].astype(np.int64) * out_shape[:, 1] * 3).max()) if n else 0
-        stream = stream or self.stream
-        with stream:
-            if out is None or out.size < total:
-                out = cp.empty(max(total, 1), dtype=dtype)
-            shapes = [(oh, ow, 3) if layout == "HWC" else (3, oh, ow) for oh, ow in out_shape.tolist()]
-            if n == 0:
-                return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=stream)
-            t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, t_norm = upload_table_addresses(
-                [src.ptr, src.shape, geo, out_shape, offsets, first_block, norm], stream, self.staging)
-            from .kernels import kernel
-
-            fn = kernel("resample", f"resample_{_DTYPE_TAG[dtype]}_{layout.lower()}{'_planes' if src.planes else ''}")
-            fn((total_blocks,), (BLOCK,), (t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, np.int32(n),
-                                          t_norm, out))
-        return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=stream)
-
-    def step(self, src: Any, steps: Sequence[Any]) -> DeviceBatch:
-        """One launch of ``kernels/step.cu``: image ``i`` of ``src`` (a :class:`Ragged`) through ``steps[i]``
-        (a :class:`~gpubatch.engine.ops.pixel.Step`), with the per-image statistics its codes need."""
-        from .kernels import kernel
-        from .ops.pixel import NPRM, stats_needed
-
-        cp = self.cp
-        if src.planes:
-            raise ValueError("the step kernels read interleaved RGB; decode without planes=True")
-        n = len(src)
-        prm = np.zeros((n, NPRM), np.float32)
-        out_shape = src.hw.astype(np.int32).copy()
-        flags = 0
-        for i, st in enumerate(steps):
-            prm[i, : len(st.prm)] = st.prm
-            if st.out_hw is not None:
-                out_shape[i] = st.out_hw
-            flags |= stats_needed(int(st.prm[0]))
-        offsets, first_block, total_blocks, total = self._out_tables(out_shape, 1)
-        offsets *= 3
-        in_first = self._out_tables(src.hw.astype(np.int32), 1)[1] if flags else first_block
-        in_blocks = int((-(-(src.hw[:, 0].astype(np.int64) * src.hw[:, 1]) // BLOCK)).sum()) if n else 0
-        shapes = [(int(h), int(w), 3) for h, w in out_shape]
-        with self.stream:
-            out = cp.empty(max(total * 3, 1), dtype=cp.uint8)
-            if n == 0:
-                return DeviceBatch(out, offsets, shapes, stream=self.stream)
-            init = np.tile(np.array([255, 255, 255, 0, 0, 0], np.int32), (n if flags & 2 else 0, 1))
-            t_ptr, t_shape, t_oshape, t_off, t_first, t_prm, t_in_first, t_minmax = upload_tables(
-                [src.ptr, src.shape, out_shape, offsets, first_block, prm, in_first, init], self.stream, self.staging)
-            gsum = minmax = lut = self._null
-            if flags:
-                gsum = cp.zeros(n, cp.uint64) if flags & 1 else self._null
-                minmax = t_minmax if flags & 2 else self._null
-                hist = cp.zeros((n, 768), cp.uint32) if flags & 4 else self._null
-                kernel("step", "stats_u8")((in_blocks,), (BLOCK,), (t_ptr, t_shape, t_in_first, np.int32(n),
-                                                                   np.int32(flags), gsum, minmax, hist))
-                if flags & 4:
-                    lut = cp.empty((n, 768), cp.uint8)
-                    kernel("step", "equalize_lut")((-(-3 * n // 128),), (128,), (hist, np.int32(n), lut))
-            kernel("step", "step_u8")((total_blocks,), (BLOCK,), (t_ptr, t_shape, t_oshape, t_off, t_first, np.int32(n),
-                                                                t_prm, gsum, minmax, lut, out))
-        return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=self.stream)
 
 
 def _cpu_chain_one(plan: Plan, blob: bytes | str, key: str, epoch: int = 0) -> tuple[Any, str | None]:
@@ -479,7 +132,7 @@ def chain_windows(ops: Sequence[Op], params: Sequence[Any], h: int, w: int) -> t
 class ImagePipeline:
     """Encoded images in, one packed batch of processed images out: the public in-memory API.
 
-    >>> from gpubatch.engine.gpu_executor import ImagePipeline
+    >>> from gpubatch import ImagePipeline
     >>> from gpubatch.engine.ops import RandomResizedCrop, Flip, Normalize
     >>> pipe = ImagePipeline([RandomResizedCrop(224), Flip(), Normalize()], seed=0)
     >>> batch = pipe(list_of_jpeg_bytes)            # DeviceBatch; batch.stacked() -> (N, 3, 224, 224) fp16
@@ -788,7 +441,7 @@ class ImagePipeline:
                            or leading_windows(ops, drawn, [tuple(a.shape[:2]) for a in arrays]))
             if (out_hw != (oh, ow)).any():
                 raise RuntimeError(f"a chunk's output size differs from the chain's fixed {oh}x{ow}")
-            eng.resample(Ragged.from_items(cp, arrays), (geo, out_hw), norm, out=buf, fill=fill,
+            eng.launch.resample(Ragged.from_items(cp, arrays), (geo, out_hw), norm, out=buf, fill=fill,
                          offsets=np.array([rank[i] * per for i in part], np.int64), stream=on)
             done.extend(part)
             arrays = None  # the chunk's memory goes back to the decoder
@@ -939,174 +592,3 @@ class ImagePipeline:
                 on_stop()
             batches.close()
             release(block=True)
-
-
-# --- convert's and augment's GPU path ---------------------------------------------------------------
-
-
-def decode_ahead(decode: Callable[[Any], Any], items: Iterable[Any], prefetch: int,
-                 timings: dict[str, float], device: int | None = None) -> Iterator[tuple[Any, Any]]:
-    """(item, decode(item)) pairs: items come from a thread, ``decode`` runs in another, at most
-    ``prefetch`` decoded batches ahead of the one the consumer holds. ``timings`` gets "read_wait",
-    "decode" and "decode_wait" seconds. ``device``: the CUDA device the decoding thread works on
-    (a thread starts on device 0; see ``image_gpu._on_device``).
-
-    A decode starts only once a slot is free, so at most ``prefetch + 1`` decoded batches are held at a
-    time, plus the one before until its kernels finish (a plain queue of depth ``prefetch`` would hold
-    one more: finished, waiting to be put). With ``prefetch=1`` batch N+1 decodes while batch N's
-    kernels run, and no batch beyond that takes device memory. ``decode`` may return a result still
-    being decoded (``GpuImageDecoder.decode(..., wait=False)``), which the consumer completes: the
-    slots then bound how far the decoders' own threads may run ahead of it."""
-    import threading
-
-    from .executor import prefetched
-
-    depth = max(1, prefetch)
-    slots = threading.Semaphore(depth)
-    stop = threading.Event()
-
-    def decoded() -> Iterator[tuple[Any, Any]]:
-        if device is not None:
-            import cupy
-
-            cupy.cuda.runtime.setDevice(device)
-        t = time.perf_counter()
-        for item in prefetched(items, depth):
-            t1 = time.perf_counter()
-            timings["read_wait"] += t1 - t
-            while not slots.acquire(timeout=0.05):
-                if stop.is_set():
-                    return
-            t1 = time.perf_counter()
-            out = decode(item)
-            t = time.perf_counter()
-            timings["decode"] += t - t1
-            yield item, out
-
-    it = prefetched(decoded(), depth)
-    try:
-        while True:
-            t0 = time.perf_counter()
-            got = next(it, None)
-            timings["decode_wait"] += time.perf_counter() - t0
-            if got is None:
-                return
-            slots.release()  # the consumer holds this batch now: the next may start decoding
-            yield got
-    finally:
-        stop.set()
-        it.close()  # stops the decode and read threads when the consumer leaves early
-
-
-def fed_windows(ops: Sequence[Op], windows: tuple[np.ndarray, np.ndarray] | None, rows: list[int],
-                redrawn: list[int], params: list, arrays: list) -> tuple[np.ndarray, np.ndarray] | None:
-    """The leading windows a feed folded (``windows``), for the records kept (``rows``), refolded for
-    the ``redrawn`` ones (indices into ``params``/``arrays``, drawn again for their decoded size)."""
-    from .windows import leading_windows
-
-    if windows is None or not rows:
-        return None
-    first = (windows[0][rows], windows[1][rows])
-    if redrawn:
-        fix = leading_windows(ops, [params[r] for r in redrawn], [tuple(arrays[r].shape[:2]) for r in redrawn])
-        if fix is not None:
-            first[0][redrawn], first[1][redrawn] = fix
-    return first
-
-
-def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any,
-                  sink: Any = None) -> list[Record | RecordError]:
-    """The outputs of one :class:`~gpubatch.engine.feed.FedRecords` batch, in order: its jobs run through
-    the chain and are encoded from the decoded sources ``res``; a record that failed to decode gives one
-    error however many variants it has. Parameters (and moved boxes) drawn by the feed for a source's
-    header size are used where the decoded size matches; the rest are drawn here. With a ``sink``
-    (:class:`~gpubatch.engine.codecs.jpeg_gpu.Sink`) JPEG records hold an ``EncodedSpan`` of it as data."""
-    res.order(engine.stream)  # this batch's kernels wait for its decode, and no later one's
-    out: list[Any] = list(fed.results)
-    where = {r: pos for pos, r in enumerate(out) if isinstance(r, int)}
-    rows: list[int] = []
-    arrays, params, jobs, redrawn = [], [], [], []
-    failed: set[int] = set()
-    dropped = 0
-    for j, job in enumerate(fed.jobs):
-        pos = where[j]
-        a = res.arrays[job.source]
-        if a is None:
-            out[pos] = None
-            if job.source not in failed:  # one error per source record, not one per variant
-                failed.add(job.source)
-                key, origin = fed.sources[job.source]
-                out[pos] = RecordError(key, origin, Stage.DECODE, res.errors[job.source] or "decode failed")
-            continue
-        t = job.template
-        hw = (int(a.shape[0]), int(a.shape[1]))
-        if fed.sizes[job.source] == hw:
-            drawn, boxes, d = job.params, job.boxes, job.dropped
-        else:  # the header said otherwise (or nothing): draw for the decoded size
-            try:
-                drawn, boxes, d = plan.draw_and_move(t.key, hw[0], hw[1], t.boxes)
-            except Exception as e:  # noqa: BLE001 - the record boundary: an op too large, hostile boxes
-                out[pos] = RecordError(t.key, t.origin, Stage.TRANSFORM, f"{e}")
-                continue
-            redrawn.append(len(rows))
-        try:
-            plan.check_encodable(plan.out_codec(t.codec), *plan.out_hw(hw[0], hw[1], drawn))
-        except ValueError as e:
-            out[pos] = RecordError(t.key, t.origin, Stage.ENCODE, str(e))
-            if len(redrawn) and redrawn[-1] == len(rows):
-                redrawn.pop()
-            continue
-        dropped += d
-        if plan.augmenting:
-            stats.drawn[t.key] = drawn
-        rows.append(j)
-        arrays.append(a)
-        params.append(drawn)
-        jobs.append((pos, t, boxes))
-    if dropped:
-        stats.add(boxes_dropped=dropped)
-    stats.add(fallbacks=res.fallbacks)
-    if rows:
-        first = fed_windows(plan.ops, fed.windows, rows, redrawn, params, arrays)
-        encoded = _resample_encode(engine, plan, [t.codec for _, t, _ in jobs], arrays, params, first, sink)
-        done = 0
-        for (pos, t, boxes), data in zip(jobs, encoded):
-            if isinstance(data, str):
-                out[pos] = RecordError(t.key, t.origin, Stage.ENCODE, data)
-                continue
-            out[pos] = t.with_(data=data, codec=plan.out_codec(t.codec), boxes=boxes)
-            done += 1
-        stats.add(transcoded=done)
-    return [r for r in out if r is not None]
-
-
-def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: list, params: list,
-                     first: tuple[np.ndarray, np.ndarray] | None = None, sink: Any = None) -> list:
-    """Run the chain (``first``: its leading windows, already folded) then encode, in output order
-    (bytes, or why the encoder failed); a batch that does not fit the memory cap is split in halves."""
-    from .batch import Ragged
-    from .gpu_chain import run_chain
-
-    cp = engine.cp
-    try:
-        dev = run_chain(engine, plan.ops, Ragged.from_items(cp, arrays), params, first=first)
-        results: list[Any] = [None] * len(dev)
-        by_codec: dict[str, list[int]] = {}
-        for k, c in enumerate(codecs):
-            by_codec.setdefault(plan.out_codec(c), []).append(k)
-        for codec, idx in by_codec.items():
-            enc = engine.encoder.encode_batch(dev, idx, codec, plan.jpeg_quality, engine.stream, sink)
-            for k, data in zip(idx, enc):
-                results[k] = data if data is not None else f"the GPU {codec} encoder failed"
-        return results
-    except cp.cuda.memory.OutOfMemoryError:
-        if len(arrays) <= 1:
-            raise GpubatchError(
-                f"one image does not fit the GPU memory cap ({engine.memory_limit >> 20} MiB): raise --gpu-memory"
-            ) from None
-        engine.stream.synchronize()
-        cp.get_default_memory_pool().free_all_blocks()
-        h = len(arrays) // 2
-        halves = [None, None] if first is None else [(first[0][:h], first[1][:h]), (first[0][h:], first[1][h:])]
-        return (_resample_encode(engine, plan, codecs[:h], arrays[:h], params[:h], halves[0], sink)
-                + _resample_encode(engine, plan, codecs[h:], arrays[h:], params[h:], halves[1], sink))

@@ -1,20 +1,5 @@
-"""``convert`` / ``augment`` on the GPU: GPU worker processes fed by reader processes, written in order here.
-
-Nothing that is Python may share a process with the decoders: nvImageCodec's calls take the GIL back
-once per image, so one busy Python thread beside them cuts decode several-fold (see
-:mod:`gpubatch.engine.feed`). So the work is split over processes:
-
-- this process starts ``procs`` GPU workers, takes their finished batches in dataset order and writes
-  them (the writer's Python stays here);
-- each GPU worker owns a :class:`~gpubatch.engine.gpu_executor.GpuEngine` (its CUDA context, decoders,
-  encoder and share of the memory cap) and a :class:`~gpubatch.engine.feed.RecordFeed` whose reader
-  processes read its batches, pass untouched records through, parse the JPEG headers and draw every
-  output's parameters; the worker decodes batch N+1 from the feed's shared memory (a thread) while
-  batch N runs through the chain and the JPEG encoder, and sends the encoded records back.
-
-Batch ``c`` goes to worker ``c % procs`` and is split the same way whatever ``procs`` is, so the output
-bytes do not depend on the number of workers. Workers start with ``spawn`` (CUDA must not be
-initialised before a fork).
+"""A GPU worker process of ``convert`` and ``augment``: its batches through feed -> decode -> chain ->
+encode, the encoded records sent back to the writing process (:mod:`.gpu_run`).
 """
 
 from __future__ import annotations
@@ -23,25 +8,113 @@ import os
 import queue
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-from ..errors import ErrorRouter, GpubatchError, RecordError, RunStats
-from ..formats.base import Writer
+import numpy as np
+
+from ..errors import GpubatchError, RecordError, RunStats, Stage
 from ..types import Record
-from .device import Device
+from .gpu_engine import GpuEngine
 from .plan import Plan
-
-QUEUE_DEPTH = 3  # finished batches a worker may have waiting for the writer
-OUT_SLOTS = QUEUE_DEPTH + 2  # output slots: the queued batches, the one being written, the one being made
-OUT_SLOT_BYTES = 32 << 20  # a batch's encoded JPEG data; a batch that does not fit travels pickled
-FEED_DEPTH = 4  # batches a worker's reader processes prepare ahead
-HW_PREALLOCATE = 640  # height and width the hardware decoder's buffers are reserved for
+from .windows import fed_windows
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any,
+                  sink: Any = None) -> list[Record | RecordError]:
+    """The outputs of one :class:`~gpubatch.engine.feed.FedRecords` batch, in order: its jobs run through
+    the chain and are encoded from the decoded sources ``res``; a record that failed to decode gives one
+    error however many variants it has. Parameters (and moved boxes) drawn by the feed for a source's
+    header size are used where the decoded size matches; the rest are drawn here. With a ``sink``
+    (:class:`~gpubatch.engine.codecs.jpeg_gpu.Sink`) JPEG records hold an ``EncodedSpan`` of it as data."""
+    res.order(engine.stream)  # this batch's kernels wait for its decode, and no later one's
+    out: list[Any] = list(fed.results)
+    where = {r: pos for pos, r in enumerate(out) if isinstance(r, int)}
+    rows: list[int] = []
+    arrays, params, jobs, redrawn = [], [], [], []
+    failed: set[int] = set()
+    dropped = 0
+    for j, job in enumerate(fed.jobs):
+        pos = where[j]
+        a = res.arrays[job.source]
+        if a is None:
+            out[pos] = None
+            if job.source not in failed:  # one error per source record, not one per variant
+                failed.add(job.source)
+                key, origin = fed.sources[job.source]
+                out[pos] = RecordError(key, origin, Stage.DECODE, res.errors[job.source] or "decode failed")
+            continue
+        t = job.template
+        hw = (int(a.shape[0]), int(a.shape[1]))
+        if fed.sizes[job.source] == hw:
+            drawn, boxes, d = job.params, job.boxes, job.dropped
+        else:  # the header said otherwise (or nothing): draw for the decoded size
+            try:
+                drawn, boxes, d = plan.draw_and_move(t.key, hw[0], hw[1], t.boxes)
+            except Exception as e:  # noqa: BLE001 - the record boundary: an op too large, hostile boxes
+                out[pos] = RecordError(t.key, t.origin, Stage.TRANSFORM, f"{e}")
+                continue
+            redrawn.append(len(rows))
+        try:
+            plan.check_encodable(plan.out_codec(t.codec), *plan.out_hw(hw[0], hw[1], drawn))
+        except ValueError as e:
+            out[pos] = RecordError(t.key, t.origin, Stage.ENCODE, str(e))
+            if len(redrawn) and redrawn[-1] == len(rows):
+                redrawn.pop()
+            continue
+        dropped += d
+        if plan.augmenting:
+            stats.drawn[t.key] = drawn
+        rows.append(j)
+        arrays.append(a)
+        params.append(drawn)
+        jobs.append((pos, t, boxes))
+    if dropped:
+        stats.add(boxes_dropped=dropped)
+    stats.add(fallbacks=res.fallbacks)
+    if rows:
+        first = fed_windows(plan.ops, fed.windows, rows, redrawn, params, arrays)
+        encoded = _resample_encode(engine, plan, [t.codec for _, t, _ in jobs], arrays, params, first, sink)
+        done = 0
+        for (pos, t, boxes), data in zip(jobs, encoded):
+            if isinstance(data, str):
+                out[pos] = RecordError(t.key, t.origin, Stage.ENCODE, data)
+                continue
+            out[pos] = t.with_(data=data, codec=plan.out_codec(t.codec), boxes=boxes)
+            done += 1
+        stats.add(transcoded=done)
+    return [r for r in out if r is not None]
+
+
+def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: list, params: list,
+                     first: tuple[np.ndarray, np.ndarray] | None = None, sink: Any = None) -> list:
+    """Run the chain (``first``: its leading windows, already folded) then encode, in output order
+    (bytes, or why the encoder failed); a batch that does not fit the memory cap is split in halves."""
+    from .batch import Ragged
+    from .gpu_chain import run_chain
+
+    cp = engine.cp
+    try:
+        dev = run_chain(engine, plan.ops, Ragged.from_items(cp, arrays), params, first=first)
+        results: list[Any] = [None] * len(dev)
+        by_codec: dict[str, list[int]] = {}
+        for k, c in enumerate(codecs):
+            by_codec.setdefault(plan.out_codec(c), []).append(k)
+        for codec, idx in by_codec.items():
+            enc = engine.encoder.encode_batch(dev, idx, codec, plan.jpeg_quality, engine.stream, sink)
+            for k, data in zip(idx, enc):
+                results[k] = data if data is not None else f"the GPU {codec} encoder failed"
+        return results
+    except cp.cuda.memory.OutOfMemoryError:
+        if len(arrays) <= 1:
+            raise GpubatchError(
+                f"one image does not fit the GPU memory cap ({engine.memory_limit >> 20} MiB): raise --gpu-memory"
+            ) from None
+        engine.stream.synchronize()
+        cp.get_default_memory_pool().free_all_blocks()
+        h = len(arrays) // 2
+        halves = [None, None] if first is None else [(first[0][:h], first[1][:h]), (first[0][h:], first[1][h:])]
+        return (_resample_encode(engine, plan, codecs[:h], arrays[:h], params[:h], halves[0], sink)
+                + _resample_encode(engine, plan, codecs[h:], arrays[h:], params[h:], halves[1], sink))
 
 
 class _Stopped(Exception):
@@ -93,7 +166,9 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
     from .codecs.jpeg_gpu import Sink
     from .device import Device, DeviceKind
     from .feed import RecordFeed
-    from .gpu_executor import GpuEngine, decode_ahead, pin_feed, transform_fed
+    from .gpu_engine import GpuEngine, decode_ahead
+    from .gpu_worker import transform_fed
+    from .pipeline import pin_feed
 
     feed = engine = unpin = None
     shm = SharedMemory(name=out_shm)
@@ -171,92 +246,20 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
             shm.close = lambda: None  # type: ignore[method-assign]
 
 
-def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: Writer, plan: Plan,
-               router: ErrorRouter, procs: int, workers: int, batch_size: int = 256,
-               gpu_memory: Any = None, progress: Callable[[int], None] | None = None) -> None:
-    """Run ``plan`` over ``entries`` in ``procs`` GPU worker processes; write in order in this one.
+QUEUE_DEPTH = 3  # finished batches a worker may have waiting for the writer
 
-    One worker is the default: with the batched JPEG encoder, one outran two on an H200 (augment
-    9,242 against 7,016 output images/s; benchmarks/RESULTS.md), as two CUDA contexts time-slice the GPU.
-    """
-    import multiprocessing as mp
-    from multiprocessing.shared_memory import SharedMemory
 
-    from .executor import default_readers, write_results
-    from .feed import fit_slots, shm_free
-    from .registry import DEVICE
+OUT_SLOTS = QUEUE_DEPTH + 2  # output slots: the queued batches, the one being written, the one being made
 
-    plan.validate(DEVICE)
-    stats = router.stats
-    ctx = mp.get_context("spawn")
-    chunks = [entries[i : i + batch_size] for i in range(0, len(entries), batch_size)]
-    procs = max(1, min(procs, len(chunks)))
-    # cores: the decoders' and the encoder's threads in each worker, then its reader processes
-    threads = max(2, workers // procs)
-    feed_workers = default_readers(max(1, _cores() // procs))
-    stop = ctx.Event()
-    queues = [ctx.Queue(maxsize=QUEUE_DEPTH) for _ in range(procs)]
-    returns = [ctx.Queue() for _ in range(procs)]
-    slot_bytes = fit_slots(OUT_SLOTS * procs, OUT_SLOT_BYTES)
-    if slot_bytes < OUT_SLOT_BYTES:
-        stats.warn(f"shared memory (/dev/shm) has {shm_free() >> 20} MiB free: batches travel pickled, which is "
-                   "slower; give it more (a container's --shm-size)")
-    t_start = time.perf_counter()
-    rings: list[Any] = []
-    children: list[Any] = []
 
-    def start() -> None:
-        for k in range(procs):
-            rings.append(SharedMemory(create=True, size=OUT_SLOTS * slot_bytes))
-            mine = [e for chunk in chunks[k::procs] for e in chunk]
-            p = ctx.Process(target=_worker, name=f"gpubatch-gpu{k}",
-                            args=(device.index, str(src), fmt, plan, mine, batch_size, feed_workers, threads,
-                                  gpu_memory, procs, queues[k], stop, rings[k].name, slot_bytes, returns[k]))
-            p.start()
-            children.append(p)
+OUT_SLOT_BYTES = 32 << 20  # a batch's encoded JPEG data; a batch that does not fit travels pickled
 
-    def receive(k: int) -> tuple:
-        while True:
-            try:
-                return queues[k].get(timeout=1.0)
-            except queue.Empty:
-                if not children[k].is_alive():
-                    raise GpubatchError(f"GPU worker process {k} ended unexpectedly (exit code "
-                                        f"{children[k].exitcode})") from None
 
-    def results() -> Iterator[Record | RecordError]:
-        for c in range(len(chunks)):
-            msg = receive(c % procs)
-            if c == 0:
-                stats.timed("start (to the first batch)", time.perf_counter() - t_start)
-            if msg[0] == "error":
-                raise GpubatchError(msg[1])
-            if msg[0] == "crash":
-                raise GpubatchError(f"a GPU worker process failed:\n{msg[1]}")
-            _, out, drawn, counts, timings, slot = msg
-            if slot is not None:  # make the files whose data the worker left in its output ring
-                k = c % procs
-                view = rings[k].buf[slot * slot_bytes : (slot + 1) * slot_bytes]
-                out = [r.with_(data=r.data.assemble(view)) if isinstance(r, Record) and not isinstance(r.data, bytes)
-                       else r for r in out]
-                view.release()
-                returns[k].put(slot)
-            stats.add(**counts)
-            stats.drawn.update(drawn)
-            for name, v in timings.items():
-                stats.timed(name, v)
-            yield from out
+FEED_DEPTH = 4  # batches a worker's reader processes prepare ahead
 
-    try:
-        start()
-        write_results(results(), writer, router, progress)
-    finally:
-        stop.set()
-        for p in children:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
-                p.join()
-        for ring in rings:
-            ring.close()
-            ring.unlink()
+
+HW_PREALLOCATE = 640  # height and width the hardware decoder's buffers are reserved for
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -1,0 +1,322 @@
+"""One GPU's engine: its CUDA context settings, decoder, encoder, kernel stream, launcher and memory cap.
+
+:class:`GpuEngine` is what the in-memory pipeline (:mod:`.pipeline`) and the GPU worker processes of
+``convert`` and ``augment`` (:mod:`.gpu_worker`) each own; :func:`decode_ahead` overlaps a batch's
+decode with the previous batch's kernels for both.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from ..errors import UsageError
+from . import affinity
+from .batch import PinnedStaging
+from .device import Device
+from .launch import Launcher
+
+SWITCH_INTERVAL = 0.001  # seconds; see GpuEngine
+
+
+DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
+
+
+# Stack bytes per GPU thread the CUDA context reserves (cudaLimitStackSize; the driver's default is
+# 1 KiB, which on an H200 is 1 KiB x 132 SMs x 2,048 threads = 264 MiB of device memory). The driver
+# raises it by itself for a kernel that needs more, so a small start costs nothing: the context and
+# decoders took 541 MiB at the default, 343 at 256 bytes, 293 at 64 and 14 MiB less again at 16, at
+# the same speed; no kernel of the run raised it (train chain, benchmarks/memory_study.py, H200).
+# None: leave it.
+STACK_BYTES: int | None = 16
+
+
+# How host threads wait for the GPU: the primary context's scheduling flag (set_sync_policy). The
+# driver's default ("auto") spins while a process has fewer contexts than cores, so the decoders' 20-odd
+# native threads busy-wait in their synchronizations. Sleeping instead ("blocking") measured no
+# clear difference (H200, paired runs: training chain +2-5% in 6 of 6 pairs, validation chain -1 to
+# -2% in 3 of 4, fed to ResNet-50 -1% and +3%; CPU use unchanged; benchmarks/RESULTS.md, eleventh
+# session), so the driver's default stays. ``GPUBATCH_SYNC`` or ``sync=`` pick another; it is applied
+# only where gpubatch makes the process's context (see GpuEngine), never to a context a host program made.
+SYNC_POLICY = "auto"
+
+
+SYNC_POLICIES = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}
+
+
+def _primary_context(device_index: int) -> tuple[Any, Any] | None:
+    """(the driver library, the device handle) for ``device_index``, or None without a driver."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    dev = ctypes.c_int()
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), device_index) != 0:
+        return None
+    return cuda, dev
+
+
+def sync_policy_state(device_index: int) -> tuple[str | None, bool]:
+    """(the primary context's scheduling policy, whether that context is active) for device
+    ``device_index``; (None, False) without the driver."""
+    import ctypes
+
+    found = _primary_context(device_index)
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+    if found is None or found[0].cuDevicePrimaryCtxGetState(found[1], ctypes.byref(flags), ctypes.byref(active)):
+        return None, False
+    names = {v: k for k, v in SYNC_POLICIES.items()}
+    return names.get(flags.value & 7), bool(active.value)
+
+
+def set_sync_policy(device_index: int, policy: str, only_before_context: bool = False) -> bool:
+    """Set how every host thread of this process waits for device ``device_index`` (stream and event
+    synchronizations, nvImageCodec's worker threads' among them): ``spin`` (busy-wait), ``yield``
+    (busy-wait, yielding the core), ``blocking`` (sleep until woken) or ``auto`` (the driver's
+    default: spin while there are fewer contexts than cores). Through the driver API on the primary
+    context, which CuPy and nvImageCodec share; with ``only_before_context``, left alone where that
+    context is already active (a host program made it). Returns whether the policy was set."""
+    import ctypes
+
+    if policy not in SYNC_POLICIES:
+        raise UsageError(f"GPU sync policy {policy!r}: one of {', '.join(SYNC_POLICIES)}")
+    found = _primary_context(device_index)
+    if found is None or (only_before_context and sync_policy_state(device_index)[1]):
+        return False
+    cuda, dev = found
+    fn = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
+    return fn(dev, ctypes.c_uint(SYNC_POLICIES[policy])) == 0
+
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]?i?b?)?\s*$", re.I)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6, "mib": 1 << 20,
+          "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
+
+
+def parse_memory(spec: str | int | float | None, total: int) -> int:
+    """Bytes from "2GiB", "512MB", "0.5" (a fraction of ``total``) or a byte count."""
+    if spec is None:
+        return min(DEFAULT_GPU_MEMORY, total)
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        value, unit = float(spec), ""
+    else:
+        m = _SIZE.match(str(spec))
+        if not m:
+            raise UsageError(f"--gpu-memory {spec!r}: give a size like 2GiB, 512MiB or a fraction like 0.5")
+        value, unit = float(m.group(1)), (m.group(2) or "").lower()
+    if value <= 0:
+        raise UsageError(f"--gpu-memory {spec!r}: give a size above 64 MiB (2GiB, 512MiB) or a fraction above 0")
+    if unit == "" and value <= 1.0:
+        out = int(value * total)
+    elif unit not in _UNITS:
+        raise UsageError(f"--gpu-memory {spec!r}: unknown unit {unit!r}")
+    else:
+        out = int(value * _UNITS[unit])
+    if out < 64 << 20:
+        raise UsageError(f"--gpu-memory {spec!r} is below 64 MiB: too small for any batch")
+    return out
+
+
+class GpuEngine:
+    """One GPU's decoder, encoder, kernel stream and memory cap."""
+
+    def __init__(self, device: Device, cpu_threads: int = 8,
+                 gpu_memory: str | int | float | None = None, share: int = 1, deterministic: bool = True,
+                 jpeg_encoder: str = "batched", hw_preallocate: tuple[int, int, int] | None = None,
+                 decoder_options: str = "", sync: str | None = None, hw_direct: bool | None = None,
+                 cores: Any = "auto", decode_route: str | None = None, route_cores: float | None = None,
+                 follow: bool = False):
+        """``cores``: the CPU core reserved for the hardware decoder's thread (:mod:`.affinity`): "auto"
+        takes one here unless ``share`` engines share the GPU; an :class:`~.affinity.Reservation` taken
+        already (before the process started threads that must leave the core); None: none. Closing
+        the engine releases it. ``decode_route``: how batches are split between the decoders
+        (:data:`~.codecs.image_gpu.ROUTES`); "auto" (the default) chooses by ``route_cores``, by
+        default the cores free now (measured over 0.2 s, before this engine starts any thread),
+        split between the ``share`` engines. ``follow``: where the route is "auto", it follows the
+        load on the host while the run goes (:mod:`.follow`); ``GPUBATCH_FOLLOW=0`` turns it off."""
+        import os
+        import sys
+
+        from .codecs.image_gpu import choose_route
+
+        self.decode_route, self.route_cores = choose_route(decode_route, route_cores, share)
+        follow = follow and self.route_cores is not None and os.environ.get("GPUBATCH_FOLLOW", "1") != "0"
+        # before CuPy touches the device: how every thread waits for it (see SYNC_POLICY)
+        self.sync = set_sync_policy(device.index, sync or os.environ.get("GPUBATCH_SYNC") or SYNC_POLICY,
+                                    only_before_context=True)
+        # a core of its own for the hardware decoder's thread, taken before the CUDA context's and the
+        # decoders' threads start; not where several engines share the GPU
+        if cores == "auto":
+            cores = affinity.reserve(device.index) if share <= 1 else None
+        self.cores = cores
+
+        import cupy as cp
+
+        from .codecs.image_gpu import GpuImageDecoder
+
+        # The decoders' threads take the GIL back once per image while a call runs; with another
+        # thread busy in Python each hand-over waits up to one switch interval (one busy thread:
+        # 641 images/s at 1 ms, 4,802 at 0.05 ms; benchmarks/decode_study.py, group "gil"). A short
+        # interval only softens that: the real cure is no busy Python threads here (engine/feed.py).
+        interval = float(os.environ.get("GPUBATCH_SWITCH_INTERVAL", SWITCH_INTERVAL))
+        if sys.getswitchinterval() > interval:
+            sys.setswitchinterval(interval)
+        self.cp = cp
+        self.device = device
+        self.dev = cp.cuda.Device(device.index)
+        self.dev.use()
+        if STACK_BYTES is not None and cp.cuda.runtime.deviceGetLimit(0) > STACK_BYTES:
+            cp.cuda.runtime.deviceSetLimit(0, STACK_BYTES)  # cudaLimitStackSize
+        free, total = cp.cuda.runtime.memGetInfo()
+        # ``share`` processes split the cap (each worker process of a multi-process run owns one engine)
+        self.memory_limit = max(parse_memory(gpu_memory, total) // max(share, 1), 256 << 20)
+        cp.get_default_memory_pool().set_limit(size=self.memory_limit)
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.staging = PinnedStaging(cp)  # launch tables reach the device without the host waiting
+        self.launch = Launcher(cp, self.stream, self.staging)  # the resample and step kernels' launches
+        self.cpu_threads = cpu_threads
+        try:
+            self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic,
+                                           hw_preallocate=hw_preallocate, options=decoder_options,
+                                           hw_direct=hw_direct, hw_core=self.cores, route=self.decode_route,
+                                           follow=follow)
+        except BaseException:  # no engine: the building thread gets its cores back
+            if self.cores is not None:
+                self.cores.release()
+            raise
+        self.jpeg_encoder = jpeg_encoder
+        self._encoder = None
+
+    @property
+    def encoder(self):
+        if self._encoder is None:
+            from .codecs.image_gpu import GpuImageEncoder
+
+            self._encoder = GpuImageEncoder(self.device.index, self.cpu_threads, self.jpeg_encoder, self.staging)
+        return self._encoder
+
+    def warm_up(self, batch: int = 256, encoder: bool = False, regions: bool = False) -> float:
+        """Pay the one-off costs before the first batch: the decoders' first calls (and the buffers a
+        batch of ``batch`` needs; with ``regions``, the hardware engine's region calls too), the resample
+        kernels' load and, with ``encoder``, the JPEG encoder's first use. Returns the seconds it took."""
+        from .kernels import kernel
+
+        t0 = time.perf_counter()
+        self.decoder.warm_up(batch, regions)
+        for tag, layout in (("u8", "hwc"), ("f16", "chw")):  # compiled (or read from CuPy's cache) and loaded
+            kernel("resample", f"resample_{tag}_{layout}")
+        if encoder:
+            with self.stream:
+                tiny = self.cp.zeros((16, 16, 3), self.cp.uint8)
+            self.encoder.encode([tiny], "jpeg", 90, self.stream)
+        return time.perf_counter() - t0
+
+    def pin_host(self, buf: Any) -> Callable[[], None] | None:
+        """Page-lock the host memory of ``buf`` (the feed's shared-memory ring) for the GPU; returns
+        the function that unlocks it (after waiting, through :meth:`drain`, until no copy from it is
+        queued or running), or None where the driver refused (then nothing changes).
+
+        The decoders copy each image's encoded bytes to the device with one ``cudaMemcpyAsync``; from
+        pageable memory the driver stages that copy on the calling thread, which made the hardware
+        decoder's thread spend 24.5 us per image in the call against DALI's 5.4 us from its pinned
+        buffers (CUPTI trace, benchmarks/timeline.py). From page-locked memory the copy is a DMA the
+        call only queues, so the bytes must stay put until the GPU has read them: let slots go only
+        in stream order (ImagePipeline does); the returned function drains the decoders first."""
+        import numpy as np
+
+        view = np.frombuffer(buf, np.uint8)
+        ptr, size = view.ctypes.data, view.nbytes
+        del view  # no export of the buffer may outlive this call (shared memory closes only without one)
+        rt = self.cp.cuda.runtime
+        try:
+            with self.dev:
+                rt.hostRegister(ptr, size, 0)
+        except rt.CUDARuntimeError:
+            return None
+
+        def unpin() -> None:
+            self.drain()  # no copy from the buffer is queued or running any more
+            try:
+                with self.dev:
+                    rt.hostUnregister(ptr)
+            except rt.CUDARuntimeError:
+                pass
+
+        return unpin
+
+    def drain(self) -> None:
+        """Wait until every decode handed over so far has finished, on the host and on the GPU."""
+        self.decoder.drain()
+        self.stream.synchronize()
+
+    def close(self) -> None:
+        self.stream.synchronize()
+        self.decoder.close()
+        if self._encoder is not None:
+            self._encoder.close()
+        if self.cores is not None:
+            self.cores.release()
+            self.cores = None
+
+
+
+
+
+def decode_ahead(decode: Callable[[Any], Any], items: Iterable[Any], prefetch: int,
+                 timings: dict[str, float], device: int | None = None) -> Iterator[tuple[Any, Any]]:
+    """(item, decode(item)) pairs: items come from a thread, ``decode`` runs in another, at most
+    ``prefetch`` decoded batches ahead of the one the consumer holds. ``timings`` gets "read_wait",
+    "decode" and "decode_wait" seconds. ``device``: the CUDA device the decoding thread works on
+    (a thread starts on device 0; see ``image_gpu._on_device``).
+
+    A decode starts only once a slot is free, so at most ``prefetch + 1`` decoded batches are held at a
+    time, plus the one before until its kernels finish (a plain queue of depth ``prefetch`` would hold
+    one more: finished, waiting to be put). With ``prefetch=1`` batch N+1 decodes while batch N's
+    kernels run, and no batch beyond that takes device memory. ``decode`` may return a result still
+    being decoded (``GpuImageDecoder.decode(..., wait=False)``), which the consumer completes: the
+    slots then bound how far the decoders' own threads may run ahead of it."""
+    import threading
+
+    from .executor import prefetched
+
+    depth = max(1, prefetch)
+    slots = threading.Semaphore(depth)
+    stop = threading.Event()
+
+    def decoded() -> Iterator[tuple[Any, Any]]:
+        if device is not None:
+            import cupy
+
+            cupy.cuda.runtime.setDevice(device)
+        t = time.perf_counter()
+        for item in prefetched(items, depth):
+            t1 = time.perf_counter()
+            timings["read_wait"] += t1 - t
+            while not slots.acquire(timeout=0.05):
+                if stop.is_set():
+                    return
+            t1 = time.perf_counter()
+            out = decode(item)
+            t = time.perf_counter()
+            timings["decode"] += t - t1
+            yield item, out
+
+    it = prefetched(decoded(), depth)
+    try:
+        while True:
+            t0 = time.perf_counter()
+            got = next(it, None)
+            timings["decode_wait"] += time.perf_counter() - t0
+            if got is None:
+                return
+            slots.release()  # the consumer holds this batch now: the next may start decoding
+            yield got
+    finally:
+        stop.set()
+        it.close()  # stops the decode and read threads when the consumer leaves early

@@ -1,0 +1,124 @@
+"""``convert`` / ``augment`` on the GPU: GPU worker processes fed by reader processes, written in order here.
+
+Nothing that is Python may share a process with the decoders: nvImageCodec's calls take the GIL back
+once per image, so one busy Python thread beside them cuts decode several-fold (see
+:mod:`gpubatch.engine.feed`). So the work is split over processes:
+
+- this process starts ``procs`` GPU workers, takes their finished batches in dataset order and writes
+  them (the writer's Python stays here);
+- each GPU worker owns a :class:`~gpubatch.engine.gpu_engine.GpuEngine` (its CUDA context, decoders,
+  encoder and share of the memory cap) and a :class:`~gpubatch.engine.feed.RecordFeed` whose reader
+  processes read its batches, pass untouched records through, parse the JPEG headers and draw every
+  output's parameters; the worker decodes batch N+1 from the feed's shared memory (a thread) while
+  batch N runs through the chain and the JPEG encoder, and sends the encoded records back.
+
+Batch ``c`` goes to worker ``c % procs`` and is split the same way whatever ``procs`` is, so the output
+bytes do not depend on the number of workers. Workers start with ``spawn`` (CUDA must not be
+initialised before a fork).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import ErrorRouter, GpubatchError, RecordError
+from ..formats.base import Writer
+from ..types import Record
+from .device import Device
+from .gpu_worker import OUT_SLOT_BYTES, OUT_SLOTS, QUEUE_DEPTH, _cores, _worker
+from .plan import Plan
+
+
+def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: Writer, plan: Plan,
+               router: ErrorRouter, procs: int, workers: int, batch_size: int = 256,
+               gpu_memory: Any = None, progress: Callable[[int], None] | None = None) -> None:
+    """Run ``plan`` over ``entries`` in ``procs`` GPU worker processes; write in order in this one.
+
+    One worker is the default: with the batched JPEG encoder, one outran two on an H200 (augment
+    9,242 against 7,016 output images/s; benchmarks/RESULTS.md), as two CUDA contexts time-slice the GPU.
+    """
+    import multiprocessing as mp
+    from multiprocessing.shared_memory import SharedMemory
+
+    from .executor import default_readers, write_results
+    from .feed import fit_slots, shm_free
+    from .registry import DEVICE
+
+    plan.validate(DEVICE)
+    stats = router.stats
+    ctx = mp.get_context("spawn")
+    chunks = [entries[i : i + batch_size] for i in range(0, len(entries), batch_size)]
+    procs = max(1, min(procs, len(chunks)))
+    # cores: the decoders' and the encoder's threads in each worker, then its reader processes
+    threads = max(2, workers // procs)
+    feed_workers = default_readers(max(1, _cores() // procs))
+    stop = ctx.Event()
+    queues = [ctx.Queue(maxsize=QUEUE_DEPTH) for _ in range(procs)]
+    returns = [ctx.Queue() for _ in range(procs)]
+    slot_bytes = fit_slots(OUT_SLOTS * procs, OUT_SLOT_BYTES)
+    if slot_bytes < OUT_SLOT_BYTES:
+        stats.warn(f"shared memory (/dev/shm) has {shm_free() >> 20} MiB free: batches travel pickled, which is "
+                   "slower; give it more (a container's --shm-size)")
+    t_start = time.perf_counter()
+    rings: list[Any] = []
+    children: list[Any] = []
+
+    def start() -> None:
+        for k in range(procs):
+            rings.append(SharedMemory(create=True, size=OUT_SLOTS * slot_bytes))
+            mine = [e for chunk in chunks[k::procs] for e in chunk]
+            p = ctx.Process(target=_worker, name=f"gpubatch-gpu{k}",
+                            args=(device.index, str(src), fmt, plan, mine, batch_size, feed_workers, threads,
+                                  gpu_memory, procs, queues[k], stop, rings[k].name, slot_bytes, returns[k]))
+            p.start()
+            children.append(p)
+
+    def receive(k: int) -> tuple:
+        while True:
+            try:
+                return queues[k].get(timeout=1.0)
+            except queue.Empty:
+                if not children[k].is_alive():
+                    raise GpubatchError(f"GPU worker process {k} ended unexpectedly (exit code "
+                                        f"{children[k].exitcode})") from None
+
+    def results() -> Iterator[Record | RecordError]:
+        for c in range(len(chunks)):
+            msg = receive(c % procs)
+            if c == 0:
+                stats.timed("start (to the first batch)", time.perf_counter() - t_start)
+            if msg[0] == "error":
+                raise GpubatchError(msg[1])
+            if msg[0] == "crash":
+                raise GpubatchError(f"a GPU worker process failed:\n{msg[1]}")
+            _, out, drawn, counts, timings, slot = msg
+            if slot is not None:  # make the files whose data the worker left in its output ring
+                k = c % procs
+                view = rings[k].buf[slot * slot_bytes : (slot + 1) * slot_bytes]
+                out = [r.with_(data=r.data.assemble(view)) if isinstance(r, Record) and not isinstance(r.data, bytes)
+                       else r for r in out]
+                view.release()
+                returns[k].put(slot)
+            stats.add(**counts)
+            stats.drawn.update(drawn)
+            for name, v in timings.items():
+                stats.timed(name, v)
+            yield from out
+
+    try:
+        start()
+        write_results(results(), writer, router, progress)
+    finally:
+        stop.set()
+        for p in children:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+        for ring in rings:
+            ring.close()
+            ring.unlink()
