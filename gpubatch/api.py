@@ -438,9 +438,10 @@ def _run(device: Device, reader: Reader, entries: list, writer: Writer, plan: An
     workers = req.workers or default_workers()
     if device.is_gpu and plan.touches_pixels:
         from .engine.gpu_run import run_device
+        from .engine.settings import Settings
 
         run_device(device, Path(req.src), reader.format_name, entries, writer, plan, router, req.gpu_procs or 1,
-                   workers, req.batch_size, req.gpu_memory, tick)
+                   workers, req.batch_size, req.gpu_memory, tick, Settings.from_env())
     else:
         run_host(reader, entries, writer, plan, router, workers, tick)
 

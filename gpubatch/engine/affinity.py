@@ -9,8 +9,8 @@ afterwards (the decoders' worker threads, the CUDA driver's, the feed's readers)
 (and its hyper-threading siblings) to the hardware decoder's thread, which :meth:`Reservation.pin`
 binds to it. :meth:`Reservation.release` gives the building thread its cores back.
 
-Only where the process may use at least :data:`MIN_CPUS` cores, on Linux; ``GPUBATCH_RESERVE_CORE=0``
-turns it off. A GPU engine per device in one process takes a core per device (counted from the last).
+Only where the process may use at least ``Settings.reserve_min_cpus`` cores, on Linux;
+``Settings.reserve_core`` (``GPUBATCH_RESERVE_CORE=0``) turns it off. A GPU engine per device in one process takes a core per device (counted from the last).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-# Whether a GPU engine reserves a core for its hardware decoder's thread (GPUBATCH_RESERVE_CORE=0: no)
-RESERVE_CORE = True
-# the fewest usable cores with which a core is reserved (below that, every core is needed for the rest)
+from .settings import Settings
+
+# the fewest usable cores with which a core is reserved by default (Settings.reserve_min_cpus)
 MIN_CPUS = 8
 
 
@@ -41,16 +41,16 @@ def _siblings(cpu: int) -> set[int]:
     return out
 
 
-def plan(cpus: set[int], device_index: int = 0, siblings=None) -> tuple[int, set[int]] | None:
+def plan(cpus: set[int], device_index: int = 0, siblings=None, min_cpus: int = MIN_CPUS) -> tuple[int, set[int]] | None:
     """(the core for the hardware decoder's thread, the cores everything else keeps) out of ``cpus``,
-    or None where too few are usable: the ``device_index``-th core from the last, its siblings
-    (``siblings(cpu)``, by default :func:`_siblings`) left out."""
-    if len(cpus) < MIN_CPUS:
+    or None where fewer than ``min_cpus`` are usable: the ``device_index``-th core from the last, its
+    siblings (``siblings(cpu)``, by default :func:`_siblings`) left out."""
+    if len(cpus) < min_cpus:
         return None
     ordered = sorted(cpus)
     core = ordered[-1 - device_index % len(ordered)]
     others = cpus - (siblings or _siblings)(core)
-    if not others or len(others) < MIN_CPUS - 2:  # siblings took too much
+    if not others or len(others) < min_cpus - 2:  # siblings took too much
         return None
     return core, others
 
@@ -81,14 +81,16 @@ class Reservation:
             pass
 
 
-def reserve(device_index: int = 0) -> Reservation | None:
+def reserve(device_index: int = 0, settings: Settings | None = None) -> Reservation | None:
     """Take a core for the hardware decoder's thread of the engine on ``device_index``: the calling
-    thread leaves it from now on. None where turned off, not Linux, or too few cores are usable."""
-    if not RESERVE_CORE or os.environ.get("GPUBATCH_RESERVE_CORE", "1") == "0" or not hasattr(os, "sched_setaffinity"):
+    thread leaves it from now on. None where turned off (``settings.reserve_core``), not Linux, or too
+    few cores are usable (``settings.reserve_min_cpus``)."""
+    st = settings or Settings.from_env()
+    if not st.reserve_core or not hasattr(os, "sched_setaffinity"):
         return None
     try:
         before = os.sched_getaffinity(0)
-        got = plan(set(before), device_index)
+        got = plan(set(before), device_index, min_cpus=st.reserve_min_cpus)
         if got is None:
             return None
         core, others = got

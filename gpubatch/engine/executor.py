@@ -23,6 +23,7 @@ from .codecs import image as host_codec
 from .host_chain import run_chain_host
 from .plan import Plan
 from .registry import HOST
+from .settings import Settings
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -32,33 +33,22 @@ def default_workers() -> int:
     return max(1, min(32, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-def default_readers(cores: int | None = None, route: str | None = None) -> int:
+def default_readers(cores: int | None = None, route: str | None = None, settings: Settings | None = None) -> int:
     """Reader processes a GPU pipeline's feed starts by default: a quarter of the cores, 1 to 4; half
     of them (up to 4) on the "hardware" decode route, whose decoders leave the cores to the readers
-    (image_gpu.ROUTES; READERS_HW)."""
+    (``settings.readers_hw``)."""
     cores = cores or default_workers()
-    return max(1, min(4, cores // (2 if route == "hardware" and READERS_HW else 4)))
+    halves = route == "hardware" and (settings or Settings()).readers_hw
+    return max(1, min(4, cores // (2 if halves else 4)))
 
 
-# whether the "hardware" route's feed takes half the cores for its readers (default_readers)
-READERS_HW = True
-
-
-def default_decoder_threads() -> int:
+def default_decoder_threads(settings: Settings | None = None) -> int:
     """CPU threads of the CUDA JPEG decoder by default: the cores less the feed's reader processes and
-    one for the pipeline's own threads (11 on 16 cores), at most :data:`DECODER_THREADS_MAX`. With 15
-    on 16 cores the threads crowded out the rest of the pipeline: the training chain ran
-    16,000-17,400 images/s against 19,600-20,000 with 11 and 14,300-17,500 with 8 (H200;
-    benchmarks/memory_study.py ``threads=``, RESULTS.md)."""
+    one for the pipeline's own threads (11 on 16 cores), at most ``settings.decoder_threads_max``
+    (more crowded out the rest of the pipeline; docs/engine.md)."""
+    st = settings or Settings()
     cores = default_workers()
-    return max(1, min(DECODER_THREADS_MAX, cores - default_readers(cores) - 1))
-
-
-# More CUDA-decoder threads than 11 are slower and take more device memory (each has nvJPEG buffers of
-# its own): on a 32-core host the training chain ran 20,800-21,000 images/s at 840 MiB with 27 threads
-# (32 less 4 readers less 1), 22,700-24,400 at 774 MiB with 16, 25,400-27,600 at 738 MiB with 11
-# (H200; benchmarks/memory_study.py ``cuda=``; RESULTS.md, twenty-third session).
-DECODER_THREADS_MAX = 11
+    return max(1, min(st.decoder_threads_max, cores - default_readers(cores, settings=st) - 1))
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int, window: int | None = None) -> Iterator[R]:

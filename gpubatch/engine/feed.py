@@ -32,7 +32,7 @@ from typing import Any
 from ..types import Record
 from .plan import Plan
 
-SLOT_BYTES = 64 << 20  # one batch's encoded bytes; a batch that does not fit comes back pickled
+SLOT_BYTES = 64 << 20  # one batch's encoded bytes by default (Settings.feed_slot_bytes); more comes back pickled
 _W: dict[str, Any] = {}
 
 

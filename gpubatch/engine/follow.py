@@ -1,21 +1,21 @@
 """The decode route as the load on the host changes while a run goes on.
 
 "auto" chooses the route when the pipeline is made, by the cores free then
-(:func:`~gpubatch.engine.codecs.image_gpu.choose_route`): "split" (the CUDA decoder takes about 30% of
-each batch, at about 1 ms of CPU an image, on ten or so threads) where at least
-``SPLIT_MIN_CORES`` are free, else "hardware" (the hardware engine takes every kind it decodes, at a
-twentieth of the CPU). Work that starts later (another run, a training job's loaders, a compile)
-was not seen: with 8 busy processes started 3 s after the run, the split route ran the training
-chain at 10,300-11,800 images/s, the hardware route (chosen at the start) at 20,200-21,100, and the
-route following the load at 17,900-20,800, switched 2 s into the run (H100, benchmarks/memory_study.py
-``busy_after``; RESULTS.md, twenty-fourth session). On an idle host it never switched and ran as the
-fixed route did.
+(:func:`~gpubatch.engine.codecs.decode_routing.choose_route`): "split" (the CUDA decoder takes about
+30% of each batch, at about 1 ms of CPU an image, on ten or so threads) where at least
+``Settings.split_min_cores`` are free, else "hardware" (the hardware engine takes every kind it
+decodes, at a twentieth of the CPU). Work that starts later (another run, a training job's loaders, a
+compile) was not seen: with 8 busy processes started 3 s after the run, the split route ran the
+training chain at 10,300-11,800 images/s, the hardware route (chosen at the start) at 20,200-21,100,
+and the route following the load at 17,900-20,800, switched 2 s into the run (H100, 2026-11-23;
+docs/engine.md). On an idle host it never switched and ran as the fixed route did.
 
-:class:`RouteFollower` applies the same rule as the run goes: every :data:`CHECK_S` seconds the
-decoder asks it with the cores other processes kept busy meanwhile
-(:class:`~gpubatch.engine.affinity.HostLoad` on its cores), and it changes the route once :data:`CONFIRM`
-checks in a row have wanted the other one, leaving the split route only half a core below the
-threshold (:data:`MARGIN`) and keeping a route at least :data:`HOLD_S` seconds.
+:class:`RouteFollower` applies the same rule as the run goes: every ``Settings.follow_check_s``
+seconds the decoder asks it with the cores other processes kept busy meanwhile
+(:class:`~gpubatch.engine.affinity.HostLoad` on its cores), and it changes the route once
+``confirm`` checks in a row have wanted the other one, leaving the split route only ``margin``
+below the threshold and keeping a route at least ``hold`` seconds (a switch gives buffers back and
+grows others).
 
 A first try balanced the CUDA decoder's share by each decoder thread's busy seconds per image: it
 raised the share where it should have lowered it (0.30 to 0.44 beside 8 busy processes, slower than
@@ -26,14 +26,6 @@ kernels keep busy; the threads' busy time is not what sets the pace. Not kept.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-CHECK_S = 1.0  # seconds between checks of the load
-CONFIRM = 2  # checks in a row that must want the other route before it is taken
-# Against a load near the threshold: the split route is left only below SPLIT_MIN_CORES less MARGIN
-# free cores (taken again at SPLIT_MIN_CORES), and a route is kept at least HOLD_S seconds (a switch
-# gives buffers back and grows others: RESULTS.md, twenty-fourth session)
-MARGIN = 0.5
-HOLD_S = 10.0
 
 
 @dataclass
@@ -47,9 +39,9 @@ class RouteFollower:
     route: str
     cores: float
     split_min: float
-    confirm: int = CONFIRM
-    margin: float = MARGIN
-    hold: float = HOLD_S
+    confirm: int = 2  # (Settings.follow_confirm, follow_margin, follow_hold_s)
+    margin: float = 0.5
+    hold: float = 10.0
     pending: int = 0
     checks: int = 0
     switches: list[tuple[float, str, float]] = field(default_factory=list)

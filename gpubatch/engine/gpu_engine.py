@@ -17,32 +17,10 @@ from . import affinity
 from .batch import PinnedStaging
 from .device import Device
 from .launch import Launcher
-
-SWITCH_INTERVAL = 0.001  # seconds; see GpuEngine
-
+from .settings import Settings
 
 DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
-
-
-# Stack bytes per GPU thread the CUDA context reserves (cudaLimitStackSize; the driver's default is
-# 1 KiB, which on an H200 is 1 KiB x 132 SMs x 2,048 threads = 264 MiB of device memory). The driver
-# raises it by itself for a kernel that needs more, so a small start costs nothing: the context and
-# decoders took 541 MiB at the default, 343 at 256 bytes, 293 at 64 and 14 MiB less again at 16, at
-# the same speed; no kernel of the run raised it (train chain, benchmarks/memory_study.py, H200).
-# None: leave it.
-STACK_BYTES: int | None = 16
-
-
-# How host threads wait for the GPU: the primary context's scheduling flag (set_sync_policy). The
-# driver's default ("auto") spins while a process has fewer contexts than cores, so the decoders' 20-odd
-# native threads busy-wait in their synchronizations. Sleeping instead ("blocking") measured no
-# clear difference (H200, paired runs: training chain +2-5% in 6 of 6 pairs, validation chain -1 to
-# -2% in 3 of 4, fed to ResNet-50 -1% and +3%; CPU use unchanged; benchmarks/RESULTS.md, eleventh
-# session), so the driver's default stays. ``GPUBATCH_SYNC`` or ``sync=`` pick another; it is applied
-# only where gpubatch makes the process's context (see GpuEngine), never to a context a host program made.
-SYNC_POLICY = "auto"
-
-
+# the primary context's scheduling flags of each sync policy (Settings.sync)
 SYNC_POLICIES = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}
 
 
@@ -131,29 +109,30 @@ class GpuEngine:
                  jpeg_encoder: str = "batched", hw_preallocate: tuple[int, int, int] | None = None,
                  decoder_options: str = "", sync: str | None = None, hw_direct: bool | None = None,
                  cores: Any = "auto", decode_route: str | None = None, route_cores: float | None = None,
-                 follow: bool = False):
+                 follow: bool = False, settings: Settings | None = None):
         """``cores``: the CPU core reserved for the hardware decoder's thread (:mod:`.affinity`): "auto"
         takes one here unless ``share`` engines share the GPU; an :class:`~.affinity.Reservation` taken
         already (before the process started threads that must leave the core); None: none. Closing
         the engine releases it. ``decode_route``: how batches are split between the decoders
-        (:data:`~.codecs.image_gpu.ROUTES`); "auto" (the default) chooses by ``route_cores``, by
-        default the cores free now (measured over 0.2 s, before this engine starts any thread),
-        split between the ``share`` engines. ``follow``: where the route is "auto", it follows the
-        load on the host while the run goes (:mod:`.follow`); ``GPUBATCH_FOLLOW=0`` turns it off."""
-        import os
+        (:data:`~.settings.ROUTES`; by default ``settings.decode_route``); "auto" chooses by
+        ``route_cores``, by default the cores free now (measured over 0.2 s, before this engine starts
+        any thread), split between the ``share`` engines. ``follow``: where the route is "auto", it
+        follows the load on the host while the run goes (:mod:`.follow`), unless ``settings.follow``
+        is off. ``settings``: every other knob (:class:`~.settings.Settings`; by default from the
+        environment)."""
         import sys
 
-        from .codecs.image_gpu import choose_route
+        from .codecs.decode_routing import choose_route
 
-        self.decode_route, self.route_cores = choose_route(decode_route, route_cores, share)
-        follow = follow and self.route_cores is not None and os.environ.get("GPUBATCH_FOLLOW", "1") != "0"
-        # before CuPy touches the device: how every thread waits for it (see SYNC_POLICY)
-        self.sync = set_sync_policy(device.index, sync or os.environ.get("GPUBATCH_SYNC") or SYNC_POLICY,
-                                    only_before_context=True)
+        self.settings = st = settings or Settings.from_env()
+        self.decode_route, self.route_cores = choose_route(decode_route, route_cores, share, st)
+        follow = follow and self.route_cores is not None and st.follow
+        # before CuPy touches the device: how every thread waits for it (Settings.sync)
+        self.sync = set_sync_policy(device.index, sync or st.sync, only_before_context=True)
         # a core of its own for the hardware decoder's thread, taken before the CUDA context's and the
         # decoders' threads start; not where several engines share the GPU
         if cores == "auto":
-            cores = affinity.reserve(device.index) if share <= 1 else None
+            cores = affinity.reserve(device.index, st) if share <= 1 else None
         self.cores = cores
 
         import cupy as cp
@@ -164,15 +143,14 @@ class GpuEngine:
         # thread busy in Python each hand-over waits up to one switch interval (one busy thread:
         # 641 images/s at 1 ms, 4,802 at 0.05 ms; benchmarks/decode_study.py, group "gil"). A short
         # interval only softens that: the real cure is no busy Python threads here (engine/feed.py).
-        interval = float(os.environ.get("GPUBATCH_SWITCH_INTERVAL", SWITCH_INTERVAL))
-        if sys.getswitchinterval() > interval:
-            sys.setswitchinterval(interval)
+        if sys.getswitchinterval() > st.switch_interval:
+            sys.setswitchinterval(st.switch_interval)
         self.cp = cp
         self.device = device
         self.dev = cp.cuda.Device(device.index)
         self.dev.use()
-        if STACK_BYTES is not None and cp.cuda.runtime.deviceGetLimit(0) > STACK_BYTES:
-            cp.cuda.runtime.deviceSetLimit(0, STACK_BYTES)  # cudaLimitStackSize
+        if st.stack_bytes is not None and cp.cuda.runtime.deviceGetLimit(0) > st.stack_bytes:
+            cp.cuda.runtime.deviceSetLimit(0, st.stack_bytes)  # cudaLimitStackSize
         free, total = cp.cuda.runtime.memGetInfo()
         # ``share`` processes split the cap (each worker process of a multi-process run owns one engine)
         self.memory_limit = max(parse_memory(gpu_memory, total) // max(share, 1), 256 << 20)
@@ -185,7 +163,7 @@ class GpuEngine:
             self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic,
                                            hw_preallocate=hw_preallocate, options=decoder_options,
                                            hw_direct=hw_direct, hw_core=self.cores, route=self.decode_route,
-                                           follow=follow)
+                                           follow=follow, settings=st)
         except BaseException:  # no engine: the building thread gets its cores back
             if self.cores is not None:
                 self.cores.release()
@@ -196,7 +174,7 @@ class GpuEngine:
     @property
     def encoder(self):
         if self._encoder is None:
-            from .codecs.image_gpu import GpuImageEncoder
+            from .codecs.image_encode_gpu import GpuImageEncoder
 
             self._encoder = GpuImageEncoder(self.device.index, self.cpu_threads, self.jpeg_encoder, self.staging)
         return self._encoder

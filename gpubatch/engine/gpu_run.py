@@ -29,14 +29,17 @@ from ..errors import ErrorRouter, GpubatchError, RecordError
 from ..formats.base import Writer
 from ..types import Record
 from .device import Device
-from .gpu_worker import OUT_SLOT_BYTES, OUT_SLOTS, QUEUE_DEPTH, _cores, _worker
+from .gpu_worker import _cores, _worker
 from .plan import Plan
+from .settings import Settings
 
 
 def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: Writer, plan: Plan,
                router: ErrorRouter, procs: int, workers: int, batch_size: int = 256,
-               gpu_memory: Any = None, progress: Callable[[int], None] | None = None) -> None:
+               gpu_memory: Any = None, progress: Callable[[int], None] | None = None,
+               settings: Settings | None = None) -> None:
     """Run ``plan`` over ``entries`` in ``procs`` GPU worker processes; write in order in this one.
+    ``settings``: the engine's knobs (by default from the environment), handed to every worker.
 
     One worker is the default: with the batched JPEG encoder, one outran two on an H200 (augment
     9,242 against 7,016 output images/s; benchmarks/RESULTS.md), as two CUDA contexts time-slice the GPU.
@@ -49,18 +52,19 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
     from .registry import DEVICE
 
     plan.validate(DEVICE)
+    settings = settings or Settings.from_env()
     stats = router.stats
     ctx = mp.get_context("spawn")
     chunks = [entries[i : i + batch_size] for i in range(0, len(entries), batch_size)]
     procs = max(1, min(procs, len(chunks)))
     # cores: the decoders' and the encoder's threads in each worker, then its reader processes
     threads = max(2, workers // procs)
-    feed_workers = default_readers(max(1, _cores() // procs))
+    feed_workers = default_readers(max(1, _cores() // procs), settings=settings)
     stop = ctx.Event()
-    queues = [ctx.Queue(maxsize=QUEUE_DEPTH) for _ in range(procs)]
+    queues = [ctx.Queue(maxsize=settings.queue_depth) for _ in range(procs)]
     returns = [ctx.Queue() for _ in range(procs)]
-    slot_bytes = fit_slots(OUT_SLOTS * procs, OUT_SLOT_BYTES)
-    if slot_bytes < OUT_SLOT_BYTES:
+    slot_bytes = fit_slots(settings.out_slots * procs, settings.out_slot_bytes)
+    if slot_bytes < settings.out_slot_bytes:
         stats.warn(f"shared memory (/dev/shm) has {shm_free() >> 20} MiB free: batches travel pickled, which is "
                    "slower; give it more (a container's --shm-size)")
     t_start = time.perf_counter()
@@ -69,11 +73,12 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
 
     def start() -> None:
         for k in range(procs):
-            rings.append(SharedMemory(create=True, size=OUT_SLOTS * slot_bytes))
+            rings.append(SharedMemory(create=True, size=settings.out_slots * slot_bytes))
             mine = [e for chunk in chunks[k::procs] for e in chunk]
             p = ctx.Process(target=_worker, name=f"gpubatch-gpu{k}",
                             args=(device.index, str(src), fmt, plan, mine, batch_size, feed_workers, threads,
-                                  gpu_memory, procs, queues[k], stop, rings[k].name, slot_bytes, returns[k]))
+                                  gpu_memory, procs, queues[k], stop, rings[k].name, slot_bytes, returns[k],
+                                  settings))
             p.start()
             children.append(p)
 

@@ -16,6 +16,7 @@ from ..errors import GpubatchError, RecordError, RunStats, Stage
 from ..types import Record
 from .gpu_engine import GpuEngine
 from .plan import Plan
+from .settings import Settings
 from .windows import fed_windows
 
 
@@ -151,7 +152,7 @@ def _free_slot(free: list[int], returns: Any, stop: Any) -> int:
 
 def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any], batch_size: int,
             feed_workers: int, threads: int, gpu_memory: Any, procs: int, out: Any, stop: Any,
-            out_shm: str, slot_bytes: int, returns: Any) -> None:
+            out_shm: str, slot_bytes: int, returns: Any, settings: Settings) -> None:
     """One GPU worker process: its batches through feed -> decode -> chain -> encode -> ``out``.
 
     Encoded JPEG data goes straight from the device into a slot of the ``out_shm`` ring (the records
@@ -166,31 +167,31 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
     from .codecs.jpeg_gpu import Sink
     from .device import Device, DeviceKind
     from .feed import RecordFeed
-    from .gpu_engine import GpuEngine, decode_ahead
-    from .gpu_worker import transform_fed
-    from .pipeline import pin_feed
+    from .gpu_engine import decode_ahead
 
     feed = engine = unpin = None
     shm = SharedMemory(name=out_shm)
-    free = list(range(OUT_SLOTS))
+    free = list(range(settings.out_slots))
     try:
         t0 = time.perf_counter()
         # the decode route follows this worker's share of the cores, not their load, so written bytes do not
         # vary with what else runs (counted before the reservation below narrows this thread's cores)
         route_cores = _cores() / procs
         # the hardware decoder's thread gets a core of its own, which the reader processes started below leave
-        cores = affinity.reserve(device_index) if procs == 1 else None
-        feed = RecordFeed(src, fmt, entries, plan, batch_size, workers=feed_workers, depth=FEED_DEPTH)
+        cores = affinity.reserve(device_index, settings) if procs == 1 else None
+        feed = RecordFeed(src, fmt, entries, plan, batch_size, workers=feed_workers, depth=settings.feed_depth,
+                          slot_bytes=settings.feed_slot_bytes)
         feed.start()  # the reader processes start up while CUDA does
         # the hardware decoder's buffers reserved for a batch of 640x640 images up front: transcode ran at
         # 9,675-10,125 images/s with them against 8,597-9,085 without (benchmarks/worker_study.py)
         engine = GpuEngine(Device(DeviceKind.GPU, device_index, reason="worker"), threads, gpu_memory,
                            share=procs, deterministic=True, cores=cores,  # written bytes must not vary
-                           hw_preallocate=(batch_size, HW_PREALLOCATE, HW_PREALLOCATE), route_cores=route_cores)
+                           hw_preallocate=(batch_size, settings.hw_preallocate, settings.hw_preallocate),
+                           route_cores=route_cores, settings=settings)
         gpu_init = time.perf_counter() - t0
         # the decoders copy encoded bytes straight from the ring by DMA (GpuEngine.pin_host); a slot then
         # goes back only once this process's stream is past the batch (below)
-        unpin = engine.pin_host(feed.shm.buf) if pin_feed() else None
+        unpin = engine.pin_host(feed.shm.buf) if settings.pin_feed else None
         warm = engine.warm_up(batch_size, encoder=True)  # while the reader processes start and read
         tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
         first = {"gpu_init": gpu_init, "warm_up": warm}
@@ -246,19 +247,6 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
             shm.close = lambda: None  # type: ignore[method-assign]
 
 
-QUEUE_DEPTH = 3  # finished batches a worker may have waiting for the writer
-
-
-OUT_SLOTS = QUEUE_DEPTH + 2  # output slots: the queued batches, the one being written, the one being made
-
-
-OUT_SLOT_BYTES = 32 << 20  # a batch's encoded JPEG data; a batch that does not fit travels pickled
-
-
-FEED_DEPTH = 4  # batches a worker's reader processes prepare ahead
-
-
-HW_PREALLOCATE = 640  # height and width the hardware decoder's buffers are reserved for
 
 
 def _cores() -> int:

@@ -24,29 +24,8 @@ from .ops.base import Op, Window
 from .ops.normalize import Normalize
 from .plan import Plan
 from .registry import DEVICE
+from .settings import Settings
 from .windows import fed_windows
-
-# Page-lock the feed's shared-memory ring for the GPU (GpuEngine.pin_host); GPUBATCH_PIN_FEED=0 turns
-# it off. HELD_SLOTS: batches whose slot waits for the GPU before the oldest is waited for.
-PIN_FEED = True
-
-
-HELD_SLOTS = 2
-
-
-FEED_SLOTS = 6  # the feed's ring (iterate_files), besides the held ones
-
-
-# ImagePipeline's writers of an output buffer first wait for the streams its last batch was taken on
-# (ImagePipeline._after_readers; False only for studies and tests: memory_study ``fence=0``)
-FENCE_READERS = True
-
-
-def pin_feed() -> bool:
-    """Whether the feed's ring is page-locked for the GPU (:data:`PIN_FEED`, ``GPUBATCH_PIN_FEED``)."""
-    import os
-
-    return os.environ.get("GPUBATCH_PIN_FEED", "1" if PIN_FEED else "0") not in ("0", "")
 
 
 def _cpu_chain_one(plan: Plan, blob: bytes | str, key: str, epoch: int = 0) -> tuple[Any, str | None]:
@@ -154,7 +133,7 @@ class ImagePipeline:
     "hardware" gives the hardware JPEG engine all it decodes (the process then used 3.1-3.7 cores in
     ``gpubatch bench`` on an H200, against 9.3-9.8 split: the faster route where other work takes the
     cores, or the process has few); "auto" takes "split"
-    where at least ``image_gpu.SPLIT_MIN_CORES`` of the cores the process may use were free over
+    where at least ``settings.split_min_cores`` of the cores the process may use were free over
     0.2 s when the pipeline was made. :attr:`engine`'s ``decode_route`` and ``route_cores`` say what
     was chosen, and on how many free cores. With "auto" the same rule then follows the load as the
     run goes (``follow_load``, the default): every second the cores other processes kept busy are
@@ -170,13 +149,13 @@ class ImagePipeline:
     decoder's part of a batch as soon as it is decoded, on a stream per decoder, into its rows of the
     batch's output (other chains run once the whole batch is decoded). Each decoder call (one per
     chroma-subsampling kind on the hardware engine, one for the CUDA decoder's part: ``decode_chunk``
-    images at most, ``image_gpu.DECODE_CHUNK`` = 256 by default) decodes into a buffer that the same
+    images at most, ``settings.decode_chunk`` = 256 by default) decodes into a buffer that the same
     call of the next batch reuses once the kernels reading it have run, so the decoded images take
     about one batch of device memory instead of two (``decode_chunk=0``: a buffer from the driver's
     pool per part, alive until the part is read, while the next batch decodes into another). Smaller
     chunks (``decode_chunk=96``) split the calls and keep the hardware engine's 4:2:0 and 4:2:2 images
     in the JPEG's planes (1.5 and 2 bytes a pixel instead of 3; the resample makes RGB of them as
-    libjpeg does, ``image_gpu.HW_PLANES``), for less memory at less speed. Process batches in the
+    libjpeg does, ``settings.hw_planes``), for less memory at less speed. Process batches in the
     order they were decoded.
 
     ``sync`` is how host threads wait for the GPU (``auto``, the driver's default, unless
@@ -207,28 +186,31 @@ class ImagePipeline:
                  gpu: int = 0, cpu_threads: int | None = None, gpu_memory: str | int | float | None = None,
                  max_pixels: int = 0, ring: int = 1, region_decode: bool = False, warm_up: int = 256,
                  decoder_options: str = "", decode_chunk: int | None = None, sync: str | None = None,
-                 decode_route: str | None = None, follow_load: bool = True):
+                 decode_route: str | None = None, follow_load: bool = True, settings: Settings | None = None):
         from .device import resolve
         from .executor import default_workers
 
+        # the engine's knobs: ``settings`` (by default from the environment), those given here over them
+        self.settings = st = (settings or Settings.from_env()).with_(decode_route=decode_route, sync=sync,
+                                                                     decode_chunk=decode_chunk)
         self.plan = Plan(ops=tuple(ops), seed=seed, max_pixels=max_pixels)
         self.region_decode = region_decode
         self.device = device if isinstance(device, Device) else resolve(device, gpu)
         self.plan.validate(DEVICE if self.device.is_gpu else "host")
         self.cpu_threads = cpu_threads or default_workers()
-        self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory, decoder_options=decoder_options, sync=sync,
-                                 decode_route=decode_route, follow=follow_load) if self.device.is_gpu else None)
+        self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory, decoder_options=decoder_options,
+                                 follow=follow_load, settings=st) if self.device.is_gpu else None)
         if self.engine is not None and warm_up:
             self.engine.warm_up(warm_up, regions=region_decode)
         from .windows import fixed_window_chain
 
         # a chain of one resample to a fixed size may run on each decoded chunk as it comes (see process)
         self._fixed = fixed_window_chain(self.plan) if self.engine is not None else None
-        from .codecs.image_gpu import DECODE_CHUNK, want_planes
+        from .codecs.decode_buffers import want_planes
 
-        self.chunk = max(0, DECODE_CHUNK if decode_chunk is None else decode_chunk) if self._fixed else 0
+        self.chunk = max(0, st.decode_chunk) if self._fixed else 0
         # the hardware engine's 4:2:0 and 4:2:2 images in their planes (only the resample reads them)
-        self._planes = self._fixed is not None and want_planes(self.chunk)
+        self._planes = self._fixed is not None and want_planes(self.chunk, st)
         self._ring: list[Any] = [None] * ring
         self._slot = 0
         self._side: dict[bool, Any] | None = None  # see _side_streams
@@ -379,7 +361,7 @@ class ImagePipeline:
         on the legacy default stream, so fenced, ran within the spread of untaken ones on another:
         memory_study ``fence`` and ``read``, RESULTS.md, seventeenth session)."""
         readers, self._ring_readers[slot] = self._ring_readers[slot], None
-        if not readers or not FENCE_READERS:
+        if not readers or not self.settings.fence_readers:
             return
         cp, eng = self.engine.cp, self.engine
         for ptr in readers - {eng.stream.ptr}:  # (the engine's own stream is ordered already)
@@ -488,13 +470,14 @@ class ImagePipeline:
         if self.engine is None:
             yield from self._iterate_files_cpu([str(f) for f in files], keys, batch_size, repeat, max(3, prefetch + 1))
             return
-        pin = pin_feed()
+        pin = self.settings.pin_feed
         # slots: those being read ahead, decoded and processed, plus (pinned) those waiting for the GPU
         from .executor import default_readers
 
         workers = workers or default_readers(route=self.engine.decoder.route)
         feed = FileFeed(files, keys, batch_size, self.plan, workers, repeat=repeat, views=True,
-                        depth=FEED_SLOTS + (HELD_SLOTS if pin else 0), regions=self.region_decode)
+                        depth=self.settings.feed_slots + (self.settings.held_slots if pin else 0),
+                        regions=self.region_decode, slot_bytes=self.settings.feed_slot_bytes)
         t0 = time.perf_counter()
         unpin = self.engine.pin_host(feed.shm.buf) if pin else None
         self.timings["pin"] += time.perf_counter() - t0
@@ -561,7 +544,7 @@ class ImagePipeline:
         held: deque = deque()  # (event, FedBatch) of batches whose encoded bytes the GPU may still read
 
         def release(block: bool) -> None:
-            while held and (block or held[0][0].done or len(held) > HELD_SLOTS):
+            while held and (block or held[0][0].done or len(held) > self.settings.held_slots):
                 event, fed = held.popleft()
                 event.synchronize()
                 fed.done()

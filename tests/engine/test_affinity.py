@@ -10,6 +10,7 @@ import time
 import pytest
 
 from gpubatch.engine import affinity
+from gpubatch.engine.settings import Settings
 
 linux = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
 
@@ -48,13 +49,15 @@ def _in_thread(fn):
     return out["value"]
 
 
+TWO = Settings(reserve_min_cpus=2)  # reserving made possible with 2 cores
+
+
 @pytest.fixture
 def two_cores(monkeypatch):
     """Reserving made possible with this machine's cores (CI has 2)."""
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     if len(cpus) < 2:
         pytest.skip("needs 2 usable cores")
-    monkeypatch.setattr(affinity, "MIN_CPUS", 2)
     monkeypatch.setattr(affinity, "_siblings", lambda c: {c})
     return cpus
 
@@ -64,7 +67,7 @@ def test_reserve_pin_and_release(two_cores):
     cpus = two_cores
 
     def run():
-        res = affinity.reserve(0)
+        res = affinity.reserve(0, TWO)
         assert res is not None and res.core == max(cpus)
         assert os.sched_getaffinity(0) == cpus - {res.core}  # this thread leaves the core
         # a thread started from here inherits that; the hardware decoder's thread binds itself to the core
@@ -88,7 +91,7 @@ def test_reserve_pin_and_release(two_cores):
 @linux
 def test_release_leaves_a_mask_someone_else_set(two_cores):
     def run():
-        res = affinity.reserve(0)
+        res = affinity.reserve(0, TWO)
         mine = {res.core}  # neither what the engine set nor what the thread had
         os.sched_setaffinity(0, mine)  # (the user moved the thread after the engine was built)
         res.release()
@@ -100,22 +103,21 @@ def test_release_leaves_a_mask_someone_else_set(two_cores):
 @linux
 def test_reserve_can_be_turned_off(two_cores, monkeypatch):
     monkeypatch.setenv("GPUBATCH_RESERVE_CORE", "0")
-    assert _in_thread(lambda: (affinity.reserve(0), os.sched_getaffinity(0))) == (None, two_cores)
+    assert _in_thread(lambda: (affinity.reserve(0, Settings.from_env(reserve_min_cpus=2)),
+                               os.sched_getaffinity(0))) == (None, two_cores)
     monkeypatch.delenv("GPUBATCH_RESERVE_CORE")
-    monkeypatch.setattr(affinity, "RESERVE_CORE", False)
-    assert _in_thread(lambda: affinity.reserve(0)) is None
+    assert _in_thread(lambda: affinity.reserve(0, Settings(reserve_core=False))) is None
 
 
 def test_reserve_needs_enough_cores(monkeypatch):
-    monkeypatch.setattr(affinity, "MIN_CPUS", 10_000)
-    assert _in_thread(lambda: affinity.reserve(0)) is None
+    assert _in_thread(lambda: affinity.reserve(0, Settings(reserve_min_cpus=10_000))) is None
 
 
 @linux
 def test_reserve_leaves_out_the_cores_hyperthreads(two_cores, monkeypatch):
     cpus = two_cores
     monkeypatch.setattr(affinity, "_siblings", lambda c: set(cpus))  # every core shares the reserved one's
-    assert _in_thread(lambda: (affinity.reserve(0), os.sched_getaffinity(0))) == (None, cpus)
+    assert _in_thread(lambda: (affinity.reserve(0, TWO), os.sched_getaffinity(0))) == (None, cpus)
     assert affinity.plan(set(range(16)), 0, lambda c: set(range(16))) is None  # nothing left for the rest
 
 
@@ -149,18 +151,20 @@ def test_free_cores_sees_a_busy_process():
 
 
 def test_auto_route_by_free_cores(monkeypatch):
-    from gpubatch.engine.codecs.image_gpu import SPLIT_MIN_CORES, choose_route
+    from gpubatch.engine.codecs.decode_routing import choose_route
     from gpubatch.errors import UsageError
 
     monkeypatch.delenv("GPUBATCH_DECODE_ROUTE", raising=False)
-    assert choose_route(None, SPLIT_MIN_CORES) == ("split", SPLIT_MIN_CORES)
-    assert choose_route("auto", SPLIT_MIN_CORES - 0.5) == ("hardware", SPLIT_MIN_CORES - 0.5)
-    assert choose_route("auto", 2 * SPLIT_MIN_CORES, share=2) == ("split", 2 * SPLIT_MIN_CORES)  # given: as is
-    assert choose_route("hardware", 64) == ("hardware", None)
+    st = Settings.from_env()
+    cut = st.split_min_cores
+    assert choose_route(None, cut, 1, st) == ("split", cut)
+    assert choose_route("auto", cut - 0.5, 1, st) == ("hardware", cut - 0.5)
+    assert choose_route("auto", 2 * cut, 2, st) == ("split", 2 * cut)  # given: as is
+    assert choose_route("hardware", 64, 1, st) == ("hardware", None)
     monkeypatch.setenv("GPUBATCH_DECODE_ROUTE", "split")
-    assert choose_route(None, 1) == ("split", None)
+    assert choose_route(None, 1, 1, Settings.from_env()) == ("split", None)
     with pytest.raises(UsageError, match="unknown decode route 'fast'"):
-        choose_route("fast")
+        choose_route("fast", None, 1, st)
 
 
 def test_free_cores_keeps_within_a_cgroups_quota(tmp_path):
@@ -183,5 +187,6 @@ def test_the_hardware_route_reads_with_more_processes(monkeypatch):
     assert [executor.default_readers(c) for c in (2, 7, 8, 16, 64)] == [1, 1, 2, 4, 4]
     assert [executor.default_readers(c, "hardware") for c in (2, 7, 8, 16, 64)] == [1, 3, 4, 4, 4]
     assert executor.default_readers(7, "split") == 1
-    monkeypatch.setattr(executor, "READERS_HW", False)
-    assert executor.default_readers(7, "hardware") == 1
+    from gpubatch.engine.settings import Settings
+
+    assert executor.default_readers(7, "hardware", Settings(readers_hw=False)) == 1

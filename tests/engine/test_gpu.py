@@ -157,12 +157,14 @@ def test_c_api_decoder_equals_python_binding():
 
 
 def test_auto_route_follows_the_free_cores(monkeypatch):
-    """"auto" splits batches where SPLIT_MIN_CORES cores are free, and gives the hardware engine
+    """"auto" splits batches where ``split_min_cores`` cores are free, and gives the hardware engine
     everything (with an instance per common kind) where fewer are; the engine says which and why."""
-    from gpubatch.engine.codecs.image_gpu import HW_ONLY_INSTANCES, SPLIT_MIN_CORES
     from gpubatch.engine.gpu_engine import GpuEngine
+    from gpubatch.engine.settings import Settings
 
     monkeypatch.delenv("GPUBATCH_DECODE_ROUTE")
+    st = Settings()
+    HW_ONLY_INSTANCES, SPLIT_MIN_CORES = st.hw_only_instances, st.split_min_cores
     for cores, route, share in ((SPLIT_MIN_CORES, "split", 0.3), (SPLIT_MIN_CORES - 1, "hardware", 0.0)):
         eng = GpuEngine(resolve("gpu"), cpu_threads=4, route_cores=cores)
         try:
@@ -188,20 +190,19 @@ def test_auto_route_follows_the_load_as_the_run_goes(tmp_path, monkeypatch):
     each switch, then split again once it went; the images right throughout. An explicit route, or ``follow_load=False``, keeps its route."""
     from types import SimpleNamespace
 
-    from gpubatch.engine import follow
-    from gpubatch.engine.codecs import image_gpu
     from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.engine.settings import Settings
 
     monkeypatch.delenv("GPUBATCH_DECODE_ROUTE")
-    monkeypatch.setattr(image_gpu, "SPLIT_MIN_CORES", 1.0)  # "auto" splits at the start however busy the host
-    monkeypatch.setattr(follow, "CHECK_S", 0.0)  # a check every batch
-    monkeypatch.setattr(follow, "HOLD_S", 0.0)  # and a route held no longer than the checks ask
+    # "auto" splits at the start however busy the host; a check every batch, a route held no longer
+    # than the checks ask
+    st = Settings(split_min_cores=1.0, follow_check_s=0.0, follow_hold_s=0.0)
     paths = _jpeg_files(tmp_path, 48, lambda i: (200 + 9 * i, 330 - 3 * i), lambda i: 80 + i % 17)
     keys = [p.stem for p in paths]
     ops = [ResizeShorter(72), CenterCrop(64)]
     with ImagePipeline(ops, device="cpu") as cpu:
         ref = np.stack(cpu([p.read_bytes() for p in paths], keys))
-    with ImagePipeline(ops, device="gpu", seed=0) as pipe:
+    with ImagePipeline(ops, device="gpu", seed=0, settings=st) as pipe:
         dec = pipe.engine.decoder
         assert pipe.engine.decode_route == "split" and dec.follower is not None
         assert len(dec.hw_direct or dec.hw_cs) == 2
@@ -232,8 +233,8 @@ def test_auto_route_follows_the_load_as_the_run_goes(tmp_path, monkeypatch):
         # each switch gave back every buffer both decoders had (the hardware route's CUDA decoder: none);
         # the two decoders' threads free theirs side by side, in either order
         assert sorted((r, hw) for r, hw, n in freed if n) == [("hardware", False), ("hardware", True), ("split", True)]
-        assert dec.route == "split" and dec.cuda_share == image_gpu.CUDA_SHARE and dec._hw_first == 2
-        assert len(dec.hw_direct or dec.hw_cs) == image_gpu.HW_ONLY_INSTANCES
+        assert dec.route == "split" and dec.cuda_share == st.cuda_share and dec._hw_first == 2
+        assert len(dec.hw_direct or dec.hw_cs) == st.hw_only_instances
         assert dec.route_batches["hardware"] >= 8 and dec.route_batches["split"] >= 8
         assert kinds_on_hw == {"baseline/4:2:0", "baseline/4:2:2", "baseline/4:4:4"}
     for kw in ({"follow_load": False}, {"decode_route": "split"}):
@@ -248,7 +249,10 @@ def test_hardware_route_gives_the_engine_every_kind_an_instance_each(direct):
     the split route's within the two decoders' difference, and Pillow's."""
     import cupy as cp
 
-    from gpubatch.engine.codecs.image_gpu import HW_ONLY_INSTANCES, GpuImageDecoder
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
+    from gpubatch.engine.settings import Settings
+
+    HW_ONLY_INSTANCES = Settings().hw_only_instances
 
     rng = np.random.default_rng(7)
     kinds = ("4:2:0", "4:2:2", "4:4:4")
@@ -503,7 +507,6 @@ def test_chunked_decode_reuses_few_buffers_with_the_same_result(engine, monkeypa
     where a call needs more) give, read through ``chunks()``, what whole-part decodes give, with
     several batches handed over ahead; a chunked result dropped unread frees its buffers for the next
     batches; one read out of order is slowed (its calls take buffers of their own), never stuck."""
-    from gpubatch.engine.codecs import image_gpu
 
     batches = _mixed_batches(5, 72, (60, 300), corrupt=5, png=13)
     dec, stream = engine.decoder, engine.stream
@@ -513,7 +516,7 @@ def test_chunked_decode_reuses_few_buffers_with_the_same_result(engine, monkeypa
 
     ref = [_finished(dec.decode(b, stream), stream) for b in batches]
     assert ref[0][2] >= 15 and ref[0][3] > 0 and ref[1][4] >= 1 and ref[2][1].count(False) == 1
-    monkeypatch.setattr(image_gpu, "HW_CHUNK", 4)  # the hardware engine's calls split too
+    monkeypatch.setattr(dec, "settings", dec.settings.with_(hw_chunk=4))  # the hardware engine's calls split too
 
     same = _same_result
 
@@ -531,11 +534,11 @@ def test_chunked_decode_reuses_few_buffers_with_the_same_result(engine, monkeypa
         dec.decode(batches[0], stream, chunk=3)  # must be read through chunks()
     early = dec.decode(batches[0], stream, order=False, wait=False, chunk=2)
     late = dec.decode(batches[2], stream, order=False, wait=False, chunk=2)
-    monkeypatch.setattr(image_gpu, "RING_WAIT", 0.2)
+    monkeypatch.setattr(dec, "settings", dec.settings.with_(ring_wait=0.2))
     same(read(late, len(ref[2][0])), ref[2])  # out of order: its calls find the slots held
     same(read(early, len(ref[0][0])), ref[0])
     assert dec.ring_waits > waits
-    monkeypatch.setattr(image_gpu, "CUDA_RING", 2)  # the CUDA decoder's calls over two slots in turn
+    monkeypatch.setattr(dec, "settings", dec.settings.with_(cuda_ring=2))  # the CUDA decoder's calls over two slots in turn
     same(read(dec.decode(batches[1], stream, order=False, wait=False, chunk=3), len(ref[1][0])), ref[1])
 
 
@@ -544,7 +547,6 @@ def test_a_growing_chunk_buffer_gives_the_old_one_back_first(engine, monkeypatch
     before in it has been read (never both at once), with the images right; where that call is not
     read within GROW_WAIT (a batch handed over ahead in the same thread) the old one is freed late,
     once read, and the images are still right."""
-    from gpubatch.engine.codecs import image_gpu
 
     small, big, bigger = (_mixed_batches(seed, 72, sides, corrupt=4, png=10)[0]
                           for seed, sides in ((11, (60, 120)), (12, (200, 300)), (13, (320, 400))))
@@ -579,13 +581,13 @@ def test_a_growing_chunk_buffer_gives_the_old_one_back_first(engine, monkeypatch
     assert kinds.count("free") >= len(grown) and kinds.index("free") < kinds.index("malloc")
     assert all(kinds[i + 1] == "malloc" for i, k in enumerate(kinds) if k == "free")  # each free, then its malloc
     ahead = dec.decode(big, stream, order=False, wait=False, chunk=256)  # handed over, not read yet
-    monkeypatch.setattr(image_gpu, "GROW_WAIT", 0.05)
+    monkeypatch.setattr(dec, "settings", dec.settings.with_(grow_wait=0.05))
     after = dec.decode(bigger, stream, order=False, wait=False, chunk=256)  # grows past the unread batch's
     assert dec.frees_late > late
     _same_result(_read_chunks(ahead, stream, len(big)), ref[id(big)])
     _same_result(_read_chunks(after, stream, len(bigger)), ref[id(bigger)])
     dec._give_back_slots()  # (empty rings again)
-    monkeypatch.setattr(image_gpu, "FREE_BEFORE_GROW", False)  # the new one first, the old freed once read
+    monkeypatch.setattr(dec, "settings", dec.settings.with_(free_before_grow=False))  # the new one first, the old freed once read
     _same_result(read(small), ref[id(small)])
     events.clear()
     _same_result(read(big), ref[id(big)])
@@ -597,7 +599,6 @@ def test_buffers_made_after_a_give_back_fit_the_most_of_a_kind_seen(engine, monk
     images of a kind makes that kind's buffer large enough for the most of it a batch has had, so a
     later batch with many takes no new buffer; sized by the call alone (``SIZE_BY_MOST`` off) it grows.
     The images are right throughout."""
-    from gpubatch.engine.codecs import image_gpu
 
     def blobs(n444: int, seed: int) -> list[bytes]:
         rng = np.random.default_rng(seed)
@@ -622,7 +623,7 @@ def test_buffers_made_after_a_give_back_fit_the_most_of_a_kind_seen(engine, monk
                      ref[id(b)])
 
     for by_most in (True, False):
-        monkeypatch.setattr(image_gpu, "SIZE_BY_MOST", by_most)
+        monkeypatch.setattr(dec, "settings", dec.settings.with_(size_by_most=by_most))
         read(many)  # the most of 4:4:4 seen: 40 images
         dec._give_back_slots()
         taken.clear()
@@ -641,10 +642,10 @@ def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path, mon
     and reported, the rows after them closed up. With the hardware engine's images in their planes
     (split calls' default) the batches are the same to a level (the planes read as Pillow decodes,
     the engine's RGB within a level of it)."""
-    from gpubatch.engine.codecs import image_gpu
     from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.engine.settings import Settings
 
-    monkeypatch.setattr(image_gpu, "HW_PLANES", "never")
+    rgb, planes = Settings(hw_planes="never"), Settings(hw_planes="chunked")
 
     paths = _jpeg_files(tmp_path, 40, lambda i: (150 + 9 * i, 300 - 4 * i), lambda i: 80 + i % 15)
     paths[7].write_bytes(paths[7].read_bytes()[:300])  # corrupt: fails on the GPU, then on the CPU
@@ -656,8 +657,8 @@ def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path, mon
         calls = 0 if chunk == "whole" else chunk
         for chain in ((RandomResizedCrop(64), Flip(), Normalize(layout="CHW", dtype="float16")),
                       (ResizeShorter(80), CenterCrop(64))):
-            with ImagePipeline(chain, device="gpu", seed=2, ring=8, decode_chunk=calls) as pipe:
-                assert pipe._fixed is not None and pipe.chunk == (image_gpu.DECODE_CHUNK if calls is None else calls)
+            with ImagePipeline(chain, device="gpu", seed=2, ring=8, decode_chunk=calls, settings=rgb) as pipe:
+                assert pipe._fixed is not None and pipe.chunk == (rgb.decode_chunk if calls is None else calls)
                 if chunk == "whole":
                     pipe._fixed = None  # the path of other chains: one resample once the batch is decoded
                 fed = [b.stacked().get() for b in pipe.iterate_files(paths, keys, batch_size=16, workers=2)]
@@ -672,10 +673,9 @@ def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path, mon
                 np.testing.assert_array_equal(got, want)
             assert out[chunk, n][2] == out["whole", n][2] == [[7], [5], []]
             assert sum(len(b) for b in out[chunk, n][0]) == 38
-    monkeypatch.setattr(image_gpu, "HW_PLANES", "chunked")
     for chain, tol in (((RandomResizedCrop(64), Flip(), Normalize(layout="CHW", dtype="float16")), 0.02),
                        ((ResizeShorter(80), CenterCrop(64)), 1)):
-        with ImagePipeline(chain, device="gpu", seed=2, ring=8, decode_chunk=3) as pipe:
+        with ImagePipeline(chain, device="gpu", seed=2, ring=8, decode_chunk=3, settings=planes) as pipe:
             assert pipe._planes
             fed = [b.stacked().get() for b in pipe.iterate_files(paths, keys, batch_size=16, workers=2)]
             assert pipe.stats["hw"] > 0
@@ -915,13 +915,13 @@ def test_region_decode_matches_full_decode(tmp_path, monkeypatch, chunk, regions
     """``region_decode``: each image decoded only where the random crop reads (with the filter's reach)
     gives the batches a full decode gives, up to the rounding of the moved window origin; the
     hardware engine's part goes through the direct path's region calls (the default reused buffers,
-    whole parts, and chunks). A decoder not in ``REGIONS_FOR`` decodes whole images and gives views of
-    the regions."""
-    from gpubatch.engine.codecs import image_gpu
+    whole parts, and chunks). A decoder not in ``settings.regions_for`` decodes whole images and gives
+    views of the regions."""
     from gpubatch.engine.codecs.nvjpeg_hw import HwBatchDecoder
     from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.engine.settings import Settings
 
-    monkeypatch.setattr(image_gpu, "REGIONS_FOR", tuple(filter(None, regions_for.split("+"))))
+    st = Settings(regions_for=tuple(filter(None, regions_for.split("+"))))
 
     paths = _jpeg_files(tmp_path, 32, lambda i: (300 + 11 * i, 420 - 5 * i), lambda i: 85 + i % 10)
     ops = [RandomResizedCrop(96), Flip(), Normalize(layout="HWC", dtype="uint8")]
@@ -931,7 +931,8 @@ def test_region_decode_matches_full_decode(tmp_path, monkeypatch, chunk, regions
                                                                          real(self, *a, **k))[1])
     out = {}
     for roi in (False, True):
-        with ImagePipeline(ops, device="gpu", seed=9, ring=8, region_decode=roi, decode_chunk=chunk) as pipe:
+        with ImagePipeline(ops, device="gpu", seed=9, ring=8, region_decode=roi, decode_chunk=chunk,
+                           settings=st) as pipe:
             calls.clear()  # (not the warm-up's)
             batches = list(pipe.iterate_files(paths, batch_size=8, workers=2))
             pipe.stream.synchronize()

@@ -32,4 +32,39 @@ def test_sync_policy_names_are_checked_and_need_the_driver(monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL", no_driver)
     assert ge.set_sync_policy(0, "blocking") is False  # nothing to set without a driver: not an error
     assert ge.sync_policy_state(0) == (None, False)
-    assert ge.SYNC_POLICY in ge.SYNC_POLICIES
+    from gpubatch.engine.settings import SYNC_POLICIES, Settings
+
+    assert Settings().sync in ge.SYNC_POLICIES and set(SYNC_POLICIES) == set(ge.SYNC_POLICIES)
+
+
+def test_settings_come_from_arguments_over_the_environment_over_the_defaults(monkeypatch):
+    """The one place the engine reads ``GPUBATCH_*`` variables: each setting from an argument, else its
+    variable, else its default; a bad value is a one-line UsageError."""
+    from gpubatch.engine.settings import Settings
+
+    monkeypatch.setenv("GPUBATCH_DECODE_ROUTE", "hardware")
+    monkeypatch.setenv("GPUBATCH_SWITCH_INTERVAL", "0.0005")
+    monkeypatch.setenv("GPUBATCH_PIN_FEED", "0")
+    st = Settings.from_env()
+    assert (st.decode_route, st.switch_interval, st.pin_feed) == ("hardware", 0.0005, False)
+    assert Settings.from_env(decode_route="split", sync=None).decode_route == "split"
+    assert Settings.from_env(environ={}).decode_route == "auto"
+    for bad in ({"decode_route": "fast"}, {"hw_planes": "sometimes"}, {"no_such_knob": 1}):
+        with pytest.raises(UsageError):
+            Settings.from_env(environ={}, **bad)
+    monkeypatch.setenv("GPUBATCH_HW_DECODERS", "many")
+    with pytest.raises(UsageError, match="GPUBATCH_HW_DECODERS"):
+        Settings.from_env()
+
+
+def test_the_engine_reads_no_environment_outside_its_settings():
+    """``GPUBATCH_*`` variables are read in engine/settings.py and nowhere else in the engine."""
+    import re
+    from pathlib import Path
+
+    import gpubatch.engine
+
+    root = Path(gpubatch.engine.__file__).parent
+    readers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                     if p.name != "settings.py" and re.search(r"os\.environ|getenv\(", p.read_text()))
+    assert readers == []

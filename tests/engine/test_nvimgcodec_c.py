@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from gpubatch.engine.codecs import nvimgcodec_c as capi
-from gpubatch.engine.codecs.image_gpu import _host_address
+from gpubatch.engine.codecs.decode_buffers import _host_address
+from gpubatch.engine.settings import Settings
 
 
 def test_structure_layouts_match_the_0_9_header():
@@ -38,17 +39,17 @@ def test_host_address_points_at_the_bytes(kind):
 
 
 def test_part_buffers_take_few_sizes_so_freed_ones_are_reused():
-    """A part's buffer is rounded up to a quarter of its leading power of two (at least SLAB_ROUND),
-    and takes the size of the largest part before it unless that is over a third larger; each decoder
-    keeps its own largest size."""
+    """A part's buffer is rounded up to a quarter of its leading power of two (at least
+    ``slab_round``), and takes the size of the largest part before it unless that is over a third
+    larger; each decoder keeps its own largest size."""
     from types import SimpleNamespace
 
-    from gpubatch.engine.codecs import image_gpu
+    from gpubatch.engine.codecs.decode_buffers import DecodeBuffers
 
     mib = 1 << 20
-    dec = SimpleNamespace(_slab_cap={True: 0, False: 0})
-    size = lambda hw, need: image_gpu.GpuImageDecoder._slab_size(dec, hw, need) // mib  # noqa: E731
-    assert size(True, 1) == image_gpu.SLAB_ROUND // mib   # an empty or tiny part still gets a buffer
+    dec = SimpleNamespace(_slab_cap={True: 0, False: 0}, settings=Settings())
+    size = lambda hw, need: DecodeBuffers._slab_size(dec, hw, need) // mib  # noqa: E731
+    assert size(True, 1) == Settings().slab_round // mib   # an empty or tiny part still gets a buffer
     assert size(True, 70 * mib) == 80                     # 16 MiB steps from 64 MiB
     assert size(True, 41 * mib) == 48                     # 8 MiB steps from 32: far smaller, its own size
     assert size(True, 61 * mib) == 80                     # within a third of the largest: its size
@@ -58,7 +59,7 @@ def test_part_buffers_take_few_sizes_so_freed_ones_are_reused():
 
 
 def test_chunks_split_each_call_evenly():
-    from gpubatch.engine.codecs.image_gpu import _pieces
+    from gpubatch.engine.codecs.decode_buffers import _pieces
 
     assert _pieces(list(range(10)), 4) == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
     assert _pieces(list(range(8)), 8) == [list(range(8))]
@@ -67,21 +68,21 @@ def test_chunks_split_each_call_evenly():
 
 
 def test_a_part_becomes_the_calls_chunked_decode_makes(monkeypatch):
-    """Each kind's list in pieces of at most ``chunk`` (the hardware engine's: HW_CHUNK), and at least
-    MIN_CALLS calls (1 by default: whole calls)."""
-    from gpubatch.engine.codecs import image_gpu
-    from gpubatch.engine.codecs.image_gpu import HW_CHUNK, _call_lists
+    """Each kind's list in pieces of at most ``chunk`` (the hardware engine's: ``hw_chunk``), and at
+    least ``min_calls`` calls (1 by default: whole calls)."""
+    from gpubatch.engine.codecs.decode_buffers import _call_lists
 
-    assert HW_CHUNK == 256 and image_gpu.MIN_CALLS == 1
-    assert [len(c) for c in _call_lists([list(range(128))], True, 64)] == [128]  # a kind whole
-    assert [len(c) for c in _call_lists([list(range(130)), list(range(130, 180))], True, 64)] == [130, 50]  # whole kinds
-    assert [len(c) for c in _call_lists([list(range(136))], False, 64)] == [46, 45, 45]
-    assert _call_lists([list(range(77))], False, 256) == [list(range(77))]  # the default chunk: the part whole
-    monkeypatch.setattr(image_gpu, "MIN_CALLS", 2)
-    assert [len(c) for c in _call_lists([list(range(128))], True, 64)] == [64, 64]  # one kind: two calls at least
-    assert [len(c) for c in _call_lists([list(range(85)), list(range(85, 128))], True, 64)] == [85, 43]
-    assert _call_lists([list(range(50))], False, 96) == [list(range(25)), list(range(25, 50))]  # two at least
-    assert _call_lists([[5]], False, 96) == [[5]]
+    st = Settings()
+    assert st.hw_chunk == 256 and st.min_calls == 1
+    assert [len(c) for c in _call_lists([list(range(128))], True, 64, st)] == [128]  # a kind whole
+    assert [len(c) for c in _call_lists([list(range(130)), list(range(130, 180))], True, 64, st)] == [130, 50]
+    assert [len(c) for c in _call_lists([list(range(136))], False, 64, st)] == [46, 45, 45]
+    assert _call_lists([list(range(77))], False, 256, st) == [list(range(77))]  # the default chunk: the part whole
+    st = Settings(min_calls=2)
+    assert [len(c) for c in _call_lists([list(range(128))], True, 64, st)] == [64, 64]  # one kind: two calls at least
+    assert [len(c) for c in _call_lists([list(range(85)), list(range(85, 128))], True, 64, st)] == [85, 43]
+    assert _call_lists([list(range(50))], False, 96, st) == [list(range(25)), list(range(25, 50))]  # two at least
+    assert _call_lists([[5]], False, 96, st) == [[5]]
 
 
 def test_fixed_size_chains_are_found():
@@ -173,7 +174,7 @@ def test_a_batch_of_code_streams_and_descriptors_equals_them_one_by_one():
     values ``code_stream``/``header``/``image`` give one by one; what is not an image gives None.
     (nvImageCodec re-initializes a handle left in the output argument instead of making a new one:
     reused out-arguments once gave every image of a batch the same handle, which crashed on destroy.)"""
-    from gpubatch.engine.codecs.image_gpu import _host_address
+    from gpubatch.engine.codecs.decode_buffers import _host_address
     from tests.helpers import jpeg_bytes, photo
 
     try:
@@ -217,14 +218,14 @@ def test_the_cuda_decoders_share_comes_from_the_kinds_its_order_names(takes, exp
     (progressive) goes to the CUDA decoder whatever the share."""
     from types import SimpleNamespace
 
-    from gpubatch.engine.codecs import image_gpu
+    from gpubatch.engine.codecs.decode_routing import DecodeRouting
 
     groups, at = {}, 0
     for kind, n in [("baseline/4:2:0", 50), ("baseline/4:2:2", 25), ("baseline/4:4:4", 25), ("progressive/4:2:0", 2)]:
         groups[kind], at = list(range(at, at + n)), at + n
     dec = SimpleNamespace(hw=None, hw_cs=[], hw_direct=[object()], hw_refuses=set(), cuda_share=32 / 102,
-                          cuda_takes=takes)
-    hw_lists, cuda = image_gpu.GpuImageDecoder._split(dec, groups)
+                          cuda_takes=takes, settings=Settings())
+    hw_lists, cuda = DecodeRouting._split(dec, groups)
     kind_of = {i: k for k, idx in groups.items() for i in idx}
     taken: dict[str, int] = {}
     for i in cuda:

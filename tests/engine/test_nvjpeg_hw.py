@@ -6,7 +6,9 @@ import ctypes
 
 import pytest
 
-from gpubatch.engine.codecs import image_gpu, nvjpeg_hw
+from gpubatch.engine.codecs import nvjpeg_hw
+from gpubatch.engine.codecs.decode_buffers import want_planes
+from gpubatch.engine.settings import Settings
 from gpubatch.errors import DependencyError
 
 
@@ -18,14 +20,10 @@ def test_image_struct_matches_nvjpeg_h():
 
 def test_direct_path_is_chosen_by_argument_then_environment(monkeypatch):
     monkeypatch.delenv("GPUBATCH_HW_DIRECT", raising=False)
-    assert image_gpu._want_direct(None) is True
-    assert image_gpu._want_direct(False) is False
+    assert Settings.from_env().hw_direct is True
     monkeypatch.setenv("GPUBATCH_HW_DIRECT", "0")
-    assert image_gpu._want_direct(None) is False
-    assert image_gpu._want_direct(True) is True
-    monkeypatch.setattr(image_gpu, "HW_DIRECT", False)
-    monkeypatch.delenv("GPUBATCH_HW_DIRECT")
-    assert image_gpu._want_direct(None) is False
+    assert Settings.from_env().hw_direct is False
+    assert Settings.from_env(hw_direct=True).hw_direct is True  # an argument over the environment
 
 
 def test_missing_nvjpeg_is_a_dependency_error(monkeypatch):
@@ -50,10 +48,9 @@ def test_failed_call_names_the_call_and_status():
 
 def test_planes_are_asked_for_with_chunked_decode_unless_told(monkeypatch):
     """Decoding into planes is slower in nvJPEG than its RGB, so whole parts keep RGB by default."""
-    monkeypatch.setattr(image_gpu, "HW_PLANES", "chunked")
-    assert image_gpu.want_planes(96) and not image_gpu.want_planes(0)
-    assert not image_gpu.want_planes(image_gpu.DECODE_CHUNK)  # the default: whole calls, in RGB
-    monkeypatch.setattr(image_gpu, "HW_PLANES", "always")
-    assert image_gpu.want_planes(0)
-    monkeypatch.setattr(image_gpu, "HW_PLANES", "never")
-    assert not image_gpu.want_planes(96)
+    st = Settings()
+    assert st.hw_planes == "chunked"
+    assert want_planes(96, st) and not want_planes(0, st)
+    assert not want_planes(st.decode_chunk, st)  # the default: whole calls, in RGB
+    assert want_planes(0, Settings(hw_planes="always"))
+    assert not want_planes(96, Settings(hw_planes="never"))

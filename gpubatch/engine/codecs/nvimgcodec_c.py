@@ -420,3 +420,11 @@ def library_path() -> str:
 def library() -> Library:
     """The process's instance (created once, kept until exit)."""
     return Library()
+
+
+def nvimgcodec():
+    try:
+        from nvidia import nvimgcodec as nic
+    except ImportError:
+        raise DependencyError("GPU image codecs need nvImageCodec: pip install 'gpubatch[cu13]'") from None
+    return nic

@@ -1,0 +1,209 @@
+"""Every tunable of the engine in one frozen object, built once and passed down.
+
+A run builds its :class:`Settings` once, from the API's or the command's arguments over the
+environment (:meth:`Settings.from_env`, the one place in the engine that reads ``GPUBATCH_*``
+variables), and hands it to the GPU engine, its decoders, the feed and the worker processes (which get
+it pickled). Studies and tests build their own (``Settings(hw_chunk=96)``,
+``settings.with_(cuda_share=0.35)``) instead of patching module globals.
+
+The defaults are what was measured best; docs/engine.md gives the figures behind each.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from ..errors import UsageError
+
+ROUTES = ("auto", "split", "hardware")
+PLANES = ("chunked", "always", "never")
+SYNC_POLICIES = ("auto", "spin", "yield", "blocking")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The engine's knobs. Those that an environment variable can set name it.
+
+    Decode routing (how each batch is split between the hardware JPEG engine and the CUDA decoder):
+
+    Attributes:
+        decode_route: "auto" (by the free cores), "split" or "hardware" (``GPUBATCH_DECODE_ROUTE``).
+        split_min_cores: free cores at which "auto" takes the split route.
+        cuda_share: the CUDA decoder's share of each batch on the split route.
+        hw_instances: hardware-engine instances; 0 chooses by the route (2 split, ``hw_only_instances``
+            hardware) (``GPUBATCH_HW_DECODERS``).
+        hw_only_instances: instances on the hardware route (one per common kind).
+        cuda_takes: which kinds the split route's CUDA decoder takes first: "slowest" (those the
+            hardware engine is slowest on) or "cheapest" (those cheapest for its host threads).
+        hw_mixed: the hardware engine's part in one call whatever the kinds (True), or a call a kind.
+        hw_direct: drive the hardware engine through nvJPEG directly where it loads
+            (``GPUBATCH_HW_DIRECT``; else nvImageCodec's hardware decoder).
+        decode_api: "c" (nvImageCodec's C API) or "python" (its binding) (``GPUBATCH_DECODE_API``).
+        cuda_decoder_options: nvImageCodec options of the CUDA decoder.
+        high_priority: the decoders' streams ("hw", "cuda") made at the device's greatest priority.
+        follow: an "auto" route follows the host's load while a run goes (``GPUBATCH_FOLLOW``).
+        follow_check_s, follow_confirm, follow_margin, follow_hold_s: seconds between checks of the
+            load, checks in a row that must want the other route, free cores below
+            ``split_min_cores`` before the split route is left, seconds a route is kept at least.
+        decoder_threads_max: CPU threads of the CUDA decoder at most.
+        readers_hw: on the hardware route the feed takes half the cores for its readers (else a quarter).
+        reserve_core: a CPU core of its own for the hardware decoder's thread (``GPUBATCH_RESERVE_CORE``).
+        reserve_min_cpus: the fewest usable cores with which a core is reserved.
+
+    Decode buffers:
+
+    Attributes:
+        pool_keep: bytes of freed memory the driver's default pool keeps.
+        slab_round: a part's buffer is rounded up to at least this many bytes (a quarter of its size's
+            leading power of two); ``slab_fit``: and taken at the size of the largest part before it
+            where that is at most a third more.
+        decode_chunk: ImagePipeline's calls of at most this many images, each into a ring slot the same
+            call of the next batch reuses (0: a buffer per part from the driver's pool).
+        hw_chunk: the hardware engine's calls at most this many images; ``min_calls``: a chunked part
+            is split into at least this many calls.
+        cuda_ring, hw_ring: the CUDA decoder's (hardware engine's) calls take this many slots in turn
+            instead of one per call (0).
+        ring_wait: seconds a call waits for its slot before taking a buffer of its own.
+        ring_slack: a slot grows to the call's size and 1/``ring_slack`` more.
+        free_before_grow: a growing slot gives its old buffer back before taking the new one, waiting
+            at most ``grow_wait`` seconds for its readers.
+        size_by_most: a slot for a whole kind is sized for the most pixels of that kind a batch has had.
+        hw_planes: "chunked" (decode 4:2:0 and 4:2:2 into their planes with calls split below
+            ``hw_chunk``), "always" or "never" (``GPUBATCH_HW_PLANES``).
+        regions_for: the decoders that decode only the regions asked for ("hw", "cuda").
+
+    The CUDA context and the pipeline:
+
+    Attributes:
+        sync: how host threads wait for the GPU, set where gpubatch makes the context: "auto", "spin",
+            "yield", "blocking" (``GPUBATCH_SYNC``).
+        switch_interval: the interpreter's thread switch interval at most, seconds
+            (``GPUBATCH_SWITCH_INTERVAL``).
+        stack_bytes: the context's stack per GPU thread (None: the driver's default).
+        pin_feed: page-lock the feed's shared-memory ring for the GPU (``GPUBATCH_PIN_FEED``).
+        held_slots: batches whose feed slot waits for the GPU before the oldest is waited for.
+        feed_slots: the file feed's ring (besides the held ones).
+        feed_slot_bytes: one batch's encoded bytes in a feed slot (more travels pickled).
+        fence_readers: the writers of an output buffer wait for the streams its last batch was read on.
+
+    The GPU worker processes of ``convert`` and ``augment``:
+
+    Attributes:
+        queue_depth: finished batches a worker may have waiting for the writer.
+        out_slot_bytes: a batch's encoded data in an output slot (more travels pickled).
+        feed_depth: batches a worker's reader processes prepare ahead.
+        hw_preallocate: height and width the hardware decoder's buffers are reserved for.
+    """
+
+    decode_route: str = "auto"
+    split_min_cores: float = 15.0
+    cuda_share: float = 0.3
+    hw_instances: int = 0
+    hw_only_instances: int = 3
+    cuda_takes: str = "slowest"
+    hw_mixed: bool = False
+    hw_direct: bool = True
+    decode_api: str = "c"
+    cuda_decoder_options: str = "nvjpeg_cuda_decoder:hybrid_huffman_threshold=0"
+    high_priority: tuple[str, ...] = ()
+    follow: bool = True
+    follow_check_s: float = 1.0
+    follow_confirm: int = 2
+    follow_margin: float = 0.5
+    follow_hold_s: float = 10.0
+    decoder_threads_max: int = 11
+    readers_hw: bool = True
+    reserve_core: bool = True
+    reserve_min_cpus: int = 8
+
+    pool_keep: int = 512 << 20
+    slab_round: int = 2 << 20
+    slab_fit: bool = True
+    decode_chunk: int = 256
+    hw_chunk: int = 256
+    min_calls: int = 1
+    cuda_ring: int = 0
+    hw_ring: int = 0
+    ring_wait: float = 1.0
+    ring_slack: int = 4
+    free_before_grow: bool = True
+    grow_wait: float = 0.25
+    size_by_most: bool = True
+    hw_planes: str = "chunked"
+    regions_for: tuple[str, ...] = ("hw", "cuda")
+
+    sync: str = "auto"
+    switch_interval: float = 0.001
+    stack_bytes: int | None = 16
+    pin_feed: bool = True
+    held_slots: int = 2
+    feed_slots: int = 6
+    feed_slot_bytes: int = 64 << 20
+    fence_readers: bool = True
+
+    queue_depth: int = 3
+    out_slot_bytes: int = 32 << 20
+    feed_depth: int = 4
+    hw_preallocate: int = 640
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("decode route", self.decode_route, ROUTES), ("hw_planes", self.hw_planes, PLANES),
+                                     ("GPU sync policy", self.sync, SYNC_POLICIES),
+                                     ("decode API", self.decode_api, ("c", "python")),
+                                     ("cuda_takes", self.cuda_takes, ("slowest", "cheapest"))):
+            if value not in allowed:
+                raise UsageError(f"unknown {name} {value!r}: one of {', '.join(allowed)}")
+
+    @property
+    def out_slots(self) -> int:
+        """A worker's output slots: the queued batches, the one being written, the one being made."""
+        return self.queue_depth + 2
+
+    def with_(self, **changes: Any) -> Settings:
+        """A copy with some knobs changed (None values are left as they are)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **given: Any) -> Settings:
+        """The settings of a run: ``given`` (the API's or the command's arguments; None values are not
+        given) over the ``GPUBATCH_*`` environment variables over the defaults."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for var, name, kind in _ENV:
+            raw = env.get(var)
+            if raw is None or raw == "":
+                continue
+            try:
+                values[name] = kind(raw)
+            except ValueError:
+                raise UsageError(f"{var}={raw!r}: not a {kind.__name__}") from None
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise UsageError(f"unknown engine setting {unknown[0]!r}")
+        values.update({k: v for k, v in given.items() if v is not None})
+        return cls(**values)
+
+
+def _flag(raw: str) -> bool:
+    return raw not in ("0", "false", "no", "off")
+
+
+_flag.__name__ = "flag (0 or 1)"
+
+# (variable, setting, parser): the environment the engine reads, here and nowhere else
+_ENV = (
+    ("GPUBATCH_DECODE_ROUTE", "decode_route", str),
+    ("GPUBATCH_HW_DECODERS", "hw_instances", int),
+    ("GPUBATCH_HW_DIRECT", "hw_direct", _flag),
+    ("GPUBATCH_DECODE_API", "decode_api", str),
+    ("GPUBATCH_FOLLOW", "follow", _flag),
+    ("GPUBATCH_RESERVE_CORE", "reserve_core", _flag),
+    ("GPUBATCH_HW_PLANES", "hw_planes", str),
+    ("GPUBATCH_SYNC", "sync", str),
+    ("GPUBATCH_SWITCH_INTERVAL", "switch_interval", float),
+    ("GPUBATCH_PIN_FEED", "pin_feed", _flag),
+)
