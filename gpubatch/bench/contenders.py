@@ -42,11 +42,10 @@ def _encode_one(arr: Any) -> int:
 def run_gpubatch(a: dict, device: str) -> dict:
     sampler = GpuSampler(a.get("gpu", 0)) if device == "gpu" else None
     from ..engine.pipeline import ImagePipeline
+    from ..engine.settings import Settings
 
-    if "reserve_core" in a:  # (a process of its own: the setting goes with it)
-        from ..engine import affinity
-
-        affinity.RESERVE_CORE = bool(a["reserve_core"])
+    # the knobs a sweep or a study names, over the environment's
+    settings = Settings.from_env(reserve_core=bool(a["reserve_core"]) if "reserve_core" in a else None)
     model = get_model(a["model"])
     ops = chain_ops(model.chains[a["chain"]])
     files = data_files(a["data"], a["images"])
@@ -54,7 +53,7 @@ def run_gpubatch(a: dict, device: str) -> dict:
     pipe = ImagePipeline(ops, device=device, seed=0, cpu_threads=a.get("threads"), gpu=a.get("gpu", 0),
                          warm_up=a.get("warm_up", 256), region_decode=bool(a.get("region_decode", 0)),
                          decode_chunk=int(a["decode_chunk"]) if "decode_chunk" in a else None, sync=a.get("sync"),
-                         decode_route=a.get("decode_route"))
+                         decode_route=a.get("decode_route"), settings=settings)
     eng = pipe.engine
     if eng is not None and a.get("cuda_share") is not None:
         eng.decoder.cuda_share, eng.decoder.deterministic, eng.decoder.follower = float(a["cuda_share"]), True, None

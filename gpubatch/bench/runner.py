@@ -105,7 +105,7 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
     ``busy_after`` seconds into each contender's process where given (load the decode route was not
     chosen by: it follows the load, ``gpubatch.engine.follow``).
     ``decode_route``: how gpubatch's GPU contender splits batches between the decoders
-    (``image_gpu.ROUTES``; by default "auto")."""
+    (``engine.settings.ROUTES``; by default "auto")."""
     from ..engine.device import resolve
 
     m = get_model(model)
