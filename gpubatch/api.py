@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import random
 import time
@@ -17,7 +19,7 @@ from typing import Any
 
 from ._paths import check_output, require_source, source_root, staged_output
 from .engine.device import Device, DeviceKind, resolve
-from .engine.registry import DEVICE, HOST
+from .engine.registry import HOST
 from .errors import ErrorPolicy, ErrorRouter, GpubatchError, RunStats, UsageError, python_messages
 from .formats import get_format, open_reader
 from .formats.base import JSON_FIELDS, MEMBERS, Reader, WriteOptions, Writer
@@ -226,6 +228,11 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
     start = time.perf_counter()
     with open_reader(src_path, req.from_format) as reader:
         check_output(reader.roots(), dst_path, req.overwrite)  # a COCO JSON's image folder is source too
+        plan = dataclasses.replace(plan, media=reader.media)
+        from .engine.media import DEVICE as ON_DEVICE
+        from .engine.media import has_codec
+
+        plan.validate(ON_DEVICE if device.is_gpu and has_codec(plan.media, ON_DEVICE) else HOST)  # before reading
         src_format = reader.format_name
         entries = _select(reader, req.limit, getattr(req, "shuffle", False), req.seed)
         if not entries:
@@ -421,7 +428,6 @@ def augment(
     _check_output_options(req)
     check_output(source_root(src_path), dst_path, req.overwrite)
     device = resolve(req.device, req.gpu)
-    plan.validate(DEVICE if device.is_gpu else HOST)
     if on_device:
         on_device(device)
     manifest = {"options": {**req.options(), "to": fmt.name},
@@ -434,14 +440,16 @@ def augment(
 def _run(device: Device, reader: Reader, entries: list, writer: Writer, plan: Any, router: ErrorRouter,
          req: Any, tick: Callable[[int], None] | None) -> None:
     from .engine.executor import default_workers, run_host
+    from .engine.media import DEVICE, has_codec
 
     workers = req.workers or default_workers()
-    if device.is_gpu and plan.touches_pixels:
+    if device.is_gpu and plan.touches_pixels and has_codec(plan.media, DEVICE):
         from .engine.gpu_run import run_device
         from .engine.settings import Settings
 
-        run_device(device, Path(req.src), reader.format_name, entries, writer, plan, router, req.gpu_procs or 1,
-                   workers, req.batch_size, req.gpu_memory, tick, Settings.from_env())
+        opener = functools.partial(open_reader, Path(req.src), reader.format_name)  # each reader process's own
+        run_device(device, opener, entries, writer, plan, router, req.gpu_procs or 1, workers, req.batch_size,
+                   req.gpu_memory, tick, Settings.from_env())
     else:
         run_host(reader, entries, writer, plan, router, workers, tick)
 

@@ -1,10 +1,11 @@
-"""The pipeline: read -> (check | decode -> ops -> encode) -> write.
+"""The CPU executor of the run flow (:mod:`.run`): its jobs turned into encoded outputs by the
+records' host codecs and the chain's host kernels, on a thread pool.
 
-Reading and per-record work run on a thread pool (file reads, Pillow's decode, resize and encode all
+Reading and per-record work run on the pool (file reads, Pillow's decode, resize and encode all
 release the GIL) with a bounded window of records in flight, so memory stays flat however large the
 dataset; results are written in dataset order by the calling thread. A failing record becomes a
 :class:`RecordError` routed to the run's :class:`ErrorRouter`; it never stops the other records unless
-the policy says so.
+the policy says so. Also here: the thread pools' helpers and the default thread counts.
 """
 
 from __future__ import annotations
@@ -16,13 +17,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from ..errors import ErrorRouter, RecordError, RunStats, Stage
-from ..formats.base import Reader, Writer
-from ..types import Media, Record
-from .codecs import headers
-from .codecs import image as host_codec
+from ..types import Record
 from .host_chain import run_chain_host
+from .media import HOST, get_codec
 from .plan import Plan
-from .registry import HOST
+from .run import Job, RecordSink, RecordSource, outputs_of, read_counted, write_results
 from .settings import Settings
 
 T = TypeVar("T")
@@ -118,107 +117,20 @@ def prefetched(items: Iterable[T], depth: int = 2) -> Iterator[T]:
                 t.join(0.05)
 
 
-def check_encoded(record: Record, max_pixels: int, full: bool = False) -> str:
-    """Validity check of bytes that pass through untouched; returns the codec the bytes hold.
-
-    Reads the header (size, mode) without decoding. A JPEG without its end marker is fully decoded to
-    tell trailing bytes from truncation; a PNG has every chunk's CRC checked; other codecs (WebP, TIFF,
-    GIF, JPEG 2000, ...) are decoded. ``full`` (``--verify full``) decodes every image.
-
-    Raises:
-        RecordError: not an image, truncated, corrupt, or above ``max_pixels``.
-    """
-    if record.media is not Media.IMAGE:
-        return record.codec
-    try:
-        hdr = headers.probe(record.data)
-    except ValueError as e:
-        raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
-    if max_pixels and hdr.width * hdr.height > max_pixels:
-        raise RecordError(
-            record.key, record.origin, Stage.DECODE,
-            f"image of {hdr.width}x{hdr.height} = {hdr.width * hdr.height} pixels exceeds --max-pixels {max_pixels}",
-        )
-    if hdr.codec == "png":
-        damage = headers.png_damage(record.data)
-        if damage:
-            raise RecordError(record.key, record.origin, Stage.DECODE, damage)
-    tail = record.data[-16:].rstrip(b"\x00\r\n ")
-    complete = (hdr.codec == "jpeg" and tail.endswith(b"\xff\xd9")) or hdr.codec == "png"
-    if full or not complete:
-        try:
-            host_codec.decode(record.data, max_pixels)
-        except ValueError as e:
-            raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
-    return hdr.codec
-
-
-def read_counted(reader: Reader, entry: Any, stats: RunStats) -> Record | RecordError:
-    """Read one entry, counting it in ``stats``; a bad entry comes back as its RecordError."""
-    try:
-        record = reader.read(entry)
-    except RecordError as e:
-        return e
-    stats.add(records_in=1, bytes_in=len(record.data))
-    return record
-
-
-def pass_through(record: Record, plan: Plan, stats: RunStats) -> Record | RecordError:
-    """A record whose bytes go out untouched, after :func:`check_encoded`."""
-    try:
-        codec = check_encoded(record, plan.max_pixels, plan.verify == "full")
-    except RecordError as e:
-        return e
-    stats.add(passthrough=1)
-    return record if codec == record.codec else record.with_(codec=codec)  # the bytes decide, not a name
-
-
-def transform_host(record: Record, plan: Plan, stats: RunStats, pixels: Any = None) -> Record:
-    """Decode (unless ``pixels`` are given), run the plan's ops and re-encode one record on the CPU."""
-    if pixels is None:
-        pixels = decode_host(record, plan)
-    h, w = pixels.shape[:2]
-    try:
-        params, boxes, dropped = plan.draw_and_move(record.key, h, w, record.boxes)
-        pixels = run_chain_host(plan.ops, pixels, params)
-    except Exception as e:  # record boundary: any op failure is this record's error
-        raise RecordError(record.key, record.origin, Stage.TRANSFORM, f"{type(e).__name__}: {e}") from None
-    codec = plan.out_codec(record.codec)
-    try:
-        plan.check_encodable(codec, *pixels.shape[:2])
-    except ValueError as e:
-        raise RecordError(record.key, record.origin, Stage.ENCODE, str(e)) from None
-    try:
-        data = host_codec.encode(pixels, codec, plan.jpeg_quality)
-    except Exception as e:  # record boundary
-        raise RecordError(record.key, record.origin, Stage.ENCODE, f"{type(e).__name__}: {e}") from None
-    if dropped:
-        stats.add(boxes_dropped=dropped)
-    if plan.augmenting:
-        stats.drawn[record.key] = params
-    return record.with_(data=data, codec=codec, boxes=boxes)
-
-
-def decode_host(record: Record, plan: Plan) -> Any:
-    try:
-        return host_codec.decode(record.data, plan.max_pixels)
-    except ValueError as e:
-        raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
-
-
 def expand_host(record: Record, plan: Plan, stats: RunStats) -> list[Record | RecordError]:
-    """Everything one source record becomes on the CPU (one output, or an augment run's variants)."""
+    """Everything one source record becomes on the CPU (one output, or an augment run's variants): its
+    jobs (:func:`~.run.outputs_of`) decoded once, run through the chain and encoded by its codec."""
     outs: list[Record | RecordError] = []
-    pixels = None
-    for out, transform in plan.outputs(record):
-        if not transform:
-            outs.append(pass_through(out, plan, stats))
+    decoded = codec = None
+    for job in outputs_of(record, plan, stats):
+        if not isinstance(job, Job):
+            outs.append(job)
             continue
         try:
-            if pixels is None:
-                pixels = decode_host(record, plan)  # once per source record, however many variants
-            outs.append(transform_host(out, plan, stats, pixels))
-            stats.add(transcoded=1)
+            if decoded is None:  # once per source record, however many variants it has
+                codec = get_codec(record.media, record.codec, HOST)
+                decoded = codec.decode(record, plan)
+            outs.append(_transform(job, decoded, codec, plan, stats))
         except RecordError as e:
             outs.append(e)
             if e.stage is Stage.DECODE:
@@ -226,16 +138,26 @@ def expand_host(record: Record, plan: Plan, stats: RunStats) -> list[Record | Re
     return outs
 
 
-def run_host(
-    reader: Reader,
-    entries: list[Any],
-    writer: Writer,
-    plan: Plan,
-    router: ErrorRouter,
-    workers: int,
-    progress: Callable[[int], None] | None = None,
-) -> None:
-    """Run the whole pipeline on the CPU."""
+def _transform(job: Job, decoded: Any, codec: Any, plan: Plan, stats: RunStats) -> Record:
+    """One job's output: its parameters settled for the decoded size, the chain's host kernels, encoded."""
+    t = job.template
+    try:
+        params, boxes, dropped = job.settle(plan, *codec.size(decoded))
+        data = run_chain_host(plan.ops, decoded, params)
+    except Exception as e:  # noqa: BLE001 - the record boundary: any op failure is this record's error
+        raise RecordError(t.key, t.origin, Stage.TRANSFORM, f"{type(e).__name__}: {e}") from None
+    out = codec.encode(data, t, plan).with_(boxes=boxes)
+    if dropped:
+        stats.add(boxes_dropped=dropped)
+    if plan.augmenting:
+        stats.drawn[t.key] = params
+    stats.add(transcoded=1)
+    return out
+
+
+def run_host(reader: RecordSource, entries: list[Any], writer: RecordSink, plan: Plan, router: ErrorRouter,
+             workers: int, progress: Callable[[int], None] | None = None) -> None:
+    """Run the whole flow on the CPU."""
     stats = router.stats
     plan.validate(HOST)
 
@@ -246,46 +168,3 @@ def run_host(
         return expand_host(record, plan, stats)
 
     write_results((r for rs in ordered_map(work, entries, workers) for r in rs), writer, router, progress)
-
-
-def write_results(
-    results: Iterable[Record | RecordError],
-    writer: Writer,
-    router: ErrorRouter,
-    progress: Callable[[int], None] | None,
-) -> None:
-    """Write records in order, route errors to the policy, report progress one record at a time."""
-    import time
-
-    stats = router.stats
-    it = iter(results)
-    wait = write = 0.0
-    try:
-        while True:
-            t0 = time.perf_counter()
-            result = next(it, None)
-            t1 = time.perf_counter()
-            wait += t1 - t0
-            if result is None:
-                return
-            _write_one(result, writer, router, stats)
-            if progress:
-                progress(1)
-            write += time.perf_counter() - t1
-    finally:
-        stats.timed("write_wait", wait)
-        stats.timed("write", write)
-
-
-def _write_one(result: Record | RecordError, writer: Writer, router: ErrorRouter, stats: RunStats) -> None:
-    if isinstance(result, RecordError):
-        if result.stage is Stage.READ:
-            stats.add(records_in=1)
-        router(result)
-        return
-    try:
-        writer.write(result)
-    except (ValueError, RecursionError) as e:  # this record does not fit the format; I/O errors end the run
-        router(RecordError(result.key, result.origin, Stage.WRITE, str(e) or type(e).__name__))
-    else:
-        stats.add(records_out=1, bytes_out=len(result.data))

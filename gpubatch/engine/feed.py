@@ -22,7 +22,7 @@ import os
 import queue
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -31,6 +31,7 @@ from typing import Any
 
 from ..types import Record
 from .plan import Plan
+from .run import Job, RecordSource, outputs_of, read_counted
 
 SLOT_BYTES = 64 << 20  # one batch's encoded bytes by default (Settings.feed_slot_bytes); more comes back pickled
 _W: dict[str, Any] = {}
@@ -101,7 +102,7 @@ def fit_slots(depth: int, slot_bytes: int) -> int:
     return max(1 << 20, min(slot_bytes, free // (2 * max(depth, 1))))
 
 
-def _init(shm_name: str, plan: Plan | None, slot_bytes: int, source: tuple[str, str] | None = None) -> None:
+def _init(shm_name: str, plan: Plan | None, slot_bytes: int, opener: Callable[[], RecordSource] | None = None) -> None:
     from multiprocessing.shared_memory import SharedMemory
 
     # Spawned workers share the parent's resource tracker, which keeps one entry per name: this
@@ -109,10 +110,8 @@ def _init(shm_name: str, plan: Plan | None, slot_bytes: int, source: tuple[str, 
     # tracker fail on that second removal).
     shm = SharedMemory(name=shm_name)
     _W.update(shm=shm, plan=plan, slot=slot_bytes)
-    if source is not None:  # a RecordFeed: each worker opens the dataset itself
-        from ..formats import open_reader
-
-        reader = open_reader(Path(source[0]), source[1])
+    if opener is not None:  # a RecordFeed: each worker opens the dataset itself
+        reader = opener()
         reader.entries()  # the reader's own scan sets up the shard handles entries refer to
         _W["reader"] = reader
 
@@ -181,8 +180,45 @@ def _draws(plan: Plan | None) -> bool:
     return plan is not None and any(op.random for op in plan.ops)
 
 
-def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False, epoch: int = 0) -> tuple:
-    """Read ``paths`` into ``slot``; (slot layout, (sizes, params, errors, headers, windows, regions)).
+@dataclass
+class FileReads:
+    """What a :class:`FileFeed` worker made of a batch of files, besides their bytes in the slot.
+
+    Attributes:
+        sizes: per file the (height, width) its header says it decodes to, or None.
+        params: per file the drawn op parameters (None without random ops, or where the size is unknown).
+        errors: per file None or why it could not be read.
+        headers: per file its JPEG kind and stored size (:func:`~.codecs.headers.jpeg_kind`).
+        windows: the chain's leading window segment folded per file, or None.
+        regions: per file the region to decode, or None (whole images).
+    """
+
+    sizes: list[tuple[int, int] | None]
+    params: list[Any] | None
+    errors: list[str | None]
+    headers: list[tuple[str | None, int, int]]
+    windows: tuple[Any, Any] | None
+    regions: list[Any] | None
+
+
+@dataclass
+class RecordReads:
+    """What a :class:`RecordFeed` worker made of a batch of dataset entries, besides the sources' bytes
+    in the slot: see :class:`FedRecords`, whose fields these are."""
+
+    sizes: list[tuple[int, int] | None]
+    headers: list[tuple[str | None, int, int]]
+    sources: list[tuple[str, str]]
+    jobs: list[Job]
+    results: list[Any]
+    windows: tuple[Any, Any] | None
+    counts: dict[str, int]
+    seconds: float
+
+
+def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False,
+          epoch: int = 0) -> tuple[tuple, FileReads]:
+    """Read ``paths`` into ``slot``: (the slot's layout, what else the batch needs).
 
     With ``regions``, records whose leading window reads only part of the image get the region to
     decode (see :func:`~gpubatch.engine.windows.leading_regions`; upright JPEGs only): their window
@@ -216,14 +252,15 @@ def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False, e
                 windows[0][i, 0] -= y0
                 windows[0][i, 2] -= x0
                 sizes[i] = (y1 - y0, x1 - x0)
-    return out.layout(), (sizes, params if _draws(plan) else None, errors, headers, windows, cut)
+    return out.layout(), FileReads(sizes, params if _draws(plan) else None, errors, headers, windows, cut)
 
 
-def _read_records(slot: int, entries: list[Any]) -> tuple:
-    """Read dataset ``entries`` for ``convert``/``augment`` on the GPU (see :class:`RecordFeed`)."""
-    from ..errors import RecordError, RunStats, Stage
+def _read_records(slot: int, entries: list[Any]) -> tuple[tuple, RecordReads]:
+    """Read dataset ``entries`` for ``convert``/``augment`` on the GPU (see :class:`RecordFeed`): each
+    record's outputs from the run flow (:func:`~.run.outputs_of`), its jobs' parameters drawn for its
+    header's size, and the bytes of each source with a job in the slot, once however many it has."""
+    from ..errors import RunStats
     from .codecs.headers import jpeg_display_size, jpeg_kind
-    from .executor import pass_through, read_counted
     from .windows import leading_windows
 
     t0 = time.perf_counter()
@@ -239,32 +276,22 @@ def _read_records(slot: int, entries: list[Any]) -> tuple:
         if not isinstance(record, Record):
             results.append(record)
             continue
-        source = -1
-        for rec, transform in plan.outputs(record):
-            if not transform:
-                results.append(pass_through(rec, plan, stats))
-                continue
-            if source < 0:  # decoded once however many variants it has
-                source = len(sizes)
-                out.put(record.data)
-                head = record.data[:65536]
-                sizes.append(jpeg_display_size(head))
-                headers.append(jpeg_kind(head))
-                keys.append((record.key, record.origin))
-            hw = sizes[source]
-            template = rec.with_(data=b"")
-            if hw is None:
-                jobs.append(Job(source, template, None, None, 0))
-            else:
-                try:
-                    jobs.append(Job(source, template, *plan.draw_and_move(rec.key, hw[0], hw[1], rec.boxes)))
-                except Exception as e:  # noqa: BLE001 - the record boundary: an op too large, hostile boxes
-                    results.append(RecordError(rec.key, rec.origin, Stage.TRANSFORM, str(e)))
-                    continue
-            results.append(len(jobs) - 1)
+        head = record.data[:65536]
+        size = jpeg_display_size(head)
+        outs = outputs_of(record, plan, stats, source=len(sizes), size=size)
+        if any(isinstance(o, Job) for o in outs):  # decoded once however many variants it has
+            out.put(record.data)
+            sizes.append(size)
+            headers.append(jpeg_kind(head))
+            keys.append((record.key, record.origin))
+        for o in outs:
+            if isinstance(o, Job):
+                jobs.append(o)
+                o = len(jobs) - 1
+            results.append(o)
     windows = leading_windows(plan.ops, [j.params for j in jobs], [sizes[j.source] for j in jobs])
     counts = {k: getattr(stats, k) for k in ("records_in", "bytes_in", "passthrough")}
-    return out.layout(), (sizes, headers, keys, jobs, results, windows, counts, time.perf_counter() - t0)
+    return out.layout(), RecordReads(sizes, headers, keys, jobs, results, windows, counts, time.perf_counter() - t0)
 
 
 class Feed:
@@ -278,7 +305,7 @@ class Feed:
     """
 
     def __init__(self, spans: list[tuple[int, int]], plan: Plan | None, workers: int | None, depth: int,
-                 repeat: bool, slot_bytes: int, views: bool, source: tuple[str, str] | None = None):
+                 repeat: bool, slot_bytes: int, views: bool, opener: Callable[[], RecordSource] | None = None):
         import multiprocessing as mp
         from multiprocessing.shared_memory import SharedMemory
 
@@ -295,7 +322,7 @@ class Feed:
         self.slot_bytes = fit_slots(self.depth, int(slot_bytes))
         self.shm = SharedMemory(create=True, size=self.depth * self.slot_bytes)
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                                        initializer=_init, initargs=(self.shm.name, plan, self.slot_bytes, source))
+                                        initializer=_init, initargs=(self.shm.name, plan, self.slot_bytes, opener))
 
     def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
         raise NotImplementedError
@@ -426,27 +453,9 @@ class FileFeed(Feed):
     def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
         return self.pool.submit(_read, slot, self.files[a:b], self.keys[a:b], self.regions, epoch)
 
-    def _batch(self, blobs: list[Any], a: int, b: int, extra: Any, release: Any, epoch: int = 0) -> FedBatch:
-        sizes, params, errors, headers, windows, regions = extra
-        return FedBatch(blobs, self.keys[a:b], sizes, params, errors, headers, windows, regions, release, epoch)
-
-
-@dataclass
-class Job:
-    """One output record to be made on the GPU from a decoded source image of a :class:`FedRecords`.
-
-    Attributes:
-        source: index of the source image in the batch.
-        template: the output record without its data (key, label, metadata; boxes as read).
-        params: the op parameters drawn for the source's header size (None when it is unknown).
-        boxes: ``template``'s boxes moved through the chain with ``params``; ``dropped`` how many went.
-    """
-
-    source: int
-    template: Record
-    params: list | None
-    boxes: Any
-    dropped: int
+    def _batch(self, blobs: list[Any], a: int, b: int, extra: FileReads, release: Any, epoch: int = 0) -> FedBatch:
+        return FedBatch(blobs, self.keys[a:b], extra.sizes, extra.params, extra.errors, extra.headers, extra.windows,
+                        extra.regions, release, epoch)
 
 
 @dataclass
@@ -489,14 +498,18 @@ class RecordFeed(Feed):
     its boxes) for the header's size. The process driving the GPU then only decodes, launches and encodes.
     """
 
-    def __init__(self, src: str | Path, fmt: str, entries: Sequence[Any], plan: Plan, batch_size: int = 256,
+    def __init__(self, opener: Callable[[], RecordSource], entries: Sequence[Any], plan: Plan, batch_size: int = 256,
                  workers: int | None = None, depth: int = 4, slot_bytes: int = SLOT_BYTES, views: bool = True):
+        """``opener``: makes the dataset's reader in each worker process (picklable: a module-level
+        function and its arguments, as ``functools.partial(open_reader, path, format)``)."""
         self.entries = list(entries)
         spans = _spans(len(self.entries), batch_size)
-        super().__init__(spans, plan, workers, depth, False, slot_bytes, views, (str(src), fmt))
+        super().__init__(spans, plan, workers, depth, False, slot_bytes, views, opener)
 
     def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
         return self.pool.submit(_read_records, slot, self.entries[a:b])
 
-    def _batch(self, blobs: list[Any], a: int, b: int, extra: Any, release: Any, epoch: int = 0) -> FedRecords:
-        return FedRecords(blobs, *extra, release=release)
+    def _batch(self, blobs: list[Any], a: int, b: int, extra: RecordReads, release: Any,
+               epoch: int = 0) -> FedRecords:
+        return FedRecords(blobs, extra.sizes, extra.headers, extra.sources, extra.jobs, extra.results, extra.windows,
+                          extra.counts, extra.seconds, release=release)

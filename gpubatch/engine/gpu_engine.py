@@ -137,7 +137,10 @@ class GpuEngine:
 
         import cupy as cp
 
-        from .codecs.image_gpu import GpuImageDecoder
+        from .media import DEVICE, get_codec
+
+        codecs = get_codec("image", "*", DEVICE)  # the GPU image decoder and encoder (imported here)
+        GpuImageDecoder = codecs.decoder()
 
         # The decoders' threads take the GIL back once per image while a call runs; with another
         # thread busy in Python each hand-over waits up to one switch interval (one busy thread:
@@ -174,8 +177,9 @@ class GpuEngine:
     @property
     def encoder(self):
         if self._encoder is None:
-            from .codecs.image_encode_gpu import GpuImageEncoder
+            from .media import DEVICE, get_codec
 
+            GpuImageEncoder = get_codec("image", "*", DEVICE).encoder()
             self._encoder = GpuImageEncoder(self.device.index, self.cpu_threads, self.jpeg_encoder, self.staging)
         return self._encoder
 

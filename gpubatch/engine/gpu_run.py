@@ -1,4 +1,5 @@
-"""``convert`` / ``augment`` on the GPU: GPU worker processes fed by reader processes, written in order here.
+"""The GPU executor of the run flow (:mod:`.run`): ``convert`` / ``augment`` in GPU worker processes fed
+by reader processes, the outputs written in order here.
 
 Nothing that is Python may share a process with the decoders: nvImageCodec's calls take the GIL back
 once per image, so one busy Python thread beside them cuts decode several-fold (see
@@ -22,19 +23,18 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from ..errors import ErrorRouter, GpubatchError, RecordError
-from ..formats.base import Writer
 from ..types import Record
 from .device import Device
-from .gpu_worker import _cores, _worker
+from .gpu_worker import WorkerFailed, _cores, _worker
 from .plan import Plan
+from .run import RecordSink, RecordSource
 from .settings import Settings
 
 
-def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: Writer, plan: Plan,
+def run_device(device: Device, opener: Callable[[], RecordSource], entries: list[Any], writer: RecordSink, plan: Plan,
                router: ErrorRouter, procs: int, workers: int, batch_size: int = 256,
                gpu_memory: Any = None, progress: Callable[[int], None] | None = None,
                settings: Settings | None = None) -> None:
@@ -47,9 +47,10 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
     import multiprocessing as mp
     from multiprocessing.shared_memory import SharedMemory
 
-    from .executor import default_readers, write_results
+    from .executor import default_readers
     from .feed import fit_slots, shm_free
     from .registry import DEVICE
+    from .run import write_results
 
     plan.validate(DEVICE)
     settings = settings or Settings.from_env()
@@ -76,7 +77,7 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
             rings.append(SharedMemory(create=True, size=settings.out_slots * slot_bytes))
             mine = [e for chunk in chunks[k::procs] for e in chunk]
             p = ctx.Process(target=_worker, name=f"gpubatch-gpu{k}",
-                            args=(device.index, str(src), fmt, plan, mine, batch_size, feed_workers, threads,
+                            args=(device.index, opener, plan, mine, batch_size, feed_workers, threads,
                                   gpu_memory, procs, queues[k], stop, rings[k].name, slot_bytes, returns[k],
                                   settings))
             p.start()
@@ -96,11 +97,9 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
             msg = receive(c % procs)
             if c == 0:
                 stats.timed("start (to the first batch)", time.perf_counter() - t_start)
-            if msg[0] == "error":
-                raise GpubatchError(msg[1])
-            if msg[0] == "crash":
-                raise GpubatchError(f"a GPU worker process failed:\n{msg[1]}")
-            _, out, drawn, counts, timings, slot = msg
+            if isinstance(msg, WorkerFailed):
+                raise GpubatchError(f"a GPU worker process failed:\n{msg.message}" if msg.crash else msg.message)
+            out, slot = msg.records, msg.slot
             if slot is not None:  # make the files whose data the worker left in its output ring
                 k = c % procs
                 view = rings[k].buf[slot * slot_bytes : (slot + 1) * slot_bytes]
@@ -108,9 +107,9 @@ def run_device(device: Device, src: Path, fmt: str, entries: list[Any], writer: 
                        else r for r in out]
                 view.release()
                 returns[k].put(slot)
-            stats.add(**counts)
-            stats.drawn.update(drawn)
-            for name, v in timings.items():
+            stats.add(**msg.counts)
+            stats.drawn.update(msg.drawn)
+            for name, v in msg.timings.items():
                 stats.timed(name, v)
             yield from out
 

@@ -8,6 +8,8 @@ import os
 import queue
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,7 @@ from ..errors import GpubatchError, RecordError, RunStats, Stage
 from ..types import Record
 from .gpu_engine import GpuEngine
 from .plan import Plan
+from .run import RecordSource
 from .settings import Settings
 from .windows import fed_windows
 
@@ -24,8 +27,8 @@ def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any,
                   sink: Any = None) -> list[Record | RecordError]:
     """The outputs of one :class:`~gpubatch.engine.feed.FedRecords` batch, in order: its jobs run through
     the chain and are encoded from the decoded sources ``res``; a record that failed to decode gives one
-    error however many variants it has. Parameters (and moved boxes) drawn by the feed for a source's
-    header size are used where the decoded size matches; the rest are drawn here. With a ``sink``
+    error however many variants it has. Each job's parameters come from :meth:`~.run.Job.settle`: those
+    the feed drew for the source's header size where the decoded size matches, else drawn here. With a ``sink``
     (:class:`~gpubatch.engine.codecs.jpeg_gpu.Sink`) JPEG records hold an ``EncodedSpan`` of it as data."""
     res.order(engine.stream)  # this batch's kernels wait for its decode, and no later one's
     out: list[Any] = list(fed.results)
@@ -46,22 +49,19 @@ def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any,
             continue
         t = job.template
         hw = (int(a.shape[0]), int(a.shape[1]))
-        if fed.sizes[job.source] == hw:
-            drawn, boxes, d = job.params, job.boxes, job.dropped
-        else:  # the header said otherwise (or nothing): draw for the decoded size
-            try:
-                drawn, boxes, d = plan.draw_and_move(t.key, hw[0], hw[1], t.boxes)
-            except Exception as e:  # noqa: BLE001 - the record boundary: an op too large, hostile boxes
-                out[pos] = RecordError(t.key, t.origin, Stage.TRANSFORM, f"{e}")
-                continue
-            redrawn.append(len(rows))
+        again = job.size != hw  # the header said otherwise (or nothing): drawn for the decoded size
+        try:
+            drawn, boxes, d = job.settle(plan, *hw)
+        except Exception as e:  # noqa: BLE001 - the record boundary: an op too large, hostile boxes
+            out[pos] = RecordError(t.key, t.origin, Stage.TRANSFORM, f"{e}")
+            continue
         try:
             plan.check_encodable(plan.out_codec(t.codec), *plan.out_hw(hw[0], hw[1], drawn))
         except ValueError as e:
             out[pos] = RecordError(t.key, t.origin, Stage.ENCODE, str(e))
-            if len(redrawn) and redrawn[-1] == len(rows):
-                redrawn.pop()
             continue
+        if again:
+            redrawn.append(len(rows))
         dropped += d
         if plan.augmenting:
             stats.drawn[t.key] = drawn
@@ -122,7 +122,7 @@ class _Stopped(Exception):
     pass
 
 
-def _put(q: Any, stop: Any, msg: tuple) -> None:
+def _put(q: Any, stop: Any, msg: Any) -> None:
     while True:
         try:
             q.put(msg, timeout=0.5)
@@ -150,7 +150,35 @@ def _free_slot(free: list[int], returns: Any, stop: Any) -> int:
                 raise _Stopped from None
 
 
-def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any], batch_size: int,
+@dataclass
+class WorkerBatch:
+    """A worker's finished batch, as the writing process receives it.
+
+    Attributes:
+        records: the batch's outputs in order (Record or RecordError); JPEG data may be an
+            :class:`~gpubatch.engine.codecs.jpeg_gpu.EncodedSpan` of output slot ``slot``.
+        drawn: output key -> the parameters drawn for it (augment runs).
+        counts: RunStats counters of the batch.
+        timings: seconds per stage of the batch.
+        slot: the output slot holding its encoded data, or None.
+    """
+
+    records: list[Record | RecordError]
+    drawn: dict[str, Any]
+    counts: dict[str, int]
+    timings: dict[str, float]
+    slot: int | None
+
+
+@dataclass
+class WorkerFailed:
+    """A worker's end: a GpubatchError's one line, or (``crash``) a traceback."""
+
+    message: str
+    crash: bool = False
+
+
+def _worker(device_index: int, opener: Callable[[], RecordSource], plan: Plan, entries: list[Any], batch_size: int,
             feed_workers: int, threads: int, gpu_memory: Any, procs: int, out: Any, stop: Any,
             out_shm: str, slot_bytes: int, returns: Any, settings: Settings) -> None:
     """One GPU worker process: its batches through feed -> decode -> chain -> encode -> ``out``.
@@ -179,7 +207,7 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
         route_cores = _cores() / procs
         # the hardware decoder's thread gets a core of its own, which the reader processes started below leave
         cores = affinity.reserve(device_index, settings) if procs == 1 else None
-        feed = RecordFeed(src, fmt, entries, plan, batch_size, workers=feed_workers, depth=settings.feed_depth,
+        feed = RecordFeed(opener, entries, plan, batch_size, workers=feed_workers, depth=settings.feed_depth,
                           slot_bytes=settings.feed_slot_bytes)
         feed.start()  # the reader processes start up while CUDA does
         # the hardware decoder's buffers reserved for a batch of 640x640 images up front: transcode ran at
@@ -225,11 +253,11 @@ def _worker(device_index: int, src: str, fmt: str, plan: Plan, entries: list[Any
             timings.update(first, **{"ops+encode": time.perf_counter() - t1 - waited, "read (feed workers)": fed.seconds})
             first = {}
             counts = {**fed.counts, **{k: getattr(stats, k) for k in ("transcoded", "fallbacks", "boxes_dropped")}}
-            _put(out, stop, ("batch", done, stats.drawn, counts, timings, slot))
+            _put(out, stop, WorkerBatch(done, stats.drawn, counts, timings, slot))
     except _Stopped:
         return
     except BaseException as e:  # noqa: BLE001 - the parent reports it; nothing else would see it
-        msg = ("error", str(e)) if isinstance(e, GpubatchError) else ("crash", traceback.format_exc())
+        msg = WorkerFailed(str(e)) if isinstance(e, GpubatchError) else WorkerFailed(traceback.format_exc(), True)
         try:
             _put(out, stop, msg)
         except _Stopped:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from ..types import Boxes, Record
 from .codecs.headers import DEFAULT_MAX_PIXELS
+from .media import MediaSpec
 from .ops.base import Op
 from .registry import DEVICE, get_kernel
 
@@ -34,6 +35,7 @@ class Plan:
         keep_original: with ``copies``, also write each record untouched under its own key.
         verify: how the bytes that pass through untouched are checked: "headers" (the header read, a
             PNG's chunk CRCs, a JPEG without its end marker decoded) or "full" (every image decoded).
+        media: what the records hold ("image"; the codec registry's key, :mod:`.media`).
     """
 
     ops: tuple[Op, ...] = ()
@@ -45,6 +47,7 @@ class Plan:
     copies: int = 0
     keep_original: bool = False
     verify: str = "headers"
+    media: str = "image"
 
     def __post_init__(self) -> None:
         if self.verify not in VERIFY:
@@ -129,13 +132,23 @@ class Plan:
             h, w = op.out_hw(h, w, p)
         return h, w
 
-    def validate(self, backend: str) -> None:
-        """Check that every op can run on ``backend`` (raises UsageError naming what exists)."""
+    def validate(self, backend: str) -> MediaSpec:
+        """Check that every op takes what the op before makes (:meth:`~.ops.base.Op.out_spec`, from what
+        the media's codec decodes to) and can run on ``backend``; returns the spec of the chain's output.
+
+        Raises:
+            UsageError: naming the op and what it takes, or the kernels that exist.
+        """
+        from .media import get_codec
+
+        spec = get_codec(self.media, "*", backend).spec
         for i, op in enumerate(self.ops):
+            spec = op.out_spec(spec)
             if backend != DEVICE or op.kind == "custom":
                 get_kernel(op.name, backend)
             if op.name == "normalize" and i != len(self.ops) - 1:
                 raise UsageError("normalize must be the last op of a chain")
+        return spec
 
     def draw(self, key: str, h: int, w: int, boxes: Boxes | None = None, epoch: int = 0) -> list:
         """Per-op parameters of the record ``key`` with an (h, w) decoded image (same on CPU and GPU).

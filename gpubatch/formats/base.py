@@ -124,6 +124,7 @@ class Reader(abc.ABC):
     """Reads one dataset. Subclasses implement :meth:`_scan` and :meth:`read`."""
 
     format_name: str = ""
+    media: str = "image"  # what its records hold (the engine's codec registry key)
 
     def __init__(self, path: Path):
         self.path = Path(path)

@@ -11,8 +11,7 @@ from PIL import Image
 from gpubatch import convert
 from gpubatch.api import open_dataset
 from gpubatch.engine.codecs.headers import jpeg_subsampling, probe
-from gpubatch.engine.codecs.image import decode, encode
-from gpubatch.engine.executor import check_encoded
+from gpubatch.engine.codecs.image import check_encoded, decode, encode
 from gpubatch.engine.ops.geometry import CenterCrop, ResizeShorter, crop_pad_cpu, resize_cpu
 from gpubatch.errors import RecordError
 from gpubatch.types import Boxes, Record

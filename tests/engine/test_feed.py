@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -200,7 +201,7 @@ def test_record_feed_reads_passes_through_and_draws_per_output(dataset: str, fmt
     ops = spec.preset("ssd") if dataset == "coco" else spec.preset("resnet50-train")
     plan = Plan(ops=ops, seed=3, copies=2, keep_original=True, min_box_visibility=0.25)
     batches = []
-    with RecordFeed(src, fmt, entries, plan, batch_size=5, workers=2, depth=2) as feed:
+    with RecordFeed(functools.partial(open_reader, src, fmt), entries, plan, batch_size=5, workers=2, depth=2) as feed:
         feed.start()
         for fed in feed:
             fed.blobs = [bytes(b) for b in fed.blobs]  # views of a slot the feed reuses once done
@@ -263,7 +264,7 @@ def test_record_feed_reports_unreadable_records_in_place(tmp_path: Path):
     entries = reader.entries()
     (src / entries[3][0]).unlink()
     plan = Plan(ops=(ResizeShorter(32),))
-    with RecordFeed(src, "folder", entries, plan, batch_size=4, workers=1, depth=2, views=False) as feed:
+    with RecordFeed(functools.partial(open_reader, src, "folder"), entries, plan, batch_size=4, workers=1, depth=2, views=False) as feed:
         results = [r for fed in feed for r in fed.results]
     assert len(results) == len(entries)
     assert isinstance(results[3], RecordError) and results[3].stage.value == "read"

@@ -1,5 +1,5 @@
 """Image codecs on the host: decode and encode with Pillow (headers: :mod:`.headers`; the GPU side:
-:mod:`.image_gpu`).
+:mod:`.image_gpu`), and the image media's entries in the codec registry (:mod:`..media`).
 
 Decoded images are uint8 RGB, HWC, with EXIF orientation applied. Grayscale, CMYK, palette and
 alpha images become RGB (alpha composited over white), so every later op sees one layout.
@@ -8,11 +8,18 @@ alpha images become RGB (alpha composited over white), so every later op sees on
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...errors import RecordError, Stage
+from ...types import Record
+from ..media import DEVICE, HOST, MediaSpec, register_codec
+from . import headers
 from .headers import DEFAULT_MAX_PIXELS, _pillow, _why
+
+if TYPE_CHECKING:
+    from ..plan import Plan
 
 
 def decode(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
@@ -81,3 +88,90 @@ def encode(pixels: np.ndarray, codec: str, quality: int = 95) -> bytes:
     else:
         raise ValueError(f"cannot encode {codec!r}; supported: jpeg, png")
     return buf.getvalue()
+
+
+def check_encoded(record: Record, max_pixels: int, full: bool = False) -> str:
+    """Validity check of image bytes that pass through untouched; returns the codec the bytes hold.
+
+    Reads the header (size, mode) without decoding. A JPEG without its end marker is fully decoded to
+    tell trailing bytes from truncation; a PNG has every chunk's CRC checked; other codecs (WebP, TIFF,
+    GIF, JPEG 2000, ...) are decoded. ``full`` (``--verify full``) decodes every image.
+
+    Raises:
+        RecordError: not an image, truncated, corrupt, or above ``max_pixels``.
+    """
+    try:
+        hdr = headers.probe(record.data)
+    except ValueError as e:
+        raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+    if max_pixels and hdr.width * hdr.height > max_pixels:
+        raise RecordError(
+            record.key, record.origin, Stage.DECODE,
+            f"image of {hdr.width}x{hdr.height} = {hdr.width * hdr.height} pixels exceeds --max-pixels {max_pixels}",
+        )
+    if hdr.codec == "png":
+        damage = headers.png_damage(record.data)
+        if damage:
+            raise RecordError(record.key, record.origin, Stage.DECODE, damage)
+    tail = record.data[-16:].rstrip(b"\x00\r\n ")
+    complete = (hdr.codec == "jpeg" and tail.endswith(b"\xff\xd9")) or hdr.codec == "png"
+    if full or not complete:
+        try:
+            decode(record.data, max_pixels)
+        except ValueError as e:
+            raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+    return hdr.codec
+
+
+class ImageHostCodec:
+    """Images on the CPU, as the run flow uses them (:class:`~gpubatch.engine.media.Codec`): Pillow
+    decodes to an RGB image the host chain reads without a copy, and encodes JPEG or PNG."""
+
+    spec = MediaSpec("image")
+
+    def check(self, record: Record, plan: Plan) -> Record:
+        codec = check_encoded(record, plan.max_pixels, plan.verify == "full")
+        return record if codec == record.codec else record.with_(codec=codec)  # the bytes decide, not a name
+
+    def decode(self, record: Record, plan: Plan) -> Any:
+        try:
+            return decode_image(record.data, plan.max_pixels)
+        except ValueError as e:
+            raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+
+    def size(self, decoded: Any) -> tuple[int, int]:
+        return (decoded.height, decoded.width) if hasattr(decoded, "height") else tuple(decoded.shape[:2])
+
+    def encode(self, data: Any, record: Record, plan: Plan) -> Record:
+        codec = plan.out_codec(record.codec)
+        try:
+            plan.check_encodable(codec, *data.shape[:2])
+        except ValueError as e:
+            raise RecordError(record.key, record.origin, Stage.ENCODE, str(e)) from None
+        try:
+            return record.with_(data=encode(data, codec, plan.jpeg_quality), codec=codec)
+        except Exception as e:  # noqa: BLE001 - the record boundary
+            raise RecordError(record.key, record.origin, Stage.ENCODE, f"{type(e).__name__}: {e}") from None
+
+
+class ImageDeviceCodec:
+    """Images on the GPU: decoded and encoded a batch at a time by the GPU engine's decoder and
+    encoder (imported when first asked for, so that naming the codec loads no GPU library)."""
+
+    spec = MediaSpec("image")
+
+    @staticmethod
+    def decoder() -> type:
+        from .image_gpu import GpuImageDecoder
+
+        return GpuImageDecoder
+
+    @staticmethod
+    def encoder() -> type:
+        from .image_encode_gpu import GpuImageEncoder
+
+        return GpuImageEncoder
+
+
+register_codec("image", "*", HOST, ImageHostCodec())
+register_codec("image", "*", DEVICE, ImageDeviceCodec())

@@ -14,6 +14,7 @@ import numpy as np
 
 from ...errors import UsageError
 from ...types import Boxes
+from ..media import MediaSpec
 
 OPS: dict[str, type[Op]] = {}
 
@@ -50,11 +51,13 @@ class Window:
 class Op:
     """One step of a chain. Subclasses hold validated parameters only; kernels live beside them.
 
-    Class attributes: ``name`` (registry and CLI name), ``moves_boxes`` (geometric), ``random``
-    (draws per-record parameters with :meth:`make_params`).
+    Class attributes: ``name`` (registry and CLI name), ``media`` (what it takes: "image" unless an op
+    says otherwise), ``moves_boxes`` (geometric), ``random`` (draws per-record parameters with
+    :meth:`make_params`).
     """
 
     name: ClassVar[str] = ""
+    media: ClassVar[tuple[str, ...]] = ("image",)
     moves_boxes: ClassVar[bool] = False
     random: ClassVar[bool] = False
     # how the GPU runs it: "window" (folded into the fused resample), "step" (per-sample programs of
@@ -67,6 +70,13 @@ class Op:
         super().__init_subclass__(**kw)
         if cls.name:
             OPS[cls.name] = cls
+
+    def out_spec(self, spec: MediaSpec) -> MediaSpec:
+        """What the op makes of data of ``spec`` (the same by default); a UsageError where it does not
+        take that media. Ops that change the layout or type say so (normalize)."""
+        if spec.media not in self.media:
+            raise UsageError(f"{self.name} takes {' or '.join(self.media)} data, not {spec.media}")
+        return spec
 
     def make_params(self, h: int, w: int, rng: Any, boxes: Boxes | None = None) -> Any:
         """Per-record parameters for an (h, w) input (None for deterministic ops); ``boxes`` are the

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import UsageError
+from ..media import MediaSpec
 from ..registry import HOST, register_kernel
 from .base import Op
 
@@ -42,6 +43,9 @@ class Normalize(Op):
             raise UsageError(f"normalize dtype {self.dtype!r}; supported: {', '.join(DTYPES)}")
         object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
         object.__setattr__(self, "std", tuple(float(s) for s in self.std))
+
+    def out_spec(self, spec: MediaSpec) -> MediaSpec:
+        return super().out_spec(spec).with_(layout=self.layout, dtype=self.dtype)
 
     def mul_add(self) -> np.ndarray:
         """float32 [mul0, mul1, mul2, add0, add1, add2] with out = v * mul + add on 0..255 inputs."""

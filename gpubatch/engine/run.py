@@ -1,0 +1,146 @@
+"""The one run flow of ``convert`` and ``augment``: read -> outputs -> (pass through | transform) -> write.
+
+Both executors, the CPU's (:mod:`.executor`) and the GPU's (:mod:`.gpu_run`), read each entry with
+:func:`read_counted`, ask :func:`outputs_of` what the record becomes (records that pass through
+untouched, checked; :class:`Job` values for the outputs that go through the chain; errors), draw each
+job's parameters with :meth:`Job.settle` (the one place a run draws) and hand the results, in dataset
+order, to :func:`write_results`. They differ only in the stage that turns jobs into encoded outputs:
+host codecs and kernels in threads, or the GPU engine in worker processes.
+
+Nothing here names a media: a record's codec (:func:`~.media.get_codec`) checks, decodes and encodes it.
+The flow reads through any object with ``read(entry)`` and writes through any with ``write(record)``
+(:class:`RecordSource`, :class:`RecordSink`): the engine does not import the formats.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import ErrorRouter, RecordError, RunStats, Stage
+from ..types import Boxes, Record
+from .media import HOST, get_codec
+from .plan import Plan
+
+
+class RecordSource(Protocol):
+    """What a run reads from (a format's Reader): one record per entry, RecordError where it is bad."""
+
+    def read(self, entry: Any) -> Record: ...
+
+
+class RecordSink(Protocol):
+    """What a run writes to (a format's Writer): ValueError where a record does not fit the format."""
+
+    def write(self, record: Record) -> None: ...
+
+
+@dataclass
+class Job:
+    """One output that goes through the chain, made from a source record once it is decoded.
+
+    Attributes:
+        source: the source's index in its batch (where a batch decodes several sources together).
+        template: the output record without its data (key, label, metadata; boxes as read).
+        size: the decoded size the parameters below were drawn for (a header's, before decoding), or None.
+        params, boxes, dropped: the op parameters drawn for ``size``, the boxes moved through the chain
+            with them and how many boxes left the image.
+    """
+
+    source: int
+    template: Record
+    size: tuple[int, int] | None = None
+    params: list | None = None
+    boxes: Boxes | None = None
+    dropped: int = 0
+
+    def settle(self, plan: Plan, h: int, w: int) -> tuple[list, Boxes | None, int]:
+        """The parameters, moved boxes and dropped count for the source decoded to (h, w): those drawn
+        for its header's size where that was right, else drawn now. Every draw of a run is made here
+        (the CPU after its decode, the GPU's feed for the header's size and its worker after decode).
+
+        Raises:
+            ValueError: an op would make the image larger than ``--max-pixels`` (ImageTooLarge), or the
+                record's boxes are not what the ops take.
+        """
+        if self.size != (h, w) or self.params is None:
+            self.params, self.boxes, self.dropped = plan.draw_and_move(self.template.key, h, w, self.template.boxes)
+            self.size = (h, w)
+        return self.params, self.boxes, self.dropped
+
+
+def read_counted(reader: RecordSource, entry: Any, stats: RunStats) -> Record | RecordError:
+    """Read one entry, counting it in ``stats``; a bad entry comes back as its RecordError."""
+    try:
+        record = reader.read(entry)
+    except RecordError as e:
+        return e
+    stats.add(records_in=1, bytes_in=len(record.data))
+    return record
+
+
+def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
+               size: tuple[int, int] | None = None) -> list[Record | RecordError | Job]:
+    """What ``record`` becomes under ``plan``, in output order: records that pass through untouched
+    (checked by the record's codec: a bad one is its error), and a :class:`Job` for each output that
+    goes through the chain. With ``size`` (the decoded size its header gives) each job's parameters
+    are drawn for it now; an output an op would make too large is then its error at once."""
+    out: list[Record | RecordError | Job] = []
+    for rec, transform in plan.outputs(record):
+        if not transform:
+            try:
+                rec = get_codec(rec.media, rec.codec, HOST).check(rec, plan)
+            except RecordError as e:
+                out.append(e)
+                continue
+            stats.add(passthrough=1)
+            out.append(rec)
+            continue
+        job = Job(source, rec.with_(data=b""))
+        if size is not None:
+            try:
+                job.settle(plan, *size)
+            except Exception as e:  # noqa: BLE001 - the record boundary: an op too large, hostile boxes
+                out.append(RecordError(rec.key, rec.origin, Stage.TRANSFORM, str(e)))
+                continue
+        out.append(job)
+    return out
+
+
+def write_results(results: Iterable[Record | RecordError], writer: RecordSink, router: ErrorRouter,
+                  progress: Callable[[int], None] | None) -> None:
+    """Write records in order, route errors to the policy, report progress one record at a time."""
+    stats = router.stats
+    it = iter(results)
+    wait = write = 0.0
+    try:
+        while True:
+            t0 = time.perf_counter()
+            result = next(it, None)
+            t1 = time.perf_counter()
+            wait += t1 - t0
+            if result is None:
+                return
+            _write_one(result, writer, router, stats)
+            if progress:
+                progress(1)
+            write += time.perf_counter() - t1
+    finally:
+        stats.timed("write_wait", wait)
+        stats.timed("write", write)
+
+
+def _write_one(result: Record | RecordError, writer: RecordSink, router: ErrorRouter, stats: RunStats) -> None:
+    if isinstance(result, RecordError):
+        if result.stage is Stage.READ:
+            stats.add(records_in=1)
+        router(result)
+        return
+    try:
+        writer.write(result)
+    except (ValueError, RecursionError) as e:  # this record does not fit the format; I/O errors end the run
+        router(RecordError(result.key, result.origin, Stage.WRITE, str(e) or type(e).__name__))
+    else:
+        stats.add(records_out=1, bytes_out=len(result.data))
