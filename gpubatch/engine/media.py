@@ -20,7 +20,8 @@ from .registry import DEVICE, HOST
 if TYPE_CHECKING:
     from .plan import Plan
 
-__all__ = ["DEVICE", "HOST", "Codec", "MediaSpec", "get_codec", "has_codec", "media_name", "register_codec"]
+__all__ = ["DEVICE", "HOST", "Codec", "MediaSpec", "get_codec", "has_codec", "media_name", "media_spec",
+           "register_codec"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,17 @@ def get_codec(media: Any, codec: str, backend: str = HOST) -> Codec:
         raise UsageError(f"no {backend} codec for {name} records ({codec}); {backend} codecs exist for "
                          f"{', '.join(known) or 'no media'}")
     return found
+
+
+def media_spec(media: Any, backend: str = HOST) -> MediaSpec:
+    """What ``media`` decodes to on ``backend`` (its codecs there agree on it); a UsageError where no
+    codec of that media runs there."""
+    _load()
+    name = media_name(media)
+    found = next((c for (m, _, b), c in _CODECS.items() if m == name and b == backend), None)
+    if found is None:
+        return get_codec(name, "*", backend).spec  # (raises the one-line error naming what exists)
+    return found.spec
 
 
 def has_codec(media: Any, backend: str) -> bool:

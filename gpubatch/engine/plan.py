@@ -139,9 +139,9 @@ class Plan:
         Raises:
             UsageError: naming the op and what it takes, or the kernels that exist.
         """
-        from .media import get_codec
+        from .media import media_spec
 
-        spec = get_codec(self.media, "*", backend).spec
+        spec = media_spec(self.media, backend)
         for i, op in enumerate(self.ops):
             spec = op.out_spec(spec)
             if backend != DEVICE or op.kind == "custom":
