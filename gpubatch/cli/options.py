@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import click
 
-FORMAT_NAMES = ["folder", "lmdb", "tfrecord", "recordio", "coco", "webdataset"]
-
 
 class Choice(click.Choice):
     """click's Choice that says which choice a mistyped value was meant to be (``--to webdatset``,
@@ -25,11 +23,45 @@ class Choice(click.Choice):
             self.fail(f"{value!r} is not one of {', '.join(map(repr, self.choices))}{hint}", param, ctx)
 
 
+class _FormatChoice(Choice):
+    """The registered formats' names (the format registry is the one list), read when first needed: the
+    format modules are imported only by a command that takes a format, not by every start of the CLI."""
+
+    def __init__(self) -> None:
+        self._names: tuple[str, ...] | None = None
+        super().__init__((), None)
+
+    @property
+    def choices(self):  # type: ignore[override]
+        if self._names is None:
+            from ..formats import format_names
+
+            self._names = tuple(format_names())
+        return self._names
+
+    @choices.setter
+    def choices(self, value) -> None:  # (click's __init__ sets it; the registry decides)
+        pass
+
+    @property
+    def aliases(self) -> dict[str, str]:  # type: ignore[override]
+        from ..formats import FORMAT_ALIASES
+
+        return FORMAT_ALIASES
+
+    @aliases.setter
+    def aliases(self, value) -> None:
+        pass
+
+
+def format_names() -> list[str]:
+    """The format names the CLI offers: the format registry's."""
+    return list(_FormatChoice().choices)
+
+
 def format_choice() -> Choice:
     """The format names, with the names people also use for them suggested."""
-    from ..formats import FORMAT_ALIASES
-
-    return Choice(FORMAT_NAMES, FORMAT_ALIASES)
+    return _FormatChoice()
 
 
 def device_options(f):

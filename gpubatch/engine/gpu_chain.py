@@ -11,7 +11,7 @@ after the kernels before it in stream order are done.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,9 +20,13 @@ from .ops.base import Op
 from .registry import DEVICE, get_kernel
 from .windows import fold_windows, segment_fill, segments
 
+if TYPE_CHECKING:
+    from .batch import DeviceBatch
+    from .gpu_engine import GpuEngine
 
-def run_chain(engine: Any, ops: Sequence[Op], src: Ragged, params: Sequence[Sequence[Any]], out: Any = None,
-              first: tuple[np.ndarray, np.ndarray] | None = None) -> Any:
+
+def run_chain(engine: GpuEngine, ops: Sequence[Op], src: Ragged, params: Sequence[Sequence[Any]], out: Any = None,
+              first: tuple[np.ndarray, np.ndarray] | None = None) -> DeviceBatch:
     """Run ``ops`` over ``src`` with per-record ``params[r][op]``; returns a DeviceBatch (``out``: an
     optional preallocated buffer for the final result; ``first``: the leading window segment already
     folded, as :func:`leading_windows` gives it for these records)."""

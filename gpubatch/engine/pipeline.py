@@ -250,10 +250,11 @@ class ImagePipeline:
         """The CUDA stream results of :meth:`iterate` are ordered on (None on the CPU)."""
         return self.engine.stream if self.engine is not None else None
 
-    def __call__(self, blobs: Sequence[bytes], keys: Sequence[str] | None = None):
+    def __call__(self, blobs: Sequence[bytes], keys: Sequence[str] | None = None, epoch: int = 0):
         """One batch, finished: on the GPU the stream is synchronized before the batch is returned. Its
-        device buffer is its own (not the output ring's), so it stays valid as long as it is held."""
-        out = self.process(self.decode(blobs), keys or [str(i) for i in range(len(blobs))], own=True)
+        device buffer is its own (not the output ring's), so it stays valid as long as it is held. Random
+        ops draw per (seed, key, ``epoch``), as :meth:`iterate_files` draws for its passes."""
+        out = self.process(self.decode(blobs), keys or [str(i) for i in range(len(blobs))], own=True, epoch=epoch)
         if self.engine is not None:
             self.engine.stream.synchronize()
         return out

@@ -1062,13 +1062,17 @@ def test_iterate_files_with_reused_slots_matches_one_batch_calls(tmp_path, monke
     ops = ([RandomResizedCrop(64), Flip(), Normalize(layout="CHW", dtype="float16")] if chain == "train"
            else [ResizeShorter(72), CenterCrop(64), Normalize(layout="CHW", dtype="float16")])
     spans = [(i, i + 8) for i in range(0, 40, 8)]
+    epochs = 5
     with ImagePipeline(ops, device="gpu", seed=6, ring=4) as pipe:
-        ref = [pipe(blobs[a:b], keys[a:b]).stacked().get() for a, b in spans]
+        # each pass an epoch of its own: the training chain draws anew every epoch
+        ref = [pipe(blobs[a:b], keys[a:b], epoch=e).stacked().get() for e in range(epochs) for a, b in spans]
         it = pipe.iterate_files(paths, keys, batch_size=8, workers=2, repeat=True)
-        for k in range(5 * len(spans)):  # the ring holds 4 outputs: read each before the next ones
+        for k in range(epochs * len(spans)):  # the ring holds 4 outputs: read each before the next ones
             got = next(it).stacked()
             pipe.stream.synchronize()
-            np.testing.assert_array_equal(got.get(), ref[k % len(spans)])
+            np.testing.assert_array_equal(got.get(), ref[k])
+        if chain == "train":
+            assert not np.array_equal(ref[0], ref[len(spans)])
         it.close()
 
 

@@ -126,8 +126,13 @@ def test_op_matches_cpu_reference(engine, name):
             assert diff.mean() < 0.25 * tol and (diff > tol).mean() < 0.003, (name, i, params[i], diff.max(), diff.mean())
 
 
+# chains with parity tests of their own below (tests/engine/test_op_coverage.py counts them too)
+JPEG_CHAIN = (JpegQuality(quality=(20, 60)),)
+SSD_CHAIN = (PhotometricDistort(), Expand(p=1.0), RandomIoUCrop(), Flip(), Resize(300, 300))
+
+
 def test_jpeg_quality_degrades_like_pillow(engine):
-    plan = Plan(ops=(JpegQuality(quality=(20, 60)),), seed=2)
+    plan = Plan(ops=JPEG_CHAIN, seed=2)
     imgs = [photo(h, w, seed=i) for i, (h, w) in enumerate(SIZES[:5])]
     params = [plan.draw(f"k{i}", *im.shape[:2]) for i, im in enumerate(imgs)]
     got = _gpu(engine, plan, imgs, params)
@@ -139,7 +144,7 @@ def test_jpeg_quality_degrades_like_pillow(engine):
 
 
 def test_ssd_chain_with_boxes_matches_cpu(engine):
-    plan = Plan(ops=(PhotometricDistort(), Expand(p=1.0), RandomIoUCrop(), Flip(), Resize(300, 300)), seed=9)
+    plan = Plan(ops=SSD_CHAIN, seed=9)
     imgs = [photo(h, w, seed=i) for i, (h, w) in enumerate([(240, 320), (300, 200), (180, 180)])]
     boxes = Boxes([[20, 30, 120, 140], [60, 10, 170, 90]], [1, 2], (180, 180))
     params, moved = [], []

@@ -23,8 +23,10 @@ from gpubatch.engine.ops import (
     Grayscale,
     Hue,
     Invert,
+    JpegQuality,
     Pad,
     Perspective,
+    PhotometricDistort,
     Posterize,
     RandAugment,
     RandomErasing,
@@ -292,3 +294,50 @@ def test_keypoint_flips_pair_left_and_right_names():
             {"id": 2, "keypoints": ["Neck", "LShoulder", "RShoulder", "l_hip", "r_hip", "Lip"]},
             {"id": 3, "keypoints": ["a", "b"]}, {"id": 4, "name": "no keypoints"}]
     assert keypoint_flips(cats) == {1: (0, 2, 1, 4, 3), 2: (0, 2, 1, 4, 3, 5)}
+
+
+def test_policy_spaces_are_the_published_ones():
+    """RandAugment/AutoAugment and TrivialAugment's wide space, against the magnitudes torchvision publishes
+    (transforms/autoaugment.py, _augmentation_space): top of each range, signs and the posterize bins."""
+    from gpubatch.engine.ops.policies import _space
+
+    h, w = 200, 331
+    narrow = _space(31, h, w, wide=False, identity=True)
+    tops = {"ShearX": 0.3, "ShearY": 0.3, "TranslateX": 150.0, "TranslateY": 150.0 / 331 * 200, "Rotate": 30.0,
+            "Brightness": 0.9, "Color": 0.9, "Contrast": 0.9, "Sharpness": 0.9}
+    for name, top in tops.items():
+        mags, signed = narrow[name]
+        assert signed and len(mags) == 31 and mags[0] == 0 and abs(mags[-1] - top) < 1e-9, name
+    assert narrow["Posterize"][0].tolist() == [8 - round(i / 7.5) for i in range(31)]
+    assert narrow["Solarize"][0][0] == 255 and narrow["Solarize"][0][-1] == 0 and not narrow["Solarize"][1]
+    assert set(narrow) == set(tops) | {"Identity", "Posterize", "Solarize", "AutoContrast", "Equalize"}
+    wide = _space(31, h, w, wide=True, identity=True)
+    for name, top in {"ShearX": 0.99, "TranslateX": 32.0, "TranslateY": 32.0, "Rotate": 135.0, "Color": 0.99}.items():
+        assert abs(wide[name][0][-1] - top) < 1e-9, name
+    assert wide["Posterize"][0].tolist() == [8 - round(i / 5) for i in range(31)]
+
+
+@pytest.mark.parametrize("op", [ColorJitter(0.4, 0.4, 0.4, 0.1), PhotometricDistort(p=1.0)], ids=lambda op: op.name)
+def test_colour_policies_are_their_single_ops_in_the_drawn_order(img, op):
+    """ColorJitter and PhotometricDistort apply brightness, contrast, saturation and hue as the single ops
+    (each checked against PIL or identities above) would, in the order and with the factors drawn."""
+    singles = {"brightness": Brightness(), "contrast": Contrast(), "saturation": Saturation(), "hue": Hue()}
+    for k in range(6):
+        (params,) = Plan(ops=(op,), seed=k).draw("a", *img.shape[:2])
+        want = img
+        for name, factor in params:
+            want = apply(singles[name], want, factor)
+        assert np.array_equal(apply(op, img, params), want), params
+
+
+def test_jpeg_quality_is_pillows_round_trip(img):
+    """JpegQuality on the CPU is a round trip through Pillow's JPEG codec at the drawn quality."""
+    import io
+
+    for q in (15, 50, 90):
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, "JPEG", quality=q)
+        ref = np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"), int)
+        got = get_kernel("jpeg_quality", HOST)(JpegQuality(quality=q), [img], [q])[0].astype(int)
+        assert got.shape == img.shape and np.abs(got - ref).mean() < 0.5, q
+    assert get_kernel("jpeg_quality", HOST)(JpegQuality(p=0.0), [img], [None])[0] is img

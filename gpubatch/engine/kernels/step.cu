@@ -7,16 +7,10 @@
 //
 // Every code has a NumPy twin in gpubatch/engine/ops/pixel.py (step_cpu) computing the same float
 // expressions; results agree to rounding.
+//
+// NPRM, MAXK and enum Code are not written here: gpubatch/engine/ops/pixel.py (cuda_header) generates
+// them from its own constants and kernels/__init__.py puts them before this text.
 #include "common.cuh"
-
-#define NPRM 16
-#define MAXK 63
-
-enum Code {
-    COPY = 0, BRIGHTNESS = 1, CONTRAST = 2, SATURATION = 3, HUE = 4, GRAYSCALE = 5, SOLARIZE = 6,
-    POSTERIZE = 7, INVERT = 8, AUTOCONTRAST = 9, EQUALIZE = 10, SHARPNESS = 11, WARP = 12, BLUR = 13,
-    NOISE = 14, ERASE = 15
-};
 
 __device__ __forceinline__ float grey(float r, float g, float b) {
     return 0.2989f * r + 0.587f * g + 0.114f * b;  // ITU-R 601-2 luma, torchvision's weights

@@ -7,13 +7,17 @@ in the batch. The two JPEG codecs differ slightly, so CPU and GPU outputs agree 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...errors import UsageError
 from ..registry import DEVICE, HOST, register_kernel
 from .base import Op, probability
+
+if TYPE_CHECKING:
+    from ..batch import DeviceBatch, Ragged
+    from ..gpu_engine import GpuEngine
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ def _jpeg_host(op: JpegQuality, images: list[np.ndarray], params: list[Any]) -> 
 
 
 @register_kernel("jpeg_quality", DEVICE)
-def _jpeg_device(engine: Any, op: JpegQuality, src: Any, params: list[Any]) -> Any:
+def _jpeg_device(engine: GpuEngine, op: JpegQuality, src: Ragged, params: list[Any]) -> DeviceBatch:
     """Encode each quality group on the GPU, decode the whole batch back, pack it (untouched where None)."""
     from ..batch import Ragged
 

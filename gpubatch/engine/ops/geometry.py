@@ -25,6 +25,18 @@ from ..registry import HOST, register_kernel
 from .base import Op, Window, colour, pair, positive, probability
 
 
+def _geometry_host(op: Op, images: list[np.ndarray], params: list[Any]) -> list[np.ndarray]:
+    fill = getattr(op, "fill", (0.0, 0.0, 0.0))
+    return [resample_cpu(im, op.window(im.shape[0], im.shape[1], p), fill) for im, p in zip(images, params)]
+
+
+def register_window_op(cls: type[Op]) -> type[Op]:
+    """Class decorator: the host kernel of a window op (the device folds every window op the same way)."""
+    register_kernel(cls.name, HOST)(_geometry_host)
+    return cls
+
+
+@register_window_op
 @dataclass(frozen=True)
 class Resize(Op):
     """Resize to exactly (height, width)."""
@@ -42,6 +54,7 @@ class Resize(Op):
         return Window(0.0, h / self.height, 0.0, w / self.width, self.height, self.width)
 
 
+@register_window_op
 @dataclass(frozen=True)
 class ResizeShorter(Op):
     """Resize keeping the aspect ratio so that the shorter side is ``size``."""
@@ -61,6 +74,7 @@ class ResizeShorter(Op):
         return Window(0.0, h / oh, 0.0, w / ow, oh, ow)
 
 
+@register_window_op
 @dataclass(frozen=True)
 class CenterCrop(Op):
     """Crop the central ``size`` x ``size`` window (zero padding where the image is smaller)."""
@@ -82,6 +96,7 @@ class CenterCrop(Op):
         return Window(float(y0), 1.0, float(x0), 1.0, self.size, self.size)
 
 
+@register_window_op
 @dataclass(frozen=True)
 class RandomResizedCrop(Op):
     """Crop a random window of area ``scale`` x image area and aspect ratio ``ratio``, resized to ``size``.
@@ -131,6 +146,7 @@ class RandomResizedCrop(Op):
         return Window(float(top), ch / oh, float(left), cw / ow, oh, ow)
 
 
+@register_window_op
 @dataclass(frozen=True)
 class Flip(Op):
     """Mirror horizontally and/or vertically, each with probability ``p``."""
@@ -156,6 +172,7 @@ class Flip(Op):
                       -1.0 if hf else 1.0, h, w)
 
 
+@register_window_op
 @dataclass(frozen=True)
 class Pad(Op):
     """Pad by ``padding`` pixels: one number for all sides, (left/right, top/bottom) or (left, top, right,
@@ -181,6 +198,7 @@ class Pad(Op):
         return Window(float(-top), 1.0, float(-left), 1.0, h + top + bottom, w + left + right)
 
 
+@register_window_op
 @dataclass(frozen=True)
 class Expand(Op):
     """Zoom out (SSD's expand, torchvision's RandomZoomOut): with probability ``p``, place the image at a
@@ -217,6 +235,7 @@ class Expand(Op):
 IOU_OPTIONS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
 
 
+@register_window_op
 @dataclass(frozen=True)
 class RandomIoUCrop(Op):
     """SSD's random crop (torchvision's RandomIoUCrop): pick a minimum IoU from ``options`` (1.0 = no crop),
@@ -368,13 +387,3 @@ def crop_pad_cpu(img: np.ndarray, y0: int, x0: int, height: int, width: int,
     if sy1 > sy0 and sx1 > sx0:
         out[sy0 - y0 : sy1 - y0, sx0 - x0 : sx1 - x0] = img[sy0:sy1, sx0:sx1]
     return out
-
-
-def _geometry_host(op: Op, images: list[np.ndarray], params: list[Any]) -> list[np.ndarray]:
-    fill = getattr(op, "fill", (0.0, 0.0, 0.0))
-    return [resample_cpu(im, op.window(im.shape[0], im.shape[1], p), fill) for im, p in zip(images, params)]
-
-
-for _name in ("resize", "resize_shorter", "center_crop", "random_resized_crop", "flip", "pad", "expand",
-              "random_iou_crop"):
-    register_kernel(_name, HOST)(_geometry_host)

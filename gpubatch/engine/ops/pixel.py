@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -24,14 +25,23 @@ from ...types import Boxes
 from ..registry import HOST, register_kernel
 from .base import OPS, Op, colour, pair, probability, spread
 
+# The step codes, their parameter count and the largest blur kernel: the one source of these numbers.
+# kernels/step.cu gets them as generated C (:func:`cuda_header`), so the two sides cannot drift apart.
 NPRM = 16
-COPY, BRIGHTNESS, CONTRAST, SATURATION, HUE, GRAYSCALE, SOLARIZE, POSTERIZE = range(8)
-INVERT, AUTOCONTRAST, EQUALIZE, SHARPNESS, WARP, BLUR, NOISE, ERASE = range(8, 16)
+MAX_KERNEL = 63
 CODE_NAMES = ("copy", "brightness", "contrast", "saturation", "hue", "grayscale", "solarize", "posterize",
               "invert", "autocontrast", "equalize", "sharpness", "warp", "blur", "noise", "erase")
+Code = IntEnum("Code", [name.upper() for name in CODE_NAMES], start=0)
+(COPY, BRIGHTNESS, CONTRAST, SATURATION, HUE, GRAYSCALE, SOLARIZE, POSTERIZE,
+ INVERT, AUTOCONTRAST, EQUALIZE, SHARPNESS, WARP, BLUR, NOISE, ERASE) = Code
 LUMA = np.array([0.2989, 0.587, 0.114], np.float32)
 LUMA_INT = np.array([2989, 5870, 1140], np.int64)  # grey sums in integers: order-independent on the GPU
-MAX_KERNEL = 63
+
+
+def cuda_header() -> str:
+    """The C text kernels/step.cu is compiled with: NPRM, MAXK and ``enum Code``, from the values above."""
+    codes = ", ".join(f"{c.name} = {c.value}" for c in Code)
+    return f"#define NPRM {NPRM}\n#define MAXK {MAX_KERNEL}\nenum Code {{ {codes} }};\n"
 
 
 class Step(NamedTuple):
