@@ -4,7 +4,7 @@
     python3 benchmarks/host_probe.py [--data .bench-data/mixed] [--calls 60] [--json out.json]
 
 The training chain's pace is the one thread that drives the hardware JPEG engine (RESULTS.md,
-nineteenth and twentieth sessions), and its speed varies from machine to machine far more than the
+2026-11-22), and its speed varies from machine to machine far more than the
 GPU's. This probe times, on one thread bound to one core, the primitives that thread is made of, so
 that a slow run can be told apart by cause:
 

@@ -26,7 +26,7 @@ def warmup_batches(a: dict) -> int:
     """Untimed batches before the clock starts: one pass over the data set (at least 3), so every
     contender's buffers and pools have met the largest images (the GPU decoders' internal buffers grow
     on demand: with 3 warm-up batches the decoder measured 8,225 images/s, with one pass 13,004, on one
-    H200; benchmarks/pipeline_study.py --sources decode-inline --sync lag [--warmup 3], RESULTS.md)."""
+    H200; the pipeline study (docs/engine.md) --sources decode-inline --sync lag [--warmup 3], RESULTS.md)."""
     return max(3, -(-int(a["images"]) // int(a["batch_size"])))
 
 
@@ -72,7 +72,7 @@ class CpuUse:
     descendant (worker pools, a forkserver's workers), from /proc; elsewhere this process only.
     :attr:`host` (after :meth:`stop`) says how loaded the whole machine was meanwhile: cores busy in
     other processes (``others``) and cores the hypervisor gave to other machines (``steal``): a run
-    beside busy neighbours is slower, whatever the tool (RESULTS.md, twenty-first session). The
+    beside busy neighbours is slower, whatever the tool (RESULTS.md as of a1d93e1, 2026-11-23). The
     readings are :class:`~gpubatch.engine.affinity.HostLoad`'s, the decoder's load probe."""
 
     def __init__(self) -> None:

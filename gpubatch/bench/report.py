@@ -37,7 +37,7 @@ def rows(result: dict[str, Any], chain: str) -> list[tuple[str, dict[str, Any], 
 
 # cores busy elsewhere on the machine (other processes, or taken by the hypervisor) from which a
 # contender's row gets a note: eight busy single-threaded processes on 16 cores cost gpubatch's training
-# chain 45-55% and DALI's 12-16% (RESULTS.md, twenty-first session)
+# chain 45-55% and DALI's 12-16% (RESULTS.md as of a1d93e1, 2026-11-23)
 BUSY_NOTE = 1.0
 
 

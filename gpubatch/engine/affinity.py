@@ -2,7 +2,7 @@
 
 The GPU pipeline runs at the pace of the one thread that drives the hardware JPEG engine: it is busy
 nearly all the time, over 90% of it in nvJPEG's calls (``hw_nvjpeg`` against ``hw`` in the decoder's
-timings, ``benchmarks/memory_study.py --stages``). When the scheduler puts another of the pipeline's threads (the CUDA decoder's workers, the feed's
+timings, ``the memory study (docs/engine.md) --stages``). When the scheduler puts another of the pipeline's threads (the CUDA decoder's workers, the feed's
 reader processes, the consuming thread) on its core, the whole pipeline waits. :func:`reserve` takes
 one core for it: the thread that builds the engine, and so every thread and process started from it
 afterwards (the decoders' worker threads, the CUDA driver's, the feed's readers), leaves that core

@@ -3,7 +3,7 @@
 nvImageCodec's decode calls take the GIL back once per image while they run, so any Python thread
 busy in the same process slows them several-fold (one CPU-bound thread cut a routed decode that
 runs at about 16,000 images/s alone to 641 images/s at a 1 ms switch interval;
-benchmarks/decode_study.py, group "gil", and benchmarks/RESULTS.md). So the
+the decode study (docs/engine.md), group "gil", and benchmarks/RESULTS.md). So the
 host work that is Python (reading files or dataset records, parsing JPEG headers, drawing each
 record's random parameters) runs here, in worker processes, and the process that drives the GPU
 decodes straight out of shared memory and launches.
@@ -301,7 +301,7 @@ class Feed:
     ``views=True`` hands the bytes over without a copy, as NumPy uint8 views of the slot (nvImageCodec
     decodes from them directly): the consumer calls ``done()`` on the batch (or drops it) once it no
     longer needs them, and the feed reuses a slot only after that. Copying a 256-image batch out took
-    about 5 ms of the consuming thread (benchmarks/pipeline_study.py, "read_wait" of source feed-inline).
+    about 5 ms of the consuming thread (the pipeline study (docs/engine.md), "read_wait" of source feed-inline).
     """
 
     def __init__(self, spans: list[tuple[int, int]], plan: Plan | None, workers: int | None, depth: int,

@@ -144,7 +144,7 @@ class GpuEngine:
 
         # The decoders' threads take the GIL back once per image while a call runs; with another
         # thread busy in Python each hand-over waits up to one switch interval (one busy thread:
-        # 641 images/s at 1 ms, 4,802 at 0.05 ms; benchmarks/decode_study.py, group "gil"). A short
+        # 641 images/s at 1 ms, 4,802 at 0.05 ms; the decode study (docs/engine.md), group "gil"). A short
         # interval only softens that: the real cure is no busy Python threads here (engine/feed.py).
         if sys.getswitchinterval() > st.switch_interval:
             sys.setswitchinterval(st.switch_interval)
@@ -207,7 +207,7 @@ class GpuEngine:
         The decoders copy each image's encoded bytes to the device with one ``cudaMemcpyAsync``; from
         pageable memory the driver stages that copy on the calling thread, which made the hardware
         decoder's thread spend 24.5 us per image in the call against DALI's 5.4 us from its pinned
-        buffers (CUPTI trace, benchmarks/timeline.py). From page-locked memory the copy is a DMA the
+        buffers (CUPTI trace, the timeline study (docs/engine.md)). From page-locked memory the copy is a DMA the
         call only queues, so the bytes must stay put until the GPU has read them: let slots go only
         in stream order (ImagePipeline does); the returned function drains the decoders first."""
         import numpy as np

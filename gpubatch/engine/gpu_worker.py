@@ -185,7 +185,7 @@ def _worker(device_index: int, opener: Callable[[], RecordSource], plan: Plan, e
 
     Encoded JPEG data goes straight from the device into a slot of the ``out_shm`` ring (the records
     sent hold :class:`~gpubatch.engine.codecs.jpeg_gpu.EncodedSpan` values): pickling the bytes instead
-    cost this process 13-20% of its throughput (benchmarks/worker_study.py ``--pickle``). The writer
+    cost this process 13-20% of its throughput (the worker study (docs/engine.md) ``--pickle``). The writer
     hands a slot back through ``returns`` once it has made the files."""
     from multiprocessing.shared_memory import SharedMemory
 
@@ -211,7 +211,7 @@ def _worker(device_index: int, opener: Callable[[], RecordSource], plan: Plan, e
                           slot_bytes=settings.feed_slot_bytes)
         feed.start()  # the reader processes start up while CUDA does
         # the hardware decoder's buffers reserved for a batch of 640x640 images up front: transcode ran at
-        # 9,675-10,125 images/s with them against 8,597-9,085 without (benchmarks/worker_study.py)
+        # 9,675-10,125 images/s with them against 8,597-9,085 without (the worker study (docs/engine.md))
         engine = GpuEngine(Device(DeviceKind.GPU, device_index, reason="worker"), threads, gpu_memory,
                            share=procs, deterministic=True, cores=cores,  # written bytes must not vary
                            hw_preallocate=(batch_size, settings.hw_preallocate, settings.hw_preallocate),

@@ -52,7 +52,7 @@ def cpu_chunk(batch: int, workers: int) -> int:
     worker per batch. A process pool queues only workers + 1 tasks and refills that queue from a thread
     of the parent; with four tasks per worker per batch the bench's CPU path used 12.1 of 16 cores
     (2,546 / 2,492 images/s, train / val), with one task 13.9 cores (2,853 / 2,899), on two machines of
-    the same kind (benchmarks/RESULTS.md, sixth session)."""
+    the same kind (benchmarks/RESULTS.md as of a1d93e1, 2026-11-22)."""
     return max(1, -(-batch // max(workers, 1)))
 
 
@@ -61,7 +61,7 @@ def _cpu_chain_chunk(plan: Plan, blobs: list[Any], keys: list[str],
     """:func:`_cpu_chain_one` over a chunk (in a worker process); the arrays go back through a shared
     memory block the worker makes: (its name or None, per item ((shape, dtype, offset), None) or
     (None, error)). Pickled back instead, each 224x224 fp16 result took the pool's parent 0.5 ms against
-    0.08 ms for none (benchmarks/cpu_study.py): a serial cap near 2,000 images/s whatever the cores."""
+    0.08 ms for none (the cpu study (docs/engine.md)): a serial cap near 2,000 images/s whatever the cores."""
     from multiprocessing.shared_memory import SharedMemory
 
     outs = [_cpu_chain_one(plan, b, k, epoch) for b, k in zip(blobs, keys)]
@@ -121,8 +121,8 @@ class ImagePipeline:
     many tiny JPEGs through each; 0 skips it), so the first batch does not pay their first calls and
     the kinds the hardware engine takes are settled before any real batch is routed. On an H100 the
     warm-up added 0.2-0.4 s to making the pipeline (2.63-2.75 s against 2.36-2.43) and took the first
-    batch of 256 from 0.18-0.22 s to 0.05-0.06 s (``benchmarks/startup_study.py --warm
-    pipe0,pipe256``; benchmarks/RESULTS.md, twenty-ninth session).
+    batch of 256 from 0.18-0.22 s to 0.05-0.06 s (``the startup study (docs/engine.md) --warm
+    pipe0,pipe256``; benchmarks/RESULTS.md as of a1d93e1, 2026-11-23).
 
     ``decoder_options`` are extra nvImageCodec decoder options (space-separated, as nvImageCodec
     takes them), for tuning studies.
@@ -167,9 +167,9 @@ class ImagePipeline:
     decode: the hardware engine's part through nvJPEG's region calls, the CUDA decoder's through
     nvImageCodec's sub-code streams. It takes less device memory (on an H200 at batch 256 the bench's
     training chain 642-644 MiB against 738, the validation chain 674) and measured slower than full
-    decode and a GPU crop (3-13% in the medians of four calls with whole parts, seventeenth session;
-    2-11% in 5 of 6 pairs with the reused buffers and 40% in one, eighteenth session), so it is off
-    by default (benchmarks/memory_study.py, ``region``; benchmarks/RESULTS.md).
+    decode and a GPU crop (3-13% in the medians of four calls with whole parts, 2026-11-22;
+    2-11% in 5 of 6 pairs with the reused buffers and 40% in one, 2026-11-22), so it is off
+    by default (the memory study (docs/engine.md), ``region``; benchmarks/RESULTS.md).
 
     On the GPU the batches of :meth:`iterate` and :meth:`iterate_files` live in a ring of ``ring``
     output buffers: a batch stays valid until ``ring - 1`` more batches have been produced (with one
@@ -360,7 +360,7 @@ class ImagePipeline:
         here (an event recorded on the consumer's current stream for every batch, taken or not, ran
         the bench's chains 4-8% slower in 5 of 6 alternating pairs on one H200 machine; batches taken
         on the legacy default stream, so fenced, ran within the spread of untaken ones on another:
-        memory_study ``fence`` and ``read``, RESULTS.md, seventeenth session)."""
+        memory_study ``fence`` and ``read``, RESULTS.md as of a1d93e1, 2026-11-22)."""
         readers, self._ring_readers[slot] = self._ring_readers[slot], None
         if not readers or not self.settings.fence_readers:
             return

@@ -645,7 +645,8 @@ def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path, mon
     from gpubatch.engine.pipeline import ImagePipeline
     from gpubatch.engine.settings import Settings
 
-    rgb, planes = Settings(hw_planes="never"), Settings(hw_planes="chunked")
+    # (from the environment too: the tests' fixed "split" route, so each image goes to the same decoder)
+    rgb, planes = Settings.from_env(hw_planes="never"), Settings.from_env(hw_planes="chunked")
 
     paths = _jpeg_files(tmp_path, 40, lambda i: (150 + 9 * i, 300 - 4 * i), lambda i: 80 + i % 15)
     paths[7].write_bytes(paths[7].read_bytes()[:300])  # corrupt: fails on the GPU, then on the CPU
@@ -921,7 +922,7 @@ def test_region_decode_matches_full_decode(tmp_path, monkeypatch, chunk, regions
     from gpubatch.engine.pipeline import ImagePipeline
     from gpubatch.engine.settings import Settings
 
-    st = Settings(regions_for=tuple(filter(None, regions_for.split("+"))))
+    st = Settings.from_env(regions_for=tuple(filter(None, regions_for.split("+"))))
 
     paths = _jpeg_files(tmp_path, 32, lambda i: (300 + 11 * i, 420 - 5 * i), lambda i: 85 + i % 10)
     ops = [RandomResizedCrop(96), Flip(), Normalize(layout="HWC", dtype="uint8")]
@@ -950,14 +951,14 @@ def test_ring_of_one_waits_for_the_consumers_reads(tmp_path, monkeypatch):
     """With one output buffer the next batch overwrites the last, yet GPU work reading a batch that
     was enqueued (on the stream it was taken on) before the next batch was asked for still reads
     that batch: the pipeline's streams wait for the reader's. The reader is held back by a kernel
-    that spins for about a second first; without that wait (``FENCE_READERS`` off) it sees the next
-    batch."""
+    that spins for about a second first; without that wait (``settings.fence_readers`` off) it sees the
+    next batch."""
     import time
 
     import cupy as cp
 
-    from gpubatch.engine import pipeline as pipeline_mod
     from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.engine.settings import Settings
 
     paths = _jpeg_files(tmp_path, 16, lambda i: (200 + 9 * i, 260 - 3 * i), lambda i: 80 + i % 15)
     blobs, keys = [p.read_bytes() for p in paths], [p.stem for p in paths]
@@ -970,8 +971,7 @@ def test_ring_of_one_waits_for_the_consumers_reads(tmp_path, monkeypatch):
     }""", "spin")
     cycles = np.int64(cp.cuda.Device().attributes["ClockRate"] * 1000)  # (kHz) about a second
     for fenced in (True, False):
-        monkeypatch.setattr(pipeline_mod, "FENCE_READERS", fenced)
-        with ImagePipeline(ops, device="gpu", seed=5, ring=1) as pipe:
+        with ImagePipeline(ops, device="gpu", seed=5, ring=1, settings=Settings.from_env(fence_readers=fenced)) as pipe:
             ref = [pipe(b, k).stacked().get() for b, k in batches]
             if fenced:  # one-batch calls do not take the ring's buffer: each result stays valid
                 held = [pipe(b, k) for b, k in batches]

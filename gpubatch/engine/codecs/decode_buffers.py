@@ -429,7 +429,7 @@ class DecodeBuffers:
         chain (parts of about 74 MiB) exact sizes left the driver's pool reserving 384 MiB while at
         most 296 were in use at once; 16 MiB steps reserved 320, all in use (2, 4 or 8 MiB steps:
         352-384). With region decode (parts of about 40 MiB) 8 MiB steps reserved 160 and 16 MiB steps
-        224 (benchmarks/memory_study.py, H200)."""
+        224 (the memory study (docs/engine.md), H200)."""
         size = max(need, 1)
         step = max(self.settings.slab_round, (1 << (size.bit_length() - 1)) >> 2)
         size = -(-size // step) * step

@@ -37,7 +37,7 @@ class GpuImageEncoder:
             nic = nvimgcodec()
             self.nic = nic
             # 4 threads: 7,430 images/s on 224x224 batches against 6,055 with the default (one per core)
-            # and 6,770 with 8 (benchmarks/decode_study.py, group "encode")
+            # and 6,770 with 8 (the decode study (docs/engine.md), group "encode")
             self.encoder = nic.Encoder(device_id=device_index, max_num_cpu_threads=self.THREADS)
         self._cpu = ThreadPoolExecutor(max_workers=max(1, cpu_threads), thread_name_prefix="gpubatch-encode")
 

@@ -128,13 +128,13 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
     CUDA decoder's per-image work runs on its own threads), batch after batch at that decoder's pace,
     so neither waits for the other at the end of each batch (``decode(..., wait=False)``). In the
     bench's training and validation chains that measured +17-27% over waiting for both parts of
-    every batch (benchmarks/memory_study.py, ``coupled=1``). The hardware decoder waits, at the start of
+    every batch (the memory study (docs/engine.md), ``coupled=1``). The hardware decoder waits, at the start of
     each call, until that instance's previous call has finished on the GPU, so the calls spread
     over ``hw_instances`` instances (2 on the split route): with one instance the engine alone decoded 8,800-9,700
     images/s of the mixed set, with three 13,100-17,100, one thread calling them in turn (H200;
-    benchmarks/decode_study.py, group "capi", and RESULTS.md); in the pipeline, where each decoder
+    the decode study (docs/engine.md), group "capi", and RESULTS.md); in the pipeline, where each decoder
     goes at its own pace, two ran within 1% of three, and the third took 53-57 MiB more
-    (``gpubatch bench`` and benchmarks/memory_study.py, ``hw=2``; nvImageCodec's hardware decoder).
+    (``gpubatch bench`` and the memory study (docs/engine.md), ``hw=2``; nvImageCodec's hardware decoder).
     With ``hw_direct`` (the default where nvJPEG loads; ``settings.hw_direct``) those instances are
     :class:`~gpubatch.engine.codecs.nvjpeg_hw.HwBatchDecoder` objects and the hardware part needs no
     code streams or descriptors: its places come from the sizes the headers gave. ``hw_core`` (an
@@ -269,7 +269,7 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
         self._cpu = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpubatch-cpu-decode",
                                        initializer=_on_device(cp, device_index))
         # one decode() at a time: a second thread's call beside a running one broke the hardware
-        # decoder ("Something went wrong during decoding", then a crash; benchmarks/pipeline_study.py)
+        # decoder ("Something went wrong during decoding", then a crash; the pipeline study (docs/engine.md))
         self._calling = threading.Lock()
         self._freed: deque = deque()  # (consumer event, images) of dropped batches, freed once done
         # host seconds per part of decoding (the GPU work is not waited for): header parse and split
@@ -316,9 +316,9 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
 
         A cold decoder's first call took 1.2-1.7 s, and a later batch whose kinds outgrew what the
         hardware decoder had met cost another 0.3-0.4 s once. After this warm-up the first real batch
-        took 0.03 s and no later batch stalled (benchmarks/startup_study.py, H200). Made through
+        took 0.03 s and no later batch stalled (the startup study (docs/engine.md), H200). Made through
         ``ImagePipeline`` on an H100, the warm-up took 0.2-0.4 s, and the first batch 0.05-0.06 s
-        against 0.18-0.22 without it (twenty-ninth session). It also
+        against 0.18-0.22 without it (2026-11-23). It also
         settles which kinds the hardware engine takes, so the routing of real batches (and with it
         their output bytes) does not depend on how far the hardware thread has got. With ``regions``
         the hardware engine's direct path also makes a region call on each instance."""

@@ -3,7 +3,7 @@
 nvImageCodec's CUDA JPEG encoder (nvJPEG) works image by image: each image is several small kernel
 launches and a synchronizing bitstream read-back on the host, so 224x224 images encode at about
 5,000 per second inside a worker beside the decoders, and that capped ``augment`` and ``convert``'s
-transcode (benchmarks/worker_study.py; benchmarks/RESULTS.md). Hopper has no hardware JPEG encoder.
+transcode (the worker study (docs/engine.md); benchmarks/RESULTS.md). Hopper has no hardware JPEG encoder.
 Here every stage runs once over the whole batch (``kernels/jpeg.cu``):
 
 1. colour conversion, 4:2:0 chroma averaging, the 8x8 DCT and quantization, one thread per block;

@@ -5,7 +5,7 @@ Why this exists beside the ``nvidia.nvimgcodec`` Python binding (nvImageCodec 0.
 - Its ``Decoder.decode(list)`` releases and retakes the GIL once per image while it prepares a batch
   (to read each image's header). With any other Python thread busy, each retake waits for that
   thread's switch interval: one busy thread cut the decoder from about 16,000 to 641 images/s
-  (benchmarks/decode_study.py, group "gil"). Here the per-image calls (code stream, header, image
+  (the decode study (docs/engine.md), group "gil"). Here the per-image calls (code stream, header, image
   descriptor: a few microseconds each) run with the GIL held (``ctypes.PyDLL``), and the GIL is
   released once per decode call (``ctypes.CDLL``).
 - Its decode call returns only when all of the batch's host work is done, so routing a batch over two
@@ -280,7 +280,7 @@ class Library:
         A whole batch part at a time, with the calls and structures bound once: this runs with the GIL
         held, and every microsecond of it per image is a microsecond the other threads (the decoders'
         own among them) wait per image: 3 ms more of it per batch cost the training chain 7%
-        (benchmarks/memory_study.py ``gil=3``, H200)."""
+        (the memory study (docs/engine.md) ``gil=3``, H200)."""
         f = self._f
         create, info_of = f["nvimgcodecCodeStreamCreateFromHostMem"], f["nvimgcodecCodeStreamGetImageInfo"]
         destroy = f["nvimgcodecCodeStreamDestroy"]

@@ -30,7 +30,7 @@ STATUS_SUCCESS = 0
 # Pillow) does it, and as nvImageCodec asks for it. Without it the engine's 4:2:0 and 4:2:2 output
 # differed from Pillow's by up to 28-32 levels (mean 0.9-1.4); with it, it equals nvImageCodec's
 # hardware decoder's and is within 1 level of Pillow's, at 7-9% less speed for the engine alone
-# (21,908 against 23,993 and 26,366 against 28,242 images/s; H200, benchmarks/decode_study.py, group
+# (21,908 against 23,993 and 26,366 against 28,242 images/s; H200, the decode study (docs/engine.md), group
 # "nvjpeg", mode 0 without it)
 FLAGS = 1 << 5
 _MAX_COMPONENT = 4

@@ -73,7 +73,7 @@ def _table(op: Normalize) -> np.ndarray:
 
 def normalize_cpu(img: np.ndarray, op: Normalize) -> np.ndarray:
     """uint8 HWC pixels through one 256-entry table per channel (the same values as computing each
-    pixel, about 10x faster: 0.2 against 2.1 ms on 224x224, benchmarks/cpu_study.py); other input types
+    pixel, about 10x faster: 0.2 against 2.1 ms on 224x224, the cpu study (docs/engine.md)); other input types
     are computed directly."""
     if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
         out = _values(img, op)
