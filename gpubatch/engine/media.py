@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ..errors import UsageError
 from ..types import Record
 from .registry import DEVICE, HOST
 
-if TYPE_CHECKING:
-    from .plan import Plan
-
-__all__ = ["DEVICE", "HOST", "Codec", "MediaSpec", "get_codec", "has_codec", "media_name", "media_spec",
+__all__ = ["DEVICE", "HOST", "Codec", "MediaSpec", "RunPlan", "get_codec", "has_codec", "media_name", "media_spec",
            "register_codec"]
 
 
@@ -44,6 +41,14 @@ class MediaSpec:
         return replace(self, **changes)
 
 
+class RunPlan(Protocol):
+    """What a codec reads of the run's plan (:class:`~.plan.Plan` is one): the options that shape its
+    checks and output; a codec of a media reads the attributes that media's options add."""
+
+    media: str
+    max_pixels: int
+
+
 class Codec(Protocol):
     """One media's codec on one backend, as the run flow uses it (see :class:`~.codecs.image.ImageHostCodec`).
 
@@ -53,22 +58,22 @@ class Codec(Protocol):
 
     spec: MediaSpec
 
-    def check(self, record: Record, plan: Plan) -> Record:
+    def check(self, record: Record, plan: RunPlan) -> Record:
         """``record`` as it passes through untouched, its codec named by its bytes; RecordError where bad."""
 
-    def decode(self, record: Record, plan: Plan) -> Any:
+    def decode(self, record: Record, plan: RunPlan) -> Any:
         """The decoded data; RecordError (stage decode) where it cannot be decoded."""
 
     def size(self, decoded: Any) -> tuple[int, int]:
         """The size of decoded data that the chain's parameters are drawn for."""
 
-    def encode(self, data: Any, record: Record, plan: Plan) -> Record:
+    def encode(self, data: Any, record: Record, plan: RunPlan) -> Record:
         """``record`` (the output's template) with ``data`` encoded; RecordError (stage encode) where not."""
 
 
 _CODECS: dict[tuple[str, str, str], Codec] = {}
 # modules that register the codecs gpubatch ships, imported on first lookup
-_MODULES = (".codecs.image",)
+_MODULES = (".codecs.image", ".codecs.image_device")
 _loaded = False
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...errors import RecordError, Stage
 from ...types import Record
-from ..media import DEVICE, HOST, MediaSpec, register_codec
+from ..media import HOST, MediaSpec, register_codec
 from . import headers
 from .headers import DEFAULT_MAX_PIXELS, _pillow, _why
 
@@ -154,24 +154,4 @@ class ImageHostCodec:
             raise RecordError(record.key, record.origin, Stage.ENCODE, f"{type(e).__name__}: {e}") from None
 
 
-class ImageDeviceCodec:
-    """Images on the GPU: decoded and encoded a batch at a time by the GPU engine's decoder and
-    encoder (imported when first asked for, so that naming the codec loads no GPU library)."""
-
-    spec = MediaSpec("image")
-
-    @staticmethod
-    def decoder() -> type:
-        from .image_gpu import GpuImageDecoder
-
-        return GpuImageDecoder
-
-    @staticmethod
-    def encoder() -> type:
-        from .image_encode_gpu import GpuImageEncoder
-
-        return GpuImageEncoder
-
-
 register_codec("image", "*", HOST, ImageHostCodec())
-register_codec("image", "*", DEVICE, ImageDeviceCodec())
