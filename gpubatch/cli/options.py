@@ -54,11 +54,6 @@ class _FormatChoice(Choice):
         pass
 
 
-def format_names() -> list[str]:
-    """The format names the CLI offers: the format registry's."""
-    return list(_FormatChoice().choices)
-
-
 def format_choice() -> Choice:
     """The format names, with the names people also use for them suggested."""
     return _FormatChoice()

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -204,7 +204,18 @@ class FileReads:
 @dataclass
 class RecordReads:
     """What a :class:`RecordFeed` worker made of a batch of dataset entries, besides the sources' bytes
-    in the slot: see :class:`FedRecords`, whose fields these are."""
+    in the slot.
+
+    Attributes:
+        sizes, headers: per source its header's decoded (height, width) or None, and its JPEG kind.
+        sources: per source its record's (key, origin), for errors.
+        jobs: the outputs to make on the GPU (:class:`Job`).
+        results: every output of the batch in order: a finished Record / RecordError (passed-through
+            records, read errors), or the index of the job that makes it.
+        windows: the chain's leading window segment folded per job (or None).
+        counts: RunStats counters of the reads and pass-throughs.
+        seconds: the worker's time on the batch.
+    """
 
     sizes: list[tuple[int, int] | None]
     headers: list[tuple[str | None, int, int]]
@@ -459,30 +470,12 @@ class FileFeed(Feed):
 
 
 @dataclass
-class FedRecords:
-    """One batch of dataset records from a :class:`RecordFeed`.
+class FedRecords(RecordReads):
+    """One batch of dataset records from a :class:`RecordFeed`: a worker's :class:`RecordReads` with
+    ``blobs``, the encoded bytes of each source image that goes through the chain (views of the slot,
+    given back by :meth:`done`)."""
 
-    Attributes:
-        blobs: the encoded bytes of each source image that goes through the chain.
-        sizes, headers: per source its header's decoded (height, width) or None, and its JPEG kind.
-        sources: per source its record's (key, origin), for errors.
-        jobs: the outputs to make on the GPU (:class:`Job`).
-        results: every output of the batch in order: a finished Record / RecordError (passed-through
-            records, read errors), or the index of the job that makes it.
-        windows: the chain's leading window segment folded per job (or None).
-        counts: RunStats counters of the reads and pass-throughs.
-        seconds: the worker's time on the batch.
-    """
-
-    blobs: list[Any]
-    sizes: list[tuple[int, int] | None]
-    headers: list[tuple[str | None, int, int]]
-    sources: list[tuple[str, str]]
-    jobs: list[Job]
-    results: list[Any]
-    windows: tuple[Any, Any] | None
-    counts: dict[str, int]
-    seconds: float = 0.0
+    blobs: list[Any] = field(default_factory=list)
     release: Any = None
 
     done = FedBatch.done
@@ -511,5 +504,4 @@ class RecordFeed(Feed):
 
     def _batch(self, blobs: list[Any], a: int, b: int, extra: RecordReads, release: Any,
                epoch: int = 0) -> FedRecords:
-        return FedRecords(blobs, extra.sizes, extra.headers, extra.sources, extra.jobs, extra.results, extra.windows,
-                          extra.counts, extra.seconds, release=release)
+        return FedRecords(**vars(extra), blobs=blobs, release=release)

@@ -199,9 +199,10 @@ def test_device_gpu_without_gpu_is_one_line(imagenet, tmp_path):
     ("convert", "--to", "lmdb", "--resize-shorter", "64", "--device", "cpu"),
     ("augment", "--preset", "resnet50-val", "--device", "cpu"),
 ])
-def test_malformed_gpu_memory_is_refused_whatever_the_device(imagenet, tmp_path, args):
-    p = run_cli(args[0], imagenet, tmp_path / "o", *args[1:], "--gpu-memory", "12XB")
-    assert p.returncode == ExitCode.USAGE and "--gpu-memory '12XB'" in one_line_error(p)
+@pytest.mark.parametrize("cap", ["12XB", "0", "0MiB", "1.2.3"])  # malformed, or no memory at all
+def test_malformed_gpu_memory_is_refused_whatever_the_device(imagenet, tmp_path, args, cap):
+    p = run_cli(args[0], imagenet, tmp_path / "o", *args[1:], "--gpu-memory", cap)
+    assert p.returncode == ExitCode.USAGE and f"--gpu-memory '{cap}'" in one_line_error(p)
     assert not (tmp_path / "o").exists()
 
 

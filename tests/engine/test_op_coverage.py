@@ -97,7 +97,14 @@ def test_step_kernel_takes_its_codes_from_python():
 
 @pytest.mark.parametrize("fmt", ["folder", "lmdb", "tfrecord", "recordio", "coco", "webdataset"])
 def test_cli_format_names_come_from_the_registry(fmt):
-    from gpubatch.cli.options import format_names
-    from gpubatch.formats import FORMATS
+    """``--to`` and ``--from`` offer the format registry's names, read from it, not a copy."""
+    import click
 
-    assert format_names() == sorted(FORMATS) and fmt in format_names()
+    from gpubatch.cli import cli as main
+    from gpubatch.formats import FORMATS, format_names
+
+    ctx = click.Context(main)
+    for command, option in (("convert", "to"), ("convert", "from_format"), ("augment", "to")):
+        param = next(p for p in main.get_command(ctx, command).params if p.name == option)
+        assert list(param.type.choices) == format_names() == sorted(FORMATS), (command, option)
+    assert fmt in format_names()

@@ -674,12 +674,6 @@ def test_limit_zero_writes_nothing_and_fails(imagenet, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("cap", ["0", "0MiB", "1.2.3"])
-def test_gpu_memory_zero_is_refused(imagenet, tmp_path, cap):
-    p = run_cli("convert", imagenet, tmp_path / "out", "--to", "webdataset", "--gpu-memory", cap)
-    assert p.returncode == ExitCode.USAGE and "--gpu-memory" in one_line(p)
-
-
 def test_what_is_on_disk_wins_over_the_manifests_format(imagenet, tmp_path):
     (imagenet / "gpubatch.json").write_text(json.dumps({"gpubatch": "0", "format": "lmdb"}))
     s = convert(imagenet, tmp_path / "out", to="webdataset")
