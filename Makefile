@@ -46,6 +46,9 @@ gpu-test:  ## GPU tests + a GPU convert, with the system python3 (run on the GPU
 		--resize-shorter 256 --center-crop 224 --quality 90 --device gpu
 	rm -rf /tmp/gpubatch-gpu-augment
 	python3 -m gpubatch augment sample_data/coco /tmp/gpubatch-gpu-augment --preset ssd --copies 2 --device gpu
+	rm -rf /tmp/gpubatch-gpu-video
+	python3 -m gpubatch convert sample_data/video /tmp/gpubatch-gpu-video --to webdataset --frames every:4 \
+		--resize-shorter 64 --device gpu
 
 bench:  ## engine + augment benchmarks: GPU chains, transcode, CPU path, DataLoader (GPU machine, system python3)
 	python3 benchmarks/bench_engine.py --images 4096 --json benchmarks/last-run.json

@@ -61,14 +61,29 @@ class ConvertRequest:
     batch_size: int = 256
     gpu_memory: str | None = None
     gpu_procs: int | None = None
+    frames: str | None = None
+    clip_length: int | None = None
+    clip_stride: int | None = None
+    frame_step: int | None = None
+    clip_positions: str | None = None
+    clips_per_video: int | None = None
+    clip_format: str | None = None
+    video_codec: str | None = None
+    fps: float | None = None
 
     def options(self) -> dict[str, Any]:
-        """The request as JSON-able settings for the manifest."""
+        """The request as JSON-able settings for the manifest (the video options where given)."""
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
+            if v is None and f.name in _VIDEO_OPTIONS:
+                continue
             out[f.name] = str(v) if isinstance(v, Path) else v
         return out
+
+
+_VIDEO_OPTIONS = frozenset({"frames", "clip_length", "clip_stride", "frame_step", "clip_positions", "clips_per_video",
+                            "clip_format", "video_codec", "fps"})
 
 
 @dataclass
@@ -113,6 +128,9 @@ class _LossWarningWriter(Writer):
         self.inner, self.fmt, self.stats, self.geometric = inner, fmt, stats, geometric
 
     def write(self, record: Record) -> None:
+        if isinstance(record.media, Media) and record.media not in self.fmt.media:
+            raise UsageError(f"{self.fmt.name} holds {' and '.join(m.value for m in self.fmt.media)} records, not "
+                             f"{record.media.value} ({record.origin}): {_media_formats(record.media)}")
         held = self.fmt.image_codecs
         if held is not None and record.media is Media.IMAGE and record.codec not in held:
             raise UsageError(f"{self.fmt.name} cannot hold {record.codec} images ({record.origin}): its readers decode "
@@ -136,6 +154,15 @@ class _LossWarningWriter(Writer):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _media_formats(media: Media) -> str:
+    from .formats import FORMATS, _load
+
+    _load()
+    names = sorted(n for n, f in FORMATS.items() if media in f.media)
+    return f"{', '.join(names)} hold {media.value}" + (
+        "; --frames writes a video's frames as images" if media is Media.VIDEO else "")
 
 
 def _check_output_options(req: Any) -> None:
@@ -207,8 +234,12 @@ def convert(
     policy = ErrorPolicy(req.on_error) if req.on_error in ("skip", "fail") else None
     if policy is None:
         raise UsageError(f"unknown --on-error {req.on_error!r}; supported: skip, fail")
-    plan = make_plan(req.resize_shorter, req.center_crop, req.resize, req.image_format, req.quality, req.max_pixels,
-                     req.verify)
+    from .engine.ops.temporal import sampler_from_options
+
+    sample = sampler_from_options(req.frames, req.clip_length, req.clip_stride, req.frame_step, req.clip_positions,
+                                  req.clips_per_video, req.clip_format, req.video_codec, req.fps, req.image_format)
+    plan = dataclasses.replace(make_plan(req.resize_shorter, req.center_crop, req.resize, req.image_format, req.quality,
+                                         req.max_pixels, req.verify), sample=sample)
     _check_output_options(req)
     check_output(source_root(src_path), dst_path, req.overwrite)
     if plan.touches_pixels or req.device == "gpu":
@@ -234,6 +265,9 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
 
         plan.validate(ON_DEVICE if device.is_gpu and has_codec(plan.media, ON_DEVICE) else HOST)  # before reading
         src_format = reader.format_name
+        if plan.media == "video" and Media.VIDEO not in fmt.media and not getattr(plan.sample, "kind", "") == "frames":
+            raise UsageError(f"{fmt.name} holds {' and '.join(m.value for m in fmt.media)} records, not video: "
+                             f"{_media_formats(Media.VIDEO)}")
         entries = _select(reader, req.limit, getattr(req, "shuffle", False), req.seed)
         if not entries:
             raise GpubatchError(f"{src_path} ({src_format}) holds no records: nothing written" if req.limit != 0
@@ -444,12 +478,12 @@ def _run(device: Device, reader: Reader, entries: list, writer: Writer, plan: An
 
     workers = req.workers or default_workers()
     if device.is_gpu and plan.touches_pixels and has_codec(plan.media, DEVICE):
-        from .engine.gpu_run import run_device
+        from .engine.media import get_codec
         from .engine.settings import Settings
 
         opener = functools.partial(open_reader, Path(req.src), reader.format_name)  # each reader process's own
-        run_device(device, opener, entries, writer, plan, router, req.gpu_procs or 1, workers, req.batch_size,
-                   req.gpu_memory, tick, Settings.from_env())
+        get_codec(plan.media, "*", DEVICE).run(device, reader, opener, entries, writer, plan, router, req, workers,
+                                               tick, Settings.from_env())
     else:
         run_host(reader, entries, writer, plan, router, workers, tick)
 

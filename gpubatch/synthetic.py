@@ -74,3 +74,61 @@ def make_jpeg_set(root: Path, n: int, seed: int = 0, workers: int | None = None,
         list(pool.map(_one, [(root, seed, i, tuple(mix)) for i in range(n)], chunksize=16))
     marker.touch()
     return root
+
+
+# --- video ------------------------------------------------------------------------------------------------
+
+#: the synthetic clip set's mix: (width, height, encoder) in turn
+VIDEO_MIX = ((1920, 1080, "libx264"), (1280, 720, "libx264"), (1920, 1080, "libx265"), (1280, 720, "libx265"))
+
+
+def _clip(args: tuple[Path, int, int, int, str, float, int]) -> str:
+    """One synthetic clip: a photo-like background panning, with shapes moving over it (not a static frame)."""
+    import av
+
+    path, seed, w, h, encoder, seconds, fps = args
+    rng = np.random.default_rng(seed)
+    bg = photo_like(rng, h + 64, w + 64)
+    n = int(seconds * fps)
+    boxes = [(rng.uniform(0, w - 200), rng.uniform(0, h - 200), rng.uniform(-6, 6), rng.uniform(-6, 6),
+              rng.integers(60, 255, 3).astype(np.uint8)) for _ in range(6)]
+    tmp = path.with_name(path.name + ".part")
+    with av.open(str(tmp), "w", format="mp4") as c:
+        s = c.add_stream(encoder, rate=fps)
+        s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+        if encoder == "libx264":
+            s.options = {"preset": "ultrafast", "g": str(fps), "crf": "26"}
+        else:
+            s.options = {"preset": "ultrafast", "x265-params": f"keyint={fps}:log-level=error", "crf": "28"}
+        for i in range(n):
+            oy, ox = int(32 + 30 * np.sin(i / 40)), int(32 + 30 * np.cos(i / 50))
+            img = bg[oy: oy + h, ox: ox + w].copy()
+            for x, y, dx, dy, col in boxes:
+                x0, y0 = int((x + dx * i) % (w - 160)), int((y + dy * i) % (h - 160))
+                img[y0: y0 + 120, x0: x0 + 160] = col
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    os.replace(tmp, path)
+    return str(path)
+
+
+def make_video_set(root: Path, count: int, seed: int = 0, seconds: tuple[float, float] = (5.0, 20.0),
+                   fps: int = 30, workers: int | None = None) -> list[Path]:
+    """``count`` clips (1080p and 720p, H.264 and HEVC, ``seconds`` long, moving content) under ``root``,
+    made with PyAV once: clips already there are kept (a cache keyed by the arguments)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    jobs = []
+    for i in range(count):
+        w, h, enc = VIDEO_MIX[i % len(VIDEO_MIX)]
+        secs = float(rng.uniform(*seconds))
+        name = f"clip{i:04d}_{h}p_{'h264' if enc == 'libx264' else 'hevc'}.mp4"
+        jobs.append((root / name, seed * 100_003 + i, w, h, enc, secs, fps))
+    todo = [j for j in jobs if not j[0].exists()]
+    if todo:
+        with ProcessPoolExecutor(max_workers=workers or max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+            list(pool.map(_clip, todo))
+    return [j[0] for j in jobs]

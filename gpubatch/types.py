@@ -60,7 +60,14 @@ IMAGE_EXTENSIONS: Mapping[str, str] = MappingProxyType(
     }
 )
 
-# Video and audio files, which gpubatch recognizes so as to say it does not convert them (yet).
+# Video files: extension -> the container gpubatch names their bytes by (the bytes decide where they can).
+VIDEO_EXTENSIONS: Mapping[str, str] = MappingProxyType(
+    {"mp4": "mp4", "m4v": "mp4", "mov": "mov", "mkv": "mkv", "webm": "webm", "avi": "avi", "ts": "ts",
+     "mpg": "mpg", "mpeg": "mpg", "flv": "flv"}
+)
+
+# Video and audio files, which an image dataset leaves out (named in its warnings); audio datasets are
+# not converted yet.
 OTHER_MEDIA_EXTENSIONS: Mapping[str, str] = MappingProxyType(
     {**dict.fromkeys(("mp4", "mkv", "mov", "avi", "webm", "m4v", "mpg", "mpeg", "ts"), "video"),
      **dict.fromkeys(("wav", "flac", "ogg", "mp3", "m4a", "opus", "aac"), "audio")}
@@ -76,14 +83,17 @@ def other_media_message(path: object, names: list[str]) -> str | None:
             kinds[kind] = kinds.get(kind, 0) + 1
     if not kinds:
         return None
-    what = " and ".join(f"{kind} files ({n})" for kind, n in kinds.items())
-    return f"{path} holds {what}: gpubatch converts image datasets; video and audio datasets are not supported yet"
+    if "audio" not in kinds:
+        return None
+    return (f"{path} holds audio files ({kinds['audio']}): gpubatch converts image and video datasets; audio datasets "
+            "are not supported yet")
 
 
 # Codec name -> the extension gpubatch writes for it.
 CODEC_EXTENSION: Mapping[str, str] = MappingProxyType(
     {"jpeg": "jpg", "png": "png", "jpeg2000": "jp2", "bmp": "bmp", "webp": "webp", "tiff": "tiff", "gif": "gif",
-     "avif": "avif", "heif": "heic", "jxl": "jxl", "pnm": "pnm", "qoi": "qoi"}
+     "avif": "avif", "heif": "heic", "jxl": "jxl", "pnm": "pnm", "qoi": "qoi", "npy": "npy",
+     **{c: c for c in ("mp4", "mov", "mkv", "webm", "avi", "ts", "mpg", "flv")}}
 )
 
 _HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"hevm", b"hevs", b"mif1", b"msf1"}

@@ -22,7 +22,24 @@ from .options import device_options, format_choice, pipeline_options, run_option
               help="JPEG quality of re-encoded images  [default: 95]; given alone, it re-encodes JPEGs.")
 @click.option("--limit", type=click.IntRange(min=0), default=None, metavar="N", help="Convert the first N records only.")
 @click.option("--shuffle", is_flag=True, help="Write records in a random order (see --seed).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --shuffle.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --shuffle and of random clip positions.")
+@click.option("--frames", default=None, metavar="MODE",
+              help="Video to images: every:N, fps:F, uniform:K or keyframes (keys <clip>/<frame:06d>).")
+@click.option("--clip-length", type=click.IntRange(min=1), default=None, metavar="T",
+              help="Video to clips of T frames, one record each (see --clip-format).")
+@click.option("--clip-stride", type=click.IntRange(min=1), default=None, metavar="S",
+              help="Frames between clip starts  [default: T x --frame-step, clips side by side]")
+@click.option("--frame-step", type=click.IntRange(min=1), default=None, metavar="D",
+              help="Frames between a clip's frames  [default: 1]")
+@click.option("--clip-positions", type=click.Choice(["stride", "uniform", "random"]), default=None,
+              help="Where clips start: every S frames, K spread evenly, or K at random (--seed)  [default: stride]")
+@click.option("--clips-per-video", type=click.IntRange(min=1), default=None, metavar="K",
+              help="Clips per video for uniform and random positions (at most K for stride).")
+@click.option("--clip-format", type=click.Choice(["npy", "jpeg", "png", "mp4"]), default=None,
+              help="A clip as one uint8 (T,H,W,3) .npy, one image member per frame, or an MP4  [default: npy]")
+@click.option("--video-codec", default=None, metavar="CODEC",
+              help="Re-encode videos (CPU: h264, hevc, av1, vp9) at the source's resolution unless resized.")
+@click.option("--fps", type=float, default=None, metavar="F", help="Re-encoded videos at F frames per second.")
 @pipeline_options
 @device_options
 @run_options

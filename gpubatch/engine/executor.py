@@ -135,15 +135,24 @@ def expand_host(record: Record, plan: Plan, stats: RunStats) -> list[Record | Re
             outs.append(e)
             if e.stage is Stage.DECODE:
                 break  # one error for the source record, not one per variant
+    if hasattr(decoded, "close"):
+        decoded.close()
     return outs
 
 
 def _transform(job: Job, decoded: Any, codec: Any, plan: Plan, stats: RunStats) -> Record:
     """One job's output: its parameters settled for the decoded size, the chain's host kernels, encoded."""
     t = job.template
+    # a media whose outputs take parts of the decoded source (a video's frames) gives each its part
+    item = codec.part(decoded, t) if hasattr(codec, "part") else decoded
     try:
-        params, boxes, dropped = job.settle(plan, *codec.size(decoded))
-        data = run_chain_host(plan.ops, decoded, params)
+        params, boxes, dropped = job.settle(plan, *codec.size(item))
+        if hasattr(codec, "apply"):  # the chain on each frame of a clip, with the clip's one set of parameters
+            data = codec.apply(lambda x: run_chain_host(plan.ops, x, params), item)
+        else:
+            data = run_chain_host(plan.ops, item, params)
+    except RecordError:
+        raise
     except Exception as e:  # noqa: BLE001 - the record boundary: any op failure is this record's error
         raise RecordError(t.key, t.origin, Stage.TRANSFORM, f"{type(e).__name__}: {e}") from None
     out = codec.encode(data, t, plan).with_(boxes=boxes)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import UsageError
 from ..types import Boxes, Record
 from .codecs.headers import DEFAULT_MAX_PIXELS
-from .media import MediaSpec
+from .media import HOST, MediaSpec, get_codec
 from .ops.base import Op
 from .registry import DEVICE, get_kernel
 
@@ -36,6 +37,9 @@ class Plan:
         verify: how the bytes that pass through untouched are checked: "headers" (the header read, a
             PNG's chunk CRCs, a JPEG without its end marker decoded) or "full" (every image decoded).
         media: what the records hold ("image"; the codec registry's key, :mod:`.media`).
+        sample: how a record of a timed media becomes its outputs (video: frames, clips or the whole
+            video re-encoded; :mod:`.ops.temporal`), or None (one output per record). A chain's leading
+            temporal op (``clip``, ``random_clip``) becomes it.
     """
 
     ops: tuple[Op, ...] = ()
@@ -48,8 +52,17 @@ class Plan:
     keep_original: bool = False
     verify: str = "headers"
     media: str = "image"
+    sample: Any = None
 
     def __post_init__(self) -> None:
+        temporal = [op for op in self.ops if op.kind == "temporal"]
+        if temporal:
+            if len(temporal) > 1 or self.ops[0] is not temporal[0]:
+                raise UsageError(f"{temporal[0].name} picks a video's frames: it leads the chain, once")
+            if self.sample is not None:
+                raise UsageError(f"the chain's {temporal[0].name} and the clip options both pick frames: give one")
+            object.__setattr__(self, "sample", temporal[0].sampler())
+            object.__setattr__(self, "ops", self.ops[1:])
         if self.verify not in VERIFY:
             raise UsageError(f"unknown --verify {self.verify!r}; supported: {', '.join(VERIFY)}")
         if self.image_format not in IMAGE_FORMATS:
@@ -89,7 +102,17 @@ class Plan:
         return self.copies + int(self.keep_original) if self.copies else 1
 
     def outputs(self, record: Record) -> list[tuple[Record, bool]]:
-        """The records ``record`` becomes, each with whether its pixels go through the chain."""
+        """The records ``record`` becomes, each with whether its pixels go through the chain. A media
+        whose records become several outputs (a video's frames or clips) has its codec say which
+        (``outputs``; a RecordError where the record cannot be split)."""
+        split = getattr(get_codec(record.media, record.codec, HOST), "outputs", None)
+        if split is not None:
+            if not self.copies:
+                if self.sample is None and not self.ops:
+                    return [(record, False)]
+                return [(r, True) for r in split(record, self)]
+            out = [(record, False)] if self.keep_original else []
+            return out + [(r, True) for k in range(self.copies) for r in split(variant(record, f"_aug{k}"), self)]
         if not self.copies:
             return [(record, self.needs_decode(record.codec))]
         out = [(record, False)] if self.keep_original else []
@@ -102,7 +125,7 @@ class Plan:
     @property
     def touches_pixels(self) -> bool:
         """True when any record may need decoding (an op, a format change or an explicit quality)."""
-        return bool(self.ops) or self.image_format != "keep" or self.quality is not None
+        return bool(self.ops) or self.image_format != "keep" or self.quality is not None or self.sample is not None
 
     def out_codec(self, codec: str) -> str:
         if self.image_format != "keep":
@@ -141,6 +164,8 @@ class Plan:
         """
         from .media import media_spec
 
+        if self.sample is not None and self.media != "video":
+            raise UsageError(f"{self.sample.describe()} takes video data, not {self.media}")
         spec = media_spec(self.media, backend)
         for i, op in enumerate(self.ops):
             spec = op.out_spec(spec)

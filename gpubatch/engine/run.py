@@ -88,7 +88,11 @@ def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
     goes through the chain. With ``size`` (the decoded size its header gives) each job's parameters
     are drawn for it now; an output an op would make too large is then its error at once."""
     out: list[Record | RecordError | Job] = []
-    for rec, transform in plan.outputs(record):
+    try:
+        outputs = plan.outputs(record)
+    except RecordError as e:  # a record its codec cannot split into outputs (a video too short for a clip)
+        return [e]
+    for rec, transform in outputs:
         if not transform:
             try:
                 rec = get_codec(rec.media, rec.codec, HOST).check(rec, plan)

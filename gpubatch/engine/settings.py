@@ -96,6 +96,12 @@ class Settings:
         out_slot_bytes: a batch's encoded data in an output slot (more travels pickled).
         feed_depth: batches a worker's reader processes prepare ahead.
         hw_preallocate: height and width the hardware decoder's buffers are reserved for.
+
+    Video:
+
+    Attributes:
+        video_decoders: NVDEC decoder sessions (threads) working at once (``GPUBATCH_VIDEO_DECODERS``);
+            one session is about one NVDEC engine's work and Hopper has seven (docs/engine.md).
     """
 
     decode_route: str = "auto"
@@ -148,6 +154,7 @@ class Settings:
     out_slot_bytes: int = 32 << 20
     feed_depth: int = 4
     hw_preallocate: int = 640
+    video_decoders: int = 8
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("decode route", self.decode_route, ROUTES), ("hw_planes", self.hw_planes, PLANES),
@@ -206,4 +213,5 @@ _ENV = (
     ("GPUBATCH_SYNC", "sync", str),
     ("GPUBATCH_SWITCH_INTERVAL", "switch_interval", float),
     ("GPUBATCH_PIN_FEED", "pin_feed", _flag),
+    ("GPUBATCH_VIDEO_DECODERS", "video_decoders", int),
 )

@@ -19,7 +19,7 @@ FORMATS: dict[str, type[Format]] = {}
 FORMAT_ALIASES = {"wds": "webdataset", "tar": "webdataset", "tfr": "tfrecord", "tfrecords": "tfrecord",
                   "tf": "tfrecord", "rec": "recordio", "mxnet": "recordio", "caffe": "lmdb", "imagefolder": "folder",
                   "images": "folder", "imagenet": "folder", "json": "coco"}
-_MODULES = ("folder", "lmdb", "tfrecord", "recordio", "coco", "webdataset")
+_MODULES = ("folder", "lmdb", "tfrecord", "recordio", "coco", "webdataset", "video")
 _loaded = False
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from .._paths import MAX_RECORD_BYTES, read_regular, source_files, source_root
 from ..errors import DependencyError, FormatError
-from ..types import Boxes, DatasetInfo, Record, class_table, keypoint_flips, sniff_image_codec
+from ..types import Boxes, DatasetInfo, Media, Record, class_table, keypoint_flips, sniff_image_codec
 from . import fields, register_format
 from .base import (
     Damaged,
@@ -320,6 +320,8 @@ class TFRecordReader(Reader):
         except ValueError as e:
             raise self.record_error(f"{self.shards[s].name}@{off}", origin, e) from None
         data = _image_bytes(feats)
+        if data is None and _bytes(feats, "video/encoded"):
+            return self._video(feats, s, off, origin)
         if data is None:
             raise self.record_error(f"{self.shards[s].name}@{off}", origin,
                                     f"no image feature (has: {', '.join(sorted(feats)) or 'none'})")
@@ -334,6 +336,35 @@ class TFRecordReader(Reader):
             meta.setdefault("filename", fname)
         codec = sniff_image_codec(data) or "unknown"
         return Record(key=key, data=data, codec=codec, label=label, boxes=boxes, meta=meta, origin=origin)
+
+    @property
+    def media(self) -> str:  # type: ignore[override]
+        """"video" where the first record holds ``video/encoded`` (a video or clip dataset), else "image"."""
+        first = next((e for e in self.entries() if isinstance(e, tuple)), None)
+        try:
+            return "video" if first is not None and _bytes(self._features(first), "video/encoded") else "image"
+        except ValueError:
+            return "image"
+
+    def _video(self, feats: Any, s: int, off: int, origin: str) -> Record:
+        """A record of a video dataset: ``video/encoded`` (a video file's bytes, or a clip's .npy) with its
+        ``video/format``, ``video/filename``, ``video/source_id`` and ``video/class/label``."""
+        from ..engine.codecs.video_probe import sniff_container
+
+        data = _bytes(feats, "video/encoded")[0]
+        fmt = (_bytes(feats, "video/format") or [b""])[0].decode("ascii", "replace").lower()
+        fname = (_bytes(feats, "video/filename") or [b""])[0].decode("utf-8", "replace")
+        key = (_bytes(feats, "video/source_id") or [b""])[0].decode("utf-8", "replace") or f"{self.shards[s].stem}_{off}"
+        meta_raw = (_bytes(feats, "gpubatch/meta") or [b""])[0]
+        try:
+            meta = fields.json_object(meta_raw, "gpubatch/meta") if meta_raw else {}
+            label = fields.label((_ints(feats, "video/class/label") or [-1])[0], "video/class/label")
+        except ValueError as e:
+            raise self.record_error(key, origin, e) from None
+        if fname:
+            meta.setdefault("filename", fname)
+        codec = "npy" if data[:6] == b"\x93NUMPY" else sniff_container(data) or fmt or "mp4"
+        return Record(key=key, data=data, media=Media.VIDEO, codec=codec, label=label, meta=meta, origin=origin)
 
     def _fields(self, feats: Any, data: bytes) -> tuple[dict, int | None, Boxes | None]:
         """The record's metadata, class and boxes, each field checked (a ValueError names the one at fault)."""
@@ -394,7 +425,8 @@ _READ_KEYS = frozenset(_LABEL_KEYS + _NAME_KEYS + (
     "image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax", "image/object/bbox/ymax",
     "image/object/class/label", "image/object/class/text", "image/object/is_crowd", "image/object/area",
     "gpubatch/meta", "image/key/sha256", "image/object/keypoint/x", "image/object/keypoint/y",
-    "image/object/keypoint/visibility", "image/object/keypoint/num", "image/object/keypoint/text"))
+    "image/object/keypoint/visibility", "image/object/keypoint/num", "image/object/keypoint/text",
+    "video/encoded", "video/format", "video/filename", "video/source_id", "video/class/label", "video/class/text"))
 
 
 def _first_bytes(feats: Any, keys: tuple[str, ...]) -> bytes | None:
@@ -500,6 +532,8 @@ class TFRecordWriter(ShardedWriter):
         self.shards = shard_names(self.shards, lambda i, n: name(i, n) + ".tfrecord")
 
     def _datum(self, r: Record) -> dict[str, tuple[Any, str]]:
+        if r.media is Media.VIDEO:
+            return self._video_datum(r)
         meta = dict(r.meta)
         h, w = image_size(r)
         classes = self.info.classes
@@ -537,6 +571,20 @@ class TFRecordWriter(ShardedWriter):
             "gpubatch/meta": (json.dumps(meta, sort_keys=True, default=str).encode(), "byte"),
         }}
 
+    def _video_datum(self, r: Record) -> dict[str, tuple[Any, str]]:
+        """A video record (a file's bytes, or a clip as .npy) under ``video/*`` keys, with its class."""
+        classes = self.info.classes
+        text = classes[r.label] if r.label is not None and 0 <= r.label < len(classes) else ""
+        return {
+            "video/encoded": (r.data, "byte"),
+            "video/format": (r.codec.encode(), "byte"),
+            "video/filename": (r.filename.encode(), "byte"),
+            "video/source_id": (r.key.encode(), "byte"),
+            "video/class/label": (-1 if r.label is None else int(r.label), "int"),
+            "video/class/text": (text.encode(), "byte"),
+            "gpubatch/meta": (json.dumps(dict(r.meta), sort_keys=True, default=str).encode(), "byte"),
+        }
+
     def _keypoints(self, b: Boxes | None) -> dict[str, tuple[Any, str]]:
         """COCO keypoints as the TF Object Detection API's ``image/object/keypoint/*`` features, in every
         record of a dataset whose categories name keypoints. Its decoder reshapes them per object, so
@@ -570,6 +618,7 @@ class TFRecordWriter(ShardedWriter):
 @register_format
 class TFRecordFormat(Format):
     name = "tfrecord"
+    media = (Media.IMAGE, Media.VIDEO)
     description = "TFRecord shards of tf.train.Example (image/encoded, labels, boxes) with DALI .idx files"
     carries_boxes = True
     carries_label_arrays = True  # in the record's metadata

@@ -28,8 +28,10 @@ from ..errors import FormatError
 from ..types import (
     CODEC_EXTENSION,
     IMAGE_EXTENSIONS,
+    VIDEO_EXTENSIONS,
     Boxes,
     DatasetInfo,
+    Media,
     Record,
     keypoint_flips,
     sniff_image_codec,
@@ -301,6 +303,13 @@ class WebDatasetReader(Reader):
     def where(self, entry: tuple[int, str, tuple]) -> tuple[str, str]:
         return entry[1], f"{self.tars[entry[0]]}#{entry[1]}"
 
+    @property
+    def media(self) -> str:  # type: ignore[override]
+        """"video" for a dataset of video samples (a video member and no image member), else "image"."""
+        exts = self.member_extensions()
+        video = any(e in VIDEO_EXTENSIONS for e in exts)
+        return "video" if video and not any(e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS for e in exts) else "image"
+
     def member_extensions(self) -> dict[str, int]:
         """Per member extension (``jpg``, ``cls``, ``json``, ``txt``...), how many samples hold one: what a
         webdataset pipeline's ``to_tuple("jpg", "cls")`` can ask for."""
@@ -337,8 +346,12 @@ class WebDatasetReader(Reader):
         images = [e for e in parts if e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS]
         # the sample's image: a plain "jpg"/"png"... before "depth.png" or "seg.png", which stay members
         image_ext = next((e for e in images if "." not in e), images[0] if images else None)
+        media = Media.IMAGE
+        if image_ext is None:  # a video sample (what video2dataset writes): its .mp4/.mkv/.webm... member
+            image_ext = next((e for e in sorted(parts) if e in VIDEO_EXTENSIONS), None)
+            media = Media.VIDEO
         if image_ext is None:
-            raise self.record_error(key, origin, f"no image member (has: {', '.join(sorted(parts))})")
+            raise self.record_error(key, origin, f"no image or video member (has: {', '.join(sorted(parts))})")
         raw = {ext: self._member(s, name, off, size) for ext, (off, size, name) in parts.items()}
         data = raw[image_ext]
         label, boxes, meta = None, None, {"filename": parts[image_ext][2].rsplit("/", 1)[-1]}
@@ -375,8 +388,14 @@ class WebDatasetReader(Reader):
                 kept[ext] = {"base64": base64.b64encode(raw[ext]).decode("ascii")}
         if kept:
             meta[MEMBERS] = kept
-        codec = sniff_image_codec(data) or "unknown"
-        return Record(key=key, data=data, codec=codec, label=label, boxes=boxes, meta=meta, origin=origin)
+        if media is Media.VIDEO:
+            from ..engine.codecs.video_probe import sniff_container
+
+            codec = sniff_container(data) or VIDEO_EXTENSIONS[image_ext]
+        else:
+            codec = sniff_image_codec(data) or "unknown"
+        return Record(key=key, data=data, media=media, codec=codec, label=label, boxes=boxes, meta=meta,
+                      origin=origin)
 
     def close(self) -> None:
         with self._lock:
@@ -530,6 +549,7 @@ class WebDatasetWriter(ShardedWriter):
 @register_format
 class WebDatasetFormat(Format):
     name = "webdataset"
+    media = (Media.IMAGE, Media.VIDEO)
     description = "WebDataset tar shards (key.jpg, key.cls, key.json) with DALI v1.2 .idx files"
     carries_boxes = True
     carries_label_arrays = True  # in the record's metadata

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import RecordError
-from ..types import ClassNames
+from ..types import ClassNames, Media
 
 
 @dataclass
@@ -35,6 +35,9 @@ class DatasetReport:
             many samples hold one: the names a webdataset pipeline asks for.
         left_out: files of the source that are no records (video, audio, other files among a folder's
             images), per kind how many, with some of their names.
+        video: for video records: codecs with profiles, containers, resolutions, fps and duration
+            (min / median / mean / max), total hours, frame counts, bit rates, audio tracks, rotated and
+            variable-frame-rate files, and how many this machine's NVDEC decodes (None: no GPU here).
     """
 
     path: str
@@ -58,6 +61,7 @@ class DatasetReport:
     members: dict[str, int] = field(default_factory=dict)
     extensions: dict[str, int] = field(default_factory=dict)
     left_out: dict[str, Any] = field(default_factory=dict)
+    video: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -105,6 +109,10 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
             except RecordError as e:
                 return (None, e)
             try:
+                if rec.media is Media.VIDEO:
+                    from ..engine.codecs.video_probe import probe as probe_video
+
+                    return (rec, probe_video(rec.data))
                 return (rec, probe(rec.data))
             except ValueError as e:
                 return (rec, RecordError(rec.key, rec.origin, "decode", str(e)))
@@ -115,6 +123,7 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
         subs: Counter = Counter()
         modes: Counter = Counter()
         members: Counter = Counter()
+        videos: list = []
         for rec, hdr in ordered_map(work, entries, workers or default_workers()):
             if tick:
                 tick(1)
@@ -124,6 +133,12 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
             report.records += 1
             report.payload_bytes += len(rec.data)
             labels[rec.label] += 1
+            if rec.media is Media.VIDEO:
+                videos.append(hdr)
+                widths.append(hdr.width)
+                heights.append(hdr.height)
+                codecs[hdr.codec] += 1
+                continue
             widths.append(hdr.width)
             heights.append(hdr.height)
             codecs[hdr.codec] += 1
@@ -144,8 +159,42 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
     if hasattr(reader, "member_extensions"):
         report.extensions = reader.member_extensions()
     report.left_out = dict(getattr(reader, "left_out", None) or {})
+    if videos:
+        report.video = video_facts(videos)
     report.disk_bytes = _disk_bytes(Path(path))
     return report
+
+
+def _fstats(values: list[float], digits: int = 2) -> dict[str, float]:
+    if not values:
+        return {}
+    a = np.asarray(values, np.float64)
+    return {"min": round(float(a.min()), digits), "median": round(float(np.median(a)), digits),
+            "mean": round(float(a.mean()), digits), "max": round(float(a.max()), digits)}
+
+
+def video_facts(videos: list) -> dict[str, Any]:
+    """The video section of a report, from the :class:`~gpubatch.engine.codecs.video_probe.VideoInfo` of
+    each video."""
+    from ..engine.codecs.video_gpu_caps import nvdec_decodes
+
+    decodable = nvdec_decodes(videos)
+    return {
+        "codecs": dict(Counter(f"{v.codec} {v.profile}" if v.profile else v.codec for v in videos).most_common()),
+        "containers": dict(Counter(v.container for v in videos).most_common()),
+        "resolutions": dict(Counter(f"{v.width}x{v.height}" for v in videos).most_common(10)),
+        "bit_depths": dict(Counter(v.bit_depth for v in videos).most_common()),
+        "fps": _fstats([v.fps for v in videos]),
+        "duration_s": _fstats([v.duration for v in videos]),
+        "total_hours": round(sum(v.duration for v in videos) / 3600.0, 4),
+        "frames": _fstats([v.frames for v in videos], 0),
+        "total_frames": int(sum(v.frames for v in videos)),
+        "bit_rate_kbps": _fstats([v.bit_rate / 1000.0 for v in videos], 1),
+        "with_audio": sum(1 for v in videos if v.audio_tracks),
+        "rotated": sum(1 for v in videos if v.rotation),
+        "variable_frame_rate": sum(1 for v in videos if v.vfr),
+        "nvdec_decodable": decodable,
+    }
 
 
 def render(report: DatasetReport) -> None:
@@ -168,9 +217,23 @@ def render(report: DatasetReport) -> None:
         t.add_row("width", f"{w['min']}..{w['max']} (median {w['median']:g}, mean {w['mean']:g})")
         t.add_row("height", f"{h['min']}..{h['max']} (median {h['median']:g}, mean {h['mean']:g})")
     t.add_row("codecs", esc(", ".join(f"{k} {v:,}" for k, v in sorted(report.codecs.items()))))
+    v = report.video
+    if v:
+        t.add_row("profiles", esc(", ".join(f"{k} {n:,}" for k, n in v["codecs"].items())))
+        t.add_row("containers", esc(", ".join(f"{k} {n:,}" for k, n in v["containers"].items())))
+        t.add_row("resolutions", ", ".join(f"{k} {n:,}" for k, n in v["resolutions"].items()))
+        t.add_row("fps", f"{v['fps']['min']:g}..{v['fps']['max']:g} (median {v['fps']['median']:g})")
+        d = v["duration_s"]
+        t.add_row("duration", f"{v['total_hours']:g} h in all; {d['min']:g}..{d['max']:g} s (mean {d['mean']:g})")
+        t.add_row("frames", f"{v['total_frames']:,} ({v['frames']['min']:g}..{v['frames']['max']:g} a video)")
+        t.add_row("bit rate", f"{v['bit_rate_kbps']['median']:g} kb/s median")
+        t.add_row("audio, rotated, VFR", f"{v['with_audio']:,}, {v['rotated']:,}, {v['variable_frame_rate']:,}")
+        nv = v["nvdec_decodable"]
+        t.add_row("NVDEC here", "no GPU here" if nv is None else f"{nv:,} of {report.records:,} decodable")
     if report.subsampling:
         t.add_row("JPEG subsampling", ", ".join(f"{k} {v:,}" for k, v in sorted(report.subsampling.items())))
-    t.add_row("pixel modes", ", ".join(f"{k} {v:,}" for k, v in sorted(report.modes.items())))
+    if report.modes:
+        t.add_row("pixel modes", ", ".join(f"{k} {v:,}" for k, v in sorted(report.modes.items())))
     if report.boxes or report.categories:
         t.add_row("boxes", f"{report.boxes:,} on {report.images_with_boxes:,} images, "
                            f"{len(report.categories)} categories")

@@ -142,6 +142,6 @@ def test_a_toy_media_runs_through_the_run_flow(points_media, tmp_path):
 
 def test_ops_of_another_media_are_refused_before_reading(points_media, tmp_path):
     src = _points(tmp_path / "src")
-    with pytest.raises(UsageError, match="flip takes image data, not points"):
+    with pytest.raises(UsageError, match="flip takes image or video data, not points"):
         augment(src, tmp_path / "out", ops="flip()", device="cpu")
     assert not (tmp_path / "out").exists()

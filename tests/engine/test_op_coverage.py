@@ -11,6 +11,7 @@ import pytest
 
 from gpubatch.engine.ops import OPS
 from tests.engine import test_codecs_ops, test_gpu, test_gpu_ops, test_ops_cpu, test_rng
+from tests.video import test_video_cpu, test_video_gpu
 
 # op -> the CPU tests that check it against something it does not share code with: PIL, the published
 # definition (torchvision's spaces, formulas), identities or the pixels that moved
@@ -49,6 +50,10 @@ REFERENCES = {
     "sharpness": (test_ops_cpu.test_autocontrast_and_sharpness_match_pil,),
     "solarize": (test_ops_cpu.test_matches_pil_exactly,),
     "trivialaugment": (test_ops_cpu.test_policy_spaces_are_the_published_ones, test_ops_cpu.test_boxes_move_with_pixels),
+    # the temporal ops pick a video's frames before decoding: their sampling math, and a clip's one draw
+    "clip": (test_video_cpu.test_clip_samplers_and_their_draws,),
+    "random_clip": (test_video_cpu.test_clip_samplers_and_their_draws,
+                    test_video_cpu.test_augment_draws_one_set_of_parameters_per_clip),
 }
 
 
@@ -61,6 +66,7 @@ def test_every_registered_op_has_a_gpu_parity_case():
     chains of test_gpu.CHAINS)."""
     covered = _names(chain for chain, _ in test_gpu_ops.OPS.values())
     covered |= _names([test_gpu_ops.JPEG_CHAIN, test_gpu_ops.SSD_CHAIN]) | _names(test_gpu.CHAINS.values())
+    covered |= set(test_video_gpu.TEMPORAL_CHAINS)  # the same frames picked on the GPU as on the CPU
     assert not set(OPS) - covered, f"ops with no GPU/CPU parity case: {sorted(set(OPS) - covered)}"
 
 

@@ -234,8 +234,9 @@ def test_bad_parameters_are_usage_errors(make):
 
 
 def test_every_op_has_a_host_kernel():
-    for name in OPS:
-        get_kernel(name, HOST)
+    for name, cls in OPS.items():
+        if cls.kind != "temporal":  # a video's frame pickers run before decoding (tests/video)
+            get_kernel(name, HOST)
 
 
 def test_record_errors_cross_processes():

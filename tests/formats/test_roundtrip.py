@@ -12,10 +12,11 @@ import pytest
 
 from gpubatch import augment, convert
 from gpubatch.api import open_dataset
-from gpubatch.formats import FORMATS, detect, format_names
+from gpubatch.formats import FORMATS, detect, format_names, get_format
+from gpubatch.types import Media
 from tests.helpers import content
 
-NAMES = format_names()
+NAMES = [n for n in format_names() if Media.IMAGE in get_format(n).media]  # the image formats
 
 
 @pytest.mark.parametrize("fmt", NAMES)

@@ -30,12 +30,13 @@ from .pixel import (
                     StepOp,
 )
 from .policies import AutoAugment, RandAugment, TrivialAugment
+from .temporal import Clip, RandomClip
 from .warp import Affine, Perspective, Rotate, Rotate90
 
 __all__ = [
-    "IMAGENET_MEAN", "IMAGENET_STD", "OPS", "Affine", "AutoAugment", "AutoContrast", "Brightness", "CenterCrop",
+    "IMAGENET_MEAN", "IMAGENET_STD", "OPS", "Affine", "AutoAugment", "AutoContrast", "Brightness", "CenterCrop", "Clip",
     "ColorJitter", "Contrast", "Equalize", "Expand", "Flip", "GaussianBlur", "GaussianNoise", "Grayscale", "Hue",
     "Invert", "JpegQuality", "Normalize", "Op", "Pad", "Perspective", "PhotometricDistort", "Posterize",
-    "RandAugment", "RandomErasing", "RandomIoUCrop", "RandomResizedCrop", "Resize", "ResizeShorter", "Rotate",
+    "RandAugment", "RandomClip", "RandomErasing", "RandomIoUCrop", "RandomResizedCrop", "Resize", "ResizeShorter", "Rotate",
     "Rotate90", "Saturation", "Sharpness", "Solarize", "Step", "StepOp", "TrivialAugment", "Window",
 ]

@@ -51,13 +51,13 @@ class Window:
 class Op:
     """One step of a chain. Subclasses hold validated parameters only; kernels live beside them.
 
-    Class attributes: ``name`` (registry and CLI name), ``media`` (what it takes: "image" unless an op
+    Class attributes: ``name`` (registry and CLI name), ``media`` (what it takes: images and video frames unless an op
     says otherwise), ``moves_boxes`` (geometric), ``random`` (draws per-record parameters with
     :meth:`make_params`).
     """
 
     name: ClassVar[str] = ""
-    media: ClassVar[tuple[str, ...]] = ("image",)
+    media: ClassVar[tuple[str, ...]] = ("image", "video")  # a video's ops apply to every frame of a clip
     moves_boxes: ClassVar[bool] = False
     random: ClassVar[bool] = False
     # how the GPU runs it: "window" (folded into the fused resample), "step" (per-sample programs of

@@ -1,0 +1,320 @@
+"""Video on the CPU, as the run flow uses it (:class:`~gpubatch.engine.media.Codec`): PyAV decodes the
+frames a run's outputs take, seeking to the keyframe before them; clips are written as ``.npy``
+arrays, image members or MP4 (libx264 through PyAV: Hopper GPUs have no video encoder).
+
+A video record becomes its outputs through the run's sampler (:mod:`..ops.temporal`): frames (image
+records), clips or the whole video re-encoded. :meth:`VideoHostCodec.decode` gives a
+:class:`FrameCursor` that decodes forward lazily and keeps a frame only while an output still to come
+takes it, so memory stays bounded however long the video; a damaged stretch ends the frames there,
+the outputs before it go out and the ones after are their own errors.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ...errors import RecordError, Stage, UsageError
+from ...types import Media, Record
+from ..media import HOST, MediaSpec, RunPlan, get_codec, register_codec
+from .video_probe import VideoInfo, av, open_container, probe
+
+__all__ = ["FrameCursor", "FrameStream", "VideoHostCodec", "encode_clip", "info_of", "outputs_of_video"]
+
+
+def info_of(record: Record, plan: RunPlan | None = None) -> VideoInfo:
+    """The record's :class:`VideoInfo`, probed once and kept on the record object (RecordError where the
+    bytes are no video gpubatch can read)."""
+    cached = getattr(record, "_video_info", None)
+    if cached is not None:
+        return cached
+    try:
+        info = probe(record.data, getattr(plan, "max_pixels", 0) or 0)
+    except ValueError as e:
+        raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+    object.__setattr__(record, "_video_info", info)
+    return info
+
+
+def outputs_of_video(record: Record, plan: Any) -> list[Record]:
+    """The output templates ``record`` becomes under ``plan``'s sampler (the whole video without one)."""
+    from ..ops.temporal import WholeVideo
+
+    info = info_of(record, plan)
+    if plan.sample is None and info.container == "npy":  # a decoded clip stays one, its frames transformed
+        return [record.with_(data=b"", meta={**record.meta, "frames": list(range(info.frames))})]
+    start, end = record.meta.get("start") or 0.0, record.meta.get("end") or 0.0
+    try:
+        info = info.window(float(start), float(end))
+    except (TypeError, ValueError) as e:
+        raise RecordError(record.key, record.origin, Stage.READ, str(e)) from None
+    return (plan.sample or WholeVideo()).split(record, info, plan.seed)
+
+
+# FFmpeg's AVColorSpace values -> the matrix PyAV's reformatter names
+_MATRIX = {1: "ITU709", 4: "FCC", 5: "ITU601", 6: "SMPTE170M", 7: "SMPTE240M", 9: "BT2020", 10: "BT2020"}
+
+
+def colour_matrix(colorspace: int, height: int) -> str:
+    """The YUV-to-RGB matrix of a frame: the one its stream signals, else BT.709 from 720 lines up and
+    BT.601 below (what NVDEC and players assume), so the CPU and GPU paths give the same pixels."""
+    return _MATRIX.get(int(colorspace or 2)) or ("ITU709" if height >= 720 else "ITU601")
+
+
+class FrameCursor:
+    """The decoded frames of one video, in presentation order, for outputs asked in turn.
+
+    ``wanted`` lists each output's frame indices in the order outputs are asked for. Decoding starts
+    at the keyframe before the first frame asked and goes forward; it seeks ahead where the next
+    frame asked lies beyond the next keyframe, and back where an output asks for frames behind.
+    A frame is kept until the last output that takes it has had it.
+    """
+
+    def __init__(self, data: bytes, info: VideoInfo, wanted: list[list[int]], key: str = "", origin: str = "",
+                 threads: int = 0):
+        self.data, self.info, self.key, self.origin = data, info, key, origin
+        self.need: Counter = Counter(i for frames in wanted for i in set(frames))
+        self.cache: dict[int, np.ndarray] = {}
+        self.pos = -1  # the last frame index decoded
+        self.broken: str | None = None  # why decoding stopped early, where it did
+        self.threads = threads
+        self._container = None
+        self._frames: Iterator | None = None
+        self._index = {int(p): i for i, p in enumerate(info.pts)}
+        self.decoded = 0
+
+    def close(self) -> None:
+        if self._container is not None:
+            self._container.close()
+            self._container = None
+            self._frames = None
+
+    def _open(self) -> Any:
+        if self._container is None:
+            self._container = open_container(self.data)
+            s = self._container.streams.video[0]
+            s.thread_type = "AUTO"
+            if self.threads:
+                s.thread_count = self.threads
+        return self._container
+
+    def _seek(self, index: int) -> None:
+        c = self._open()
+        s = c.streams.video[0]
+        k = self.info.keyframe_before(index)
+        c.seek(int(self.info.pts[k]), stream=s, backward=True, any_frame=False)
+        self._frames = c.decode(s)
+        self.pos = k - 1
+
+    def _advance(self) -> tuple[int, Any] | None:
+        """The next decoded frame (index, PyAV frame); None at the end or after damage."""
+        a = av()
+        while True:
+            try:
+                frame = next(self._frames)
+            except StopIteration:
+                return None
+            except (a.FFmpegError, ValueError) as e:
+                self.broken = f"damaged stream after frame {self.pos}: {str(e).split(': ', 1)[0]}"
+                return None
+            i = self._index.get(int(frame.pts)) if frame.pts is not None else None
+            if i is None:
+                continue
+            return i, frame
+
+    def _rgb(self, frame: Any) -> np.ndarray:
+        rgb = frame.reformat(format="rgb24", src_colorspace=colour_matrix(frame.colorspace, frame.height),
+                             src_color_range="JPEG" if frame.color_range == 2 else "MPEG").to_ndarray()
+        rot = (getattr(frame, "rotation", 0) or 0) if self.info.rotation else 0
+        k = int(round(rot / 90.0)) % 4
+        return np.ascontiguousarray(np.rot90(rgb, k)) if k else rgb
+
+    def frames(self, indices: list[int]) -> np.ndarray:
+        """The frames ``indices`` as one uint8 (T, H, W, 3) array; RecordError naming what is missing."""
+        asked = set(indices)
+        if self.info.container == "npy":  # a decoded clip: its frames are the array's
+            clip = np.load(io.BytesIO(self.data), allow_pickle=False)
+            return np.ascontiguousarray(clip[list(indices)])
+        for target in sorted(asked):
+            if target in self.cache:
+                continue
+            if self.broken is None and (self._frames is None or target <= self.pos
+                                        or self.info.keyframe_before(target) > self.pos + 1):
+                self._seek(target)
+            while self.broken is None and self.pos < target:
+                got = self._advance()
+                if got is None:
+                    if self.broken is None:
+                        self.broken = f"the stream ends before frame {target}"
+                    break
+                i, frame = got
+                self.pos = max(self.pos, i)
+                if (self.need.get(i) or i in asked) and i not in self.cache:
+                    self.cache[i] = self._rgb(frame)
+                    self.decoded += 1
+            if target not in self.cache:
+                raise RecordError(self.key, self.origin, Stage.DECODE, self.broken or f"frame {target} not decoded")
+        out = np.stack([self.cache[i] for i in indices])
+        for i in set(indices):
+            self.need[i] -= 1
+            if self.need[i] <= 0:
+                self.cache.pop(i, None)
+        return out
+
+
+class FrameStream:
+    """A video's frames one at a time, in order (a whole video re-encoded: memory bounded)."""
+
+    def __init__(self, cursor: FrameCursor, frames: list[int]):
+        self.cursor, self.frames = cursor, frames
+        self.hw = (cursor.info.height, cursor.info.width)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for i in self.frames:
+            yield self.cursor.frames([i])[0]
+
+
+def _encode_npy(clip: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(clip, np.uint8), allow_pickle=False)
+    return buf.getvalue()
+
+
+def encode_mp4(frames: Iterator[np.ndarray] | np.ndarray, fps: float, codec: str = "h264", crf: int = 23) -> bytes:
+    """Frames (uint8 HWC RGB, all one size) as an MP4 (H.264 through libx264 by default) on the CPU."""
+    a = av()
+    encoder = {"h264": "libx264", "hevc": "libx265", "h265": "libx265", "av1": "libsvtav1", "vp9": "libvpx-vp9"}.get(
+        codec, codec)
+    buf = io.BytesIO()
+    with a.open(buf, mode="w", format="mp4") as out:
+        stream = None
+        from fractions import Fraction
+
+        rate = Fraction(fps).limit_denominator(1001) if fps else Fraction(25)
+        for rgb in frames:
+            rgb = np.ascontiguousarray(rgb)
+            if stream is None:
+                stream = out.add_stream(encoder, rate=rate)
+                stream.width, stream.height = rgb.shape[1] - rgb.shape[1] % 2, rgb.shape[0] - rgb.shape[0] % 2
+                stream.pix_fmt = "yuv420p"
+                if encoder in ("libx264", "libx265"):
+                    stream.options = {"crf": str(crf), "preset": "veryfast"}
+            if rgb.shape[0] != stream.height or rgb.shape[1] != stream.width:
+                rgb = np.ascontiguousarray(rgb[: stream.height, : stream.width])
+            for packet in stream.encode(a.VideoFrame.from_ndarray(rgb, format="rgb24")):
+                out.mux(packet)
+        if stream is None:
+            raise ValueError("no frame to encode")
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def check_video_encoder(codec: str) -> None:
+    """Refuse, before any data moves, a video encoder this machine cannot open: a GPU (NVENC) encoder
+    where the GPU has none (Hopper: H100, H200), or a codec PyAV's FFmpeg lacks."""
+    a = av()
+    name = {"h264": "libx264", "hevc": "libx265", "h265": "libx265", "av1": "libsvtav1", "vp9": "libvpx-vp9"}.get(
+        codec, codec)
+    try:
+        ctx = a.CodecContext.create(name, "w")
+        ctx.width, ctx.height, ctx.pix_fmt = 64, 64, "yuv420p" if "nvenc" not in name else "nv12"
+        from fractions import Fraction
+
+        ctx.time_base = Fraction(1, 25)
+        ctx.open()
+    except Exception as e:  # noqa: BLE001 - any failure to open is the refusal's reason
+        if "nvenc" in name:
+            raise UsageError(f"--video-codec {codec}: no NVENC video encoder here ({str(e).split(':')[0]}); Hopper "
+                             "GPUs (H100, H200) have none. Video is encoded on the CPU: pass --video-codec h264 "
+                             "(or hevc, av1, vp9)") from None
+        raise UsageError(f"--video-codec {codec}: this machine's FFmpeg (PyAV) cannot encode it ({e}); "
+                         "supported: h264, hevc, av1, vp9") from None
+
+
+def encode_clip(data: Any, record: Record, plan: Any) -> Record:
+    """A clip output's record from its transformed frames ((T, H, W, 3) uint8, or frames one by one
+    for a whole video), in the clip's format (its template's codec)."""
+    fmt = record.codec
+    try:
+        if fmt == "npy":
+            return record.with_(data=_encode_npy(data), codec="npy")
+        if fmt == "mp4":
+            sampler = plan.sample
+            codec = getattr(sampler, "codec", "h264")
+            fps = float(record.meta.get("fps") or 25.0)
+            return record.with_(data=encode_mp4(data, fps, codec, getattr(sampler, "crf", 23)), codec="mp4")
+        if fmt in ("jpeg", "png"):  # one image member per frame: <key>.0000.jpg ...
+            from ..codecs.image import encode as encode_image
+
+            ext = "jpg" if fmt == "jpeg" else "png"
+            frames = [encode_image(np.ascontiguousarray(f), fmt, plan.jpeg_quality) for f in data]
+            members = {f"{i:04d}.{ext}": {"base64": _b64(b)} for i, b in enumerate(frames[1:], 1)}
+            meta = {**record.meta, "members": {**(record.meta.get("members") or {}), **members}}
+            return record.with_(data=frames[0], codec=fmt, media=Media.IMAGE, meta=meta,
+                                key=record.key)
+    except RecordError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the record boundary
+        raise RecordError(record.key, record.origin, Stage.ENCODE, f"{type(e).__name__}: {e}") from None
+    raise RecordError(record.key, record.origin, Stage.ENCODE, f"unknown clip format {fmt!r}")
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode("ascii")
+
+
+class VideoHostCodec:
+    """Video on the CPU. ``check`` probes the container (bytes that pass through untouched are a
+    readable video); ``decode`` gives the :class:`FrameCursor` of the frames the outputs take;
+    ``part`` one output's frames; ``encode`` an output's record (a frame as an image, a clip, a video)."""
+
+    spec = MediaSpec("video", layout="FHWC")
+
+    def check(self, record: Record, plan: RunPlan) -> Record:
+        info = info_of(record, plan)
+        return record if record.codec == info.container else record.with_(codec=info.container)
+
+    def decode(self, record: Record, plan: Any, outputs: list[Record] | None = None) -> FrameCursor:
+        if outputs is None:  # every output the plan makes of it (an augment run's variants too)
+            outputs = [o for o, transform in plan.outputs(record) if transform]
+        wanted = [list(o.meta.get("frames") or ()) for o in outputs]
+        return FrameCursor(record.data, info_of(record, plan), wanted, record.key, record.origin)
+
+    def part(self, decoded: FrameCursor, template: Record) -> Any:
+        frames = list(template.meta.get("frames") or ())
+        if template.media is Media.IMAGE and template.codec != "npy" and len(frames) == 1 and "frame" in template.meta:
+            return decoded.frames(frames)[0]
+        if template.codec == "mp4":  # the whole video, frame by frame (memory bounded)
+            return FrameStream(decoded, frames)
+        return decoded.frames(frames)
+
+    def outputs(self, record: Record, plan: Any) -> list[Record]:
+        return outputs_of_video(record, plan)
+
+    def size(self, item: Any) -> tuple[int, int]:
+        if isinstance(item, FrameStream):
+            return item.hw
+        return tuple(item.shape[-3:-1])  # type: ignore[return-value]
+
+    def apply(self, fn: Callable[[np.ndarray], np.ndarray], item: Any) -> Any:
+        """``fn`` (the chain with one clip's parameters) on every frame of ``item``."""
+        if isinstance(item, np.ndarray) and item.ndim == 4:
+            return np.stack([fn(f) for f in item]) if len(item) else item
+        if isinstance(item, np.ndarray):
+            return fn(item)
+        return (fn(f) for f in item)
+
+    def encode(self, data: Any, record: Record, plan: Any) -> Record:
+        if record.media is Media.IMAGE and record.codec in ("jpeg", "png", "webp") and "frame" in record.meta:
+            return get_codec("image", "*", HOST).encode(data, record, plan)
+        return encode_clip(data, record, plan)
+
+
+register_codec("video", "*", HOST, VideoHostCodec())

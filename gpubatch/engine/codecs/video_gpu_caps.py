@@ -1,0 +1,79 @@
+"""Which videos this machine's NVDEC decodes: PyNvVideoCodec's ``GetDecoderCaps`` per (codec, chroma
+format, bit depth), checked against each video's size. Asked only where a GPU is; nothing is imported
+on a machine without one."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+# PyAV's codec names -> the name of cudaVideoCodec's member
+_CUDA_CODEC = {"h264": "H264", "hevc": "HEVC", "vp8": "VP8", "vp9": "VP9", "av1": "AV1", "mpeg1video": "MPEG1",
+               "mpeg2video": "MPEG2", "mpeg4": "MPEG4", "vc1": "VC1", "mjpeg": "JPEG"}
+
+
+@functools.lru_cache(maxsize=1)
+def nvc() -> Any:
+    """PyNvVideoCodec, or None where it or a GPU is missing."""
+    from ..device import gpu_problem
+
+    problem, _ = gpu_problem(0)
+    if problem and "nvImageCodec" not in problem:
+        return None
+    try:
+        import PyNvVideoCodec as mod
+    except Exception:  # noqa: BLE001 - missing, or its driver libraries absent (no NVDEC here)
+        return None
+    return mod
+
+
+def _chroma(pix_fmt: str) -> str:
+    if "444" in pix_fmt:
+        return "444"
+    if "422" in pix_fmt:
+        return "422"
+    if pix_fmt.startswith("gray"):
+        return "Monochrome"
+    return "420"
+
+
+def _member(enum: Any, *names: str) -> Any:
+    for n in names:
+        if hasattr(enum, n):
+            return getattr(enum, n)
+    raise AttributeError(names[0])
+
+
+@functools.lru_cache(maxsize=64)
+def _caps(gpu: int, codec: str, chroma: str, depth: int) -> tuple[int, int, int, int] | None:
+    """(max width, max height, min width, min height) NVDEC decodes for this stream kind; None: not at all."""
+    mod = nvc()
+    name = _CUDA_CODEC.get(codec)
+    if mod is None or name is None:
+        return None
+    try:
+        cc = _member(mod.cudaVideoCodec, name)
+        cf = _member(mod.cudaVideoChromaFormat, f"_{chroma}", chroma, f"YUV{chroma}")
+        caps = mod.GetDecoderCaps(gpuid=gpu, codec=cc, chromaformat=cf, bitdepth=depth)
+    except Exception:  # noqa: BLE001 - an API without this entry: decoding will tell per file
+        return (1 << 16, 1 << 16, 0, 0)
+    get = caps.get if isinstance(caps, dict) else (lambda k, d=0: getattr(caps, k, d))
+    if not get("is_supported", 1) or not get("width_max", 0) or not get("num_decoder_engines", 1):
+        return None
+    return int(get("width_max")), int(get("height_max")), int(get("width_min", 0)), int(get("height_min", 0))
+
+
+def nvdec_supports(info: Any, gpu: int = 0) -> bool:
+    """Whether NVDEC here decodes the video of ``info`` (codec, profile's chroma and depth, size)."""
+    caps = _caps(gpu, info.codec, _chroma(info.pix_fmt), info.bit_depth)
+    if caps is None:
+        return False
+    w, h = (info.height, info.width) if info.rotation in (90, 270) else (info.width, info.height)
+    return caps[2] <= w <= caps[0] and caps[3] <= h <= caps[1]
+
+
+def nvdec_decodes(videos: list, gpu: int = 0) -> int | None:
+    """How many of ``videos`` (VideoInfo) NVDEC here decodes; None where there is no GPU decoder here."""
+    if nvc() is None:
+        return None
+    return sum(1 for v in videos if nvdec_supports(v, gpu))

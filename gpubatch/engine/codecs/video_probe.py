@@ -1,0 +1,261 @@
+"""What a video file holds, read without decoding a frame: its container and stream facts, and every
+frame's presentation timestamp and keyframe flag (one pass of the demuxer, packets only).
+
+Frame ``i`` of a video is the ``i``-th frame in presentation order: the rank of its packet's
+timestamp among the stream's. Both decode paths (PyAV on the CPU, NVDEC on the GPU) and every sampler
+use these indices and timestamps, so the same clip is the same frames whatever decodes it, and a
+variable-frame-rate file is sampled by its real timestamps.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ...errors import DependencyError
+
+# container names PyAV reports (comma lists) -> the extension gpubatch writes for such bytes
+_CONTAINERS = (("mp4", "mp4"), ("mov", "mov"), ("matroska", "mkv"), ("webm", "webm"), ("avi", "avi"),
+               ("mpegts", "ts"), ("mpeg", "mpg"), ("flv", "flv"))
+#: NVDEC's codecs, as PyAV names them (CUDA Video Codec SDK: H.264, HEVC, VP8, VP9, AV1, MPEG-1/2/4, VC-1)
+NVDEC_CODECS = frozenset({"h264", "hevc", "vp8", "vp9", "av1", "mpeg1video", "mpeg2video", "mpeg4", "vc1"})
+
+
+def av():
+    """PyAV, imported on first use (a core dependency; a clear error where it is missing)."""
+    try:
+        import av as _av
+    except ImportError:  # pragma: no cover - a declared dependency
+        raise DependencyError("video needs PyAV: pip install av") from None
+    return _av
+
+
+def sniff_container(data: bytes) -> str | None:
+    """The container of video bytes from their first bytes (mp4/mov, mkv/webm, avi, ts), or None."""
+    if data[4:8] == b"ftyp" or data[4:8] in (b"moov", b"mdat", b"free", b"wide", b"skip"):
+        brand = data[8:12]
+        return "mov" if brand == b"qt  " else "mp4"
+    if data[:4] == b"\x1a\x45\xdf\xa3":
+        return "webm" if b"webm" in data[:64] else "mkv"
+    if data[:4] == b"RIFF" and data[8:12] == b"AVI ":
+        return "avi"
+    if len(data) > 376 and data[0] == 0x47 and data[188] == 0x47:
+        return "ts"
+    return None
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """A video's facts, from its container and a demux of its video packets.
+
+    Attributes:
+        container: the container's extension (mp4, mkv, webm, mov, avi...).
+        codec: the video stream's codec (h264, hevc, vp9, av1, mpeg4...); ``profile`` its profile.
+        width, height: the frame size as displayed (after the rotation below).
+        rotation: degrees counter-clockwise that display turns the coded frame (0, 90, -90, 180).
+        bit_depth: bits per sample (8, 10, 12); ``pix_fmt`` the decoder's pixel format.
+        fps: average frame rate; ``vfr``: the frame intervals differ by more than 1 % (variable rate).
+        duration: seconds from the first frame's timestamp to the end of the last frame.
+        times: seconds, per frame in presentation order, from the first frame.
+        keyframes: indices of the frames a decoder can start from.
+        bit_rate: bits per second of the whole file; ``audio_tracks``: its audio streams.
+    """
+
+    container: str
+    codec: str
+    profile: str | None
+    width: int
+    height: int
+    rotation: int
+    bit_depth: int
+    pix_fmt: str
+    fps: float
+    vfr: bool
+    duration: float
+    times: np.ndarray = field(repr=False)
+    keyframes: tuple[int, ...] = field(repr=False)
+    bit_rate: int = 0
+    audio_tracks: int = 0
+    pts: np.ndarray = field(repr=False, default=None)  # stream time-base units, presentation order
+    offset: int = 0  # a stretch of a video (window): the index of its first frame in the whole
+    t0: float = 0.0  # and that frame's time
+
+    def window(self, start: float, end: float) -> VideoInfo:
+        """The stretch from ``start`` to ``end`` seconds (both frames included; a negative time counts
+        from the end, 0 and 0 the whole video, as DALI's file lists mean them), indices kept relative
+        to it with ``offset`` and ``t0`` to the whole. ValueError where the stretch holds no frame."""
+        if not start and not end:
+            return self
+        s = start + self.duration if start < 0 else start
+        e = end + self.duration if end < 0 else (end or self.duration)
+        i0 = int(np.searchsorted(self.times, s - 1e-6, side="left"))
+        i1 = int(np.searchsorted(self.times, e + 1e-6, side="right")) - 1
+        if i1 < i0 or i0 >= self.frames:
+            raise ValueError(f"no frame between {start:g} s and {end:g} s (the video lasts {self.duration:.3f} s)")
+        times = self.times[i0: i1 + 1]
+        step = float(np.median(np.diff(self.times))) if self.frames > 1 else 1.0 / max(self.fps, 1e-9)
+        keys = tuple(k - i0 for k in self.keyframes if i0 <= k <= i1)
+        return replace(self, times=times - times[0], pts=self.pts[i0: i1 + 1], keyframes=keys or (0,),
+                       duration=float(times[-1] - times[0] + step), offset=self.offset + i0,
+                       t0=self.t0 + float(times[0]))
+
+    @property
+    def frames(self) -> int:
+        return len(self.times)
+
+    def keyframe_before(self, index: int) -> int:
+        """The last keyframe at or before frame ``index`` (a decoder starts there to reach it)."""
+        k = int(np.searchsorted(np.asarray(self.keyframes), index, side="right")) - 1
+        return self.keyframes[max(k, 0)]
+
+    def as_meta(self) -> dict[str, Any]:
+        """The facts a record's metadata and ``info`` carry (JSON values)."""
+        return {"container": self.container, "codec": self.codec, "profile": self.profile, "width": self.width,
+                "height": self.height, "rotation": self.rotation, "bit_depth": self.bit_depth,
+                "pix_fmt": self.pix_fmt, "fps": round(self.fps, 4), "vfr": self.vfr,
+                "duration": round(self.duration, 4), "frames": self.frames, "keyframes": len(self.keyframes),
+                "bit_rate": self.bit_rate, "audio_tracks": self.audio_tracks}
+
+
+def _bit_depth(pix_fmt: str) -> int:
+    for depth in (16, 14, 12, 10, 9):
+        if f"p{depth}" in pix_fmt:
+            return depth
+    return 8
+
+
+def open_container(data: bytes):
+    """A PyAV input container over ``data``; ValueError (one line) where it is no video file."""
+    a = av()
+    if not data:
+        raise ValueError("empty file (0 bytes)")
+    try:
+        return a.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+    except a.FFmpegError as e:
+        raise ValueError(f"not a readable video file: {_why(e)}") from None
+
+
+def _why(e: Exception) -> str:
+    text = getattr(e, "strerror", None) or str(e)
+    return text.split(": '", 1)[0].strip() or type(e).__name__
+
+
+def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
+    """The facts of the video in ``data`` (see :class:`VideoInfo`): the container's header and one demux
+    pass over the video stream's packets (no frame is decoded).
+
+    Raises:
+        ValueError: not a video (no moov atom, zero length, audio only), a size above ``max_pixels``
+            (0: no limit), or no frame at all; the message says which.
+    """
+    if data[:6] == b"\x93NUMPY":
+        return npy_clip(data, max_pixels)
+    a = av()
+    with open_container(data) as c:
+        if not c.streams.video:
+            audio = len(c.streams.audio)
+            raise ValueError(f"no video stream ({audio} audio stream{'s' if audio != 1 else ''})" if audio
+                             else "no video stream")
+        s = c.streams.video[0]
+        cc = s.codec_context
+        coded_w, coded_h = int(cc.width or 0), int(cc.height or 0)
+        if coded_w <= 0 or coded_h <= 0:
+            raise ValueError("not a readable video: its stream has no frame size (truncated?)")
+        if max_pixels and coded_w * coded_h > max_pixels:
+            raise ValueError(f"{coded_w}x{coded_h} frames are above --max-pixels {max_pixels:,}")
+        pts: list[int] = []
+        keys: list[bool] = []
+        durations: list[int] = []
+        try:
+            for p in c.demux(s):
+                t = p.pts if p.pts is not None else p.dts
+                if t is None or p.size == 0:
+                    continue
+                pts.append(int(t))
+                keys.append(bool(p.is_keyframe))
+                durations.append(int(p.duration or 0))
+        except a.FFmpegError:  # packets after a damaged stretch: the frames before it are the video
+            pass
+        if not pts:
+            raise ValueError("no video frame in the file (truncated?)")
+        order = np.argsort(np.asarray(pts, np.int64), kind="stable")
+        spts = np.asarray(pts, np.int64)[order]
+        keep = np.concatenate([[True], np.diff(spts) > 0])  # a repeated timestamp is no new frame
+        order, spts = order[keep], spts[keep]
+        key_flags = np.asarray(keys)[order]
+        keyframes = tuple(int(i) for i in np.flatnonzero(key_flags)) or (0,)
+        if keyframes[0] != 0:  # frames before the first keyframe (an open GOP cut): start there
+            keyframes = (0, *keyframes)
+        tb = float(s.time_base) if s.time_base else 1.0 / 90000
+        times = (spts - spts[0]).astype(np.float64) * tb
+        last = durations[int(order[-1])] * tb if durations else 0.0
+        gaps = np.diff(times)
+        rate = float(s.average_rate) if s.average_rate else (1.0 / float(np.median(gaps)) if len(gaps) else 0.0)
+        if not last:
+            last = float(np.median(gaps)) if len(gaps) else (1.0 / rate if rate else 0.0)
+        duration = float(times[-1] + last)
+        vfr = bool(len(gaps) > 1 and (gaps.max() - gaps.min()) > 0.01 * max(float(np.median(gaps)), 1e-9))
+        rotation = _rotation(s)
+        w, h = (coded_h, coded_w) if rotation in (90, 270) else (coded_w, coded_h)
+        container = next((ext for name, ext in _CONTAINERS if name in (c.format.name or "").split(",")),
+                         sniff_container(data) or (c.format.name or "video").split(",")[0])
+        if container == "mov" and sniff_container(data) == "mp4":
+            container = "mp4"
+        pix_fmt = str(cc.pix_fmt or "")
+        return VideoInfo(
+            container=container, codec=cc.name, profile=cc.profile, width=w, height=h, rotation=rotation,
+            bit_depth=_bit_depth(pix_fmt), pix_fmt=pix_fmt, fps=rate or (len(times) / duration if duration else 0.0),
+            vfr=vfr, duration=duration, times=times, keyframes=keyframes,
+            bit_rate=int(c.bit_rate or 0), audio_tracks=len(c.streams.audio), pts=spts,
+        )
+
+
+def npy_clip(data: bytes, max_pixels: int = 0) -> VideoInfo:
+    """The facts of a decoded clip written as ``.npy`` (uint8 (T, H, W, 3), as ``--clip-format npy``
+    writes them): its frames are the array's; no time is known (one frame a second is assumed)."""
+    try:
+        f = io.BytesIO(data)
+        version = np.lib.format.read_magic(f)
+        fmt = np.lib.format
+        shape, fortran, dtype = (fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0)(f)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"not a readable .npy clip: {e}") from None
+    if dtype != np.uint8 or len(shape) != 4 or shape[3] != 3 or fortran or 0 in shape:
+        raise ValueError(f"a .npy clip is a uint8 (T, H, W, 3) array, not {dtype} {tuple(shape)}")
+    t, h, w, _ = (int(x) for x in shape)
+    if max_pixels and h * w > max_pixels:
+        raise ValueError(f"{w}x{h} frames are above --max-pixels {max_pixels:,}")
+    if len(data) < t * h * w * 3:
+        raise ValueError("a truncated .npy clip")
+    return VideoInfo(container="npy", codec="rawvideo", profile=None, width=w, height=h, rotation=0, bit_depth=8,
+                     pix_fmt="rgb24", fps=1.0, vfr=False, duration=float(t), times=np.arange(t, dtype=np.float64),
+                     keyframes=tuple(range(t)), pts=np.arange(t, dtype=np.int64))
+
+
+def _rotation(stream: Any) -> int:
+    """Degrees counter-clockwise the stream's display matrix turns its frames (0 where none)."""
+    for sd in _side_data(stream):
+        rot = getattr(sd, "rotation", None)
+        if rot is not None:
+            return int(round(float(rot) / 90.0)) * 90 % 360 if rot else 0
+    rot = (stream.metadata or {}).get("rotate")  # older containers' tag: degrees clockwise
+    if rot:
+        try:
+            return (-int(rot)) % 360
+        except ValueError:
+            return 0
+    return 0
+
+
+def _side_data(stream: Any) -> list:
+    try:
+        sd = stream.side_data
+    except AttributeError:
+        return []
+    if isinstance(sd, dict):  # PyAV names its entries: {"DISPLAYMATRIX": angle}
+        rot = sd.get("DISPLAYMATRIX") or sd.get("displaymatrix")
+        return [type("SD", (), {"rotation": rot})()] if rot is not None else []
+    return list(sd or [])

@@ -1,0 +1,281 @@
+"""Video on the CPU: sampling math, every source layout, frames and clips outputs read back by the
+webdataset library and the tfrecord package, augment with one set of parameters per clip, re-encode,
+``info``, and bad input (a per-file skip with its reason, the rest converts)."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from gpubatch.api import augment, convert, info
+from gpubatch.errors import RecordError, UsageError
+
+from .clips import class_folders, frame, make_clip
+
+av = pytest.importorskip("av")
+
+
+def _info(n: int, fps: float = 24.0, keyframes=(0,), times=None):
+    t = np.arange(n) / fps if times is None else np.asarray(times, float)
+    return SimpleNamespace(frames=n, times=t, keyframes=tuple(keyframes), fps=fps,
+                           duration=float(t[-1] + (t[-1] - t[-2] if n > 1 else 1 / fps)))
+
+
+# --- sampling ----------------------------------------------------------------------------------------------
+
+def test_frame_samplers():
+    from gpubatch.engine.ops.temporal import FrameSampler
+
+    inf = _info(100, 25.0, keyframes=(0, 25, 50, 75))
+    assert FrameSampler.parse("every:30").indices(inf) == [0, 30, 60, 90]
+    assert FrameSampler.parse("keyframes").indices(inf) == [0, 25, 50, 75]
+    assert FrameSampler.parse("uniform:4").indices(inf) == [12, 37, 62, 87]
+    assert FrameSampler.parse("uniform:500").indices(inf) == list(range(100))
+    assert FrameSampler.parse("fps:5").indices(inf) == list(range(0, 100, 5))
+    # a variable frame rate is sampled by time, not by index: 10 frames in the first second, 2 after
+    vfr = _info(14, times=[k / 10 for k in range(10)] + [1.0, 1.5, 2.0, 2.5])
+    assert FrameSampler.parse("fps:2").indices(vfr) == [0, 5, 10, 11, 12, 13]
+    for bad in ("every:0", "every:1.5", "fps:-1", "uniform:x", "sometimes:3", "keyframes:2"):
+        with pytest.raises(UsageError):
+            FrameSampler.parse(bad)
+
+
+def test_clip_samplers_and_their_draws():
+    from gpubatch.engine.ops.temporal import ClipSampler
+
+    inf = _info(40)
+    assert ClipSampler(8, 2).clips(inf, "k", 0) == [list(range(0, 15, 2)), list(range(16, 31, 2))]
+    assert ClipSampler(8, 1, stride=10).clips(inf, "k", 0)[:2] == [list(range(0, 8)), list(range(10, 18))]
+    assert ClipSampler(4, 1, positions="uniform", count=3).clips(inf, "k", 0) == [[0, 1, 2, 3], [18, 19, 20, 21],
+                                                                                 [36, 37, 38, 39]]
+    rnd = ClipSampler(4, 3, positions="random", count=5, step_jitter=1)
+    a, b = rnd.clips(inf, "k", 7), rnd.clips(inf, "k", 7)
+    assert a == b and a != rnd.clips(inf, "k", 8) and a != rnd.clips(inf, "other", 7)  # by seed and key
+    for clip in a:
+        steps = set(np.diff(clip))
+        assert len(clip) == 4 and len(steps) == 1 and steps.pop() in (2, 3, 4) and clip[-1] < 40
+    assert ClipSampler(16, 4).clips(_info(40), "k", 0) == []  # 61 frames a clip: too short
+    with pytest.raises(UsageError, match="--clip-length"):
+        ClipSampler(0)
+
+
+def test_options_that_do_not_go_together_are_refused(tmp_path):
+    src = class_folders(tmp_path / "src")
+    for opts, match in (({"frames": "every:2", "clip_length": 4}, "give one"),
+                        ({"clip_stride": 3}, "give clip_length too"),
+                        ({"video_codec": "h264_nvenc", "resize_shorter": 32}, "NVENC"),
+                        ({"frames": "every:2", "fps": 5.0}, "writes images")):
+        with pytest.raises(UsageError, match=match):
+            convert(src, tmp_path / "out", to="webdataset", device="cpu", **opts)
+        assert not (tmp_path / "out").exists()
+
+
+# --- layouts -----------------------------------------------------------------------------------------------
+
+def _keys(path: Path, **kw) -> dict[str, int | None]:
+    from gpubatch.api import open_dataset
+
+    with open_dataset(path, **kw) as r:
+        return {rec.key: rec.label for rec in r}
+
+
+def test_every_source_layout(tmp_path):
+    root = class_folders(tmp_path / "ucf")
+    assert _keys(root) == {"jump/j1": 0, "jump/j2": 0, "walk/w1": 1, "walk/w2": 1}
+    flat = tmp_path / "flat"
+    make_clip(flat / "a.mp4", 10)
+    make_clip(flat / "b.webm", 10, codec="libvpx-vp9", bframes=0)
+    assert _keys(flat) == {"a": None, "b": None}
+    # DALI's file list: path label [start end], relative or absolute paths
+    (flat / "file_list.txt").write_text(f"a.mp4 3 0.1 0.3\n{flat / 'b.webm'} 1\nc.mp4 x\n\n")
+    from gpubatch.api import open_dataset
+
+    with open_dataset(flat) as r:
+        recs, errs = [], []
+        for e in r.entries():
+            try:
+                recs.append(r.read(e))
+            except RecordError as err:
+                errs.append(err)
+    assert [(x.key, x.label, x.meta.get("start"), x.meta.get("end")) for x in recs] == [("a", 3, 0.1, 0.3),
+                                                                                        ("b", 1, None, None)]
+    assert len(errs) == 1 and "line 3" in errs[0].key
+    # a CSV of path,label,start,end with class names
+    (tmp_path / "csvset").mkdir()
+    make_clip(tmp_path / "csvset" / "x.mp4", 10)
+    make_clip(tmp_path / "csvset" / "sub" / "y.mp4", 10)
+    (tmp_path / "csvset" / "meta.csv").write_text("path,label,start,end\nx.mp4,dog,0,0\nsub/y.mp4,cat,0.1,0.3\n")
+    assert _keys(tmp_path / "csvset") == {"x": 1, "sub/y": 0}
+    # Kinetics' CSV: label,youtube_id,time_start,time_end,split -> <label>/<id>_<start>_<end>.mp4
+    kin = tmp_path / "kinetics"
+    make_clip(kin / "abseiling" / "abc_000010_000020.mp4", 10)
+    make_clip(kin / "zumba" / "xyz_000001_000011.mp4", 10)
+    (kin / "train.csv").write_text("label,youtube_id,time_start,time_end,split\nabseiling,abc,10,20,train\n"
+                                   "zumba,xyz,1,11,train\n")
+    assert _keys(kin) == {"abseiling/abc_000010_000020": 0, "zumba/xyz_000001_000011": 1}
+
+
+def test_start_and_end_restrict_the_frames(tmp_path):
+    src = tmp_path / "src"
+    make_clip(src / "a.mp4", 48)  # 2 s at 24 fps
+    (src / "file_list.txt").write_text("a.mp4 0 1.0 1.5\n")
+    s = convert(src, tmp_path / "out", to="folder", frames="every:1", device="cpu", layout="flat")
+    idx = sorted(int(p.stem.rsplit("_", 1)[1]) for p in (tmp_path / "out").glob("*.jpg"))
+    assert idx == list(range(24, 37)) and s.records_out == 13
+
+
+# --- outputs -----------------------------------------------------------------------------------------------
+
+def test_passthrough_to_webdataset_keeps_the_bytes_and_the_webdataset_library_reads_it(tmp_path):
+    wds = pytest.importorskip("webdataset")
+    src = class_folders(tmp_path / "src")
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.passthrough == 4 and s.transcoded == 0 and s.device == "cpu"
+    got = {d["__key__"]: d for d in wds.WebDataset(str(next((tmp_path / "out").glob("*.tar"))), shardshuffle=False)}
+    assert got["jump/j1"]["mp4"] == (src / "jump" / "j1.mp4").read_bytes()
+    assert got["walk/w2"]["mkv"] == (src / "walk" / "w2.mkv").read_bytes()
+    assert int(got["walk/w1"]["cls"]) == 1
+    again = convert(tmp_path / "out", tmp_path / "back", to="video")  # and back to a folder of clips
+    assert again.passthrough == 4 and (tmp_path / "back" / "walk" / "w2.mkv").read_bytes() == (
+        src / "walk" / "w2.mkv").read_bytes()
+    assert "walk/w1.mp4 1" in (tmp_path / "back" / "file_list.txt").read_text()
+
+
+def _closest(img: np.ndarray, n: int) -> int:
+    h, w = img.shape[:2]
+    return int(np.argmin([np.abs(img.astype(int) - frame(i, h, w)).mean() for i in range(n)]))
+
+
+def test_frames_are_the_right_frames_with_their_metadata(tmp_path):
+    from PIL import Image
+
+    src = tmp_path / "src"
+    make_clip(src / "cls" / "v.mp4", 36, 96, 64, gop=8)
+    s = convert(src, tmp_path / "out", to="folder", frames="every:7", device="cpu")
+    assert s.records_out == 6 and not s.skipped
+    files = sorted((tmp_path / "out" / "cls").glob("*.jpg"))
+    assert [f.name for f in files] == [f"v_{i:06d}.jpg" for i in range(0, 36, 7)]
+    for f in files:
+        i = int(f.stem.rsplit("_", 1)[1])
+        assert _closest(np.asarray(Image.open(f).convert("RGB")), 36) == i
+    s = convert(src, tmp_path / "wds", to="webdataset", frames="keyframes", device="cpu")
+    with tarfile.open(next((tmp_path / "wds").glob("*.tar"))) as t:
+        names = t.getnames()
+        doc = json.loads(t.extractfile("cls/v/000008.json").read())
+    assert "cls/v/000000.jpg" in names and "cls/v/000032.jpg" in names
+    assert doc["meta"]["frame"] == 8 and doc["meta"]["clip"] == "cls/v" and abs(doc["meta"]["time"] - 8 / 24) < 1e-3
+
+
+def test_clips_as_npy_in_webdataset_and_tfrecord(tmp_path):
+    wds = pytest.importorskip("webdataset")
+    tfr = pytest.importorskip("tfrecord.reader")
+    src = class_folders(tmp_path / "src")
+    s = convert(src, tmp_path / "wds", to="webdataset", clip_length=8, frame_step=2, resize_shorter=32,
+                center_crop=32, device="cpu")
+    assert not s.skipped and s.records_out == 3 + 1 + 3 + 2  # 48, 30, 60, 36 frames; 15 a clip side by side
+    got = {d["__key__"]: d for d in wds.WebDataset(str(next((tmp_path / "wds").glob("*.tar"))), shardshuffle=False)}
+    clip = np.load(io.BytesIO(got["jump/j1/0001"]["npy"]))
+    assert clip.shape == (8, 32, 32, 3) and clip.dtype == np.uint8
+    assert json.loads(got["jump/j1/0001"]["json"])["meta"]["frames"] == list(range(16, 31, 2))
+    s = convert(src, tmp_path / "tfr", to="tfrecord", clip_length=4, clips_per_video=1, clip_positions="uniform",
+                device="cpu")
+    shard = next((tmp_path / "tfr").glob("*.tfrecord"))
+    rows = list(tfr.tfrecord_loader(str(shard), str(shard.with_suffix(".idx")),
+                                    {"video/encoded": "byte", "video/class/label": "int", "video/source_id": "byte"}))
+    assert len(rows) == 4 and s.records_out == 4
+    arr = np.load(io.BytesIO(bytes(rows[0]["video/encoded"])))
+    assert arr.shape == (4, 64, 96, 3)
+    assert sorted(int(r["video/class/label"][0]) for r in rows) == [0, 0, 1, 1]
+    again = info(tmp_path / "tfr")
+    assert again.records == 4 and again.video["total_frames"] == 16
+
+
+def test_augment_draws_one_set_of_parameters_per_clip(tmp_path):
+    src = tmp_path / "src"
+    make_clip(src / "v.mp4", 40, 96, 64)
+    chain = "random_clip(length=5, step=2, step_jitter=1) | flip(p=1.0)"
+    s = augment(src, tmp_path / "aug", ops=chain, copies=3, seed=11, to="webdataset", device="cpu")
+    assert s.records_out == 3 and not s.skipped
+    with tarfile.open(next((tmp_path / "aug").glob("*.tar"))) as t:
+        for k in range(3):
+            clip = np.load(io.BytesIO(t.extractfile(f"v_aug{k}.npy").read()))
+            frames = json.loads(t.extractfile(f"v_aug{k}.json").read())["meta"]["frames"]
+            assert clip.shape == (5, 64, 96, 3) and len(set(np.diff(frames))) == 1
+            for f, i in zip(clip, frames):  # every frame mirrored, and the frame the metadata names
+                assert _closest(f[:, ::-1], 40) == i
+    again = augment(src, tmp_path / "aug2", ops=chain, copies=3, seed=11, to="webdataset", device="cpu")
+    assert again.records_out == 3
+    one = [ln for ln in (tmp_path / "aug" / "augment-params.jsonl").read_text().splitlines()]
+    assert one == (tmp_path / "aug2" / "augment-params.jsonl").read_text().splitlines()
+
+
+def test_reencode_resizes_every_frame(tmp_path):
+    from gpubatch.engine.codecs.video_probe import probe
+
+    src = tmp_path / "src"
+    make_clip(src / "v.mp4", 20, 96, 64)
+    s = convert(src, tmp_path / "out", to="video", resize_shorter=32, device="cpu")
+    assert s.records_out == 1 and not s.skipped
+    out = probe((tmp_path / "out" / "v.mp4").read_bytes())
+    assert (out.width, out.height, out.frames, out.codec) == (48, 32, 20, "h264")
+    s = convert(src, tmp_path / "fps", to="video", fps=12.0, device="cpu")
+    assert probe((tmp_path / "fps" / "v.mp4").read_bytes()).frames == 10
+
+
+def test_info_describes_videos(tmp_path):
+    src = class_folders(tmp_path / "src")
+    r = info(src)
+    v = r.as_dict()["video"]
+    assert r.records == 4 and v["total_frames"] == 48 + 30 + 60 + 36
+    assert v["codecs"] == {"h264 High": 3, "hevc Main": 1} and v["containers"] == {"mp4": 3, "mkv": 1}
+    assert v["fps"]["median"] == 24 and v["resolutions"] == {"96x64": 4}
+    assert v["total_hours"] == pytest.approx(174 / 24 / 3600, abs=1e-4)
+
+
+# --- bad input ---------------------------------------------------------------------------------------------
+
+def test_bad_files_are_skipped_with_their_reason_and_the_rest_converts(tmp_path):
+    src = tmp_path / "src"
+    good = make_clip(src / "good.mp4", 24).read_bytes()
+    (src / "empty.mp4").write_bytes(b"")
+    (src / "cut.mp4").write_bytes(good[: len(good) // 3])  # no moov atom left
+    (src / "photo.mp4").write_bytes(b"\xff\xd8\xff\xe0" + bytes(200))  # a JPEG-ish file named .mp4
+    with av.open(str(src / "sound.mp4"), "w") as c:  # audio only
+        s = c.add_stream("aac", rate=16000)
+        f = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+        f.sample_rate = 16000
+        for p in [*s.encode(f), *s.encode()]:
+            c.mux(p)
+    make_clip(src / "huge.mp4", 4, 640, 480)
+    s = convert(src, tmp_path / "out", to="webdataset", frames="every:6", max_pixels=100_000, device="cpu")
+    reasons = {e["key"]: e["reason"] for e in s.skipped}
+    assert s.records_out == 4 and set(reasons) == {"empty", "cut", "photo", "sound", "huge"}
+    assert "empty" in reasons["empty"] and "no video stream" in reasons["sound"]
+    assert "--max-pixels" in reasons["huge"]
+    for k in ("cut", "photo"):
+        assert "not a readable video" in reasons[k] or "no video frame" in reasons[k], reasons[k]
+
+
+def test_damage_mid_stream_keeps_the_frames_before_it(tmp_path):
+    from gpubatch.engine.codecs.video import FrameCursor
+    from gpubatch.engine.codecs.video_probe import probe
+
+    data = bytearray(make_clip(tmp_path / "v.mp4", 48, 96, 64, gop=48, bframes=0).read_bytes())
+    info0 = probe(bytes(data))
+    mdat = data.find(b"mdat")
+    cut = mdat + int((len(data) - mdat) * 0.6)
+    data[cut: cut + 400] = bytes(400)  # zeros over the packets of the last third
+    cur = FrameCursor(bytes(data), info0, [[0, 5, 10], [47]])
+    assert cur.frames([0, 5, 10]).shape == (3, 64, 96, 3)
+    try:
+        last = cur.frames([47])
+    except RecordError as e:  # decoding stopped at the damage: the later output is its own error
+        assert e.stage.value == "decode"
+    else:  # FFmpeg concealed the damage: the frame comes back, damaged but whole
+        assert last.shape == (1, 64, 96, 3)
