@@ -14,6 +14,7 @@ The GPU-NOTES figures: one decoder session reaches ~400 frames/s on 1080p H.264;
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -23,7 +24,7 @@ import numpy as np
 
 from ..errors import ErrorRouter, RecordError, RunStats, Stage
 from ..types import Media, Record
-from .codecs.video import encode_clip, info_of
+from .codecs.video import clip_members, encode_clip, info_of
 from .codecs.video_gpu_caps import nvdec_supports
 from .device import Device
 from .plan import Plan
@@ -146,8 +147,6 @@ def _same_gop(keyframes: Any, a: int, b: int) -> bool:
     """Whether no keyframe lies in (a, b]: decoding on from ``a`` reaches ``b`` sooner than a seek."""
     if keyframes is None:
         return b - a <= CHUNK
-    import bisect
-
     return bisect.bisect_right(keyframes, b) == bisect.bisect_right(keyframes, a)
 
 
@@ -182,8 +181,8 @@ class GpuFrameCursor:
                                   f"NVDEC gave {len(got)} of the {len(todo)} frames asked (damaged stream?)")
             self.cache.update(zip(todo, got))
         out = [self.cache[i] for i in indices]
-        for i in set(indices):
-            self.need[i] -= indices.count(i)
+        for i, n in Counter(indices).items():
+            self.need[i] -= n
             if self.need[i] <= 0:
                 self.cache.pop(i, None)
         return out
@@ -235,7 +234,7 @@ def _encode_job(session: NvdecSession, job: Job, cursor: GpuFrameCursor, plan: P
                 if image_out:
                     out = t.with_(data=bytes(encoded[0]), codec=codec)
                 else:
-                    out = _members(t, [bytes(b) for b in encoded], codec)
+                    out = clip_members(t, [bytes(b) for b in encoded], codec)
             else:
                 out = encode_clip(_host(done, session), t, plan)
     except RecordError:
@@ -246,15 +245,6 @@ def _encode_job(session: NvdecSession, job: Job, cursor: GpuFrameCursor, plan: P
         stats.drawn[t.key] = params
     stats.add(transcoded=1)
     return out
-
-
-def _members(t: Record, encoded: list[bytes], codec: str) -> Record:
-    import base64
-
-    ext = "jpg" if codec == "jpeg" else codec
-    members = {f"{i:04d}.{ext}": {"base64": base64.b64encode(b).decode("ascii")} for i, b in enumerate(encoded[1:], 1)}
-    return t.with_(data=encoded[0], codec=codec, media=Media.IMAGE,
-                   meta={**t.meta, "members": {**(t.meta.get("members") or {}), **members}})
 
 
 def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunStats,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,9 @@ def _list_folder(path: str) -> list[os.DirEntry]:
 
 
 def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str = "",
-                 others: list[str] | None = None) -> list[str]:
-    """Relative POSIX paths of the regular image files under ``root``, sorted, hidden files and folders
-    skipped.
+                 others: list[str] | None = None, accept: Callable[[str], bool] = _is_image_name) -> list[str]:
+    """Relative POSIX paths of the regular image files (``accept``: files of another kind, by name) under
+    ``root``, sorted, hidden files and folders skipped.
 
     Linked folders are followed, but not a link to a folder the walk is inside (``ln -s .. up``): the
     walk stops there instead of going round the loop. What cannot be read as a record is added to
@@ -88,7 +89,7 @@ def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str =
                 if real not in above:
                     stack.append((entry.path, path, above | {real}))
                 continue
-            if not _is_image_name(name):
+            if not accept(name):
                 if others is not None and rel + name not in _OWN_FILES:
                     others.append(prefix + path)
                 continue

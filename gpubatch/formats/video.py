@@ -32,7 +32,7 @@ from ..types import IMAGE_EXTENSIONS as _IMAGE_EXT
 from ..types import VIDEO_EXTENSIONS, DatasetInfo, Media, Record, class_table
 from . import fields, register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer
-from .folder import class_folders, safe_component
+from .folder import _walk_images, class_folders, safe_component
 from .manifest import MANIFEST_NAME, read_manifest
 
 FILE_LIST = "file_list.txt"
@@ -44,17 +44,6 @@ _END_COLS = ("end", "time_end", "end_s", "end_time")
 
 def is_video_name(name: str) -> bool:
     return "." in name and name.rsplit(".", 1)[1].lower() in VIDEO_EXTENSIONS
-
-
-def _walk(root: Path) -> list[str]:
-    out = []
-    for dirpath, dirs, files in os.walk(root, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        rel = os.path.relpath(dirpath, root)
-        for f in files:
-            if not f.startswith(".") and is_video_name(f):
-                out.append(f if rel == "." else f"{Path(rel).as_posix()}/{f}")
-    return sorted(out)
 
 
 def _one_csv(root: Path) -> Path | None:
@@ -95,7 +84,8 @@ class VideoReader(Reader):
             return self._scan_list(manifest)
         if self.csv_file is not None:
             return self._scan_csv()
-        files = _walk(self.root)
+        damaged: list[Damaged] = []  # folders that cannot be listed, clips that are no regular files
+        files = _walk_images(self.root, damaged, accept=is_video_name)
         tops = sorted({f.split("/", 1)[0] for f in files if "/" in f})
         if tops:
             self._classes = tuple(tops)
@@ -104,8 +94,8 @@ class VideoReader(Reader):
             if loose:
                 self.warnings.append(f"left out of {self.root}, as no records: {len(loose)} video file"
                                      f"{'s' if len(loose) > 1 else ''} outside the class folders ({', '.join(loose[:3])})")
-            return [(f, index[f.split("/", 1)[0]], 0.0, 0.0) for f in files if "/" in f]
-        return [(f, None, 0.0, 0.0) for f in files]
+            return [*damaged, *((f, index[f.split("/", 1)[0]], 0.0, 0.0) for f in files if "/" in f)]
+        return [*damaged, *((f, None, 0.0, 0.0) for f in files)]
 
     def _scan_list(self, manifest: dict) -> list[Any]:
         try:

@@ -184,11 +184,14 @@ def _encode_npy(clip: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+#: ``--video-codec`` names -> the CPU encoders of PyAV's FFmpeg
+ENCODERS = {"h264": "libx264", "hevc": "libx265", "h265": "libx265", "av1": "libsvtav1", "vp9": "libvpx-vp9"}
+
+
 def encode_mp4(frames: Iterator[np.ndarray] | np.ndarray, fps: float, codec: str = "h264", crf: int = 23) -> bytes:
     """Frames (uint8 HWC RGB, all one size) as an MP4 (H.264 through libx264 by default) on the CPU."""
     a = av()
-    encoder = {"h264": "libx264", "hevc": "libx265", "h265": "libx265", "av1": "libsvtav1", "vp9": "libvpx-vp9"}.get(
-        codec, codec)
+    encoder = ENCODERS.get(codec, codec)
     buf = io.BytesIO()
     with a.open(buf, mode="w", format="mp4") as out:
         stream = None
@@ -218,8 +221,7 @@ def check_video_encoder(codec: str) -> None:
     """Refuse, before any data moves, a video encoder this machine cannot open: a GPU (NVENC) encoder
     where the GPU has none (Hopper: H100, H200), or a codec PyAV's FFmpeg lacks."""
     a = av()
-    name = {"h264": "libx264", "hevc": "libx265", "h265": "libx265", "av1": "libsvtav1", "vp9": "libvpx-vp9"}.get(
-        codec, codec)
+    name = ENCODERS.get(codec, codec)
     try:
         ctx = a.CodecContext.create(name, "w")
         ctx.width, ctx.height, ctx.pix_fmt = 64, 64, "yuv420p" if "nvenc" not in name else "nv12"
@@ -251,12 +253,8 @@ def encode_clip(data: Any, record: Record, plan: Any) -> Record:
         if fmt in ("jpeg", "png"):  # one image member per frame: <key>.0000.jpg ...
             from ..codecs.image import encode as encode_image
 
-            ext = "jpg" if fmt == "jpeg" else "png"
-            frames = [encode_image(np.ascontiguousarray(f), fmt, plan.jpeg_quality) for f in data]
-            members = {f"{i:04d}.{ext}": {"base64": _b64(b)} for i, b in enumerate(frames[1:], 1)}
-            meta = {**record.meta, "members": {**(record.meta.get("members") or {}), **members}}
-            return record.with_(data=frames[0], codec=fmt, media=Media.IMAGE, meta=meta,
-                                key=record.key)
+            return clip_members(record, [encode_image(np.ascontiguousarray(f), fmt, plan.jpeg_quality) for f in data],
+                                fmt)
     except RecordError:
         raise
     except Exception as e:  # noqa: BLE001 - the record boundary
@@ -264,10 +262,14 @@ def encode_clip(data: Any, record: Record, plan: Any) -> Record:
     raise RecordError(record.key, record.origin, Stage.ENCODE, f"unknown clip format {fmt!r}")
 
 
-def _b64(data: bytes) -> str:
+def clip_members(record: Record, encoded: list[bytes], codec: str) -> Record:
+    """A clip written as images: the first frame the record's image, the others members ``0001.jpg``..."""
     import base64
 
-    return base64.b64encode(data).decode("ascii")
+    ext = "jpg" if codec == "jpeg" else codec
+    members = {f"{i:04d}.{ext}": {"base64": base64.b64encode(b).decode("ascii")} for i, b in enumerate(encoded[1:], 1)}
+    return record.with_(data=encoded[0], codec=codec, media=Media.IMAGE,
+                        meta={**record.meta, "members": {**(record.meta.get("members") or {}), **members}})
 
 
 class VideoHostCodec:
