@@ -19,6 +19,7 @@ import re
 import struct
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -167,6 +168,14 @@ class LmdbReader(Reader):
         except Exception as e:
             raise FormatError(f"cannot open LMDB {self.path}: {e}") from None
         self._local = threading.local()
+        from .lmdb_pages import PageFile, Unsupported
+
+        try:  # keys listed and values read within the file's pages (a damaged file cannot crash the process)
+            self.pages: PageFile | None = PageFile(self.data_file)
+        except Unsupported:  # duplicate keys, sub-databases: the library's own reads
+            self.pages = None
+        except (OSError, ValueError) as e:
+            raise FormatError(f"cannot open LMDB {self.path}: {e}") from None
 
     def _check_size(self) -> None:
         """A file cut short since it was opened would crash the process on the next read of the map."""
@@ -177,9 +186,23 @@ class LmdbReader(Reader):
             raise GpubatchError(f"{self.data_file} shrank to {size:,} bytes while it was read (it needs "
                                 f"{self.needed:,}): stopped before reading past its end")
 
-    def _scan(self) -> list[bytes | Damaged]:
-        """The keys in order; where the database's B-tree is damaged, the keys before the damage and a
-        Damaged entry for what could not be listed after it."""
+    def _scan(self) -> list:
+        """The keys in order (each with its value's place in the file); a subtree of the B-tree that is
+        damaged is one Damaged entry in its place, the keys around it listed."""
+        from .lmdb_pages import Unsupported
+
+        if self.pages is not None:
+            try:
+                found, holes = self.pages.walk()
+            except Unsupported:
+                self.pages = None
+            else:
+                out: list = [e for e in found if not _META_KEY.match(e.key)]
+                for h in holes:
+                    after = h.after.decode("utf-8", "replace")[:80] if h.after is not None else "the first"
+                    out.append(Damaged(f"after {after}", f"{self.data_file}", f"damaged database: the records under "
+                                       f"page {h.page} (after key {after}) cannot be listed ({h.reason})"))
+                return sorted(out, key=lambda e: e.key.encode() if isinstance(e, Damaged) else e.key) if holes else out
         keys: list[bytes | Damaged] = []
         try:
             with self.env.begin() as txn:
@@ -198,6 +221,15 @@ class LmdbReader(Reader):
         if known:
             return DatasetInfo(classes=known, categories=tuple(manifest.get("categories") or ()))
         labels = []
+        if self.pages is not None:
+            for entry in self.entries():
+                if isinstance(entry, Damaged):
+                    continue
+                try:
+                    labels.append(fields.label(decode_datum(self.pages.value(entry)).get("label", 0)))
+                except ValueError:
+                    continue
+            return DatasetInfo(classes=label_names([x for x in labels if x is not None], None))
         self._check_size()
         try:
             with self.env.begin() as txn:
@@ -210,18 +242,34 @@ class LmdbReader(Reader):
             pass
         return DatasetInfo(classes=label_names([x for x in labels if x is not None], None))
 
-    def where(self, entry: bytes) -> tuple[str, str]:
-        return _KEY_PREFIX.sub(b"", entry).decode("utf-8", "replace"), f"{self.path}#{entry.decode('utf-8', 'replace')}"
+    def where(self, entry: Any) -> tuple[str, str]:
+        raw = getattr(entry, "key", entry)
+        return _KEY_PREFIX.sub(b"", raw).decode("utf-8", "replace"), f"{self.path}#{raw.decode('utf-8', 'replace')}"
 
-    def _read(self, entry: bytes) -> Record:
-        key, origin = self.where(entry)
+    def _value(self, entry: Any, key: str, origin: str) -> bytes | None:
+        """An entry's value: read within the file's pages, or by the library for the layouts it keeps."""
+        size = getattr(entry, "size", None)
+        if size is not None:
+            if size > MAX_RECORD_BYTES:
+                raise self.record_error(key, origin, f"a value of {size:,} bytes, above the "
+                                        f"{MAX_RECORD_BYTES:,}-byte bound on one record")
+            try:
+                return self.pages.value(entry)
+            except ValueError as e:
+                from ..errors import GpubatchError
+
+                raise GpubatchError(f"{self.data_file}: {e}: stopped before reading past its end") from None
         self._check_size()
         with self.env.begin(buffers=True) as txn:
             view = txn.get(entry)
             if view is not None and len(view) > MAX_RECORD_BYTES:
                 raise self.record_error(key, origin, f"a value of {len(view):,} bytes, above the "
                                         f"{MAX_RECORD_BYTES:,}-byte bound on one record")
-            value = None if view is None else bytes(view)
+            return None if view is None else bytes(view)
+
+    def _read(self, entry: Any) -> Record:
+        key, origin = self.where(entry)
+        value = self._value(entry, key, origin)
         if value is None:
             raise self.record_error(key, origin, "key vanished from the database")
         try:
@@ -257,6 +305,9 @@ class LmdbReader(Reader):
         return Record(key=key, data=data, codec=codec, label=label, meta=meta, origin=origin)
 
     def close(self) -> None:
+        if self.pages is not None:
+            self.pages.close()
+            self.pages = None
         self.env.close()
         os.close(self._size_fd)
 

@@ -709,3 +709,43 @@ def test_verify_full_decodes_every_passed_through_image(tmp_path):
     p = run_cli("convert", src, tmp_path / "full", "--to", "webdataset", "--verify", "full", "--json")
     s = summary_of(p)
     assert p.returncode == 0 and s["records_out"] == 1, s
+
+
+def test_a_damaged_lmdb_page_cannot_crash_the_process(tmp_path):
+    """A node offset past its page once made the LMDB library read past the end of the file through its
+    memory map: the process died of SIGBUS (exit -7). Keys and values are now read within the pages the
+    meta page declares; the damaged page's records are one skipped entry, the others convert."""
+    src = tmp_path / "l"
+    convert(ROOT / "sample_data" / "imagenet", src, to="lmdb", limit=12, resize_shorter=24, quality=80)
+    path = src / "data.mdb"
+    data = bytearray(path.read_bytes())
+    psize = struct.unpack_from("<I", data, 40)[0]
+    leaves = [n for n in range(2, len(data) // psize) if struct.unpack_from("<H", data, n * psize + 10)[0] & 0x02]
+    struct.pack_into("<H", data, leaves[-1] * psize + 16, 0xFFF0)  # the last leaf's first node: far past the page
+    path.write_bytes(bytes(data))
+    code = (f"from gpubatch.api import convert; s = convert({str(src)!r}, {str(tmp_path / 'o')!r}, to='webdataset'); "
+            "print(s.records_out, s.records_in, *[e['reason'] for e in s.skipped], sep='|')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0, (p.returncode, p.stderr[-500:])
+    out, total, reason = p.stdout.strip().split("|")
+    assert 0 < int(out) < 12 and int(total) == int(out) + 1
+    assert f"page {leaves[-1]}" in reason and "outside its node area" in reason
+
+
+def test_lmdb_layouts_the_page_reader_leaves_to_the_library(tmp_path):
+    import lmdb
+
+    from gpubatch.formats.lmdb_pages import PageFile, Unsupported
+
+    env = lmdb.open(str(tmp_path / "d"), map_size=1 << 24, max_dbs=2)
+    db = env.open_db(b"images")  # a named sub-database: the main database holds its name
+    with env.begin(write=True, db=db) as txn:
+        for k in range(3):
+            txn.put(b"%08d_k%d" % (k, k), jpeg_bytes(photo(16, 16, k)))
+    env.close()
+    pages = PageFile(tmp_path / "d" / "data.mdb")
+    with pytest.raises(Unsupported):
+        pages.walk()
+    pages.close()
+    with pytest.raises(GpubatchError, match="neither a Caffe Datum"):  # the library lists the main database:
+        convert(tmp_path / "d", tmp_path / "o", to="folder")  # one key, the sub-database's name, as before
