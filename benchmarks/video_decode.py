@@ -36,8 +36,8 @@ def _nvdec(files: list[bytes], sessions: int, gpu: int = 0) -> tuple[int, float]
 
     def run() -> None:
         s = NvdecSession(gpu)
-        s.open(files[0], counts[0])
-        s.decode(list(range(min(CHUNK, counts[0]))), infos[0].keyframes)  # warm: the session's decoder and kernels exist
+        s.open(files[0], infos[0])
+        s.decode(list(range(min(CHUNK, counts[0]))))  # warm: the session's decoder and kernels exist
         s.stream.synchronize()
         ready.wait()
         ready.wait()
@@ -46,9 +46,9 @@ def _nvdec(files: list[bytes], sessions: int, gpu: int = 0) -> tuple[int, float]
                 if not work:
                     break
                 k = work.pop()
-            s.open(files[k], counts[k])
+            s.open(files[k], infos[k])
             for a in range(0, counts[k], CHUNK):
-                s.decode(list(range(a, min(a + CHUNK, counts[k]))), infos[k].keyframes)
+                s.decode(list(range(a, min(a + CHUNK, counts[k]))))
             with lock:
                 done[0] += counts[k]
         s.stream.synchronize()

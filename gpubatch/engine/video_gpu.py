@@ -1,20 +1,18 @@
 """Video on the GPU: NVDEC decoders (PyNvVideoCodec), several at once so that every NVDEC engine works,
 the frames through the chain's kernels, frames encoded by the GPU's JPEG encoder.
 
-Each decoding thread owns one ``SimpleDecoder`` (reconfigured from video to video, as its construction
-is the dominant per-file cost) and its own CUDA stream, launcher and encoder. A thread takes a whole
-video: it decodes only the frames the video's outputs take (the decoder seeks to the keyframe before
-them), a bounded number at a time (:class:`GpuFrameCursor`), runs each output's frames through the
-chain with one set of drawn parameters, and encodes them. A file NVDEC cannot decode (its codec,
-profile or size; ``GetDecoderCaps``) or whose frame count differs from the demuxer's goes to the CPU
-path, counted as a fallback.
-
-The GPU-NOTES figures: one decoder session reaches ~400 frames/s on 1080p H.264; seven reach ~2,400.
+Each decoding thread owns one :class:`NvdecSession`: its decoder (kept from video to video while the
+codec and bit depth stay), CUDA stream, launcher and encoder. A thread takes a whole video: it
+decodes only the frames the video's outputs take (from the keyframe before them), a bounded number at
+a time (:class:`GpuFrameCursor`), runs each output's frames through the chain with one set of drawn
+parameters, and encodes them. A file NVDEC cannot decode (codec, profile or size by
+``GetDecoderCaps``; codecs other than H.264 and HEVC; rotated files) goes to the CPU path, counted and
+named in the summary.
 """
 
 from __future__ import annotations
 
-import bisect
+import io
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -30,15 +28,23 @@ from .device import Device
 from .plan import Plan
 from .run import Job, RecordSink, RecordSource, outputs_of, read_counted, write_results
 
-#: containers whose frames NVDEC's SimpleDecoder gives by the demuxer's indices (tested against PyAV); a
-#: Matroska file gave other frames (2026-11-25, H100), so other containers decode on the CPU for now
-INDEXED = frozenset({"mp4", "mov"})
 #: frames a cursor decodes ahead in one call (bounded GPU memory: 64 1080p RGB frames are 400 MB)
 CHUNK = 32
 
 
 class NvdecSession:
-    """One thread's decoder and CUDA stream, launcher and encoder on one GPU."""
+    """One thread's NVDEC decoder, CUDA stream, launcher and encoder on one GPU.
+
+    PyAV demuxes (the same demuxer as the CPU path and the probe, so a frame's timestamp names its
+    index) and the H.264/HEVC packets, in Annex B form, go to PyNvVideoCodec's decoder with their
+    timestamps; the frames come back in display order with them. Decoding releases the GIL, so the
+    sessions of several threads keep several NVDEC engines busy (SimpleDecoder's calls hold it: its
+    sessions did not scale, benchmarks/nvdec_study.py). The NV12 (P016 for 10 and 12 bits) frames become
+    RGB in gpubatch's own kernel (kernels/yuv.cu), with the stream's matrix and range.
+    """
+
+    #: PyAV's codec names -> cudaVideoCodec's members this path decodes
+    CODECS = {"h264": "H264", "hevc": "HEVC"}
 
     def __init__(self, gpu: int):
         import cupy as cp
@@ -52,10 +58,13 @@ class NvdecSession:
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.staging = PinnedStaging(cp)
         self.launch = Launcher(cp, self.stream, self.staging)
-        self.decoder: Any = None
         self._encoder: Any = None
         self.frames_decoded = 0
-        self.pos = 0  # the index of the frame the decoder gives next
+        self.why = ""
+        self._dec: Any = None
+        self._dec_key: tuple = ()
+        self._max = (0, 0)
+        self._container: Any = None
 
     @property
     def encoder(self) -> Any:
@@ -65,89 +74,142 @@ class NvdecSession:
             self._encoder = GpuImageEncoder(self.gpu, 2, "batched", self.staging)
         return self._encoder
 
-    def open(self, data: bytes, frames: int) -> Any:  # noqa: C901
-        """The thread's decoder on ``data`` (reconfigured when it exists; made anew where that fails), or
-        None where it does not see the ``frames`` frames the demuxer counted (the CPU decodes that file).
-        A container whose header holds no frame count (Matroska, WebM) is scanned once."""
-        self.pos = 0
+    def open(self, data: bytes, info: Any) -> bool:
+        """Ready to decode the video ``data`` (``info``: its probe); False, with the reason in ``why``,
+        where this path does not take it."""
+        import av
+
         self.why = ""
-        if self.decoder is not None:
-            try:
-                self.decoder.reconfigure_decoder(data)
-                if len(self.decoder) == frames:
-                    return self.decoder
-            except Exception:  # noqa: BLE001 - a stream the cached decoders cannot take: a new one
-                pass
-            self.decoder = None
-        for scan in (0, 1):
-            try:
-                # its own stream: on the legacy default stream every session's conversions and copies
-                # would wait for one another
-                self.decoder = self.nvc.SimpleDecoder(data, gpu_id=self.gpu, use_device_memory=True,
-                                                      cuda_stream=self.stream.ptr,
-                                                      need_scanned_stream_metadata=scan,
-                                                      output_color_type=self.nvc.OutputColorType.RGB)
-            except Exception as e:  # noqa: BLE001 - no frame count in the header (scan), or no NVDEC for it
-                self.decoder = None
-                self.why = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        name = self.CODECS.get(info.codec)
+        if name is None:
+            self.why = f"{info.codec}: gpubatch's NVDEC path takes H.264 and HEVC"
+            return False
+        self._close_container()
+        try:
+            self._container = av.open(io.BytesIO(data), metadata_errors="ignore")
+            self._vs = self._container.streams.video[0]
+            self._bsf = av.BitStreamFilterContext(f"{info.codec}_mp4toannexb", self._vs)
+            cc = self._vs.codec_context
+            w, h = int(cc.width), int(cc.height)
+            key = (name, info.bit_depth)
+            if self._dec is None or self._dec_key != key or w > self._max[0] or h > self._max[1]:
+                self._dec = None  # (a decoder reconfigures itself to smaller frames, not to larger ones)
+                self._max = (max(w, self._max[0]) if self._dec_key == key else w,
+                             max(h, self._max[1]) if self._dec_key == key else h)
+                self._dec = self.nvc.CreateDecoder(gpuid=self.gpu, codec=getattr(self.nvc.cudaVideoCodec, name),
+                                                   cudacontext=0, cudastream=self.stream.ptr, usedevicememory=True,
+                                                   maxwidth=self._max[0], maxheight=self._max[1])
+                self._dec_key = key
+        except Exception as e:  # noqa: BLE001 - no decoder for this stream here: the CPU decodes it
+            self._close_container()
+            self.why = f"NVDEC: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}"
+            return False
+        self.info = info
+        self._index = {int(p): i for i, p in enumerate(info.pts)}
+        self._coef = yuv_coefficients(int(getattr(cc, "colorspace", 2) or 2), int(getattr(cc, "color_range", 0) or 0), h)
+        self._packets: Any = None
+        self._ended = False
+        self.pos = -1  # the greatest frame index the decoder gave since the last seek
+        return True
+
+    def _close_container(self) -> None:
+        if self._container is not None:
+            if self._dec is not None and self._packets is not None and not self._ended:
+                self._dec.Decode(self.nvc.PacketData())  # flush what the decoder holds of this file
+            self._container.close()
+            self._container = None
+        self._packets = None
+
+    def _seek(self, index: int) -> None:
+        """Decode on from the keyframe before frame ``index`` (what the decoder held is flushed)."""
+        if self._packets is not None and not self._ended:
+            self._dec.Decode(self.nvc.PacketData())
+        k = self.info.keyframe_before(index)
+        self._container.seek(int(self.info.pts[k]), stream=self._vs, backward=True, any_frame=False)
+        self._packets = self._container.demux(self._vs)
+        self._ended = False
+        self.pos = k - 1
+
+    def _next(self) -> list | None:
+        """The frames the next packet completes (in display order); None once the stream is done."""
+        for packet in self._packets:
+            if not packet.size:
                 continue
-            if len(self.decoder) == frames:
-                return self.decoder
-            self.why = f"NVDEC counts {len(self.decoder)} frames, the demuxer {frames}"
-        self.decoder = None
-        return None
+            out: list = []
+            for q in self._bsf.filter(packet):
+                buf = np.frombuffer(q, np.uint8)
+                pk = self.nvc.PacketData()
+                t = q.pts if q.pts is not None else q.dts
+                pk.bsl_data, pk.bsl, pk.pts = buf.ctypes.data, buf.size, int(t if t is not None else -1)
+                out.extend(self._dec.Decode(pk))
+            return out
+        if self._ended:
+            return None
+        self._ended = True
+        return list(self._dec.Decode(self.nvc.PacketData()))  # the frames still held back for display order
 
-    def decode(self, indices: list[int], keyframes: Any = None) -> list[Any]:
-        """Frames ``indices`` of the open video as uint8 (H, W, 3) CuPy arrays of their own (copied out of
-        the decoder's surfaces, on this session's stream), in the order asked.
-
-        Frames are decoded in sequence: from where the decoder stands where the next frame asked lies
-        before the next keyframe after it (``keyframes``, the demuxer's), else from a seek. A seek by
-        index decodes from the keyframe before it, so runs of frames never pay it twice.
-        """
+    def _rgb(self, frame: Any) -> Any:
+        """A decoded NV12/P016 frame as an RGB uint8 (H, W, 3) CuPy array of its own (on this stream)."""
         cp = self.cp
-        want = sorted(set(indices))
+        from .kernels import kernel
+
+        with self.stream:
+            a = cp.from_dlpack(frame)
+            h, w = a.shape[0] * 2 // 3, a.shape[1]
+            pitch = a.strides[0] // a.itemsize
+            out = cp.empty((h, w, 3), cp.uint8)
+            k = kernel("yuv", "p016_rgb" if a.itemsize == 2 else "nv12_rgb")
+            chroma = a[h:]
+            k(((w + 255) // 256, h), (256,), (a, chroma, np.int32(pitch), np.int32(h), np.int32(w), out,
+                                               *(np.float32(c) for c in self._coef)))
+        return out
+
+    def decode(self, indices: list[int]) -> list[Any]:
+        """Frames ``indices`` of the open video as uint8 (H, W, 3) CuPy arrays of their own, in the order
+        asked. Decoding goes on from where it stands where the next frame asked lies before the next
+        keyframe after it, else from a seek to the keyframe before that frame (the CPU path's rule)."""
+        want = set(indices)
         got: dict[int, Any] = {}
-        k = 0
-        while k < len(want):
-            first = want[k]
-            if first != self.pos and not (first > self.pos and _same_gop(keyframes, self.pos, first)):
-                self.decoder.seek_to_index(first)
-                self.pos = first
-            last = first
-            while k + 1 < len(want) and (want[k + 1] - last <= 1 or _same_gop(keyframes, last, want[k + 1])):
-                k += 1
-                last = want[k]
-            k += 1
-            while self.pos <= last:
-                n = min(CHUNK, last + 1 - self.pos)
-                frames = self.decoder.get_batch_frames(n)
-                if not frames:
-                    break
-                with self.stream:
-                    for f in frames:
-                        if self.pos in got or self.pos not in want:
-                            self.pos += 1
-                            continue
-                        a = cp.from_dlpack(f)
-                        if a.ndim == 3 and a.shape[0] == 3 and a.shape[2] != 3:  # planar RGB: to HWC
-                            a = a.transpose(1, 2, 0)
-                        got[self.pos] = cp.ascontiguousarray(a).copy()
-                        self.pos += 1
+        for target in sorted(want):
+            if target in got:
+                continue
+            if self._packets is None or target <= self.pos or self.info.keyframe_before(target) > self.pos + 1:
+                self._seek(target)
+            while target not in got:
+                frames = self._next()
+                if frames is None:
+                    raise ValueError(f"the stream ends before frame {target}")
                 self.frames_decoded += len(frames)
-        return [got[i] for i in indices if i in got]
+                for f in frames:
+                    i = self._index.get(int(f.timestamp))
+                    if i is None:
+                        continue
+                    self.pos = max(self.pos, i)
+                    if i in want and i not in got:
+                        got[i] = self._rgb(f)
+        return [got[i] for i in indices]
 
     def close(self) -> None:
+        self._close_container()
         if self._encoder is not None:
             self._encoder.close()
-        self.decoder = None
+        self._dec = None
 
 
-def _same_gop(keyframes: Any, a: int, b: int) -> bool:
-    """Whether no keyframe lies in (a, b]: decoding on from ``a`` reaches ``b`` sooner than a seek."""
-    if keyframes is None:
-        return b - a <= CHUNK
-    return bisect.bisect_right(keyframes, b) == bisect.bisect_right(keyframes, a)
+#: Kr, Kb of the YUV matrices PyAV's reformatter names (colour_matrix)
+_KRB = {"ITU709": (0.2126, 0.0722), "ITU601": (0.299, 0.114), "SMPTE170M": (0.299, 0.114), "FCC": (0.30, 0.11),
+        "SMPTE240M": (0.212, 0.087), "BT2020": (0.2627, 0.0593)}
+
+
+def yuv_coefficients(colorspace: int, color_range: int, height: int) -> tuple[float, ...]:
+    """(ys, yo, crv, cgu, cgv, cbu) of kernels/yuv.cu for a stream's matrix (the one the CPU path
+    takes: codecs.video.colour_matrix) and range (2: full, else limited)."""
+    from .codecs.video import colour_matrix
+
+    kr, kb = _KRB[colour_matrix(colorspace, height)]
+    kg = 1.0 - kr - kb
+    ys, yo, cs = (1.0, 0.0, 1.0) if color_range == 2 else (255.0 / 219.0, 16.0, 255.0 / 224.0)
+    return (ys, yo, 2 * (1 - kr) * cs, 2 * kb * (1 - kb) / kg * cs, 2 * kr * (1 - kr) / kg * cs, 2 * (1 - kb) * cs)
 
 
 class GpuFrameCursor:
@@ -155,8 +217,8 @@ class GpuFrameCursor:
     :class:`~gpubatch.engine.codecs.video.FrameCursor`): missing frames are decoded together with the
     next ones later outputs take, up to :data:`CHUNK`; a frame is dropped once its last output had it."""
 
-    def __init__(self, session: NvdecSession, wanted: list[list[int]], key: str, origin: str, keyframes: Any = None):
-        self.session, self.key, self.origin, self.keyframes = session, key, origin, keyframes
+    def __init__(self, session: NvdecSession, wanted: list[list[int]], key: str, origin: str):
+        self.session, self.key, self.origin = session, key, origin
         self.order = [i for frames in wanted for i in frames]  # frames in the order outputs ask
         self.need: Counter = Counter(self.order)
         self.cache: dict[int, Any] = {}
@@ -173,7 +235,7 @@ class GpuFrameCursor:
                     ahead.append(i)
             todo = sorted(set(missing) | set(ahead))
             try:
-                got = self.session.decode(todo, self.keyframes)
+                got = self.session.decode(todo)
             except Exception as e:  # noqa: BLE001 - a damaged stream: the outputs that need it fail
                 raise RecordError(self.key, self.origin, Stage.DECODE, f"NVDEC: {str(e).splitlines()[0][:200]}") from None
             if len(got) != len(todo):
@@ -256,12 +318,10 @@ def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunS
     if not jobs:
         return outs
     info = info_of(record, plan)
-    why = ("rotated" if info.rotation else "a decoded clip" if info.container == "npy" else
-           "" if info.container in INDEXED else f"{info.container}: NVDEC's frame indices are checked on MP4 and "
-           "MOV files only") or (
+    why = ("rotated" if info.rotation else "a decoded clip" if info.container == "npy" else "") or (
         "" if nvdec_supports(info, session.gpu) else f"NVDEC here does not decode {info.codec} {info.pix_fmt} "
         f"{info.width}x{info.height}")
-    if not why and session.open(record.data, info.frames) is None:  # NVDEC refused it, or counts other frames
+    if not why and not session.open(record.data, info):  # a codec this path does not take, or NVDEC refused it
         why = session.why or "NVDEC refused it"
     if why:
         stats.add(fallbacks=1)
@@ -269,7 +329,7 @@ def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunS
             stats.warn(f"decoded on the CPU: {record.key} ({why})")
         return fallback(record)
     cursor = GpuFrameCursor(session, [list(j.template.meta.get("frames") or ()) for j in jobs], record.key,
-                            record.origin, info.keyframes)
+                            record.origin)
     result: list[Record | RecordError] = []
     for item in outs:
         if not isinstance(item, Job):
