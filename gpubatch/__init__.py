@@ -32,6 +32,7 @@ _LAZY = {
     "ErrorPolicy": ("gpubatch.errors", "ErrorPolicy"),
     "format_names": ("gpubatch.formats", "format_names"),
     "ImagePipeline": ("gpubatch.engine.pipeline", "ImagePipeline"),
+    "VideoPipeline": ("gpubatch.engine.video_pipeline", "VideoPipeline"),
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -23,6 +23,9 @@ class Model:
     chains: dict[str, str]
     encode: bool = False
     torchvision: str | None = None  # the torchvision model --with-model trains
+    media: str = "image"
+    clip: tuple[int, int] = (0, 0)  # a video model's clip: frames, frame step
+    batch_size: int = 256  # items a batch by default (clips for a video model)
 
 
 NORM = "normalize(layout='CHW', dtype='float16')"
@@ -37,6 +40,10 @@ MODELS: dict[str, Model] = {
     "decode-only": Model("decode-only", "JPEG decode to uint8 RGB, nothing else", {"decode": ""}),
     "transcode": Model("transcode", "decode, resize shorter side to 256, JPEG encode q90",
                        {"transcode": "resize_shorter(size=256)"}, encode=True),
+    "video-clf": Model("video-clf", "video classification (3D CNN): 16-frame clips, frame step 4, short side 256, "
+                       "random crop 224, flip, fp16 NCTHW normalized",
+                       {"train": f"resize_shorter(size=256) | random_crop(size=224) | flip(p=0.5) | {NORM}"},
+                       media="video", clip=(16, 4), batch_size=8),
 }
 
 

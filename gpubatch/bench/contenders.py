@@ -332,7 +332,11 @@ def run_dali(a: dict, setting: str = "best") -> dict:
 def main() -> None:
     a = json.loads(sys.argv[1])
     name = a["contender"]
-    if name == "gpubatch-gpu":
+    if get_model(a["model"]).media == "video":
+        from .video import run_video_contender
+
+        res = run_video_contender(a)
+    elif name == "gpubatch-gpu":
         res = run_gpubatch(a, "gpu")
     elif name == "gpubatch-cpu":
         res = run_gpubatch(a, "cpu")

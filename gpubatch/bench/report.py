@@ -8,6 +8,14 @@ from typing import Any
 COLUMNS = ("images/s", "spread", "whole run", "vs CPU", "GPU mem", "GPU util", "CPU cores", "batch p50/p99", "HW JPEG", "bottleneck")
 
 
+def columns(result: dict[str, Any], chain: str) -> tuple[str, ...]:
+    """The table's columns for ``chain``: a video model counts clips, and its decoder column is NVDEC's."""
+    unit = next((r["unit"] for r in result["results"][chain].values() if "unit" in r), "images")
+    if unit == "images":
+        return COLUMNS
+    return (f"{unit}/s", *COLUMNS[1:8], "NVDEC util", COLUMNS[9])
+
+
 def _num(v: Any, fmt: str = "{:,.0f}", none: str = "-") -> str:
     return none if v is None else fmt.format(v)
 
@@ -28,7 +36,7 @@ def rows(result: dict[str, Any], chain: str) -> list[tuple[str, dict[str, Any], 
             _num(r.get("gpu_util_pct"), "{:.0f}%"),
             _num(r.get("cpu_cores_used"), "{:.1f}"),
             f"{_num(r.get('batch_ms_p50'), '{:.1f}')}/{_num(r.get('batch_ms_p99'), '{:.1f}')} ms",
-            _num(r.get("hw_decoder_share"), "{:.0%}"),
+            _num(r.get("hw_decoder_share"), "{:.0%}") if "unit" not in r else _num(r.get("nvdec_util_pct"), "{:.0f}%"),
             r.get("bottleneck") or "-",
         ]
         out.append((name, r, cells))
@@ -86,7 +94,7 @@ def _header(result: dict[str, Any]) -> list[str]:
         f"gpubatch bench --model {result['model']['name']}: {result['model']['doc']}",
         f"machine: {env.get('gpu') or 'no GPU'}; {env.get('cpu_model') or 'CPU'} ({env.get('cpu_cores')} cores); "
         f"CUDA {env.get('cuda_runtime') or '-'}; {env['date']}",
-        f"data: {data['images']} JPEGs ({data['kind']}) at {data['path']}; page cache {data['page_cache']}",
+        f"data: {data['images']} {data.get('what', 'JPEGs')} ({data['kind']}) at {data['path']}; page cache {data['page_cache']}",
         f"method: batch {s['batch_size']}, {s['warmup_batches']} warm-up batches excluded, median of {s['windows']} "
         f"windows over {s['seconds']} s, GPU synchronized before every clock read; command: {env['command']}",
     ] + ([f"load: {s['busy_processes']} busy processes (nice 19) ran beside every contender (--busy)"
@@ -109,7 +117,7 @@ def render_terminal(result: dict[str, Any], console: Any) -> None:
         t = Table(title=f"{result['model']['name']} / {chain}", title_justify="left")
         t.add_column("contender", style="bold")
         t.add_column("", min_width=12)
-        for c in COLUMNS:
+        for c in columns(result, chain):
             t.add_column(c, justify="right")
         skipped = []
         for name, r, cells in rs:
@@ -142,8 +150,9 @@ def render_terminal(result: dict[str, Any], console: Any) -> None:
 def to_markdown(result: dict[str, Any]) -> str:
     out = [f"# {_header(result)[0]}", "", *[f"- {h}" for h in _header(result)[1:]], ""]
     for chain in result["results"]:
-        out += [f"## {result['model']['name']} / {chain}", "", "| contender | " + " | ".join(COLUMNS) + " |",
-                "|---" * (len(COLUMNS) + 1) + "|"]
+        cols = columns(result, chain)
+        out += [f"## {result['model']['name']} / {chain}", "", "| contender | " + " | ".join(cols) + " |",
+                "|---" * (len(cols) + 1) + "|"]
         for name, _, cells in rows(result, chain):
             cells = cells + [""] * (len(COLUMNS) - len(cells))
             out.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -197,7 +206,7 @@ def to_html(result: dict[str, Any]) -> str:
         rs = rows(result, chain)
         body.append(f"<h2>{e(result['model']['name'])} / {e(chain)}</h2>")
         body.append(_bars_svg([(n, r["images_per_s"]) for n, r, _ in rs if "images_per_s" in r]))
-        head = "".join(f"<th>{e(c)}</th>" for c in ("contender", *COLUMNS))
+        head = "".join(f"<th>{e(c)}</th>" for c in ("contender", *columns(result, chain)))
         trs = "".join("<tr><td>" + e(n) + "</td>" + "".join(f"<td>{e(c)}</td>" for c in cells)
                       + "<td></td>" * (len(COLUMNS) - len(cells)) + "</tr>" for n, _, cells in rs)
         body.append(f"<table><tr>{head}</tr>{trs}</table><ul>"

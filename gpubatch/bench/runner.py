@@ -95,7 +95,7 @@ def run_contender(args: dict[str, Any], timeout: float, load: BusyLoad | None = 
     return {"error": f"exit {p.returncode}: {tail}"}
 
 
-def run_bench(model: str, data: Path | None = None, synthetic: int | None = None, batch_size: int = 256,
+def run_bench(model: str, data: Path | None = None, synthetic: int | None = None, batch_size: int | None = None,
               seconds: float = 10.0, device: str = "auto", baselines: list[str] | None = None,
               sweep: str | None = None, with_model: bool = False, gpu: int = 0, images: int | None = None,
               argv: list[str] | None = None, say: Callable[[str], None] = lambda s: None,
@@ -109,16 +109,24 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
     from ..engine.device import resolve
 
     m = get_model(model)
+    batch_size = batch_size or m.batch_size
     sweep_spec = parse_sweep(sweep)
-    contenders = list(baselines or CONTENDERS)
-    unknown = [c for c in contenders if c not in CONTENDERS]
+    valid = CONTENDERS
+    if m.media == "video":
+        from .video import VIDEO_CONTENDERS as valid
+    contenders = list(baselines or valid)
+    unknown = [c for c in contenders if c not in valid]
     if unknown:
-        raise UsageError(f"unknown baseline {unknown[0]!r}; valid: {', '.join(CONTENDERS)}")
+        raise UsageError(f"unknown baseline {unknown[0]!r}; valid for {m.name}: {', '.join(valid)}")
     if (data is None) == (synthetic is None):
         raise UsageError("give exactly one of --data PATH or --synthetic N")
+    if m.media == "video" and (sweep or with_model or busy):
+        raise UsageError("--sweep, --with-model and --busy measure the image models")
     if busy_after is not None and not busy:
         raise UsageError("--busy-after needs --busy N (the busy processes it starts)")
-    if synthetic is not None:
+    if m.media == "video":
+        data, source = _video_source(data, synthetic, images, say)
+    elif synthetic is not None:
         if synthetic < batch_size:
             raise UsageError(f"--synthetic {synthetic} is smaller than one batch ({batch_size})")
         from ..synthetic import make_jpeg_set
@@ -187,6 +195,25 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
                          "decode_route": decode_route or "auto",
                          "warmup_batches": warmup_batches(base)},
             "results": results, "sweep": sweep_out}
+
+
+def _video_source(data: Path | None, synthetic: int | None, files: int | None,
+                  say: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
+    """The clips a video bench reads: a folder of video files, or a synthetic set made once and cached."""
+    from .video import video_files
+
+    if synthetic is not None:
+        from ..synthetic import make_video_set
+
+        root = cache_dir() / f"synthetic-video-{synthetic}"
+        say(f"synthetic data: {synthetic} clips (1080p and 720p, H.264 and HEVC, 5-20 s) in {root}")
+        make_video_set(root, synthetic)
+        return root, {"path": str(root), "kind": "synthetic", "images": synthetic, "what": "video files"}
+    data = Path(data)
+    n = len(video_files(str(data), files or 0))
+    if not n:
+        raise UsageError(f"--data {data}: no video files (mp4, mkv, webm, mov, avi)")
+    return data, {"path": str(data), "kind": "folder", "images": n, "what": "video files"}
 
 
 def list_models() -> list[tuple[str, str, dict[str, str]]]:

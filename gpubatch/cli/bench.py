@@ -50,7 +50,8 @@ def _check_writable(path: Path, flag: str) -> None:
 @click.option("--synthetic", type=click.IntRange(min=1), default=None, metavar="N",
               help="Generate N ImageNet-like JPEGs (mixed subsampling, 75-97 quality) in a cache folder.")
 @click.option("--images", type=click.IntRange(min=1), default=None, metavar="N", help="Use the first N files of --data.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Items a batch  [default: 256 images; 8 clips for video-clf]")
 @click.option("--seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Timed seconds per contender (after warm-up), split into 5 windows.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True)

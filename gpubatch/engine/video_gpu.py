@@ -28,6 +28,9 @@ from .device import Device
 from .plan import Plan
 from .run import Job, RecordSink, RecordSource, outputs_of, read_counted, write_results
 
+#: containers whose NVDEC frames matched the CPU's, frame by frame (tests/video/test_video_gpu.py). An MKV
+#: file's single frames matched, its clips did not (2026-11-25, H100): other containers decode on the CPU
+CHECKED = frozenset({"mp4", "mov"})
 #: frames a cursor decodes ahead in one call (bounded GPU memory: 64 1080p RGB frames are 400 MB)
 CHUNK = 32
 
@@ -318,7 +321,9 @@ def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunS
     if not jobs:
         return outs
     info = info_of(record, plan)
-    why = ("rotated" if info.rotation else "a decoded clip" if info.container == "npy" else "") or (
+    why = ("rotated" if info.rotation else "a decoded clip" if info.container == "npy" else
+           "" if info.container in CHECKED else f"{info.container}: NVDEC's frames are checked against the CPU's "
+           "for MP4 and MOV files") or (
         "" if nvdec_supports(info, session.gpu) else f"NVDEC here does not decode {info.codec} {info.pix_fmt} "
         f"{info.width}x{info.height}")
     if not why and not session.open(record.data, info):  # a codec this path does not take, or NVDEC refused it
@@ -352,7 +357,15 @@ def run_video_device(device: Device, reader: RecordSource, entries: list[Any], w
 
     stats = router.stats
     plan.validate(DEVICE)
+    import sys
+
     import PyNvVideoCodec as nvc
+
+    from .settings import Settings
+
+    # the decoding threads hand the GIL over between their Python steps (as the image engine sets it)
+    if sys.getswitchinterval() > Settings.from_env().switch_interval:
+        sys.setswitchinterval(Settings.from_env().switch_interval)
 
     try:  # the driver readies this many decoder sessions (NVIDIA's multi-decoder recipe)
         nvc.SimpleDecoder.set_session_count(decoders)

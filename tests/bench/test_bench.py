@@ -140,8 +140,26 @@ def test_cli_runs_on_the_cpu_and_writes_reports(tmp_path):
     assert "<svg" in (tmp_path / "r.html").read_text()
 
 
+def test_video_bench_runs_on_the_cpu(tmp_path):
+    pytest.importorskip("av")
+    from tests.video.clips import make_clip
+
+    for k in range(3):
+        make_clip(tmp_path / "clips" / f"c{k}.mp4", 70 + 5 * k, 320, 256)
+    r = run_cli("bench", "--model", "video-clf", "--data", tmp_path / "clips", "--batch-size", "2", "--seconds", "0.3",
+                "--device", "cpu", "--baselines", "gpubatch-cpu,gpubatch-gpu,dali", "--json", tmp_path / "r.json",
+                "--report", tmp_path / "r.md")
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "r.json").read_text())["results"]["train"]
+    cpu = res["gpubatch-cpu"]
+    assert cpu["clips_per_s"] > 0 and cpu["frames_per_s"] == pytest.approx(16 * cpu["clips_per_s"])
+    assert "no GPU" in res["gpubatch-gpu"]["skipped"] and "no GPU" in res["dali"]["skipped"]
+    assert "| clips/s |" in (tmp_path / "r.md").read_text()
+
+
 @pytest.mark.parametrize("args,message", [
     (["--model", "vgg"], "unknown model 'vgg'"),
+    (["--model", "video-clf", "--synthetic", "4", "--baselines", "torch-dataloader"], "unknown baseline"),
     ([], "bench needs --model"),
     (["--model", "resnet50"], "exactly one of --data PATH or --synthetic N"),
     (["--model", "resnet50", "--synthetic", "8", "--baselines", "caffe"], "unknown baseline 'caffe'"),

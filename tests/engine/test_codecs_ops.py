@@ -110,6 +110,24 @@ def test_resize_antialiases_when_downscaling():
     assert np.abs(small[:, 1:-1].astype(int) - 127).max() <= 2  # averaged, not aliased to 0 or 255
 
 
+def test_random_crop_takes_a_window_inside_the_image():
+    from gpubatch.engine.ops.geometry import RandomCrop
+    from gpubatch.engine.rng import record_rng
+
+    img = np.arange(30 * 50 * 3, dtype=np.uint32).reshape(30, 50, 3).astype(np.uint8)
+    seen = set()
+    for k in range(50):
+        op = RandomCrop(20)
+        y0, x0 = op.make_params(30, 50, record_rng(0, f"k{k}"))
+        assert 0 <= y0 <= 10 and 0 <= x0 <= 30
+        out = crop_pad_cpu(img, *op.window(30, 50, (y0, x0)).as_array()[[0, 2]].astype(int), 20, 20)
+        assert np.array_equal(out, img[y0: y0 + 20, x0: x0 + 20])  # a plain slice of the image
+        seen.add((y0, x0))
+    assert len(seen) > 30  # positions spread over the image
+    y0, x0 = RandomCrop(40).make_params(30, 50, record_rng(0, "k"))
+    assert y0 == -5 and 0 <= x0 <= 10  # a side shorter than the crop: centred (padded); the other drawn
+
+
 def test_center_crop_pads_small_images():
     img = np.full((10, 20, 3), 200, np.uint8)
     out = crop_pad_cpu(img, *CenterCrop(16).origin(10, 20), 16, 16)

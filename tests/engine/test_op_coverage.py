@@ -20,6 +20,7 @@ REFERENCES = {
     "autoaugment": (test_ops_cpu.test_policy_spaces_are_the_published_ones,),
     "autocontrast": (test_ops_cpu.test_autocontrast_and_sharpness_match_pil,),
     "brightness": (test_ops_cpu.test_colour_identities,),
+    "random_crop": (test_codecs_ops.test_random_crop_takes_a_window_inside_the_image,),
     "center_crop": (test_codecs_ops.test_resize_shorter_and_center_crop_sizes,
                     test_codecs_ops.test_center_crop_pads_small_images),
     "color_jitter": (test_ops_cpu.test_colour_policies_are_their_single_ops_in_the_drawn_order,),

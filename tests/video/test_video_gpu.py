@@ -78,9 +78,11 @@ def test_gpu_convert_to_frames_and_clips_matches_the_cpu_path(tmp_path, monkeypa
         s = convert(src, tmp_path / f"frames-{dev}", to="webdataset", frames="every:5", resize_shorter=48,
                     device=dev)
         assert not s.skipped and s.records_in == 10
-        if dev == "gpu":  # NVDEC's smallest HEVC frame is 144x144 (GetDecoderCaps): that clip goes to the CPU
-            assert s.fallbacks == 1 and s.warnings == [
-                "decoded on the CPU: walk/w1 (NVDEC here does not decode hevc yuv420p 96x64)"], s.warnings
+        if dev == "gpu":  # NVDEC's smallest HEVC frame is 144x144 (GetDecoderCaps), and the MKV: the CPU's
+            assert s.fallbacks == 2 and s.warnings == [
+                "decoded on the CPU: walk/w1 (NVDEC here does not decode hevc yuv420p 96x64)",
+                "decoded on the CPU: walk/w2 (mkv: NVDEC's frames are checked against the CPU's for MP4 and MOV "
+                "files)"], s.warnings
         frames[dev] = _members(tmp_path / f"frames-{dev}")
     assert frames["cpu"].keys() == frames["gpu"].keys()
     jpgs = [k for k in frames["cpu"] if k.endswith(".jpg")]

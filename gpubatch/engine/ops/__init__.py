@@ -7,27 +7,37 @@ from __future__ import annotations
 
 from .base import OPS, Op, Window
 from .codec import JpegQuality
-from .geometry import CenterCrop, Expand, Flip, Pad, RandomIoUCrop, RandomResizedCrop, Resize, ResizeShorter
+from .geometry import (
+                       CenterCrop,
+                       Expand,
+                       Flip,
+                       Pad,
+                       RandomCrop,
+                       RandomIoUCrop,
+                       RandomResizedCrop,
+                       Resize,
+                       ResizeShorter,
+)
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from .pixel import (
-                    AutoContrast,
-                    Brightness,
-                    ColorJitter,
-                    Contrast,
-                    Equalize,
-                    GaussianBlur,
-                    GaussianNoise,
-                    Grayscale,
-                    Hue,
-                    Invert,
-                    PhotometricDistort,
-                    Posterize,
-                    RandomErasing,
-                    Saturation,
-                    Sharpness,
-                    Solarize,
-                    Step,
-                    StepOp,
+                       AutoContrast,
+                       Brightness,
+                       ColorJitter,
+                       Contrast,
+                       Equalize,
+                       GaussianBlur,
+                       GaussianNoise,
+                       Grayscale,
+                       Hue,
+                       Invert,
+                       PhotometricDistort,
+                       Posterize,
+                       RandomErasing,
+                       Saturation,
+                       Sharpness,
+                       Solarize,
+                       Step,
+                       StepOp,
 )
 from .policies import AutoAugment, RandAugment, TrivialAugment
 from .temporal import Clip, RandomClip
@@ -37,6 +47,6 @@ __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "OPS", "Affine", "AutoAugment", "AutoContrast", "Brightness", "CenterCrop", "Clip",
     "ColorJitter", "Contrast", "Equalize", "Expand", "Flip", "GaussianBlur", "GaussianNoise", "Grayscale", "Hue",
     "Invert", "JpegQuality", "Normalize", "Op", "Pad", "Perspective", "PhotometricDistort", "Posterize",
-    "RandAugment", "RandomClip", "RandomErasing", "RandomIoUCrop", "RandomResizedCrop", "Resize", "ResizeShorter", "Rotate",
+    "RandAugment", "RandomClip", "RandomCrop", "RandomErasing", "RandomIoUCrop", "RandomResizedCrop", "Resize", "ResizeShorter", "Rotate",
     "Rotate90", "Saturation", "Sharpness", "Solarize", "Step", "StepOp", "TrivialAugment", "Window",
 ]

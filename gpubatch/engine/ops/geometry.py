@@ -98,6 +98,32 @@ class CenterCrop(Op):
 
 @register_window_op
 @dataclass(frozen=True)
+class RandomCrop(Op):
+    """Crop a ``size`` x ``size`` window at a random position (torchvision's ``RandomCrop``; zero padding,
+    centred, on a side the image is smaller than ``size``)."""
+
+    size: int
+    name = "random_crop"
+    moves_boxes = True
+    pads = True
+    random = True
+
+    def __post_init__(self) -> None:
+        positive("random-crop size", self.size)
+
+    def make_params(self, h: int, w: int, rng: Any, boxes: Any = None) -> tuple[int, int]:
+        s = self.size
+        y0 = rng.integers(0, h - s + 1) if h >= s else int(round((h - s) / 2.0))
+        x0 = rng.integers(0, w - s + 1) if w >= s else int(round((w - s) / 2.0))
+        return int(y0), int(x0)
+
+    def window(self, h: int, w: int, params: Any = None) -> Window:
+        y0, x0 = params if params is not None else CenterCrop(self.size).origin(h, w)
+        return Window(float(y0), 1.0, float(x0), 1.0, self.size, self.size)
+
+
+@register_window_op
+@dataclass(frozen=True)
 class RandomResizedCrop(Op):
     """Crop a random window of area ``scale`` x image area and aspect ratio ``ratio``, resized to ``size``.
 
