@@ -273,8 +273,6 @@ class VideoPipeline:
                         out[n] = result
                         cond.notify_all()
             finally:
-                with self._lock:
-                    self.stats["frames_decoded"] += session.frames_decoded
                 session.close()
 
         threads = [threading.Thread(target=worker, daemon=True, name=f"gpubatch-nvdec{k}") for k in range(self.decoders)]
@@ -319,6 +317,7 @@ class VideoPipeline:
         (template,) = self.plan.sample.split(rec, info, self.plan.seed)
         frames = template.meta["frames"]
         t1 = time.perf_counter()
+        decoded = session.frames_decoded
         if (not info.rotation and info.container in CHECKED and nvdec_supports(info, session.gpu)
                 and session.open(data, info)):
             try:
@@ -349,6 +348,7 @@ class VideoPipeline:
             self.timings["decode"] += t2 - t1
             self.timings["ops"] += t3 - t2
             self.stats["clips"] += 1
+            self.stats["frames_decoded"] += session.frames_decoded - decoded
         return clip, key, frames
 
     def close(self) -> None:
