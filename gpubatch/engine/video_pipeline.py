@@ -243,7 +243,7 @@ class VideoPipeline:
         cond = threading.Condition()
         stop = threading.Event()
         next_visit = [0]
-        window = 2 * self.decoders
+        window = 4 * self.decoders  # clips ahead of the consumer: a slow clip (a far keyframe) holds no thread idle
         delivered = [0]
         feed_lock = threading.Lock()
 
