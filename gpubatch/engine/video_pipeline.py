@@ -91,18 +91,26 @@ def _visit_key(key: str, epoch: int, visit: int) -> str:
     return f"{key}#e{epoch}#v{visit}"
 
 
+_WORKER_PROBES = _Probes()  # a CPU worker process's probes, kept for its later visits of each file
+
+
 def _cpu_clip(args: tuple) -> tuple[np.ndarray, list[int]]:
     """One clip on the CPU (a worker process): decoded by PyAV, each frame through the host chain."""
     path, key, plan, layout = args
+    from ..errors import RecordError, Stage
     from ..types import Media, Record
-    from .codecs.video import FrameCursor, info_of
+    from .codecs.video import FrameCursor
     from .host_chain import run_chain_host
 
     data = Path(path).read_bytes()
-    rec = Record(key=key, data=data, media=Media.VIDEO, codec="mp4", origin=path)
-    (template,) = plan.sample.split(rec, info_of(rec), plan.seed)
+    try:
+        info = _WORKER_PROBES.get(path, data)
+    except ValueError as e:
+        raise RecordError(key, path, Stage.DECODE, str(e)) from None
+    rec = Record(key=key, data=data, media=Media.VIDEO, codec=info.container, origin=path)
+    (template,) = plan.sample.split(rec, info, plan.seed)
     frames = template.meta["frames"]
-    cur = FrameCursor(data, info_of(rec), [frames], key, path)
+    cur = FrameCursor(data, info, [frames], key, path)
     try:
         pixels = cur.frames(frames)
     finally:
