@@ -110,7 +110,7 @@ def _cpu_clip(args: tuple) -> tuple[np.ndarray, list[int]]:
     rec = Record(key=key, data=data, media=Media.VIDEO, codec=info.container, origin=path)
     (template,) = plan.sample.split(rec, info, plan.seed)
     frames = template.meta["frames"]
-    cur = FrameCursor(data, info, [frames], key, path)
+    cur = FrameCursor(data, info, [frames], key, path, threads=1)  # a process a core: no decoder threads
     try:
         pixels = cur.frames(frames)
     finally:
