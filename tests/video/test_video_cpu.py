@@ -279,3 +279,64 @@ def test_damage_mid_stream_keeps_the_frames_before_it(tmp_path):
         assert e.stage.value == "decode"
     else:  # FFmpeg concealed the damage: the frame comes back, damaged but whole
         assert last.shape == (1, 64, 96, 3)
+
+
+# --- stream kinds --------------------------------------------------------------------------------------------
+
+def _rotate_track(data: bytes, degrees_clockwise: int) -> bytes:
+    """An MP4 whose video track's matrix turns the picture (as phones write portrait video)."""
+    import struct
+
+    d = bytearray(data)
+    i = d.find(b"tkhd")
+    off = i + 4 + 4 + (20 if d[i + 4] == 0 else 32) + 8 + 8  # past version/flags, times, ids, layer...
+    one, minus = 0x00010000, 0xFFFF0000
+    a, b, c, dd = {90: (0, one, minus, 0), 180: (minus, 0, 0, minus), 270: (0, minus, one, 0)}[degrees_clockwise]
+    struct.pack_into(">9I", d, off, a, b, 0, c, dd, 0, 0, 0, 0x40000000)
+    return bytes(d)
+
+
+def test_rotated_video_is_turned_upright(tmp_path):
+    from gpubatch.engine.codecs.video_probe import probe
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "phone.mp4").write_bytes(_rotate_track(make_clip(tmp_path / "v.mp4", 12, 96, 64).read_bytes(), 90))
+    info = probe((src / "phone.mp4").read_bytes())
+    assert info.rotation == 270 and (info.width, info.height) == (64, 96)  # 90 clockwise = 270 counter-clockwise
+    s = convert(src, tmp_path / "out", to="webdataset", frames="every:4", device="cpu")
+    assert s.records_out == 3 and not s.skipped
+    from PIL import Image
+
+    with tarfile.open(next((tmp_path / "out").glob("*.tar"))) as t:
+        img = np.asarray(Image.open(io.BytesIO(t.extractfile("phone/000004.jpg").read())).convert("RGB"), np.int16)
+    assert img.shape == (96, 64, 3)
+    upright = np.rot90(frame(4, 64, 96), -1).astype(np.int16)  # the stored frame turned 90 degrees clockwise
+    assert np.abs(img - upright).mean() < 8 < np.abs(img - np.rot90(frame(4, 64, 96), 1)).mean()
+
+
+def test_ten_bit_hevc_becomes_8_bit_rgb(tmp_path):
+    from gpubatch.engine.codecs.video import FrameCursor
+    from gpubatch.engine.codecs.video_probe import probe
+
+    data = make_clip(tmp_path / "v10.mp4", 8, 96, 64, codec="libx265", pix_fmt="yuv420p10le").read_bytes()
+    info = probe(data)
+    assert info.bit_depth == 10 and info.codec == "hevc"
+    got = FrameCursor(data, info, [[5]]).frames([5])
+    assert got.dtype == np.uint8 and got.shape == (1, 64, 96, 3)
+    assert _closest(got[0], 8) == 5 and np.abs(got[0].astype(int) - frame(5, 64, 96)).mean() < 8
+
+
+def test_variable_frame_rate_is_sampled_by_time(tmp_path):
+    from gpubatch.engine.codecs.video_probe import probe
+
+    times = [k / 10 for k in range(10)] + [1.0, 1.5, 2.0, 2.5]  # 10 fps for a second, then 2 fps
+    src = tmp_path / "src"
+    make_clip(src / "vfr.mp4", len(times), times=times, bframes=0)
+    info = probe((src / "vfr.mp4").read_bytes())
+    assert info.vfr and info.frames == 14 and info.times[11] == pytest.approx(1.5, abs=1e-3)
+    s = convert(src, tmp_path / "out", to="webdataset", frames="fps:2", device="cpu")
+    with tarfile.open(next((tmp_path / "out").glob("*.tar"))) as t:
+        frames = sorted(json.loads(t.extractfile(m).read())["meta"]["frame"] for m in t.getmembers()
+                        if m.name.endswith(".json"))
+    assert frames == [0, 5, 10, 11, 12, 13] and s.records_out == 6

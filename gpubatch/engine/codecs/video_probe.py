@@ -198,7 +198,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             last = float(np.median(gaps)) if len(gaps) else (1.0 / rate if rate else 0.0)
         duration = float(times[-1] + last)
         vfr = bool(len(gaps) > 1 and (gaps.max() - gaps.min()) > 0.01 * max(float(np.median(gaps)), 1e-9))
-        rotation = _rotation(s)
+        rotation = _rotation(s) or _first_frame_rotation(c, s, int(spts[0]))
         w, h = (coded_h, coded_w) if rotation in (90, 270) else (coded_w, coded_h)
         container = next((ext for name, ext in _CONTAINERS if name in (c.format.name or "").split(",")),
                          sniff_container(data) or (c.format.name or "video").split(",")[0])
@@ -233,6 +233,19 @@ def npy_clip(data: bytes, max_pixels: int = 0) -> VideoInfo:
     return VideoInfo(container="npy", codec="rawvideo", profile=None, width=w, height=h, rotation=0, bit_depth=8,
                      pix_fmt="rgb24", fps=1.0, vfr=False, duration=float(t), times=np.arange(t, dtype=np.float64),
                      keyframes=tuple(range(t)), pts=np.arange(t, dtype=np.int64))
+
+
+def _first_frame_rotation(container: Any, stream: Any, pts: int) -> int:
+    """The display matrix's rotation as the first frame carries it (PyAV names no stream-level one for
+    MP4's track matrix): one frame decoded; 0 where none decodes."""
+    a = av()
+    try:
+        container.seek(pts, stream=stream, backward=True, any_frame=False)
+        for frame in container.decode(stream):
+            return int(round(float(frame.rotation or 0) / 90.0)) * 90 % 360
+    except (a.FFmpegError, ValueError, AttributeError):
+        pass
+    return 0
 
 
 def _rotation(stream: Any) -> int:
