@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import ErrorRouter, RecordError, RunStats, Stage
 from ..types import Media, Record
 from .codecs.video import clip_members, encode_clip, info_of
-from .codecs.video_gpu_caps import nvdec_supports
+from .codecs.video_gpu_caps import CUDA_CODEC, nvdec_supports
 from .device import Device
 from .plan import Plan
 from .run import Job, RecordSink, RecordSource, outputs_of, read_counted, write_results
@@ -46,8 +46,8 @@ class NvdecSession:
     RGB in gpubatch's own kernel (kernels/yuv.cu), with the stream's matrix and range.
     """
 
-    #: PyAV's codec names -> cudaVideoCodec's members this path decodes
-    CODECS = {"h264": "H264", "hevc": "HEVC"}
+    #: the codecs this path decodes (their packets made Annex B by FFmpeg's ``*_mp4toannexb`` filters)
+    CODECS = frozenset({"h264", "hevc"})
 
     def __init__(self, gpu: int):
         import cupy as cp
@@ -83,7 +83,7 @@ class NvdecSession:
         import av
 
         self.why = ""
-        name = self.CODECS.get(info.codec)
+        name = CUDA_CODEC.get(info.codec) if info.codec in self.CODECS else None
         if name is None:
             self.why = f"{info.codec}: gpubatch's NVDEC path takes H.264 and HEVC"
             return False

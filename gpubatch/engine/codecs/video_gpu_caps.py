@@ -8,7 +8,7 @@ import functools
 from typing import Any
 
 # PyAV's codec names -> the name of cudaVideoCodec's member
-_CUDA_CODEC = {"h264": "H264", "hevc": "HEVC", "vp8": "VP8", "vp9": "VP9", "av1": "AV1", "mpeg1video": "MPEG1",
+CUDA_CODEC = {"h264": "H264", "hevc": "HEVC", "vp8": "VP8", "vp9": "VP9", "av1": "AV1", "mpeg1video": "MPEG1",
                "mpeg2video": "MPEG2", "mpeg4": "MPEG4", "vc1": "VC1", "mjpeg": "JPEG"}
 
 
@@ -48,7 +48,7 @@ def _member(enum: Any, *names: str) -> Any:
 def _caps(gpu: int, codec: str, chroma: str, depth: int) -> tuple[int, int, int, int] | None:
     """(max width, max height, min width, min height) NVDEC decodes for this stream kind; None: not at all."""
     mod = nvc()
-    name = _CUDA_CODEC.get(codec)
+    name = CUDA_CODEC.get(codec)
     if mod is None or name is None:
         return None
     try:

@@ -20,8 +20,6 @@ from ...errors import DependencyError
 # container names PyAV reports (comma lists) -> the extension gpubatch writes for such bytes
 _CONTAINERS = (("mp4", "mp4"), ("mov", "mov"), ("matroska", "mkv"), ("webm", "webm"), ("avi", "avi"),
                ("mpegts", "ts"), ("mpeg", "mpg"), ("flv", "flv"))
-#: NVDEC's codecs, as PyAV names them (CUDA Video Codec SDK: H.264, HEVC, VP8, VP9, AV1, MPEG-1/2/4, VC-1)
-NVDEC_CODECS = frozenset({"h264", "hevc", "vp8", "vp9", "av1", "mpeg1video", "mpeg2video", "mpeg4", "vc1"})
 
 
 def av():
