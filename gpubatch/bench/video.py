@@ -223,6 +223,13 @@ def dali_video_pipeline(a: dict, reader: str):
     return p
 
 
+def _dali_reason(e: Exception) -> str:
+    """The line of a DALI error that says why (its first lines only say where)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    why = [ln for ln in lines if "ssert" in ln or "failed" in ln or "not supported" in ln.lower()]
+    return f"{type(e).__name__}: {(why or lines[-1:] or [''])[0][:240]}"
+
+
 def run_dali_video(a: dict) -> dict:
     """DALI's clip chain (:func:`dali_video_pipeline`) timed as gpubatch's: a warm-up pass over the files
     untimed, then windows of ``Pipeline.run()``."""
@@ -239,13 +246,12 @@ def run_dali_video(a: dict) -> dict:
     try:
         pipe, reader = dali_video_pipeline(a, "readers.video"), "readers.video"
     except Exception as e:  # noqa: BLE001 - the legacy reader's limits (one resolution, CFR): the newer one
-        refused = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+        refused = _dali_reason(e)
         try:
             pipe, reader = dali_video_pipeline(a, "experimental.readers.video"), "experimental.readers.video"
         except Exception as e2:  # noqa: BLE001
             sampler.stop()
-            return {"error": f"DALI refused the clip set: {refused}; experimental reader: "
-                             f"{type(e2).__name__}: {str(e2).strip().splitlines()[0][:200]}"}
+            return {"error": f"DALI refused the clip set: {refused}; experimental reader: {_dali_reason(e2)}"}
     sampler.measuring = True
     cpu = CpuUse()
     res = timed_windows(lambda: (pipe.run(), a["batch_size"])[1], a["seconds"], warmup=_warmup(a, files))
