@@ -70,9 +70,17 @@ class ConvertRequest:
     clip_format: str | None = None
     video_codec: str | None = None
     fps: float | None = None
+    sample_rate: int | None = None
+    mono: bool | None = None
+    duration: float | None = None
+    pad: str | None = None
+    audio_format: str | None = None
+    features: str | None = None
+    path_column: str | None = None
+    label_column: str | None = None
 
     def options(self) -> dict[str, Any]:
-        """The request as JSON-able settings for the manifest (the video options where given)."""
+        """The request as JSON-able settings for the manifest (the video and audio options where given)."""
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
@@ -83,7 +91,13 @@ class ConvertRequest:
 
 
 _VIDEO_OPTIONS = frozenset({"frames", "clip_length", "clip_stride", "frame_step", "clip_positions", "clips_per_video",
-                            "clip_format", "video_codec", "fps"})
+                            "clip_format", "video_codec", "fps", "sample_rate", "mono", "duration", "pad",
+                            "audio_format", "features", "path_column", "label_column"})
+
+
+def _reader_options(req: Any) -> dict[str, Any]:
+    """What the request says about reading its source (an audio CSV's columns)."""
+    return {k: getattr(req, k, None) for k in ("path_column", "label_column") if getattr(req, k, None)}
 
 
 @dataclass
@@ -238,8 +252,12 @@ def convert(
 
     sample = sampler_from_options(req.frames, req.clip_length, req.clip_stride, req.frame_step, req.clip_positions,
                                   req.clips_per_video, req.clip_format, req.video_codec, req.fps, req.image_format)
-    plan = dataclasses.replace(make_plan(req.resize_shorter, req.center_crop, req.resize, req.image_format, req.quality,
-                                         req.max_pixels, req.verify), sample=sample)
+    from .engine.ops.audio import audio_ops
+
+    plan = make_plan(req.resize_shorter, req.center_crop, req.resize, req.image_format, req.quality, req.max_pixels,
+                     req.verify)
+    sound = audio_ops(req.sample_rate, bool(req.mono), req.duration, req.pad or "zero", req.features)
+    plan = dataclasses.replace(plan, sample=sample, ops=plan.ops + sound, audio_format=req.audio_format or "keep")
     _check_output_options(req)
     check_output(source_root(src_path), dst_path, req.overwrite)
     if plan.touches_pixels or req.device == "gpu":
@@ -257,7 +275,7 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
     stats = RunStats()
     router = ErrorRouter(policy, stats)
     start = time.perf_counter()
-    with open_reader(src_path, req.from_format) as reader:
+    with open_reader(src_path, req.from_format, _reader_options(req)) as reader:
         check_output(reader.roots(), dst_path, req.overwrite)  # a COCO JSON's image folder is source too
         plan = dataclasses.replace(plan, media=reader.media)
         from .engine.media import DEVICE as ON_DEVICE
@@ -389,6 +407,7 @@ class AugmentRequest:
     batch_size: int = 256
     gpu_memory: str | None = None
     gpu_procs: int | None = None
+    audio_format: str | None = None
 
     options = ConvertRequest.options
 
@@ -458,7 +477,7 @@ def augment(
     plan = Plan(ops=ops, image_format=req.image_format, quality=req.quality,
                 max_pixels=DEFAULT_MAX_PIXELS if req.max_pixels is None else int(req.max_pixels),
                 min_box_visibility=req.min_box_visibility, seed=req.seed, copies=req.copies,
-                keep_original=req.keep_original, verify=req.verify)
+                keep_original=req.keep_original, verify=req.verify, audio_format=req.audio_format or "keep")
     _check_output_options(req)
     check_output(source_root(src_path), dst_path, req.overwrite)
     device = resolve(req.device, req.gpu)
@@ -481,7 +500,7 @@ def _run(device: Device, reader: Reader, entries: list, writer: Writer, plan: An
         from .engine.media import get_codec
         from .engine.settings import Settings
 
-        opener = functools.partial(open_reader, Path(req.src), reader.format_name)  # each reader process's own
+        opener = functools.partial(open_reader, Path(req.src), reader.format_name, _reader_options(req))  # each reader process's own
         get_codec(plan.media, "*", DEVICE).run(device, reader, opener, entries, writer, plan, router, req, workers,
                                                tick, Settings.from_env())
     else:

@@ -66,8 +66,13 @@ VIDEO_EXTENSIONS: Mapping[str, str] = MappingProxyType(
      "mpg": "mpg", "mpeg": "mpg", "flv": "flv"}
 )
 
-# Video and audio files, which an image dataset leaves out (named in its warnings); audio datasets are
-# not converted yet.
+# Audio files: extension -> the codec gpubatch names their bytes by (the bytes decide where they can).
+AUDIO_EXTENSIONS: Mapping[str, str] = MappingProxyType(
+    {"wav": "wav", "wave": "wav", "flac": "flac", "ogg": "ogg", "oga": "ogg", "opus": "opus", "mp3": "mp3",
+     "m4a": "m4a", "aac": "m4a"}
+)
+
+# Video and audio files, which an image dataset leaves out (named in its warnings).
 OTHER_MEDIA_EXTENSIONS: Mapping[str, str] = MappingProxyType(
     {**dict.fromkeys(("mp4", "mkv", "mov", "avi", "webm", "m4v", "mpg", "mpeg", "ts"), "video"),
      **dict.fromkeys(("wav", "flac", "ogg", "mp3", "m4a", "opus", "aac"), "audio")}
@@ -85,15 +90,16 @@ def other_media_message(path: object, names: list[str]) -> str | None:
         return None
     if "audio" not in kinds:
         return None
-    return (f"{path} holds audio files ({kinds['audio']}): gpubatch converts image and video datasets; audio datasets "
-            "are not supported yet")
+    return (f"{path} holds audio files ({kinds['audio']}) among other files: read it as an audio dataset with "
+            "--from audio")
 
 
 # Codec name -> the extension gpubatch writes for it.
 CODEC_EXTENSION: Mapping[str, str] = MappingProxyType(
     {"jpeg": "jpg", "png": "png", "jpeg2000": "jp2", "bmp": "bmp", "webp": "webp", "tiff": "tiff", "gif": "gif",
      "avif": "avif", "heif": "heic", "jxl": "jxl", "pnm": "pnm", "qoi": "qoi", "npy": "npy",
-     **{c: c for c in ("mp4", "mov", "mkv", "webm", "avi", "ts", "mpg", "flv")}}
+     **{c: c for c in ("mp4", "mov", "mkv", "webm", "avi", "ts", "mpg", "flv")},
+     **{c: c for c in ("wav", "flac", "ogg", "opus", "mp3", "m4a")}}
 )
 
 _HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"hevm", b"hevs", b"mif1", b"msf1"}

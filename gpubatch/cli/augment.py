@@ -61,6 +61,8 @@ def _list_presets(ctx: click.Context, _param: click.Parameter, value: bool) -> N
 @click.option("--keep-original", is_flag=True, help="Also write every image untouched under its own key.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the drawn parameters.")
 @click.option("--to", "to", type=format_choice(), default=None, help="Output format  [default: the source's]")
+@click.option("--audio-format", type=click.Choice(["keep", "flac", "wav", "npy"]), default=None,
+              help="Audio outputs as FLAC, WAV or float32 .npy  [default: keep; lossy codecs become FLAC]")
 @click.option("--quality", type=click.IntRange(1, 100), default=None, metavar="Q",
               help="JPEG quality of written images  [default: 95]")
 @click.option("--min-box-visibility", type=click.FloatRange(0, 1), default=0.25, show_default=True,

@@ -40,15 +40,29 @@ from .options import device_options, format_choice, pipeline_options, run_option
 @click.option("--video-codec", default=None, metavar="CODEC",
               help="Re-encode videos (CPU: h264, hevc, av1, vp9) at the source's resolution unless resized.")
 @click.option("--fps", type=float, default=None, metavar="F", help="Re-encoded videos at F frames per second.")
+@click.option("--sample-rate", type=click.IntRange(1000, 768000), default=None, metavar="R",
+              help="Audio: resample to R Hz (soxr on the CPU, a polyphase kernel on the GPU).")
+@click.option("--mono", is_flag=True, default=None, help="Audio: mix the channels down to one.")
+@click.option("--duration", type=click.FloatRange(min=0.001), default=None, metavar="S",
+              help="Audio: cut or pad every clip to S seconds (see --pad).")
+@click.option("--pad", type=click.Choice(["zero", "repeat"]), default=None,
+              help="Audio: how --duration pads a shorter clip  [default: zero]")
+@click.option("--audio-format", type=click.Choice(["keep", "flac", "wav", "npy"]), default=None,
+              help="Audio outputs as FLAC, WAV or float32 .npy  [default: keep; lossy codecs become FLAC]")
+@click.option("--features", default=None, metavar="SPEC",
+              help="Audio to float16 .npy features: \"log-mel(n_mels=80)\", mel(...), mfcc(n_mfcc=40), spectrogram(...).")
+@click.option("--path-column", default=None, metavar="NAME", help="Audio CSV: the column of file paths.")
+@click.option("--label-column", default=None, metavar="NAME", help="Audio CSV: the column of labels.")
 @pipeline_options
 @device_options
 @run_options
 def convert(src: Path, dst: Path, to: str, as_json: bool, quiet: bool, **opts) -> None:
     """Convert the dataset at SRC into FORMAT at DST.
 
-    Without pixel options the encoded bytes pass through untouched. With --resize-shorter,
+    Without pixel or audio options the encoded bytes pass through untouched. With --resize-shorter,
     --center-crop, --quality or --image-format the images are decoded, transformed and re-encoded
-    (on the GPU when --device resolves to one). DST appears only when the run completes; SRC is never
+    (on the GPU when --device resolves to one); video takes --frames or the clip options, audio
+    --sample-rate, --mono, --duration, --audio-format and --features. DST appears only when the run completes; SRC is never
     modified. SRC may be a quoted pattern of shards ('shards/train-*.tar', 'train-{000..009}.tar').
     """
     from ..api import ConvertRequest

@@ -147,7 +147,9 @@ def _transform(job: Job, decoded: Any, codec: Any, plan: Plan, stats: RunStats) 
     item = codec.part(decoded, t) if hasattr(codec, "part") else decoded
     try:
         params, boxes, dropped = job.settle(plan, *codec.size(item))
-        if hasattr(codec, "apply"):  # the chain on each frame of a clip, with the clip's one set of parameters
+        if hasattr(codec, "run_chain"):  # a media with its own chain runner (audio)
+            data = codec.run_chain(plan.ops, item, params)
+        elif hasattr(codec, "apply"):  # the chain on each frame of a clip, with the clip's one set of parameters
             data = codec.apply(lambda x: run_chain_host(plan.ops, x, params), item)
         else:
             data = run_chain_host(plan.ops, item, params)

@@ -73,7 +73,8 @@ class Codec(Protocol):
 
 _CODECS: dict[tuple[str, str, str], Codec] = {}
 # modules that register the codecs gpubatch ships, imported on first lookup
-_MODULES = (".codecs.image", ".codecs.image_device", ".codecs.video", ".codecs.video_device")
+_MODULES = (".codecs.image", ".codecs.image_device", ".codecs.video", ".codecs.video_device", ".codecs.audio",
+            ".codecs.audio_device")
 _loaded = False
 
 

@@ -14,6 +14,7 @@ from .ops.base import Op
 from .registry import DEVICE, get_kernel
 
 IMAGE_FORMATS = ("keep", "jpeg", "png")
+AUDIO_FORMATS = ("keep", "flac", "wav", "npy")
 VERIFY = ("headers", "full")
 JPEG_MAX_SIDE = 65_535
 _LOSSLESS = {"png", "bmp", "tiff"}
@@ -40,6 +41,8 @@ class Plan:
         sample: how a record of a timed media becomes its outputs (video: frames, clips or the whole
             video re-encoded; :mod:`.ops.temporal`), or None (one output per record). A chain's leading
             temporal op (``clip``, ``random_clip``) becomes it.
+        audio_format: what audio outputs are written as: "keep" (FLAC and WAV stay, lossy codecs become
+            FLAC), "flac", "wav" or "npy" (float32 samples); features are always float16 ``.npy``.
     """
 
     ops: tuple[Op, ...] = ()
@@ -53,6 +56,7 @@ class Plan:
     verify: str = "headers"
     media: str = "image"
     sample: Any = None
+    audio_format: str = "keep"
 
     def __post_init__(self) -> None:
         temporal = [op for op in self.ops if op.kind == "temporal"]
@@ -71,8 +75,10 @@ class Plan:
             raise UsageError(f"--quality must be between 1 and 100, got {self.quality}")
         if self.max_pixels is not None and self.max_pixels < 0:
             raise UsageError(f"--max-pixels must be >= 0, got {self.max_pixels}")
-        if self.ops and self.max_pixels:
+        if self.ops and self.max_pixels and not any(op.media == ("audio",) for op in self.ops):
             self._check_growth()
+        if self.audio_format not in AUDIO_FORMATS:
+            raise UsageError(f"unknown --audio-format {self.audio_format!r}; supported: {', '.join(AUDIO_FORMATS)}")
 
     _PROBES = ((1, 1), (480, 640), (640, 480), (37, 1500), (1500, 37))
 
@@ -125,7 +131,8 @@ class Plan:
     @property
     def touches_pixels(self) -> bool:
         """True when any record may need decoding (an op, a format change or an explicit quality)."""
-        return bool(self.ops) or self.image_format != "keep" or self.quality is not None or self.sample is not None
+        return (bool(self.ops) or self.image_format != "keep" or self.quality is not None or self.sample is not None
+                or self.audio_format != "keep")
 
     def out_codec(self, codec: str) -> str:
         if self.image_format != "keep":
@@ -139,6 +146,8 @@ class Plan:
         animated one keeps its frames)."""
         if self.ops:
             return True
+        if self.media == "audio":
+            return self.audio_format not in ("keep", codec)
         if self.image_format != "keep":
             return self.image_format != codec or (self.quality is not None and codec == "jpeg")
         return self.quality is not None and codec == "jpeg"
@@ -219,7 +228,7 @@ class Plan:
             boxes, d = op.move_boxes(boxes, h, w, p, self.min_box_visibility)
             dropped += d
             h, w = op.out_hw(h, w, p)
-            if self.max_pixels and h * w > self.max_pixels:
+            if self.max_pixels and h * w > self.max_pixels and "audio" not in op.media:
                 raise ImageTooLarge(op.name, h, w, self.max_pixels)
         return boxes, dropped
 

@@ -19,7 +19,7 @@ FORMATS: dict[str, type[Format]] = {}
 FORMAT_ALIASES = {"wds": "webdataset", "tar": "webdataset", "tfr": "tfrecord", "tfrecords": "tfrecord",
                   "tf": "tfrecord", "rec": "recordio", "mxnet": "recordio", "caffe": "lmdb", "imagefolder": "folder",
                   "images": "folder", "imagenet": "folder", "json": "coco"}
-_MODULES = ("folder", "lmdb", "tfrecord", "recordio", "coco", "webdataset", "video")
+_MODULES = ("folder", "lmdb", "tfrecord", "recordio", "coco", "webdataset", "video", "audio")
 _loaded = False
 
 
@@ -105,8 +105,9 @@ def _detect(path: Path) -> tuple[type[Format], str | None]:
     )
 
 
-def open_reader(path: Path, fmt: str | None = None) -> Reader:
-    """A reader for the dataset at ``path``, its format detected unless ``fmt`` names it."""
+def open_reader(path: Path, fmt: str | None = None, options: dict | None = None) -> Reader:
+    """A reader for the dataset at ``path``, its format detected unless ``fmt`` names it; ``options``
+    (an audio CSV's ``path_column``/``label_column``) go to readers that take them."""
     path = Path(path)
     require_source(path)
     cls, warning = (get_format(fmt), None) if fmt else _detect(path)
@@ -121,7 +122,11 @@ def open_reader(path: Path, fmt: str | None = None) -> Reader:
     if source_files(path) and not cls.sharded:
         raise UsageError(f"a source pattern picks shards of webdataset, tfrecord or recordio; {cls.name} takes "
                          "its folder (or file) itself")
-    reader = cls.reader(path)
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    if given and cls.name != "audio":
+        raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in given)} name columns of an audio dataset's "
+                         f"CSV; {path} is {cls.name} data")
+    reader = cls.reader(path, **given) if given else cls.reader(path)
     reader.format_name = cls.name
     if warning:
         reader.warnings.insert(0, warning)

@@ -322,6 +322,8 @@ class TFRecordReader(Reader):
         data = _image_bytes(feats)
         if data is None and _bytes(feats, "video/encoded"):
             return self._video(feats, s, off, origin)
+        if data is None and _bytes(feats, "audio/encoded"):
+            return self._video(feats, s, off, origin, "audio")
         if data is None:
             raise self.record_error(f"{self.shards[s].name}@{off}", origin,
                                     f"no image feature (has: {', '.join(sorted(feats)) or 'none'})")
@@ -339,32 +341,40 @@ class TFRecordReader(Reader):
 
     @property
     def media(self) -> str:  # type: ignore[override]
-        """"video" where the first record holds ``video/encoded`` (a video or clip dataset), else "image"."""
+        """"video" where the first record holds ``video/encoded`` (a video or clip dataset), "audio" where
+        it holds ``audio/encoded``, else "image"."""
         first = next((e for e in self.entries() if isinstance(e, tuple)), None)
         try:
-            return "video" if first is not None and _bytes(self._features(first), "video/encoded") else "image"
+            feats = self._features(first) if first is not None else {}
         except ValueError:
             return "image"
+        return "video" if _bytes(feats, "video/encoded") else "audio" if _bytes(feats, "audio/encoded") else "image"
 
-    def _video(self, feats: Any, s: int, off: int, origin: str) -> Record:
-        """A record of a video dataset: ``video/encoded`` (a video file's bytes, or a clip's .npy) with its
-        ``video/format``, ``video/filename``, ``video/source_id`` and ``video/class/label``."""
+    def _video(self, feats: Any, s: int, off: int, origin: str, media: str = "video") -> Record:
+        """A record of a video (or audio) dataset: ``video/encoded`` (a video file's bytes, or a clip's
+        .npy) with its ``video/format``, ``video/filename``, ``video/source_id`` and ``video/class/label``;
+        the same under ``audio/`` with ``audio/text`` (a transcript)."""
+        from ..engine.codecs.audio import sniff_audio
         from ..engine.codecs.video_probe import sniff_container
 
-        data = _bytes(feats, "video/encoded")[0]
-        fmt = (_bytes(feats, "video/format") or [b""])[0].decode("ascii", "replace").lower()
-        fname = (_bytes(feats, "video/filename") or [b""])[0].decode("utf-8", "replace")
-        key = (_bytes(feats, "video/source_id") or [b""])[0].decode("utf-8", "replace") or f"{self.shards[s].stem}_{off}"
+        data = _bytes(feats, f"{media}/encoded")[0]
+        fmt = (_bytes(feats, f"{media}/format") or [b""])[0].decode("ascii", "replace").lower()
+        fname = (_bytes(feats, f"{media}/filename") or [b""])[0].decode("utf-8", "replace")
+        key = (_bytes(feats, f"{media}/source_id") or [b""])[0].decode("utf-8", "replace") or f"{self.shards[s].stem}_{off}"
         meta_raw = (_bytes(feats, "gpubatch/meta") or [b""])[0]
         try:
             meta = fields.json_object(meta_raw, "gpubatch/meta") if meta_raw else {}
-            label = fields.label((_ints(feats, "video/class/label") or [-1])[0], "video/class/label")
+            label = fields.label((_ints(feats, f"{media}/class/label") or [-1])[0], f"{media}/class/label")
         except ValueError as e:
             raise self.record_error(key, origin, e) from None
         if fname:
             meta.setdefault("filename", fname)
-        codec = "npy" if data[:6] == b"\x93NUMPY" else sniff_container(data) or fmt or "mp4"
-        return Record(key=key, data=data, media=Media.VIDEO, codec=codec, label=label, meta=meta, origin=origin)
+        text = (_bytes(feats, "audio/text") or [b""])[0].decode("utf-8", "replace") if media == "audio" else ""
+        if text:
+            meta.setdefault("text", text)
+        sniff = sniff_container if media == "video" else sniff_audio
+        codec = "npy" if data[:6] == b"\x93NUMPY" else sniff(data) or fmt or ("mp4" if media == "video" else "wav")
+        return Record(key=key, data=data, media=Media(media), codec=codec, label=label, meta=meta, origin=origin)
 
     def _fields(self, feats: Any, data: bytes) -> tuple[dict, int | None, Boxes | None]:
         """The record's metadata, class and boxes, each field checked (a ValueError names the one at fault)."""
@@ -426,7 +436,9 @@ _READ_KEYS = frozenset(_LABEL_KEYS + _NAME_KEYS + (
     "image/object/class/label", "image/object/class/text", "image/object/is_crowd", "image/object/area",
     "gpubatch/meta", "image/key/sha256", "image/object/keypoint/x", "image/object/keypoint/y",
     "image/object/keypoint/visibility", "image/object/keypoint/num", "image/object/keypoint/text",
-    "video/encoded", "video/format", "video/filename", "video/source_id", "video/class/label", "video/class/text"))
+    "video/encoded", "video/format", "video/filename", "video/source_id", "video/class/label", "video/class/text",
+    "audio/encoded", "audio/format", "audio/filename", "audio/source_id", "audio/class/label", "audio/class/text",
+    "audio/sample_rate", "audio/text"))
 
 
 def _first_bytes(feats: Any, keys: tuple[str, ...]) -> bytes | None:
@@ -532,7 +544,7 @@ class TFRecordWriter(ShardedWriter):
         self.shards = shard_names(self.shards, lambda i, n: name(i, n) + ".tfrecord")
 
     def _datum(self, r: Record) -> dict[str, tuple[Any, str]]:
-        if r.media is Media.VIDEO:
+        if r.media in (Media.VIDEO, Media.AUDIO):
             return self._video_datum(r)
         meta = dict(r.meta)
         h, w = image_size(r)
@@ -572,18 +584,27 @@ class TFRecordWriter(ShardedWriter):
         }}
 
     def _video_datum(self, r: Record) -> dict[str, tuple[Any, str]]:
-        """A video record (a file's bytes, or a clip as .npy) under ``video/*`` keys, with its class."""
+        """A video record (a file's bytes, or a clip as .npy) under ``video/*`` keys, with its class; an
+        audio record (a file's bytes, or features as .npy) the same under ``audio/*``, with its sample
+        rate and transcript."""
         classes = self.info.classes
         text = classes[r.label] if r.label is not None and 0 <= r.label < len(classes) else ""
-        return {
-            "video/encoded": (r.data, "byte"),
-            "video/format": (r.codec.encode(), "byte"),
-            "video/filename": (r.filename.encode(), "byte"),
-            "video/source_id": (r.key.encode(), "byte"),
-            "video/class/label": (-1 if r.label is None else int(r.label), "int"),
-            "video/class/text": (text.encode(), "byte"),
+        m = r.media.value
+        out = {
+            f"{m}/encoded": (r.data, "byte"),
+            f"{m}/format": (r.codec.encode(), "byte"),
+            f"{m}/filename": (r.filename.encode(), "byte"),
+            f"{m}/source_id": (r.key.encode(), "byte"),
+            f"{m}/class/label": (-1 if r.label is None else int(r.label), "int"),
+            f"{m}/class/text": (text.encode(), "byte"),
             "gpubatch/meta": (json.dumps(dict(r.meta), sort_keys=True, default=str).encode(), "byte"),
         }
+        if r.media is Media.AUDIO:
+            rate = r.meta.get("sample_rate")
+            out["audio/sample_rate"] = (int(rate) if isinstance(rate, (int, float)) else 0, "int")
+            said = r.meta.get("text")
+            out["audio/text"] = ((said if isinstance(said, str) else "").encode(), "byte")
+        return out
 
     def _keypoints(self, b: Boxes | None) -> dict[str, tuple[Any, str]]:
         """COCO keypoints as the TF Object Detection API's ``image/object/keypoint/*`` features, in every
@@ -618,7 +639,7 @@ class TFRecordWriter(ShardedWriter):
 @register_format
 class TFRecordFormat(Format):
     name = "tfrecord"
-    media = (Media.IMAGE, Media.VIDEO)
+    media = (Media.IMAGE, Media.VIDEO, Media.AUDIO)
     description = "TFRecord shards of tf.train.Example (image/encoded, labels, boxes) with DALI .idx files"
     carries_boxes = True
     carries_label_arrays = True  # in the record's metadata

@@ -26,6 +26,7 @@ from typing import Any
 from .._paths import MAX_RECORD_BYTES, safe_relpath, source_files, source_root
 from ..errors import FormatError
 from ..types import (
+    AUDIO_EXTENSIONS,
     CODEC_EXTENSION,
     IMAGE_EXTENSIONS,
     VIDEO_EXTENSIONS,
@@ -305,10 +306,14 @@ class WebDatasetReader(Reader):
 
     @property
     def media(self) -> str:  # type: ignore[override]
-        """"video" for a dataset of video samples (a video member and no image member), else "image"."""
+        """"video" for a dataset of video samples (a video member and no image member), "audio" for one of
+        audio samples (an audio member, no image or video member), else "image"."""
         exts = self.member_extensions()
-        video = any(e in VIDEO_EXTENSIONS for e in exts)
-        return "video" if video and not any(e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS for e in exts) else "image"
+        if any(e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS for e in exts):
+            return "image"
+        if any(e in VIDEO_EXTENSIONS for e in exts):
+            return "video"
+        return "audio" if any(e in AUDIO_EXTENSIONS for e in exts) else "image"
 
     def member_extensions(self) -> dict[str, int]:
         """Per member extension (``jpg``, ``cls``, ``json``, ``txt``...), how many samples hold one: what a
@@ -350,8 +355,11 @@ class WebDatasetReader(Reader):
         if image_ext is None:  # a video sample (what video2dataset writes): its .mp4/.mkv/.webm... member
             image_ext = next((e for e in sorted(parts) if e in VIDEO_EXTENSIONS), None)
             media = Media.VIDEO
+        if image_ext is None:  # an audio sample: its .flac/.wav/.mp3... member (a .npy of features is kept as such)
+            image_ext = next((e for e in sorted(parts) if e in AUDIO_EXTENSIONS), None)
+            media = Media.AUDIO
         if image_ext is None:
-            raise self.record_error(key, origin, f"no image or video member (has: {', '.join(sorted(parts))})")
+            raise self.record_error(key, origin, f"no image, video or audio member (has: {', '.join(sorted(parts))})")
         raw = {ext: self._member(s, name, off, size) for ext, (off, size, name) in parts.items()}
         data = raw[image_ext]
         label, boxes, meta = None, None, {"filename": parts[image_ext][2].rsplit("/", 1)[-1]}
@@ -392,6 +400,10 @@ class WebDatasetReader(Reader):
             from ..engine.codecs.video_probe import sniff_container
 
             codec = sniff_container(data) or VIDEO_EXTENSIONS[image_ext]
+        elif media is Media.AUDIO:
+            from ..engine.codecs.audio import sniff_audio
+
+            codec = sniff_audio(data) or AUDIO_EXTENSIONS[image_ext]
         else:
             codec = sniff_image_codec(data) or "unknown"
         return Record(key=key, data=data, media=media, codec=codec, label=label, boxes=boxes, meta=meta,
@@ -549,7 +561,7 @@ class WebDatasetWriter(ShardedWriter):
 @register_format
 class WebDatasetFormat(Format):
     name = "webdataset"
-    media = (Media.IMAGE, Media.VIDEO)
+    media = (Media.IMAGE, Media.VIDEO, Media.AUDIO)
     description = "WebDataset tar shards (key.jpg, key.cls, key.json) with DALI v1.2 .idx files"
     carries_boxes = True
     carries_label_arrays = True  # in the record's metadata

@@ -38,6 +38,8 @@ class DatasetReport:
         video: for video records: codecs with profiles, containers, resolutions, fps and duration
             (min / median / mean / max), total hours, frame counts, bit rates, audio tracks, rotated and
             variable-frame-rate files, and how many this machine's NVDEC decodes (None: no GPU here).
+        audio: for audio records: codecs and sample codings, sample rates, channels, bit depths, durations
+            (min / median / mean / max), total hours, and how many carry a transcript.
     """
 
     path: str
@@ -62,6 +64,7 @@ class DatasetReport:
     extensions: dict[str, int] = field(default_factory=dict)
     left_out: dict[str, Any] = field(default_factory=dict)
     video: dict[str, Any] = field(default_factory=dict)
+    audio: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -113,6 +116,10 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
                     from ..engine.codecs.video_probe import probe as probe_video
 
                     return (rec, probe_video(rec.data))
+                if rec.media is Media.AUDIO:
+                    from ..engine.codecs.audio import probe_audio
+
+                    return (rec, probe_audio(rec.data))
                 return (rec, probe(rec.data))
             except ValueError as e:
                 return (rec, RecordError(rec.key, rec.origin, "decode", str(e)))
@@ -124,6 +131,8 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
         modes: Counter = Counter()
         members: Counter = Counter()
         videos: list = []
+        sounds: list = []
+        texts = 0
         for rec, hdr in ordered_map(work, entries, workers or default_workers()):
             if tick:
                 tick(1)
@@ -133,6 +142,12 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
             report.records += 1
             report.payload_bytes += len(rec.data)
             labels[rec.label] += 1
+            if rec.media is Media.AUDIO:
+                sounds.append(hdr)
+                codecs[hdr.codec] += 1
+                texts += bool(rec.meta.get("text"))
+                members.update(list(rec.meta.get(MEMBERS) or ()))
+                continue
             if rec.media is Media.VIDEO:
                 videos.append(hdr)
                 widths.append(hdr.width)
@@ -161,6 +176,8 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
     report.left_out = dict(getattr(reader, "left_out", None) or {})
     if videos:
         report.video = video_facts(videos)
+    if sounds:
+        report.audio = audio_facts(sounds, texts)
     report.disk_bytes = _disk_bytes(Path(path))
     return report
 
@@ -197,6 +214,19 @@ def video_facts(videos: list) -> dict[str, Any]:
     }
 
 
+def audio_facts(sounds: list, with_text: int = 0) -> dict[str, Any]:
+    """The audio section of a report, from the :class:`~gpubatch.engine.codecs.audio.AudioInfo` of each file."""
+    return {
+        "codings": dict(Counter(f"{a.codec} {a.subtype}" for a in sounds).most_common()),
+        "sample_rates": dict(Counter(a.rate for a in sounds).most_common()),
+        "channels": dict(Counter(a.channels for a in sounds).most_common()),
+        "bit_depths": dict(Counter(a.bits for a in sounds if a.bits).most_common()),
+        "duration_s": _fstats([a.duration for a in sounds], 3),
+        "total_hours": round(sum(a.duration for a in sounds) / 3600.0, 4),
+        "with_transcript": with_text,
+    }
+
+
 def render(report: DatasetReport) -> None:
     """Print the report as rich tables on the stderr console."""
     from rich.table import Table
@@ -230,6 +260,17 @@ def render(report: DatasetReport) -> None:
         t.add_row("audio, rotated, VFR", f"{v['with_audio']:,}, {v['rotated']:,}, {v['variable_frame_rate']:,}")
         nv = v["nvdec_decodable"]
         t.add_row("NVDEC here", "no GPU here" if nv is None else f"{nv:,} of {report.records:,} decodable")
+    a = report.audio
+    if a:
+        t.add_row("codings", esc(", ".join(f"{k} {n:,}" for k, n in a["codings"].items())))
+        t.add_row("sample rates", ", ".join(f"{k:,} Hz {n:,}" for k, n in a["sample_rates"].items()))
+        t.add_row("channels", ", ".join(f"{k} ch {n:,}" for k, n in a["channels"].items()))
+        if a["bit_depths"]:
+            t.add_row("bit depths", ", ".join(f"{k} bit {n:,}" for k, n in a["bit_depths"].items()))
+        d = a["duration_s"]
+        t.add_row("duration", f"{a['total_hours']:g} h in all; {d['min']:g}..{d['max']:g} s (mean {d['mean']:g})")
+        if a["with_transcript"]:
+            t.add_row("transcripts", f"{a['with_transcript']:,}")
     if report.subsampling:
         t.add_row("JPEG subsampling", ", ".join(f"{k} {v:,}" for k, v in sorted(report.subsampling.items())))
     if report.modes:

@@ -5,6 +5,22 @@ Every op module registers its kernels on import; :data:`OPS` maps op names to cl
 
 from __future__ import annotations
 
+from .audio import (
+                       MFCC,
+                       AddNoise,
+                       FixDuration,
+                       FreqMask,
+                       Gain,
+                       LogMel,
+                       Mel,
+                       Mono,
+                       Resample,
+                       Spectrogram,
+                       Speed,
+                       TimeCrop,
+                       TimeMask,
+                       TimeShift,
+)
 from .base import OPS, Op, Window
 from .codec import JpegQuality
 from .geometry import (
@@ -44,6 +60,8 @@ from .temporal import Clip, RandomClip
 from .warp import Affine, Perspective, Rotate, Rotate90
 
 __all__ = [
+    "MFCC", "AddNoise", "FixDuration", "FreqMask", "Gain", "LogMel", "Mel", "Mono", "Resample", "Spectrogram", "Speed",
+    "TimeCrop", "TimeMask", "TimeShift",
     "IMAGENET_MEAN", "IMAGENET_STD", "OPS", "Affine", "AutoAugment", "AutoContrast", "Brightness", "CenterCrop", "Clip",
     "ColorJitter", "Contrast", "Equalize", "Expand", "Flip", "GaussianBlur", "GaussianNoise", "Grayscale", "Hue",
     "Invert", "JpegQuality", "Normalize", "Op", "Pad", "Perspective", "PhotometricDistort", "Posterize",

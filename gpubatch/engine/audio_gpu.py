@@ -1,0 +1,157 @@
+"""Audio on the GPU: records decoded on the CPU in threads (libsndfile releases the GIL), gathered into
+batches, moved to the GPU in one copy a batch, and run through the chain's device kernels
+(:mod:`.ops.audio`) a whole batch per op; outputs come back to the CPU to be encoded and written in
+dataset order. A batch the GPU fails on is run again on the CPU, record by record, and counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ErrorRouter, RecordError, RunStats, Stage
+from ..types import Record
+from .codecs.audio import AudioData
+from .device import Device
+from .media import DEVICE, HOST, get_codec
+from .plan import Plan
+from .registry import get_kernel
+from .run import Job, RecordSink, RecordSource, outputs_of, read_counted, write_results
+
+
+def to_device(items: Sequence[AudioData]) -> list[AudioData]:
+    """Host items on the GPU through one host-to-device copy for the batch (views per item)."""
+    import cupy as cp
+
+    flat = [np.ascontiguousarray(it.samples, np.float32).ravel() for it in items]
+    if not flat:
+        return []
+    sizes = np.cumsum([0] + [f.size for f in flat])
+    host = np.concatenate(flat) if len(flat) > 1 else flat[0]
+    dev = cp.asarray(host)
+    return [it._replace(samples=dev[sizes[i]: sizes[i + 1]].reshape(it.samples.shape)) for i, it in enumerate(items)]
+
+
+def to_host(items: Sequence[AudioData]) -> list[AudioData]:
+    """Device items back on the host through one device-to-host copy for the batch."""
+    import cupy as cp
+
+    if not items:
+        return []
+    flat = [cp.ascontiguousarray(it.samples, cp.float32).ravel() for it in items]
+    sizes = np.cumsum([0] + [int(f.size) for f in flat])
+    host = cp.asnumpy(cp.concatenate(flat) if len(flat) > 1 else flat[0])
+    return [it._replace(samples=host[sizes[i]: sizes[i + 1]].reshape(it.samples.shape)) for i, it in enumerate(items)]
+
+
+def run_chain_device(ops: Sequence[Any], items: list[AudioData], params: list[list]) -> list[AudioData]:
+    """``ops`` on a batch of device items, ``params[i][k]`` the drawn parameters of item i for op k."""
+    for k, op in enumerate(ops):
+        items = get_kernel(op.name, DEVICE)(op, items, [p[k] for p in params])
+    return items
+
+
+def _prepare(record: Record, plan: Plan, stats: RunStats) -> list[Record | RecordError | tuple[Job, AudioData]]:
+    """A record's outputs: pass-throughs and errors as they are, each job with its decoded audio and
+    its parameters drawn (the same draws as the CPU path)."""
+    codec = get_codec(record.media, record.codec, HOST)
+    out: list[Any] = []
+    decoded = None
+    for job in outputs_of(record, plan, stats):
+        if not isinstance(job, Job):
+            out.append(job)
+            continue
+        try:
+            if decoded is None:
+                decoded = codec.decode(record, plan)
+            job.settle(plan, *codec.size(decoded))
+        except RecordError as e:
+            out.append(e)
+            if e.stage is Stage.DECODE:
+                break
+            continue
+        except Exception as e:  # noqa: BLE001 - the record boundary
+            out.append(RecordError(record.key, record.origin, Stage.TRANSFORM, str(e)))
+            continue
+        out.append((job, decoded))
+    return out
+
+
+def _run_batch(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: RunStats) -> list[Record | RecordError]:
+    """The chain on a batch of jobs on the GPU (on the CPU, record by record, where the GPU fails),
+    each output encoded by the record's codec."""
+    codec = get_codec("audio", "*", HOST)
+    results: list[AudioData | RecordError] = []
+    try:
+        dev = run_chain_device(plan.ops, to_device([d for _, d in jobs]), [j.params for j, _ in jobs])
+        results = list(to_host(dev))
+        stats.add(transcoded=len(jobs))
+    except Exception as e:  # noqa: BLE001 - a batch the GPU fails on goes to the CPU, counted
+        stats.add(fallbacks=len(jobs))
+        stats.warn(f"a batch of {len(jobs)} audio records ran on the CPU after the GPU failed: {type(e).__name__}: "
+                   f"{str(e)[:160]}")
+        for job, d in jobs:
+            try:
+                results.append(codec.run_chain(plan.ops, d, job.params))
+                stats.add(transcoded=1)
+            except Exception as e2:  # noqa: BLE001 - the record boundary
+                t = job.template
+                results.append(RecordError(t.key, t.origin, Stage.TRANSFORM, f"{type(e2).__name__}: {e2}"))
+    out: list[Record | RecordError] = []
+    for (job, _), res in zip(jobs, results):
+        if isinstance(res, RecordError):
+            out.append(res)
+            continue
+        try:
+            out.append(codec.encode(res, job.template, plan))
+        except RecordError as e:
+            out.append(e)
+        if plan.augmenting:
+            stats.drawn[job.template.key] = job.params
+    return out
+
+
+def run_audio_device(device: Device, reader: RecordSource, entries: list[Any], writer: RecordSink, plan: Plan,
+                     router: ErrorRouter, workers: int, batch_size: int = 256,
+                     tick: Callable[[int], None] | None = None) -> None:
+    """The whole run flow for audio records on the GPU: decode on ``workers`` threads, the chain a batch
+    of ``batch_size`` outputs at a time, outputs written in dataset order."""
+    import cupy as cp
+
+    from .executor import expand_host, ordered_map, prefetched
+
+    stats = router.stats
+    plan.validate(DEVICE)
+    cp.cuda.Device(device.index).use()
+
+    def work(entry: Any) -> list[Any]:
+        record = read_counted(reader, entry, stats)
+        if isinstance(record, RecordError):
+            return [record]
+        if str(getattr(record.media, "value", record.media)) != "audio":
+            return expand_host(record, plan, stats)
+        return _prepare(record, plan, stats)
+
+    def batches() -> Iterator[list[Any]]:
+        pending: list[Any] = []
+        jobs = 0
+        for outs in ordered_map(work, entries, workers):
+            pending.extend(outs)
+            jobs += sum(isinstance(o, tuple) for o in outs)
+            if jobs >= batch_size:
+                yield pending
+                pending, jobs = [], 0
+        if pending:
+            yield pending
+
+    def results() -> Iterator[Record | RecordError]:
+        with cp.cuda.Device(device.index):
+            for group in prefetched(batches(), 2):
+                jobs = [o for o in group if isinstance(o, tuple)]
+                done = iter(_run_batch(jobs, plan, stats)) if jobs else iter(())
+                for o in group:
+                    yield next(done) if isinstance(o, tuple) else o
+
+    write_results(results(), writer, router, tick)

@@ -1,0 +1,90 @@
+// Audio kernels over a ragged batch: rows (one channel of one record each) laid end to end in one
+// buffer, with an offset table per row. One thread per output element; the row is found by a binary
+// search of the offset table (rows are few, outputs many).
+
+__device__ __forceinline__ int find_row(const long long* __restrict__ off, int rows, long long i) {
+    int lo = 0, hi = rows - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (off[mid] <= i) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Polyphase resampling by up/down (scipy's resample_poly, with gpubatch's filter h of taps = 2*half+1
+// at the upsampled rate, scaled by up): y[j] = sum_k h[k] * u[j*down + half - k], where u is the row
+// upsampled by up (zeros between samples). Only the taps that meet a sample are visited.
+extern "C" __global__ void resample_poly(const float* __restrict__ x, float* __restrict__ y,
+                                         const long long* __restrict__ in_off, const long long* __restrict__ out_off,
+                                         int rows, const float* __restrict__ h, int taps, int up, int down,
+                                         long long total) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const int r = find_row(out_off, rows, i);
+    const long long j = i - out_off[r];
+    const long long n = in_off[r + 1] - in_off[r];
+    const float* row = x + in_off[r];
+    const long long half = (taps - 1) / 2;
+    const long long t = j * down + half;
+    const int k0 = (int)(t % up);
+    const long long n0 = t / up;
+    float acc = 0.f;
+    for (int k = k0; k < taps; k += up) {
+        const long long s = n0 - (k - k0) / up;
+        if (s < 0) break;
+        if (s < n) acc += h[k] * row[s];
+    }
+    y[i] = acc;
+}
+
+__device__ __forceinline__ long long reflect_index(long long i, long long n) {
+    if (n == 1) return 0;
+    while (i < 0 || i >= n) {
+        if (i < 0) i = -i;
+        if (i >= n) i = 2 * n - 2 - i;
+    }
+    return i;
+}
+
+// Centred, windowed STFT frames of every row: frame f of a row starts at f*hop - n_fft/2; samples
+// outside the row are its reflection (reflect != 0, torch's "reflect") or zero. out: (frames, n_fft).
+extern "C" __global__ void frames(const float* __restrict__ x, float* __restrict__ out,
+                                  const long long* __restrict__ in_off, const long long* __restrict__ f_off,
+                                  int rows, const float* __restrict__ window, int n_fft, int hop, int reflect,
+                                  long long total) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const long long f = i / n_fft;
+    const int k = (int)(i - f * n_fft);
+    const int r = find_row(f_off, rows, f);
+    const long long n = in_off[r + 1] - in_off[r];
+    long long s = (f - f_off[r]) * hop - n_fft / 2 + k;
+    float v = 0.f;
+    if (s >= 0 && s < n) {
+        v = x[in_off[r] + s];
+    } else if (reflect && n > n_fft / 2) {
+        v = x[in_off[r] + reflect_index(s, n)];
+    }
+    out[i] = v * window[k];
+}
+
+// PCG output hash (the image noise's, kernels/step.cu; NumPy twin: ops/pixel.py _pcg).
+__device__ __forceinline__ unsigned int pcg(unsigned int v) {
+    unsigned int state = v * 747796405u + 2891336453u;
+    unsigned int word = ((state >> ((state >> 28u) + 4u)) ^ state) * 277803737u;
+    return (word >> 22u) ^ word;
+}
+
+__device__ __forceinline__ float unit(unsigned int seed, unsigned int idx) {  // in (0, 1)
+    return ((pcg(seed ^ pcg(idx)) >> 8) + 0.5f) * (1.f / 16777216.f);
+}
+
+// y = x + sigma * N(0, 1), the noise a Box-Muller pair of the counter-based stream (NumPy twin: noise_np).
+extern "C" __global__ void add_noise(const float* __restrict__ x, float* __restrict__ y, const float* sigma,
+                                     unsigned int seed, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const unsigned int idx = (unsigned int)i;
+    const float u1 = unit(seed, idx * 2u), u2 = unit(seed, idx * 2u + 1u);
+    y[i] = x[i] + sigma[0] * sqrtf(-2.f * logf(u1)) * cosf(6.283185307179586f * u2);
+}

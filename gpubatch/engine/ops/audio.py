@@ -1,0 +1,855 @@
+"""Audio ops: resampling, channel and length fixes, waveform augmentation, features (spectrogram, mel,
+Whisper's log-mel, MFCC) and SpecAugment masks, with their CPU kernels (NumPy, soxr) and GPU kernels
+(CuPy: cuFFT, cuBLAS and ``kernels/audio.cu``) side by side.
+
+An audio op takes :class:`~gpubatch.engine.codecs.audio.AudioData`. Its parameters are drawn for the
+pair the run flow passes as (h, w): ``(sample rate, samples)`` for a waveform and ``(bins, frames)`` for
+features, and :meth:`out_hw` says what the op makes of that pair, so that every later op draws for the
+right length. The draws are the same on both backends; the GPU kernels take a whole batch and do the
+heavy steps (resampling, framing, FFT, mel projection) in one launch for all of it.
+
+Definitions, so that features match the references they name:
+- ``spectrogram``: centred frames (``pad``: "reflect" as torchaudio, "constant" as librosa), a periodic
+  Hann window of ``n_fft``, ``|rfft|^power``: (n_fft/2 + 1, 1 + samples/hop).
+- ``mel``: the power spectrogram through a Slaney-scale, Slaney-normalised filter bank (librosa's
+  ``filters.mel`` defaults).
+- ``log_mel``: Whisper's ``log_mel_spectrogram``: the mel power without the last frame,
+  ``log10(max(x, 1e-10))``, floored at its maximum less 8, then ``(x + 4) / 4``.
+- ``mfcc``: librosa's: ``power_to_db`` of the mel power (``10 log10``, floored 80 dB under the maximum),
+  then an orthonormal DCT-II over the bins, the first ``n_mfcc``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ...errors import UsageError
+from ..codecs.audio import AudioData
+from ..media import MediaSpec
+from ..registry import DEVICE, HOST, register_kernel
+from .base import Op, pair, positive, probability
+
+WAVE, FEATURES = "CT", "CFT"
+
+
+def _number(name: str, value: Any, low: float, high: float) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} must be a number, got {value!r}") from None
+    if not (low <= v <= high) or math.isnan(v):
+        raise UsageError(f"{name} must be within {low:g} and {high:g}, got {v:g}")
+    return v
+
+
+@dataclass(frozen=True)
+class AudioOp(Op):
+    """An op on audio; ``takes`` is the layout it needs (a waveform, or features), ``makes`` what it gives."""
+
+    media: ClassVar[tuple[str, ...]] = ("audio",)
+    kind: ClassVar[str] = "custom"
+    takes: ClassVar[str] = WAVE
+    makes: ClassVar[str] = ""
+
+    def out_spec(self, spec: MediaSpec) -> MediaSpec:
+        spec = super().out_spec(spec)
+        if spec.layout != self.takes:
+            have = "features" if spec.layout == FEATURES else "a waveform"
+            want = "features (after log_mel, mel, mfcc or spectrogram)" if self.takes == FEATURES else "a waveform"
+            raise UsageError(f"{self.name} takes {want}, not {have}: put it {'after' if self.takes == FEATURES else 'before'}"
+                             " the feature op")
+        return spec.with_(layout=self.makes or spec.layout, dtype="float32")
+
+
+# --- resampling -------------------------------------------------------------------------------------
+
+
+def ratio(src: float, dst: float) -> tuple[int, int]:
+    """(up, down) of a resampling from ``src`` to ``dst`` Hz, reduced (rates rounded to 1/100 Hz)."""
+    a, b = round(dst * 100), round(src * 100)
+    g = math.gcd(a, b)
+    return a // g, b // g
+
+
+def resampled_length(n: int, up: int, down: int) -> int:
+    return -(-n * up // down)
+
+
+@functools.lru_cache(maxsize=64)
+def resample_filter(up: int, down: int, half_per_rate: int = 32, beta: float = 10.0) -> np.ndarray:
+    """The polyphase low-pass of an ``up``/``down`` resampling: a Kaiser-windowed sinc (beta 10: about
+    100 dB stop band), cut off at 0.95 of the lower Nyquist, ``2 * half_per_rate * max(up, down) + 1``
+    taps at the upsampled rate, scaled by ``up`` (unit gain at DC)."""
+    m = max(up, down)
+    half = half_per_rate * m
+    n = np.arange(-half, half + 1, dtype=np.float64)
+    fc = 0.5 * 0.95 / m  # cycles per upsampled sample
+    h = 2 * fc * np.sinc(2 * fc * n) * np.kaiser(2 * half + 1, beta)
+    h *= up / h.sum()
+    return h.astype(np.float32)
+
+
+def resample_poly_np(x: np.ndarray, up: int, down: int) -> np.ndarray:
+    """The GPU kernel's polyphase resampling written in NumPy (its reference in tests): rows of ``x``."""
+    h = resample_filter(up, down).astype(np.float64)
+    half = (len(h) - 1) // 2
+    n = x.shape[-1]
+    out = np.zeros((*x.shape[:-1], resampled_length(n, up, down)), np.float64)
+    for j in range(out.shape[-1]):
+        t = j * down + half
+        k0, n0 = t % up, t // up
+        ks = np.arange(k0, len(h), up)
+        ns = n0 - (ks - k0) // up
+        ok = (ns >= 0) & (ns < n)
+        out[..., j] = x[..., ns[ok]] @ h[ks[ok]]
+    return out.astype(np.float32)
+
+
+def _resample_cpu(x: np.ndarray, src: float, dst: float) -> np.ndarray:
+    """soxr (its high-quality setting) from ``src`` to ``dst`` Hz, cut or zero-padded to the length
+    the GPU kernel makes, so both backends give the same number of samples."""
+    if src == dst:
+        return x
+    import soxr
+
+    up, down = ratio(src, dst)
+    n = resampled_length(x.shape[-1], up, down)
+    y = soxr.resample(np.ascontiguousarray(x.T), src, dst, quality="HQ").T
+    y = np.asarray(y, np.float32)
+    if y.shape[-1] < n:
+        y = np.pad(y, ((0, 0), (0, n - y.shape[-1])))
+    return np.ascontiguousarray(y[:, :n])
+
+
+def _resample_gpu(rows: list[Any], up: int, down: int) -> list[Any]:
+    """Rows (1-D CuPy float32) resampled by ``up``/``down`` in one launch of ``kernels/audio.cu``."""
+    import cupy as cp
+
+    from ..kernels import kernel
+
+    lens = [int(r.shape[-1]) for r in rows]
+    outs = [resampled_length(n, up, down) for n in lens]
+    src = cp.concatenate(rows) if len(rows) > 1 else rows[0]
+    in_off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    out_off = np.concatenate([[0], np.cumsum(outs)]).astype(np.int64)
+    dst = cp.empty(int(out_off[-1]), cp.float32)
+    h = cp.asarray(resample_filter(up, down))
+    total = int(out_off[-1])
+    if total:
+        kernel("audio", "resample_poly")(
+            ((total + 255) // 256,), (256,),
+            (src, dst, cp.asarray(in_off), cp.asarray(out_off), np.int32(len(rows)), h, np.int32(len(h)),
+             np.int32(up), np.int32(down), np.int64(total)))
+    return [dst[out_off[i]: out_off[i + 1]] for i in range(len(rows))]
+
+
+def _resample_items_gpu(items: list[AudioData], src: list[float], dst: list[float]) -> list[Any]:
+    """Each item's samples resampled from ``src[i]`` to ``dst[i]`` Hz (CuPy (channels, samples)), one
+    launch per distinct ratio for the whole batch."""
+    import cupy as cp
+
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i in range(len(items)):
+        groups.setdefault(ratio(src[i], dst[i]), []).append(i)
+    out = [it.samples for it in items]
+    for (up, down), idx in groups.items():
+        if (up, down) == (1, 1):
+            continue
+        rows = [items[i].samples[c] for i in idx for c in range(items[i].samples.shape[0])]
+        res = _resample_gpu(rows, up, down)
+        k = 0
+        for i in idx:
+            ch = items[i].samples.shape[0]
+            out[i] = cp.stack(res[k: k + ch])
+            k += ch
+    return out
+
+
+@dataclass(frozen=True)
+class Resample(AudioOp):
+    """Resample to ``rate`` Hz: soxr's high-quality resampler on the CPU, a Kaiser-windowed-sinc
+    polyphase kernel (about 100 dB stop band) on the GPU."""
+
+    rate: int = 16000
+    name = "resample"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rate", int(_number("resample rate", self.rate, 1000, 768000)))
+
+    def out_hw(self, h: int, w: int, params: Any = None) -> tuple[int, int]:
+        up, down = ratio(h, self.rate)
+        return self.rate, resampled_length(w, up, down)
+
+
+@register_kernel("resample", HOST)
+def _resample_host(op: Resample, items: list[AudioData], params: list) -> list[AudioData]:
+    return [it._replace(samples=_resample_cpu(it.samples, it.rate, op.rate), rate=op.rate) for it in items]
+
+
+@register_kernel("resample", DEVICE)
+def _resample_device(op: Resample, items: list[AudioData], params: list) -> list[AudioData]:
+    res = _resample_items_gpu(items, [it.rate for it in items], [op.rate] * len(items))
+    return [it._replace(samples=x, rate=op.rate) for it, x in zip(items, res)]
+
+
+@dataclass(frozen=True)
+class Speed(AudioOp):
+    """Speed perturbation (Kaldi's 0.9/1.0/1.1): one of ``factors`` drawn per record; the audio is
+    resampled as if recorded at ``rate * factor``, so it plays ``factor`` times faster, pitch and all."""
+
+    factors: Any = (0.9, 1.0, 1.1)
+    name = "speed"
+    random = True
+
+    def __post_init__(self) -> None:
+        fs = tuple(self.factors) if isinstance(self.factors, (tuple, list)) else (self.factors,)
+        if not fs:
+            raise UsageError("speed factors must name at least one factor")
+        object.__setattr__(self, "factors", tuple(_number("speed factor", f, 0.25, 4.0) for f in fs))
+
+    def make_params(self, h: int, w: int, rng: Any, boxes: Any = None) -> float:
+        return float(self.factors[int(rng.integers(0, len(self.factors)))]) if len(self.factors) > 1 else self.factors[0]
+
+    def out_hw(self, h: int, w: int, params: Any = None) -> tuple[int, int]:
+        up, down = ratio(h * (params or 1.0), h)
+        return h, resampled_length(w, up, down)
+
+
+@register_kernel("speed", HOST)
+def _speed_host(op: Speed, items: list[AudioData], params: list) -> list[AudioData]:
+    return [it._replace(samples=_resample_cpu(it.samples, it.rate * f, it.rate)) for it, f in zip(items, params)]
+
+
+@register_kernel("speed", DEVICE)
+def _speed_device(op: Speed, items: list[AudioData], params: list) -> list[AudioData]:
+    res = _resample_items_gpu(items, [it.rate * f for it, f in zip(items, params)], [it.rate for it in items])
+    return [it._replace(samples=x) for it, x in zip(items, res)]
+
+
+# --- channels, length, level ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mono(AudioOp):
+    """Mix the channels down to one (their mean)."""
+
+    name = "mono"
+
+
+@register_kernel("mono", HOST)
+def _mono_host(op: Mono, items: list[AudioData], params: list) -> list[AudioData]:
+    return [it if it.samples.shape[0] == 1 else it._replace(samples=it.samples.mean(0, keepdims=True, dtype=np.float32))
+            for it in items]
+
+
+@register_kernel("mono", DEVICE)
+def _mono_device(op: Mono, items: list[AudioData], params: list) -> list[AudioData]:
+    return [it if it.samples.shape[0] == 1 else it._replace(samples=it.samples.mean(0, keepdims=True))
+            for it in items]
+
+
+def _fit(x: Any, n: int, pad: str, xp: Any) -> Any:
+    """``x`` (channels, samples) cut to ``n`` samples, or padded: zeros, or the audio repeated."""
+    have = x.shape[-1]
+    if have >= n:
+        return x[:, :n]
+    if pad == "repeat" and have:
+        reps = -(-n // have)
+        return xp.tile(x, (1, reps))[:, :n]
+    out = xp.zeros((x.shape[0], n), xp.float32)
+    out[:, :have] = x
+    return out
+
+
+@dataclass(frozen=True)
+class FixDuration(AudioOp):
+    """Cut or pad every record to ``seconds`` (``pad``: "zero" or "repeat"); a leading one means a long
+    file is decoded only that far."""
+
+    seconds: float = 10.0
+    pad: str = "zero"
+    name = "fix_duration"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seconds", _number("fix_duration seconds", self.seconds, 1e-3, 86400))
+        if self.pad not in ("zero", "repeat"):
+            raise UsageError(f"fix_duration pad must be zero or repeat, got {self.pad!r}")
+
+    def out_hw(self, h: int, w: int, params: Any = None) -> tuple[int, int]:
+        return h, int(round(self.seconds * h))
+
+
+@register_kernel("fix_duration", HOST)
+def _fix_host(op: FixDuration, items: list[AudioData], params: list) -> list[AudioData]:
+    return [it._replace(samples=np.ascontiguousarray(_fit(it.samples, int(round(op.seconds * it.rate)), op.pad, np)))
+            for it in items]
+
+
+@register_kernel("fix_duration", DEVICE)
+def _fix_device(op: FixDuration, items: list[AudioData], params: list) -> list[AudioData]:
+    import cupy as cp
+
+    return [it._replace(samples=_fit(it.samples, int(round(op.seconds * it.rate)), op.pad, cp)) for it in items]
+
+
+@dataclass(frozen=True)
+class TimeCrop(AudioOp):
+    """A random stretch of ``seconds`` of each record (zero-padded where the record is shorter)."""
+
+    seconds: float = 1.0
+    name = "time_crop"
+    random = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seconds", _number("time_crop seconds", self.seconds, 1e-3, 86400))
+
+    def make_params(self, h: int, w: int, rng: Any, boxes: Any = None) -> int:
+        n = int(round(self.seconds * h))
+        return int(rng.integers(0, w - n + 1)) if w > n else 0
+
+    def out_hw(self, h: int, w: int, params: Any = None) -> tuple[int, int]:
+        return h, int(round(self.seconds * h))
+
+
+def _crop(op: TimeCrop, it: AudioData, start: int, xp: Any) -> AudioData:
+    n = int(round(op.seconds * it.rate))
+    return it._replace(samples=_fit(it.samples[:, start: start + n], n, "zero", xp))
+
+
+@register_kernel("time_crop", HOST)
+def _crop_host(op: TimeCrop, items: list[AudioData], params: list) -> list[AudioData]:
+    return [_crop(op, it, p, np) for it, p in zip(items, params)]
+
+
+@register_kernel("time_crop", DEVICE)
+def _crop_device(op: TimeCrop, items: list[AudioData], params: list) -> list[AudioData]:
+    import cupy as cp
+
+    return [_crop(op, it, p, cp) for it, p in zip(items, params)]
+
+
+@dataclass(frozen=True)
+class TimeShift(AudioOp):
+    """Shift each record by up to ``seconds`` either way (drawn), filling with silence; the length stays."""
+
+    seconds: float = 0.1
+    p: float = 1.0
+    name = "time_shift"
+    random = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seconds", _number("time_shift seconds", self.seconds, 0, 3600))
+        object.__setattr__(self, "p", probability("time_shift p", self.p))
+
+    def make_params(self, h: int, w: int, rng: Any, boxes: Any = None) -> int:
+        m = int(round(self.seconds * h))
+        shift = int(rng.integers(-m, m + 1)) if m else 0
+        return shift if rng.random() < self.p else 0
+
+
+def _shift(it: AudioData, s: int, xp: Any) -> AudioData:
+    if not s:
+        return it
+    x = it.samples
+    out = xp.zeros_like(x)
+    if s > 0:
+        out[:, s:] = x[:, : max(x.shape[-1] - s, 0)]
+    else:
+        out[:, : max(x.shape[-1] + s, 0)] = x[:, -s:]
+    return it._replace(samples=out)
+
+
+@register_kernel("time_shift", HOST)
+def _shift_host(op: TimeShift, items: list[AudioData], params: list) -> list[AudioData]:
+    return [_shift(it, s, np) for it, s in zip(items, params)]
+
+
+@register_kernel("time_shift", DEVICE)
+def _shift_device(op: TimeShift, items: list[AudioData], params: list) -> list[AudioData]:
+    import cupy as cp
+
+    return [_shift(it, s, cp) for it, s in zip(items, params)]
+
+
+@dataclass(frozen=True)
+class Gain(AudioOp):
+    """Scale the level by a gain drawn from ``db`` (decibels, a range); samples are clipped to +-1 only
+    when written as FLAC or WAV."""
+
+    db: Any = (-6.0, 6.0)
+    p: float = 1.0
+    name = "gain"
+    random = True
+
+    def __post_init__(self) -> None:
+        v = (self.db, self.db) if isinstance(self.db, (int, float)) else self.db
+        object.__setattr__(self, "db", pair("gain db", v, -120.0, 60.0))
+        object.__setattr__(self, "p", probability("gain p", self.p))
+
+    def make_params(self, h: int, w: int, rng: Any, boxes: Any = None) -> float:
+        lo, hi = self.db
+        db = lo if lo == hi else float(rng.uniform(lo, hi))
+        return float(10 ** (db / 20)) if rng.random() < self.p else 1.0
+
+
+@register_kernel("gain", HOST)
+def _gain_host(op: Gain, items: list[AudioData], params: list) -> list[AudioData]:
+    return [it._replace(samples=it.samples * np.float32(g)) for it, g in zip(items, params)]
+
+
+@register_kernel("gain", DEVICE)
+def _gain_device(op: Gain, items: list[AudioData], params: list) -> list[AudioData]:
+    return [it._replace(samples=it.samples * np.float32(g)) for it, g in zip(items, params)]
+
+
+def noise_np(seed: int, n: int) -> np.ndarray:
+    """Unit gaussian noise of index 0..n-1 from the counter-based stream of ``seed`` (Box-Muller on
+    the PCG hash that image noise uses): what the GPU kernel computes."""
+    from .pixel import _unit
+
+    idx = np.arange(n, dtype=np.uint32)
+    u1 = _unit(seed, idx * np.uint32(2))
+    u2 = _unit(seed, idx * np.uint32(2) + np.uint32(1))
+    return (np.sqrt(-2.0 * np.log(u1)) * np.cos(np.float32(2 * np.pi) * u2)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class AddNoise(AudioOp):
+    """Add white gaussian noise at a signal-to-noise ratio drawn from ``snr`` (dB, a range), measured on
+    each record's own power; the noise is a counter-based stream of (seed, record), the same on CPU and GPU."""
+
+    snr: Any = (10.0, 30.0)
+    p: float = 1.0
+    name = "add_noise"
+    random = True
+
+    def __post_init__(self) -> None:
+        v = (self.snr, self.snr) if isinstance(self.snr, (int, float)) else self.snr
+        object.__setattr__(self, "snr", pair("add_noise snr", v, -30.0, 120.0))
+        object.__setattr__(self, "p", probability("add_noise p", self.p))
+
+    def make_params(self, h: int, w: int, rng: Any, boxes: Any = None) -> tuple[float, int] | None:
+        lo, hi = self.snr
+        snr = lo if lo == hi else float(rng.uniform(lo, hi))
+        seed = int(rng.integers(0, 1 << 24))
+        return (snr, seed) if rng.random() < self.p else None
+
+
+@register_kernel("add_noise", HOST)
+def _noise_host(op: AddNoise, items: list[AudioData], params: list) -> list[AudioData]:
+    out = []
+    for it, p in zip(items, params):
+        if p is None:
+            out.append(it)
+            continue
+        snr, seed = p
+        x = it.samples
+        power = float(np.mean(np.square(x, dtype=np.float64)))
+        sigma = np.float32(math.sqrt(power / 10 ** (snr / 10)))
+        out.append(it._replace(samples=x + sigma * noise_np(seed, x.size).reshape(x.shape)))
+    return out
+
+
+@register_kernel("add_noise", DEVICE)
+def _noise_device(op: AddNoise, items: list[AudioData], params: list) -> list[AudioData]:
+    import cupy as cp
+
+    from ..kernels import kernel
+
+    out = []
+    for it, p in zip(items, params):
+        if p is None:
+            out.append(it)
+            continue
+        snr, seed = p
+        x = cp.ascontiguousarray(it.samples)
+        power = cp.mean(cp.square(x, dtype=cp.float64))
+        sigma = cp.sqrt(power / 10 ** (snr / 10)).astype(cp.float32)
+        y = cp.empty_like(x)
+        n = x.size
+        kernel("audio", "add_noise")(((n + 255) // 256,), (256,), (x, y, sigma, np.uint32(seed), np.int64(n)))
+        out.append(it._replace(samples=y))
+    return out
+
+
+# --- features ---------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=16)
+def hann(n: int) -> np.ndarray:
+    """The periodic Hann window (torch.hann_window's default, librosa's get_window('hann'))."""
+    return (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n) / n)).astype(np.float32)
+
+
+def _hz_to_mel(f: np.ndarray) -> np.ndarray:
+    f = np.asarray(f, np.float64)
+    mel = f / (200.0 / 3)
+    log = f >= 1000.0
+    return np.where(log, 15.0 + np.log(np.maximum(f, 1e-10) / 1000.0) / (np.log(6.4) / 27.0), mel)
+
+
+def _mel_to_hz(m: np.ndarray) -> np.ndarray:
+    m = np.asarray(m, np.float64)
+    f = m * (200.0 / 3)
+    return np.where(m >= 15.0, 1000.0 * np.exp((np.log(6.4) / 27.0) * (m - 15.0)), f)
+
+
+@functools.lru_cache(maxsize=32)
+def mel_filters(rate: int, n_fft: int, n_mels: int, f_min: float = 0.0, f_max: float = 0.0) -> np.ndarray:
+    """The Slaney-scale, Slaney-normalised mel filter bank (librosa.filters.mel's defaults; Whisper's
+    ``mel_filters``): (n_mels, n_fft/2 + 1) float32."""
+    f_max = f_max or rate / 2.0
+    fft_f = np.linspace(0, rate / 2.0, 1 + n_fft // 2)
+    mel_f = _mel_to_hz(np.linspace(_hz_to_mel(f_min), _hz_to_mel(f_max), n_mels + 2))
+    fdiff = np.diff(mel_f)
+    ramps = mel_f[:, None] - fft_f[None, :]
+    lower = -ramps[:-2] / fdiff[:-1, None]
+    upper = ramps[2:] / fdiff[1:, None]
+    w = np.maximum(0, np.minimum(lower, upper))
+    w *= (2.0 / (mel_f[2: n_mels + 2] - mel_f[:n_mels]))[:, None]
+    return w.astype(np.float32)
+
+
+@functools.lru_cache(maxsize=16)
+def dct_matrix(n_out: int, n_in: int) -> np.ndarray:
+    """The orthonormal DCT-II (scipy's ``dct(type=2, norm='ortho')``) as an (n_out, n_in) matrix."""
+    k = np.arange(n_out)[:, None]
+    n = np.arange(n_in)[None, :]
+    m = np.cos(np.pi * k * (2 * n + 1) / (2 * n_in)) * np.sqrt(2.0 / n_in)
+    m[0] /= np.sqrt(2.0)
+    return m.astype(np.float32)
+
+
+def frames_np(x: np.ndarray, n_fft: int, hop: int, pad: str) -> np.ndarray:
+    """Centred, windowed frames of each row of ``x`` (rows, samples): (rows, frames, n_fft) float32."""
+    half = n_fft // 2
+    mode = "reflect" if pad == "reflect" and x.shape[-1] > half else "constant"
+    xp_ = np.pad(x, ((0, 0), (half, half)), mode=mode)
+    view = np.lib.stride_tricks.sliding_window_view(xp_, n_fft, axis=-1)[:, ::hop]
+    return view * hann(n_fft)
+
+
+def frames_gpu(rows: list[Any], n_fft: int, hop: int, pad: str) -> tuple[Any, list[int]]:
+    """Centred, windowed frames of every row (1-D CuPy float32 arrays) in one launch: (all frames,
+    n_fft) float32 and the frame count of each row."""
+    import cupy as cp
+
+    from ..kernels import kernel
+
+    lens = [int(r.shape[-1]) for r in rows]
+    counts = [1 + n // hop for n in lens]
+    src = cp.concatenate(rows) if len(rows) > 1 else rows[0]
+    in_off = cp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+    f_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    total = int(f_off[-1])
+    out = cp.empty((total, n_fft), cp.float32)
+    n = total * n_fft
+    if n:
+        kernel("audio", "frames")(((n + 255) // 256,), (256,),
+                                  (src, out, in_off, cp.asarray(f_off), np.int32(len(rows)), cp.asarray(hann(n_fft)),
+                                   np.int32(n_fft), np.int32(hop), np.int32(pad == "reflect"), np.int64(n)))
+    return out, counts
+
+
+@dataclass(frozen=True)
+class FeatureOp(AudioOp):
+    """An op that turns a waveform into features (bins, frames) per channel."""
+
+    makes: ClassVar[str] = FEATURES
+    drop_last: ClassVar[bool] = False
+
+    def bins(self) -> int:
+        raise NotImplementedError
+
+    def out_hw(self, h: int, w: int, params: Any = None) -> tuple[int, int]:
+        return self.bins(), w // self.hop + (0 if self.drop_last else 1)
+
+    def _check(self) -> None:
+        object.__setattr__(self, "n_fft", positive(f"{self.name} n_fft", self.n_fft))
+        object.__setattr__(self, "hop", positive(f"{self.name} hop", self.hop))
+        if getattr(self, "pad", "reflect") not in ("reflect", "constant"):
+            raise UsageError(f"{self.name} pad must be reflect or constant, got {self.pad!r}")
+
+    def from_power(self, p: Any, rate: int, xp: Any) -> Any:
+        """Features of a power spectrogram ``p`` (rows, frames, bins), per row: (rows, bins', frames)."""
+        raise NotImplementedError
+
+    def finish(self, f: Any, xp: Any) -> Any:
+        """The last per-record step on (channels, bins, frames) (Whisper's floor at the maximum less 8)."""
+        return f
+
+
+def _power(frames: Any, xp: Any) -> Any:
+    spec = xp.fft.rfft(frames, axis=-1)
+    return (spec.real * spec.real + spec.imag * spec.imag).astype(xp.float32)
+
+
+def _mel_power(op: Any, p: Any, rate: int, xp: Any) -> Any:
+    fb = xp.asarray(mel_filters(int(rate), op.n_fft, op.n_mels, float(op.f_min), float(op.f_max)))
+    return xp.matmul(p, fb.T)  # (..., frames, n_mels)
+
+
+def features_host(op: FeatureOp, it: AudioData) -> AudioData:
+    fr = frames_np(np.asarray(it.samples, np.float32), op.n_fft, op.hop, getattr(op, "pad", "reflect"))
+    p = _power(fr, np)
+    if op.drop_last:
+        p = p[:, :-1]
+    f = op.finish(op.from_power(p, it.rate, np), np)
+    return it._replace(samples=np.ascontiguousarray(f, np.float32), features=op.name)
+
+
+@functools.lru_cache(maxsize=1)
+def _cupy() -> Any:
+    import cupy as cp
+
+    return cp
+
+
+def features_device(op: FeatureOp, items: list[AudioData], chunk_bytes: int = 256 << 20) -> list[AudioData]:
+    """Features of a batch on the GPU: the frames of all its rows in one launch, one batched rFFT, one
+    matrix product per sample rate; split into records at the end. Batches whose frames exceed
+    ``chunk_bytes`` go in parts, so the frame buffer stays bounded."""
+    cp = _cupy()
+    rows = [(i, c) for i, it in enumerate(items) for c in range(it.samples.shape[0])]
+    pad = getattr(op, "pad", "reflect")
+    per_row = [(1 + items[i].samples.shape[-1] // op.hop) * op.n_fft * 4 for i, _ in rows]
+    outs: dict[tuple[int, int], Any] = {}
+    start = 0
+    while start < len(rows):
+        end, size = start, 0
+        while end < len(rows) and (end == start or size + per_row[end] <= chunk_bytes):
+            size += per_row[end]
+            end += 1
+        part = rows[start:end]
+        fr, counts = frames_gpu([items[i].samples[c] for i, c in part], op.n_fft, op.hop, pad)
+        p = _power(fr, cp)
+        rates = {items[i].rate for i, _ in part}
+        if len(rates) == 1 and len(set(counts)) == 1:  # one shape: one batched product for the part
+            p3 = p.reshape(len(part), counts[0], -1)
+            if op.drop_last:
+                p3 = p3[:, :-1]
+            f = op.from_power(p3, rates.pop(), cp)
+            for k, rc in enumerate(part):
+                outs[rc] = f[k]
+        else:
+            off = 0
+            for (i, c), n in zip(part, counts):
+                q = p[off: off + n][None]
+                off += n
+                if op.drop_last:
+                    q = q[:, :-1]
+                outs[(i, c)] = op.from_power(q, items[i].rate, cp)[0]
+        start = end
+    result = []
+    for i, it in enumerate(items):
+        f = cp.stack([outs[(i, c)] for c in range(it.samples.shape[0])])
+        result.append(it._replace(samples=op.finish(f, cp), features=op.name))
+    return result
+
+
+@dataclass(frozen=True)
+class Spectrogram(FeatureOp):
+    """The power (``power`` 2) or magnitude (1) spectrogram: (n_fft/2 + 1, 1 + samples/hop)."""
+
+    n_fft: int = 400
+    hop: int = 160
+    power: float = 2.0
+    pad: str = "reflect"
+    name = "spectrogram"
+
+    def __post_init__(self) -> None:
+        self._check()
+        object.__setattr__(self, "power", _number("spectrogram power", self.power, 0.5, 4))
+
+    def bins(self) -> int:
+        return self.n_fft // 2 + 1
+
+    def from_power(self, p: Any, rate: int, xp: Any) -> Any:
+        return xp.swapaxes(p if self.power == 2 else p ** (self.power / 2), -1, -2)
+
+
+@dataclass(frozen=True)
+class Mel(FeatureOp):
+    """The mel power spectrogram (librosa's ``melspectrogram`` with Slaney filters): (n_mels, frames)."""
+
+    n_mels: int = 80
+    n_fft: int = 400
+    hop: int = 160
+    f_min: float = 0.0
+    f_max: float = 0.0
+    pad: str = "reflect"
+    name = "mel"
+
+    def __post_init__(self) -> None:
+        self._check()
+        object.__setattr__(self, "n_mels", positive("mel n_mels", self.n_mels))
+
+    def bins(self) -> int:
+        return self.n_mels
+
+    def from_power(self, p: Any, rate: int, xp: Any) -> Any:
+        return xp.swapaxes(_mel_power(self, p, rate, xp), -1, -2)
+
+
+@dataclass(frozen=True)
+class LogMel(FeatureOp):
+    """Whisper's log-mel spectrogram (``n_mels`` 80 or 128, n_fft 400, hop 160 at 16 kHz): frames =
+    samples / hop (its last frame dropped), log10 floored at the maximum less 8, scaled (x + 4) / 4."""
+
+    n_mels: int = 80
+    n_fft: int = 400
+    hop: int = 160
+    f_min: float = 0.0
+    f_max: float = 0.0
+    name = "log_mel"
+    drop_last: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        self._check()
+        object.__setattr__(self, "n_mels", positive("log_mel n_mels", self.n_mels))
+
+    def bins(self) -> int:
+        return self.n_mels
+
+    def from_power(self, p: Any, rate: int, xp: Any) -> Any:
+        m = _mel_power(self, p, rate, xp)
+        return xp.swapaxes(xp.log10(xp.maximum(m, 1e-10)), -1, -2)
+
+    def finish(self, f: Any, xp: Any) -> Any:
+        return (xp.maximum(f, f.max() - 8.0) + 4.0) / 4.0
+
+
+@dataclass(frozen=True)
+class MFCC(FeatureOp):
+    """Mel-frequency cepstral coefficients as librosa computes them: ``power_to_db`` of the mel power
+    (floored ``top_db`` under its maximum), then an orthonormal DCT-II; (n_mfcc, frames)."""
+
+    n_mfcc: int = 40
+    n_mels: int = 64
+    n_fft: int = 400
+    hop: int = 160
+    f_min: float = 0.0
+    f_max: float = 0.0
+    top_db: float = 80.0
+    pad: str = "reflect"
+    name = "mfcc"
+
+    def __post_init__(self) -> None:
+        self._check()
+        object.__setattr__(self, "n_mels", positive("mfcc n_mels", self.n_mels))
+        object.__setattr__(self, "n_mfcc", positive("mfcc n_mfcc", self.n_mfcc))
+        if self.n_mfcc > self.n_mels:
+            raise UsageError(f"mfcc n_mfcc ({self.n_mfcc}) cannot exceed n_mels ({self.n_mels})")
+
+    def bins(self) -> int:
+        return self.n_mfcc
+
+    def from_power(self, p: Any, rate: int, xp: Any) -> Any:
+        return xp.swapaxes(10.0 * xp.log10(xp.maximum(_mel_power(self, p, rate, xp), 1e-10)), -1, -2)
+
+    def finish(self, f: Any, xp: Any) -> Any:
+        db = xp.maximum(f, f.max() - self.top_db) if self.top_db else f
+        return xp.matmul(xp.asarray(dct_matrix(self.n_mfcc, self.n_mels)), db)
+
+
+for _cls in (Spectrogram, Mel, LogMel, MFCC):
+    register_kernel(_cls.name, HOST)(lambda op, items, params: [features_host(op, it) for it in items])
+    register_kernel(_cls.name, DEVICE)(lambda op, items, params: features_device(op, items))
+
+
+# --- SpecAugment ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Mask(AudioOp):
+    width: int = 27
+    count: int = 2
+    value: float = 0.0
+    takes: ClassVar[str] = FEATURES
+    random = True
+    axis: ClassVar[int] = -2
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "width", positive(f"{self.name} width", self.width) if self.width else 0)
+        if not isinstance(self.count, int) or self.count < 0:
+            raise UsageError(f"{self.name} count must be an integer >= 0, got {self.count!r}")
+        object.__setattr__(self, "value", _number(f"{self.name} value", self.value, -1e6, 1e6))
+
+    def make_params(self, h: int, w: int, rng: Any, boxes: Any = None) -> list[tuple[int, int]]:
+        size = h if self.axis == -2 else w
+        out = []
+        for _ in range(self.count):
+            width = int(rng.integers(0, min(self.width, size) + 1))
+            start = int(rng.integers(0, size - width + 1))
+            out.append((start, width))
+        return out
+
+
+@dataclass(frozen=True)
+class FreqMask(_Mask):
+    """SpecAugment's frequency masks: ``count`` bands of up to ``width`` bins set to ``value``."""
+
+    name = "freq_mask"
+
+
+@dataclass(frozen=True)
+class TimeMask(_Mask):
+    """SpecAugment's time masks: ``count`` stretches of up to ``width`` frames set to ``value``."""
+
+    width: int = 100
+    name = "time_mask"
+    axis: ClassVar[int] = -1
+
+
+def _mask(op: _Mask, items: list[AudioData], params: list, copy: Any) -> list[AudioData]:
+    out = []
+    for it, masks in zip(items, params):
+        if not any(w for _, w in masks):
+            out.append(it)
+            continue
+        x = copy(it.samples)
+        for start, width in masks:
+            if op.axis == -2:
+                x[..., start: start + width, :] = op.value
+            else:
+                x[..., start: start + width] = op.value
+        out.append(it._replace(samples=x))
+    return out
+
+
+for _cls in (FreqMask, TimeMask):
+    register_kernel(_cls.name, HOST)(lambda op, items, params: _mask(op, items, params, np.array))
+    register_kernel(_cls.name, DEVICE)(lambda op, items, params: _mask(op, items, params, lambda a: a.copy()))
+
+
+#: ``convert``'s audio options -> ops
+def audio_ops(sample_rate: int | None = None, mono: bool = False, duration: float | None = None,
+              pad: str = "zero", features: str | None = None) -> tuple[Op, ...]:
+    """The ops of ``convert``'s audio options: mono, resample, fix the duration, then features."""
+    ops: list[Op] = []
+    if mono:
+        ops.append(Mono())
+    if sample_rate:
+        ops.append(Resample(int(sample_rate)))
+    if duration:
+        ops.append(FixDuration(float(duration), pad))
+    elif pad != "zero":
+        raise UsageError("--pad needs --duration")
+    if features:
+        from ..spec import parse_chain
+
+        feats = parse_chain(features.replace("log-mel", "log_mel"))
+        bad = [op.name for op in feats if not isinstance(op, FeatureOp)]
+        if bad or len(feats) != 1:
+            raise UsageError(f"--features takes one of log-mel, mel, mfcc, spectrogram (e.g. \"log-mel(n_mels=80)\"), "
+                             f"got {features!r}")
+        ops.extend(feats)
+    return tuple(ops)
+
+
+MEDIA_SPEC = MediaSpec("audio", layout=WAVE, dtype="float32", channels=None)

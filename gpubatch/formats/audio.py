@@ -1,0 +1,334 @@
+"""Audio datasets: class folders (Speech Commands ``root/<word>/<clip>.wav``), a folder with a CSV of
+metadata (ESC-50 ``meta/esc50.csv``, UrbanSound8K ``metadata/UrbanSound8K.csv``, or any CSV with path
+and label columns), LibriSpeech-style transcripts (``*.trans.txt``) or a flat folder.
+
+Reading:
+- a CSV (the source itself, the one CSV in the root, or the one in ``meta/`` or ``metadata/``): the
+  path column is ``path``/``filename``/``file``/``audio``/``audio_filepath``/``slice_file_name`` (or
+  ``path_column``), the label column ``label``/``category``/``class``/``target``/``classID`` (or
+  ``label_column``); a ``text``/``transcript``/``sentence`` column is kept as the record's text. A name
+  column and a number column that agree (ESC-50's ``category`` and ``target``, UrbanSound8K's ``class``
+  and ``classID``) give the dataset's own numbering with its names; names alone are numbered in sorted
+  order. A bare file name is looked for under the root (ESC-50 keeps its clips in ``audio/``).
+- ``*.trans.txt`` files anywhere (LibriSpeech: ``<utt-id> TRANSCRIPT`` a line): every clip unlabeled,
+  with its transcript as ``text``.
+- sub-folders holding clips: classes are the sorted folder names; folders whose name starts with ``_``
+  (Speech Commands' ``_background_noise_``) are left out, and said so.
+- otherwise every clip under the root, unlabeled.
+
+Writing (``--to audio``): clips in class folders (``<class>/<key>.<ext>``) with ``metadata.csv``
+(``path,label,class,text``) beside them, which reads back as the CSV layout.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from .._paths import read_regular, safe_join, safe_relpath
+from ..errors import FormatError
+from ..types import AUDIO_EXTENSIONS, DatasetInfo, Media, Record, class_table
+from . import fields, register_format
+from .base import Damaged, Format, Reader, WriteOptions, Writer
+from .folder import _walk_images, class_folders, safe_component
+from .manifest import MANIFEST_NAME, read_manifest
+
+METADATA = "metadata.csv"
+PATH_COLUMNS = ("path", "filename", "file", "file_name", "audio", "audio_filepath", "slice_file_name", "fname")
+LABEL_COLUMNS = ("label", "category", "class", "word", "target", "classid", "class_id")
+TEXT_COLUMNS = ("text", "transcript", "transcription", "sentence")
+
+
+def is_audio_name(name: str) -> bool:
+    return "." in name and name.rsplit(".", 1)[1].lower() in AUDIO_EXTENSIONS
+
+
+def _csvs(root: Path) -> list[Path]:
+    for folder in (root, root / "meta", root / "metadata"):
+        found = sorted(p for p in folder.glob("*.csv") if p.is_file()) if folder.is_dir() else []
+        if found:
+            return found
+    return []
+
+
+class AudioReader(Reader):
+    """Reads a folder of audio files (see the module's docstring for the layouts)."""
+
+    media = "audio"
+
+    def __init__(self, path: Path, path_column: str | None = None, label_column: str | None = None):
+        """``path_column``, ``label_column``: the CSV's columns to read paths and labels from (else found
+        by their usual names)."""
+        super().__init__(path)
+        p = Path(path)
+        self.path_column, self.label_column = path_column, label_column
+        self.csv_file: Path | None = None
+        if p.is_file():
+            self.csv_file, self.root = p, p.parent
+            if p.parent.name in ("meta", "metadata"):
+                self.root = p.parent.parent
+        else:
+            self.root = p
+            found = _csvs(p)
+            if len(found) == 1:
+                self.csv_file = found[0]
+            elif len(found) > 1:
+                self.warnings.append(f"{len(found)} CSV files in {found[0].parent}; none taken as metadata "
+                                     "(give the one to read as the source)")
+        self._classes: Any = ()
+        self._by_name: dict[str, str] | None = None
+
+    def roots(self) -> list[Path]:
+        return [self.root]
+
+    def _scan(self) -> list[Any]:
+        if self.csv_file is not None:
+            return self._scan_csv()
+        damaged: list[Damaged] = []
+        files = _walk_images(self.root, damaged, accept=is_audio_name)
+        texts = self._transcripts()
+        if texts:
+            return [*damaged, *((f, None, texts.get(_stem(f).rsplit("/", 1)[-1])) for f in files)]
+        tops = sorted({f.split("/", 1)[0] for f in files if "/" in f and not f.startswith("_")})
+        if tops:
+            self._classes = tuple(tops)
+            index = {c: i for i, c in enumerate(tops)}
+            left = [f for f in files if "/" not in f or f.startswith("_")]
+            if left:
+                self.warnings.append(f"left out of {self.root}, as no records: {len(left)} audio file"
+                                     f"{'s' if len(left) > 1 else ''} outside the class folders or in folders "
+                                     f"named _... ({', '.join(left[:3])})")
+            return [*damaged, *((f, index[f.split("/", 1)[0]], None) for f in files
+                                if "/" in f and not f.startswith("_"))]
+        return [*damaged, *((f, None, None) for f in files)]
+
+    def _transcripts(self) -> dict[str, str]:
+        """LibriSpeech's ``*.trans.txt``: utterance id -> transcript."""
+        out: dict[str, str] = {}
+        for dirpath, _dirs, names in os.walk(self.root):
+            for name in names:
+                if name.endswith(".trans.txt"):
+                    try:
+                        text = read_regular(Path(dirpath) / name).decode("utf-8", "replace")
+                    except (OSError, ValueError):
+                        continue
+                    for line in text.splitlines():
+                        utt, _, words = line.strip().partition(" ")
+                        if utt:
+                            out[utt] = words.strip()
+        return out
+
+    def _find(self, name: str) -> str:
+        """A CSV's path as a path under the root: as written, else a file of that name under the root."""
+        rel = safe_relpath(name)
+        if (self.root / rel).is_file() or "/" in rel:
+            return rel
+        if self._by_name is None:
+            self._by_name = {}
+            for f in _walk_images(self.root, [], accept=is_audio_name):
+                self._by_name.setdefault(f.rsplit("/", 1)[-1], f)
+        return self._by_name.get(rel, rel)
+
+    def _scan_csv(self) -> list[Any]:
+        try:
+            text = read_regular(self.csv_file).decode("utf-8-sig", "replace")
+        except (OSError, ValueError) as e:
+            raise FormatError(f"cannot read {self.csv_file}: {getattr(e, 'strerror', None) or e}") from None
+        rows = list(csv.DictReader(io.StringIO(text)))
+        cols = {c.strip().lower(): c for c in (rows[0].keys() if rows else []) if c}
+
+        def col(given: str | None, names: tuple[str, ...], what: str) -> str | None:
+            if given:
+                if given.strip().lower() not in cols:
+                    raise FormatError(f"{self.csv_file}: no {what} column {given!r} (columns: {', '.join(cols.values())})")
+                return cols[given.strip().lower()]
+            return next((cols[n] for n in names if n in cols), None)
+
+        pc = col(self.path_column, PATH_COLUMNS, "path")
+        if pc is None:
+            raise FormatError(f"{self.csv_file}: no path column (one of {', '.join(PATH_COLUMNS)}); name it with "
+                              "--path-column")
+        tc = col(None, TEXT_COLUMNS, "text")
+        labels = self._labels(rows, cols, col(self.label_column, LABEL_COLUMNS, "label"))
+        entries: list[Any] = []
+        for n, (r, label) in enumerate(zip(rows, labels), 2):
+            where = f"{self.csv_file}:{n}"
+            try:
+                path = (r.get(pc) or "").strip()
+                if not path:
+                    raise ValueError("empty path")
+                path = path if os.path.isabs(path) else self._find(path)
+                if isinstance(label, Exception):
+                    raise label
+            except ValueError as e:
+                entries.append(Damaged(f"row {n}", where, f"bad row: {e}"))
+                continue
+            entries.append((path, label, (r.get(tc) or "").strip() if tc else None))
+        return entries
+
+    def _labels(self, rows: list[dict], cols: dict[str, str], lc: str | None) -> list[Any]:
+        """Each row's label (an int, None, or the ValueError of a bad one); sets the class names."""
+        if lc is None:
+            return [None] * len(rows)
+        raw = [(r.get(lc) or "").strip() for r in rows]
+        if all(re.fullmatch(r"-?\d+", v) for v in raw if v):
+            numbers = [int(v) if v else None for v in raw]
+            names: dict[int, str] = {}
+            for other in (c for c in cols.values() if c != lc and c.strip().lower() in LABEL_COLUMNS):
+                pairs = {(int(v), (r.get(other) or "").strip()) for r, v in zip(rows, raw) if v}
+                if pairs and len({a for a, _ in pairs}) == len(pairs) == len({b for _, b in pairs}):
+                    names = dict(pairs)  # a number column and a name column that agree
+                    break
+            self._classes = class_table(names, [x for x in numbers if x is not None])
+            return [_label(x) for x in numbers]
+        # names: if a number column agrees with them, its numbering; else sorted order
+        for other in (c for c in cols.values() if c != lc and c.strip().lower() in LABEL_COLUMNS):
+            nums = [(r.get(other) or "").strip() for r in rows]
+            if all(re.fullmatch(r"\d+", v) for v in nums if v):
+                pairs = {(int(v), name) for v, name in zip(nums, raw) if v and name}
+                if pairs and len({a for a, _ in pairs}) == len(pairs) == len({b for _, b in pairs}):
+                    index = {name: num for num, name in pairs}
+                    self._classes = class_table(dict(pairs), list(index.values()))
+                    return [_label(index[v]) if v else None for v in raw]
+        names_sorted = sorted({v for v in raw if v})
+        index = {v: i for i, v in enumerate(names_sorted)}
+        self._classes = tuple(names_sorted)
+        return [index[v] if v else None for v in raw]
+
+    def info(self) -> DatasetInfo:
+        self.entries()
+        manifest = read_manifest(self.root) or {}
+        return DatasetInfo(classes=tuple(manifest.get("classes") or ()) or self._classes)
+
+    def where(self, entry: Any) -> tuple[str, str]:
+        return _stem(entry[0]), str(self.root / entry[0])
+
+    def _read(self, entry: tuple[str, int | None, str | None]) -> Record:
+        path, label, text = entry
+        full = Path(path) if os.path.isabs(path) else safe_join(self.root, path)
+        key = _stem(path if not os.path.isabs(path) else Path(path).name)
+        try:
+            data = read_regular(full)
+        except (OSError, ValueError) as e:
+            raise self.record_error(key, str(full), getattr(e, "strerror", None) or e) from None
+        from ..engine.codecs.audio import sniff_audio
+
+        ext = path.rsplit(".", 1)[-1].lower()
+        meta: dict[str, Any] = {"filename": path.rsplit("/", 1)[-1]}
+        if text:
+            meta["text"] = text
+        return Record(key=key, data=data, media=Media.AUDIO, codec=sniff_audio(data) or AUDIO_EXTENSIONS.get(ext, ext),
+                      label=label, meta=meta, origin=str(full))
+
+
+def _label(x: int | None) -> Any:
+    if x is None:
+        return None
+    try:
+        return fields.label(x, "label")
+    except ValueError as e:
+        return e
+
+
+def _stem(path: str) -> str:
+    return path.rsplit(".", 1)[0] if "." in path.rsplit("/", 1)[-1] else path
+
+
+class AudioWriter(Writer):
+    """Clips in class folders (``<class>/<clip>.<ext>``) with ``metadata.csv`` beside them."""
+
+    def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
+        super().__init__(root, info, options)
+        self.classes = info.classes
+        self._folders = dict(enumerate(class_folders(info.classes))) if info.classes else {}
+        self._used: set[str] = set()
+        self._rows: list[list[str]] = []
+
+    def write(self, record: Record) -> None:
+        if record.media is not Media.AUDIO:
+            raise ValueError(f"the audio format holds audio, not {getattr(record.media, 'value', record.media)}")
+        name = record.filename
+        stem, ext = name.rsplit(".", 1)
+        folder = (self._folders.get(record.label) or str(record.label)) if record.label is not None else ""
+        rel = f"{folder}/{safe_component(stem)}.{ext}" if folder else f"{safe_component(stem)}.{ext}"
+        base, n = rel, 1
+        while rel.casefold() in self._used or rel in (METADATA, MANIFEST_NAME):
+            rel = f"{base.rsplit('.', 1)[0]}_{n}.{ext}"
+            n += 1
+        self._used.add(rel.casefold())
+        path = safe_join(self.root, rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(record.data)
+        cls = ""
+        if record.label is not None and self.classes:
+            try:
+                cls = str(self.classes[record.label])
+            except (IndexError, KeyError, TypeError):
+                cls = ""
+        text = record.meta.get("text")
+        self._rows.append([rel, "" if record.label is None else str(record.label), cls,
+                           text if isinstance(text, str) else ""])
+        self.count += 1
+        self.bytes += len(record.data)
+
+    def close(self) -> None:
+        if self._rows:
+            buf = io.StringIO()
+            w = csv.writer(buf, lineterminator="\n")
+            w.writerow(["path", "label", "class", "text"])
+            w.writerows(self._rows)
+            (self.root / METADATA).write_text(buf.getvalue(), encoding="utf-8")
+
+
+def _csv_is_audio(path: Path) -> bool:
+    try:
+        rows = list(csv.DictReader(io.StringIO(path.read_text("utf-8-sig", "replace")[:20000])))[:20]
+    except (OSError, csv.Error):
+        return False
+    for r in rows:
+        for k, v in r.items():
+            if k and k.strip().lower() in PATH_COLUMNS and isinstance(v, str) and is_audio_name(v.strip()):
+                return True
+    return False
+
+
+@register_format
+class AudioFormat(Format):
+    name = "audio"
+    description = ("audio files (wav, flac, ogg, opus, mp3, m4a): class folders, a CSV of metadata (ESC-50, "
+                   "UrbanSound8K), LibriSpeech transcripts, flat")
+    media = (Media.AUDIO,)
+    detect_priority = 75  # before the video CSV and the image folder
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        path = Path(path)
+        if path.is_file():
+            return path.suffix.lower() == ".csv" and _csv_is_audio(path)
+        if (path / METADATA).is_file():
+            return True
+        found = _csvs(path)
+        if len(found) == 1 and _csv_is_audio(found[0]):
+            return True
+        from ..types import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
+
+        for _dirpath, dirs, files in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            exts = {f.rsplit(".", 1)[1].lower() for f in files if "." in f and not f.startswith(".")}
+            if exts & (set(IMAGE_EXTENSIONS) | set(VIDEO_EXTENSIONS)):
+                return False  # the first folder with media files decides
+            if exts & set(AUDIO_EXTENSIONS):
+                return True
+        return False
+
+    @classmethod
+    def reader(cls, path: Path, **options: Any) -> Reader:
+        return AudioReader(path, **options)
+
+    @classmethod
+    def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer:
+        return AudioWriter(root, info, options)
