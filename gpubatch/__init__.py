@@ -33,6 +33,7 @@ _LAZY = {
     "format_names": ("gpubatch.formats", "format_names"),
     "ImagePipeline": ("gpubatch.engine.pipeline", "ImagePipeline"),
     "VideoPipeline": ("gpubatch.engine.video_pipeline", "VideoPipeline"),
+    "AudioPipeline": ("gpubatch.engine.audio_pipeline", "AudioPipeline"),
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -336,6 +336,10 @@ def main() -> None:
         from .video import run_video_contender
 
         res = run_video_contender(a)
+    elif get_model(a["model"]).media == "audio":
+        from .audio import run_audio_contender
+
+        res = run_audio_contender(a)
     elif name == "gpubatch-gpu":
         res = run_gpubatch(a, "gpu")
     elif name == "gpubatch-cpu":

@@ -9,11 +9,14 @@ COLUMNS = ("images/s", "spread", "whole run", "vs CPU", "GPU mem", "GPU util", "
 
 
 def columns(result: dict[str, Any], chain: str) -> tuple[str, ...]:
-    """The table's columns for ``chain``: a video model counts clips, and its decoder column is NVDEC's."""
-    unit = next((r["unit"] for r in result["results"][chain].values() if "unit" in r), "images")
+    """The table's columns for ``chain``: a video model counts clips, and its decoder column is NVDEC's; an
+    audio model counts clips, and that column its decoding workers (audio decodes on the CPU)."""
+    res = result["results"][chain].values()
+    unit = next((r["unit"] for r in res if "unit" in r), "images")
     if unit == "images":
         return COLUMNS
-    return (f"{unit}/s", *COLUMNS[1:8], "NVDEC util", COLUMNS[9])
+    video = any("nvdec_util_pct" in r for r in res) or result.get("model", {}).get("name") == "video-clf"
+    return (f"{unit}/s", *COLUMNS[1:8], "NVDEC util" if video else "decode workers", COLUMNS[9])
 
 
 def _num(v: Any, fmt: str = "{:,.0f}", none: str = "-") -> str:
@@ -36,7 +39,8 @@ def rows(result: dict[str, Any], chain: str) -> list[tuple[str, dict[str, Any], 
             _num(r.get("gpu_util_pct"), "{:.0f}%"),
             _num(r.get("cpu_cores_used"), "{:.1f}"),
             f"{_num(r.get('batch_ms_p50'), '{:.1f}')}/{_num(r.get('batch_ms_p99'), '{:.1f}')} ms",
-            _num(r.get("hw_decoder_share"), "{:.0%}") if "unit" not in r else _num(r.get("nvdec_util_pct"), "{:.0f}%"),
+            (_num(r.get("hw_decoder_share"), "{:.0%}") if "unit" not in r
+             else _num(r.get("nvdec_util_pct"), "{:.0f}%") if "nvdec_util_pct" in r else _num(r.get("workers"))),
             r.get("bottleneck") or "-",
         ]
         out.append((name, r, cells))

@@ -114,18 +114,22 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
     valid = CONTENDERS
     if m.media == "video":
         from .video import VIDEO_CONTENDERS as valid
+    elif m.media == "audio":
+        from .audio import AUDIO_CONTENDERS as valid
     contenders = list(baselines or valid)
     unknown = [c for c in contenders if c not in valid]
     if unknown:
         raise UsageError(f"unknown baseline {unknown[0]!r}; valid for {m.name}: {', '.join(valid)}")
     if (data is None) == (synthetic is None):
         raise UsageError("give exactly one of --data PATH or --synthetic N")
-    if m.media == "video" and (sweep or with_model or busy):
+    if m.media != "image" and (sweep or with_model or busy):
         raise UsageError("--sweep, --with-model and --busy measure the image models")
     if busy_after is not None and not busy:
         raise UsageError("--busy-after needs --busy N (the busy processes it starts)")
     if m.media == "video":
         data, source = _video_source(data, synthetic, images, say)
+    elif m.media == "audio":
+        data, source = _audio_source(m, data, synthetic, images, say)
     elif synthetic is not None:
         if synthetic < batch_size:
             raise UsageError(f"--synthetic {synthetic} is smaller than one batch ({batch_size})")
@@ -214,6 +218,26 @@ def _video_source(data: Path | None, synthetic: int | None, files: int | None,
     if not n:
         raise UsageError(f"--data {data}: no video files (mp4, mkv, webm, mov, avi)")
     return data, {"path": str(data), "kind": "folder", "images": n, "what": "video files"}
+
+
+def _audio_source(m: Any, data: Path | None, synthetic: int | None, files: int | None,
+                  say: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
+    """The clips an audio bench reads: a folder of audio files, or a synthetic set made once and cached."""
+    from .audio import audio_files
+
+    if synthetic is not None:
+        from ..synthetic import make_audio_set
+
+        seconds, rate, _ = m.audio
+        root = cache_dir() / f"synthetic-audio-{synthetic}-{seconds:g}s-{rate}"
+        say(f"synthetic data: {synthetic} speech-like FLAC clips ({seconds:g} s, {rate:,} Hz) in {root}")
+        make_audio_set(root, synthetic, seconds=(seconds, seconds), rate=rate, fmt="flac")
+        return root, {"path": str(root), "kind": "synthetic", "images": synthetic, "what": "audio files"}
+    data = Path(data)
+    n = len(audio_files(str(data), files or 0))
+    if not n:
+        raise UsageError(f"--data {data}: no audio files (wav, flac, ogg, opus, mp3, m4a)")
+    return data, {"path": str(data), "kind": "folder", "images": n, "what": "audio files"}
 
 
 def list_models() -> list[tuple[str, str, dict[str, str]]]:

@@ -10,6 +10,9 @@ Reading:
   column and a number column that agree (ESC-50's ``category`` and ``target``, UrbanSound8K's ``class``
   and ``classID``) give the dataset's own numbering with its names; names alone are numbered in sorted
   order. A bare file name is looked for under the root (ESC-50 keeps its clips in ``audio/``).
+- a NeMo manifest (``manifest.json`` or ``*.jsonl`` in the root, JSON lines with ``audio_filepath``,
+  ``duration``, ``text``, optional ``offset``): every clip unlabeled, its ``text``, ``duration`` and
+  ``offset`` kept in the record's metadata (paths relative to the manifest's folder).
 - ``*.trans.txt`` files anywhere (LibriSpeech: ``<utt-id> TRANSCRIPT`` a line): every clip unlabeled,
   with its transcript as ``text``.
 - sub-folders holding clips: classes are the sorted folder names; folders whose name starts with ``_``
@@ -88,6 +91,9 @@ class AudioReader(Reader):
     def _scan(self) -> list[Any]:
         if self.csv_file is not None:
             return self._scan_csv()
+        nemo = self._nemo_manifest()
+        if nemo is not None:
+            return self._scan_nemo(nemo)
         damaged: list[Damaged] = []
         files = _walk_images(self.root, damaged, accept=is_audio_name)
         texts = self._transcripts()
@@ -105,6 +111,42 @@ class AudioReader(Reader):
             return [*damaged, *((f, index[f.split("/", 1)[0]], None) for f in files
                                 if "/" in f and not f.startswith("_"))]
         return [*damaged, *((f, None, None) for f in files)]
+
+    def _nemo_manifest(self) -> Path | None:
+        for p in [self.root / "manifest.json", *sorted(self.root.glob("*.jsonl"))]:
+            if p.is_file():
+                try:
+                    first = next((ln for ln in read_regular(p, 1 << 30).decode("utf-8", "replace").splitlines()
+                                  if ln.strip()), "")
+                except (OSError, ValueError):
+                    continue
+                if '"audio_filepath"' in first or '"audio_filename"' in first:
+                    return p
+        return None
+
+    def _scan_nemo(self, manifest: Path) -> list[Any]:
+        import json
+
+        text = read_regular(manifest, 1 << 30).decode("utf-8", "replace")
+        entries: list[Any] = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"{manifest}:{n}"
+            try:
+                doc = json.loads(line)
+                if not isinstance(doc, dict):
+                    raise ValueError("not a JSON object")
+                path = str(doc.get("audio_filepath") or doc.get("audio_filename") or "")
+                if not path:
+                    raise ValueError("no audio_filepath")
+                path = path if os.path.isabs(path) else safe_relpath(path)
+            except ValueError as e:
+                entries.append(Damaged(f"line {n}", where, f"bad manifest line: {e}"))
+                continue
+            extra = {k: doc[k] for k in ("duration", "offset") if isinstance(doc.get(k), (int, float))}
+            entries.append((path, None, str(doc.get("text") or "") or None, extra))
+        return entries
 
     def _transcripts(self) -> dict[str, str]:
         """LibriSpeech's ``*.trans.txt``: utterance id -> transcript."""
@@ -207,8 +249,8 @@ class AudioReader(Reader):
     def where(self, entry: Any) -> tuple[str, str]:
         return _stem(entry[0]), str(self.root / entry[0])
 
-    def _read(self, entry: tuple[str, int | None, str | None]) -> Record:
-        path, label, text = entry
+    def _read(self, entry: tuple) -> Record:
+        path, label, text = entry[:3]
         full = Path(path) if os.path.isabs(path) else safe_join(self.root, path)
         key = _stem(path if not os.path.isabs(path) else Path(path).name)
         try:
@@ -221,6 +263,8 @@ class AudioReader(Reader):
         meta: dict[str, Any] = {"filename": path.rsplit("/", 1)[-1]}
         if text:
             meta["text"] = text
+        if len(entry) > 3:
+            meta.update(entry[3])
         return Record(key=key, data=data, media=Media.AUDIO, codec=sniff_audio(data) or AUDIO_EXTENSIONS.get(ext, ext),
                       label=label, meta=meta, origin=str(full))
 

@@ -305,15 +305,22 @@ def test_content_is_what_the_api_says(imagenet, tmp_path):
     assert sum(content(tmp_path / "o").values()) == 60
 
 
-def test_audio_datasets_are_named_as_unsupported_and_video_ones_read(tmp_path):
-    p = run_cli("info", ROOT / "sample_data" / "audio")
-    assert p.returncode == ExitCode.ERROR
-    assert "holds audio files (3)" in one_line_error(p) and "not supported yet" in p.stderr
+def test_audio_and_video_sample_datasets_read(tmp_path):
+    p = run_cli("info", ROOT / "sample_data" / "audio", "--json")
+    assert p.returncode == 0, p.stderr
+    audio = json.loads(p.stdout)["audio"]
+    assert audio["codings"] == {"wav PCM_16": 1, "flac PCM_16": 1, "ogg VORBIS": 1} and audio["with_transcript"] == 3
     p = run_cli("info", ROOT / "sample_data" / "video", "--json")
     assert p.returncode == 0 and json.loads(p.stdout)["video"]["total_frames"] > 0
     p = run_cli("convert", ROOT / "sample_data" / "audio", tmp_path / "o", "--to", "tfrecord")
-    assert p.returncode == ExitCode.ERROR and "not supported yet" in one_line_error(p)
-    assert not (tmp_path / "o").exists()
+    assert p.returncode == 0, p.stderr
+    from gpubatch import open_dataset
+
+    with open_dataset(tmp_path / "o") as ds:
+        recs = sorted(ds, key=lambda r: r.key)
+    assert [r.meta.get("text") for r in recs] == ["a rising tone", "a falling tone", "two tones"]
+    assert [r.data for r in recs] == [(ROOT / "sample_data" / "audio" / f).read_bytes()
+                                      for f in ("clip_0.wav", "clip_1.flac", "clip_2.ogg")]
 
 
 def test_info_on_coco_names_faulty_annotations(coco):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gpubatch.engine.ops import OPS
+from tests.audio import test_audio_cpu, test_audio_gpu
 from tests.engine import test_codecs_ops, test_gpu, test_gpu_ops, test_ops_cpu, test_rng
 from tests.video import test_video_cpu, test_video_gpu
 
@@ -55,6 +56,21 @@ REFERENCES = {
     "clip": (test_video_cpu.test_clip_samplers_and_their_draws,),
     "random_clip": (test_video_cpu.test_clip_samplers_and_their_draws,
                     test_video_cpu.test_augment_draws_one_set_of_parameters_per_clip),
+    # audio: the published definitions (Whisper's log-mel, librosa's filters and MFCC), soxr, identities
+    "resample": (test_audio_cpu.test_resampling_against_soxr_on_a_tone,),
+    "speed": (test_audio_cpu.test_speed_and_fixed_lengths_follow_the_drawn_sizes,),
+    "mono": (test_audio_cpu.test_mono_gain_shift_crop_and_lengths_are_their_definitions,),
+    "gain": (test_audio_cpu.test_mono_gain_shift_crop_and_lengths_are_their_definitions,),
+    "time_shift": (test_audio_cpu.test_mono_gain_shift_crop_and_lengths_are_their_definitions,),
+    "time_crop": (test_audio_cpu.test_mono_gain_shift_crop_and_lengths_are_their_definitions,),
+    "fix_duration": (test_audio_cpu.test_mono_gain_shift_crop_and_lengths_are_their_definitions,),
+    "add_noise": (test_audio_cpu.test_add_noise_reaches_its_snr,),
+    "spectrogram": (test_audio_cpu.test_spectrogram_frames_and_padding,),
+    "mel": (test_audio_cpu.test_spectrogram_frames_and_padding, test_audio_cpu.test_mel_filters_match_the_reference_bank_and_128_bins),
+    "log_mel": (test_audio_cpu.test_log_mel_is_whispers_definition,),
+    "mfcc": (test_audio_cpu.test_mfcc_is_the_orthonormal_dct_of_power_to_db,),
+    "freq_mask": (test_audio_cpu.test_spec_augment_masks_take_features,),
+    "time_mask": (test_audio_cpu.test_spec_augment_masks_take_features,),
 }
 
 
@@ -68,6 +84,9 @@ def test_every_registered_op_has_a_gpu_parity_case():
     covered = _names(chain for chain, _ in test_gpu_ops.OPS.values())
     covered |= _names([test_gpu_ops.JPEG_CHAIN, test_gpu_ops.SSD_CHAIN]) | _names(test_gpu.CHAINS.values())
     covered |= set(test_video_gpu.TEMPORAL_CHAINS)  # the same frames picked on the GPU as on the CPU
+    from gpubatch.engine.spec import parse_chain
+
+    covered |= _names(parse_chain(c) for c in test_audio_gpu.AUDIO_CHAINS.values())  # audio: device vs host kernels
     assert not set(OPS) - covered, f"ops with no GPU/CPU parity case: {sorted(set(OPS) - covered)}"
 
 

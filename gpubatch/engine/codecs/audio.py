@@ -106,11 +106,29 @@ def probe_audio(data: bytes) -> AudioInfo:
                  "OGG": "opus" if i.subtype == "OPUS" else "ogg"}.get(i.format, i.format.lower())
         info = AudioInfo(codec, i.subtype, int(i.samplerate), int(i.channels), int(i.frames), _BITS.get(i.subtype, 0))
     except Exception:  # noqa: BLE001 - libsndfile cannot read it: PyAV (m4a/AAC...), or it is no audio
+        said = _wav_header(data)
+        if said is not None:  # a WAV header libsndfile refuses: say what is wrong with it
+            _check(AudioInfo("wav", "", *said, 0))
         info = _probe_av(data)
     _check(info)
     if info.frames <= 0:
         raise ValueError("no audio samples")
     return info
+
+
+def _wav_header(data: bytes) -> tuple[int, int] | None:
+    """(rate, channels) from a RIFF/WAVE file's ``fmt `` chunk, or None."""
+    if data[:4] not in (b"RIFF", b"RF64") or data[8:12] != b"WAVE":
+        return None
+    pos = 12
+    while pos + 8 <= min(len(data), 1 << 16):
+        size = int.from_bytes(data[pos + 4: pos + 8], "little")
+        if data[pos: pos + 4] == b"fmt " and pos + 16 <= len(data):
+            channels = int.from_bytes(data[pos + 10: pos + 12], "little")
+            rate = int.from_bytes(data[pos + 12: pos + 16], "little")
+            return rate, channels
+        pos += 8 + size + (size & 1)
+    return None
 
 
 def _probe_av(data: bytes) -> AudioInfo:
@@ -123,13 +141,15 @@ def _probe_av(data: bytes) -> AudioInfo:
                 raise ValueError("no audio stream" + (" (a video file)" if c.streams.video else ""))
             s = c.streams.audio[0]
             rate = int(s.rate or s.codec_context.sample_rate or 0)
-            frames = int(s.frames) if s.frames else int(round(float(s.duration * s.time_base) * rate)) if s.duration else 0
+            # (a stream's ``frames`` counts packets, not samples)
+            frames = int(round(float(s.duration * s.time_base) * rate)) if s.duration and s.time_base else 0
             if not frames and c.duration:
                 frames = int(round(c.duration / 1_000_000 * rate))
             return AudioInfo(sniff_audio(data) or s.codec_context.name, s.codec_context.name, rate,
                              int(s.codec_context.channels or 0), frames, 0, "pyav")
     except a.FFmpegError as e:
-        raise ValueError(f"not an audio file gpubatch reads ({str(e).split(': ', 1)[0]})") from None
+        why = getattr(e, "strerror", None) or str(e).split(": ", 1)[0]
+        raise ValueError(f"not an audio file gpubatch reads ({why})") from None
 
 
 class AudioData(NamedTuple):

@@ -843,9 +843,11 @@ def audio_ops(sample_rate: int | None = None, mono: bool = False, duration: floa
     if features:
         from ..spec import parse_chain
 
-        feats = parse_chain(features.replace("log-mel", "log_mel"))
-        bad = [op.name for op in feats if not isinstance(op, FeatureOp)]
-        if bad or len(feats) != 1:
+        try:
+            feats = parse_chain(features.replace("log-mel", "log_mel"))
+        except UsageError:
+            feats = ()
+        if len(feats) != 1 or not isinstance(feats[0], FeatureOp):
             raise UsageError(f"--features takes one of log-mel, mel, mfcc, spectrogram (e.g. \"log-mel(n_mels=80)\"), "
                              f"got {features!r}")
         ops.extend(feats)

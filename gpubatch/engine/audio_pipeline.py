@@ -1,0 +1,253 @@
+"""Feature batches for training speech and audio models: :class:`AudioPipeline` turns audio files into
+batches through one op chain (resample, fix the duration, log-mel, SpecAugment...), on the GPU (CuPy
+arrays, handed to PyTorch or JAX through DLPack) or on the CPU (NumPy).
+
+    >>> from gpubatch import AudioPipeline
+    >>> from gpubatch.engine.spec import parse_chain
+    >>> ops = parse_chain("resample(rate=16000) | fix_duration(seconds=30) | log_mel(n_mels=80)")
+    >>> pipe = AudioPipeline(ops, device="gpu")
+    >>> for batch in pipe.iterate_files(files, batch_size=64):
+    ...     x = torch.from_dlpack(batch)          # (64, 80, 3000) float16 on the GPU
+
+Files are decoded on the CPU (FLAC and MP3 have no GPU decoder): by threads for the GPU path (libsndfile
+releases the GIL), and the GPU runs each op once for the whole batch. The CPU path runs decode and the
+host kernels in worker processes. Each visit of a file draws its parameters from (seed, file, epoch,
+visit), the same on both paths. Mono records come out as (N, bins, frames) features or (N, samples)
+waveforms; records of several channels keep a channel axis.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import GpubatchError, RecordError, Stage, UsageError
+from .codecs.audio import AudioData, decode_audio, leading_seconds, probe_audio
+from .ops.base import Op
+from .plan import Plan
+
+DTYPES = ("float16", "float32")
+
+
+@dataclass
+class AudioBatch:
+    """A batch: ``data`` (N, ...) a CuPy array on the GPU or a NumPy array; ``keys`` the files it came from."""
+
+    data: Any
+    keys: list[str]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __dlpack__(self, stream: Any = None, **kw: Any) -> Any:
+        return self.data.__dlpack__(stream=stream, **kw) if stream is not None else self.data.__dlpack__(**kw)
+
+    def __dlpack_device__(self) -> Any:
+        return self.data.__dlpack_device__()
+
+
+def _visit_key(key: str, epoch: int, visit: int) -> str:
+    return f"{key}#e{epoch}#v{visit}"
+
+
+def _load(path: str, key: str, plan: Plan) -> AudioData:
+    """A file decoded (only as far as a leading fixed duration reads), its errors as RecordErrors."""
+    try:
+        data = Path(path).read_bytes()
+        return decode_audio(data, probe_audio(data), seconds=leading_seconds(plan.ops))
+    except (OSError, ValueError) as e:
+        raise RecordError(key, path, Stage.DECODE, str(getattr(e, "strerror", None) or e)) from None
+
+
+def _squeeze(x: Any) -> Any:
+    return x[0] if x.shape[0] == 1 else x
+
+
+def _cpu_item(args: tuple) -> np.ndarray:
+    """One file on the CPU (a worker process): decoded, drawn for, through the host kernels."""
+    path, key, plan, dtype = args
+    from .codecs.audio import AudioHostCodec
+
+    item = _load(path, key, plan)
+    params = plan.draw(key, *item.size)
+    try:
+        out = AudioHostCodec().run_chain(plan.ops, item, params)
+    except Exception as e:  # noqa: BLE001 - the record boundary
+        raise RecordError(key, path, Stage.TRANSFORM, f"{type(e).__name__}: {e}") from None
+    return _squeeze(np.asarray(out.samples)).astype(dtype)
+
+
+class AudioPipeline:
+    """Batches of features (or waveforms) from audio files; see the module's docstring.
+
+    Args:
+        ops: the chain (audio ops: :mod:`gpubatch.engine.ops.audio`); give records one length (a
+            ``fix_duration`` or ``time_crop``) for batches of one shape.
+        device: "gpu", "cpu" or "auto".
+        dtype: "float16" (default) or "float32".
+        workers: decoding threads (GPU) or worker processes (CPU); default every core.
+    """
+
+    def __init__(self, ops: Sequence[Op], device: str = "auto", gpu: int = 0, seed: int = 0, dtype: str = "float16",
+                 workers: int | None = None):
+        from .device import resolve
+        from .executor import default_workers
+        from .registry import DEVICE, HOST
+
+        if dtype not in DTYPES:
+            raise UsageError(f"unknown dtype {dtype!r}; supported: {', '.join(DTYPES)}")
+        self.plan = Plan(ops=tuple(ops), seed=seed, max_pixels=0, media="audio")
+        self.device = resolve(device, gpu)
+        self.dtype = dtype
+        self.workers = workers or default_workers()
+        self.timings: dict[str, float] = {"decode": 0.0, "upload": 0.0, "ops": 0.0, "wait": 0.0}
+        self.stats = {"items": 0}
+        self.skipped: dict[str, str] = {}  # file -> why it gave nothing (unreadable, no samples...)
+        self._pool: Any = None
+        self.plan.validate(DEVICE if self.device.is_gpu else HOST)
+
+    def _visits(self, files: Sequence[str | Path], repeat: bool, epoch: int) -> Iterator[tuple[str, str]]:
+        visit = 0
+        while True:
+            for f in files:
+                yield str(f), _visit_key(str(Path(f).with_suffix("")), epoch, visit)
+            visit += 1
+            if not repeat:
+                return
+
+    def iterate_files(self, files: Sequence[str | Path], batch_size: int, repeat: bool = False,
+                      epoch: int = 0) -> Iterator[AudioBatch]:
+        """Batches of ``batch_size`` records, one a visit of each file (the last batch may be smaller)."""
+        if batch_size < 1:
+            raise UsageError(f"batch_size must be >= 1, got {batch_size}")
+        if not files:
+            raise UsageError("no audio files to read")
+        if self.device.is_gpu:
+            from .executor import prefetched
+
+            yield from prefetched(self._gpu(files, batch_size, repeat, epoch), 2)
+        else:
+            yield from self._cpu(files, batch_size, repeat, epoch)
+
+    def _skip(self, e: RecordError, misses: int, files: int) -> int:
+        self.skipped.setdefault(e.key.split("#e", 1)[0], e.reason)
+        if misses + 1 >= files:
+            raise GpubatchError(f"none of the {files} files could be read (e.g. {e.key.split('#e', 1)[0]}: {e.reason})")
+        return misses + 1
+
+    def _stack(self, items: list[Any], xp: Any) -> Any:
+        shapes = {tuple(x.shape) for x in items}
+        if len(shapes) > 1:
+            raise GpubatchError(f"a batch holds records of {len(shapes)} shapes ({', '.join(map(str, sorted(shapes)[:3]))}"
+                                "): give them one length with fix_duration or time_crop")
+        return xp.stack(items)
+
+    # --- CPU -----------------------------------------------------------------------------------------------
+
+    def _cpu(self, files: Sequence[str | Path], batch_size: int, repeat: bool, epoch: int) -> Iterator[AudioBatch]:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+        pending: deque = deque()
+        visits = self._visits(files, repeat, epoch)
+        batch: list[np.ndarray] = []
+        keys: list[str] = []
+        misses = 0
+        try:
+            while True:
+                while len(pending) < 4 * self.workers:
+                    item = next(visits, None)
+                    if item is None:
+                        break
+                    pending.append((item[1], self._pool.submit(_cpu_item, (*item, self.plan, self.dtype))))
+                if not pending:
+                    break
+                key, fut = pending.popleft()
+                t0 = time.perf_counter()
+                try:
+                    out = fut.result()
+                except RecordError as e:
+                    misses = self._skip(e, misses, len(files))
+                    continue
+                finally:
+                    self.timings["wait"] += time.perf_counter() - t0
+                misses = 0
+                batch.append(out)
+                keys.append(key)
+                self.stats["items"] += 1
+                if len(batch) == batch_size:
+                    yield AudioBatch(self._stack(batch, np), keys)
+                    batch, keys = [], []
+            if batch:
+                yield AudioBatch(self._stack(batch, np), keys)
+        finally:
+            for _, f in pending:
+                f.cancel()
+
+    # --- GPU -----------------------------------------------------------------------------------------------
+
+    def _gpu(self, files: Sequence[str | Path], batch_size: int, repeat: bool, epoch: int) -> Iterator[AudioBatch]:
+        import cupy as cp
+
+        from .audio_gpu import run_chain_device, to_device
+        from .executor import ordered_map
+
+        plan = self.plan
+
+        def load(visit: tuple[str, str]) -> tuple[str, AudioData | RecordError]:
+            path, key = visit
+            t0 = time.perf_counter()
+            try:
+                return key, _load(path, key, plan)
+            except RecordError as e:
+                return key, e
+            finally:
+                self.timings["decode"] += time.perf_counter() - t0
+
+        misses = 0
+        group: list[tuple[str, AudioData]] = []
+        with cp.cuda.Device(self.device.index):
+            for key, item in ordered_map(load, self._visits(files, repeat, epoch), self.workers,
+                                         window=max(2 * batch_size, 4 * self.workers)):
+                if isinstance(item, RecordError):
+                    misses = self._skip(item, misses, len(files))
+                    continue
+                misses = 0
+                group.append((key, item))
+                if len(group) == batch_size:
+                    yield self._gpu_batch(group, cp, run_chain_device, to_device)
+                    group = []
+            if group:
+                yield self._gpu_batch(group, cp, run_chain_device, to_device)
+
+    def _gpu_batch(self, group: list[tuple[str, AudioData]], cp: Any, run_chain_device: Any, to_device: Any) -> AudioBatch:
+        t0 = time.perf_counter()
+        params = [self.plan.draw(k, *it.size) for k, it in group]
+        dev = to_device([it for _, it in group])
+        t1 = time.perf_counter()
+        out = run_chain_device(self.plan.ops, dev, params)
+        data = self._stack([_squeeze(o.samples) for o in out], cp).astype(self.dtype)
+        cp.cuda.get_current_stream().synchronize()
+        self.timings["upload"] += t1 - t0
+        self.timings["ops"] += time.perf_counter() - t1
+        self.stats["items"] += len(group)
+        return AudioBatch(data, [k for k, _ in group])
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> AudioPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

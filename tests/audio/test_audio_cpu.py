@@ -1,0 +1,406 @@
+"""Audio on the CPU: every source layout, decoding every codec, features against their reference
+definitions, resampling against soxr, outputs read back by the webdataset library and the tfrecord
+package, augment reproducible by seed, and bad input (a per-file skip with its reason, the rest converts)."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from gpubatch.api import augment, convert, info
+from gpubatch.errors import UsageError
+
+from ..helpers import run_cli
+from .sounds import encoded, speech_commands, tone, write
+
+# --- references, written out independently of gpubatch's code ----------------------------------------
+
+
+def _slaney_mel(f):
+    f = np.asarray(f, np.float64)
+    return np.where(f < 1000, 3 * f / 200, 15 + 27 * np.log(np.maximum(f, 1e-9) / 1000) / np.log(6.4))
+
+
+def _slaney_hz(m):
+    m = np.asarray(m, np.float64)
+    return np.where(m < 15, 200 * m / 3, 1000 * np.exp(np.log(6.4) * (m - 15) / 27))
+
+
+def mel_bank_reference(rate, n_fft, n_mels):
+    """librosa.filters.mel(sr, n_fft, n_mels) (Slaney scale, Slaney norm), band by band."""
+    bins = np.linspace(0, rate / 2, n_fft // 2 + 1)
+    edges = _slaney_hz(np.linspace(_slaney_mel(0), _slaney_mel(rate / 2), n_mels + 2))
+    bank = np.zeros((n_mels, len(bins)))
+    for m in range(n_mels):
+        lo, mid, hi = edges[m], edges[m + 1], edges[m + 2]
+        rise = (bins - lo) / (mid - lo)
+        fall = (hi - bins) / (hi - mid)
+        bank[m] = np.maximum(0, np.minimum(rise, fall)) * 2 / (hi - lo)
+    return bank
+
+
+def whisper_reference(x, n_mels=80):
+    """Whisper's log_mel_spectrogram (whisper/audio.py) in NumPy, frame by frame."""
+    n_fft, hop = 400, 160
+    window = np.hanning(n_fft + 1)[:-1]  # torch.hann_window(400): periodic
+    padded = np.pad(np.asarray(x, np.float64), n_fft // 2, mode="reflect")
+    count = 1 + (len(padded) - n_fft) // hop
+    stft = np.stack([np.fft.rfft(padded[i * hop: i * hop + n_fft] * window) for i in range(count)], 1)
+    mags = np.abs(stft[:, :-1]) ** 2
+    log = np.log10(np.clip(mel_bank_reference(16000, n_fft, n_mels) @ mags, 1e-10, None))
+    return (np.maximum(log, log.max() - 8.0) + 4.0) / 4.0
+
+
+def _run(ops_text, x, rate):
+    from gpubatch.engine.codecs.audio import AudioData, AudioHostCodec
+    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.spec import parse_chain
+
+    plan = Plan(ops=parse_chain(ops_text), media="audio", max_pixels=0)
+    item = AudioData(np.asarray(x, np.float32).reshape(1, -1) if np.ndim(x) == 1 else x, rate)
+    return AudioHostCodec().run_chain(plan.ops, item, plan.draw("k", *item.size))
+
+
+def speechy(seconds=2.0, rate=16000, seed=0):
+    from gpubatch.synthetic import speech_like
+
+    return speech_like(np.random.default_rng(seed), seconds, rate)
+
+
+# --- features -----------------------------------------------------------------------------------------
+
+
+def test_log_mel_is_whispers_definition():
+    x = speechy(3.0)
+    out = _run("log_mel(n_mels=80)", x, 16000)
+    ref = whisper_reference(x)
+    assert out.samples.shape == (1, 80, 300) == (1, *ref.shape)
+    assert np.abs(out.samples[0] - ref).max() <= 1e-3
+    assert out.features == "log_mel"
+
+
+def test_mel_filters_match_the_reference_bank_and_128_bins():
+    from gpubatch.engine.ops.audio import mel_filters
+
+    for n_mels in (64, 80, 128):
+        assert np.abs(mel_filters(16000, 400, n_mels) - mel_bank_reference(16000, 400, n_mels)).max() < 1e-6
+
+
+def test_mfcc_is_the_orthonormal_dct_of_power_to_db():
+    x = speechy(1.0)
+    out = _run("mfcc(n_mfcc=20, n_mels=40, pad='constant')", x, 16000).samples[0]
+    mel = _run("mel(n_mels=40, pad='constant')", x, 16000).samples[0].astype(np.float64)
+    db = 10 * np.log10(np.maximum(mel, 1e-10))
+    db = np.maximum(db, db.max() - 80)
+    n = np.arange(40)
+    dct = np.array([np.sqrt((1 if k == 0 else 2) / 40) * np.cos(np.pi * k * (2 * n + 1) / 80) for k in range(20)])
+    assert out.shape == (20, 101)
+    assert np.abs(out - dct @ db).max() < 1e-3
+    librosa = pytest.importorskip("librosa", reason="librosa not installed: MFCC checked against its formula above")
+    ref = librosa.feature.mfcc(y=x, sr=16000, n_mfcc=20, n_mels=40, n_fft=400, hop_length=160, htk=False)
+    assert np.abs(out - ref).max() < 1e-2
+
+
+def test_spectrogram_frames_and_padding():
+    x = tone(0.1, 16000)[:, 0]
+    s = _run("spectrogram(n_fft=400, hop=160)", x, 16000).samples[0]
+    assert s.shape == (201, 1 + 1600 // 160)
+    peak = np.argmax(s[:, 5])
+    assert abs(peak * 16000 / 400 - 440) <= 40  # the tone's bin
+    mag = _run("spectrogram(n_fft=400, hop=160, power=1.0)", x, 16000).samples[0]
+    assert np.allclose(mag ** 2, s, rtol=1e-3, atol=1e-3)
+    mel = _run("mel(n_mels=40)", x, 16000).samples[0]
+    assert np.allclose(mel, mel_bank_reference(16000, 400, 40) @ s, rtol=1e-4, atol=1e-4)
+
+
+# --- resampling ---------------------------------------------------------------------------------------
+
+
+def _snr(ref, got):
+    return 10 * np.log10(np.sum(ref ** 2) / np.sum((got - ref) ** 2))
+
+
+@pytest.mark.parametrize("src,dst", [(44100, 16000), (48000, 16000), (8000, 16000), (22050, 44100)])
+def test_resampling_against_soxr_on_a_tone(src, dst):
+    """The GPU kernel's polyphase filter (run here in NumPy) against soxr, on a test tone: SNR >= 80 dB."""
+    import soxr
+
+    from gpubatch.engine.ops.audio import ratio, resample_poly_np
+
+    x = tone(0.25, src, 1000)[:, 0]
+    up, down = ratio(src, dst)
+    got = resample_poly_np(x[None], up, down)[0]
+    ref = soxr.resample(x, src, dst, quality="VHQ")[: len(got)]
+    edge = dst // 50  # both resamplers' start and end transients left out
+    assert _snr(ref[edge:-edge], got[edge: len(ref) - edge]) >= 80
+    cpu = _run(f"resample(rate={dst})", x, src)
+    assert cpu.rate == dst and cpu.samples.shape[-1] == len(got)  # both backends make the same length
+
+
+def test_speed_and_fixed_lengths_follow_the_drawn_sizes():
+    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.spec import parse_chain
+
+    plan = Plan(ops=parse_chain("speed(factors=(0.9, 1.1)) | time_crop(seconds=0.5) | fix_duration(seconds=0.75, "
+                                "pad='repeat')"), media="audio", max_pixels=0, seed=3)
+    out = _run("speed(factors=(1.1,))", tone(1.0)[:, 0], 16000)
+    assert out.samples.shape[-1] == 14546 and out.rate == 16000  # 16000 / 1.1, rounded up
+    assert plan.out_hw(16000, 16000, plan.draw("k", 16000, 16000)) == (16000, 12000)
+
+
+# --- sources ------------------------------------------------------------------------------------------
+
+
+def test_speech_commands_class_folders(tmp_path):
+    root = speech_commands(tmp_path / "sc")
+    rep = info(root)
+    assert rep.format == "audio" and rep.records == 6 and rep.classes == ["no", "up", "yes"]
+    assert any("_background_noise_" in w for w in rep.warnings)
+    assert rep.audio["sample_rates"] == {16000: 6} and rep.audio["duration_s"]["max"] == 0.6
+
+
+def test_esc50_csv_keeps_its_own_numbering(tmp_path):
+    root = tmp_path / "ESC-50"
+    rows = [("1-1-A-0.wav", 1, 0, "dog"), ("1-2-A-10.wav", 1, 10, "rain"), ("2-3-B-0.wav", 2, 0, "dog")]
+    for name, *_ in rows:
+        write(root / "audio" / name, tone(0.2), 16000)
+    (root / "meta").mkdir()
+    (root / "meta" / "esc50.csv").write_text("filename,fold,target,category,esc10,src_file,take\n" + "".join(
+        f"{n},{f},{t},{c},False,1,A\n" for n, f, t, c in rows))
+    (root / "README.md").write_text("ESC-50")
+    s = convert(root, tmp_path / "o", to="webdataset")
+    assert s.records_out == 3
+    from gpubatch import open_dataset
+
+    with open_dataset(tmp_path / "o") as ds:
+        labels = {r.key: r.label for r in ds}
+    assert sorted(labels.values()) == [0, 0, 10]
+    rep = info(root)
+    assert rep.classes[0] == "dog" and rep.classes[10] == "rain"
+
+
+def test_csv_columns_named_on_the_command_line(tmp_path):
+    root = tmp_path / "d"
+    write(root / "clips" / "a.flac", tone(0.2), 16000)
+    write(root / "clips" / "b.flac", tone(0.2), 16000)
+    (root / "list.csv").write_text("wav,speaker\nclips/a.flac,alice\nclips/b.flac,bob\n")
+    p = run_cli("convert", root, tmp_path / "o", "--to", "audio", "--path-column", "wav", "--label-column", "speaker")
+    assert p.returncode == 0, p.stderr
+    assert "clips/a.flac" not in (tmp_path / "o" / "metadata.csv").read_text()
+    assert (tmp_path / "o" / "alice" / "a.flac").read_bytes() == (root / "clips" / "a.flac").read_bytes()
+    p = run_cli("convert", root, tmp_path / "o2", "--to", "audio", "--path-column", "nope")
+    assert p.returncode != 0 and "no path column 'nope'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_librispeech_transcripts_are_kept_as_text(tmp_path):
+    d = tmp_path / "LibriSpeech" / "19" / "198"
+    write(d / "19-198-0000.flac", tone(0.3), 16000)
+    write(d / "19-198-0001.flac", tone(0.3), 16000)
+    (d / "19-198.trans.txt").write_text("19-198-0000 NORTHANGER ABBEY\n19-198-0001 CHAPTER ONE\n")
+    convert(tmp_path / "LibriSpeech", tmp_path / "o", to="tfrecord")
+    from gpubatch import open_dataset
+
+    with open_dataset(tmp_path / "o") as ds:
+        texts = sorted(r.meta["text"] for r in ds)
+    assert texts == ["CHAPTER ONE", "NORTHANGER ABBEY"]
+    tfrecord = pytest.importorskip("tfrecord")
+    shard = next((tmp_path / "o").glob("*.tfrecord"))
+    recs = list(tfrecord.tfrecord_loader(str(shard), str(shard.with_suffix(".idx")) if shard.with_suffix(".idx").exists()
+                                         else None))
+    assert {bytes(r["audio/text"]).decode() for r in recs} == {"CHAPTER ONE", "NORTHANGER ABBEY"}
+    assert {int(r["audio/sample_rate"][0]) for r in recs} == {0}  # passed through: not decoded, rate not written
+
+
+@pytest.mark.parametrize("fmt,subtype", [("wav", "PCM_U8"), ("wav", "PCM_16"), ("wav", "PCM_24"), ("wav", "PCM_32"),
+                                         ("wav", "FLOAT"), ("flac", None), ("ogg", None), ("mp3", None), ("m4a", None)])
+def test_every_codec_decodes(fmt, subtype):
+    from gpubatch.engine.codecs.audio import decode_audio, probe_audio
+
+    x = tone(0.5, 16000, 440, channels=2)
+    data = encoded(x, 16000, fmt, subtype)
+    inf = probe_audio(data)
+    assert inf.rate == 16000 and inf.channels == 2
+    got = decode_audio(data, inf)
+    assert got.samples.shape[0] == 2 and got.rate == 16000
+    n = min(got.samples.shape[1], 8000)
+    lossy = fmt in ("ogg", "mp3", "m4a")
+    if not lossy:
+        assert np.abs(got.samples[:, :n] - x[:n].T).max() < (0.01 if subtype == "PCM_U8" else 1e-3)
+    else:  # a lossy codec keeps the tone's power (after its start-up delay)
+        assert abs(np.sqrt(np.mean(got.samples[0, 2000:6000] ** 2)) - 0.5 / np.sqrt(2)) < 0.05
+
+
+# --- convert, augment ---------------------------------------------------------------------------------
+
+
+def test_features_to_webdataset_read_back_by_the_webdataset_library(tmp_path):
+    wds = pytest.importorskip("webdataset")
+    root = speech_commands(tmp_path / "sc")
+    p = run_cli("convert", root, tmp_path / "o", "--to", "webdataset", "--sample-rate", "16000", "--mono",
+                "--duration", "1", "--features", "log-mel(n_mels=80)", "--device", "cpu")
+    assert p.returncode == 0, p.stderr
+    ds = wds.WebDataset(sorted(str(s) for s in (tmp_path / "o").glob("*.tar")), shardshuffle=False)
+    got = {s["__key__"]: (np.load(io.BytesIO(s["npy"])), int(s["cls"])) for s in ds}
+    assert len(got) == 6 and {a.shape for a, _ in got.values()} == {(80, 100)}
+    assert {a.dtype for a, _ in got.values()} == {np.dtype(np.float16)}
+    a, _ = got["yes/0000_nohash_0"]
+    x = sf.read(str(root / "yes" / "0000_nohash_0.wav"), dtype="float32")[0]
+    ref = whisper_reference(np.pad(x, (0, 16000 - len(x))))
+    assert np.abs(a.astype(np.float32) - ref).max() < 2e-3  # float16's step near 1
+    meta = json.loads(next(iter(wds.WebDataset(str(next((tmp_path / "o").glob("*.tar"))))))["json"])
+    assert meta["meta"]["features"] == "log_mel" and meta["meta"]["sample_rate"] == 16000
+
+
+def test_resample_to_flac_keeps_labels_and_lengths(tmp_path):
+    root = speech_commands(tmp_path / "sc", rate=44100)
+    s = convert(root, tmp_path / "o", to="audio", sample_rate=16000, audio_format="flac", device="cpu")
+    assert s.records_out == 6 and s.transcoded == 6
+    out = sf.info(str(tmp_path / "o" / "up" / "0001_nohash_0.flac"))
+    assert out.samplerate == 16000 and out.frames == 9600 and out.format == "FLAC"
+    assert "up/0001_nohash_0.flac,1,up," in (tmp_path / "o" / "metadata.csv").read_text()
+
+
+def test_pass_through_is_byte_for_byte(tmp_path):
+    root = speech_commands(tmp_path / "sc")
+    convert(root, tmp_path / "o", to="webdataset")
+    import tarfile
+
+    with tarfile.open(next((tmp_path / "o").glob("*.tar"))) as t:
+        member = t.extractfile("yes/0001_nohash_0.wav").read()
+    assert member == (root / "yes" / "0001_nohash_0.wav").read_bytes()
+
+
+def test_augment_is_reproducible_by_seed(tmp_path):
+    root = speech_commands(tmp_path / "sc")
+    chain = "gain(db=(-6, 6)) | add_noise(snr=(10, 20)) | time_shift(seconds=0.05) | speed()"
+    outs = []
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        augment(root, tmp_path / name, ops=chain, seed=seed, copies=2, to="audio", audio_format="wav", device="cpu")
+        outs.append({p.relative_to(tmp_path / name): p.read_bytes() for p in (tmp_path / name).rglob("*.wav")})
+    assert len(outs[0]) == 12 and outs[0] == outs[1] and outs[0] != outs[2]
+    params = (tmp_path / "a" / "augment-params.jsonl").read_text().splitlines()
+    assert len(params) == 12
+
+
+def test_spec_augment_masks_take_features():
+    from gpubatch.engine.codecs.audio import AudioData, AudioHostCodec
+    from gpubatch.engine.ops.audio import FreqMask, TimeMask
+
+    feats = AudioData(np.ones((1, 80, 100), np.float32), 16000, "log_mel")
+    out = AudioHostCodec().run_chain((FreqMask(10, 2, -1.0), TimeMask(20, 1, -2.0)), feats,
+                                     [[(5, 3), (70, 10)], [(40, 20)]]).samples[0]
+    assert (out[5:8, :40] == -1).all() and (out[70:80, 60:] == -1).all() and (out[:, 40:60] == -2).all()
+    assert (np.delete(np.delete(out, np.r_[5:8, 70:80], 0), np.r_[40:60], 1) == 1).all()
+    assert feats.samples.min() == 1  # the input is left as it was
+    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.spec import parse_chain
+
+    with pytest.raises(UsageError, match="freq_mask takes features"):
+        Plan(ops=parse_chain("freq_mask(width=10) | log_mel()"), media="audio").validate("host")
+
+
+def test_mono_gain_shift_crop_and_lengths_are_their_definitions():
+    from gpubatch.engine.codecs.audio import AudioData, AudioHostCodec
+    from gpubatch.engine.spec import parse_chain
+
+    x = np.stack([np.arange(10, dtype=np.float32), -np.arange(10, dtype=np.float32) / 2])
+    run = AudioHostCodec().run_chain
+    item = AudioData(x, 10)
+    assert np.array_equal(run(parse_chain("mono()"), item, [None]).samples, x.mean(0, keepdims=True))
+    assert np.allclose(run(parse_chain("gain(db=6)"), item, [2.0]).samples, 2 * x)
+    shifted = run(parse_chain("time_shift(seconds=0.3)"), item, [3]).samples
+    assert np.array_equal(shifted[:, 3:], x[:, :7]) and not shifted[:, :3].any()
+    assert np.array_equal(run(parse_chain("time_shift(seconds=0.3)"), item, [-2]).samples[:, :8], x[:, 2:])
+    assert np.array_equal(run(parse_chain("time_crop(seconds=0.4)"), item, [5]).samples, x[:, 5:9])
+    assert np.array_equal(run(parse_chain("time_crop(seconds=1.5)"), item, [0]).samples[:, 10:], np.zeros((2, 5)))
+    rep = run(parse_chain("fix_duration(seconds=2.5, pad='repeat')"), item, [None]).samples
+    assert np.array_equal(rep, np.tile(x, 3)[:, :25])
+    assert run(parse_chain("fix_duration(seconds=0.5)"), item, [None]).samples.shape == (2, 5)
+
+
+def test_add_noise_reaches_its_snr():
+    x = speechy(2.0)
+    out = _run("add_noise(snr=20)", x, 16000).samples[0]
+    assert abs(_snr(x.astype(np.float64), out.astype(np.float64)) - 20) < 0.5
+
+
+# --- bad input ----------------------------------------------------------------------------------------
+
+
+def _wav_header(rate: int, channels: int, frames: int = 100) -> bytes:
+    data = b"\0" * (frames * channels * 2)
+    fmt = struct.pack("<HHIIHH", 1, channels, rate, rate * channels * 2, channels * 2, 16)
+    return (b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt
+            + b"data" + struct.pack("<I", len(data)) + data)
+
+
+def test_bad_files_are_skipped_with_reasons_and_the_rest_converts(tmp_path):
+    root = tmp_path / "bad" / "cls"
+    write(root / "good.wav", tone(0.3), 16000)
+    write(root / "good_too.flac", tone(0.3), 16000)
+    (root / "wav_named_flac.flac").write_bytes(encoded(tone(0.3), 16000, "wav"))
+    (root / "empty.wav").write_bytes(b"")
+    (root / "truncated.flac").write_bytes(encoded(tone(1.0), 16000, "flac")[:60])
+    (root / "zero_hz.wav").write_bytes(_wav_header(0, 1))
+    (root / "forty_channels.wav").write_bytes(_wav_header(16000, 40))
+    nan = tone(0.3)
+    nan[100] = np.nan
+    write(root / "nan.wav", nan, 16000, subtype="FLOAT")
+    (root / "not_audio.mp3").write_bytes(b"hello, world" * 10)
+    corrupt = bytearray(encoded(speechy(2.0)[:, None], 16000, "flac"))
+    corrupt[len(corrupt) // 2: len(corrupt) // 2 + 400] = bytes(400)
+    (root / "corrupt_frames.flac").write_bytes(bytes(corrupt))
+    s = convert(tmp_path / "bad", tmp_path / "o", to="webdataset", sample_rate=8000, device="cpu")
+    reasons = {e["key"].rsplit("/", 1)[-1]: e["reason"] for e in s.skipped}
+    assert s.records_out + len(reasons) == 10
+    assert {"good", "good_too", "wav_named_flac"} <= set(range(0)) | {k for k in ("good", "good_too", "wav_named_flac")
+                                                                       if k not in reasons}
+    assert "empty file" in reasons["empty"]
+    assert "outside 1,000-768,000 Hz" in reasons["zero_hz"]
+    assert "40 channels" in reasons["forty_channels"]
+    assert "NaN" in reasons["nan"]
+    assert "truncated" in reasons and "not_audio" in reasons
+    assert "corrupt_frames" in reasons or s.records_out == 4  # libsndfile may decode around the damage
+
+
+def test_long_files_are_read_only_as_far_as_a_leading_duration(tmp_path, monkeypatch):
+    from gpubatch.engine.codecs import audio as codec
+
+    write(tmp_path / "d" / "long.flac", speechy(20.0), 16000)
+    reads = []
+    real = codec.decode_audio
+    monkeypatch.setattr(codec, "decode_audio", lambda *a, **k: reads.append(k.get("seconds", a[3] if len(a) > 3 else None))
+                        or real(*a, **k))
+    convert(tmp_path / "d", tmp_path / "o", to="audio", duration=1.0, device="cpu", workers=1)
+    assert reads == [1.0]
+    assert sf.info(str(next((tmp_path / "o").rglob("*.flac")))).frames == 16000
+
+
+def test_audio_option_errors_are_one_line(tmp_path):
+    root = speech_commands(tmp_path / "sc")
+    for args, words in ((["--features", "blur()"], "--features takes one of"),
+                        (["--pad", "repeat"], "--pad needs --duration"),
+                        (["--resize-shorter", "10"], "takes image or video data, not audio")):
+        p = run_cli("convert", root, tmp_path / "o", "--to", "webdataset", *args)
+        assert p.returncode != 0 and words in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert not (tmp_path / "o").exists()
+    p = run_cli("convert", root, tmp_path / "o", "--to", "recordio")
+    assert p.returncode != 0 and "recordio holds image records, not audio" in p.stderr
+
+
+def test_audio_pipeline_on_the_cpu(tmp_path):
+    from gpubatch import AudioPipeline
+    from gpubatch.engine.spec import parse_chain
+
+    root = speech_commands(tmp_path / "sc", rate=8000)
+    files = sorted(root.glob("[!_]*/*.wav"))
+    ops = parse_chain("resample(rate=16000) | fix_duration(seconds=1) | log_mel(n_mels=64) | time_mask(width=10)")
+    with AudioPipeline(ops, device="cpu", workers=2, seed=5) as pipe:
+        batches = list(pipe.iterate_files(files, batch_size=4))
+    assert [b.data.shape for b in batches] == [(4, 64, 100), (2, 64, 100)]
+    assert batches[0].data.dtype == np.float16

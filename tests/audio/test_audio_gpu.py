@@ -1,0 +1,157 @@
+"""Audio on the GPU (``make gpu-test``): every audio op's device kernel against its host kernel on a
+ragged batch (several rates, lengths and channel counts), the resampling kernel against its NumPy
+twin and soxr, GPU convert and augment against the CPU path, and the AudioPipeline on both devices."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from gpubatch.api import augment, convert
+
+from .sounds import speech_commands, tone, write
+
+pytestmark = pytest.mark.gpu
+
+#: chains whose device kernels are compared with the host kernels (op coverage test)
+AUDIO_CHAINS = {
+    "resample": "mono() | resample(rate=16000)",
+    "wave": "gain(db=(-6, 6)) | add_noise(snr=(10, 30)) | time_shift(seconds=0.05) | speed(factors=(0.9, 1.1)) "
+            "| time_crop(seconds=0.4) | fix_duration(seconds=0.5, pad='repeat')",
+    "log_mel": "resample(rate=16000) | fix_duration(seconds=1) | log_mel(n_mels=80) | freq_mask(width=12, count=2) "
+               "| time_mask(width=20, count=2)",
+    "mel": "resample(rate=16000) | mel(n_mels=64, pad='constant')",
+    "mfcc": "resample(rate=16000) | mfcc(n_mfcc=20, n_mels=40)",
+    "spectrogram": "spectrogram(n_fft=512, hop=128, power=1.0)",
+}
+
+
+def _batch():
+    from gpubatch.engine.codecs.audio import AudioData
+    from gpubatch.synthetic import speech_like
+
+    rng = np.random.default_rng(0)
+    out = []
+    for i, (rate, seconds, ch) in enumerate([(16000, 0.7, 1), (44100, 1.3, 2), (8000, 0.45, 1), (48000, 0.9, 1),
+                                             (22050, 0.3, 2)]):
+        x = np.stack([speech_like(rng, seconds, rate) for _ in range(ch)])
+        out.append((f"rec{i}", AudioData(x, rate)))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(AUDIO_CHAINS))
+def test_device_kernels_match_host_kernels(name):
+    from gpubatch.engine.audio_gpu import run_chain_device, to_device, to_host
+    from gpubatch.engine.codecs.audio import AudioHostCodec
+    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.spec import parse_chain
+
+    plan = Plan(ops=parse_chain(AUDIO_CHAINS[name]), media="audio", max_pixels=0, seed=7)
+    plan.validate("device")
+    batch = _batch()
+    params = [plan.draw(k, *it.size) for k, it in batch]
+    gpu = to_host(run_chain_device(plan.ops, to_device([it for _, it in batch]), params))
+    for (key, it), p, g in zip(batch, params, gpu):
+        c = AudioHostCodec().run_chain(plan.ops, it, p)
+        assert g.samples.shape == c.samples.shape and g.rate == c.rate and g.features == c.features, key
+        if name in ("log_mel", "mfcc"):  # log units: <= 1e-3 (issue 39's bound) beside soxr's resampling
+            tol = 1e-3 if "resample" not in AUDIO_CHAINS[name] or it.rate == 16000 else 2e-2
+            assert np.abs(g.samples - c.samples).max() <= tol * (40 if name == "mfcc" else 1), key
+        elif name in ("mel", "spectrogram"):
+            rel = np.abs(g.samples - c.samples).max() / max(np.abs(c.samples).max(), 1e-9)
+            assert rel <= (1e-4 if name == "spectrogram" else 1e-2), (key, rel)
+        else:  # waveforms: the GPU's polyphase resampler against soxr, else the same arithmetic
+            snr = 10 * np.log10(np.sum(c.samples.astype(np.float64) ** 2)
+                                / max(np.sum((g.samples - c.samples).astype(np.float64) ** 2), 1e-30))
+            assert snr >= (60 if name == "resample" or "speed" in AUDIO_CHAINS[name] else 100), (key, snr)
+
+
+def test_log_mel_on_the_gpu_against_whispers_definition():
+    from gpubatch.engine.audio_gpu import run_chain_device, to_device, to_host
+    from gpubatch.engine.codecs.audio import AudioData
+    from gpubatch.engine.spec import parse_chain
+    from gpubatch.synthetic import speech_like
+
+    from .test_audio_cpu import whisper_reference
+
+    xs = [speech_like(np.random.default_rng(s), 3.0, 16000) for s in range(4)]
+    ops = parse_chain("log_mel(n_mels=80)")
+    out = to_host(run_chain_device(ops, to_device([AudioData(x[None], 16000) for x in xs]), [[None]] * 4))
+    for x, o in zip(xs, out):
+        assert np.abs(o.samples[0] - whisper_reference(x)).max() <= 1e-3
+
+
+def test_resample_kernel_is_its_numpy_twin_and_soxr_grade():
+    import cupy as cp
+    import soxr
+
+    from gpubatch.engine.ops.audio import _resample_gpu, ratio, resample_poly_np
+
+    for src, dst in ((44100, 16000), (8000, 16000), (48000, 22050)):
+        x = tone(0.2, src, 1000)[:, 0]
+        up, down = ratio(src, dst)
+        (got,) = _resample_gpu([cp.asarray(x)], up, down)
+        got = cp.asnumpy(got)
+        twin = resample_poly_np(x[None], up, down)[0]
+        assert np.abs(got - twin).max() < 1e-5
+        ref = soxr.resample(x, src, dst, quality="VHQ")[: len(got)]
+        e = dst // 50
+        assert 10 * np.log10(np.sum(ref[e:-e] ** 2) / np.sum((got[e: len(ref) - e] - ref[e:-e]) ** 2)) >= 80
+
+
+def test_noise_is_the_same_stream_on_both_devices():
+    from gpubatch.engine.audio_gpu import run_chain_device, to_device, to_host
+    from gpubatch.engine.codecs.audio import AudioData, AudioHostCodec
+    from gpubatch.engine.spec import parse_chain
+
+    ops = parse_chain("add_noise(snr=10)")
+    item = AudioData(tone(0.5)[:, 0][None], 16000)
+    g = to_host(run_chain_device(ops, to_device([item]), [[(10.0, 1234)]]))[0]
+    c = AudioHostCodec().run_chain(ops, item, [(10.0, 1234)])
+    assert np.abs(g.samples - c.samples).max() < 1e-4
+
+
+def test_gpu_convert_and_augment_match_the_cpu(tmp_path):
+    root = speech_commands(tmp_path / "sc", rate=44100)
+    write(root / "yes" / "broken.wav", tone(0.1), 16000)
+    (root / "yes" / "broken.wav").write_bytes(b"RIFF" + b"\0" * 40)
+    outs = {}
+    for dev in ("cpu", "gpu"):
+        s = convert(root, tmp_path / f"f_{dev}", to="webdataset", sample_rate=16000, mono=True, duration=1.0,
+                    features="log-mel(n_mels=80)", device=dev, batch_size=4)
+        assert s.records_out == 6 and len(s.skipped) == 1 and "broken" in s.skipped[0]["key"]
+        import tarfile
+
+        with tarfile.open(next((tmp_path / f"f_{dev}").glob("*.tar"))) as t:
+            outs[dev] = {m.name: np.load(io.BytesIO(t.extractfile(m).read())) for m in t if m.name.endswith(".npy")}
+    assert outs["cpu"].keys() == outs["gpu"].keys() and len(outs["cpu"]) == 6
+    for k in outs["cpu"]:
+        assert np.abs(outs["cpu"][k].astype(np.float32) - outs["gpu"][k].astype(np.float32)).max() < 3e-2, k
+    chain = "gain(db=(-3, 3)) | time_shift(seconds=0.02) | add_noise(snr=30)"
+    for dev in ("cpu", "gpu"):
+        augment(root, tmp_path / f"a_{dev}", ops=chain, seed=4, copies=2, to="audio", audio_format="npy", device=dev)
+    cpu = {p.name: np.load(p) for p in (tmp_path / "a_cpu").rglob("*.npy")}
+    gpu = {p.name: np.load(p) for p in (tmp_path / "a_gpu").rglob("*.npy")}
+    assert cpu.keys() == gpu.keys() and len(cpu) == 12
+    assert max(np.abs(cpu[k] - gpu[k]).max() for k in cpu) < 1e-3
+
+
+def test_audio_pipeline_on_the_gpu_matches_the_cpu(tmp_path):
+    from gpubatch import AudioPipeline
+    from gpubatch.engine.spec import parse_chain
+
+    root = speech_commands(tmp_path / "sc", rate=22050)
+    files = sorted(root.glob("[!_]*/*.wav"))
+    ops = parse_chain("resample(rate=16000) | fix_duration(seconds=1) | log_mel(n_mels=80) | freq_mask(width=8)")
+    got = {}
+    for dev in ("cpu", "gpu"):
+        with AudioPipeline(ops, device=dev, seed=2, workers=2) as pipe:
+            got[dev] = [b for b in pipe.iterate_files(files, batch_size=4)]
+    import cupy as cp
+
+    assert [b.keys for b in got["cpu"]] == [b.keys for b in got["gpu"]]
+    for c, g in zip(got["cpu"], got["gpu"]):
+        assert isinstance(g.data, cp.ndarray) and g.data.shape == c.data.shape == (len(c), 80, 100)
+        assert float(cp.abs(g.data.astype(cp.float32) - cp.asarray(c.data, cp.float32)).max()) < 3e-2
