@@ -111,7 +111,9 @@ class _TorchChain:
         import torch
 
         for op in self.ops:
-            if op.name == "resample" and rate != op.rate:
+            if op.name == "resample":
+                if rate == op.rate:
+                    continue
                 if self.ta is not None:
                     x = self.ta.functional.resample(x, rate, op.rate)
                 else:

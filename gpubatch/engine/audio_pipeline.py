@@ -58,9 +58,8 @@ def _visit_key(key: str, epoch: int, visit: int) -> str:
 
 def _load(path: str, key: str, plan: Plan) -> AudioData:
     """A file decoded (only as far as a leading fixed duration reads), its errors as RecordErrors."""
-    try:
-        data = Path(path).read_bytes()
-        return decode_audio(data, probe_audio(data), seconds=leading_seconds(plan.ops))
+    try:  # from the path: libsndfile reads the file itself, without the GIL
+        return decode_audio(path, probe_audio(path), seconds=leading_seconds(plan.ops))
     except (OSError, ValueError) as e:
         raise RecordError(key, path, Stage.DECODE, str(getattr(e, "strerror", None) or e)) from None
 
@@ -151,11 +150,10 @@ class AudioPipeline:
     # --- CPU -----------------------------------------------------------------------------------------------
 
     def _cpu(self, files: Sequence[str | Path], batch_size: int, repeat: bool, epoch: int) -> Iterator[AudioBatch]:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
+        from .executor import single_threaded_pool
 
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+            self._pool = single_threaded_pool(self.workers)
         pending: deque = deque()
         visits = self._visits(files, repeat, epoch)
         batch: list[np.ndarray] = []

@@ -179,3 +179,30 @@ def run_host(reader: RecordSource, entries: list[Any], writer: RecordSink, plan:
         return expand_host(record, plan, stats)
 
     write_results((r for rs in ordered_map(work, entries, workers) for r in rs), writer, router, progress)
+
+
+_ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def single_threaded_pool(workers: int) -> Any:
+    """A spawn-started process pool whose workers run NumPy's BLAS and FFT on one thread each (a process
+    a core already: 16 processes of 16 BLAS threads each ran 7x slower than 16 of one). The workers are
+    started at once, with the thread limits in their environment only."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    saved = {k: os.environ.get(k) for k in _ONE_THREAD}
+    os.environ.update(dict.fromkeys(_ONE_THREAD, "1"))
+    try:
+        import time
+
+        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+        for f in [pool.submit(time.sleep, 0.2) for _ in range(workers)]:  # none idle: every worker starts now
+            f.result()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return pool

@@ -11,7 +11,9 @@ the audio ops read them as such (:mod:`..ops.audio`).
 from __future__ import annotations
 
 import io
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -94,18 +96,59 @@ def _check(info: AudioInfo) -> AudioInfo:
     return info
 
 
-def probe_audio(data: bytes) -> AudioInfo:
-    """The header facts of audio bytes; ValueError where they are no audio gpubatch reads (empty,
-    truncated header, 0 Hz or absurd rates, more than 32 channels, no samples)."""
-    if not data:
-        raise ValueError("empty file (0 bytes)")
+class _Source:
+    """Audio bytes (or a file's path) as libsndfile reads them: a path, or the bytes in an anonymous
+    in-memory file (``memfd``) whose descriptor libsndfile reads with its own I/O. A ``BytesIO`` would
+    make libsndfile call back into Python for every read, holding the GIL: decoding threads would then
+    run one at a time. Used as a context manager; ``BytesIO`` where ``memfd_create`` is missing."""
+
+    def __init__(self, data: bytes | str | Path):
+        self.data, self.fd = data, None
+
+    def __enter__(self) -> Any:
+        if isinstance(self.data, (str, Path)):
+            return str(self.data)
+        if hasattr(os, "memfd_create"):
+            try:
+                self.fd = os.memfd_create("gpubatch-audio", getattr(os, "MFD_CLOEXEC", 0))
+                view = memoryview(self.data)
+                while view:
+                    view = view[os.write(self.fd, view):]
+                os.lseek(self.fd, 0, os.SEEK_SET)
+                return self.fd
+            except OSError:
+                self.__exit__()
+        return io.BytesIO(self.data)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _sf_open(src: Any) -> Any:
     sf = soundfile()
+    return sf.SoundFile(src, closefd=False) if isinstance(src, int) else sf.SoundFile(src)
+
+
+def probe_audio(data: bytes | str | Path) -> AudioInfo:
+    """The header facts of audio bytes (or a file); ValueError where they are no audio gpubatch reads
+    (empty, truncated header, 0 Hz or absurd rates, more than 32 channels, no samples)."""
+    if isinstance(data, (str, Path)):
+        data_path, data = data, None
+        if os.path.getsize(data_path) == 0:
+            raise ValueError("empty file (0 bytes)")
+    elif not data:
+        raise ValueError("empty file (0 bytes)")
     try:
-        i = sf.info(io.BytesIO(data))
+        with _Source(data if data is not None else data_path) as src, _sf_open(src) as i:
+            pass
         codec = {"WAV": "wav", "WAVEX": "wav", "RF64": "wav", "FLAC": "flac", "MPEG": "mp3",
                  "OGG": "opus" if i.subtype == "OPUS" else "ogg"}.get(i.format, i.format.lower())
         info = AudioInfo(codec, i.subtype, int(i.samplerate), int(i.channels), int(i.frames), _BITS.get(i.subtype, 0))
     except Exception:  # noqa: BLE001 - libsndfile cannot read it: PyAV (m4a/AAC...), or it is no audio
+        if data is None:
+            data = Path(data_path).read_bytes()
         said = _wav_header(data)
         if said is not None:  # a WAV header libsndfile refuses: say what is wrong with it
             _check(AudioInfo("wav", "", *said, 0))
@@ -169,10 +212,11 @@ class AudioData(NamedTuple):
         return int(self.rate), int(self.samples.shape[-1])
 
 
-def decode_audio(data: bytes, info: AudioInfo | None = None, max_samples: int = DEFAULT_MAX_SAMPLES,
+def decode_audio(data: bytes | str | Path, info: AudioInfo | None = None, max_samples: int = DEFAULT_MAX_SAMPLES,
                  seconds: float | None = None) -> AudioData:
-    """Float32 (channels, samples) of audio bytes (the first ``seconds`` only, where given); ValueError
-    where they cannot be decoded, hold NaN or infinite samples, or more than ``max_samples`` samples."""
+    """Float32 (channels, samples) of audio bytes or a file (the first ``seconds`` only, where given);
+    ValueError where they cannot be decoded, hold NaN or infinite samples, or more than ``max_samples``
+    samples."""
     info = info or probe_audio(data)
     frames = info.frames
     if seconds is not None and seconds > 0:
@@ -181,14 +225,14 @@ def decode_audio(data: bytes, info: AudioInfo | None = None, max_samples: int = 
         raise ValueError(f"{info.duration / 3600:.1f} h of {info.channels}-channel audio ({frames * info.channels:,} "
                          f"samples) is above the {max_samples:,}-sample bound on one record")
     if info.reader == "soundfile":
-        sf = soundfile()
         try:
-            x, _ = sf.read(io.BytesIO(data), frames=frames or -1, dtype="float32", always_2d=True)
+            with _Source(data) as src, _sf_open(src) as f:
+                x = f.read(frames=frames or -1, dtype="float32", always_2d=True)
         except Exception as e:  # noqa: BLE001 - libsndfile's errors (a corrupt FLAC frame...)
             raise ValueError(f"cannot decode: {str(e).splitlines()[0][:160]}") from None
         x = np.ascontiguousarray(x.T)
     else:
-        x = _decode_av(data, info, frames)
+        x = _decode_av(data if isinstance(data, bytes) else Path(data).read_bytes(), info, frames)
     if x.shape[-1] == 0:
         raise ValueError("no audio samples decoded")
     if not np.isfinite(x).all():

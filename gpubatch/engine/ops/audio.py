@@ -115,7 +115,12 @@ def _resample_cpu(x: np.ndarray, src: float, dst: float) -> np.ndarray:
     the GPU kernel makes, so both backends give the same number of samples."""
     if src == dst:
         return x
-    import soxr
+    try:
+        import soxr
+    except ImportError:  # pragma: no cover - a declared dependency
+        from ...errors import DependencyError
+
+        raise DependencyError("resampling on the CPU needs soxr: pip install soxr") from None
 
     up, down = ratio(src, dst)
     n = resampled_length(x.shape[-1], up, down)
@@ -580,7 +585,8 @@ class FeatureOp(AudioOp):
         raise NotImplementedError
 
     def finish(self, f: Any, xp: Any) -> Any:
-        """The last per-record step on (channels, bins, frames) (Whisper's floor at the maximum less 8)."""
+        """The last per-record step on (channels, bins, frames), or on a batch of them (..., channels,
+        bins, frames): Whisper's floor at each record's maximum less 8."""
         return f
 
 
@@ -645,6 +651,12 @@ def features_device(op: FeatureOp, items: list[AudioData], chunk_bytes: int = 25
                     q = q[:, :-1]
                 outs[(i, c)] = op.from_power(q, items[i].rate, cp)[0]
         start = end
+    shapes = {tuple(f.shape) for f in outs.values()}
+    channels = {it.samples.shape[0] for it in items}
+    if len(shapes) == 1 and len(channels) == 1:  # one shape: the last step once for the whole batch
+        c = channels.pop()
+        f = op.finish(cp.stack([outs[rc] for rc in rows]).reshape(len(items), c, *shapes.pop()), cp)
+        return [it._replace(samples=f[i], features=op.name) for i, it in enumerate(items)]
     result = []
     for i, it in enumerate(items):
         f = cp.stack([outs[(i, c)] for c in range(it.samples.shape[0])])
@@ -721,7 +733,8 @@ class LogMel(FeatureOp):
         return xp.swapaxes(xp.log10(xp.maximum(m, 1e-10)), -1, -2)
 
     def finish(self, f: Any, xp: Any) -> Any:
-        return (xp.maximum(f, f.max() - 8.0) + 4.0) / 4.0
+        top = f.max(axis=(-3, -2, -1), keepdims=True)
+        return (xp.maximum(f, top - 8.0) + 4.0) / 4.0
 
 
 @dataclass(frozen=True)
@@ -753,7 +766,7 @@ class MFCC(FeatureOp):
         return xp.swapaxes(10.0 * xp.log10(xp.maximum(_mel_power(self, p, rate, xp), 1e-10)), -1, -2)
 
     def finish(self, f: Any, xp: Any) -> Any:
-        db = xp.maximum(f, f.max() - self.top_db) if self.top_db else f
+        db = xp.maximum(f, f.max(axis=(-3, -2, -1), keepdims=True) - self.top_db) if self.top_db else f
         return xp.matmul(xp.asarray(dct_matrix(self.n_mfcc, self.n_mels)), db)
 
 
