@@ -200,6 +200,7 @@ def run_torch_dataloader(a: dict) -> dict:
 def run_dali_audio(a: dict) -> dict:
     try:
         from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali import math as dmath
     except Exception as e:  # noqa: BLE001 - not installed (or broken): say so
         return {"skipped": f"nvidia.dali not importable: {e}"}
     from . import chain_ops, get_model
@@ -223,7 +224,7 @@ def run_dali_audio(a: dict) -> dict:
         mel = fn.mel_filter_bank(spec, sample_rate=rate, nfilter=lm.n_mels, normalize=True, mel_formula="slaney")
         db = fn.to_decibels(mel, multiplier=1.0, reference=1.0, cutoff_db=-10.0)  # log10, floored at 1e-10
         top = fn.reductions.max(db)
-        out = (fn.math.max(db, top - 8.0) + 4.0) / 4.0
+        out = (dmath.max(db, top - 8.0) + 4.0) / 4.0
         return fn.cast(out, dtype=types.FLOAT16)
 
     try:

@@ -9,8 +9,9 @@ arrays, handed to PyTorch or JAX through DLPack) or on the CPU (NumPy).
     >>> for batch in pipe.iterate_files(files, batch_size=64):
     ...     x = torch.from_dlpack(batch)          # (64, 80, 3000) float16 on the GPU
 
-Files are decoded on the CPU (FLAC and MP3 have no GPU decoder): by threads for the GPU path (libsndfile
-releases the GIL), and the GPU runs each op once for the whole batch. The CPU path runs decode and the
+Files are decoded on the CPU (FLAC and MP3 have no GPU decoder): for the GPU path by worker processes
+straight into shared memory (:mod:`.audio_feed`), a batch uploaded in a few copies, and the GPU runs
+each op once for the whole batch. The CPU path runs decode and the
 host kernels in worker processes. Each visit of a file draws its parameters from (seed, file, epoch,
 visit), the same on both paths. Mono records come out as (N, bins, frames) features or (N, samples)
 waveforms; records of several channels keep a channel axis.
@@ -90,11 +91,13 @@ class AudioPipeline:
             ``fix_duration`` or ``time_crop``) for batches of one shape.
         device: "gpu", "cpu" or "auto".
         dtype: "float16" (default) or "float32".
-        workers: decoding threads (GPU) or worker processes (CPU); default every core.
+        workers: decoding worker processes (or threads, with ``feed="threads"``); default every core.
+        feed: how the GPU path decodes: "processes" (worker processes into shared memory, the default)
+            or "threads" (threads of this process: no shared memory, but they share its GIL).
     """
 
     def __init__(self, ops: Sequence[Op], device: str = "auto", gpu: int = 0, seed: int = 0, dtype: str = "float16",
-                 workers: int | None = None):
+                 workers: int | None = None, feed: str = "processes"):
         from .device import resolve
         from .executor import default_workers
         from .registry import DEVICE, HOST
@@ -103,9 +106,11 @@ class AudioPipeline:
             raise UsageError(f"unknown dtype {dtype!r}; supported: {', '.join(DTYPES)}")
         self.plan = Plan(ops=tuple(ops), seed=seed, max_pixels=0, media="audio")
         self.device = resolve(device, gpu)
-        self.dtype = dtype
+        if feed not in ("processes", "threads"):
+            raise UsageError(f"unknown feed {feed!r}; supported: processes, threads")
+        self.dtype, self.feed = dtype, feed
         self.workers = workers or default_workers()
-        self.timings: dict[str, float] = {"decode": 0.0, "upload": 0.0, "ops": 0.0, "wait": 0.0}
+        self.timings: dict[str, float] = {"decode": 0.0, "upload": 0.0, "ops": 0.0, "wait": 0.0}  # decode: waiting for it
         self.stats = {"items": 0}
         self.skipped: dict[str, str] = {}  # file -> why it gave nothing (unreadable, no samples...)
         self._pool: Any = None
@@ -193,43 +198,79 @@ class AudioPipeline:
     # --- GPU -----------------------------------------------------------------------------------------------
 
     def _gpu(self, files: Sequence[str | Path], batch_size: int, repeat: bool, epoch: int) -> Iterator[AudioBatch]:
+        """Decoded by worker processes into shared memory (:mod:`.audio_feed`), a batch's samples uploaded
+        in one copy per slab, the chain once per batch; decoding threads where shared memory is refused."""
         import cupy as cp
 
-        from .audio_gpu import run_chain_device, to_device
+        from .audio_feed import SharedFeed
+        from .executor import single_threaded_pool
+
+        with cp.cuda.Device(self.device.index):
+            if self.feed == "processes":
+                per_task = 8
+                slabs = max(2 * self.workers, 2 * -(-batch_size // per_task) + 2)
+                try:
+                    feed = SharedFeed(self._pool or single_threaded_pool(self.workers), slabs, per_task)
+                except OSError as e:  # no shared memory to be had (a small /dev/shm): threads
+                    import warnings
+
+                    warnings.warn(f"AudioPipeline: decoding in threads, shared memory refused ({e})", stacklevel=2)
+                    self.feed = "threads"
+                else:
+                    self._pool = feed.pool
+                    try:
+                        yield from self._batches(feed.items(self._visits(files, repeat, epoch),
+                                                            leading_seconds(self.plan.ops)),
+                                                 batch_size, len(files), feed.upload, cp)
+                    finally:
+                        feed.close()
+                    return
+            from .audio_gpu import to_device
+
+            def upload(group: list[tuple]) -> list[AudioData]:
+                return to_device([it for _, it, _ in group])
+
+            yield from self._batches(self._threads(files, repeat, epoch, batch_size), batch_size, len(files), upload, cp)
+
+    def _threads(self, files: Sequence[str | Path], repeat: bool, epoch: int, batch_size: int) -> Iterator[tuple]:
         from .executor import ordered_map
 
         plan = self.plan
 
-        def load(visit: tuple[str, str]) -> tuple[str, AudioData | RecordError]:
+        def load(visit: tuple[str, str]) -> tuple[str, AudioData | RecordError, None]:
             path, key = visit
-            t0 = time.perf_counter()
             try:
-                return key, _load(path, key, plan)
+                return key, _load(path, key, plan), None
             except RecordError as e:
-                return key, e
-            finally:
-                self.timings["decode"] += time.perf_counter() - t0
+                return key, e, None
+
+        yield from ordered_map(load, self._visits(files, repeat, epoch), self.workers,
+                               window=max(2 * batch_size, 4 * self.workers))
+
+    def _batches(self, items: Iterator[tuple], batch_size: int, files: int, upload: Any, cp: Any) -> Iterator[AudioBatch]:
+        from .audio_gpu import run_chain_device
 
         misses = 0
-        group: list[tuple[str, AudioData]] = []
-        with cp.cuda.Device(self.device.index):
-            for key, item in ordered_map(load, self._visits(files, repeat, epoch), self.workers,
-                                         window=max(2 * batch_size, 4 * self.workers)):
-                if isinstance(item, RecordError):
-                    misses = self._skip(item, misses, len(files))
-                    continue
-                misses = 0
-                group.append((key, item))
-                if len(group) == batch_size:
-                    yield self._gpu_batch(group, cp, run_chain_device, to_device)
-                    group = []
-            if group:
-                yield self._gpu_batch(group, cp, run_chain_device, to_device)
-
-    def _gpu_batch(self, group: list[tuple[str, AudioData]], cp: Any, run_chain_device: Any, to_device: Any) -> AudioBatch:
+        group: list[tuple] = []
         t0 = time.perf_counter()
-        params = [self.plan.draw(k, *it.size) for k, it in group]
-        dev = to_device([it for _, it in group])
+        for key, item, where in items:
+            if isinstance(item, RecordError):
+                misses = self._skip(item, misses, files)
+                continue
+            misses = 0
+            group.append((key, item, where))
+            if len(group) == batch_size:
+                self.timings["decode"] += time.perf_counter() - t0
+                yield self._gpu_batch(group, upload, run_chain_device, cp)
+                group = []
+                t0 = time.perf_counter()
+        if group:
+            yield self._gpu_batch(group, upload, run_chain_device, cp)
+
+    def _gpu_batch(self, group: list[tuple], upload: Any, run_chain_device: Any, cp: Any) -> AudioBatch:
+        t0 = time.perf_counter()
+        params = [self.plan.draw(k, *it.size) for k, it, _ in group]
+        dev = upload(group)
         t1 = time.perf_counter()
         out = run_chain_device(self.plan.ops, dev, params)
         data = self._stack([_squeeze(o.samples) for o in out], cp).astype(self.dtype)
@@ -237,7 +278,7 @@ class AudioPipeline:
         self.timings["upload"] += t1 - t0
         self.timings["ops"] += time.perf_counter() - t1
         self.stats["items"] += len(group)
-        return AudioBatch(data, [k for k, _ in group])
+        return AudioBatch(data, [k for k, _, _ in group])
 
     def close(self) -> None:
         if self._pool is not None:

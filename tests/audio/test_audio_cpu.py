@@ -404,3 +404,31 @@ def test_audio_pipeline_on_the_cpu(tmp_path):
         batches = list(pipe.iterate_files(files, batch_size=4))
     assert [b.data.shape for b in batches] == [(4, 64, 100), (2, 64, 100)]
     assert batches[0].data.dtype == np.float16
+
+
+def test_shared_memory_feed_gives_what_libsndfile_decodes(tmp_path):
+    """The GPU pipeline's feed (worker processes decoding into shared memory), checked on the CPU: every
+    file's samples as decode_audio gives them (mono and stereo, files larger than a slab, a damaged one)."""
+    from gpubatch.engine.audio_feed import SharedFeed
+    from gpubatch.engine.codecs.audio import decode_audio
+    from gpubatch.engine.executor import single_threaded_pool
+
+    files = [write(tmp_path / f"m{i}.flac", tone(0.2 + 0.1 * i), 16000) for i in range(5)]
+    files.append(write(tmp_path / "stereo.wav", tone(0.3, 8000, channels=2), 8000))
+    files.append(write(tmp_path / "big.wav", tone(3.0), 16000))  # more than a 64 KiB slab holds
+    (tmp_path / "bad.wav").write_bytes(b"RIFF" + bytes(40))
+    files.append(tmp_path / "bad.wav")
+    pool = single_threaded_pool(2)
+    feed = SharedFeed(pool, slabs=3, per_task=3, slab_bytes=1 << 16)
+    try:
+        got = {}
+        for key, item, where in feed.items(iter((str(f), f.stem) for f in files), None):
+            got[key] = item if hasattr(item, "reason") else np.array(item.samples)
+            feed.release(where[0] if where else None)
+    finally:
+        feed.close()
+        pool.shutdown()
+    assert "not an audio file" in got.pop("bad").reason
+    assert len(got) == 7
+    for f in files[:-1]:
+        assert np.array_equal(got[f.stem], decode_audio(str(f)).samples), f.stem

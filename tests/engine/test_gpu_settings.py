@@ -65,6 +65,11 @@ def test_the_engine_reads_no_environment_outside_its_settings():
     import gpubatch.engine
 
     root = Path(gpubatch.engine.__file__).parent
+    reads = r"(os\.environ(\.get)?[\[(]|getenv\()\s*[\"'f]*GPUBATCH|GPUBATCH_\w*[\"']\s*in\s+os\.environ"
     readers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
-                     if p.name != "settings.py" and re.search(r"os\.environ|getenv\(", p.read_text()))
+                     if p.name != "settings.py" and re.search(reads, p.read_text()))
     assert readers == []
+    # (the one other use of the environment: the thread limits a worker process starts with, written)
+    users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                   if p.name != "settings.py" and re.search(r"os\.environ|getenv\(", p.read_text()))
+    assert users == ["executor.py"]
