@@ -25,7 +25,7 @@ import numpy as np
 
 from .._paths import MAX_RECORD_BYTES
 from ..errors import DependencyError, FormatError
-from ..types import DatasetInfo, Record, sniff_image_codec
+from ..types import DatasetInfo, Media, Record, sniff_image_codec
 from . import fields, register_format
 from .base import OPENCV_AND_DALI_CODECS, Damaged, Format, Reader, WriteOptions, Writer
 from .folder import label_names
@@ -289,6 +289,9 @@ class LmdbReader(Reader):
             label = fields.label(d.get("label"), "the Datum's label")  # gpubatch writes -1 when unlabeled
         except ValueError as e:
             raise self.record_error(key, origin, e) from None
+        sound = _audio_codec(data)
+        if sound:  # an audio dataset's record: an audio file, or its features as .npy
+            return Record(key=key, data=data, media=Media.AUDIO, codec=sound, label=label, meta={}, origin=origin)
         meta = {}
         enc = d.get("encoded")  # absent: Caffe reads raw, DALI encoded; the bytes decide
         if enc is True or (enc is None and sniff_image_codec(data)):
@@ -303,6 +306,17 @@ class LmdbReader(Reader):
             data = encode(pixels[:, :, ::-1] if c == 3 else pixels, "png")
             codec, meta = "png", {"raw_datum": True}
         return Record(key=key, data=data, codec=codec, label=label, meta=meta, origin=origin)
+
+    @property
+    def media(self) -> str:  # type: ignore[override]
+        """"audio" where the first record holds audio (a file, or features as .npy), else "image"."""
+        first = next((e for e in self.entries() if not isinstance(e, Damaged)), None)
+        if first is None:
+            return "image"
+        try:
+            return "audio" if self._read(first).media is Media.AUDIO else "image"
+        except Exception:  # noqa: BLE001 - a bad first record: its error comes when it is read
+            return "image"
 
     def close(self) -> None:
         if self.pages is not None:
@@ -362,12 +376,25 @@ class LmdbWriter(Writer):
             lock.unlink()  # readers open with lock=False; a stale lock file is only clutter
 
 
+def _audio_codec(data: bytes) -> str | None:
+    """The codec of a Datum's bytes where they are audio (wav, flac...) or a ``.npy`` of features."""
+    if data[:6] == b"\x93NUMPY":
+        return "npy"
+    if sniff_image_codec(data):
+        return None
+    from ..engine.codecs.audio import sniff_audio
+
+    found = sniff_audio(data)
+    return found if found in ("wav", "flac", "ogg", "opus") else None  # (an MP3 sniff is too loose here)
+
+
 @register_format
 class LmdbFormat(Format):
     image_codecs = OPENCV_AND_DALI_CODECS
     name = "lmdb"
-    description = "LMDB of Caffe Datum records (encoded images + label), keys %08d_<key>"
+    description = "LMDB of Caffe Datum records (encoded images + label, or audio / .npy features), keys %08d_<key>"
     detect_priority = 10
+    media = (Media.IMAGE, Media.AUDIO)
 
     @classmethod
     def detect(cls, path: Path) -> bool:

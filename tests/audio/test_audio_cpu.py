@@ -432,3 +432,36 @@ def test_shared_memory_feed_gives_what_libsndfile_decodes(tmp_path):
     assert len(got) == 7
     for f in files[:-1]:
         assert np.array_equal(got[f.stem], decode_audio(str(f)).samples), f.stem
+
+
+def test_features_and_clips_in_lmdb(tmp_path):
+    """LMDB holds audio as Caffe Datums (the file's bytes, or float16 .npy features) with the label."""
+    root = speech_commands(tmp_path / "sc")
+    s = convert(root, tmp_path / "feat", to="lmdb", features="log-mel(n_mels=64)", duration=0.5, device="cpu")
+    assert s.records_out == 6
+    from gpubatch import open_dataset
+
+    with open_dataset(tmp_path / "feat") as ds:
+        recs = list(ds)
+    assert {r.codec for r in recs} == {"npy"} and sorted(r.label for r in recs) == [0, 0, 1, 1, 2, 2]
+    assert np.load(io.BytesIO(recs[0].data)).shape == (64, 50)  # Whisper drops the last frame
+    convert(root, tmp_path / "clips", to="lmdb")
+    rep = info(tmp_path / "clips")
+    assert rep.records == 6 and rep.audio["codings"] == {"wav PCM_16": 6}
+    s = convert(tmp_path / "clips", tmp_path / "back", to="audio", sample_rate=8000, device="cpu")
+    assert s.records_out == 6 and sf.info(str(next((tmp_path / "back").rglob("*.wav")))).samplerate == 8000
+
+
+def test_a_silent_tail_gives_the_features_a_full_transform_gives(monkeypatch):
+    """Frames of a zero-padded tail are not transformed on the CPU; their features are exactly those
+    of transforming them."""
+    from gpubatch.engine.ops import audio as audio_ops
+
+    x = np.concatenate([speechy(1.3), np.zeros(16000 * 2, np.float32)])
+    for chain in ("log_mel(n_mels=80)", "mfcc(n_mfcc=13, n_mels=40)", "mel(n_mels=32)", "spectrogram()"):
+        quick = _run(chain, x, 16000).samples
+        monkeypatch.setattr(audio_ops, "sounding_frames", lambda x, n_fft, hop: 1 + x.shape[-1] // hop)
+        full = _run(chain, x, 16000).samples
+        monkeypatch.undo()
+        assert quick.shape == full.shape and np.abs(quick - full).max() <= 1e-5 * max(1.0, np.abs(full).max()), chain
+    assert audio_ops.sounding_frames(x[None], 400, 160) == (20800 + 200) // 160 + 1

@@ -530,13 +530,27 @@ def dct_matrix(n_out: int, n_in: int) -> np.ndarray:
     return m.astype(np.float32)
 
 
-def frames_np(x: np.ndarray, n_fft: int, hop: int, pad: str) -> np.ndarray:
-    """Centred, windowed frames of each row of ``x`` (rows, samples): (rows, frames, n_fft) float32."""
+def frames_np(x: np.ndarray, n_fft: int, hop: int, pad: str, count: int | None = None) -> np.ndarray:
+    """Centred, windowed frames of each row of ``x`` (rows, samples): (rows, frames, n_fft) float32 (the
+    first ``count`` frames only, where given)."""
     half = n_fft // 2
     mode = "reflect" if pad == "reflect" and x.shape[-1] > half else "constant"
     xp_ = np.pad(x, ((0, 0), (half, half)), mode=mode)
     view = np.lib.stride_tricks.sliding_window_view(xp_, n_fft, axis=-1)[:, ::hop]
-    return view * hann(n_fft)
+    return view[:, :count] * hann(n_fft)
+
+
+def sounding_frames(x: np.ndarray, n_fft: int, hop: int) -> int:
+    """How many of the centred frames of ``x`` (rows, samples) can hold a sample that is not zero: the
+    rest lie in a zero tail (a record padded to a fixed duration) longer than half a window, whose
+    reflection is zeros too, so their spectra are exactly zero and need no FFT."""
+    n = x.shape[-1]
+    total = 1 + n // hop
+    sounding = (x != 0).any(0)
+    last = n - 1 - int(np.argmax(sounding[::-1])) if sounding.any() else -1
+    if n - 1 - last <= n_fft // 2:
+        return total
+    return min(total, max(0, (last + n_fft // 2) // hop + 1))
 
 
 def frames_gpu(rows: list[Any], n_fft: int, hop: int, pad: str) -> tuple[Any, list[int]]:
@@ -601,11 +615,17 @@ def _mel_power(op: Any, p: Any, rate: int, xp: Any) -> Any:
 
 
 def features_host(op: FeatureOp, it: AudioData) -> AudioData:
-    fr = frames_np(np.asarray(it.samples, np.float32), op.n_fft, op.hop, getattr(op, "pad", "reflect"))
-    p = _power(fr, np)
-    if op.drop_last:
-        p = p[:, :-1]
-    f = op.finish(op.from_power(p, it.rate, np), np)
+    """Features of one record on the CPU. Frames in a silent tail (a record padded to a fixed duration)
+    are not transformed: their features are those of a zero spectrum, computed once."""
+    x = np.asarray(it.samples, np.float32)
+    total = 1 + x.shape[-1] // op.hop - (1 if op.drop_last else 0)
+    count = min(sounding_frames(x, op.n_fft, op.hop), total)
+    p = _power(frames_np(x, op.n_fft, op.hop, getattr(op, "pad", "reflect"), count), np)
+    f = op.from_power(p, it.rate, np)
+    if count < total:
+        silent = op.from_power(np.zeros((p.shape[0], 1, p.shape[2]), np.float32), it.rate, np)
+        f = np.concatenate([f, np.broadcast_to(silent, (*silent.shape[:-1], total - count))], axis=-1)
+    f = op.finish(f, np)
     return it._replace(samples=np.ascontiguousarray(f, np.float32), features=op.name)
 
 
