@@ -25,8 +25,11 @@ demo: $(STAMP)  ## run the main job on sample_data/ (GPU when usable, else CPU)
 		--resize-shorter 256 --center-crop 224 --quality 90 --shard-size 32 --device auto
 	$(BIN)/gpubatch convert sample_data/coco $(OUT)/coco-lmdb --to lmdb --device auto
 	$(BIN)/gpubatch convert sample_data/coco $(OUT)/coco-tfrecord --to tfrecord --resize-shorter 128 --device auto
+	$(BIN)/gpubatch convert sample_data/audio $(OUT)/audio-logmel --to webdataset --sample-rate 16000 --mono \
+		--duration 1 --features "log-mel(n_mels=80)" --device auto
 	$(BIN)/gpubatch info $(OUT)/imagenet-tfrecord
 	$(BIN)/gpubatch info $(OUT)/coco-tfrecord
+	$(BIN)/gpubatch info sample_data/audio
 
 test: $(STAMP)  ## run the test suite (GPU tests skip without a GPU)
 	$(BIN)/python -m pytest -q
