@@ -601,6 +601,13 @@ class TFRecordWriter(ShardedWriter):
         }
         if r.media is Media.AUDIO:
             rate = r.meta.get("sample_rate")
+            if not isinstance(rate, (int, float)) and r.codec != "npy":  # passed through: its header says
+                from ..engine.codecs.audio import probe_audio
+
+                try:
+                    rate = probe_audio(r.data).rate
+                except ValueError:
+                    rate = 0
             out["audio/sample_rate"] = (int(rate) if isinstance(rate, (int, float)) else 0, "int")
             said = r.meta.get("text")
             out["audio/text"] = ((said if isinstance(said, str) else "").encode(), "byte")

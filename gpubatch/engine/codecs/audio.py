@@ -330,19 +330,33 @@ class AudioHostCodec:
         info = info_of(record)
         return record if record.codec == info.codec else record.with_(codec=info.codec)
 
-    def decode(self, record: Record, plan: Any) -> AudioData:
+    def decode(self, record: Record, plan: Any) -> Any:
+        """An :class:`AudioData`, or for a long record whose chain streams an
+        :class:`~.audio_stream.AudioStream` (decoded a block at a time by :meth:`run_chain`)."""
+        from .audio_stream import AudioStream, should_stream
+
         info = info_of(record)
-        seconds = leading_seconds(getattr(plan, "ops", ()))
+        ops = getattr(plan, "ops", ())
+        seconds = leading_seconds(ops)
+        if seconds is None and should_stream(ops, info):
+            return AudioStream(record.data, info)
         try:
             return decode_audio(record.data, info, getattr(plan, "max_samples", DEFAULT_MAX_SAMPLES), seconds)
         except ValueError as e:
             raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
 
-    def size(self, item: AudioData) -> tuple[int, int]:
+    def size(self, item: Any) -> tuple[int, int]:
         return item.size
 
-    def run_chain(self, ops: Any, item: AudioData, params: list) -> AudioData:
+    def run_chain(self, ops: Any, item: Any, params: list) -> AudioData:
         from ..registry import get_kernel
+        from .audio_stream import AudioStream, run_stream
+
+        if isinstance(item, AudioStream):
+            try:
+                return run_stream(item, ops, params)
+            except Exception as e:  # noqa: BLE001 - libsndfile's errors mid-file (a corrupt FLAC frame...)
+                raise ValueError(f"cannot decode: {str(e).splitlines()[0][:160]}") from None
 
         for op, p in zip(ops, params):
             item = get_kernel(op.name, HOST)(op, [item], [p])[0]
