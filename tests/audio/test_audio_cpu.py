@@ -506,3 +506,35 @@ def test_long_files_stream_in_blocks_with_the_whole_files_results(tmp_path, monk
     assert not audio_stream.streamable(parse_chain("fix_duration(seconds=1) | resample(rate=8000)"), info)
     s = convert(tmp_path / "long", tmp_path / "o", to="audio", sample_rate=16000, mono=True, device="cpu")
     assert s.records_out == 1 and sf.info(str(next((tmp_path / "o").rglob("*.flac")))).frames == 960000
+
+
+def test_mel_against_torchaudio_and_librosa_where_installed():
+    """Where torchaudio or librosa is installed: the mel power spectrogram against theirs (Slaney scale
+    and norm), and Whisper's log-mel built on torchaudio's."""
+    x = speechy(2.0)
+    ours = _run("mel(n_mels=80)", x, 16000).samples[0].astype(np.float64)
+    checked = []
+    try:
+        import torch
+        import torchaudio
+    except Exception:  # noqa: BLE001 - not installed here
+        pass
+    else:
+        mel = torchaudio.transforms.MelSpectrogram(sample_rate=16000, n_fft=400, hop_length=160, n_mels=80, power=2.0,
+                                                   norm="slaney", mel_scale="slaney", center=True, pad_mode="reflect")
+        ref = mel(torch.from_numpy(x)).numpy().astype(np.float64)
+        assert np.abs(ours - ref).max() <= 1e-4 * ref.max()
+        log = np.log10(np.maximum(ref[:, :-1], 1e-10))
+        log = (np.maximum(log, log.max() - 8) + 4) / 4
+        assert np.abs(_run("log_mel(n_mels=80)", x, 16000).samples[0] - log).max() <= 1e-3
+        checked.append("torchaudio")
+    try:
+        import librosa
+    except Exception:  # noqa: BLE001
+        pass
+    else:
+        ref = librosa.feature.melspectrogram(y=x, sr=16000, n_fft=400, hop_length=160, n_mels=80, pad_mode="reflect")
+        assert np.abs(ours - ref).max() <= 1e-4 * ref.max()
+        checked.append("librosa")
+    if not checked:
+        pytest.skip("neither torchaudio nor librosa is installed (the NumPy references above still run)")
