@@ -252,7 +252,11 @@ def convert(
 
     sample = sampler_from_options(req.frames, req.clip_length, req.clip_stride, req.frame_step, req.clip_positions,
                                   req.clips_per_video, req.clip_format, req.video_codec, req.fps, req.image_format)
-    from .engine.ops.audio import audio_ops
+    if sample is not None and (getattr(sample, "fmt", None) == "mp4" or getattr(sample, "kind", "") == "video"
+                               or req.video_codec):
+        from .engine.codecs.video import check_video_encoder
+
+        check_video_encoder(req.video_codec or "h264")  # (no NVENC on Hopper: refused before reading)
 
     plan = make_plan(req.resize_shorter, req.center_crop, req.resize, req.image_format, req.quality, req.max_pixels,
                      req.verify)
@@ -267,6 +271,33 @@ def convert(
     if on_device:
         on_device(device)
     return _execute(req, src_path, dst_path, fmt, plan, device, policy, progress, {"options": req.options()})
+
+
+def audio_ops(sample_rate: int | None = None, mono: bool = False, duration: float | None = None,
+              pad: str = "zero", features: str | None = None) -> tuple[Any, ...]:
+    """The ops of ``convert``'s audio options: mono, resample, fix the duration, then features."""
+    from .engine.ops.audio import FeatureOp, FixDuration, Mono, Resample
+    from .engine.spec import parse_chain
+
+    ops: list[Any] = []
+    if mono:
+        ops.append(Mono())
+    if sample_rate:
+        ops.append(Resample(int(sample_rate)))
+    if duration:
+        ops.append(FixDuration(float(duration), pad))
+    elif pad != "zero":
+        raise UsageError("--pad needs --duration")
+    if features:
+        try:
+            feats = parse_chain(features.replace("log-mel", "log_mel"))
+        except UsageError:
+            feats = ()
+        if len(feats) != 1 or not isinstance(feats[0], FeatureOp):
+            raise UsageError(f"--features takes one of log-mel, mel, mfcc, spectrogram (e.g. \"log-mel(n_mels=80)\"), "
+                             f"got {features!r}")
+        ops.extend(feats)
+    return tuple(ops)
 
 
 def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, device: Device, policy: ErrorPolicy,

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .measure import CpuUse, GpuSampler, timed_windows
+from .measure import CpuUse, Cycle, GpuSampler, timed_windows
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".m4a")
 AUDIO_CONTENDERS = ("gpubatch-gpu", "gpubatch-cpu", "torchaudio-dataloader", "dali")
@@ -173,7 +173,6 @@ def run_torch_dataloader(a: dict) -> dict:
     except Exception:  # noqa: BLE001 - not installed: torch.stft and the same filter bank
         torchaudio = None
     from . import chain_ops, get_model
-    from .contenders import _Cycle
 
     model = get_model(a["model"])
     files = audio_files(a["data"], a["images"])
@@ -181,7 +180,7 @@ def run_torch_dataloader(a: dict) -> dict:
     workers = os.cpu_count() or 1
     torch.set_num_threads(1)
     dl = torch.utils.data.DataLoader(_Clips(files, chain), batch_size=a["batch_size"], num_workers=workers,
-                                     persistent_workers=True, prefetch_factor=2, sampler=_Cycle(len(files), 10_000))
+                                     persistent_workers=True, prefetch_factor=2, sampler=Cycle(len(files), 10_000))
     it = iter(dl)
     cpu = CpuUse()
     res = timed_windows(lambda: len(next(it)), a["seconds"], warmup=max(_warmup(a, files), 2))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import chain_ops, get_model
-from .measure import CpuUse, GpuSampler, bottleneck, timed_windows, warmup_batches
+from .measure import CpuUse, Cycle, GpuSampler, bottleneck, timed_windows, warmup_batches
 
 
 def data_files(data: str, n: int) -> list[Path]:
@@ -210,7 +210,7 @@ def run_dataloader(a: dict) -> dict:
     # drain and refill) falls inside the timed run, as ImagePipeline.iterate_files(repeat=True) has none
     dl = torch.utils.data.DataLoader(ds, batch_size=a["batch_size"], num_workers=workers, persistent_workers=True,
                                      prefetch_factor=4, collate_fn=None if not encode else list,
-                                     sampler=_Cycle(len(files), 10_000))
+                                     sampler=Cycle(len(files), 10_000))
     it = iter(dl)
 
     def step() -> int:
@@ -225,20 +225,6 @@ def run_dataloader(a: dict) -> dict:
     res["host_cpu"] = cpu.host
     res["workers"], res["warmup_batches"] = workers, warm
     return res
-
-
-class _Cycle:
-    """Indices 0..n-1, ``times`` times over (a DataLoader sampler)."""
-
-    def __init__(self, n: int, times: int):
-        self.n, self.times = n, times
-
-    def __len__(self) -> int:
-        return self.n * self.times
-
-    def __iter__(self):
-        for _ in range(self.times):
-            yield from range(self.n)
 
 
 class _Files:

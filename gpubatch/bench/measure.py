@@ -204,3 +204,17 @@ def bottleneck(stages: dict[str, float]) -> str | None:
     """The stage that took the most time."""
     stages = {k: v for k, v in stages.items() if isinstance(v, (int, float)) and v > 0}
     return max(stages, key=stages.get) if stages else None
+
+
+class Cycle:
+    """Indices 0..n-1, ``times`` times over (a DataLoader sampler)."""
+
+    def __init__(self, n: int, times: int):
+        self.n, self.times = n, times
+
+    def __len__(self) -> int:
+        return self.n * self.times
+
+    def __iter__(self):
+        for _ in range(self.times):
+            yield from range(self.n)

@@ -24,7 +24,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from .measure import CpuUse, GpuSampler, timed_windows
+from .measure import CpuUse, Cycle, GpuSampler, timed_windows
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".mov", ".avi")
 
@@ -166,7 +166,6 @@ def run_pyav_dataloader(a: dict) -> dict:
     except ImportError as e:
         return {"skipped": f"torch or PyAV not importable: {e}"}
     from . import get_model
-    from .contenders import _Cycle
 
     model = get_model(a["model"])
     T, step = model.clip
@@ -174,7 +173,7 @@ def run_pyav_dataloader(a: dict) -> dict:
     workers = os.cpu_count() or 1
     dl = torch.utils.data.DataLoader(_Clips(files, T, step, 256, 224), batch_size=a["batch_size"],
                                      num_workers=workers, persistent_workers=True, prefetch_factor=2,
-                                     sampler=_Cycle(len(files), 10_000))
+                                     sampler=Cycle(len(files), 10_000))
     it = iter(dl)
 
     def step_() -> int:

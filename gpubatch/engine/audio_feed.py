@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import RecordError, Stage
-from .codecs.audio import AudioData
+from .codecs.audio_io import AudioData
 
 SLAB_BYTES = 16 << 20
 
@@ -37,7 +37,7 @@ def decode_into(args: tuple) -> list[tuple]:
     offset, frames, channels, rate, bits)``, ``(key, "own", AudioData)`` or ``(key, "error", reason)``."""
     import soundfile as sf
 
-    from .codecs.audio import _BITS, AudioInfo, _check, decode_audio, probe_audio
+    from .codecs.audio_io import _BITS, AudioInfo, _check, decode_audio, probe_audio
 
     name, size, files, seconds = args
     shm = _attach(name)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ErrorRouter, RecordError, RunStats, Stage
 from ..types import Record
-from .codecs.audio import AudioData
+from .codecs.audio_io import AudioData
 from .device import Device
 from .media import DEVICE, HOST, get_codec
 from .plan import Plan

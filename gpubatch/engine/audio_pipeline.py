@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GpubatchError, RecordError, Stage, UsageError
-from .codecs.audio import AudioData, decode_audio, leading_seconds, probe_audio
+from .codecs.audio_io import AudioData, decode_audio, leading_seconds, probe_audio
 from .ops.base import Op
 from .plan import Plan
 

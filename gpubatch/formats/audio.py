@@ -257,7 +257,7 @@ class AudioReader(Reader):
             data = read_regular(full)
         except (OSError, ValueError) as e:
             raise self.record_error(key, str(full), getattr(e, "strerror", None) or e) from None
-        from ..engine.codecs.audio import sniff_audio
+        from ..engine.codecs.audio_io import sniff_audio
 
         ext = path.rsplit(".", 1)[-1].lower()
         meta: dict[str, Any] = {"filename": path.rsplit("/", 1)[-1]}

@@ -382,7 +382,7 @@ def _audio_codec(data: bytes) -> str | None:
         return "npy"
     if sniff_image_codec(data):
         return None
-    from ..engine.codecs.audio import sniff_audio
+    from ..engine.codecs.audio_io import sniff_audio
 
     found = sniff_audio(data)
     return found if found in ("wav", "flac", "ogg", "opus") else None  # (an MP3 sniff is too loose here)

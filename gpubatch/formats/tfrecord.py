@@ -354,7 +354,7 @@ class TFRecordReader(Reader):
         """A record of a video (or audio) dataset: ``video/encoded`` (a video file's bytes, or a clip's
         .npy) with its ``video/format``, ``video/filename``, ``video/source_id`` and ``video/class/label``;
         the same under ``audio/`` with ``audio/text`` (a transcript)."""
-        from ..engine.codecs.audio import sniff_audio
+        from ..engine.codecs.audio_io import sniff_audio
         from ..engine.codecs.video_probe import sniff_container
 
         data = _bytes(feats, f"{media}/encoded")[0]
@@ -602,7 +602,7 @@ class TFRecordWriter(ShardedWriter):
         if r.media is Media.AUDIO:
             rate = r.meta.get("sample_rate")
             if not isinstance(rate, (int, float)) and r.codec != "npy":  # passed through: its header says
-                from ..engine.codecs.audio import probe_audio
+                from ..engine.codecs.audio_io import probe_audio
 
                 try:
                     rate = probe_audio(r.data).rate

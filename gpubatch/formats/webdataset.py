@@ -401,7 +401,7 @@ class WebDatasetReader(Reader):
 
             codec = sniff_container(data) or VIDEO_EXTENSIONS[image_ext]
         elif media is Media.AUDIO:
-            from ..engine.codecs.audio import sniff_audio
+            from ..engine.codecs.audio_io import sniff_audio
 
             codec = sniff_audio(data) or AUDIO_EXTENSIONS[image_ext]
         else:

@@ -117,7 +117,7 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
 
                     return (rec, probe_video(rec.data))
                 if rec.media is Media.AUDIO:
-                    from ..engine.codecs.audio import probe_audio
+                    from ..engine.codecs.audio_io import probe_audio
 
                     return (rec, probe_audio(rec.data))
                 return (rec, probe(rec.data))
@@ -215,7 +215,7 @@ def video_facts(videos: list) -> dict[str, Any]:
 
 
 def audio_facts(sounds: list, with_text: int = 0) -> dict[str, Any]:
-    """The audio section of a report, from the :class:`~gpubatch.engine.codecs.audio.AudioInfo` of each file."""
+    """The audio section of a report, from the :class:`~gpubatch.engine.codecs.audio_io.AudioInfo` of each file."""
     return {
         "codings": dict(Counter(f"{a.codec} {a.subtype}" for a in sounds).most_common()),
         "sample_rates": dict(Counter(a.rate for a in sounds).most_common()),

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .audio import AudioData, AudioInfo
+from .audio_io import AudioData, AudioInfo
 
 STREAM_SAMPLES = 1 << 25  # decoded samples (all channels) above which a streamable chain streams
 BLOCK = 1 << 18  # frames a block
@@ -117,7 +117,7 @@ def run_stream(stream: AudioStream, ops: Any, params: list) -> AudioData:
     import soxr
 
     from ..ops.audio import FeatureOp, _fit, ratio, resampled_length
-    from .audio import _sf_open, _Source
+    from .audio_io import _sf_open, _Source
 
     info = stream.info
     # each op's stage: the resamplers (one stream per resample, all its channels), the final length

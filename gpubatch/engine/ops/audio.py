@@ -2,7 +2,7 @@
 Whisper's log-mel, MFCC) and SpecAugment masks, with their CPU kernels (NumPy, soxr) and GPU kernels
 (CuPy: cuFFT, cuBLAS and ``kernels/audio.cu``) side by side.
 
-An audio op takes :class:`~gpubatch.engine.codecs.audio.AudioData`. Its parameters are drawn for the
+An audio op takes :class:`~gpubatch.engine.codecs.audio_io.AudioData`. Its parameters are drawn for the
 pair the run flow passes as (h, w): ``(sample rate, samples)`` for a waveform and ``(bins, frames)`` for
 features, and :meth:`out_hw` says what the op makes of that pair, so that every later op draws for the
 right length. The draws are the same on both backends; the GPU kernels take a whole batch and do the
@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...errors import UsageError
-from ..codecs.audio import AudioData
+from ..codecs.audio_io import AudioData
 from ..media import MediaSpec
 from ..registry import DEVICE, HOST, register_kernel
 from .base import Op, pair, positive, probability
@@ -860,31 +860,3 @@ for _cls in (FreqMask, TimeMask):
     register_kernel(_cls.name, DEVICE)(lambda op, items, params: _mask(op, items, params, lambda a: a.copy()))
 
 
-#: ``convert``'s audio options -> ops
-def audio_ops(sample_rate: int | None = None, mono: bool = False, duration: float | None = None,
-              pad: str = "zero", features: str | None = None) -> tuple[Op, ...]:
-    """The ops of ``convert``'s audio options: mono, resample, fix the duration, then features."""
-    ops: list[Op] = []
-    if mono:
-        ops.append(Mono())
-    if sample_rate:
-        ops.append(Resample(int(sample_rate)))
-    if duration:
-        ops.append(FixDuration(float(duration), pad))
-    elif pad != "zero":
-        raise UsageError("--pad needs --duration")
-    if features:
-        from ..spec import parse_chain
-
-        try:
-            feats = parse_chain(features.replace("log-mel", "log_mel"))
-        except UsageError:
-            feats = ()
-        if len(feats) != 1 or not isinstance(feats[0], FeatureOp):
-            raise UsageError(f"--features takes one of log-mel, mel, mfcc, spectrogram (e.g. \"log-mel(n_mels=80)\"), "
-                             f"got {features!r}")
-        ops.extend(feats)
-    return tuple(ops)
-
-
-MEDIA_SPEC = MediaSpec("audio", layout=WAVE, dtype="float32", channels=None)

@@ -294,15 +294,8 @@ def sampler_from_options(frames: str | None = None, clip_length: int | None = No
         return FrameSampler.parse(frames, "png" if image_format == "png" else "jpeg")
     if clip_length:
         fmt = clip_format or "npy"
-        if fmt == "mp4" or video_codec:
-            from ..codecs.video import check_video_encoder
-
-            check_video_encoder(video_codec or "h264")
         return ClipSampler(clip_length, frame_step or 1, clip_stride, clip_positions or "stride", clips_per_video, fmt=fmt,
                            codec=video_codec or "h264")
     if video_codec or fps:
-        from ..codecs.video import check_video_encoder
-
-        check_video_encoder(video_codec or "h264")
         return WholeVideo(video_codec or "h264", fps)
     return None

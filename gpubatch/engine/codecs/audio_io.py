@@ -1,0 +1,295 @@
+"""Audio bytes in and out: soundfile (libsndfile) reads WAV, FLAC, OGG Vorbis, Opus and MP3, PyAV what
+libsndfile cannot (m4a/AAC); outputs are written as FLAC, WAV or ``.npy`` (float32 samples, or float16
+features). The run flow's codec on top of these is :mod:`.audio`.
+
+Decoded audio is an :class:`AudioData`: float32 samples (channels, samples) and their rate, or, after a
+feature op, the features (bins, frames) per channel. The chain's parameters are drawn for the pair
+``(sample rate, samples)`` of a waveform and ``(bins, frames)`` of features (:meth:`AudioHostCodec.size`):
+the audio ops read them as such (:mod:`..ops.audio`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ...errors import DependencyError
+
+__all__ = ["AUDIO_FORMATS", "AudioData", "AudioInfo", "decode_audio", "encode_audio", "leading_seconds", "probe_audio",
+           "sniff_audio"]
+
+#: what ``--audio-format`` writes
+AUDIO_FORMATS = ("keep", "flac", "wav", "npy")
+MAX_CHANNELS = 32
+MIN_RATE, MAX_RATE = 1_000, 768_000
+#: decoded samples (all channels) a record may hold: 4 hours of 48 kHz stereo float32 is 5.5 GB
+DEFAULT_MAX_SAMPLES = 48_000 * 2 * 3600 * 4
+
+
+def soundfile():
+    try:
+        import soundfile as sf
+    except (ImportError, OSError) as e:  # pragma: no cover - a declared dependency (libsndfile missing: OSError)
+        raise DependencyError(f"audio needs soundfile (libsndfile): pip install soundfile ({e})") from None
+    return sf
+
+
+def sniff_audio(data: bytes) -> str | None:
+    """The codec of audio bytes from their first bytes (wav, flac, ogg/opus, mp3, m4a), or None."""
+    head = data[:64]
+    if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
+        return "wav"
+    if head[:4] == b"fLaC":
+        return "flac"
+    if head[:4] == b"OggS":
+        return "opus" if b"OpusHead" in head else "ogg"
+    if head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0):
+        return "mp3"
+    if head[4:8] == b"ftyp":
+        return "m4a"
+    return None
+
+
+@dataclass(frozen=True)
+class AudioInfo:
+    """An audio file's facts, read from its header (no samples decoded).
+
+    Attributes:
+        codec: wav, flac, ogg, opus, mp3, m4a...; ``subtype``: the sample coding (PCM_16, PCM_24, FLOAT,
+            VORBIS, MPEG_LAYER_III, aac...).
+        rate: samples per second; ``channels``; ``frames``: samples per channel (0 where unknown).
+        bits: bits per sample of a PCM coding (8, 16, 24, 32), else 0.
+    """
+
+    codec: str
+    subtype: str
+    rate: int
+    channels: int
+    frames: int
+    bits: int = 0
+    reader: str = "soundfile"
+
+    @property
+    def duration(self) -> float:
+        return self.frames / self.rate if self.rate else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"codec": self.codec, "subtype": self.subtype, "rate": self.rate, "channels": self.channels,
+                "frames": self.frames, "bits": self.bits, "duration": round(self.duration, 4)}
+
+
+_BITS = {"PCM_S8": 8, "PCM_U8": 8, "PCM_16": 16, "PCM_24": 24, "PCM_32": 32, "FLOAT": 32, "DOUBLE": 64}
+
+
+def _check(info: AudioInfo) -> AudioInfo:
+    if not MIN_RATE <= info.rate <= MAX_RATE:
+        raise ValueError(f"sample rate {info.rate} Hz is outside {MIN_RATE:,}-{MAX_RATE:,} Hz")
+    if not 1 <= info.channels <= MAX_CHANNELS:
+        raise ValueError(f"{info.channels} channels (at most {MAX_CHANNELS})")
+    return info
+
+
+class _Source:
+    """Audio bytes (or a file's path) as libsndfile reads them: a path, or the bytes in an anonymous
+    in-memory file (``memfd``) whose descriptor libsndfile reads with its own I/O. A ``BytesIO`` would
+    make libsndfile call back into Python for every read, holding the GIL: decoding threads would then
+    run one at a time. Used as a context manager; ``BytesIO`` where ``memfd_create`` is missing."""
+
+    def __init__(self, data: bytes | str | Path):
+        self.data, self.fd = data, None
+
+    def __enter__(self) -> Any:
+        if isinstance(self.data, (str, Path)):
+            return str(self.data)
+        if hasattr(os, "memfd_create"):
+            try:
+                self.fd = os.memfd_create("gpubatch-audio", getattr(os, "MFD_CLOEXEC", 0))
+                view = memoryview(self.data)
+                while view:
+                    view = view[os.write(self.fd, view):]
+                os.lseek(self.fd, 0, os.SEEK_SET)
+                return self.fd
+            except OSError:
+                self.__exit__()
+        return io.BytesIO(self.data)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _sf_open(src: Any) -> Any:
+    sf = soundfile()
+    return sf.SoundFile(src, closefd=False) if isinstance(src, int) else sf.SoundFile(src)
+
+
+def probe_audio(data: bytes | str | Path) -> AudioInfo:
+    """The header facts of audio bytes (or a file); ValueError where they are no audio gpubatch reads
+    (empty, truncated header, 0 Hz or absurd rates, more than 32 channels, no samples)."""
+    if isinstance(data, (str, Path)):
+        data_path, data = data, None
+        if os.path.getsize(data_path) == 0:
+            raise ValueError("empty file (0 bytes)")
+    elif not data:
+        raise ValueError("empty file (0 bytes)")
+    try:
+        with _Source(data if data is not None else data_path) as src, _sf_open(src) as i:
+            pass
+        codec = {"WAV": "wav", "WAVEX": "wav", "RF64": "wav", "FLAC": "flac", "MPEG": "mp3",
+                 "OGG": "opus" if i.subtype == "OPUS" else "ogg"}.get(i.format, i.format.lower())
+        info = AudioInfo(codec, i.subtype, int(i.samplerate), int(i.channels), int(i.frames), _BITS.get(i.subtype, 0))
+    except Exception:  # noqa: BLE001 - libsndfile cannot read it: PyAV (m4a/AAC...), or it is no audio
+        if data is None:
+            data = Path(data_path).read_bytes()
+        said = _wav_header(data)
+        if said is not None:  # a WAV header libsndfile refuses: say what is wrong with it
+            _check(AudioInfo("wav", "", *said, 0))
+        info = _probe_av(data)
+    _check(info)
+    if info.frames <= 0:
+        raise ValueError("no audio samples")
+    return info
+
+
+def _wav_header(data: bytes) -> tuple[int, int] | None:
+    """(rate, channels) from a RIFF/WAVE file's ``fmt `` chunk, or None."""
+    if data[:4] not in (b"RIFF", b"RF64") or data[8:12] != b"WAVE":
+        return None
+    pos = 12
+    while pos + 8 <= min(len(data), 1 << 16):
+        size = int.from_bytes(data[pos + 4: pos + 8], "little")
+        if data[pos: pos + 4] == b"fmt " and pos + 16 <= len(data):
+            channels = int.from_bytes(data[pos + 10: pos + 12], "little")
+            rate = int.from_bytes(data[pos + 12: pos + 16], "little")
+            return rate, channels
+        pos += 8 + size + (size & 1)
+    return None
+
+
+def _probe_av(data: bytes) -> AudioInfo:
+    from .video_probe import av
+
+    a = av()
+    try:
+        with a.open(io.BytesIO(data), mode="r") as c:
+            if not c.streams.audio:
+                raise ValueError("no audio stream" + (" (a video file)" if c.streams.video else ""))
+            s = c.streams.audio[0]
+            rate = int(s.rate or s.codec_context.sample_rate or 0)
+            # (a stream's ``frames`` counts packets, not samples)
+            frames = int(round(float(s.duration * s.time_base) * rate)) if s.duration and s.time_base else 0
+            if not frames and c.duration:
+                frames = int(round(c.duration / 1_000_000 * rate))
+            return AudioInfo(sniff_audio(data) or s.codec_context.name, s.codec_context.name, rate,
+                             int(s.codec_context.channels or 0), frames, 0, "pyav")
+    except a.FFmpegError as e:
+        why = getattr(e, "strerror", None) or str(e).split(": ", 1)[0]
+        raise ValueError(f"not an audio file gpubatch reads ({why})") from None
+
+
+class AudioData(NamedTuple):
+    """Decoded audio: ``samples`` float32 (channels, samples) at ``rate``; after a feature op
+    ``features`` is its name and ``samples`` holds (channels, bins, frames)."""
+
+    samples: Any
+    rate: int
+    features: str = ""
+    bits: int = 16  # the PCM depth a FLAC/WAV output keeps (24 for 24-bit and float sources)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(rate, samples) of a waveform, (bins, frames) of features: what the chain's draws are for."""
+        if self.features:
+            return int(self.samples.shape[-2]), int(self.samples.shape[-1])
+        return int(self.rate), int(self.samples.shape[-1])
+
+
+def decode_audio(data: bytes | str | Path, info: AudioInfo | None = None, max_samples: int = DEFAULT_MAX_SAMPLES,
+                 seconds: float | None = None) -> AudioData:
+    """Float32 (channels, samples) of audio bytes or a file (the first ``seconds`` only, where given);
+    ValueError where they cannot be decoded, hold NaN or infinite samples, or more than ``max_samples``
+    samples."""
+    info = info or probe_audio(data)
+    frames = info.frames
+    if seconds is not None and seconds > 0:
+        frames = min(frames, int(np.ceil(seconds * info.rate))) if frames else int(np.ceil(seconds * info.rate))
+    if max_samples and frames * info.channels > max_samples:
+        raise ValueError(f"{info.duration / 3600:.1f} h of {info.channels}-channel audio ({frames * info.channels:,} "
+                         f"samples) is above the {max_samples:,}-sample bound on one record")
+    if info.reader == "soundfile":
+        try:
+            with _Source(data) as src, _sf_open(src) as f:
+                x = f.read(frames=frames or -1, dtype="float32", always_2d=True)
+        except Exception as e:  # noqa: BLE001 - libsndfile's errors (a corrupt FLAC frame...)
+            raise ValueError(f"cannot decode: {str(e).splitlines()[0][:160]}") from None
+        x = np.ascontiguousarray(x.T)
+    else:
+        x = _decode_av(data if isinstance(data, bytes) else Path(data).read_bytes(), info, frames)
+    if x.shape[-1] == 0:
+        raise ValueError("no audio samples decoded")
+    if not np.isfinite(x).all():
+        bad = int(np.count_nonzero(~np.isfinite(x)))
+        raise ValueError(f"{bad:,} NaN or infinite samples")
+    return AudioData(x, info.rate, bits=24 if info.bits >= 24 else 16)
+
+
+def _decode_av(data: bytes, info: AudioInfo, frames: int) -> np.ndarray:
+    from .video_probe import av
+
+    a = av()
+    chunks = []
+    got = 0
+    try:
+        with a.open(io.BytesIO(data), mode="r") as c:
+            s = c.streams.audio[0]
+            fmt = a.AudioResampler(format="fltp", layout=s.codec_context.layout, rate=info.rate)
+            for frame in c.decode(s):
+                for f in fmt.resample(frame):
+                    arr = f.to_ndarray().astype(np.float32, copy=False)
+                    chunks.append(arr)
+                    got += arr.shape[-1]
+                if frames and got >= frames:
+                    break
+    except a.FFmpegError as e:
+        if not chunks:
+            raise ValueError(f"cannot decode: {str(e).split(': ', 1)[0]}") from None
+    if not chunks:
+        raise ValueError("no audio samples decoded")
+    x = np.concatenate(chunks, axis=-1)
+    return np.ascontiguousarray(x[:, :frames] if frames else x)
+
+
+def encode_audio(audio: AudioData, fmt: str, bits: int = 16) -> tuple[bytes, str]:
+    """(bytes, codec) of ``audio`` as ``fmt``: FLAC or WAV (PCM of ``bits``, 16 or 24; samples beyond
+    +-1 clipped), or ``.npy``: float32 samples ((samples,) for mono, else (channels, samples)) or
+    float16 features ((bins, frames) for mono, else (channels, bins, frames))."""
+    x = np.asarray(audio.samples)
+    if audio.features or fmt == "npy":
+        arr = x.astype(np.float16 if audio.features else np.float32)
+        if arr.shape[0] == 1:
+            arr = arr[0]
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
+        return buf.getvalue(), "npy"
+    sf = soundfile()
+    buf = io.BytesIO()
+    subtype = "PCM_24" if bits >= 24 else "PCM_16"
+    sf.write(buf, np.clip(x, -1.0, 1.0).T, int(audio.rate), format=fmt.upper(), subtype=subtype)
+    return buf.getvalue(), fmt
+
+
+def leading_seconds(ops: Any) -> float | None:
+    """Seconds of audio a chain reads at most (a leading fixed duration), so that a long file is decoded
+    only that far; None for the whole file."""
+    for op in ops:
+        if op.name == "fix_duration":
+            return None if op.pad == "repeat" else float(op.seconds)
+        if op.name not in ("mono",):
+            return None
+    return None
