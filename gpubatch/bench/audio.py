@@ -64,9 +64,15 @@ def run_gpubatch_audio(a: dict, device: str) -> dict:
     pipe.close()
     res.update(_rates(res))
     res["workers"] = pipe.workers
-    res["stages_s"] = {k: round(v, 3) for k, v in pipe.timings.items()}
     if sampler:
+        t = pipe.timings
+        res["stages_s"] = {"waiting for decoded files": round(t["decode"], 3), "upload": round(t["upload"], 3),
+                           "GPU ops": round(t["ops"], 3)}
+        res["setting"] = "decoding in worker processes, into shared memory" if pipe.feed == "processes" \
+            else "decoding in threads"
         res.update(sampler.stop())
+    else:
+        res["stages_s"] = {"worker processes (read, decode, ops)": round(res["seconds"], 3)}
     if pipe.skipped:
         res["files_without_output"] = dict(list(pipe.skipped.items())[:5], total=len(pipe.skipped))
     return res

@@ -157,8 +157,25 @@ def test_video_bench_runs_on_the_cpu(tmp_path):
     assert "| clips/s |" in (tmp_path / "r.md").read_text()
 
 
+def test_audio_bench_runs_on_the_cpu(tmp_path):
+    from tests.audio.sounds import tone, write
+
+    for k in range(4):
+        write(tmp_path / "clips" / f"c{k}.flac", tone(1.0 + 0.5 * k, 44100, 300 + 50 * k), 44100)
+    r = run_cli("bench", "--model", "audio-clf", "--data", tmp_path / "clips", "--batch-size", "2", "--seconds", "0.3",
+                "--device", "cpu", "--baselines", "gpubatch-cpu,gpubatch-gpu,dali", "--json", tmp_path / "r.json",
+                "--report", tmp_path / "r.html")
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "r.json").read_text())["results"]["train"]
+    assert res["gpubatch-cpu"]["clips_per_s"] > 0 and res["gpubatch-cpu"]["unit"] == "clips"
+    assert "no GPU" in res["gpubatch-gpu"]["skipped"] and "no GPU" in res["dali"]["skipped"]
+    page = (tmp_path / "r.html").read_text()
+    assert "clips/s" in page and "decode workers" in page and "NVDEC" not in page
+
+
 @pytest.mark.parametrize("args,message", [
     (["--model", "vgg"], "unknown model 'vgg'"),
+    (["--model", "whisper", "--synthetic", "4", "--baselines", "pyav-dataloader"], "unknown baseline"),
     (["--model", "video-clf", "--synthetic", "4", "--baselines", "torch-dataloader"], "unknown baseline"),
     ([], "bench needs --model"),
     (["--model", "resnet50"], "exactly one of --data PATH or --synthetic N"),
