@@ -34,12 +34,13 @@ def _attach(name: str) -> Any:
 
 def decode_into(args: tuple) -> list[tuple]:
     """Worker: decode ``files`` ((path, key) pairs) into the slab ``name``; per file ``(key, "shm",
-    offset, frames, channels, rate, bits)``, ``(key, "own", AudioData)`` or ``(key, "error", reason)``."""
+    offset, frames, channels, rate, bits)``, ``(key, "own", AudioData)`` or ``(key, "error", reason, path)``
+    (a file above ``max_samples`` decoded samples among the errors)."""
     import soundfile as sf
 
     from .codecs.audio_io import _BITS, AudioInfo, _check, decode_audio, probe_audio
 
-    name, size, files, seconds = args
+    name, size, files, seconds, max_samples = args
     shm = _attach(name)
     buf = np.ndarray((size // 4,), np.float32, buffer=shm.buf)
     off = 0
@@ -62,6 +63,9 @@ def decode_into(args: tuple) -> list[tuple]:
                     if frames <= 0:
                         raise ValueError("no audio samples")
                     n = frames * info.channels
+                    if max_samples and n > max_samples:
+                        raise ValueError(f"{frames / info.rate / 3600:.1f} h of {info.channels}-channel audio ({n:,} "
+                                         f"samples) is above the {max_samples:,}-sample bound on one record")
                     bits = 24 if info.bits >= 24 else 16
                     if off + n <= buf.size:
                         got = f.read(frames, dtype="float32", always_2d=True,
@@ -95,10 +99,14 @@ class SharedFeed:
     (``where`` = (slab, offset, samples); valid until :meth:`upload` has taken every item of that slab)
     or arrays of their own (``where`` None)."""
 
-    def __init__(self, pool: Any, slabs: int, per_task: int, slab_bytes: int = SLAB_BYTES):
+    def __init__(self, pool: Any, slabs: int, per_task: int, slab_bytes: int = SLAB_BYTES,
+                 max_samples: int | None = None):
         from multiprocessing import shared_memory
 
+        from .codecs.audio_io import DEFAULT_MAX_SAMPLES
+
         self.pool, self.per_task = pool, per_task
+        self.max_samples = DEFAULT_MAX_SAMPLES if max_samples is None else max_samples
         self.shms = []
         try:
             for _ in range(slabs):
@@ -122,7 +130,7 @@ class SharedFeed:
                         done = True
                         break
                     s = self.free.popleft()
-                    fut = self.pool.submit(decode_into, (self.shms[s].name, self.size, chunk, seconds))
+                    fut = self.pool.submit(decode_into, (self.shms[s].name, self.size, chunk, seconds, self.max_samples))
                     inflight.append((s, fut))
                 if not inflight:
                     if done:

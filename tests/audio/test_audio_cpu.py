@@ -414,11 +414,12 @@ def test_shared_memory_feed_gives_what_libsndfile_decodes(tmp_path):
 
     files = [write(tmp_path / f"m{i}.flac", tone(0.2 + 0.1 * i), 16000) for i in range(5)]
     files.append(write(tmp_path / "stereo.wav", tone(0.3, 8000, channels=2), 8000))
-    files.append(write(tmp_path / "big.wav", tone(3.0), 16000))  # more than a 64 KiB slab holds
+    files.append(write(tmp_path / "big.wav", tone(2.0), 16000))  # more than a 64 KiB slab holds
+    files.append(write(tmp_path / "huge.wav", tone(3.0), 16000))  # above the bound on one record
     (tmp_path / "bad.wav").write_bytes(b"RIFF" + bytes(40))
     files.append(tmp_path / "bad.wav")
     pool = single_threaded_pool(2)
-    feed = SharedFeed(pool, slabs=3, per_task=3, slab_bytes=1 << 16)
+    feed = SharedFeed(pool, slabs=3, per_task=3, slab_bytes=1 << 16, max_samples=40000)
     try:
         got = {}
         for key, item, where in feed.items(iter((str(f), f.stem) for f in files), None):
@@ -428,8 +429,9 @@ def test_shared_memory_feed_gives_what_libsndfile_decodes(tmp_path):
         feed.close()
         pool.shutdown()
     assert "not an audio file" in got.pop("bad").reason
+    assert "above the 40,000-sample bound" in got.pop("huge").reason
     assert len(got) == 7
-    for f in files[:-1]:
+    for f in files[:-2]:
         assert np.array_equal(got[f.stem], decode_audio(str(f)).samples), f.stem
 
 
