@@ -307,13 +307,21 @@ class WebDatasetReader(Reader):
     @property
     def media(self) -> str:  # type: ignore[override]
         """"video" for a dataset of video samples (a video member and no image member), "audio" for one of
-        audio samples (an audio member, no image or video member), else "image"."""
+        audio samples (an audio member, no image or video member) or of audio features, else "image"."""
         exts = self.member_extensions()
         if any(e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS for e in exts):
             return "image"
         if any(e in VIDEO_EXTENSIONS for e in exts):
             return "video"
-        return "audio" if any(e in AUDIO_EXTENSIONS for e in exts) else "image"
+        if any(e in AUDIO_EXTENSIONS for e in exts):
+            return "audio"
+        if "npy" in exts:  # arrays gpubatch wrote: audio features or video clips, as the first sample says
+            first = next((e for e in self.entries() if not isinstance(e, Damaged)), None)
+            try:
+                return self._read(first).media.value if first is not None else "image"
+            except Exception:  # noqa: BLE001 - a bad first sample: its error comes when it is read
+                return "image"
+        return "image"
 
     def member_extensions(self) -> dict[str, int]:
         """Per member extension (``jpg``, ``cls``, ``json``, ``txt``...), how many samples hold one: what a
@@ -355,9 +363,13 @@ class WebDatasetReader(Reader):
         if image_ext is None:  # a video sample (what video2dataset writes): its .mp4/.mkv/.webm... member
             image_ext = next((e for e in sorted(parts) if e in VIDEO_EXTENSIONS), None)
             media = Media.VIDEO
-        if image_ext is None:  # an audio sample: its .flac/.wav/.mp3... member (a .npy of features is kept as such)
+        if image_ext is None:  # an audio sample: its .flac/.wav/.mp3... member
             image_ext = next((e for e in sorted(parts) if e in AUDIO_EXTENSIONS), None)
             media = Media.AUDIO
+        if image_ext is None and "npy" in parts and "json" in parts:  # an array gpubatch wrote: features or a clip
+            kind = _array_kind(self._member(s, parts["json"][2], *parts["json"][:2]))
+            if kind is not None:
+                image_ext, media = "npy", kind
         if image_ext is None:
             raise self.record_error(key, origin, f"no image, video or audio member (has: {', '.join(sorted(parts))})")
         raw = {ext: self._member(s, name, off, size) for ext, (off, size, name) in parts.items()}
@@ -400,6 +412,8 @@ class WebDatasetReader(Reader):
             from ..engine.codecs.video_probe import sniff_container
 
             codec = sniff_container(data) or VIDEO_EXTENSIONS[image_ext]
+        elif image_ext == "npy":
+            codec = "npy"
         elif media is Media.AUDIO:
             from ..engine.codecs.audio_io import sniff_audio
 
@@ -556,6 +570,23 @@ class WebDatasetWriter(ShardedWriter):
         self._tar.write(b"\0" * (end - self._offset))
         self._tar.close()
         self.shards[-1].with_suffix(".idx").write_text(f"v1.2 {len(self._index)}\n" + "".join(self._index))
+
+
+def _array_kind(raw: bytes) -> Media | None:
+    """What a sample's ``.npy`` holds, from the ``.json`` gpubatch wrote beside it: audio features
+    (``meta.features``) or a video clip (``meta.frames``); None for arrays of another tool."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    meta = doc.get("meta") if isinstance(doc, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    if meta.get("features"):
+        return Media.AUDIO
+    if meta.get("frames") is not None or meta.get("clip") is not None:
+        return Media.VIDEO
+    return None
 
 
 @register_format

@@ -39,7 +39,8 @@ class DatasetReport:
             (min / median / mean / max), total hours, frame counts, bit rates, audio tracks, rotated and
             variable-frame-rate files, and how many this machine's NVDEC decodes (None: no GPU here).
         audio: for audio records: codecs and sample codings, sample rates, channels, bit depths, durations
-            (min / median / mean / max), total hours, and how many carry a transcript.
+            (min / median / mean / max), total hours, and how many carry a transcript; for arrays of
+            features (``features``), their kinds, shapes and dtypes.
     """
 
     path: str
@@ -117,9 +118,9 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
 
                     return (rec, probe_video(rec.data))
                 if rec.media is Media.AUDIO:
-                    from ..engine.codecs.audio_io import probe_audio
+                    from ..engine.codecs.audio_io import npy_header, probe_audio
 
-                    return (rec, probe_audio(rec.data))
+                    return (rec, npy_header(rec.data) if rec.codec == "npy" else probe_audio(rec.data))
                 return (rec, probe(rec.data))
             except ValueError as e:
                 return (rec, RecordError(rec.key, rec.origin, "decode", str(e)))
@@ -132,6 +133,7 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
         members: Counter = Counter()
         videos: list = []
         sounds: list = []
+        arrays: Counter = Counter()
         texts = 0
         for rec, hdr in ordered_map(work, entries, workers or default_workers()):
             if tick:
@@ -142,6 +144,10 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
             report.records += 1
             report.payload_bytes += len(rec.data)
             labels[rec.label] += 1
+            if rec.media is Media.AUDIO and isinstance(hdr, tuple):  # features: (shape, dtype)
+                arrays[f"{rec.meta.get('features') or 'array'} {'x'.join(map(str, hdr[0]))} {hdr[1]}"] += 1
+                codecs["npy"] += 1
+                continue
             if rec.media is Media.AUDIO:
                 sounds.append(hdr)
                 codecs[hdr.codec] += 1
@@ -178,6 +184,8 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
         report.video = video_facts(videos)
     if sounds:
         report.audio = audio_facts(sounds, texts)
+    if arrays:
+        report.audio["features"] = dict(arrays.most_common(10))
     report.disk_bytes = _disk_bytes(Path(path))
     return report
 
@@ -261,7 +269,9 @@ def render(report: DatasetReport) -> None:
         nv = v["nvdec_decodable"]
         t.add_row("NVDEC here", "no GPU here" if nv is None else f"{nv:,} of {report.records:,} decodable")
     a = report.audio
-    if a:
+    if a.get("features"):
+        t.add_row("features", esc(", ".join(f"{k} ({n:,})" for k, n in a["features"].items())))
+    if a.get("codings"):
         t.add_row("codings", esc(", ".join(f"{k} {n:,}" for k, n in a["codings"].items())))
         t.add_row("sample rates", ", ".join(f"{k:,} Hz {n:,}" for k, n in a["sample_rates"].items()))
         t.add_row("channels", ", ".join(f"{k} ch {n:,}" for k, n in a["channels"].items()))

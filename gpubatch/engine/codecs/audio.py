@@ -23,6 +23,7 @@ from .audio_io import (
     decode_audio,
     encode_audio,
     leading_seconds,
+    npy_header,
     probe_audio,
     sniff_audio,
 )
@@ -62,12 +63,21 @@ class AudioHostCodec:
     spec = MediaSpec("audio", layout="CT", dtype="float32", channels=None)
 
     def check(self, record: Record, plan: RunPlan) -> Record:
+        if record.codec == "npy":  # features gpubatch wrote: a readable array header
+            try:
+                npy_header(record.data)
+            except ValueError as e:
+                raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+            return record
         info = info_of(record)
         return record if record.codec == info.codec else record.with_(codec=info.codec)
 
     def decode(self, record: Record, plan: Any) -> Any:
         """An :class:`AudioData`, or for a long record whose chain streams an
         :class:`~.audio_stream.AudioStream` (decoded a block at a time by :meth:`run_chain`)."""
+        if record.codec == "npy":
+            raise RecordError(record.key, record.origin, Stage.DECODE, "an array of features passes through as it is; "
+                              "the audio options and ops take audio files")
         info = info_of(record)
         ops = getattr(plan, "ops", ())
         seconds = leading_seconds(ops)

@@ -20,8 +20,8 @@ import numpy as np
 
 from ...errors import DependencyError
 
-__all__ = ["AUDIO_FORMATS", "AudioData", "AudioInfo", "decode_audio", "encode_audio", "leading_seconds", "probe_audio",
-           "sniff_audio"]
+__all__ = ["AUDIO_FORMATS", "AudioData", "AudioInfo", "decode_audio", "encode_audio", "leading_seconds", "npy_header",
+           "probe_audio", "sniff_audio"]
 
 #: what ``--audio-format`` writes
 AUDIO_FORMATS = ("keep", "flac", "wav", "npy")
@@ -293,3 +293,15 @@ def leading_seconds(ops: Any) -> float | None:
         if op.name not in ("mono",):
             return None
     return None
+
+
+def npy_header(data: bytes) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype) of ``.npy`` bytes, from their header; ValueError where they are no .npy."""
+    f = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f)  # the header alone, no data read
+    except Exception as e:  # noqa: BLE001 - not an array: the record's error
+        raise ValueError(f"not a .npy array: {e}") from None
+    return tuple(int(n) for n in shape), str(dtype)
