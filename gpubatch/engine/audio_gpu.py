@@ -55,8 +55,21 @@ def run_chain_device(ops: Sequence[Any], items: list[AudioData], params: list[li
 
 def _prepare(record: Record, plan: Plan, stats: RunStats) -> list[Record | RecordError | tuple[Job, AudioData]]:
     """A record's outputs: pass-throughs and errors as they are, each job with its decoded audio and
-    its parameters drawn (the same draws as the CPU path)."""
+    its parameters drawn (the same draws as the CPU path). A long record whose chain streams
+    (:mod:`.codecs.audio_stream`) is run on the CPU a block at a time here, whole outputs, counted: a
+    batch on the GPU would hold all of it."""
+    from .codecs.audio_stream import AudioStream
+    from .executor import expand_host
+
     codec = get_codec(record.media, record.codec, HOST)
+    if record.codec != "npy":
+        try:
+            if isinstance(codec.decode_lazy(record, plan), AudioStream):
+                outs = expand_host(record, plan, stats)
+                stats.add(fallbacks=sum(1 for o in outs if not isinstance(o, RecordError)))
+                return outs
+        except RecordError:
+            pass  # (its error comes below, where the record is decoded)
     out: list[Any] = []
     decoded = None
     for job in outputs_of(record, plan, stats):

@@ -554,3 +554,26 @@ def test_features_datasets_read_back_and_describe_themselves(tmp_path, fmt):
         assert rep.audio["features"] == {"array 64x50 float16": 6}
     s = convert(tmp_path / "feat", tmp_path / "again", to="webdataset")  # passed through as they are
     assert s.records_out == 6 and s.passthrough == 6
+
+
+def test_a_gpu_run_streams_long_records_on_the_cpu(tmp_path, monkeypatch):
+    """The GPU run's preparation (host code, run here without a GPU) hands a long record whose chain
+    streams to the CPU's block-at-a-time path, whole outputs, counted; a short one goes on to a batch."""
+    from gpubatch.engine import audio_gpu
+    from gpubatch.engine.codecs import audio_stream
+    from gpubatch.engine.codecs.audio_io import AudioData
+    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.spec import parse_chain
+    from gpubatch.errors import RunStats
+    from gpubatch.types import Media, Record
+
+    monkeypatch.setattr(audio_stream, "STREAM_SAMPLES", 1 << 16)
+    plan = Plan(ops=parse_chain("mono() | resample(rate=8000) | log_mel(n_mels=40)"), media="audio", max_pixels=0)
+    long = Record(key="long", data=encoded(tone(6.0, 16000), 16000, "flac"), media=Media.AUDIO, codec="flac", origin="o")
+    short = Record(key="short", data=encoded(tone(1.0, 16000), 16000, "flac"), media=Media.AUDIO, codec="flac", origin="o")
+    stats = RunStats()
+    (out,) = audio_gpu._prepare(long, plan, stats)
+    assert isinstance(out, Record) and out.codec == "npy" and np.load(io.BytesIO(out.data)).shape == (40, 300)
+    assert stats.fallbacks == 1
+    ((job, item),) = audio_gpu._prepare(short, plan, stats)
+    assert isinstance(item, AudioData) and item.samples.shape == (1, 16000) and stats.fallbacks == 1

@@ -72,17 +72,24 @@ class AudioHostCodec:
         info = info_of(record)
         return record if record.codec == info.codec else record.with_(codec=info.codec)
 
+    def decode_lazy(self, record: Record, plan: Any) -> Any:
+        """An :class:`~.audio_stream.AudioStream` where ``record`` streams under ``plan`` (nothing decoded
+        yet), else None."""
+        info = info_of(record)
+        ops = getattr(plan, "ops", ())
+        return AudioStream(record.data, info) if leading_seconds(ops) is None and should_stream(ops, info) else None
+
     def decode(self, record: Record, plan: Any) -> Any:
         """An :class:`AudioData`, or for a long record whose chain streams an
         :class:`~.audio_stream.AudioStream` (decoded a block at a time by :meth:`run_chain`)."""
         if record.codec == "npy":
             raise RecordError(record.key, record.origin, Stage.DECODE, "an array of features passes through as it is; "
                               "the audio options and ops take audio files")
+        stream = self.decode_lazy(record, plan)
+        if stream is not None:
+            return stream
         info = info_of(record)
-        ops = getattr(plan, "ops", ())
-        seconds = leading_seconds(ops)
-        if seconds is None and should_stream(ops, info):
-            return AudioStream(record.data, info)
+        seconds = leading_seconds(getattr(plan, "ops", ()))
         try:
             return decode_audio(record.data, info, getattr(plan, "max_samples", DEFAULT_MAX_SAMPLES), seconds)
         except ValueError as e:
