@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GpubatchError, RecordError, Stage, UsageError
-from .codecs.audio_io import AudioData, decode_audio, leading_seconds, probe_audio
+from .codecs.audio_io import AudioData, decode_audio, leading_seconds
 from .ops.base import Op
 from .plan import Plan
 
@@ -60,7 +60,7 @@ def _visit_key(key: str, epoch: int, visit: int) -> str:
 def _load(path: str, key: str, plan: Plan) -> AudioData:
     """A file decoded (only as far as a leading fixed duration reads), its errors as RecordErrors."""
     try:  # from the path: libsndfile reads the file itself, without the GIL
-        return decode_audio(path, probe_audio(path), seconds=leading_seconds(plan.ops))
+        return decode_audio(path, seconds=leading_seconds(plan.ops))  # (the file opened once)
     except (OSError, ValueError) as e:
         raise RecordError(key, path, Stage.DECODE, str(getattr(e, "strerror", None) or e)) from None
 
@@ -81,6 +81,19 @@ def _cpu_item(args: tuple) -> np.ndarray:
     except Exception as e:  # noqa: BLE001 - the record boundary
         raise RecordError(key, path, Stage.TRANSFORM, f"{type(e).__name__}: {e}") from None
     return _squeeze(np.asarray(out.samples)).astype(dtype)
+
+
+def _cpu_items(args: tuple) -> list[np.ndarray | RecordError]:
+    """A run of files on the CPU (a worker process): each one's array, or its RecordError. Files go to a
+    worker several at a time, so the plan and the results cross between processes once a run."""
+    visits, plan, dtype = args
+    out: list[np.ndarray | RecordError] = []
+    for path, key in visits:
+        try:
+            out.append(_cpu_item((path, key, plan, dtype)))
+        except RecordError as e:
+            out.append(e)
+    return out
 
 
 class AudioPipeline:
@@ -161,34 +174,34 @@ class AudioPipeline:
             self._pool = single_threaded_pool(self.workers)
         pending: deque = deque()
         visits = self._visits(files, repeat, epoch)
+        per_task = max(1, min(8, batch_size // self.workers))
         batch: list[np.ndarray] = []
         keys: list[str] = []
         misses = 0
         try:
             while True:
-                while len(pending) < 4 * self.workers:
-                    item = next(visits, None)
-                    if item is None:
+                while len(pending) < 3 * self.workers:
+                    run = [v for _, v in zip(range(per_task), visits)]
+                    if not run:
                         break
-                    pending.append((item[1], self._pool.submit(_cpu_item, (*item, self.plan, self.dtype))))
+                    pending.append(([k for _, k in run], self._pool.submit(_cpu_items, (run, self.plan, self.dtype))))
                 if not pending:
                     break
-                key, fut = pending.popleft()
+                run_keys, fut = pending.popleft()
                 t0 = time.perf_counter()
-                try:
-                    out = fut.result()
-                except RecordError as e:
-                    misses = self._skip(e, misses, len(files))
-                    continue
-                finally:
-                    self.timings["wait"] += time.perf_counter() - t0
-                misses = 0
-                batch.append(out)
-                keys.append(key)
-                self.stats["items"] += 1
-                if len(batch) == batch_size:
-                    yield AudioBatch(self._stack(batch, np), keys)
-                    batch, keys = [], []
+                outs = fut.result()
+                self.timings["wait"] += time.perf_counter() - t0
+                for key, out in zip(run_keys, outs):
+                    if isinstance(out, RecordError):
+                        misses = self._skip(out, misses, len(files))
+                        continue
+                    misses = 0
+                    batch.append(out)
+                    keys.append(key)
+                    self.stats["items"] += 1
+                    if len(batch) == batch_size:
+                        yield AudioBatch(self._stack(batch, np), keys)
+                        batch, keys = [], []
             if batch:
                 yield AudioBatch(self._stack(batch, np), keys)
         finally:

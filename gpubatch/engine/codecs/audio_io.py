@@ -129,6 +129,13 @@ def _sf_open(src: Any) -> Any:
     return sf.SoundFile(src, closefd=False) if isinstance(src, int) else sf.SoundFile(src)
 
 
+def _info_of(f: Any) -> AudioInfo:
+    """The facts of an open ``soundfile.SoundFile``."""
+    codec = {"WAV": "wav", "WAVEX": "wav", "RF64": "wav", "FLAC": "flac", "MPEG": "mp3",
+             "OGG": "opus" if f.subtype == "OPUS" else "ogg"}.get(f.format, f.format.lower())
+    return AudioInfo(codec, f.subtype, int(f.samplerate), int(f.channels), int(f.frames), _BITS.get(f.subtype, 0))
+
+
 def probe_audio(data: bytes | str | Path) -> AudioInfo:
     """The header facts of audio bytes (or a file); ValueError where they are no audio gpubatch reads
     (empty, truncated header, 0 Hz or absurd rates, more than 32 channels, no samples)."""
@@ -140,10 +147,7 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
         raise ValueError("empty file (0 bytes)")
     try:
         with _Source(data if data is not None else data_path) as src, _sf_open(src) as i:
-            pass
-        codec = {"WAV": "wav", "WAVEX": "wav", "RF64": "wav", "FLAC": "flac", "MPEG": "mp3",
-                 "OGG": "opus" if i.subtype == "OPUS" else "ogg"}.get(i.format, i.format.lower())
-        info = AudioInfo(codec, i.subtype, int(i.samplerate), int(i.channels), int(i.frames), _BITS.get(i.subtype, 0))
+            info = _info_of(i)
     except Exception:  # noqa: BLE001 - libsndfile cannot read it: PyAV (m4a/AAC...), or it is no audio
         if data is None:
             data = Path(data_path).read_bytes()
@@ -215,13 +219,21 @@ def decode_audio(data: bytes | str | Path, info: AudioInfo | None = None, max_sa
     """Float32 (channels, samples) of audio bytes or a file (the first ``seconds`` only, where given);
     ValueError where they cannot be decoded, hold NaN or infinite samples, or more than ``max_samples``
     samples."""
+    if info is None and isinstance(data, (str, Path)):  # a file: opened once for its facts and samples
+        try:
+            with _Source(data) as src, _sf_open(src) as f:
+                info = _check(_info_of(f))
+                if info.frames <= 0:
+                    raise ValueError("no audio samples")
+                frames = _frames_asked(info, seconds, max_samples)
+                x = f.read(frames=frames or -1, dtype="float32", always_2d=True)
+            return _checked(np.ascontiguousarray(x.T), info)
+        except ValueError:
+            raise
+        except Exception:  # noqa: BLE001 - not for libsndfile (m4a...), or damaged: the path below says which
+            info = None
     info = info or probe_audio(data)
-    frames = info.frames
-    if seconds is not None and seconds > 0:
-        frames = min(frames, int(np.ceil(seconds * info.rate))) if frames else int(np.ceil(seconds * info.rate))
-    if max_samples and frames * info.channels > max_samples:
-        raise ValueError(f"{info.duration / 3600:.1f} h of {info.channels}-channel audio ({frames * info.channels:,} "
-                         f"samples) is above the {max_samples:,}-sample bound on one record")
+    frames = _frames_asked(info, seconds, max_samples)
     if info.reader == "soundfile":
         try:
             with _Source(data) as src, _sf_open(src) as f:
@@ -231,6 +243,22 @@ def decode_audio(data: bytes | str | Path, info: AudioInfo | None = None, max_sa
         x = np.ascontiguousarray(x.T)
     else:
         x = _decode_av(data if isinstance(data, bytes) else Path(data).read_bytes(), info, frames)
+    return _checked(x, info)
+
+
+def _frames_asked(info: AudioInfo, seconds: float | None, max_samples: int) -> int:
+    """Samples a channel to decode (the first ``seconds`` where given), within the bound on one record."""
+    frames = info.frames
+    if seconds is not None and seconds > 0:
+        frames = min(frames, int(np.ceil(seconds * info.rate))) if frames else int(np.ceil(seconds * info.rate))
+    if max_samples and frames * info.channels > max_samples:
+        raise ValueError(f"{info.duration / 3600:.1f} h of {info.channels}-channel audio ({frames * info.channels:,} "
+                         f"samples) is above the {max_samples:,}-sample bound on one record")
+    return frames
+
+
+def _checked(x: np.ndarray, info: AudioInfo) -> AudioData:
+    """Decoded samples, refused where there are none or some are NaN or infinite."""
     if x.shape[-1] == 0:
         raise ValueError("no audio samples decoded")
     if not np.isfinite(x).all():

@@ -98,7 +98,7 @@ class _Frames:
         if count > 0:
             s = self.next - self.start
             view = np.lib.stride_tricks.sliding_window_view(self.buf[:, s:], op.n_fft, axis=-1)[:, ::op.hop][:, :count]
-            self.out.append(op.from_power(_power(view * hann(op.n_fft), np), self.rate, np))
+            self.out.append(op.from_power(_power(view * hann(op.n_fft).astype(np.float64), np), self.rate, np))
             self.next += count * op.hop
             self.done += count
             drop = self.next - self.start

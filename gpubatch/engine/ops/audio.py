@@ -531,13 +531,13 @@ def dct_matrix(n_out: int, n_in: int) -> np.ndarray:
 
 
 def frames_np(x: np.ndarray, n_fft: int, hop: int, pad: str, count: int | None = None) -> np.ndarray:
-    """Centred, windowed frames of each row of ``x`` (rows, samples): (rows, frames, n_fft) float32 (the
+    """Centred, windowed frames of each row of ``x`` (rows, samples): (rows, frames, n_fft) float64 (the
     first ``count`` frames only, where given)."""
     half = n_fft // 2
     mode = "reflect" if pad == "reflect" and x.shape[-1] > half else "constant"
     xp_ = np.pad(x, ((0, 0), (half, half)), mode=mode)
     view = np.lib.stride_tricks.sliding_window_view(xp_, n_fft, axis=-1)[:, ::hop]
-    return view[:, :count] * hann(n_fft)
+    return view[:, :count] * hann(n_fft).astype(np.float64)  # float64: what NumPy's FFT runs fastest on
 
 
 def sounding_frames(x: np.ndarray, n_fft: int, hop: int) -> int:
@@ -605,6 +605,8 @@ class FeatureOp(AudioOp):
 
 
 def _power(frames: Any, xp: Any) -> Any:
+    if xp is np:  # NumPy's float64 FFT runs about 5x faster than its float32 one (NumPy 2.x, 400 points)
+        frames = np.asarray(frames, np.float64)
     spec = xp.fft.rfft(frames, axis=-1)
     return (spec.real * spec.real + spec.imag * spec.imag).astype(xp.float32)
 
