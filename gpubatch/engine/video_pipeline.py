@@ -209,14 +209,13 @@ class VideoPipeline:
 
     def _cpu(self, files: Sequence[str | Path], repeat: bool, epoch: int) -> Iterator[tuple]:
         """Clips made by worker processes, in visit order, at most two a worker in flight."""
-        import multiprocessing as mp
         from collections import deque
-        from concurrent.futures import ProcessPoolExecutor
 
         from ..errors import RecordError
+        from .executor import single_threaded_pool
 
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+            self._pool = single_threaded_pool(self.workers)
         pending: deque = deque()
         visits = self._visits(files, repeat, epoch)
         try:
