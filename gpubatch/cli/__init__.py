@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> None:
 
     debug = "--debug" in (argv if argv is not None else sys.argv[1:]) or bool(os.environ.get("GPUBATCH_DEBUG"))
     _terminate_as_interrupt()
+    from ..engine.processes import keep_freed_memory
+
+    keep_freed_memory()  # this process's per-record arrays reuse freed memory (docs/engine.md)
     FROM_CLI.set(True)  # messages name the command's flags
     try:
         cli.main(args=argv, prog_name="gpubatch", standalone_mode=False)

@@ -3,7 +3,7 @@
 Decoding threads in one process share its GIL: each file's Python work (opening it, the bookkeeping
 around libsndfile's read) holds it, and 16 threads fed a GPU no faster than about 1,300 ten-second
 clips a second on 16 cores while DALI's C++ decoders reached 3,400. Here each worker process
-(:func:`~.executor.single_threaded_pool`) decodes a run of files straight into a slab of shared memory
+(:func:`~.processes.single_threaded_pool`) decodes a run of files straight into a slab of shared memory
 (libsndfile writes the float32 samples there: ``SoundFile.read(out=...)``), and returns only where
 each file lies in it; the consumer uploads a batch's part of each slab in one host-to-device copy and
 gives the slab back. A file that does not fit its slab, or that libsndfile cannot read (PyAV decodes

@@ -168,7 +168,7 @@ class AudioPipeline:
     # --- CPU -----------------------------------------------------------------------------------------------
 
     def _cpu(self, files: Sequence[str | Path], batch_size: int, repeat: bool, epoch: int) -> Iterator[AudioBatch]:
-        from .executor import single_threaded_pool
+        from .processes import single_threaded_pool
 
         if self._pool is None:
             self._pool = single_threaded_pool(self.workers)
@@ -216,7 +216,7 @@ class AudioPipeline:
         import cupy as cp
 
         from .audio_feed import SharedFeed
-        from .executor import single_threaded_pool
+        from .processes import single_threaded_pool
 
         with cp.cuda.Device(self.device.index):
             if self.feed == "processes":

@@ -212,7 +212,7 @@ class VideoPipeline:
         from collections import deque
 
         from ..errors import RecordError
-        from .executor import single_threaded_pool
+        from .processes import single_threaded_pool
 
         if self._pool is None:
             self._pool = single_threaded_pool(self.workers)

@@ -410,7 +410,7 @@ def test_shared_memory_feed_gives_what_libsndfile_decodes(tmp_path):
     file's samples as decode_audio gives them (mono and stereo, files larger than a slab, a damaged one)."""
     from gpubatch.engine.audio_feed import SharedFeed
     from gpubatch.engine.codecs.audio import decode_audio
-    from gpubatch.engine.executor import single_threaded_pool
+    from gpubatch.engine.processes import single_threaded_pool
 
     files = [write(tmp_path / f"m{i}.flac", tone(0.2 + 0.1 * i), 16000) for i in range(5)]
     files.append(write(tmp_path / "stereo.wav", tone(0.3, 8000, channels=2), 8000))
@@ -577,3 +577,17 @@ def test_a_gpu_run_streams_long_records_on_the_cpu(tmp_path, monkeypatch):
     assert stats.fallbacks == 1
     ((job, item),) = audio_gpu._prepare(short, plan, stats)
     assert isinstance(item, AudioData) and item.samples.shape == (1, 16000) and stats.fallbacks == 1
+
+
+def test_the_command_line_keeps_freed_memory_and_the_library_does_not():
+    import platform
+    import subprocess
+    import sys
+
+    from gpubatch.engine.processes import keep_freed_memory
+
+    assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")  # mallopt took both settings
+    code = ("import gpubatch, sys; import gpubatch.engine.processes as p; called = []; "
+            "p.keep_freed_memory = lambda: called.append(1) or True; gpubatch.convert; print(len(called))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "0"  # importing and using the API does not touch the allocator

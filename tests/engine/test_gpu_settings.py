@@ -72,4 +72,4 @@ def test_the_engine_reads_no_environment_outside_its_settings():
     # (the one other use of the environment: the thread limits a worker process starts with, written)
     users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                    if p.name != "settings.py" and re.search(r"os\.environ|getenv\(", p.read_text()))
-    assert users == ["executor.py"]
+    assert users == ["processes.py"]
