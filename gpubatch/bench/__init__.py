@@ -26,7 +26,7 @@ class Model:
     media: str = "image"
     clip: tuple[int, int] = (0, 0)  # a video model's clip: frames, frame step
     batch_size: int = 256  # items a batch by default (clips for a video model)
-    audio: tuple[float, int, int] = (0.0, 0, 0)  # an audio model's synthetic clips: seconds, sample rate, mel bins
+    audio: tuple[float, int] = (0.0, 0)  # an audio model's synthetic clips: seconds, sample rate
 
 
 NORM = "normalize(layout='CHW', dtype='float16')"
@@ -48,12 +48,12 @@ MODELS: dict[str, Model] = {
     "whisper": Model("whisper", "Whisper speech recognition: 16 kHz audio padded to 30 s, 80-bin log-mel "
                      "(Whisper's definition), fp16 (N, 80, 3000)",
                      {"train": "resample(rate=16000) | fix_duration(seconds=30) | log_mel(n_mels=80)"},
-                     media="audio", batch_size=64, audio=(10.0, 16000, 80)),
+                     media="audio", batch_size=64, audio=(10.0, 16000)),
     "audio-clf": Model("audio-clf", "audio classification (ESC-50-like 5 s clips): 64-bin log-mel at 16 kHz, "
                        "SpecAugment (2 frequency masks of up to 8 bins, 2 time masks of up to 25 frames), fp16",
                        {"train": "resample(rate=16000) | fix_duration(seconds=5) | log_mel(n_mels=64) | "
                                  "freq_mask(width=8, count=2) | time_mask(width=25, count=2)"},
-                       media="audio", batch_size=128, audio=(5.0, 44100, 64)),
+                       media="audio", batch_size=128, audio=(5.0, 44100)),
 }
 
 

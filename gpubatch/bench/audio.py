@@ -22,19 +22,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .measure import CpuUse, Cycle, GpuSampler, timed_windows
+from .measure import CpuUse, Cycle, GpuSampler, media_files, timed_windows, warmup_batches
 
-AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".m4a")
 AUDIO_CONTENDERS = ("gpubatch-gpu", "gpubatch-cpu", "torchaudio-dataloader", "dali")
-
-
-def audio_files(data: str, n: int = 0) -> list[Path]:
-    files = sorted(p for p in Path(data).rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
-    return files[:n] if n else files
-
-
-def _warmup(a: dict, files: list[Path]) -> int:
-    return max(3, -(-len(files) // int(a["batch_size"])))
 
 
 def _rates(res: dict) -> dict:
@@ -46,7 +36,7 @@ def run_gpubatch_audio(a: dict, device: str) -> dict:
     from . import chain_ops, get_model
 
     model = get_model(a["model"])
-    files = audio_files(a["data"], a["images"])
+    files = media_files(a["data"], a["images"], "audio")
     sampler = GpuSampler(a.get("gpu", 0)) if device == "gpu" else None
     pipe = AudioPipeline(chain_ops(model.chains[a["chain"]]), device=device, gpu=a.get("gpu", 0), seed=0)
     it = pipe.iterate_files(files, a["batch_size"], repeat=True)
@@ -57,7 +47,7 @@ def run_gpubatch_audio(a: dict, device: str) -> dict:
     cpu = CpuUse()
     if sampler:
         sampler.measuring = True
-    res = timed_windows(step, a["seconds"], warmup=_warmup(a, files))
+    res = timed_windows(step, a["seconds"], warmup=warmup_batches(a))
     res["cpu_cores_used"] = cpu.stop()
     res["host_cpu"] = cpu.host
     it.close()
@@ -181,7 +171,7 @@ def run_torch_dataloader(a: dict) -> dict:
     from . import chain_ops, get_model
 
     model = get_model(a["model"])
-    files = audio_files(a["data"], a["images"])
+    files = media_files(a["data"], a["images"], "audio")
     chain = _TorchChain(chain_ops(model.chains[a["chain"]]), torchaudio)
     workers = os.cpu_count() or 1
     torch.set_num_threads(1)
@@ -189,7 +179,7 @@ def run_torch_dataloader(a: dict) -> dict:
                                      persistent_workers=True, prefetch_factor=2, sampler=Cycle(len(files), 10_000))
     it = iter(dl)
     cpu = CpuUse()
-    res = timed_windows(lambda: len(next(it)), a["seconds"], warmup=max(_warmup(a, files), 2))
+    res = timed_windows(lambda: len(next(it)), a["seconds"], warmup=max(warmup_batches(a), 2))
     res["cpu_cores_used"] = cpu.stop()
     res["host_cpu"] = cpu.host
     res["workers"] = workers
@@ -216,7 +206,7 @@ def run_dali_audio(a: dict) -> dict:
     rate = by["resample"].rate if "resample" in by else 16000
     n = int(round(by["fix_duration"].seconds * rate))
     lm = by["log_mel"]
-    files = [str(p) for p in audio_files(a["data"], a["images"])]
+    files = [str(p) for p in media_files(a["data"], a["images"], "audio")]
     sampler = GpuSampler(a.get("gpu", 0))
 
     @pipeline_def(batch_size=a["batch_size"], num_threads=os.cpu_count() or 4, device_id=a.get("gpu", 0), seed=0)
@@ -240,7 +230,7 @@ def run_dali_audio(a: dict) -> dict:
         return {"error": f"DALI refused the pipeline: {type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"}
     sampler.measuring = True
     cpu = CpuUse()
-    res = timed_windows(lambda: (p.run(), a["batch_size"])[1], a["seconds"], warmup=_warmup(a, [0] * len(files)))
+    res = timed_windows(lambda: (p.run(), a["batch_size"])[1], a["seconds"], warmup=warmup_batches(a))
     res["cpu_cores_used"] = cpu.stop()
     res["host_cpu"] = cpu.host
     res.update(sampler.stop())

@@ -10,6 +10,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..engine.affinity import HostLoad
@@ -218,3 +219,13 @@ class Cycle:
     def __iter__(self):
         for _ in range(self.times):
             yield from range(self.n)
+
+
+def media_files(data: str | Path, n: int = 0, media: str = "video") -> list[Path]:
+    """The video or audio files under ``data`` (gpubatch's extensions for that media), sorted; the first
+    ``n`` where given: what a video or audio bench reads."""
+    from ..types import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS
+
+    exts = VIDEO_EXTENSIONS if media == "video" else AUDIO_EXTENSIONS
+    files = sorted(p for p in Path(data).rglob("*") if p.suffix[1:].lower() in exts)
+    return files[:n] if n else files

@@ -126,10 +126,8 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
         raise UsageError("--sweep, --with-model and --busy measure the image models")
     if busy_after is not None and not busy:
         raise UsageError("--busy-after needs --busy N (the busy processes it starts)")
-    if m.media == "video":
-        data, source = _video_source(data, synthetic, images, say)
-    elif m.media == "audio":
-        data, source = _audio_source(m, data, synthetic, images, say)
+    if m.media != "image":
+        data, source = _media_source(m, data, synthetic, images, say)
     elif synthetic is not None:
         if synthetic < batch_size:
             raise UsageError(f"--synthetic {synthetic} is smaller than one batch ({batch_size})")
@@ -201,43 +199,33 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
             "results": results, "sweep": sweep_out}
 
 
-def _video_source(data: Path | None, synthetic: int | None, files: int | None,
+def _media_source(m: Any, data: Path | None, synthetic: int | None, files: int | None,
                   say: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
-    """The clips a video bench reads: a folder of video files, or a synthetic set made once and cached."""
-    from .video import video_files
+    """The files a video or audio bench reads: a folder of them, or a synthetic set made once and cached
+    (video: 1080p and 720p H.264 and HEVC clips; audio: speech-like FLAC of the model's length and rate)."""
+    from ..types import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS
+    from .measure import media_files
 
+    what = f"{m.media} files"
     if synthetic is not None:
-        from ..synthetic import make_video_set
+        from .. import synthetic as make
 
-        root = cache_dir() / f"synthetic-video-{synthetic}"
-        say(f"synthetic data: {synthetic} clips (1080p and 720p, H.264 and HEVC, 5-20 s) in {root}")
-        make_video_set(root, synthetic)
-        return root, {"path": str(root), "kind": "synthetic", "images": synthetic, "what": "video files"}
+        if m.media == "video":
+            root = cache_dir() / f"synthetic-video-{synthetic}"
+            say(f"synthetic data: {synthetic} clips (1080p and 720p, H.264 and HEVC, 5-20 s) in {root}")
+            make.make_video_set(root, synthetic)
+        else:
+            seconds, rate = m.audio
+            root = cache_dir() / f"synthetic-audio-{synthetic}-{seconds:g}s-{rate}"
+            say(f"synthetic data: {synthetic} speech-like FLAC clips ({seconds:g} s, {rate:,} Hz) in {root}")
+            make.make_audio_set(root, synthetic, seconds=(seconds, seconds), rate=rate, fmt="flac")
+        return root, {"path": str(root), "kind": "synthetic", "images": synthetic, "what": what}
     data = Path(data)
-    n = len(video_files(str(data), files or 0))
+    n = len(media_files(data, files or 0, m.media))
     if not n:
-        raise UsageError(f"--data {data}: no video files (mp4, mkv, webm, mov, avi)")
-    return data, {"path": str(data), "kind": "folder", "images": n, "what": "video files"}
-
-
-def _audio_source(m: Any, data: Path | None, synthetic: int | None, files: int | None,
-                  say: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
-    """The clips an audio bench reads: a folder of audio files, or a synthetic set made once and cached."""
-    from .audio import audio_files
-
-    if synthetic is not None:
-        from ..synthetic import make_audio_set
-
-        seconds, rate, _ = m.audio
-        root = cache_dir() / f"synthetic-audio-{synthetic}-{seconds:g}s-{rate}"
-        say(f"synthetic data: {synthetic} speech-like FLAC clips ({seconds:g} s, {rate:,} Hz) in {root}")
-        make_audio_set(root, synthetic, seconds=(seconds, seconds), rate=rate, fmt="flac")
-        return root, {"path": str(root), "kind": "synthetic", "images": synthetic, "what": "audio files"}
-    data = Path(data)
-    n = len(audio_files(str(data), files or 0))
-    if not n:
-        raise UsageError(f"--data {data}: no audio files (wav, flac, ogg, opus, mp3, m4a)")
-    return data, {"path": str(data), "kind": "folder", "images": n, "what": "audio files"}
+        exts = VIDEO_EXTENSIONS if m.media == "video" else AUDIO_EXTENSIONS
+        raise UsageError(f"--data {data}: no {what} ({', '.join(exts)})")
+    return data, {"path": str(data), "kind": "folder", "images": n, "what": what}
 
 
 def list_models() -> list[tuple[str, str, dict[str, str]]]:

@@ -24,22 +24,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from .measure import CpuUse, Cycle, GpuSampler, timed_windows
-
-VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".mov", ".avi")
-
-
-def video_files(data: str, n: int = 0) -> list[Path]:
-    files = sorted(p for p in Path(data).rglob("*") if p.suffix.lower() in VIDEO_SUFFIXES)
-    return files[:n] if n else files
-
-
-def _clip_args(model: Any) -> tuple[int, int]:
-    return model.clip
-
-
-def _warmup(a: dict, files: list[Path]) -> int:
-    return max(3, -(-len(files) // int(a["batch_size"])))
+from .measure import CpuUse, Cycle, GpuSampler, media_files, timed_windows, warmup_batches
 
 
 def run_gpubatch_video(a: dict, device: str) -> dict:
@@ -48,7 +33,7 @@ def run_gpubatch_video(a: dict, device: str) -> dict:
 
     model = get_model(a["model"])
     T, step = model.clip
-    files = video_files(a["data"], a["images"])
+    files = media_files(a["data"], a["images"], "video")
     sampler = DecoderSampler(a.get("gpu", 0)) if device == "gpu" else None
     pipe = VideoPipeline(chain_ops(model.chains[a["chain"]]), clip_length=T, frame_step=step, device=device,
                          gpu=a.get("gpu", 0), seed=0)
@@ -60,7 +45,7 @@ def run_gpubatch_video(a: dict, device: str) -> dict:
     cpu = CpuUse()
     if sampler:
         sampler.measuring = True
-    res = timed_windows(step_, a["seconds"], warmup=_warmup(a, files))
+    res = timed_windows(step_, a["seconds"], warmup=warmup_batches(a))
     res["cpu_cores_used"] = cpu.stop()
     res["host_cpu"] = cpu.host
     it.close()
@@ -169,7 +154,7 @@ def run_pyav_dataloader(a: dict) -> dict:
 
     model = get_model(a["model"])
     T, step = model.clip
-    files = video_files(a["data"], a["images"])
+    files = media_files(a["data"], a["images"], "video")
     workers = os.cpu_count() or 1
     dl = torch.utils.data.DataLoader(_Clips(files, T, step, 256, 224), batch_size=a["batch_size"],
                                      num_workers=workers, persistent_workers=True, prefetch_factor=2,
@@ -180,7 +165,7 @@ def run_pyav_dataloader(a: dict) -> dict:
         return len(next(it))
 
     cpu = CpuUse()
-    warm = max(_warmup(a, files), 2)
+    warm = max(warmup_batches(a), 2)
     res = timed_windows(step_, a["seconds"], warmup=warm)
     res["cpu_cores_used"] = cpu.stop()
     res["host_cpu"] = cpu.host
@@ -198,7 +183,7 @@ def dali_video_pipeline(a: dict, reader: str):
 
     model = get_model(a["model"])
     T, step = model.clip
-    files = [str(p) for p in video_files(a["data"], a["images"])]
+    files = [str(p) for p in media_files(a["data"], a["images"], "video")]
 
     @pipeline_def(batch_size=a["batch_size"], num_threads=os.cpu_count() or 4, device_id=a.get("gpu", 0), seed=0)
     def pipe():
@@ -239,7 +224,6 @@ def run_dali_video(a: dict) -> dict:
     from . import get_model
 
     T = get_model(a["model"]).clip[0]
-    files = video_files(a["data"], a["images"])
     sampler = DecoderSampler(a.get("gpu", 0))  # before DALI touches CUDA
     refused = None
     try:
@@ -253,7 +237,7 @@ def run_dali_video(a: dict) -> dict:
             return {"error": f"DALI refused the clip set: {refused}; experimental reader: {_dali_reason(e2)}"}
     sampler.measuring = True
     cpu = CpuUse()
-    res = timed_windows(lambda: (pipe.run(), a["batch_size"])[1], a["seconds"], warmup=_warmup(a, files))
+    res = timed_windows(lambda: (pipe.run(), a["batch_size"])[1], a["seconds"], warmup=warmup_batches(a))
     res["cpu_cores_used"] = cpu.stop()
     res["host_cpu"] = cpu.host
     res.update(sampler.stop())

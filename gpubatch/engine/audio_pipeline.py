@@ -22,40 +22,22 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import GpubatchError, RecordError, Stage, UsageError
+from .batch import KeyedBatch
 from .codecs.audio_io import AudioData, decode_audio, leading_seconds
 from .ops.base import Op
 from .plan import Plan
+from .rng import file_visits
 
 DTYPES = ("float16", "float32")
 
 
-@dataclass
-class AudioBatch:
-    """A batch: ``data`` (N, ...) a CuPy array on the GPU or a NumPy array; ``keys`` the files it came from."""
-
-    data: Any
-    keys: list[str]
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def __dlpack__(self, stream: Any = None, **kw: Any) -> Any:
-        return self.data.__dlpack__(stream=stream, **kw) if stream is not None else self.data.__dlpack__(**kw)
-
-    def __dlpack_device__(self) -> Any:
-        return self.data.__dlpack_device__()
-
-
-def _visit_key(key: str, epoch: int, visit: int) -> str:
-    return f"{key}#e{epoch}#v{visit}"
-
+AudioBatch = KeyedBatch  # features (N, bins, frames) or waveforms, with the files they came from
 
 def _load(path: str, key: str, plan: Plan) -> AudioData:
     """A file decoded (only as far as a leading fixed duration reads), its errors as RecordErrors."""
@@ -129,15 +111,6 @@ class AudioPipeline:
         self._pool: Any = None
         self.plan.validate(DEVICE if self.device.is_gpu else HOST)
 
-    def _visits(self, files: Sequence[str | Path], repeat: bool, epoch: int) -> Iterator[tuple[str, str]]:
-        visit = 0
-        while True:
-            for f in files:
-                yield str(f), _visit_key(str(Path(f).with_suffix("")), epoch, visit)
-            visit += 1
-            if not repeat:
-                return
-
     def iterate_files(self, files: Sequence[str | Path], batch_size: int, repeat: bool = False,
                       epoch: int = 0) -> Iterator[AudioBatch]:
         """Batches of ``batch_size`` records, one a visit of each file (the last batch may be smaller)."""
@@ -173,7 +146,7 @@ class AudioPipeline:
         if self._pool is None:
             self._pool = single_threaded_pool(self.workers)
         pending: deque = deque()
-        visits = self._visits(files, repeat, epoch)
+        visits = file_visits(files, repeat, epoch)
         per_task = max(1, min(8, batch_size // self.workers))
         batch: list[np.ndarray] = []
         keys: list[str] = []
@@ -232,7 +205,7 @@ class AudioPipeline:
                 else:
                     self._pool = feed.pool
                     try:
-                        yield from self._batches(feed.items(self._visits(files, repeat, epoch),
+                        yield from self._batches(feed.items(file_visits(files, repeat, epoch),
                                                             leading_seconds(self.plan.ops)),
                                                  batch_size, len(files), feed.upload, cp)
                     finally:
@@ -257,7 +230,7 @@ class AudioPipeline:
             except RecordError as e:
                 return key, e, None
 
-        yield from ordered_map(load, self._visits(files, repeat, epoch), self.workers,
+        yield from ordered_map(load, file_visits(files, repeat, epoch), self.workers,
                                window=max(2 * batch_size, 4 * self.workers))
 
     def _batches(self, items: Iterator[tuple], batch_size: int, files: int, upload: Any, cp: Any) -> Iterator[AudioBatch]:

@@ -16,6 +16,24 @@ from typing import Any
 import numpy as np
 
 HostBatch = list  # list[np.ndarray], uint8 HWC
+
+
+@dataclass
+class KeyedBatch:
+    """A training pipeline's batch (clips, features): ``data`` (N, ...), a CuPy array on the GPU or a
+    NumPy array, handed to PyTorch or JAX through DLPack; ``keys`` the files its items came from."""
+
+    data: Any
+    keys: list[str]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __dlpack__(self, stream: Any = None, **kw: Any) -> Any:
+        return self.data.__dlpack__(stream=stream, **kw) if stream is not None else self.data.__dlpack__(**kw)
+
+    def __dlpack_device__(self) -> Any:
+        return self.data.__dlpack_device__()
 #: a Ragged image's format code for the resample kernel, by chroma sampling (0: interleaved RGB)
 PLANE_CODE = {(2, 2): 1, (2, 1): 2}
 

@@ -75,7 +75,7 @@ class Plan:
             raise UsageError(f"--quality must be between 1 and 100, got {self.quality}")
         if self.max_pixels is not None and self.max_pixels < 0:
             raise UsageError(f"--max-pixels must be >= 0, got {self.max_pixels}")
-        if self.ops and self.max_pixels and not any(op.media == ("audio",) for op in self.ops):
+        if self.ops and self.max_pixels and all(_pixels(op) for op in self.ops):
             self._check_growth()
         if self.audio_format not in AUDIO_FORMATS:
             raise UsageError(f"unknown --audio-format {self.audio_format!r}; supported: {', '.join(AUDIO_FORMATS)}")
@@ -228,9 +228,15 @@ class Plan:
             boxes, d = op.move_boxes(boxes, h, w, p, self.min_box_visibility)
             dropped += d
             h, w = op.out_hw(h, w, p)
-            if self.max_pixels and h * w > self.max_pixels and "audio" not in op.media:
+            if self.max_pixels and h * w > self.max_pixels and _pixels(op):
                 raise ImageTooLarge(op.name, h, w, self.max_pixels)
         return boxes, dropped
+
+
+def _pixels(op: Op) -> bool:
+    """Whether ``op`` makes pixels, which ``--max-pixels`` bounds (an audio op's (h, w) are a sample rate
+    and a length, or bins and frames)."""
+    return "image" in op.media
 
 
 class ImageTooLarge(ValueError):

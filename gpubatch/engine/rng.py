@@ -11,7 +11,10 @@ seeded NumPy Generator: at 25,000 images/s the per-record host budget is 40 us i
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
+from collections.abc import Iterator
+from typing import Any
 
 _U53 = 1.0 / (1 << 53)
 
@@ -57,3 +60,16 @@ class KeyedRandom:
 def record_rng(seed: int, key: str, stream: int = 0) -> KeyedRandom:
     """The generator of record ``key`` under ``seed`` (``stream`` separates independent uses)."""
     return KeyedRandom(seed, key, stream)
+
+
+def file_visits(files: Any, repeat: bool = False, epoch: int = 0) -> Iterator[tuple[str, str]]:
+    """(path, draw key) for each visit of each file, in order: every file once, forever with ``repeat``.
+    A visit's key, ``<file>#e<epoch>#v<visit>``, is what a training pipeline draws its parameters from,
+    so every epoch and visit draws anew, and reproducibly."""
+    visit = 0
+    while True:
+        for f in files:
+            yield str(f), f"{os.path.splitext(str(f))[0]}#e{epoch}#v{visit}"
+        visit += 1
+        if not repeat:
+            return

@@ -29,30 +29,21 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
+from .batch import KeyedBatch
 from .ops.base import Op
 from .plan import Plan
+from .rng import file_visits
 from .settings import Settings
 
 LAYOUTS = ("NCTHW", "NTCHW")
 
 
 @dataclass
-class ClipBatch:
+class ClipBatch(KeyedBatch):
     """A batch of clips: ``data`` (N, C, T, H, W) or (N, T, C, H, W), a CuPy array on the GPU or a NumPy
     array; ``keys`` the files they came from; ``frames`` each clip's frame indices."""
 
-    data: Any
-    keys: list[str]
     frames: list[list[int]] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def __dlpack__(self, stream: Any = None, **kw: Any) -> Any:
-        return self.data.__dlpack__(stream=stream, **kw) if stream is not None else self.data.__dlpack__(**kw)
-
-    def __dlpack_device__(self) -> Any:
-        return self.data.__dlpack_device__()
 
 
 def _clip_plan(ops: Sequence[Op], clip_length: int, frame_step: int, seed: int) -> Plan:
@@ -85,10 +76,6 @@ class _Probes:
             with self._lock:
                 self._infos[path] = found
         return found
-
-
-def _visit_key(key: str, epoch: int, visit: int) -> str:
-    return f"{key}#e{epoch}#v{visit}"
 
 
 _WORKER_PROBES = _Probes()  # a CPU worker process's probes, kept for its later visits of each file
@@ -160,16 +147,6 @@ class VideoPipeline:
 
     # --- the work list -----------------------------------------------------------------------------------
 
-    def _visits(self, files: Sequence[str | Path], repeat: bool, epoch: int) -> Iterator[tuple[str, str]]:
-        """(path, visit key) per clip: every file once an epoch, in order; forever with ``repeat``."""
-        visit = 0
-        while True:
-            for f in files:
-                yield str(f), _visit_key(str(Path(f).with_suffix("")), epoch, visit)
-            visit += 1
-            if not repeat:
-                return
-
     def iterate_files(self, files: Sequence[str | Path], batch_size: int, repeat: bool = False,
                       epoch: int = 0) -> Iterator[ClipBatch]:
         """Batches of ``batch_size`` clips, one clip a visit of each file (the last batch may be smaller)."""
@@ -217,7 +194,7 @@ class VideoPipeline:
         if self._pool is None:
             self._pool = single_threaded_pool(self.workers)
         pending: deque = deque()
-        visits = self._visits(files, repeat, epoch)
+        visits = file_visits(files, repeat, epoch)
         try:
             while True:
                 while len(pending) < 2 * self.workers:
@@ -245,7 +222,7 @@ class VideoPipeline:
         """Clips made by ``self.decoders`` threads, delivered in visit order (a bounded window ahead)."""
         from ..errors import RecordError
 
-        visits = self._visits(files, repeat, epoch)
+        visits = file_visits(files, repeat, epoch)
         out: dict[int, Any] = {}
         cond = threading.Condition()
         stop = threading.Event()

@@ -32,12 +32,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .._paths import read_regular, safe_join, safe_relpath
+from .._paths import read_regular, safe_relpath
 from ..errors import FormatError
 from ..types import AUDIO_EXTENSIONS, DatasetInfo, Media, Record, class_table
 from . import fields, register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer
-from .folder import _walk_images, class_folders, safe_component
+from .folder import _strip_ext, _walk_images, class_folders, place_file, read_listed_file, safe_component
 from .manifest import MANIFEST_NAME, read_manifest
 
 METADATA = "metadata.csv"
@@ -98,7 +98,7 @@ class AudioReader(Reader):
         files = _walk_images(self.root, damaged, accept=is_audio_name)
         texts = self._transcripts()
         if texts:
-            return [*damaged, *((f, None, texts.get(_stem(f).rsplit("/", 1)[-1])) for f in files)]
+            return [*damaged, *((f, None, texts.get(_strip_ext(f).rsplit("/", 1)[-1])) for f in files)]
         tops = sorted({f.split("/", 1)[0] for f in files if "/" in f and not f.startswith("_")})
         if tops:
             self._classes = tuple(tops)
@@ -247,16 +247,11 @@ class AudioReader(Reader):
         return DatasetInfo(classes=tuple(manifest.get("classes") or ()) or self._classes)
 
     def where(self, entry: Any) -> tuple[str, str]:
-        return _stem(entry[0]), str(self.root / entry[0])
+        return _strip_ext(entry[0]), str(self.root / entry[0])
 
     def _read(self, entry: tuple) -> Record:
         path, label, text = entry[:3]
-        full = Path(path) if os.path.isabs(path) else safe_join(self.root, path)
-        key = _stem(path if not os.path.isabs(path) else Path(path).name)
-        try:
-            data = read_regular(full)
-        except (OSError, ValueError) as e:
-            raise self.record_error(key, str(full), getattr(e, "strerror", None) or e) from None
+        key, full, data = read_listed_file(self, self.root, path)
         from ..engine.codecs.audio_io import sniff_audio
 
         ext = path.rsplit(".", 1)[-1].lower()
@@ -278,10 +273,6 @@ def _label(x: int | None) -> Any:
         return e
 
 
-def _stem(path: str) -> str:
-    return path.rsplit(".", 1)[0] if "." in path.rsplit("/", 1)[-1] else path
-
-
 class AudioWriter(Writer):
     """Clips in class folders (``<class>/<clip>.<ext>``) with ``metadata.csv`` beside them."""
 
@@ -299,14 +290,7 @@ class AudioWriter(Writer):
         stem, ext = name.rsplit(".", 1)
         folder = (self._folders.get(record.label) or str(record.label)) if record.label is not None else ""
         rel = f"{folder}/{safe_component(stem)}.{ext}" if folder else f"{safe_component(stem)}.{ext}"
-        base, n = rel, 1
-        while rel.casefold() in self._used or rel in (METADATA, MANIFEST_NAME):
-            rel = f"{base.rsplit('.', 1)[0]}_{n}.{ext}"
-            n += 1
-        self._used.add(rel.casefold())
-        path = safe_join(self.root, rel)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(record.data)
+        rel = place_file(self.root, rel, record.data, self._used, (METADATA, MANIFEST_NAME))
         cls = ""
         if record.label is not None and self.classes:
             try:

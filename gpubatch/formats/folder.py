@@ -158,7 +158,39 @@ def _detection_layout(root: Path, folders: set[str]) -> str | None:
 
 
 def _strip_ext(rel: str) -> str:
+    """A file's key: its path without the extension."""
     return rel.rsplit(".", 1)[0] if "." in rel.rsplit("/", 1)[-1] else rel
+
+
+def read_listed_file(reader: Reader, root: Path, path: str) -> tuple[str, Path, bytes]:
+    """(key, full path, bytes) of a file a dataset lists, relative to ``root`` or absolute (keyed by its
+    name then); the reader's record error where it cannot be read (a video or audio folder's files)."""
+    absolute = os.path.isabs(path)
+    full = Path(path) if absolute else safe_join(root, path)
+    key = _strip_ext(Path(path).name if absolute else path)
+    try:
+        return key, full, read_regular(full)
+    except (OSError, ValueError) as e:
+        raise reader.record_error(key, str(full), getattr(e, "strerror", None) or e) from None
+
+
+def place_file(root: Path, rel: str, data: bytes, used: set[str], reserved: tuple[str, ...],
+               no_spaces: bool = False) -> str:
+    """Write ``data`` at ``rel`` under ``root``, or at ``<stem>_<n>.<ext>`` where that name is taken
+    (``used``, case-insensitively, or one of ``reserved``) or, with ``no_spaces``, holds a space (a
+    whitespace-separated file list names it); the name written."""
+    ext = rel.rsplit(".", 1)[1]
+    base, n = rel, 1
+    while rel.casefold() in used or rel in reserved or (no_spaces and " " in rel):
+        rel = f"{base.rsplit('.', 1)[0]}_{n}.{ext}"
+        if no_spaces:
+            rel = rel.replace(" ", "_")
+        n += 1
+    used.add(rel.casefold())
+    path = safe_join(root, rel)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return rel
 
 
 def label_names(labels: list[int], known: Any = None) -> tuple[str, ...] | ClassNames:
@@ -394,14 +426,7 @@ class FolderWriter(Writer):
             parts = [safe_component(p) for p in key_dir.split("/") if p]
             rel = "/".join([*parts, f"{safe_component(stem)}.{ext}"])
             self._unlabelled += record.label is None
-        base, n = rel, 1
-        while rel.casefold() in self._used or rel in (FILE_LIST, MANIFEST_NAME):
-            rel = f"{base.rsplit('.', 1)[0]}_{n}.{ext}"
-            n += 1
-        self._used.add(rel.casefold())
-        path = safe_join(self.root, rel)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(record.data)
+        rel = place_file(self.root, rel, record.data, self._used, (FILE_LIST, MANIFEST_NAME))
         self._lines.append(f"{rel} {-1 if record.label is None else record.label}\n")
         self.count += 1
         self.bytes += len(record.data)

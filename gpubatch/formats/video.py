@@ -26,13 +26,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .._paths import read_regular, safe_join, safe_relpath
+from .._paths import read_regular, safe_relpath
 from ..errors import FormatError
 from ..types import IMAGE_EXTENSIONS as _IMAGE_EXT
 from ..types import VIDEO_EXTENSIONS, DatasetInfo, Media, Record, class_table
 from . import fields, register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer
-from .folder import _walk_images, class_folders, safe_component
+from .folder import _strip_ext, _walk_images, class_folders, place_file, read_listed_file, safe_component
 from .manifest import MANIFEST_NAME, read_manifest
 
 FILE_LIST = "file_list.txt"
@@ -123,7 +123,7 @@ class VideoReader(Reader):
                 entries.append(Damaged(f"line {n}", where, str(e)))
                 continue
             if start == end and start != 0:
-                entries.append(Damaged(_stem(path), where, f"start = end = {start:g} s: an empty stretch (DALI skips it)"))
+                entries.append(Damaged(_strip_ext(path), where, f"start = end = {start:g} s: an empty stretch (DALI skips it)"))
                 continue
             entries.append((path, label, start, end))
             if label is not None:
@@ -182,16 +182,11 @@ class VideoReader(Reader):
         return DatasetInfo(classes=classes)
 
     def where(self, entry: Any) -> tuple[str, str]:
-        return _stem(entry[0]), str(self.root / entry[0])
+        return _strip_ext(entry[0]), str(self.root / entry[0])
 
     def _read(self, entry: tuple[str, int | None, float, float]) -> Record:
         path, label, start, end = entry
-        full = Path(path) if os.path.isabs(path) else safe_join(self.root, path)
-        key = _stem(path if not os.path.isabs(path) else Path(path).name)
-        try:
-            data = read_regular(full)
-        except (OSError, ValueError) as e:
-            raise self.record_error(key, str(full), getattr(e, "strerror", None) or e) from None
+        key, full, data = read_listed_file(self, self.root, path)
         from ..engine.codecs.video_probe import sniff_container
 
         ext = path.rsplit(".", 1)[-1].lower()
@@ -200,10 +195,6 @@ class VideoReader(Reader):
             meta["start"], meta["end"] = start, end
         return Record(key=key, data=data, media=Media.VIDEO, codec=sniff_container(data) or VIDEO_EXTENSIONS.get(ext, ext),
                       label=label, meta=meta, origin=str(full))
-
-
-def _stem(path: str) -> str:
-    return path.rsplit(".", 1)[0] if "." in path.rsplit("/", 1)[-1] else path
 
 
 class VideoWriter(Writer):
@@ -222,14 +213,7 @@ class VideoWriter(Writer):
             stem = f"{Path(record.meta.get('source') or stem).stem}_{record.key.rsplit('/', 1)[1]}"
         folder = (self._folders.get(record.label) or str(record.label)) if record.label is not None else ""
         rel = f"{folder}/{safe_component(stem)}.{ext}" if folder else f"{safe_component(stem)}.{ext}"
-        base, n = rel, 1
-        while rel.casefold() in self._used or rel in (FILE_LIST, MANIFEST_NAME) or " " in rel:
-            rel = f"{base.rsplit('.', 1)[0]}_{n}.{ext}".replace(" ", "_")
-            n += 1
-        self._used.add(rel.casefold())
-        path = safe_join(self.root, rel)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(record.data)
+        rel = place_file(self.root, rel, record.data, self._used, (FILE_LIST, MANIFEST_NAME), no_spaces=True)
         start, end = record.meta.get("start"), record.meta.get("end")
         times = f" {start:g} {end:g}" if isinstance(start, (int, float)) and isinstance(end, (int, float)) else ""
         self._lines.append(f"{rel} {-1 if record.label is None else record.label}{times}\n")

@@ -583,14 +583,17 @@ class FeatureOp(AudioOp):
     drop_last: ClassVar[bool] = False
 
     def bins(self) -> int:
-        raise NotImplementedError
+        """Features a frame: the mel bins (the coefficients of MFCC), else the FFT's bins."""
+        return getattr(self, "n_mfcc", None) or getattr(self, "n_mels", None) or self.n_fft // 2 + 1
 
     def out_hw(self, h: int, w: int, params: Any = None) -> tuple[int, int]:
         return self.bins(), w // self.hop + (0 if self.drop_last else 1)
 
-    def _check(self) -> None:
-        object.__setattr__(self, "n_fft", positive(f"{self.name} n_fft", self.n_fft))
-        object.__setattr__(self, "hop", positive(f"{self.name} hop", self.hop))
+    def __post_init__(self) -> None:
+        """Every feature op's sizes checked (n_fft, hop, and n_mels / n_mfcc where it has them)."""
+        for f in ("n_fft", "hop", "n_mels", "n_mfcc"):
+            if hasattr(self, f):
+                object.__setattr__(self, f, positive(f"{self.name} {f}", getattr(self, f)))
         if getattr(self, "pad", "reflect") not in ("reflect", "constant"):
             raise UsageError(f"{self.name} pad must be reflect or constant, got {self.pad!r}")
 
@@ -697,11 +700,8 @@ class Spectrogram(FeatureOp):
     name = "spectrogram"
 
     def __post_init__(self) -> None:
-        self._check()
+        super().__post_init__()
         object.__setattr__(self, "power", _number("spectrogram power", self.power, 0.5, 4))
-
-    def bins(self) -> int:
-        return self.n_fft // 2 + 1
 
     def from_power(self, p: Any, rate: int, xp: Any) -> Any:
         return xp.swapaxes(p if self.power == 2 else p ** (self.power / 2), -1, -2)
@@ -719,13 +719,6 @@ class Mel(FeatureOp):
     pad: str = "reflect"
     name = "mel"
 
-    def __post_init__(self) -> None:
-        self._check()
-        object.__setattr__(self, "n_mels", positive("mel n_mels", self.n_mels))
-
-    def bins(self) -> int:
-        return self.n_mels
-
     def from_power(self, p: Any, rate: int, xp: Any) -> Any:
         return xp.swapaxes(_mel_power(self, p, rate, xp), -1, -2)
 
@@ -742,13 +735,6 @@ class LogMel(FeatureOp):
     f_max: float = 0.0
     name = "log_mel"
     drop_last: ClassVar[bool] = True
-
-    def __post_init__(self) -> None:
-        self._check()
-        object.__setattr__(self, "n_mels", positive("log_mel n_mels", self.n_mels))
-
-    def bins(self) -> int:
-        return self.n_mels
 
     def from_power(self, p: Any, rate: int, xp: Any) -> Any:
         m = _mel_power(self, p, rate, xp)
@@ -775,14 +761,9 @@ class MFCC(FeatureOp):
     name = "mfcc"
 
     def __post_init__(self) -> None:
-        self._check()
-        object.__setattr__(self, "n_mels", positive("mfcc n_mels", self.n_mels))
-        object.__setattr__(self, "n_mfcc", positive("mfcc n_mfcc", self.n_mfcc))
+        super().__post_init__()
         if self.n_mfcc > self.n_mels:
             raise UsageError(f"mfcc n_mfcc ({self.n_mfcc}) cannot exceed n_mels ({self.n_mels})")
-
-    def bins(self) -> int:
-        return self.n_mfcc
 
     def from_power(self, p: Any, rate: int, xp: Any) -> Any:
         return xp.swapaxes(10.0 * xp.log10(xp.maximum(_mel_power(self, p, rate, xp), 1e-10)), -1, -2)
