@@ -297,6 +297,16 @@ def test_spec_augment_masks_take_features():
     assert (out[5:8, :40] == -1).all() and (out[70:80, 60:] == -1).all() and (out[:, 40:60] == -2).all()
     assert (np.delete(np.delete(out, np.r_[5:8, 70:80], 0), np.r_[40:60], 1) == 1).all()
     assert feats.samples.min() == 1  # the input is left as it was
+    from gpubatch.engine.registry import get_kernel
+
+    rng = np.random.default_rng(0)  # a batch of two shapes, masked at once, as one by one
+    batch = [AudioData(rng.normal(size=shape).astype(np.float32), 16000, "log_mel")
+             for shape in ((1, 40, 30), (2, 40, 30), (1, 40, 30), (1, 20, 50))]
+    params = [[(3, 4)], [(0, 2), (10, 5)], [], [(19, 1)]]
+    together = get_kernel("freq_mask", "host")(FreqMask(5, 2, -3.0), batch, params)
+    for item, p, got in zip(batch, params, together):
+        alone = get_kernel("freq_mask", "host")(FreqMask(5, 2, -3.0), [item], [p])[0]
+        assert np.array_equal(got.samples, alone.samples) and got.samples.shape == item.samples.shape
     from gpubatch.engine.plan import Plan
     from gpubatch.engine.spec import parse_chain
 

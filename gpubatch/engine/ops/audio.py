@@ -822,24 +822,30 @@ class TimeMask(_Mask):
     axis: ClassVar[int] = -1
 
 
-def _mask(op: _Mask, items: list[AudioData], params: list, copy: Any) -> list[AudioData]:
-    out = []
-    for it, masks in zip(items, params):
-        if not any(w for _, w in masks):
-            out.append(it)
-            continue
-        x = copy(it.samples)
-        for start, width in masks:
-            if op.axis == -2:
-                x[..., start: start + width, :] = op.value
-            else:
-                x[..., start: start + width] = op.value
-        out.append(it._replace(samples=x))
+def _mask(op: _Mask, items: list[AudioData], params: list, xp: Any) -> list[AudioData]:
+    """The masks of a batch: records of one shape are stacked and masked by one comparison (a few
+    launches on the GPU for the whole batch, not one a mask a record); others one by one."""
+    if not any(w for masks in params for _, w in masks):
+        return items
+    groups: dict[tuple, list[int]] = {}
+    for i, it in enumerate(items):
+        groups.setdefault(tuple(it.samples.shape), []).append(i)
+    out = list(items)
+    for shape, idx in groups.items():
+        size = shape[op.axis]
+        hit = np.zeros((len(idx), size), bool)  # (records, bins or frames): True where masked
+        for row, i in enumerate(idx):
+            for start, width in params[i]:
+                hit[row, start: start + width] = True
+        where = xp.asarray(hit)[:, None, :, None] if op.axis == -2 else xp.asarray(hit)[:, None, None, :]
+        x = xp.where(where, xp.float32(op.value), xp.stack([items[i].samples for i in idx]))
+        for row, i in enumerate(idx):
+            out[i] = items[i]._replace(samples=x[row])
     return out
 
 
 for _cls in (FreqMask, TimeMask):
-    register_kernel(_cls.name, HOST)(lambda op, items, params: _mask(op, items, params, np.array))
-    register_kernel(_cls.name, DEVICE)(lambda op, items, params: _mask(op, items, params, lambda a: a.copy()))
+    register_kernel(_cls.name, HOST)(lambda op, items, params: _mask(op, items, params, np))
+    register_kernel(_cls.name, DEVICE)(lambda op, items, params: _mask(op, items, params, _cupy()))
 
 
