@@ -15,9 +15,9 @@ _MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": st
 def keep_freed_memory() -> bool:
     """In this process, glibc's malloc keeps freed memory for the next arrays (what ``_MALLOC`` asks of
     worker processes, set through ``mallopt`` in a running one): per-record arrays above 128 KiB then
-    stop costing a fresh ``mmap`` and its page faults each (a CPU audio convert ran 40% faster). The
-    command line calls it for its own process; a library never changes its caller's allocator. False
-    where the C library has no ``mallopt`` (not glibc)."""
+    stop costing a fresh ``mmap`` and its page faults each (a one-thread CPU convert to log-mel: 0.651 ->
+    0.357 s, benchmarks/audio_cpu.py). The command line calls it for its own process; a library never
+    changes its caller's allocator. False where the C library has no ``mallopt`` (not glibc)."""
     import ctypes
     import ctypes.util
 
@@ -32,9 +32,9 @@ def keep_freed_memory() -> bool:
 
 def single_threaded_pool(workers: int) -> Any:
     """A spawn-started process pool whose workers run NumPy's BLAS and FFT on one thread each (a process
-    a core already: 16 processes of 16 BLAS threads each ran 7x slower than 16 of one), and reuse freed
-    memory for their per-record arrays (an audio record's frames and spectra: 5.0 -> 3.1 ms a record on
-    one CI core). The workers are started at once, with these settings in their environment only."""
+    a core already: 16 processes each starting 16 BLAS threads oversubscribe the cores), and reuse freed
+    memory for their per-record arrays (an audio record's frames and spectra: 6.11 -> 3.75 ms an
+    audio-clf record on one CI core, benchmarks/audio_cpu.py). The workers are started at once, with these settings in their environment only."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
