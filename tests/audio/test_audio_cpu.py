@@ -307,6 +307,19 @@ def test_spec_augment_masks_take_features():
     for item, p, got in zip(batch, params, together):
         alone = get_kernel("freq_mask", "host")(FreqMask(5, 2, -3.0), [item], [p])[0]
         assert np.array_equal(got.samples, alone.samples) and got.samples.shape == item.samples.shape
+    from gpubatch.engine.ops.audio import (  # the other ops run a shape at a time the same way
+        FixDuration,
+        Gain,
+    )
+
+    waves = [AudioData(rng.normal(size=shape).astype(np.float32), rate) for shape, rate in
+             (((1, 900), 1000), ((1, 900), 1000), ((2, 900), 1000), ((1, 900), 2000), ((1, 1700), 1000))]
+    for op, ps in ((FixDuration(1.3, "repeat"), [None] * 5), (Gain(), [0.5, 2.0, 1.5, 0.25, 3.0])):
+        together = get_kernel(op.name, "host")(op, waves, ps)
+        for item, p, got in zip(waves, ps, together):
+            assert np.array_equal(got.samples, get_kernel(op.name, "host")(op, [item], [p])[0].samples), op.name
+    assert [w.samples.shape[-1] for w in get_kernel("fix_duration", "host")(FixDuration(1.3), waves, [None] * 5)] == \
+        [1300, 1300, 1300, 2600, 1300]
     from gpubatch.engine.plan import Plan
     from gpubatch.engine.spec import parse_chain
 

@@ -34,6 +34,14 @@ from ..media import MediaSpec
 from ..registry import DEVICE, HOST, register_kernel
 from .base import Op, pair, positive, probability
 
+
+@functools.lru_cache(maxsize=1)
+def _cupy() -> Any:
+    import cupy as cp
+
+    return cp
+
+
 WAVE, FEATURES = "CT", "CFT"
 
 
@@ -259,15 +267,29 @@ def _mono_device(op: Mono, items: list[AudioData], params: list) -> list[AudioDa
 
 
 def _fit(x: Any, n: int, pad: str, xp: Any) -> Any:
-    """``x`` (channels, samples) cut to ``n`` samples, or padded: zeros, or the audio repeated."""
+    """``x`` (..., samples) cut to ``n`` samples, or padded: zeros, or the audio repeated."""
     have = x.shape[-1]
     if have >= n:
-        return x[:, :n]
+        return x[..., :n]
     if pad == "repeat" and have:
         reps = -(-n // have)
-        return xp.tile(x, (1, reps))[:, :n]
-    out = xp.zeros((x.shape[0], n), xp.float32)
-    out[:, :have] = x
+        return xp.tile(x, (1,) * (x.ndim - 1) + (reps,))[..., :n]
+    out = xp.zeros((*x.shape[:-1], n), xp.float32)
+    out[..., :have] = x
+    return out
+
+
+def _by_shape(items: list[AudioData], params: list, fn: Any, xp: Any) -> list[AudioData]:
+    """``fn(stacked, rate, params)`` on the records of each (shape, rate) at once, stacked (N, ...): a few
+    launches on the GPU for a batch of one length, not some a record; the records back as views."""
+    groups: dict[tuple, list[int]] = {}
+    for i, it in enumerate(items):
+        groups.setdefault((tuple(it.samples.shape), it.rate), []).append(i)
+    out = list(items)
+    for (_, rate), idx in groups.items():
+        x = fn(xp.stack([items[i].samples for i in idx]), rate, [params[i] for i in idx])
+        for row, i in enumerate(idx):
+            out[i] = items[i]._replace(samples=x[row])
     return out
 
 
@@ -289,17 +311,12 @@ class FixDuration(AudioOp):
         return h, int(round(self.seconds * h))
 
 
-@register_kernel("fix_duration", HOST)
-def _fix_host(op: FixDuration, items: list[AudioData], params: list) -> list[AudioData]:
-    return [it._replace(samples=np.ascontiguousarray(_fit(it.samples, int(round(op.seconds * it.rate)), op.pad, np)))
-            for it in items]
+def _fix(op: FixDuration, items: list[AudioData], params: list, xp: Any) -> list[AudioData]:
+    return _by_shape(items, params, lambda x, rate, _: _fit(x, int(round(op.seconds * rate)), op.pad, xp), xp)
 
 
-@register_kernel("fix_duration", DEVICE)
-def _fix_device(op: FixDuration, items: list[AudioData], params: list) -> list[AudioData]:
-    import cupy as cp
-
-    return [it._replace(samples=_fit(it.samples, int(round(op.seconds * it.rate)), op.pad, cp)) for it in items]
+register_kernel("fix_duration", HOST)(lambda op, items, params: _fix(op, items, params, np))
+register_kernel("fix_duration", DEVICE)(lambda op, items, params: _fix(op, items, params, _cupy()))
 
 
 @dataclass(frozen=True)
@@ -402,14 +419,12 @@ class Gain(AudioOp):
         return float(10 ** (db / 20)) if rng.random() < self.p else 1.0
 
 
-@register_kernel("gain", HOST)
-def _gain_host(op: Gain, items: list[AudioData], params: list) -> list[AudioData]:
-    return [it._replace(samples=it.samples * np.float32(g)) for it, g in zip(items, params)]
+def _gain(items: list[AudioData], params: list, xp: Any) -> list[AudioData]:
+    return _by_shape(items, params, lambda x, rate, g: x * xp.asarray(g, xp.float32)[:, None, None], xp)
 
 
-@register_kernel("gain", DEVICE)
-def _gain_device(op: Gain, items: list[AudioData], params: list) -> list[AudioData]:
-    return [it._replace(samples=it.samples * np.float32(g)) for it, g in zip(items, params)]
+register_kernel("gain", HOST)(lambda op, items, params: _gain(items, params, np))
+register_kernel("gain", DEVICE)(lambda op, items, params: _gain(items, params, _cupy()))
 
 
 def noise_np(seed: int, n: int) -> np.ndarray:
@@ -634,13 +649,6 @@ def features_host(op: FeatureOp, it: AudioData) -> AudioData:
     return it._replace(samples=np.ascontiguousarray(f, np.float32), features=op.name)
 
 
-@functools.lru_cache(maxsize=1)
-def _cupy() -> Any:
-    import cupy as cp
-
-    return cp
-
-
 def features_device(op: FeatureOp, items: list[AudioData], chunk_bytes: int = 256 << 20) -> list[AudioData]:
     """Features of a batch on the GPU: the frames of all its rows in one launch, one batched rFFT, one
     matrix product per sample rate; split into records at the end. Batches whose frames exceed
@@ -823,25 +831,19 @@ class TimeMask(_Mask):
 
 
 def _mask(op: _Mask, items: list[AudioData], params: list, xp: Any) -> list[AudioData]:
-    """The masks of a batch: records of one shape are stacked and masked by one comparison (a few
-    launches on the GPU for the whole batch, not one a mask a record); others one by one."""
+    """The masks of a batch: the records of each shape masked by one comparison (:func:`_by_shape`)."""
     if not any(w for masks in params for _, w in masks):
         return items
-    groups: dict[tuple, list[int]] = {}
-    for i, it in enumerate(items):
-        groups.setdefault(tuple(it.samples.shape), []).append(i)
-    out = list(items)
-    for shape, idx in groups.items():
-        size = shape[op.axis]
-        hit = np.zeros((len(idx), size), bool)  # (records, bins or frames): True where masked
-        for row, i in enumerate(idx):
-            for start, width in params[i]:
+
+    def apply(x: Any, rate: int, masks: list) -> Any:
+        hit = np.zeros((len(masks), x.shape[op.axis]), bool)  # (records, bins or frames): True where masked
+        for row, ms in enumerate(masks):
+            for start, width in ms:
                 hit[row, start: start + width] = True
         where = xp.asarray(hit)[:, None, :, None] if op.axis == -2 else xp.asarray(hit)[:, None, None, :]
-        x = xp.where(where, xp.float32(op.value), xp.stack([items[i].samples for i in idx]))
-        for row, i in enumerate(idx):
-            out[i] = items[i]._replace(samples=x[row])
-    return out
+        return xp.where(where, xp.float32(op.value), x)
+
+    return _by_shape(items, params, apply, xp)
 
 
 for _cls in (FreqMask, TimeMask):
