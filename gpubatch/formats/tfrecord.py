@@ -602,11 +602,12 @@ class TFRecordWriter(ShardedWriter):
         if r.media is Media.AUDIO:
             rate = r.meta.get("sample_rate")
             if not isinstance(rate, (int, float)) and r.codec != "npy":  # passed through: its header says
-                from ..engine.codecs.audio_io import probe_audio
+                from ..engine.codecs.audio import info_of  # (the probe its check made, where kept)
+                from ..errors import RecordError
 
                 try:
-                    rate = probe_audio(r.data).rate
-                except ValueError:
+                    rate = info_of(r).rate
+                except RecordError:
                     rate = 0
             out["audio/sample_rate"] = (int(rate) if isinstance(rate, (int, float)) else 0, "int")
             said = r.meta.get("text")
