@@ -78,10 +78,6 @@ class AudioInfo:
     def duration(self) -> float:
         return self.frames / self.rate if self.rate else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"codec": self.codec, "subtype": self.subtype, "rate": self.rate, "channels": self.channels,
-                "frames": self.frames, "bits": self.bits, "duration": round(self.duration, 4)}
-
 
 _BITS = {"PCM_S8": 8, "PCM_U8": 8, "PCM_16": 16, "PCM_24": 24, "PCM_32": 32, "FLOAT": 32, "DOUBLE": 64}
 

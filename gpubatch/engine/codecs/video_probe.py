@@ -109,14 +109,6 @@ class VideoInfo:
         k = int(np.searchsorted(np.asarray(self.keyframes), index, side="right")) - 1
         return self.keyframes[max(k, 0)]
 
-    def as_meta(self) -> dict[str, Any]:
-        """The facts a record's metadata and ``info`` carry (JSON values)."""
-        return {"container": self.container, "codec": self.codec, "profile": self.profile, "width": self.width,
-                "height": self.height, "rotation": self.rotation, "bit_depth": self.bit_depth,
-                "pix_fmt": self.pix_fmt, "fps": round(self.fps, 4), "vfr": self.vfr,
-                "duration": round(self.duration, 4), "frames": self.frames, "keyframes": len(self.keyframes),
-                "bit_rate": self.bit_rate, "audio_tracks": self.audio_tracks}
-
 
 def _bit_depth(pix_fmt: str) -> int:
     for depth in (16, 14, 12, 10, 9):
