@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .measure import CpuUse, Cycle, GpuSampler, media_files, timed_windows, warmup_batches
+from .measure import Cycle, GpuSampler, media_files, timed_contender, warmup_batches
 
 AUDIO_CONTENDERS = ("gpubatch-gpu", "gpubatch-cpu", "torchaudio-dataloader", "dali")
 
@@ -44,12 +44,7 @@ def run_gpubatch_audio(a: dict, device: str) -> dict:
     def step() -> int:
         return len(next(it))
 
-    cpu = CpuUse()
-    if sampler:
-        sampler.measuring = True
-    res = timed_windows(step, a["seconds"], warmup=warmup_batches(a))
-    res["cpu_cores_used"] = cpu.stop()
-    res["host_cpu"] = cpu.host
+    res = timed_contender(step, a, sampler=sampler)
     it.close()
     pipe.close()
     res.update(_rates(res))
@@ -178,10 +173,7 @@ def run_torch_dataloader(a: dict) -> dict:
     dl = torch.utils.data.DataLoader(_Clips(files, chain), batch_size=a["batch_size"], num_workers=workers,
                                      persistent_workers=True, prefetch_factor=2, sampler=Cycle(len(files), 10_000))
     it = iter(dl)
-    cpu = CpuUse()
-    res = timed_windows(lambda: len(next(it)), a["seconds"], warmup=max(warmup_batches(a), 2))
-    res["cpu_cores_used"] = cpu.stop()
-    res["host_cpu"] = cpu.host
+    res = timed_contender(lambda: len(next(it)), a, warmup=max(warmup_batches(a), 2))
     res["workers"] = workers
     res["setting"] = (f"torchaudio {torchaudio.__version__}" if torchaudio is not None else
                       "torchaudio not installed: torch.stft + the Slaney filter bank, soxr resampling")
@@ -228,11 +220,7 @@ def run_dali_audio(a: dict) -> dict:
     except Exception as e:  # noqa: BLE001
         sampler.stop()
         return {"error": f"DALI refused the pipeline: {type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"}
-    sampler.measuring = True
-    cpu = CpuUse()
-    res = timed_windows(lambda: (p.run(), a["batch_size"])[1], a["seconds"], warmup=warmup_batches(a))
-    res["cpu_cores_used"] = cpu.stop()
-    res["host_cpu"] = cpu.host
+    res = timed_contender(lambda: (p.run(), a["batch_size"])[1], a, sampler=sampler)
     res.update(sampler.stop())
     res.update(_rates(res))
     left = [op.name for op in ops if op.name not in ("resample", "fix_duration", "log_mel")]

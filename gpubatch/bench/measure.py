@@ -229,3 +229,15 @@ def media_files(data: str | Path, n: int = 0, media: str = "video") -> list[Path
     exts = VIDEO_EXTENSIONS if media == "video" else AUDIO_EXTENSIONS
     files = sorted(p for p in Path(data).rglob("*") if p.suffix[1:].lower() in exts)
     return files[:n] if n else files
+
+
+def timed_contender(step: Callable[[], int], a: dict, sampler: Any = None, warmup: int | None = None) -> dict[str, Any]:
+    """:func:`timed_windows` over a contender's batches (``a``'s seconds; one pass over the data as the
+    warm-up unless given), with the GPU ``sampler`` measuring meanwhile and the CPU cores used."""
+    cpu = CpuUse()
+    if sampler is not None:
+        sampler.measuring = True
+    res = timed_windows(step, a["seconds"], warmup=warmup_batches(a) if warmup is None else warmup)
+    res["cpu_cores_used"] = cpu.stop()
+    res["host_cpu"] = cpu.host
+    return res

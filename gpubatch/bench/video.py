@@ -24,7 +24,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from .measure import CpuUse, Cycle, GpuSampler, media_files, timed_windows, warmup_batches
+from .measure import Cycle, GpuSampler, media_files, timed_contender, warmup_batches
 
 
 def run_gpubatch_video(a: dict, device: str) -> dict:
@@ -42,12 +42,7 @@ def run_gpubatch_video(a: dict, device: str) -> dict:
     def step_() -> int:
         return len(next(it))
 
-    cpu = CpuUse()
-    if sampler:
-        sampler.measuring = True
-    res = timed_windows(step_, a["seconds"], warmup=warmup_batches(a))
-    res["cpu_cores_used"] = cpu.stop()
-    res["host_cpu"] = cpu.host
+    res = timed_contender(step_, a, sampler=sampler)
     it.close()
     pipe.close()
     res.update(_video_rates(res, T))
@@ -164,11 +159,8 @@ def run_pyav_dataloader(a: dict) -> dict:
     def step_() -> int:
         return len(next(it))
 
-    cpu = CpuUse()
     warm = max(warmup_batches(a), 2)
-    res = timed_windows(step_, a["seconds"], warmup=warm)
-    res["cpu_cores_used"] = cpu.stop()
-    res["host_cpu"] = cpu.host
+    res = timed_contender(step_, a, warmup=warm)
     res["workers"], res["warmup_batches"] = workers, warm
     res.update(_video_rates(res, T))
     return res
@@ -235,11 +227,7 @@ def run_dali_video(a: dict) -> dict:
         except Exception as e2:  # noqa: BLE001
             sampler.stop()
             return {"error": f"DALI refused the clip set: {refused}; experimental reader: {_dali_reason(e2)}"}
-    sampler.measuring = True
-    cpu = CpuUse()
-    res = timed_windows(lambda: (pipe.run(), a["batch_size"])[1], a["seconds"], warmup=warmup_batches(a))
-    res["cpu_cores_used"] = cpu.stop()
-    res["host_cpu"] = cpu.host
+    res = timed_contender(lambda: (pipe.run(), a["batch_size"])[1], a, sampler=sampler)
     res.update(sampler.stop())
     res.update(_video_rates(res, T))
     res["setting"] = reader + (f" (readers.video refused: {refused})" if refused else "")
