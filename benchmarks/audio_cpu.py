@@ -1,8 +1,9 @@
 """What the CPU audio path's habits are worth, one record at a time on one core: the Whisper and
 audio-clf chains per record (a worker's work: decode, chain, float16), with glibc's malloc as it comes
 and with the worker processes' setting (``engine.processes._MALLOC``), the silent-tail skip on and off,
-NumPy's FFT of a record's frames in float32 and float64, and a CPU ``convert`` to log-mel with and
-without the command line's ``keep_freed_memory``.
+NumPy's FFT of a record's frames in float32 and float64, libsndfile's decode alone (float32 and int16
+samples: the share of a record that decoding takes), and a CPU ``convert`` to log-mel with and without
+the command line's ``keep_freed_memory``.
 
 Each figure is the median of --repeats runs over the same synthetic clips (made once, cached), in a
 process of its own with one BLAS thread.
@@ -45,6 +46,20 @@ for r in range({repeats}):
         _cpu_item((str(f), f"k{{i}}", plan, "float16"))
     runs.append((time.perf_counter() - t) / len(files) * 1e3)
 print(statistics.median(runs))
+"""
+
+_DECODE = """
+import sys, time, statistics
+from pathlib import Path
+import soundfile as sf
+files = sorted(Path({data!r}).glob("*.flac"))
+runs = []
+for r in range({repeats} + 1):
+    t = time.perf_counter()
+    for f in files:
+        sf.read(str(f), dtype={dtype!r}, always_2d=True)
+    runs.append((time.perf_counter() - t) / len(files) * 1e3)
+print(statistics.median(runs[1:]))
 """
 
 _CONVERT = """
@@ -114,6 +129,10 @@ def main() -> None:
                                 ("workers' setting, every frame transformed", {**base, **_MALLOC}, True)):
             code = _PER_RECORD.format(root=str(ROOT), full=full, data=str(data), model=model, repeats=a.repeats)
             row[name] = round(_run(code, env), 2)
+            print(f"{model:10s} {name:42s} {row[name]:7.2f} ms a record")
+        for dtype in ("float32", "int16"):
+            name = f"decode alone, {dtype}"
+            row[name] = round(_run(_DECODE.format(data=str(data), repeats=a.repeats, dtype=dtype), {**base, **_MALLOC}), 2)
             print(f"{model:10s} {name:42s} {row[name]:7.2f} ms a record")
         result["per_record_ms"][model] = row
     data = a.cache / f"whisper-{a.clips}"

@@ -1,6 +1,7 @@
 // Audio kernels over a ragged batch: rows (one channel of one record each) laid end to end in one
 // buffer, with an offset table per row. One thread per output element; the row is found by a binary
 // search of the offset table (rows are few, outputs many).
+#include "common.cuh"
 
 __device__ __forceinline__ int find_row(const long long* __restrict__ off, int rows, long long i) {
     int lo = 0, hi = rows - 1;
@@ -66,17 +67,6 @@ extern "C" __global__ void frames(const float* __restrict__ x, float* __restrict
         v = x[in_off[r] + reflect_index(s, n)];
     }
     out[i] = v * window[k];
-}
-
-// PCG output hash (the image noise's, kernels/step.cu; NumPy twin: ops/pixel.py _pcg).
-__device__ __forceinline__ unsigned int pcg(unsigned int v) {
-    unsigned int state = v * 747796405u + 2891336453u;
-    unsigned int word = ((state >> ((state >> 28u) + 4u)) ^ state) * 277803737u;
-    return (word >> 22u) ^ word;
-}
-
-__device__ __forceinline__ float unit(unsigned int seed, unsigned int idx) {  // in (0, 1)
-    return ((pcg(seed ^ pcg(idx)) >> 8) + 0.5f) * (1.f / 16777216.f);
 }
 
 // y = x + sigma * N(0, 1), the noise a Box-Muller pair of the counter-based stream (NumPy twin: noise_np).

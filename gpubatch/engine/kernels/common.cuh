@@ -16,3 +16,15 @@ __device__ __forceinline__ int find_sample(const int* __restrict__ first_block, 
 __device__ __forceinline__ unsigned char to_u8(float v) {
     return (unsigned char)fminf(fmaxf(rintf(v), 0.f), 255.f);
 }
+
+// PCG output hash: the counter-based random stream of image NOISE, random ERASE and audio noise
+// (NumPy twin: ops/pixel.py _pcg). unit() maps (seed, index) to a float in (0, 1).
+__device__ __forceinline__ unsigned int pcg(unsigned int v) {
+    unsigned int state = v * 747796405u + 2891336453u;
+    unsigned int word = ((state >> ((state >> 28u) + 4u)) ^ state) * 277803737u;
+    return (word >> 22u) ^ word;
+}
+
+__device__ __forceinline__ float unit(unsigned int seed, unsigned int idx) {
+    return ((pcg(seed ^ pcg(idx)) >> 8) + 0.5f) * (1.f / 16777216.f);
+}

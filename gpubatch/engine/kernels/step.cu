@@ -16,17 +16,6 @@ __device__ __forceinline__ float grey(float r, float g, float b) {
     return 0.2989f * r + 0.587f * g + 0.114f * b;  // ITU-R 601-2 luma, torchvision's weights
 }
 
-// PCG output hash: the per-pixel random stream of NOISE and random ERASE (NumPy twin: _pcg).
-__device__ __forceinline__ unsigned int pcg(unsigned int v) {
-    unsigned int state = v * 747796405u + 2891336453u;
-    unsigned int word = ((state >> ((state >> 28u) + 4u)) ^ state) * 277803737u;
-    return (word >> 22u) ^ word;
-}
-
-__device__ __forceinline__ float unit(unsigned int seed, unsigned int idx) {  // in (0, 1)
-    return ((pcg(seed ^ pcg(idx)) >> 8) + 0.5f) * (1.f / 16777216.f);
-}
-
 __device__ __forceinline__ int reflect(int i, int n) {  // torch "reflect" padding (edge not repeated)
     if (n == 1) return 0;
     if (i < 0) i = -i;

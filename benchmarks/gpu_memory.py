@@ -1,0 +1,142 @@
+"""Where the device memory of a GPU run goes, and whether ``--gpu-memory`` bounds it, read from the
+driver (NVML: the device memory of each process of the run, CUDA context included).
+
+    python3 benchmarks/gpu_memory.py parts               # one process, step by step
+    python3 benchmarks/gpu_memory.py caps --images 2048  # convert under caps, every process sampled
+
+``parts`` builds a GPU engine a step at a time in a fresh process and prints what each step added:
+the CUDA context, the kernels, the engine (decoders; the hardware decoder's preallocation at a few
+sizes), the warm-up with the JPEG encoder, one batch decoded and transformed. ``caps`` runs
+``gpubatch convert`` (a synthetic mixed JPEG set, resize 256, crop 224, JPEG 90, WebDataset) under each
+cap in turn, samples every process of the run every 20 ms and prints the peak of their sum beside the
+cap, with a digest of the written shards (outputs must not depend on the cap).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+_PARTS = r"""
+import sys, time, json
+sys.path.insert(0, {root!r})
+from gpubatch.engine.gpu_memory import ProcessMemory
+import os
+mem = ProcessMemory(0, [os.getpid()])
+steps = {{}}
+def note(name):
+    time.sleep(0.05)
+    steps[name] = mem.now() >> 20
+import cupy as cp
+cp.cuda.Device(0).use(); cp.zeros(1)
+note("context")
+from gpubatch.engine.kernels import kernel
+kernel("resample", "resample_u8_hwc"); kernel("resample", "resample_f16_chw")
+note("kernels")
+from gpubatch.engine.gpu_engine import GpuEngine
+from gpubatch.engine.device import Device, DeviceKind
+pre = {pre!r}
+eng = GpuEngine(Device(DeviceKind.GPU, 0, reason="study"), 8, None, hw_preallocate=pre)
+note("engine (decoders)")
+eng.warm_up({batch}, encoder=True)
+note("warm-up (decoders' first calls, JPEG encoder)")
+from pathlib import Path
+files = sorted(Path({data!r}).rglob("*.jpg"))[:{batch}]
+blobs = [f.read_bytes() for f in files]
+res = eng.decoder.decode(blobs, eng.stream)
+eng.stream.synchronize()
+note("one batch decoded")
+del res
+eng.stream.synchronize()
+note("after the batch")
+print(json.dumps({{"preallocate": pre, "method": mem.method, "MiB": steps}}))
+"""
+
+
+def parts(a: argparse.Namespace) -> None:
+    from _data import jpeg_set
+
+    jpeg_set(a.data, a.batch)
+    for pre in (None, (64, 640, 640), (256, 640, 640), (512, 640, 640)):
+        code = _PARTS.format(root=str(ROOT), pre=pre, batch=a.batch, data=str(a.data))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if out.returncode:
+            print(out.stderr[-3000:])
+            continue
+        print(out.stdout.strip().splitlines()[-1])
+
+
+def _digest(out: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(out.rglob("*.tar")):
+        import tarfile
+
+        with tarfile.open(f) as t:
+            for m in t:
+                if m.isfile():
+                    h.update(m.name.encode())
+                    h.update(t.extractfile(m).read())
+    return h.hexdigest()[:16]
+
+
+def caps(a: argparse.Namespace) -> None:
+    from _data import jpeg_set
+
+    from gpubatch.engine.gpu_memory import ProcessMemory
+
+    jpeg_set(a.data, a.images)
+    rows = []
+    for cap in a.caps.split(","):
+        out = Path(tempfile.mkdtemp()) / "o"
+        cmd = [sys.executable, "-m", "gpubatch", "convert", str(a.data), str(out), "--to", "webdataset",
+               "--resize-shorter", "256", "--center-crop", "224", "--quality", "90", "--device", "gpu",
+               "--batch-size", str(a.batch)]
+        if cap != "default":
+            cmd += ["--gpu-memory", cap]
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        mem = ProcessMemory(0, [p.pid], children=True)
+        mem.start()
+        text, _ = p.communicate()
+        peak = mem.stop()
+        row = {"cap": cap, "rc": p.returncode, "peak_mib": peak >> 20, "method": mem.method,
+               "seconds": round(time.perf_counter() - t0, 1),
+               "digest": _digest(out) if p.returncode == 0 else None,
+               "summary": [ln for ln in text.splitlines() if "gpu memory" in ln.lower() or "error" in ln.lower()][-3:]}
+        rows.append(row)
+        print(json.dumps(row))
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("parts")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--data", type=Path, default=ROOT / ".bench-data" / "mixed")
+    p.set_defaults(run=parts)
+    c = sub.add_parser("caps")
+    c.add_argument("--images", type=int, default=2048)
+    c.add_argument("--batch", type=int, default=512)
+    c.add_argument("--caps", default="default,1GiB,768MiB,512MiB,384MiB,256MiB")
+    c.add_argument("--data", type=Path, default=ROOT / ".bench-data" / "mixed")
+    c.add_argument("--json", default=None)
+    c.set_defaults(run=caps)
+    a = ap.parse_args()
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    a.run(a)
+
+
+if __name__ == "__main__":
+    main()
