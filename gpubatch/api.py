@@ -122,6 +122,7 @@ class RunSummary:
     skipped: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    gpu_memory: dict[str, Any] = field(default_factory=dict)
 
     @property
     def records_per_second(self) -> float:
@@ -371,6 +372,7 @@ def _write(req: Any, reader: Reader, entries: list, info: Any, stage: Path, fmt:
         fallbacks=stats.fallbacks, boxes_dropped=stats.boxes_dropped, bytes_in=stats.bytes_in,
         bytes_out=stats.bytes_out, seconds=time.perf_counter() - start, skipped=[e.as_dict() for e in stats.errors],
         warnings=list(stats.warnings), timings={k: round(v, 4) for k, v in stats.timings.items()},
+        gpu_memory=dict(stats.gpu_memory),
     )
 
 
@@ -528,12 +530,17 @@ def _run(device: Device, reader: Reader, entries: list, writer: Writer, plan: An
 
     workers = req.workers or default_workers()
     if device.is_gpu and plan.touches_pixels and has_codec(plan.media, DEVICE):
+        from .engine.gpu_memory import watch
         from .engine.media import get_codec
         from .engine.settings import Settings
 
         opener = functools.partial(open_reader, Path(req.src), reader.format_name, _reader_options(req))  # each reader process's own
-        get_codec(plan.media, "*", DEVICE).run(device, reader, opener, entries, writer, plan, router, req, workers,
-                                               tick, Settings.from_env())
+        if req.gpu_memory is not None and plan.media != "image":
+            router.stats.warn(f"--gpu-memory is planned for image runs: this {plan.media} run's device memory is "
+                              "reported below, not bounded by it")
+        with watch(device.index, router.stats):  # every process of the run, as the driver counts it
+            get_codec(plan.media, "*", DEVICE).run(device, reader, opener, entries, writer, plan, router, req, workers,
+                                                   tick, Settings.from_env())
     else:
         run_host(reader, entries, writer, plan, router, workers, tick)
 

@@ -53,7 +53,7 @@ def run_gpubatch(a: dict, device: str) -> dict:
     pipe = ImagePipeline(ops, device=device, seed=0, cpu_threads=a.get("threads"), gpu=a.get("gpu", 0),
                          warm_up=a.get("warm_up", 256), region_decode=bool(a.get("region_decode", 0)),
                          decode_chunk=int(a["decode_chunk"]) if "decode_chunk" in a else None, sync=a.get("sync"),
-                         decode_route=a.get("decode_route"), settings=settings)
+                         decode_route=a.get("decode_route"), gpu_memory=a.get("gpu_memory"), settings=settings)
     eng = pipe.engine
     if eng is not None and a.get("cuda_share") is not None:
         eng.decoder.cuda_share, eng.decoder.deterministic, eng.decoder.follower = float(a["cuda_share"]), True, None
@@ -101,6 +101,10 @@ def run_gpubatch(a: dict, device: str) -> dict:
             res["decode_route"]["switches"] = eng.decoder.follower.switches
             res["decode_route"]["batches"] = dict(eng.decoder.route_batches)
         res["cpu_fallbacks"] = pipe.stats["fallbacks"]
+        if pipe.memory_plan is not None:
+            mp = pipe.memory_plan
+            res["gpu_memory_cap_mib"] = mp.cap >> 20
+            res["setting"] = f"under a {mp.cap >> 20} MiB cap: {mp.describe()}"
         res["decoder_s"] = {k: round(v, 3) for k, v in eng.decoder.timings.items()}
     it.close()
     if sampler:

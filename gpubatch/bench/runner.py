@@ -99,13 +99,15 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
               seconds: float = 10.0, device: str = "auto", baselines: list[str] | None = None,
               sweep: str | None = None, with_model: bool = False, gpu: int = 0, images: int | None = None,
               argv: list[str] | None = None, say: Callable[[str], None] = lambda s: None,
-              busy: int = 0, busy_after: float | None = None, decode_route: str | None = None) -> dict[str, Any]:
+              busy: int = 0, busy_after: float | None = None, decode_route: str | None = None,
+              gpu_memory: str | None = None) -> dict[str, Any]:
     """Benchmark ``model``'s chains; see the module docstring for what comes back. ``busy``: that many
     busy processes run beside every contender (:class:`~gpubatch.bench.measure.BusyLoad`), from
     ``busy_after`` seconds into each contender's process where given (load the decode route was not
     chosen by: it follows the load, ``gpubatch.engine.follow``).
     ``decode_route``: how gpubatch's GPU contender splits batches between the decoders
-    (``engine.settings.ROUTES``; by default "auto")."""
+    (``engine.settings.ROUTES``; by default "auto"). ``gpu_memory``: the GPU contender's cap
+    (``ImagePipeline(gpu_memory=...)``)."""
     from ..engine.device import resolve
 
     m = get_model(model)
@@ -122,8 +124,12 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
         raise UsageError(f"unknown baseline {unknown[0]!r}; valid for {m.name}: {', '.join(valid)}")
     if (data is None) == (synthetic is None):
         raise UsageError("give exactly one of --data PATH or --synthetic N")
-    if m.media != "image" and (sweep or with_model or busy):
-        raise UsageError("--sweep, --with-model and --busy measure the image models")
+    if m.media != "image" and (sweep or with_model or busy or gpu_memory):
+        raise UsageError("--sweep, --with-model, --busy and --gpu-memory measure the image models")
+    if gpu_memory is not None:
+        from ..engine.gpu_engine import parse_memory
+
+        parse_memory(gpu_memory, 80 << 30)  # a malformed size is refused before any contender runs
     if busy_after is not None and not busy:
         raise UsageError("--busy-after needs --busy N (the busy processes it starts)")
     if m.media != "image":
@@ -154,6 +160,8 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
             "seconds": seconds, "gpu": gpu, "with_model": with_model}
     if decode_route:
         base["decode_route"] = decode_route
+    if gpu_memory:
+        base["gpu_memory"] = gpu_memory
     timeout = 20 * seconds + 600
     if busy:
         say(f"{busy} busy processes at nice 19 run beside the contenders"
@@ -194,7 +202,7 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
             "settings": {"batch_size": batch_size, "seconds": seconds, "device": device, "contenders": contenders,
                          "with_model": with_model, "windows": 5, "busy_processes": busy,
                          "busy_after_s": busy_after,
-                         "decode_route": decode_route or "auto",
+                         "decode_route": decode_route or "auto", "gpu_memory": gpu_memory,
                          "warmup_batches": warmup_batches(base)},
             "results": results, "sweep": sweep_out}
 

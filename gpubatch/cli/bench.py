@@ -78,6 +78,9 @@ def _check_writable(path: Path, flag: str) -> None:
                    "the CUDA decoder, which costs about 1 ms of CPU an image: fastest on a machine with 15 or more "
                    "free cores), hardware (all the hardware JPEG engine takes: far less CPU) or auto (by the cores "
                    "free when it starts; the default, or GPUBATCH_DECODE_ROUTE).")
+@click.option("--gpu-memory", default=None, metavar="SIZE",
+              help="Cap on the device memory of gpubatch's GPU contender (every part of it, as the driver counts "
+                   "it), e.g. 1GiB: its memory figure beside a peer's at an equal cap. Image models.")
 @click.option("--with-model", is_flag=True, help="Also time a real training step fed by the pipeline (torch).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the result as JSON.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, metavar="FILE.html|FILE.md",

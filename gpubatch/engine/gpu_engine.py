@@ -154,8 +154,14 @@ class GpuEngine:
         self.dev.use()
         if st.stack_bytes is not None and cp.cuda.runtime.deviceGetLimit(0) > st.stack_bytes:
             cp.cuda.runtime.deviceSetLimit(0, st.stack_bytes)  # cudaLimitStackSize
-        free, total = cp.cuda.runtime.memGetInfo()
+        free, total = cp.cuda.runtime.memGetInfo()  # (the CUDA context is made here)
+        from .gpu_memory import ProcessMemory, nvml_index
+
+        # what this process takes on the device, as the driver counts it, step by step (MiB)
+        self.process_memory = ProcessMemory(nvml_index(device.index))
+        self.memory_parts = {"context": self.process_memory.now() >> 20}
         # ``share`` processes split the cap (each worker process of a multi-process run owns one engine)
+        self.cap = parse_memory(gpu_memory, total) // max(share, 1) if gpu_memory is not None else None
         self.memory_limit = max(parse_memory(gpu_memory, total) // max(share, 1), 256 << 20)
         cp.get_default_memory_pool().set_limit(size=self.memory_limit)
         self.stream = cp.cuda.Stream(non_blocking=True)
@@ -173,6 +179,29 @@ class GpuEngine:
             raise
         self.jpeg_encoder = jpeg_encoder
         self._encoder = None
+        self._note_memory("decoders")
+        self.plan = None
+
+    def _note_memory(self, part: str) -> None:
+        """What ``part`` added to this process's device memory (MiB, from NVML)."""
+        if self.process_memory.ok:
+            self.memory_parts[part] = max(0, (self.process_memory.now() >> 20) - sum(self.memory_parts.values()))
+
+    def fixed_memory(self) -> tuple[int, dict[str, int]]:
+        """(bytes this process holds on the device now, before its first batch; the parts, MiB)."""
+        return self.process_memory.now(), dict(self.memory_parts)
+
+    def apply(self, plan: Any) -> None:
+        """Spend the cap as ``plan`` (:class:`~.gpu_memory.MemoryPlan`) says: CuPy's pool limit, and the
+        freed memory the driver's pool (where decoded images live) may keep."""
+        self.plan = plan
+        self.memory_limit = plan.pool_limit
+        self.cp.get_default_memory_pool().set_limit(size=plan.pool_limit)
+        rt = self.cp.cuda.runtime
+        try:
+            rt.memPoolSetAttribute(rt.deviceGetDefaultMemPool(self.device.index), 4, plan.decode)  # ReleaseThreshold
+        except Exception:  # noqa: BLE001 - no stream-ordered pool: nvImageCodec uses cudaMalloc and frees at once
+            pass
 
     @property
     def encoder(self):
@@ -197,6 +226,8 @@ class GpuEngine:
             with self.stream:
                 tiny = self.cp.zeros((16, 16, 3), self.cp.uint8)
             self.encoder.encode([tiny], "jpeg", 90, self.stream)
+        self.stream.synchronize()
+        self._note_memory("kernels and encoder" if encoder else "kernels")
         return time.perf_counter() - t0
 
     def pin_host(self, buf: Any) -> Callable[[], None] | None:

@@ -14,9 +14,11 @@ smallest workable size it refuses, naming the parts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,16 @@ def _nvml() -> Any:
         return pynvml
     except Exception:  # noqa: BLE001 - no bindings or no driver: memory is unknown
         return None
+
+
+def nvml_index(cuda_index: int) -> int:
+    """NVML's index of CUDA device ``cuda_index`` (NVML ignores ``CUDA_VISIBLE_DEVICES``; numeric
+    entries are mapped, others left as they are)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    try:
+        return int(visible[cuda_index])
+    except (IndexError, ValueError):
+        return cuda_index
 
 
 def _children(pid: int) -> set[int]:
@@ -124,68 +136,148 @@ class ProcessMemory:
         return self.peak
 
 
+@contextlib.contextmanager
+def watch(device_index: int, stats: Any) -> Iterator[None]:
+    """Sample the device memory of this process and every process it starts while the block runs;
+    the peak goes into ``stats.gpu_memory`` (``peak_mib``, ``method``), beside what the run put there."""
+    mem = ProcessMemory(nvml_index(device_index), [os.getpid()], children=True).start()
+    try:
+        yield
+    finally:
+        peak = mem.stop()
+        if mem.ok:
+            stats.gpu_memory.update(peak_mib=peak >> 20, method=mem.method)
+
+
+@dataclass(frozen=True)
+class ImageNeed:
+    """What one image of a dataset takes on the device, from a sample of its headers: ``decoded``
+    bytes (uint8 RGB, the largest in the sample) held from its decode until its batch's chain has read
+    it (in the driver's pool), and ``work`` bytes in CuPy's pool (the output, its encoded bytes, the
+    encoder's scratch)."""
+
+    decoded: int
+    work: int
+    size: tuple[int, int] = (0, 0)
+
+    @property
+    def total(self) -> int:
+        return self.decoded + self.work
+
+
+#: the image a plan assumes where no header was read (an in-memory pipeline before its first batch)
+DEFAULT_IMAGE = (640, 640)
+
+
+def image_need(height: int, width: int, out_height: int | None = None, out_width: int | None = None) -> ImageNeed:
+    """The device bytes of one ``height`` x ``width`` image whose chain makes an ``out_height`` x
+    ``out_width`` output (by default the same size): the decode, and for the chain four times the
+    output's uint8 bytes (the output, a float16 or resampled intermediate's share, the encoded bytes
+    and the encoder's scratch)."""
+    oh, ow = out_height or height, out_width or width
+    return ImageNeed(height * width * 3, 4 * oh * ow * 3, (height, width))
+
+
+def sample_need(read: Any, entries: list[Any], plan: Any, n: int = 48) -> ImageNeed:
+    """The largest :func:`image_need` among ``n`` entries spread over the dataset, read with ``read``
+    (a format reader's ``read``) and their headers parsed (JPEG; others through Pillow); records that do
+    not read or parse are passed over (the run reports them). :data:`DEFAULT_IMAGE` where none did."""
+    from ..types import Record
+    from .codecs.headers import jpeg_display_size, probe
+
+    best: ImageNeed | None = None
+    step = max(1, len(entries) // n)
+    for entry in entries[::step][:n]:
+        try:
+            record = read(entry)
+        except Exception:  # noqa: BLE001 - a bad record is the run's to report
+            continue
+        if not isinstance(record, Record) or not isinstance(record.data, (bytes, bytearray, memoryview)):
+            continue
+        data = bytes(record.data)
+        hw = jpeg_display_size(data[:65536])
+        if hw is None:
+            try:
+                head = probe(data)
+            except ValueError:
+                continue
+            hw = (head.height, head.width)
+        h, w = hw
+        try:
+            oh, ow = plan.out_hw(h, w, plan.draw(record.key, h, w))
+        except Exception:  # noqa: BLE001 - an op that refuses this size: the run reports it
+            oh, ow = h, w
+        need = image_need(h, w, max(oh, 1), max(ow, 1))
+        if best is None or need.total > best.total:
+            best = need
+    return best or image_need(*DEFAULT_IMAGE)
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
-    """How a GPU process spends a cap of ``cap`` bytes.
+    """How a GPU process spends its share ``cap`` of ``--gpu-memory``.
 
     Attributes:
-        cap: the process's share of ``--gpu-memory``.
-        fixed: what the process takes before its first batch (measured): context, decoders, encoder.
-        parts: ``fixed`` by part, MiB, as the refusal names them.
-        image: the device bytes one image needs through the chain (decoded, worked on, encoded).
+        cap: the process's share of the cap, bytes.
+        fixed: what the process took before its first batch (measured): context, decoders, encoder.
+        parts: ``fixed`` by part, MiB, as a refusal names them.
+        need: one image's bytes (:class:`ImageNeed`).
         batch: images per batch (at most the batch asked for).
         ahead: batches decoded ahead of the one in the chain.
-        pool_keep: freed bytes the driver's pool may keep.
-        pool_limit: CuPy's pool limit.
+        decode: the bytes decoded images may hold (``batch * held(ahead) * need.decoded``); the driver's
+            pool keeps at most this much freed memory.
+        pool_limit: CuPy's pool limit: what the cap leaves after ``fixed`` and ``decode``.
     """
 
     cap: int
     fixed: int
     parts: dict[str, int]
-    image: int
+    need: ImageNeed
     batch: int
     ahead: int
-    pool_keep: int
+    decode: int
     pool_limit: int
 
-    @property
-    def minimum(self) -> int:
-        return self.fixed + self.image
-
-    def summary(self) -> str:
-        return (f"{self.cap // MiB} MiB cap: {self.fixed // MiB} MiB before the first batch, batches of "
-                f"{self.batch} with {self.ahead} decoded ahead")
+    def describe(self) -> str:
+        return (f"{self.fixed // MiB} MiB before the first batch ({', '.join(f'{k} {v}' for k, v in self.parts.items())}"
+                f"), batches of {self.batch} with {self.ahead} decoded ahead")
 
 
 class CapTooSmall(ValueError):
-    """A cap below what one image needs on top of the process's fixed cost."""
+    """A cap below what the process takes before its first batch plus one image."""
 
 
-def image_bytes(height: int, width: int, out_bytes: int) -> int:
-    """Device bytes one image takes through a GPU chain: its decode (uint8 RGB), the chain's working
-    copies (a resampled intermediate at most the size of the decode, plus the output ``out_bytes``),
-    and the encoder's output buffer (at most the output again)."""
-    decoded = height * width * 3
-    return 2 * decoded + 2 * out_bytes
+#: what a plan leaves free for the allocators' rounding and the libraries' small allocations
+MARGIN = 24 * MiB
 
 
-def plan_memory(cap: int, fixed: int, parts: dict[str, int], image: int, batch: int, ahead: int = 2,
-                keep: int = 512 * MiB, spec: str | None = None) -> MemoryPlan:
-    """The plan for a process whose fixed cost is ``fixed`` (``parts`` by name, MiB) and whose largest
-    image needs ``image`` bytes, asked for batches of ``batch`` with ``ahead`` decoded ahead: the
-    batches shrink (and decoding runs less far ahead) until ``(batch * (ahead + 1)) * image`` fits what
-    the cap leaves; the driver's pool keeps no more freed memory than a batch's decodes. Raises
-    :class:`CapTooSmall` (its text names the minimum and its parts) where one image does not fit."""
-    room = cap - fixed
-    if room < image:
-        need = fixed + image
+def held(ahead: int) -> int:
+    """Batches of decoded images a GPU process may hold with decoding ``ahead`` batches ahead
+    (:func:`~.gpu_engine.decode_ahead`): those ahead, the one in the chain, and the one before it
+    until its kernels have run."""
+    return max(1, ahead) + 2
+
+
+def plan_memory(cap: int, fixed: int, parts: dict[str, int], need: ImageNeed, batch: int, ahead: int = 2,
+                spec: str | None = None, least_batch: int = 32) -> MemoryPlan:
+    """The plan for a process that took ``fixed`` bytes before its first batch (``parts``: by name, MiB)
+    and whose images need ``need``, asked for batches of ``batch`` decoded ``ahead`` batches ahead.
+    ``batch * (held(ahead) * decoded + work)`` must fit what the cap leaves: decoding runs less far
+    ahead (down to one batch) while a batch of ``least_batch`` would otherwise not fit, then batches
+    shrink. Raises :class:`CapTooSmall`, naming the minimum and its parts, where one image does not fit."""
+    room = cap - fixed - MARGIN
+
+    def per_image(a: int) -> int:
+        return held(a) * need.decoded + need.work
+
+    if room < per_image(1):
+        least = fixed + MARGIN + per_image(1)
         named = ", ".join(f"{k} {v}" for k, v in parts.items() if v)
-        raise CapTooSmall(f"--gpu-memory {spec or f'{cap // MiB}MiB'} is below the {-(-need // MiB)} MiB this run "
-                          f"needs at least: {named}, one image {-(-image // MiB)}")
-    fit = room // image
-    while ahead > 0 and fit < batch * (ahead + 1):
-        ahead -= 1
-    b = max(1, min(batch, fit // (ahead + 1)))
-    work = b * (ahead + 1) * image
-    keep = min(keep, b * image)
-    return MemoryPlan(cap, fixed, parts, image, b, ahead, keep, max(room - keep, work))
+        raise CapTooSmall(f"--gpu-memory {spec or f'{cap // MiB}MiB'} is below the {-(-least // MiB)} MiB this run "
+                          f"needs at least: {named}, one image {-(-per_image(1) // MiB)}")
+    a = max(1, ahead)
+    while a > 1 and room // per_image(a) < min(batch, least_batch):
+        a -= 1
+    b = max(1, min(batch, room // per_image(a)))
+    decode = b * held(a) * need.decoded
+    return MemoryPlan(cap, fixed, parts, need, b, a, decode, room - decode)

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import ErrorRouter, GpubatchError, RecordError
 from ..types import Record
+from . import gpu_memory as gm
 from .device import Device
 from .gpu_worker import WorkerFailed, _cores, _worker
 from .plan import Plan
@@ -37,9 +38,16 @@ from .settings import Settings
 def run_device(device: Device, opener: Callable[[], RecordSource], entries: list[Any], writer: RecordSink, plan: Plan,
                router: ErrorRouter, procs: int, workers: int, batch_size: int = 256,
                gpu_memory: Any = None, progress: Callable[[int], None] | None = None,
-               settings: Settings | None = None) -> None:
+               settings: Settings | None = None, read: Callable[[Any], Any] | None = None) -> None:
     """Run ``plan`` over ``entries`` in ``procs`` GPU worker processes; write in order in this one.
     ``settings``: the engine's knobs (by default from the environment), handed to every worker.
+
+    Under ``gpu_memory`` (a cap on what every process of the run takes on the device) the workers
+    build their engines before anything is read and report what that took; this process then sizes
+    batches, decoding ahead and the pools to fit the cap, for the largest image among a sample of
+    headers (read with ``read``), using fewer workers where the cap cannot hold them all; below
+    what one worker and one image need it refuses, naming the parts. The plan lands in
+    ``router.stats.gpu_memory`` (the caller samples the run's memory: :func:`~.gpu_memory.watch`).
 
     One worker is the default: with the batched JPEG encoder, one outran two on an H200 (augment
     9,242 against 7,016 output images/s; benchmarks/RESULTS.md), as two CUDA contexts time-slice the GPU.
@@ -71,17 +79,48 @@ def run_device(device: Device, opener: Callable[[], RecordSource], entries: list
     t_start = time.perf_counter()
     rings: list[Any] = []
     children: list[Any] = []
+    capped = gpu_memory is not None
+    controls = [ctx.Queue() for _ in range(procs)] if capped else [None] * procs
 
     def start() -> None:
         for k in range(procs):
             rings.append(SharedMemory(create=True, size=settings.out_slots * slot_bytes))
-            mine = [e for chunk in chunks[k::procs] for e in chunk]
+            mine = None if capped else [e for chunk in chunks[k::procs] for e in chunk]
             p = ctx.Process(target=_worker, name=f"gpubatch-gpu{k}",
                             args=(device.index, opener, plan, mine, batch_size, feed_workers, threads,
                                   gpu_memory, procs, queues[k], stop, rings[k].name, slot_bytes, returns[k],
-                                  settings))
+                                  settings, controls[k]))
             p.start()
             children.append(p)
+
+    def fit_cap() -> list[Any]:
+        """The workers' reports, the plan per worker that fits the cap, the entries handed out: the
+        chunks of the planned batch. Workers beyond those the cap holds are let go."""
+        nonlocal chunks, procs
+        ready = [receive(k) for k in range(procs)]
+        for msg in ready:
+            if isinstance(msg, WorkerFailed):
+                raise GpubatchError(f"a GPU worker process failed:\n{msg.message}" if msg.crash else msg.message)
+        need = gm.sample_need(read, entries, plan) if read is not None else gm.image_need(*gm.DEFAULT_IMAGE)
+        total = sum(msg.cap for msg in ready)
+        refusal: gm.CapTooSmall | None = None
+        for p in range(procs, 0, -1):
+            try:
+                plans = [gm.plan_memory(total // p, msg.fixed, msg.parts, need, batch_size, spec=str(gpu_memory))
+                         for msg in ready[:p]]
+                break
+            except gm.CapTooSmall as e:
+                refusal = refusal or e
+        else:
+            raise GpubatchError(str(refusal))
+        if p < procs:
+            stats.warn(f"--gpu-memory {gpu_memory}: room for {p} of {procs} GPU worker processes")
+        batch = min(mp_.batch for mp_ in plans)
+        chunks = [entries[i : i + batch] for i in range(0, len(entries), batch)]
+        for k in range(procs):
+            controls[k].put(([e for chunk in chunks[k::p] for e in chunk], batch, plans[k]) if k < p else None)
+        procs = p
+        return plans
 
     def receive(k: int) -> tuple:
         while True:
@@ -115,6 +154,10 @@ def run_device(device: Device, opener: Callable[[], RecordSource], entries: list
 
     try:
         start()
+        if capped:
+            plans = fit_cap()
+            stats.gpu_memory.update(cap_mib=sum(p.cap for p in plans) >> 20, processes=len(plans),
+                                    plan=plans[0].describe())
         write_results(results(), writer, router, progress)
     finally:
         stop.set()

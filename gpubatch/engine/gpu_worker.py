@@ -171,6 +171,25 @@ class WorkerBatch:
 
 
 @dataclass
+class WorkerReady:
+    """A worker under ``--gpu-memory`` has built its engine: ``fixed`` bytes on the device (context,
+    decoders, encoder, kernels; from NVML), by part in MiB; ``cap``: its share of the cap, bytes."""
+
+    fixed: int
+    parts: dict[str, int]
+    cap: int
+
+
+def _take(q: Any, stop: Any) -> Any:
+    while True:
+        try:
+            return q.get(timeout=0.5)
+        except queue.Empty:
+            if stop.is_set():
+                raise _Stopped from None
+
+
+@dataclass
 class WorkerFailed:
     """A worker's end: a GpubatchError's one line, or (``crash``) a traceback."""
 
@@ -180,13 +199,17 @@ class WorkerFailed:
 
 def _worker(device_index: int, opener: Callable[[], RecordSource], plan: Plan, entries: list[Any], batch_size: int,
             feed_workers: int, threads: int, gpu_memory: Any, procs: int, out: Any, stop: Any,
-            out_shm: str, slot_bytes: int, returns: Any, settings: Settings) -> None:
+            out_shm: str, slot_bytes: int, returns: Any, settings: Settings, control: Any = None) -> None:
     """One GPU worker process: its batches through feed -> decode -> chain -> encode -> ``out``.
 
     Encoded JPEG data goes straight from the device into a slot of the ``out_shm`` ring (the records
     sent hold :class:`~gpubatch.engine.codecs.jpeg_gpu.EncodedSpan` values): pickling the bytes instead
     cost this process 13-20% of its throughput (the worker study (docs/engine.md) ``--pickle``). The writer
-    hands a slot back through ``returns`` once it has made the files."""
+    hands a slot back through ``returns`` once it has made the files.
+
+    With ``control`` (a run under ``--gpu-memory``) the worker reads nothing at first: it builds its
+    engine, sends :class:`WorkerReady` with what that took on the device, and takes ``(entries,
+    batch_size, plan)`` (:class:`~.gpu_memory.MemoryPlan`) or None (not needed) from ``control``."""
     from multiprocessing.shared_memory import SharedMemory
 
     import numpy as np
@@ -207,20 +230,44 @@ def _worker(device_index: int, opener: Callable[[], RecordSource], plan: Plan, e
         route_cores = _cores() / procs
         # the hardware decoder's thread gets a core of its own, which the reader processes started below leave
         cores = affinity.reserve(device_index, settings) if procs == 1 else None
-        feed = RecordFeed(opener, entries, plan, batch_size, workers=feed_workers, depth=settings.feed_depth,
-                          slot_bytes=settings.feed_slot_bytes)
-        feed.start()  # the reader processes start up while CUDA does
-        # the hardware decoder's buffers reserved for a batch of 640x640 images up front: transcode ran at
-        # 9,675-10,125 images/s with them against 8,597-9,085 without (the worker study (docs/engine.md))
-        engine = GpuEngine(Device(DeviceKind.GPU, device_index, reason="worker"), threads, gpu_memory,
-                           share=procs, deterministic=True, cores=cores,  # written bytes must not vary
-                           hw_preallocate=(batch_size, settings.hw_preallocate, settings.hw_preallocate),
-                           route_cores=route_cores, settings=settings)
-        gpu_init = time.perf_counter() - t0
+        ahead = 2
+
+        def start_feed(entries: list[Any], batch: int) -> RecordFeed:
+            f = RecordFeed(opener, entries, plan, batch, workers=feed_workers, depth=settings.feed_depth,
+                           slot_bytes=settings.feed_slot_bytes)
+            f.start()
+            return f
+
+        def make_engine(preallocate: tuple[int, int, int] | None) -> GpuEngine:
+            return GpuEngine(Device(DeviceKind.GPU, device_index, reason="worker"), threads, gpu_memory,
+                             share=procs, deterministic=True, cores=cores,  # written bytes must not vary
+                             hw_preallocate=preallocate, route_cores=route_cores, settings=settings)
+
+        if control is None:
+            feed = start_feed(entries, batch_size)  # the reader processes start up while CUDA does
+            # the hardware decoder's buffers reserved for a batch of 640x640 images up front: transcode ran at
+            # 9,675-10,125 images/s with them against 8,597-9,085 without (the worker study (docs/engine.md))
+            engine = make_engine((batch_size, settings.hw_preallocate, settings.hw_preallocate))
+            gpu_init = time.perf_counter() - t0
+            warm = engine.warm_up(batch_size, encoder=True)  # while the reader processes start and read
+        else:
+            # under --gpu-memory: the engine first, what it took measured and sent to the writing process,
+            # which answers with this worker's entries and the batch the cap leaves room for (or None)
+            engine = make_engine(None)
+            gpu_init = time.perf_counter() - t0
+            warm = engine.warm_up(16, encoder=True)
+            fixed, parts = engine.fixed_memory()
+            _put(out, stop, WorkerReady(fixed, parts, engine.cap))
+            got = _take(control, stop)
+            if got is None:
+                return
+            entries, batch_size, mem_plan = got
+            engine.apply(mem_plan)
+            ahead = mem_plan.ahead
+            feed = start_feed(entries, batch_size)
         # the decoders copy encoded bytes straight from the ring by DMA (GpuEngine.pin_host); a slot then
         # goes back only once this process's stream is past the batch (below)
         unpin = engine.pin_host(feed.shm.buf) if settings.pin_feed else None
-        warm = engine.warm_up(batch_size, encoder=True)  # while the reader processes start and read
         tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
         first = {"gpu_init": gpu_init, "warm_up": warm}
 
@@ -229,7 +276,7 @@ def _worker(device_index: int, opener: Callable[[], RecordSource], plan: Plan, e
                                          wait=False)
 
         seen = dict(tm)
-        for fed, res in decode_ahead(decode, feed, 2, tm, device_index):
+        for fed, res in decode_ahead(decode, feed, ahead, tm, device_index):
             if stop.is_set():
                 out.cancel_join_thread()
                 return

@@ -200,8 +200,8 @@ class ImagePipeline:
         self.cpu_threads = cpu_threads or default_workers()
         self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory, decoder_options=decoder_options,
                                  follow=follow_load, settings=st) if self.device.is_gpu else None)
-        if self.engine is not None and warm_up:
-            self.engine.warm_up(warm_up, regions=region_decode)
+        if self.engine is not None and (warm_up or gpu_memory is not None):
+            self.engine.warm_up(warm_up or 16, regions=region_decode)
         from .windows import fixed_window_chain
 
         # a chain of one resample to a fixed size may run on each decoded chunk as it comes (see process)
@@ -209,6 +209,9 @@ class ImagePipeline:
         from .codecs.decode_buffers import want_planes
 
         self.chunk = max(0, st.decode_chunk) if self._fixed else 0
+        self.memory_plan = None
+        if self.engine is not None and self.engine.cap is not None:
+            self.fit_memory(256, 1)
         # the hardware engine's 4:2:0 and 4:2:2 images in their planes (only the resample reads them)
         self._planes = self._fixed is not None and want_planes(self.chunk, st)
         self._ring: list[Any] = [None] * ring
@@ -222,6 +225,39 @@ class ImagePipeline:
         # seconds spent per stage by iterate(): waiting for reads, decoding, waiting for decode, ops;
         # on the CPU, waiting for the worker processes (they read, decode and run the ops)
         self.timings = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0, "ops": 0.0, "workers": 0.0, "pin": 0.0}
+
+    def fit_memory(self, batch_size: int, prefetch: int) -> Any:
+        """Under ``gpu_memory``: the plan (:class:`~.gpu_memory.MemoryPlan`) for batches of
+        ``batch_size`` decoded ``prefetch`` ahead, for images of up to 640x640 (or ``max_pixels``),
+        applied to the engine's pools. A chain that decodes in chunks takes chunks the cap has room for;
+        another refuses a batch larger than that, naming the largest that fits."""
+        from ..errors import UsageError
+        from .gpu_memory import DEFAULT_IMAGE, CapTooSmall, image_need, plan_memory
+
+        h, w = DEFAULT_IMAGE
+        if self.plan.max_pixels and h * w > self.plan.max_pixels:
+            h = w = max(1, int(self.plan.max_pixels ** 0.5))
+        try:
+            oh, ow = self.plan.out_hw(h, w, self.plan.draw("", h, w))
+        except Exception:  # noqa: BLE001 - an op that refuses the size: the image's own size bounds it
+            oh, ow = h, w
+        fixed, parts = self.engine.fixed_memory()
+        try:
+            plan = plan_memory(self.engine.cap, fixed, parts, image_need(h, w, oh, ow), batch_size, prefetch,
+                               spec=f"{self.engine.cap >> 20}MiB")
+        except CapTooSmall as e:
+            raise UsageError(f"ImagePipeline: {e}") from None
+        if plan.batch < batch_size:
+            if not self._fixed:
+                raise UsageError(f"ImagePipeline: batches of {batch_size} do not fit gpu_memory={self.engine.cap >> 20}MiB "
+                                 f"({plan.describe()}): at most {plan.batch} images of {w}x{h}")
+            self.chunk = min(self.chunk or batch_size, plan.batch)
+            from .codecs.decode_buffers import want_planes
+
+            self._planes = want_planes(self.chunk, self.settings)
+        self.engine.apply(plan)
+        self.memory_plan = plan
+        return plan
 
     def _pool(self):
         """The CPU path's worker processes (threads would serialize on the GIL between Pillow calls)."""
@@ -471,6 +507,8 @@ class ImagePipeline:
         if self.engine is None:
             yield from self._iterate_files_cpu([str(f) for f in files], keys, batch_size, repeat, max(3, prefetch + 1))
             return
+        if self.engine.cap is not None:
+            self.fit_memory(batch_size, prefetch)
         pin = self.settings.pin_feed
         # slots: those being read ahead, decoded and processed, plus (pinned) those waiting for the GPU
         from .executor import default_readers

@@ -14,6 +14,18 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def gpu_memory_text(mem: dict) -> str:
+    """"peak 612 MiB of 768 MiB cap (2 processes)": a run's device memory as the driver counted it."""
+    text = f"peak {mem['peak_mib']:,} MiB"
+    if mem.get("cap_mib"):
+        text += f" of {mem['cap_mib']:,} MiB cap"
+    if mem.get("processes", 1) > 1:
+        text += f" ({mem['processes']} processes)"
+    if mem.get("method", "").startswith("device"):
+        text += " (the device's memory in use: NVML does not list this run's processes here)"
+    return text
+
+
 def render_summary(summary: Any, title: str = "convert") -> None:
     """Print a RunSummary on the stderr console: counts, bytes, time, skipped records with reasons."""
     from rich.table import Table
@@ -41,6 +53,9 @@ def render_summary(summary: Any, title: str = "convert") -> None:
     if summary.records_out != summary.records_in and summary.seconds > 0:
         rate += f" in, {summary.records_out / summary.seconds:,.0f} out"
     t.add_row("time", f"{summary.seconds:.2f} s ({rate})")
+    mem = getattr(summary, "gpu_memory", None)
+    if mem:
+        t.add_row("gpu memory", gpu_memory_text(mem))
     con.print(t)
     if summary.skipped:
         reasons = Counter(f"{e['stage']}: {e['reason']}" for e in summary.skipped)

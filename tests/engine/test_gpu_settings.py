@@ -69,7 +69,9 @@ def test_the_engine_reads_no_environment_outside_its_settings():
     readers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                      if p.name != "settings.py" and re.search(reads, p.read_text()))
     assert readers == []
-    # (the one other use of the environment: the thread limits a worker process starts with, written)
+    # (the other uses of the environment: the thread limits a worker process starts with, written; and
+    # CUDA_VISIBLE_DEVICES, read to find a CUDA device's NVML index)
     users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                    if p.name != "settings.py" and re.search(r"os\.environ|getenv\(", p.read_text()))
-    assert users == ["processes.py"]
+    assert users == ["gpu_memory.py", "processes.py"]
+    assert re.findall(r"os\.environ\.get\(\"(\w+)\"", (root / "gpu_memory.py").read_text()) == ["CUDA_VISIBLE_DEVICES"]

@@ -33,7 +33,7 @@ class ImageDeviceCodec:
         from ..gpu_run import run_device
 
         run_device(device, opener, entries, writer, plan, router, req.gpu_procs or 1, workers, req.batch_size,
-                   req.gpu_memory, tick, settings)
+                   req.gpu_memory, tick, settings, read=reader.read)
 
 
 register_codec("image", "*", DEVICE, ImageDeviceCodec())

@@ -1,0 +1,136 @@
+"""``--gpu-memory`` as a cap on everything a run takes on the device: the plan's arithmetic, the sample
+of headers it sizes images by, the sampler without NVML, the summary line (CPU tests; the GPU tests
+that run convert under caps are in test_gpu_memory_gpu.py)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+from gpubatch.engine.gpu_memory import (
+    DEFAULT_IMAGE,
+    MARGIN,
+    CapTooSmall,
+    ImageNeed,
+    ProcessMemory,
+    _children,
+    held,
+    image_need,
+    plan_memory,
+    sample_need,
+)
+
+MiB = 1 << 20
+PARTS = {"context": 270, "decoders": 60, "kernels and encoder": 40}
+FIXED = 370 * MiB
+
+
+def test_a_roomy_cap_keeps_the_batch_and_decoding_ahead():
+    need = image_need(375, 500, 224, 224)
+    plan = plan_memory(8 << 30, FIXED, PARTS, need, batch=256, ahead=2)
+    assert (plan.batch, plan.ahead) == (256, 2)
+    assert plan.decode == 256 * held(2) * need.decoded
+    # everything the plan hands out fits the cap
+    assert plan.fixed + plan.decode + plan.pool_limit + MARGIN == plan.cap
+
+
+@pytest.mark.parametrize("cap_mib", [1024, 768, 512, 420])
+def test_a_tight_cap_decodes_less_far_ahead_then_shrinks_batches(cap_mib):
+    need = image_need(375, 500, 224, 224)
+    cap = cap_mib * MiB
+    plan = plan_memory(cap, FIXED, PARTS, need, batch=512, ahead=2)
+    per_image = held(plan.ahead) * need.decoded + need.work
+    assert plan.batch * per_image <= cap - FIXED - MARGIN  # the batches fit what the cap leaves
+    assert plan.batch == 512 or (plan.batch + 1) * per_image > cap - FIXED - MARGIN  # and are as large as fit
+    assert plan.ahead >= 1
+    assert plan.pool_limit >= plan.batch * need.work  # the chain's pool holds a batch's work
+    assert plan.fixed + plan.decode + plan.pool_limit + MARGIN <= cap
+
+
+def test_the_batch_shrinks_as_the_cap_does():
+    need = image_need(375, 500, 224, 224)
+    batches = [plan_memory(c * MiB, FIXED, PARTS, need, batch=512).batch for c in (2048, 1024, 768, 512)]
+    assert batches == sorted(batches, reverse=True) and batches[0] == 512 and batches[-1] < 64
+
+
+def test_below_one_image_the_cap_is_refused_naming_the_minimum_and_its_parts():
+    need = image_need(375, 500, 224, 224)
+    with pytest.raises(CapTooSmall) as e:
+        plan_memory(256 * MiB, FIXED, PARTS, need, batch=256, spec="256MiB")
+    text = str(e.value)
+    least = -(-(FIXED + MARGIN + held(1) * need.decoded + need.work) // MiB)
+    assert text.startswith(f"--gpu-memory 256MiB is below the {least} MiB this run needs at least: ")
+    assert "context 270, decoders 60, kernels and encoder 40, one image 3" in text
+    assert "\n" not in text
+    # the minimum itself is accepted, with batches of one
+    assert plan_memory(least * MiB, FIXED, PARTS, need, batch=256).batch == 1
+
+
+def test_image_need_counts_the_decode_and_four_outputs():
+    need = image_need(480, 640, 224, 224)
+    assert need == ImageNeed(480 * 640 * 3, 4 * 224 * 224 * 3, (480, 640))
+    assert image_need(100, 200).work == 4 * 100 * 200 * 3
+
+
+class _Reader:
+    def __init__(self, blobs):
+        self.blobs = blobs
+
+    def read(self, i):
+        from gpubatch.types import Record
+
+        if isinstance(self.blobs[i], Exception):
+            raise self.blobs[i]
+        return Record(key=f"k{i}", data=self.blobs[i], codec="jpeg")
+
+
+def _jpeg(w: int, h: int, fmt: str = "JPEG") -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (10, 20, 30)).save(buf, fmt)
+    return buf.getvalue()
+
+
+def test_the_sample_of_headers_finds_the_largest_image_and_passes_over_bad_records():
+    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.spec import parse_chain
+
+    plan = Plan(ops=parse_chain("resize_shorter(64)"), max_pixels=0)
+    blobs = [_jpeg(64, 48), b"not an image", _jpeg(320, 200), _jpeg(90, 700, "PNG"), ValueError("unreadable")]
+    need = sample_need(_Reader(blobs).read, list(range(len(blobs))), plan)
+    assert need.size == (700, 90)  # the PNG, read through Pillow
+    assert need.decoded == 700 * 90 * 3
+    oh, ow = plan.out_hw(700, 90, plan.draw("k3", 700, 90))
+    assert need.work == 4 * oh * ow * 3
+    assert sample_need(_Reader([b"x"]).read, [0], plan) == image_need(*DEFAULT_IMAGE)
+
+
+def test_the_sampler_reads_nothing_without_nvml(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails: no bindings
+    mem = ProcessMemory()
+    assert not mem.ok and mem.now() == 0 and mem.method == "none"
+    assert mem.start().stop() == 0
+
+
+def test_the_sampler_finds_the_processes_a_run_starts():
+    import os
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        assert p.pid in _children(os.getpid())
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_the_summary_names_the_peak_and_the_cap():
+    from gpubatch.report.summary import gpu_memory_text
+
+    assert gpu_memory_text({"peak_mib": 612, "cap_mib": 768, "processes": 1, "method": "nvml per process"}) == \
+        "peak 612 MiB of 768 MiB cap"
+    assert gpu_memory_text({"peak_mib": 1730, "method": "nvml per process"}) == "peak 1,730 MiB"
+    assert "(2 processes)" in gpu_memory_text({"peak_mib": 900, "cap_mib": 1024, "processes": 2, "method": "x"})

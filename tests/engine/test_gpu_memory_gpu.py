@@ -1,0 +1,125 @@
+"""``--gpu-memory`` bounds what every process of a GPU run takes on the device, as NVML counts it
+(CUDA contexts, decoders, encoder, pools), with the same outputs whatever the cap; below the
+smallest workable size it refuses before reading, naming the parts. Needs a GPU and NVML."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
+CAPS = {"1GiB": 1024, "768MiB": 768, "512MiB": 512}
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    from gpubatch.synthetic import make_jpeg_set
+
+    return make_jpeg_set(tmp_path_factory.mktemp("mem") / "set", 384)
+
+
+def _convert(src: Path, dst: Path, cap: str | None) -> tuple[int, int, dict | None, str]:
+    """(exit code, the peak device memory of the run's processes sampled every 20 ms, its JSON summary, stderr)."""
+    from gpubatch.engine.gpu_memory import ProcessMemory, nvml_index
+
+    cmd = [sys.executable, "-m", "gpubatch", "convert", str(src), str(dst), "--to", "webdataset", "--resize-shorter",
+           "256", "--center-crop", "224", "--quality", "90", "--device", "gpu", "--batch-size", "256", "--json"]
+    if cap:
+        cmd += ["--gpu-memory", cap]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    mem = ProcessMemory(nvml_index(0), [p.pid], children=True, interval=0.01).start()
+    out, err = p.communicate(timeout=600)
+    peak = mem.stop()
+    if not mem.ok:
+        pytest.skip("no NVML bindings (pynvml): the device memory of processes cannot be read")
+    return p.returncode, peak, json.loads(out) if p.returncode == 0 else None, err
+
+
+def _members(dst: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(dst.rglob("*.tar")):
+        with tarfile.open(f) as t:
+            for m in t:
+                if m.isfile():
+                    h.update(m.name.encode())
+                    h.update(t.extractfile(m).read())
+    return h.hexdigest()
+
+
+def test_convert_stays_under_each_cap_with_the_same_outputs(photos, tmp_path):
+    rc, peak, summary, err = _convert(photos, tmp_path / "free", None)
+    assert rc == 0, err[-2000:]
+    want = _members(tmp_path / "free")
+    assert summary["gpu_memory"]["peak_mib"] > 0
+    print(f"\nno cap: peak {peak >> 20} MiB (summary {summary['gpu_memory']})")
+    for cap, cap_mib in CAPS.items():
+        rc, peak, summary, err = _convert(photos, tmp_path / cap, cap)
+        assert rc == 0, err[-2000:]
+        mem = summary["gpu_memory"]
+        print(f"{cap}: peak {peak >> 20} MiB sampled here, {mem['peak_mib']} MiB in the summary; {mem['plan']}")
+        assert peak <= cap_mib * MiB, (cap, peak >> 20, mem)
+        assert mem["peak_mib"] <= cap_mib and mem["cap_mib"] == cap_mib
+        assert summary["records_out"] == 384
+        assert _members(tmp_path / cap) == want, cap  # the same bytes whatever the cap
+
+
+def test_a_cap_below_the_minimum_is_refused_before_anything_is_written(photos, tmp_path):
+    dst = tmp_path / "out"
+    rc, _, _, err = _convert(photos, dst, "256MiB")
+    assert rc != 0
+    line = err.strip().splitlines()[-1]
+    assert "--gpu-memory 256MiB is below the" in line and "MiB this run needs at least: context" in line, err
+    assert "one image" in line and "Traceback" not in err
+    assert not list(dst.rglob("*.tar")) if dst.exists() else True
+
+
+_PIPELINE = """
+import sys
+from pathlib import Path
+from gpubatch.engine.gpu_memory import ProcessMemory
+from gpubatch.engine.pipeline import ImagePipeline
+from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
+files = sorted(Path(sys.argv[1]).rglob("*.jpg"))
+mem = ProcessMemory().start()
+with ImagePipeline([RandomResizedCrop(224), Flip(), Normalize(layout="CHW", dtype="float16")], device="gpu",
+                   gpu_memory=sys.argv[2]) as pipe:
+    for k, b in enumerate(pipe.iterate_files(files, batch_size=256, repeat=True)):
+        b.stacked()
+        if k == 4:
+            break
+    pipe.stream.synchronize()
+    plan = pipe.memory_plan
+print(mem.stop() >> 20, plan.cap >> 20, plan.batch, pipe.chunk)
+"""
+
+
+def test_the_image_pipeline_stays_under_its_cap(photos):
+    out = subprocess.run([sys.executable, "-c", _PIPELINE, str(photos), "640MiB"], capture_output=True, text=True,
+                         env=_env(), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    peak, cap, batch, chunk = map(int, out.stdout.split()[-4:])
+    print(f"\nImagePipeline under 640MiB: peak {peak} MiB, plan batch {batch}, decode chunk {chunk}")
+    assert cap == 640 and 0 < peak <= 640
+
+
+def test_the_image_pipeline_refuses_a_cap_below_its_minimum():
+    from gpubatch.engine.ops import Flip
+    from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"ImagePipeline: --gpu-memory 128MiB is below the \d+ MiB this run needs at least"):
+        ImagePipeline([Flip()], device="gpu", gpu_memory="128MiB")
