@@ -229,10 +229,11 @@ class ImagePipeline:
     def fit_memory(self, batch_size: int, prefetch: int) -> Any:
         """Under ``gpu_memory``: the plan (:class:`~.gpu_memory.MemoryPlan`) for batches of
         ``batch_size`` decoded ``prefetch`` ahead, for images of up to 640x640 (or ``max_pixels``),
-        applied to the engine's pools. A chain that decodes in chunks takes chunks the cap has room for;
-        another refuses a batch larger than that, naming the largest that fits."""
+        applied to the engine's pools. The batch's outputs are the caller's size; the decodes take what
+        the cap leaves: a chain that decodes in chunks takes chunks that fit, another refuses a batch
+        larger than fits, naming the largest."""
         from ..errors import UsageError
-        from .gpu_memory import DEFAULT_IMAGE, CapTooSmall, image_need, plan_memory
+        from .gpu_memory import DEFAULT_IMAGE, MARGIN, MemoryPlan, held, image_need
 
         h, w = DEFAULT_IMAGE
         if self.plan.max_pixels and h * w > self.plan.max_pixels:
@@ -241,20 +242,30 @@ class ImagePipeline:
             oh, ow = self.plan.out_hw(h, w, self.plan.draw("", h, w))
         except Exception:  # noqa: BLE001 - an op that refuses the size: the image's own size bounds it
             oh, ow = h, w
+        need = image_need(h, w, oh, ow)
+        cap = self.engine.cap
         fixed, parts = self.engine.fixed_memory()
-        try:
-            plan = plan_memory(self.engine.cap, fixed, parts, image_need(h, w, oh, ow), batch_size, prefetch,
-                               spec=f"{self.engine.cap >> 20}MiB")
-        except CapTooSmall as e:
-            raise UsageError(f"ImagePipeline: {e}") from None
-        if plan.batch < batch_size:
+        ahead = max(1, prefetch)
+        outputs = batch_size * need.work  # the batch's outputs and the chain's work, in CuPy's pool
+        room = cap - fixed - MARGIN - outputs
+        if room < held(ahead) * need.decoded:
+            least = -(-(cap - room + held(ahead) * need.decoded) // (1 << 20))
+            named = ", ".join(f"{k} {v}" for k, v in parts.items() if v)
+            raise UsageError(f"ImagePipeline: --gpu-memory {cap >> 20}MiB is below the {least} MiB this run needs at "
+                             f"least: {named}, batches of {batch_size} {-(-outputs >> 20)}, one image "
+                             f"{-(-held(ahead) * need.decoded >> 20)}")
+        fit = room // (held(ahead) * need.decoded)
+        if fit < batch_size:
             if not self._fixed:
-                raise UsageError(f"ImagePipeline: batches of {batch_size} do not fit gpu_memory={self.engine.cap >> 20}MiB "
-                                 f"({plan.describe()}): at most {plan.batch} images of {w}x{h}")
-            self.chunk = min(self.chunk or batch_size, plan.batch)
+                most = (cap - fixed - MARGIN) // (need.work + held(ahead) * need.decoded)
+                raise UsageError(f"ImagePipeline: batches of {batch_size} do not fit gpu_memory={cap >> 20}MiB for "
+                                 f"images of {w}x{h}: at most {most}")
             from .codecs.decode_buffers import want_planes
 
+            self.chunk = min(self.chunk or batch_size, fit)
             self._planes = want_planes(self.chunk, self.settings)
+        decode = min(fit, batch_size) * held(ahead) * need.decoded
+        plan = MemoryPlan(cap, fixed, parts, need, batch_size, ahead, decode, cap - fixed - MARGIN - decode)
         self.engine.apply(plan)
         self.memory_plan = plan
         return plan

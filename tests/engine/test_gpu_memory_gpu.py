@@ -66,15 +66,19 @@ def test_convert_stays_under_each_cap_with_the_same_outputs(photos, tmp_path):
     want = _members(tmp_path / "free")
     assert summary["gpu_memory"]["peak_mib"] > 0
     print(f"\nno cap: peak {peak >> 20} MiB (summary {summary['gpu_memory']})")
+    runs = {}
     for cap, cap_mib in CAPS.items():
         rc, peak, summary, err = _convert(photos, tmp_path / cap, cap)
         assert rc == 0, err[-2000:]
         mem = summary["gpu_memory"]
         print(f"{cap}: peak {peak >> 20} MiB sampled here, {mem['peak_mib']} MiB in the summary; {mem['plan']}")
+        runs[cap] = (peak, mem, summary["records_out"], _members(tmp_path / cap) == want)
+    for cap, cap_mib in CAPS.items():
+        peak, mem, records, same = runs[cap]
         assert peak <= cap_mib * MiB, (cap, peak >> 20, mem)
         assert mem["peak_mib"] <= cap_mib and mem["cap_mib"] == cap_mib
-        assert summary["records_out"] == 384
-        assert _members(tmp_path / cap) == want, cap  # the same bytes whatever the cap
+        assert records == 384
+        assert same, cap  # the same bytes whatever the cap
 
 
 def test_a_cap_below_the_minimum_is_refused_before_anything_is_written(photos, tmp_path):
