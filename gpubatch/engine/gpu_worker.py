@@ -255,7 +255,7 @@ def _worker(device_index: int, opener: Callable[[], RecordSource], plan: Plan, e
             # which answers with this worker's entries and the batch the cap leaves room for (or None)
             engine = make_engine(None)
             gpu_init = time.perf_counter() - t0
-            warm = engine.warm_up(16, encoder=True)
+            warm = engine.warm_up(batch_size, encoder=True)  # the decoders' state for the batch asked, measured
             fixed, parts = engine.fixed_memory()
             _put(out, stop, WorkerReady(fixed, parts, engine.cap))
             got = _take(control, stop)

@@ -67,7 +67,7 @@ def test_convert_stays_under_each_cap_with_the_same_outputs(photos, tmp_path):
     assert summary["gpu_memory"]["peak_mib"] > 0
     print(f"\nno cap: peak {peak >> 20} MiB (summary {summary['gpu_memory']})")
     runs = {}
-    for cap, cap_mib in CAPS.items():
+    for cap in CAPS:
         rc, peak, summary, err = _convert(photos, tmp_path / cap, cap)
         assert rc == 0, err[-2000:]
         mem = summary["gpu_memory"]
