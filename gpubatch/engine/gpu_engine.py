@@ -188,15 +188,27 @@ class GpuEngine:
             self.memory_parts[part] = max(0, (self.process_memory.now() >> 20) - sum(self.memory_parts.values()))
 
     def fixed_memory(self) -> tuple[int, dict[str, int]]:
-        """(bytes this process holds on the device now, before its first batch; the parts, MiB)."""
+        """(bytes this process holds on the device now, before its first batch; the parts, MiB), once the
+        pools have let go of what they cache (what the engine's buffers hold in CuPy's pool stays
+        counted: :meth:`apply` adds it to the pool's limit)."""
+        self.stream.synchronize()
+        self.cp.get_default_memory_pool().free_all_blocks()
+        rt = self.cp.cuda.runtime
+        try:
+            rt.memPoolTrimTo(rt.deviceGetDefaultMemPool(self.device.index), 0)
+        except Exception:  # noqa: BLE001 - no stream-ordered pool
+            pass
+        self._note_memory("pools")
+        self.memory_parts.pop("pools", None)
         return self.process_memory.now(), dict(self.memory_parts)
 
     def apply(self, plan: Any) -> None:
         """Spend the cap as ``plan`` (:class:`~.gpu_memory.MemoryPlan`) says: CuPy's pool limit, and the
         freed memory the driver's pool (where decoded images live) may keep."""
         self.plan = plan
-        self.memory_limit = plan.pool_limit
-        self.cp.get_default_memory_pool().set_limit(size=plan.pool_limit)
+        pool = self.cp.get_default_memory_pool()
+        self.memory_limit = plan.pool_limit + pool.used_bytes()  # the engine's own buffers are in ``fixed``
+        pool.set_limit(size=self.memory_limit)
         rt = self.cp.cuda.runtime
         try:
             rt.memPoolSetAttribute(rt.deviceGetDefaultMemPool(self.device.index), 4, plan.decode)  # ReleaseThreshold
