@@ -226,7 +226,8 @@ class MemoryPlan:
         ahead: batches decoded ahead of the one in the chain.
         decode: the bytes decoded images may hold (``batch * held(ahead) * need.decoded``); the driver's
             pool keeps at most this much freed memory.
-        pool_limit: CuPy's pool limit: what the cap leaves after ``fixed`` and ``decode``.
+        pool_limit: CuPy's pool limit: all the cap leaves after ``fixed`` (a decoder may put its images in
+            either pool; the batch size bounds what both hold together, this limit backs it up).
     """
 
     cap: int
@@ -280,4 +281,4 @@ def plan_memory(cap: int, fixed: int, parts: dict[str, int], need: ImageNeed, ba
         a -= 1
     b = max(1, min(batch, room // per_image(a)))
     decode = b * held(a) * need.decoded
-    return MemoryPlan(cap, fixed, parts, need, b, a, decode, room - decode)
+    return MemoryPlan(cap, fixed, parts, need, b, a, decode, room)

@@ -265,7 +265,7 @@ class ImagePipeline:
             self.chunk = min(self.chunk or batch_size, fit)
             self._planes = want_planes(self.chunk, self.settings)
         decode = min(fit, batch_size) * held(ahead) * need.decoded
-        plan = MemoryPlan(cap, fixed, parts, need, batch_size, ahead, decode, cap - fixed - MARGIN - decode)
+        plan = MemoryPlan(cap, fixed, parts, need, batch_size, ahead, decode, cap - fixed - MARGIN)
         self.engine.apply(plan)
         self.memory_plan = plan
         return plan
