@@ -238,10 +238,11 @@ def _worker(device_index: int, opener: Callable[[], RecordSource], plan: Plan, e
             f.start()
             return f
 
-        def make_engine(preallocate: tuple[int, int, int] | None) -> GpuEngine:
+        def make_engine(preallocate: tuple[int, int, int] | None, route: str | None = None) -> GpuEngine:
             return GpuEngine(Device(DeviceKind.GPU, device_index, reason="worker"), threads, gpu_memory,
                              share=procs, deterministic=True, cores=cores,  # written bytes must not vary
-                             hw_preallocate=preallocate, route_cores=route_cores, settings=settings)
+                             hw_preallocate=preallocate, route_cores=route_cores, decode_route=route,
+                             settings=settings)
 
         if control is None:
             feed = start_feed(entries, batch_size)  # the reader processes start up while CUDA does
@@ -253,7 +254,9 @@ def _worker(device_index: int, opener: Callable[[], RecordSource], plan: Plan, e
         else:
             # under --gpu-memory: the engine first, what it took measured and sent to the writing process,
             # which answers with this worker's entries and the batch the cap leaves room for (or None)
-            engine = make_engine(None)
+            # the hardware route (unless one is named): it gives the decoders their images by kind, not by
+            # a share of each batch, so the bytes written do not depend on the batch the cap leaves room for
+            engine = make_engine(None, "hardware" if settings.decode_route == "auto" else None)
             gpu_init = time.perf_counter() - t0
             warm = engine.warm_up(batch_size, encoder=True)  # the decoders' state for the batch asked, measured
             fixed, parts = engine.fixed_memory()
