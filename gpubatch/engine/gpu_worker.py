@@ -258,7 +258,7 @@ def _worker(device_index: int, opener: Callable[[], RecordSource], plan: Plan, e
             # a share of each batch, so the bytes written do not depend on the batch the cap leaves room for
             engine = make_engine(None, "hardware" if settings.decode_route == "auto" else None)
             gpu_init = time.perf_counter() - t0
-            warm = engine.warm_up(batch_size, encoder=True)  # the decoders' state for the batch asked, measured
+            warm = engine.warm_up(16, encoder=True)  # a small batch: its buffers come before the cap is planned
             fixed, parts = engine.fixed_memory()
             _put(out, stop, WorkerReady(fixed, parts, engine.cap))
             got = _take(control, stop)
