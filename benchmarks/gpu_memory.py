@@ -15,7 +15,6 @@ cap, with a digest of the written shards (outputs must not depend on the cap).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
@@ -76,22 +75,10 @@ def parts(a: argparse.Namespace) -> None:
         print(out.stdout.strip().splitlines()[-1])
 
 
-def _digest(out: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(out.rglob("*.tar")):
-        import tarfile
-
-        with tarfile.open(f) as t:
-            for m in t:
-                if m.isfile():
-                    h.update(m.name.encode())
-                    h.update(t.extractfile(m).read())
-    return h.hexdigest()[:16]
-
-
 def caps(a: argparse.Namespace) -> None:
     from _data import jpeg_set
 
+    from gpubatch.bench.measure import shard_digest
     from gpubatch.engine.gpu_memory import ProcessMemory
 
     jpeg_set(a.data, a.images)
@@ -111,7 +98,7 @@ def caps(a: argparse.Namespace) -> None:
         peak = mem.stop()
         row = {"cap": cap, "rc": p.returncode, "peak_mib": peak >> 20, "method": mem.method,
                "seconds": round(time.perf_counter() - t0, 1),
-               "digest": _digest(out) if p.returncode == 0 else None,
+               "digest": shard_digest(out)[:16] if p.returncode == 0 else None,
                "summary": [ln for ln in text.splitlines() if "gpu memory" in ln.lower() or "error" in ln.lower()][-3:]}
         rows.append(row)
         print(json.dumps(row))

@@ -241,3 +241,20 @@ def timed_contender(step: Callable[[], int], a: dict, sampler: Any = None, warmu
     res["cpu_cores_used"] = cpu.stop()
     res["host_cpu"] = cpu.host
     return res
+
+
+def shard_digest(root: Any) -> str:
+    """SHA-256 over the names and bytes of every file member of the ``.tar`` shards under ``root``, in
+    order: two runs wrote the same records exactly when their digests agree (tar headers aside)."""
+    import hashlib
+    import tarfile
+    from pathlib import Path
+
+    h = hashlib.sha256()
+    for f in sorted(Path(root).rglob("*.tar")):
+        with tarfile.open(f) as t:
+            for m in t:
+                if m.isfile():
+                    h.update(m.name.encode())
+                    h.update(t.extractfile(m).read())
+    return h.hexdigest()

@@ -4,15 +4,15 @@ smallest workable size it refuses before reading, naming the parts. Needs a GPU 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
+
+from gpubatch.bench.measure import shard_digest
 
 pytestmark = pytest.mark.gpu
 
@@ -53,21 +53,10 @@ def _convert(src: Path, dst: Path, cap: str | None) -> tuple[int, int, dict | No
     return p.returncode, peak, json.loads(out) if p.returncode == 0 else None, err
 
 
-def _members(dst: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(dst.rglob("*.tar")):
-        with tarfile.open(f) as t:
-            for m in t:
-                if m.isfile():
-                    h.update(m.name.encode())
-                    h.update(t.extractfile(m).read())
-    return h.hexdigest()
-
-
 def test_convert_stays_under_each_cap_with_the_same_outputs(photos, tmp_path):
     rc, peak, summary, err = _convert(photos, tmp_path / "free", None)
     assert rc == 0, err[-2000:]
-    want = _members(tmp_path / "free")
+    want = shard_digest(tmp_path / "free")
     assert summary["gpu_memory"]["peak_mib"] > 0
     print(f"\nno cap: peak {peak >> 20} MiB (summary {summary['gpu_memory']})")
     runs = {}
@@ -76,7 +65,7 @@ def test_convert_stays_under_each_cap_with_the_same_outputs(photos, tmp_path):
         assert rc == 0, err[-2000:]
         mem = summary["gpu_memory"]
         print(f"{cap}: peak {peak >> 20} MiB sampled here, {mem['peak_mib']} MiB in the summary; {mem['plan']}")
-        runs[cap] = (peak, mem, summary["records_out"], _members(tmp_path / cap) == want)
+        runs[cap] = (peak, mem, summary["records_out"], shard_digest(tmp_path / cap) == want)
     for cap, cap_mib in CAPS.items():
         peak, mem, records, same = runs[cap]
         assert peak <= cap_mib * MiB, (cap, peak >> 20, mem)
