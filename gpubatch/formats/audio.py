@@ -37,7 +37,15 @@ from ..errors import FormatError
 from ..types import AUDIO_EXTENSIONS, DatasetInfo, Media, Record, class_table
 from . import fields, register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer
-from .folder import _strip_ext, _walk_images, class_folders, place_file, read_listed_file, safe_component
+from .folder import (
+    _strip_ext,
+    _walk_images,
+    class_folders,
+    place_file,
+    read_csv_table,
+    read_listed_file,
+    safe_component,
+)
 from .manifest import MANIFEST_NAME, read_manifest
 
 METADATA = "metadata.csv"
@@ -176,12 +184,7 @@ class AudioReader(Reader):
         return self._by_name.get(rel, rel)
 
     def _scan_csv(self) -> list[Any]:
-        try:
-            text = read_regular(self.csv_file).decode("utf-8-sig", "replace")
-        except (OSError, ValueError) as e:
-            raise FormatError(f"cannot read {self.csv_file}: {getattr(e, 'strerror', None) or e}") from None
-        rows = list(csv.DictReader(io.StringIO(text)))
-        cols = {c.strip().lower(): c for c in (rows[0].keys() if rows else []) if c}
+        rows, cols = read_csv_table(self.csv_file)
 
         def col(given: str | None, names: tuple[str, ...], what: str) -> str | None:
             if given:

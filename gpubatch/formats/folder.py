@@ -162,6 +162,22 @@ def _strip_ext(rel: str) -> str:
     return rel.rsplit(".", 1)[0] if "." in rel.rsplit("/", 1)[-1] else rel
 
 
+def read_csv_table(path: Path) -> tuple[list[dict[str, str]], dict[str, str]]:
+    """The rows of a CSV of metadata (ESC-50's, UrbanSound8K's, a video manifest), and its columns by
+    lower-cased name; FormatError where it cannot be read."""
+    import csv
+    import io
+
+    from ..errors import FormatError
+
+    try:
+        text = read_regular(path).decode("utf-8-sig", "replace")
+    except (OSError, ValueError) as e:
+        raise FormatError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    rows = list(csv.DictReader(io.StringIO(text)))
+    return rows, {c.strip().lower(): c for c in (rows[0].keys() if rows else []) if c}
+
+
 def read_listed_file(reader: Reader, root: Path, path: str) -> tuple[str, Path, bytes]:
     """(key, full path, bytes) of a file a dataset lists, relative to ``root`` or absolute (keyed by its
     name then); the reader's record error where it cannot be read (a video or audio folder's files)."""

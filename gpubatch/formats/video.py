@@ -18,8 +18,6 @@ relative to the dataset's folder), as they were or re-encoded.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import os
 import re
@@ -32,7 +30,15 @@ from ..types import IMAGE_EXTENSIONS as _IMAGE_EXT
 from ..types import VIDEO_EXTENSIONS, DatasetInfo, Media, Record, class_table
 from . import fields, register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer
-from .folder import _strip_ext, _walk_images, class_folders, place_file, read_listed_file, safe_component
+from .folder import (
+    _strip_ext,
+    _walk_images,
+    class_folders,
+    place_file,
+    read_csv_table,
+    read_listed_file,
+    safe_component,
+)
 from .manifest import MANIFEST_NAME, read_manifest
 
 FILE_LIST = "file_list.txt"
@@ -132,12 +138,7 @@ class VideoReader(Reader):
         return entries
 
     def _scan_csv(self) -> list[Any]:
-        try:
-            text = read_regular(self.csv_file).decode("utf-8-sig", "replace")
-        except (OSError, ValueError) as e:
-            raise FormatError(f"cannot read {self.csv_file}: {getattr(e, 'strerror', None) or e}") from None
-        rows = list(csv.DictReader(io.StringIO(text)))
-        cols = {c.strip().lower(): c for c in (rows[0].keys() if rows else []) if c}
+        rows, cols = read_csv_table(self.csv_file)
 
         def col(names: tuple[str, ...]) -> str | None:
             return next((cols[n] for n in names if n in cols), None)
