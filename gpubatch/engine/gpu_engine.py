@@ -198,8 +198,6 @@ class GpuEngine:
             rt.memPoolTrimTo(rt.deviceGetDefaultMemPool(self.device.index), 0)
         except Exception:  # noqa: BLE001 - no stream-ordered pool
             pass
-        self._note_memory("pools")
-        self.memory_parts.pop("pools", None)
         return self.process_memory.now(), dict(self.memory_parts)
 
     def apply(self, plan: Any) -> None:

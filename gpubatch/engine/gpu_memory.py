@@ -250,8 +250,8 @@ class CapTooSmall(ValueError):
 
 #: what a plan leaves free beyond the measured fixed cost and the batches: the state the decoders and
 #: the encoder take at their first batch of real images (sized by them, not by the tiny images of the
-#: warm-up), 90-110 MiB above the plan on an H100 (benchmarks/gpu_memory.py caps, 2026-11-25), and the
-#: allocators' rounding
+#: warm-up), 82-88 MiB above a plan with a 24 MiB margin on an H100 (benchmarks/gpu_memory.py caps at
+#: ae06566, benchmarks/RESULTS.md 2026-11-25 night), and the allocators' rounding
 MARGIN = 128 * MiB
 
 
