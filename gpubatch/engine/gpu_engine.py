@@ -161,8 +161,9 @@ class GpuEngine:
         self.process_memory = ProcessMemory(nvml_index(device.index))
         self.memory_parts = {"context": self.process_memory.now() >> 20}
         # ``share`` processes split the cap (each worker process of a multi-process run owns one engine)
-        self.cap = parse_memory(gpu_memory, total) // max(share, 1) if gpu_memory is not None else None
-        self.memory_limit = max(parse_memory(gpu_memory, total) // max(share, 1), 256 << 20)
+        mine = parse_memory(gpu_memory, total) // max(share, 1)
+        self.cap = mine if gpu_memory is not None else None
+        self.memory_limit = max(mine, 256 << 20)
         cp.get_default_memory_pool().set_limit(size=self.memory_limit)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.staging = PinnedStaging(cp)  # launch tables reach the device without the host waiting

@@ -263,20 +263,23 @@ def held(ahead: int) -> int:
 
 
 def plan_memory(cap: int, fixed: int, parts: dict[str, int], need: ImageNeed, batch: int, ahead: int = 2,
-                spec: str | None = None, least_batch: int = 32) -> MemoryPlan:
+                spec: str | None = None, least_batch: int = 32, outputs: int = 0) -> MemoryPlan:
     """The plan for a process that took ``fixed`` bytes before its first batch (``parts``: by name, MiB)
-    and whose images need ``need``, asked for batches of ``batch`` decoded ``ahead`` batches ahead.
-    ``batch * (held(ahead) * decoded + work)`` must fit what the cap leaves: decoding runs less far
-    ahead (down to one batch) while a batch of ``least_batch`` would otherwise not fit, then batches
-    shrink. Raises :class:`CapTooSmall`, naming the minimum and its parts, where one image does not fit."""
-    room = cap - fixed - MARGIN
+    and whose images need ``need``, asked for batches of ``batch`` decoded ``ahead`` batches ahead;
+    ``outputs``: bytes a batch holds whatever the plan (an in-memory pipeline's output batch, the
+    caller's size), named in a refusal. ``batch * (held(ahead) * decoded + work)`` must fit what the cap
+    leaves: decoding runs less far ahead (down to one batch) while a batch of ``least_batch`` would
+    otherwise not fit, then batches shrink. Raises :class:`CapTooSmall`, naming the minimum and its
+    parts, where one image does not fit."""
+    room = cap - fixed - MARGIN - outputs
 
     def per_image(a: int) -> int:
         return held(a) * need.decoded + need.work
 
     if room < per_image(1):
-        least = fixed + MARGIN + per_image(1)
-        named = ", ".join(f"{k} {v}" for k, v in parts.items() if v)
+        least = fixed + MARGIN + outputs + per_image(1)
+        named = ", ".join([f"{k} {v}" for k, v in parts.items() if v]
+                          + ([f"outputs {-(-outputs // MiB)}"] if outputs else []))
         raise CapTooSmall(f"--gpu-memory {spec or f'{cap // MiB}MiB'} is below the {-(-least // MiB)} MiB this run "
                           f"needs at least: {named}, one image {-(-per_image(1) // MiB)}")
     a = max(1, ahead)
@@ -284,4 +287,4 @@ def plan_memory(cap: int, fixed: int, parts: dict[str, int], need: ImageNeed, ba
         a -= 1
     b = max(1, min(batch, room // per_image(a)))
     decode = b * held(a) * need.decoded
-    return MemoryPlan(cap, fixed, parts, need, b, a, decode, room)
+    return MemoryPlan(cap, fixed, parts, need, b, a, decode, room + outputs)

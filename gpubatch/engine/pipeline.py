@@ -229,12 +229,12 @@ class ImagePipeline:
 
     def fit_memory(self, batch_size: int, prefetch: int) -> Any:
         """Under ``gpu_memory``: the plan (:class:`~.gpu_memory.MemoryPlan`) for batches of
-        ``batch_size`` decoded ``prefetch`` ahead, for images of up to 640x640 (or ``max_pixels``),
-        applied to the engine's pools. The batch's outputs are the caller's size; the decodes take what
+        ``batch_size`` decoded ``prefetch`` ahead (its ``ahead`` may be less), for images of up to
+        640x640 (or ``max_pixels``), applied to the engine's pools. The batch's outputs are the caller's size; the decodes take what
         the cap leaves: a chain that decodes in chunks takes chunks that fit, another refuses a batch
         larger than fits, naming the largest."""
         from ..errors import UsageError
-        from .gpu_memory import DEFAULT_IMAGE, MARGIN, MemoryPlan, held, image_need
+        from .gpu_memory import DEFAULT_IMAGE, MARGIN, CapTooSmall, ImageNeed, held, image_need, plan_memory
 
         h, w = DEFAULT_IMAGE
         if self.plan.max_pixels and h * w > self.plan.max_pixels:
@@ -246,27 +246,20 @@ class ImagePipeline:
         need = image_need(h, w, oh, ow)
         cap = self.engine.cap
         fixed, parts = self.engine.fixed_memory()
-        ahead = max(1, prefetch)
-        outputs = batch_size * need.work  # the batch's outputs and the chain's work, in CuPy's pool
-        room = cap - fixed - MARGIN - outputs
-        if room < held(ahead) * need.decoded:
-            least = -(-(cap - room + held(ahead) * need.decoded) // (1 << 20))
-            named = ", ".join(f"{k} {v}" for k, v in parts.items() if v)
-            raise UsageError(f"ImagePipeline: --gpu-memory {cap >> 20}MiB is below the {least} MiB this run needs at "
-                             f"least: {named}, batches of {batch_size} {-(-outputs >> 20)}, one image "
-                             f"{-(-held(ahead) * need.decoded >> 20)}")
-        fit = room // (held(ahead) * need.decoded)
-        if fit < batch_size:
+        try:  # the batch's outputs and the chain's work are the caller's size; the decodes get what is left
+            plan = plan_memory(cap, fixed, parts, ImageNeed(need.decoded, 0, need.size), batch_size, max(1, prefetch),
+                               spec=f"{cap >> 20}MiB", least_batch=batch_size, outputs=batch_size * need.work)
+        except CapTooSmall as e:
+            raise UsageError(f"ImagePipeline: {e}") from None
+        if plan.batch < batch_size:
             if not self._fixed:
-                most = (cap - fixed - MARGIN) // (need.work + held(ahead) * need.decoded)
+                most = (cap - fixed - MARGIN) // (need.work + held(plan.ahead) * need.decoded)
                 raise UsageError(f"ImagePipeline: batches of {batch_size} do not fit gpu_memory={cap >> 20}MiB for "
                                  f"images of {w}x{h}: at most {most}")
             from .codecs.decode_buffers import want_planes
 
-            self.chunk = min(self.chunk or batch_size, fit)
+            self.chunk = min(self.chunk or batch_size, plan.batch)
             self._planes = want_planes(self.chunk, self.settings)
-        decode = min(fit, batch_size) * held(ahead) * need.decoded
-        plan = MemoryPlan(cap, fixed, parts, need, batch_size, ahead, decode, cap - fixed - MARGIN)
         self.engine.apply(plan)
         self.memory_plan = plan
         return plan
@@ -519,8 +512,8 @@ class ImagePipeline:
         if self.engine is None:
             yield from self._iterate_files_cpu([str(f) for f in files], keys, batch_size, repeat, max(3, prefetch + 1))
             return
-        if self.engine.cap is not None:
-            self.fit_memory(batch_size, prefetch)
+        if self.engine.cap is not None:  # decoding as far ahead as the cap's plan allows
+            prefetch = self.fit_memory(batch_size, prefetch).ahead
         pin = self.settings.pin_feed
         # slots: those being read ahead, decoded and processed, plus (pinned) those waiting for the GPU
         from .executor import default_readers

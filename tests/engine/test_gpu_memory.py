@@ -134,3 +134,14 @@ def test_the_summary_names_the_peak_and_the_cap():
         "peak 612 MiB of 768 MiB cap"
     assert gpu_memory_text({"peak_mib": 1730, "method": "nvml per process"}) == "peak 1,730 MiB"
     assert "(2 processes)" in gpu_memory_text({"peak_mib": 900, "cap_mib": 1024, "processes": 2, "method": "x"})
+
+
+def test_outputs_held_whatever_the_plan_come_off_the_room_and_are_named():
+    """An in-memory pipeline's output batch is the caller's size: the decodes get what is left."""
+    need = ImageNeed(640 * 640 * 3, 0, (640, 640))
+    outputs = 256 * 4 * 224 * 224 * 3
+    plan = plan_memory(1024 * MiB, FIXED, PARTS, need, batch=256, ahead=1, least_batch=256, outputs=outputs)
+    assert plan.batch == (1024 * MiB - FIXED - MARGIN - outputs) // (held(1) * need.decoded)
+    assert plan.pool_limit == 1024 * MiB - FIXED - MARGIN  # CuPy's pool holds the outputs and the decodes
+    with pytest.raises(CapTooSmall, match=r"context 270, decoders 60, kernels and encoder 40, outputs 147, one image 4"):
+        plan_memory(640 * MiB, FIXED, PARTS, need, batch=256, ahead=1, outputs=outputs)
