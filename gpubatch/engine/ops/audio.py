@@ -32,7 +32,7 @@ from ...errors import UsageError
 from ..codecs.audio_io import AudioData
 from ..media import MediaSpec
 from ..registry import DEVICE, HOST, register_kernel
-from .base import Op, pair, positive, probability
+from .base import Op, positive, probability, spread
 
 
 @functools.lru_cache(maxsize=1)
@@ -409,8 +409,7 @@ class Gain(AudioOp):
     random = True
 
     def __post_init__(self) -> None:
-        v = (self.db, self.db) if isinstance(self.db, (int, float)) else self.db
-        object.__setattr__(self, "db", pair("gain db", v, -120.0, 60.0))
+        object.__setattr__(self, "db", spread("gain db", self.db, None, -120.0, 60.0))
         object.__setattr__(self, "p", probability("gain p", self.p))
 
     def make_params(self, h: int, w: int, rng: Any, boxes: Any = None) -> float:
@@ -449,8 +448,7 @@ class AddNoise(AudioOp):
     random = True
 
     def __post_init__(self) -> None:
-        v = (self.snr, self.snr) if isinstance(self.snr, (int, float)) else self.snr
-        object.__setattr__(self, "snr", pair("add_noise snr", v, -30.0, 120.0))
+        object.__setattr__(self, "snr", spread("add_noise snr", self.snr, None, -30.0, 120.0))
         object.__setattr__(self, "p", probability("add_noise p", self.p))
 
     def make_params(self, h: int, w: int, rng: Any, boxes: Any = None) -> tuple[float, int] | None:
