@@ -208,11 +208,9 @@ class GpuEngine:
         pool = self.cp.get_default_memory_pool()
         self.memory_limit = plan.pool_limit + pool.used_bytes()  # the engine's own buffers are in ``fixed``
         pool.set_limit(size=self.memory_limit)
-        rt = self.cp.cuda.runtime
-        try:
-            rt.memPoolSetAttribute(rt.deviceGetDefaultMemPool(self.device.index), 4, plan.decode)  # ReleaseThreshold
-        except Exception:  # noqa: BLE001 - no stream-ordered pool: nvImageCodec uses cudaMalloc and frees at once
-            pass
+        from .codecs.decode_buffers import set_pool_keep
+
+        set_pool_keep(self.cp, self.device.index, plan.decode, again=True)
 
     @property
     def encoder(self):

@@ -30,11 +30,11 @@ def want_planes(chunk: int, settings: Settings) -> bool:
     return planes == "always" or (planes == "chunked" and 0 < chunk < settings.hw_chunk)
 
 
-def _keep_freed_memory(cp, device_index: int, keep: int) -> bool:
+def set_pool_keep(cp, device_index: int, keep: int, again: bool = False) -> bool:
     """Let the driver's default pool (where decoded images live) keep up to ``keep`` bytes of freed
-    memory instead of returning it at every synchronization. False where the device has no
-    stream-ordered pool."""
-    if device_index not in _POOLS_SET:
+    memory instead of returning it at every synchronization: once per device, unless ``again`` (a
+    memory cap's plan changes it). False where the device has no stream-ordered pool."""
+    if again or device_index not in _POOLS_SET:
         try:
             pool = cp.cuda.runtime.deviceGetDefaultMemPool(device_index)
             cp.cuda.runtime.memPoolSetAttribute(pool, 4, keep)  # cudaMemPoolAttrReleaseThreshold

@@ -47,10 +47,10 @@ from .decode_buffers import (
     _Closed,
     _event_class,
     _Job,
-    _keep_freed_memory,
     _make_current,
     _Release,
     _RingSlot,
+    set_pool_keep,
 )
 from .decode_python import PythonBindingDecode
 from .decode_result import DecodeResult, DeviceImage
@@ -193,7 +193,7 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
         # the first has the call's kind (the split route, after the hardware route added them: _follow)
         self._hw_first = hw_instances
         with cp.cuda.Device(device_index):
-            self.stream_ordered = _keep_freed_memory(cp, device_index, st.pool_keep)
+            self.stream_ordered = set_pool_keep(cp, device_index, st.pool_keep)
             cuda_options = f"{st.cuda_decoder_options} {options}"
             if self.api == "c":
                 from .nvimgcodec_c import BACKEND_HYBRID_CPU_GPU, CApiError, library
