@@ -3,13 +3,17 @@ driver (NVML: the device memory of each process of the run, CUDA context include
 
     python3 benchmarks/gpu_memory.py parts               # one process, step by step
     python3 benchmarks/gpu_memory.py caps --images 2048  # convert under caps, every process sampled
+    python3 benchmarks/gpu_memory.py pipeline --cap 640MiB  # ImagePipeline under a cap, step by step
 
 ``parts`` builds a GPU engine a step at a time in a fresh process and prints what each step added:
 the CUDA context, the kernels, the engine (decoders; the hardware decoder's preallocation at a few
 sizes), the warm-up with the JPEG encoder, one batch decoded and transformed. ``caps`` runs
 ``gpubatch convert`` (a synthetic mixed JPEG set, resize 256, crop 224, JPEG 90, WebDataset) under each
 cap in turn, samples every process of the run every 20 ms and prints the peak of their sum beside the
-cap, with a digest of the written shards (outputs must not depend on the cap).
+cap, with a digest of the written shards (outputs must not depend on the cap). ``pipeline`` runs
+``ImagePipeline(gpu_memory=CAP)`` (random-resized crop 224, flip, float16 CHW, batches of 256) and after
+each step (engine, plan, feed, each batch) prints the process's memory as NVML counts it, its sampled
+peak so far, what CuPy's pool holds and what the driver's stream-ordered pool reserves, beside the plan.
 """
 
 from __future__ import annotations
@@ -60,6 +64,58 @@ eng.stream.synchronize()
 note("after the batch")
 print(json.dumps({{"preallocate": pre, "method": mem.method, "MiB": steps}}))
 """
+
+
+_PIPELINE = r"""
+import sys, time, json
+sys.path.insert(0, {root!r})
+from pathlib import Path
+import cupy as cp
+from gpubatch.engine.gpu_memory import ProcessMemory
+from gpubatch.engine.pipeline import ImagePipeline
+from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
+mem = ProcessMemory(0).start()
+rows = []
+def note(name, pipe=None):
+    time.sleep(0.05)
+    rt = cp.cuda.runtime
+    pool = rt.deviceGetDefaultMemPool(0)
+    cpool = cp.get_default_memory_pool()
+    rows.append({{"step": name, "now": mem.now() >> 20, "peak": mem.peak >> 20,
+                 "cupy_used": cpool.used_bytes() >> 20, "cupy_held": cpool.total_bytes() >> 20,
+                 "driver_reserved": rt.memPoolGetAttribute(pool, 5) >> 20,
+                 "driver_used": rt.memPoolGetAttribute(pool, 7) >> 20,
+                 "driver_high": rt.memPoolGetAttribute(pool, 6) >> 20}})
+    print(json.dumps(rows[-1]), flush=True)
+files = sorted(Path({data!r}).rglob("*.jpg"))
+pipe = ImagePipeline([RandomResizedCrop(224), Flip(), Normalize(layout="CHW", dtype="float16")], device="gpu",
+                     gpu_memory={cap!r})
+note("engine, warm-up, plan")
+print(json.dumps({{"plan": pipe.memory_plan.describe(), "pool_limit": pipe.memory_plan.pool_limit >> 20,
+                  "decode": pipe.memory_plan.decode >> 20, "chunk": pipe.chunk}}), flush=True)
+for k, b in enumerate(pipe.iterate_files(files, batch_size=256, repeat=True)):
+    b.stacked()
+    pipe.stream.synchronize()
+    note(f"batch {{k}}")
+    if k == 5:
+        break
+pipe.stream.synchronize()
+note("after")
+pipe.close()
+print(json.dumps({{"peak": mem.stop() >> 20}}))
+"""
+
+
+def pipeline(a: argparse.Namespace) -> None:
+    from _data import jpeg_set
+
+    jpeg_set(a.data, a.images)
+    code = _PIPELINE.format(root=str(ROOT), data=str(a.data), cap=a.cap)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "GPUBATCH_DECODE_ROUTE": "hardware"})
+    print(out.stdout.strip())
+    if out.returncode:
+        print(out.stderr[-3000:])
 
 
 def parts(a: argparse.Namespace) -> None:
@@ -120,6 +176,11 @@ def main() -> None:
     c.add_argument("--data", type=Path, default=ROOT / ".bench-data" / "mixed")
     c.add_argument("--json", default=None)
     c.set_defaults(run=caps)
+    q = sub.add_parser("pipeline")
+    q.add_argument("--cap", default="640MiB")
+    q.add_argument("--images", type=int, default=384)
+    q.add_argument("--data", type=Path, default=ROOT / ".bench-data" / "mixed")
+    q.set_defaults(run=pipeline)
     a = ap.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     a.run(a)

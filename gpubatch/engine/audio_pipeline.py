@@ -196,7 +196,8 @@ class AudioPipeline:
                 per_task = 8
                 slabs = max(2 * self.workers, 2 * -(-batch_size // per_task) + 2)
                 try:
-                    feed = SharedFeed(self._pool or single_threaded_pool(self.workers), slabs, per_task)
+                    feed = SharedFeed(self._pool or single_threaded_pool(self.workers), slabs, per_task,
+                                      device=self.device.index)
                 except OSError as e:  # no shared memory to be had (a small /dev/shm): threads
                     import warnings
 
@@ -259,12 +260,12 @@ class AudioPipeline:
         dev = upload(group)
         t1 = time.perf_counter()
         out = run_chain_device(self.plan.ops, dev, params)
-        data = self._stack([_squeeze(o.samples) for o in out], cp).astype(self.dtype)
-        cp.cuda.get_current_stream().synchronize()
+        data = self._stack([_squeeze(o.samples) for o in out], cp).astype(self.dtype, copy=False)
+        ready = cp.cuda.get_current_stream().record()  # the batch is not waited for here (see AudioBatch)
         self.timings["upload"] += t1 - t0
         self.timings["ops"] += time.perf_counter() - t1
         self.stats["items"] += len(group)
-        return AudioBatch(data, [k for k, _, _ in group])
+        return AudioBatch(data, [k for k, _, _ in group], ready)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -21,15 +21,28 @@ HostBatch = list  # list[np.ndarray], uint8 HWC
 @dataclass
 class KeyedBatch:
     """A training pipeline's batch (clips, features): ``data`` (N, ...), a CuPy array on the GPU or a
-    NumPy array, handed to PyTorch or JAX through DLPack; ``keys`` the files its items came from."""
+    NumPy array, handed to PyTorch or JAX through DLPack; ``keys`` the files its items came from.
+    ``ready``: where the GPU's work on ``data`` may still be running, a CUDA event after it (DLPack
+    orders a consumer's stream after it; :meth:`synchronize` waits for it on the host)."""
 
     data: Any
     keys: list[str]
+    ready: Any = None
+
+    def synchronize(self) -> None:
+        """Wait until ``data`` is computed (on the CPU: at once)."""
+        if self.ready is not None:
+            self.ready.synchronize()
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def __dlpack__(self, stream: Any = None, **kw: Any) -> Any:
+        if self.ready is not None and stream != -1:  # the consumer's stream waits for the GPU's work on data
+            import cupy as cp
+
+            # DLPack's stream numbers: None or 1 the legacy default stream, 2 the per-thread one
+            cp.cuda.ExternalStream({None: 0, 1: 0}.get(stream, stream)).wait_event(self.ready)
         return self.data.__dlpack__(stream=stream, **kw) if stream is not None else self.data.__dlpack__(**kw)
 
     def __dlpack_device__(self) -> Any:
@@ -244,3 +257,16 @@ class Ragged:
     def take(self, idx: Sequence[int]) -> Ragged:
         idx = np.asarray(idx, np.int64)
         return Ragged(self.ptr[idx], self.shape[idx], self.keep)
+
+
+def stack(arrays: Sequence[Any], xp: Any) -> Any:
+    """``xp.stack(arrays)``; on the GPU, arrays that already lie back to back in one allocation (rows
+    of one buffer, items of one upload) come back as a view of it, without a copy."""
+    if xp is not np and len(arrays) > 1:
+        first = arrays[0]
+        shape, dtype, step = first.shape, first.dtype, first.nbytes
+        ptr, mem = first.data.ptr, first.data.mem
+        if all(a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and a.data.mem is mem
+               and a.data.ptr == ptr + k * step for k, a in enumerate(arrays)):
+            return xp.ndarray((len(arrays), *shape), dtype, memptr=first.data)
+    return xp.stack(arrays)

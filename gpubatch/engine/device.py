@@ -100,3 +100,31 @@ def resolve(request: str = "auto", index: int = 0) -> Device:
     if request == "gpu":
         raise UsageError(f"--device gpu: {problem}")
     return Device(DeviceKind.CPU, reason=f"auto: {problem}")
+
+
+def page_lock(buf: object, device_index: int = 0) -> tuple[int, object] | None:
+    """Page-lock the host memory of ``buf`` (a buffer: shared memory, a NumPy array) for GPU
+    ``device_index``, so that copies from it are DMAs a call only queues. Returns (its address, the
+    function that unlocks it), or None where the driver refused (then nothing changed). The caller
+    unlocks it only once no copy from it is queued or running."""
+    import cupy as cp
+    import numpy as np
+
+    view = np.frombuffer(buf, np.uint8)
+    ptr, size = view.ctypes.data, view.nbytes
+    del view  # no export of the buffer may outlive this call (shared memory closes only without one)
+    rt = cp.cuda.runtime
+    try:
+        with cp.cuda.Device(device_index):
+            rt.hostRegister(ptr, size, 0)
+    except rt.CUDARuntimeError:
+        return None
+
+    def unlock() -> None:
+        try:
+            with cp.cuda.Device(device_index):
+                rt.hostUnregister(ptr)
+        except rt.CUDARuntimeError:
+            pass
+
+    return ptr, unlock

@@ -250,25 +250,15 @@ class GpuEngine:
         buffers (CUPTI trace, the timeline study (docs/engine.md)). From page-locked memory the copy is a DMA the
         call only queues, so the bytes must stay put until the GPU has read them: let slots go only
         in stream order (ImagePipeline does); the returned function drains the decoders first."""
-        import numpy as np
+        from .device import page_lock
 
-        view = np.frombuffer(buf, np.uint8)
-        ptr, size = view.ctypes.data, view.nbytes
-        del view  # no export of the buffer may outlive this call (shared memory closes only without one)
-        rt = self.cp.cuda.runtime
-        try:
-            with self.dev:
-                rt.hostRegister(ptr, size, 0)
-        except rt.CUDARuntimeError:
+        locked = page_lock(buf, self.device.index)
+        if locked is None:
             return None
 
         def unpin() -> None:
             self.drain()  # no copy from the buffer is queued or running any more
-            try:
-                with self.dev:
-                    rt.hostUnregister(ptr)
-            except rt.CUDARuntimeError:
-                pass
+            locked[1]()
 
         return unpin
 

@@ -159,6 +159,54 @@ def test_audio_pipeline_on_the_gpu_matches_the_cpu(tmp_path):
     import cupy as cp
 
     assert [b.keys for b in got["cpu"]] == [b.keys for b in got["gpu"]]
+    assert all(b.ready is not None for b in got["gpu"])  # not waited for by the pipeline: an event after it
     for c, g in zip(got["cpu"], got["gpu"]):
         assert isinstance(g.data, cp.ndarray) and g.data.shape == c.data.shape == (len(c), 80, 100)
         assert float(cp.abs(g.data.astype(cp.float32) - cp.asarray(c.data, cp.float32)).max()) < 3e-2
+
+
+def test_page_locked_feed_uploads_what_libsndfile_decodes(tmp_path):
+    """The feed's slabs page-locked for the GPU: batches uploaded by queued DMAs into one buffer per batch,
+    slabs reused only once the GPU has read them (few slabs, many files), every item as decoded."""
+    import cupy as cp
+
+    from gpubatch.engine.audio_feed import SharedFeed
+    from gpubatch.engine.codecs.audio import decode_audio
+    from gpubatch.engine.processes import single_threaded_pool
+
+    files = [write(tmp_path / f"m{i}.flac", tone(0.1 + 0.02 * i), 16000) for i in range(24)]
+    files.append(write(tmp_path / "stereo.wav", tone(0.3, 8000, channels=2), 8000))
+    pool = single_threaded_pool(2)
+    feed = SharedFeed(pool, slabs=3, per_task=2, slab_bytes=1 << 16, device=0)
+    assert all(feed.locked), "the driver refused to page-lock the slabs"
+    got, group = {}, []
+    try:
+        for key, item, where in feed.items(iter((str(f), f.stem) for f in files), None):
+            group.append((key, item, where))
+            if len(group) == 2:  # batches of 2 from 3 slabs of 2: slabs come back only through the events
+                for (k, _, _), d in zip(group, feed.upload(group)):
+                    got[k] = d.samples
+                group = []
+        for (k, _, _), d in zip(group, feed.upload(group)):
+            got[k] = d.samples
+        cp.cuda.get_current_stream().synchronize()
+    finally:
+        feed.close()
+        pool.shutdown()
+    assert len(got) == 25
+    for f in files:
+        assert np.array_equal(cp.asnumpy(got[f.stem]), decode_audio(str(f)).samples), f.stem
+
+
+def test_stack_is_a_view_of_back_to_back_arrays():
+    import cupy as cp
+
+    from gpubatch.engine.batch import stack
+
+    buf = cp.arange(24, dtype=cp.float32).reshape(4, 6)
+    rows = [buf[i] for i in range(4)]
+    s = stack(rows, cp)
+    assert s.data.ptr == buf.data.ptr and s.shape == (4, 6)
+    skipped = stack([buf[0], buf[2]], cp)  # not back to back: a copy
+    assert skipped.data.ptr != buf.data.ptr and cp.array_equal(skipped, buf[[0, 2]])
+    assert cp.array_equal(stack([buf[1][:3], buf[1][3:]], cp), buf[1].reshape(2, 3))

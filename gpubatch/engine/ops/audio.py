@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...errors import UsageError
+from ..batch import stack
 from ..codecs.audio_io import AudioData
 from ..media import MediaSpec
 from ..registry import DEVICE, HOST, register_kernel
@@ -43,6 +44,20 @@ def _cupy() -> Any:
 
 
 WAVE, FEATURES = "CT", "CFT"
+
+
+_ON_DEVICE: dict[tuple, Any] = {}
+
+
+def constant(xp: Any, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` (a cached host table: a window, a filter bank, a filter) as an ``xp`` array; on the GPU
+    uploaded once per device, not once per batch."""
+    if xp is np:
+        return fn(*args)
+    key = (fn.__name__, args, xp.cuda.Device().id)
+    if key not in _ON_DEVICE:
+        _ON_DEVICE[key] = xp.asarray(fn(*args))
+    return _ON_DEVICE[key]
 
 
 def _number(name: str, value: Any, low: float, high: float) -> float:
@@ -151,7 +166,7 @@ def _resample_gpu(rows: list[Any], up: int, down: int) -> list[Any]:
     in_off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     out_off = np.concatenate([[0], np.cumsum(outs)]).astype(np.int64)
     dst = cp.empty(int(out_off[-1]), cp.float32)
-    h = cp.asarray(resample_filter(up, down))
+    h = constant(cp, resample_filter, up, down)
     total = int(out_off[-1])
     if total:
         kernel("audio", "resample_poly")(
@@ -287,7 +302,7 @@ def _by_shape(items: list[AudioData], params: list, fn: Any, xp: Any) -> list[Au
         groups.setdefault((tuple(it.samples.shape), it.rate), []).append(i)
     out = list(items)
     for (_, rate), idx in groups.items():
-        x = fn(xp.stack([items[i].samples for i in idx]), rate, [params[i] for i in idx])
+        x = fn(stack([items[i].samples for i in idx], xp), rate, [params[i] for i in idx])
         for row, i in enumerate(idx):
             out[i] = items[i]._replace(samples=x[row])
     return out
@@ -575,7 +590,8 @@ def frames_gpu(rows: list[Any], n_fft: int, hop: int, pad: str) -> tuple[Any, li
 
     lens = [int(r.shape[-1]) for r in rows]
     counts = [1 + n // hop for n in lens]
-    src = cp.concatenate(rows) if len(rows) > 1 else rows[0]
+    src = stack(rows, cp).reshape(-1) if len(rows) > 1 and len(set(lens)) == 1 else (
+        cp.concatenate(rows) if len(rows) > 1 else rows[0])
     in_off = cp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
     f_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     total = int(f_off[-1])
@@ -583,7 +599,7 @@ def frames_gpu(rows: list[Any], n_fft: int, hop: int, pad: str) -> tuple[Any, li
     n = total * n_fft
     if n:
         kernel("audio", "frames")(((n + 255) // 256,), (256,),
-                                  (src, out, in_off, cp.asarray(f_off), np.int32(len(rows)), cp.asarray(hann(n_fft)),
+                                  (src, out, in_off, cp.asarray(f_off), np.int32(len(rows)), constant(cp, hann, n_fft),
                                    np.int32(n_fft), np.int32(hop), np.int32(pad == "reflect"), np.int64(n)))
     return out, counts
 
@@ -628,7 +644,7 @@ def _power(frames: Any, xp: Any) -> Any:
 
 
 def _mel_power(op: Any, p: Any, rate: int, xp: Any) -> Any:
-    fb = xp.asarray(mel_filters(int(rate), op.n_fft, op.n_mels, float(op.f_min), float(op.f_max)))
+    fb = constant(xp, mel_filters, int(rate), op.n_fft, op.n_mels, float(op.f_min), float(op.f_max))
     return xp.matmul(p, fb.T)  # (..., frames, n_mels)
 
 
@@ -655,39 +671,39 @@ def features_device(op: FeatureOp, items: list[AudioData], chunk_bytes: int = 25
     rows = [(i, c) for i, it in enumerate(items) for c in range(it.samples.shape[0])]
     pad = getattr(op, "pad", "reflect")
     per_row = [(1 + items[i].samples.shape[-1] // op.hop) * op.n_fft * 4 for i, _ in rows]
-    outs: dict[tuple[int, int], Any] = {}
+    parts = []
     start = 0
     while start < len(rows):
         end, size = start, 0
         while end < len(rows) and (end == start or size + per_row[end] <= chunk_bytes):
             size += per_row[end]
             end += 1
-        part = rows[start:end]
+        parts.append((start, end))
+        start = end
+    if len({it.samples.shape for it in items}) == 1 and len({it.rate for it in items}) == 1:
+        # one shape and rate (a batch cut to one duration): each part's features straight into one array
+        c, n = items[0].samples.shape
+        frames = 1 + n // op.hop - (1 if op.drop_last else 0)
+        res = cp.empty((len(rows), op.bins(), frames), cp.float32)
+        for a, b in parts:
+            fr, counts = frames_gpu([items[i].samples[ch] for i, ch in rows[a:b]], op.n_fft, op.hop, pad)
+            p3 = _power(fr, cp).reshape(b - a, counts[0], -1)
+            del fr
+            res[a:b] = op.from_power(p3[:, :-1] if op.drop_last else p3, items[0].rate, cp)
+        f = op.finish(res.reshape(len(items), c, *res.shape[1:]), cp)
+        return [it._replace(samples=f[i], features=op.name) for i, it in enumerate(items)]
+    outs: dict[tuple[int, int], Any] = {}
+    for a, b in parts:
+        part = rows[a:b]
         fr, counts = frames_gpu([items[i].samples[c] for i, c in part], op.n_fft, op.hop, pad)
         p = _power(fr, cp)
-        rates = {items[i].rate for i, _ in part}
-        if len(rates) == 1 and len(set(counts)) == 1:  # one shape: one batched product for the part
-            p3 = p.reshape(len(part), counts[0], -1)
+        off = 0
+        for (i, c), n in zip(part, counts):
+            q = p[off: off + n][None]
+            off += n
             if op.drop_last:
-                p3 = p3[:, :-1]
-            f = op.from_power(p3, rates.pop(), cp)
-            for k, rc in enumerate(part):
-                outs[rc] = f[k]
-        else:
-            off = 0
-            for (i, c), n in zip(part, counts):
-                q = p[off: off + n][None]
-                off += n
-                if op.drop_last:
-                    q = q[:, :-1]
-                outs[(i, c)] = op.from_power(q, items[i].rate, cp)[0]
-        start = end
-    shapes = {tuple(f.shape) for f in outs.values()}
-    channels = {it.samples.shape[0] for it in items}
-    if len(shapes) == 1 and len(channels) == 1:  # one shape: the last step once for the whole batch
-        c = channels.pop()
-        f = op.finish(cp.stack([outs[rc] for rc in rows]).reshape(len(items), c, *shapes.pop()), cp)
-        return [it._replace(samples=f[i], features=op.name) for i, it in enumerate(items)]
+                q = q[:, :-1]
+            outs[(i, c)] = op.from_power(q, items[i].rate, cp)[0]
     result = []
     for i, it in enumerate(items):
         f = cp.stack([outs[(i, c)] for c in range(it.samples.shape[0])])
@@ -776,7 +792,7 @@ class MFCC(FeatureOp):
 
     def finish(self, f: Any, xp: Any) -> Any:
         db = xp.maximum(f, f.max(axis=(-3, -2, -1), keepdims=True) - self.top_db) if self.top_db else f
-        return xp.matmul(xp.asarray(dct_matrix(self.n_mfcc, self.n_mels)), db)
+        return xp.matmul(constant(xp, dct_matrix, self.n_mfcc, self.n_mels), db)
 
 
 for _cls in (Spectrogram, Mel, LogMel, MFCC):
