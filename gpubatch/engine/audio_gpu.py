@@ -126,11 +126,83 @@ def _run_batch(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: RunStats) -
     return out
 
 
+def largest_record(reader: RecordSource, entries: list[Any], plan: Plan, n: int = 48) -> tuple[int, int, int]:
+    """(rate, samples, channels) of the largest record the GPU would take among ``n`` entries spread
+    over the dataset, as the chain decodes it (only as far as a leading fixed duration reads; records
+    long enough to stream run on the CPU); 1 s at 48 kHz in stereo where none could be read."""
+    from .codecs.audio import info_of, should_stream
+    from .codecs.audio_io import leading_seconds
+
+    seconds = leading_seconds(plan.ops)
+    best = (0, (48000, 48000, 2))
+    for entry in entries[:: max(1, len(entries) // n)][:n]:
+        try:
+            record = reader.read(entry)
+            if record.codec == "npy":
+                continue
+            info = info_of(record)
+        except Exception:  # noqa: BLE001 - a bad record is the run's to report
+            continue
+        if seconds is None and should_stream(plan.ops, info):
+            continue
+        frames = info.frames if seconds is None else min(info.frames, int(np.ceil(seconds * info.rate)))
+        if frames * info.channels > best[0]:
+            best = (frames * info.channels, (info.rate, frames, info.channels))
+    return best[1]
+
+
+def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any], plan: Plan, batch_size: int,
+            stats: RunStats, stack_bytes: int | None = 16) -> int:
+    """Under ``--gpu-memory``: the batch size that keeps this run's device memory under the cap, as the
+    driver counts it (:mod:`.gpu_memory`). What the process holds before its first batch is measured (the
+    CUDA context; the chain's kernels, FFT and BLAS handles, loaded by one record of silence), a record's
+    need comes from the largest of a sample (:func:`~.gpu_memory.audio_need`), and CuPy's pool is bounded
+    by what the cap leaves (a batch that would pass it runs on the CPU, counted). Refuses, naming the
+    parts, where one record does not fit. The context's stack per GPU thread is lowered to ``stack_bytes``
+    first, as the image engine does (it holds a share of the context's memory)."""
+    import cupy as cp
+
+    from ..errors import GpubatchError
+    from .gpu_engine import parse_memory
+    from .gpu_memory import CapTooSmall, ImageNeed, ProcessMemory, audio_need, nvml_index, plan_memory
+
+    dev = cp.cuda.Device(device.index)
+    if stack_bytes is not None and cp.cuda.runtime.deviceGetLimit(0) > stack_bytes:
+        cp.cuda.runtime.deviceSetLimit(0, stack_bytes)  # cudaLimitStackSize
+    cap = parse_memory(spec, dev.mem_info[1])
+    mem = ProcessMemory(nvml_index(device.index))
+    cp.zeros(1)
+    dev.synchronize()
+    context = mem.now()
+    rate, samples, channels = largest_record(reader, entries, plan)
+    cp.fft.config.get_plan_cache().set_size(0)  # FFT plans (their work areas in CuPy's pool) made per call
+    silence = AudioData(cp.zeros((channels, rate), cp.float32), rate)
+    run_chain_device(plan.ops, [silence], [plan.draw("", rate, rate)])
+    dev.synchronize()
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    fixed = mem.now()
+    parts = {"context": context >> 20, "kernels": max(0, fixed - context) >> 20}
+    need = audio_need(plan, rate, samples, channels)
+    try:
+        fit = plan_memory(cap, fixed, parts, ImageNeed(0, need), batch_size, 1, spec=spec, least_batch=1,
+                          unit="record")
+    except CapTooSmall as e:
+        raise GpubatchError(str(e)) from None
+    pool.set_limit(size=fit.pool_limit)
+    stats.gpu_memory.update(cap_mib=cap >> 20, processes=1, plan=(
+        f"{fixed >> 20} MiB before the first batch ({', '.join(f'{k} {v}' for k, v in parts.items())}), batches of "
+        f"{fit.batch} records of up to {samples / rate:.1f} s x {channels} ch at {rate} Hz ({-(-need >> 20)} MiB each)"))
+    return fit.batch
+
+
 def run_audio_device(device: Device, reader: RecordSource, entries: list[Any], writer: RecordSink, plan: Plan,
                      router: ErrorRouter, workers: int, batch_size: int = 256,
-                     tick: Callable[[int], None] | None = None) -> None:
+                     tick: Callable[[int], None] | None = None, gpu_memory: str | None = None,
+                     stack_bytes: int | None = 16) -> None:
     """The whole run flow for audio records on the GPU: decode on ``workers`` threads, the chain a batch
-    of ``batch_size`` outputs at a time, outputs written in dataset order."""
+    of ``batch_size`` outputs at a time (under ``gpu_memory``, as many as the cap holds: :func:`fit_cap`),
+    outputs written in dataset order."""
     import cupy as cp
 
     from .executor import expand_host, ordered_map, prefetched
@@ -138,6 +210,8 @@ def run_audio_device(device: Device, reader: RecordSource, entries: list[Any], w
     stats = router.stats
     plan.validate(DEVICE)
     cp.cuda.Device(device.index).use()
+    if gpu_memory is not None:
+        batch_size = fit_cap(gpu_memory, device, reader, entries, plan, batch_size, stats, stack_bytes)
 
     def work(entry: Any) -> list[Any]:
         record = read_counted(reader, entry, stats)

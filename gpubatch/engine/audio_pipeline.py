@@ -256,7 +256,10 @@ class AudioPipeline:
 
     def _gpu_batch(self, group: list[tuple], upload: Any, run_chain_device: Any, cp: Any) -> AudioBatch:
         t0 = time.perf_counter()
-        params = [self.plan.draw(k, *it.size) for k, it, _ in group]
+        if any(op.random for op in self.plan.ops):
+            params = [self.plan.draw(k, *it.size) for k, it, _ in group]
+        else:  # nothing drawn: every record's parameters are the same
+            params = [self.plan.draw("", *group[0][1].size)] * len(group)
         dev = upload(group)
         t1 = time.perf_counter()
         out = run_chain_device(self.plan.ops, dev, params)

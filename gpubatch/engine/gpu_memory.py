@@ -263,14 +263,14 @@ def held(ahead: int) -> int:
 
 
 def plan_memory(cap: int, fixed: int, parts: dict[str, int], need: ImageNeed, batch: int, ahead: int = 2,
-                spec: str | None = None, least_batch: int = 32, outputs: int = 0) -> MemoryPlan:
+                spec: str | None = None, least_batch: int = 32, outputs: int = 0, unit: str = "image") -> MemoryPlan:
     """The plan for a process that took ``fixed`` bytes before its first batch (``parts``: by name, MiB)
     and whose images need ``need``, asked for batches of ``batch`` decoded ``ahead`` batches ahead;
     ``outputs``: bytes a batch holds whatever the plan (an in-memory pipeline's output batch, the
     caller's size), named in a refusal. ``batch * (held(ahead) * decoded + work)`` must fit what the cap
     leaves: decoding runs less far ahead (down to one batch) while a batch of ``least_batch`` would
     otherwise not fit, then batches shrink. Raises :class:`CapTooSmall`, naming the minimum and its
-    parts, where one image does not fit."""
+    parts, where one ``unit`` (an image, a record) does not fit."""
     room = cap - fixed - MARGIN - outputs
 
     def per_image(a: int) -> int:
@@ -281,10 +281,35 @@ def plan_memory(cap: int, fixed: int, parts: dict[str, int], need: ImageNeed, ba
         named = ", ".join([f"{k} {v}" for k, v in parts.items() if v]
                           + ([f"outputs {-(-outputs // MiB)}"] if outputs else []))
         raise CapTooSmall(f"--gpu-memory {spec or f'{cap // MiB}MiB'} is below the {-(-least // MiB)} MiB this run "
-                          f"needs at least: {named}, one image {-(-per_image(1) // MiB)}")
+                          f"needs at least: {named}, one {unit} {-(-per_image(1) // MiB)}")
     a = max(1, ahead)
     while a > 1 and room // per_image(a) < min(batch, least_batch):
         a -= 1
     b = max(1, min(batch, room // per_image(a)))
     decode = b * held(a) * need.decoded
     return MemoryPlan(cap, fixed, parts, need, b, a, decode, room + outputs)
+
+
+def audio_need(plan: Any, rate: int, samples: int, channels: int) -> int:
+    """The device bytes one record of ``channels`` x ``samples`` at ``rate`` Hz takes at most in ``plan``'s
+    chain on the GPU (its op that takes the most): for a waveform op its input and output and a stacked
+    copy of each; for a feature op its input, the windowed frames, the spectrum (complex) and cuFFT's work
+    area of that size, the power and the features. Speed perturbation counts its slowest factor (the
+    longest output); other draws are the record's own."""
+    from .ops.audio import FeatureOp
+
+    h, w = rate, samples
+    params = plan.draw("", h, w)
+    peak = 0
+    for op, p in zip(plan.ops, params):
+        if op.name == "speed":
+            p = min(op.factors)
+        oh, ow = op.out_hw(h, w, p)
+        if isinstance(op, FeatureOp):
+            bins = op.n_fft // 2 + 1
+            need = 4 * w + ow * (4 * op.n_fft + 16 * bins + 4 * bins) + 8 * oh * ow
+        else:
+            need = 4 * (2 * w + 2 * ow)
+        peak = max(peak, channels * need)
+        h, w = oh, ow
+    return peak

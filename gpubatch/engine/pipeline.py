@@ -211,8 +211,6 @@ class ImagePipeline:
 
         self.chunk = max(0, st.decode_chunk) if self._fixed else 0
         self.memory_plan = None
-        if self.engine is not None and self.engine.cap is not None:
-            self.fit_memory(256, 1)
         # the hardware engine's 4:2:0 and 4:2:2 images in their planes (only the resample reads them)
         self._planes = self._fixed is not None and want_planes(self.chunk, st)
         self._ring: list[Any] = [None] * ring
@@ -226,13 +224,20 @@ class ImagePipeline:
         # seconds spent per stage by iterate(): waiting for reads, decoding, waiting for decode, ops;
         # on the CPU, waiting for the worker processes (they read, decode and run the ops)
         self.timings = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0, "ops": 0.0, "workers": 0.0, "pin": 0.0}
+        if self.engine is not None and self.engine.cap is not None:
+            self.fit_memory(256, 1)
 
     def fit_memory(self, batch_size: int, prefetch: int) -> Any:
         """Under ``gpu_memory``: the plan (:class:`~.gpu_memory.MemoryPlan`) for batches of
         ``batch_size`` decoded ``prefetch`` ahead (its ``ahead`` may be less), for images of up to
-        640x640 (or ``max_pixels``), applied to the engine's pools. The batch's outputs are the caller's size; the decodes take what
-        the cap leaves: a chain that decodes in chunks takes chunks that fit, another refuses a batch
-        larger than fits, naming the largest."""
+        640x640 (or ``max_pixels``), applied to the engine's pools. The batch's outputs are the caller's
+        size; the decodes take what the cap leaves.
+
+        A chain that decodes in chunks (one resample to a fixed size) decodes in calls of the plan's
+        ``batch`` images, each decoder's calls taking ``held(1)`` ring slots in turn and waiting for
+        their slot rather than taking memory of their own: the decodes then hold at most those slots
+        (with their slack) whatever the batch, and its outputs are the output ring. Another chain
+        decodes whole batches, so it refuses a batch larger than fits, naming the largest."""
         from ..errors import UsageError
         from .gpu_memory import DEFAULT_IMAGE, MARGIN, CapTooSmall, ImageNeed, held, image_need, plan_memory
 
@@ -246,20 +251,32 @@ class ImagePipeline:
         need = image_need(h, w, oh, ow)
         cap = self.engine.cap
         fixed, parts = self.engine.fixed_memory()
-        try:  # the batch's outputs and the chain's work are the caller's size; the decodes get what is left
-            plan = plan_memory(cap, fixed, parts, ImageNeed(need.decoded, 0, need.size), batch_size, max(1, prefetch),
-                               spec=f"{cap >> 20}MiB", least_batch=batch_size, outputs=batch_size * need.work)
+        spec = f"{cap >> 20}MiB"
+        try:
+            if self._fixed:
+                _, norm, (foh, fow) = self._fixed
+                st = self.engine.decoder.settings
+                slots = held(1)  # per decoder (hardware engine, CUDA decoder): the ring its calls take in turn
+                size = np.dtype(norm.dtype if norm is not None else "uint8").itemsize
+                outputs = len(self._ring) * batch_size * 3 * foh * fow * size + 2 * slots * st.slab_round
+                ring = ImageNeed(int(need.decoded * 2 * (1 + 1 / st.ring_slack)), 0, need.size)
+                plan = plan_memory(cap, fixed, parts, ring, batch_size, 1, spec=spec, least_batch=1, outputs=outputs)
+                self.chunk = plan.batch
+                self.engine.decoder.settings = st.with_(decode_chunk=plan.batch, hw_chunk=plan.batch, hw_ring=slots,
+                                                        cuda_ring=slots, ring_wait=3600.0, size_by_most=False)
+                from .codecs.decode_buffers import want_planes
+
+                self._planes = want_planes(self.chunk, self.engine.decoder.settings)
+            else:
+                plan = plan_memory(cap, fixed, parts, ImageNeed(need.decoded, 0, need.size), batch_size,
+                                   max(1, prefetch), spec=spec, least_batch=batch_size,
+                                   outputs=batch_size * need.work)
         except CapTooSmall as e:
             raise UsageError(f"ImagePipeline: {e}") from None
-        if plan.batch < batch_size:
-            if not self._fixed:
-                most = (cap - fixed - MARGIN) // (need.work + held(plan.ahead) * need.decoded)
-                raise UsageError(f"ImagePipeline: batches of {batch_size} do not fit gpu_memory={cap >> 20}MiB for "
-                                 f"images of {w}x{h}: at most {most}")
-            from .codecs.decode_buffers import want_planes
-
-            self.chunk = min(self.chunk or batch_size, plan.batch)
-            self._planes = want_planes(self.chunk, self.settings)
+        if not self._fixed and plan.batch < batch_size:
+            most = (cap - fixed - MARGIN) // (need.work + held(plan.ahead) * need.decoded)
+            raise UsageError(f"ImagePipeline: batches of {batch_size} do not fit gpu_memory={cap >> 20}MiB for "
+                             f"images of {w}x{h}: at most {most}")
         self.engine.apply(plan)
         self.memory_plan = plan
         return plan

@@ -614,3 +614,24 @@ def test_the_command_line_keeps_freed_memory_and_the_library_does_not():
             "p.keep_freed_memory = lambda: called.append(1) or True; gpubatch.convert; print(len(called))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "0"  # importing and using the API does not touch the allocator
+
+
+def test_the_largest_record_is_found_as_the_chain_decodes_it(tmp_path):
+    """--gpu-memory sizes audio batches by the largest record of a sample: samples x channels as the
+    chain decodes it (a leading fix_duration reads only that far), bad files passed over."""
+    from gpubatch import open_dataset
+    from gpubatch.engine.audio_gpu import largest_record
+    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.spec import parse_chain
+
+    write(tmp_path / "a.wav", tone(1.0), 16000)
+    write(tmp_path / "b.flac", tone(3.0, 8000, channels=2), 8000)
+    (tmp_path / "c.wav").write_bytes(b"RIFF" + bytes(40))
+
+    def plan(chain: str) -> Plan:
+        return Plan(ops=tuple(parse_chain(chain)), media="audio", max_pixels=0)
+
+    with open_dataset(tmp_path) as reader:
+        entries = reader.entries()
+        assert largest_record(reader, entries, plan("log_mel(n_mels=40)")) == (8000, 24000, 2)
+        assert largest_record(reader, entries, plan("fix_duration(seconds=2) | log_mel(n_mels=40)")) == (8000, 16000, 2)

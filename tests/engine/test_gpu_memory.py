@@ -145,3 +145,26 @@ def test_outputs_held_whatever_the_plan_come_off_the_room_and_are_named():
     assert plan.pool_limit == 1024 * MiB - FIXED - MARGIN  # CuPy's pool holds the outputs and the decodes
     with pytest.raises(CapTooSmall, match=r"context 270, decoders 60, kernels and encoder 40, outputs 147, one image 4"):
         plan_memory(640 * MiB, FIXED, PARTS, need, batch=256, ahead=1, outputs=outputs)
+
+
+def test_an_audio_record_needs_its_largest_op():
+    """Whisper's chain on a 10 s clip: the log-mel's frames, spectrum, FFT work area and power of the
+    30 s it is padded to take the most; speed perturbation counts its slowest factor."""
+    from gpubatch.engine.gpu_memory import audio_need
+    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.spec import parse_chain
+
+    whisper = Plan(ops=tuple(parse_chain("resample(rate=16000) | fix_duration(seconds=30) | log_mel(n_mels=80)")),
+                   media="audio", max_pixels=0)
+    frames, bins = 3000, 201
+    want = 4 * 480000 + frames * (4 * 400 + 16 * bins + 4 * bins) + 8 * 80 * frames
+    assert audio_need(whisper, 16000, 160000, 1) == want
+    assert audio_need(whisper, 16000, 160000, 2) == 2 * want  # channels count
+    slow = Plan(ops=tuple(parse_chain("speed(factors=(0.5, 2.0))")), media="audio", max_pixels=0)
+    assert audio_need(slow, 16000, 16000, 1) == 4 * (2 * 16000 + 2 * 32000)  # the slowest factor's output
+
+
+def test_an_audio_refusal_names_one_record():
+    with pytest.raises(CapTooSmall, match=r"context 300, kernels 20, one record 5$"):
+        plan_memory(400 * MiB, 320 * MiB, {"context": 300, "kernels": 20}, ImageNeed(0, 5 * MiB), 64, 1,
+                    least_batch=1, unit="record")

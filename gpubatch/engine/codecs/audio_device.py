@@ -20,7 +20,8 @@ class AudioDeviceCodec:
         from ..audio_gpu import run_audio_device
 
         run_audio_device(device, reader, entries, writer, plan, router, workers,
-                         getattr(req, "batch_size", 256) or 256, tick)
+                         getattr(req, "batch_size", 256) or 256, tick, getattr(req, "gpu_memory", None),
+                         settings.stack_bytes)
 
 
 register_codec("audio", "*", DEVICE, AudioDeviceCodec())

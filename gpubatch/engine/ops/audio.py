@@ -590,16 +590,21 @@ def frames_gpu(rows: list[Any], n_fft: int, hop: int, pad: str) -> tuple[Any, li
 
     lens = [int(r.shape[-1]) for r in rows]
     counts = [1 + n // hop for n in lens]
-    src = stack(rows, cp).reshape(-1) if len(rows) > 1 and len(set(lens)) == 1 else (
-        cp.concatenate(rows) if len(rows) > 1 else rows[0])
-    in_off = cp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
-    f_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    total = int(f_off[-1])
+    if len(set(lens)) == 1:  # rows of one length (a batch cut to one duration): offsets made on the GPU
+        src = stack(rows, cp).reshape(-1) if len(rows) > 1 else rows[0]
+        in_off = cp.arange(len(rows) + 1, dtype=cp.int64) * lens[0]
+        f_dev = cp.arange(len(rows) + 1, dtype=cp.int64) * counts[0]
+        total = len(rows) * counts[0]
+    else:
+        src = cp.concatenate(rows) if len(rows) > 1 else rows[0]
+        in_off = cp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+        f_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        f_dev, total = cp.asarray(f_off), int(f_off[-1])
     out = cp.empty((total, n_fft), cp.float32)
     n = total * n_fft
     if n:
         kernel("audio", "frames")(((n + 255) // 256,), (256,),
-                                  (src, out, in_off, cp.asarray(f_off), np.int32(len(rows)), constant(cp, hann, n_fft),
+                                  (src, out, in_off, f_dev, np.int32(len(rows)), constant(cp, hann, n_fft),
                                    np.int32(n_fft), np.int32(hop), np.int32(pad == "reflect"), np.int64(n)))
     return out, counts
 
