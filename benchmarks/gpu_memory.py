@@ -131,6 +131,17 @@ def parts(a: argparse.Namespace) -> None:
         print(out.stdout.strip().splitlines()[-1])
 
 
+def _steps(trace: list) -> list:
+    """The trace's level changes (MiB, at the share of the run's time), at most 24."""
+    out, last = [], None
+    end = trace[-1][0] if trace else 1.0
+    for t, b in trace:
+        if b >> 20 != last:
+            out.append(f"{t / end:.0%} {b >> 20}")
+            last = b >> 20
+    return out[:24]
+
+
 def caps(a: argparse.Namespace) -> None:
     from _data import jpeg_set
 
@@ -148,12 +159,16 @@ def caps(a: argparse.Namespace) -> None:
             cmd += ["--gpu-memory", cap]
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        mem = ProcessMemory(0, [p.pid], children=True)
+        mem = ProcessMemory(0, [p.pid], children=True, interval=0.01, trace=True)
         mem.start()
         text, _ = p.communicate()
         peak = mem.stop()
+        end = mem.trace[-1][0] if mem.trace else 1.0
+        top = sorted(mem.trace, key=lambda s: -s[1])[:3]  # when the run peaked: the share of its time
         row = {"cap": cap, "rc": p.returncode, "peak_mib": peak >> 20, "method": mem.method,
                "seconds": round(time.perf_counter() - t0, 1),
+               "peaks_at": [f"{t / end:.0%}: {b >> 20} MiB" for t, b in top],
+               "steps_mib": _steps(mem.trace),
                "digest": shard_digest(out)[:16] if p.returncode == 0 else None,
                "summary": [ln for ln in text.splitlines() if "gpu memory" in ln.lower() or "error" in ln.lower()][-3:]}
         rows.append(row)

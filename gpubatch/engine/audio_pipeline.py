@@ -186,11 +186,19 @@ class AudioPipeline:
     def _gpu(self, files: Sequence[str | Path], batch_size: int, repeat: bool, epoch: int) -> Iterator[AudioBatch]:
         """Decoded by worker processes into shared memory (:mod:`.audio_feed`), a batch's samples uploaded
         in one copy per slab, the chain once per batch; decoding threads where shared memory is refused."""
+        import sys
+
         import cupy as cp
 
         from .audio_feed import SharedFeed
         from .processes import single_threaded_pool
+        from .settings import Settings
 
+        # the pool's manager thread hands each worker its next task once it has the GIL, which this
+        # thread holds while it launches a batch's work: a short switch interval keeps the workers fed
+        interval = Settings.from_env().switch_interval
+        if sys.getswitchinterval() > interval:
+            sys.setswitchinterval(interval)
         with cp.cuda.Device(self.device.index):
             if self.feed == "processes":
                 per_task = 8

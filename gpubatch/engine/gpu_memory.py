@@ -65,16 +65,18 @@ def _children(pid: int) -> set[int]:
 class ProcessMemory:
     """Device memory of the processes ``pids`` (with ``children``: and every process they start) on
     GPU ``index``, in bytes: :meth:`now` once, or sampled every ``interval`` s between :meth:`start` and
-    :meth:`stop` (which returns the peak). ``ok`` is False without NVML (then everything reads 0)."""
+    :meth:`stop` (which returns the peak; with ``trace``, every sample is kept in :attr:`trace`). ``ok`` is
+    False without NVML (then everything reads 0)."""
 
     def __init__(self, index: int = 0, pids: list[int] | None = None, children: bool = False,
-                 interval: float = 0.02):
+                 interval: float = 0.02, trace: bool = False):
         self.pids = list(pids or [os.getpid()])
         self.children, self.interval = children, interval
         self.nvml = _nvml()
         self.ok = self.nvml is not None
         self.method = "nvml per process" if self.ok else "none"
         self.peak = 0
+        self.trace: list[tuple[float, int]] | None = [] if trace else None  # (seconds from start, bytes)
         self._matched = False
         self._stop = threading.Event()
         self._t: threading.Thread | None = None
@@ -123,8 +125,12 @@ class ProcessMemory:
         return self
 
     def _run(self) -> None:
+        t0 = time.perf_counter()
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.now())
+            used = self.now()
+            self.peak = max(self.peak, used)
+            if self.trace is not None:
+                self.trace.append((time.perf_counter() - t0, used))
             time.sleep(self.interval)
 
     def stop(self) -> int:
