@@ -135,7 +135,7 @@ def _steps(trace: list) -> list:
     """The trace's level changes (MiB, at the share of the run's time), at most 24."""
     out, last = [], None
     end = trace[-1][0] if trace else 1.0
-    for t, b in trace:
+    for t, b, _ in trace:
         if b >> 20 != last:
             out.append(f"{t / end:.0%} {b >> 20}")
             last = b >> 20
@@ -167,7 +167,7 @@ def caps(a: argparse.Namespace) -> None:
         top = sorted(mem.trace, key=lambda s: -s[1])[:3]  # when the run peaked: the share of its time
         row = {"cap": cap, "rc": p.returncode, "peak_mib": peak >> 20, "method": mem.method,
                "seconds": round(time.perf_counter() - t0, 1),
-               "peaks_at": [f"{t / end:.0%}: {b >> 20} MiB" for t, b in top],
+               "peaks_at": [f"{t / end:.0%}: {b >> 20} MiB" for t, b, _ in top],
                "steps_mib": _steps(mem.trace),
                "digest": shard_digest(out)[:16] if p.returncode == 0 else None,
                "summary": [ln for ln in text.splitlines() if "gpu memory" in ln.lower() or "error" in ln.lower()][-3:]}

@@ -3,10 +3,12 @@
 Decoding threads in one process share its GIL: each file's Python work (opening it, the bookkeeping
 around libsndfile's read) holds it, and 16 threads fed a GPU no faster than about 1,300 ten-second
 clips a second on 16 cores while DALI's C++ decoders reached 3,400. Here each worker process
-(:func:`~.processes.single_threaded_pool`) decodes a run of files straight into a slab of shared memory
+(:class:`DecodeWorkers`) decodes a run of files straight into a slab of shared memory
 (libsndfile writes the float32 samples there: ``SoundFile.read(out=...)``), and returns only where
 each file lies in it; the consumer uploads a batch's part of each slab in one host-to-device copy and
-gives the slab back. A file that does not fit its slab, or that libsndfile cannot read (PyAV decodes
+gives the slab back. The workers take their tasks from a queue the consumer fills ahead, so an idle
+worker starts its next task at once: a process pool hands each over from a thread of the consumer,
+which waits for the GIL while the consumer launches a batch's GPU work. A file that does not fit its slab, or that libsndfile cannot read (PyAV decodes
 m4a/AAC), comes back as an array of its own.
 
 For the GPU the slabs are page-locked (``device``): a batch's samples go up in one queued DMA per
@@ -107,21 +109,99 @@ def decode_into(args: tuple) -> list[tuple]:
     return out
 
 
+def _serve(tasks: Any, results: Any) -> None:
+    """A decoding worker's loop: tasks ``(id, args of decode_into)`` until None; results ``(id, ok, out)``."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
+    while True:
+        job = tasks.get()
+        if job is None:
+            return
+        task, args = job
+        try:
+            results.put((task, True, decode_into(args)))
+        except Exception as e:  # noqa: BLE001 - the consumer raises it
+            results.put((task, False, f"{type(e).__name__}: {e}"))
+
+
+class DecodeWorkers:
+    """``count`` worker processes (:func:`~.processes.worker_processes`) that run :func:`decode_into` on
+    tasks from one queue: :meth:`submit` queues a task, :meth:`result` waits for its result (others that
+    arrive first are kept); a worker that dies is an error, not a wait without end."""
+
+    def __init__(self, count: int):
+        import multiprocessing as mp
+
+        from .processes import worker_processes
+
+        ctx = mp.get_context("spawn")
+        self.tasks, self.results = ctx.SimpleQueue(), ctx.SimpleQueue()
+        self.procs = worker_processes(_serve, (self.tasks, self.results), count)
+        self.count = count
+        self._last = 0
+        self._done: dict[int, tuple[bool, Any]] = {}
+        self._dropped: set[int] = set()
+
+    def submit(self, args: tuple) -> int:
+        self._last += 1
+        self.tasks.put((self._last, args))
+        return self._last
+
+    def result(self, task: int) -> list[tuple]:
+        from multiprocessing.connection import wait
+
+        reader = self.results._reader  # (SimpleQueue's end of the pipe, waited on beside the workers)
+        while task not in self._done:
+            ready = wait([reader, *(p.sentinel for p in self.procs)], timeout=5.0)
+            if reader in ready:
+                got, ok, out = self.results.get()
+                if got in self._dropped:
+                    self._dropped.discard(got)
+                else:
+                    self._done[got] = (ok, out)
+            elif any(not p.is_alive() for p in self.procs):
+                dead = next(p for p in self.procs if not p.is_alive())
+                raise RuntimeError(f"an audio decoding worker ended (exit code {dead.exitcode})")
+        ok, out = self._done.pop(task)
+        if not ok:
+            raise RuntimeError(f"an audio decoding worker failed: {out}")
+        return out
+
+    def forget(self, tasks: list[int]) -> None:
+        """Tasks whose results nobody will ask for (a feed that stopped early): dropped when they come."""
+        for t in tasks:
+            if self._done.pop(t, None) is None:
+                self._dropped.add(t)
+
+    def close(self) -> None:
+        for _ in self.procs:
+            self.tasks.put(None)
+        for p in self.procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+        self.procs = []
+        self.tasks.close()
+        self.results.close()
+
+
 class SharedFeed:
-    """Decoded files from ``pool`` (a process pool), in the order asked, ``per_task`` files a task,
+    """Decoded files from ``workers`` (:class:`DecodeWorkers`), in the order asked, ``per_task`` files a task,
     ``slabs`` tasks in flight, each with its own slab of shared memory.
 
     :meth:`items` yields ``(key, AudioData | RecordError, where)``: host samples that are views of a slab
     (``where`` = (slab, offset, samples); valid until :meth:`upload` has taken every item of that slab)
     or arrays of their own (``where`` None)."""
 
-    def __init__(self, pool: Any, slabs: int, per_task: int, slab_bytes: int = SLAB_BYTES,
+    def __init__(self, workers: DecodeWorkers, slabs: int, per_task: int, slab_bytes: int = SLAB_BYTES,
                  max_samples: int | None = None, device: int | None = None):
         from multiprocessing import shared_memory
 
         from .codecs.audio_io import DEFAULT_MAX_SAMPLES
 
-        self.pool, self.per_task = pool, per_task
+        self.workers, self.per_task = workers, per_task
         self.max_samples = DEFAULT_MAX_SAMPLES if max_samples is None else max_samples
         self.shms = []
         self.locked: list[tuple[int, Any] | None] = []  # per slab: (address, unlock) where page-locked
@@ -163,16 +243,16 @@ class SharedFeed:
                         done = True
                         break
                     s = self.free.popleft()
-                    fut = self.pool.submit(decode_into, (self.shms[s].name, self.token, self.size, chunk, seconds,
-                                                                self.max_samples))
-                    inflight.append((s, fut))
+                    task = self.workers.submit((self.shms[s].name, self.token, self.size, chunk, seconds,
+                                                self.max_samples))
+                    inflight.append((s, task))
                 if not inflight:
                     if done:
                         return
                     raise RuntimeError("every slab is held by items not yet uploaded: a batch larger than the "
                                        "feed's slabs hold")
-                s, fut = inflight.popleft()
-                results = fut.result()
+                s, task = inflight.popleft()
+                results = self.workers.result(task)
                 view = np.ndarray((self.size // 4,), np.float32, buffer=self.shms[s].buf)
                 shared = [r for r in results if r[1] == "shm"]
                 self.pending_items[s] = len(shared)
@@ -190,8 +270,7 @@ class SharedFeed:
                         yield key, RecordError(key, r[3], Stage.DECODE, r[2]), None
                 del view
         finally:
-            for _, fut in inflight:
-                fut.cancel()
+            self.workers.forget([task for _, task in inflight])
 
     def view(self, slab: int) -> np.ndarray:
         return np.ndarray((self.size // 4,), np.float32, buffer=self.shms[slab].buf)

@@ -108,7 +108,8 @@ class AudioPipeline:
         self.timings: dict[str, float] = {"decode": 0.0, "upload": 0.0, "ops": 0.0, "wait": 0.0}  # decode: waiting for it
         self.stats = {"items": 0}
         self.skipped: dict[str, str] = {}  # file -> why it gave nothing (unreadable, no samples...)
-        self._pool: Any = None
+        self._pool: Any = None  # the CPU path's worker processes
+        self._decoders: Any = None  # the GPU path's (:class:`~.audio_feed.DecodeWorkers`)
         self.plan.validate(DEVICE if self.device.is_gpu else HOST)
 
     def iterate_files(self, files: Sequence[str | Path], batch_size: int, repeat: bool = False,
@@ -190,8 +191,7 @@ class AudioPipeline:
 
         import cupy as cp
 
-        from .audio_feed import SharedFeed
-        from .processes import single_threaded_pool
+        from .audio_feed import DecodeWorkers, SharedFeed
         from .settings import Settings
 
         # the pool's manager thread hands each worker its next task once it has the GIL, which this
@@ -204,15 +204,14 @@ class AudioPipeline:
                 per_task = 8
                 slabs = max(2 * self.workers, 2 * -(-batch_size // per_task) + 2)
                 try:
-                    feed = SharedFeed(self._pool or single_threaded_pool(self.workers), slabs, per_task,
-                                      device=self.device.index)
+                    self._decoders = self._decoders or DecodeWorkers(self.workers)
+                    feed = SharedFeed(self._decoders, slabs, per_task, device=self.device.index)
                 except OSError as e:  # no shared memory to be had (a small /dev/shm): threads
                     import warnings
 
                     warnings.warn(f"AudioPipeline: decoding in threads, shared memory refused ({e})", stacklevel=2)
                     self.feed = "threads"
                 else:
-                    self._pool = feed.pool
                     try:
                         yield from self._batches(feed.items(file_visits(files, repeat, epoch),
                                                             leading_seconds(self.plan.ops)),
@@ -282,6 +281,9 @@ class AudioPipeline:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+        if self._decoders is not None:
+            self._decoders.close()
+            self._decoders = None
 
     def __enter__(self) -> AudioPipeline:
         return self

@@ -76,7 +76,9 @@ class ProcessMemory:
         self.ok = self.nvml is not None
         self.method = "nvml per process" if self.ok else "none"
         self.peak = 0
-        self.trace: list[tuple[float, int]] | None = [] if trace else None  # (seconds from start, bytes)
+        # (seconds from start, bytes, the processes on the GPU then)
+        self.trace: list[tuple[float, int, frozenset]] | None = [] if trace else None
+        self.on_gpu: set[int] = set()  # the processes of ours the last sample found on the GPU
         self._matched = False
         self._stop = threading.Event()
         self._t: threading.Thread | None = None
@@ -100,6 +102,7 @@ class ProcessMemory:
             return 0
         ours = self._ours()
         total, seen = 0, False
+        self.on_gpu: set[int] = set()
         for fn in (self.nvml.nvmlDeviceGetComputeRunningProcesses, self.nvml.nvmlDeviceGetGraphicsRunningProcesses):
             try:
                 procs = fn(self.handle)
@@ -109,6 +112,7 @@ class ProcessMemory:
                 if p.pid in ours and p.usedGpuMemory:
                     total += int(p.usedGpuMemory)
                     seen = True
+                    self.on_gpu.add(p.pid)
         if seen:
             self._matched = True
             self.method = "nvml per process"
@@ -130,7 +134,7 @@ class ProcessMemory:
             used = self.now()
             self.peak = max(self.peak, used)
             if self.trace is not None:
-                self.trace.append((time.perf_counter() - t0, used))
+                self.trace.append((time.perf_counter() - t0, used, frozenset(self.on_gpu)))
             time.sleep(self.interval)
 
     def stop(self) -> int:
@@ -140,6 +144,25 @@ class ProcessMemory:
             self._t.join()
             self._t = None
         return self.peak
+
+
+#: how long a process's CUDA context may hold the driver's default stack before gpubatch lowers it
+#: (``Settings.stack_bytes``): its first milliseconds, 518 MiB on an H100 before 258 (benchmarks/gpu_memory.py
+#: caps, steps_mib), which a cap below a bare context's size cannot hold
+CONTEXT_START_S = 0.25
+
+
+def over_cap(trace: list[tuple[float, int, frozenset]], cap: int) -> list[tuple[float, int]]:
+    """The samples of a :class:`ProcessMemory` trace above ``cap`` bytes, other than those within
+    :data:`CONTEXT_START_S` of a process's first appearance on the GPU (its context starting)."""
+    first: dict[int, float] = {}
+    out = []
+    for t, used, pids in trace:
+        for p in pids:
+            first.setdefault(p, t)
+        if used > cap and not any(t - first[p] <= CONTEXT_START_S for p in pids):
+            out.append((t, used))
+    return out
 
 
 @contextlib.contextmanager

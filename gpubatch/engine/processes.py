@@ -3,7 +3,9 @@ and this process's allocator. Light on purpose: the command line imports it at s
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 _ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -30,27 +32,47 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
 
 
-def single_threaded_pool(workers: int) -> Any:
-    """A spawn-started process pool whose workers run NumPy's BLAS and FFT on one thread each (a process
-    a core already: 16 processes each starting 16 BLAS threads oversubscribe the cores), and reuse freed
-    memory for their per-record arrays (an audio record's frames and spectra: 6.11 -> 3.75 ms an
-    audio-clf record on one CI core, benchmarks/audio_cpu.py). The workers are started at once, with these settings in their environment only."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
+@contextlib.contextmanager
+def _worker_env() -> Iterator[None]:
+    """Processes started inside get the workers' settings (one BLAS thread, freed memory kept) in their
+    environment; this process's own is left as it was."""
     saved = {k: os.environ.get(k) for k in (*_ONE_THREAD, *_MALLOC)}
     os.environ.update(dict.fromkeys(_ONE_THREAD, "1"))
     os.environ.update(_MALLOC)
     try:
-        import time
-
-        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
-        for f in [pool.submit(time.sleep, 0.2) for _ in range(workers)]:  # none idle: every worker starts now
-            f.result()
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def single_threaded_pool(workers: int) -> Any:
+    """A spawn-started process pool whose workers run NumPy's BLAS and FFT on one thread each (a process
+    a core already: 16 processes each starting 16 BLAS threads oversubscribe the cores), and reuse freed
+    memory for their per-record arrays (an audio record's frames and spectra: 6.11 -> 3.75 ms an
+    audio-clf record on one CI core, benchmarks/audio_cpu.py). The workers are started at once, with these settings in their environment only."""
+    import multiprocessing as mp
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    with _worker_env():
+        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+        for f in [pool.submit(time.sleep, 0.2) for _ in range(workers)]:  # none idle: every worker starts now
+            f.result()
     return pool
+
+
+def worker_processes(target: Any, args: tuple, count: int) -> list[Any]:
+    """``count`` spawn-started daemon processes running ``target(*args)``, with the pools' settings (one
+    BLAS thread, freed memory kept) in their environment only."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with _worker_env():
+        procs = [ctx.Process(target=target, args=args, daemon=True, name=f"gpubatch-worker-{i}") for i in range(count)]
+        for p in procs:
+            p.start()
+    return procs

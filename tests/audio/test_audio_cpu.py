@@ -431,9 +431,8 @@ def test_audio_pipeline_on_the_cpu(tmp_path):
 def test_shared_memory_feed_gives_what_libsndfile_decodes(tmp_path):
     """The GPU pipeline's feed (worker processes decoding into shared memory), checked on the CPU: every
     file's samples as decode_audio gives them (mono and stereo, files larger than a slab, a damaged one)."""
-    from gpubatch.engine.audio_feed import SharedFeed
+    from gpubatch.engine.audio_feed import DecodeWorkers, SharedFeed
     from gpubatch.engine.codecs.audio import decode_audio
-    from gpubatch.engine.processes import single_threaded_pool
 
     files = [write(tmp_path / f"m{i}.flac", tone(0.2 + 0.1 * i), 16000) for i in range(5)]
     files.append(write(tmp_path / "stereo.wav", tone(0.3, 8000, channels=2), 8000))
@@ -441,7 +440,7 @@ def test_shared_memory_feed_gives_what_libsndfile_decodes(tmp_path):
     files.append(write(tmp_path / "huge.wav", tone(3.0), 16000))  # above the bound on one record
     (tmp_path / "bad.wav").write_bytes(b"RIFF" + bytes(40))
     files.append(tmp_path / "bad.wav")
-    pool = single_threaded_pool(2)
+    pool = DecodeWorkers(2)
     feed = SharedFeed(pool, slabs=3, per_task=3, slab_bytes=1 << 16, max_samples=40000)
     try:
         got = {}
@@ -450,7 +449,7 @@ def test_shared_memory_feed_gives_what_libsndfile_decodes(tmp_path):
             feed.release(where[0] if where else None)
     finally:
         feed.close()
-        pool.shutdown()
+        pool.close()
     assert "not an audio file" in got.pop("bad").reason
     assert "above the 40,000-sample bound" in got.pop("huge").reason
     assert len(got) == 7
@@ -635,3 +634,16 @@ def test_the_largest_record_is_found_as_the_chain_decodes_it(tmp_path):
         entries = reader.entries()
         assert largest_record(reader, entries, plan("log_mel(n_mels=40)")) == (8000, 24000, 2)
         assert largest_record(reader, entries, plan("fix_duration(seconds=2) | log_mel(n_mels=40)")) == (8000, 16000, 2)
+
+
+def test_a_decoding_worker_that_dies_is_an_error_not_a_hang(tmp_path):
+    from gpubatch.engine.audio_feed import DecodeWorkers
+
+    workers = DecodeWorkers(1)
+    try:
+        workers.procs[0].kill()
+        task = workers.submit(("no-such-slab", "feed", 1 << 16, [], None, 0))
+        with pytest.raises(RuntimeError, match="audio decoding worker ended"):
+            workers.result(task)
+    finally:
+        workers.close()

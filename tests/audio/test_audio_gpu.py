@@ -170,13 +170,12 @@ def test_page_locked_feed_uploads_what_libsndfile_decodes(tmp_path):
     slabs reused only once the GPU has read them (few slabs, many files), every item as decoded."""
     import cupy as cp
 
-    from gpubatch.engine.audio_feed import SharedFeed
+    from gpubatch.engine.audio_feed import DecodeWorkers, SharedFeed
     from gpubatch.engine.codecs.audio import decode_audio
-    from gpubatch.engine.processes import single_threaded_pool
 
     files = [write(tmp_path / f"m{i}.flac", tone(0.1 + 0.02 * i), 16000) for i in range(24)]
     files.append(write(tmp_path / "stereo.wav", tone(0.3, 8000, channels=2), 8000))
-    pool = single_threaded_pool(2)
+    pool = DecodeWorkers(2)
     feed = SharedFeed(pool, slabs=3, per_task=2, slab_bytes=1 << 16, device=0)
     assert all(feed.locked), "the driver refused to page-lock the slabs"
     got, group = {}, []
@@ -192,7 +191,7 @@ def test_page_locked_feed_uploads_what_libsndfile_decodes(tmp_path):
         cp.cuda.get_current_stream().synchronize()
     finally:
         feed.close()
-        pool.shutdown()
+        pool.close()
     assert len(got) == 25
     for f in files:
         assert np.array_equal(cp.asnumpy(got[f.stem]), decode_audio(str(f)).samples), f.stem

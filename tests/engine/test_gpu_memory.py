@@ -168,3 +168,13 @@ def test_an_audio_refusal_names_one_record():
     with pytest.raises(CapTooSmall, match=r"context 300, kernels 20, one record 5$"):
         plan_memory(400 * MiB, 320 * MiB, {"context": 300, "kernels": 20}, ImageNeed(0, 5 * MiB), 64, 1,
                     least_batch=1, unit="record")
+
+
+def test_only_a_context_starting_may_pass_the_cap():
+    from gpubatch.engine.gpu_memory import CONTEXT_START_S, over_cap
+
+    cap = 500 * MiB
+    trace = [(0.00, 0, frozenset()), (0.01, 518 * MiB, frozenset({7})), (0.02, 258 * MiB, frozenset({7})),
+             (1.00, 480 * MiB, frozenset({7})), (1.01, 740 * MiB, frozenset({7, 8})),  # a second process starts
+             (1.02 + CONTEXT_START_S, 501 * MiB, frozenset({7, 8}))]  # later: over
+    assert over_cap(trace, cap) == [(1.02 + CONTEXT_START_S, 501 * MiB)]
