@@ -535,9 +535,6 @@ def _run(device: Device, reader: Reader, entries: list, writer: Writer, plan: An
         from .engine.settings import Settings
 
         opener = functools.partial(open_reader, Path(req.src), reader.format_name, _reader_options(req))  # each reader process's own
-        if req.gpu_memory is not None and plan.media == "video":
-            router.stats.warn("--gpu-memory is planned for image and audio runs: this video run's device memory is "
-                              "reported below, not bounded by it")
         with watch(device.index, router.stats):  # every process of the run, as the driver counts it
             get_codec(plan.media, "*", DEVICE).run(device, reader, opener, entries, writer, plan, router, req, workers,
                                                    tick, Settings.from_env())

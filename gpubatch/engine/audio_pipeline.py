@@ -275,7 +275,7 @@ class AudioPipeline:
         self.timings["upload"] += t1 - t0
         self.timings["ops"] += time.perf_counter() - t1
         self.stats["items"] += len(group)
-        return AudioBatch(data, [k for k, _, _ in group], ready)
+        return AudioBatch(data, [k for k, _, _ in group], ready=ready)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -27,7 +27,7 @@ class KeyedBatch:
 
     data: Any
     keys: list[str]
-    ready: Any = None
+    ready: Any = field(default=None, kw_only=True)
 
     def synchronize(self) -> None:
         """Wait until ``data`` is computed (on the CPU: at once)."""

@@ -49,7 +49,7 @@ class NvdecSession:
     #: the codecs this path decodes (their packets made Annex B by FFmpeg's ``*_mp4toannexb`` filters)
     CODECS = frozenset({"h264", "hevc"})
 
-    def __init__(self, gpu: int):
+    def __init__(self, gpu: int, chunk: int = CHUNK):
         import cupy as cp
         import PyNvVideoCodec as nvc
 
@@ -57,6 +57,7 @@ class NvdecSession:
         from .launch import Launcher
 
         self.cp, self.nvc, self.gpu = cp, nvc, gpu
+        self.chunk = chunk  # frames decoded ahead in one call (fewer under --gpu-memory)
         cp.cuda.Device(gpu).use()
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.staging = PinnedStaging(cp)
@@ -218,7 +219,7 @@ def yuv_coefficients(colorspace: int, color_range: int, height: int) -> tuple[fl
 class GpuFrameCursor:
     """A video's decoded frames on the GPU for its outputs asked in turn (the GPU twin of
     :class:`~gpubatch.engine.codecs.video.FrameCursor`): missing frames are decoded together with the
-    next ones later outputs take, up to :data:`CHUNK`; a frame is dropped once its last output had it."""
+    next ones later outputs take, up to the session's ``chunk``; a frame is dropped once its last output had it."""
 
     def __init__(self, session: NvdecSession, wanted: list[list[int]], key: str, origin: str):
         self.session, self.key, self.origin = session, key, origin
@@ -231,7 +232,7 @@ class GpuFrameCursor:
         missing = sorted({i for i in indices if i not in self.cache})
         if missing:
             ahead: list[int] = []
-            while self._next < len(self.order) and len(missing) + len(ahead) < CHUNK:
+            while self._next < len(self.order) and len(missing) + len(ahead) < self.session.chunk:
                 i = self.order[self._next]
                 self._next += 1
                 if i not in self.cache and i not in missing and i not in ahead and self.need[i] > 0:
@@ -283,8 +284,8 @@ def _encode_job(session: NvdecSession, job: Job, cursor: GpuFrameCursor, plan: P
     try:
         if t.codec == "mp4":  # the whole video: frame chunks through the chain, encoded on the CPU
             def stream() -> Iterator[np.ndarray]:
-                for s in range(0, len(frames), CHUNK):
-                    part = frames[s: s + CHUNK]
+                for s in range(0, len(frames), session.chunk):
+                    part = frames[s: s + session.chunk]
                     yield from _host(_chain(session, plan, cursor.frames(part), params), session)
 
             out = encode_clip(stream(), t, plan)
@@ -349,9 +350,110 @@ def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunS
     return result
 
 
+def _nvdec_takes(info: Any, gpu: int) -> bool:
+    return (not info.rotation and info.container in CHECKED and info.codec in NvdecSession.CODECS
+            and nvdec_supports(info, gpu))
+
+
+def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any], plan: Plan, decoders: int,
+            stats: RunStats, stack_bytes: int | None = 16, n: int = 16) -> tuple[int, int]:
+    """Under ``--gpu-memory``: (NVDEC sessions, frames a session decodes ahead) that keep this run's device
+    memory under the cap, as the driver counts it (:mod:`.gpu_memory`).
+
+    Measured: the CUDA context (its stack lowered to ``stack_bytes`` first, as the image engine does),
+    then one session on the largest video NVDEC takes among ``n`` entries spread over the dataset, with a
+    frame decoded and run through the chain (its decoder's surfaces, its stream and staging, the
+    kernels). Estimated: a frame's working set (the RGB frame, the chain's output twice, the decoder's
+    output surface). A session holds its frames decoded ahead and those of its longest output at once;
+    sessions go first, then frames ahead, down to one session decoding an output's frames only. CuPy's
+    pool is bounded by what the cap leaves. Refuses, naming the parts, where that does not fit."""
+    import cupy as cp
+
+    from ..errors import GpubatchError
+    from .codecs.video import info_of
+    from .gpu_engine import parse_memory
+    from .gpu_memory import MARGIN, MiB, ProcessMemory, nvml_index
+
+    dev = cp.cuda.Device(device.index)
+    if stack_bytes is not None and cp.cuda.runtime.deviceGetLimit(0) > stack_bytes:
+        cp.cuda.runtime.deviceSetLimit(0, stack_bytes)  # cudaLimitStackSize
+    cap = parse_memory(spec, dev.mem_info[1])
+    mem = ProcessMemory(nvml_index(device.index))
+    cp.zeros(1)
+    dev.synchronize()
+    context = mem.now()
+    largest, frames = None, 1
+    for entry in entries[:: max(1, len(entries) // n)][:n]:
+        try:
+            record = reader.read(entry)
+            if record.media is not Media.VIDEO:
+                continue
+            info = info_of(record, plan)
+            jobs = [j for j in outputs_of(record, plan, RunStats()) if isinstance(j, Job)]
+        except Exception:  # noqa: BLE001 - a bad record is the run's to report
+            continue
+        longest = max((len(j.template.meta.get("frames") or ()) for j in jobs), default=0)
+        if not jobs or not _nvdec_takes(info, device.index):
+            continue
+        if jobs[0].template.codec == "mp4":
+            longest = min(longest, CHUNK)  # a whole video goes through the chain a chunk at a time
+        frames = max(frames, longest)
+        if largest is None or info.width * info.height > largest[1].width * largest[1].height:
+            largest = (record, info)
+    pool = cp.get_default_memory_pool()
+    parts = {"context": context // MiB}
+    if largest is None:  # NVDEC takes none of the sample: the CPU decodes, the GPU holds the context
+        fixed, per_session, frame = context, 0, 0
+    else:
+        record, info = largest
+        session = NvdecSession(device.index, 1)
+        try:
+            if not session.open(record.data, info):
+                raise GpubatchError(f"--gpu-memory: NVDEC refused {record.key} ({session.why})")
+            got = session.decode([0])
+            params = plan.draw(record.key, info.height, info.width)
+            _chain(session, plan, got, params)
+            session.stream.synchronize()
+            del got
+            pool.free_all_blocks()
+            fixed = mem.now()
+        finally:
+            session.close()
+        per_session = max(0, fixed - context)
+        parts["decoder and kernels"] = per_session // MiB
+        h, w = info.height, info.width
+        try:
+            oh, ow = plan.out_hw(h, w, plan.draw(record.key, h, w))
+        except Exception:  # noqa: BLE001 - an op that refuses the size: the frame's own size bounds it
+            oh, ow = h, w
+        frame = 3 * h * w + 2 * 3 * oh * ow + 3 * h * w // 2
+    room = cap - fixed - MARGIN
+
+    def need(sessions: int, ahead: int) -> int:
+        return sessions * (ahead + frames) * frame + (sessions - 1) * per_session
+
+    sessions, ahead = max(1, decoders), CHUNK
+    while sessions > 1 and need(sessions, ahead) > room:
+        sessions -= 1
+    while ahead > 1 and need(sessions, ahead) > room:
+        ahead = max(1, ahead // 2)
+    if need(1, 1) > room:
+        least = fixed + MARGIN + need(1, 1)
+        named = ", ".join(f"{k} {v}" for k, v in parts.items())
+        raise GpubatchError(f"--gpu-memory {spec} is below the {-(-least // MiB)} MiB this run needs at least: "
+                            f"{named}, one clip's frames {-(-need(1, 1) // MiB)}")
+    pool.set_limit(size=max(0, room - (sessions - 1) * per_session))
+    stats.gpu_memory.update(cap_mib=cap // MiB, processes=1, plan=(
+        f"{fixed // MiB} MiB before the first frame ({', '.join(f'{k} {v}' for k, v in parts.items())}), "
+        f"{sessions} NVDEC session{'s' if sessions > 1 else ''} decoding {ahead} frames ahead"))
+    return sessions, ahead
+
+
 def run_video_device(device: Device, reader: RecordSource, entries: list[Any], writer: RecordSink, plan: Plan,
-                     router: ErrorRouter, decoders: int, tick: Callable[[int], None] | None = None) -> None:
-    """The whole run flow for video records on the GPU, ``decoders`` NVDEC sessions at once."""
+                     router: ErrorRouter, decoders: int, tick: Callable[[int], None] | None = None,
+                     gpu_memory: str | None = None, stack_bytes: int | None = 16) -> None:
+    """The whole run flow for video records on the GPU, ``decoders`` NVDEC sessions at once (under
+    ``gpu_memory``, as many as the cap holds, decoding as far ahead as it allows: :func:`fit_cap`)."""
     from .executor import expand_host, ordered_map
     from .media import DEVICE
 
@@ -367,6 +469,9 @@ def run_video_device(device: Device, reader: RecordSource, entries: list[Any], w
     if sys.getswitchinterval() > Settings.from_env().switch_interval:
         sys.setswitchinterval(Settings.from_env().switch_interval)
 
+    chunk = CHUNK
+    if gpu_memory is not None:
+        decoders, chunk = fit_cap(gpu_memory, device, reader, entries, plan, decoders, stats, stack_bytes)
     try:  # the driver readies this many decoder sessions (NVIDIA's multi-decoder recipe)
         nvc.SimpleDecoder.set_session_count(decoders)
     except Exception:  # noqa: BLE001 - an older PyNvVideoCodec without it: sessions start on demand
@@ -378,7 +483,7 @@ def run_video_device(device: Device, reader: RecordSource, entries: list[Any], w
     def session() -> NvdecSession:
         s = getattr(local, "s", None)
         if s is None:
-            s = local.s = NvdecSession(device.index)
+            s = local.s = NvdecSession(device.index, chunk)
             with lock:
                 sessions.append(s)
         return s

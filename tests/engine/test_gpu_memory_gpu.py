@@ -188,3 +188,34 @@ def test_an_audio_convert_stays_under_its_cap(tmp_path):
     line = err.strip().splitlines()[-1]
     assert rc != 0 and "--gpu-memory 200MiB is below the" in line and "one record" in line, err[-2000:]
     assert "Traceback" not in err and not list((tmp_path / "refused").rglob("*.tar"))
+
+
+def test_a_video_convert_stays_under_its_cap(tmp_path):
+    """Frames of 1280x720 H.264 clips under 640 MiB: the NVDEC sessions and frames ahead the cap holds,
+    the run's processes under it, the same JPEGs as an uncapped run; below the minimum a refusal naming
+    the parts."""
+    pytest.importorskip("av")
+    from ..video.clips import make_clip
+
+    src = tmp_path / "clips"
+    for k in range(6):
+        make_clip(src / "c" / f"v{k}.mp4", 40, 1280, 720)
+
+    def run(dst: str, cap: str | None) -> tuple[int, Any, dict | None, str]:
+        cmd = [sys.executable, "-m", "gpubatch", "convert", str(src), str(tmp_path / dst), "--to", "webdataset",
+               "--device", "gpu", "--frames", "every:4", "--resize-shorter", "256", "--json"]
+        return _sampled(cmd + (["--gpu-memory", cap] if cap else []))
+
+    rc, free, _, err = run("free", None)
+    assert rc == 0, err[-2000:]
+    rc, sampled, capped, err = run("capped", "640MiB")
+    assert rc == 0, err[-2000:]
+    mem = capped["gpu_memory"]
+    print(f"\nvideo: no cap peak {free.peak >> 20} MiB; 640MiB: peak {sampled.peak >> 20} MiB; {mem['plan']}")
+    _held(sampled, 640)
+    assert mem["cap_mib"] == 640 and capped["records_out"] == 60 and not capped["fallbacks"]
+    assert shard_digest(tmp_path / "capped") == shard_digest(tmp_path / "free")
+    rc, _, _, err = run("refused", "300MiB")
+    line = err.strip().splitlines()[-1]
+    assert rc != 0 and "--gpu-memory 300MiB is below the" in line and "one clip's frames" in line, err[-2000:]
+    assert "Traceback" not in err and not list((tmp_path / "refused").rglob("*.tar"))

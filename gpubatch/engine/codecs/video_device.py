@@ -19,7 +19,8 @@ class VideoDeviceCodec:
             req: Any, workers: int, tick: Any, settings: Any) -> None:
         from ..video_gpu import run_video_device
 
-        run_video_device(device, reader, entries, writer, plan, router, settings.video_decoders, tick)
+        run_video_device(device, reader, entries, writer, plan, router, settings.video_decoders, tick,
+                         getattr(req, "gpu_memory", None), settings.stack_bytes)
 
 
 register_codec("video", "*", DEVICE, VideoDeviceCodec())
