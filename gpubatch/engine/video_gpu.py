@@ -361,10 +361,10 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     memory under the cap, as the driver counts it (:mod:`.gpu_memory`).
 
     Measured: the CUDA context (its stack lowered to ``stack_bytes`` first, as the image engine does),
-    then one session on the largest video NVDEC takes among ``n`` entries spread over the dataset, with a
-    frame decoded and run through the chain (its decoder's surfaces, its stream and staging, the
-    kernels). Estimated: a frame's working set (the RGB frame, the chain's output twice, the decoder's
-    output surface). A session holds its frames decoded ahead and those of its longest output at once;
+    then one session on the largest video NVDEC takes among ``n`` entries spread over the dataset (its
+    decoder's surfaces, its stream and staging, the kernels), and a frame's working set: a chunk of its
+    frames decoded and through the chain, held at once, against one (no less than the RGB frame, the
+    chain's output twice and the decoder's output surface). A session holds its frames decoded ahead and those of its longest output at once;
     sessions go first, then frames ahead, down to one session decoding an output's frames only. CuPy's
     pool is bounded by what the cap leaves. Refuses, naming the parts, where that does not fit."""
     import cupy as cp
@@ -410,10 +410,17 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
         try:
             if not session.open(record.data, info):
                 raise GpubatchError(f"--gpu-memory: NVDEC refused {record.key} ({session.why})")
-            got = session.decode([0])
             params = plan.draw(record.key, info.height, info.width)
-            _chain(session, plan, got, params)
+            # a calibration: one frame, then a chunk of frames decoded and through the chain, held at once
+            # (what a session's frames take as the driver counts it: the decoder's own frame buffers too)
+            got = [_chain(session, plan, session.decode([0]), params)]
             session.stream.synchronize()
+            one = mem.now()
+            k = max(1, min(CHUNK, len(info.times)))
+            if k > 1:
+                got.append(_chain(session, plan, session.decode(list(range(k))), params))
+                session.stream.synchronize()
+            measured = (mem.now() - one) // (k - 1) if k > 1 else 0
             del got
             pool.free_all_blocks()
             fixed = mem.now()
@@ -426,7 +433,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
             oh, ow = plan.out_hw(h, w, plan.draw(record.key, h, w))
         except Exception:  # noqa: BLE001 - an op that refuses the size: the frame's own size bounds it
             oh, ow = h, w
-        frame = 3 * h * w + 2 * 3 * oh * ow + 3 * h * w // 2
+        frame = max(measured, 3 * h * w + 2 * 3 * oh * ow + 3 * h * w // 2)
     room = cap - fixed - MARGIN
 
     def need(sessions: int, ahead: int) -> int:
