@@ -173,7 +173,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     mem = ProcessMemory(nvml_index(device.index))
     cp.zeros(1)
     dev.synchronize()
-    context = mem.now()
+    context = mem.settled()
     rate, samples, channels = largest_record(reader, entries, plan)
     cp.fft.config.get_plan_cache().set_size(0)  # FFT plans (their work areas in CuPy's pool) made per call
     silence = AudioData(cp.zeros((channels, rate), cp.float32), rate)
@@ -181,7 +181,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     dev.synchronize()
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
-    fixed = mem.now()
+    fixed = mem.settled()
     parts = {"context": context >> 20, "kernels": max(0, fixed - context) >> 20}
     need = audio_need(plan, rate, samples, channels)
     try:

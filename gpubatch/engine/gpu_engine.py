@@ -199,7 +199,7 @@ class GpuEngine:
             rt.memPoolTrimTo(rt.deviceGetDefaultMemPool(self.device.index), 0)
         except Exception:  # noqa: BLE001 - no stream-ordered pool
             pass
-        return self.process_memory.now(), dict(self.memory_parts)
+        return self.process_memory.settled(), dict(self.memory_parts)
 
     def apply(self, plan: Any) -> None:
         """Spend the cap as ``plan`` (:class:`~.gpu_memory.MemoryPlan`) says: CuPy's pool limit, and the

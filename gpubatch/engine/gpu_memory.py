@@ -122,6 +122,22 @@ class ProcessMemory:
         self.method = "device in use above the start"
         return max(0, self._device_used() - self.base)
 
+    def settled(self, quiet: float = 0.06, most: float = 1.0) -> int:
+        """:meth:`now` once it has held still for ``quiet`` seconds (at most ``most``): NVML's figure of a
+        process trails its allocations by some milliseconds (a video decoder's 400 MiB showed 20 ms after
+        the stream was synchronized, benchmarks/RESULTS.md 2026-11-25 late), so a reading taken at once
+        can miss what was just allocated."""
+        t_end = time.perf_counter() + most
+        last, since = self.now(), time.perf_counter()
+        while self.ok and time.perf_counter() < t_end:
+            time.sleep(0.01)
+            v = self.now()
+            if v != last:
+                last, since = v, time.perf_counter()
+            elif time.perf_counter() - since >= quiet:
+                break
+        return last
+
     def start(self) -> ProcessMemory:
         if self.ok and self._t is None:
             self._t = threading.Thread(target=self._run, name="gpubatch-memory", daemon=True)

@@ -381,7 +381,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     mem = ProcessMemory(nvml_index(device.index))
     cp.zeros(1)
     dev.synchronize()
-    context = mem.now()
+    context = mem.settled()
     largest, frames = None, 1
     for entry in entries[:: max(1, len(entries) // n)][:n]:
         try:
@@ -415,15 +415,15 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
             # (what a session's frames take as the driver counts it: the decoder's own frame buffers too)
             got = [_chain(session, plan, session.decode([0]), params)]
             session.stream.synchronize()
-            one = mem.now()
+            one = mem.settled()
             k = max(1, min(CHUNK, len(info.times)))
             if k > 1:
                 got.append(_chain(session, plan, session.decode(list(range(k))), params))
                 session.stream.synchronize()
-            measured = (mem.now() - one) // (k - 1) if k > 1 else 0
+            measured = (mem.settled() - one) // (k - 1) if k > 1 else 0
             del got
             pool.free_all_blocks()
-            fixed = mem.now()
+            fixed = mem.settled()
         finally:
             session.close()
         per_session = max(0, fixed - context)
