@@ -127,7 +127,7 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
     if m.media != "image" and (sweep or with_model or busy or gpu_memory):
         raise UsageError("--sweep, --with-model, --busy and --gpu-memory measure the image models")
     if gpu_memory is not None:
-        from ..engine.gpu_engine import parse_memory
+        from ..engine.gpu_memory import parse_memory
 
         parse_memory(gpu_memory, 80 << 30)  # a malformed size is refused before any contender runs
     if busy_after is not None and not busy:

@@ -132,10 +132,11 @@ def largest_record(reader: RecordSource, entries: list[Any], plan: Plan, n: int 
     long enough to stream run on the CPU); 1 s at 48 kHz in stereo where none could be read."""
     from .codecs.audio import info_of, should_stream
     from .codecs.audio_io import leading_seconds
+    from .gpu_memory import spread
 
     seconds = leading_seconds(plan.ops)
     best = (0, (48000, 48000, 2))
-    for entry in entries[:: max(1, len(entries) // n)][:n]:
+    for entry in spread(entries, n):
         try:
             record = reader.read(entry)
             if record.codec == "npy":
@@ -163,22 +164,14 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     import cupy as cp
 
     from ..errors import GpubatchError
-    from .gpu_engine import parse_memory
-    from .gpu_memory import CapTooSmall, ImageNeed, ProcessMemory, audio_need, nvml_index, plan_memory
+    from .gpu_memory import CapTooSmall, ImageNeed, audio_need, plan_memory, start_capped
 
-    dev = cp.cuda.Device(device.index)
-    if stack_bytes is not None and cp.cuda.runtime.deviceGetLimit(0) > stack_bytes:
-        cp.cuda.runtime.deviceSetLimit(0, stack_bytes)  # cudaLimitStackSize
-    cap = parse_memory(spec, dev.mem_info[1])
-    mem = ProcessMemory(nvml_index(device.index))
-    cp.zeros(1)
-    dev.synchronize()
-    context = mem.settled()
+    cap, mem, context = start_capped(spec, device.index, stack_bytes)
     rate, samples, channels = largest_record(reader, entries, plan)
     cp.fft.config.get_plan_cache().set_size(0)  # FFT plans (their work areas in CuPy's pool) made per call
     silence = AudioData(cp.zeros((channels, rate), cp.float32), rate)
     run_chain_device(plan.ops, [silence], [plan.draw("", rate, rate)])
-    dev.synchronize()
+    cp.cuda.Device(device.index).synchronize()
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
     fixed = mem.settled()

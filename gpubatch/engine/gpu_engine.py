@@ -7,7 +7,6 @@ decode with the previous batch's kernels for both.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -16,10 +15,10 @@ from ..errors import UsageError
 from . import affinity
 from .batch import PinnedStaging
 from .device import Device
+from .gpu_memory import parse_memory
 from .launch import Launcher
 from .settings import Settings
 
-DEFAULT_GPU_MEMORY = 1 << 30  # cap on CuPy's pool: kernel outputs and tables
 # the primary context's scheduling flags of each sync policy (Settings.sync)
 SYNC_POLICIES = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}
 
@@ -70,35 +69,6 @@ def set_sync_policy(device_index: int, policy: str, only_before_context: bool = 
     return fn(dev, ctypes.c_uint(SYNC_POLICIES[policy])) == 0
 
 
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]?i?b?)?\s*$", re.I)
-
-
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6, "mib": 1 << 20,
-          "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
-
-
-def parse_memory(spec: str | int | float | None, total: int) -> int:
-    """Bytes from "2GiB", "512MB", "0.5" (a fraction of ``total``) or a byte count."""
-    if spec is None:
-        return min(DEFAULT_GPU_MEMORY, total)
-    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
-        value, unit = float(spec), ""
-    else:
-        m = _SIZE.match(str(spec))
-        if not m:
-            raise UsageError(f"--gpu-memory {spec!r}: give a size like 2GiB, 512MiB or a fraction like 0.5")
-        value, unit = float(m.group(1)), (m.group(2) or "").lower()
-    if value <= 0:
-        raise UsageError(f"--gpu-memory {spec!r}: give a size above 64 MiB (2GiB, 512MiB) or a fraction above 0")
-    if unit == "" and value <= 1.0:
-        out = int(value * total)
-    elif unit not in _UNITS:
-        raise UsageError(f"--gpu-memory {spec!r}: unknown unit {unit!r}")
-    else:
-        out = int(value * _UNITS[unit])
-    if out < 64 << 20:
-        raise UsageError(f"--gpu-memory {spec!r} is below 64 MiB: too small for any batch")
-    return out
 
 
 class GpuEngine:
@@ -152,8 +122,9 @@ class GpuEngine:
         self.device = device
         self.dev = cp.cuda.Device(device.index)
         self.dev.use()
-        if st.stack_bytes is not None and cp.cuda.runtime.deviceGetLimit(0) > st.stack_bytes:
-            cp.cuda.runtime.deviceSetLimit(0, st.stack_bytes)  # cudaLimitStackSize
+        from .gpu_memory import lower_stack
+
+        lower_stack(cp, st.stack_bytes)
         free, total = cp.cuda.runtime.memGetInfo()  # (the CUDA context is made here)
         from .gpu_memory import ProcessMemory, nvml_index
 

@@ -16,13 +16,49 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import UsageError
+
 MiB = 1 << 20
+DEFAULT_GPU_MEMORY = 1 << 30  # without a cap: the bound on CuPy's pool (kernel outputs and tables)
+
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]?i?b?)?\s*$", re.I)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6, "mib": 1 << 20,
+          "g": 1e9, "gb": 1e9, "gib": 1 << 30, "t": 1e12, "tb": 1e12, "tib": 1 << 40}
+
+
+def parse_memory(spec: str | int | float | None, total: int) -> int:
+    """Bytes from "2GiB", "512MB", "0.5" (a fraction of ``total``) or a byte count."""
+    if spec is None:
+        return min(DEFAULT_GPU_MEMORY, total)
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        value, unit = float(spec), ""
+    else:
+        m = _SIZE.match(str(spec))
+        if not m:
+            raise UsageError(f"--gpu-memory {spec!r}: give a size like 2GiB, 512MiB or a fraction like 0.5")
+        value, unit = float(m.group(1)), (m.group(2) or "").lower()
+    if value <= 0:
+        raise UsageError(f"--gpu-memory {spec!r}: give a size above 64 MiB (2GiB, 512MiB) or a fraction above 0")
+    if unit == "" and value <= 1.0:
+        out = int(value * total)
+    elif unit not in _UNITS:
+        raise UsageError(f"--gpu-memory {spec!r}: unknown unit {unit!r}")
+    else:
+        out = int(value * _UNITS[unit])
+    if out < 64 << 20:
+        raise UsageError(f"--gpu-memory {spec!r} is below 64 MiB: too small for any batch")
+    return out
+
 
 
 def _nvml() -> Any:
@@ -194,6 +230,33 @@ def watch(device_index: int, stats: Any) -> Iterator[None]:
             stats.gpu_memory.update(peak_mib=peak >> 20, method=mem.method)
 
 
+def lower_stack(cp: Any, stack_bytes: int | None) -> None:
+    """Lower the CUDA context's stack per GPU thread to ``stack_bytes`` (None: the driver's default): the
+    context reserves it for every thread the GPU can hold (260 MiB of a 518 MiB context on an H100)."""
+    if stack_bytes is not None and cp.cuda.runtime.deviceGetLimit(0) > stack_bytes:
+        cp.cuda.runtime.deviceSetLimit(0, stack_bytes)  # cudaLimitStackSize
+
+
+def start_capped(spec: str, device_index: int, stack_bytes: int | None) -> tuple[int, ProcessMemory, int]:
+    """For a run planned in this process: (the cap in bytes, a :class:`ProcessMemory` of this process, what
+    the process holds once its CUDA context is made with its stack lowered)."""
+    import cupy as cp
+
+    dev = cp.cuda.Device(device_index)
+    dev.use()
+    lower_stack(cp, stack_bytes)
+    cap = parse_memory(spec, dev.mem_info[1])
+    mem = ProcessMemory(nvml_index(device_index))
+    cp.zeros(1)
+    dev.synchronize()
+    return cap, mem, mem.settled()
+
+
+def spread(entries: list[Any], n: int) -> list[Any]:
+    """At most ``n`` of ``entries``, spread evenly over them (a plan's sample of a dataset)."""
+    return entries[:: max(1, len(entries) // n)][:n]
+
+
 @dataclass(frozen=True)
 class ImageNeed:
     """What one image of a dataset takes on the device, from a sample of its headers: ``decoded``
@@ -231,8 +294,7 @@ def sample_need(read: Any, entries: list[Any], plan: Any, n: int = 48) -> ImageN
     from .codecs.headers import jpeg_display_size, probe
 
     best: ImageNeed | None = None
-    step = max(1, len(entries) // n)
-    for entry in entries[::step][:n]:
+    for entry in spread(entries, n):
         try:
             record = read(entry)
         except Exception:  # noqa: BLE001 - a bad record is the run's to report

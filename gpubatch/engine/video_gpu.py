@@ -322,11 +322,7 @@ def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunS
     if not jobs:
         return outs
     info = info_of(record, plan)
-    why = ("rotated" if info.rotation else "a decoded clip" if info.container == "npy" else
-           "" if info.container in CHECKED else f"{info.container}: NVDEC's frames are checked against the CPU's "
-           "for MP4 and MOV files") or (
-        "" if nvdec_supports(info, session.gpu) else f"NVDEC here does not decode {info.codec} {info.pix_fmt} "
-        f"{info.width}x{info.height}")
+    why = cpu_reason(info, session.gpu)
     if not why and not session.open(record.data, info):  # a codec this path does not take, or NVDEC refused it
         why = session.why or "NVDEC refused it"
     if why:
@@ -350,9 +346,14 @@ def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunS
     return result
 
 
-def _nvdec_takes(info: Any, gpu: int) -> bool:
-    return (not info.rotation and info.container in CHECKED and info.codec in NvdecSession.CODECS
-            and nvdec_supports(info, gpu))
+def cpu_reason(info: Any, gpu: int) -> str:
+    """Why a video goes to the CPU path rather than to NVDEC on GPU ``gpu`` ("" where NVDEC takes it, as
+    far as its probe tells: a codec NVDEC refuses when it opens the file goes to the CPU then)."""
+    return ("rotated" if info.rotation else "a decoded clip" if info.container == "npy" else
+            "" if info.container in CHECKED else f"{info.container}: NVDEC's frames are checked against the CPU's "
+            "for MP4 and MOV files") or (
+        "" if nvdec_supports(info, gpu) else f"NVDEC here does not decode {info.codec} {info.pix_fmt} "
+        f"{info.width}x{info.height}")
 
 
 def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any], plan: Plan, decoders: int,
@@ -371,19 +372,11 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
 
     from ..errors import GpubatchError
     from .codecs.video import info_of
-    from .gpu_engine import parse_memory
-    from .gpu_memory import MARGIN, MiB, ProcessMemory, nvml_index
+    from .gpu_memory import MARGIN, MiB, spread, start_capped
 
-    dev = cp.cuda.Device(device.index)
-    if stack_bytes is not None and cp.cuda.runtime.deviceGetLimit(0) > stack_bytes:
-        cp.cuda.runtime.deviceSetLimit(0, stack_bytes)  # cudaLimitStackSize
-    cap = parse_memory(spec, dev.mem_info[1])
-    mem = ProcessMemory(nvml_index(device.index))
-    cp.zeros(1)
-    dev.synchronize()
-    context = mem.settled()
+    cap, mem, context = start_capped(spec, device.index, stack_bytes)
     largest, frames = None, 1
-    for entry in entries[:: max(1, len(entries) // n)][:n]:
+    for entry in spread(entries, n):
         try:
             record = reader.read(entry)
             if record.media is not Media.VIDEO:
@@ -393,7 +386,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
         except Exception:  # noqa: BLE001 - a bad record is the run's to report
             continue
         longest = max((len(j.template.meta.get("frames") or ()) for j in jobs), default=0)
-        if not jobs or not _nvdec_takes(info, device.index):
+        if not jobs or info.codec not in NvdecSession.CODECS or cpu_reason(info, device.index):
             continue
         if jobs[0].template.codec == "mp4":
             longest = min(longest, CHUNK)  # a whole video goes through the chain a chunk at a time

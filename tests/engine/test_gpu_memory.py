@@ -178,3 +178,22 @@ def test_only_a_context_starting_may_pass_the_cap():
              (1.00, 480 * MiB, frozenset({7})), (1.01, 740 * MiB, frozenset({7, 8})),  # a second process starts
              (1.02 + CONTEXT_START_S, 501 * MiB, frozenset({7, 8}))]  # later: over
     assert over_cap(trace, cap) == [(1.02 + CONTEXT_START_S, 501 * MiB)]
+
+
+def test_a_settled_reading_waits_for_the_figure_to_hold_still(monkeypatch):
+    """NVML's figure of a process trails its allocations: a plan reads it once it stops moving."""
+    mem = ProcessMemory.__new__(ProcessMemory)
+    mem.ok = True
+    readings = iter([100, 100, 400, 700, 700, 700, 700, 700, 700, 700, 700, 700])
+    monkeypatch.setattr(ProcessMemory, "now", lambda self: next(readings))
+    assert mem.settled(quiet=0.03, most=1.0) == 700
+    mem.ok = False
+    monkeypatch.setattr(ProcessMemory, "now", lambda self: 0)
+    assert mem.settled() == 0  # without NVML: at once
+
+
+def test_a_plans_sample_is_spread_over_the_dataset():
+    from gpubatch.engine.gpu_memory import spread
+
+    assert spread(list(range(100)), 4) == [0, 25, 50, 75]
+    assert spread(list(range(3)), 48) == [0, 1, 2]

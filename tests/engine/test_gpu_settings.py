@@ -8,18 +8,19 @@ import ctypes
 import pytest
 
 from gpubatch.engine import gpu_engine as ge
+from gpubatch.engine import gpu_memory as gm
 from gpubatch.errors import UsageError
 
 
 def test_memory_cap_sizes_and_fractions():
     total = 80 << 30
-    assert ge.parse_memory("2GiB", total) == 2 << 30
-    assert ge.parse_memory("512MiB", total) == 512 << 20
-    assert ge.parse_memory("0.5", total) == 40 << 30
-    assert ge.parse_memory(None, total) == min(ge.DEFAULT_GPU_MEMORY, total)
+    assert gm.parse_memory("2GiB", total) == 2 << 30
+    assert gm.parse_memory("512MiB", total) == 512 << 20
+    assert gm.parse_memory("0.5", total) == 40 << 30
+    assert gm.parse_memory(None, total) == min(gm.DEFAULT_GPU_MEMORY, total)
     for bad in ("lots", "2 parsecs", "1KiB"):
         with pytest.raises(UsageError):
-            ge.parse_memory(bad, total)
+            gm.parse_memory(bad, total)
 
 
 def test_sync_policy_names_are_checked_and_need_the_driver(monkeypatch):
