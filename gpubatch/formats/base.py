@@ -8,7 +8,9 @@ reads one entry at a time into a :class:`~gpubatch.types.Record`. That split giv
 from __future__ import annotations
 
 import abc
+import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,6 +198,28 @@ class Reader(abc.ABC):
     @staticmethod
     def record_error(key: str, origin: str, reason: object, stage: Stage = Stage.READ) -> RecordError:
         return RecordError(key, origin, stage, str(reason))
+
+
+class OpenShards:
+    """One read-only descriptor per shard file of a reader, opened when first read and shared by the
+    threads that read it (``os.pread`` needs no seek, so they need no lock but the opening's)."""
+
+    def __init__(self, paths: Sequence[Path]):
+        self.paths = paths
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def fd(self, shard: int) -> int:
+        with self._lock:
+            if shard not in self._fds:
+                self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY)
+            return self._fds[shard]
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
 
 
 class Writer(abc.ABC):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from .base import (
     OPENCV_AND_DALI_CODECS,
     Damaged,
     Format,
+    OpenShards,
     Reader,
     ShardedWriter,
     WriteOptions,
@@ -184,15 +184,8 @@ class RecordIOReader(Reader):
         super().__init__(source_root(path))
         if not self.recs:
             raise FormatError(f"no .rec files in {path}")
-        self._fds: dict[int, int] = {}
-        self._lock = threading.Lock()
+        self.files = OpenShards(self.recs)
         self.manifest = read_manifest(self.path) or {}
-
-    def _fd(self, s: int) -> int:
-        with self._lock:
-            if s not in self._fds:
-                self._fds[s] = os.open(self.recs[s], os.O_RDONLY)
-            return self._fds[s]
 
     def _scan(self) -> list[tuple[int, int, str] | Damaged]:
         entries: list[tuple[int, int, str] | Damaged] = []
@@ -229,7 +222,7 @@ class RecordIOReader(Reader):
         return keys
 
     def _payload(self, s: int, off: int) -> bytes:
-        fd, parts, total = self._fd(s), [], 0
+        fd, parts, total = self.files.fd(s), [], 0
         while True:
             head = os.pread(fd, 8, off)
             if len(head) < 8:
@@ -310,10 +303,7 @@ class RecordIOReader(Reader):
         return DatasetInfo(classes=label_names(labels, None))
 
     def close(self) -> None:
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+        self.files.close()
 
 
 class RecordIOWriter(ShardedWriter):

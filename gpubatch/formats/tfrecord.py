@@ -26,7 +26,6 @@ import json
 import os
 import re
 import struct
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from . import fields, register_format
 from .base import (
     Damaged,
     Format,
+    OpenShards,
     Reader,
     ShardedWriter,
     WriteOptions,
@@ -165,16 +165,9 @@ class TFRecordReader(Reader):
         self.shards = shard_files(path)
         if not self.shards:
             raise FormatError(f"no .tfrecord shards in {path}")
-        self._fds: dict[int, int] = {}
-        self._lock = threading.Lock()
+        self.files = OpenShards(self.shards)
         self.manifest = read_manifest(self.path) or {}
         self.keypoint_flip = keypoint_flips(self.manifest.get("categories"))
-
-    def _fd(self, shard: int) -> int:
-        with self._lock:
-            if shard not in self._fds:
-                self._fds[shard] = os.open(self.shards[shard], os.O_RDONLY)
-            return self._fds[shard]
 
     def _scan(self) -> list[tuple[int, int, int] | Damaged]:
         entries: list[tuple[int, int, int] | Damaged] = []
@@ -281,7 +274,7 @@ class TFRecordReader(Reader):
         s, off, ln = entry
         if ln > MAX_RECORD_BYTES + 16:
             raise ValueError(f"a record of {ln - 16:,} bytes, above the {MAX_RECORD_BYTES:,}-byte bound on one record")
-        buf = os.pread(self._fd(s), ln, off)
+        buf = os.pread(self.files.fd(s), ln, off)
         if len(buf) != ln:
             raise ValueError("truncated record")
         if _masked_crc(buf[:8]) != buf[8:12]:
@@ -416,10 +409,7 @@ class TFRecordReader(Reader):
         return meta, label, Boxes(xyxy, labels, (h, w), crowd, extra, flips)
 
     def close(self) -> None:
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+        self.files.close()
 
 
 # Where the encoded image, the class index and the file name are found: the TF Object Detection API /

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import tarfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -43,6 +42,7 @@ from .base import (
     MEMBERS,
     Damaged,
     Format,
+    OpenShards,
     Reader,
     ShardedWriter,
     WriteOptions,
@@ -262,16 +262,9 @@ class WebDatasetReader(Reader):
             n = len(compressed)
             self.warnings.append(f"{n} compressed shard{'s' if n > 1 else ''} left out ({compressed[0].name}"
                                  f"{', ...' if n > 1 else ''}): decompress to .tar to include {'them' if n > 1 else 'it'}")
-        self._fds: dict[int, int] = {}
-        self._lock = threading.Lock()
+        self.files = OpenShards(self.tars)
         self.manifest = read_manifest(self.path) or {}
         self.keypoint_flip = keypoint_flips(self.manifest.get("categories"))
-
-    def _fd(self, s: int) -> int:
-        with self._lock:
-            if s not in self._fds:
-                self._fds[s] = os.open(self.tars[s], os.O_RDONLY)
-            return self._fds[s]
 
     def _scan(self) -> list[tuple[int, str, tuple] | Damaged]:
         entries: list[tuple[int, str, tuple] | Damaged] = []
@@ -296,7 +289,7 @@ class WebDatasetReader(Reader):
             for ext, off, size, _ in members:
                 if ext == "cls" and size <= 64:
                     try:
-                        labels.append(fields.label(int(os.pread(self._fd(s), size, off))))
+                        labels.append(fields.label(int(os.pread(self.files.fd(s), size, off))))
                     except ValueError:
                         pass
         return DatasetInfo(classes=label_names([x for x in labels if x is not None], None))
@@ -337,7 +330,7 @@ class WebDatasetReader(Reader):
         if size > MAX_RECORD_BYTES:
             raise self.record_error(name, f"{self.tars[s]}#{name}", f"member of {size:,} bytes, above the "
                                     f"{MAX_RECORD_BYTES:,}-byte bound on one record")
-        data = os.pread(self._fd(s), size, off)
+        data = os.pread(self.files.fd(s), size, off)
         if len(data) != size:
             raise self.record_error(name, f"{self.tars[s]}#{name}", "truncated member")
         return data
@@ -424,10 +417,7 @@ class WebDatasetReader(Reader):
                       origin=origin)
 
     def close(self) -> None:
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+        self.files.close()
 
 
 _JSON_KEYS = frozenset({"filename", "label", "class", "width", "height", "annotations", "meta"})
