@@ -33,6 +33,8 @@ from .run import Job, RecordSink, RecordSource, outputs_of, read_counted, write_
 CHECKED = frozenset({"mp4", "mov"})
 #: frames a cursor decodes ahead in one call (bounded GPU memory: 64 1080p RGB frames are 400 MB)
 CHUNK = 32
+#: frames a capped run's plan decodes at most to measure what a frame holds (fewer where the cap is small)
+CALIBRATION_FRAMES = 8
 
 
 class NvdecSession:
@@ -363,11 +365,12 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
 
     Measured: the CUDA context (its stack lowered to ``stack_bytes`` first, as the image engine does),
     then one session on the largest video NVDEC takes among ``n`` entries spread over the dataset (its
-    decoder's surfaces, its stream and staging, the kernels), and a frame's working set: a chunk of its
-    frames decoded and through the chain, held at once, against one (no less than the RGB frame, the
-    chain's output twice and the decoder's output surface). A session holds its frames decoded ahead and those of its longest output at once;
-    sessions go first, then frames ahead, down to one session decoding an output's frames only. CuPy's
-    pool is bounded by what the cap leaves. Refuses, naming the parts, where that does not fit."""
+    decoder's surfaces, its stream and staging, the kernels), and a frame's working set: up to
+    :data:`CALIBRATION_FRAMES` frames decoded and through the chain, held at once, against one (no less
+    than the RGB frame, the chain's output twice and the decoder's output surface). A session holds its
+    frames decoded ahead and those of its longest output at once; sessions go first, then frames ahead,
+    down to one session decoding an output's frames only. CuPy's pool is bounded by what the cap leaves.
+    Refuses, naming the parts, where that does not fit."""
     import cupy as cp
 
     from ..errors import GpubatchError
@@ -403,13 +406,20 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
         try:
             if not session.open(record.data, info):
                 raise GpubatchError(f"--gpu-memory: NVDEC refused {record.key} ({session.why})")
-            params = plan.draw(record.key, info.height, info.width)
-            # a calibration: one frame, then a chunk of frames decoded and through the chain, held at once
-            # (what a session's frames take as the driver counts it: the decoder's own frame buffers too)
+            h, w = info.height, info.width
+            params = plan.draw(record.key, h, w)
+            try:
+                oh, ow = plan.out_hw(h, w, params)
+            except Exception:  # noqa: BLE001 - an op that refuses the size: the frame's own size bounds it
+                oh, ow = h, w
+            least = 3 * h * w + 2 * 3 * oh * ow + 3 * h * w // 2  # RGB, the chain's output twice, NV12
+            # a calibration: one frame, then a few frames decoded and through the chain, held at once (what
+            # a session's frames take as the driver counts it: the decoder's own frame buffers too), as many
+            # as the cap leaves room for by the estimate, so that the calibration itself stays under it
             got = [_chain(session, plan, session.decode([0]), params)]
             session.stream.synchronize()
             one = mem.settled()
-            k = max(1, min(CHUNK, len(info.times)))
+            k = max(1, min(CALIBRATION_FRAMES, len(info.times), (cap - one - MARGIN) // (4 * least)))
             if k > 1:
                 got.append(_chain(session, plan, session.decode(list(range(k))), params))
                 session.stream.synchronize()
@@ -421,12 +431,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
             session.close()
         per_session = max(0, fixed - context)
         parts["decoder and kernels"] = per_session // MiB
-        h, w = info.height, info.width
-        try:
-            oh, ow = plan.out_hw(h, w, plan.draw(record.key, h, w))
-        except Exception:  # noqa: BLE001 - an op that refuses the size: the frame's own size bounds it
-            oh, ow = h, w
-        frame = max(measured, 3 * h * w + 2 * 3 * oh * ow + 3 * h * w // 2)
+        frame = max(measured, least)
     room = cap - fixed - MARGIN
 
     def need(sessions: int, ahead: int) -> int:
