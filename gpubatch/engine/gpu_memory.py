@@ -159,10 +159,9 @@ class ProcessMemory:
         return max(0, self._device_used() - self.base)
 
     def settled(self, quiet: float = 0.06, most: float = 1.0) -> int:
-        """:meth:`now` once it has held still for ``quiet`` seconds (at most ``most``): NVML's figure of a
-        process trails its allocations by some milliseconds (a video decoder's 400 MiB showed 20 ms after
-        the stream was synchronized, benchmarks/RESULTS.md 2026-11-25 late), so a reading taken at once
-        can miss what was just allocated."""
+        """:meth:`now` once it has held still for ``quiet`` seconds (at most ``most``): a reading taken at
+        once can miss what was just allocated (a video decoder's 400 MiB, missed by a plan's reading taken
+        right after the stream was synchronized: benchmarks/RESULTS.md, 2026-11-25 late)."""
         t_end = time.perf_counter() + most
         last, since = self.now(), time.perf_counter()
         while self.ok and time.perf_counter() < t_end:
