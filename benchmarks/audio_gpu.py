@@ -70,36 +70,6 @@ def _run(files: list, chain: str, batch: int, batches: int, profile: bool) -> di
     return out
 
 
-def _decode_all(paths: list) -> int:
-    import soundfile as sf
-
-    n = 0
-    for p in paths:
-        with sf.SoundFile(p) as f:
-            n += len(f.read(f.frames, dtype="float32", always_2d=True))
-    return n
-
-
-def _ceiling(files: list, passes: int = 10) -> dict:
-    """Clips/s with every core decoding and doing nothing else, and one core's ms a clip."""
-    import multiprocessing as mp
-
-    paths = [str(f) for f in files]
-    _decode_all(paths[:32])
-    t0 = time.perf_counter()
-    _decode_all(paths[:128])
-    one = (time.perf_counter() - t0) / 128 * 1e3
-    cores = os.cpu_count() or 1
-    work = [paths[i::cores * 4] for i in range(cores * 4)] * passes
-    with mp.get_context("spawn").Pool(cores) as pool:
-        pool.map(_decode_all, [paths[:8]] * cores)  # started and warm
-        t0 = time.perf_counter()
-        pool.map(_decode_all, work)
-        seconds = time.perf_counter() - t0
-    return {"decode_ms_per_clip_one_core": round(one, 3), "cores": cores,
-            "clips_per_s_every_core_decoding": round(len(paths) * passes / seconds)}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="whisper")
@@ -107,7 +77,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=48)
     ap.add_argument("--batch", type=int, default=0, help="default: the model's batch size")
     ap.add_argument("--cache", type=Path, default=ROOT / ".bench-data")
-    ap.add_argument("--passes", type=int, default=10, help="passes over the clips of the decode ceiling")
+    ap.add_argument("--ceiling-seconds", type=float, default=3.0, help="how long the decode ceiling decodes")
     ap.add_argument("--ceiling-only", action="store_true")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -120,8 +90,10 @@ def main() -> None:
     make_audio_set(data, a.clips, seconds=(seconds, seconds), rate=rate)
     files = sorted(data.rglob("*.flac"))
     chain, batch = model.chains["train"], a.batch or model.batch_size
+    from gpubatch.bench.audio import decode_ceiling
+
     result = {"model": a.model, "clips": len(files), "batch": batch, "host_cores": os.cpu_count(),
-              "decode_ceiling": _ceiling(files, a.passes)}
+              "decode_ceiling": decode_ceiling(files, a.ceiling_seconds)}
     if not a.ceiling_only:
         result.update(plain=_run(files, chain, batch, a.batches, False), profiled=_run(files, chain, batch, a.batches, True))
     text = json.dumps(result, indent=1)

@@ -31,6 +31,40 @@ def _rates(res: dict) -> dict:
     return {"clips_per_s": res["images_per_s"], "unit": "clips"}
 
 
+def _decode_files(paths: list[str]) -> int:
+    """Decode ``paths`` whole into float32 with libsndfile, as the pipelines' workers do; the clips decoded."""
+    import soundfile as sf
+
+    for p in paths:
+        with sf.SoundFile(p) as f:
+            f.read(f.frames, dtype="float32", always_2d=True)
+    return len(paths)
+
+
+def decode_ceiling(files: list[Path], seconds: float = 2.0) -> dict[str, Any]:
+    """What the CPU allows any pipeline that decodes these files with libsndfile (gpubatch's, DALI's
+    ``decoders.audio``): clips/s with every core decoding and doing nothing else (one process a core,
+    passes over the files for about ``seconds``), and one core's milliseconds a clip."""
+    import multiprocessing as mp
+    import time
+
+    paths = [str(f) for f in files]
+    one = paths[: min(len(paths), 16)]
+    _decode_files(one)  # (the page cache warm)
+    t0 = time.perf_counter()
+    _decode_files(one)
+    per_clip = (time.perf_counter() - t0) / len(one)
+    cores = os.cpu_count() or 1
+    passes = max(1, int(seconds * cores / max(per_clip, 1e-6) / len(paths)))
+    work = [paths[i:: cores * 4] for i in range(cores * 4)] * passes
+    with mp.get_context("spawn").Pool(cores) as pool:
+        pool.map(_decode_files, [one[:2]] * cores)  # every process started
+        t0 = time.perf_counter()
+        done = sum(pool.map(_decode_files, [w for w in work if w]))
+        elapsed = time.perf_counter() - t0
+    return {"clips_per_s": round(done / elapsed), "ms_per_clip_one_core": round(per_clip * 1e3, 3), "cores": cores}
+
+
 def run_gpubatch_audio(a: dict, device: str) -> dict:
     from ..engine.audio_pipeline import AudioPipeline
     from . import chain_ops, get_model

@@ -154,6 +154,12 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
             raise UsageError(f"--data {data} holds {n} JPEGs, fewer than one batch ({batch_size})")
         source = {"path": str(data), "kind": "folder", "images": n}
     source["page_cache"] = "warm: every contender reads all files in its warm-up and windows; nothing is dropped"
+    if m.media == "audio":  # the bound the host's CPU puts on decoding, whatever runs the chain
+        from .audio import decode_ceiling
+        from .measure import media_files
+
+        say("decode ceiling: every core decoding the files ...")
+        source["decode_ceiling"] = decode_ceiling(media_files(data, images or 0, "audio"), min(seconds, 3.0))
     dev = resolve(device, gpu) if device != "cpu" else None
     gpu_ok = dev is not None and dev.is_gpu
     base = {"model": m.name, "data": str(data), "images": images or source["images"], "batch_size": batch_size,

@@ -171,6 +171,9 @@ def test_audio_bench_runs_on_the_cpu(tmp_path):
     assert "no GPU" in res["gpubatch-gpu"]["skipped"] and "no GPU" in res["dali"]["skipped"]
     page = (tmp_path / "r.html").read_text()
     assert "clips/s" in page and "decode workers" in page and "NVDEC" not in page
+    ceiling = json.loads((tmp_path / "r.json").read_text())["data"]["decode_ceiling"]
+    assert ceiling["clips_per_s"] > 0 and ceiling["ms_per_clip_one_core"] > 0 and ceiling["cores"] >= 1
+    assert f"decode ceiling: {ceiling['clips_per_s']:,} clips/s" in page
 
 
 @pytest.mark.parametrize("args,message", [
