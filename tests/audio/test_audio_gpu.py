@@ -209,3 +209,32 @@ def test_stack_is_a_view_of_back_to_back_arrays():
     skipped = stack([buf[0], buf[2]], cp)  # not back to back: a copy
     assert skipped.data.ptr != buf.data.ptr and cp.array_equal(skipped, buf[[0, 2]])
     assert cp.array_equal(stack([buf[1][:3], buf[1][3:]], cp), buf[1].reshape(2, 3))
+
+
+FEATURES = {"log_mel": ("log_mel(n_mels=80)", 1e-3), "mel": ("mel(n_mels=64, pad='constant')", None),
+            "mfcc": ("mfcc(n_mfcc=20, n_mels=40)", 1e-2), "spectrogram": ("spectrogram(n_fft=512, hop=128, power=1.0)", None)}
+
+
+@pytest.mark.parametrize("chunk", [256 << 20, 300_000])
+@pytest.mark.parametrize("name", sorted(FEATURES))
+def test_a_batch_of_one_shape_takes_one_array_of_features(name, chunk):
+    """Records of one shape and rate (a batch cut to one duration; two channels) go through the feature
+    op's batched path, in one part or several (``chunk``): the same as the host, record by record."""
+    from gpubatch.engine.audio_gpu import to_device, to_host
+    from gpubatch.engine.codecs.audio import AudioData
+    from gpubatch.engine.ops.audio import features_device, features_host
+    from gpubatch.engine.spec import parse_chain
+    from gpubatch.synthetic import speech_like
+
+    (op,) = parse_chain(FEATURES[name][0])
+    rng = np.random.default_rng(3)
+    items = [AudioData(np.stack([speech_like(rng, 1.0, 16000) for _ in range(2)]), 16000) for _ in range(6)]
+    got = to_host(features_device(op, to_device(items), chunk_bytes=chunk))
+    for k, (it, g) in enumerate(zip(items, got)):
+        c = features_host(op, it)
+        assert g.samples.shape == c.samples.shape and g.features == c.features, k
+        bound = FEATURES[name][1]
+        if bound is not None:
+            assert np.abs(g.samples - c.samples).max() <= bound, k
+        else:
+            assert np.abs(g.samples - c.samples).max() / max(np.abs(c.samples).max(), 1e-9) <= 1e-4, k

@@ -56,7 +56,9 @@ def constant(xp: Any, fn: Any, *args: Any) -> Any:
         return fn(*args)
     key = (fn.__name__, args, xp.cuda.Device().id)
     if key not in _ON_DEVICE:
-        _ON_DEVICE[key] = xp.asarray(fn(*args))
+        table = xp.asarray(fn(*args))
+        xp.cuda.get_current_stream().synchronize()  # (then any stream may read it)
+        _ON_DEVICE[key] = table
     return _ON_DEVICE[key]
 
 
@@ -687,14 +689,19 @@ def features_device(op: FeatureOp, items: list[AudioData], chunk_bytes: int = 25
         start = end
     if len({it.samples.shape for it in items}) == 1 and len({it.rate for it in items}) == 1:
         # one shape and rate (a batch cut to one duration): each part's features straight into one array
-        c, n = items[0].samples.shape
-        frames = 1 + n // op.hop - (1 if op.drop_last else 0)
-        res = cp.empty((len(rows), op.bins(), frames), cp.float32)
+        c = items[0].samples.shape[0]
+        res = None
         for a, b in parts:
             fr, counts = frames_gpu([items[i].samples[ch] for i, ch in rows[a:b]], op.n_fft, op.hop, pad)
             p3 = _power(fr, cp).reshape(b - a, counts[0], -1)
             del fr
-            res[a:b] = op.from_power(p3[:, :-1] if op.drop_last else p3, items[0].rate, cp)
+            f = op.from_power(p3[:, :-1] if op.drop_last else p3, items[0].rate, cp)  # (rows, bins, frames)
+            if len(parts) == 1:
+                res = f
+                break
+            if res is None:  # (bins: what from_power makes, before finish: MFCC's mel bands)
+                res = cp.empty((len(rows), *f.shape[1:]), cp.float32)
+            res[a:b] = f
         f = op.finish(res.reshape(len(items), c, *res.shape[1:]), cp)
         return [it._replace(samples=f[i], features=op.name) for i, it in enumerate(items)]
     outs: dict[tuple[int, int], Any] = {}
