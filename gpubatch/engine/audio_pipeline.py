@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GpubatchError, RecordError, Stage, UsageError
-from .batch import KeyedBatch
+from .batch import KeyedBatch, stack
 from .codecs.audio_io import AudioData, decode_audio, leading_seconds
 from .ops.base import Op
 from .plan import Plan
@@ -137,7 +137,7 @@ class AudioPipeline:
         if len(shapes) > 1:
             raise GpubatchError(f"a batch holds records of {len(shapes)} shapes ({', '.join(map(str, sorted(shapes)[:3]))}"
                                 "): give them one length with fix_duration or time_crop")
-        return xp.stack(items)
+        return stack(items, xp)  # (on the GPU a view where the chain left them back to back in one array)
 
     # --- CPU -----------------------------------------------------------------------------------------------
 
