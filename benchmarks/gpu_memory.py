@@ -4,6 +4,7 @@ driver (NVML: the device memory of each process of the run, CUDA context include
     python3 benchmarks/gpu_memory.py parts               # one process, step by step
     python3 benchmarks/gpu_memory.py caps --images 2048  # convert under caps, every process sampled
     python3 benchmarks/gpu_memory.py pipeline --cap 640MiB  # ImagePipeline under a cap, step by step
+    python3 benchmarks/gpu_memory.py video --size 1280x720  # one NVDEC session, step by step
 
 ``parts`` builds a GPU engine a step at a time in a fresh process and prints what each step added:
 the CUDA context, the kernels, the engine (decoders; the hardware decoder's preallocation at a few
@@ -14,6 +15,9 @@ cap, with a digest of the written shards (outputs must not depend on the cap). `
 ``ImagePipeline(gpu_memory=CAP)`` (random-resized crop 224, flip, float16 CHW, batches of 256) and after
 each step (engine, plan, feed, each batch) prints the process's memory as NVML counts it, its sampled
 peak so far, what CuPy's pool holds and what the driver's stream-ordered pool reserves, beside the plan.
+``video`` opens one NVDEC session (as a capped video run measures it) on a synthetic H.264 clip and
+prints, after each step (context, decoder, the first frame, 8 and 32 frames held, frames dropped,
+session closed), the process's memory once NVML's figure has held still, and CuPy's pool.
 """
 
 from __future__ import annotations
@@ -106,6 +110,57 @@ print(json.dumps({{"peak": mem.stop() >> 20}}))
 """
 
 
+_VIDEO = r"""
+import sys, json
+sys.path.insert(0, {root!r})
+import cupy as cp
+from gpubatch.engine.gpu_memory import ProcessMemory, lower_stack
+from gpubatch.engine.video_gpu import NvdecSession
+from gpubatch.engine.codecs.video_probe import probe as probe_video
+mem = ProcessMemory(0)
+cp.cuda.Device(0).use()
+lower_stack(cp, 16)
+cp.zeros(1)
+rows = []
+def note(step):
+    cp.cuda.Device(0).synchronize()
+    pool = cp.get_default_memory_pool()
+    rows.append({{"step": step, "MiB": mem.settled() >> 20, "cupy_used": pool.used_bytes() >> 20}})
+    print(json.dumps(rows[-1]), flush=True)
+note("context, stack lowered")
+data = open({clip!r}, "rb").read()
+info = probe_video(data)
+s = NvdecSession(0)
+s.open(data, info)
+note("session open (decoder made)")
+held = [s.decode([0])]
+note("first frame")
+held.append(s.decode(list(range(8))))
+note("8 more frames held")
+held.append(s.decode(list(range(8, 40))))
+note("32 more frames held")
+held = None
+cp.get_default_memory_pool().free_all_blocks()
+note("frames dropped, CuPy's pool emptied")
+s.close()
+note("session closed")
+"""
+
+
+def video(a: argparse.Namespace) -> None:
+    sys.path.insert(0, str(ROOT))
+    from tests.video.clips import make_clip
+
+    w, h = (int(v) for v in a.size.split("x"))
+    clip = Path(tempfile.mkdtemp()) / "clip.mp4"
+    make_clip(clip, 48, w, h)
+    out = subprocess.run([sys.executable, "-c", _VIDEO.format(root=str(ROOT), clip=str(clip))],
+                         capture_output=True, text=True)
+    print(out.stdout.strip())
+    if out.returncode:
+        print(out.stderr[-3000:])
+
+
 def pipeline(a: argparse.Namespace) -> None:
     from _data import jpeg_set
 
@@ -196,6 +251,9 @@ def main() -> None:
     q.add_argument("--images", type=int, default=384)
     q.add_argument("--data", type=Path, default=ROOT / ".bench-data" / "mixed")
     q.set_defaults(run=pipeline)
+    v = sub.add_parser("video")
+    v.add_argument("--size", default="1280x720")
+    v.set_defaults(run=video)
     a = ap.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     a.run(a)
