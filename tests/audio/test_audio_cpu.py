@@ -647,3 +647,30 @@ def test_a_decoding_worker_that_dies_is_an_error_not_a_hang(tmp_path):
             workers.result(task)
     finally:
         workers.close()
+
+
+def test_decoding_workers_serve_a_second_feed_after_one_stopped_early(tmp_path):
+    """A feed left early forgets its tasks in flight (their results are dropped when they come); the
+    same workers then serve a new feed, with slabs of their own, every file as decoded."""
+    from gpubatch.engine.audio_feed import DecodeWorkers, SharedFeed
+    from gpubatch.engine.codecs.audio import decode_audio
+
+    files = [write(tmp_path / f"m{i}.flac", tone(0.1 + 0.02 * i), 16000) for i in range(12)]
+    workers = DecodeWorkers(2)
+    try:
+        first = SharedFeed(workers, slabs=3, per_task=2, slab_bytes=1 << 16)
+        items = first.items(iter((str(f), f.stem) for f in files), None)
+        next(items)
+        items.close()  # stopped with tasks in flight
+        first.close()
+        second = SharedFeed(workers, slabs=3, per_task=2, slab_bytes=1 << 16)
+        got = {}
+        for key, item, where in second.items(iter((str(f), f.stem) for f in files), None):
+            got[key] = np.array(item.samples)
+            second.release(where[0] if where else None)
+        second.close()
+    finally:
+        workers.close()
+    assert sorted(got) == sorted(f.stem for f in files)
+    for f in files:
+        assert np.array_equal(got[f.stem], decode_audio(str(f)).samples), f.stem
