@@ -105,7 +105,8 @@ def _header(result: dict[str, Any]) -> list[str]:
         f"windows over {s['seconds']} s, GPU synchronized before every clock read; command: {env['command']}",
     ] + ([f"decode ceiling: {c['clips_per_s']:,} clips/s with all {c['cores']} cores decoding the files with "
           f"libsndfile and nothing else ({c['ms_per_clip_one_core']:.2f} ms a clip on one core), the most any "
-          "pipeline that decodes them so on this CPU can reach"] if (c := data.get("decode_ceiling")) else []) + (
+          "pipeline that decodes them so on this CPU can reach"] if (c := data.get("decode_ceiling") or {}).get("clips_per_s")
+         else []) + (
         [f"load: {s['busy_processes']} busy processes (nice 19) ran beside every contender (--busy)"
           + (f", from {s['busy_after_s']:g} s into each contender's run (--busy-after)"
              if s.get("busy_after_s") is not None else "")]

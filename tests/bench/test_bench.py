@@ -336,3 +336,15 @@ def test_busy_load_runs_its_processes_only_inside_the_block():
         assert load.procs[0].poll() is None
     with pytest.raises(ValueError, match="one of nice, normal, idle"):
         BusyLoad(1, "fast")
+
+
+def test_the_decode_ceiling_passes_over_what_libsndfile_does_not_read(tmp_path):
+    from gpubatch.bench.audio import decode_ceiling
+    from tests.audio.sounds import tone, write
+
+    bad = tmp_path / "x.m4a"
+    bad.write_bytes(b"\x00" * 64)
+    assert "skipped" in decode_ceiling([bad], 0.1)
+    good = [write(tmp_path / f"c{k}.flac", tone(0.5), 16000) for k in range(3)]
+    c = decode_ceiling([bad, *good], 0.2)
+    assert c["clips_per_s"] > 0 and c["cores"] >= 1
