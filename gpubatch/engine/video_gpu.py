@@ -398,6 +398,17 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
             largest = (record, info)
     pool = cp.get_default_memory_pool()
     parts = {"context": context // MiB}
+
+    def refuse(least: int, clip: int) -> GpubatchError:
+        named = ", ".join(f"{k} {v}" for k, v in parts.items())
+        return GpubatchError(f"--gpu-memory {spec} is below the {-(-least // MiB)} MiB this run needs at least: "
+                             f"{named}, one clip's frames {-(-clip // MiB)}")
+
+    if largest is not None:  # a cap that cannot hold even the frames of one output refuses before a decoder
+        h, w = largest[1].height, largest[1].width
+        clip = 2 * (3 * h * w + 3 * h * w // 2)
+        if cap < context + MARGIN + clip:
+            raise refuse(context + MARGIN + clip, clip)
     if largest is None:  # NVDEC takes none of the sample: the CPU decodes, the GPU holds the context
         fixed, per_session, frame = context, 0, 0
     else:
@@ -443,10 +454,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     while ahead > 1 and need(sessions, ahead) > room:
         ahead = max(1, ahead // 2)
     if need(1, 1) > room:
-        least = fixed + MARGIN + need(1, 1)
-        named = ", ".join(f"{k} {v}" for k, v in parts.items())
-        raise GpubatchError(f"--gpu-memory {spec} is below the {-(-least // MiB)} MiB this run needs at least: "
-                            f"{named}, one clip's frames {-(-need(1, 1) // MiB)}")
+        raise refuse(fixed + MARGIN + need(1, 1), need(1, 1))
     pool.set_limit(size=max(0, room - (sessions - 1) * per_session))
     stats.gpu_memory.update(cap_mib=cap // MiB, processes=1, plan=(
         f"{fixed // MiB} MiB before the first frame ({', '.join(f'{k} {v}' for k, v in parts.items())}), "
