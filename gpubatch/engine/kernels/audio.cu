@@ -69,12 +69,16 @@ extern "C" __global__ void frames(const float* __restrict__ x, float* __restrict
     out[i] = v * window[k];
 }
 
-// y = x + sigma * N(0, 1), the noise a Box-Muller pair of the counter-based stream (NumPy twin: noise_np).
-extern "C" __global__ void add_noise(const float* __restrict__ x, float* __restrict__ y, const float* sigma,
-                                     unsigned int seed, long long n) {
+// y = x + sigma[r] * N(0, 1) over a ragged batch of whole records laid end to end (record r is
+// [off[r], off[r + 1])): the noise of element j of record r a Box-Muller pair of the counter-based
+// stream of seed[r] (NumPy twin: noise_np).
+extern "C" __global__ void add_noise(const float* __restrict__ x, float* __restrict__ y,
+                                     const long long* __restrict__ off, int rows, const float* __restrict__ sigma,
+                                     const unsigned int* __restrict__ seed, long long total) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const unsigned int idx = (unsigned int)i;
-    const float u1 = unit(seed, idx * 2u), u2 = unit(seed, idx * 2u + 1u);
-    y[i] = x[i] + sigma[0] * sqrtf(-2.f * logf(u1)) * cosf(6.283185307179586f * u2);
+    if (i >= total) return;
+    const int r = find_row(off, rows, i);
+    const unsigned int idx = (unsigned int)(i - off[r]);
+    const float u1 = unit(seed[r], idx * 2u), u2 = unit(seed[r], idx * 2u + 1u);
+    y[i] = x[i] + sigma[r] * sqrtf(-2.f * logf(u1)) * cosf(6.283185307179586f * u2);
 }

@@ -492,23 +492,33 @@ def _noise_host(op: AddNoise, items: list[AudioData], params: list) -> list[Audi
 
 @register_kernel("add_noise", DEVICE)
 def _noise_device(op: AddNoise, items: list[AudioData], params: list) -> list[AudioData]:
+    """The noisy records of a batch end to end in one buffer: their powers from one running sum (float64,
+    as the host's mean), then one launch for all of them, each with its own sigma and stream."""
     import cupy as cp
 
     from ..kernels import kernel
 
-    out = []
-    for it, p in zip(items, params):
-        if p is None:
-            out.append(it)
-            continue
-        snr, seed = p
-        x = cp.ascontiguousarray(it.samples)
-        power = cp.mean(cp.square(x, dtype=cp.float64))
-        sigma = cp.sqrt(power / 10 ** (snr / 10)).astype(cp.float32)
-        y = cp.empty_like(x)
-        n = x.size
-        kernel("audio", "add_noise")(((n + 255) // 256,), (256,), (x, y, sigma, np.uint32(seed), np.int64(n)))
-        out.append(it._replace(samples=y))
+    noisy = [i for i, p in enumerate(params) if p is not None]
+    if not noisy:
+        return items
+    rows = [cp.ascontiguousarray(items[i].samples).reshape(-1) for i in noisy]
+    lens = np.array([r.size for r in rows], np.int64)
+    off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    x = stack(rows, cp).reshape(-1) if len(set(lens.tolist())) == 1 else cp.concatenate(rows)
+    sums = cp.concatenate([cp.zeros(1, cp.float64), cp.cumsum(cp.square(x, dtype=cp.float64))])
+    dev_off = cp.asarray(off)
+    power = (sums[dev_off[1:]] - sums[dev_off[:-1]]) / cp.asarray(lens)
+    ratio = cp.asarray(np.array([10 ** (params[i][0] / 10) for i in noisy], np.float64))
+    sigma = cp.sqrt(power / ratio).astype(cp.float32)
+    seeds = cp.asarray(np.array([params[i][1] for i in noisy], np.uint32))
+    y = cp.empty_like(x)
+    total = int(off[-1])
+    if total:
+        kernel("audio", "add_noise")(((total + 255) // 256,), (256,),
+                                     (x, y, dev_off, np.int32(len(noisy)), sigma, seeds, np.int64(total)))
+    out = list(items)
+    for k, i in enumerate(noisy):
+        out[i] = items[i]._replace(samples=y[off[k]: off[k + 1]].reshape(items[i].samples.shape))
     return out
 
 
