@@ -1,16 +1,8 @@
 // Audio kernels over a ragged batch: rows (one channel of one record each) laid end to end in one
 // buffer, with an offset table per row. One thread per output element; the row is found by a binary
-// search of the offset table (rows are few, outputs many).
+// search of the offset table (last_at_most; rows are few, outputs many).
 #include "common.cuh"
 
-__device__ __forceinline__ int find_row(const long long* __restrict__ off, int rows, long long i) {
-    int lo = 0, hi = rows - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (off[mid] <= i) lo = mid; else hi = mid - 1;
-    }
-    return lo;
-}
 
 // Polyphase resampling by up/down (scipy's resample_poly, with gpubatch's filter h of taps = 2*half+1
 // at the upsampled rate, scaled by up): y[j] = sum_k h[k] * u[j*down + half - k], where u is the row
@@ -21,7 +13,7 @@ extern "C" __global__ void resample_poly(const float* __restrict__ x, float* __r
                                          long long total) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
-    const int r = find_row(out_off, rows, i);
+    const int r = last_at_most(out_off, rows, i);
     const long long j = i - out_off[r];
     const long long n = in_off[r + 1] - in_off[r];
     const float* row = x + in_off[r];
@@ -57,7 +49,7 @@ extern "C" __global__ void frames(const float* __restrict__ x, float* __restrict
     if (i >= total) return;
     const long long f = i / n_fft;
     const int k = (int)(i - f * n_fft);
-    const int r = find_row(f_off, rows, f);
+    const int r = last_at_most(f_off, rows, f);
     const long long n = in_off[r + 1] - in_off[r];
     long long s = (f - f_off[r]) * hop - n_fft / 2 + k;
     float v = 0.f;
@@ -77,7 +69,7 @@ extern "C" __global__ void add_noise(const float* __restrict__ x, float* __restr
                                      const unsigned int* __restrict__ seed, long long total) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
-    const int r = find_row(off, rows, i);
+    const int r = last_at_most(off, rows, i);
     const unsigned int idx = (unsigned int)(i - off[r]);
     const float u1 = unit(seed[r], idx * 2u), u2 = unit(seed[r], idx * 2u + 1u);
     y[i] = x[i] + sigma[r] * sqrtf(-2.f * logf(u1)) * cosf(6.283185307179586f * u2);

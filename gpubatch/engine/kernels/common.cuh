@@ -4,13 +4,20 @@
 // first_block prefix table (DALI's slice kernels do the same), so small and large samples share a grid.
 #pragma once
 
-__device__ __forceinline__ int find_sample(const int* __restrict__ first_block, int n, int block) {
+// The last s in [0, n) with start[s] <= v (start ascending): the sample (block table) or row (offset
+// table, 64-bit for audio's samples) that v falls in.
+template <typename T>
+__device__ __forceinline__ int last_at_most(const T* __restrict__ start, int n, T v) {
     int lo = 0, hi = n - 1;
-    while (lo < hi) {  // last s with first_block[s] <= block
-        int mid = (lo + hi + 1) >> 1;
-        if (first_block[mid] <= block) lo = mid; else hi = mid - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (start[mid] <= v) lo = mid; else hi = mid - 1;
     }
     return lo;
+}
+
+__device__ __forceinline__ int find_sample(const int* __restrict__ first_block, int n, int block) {
+    return last_at_most(first_block, n, block);
 }
 
 __device__ __forceinline__ unsigned char to_u8(float v) {
