@@ -134,3 +134,16 @@ def test_cli_format_names_come_from_the_registry(fmt):
         param = next(p for p in main.get_command(ctx, command).params if p.name == option)
         assert list(param.type.choices) == format_names() == sorted(FORMATS), (command, option)
     assert fmt in format_names()
+
+
+def test_a_kernel_source_carries_its_headers_text():
+    """CuPy keys its disk cache of compiled modules by the source text: a module's source holds the text
+    of this folder's headers it includes, so changing a header alone compiles the module again."""
+    from gpubatch.engine.kernels import _DIR, source
+
+    header = (_DIR / "common.cuh").read_text()
+    body = header.split("#pragma once", 1)[1].strip()
+    for name in ("audio", "resample", "step", "jpeg"):
+        text = source(name)
+        assert '#include "common.cuh"' not in text and body in text and "#pragma once" not in text, name
+    assert "#include <cuda_fp16.h>" in source("resample")  # (the toolkit's headers stay includes)

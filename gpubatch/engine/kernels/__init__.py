@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 _DIR = Path(__file__).resolve().parent
@@ -17,9 +18,19 @@ def _generated(name: str) -> str:
     return ""
 
 
+def _inlined(text: str) -> str:
+    """``text`` with each ``#include "<header>"`` of this folder replaced by the header itself: CuPy's
+    on-disk cache of compiled modules is keyed by the source text, so a header changed without its
+    ``.cu`` must change that text too, or a stale module is loaded."""
+    def header(m: re.Match) -> str:
+        return re.sub(r"^#pragma once[^\n]*$", "", (_DIR / m.group(1)).read_text(), flags=re.M)
+
+    return re.sub(r'^#include "([\w.]+)"[^\n]*$', header, text, flags=re.M)
+
+
 def source(name: str) -> str:
-    """The full source ``<name>.cu`` is compiled from."""
-    return _generated(name) + (_DIR / f"{name}.cu").read_text()
+    """The full source ``<name>.cu`` is compiled from (its headers of this folder inlined)."""
+    return _generated(name) + _inlined((_DIR / f"{name}.cu").read_text())
 
 
 @functools.cache
@@ -27,7 +38,7 @@ def module(name: str):
     """The compiled RawModule of ``<name>.cu`` (NVRTC compiles it once; CuPy caches it on disk too)."""
     import cupy
 
-    return cupy.RawModule(code=source(name), options=("-std=c++17", f"-I{_DIR}"))
+    return cupy.RawModule(code=source(name), options=("-std=c++17",))
 
 
 @functools.cache
