@@ -262,6 +262,8 @@ class Ragged:
 def stack(arrays: Sequence[Any], xp: Any) -> Any:
     """``xp.stack(arrays)``; on the GPU, arrays that already lie back to back in one allocation (rows
     of one buffer, items of one upload) come back as a view of it, without a copy."""
+    if xp is not np and len(arrays) == 1:
+        return arrays[0][None]
     if xp is not np and len(arrays) > 1:
         first = arrays[0]
         shape, dtype, step = first.shape, first.dtype, first.nbytes

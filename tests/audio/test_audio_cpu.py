@@ -674,3 +674,23 @@ def test_decoding_workers_serve_a_second_feed_after_one_stopped_early(tmp_path):
     assert sorted(got) == sorted(f.stem for f in files)
     for f in files:
         assert np.array_equal(got[f.stem], decode_audio(str(f)).samples), f.stem
+
+
+def test_the_batched_window_is_what_crop_and_shift_do_record_by_record():
+    """The device path's gather for time_crop and time_shift (run here with NumPy): records of any
+    lengths, starts before, inside and past them, the same samples as the per-record host ops."""
+    from gpubatch.engine.codecs.audio import AudioData
+    from gpubatch.engine.ops.audio import TimeCrop, _crop, _shift, window_rows
+
+    rng = np.random.default_rng(1)
+    recs = [AudioData(rng.standard_normal((2, n)).astype(np.float32), 1000) for n in (700, 1500, 300, 1000)]
+    op = TimeCrop(seconds=0.5)
+    starts = [100, 0, 0, 499]
+    got = window_rows([r.samples for r in recs], starts, 500, np)
+    for r, s, g in zip(recs, starts, got):
+        assert np.array_equal(g, _crop(op, r, s, np).samples)
+    same = [AudioData(rng.standard_normal((2, 800)).astype(np.float32), 1000) for _ in range(4)]
+    shifts = [120, -300, 799, -900]
+    got = window_rows([r.samples for r in same], [-s for s in shifts], 800, np)
+    for r, s, g in zip(same, shifts, got):
+        assert np.array_equal(g, _shift(r, s, np).samples)

@@ -195,7 +195,7 @@ def _resample_items_gpu(items: list[AudioData], src: list[float], dst: list[floa
         k = 0
         for i in idx:
             ch = items[i].samples.shape[0]
-            out[i] = cp.stack(res[k: k + ch])
+            out[i] = stack(res[k: k + ch], cp)  # (a record's rows lie back to back: a view)
             k += ch
     return out
 
@@ -279,8 +279,16 @@ def _mono_host(op: Mono, items: list[AudioData], params: list) -> list[AudioData
 
 @register_kernel("mono", DEVICE)
 def _mono_device(op: Mono, items: list[AudioData], params: list) -> list[AudioData]:
-    return [it if it.samples.shape[0] == 1 else it._replace(samples=it.samples.mean(0, keepdims=True))
-            for it in items]
+    """The records of several channels mixed down a shape at a time (:func:`_by_shape`)."""
+    wide = [i for i, it in enumerate(items) if it.samples.shape[0] > 1]
+    if not wide:
+        return items
+    mixed = _by_shape([items[i] for i in wide], [None] * len(wide),
+                      lambda x, rate, _: x.mean(1, keepdims=True), _cupy())
+    out = list(items)
+    for i, it in zip(wide, mixed):
+        out[i] = it
+    return out
 
 
 def _fit(x: Any, n: int, pad: str, xp: Any) -> Any:
@@ -365,11 +373,39 @@ def _crop_host(op: TimeCrop, items: list[AudioData], params: list) -> list[Audio
     return [_crop(op, it, p, np) for it, p in zip(items, params)]
 
 
+def window_rows(xs: list[Any], starts: list[int], n: int, xp: Any) -> Any:
+    """Samples ``starts[r] .. starts[r] + n`` of each record ``xs[r]`` ((channels, samples), one channel
+    count, any lengths), zero where that runs outside the record: (records, channels, n), from one
+    gather over the records laid end to end (a few launches for the batch, not some a record)."""
+    c = int(xs[0].shape[0])
+    lens = np.array([int(x.shape[-1]) for x in xs], np.int64)
+    base = np.concatenate([[0], np.cumsum(lens * c)[:-1]]).astype(np.int64)
+    src = xp.concatenate([x.reshape(-1) for x in xs]) if len(xs) > 1 else xs[0].reshape(-1)
+    pos = xp.asarray(np.asarray(starts, np.int64))[:, None, None] + xp.arange(n, dtype=xp.int64)[None, None, :]
+    length = xp.asarray(lens)[:, None, None]
+    valid = (pos >= 0) & (pos < length)
+    flat = xp.asarray(base)[:, None, None] + xp.arange(c, dtype=xp.int64)[None, :, None] * length + pos
+    got = src[xp.where(valid, flat, 0)] if src.size else xp.zeros(flat.shape, xp.float32)
+    return xp.where(valid, got, xp.float32(0))
+
+
+def _by_channels(items: list[AudioData], key: Any) -> dict[tuple, list[int]]:
+    groups: dict[tuple, list[int]] = {}
+    for i, it in enumerate(items):
+        groups.setdefault((int(it.samples.shape[0]), *key(it)), []).append(i)
+    return groups
+
+
 @register_kernel("time_crop", DEVICE)
 def _crop_device(op: TimeCrop, items: list[AudioData], params: list) -> list[AudioData]:
     import cupy as cp
 
-    return [_crop(op, it, p, cp) for it, p in zip(items, params)]
+    out = list(items)
+    for (_, rate), idx in _by_channels(items, lambda it: (it.rate,)).items():
+        w = window_rows([items[i].samples for i in idx], [params[i] for i in idx], int(round(op.seconds * rate)), cp)
+        for row, i in enumerate(idx):
+            out[i] = items[i]._replace(samples=w[row])
+    return out
 
 
 @dataclass(frozen=True)
@@ -412,7 +448,14 @@ def _shift_host(op: TimeShift, items: list[AudioData], params: list) -> list[Aud
 def _shift_device(op: TimeShift, items: list[AudioData], params: list) -> list[AudioData]:
     import cupy as cp
 
-    return [_shift(it, s, cp) for it, s in zip(items, params)]
+    out = list(items)
+    moved = [i for i, s in enumerate(params) if s]
+    for (_, n), idx in _by_channels([items[i] for i in moved], lambda it: (int(it.samples.shape[-1]),)).items():
+        rec = [moved[k] for k in idx]
+        w = window_rows([items[i].samples for i in rec], [-params[i] for i in rec], n, cp)
+        for row, i in enumerate(rec):
+            out[i] = items[i]._replace(samples=w[row])
+    return out
 
 
 @dataclass(frozen=True)
