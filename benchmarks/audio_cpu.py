@@ -2,8 +2,9 @@
 audio-clf chains per record (a worker's work: decode, chain, float16), with glibc's malloc as it comes
 and with the worker processes' setting (``engine.processes._MALLOC``), the silent-tail skip on and off,
 NumPy's FFT of a record's frames in float32 and float64, libsndfile's decode alone (float32 and int16
-samples: the share of a record that decoding takes), and a CPU ``convert`` to log-mel with and without
-the command line's ``keep_freed_memory``.
+samples: the share of a record that decoding takes) and FFmpeg's through PyAV, the GPU feed's worker
+task (decode into shared memory) with its slab mapped afresh for every task and kept mapped, and a CPU
+``convert`` to log-mel with and without the command line's ``keep_freed_memory``.
 
 Each figure is the median of --repeats runs over the same synthetic clips (made once, cached), in a
 process of its own with one BLAS thread.
@@ -59,6 +60,61 @@ for r in range({repeats} + 1):
     for f in files:
         sf.read(str(f), dtype={dtype!r}, always_2d=True)
     runs.append((time.perf_counter() - t) / len(files) * 1e3)
+print(statistics.median(runs[1:]))
+"""
+
+_PYAV = """
+import time, statistics
+from pathlib import Path
+import av
+import numpy as np
+files = sorted(Path({data!r}).glob("*.flac"))
+def one(f):
+    with av.open(str(f)) as c:
+        s = c.streams.audio[0]
+        return np.concatenate([fr.to_ndarray() for fr in c.decode(s)], axis=-1)
+runs = []
+for r in range({repeats} + 1):
+    t = time.perf_counter()
+    for f in files:
+        one(f)
+    runs.append((time.perf_counter() - t) / len(files) * 1e3)
+print(statistics.median(runs[1:]))
+"""
+
+_FEED = """
+import sys, time, statistics
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from multiprocessing import shared_memory
+from gpubatch.engine import audio_feed
+files = sorted(Path({data!r}).glob("*.flac"))
+visits = [(str(f), f.stem) for f in files]
+shm = shared_memory.SharedMemory(create=True, size=audio_feed.SLAB_BYTES)
+held = []
+def fresh(name, feed):  # a fresh mapping of the slab for every task, closed after it (as the feed did)
+    m = shared_memory.SharedMemory(name=name)
+    held.append(m)
+    return m
+if {fresh!r}:
+    audio_feed._attach = fresh
+def tasks():
+    for k in range(0, len(visits), 8):
+        audio_feed.decode_into((shm.name, "study", audio_feed.SLAB_BYTES, visits[k: k + 8], None, 0))
+        while held:
+            held.pop().close()
+runs = []
+try:
+    for r in range({repeats} + 1):
+        t = time.perf_counter()
+        tasks()
+        runs.append((time.perf_counter() - t) / len(visits) * 1e3)
+finally:
+    for m in audio_feed._ATTACHED.values():
+        m.close()
+    audio_feed._ATTACHED.clear()
+    shm.close()
+    shm.unlink()
 print(statistics.median(runs[1:]))
 """
 
@@ -133,6 +189,17 @@ def main() -> None:
         for dtype in ("float32", "int16"):
             name = f"decode alone, {dtype}"
             row[name] = round(_run(_DECODE.format(data=str(data), repeats=a.repeats, dtype=dtype), {**base, **_MALLOC}), 2)
+            print(f"{model:10s} {name:42s} {row[name]:7.2f} ms a record")
+        try:
+            name = "decode alone, FFmpeg's FLAC (PyAV)"
+            row[name] = round(_run(_PYAV.format(data=str(data), repeats=a.repeats), {**base, **_MALLOC}), 2)
+            print(f"{model:10s} {name:42s} {row[name]:7.2f} ms a record")
+        except subprocess.CalledProcessError:
+            print(f"{model:10s} PyAV not importable: its decode not timed")
+        for fresh in (True, False):
+            name = f"GPU feed's worker task, slab {'mapped afresh' if fresh else 'kept mapped'}"
+            code = _FEED.format(root=str(ROOT), data=str(data), repeats=a.repeats, fresh=fresh)
+            row[name] = round(_run(code, {**base, **_MALLOC}), 2)
             print(f"{model:10s} {name:42s} {row[name]:7.2f} ms a record")
         result["per_record_ms"][model] = row
     data = a.cache / f"whisper-{a.clips}"
