@@ -3,6 +3,7 @@ driver (NVML: the device memory of each process of the run, CUDA context include
 
     python3 benchmarks/gpu_memory.py parts               # one process, step by step
     python3 benchmarks/gpu_memory.py caps --images 2048  # convert under caps, every process sampled
+    python3 benchmarks/gpu_memory.py caps --media video --caps default,1GiB  # the same for video frames
     python3 benchmarks/gpu_memory.py pipeline --cap 640MiB  # ImagePipeline under a cap, step by step
     python3 benchmarks/gpu_memory.py video --size 1280x720  # one NVDEC session, step by step
 
@@ -186,15 +187,15 @@ def parts(a: argparse.Namespace) -> None:
         print(out.stdout.strip().splitlines()[-1])
 
 
-def _steps(trace: list) -> list:
-    """The trace's level changes (MiB, at the share of the run's time), at most 24."""
+def _steps(trace: list, most: int = 24) -> list:
+    """The trace's level changes (MiB, at the share of the run's time), at most ``most``."""
     out, last = [], None
     end = trace[-1][0] if trace else 1.0
     for t, b, _ in trace:
         if b >> 20 != last:
             out.append(f"{t / end:.0%} {b >> 20}")
             last = b >> 20
-    return out[:24]
+    return out[:most]
 
 
 def caps(a: argparse.Namespace) -> None:
@@ -203,13 +204,23 @@ def caps(a: argparse.Namespace) -> None:
     from gpubatch.bench.measure import shard_digest
     from gpubatch.engine.gpu_memory import ProcessMemory
 
-    jpeg_set(a.data, a.images)
+    if a.media == "video":  # the GPU test's run: frames of six 1280x720 H.264 clips, every fourth, resized
+        sys.path.insert(0, str(ROOT))
+        from tests.video.clips import make_clip
+
+        src = Path(tempfile.mkdtemp()) / "clips"
+        for k in range(6):
+            make_clip(src / "c" / f"v{k}.mp4", 40, 1280, 720)
+        job = [str(src), "--frames", "every:4", "--resize-shorter", "256"]
+    else:
+        jpeg_set(a.data, a.images)
+        job = [str(a.data), "--resize-shorter", "256", "--center-crop", "224", "--quality", "90", "--batch-size",
+               str(a.batch)]
     rows = []
     for cap in a.caps.split(","):
         out = Path(tempfile.mkdtemp()) / "o"
-        cmd = [sys.executable, "-m", "gpubatch", "convert", str(a.data), str(out), "--to", "webdataset",
-               "--resize-shorter", "256", "--center-crop", "224", "--quality", "90", "--device", "gpu",
-               "--batch-size", str(a.batch)]
+        cmd = [sys.executable, "-m", "gpubatch", "convert", job[0], str(out), "--to", "webdataset", "--device", "gpu",
+               *job[1:]]
         if cap != "default":
             cmd += ["--gpu-memory", cap]
         t0 = time.perf_counter()
@@ -223,7 +234,7 @@ def caps(a: argparse.Namespace) -> None:
         row = {"cap": cap, "rc": p.returncode, "peak_mib": peak >> 20, "method": mem.method,
                "seconds": round(time.perf_counter() - t0, 1),
                "peaks_at": [f"{t / end:.0%}: {b >> 20} MiB" for t, b, _ in top],
-               "steps_mib": _steps(mem.trace),
+               "steps_mib": _steps(mem.trace, 48 if a.media == "video" else 24),
                "digest": shard_digest(out)[:16] if p.returncode == 0 else None,
                "summary": [ln for ln in text.splitlines() if "gpu memory" in ln.lower() or "error" in ln.lower()][-3:]}
         rows.append(row)
@@ -243,6 +254,7 @@ def main() -> None:
     c.add_argument("--images", type=int, default=2048)
     c.add_argument("--batch", type=int, default=512)
     c.add_argument("--caps", default="default,1GiB,768MiB,512MiB,384MiB,256MiB")
+    c.add_argument("--media", choices=("image", "video"), default="image")
     c.add_argument("--data", type=Path, default=ROOT / ".bench-data" / "mixed")
     c.add_argument("--json", default=None)
     c.set_defaults(run=caps)
