@@ -279,16 +279,10 @@ def _mono_host(op: Mono, items: list[AudioData], params: list) -> list[AudioData
 
 @register_kernel("mono", DEVICE)
 def _mono_device(op: Mono, items: list[AudioData], params: list) -> list[AudioData]:
-    """The records of several channels mixed down a shape at a time (:func:`_by_shape`)."""
-    wide = [i for i, it in enumerate(items) if it.samples.shape[0] > 1]
-    if not wide:
-        return items
-    mixed = _by_shape([items[i] for i in wide], [None] * len(wide),
-                      lambda x, rate, _: x.mean(1, keepdims=True), _cupy())
-    out = list(items)
-    for i, it in zip(wide, mixed):
-        out[i] = it
-    return out
+    """The records of several channels mixed down a shape at a time."""
+    return _grouped(items, lambda it: tuple(it.samples.shape),
+                    lambda k, idx: stack([items[i].samples for i in idx], _cupy()).mean(1, keepdims=True),
+                    only=[i for i, it in enumerate(items) if it.samples.shape[0] > 1])
 
 
 def _fit(x: Any, n: int, pad: str, xp: Any) -> Any:
@@ -304,18 +298,25 @@ def _fit(x: Any, n: int, pad: str, xp: Any) -> Any:
     return out
 
 
-def _by_shape(items: list[AudioData], params: list, fn: Any, xp: Any) -> list[AudioData]:
-    """``fn(stacked, rate, params)`` on the records of each (shape, rate) at once, stacked (N, ...): a few
-    launches on the GPU for a batch of one length, not some a record; the records back as views."""
-    groups: dict[tuple, list[int]] = {}
-    for i, it in enumerate(items):
-        groups.setdefault((tuple(it.samples.shape), it.rate), []).append(i)
+def _grouped(items: list[AudioData], key: Any, fn: Any, only: list[int] | None = None) -> list[AudioData]:
+    """The records (those of ``only``, else all) a group of equal ``key(record)`` at a time through
+    ``fn(key, indices)``, which gives the group's new samples stacked (one row a record): a few launches
+    on the GPU for a group, not some a record; the records back as views of the rows, the rest as they are."""
+    groups: dict[Any, list[int]] = {}
+    for i in range(len(items)) if only is None else only:
+        groups.setdefault(key(items[i]), []).append(i)
     out = list(items)
-    for (_, rate), idx in groups.items():
-        x = fn(stack([items[i].samples for i in idx], xp), rate, [params[i] for i in idx])
+    for k, idx in groups.items():
+        x = fn(k, idx)
         for row, i in enumerate(idx):
             out[i] = items[i]._replace(samples=x[row])
     return out
+
+
+def _by_shape(items: list[AudioData], params: list, fn: Any, xp: Any) -> list[AudioData]:
+    """``fn(stacked, rate, params)`` on the records of each (shape, rate) at once, stacked (N, ...)."""
+    return _grouped(items, lambda it: (tuple(it.samples.shape), it.rate),
+                    lambda k, idx: fn(stack([items[i].samples for i in idx], xp), k[1], [params[i] for i in idx]))
 
 
 @dataclass(frozen=True)
@@ -389,23 +390,13 @@ def window_rows(xs: list[Any], starts: list[int], n: int, xp: Any) -> Any:
     return xp.where(valid, got, xp.float32(0))
 
 
-def _by_channels(items: list[AudioData], key: Any) -> dict[tuple, list[int]]:
-    groups: dict[tuple, list[int]] = {}
-    for i, it in enumerate(items):
-        groups.setdefault((int(it.samples.shape[0]), *key(it)), []).append(i)
-    return groups
-
-
 @register_kernel("time_crop", DEVICE)
 def _crop_device(op: TimeCrop, items: list[AudioData], params: list) -> list[AudioData]:
     import cupy as cp
 
-    out = list(items)
-    for (_, rate), idx in _by_channels(items, lambda it: (it.rate,)).items():
-        w = window_rows([items[i].samples for i in idx], [params[i] for i in idx], int(round(op.seconds * rate)), cp)
-        for row, i in enumerate(idx):
-            out[i] = items[i]._replace(samples=w[row])
-    return out
+    return _grouped(items, lambda it: (int(it.samples.shape[0]), it.rate),
+                    lambda k, idx: window_rows([items[i].samples for i in idx], [params[i] for i in idx],
+                                               int(round(op.seconds * k[1])), cp))
 
 
 @dataclass(frozen=True)
@@ -448,14 +439,9 @@ def _shift_host(op: TimeShift, items: list[AudioData], params: list) -> list[Aud
 def _shift_device(op: TimeShift, items: list[AudioData], params: list) -> list[AudioData]:
     import cupy as cp
 
-    out = list(items)
-    moved = [i for i, s in enumerate(params) if s]
-    for (_, n), idx in _by_channels([items[i] for i in moved], lambda it: (int(it.samples.shape[-1]),)).items():
-        rec = [moved[k] for k in idx]
-        w = window_rows([items[i].samples for i in rec], [-params[i] for i in rec], n, cp)
-        for row, i in enumerate(rec):
-            out[i] = items[i]._replace(samples=w[row])
-    return out
+    return _grouped(items, lambda it: tuple(it.samples.shape),
+                    lambda k, idx: window_rows([items[i].samples for i in idx], [-params[i] for i in idx], k[1], cp),
+                    only=[i for i, s in enumerate(params) if s])
 
 
 @dataclass(frozen=True)
