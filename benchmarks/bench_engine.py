@@ -83,7 +83,7 @@ def run_pipeline(name: str, args) -> dict:
             timings["cuda_share"] = round(pipe.engine.decoder.cuda_share, 3)
     lat.sort()
     return {"images_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
-            "gpu_mem_gib": mem.stop()["gpu_mem_gib"], "hw_share": stats["hw"] / max(stats["gpu"], 1) if device == "gpu" else None,
+            "gpu_mem_gib": mem.summary()["gpu_mem_gib"], "hw_share": stats["hw"] / max(stats["gpu"], 1) if device == "gpu" else None,
             "fallbacks": stats["fallbacks"], "batch_ms_p50": 1e3 * lat[len(lat) // 2],
             "batch_ms_p99": 1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))], "stage_seconds": timings}
 
@@ -113,7 +113,7 @@ def run_transcode(args) -> dict:
             rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
             stages.append({k: round(v, 3) for k, v in s.timings.items()})
     return {"images_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
-            "end_to_end_images_per_s": statistics.median(e2e), "gpu_mem_gib": mem.stop()["gpu_mem_gib"],
+            "end_to_end_images_per_s": statistics.median(e2e), "gpu_mem_gib": mem.summary()["gpu_mem_gib"],
             "stage_seconds": stages}
 
 

@@ -99,7 +99,7 @@ def run_gpubatch_audio(a: dict, device: str) -> dict:
                            "GPU ops (launching)": round(t["ops"], 3)}
         res["setting"] = "decoding in worker processes, into shared memory" if pipe.feed == "processes" \
             else "decoding in threads"
-        res.update(sampler.stop())
+        res.update(sampler.summary())
     else:
         res["stages_s"] = {"worker processes (read, decode, ops)": round(res["seconds"], 3)}
     if pipe.skipped:
@@ -262,10 +262,10 @@ def run_dali_audio(a: dict) -> dict:
         p = pipe()
         p.build()
     except Exception as e:  # noqa: BLE001
-        sampler.stop()
+        sampler.summary()
         return {"error": f"DALI refused the pipeline: {type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"}
     res = timed_contender(lambda: (p.run(), a["batch_size"])[1], a, sampler=sampler)
-    res.update(sampler.stop())
+    res.update(sampler.summary())
     res.update(_rates(res))
     left = [op.name for op in ops if op.name not in ("resample", "fix_duration", "log_mel")]
     res["setting"] = "decoders.audio + spectrogram + mel_filter_bank + to_decibels" + (

@@ -108,7 +108,7 @@ def run_gpubatch(a: dict, device: str) -> dict:
         res["decoder_s"] = {k: round(v, 3) for k, v in eng.decoder.timings.items()}
     it.close()
     if sampler:
-        res.update(sampler.stop())  # the pipeline's own memory and utilisation, before the extras below
+        res.update(sampler.summary())  # the pipeline's own memory and utilisation, before the extras below
     if device == "gpu" and a.get("fidelity", True):
         res["fidelity"] = fidelity(ops, files[:16], a.get("gpu", 0))
     if a.get("with_model") and device == "gpu":
@@ -302,7 +302,7 @@ def run_dali(a: dict, setting: str = "best") -> dict:
     sampler = GpuSampler(a.get("gpu", 0))  # before DALI touches CUDA
     p = dali_pipeline(a, setting)
     if isinstance(p, str):
-        sampler.stop()
+        sampler.summary()
         return {"skipped": p}
     sync = lambda: None  # noqa: E731
     if a.get("dali_sync"):
@@ -314,7 +314,7 @@ def run_dali(a: dict, setting: str = "best") -> dict:
     res = timed_windows(lambda: (p.run(), a["batch_size"])[1], a["seconds"], warmup=warmup_batches(a), sync=sync)
     res["cpu_cores_used"] = cpu.stop()
     res["host_cpu"] = cpu.host
-    res.update(sampler.stop())
+    res.update(sampler.summary())
     res["setting"] = setting
     return res
 

@@ -6,14 +6,15 @@ stream) runs before every clock read, figures are medians of several windows wit
 
 from __future__ import annotations
 
+import os
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..engine.affinity import HostLoad
+from ..engine.gpu_memory import ProcessMemory, nvml_index
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -157,48 +158,29 @@ def run_beside(cmd: list[str], load: BusyLoad, after: float = 0.0, until: float 
     return subprocess.CompletedProcess(cmd, p.returncode, *got)
 
 
-class GpuSampler:
-    """Device memory in use (peak minus the level at construction, CUDA context included) and GPU
-    utilisation (mean), sampled from NVML every 10 ms. Without NVML both read None."""
+class GpuSampler(ProcessMemory):
+    """The device memory of this process and every process it starts (:class:`ProcessMemory`, the
+    measure ``--gpu-memory`` caps: NVML per process, the CUDA context included; where NVML does not
+    name our processes, the device's memory in use above the start) and the GPU's utilisation (mean
+    while :attr:`measuring`), sampled every 10 ms from construction. Without NVML both read None."""
 
     def __init__(self, index: int = 0):
-        self.ok = False
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nvml = pynvml
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self.base = self.used()
-        except Exception:  # no NVML (no driver, no pynvml): memory and utilisation are unknown
-            return
-        self.ok = True
-        self.peak = self.base
+        super().__init__(nvml_index(index), [os.getpid()], children=True, interval=0.01)
         self.util: list[int] = []
         self.measuring = False
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
+        self.start()
 
-    def used(self) -> int:
-        """Device memory in use now, bytes."""
-        return self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used
+    def sampled(self) -> None:
+        if self.measuring:
+            self.util.append(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.used())
-            if self.measuring:
-                self.util.append(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
-            time.sleep(0.01)
-
-    def stop(self) -> dict[str, float | None]:
+    def summary(self) -> dict[str, Any]:
+        """Stop sampling: ``gpu_mem_gib`` (the peak), ``gpu_util_pct`` and ``gpu_mem_method``."""
         if not self.ok:
             return {"gpu_mem_gib": None, "gpu_util_pct": None}
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, self.used())
-        return {"gpu_mem_gib": (self.peak - self.base) / 2**30,
-                "gpu_util_pct": statistics.fmean(self.util) if self.util else None}
+        peak = max(self.stop(), self.now())
+        return {"gpu_mem_gib": peak / 2**30, "gpu_util_pct": statistics.fmean(self.util) if self.util else None,
+                "gpu_mem_method": self.method}
 
 
 def bottleneck(stages: dict[str, float]) -> str | None:

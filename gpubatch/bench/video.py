@@ -51,7 +51,7 @@ def run_gpubatch_video(a: dict, device: str) -> dict:
         res["frames_decoded_per_s"] = res["frames_decoded_per_clip"] * res["clips_per_s"]
         res["cpu_fallbacks"] = pipe.stats["cpu_fallbacks"]
         res["stages_s"] = {k: round(v, 3) for k, v in pipe.timings.items()}
-        res.update(sampler.stop())
+        res.update(sampler.summary())
     else:
         res["stages_s"] = {"worker processes (read, decode, ops)": round(res["seconds"], 3)}
     res["workers"] = pipe.decoders if device == "gpu" else pipe.workers
@@ -70,21 +70,16 @@ class DecoderSampler(GpuSampler):
         self.dec: list[int] = []
         super().__init__(index)
 
-    def _run(self) -> None:
-        import time
+    def sampled(self) -> None:
+        super().sampled()
+        if self.measuring:
+            try:
+                self.dec.append(self.nvml.nvmlDeviceGetDecoderUtilization(self.handle)[0])
+            except Exception:  # noqa: BLE001 - an NVML without it
+                pass
 
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.used())
-            if self.measuring:
-                self.util.append(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
-                try:
-                    self.dec.append(self.nvml.nvmlDeviceGetDecoderUtilization(self.handle)[0])
-                except Exception:  # noqa: BLE001 - an NVML without it
-                    pass
-            time.sleep(0.01)
-
-    def stop(self) -> dict:
-        out = super().stop()
+    def summary(self) -> dict:
+        out = super().summary()
         out["nvdec_util_pct"] = sum(self.dec) / len(self.dec) if self.dec else None
         return out
 
@@ -225,10 +220,10 @@ def run_dali_video(a: dict) -> dict:
         try:
             pipe, reader = dali_video_pipeline(a, "experimental.readers.video"), "experimental.readers.video"
         except Exception as e2:  # noqa: BLE001
-            sampler.stop()
+            sampler.summary()
             return {"error": f"DALI refused the clip set: {refused}; experimental reader: {_dali_reason(e2)}"}
     res = timed_contender(lambda: (pipe.run(), a["batch_size"])[1], a, sampler=sampler)
-    res.update(sampler.stop())
+    res.update(sampler.summary())
     res.update(_video_rates(res, T))
     res["setting"] = reader + (f" (readers.video refused: {refused})" if refused else "")
     import nvidia.dali as dali

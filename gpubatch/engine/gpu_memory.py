@@ -186,7 +186,11 @@ class ProcessMemory:
             self.peak = max(self.peak, used)
             if self.trace is not None:
                 self.trace.append((time.perf_counter() - t0, used, frozenset(self.on_gpu)))
+            self.sampled()
             time.sleep(self.interval)
+
+    def sampled(self) -> None:
+        """Called after every sample, on the sampling thread (what a subclass reads beside the memory)."""
 
     def stop(self) -> int:
         """Stop sampling; the peak in bytes (0 without NVML)."""

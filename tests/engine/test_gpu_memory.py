@@ -5,6 +5,7 @@ that run convert under caps are in test_gpu_memory_gpu.py)."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 
@@ -114,6 +115,19 @@ def test_the_sampler_reads_nothing_without_nvml(monkeypatch):
     mem = ProcessMemory()
     assert not mem.ok and mem.now() == 0 and mem.method == "none"
     assert mem.start().stop() == 0
+
+
+def test_the_bench_samplers_are_the_caps_measure_and_read_none_without_nvml(monkeypatch):
+    from gpubatch.bench.measure import GpuSampler
+    from gpubatch.bench.video import DecoderSampler
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    for cls in (GpuSampler, DecoderSampler):
+        s = cls(0)
+        assert isinstance(s, ProcessMemory) and s.children and s.pids == [os.getpid()]
+        s.measuring = True
+        out = s.summary()
+        assert out["gpu_mem_gib"] is None and out["gpu_util_pct"] is None
 
 
 def test_the_sampler_finds_the_processes_a_run_starts():

@@ -143,3 +143,34 @@ def test_gpu_whole_video_reencode_and_augment(tmp_path):
             if k.endswith(".npy"):
                 a, b = (np.load(io.BytesIO(o[k])).astype(np.int16) for o in (outs["cpu"], outs["gpu"]))
                 assert a.shape == b.shape and np.abs(a - b).mean() <= 2.0, (name, k)
+
+
+@pytest.mark.parametrize("codec,chroma,depth", [("h264", "420", 8), ("hevc", "420", 10), ("hevc", "444", 8)])
+def test_nvdec_caps_are_asked_in_the_runs_own_context(codec, chroma, depth):
+    """The driver's decode caps, asked in the primary context the run holds: what PyNvVideoCodec's own
+    query answers, and no second context (about 500 MiB while it lives) on the way."""
+    import cupy as cp
+    import PyNvVideoCodec as nvc
+
+    from gpubatch.engine.codecs.video_gpu_caps import CUDA_CODEC, _member, _query
+    from gpubatch.engine.gpu_memory import ProcessMemory
+
+    cp.cuda.Device(0).use()
+    cp.zeros(1).sum().item()  # the primary context, as a run holds it
+    cc = _member(nvc.cudaVideoCodec, CUDA_CODEC[codec])
+    cf = _member(nvc.cudaVideoChromaFormat, f"_{chroma}", chroma, f"YUV{chroma}")
+    mem = ProcessMemory(interval=0.001)
+    if not mem.ok:
+        pytest.skip("no NVML here")
+    before = mem.settled()
+    mem.start()
+    ours = _query(0, int(cc), int(cf), depth)
+    peak = mem.stop()
+    theirs = nvc.GetDecoderCaps(gpuid=0, codec=cc, chromaformat=cf, bitdepth=depth)
+    get = theirs.get if isinstance(theirs, dict) else (lambda k: getattr(theirs, k, None))
+    keys = ("is_supported", "num_decoder_engines", "width_max", "height_max", "width_min", "height_min")
+    assert get("width_max") is not None, theirs
+    for k in (k for k in keys if get(k) is not None):
+        assert getattr(ours, k) == get(k), (k, theirs)
+    assert ours.is_supported and ours.width_max >= 4096
+    assert peak - before < 16 << 20, (before >> 20, peak >> 20)

@@ -1,9 +1,17 @@
-"""Which videos this machine's NVDEC decodes: PyNvVideoCodec's ``GetDecoderCaps`` per (codec, chroma
+"""Which videos this machine's NVDEC decodes: the driver's ``cuvidGetDecoderCaps`` per (codec, chroma
 format, bit depth), checked against each video's size. Asked only where a GPU is; nothing is imported
-on a machine without one."""
+on a machine without one.
+
+The query runs in the device's primary context (the one CuPy, nvImageCodec and the decoders share),
+retained for the call: PyNvVideoCodec's own ``GetDecoderCaps`` makes a context of its own for each
+query, about 500 MiB with the driver's default stack on an H100/H200 for the moment it lives, which a
+run under ``--gpu-memory`` cannot afford (benchmarks/gpu_memory.py caps --media video saw it as the
+run's peak). Where the driver's entry points cannot be had, PyNvVideoCodec's query is used.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from typing import Any
 
@@ -44,6 +52,51 @@ def _member(enum: Any, *names: str) -> Any:
     raise AttributeError(names[0])
 
 
+class _DecodeCaps(ctypes.Structure):
+    """CUVIDDECODECAPS (cuviddec.h): three inputs, then what the driver fills in; the tail is room to
+    spare for the reserved words of this and later versions of the struct."""
+
+    _fields_ = [("codec", ctypes.c_int), ("chroma", ctypes.c_int), ("depth_minus8", ctypes.c_uint),
+                ("reserved1", ctypes.c_uint * 3), ("is_supported", ctypes.c_ubyte),
+                ("num_decoder_engines", ctypes.c_ubyte), ("output_formats", ctypes.c_ushort),
+                ("width_max", ctypes.c_uint), ("height_max", ctypes.c_uint), ("mb_max", ctypes.c_uint),
+                ("width_min", ctypes.c_ushort), ("height_min", ctypes.c_ushort), ("reserved3", ctypes.c_uint * 16)]
+
+
+@functools.lru_cache(maxsize=1)
+def _driver() -> tuple[Any, Any]:
+    """(libcuda, cuvidGetDecoderCaps), loaded from the driver's libraries."""
+    cuda, cuvid = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL("libnvcuvid.so.1")
+    query = cuvid.cuvidGetDecoderCaps
+    query.argtypes, query.restype = [ctypes.POINTER(_DecodeCaps)], ctypes.c_int
+    return cuda, query
+
+
+def _query(gpu: int, codec: int, chroma: int, depth: int) -> _DecodeCaps:
+    """The driver's decode caps, asked in GPU ``gpu``'s primary context (retained for the call, so that
+    one that a run already holds is shared and none is left behind)."""
+    cuda, query = _driver()
+
+    def check(rc: int, what: str) -> None:
+        if rc:
+            raise OSError(f"{what} failed: CUresult {rc}")
+
+    dev, ctx, popped = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p()
+    check(cuda.cuInit(0), "cuInit")
+    check(cuda.cuDeviceGet(ctypes.byref(dev), gpu), "cuDeviceGet")
+    check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    try:
+        check(cuda.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
+        try:
+            caps = _DecodeCaps(codec=codec, chroma=chroma, depth_minus8=depth - 8)
+            check(query(ctypes.byref(caps)), "cuvidGetDecoderCaps")
+        finally:
+            cuda.cuCtxPopCurrent_v2(ctypes.byref(popped))
+    finally:
+        cuda.cuDevicePrimaryCtxRelease_v2(dev)
+    return caps
+
+
 @functools.lru_cache(maxsize=64)
 def _caps(gpu: int, codec: str, chroma: str, depth: int) -> tuple[int, int, int, int] | None:
     """(max width, max height, min width, min height) NVDEC decodes for this stream kind; None: not at all."""
@@ -54,7 +107,15 @@ def _caps(gpu: int, codec: str, chroma: str, depth: int) -> tuple[int, int, int,
     try:
         cc = _member(mod.cudaVideoCodec, name)
         cf = _member(mod.cudaVideoChromaFormat, f"_{chroma}", chroma, f"YUV{chroma}")
-        caps = mod.GetDecoderCaps(gpuid=gpu, codec=cc, chromaformat=cf, bitdepth=depth)
+    except Exception:  # noqa: BLE001 - an API without this entry: decoding will tell per file
+        return (1 << 16, 1 << 16, 0, 0)
+    try:
+        caps = _query(gpu, int(cc), int(cf), depth)
+    except (OSError, AttributeError, TypeError, ValueError):  # no driver entry points: PyNvVideoCodec asks
+        caps = None
+    try:
+        if caps is None:
+            caps = mod.GetDecoderCaps(gpuid=gpu, codec=cc, chromaformat=cf, bitdepth=depth)
     except Exception:  # noqa: BLE001 - an API without this entry: decoding will tell per file
         return (1 << 16, 1 << 16, 0, 0)
     get = caps.get if isinstance(caps, dict) else (lambda k, d=0: getattr(caps, k, d))
