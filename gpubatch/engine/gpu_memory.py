@@ -160,8 +160,8 @@ class ProcessMemory:
 
     def settled(self, quiet: float = 0.06, most: float = 1.0) -> int:
         """:meth:`now` once it has held still for ``quiet`` seconds (at most ``most``): a reading taken at
-        once can miss what was just allocated (a video decoder's 400 MiB, missed by a plan's reading taken
-        right after the stream was synchronized: benchmarks/RESULTS.md, 2026-11-25 late)."""
+        once, right after a stream was synchronized, may come before what was just allocated shows in NVML's
+        per-process figure (not measured apart: waiting for a still figure costs a plan tens of ms)."""
         t_end = time.perf_counter() + most
         last, since = self.now(), time.perf_counter()
         while self.ok and time.perf_counter() < t_end:
