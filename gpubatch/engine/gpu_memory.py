@@ -338,6 +338,8 @@ class MemoryPlan:
             pool keeps at most this much freed memory.
         pool_limit: CuPy's pool limit: all the cap leaves after ``fixed`` (a decoder may put its images in
             either pool; the batch size bounds what both hold together, this limit backs it up).
+        call_bytes: where the decoders decode in calls of at most so many bytes (``ImagePipeline``'s
+            chunked decode), those bytes; ``batch`` is then the images of the plan's size a call holds.
     """
 
     cap: int
@@ -348,10 +350,13 @@ class MemoryPlan:
     ahead: int
     decode: int
     pool_limit: int
+    call_bytes: int = 0
 
     def describe(self) -> str:
-        return (f"{self.fixed // MiB} MiB before the first batch ({', '.join(f'{k} {v}' for k, v in self.parts.items())}"
-                f"), batches of {self.batch} with {self.ahead} decoded ahead")
+        head = f"{self.fixed // MiB} MiB before the first batch ({', '.join(f'{k} {v}' for k, v in self.parts.items())})"
+        if self.call_bytes:
+            return f"{head}, decode calls of at most {-(-self.call_bytes // MiB)} MiB"
+        return f"{head}, batches of {self.batch} with {self.ahead} decoded ahead"
 
 
 class CapTooSmall(ValueError):

@@ -8,6 +8,7 @@ per (seed, key, epoch).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -261,9 +262,14 @@ class ImagePipeline:
                 outputs = len(self._ring) * batch_size * 3 * foh * fow * size + 2 * slots * st.slab_round
                 ring = ImageNeed(int(need.decoded * 2 * (1 + 1 / st.ring_slack)), 0, need.size)
                 plan = plan_memory(cap, fixed, parts, ring, batch_size, 1, spec=spec, least_batch=1, outputs=outputs)
-                self.chunk = plan.batch
-                self.engine.decoder.settings = st.with_(decode_chunk=plan.batch, hw_chunk=plan.batch, hw_ring=slots,
-                                                        cuda_ring=slots, ring_wait=3600.0, size_by_most=False)
+                # a call decodes at most the bytes the plan holds for it (its images of DEFAULT_IMAGE's
+                # size), so smaller images make larger calls, and fewer of them
+                call = plan.batch * need.decoded
+                self.chunk = max(plan.batch, min(batch_size, st.decode_chunk or batch_size))
+                plan = dataclasses.replace(plan, call_bytes=call)
+                self.engine.decoder.settings = st.with_(decode_chunk=self.chunk, hw_chunk=self.chunk, hw_ring=slots,
+                                                        cuda_ring=slots, ring_wait=3600.0, size_by_most=False,
+                                                        call_bytes=call)
                 from .codecs.decode_buffers import want_planes
 
                 self._planes = want_planes(self.chunk, self.engine.decoder.settings)

@@ -64,6 +64,8 @@ class Settings:
             call of the next batch reuses (0: a buffer per part from the driver's pool).
         hw_chunk: the hardware engine's calls at most this many images; ``min_calls``: a chunked part
             is split into at least this many calls.
+        call_bytes: a chunked call's decoded images at most this many bytes (0: by count alone); an image
+            larger is a call alone. ``ImagePipeline(gpu_memory=...)`` sets it to what its plan holds for a call.
         cuda_ring, hw_ring: the CUDA decoder's (hardware engine's) calls take this many slots in turn
             instead of one per call (0).
         ring_wait: seconds a call waits for its slot before taking a buffer of its own.
@@ -131,6 +133,7 @@ class Settings:
     decode_chunk: int = 256
     hw_chunk: int = 256
     min_calls: int = 1
+    call_bytes: int = 0
     cuda_ring: int = 0
     hw_ring: int = 0
     ring_wait: float = 1.0

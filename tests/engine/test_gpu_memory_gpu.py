@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from gpubatch.bench.measure import shard_digest
@@ -117,18 +118,38 @@ with ImagePipeline([RandomResizedCrop(224), Flip(), Normalize(layout="CHW", dtyp
             break
     pipe.stream.synchronize()
     plan = pipe.memory_plan
-print(mem.stop() >> 20, plan.cap >> 20, plan.batch, pipe.chunk)
+print(mem.stop() >> 20, plan.cap >> 20, plan.batch, plan.call_bytes)
 """
 
 
-def test_the_image_pipeline_stays_under_its_cap(photos):
-    out = subprocess.run([sys.executable, "-c", _PIPELINE, str(photos), "640MiB"], capture_output=True, text=True,
-                         env=_env(), timeout=300)
+@pytest.fixture(scope="module")
+def large_photos(tmp_path_factory) -> Path:
+    """64 JPEGs of 1600x1200 (4:2:0, 4:4:4), each five times the 640x640 image a pipeline's plan sizes its
+    decode calls by."""
+    from PIL import Image
+
+    from gpubatch.synthetic import photo_like
+
+    root = tmp_path_factory.mktemp("large") / "set"
+    root.mkdir()
+    for i in range(64):
+        pixels = photo_like(np.random.default_rng(i), 1200, 1600)
+        Image.fromarray(pixels).save(root / f"img_{i:03d}.jpg", "JPEG", quality=90, subsampling=2 * (i % 2))
+    return root
+
+
+@pytest.mark.parametrize("images", ["photos", "large_photos"])
+def test_the_image_pipeline_stays_under_its_cap(images, request):
+    """Batches of 256 under 640 MiB: decoded in calls of at most the bytes the plan holds for one (the
+    ring's three slots per decoder), whatever the images' size, not in whole batches."""
+    out = subprocess.run([sys.executable, "-c", _PIPELINE, str(request.getfixturevalue(images)), "640MiB"],
+                         capture_output=True, text=True, env=_env(), timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    peak, cap, batch, chunk = map(int, out.stdout.split()[-4:])
-    print(f"\nImagePipeline under 640MiB: peak {peak} MiB, plan batch {batch}, decode chunk {chunk}")
+    peak, cap, batch, call = map(int, out.stdout.split()[-4:])
+    print(f"\nImagePipeline under 640MiB ({images}): peak {peak} MiB, calls of at most {call >> 20} MiB "
+          f"({batch} images of 640x640)")
     assert cap == 640 and 0 < peak <= 640
-    assert chunk == batch < 256  # decoded in calls the ring holds, not whole batches
+    assert 0 < batch < 256 and call == batch * 640 * 640 * 3
 
 
 def test_the_image_pipeline_refuses_a_cap_below_its_minimum():
@@ -152,7 +173,6 @@ def _features(root: Path) -> dict:
     import io
     import tarfile
 
-    import numpy as np
 
     out = {}
     for f in sorted(root.rglob("*.tar")):
@@ -167,7 +187,6 @@ def test_an_audio_convert_stays_under_its_cap(tmp_path):
     """Whisper's features (10 s clips padded to 30 s) under 768 MiB: the batch the cap holds, the peak of
     the process under it, the same features as an uncapped run (batches of other sizes: float16 alike);
     below the minimum a refusal naming the parts."""
-    import numpy as np
 
     from gpubatch.synthetic import make_audio_set
 

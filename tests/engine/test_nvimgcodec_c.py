@@ -258,3 +258,26 @@ def test_each_kind_keeps_its_hardware_instances():
     assert run(three, ["420", "422"] * 3, first=2) == [0, 1] * 3  # the spare left alone
     assert run(three, ["420"] * 4, first=2) == [0, 1, 0, 1]
     assert run(three, ["420", "422", "444"] * 2, first=2) == [0, 1, 2] * 2  # a third kind takes it
+
+
+def test_calls_are_cut_by_their_decoded_bytes_under_a_budget():
+    """With ``call_bytes`` (a memory cap's plan) a kind's list is cut where its decoded bytes would pass
+    the budget as well as by count; an image larger than the budget is a call alone; where the even
+    pieces by count fit, they are kept."""
+    from gpubatch.engine.codecs.decode_buffers import _byte_pieces, _call_lists
+
+    mib = 1 << 20
+    small = {i: mib for i in range(40)}
+    assert _byte_pieces(list(range(40)), 256, 10 * mib, small) == [list(range(a, min(a + 10, 40)))
+                                                                    for a in range(0, 40, 10)]
+    mixed = {0: mib, 1: 30 * mib, 2: mib, 3: mib, 4: 9 * mib, 5: mib}
+    assert _byte_pieces(list(range(6)), 256, 10 * mib, mixed) == [[0], [1], [2, 3], [4, 5]]
+    assert _byte_pieces(list(range(8)), 4, 100 * mib, small) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # count: even
+    assert _byte_pieces([7, 9], 256, mib, {}) == [[7, 9]]  # items not sized (failed to open) count nothing
+    st = Settings(call_bytes=10 * mib)
+    calls = _call_lists([list(range(25)), list(range(25, 40))], False, 256, st, small)
+    assert [len(c) for c in calls] == [10, 10, 5, 10, 5] and sum(calls, []) == list(range(40))
+    assert all(sum(small[i] for i in c) <= 10 * mib for c in calls)
+    assert _call_lists([list(range(25))], False, 256, st) == [list(range(25))]  # no sizes: by count
+    assert _call_lists([list(range(25))], False, 256, Settings(), small) == [list(range(25))]  # no budget
+

@@ -249,14 +249,39 @@ def _item_bytes(job: _Job, i: int, h: int, w: int) -> int:
     return (size + 255) & ~255
 
 
-def _call_lists(lists: list[list[int]], hw: bool, chunk: int, settings: Settings) -> list[list[int]]:
+def _call_lists(lists: list[list[int]], hw: bool, chunk: int, settings: Settings,
+                sizes: dict[int, int] | None = None) -> list[list[int]]:
     """A decoder's part of a batch (one list of items per kind) as the calls of chunked decode: each list
-    in pieces of at most ``chunk`` items (the hardware engine's: ``settings.hw_chunk``), and at least
-    ``settings.min_calls`` calls (with two, the next part's first call never waits on the readers of the call
-    just made)."""
-    out = [piece for idx in lists for piece in _pieces(idx, settings.hw_chunk if hw else chunk)]
+    in pieces of at most ``chunk`` items (the hardware engine's: ``settings.hw_chunk``), with
+    ``settings.call_bytes`` and the items' decoded ``sizes`` also of at most that many bytes
+    (:func:`_byte_pieces`), and at least ``settings.min_calls`` calls (with two, the next part's first
+    call never waits on the readers of the call just made)."""
+    most = settings.hw_chunk if hw else chunk
+    if settings.call_bytes and sizes is not None:
+        out = [piece for idx in lists for piece in _byte_pieces(idx, most, settings.call_bytes, sizes)]
+    else:
+        out = [piece for idx in lists for piece in _pieces(idx, most)]
     if len(out) < settings.min_calls and len(out[0]) > 1:
         out = _pieces(out[0], -(-len(out[0]) // settings.min_calls))
+    return out
+
+
+def _byte_pieces(idx: list[int], most: int, budget: int, sizes: dict[int, int]) -> list[list[int]]:
+    """``idx`` in consecutive pieces of at most ``most`` items whose ``sizes`` (bytes; an item missing
+    counts 0) add up to at most ``budget``; an item larger than the budget is a piece alone. Where
+    :func:`_pieces`'s even pieces by count fit the budget, those."""
+    even = _pieces(idx, most)
+    if all(sum(sizes.get(i, 0) for i in p) <= budget for p in even):
+        return even
+    out: list[list[int]] = [[]]
+    used = 0
+    for i in idx:
+        b = sizes.get(i, 0)
+        if out[-1] and (len(out[-1]) >= most or used + b > budget):
+            out.append([])
+            used = 0
+        out[-1].append(i)
+        used += b
     return out
 
 
@@ -369,7 +394,8 @@ class DecodeBuffers:
         unless ``settings.hw_mixed``, which keeps RGB)."""
         lib = self.lib
         t0 = time.perf_counter()
-        if chunk:
+        by_bytes = bool(chunk and self.settings.call_bytes)  # cut once the decoded sizes are known
+        if chunk and not by_bytes:
             lists = _call_lists(lists, hw, chunk, self.settings)
         job = _Job(hw, lists, self.hw_stream if hw else self.cuda_stream, consumer, direct=hw and bool(self.hw_direct))
         if regions is not None and ("hw" if hw else "cuda") not in self.settings.regions_for:  # whole images, region views
@@ -411,6 +437,8 @@ class DecodeBuffers:
                 h, w = w, h
             job.streams[i], shapes[i], turns[i] = cs, (h, w), turn
         job.turns = turns
+        if by_bytes:
+            lists = _call_lists(lists, hw, chunk, self.settings, {i: _item_bytes(job, i, *shapes[i]) for i in shapes})
         if chunk:
             for idx in lists:
                 self._ring_bind(job, [i for i in idx if i in shapes], shapes, turns)
