@@ -319,29 +319,36 @@ def run_dali(a: dict, setting: str = "best") -> dict:
     return res
 
 
-def main() -> None:
-    a = json.loads(sys.argv[1])
+def _run(a: dict) -> dict:
     name = a["contender"]
     if get_model(a["model"]).media == "video":
         from .video import run_video_contender
 
-        res = run_video_contender(a)
-    elif get_model(a["model"]).media == "audio":
+        return run_video_contender(a)
+    if get_model(a["model"]).media == "audio":
         from .audio import run_audio_contender
 
-        res = run_audio_contender(a)
-    elif name == "gpubatch-gpu":
-        res = run_gpubatch(a, "gpu")
-    elif name == "gpubatch-cpu":
-        res = run_gpubatch(a, "cpu")
-    elif name == "torch-dataloader":
-        res = run_dataloader(a)
-    elif name == "dali":
-        res = run_dali(a, "best")
-    elif name == "dali-defaults":
-        res = run_dali(a, "defaults")
-    else:
-        res = {"error": f"unknown contender {name!r}"}
+        return run_audio_contender(a)
+    if name == "gpubatch-gpu":
+        return run_gpubatch(a, "gpu")
+    if name == "gpubatch-cpu":
+        return run_gpubatch(a, "cpu")
+    if name == "torch-dataloader":
+        return run_dataloader(a)
+    if name == "dali":
+        return run_dali(a, "best")
+    if name == "dali-defaults":
+        return run_dali(a, "defaults")
+    return {"error": f"unknown contender {name!r}"}
+
+
+def main() -> None:
+    from ..errors import GpubatchError
+
+    try:
+        res = _run(json.loads(sys.argv[1]))
+    except GpubatchError as e:  # the contender refused the setting (a --gpu-memory too small): its one line
+        res = {"error": str(e)}
     print("RESULT " + json.dumps(res), flush=True)
 
 

@@ -339,7 +339,7 @@ class MemoryPlan:
         pool_limit: CuPy's pool limit: all the cap leaves after ``fixed`` (a decoder may put its images in
             either pool; the batch size bounds what both hold together, this limit backs it up).
         call_bytes: where the decoders decode in calls of at most so many bytes (``ImagePipeline``'s
-            chunked decode), those bytes; ``batch`` is then the images of the plan's size a call holds.
+            chunked decode), those bytes; ``batch`` is then the most images a call holds.
     """
 
     cap: int
@@ -355,7 +355,7 @@ class MemoryPlan:
     def describe(self) -> str:
         head = f"{self.fixed // MiB} MiB before the first batch ({', '.join(f'{k} {v}' for k, v in self.parts.items())})"
         if self.call_bytes:
-            return f"{head}, decode calls of at most {-(-self.call_bytes // MiB)} MiB"
+            return f"{head}, decode calls of at most {self.batch} images and {-(-self.call_bytes // MiB)} MiB"
         return f"{head}, batches of {self.batch} with {self.ahead} decoded ahead"
 
 

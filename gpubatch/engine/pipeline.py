@@ -262,10 +262,12 @@ class ImagePipeline:
                 outputs = len(self._ring) * batch_size * 3 * foh * fow * size + 2 * slots * st.slab_round
                 ring = ImageNeed(int(need.decoded * 2 * (1 + 1 / st.ring_slack)), 0, need.size)
                 plan = plan_memory(cap, fixed, parts, ring, batch_size, 1, spec=spec, least_batch=1, outputs=outputs)
-                # a call decodes at most the bytes the plan holds for it (its images of DEFAULT_IMAGE's
-                # size), so smaller images make larger calls, and fewer of them
+                # a call decodes at most the plan's count of images and the bytes the plan holds for them
+                # (images of DEFAULT_IMAGE's size): larger images make calls of fewer. (Calls of more
+                # small images, by bytes alone, ran 8-15% faster but took 788 MiB under 768: the decoders'
+                # own state grows with a call's images, which the plan does not count; RESULTS.md.)
                 call = plan.batch * need.decoded
-                self.chunk = max(plan.batch, min(batch_size, st.decode_chunk or batch_size))
+                self.chunk = plan.batch
                 plan = dataclasses.replace(plan, call_bytes=call)
                 self.engine.decoder.settings = st.with_(decode_chunk=self.chunk, hw_chunk=self.chunk, hw_ring=slots,
                                                         cuda_ring=slots, ring_wait=3600.0, size_by_most=False,

@@ -65,7 +65,7 @@ class Settings:
         hw_chunk: the hardware engine's calls at most this many images; ``min_calls``: a chunked part
             is split into at least this many calls.
         call_bytes: a chunked call's decoded images at most this many bytes (0: by count alone); an image
-            larger is a call alone. ``ImagePipeline(gpu_memory=...)`` sets it to what its plan holds for a call.
+            larger is a call alone. ``ImagePipeline(gpu_memory=...)`` sets it to the bytes its plan holds for a call.
         cuda_ring, hw_ring: the CUDA decoder's (hardware engine's) calls take this many slots in turn
             instead of one per call (0).
         ring_wait: seconds a call waits for its slot before taking a buffer of its own.

@@ -348,3 +348,16 @@ def test_the_decode_ceiling_passes_over_what_libsndfile_does_not_read(tmp_path):
     good = [write(tmp_path / f"c{k}.flac", tone(0.5), 16000) for k in range(3)]
     c = decode_ceiling([bad, *good], 0.2)
     assert c["clips_per_s"] > 0 and c["cores"] >= 1
+
+
+def test_a_contender_that_refuses_its_setting_reports_one_line(tmp_path):
+    """A contender's own refusal (here: the GPU contender where no GPU is usable; on a GPU, a
+    --gpu-memory below its minimum) comes back as its one line, not a traceback's last lines."""
+    from gpubatch.bench.runner import run_contender
+    from gpubatch.engine.device import gpu_problem
+
+    if gpu_problem(0)[0] is None:
+        pytest.skip("a usable GPU here: the GPU contender would run")
+    res = run_contender({"contender": "gpubatch-gpu", "model": "resnet50", "chain": "train", "data": str(tmp_path),
+                         "images": 4, "batch_size": 4, "seconds": 0.1}, timeout=120)
+    assert res["error"].startswith("--device gpu:") and "\n" not in res["error"] and "Traceback" not in res["error"]

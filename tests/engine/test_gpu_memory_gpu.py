@@ -140,8 +140,8 @@ def large_photos(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("images", ["photos", "large_photos"])
 def test_the_image_pipeline_stays_under_its_cap(images, request):
-    """Batches of 256 under 640 MiB: decoded in calls of at most the bytes the plan holds for one (the
-    ring's three slots per decoder), whatever the images' size, not in whole batches."""
+    """Batches of 256 under 640 MiB: decoded in calls of at most the images and bytes the plan holds for
+    one (the ring's three slots per decoder), whatever the images' size, not in whole batches."""
     out = subprocess.run([sys.executable, "-c", _PIPELINE, str(request.getfixturevalue(images)), "640MiB"],
                          capture_output=True, text=True, env=_env(), timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
