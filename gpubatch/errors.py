@@ -121,7 +121,8 @@ class RunStats:
     # output key -> the parameters drawn for it (augment runs), taken by the writer as it writes the record
     drawn: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per pipeline stage (summed over threads)
-    # a GPU run's device memory: peak_mib (every process of the run, from NVML), cap_mib, processes, method, plan
+    # a GPU run's device memory: peak_mib (every process of the run, from NVML, outside a context's first
+    # moment), context_start_mib (that moment, where higher), cap_mib, processes, method, plan
     gpu_memory: dict[str, Any] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -60,7 +60,6 @@ def parse_memory(spec: str | int | float | None, total: int) -> int:
     return out
 
 
-
 def _nvml() -> Any:
     """pynvml, initialised, or None (no NVML bindings, no driver)."""
     try:
@@ -98,6 +97,12 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+#: how long a process's CUDA context may hold the driver's default stack before gpubatch lowers it
+#: (``Settings.stack_bytes``): its first milliseconds, 518 MiB on an H100 before 258 (benchmarks/gpu_memory.py
+#: caps, steps_mib), which a cap below a bare context's size cannot hold
+CONTEXT_START_S = 0.25
+
+
 class ProcessMemory:
     """Device memory of the processes ``pids`` (with ``children``: and every process they start) on
     GPU ``index``, in bytes: :meth:`now` once, or sampled every ``interval`` s between :meth:`start` and
@@ -112,6 +117,10 @@ class ProcessMemory:
         self.ok = self.nvml is not None
         self.method = "nvml per process" if self.ok else "none"
         self.peak = 0
+        # the peak outside each process's first CONTEXT_START_S on the GPU (its CUDA context starting at
+        # the driver's default stack, before gpubatch lowers it), and when each process was first seen
+        self.peak_started = 0
+        self.first_seen: dict[int, float] = {}
         # (seconds from start, bytes, the processes on the GPU then)
         self.trace: list[tuple[float, int, frozenset]] | None = [] if trace else None
         self.on_gpu: set[int] = set()  # the processes of ours the last sample found on the GPU
@@ -183,11 +192,19 @@ class ProcessMemory:
         t0 = time.perf_counter()
         while not self._stop.is_set():
             used = self.now()
-            self.peak = max(self.peak, used)
-            if self.trace is not None:
-                self.trace.append((time.perf_counter() - t0, used, frozenset(self.on_gpu)))
+            self.record(time.perf_counter() - t0, used)
             self.sampled()
             time.sleep(self.interval)
+
+    def record(self, t: float, used: int) -> None:
+        """Take a sample of ``used`` bytes at ``t`` seconds, the processes :attr:`on_gpu` then."""
+        self.peak = max(self.peak, used)
+        for p in self.on_gpu:
+            self.first_seen.setdefault(p, t)
+        if not any(t - self.first_seen[p] <= CONTEXT_START_S for p in self.on_gpu):
+            self.peak_started = max(self.peak_started, used)
+        if self.trace is not None:
+            self.trace.append((t, used, frozenset(self.on_gpu)))
 
     def sampled(self) -> None:
         """Called after every sample, on the sampling thread (what a subclass reads beside the memory)."""
@@ -200,11 +217,6 @@ class ProcessMemory:
             self._t = None
         return self.peak
 
-
-#: how long a process's CUDA context may hold the driver's default stack before gpubatch lowers it
-#: (``Settings.stack_bytes``): its first milliseconds, 518 MiB on an H100 before 258 (benchmarks/gpu_memory.py
-#: caps, steps_mib), which a cap below a bare context's size cannot hold
-CONTEXT_START_S = 0.25
 
 
 def over_cap(trace: list[tuple[float, int, frozenset]], cap: int) -> list[tuple[float, int]]:
@@ -223,14 +235,18 @@ def over_cap(trace: list[tuple[float, int, frozenset]], cap: int) -> list[tuple[
 @contextlib.contextmanager
 def watch(device_index: int, stats: Any) -> Iterator[None]:
     """Sample the device memory of this process and every process it starts while the block runs;
-    the peak goes into ``stats.gpu_memory`` (``peak_mib``, ``method``), beside what the run put there."""
+    the peak goes into ``stats.gpu_memory`` (``peak_mib``, ``method``), beside what the run put there:
+    the peak outside each process's first :data:`CONTEXT_START_S` on the GPU, and where a context's
+    start went higher, that too (``context_start_mib``)."""
     mem = ProcessMemory(nvml_index(device_index), [os.getpid()], children=True).start()
     try:
         yield
     finally:
         peak = mem.stop()
         if mem.ok:
-            stats.gpu_memory.update(peak_mib=peak >> 20, method=mem.method)
+            stats.gpu_memory.update(peak_mib=mem.peak_started >> 20, method=mem.method)
+            if peak >> 20 > mem.peak_started >> 20:  # a context's first moment went higher: said beside it
+                stats.gpu_memory.update(context_start_mib=peak >> 20)
 
 
 def lower_stack(cp: Any, stack_bytes: int | None) -> None:

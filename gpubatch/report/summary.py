@@ -21,6 +21,8 @@ def gpu_memory_text(mem: dict) -> str:
         text += f" of {mem['cap_mib']:,} MiB cap"
     if mem.get("processes", 1) > 1:
         text += f" ({mem['processes']} processes)"
+    if mem.get("context_start_mib"):
+        text += f"; {mem['context_start_mib']:,} MiB while a CUDA context started (its first milliseconds)"
     if mem.get("method", "").startswith("device"):
         text += " (the device's memory in use: NVML does not list this run's processes here)"
     return text

@@ -117,6 +117,29 @@ def test_the_sampler_reads_nothing_without_nvml(monkeypatch):
     assert mem.start().stop() == 0
 
 
+def test_a_context_starting_is_kept_apart_from_the_runs_peak(monkeypatch):
+    """The peak a run reports leaves out each process's first CONTEXT_START_S on the GPU (a context at
+    the driver's default stack); the summary names that moment where it went higher."""
+    from gpubatch.engine.gpu_memory import CONTEXT_START_S, watch
+    from gpubatch.errors import RunStats
+    from gpubatch.report.summary import gpu_memory_text
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    mem = ProcessMemory(trace=True)
+    for t, used, pids in [(0.0, 0, set()), (0.01, 518, {7}), (0.05, 258, {7}), (0.5, 442, {7}),
+                          (0.6, 518, {7, 8}), (0.6 + CONTEXT_START_S + 0.01, 300, {7, 8})]:
+        mem.on_gpu = pids
+        mem.record(t, used * MiB)
+    assert mem.peak == 518 * MiB and mem.peak_started == 442 * MiB and len(mem.trace) == 6
+    assert mem.first_seen == {7: 0.01, 8: 0.6}
+    text = gpu_memory_text({"peak_mib": 442, "cap_mib": 512, "context_start_mib": 518})
+    assert text == "peak 442 MiB of 512 MiB cap; 518 MiB while a CUDA context started (its first milliseconds)"
+    stats = RunStats()
+    with watch(0, stats):  # no NVML: nothing to report
+        pass
+    assert "peak_mib" not in stats.gpu_memory
+
+
 def test_the_bench_samplers_are_the_caps_measure_and_read_none_without_nvml(monkeypatch):
     from gpubatch.bench.measure import GpuSampler
     from gpubatch.bench.video import DecoderSampler

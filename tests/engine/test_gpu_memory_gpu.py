@@ -87,7 +87,7 @@ def test_convert_stays_under_each_cap_with_the_same_outputs(photos, tmp_path):
     for cap, cap_mib in CAPS.items():
         sampled, mem, records, same = runs[cap]
         _held(sampled, cap_mib)
-        assert mem["cap_mib"] == cap_mib
+        assert mem["cap_mib"] == cap_mib and 0 < mem["peak_mib"] <= cap_mib  # the summary's own figure
         assert records == 384
         assert same, cap  # the same bytes whatever the cap
 
@@ -199,7 +199,7 @@ def test_an_audio_convert_stays_under_its_cap(tmp_path):
     mem = capped["gpu_memory"]
     print(f"\naudio: no cap peak {free.peak >> 20} MiB; 768MiB: peak {sampled.peak >> 20} MiB; {mem['plan']}")
     _held(sampled, 768)
-    assert mem["cap_mib"] == 768 and capped["records_out"] == 96
+    assert mem["cap_mib"] == 768 and 0 < mem["peak_mib"] <= 768 and capped["records_out"] == 96
     want, got = _features(tmp_path / "free"), _features(tmp_path / "capped")
     assert want.keys() == got.keys() and len(got) == 96
     assert max(float(np.abs(want[k] - got[k]).max()) for k in want) < 2e-3
@@ -233,7 +233,7 @@ def test_a_video_convert_stays_under_its_cap(tmp_path):
     mem = capped["gpu_memory"]
     print(f"\nvideo: no cap peak {free.peak >> 20} MiB; 640MiB: peak {sampled.peak >> 20} MiB; {mem['plan']}")
     _held(sampled, 640)
-    assert mem["cap_mib"] == 640 and capped["records_out"] == 60 and not capped["fallbacks"]
+    assert mem["cap_mib"] == 640 and 0 < mem["peak_mib"] <= 640 and capped["records_out"] == 60 and not capped["fallbacks"]
     assert shard_digest(tmp_path / "capped") == shard_digest(tmp_path / "free")
     rc, _, _, err = run("refused", "300MiB")
     line = err.strip().splitlines()[-1]
