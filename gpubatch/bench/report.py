@@ -87,7 +87,8 @@ def _notes(result: dict[str, Any], chain: str) -> list[str]:
                          + ("; followed the load: " + ", ".join(f"{r} at {t:.0f} s ({c:.1f} cores free)" for t, r, c in moves)
                             + " (batches: " + ", ".join(f"{k} {v}" for k, v in route.get("batches", {}).items()) + ")"
                             if moves else ""))
-        if r.get("setting") and "unit" in r:  # what a video or audio contender ran (a peer's reader, torchaudio's version)
+        # what a video or audio contender ran (a peer's reader, torchaudio's version), or the plan under a cap
+        if r.get("setting") and ("unit" in r or "gpu_memory_cap_mib" in r):
             notes.append(f"setting ({name}): {r['setting']}")
         if r.get("stages_s"):
             notes.append(f"stages ({name}, seconds): " + ", ".join(f"{k} {v:.2f}" for k, v in r["stages_s"].items()))

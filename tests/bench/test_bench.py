@@ -91,6 +91,9 @@ def test_reports_say_what_ran():
     assert page.startswith("<!doctype html>") and page.count("<svg") == 2 and "<script" not in page
     assert "gpubatch-cpu" in page and "1,400" in page
     json.dumps(r)  # the schema is plain JSON
+    plan = "under a 768 MiB cap: 338 MiB before the first batch (context 258), decode calls of at most 24 images"
+    r["results"]["train"]["gpubatch-gpu"].update(gpu_memory_cap_mib=768, setting=plan)
+    assert f"setting (gpubatch-gpu): {plan}" in to_markdown(r)  # the plan a capped run took
 
 
 def test_model_verdict_accounts_for_the_pipelines_own_gpu_time():
