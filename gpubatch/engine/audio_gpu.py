@@ -19,6 +19,7 @@ from .media import DEVICE, HOST, get_codec
 from .plan import Plan
 from .registry import get_kernel
 from .run import Job, RecordSink, RecordSource, outputs_of, read_counted, write_results
+from .settings import Settings
 
 
 def to_device(items: Sequence[AudioData]) -> list[AudioData]:
@@ -153,7 +154,7 @@ def largest_record(reader: RecordSource, entries: list[Any], plan: Plan, n: int 
 
 
 def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any], plan: Plan, batch_size: int,
-            stats: RunStats, stack_bytes: int | None = 16) -> int:
+            stats: RunStats, stack_bytes: int | None = Settings.stack_bytes) -> int:
     """Under ``--gpu-memory``: the batch size that keeps this run's device memory under the cap, as the
     driver counts it (:mod:`.gpu_memory`). What the process holds before its first batch is measured (the
     CUDA context; the chain's kernels, FFT and BLAS handles, loaded by one record of silence), a record's
@@ -164,7 +165,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     import cupy as cp
 
     from ..errors import GpubatchError
-    from .gpu_memory import CapTooSmall, ImageNeed, audio_need, plan_memory, start_capped
+    from .gpu_memory import CapTooSmall, ImageNeed, audio_need, named, plan_memory, start_capped
 
     cap, mem, context = start_capped(spec, device.index, stack_bytes)
     rate, samples, channels = largest_record(reader, entries, plan)
@@ -184,7 +185,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
         raise GpubatchError(str(e)) from None
     pool.set_limit(size=fit.pool_limit)
     stats.gpu_memory.update(cap_mib=cap >> 20, processes=1, plan=(
-        f"{fixed >> 20} MiB before the first batch ({', '.join(f'{k} {v}' for k, v in parts.items())}), batches of "
+        f"{fixed >> 20} MiB before the first batch ({named(parts)}), batches of "
         f"{fit.batch} records of up to {samples / rate:.1f} s x {channels} ch at {rate} Hz ({-(-need >> 20)} MiB each)"))
     return fit.batch
 
@@ -192,7 +193,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
 def run_audio_device(device: Device, reader: RecordSource, entries: list[Any], writer: RecordSink, plan: Plan,
                      router: ErrorRouter, workers: int, batch_size: int = 256,
                      tick: Callable[[int], None] | None = None, gpu_memory: str | None = None,
-                     stack_bytes: int | None = 16) -> None:
+                     stack_bytes: int | None = Settings.stack_bytes) -> None:
     """The whole run flow for audio records on the GPU: decode on ``workers`` threads, the chain a batch
     of ``batch_size`` outputs at a time (under ``gpu_memory``, as many as the cap holds: :func:`fit_cap`),
     outputs written in dataset order."""

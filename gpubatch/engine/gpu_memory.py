@@ -103,6 +103,14 @@ def _children(pid: int) -> set[int]:
 CONTEXT_START_S = 0.25
 
 
+def _starting(first: dict[int, float], t: float, pids: Any) -> bool:
+    """Whether a sample at ``t`` s of the processes ``pids`` falls in one's first :data:`CONTEXT_START_S`
+    on the GPU (``first``: when each was first seen, updated here)."""
+    for p in pids:
+        first.setdefault(p, t)
+    return any(t - first[p] <= CONTEXT_START_S for p in pids)
+
+
 class ProcessMemory:
     """Device memory of the processes ``pids`` (with ``children``: and every process they start) on
     GPU ``index``, in bytes: :meth:`now` once, or sampled every ``interval`` s between :meth:`start` and
@@ -147,7 +155,7 @@ class ProcessMemory:
             return 0
         ours = self._ours()
         total, seen = 0, False
-        self.on_gpu: set[int] = set()
+        self.on_gpu = set()
         for fn in (self.nvml.nvmlDeviceGetComputeRunningProcesses, self.nvml.nvmlDeviceGetGraphicsRunningProcesses):
             try:
                 procs = fn(self.handle)
@@ -199,9 +207,7 @@ class ProcessMemory:
     def record(self, t: float, used: int) -> None:
         """Take a sample of ``used`` bytes at ``t`` seconds, the processes :attr:`on_gpu` then."""
         self.peak = max(self.peak, used)
-        for p in self.on_gpu:
-            self.first_seen.setdefault(p, t)
-        if not any(t - self.first_seen[p] <= CONTEXT_START_S for p in self.on_gpu):
+        if not _starting(self.first_seen, t, self.on_gpu):
             self.peak_started = max(self.peak_started, used)
         if self.trace is not None:
             self.trace.append((t, used, frozenset(self.on_gpu)))
@@ -218,18 +224,11 @@ class ProcessMemory:
         return self.peak
 
 
-
 def over_cap(trace: list[tuple[float, int, frozenset]], cap: int) -> list[tuple[float, int]]:
     """The samples of a :class:`ProcessMemory` trace above ``cap`` bytes, other than those within
     :data:`CONTEXT_START_S` of a process's first appearance on the GPU (its context starting)."""
     first: dict[int, float] = {}
-    out = []
-    for t, used, pids in trace:
-        for p in pids:
-            first.setdefault(p, t)
-        if used > cap and not any(t - first[p] <= CONTEXT_START_S for p in pids):
-            out.append((t, used))
-    return out
+    return [(t, used) for t, used, pids in trace if not _starting(first, t, pids) and used > cap]
 
 
 @contextlib.contextmanager
@@ -369,10 +368,20 @@ class MemoryPlan:
     call_bytes: int = 0
 
     def describe(self) -> str:
-        head = f"{self.fixed // MiB} MiB before the first batch ({', '.join(f'{k} {v}' for k, v in self.parts.items())})"
+        head = f"{self.fixed // MiB} MiB before the first batch ({named(self.parts)})"
         if self.call_bytes:
             return f"{head}, decode calls of at most {self.batch} images and {-(-self.call_bytes // MiB)} MiB"
         return f"{head}, batches of {self.batch} with {self.ahead} decoded ahead"
+
+
+def named(parts: dict[str, int]) -> str:
+    """"context 258, decoders 66": the parts of a plan (MiB), as its summary and a refusal name them."""
+    return ", ".join(f"{k} {v}" for k, v in parts.items())
+
+
+def below(spec: str, least: int, parts: dict[str, int]) -> str:
+    """The refusal of a cap ``spec`` below the ``least`` bytes a run needs, made of ``parts`` (MiB)."""
+    return f"--gpu-memory {spec} is below the {-(-least // MiB)} MiB this run needs at least: {named(parts)}"
 
 
 class CapTooSmall(ValueError):
@@ -409,10 +418,8 @@ def plan_memory(cap: int, fixed: int, parts: dict[str, int], need: ImageNeed, ba
 
     if room < per_image(1):
         least = fixed + MARGIN + outputs + per_image(1)
-        named = ", ".join([f"{k} {v}" for k, v in parts.items() if v]
-                          + ([f"outputs {-(-outputs // MiB)}"] if outputs else []))
-        raise CapTooSmall(f"--gpu-memory {spec or f'{cap // MiB}MiB'} is below the {-(-least // MiB)} MiB this run "
-                          f"needs at least: {named}, one {unit} {-(-per_image(1) // MiB)}")
+        shown = {k: v for k, v in parts.items() if v} | ({"outputs": -(-outputs // MiB)} if outputs else {})
+        raise CapTooSmall(below(spec or f"{cap // MiB}MiB", least, shown | {f"one {unit}": -(-per_image(1) // MiB)}))
     a = max(1, ahead)
     while a > 1 and room // per_image(a) < min(batch, least_batch):
         a -= 1

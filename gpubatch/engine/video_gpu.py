@@ -27,6 +27,7 @@ from .codecs.video_gpu_caps import CUDA_CODEC, nvdec_supports
 from .device import Device
 from .plan import Plan
 from .run import Job, RecordSink, RecordSource, outputs_of, read_counted, write_results
+from .settings import Settings
 
 #: containers whose NVDEC frames matched the CPU's, frame by frame (tests/video/test_video_gpu.py). An MKV
 #: file's single frames matched, its clips did not (2026-11-25, H100): other containers decode on the CPU
@@ -359,7 +360,7 @@ def cpu_reason(info: Any, gpu: int) -> str:
 
 
 def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any], plan: Plan, decoders: int,
-            stats: RunStats, stack_bytes: int | None = 16, n: int = 16) -> tuple[int, int]:
+            stats: RunStats, stack_bytes: int | None = Settings.stack_bytes, n: int = 16) -> tuple[int, int]:
     """Under ``--gpu-memory``: (NVDEC sessions, frames a session decodes ahead) that keep this run's device
     memory under the cap, as the driver counts it (:mod:`.gpu_memory`).
 
@@ -375,7 +376,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
 
     from ..errors import GpubatchError
     from .codecs.video import info_of
-    from .gpu_memory import MARGIN, MiB, spread, start_capped
+    from .gpu_memory import MARGIN, MiB, below, named, spread, start_capped
 
     cap, mem, context = start_capped(spec, device.index, stack_bytes)
     largest, frames = None, 1
@@ -400,9 +401,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     parts = {"context": context // MiB}
 
     def refuse(least: int, clip: int) -> GpubatchError:
-        named = ", ".join(f"{k} {v}" for k, v in parts.items())
-        return GpubatchError(f"--gpu-memory {spec} is below the {-(-least // MiB)} MiB this run needs at least: "
-                             f"{named}, one clip's frames {-(-clip // MiB)}")
+        return GpubatchError(below(spec, least, parts | {"one clip's frames": -(-clip // MiB)}))
 
     if largest is not None:  # a cap that cannot hold even the frames of one output refuses before a decoder
         h, w = largest[1].height, largest[1].width
@@ -457,14 +456,14 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
         raise refuse(fixed + MARGIN + need(1, 1), need(1, 1))
     pool.set_limit(size=max(0, room - (sessions - 1) * per_session))
     stats.gpu_memory.update(cap_mib=cap // MiB, processes=1, plan=(
-        f"{fixed // MiB} MiB before the first frame ({', '.join(f'{k} {v}' for k, v in parts.items())}), "
+        f"{fixed // MiB} MiB before the first frame ({named(parts)}), "
         f"{sessions} NVDEC session{'s' if sessions > 1 else ''} decoding {ahead} frames ahead"))
     return sessions, ahead
 
 
 def run_video_device(device: Device, reader: RecordSource, entries: list[Any], writer: RecordSink, plan: Plan,
                      router: ErrorRouter, decoders: int, tick: Callable[[int], None] | None = None,
-                     gpu_memory: str | None = None, stack_bytes: int | None = 16) -> None:
+                     gpu_memory: str | None = None, stack_bytes: int | None = Settings.stack_bytes) -> None:
     """The whole run flow for video records on the GPU, ``decoders`` NVDEC sessions at once (under
     ``gpu_memory``, as many as the cap holds, decoding as far ahead as it allows: :func:`fit_cap`)."""
     from .executor import expand_host, ordered_map
@@ -475,8 +474,6 @@ def run_video_device(device: Device, reader: RecordSource, entries: list[Any], w
     import sys
 
     import PyNvVideoCodec as nvc
-
-    from .settings import Settings
 
     # the decoding threads hand the GIL over between their Python steps (as the image engine sets it)
     if sys.getswitchinterval() > Settings.from_env().switch_interval:

@@ -437,11 +437,12 @@ class DecodeBuffers:
                 h, w = w, h
             job.streams[i], shapes[i], turns[i] = cs, (h, w), turn
         job.turns = turns
+        sizes = {i: _item_bytes(job, i, *shapes[i]) for i in shapes} if chunk else None
         if by_bytes:
-            lists = _call_lists(lists, hw, chunk, self.settings, {i: _item_bytes(job, i, *shapes[i]) for i in shapes})
+            lists = _call_lists(lists, hw, chunk, self.settings, sizes)
         if chunk:
             for idx in lists:
-                self._ring_bind(job, [i for i in idx if i in shapes], shapes, turns)
+                self._ring_bind(job, [i for i in idx if i in shapes], shapes, turns, sizes)
         else:
             self._bind(job, shapes, turns)
         job.lists = [[i for i in idx if i in job.views] for idx in lists]  # each call's items that have places
@@ -502,8 +503,8 @@ class DecodeBuffers:
             job.views[i] = (base + off, (h, w, 3), w * 3)
 
     def _ring_bind(self, job: _Job, idx: list[int], shapes: dict[int, tuple[int, int]],
-                   turns: dict[int, tuple[int, int, int]]) -> None:
-        """Give the next call of ``job`` (items ``idx``) its ring slot (call k of a part: slot k; with
+                   turns: dict[int, tuple[int, int, int]], sizes: dict[int, int]) -> None:
+        """Give the next call of ``job`` (items ``idx``, of ``sizes`` bytes decoded) its ring slot (call k of a part: slot k; with
         ``settings.cuda_ring`` the CUDA decoder's calls take its slots in turn), grown first where its buffer
         is too small (a new buffer, with ``settings.size_by_most`` large enough for the most of the call's kind
         a batch has had; with ``settings.free_before_grow`` the old one is given back first, once
@@ -522,9 +523,8 @@ class DecodeBuffers:
         slot = ring[k]
         offsets, total = {}, 0
         for i in idx:
-            h, w = shapes[i]
             offsets[i] = total
-            total += _item_bytes(job, i, h, w)
+            total += sizes[i]
         retire = None
         if total > slot.size:
             # room for a somewhat larger call later, and for the most of its kind a batch has had

@@ -4,9 +4,9 @@ on a machine without one.
 
 The query runs in the device's primary context (the one CuPy, nvImageCodec and the decoders share),
 retained for the call: PyNvVideoCodec's own ``GetDecoderCaps`` makes a context of its own for each
-query, about 500 MiB with the driver's default stack on an H100/H200 for the moment it lives, which a
-run under ``--gpu-memory`` cannot afford (benchmarks/gpu_memory.py caps --media video saw it as the
-run's peak). Where the driver's entry points cannot be had, PyNvVideoCodec's query is used.
+query, about 500 MiB with the driver's default stack for the moment it lives (inferred: a capped video
+run's peak, 778 MiB = its 260 + 518, went with the query; benchmarks/gpu_memory.py caps --media video),
+which a run under ``--gpu-memory`` cannot afford. Where the driver's entry points cannot be had, PyNvVideoCodec's query is used.
 """
 
 from __future__ import annotations
@@ -110,14 +110,12 @@ def _caps(gpu: int, codec: str, chroma: str, depth: int) -> tuple[int, int, int,
     except Exception:  # noqa: BLE001 - an API without this entry: decoding will tell per file
         return (1 << 16, 1 << 16, 0, 0)
     try:
-        caps = _query(gpu, int(cc), int(cf), depth)
+        caps: Any = _query(gpu, int(cc), int(cf), depth)
     except (OSError, AttributeError, TypeError, ValueError):  # no driver entry points: PyNvVideoCodec asks
-        caps = None
-    try:
-        if caps is None:
+        try:
             caps = mod.GetDecoderCaps(gpuid=gpu, codec=cc, chromaformat=cf, bitdepth=depth)
-    except Exception:  # noqa: BLE001 - an API without this entry: decoding will tell per file
-        return (1 << 16, 1 << 16, 0, 0)
+        except Exception:  # noqa: BLE001 - an API without this entry: decoding will tell per file
+            return (1 << 16, 1 << 16, 0, 0)
     get = caps.get if isinstance(caps, dict) else (lambda k, d=0: getattr(caps, k, d))
     if not get("is_supported", 1) or not get("width_max", 0) or not get("num_decoder_engines", 1):
         return None

@@ -711,7 +711,8 @@ def features_host(op: FeatureOp, it: AudioData) -> AudioData:
 
 def features_device(op: FeatureOp, items: list[AudioData], chunk_bytes: int = 256 << 20) -> list[AudioData]:
     """Features of a batch on the GPU: the frames of all its rows in one launch, one batched rFFT, one
-    matrix product per sample rate; split into records at the end. Batches whose frames exceed
+    matrix product per sample rate; split into records at the end (records of different shapes then
+    take their last step, :meth:`FeatureOp.finish`, one at a time). Batches whose frames exceed
     ``chunk_bytes`` go in parts, so the frame buffer stays bounded."""
     cp = _cupy()
     rows = [(i, c) for i, it in enumerate(items) for c in range(it.samples.shape[0])]
@@ -747,14 +748,20 @@ def features_device(op: FeatureOp, items: list[AudioData], chunk_bytes: int = 25
     for a, b in parts:
         part = rows[a:b]
         fr, counts = frames_gpu([items[i].samples[c] for i, c in part], op.n_fft, op.hop, pad)
-        p = _power(fr, cp)
-        off = 0
-        for (i, c), n in zip(part, counts):
-            q = p[off: off + n][None]
-            off += n
-            if op.drop_last:
-                q = q[:, :-1]
-            outs[(i, c)] = op.from_power(q, items[i].rate, cp)[0]
+        p = _power(fr, cp)  # (the part's frames end to end, bins)
+        del fr
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        by_rate: dict[int, list[int]] = {}
+        for k, (i, _) in enumerate(part):
+            by_rate.setdefault(items[i].rate, []).append(k)
+        for rate, ks in by_rate.items():  # the features of every frame of a rate at once (they are per frame)
+            q = p if len(by_rate) == 1 else cp.concatenate([p[starts[k]: starts[k + 1]] for k in ks])
+            f = op.from_power(q[None], rate, cp)[0]  # (bins', frames)
+            off = 0
+            for k in ks:
+                n = int(counts[k])
+                outs[part[k]] = f[:, off: off + n - (1 if op.drop_last else 0)]
+                off += n
     result = []
     for i, it in enumerate(items):
         f = cp.stack([outs[(i, c)] for c in range(it.samples.shape[0])])
