@@ -328,10 +328,11 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
         tick = progress(len(entries) * plan.outputs_per_record) if progress else None
         try:
             with staged_output(dst_path, req.overwrite, stats.warn) as stage:
-                summary = _write(req, reader, entries, info, stage, fmt, plan, device, router, tick, start)
+                summary, shards = _write(req, reader, entries, info, stage, fmt, plan, device, router, tick, start)
                 write_manifest(stage, {
                     "format": fmt.name,
                     "records": stats.records_out,
+                    **({"shards": shards} if shards else {}),
                     "classes": manifest_classes(info.classes),
                     "categories": [dict(c) for c in info.categories],
                     "source": {"path": str(src_path.resolve()), "format": src_format},
@@ -348,8 +349,9 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
 
 
 def _write(req: Any, reader: Reader, entries: list, info: Any, stage: Path, fmt: Any, plan: Any, device: Device,
-           router: ErrorRouter, tick: Callable[[int], None] | None, start: float) -> RunSummary:
-    """Run the records through ``plan`` into ``fmt`` in ``stage``: the summary of what was written."""
+           router: ErrorRouter, tick: Callable[[int], None] | None, start: float) -> tuple[RunSummary, dict[str, int]]:
+    """Run the records through ``plan`` into ``fmt`` in ``stage``: the summary of what was written, and
+    each shard's record count (sharded formats; empty for the others)."""
     stats = router.stats
     src_path = Path(req.src)
     inner = fmt.writer(stage, info, WriteOptions(shard_size=req.shard_size, name=req.name, source=str(src_path),
@@ -365,6 +367,7 @@ def _write(req: Any, reader: Reader, entries: list, info: Any, stage: Path, fmt:
         (reason, n), *_ = stats.error_reasons().most_common(1) or [("no output", stats.records_in)]
         raise GpubatchError(f"none of the {stats.records_in} records of {src_path} could be converted "
                             f"({n} x {reason}): nothing written")
+    shards = inner.shard_table() if hasattr(inner, "shard_table") else {}
     return RunSummary(
         src=str(src_path), dst=str(req.dst), src_format=reader.format_name, dst_format=fmt.name,
         device=str(device), device_reason=device.reason, records_in=stats.records_in,
@@ -373,7 +376,7 @@ def _write(req: Any, reader: Reader, entries: list, info: Any, stage: Path, fmt:
         bytes_out=stats.bytes_out, seconds=time.perf_counter() - start, skipped=[e.as_dict() for e in stats.errors],
         warnings=list(stats.warnings), timings={k: round(v, 4) for k, v in stats.timings.items()},
         gpu_memory=dict(stats.gpu_memory),
-    )
+    ), shards
 
 
 PARAMS_FILE = "augment-params.jsonl"

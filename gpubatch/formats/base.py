@@ -106,6 +106,39 @@ class Damaged:
     reason: str
 
 
+def shortfall(shard: Path, entries: list[Any], expected: int | None, named: list[tuple[str, str]] = (),
+              cut: str = "") -> list[Any]:
+    """A shard's entries with what it lacks added as :class:`Damaged` entries, so that a shard cut short on a
+    record boundary (which reads as whole) loses nothing without a word.
+
+    Args:
+        shard: the shard file.
+        entries: what its scan found: records and Damaged entries, in shard order.
+        expected: how many records the dataset's manifest says the shard holds, or None.
+        named: (key, reason) of each record its index lists that the scan did not find: these are listed
+            by key, and replace the damaged stretches at the shard's end (the index says what they held).
+        cut: why the shard looks cut short where neither says more (a tar without its end-of-archive
+            blocks), or "": one Damaged entry of unknown extent where nothing else accounts for the loss.
+    """
+    out = list(entries)
+    if named:
+        last = max((i for i, e in enumerate(out) if not isinstance(e, Damaged) or not e.key.startswith(shard.name + "@")),
+                   default=-1)
+        out = out[: last + 1] + [e for e in out[last + 1 :] if not isinstance(e, Damaged)]  # stretches at the end
+        out += [Damaged(key, f"{shard}#{key}", reason) for key, reason in named]
+    if expected is not None and len(out) < expected:
+        n = expected - len(out)
+        out += [Damaged(f"{shard.name}#missing-{k}", str(shard),
+                        f"the dataset's gpubatch.json counts {expected:,} records in {shard.name}, {len(entries):,} "
+                        f"were found: the shard is cut short and {n:,} record{'s are' if n > 1 else ' is'} missing")
+                for k in range(n)]
+    elif cut and not named and not (out and isinstance(out[-1], Damaged) and out[-1].key.startswith(shard.name + "@")):
+        size = shard.stat().st_size
+        out.append(Damaged(f"{shard.name}@{size}", f"{shard}@{size}",
+                           f"{cut}: the shard is cut short at byte {size:,}; the records after it are lost"))
+    return out
+
+
 @dataclass(frozen=True)
 class WriteOptions:
     """Options every writer understands.
@@ -296,6 +329,7 @@ class ShardedWriter(Writer):
         self.shard_index = -1
         self.in_shard = 0
         self.shards: list[Path] = []
+        self.shard_records: list[int] = []  # records per shard, in shard order
         self._pending: Record | None = None
         self._open = False
 
@@ -316,9 +350,11 @@ class ShardedWriter(Writer):
         if not self._open:
             self.shard_index += 1
             self.shards.append(self._open_shard(self.shard_index))
+            self.shard_records.append(0)
             self._open = True
             self.in_shard = 0
         self.bytes += self._write_to_shard(record)
+        self.shard_records[-1] += 1
         self.in_shard += 1
         self.count += 1
 
@@ -346,6 +382,11 @@ class ShardedWriter(Writer):
             self._close_shard()
             self._open = False
         self._finish()
+
+    def shard_table(self) -> dict[str, int]:
+        """Each shard's file name (as finally named) and its record count: the manifest's ``shards``, which
+        readers compare with what they find (a shard cut short on a record boundary)."""
+        return {p.name: n for p, n in zip(self.shards, self.shard_records)}
 
 
 def shard_names(paths: Sequence[Path], rename: Callable[[int, int], str]) -> list[Path]:

@@ -54,6 +54,9 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
         data.pop("classes", None)
     else:
         data["classes"] = classes
+    shards = data.get("shards")
+    if not (isinstance(shards, dict) and all(isinstance(k, str) and _whole(v) and v >= 0 for k, v in shards.items())):
+        data.pop("shards", None)
     cats = data.get("categories")
     if cats is not None:
         cats = [c for c in cats if isinstance(c, dict) and _whole(c.get("id"))] if isinstance(cats, list) else []
@@ -88,6 +91,12 @@ def manifest_classes_read(value: Any) -> tuple[str, ...] | ClassNames | None:
         table = class_table(named, [value["count"] - 1] if value["count"] else [])
         return table
     return None
+
+
+def expected_records(manifest: dict[str, Any], shard: Path) -> int | None:
+    """How many records the manifest says ``shard`` holds (its ``shards`` table), or None where it does not say."""
+    table = manifest.get("shards")
+    return table.get(Path(shard).name) if isinstance(table, dict) else None
 
 
 def write_manifest(root: Path, content: dict[str, Any]) -> Path:

@@ -37,9 +37,10 @@ from .base import (
     WriteOptions,
     Writer,
     check_one_split,
+    shortfall,
 )
 from .folder import label_names
-from .manifest import read_manifest
+from .manifest import expected_records, read_manifest
 
 MAGIC = 0xCED7230A
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
@@ -191,19 +192,22 @@ class RecordIOReader(Reader):
         entries: list[tuple[int, int, str] | Damaged] = []
         for s, rec in enumerate(self.recs):
             starts, damage = scan_rec(rec)
-            keys = self._index_keys(rec, starts)
+            keys, named = self._index_keys(rec, starts, damage)
             events = [(off, (s, off, keys.get(off, str(i)) if keys else str(i))) for i, off in enumerate(starts)]
-            events += [(a, Damaged(f"{rec.stem}@{a}", f"{rec}@{a}", f"damaged file: bytes {a:,}-{b:,} hold {what}; "
+            events += [(a, Damaged(f"{rec.name}@{a}", f"{rec}@{a}", f"damaged file: bytes {a:,}-{b:,} hold {what}; "
                                    "the records there are lost")) for a, b, what in damage]
-            entries.extend(e for _, e in sorted(events, key=lambda e: e[0]))
+            found = [e for _, e in sorted(events, key=lambda e: e[0])]
+            entries.extend(shortfall(rec, found, expected_records(self.manifest, rec), named))
         return entries
 
-    def _index_keys(self, rec: Path, starts: list[int]) -> dict[int, str]:
-        """Record offset -> key from the ``.idx`` beside ``rec`` (im2rec's keys); records the index does
-        not name, or an index that names no record start, are said in a warning."""
+    def _index_keys(self, rec: Path, starts: list[int],
+                    damage: list[tuple[int, int, str]]) -> tuple[dict[int, str], list[tuple[str, str]]]:
+        """Record offset -> key from the ``.idx`` beside ``rec`` (im2rec's keys), and (key, reason) of each
+        record the index lists at or past the end of what the scan read whole (the file was cut short).
+        An index that names no record start otherwise is said in a warning."""
         idx = rec.with_suffix(".idx")
         if not idx.is_file():
-            return {}
+            return {}, []
         keys: dict[int, str] = {}
         try:
             for ln in read_regular(idx).decode("utf-8", "replace").splitlines():
@@ -212,14 +216,22 @@ class RecordIOReader(Reader):
                     keys[int(off)] = k.strip()
         except (OSError, ValueError):
             keys = {}
+        named: list[tuple[str, str]] = []
         if set(keys) != set(starts):
-            self.warnings.append(f"the index {idx.name} does not match {rec.name} (it names {len(keys):,} records, "
-                                 f"the file holds {len(starts):,}): every record in the file was read")
             known = set(starts)
+            size = rec.stat().st_size
+            tail = damage[-1][0] if damage and damage[-1][1] >= size else size  # where the whole records end
+            lost = sorted((off, k) for off, k in keys.items() if off not in known and off >= tail)
+            named = [(f"{rec.stem}_{k}", f"the index {idx.name} lists this record at byte {off:,}, but the file "
+                      f"holds {size:,} bytes{' and stops inside it' if off < size else ''}: it is cut short and the "
+                      "record is lost") for off, k in lost]
+            if len(lost) + len(known & set(keys)) != len(keys) or not known <= set(keys):
+                self.warnings.append(f"the index {idx.name} does not match {rec.name} (it names {len(keys):,} records, "
+                                     f"the file holds {len(starts):,}): every record in the file was read")
             keys = {off: k for off, k in keys.items() if off in known}
             taken = set(keys.values())
             keys.update({off: f"@{off}" for off in starts if off not in keys and f"@{off}" not in taken})
-        return keys
+        return keys, named
 
     def _payload(self, s: int, off: int) -> bytes:
         fd, parts, total = self.files.fd(s), [], 0

@@ -48,8 +48,9 @@ from .base import (
     compression,
     image_size,
     shard_names,
+    shortfall,
 )
-from .manifest import read_manifest
+from .manifest import expected_records, read_manifest
 
 _SHARD = re.compile(r".*-\d{5}-of-\d{5}$")
 _SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")  # TensorFlow's, its tutorials' and Kaggle's names
@@ -154,6 +155,17 @@ def _refuse_compressed(shard: Path) -> None:
             "gpubatch, like DALI, reads records by offset, which compressed shards do not allow")
 
 
+def _describes(rows: list[tuple[int, int]], size: int) -> bool:
+    """True where index ``rows`` describe a ``size``-byte shard exactly: every record one after the other
+    from byte 0 to its end."""
+    pos = 0
+    for off, ln in rows:
+        if off != pos or ln < 16:
+            return False
+        pos += ln
+    return pos == size and (bool(rows) or not size)
+
+
 def _pread(f: Any, pos: int, n: int) -> bytes:
     f.seek(pos)
     return f.read(n)
@@ -174,34 +186,47 @@ class TFRecordReader(Reader):
         for s, shard in enumerate(self.shards):
             _refuse_compressed(shard)
             size = shard.stat().st_size
-            rows = self._index_rows(shard, size)
-            if rows is None:
+            listed = self._index(shard)
+            if listed is not None and _describes(listed, size):
+                rows: list[Any] = list(listed)
+                named: list[tuple[str, str]] = []
+            else:
                 rows = self._scan_shard(shard, size)
-            entries.extend(r if isinstance(r, Damaged) else (s, r[0], r[1]) for r in rows)
+                named = self._index_shortfall(shard, listed, rows, size)
+            found = [r if isinstance(r, Damaged) else (s, r[0], r[1]) for r in rows]
+            entries.extend(shortfall(shard, found, expected_records(self.manifest, shard), named))
         return entries
 
-    def _index_rows(self, shard: Path, size: int) -> list[tuple[int, int]] | None:
-        """The shard's index rows (offset, length) where the index describes the shard exactly: every
-        record one after the other from byte 0 to its end. Otherwise None (the shard is scanned), with a
-        warning where an index was there: an empty, stale or damaged index must not hide records."""
+    def _index(self, shard: Path) -> list[tuple[int, int]] | None:
+        """The rows (offset, length) of the index beside ``shard``, or None where there is none (or it is
+        no index: a warning says so)."""
         idx = _index_of(shard)
         if not idx.is_file():
             return None
         try:
-            rows = [tuple(map(int, ln.split()[:2])) for ln in read_regular(idx).decode("ascii").splitlines()
-                    if ln.strip()]
-            pos = 0
-            for off, ln in rows:
-                if off != pos or ln < 16:
-                    raise ValueError
-                pos += ln
-            if pos != size or not rows and size:
-                raise ValueError
+            return [(int(a), int(b)) for a, b, *_ in (ln.split() for ln in read_regular(idx).decode("ascii").splitlines()
+                                                      if ln.strip())]
         except (OSError, ValueError):
+            self.warnings.append(f"the index {idx.name} beside {shard.name} is unreadable: the shard was scanned")
+            return None
+
+    def _index_shortfall(self, shard: Path, listed: list[tuple[int, int]] | None, rows: list[Any],
+                         size: int) -> list[tuple[str, str]]:
+        """Where the index does not describe the shard: (key, reason) of each record it lists at or past
+        the end of what the scan read whole (the shard was cut short), with a warning where it is stale
+        in other ways."""
+        if listed is None:
+            return []
+        idx = _index_of(shard)
+        whole = max((off + ln for off, ln in (r for r in rows if not isinstance(r, Damaged))), default=0)
+        known = {r[0] for r in rows if not isinstance(r, Damaged)}
+        lost = [(off, ln) for off, ln in listed if off >= whole and off not in known]
+        if not lost or any(off not in known for off, _ in listed if off < whole):
             self.warnings.append(f"the index {idx.name} does not describe {shard.name} (empty, stale or damaged): "
                                  "the shard was scanned instead")
-            return None
-        return rows
+        return [(f"{shard.name}@{off}", f"the shard's index {idx.name} lists a record at byte {off:,}, but the "
+                 f"shard holds {size:,} bytes{' and stops inside it' if off < size else ''}: it is cut short and "
+                 "the record is lost") for off, _ in lost]
 
     @staticmethod
     def _scan_shard(shard: Path, size: int) -> list[tuple[int, int] | Damaged]:

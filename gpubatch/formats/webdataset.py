@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .._paths import MAX_RECORD_BYTES, safe_relpath, source_files, source_root
+from .._paths import MAX_RECORD_BYTES, read_regular, safe_relpath, source_files, source_root
 from ..errors import FormatError
 from ..types import (
     AUDIO_EXTENSIONS,
@@ -50,9 +50,10 @@ from .base import (
     check_one_split,
     compression,
     image_size,
+    shortfall,
 )
 from .folder import label_names
-from .manifest import read_manifest
+from .manifest import expected_records, read_manifest
 
 _COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst")
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext, key without dots
@@ -114,9 +115,11 @@ def _pax_fields(data: bytes) -> dict[str, str]:
     return out
 
 
-def scan_tar(f: Any, size: int) -> tuple[list[tuple[str, int, int, int]], list[tuple[int, int, str]]]:
-    """The regular-file members of a tar (name, data offset, size, header offset) and its damaged
-    stretches (start, end, what), walking the headers one 512-byte block at a time.
+def scan_tar(f: Any, size: int) -> tuple[list[tuple[str, int, int, int]], list[tuple[int, int, str]], bool]:
+    """The regular-file members of a tar (name, data offset, size, header offset), its damaged
+    stretches (start, end, what) and whether it ends with its end-of-archive (zero) block, walking the
+    headers one 512-byte block at a time. A tar that stops right after a member, without that block,
+    was cut short (a partial copy), possibly on a member boundary where nothing else shows it.
 
     A block that is no valid header (its checksum fails, a number is no number, a member would run past
     the file's end) starts a damaged stretch, which ends at the next valid header: the members after
@@ -129,12 +132,15 @@ def scan_tar(f: Any, size: int) -> tuple[list[tuple[str, int, int, int]], list[t
     long_name: str | None = None
     pax: dict[str, str] = {}
     pos = 0
+    ended = False  # a zero block after the last header: the end of the archive
     while pos + _BLOCK <= size:
         f.seek(pos)
         block = f.read(_BLOCK)
         if block == _ZERO_BLOCK:
+            ended = True
             pos += _BLOCK
             continue
+        ended = False
         why = None
         try:
             info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
@@ -174,7 +180,7 @@ def scan_tar(f: Any, size: int) -> tuple[list[tuple[str, int, int, int]], list[t
         f.seek(pos)
         if f.read(size - pos).strip(b"\0"):
             damage.append((pos, size, "a truncated last block"))
-    return members, damage
+    return members, damage, ended or not members and not damage
 
 
 def _samples(s: int, tar: Path, members: list[tuple[str, int, int, int]],
@@ -241,6 +247,48 @@ def _samples(s: int, tar: Path, members: list[tuple[str, int, int, int]],
     return out
 
 
+def _index_samples(tar: Path) -> list[tuple[str, int]] | None:
+    """(key, offset of its first member's data) of every sample the DALI index beside ``tar`` lists
+    (``v1.2 N`` then ``ext offset size name ...`` a sample, or v1.1's ``ext offset size ...`` without
+    names, keyed by offset), or None where there is no readable index."""
+    idx = tar.with_suffix(".idx")
+    if not idx.is_file():
+        return None
+    try:
+        lines = read_regular(idx, 1 << 30).decode("utf-8").splitlines()
+        head = lines[0].split()
+        width = 4 if head[0] == "v1.2" else 3 if head[0] == "v1.1" else 0
+        if not width or len(head) < 2 or int(head[1]) != len([ln for ln in lines[1:] if ln.strip()]):
+            return None
+        out = []
+        for ln in lines[1:]:
+            parts = ln.split()
+            if not parts:
+                continue
+            if len(parts) % width:
+                return None
+            off = int(parts[1])
+            ke = split_member(parts[3]) if width == 4 else None
+            out.append((ke[0] if ke else f"{tar.name}@{off}", off))
+        return out
+    except (OSError, ValueError, IndexError, UnicodeError):
+        return None
+
+
+def _not_found(tar: Path, found: list, members: list[tuple[str, int, int, int]]) -> list[tuple[str, str]]:
+    """(key, reason) of each sample the index beside ``tar`` lists past the last member the scan read whole:
+    what a tar cut short on a member boundary lost."""
+    listed = _index_samples(tar)
+    if not listed:
+        return []
+    known = {e.key if isinstance(e, Damaged) else e[1] for e in found}
+    last = max((off + size for _, off, size, _ in members), default=0)
+    size = tar.stat().st_size
+    return [(key, f"the shard's index {tar.with_suffix('.idx').name} lists this sample at byte {off:,}, but the "
+             f"shard ends at byte {size:,}: it is cut short and the sample is lost")
+            for key, off in listed if off >= last and key not in known]
+
+
 class WebDatasetReader(Reader):
     def __init__(self, path: Path):
         path = Path(path)
@@ -272,10 +320,13 @@ class WebDatasetReader(Reader):
             try:
                 with open(tar, "rb") as f:
                     refuse_compressed(tar, f.read(6))
-                    members, damage = scan_tar(f, os.fstat(f.fileno()).st_size)
+                    members, damage, ended = scan_tar(f, os.fstat(f.fileno()).st_size)
             except OSError as e:
                 raise FormatError(f"cannot read tar shard {tar}: {e.strerror or e}") from None
-            entries.extend(_samples(s, tar, members, damage))
+            found = _samples(s, tar, members, damage)
+            named = _not_found(tar, found, members)
+            cut = "" if ended else "the tar has no end-of-archive block"
+            entries.extend(shortfall(tar, found, expected_records(self.manifest, tar), named, cut))
         return entries
 
     def info(self) -> DatasetInfo:
@@ -596,7 +647,7 @@ class WebDatasetFormat(Format):
         tars = [path] if path.is_file() and path.suffix == ".tar" else sorted(path.glob("*.tar")) if path.is_dir() else []
         if not tars:
             return bool(compressed_shards(path))  # recognized, so that the reader can say what to do
-        return tars[0].suffix == ".tar" and tarfile.is_tarfile(tars[0])
+        return any(t.suffix == ".tar" and tarfile.is_tarfile(t) for t in tars[:4])  # (a first shard cut short too)
 
     @classmethod
     def reader(cls, path: Path) -> Reader:

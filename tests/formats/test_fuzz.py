@@ -106,3 +106,82 @@ def test_damaged_datasets_keep_the_contract(pristine, tmp_path, fmt):
         shutil.rmtree(src)
         shutil.rmtree(dst, ignore_errors=True)
     assert outcomes["ok"] > CASES // 3  # most damage leaves records to convert
+
+
+# --- a shard cut on a record boundary reads as whole unless its index, the manifest or the tar's end says --
+
+
+SHARDED = {"webdataset": ("*.tar", ".idx"), "tfrecord": ("*.tfrecord", ".idx"), "recordio": ("*.rec", ".idx")}
+
+
+def _boundaries(fmt: str, shard: Path) -> list[int]:
+    """The byte offsets where the shard's records begin (from the index gpubatch wrote beside it)."""
+    idx = shard.with_suffix(".idx").read_text().splitlines()
+    if fmt == "webdataset":
+        return [int(ln.split()[1]) - 512 for ln in idx[1:]]  # each sample's first header
+    if fmt == "tfrecord":
+        return [int(ln.split()[0]) for ln in idx]
+    return [int(ln.split("\t")[1]) for ln in idx]
+
+
+def _tally(path: Path) -> tuple[int, list[str]]:
+    """(records read whole, reasons of the entries listed as skipped) of a dataset."""
+    from gpubatch.api import open_dataset
+    from gpubatch.errors import RecordError
+
+    good, bad = 0, []
+    with open_dataset(path) as r:
+        for e in r.entries():
+            try:
+                r.read(e)
+                good += 1
+            except RecordError as err:
+                bad.append(err.reason)
+    return good, bad
+
+
+@pytest.mark.parametrize("fmt", sorted(SHARDED))
+def test_a_shard_cut_at_every_record_boundary_lists_every_lost_record(tmp_path, fmt):
+    src = tmp_path / "src"
+    convert(SAMPLE / "imagenet", src, to=fmt, limit=12, shard_size=12, resize_shorter=16, quality=70)
+    (shard,) = sorted(src.glob(SHARDED[fmt][0]))
+    cuts = _boundaries(fmt, shard)[1:] + [shard.stat().st_size - (1024 if fmt == "webdataset" else 0)]
+    whole = shard.read_bytes()
+    for n, cut in enumerate(cuts, 1):  # n records remain before the cut
+        for keep in ("index", "manifest", "both", "neither"):
+            case = tmp_path / f"{fmt}-{n}-{keep}"
+            shutil.copytree(src, case)
+            (case / shard.name).write_bytes(whole[:cut])
+            if keep in ("manifest", "neither"):
+                (case / shard.name).with_suffix(".idx").unlink()
+            if keep in ("index", "neither"):
+                (case / "gpubatch.json").unlink()
+            good, bad = _tally(case)
+            assert good == n, (fmt, n, keep, bad)
+            if keep != "neither":
+                assert good + len(bad) == 12, (fmt, n, keep, bad)  # every lost record listed
+                assert all("cut short" in b for b in bad), bad
+            elif fmt == "webdataset" and n < 12:  # a tar without its end: one entry of unknown extent
+                assert len(bad) == 1 and "end-of-archive" in bad[0], bad
+            shutil.rmtree(case)
+
+
+def test_a_tar_cut_between_members_is_a_skipped_record_in_the_summary_not_exit_0_in_silence(tmp_path):
+    from tests.helpers import run_cli
+
+    src = tmp_path / "src"
+    convert(SAMPLE / "imagenet", src, to="webdataset", limit=40, shard_size=40)
+    (shard,) = src.glob("*.tar")
+    cut = _boundaries("webdataset", shard)[28]
+    shard.write_bytes(shard.read_bytes()[:cut])
+    p = run_cli("convert", src, tmp_path / "out", "--to", "tfrecord", "--json")
+    assert p.returncode == 0, p.stderr
+    import json
+
+    s = json.loads(p.stdout)
+    assert s["records_out"] == 28 and len(s["skipped"]) == 12 and s["records_in"] == 40
+    assert {e["key"] for e in s["skipped"]} == {f"{k}" for k in _index_keys(src / shard.with_suffix(".idx").name)[28:]}
+
+
+def _index_keys(idx: Path) -> list[str]:
+    return [ln.split()[3].rsplit(".", 1)[0] for ln in idx.read_text().splitlines()[1:]]

@@ -226,7 +226,8 @@ def test_a_damaged_recordio_file_keeps_the_records_around_the_damage(imagenet, t
     rec.write_bytes(bytes(raw))
     s = convert(rec_dir, tmp_path / "out", to="webdataset")
     assert accounted(s) and s.records_out == 39 and len(s.skipped) == 1
-    assert "damaged file" in s.skipped[0]["reason"]
+    # the index names the record a cut lost, by its key
+    assert ("damaged file" if damage == "bad magic" else "cut short") in s.skipped[0]["reason"]
 
 
 def test_a_recordio_index_with_a_negative_offset_is_a_warning_not_a_write_error(imagenet, tmp_path):
