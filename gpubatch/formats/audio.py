@@ -133,8 +133,6 @@ class AudioReader(Reader):
         return None
 
     def _scan_nemo(self, manifest: Path) -> list[Any]:
-        import json
-
         text = read_regular(manifest, 1 << 30).decode("utf-8", "replace")
         entries: list[Any] = []
         for n, line in enumerate(text.splitlines(), 1):
@@ -142,17 +140,18 @@ class AudioReader(Reader):
                 continue
             where = f"{manifest}:{n}"
             try:
-                doc = json.loads(line)
-                if not isinstance(doc, dict):
-                    raise ValueError("not a JSON object")
+                doc = fields.json_object(line, "the line")  # (nested too deeply: this line's error)
                 path = str(doc.get("audio_filepath") or doc.get("audio_filename") or "")
                 if not path:
                     raise ValueError("no audio_filepath")
                 path = path if os.path.isabs(path) else safe_relpath(path)
+                extra = {k: fields.number(doc[k], k) for k in ("duration", "offset") if doc.get(k) is not None}
+                if extra.get("offset", 0) < 0 or extra.get("duration", 1) <= 0:
+                    raise ValueError(f"a segment of offset {extra.get('offset', 0):g} s and duration "
+                                     f"{extra.get('duration', 0):g} s")
             except ValueError as e:
                 entries.append(Damaged(f"line {n}", where, f"bad manifest line: {e}"))
                 continue
-            extra = {k: doc[k] for k in ("duration", "offset") if isinstance(doc.get(k), (int, float))}
             entries.append((path, None, str(doc.get("text") or "") or None, extra))
         return entries
 
@@ -261,10 +260,31 @@ class AudioReader(Reader):
         meta: dict[str, Any] = {"filename": path.rsplit("/", 1)[-1]}
         if text:
             meta["text"] = text
-        if len(entry) > 3:
+        codec = sniff_audio(data) or AUDIO_EXTENSIONS.get(ext, ext)
+        if len(entry) > 3 and entry[3]:
             meta.update(entry[3])
-        return Record(key=key, data=data, media=Media.AUDIO, codec=sniff_audio(data) or AUDIO_EXTENSIONS.get(ext, ext),
-                      label=label, meta=meta, origin=str(full))
+            key, data, codec = self._segment(key, str(full), data, meta)
+        return Record(key=key, data=data, media=Media.AUDIO, codec=codec, label=label, meta=meta, origin=str(full))
+
+    def _segment(self, key: str, origin: str, data: bytes, meta: dict) -> tuple[str, bytes, str]:
+        """A NeMo line's segment (``offset``, ``duration`` in seconds) of its recording: (key, bytes, codec) of
+        the segment cut out (:func:`~gpubatch.engine.codecs.audio_io.cut_audio`, exact samples for WAV and
+        FLAC), keyed ``<file>_<offset in ms>ms``; the recording as it is where the line names all of it.
+        ``meta`` keeps the segment's place in its recording (``segment``) and its own ``duration``."""
+        from ..engine.codecs.audio_io import SEGMENT_SLACK, cut_audio, probe_audio, sniff_audio
+
+        offset = float(meta.pop("offset", 0.0))
+        try:
+            info = probe_audio(data)
+            end = offset + meta["duration"] if "duration" in meta else info.duration
+            if offset <= 0 and end >= info.duration - SEGMENT_SLACK and end <= info.duration + SEGMENT_SLACK:
+                return key, data, sniff_audio(data) or info.codec  # the whole recording
+            data, codec = cut_audio(data, info, offset, end)
+        except ValueError as e:
+            raise self.record_error(key, origin, f"the manifest's segment (offset {offset:g} s): {e}") from None
+        meta["segment"] = {"offset": offset, "duration": round(end - offset, 6)}
+        meta["duration"] = round(end - offset, 6)
+        return f"{key}_{int(round(offset * 1000))}ms", data, codec
 
 
 def _label(x: int | None) -> Any:

@@ -201,9 +201,14 @@ def _samples(s: int, tar: Path, members: list[tuple[str, int, int, int]],
             seq.append(ev)
             current = None
             continue
-        name, off, size, _ = ev
+        name, off, size, head = ev
         ke = split_member(name)
-        if ke is None:
+        if ke is None:  # a member webdataset and DALI leave out: listed, not dropped in silence
+            base = name.rsplit("/", 1)[-1]
+            why = "no extension" if "." not in base.lstrip(".") else "a hidden name (a leading '.' or '__')"
+            seq.append((head, head + _BLOCK + size, f"the member {name[:80]!r}, which has {why}: webdataset and DALI "
+                        "group members by key.extension and leave it out, so gpubatch does too", name))
+            current = None
             continue
         if ke[0] != current:
             seq.append((s, ke[0], []))
@@ -220,7 +225,7 @@ def _samples(s: int, tar: Path, members: list[tuple[str, int, int, int]],
     out: list[Any] = []
     damaged: set[int] = set()
     for i, item in enumerate(seq):
-        if isinstance(item[2], list):
+        if isinstance(item[2], list) or len(item) == 4:
             continue
         start, end, what = item
         near = [k for k in (i - 1, i + 1) if 0 <= k < len(seq) and lacking(seq[k])]
@@ -233,13 +238,16 @@ def _samples(s: int, tar: Path, members: list[tuple[str, int, int, int]],
             if i not in damaged:
                 out.append((item[0], item[1], tuple(item[2])))
                 continue
-            stretch = seq[i + 1] if i + 1 < len(seq) and isinstance(seq[i + 1][2], str) else seq[i - 1]
+            stretch = seq[i + 1] if i + 1 < len(seq) and len(seq[i + 1]) == 3 and isinstance(seq[i + 1][2], str) \
+                else seq[i - 1]
             if out and isinstance(out[-1], Damaged) and out[-1].key == item[1]:
                 continue  # the same sample on both sides of the stretch: one damaged record
             has = ", ".join(sorted(m[0] for m in item[2]))
             out.append(Damaged(item[1], f"{tar}#{item[1]}", f"members of this sample lay in a damaged stretch of the "
                                f"shard (bytes {stretch[0]:,}-{stretch[1]:,}): it holds {has}, the shard's samples "
                                f"hold {', '.join(sorted(usual))}"))
+        elif len(item) == 4:
+            out.append(Damaged(f"{tar.name}#{item[3]}", f"{tar}#{item[3]}", item[2]))
         elif i in damaged:
             start, end, what = item
             out.append(Damaged(f"{tar.name}@{start}", f"{tar}@{start}",
@@ -618,7 +626,7 @@ def _array_kind(raw: bytes) -> Media | None:
     (``meta.features``) or a video clip (``meta.frames``); None for arrays of another tool."""
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply: the sample's read says so
         return None
     meta = doc.get("meta") if isinstance(doc, dict) else None
     if not isinstance(meta, dict):

@@ -750,3 +750,19 @@ def test_lmdb_layouts_the_page_reader_leaves_to_the_library(tmp_path):
     pages.close()
     with pytest.raises(GpubatchError, match="neither a Caffe Datum"):  # the library lists the main database:
         convert(tmp_path / "d", tmp_path / "o", to="folder")  # one key, the sub-database's name, as before
+
+
+def test_a_tar_member_with_a_hidden_name_or_no_extension_is_listed_not_dropped(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    with tarfile.open(src / "data-000000.tar", "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in [("a.jpg", jpeg_bytes(photo(16, 16))), ("a.cls", b"0"), ("..name.jpg", jpeg_bytes(photo(8, 8))),
+                           ("README", b"notes"), ("b.jpg", jpeg_bytes(photo(16, 16, 1))), ("b.cls", b"1")]:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tar.addfile(ti, io.BytesIO(data))
+    s = convert(src, tmp_path / "out", to="folder")
+    assert s.records_out == 2 and accounted(s)
+    reasons = {e["key"]: e["reason"] for e in s.skipped}
+    assert set(reasons) == {"data-000000.tar#..name.jpg", "data-000000.tar#README"}
+    assert "hidden" in reasons["data-000000.tar#..name.jpg"] and "no extension" in reasons["data-000000.tar#README"]

@@ -69,7 +69,12 @@ class AudioHostCodec:
             except ValueError as e:
                 raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
             return record
-        info = info_of(record)
+        info = info_of(record)  # (a file cut short is refused here: its header's length is checked)
+        if getattr(plan, "verify", "headers") == "full":  # every sample decoded
+            try:
+                decode_audio(record.data, info, getattr(plan, "max_samples", DEFAULT_MAX_SAMPLES))
+            except ValueError as e:
+                raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
         return record if record.codec == info.codec else record.with_(codec=info.codec)
 
     def decode_lazy(self, record: Record, plan: Any) -> Any:

@@ -20,8 +20,8 @@ import numpy as np
 
 from ...errors import DependencyError
 
-__all__ = ["AUDIO_FORMATS", "AudioData", "AudioInfo", "decode_audio", "encode_audio", "leading_seconds", "npy_header",
-           "probe_audio", "sniff_audio"]
+__all__ = ["AUDIO_FORMATS", "AudioData", "AudioInfo", "audio_shortfall", "cut_audio", "decode_audio", "encode_audio",
+           "leading_seconds", "npy_header", "probe_audio", "sniff_audio"]
 
 #: what ``--audio-format`` writes
 AUDIO_FORMATS = ("keep", "flac", "wav", "npy")
@@ -154,7 +154,25 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
     _check(info)
     if info.frames <= 0:
         raise ValueError("no audio samples")
+    if data is not None:
+        short = audio_shortfall(data[: 1 << 16], data[-tail_bytes(data[:64]) :] if tail_bytes(data[:64]) else b"",
+                                len(data))
+    else:
+        short = _file_shortfall(data_path)
+    if short is not None:
+        raise ValueError(short)
     return info
+
+
+def _file_shortfall(path: str | Path) -> str | None:
+    """:func:`audio_shortfall` of a file, reading its first and last bytes only."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+        size = os.fstat(f.fileno()).st_size
+        n = tail_bytes(head)
+        if n:
+            f.seek(max(0, size - n))
+        return audio_shortfall(head, f.read(n) if n else b"", size)
 
 
 def _wav_header(data: bytes) -> tuple[int, int] | None:
@@ -170,6 +188,134 @@ def _wav_header(data: bytes) -> tuple[int, int] | None:
             return rate, channels
         pos += 8 + size + (size & 1)
     return None
+
+
+def wav_shortfall(head: bytes, size: int) -> tuple[int, int] | None:
+    """(bytes the WAV header's ``data`` chunk promises, bytes present) where a ``size``-byte file whose
+    first bytes are ``head`` holds fewer than it promises (a file cut short: libsndfile reads what is
+    there as if whole), else None. A stream's unknown length (0 or 0xFFFFFFFF, as a pipe writes it)
+    and RF64 promise nothing."""
+    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    pos = 12
+    while pos + 8 <= len(head):
+        n = int.from_bytes(head[pos + 4 : pos + 8], "little")
+        if head[pos : pos + 4] == b"data":
+            have = size - pos - 8
+            return (n, have) if 0 < n < 0xFFFFFFFF and have < n else None
+        pos += 8 + n + (n & 1)
+    return None
+
+
+_FLAC_BLOCK = {1: 192, **{n: 576 << (n - 2) for n in range(2, 6)}, **{n: 256 << (n - 8) for n in range(8, 16)}}
+
+
+def _crc8(data: bytes) -> int:
+    crc = 0
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x07) & 0xFF if crc & 0x80 else (crc << 1) & 0xFF
+    return crc
+
+
+def _crc16_table() -> list[int]:
+    table = []
+    for n in range(256):
+        crc = n << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x8005) & 0xFFFF if crc & 0x8000 else (crc << 1) & 0xFFFF
+        table.append(crc)
+    return table
+
+
+_CRC16 = _crc16_table()
+
+
+def _crc16(data: bytes) -> int:
+    crc = 0
+    for b in data:
+        crc = ((crc << 8) & 0xFFFF) ^ _CRC16[(crc >> 8) ^ b]
+    return crc
+
+
+def _flac_frame_header(buf: bytes, p: int, fixed: int) -> tuple[int, int] | None:
+    """(first sample, samples) of the FLAC frame whose header starts at ``buf[p]`` (its sync code, fields
+    and CRC-8 checked), or None; ``fixed``: STREAMINFO's block size of a fixed-block stream."""
+    if p + 6 > len(buf) or buf[p] != 0xFF or buf[p + 1] & 0xFE != 0xF8:
+        return None
+    variable = buf[p + 1] & 1
+    code, rate_code = buf[p + 2] >> 4, buf[p + 2] & 0xF
+    if code == 0 or rate_code == 15 or (buf[p + 3] >> 4) > 10 or buf[p + 3] & 1:
+        return None
+    q, first = p + 4, buf[p + 4]  # the frame or sample number, coded as UTF-8 is
+    extra = next((n for n in range(7) if not first & (0x80 >> n)), 7)
+    if extra == 1 or extra == 7:
+        return None
+    number = first & (0x7F >> extra) if extra else first
+    for k in range(1, extra):
+        if q + k >= len(buf) or buf[q + k] & 0xC0 != 0x80:
+            return None
+        number = number << 6 | (buf[q + k] & 0x3F)
+    q += max(extra, 1)
+    if code in (6, 7):
+        size = (buf[q] if code == 6 else int.from_bytes(buf[q : q + 2], "big")) + 1
+        q += code - 5
+    else:
+        size = _FLAC_BLOCK[code]
+    q += {12: 1, 13: 2, 14: 2}.get(rate_code, 0)
+    if q >= len(buf) or _crc8(buf[p:q]) != buf[q]:
+        return None
+    return (number if variable else number * fixed), size
+
+
+def flac_shortfall(head: bytes, tail: bytes) -> str | None:
+    """Why a FLAC file whose first bytes are ``head`` and last ``tail`` (at least its largest frame, as
+    STREAMINFO gives it: :func:`tail_bytes`) is cut short, or None where its last frame is whole and ends
+    at the last sample its STREAMINFO counts: a cheap check of the file's end (its last frame's header
+    and CRC-16) that a pass-through makes instead of decoding the whole file."""
+    if head[:4] != b"fLaC" or len(head) < 42 or head[4] & 0x7F != 0:
+        return None
+    info = head[8:42]
+    fixed = int.from_bytes(info[0:2], "big") if info[0:2] == info[2:4] else 0
+    total = int.from_bytes(info[13:18], "big") & ((1 << 36) - 1)
+    if tail[-128:-125] == b"TAG":  # an ID3v1 tag after the audio
+        tail = tail[:-128]
+    rate = max(_flac_rate(info), 1)
+    for p in range(len(tail) - 8, -1, -1):  # the last whole frame: a header whose frame ends the file
+        if tail[p] != 0xFF:
+            continue
+        frame = _flac_frame_header(tail, p, fixed)
+        if frame is None or _crc16(tail[p:-2]) != int.from_bytes(tail[-2:], "big"):
+            continue
+        end = frame[0] + frame[1]
+        if total and end < total:
+            return (f"the file ends after sample {end:,} of the {total:,} its header counts ({end / rate:.3f} of "
+                    f"{total / rate:.3f} s): it is cut short")
+        return None
+    return "the file does not end with a whole FLAC frame: it is cut short (or damaged at its end)"
+
+
+def tail_bytes(head: bytes) -> int:
+    """How many of a file's last bytes :func:`audio_shortfall` reads, from its first bytes."""
+    if head[:4] == b"fLaC" and len(head) >= 42:
+        return (int.from_bytes(head[15:18], "big") or (1 << 20)) + 16 + 128
+    return 0
+
+
+def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
+    """Why an audio file (``size`` bytes, its first 64 KiB ``head``, its last :func:`tail_bytes` ``tail``)
+    holds less than its header says, or None: a WAV whose ``data`` chunk runs past the file's end, a
+    FLAC that stops before its last frame or last sample."""
+    short = wav_shortfall(head, size)
+    if short is not None:
+        want, have = short
+        return f"the WAV header promises {want:,} bytes of samples, the file holds {have:,}: it is cut short"
+    return flac_shortfall(head, tail) if head[:4] == b"fLaC" else None
+
+
+def _flac_rate(streaminfo: bytes) -> int:
+    return int.from_bytes(streaminfo[10:13], "big") >> 4
 
 
 def _probe_av(data: bytes) -> AudioInfo:
@@ -223,6 +369,11 @@ def decode_audio(data: bytes | str | Path, info: AudioInfo | None = None, max_sa
                     raise ValueError("no audio samples")
                 frames = _frames_asked(info, seconds, max_samples)
                 x = f.read(frames=frames or -1, dtype="float32", always_2d=True)
+            short = _file_shortfall(data) if seconds is None else None
+            if short is None and frames and len(x) < frames:
+                short = f"decoded {len(x):,} samples a channel where the header counts {frames:,}: it is cut short"
+            if short is not None:
+                raise ValueError(short)
             return _checked(np.ascontiguousarray(x.T), info)
         except ValueError:
             raise
@@ -236,6 +387,9 @@ def decode_audio(data: bytes | str | Path, info: AudioInfo | None = None, max_sa
                 x = f.read(frames=frames or -1, dtype="float32", always_2d=True)
         except Exception as e:  # noqa: BLE001 - libsndfile's errors (a corrupt FLAC frame...)
             raise ValueError(f"cannot decode: {str(e).splitlines()[0][:160]}") from None
+        if frames and len(x) < frames:
+            raise ValueError(f"decoded {len(x):,} samples a channel where the header counts {frames:,}: the file is "
+                             "cut short")
         x = np.ascontiguousarray(x.T)
     else:
         x = _decode_av(data if isinstance(data, bytes) else Path(data).read_bytes(), info, frames)
@@ -305,6 +459,48 @@ def encode_audio(audio: AudioData, fmt: str, bits: int = 16) -> tuple[bytes, str
     buf = io.BytesIO()
     subtype = "PCM_24" if bits >= 24 else "PCM_16"
     sf.write(buf, np.clip(x, -1.0, 1.0).T, int(audio.rate), format=fmt.upper(), subtype=subtype)
+    return buf.getvalue(), fmt
+
+
+#: how far past a recording's end a segment's end may lie and still be taken as running to the end
+#: (NeMo manifests round durations)
+SEGMENT_SLACK = 0.05
+
+
+def cut_audio(data: bytes, info: AudioInfo, start: float, end: float) -> tuple[bytes, str]:
+    """(bytes, codec) of the stretch ``start``..``end`` seconds of an audio file, decoded from there
+    (libsndfile seeks; PyAV decodes up to ``end``) and written as WAV or FLAC of the source's own
+    sample coding: a WAV or FLAC segment holds exactly the source's samples. Other codecs (decoded
+    already) become FLAC of 16 or 24 bits. ValueError where the stretch lies outside the recording."""
+    if not (0 <= start < end) or start >= info.duration:
+        raise ValueError(f"the segment {start:g}-{end:g} s lies outside the recording ({info.duration:g} s)")
+    if end > info.duration + SEGMENT_SLACK:
+        raise ValueError(f"the segment ends at {end:g} s, past the recording's end at {info.duration:g} s")
+    a = int(round(start * info.rate))
+    b = min(int(round(end * info.rate)), info.frames) if info.frames else int(round(end * info.rate))
+    sf = soundfile()
+    if info.reader == "soundfile":
+        native = {"PCM_16": "int16", "PCM_S8": "int16", "PCM_U8": "int16", "PCM_24": "int32", "PCM_32": "int32",
+                  "DOUBLE": "float64"}.get(info.subtype, "float32")
+        try:
+            with _Source(data) as src, _sf_open(src) as f:
+                f.seek(a)
+                x = f.read(frames=b - a, dtype=native, always_2d=True)
+        except Exception as e:  # noqa: BLE001 - libsndfile's errors (a corrupt frame in the stretch)
+            raise ValueError(f"cannot decode the segment: {str(e).splitlines()[0][:160]}") from None
+        fmt = info.codec if info.codec in ("wav", "flac") else "flac"
+        subtype = info.subtype if fmt == info.codec and info.subtype in sf.available_subtypes(fmt.upper()) else None
+        if subtype is None:
+            subtype = "PCM_24" if info.bits >= 24 or native.startswith("float") else "PCM_16"
+            x = x.astype(np.float32) / (32768.0 if native == "int16" else 2.0**31) if native.startswith("int") else x
+    else:
+        x = _decode_av(data, info, b)[:, a:b].T
+        fmt, subtype = "flac", "PCM_16"
+    if not len(x):
+        raise ValueError(f"no audio samples in the segment {start:g}-{end:g} s")
+    buf = io.BytesIO()
+    sf.write(buf, np.clip(x, -1.0, 1.0) if x.dtype.kind == "f" else x, int(info.rate), format=fmt.upper(),
+             subtype=subtype)
     return buf.getvalue(), fmt
 
 

@@ -1,0 +1,158 @@
+"""Audio inputs that lost or mismatched data without a word: NeMo segments, truncated files, hostile
+manifest lines, and the memory a long record takes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from gpubatch.api import convert, info, open_dataset
+from tests.audio.sounds import tone, write
+from tests.helpers import run_cli
+
+RATE = 16000
+
+
+def _stepped(rate: int = RATE) -> np.ndarray:
+    """3 s mono whose second k holds a tone of (k + 1) * 300 Hz: a cut in the wrong place shows."""
+    return np.concatenate([tone(1.0, rate, 300.0 * (k + 1)) for k in range(3)])
+
+
+def _nemo(root, lines: list, fmt: str = "wav", subtype: str | None = None):
+    root.mkdir(parents=True, exist_ok=True)
+    write(root / f"talk.{fmt}", _stepped(), RATE, fmt, subtype)
+    (root / "manifest.json").write_text("".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln in lines))
+    return root
+
+
+SEGMENTS = [{"audio_filepath": "talk.{fmt}", "offset": k, "duration": 1.0, "text": f"part {k}"} for k in range(3)]
+
+
+@pytest.mark.parametrize("fmt,subtype", [("wav", "PCM_16"), ("wav", "PCM_24"), ("flac", "PCM_16"), ("flac", "PCM_24")])
+def test_nemo_segments_pass_through_as_their_own_exact_samples(tmp_path, fmt, subtype):
+    src = _nemo(tmp_path / "src", [{**d, "audio_filepath": d["audio_filepath"].format(fmt=fmt)} for d in SEGMENTS],
+                fmt, subtype)
+    whole, _ = sf.read(src / f"talk.{fmt}", dtype="int32")
+    s = convert(src, tmp_path / "wds", to="webdataset")
+    assert s.records_out == 3 and not s.skipped
+    with open_dataset(tmp_path / "wds") as r:
+        recs = sorted(r, key=lambda x: x.meta["segment"]["offset"])
+    for k, rec in enumerate(recs):
+        x, rate = sf.read(__import__("io").BytesIO(rec.data), dtype="int32")
+        assert rate == RATE and rec.meta["text"] == f"part {k}"
+        assert np.array_equal(x, whole[k * RATE : (k + 1) * RATE])  # the segment's samples, exactly
+        assert rec.meta["segment"] == {"offset": k, "duration": 1.0} and rec.codec == fmt
+
+
+def test_nemo_segments_are_cut_before_decoding_and_features(tmp_path):
+    src = _nemo(tmp_path / "src", [{**d, "audio_filepath": "talk.flac"} for d in SEGMENTS], "flac")
+    s = convert(src, tmp_path / "out", to="audio", sample_rate=8000)
+    assert s.records_out == 3
+    with open_dataset(tmp_path / "out") as r:
+        for rec in r:
+            x, rate = sf.read(__import__("io").BytesIO(rec.data))
+            assert rate == 8000 and abs(len(x) - 8000) <= 1
+            k = int(rec.meta.get("text", "part 9")[-1]) if "text" in rec.meta else None
+            spectrum = np.abs(np.fft.rfft(x))
+            assert k is None or abs(np.argmax(spectrum) * 8000 / len(x) - 300 * (k + 1)) < 10
+
+
+def test_a_whole_recording_line_still_passes_through_untouched(tmp_path):
+    src = _nemo(tmp_path / "src", [{"audio_filepath": "talk.wav", "duration": 3.0, "text": "all"}])
+    convert(src, tmp_path / "wds", to="webdataset")
+    with open_dataset(tmp_path / "wds") as r:
+        (rec,) = list(r)
+    assert rec.data == (src / "talk.wav").read_bytes()
+
+
+@pytest.mark.parametrize("line,why", [
+    ({"audio_filepath": "talk.wav", "offset": float("nan"), "duration": 1.0}, "not a finite number"),
+    ({"audio_filepath": "talk.wav", "offset": 5.0, "duration": 1.0}, "outside the recording"),
+    ({"audio_filepath": "talk.wav", "offset": 2.5, "duration": 1.0}, "past the recording's end"),
+    ({"audio_filepath": "talk.wav", "offset": -1, "duration": 1.0}, "a segment of offset"),
+    ('{"audio_filepath": "talk.wav", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+])
+def test_a_bad_segment_or_line_is_that_records_error_and_no_nan_reaches_json(tmp_path, line, why):
+    src = _nemo(tmp_path / "src", [line, {"audio_filepath": "talk.wav", "offset": 0, "duration": 1.0, "text": "ok"}])
+    p = run_cli("convert", src, tmp_path / "out", "--to", "webdataset", "--json")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    summary = json.loads(p.stdout)
+    assert summary["records_out"] == 1 and len(summary["skipped"]) == 1
+    assert why in summary["skipped"][0]["reason"]
+    manifest = (tmp_path / "out" / "gpubatch.json").read_text()
+    json.loads(manifest, parse_constant=lambda c: pytest.fail(f"{c} in the manifest"))
+    for tar in (tmp_path / "out").glob("*.tar"):
+        assert b"NaN" not in tar.read_bytes()
+    rep = info(src)
+    assert rep.records == 1 and len(rep.unreadable) == 1
+    assert not math.isnan(rep.audio.get("hours", 0) or 0)
+
+
+def _flac_frames(data: bytes) -> list[int]:
+    """Where each frame of a FLAC file begins (its headers, found and checked by the reader's parser)."""
+    from gpubatch.engine.codecs.audio_io import _flac_frame_header
+
+    fixed = int.from_bytes(data[18:20], "big")
+    return [p for p in range(42, len(data) - 6) if data[p] == 0xFF and _flac_frame_header(data, p, fixed)]
+
+
+@pytest.mark.parametrize("cut", ["wav-half", "flac-60%", "flac-frame-boundary", "flac-one-byte"])
+@pytest.mark.parametrize("mode", ["pass-through", "decode", "info"])
+def test_a_truncated_audio_file_is_listed_not_written_as_whole(tmp_path, cut, mode):
+    from tests.audio.sounds import encoded
+
+    src = tmp_path / "src"
+    src.mkdir()
+    x = tone(2.0, RATE)
+    fmt = cut.split("-")[0]
+    data = encoded(x, RATE, fmt)
+    if cut == "wav-half":
+        data = data[: 44 + RATE * 2]  # 1 s of the 2 s the header promises
+    elif cut == "flac-60%":
+        data = data[: int(len(data) * 0.6)]
+    elif cut == "flac-frame-boundary":
+        data = data[: _flac_frames(data)[-2]]  # cut between two frames: what remains is whole frames
+    else:
+        data = data[:-1]
+    (src / f"bad.{fmt}").write_bytes(data)
+    write(src / f"good.{fmt}", tone(1.0, RATE), RATE)
+    if mode == "info":
+        rep = info(src)
+        assert rep.records == 1 and len(rep.unreadable) == 1 and "cut short" in rep.unreadable[0]["reason"]
+        return
+    opts = {} if mode == "pass-through" else {"sample_rate": 8000}
+    s = convert(src, tmp_path / "out", to="webdataset", **opts)
+    assert s.records_out == 1 and len(s.skipped) == 1
+    assert s.skipped[0]["key"] == "bad" and "cut short" in s.skipped[0]["reason"]
+
+
+def test_whole_files_of_every_kind_pass_the_length_check(tmp_path):
+    from gpubatch.engine.codecs.audio_io import probe_audio
+    from tests.audio.sounds import encoded
+
+    for fmt, sub in [("wav", "PCM_16"), ("wav", "PCM_24"), ("wav", "FLOAT"), ("flac", "PCM_16"), ("flac", "PCM_24"),
+                     ("flac", "PCM_S8"), ("ogg", None), ("mp3", None)]:
+        for seconds, ch in [(0.01, 1), (1.3, 2), (7.0, 1)]:
+            data = encoded(tone(seconds, 44100, channels=ch), 44100, fmt, sub)
+            probe_audio(data)  # raises where the check is wrong
+            (tmp_path / f"x.{fmt}").write_bytes(data)
+            probe_audio(tmp_path / f"x.{fmt}")
+
+
+def test_verify_full_decodes_every_passed_through_audio_file(tmp_path):
+    from tests.audio.sounds import encoded
+
+    src = tmp_path / "src"
+    src.mkdir()
+    data = bytearray(encoded(tone(2.0, RATE), RATE, "flac"))
+    frames = _flac_frames(bytes(data))
+    data[frames[3] + 20] ^= 0xFF  # a damaged frame mid-file; the file's end is whole
+    (src / "bad.flac").write_bytes(bytes(data))
+    write(src / "good.flac", tone(1.0, RATE), RATE)
+    assert convert(src, tmp_path / "a", to="webdataset").records_out == 2  # headers: the end is whole
+    s = convert(src, tmp_path / "b", to="webdataset", verify="full")
+    assert s.records_out == 1 and s.skipped[0]["key"] == "bad"
