@@ -85,6 +85,24 @@ def read_regular(path: Path | str, limit: int = MAX_RECORD_BYTES) -> bytes:
         os.close(fd)
 
 
+def read_head(path: Path | str, n: int) -> bytes:
+    """The first ``n`` bytes of the regular file at ``path``; b"" for anything else (a FIFO, a device, a
+    socket, a folder) or a file that cannot be opened. Format detection reads through this: it never
+    blocks on a FIFO named like a dataset file, nor reads a device."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return os.pread(fd, n, 0)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
 def safe_join(root: Path, name: str) -> Path:
     """``root / name`` after :func:`safe_relpath` validation."""
     return Path(root) / safe_relpath(name)

@@ -141,6 +141,23 @@ class _LossWarningWriter(Writer):
 
     def __init__(self, inner: Writer, fmt: Any, stats: RunStats, geometric: bool = False):
         self.inner, self.fmt, self.stats, self.geometric = inner, fmt, stats, geometric
+        self.audio: dict[str, Any] = {}  # the sample rate and features every array written shares
+
+    def audio_facts(self, record: Record) -> None:
+        """Note an audio array's sample rate and features (what a ``.npy`` holds no trace of): the
+        manifest keeps them where every array shares them, for formats that hold no metadata of a record
+        (LMDB). There a waveform of another rate than the first's is this record's error."""
+        if record.media is not Media.AUDIO or record.codec != "npy":
+            return
+        facts = {"sample_rate": record.meta.get("sample_rate"), "features": record.meta.get("features") or ""}
+        if not self.audio:
+            self.audio = facts
+        elif facts != self.audio:
+            if not self.fmt.carries_record_meta:
+                raise ValueError(f"{self.fmt.name} holds no sample rate a record: its arrays share one (gpubatch.json "
+                                 f"says {self.audio['sample_rate']} Hz), and this one is {facts['sample_rate']} Hz; "
+                                 "pass --sample-rate, or write to webdataset or tfrecord")
+            self.audio = {"mixed": True}
 
     def write(self, record: Record) -> None:
         if isinstance(record.media, Media) and record.media not in self.fmt.media:
@@ -165,6 +182,7 @@ class _LossWarningWriter(Writer):
             names = ", ".join(f".{e}" for e in sorted(members) if e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS)
             self.stats.warn(f"the samples' other image members ({names}) were kept as they were: the geometric "
                             "ops moved only the sample's image")
+        self.audio_facts(record)
         self.inner.write(record)
 
     def close(self) -> None:
@@ -328,11 +346,11 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
         tick = progress(len(entries) * plan.outputs_per_record) if progress else None
         try:
             with staged_output(dst_path, req.overwrite, stats.warn) as stage:
-                summary, shards = _write(req, reader, entries, info, stage, fmt, plan, device, router, tick, start)
+                summary, extra = _write(req, reader, entries, info, stage, fmt, plan, device, router, tick, start)
                 write_manifest(stage, {
                     "format": fmt.name,
                     "records": stats.records_out,
-                    **({"shards": shards} if shards else {}),
+                    **extra,
                     "classes": manifest_classes(info.classes),
                     "categories": [dict(c) for c in info.categories],
                     "source": {"path": str(src_path.resolve()), "format": src_format},
@@ -349,14 +367,15 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
 
 
 def _write(req: Any, reader: Reader, entries: list, info: Any, stage: Path, fmt: Any, plan: Any, device: Device,
-           router: ErrorRouter, tick: Callable[[int], None] | None, start: float) -> tuple[RunSummary, dict[str, int]]:
+           router: ErrorRouter, tick: Callable[[int], None] | None, start: float) -> tuple[RunSummary, dict[str, Any]]:
     """Run the records through ``plan`` into ``fmt`` in ``stage``: the summary of what was written, and
-    each shard's record count (sharded formats; empty for the others)."""
+    what the manifest says of the output besides (each shard's record count, the audio arrays' rate)."""
     stats = router.stats
     src_path = Path(req.src)
     inner = fmt.writer(stage, info, WriteOptions(shard_size=req.shard_size, name=req.name, source=str(src_path),
                                                  extra={"layout": req.layout}))
-    writer: Writer = _LossWarningWriter(inner, fmt, stats, any(op.moves_boxes for op in plan.ops))
+    checked = _LossWarningWriter(inner, fmt, stats, any(op.moves_boxes for op in plan.ops))
+    writer: Writer = checked
     if plan.augmenting:
         writer = _ParamsLog(writer, stage / PARAMS_FILE, stats)
     with writer:
@@ -367,7 +386,11 @@ def _write(req: Any, reader: Reader, entries: list, info: Any, stage: Path, fmt:
         (reason, n), *_ = stats.error_reasons().most_common(1) or [("no output", stats.records_in)]
         raise GpubatchError(f"none of the {stats.records_in} records of {src_path} could be converted "
                             f"({n} x {reason}): nothing written")
-    shards = inner.shard_table() if hasattr(inner, "shard_table") else {}
+    extra: dict[str, Any] = {}  # what the manifest says of the output besides the summary
+    if checked.audio and not checked.audio.get("mixed"):
+        extra["audio"] = checked.audio
+    if hasattr(inner, "shard_table"):
+        extra["shards"] = inner.shard_table()
     return RunSummary(
         src=str(src_path), dst=str(req.dst), src_format=reader.format_name, dst_format=fmt.name,
         device=str(device), device_reason=device.reason, records_in=stats.records_in,
@@ -376,7 +399,7 @@ def _write(req: Any, reader: Reader, entries: list, info: Any, stage: Path, fmt:
         bytes_out=stats.bytes_out, seconds=time.perf_counter() - start, skipped=[e.as_dict() for e in stats.errors],
         warnings=list(stats.warnings), timings={k: round(v, 4) for k, v in stats.timings.items()},
         gpu_memory=dict(stats.gpu_memory),
-    ), shards
+    ), extra
 
 
 PARAMS_FILE = "augment-params.jsonl"

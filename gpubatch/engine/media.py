@@ -21,6 +21,11 @@ __all__ = ["DEVICE", "HOST", "Codec", "MediaSpec", "RunPlan", "get_codec", "has_
            "register_codec"]
 
 
+
+#: the metadata key of an output template its source cannot give, with the reason (a video cut short:
+#: the frames past its end); the run lists it as skipped. Set by codecs, never written.
+LOST = "gpubatch:lost"
+
 @dataclass(frozen=True)
 class MediaSpec:
     """What decoded data is, whatever the media: the spec an op takes and the one it makes.

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from ..errors import ErrorRouter, RecordError, RunStats, Stage
 from ..types import Boxes, Record
-from .media import HOST, get_codec
+from .media import HOST, LOST, get_codec
 from .plan import Plan
 
 
@@ -93,6 +93,9 @@ def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
     except RecordError as e:  # a record its codec cannot split into outputs (a video too short for a clip)
         return [e]
     for rec, transform in outputs:
+        if LOST in rec.meta:  # an output its source cannot give (frames past the end of a video cut short)
+            out.append(RecordError(rec.key, rec.origin, Stage.DECODE, str(rec.meta[LOST])))
+            continue
         if not transform:
             try:
                 rec = get_codec(rec.media, rec.codec, HOST).check(rec, plan)

@@ -24,6 +24,7 @@ from ..errors import ErrorRouter, RecordError, RunStats, Stage
 from ..types import Media, Record
 from .codecs.video import clip_members, encode_clip, info_of
 from .codecs.video_gpu_caps import CUDA_CODEC, nvdec_supports
+from .codecs.video_probe import open_input
 from .device import Device
 from .plan import Plan
 from .run import Job, RecordSink, RecordSource, outputs_of, read_counted, write_results
@@ -93,7 +94,7 @@ class NvdecSession:
             return False
         self._close_container()
         try:
-            self._container = av.open(io.BytesIO(data), metadata_errors="ignore")
+            self._container = open_input(io.BytesIO(data))
             self._vs = self._container.streams.video[0]
             self._bsf = av.BitStreamFilterContext(f"{info.codec}_mp4toannexb", self._vs)
             cc = self._vs.codec_context

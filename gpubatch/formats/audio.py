@@ -261,10 +261,21 @@ class AudioReader(Reader):
         if text:
             meta["text"] = text
         codec = sniff_audio(data) or AUDIO_EXTENSIONS.get(ext, ext)
+        if ext == "npy":  # an array gpubatch wrote: its rate and features are the dataset's (gpubatch.json)
+            codec = "npy"
+            meta.update({k: v for k, v in self.audio_facts().items() if v and k in ("sample_rate", "features")})
         if len(entry) > 3 and entry[3]:
             meta.update(entry[3])
             key, data, codec = self._segment(key, str(full), data, meta)
         return Record(key=key, data=data, media=Media.AUDIO, codec=codec, label=label, meta=meta, origin=str(full))
+
+    def audio_facts(self) -> dict[str, Any]:
+        """The sample rate and features every ``.npy`` array of the dataset shares (its manifest's ``audio``)."""
+        if not hasattr(self, "_audio"):
+            audio = (read_manifest(self.root) or {}).get("audio")
+            self._audio = audio if isinstance(audio, dict) and isinstance(audio.get("sample_rate"), (int, type(None))) \
+                and isinstance(audio.get("features", ""), str) else {}
+        return self._audio
 
     def _segment(self, key: str, origin: str, data: bytes, meta: dict) -> tuple[str, bytes, str]:
         """A NeMo line's segment (``offset``, ``duration`` in seconds) of its recording: (key, bytes, codec) of
@@ -353,6 +364,7 @@ class AudioFormat(Format):
     description = ("audio files (wav, flac, ogg, opus, mp3, m4a): class folders, a CSV of metadata (ESC-50, "
                    "UrbanSound8K), LibriSpeech transcripts, flat")
     media = (Media.AUDIO,)
+    carries_record_meta = False  # (metadata.csv: path, label, class, text)
     detect_priority = 75  # before the video CSV and the image folder
 
     @classmethod

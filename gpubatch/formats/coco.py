@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .._paths import read_regular, safe_join, safe_relpath
+from .._paths import read_head, read_regular, safe_join, safe_relpath
 from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
 from . import fields, register_format
@@ -37,11 +37,7 @@ _IMAGE_FIELDS = {"id", "file_name", "width", "height", "label"}
 
 
 def _is_coco_json(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 16)
-    except OSError:
-        return False
+    head = read_head(path, 1 << 16)  # (b"" for a FIFO or device named *.json: never blocks)
     return head.lstrip().startswith(b"{") and (b'"images"' in head or b'"annotations"' in head)
 
 

@@ -290,8 +290,12 @@ class LmdbReader(Reader):
         except ValueError as e:
             raise self.record_error(key, origin, e) from None
         sound = _audio_codec(data)
-        if sound:  # an audio dataset's record: an audio file, or its features as .npy
-            return Record(key=key, data=data, media=Media.AUDIO, codec=sound, label=label, meta={}, origin=origin)
+        if sound:  # an audio dataset's record: an audio file, or its features or waveform as .npy
+            meta = {}
+            if sound == "npy":  # (its rate and features: the dataset's, in gpubatch.json)
+                audio = self.audio_facts()
+                meta = {k: v for k, v in audio.items() if v and k in ("sample_rate", "features")}
+            return Record(key=key, data=data, media=Media.AUDIO, codec=sound, label=label, meta=meta, origin=origin)
         meta = {}
         enc = d.get("encoded")  # absent: Caffe reads raw, DALI encoded; the bytes decide
         if enc is True or (enc is None and sniff_image_codec(data)):
@@ -306,6 +310,14 @@ class LmdbReader(Reader):
             data = encode(pixels[:, :, ::-1] if c == 3 else pixels, "png")
             codec, meta = "png", {"raw_datum": True}
         return Record(key=key, data=data, codec=codec, label=label, meta=meta, origin=origin)
+
+    def audio_facts(self) -> dict[str, Any]:
+        """The sample rate and features every audio array of the dataset shares (its manifest's ``audio``)."""
+        if not hasattr(self, "_audio"):
+            audio = (read_manifest(self.path) or {}).get("audio")
+            self._audio = audio if isinstance(audio, dict) and isinstance(audio.get("sample_rate"), (int, type(None))) \
+                and isinstance(audio.get("features", ""), str) else {}
+        return self._audio
 
     @property
     def media(self) -> str:  # type: ignore[override]
@@ -395,6 +407,7 @@ class LmdbFormat(Format):
     description = "LMDB of Caffe Datum records (encoded images + label, or audio / .npy features), keys %08d_<key>"
     detect_priority = 10
     media = (Media.IMAGE, Media.AUDIO)
+    carries_record_meta = False
 
     @classmethod
     def detect(cls, path: Path) -> bool:

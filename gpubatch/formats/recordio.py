@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .._paths import MAX_RECORD_BYTES, read_regular, source_files, source_root
+from .._paths import MAX_RECORD_BYTES, read_head, read_regular, source_files, source_root
 from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
 from . import fields, register_format
@@ -370,11 +370,7 @@ class RecordIOFormat(Format):
         recs = [path] if path.is_file() else sorted(path.glob("*.rec")) if path.is_dir() else []
         if not recs:
             return False
-        try:
-            with open(recs[0], "rb") as f:
-                return f.read(4) == _MAGIC_BYTES
-        except OSError:
-            return False
+        return read_head(recs[0], 4) == _MAGIC_BYTES
 
     @classmethod
     def reader(cls, path: Path) -> Reader:

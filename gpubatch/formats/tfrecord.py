@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .._paths import MAX_RECORD_BYTES, read_regular, source_files, source_root
+from .._paths import MAX_RECORD_BYTES, read_head, read_regular, source_files, source_root
 from ..errors import DependencyError, FormatError
 from ..types import Boxes, DatasetInfo, Media, Record, class_table, keypoint_flips, sniff_image_codec
 from . import fields, register_format
@@ -113,11 +113,7 @@ def _is_shard_name(name: str) -> bool:
 def _looks_like_tfrecord(path: Path) -> bool:
     """A first record header whose length CRC holds, or a gzipped file named as a shard (the reader then
     says how to unpack it)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(12)
-    except OSError:
-        return False
+    head = read_head(path, 12)
     if compression(head):
         return _is_shard_name(path.name)
     try:

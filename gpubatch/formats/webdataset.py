@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .._paths import MAX_RECORD_BYTES, read_regular, safe_relpath, source_files, source_root
+from .._paths import MAX_RECORD_BYTES, read_head, read_regular, safe_relpath, source_files, source_root
 from ..errors import FormatError
 from ..types import (
     AUDIO_EXTENSIONS,
@@ -58,6 +58,17 @@ from .manifest import expected_records, read_manifest
 _COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst")
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext, key without dots
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-/]+")
+
+
+def _is_tar(head: bytes) -> bool:
+    """Whether ``head`` (a file's first 512 bytes) is a tar header (its checksum holds)."""
+    if len(head) < _BLOCK:
+        return False
+    try:
+        tarfile.TarInfo.frombuf(head, "utf-8", "surrogateescape")
+    except (tarfile.HeaderError, ValueError):
+        return False
+    return True
 
 
 def split_member(name: str) -> tuple[str, str] | None:
@@ -460,12 +471,12 @@ class WebDatasetReader(Reader):
                 kept[ext] = {"base64": base64.b64encode(raw[ext]).decode("ascii")}
         if kept:
             meta[MEMBERS] = kept
-        if media is Media.VIDEO:
+        if image_ext == "npy":  # a clip, features or a waveform gpubatch wrote (its .json says which)
+            codec = "npy"
+        elif media is Media.VIDEO:
             from ..engine.codecs.video_probe import sniff_container
 
             codec = sniff_container(data) or VIDEO_EXTENSIONS[image_ext]
-        elif image_ext == "npy":
-            codec = "npy"
         elif media is Media.AUDIO:
             from ..engine.codecs.audio_io import sniff_audio
 
@@ -623,7 +634,8 @@ class WebDatasetWriter(ShardedWriter):
 
 def _array_kind(raw: bytes) -> Media | None:
     """What a sample's ``.npy`` holds, from the ``.json`` gpubatch wrote beside it: audio features
-    (``meta.features``) or a video clip (``meta.frames``); None for arrays of another tool."""
+    (``meta.features``), a video clip (``meta.frames``) or a waveform (``meta.sample_rate``); None for
+    arrays of another tool."""
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):  # not JSON, or nested too deeply: the sample's read says so
@@ -635,6 +647,8 @@ def _array_kind(raw: bytes) -> Media | None:
         return Media.AUDIO
     if meta.get("frames") is not None or meta.get("clip") is not None:
         return Media.VIDEO
+    if isinstance(meta.get("sample_rate"), int):  # a waveform (--audio-format npy)
+        return Media.AUDIO
     return None
 
 
@@ -655,7 +669,8 @@ class WebDatasetFormat(Format):
         tars = [path] if path.is_file() and path.suffix == ".tar" else sorted(path.glob("*.tar")) if path.is_dir() else []
         if not tars:
             return bool(compressed_shards(path))  # recognized, so that the reader can say what to do
-        return any(t.suffix == ".tar" and tarfile.is_tarfile(t) for t in tars[:4])  # (a first shard cut short too)
+        heads = [read_head(t, _BLOCK) for t in tars[:4]]  # (a first shard cut short too)
+        return any(_is_tar(h) or compression(h[:6]) for h in heads)
 
     @classmethod
     def reader(cls, path: Path) -> Reader:

@@ -116,7 +116,10 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
                 if rec.media is Media.VIDEO:
                     from ..engine.codecs.video_probe import probe as probe_video
 
-                    return (rec, probe_video(rec.data))
+                    video = probe_video(rec.data)
+                    if video.missing:  # a file cut short after its index: damaged, not a shorter video
+                        raise ValueError(video.cut_short)
+                    return (rec, video)
                 if rec.media is Media.AUDIO:
                     from ..engine.codecs.audio_io import npy_header, probe_audio
 

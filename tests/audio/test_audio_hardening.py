@@ -156,3 +156,30 @@ def test_verify_full_decodes_every_passed_through_audio_file(tmp_path):
     assert convert(src, tmp_path / "a", to="webdataset").records_out == 2  # headers: the end is whole
     s = convert(src, tmp_path / "b", to="webdataset", verify="full")
     assert s.records_out == 1 and s.skipped[0]["key"] == "bad"
+
+
+@pytest.mark.parametrize("opts", [{"audio_format": "npy", "sample_rate": 8000},
+                                  {"features": "log-mel(n_mels=40)", "sample_rate": 16000, "duration": 1.0},
+                                  {"audio_format": "wav", "mono": True}, {}])
+@pytest.mark.parametrize("to", ["webdataset", "tfrecord", "lmdb", "audio"])
+def test_every_audio_output_reads_back(tmp_path, to, opts):
+    from tests.audio.sounds import speech_commands
+
+    src = speech_commands(tmp_path / "src")
+    try:
+        s = convert(src, tmp_path / "out", to=to, **opts)
+    except Exception as e:  # a format that does not hold this output says so before writing
+        assert "holds" in str(e) or "cannot hold" in str(e), e
+        return
+    assert s.records_out == 6 and not s.skipped
+    again = convert(tmp_path / "out", tmp_path / "again", to="webdataset")
+    assert again.records_out == 6 and not again.skipped, again.skipped[:3]
+    rep = info(tmp_path / "out")
+    assert rep.records == 6 and not rep.unreadable, rep.unreadable[:3]
+    if opts.get("audio_format") == "npy":  # a waveform array decodes as audio again
+        s2 = convert(tmp_path / "out", tmp_path / "resampled", to="webdataset", sample_rate=4000, audio_format="npy")
+        assert s2.records_out == 6 and not s2.skipped, s2.skipped[:2]
+        with open_dataset(tmp_path / "resampled") as r:
+            for rec in r:
+                x = np.load(__import__("io").BytesIO(rec.data))
+                assert rec.meta["sample_rate"] == 4000 and abs(x.shape[-1] - round(0.5 * 4000)) <= 0.25 * 4000

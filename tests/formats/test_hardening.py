@@ -766,3 +766,15 @@ def test_a_tar_member_with_a_hidden_name_or_no_extension_is_listed_not_dropped(t
     reasons = {e["key"]: e["reason"] for e in s.skipped}
     assert set(reasons) == {"data-000000.tar#..name.jpg", "data-000000.tar#README"}
     assert "hidden" in reasons["data-000000.tar#..name.jpg"] and "no extension" in reasons["data-000000.tar#README"]
+
+
+@pytest.mark.parametrize("name", ["data.json", "annotations/x.json", "a.tar", "b.rec", "c.tfrecord", "meta.csv",
+                                  "file_list.txt", "manifest.json", "gpubatch.json"])
+def test_a_fifo_named_like_a_dataset_file_never_hangs_detection(imagenet, tmp_path, name):
+    fifo = imagenet / name
+    fifo.parent.mkdir(exist_ok=True)
+    os.mkfifo(fifo)
+    for args in (("info", imagenet), ("convert", imagenet, tmp_path / "out", "--to", "webdataset")):
+        p = subprocess.run([sys.executable, "-m", "gpubatch", *map(str, args)], capture_output=True, text=True,
+                           cwd=ROOT, timeout=60)  # a hang fails here
+        assert "Traceback" not in p.stderr, p.stderr

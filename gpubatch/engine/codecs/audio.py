@@ -80,6 +80,8 @@ class AudioHostCodec:
     def decode_lazy(self, record: Record, plan: Any) -> Any:
         """An :class:`~.audio_stream.AudioStream` where ``record`` streams under ``plan`` (nothing decoded
         yet), else None."""
+        if record.codec == "npy":
+            return None
         info = info_of(record)
         ops = getattr(plan, "ops", ())
         return AudioStream(record.data, info) if leading_seconds(ops) is None and should_stream(ops, info) else None
@@ -88,8 +90,7 @@ class AudioHostCodec:
         """An :class:`AudioData`, or for a long record whose chain streams an
         :class:`~.audio_stream.AudioStream` (decoded a block at a time by :meth:`run_chain`)."""
         if record.codec == "npy":
-            raise RecordError(record.key, record.origin, Stage.DECODE, "an array of features passes through as it is; "
-                              "the audio options and ops take audio files")
+            return self._waveform(record, plan)
         stream = self.decode_lazy(record, plan)
         if stream is not None:
             return stream
@@ -99,6 +100,30 @@ class AudioHostCodec:
             return decode_audio(record.data, info, getattr(plan, "max_samples", DEFAULT_MAX_SAMPLES), seconds)
         except ValueError as e:
             raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+
+    @staticmethod
+    def _waveform(record: Record, plan: Any) -> AudioData:
+        """A waveform gpubatch wrote as ``.npy`` (``--audio-format npy``: float32 (samples,) or (channels,
+        samples), its rate in ``meta["sample_rate"]``) as decoded audio; features are no waveform."""
+        import io
+
+        import numpy as np
+
+        rate = record.meta.get("sample_rate")
+        if record.meta.get("features") or not isinstance(rate, int):
+            raise RecordError(record.key, record.origin, Stage.DECODE, "an array of features passes through as it "
+                              "is; the audio options and ops take audio files and waveforms")
+        try:
+            shape, dtype = npy_header(record.data)
+            if dtype not in ("float32", "<f4") or len(shape) not in (1, 2) or (len(shape) == 2 and shape[0] > 32):
+                raise ValueError(f"a waveform is a float32 (samples,) or (channels, samples) array, not {dtype} {shape}")
+            x = np.load(io.BytesIO(record.data), allow_pickle=False)
+        except ValueError as e:
+            raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+        x = np.ascontiguousarray(x.reshape(1, -1) if x.ndim == 1 else x, np.float32)
+        if not x.shape[-1] or not np.isfinite(x).all():
+            raise RecordError(record.key, record.origin, Stage.DECODE, "an empty waveform, or one with NaN samples")
+        return AudioData(x, rate, bits=24)
 
     def size(self, item: Any) -> tuple[int, int]:
         return item.size

@@ -20,7 +20,7 @@ import numpy as np
 
 from ...errors import RecordError, Stage, UsageError
 from ...types import Media, Record
-from ..media import HOST, MediaSpec, RunPlan, get_codec, register_codec
+from ..media import HOST, LOST, MediaSpec, RunPlan, get_codec, register_codec
 from .video_probe import VideoInfo, av, open_container, probe
 
 __all__ = ["FrameCursor", "FrameStream", "VideoHostCodec", "encode_clip", "info_of", "outputs_of_video"]
@@ -47,12 +47,21 @@ def outputs_of_video(record: Record, plan: Any) -> list[Record]:
     info = info_of(record, plan)
     if plan.sample is None and info.container == "npy":  # a decoded clip stays one, its frames transformed
         return [record.with_(data=b"", meta={**record.meta, "frames": list(range(info.frames))})]
+    if info.missing and plan.sample is None:  # the whole video re-encoded: it would be written as if whole
+        raise RecordError(record.key, record.origin, Stage.DECODE, info.cut_short)
+    present = info.frames
     start, end = record.meta.get("start") or 0.0, record.meta.get("end") or 0.0
     try:
-        info = info.window(float(start), float(end))
+        info = info.extended().window(float(start), float(end))
     except (TypeError, ValueError) as e:
         raise RecordError(record.key, record.origin, Stage.READ, str(e)) from None
-    return (plan.sample or WholeVideo()).split(record, info, plan.seed)
+    outs = (plan.sample or WholeVideo()).split(record, info, plan.seed)
+    if present < info.offset + info.frames:  # a file cut short: the outputs that take a missing frame are lost
+        why = info_of(record, plan).cut_short
+        outs = [o.with_(meta={**o.meta, LOST: f"it takes frames past the end of the file: {why}"})
+                if max(o.meta.get("frames") or [0]) >= present else o for o in outs]
+    return outs
+
 
 
 # FFmpeg's AVColorSpace values -> the matrix PyAV's reformatter names
@@ -281,11 +290,13 @@ class VideoHostCodec:
 
     def check(self, record: Record, plan: RunPlan) -> Record:
         info = info_of(record, plan)
+        if info.missing:  # passed through, a file cut short would be written as if whole
+            raise RecordError(record.key, record.origin, Stage.DECODE, info.cut_short)
         return record if record.codec == info.container else record.with_(codec=info.container)
 
     def decode(self, record: Record, plan: Any, outputs: list[Record] | None = None) -> FrameCursor:
         if outputs is None:  # every output the plan makes of it (an augment run's variants too)
-            outputs = [o for o, transform in plan.outputs(record) if transform]
+            outputs = [o for o, transform in plan.outputs(record) if transform and LOST not in o.meta]
         wanted = [list(o.meta.get("frames") or ()) for o in outputs]
         return FrameCursor(record.data, info_of(record, plan), wanted, record.key, record.origin)
 

@@ -9,6 +9,7 @@ variable-frame-rate file is sampled by its real timestamps.
 
 from __future__ import annotations
 
+import functools
 import io
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -80,6 +81,29 @@ class VideoInfo:
     pts: np.ndarray = field(repr=False, default=None)  # stream time-base units, presentation order
     offset: int = 0  # a stretch of a video (window): the index of its first frame in the whole
     t0: float = 0.0  # and that frame's time
+    missing: int = 0  # frames the file's index counts past its end: a file cut short (see ``cut_short``)
+
+    @property
+    def cut_short(self) -> str:
+        """Why the file is damaged where it is cut short (its index counts frames it does not hold), or ""."""
+        if not self.missing:
+            return ""
+        n = self.frames + self.missing
+        return (f"the file is cut short: its index counts {n:,} frames, {self.frames:,} are in the file "
+                f"({self.missing:,} missing)")
+
+    def extended(self) -> VideoInfo:
+        """The video as its index describes it: the missing frames placed after the last one present, one
+        median frame interval apart (what a sampler plans its outputs over; those that take a missing
+        frame are then lost)."""
+        if not self.missing:
+            return self
+        step = float(np.median(np.diff(self.times))) if self.frames > 1 else 1.0 / max(self.fps, 1e-9)
+        more = self.times[-1] + step * np.arange(1, self.missing + 1)
+        pstep = int(np.median(np.diff(self.pts))) if self.frames > 1 else 1
+        return replace(self, times=np.concatenate([self.times, more]),
+                       pts=np.concatenate([self.pts, self.pts[-1] + pstep * np.arange(1, self.missing + 1)]),
+                       duration=float(more[-1] + step), missing=0)
 
     def window(self, start: float, end: float) -> VideoInfo:
         """The stretch from ``start`` to ``end`` seconds (both frames included; a negative time counts
@@ -117,13 +141,35 @@ def _bit_depth(pix_fmt: str) -> int:
     return 8
 
 
+@functools.cache
+def open_options() -> tuple[tuple[str, str], ...]:
+    """The keyword arguments gpubatch gives :func:`av.open` for input, as the installed PyAV takes them:
+    ``metadata_errors="ignore"`` up to PyAV 18 (a tag in a stray encoding would fail the open); PyAV 19
+    removed the argument (tags are read as UTF-8 with ``surrogateescape``, which never fails). Asked of
+    PyAV itself, once: its ``open`` is a compiled function without a signature to read."""
+    a = av()
+    try:
+        with a.open(io.BytesIO(b""), mode="r", metadata_errors="ignore"):
+            pass
+    except TypeError:  # (PyAV 19: an unexpected keyword argument)
+        return ()
+    except Exception:  # noqa: BLE001 - the argument was taken; empty bytes are no file
+        pass
+    return (("metadata_errors", "ignore"),)
+
+
+def open_input(source: Any) -> Any:
+    """``av.open(source)`` for reading, with the options the installed PyAV takes (:func:`open_options`)."""
+    return av().open(source, mode="r", **dict(open_options()))
+
+
 def open_container(data: bytes):
     """A PyAV input container over ``data``; ValueError (one line) where it is no video file."""
     a = av()
     if not data:
         raise ValueError("empty file (0 bytes)")
     try:
-        return a.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+        return open_input(io.BytesIO(data))
     except a.FFmpegError as e:
         raise ValueError(f"not a readable video file: {_why(e)}") from None
 
@@ -145,6 +191,12 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         return npy_clip(data, max_pixels)
     a = av()
     with open_container(data) as c:
+        name = c.format.name or ""
+        if not any(n in name.split(",") for n, _ in _CONTAINERS) and sniff_container(data) is None:
+            what = f"an image ({name.removesuffix('_pipe')})" if name.endswith("_pipe") or name == "image2" else \
+                f"a {name} file"
+            raise ValueError(f"{what}, not a video container gpubatch reads and writes back (mp4, mov, mkv, webm, avi, "
+                             "ts, mpg, flv)")
         if not c.streams.video:
             audio = len(c.streams.audio)
             raise ValueError(f"no video stream ({audio} audio stream{'s' if audio != 1 else ''})" if audio
@@ -159,18 +211,28 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         pts: list[int] = []
         keys: list[bool] = []
         durations: list[int] = []
+        table = _sample_table(s)  # byte position -> size of every frame's packet (MP4/MOV), or None
+        listed = len(table) if table is not None else int(s.frames or 0)  # the frames the file's index counts
+        cut = 0  # packets the demuxer gave cut short (the file ends inside them)
         try:
             for p in c.demux(s):
                 t = p.pts if p.pts is not None else p.dts
                 if t is None or p.size == 0:
+                    continue
+                if table is not None and table.get(p.pos, p.size) != p.size:
+                    cut += 1
                     continue
                 pts.append(int(t))
                 keys.append(bool(p.is_keyframe))
                 durations.append(int(p.duration or 0))
         except a.FFmpegError:  # packets after a damaged stretch: the frames before it are the video
             pass
+        missing = max(0, listed - len(pts)) if listed > len(pts) + cut or cut else 0
+        if missing and table is None and pts:  # (no sizes to tell: the last packet read may be cut too)
+            pts, keys, durations, missing = pts[:-1], keys[:-1], durations[:-1], missing + 1
         if not pts:
-            raise ValueError("no video frame in the file (truncated?)")
+            raise ValueError("no whole video frame in the file" + (f": it is cut short (its index counts {listed:,} "
+                             "frames)" if missing else " (truncated?)"))
         order = np.argsort(np.asarray(pts, np.int64), kind="stable")
         spts = np.asarray(pts, np.int64)[order]
         keep = np.concatenate([[True], np.diff(spts) > 0])  # a repeated timestamp is no new frame
@@ -199,7 +261,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             container=container, codec=cc.name, profile=cc.profile, width=w, height=h, rotation=rotation,
             bit_depth=_bit_depth(pix_fmt), pix_fmt=pix_fmt, fps=rate or (len(times) / duration if duration else 0.0),
             vfr=vfr, duration=duration, times=times, keyframes=keyframes,
-            bit_rate=int(c.bit_rate or 0), audio_tracks=len(c.streams.audio), pts=spts,
+            bit_rate=int(c.bit_rate or 0), audio_tracks=len(c.streams.audio), pts=spts, missing=missing,
         )
 
 
@@ -223,6 +285,21 @@ def npy_clip(data: bytes, max_pixels: int = 0) -> VideoInfo:
     return VideoInfo(container="npy", codec="rawvideo", profile=None, width=w, height=h, rotation=0, bit_depth=8,
                      pix_fmt="rgb24", fps=1.0, vfr=False, duration=float(t), times=np.arange(t, dtype=np.float64),
                      keyframes=tuple(range(t)), pts=np.arange(t, dtype=np.int64))
+
+
+def _sample_table(stream: Any) -> dict[int, int] | None:
+    """Byte position -> size of each frame's packet where the container indexes every frame (MP4 and
+    MOV's sample table, read by PyAV 17 and later), so that a file cut after its index is seen as such;
+    None otherwise (a Matroska index names keyframes only)."""
+    entries = getattr(stream, "index_entries", None)
+    if entries is None:
+        return None
+    try:
+        table = {int(e.pos): int(e.size) for e in entries}
+    except (TypeError, ValueError, AttributeError):
+        return None
+    frames = int(stream.frames or 0)
+    return table if table and frames and len(table) >= frames else None
 
 
 def _first_frame_rotation(container: Any, stream: Any, pts: int) -> int:

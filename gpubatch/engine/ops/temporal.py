@@ -84,10 +84,17 @@ class FrameSampler(Sampler):
         if self.mode == "uniform":
             k = min(int(self.value), n)
             return sorted({min(n - 1, int((i + 0.5) * n / k)) for i in range(k)})
-        # fps: the frame on show at t = 0, 1/F, 2/F... (the last whose timestamp is <= t)
-        ts = np.arange(0.0, info.duration, 1.0 / float(self.value))
-        idx = np.searchsorted(info.times, ts + 1e-6, side="right") - 1
-        return sorted({int(i) for i in idx if 0 <= i < n})
+        # fps: the frame on show at t = 0, 1/F, 2/F... (the last whose timestamp is <= t), found per frame from
+        # its own timestamps: frame i is taken where a time k/F falls within [its time, the next one's), so
+        # one index per frame at most, however long the duration a damaged file claims
+        f = float(self.value)
+        times = np.asarray(info.times, np.float64)
+        if not n:
+            return []
+        ends = np.append(times[1:] - 1e-6, max(float(info.duration), float(times[-1])))
+        first = np.ceil((times - 1e-6) * f)  # the first time k/F at or after each frame's
+        taken = (first / f < ends) | (np.arange(n) == 0)
+        return [int(i) for i in np.flatnonzero(taken)]
 
     def split(self, record: Record, info: Any, seed: int) -> list[Record]:
         out = []

@@ -1,0 +1,181 @@
+"""Video inputs that lost frames without a word or took the run down: a file cut after its index, an
+MKV claiming a 35-year duration, an image named as a video, and PyAV's changing ``open``."""
+
+from __future__ import annotations
+
+import io
+import json
+import tracemalloc
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from gpubatch.api import convert, info, open_dataset
+from tests.helpers import jpeg_bytes, photo, run_cli
+from tests.video.clips import make_clip
+
+
+@pytest.fixture
+def cut(tmp_path):
+    """A folder with one whole clip and one 48-frame MP4 (index in front) cut at 80% of its bytes."""
+    src = tmp_path / "src"
+    make_clip(src / "whole.mp4", 24)
+    clip = make_clip(src / "cut.mp4", 48, faststart=True, bframes=0)
+    data = clip.read_bytes()
+    clip.write_bytes(data[: int(len(data) * 0.8)])
+    return src
+
+
+def _present(clip) -> int:
+    from gpubatch.engine.codecs.video_probe import probe
+
+    return probe(clip.read_bytes()).frames
+
+
+def test_a_video_cut_after_its_index_is_refused_in_pass_through_and_re_encoding(cut, tmp_path):
+    for k, opts in enumerate([{}, {"resize_shorter": 32, "to": "video"}]):
+        s = convert(cut, tmp_path / f"o{k}", **{"to": "webdataset", **opts})
+        assert s.records_out == 1 and len(s.skipped) == 1, s.as_dict()
+        assert s.skipped[0]["key"] == "cut" and "cut short" in s.skipped[0]["reason"]
+        assert "48 frames" in s.skipped[0]["reason"]
+    rep = info(cut)
+    assert rep.records == 1 and len(rep.unreadable) == 1 and "cut short" in rep.unreadable[0]["reason"]
+
+
+def test_the_frames_of_a_video_cut_short_are_written_up_to_the_cut_and_the_rest_listed(cut, tmp_path):
+    n = _present(cut / "cut.mp4")
+    assert 0 < n < 48
+    s = convert(cut, tmp_path / "frames", to="folder", frames="every:1", resize_shorter=16)
+    lost = sorted(e["key"] for e in s.skipped)
+    assert lost == [f"cut/{i:06d}" for i in range(n, 48)]
+    assert all("past the end of the file" in e["reason"] for e in s.skipped)
+    assert s.records_out == 24 + n
+
+
+def test_clips_of_a_video_cut_short_are_kept_where_whole_and_listed_where_not(cut, tmp_path):
+    n = _present(cut / "cut.mp4")
+    s = convert(cut, tmp_path / "clips", to="webdataset", clip_length=8, resize_shorter=16)
+    made = {e["key"] for e in s.skipped}
+    assert made == {f"cut/{k:04d}" for k in range(6) if (k + 1) * 8 > n}
+    assert s.records_out == 3 + n // 8
+
+
+def test_an_mp4_index_with_no_media_data_is_no_one_frame_video(tmp_path):
+    src = tmp_path / "src"
+    clip = make_clip(src / "a.mp4", 24, faststart=True)
+    data = clip.read_bytes()
+    clip.write_bytes(data[: data.find(b"mdat") + 4])
+    make_clip(src / "b.mp4", 12)
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_out == 1 and s.skipped[0]["key"] == "a"
+
+
+def _huge_mkv(path):
+    import av
+
+    with av.open(str(path), "w", format="matroska") as c:
+        s = c.add_stream("libx264", rate=24)
+        s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
+        packets = []
+        for i in range(6):
+            f = av.VideoFrame.from_ndarray(photo(48, 64, i), format="rgb24")
+            f.pts, f.time_base = i, Fraction(1, 24)
+            packets += list(s.encode(f))
+        packets += list(s.encode())
+        packets[-1].pts = packets[-1].dts = int(2**40 / 1000 * 24)  # the last frame stamped 2^40 ms
+        for p in packets:
+            c.mux(p)
+    return path
+
+
+def test_an_mkv_claiming_a_huge_duration_samples_by_its_frames_in_bounded_memory(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    _huge_mkv(src / "huge.mkv")
+    assert (src / "huge.mkv").stat().st_size < 20_000
+    tracemalloc.start()
+    s = convert(src, tmp_path / "out", to="folder", frames="fps:2")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert s.records_out + len(s.skipped) <= 6 and s.records_out >= 1
+    assert peak < 200 << 20
+    p = run_cli("convert", src, tmp_path / "cli", "--to", "folder", "--frames", "fps:30")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+
+
+def test_an_image_named_as_a_video_is_listed_not_written_as_a_member_nothing_reads(tmp_path):
+    src = tmp_path / "src"
+    make_clip(src / "clip.mp4", 12)
+    (src / "photo.mp4").write_bytes(jpeg_bytes(photo(32, 32)))
+    s = convert(src, tmp_path / "wds", to="webdataset")
+    assert s.records_out == 1 and s.skipped[0]["key"] == "photo"
+    assert "an image (jpeg)" in s.skipped[0]["reason"]
+    with open_dataset(tmp_path / "wds") as r:
+        assert [rec.key for rec in r] == ["clip"]
+
+
+def test_video_reads_with_a_pyav_whose_open_no_longer_takes_metadata_errors(tmp_path, monkeypatch):
+    """PyAV 19 removed ``metadata_errors``: gpubatch asks the installed PyAV what it takes."""
+    import av
+
+    from gpubatch.engine.codecs import video_probe
+
+    real = av.open
+
+    def open19(file, mode=None, format=None, options=None, container_options=None, buffer_size=32768,
+               timeout=None, io_open=None, **unexpected):
+        if unexpected:
+            raise TypeError(f"open() got an unexpected keyword argument {next(iter(unexpected))!r}")
+        return real(file, mode=mode, format=format, options=options or {}, container_options=container_options or {},
+                    buffer_size=buffer_size, timeout=timeout, io_open=io_open)
+
+    monkeypatch.setattr(av, "open", open19)
+    video_probe.open_options.cache_clear()
+    try:
+        assert video_probe.open_options() == ()
+        src = tmp_path / "src"
+        make_clip(src / "a.mp4", 12)
+        s = convert(src, tmp_path / "out", to="folder", frames="every:4", resize_shorter=16)
+        assert s.records_out == 3 and not s.skipped
+    finally:
+        video_probe.open_options.cache_clear()
+
+
+def test_every_argument_gpubatch_gives_av_open_is_one_the_installed_pyav_takes(tmp_path):
+    import av
+
+    from gpubatch.engine.codecs.video_probe import open_input, open_options
+
+    clip = make_clip(tmp_path / "a.mp4", 6)
+    with av.open(str(clip), mode="r", **dict(open_options())) as c:  # a TypeError here: the call is wrong
+        assert c.streams.video
+    with open_input(io.BytesIO(clip.read_bytes())) as c:
+        assert c.streams.video
+    if tuple(int(x) for x in av.__version__.split(".")[:2]) >= (19, 0):
+        assert open_options() == ()
+
+
+@pytest.mark.parametrize("opts", [
+    {"clip_length": 4, "resize_shorter": 16},                               # .npy clips
+    {"clip_length": 4, "resize_shorter": 16, "clip_format": "jpeg"},        # image members
+    {"clip_length": 4, "resize_shorter": 16, "clip_format": "mp4"},
+    {"frames": "every:6", "resize_shorter": 16},
+    {},
+])
+@pytest.mark.parametrize("to", ["webdataset", "tfrecord", "lmdb"])
+def test_every_video_output_reads_back(tmp_path, to, opts):
+    src = tmp_path / "src"
+    make_clip(src / "a.mp4", 12)
+    make_clip(src / "b.mp4", 12)
+    try:
+        s = convert(src, tmp_path / "out", to=to, **opts)
+    except Exception as e:  # a format that does not hold this output says so before writing
+        assert "holds" in str(e) or "cannot hold" in str(e), e
+        return
+    assert s.records_out and not s.skipped
+    again = convert(tmp_path / "out", tmp_path / "again", to="webdataset")
+    assert again.records_out == s.records_out and not again.skipped, again.skipped[:3]
+    rep = info(tmp_path / "out")
+    assert rep.records == s.records_out and not rep.unreadable, rep.unreadable[:3]
+    json.dumps(rep.as_dict(), default=str)
