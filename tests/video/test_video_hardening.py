@@ -8,7 +8,6 @@ import json
 import tracemalloc
 from fractions import Fraction
 
-import numpy as np
 import pytest
 
 from gpubatch.api import convert, info, open_dataset
