@@ -12,7 +12,23 @@ CuPy, nvImageCodec) load on first use.
 
 from __future__ import annotations
 
+import sys as _sys
+
 __version__ = "0.1.0"
+
+if _sys.argv[:1] and _sys.argv[0].rsplit("/", 1)[-1] in ("gpubatch", "-m"):  # the command: Ctrl-C while it starts
+    import signal as _signal  # is one line (gpubatch.cli)
+
+    def _interrupted(signum: int, frame: object) -> None:
+        import os
+
+        os.write(2, b"interrupted\n")
+        os._exit(130)
+
+    try:
+        _signal.signal(_signal.SIGINT, _interrupted)
+    except ValueError:  # pragma: no cover - not the main thread
+        pass
 
 _LAZY = {
     "convert": ("gpubatch.api", "convert"),

@@ -7,13 +7,34 @@ act on print as one line on stderr with a fixed exit code (see :class:`gpubatch.
 
 from __future__ import annotations
 
-import importlib
 import os
+import signal
 import sys
 
-import click
 
-from .. import __version__
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    """Ctrl-C before the command runs (while its imports load): one line and exit 130, no traceback."""
+    os.write(2, b"interrupted\n")
+    os._exit(130)
+
+
+def _starting() -> None:
+    """Install :func:`_interrupted_while_starting` for the command's start (never in a library's import:
+    only where the process is the ``gpubatch`` command)."""
+    try:
+        signal.signal(signal.SIGINT, _interrupted_while_starting)
+    except ValueError:  # pragma: no cover - imported off the main thread (an embedding program's)
+        pass
+
+
+if os.path.basename(sys.argv[0] if sys.argv else "") in ("gpubatch", "-m", "__main__.py"):
+    _starting()  # first, before the imports below (click, rich...) take their tens of milliseconds
+
+import importlib  # noqa: E402
+
+import click  # noqa: E402
+
+from .. import __version__  # noqa: E402
 
 _COMMANDS = {
     "bench": ("gpubatch.cli.bench", "bench", "Measure a model's preprocessing: GPU vs CPU vs peers, with reports."),
@@ -85,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     keep_freed_memory()  # this process's per-record arrays reuse freed memory (docs/engine.md)
     FROM_CLI.set(True)  # messages name the command's flags
     try:
+        if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:  # from here Ctrl-C is KeyboardInterrupt
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         cli.main(args=argv, prog_name="gpubatch", standalone_mode=False)
     except (Terminated, click.exceptions.Abort) as e:  # click turns an interrupt into Abort
         if isinstance(e, Terminated) or isinstance(e.__cause__, Terminated):
@@ -92,9 +115,19 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(ExitCode.TERMINATED)
         click.echo("interrupted", err=True)
         sys.exit(ExitCode.INTERRUPTED)
+    except click.UsageError as e:  # one line, as every other usage error (click's own is a block)
+        message = " ".join(e.format_message().split()).replace(". Choose from: ", " (one of: ").replace(",", ", ")
+        message = message.replace(",  ", ", ") + (")" if "(one of: " in message else "")
+        message = message.rstrip(".")
+        given = argv if argv is not None else sys.argv[1:]
+        path = e.ctx.command_path if e.ctx is not None else " ".join(
+            ["gpubatch", *[a for a in given if a in _COMMANDS][:1]])
+        where = f"; see '{path} --help'"
+        click.echo(f"error: {message[:1].lower()}{message[1:]}{where}", err=True)
+        sys.exit(ExitCode.USAGE)
     except click.ClickException as e:
         e.show()
-        sys.exit(ExitCode.USAGE if isinstance(e, click.UsageError) else e.exit_code)
+        sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:

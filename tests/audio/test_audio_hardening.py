@@ -183,3 +183,28 @@ def test_every_audio_output_reads_back(tmp_path, to, opts):
             for rec in r:
                 x = np.load(__import__("io").BytesIO(rec.data))
                 assert rec.meta["sample_rate"] == 4000 and abs(x.shape[-1] - round(0.5 * 4000)) <= 0.25 * 4000
+
+
+@pytest.mark.parametrize("opts", [{"audio_format": "npy"}, {"audio_format": "npy", "sample_rate": 24000}])
+def test_a_long_record_takes_at_most_twice_its_output_in_memory(tmp_path, opts):
+    """A 10-minute 48 kHz stereo WAV (110 MiB) to a float32 .npy (220 MiB, 110 at 24 kHz): the process's
+    peak, less what it holds before any record, stays within twice the output."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rate, n = 48000, 48000 * 600
+    x = (np.random.default_rng(0).standard_normal((n, 2)) * 0.1).astype(np.float32)
+    sf.write(src / "long.wav", x, rate, subtype="PCM_16")
+    del x
+    args = ", ".join(f"{k}={v!r}" for k, v in opts.items())
+    code = ("import resource, sys; from gpubatch.api import convert; import gpubatch.formats.webdataset, soundfile, soxr; "
+            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+            f"convert(sys.argv[1], sys.argv[2], to='webdataset', {args}); "
+            "print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    p = subprocess.run([sys.executable, "-c", code, str(src), str(tmp_path / "out")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    base, peak = (int(v) << 10 for v in p.stdout.split())
+    out = sum(f.stat().st_size for f in (tmp_path / "out").glob("*.tar"))
+    assert peak - base <= 2 * out, (peak - base) / out

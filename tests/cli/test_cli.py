@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -359,3 +360,33 @@ def test_an_output_that_cannot_be_made_is_one_line(imagenet):
     p = run_cli("convert", imagenet, "/proc/gpubatch-nowhere/out", "--to", "lmdb")
     assert p.returncode == 2
     assert one_line_error(p) == "error: cannot create the output /proc/gpubatch-nowhere/out: No such file or directory"
+
+
+@pytest.mark.parametrize("args", [("convert", "sample_data/imagenet", "/tmp/gpubatch-nowhere"), ("convert",),
+                                  ("convrt",), ("convert", "a", "b", "--to", "webdataset", "--resize-shorter", "x"),
+                                  ("augment", "a", "b", "--copies"), ("info", "--bogus")])
+def test_every_usage_error_is_one_line_with_where_to_look(args):
+    p = run_cli(*args)
+    assert p.returncode == ExitCode.USAGE, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--help'" in lines[0], p.stderr
+    if args[-1] == "/tmp/gpubatch-nowhere":
+        assert "missing option '--to' (one of: audio, coco, folder" in lines[0]
+
+
+@pytest.mark.parametrize("delay", [0.02, 0.04, 0.06, 0.1])
+def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(delay):
+    import signal
+    import time
+
+    exe = Path(sys.executable).parent / "gpubatch"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpubatch"]
+    p = subprocess.Popen([*cmd, "info", str(ROOT / "sample_data" / "imagenet")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert p.returncode in (130, 0), (p.returncode, err)  # (0: it had finished already)
+    if p.returncode == 130:
+        assert err.strip().splitlines()[-1].startswith("interrupted")

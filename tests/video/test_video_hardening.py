@@ -178,3 +178,29 @@ def test_every_video_output_reads_back(tmp_path, to, opts):
     rep = info(tmp_path / "out")
     assert rep.records == s.records_out and not rep.unreadable, rep.unreadable[:3]
     json.dumps(rep.as_dict(), default=str)
+
+
+def _members(root) -> dict:
+    import hashlib
+    import tarfile
+
+    out = {}
+    for t in sorted(root.glob("*.tar")):
+        with tarfile.open(t) as tf:
+            for m in tf.getmembers():
+                out[m.name] = hashlib.sha1(tf.extractfile(m).read()).hexdigest()
+    return out
+
+
+def test_mp4_clips_and_re_encoded_videos_are_the_same_bytes_on_every_run(tmp_path):
+    src = tmp_path / "src"
+    for k in range(4):
+        make_clip(src / f"c{k}.mp4", 72, 320, 240)
+    runs = []
+    for r in range(3):
+        convert(src, tmp_path / f"clips{r}", to="webdataset", clip_length=8, clip_format="mp4", resize_shorter=96)
+        convert(src, tmp_path / f"video{r}", to="video", resize_shorter=96)
+        runs.append((_members(tmp_path / f"clips{r}"),
+                     {p.name: p.read_bytes() for p in sorted((tmp_path / f"video{r}").rglob("*.mp4"))}))
+    assert len(runs[0][0]) == 4 * 9 * 2 and len(runs[0][1]) == 4
+    assert runs[0] == runs[1] == runs[2]

@@ -15,6 +15,7 @@ from typing import Any
 from ...errors import RecordError, Stage
 from ...types import Record
 from ..media import HOST, MediaSpec, RunPlan, register_codec
+from ..ops.audio import FeatureOp
 from .audio_io import (
     AUDIO_FORMATS,
     DEFAULT_MAX_SAMPLES,
@@ -84,7 +85,10 @@ class AudioHostCodec:
             return None
         info = info_of(record)
         ops = getattr(plan, "ops", ())
-        return AudioStream(record.data, info) if leading_seconds(ops) is None and should_stream(ops, info) else None
+        if leading_seconds(ops) is not None or not should_stream(ops, info):
+            return None
+        npy = not (ops and isinstance(ops[-1], FeatureOp)) and out_format(plan, record.codec) == "npy"
+        return AudioStream(record.data, info, npy)
 
     def decode(self, record: Record, plan: Any) -> Any:
         """An :class:`AudioData`, or for a long record whose chain streams an
@@ -96,8 +100,9 @@ class AudioHostCodec:
             return stream
         info = info_of(record)
         seconds = leading_seconds(getattr(plan, "ops", ()))
+        in_place = not getattr(plan, "ops", ()) and out_format(plan, record.codec) == "npy"  # (the output is the decode)
         try:
-            return decode_audio(record.data, info, getattr(plan, "max_samples", DEFAULT_MAX_SAMPLES), seconds)
+            return decode_audio(record.data, info, getattr(plan, "max_samples", DEFAULT_MAX_SAMPLES), seconds, in_place)
         except ValueError as e:
             raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
 

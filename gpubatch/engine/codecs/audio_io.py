@@ -90,6 +90,12 @@ def _check(info: AudioInfo) -> AudioInfo:
     return info
 
 
+#: the largest bytes handed to libsndfile in a memfd (a copy of them); larger ones go through a ``BytesIO``,
+#: which shares the bytes (a record of an hour's audio is not held twice), and whose Python read per block
+#: costs nothing beside such a record's decode
+MEMFD_MAX = 16 << 20
+
+
 class _Source:
     """Audio bytes (or a file's path) as libsndfile reads them: a path, or the bytes in an anonymous
     in-memory file (``memfd``) whose descriptor libsndfile reads with its own I/O. A ``BytesIO`` would
@@ -102,7 +108,7 @@ class _Source:
     def __enter__(self) -> Any:
         if isinstance(self.data, (str, Path)):
             return str(self.data)
-        if hasattr(os, "memfd_create"):
+        if hasattr(os, "memfd_create") and len(self.data) <= MEMFD_MAX:
             try:
                 self.fd = os.memfd_create("gpubatch-audio", getattr(os, "MFD_CLOEXEC", 0))
                 view = memoryview(self.data)
@@ -347,6 +353,7 @@ class AudioData(NamedTuple):
     rate: int
     features: str = ""
     bits: int = 16  # the PCM depth a FLAC/WAV output keeps (24 for 24-bit and float sources)
+    npy: Any = None  # a .npy file's bytes (bytearray) whose data ``samples`` is, where decoded in place
 
     @property
     def size(self) -> tuple[int, int]:
@@ -356,11 +363,52 @@ class AudioData(NamedTuple):
         return int(self.rate), int(self.samples.shape[-1])
 
 
+def npy_bytes(shape: tuple[int, ...], dtype: Any) -> tuple[bytearray, np.ndarray]:
+    """A ``.npy`` file's bytes for an array of ``shape`` and ``dtype`` (its header written, its data not yet)
+    and the array that views that data: what is written into the array is the file."""
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                                "fortran_order": False, "shape": tuple(shape)})
+    h = head.getvalue()
+    buf = bytearray(len(h) + int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    buf[: len(h)] = h
+    return buf, np.frombuffer(buf, dtype, offset=len(h)).reshape(shape)
+
+
+def _read_into(f: Any, frames: int, channels: int, npy: bool = False) -> tuple[np.ndarray, Any]:
+    """(channels, frames) float32 samples of an open ``SoundFile``, read a block at a time into their
+    place (no (frames, channels) array transposed after), into a ``.npy`` file's data where ``npy``;
+    and that file's bytes (or None). Fewer where the file holds fewer."""
+    if npy:
+        buf, x = npy_bytes((frames,) if channels == 1 else (channels, frames), np.float32)
+        x = x.reshape(channels, frames)
+    else:
+        buf, x = None, np.empty((channels, frames), np.float32)
+    block = np.empty((min(frames, 1 << 16), channels), np.float32)
+    pos = 0
+    while pos < frames:
+        got = f.read(frames=min(len(block), frames - pos), dtype="float32", always_2d=True, out=block)
+        if not len(got):
+            break
+        x[:, pos : pos + len(got)] = got.T
+        pos += len(got)
+    return (x, buf) if pos == frames else (x[:, :pos], None)
+
+
+def _is_data_of(x: np.ndarray, npy: bytearray) -> bool:
+    """Whether ``x`` is the data of the ``.npy`` file ``npy``: float32, contiguous, its bytes the file's last."""
+    if x.dtype != np.float32 or not x.flags.c_contiguous or x.nbytes > len(npy):
+        return False
+    tail = np.frombuffer(npy, np.uint8, offset=len(npy) - x.nbytes)
+    return x.__array_interface__["data"][0] == tail.__array_interface__["data"][0]
+
+
 def decode_audio(data: bytes | str | Path, info: AudioInfo | None = None, max_samples: int = DEFAULT_MAX_SAMPLES,
-                 seconds: float | None = None) -> AudioData:
+                 seconds: float | None = None, npy: bool = False) -> AudioData:
     """Float32 (channels, samples) of audio bytes or a file (the first ``seconds`` only, where given);
     ValueError where they cannot be decoded, hold NaN or infinite samples, or more than ``max_samples``
-    samples."""
+    samples. With ``npy`` the samples are decoded into the data of a ``.npy`` file's bytes
+    (``AudioData.npy``), which a ``.npy`` output of them then is, without a copy."""
     if info is None and isinstance(data, (str, Path)):  # a file: opened once for its facts and samples
         try:
             with _Source(data) as src, _sf_open(src) as f:
@@ -368,32 +416,38 @@ def decode_audio(data: bytes | str | Path, info: AudioInfo | None = None, max_sa
                 if info.frames <= 0:
                     raise ValueError("no audio samples")
                 frames = _frames_asked(info, seconds, max_samples)
-                x = f.read(frames=frames or -1, dtype="float32", always_2d=True)
+                if frames:
+                    x, buf = _read_into(f, frames, info.channels, npy)
+                else:
+                    x, buf = np.ascontiguousarray(f.read(dtype="float32", always_2d=True).T), None
             short = _file_shortfall(data) if seconds is None else None
-            if short is None and frames and len(x) < frames:
-                short = f"decoded {len(x):,} samples a channel where the header counts {frames:,}: it is cut short"
+            if short is None and frames and x.shape[1] < frames:
+                short = f"decoded {x.shape[1]:,} samples a channel where the header counts {frames:,}: it is cut short"
             if short is not None:
                 raise ValueError(short)
-            return _checked(np.ascontiguousarray(x.T), info)
+            return _checked(x, info)._replace(npy=buf)
         except ValueError:
             raise
         except Exception:  # noqa: BLE001 - not for libsndfile (m4a...), or damaged: the path below says which
             info = None
     info = info or probe_audio(data)
     frames = _frames_asked(info, seconds, max_samples)
+    buf = None
     if info.reader == "soundfile":
         try:
             with _Source(data) as src, _sf_open(src) as f:
-                x = f.read(frames=frames or -1, dtype="float32", always_2d=True)
+                if frames:
+                    x, buf = _read_into(f, frames, info.channels, npy)
+                else:
+                    x = np.ascontiguousarray(f.read(dtype="float32", always_2d=True).T)
         except Exception as e:  # noqa: BLE001 - libsndfile's errors (a corrupt FLAC frame...)
             raise ValueError(f"cannot decode: {str(e).splitlines()[0][:160]}") from None
-        if frames and len(x) < frames:
-            raise ValueError(f"decoded {len(x):,} samples a channel where the header counts {frames:,}: the file is "
-                             "cut short")
-        x = np.ascontiguousarray(x.T)
+        if frames and x.shape[1] < frames:
+            raise ValueError(f"decoded {x.shape[1]:,} samples a channel where the header counts {frames:,}: the file "
+                             "is cut short")
     else:
         x = _decode_av(data if isinstance(data, bytes) else Path(data).read_bytes(), info, frames)
-    return _checked(x, info)
+    return _checked(x, info)._replace(npy=buf)
 
 
 def _frames_asked(info: AudioInfo, seconds: float | None, max_samples: int) -> int:
@@ -449,12 +503,14 @@ def encode_audio(audio: AudioData, fmt: str, bits: int = 16) -> tuple[bytes, str
     float16 features ((bins, frames) for mono, else (channels, bins, frames))."""
     x = np.asarray(audio.samples)
     if audio.features or fmt == "npy":
-        arr = x.astype(np.float16 if audio.features else np.float32)
+        if audio.npy is not None and not audio.features and _is_data_of(x, audio.npy):
+            return audio.npy, "npy"  # decoded in place, and nothing since made other samples: the file is made
+        arr = np.ascontiguousarray(x, np.float16 if audio.features else np.float32)  # (no copy where it is so)
         if arr.shape[0] == 1:
             arr = arr[0]
-        buf = io.BytesIO()
-        np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
-        return buf.getvalue(), "npy"
+        head = io.BytesIO()
+        np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(arr))
+        return b"".join((head.getvalue(), memoryview(arr).cast("B"))), "npy"  # one allocation, one copy
     sf = soundfile()
     buf = io.BytesIO()
     subtype = "PCM_24" if bits >= 24 else "PCM_16"

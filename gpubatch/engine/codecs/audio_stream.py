@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .audio_io import AudioData, AudioInfo
+from .audio_io import AudioData, AudioInfo, npy_bytes
 
 STREAM_SAMPLES = 1 << 25  # decoded samples (all channels) above which a streamable chain streams
 BLOCK = 1 << 18  # frames a block
@@ -28,6 +28,7 @@ class AudioStream:
 
     data: Any
     info: AudioInfo
+    npy: bool = False  # the output is a .npy of the samples: they are written into its bytes as they come
 
     @property
     def size(self) -> tuple[int, int]:
@@ -138,7 +139,13 @@ def run_stream(stream: AudioStream, ops: Any, params: list) -> AudioData:
             stages.append(None)
     feature = ops[-1] if ops and isinstance(ops[-1], FeatureOp) else None
     frames = _Frames(feature, rate) if feature is not None else None
-    chunks: list[np.ndarray] = []
+    buf = None  # the output's samples, filled block by block (in a .npy file's data where that is the output)
+    if frames is None:
+        if stream.npy:
+            buf, out = npy_bytes((n_out,) if channels == 1 else (channels, n_out), np.float32)
+            out = out.reshape(channels, n_out)
+        else:
+            out = np.empty((channels, n_out), np.float32)
     emitted = 0
     with _Source(stream.data) as src, _sf_open(src) as f:
         blocks = f.blocks(blocksize=BLOCK, dtype="float32", always_2d=True)
@@ -162,10 +169,12 @@ def run_stream(stream: AudioStream, ops: Any, params: list) -> AudioData:
             if frames is not None:
                 frames.push(x, last or reached)
             else:
-                chunks.append(x)
+                out[:, emitted - x.shape[-1] : emitted] = x
             if reached:
                 break
             block = following
     if frames is not None:
         return AudioData(np.ascontiguousarray(frames.result(), np.float32), rate, feature.name)
-    return AudioData(np.ascontiguousarray(np.concatenate(chunks, axis=1)), rate, bits=24 if info.bits >= 24 else 16)
+    if emitted < n_out:  # (fewer samples than the header said: not the output asked for)
+        raise ValueError(f"decoded {emitted:,} samples a channel where {n_out:,} were due: the file is cut short")
+    return AudioData(out, rate, bits=24 if info.bits >= 24 else 16, npy=buf)

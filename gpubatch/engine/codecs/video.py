@@ -11,6 +11,7 @@ the outputs before it go out and the ones after are their own errors.
 
 from __future__ import annotations
 
+import functools
 import io
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -197,6 +198,28 @@ def _encode_npy(clip: np.ndarray) -> bytes:
 ENCODERS = {"h264": "libx264", "hevc": "libx265", "h265": "libx265", "av1": "libsvtav1", "vp9": "libvpx-vp9"}
 
 
+# x264's names of the instruction sets below AVX-512 -> the flags /proc/cpuinfo gives for them
+_X264_SETS = (("MMX2", "mmxext"), ("SSE", "sse"), ("SSE2", "sse2"), ("SSE3", "pni"), ("SSSE3", "ssse3"),
+              ("SSE4.1", "sse4_1"), ("SSE4.2", "sse4_2"), ("AVX", "avx"), ("AVX2", "avx2"), ("FMA3", "fma"),
+              ("LZCNT", "abm"), ("BMI1", "bmi1"), ("BMI2", "bmi2"))
+
+
+@functools.lru_cache(maxsize=1)
+def x264_asm() -> dict[str, str]:
+    """libx264's options that keep it off AVX-512 where the CPU has it: there, identical frames were
+    encoded to different bytes from run to run (seen on an AMD EPYC, x264 core 165; the AVX2 code is
+    deterministic and 6% slower). The sets named are only those the CPU has (never one it lacks)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((ln for ln in f if ln.startswith("flags")), "").split())
+    except OSError:
+        return {}
+    if "avx512f" not in flags:
+        return {}
+    sets = [name for name, flag in _X264_SETS if flag in flags or (flag == "mmxext" and "sse" in flags)]
+    return {"x264-params": "asm=" + ",".join(sets)}
+
+
 def encode_mp4(frames: Iterator[np.ndarray] | np.ndarray, fps: float, codec: str = "h264", crf: int = 23) -> bytes:
     """Frames (uint8 HWC RGB, all one size) as an MP4 (H.264 through libx264 by default) on the CPU."""
     a = av()
@@ -207,17 +230,29 @@ def encode_mp4(frames: Iterator[np.ndarray] | np.ndarray, fps: float, codec: str
         from fractions import Fraction
 
         rate = Fraction(fps).limit_denominator(1001) if fps else Fraction(25)
+        count = 0
         for rgb in frames:
             rgb = np.ascontiguousarray(rgb)
             if stream is None:
                 stream = out.add_stream(encoder, rate=rate)
                 stream.width, stream.height = rgb.shape[1] - rgb.shape[1] % 2, rgb.shape[0] - rgb.shape[0] % 2
                 stream.pix_fmt = "yuv420p"
-                if encoder in ("libx264", "libx265"):
-                    stream.options = {"crf": str(crf), "preset": "veryfast"}
+                # one encoder thread: the same frames give the same bytes on every run and machine (threaded
+                # encodes differed between identical runs); a run encodes many clips side by side instead
+                if encoder == "libx264":
+                    stream.options = {"crf": str(crf), "preset": "veryfast", "threads": "1", **x264_asm()}
+                elif encoder == "libx265":
+                    stream.options = {"crf": str(crf), "preset": "veryfast",
+                                      "x265-params": "pools=1:frame-threads=1:log-level=error"}
+                elif encoder == "libvpx-vp9":
+                    stream.options = {"threads": "1", "row-mt": "0"}
+                stream.codec_context.thread_count = 1
             if rgb.shape[0] != stream.height or rgb.shape[1] != stream.width:
                 rgb = np.ascontiguousarray(rgb[: stream.height, : stream.width])
-            for packet in stream.encode(a.VideoFrame.from_ndarray(rgb, format="rgb24")):
+            frame = a.VideoFrame.from_ndarray(rgb, format="rgb24")
+            frame.pts, frame.time_base = count, 1 / rate
+            count += 1
+            for packet in stream.encode(frame):
                 out.mux(packet)
         if stream is None:
             raise ValueError("no frame to encode")
