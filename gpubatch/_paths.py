@@ -131,6 +131,32 @@ def source_files(path: Path) -> list[Path] | None:
     return sorted({Path(p) for one in patterns for p in glob.glob(one) if os.path.isfile(p)})
 
 
+# ``s3://``, ``gs://``, ``https://``..., and the same collapsed by a Path (``s3:/bucket``); webdataset's ``pipe:CMD``
+_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+):(?://|/(?!/)|(?=[^/\\]))")
+
+
+def url_scheme(location: str | Path) -> str | None:
+    """The scheme where ``location`` is a URL (``s3://bucket/x``, ``https://host/x``, ``pipe:curl ...``, or a
+    URL a ``Path`` collapsed to ``s3:/bucket/x``), else None. A Windows drive (``C:``) is no scheme."""
+    text = os.fspath(location)
+    m = _URL.match(text)
+    if m is None or len(m.group("scheme")) < 2:
+        return None
+    if m.group("scheme").lower() != "pipe" and "/" not in text[m.end("scheme") :][:3]:
+        return None  # ``name:thing`` without a slash is a file name with a colon
+    return m.group("scheme").lower()
+
+
+def refuse_url(location: str | Path, role: str) -> None:
+    """A one-line error where a source or destination is a URL: gpubatch reads and writes local paths (a
+    URL must not become a local folder named ``s3:``)."""
+    scheme = url_scheme(location)
+    if scheme is not None:
+        shown = os.fspath(location)
+        raise UsageError(f"{role} {shown!r} is a URL ({scheme}:), and URLs are not supported yet: gpubatch reads and "
+                         f"writes local paths (copy the data to a local folder or a mounted file system first)")
+
+
 def require_source(path: Path) -> None:
     """A one-line error where the source neither exists nor is a pattern that names some file."""
     matched = source_files(path)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ._paths import check_output, require_source, source_root, staged_output
+from ._paths import check_output, refuse_url, require_source, source_root, staged_output
 from .engine.device import Device, DeviceKind, resolve
 from .engine.registry import HOST
 from .errors import ErrorPolicy, ErrorRouter, GpubatchError, RunStats, UsageError, python_messages
@@ -142,6 +142,7 @@ class _LossWarningWriter(Writer):
     def __init__(self, inner: Writer, fmt: Any, stats: RunStats, geometric: bool = False):
         self.inner, self.fmt, self.stats, self.geometric = inner, fmt, stats, geometric
         self.audio: dict[str, Any] = {}  # the sample rate and features every array written shares
+        self.dropped_audio = 0  # re-encoded videos whose audio track could not go into their container
 
     def audio_facts(self, record: Record) -> None:
         """Note an audio array's sample rate and features (what a ``.npy`` holds no trace of): the
@@ -183,6 +184,11 @@ class _LossWarningWriter(Writer):
             self.stats.warn(f"the samples' other image members ({names}) were kept as they were: the geometric "
                             "ops moved only the sample's image")
         self.audio_facts(record)
+        sound = record.meta.get("audio")
+        if isinstance(sound, str) and sound.startswith("dropped"):  # a re-encoded video's track MP4 cannot hold
+            self.dropped_audio += 1
+            self.stats.warn(f"the audio track of a re-encoded video was {sound} ({record.origin}); the others' "
+                            "tracks were copied")
         self.inner.write(record)
 
     def close(self) -> None:
@@ -254,7 +260,11 @@ def convert(
     else:
         if dst is None or to is None:
             raise UsageError("convert needs a source, a destination and a format (to=...)")
+        refuse_url(src, "source")
+        refuse_url(dst, "destination")
         req = ConvertRequest(src=Path(src), dst=Path(dst), to=to, **options)
+    refuse_url(req.src, "source")
+    refuse_url(req.dst, "destination")
     from .engine.plan import make_plan
 
     fmt = get_format(req.to)
@@ -516,7 +526,11 @@ def augment(
     else:
         if dst is None:
             raise UsageError("augment needs a source and a destination")
+        refuse_url(src, "source")
+        refuse_url(dst, "destination")
         req = AugmentRequest(src=Path(src), dst=Path(dst), **options)
+    refuse_url(req.src, "source")
+    refuse_url(req.dst, "destination")
     src_path, dst_path = Path(req.src), Path(req.dst)
     ops = req.chain()  # refused before any data is read
     if req.copies < 1:
@@ -572,6 +586,7 @@ def _run(device: Device, reader: Reader, entries: list, writer: Writer, plan: An
 def open_dataset(path: str | Path, fmt: str | None = None) -> Reader:
     """A reader over the dataset at ``path``: iterate it for :class:`~gpubatch.types.Record` values,
     ``len()`` it, ``.info()`` for classes. Use as a context manager to close its files."""
+    refuse_url(path, "source")
     return open_reader(Path(path), fmt)
 
 
@@ -581,4 +596,5 @@ def info(path: str | Path, fmt: str | None = None, workers: int | None = None,
     """Describe the dataset at ``path``: a :class:`~gpubatch.report.info.DatasetReport`."""
     from .report.info import describe
 
+    refuse_url(path, "source")
     return describe(Path(path), fmt, workers, progress)

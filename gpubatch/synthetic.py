@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .engine.processes import detached_main
+
 SUBSAMPLING_MIX = (("4:2:0", 0.5), ("4:2:2", 0.25), ("4:4:4", 0.25))
 
 
@@ -70,7 +72,7 @@ def make_jpeg_set(root: Path, n: int, seed: int = 0, workers: int | None = None,
     for old in root.glob(".complete-*"):  # files rewritten from another seed or mix: those sets are gone
         if not old.name.endswith(f"-{seed}{tag}"):
             old.unlink()
-    with ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
+    with detached_main(), ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
         list(pool.map(_one, [(root, seed, i, tuple(mix)) for i in range(n)], chunksize=16))
     marker.touch()
     return root
@@ -129,7 +131,7 @@ def make_video_set(root: Path, count: int, seed: int = 0, seconds: tuple[float, 
         jobs.append((root / name, seed * 100_003 + i, w, h, enc, secs, fps))
     todo = [j for j in jobs if not j[0].exists()]
     if todo:
-        with ProcessPoolExecutor(max_workers=workers or max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+        with detached_main(), ProcessPoolExecutor(max_workers=workers or max(1, min(len(todo), os.cpu_count() or 1))) as pool:
             list(pool.map(_clip, todo))
     return [j[0] for j in jobs]
 
@@ -190,6 +192,6 @@ def make_audio_set(root: Path, count: int, seed: int = 0, seconds: tuple[float, 
         jobs.append((path, seed * 1_000_003 + i, secs, rate, fmt))
     todo = [j for j in jobs if not j[0].exists()]
     if todo:
-        with ProcessPoolExecutor(max_workers=min(len(todo), workers or os.cpu_count() or 1)) as pool:
+        with detached_main(), ProcessPoolExecutor(max_workers=min(len(todo), workers or os.cpu_count() or 1)) as pool:
             list(pool.map(_audio_clip, todo, chunksize=8))
     return [j[0] for j in jobs]

@@ -49,8 +49,8 @@ def _list_presets(ctx: click.Context, _param: click.Parameter, value: bool) -> N
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("src", type=click.Path(path_type=Path))
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("src", type=str)
+@click.argument("dst", type=str)
 @click.option("--preset", default=None, metavar="NAME", help="A named chain (see --list-presets).")
 @click.option("--ops", default=None, metavar="SPEC",
               help='Op chain, e.g. "random_resized_crop(size=224) | flip(p=0.5)" (see --list-ops).')

@@ -11,8 +11,8 @@ from .options import device_options, format_choice, pipeline_options, run_option
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("src", type=click.Path(path_type=Path))
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("src", type=str)
+@click.argument("dst", type=str)
 @click.option("--to", "to", type=format_choice(), required=True, help="Output format.")
 @click.option("--resize-shorter", type=click.IntRange(min=1), default=None, metavar="N",
               help="Resize so the shorter side is N pixels (antialiased bilinear).")

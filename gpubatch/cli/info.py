@@ -11,7 +11,7 @@ from .options import format_choice
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=str)
 @click.option("--from", "from_format", type=format_choice(), default=None,
               help="Dataset format  [default: detected]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")

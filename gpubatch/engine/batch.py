@@ -1,4 +1,4 @@
-"""Batches: HostBatch (a list of NumPy HWC arrays), DeviceBatch (one packed CuPy buffer) and Ragged
+"""Batches: HostBatch (NumPy items, packed where they share a shape), DeviceBatch (one packed CuPy buffer) and Ragged
 (device images by pointer), with the small host tables a launch uploads.
 
 A DeviceBatch holds a whole ragged batch in ONE buffer with per-item offsets and shapes, so one kernel
@@ -15,7 +15,63 @@ from typing import Any
 
 import numpy as np
 
-HostBatch = list  # list[np.ndarray], uint8 HWC
+
+class HostBatch(Sequence):
+    """A batch on the CPU (``ImagePipeline`` with ``device="cpu"``): its items (NumPy arrays) in one
+    (N, ...) array where they share a shape and dtype, so that ``torch.from_dlpack(batch)`` and
+    ``np.asarray(batch)`` take it whole, without a copy; a ragged batch is its items (:meth:`items`).
+
+    Attributes:
+        keys: the keys of the records the batch holds, in row order.
+        failed: (key, reason) of the records that failed and are not in it: a failed image is dropped
+            with its key, and never shifts the rows of the others.
+    """
+
+    def __init__(self, items: Sequence[np.ndarray] | np.ndarray, keys: Sequence[str] = (),
+                 failed: Sequence[tuple[str, str]] = ()):
+        self.keys, self.failed = list(keys), list(failed)
+        if isinstance(items, np.ndarray):
+            self._packed: np.ndarray | None = items
+            self._items: list[np.ndarray] = list(items)
+        elif items and len({(a.shape, a.dtype) for a in items}) == 1:
+            self._packed = np.stack(items)
+            self._items = list(self._packed)
+        else:
+            self._packed, self._items = None, list(items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._items[i]
+
+    def items(self) -> list[np.ndarray]:
+        """The items (views of the packed array where there is one)."""
+        return list(self._items)
+
+    def stacked(self) -> np.ndarray:
+        """The batch as one (N, ...) array (no copy); ValueError where the items differ in shape."""
+        if self._packed is None:
+            if not self._items:
+                raise ValueError("empty batch")
+            raise ValueError("items differ in shape; use items()")
+        return self._packed
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.stacked()
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def __dlpack__(self, stream: Any = None, **kw: Any) -> Any:
+        if stream not in (None, -1):
+            raise BufferError("a CPU batch takes no stream")
+        return self.stacked().__dlpack__(**kw)
+
+    def __dlpack_device__(self) -> Any:
+        return self.stacked().__dlpack_device__()
+
+    def __repr__(self) -> str:
+        shape = self._packed.shape if self._packed is not None else f"{len(self)} ragged items"
+        return f"HostBatch({shape}, failed={len(self.failed)})"
 
 
 @dataclass
@@ -59,7 +115,9 @@ class DeviceBatch:
         buffer: 1-D CuPy array holding every item back to back.
         offsets: int64 (N,) element offset of each item in ``buffer``.
         shapes: per item its shape (e.g. (H, W, 3) or (3, H, W)).
-        keys: record keys, for error messages and per-record parameters.
+        keys: the keys of the records it holds, in row order (``ImagePipeline``: failed images are not
+            among them, and leave no row).
+        failed: (key, reason) of the records that failed and are not in it.
         keep: objects that own device memory the batch's kernels read (decoded images).
         stream: the CUDA stream its kernels were enqueued on (None: already finished, or host).
         readers: the streams (handles; 0 the legacy default stream) its items were taken on:
@@ -73,6 +131,7 @@ class DeviceBatch:
     shapes: list[tuple[int, ...]]
     keys: list[str] = field(default_factory=list)
     keep: list[Any] = field(default_factory=list)  # owners of input memory the kernels may still read
+    failed: list[tuple[str, str]] = field(default_factory=list)
     stream: Any = None
     readers: set[int] = field(default_factory=set)
 

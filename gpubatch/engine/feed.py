@@ -23,7 +23,7 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -31,6 +31,7 @@ from typing import Any
 
 from ..types import Record
 from .plan import Plan
+from .processes import started_pool
 from .run import Job, RecordSource, outputs_of, read_counted
 
 SLOT_BYTES = 64 << 20  # one batch's encoded bytes by default (Settings.feed_slot_bytes); more comes back pickled
@@ -317,7 +318,6 @@ class Feed:
 
     def __init__(self, spans: list[tuple[int, int]], plan: Plan | None, workers: int | None, depth: int,
                  repeat: bool, slot_bytes: int, views: bool, opener: Callable[[], RecordSource] | None = None):
-        import multiprocessing as mp
         from multiprocessing.shared_memory import SharedMemory
 
         from .executor import default_readers
@@ -332,8 +332,7 @@ class Feed:
         workers = workers or default_readers()
         self.slot_bytes = fit_slots(self.depth, int(slot_bytes))
         self.shm = SharedMemory(create=True, size=self.depth * self.slot_bytes)
-        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                                        initializer=_init, initargs=(self.shm.name, plan, self.slot_bytes, opener))
+        self.pool = started_pool(workers, "spawn", _init, (self.shm.name, plan, self.slot_bytes, opener))
 
     def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
         raise NotImplementedError

@@ -31,6 +31,7 @@ from . import gpu_memory as gm
 from .device import Device
 from .gpu_worker import WorkerFailed, _cores, _worker
 from .plan import Plan
+from .processes import detached_main
 from .run import RecordSink, RecordSource
 from .settings import Settings
 
@@ -83,6 +84,10 @@ def run_device(device: Device, opener: Callable[[], RecordSource], entries: list
     controls = [ctx.Queue() for _ in range(procs)] if capped else [None] * procs
 
     def start() -> None:
+        with detached_main():  # (a caller's script without a __main__ guard is not run again in the workers)
+            start_workers()
+
+    def start_workers() -> None:
         for k in range(procs):
             rings.append(SharedMemory(create=True, size=settings.out_slots * slot_bytes))
             mine = None if capped else [e for chunk in chunks[k::procs] for e in chunk]

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
-from .batch import DeviceBatch
+from .batch import DeviceBatch, HostBatch
 from .device import Device
 from .gpu_engine import GpuEngine, decode_ahead
 from .ops.base import Op, Window
@@ -85,17 +85,40 @@ def _cpu_chain_chunk(plan: Plan, blobs: list[Any], keys: list[str],
 
 def _take_chunk(name: str | None, layout: list[tuple[Any, str | None]]) -> list[tuple[Any, str | None]]:
     """The arrays of a :func:`_cpu_chain_chunk` result, copied out of its shared memory (then freed)."""
-    if name is None:
-        return [(None, err) for _, err in layout]
+    return _take_chunks([(name, layout)])[1]
+
+
+def _take_chunks(chunks: list[tuple[str | None, list[tuple[Any, str | None]]]]) -> tuple[np.ndarray | None, list]:
+    """The arrays of several :func:`_cpu_chain_chunk` results, copied out of their shared memory (then
+    freed): (one (N, ...) array of them where every one has the same shape and dtype, copied straight into
+    it, else None; per item (array or None, error or None))."""
     from multiprocessing.shared_memory import SharedMemory
 
-    shm = SharedMemory(name=name)
-    try:
-        return [(np.ndarray(spec[0], np.dtype(spec[1]), buffer=shm.buf, offset=spec[2]).copy(), None)
-                if err is None else (None, err) for spec, err in layout]
-    finally:
-        shm.close()
-        shm.unlink()
+    specs = [spec for _, layout in chunks for spec, err in layout if err is None]
+    same = len({(tuple(sp[0]), sp[1]) for sp in specs}) == 1
+    packed = np.empty((len(specs), *specs[0][0]), np.dtype(specs[0][1])) if same else None
+    out: list[tuple[Any, str | None]] = []
+    row = 0
+    for name, layout in chunks:
+        shm = SharedMemory(name=name) if name is not None else None
+        try:
+            for spec, err in layout:
+                if err is not None:
+                    out.append((None, err))
+                    continue
+                src = np.ndarray(spec[0], np.dtype(spec[1]), buffer=shm.buf, offset=spec[2])
+                if packed is not None:
+                    packed[row] = src
+                    out.append((packed[row], None))
+                    row += 1
+                else:
+                    out.append((src.copy(), None))
+                del src
+        finally:
+            if shm is not None:
+                shm.close()
+                shm.unlink()
+    return packed, out
 
 
 def chain_windows(ops: Sequence[Op], params: Sequence[Any], h: int, w: int) -> tuple[Window, Normalize | None]:
@@ -292,11 +315,9 @@ class ImagePipeline:
     def _pool(self):
         """The CPU path's worker processes (threads would serialize on the GIL between Pillow calls)."""
         if self._workers is None:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor
+            from .processes import started_pool
 
-            ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-            self._workers = ProcessPoolExecutor(max_workers=self.cpu_threads, mp_context=ctx)
+            self._workers = started_pool(self.cpu_threads, "forkserver")
         return self._workers
 
     def close(self) -> None:
@@ -340,7 +361,8 @@ class ImagePipeline:
     def process(self, decoded: Any, keys: Sequence[str], params: Sequence[Any] | None = None,
                 sizes: Sequence[tuple[int, int] | None] | None = None,
                 windows: tuple[np.ndarray, np.ndarray] | None = None, own: bool = False, epoch: int = 0):
-        """Stage 2: the op chain on a decoded batch. GPU: a DeviceBatch; CPU: a list of NumPy arrays.
+        """Stage 2: the op chain on a decoded batch: a DeviceBatch on the GPU, a HostBatch on the CPU; either
+        holds the keys of its rows (``keys``) and what failed (``failed``), a failed image leaving no row.
 
         Random ops draw per (seed, key, ``epoch``): pass a new epoch for each pass of a training loop
         to get new crops and flips, each epoch as reproducible as the first.
@@ -355,7 +377,7 @@ class ImagePipeline:
             n, pool = len(decoded), self._pool()
             step = cpu_chunk(n, self.cpu_threads)
             return self._cpu_batch([pool.submit(_cpu_chain_chunk, self.plan, [bytes(b) for b in decoded[a : a + step]],
-                                                list(keys[a : a + step]), epoch) for a in range(0, n, step)])
+                                                list(keys[a : a + step]), epoch) for a in range(0, n, step)], keys)
         from .batch import Ragged
         from .gpu_chain import run_chain
 
@@ -378,6 +400,8 @@ class ImagePipeline:
             self._after_readers(slot, [self.engine.stream])
         batch = run_chain(self.engine, self.plan.ops, Ragged.from_items(self.engine.cp, arrays), drawn,
                           out=self._ring[slot] if slot is not None else None, first=first)
+        batch.keys = [keys[i] for i in rows]
+        batch.failed = [(keys[i], err) for i, err in self.last_errors]
         if slot is not None:
             self._ring[slot], self._ring_readers[slot] = batch.buffer, batch.readers
         self.stats["images"] += len(arrays)
@@ -509,7 +533,8 @@ class ImagePipeline:
         self.stats["gpu"] += res.on_gpu
         self.stats["hw"] += res.hw
         self.stats["fallbacks"] += res.fallbacks
-        batch = DeviceBatch(buf, np.arange(len(done), dtype=np.int64) * per, [shape] * len(done), stream=eng.stream)
+        batch = DeviceBatch(buf, np.arange(len(done), dtype=np.int64) * per, [shape] * len(done), stream=eng.stream,
+                            keys=[keys[i] for i in done], failed=[(keys[i], err) for i, err in self.last_errors])
         if slot is not None:
             self._ring[slot], self._ring_done[slot] = buf, eng.stream.record()
             self._ring_readers[slot] = batch.readers  # (the set itself: what the consumer takes later counts)
@@ -559,7 +584,7 @@ class ImagePipeline:
             feed.close()
 
     def _iterate_files_cpu(self, files: list[str], keys: Sequence[str] | None, batch_size: int, repeat: bool,
-                           depth: int) -> Iterator[list[np.ndarray]]:
+                           depth: int) -> Iterator[HostBatch]:
         """The CPU path of :meth:`iterate_files`: the worker processes read, decode and transform the files
         themselves (the encoded bytes never pass through this process), ``depth`` batches in flight."""
         from collections import deque
@@ -581,26 +606,27 @@ class ImagePipeline:
         flight: deque = deque()
         try:
             for a, b, epoch in batches:
-                flight.append(submit(a, b, epoch))
+                flight.append((submit(a, b, epoch), keys[a:b]))
                 if len(flight) < depth:
                     continue
-                yield self._cpu_batch(flight.popleft())
+                yield self._cpu_batch(*flight.popleft())
             while flight:
-                yield self._cpu_batch(flight.popleft())
+                yield self._cpu_batch(*flight.popleft())
         finally:
-            for futures in flight:  # the consumer left early: drop what is still queued, free what is done
+            for futures, _ in flight:  # the consumer left early: drop what is still queued, free what is done
                 for f in futures:
                     if not f.cancel():
                         _take_chunk(*f.result())
 
-    def _cpu_batch(self, futures: list[Any]) -> list[np.ndarray]:
+    def _cpu_batch(self, futures: list[Any], keys: Sequence[str]) -> HostBatch:
         t0 = time.perf_counter()
-        results = [r for f in futures for r in _take_chunk(*f.result())]
+        packed, results = _take_chunks([f.result() for f in futures])
         self.timings["workers"] += time.perf_counter() - t0
         self.last_errors = [(i, err) for i, (arr, err) in enumerate(results) if err is not None]
         outs = [arr for arr, err in results if err is None]
         self.stats["images"] += len(outs)
-        return outs
+        return HostBatch(packed if packed is not None else outs, [k for k, (_, e) in zip(keys, results) if e is None],
+                         [(k, e) for k, (_, e) in zip(keys, results) if e is not None])
 
     def _iterate(self, items: Iterable[tuple[Any, Any, Any]], prefetch: int,
                  on_stop: Callable[[], None] | None = None, ordered_release: bool = False) -> Iterator[Any]:

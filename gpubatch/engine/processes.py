@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
+import sys
+import threading
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,21 +36,75 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
 
 
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def detached_main() -> Iterator[None]:
+    """Processes started inside (spawn, forkserver) do not import the caller's ``__main__``.
+
+    ``multiprocessing`` runs the main script again in every spawned child (as ``__mp_main__``) so that
+    what it defines can be unpickled there; a script that calls gpubatch without an ``if __name__ ==
+    "__main__":`` guard then starts the whole run again in each worker. gpubatch's workers run gpubatch's
+    own code only, so while they start ``sys.modules["__main__"]`` is an empty module: nothing names the
+    script to the children. An object of the script sent to them (a class defined there) cannot be
+    pickled then: one clear error says to define it in a module instead.
+    """
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if main is None or (getattr(main, "__file__", None) is None and getattr(spec, "name", None) is None):
+        yield  # an interactive session or ``python -c``: no script to run again
+        return
+    with _MAIN_LOCK:
+        sys.modules["__main__"] = types.ModuleType("__main__", "gpubatch: workers do not import the main script")
+        try:
+            yield
+        except (pickle.PicklingError, AttributeError) as e:
+            if "__main__" not in str(e):
+                raise
+            from ..errors import UsageError
+
+            raise UsageError(f"an object defined in your script goes to gpubatch's worker processes, which do not "
+                             f"run your script ({str(e).splitlines()[0]}): define it in a module your script imports"
+                             ) from None
+        finally:
+            sys.modules["__main__"] = main
+
+
 @contextlib.contextmanager
 def _worker_env() -> Iterator[None]:
     """Processes started inside get the workers' settings (one BLAS thread, freed memory kept) in their
-    environment; this process's own is left as it was."""
+    environment, and do not import the caller's main script (:func:`detached_main`); this process's own
+    environment is left as it was."""
     saved = {k: os.environ.get(k) for k in (*_ONE_THREAD, *_MALLOC)}
     os.environ.update(dict.fromkeys(_ONE_THREAD, "1"))
     os.environ.update(_MALLOC)
     try:
-        yield
+        with detached_main():
+            yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def started_pool(workers: int, context: str = "spawn", initializer: Any = None, initargs: tuple = ()) -> Any:
+    """A ``ProcessPoolExecutor`` of ``workers`` processes, every one started now (not on the first tasks)
+    and without importing the caller's main script (:func:`detached_main`)."""
+    import multiprocessing as mp
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    if context not in mp.get_all_start_methods():
+        context = "spawn"
+    with detached_main():
+        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(context), initializer=initializer,
+                                   initargs=initargs)
+        for f in [pool.submit(time.sleep, 0.05) for _ in range(workers)]:  # none idle: every worker starts now
+            f.result()
+    return pool
 
 
 def single_threaded_pool(workers: int) -> Any:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ErrorRouter, RecordError, RunStats, Stage
 from ..types import Media, Record
-from .codecs.video import clip_members, encode_clip, info_of
+from .codecs.video import SourcedFrames, clip_members, encode_clip, info_of
 from .codecs.video_gpu_caps import CUDA_CODEC, nvdec_supports
 from .codecs.video_probe import open_input
 from .device import Device
@@ -281,7 +281,7 @@ def _host(arrays: list[Any], session: NvdecSession) -> np.ndarray:
 
 
 def _encode_job(session: NvdecSession, job: Job, cursor: GpuFrameCursor, plan: Plan, info: Any,
-                stats: RunStats) -> Record:
+                stats: RunStats, source: bytes = b"") -> Record:
     t = job.template
     frames = list(t.meta.get("frames") or ())
     params, _, _ = job.settle(plan, info.height, info.width)
@@ -292,7 +292,7 @@ def _encode_job(session: NvdecSession, job: Job, cursor: GpuFrameCursor, plan: P
                     part = frames[s: s + session.chunk]
                     yield from _host(_chain(session, plan, cursor.frames(part), params), session)
 
-            out = encode_clip(stream(), t, plan)
+            out = encode_clip(SourcedFrames(stream(), source), t, plan)  # (its audio track copied)
         else:
             done = _chain(session, plan, cursor.frames(frames), params)
             image_out = t.media is Media.IMAGE and "frame" in t.meta
@@ -342,7 +342,7 @@ def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunS
             result.append(item)
             continue
         try:
-            result.append(_encode_job(session, item, cursor, plan, info, stats))
+            result.append(_encode_job(session, item, cursor, plan, info, stats, record.data))
         except RecordError as e:
             result.append(e)
             if e.stage is Stage.DECODE:

@@ -144,3 +144,93 @@ def test_the_package_metadata_uses_an_spdx_license_string():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["project"]["license"] == "Apache-2.0"
     assert any(r.startswith("setuptools>=77") for r in meta["build-system"]["requires"])
+
+
+# --- URLs are refused, never written to a local folder named after them ----------------------------------
+
+
+@pytest.mark.parametrize("args,role", [
+    (("convert", "sample_data/imagenet", "s3://bucket/out", "--to", "webdataset"), "destination"),
+    (("convert", "sample_data/imagenet", "gs://bucket/out", "--to", "tfrecord"), "destination"),
+    (("convert", "https://host/data-000000.tar", "OUT", "--to", "folder"), "source"),
+    (("info", "s3://bucket/x-{000000..000001}.tar"), "source"),
+    (("augment", "sample_data/coco", "az://container/out", "--preset", "ssd"), "destination"),
+])
+def test_a_url_is_refused_in_one_line_and_no_local_folder_is_made(tmp_path, args, role):
+    args = tuple(str(tmp_path / "out") if a == "OUT" else a for a in args)
+    before = set(os.listdir(ROOT))
+    p = run_cli(*args)
+    assert p.returncode == ExitCode.USAGE, p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    url = next(a for a in args if "://" in a)
+    assert line == (f"error: {role} {url!r} is a URL ({url.split(':')[0]}:), and URLs are not supported yet: "
+                    "gpubatch reads and writes local paths (copy the data to a local folder or a mounted file system "
+                    "first)")
+    assert set(os.listdir(ROOT)) == before and not (tmp_path / "out").exists()
+
+
+def test_the_api_refuses_urls_and_their_collapsed_paths(tmp_path):
+    from pathlib import Path
+
+    with pytest.raises(UsageError, match="is a URL"):
+        convert("sample_data/imagenet", "s3://bucket/out", to="webdataset")
+    with pytest.raises(UsageError, match=r"'s3:/bucket/out' is a URL \(s3:\)"):
+        convert(ROOT / "sample_data" / "imagenet", Path("s3://bucket/out"), to="webdataset")
+    with pytest.raises(UsageError, match="is a URL"):
+        open_dataset("https://host/x.tar")
+    assert not Path("s3:").exists()
+
+
+# --- the README's Python examples, as a user saves them: a script without a __main__ guard -------------
+
+
+UNGUARDED = """
+import sys
+import numpy as np
+import gpubatch
+from gpubatch import ImagePipeline
+from gpubatch.engine.ops import RandomResizedCrop, Flip, Normalize
+
+paths = sorted(str(p) for p in __import__("pathlib").Path(sys.argv[1]).rglob("*.jpg"))[:8]
+with ImagePipeline([RandomResizedCrop(64), Flip(p=0.5), Normalize(layout="CHW", dtype="float16")], device="cpu",
+                   cpu_threads=2) as pipe:
+    for batch in pipe.iterate_files(paths, batch_size=4):
+        x = np.from_dlpack(batch)
+        print("batch", x.shape, x.dtype, len(batch.keys))
+s = gpubatch.convert(sys.argv[1], sys.argv[2], to="webdataset", resize_shorter=48, device="cpu", limit=8)
+print("converted", s.records_out)
+"""
+
+
+def test_the_readme_examples_run_as_a_plain_script_without_a_main_guard(imagenet, tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED)
+    p = subprocess.run([sys.executable, str(script), str(imagenet), str(tmp_path / "out")], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr and "another gpubatch run" not in p.stderr, p.stderr
+    assert p.stdout.splitlines() == ["batch (4, 3, 64, 64) float16 4"] * 2 + ["converted 8"]  # once, not per worker
+
+
+def test_a_cpu_batch_is_one_array_and_a_failed_image_leaves_no_row(imagenet):
+    import numpy as np
+
+    from gpubatch.engine.batch import HostBatch
+    from gpubatch.engine.ops import Normalize, Resize
+    from gpubatch.engine.pipeline import ImagePipeline
+
+    files = sorted(imagenet.rglob("*.jpg"))[:8]
+    blobs = [f.read_bytes() for f in files]
+    blobs[3] = b"\xff\xd8 not a jpeg"
+    keys = [f.stem for f in files]
+    with ImagePipeline([Resize(32, 40), Normalize(dtype="float32")], device="cpu", cpu_threads=2) as pipe:
+        batch = pipe(blobs, keys)
+        alone = pipe([blobs[5]], [keys[5]])
+    assert isinstance(batch, HostBatch) and len(batch) == 7
+    x = np.from_dlpack(batch)
+    assert x.shape == (7, 3, 32, 40) and x.dtype == np.float32
+    assert batch.keys == keys[:3] + keys[4:] and batch.failed[0][0] == keys[3]
+    assert np.array_equal(x[batch.keys.index(keys[5])], np.asarray(alone)[0])  # rows keep their records

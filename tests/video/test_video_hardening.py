@@ -8,6 +8,7 @@ import json
 import tracemalloc
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from gpubatch.api import convert, info, open_dataset
@@ -204,3 +205,48 @@ def test_mp4_clips_and_re_encoded_videos_are_the_same_bytes_on_every_run(tmp_pat
                      {p.name: p.read_bytes() for p in sorted((tmp_path / f"video{r}").rglob("*.mp4"))}))
     assert len(runs[0][0]) == 4 * 9 * 2 and len(runs[0][1]) == 4
     assert runs[0] == runs[1] == runs[2]
+
+
+def _with_sound(path, seconds: float = 2.0, codec: str = "aac", fmt: str = "mov"):
+    """An H.264 clip with an audio track (a tone), muxed as a camera or phone writes it."""
+    import av
+
+    rate, fps = 48000, 24
+    with av.open(str(path), "w", format=fmt) as c:
+        v = c.add_stream("libx264", rate=fps)
+        v.width, v.height, v.pix_fmt = 160, 120, "yuv420p"
+        a = c.add_stream(codec, rate=rate)
+        a.layout = "stereo"
+        for i in range(int(seconds * fps)):
+            f = av.VideoFrame.from_ndarray(photo(120, 160, i), format="rgb24")
+            f.pts, f.time_base = i, Fraction(1, fps)
+            for p in v.encode(f):
+                c.mux(p)
+        t = np.arange(int(seconds * rate)) / rate
+        tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+        frame = av.AudioFrame.from_ndarray(np.stack([tone, tone]), format="fltp", layout="stereo")
+        frame.sample_rate, frame.pts, frame.time_base = rate, 0, Fraction(1, rate)
+        for p in [*a.encode(frame), *a.encode(None)]:
+            c.mux(p)
+        for p in v.encode(None):
+            c.mux(p)
+    return path
+
+
+def test_re_encoding_a_video_keeps_its_audio_track(tmp_path):
+    import av
+
+    src = tmp_path / "src"
+    src.mkdir()
+    _with_sound(src / "talk.mov")
+    make_clip(src / "silent.mp4", 24)
+    s = convert(src, tmp_path / "out", to="video", resize_shorter=64)
+    assert s.records_out == 2 and not s.skipped and not any("audio" in w for w in s.warnings)
+    out = next((tmp_path / "out").rglob("talk*.mp4"))
+    with av.open(str(out)) as c:
+        assert len(c.streams.video) == 1 and len(c.streams.audio) == 1
+        a = c.streams.audio[0]
+        assert a.codec_context.name == "aac" and a.codec_context.sample_rate == 48000
+        assert abs(float(a.duration * a.time_base) - 2.0) < 0.1 and c.streams.video[0].codec_context.height == 64
+    with av.open(str(next((tmp_path / "out").rglob("silent*.mp4")))) as c:
+        assert not c.streams.audio

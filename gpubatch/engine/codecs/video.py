@@ -176,12 +176,24 @@ class FrameCursor:
         return out
 
 
+class SourcedFrames:
+    """Frames (any iterable) with the bytes of the video they came from (``source``), whose audio track a
+    re-encoded video copies."""
+
+    def __init__(self, frames: Any, source: bytes):
+        self.frames, self.source = frames, source
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter(self.frames)
+
+
 class FrameStream:
     """A video's frames one at a time, in order (a whole video re-encoded: memory bounded)."""
 
     def __init__(self, cursor: FrameCursor, frames: list[int]):
         self.cursor, self.frames = cursor, frames
         self.hw = (cursor.info.height, cursor.info.width)
+        self.source = cursor.data  # the video's bytes (its audio track is copied beside the frames)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         for i in self.frames:
@@ -220,11 +232,70 @@ def x264_asm() -> dict[str, str]:
     return {"x264-params": "asm=" + ",".join(sets)}
 
 
-def encode_mp4(frames: Iterator[np.ndarray] | np.ndarray, fps: float, codec: str = "h264", crf: int = 23) -> bytes:
-    """Frames (uint8 HWC RGB, all one size) as an MP4 (H.264 through libx264 by default) on the CPU."""
+def audio_packets(data: bytes, start: float = 0.0, end: float = 0.0) -> tuple[Any, list[Any], str]:
+    """The first audio stream of video ``data`` and its packets from ``start`` to ``end`` seconds (0: the
+    end), to copy beside re-encoded frames; (None, [], why) where there is none to copy."""
+    a = av()
+    c = open_container(data)
+    if not c.streams.audio:
+        c.close()
+        return None, [], ""
+    s = c.streams.audio[0]
+    tb = float(s.time_base) if s.time_base else 0.0
+    packets = []
+    try:
+        for p in c.demux(s):
+            if p.size == 0 or p.pts is None:
+                continue
+            t = float(p.pts) * tb
+            if t + 1e-6 < start or (end and t >= end):
+                continue
+            packets.append(p)
+    except a.FFmpegError:  # a damaged stretch: the packets before it
+        pass
+    return (c, s), packets, ""
+
+
+def _audio_stream(out: Any, source: tuple[Any, Any]) -> tuple[Any, str]:
+    """A stream of ``out`` like the audio stream of ``source`` (container, stream), to copy its packets
+    into unchanged (no re-encode): (stream, codec name), or (None, "dropped: why") where MP4 takes none."""
+    _, template = source
+    name = template.codec_context.name
+    try:
+        add = getattr(out, "add_stream_from_template", None)
+        return (add(template) if add is not None else out.add_stream(template=template)), name
+    except Exception as e:  # noqa: BLE001 - the container takes no such stream
+        return None, f"dropped: {name} audio cannot go into MP4 ({str(e).splitlines()[0][:80]})"
+
+
+def _mux_audio(out: Any, stream: Any, packets: list[Any], start: float) -> None:
+    """Mux ``packets`` into ``stream`` of ``out``, their times moved back by ``start`` seconds."""
+    shift = int(round(start / float(stream.time_base))) if start and stream.time_base else 0
+    for p in packets:
+        if shift:
+            p.pts = p.pts - shift if p.pts is not None else None
+            p.dts = p.dts - shift if p.dts is not None else None
+        p.stream = stream
+        out.mux(p)
+
+
+def encode_mp4(frames: Iterator[np.ndarray] | np.ndarray, fps: float, codec: str = "h264", crf: int = 23,
+               audio_from: bytes | None = None, start: float = 0.0, end: float = 0.0) -> bytes:
+    """Frames (uint8 HWC RGB, all one size) as an MP4 (H.264 through libx264 by default) on the CPU;
+    with ``audio_from`` (the source video's bytes) its audio track is copied beside them, the stretch from
+    ``start`` to ``end`` seconds (see :func:`encode_video`)."""
+    return encode_video(frames, fps, codec, crf, audio_from, start, end)[0]
+
+
+def encode_video(frames: Iterator[np.ndarray] | np.ndarray, fps: float, codec: str = "h264", crf: int = 23,
+                 audio_from: bytes | None = None, start: float = 0.0, end: float = 0.0) -> tuple[bytes, str]:
+    """:func:`encode_mp4`, and what became of the source's audio: the codec copied, "" where it has none,
+    or "dropped: why" (a codec MP4 does not hold)."""
     a = av()
     encoder = ENCODERS.get(codec, codec)
     buf = io.BytesIO()
+    source, packets, said = (audio_packets(audio_from, start, end) if audio_from is not None else (None, [], ""))
+    sound = None
     with a.open(buf, mode="w", format="mp4") as out:
         stream = None
         from fractions import Fraction
@@ -247,6 +318,8 @@ def encode_mp4(frames: Iterator[np.ndarray] | np.ndarray, fps: float, codec: str
                 elif encoder == "libvpx-vp9":
                     stream.options = {"threads": "1", "row-mt": "0"}
                 stream.codec_context.thread_count = 1
+                if source is not None:  # (every stream before the first packet: the header holds them)
+                    sound, said = _audio_stream(out, source)
             if rgb.shape[0] != stream.height or rgb.shape[1] != stream.width:
                 rgb = np.ascontiguousarray(rgb[: stream.height, : stream.width])
             frame = a.VideoFrame.from_ndarray(rgb, format="rgb24")
@@ -258,7 +331,11 @@ def encode_mp4(frames: Iterator[np.ndarray] | np.ndarray, fps: float, codec: str
             raise ValueError("no frame to encode")
         for packet in stream.encode():
             out.mux(packet)
-    return buf.getvalue()
+        if sound is not None:
+            _mux_audio(out, sound, packets, start)
+    if source is not None:
+        source[0].close()
+    return buf.getvalue(), said
 
 
 def check_video_encoder(codec: str) -> None:
@@ -293,7 +370,11 @@ def encode_clip(data: Any, record: Record, plan: Any) -> Record:
             sampler = plan.sample
             codec = getattr(sampler, "codec", "h264")
             fps = float(record.meta.get("fps") or 25.0)
-            return record.with_(data=encode_mp4(data, fps, codec, getattr(sampler, "crf", 23)), codec="mp4")
+            source = getattr(data, "source", None) if "frames_in" in record.meta else None  # a whole video
+            start, end = record.meta.get("window") or (0.0, 0.0)
+            out, sound = encode_video(data, fps, codec, getattr(sampler, "crf", 23), source, start, end)
+            meta = {**record.meta, "audio": sound} if sound else record.meta
+            return record.with_(data=out, codec="mp4", meta=meta)
         if fmt in ("jpeg", "png"):  # one image member per frame: <key>.0000.jpg ...
             from ..codecs.image import encode as encode_image
 
@@ -357,7 +438,8 @@ class VideoHostCodec:
             return np.stack([fn(f) for f in item]) if len(item) else item
         if isinstance(item, np.ndarray):
             return fn(item)
-        return (fn(f) for f in item)
+        frames = (fn(f) for f in item)
+        return SourcedFrames(frames, item.source) if hasattr(item, "source") else frames
 
     def encode(self, data: Any, record: Record, plan: Any) -> Record:
         if record.media is Media.IMAGE and record.codec in ("jpeg", "png", "webp") and "frame" in record.meta:

@@ -218,6 +218,8 @@ class WholeVideo(Sampler):
         idx = [i + info.offset for i in rel]
         meta = {"frames_in": info.frames, "fps": self.fps or info.fps, "source": record.filename,
                 "frames": idx}
+        if info.offset or info.t0:  # a stretch of the file (a file list's start and end): where it lies
+            meta["window"] = [round(float(info.t0), 6), round(float(info.t0 + info.duration), 6)]
         return [record.with_(codec="mp4", data=b"", meta={**meta, **{k: v for k, v in record.meta.items()
                                                                       if k not in meta}})]
 
