@@ -123,6 +123,7 @@ class RunSummary:
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     gpu_memory: dict[str, Any] = field(default_factory=dict)
+    library_messages: int = 0  # lines the decoders printed, held back by the command (--verbose lists them)
 
     @property
     def records_per_second(self) -> float:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .options import device_options, format_choice, pipeline_options, run_options
+from .options import device_options, format_choice, held_back, pipeline_options, run_options
 
 
 def _list_ops(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -75,7 +75,7 @@ def _list_presets(ctx: click.Context, _param: click.Parameter, value: bool) -> N
 @pipeline_options
 @device_options
 @run_options
-def augment(src: Path, dst: Path, as_json: bool, quiet: bool, **opts) -> None:
+def augment(src: str, dst: str, as_json: bool, quiet: bool, verbose: bool, **opts) -> None:
     """Write K augmented variants of every image of SRC to DST.
 
     The chain comes from --preset, --ops or --pipeline and is checked before any data is read. Every
@@ -97,9 +97,14 @@ def augment(src: Path, dst: Path, as_json: bool, quiet: bool, **opts) -> None:
         if not quiet:
             con.print(f"[dim]device:[/] {esc(device)}  [dim]({esc(device.reason)})[/]")
 
-    with progress_bar("augment", enabled=not quiet) as start:
+    with held_back() as noise, progress_bar("augment", enabled=not quiet) as start:
         summary = run(req, progress=start, on_device=said)
+    summary.library_messages = noise.total
+    if noise.summary_line() and not verbose:
+        summary.warnings.append(noise.summary_line())
     if not quiet:
         render_summary(summary, title="augment")
+    if verbose:
+        noise.render()
     if as_json:
         click.echo(json.dumps(summary.as_dict(), indent=2))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
-from .options import device_options, format_choice, pipeline_options, run_options
+from .options import device_options, format_choice, held_back, pipeline_options, run_options
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,7 +55,7 @@ from .options import device_options, format_choice, pipeline_options, run_option
 @pipeline_options
 @device_options
 @run_options
-def convert(src: Path, dst: Path, to: str, as_json: bool, quiet: bool, **opts) -> None:
+def convert(src: str, dst: str, to: str, as_json: bool, quiet: bool, verbose: bool, **opts) -> None:
     """Convert the dataset at SRC into FORMAT at DST.
 
     Without pixel or audio options the encoded bytes pass through untouched. With --resize-shorter,
@@ -78,9 +77,14 @@ def convert(src: Path, dst: Path, to: str, as_json: bool, quiet: bool, **opts) -
         if not quiet:
             con.print(f"[dim]device:[/] {esc(device)}  [dim]({esc(device.reason)})[/]")
 
-    with progress_bar(f"convert -> {to}", enabled=not quiet) as start:
+    with held_back() as noise, progress_bar(f"convert -> {to}", enabled=not quiet) as start:
         summary = run(req, progress=start, on_device=said)
+    summary.library_messages = noise.total
+    if noise.summary_line() and not verbose:
+        summary.warnings.append(noise.summary_line())
     if not quiet:
         render_summary(summary)
+    if verbose:
+        noise.render()
     if as_json:
         click.echo(json.dumps(summary.as_dict(), indent=2))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
-from .options import format_choice
+from .options import format_choice, held_back
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,7 +15,9 @@ from .options import format_choice
               help="Dataset format  [default: detected]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader threads.")
-def info(path: Path, from_format: str | None, as_json: bool, workers: int | None) -> None:
+@click.option("--verbose", "-v", is_flag=True,
+              help="List what the decoders printed (held back and counted in the warnings).")
+def info(path: str, from_format: str | None, as_json: bool, workers: int | None, verbose: bool) -> None:
     """Show what the dataset at PATH holds: format, records, classes, image sizes (from headers), bytes.
 
     PATH may be a quoted pattern of shards ('shards/train-*.tar').
@@ -25,12 +26,16 @@ def info(path: Path, from_format: str | None, as_json: bool, workers: int | None
     from ..report.info import render
     from ..report.progress import progress_bar
 
-    with progress_bar("reading headers", enabled=not as_json) as start:
+    with held_back() as noise, progress_bar("reading headers", enabled=not as_json) as start:
         report = describe(path, from_format, workers, start)
+    if noise.summary_line() and not verbose:
+        report.warnings.append(noise.summary_line())
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     else:
         render(report)
+    if verbose:
+        noise.render()
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
 import click
 
 
@@ -77,6 +81,8 @@ def run_options(f):
         click.option("--overwrite", is_flag=True, help="Replace DST if it exists."),
         click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout."),
         click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary table."),
+        click.option("--verbose", "-v", is_flag=True,
+                     help="List what the decoders printed (held back and counted in the summary)."),
     ]):
         f = opt(f)
     return f
@@ -109,3 +115,20 @@ def pipeline_options(f):
     ]):
         f = opt(f)
     return f
+
+
+@contextlib.contextmanager
+def held_back() -> Iterator[Any]:
+    """What libraries print while the command runs, held back (:class:`~gpubatch.report.noise.LibraryMessages`);
+    listed where the command failed (it may say why); the command lists them after its summary with
+    ``--verbose``."""
+    from ..report.noise import LibraryMessages
+
+    noise = LibraryMessages()
+    try:
+        with noise:
+            yield noise
+    except BaseException:
+        if noise.messages:
+            noise.render()
+        raise

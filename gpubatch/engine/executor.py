@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from ..errors import ErrorRouter, RecordError, RunStats, Stage
+from ..report.noise import CURRENT
 from ..types import Record
 from .host_chain import run_chain_host
 from .media import HOST, get_codec
@@ -176,6 +177,10 @@ def run_host(reader: RecordSource, entries: list[Any], writer: RecordSink, plan:
         record = read_counted(reader, entry, stats)
         if isinstance(record, RecordError):
             return [record]
-        return expand_host(record, plan, stats)
+        CURRENT.key = record.key  # (the record a library's warning is about)
+        try:
+            return expand_host(record, plan, stats)
+        finally:
+            CURRENT.key = None
 
     write_results((r for rs in ordered_map(work, entries, workers) for r in rs), writer, router, progress)

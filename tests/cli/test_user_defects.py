@@ -234,3 +234,53 @@ def test_a_cpu_batch_is_one_array_and_a_failed_image_leaves_no_row(imagenet):
     assert x.shape == (7, 3, 32, 40) and x.dtype == np.float32
     assert batch.keys == keys[:3] + keys[4:] and batch.failed[0][0] == keys[3]
     assert np.array_equal(x[batch.keys.index(keys[5])], np.asarray(alone)[0])  # rows keep their records
+
+
+# --- what decoders print is held back, counted, and listed under --verbose -------------------------------
+
+
+def _noisy_tiff() -> bytes:
+    """A CCITT group 4 TIFF with damaged strip data: libtiff prints 'Fax4Decode: Bad code word' from C."""
+    import numpy as np
+    from PIL import Image
+
+    im = Image.fromarray(np.random.default_rng(0).random((64, 64)) > 0.5).convert("1")
+    buf = io.BytesIO()
+    im.save(buf, "TIFF", compression="group4")
+    data = bytearray(buf.getvalue())
+    for i in range(10, 60, 3):
+        data[i] ^= 0x5A
+    return bytes(data)
+
+
+def _noisy_png() -> bytes:
+    """A PNG whose acTL chunk says it animates with no frames: Pillow warns 'Invalid APNG' (Python)."""
+    import struct
+    import zlib
+
+    raw = io.BytesIO()
+    from PIL import Image
+
+    Image.fromarray(photo(16, 16)).save(raw, "PNG")
+    data = raw.getvalue()
+    body = struct.pack(">II", 0, 0)
+    chunk = struct.pack(">I", len(body)) + b"acTL" + body + struct.pack(">I", zlib.crc32(b"acTL" + body))
+    return data[:33] + chunk + data[33:]
+
+
+def test_decoder_noise_is_counted_in_the_summary_and_listed_under_verbose(imagenet, tmp_path):
+    for k in range(3):
+        (imagenet / "bird" / f"fax{k}.tif").write_bytes(_noisy_tiff())
+        (imagenet / "bird" / f"anim{k}.png").write_bytes(_noisy_png())
+    p = run_cli("convert", imagenet, tmp_path / "a", "--to", "webdataset", "--resize-shorter", "32", "--json",
+                env={**os.environ, "COLUMNS": "400"})
+    assert p.returncode == 0, p.stderr
+    assert "Fax4Decode" not in p.stderr and "APNG" not in p.stderr and "warnings.warn" not in p.stderr
+    summary = json.loads(p.stdout)
+    assert summary["library_messages"] >= 6
+    assert any("messages from the decoders" in w and "--verbose lists them" in w for w in summary["warnings"])
+    v = run_cli("convert", imagenet, tmp_path / "b", "--to", "webdataset", "--resize-shorter", "32", "--verbose",
+                env={**os.environ, "COLUMNS": "400"})
+    listed = [ln for ln in v.stderr.splitlines() if ln.startswith("library:")]
+    assert any("Fax4Decode: Bad code word" in ln for ln in listed)  # written from C, caught on descriptor 2
+    assert sum("anim" in ln and "Invalid APNG" in ln for ln in listed) == 3  # a Python warning, by record
