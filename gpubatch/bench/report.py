@@ -114,7 +114,45 @@ def _header(result: dict[str, Any]) -> list[str]:
          if s.get("busy_processes") else [])
 
 
+# the terminal's short headers, and which columns stay in the first table when the terminal is narrow
+SHORT = {"images/s": "img/s", "clips/s": "clips/s", "spread": "range", "whole run": "run", "vs CPU": "vs CPU",
+         "GPU mem": "GPU mem", "GPU util": "GPU%", "CPU cores": "cores", "batch p50/p99": "p50/p99 ms",
+         "HW JPEG": "HW", "NVDEC util": "NVDEC", "decode workers": "workers", "bottleneck": "bound"}
+FIRST = (0, 3, 4, 9)  # rate, vs CPU, GPU memory, bottleneck: the verdict's columns
+
+
+def verdict(result: dict[str, Any], chain: str) -> str | None:
+    """One line: who is fastest on ``chain``, by how much over the next, at what GPU memory, bound by what."""
+    ran = sorted(((r["images_per_s"], n, r) for n, r, _ in rows(result, chain) if "images_per_s" in r), reverse=True)
+    if not ran:
+        return None
+    unit = next((r["unit"] for _, _, r in ran if "unit" in r), "images")
+    rate, name, r = ran[0]
+    line = f"{name} is fastest: {rate:,.0f} {unit}/s"
+    if len(ran) > 1:
+        rate2, name2, r2 = ran[1]
+        line += f", {rate / rate2:.2f}x {name2} ({rate2:,.0f})" if rate2 else f", {name2} made none"
+        if r.get("gpu_mem_gib") and r2.get("gpu_mem_gib"):
+            line += f" at {r['gpu_mem_gib'] / r2['gpu_mem_gib']:.2f}x its GPU memory"
+    if r.get("bottleneck"):
+        line += f"; bound by {r['bottleneck']}"
+    return line
+
+
+def _fit(console: Any, cols: list[str], cells: list[list[str]], bar: int) -> list[list[int]]:
+    """Which columns go in which table so that each fits the console's width: empty columns dropped, the
+    rest in one table where it fits, else the verdict's columns first and the others in a second."""
+    keep = [i for i in range(len(cols)) if any(c[i] not in ("-", "-/- ms", "") for c in cells)]
+    width = [max(len(SHORT.get(cols[i], cols[i])), *(len(c[i]) for c in cells)) + 3 for i in keep]
+    name = max((len(c[-1]) for c in cells), default=10) + 3
+    if name + 2 + bar + 3 + sum(width) + 2 <= console.width:
+        return [keep]
+    return [[i for i in keep if i in FIRST], [i for i in keep if i not in FIRST]]
+
+
 def render_terminal(result: dict[str, Any], console: Any) -> None:
+    """The results as tables that fit the terminal: short headers, empty columns left out, and where the
+    terminal is narrow (80 or 100 columns) the details in a second table; a verdict line per chain."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -124,22 +162,29 @@ def render_terminal(result: dict[str, Any], console: Any) -> None:
         console.print(f"[dim]{escape(line)}[/]")
     for chain in result["results"]:
         rs = rows(result, chain)
-        best = max((r["images_per_s"] for _, r, _ in rs if "images_per_s" in r), default=1.0)
-        t = Table(title=f"{result['model']['name']} / {chain}", title_justify="left")
-        t.add_column("contender", style="bold")
-        t.add_column("", min_width=12)
-        for c in columns(result, chain):
-            t.add_column(c, justify="right")
-        skipped = []
-        for name, r, cells in rs:
+        ran = [(name, r, cells) for name, r, cells in rs if len(cells) > 1]
+        best = max((r["images_per_s"] for _, r, _ in ran), default=1.0) or 1.0
+        cols = list(columns(result, chain))
+        bar = 12 if console.width >= 100 else 8
+        parts = _fit(console, cols, [[*cells, name] for name, _, cells in ran], bar) if ran else []
+        for k, part in enumerate(parts):
+            title = f"{result['model']['name']} / {chain}" + (" (details)" if k else "")
+            t = Table(title=title, title_justify="left")
+            t.add_column("contender", style="bold", no_wrap=True)
+            if k == 0:
+                t.add_column("", no_wrap=True)
+            for i in part:
+                t.add_column(SHORT.get(cols[i], cols[i]), justify="right", no_wrap=True)
+            for name, r, cells in ran:
+                lead = [f"[green]{'█' * max(1, int(bar * r['images_per_s'] / best))}[/]"] if k == 0 else []
+                t.add_row(escape(name), *lead, *(escape(cells[i]) for i in part))
+            console.print(t)
+        for name, _, cells in rs:
             if len(cells) == 1:
-                skipped.append(f"{name}: {cells[0]}")
-                continue
-            bar = "█" * max(1, int(12 * r["images_per_s"] / best))
-            t.add_row(escape(name), f"[green]{bar}[/]", *cells)
-        console.print(t)
-        for line in skipped:
-            console.print(f"  [yellow]{escape(line)}[/]")
+                console.print(f"  [yellow]{escape(name)}: {escape(cells[0])}[/]")
+        said = verdict(result, chain)
+        if said:
+            console.print(f"  [bold]{escape(said)}[/]")
         for n in _notes(result, chain):
             console.print(f"  {escape(n)}")
     sw = result.get("sweep")
@@ -149,10 +194,11 @@ def render_terminal(result: dict[str, Any], console: Any) -> None:
         t.add_column("images/s", justify="right")
         t.add_column("")
         best = max((p["images_per_s"] or 0 for p in sw["points"]), default=1.0) or 1.0
+        span = max(10, min(30, console.width - 40))
         for p in sw["points"]:
             v = p["images_per_s"]
             t.add_row(escape(str(p["value"])), _num(v) if v else escape(p.get("error") or "-"),
-                      "[green]" + "█" * max(1, int(30 * (v or 0) / best)) + "[/]")
+                      "[green]" + "█" * max(1, int(span * (v or 0) / best)) + "[/]")
         console.print(t)
     elif sw:
         console.print(escape(f"sweep {sw['param']}: skipped: {sw['skipped']}"))
@@ -162,8 +208,9 @@ def to_markdown(result: dict[str, Any]) -> str:
     out = [f"# {_header(result)[0]}", "", *[f"- {h}" for h in _header(result)[1:]], ""]
     for chain in result["results"]:
         cols = columns(result, chain)
-        out += [f"## {result['model']['name']} / {chain}", "", "| contender | " + " | ".join(cols) + " |",
-                "|---" * (len(cols) + 1) + "|"]
+        said = verdict(result, chain)
+        out += [f"## {result['model']['name']} / {chain}", "", *([f"**{said}**", ""] if said else []),
+                "| contender | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
         for name, _, cells in rows(result, chain):
             cells = cells + [""] * (len(COLUMNS) - len(cells))
             out.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -175,19 +222,43 @@ def to_markdown(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _bars_svg(items: list[tuple[str, float]], width: int = 640) -> str:
-    h, top = 26, max((v for _, v in items), default=1.0) or 1.0
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h * len(items) + 10}" role="img">']
+def _ticks(top: float, n: int = 5) -> list[float]:
+    """Round axis ticks from 0 to at least ``top``."""
+    import math
+
+    raw = top / n if top > 0 else 1.0
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    return [step * k for k in range(int(math.ceil(top / step)) + 1)]
+
+
+def _bars_svg(items: list[tuple[str, float]], unit: str = "images/s", width: int = 720) -> str:
+    """Horizontal bars, one a contender, on a labelled axis of ``unit`` with ticks and grid lines."""
+    h, left, right = 26, 180, 70
+    ticks = _ticks(max((v for _, v in items), default=1.0) or 1.0)
+    top = ticks[-1] or 1.0
+    plot = width - left - right
+    height = h * len(items) + 50
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+             f'aria-label="{html.escape(unit)} per contender">']
+    for t in ticks:
+        x = left + plot * t / top
+        parts.append(f'<line x1="{x:.1f}" y1="5" x2="{x:.1f}" y2="{h * len(items) + 8}" stroke="#ddd"/>'
+                     f'<text x="{x:.1f}" y="{h * len(items) + 24}" font-size="11" text-anchor="middle">{t:,.0f}</text>')
+    parts.append(f'<line x1="{left}" y1="{h * len(items) + 8}" x2="{left + plot}" y2="{h * len(items) + 8}" '
+                 f'stroke="#666"/><text x="{left + plot / 2:.1f}" y="{height - 4}" font-size="12" '
+                 f'text-anchor="middle">{html.escape(unit)}</text>')
     for i, (label, v) in enumerate(items):
-        w = int((width - 260) * v / top)
+        w = plot * v / top
         y = 5 + i * h
-        parts.append(f'<text x="0" y="{y + 17}" font-size="13">{html.escape(label)}</text>'
-                     f'<rect x="170" y="{y + 3}" width="{max(w, 1)}" height="{h - 8}" fill="#4a8"/>'
-                     f'<text x="{176 + w}" y="{y + 17}" font-size="13">{v:,.0f}</text>')
+        parts.append(f'<text x="{left - 8}" y="{y + 17}" font-size="13" text-anchor="end">{html.escape(label)}</text>'
+                     f'<rect x="{left}" y="{y + 3}" width="{max(w, 1):.1f}" height="{h - 8}" fill="#4a8"/>'
+                     f'<text x="{left + w + 6:.1f}" y="{y + 17}" font-size="13">{v:,.0f}</text>')
     return "".join(parts) + "</svg>"
 
 
-def _line_svg(points: list[tuple[float, float]], xlabel: str, width: int = 640, height: int = 260) -> str:
+def _line_svg(points: list[tuple[float, float]], xlabel: str, ylabel: str = "images/s", width: int = 640,
+              height: int = 260) -> str:
     pts = [(x, y) for x, y in points if y]
     if not pts:
         return ""
@@ -205,7 +276,11 @@ def _line_svg(points: list[tuple[float, float]], xlabel: str, width: int = 640, 
                    f'font-size="11" text-anchor="middle">{y:,.0f}</text>'
                    f'<text x="{px(x):.1f}" y="{height - 12}" font-size="11" text-anchor="middle">{x:g}</text>'
                    for x, y in pts)
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">'
+    axes = (f'<line x1="50" y1="{py(0):.1f}" x2="{width - 20}" y2="{py(0):.1f}" stroke="#666"/>'
+            f'<line x1="50" y1="{py(0):.1f}" x2="50" y2="10" stroke="#666"/>'
+            f'<text x="14" y="{height / 2:.1f}" font-size="12" text-anchor="middle" '
+            f'transform="rotate(-90 14 {height / 2:.1f})">{html.escape(ylabel)}</text>')
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">{axes}'
             f'<polyline points="{line}" fill="none" stroke="#4a8" stroke-width="2"/>{dots}'
             f'<text x="{width / 2}" y="{height}" font-size="12" text-anchor="middle">{html.escape(xlabel)}</text></svg>')
 
@@ -216,7 +291,11 @@ def to_html(result: dict[str, Any]) -> str:
     for chain in result["results"]:
         rs = rows(result, chain)
         body.append(f"<h2>{e(result['model']['name'])} / {e(chain)}</h2>")
-        body.append(_bars_svg([(n, r["images_per_s"]) for n, r, _ in rs if "images_per_s" in r]))
+        said = verdict(result, chain)
+        if said:
+            body.append(f"<p class='verdict'>{e(said)}</p>")
+        unit = next((r["unit"] for _, r, _ in rs if "unit" in r), "images")
+        body.append(_bars_svg([(n, r["images_per_s"]) for n, r, _ in rs if "images_per_s" in r], f"{unit}/s"))
         head = "".join(f"<th>{e(c)}</th>" for c in ("contender", *columns(result, chain)))
         trs = "".join("<tr><td>" + e(n) + "</td>" + "".join(f"<td>{e(c)}</td>" for c in cells)
                       + "<td></td>" * (len(COLUMNS) - len(cells)) + "</tr>" for n, _, cells in rs)
@@ -227,6 +306,7 @@ def to_html(result: dict[str, Any]) -> str:
         body.append(f"<h2>sweep {e(sw['param'])}</h2>")
         body.append(_line_svg([(float(p["value"]), p["images_per_s"] or 0) for p in sw["points"]], sw["param"]))
     style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}")
+             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}"
+             ".verdict{font-weight:bold;font-size:1.1em}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>gpubatch bench</title><style>{style}</style>"
             f"</head><body>{''.join(body)}</body></html>")

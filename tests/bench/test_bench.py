@@ -364,3 +364,33 @@ def test_a_contender_that_refuses_its_setting_reports_one_line(tmp_path):
     res = run_contender({"contender": "gpubatch-gpu", "model": "resnet50", "chain": "train", "data": str(tmp_path),
                          "images": 4, "batch_size": 4, "seconds": 0.1}, timeout=120)
     assert res["error"].startswith("--device gpu:") and "\n" not in res["error"] and "Traceback" not in res["error"]
+
+
+@pytest.mark.parametrize("width", [80, 100, 140])
+def test_the_terminal_table_fits_80_and_100_columns_and_says_who_won(width):
+    import io
+
+    from rich.console import Console
+
+    from gpubatch.bench.report import render_terminal
+
+    r = _result()
+    r["results"]["train"]["dali"] = {"images_per_s": 4700.0, "min": 4600.0, "max": 4800.0, "speedup_vs_cpu": 3.3,
+                                     "gpu_mem_gib": 1.6, "gpu_util_pct": 50.0, "cpu_cores_used": 8.0,
+                                     "batch_ms_p50": 54.0, "batch_ms_p99": 70.0, "bottleneck": "decode"}
+    out = io.StringIO()
+    render_terminal(r, Console(file=out, width=width, force_terminal=False, color_system=None))
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert max(len(ln) for ln in lines) <= width and "…" not in text
+    assert all(h in text for h in ("img/s", "vs CPU", "GPU mem", "bound", "gpubatch-gpu", "dali", "5,000", "4,700"))
+    assert "gpubatch-gpu is fastest: 5,000 images/s, 1.06x dali (4,700) at 0.75x its GPU memory; bound by decode" \
+        in " ".join(text.split())
+    assert ("(details)" in text) == (width < 120)  # a narrow terminal gets the details in a second table
+
+
+def test_the_html_report_has_a_verdict_and_labelled_axes():
+    page = to_html(_result())
+    assert "<p class='verdict'>gpubatch-gpu is fastest: 5,000 images/s, 3.57x gpubatch-cpu (1,400)" in page
+    assert ">images/s</text>" in page and ">batch_size</text>" in page  # the axes' labels
+    assert page.count("<line") >= 6  # the bars' axis and grid, the sweep's axes
