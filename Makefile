@@ -11,10 +11,15 @@ OUT     := out/demo
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
+# The GPU packages where nvidia-smi shows a GPU: the extra of the driver's CUDA (cu12 for 12.x, cu13 from 13)
+COMMA      := ,
+CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
+GPU_EXTRA  := $(if $(CUDA_MAJOR),$(if $(filter 12,$(CUDA_MAJOR)),$(COMMA)cu12,$(COMMA)cu13))
+
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[dev]'  # (setuptools' notes on editable installs)
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[dev$(GPU_EXTRA)]'  # (setuptools' notes on editable installs)
 	@touch $(STAMP)
 
 demo: $(STAMP)  ## run the main job on sample_data/ (GPU when usable, else CPU)

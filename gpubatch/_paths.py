@@ -85,6 +85,19 @@ def read_regular(path: Path | str, limit: int = MAX_RECORD_BYTES) -> bytes:
         os.close(fd)
 
 
+#: how a Git LFS pointer file starts (a clone made without ``git lfs``: the file's text stands in for its data)
+LFS_MAGIC = b"version https://git-lfs.github.com/spec/"
+
+
+def lfs_pointer(head: bytes) -> str | None:
+    """Where ``head`` (a file's first bytes) is a Git LFS pointer, what to say of it; else None."""
+    if not head.startswith(LFS_MAGIC):
+        return None
+    size = next((ln.split()[1] for ln in head.decode("ascii", "replace").splitlines() if ln.startswith("size ")), "")
+    of = f" of a {int(size):,}-byte file" if size.isdigit() else ""
+    return f"a Git LFS pointer{of}, not its data (the clone was made without git-lfs): run 'git lfs pull' first"
+
+
 def read_head(path: Path | str, n: int) -> bytes:
     """The first ``n`` bytes of the regular file at ``path``; b"" for anything else (a FIFO, a device, a
     socket, a folder) or a file that cannot be opened. Format detection reads through this: it never

@@ -64,6 +64,21 @@ def _some_file_names(path: Path, most: int = 1000) -> list[str]:
     return names[:most]
 
 
+def _lfs_pointers(path: Path, most: int = 200) -> str | None:
+    """Where the files of ``path`` are Git LFS pointers (a clone made without git-lfs), one line that says
+    so; None otherwise."""
+    from .._paths import lfs_pointer, read_head
+
+    files = [path] if path.is_file() else [Path(d) / f for d, _, fs in os.walk(path) for f in fs][:most]
+    pointers = [f for f in files if lfs_pointer(read_head(f, 200))]
+    if not pointers:
+        return None
+    if len(pointers) == 1:
+        return f"{path}: {pointers[0].name} is {lfs_pointer(read_head(pointers[0], 200))}"
+    return (f"{path}: {len(pointers)} of the {len(files)} files looked at ({pointers[0].name}, ...) are Git LFS "
+            "pointers, not their data (the clone was made without git-lfs): run 'git lfs pull' first")
+
+
 def detect(path: Path) -> type[Format]:
     """Recognize the format of the dataset at ``path`` (its manifest first, then each format's check)."""
     return _detect(Path(path))[0]
@@ -100,6 +115,9 @@ def _detect(path: Path) -> tuple[type[Format], str | None]:
     media = other_media_message(path, _some_file_names(path))
     if media:
         raise FormatError(media)
+    lfs = _lfs_pointers(path)
+    if lfs:
+        raise FormatError(lfs)
     raise FormatError(
         f"cannot tell the format of {path}: name it with --from ({', '.join(format_names())})"
     )

@@ -16,7 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .._paths import MAX_RECORD_BYTES  # noqa: F401 - the formats' bound on a record's bytes
+from .._paths import (
+    LFS_MAGIC,
+    MAX_RECORD_BYTES,  # noqa: F401 - the formats' bound on a record's bytes
+    lfs_pointer,
+)
 from ..errors import GpubatchError, RecordError, Stage
 from ..types import DatasetInfo, Media, Record
 
@@ -33,7 +37,8 @@ def compression(head: bytes) -> str | None:
 # im2rec's ``NAME_val.rec``): shard sets that differ by one are splits, not parts of one dataset.
 _SPLIT_WORDS = frozenset({"train", "training", "val", "valid", "validation", "test", "testing", "dev", "eval",
                           "evaluation", "holdout", "minival"})
-_SHARD_SUFFIXES = (".tar", ".tfrecord", ".tfrecords", ".tfrec", ".rec", ".gz")
+_SHARD_SUFFIXES = (".tar", ".tfrecord", ".tfrecords", ".tfrec", ".rec", ".gz", ".tgz", ".bz2", ".tbz2", ".xz", ".txz",
+                   ".zst")
 _SHARD_TAIL = re.compile(r"[-_.]?\d+(?:-of-\d+)?$")
 
 
@@ -189,7 +194,10 @@ class Reader(abc.ABC):
         if isinstance(entry, Damaged):
             raise RecordError(entry.key, entry.origin, Stage.READ, entry.reason)
         try:
-            return self._read(entry)
+            record = self._read(entry)
+            if record.data[:8] == LFS_MAGIC[:8] and lfs_pointer(bytes(record.data[:200])):
+                raise RecordError(record.key, record.origin, Stage.READ, lfs_pointer(bytes(record.data[:200])))
+            return record
         except (RecordError, GpubatchError):  # the record's error, or one that ends the run (a source cut short)
             raise
         except OSError as e:
@@ -233,26 +241,117 @@ class Reader(abc.ABC):
         return RecordError(key, origin, stage, str(reason))
 
 
+def _decompressor(kind: str, path: Path) -> Any:
+    """A fresh streaming decompressor of ``kind`` (``decompress``, ``eof``, ``unused_data``)."""
+    from ..errors import FormatError
+
+    if kind == "gzip":
+        import zlib
+
+        return zlib.decompressobj(wbits=47)  # (a gzip or zlib header, found by its magic)
+    if kind == "bzip2":
+        import bz2
+
+        return bz2.BZ2Decompressor()
+    if kind == "xz":
+        import lzma
+
+        return lzma.LZMADecompressor()
+    try:
+        import zstandard
+    except ImportError:
+        raise FormatError(f"{path} is zstd-compressed: pip install zstandard to read it, or decompress it (unzstd)"
+                          ) from None
+    return zstandard.ZstdDecompressor().decompressobj()
+
+
+def decompress_into(path: Path, kind: str, out: Any) -> bool:
+    """Write the decompressed bytes of ``path`` to the file ``out``, a block at a time (several streams one
+    after the other, as ``cat a.gz b.gz`` makes, included); True where the data ended whole, False where it
+    was cut short or damaged: what decompressed before that is written."""
+    d = _decompressor(kind, path)
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                return bool(getattr(d, "eof", True))
+            while chunk:
+                try:
+                    out.write(d.decompress(chunk))
+                except Exception:  # noqa: BLE001 - zlib.error, OSError, LZMAError, ZstdError: the data breaks here
+                    return False
+                if not getattr(d, "eof", False):
+                    break
+                chunk = d.unused_data  # the next stream
+                if chunk.strip(b"\0"):
+                    d = _decompressor(kind, path)
+                else:
+                    return True
+
+
 class OpenShards:
     """One read-only descriptor per shard file of a reader, opened when first read and shared by the
-    threads that read it (``os.pread`` needs no seek, so they need no lock but the opening's)."""
+    threads that read it (``os.pread`` needs no seek, so they need no lock but the opening's).
 
-    def __init__(self, paths: Sequence[Path]):
+    A compressed shard (a ``.tar.gz`` that webdataset reads as a stream) is decompressed into an unnamed
+    temporary file when first read, and read by offset there as any shard is; at most ``keep`` of them
+    are kept at once (the least recently used goes), so the temporary space follows the shards being
+    read, not the dataset."""
+
+    def __init__(self, paths: Sequence[Path], keep: int = 4):
         self.paths = paths
         self._fds: dict[int, int] = {}
+        self._plain: dict[int, int] = {}  # decompressed shards' descriptors, least recently used first
+        self.whole: dict[int, bool] = {}  # per compressed shard decompressed: whether its data ended whole
+        self.keep = keep
         self._lock = threading.Lock()
+
+    def compression(self, shard: int) -> str | None:
+        """The compressor of a shard's bytes (its first six), or None for a plain one."""
+        from .._paths import read_head
+
+        return compression(read_head(self.paths[shard], 6))
 
     def fd(self, shard: int) -> int:
         with self._lock:
+            if shard in self._plain:
+                self._plain[shard] = self._plain.pop(shard)  # most recently used now
+                return self._plain[shard]
             if shard not in self._fds:
-                self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY)
+                kind = self.compression(shard)
+                if kind is None:
+                    self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY)
+                else:
+                    return self._decompressed(shard, kind)
             return self._fds[shard]
+
+    def _decompressed(self, shard: int, kind: str) -> int:
+        import tempfile
+
+        while len(self._plain) >= self.keep:
+            os.close(self._plain.pop(next(iter(self._plain))))
+        tmp = tempfile.TemporaryFile(prefix="gpubatch-shard-")  # noqa: SIM115 - its descriptor is kept
+        try:
+            self.whole[shard] = decompress_into(self.paths[shard], kind, tmp)  # (damaged: what came out is read)
+            tmp.flush()
+        except BaseException:
+            tmp.close()
+            raise
+        fd = os.dup(tmp.fileno())
+        tmp.close()
+        self._plain[shard] = fd
+        return fd
+
+    def size(self, shard: int) -> int:
+        """The bytes a shard holds as read (decompressed where it is compressed)."""
+        return os.fstat(self.fd(shard)).st_size
 
     def close(self) -> None:
         with self._lock:
-            for fd in self._fds.values():
+            for fd in [*self._fds.values(), *self._plain.values()]:
                 os.close(fd)
             self._fds.clear()
+            self._plain.clear()
 
 
 class Writer(abc.ABC):

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .._paths import MAX_RECORD_BYTES
+from .._paths import MAX_RECORD_BYTES, lfs_pointer
 from ..errors import DependencyError, FormatError
 from ..types import DatasetInfo, Media, Record, sniff_image_codec
 from . import fields, register_format
@@ -138,6 +138,9 @@ def needed_bytes(data_mdb: Path) -> int:
             size = os.fstat(f.fileno()).st_size
     except OSError as e:
         raise FormatError(f"cannot read {data_mdb}: {e.strerror or e}") from None
+    lfs = lfs_pointer(head)
+    if lfs is not None:
+        raise FormatError(f"{data_mdb} is {lfs}")
     metas = []
     psize = struct.unpack_from("<I", head, 40)[0] if len(head) >= 44 else 0
     for at in (0, psize):  # meta pages: page header (16 bytes) then magic, version, ..., last page, txnid

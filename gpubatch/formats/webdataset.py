@@ -92,15 +92,6 @@ def compressed_shards(path: Path) -> list[Path]:
     return [p for p in files if p.name.lower().endswith(_COMPRESSED_SUFFIXES)]
 
 
-def refuse_compressed(shard: Path, head: bytes | None = None) -> None:
-    """A one-line error for a compressed shard (by name, or by its first bytes when ``head`` is given)."""
-    if head is not None and compression(head) is None:
-        return
-    raise FormatError(
-        f"{shard} is a compressed tar: decompress the shards to plain .tar first (gunzip, unxz, bunzip2 or "
-        "unzstd); gpubatch, like DALI, reads samples by offset, which compressed shards do not allow")
-
-
 _BLOCK = tarfile.BLOCKSIZE
 _ZERO_BLOCK = bytes(_BLOCK)
 
@@ -308,27 +299,27 @@ def _not_found(tar: Path, found: list, members: list[tuple[str, int, int, int]])
             for key, off in listed if off >= last and key not in known]
 
 
+def _is_shard(p: Path) -> bool:
+    return p.name.endswith(".tar") or p.name.lower().endswith(_COMPRESSED_SUFFIXES)
+
+
 class WebDatasetReader(Reader):
+    """Reads WebDataset shards: plain ``.tar`` files, and compressed ones (``.tar.gz``, ``.tgz``,
+    ``.tar.bz2``, ``.tar.xz``; ``.tar.zst`` with ``zstandard``), which are decompressed one shard at a time
+    into temporary files and read by offset there (:class:`~gpubatch.formats.base.OpenShards`)."""
+
     def __init__(self, path: Path):
         path = Path(path)
         matched = source_files(path)
-        if matched is not None:  # a pattern: its .tar files
-            self.tars = [p for p in matched if p.name.endswith(".tar")]
-            compressed = [p for p in matched if p.name.lower().endswith(_COMPRESSED_SUFFIXES)]
+        if matched is not None:  # a pattern: its shards
+            self.tars = [p for p in matched if _is_shard(p)]
         else:
-            self.tars = [path] if path.is_file() else sorted(p for p in path.glob("*.tar") if p.is_file())
-            compressed = compressed_shards(path) if path.is_dir() or path.suffix != ".tar" else []
+            self.tars = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file() and _is_shard(p))
             if path.is_dir():
                 check_one_split(self.tars, path)
         super().__init__(source_root(path))
-        if not self.tars and compressed:
-            refuse_compressed(compressed[0])
         if not self.tars:
             raise FormatError(f"no .tar shards in {path}")
-        if compressed:
-            n = len(compressed)
-            self.warnings.append(f"{n} compressed shard{'s' if n > 1 else ''} left out ({compressed[0].name}"
-                                 f"{', ...' if n > 1 else ''}): decompress to .tar to include {'them' if n > 1 else 'it'}")
         self.files = OpenShards(self.tars)
         self.manifest = read_manifest(self.path) or {}
         self.keypoint_flip = keypoint_flips(self.manifest.get("categories"))
@@ -337,14 +328,18 @@ class WebDatasetReader(Reader):
         entries: list[tuple[int, str, tuple] | Damaged] = []
         for s, tar in enumerate(self.tars):
             try:
-                with open(tar, "rb") as f:
-                    refuse_compressed(tar, f.read(6))
-                    members, damage, ended = scan_tar(f, os.fstat(f.fileno()).st_size)
+                fd = self.files.fd(s)  # (a compressed shard: its decompressed copy)
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    members, damage, ended = scan_tar(f, os.fstat(fd).st_size)
             except OSError as e:
                 raise FormatError(f"cannot read tar shard {tar}: {e.strerror or e}") from None
             found = _samples(s, tar, members, damage)
             named = _not_found(tar, found, members)
             cut = "" if ended else "the tar has no end-of-archive block"
+            if not self.files.whole.get(s, True):
+                cut = "its compressed data breaks off (cut short or damaged)"
+                if ended:  # (the tar's last block came out whole: the damage is past it)
+                    cut = ""
             entries.extend(shortfall(tar, found, expected_records(self.manifest, tar), named, cut))
         return entries
 
@@ -530,6 +525,7 @@ class WebDatasetWriter(ShardedWriter):
         self._offset = 0
         self._index: list[str] = []
         self._keys: set[str] = set()
+        self._extensions: dict[str, int] = {}  # the samples' main members, by extension
         self._mtime = int(os.environ.get("SOURCE_DATE_EPOCH", time.time()))
 
     def _open_shard(self, index: int) -> Path:
@@ -574,6 +570,7 @@ class WebDatasetWriter(ShardedWriter):
         members: dict[str, bytes] = {e: member_bytes(v) for e, v in (record.meta.get(MEMBERS) or {}).items()
                                      if e not in (ext, "cls", "json")}
         members[ext] = record.data
+        self._extensions[ext] = self._extensions.get(ext, 0) + 1
         if record.label is not None:
             members["cls"] = str(int(record.label)).encode("ascii")
         doc = self._json(record)
@@ -623,6 +620,11 @@ class WebDatasetWriter(ShardedWriter):
             doc["meta"] = meta
         return doc
 
+    def _finish(self) -> None:
+        hint = read_hint(self._extensions)
+        if hint:
+            self.warnings.append(hint)
+
     def _close_shard(self) -> None:
         # end of archive: two zero blocks, then zeros up to a whole record (tarfile's RECORDSIZE)
         end = self._offset + 2 * tarfile.BLOCKSIZE
@@ -630,6 +632,19 @@ class WebDatasetWriter(ShardedWriter):
         self._tar.write(b"\0" * (end - self._offset))
         self._tar.close()
         self.shards[-1].with_suffix(".idx").write_text(f"v1.2 {len(self._index)}\n" + "".join(self._index))
+
+
+def read_hint(extensions: dict[str, int]) -> str | None:
+    """Where a set's samples hold images of several extensions (``jpg`` and ``png``), how to read them
+    all with webdataset (``to_tuple("jpg", "cls")`` stops at the first sample without a ``.jpg``) and how
+    to write one extension; None where they share one."""
+    images = sorted((e for e in extensions if e in IMAGE_EXTENSIONS), key=lambda e: -extensions[e])
+    if len(images) < 2:
+        return None
+    held = " and ".join(f".{e} ({extensions[e]:,})" for e in images)
+    return (f"the samples' images are {held}: read them all with webdataset's to_tuple('{';'.join(images)}', 'cls') "
+            "(to_tuple('jpg', 'cls') stops at the first sample without a .jpg), or write one codec with "
+            "--image-format jpeg")
 
 
 def _array_kind(raw: bytes) -> Media | None:

@@ -182,6 +182,11 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
     report.members = dict(sorted(members.items()))
     if hasattr(reader, "member_extensions"):
         report.extensions = reader.member_extensions()
+        from ..formats.webdataset import read_hint
+
+        hint = read_hint(report.extensions)
+        if hint:
+            report.warnings.append(hint)
     report.left_out = dict(getattr(reader, "left_out", None) or {})
     if videos:
         report.video = video_facts(videos)

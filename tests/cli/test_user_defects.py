@@ -24,7 +24,9 @@ def test_bracketed_text_is_printed_as_it_is(imagenet, tmp_path):
                 "--device", "auto", env={**os.environ, "COLUMNS": "400"})
     assert p.returncode == 0, p.stderr
     err = " ".join(p.stderr.split())
-    assert "gpubatch[cu13]" in err and "[cu12]" in err  # the CPU fallback's install hint, whole
+    from gpubatch.engine.device import gpu_problem
+
+    assert " ".join(gpu_problem(0)[0].split()) in err  # the CPU fallback's reason (an install hint), whole
     assert "shot[1].jpg" in err
 
 
@@ -284,3 +286,77 @@ def test_decoder_noise_is_counted_in_the_summary_and_listed_under_verbose(imagen
     listed = [ln for ln in v.stderr.splitlines() if ln.startswith("library:")]
     assert any("Fax4Decode: Bad code word" in ln for ln in listed)  # written from C, caught on descriptor 2
     assert sum("anim" in ln and "Invalid APNG" in ln for ln in listed) == 3  # a Python warning, by record
+
+
+def test_the_gpu_install_hint_is_one_that_works_from_a_checkout(monkeypatch):
+    """gpubatch is on no package index: the hint names the checkout, and the extra of the driver's CUDA."""
+    from gpubatch.engine import device
+
+    monkeypatch.chdir(ROOT)
+    assert device.install_hint(13000) == "pip install -e '.[cu13]'"
+    assert device.install_hint(12080) == "pip install -e '.[cu12]'"
+    monkeypatch.chdir(ROOT / "sample_data")
+    assert device.install_hint(12080) == f"pip install -e '{ROOT}[cu12]'"
+    monkeypatch.setattr(device, "driver_cuda", lambda: None)
+    assert device._no_cupy().startswith("no NVIDIA GPU driver here")
+    monkeypatch.setattr(device, "driver_cuda", lambda: 13000)
+    monkeypatch.chdir(ROOT)
+    assert device._no_cupy() == "CuPy is not installed: pip install -e '.[cu13]'"
+
+
+def test_make_demo_installs_the_gpu_extra_where_nvidia_smi_shows_a_gpu(tmp_path):
+    """The Makefile asks nvidia-smi for the driver's CUDA and installs the matching extra with the project."""
+    import subprocess
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for version, extra in (("13.0", "cu13"), ("12.8", "cu12")):
+        (fake / "nvidia-smi").write_text(f"#!/bin/sh\necho '| NVIDIA-SMI 580.1   Driver Version: 580.1   CUDA Version: "
+                                        f"{version} |'\n")
+        (fake / "nvidia-smi").chmod(0o755)
+        p = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), ".venv/.installed-stamp"], capture_output=True,
+                           text=True, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+        assert f"-e '.[dev,{extra}]'" in p.stdout, p.stdout
+    p = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), ".venv/.installed-stamp"], capture_output=True, text=True,
+                       env={**os.environ, "PATH": f"{tmp_path / 'none'}:/usr/bin:/bin"})
+    assert "-e '.[dev]'" in p.stdout, p.stdout
+
+
+def test_a_webdataset_of_jpg_and_png_members_says_how_to_read_them_all(imagenet, tmp_path):
+    import webdataset as wds
+    from PIL import Image
+
+    for k, jpg in enumerate(sorted(imagenet.rglob("*.jpg"))[:4]):
+        Image.open(jpg).save(jpg.with_suffix(".png"))
+        jpg.unlink()
+    s = convert(imagenet, tmp_path / "w", to="webdataset")
+    hint = next(w for w in s.warnings if "to_tuple(" in w)
+    assert "to_tuple('jpg;png', 'cls')" in hint and ".jpg (54) and .png (6)" in hint and "--image-format jpeg" in hint
+    assert any("to_tuple('jpg;png', 'cls')" in w for w in info(tmp_path / "w").warnings)
+    urls = [str(p) for p in sorted((tmp_path / "w").glob("*.tar"))]
+    got = list(wds.WebDataset(urls, shardshuffle=False, empty_check=False).to_tuple("jpg;png", "cls"))
+    assert len(got) == 60  # every sample, where to_tuple("jpg", "cls") stops at the first .png
+    one = convert(imagenet, tmp_path / "j", to="webdataset", image_format="jpeg")
+    assert not any("to_tuple(" in w for w in one.warnings)
+
+
+LFS = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"4d" * 32 + b"\nsize 12345\n"
+
+
+def test_git_lfs_pointer_files_are_named_as_such(imagenet, tmp_path):
+    """A clone of a test-data repository made without git-lfs holds pointer files where the data should be."""
+    (imagenet / "bird" / "pointer.jpg").write_bytes(LFS)
+    s = convert(imagenet, tmp_path / "o", to="webdataset")
+    (bad,) = [e for e in s.skipped if e["key"].endswith("pointer")]
+    assert "a Git LFS pointer of a 12,345-byte file" in bad["reason"] and "git lfs pull" in bad["reason"]
+    lmdb = tmp_path / "lmdb"
+    lmdb.mkdir()
+    (lmdb / "data.mdb").write_bytes(LFS)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for k in range(2):
+        (shards / f"train-{k:06d}.tar").write_bytes(LFS)
+    for src in (lmdb, shards):
+        p = run_cli("info", src)
+        assert p.returncode == ExitCode.ERROR and "Git LFS pointer" in p.stderr and "git lfs pull" in p.stderr, p.stderr
+        assert "not an LMDB data file" not in p.stderr and "cannot tell the format" not in p.stderr

@@ -295,26 +295,46 @@ def test_gzipped_tfrecord_is_refused_with_the_remedy(imagenet, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_compressed_webdataset_shards_are_refused_with_the_remedy(imagenet, tmp_path):
+@pytest.mark.parametrize("kind", ["gz", "tgz", "bz2", "xz", "named-tar"])
+def test_compressed_webdataset_shards_are_read_as_webdataset_reads_them(imagenet, tmp_path, kind):
+    import bz2
     import gzip
+    import lzma
 
-    from gpubatch.errors import FormatError
+    import webdataset as wds
 
     convert(imagenet, tmp_path / "w", to="webdataset", shard_size=30)
     shards = sorted((tmp_path / "w").glob("*.tar"))
-    (tmp_path / "gz").mkdir()
-    (tmp_path / "gz" / "train-0.tar.gz").write_bytes(gzip.compress(shards[0].read_bytes()))
-    (tmp_path / "named").mkdir()  # compressed, yet named .tar
-    (tmp_path / "named" / "train-0.tar").write_bytes(gzip.compress(shards[0].read_bytes()))
-    for src in (tmp_path / "gz", tmp_path / "gz" / "train-0.tar.gz", tmp_path / "named"):
-        assert detect(src).name == "webdataset"
-        with pytest.raises(FormatError, match="is a compressed tar: decompress the shards to plain .tar first"):
-            convert(src, tmp_path / "out", to="folder")
-        assert not (tmp_path / "out").exists()
-    shutil.copy(shards[1], tmp_path / "gz" / "train-1.tar")  # beside a plain shard: left out, and said so
-    s = convert(tmp_path / "gz", tmp_path / "out", to="folder")
-    assert s.records_out == 30
-    assert "1 compressed shard left out (train-0.tar.gz): decompress to .tar to include it" in s.warnings
+    pack = {"gz": (gzip.compress, "tar.gz"), "tgz": (gzip.compress, "tgz"), "bz2": (bz2.compress, "tar.bz2"),
+            "xz": (lzma.compress, "tar.xz"), "named-tar": (gzip.compress, "tar")}[kind]
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(tmp_path / "w" / MANIFEST_NAME, src)  # (the class names)
+    for k, shard in enumerate(shards):
+        (src / f"train-{k:06d}.{pack[1]}").write_bytes(pack[0](shard.read_bytes()))
+    assert detect(src).name == "webdataset"
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_out == 60 and not s.skipped
+    assert content(tmp_path / "out") == content(tmp_path / "w")  # every sample, bytes and labels as they were
+    shards = [str(p) for p in sorted(src.iterdir()) if p.name != MANIFEST_NAME]
+    theirs = [d["__key__"] for d in wds.WebDataset(shards, shardshuffle=False)]
+    with open_dataset(src) as r:
+        assert [rec.key for rec in r] == theirs  # the samples webdataset itself reads, in its order
+    one = convert(shards[0], tmp_path / "one", to="folder")  # a shard as the source
+    assert one.records_out == 30
+
+
+def test_a_damaged_compressed_shard_keeps_what_decompressed_and_lists_the_rest(imagenet, tmp_path):
+    import gzip
+
+    convert(imagenet, tmp_path / "w", to="webdataset", shard_size=60)
+    (shard,) = (tmp_path / "w").glob("*.tar")
+    packed = gzip.compress(shard.read_bytes())
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "data.tar.gz").write_bytes(packed[: len(packed) * 2 // 3])  # a download cut short
+    s = convert(src, tmp_path / "out", to="folder")
+    assert 0 < s.records_out < 60 and s.skipped and s.records_out + len(s.skipped) == s.records_in
 
 
 def test_webdataset_class_names_in_cls_are_named_as_such(imagenet, tmp_path):

@@ -409,7 +409,9 @@ def library_path() -> str:
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
-        raise DependencyError("GPU image codecs need nvImageCodec: pip install 'gpubatch[cu13]'")
+        from ..device import install_hint
+
+        raise DependencyError(f"GPU image codecs need nvImageCodec: {install_hint()}")
     path = os.path.join(list(spec.submodule_search_locations)[0], "libnvimgcodec.so.0")
     if not os.path.exists(path):
         raise DependencyError(f"nvImageCodec's C library is not where the wheel puts it: {path}")
@@ -426,5 +428,7 @@ def nvimgcodec():
     try:
         from nvidia import nvimgcodec as nic
     except ImportError:
-        raise DependencyError("GPU image codecs need nvImageCodec: pip install 'gpubatch[cu13]'") from None
+        from ..device import install_hint
+
+        raise DependencyError(f"GPU image codecs need nvImageCodec: {install_hint()}") from None
     return nic

@@ -76,7 +76,9 @@ def library() -> Any:
     try:
         lib = C.CDLL(library_path())
     except OSError as e:
-        raise DependencyError(f"nvJPEG's library is not loadable ({e}): pip install 'gpubatch[cu13]'") from None
+        from ..device import install_hint
+
+        raise DependencyError(f"nvJPEG's library is not loadable ({e}): {install_hint()}") from None
     vp, st = C.c_void_p, C.c_int
     return _declare(lib, {
         "nvjpegCreateEx": [st, vp, vp, C.c_uint, C.POINTER(vp)],
