@@ -180,7 +180,8 @@ class _LossWarningWriter(Writer):
             names = ", ".join(f".{e}" for e in sorted([*members, *([JSON_FIELDS] if JSON_FIELDS in record.meta else [])]))
             self.stats.warn(f"{self.fmt.name} cannot hold a sample's other WebDataset members ({names}, "
                             "e.g. captions): they were dropped; webdataset and tfrecord keep them")
-        elif self.geometric and any(e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS for e in members):
+        elif self.geometric and "clip" not in record.meta and any(e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS
+                                                                  for e in members):  # (a clip's members: its frames)
             names = ", ".join(f".{e}" for e in sorted(members) if e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS)
             self.stats.warn(f"the samples' other image members ({names}) were kept as they were: the geometric "
                             "ops moved only the sample's image")
@@ -216,6 +217,22 @@ def _check_output_options(req: Any) -> None:
         from .engine.gpu_memory import parse_memory
 
         parse_memory(req.gpu_memory, 80 << 30)
+
+
+def _starts_as(reader: Reader, plan: Any) -> str | None:
+    """What a chain starts from where it is not what the media decodes to: arrays of audio features that
+    gpubatch wrote (SpecAugment's masks take them), as the first readable record says."""
+    if reader.media != "audio" or not plan.ops:
+        return None
+    from .engine.ops.audio import FEATURES
+
+    for entry in reader.entries()[:8]:
+        try:
+            record = reader.read(entry)
+        except Exception:  # noqa: BLE001 - a bad record is the run's to report
+            continue
+        return FEATURES if record.codec == "npy" and record.meta.get("features") else None
+    return None
 
 
 def _select(reader: Reader, limit: int | None, shuffle: bool, seed: int) -> list[Any]:
@@ -338,7 +355,7 @@ def _execute(req: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, devi
     start = time.perf_counter()
     with open_reader(src_path, req.from_format, _reader_options(req)) as reader:
         check_output(reader.roots(), dst_path, req.overwrite)  # a COCO JSON's image folder is source too
-        plan = dataclasses.replace(plan, media=reader.media)
+        plan = dataclasses.replace(plan, media=reader.media, layout=_starts_as(reader, plan))
         from .engine.media import DEVICE as ON_DEVICE
         from .engine.media import has_codec
 

@@ -57,6 +57,7 @@ class Plan:
     media: str = "image"
     sample: Any = None
     audio_format: str = "keep"
+    layout: str | None = None  # what the records decode to where not the media's own (audio features: "CFT")
 
     def __post_init__(self) -> None:
         temporal = [op for op in self.ops if op.kind == "temporal"]
@@ -176,6 +177,8 @@ class Plan:
         if self.sample is not None and self.media != "video":
             raise UsageError(f"{self.sample.describe()} takes video data, not {self.media}")
         spec = media_spec(self.media, backend)
+        if self.layout:  # (arrays of audio features gpubatch wrote: the chain starts from features)
+            spec = spec.with_(layout=self.layout)
         for i, op in enumerate(self.ops):
             spec = op.out_spec(spec)
             if backend != DEVICE or op.kind == "custom":

@@ -141,7 +141,7 @@ def write_results(results: Iterable[Record | RecordError], writer: RecordSink, r
 
 def _write_one(result: Record | RecordError, writer: RecordSink, router: ErrorRouter, stats: RunStats) -> None:
     if isinstance(result, RecordError):
-        if result.stage is Stage.READ:
+        if result.stage is Stage.READ:  # a record that could not be read (read_counted counted the others)
             stats.add(records_in=1)
         router(result)
         return

@@ -111,9 +111,10 @@ def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str =
 def left_out_warning(root: Path, left: dict[str, list[str]]) -> str | None:
     """The warning for files of a folder that are no records, by kind (``video``, ``audio``, ``other``,
     ``outside``: images beside the class folders), or None."""
-    words = {"video": "video file", "audio": "audio file", "other": "file that is no image",
-             "outside": "image outside the class folders"}
-    parts = [f"{len(v):,} {words[k]}{'s' if len(v) > 1 else ''} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
+    words = {"video": ("video file", "video files"), "audio": ("audio file", "audio files"),
+             "other": ("file that is no image", "files that are no images"),
+             "outside": ("image outside the class folders", "images outside the class folders")}
+    parts = [f"{len(v):,} {words[k][len(v) > 1]} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
              for k, v in left.items() if v]
     if not parts:
         return None

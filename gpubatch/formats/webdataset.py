@@ -17,7 +17,6 @@ import json
 import os
 import re
 import tarfile
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -526,7 +525,9 @@ class WebDatasetWriter(ShardedWriter):
         self._index: list[str] = []
         self._keys: set[str] = set()
         self._extensions: dict[str, int] = {}  # the samples' main members, by extension
-        self._mtime = int(os.environ.get("SOURCE_DATE_EPOCH", time.time()))
+        # the members' time: SOURCE_DATE_EPOCH where set (reproducible builds' convention), else 0, so that two
+        # runs of one command write the same bytes (the time of writing would differ)
+        self._mtime = int(os.environ.get("SOURCE_DATE_EPOCH", 0))
 
     def _open_shard(self, index: int) -> Path:
         path = self.root / f"{self.options.name}-{index:06d}.tar"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from gpubatch.api import convert, info, open_dataset
+from gpubatch.api import augment, convert, info, open_dataset
 from tests.audio.sounds import tone, write
 from tests.helpers import run_cli
 
@@ -208,3 +208,25 @@ def test_a_long_record_takes_at_most_twice_its_output_in_memory(tmp_path, opts):
     base, peak = (int(v) << 10 for v in p.stdout.split())
     out = sum(f.stat().st_size for f in (tmp_path / "out").glob("*.tar"))
     assert peak - base <= 2 * out, (peak - base) / out
+
+
+@pytest.mark.parametrize("to", ["webdataset", "tfrecord", "lmdb"])
+def test_spec_augment_masks_computed_log_mel_features(tmp_path, to):
+    from tests.audio.sounds import speech_commands
+
+    src = speech_commands(tmp_path / "src")
+    convert(src, tmp_path / "mel", to=to, features="log-mel(n_mels=40)", sample_rate=16000, duration=1.0)
+    s = augment(tmp_path / "mel", tmp_path / "aug", ops="freq_mask(width=8, count=2) | time_mask(width=20)",
+                copies=2, seed=3)
+    assert s.records_out == 12 and not s.skipped
+    with open_dataset(tmp_path / "mel") as r:
+        before = {rec.key: np.load(__import__("io").BytesIO(rec.data)) for rec in r}
+    with open_dataset(tmp_path / "aug") as r:
+        for rec in r:
+            x = np.load(__import__("io").BytesIO(rec.data))
+            ref = before[rec.key.rsplit("_aug", 1)[0]]
+            assert x.shape == ref.shape == (40, 100) and x.dtype == np.float16
+            assert (x != ref).any() and (x == ref).mean() > 0.3  # masked bands and frames, the rest kept
+    again = augment(tmp_path / "mel", tmp_path / "aug2", ops="freq_mask(width=8, count=2) | time_mask(width=20)",
+                    copies=2, seed=3)
+    assert again.records_out == 12

@@ -360,3 +360,43 @@ def test_git_lfs_pointer_files_are_named_as_such(imagenet, tmp_path):
         p = run_cli("info", src)
         assert p.returncode == ExitCode.ERROR and "Git LFS pointer" in p.stderr and "git lfs pull" in p.stderr, p.stderr
         assert "not an LMDB data file" not in p.stderr and "cannot tell the format" not in p.stderr
+
+
+# --- small ones ---------------------------------------------------------------------------------------------
+
+
+def test_clips_of_image_members_raise_no_warning_that_their_frames_were_not_resized(tmp_path):
+    from tests.video.clips import make_clip
+
+    make_clip(tmp_path / "src" / "a.mp4", 24)
+    s = convert(tmp_path / "src", tmp_path / "out", to="webdataset", clip_length=4, clip_format="jpeg",
+                resize_shorter=32)
+    assert s.records_out == 6 and not any("kept as they were" in w for w in s.warnings), s.warnings
+
+
+def test_a_video_too_short_for_a_clip_is_counted_once(tmp_path):
+    from tests.video.clips import make_clip
+
+    make_clip(tmp_path / "src" / "long.mp4", 24)
+    make_clip(tmp_path / "src" / "short.mp4", 6)
+    s = convert(tmp_path / "src", tmp_path / "out", to="webdataset", clip_length=16)
+    assert s.records_in == 2 and s.records_out == 1 and len(s.skipped) == 1  # (was records_in 3)
+
+
+def test_two_runs_of_one_command_write_the_same_shard_bytes(imagenet, tmp_path):
+    import time
+
+    for to in ("webdataset", "tfrecord", "recordio"):
+        convert(imagenet, tmp_path / f"{to}1", to=to, shard_size=25)
+        time.sleep(1.1)  # (a member's time of writing would differ)
+        convert(imagenet, tmp_path / f"{to}2", to=to, shard_size=25)
+        files = sorted(p.name for p in (tmp_path / f"{to}1").iterdir() if p.name != "gpubatch.json")
+        assert files and all((tmp_path / f"{to}1" / f).read_bytes() == (tmp_path / f"{to}2" / f).read_bytes()
+                             for f in files), to
+
+
+def test_files_left_out_are_counted_in_plain_words(imagenet):
+    from gpubatch.formats.folder import left_out_warning
+
+    said = left_out_warning(imagenet, {"other": [f"n{i}.txt" for i in range(7)], "video": ["a.mp4"]})
+    assert "7 files that are no images (n0.txt, n1.txt, n2.txt, ...)" in said and "1 video file (a.mp4)" in said

@@ -108,27 +108,33 @@ class AudioHostCodec:
 
     @staticmethod
     def _waveform(record: Record, plan: Any) -> AudioData:
-        """A waveform gpubatch wrote as ``.npy`` (``--audio-format npy``: float32 (samples,) or (channels,
-        samples), its rate in ``meta["sample_rate"]``) as decoded audio; features are no waveform."""
+        """An array gpubatch wrote as ``.npy`` as decoded audio: a waveform (``--audio-format npy``: float32
+        (samples,) or (channels, samples), its rate in ``meta["sample_rate"]``), or features (float16
+        (bins, frames) or (channels, bins, frames), their kind in ``meta["features"]``), which SpecAugment's
+        masks take."""
         import io
 
         import numpy as np
 
         rate = record.meta.get("sample_rate")
-        if record.meta.get("features") or not isinstance(rate, int):
-            raise RecordError(record.key, record.origin, Stage.DECODE, "an array of features passes through as it "
-                              "is; the audio options and ops take audio files and waveforms")
+        features = record.meta.get("features")
+        if not features and not isinstance(rate, int):
+            raise RecordError(record.key, record.origin, Stage.DECODE, "an array of another tool (no sample rate in "
+                              "its metadata) passes through as it is; the audio options and ops take audio files "
+                              "and the arrays gpubatch writes")
+        want = (2, 3) if features else (1, 2)  # features (bins, frames) per channel, a waveform (samples,) per channel
         try:
             shape, dtype = npy_header(record.data)
-            if dtype not in ("float32", "<f4") or len(shape) not in (1, 2) or (len(shape) == 2 and shape[0] > 32):
-                raise ValueError(f"a waveform is a float32 (samples,) or (channels, samples) array, not {dtype} {shape}")
+            if dtype not in ("float32", "<f4", "float16", "<f2") or len(shape) not in want or shape[0] > 32 * 1024:
+                raise ValueError(f"{'features are' if features else 'a waveform is'} a float array of "
+                                 f"{' or '.join(str(n) for n in want)} dimensions, not {dtype} {shape}")
             x = np.load(io.BytesIO(record.data), allow_pickle=False)
         except ValueError as e:
             raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
-        x = np.ascontiguousarray(x.reshape(1, -1) if x.ndim == 1 else x, np.float32)
+        x = np.ascontiguousarray(x[None] if x.ndim == want[0] else x, np.float32)
         if not x.shape[-1] or not np.isfinite(x).all():
-            raise RecordError(record.key, record.origin, Stage.DECODE, "an empty waveform, or one with NaN samples")
-        return AudioData(x, rate, bits=24)
+            raise RecordError(record.key, record.origin, Stage.DECODE, "an empty array, or one with NaN values")
+        return AudioData(x, rate if isinstance(rate, int) else 0, features or "", bits=24)
 
     def size(self, item: Any) -> tuple[int, int]:
         return item.size

@@ -55,7 +55,7 @@ def outputs_of_video(record: Record, plan: Any) -> list[Record]:
     try:
         info = info.extended().window(float(start), float(end))
     except (TypeError, ValueError) as e:
-        raise RecordError(record.key, record.origin, Stage.READ, str(e)) from None
+        raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None  # (read, and counted, already)
     outs = (plan.sample or WholeVideo()).split(record, info, plan.seed)
     if present < info.offset + info.frames:  # a file cut short: the outputs that take a missing frame are lost
         why = info_of(record, plan).cut_short

@@ -186,7 +186,7 @@ class ClipSampler(Sampler):
     def split(self, record: Record, info: Any, seed: int) -> list[Record]:
         clips = self.clips(info, record.key, seed)
         if not clips:
-            raise RecordError(record.key, record.origin, Stage.READ,
+            raise RecordError(record.key, record.origin, Stage.DECODE,  # (read, and counted, already)
                               f"too short for one clip: {info.frames} frames, a clip spans "
                               f"{self.span(max(1, self.step - self.step_jitter))}")
         single = len(clips) == 1 and self.positions == "random"
