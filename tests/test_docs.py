@@ -1,0 +1,32 @@
+"""Every Python snippet of the README and the docs runs, as a user saves and runs it: a script of its
+own, from a folder holding the sample data (a snippet that needs a GPU runs on the GPU there)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SNIPPETS = [pytest.param(doc.relative_to(ROOT), k, code, id=f"{doc.relative_to(ROOT)}#{k}",
+                         marks=[pytest.mark.gpu] if 'device="gpu"' in code else [])  # (GPU ones in gpu-test)
+            for doc in DOCS for k, code in enumerate(re.findall(r"```python\n(.*?)```", doc.read_text(), re.S))]
+
+
+@pytest.mark.parametrize("doc,k,code", SNIPPETS)
+def test_every_python_snippet_of_the_docs_runs(tmp_path, doc, k, code):
+    (tmp_path / "sample_data").symlink_to(ROOT / "sample_data")
+    script = tmp_path / "snippet.py"
+    script.write_text(code)
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, f"{doc} snippet {k}:\n{code}\n{p.stderr[-3000:]}"
+
+
+def test_the_docs_have_snippets():
+    assert len(SNIPPETS) >= 4
