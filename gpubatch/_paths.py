@@ -314,13 +314,14 @@ def _output_lock(dst: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def recover_output(dst: Path, warn: Callable[[str], None]) -> None:
+def recover_output(dst: Path, warn: Callable[[str], None], spare: Path | None = None) -> None:
     """Put right what a killed run to ``dst`` left beside it (called with the output lock held, so no
     run that is still going owns any of it): an ``--overwrite`` killed between moving the old DST aside
-    and renaming the new one in gets the old DST back; staging folders and old copies are removed."""
+    and renaming the new one in gets the old DST back; staging folders and old copies are removed, but
+    ``spare`` (the staging folder a run may resume in: its caller decides)."""
     prefix = f".{dst.name}"
-    left = sorted((p for p in dst.parent.iterdir() if p.name.startswith(prefix)
-                   and any(p.name.startswith(prefix + m) for m in (STAGING_MARK, OLD_MARK))),
+    left = sorted((p for p in dst.parent.iterdir() if p.name.startswith(prefix) and p != spare
+                   and any(p.name.startswith(prefix + m) for m in (STAGING_MARK.rstrip("-"), OLD_MARK))),
                   key=lambda p: p.lstat().st_mtime)
     if not left:
         return
@@ -368,13 +369,18 @@ def _swap_in(stage: Path, dst: Path, overwrite: bool) -> None:
 
 
 @contextmanager
-def staged_output(dst: Path, overwrite: bool, warn: Callable[[str], None] | None = None) -> Iterator[Path]:
-    """Yield a fresh staging folder; on success it replaces ``dst`` (atomically where the OS allows).
+def staged_output(dst: Path, overwrite: bool, warn: Callable[[str], None] | None = None,
+                  resume: Callable[[Path], bool] | None = None,
+                  keep: Callable[[Path, BaseException], str | None] | None = None) -> Iterator[Path]:
+    """Yield the staging folder of ``dst``; on success it replaces ``dst`` (atomically where the OS allows).
 
     Missing folders above ``dst`` are made first (as ``mkdir -p``). The run holds ``dst``'s lock
     throughout, and first puts right what a killed run to ``dst`` left (:func:`recover_output`; ``warn``
-    is told). On any exception (KeyboardInterrupt included) the staging folder is removed, so are the
-    folders made for it where they are still empty, and ``dst`` is left as it was.
+    is told). The staging folder is ``.DST.gpubatch-partial``: where an interrupted run left one,
+    ``resume(stage)`` says whether this run carries on in it (True) or starts over (False: it is removed);
+    it may raise to refuse. On an exception the staging folder is removed, unless ``keep(stage, error)``
+    says why it stays (a run interrupted with shards committed, to resume); the folders made for it go
+    where they are still empty, and ``dst`` is left as it was.
     """
     dst = output_path(dst)
     made = [f for f in (dst.parent, *dst.parent.parents) if not f.exists()]  # deepest first
@@ -394,20 +400,26 @@ def staged_output(dst: Path, overwrite: bool, warn: Callable[[str], None] | None
     try:
         with _output_lock(dst):
             said: list[str] = []
-            recover_output(dst, lambda message: (said.append(message), warn and warn(message)))
+            stage = dst.parent / f".{dst.name}{STAGING_MARK.rstrip('-')}"
+            recover_output(dst, lambda message: (said.append(message), warn and warn(message)), spare=stage)
             if (dst.exists() or dst.is_symlink()) and not overwrite:
                 raise UsageError(f"output {dst} already exists: pass --overwrite to replace it"
                                  + "".join(f" ({m})" for m in said))
-            stage = _beside(dst, STAGING_MARK)
+            if stage.exists() and not (resume is not None and resume(stage)):
+                _remove(stage)
             try:
-                stage.mkdir()
+                stage.mkdir(exist_ok=True)
             except OSError as e:
                 raise UsageError(f"cannot create the output {dst}: {e.strerror or e}") from None
             try:
                 yield stage
                 _swap_in(stage, dst, overwrite)
-            except BaseException:
-                _remove(stage)
+            except BaseException as e:
+                why = keep(stage, e) if keep is not None else None
+                if why is None:
+                    _remove(stage)
+                else:  # the one line the command prints for the interruption says it
+                    e.gpubatch_kept = why  # type: ignore[attr-defined]
                 raise
     except BaseException:
         take_back_made()

@@ -96,6 +96,9 @@ class RecordFailed(GpubatchError):
         self.error = error
         super().__init__(f"stopped at a bad record (use --on-error skip to skip it): {error}")
 
+    def __reduce__(self):  # travels from a worker process to the run's
+        return (RecordFailed, (self.error,))
+
 
 class ErrorPolicy(str, enum.Enum):
     """What a run does with a bad record."""
@@ -224,3 +227,12 @@ def python_messages(fn):
             raise
 
     return call
+
+
+#: the record a thread is reading, decoding or writing (its key), for the warnings a library raises there
+#: (:mod:`gpubatch.report.noise` names the record with them)
+CURRENT = threading.local()
+
+
+def current_record() -> str | None:
+    return getattr(CURRENT, "key", None)

@@ -485,3 +485,50 @@ class BatchSpec:
     dtype: str = "uint8"
     channels: int = 3
     shape: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """One unit of work, of commit and of resume: the input entries ``start:stop`` of a run's entry list,
+    written as the output shard (or, for formats without shards, the part) named ``name``.
+
+    A run plans all its tasks from the entry list before any data moves (:mod:`gpubatch.engine.execute`),
+    so the shards, their names and their bytes do not depend on how many workers or GPUs write them.
+    """
+
+    index: int
+    start: int
+    stop: int
+    name: str
+    entries: tuple[Any, ...] = field(default=(), repr=False, compare=False)
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class ShardResult:
+    """What writing one shard did: its counts (``records_in``, ``records_out``, ``passthrough``,
+    ``transcoded``, ``fallbacks``, ``boxes_dropped``, ``bytes_in``, ``bytes_out``), its skipped records
+    with their reasons, warnings, the files it committed (name -> [bytes, BLAKE2b digest]), seconds per
+    stage, and what its format keeps for the dataset-wide files (``extra``). A journal entry holds one."""
+
+    index: int
+    name: str
+    start: int
+    stop: int
+    counts: dict[str, int] = field(default_factory=dict)
+    skipped: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    files: dict[str, list] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("index", "name", "start", "stop", "counts", "skipped", "warnings",
+                                               "files", "timings", "extra")}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ShardResult:
+        return cls(**{k: d[k] for k in ("index", "name", "start", "stop", "counts", "skipped", "warnings", "files",
+                                        "timings", "extra")})

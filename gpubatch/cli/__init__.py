@@ -110,10 +110,12 @@ def main(argv: list[str] | None = None) -> None:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         cli.main(args=argv, prog_name="gpubatch", standalone_mode=False)
     except (Terminated, click.exceptions.Abort) as e:  # click turns an interrupt into Abort
-        if isinstance(e, Terminated) or isinstance(e.__cause__, Terminated):
-            click.echo("terminated: nothing was written to the destination", err=True)
+        cause = e.__cause__ or e.__context__
+        kept = getattr(e, "gpubatch_kept", None) or getattr(cause, "gpubatch_kept", None)
+        if isinstance(e, Terminated) or isinstance(cause, Terminated):
+            click.echo(f"terminated: {kept or 'nothing was written to the destination'}", err=True)
             sys.exit(ExitCode.TERMINATED)
-        click.echo("interrupted", err=True)
+        click.echo(f"interrupted{': ' + kept if kept else ''}", err=True)
         sys.exit(ExitCode.INTERRUPTED)
     except click.UsageError as e:  # one line, as every other usage error (click's own is a block)
         message = " ".join(e.format_message().split()).replace(". Choose from: ", " (one of: ").replace(",", ", ")
@@ -130,8 +132,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        click.echo("interrupted: nothing was written to the destination", err=True)
+    except KeyboardInterrupt as e:
+        kept = getattr(e, "gpubatch_kept", None)
+        click.echo(f"interrupted: {kept or 'nothing was written to the destination'}", err=True)
         sys.exit(ExitCode.INTERRUPTED)
     except GpubatchError as e:
         if debug:

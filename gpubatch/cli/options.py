@@ -78,7 +78,10 @@ def run_options(f):
                      help="CPU threads for reading, decoding and encoding  [default: all cores]"),
         click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
                      help="skip: skip bad records and list them in the summary; fail: stop at the first."),
-        click.option("--overwrite", is_flag=True, help="Replace DST if it exists."),
+        click.option("--overwrite", is_flag=True, help="Replace DST if it exists (and start over a run interrupted "
+                     "before it was written)."),
+        click.option("--resume", is_flag=True, help="Finish a run of the same command that was interrupted (killed, "
+                     "Ctrl-C, a lost machine): only its shards not yet committed are written."),
         click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout."),
         click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary table."),
         click.option("--verbose", "-v", is_flag=True,
@@ -100,8 +103,9 @@ def pipeline_options(f):
         click.option("--verify", type=click.Choice(["headers", "full"]), default="headers", show_default=True,
                      help="Check of the images that pass through untouched: headers (PNG CRCs, JPEG end marker), "
                           "or full: decode every one."),
-        click.option("--shard-size", type=click.IntRange(min=1), default=10_000, show_default=True, metavar="N",
-                     help="Records per shard (tfrecord, webdataset, recordio)."),
+        click.option("--shard-size", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Records per shard (tfrecord, webdataset, recordio), also the unit of work and of "
+                          "--resume  [default: auto: about 64 shards of 512 to 10,000 records]"),
         click.option("--name", default="data", show_default=True, help="Shard file name prefix."),
         click.option("--layout", type=click.Choice(["imagenet", "flat"]), default="imagenet", show_default=True,
                      help="folder output: class sub-folders, or one flat folder with file_list.txt."),

@@ -16,8 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..errors import ErrorRouter, RecordError, RunStats, Stage
-from ..report.noise import CURRENT
+from ..errors import CURRENT, ErrorRouter, RecordError, RunStats, Stage
 from ..types import Record
 from .host_chain import run_chain_host
 from .media import HOST, get_codec

@@ -123,14 +123,16 @@ def single_threaded_pool(workers: int) -> Any:
     return pool
 
 
-def worker_processes(target: Any, args: tuple, count: int) -> list[Any]:
-    """``count`` spawn-started daemon processes running ``target(*args)``, with the pools' settings (one
-    BLAS thread, freed memory kept) in their environment only."""
+def worker_processes(target: Any, args: tuple, count: int, daemon: bool = True) -> list[Any]:
+    """``count`` spawn-started processes running ``target(*args)`` (daemons unless they start processes
+    of their own), with the pools' settings (one BLAS thread, freed memory kept) in their environment
+    only."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     with _worker_env():
-        procs = [ctx.Process(target=target, args=args, daemon=True, name=f"gpubatch-worker-{i}") for i in range(count)]
+        procs = [ctx.Process(target=target, args=args, daemon=daemon, name=f"gpubatch-worker-{i}")
+                 for i in range(count)]
         for p in procs:
             p.start()
     return procs

@@ -11,7 +11,7 @@ import abc
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -406,8 +406,34 @@ class Format(abc.ABC):
     def reader(cls, path: Path) -> Reader: ...
 
     @classmethod
-    @abc.abstractmethod
-    def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer: ...
+    def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer:
+        """A writer of a whole dataset into ``root`` (formats without shards: the one their finalize
+        replays the spools through; sharded formats: their sinks, as one shard)."""
+        return SinkWriter(cls, root, info, options)
+
+    # --- shards: how a run's workers write it (see formats/sinks.py) ---
+
+    @classmethod
+    def shard_names(cls, count: int, options: WriteOptions) -> list[str]:
+        """The names of ``count`` output shards, decided before any data moves (formats without shards:
+        the names of their spooled parts)."""
+        return [f"part-{i:05d}" for i in range(count)]
+
+    @classmethod
+    def sink(cls, root: Path, task: Any, info: DatasetInfo, options: WriteOptions) -> Any:
+        """The :class:`~.sinks.ShardSink` that writes ``task``'s records into ``root`` (by default a
+        spool, which :meth:`finalize` writes through :meth:`writer`)."""
+        from .sinks import SpoolSink
+
+        return SpoolSink(root, task, info, options)
+
+    @classmethod
+    def finalize(cls, root: Path, shards: list[Any], info: DatasetInfo, options: WriteOptions) -> list[str]:
+        """The dataset-wide files, from every shard's :class:`~gpubatch.types.ShardResult` in shard
+        order once all are committed; the warnings for the summary."""
+        from .sinks import replay_spools
+
+        return replay_spools(cls, root, shards, info, options)
 
 
 # What Caffe and MXNet (OpenCV's imdecode) and DALI (nvImageCodec) all decode: LMDB Datums and RecordIO
@@ -415,85 +441,27 @@ class Format(abc.ABC):
 OPENCV_AND_DALI_CODECS = frozenset({"jpeg", "png", "bmp", "tiff", "webp", "jpeg2000", "pnm"})
 
 
-class ShardedWriter(Writer):
-    """A writer that spreads records over shards of ``options.shard_size`` records.
+class SinkWriter(Writer):
+    """A sharded format's :class:`Writer`: the records given, written through its sink as one shard, and
+    its finalize at :meth:`close` (for programs that write records they hold; runs write through sinks)."""
 
-    The last record of a full shard is held back until another record arrives, so no shard holds
-    a single record unless the whole dataset does (a one-line TFRecord index breaks the ``tfrecord``
-    package's reader). Subclasses implement :meth:`_open_shard`, :meth:`_write_to_shard`,
-    :meth:`_close_shard`; :meth:`_finish` may rename shards once their number is known.
-    """
+    def __init__(self, fmt: Any, root: Path, info: DatasetInfo, options: WriteOptions):
+        from ..types import ShardTask
 
-    def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
         super().__init__(root, info, options)
-        self.shard_index = -1
-        self.in_shard = 0
-        self.shards: list[Path] = []
-        self.shard_records: list[int] = []  # records per shard, in shard order
-        self._pending: Record | None = None
-        self._open = False
-
-    @abc.abstractmethod
-    def _open_shard(self, index: int) -> Path: ...
-
-    @abc.abstractmethod
-    def _write_to_shard(self, record: Record) -> int:
-        """Write one record into the open shard, return bytes written."""
-
-    @abc.abstractmethod
-    def _close_shard(self) -> None: ...
-
-    def _finish(self) -> None:
-        """Called once after the last shard is closed."""
-
-    def _put(self, record: Record) -> None:
-        if not self._open:
-            self.shard_index += 1
-            self.shards.append(self._open_shard(self.shard_index))
-            self.shard_records.append(0)
-            self._open = True
-            self.in_shard = 0
-        self.bytes += self._write_to_shard(record)
-        self.shard_records[-1] += 1
-        self.in_shard += 1
-        self.count += 1
+        self.fmt = fmt
+        self.task = ShardTask(0, 0, 0, fmt.shard_names(1, options)[0])
+        self._sink = fmt.sink(root, self.task, info, options)
 
     def write(self, record: Record) -> None:
-        if self._pending is not None:
-            self._rotate()
-            pending, self._pending = self._pending, None
-            self._put(pending)
-        elif self._open and self.in_shard >= self.options.shard_size:
-            if self.options.shard_size > 1:
-                self._pending = record
-                return
-            self._rotate()
-        self._put(record)
-
-    def _rotate(self) -> None:
-        self._close_shard()
-        self._open = False
+        self._sink.write(record)
+        self.count += 1
+        self.bytes += len(record.data)
 
     def close(self) -> None:
-        if self._pending is not None:
-            self._put(self._pending)  # the shard grows by one rather than leaving a 1-record shard
-            self._pending = None
-        if self._open:
-            self._close_shard()
-            self._open = False
-        self._finish()
+        from ..types import ShardResult
 
-    def shard_table(self) -> dict[str, int]:
-        """Each shard's file name (as finally named) and its record count: the manifest's ``shards``, which
-        readers compare with what they find (a shard cut short on a record boundary)."""
-        return {p.name: n for p, n in zip(self.shards, self.shard_records)}
-
-
-def shard_names(paths: Sequence[Path], rename: Callable[[int, int], str]) -> list[Path]:
-    """Rename shard files once their count is known; ``rename(index, total)`` gives the new name."""
-    out = []
-    for i, p in enumerate(paths):
-        new = p.with_name(rename(i, len(paths)))
-        p.rename(new)
-        out.append(new)
-    return out
+        files, extra = self._sink.commit()
+        result = ShardResult(0, self.task.name, 0, self.count, counts={"records_out": self.count}, files=files,
+                             extra=extra)
+        self.warnings += self._sink.warnings + self.fmt.finalize(self.root, [result], self.info, self.options)

@@ -378,6 +378,10 @@ class LmdbWriter(Writer):
                 raise OSError(f"LMDB: {e}") from None
             self._batch, self._batch_bytes = [], 0
 
+    def between(self) -> None:
+        """The end of a shard (a run's finalize calls it): its records in one transaction of their own."""
+        self._commit()
+
     def close(self) -> None:
         try:
             self._commit()

@@ -33,14 +33,13 @@ from .base import (
     Format,
     OpenShards,
     Reader,
-    ShardedWriter,
     WriteOptions,
-    Writer,
     check_one_split,
     shortfall,
 )
 from .folder import label_names
 from .manifest import expected_records, read_manifest
+from .sinks import ShardFile, ShardSink
 
 MAGIC = 0xCED7230A
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
@@ -318,40 +317,28 @@ class RecordIOReader(Reader):
         self.files.close()
 
 
-class RecordIOWriter(ShardedWriter):
-    def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
-        super().__init__(root, info, options)
-        self._f = None
+class RecordIOSink(ShardSink):
+    """One ``.rec`` shard and its ``.idx`` (``key<TAB>offset``; keys count the shard's records from 0, the
+    IRHeader's id the same)."""
+
+    def __init__(self, root: Path, task: Any, info: DatasetInfo, options: WriteOptions):
+        super().__init__(root, task, info, options)
+        self._rec = ShardFile(root, task.name)
+        self.files.append(self._rec)
         self._idx: list[str] = []
-        self._dali: list[str] = []
-        self._global = 0
 
-    def _open_shard(self, index: int) -> Path:
-        path = self.root / f"{self.options.name}-{index:05d}.rec"
-        self._f = open(path, "wb")
-        self._idx = []
-        return path
-
-    def _write_to_shard(self, record: Record) -> int:
-        pos = self._f.tell()
-        self._idx.append(f"{self.count}\t{pos}\n")
-        self._dali.append(f"{self.count}\t{self._global + pos}\n")
+    def write(self, record: Record) -> None:
         blob = frame(pack_payload(record, self.count))
-        self._f.write(blob)
-        return len(blob)
+        self._idx.append(f"{self.count}\t{self._rec.size}\n")
+        self._rec.write(blob)
+        self.count += 1
+        self.bytes += len(record.data)
 
-    def _close_shard(self) -> None:
-        self._global += self._f.tell()
-        self._f.close()
-        self.shards[-1].with_suffix(".idx").write_text("".join(self._idx))
-
-    def _finish(self) -> None:
-        if len(self.shards) == 1:
-            rec = self.shards[0]
-            rec.with_suffix(".idx").rename(self.root / f"{self.options.name}.idx")
-            self.shards = [rec.rename(self.root / f"{self.options.name}.rec")]
-        elif self.shards:
-            (self.root / f"{self.options.name}-dali.idx").write_text("".join(self._dali))
+    def _close(self) -> dict[str, Any]:
+        idx = ShardFile(self.root, Path(self.task.name).with_suffix(".idx").name)
+        idx.write("".join(self._idx).encode("ascii"))
+        self.files.append(idx)
+        return {}
 
 
 @register_format
@@ -377,5 +364,30 @@ class RecordIOFormat(Format):
         return RecordIOReader(path)
 
     @classmethod
-    def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer:
-        return RecordIOWriter(root, info, options)
+    def shard_names(cls, count: int, options: WriteOptions) -> list[str]:
+        if count == 1:
+            return [f"{options.name}.rec"]
+        return [f"{options.name}-{i:05d}.rec" for i in range(count)]
+
+    @classmethod
+    def sink(cls, root: Path, task: Any, info: DatasetInfo, options: WriteOptions) -> ShardSink:
+        return RecordIOSink(root, task, info, options)
+
+    @classmethod
+    def finalize(cls, root: Path, shards: list[Any], info: DatasetInfo, options: WriteOptions) -> list[str]:
+        """Several shards: ``NAME-dali.idx``, the one index DALI's ``readers.mxnet`` takes for them all
+        (keys counted across the shards, offsets into their concatenation)."""
+        if len(shards) < 2:
+            return []
+        lines, key, base = [], 0, 0
+        for shard in shards:
+            rec = Path(root) / shard.name
+            for ln in rec.with_suffix(".idx").read_text().splitlines():
+                if ln.strip():
+                    lines.append(f"{key}\t{base + int(ln.split(chr(9))[1])}\n")
+                    key += 1
+            base += rec.stat().st_size
+        out = ShardFile(root, f"{options.name}-dali.idx")
+        out.write("".join(lines).encode("ascii"))
+        out.commit()
+        return []

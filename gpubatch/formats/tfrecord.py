@@ -41,16 +41,14 @@ from .base import (
     Format,
     OpenShards,
     Reader,
-    ShardedWriter,
     WriteOptions,
-    Writer,
     check_one_split,
     compression,
     image_size,
-    shard_names,
     shortfall,
 )
 from .manifest import expected_records, read_manifest
+from .sinks import ShardFile, ShardSink
 
 _SHARD = re.compile(r".*-\d{5}-of-\d{5}$")
 _SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")  # TensorFlow's, its tutorials' and Kaggle's names
@@ -518,41 +516,54 @@ def _floats(feats: Any, key: str) -> np.ndarray:
     return np.asarray(feats[key].float_list.value, np.float32) if key in feats else np.zeros(0, np.float32)
 
 
-class TFRecordWriter(ShardedWriter):
-    def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
-        super().__init__(root, info, options)
-        _, self._writer_cls = _tfr()
-        self._writer = None
+def serialize_example(datum: dict[str, tuple[Any, str]]) -> bytes:
+    """A ``tf.train.Example`` of ``datum`` (feature -> (value, "byte" | "float" | "int")), serialized with
+    its feature map in key order (protobuf's deterministic mode): the same record is the same bytes in
+    every process (a map's order otherwise follows a hash seed of each process)."""
+    example_pb2, _ = _tfr()
+    kinds = {"byte": ("bytes_list", example_pb2.BytesList), "float": ("float_list", example_pb2.FloatList),
+             "int": ("int64_list", example_pb2.Int64List)}
+    ex = example_pb2.Example()
+    feats = ex.features.feature
+    for key, (value, kind) in datum.items():
+        field, cls = kinds[kind]
+        if not isinstance(value, (list, tuple, np.ndarray)):
+            value = [value]
+        getattr(feats[key], field).CopyFrom(cls(value=value))
+    return ex.SerializeToString(deterministic=True)
+
+
+def frame_record(data: bytes) -> bytes:
+    """TFRecord's framing of one record: length, its masked CRC-32C, the data, its masked CRC-32C."""
+    length = struct.pack("<Q", len(data))
+    return length + _masked_crc(length) + data + _masked_crc(data)
+
+
+class TFRecordSink(ShardSink):
+    """One TFRecord shard ``NAME-00000-of-000NN.tfrecord`` and its index (``<offset> <size>`` a record):
+    ``tf.train.Example`` records of the ``tfrecord`` package's protobuf, serialized deterministically."""
+
+    def __init__(self, root: Path, task: Any, info: DatasetInfo, options: WriteOptions):
+        super().__init__(root, task, info, options)
+        self._f = ShardFile(root, task.name)
+        self.files.append(self._f)
         self._index: list[str] = []
         self._cat_names = {int(c["id"]): str(c.get("name", "")) for c in info.categories}
         self._kp_names = {int(c["id"]): [str(n) for n in c["keypoints"]] for c in info.categories
                           if isinstance(c.get("keypoints"), list)}
 
-    def _open_shard(self, index: int) -> Path:
-        path = self.root / f"{self.options.name}-{index:05d}.partial"
-        self._writer = self._writer_cls(str(path))
-        self._index = []
-        return path
+    def write(self, record: Record) -> None:
+        blob = frame_record(serialize_example(self._datum(record)))
+        self._index.append(f"{self._f.size} {len(blob)}\n")
+        self._f.write(blob)
+        self.count += 1
+        self.bytes += len(record.data)
 
-    def _write_to_shard(self, record: Record) -> int:
-        f = self._writer.file
-        start = f.tell()
-        self._writer.write(self._datum(record))
-        end = f.tell()
-        self._index.append(f"{start} {end - start}\n")
-        return end - start
-
-    def _close_shard(self) -> None:
-        self._writer.close()
-        self.shards[-1].with_suffix(".idx").write_text("".join(self._index))
-
-    def _finish(self) -> None:
-        def name(i: int, n: int) -> str:
-            return f"{self.options.name}-{i:05d}-of-{n:05d}"
-
-        for i, shard in enumerate(self.shards):
-            shard.with_suffix(".idx").rename(self.root / f"{name(i, len(self.shards))}.idx")
-        self.shards = shard_names(self.shards, lambda i, n: name(i, n) + ".tfrecord")
+    def _close(self) -> dict[str, Any]:
+        idx = ShardFile(self.root, _index_of(Path(self.task.name)).name)
+        idx.write("".join(self._index).encode("ascii"))
+        self.files.append(idx)
+        return {}
 
     def _datum(self, r: Record) -> dict[str, tuple[Any, str]]:
         if r.media in (Media.VIDEO, Media.AUDIO):
@@ -682,6 +693,14 @@ class TFRecordFormat(Format):
         return TFRecordReader(path)
 
     @classmethod
-    def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer:
-        return TFRecordWriter(root, info, options)
+    def shard_names(cls, count: int, options: WriteOptions) -> list[str]:
+        return [f"{options.name}-{i:05d}-of-{count:05d}.tfrecord" for i in range(count)]
+
+    @classmethod
+    def sink(cls, root: Path, task: Any, info: DatasetInfo, options: WriteOptions) -> ShardSink:
+        return TFRecordSink(root, task, info, options)
+
+    @classmethod
+    def finalize(cls, root: Path, shards: list[Any], info: DatasetInfo, options: WriteOptions) -> list[str]:
+        return []
 

@@ -20,12 +20,7 @@ import warnings
 from collections import Counter
 from typing import Any
 
-#: the record a thread is reading, decoding or writing (its key), for the warnings it raises
-CURRENT = threading.local()
-
-
-def current_record() -> str | None:
-    return getattr(CURRENT, "key", None)
+from ..errors import current_record
 
 
 class LibraryMessages:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpubatch import convert
-from gpubatch.errors import ExitCode, RecordFailed
+from gpubatch.errors import ExitCode, RecordFailed, UsageError
 from tests.helpers import ROOT, content, jpeg_bytes, photo, run_cli, tree_digest
 
 
@@ -153,22 +153,36 @@ def test_a_run_that_converts_nothing_fails_and_writes_nothing(tmp_path):
     assert not [x for x in tmp_path.iterdir() if x.name.startswith(".out")]
 
 
-def test_interrupted_run_leaves_nothing(imagenet, tmp_path, monkeypatch):
+@pytest.mark.parametrize("at", [5, 30])
+def test_an_interrupted_run_keeps_only_what_resume_needs(imagenet, tmp_path, monkeypatch, at):
+    """Ctrl-C before any shard is committed leaves nothing; after some, the staging folder stays (its
+    committed shards and journal) for --resume, which writes only the rest."""
     from gpubatch.formats import webdataset
 
     calls = {"n": 0}
-    real = webdataset.WebDatasetWriter._write_to_shard
+    real = webdataset.WebDatasetSink.write
 
     def boom(self, record):
         calls["n"] += 1
-        if calls["n"] == 30:
+        if calls["n"] == at:
             raise KeyboardInterrupt
         return real(self, record)
 
-    monkeypatch.setattr(webdataset.WebDatasetWriter, "_write_to_shard", boom)
-    with pytest.raises(KeyboardInterrupt):
-        convert(imagenet, tmp_path / "out", to="webdataset", shard_size=10)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["imagenet"]
+    monkeypatch.setattr(webdataset.WebDatasetSink, "write", boom)
+    with pytest.raises(KeyboardInterrupt) as e:
+        convert(imagenet, tmp_path / "out", to="webdataset", shard_size=10, workers=1)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    if at == 5:
+        assert left == ["imagenet"]
+        return
+    assert left == [".out.gpubatch-partial", "imagenet"]
+    assert "2 of 6 shards are committed" in e.value.gpubatch_kept and "--resume" in e.value.gpubatch_kept
+    monkeypatch.setattr(webdataset.WebDatasetSink, "write", real)
+    with pytest.raises(UsageError, match="pass resume to finish it, or overwrite=True to start over"):
+        convert(imagenet, tmp_path / "out", to="webdataset", shard_size=10, workers=1)
+    s = convert(imagenet, tmp_path / "out", to="webdataset", shard_size=10, workers=1, resume=True)
+    assert s.records_out == 60 and any("2 of 6 shards were committed" in w for w in s.warnings)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imagenet", "out"]
 
 
 def test_fail_policy_from_python(imagenet, tmp_path):

@@ -1,0 +1,128 @@
+"""The run's journal: what a staging folder holds of a run, shard by shard, so that ``--resume`` runs only
+the shards not yet committed.
+
+``.gpubatch/run.json`` names the run (its fingerprint: the command, the options that shape the output,
+the source's entries, the device kind, the planned shards); ``.gpubatch/journal/<shard>.json`` is written
+by the worker that committed a shard, once its files are in place (a :class:`~gpubatch.types.ShardResult`:
+input range, counts, skipped records with reasons, output files with their digests). Each is written to a
+temporary name, fsynced and renamed: a journal entry is there whole or not at all, and a shard is done
+exactly when its entry is there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..._commit import write_json
+from ...errors import GpubatchError, UsageError
+from ...types import ShardResult
+
+RUN_DIR = ".gpubatch"  # (formats.sinks.RUN_DIR: the same folder)
+SCHEMA = 1
+
+
+def entries_digest(entries: Any) -> str:
+    """A short digest of a run's entry list (what the source holds, in the order the run takes it)."""
+    h = hashlib.blake2b(digest_size=12)
+    for e in entries:
+        h.update(repr(e).encode("utf-8", "surrogateescape"))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def difference(old: Any, new: Any, where: str = "") -> str | None:
+    """The first place two fingerprints differ ("options.quality: 90 then, 85 now"), or None."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for k in sorted(set(old) | set(new), key=str):
+            said = difference(old.get(k), new.get(k), f"{where}.{k}" if where else str(k))
+            if said:
+                return said
+        return None
+    if old != new:
+        return f"{where or 'the run'}: {old!r} then, {new!r} now"
+    return None
+
+
+class Journal:
+    """The journal of the run being written into ``stage``."""
+
+    def __init__(self, stage: Path):
+        self.stage = Path(stage)
+        self.dir = self.stage / RUN_DIR
+        self.entries = self.dir / "journal"
+
+    @property
+    def run_file(self) -> Path:
+        return self.dir / "run.json"
+
+    def exists(self) -> bool:
+        return self.run_file.is_file()
+
+    def begin(self, fingerprint: Mapping[str, Any]) -> None:
+        """Start a new run's journal."""
+        self.entries.mkdir(parents=True, exist_ok=True)
+        write_json(self.run_file, {"schema": SCHEMA, "fingerprint": dict(fingerprint)})
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fingerprint of the run that wrote this journal; a GpubatchError where it is damaged or no
+        gpubatch journal at all."""
+        try:
+            doc = json.loads(self.run_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as e:
+            raise GpubatchError(f"{self.run_file} is no readable gpubatch journal ({e}): pass --overwrite to start "
+                                "over") from None
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("fingerprint"), dict):
+            raise GpubatchError(f"{self.run_file} is not a journal this gpubatch writes: pass --overwrite to start "
+                                "over")
+        return doc["fingerprint"]
+
+    def check(self, fingerprint: Mapping[str, Any]) -> None:
+        """Refuse to resume a run that differs from this one, naming the difference."""
+        said = difference(self.fingerprint(), dict(fingerprint))
+        if said:
+            raise UsageError(f"--resume: the interrupted run in {self.stage.name} was another command ({said}); "
+                             "run that command to finish it, or pass --overwrite to start this one over")
+
+    def record(self, result: ShardResult) -> None:
+        """A committed shard's journal entry (the worker that committed it writes it)."""
+        write_json(self.entries / f"{result.index:06d}.json", result.as_dict())
+
+    def committed(self, tasks: list[Any]) -> dict[int, ShardResult]:
+        """The shards of ``tasks`` this journal holds as committed, whose files are all in place at the
+        sizes written; an entry that is damaged, names other files or misses some is not counted (its shard
+        runs again)."""
+        done: dict[int, ShardResult] = {}
+        if not self.entries.is_dir():
+            return done
+        by_index = {t.index: t for t in tasks}
+        for path in sorted(self.entries.glob("*.json")):
+            try:
+                result = ShardResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, KeyError, TypeError, RecursionError):
+                continue
+            task = by_index.get(result.index)
+            if task is None or (task.name, task.start, task.stop) != (result.name, result.start, result.stop):
+                continue
+            if all(_present(self.stage / name, meta) for name, meta in result.files.items()):
+                done[result.index] = result
+        return done
+
+    def results(self, tasks: list[Any]) -> list[ShardResult]:
+        """Every task's result, in shard order (all must be committed)."""
+        done = self.committed(tasks)
+        missing = [t.name for t in tasks if t.index not in done]
+        if missing:
+            raise GpubatchError(f"{len(missing)} shard{'s are' if len(missing) > 1 else ' is'} not committed "
+                                f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+        return [done[t.index] for t in tasks]
+
+
+def _present(path: Path, meta: Any) -> bool:
+    try:
+        return isinstance(meta, list) and path.stat().st_size == meta[0]
+    except OSError:
+        return False

@@ -1,0 +1,160 @@
+"""The local executor: a run's shard tasks in worker processes of this machine.
+
+Each worker (a process started with ``spawn``, without the caller's main script) opens the source,
+makes its unit once (:mod:`.strategies`), and runs the tasks it is given, each to a committed shard and
+its journal entry (:func:`~.worker.finish`); it reports records as it writes them (the progress bar)
+and each task's :class:`~gpubatch.types.ShardResult` when done. CPU workers take tasks from one queue
+as they free up; GPU workers each get theirs in shard order (a GPU's reader processes read ahead across
+its tasks). Whatever order tasks finish in, their shards are the same: their names and bytes follow
+from the plan. A run of one CPU worker runs in this process. Workers end with this process (Linux's
+parent-death signal): a run killed with ``kill -9`` leaves no worker writing behind it.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from ...errors import GpubatchError, RecordFailed
+from ...types import ShardResult, ShardTask
+from .strategies import Strategy
+from .worker import RunContext, ShardWriting
+
+
+def die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (``PR_SET_PDEATHSIG``); elsewhere nothing."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        pass
+
+
+def _worker(ctx: RunContext, strategy: Strategy, slot: int, tasks: Any, results: Any) -> None:
+    """A worker process: its unit over the tasks it takes until a None, each task's progress and result
+    sent to ``results``; a failure sent as ("failed", ...)."""
+    die_with_parent()
+    unit = reader = None
+    try:
+        reader = ctx.open_reader()
+        unit = strategy.make(ctx, slot)
+
+        def take() -> Any:
+            while True:
+                task = tasks.get()
+                if task is None:
+                    return
+                yield task
+
+        def progress(n: int) -> None:
+            results.put(("progress", n))
+
+        unit.run(reader, take(), lambda t: ShardWriting(t, ctx, progress), lambda r: results.put(("done", r)))
+        results.put(("exit", slot))
+    except RecordFailed as e:
+        results.put(("failed", "record", e))
+    except GpubatchError as e:
+        results.put(("failed", "error", str(e)))
+    except BaseException:  # noqa: BLE001 - the coordinator reports it; nothing else would see it
+        results.put(("failed", "crash", traceback.format_exc()))
+    finally:
+        for part in (unit, reader):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception:  # noqa: BLE001 - closing after a failure
+                    pass
+
+
+def run_tasks(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], workers: int,
+              on_result: Callable[[ShardResult], None], on_progress: Callable[[int], None] | None = None) -> dict:
+    """Run ``tasks`` on ``workers`` workers with ``strategy``'s unit; ``on_result`` gets each committed
+    shard's result as it comes (any order). Returns wall times: start (to the first shard committed) and
+    the whole. Raises the first worker's failure (a record under ``--on-error fail``, an error, a crash)."""
+    t0 = time.perf_counter()
+    first: list[float] = []
+
+    def got(result: ShardResult) -> None:
+        if not first:
+            first.append(time.perf_counter() - t0)
+        on_result(result)
+
+    if not tasks:
+        return {"start": 0.0, "run": 0.0}
+    if workers <= 1 and not strategy.gpu:  # in this process: no start-up to pay
+        unit = strategy.make(ctx, 0)
+        reader = ctx.open_reader()
+        try:
+            unit.run(reader, iter(tasks), lambda t: ShardWriting(t, ctx, on_progress), got)
+        finally:
+            unit.close()
+            reader.close()
+        return {"start": first[0] if first else 0.0, "run": time.perf_counter() - t0}
+    _in_processes(ctx, strategy, tasks, workers, got, on_progress)
+    return {"start": first[0] if first else 0.0, "run": time.perf_counter() - t0}
+
+
+def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], workers: int,
+                  on_result: Callable[[ShardResult], None], on_progress: Callable[[int], None] | None) -> None:
+    import multiprocessing as mp
+
+    from ..processes import worker_processes
+
+    spawn = mp.get_context("spawn")
+    results = spawn.Queue()
+    if strategy.gpu:  # a GPU worker's tasks in shard order, given up front (its feed reads ahead across them)
+        queues = [spawn.Queue() for _ in range(workers)]
+        for task in tasks:
+            queues[task.index % workers].put(task)
+        for q in queues:
+            q.put(None)
+    else:  # one queue: a CPU worker takes the next task as it frees up
+        shared = spawn.Queue()
+        for task in tasks:
+            shared.put(task)
+        for _ in range(workers):
+            shared.put(None)
+        queues = [shared] * workers
+    # (not daemons: a GPU unit starts reader processes of its own; they end with this process all the same)
+    procs = [worker_processes(_worker, (ctx, strategy, k, queues[k], results), 1, daemon=False)[0]
+             for k in range(workers)]
+    left, running = len(tasks), workers
+    try:
+        while left or running:
+            try:
+                msg = results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [(k, p) for k, p in enumerate(procs) if not p.is_alive() and p.exitcode not in (0, None)]
+                if dead:
+                    k, p = dead[0]
+                    raise GpubatchError(f"worker process {k} ended unexpectedly (exit code {p.exitcode})") from None
+                continue
+            kind = msg[0]
+            if kind == "progress":
+                if on_progress is not None:
+                    on_progress(msg[1])
+            elif kind == "done":
+                left -= 1
+                on_result(msg[1])
+            elif kind == "exit":
+                running -= 1
+            else:
+                _, how, what = msg
+                if how == "record":
+                    raise what
+                if how == "error":
+                    raise GpubatchError(what)
+                raise GpubatchError(f"a worker process failed:\n{what}")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=10)
+        results.close()
+        results.join_thread()

@@ -1,0 +1,75 @@
+"""The one table that says how a run's shard tasks are worked: which unit, and how many workers.
+
+(media, device) -> a :class:`Strategy`. On the CPU every media takes the host unit, a worker process
+a core. On the GPU each media has a unit of its own: images through the GPU engine (decoders, the
+chain's kernels, the JPEG encoder, with reader processes of its own), video through NVDEC sessions,
+audio through the GPU chain fed by decoding threads; ``--gpu-procs`` processes a GPU for images, one
+for video and audio. A run whose records all pass through untouched takes the host unit whatever the
+device. Units are named by import path, so a worker imports only the one it runs (CuPy never loads
+in a CPU worker).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import UsageError
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How a run's tasks are worked: ``unit`` (``module:Class``), on the GPU or not, ``per_gpu`` worker
+    processes a GPU (GPU units), and why this one was picked."""
+
+    name: str
+    unit: str
+    gpu: bool = False
+    per_gpu: int = 1
+    why: str = ""
+
+    def make(self, ctx: Any, slot: int) -> Any:
+        module, cls = self.unit.split(":")
+        return getattr(importlib.import_module(module), cls).make(ctx, slot)
+
+    def workers(self, ctx: Any, tasks: int, asked: int | None = None) -> int:
+        """Worker processes for ``tasks`` tasks: on the CPU ``asked`` or a worker a core; on the GPU
+        ``per_gpu`` (``--gpu-procs``) for the run's GPU; never more than there are tasks."""
+        if self.gpu:
+            n = max(1, int(getattr(ctx, "gpu_procs", None) or self.per_gpu))
+        else:
+            n = asked or cores()
+        return max(1, min(n, tasks))
+
+
+def cores() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+_HOST = "gpubatch.engine.execute.units:HostUnit"
+#: (media, device) -> the unit and its workers ("*" any media)
+TABLE: dict[tuple[str, str], Strategy] = {
+    ("*", "cpu"): Strategy("host", _HOST, why="the CPU: a worker process a core"),
+    ("image", "gpu"): Strategy("gpu-image", "gpubatch.engine.gpu_worker:GpuImageUnit", gpu=True,
+                               why="images on the GPU: decoders, the chain's kernels and the JPEG encoder"),
+    ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.video_gpu:VideoDeviceUnit", gpu=True,
+                               why="video on the GPU: NVDEC sessions, the chain on the GPU"),
+    ("audio", "gpu"): Strategy("gpu-audio", "gpubatch.engine.audio_gpu:AudioDeviceUnit", gpu=True,
+                               why="audio features on the GPU, decoded on the CPU"),
+}
+
+
+def unit_for(ctx: Any) -> Strategy:
+    """The strategy of a run (its plan's media, its device; pass-through on the host)."""
+    from ..media import DEVICE, has_codec
+
+    plan = ctx.plan
+    if ctx.device.is_gpu and plan.touches_pixels and has_codec(plan.media, DEVICE):
+        found = TABLE.get((plan.media, "gpu"))
+        if found is None:
+            raise UsageError(f"no GPU unit for {plan.media} records; known: "
+                             + ", ".join(f"{m}/{d}" for m, d in sorted(TABLE)))
+        return found
+    return TABLE[("*", "cpu")]

@@ -1,0 +1,59 @@
+"""Work units: what turns a shard task's entries into its output records, one kind per (media, device).
+
+A unit is made once per worker (:meth:`make`), keeps what is costly to start (a CUDA context, decoders,
+NVDEC sessions, reader processes) across the tasks the worker runs, and runs tasks with
+``run(reader, tasks, writing, done)``: for each task, its outputs in dataset order into ``writing(task)``
+(a :class:`~.worker.ShardWriting`), then ``done(result)`` once the shard is committed and journaled
+(:func:`~.worker.finish`). Units for the GPU live with the GPU code (:mod:`..gpu_worker`,
+:mod:`..video_gpu`, :mod:`..audio_gpu`); this module holds the host unit, which every media has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ...errors import CURRENT, RecordError
+from ...types import ShardResult, ShardTask
+from .worker import RunContext, ShardWriting, finish
+
+
+class HostUnit:
+    """Every media on the CPU, one record after the other in this worker (a worker a core): read, decode,
+    run the chain's host kernels, encode (:func:`~..executor.expand_host`)."""
+
+    def __init__(self, ctx: RunContext):
+        from ..media import HOST
+
+        self.ctx = ctx
+        ctx.plan.validate(HOST)
+
+    @classmethod
+    def make(cls, ctx: RunContext, slot: int) -> HostUnit:
+        return cls(ctx)
+
+    def run(self, reader: Any, tasks: Iterator[ShardTask], writing: Callable[[ShardTask], ShardWriting],
+            done: Callable[[ShardResult], None]) -> None:
+        from ..executor import expand_host
+        from ..run import read_counted
+
+        plan = self.ctx.plan
+        for task in tasks:
+            w = writing(task)
+            try:
+                for entry in task.entries:
+                    record = read_counted(reader, entry, w.stats)
+                    if isinstance(record, RecordError):
+                        w.put(record)
+                        continue
+                    CURRENT.key = record.key  # (the record a library's warning is about)
+                    for out in expand_host(record, plan, w.stats):
+                        w.put(out)
+                    CURRENT.key = None
+            except BaseException:
+                w.abort()
+                raise
+            done(finish(w))
+
+    def close(self) -> None:
+        pass

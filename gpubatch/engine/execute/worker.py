@@ -1,0 +1,171 @@
+"""What a worker does with one shard task: its outputs, in order, into the shard's sink; the shard
+committed; its journal entry written. :func:`run_shard` is the whole of it for one task, and what any
+executor (the local one's worker processes, a Ray task) calls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..._commit import ShardFile
+from ...errors import ErrorPolicy, ErrorRouter, RecordError, RunStats, Stage
+from ...types import Record, ShardResult, ShardTask
+from ..device import Device
+from ..plan import Plan
+from ..settings import Settings
+from .journal import RUN_DIR, Journal
+
+COUNTS = ("records_in", "records_out", "passthrough", "transcoded", "fallbacks", "boxes_dropped", "bytes_in",
+          "bytes_out")
+
+
+@dataclass
+class RunContext:
+    """Everything a worker needs to run shard tasks, picklable (it travels to worker processes).
+
+    Attributes:
+        opener: makes the dataset's reader (each worker opens the source itself).
+        sink: makes the sink of a task (the output format's, bound to the staging folder).
+        plan: the run's plan (ops, sampler, codecs, seed).
+        device: the device the run was given (a GPU worker is handed its own ordinal).
+        policy: "skip" or "fail".
+        stage: the staging folder (journal entries and parameter logs go under its ``.gpubatch``).
+        settings: the engine's knobs.
+        batch_size, gpu_memory, gpu_procs: the GPU units' settings.
+        reads_without_scan: whether a worker's reader reads entries without listing the dataset first.
+    """
+
+    opener: Callable[[], Any]
+    sink: Callable[[ShardTask], Any]
+    plan: Plan
+    device: Device
+    policy: str = "skip"
+    stage: Path = Path(".")
+    settings: Settings = field(default_factory=Settings)
+    batch_size: int = 256
+    gpu_memory: Any = None
+    gpu_procs: int = 1
+    reads_without_scan: bool = True
+
+    def open_reader(self) -> Any:
+        reader = self.opener()
+        if not self.reads_without_scan:
+            reader.entries()  # (a reader whose reads need its scan: LMDB's page walk)
+        return reader
+
+
+class ShardWriting:
+    """The outputs of one task as they come, written in order into its sink: a record error routed by the
+    run's policy (``fail`` raises), a record that does not fit the format its own error (WRITE), an
+    augment run's drawn parameters into the shard's parameter log. :meth:`commit` makes the shard final
+    and returns its :class:`ShardResult` (the journal entry is the caller's: :meth:`journal`)."""
+
+    def __init__(self, task: ShardTask, ctx: RunContext, progress: Callable[[int], None] | None = None):
+        self.task, self.ctx, self.progress = task, ctx, progress
+        self.stats = RunStats()
+        self.router = ErrorRouter(ErrorPolicy(ctx.policy), self.stats)
+        self.sink = ctx.sink(task)
+        self.params = None
+        if ctx.plan.augmenting:
+            self.params = ShardFile(Path(ctx.stage) / RUN_DIR / "params", f"{task.index:06d}.jsonl")
+        self.t0 = time.perf_counter()
+        self.write_s = 0.0
+        self._pending = 0
+
+    def put(self, result: Record | RecordError) -> None:
+        t = time.perf_counter()
+        if isinstance(result, RecordError):
+            if result.stage is Stage.READ:  # a record that could not be read (read_counted counted the others)
+                self.stats.add(records_in=1)
+            self.router(result)
+        else:
+            try:
+                self.sink.write(result)
+            except (ValueError, RecursionError) as e:  # this record does not fit the format
+                self.router(RecordError(result.key, result.origin, Stage.WRITE, str(e) or type(e).__name__))
+            else:
+                self.stats.add(records_out=1, bytes_out=len(result.data))
+                if self.params is not None:
+                    drawn = self.stats.drawn.pop(result.key, None)
+                    line = {"key": result.key, "params": jsonable(drawn)} if drawn is not None else \
+                        {"key": result.key, "original": True}
+                    self.params.write((json.dumps(line) + "\n").encode())
+        self.write_s += time.perf_counter() - t
+        self._pending += 1
+        if self.progress is not None and self._pending >= 16:
+            self.progress(self._pending)
+            self._pending = 0
+
+    def take(self, results: Iterable[Record | RecordError]) -> ShardWriting:
+        for r in results:
+            self.put(r)
+        return self
+
+    def commit(self, timings: dict[str, float] | None = None, extra: dict[str, Any] | None = None) -> ShardResult:
+        """Commit the shard's files (and parameter log): its result."""
+        files, own = self.sink.commit()
+        if self.params is not None:
+            name, meta = self.params.commit()
+            files[f"{RUN_DIR}/params/{name}"] = meta
+        if self.progress is not None and self._pending:
+            self.progress(self._pending)
+        s = self.stats
+        times = {k: round(v, 4) for k, v in s.timings.items()}
+        times.update({k: round(v, 4) for k, v in (timings or {}).items()})
+        times["write"] = round(times.get("write", 0.0) + self.write_s, 4)
+        times["shard"] = round(time.perf_counter() - self.t0, 4)
+        return ShardResult(self.task.index, self.task.name, self.task.start, self.task.stop,
+                           counts={k: int(getattr(s, k)) for k in COUNTS}, skipped=[e.as_dict() for e in s.errors],
+                           warnings=[*s.warnings, *getattr(self.sink, "warnings", [])], files=files, timings=times,
+                           extra={**own, **(extra or {}), **({"gpu_memory": dict(s.gpu_memory)} if s.gpu_memory else {})})
+
+    def abort(self) -> None:
+        self.sink.abort()
+        if self.params is not None:
+            self.params.abort()
+
+
+def jsonable(value: Any) -> Any:
+    """Drawn parameters as JSON values (tuples -> lists, NumPy scalars -> numbers)."""
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        return value.item()
+    return value
+
+
+def finish(writing: ShardWriting, timings: dict[str, float] | None = None,
+           extra: dict[str, Any] | None = None) -> ShardResult:
+    """Commit a task's shard and write its journal entry: its result."""
+    result = writing.commit(timings, extra)
+    Journal(writing.ctx.stage).record(result)
+    return result
+
+
+def run_shard(task: ShardTask, ctx: RunContext, unit: Any = None, reader: Any = None,
+              progress: Callable[[int], None] | None = None) -> ShardResult:
+    """Run one shard task to its committed shard and journal entry, with ``unit`` (by default the one the
+    strategy table picks for the run, made here) reading through ``reader`` (by default opened here)."""
+    from .strategies import unit_for
+
+    own, opened = unit is None, reader is None
+    if own:
+        unit = unit_for(ctx).make(ctx, 0)
+    reader = reader if reader is not None else ctx.open_reader()
+    try:
+        results: list[ShardResult] = []
+        unit.run(reader, iter([task]), lambda t: ShardWriting(t, ctx, progress), results.append)
+        return results[0]
+    finally:
+        if own:
+            unit.close()
+        if opened:
+            reader.close()
+

@@ -1,0 +1,108 @@
+"""Shard sinks: how a worker writes the records of one shard and commits them, and how a format's
+dataset-wide files are made from every shard's result once they are all committed (``finalize``).
+
+A sink writes each of its files under a temporary name (``.partial``), and :meth:`ShardSink.commit`
+flushes, fsyncs and renames them to their final names, then fsyncs the folder: a shard is on disk whole
+or not at all (the run's journal entry, written after, is what marks it done). Nothing dataset-wide
+lives in a sink: key uniqueness across shards, file lists, COCO's JSON, LMDB's environment and DALI's
+global index come from ``finalize`` over the shards' results.
+
+Formats with shards (webdataset, tfrecord, recordio) write their shard files straight; the others
+(folder, COCO, LMDB, the video and audio layouts) spool a shard's records into one file under
+``.gpubatch/spool/``, and their finalize writes the dataset from the spools in shard order through the
+format's writer: the same files, names and bytes as one writer in one process would make.
+"""
+
+from __future__ import annotations
+
+import abc
+import pickle
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .._commit import PARTIAL, ShardFile, file_digest, fsync_dir  # noqa: F401 - the sinks' helpers
+from ..types import DatasetInfo, Record, ShardResult, ShardTask
+
+#: gpubatch's own folder inside a staging folder: the run's journal and the spools (gone once finished)
+RUN_DIR = ".gpubatch"
+
+
+class ShardSink(abc.ABC):
+    """Writes the records of one shard (``task``) into the staging folder ``root``.
+
+    Subclasses write through :class:`ShardFile` objects (or note the files they write in ``pending``)
+    and return what finalize needs from :meth:`_close` (the committed files are added)."""
+
+    def __init__(self, root: Path, task: ShardTask, info: DatasetInfo, options: Any):
+        self.root, self.task, self.info, self.options = Path(root), task, info, options
+        self.count = 0
+        self.bytes = 0
+        self.warnings: list[str] = []
+        self.files: list[ShardFile] = []
+
+    @abc.abstractmethod
+    def write(self, record: Record) -> None:
+        """Add one record (ValueError where it does not fit the format: that record's error)."""
+
+    def _close(self) -> dict[str, Any]:
+        """Finish the shard's files (before they are committed); what finalize needs of the shard."""
+        return {}
+
+    def commit(self) -> tuple[dict[str, list], dict[str, Any]]:
+        """Finish, fsync and rename the shard's files into place: (files -> [bytes, digest], extra)."""
+        extra = self._close()
+        files = dict(f.commit() for f in self.files)
+        fsync_dir(self.root)
+        return files, extra
+
+    def abort(self) -> None:
+        """Remove what the shard wrote (a shard that failed; its task runs again)."""
+        for f in self.files:
+            f.abort()
+
+
+class SpoolSink(ShardSink):
+    """A shard of a format without shards: its records, pickled one after the other into
+    ``.gpubatch/spool/<name>.spool`` for the format's finalize to write in shard order."""
+
+    def __init__(self, root: Path, task: ShardTask, info: DatasetInfo, options: Any):
+        super().__init__(root, task, info, options)
+        self.spool = ShardFile(Path(root) / RUN_DIR / "spool", f"{task.name}.spool")
+        self.files.append(self.spool)
+
+    def write(self, record: Record) -> None:
+        self.spool.write(pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))  # (one pickle a record)
+        self.count += 1
+        self.bytes += len(record.data)
+
+    def commit(self) -> tuple[dict[str, list], dict[str, Any]]:
+        files, extra = super().commit()
+        fsync_dir(self.spool.path.parent)
+        return {f"{RUN_DIR}/spool/{k}": v for k, v in files.items()}, extra
+
+
+def spooled(root: Path, name: str) -> Any:
+    """The records of a committed spool, in the order they were written."""
+    with open(Path(root) / RUN_DIR / "spool" / f"{name}.spool", "rb") as f:
+        while True:
+            try:
+                yield pickle.load(f)
+            except EOFError:
+                return
+
+
+def replay_spools(fmt: Any, root: Path, shards: Sequence[ShardResult], info: DatasetInfo, options: Any) -> list[str]:
+    """A spooling format's finalize: every shard's records, in shard order, through the format's writer
+    (which makes the dataset-wide files as it always has), each spool removed once written; the writer's
+    warnings. ``between(writer)``, where the writer has it, is called after each shard (LMDB commits a
+    transaction there)."""
+    writer = fmt.writer(root, info, options)
+    with writer:
+        for shard in shards:
+            for record in spooled(root, shard.name):
+                writer.write(record)
+            if hasattr(writer, "between"):
+                writer.between()
+            (Path(root) / RUN_DIR / "spool" / f"{shard.name}.spool").unlink()
+    return list(writer.warnings)

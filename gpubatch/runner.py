@@ -1,0 +1,340 @@
+"""One ``convert`` or ``augment`` run, as shards: plan -> work -> finalize.
+
+The run reads the source's entry list, plans its shard tasks (:mod:`gpubatch.engine.execute.shards`),
+opens the staging folder beside the destination (or carries on in an interrupted run's, ``--resume``),
+has the tasks worked by the local executor (each committed shard journaled by the worker that wrote
+it), then makes the dataset-wide files from the shards' results (the format's ``finalize``, the
+parameter log, ``gpubatch.json``) and renames the whole into place. Formats are tied to the engine
+here: the engine never imports them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ._paths import check_output, staged_output
+from .engine.device import Device
+from .errors import GpubatchError, RunStats, Terminated, UsageError
+from .formats import open_reader
+from .formats.base import JSON_FIELDS, MEMBERS, Reader, WriteOptions
+from .formats.manifest import manifest_classes, write_manifest
+from .types import IMAGE_EXTENSIONS, Media, Record, ShardResult
+
+PARAMS_FILE = "augment-params.jsonl"
+RUN_DIR = ".gpubatch"
+#: the options that do not shape the output (which workers, GPUs or caps write it; how it is reported)
+UNSHAPED = frozenset({"dst", "workers", "overwrite", "resume", "gpu", "gpu_procs", "gpu_memory", "batch_size",
+                      "device"})
+
+
+class CheckedSink:
+    """A format's shard sink behind the checks every run makes of what it writes: a record of a media or
+    codec the format cannot hold stops the run before it writes more (one line); boxes, label arrays and
+    a sample's other members the format cannot hold are dropped with a warning; an audio array's sample
+    rate and features are noted (the manifest keeps them where all arrays share them)."""
+
+    def __init__(self, inner: Any, fmt: Any, geometric: bool):
+        self.inner, self.fmt, self.geometric = inner, fmt, geometric
+        self.warnings: list[str] = []
+        self.audio: list[dict[str, Any]] = []
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+    def write(self, record: Record) -> None:
+        fmt = self.fmt
+        if isinstance(record.media, Media) and record.media not in fmt.media:
+            raise UsageError(f"{fmt.name} holds {' and '.join(m.value for m in fmt.media)} records, not "
+                             f"{record.media.value} ({record.origin}): {media_formats(record.media)}")
+        held = fmt.image_codecs
+        if held is not None and record.media is Media.IMAGE and record.codec not in held:
+            raise UsageError(f"{fmt.name} cannot hold {record.codec} images ({record.origin}): its readers decode "
+                             f"{', '.join(sorted(held))}; pass --image-format png (or jpeg) to re-encode them, or "
+                             "choose a format that keeps any codec (webdataset, tfrecord, folder)")
+        if record.boxes is not None and len(record.boxes) and not fmt.carries_boxes:
+            self.warn(f"{fmt.name} cannot hold detection boxes: boxes were dropped")
+        if not fmt.carries_label_arrays and len(record.meta.get("labels") or ()) > 1:
+            self.warn(f"{fmt.name} holds one class a record: RecordIO multi-label arrays were cut to their first label")
+        members = record.meta.get(MEMBERS) or {}
+        if (members or JSON_FIELDS in record.meta) and not fmt.carries_members:
+            names = ", ".join(f".{e}" for e in sorted([*members, *([JSON_FIELDS] if JSON_FIELDS in record.meta else [])]))
+            self.warn(f"{fmt.name} cannot hold a sample's other WebDataset members ({names}, e.g. captions): they "
+                      "were dropped; webdataset and tfrecord keep them")
+        elif self.geometric and "clip" not in record.meta and any(e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS
+                                                                  for e in members):  # (a clip's members: its frames)
+            names = ", ".join(f".{e}" for e in sorted(members) if e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS)
+            self.warn(f"the samples' other image members ({names}) were kept as they were: the geometric ops moved "
+                      "only the sample's image")
+        if record.media is Media.AUDIO and record.codec == "npy":
+            facts = {"sample_rate": record.meta.get("sample_rate"), "features": record.meta.get("features") or ""}
+            if facts not in self.audio:
+                self.audio.append(facts)
+        sound = record.meta.get("audio")
+        if isinstance(sound, str) and sound.startswith("dropped"):  # a re-encoded video's track MP4 cannot hold
+            self.warn(f"the audio track of a re-encoded video was {sound} ({record.origin}); the others' tracks "
+                      "were copied")
+        self.inner.write(record)
+
+    def commit(self) -> tuple[dict, dict]:
+        files, extra = self.inner.commit()
+        self.warnings += [w for w in getattr(self.inner, "warnings", []) if w not in self.warnings]
+        return files, {**extra, **({"audio": self.audio} if self.audio else {})}
+
+    def abort(self) -> None:
+        self.inner.abort()
+
+
+def media_formats(media: Media) -> str:
+    from .formats import FORMATS, _load
+
+    _load()
+    names = sorted(n for n, f in FORMATS.items() if media in f.media)
+    return f"{', '.join(names)} hold {media.value}" + (
+        "; --frames writes a video's frames as images" if media is Media.VIDEO else "")
+
+
+def _sink(fmt: Any, stage: Path, info: Any, options: WriteOptions, geometric: bool, task: Any) -> CheckedSink:
+    """A task's sink (module level, so that it travels to worker processes as a partial)."""
+    return CheckedSink(fmt.sink(stage, task, info, options), fmt, geometric)
+
+
+@dataclasses.dataclass
+class Run:
+    """What :func:`execute` needs of a request besides the source, the format and the plan."""
+
+    command: str
+    options: dict[str, Any]
+    manifest: dict[str, Any]
+    resume: bool = False
+
+
+def fingerprint(run: Run, src_path: Path, src_format: str, entries: list, device: Device, tasks: list) -> dict:
+    """What names a run for ``--resume``: the command, the options that shape its output, the source and its
+    entries, the device kind (the CPU's and the GPU's JPEG encoders write different bytes), the shards."""
+    from . import __version__
+    from .engine.execute.journal import entries_digest
+
+    return {"gpubatch": __version__, "command": run.command,
+            "options": {k: v for k, v in run.options.items() if k not in UNSHAPED},
+            "source": {"path": str(src_path.resolve()), "format": src_format, "entries": len(entries),
+                       "digest": entries_digest(entries)},
+            "device": "gpu" if device.is_gpu else "cpu", "shards": [t.name for t in tasks][:3] + [len(tasks)]}
+
+
+def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: Any, device: Device, policy: Any,
+            progress: Callable[[int, int], Callable[[int], None]] | None, select: Callable[[Reader], list],
+            starts_as: Callable[[Reader, Any], str | None], summary_cls: Any) -> Any:
+    """Read ``src`` -> plan shards -> work them on ``device`` -> finalize ``fmt`` at ``dst``: the summary."""
+    from .engine.execute.journal import Journal
+    from .engine.execute.local import run_tasks
+    from .engine.execute.shards import inputs_per_shard, plan_shards
+    from .engine.execute.strategies import unit_for
+    from .engine.execute.worker import RunContext
+    from .engine.media import DEVICE, HOST, has_codec
+    from .engine.settings import Settings
+
+    t_start = time.perf_counter()
+    stats = RunStats()
+    with open_reader(src_path, req.from_format, _reader_options(req)) as reader:
+        check_output(reader.roots(), dst_path, req.overwrite)  # a COCO JSON's image folder is source too
+        plan = dataclasses.replace(plan, media=reader.media, layout=starts_as(reader, plan))
+        plan.validate(DEVICE if device.is_gpu and has_codec(plan.media, DEVICE) else HOST)  # before reading
+        src_format = reader.format_name
+        if plan.media == "video" and Media.VIDEO not in fmt.media and not getattr(plan.sample, "kind", "") == "frames":
+            raise UsageError(f"{fmt.name} holds {' and '.join(m.value for m in fmt.media)} records, not video: "
+                             f"{media_formats(Media.VIDEO)}")
+        entries = select(reader)
+        if not entries:
+            raise GpubatchError(f"{src_path} ({src_format}) holds no records: nothing written" if req.limit != 0
+                                else "--limit 0 converts no record: nothing written")
+        info = reader.info()
+        for message in reader.warnings:
+            stats.warn(message)
+        reads_without_scan = getattr(reader, "reads_without_scan", True)
+    options = WriteOptions(shard_size=req.shard_size or 0, name=req.name, source=str(src_path),
+                           extra={"layout": req.layout})
+    per_shard = inputs_per_shard(len(entries), req.shard_size, _outputs_per_input(plan, fmt))
+    tasks = plan_shards(entries, per_shard, lambda n: fmt.shard_names(n, options))
+    print_ = fingerprint(run, src_path, src_format, entries, device, tasks)
+    settings = Settings.from_env()
+    if device.is_gpu and settings.decode_route == "auto":  # the route per image by its kind, never by load:
+        settings = settings.with_(decode_route="hardware")  # the bytes written do not follow the host's load
+    geometric = any(op.moves_boxes for op in plan.ops)
+    tick = progress(len(entries) * plan.outputs_per_record) if progress else None
+    t_planned = time.perf_counter()
+    timings: dict[str, float] = {"plan": round(t_planned - t_start, 4)}
+    try:
+        with staged_output(dst_path, req.overwrite, stats.warn, resume=_resumer(run, print_, stats),
+                           keep=_keeper(tasks)) as stage:
+            journal = Journal(stage)
+            done = journal.committed(tasks) if journal.exists() else {}
+            if not journal.exists():
+                journal.begin(print_)
+            elif done:
+                stats.warn(f"--resume: {len(done)} of {len(tasks)} shards were committed by the interrupted run; "
+                           f"{len(tasks) - len(done)} written now")
+            if tick is not None and done:
+                tick(sum(r.counts.get("records_in", 0) for r in done.values()) * plan.outputs_per_record
+                     if plan.copies else sum(r.counts.get("records_in", 0) for r in done.values()))
+            ctx = RunContext(opener=functools.partial(open_reader, src_path, reader.format_name, _reader_options(req)),
+                             sink=functools.partial(_sink, fmt, stage, info, options, geometric), plan=plan,
+                             device=device, policy=policy.value, stage=stage, settings=settings,
+                             batch_size=req.batch_size, gpu_memory=req.gpu_memory, gpu_procs=req.gpu_procs or 1,
+                             reads_without_scan=reads_without_scan)
+            strategy = unit_for(ctx)
+            todo = [t for t in tasks if t.index not in done]
+            workers = strategy.workers(ctx, len(todo), req.workers)
+            wall = run_tasks(ctx, strategy, todo, workers, lambda r: None, tick)
+            timings.update({"workers start (to the first shard committed)": round(wall["start"], 4),
+                            "shards": round(wall["run"], 4)})
+            results = journal.results(tasks)
+            t_fin = time.perf_counter()
+            summary, extra = _merge(req, run, src_path, src_format, fmt, device, stats, results, tasks, workers,
+                                    strategy, summary_cls)
+            for message in fmt.finalize(stage, results, info, options):
+                stats.warn(message)
+            summary.warnings = list(stats.warnings)
+            if plan.augmenting:
+                _join_params(stage, results)
+            shutil.rmtree(stage / RUN_DIR, ignore_errors=True)
+            timings["finalize"] = round(time.perf_counter() - t_fin, 4)
+            summary.timings = {**summary.timings, **{f"wall: {k}": v for k, v in timings.items()}}
+            summary.seconds = time.perf_counter() - t_start
+            write_manifest(stage, {
+                "format": fmt.name,
+                "records": summary.records_out,
+                **extra,
+                "classes": manifest_classes(info.classes),
+                "categories": [dict(c) for c in info.categories],
+                "source": {"path": str(src_path.resolve()), "format": src_format},
+                **run.manifest,
+                "device": str(device),
+                "errors": summary.skipped,
+                "warnings": summary.warnings,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            })
+    except OSError as e:  # disk full, a folder that went away...: the staging folder is gone already
+        raise GpubatchError(f"writing {dst_path} failed: {e.strerror or e}"
+                            f"{f' ({e.filename})' if getattr(e, 'filename', None) else ''}") from None
+    return summary
+
+
+def _outputs_per_input(plan: Any, fmt: Any) -> float:
+    return float(plan.outputs_per_record) if plan.copies else 1.0
+
+
+def _resumer(run: Run, print_: dict, stats: RunStats) -> Callable[[Path], bool]:
+    """Whether a run carries on in the staging folder an interrupted run left (``--resume``, the same run),
+    starts over (another command: the folder is removed, and said), or is refused (the same command
+    without ``--resume``: its committed shards are not thrown away unasked)."""
+    from .engine.execute.journal import Journal, difference
+
+    def decide(stage: Path) -> bool:
+        journal = Journal(stage)
+        if not journal.exists():
+            stats.warn(f"removed {stage.name}, an unfinished output folder of a killed run")
+            return False
+        if run.resume:
+            journal.check(print_)
+            return True
+        try:
+            said = difference(journal.fingerprint(), print_)
+        except GpubatchError:
+            said = "a damaged journal"
+        if said is None:
+            raise UsageError(f"an interrupted run of this command left its committed shards in {stage}: pass "
+                             "--resume to finish it, or --overwrite to start over")
+        stats.warn(f"removed {stage.name}, the unfinished output of another command ({said})")
+        return False
+
+    return decide
+
+
+def _keeper(tasks: list) -> Callable[[Path, BaseException], str | None]:
+    """Why an interrupted run's staging folder stays (shards are committed: ``--resume`` finishes it), or
+    None (it goes)."""
+    from .engine.execute.journal import Journal
+
+    def keep(stage: Path, error: BaseException) -> str | None:
+        if not isinstance(error, (KeyboardInterrupt, Terminated)):
+            return None
+        n = len(Journal(stage).committed(tasks))
+        if not n:
+            return None
+        return (f"{n} of {len(tasks)} shards are committed in {stage}: run the same command with --resume to "
+                "write the rest")
+
+    return keep
+
+
+def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device: Device, stats: RunStats,
+           results: list[ShardResult], tasks: list, workers: int, strategy: Any, summary_cls: Any) -> tuple[Any, dict]:
+    """The run's summary from its shards' results (in shard order), and what the manifest says besides."""
+    from .engine.execute.worker import COUNTS
+
+    totals = dict.fromkeys(COUNTS, 0)
+    skipped: list[dict] = []
+    sums: dict[str, float] = {}
+    audio: list[dict] = []
+    gpu_memory: dict[str, Any] = {}
+    for r in results:
+        for k in COUNTS:
+            totals[k] += int(r.counts.get(k, 0))
+        skipped += r.skipped
+        for w in r.warnings:
+            stats.warn(w)
+        for k, v in r.timings.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+        for facts in r.extra.get("audio", []):
+            if facts not in audio:
+                audio.append(facts)
+        if r.extra.get("gpu_memory"):
+            gpu_memory = r.extra["gpu_memory"]
+    if totals["records_in"] and not totals["records_out"]:
+        reasons: dict[str, int] = {}
+        for e in skipped:
+            key = f"{e['stage']}: {e['reason']}"
+            reasons[key] = reasons.get(key, 0) + 1
+        reason, n = max(reasons.items(), key=lambda kv: kv[1]) if reasons else ("no output", totals["records_in"])
+        raise GpubatchError(f"none of the {totals['records_in']} records of {src_path} could be converted "
+                            f"({n} x {reason}): nothing written")
+    if len(audio) > 1 and not fmt.carries_record_meta:
+        rates = ", ".join(str(a.get("sample_rate")) for a in audio)
+        raise GpubatchError(f"{fmt.name} holds no sample rate a record, and the arrays written are at several "
+                            f"({rates} Hz): pass --sample-rate, or write to webdataset or tfrecord")
+    extra: dict[str, Any] = {"shards": {r.name: r.counts.get("records_out", 0) for r in results}} if fmt.sharded else {}
+    if len(audio) == 1:
+        extra["audio"] = audio[0]
+    extra["run"] = {"shards": len(tasks), "workers": workers, "unit": strategy.name,
+                    "files": {n: m for r in results for n, m in r.files.items() if not n.startswith(RUN_DIR)}}
+    summary = summary_cls(
+        src=str(src_path), dst=str(req.dst), src_format=src_format, dst_format=fmt.name, device=str(device),
+        device_reason=device.reason, records_in=totals["records_in"], records_out=totals["records_out"],
+        passthrough=totals["passthrough"], transcoded=totals["transcoded"], fallbacks=totals["fallbacks"],
+        boxes_dropped=totals["boxes_dropped"], bytes_in=totals["bytes_in"], bytes_out=totals["bytes_out"],
+        skipped=skipped, timings={k: round(v, 4) for k, v in sums.items()}, gpu_memory=gpu_memory,
+        shards=len(tasks), workers=workers)
+    return summary, extra
+
+
+def _join_params(stage: Path, results: list[ShardResult]) -> None:
+    """An augment run's ``augment-params.jsonl``: the shards' parameter logs, in shard order."""
+    folder = stage / RUN_DIR / "params"
+    with open(stage / PARAMS_FILE, "wb") as out:
+        for r in results:
+            part = folder / f"{r.index:06d}.jsonl"
+            if part.exists():
+                with open(part, "rb") as f:
+                    shutil.copyfileobj(f, out)
+
+
+def _reader_options(req: Any) -> dict[str, Any]:
+    """What the request says about reading its source (an audio CSV's columns)."""
+    return {k: getattr(req, k, None) for k in ("path_column", "label_column") if getattr(req, k, None)}
