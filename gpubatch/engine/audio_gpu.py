@@ -11,14 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ErrorRouter, RecordError, RunStats, Stage
+from ..errors import RecordError, RunStats, Stage
 from ..types import Record
 from .codecs.audio_io import AudioData
 from .device import Device
 from .media import DEVICE, HOST, get_codec
 from .plan import Plan
 from .registry import get_kernel
-from .run import Job, RecordSink, RecordSource, outputs_of, read_counted, write_results
+from .run import Job, RecordSource, outputs_of, read_counted
 from .settings import Settings
 
 
@@ -190,49 +190,82 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     return fit.batch
 
 
-def run_audio_device(device: Device, reader: RecordSource, entries: list[Any], writer: RecordSink, plan: Plan,
-                     router: ErrorRouter, workers: int, batch_size: int = 256,
-                     tick: Callable[[int], None] | None = None, gpu_memory: str | None = None,
-                     stack_bytes: int | None = Settings.stack_bytes) -> None:
-    """The whole run flow for audio records on the GPU: decode on ``workers`` threads, the chain a batch
-    of ``batch_size`` outputs at a time (under ``gpu_memory``, as many as the cap holds: :func:`fit_cap`),
-    outputs written in dataset order."""
-    import cupy as cp
+class AudioDeviceUnit:
+    """Audio on the GPU, in a GPU's worker process: records decoded on a pool of threads kept across the
+    worker's tasks (libsndfile releases the GIL), the chain run on the GPU ``batch_size`` outputs at a time
+    (under ``--gpu-memory``, as many as the cap holds: :func:`fit_cap`, planned on the first task), each
+    task's outputs written in dataset order into its shard."""
 
-    from .executor import expand_host, ordered_map, prefetched
+    def __init__(self, ctx: Any, slot: int):
+        import cupy as cp
 
-    stats = router.stats
-    plan.validate(DEVICE)
-    cp.cuda.Device(device.index).use()
-    if gpu_memory is not None:
-        batch_size = fit_cap(gpu_memory, device, reader, entries, plan, batch_size, stats, stack_bytes)
+        self.ctx, self.plan = ctx, ctx.plan
+        self.plan.validate(DEVICE)
+        self.device = ctx.device
+        self.cp = cp
+        cp.cuda.Device(self.device.index).use()
+        self.batch_size = ctx.batch_size or 256
+        self.pool: Any = None
+        self.workers = max(1, _cores() - 1)
 
-    def work(entry: Any) -> list[Any]:
-        record = read_counted(reader, entry, stats)
-        if isinstance(record, RecordError):
-            return [record]
-        if str(getattr(record.media, "value", record.media)) != "audio":
-            return expand_host(record, plan, stats)
-        return _prepare(record, plan, stats)
+    @classmethod
+    def make(cls, ctx: Any, slot: int) -> AudioDeviceUnit:
+        return cls(ctx, slot)
 
-    def batches() -> Iterator[list[Any]]:
-        pending: list[Any] = []
-        jobs = 0
-        for outs in ordered_map(work, entries, workers):
-            pending.extend(outs)
-            jobs += sum(isinstance(o, tuple) for o in outs)
-            if jobs >= batch_size:
-                yield pending
-                pending, jobs = [], 0
-        if pending:
-            yield pending
+    def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
 
-    def results() -> Iterator[Record | RecordError]:
-        with cp.cuda.Device(device.index):
-            for group in prefetched(batches(), 2):
-                jobs = [o for o in group if isinstance(o, tuple)]
-                done = iter(_run_batch(jobs, plan, stats)) if jobs else iter(())
-                for o in group:
-                    yield next(done) if isinstance(o, tuple) else o
+        from .execute.worker import finish
+        from .executor import expand_host, ordered_on, prefetched
 
-    write_results(results(), writer, router, tick)
+        plan, cp = self.plan, self.cp
+        for task in tasks:
+            w = writing(task)
+            stats = w.stats
+            try:
+                if self.pool is None:
+                    if self.ctx.gpu_memory is not None:
+                        self.batch_size = fit_cap(self.ctx.gpu_memory, self.device, reader, list(task.entries), plan,
+                                                  self.batch_size, stats, self.ctx.settings.stack_bytes)
+                    self.pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="gpubatch-audio")
+
+                def work(entry: Any, stats: RunStats = stats) -> list[Any]:
+                    record = read_counted(reader, entry, stats)
+                    if isinstance(record, RecordError):
+                        return [record]
+                    if str(getattr(record.media, "value", record.media)) != "audio":
+                        return expand_host(record, plan, stats)
+                    return _prepare(record, plan, stats)
+
+                def batches(entries: Any = task.entries, work: Any = work) -> Iterator[list[Any]]:
+                    pending: list[Any] = []
+                    jobs = 0
+                    for outs in ordered_on(self.pool, work, entries, self.workers * 4):
+                        pending.extend(outs)
+                        jobs += sum(isinstance(o, tuple) for o in outs)
+                        if jobs >= self.batch_size:
+                            yield pending
+                            pending, jobs = [], 0
+                    if pending:
+                        yield pending
+
+                with cp.cuda.Device(self.device.index):
+                    for group in prefetched(batches(), 2):
+                        jobs = [o for o in group if isinstance(o, tuple)]
+                        finished = iter(_run_batch(jobs, plan, stats)) if jobs else iter(())
+                        for o in group:
+                            w.put(next(finished) if isinstance(o, tuple) else o)
+            except BaseException:
+                w.abort()
+                raise
+            done(finish(w))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..errors import CURRENT, ErrorRouter, RecordError, RunStats, Stage
+from ..errors import RecordError, RunStats, Stage
 from ..types import Record
 from .host_chain import run_chain_host
 from .media import HOST, get_codec
 from .plan import Plan
-from .run import Job, RecordSink, RecordSource, outputs_of, read_counted, write_results
+from .run import Job, outputs_of
 from .settings import Settings
 
 T = TypeVar("T")
@@ -77,6 +77,25 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int, window: 
         for f in pending:
             f.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def ordered_on(pool: Any, fn: Callable[[T], R], items: Iterable[T], window: int) -> Iterator[R]:
+    """``map(fn, items)`` on the threads of ``pool`` (kept by the caller across calls), results in input
+    order, at most ``window`` in flight; queued work is cancelled where the consumer stops early."""
+    from itertools import islice
+
+    it = iter(items)
+    pending: deque[Future] = deque(pool.submit(fn, x) for x in islice(it, max(1, window)))
+    try:
+        while pending:
+            result = pending.popleft().result()
+            for x in it:
+                pending.append(pool.submit(fn, x))
+                break
+            yield result
+    finally:
+        for f in pending:
+            f.cancel()
 
 
 def prefetched(items: Iterable[T], depth: int = 2) -> Iterator[T]:
@@ -164,22 +183,3 @@ def _transform(job: Job, decoded: Any, codec: Any, plan: Plan, stats: RunStats) 
         stats.drawn[t.key] = params
     stats.add(transcoded=1)
     return out
-
-
-def run_host(reader: RecordSource, entries: list[Any], writer: RecordSink, plan: Plan, router: ErrorRouter,
-             workers: int, progress: Callable[[int], None] | None = None) -> None:
-    """Run the whole flow on the CPU."""
-    stats = router.stats
-    plan.validate(HOST)
-
-    def work(entry: Any) -> list[Record | RecordError]:
-        record = read_counted(reader, entry, stats)
-        if isinstance(record, RecordError):
-            return [record]
-        CURRENT.key = record.key  # (the record a library's warning is about)
-        try:
-            return expand_host(record, plan, stats)
-        finally:
-            CURRENT.key = None
-
-    write_results((r for rs in ordered_map(work, entries, workers) for r in rs), writer, router, progress)

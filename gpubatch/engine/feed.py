@@ -13,7 +13,7 @@ copy), parses each JPEG's frame header and EXIF orientation to know the decoded 
 record's parameters from (seed, key, size): exactly what the GPU process would draw, so outputs do
 not change. A record whose decoded size differs from its header's is drawn again after decode.
 :class:`FileFeed` serves :meth:`~gpubatch.engine.pipeline.ImagePipeline.iterate_files`,
-:class:`RecordFeed` the GPU path of ``convert`` and ``augment`` (:mod:`gpubatch.engine.gpu_run`).
+:class:`RecordFeed` the GPU path of ``convert`` and ``augment`` (:mod:`gpubatch.engine.gpu_worker`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 from ..types import Record
 from .plan import Plan
-from .processes import started_pool
+from .processes import die_with_parent, started_pool
 from .run import Job, RecordSource, outputs_of, read_counted
 
 SLOT_BYTES = 64 << 20  # one batch's encoded bytes by default (Settings.feed_slot_bytes); more comes back pickled
@@ -111,9 +111,11 @@ def _init(shm_name: str, plan: Plan | None, slot_bytes: int, opener: Callable[[]
     # tracker fail on that second removal).
     shm = SharedMemory(name=shm_name)
     _W.update(shm=shm, plan=plan, slot=slot_bytes)
+    die_with_parent()  # (a run killed with kill -9 leaves no reader behind it)
     if opener is not None:  # a RecordFeed: each worker opens the dataset itself
         reader = opener()
-        reader.entries()  # the reader's own scan sets up the shard handles entries refer to
+        if not getattr(reader, "reads_without_scan", True):  # (LMDB's reads need its page walk)
+            reader.entries()
         _W["reader"] = reader
 
 
@@ -491,11 +493,13 @@ class RecordFeed(Feed):
     """
 
     def __init__(self, opener: Callable[[], RecordSource], entries: Sequence[Any], plan: Plan, batch_size: int = 256,
-                 workers: int | None = None, depth: int = 4, slot_bytes: int = SLOT_BYTES, views: bool = True):
+                 workers: int | None = None, depth: int = 4, slot_bytes: int = SLOT_BYTES, views: bool = True,
+                 spans: list[tuple[int, int]] | None = None):
         """``opener``: makes the dataset's reader in each worker process (picklable: a module-level
-        function and its arguments, as ``functools.partial(open_reader, path, format)``)."""
+        function and its arguments, as ``functools.partial(open_reader, path, format)``); ``spans``: the
+        batches as [start, end) ranges of ``entries`` (by default ``batch_size`` entries each)."""
         self.entries = list(entries)
-        spans = _spans(len(self.entries), batch_size)
+        spans = spans if spans is not None else _spans(len(self.entries), batch_size)
         super().__init__(spans, plan, workers, depth, False, slot_bytes, views, opener)
 
     def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:

@@ -1,25 +1,22 @@
-"""A GPU worker process of ``convert`` and ``augment``: its batches through feed -> decode -> chain ->
-encode, the encoded records sent back to the writing process (:mod:`.gpu_run`).
+"""Images on the GPU for ``convert`` and ``augment``: the work unit a GPU's worker process runs
+(:class:`GpuImageUnit`: its tasks through feed -> decode -> chain -> encode -> its shards) and the
+batch's transform (:func:`transform_fed`).
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import time
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import GpubatchError, RecordError, RunStats, Stage
+from ..errors import GpubatchError, RecordError, Stage
 from ..types import Record
+from .execute.worker import finish
 from .gpu_engine import GpuEngine
 from .plan import Plan
-from .run import RecordSource
-from .settings import Settings
 from .windows import fed_windows
 
 
@@ -118,213 +115,164 @@ def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: l
                 + _resample_encode(engine, plan, codecs[h:], arrays[h:], params[h:], halves[1], sink))
 
 
-class _Stopped(Exception):
-    pass
+class GpuImageUnit:
+    """Images on the GPU, in a worker process of its own (a GPU's worker): the tasks it is given in shard
+    order, their entries read ahead by reader processes (a :class:`~.feed.RecordFeed`, across the tasks'
+    boundaries) which pass untouched records through and draw every output's parameters, decoded on the
+    GPU a batch ahead (:func:`~.gpu_engine.decode_ahead`), run through the chain and the JPEG encoder
+    (:func:`transform_fed`), and written in order into each task's shard, which this process commits.
 
+    Batches never span two tasks. The decode route is the one the run names (the runner asks for the
+    hardware route, which gives each decoder its images by their kind: the bytes written do not depend on
+    the host's load, the cap or the number of workers). Under ``--gpu-memory`` the engine is built first,
+    what it took measured, and batches and decoding ahead sized to the worker's share of the cap for the
+    largest image of a sample of the tasks' headers; below what one image needs it refuses, naming the
+    parts."""
 
-def _put(q: Any, stop: Any, msg: Any) -> None:
-    while True:
-        try:
-            q.put(msg, timeout=0.5)
+    def __init__(self, ctx: Any, slot: int):
+        self.ctx, self.slot = ctx, slot
+
+    @classmethod
+    def make(cls, ctx: Any, slot: int) -> GpuImageUnit:
+        return cls(ctx, slot)
+
+    def close(self) -> None:
+        pass
+
+    def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
+        from . import affinity
+        from . import gpu_memory as gm
+        from .device import Device, DeviceKind
+        from .executor import default_readers
+        from .feed import RecordFeed
+        from .gpu_engine import decode_ahead
+        from .media import DEVICE
+
+        ctx, plan, settings = self.ctx, self.ctx.plan, self.ctx.settings
+        plan.validate(DEVICE)
+        tasks = [t for t in tasks]  # (this GPU's tasks, in shard order: the feed reads ahead across them)
+        for task in [t for t in tasks if not t.entries]:  # (a task of no entries: an empty shard)
+            done(finish(writing(task)))
+        tasks = [t for t in tasks if t.entries]
+        if not tasks:
             return
-        except queue.Full:
-            if stop.is_set():
-                q.cancel_join_thread()  # the writer is gone: exit without flushing to it
-                raise _Stopped from None
-
-
-def _free_slot(free: list[int], returns: Any, stop: Any) -> int:
-    """An output slot the writer has handed back (waits for one when all are in flight)."""
-    while True:
-        try:
-            while True:
-                free.append(returns.get_nowait())
-        except queue.Empty:
-            pass
-        if free:
-            return free.pop()
-        try:
-            free.append(returns.get(timeout=0.5))
-        except queue.Empty:
-            if stop.is_set():
-                raise _Stopped from None
-
-
-@dataclass
-class WorkerBatch:
-    """A worker's finished batch, as the writing process receives it.
-
-    Attributes:
-        records: the batch's outputs in order (Record or RecordError); JPEG data may be an
-            :class:`~gpubatch.engine.codecs.jpeg_gpu.EncodedSpan` of output slot ``slot``.
-        drawn: output key -> the parameters drawn for it (augment runs).
-        counts: RunStats counters of the batch.
-        timings: seconds per stage of the batch.
-        slot: the output slot holding its encoded data, or None.
-    """
-
-    records: list[Record | RecordError]
-    drawn: dict[str, Any]
-    counts: dict[str, int]
-    timings: dict[str, float]
-    slot: int | None
-
-
-@dataclass
-class WorkerReady:
-    """A worker under ``--gpu-memory`` has built its engine: ``fixed`` bytes on the device (context,
-    decoders, encoder, kernels; from NVML), by part in MiB; ``cap``: its share of the cap, bytes."""
-
-    fixed: int
-    parts: dict[str, int]
-    cap: int
-
-
-def _take(q: Any, stop: Any) -> Any:
-    while True:
-        try:
-            return q.get(timeout=0.5)
-        except queue.Empty:
-            if stop.is_set():
-                raise _Stopped from None
-
-
-@dataclass
-class WorkerFailed:
-    """A worker's end: a GpubatchError's one line, or (``crash``) a traceback."""
-
-    message: str
-    crash: bool = False
-
-
-def _worker(device_index: int, opener: Callable[[], RecordSource], plan: Plan, entries: list[Any], batch_size: int,
-            feed_workers: int, threads: int, gpu_memory: Any, procs: int, out: Any, stop: Any,
-            out_shm: str, slot_bytes: int, returns: Any, settings: Settings, control: Any = None) -> None:
-    """One GPU worker process: its batches through feed -> decode -> chain -> encode -> ``out``.
-
-    Encoded JPEG data goes straight from the device into a slot of the ``out_shm`` ring (the records
-    sent hold :class:`~gpubatch.engine.codecs.jpeg_gpu.EncodedSpan` values): pickling the bytes instead
-    cost this process 13-20% of its throughput (the worker study (docs/engine.md) ``--pickle``). The writer
-    hands a slot back through ``returns`` once it has made the files.
-
-    With ``control`` (a run under ``--gpu-memory``) the worker reads nothing at first: it builds its
-    engine, sends :class:`WorkerReady` with what that took on the device, and takes ``(entries,
-    batch_size, plan)`` (:class:`~.gpu_memory.MemoryPlan`) or None (not needed) from ``control``."""
-    from multiprocessing.shared_memory import SharedMemory
-
-    import numpy as np
-
-    from . import affinity
-    from .codecs.jpeg_gpu import Sink
-    from .device import Device, DeviceKind
-    from .feed import RecordFeed
-    from .gpu_engine import decode_ahead
-
-    feed = engine = unpin = None
-    shm = SharedMemory(name=out_shm)
-    free = list(range(settings.out_slots))
-    try:
+        procs = max(1, ctx.gpu_procs)
+        gpu = ctx.device.index
+        entries = [e for t in tasks for e in t.entries]
+        batch = ctx.batch_size
         t0 = time.perf_counter()
-        # the decode route follows this worker's share of the cores, not their load, so written bytes do not
-        # vary with what else runs (counted before the reservation below narrows this thread's cores)
-        route_cores = _cores() / procs
-        # the hardware decoder's thread gets a core of its own, which the reader processes started below leave
-        cores = affinity.reserve(device_index, settings) if procs == 1 else None
-        ahead = 2
+        route_cores = _cores() / procs  # (the route follows this worker's share of the cores, not their load)
+        cores = affinity.reserve(gpu, settings) if procs == 1 else None
+        readers = default_readers(max(1, _cores() // procs), settings=settings)
+        threads = max(2, _cores() // procs)
+        feed = engine = unpin = watch = current = None
+        try:
+            def start_feed(b: int) -> RecordFeed:
+                f = RecordFeed(ctx.opener, entries, plan, b, workers=readers, depth=settings.feed_depth,
+                               slot_bytes=settings.feed_slot_bytes, spans=_task_spans(tasks, b))
+                f.start()
+                return f
 
-        def start_feed(entries: list[Any], batch: int) -> RecordFeed:
-            f = RecordFeed(opener, entries, plan, batch, workers=feed_workers, depth=settings.feed_depth,
-                           slot_bytes=settings.feed_slot_bytes)
-            f.start()
-            return f
+            def make_engine(preallocate: tuple[int, int, int] | None) -> GpuEngine:
+                return GpuEngine(Device(DeviceKind.GPU, gpu, reason="worker"), threads, ctx.gpu_memory, share=procs,
+                                 deterministic=True, cores=cores, hw_preallocate=preallocate, route_cores=route_cores,
+                                 decode_route=settings.decode_route, settings=settings)
 
-        def make_engine(preallocate: tuple[int, int, int] | None, route: str | None = None) -> GpuEngine:
-            return GpuEngine(Device(DeviceKind.GPU, device_index, reason="worker"), threads, gpu_memory,
-                             share=procs, deterministic=True, cores=cores,  # written bytes must not vary
-                             hw_preallocate=preallocate, route_cores=route_cores, decode_route=route,
-                             settings=settings)
+            ahead = 2
+            mem: dict[str, Any] = {}
+            if ctx.gpu_memory is None:
+                feed = start_feed(batch)  # the reader processes start up while CUDA does
+                # the hardware decoder's buffers reserved for a batch of 640x640 images up front (the worker study)
+                engine = make_engine((batch, settings.hw_preallocate, settings.hw_preallocate))
+                gpu_init = time.perf_counter() - t0
+                warm = engine.warm_up(batch, encoder=True)  # while the reader processes start and read
+            else:
+                engine = make_engine(None)
+                gpu_init = time.perf_counter() - t0
+                warm = engine.warm_up(16, encoder=True)  # a small batch: its buffers come before the cap is planned
+                fixed, parts = engine.fixed_memory()
+                need = gm.sample_need(reader.read, entries, plan)
+                try:
+                    mem_plan = gm.plan_memory(engine.cap, fixed, parts, need, batch, spec=str(ctx.gpu_memory))
+                except gm.CapTooSmall as e:
+                    raise GpubatchError(str(e) + (f" (for each of {procs} GPU worker processes: pass fewer "
+                                                  "--gpu-procs)" if procs > 1 else "")) from None
+                engine.apply(mem_plan)
+                ahead, batch = mem_plan.ahead, mem_plan.batch
+                mem = {"cap_mib": engine.cap >> 20, "processes": procs, "plan": mem_plan.describe()}
+                feed = start_feed(batch)
+            unpin = engine.pin_host(feed.shm.buf) if settings.pin_feed else None
+            tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
+            first = {"gpu_init": gpu_init, "warm_up": warm}
 
-        if control is None:
-            feed = start_feed(entries, batch_size)  # the reader processes start up while CUDA does
-            # the hardware decoder's buffers reserved for a batch of 640x640 images up front: transcode ran at
-            # 9,675-10,125 images/s with them against 8,597-9,085 without (the worker study (docs/engine.md))
-            engine = make_engine((batch_size, settings.hw_preallocate, settings.hw_preallocate))
-            gpu_init = time.perf_counter() - t0
-            warm = engine.warm_up(batch_size, encoder=True)  # while the reader processes start and read
-        else:
-            # under --gpu-memory: the engine first, what it took measured and sent to the writing process,
-            # which answers with this worker's entries and the batch the cap leaves room for (or None)
-            # the hardware route (unless one is named): it gives the decoders their images by kind, not by
-            # a share of each batch, so the bytes written do not depend on the batch the cap leaves room for
-            engine = make_engine(None, "hardware" if settings.decode_route == "auto" else None)
-            gpu_init = time.perf_counter() - t0
-            warm = engine.warm_up(16, encoder=True)  # a small batch: its buffers come before the cap is planned
-            fixed, parts = engine.fixed_memory()
-            _put(out, stop, WorkerReady(fixed, parts, engine.cap))
-            got = _take(control, stop)
-            if got is None:
-                return
-            entries, batch_size, mem_plan = got
-            engine.apply(mem_plan)
-            ahead = mem_plan.ahead
-            feed = start_feed(entries, batch_size)
-        # the decoders copy encoded bytes straight from the ring by DMA (GpuEngine.pin_host); a slot then
-        # goes back only once this process's stream is past the batch (below)
-        unpin = engine.pin_host(feed.shm.buf) if settings.pin_feed else None
-        tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
-        first = {"gpu_init": gpu_init, "warm_up": warm}
+            def decode(fed: Any) -> Any:
+                return engine.decoder.decode(fed.blobs, engine.stream, plan.max_pixels, order=False,
+                                             headers=fed.headers, wait=False)
 
-        def decode(fed: Any) -> Any:
-            return engine.decoder.decode(fed.blobs, engine.stream, plan.max_pixels, order=False, headers=fed.headers,
-                                         wait=False)
-
-        seen = dict(tm)
-        for fed, res in decode_ahead(decode, feed, ahead, tm, device_index):
-            if stop.is_set():
-                out.cancel_join_thread()
-                return
-            stats = RunStats()
-            slot = _free_slot(free, returns, stop)
-            sink = Sink(np.frombuffer(shm.buf, np.uint8, slot_bytes, slot * slot_bytes))
-            t1 = time.perf_counter()
-            done = transform_fed(engine, plan, fed, res, stats, sink)
-            waited = res.waited  # transform_fed waited this long for the decoders' threads first
-            tm["decode_wait"] += waited
-            if sink.pos == 0:  # nothing went into the slot (no JPEG, or a batch too big for it)
-                free.append(slot)
-                slot = None
-            del sink
-            del res  # the decoded images go once the kernels reading them are done
-            if unpin is not None:  # the GPU may still be copying this batch's bytes (in practice the encode waited)
-                engine.stream.synchronize()
-            fed.done()  # the source bytes (views of the feed's shared memory) are no longer read
-            timings = {k: v - seen[k] for k, v in tm.items()}
+            owners = _owners(tasks, batch)
+            current = None
+            watch = gm.ProcessMemory(gm.nvml_index(gpu), [os.getpid()], children=True).start()
             seen = dict(tm)
-            timings.update(first, **{"ops+encode": time.perf_counter() - t1 - waited, "read (feed workers)": fed.seconds})
-            first = {}
-            counts = {**fed.counts, **{k: getattr(stats, k) for k in ("transcoded", "fallbacks", "boxes_dropped")}}
-            _put(out, stop, WorkerBatch(done, stats.drawn, counts, timings, slot))
-    except _Stopped:
-        return
-    except BaseException as e:  # noqa: BLE001 - the parent reports it; nothing else would see it
-        msg = WorkerFailed(str(e)) if isinstance(e, GpubatchError) else WorkerFailed(traceback.format_exc(), True)
-        try:
-            _put(out, stop, msg)
-        except _Stopped:
-            pass
-    finally:
-        if engine is not None:
-            if unpin is not None:
-                unpin()
-            engine.close()
-        if feed is not None:
-            feed.close()
-        try:
-            shm.close()
-        except BufferError:  # a slot view is still referenced: the mapping goes with the process
-            shm.close = lambda: None  # type: ignore[method-assign]
+            for k, (fed, res) in enumerate(decode_ahead(decode, feed, ahead, tm, gpu)):
+                task, last = owners[k]
+                if current is None:
+                    current = writing(task)
+                    shard_t = {**first, "read (feed workers)": 0.0, "ops+encode": 0.0}
+                    first = {}
+                stats = current.stats
+                stats.add(**fed.counts)
+                t1 = time.perf_counter()
+                out = transform_fed(engine, plan, fed, res, stats)
+                waited = res.waited  # transform_fed waited this long for the decoders' threads first
+                tm["decode_wait"] += waited
+                del res  # the decoded images go once the kernels reading them are done
+                if unpin is not None:  # the GPU may still be copying this batch's bytes
+                    engine.stream.synchronize()
+                fed.done()  # the source bytes (views of the feed's shared memory) are no longer read
+                shard_t["ops+encode"] += time.perf_counter() - t1 - waited
+                shard_t["read (feed workers)"] += fed.seconds
+                for r in out:
+                    current.put(r)
+                if last:
+                    for name, v in tm.items():
+                        shard_t[name] = shard_t.get(name, 0.0) + v - seen[name]
+                    seen = dict(tm)
+                    peak = {"peak_mib": watch.peak_started >> 20, "method": watch.method} if watch.ok else {}
+                    done(finish(current, shard_t, {"gpu_memory": {**mem, **peak}} if mem or peak else None))
+                    current = None
+        except BaseException:
+            if current is not None:
+                current.abort()
+            raise
+        finally:
+            if watch is not None:
+                watch.stop()
+            if engine is not None:
+                if unpin is not None:
+                    unpin()
+                engine.close()
+            if feed is not None:
+                feed.close()
 
 
+def _task_spans(tasks: list[Any], batch: int) -> list[tuple[int, int]]:
+    """The feed's batches over the tasks' entries laid end to end: ``batch`` entries at most, never across
+    two tasks."""
+    spans, pos = [], 0
+    for t in tasks:
+        n = len(t.entries)
+        spans += [(pos + a, pos + min(a + batch, n)) for a in range(0, n, batch)]
+        pos += n
+    return spans
+
+
+def _owners(tasks: list[Any], batch: int) -> list[tuple[Any, bool]]:
+    """Per batch of :func:`_task_spans`: its task, and whether it is the task's last."""
+    out = []
+    for t in tasks:
+        k = -(-len(t.entries) // batch)
+        out += [(t, i == k - 1) for i in range(k)]
+    return out
 
 
 def _cores() -> int:

@@ -1,11 +1,11 @@
-"""The one run flow of ``convert`` and ``augment``: read -> outputs -> (pass through | transform) -> write.
+"""The one record flow of ``convert`` and ``augment``: read -> outputs -> (pass through | transform).
 
-Both executors, the CPU's (:mod:`.executor`) and the GPU's (:mod:`.gpu_run`), read each entry with
-:func:`read_counted`, ask :func:`outputs_of` what the record becomes (records that pass through
-untouched, checked; :class:`Job` values for the outputs that go through the chain; errors), draw each
-job's parameters with :meth:`Job.settle` (the one place a run draws) and hand the results, in dataset
-order, to :func:`write_results`. They differ only in the stage that turns jobs into encoded outputs:
-host codecs and kernels in threads, or the GPU engine in worker processes.
+Every work unit (:mod:`.execute.units`, and the GPU's) reads each entry with :func:`read_counted`, asks
+:func:`outputs_of` what the record becomes (records that pass through untouched, checked; :class:`Job`
+values for the outputs that go through the chain; errors), draws each job's parameters with
+:meth:`Job.settle` (the one place a run draws) and writes the results, in dataset order, into its shard
+(:class:`~.execute.worker.ShardWriting`). Units differ only in the stage that turns jobs into encoded
+outputs: host codecs and kernels, or the GPU engine.
 
 Nothing here names a media: a record's codec (:func:`~.media.get_codec`) checks, decodes and encodes it.
 The flow reads through any object with ``read(entry)`` and writes through any with ``write(record)``
@@ -14,12 +14,10 @@ The flow reads through any object with ``read(entry)`` and writes through any wi
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import ErrorRouter, RecordError, RunStats, Stage
+from ..errors import RecordError, RunStats, Stage
 from ..types import Boxes, Record
 from .media import HOST, LOST, get_codec
 from .plan import Plan
@@ -114,40 +112,3 @@ def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
                 continue
         out.append(job)
     return out
-
-
-def write_results(results: Iterable[Record | RecordError], writer: RecordSink, router: ErrorRouter,
-                  progress: Callable[[int], None] | None) -> None:
-    """Write records in order, route errors to the policy, report progress one record at a time."""
-    stats = router.stats
-    it = iter(results)
-    wait = write = 0.0
-    try:
-        while True:
-            t0 = time.perf_counter()
-            result = next(it, None)
-            t1 = time.perf_counter()
-            wait += t1 - t0
-            if result is None:
-                return
-            _write_one(result, writer, router, stats)
-            if progress:
-                progress(1)
-            write += time.perf_counter() - t1
-    finally:
-        stats.timed("write_wait", wait)
-        stats.timed("write", write)
-
-
-def _write_one(result: Record | RecordError, writer: RecordSink, router: ErrorRouter, stats: RunStats) -> None:
-    if isinstance(result, RecordError):
-        if result.stage is Stage.READ:  # a record that could not be read (read_counted counted the others)
-            stats.add(records_in=1)
-        router(result)
-        return
-    try:
-        writer.write(result)
-    except (ValueError, RecursionError) as e:  # this record does not fit the format; I/O errors end the run
-        router(RecordError(result.key, result.origin, Stage.WRITE, str(e) or type(e).__name__))
-    else:
-        stats.add(records_out=1, bytes_out=len(result.data))

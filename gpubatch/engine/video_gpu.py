@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ErrorRouter, RecordError, RunStats, Stage
+from ..errors import RecordError, RunStats, Stage
 from ..types import Media, Record
 from .codecs.video import SourcedFrames, clip_members, encode_clip, info_of
 from .codecs.video_gpu_caps import CUDA_CODEC, nvdec_supports
 from .codecs.video_probe import open_input
 from .device import Device
 from .plan import Plan
-from .run import Job, RecordSink, RecordSource, outputs_of, read_counted, write_results
+from .run import Job, RecordSource, outputs_of, read_counted
 from .settings import Settings
 
 #: containers whose NVDEC frames matched the CPU's, frame by frame (tests/video/test_video_gpu.py). An MKV
@@ -462,53 +462,89 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     return sessions, ahead
 
 
-def run_video_device(device: Device, reader: RecordSource, entries: list[Any], writer: RecordSink, plan: Plan,
-                     router: ErrorRouter, decoders: int, tick: Callable[[int], None] | None = None,
-                     gpu_memory: str | None = None, stack_bytes: int | None = Settings.stack_bytes) -> None:
-    """The whole run flow for video records on the GPU, ``decoders`` NVDEC sessions at once (under
-    ``gpu_memory``, as many as the cap holds, decoding as far ahead as it allows: :func:`fit_cap`)."""
-    from .executor import expand_host, ordered_map
-    from .media import DEVICE
+class VideoDeviceUnit:
+    """Video on the GPU, in a GPU's worker process: ``settings.video_decoders`` NVDEC sessions, one a
+    thread of a pool kept across the worker's tasks (a session is made once a thread, reconfigured per
+    file), each task's records decoded in its threads and written in dataset order into its shard; a
+    file NVDEC cannot decode goes to the CPU path, counted. Under ``--gpu-memory``, as many sessions as
+    the cap holds, decoding as far ahead as it allows (:func:`fit_cap`, planned on the first task)."""
 
-    stats = router.stats
-    plan.validate(DEVICE)
-    import sys
+    def __init__(self, ctx: Any, slot: int):
+        import sys
 
-    import PyNvVideoCodec as nvc
+        import PyNvVideoCodec as nvc
 
-    # the decoding threads hand the GIL over between their Python steps (as the image engine sets it)
-    if sys.getswitchinterval() > Settings.from_env().switch_interval:
-        sys.setswitchinterval(Settings.from_env().switch_interval)
+        from .media import DEVICE
 
-    chunk = CHUNK
-    if gpu_memory is not None:
-        decoders, chunk = fit_cap(gpu_memory, device, reader, entries, plan, decoders, stats, stack_bytes)
-    try:  # the driver readies this many decoder sessions (NVIDIA's multi-decoder recipe)
-        nvc.SimpleDecoder.set_session_count(decoders)
-    except Exception:  # noqa: BLE001 - an older PyNvVideoCodec without it: sessions start on demand
-        pass
-    local = threading.local()
-    sessions: list[NvdecSession] = []
-    lock = threading.Lock()
+        self.ctx = ctx
+        self.plan = ctx.plan
+        self.plan.validate(DEVICE)
+        self.device = ctx.device
+        self.decoders = ctx.settings.video_decoders
+        self.chunk = CHUNK
+        self.nvc = nvc
+        # the decoding threads hand the GIL over between their Python steps (as the image engine sets it)
+        if sys.getswitchinterval() > ctx.settings.switch_interval:
+            sys.setswitchinterval(ctx.settings.switch_interval)
+        self.local = threading.local()
+        self.sessions: list[NvdecSession] = []
+        self.lock = threading.Lock()
+        self.pool: Any = None
 
-    def session() -> NvdecSession:
-        s = getattr(local, "s", None)
+    @classmethod
+    def make(cls, ctx: Any, slot: int) -> VideoDeviceUnit:
+        return cls(ctx, slot)
+
+    def session(self) -> NvdecSession:
+        s = getattr(self.local, "s", None)
         if s is None:
-            s = local.s = NvdecSession(device.index, chunk)
-            with lock:
-                sessions.append(s)
+            s = self.local.s = NvdecSession(self.device.index, self.chunk)
+            with self.lock:
+                self.sessions.append(s)
         return s
 
-    def work(entry: Any) -> list[Record | RecordError]:
-        record = read_counted(reader, entry, stats)
-        if isinstance(record, RecordError):
-            return [record]
-        if record.media is not Media.VIDEO:
-            return expand_host(record, plan, stats)
-        return expand_device(session(), record, plan, stats, lambda r: expand_host(r, plan, stats))
+    def _start(self, reader: Any, entries: list[Any], stats: RunStats) -> None:
+        from concurrent.futures import ThreadPoolExecutor
 
-    try:
-        write_results((r for rs in ordered_map(work, entries, decoders) for r in rs), writer, router, tick)
-    finally:
-        for s in sessions:
+        if self.ctx.gpu_memory is not None:
+            self.decoders, self.chunk = fit_cap(self.ctx.gpu_memory, self.device, reader, entries, self.plan,
+                                                self.decoders, stats, self.ctx.settings.stack_bytes)
+        try:  # the driver readies this many decoder sessions (NVIDIA's multi-decoder recipe)
+            self.nvc.SimpleDecoder.set_session_count(self.decoders)
+        except Exception:  # noqa: BLE001 - an older PyNvVideoCodec without it: sessions start on demand
+            pass
+        self.pool = ThreadPoolExecutor(max_workers=self.decoders, thread_name_prefix="gpubatch-nvdec")
+
+    def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
+        from .execute.worker import finish
+        from .executor import expand_host, ordered_on
+
+        plan = self.plan
+        for task in tasks:
+            w = writing(task)
+            stats = w.stats
+            try:
+                if self.pool is None:
+                    self._start(reader, list(task.entries), stats)
+
+                def work(entry: Any, stats: RunStats = stats) -> list[Record | RecordError]:
+                    record = read_counted(reader, entry, stats)
+                    if isinstance(record, RecordError):
+                        return [record]
+                    if record.media is not Media.VIDEO:
+                        return expand_host(record, plan, stats)
+                    return expand_device(self.session(), record, plan, stats, lambda r: expand_host(r, plan, stats))
+
+                for outs in ordered_on(self.pool, work, task.entries, self.decoders * 2):
+                    for o in outs:
+                        w.put(o)
+            except BaseException:
+                w.abort()
+                raise
+            done(finish(w))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+        for s in self.sessions:
             s.close()

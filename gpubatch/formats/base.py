@@ -165,6 +165,9 @@ class Reader(abc.ABC):
 
     format_name: str = ""
     media: str = "image"  # what its records hold (the engine's codec registry key)
+    #: whether :meth:`read` works on entries without this reader having listed the dataset first (a worker
+    #: process reads the entries it is given; LMDB's reads need its page walk)
+    reads_without_scan: ClassVar[bool] = True
 
     def __init__(self, path: Path):
         self.path = Path(path)

@@ -158,6 +158,8 @@ def needed_bytes(data_mdb: Path) -> int:
 
 
 class LmdbReader(Reader):
+    reads_without_scan = False  # (its reads go through the page walk its scan makes)
+
     def __init__(self, path: Path):
         path = Path(path)
         super().__init__(path.parent if path.is_file() else path)

@@ -4,8 +4,6 @@ asks whether images run on the GPU) loads no GPU library."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..media import DEVICE, MediaSpec, register_codec
 
 
@@ -25,15 +23,6 @@ class ImageDeviceCodec:
         from .image_encode_gpu import GpuImageEncoder
 
         return GpuImageEncoder
-
-    @staticmethod
-    def run(device: Any, reader: Any, opener: Any, entries: list, writer: Any, plan: Any, router: Any,
-            req: Any, workers: int, tick: Any, settings: Any) -> None:
-        """A run's records through the GPU engine's worker processes (:mod:`..gpu_run`)."""
-        from ..gpu_run import run_device
-
-        run_device(device, opener, entries, writer, plan, router, req.gpu_procs or 1, workers, req.batch_size,
-                   req.gpu_memory, tick, settings, read=reader.read)
 
 
 register_codec("image", "*", DEVICE, ImageDeviceCodec())

@@ -20,19 +20,9 @@ from typing import Any
 
 from ...errors import GpubatchError, RecordFailed
 from ...types import ShardResult, ShardTask
+from ..processes import die_with_parent
 from .strategies import Strategy
 from .worker import RunContext, ShardWriting
-
-
-def die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies (``PR_SET_PDEATHSIG``); elsewhere nothing."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        pass
 
 
 def _worker(ctx: RunContext, strategy: Strategy, slot: int, tasks: Any, results: Any) -> None:
