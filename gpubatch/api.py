@@ -19,7 +19,7 @@ from .engine.device import Device, DeviceKind, resolve
 from .errors import ErrorPolicy, UsageError, python_messages
 from .formats import get_format, open_reader
 from .formats.base import Reader
-from .runner import PARAMS_FILE, Run
+from .runner import PARAMS_FILE, Run, finished
 
 
 @dataclass(frozen=True)
@@ -205,6 +205,8 @@ def convert(
         req = ConvertRequest(src=Path(src), dst=Path(dst), to=to, **options)
     refuse_url(req.src, "source")
     refuse_url(req.dst, "destination")
+    if req.resume and not req.overwrite and (done := finished(Path(req.dst), RunSummary)) is not None:
+        return done
     from .engine.plan import make_plan
 
     fmt = get_format(req.to)
@@ -367,6 +369,8 @@ def augment(
         req = AugmentRequest(src=Path(src), dst=Path(dst), **options)
     refuse_url(req.src, "source")
     refuse_url(req.dst, "destination")
+    if req.resume and not req.overwrite and (done := finished(Path(req.dst), RunSummary)) is not None:
+        return done
     src_path, dst_path = Path(req.src), Path(req.dst)
     ops = req.chain()  # refused before any data is read
     if req.copies < 1:

@@ -226,6 +226,29 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
     return summary
 
 
+def finished(dst: Path, summary_cls: Any) -> Any:
+    """``--resume`` where the run already finished (DST is there, written by gpubatch, and no interrupted
+    run's staging folder is beside it): its summary from its manifest, with a warning that says so; None
+    otherwise."""
+    from ._paths import STAGING_MARK
+    from .formats.manifest import read_manifest
+
+    dst = Path(dst)
+    stage = dst.parent / f".{dst.name}{STAGING_MARK.rstrip('-')}"
+    m = read_manifest(dst) if dst.is_dir() and not stage.exists() else None
+    if not m or not isinstance(m.get("records"), int):
+        return None
+    src = m.get("source") if isinstance(m.get("source"), dict) else {}
+    errors = [e for e in m.get("errors") or [] if isinstance(e, dict)]
+    return summary_cls(src=str(src.get("path", "")), dst=str(dst), src_format=str(src.get("format", "")),
+                       dst_format=str(m.get("format", "")), device=str(m.get("device", "")),
+                       device_reason="--resume: the run had finished", records_in=m["records"] + len(errors),
+                       records_out=m["records"], skipped=errors,
+                       warnings=[f"--resume: {dst} is complete already (written {m.get('created', '')}): nothing "
+                                 f"to write"], shards=len((m.get("run") or {}).get("files") or ()) and
+                       int((m.get("run") or {}).get("shards") or 0))
+
+
 def _outputs_per_input(plan: Any, fmt: Any) -> float:
     return float(plan.outputs_per_record) if plan.copies else 1.0
 

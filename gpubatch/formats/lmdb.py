@@ -349,7 +349,9 @@ class LmdbWriter(Writer):
         self.lmdb = _lmdb()
         self.map_size = 256 << 20
         try:
-            self.env = self.lmdb.open(str(root), map_size=self.map_size, subdir=True, meminit=False, max_dbs=0)
+            # meminit: the unused part of a page is zeros, not what the allocator held: the same records are the
+            # same bytes on every run
+            self.env = self.lmdb.open(str(root), map_size=self.map_size, subdir=True, meminit=True, max_dbs=0)
         except self.lmdb.Error as e:
             raise OSError(f"LMDB: {e}") from None
         self._batch: list[tuple[bytes, bytes]] = []

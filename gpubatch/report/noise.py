@@ -62,6 +62,7 @@ class LibraryMessages:
         self._stderr = sys.stderr
         sys.stderr = io.TextIOWrapper(os.fdopen(os.dup(self._saved_fd), "wb", buffering=0), encoding="utf-8",
                                       errors="replace", line_buffering=True, write_through=True)
+        self._stop = threading.Event()
         self._reader = threading.Thread(target=self._read, args=(r,), name="gpubatch-stderr", daemon=True)
         self._reader.start()
         return self
@@ -71,28 +72,40 @@ class LibraryMessages:
         self.add(f"{category.__name__}: {message}", current_record())
 
     def _read(self, fd: int) -> None:
-        with os.fdopen(fd, "rb", buffering=0) as pipe:
-            pending = b""
+        """Read the pipe until told to stop and nothing more is there (processes the command started, such
+        as multiprocessing's resource tracker, may hold its other end open for as long as they live)."""
+        import select
+
+        pending = b""
+        try:
             while True:
-                chunk = pipe.read(65536)
+                ready, _, _ = select.select([fd], [], [], 0.05)
+                if not ready:
+                    if self._stop.is_set():
+                        break
+                    continue
+                chunk = os.read(fd, 65536)
                 if not chunk:
                     break
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for ln in lines:
                     self.add(ln.decode("utf-8", "replace"))
-            if pending:
-                self.add(pending.decode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+        if pending:
+            self.add(pending.decode("utf-8", "replace"))
 
     def __exit__(self, *exc: object) -> None:
         if self._saved_fd is not None:
             fd = self._stderr.fileno()
             sys.stderr.flush()
-            os.dup2(self._saved_fd, fd)  # the pipe's write end closes: the reader sees its end
+            os.dup2(self._saved_fd, fd)  # this process's write end of the pipe closes
             os.close(self._saved_fd)
             sys.stderr.close()
             sys.stderr = self._stderr
             if self._reader is not None:
+                self._stop.set()  # what is in the pipe is read, then the reader ends
                 self._reader.join(timeout=5)
             self._saved_fd = None
         self._warnings.__exit__(*exc)

@@ -1,0 +1,159 @@
+"""The run as shards: the same bytes whatever the workers, resume after any kill, refusals that name why."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpubatch.api import augment, convert
+from gpubatch.errors import GpubatchError, UsageError
+from tests.helpers import ROOT
+
+FORMATS = ["webdataset", "tfrecord", "recordio", "folder", "coco", "lmdb"]
+
+
+def digest(root: Path) -> dict[str, str]:
+    """Every file of a dataset but its manifest (which says when and where it was made), by content."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != "gpubatch.json"}
+
+
+def manifest(root: Path) -> dict:
+    m = json.loads((root / "gpubatch.json").read_text())
+    for k in ("created", "run"):
+        m.pop(k)
+    m["options"].pop("workers", None)
+    m["options"].pop("dst", None)
+    m["options"].pop("resume", None)
+    return m
+
+
+@pytest.mark.parametrize("to", FORMATS)
+def test_the_output_is_the_same_bytes_for_1_2_and_4_workers(imagenet, coco, tmp_path, to):
+    src = coco if to == "coco" else imagenet
+    runs = []
+    for workers in (1, 2, 4):
+        out = tmp_path / f"w{workers}"
+        s = convert(src, out, to=to, shard_size=3 if to == "coco" else 7, resize_shorter=48, quality=80,
+                    workers=workers)
+        assert s.workers == min(workers, s.shards) and s.shards >= 4
+        runs.append((digest(out), manifest(out)))
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_augment_writes_the_same_bytes_and_parameters_for_any_workers(coco, tmp_path):
+    outs = []
+    for workers in (1, 3):
+        out = tmp_path / f"a{workers}"
+        augment(coco, out, preset="ssd", copies=2, shard_size=5, workers=workers, to="webdataset")
+        outs.append((digest(out), (out / "augment-params.jsonl").read_text()))
+    assert outs[0] == outs[1] and outs[0][1].count("\n") == 24
+
+
+def _command(src: Path, dst: Path, *more: str) -> list[str]:
+    return [sys.executable, "-m", "gpubatch", "convert", str(src), str(dst), "--to", "webdataset", "--shard-size",
+            "8", "--resize-shorter", "200", "--workers", "2", "-q", *more]
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    """160 photo-like 480x640 JPEGs in 4 classes: enough work that a run spends a few seconds writing."""
+    from tests.helpers import jpeg_bytes, photo
+
+    root = tmp_path_factory.mktemp("photos")
+    base = [jpeg_bytes(photo(480, 640, seed=k), 92) for k in range(8)]
+    for i in range(160):
+        folder = root / f"c{i % 4}"
+        folder.mkdir(exist_ok=True)
+        (folder / f"{i:04d}.jpg").write_bytes(base[i % 8][:-2] + bytes([i % 251]) * 0 + base[i % 8][-2:])
+    return root
+
+
+def test_a_run_killed_at_20_moments_resumes_to_the_same_bytes_writing_only_what_is_missing(photos, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    imagenet = photos
+    whole = tmp_path / "whole"
+    t0 = time.perf_counter()
+    subprocess.run(_command(imagenet, whole), env=env, check=True, timeout=300)
+    took = time.perf_counter() - t0
+    want = digest(whole)
+    rng = random.Random(51)
+    resumed_some = 0
+    for k in range(20):
+        dst = tmp_path / f"k{k}"
+        proc = subprocess.Popen(_command(imagenet, dst), env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        time.sleep(rng.uniform(0.1, 1.0) * took)  # a moment of the run: starting, mid-shard, finalizing
+        os.killpg(proc.pid, signal.SIGKILL)  # the run and its workers, as a lost machine loses them
+        proc.wait()
+        before = time.time_ns()
+        p = subprocess.run(_command(imagenet, dst, "--resume", "--json"), env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr
+        s = json.loads(p.stdout)
+        assert digest(dst) == want, f"kill {k}"
+        said = [w for w in s["warnings"] if w.startswith("--resume:") and " of " in w]
+        if said:  # the shards the killed run committed were not written again
+            resumed_some += 1
+            done, total = (int(x) for x in said[0].split(":")[1].split(" shards")[0].split(" of "))
+            kept = [t for t in dst.glob("*.tar") if t.stat().st_mtime_ns < before]  # written by the killed run
+            assert 0 < done <= total == 20 and len(kept) == done and s["records_in"] == 160
+        assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(f".k{k}.")]  # nothing left beside
+    assert resumed_some >= 5  # kills fell after some shards were committed
+
+
+def test_resume_with_other_options_is_refused_naming_the_difference(imagenet, tmp_path, monkeypatch):
+    from gpubatch.formats import webdataset
+
+    real = webdataset.WebDatasetSink.write
+    calls = {"n": 0}
+
+    def stop(self, record):
+        calls["n"] += 1
+        if calls["n"] == 25:
+            raise KeyboardInterrupt
+        return real(self, record)
+
+    monkeypatch.setattr(webdataset.WebDatasetSink, "write", stop)
+    with pytest.raises(KeyboardInterrupt):
+        convert(imagenet, tmp_path / "out", to="webdataset", shard_size=10, resize_shorter=40, workers=1)
+    monkeypatch.setattr(webdataset.WebDatasetSink, "write", real)
+    with pytest.raises(UsageError, match=r"options\.resize_shorter: 40 then, 48 now"):
+        convert(imagenet, tmp_path / "out", to="webdataset", shard_size=10, resize_shorter=48, resume=True)
+    stage = tmp_path / ".out.gpubatch-partial"
+    assert stage.is_dir()  # a refusal removes nothing
+    s = convert(imagenet, tmp_path / "out", to="webdataset", shard_size=10, resize_shorter=48, workers=1)
+    assert s.records_out == 60 and any("the unfinished output of another command (options.resize_shorter" in w
+                                       for w in s.warnings)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "foreign"])
+def test_a_damaged_or_foreign_journal_is_refused_clearly(imagenet, tmp_path, damage):
+    stage = tmp_path / ".out.gpubatch-partial"
+    (stage / ".gpubatch").mkdir(parents=True)
+    (stage / ".gpubatch" / "run.json").write_text("{not json" if damage == "garbage" else '{"schema": 99}')
+    with pytest.raises(GpubatchError, match="journal") as e:
+        convert(imagenet, tmp_path / "out", to="webdataset", resume=True)
+    assert "\n" not in str(e.value) and "overwrite" in str(e.value)
+    assert convert(imagenet, tmp_path / "out", to="webdataset", overwrite=True).records_out == 60
+
+
+def test_shards_are_named_before_any_data_moves_and_auto_sizes_them(imagenet, tmp_path):
+    from gpubatch.engine.execute.shards import inputs_per_shard, plan_shards
+
+    assert inputs_per_shard(16_384, None) == 512 and inputs_per_shard(1_280_000, None) == 10_000
+    assert inputs_per_shard(60, None) == 512 and inputs_per_shard(100, 10, 4.0) == 2
+    tasks = plan_shards(list(range(21)), 10, lambda n: [f"s{i}-of-{n}" for i in range(n)])
+    assert [(t.start, t.stop, t.name) for t in tasks] == [(0, 10, "s0-of-2"), (10, 21, "s1-of-2")]  # no 1-record shard
+    s = convert(imagenet, tmp_path / "o", to="tfrecord", shard_size=25)
+    assert s.shards == 3 and sorted(p.name for p in (tmp_path / "o").glob("*.tfrecord")) == [
+        f"data-0000{i}-of-00003.tfrecord" for i in range(3)]
