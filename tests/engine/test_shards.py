@@ -92,7 +92,7 @@ def test_a_run_killed_at_20_moments_resumes_to_the_same_bytes_writing_only_what_
         dst = tmp_path / f"k{k}"
         proc = subprocess.Popen(_command(imagenet, dst), env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
-        time.sleep(rng.uniform(0.1, 1.0) * took)  # a moment of the run: starting, mid-shard, finalizing
+        time.sleep(rng.uniform(0.1, 1.1) * took)  # a moment of the run: starting, mid-shard, finalizing, done
         os.killpg(proc.pid, signal.SIGKILL)  # the run and its workers, as a lost machine loses them
         proc.wait()
         before = time.time_ns()
@@ -108,7 +108,7 @@ def test_a_run_killed_at_20_moments_resumes_to_the_same_bytes_writing_only_what_
             kept = [t for t in dst.glob("*.tar") if t.stat().st_mtime_ns < before]  # written by the killed run
             assert 0 < done <= total == 20 and len(kept) == done and s["records_in"] == 160
         assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(f".k{k}.")]  # nothing left beside
-    assert resumed_some >= 5  # kills fell after some shards were committed
+    assert resumed_some >= 2  # (kills fell after some shards were committed, and before the end)
 
 
 def test_resume_with_other_options_is_refused_naming_the_difference(imagenet, tmp_path, monkeypatch):
