@@ -10,11 +10,12 @@ here: the engine never imports them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from .types import IMAGE_EXTENSIONS, Media, Record, ShardResult
 PARAMS_FILE = "augment-params.jsonl"
 RUN_DIR = ".gpubatch"
 #: the options that do not shape the output (which workers, GPUs or caps write it; how it is reported)
+FALLBACK_NOTE = "decoded on the CPU: "
 UNSHAPED = frozenset({"dst", "workers", "overwrite", "resume", "gpu", "gpu_procs", "gpu_memory", "batch_size",
                       "device"})
 
@@ -191,7 +193,8 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
             strategy = unit_for(ctx)
             todo = [t for t in tasks if t.index not in done]
             workers = strategy.workers(ctx, len(todo), req.workers)
-            wall = run_tasks(ctx, strategy, todo, workers, lambda r: None, tick)
+            with _memory_watch(strategy, device, stats):
+                wall = run_tasks(ctx, strategy, todo, workers, lambda r: None, tick)
             timings.update({"workers start (to the first shard committed)": round(wall["start"], 4),
                             "shards": round(wall["run"], 4)})
             results = journal.results(tasks)
@@ -312,14 +315,21 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
             totals[k] += int(r.counts.get(k, 0))
         skipped += r.skipped
         for w in r.warnings:
+            if w.startswith(FALLBACK_NOTE):  # the first few by name over all shards (the summary counts them)
+                named = sum(1 for x in stats.warnings if x.startswith(FALLBACK_NOTE))
+                if named >= 10:
+                    continue
             stats.warn(w)
         for k, v in r.timings.items():
             sums[k] = sums.get(k, 0.0) + float(v)
         for facts in r.extra.get("audio", []):
             if facts not in audio:
                 audio.append(facts)
-        if r.extra.get("gpu_memory"):
-            gpu_memory = r.extra["gpu_memory"]
+        if r.extra.get("gpu_memory"):  # the cap and its plan (each worker's, alike); the peak: the highest
+            peak = max(gpu_memory.get("peak_mib", 0), r.extra["gpu_memory"].get("peak_mib", 0))
+            gpu_memory = {**gpu_memory, **r.extra["gpu_memory"], **({"peak_mib": peak} if peak else {})}
+    if stats.gpu_memory.get("peak_mib") is not None:  # this run's workers as the driver counted them
+        gpu_memory = {**gpu_memory, **stats.gpu_memory}
     if totals["records_in"] and not totals["records_out"]:
         reasons: dict[str, int] = {}
         for e in skipped:
@@ -345,6 +355,19 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
         skipped=skipped, timings={k: round(v, 4) for k, v in sums.items()}, gpu_memory=gpu_memory,
         shards=len(tasks), workers=workers)
     return summary, extra
+
+
+@contextlib.contextmanager
+def _memory_watch(strategy: Any, device: Device, stats: RunStats) -> Iterator[None]:
+    """The device memory of a GPU run's worker processes (this process and every one it starts), sampled
+    while they run; its peak goes into ``stats.gpu_memory``."""
+    if not strategy.gpu:
+        yield
+        return
+    from .engine.gpu_memory import watch
+
+    with watch(device.index, stats):
+        yield
 
 
 def _join_params(stage: Path, results: list[ShardResult]) -> None:

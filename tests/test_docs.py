@@ -24,7 +24,8 @@ def test_every_python_snippet_of_the_docs_runs(tmp_path, doc, k, code):
     script = tmp_path / "snippet.py"
     script.write_text(code)
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])})
     assert p.returncode == 0, f"{doc} snippet {k}:\n{code}\n{p.stderr[-3000:]}"
 
 

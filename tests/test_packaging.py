@@ -4,8 +4,8 @@ within them."""
 from __future__ import annotations
 
 import importlib.metadata
-import tomllib
 
+import tomllib
 from packaging.requirements import Requirement
 
 from tests.helpers import ROOT

@@ -331,8 +331,7 @@ def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunS
         why = session.why or "NVDEC refused it"
     if why:
         stats.add(fallbacks=1)
-        if stats.fallbacks <= 10:  # the first few by name (the summary counts them all)
-            stats.warn(f"decoded on the CPU: {record.key} ({why})")
+        stats.warn(f"decoded on the CPU: {record.key} ({why})")  # (the summary names the first 10)
         return fallback(record)
     cursor = GpuFrameCursor(session, [list(j.template.meta.get("frames") or ()) for j in jobs], record.key,
                             record.origin)

@@ -16,7 +16,7 @@ def human_bytes(n: float) -> str:
 
 def gpu_memory_text(mem: dict) -> str:
     """"peak 612 MiB of 768 MiB cap (2 processes)": a run's device memory as the driver counted it."""
-    text = f"peak {mem['peak_mib']:,} MiB"
+    text = f"peak {mem['peak_mib']:,} MiB" if mem.get("peak_mib") is not None else "peak not measured (no NVML)"
     if mem.get("cap_mib"):
         text += f" of {mem['cap_mib']:,} MiB cap"
     if mem.get("processes", 1) > 1:

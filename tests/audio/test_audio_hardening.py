@@ -75,7 +75,7 @@ def test_a_whole_recording_line_still_passes_through_untouched(tmp_path):
     ({"audio_filepath": "talk.wav", "offset": 2.5, "duration": 1.0}, "past the recording's end"),
     ({"audio_filepath": "talk.wav", "offset": -1, "duration": 1.0}, "a segment of offset"),
     ('{"audio_filepath": "talk.wav", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
-])
+], ids=["nan-offset", "offset-outside", "past-the-end", "negative-offset", "deeply-nested"])
 def test_a_bad_segment_or_line_is_that_records_error_and_no_nan_reaches_json(tmp_path, line, why):
     src = _nemo(tmp_path / "src", [line, {"audio_filepath": "talk.wav", "offset": 0, "duration": 1.0, "text": "ok"}])
     p = run_cli("convert", src, tmp_path / "out", "--to", "webdataset", "--json")

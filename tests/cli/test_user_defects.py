@@ -326,7 +326,7 @@ def test_a_webdataset_of_jpg_and_png_members_says_how_to_read_them_all(imagenet,
     import webdataset as wds
     from PIL import Image
 
-    for k, jpg in enumerate(sorted(imagenet.rglob("*.jpg"))[:4]):
+    for jpg in sorted(imagenet.rglob("*.jpg"))[:4]:
         Image.open(jpg).save(jpg.with_suffix(".png"))
         jpg.unlink()
     s = convert(imagenet, tmp_path / "w", to="webdataset")

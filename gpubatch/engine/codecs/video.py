@@ -117,7 +117,7 @@ class FrameCursor:
         s = c.streams.video[0]
         k = self.info.keyframe_before(index)
         c.seek(int(self.info.pts[k]), stream=s, backward=True, any_frame=False)
-        self._frames = c.decode(s)
+        self._frames = _decoded(c, s)
         self.pos = k - 1
 
     def _advance(self) -> tuple[int, Any] | None:
@@ -174,6 +174,27 @@ class FrameCursor:
             if self.need[i] <= 0:
                 self.cache.pop(i, None)
         return out
+
+
+def _decoded(c: Any, s: Any) -> Iterator[Any]:
+    """The frames of stream ``s`` of container ``c`` from where it stands, packets demuxed and decoded in
+    turn. Where demuxing fails (the file ends inside a packet, or a damaged stretch) the frames the decoder
+    still holds are flushed out before the end: PyAV 19 raises there, earlier versions stopped quietly. A
+    packet that fails to decode raises (the stream is damaged from there)."""
+    a = av()
+    packets = c.demux(s)
+    while True:
+        try:
+            packet = next(packets)
+        except StopIteration:
+            return
+        except a.FFmpegError:
+            try:
+                yield from s.codec_context.decode(None)
+            except a.FFmpegError:
+                pass
+            return
+        yield from packet.decode()  # (the last, empty packet flushes the decoder)
 
 
 class SourcedFrames:

@@ -120,14 +120,22 @@ class ShardWriting:
         times["write"] = round(times.get("write", 0.0) + self.write_s, 4)
         times["shard"] = round(time.perf_counter() - self.t0, 4)
         return ShardResult(self.task.index, self.task.name, self.task.start, self.task.stop,
-                           counts={k: int(getattr(s, k)) for k in COUNTS}, skipped=[e.as_dict() for e in s.errors],
-                           warnings=[*s.warnings, *getattr(self.sink, "warnings", [])], files=files, timings=times,
+                           counts={k: int(getattr(s, k)) for k in COUNTS}, skipped=_in_order(s.errors),
+                           warnings=sorted(set(s.warnings)) + [w for w in getattr(self.sink, "warnings", [])
+                                                               if w not in s.warnings],
+                           files=files, timings=times,
                            extra={**own, **(extra or {}), **({"gpu_memory": dict(s.gpu_memory)} if s.gpu_memory else {})})
 
     def abort(self) -> None:
         self.sink.abort()
         if self.params is not None:
             self.params.abort()
+
+
+def _in_order(errors: list[Any]) -> list[dict]:
+    """A shard's skipped records as dicts, by key (units that work records in threads find them in any
+    order; the journal and the manifest do not depend on it)."""
+    return [e.as_dict() for e in sorted(errors, key=lambda e: (str(e.key), str(e.stage.value), str(e.reason)))]
 
 
 def jsonable(value: Any) -> Any:

@@ -1,0 +1,417 @@
+#!/usr/bin/env python3
+"""The main job against its baselines, side by side in one call: `convert`, `info` and the same work
+done another way on the same machine and the same files (the targets of the shards work).
+
+    python3 benchmarks/bench_convert.py [--images 16384] [--only JOB,...] [--repeats 3] [--json OUT]
+
+Jobs (``--only``; the default is every job the machine can run):
+
+- ``gpu-transcode``: ``convert SRC DST --to webdataset --resize-shorter 256 --center-crop 224 --quality 90
+  --device gpu`` on ``--images`` JPEGs (and on ``--big`` of them, the same files linked four times over),
+  against the engine's ResNet-50 val chain (``benchmarks/bench_engine.py --only gpu-val``) on the same files.
+- ``cpu-transcode``: the same options on the CPU ``--to folder`` against a ``multiprocessing.Pool`` of Pillow
+  open / resize / crop / save (quality 90), a process a core.
+- ``pass-through``: ``convert`` without pixel options to webdataset, tfrecord, recordio and lmdb against one
+  process writing the same files into one tar with ``tarfile``.
+- ``info``: ``gpubatch info SRC`` (headers only) on the same files.
+- ``audio``: ``--features "log-mel(n_mels=80)"`` on --clips 10-s FLAC clips to webdataset on the GPU and the
+  CPU against ``AudioPipeline`` on the same chain and files.
+- ``video``: ``--frames every:1 --resize-shorter 224`` on --videos 1080p/720p H.264/HEVC clips on the GPU and
+  the CPU against gpubatch's own NVDEC decode of the same files (benchmarks/video_decode.py, 4 sessions).
+
+Each gpubatch figure is a whole process (``python3 -m gpubatch ...``, start-up included), timed from
+outside: one untimed run first (page cache, kernel cache), then the median of --repeats runs; the
+command's own ``--json`` summary is kept beside it. Data: gpubatch.synthetic's photo-like sets, made once
+under --data-root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from multiprocessing import Pool
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+JOBS = ["gpu-transcode", "cpu-transcode", "pass-through", "info", "audio", "video"]
+GPU_JOBS = {"gpu-transcode"}
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def timed(cmd: list[str], repeats: int, before=None) -> dict:
+    """``cmd`` run once untimed, then ``repeats`` times: the median wall seconds, each run's, and the last
+    run's ``--json`` summary where the command prints one."""
+    walls, summary = [], None
+    for i in range(repeats + 1):
+        if before is not None:
+            before()
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr.strip()[-2000:]}")
+        if i:
+            walls.append(wall)
+        if p.stdout.lstrip().startswith("{"):
+            try:
+                summary = json.loads(p.stdout)
+            except ValueError:
+                summary = None
+    return {"seconds": statistics.median(walls), "runs": [round(w, 3) for w in walls], "summary": summary}
+
+
+def gpubatch(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpubatch", *args]
+
+
+def rate(n: int, res: dict) -> float:
+    return round(n / res["seconds"], 1)
+
+
+def ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
+
+
+def slim(summary: dict | None) -> dict:
+    if not summary:
+        return {}
+    keep = ("records_in", "records_out", "shards", "workers", "timings", "gpu_memory", "fallbacks", "skipped")
+    out = {k: summary.get(k) for k in keep if k in summary}
+    out["skipped"] = len(out.get("skipped") or [])
+    return out
+
+
+# -- data -------------------------------------------------------------------------------------------
+
+def image_set(root: Path, n: int) -> Path:
+    from gpubatch.synthetic import SUBSAMPLING_MIX, make_jpeg_set
+
+    d = root / f"jpeg-{n}"
+    make_jpeg_set(d, n, mix=SUBSAMPLING_MIX)
+    return d
+
+
+def linked_set(src: Path, times: int) -> Path:
+    """``src``'s files hard-linked ``times`` over (new names, the same bytes): a big set made in seconds."""
+    dst = src.with_name(f"{src.name}-x{times}")
+    if (dst / ".complete").exists():
+        return dst
+    shutil.rmtree(dst, ignore_errors=True)
+    files = sorted(p for p in src.rglob("*.jpg"))
+    for k in range(times):
+        for f in files:
+            rel = f.relative_to(src)
+            out = dst / rel.parent / f"{k}_{rel.name}"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            os.link(f, out)
+    (dst / ".complete").touch()
+    return dst
+
+
+def count_files(d: Path, pattern: str = "*.jpg") -> int:
+    return sum(1 for _ in d.rglob(pattern))
+
+
+# -- baselines --------------------------------------------------------------------------------------
+
+def _pillow_one(job: tuple[str, str]) -> int:
+    from PIL import Image
+
+    src, dst = job
+    with Image.open(src) as im:
+        im = im.convert("RGB")
+        w, h = im.size
+        s = 256 / min(w, h)
+        im = im.resize((max(1, round(w * s)), max(1, round(h * s))), Image.BILINEAR)
+        w, h = im.size
+        left, top = (w - 224) // 2, (h - 224) // 2
+        im = im.crop((left, top, left + 224, top + 224))
+        im.save(dst, quality=90)
+    return 1
+
+
+def pillow_pool(data: Path, out: Path, processes: int) -> float:
+    """The CPU baseline: a Pool of ``processes`` doing Pillow open / resize(256) / crop(224) / save(q90)."""
+    files = sorted(data.rglob("*.jpg"))
+    shutil.rmtree(out, ignore_errors=True)
+    jobs = []
+    for f in files:
+        o = out / f.relative_to(data)
+        o.parent.mkdir(parents=True, exist_ok=True)
+        jobs.append((str(f), str(o)))
+    t0 = time.perf_counter()
+    with Pool(processes) as pool:
+        n = sum(pool.imap_unordered(_pillow_one, jobs, chunksize=64))
+    return n / (time.perf_counter() - t0)
+
+
+def tarfile_loop(data: Path, out: Path) -> float:
+    """The pass-through baseline: one process writing every file (and its class as .cls) into one tar."""
+    files = sorted(data.rglob("*.jpg"))
+    out.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    with tarfile.open(out, "w") as tar:
+        for i, f in enumerate(files):
+            key = f"{i:08d}"
+            data_ = f.read_bytes()
+            ti = tarfile.TarInfo(f"{key}.jpg")
+            ti.size = len(data_)
+            tar.addfile(ti, _Bytes(data_))
+            cls = f.parent.name.encode()
+            ti = tarfile.TarInfo(f"{key}.cls")
+            ti.size = len(cls)
+            tar.addfile(ti, _Bytes(cls))
+    return len(files) / (time.perf_counter() - t0)
+
+
+class _Bytes:
+    def __init__(self, b: bytes):
+        self.b, self.i = b, 0
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            n = len(self.b) - self.i
+        out = self.b[self.i : self.i + n]
+        self.i += len(out)
+        return out
+
+
+# -- jobs -------------------------------------------------------------------------------------------
+
+TRANSCODE = ["--resize-shorter", "256", "--center-crop", "224", "--quality", "90"]
+
+
+def job_gpu_transcode(a, tmp: Path) -> dict:
+    out: dict = {}
+    sets = [(a.images, image_set(a.data_root, a.images))]
+    if a.big:
+        sets.append((a.images * 4, linked_set(sets[0][1], 4)))
+    for n, data in sets:
+        res = timed(gpubatch("convert", str(data), str(tmp / "gpu"), "--to", "webdataset", *TRANSCODE,
+                             "--device", "gpu", "--overwrite", "--json"), a.repeats)
+        s = res["summary"] or {}
+        t = s.get("timings", {})
+        first = t.get("wall: workers start (to the first shard committed)")
+        out[str(n)] = {"images_per_s": rate(n, res), "seconds": res["seconds"], "runs": res["runs"],
+                       "first_shard_s": first, **slim(s)}
+    # the engine's val chain on the same files (its own process)
+    js = tmp / "engine.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_engine.py"), "--only", "gpu-val",
+                    "--images", str(a.images), "--data", str(sets[0][1]), "--repeats", "5", "--json", str(js)],
+                   check=True, capture_output=True, text=True)
+    eng = json.loads(js.read_text())
+    val = eng.get("results", eng).get("gpu-val", {})
+    out["engine_val_images_per_s"] = val.get("images_per_s")
+    out["ratio_to_engine"] = ratio(out[str(a.images)]["images_per_s"], val.get("images_per_s") or 0)
+    return out
+
+
+def job_cpu_transcode(a, tmp: Path) -> dict:
+    data = image_set(a.data_root, a.cpu_images)
+    n = count_files(data)
+    res = timed(gpubatch("convert", str(data), str(tmp / "cpu"), "--to", "folder", *TRANSCODE, "--device", "cpu",
+                         "--overwrite", "--json"), a.repeats)
+    pool = [pillow_pool(data, tmp / "pool", cores()) for _ in range(a.repeats + 1)][1:]
+    mine, base = rate(n, res), statistics.median(pool)
+    return {"images": n, "gpubatch_images_per_s": mine, "gpubatch_runs": res["runs"],
+            "pillow_pool_images_per_s": round(base, 1), "pillow_pool_runs": [round(p, 1) for p in pool],
+            "ratio": ratio(mine, base), **slim(res["summary"])}
+
+
+def job_pass_through(a, tmp: Path) -> dict:
+    data = image_set(a.data_root, a.cpu_images)
+    n = count_files(data)
+    loops = [tarfile_loop(data, tmp / "loop.tar") for _ in range(a.repeats + 1)][1:]
+    base = statistics.median(loops)
+    out: dict = {"records": n, "tarfile_loop_records_per_s": round(base, 1)}
+    for fmt in ("webdataset", "tfrecord", "recordio", "lmdb"):
+        res = timed(gpubatch("convert", str(data), str(tmp / f"pt-{fmt}"), "--to", fmt, "--overwrite", "--json"),
+                    a.repeats)
+        out[fmt] = {"records_per_s": rate(n, res), "runs": res["runs"], "ratio": ratio(rate(n, res), base),
+                    **slim(res["summary"])}
+    return out
+
+
+def job_info(a, tmp: Path) -> dict:
+    data = image_set(a.data_root, a.cpu_images)
+    res = timed(gpubatch("info", str(data)), a.repeats)
+    return {"files": count_files(data), "seconds": round(res["seconds"], 3), "runs": res["runs"]}
+
+
+def job_audio(a, tmp: Path) -> dict:
+    from gpubatch.synthetic import make_audio_set
+
+    data = a.data_root / f"flac-{a.clips}"
+    make_audio_set(data, a.clips, seconds=(10.0, 10.0), fmt="flac")
+    n = count_files(data, "*.flac")
+    chain = ["--sample-rate", "16000", "--mono", "--duration", "30", "--features", "log-mel(n_mels=80)"]
+    out: dict = {"clips": n}
+    for dev in (["gpu", "cpu"] if a.gpu else ["cpu"]):
+        res = timed(gpubatch("convert", str(data), str(tmp / f"audio-{dev}"), "--to", "webdataset", *chain,
+                             "--device", dev, "--overwrite", "--json"), a.repeats)
+        out[dev] = {"clips_per_s": rate(n, res), "runs": res["runs"], **slim(res["summary"])}
+    if a.gpu:
+        out["audio_pipeline_clips_per_s"] = audio_pipeline(data)
+        out["ratio_gpu_to_pipeline"] = ratio(out["gpu"]["clips_per_s"], out["audio_pipeline_clips_per_s"])
+    return out
+
+
+def audio_pipeline(data: Path) -> float:
+    """AudioPipeline on ``bench --model whisper``'s chain (16 kHz, 30 s, log-mel 80) over the same files, a
+    warm-up pass then the median of 3 passes, each batch synchronized."""
+    code = f"""
+import json, statistics, sys, time
+from pathlib import Path
+sys.path.insert(0, {str(ROOT)!r})
+from gpubatch.bench import chain_ops, get_model
+from gpubatch.engine.audio_pipeline import AudioPipeline
+files = sorted(Path({str(data)!r}).rglob('*.flac'))
+rates = []
+pipe = AudioPipeline(chain_ops(get_model('whisper').chains['train']), device='gpu', seed=0)
+for rep in range(4):
+    t0 = time.perf_counter(); n = 0
+    for b in pipe.iterate_files(files, 64):
+        b.synchronize()
+        n += len(b)
+    if rep:
+        rates.append(n / (time.perf_counter() - t0))
+pipe.close()
+print(json.dumps(statistics.median(rates)))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError("AudioPipeline baseline: " + p.stderr.strip()[-1500:])
+    return round(json.loads(p.stdout.strip().splitlines()[-1]), 1)
+
+
+def job_video(a, tmp: Path) -> dict:
+    from gpubatch.synthetic import make_video_set
+
+    data = a.data_root / f"video-{a.videos}"
+    make_video_set(data, a.videos, seconds=(8.0, 8.0))
+    files = sorted(p for p in data.rglob("*") if p.suffix in (".mp4", ".mkv", ".mov"))
+    out: dict = {"videos": len(files)}
+    for dev in (["gpu", "cpu"] if a.gpu else ["cpu"]):
+        res = timed(gpubatch("convert", str(data), str(tmp / f"video-{dev}"), "--to", "webdataset", "--frames",
+                             "every:1", "--resize-shorter", "224", "--device", dev, "--overwrite", "--json"),
+                    a.repeats)
+        frames = (res["summary"] or {}).get("records_out", 0)
+        out[dev] = {"frames_per_s": round(frames / res["seconds"], 1), "frames": frames, "runs": res["runs"],
+                    **slim(res["summary"])}
+    if a.gpu:
+        out["nvdec_frames_per_s"] = nvdec_rate(files)
+        out["ratio_gpu_to_nvdec"] = ratio(out["gpu"]["frames_per_s"], out["nvdec_frames_per_s"] or 0)
+        out["gpu_faster_than_cpu"] = out["gpu"]["frames_per_s"] > out["cpu"]["frames_per_s"]
+    return out
+
+
+def nvdec_rate(files: list[Path]) -> float:
+    """gpubatch's NVDEC decode of the same files: every frame, 4 sessions (benchmarks/video_decode.py's)."""
+    code = f"""
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import statistics, video_decode
+blobs = [Path(p).read_bytes() for p in {[str(f) for f in files]!r}]
+rates = []
+for _ in range(3):
+    n, s = video_decode._nvdec(blobs, 4)
+    rates.append(n / s)
+print(json.dumps(statistics.median(rates)))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError("NVDEC baseline: " + p.stderr.strip()[-1500:])
+    return round(json.loads(p.stdout.strip().splitlines()[-1]), 1)
+
+
+RUN = {"gpu-transcode": job_gpu_transcode, "cpu-transcode": job_cpu_transcode, "pass-through": job_pass_through,
+       "info": job_info, "audio": job_audio, "video": job_video}
+
+
+def has_gpu() -> bool:
+    try:
+        from gpubatch.engine.device import gpu_problem
+
+        return gpu_problem(0)[0] is None
+    except Exception:
+        return False
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=16384, help="JPEGs of the GPU transcode")
+    ap.add_argument("--big", action="store_true", help="also the GPU transcode on 4x --images (hard links)")
+    ap.add_argument("--cpu-images", type=int, default=None, help="JPEGs of the CPU jobs (default: --images)")
+    ap.add_argument("--clips", type=int, default=2048)
+    ap.add_argument("--videos", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", default=None, help="comma-separated jobs: " + ",".join(JOBS))
+    ap.add_argument("--data-root", type=Path, default=ROOT / ".bench-data")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    a.cpu_images = a.cpu_images or a.images
+    a.gpu = has_gpu()
+    jobs = a.only.split(",") if a.only else [j for j in JOBS if a.gpu or j not in GPU_JOBS]
+    a.data_root.mkdir(parents=True, exist_ok=True)
+    report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
+                    "cores": cores(), "cpu": _cpu_name(), "gpu": _gpu_name(), "commit": _commit(), "jobs": {}}
+    with tempfile.TemporaryDirectory(dir=a.data_root) as t:
+        for job in jobs:
+            t0 = time.perf_counter()
+            try:
+                report["jobs"][job] = RUN[job](a, Path(t))
+            except Exception as e:  # a job that fails is reported, the others still run
+                report["jobs"][job] = {"error": f"{type(e).__name__}: {e}"}
+            report["jobs"][job]["job_seconds"] = round(time.perf_counter() - t0, 1)
+            print(json.dumps({job: report["jobs"][job]}), flush=True)
+    text = json.dumps(report, indent=1)
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(text)
+    print(text if not a.json else f"wrote {a.json}")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _gpu_name() -> str | None:
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        return p.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip() or None
+    except OSError:
+        return None
+
+
+if __name__ == "__main__":
+    main()

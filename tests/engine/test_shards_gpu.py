@@ -1,0 +1,84 @@
+"""The run as shards on the GPU: the same bytes under any --gpu-procs and --gpu-memory, and a run killed
+with kill -9 resumed to the same bytes, only the missing shards written (marked gpu)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpubatch.api import convert
+from tests.engine.test_shards import digest
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    """192 photo-like JPEGs of mixed sizes and subsamplings in 4 classes."""
+    from tests.helpers import jpeg_bytes, photo
+
+    root = tmp_path_factory.mktemp("gpu-photos")
+    sizes = [(480, 640), (375, 500), (600, 400), (333, 517)]
+    subs = [None, "4:4:4", "4:2:2"]
+    for i in range(192):
+        folder = root / f"c{i % 4}"
+        folder.mkdir(exist_ok=True)
+        h, w = sizes[i % 4]
+        kw = {"subsampling": subs[i % 3]} if subs[i % 3] else {}
+        (folder / f"{i:04d}.jpg").write_bytes(jpeg_bytes(photo(h, w, seed=i), 75 + i % 20, **kw))
+    return root
+
+
+def test_gpu_output_is_the_same_bytes_under_any_gpu_procs_and_memory_cap(photos, tmp_path):
+    chain = dict(to="webdataset", resize_shorter=256, center_crop=224, quality=90, device="gpu", shard_size=16)
+    runs = {}
+    for name, more in {"plain": {}, "procs2": {"gpu_procs": 2}, "cap1g": {"gpu_memory": "1GiB"},
+                       "cap640m": {"gpu_memory": "640MiB"}}.items():
+        s = convert(photos, tmp_path / name, **chain, **more)
+        assert s.records_out == 192 and not s.skipped, (name, s.skipped)
+        runs[name] = digest(tmp_path / name)
+    assert len([n for n in runs["plain"] if n.endswith(".tar")]) == 12  # 192 / 16
+    for name, d in runs.items():
+        assert d == runs["plain"], f"{name} wrote other bytes"
+
+
+def _command(src: Path, dst: Path, *more: str) -> list[str]:
+    return [sys.executable, "-m", "gpubatch", "convert", str(src), str(dst), "--to", "webdataset", "--shard-size", "8",
+            "--resize-shorter", "200", "--device", "gpu", "-q", *more]
+
+
+def test_a_gpu_run_killed_at_random_moments_resumes_to_the_same_bytes(photos, tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    whole = tmp_path / "whole"
+    t0 = time.perf_counter()
+    subprocess.run(_command(photos, whole), env=env, check=True, timeout=300)
+    took = time.perf_counter() - t0
+    want = digest(whole)
+    rng = random.Random(52)
+    for k in range(6):
+        dst = tmp_path / f"k{k}"
+        proc = subprocess.Popen(_command(photos, dst), env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        time.sleep(rng.uniform(0.3, 1.0) * took)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        before = time.time_ns()
+        p = subprocess.run(_command(photos, dst, "--resume", "--json"), env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr
+        s = json.loads(p.stdout)
+        assert digest(dst) == want, f"kill {k}"
+        said = [w for w in s["warnings"] if w.startswith("--resume:") and " of " in w]
+        if said:
+            done = int(said[0].split(":")[1].split(" shards")[0].split(" of ")[0])
+            kept = [t for t in dst.glob("*.tar") if t.stat().st_mtime_ns < before]
+            assert len(kept) == done
