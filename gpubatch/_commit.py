@@ -1,11 +1,15 @@
 """Files written whole or not at all: under a temporary name, digested as written, fsynced and renamed
-into place (a shard's files, its journal entry, a parameter log)."""
+into place (a shard's files, its journal entry, a parameter log).
+
+The digest is CRC-32 (zlib's, about 7 GB/s: BLAKE2b took 12% of a pass-through run) with the size beside
+it: it tells a shard damaged or replaced since its commit, which is what ``--resume`` checks.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +31,7 @@ def fsync_dir(path: Path) -> None:
 
 
 class ShardFile:
-    """One file written under ``name.partial`` and digested as it is written (BLAKE2b of its bytes);
+    """One file written under ``name.partial`` and digested as it is written (CRC-32 of its bytes);
     :meth:`commit` makes it ``name``."""
 
     def __init__(self, folder: Path, name: str):
@@ -35,12 +39,12 @@ class ShardFile:
         self.tmp = self.path.with_name(self.path.name + PARTIAL)
         self.tmp.parent.mkdir(parents=True, exist_ok=True)
         self.f = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit or abort
-        self.digest = hashlib.blake2b(digest_size=16)
+        self.crc = 0
         self.size = 0
 
     def write(self, data: Any) -> None:
         self.f.write(data)
-        self.digest.update(data)
+        self.crc = zlib.crc32(data, self.crc)
         self.size += memoryview(data).nbytes
 
     def commit(self) -> tuple[str, list]:
@@ -49,7 +53,7 @@ class ShardFile:
         os.fsync(self.f.fileno())
         self.f.close()
         os.replace(self.tmp, self.path)
-        return self.path.name, [self.size, self.digest.hexdigest()]
+        return self.path.name, [self.size, crc_text(self.crc)]
 
     def abort(self) -> None:
         if not self.f.closed:
@@ -60,15 +64,18 @@ class ShardFile:
             pass
 
 
+def crc_text(crc: int) -> str:
+    return f"crc32:{crc:08x}"
+
+
 def file_digest(path: Path) -> list:
-    """[bytes, BLAKE2b digest] of a file (one a library wrote by its path)."""
-    h = hashlib.blake2b(digest_size=16)
-    size = 0
+    """[bytes, digest] of a file (one a library wrote by its path), as :class:`ShardFile` gives them."""
+    crc, size = 0, 0
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
-            h.update(chunk)
+            crc = zlib.crc32(chunk, crc)
             size += len(chunk)
-    return [size, h.hexdigest()]
+    return [size, crc_text(crc)]
 
 
 def write_json(path: Path, doc: Any) -> None:

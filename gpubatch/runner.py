@@ -142,7 +142,7 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
     from .engine.media import DEVICE, HOST, has_codec
     from .engine.settings import Settings
 
-    t_start = time.perf_counter()
+    t_start, t_wall = time.perf_counter(), time.time()
     stats = RunStats()
     with open_reader(src_path, req.from_format, _reader_options(req)) as reader:
         check_output(reader.roots(), dst_path, req.overwrite)  # a COCO JSON's image folder is source too
@@ -189,7 +189,7 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
                              sink=functools.partial(_sink, fmt, stage, info, options, geometric), plan=plan,
                              device=device, policy=policy.value, stage=stage, settings=settings,
                              batch_size=req.batch_size, gpu_memory=req.gpu_memory, gpu_procs=req.gpu_procs or 1,
-                             reads_without_scan=reads_without_scan)
+                             reads_without_scan=reads_without_scan, started=t_wall)
             strategy = unit_for(ctx)
             todo = [t for t in tasks if t.index not in done]
             workers = strategy.workers(ctx, len(todo), req.workers)
@@ -310,6 +310,7 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
     sums: dict[str, float] = {}
     audio: list[dict] = []
     gpu_memory: dict[str, Any] = {}
+    first_batch: float | None = None
     for r in results:
         for k in COUNTS:
             totals[k] += int(r.counts.get(k, 0))
@@ -325,6 +326,8 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
         for facts in r.extra.get("audio", []):
             if facts not in audio:
                 audio.append(facts)
+        if r.extra.get("first_batch_s") is not None:  # (each GPU worker's first shard says when its first came)
+            first_batch = min(first_batch or 1e9, float(r.extra["first_batch_s"]))
         if r.extra.get("gpu_memory"):  # the cap and its plan (each worker's, alike); the peak: the highest
             peak = max(gpu_memory.get("peak_mib", 0), r.extra["gpu_memory"].get("peak_mib", 0))
             gpu_memory = {**gpu_memory, **r.extra["gpu_memory"], **({"peak_mib": peak} if peak else {})}
@@ -354,6 +357,8 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
         boxes_dropped=totals["boxes_dropped"], bytes_in=totals["bytes_in"], bytes_out=totals["bytes_out"],
         skipped=skipped, timings={k: round(v, 4) for k, v in sums.items()}, gpu_memory=gpu_memory,
         shards=len(tasks), workers=workers)
+    if first_batch is not None:
+        summary.timings["wall: first batch (from the run's start)"] = round(first_batch, 4)
     return summary, extra
 
 

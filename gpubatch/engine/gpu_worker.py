@@ -210,7 +210,7 @@ class GpuImageUnit:
                                              headers=fed.headers, wait=False)
 
             owners = _owners(tasks, batch)
-            current = None
+            current = first_at = None
             watch = gm.ProcessMemory(gm.nvml_index(gpu), [os.getpid()], children=True).start()
             seen = dict(tm)
             for k, (fed, res) in enumerate(decode_ahead(decode, feed, ahead, tm, gpu)):
@@ -219,6 +219,7 @@ class GpuImageUnit:
                     current = writing(task)
                     shard_t = {**first, "read (feed workers)": 0.0, "ops+encode": 0.0}
                     first = {}
+                    first_at = None if k else time.time() - ctx.started  # (the first batch is on its way)
                 stats = current.stats
                 stats.add(**fed.counts)
                 t1 = time.perf_counter()
@@ -238,7 +239,10 @@ class GpuImageUnit:
                         shard_t[name] = shard_t.get(name, 0.0) + v - seen[name]
                     seen = dict(tm)
                     peak = {"peak_mib": watch.peak_started >> 20, "method": watch.method} if watch.ok else {}
-                    done(finish(current, shard_t, {"gpu_memory": {**mem, **peak}} if mem or peak else None))
+                    extra = {"gpu_memory": {**mem, **peak}} if mem or peak else {}
+                    if first_at is not None and ctx.started:
+                        extra["first_batch_s"] = round(first_at, 4)
+                    done(finish(current, shard_t, extra or None))
                     current = None
         except BaseException:
             if current is not None:

@@ -191,11 +191,9 @@ def read_listed_file(reader: Reader, root: Path, path: str) -> tuple[str, Path, 
         raise reader.record_error(key, str(full), getattr(e, "strerror", None) or e) from None
 
 
-def place_file(root: Path, rel: str, data: bytes, used: set[str], reserved: tuple[str, ...],
-               no_spaces: bool = False) -> str:
-    """Write ``data`` at ``rel`` under ``root``, or at ``<stem>_<n>.<ext>`` where that name is taken
-    (``used``, case-insensitively, or one of ``reserved``) or, with ``no_spaces``, holds a space (a
-    whitespace-separated file list names it); the name written."""
+def free_name(rel: str, used: set[str], reserved: tuple[str, ...], no_spaces: bool = False) -> str:
+    """``rel``, or ``<stem>_<n>.<ext>`` where that name is taken (``used``, case-insensitively, or one of
+    ``reserved``) or, with ``no_spaces``, holds a space; the name taken is added to ``used``."""
     ext = rel.rsplit(".", 1)[1]
     base, n = rel, 1
     while rel.casefold() in used or rel in reserved or (no_spaces and " " in rel):
@@ -204,6 +202,15 @@ def place_file(root: Path, rel: str, data: bytes, used: set[str], reserved: tupl
             rel = rel.replace(" ", "_")
         n += 1
     used.add(rel.casefold())
+    return rel
+
+
+def place_file(root: Path, rel: str, data: bytes, used: set[str], reserved: tuple[str, ...],
+               no_spaces: bool = False) -> str:
+    """Write ``data`` at ``rel`` under ``root``, or at ``<stem>_<n>.<ext>`` where that name is taken
+    (``used``, case-insensitively, or one of ``reserved``) or, with ``no_spaces``, holds a space (a
+    whitespace-separated file list names it); the name written."""
+    rel = free_name(rel, used, reserved, no_spaces)
     path = safe_join(root, rel)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
@@ -414,6 +421,7 @@ class FolderWriter(Writer):
         else:
             self._folders = dict(enumerate(class_folders(info.classes)))
         self._written: dict[int, str] = {}  # label -> its folder, for the labels written
+        self._dirs: set[Path] = set()  # folders made (not one mkdir a record)
 
     def _class_dir(self, label: int) -> str:
         if label not in self._written:
@@ -429,24 +437,34 @@ class FolderWriter(Writer):
         return self._written[label]
 
     def write(self, record: Record) -> None:
-        name = record.filename
+        self.place(record.filename, record.key, record.label, lambda path: path.write_bytes(record.data))
+        self.bytes += len(record.data)
+
+    def place(self, name: str, key: str, label: int | None, put: Callable[[Path], Any]) -> str:
+        """Name a record's file (its class folder, its stem, a free name) and have ``put`` make it there
+        (write its bytes, or move a shard's part into place): the name given."""
         stem, ext = name.rsplit(".", 1)
-        key_dir = record.key.rsplit("/", 1)[0] if "/" in record.key else ""
-        if record.label is not None and not self.flat:
-            rel = f"{self._class_dir(record.label)}/{safe_component(stem)}.{ext}"
-        elif self.flat or record.label is None and self.info.classes:
+        key_dir = key.rsplit("/", 1)[0] if "/" in key else ""
+        if label is not None and not self.flat:
+            rel = f"{self._class_dir(label)}/{safe_component(stem)}.{ext}"
+        elif self.flat or label is None and self.info.classes:
             # one folder (--layout flat), or unlabeled among classes: in the root, named after the key's
             # folders too (cat/0001 -> cat_0001), where no class folder takes it in
             rel = safe_component(f"{key_dir.replace('/', '_')}_{stem}" if key_dir else stem) + f".{ext}"
-            self._unlabelled += record.label is None
+            self._unlabelled += label is None
         else:
             parts = [safe_component(p) for p in key_dir.split("/") if p]
             rel = "/".join([*parts, f"{safe_component(stem)}.{ext}"])
-            self._unlabelled += record.label is None
-        rel = place_file(self.root, rel, record.data, self._used, (FILE_LIST, MANIFEST_NAME))
-        self._lines.append(f"{rel} {-1 if record.label is None else record.label}\n")
+            self._unlabelled += label is None
+        rel = free_name(rel, self._used, (FILE_LIST, MANIFEST_NAME))
+        path = safe_join(self.root, rel)
+        if path.parent not in self._dirs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._dirs.add(path.parent)
+        put(path)
+        self._lines.append(f"{rel} {-1 if label is None else label}\n")
         self.count += 1
-        self.bytes += len(record.data)
+        return rel
 
     def close(self) -> None:
         if self._unlabelled < self.count:  # some record has a label: the list holds every record, -1 unlabeled
@@ -482,6 +500,27 @@ class FolderFormat(Format):
     @classmethod
     def reader(cls, path: Path) -> Reader:
         return FolderReader(path)
+
+    @classmethod
+    def sink(cls, root: Path, task: Any, info: DatasetInfo, options: WriteOptions) -> Any:
+        from .sinks import PartsSink
+
+        return PartsSink(root, task, info, options)
+
+    @classmethod
+    def finalize(cls, root: Path, shards: list[Any], info: DatasetInfo, options: WriteOptions) -> list[str]:
+        """Every shard's files moved to their names in shard order (no byte copied), then the file list."""
+        from .sinks import clear_outside_run, fsync_dir, parts_of
+
+        clear_outside_run(root)
+        writer = FolderWriter(root, info, options)
+        for shard in shards:
+            for path, name, key, label in parts_of(root, shard):
+                writer.place(name, key, label, lambda dst, src=path: os.replace(src, dst))
+        writer.close()
+        for folder in writer._dirs:
+            fsync_dir(folder)
+        return list(writer.warnings)
 
     @classmethod
     def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer:

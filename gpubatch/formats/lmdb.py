@@ -343,6 +343,9 @@ class LmdbReader(Reader):
         os.close(self._size_fd)
 
 
+APPEND_UNTIL = 10**8
+
+
 class LmdbWriter(Writer):
     def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
         super().__init__(root, info, options)
@@ -351,7 +354,10 @@ class LmdbWriter(Writer):
         try:
             # meminit: the unused part of a page is zeros, not what the allocator held: the same records are the
             # same bytes on every run
-            self.env = self.lmdb.open(str(root), map_size=self.map_size, subdir=True, meminit=True, max_dbs=0)
+            # sync=False: a transaction's commit does not fsync (close syncs the whole file once; the run's
+            # dataset appears at its destination only after that)
+            self.env = self.lmdb.open(str(root), map_size=self.map_size, subdir=True, meminit=True, max_dbs=0,
+                                      sync=False, metasync=False)
         except self.lmdb.Error as e:
             raise OSError(f"LMDB: {e}") from None
         self._batch: list[tuple[bytes, bytes]] = []
@@ -371,8 +377,10 @@ class LmdbWriter(Writer):
         while self._batch:
             try:
                 with self.env.begin(write=True) as txn:
-                    for k, v in self._batch:
-                        txn.put(k, v, overwrite=True)
+                    for k, v in self._batch:  # keys ascend with the record's index: appended (full pages, no
+                        # search), as far as 10^8 records, where their 8 digits stop sorting in order
+                        if not txn.put(k, v, overwrite=True, append=self.count <= APPEND_UNTIL):
+                            raise self.lmdb.Error(f"key {k[:40]!r} written twice")
             except self.lmdb.MapFullError:
                 # As Caffe does: double the map and retry the whole transaction.
                 self.map_size *= 2

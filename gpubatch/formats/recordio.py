@@ -54,11 +54,14 @@ def _pad(n: int) -> int:
 
 def frame(payload: bytes) -> bytes:
     """Frame one record, splitting at every 4-aligned occurrence of the magic (dmlc's rule)."""
-    parts, start = [], 0
-    for pos in range(0, len(payload) - 3, 4):
-        if payload[pos : pos + 4] == _MAGIC_BYTES:
+    parts, start, pos = [], 0, payload.find(_MAGIC_BYTES)
+    while pos >= 0:  # (bytes.find, not a loop over every word: a 90 KB record took 2 ms)
+        if pos % 4 == 0:
             parts.append(payload[start:pos])
             start = pos + 4
+            pos = payload.find(_MAGIC_BYTES, pos + 4)
+        else:
+            pos = payload.find(_MAGIC_BYTES, pos + 1)
     parts.append(payload[start:])
     out = bytearray()
     for i, part in enumerate(parts):

@@ -7,17 +7,22 @@ or not at all (the run's journal entry, written after, is what marks it done). N
 lives in a sink: key uniqueness across shards, file lists, COCO's JSON, LMDB's environment and DALI's
 global index come from ``finalize`` over the shards' results.
 
-Formats with shards (webdataset, tfrecord, recordio) write their shard files straight; the others
-(folder, COCO, LMDB, the video and audio layouts) spool a shard's records into one file under
-``.gpubatch/spool/``, and their finalize writes the dataset from the spools in shard order through the
-format's writer: the same files, names and bytes as one writer in one process would make.
+Formats with shards (webdataset, tfrecord, recordio) write their shard files straight. The folder
+format writes a shard's files under ``.gpubatch/parts/<shard>/`` (one ``syncfs`` commits them), and its
+finalize moves them to their names in shard order (renames: no byte is copied). The others (COCO, LMDB,
+the video and audio layouts) spool a shard's records into one file under ``.gpubatch/spool/``, and their
+finalize writes the dataset from the spools in shard order through the format's writer. Either way: the
+same files, names and bytes as one writer in one process would make.
 """
 
 from __future__ import annotations
 
 import abc
+import functools
+import os
 import pickle
-from collections.abc import Sequence
+import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +102,7 @@ def replay_spools(fmt: Any, root: Path, shards: Sequence[ShardResult], info: Dat
     (which makes the dataset-wide files as it always has), each spool removed once written; the writer's
     warnings. ``between(writer)``, where the writer has it, is called after each shard (LMDB commits a
     transaction there)."""
+    clear_outside_run(root)  # what a finalize killed part way left: written again whole
     writer = fmt.writer(root, info, options)
     with writer:
         for shard in shards:
@@ -104,5 +110,81 @@ def replay_spools(fmt: Any, root: Path, shards: Sequence[ShardResult], info: Dat
                 writer.write(record)
             if hasattr(writer, "between"):
                 writer.between()
-            (Path(root) / RUN_DIR / "spool" / f"{shard.name}.spool").unlink()
-    return list(writer.warnings)
+    return list(writer.warnings)  # (the spools go with the run's folder, once the dataset is complete)
+
+
+def clear_outside_run(root: Path) -> None:
+    """Remove everything in a staging folder but the run's own folder (its journal, spools and parts): a
+    finalize starts from the committed shards alone, whatever an interrupted one left."""
+    for p in Path(root).iterdir():
+        if p.name == RUN_DIR:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def sync_filesystem(path: Path) -> None:
+    """Make every file written under ``path``'s file system durable in one call (Linux ``syncfs``; else
+    ``sync``): a shard of many small files is committed without an fsync each."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        libc = _libc()
+        if libc is None or libc.syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return lib if hasattr(lib, "syncfs") else None
+    except OSError:
+        return None
+
+
+class PartsSink(ShardSink):
+    """A shard of a format of one file a record (folder): each record's bytes in a file of its own under
+    ``.gpubatch/parts/<name>/`` (``<n>.<ext>``), with what finalize needs to name it (the record's file
+    name, key and label) in the shard's result. The commit syncs the file system once (``syncfs``), not
+    each file; finalize renames the files into place in shard order."""
+
+    def __init__(self, root: Path, task: ShardTask, info: DatasetInfo, options: Any):
+        super().__init__(root, task, info, options)
+        self.folder = Path(root) / RUN_DIR / "parts" / task.name
+        if self.folder.exists():  # what an interrupted worker left of this shard
+            shutil.rmtree(self.folder)
+        self.folder.mkdir(parents=True)
+        self.parts: list[list] = []  # [part file, file name, key, label]
+        self.written: dict[str, list] = {}
+
+    def write(self, record: Record) -> None:
+        ext = record.filename.rsplit(".", 1)[-1] if "." in record.filename else "bin"
+        part = f"{len(self.parts):07d}.{ext}"
+        with open(self.folder / part, "wb") as f:
+            f.write(record.data)
+        self.written[f"{RUN_DIR}/parts/{self.task.name}/{part}"] = [len(record.data), None]
+        self.parts.append([part, record.filename, record.key, record.label])
+        self.count += 1
+        self.bytes += len(record.data)
+
+    def commit(self) -> tuple[dict[str, list], dict[str, Any]]:
+        sync_filesystem(self.folder)
+        fsync_dir(self.folder)
+        return dict(self.written), {"parts": self.parts}
+
+    def abort(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def parts_of(root: Path, shard: ShardResult) -> Iterator[tuple[Path, str, str, int | None]]:
+    """A committed :class:`PartsSink` shard's files in the order written: (path, file name, key, label)."""
+    folder = Path(root) / RUN_DIR / "parts" / shard.name
+    for part, filename, key, label in shard.extra.get("parts", []):
+        yield folder / part, filename, key, label

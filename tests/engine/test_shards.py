@@ -157,3 +157,41 @@ def test_shards_are_named_before_any_data_moves_and_auto_sizes_them(imagenet, tm
     s = convert(imagenet, tmp_path / "o", to="tfrecord", shard_size=25)
     assert s.shards == 3 and sorted(p.name for p in (tmp_path / "o").glob("*.tfrecord")) == [
         f"data-0000{i}-of-00003.tfrecord" for i in range(3)]
+
+
+@pytest.mark.parametrize("to", ["folder", "lmdb", "coco"])
+def test_a_run_stopped_in_its_finalize_resumes_to_the_same_bytes(imagenet, coco, tmp_path, monkeypatch, to):
+    """The formats without shards make the dataset in finalize (files moved into place, the LMDB written):
+    stopped part way, the resumed run makes it again whole, the same bytes as a run never stopped."""
+    from gpubatch.formats import folder, sinks
+
+    src = coco if to == "coco" else imagenet
+    whole = tmp_path / "whole"
+    convert(src, whole, to=to, shard_size=5, resize_shorter=40, workers=2)
+    calls = {"n": 0}
+    real_place, real_spooled = folder.FolderWriter.place, sinks.spooled
+
+    def count() -> None:
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise KeyboardInterrupt
+
+    def place(self, *a, **kw):
+        count()
+        return real_place(self, *a, **kw)
+
+    def spooled(*a, **kw):
+        for record in real_spooled(*a, **kw):
+            count()
+            yield record
+
+    monkeypatch.setattr(folder.FolderWriter, "place", place)
+    monkeypatch.setattr(sinks, "spooled", spooled)
+    with pytest.raises(KeyboardInterrupt):
+        convert(src, tmp_path / "out", to=to, shard_size=5, resize_shorter=40, workers=2)
+    monkeypatch.setattr(folder.FolderWriter, "place", real_place)
+    monkeypatch.setattr(sinks, "spooled", real_spooled)
+    assert (tmp_path / ".out.gpubatch-partial").is_dir() and not (tmp_path / "out").exists()
+    s = convert(src, tmp_path / "out", to=to, shard_size=5, resize_shorter=40, workers=2, resume=True)
+    assert any(w.startswith("--resume:") for w in s.warnings), s.warnings
+    assert digest(tmp_path / "out") == digest(whole)

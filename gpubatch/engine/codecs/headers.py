@@ -173,9 +173,16 @@ def png_damage(data: bytes) -> str | None:
 def probe(data: bytes) -> ImageHeader:
     """Read an image's header (size, mode, orientation) without decoding its pixels.
 
+    A plain 8-bit JPEG is read by :func:`jpeg_header` and :func:`jpeg_orientation` (about 8x faster
+    than Pillow's parser, the bulk of a pass-through's per-record time); anything else by Pillow.
+
     Raises:
         ValueError: the bytes are not an image Pillow can read.
     """
+    if data[:3] == b"\xff\xd8\xff":
+        fast = _plain_jpeg(data)
+        if fast is not None:
+            return fast
     Image = _pillow()
     try:
         with Image.open(io.BytesIO(data)) as im:
@@ -195,6 +202,40 @@ def probe(data: bytes) -> ImageHeader:
         w, h = h, w
     sub = jpeg_subsampling(data) if codec == "jpeg" else ""
     return ImageHeader(codec, w, h, mode, orientation, sub)
+
+
+def _plain_jpeg(data: bytes) -> ImageHeader | None:
+    """The header of a baseline, extended or progressive 8-bit JPEG of 1 or 3 components with a known
+    subsampling, as :func:`probe` gives it; None for any other (Pillow reads those)."""
+    hdr = jpeg_header(data)
+    if not hdr or hdr[0] not in (0xC0, 0xC1, 0xC2) or hdr[1] not in _PLAIN_SUB or not hdr[2] or not hdr[3]:
+        return None
+    sof, sub, w, h = hdr
+    if _jpeg_precision(data) != 8:
+        return None
+    orientation = jpeg_orientation(data)
+    if orientation in _EXIF_TRANSPOSED:
+        w, h = h, w
+    return ImageHeader("jpeg", w, h, "L" if sub == "gray" else "RGB", orientation, sub)
+
+
+_PLAIN_SUB = frozenset({"4:2:0", "4:2:2", "4:4:4", "4:4:0", "4:1:1", "gray"})
+
+
+def _jpeg_precision(data: bytes) -> int:
+    """The sample precision of a JPEG's frame header (8 or 12), 0 where none is found."""
+    i, n = 2, len(data)
+    while i + 5 <= n and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xFF:
+            i += 1
+            continue
+        if marker in (0xD9, 0xDA):
+            return 0
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return data[i + 4]
+        i += 2 + ((data[i + 2] << 8) | data[i + 3])
+    return 0
 
 
 def _why(e: Exception) -> str:

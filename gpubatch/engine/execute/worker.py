@@ -38,6 +38,7 @@ class RunContext:
         settings: the engine's knobs.
         batch_size, gpu_memory, gpu_procs: the GPU units' settings.
         reads_without_scan: whether a worker's reader reads entries without listing the dataset first.
+        started: the wall clock (``time.time()``) when the run began, for the first batch's time.
     """
 
     opener: Callable[[], Any]
@@ -51,6 +52,7 @@ class RunContext:
     gpu_memory: Any = None
     gpu_procs: int = 1
     reads_without_scan: bool = True
+    started: float = 0.0  # time.time() when the command's run began (a unit's first batch is timed from it)
 
     def open_reader(self) -> Any:
         reader = self.opener()
