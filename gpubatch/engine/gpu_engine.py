@@ -91,8 +91,18 @@ class GpuEngine:
         is off. ``settings``: every other knob (:class:`~.settings.Settings`; by default from the
         environment)."""
         import sys
+        import time
 
         from .codecs.decode_routing import choose_route
+
+        t = time.perf_counter()
+        self.init_times: dict[str, float] = {}  # seconds of each step of the engine's start (the run's gpu_init)
+
+        def step(name: str) -> None:
+            nonlocal t
+            now = time.perf_counter()
+            self.init_times[name] = round(now - t, 4)
+            t = now
 
         self.settings = st = settings or Settings.from_env()
         self.decode_route, self.route_cores = choose_route(decode_route, route_cores, share, st)
@@ -111,6 +121,7 @@ class GpuEngine:
 
         codecs = get_codec("image", "*", DEVICE)  # the GPU image decoder and encoder (imported here)
         GpuImageDecoder = codecs.decoder()
+        step("imports")
 
         # The decoders' threads take the GIL back once per image while a call runs; with another
         # thread busy in Python each hand-over waits up to one switch interval (one busy thread:
@@ -126,6 +137,7 @@ class GpuEngine:
 
         lower_stack(cp, st.stack_bytes)
         free, total = cp.cuda.runtime.memGetInfo()  # (the CUDA context is made here)
+        step("context")
         from .gpu_memory import ProcessMemory, nvml_index
 
         # what this process takes on the device, as the driver counts it, step by step (MiB)
@@ -149,6 +161,7 @@ class GpuEngine:
             if self.cores is not None:
                 self.cores.release()
             raise
+        step("decoders")
         self.jpeg_encoder = jpeg_encoder
         self._encoder = None
         self._note_memory("decoders")

@@ -179,9 +179,11 @@ class GpuImageUnit:
                                  decode_route=settings.decode_route, settings=settings)
 
             ahead = 2
+            feed_start = 0.0
             mem: dict[str, Any] = {}
             if ctx.gpu_memory is None:
                 feed = start_feed(batch)  # the reader processes start up while CUDA does
+                feed_start = time.perf_counter() - t0
                 # the hardware decoder's buffers reserved for a batch of 640x640 images up front (the worker study)
                 engine = make_engine((batch, settings.hw_preallocate, settings.hw_preallocate))
                 gpu_init = time.perf_counter() - t0
@@ -203,7 +205,8 @@ class GpuImageUnit:
                 feed = start_feed(batch)
             unpin = engine.pin_host(feed.shm.buf) if settings.pin_feed else None
             tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
-            first = {"gpu_init": gpu_init, "warm_up": warm}
+            first = {"gpu_init": gpu_init, "warm_up": warm, "gpu_init: feed start": round(feed_start, 4),
+                     **{f"gpu_init: {k}": v for k, v in getattr(engine, "init_times", {}).items()}}
 
             def decode(fed: Any) -> Any:
                 return engine.decoder.decode(fed.blobs, engine.stream, plan.max_pixels, order=False,

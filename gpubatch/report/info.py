@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,16 +88,95 @@ def _disk_bytes(path: Path) -> int:
         return sum(p.stat().st_size for p in matched)
     if path.is_file():
         return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    total, stack = 0, [str(path)]
+    while stack:  # (os.scandir: no Path object and no second stat a file)
+        with os.scandir(stack.pop()) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
+    return total
+
+
+def _summary(reader: Any, entry: Any) -> tuple:
+    """What ``info`` keeps of one record, light enough to send between processes: (header or
+    RecordError, label, payload bytes, media, boxes, members, has text, features name)."""
+    from ..engine.codecs.headers import probe
+    from ..formats.base import JSON_FIELDS, MEMBERS
+
+    try:
+        rec = reader.read(entry)
+    except RecordError as e:
+        return (e, None, 0, None, 0, (), False, None)
+    try:
+        if rec.media is Media.VIDEO:
+            from ..engine.codecs.video_probe import probe as probe_video
+
+            hdr: Any = probe_video(rec.data)
+            if hdr.missing:  # a file cut short after its index: damaged, not a shorter video
+                raise ValueError(hdr.cut_short)
+        elif rec.media is Media.AUDIO:
+            from ..engine.codecs.audio_io import npy_header, probe_audio
+
+            hdr = npy_header(rec.data) if rec.codec == "npy" else probe_audio(rec.data)
+        else:
+            hdr = probe(rec.data)
+    except ValueError as e:
+        hdr = RecordError(rec.key, rec.origin, "decode", str(e))
+    members = tuple(rec.meta.get(MEMBERS) or ()) + ((JSON_FIELDS,) if JSON_FIELDS in rec.meta else ())
+    boxes = len(rec.boxes) if rec.boxes is not None else 0
+    return (hdr, rec.label, len(rec.data), rec.media, boxes, members, bool(rec.meta.get("text")),
+            rec.meta.get("features"))
+
+
+_READER: Any = None
+
+
+def _open_in_worker(path: str, fmt: str | None, listed: bool) -> None:
+    global _READER
+    from ..formats import open_reader
+
+    _READER = open_reader(Path(path), fmt)
+    if listed:
+        _READER.entries()
+
+
+def _summaries(chunk: list) -> list[tuple]:
+    return [_summary(_READER, e) for e in chunk]
+
+
+#: a process a core reads the headers of a dataset this large (smaller ones: threads of this process)
+PROCESSES_FROM = 4096
+
+
+def _summarized(path: Path, fmt: str | None, reader: Any, entries: list, workers: int) -> Any:
+    """Every entry's :func:`_summary`, in order: in worker processes for a large dataset (the per-record
+    Python holds the GIL: threads of one process stayed near one core), else in threads."""
+    from ..engine.executor import ordered_map
+
+    if len(entries) < PROCESSES_FROM or workers < 4:  # (on 2 cores the processes' start costs more)
+        yield from ordered_map(lambda e: _summary(reader, e), entries, workers)
+        return
+    from ..engine.processes import started_pool
+
+    size = max(256, -(-len(entries) // (workers * 4)))
+    chunks = [entries[i : i + size] for i in range(0, len(entries), size)]
+    listed = not getattr(reader, "reads_without_scan", True)
+    pool = started_pool(min(workers, len(chunks)), initializer=_open_in_worker,
+                        initargs=(str(path), reader.format_name if fmt is None else fmt, listed))
+    try:
+        for part in pool.map(_summaries, chunks):
+            yield from part
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def describe(path: Path, fmt: str | None = None, workers: int | None = None,
              progress: Callable[[int], Callable[[int], None]] | None = None) -> DatasetReport:
     """Read every record's header (not its pixels) and summarize the dataset."""
-    from ..engine.codecs.headers import probe
-    from ..engine.executor import default_workers, ordered_map
+    from ..engine.executor import default_workers
     from ..formats import open_reader
-    from ..formats.base import JSON_FIELDS, MEMBERS
 
     with open_reader(path, fmt) as reader:
         info = reader.info()
@@ -106,27 +186,6 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
                                classes=[] if isinstance(table, ClassNames) else list(table),
                                categories=[dict(c) for c in info.categories], warnings=list(reader.warnings))
         tick = progress(len(entries)) if progress else None
-
-        def work(entry: Any) -> tuple:
-            try:
-                rec = reader.read(entry)
-            except RecordError as e:
-                return (None, e)
-            try:
-                if rec.media is Media.VIDEO:
-                    from ..engine.codecs.video_probe import probe as probe_video
-
-                    video = probe_video(rec.data)
-                    if video.missing:  # a file cut short after its index: damaged, not a shorter video
-                        raise ValueError(video.cut_short)
-                    return (rec, video)
-                if rec.media is Media.AUDIO:
-                    from ..engine.codecs.audio_io import npy_header, probe_audio
-
-                    return (rec, npy_header(rec.data) if rec.codec == "npy" else probe_audio(rec.data))
-                return (rec, probe(rec.data))
-            except ValueError as e:
-                return (rec, RecordError(rec.key, rec.origin, "decode", str(e)))
 
         widths, heights = [], []
         labels: Counter = Counter()
@@ -138,26 +197,27 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
         sounds: list = []
         arrays: Counter = Counter()
         texts = 0
-        for rec, hdr in ordered_map(work, entries, workers or default_workers()):
+        summaries = _summarized(Path(path), fmt, reader, entries, workers or default_workers())
+        for hdr, label, nbytes, media, boxes, members_, text, features in summaries:
             if tick:
                 tick(1)
             if isinstance(hdr, RecordError):
                 report.unreadable.append(hdr.as_dict())
                 continue
             report.records += 1
-            report.payload_bytes += len(rec.data)
-            labels[rec.label] += 1
-            if rec.media is Media.AUDIO and isinstance(hdr, tuple):  # features: (shape, dtype)
-                arrays[f"{rec.meta.get('features') or 'array'} {'x'.join(map(str, hdr[0]))} {hdr[1]}"] += 1
+            report.payload_bytes += nbytes
+            labels[label] += 1
+            if media is Media.AUDIO and isinstance(hdr, tuple):  # features: (shape, dtype)
+                arrays[f"{features or 'array'} {'x'.join(map(str, hdr[0]))} {hdr[1]}"] += 1
                 codecs["npy"] += 1
                 continue
-            if rec.media is Media.AUDIO:
+            if media is Media.AUDIO:
                 sounds.append(hdr)
                 codecs[hdr.codec] += 1
-                texts += bool(rec.meta.get("text"))
-                members.update(list(rec.meta.get(MEMBERS) or ()))
+                texts += text
+                members.update(list(members_))
                 continue
-            if rec.media is Media.VIDEO:
+            if media is Media.VIDEO:
                 videos.append(hdr)
                 widths.append(hdr.width)
                 heights.append(hdr.height)
@@ -169,11 +229,10 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
             modes[hdr.mode] += 1
             if hdr.subsampling:
                 subs[hdr.subsampling] += 1
-            if rec.boxes is not None and len(rec.boxes):
-                report.boxes += len(rec.boxes)
+            if boxes:
+                report.boxes += boxes
                 report.images_with_boxes += 1
-            members.update(list(rec.meta.get(MEMBERS) or ()))
-            members.update([JSON_FIELDS] if JSON_FIELDS in rec.meta else ())
+            members.update(list(members_))
     for label, n in sorted(labels.items(), key=lambda kv: (kv[0] is None, kv[0] if kv[0] is not None else 0)):
         name = "(unlabeled)" if label is None else (table[label] if label < len(table) else str(label))
         report.class_counts[name] = n
