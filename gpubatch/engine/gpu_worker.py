@@ -164,11 +164,13 @@ class GpuImageUnit:
         route_cores = _cores() / procs  # (the route follows this worker's share of the cores, not their load)
         cores = affinity.reserve(gpu, settings) if procs == 1 else None
         readers = default_readers(max(1, _cores() // procs), settings=settings)
+        if settings.decode_route == "hardware":  # the decoders leave the cores to the readers: half of them
+            readers = max(readers, min(CONVERT_READERS_MAX, _cores() // (2 * procs)))
         threads = max(2, _cores() // procs)
-        feed = engine = unpin = watch = current = None
+        feed = engine = unpin = watch = current = out_writer = starting = None
         try:
             def start_feed(b: int) -> RecordFeed:
-                f = RecordFeed(ctx.opener, entries, plan, b, workers=readers, depth=settings.feed_depth,
+                f = RecordFeed(ctx.opener, entries, plan, b, workers=readers, depth=max(settings.feed_depth, 8),
                                slot_bytes=settings.feed_slot_bytes, spans=_task_spans(tasks, b))
                 f.start()
                 return f
@@ -182,12 +184,13 @@ class GpuImageUnit:
             feed_start = 0.0
             mem: dict[str, Any] = {}
             if ctx.gpu_memory is None:
-                feed = start_feed(batch)  # the reader processes start up while CUDA does
-                feed_start = time.perf_counter() - t0
+                # the reader processes start (a thread waits for them) while CUDA and the decoders do
+                starting = _Started(lambda: start_feed(batch))
                 # the hardware decoder's buffers reserved for a batch of 640x640 images up front (the worker study)
                 engine = make_engine((batch, settings.hw_preallocate, settings.hw_preallocate))
                 gpu_init = time.perf_counter() - t0
                 warm = engine.warm_up(batch, encoder=True)  # while the reader processes start and read
+                feed, feed_start = starting.result()
             else:
                 engine = make_engine(None)
                 gpu_init = time.perf_counter() - t0
@@ -214,6 +217,7 @@ class GpuImageUnit:
 
             owners = _owners(tasks, batch)
             current = first_at = None
+            out_writer = _ShardWriter(done)  # the shards' files written in a thread of their own
             watch = gm.ProcessMemory(gm.nvml_index(gpu), [os.getpid()], children=True).start()
             seen = dict(tm)
             for k, (fed, res) in enumerate(decode_ahead(decode, feed, ahead, tm, gpu)):
@@ -235,8 +239,7 @@ class GpuImageUnit:
                 fed.done()  # the source bytes (views of the feed's shared memory) are no longer read
                 shard_t["ops+encode"] += time.perf_counter() - t1 - waited
                 shard_t["read (feed workers)"] += fed.seconds
-                for r in out:
-                    current.put(r)
+                out_writer.put(current, out)
                 if last:
                     for name, v in tm.items():
                         shard_t[name] = shard_t.get(name, 0.0) + v - seen[name]
@@ -245,10 +248,14 @@ class GpuImageUnit:
                     extra = {"gpu_memory": {**mem, **peak}} if mem or peak else {}
                     if first_at is not None and ctx.started:
                         extra["first_batch_s"] = round(first_at, 4)
-                    done(finish(current, shard_t, extra or None))
+                    out_writer.commit(current, shard_t, extra or None)
                     current = None
+            if out_writer is not None:
+                out_writer.close()
         except BaseException:
-            if current is not None:
+            if out_writer is not None:
+                out_writer.close(abort=current)
+            elif current is not None:
                 current.abort()
             raise
         finally:
@@ -258,8 +265,108 @@ class GpuImageUnit:
                 if unpin is not None:
                     unpin()
                 engine.close()
+            if feed is None and starting is not None:  # (the engine failed while the feed started)
+                try:
+                    feed = starting.result()[0]
+                except BaseException:  # noqa: BLE001 - the engine's error is the one raised
+                    feed = None
             if feed is not None:
                 feed.close()
+
+
+class _Started:
+    """``make()`` run in a thread from now on; :meth:`result` waits for it: (what it made, seconds it took)."""
+
+    def __init__(self, make: Callable[[], Any]):
+        import threading
+
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+
+        def run() -> None:
+            t = time.perf_counter()
+            try:
+                self.value = make()
+            except BaseException as e:  # noqa: BLE001 - raised by result()
+                self.error = e
+            self.seconds = time.perf_counter() - t
+
+        self.thread = threading.Thread(target=run, name="gpubatch-feed-start", daemon=True)
+        self.thread.start()
+
+    def result(self) -> tuple[Any, float]:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value, self.seconds
+
+
+#: reader processes of a GPU worker's feed at most (a convert reads records through the formats' readers:
+#: more Python a record than the pipelines' file reads)
+CONVERT_READERS_MAX = 8
+
+
+class _ShardWriter:
+    """Writes a GPU worker's output records into their shards and commits each shard, in a thread of its
+    own, in the order handed over: the loop that feeds the GPU goes on to the next batch meanwhile (the
+    files' writes release the GIL). An error there is raised in the loop at its next hand-over."""
+
+    def __init__(self, done: Callable[[Any], None]):
+        import queue
+        import threading
+
+        self.done = done
+        self.q: Any = queue.Queue(maxsize=8)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="gpubatch-shard-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        unfinished: dict[int, Any] = {}  # shards written to and not committed
+        while True:
+            item = self.q.get()
+            if item is None:
+                break
+            kind, shard, payload = item
+            unfinished[id(shard)] = shard
+            if self.error is not None or kind == "abort":
+                continue  # (drained: the loop raises the error; what is unfinished is removed below)
+            try:
+                if kind == "put":
+                    for r in payload:
+                        shard.put(r)
+                else:  # "commit"
+                    self.done(finish(shard, *payload))
+                    del unfinished[id(shard)]
+            except BaseException as e:  # noqa: BLE001 - raised in the loop
+                self.error = e
+        for shard in unfinished.values():  # (a run that failed or stopped: their partial files go)
+            try:
+                shard.abort()
+            except OSError:
+                pass
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def put(self, shard: Any, records: list) -> None:
+        self._check()
+        self.q.put(("put", shard, records))
+
+    def commit(self, shard: Any, timings: dict, extra: dict | None) -> None:
+        self._check()
+        self.q.put(("commit", shard, (timings, extra)))
+
+    def close(self, abort: Any = None) -> None:
+        """Wait for every hand-over to be written (and ``abort``, a shard left unfinished, removed)."""
+        if abort is not None:
+            self.q.put(("abort", abort, None))
+        self.q.put(None)
+        self.thread.join()
+        if abort is None:
+            self._check()
 
 
 def _task_spans(tasks: list[Any], batch: int) -> list[tuple[int, int]]:
