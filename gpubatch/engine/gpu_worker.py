@@ -272,10 +272,14 @@ class GpuImageUnit:
                     feed = None
             if feed is not None:
                 feed.close()
+            if starting is not None:
+                starting.release()
 
 
 class _Started:
-    """``make()`` run in a thread from now on; :meth:`result` waits for it: (what it made, seconds it took)."""
+    """``make()`` run in a thread from now on; :meth:`result` waits for it: (what it made, seconds it took).
+    The thread lives on until :meth:`release`: processes it started are asked to die with their parent,
+    and Linux sends that signal when the *thread* that started them ends."""
 
     def __init__(self, make: Callable[[], Any]):
         import threading
@@ -283,6 +287,7 @@ class _Started:
         self.value: Any = None
         self.error: BaseException | None = None
         self.seconds = 0.0
+        self.ready, self.done = threading.Event(), threading.Event()
 
         def run() -> None:
             t = time.perf_counter()
@@ -291,15 +296,20 @@ class _Started:
             except BaseException as e:  # noqa: BLE001 - raised by result()
                 self.error = e
             self.seconds = time.perf_counter() - t
+            self.ready.set()
+            self.done.wait()
 
         self.thread = threading.Thread(target=run, name="gpubatch-feed-start", daemon=True)
         self.thread.start()
 
     def result(self) -> tuple[Any, float]:
-        self.thread.join()
+        self.ready.wait()
         if self.error is not None:
             raise self.error
         return self.value, self.seconds
+
+    def release(self) -> None:
+        self.done.set()
 
 
 #: reader processes of a GPU worker's feed at most (a convert reads records through the formats' readers:
