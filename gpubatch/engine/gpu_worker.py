@@ -140,6 +140,10 @@ class GpuImageUnit:
         pass
 
     def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
+        if self.ctx.settings.decode_api == "c":  # nvImageCodec's extensions load while CuPy and CUDA start
+            from .codecs.nvimgcodec_c import preload
+
+            preload()
         from . import affinity
         from . import gpu_memory as gm
         from .device import Device, DeviceKind

@@ -139,12 +139,22 @@ class NvdecSession:
         self.pos = k - 1
 
     def _next(self) -> list | None:
-        """The frames the next packet completes (in display order); None once the stream is done."""
-        for packet in self._packets:
-            if not packet.size:
-                continue
+        """The frames the next packet completes (in display order); None once the stream is done. Where
+        the demuxer or the bitstream filter fails (the file ends inside a packet, or a damaged stretch;
+        PyAV 19 raises there) the stream ends: the frames the decoder holds are flushed out first."""
+        from .codecs.video_probe import av
+
+        failed = av().FFmpegError
+        while True:
+            try:
+                packet = next(self._packets)
+                if not packet.size:
+                    continue
+                filtered = self._bsf.filter(packet)
+            except (StopIteration, failed):
+                break
             out: list = []
-            for q in self._bsf.filter(packet):
+            for q in filtered:
                 buf = np.frombuffer(q, np.uint8)
                 pk = self.nvc.PacketData()
                 t = q.pts if q.pts is not None else q.dts

@@ -24,7 +24,6 @@ decodes through both bindings and compares the pixels.
 from __future__ import annotations
 
 import ctypes as C
-import functools
 import os
 import threading
 from dataclasses import dataclass
@@ -125,7 +124,7 @@ _H = C.c_void_p  # every handle is an opaque pointer
 _P = C.POINTER(C.c_void_p)
 # (name, argtypes, through the GIL-releasing handle): the long calls release the GIL
 _SIGNATURES = (
-    ("nvimgcodecInstanceCreate", [_P, C.POINTER(_InstanceCreateInfo)], False),
+    ("nvimgcodecInstanceCreate", [_P, C.POINTER(_InstanceCreateInfo)], True),  # (a second: extensions load)
     ("nvimgcodecInstanceDestroy", [_H], False),
     ("nvimgcodecDecoderCreate", [_H, _P, C.POINTER(_ExecutionParams), C.c_char_p], True),
     ("nvimgcodecDecoderDestroy", [_H], True),
@@ -418,10 +417,32 @@ def library_path() -> str:
     return path
 
 
-@functools.cache
+_MADE: list[Library] = []
+_MAKING = threading.Lock()
+
+
 def library() -> Library:
-    """The process's instance (created once, kept until exit)."""
-    return Library()
+    """The process's instance (created once, kept until exit; a thread that asks while :func:`preload`'s
+    thread makes it waits for that one)."""
+    with _MAKING:
+        if not _MADE:
+            _MADE.append(Library())
+        return _MADE[0]
+
+
+def preload() -> None:
+    """Start making the process's instance in a thread of its own: loading its extensions takes about a
+    second (1.04 s on an H200 host, benchmarks/gpu_start.py), which then overlaps what the process does
+    meanwhile (importing CuPy, making its CUDA context, starting its readers). Errors are left for the
+    first real call to raise."""
+
+    def make() -> None:
+        try:
+            library()
+        except Exception:  # noqa: BLE001 - library() raises it again where it is needed
+            pass
+
+    threading.Thread(target=make, name="gpubatch-nvimgcodec-load", daemon=True).start()
 
 
 def nvimgcodec():
