@@ -162,7 +162,7 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
         reads_without_scan = getattr(reader, "reads_without_scan", True)
     options = WriteOptions(shard_size=req.shard_size or 0, name=req.name, source=str(src_path),
                            extra={"layout": req.layout})
-    per_shard = inputs_per_shard(len(entries), req.shard_size, _outputs_per_input(plan, fmt))
+    per_shard = inputs_per_shard(len(entries), req.shard_size, _outputs_per_input(plan, fmt), str(plan.media))
     tasks = plan_shards(entries, per_shard, lambda n: fmt.shard_names(n, options))
     print_ = fingerprint(run, src_path, src_format, entries, device, tasks)
     settings = Settings.from_env()
@@ -188,11 +188,18 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
             ctx = RunContext(opener=functools.partial(open_reader, src_path, reader.format_name, _reader_options(req)),
                              sink=functools.partial(_sink, fmt, stage, info, options, geometric), plan=plan,
                              device=device, policy=policy.value, stage=stage, settings=settings,
-                             batch_size=req.batch_size, gpu_memory=req.gpu_memory, gpu_procs=req.gpu_procs or 1,
+                             batch_size=req.batch_size, gpu_memory=req.gpu_memory, gpu_procs=1,
                              reads_without_scan=reads_without_scan, started=t_wall)
             strategy = unit_for(ctx)
+            if strategy.gpu:  # the unit's processes a GPU (one for audio and video under a cap: their plans')
+                procs = req.gpu_procs or strategy.per_gpu
+                if req.gpu_memory is not None and strategy.name != "gpu-image":
+                    procs = 1
+                ctx = dataclasses.replace(ctx, gpu_procs=procs)
             todo = [t for t in tasks if t.index not in done]
             workers = strategy.workers(ctx, len(todo), req.workers)
+            if strategy.gpu:  # (the processes that share the GPU: fewer where there are fewer tasks)
+                ctx = dataclasses.replace(ctx, gpu_procs=workers)
             with _memory_watch(strategy, device, stats):
                 wall = run_tasks(ctx, strategy, todo, workers, lambda r: None, tick)
             timings.update({"workers start (to the first shard committed)": round(wall["start"], 4),

@@ -115,7 +115,8 @@ def pipeline_options(f):
                      help="Cap on the GPU memory the run takes, e.g. 2GiB or 0.5 (fraction)  [default: 1 GiB of buffers]"),
         click.option("--gpu-procs", type=click.IntRange(min=1), default=None, metavar="N",
                      help="GPU worker processes, each with its own decoders and CUDA context  "
-                          "[default: 1]"),
+                          "[default: 2 for images, 4 for audio, 2 for video; 1 for audio and video under "
+                          "--gpu-memory]"),
     ]):
         f = opt(f)
     return f

@@ -206,7 +206,8 @@ class AudioDeviceUnit:
         cp.cuda.Device(self.device.index).use()
         self.batch_size = ctx.batch_size or 256
         self.pool: Any = None
-        self.workers = max(1, _cores() - 1)
+        # decoding threads: this process's share of the cores (several processes may share the GPU)
+        self.workers = max(1, _cores() // max(1, int(getattr(ctx, "gpu_procs", 1) or 1)) - 1)
 
     @classmethod
     def make(cls, ctx: Any, slot: int) -> AudioDeviceUnit:

@@ -489,7 +489,8 @@ class VideoDeviceUnit:
         self.plan = ctx.plan
         self.plan.validate(DEVICE)
         self.device = ctx.device
-        self.decoders = ctx.settings.video_decoders
+        # NVDEC sessions: the run's, shared out between the processes that share the GPU
+        self.decoders = max(1, -(-ctx.settings.video_decoders // max(1, int(getattr(ctx, "gpu_procs", 1) or 1))))
         self.chunk = CHUNK
         self.nvc = nvc
         # the decoding threads hand the GIL over between their Python steps (as the image engine sets it)

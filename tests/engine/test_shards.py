@@ -150,8 +150,10 @@ def test_a_damaged_or_foreign_journal_is_refused_clearly(imagenet, tmp_path, dam
 def test_shards_are_named_before_any_data_moves_and_auto_sizes_them(imagenet, tmp_path):
     from gpubatch.engine.execute.shards import inputs_per_shard, plan_shards
 
-    assert inputs_per_shard(16_384, None) == 512 and inputs_per_shard(1_280_000, None) == 10_000
-    assert inputs_per_shard(60, None) == 512 and inputs_per_shard(100, 10, 4.0) == 2
+    assert inputs_per_shard(16_384, None) == 256 and inputs_per_shard(1_280_000, None) == 10_000
+    assert inputs_per_shard(60, None) == 256 and inputs_per_shard(100, 10, 4.0) == 2
+    # a video or a recording is more work a record: shards of fewer (every core of a host has one)
+    assert inputs_per_shard(8, None, media="video") == 2 and inputs_per_shard(2048, None, media="audio") == 32
     tasks = plan_shards(list(range(21)), 10, lambda n: [f"s{i}-of-{n}" for i in range(n)])
     assert [(t.start, t.stop, t.name) for t in tasks] == [(0, 10, "s0-of-2"), (10, 21, "s1-of-2")]  # no 1-record shard
     s = convert(imagenet, tmp_path / "o", to="tfrecord", shard_size=25)

@@ -137,7 +137,8 @@ def test_passthrough_to_webdataset_keeps_the_bytes_and_the_webdataset_library_re
     src = class_folders(tmp_path / "src")
     s = convert(src, tmp_path / "out", to="webdataset")
     assert s.passthrough == 4 and s.transcoded == 0 and s.device == "cpu"
-    got = {d["__key__"]: d for d in wds.WebDataset(str(next((tmp_path / "out").glob("*.tar"))), shardshuffle=False)}
+    shards = [str(p) for p in sorted((tmp_path / "out").glob("*.tar"))]
+    got = {d["__key__"]: d for d in wds.WebDataset(shards, shardshuffle=False)}
     assert got["jump/j1"]["mp4"] == (src / "jump" / "j1.mp4").read_bytes()
     assert got["walk/w2"]["mkv"] == (src / "walk" / "w2.mkv").read_bytes()
     assert int(got["walk/w1"]["cls"]) == 1
@@ -179,15 +180,17 @@ def test_clips_as_npy_in_webdataset_and_tfrecord(tmp_path):
     s = convert(src, tmp_path / "wds", to="webdataset", clip_length=8, frame_step=2, resize_shorter=32,
                 center_crop=32, device="cpu")
     assert not s.skipped and s.records_out == 3 + 1 + 3 + 2  # 48, 30, 60, 36 frames; 15 a clip side by side
-    got = {d["__key__"]: d for d in wds.WebDataset(str(next((tmp_path / "wds").glob("*.tar"))), shardshuffle=False)}
+    shards = [str(p) for p in sorted((tmp_path / "wds").glob("*.tar"))]
+    got = {d["__key__"]: d for d in wds.WebDataset(shards, shardshuffle=False)}
     clip = np.load(io.BytesIO(got["jump/j1/0001"]["npy"]))
     assert clip.shape == (8, 32, 32, 3) and clip.dtype == np.uint8
     assert json.loads(got["jump/j1/0001"]["json"])["meta"]["frames"] == list(range(16, 31, 2))
     s = convert(src, tmp_path / "tfr", to="tfrecord", clip_length=4, clips_per_video=1, clip_positions="uniform",
                 device="cpu")
-    shard = next((tmp_path / "tfr").glob("*.tfrecord"))
-    rows = list(tfr.tfrecord_loader(str(shard), str(shard.with_suffix(".idx")),
-                                    {"video/encoded": "byte", "video/class/label": "int", "video/source_id": "byte"}))
+    rows = [r for shard in sorted((tmp_path / "tfr").glob("*.tfrecord"))
+            for r in tfr.tfrecord_loader(str(shard), str(shard.with_suffix(".idx")),
+                                         {"video/encoded": "byte", "video/class/label": "int",
+                                          "video/source_id": "byte"})]
     assert len(rows) == 4 and s.records_out == 4
     arr = np.load(io.BytesIO(bytes(rows[0]["video/encoded"])))
     assert arr.shape == (4, 64, 96, 3)

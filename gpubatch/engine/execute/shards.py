@@ -15,21 +15,25 @@ from typing import Any
 from ...types import ShardTask
 
 #: ``--shard-size auto``: output records per shard, at most (webdataset's and TFRecord's usual shard of
-#: 10,000 records), and at least (below that a shard's fixed costs show)
-AUTO_MAX, AUTO_MIN = 10_000, 512
+#: 10,000 records), and at least, by the media of the records read (below that a shard's fixed costs
+#: show; a video or a long recording is work enough for a shard of its own)
+AUTO_MAX = 10_000
+AUTO_MIN = {"image": 256, "audio": 16, "video": 2}  # (2: a one-record TFRecord shard breaks the tfrecord package's index reader)
 #: ``auto`` cuts a dataset into about this many shards where the bounds allow: enough that every core of a
 #: 16-core host (or the GPU's feed) has shards to work on while others finish, whatever machine runs it
 AUTO_SHARDS = 64
 
 
-def inputs_per_shard(n_entries: int, shard_size: int | None, outputs_per_input: float = 1.0) -> int:
+def inputs_per_shard(n_entries: int, shard_size: int | None, outputs_per_input: float = 1.0,
+                     media: str = "image") -> int:
     """Input records a shard takes: ``shard_size`` output records' worth (``--shard-size`` counts what
     is written: an augment run of ``--copies 4`` writes 4 a record); ``None`` is ``auto`` (about
-    :data:`AUTO_SHARDS` shards of :data:`AUTO_MIN` to :data:`AUTO_MAX` outputs each)."""
+    :data:`AUTO_SHARDS` shards of the media's :data:`AUTO_MIN` to :data:`AUTO_MAX` outputs each)."""
     per = max(outputs_per_input, 1e-9)
     if shard_size is None:
         total = n_entries * per
-        shard_size = int(min(AUTO_MAX, max(AUTO_MIN, math.ceil(total / AUTO_SHARDS))))
+        least = AUTO_MIN.get(media, AUTO_MIN["image"])
+        shard_size = int(min(AUTO_MAX, max(least, math.ceil(total / AUTO_SHARDS))))
     return max(1, int(shard_size / per))
 
 

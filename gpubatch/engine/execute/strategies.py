@@ -38,7 +38,7 @@ class Strategy:
         """Worker processes for ``tasks`` tasks: on the CPU ``asked`` or a worker a core; on the GPU
         ``per_gpu`` (``--gpu-procs``) for the run's GPU; never more than there are tasks."""
         if self.gpu:
-            n = max(1, int(getattr(ctx, "gpu_procs", None) or self.per_gpu))
+            n = max(1, int(getattr(ctx, "gpu_procs", None) or self.per_gpu))  # (the runner sets gpu_procs)
         else:
             n = asked or cores()
         return max(1, min(n, tasks))
@@ -52,11 +52,14 @@ _HOST = "gpubatch.engine.execute.units:HostUnit"
 #: (media, device) -> the unit and its workers ("*" any media)
 TABLE: dict[tuple[str, str], Strategy] = {
     ("*", "cpu"): Strategy("host", _HOST, why="the CPU: a worker process a core"),
-    ("image", "gpu"): Strategy("gpu-image", "gpubatch.engine.gpu_worker:GpuImageUnit", gpu=True,
+    # per_gpu: what one worker process leaves undone, measured on an H200 host of 16 cores (2026-11-27,
+    # benchmarks/bench_convert.py): an image worker's Python (the feed's hand-over, each record's shard
+    # write) tops out near 7,000 images/s; an audio worker decodes FLAC in threads of one process
+    ("image", "gpu"): Strategy("gpu-image", "gpubatch.engine.gpu_worker:GpuImageUnit", gpu=True, per_gpu=2,
                                why="images on the GPU: decoders, the chain's kernels and the JPEG encoder"),
-    ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.video_gpu:VideoDeviceUnit", gpu=True,
+    ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.video_gpu:VideoDeviceUnit", gpu=True, per_gpu=2,
                                why="video on the GPU: NVDEC sessions, the chain on the GPU"),
-    ("audio", "gpu"): Strategy("gpu-audio", "gpubatch.engine.audio_gpu:AudioDeviceUnit", gpu=True,
+    ("audio", "gpu"): Strategy("gpu-audio", "gpubatch.engine.audio_gpu:AudioDeviceUnit", gpu=True, per_gpu=4,
                                why="audio features on the GPU, decoded on the CPU"),
 }
 
