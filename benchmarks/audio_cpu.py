@@ -30,7 +30,7 @@ import sys, time, statistics
 sys.path.insert(0, {root!r})
 from pathlib import Path
 from gpubatch.bench import MODELS
-from gpubatch.engine.audio_pipeline import _cpu_item
+from gpubatch.pipelines.audio import _cpu_item
 from gpubatch.engine.plan import Plan
 from gpubatch.engine.spec import parse_chain
 from gpubatch.engine.ops import audio as ops
@@ -87,7 +87,7 @@ import sys, time, statistics
 sys.path.insert(0, {root!r})
 from pathlib import Path
 from multiprocessing import shared_memory
-from gpubatch.engine import audio_feed
+from gpubatch.engine.gpu import audio_feed
 files = sorted(Path({data!r}).glob("*.flac"))
 visits = [(str(f), f.stem) for f in files]
 shm = shared_memory.SharedMemory(create=True, size=audio_feed.SLAB_BYTES)

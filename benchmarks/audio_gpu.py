@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 def _run(files: list, chain: str, batch: int, batches: int, profile: bool) -> dict:
     import cupy as cp
 
-    from gpubatch.engine.audio_pipeline import AudioPipeline
     from gpubatch.engine.spec import parse_chain
+    from gpubatch.pipelines.audio import AudioPipeline
 
     pipe = AudioPipeline(parse_chain(chain), device="gpu")
     gen = pipe._gpu(files, batch, True, 0)  # the producer, in this thread (iterate_files runs it in another)

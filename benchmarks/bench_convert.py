@@ -289,7 +289,7 @@ import json, statistics, sys, time
 from pathlib import Path
 sys.path.insert(0, {str(ROOT)!r})
 from gpubatch.bench import chain_ops, get_model
-from gpubatch.engine.audio_pipeline import AudioPipeline
+from gpubatch.pipelines.audio import AudioPipeline
 files = sorted(Path({str(data)!r}).rglob('*.flac'))
 rates = []
 pipe = AudioPipeline(chain_ops(get_model('whisper').chains['train']), device='gpu', seed=0)

@@ -44,7 +44,7 @@ def files_of(data: Path, n: int) -> list[Path]:
 def run_pipeline(name: str, args) -> dict:
     mem = GpuSampler()  # before CUDA is touched in this process
     from gpubatch.engine.ops import CenterCrop, Flip, Normalize, RandomResizedCrop, ResizeShorter
-    from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.pipelines.image import ImagePipeline
 
     files = files_of(Path(args.data), args.images)
     keys = [f.name for f in files]

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 _PARTS = r"""
 import sys, time, json
 sys.path.insert(0, {root!r})
-from gpubatch.engine.gpu_memory import ProcessMemory
+from gpubatch.engine.gpu.memory import ProcessMemory
 import os
 mem = ProcessMemory(0, [os.getpid()])
 steps = {{}}
@@ -51,7 +51,7 @@ note("context")
 from gpubatch.engine.kernels import kernel
 kernel("resample", "resample_u8_hwc"); kernel("resample", "resample_f16_chw")
 note("kernels")
-from gpubatch.engine.gpu_engine import GpuEngine
+from gpubatch.engine.gpu.engine import GpuEngine
 from gpubatch.engine.device import Device, DeviceKind
 pre = {pre!r}
 eng = GpuEngine(Device(DeviceKind.GPU, 0, reason="study"), 8, None, hw_preallocate=pre)
@@ -76,8 +76,8 @@ import sys, time, json
 sys.path.insert(0, {root!r})
 from pathlib import Path
 import cupy as cp
-from gpubatch.engine.gpu_memory import ProcessMemory
-from gpubatch.engine.pipeline import ImagePipeline
+from gpubatch.engine.gpu.memory import ProcessMemory
+from gpubatch.pipelines.image import ImagePipeline
 from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
 mem = ProcessMemory(0).start()
 rows = []
@@ -115,8 +115,8 @@ _VIDEO = r"""
 import sys, json
 sys.path.insert(0, {root!r})
 import cupy as cp
-from gpubatch.engine.gpu_memory import ProcessMemory, lower_stack
-from gpubatch.engine.video_gpu import NvdecSession
+from gpubatch.engine.gpu.memory import ProcessMemory, lower_stack
+from gpubatch.engine.gpu.video import NvdecSession
 from gpubatch.engine.codecs.video_probe import probe as probe_video
 mem = ProcessMemory(0)
 cp.cuda.Device(0).use()
@@ -202,7 +202,7 @@ def caps(a: argparse.Namespace) -> None:
     from _data import jpeg_set
 
     from gpubatch.bench.measure import shard_digest
-    from gpubatch.engine.gpu_memory import ProcessMemory
+    from gpubatch.engine.gpu.memory import ProcessMemory
 
     if a.media == "video":  # the GPU test's run: frames of six 1280x720 H.264 clips, every fourth, resized
         sys.path.insert(0, str(ROOT))

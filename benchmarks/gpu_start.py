@@ -74,7 +74,7 @@ def main() -> None:
         d.close()
     t = time.perf_counter()
     from gpubatch.engine.device import resolve
-    from gpubatch.engine.gpu_engine import GpuEngine
+    from gpubatch.engine.gpu.engine import GpuEngine
 
     eng = GpuEngine(resolve("gpu"), 8, decode_route="hardware",
                     hw_preallocate=(256, 640, 640))

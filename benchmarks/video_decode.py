@@ -1,7 +1,7 @@
 """NVDEC decode throughput of gpubatch's video path: frames/s over a set of 1080p clips with 1, 2, 4, 7,
 8 and 14 decoder sessions at once, against PyAV on every core and, with ``--dali``, DALI's video readers.
 
-Each session is one thread with its own decoder (gpubatch.engine.video_gpu.NvdecSession), decoding every
+Each session is one thread with its own decoder (gpubatch.engine.gpu.video.NvdecSession), decoding every
 frame of its files by index in chunks of 32 (the path convert and the pipeline take: RGB frames of their
 own on the GPU). Timed after a warm-up file per session, the GPU synchronized before the clock is read;
 the median of --repeats runs. DALI (``readers.video`` and ``experimental.readers.video``, on the GPU)
@@ -27,7 +27,7 @@ def _nvdec(files: list[bytes], sessions: int, gpu: int = 0) -> tuple[int, float]
     import cupy as cp
 
     from gpubatch.engine.codecs.video_probe import probe
-    from gpubatch.engine.video_gpu import CHUNK, NvdecSession
+    from gpubatch.engine.gpu.video import CHUNK, NvdecSession
 
     infos = [probe(d) for d in files]
     counts = [i.frames for i in infos]

@@ -47,9 +47,9 @@ _LAZY = {
     "RecordError": ("gpubatch.errors", "RecordError"),
     "ErrorPolicy": ("gpubatch.errors", "ErrorPolicy"),
     "format_names": ("gpubatch.formats", "format_names"),
-    "ImagePipeline": ("gpubatch.engine.pipeline", "ImagePipeline"),
-    "VideoPipeline": ("gpubatch.engine.video_pipeline", "VideoPipeline"),
-    "AudioPipeline": ("gpubatch.engine.audio_pipeline", "AudioPipeline"),
+    "ImagePipeline": ("gpubatch.pipelines.image", "ImagePipeline"),
+    "VideoPipeline": ("gpubatch.pipelines.video", "VideoPipeline"),
+    "AudioPipeline": ("gpubatch.pipelines.audio", "AudioPipeline"),
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -136,7 +136,7 @@ def _check_output_options(req: Any) -> None:
         raise UsageError(f"--name {name!r}: give a file name prefix (not empty, no path separator, "
                          "no leading '.', at most 100 characters)")
     if req.gpu_memory is not None:
-        from .engine.gpu_memory import parse_memory
+        from .engine.gpu.memory import parse_memory
 
         parse_memory(req.gpu_memory, 80 << 30)
 

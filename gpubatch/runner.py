@@ -376,7 +376,7 @@ def _memory_watch(strategy: Any, device: Device, stats: RunStats) -> Iterator[No
     if not strategy.gpu:
         yield
         return
-    from .engine.gpu_memory import watch
+    from .engine.gpu.memory import watch
 
     with watch(device.index, stats):
         yield

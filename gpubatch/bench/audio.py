@@ -1,7 +1,7 @@
 """The audio bench's contenders (``bench --model whisper`` and ``--model audio-clf``), each run in its
 own process like the image contenders (:mod:`.contenders` dispatches here for an audio model):
 
-- ``gpubatch-gpu`` / ``gpubatch-cpu``: :class:`~gpubatch.engine.audio_pipeline.AudioPipeline` on the GPU
+- ``gpubatch-gpu`` / ``gpubatch-cpu``: :class:`~gpubatch.pipelines.audio.AudioPipeline` on the GPU
   (decoding threads, the chain a batch at once) / on every core (worker processes, host kernels).
 - ``torchaudio-dataloader``: a PyTorch DataLoader, one worker per core, each clip read with soundfile
   and run through the same chain in torch: ``torchaudio.functional.resample``,
@@ -74,7 +74,7 @@ def decode_ceiling(files: list[Path], seconds: float = 2.0) -> dict[str, Any]:
 
 
 def run_gpubatch_audio(a: dict, device: str) -> dict:
-    from ..engine.audio_pipeline import AudioPipeline
+    from ..pipelines.audio import AudioPipeline
     from . import chain_ops, get_model
 
     model = get_model(a["model"])

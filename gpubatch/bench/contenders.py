@@ -1,7 +1,7 @@
 """Bench contenders, each run in its own process: ``python -m gpubatch.bench.contenders '{json args}'``
 prints one ``RESULT {json}`` line.
 
-- ``gpubatch-gpu`` / ``gpubatch-cpu``: :class:`~gpubatch.engine.pipeline.ImagePipeline` on the device /
+- ``gpubatch-gpu`` / ``gpubatch-cpu``: :class:`~gpubatch.pipelines.image.ImagePipeline` on the device /
   on every core (worker processes), reading the files from disk each batch in reader processes
   (``ImagePipeline.iterate_files``).
 - ``torch-dataloader``: a PyTorch DataLoader, one worker per core, torchvision transforms on Pillow.
@@ -41,8 +41,8 @@ def _encode_one(arr: Any) -> int:
 
 def run_gpubatch(a: dict, device: str) -> dict:
     sampler = GpuSampler(a.get("gpu", 0)) if device == "gpu" else None
-    from ..engine.pipeline import ImagePipeline
     from ..engine.settings import Settings
+    from ..pipelines.image import ImagePipeline
 
     # the knobs a sweep or a study names, over the environment's
     settings = Settings.from_env(reserve_core=bool(a["reserve_core"]) if "reserve_core" in a else None)
@@ -121,7 +121,7 @@ def fidelity(ops: tuple, files: list[Path], gpu: int) -> dict:
     """GPU outputs against the CPU path's for the same records (the chain up to normalize, in uint8 levels)."""
     import numpy as np
 
-    from ..engine.pipeline import ImagePipeline
+    from ..pipelines.image import ImagePipeline
 
     body = tuple(op for op in ops if op.kind != "normalize")
     blobs, keys = [p.read_bytes() for p in files], file_keys(files)

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..engine.affinity import HostLoad
-from ..engine.gpu_memory import ProcessMemory, nvml_index
+from ..engine.gpu.affinity import HostLoad
+from ..engine.gpu.memory import ProcessMemory, nvml_index
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -75,7 +75,7 @@ class CpuUse:
     :attr:`host` (after :meth:`stop`) says how loaded the whole machine was meanwhile: cores busy in
     other processes (``others``) and cores the hypervisor gave to other machines (``steal``): a run
     beside busy neighbours is slower, whatever the tool (RESULTS.md as of a1d93e1, 2026-11-23). The
-    readings are :class:`~gpubatch.engine.affinity.HostLoad`'s, the decoder's load probe."""
+    readings are :class:`~gpubatch.engine.gpu.affinity.HostLoad`'s, the decoder's load probe."""
 
     def __init__(self) -> None:
         self._load = HostLoad()

@@ -104,7 +104,7 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
     """Benchmark ``model``'s chains; see the module docstring for what comes back. ``busy``: that many
     busy processes run beside every contender (:class:`~gpubatch.bench.measure.BusyLoad`), from
     ``busy_after`` seconds into each contender's process where given (load the decode route was not
-    chosen by: it follows the load, ``gpubatch.engine.follow``).
+    chosen by: it follows the load, ``gpubatch.engine.gpu.follow``).
     ``decode_route``: how gpubatch's GPU contender splits batches between the decoders
     (``engine.settings.ROUTES``; by default "auto"). ``gpu_memory``: the GPU contender's cap
     (``ImagePipeline(gpu_memory=...)``)."""
@@ -127,7 +127,7 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
     if m.media != "image" and (sweep or with_model or busy or gpu_memory):
         raise UsageError("--sweep, --with-model, --busy and --gpu-memory measure the image models")
     if gpu_memory is not None:
-        from ..engine.gpu_memory import parse_memory
+        from ..engine.gpu.memory import parse_memory
 
         parse_memory(gpu_memory, 80 << 30)  # a malformed size is refused before any contender runs
     if busy_after is not None and not busy:

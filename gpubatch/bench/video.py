@@ -1,7 +1,7 @@
 """The video bench's contenders (``bench --model video-clf``), each run in its own process like the
 image contenders (:mod:`.contenders` dispatches here for a video model):
 
-- ``gpubatch-gpu`` / ``gpubatch-cpu``: :class:`~gpubatch.engine.video_pipeline.VideoPipeline` on the GPU
+- ``gpubatch-gpu`` / ``gpubatch-cpu``: :class:`~gpubatch.pipelines.video.VideoPipeline` on the GPU
   (NVDEC sessions in threads) / on every core (PyAV in worker processes).
 - ``pyav-dataloader``: a PyTorch DataLoader, one worker per core, each clip decoded with PyAV from the
   keyframe before its first frame (as torchvision's ``read_video`` does) and transformed with torch:
@@ -28,7 +28,7 @@ from .measure import Cycle, GpuSampler, media_files, timed_contender, warmup_bat
 
 
 def run_gpubatch_video(a: dict, device: str) -> dict:
-    from ..engine.video_pipeline import VideoPipeline
+    from ..pipelines.video import VideoPipeline
     from . import chain_ops, get_model
 
     model = get_model(a["model"])

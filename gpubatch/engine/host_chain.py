@@ -1,4 +1,4 @@
-"""An op chain on the CPU, cut into the same segments as on the GPU (:mod:`gpubatch.engine.gpu_chain`).
+"""An op chain on the CPU, cut into the same segments as on the GPU (:mod:`gpubatch.engine.gpu.chain`).
 
 Consecutive window ops (crop, resize, flip, pad) fold into ONE Pillow resample per image, as they fold
 into one launch on the GPU: the CPU path then resamples once, like the GPU, instead of once per op, and

@@ -76,7 +76,7 @@ def leading_windows(ops: Sequence[Op], params: Sequence[Sequence[Any] | None],
     """The chain's leading window segment folded per record, as arrays: geometry (N, 4) float32
     (``Window.as_array``) and output size (N, 2) int32; rows of records without a size or parameters
     are zeros. None when the chain does not start with a window segment. (Computed where the
-    parameters are drawn, in :class:`~gpubatch.engine.feed.FileFeed` workers, so that the process
+    parameters are drawn, in :class:`~gpubatch.engine.gpu.feed.FileFeed` workers, so that the process
     driving the GPU does no per-image Python for it.)"""
     segs = [sg for sg in segments(ops) if sg[0] != "normalize"]
     if segs and segs[0][0] != "window":

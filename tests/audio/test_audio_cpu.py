@@ -431,8 +431,8 @@ def test_audio_pipeline_on_the_cpu(tmp_path):
 def test_shared_memory_feed_gives_what_libsndfile_decodes(tmp_path):
     """The GPU pipeline's feed (worker processes decoding into shared memory), checked on the CPU: every
     file's samples as decode_audio gives them (mono and stereo, files larger than a slab, a damaged one)."""
-    from gpubatch.engine.audio_feed import DecodeWorkers, SharedFeed
     from gpubatch.engine.codecs.audio import decode_audio
+    from gpubatch.engine.gpu.audio_feed import DecodeWorkers, SharedFeed
 
     files = [write(tmp_path / f"m{i}.flac", tone(0.2 + 0.1 * i), 16000) for i in range(5)]
     files.append(write(tmp_path / "stereo.wav", tone(0.3, 8000, channels=2), 8000))
@@ -580,9 +580,9 @@ def test_features_datasets_read_back_and_describe_themselves(tmp_path, fmt):
 def test_a_gpu_run_streams_long_records_on_the_cpu(tmp_path, monkeypatch):
     """The GPU run's preparation (host code, run here without a GPU) hands a long record whose chain
     streams to the CPU's block-at-a-time path, whole outputs, counted; a short one goes on to a batch."""
-    from gpubatch.engine import audio_gpu
     from gpubatch.engine.codecs import audio_stream
     from gpubatch.engine.codecs.audio_io import AudioData
+    from gpubatch.engine.gpu import audio as audio_gpu
     from gpubatch.engine.plan import Plan
     from gpubatch.engine.spec import parse_chain
     from gpubatch.errors import RunStats
@@ -618,7 +618,7 @@ def test_the_largest_record_is_found_as_the_chain_decodes_it(tmp_path):
     """--gpu-memory sizes audio batches by the largest record of a sample: samples x channels as the
     chain decodes it (a leading fix_duration reads only that far), bad files passed over."""
     from gpubatch import open_dataset
-    from gpubatch.engine.audio_gpu import largest_record
+    from gpubatch.engine.gpu.audio import largest_record
     from gpubatch.engine.plan import Plan
     from gpubatch.engine.spec import parse_chain
 
@@ -636,7 +636,7 @@ def test_the_largest_record_is_found_as_the_chain_decodes_it(tmp_path):
 
 
 def test_a_decoding_worker_that_dies_is_an_error_not_a_hang(tmp_path):
-    from gpubatch.engine.audio_feed import DecodeWorkers
+    from gpubatch.engine.gpu.audio_feed import DecodeWorkers
 
     workers = DecodeWorkers(1)
     try:
@@ -651,8 +651,8 @@ def test_a_decoding_worker_that_dies_is_an_error_not_a_hang(tmp_path):
 def test_decoding_workers_serve_a_second_feed_after_one_stopped_early(tmp_path):
     """A feed left early forgets its tasks in flight (their results are dropped when they come); the
     same workers then serve a new feed, with slabs of their own, every file as decoded."""
-    from gpubatch.engine.audio_feed import DecodeWorkers, SharedFeed
     from gpubatch.engine.codecs.audio import decode_audio
+    from gpubatch.engine.gpu.audio_feed import DecodeWorkers, SharedFeed
 
     files = [write(tmp_path / f"m{i}.flac", tone(0.1 + 0.02 * i), 16000) for i in range(12)]
     workers = DecodeWorkers(2)

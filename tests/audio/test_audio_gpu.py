@@ -46,8 +46,8 @@ def test_device_kernels_match_host_kernels(name, monkeypatch):
     """A ragged batch (five rates, lengths, one and two channels) through the device kernels and, record
     by record, the host kernels; the host's resampler is the GPU filter's NumPy twin here (soxr against
     the GPU kernel is the test below), so every op's arithmetic is compared."""
-    from gpubatch.engine.audio_gpu import run_chain_device, to_device, to_host
     from gpubatch.engine.codecs.audio import AudioHostCodec
+    from gpubatch.engine.gpu.audio import run_chain_device, to_device, to_host
     from gpubatch.engine.ops import audio as audio_ops
     from gpubatch.engine.plan import Plan
     from gpubatch.engine.spec import parse_chain
@@ -76,8 +76,8 @@ def test_device_kernels_match_host_kernels(name, monkeypatch):
 
 
 def test_log_mel_on_the_gpu_against_whispers_definition():
-    from gpubatch.engine.audio_gpu import run_chain_device, to_device, to_host
     from gpubatch.engine.codecs.audio import AudioData
+    from gpubatch.engine.gpu.audio import run_chain_device, to_device, to_host
     from gpubatch.engine.spec import parse_chain
     from gpubatch.synthetic import speech_like
 
@@ -109,8 +109,8 @@ def test_resample_kernel_is_its_numpy_twin_and_soxr_grade():
 
 
 def test_noise_is_the_same_stream_on_both_devices():
-    from gpubatch.engine.audio_gpu import run_chain_device, to_device, to_host
     from gpubatch.engine.codecs.audio import AudioData, AudioHostCodec
+    from gpubatch.engine.gpu.audio import run_chain_device, to_device, to_host
     from gpubatch.engine.spec import parse_chain
 
     ops = parse_chain("add_noise(snr=10)")
@@ -170,8 +170,8 @@ def test_page_locked_feed_uploads_what_libsndfile_decodes(tmp_path):
     slabs reused only once the GPU has read them (few slabs, many files), every item as decoded."""
     import cupy as cp
 
-    from gpubatch.engine.audio_feed import DecodeWorkers, SharedFeed
     from gpubatch.engine.codecs.audio import decode_audio
+    from gpubatch.engine.gpu.audio_feed import DecodeWorkers, SharedFeed
 
     files = [write(tmp_path / f"m{i}.flac", tone(0.1 + 0.02 * i), 16000) for i in range(24)]
     files.append(write(tmp_path / "stereo.wav", tone(0.3, 8000, channels=2), 8000))
@@ -220,8 +220,8 @@ FEATURES = {"log_mel": ("log_mel(n_mels=80)", 1e-3), "mel": ("mel(n_mels=64, pad
 def test_a_batch_of_one_shape_takes_one_array_of_features(name, chunk):
     """Records of one shape and rate (a batch cut to one duration; two channels) go through the feature
     op's batched path, in one part or several (``chunk``): the same as the host, record by record."""
-    from gpubatch.engine.audio_gpu import to_device, to_host
     from gpubatch.engine.codecs.audio import AudioData
+    from gpubatch.engine.gpu.audio import to_device, to_host
     from gpubatch.engine.ops.audio import features_device, features_host
     from gpubatch.engine.spec import parse_chain
     from gpubatch.synthetic import speech_like

@@ -245,7 +245,7 @@ def test_cpu_use_reads_the_whole_machine(monkeypatch):
     """CpuUse.host: the machine's busy cores less this process tree's, and the stolen ones, from
     /proc/stat's ticks over the run."""
     import gpubatch.bench.measure as m
-    from gpubatch.engine import affinity
+    from gpubatch.engine.gpu import affinity
 
     ticks = iter([[1000, 5000, 10], [1000 + 900, 5000 + 700, 10 + 50]])  # over 1 s at 100 ticks/s
     clock = iter([0.0, 1.0])
@@ -260,7 +260,7 @@ def test_cpu_use_reads_the_whole_machine(monkeypatch):
 
 
 def test_host_cpu_ticks_reads_proc_stat():
-    from gpubatch.engine.affinity import cpu_ticks as host_cpu_ticks
+    from gpubatch.engine.gpu.affinity import cpu_ticks as host_cpu_ticks
 
     t = host_cpu_ticks()
     if t is None:

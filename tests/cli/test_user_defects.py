@@ -222,7 +222,7 @@ def test_a_cpu_batch_is_one_array_and_a_failed_image_leaves_no_row(imagenet):
 
     from gpubatch.engine.batch import HostBatch
     from gpubatch.engine.ops import Normalize, Resize
-    from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.pipelines.image import ImagePipeline
 
     files = sorted(imagenet.rglob("*.jpg"))[:8]
     blobs = [f.read_bytes() for f in files]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpubatch.engine import affinity
+from gpubatch.engine.gpu import affinity
 from gpubatch.engine.settings import Settings
 
 linux = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")

@@ -10,7 +10,7 @@ import pytest
 
 from gpubatch.engine.codecs.headers import jpeg_display_size, jpeg_kind, jpeg_orientation
 from gpubatch.engine.codecs.image import decode
-from gpubatch.engine.feed import FileFeed
+from gpubatch.engine.gpu.feed import FileFeed
 from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
 from gpubatch.engine.plan import Plan
 from gpubatch.engine.windows import fold_windows
@@ -105,7 +105,7 @@ def test_feed_repeats_and_stops_early():
 
 
 def test_each_epoch_of_a_repeating_iteration_draws_anew_and_reproducibly():
-    from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.pipelines.image import ImagePipeline
 
     files = [f for f in _files() if f.suffix.lower() != ".png"][:6]
     ops = [RandomResizedCrop(32), Flip()]
@@ -131,7 +131,7 @@ def test_each_epoch_of_a_repeating_iteration_draws_anew_and_reproducibly():
 
 
 def test_image_pipeline_iterate_files_on_cpu_matches_call():
-    from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.pipelines.image import ImagePipeline
 
     files = [f for f in _files() if f.suffix.lower() != ".png"][:12]
     keys = [f.stem for f in files]
@@ -160,7 +160,7 @@ def test_views_mode_gives_the_bytes_and_reuses_slots_only_when_done():
 def test_pipeline_stopping_early_on_a_repeating_feed_returns():
     import threading
 
-    from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.pipelines.image import ImagePipeline
 
     files = [f for f in _files() if f.suffix.lower() != ".png"][:12]
     done = threading.Event()
@@ -190,7 +190,7 @@ def test_record_feed_reads_passes_through_and_draws_per_output(dataset: str, fmt
     """What a GPU worker gets for augment: untouched originals finished, one source per record, and per
     variant the parameters and moved boxes the CPU path draws for the decoded size."""
     from gpubatch.engine import spec
-    from gpubatch.engine.feed import RecordFeed
+    from gpubatch.engine.gpu.feed import RecordFeed
     from gpubatch.engine.windows import leading_windows
     from gpubatch.formats import open_reader
     from gpubatch.types import Record
@@ -254,7 +254,7 @@ def test_record_feed_reads_passes_through_and_draws_per_output(dataset: str, fmt
 def test_record_feed_reports_unreadable_records_in_place(tmp_path: Path):
     import shutil
 
-    from gpubatch.engine.feed import RecordFeed
+    from gpubatch.engine.gpu.feed import RecordFeed
     from gpubatch.engine.ops import ResizeShorter
     from gpubatch.formats import open_reader
 
@@ -276,7 +276,7 @@ def test_rings_fit_a_small_dev_shm(monkeypatch):
     process dying of SIGBUS when it touches memory /dev/shm cannot hold."""
     import os
 
-    from gpubatch.engine import feed as feed_mod
+    from gpubatch.engine.gpu import feed as feed_mod
 
     class Small:
         f_bavail, f_frsize = 64 * 256, 4096  # 64 MiB free
@@ -335,7 +335,7 @@ def test_regions_give_the_pixels_of_a_full_decode():
 def test_cpu_iterate_files_reports_unreadable_and_corrupt_files(tmp_path):
     """On the CPU the worker processes read the files themselves: a missing file and a corrupt one are
     reported in ``last_errors`` of their batch, and the rest of the batch comes out."""
-    from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.pipelines.image import ImagePipeline
 
     files = [f for f in _files() if f.suffix.lower() != ".png"][:6]
     bad = tmp_path / "bad.jpg"

@@ -1,4 +1,4 @@
-"""The decode route as the load on the host changes (gpubatch.engine.follow, affinity.HostLoad)."""
+"""The decode route as the load on the host changes (gpubatch.engine.gpu.follow, affinity.HostLoad)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from gpubatch.engine.affinity import HostLoad
-from gpubatch.engine.follow import RouteFollower
+from gpubatch.engine.gpu.affinity import HostLoad
+from gpubatch.engine.gpu.follow import RouteFollower
 
 
 def test_route_changes_after_checks_in_a_row_want_it():
@@ -50,7 +50,7 @@ _SPIN = "import time\nend = time.time() + {s}\nwhile time.time() < end:\n    pas
 def test_others_is_the_busy_time_less_this_process_trees(monkeypatch):
     """``others`` is the cores' busy time less this process tree's, per second of wall time (the
     arithmetic, with the clock and the counters given: no dependence on the machine's load)."""
-    from gpubatch.engine import affinity
+    from gpubatch.engine.gpu import affinity
 
     clock = iter([100.0, 102.0])
     ticks = iter([[1000, 0, 10], [1000 + 3 * 2 * 100, 0, 10 + 100]])  # busy 3 cores for 2 s; 0.5 core stolen
@@ -70,7 +70,7 @@ def test_this_process_tree_holds_its_children_not_a_process_reparented_away():
     """A busy process of this one's own (the feed's readers are such) counts as ours; one started
     through a shell that exited (re-parented away) does not. Checked by membership, not by how busy the
     machine lets them be."""
-    from gpubatch.engine import affinity
+    from gpubatch.engine.gpu import affinity
 
     child = subprocess.Popen([sys.executable, "-c", _SPIN.format(s=3)])
     out = subprocess.run(["sh", "-c", f'{sys.executable} -c "$0" >/dev/null 2>&1 & echo $!', _SPIN.format(s=3)],
@@ -94,7 +94,7 @@ def test_this_process_tree_holds_its_children_not_a_process_reparented_away():
 def test_process_tree_found_by_children_files_or_by_parents(monkeypatch):
     """This process's tree (a child and its grandchild) the same whether read through the threads'
     ``children`` files or, where the kernel keeps none, by every process's parent."""
-    from gpubatch.engine import affinity
+    from gpubatch.engine.gpu import affinity
 
     child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
                               "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3)'])\n"

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def engine():
-    from gpubatch.engine.gpu_engine import GpuEngine
+    from gpubatch.engine.gpu.engine import GpuEngine
 
     eng = GpuEngine(resolve("gpu"), cpu_threads=4, decode_route="split")  # (made before the autouse fixtures)
     yield eng
@@ -31,7 +31,7 @@ def engine():
 
 
 def _windows(plan: Plan, key: str, h: int, w: int):
-    from gpubatch.engine.pipeline import chain_windows
+    from gpubatch.pipelines.image import chain_windows
 
     return chain_windows(plan.ops, plan.draw(key, h, w), h, w)
 
@@ -159,7 +159,7 @@ def test_c_api_decoder_equals_python_binding():
 def test_auto_route_follows_the_free_cores(monkeypatch):
     """"auto" splits batches where ``split_min_cores`` cores are free, and gives the hardware engine
     everything (with an instance per common kind) where fewer are; the engine says which and why."""
-    from gpubatch.engine.gpu_engine import GpuEngine
+    from gpubatch.engine.gpu.engine import GpuEngine
     from gpubatch.engine.settings import Settings
 
     monkeypatch.delenv("GPUBATCH_DECODE_ROUTE")
@@ -190,8 +190,8 @@ def test_auto_route_follows_the_load_as_the_run_goes(tmp_path, monkeypatch):
     each switch, then split again once it went; the images right throughout. An explicit route, or ``follow_load=False``, keeps its route."""
     from types import SimpleNamespace
 
-    from gpubatch.engine.pipeline import ImagePipeline
     from gpubatch.engine.settings import Settings
+    from gpubatch.pipelines.image import ImagePipeline
 
     monkeypatch.delenv("GPUBATCH_DECODE_ROUTE")
     # "auto" splits at the start however busy the host; a check every batch, a route held no longer
@@ -642,8 +642,8 @@ def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path, mon
     and reported, the rows after them closed up. With the hardware engine's images in their planes
     (split calls' default) the batches are the same to a level (the planes read as Pillow decodes,
     the engine's RGB within a level of it)."""
-    from gpubatch.engine.pipeline import ImagePipeline
     from gpubatch.engine.settings import Settings
+    from gpubatch.pipelines.image import ImagePipeline
 
     # (from the environment too: the tests' fixed "split" route, so each image goes to the same decoder)
     rgb, planes = Settings.from_env(hw_planes="never"), Settings.from_env(hw_planes="chunked")
@@ -746,8 +746,8 @@ def test_convert_on_gpu_skips_bad_records_and_moves_boxes(coco, tmp_path):
 def test_batch_split_under_memory_cap(tmp_path):
     import cupy as cp
 
-    from gpubatch.engine.gpu_engine import GpuEngine
-    from gpubatch.engine.gpu_worker import _resample_encode
+    from gpubatch.engine.gpu.engine import GpuEngine
+    from gpubatch.engine.gpu.images import _resample_encode
 
     eng = GpuEngine(resolve("gpu"), cpu_threads=2, gpu_memory="64MiB")
     try:
@@ -766,8 +766,8 @@ def test_hardware_decoder_thread_has_a_core_of_its_own():
     engine gives the building thread its cores back."""
     import os
 
-    from gpubatch.engine import affinity
-    from gpubatch.engine.gpu_engine import GpuEngine
+    from gpubatch.engine.gpu import affinity
+    from gpubatch.engine.gpu.engine import GpuEngine
 
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("CPU affinity is Linux's")
@@ -898,7 +898,7 @@ def test_batches_that_outlive_their_decoder_free_safely():
 
 
 def test_image_pipeline_reproducible_and_matches_cpu():
-    from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.pipelines.image import ImagePipeline
 
     blobs = [jpeg_bytes(photo(300 + 7 * i, 400 - 5 * i, seed=i), 92) for i in range(8)]
     keys = [f"img{i}" for i in range(8)]
@@ -919,8 +919,8 @@ def test_region_decode_matches_full_decode(tmp_path, monkeypatch, chunk, regions
     whole parts, and chunks). A decoder not in ``settings.regions_for`` decodes whole images and gives
     views of the regions."""
     from gpubatch.engine.codecs.nvjpeg_hw import HwBatchDecoder
-    from gpubatch.engine.pipeline import ImagePipeline
     from gpubatch.engine.settings import Settings
+    from gpubatch.pipelines.image import ImagePipeline
 
     st = Settings.from_env(regions_for=tuple(filter(None, regions_for.split("+"))))
 
@@ -957,8 +957,8 @@ def test_ring_of_one_waits_for_the_consumers_reads(tmp_path, monkeypatch):
 
     import cupy as cp
 
-    from gpubatch.engine.pipeline import ImagePipeline
     from gpubatch.engine.settings import Settings
+    from gpubatch.pipelines.image import ImagePipeline
 
     paths = _jpeg_files(tmp_path, 16, lambda i: (200 + 9 * i, 260 - 3 * i), lambda i: 80 + i % 15)
     blobs, keys = [p.read_bytes() for p in paths], [p.stem for p in paths]
@@ -1000,7 +1000,7 @@ def test_ring_of_one_waits_for_the_consumers_reads(tmp_path, monkeypatch):
 def test_stream_ordered_batches_and_iterate_files_match_finished_calls(tmp_path):
     """Batches that nobody waited for (decode, free and kernels all stream-ordered) equal finished
     one-batch calls; ``iterate_files`` (reader processes, parameters drawn there) gives the same."""
-    from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.pipelines.image import ImagePipeline
 
     paths = _jpeg_files(tmp_path, 48, lambda i: (200 + 9 * i, 260 - 3 * i), lambda i: 80 + i % 15)
     keys = [p.stem for p in paths]
@@ -1027,7 +1027,7 @@ def test_pin_host_page_locks_shared_memory_and_unpins_it():
     import cupy as cp
 
     from gpubatch.engine.device import Device, DeviceKind
-    from gpubatch.engine.gpu_engine import GpuEngine
+    from gpubatch.engine.gpu.engine import GpuEngine
 
     engine = GpuEngine(Device(DeviceKind.GPU, 0, reason="test"), 2)
     shm = SharedMemory(create=True, size=8 << 20)
@@ -1053,7 +1053,7 @@ def test_iterate_files_with_reused_slots_matches_one_batch_calls(tmp_path, monke
     page-locked ring the GPU copies from a slot after the decode call returned) give every batch
     exactly as one-batch calls do: a slot is refilled only once the GPU has read it. The validation
     chain (no random op) takes the feed's windows without drawing anything again."""
-    from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.pipelines.image import ImagePipeline
 
     monkeypatch.setenv("GPUBATCH_PIN_FEED", pin)
     paths = _jpeg_files(tmp_path, 40, lambda i: (240 + 13 * i, 380 - 4 * i), lambda i: 78 + i % 19)
@@ -1078,11 +1078,11 @@ def test_iterate_files_with_reused_slots_matches_one_batch_calls(tmp_path, monke
 
 _SYNC_PROBE = """
 import os, sys
-from gpubatch.engine import gpu_engine as ge
+from gpubatch.engine.gpu import engine as ge
 if sys.argv[1] == "host-first":  # a host program used the GPU before gpubatch
     import cupy as cp
     cp.zeros(1)
-from gpubatch.engine.pipeline import ImagePipeline
+from gpubatch.pipelines.image import ImagePipeline
 from gpubatch.engine.ops import CenterCrop
 pipe = ImagePipeline([CenterCrop(8)], device="auto", warm_up=0)
 print(pipe.device.kind.value, pipe.engine.sync, *ge.sync_policy_state(0))
@@ -1115,7 +1115,7 @@ import sys, threading, time
 from pathlib import Path
 import cupy as cp
 from gpubatch import convert
-from gpubatch.engine import gpu_engine as ge
+from gpubatch.engine.gpu import engine as ge
 from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
 try:
     import pynvml
@@ -1223,7 +1223,7 @@ def test_gpu_run_keeps_the_contract_on_damaged_and_odd_input(imagenet, tmp_path)
 def test_gpu_iterate_files_draws_anew_each_epoch_and_matches_the_cpu(tmp_path):
     """repeat=True: every epoch new crops and flips on the GPU, the same ones on a rerun, and the same
     draws as the CPU path's epochs (pixels agree to the resamplers' rounding)."""
-    from gpubatch.engine.pipeline import ImagePipeline
+    from gpubatch.pipelines.image import ImagePipeline
 
     files = []
     for i in range(8):

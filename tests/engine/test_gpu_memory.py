@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gpubatch.engine.gpu_memory import (
+from gpubatch.engine.gpu.memory import (
     DEFAULT_IMAGE,
     MARGIN,
     CapTooSmall,
@@ -120,7 +120,7 @@ def test_the_sampler_reads_nothing_without_nvml(monkeypatch):
 def test_a_context_starting_is_kept_apart_from_the_runs_peak(monkeypatch):
     """The peak a run reports leaves out each process's first CONTEXT_START_S on the GPU (a context at
     the driver's default stack); the summary names that moment where it went higher."""
-    from gpubatch.engine.gpu_memory import CONTEXT_START_S, watch
+    from gpubatch.engine.gpu.memory import CONTEXT_START_S, watch
     from gpubatch.errors import RunStats
     from gpubatch.report.summary import gpu_memory_text
 
@@ -187,7 +187,7 @@ def test_outputs_held_whatever_the_plan_come_off_the_room_and_are_named():
 def test_an_audio_record_needs_its_largest_op():
     """Whisper's chain on a 10 s clip: the log-mel's frames, spectrum, FFT work area and power of the
     30 s it is padded to take the most; speed perturbation counts its slowest factor."""
-    from gpubatch.engine.gpu_memory import audio_need
+    from gpubatch.engine.gpu.memory import audio_need
     from gpubatch.engine.plan import Plan
     from gpubatch.engine.spec import parse_chain
 
@@ -208,7 +208,7 @@ def test_an_audio_refusal_names_one_record():
 
 
 def test_only_a_context_starting_may_pass_the_cap():
-    from gpubatch.engine.gpu_memory import CONTEXT_START_S, over_cap
+    from gpubatch.engine.gpu.memory import CONTEXT_START_S, over_cap
 
     cap = 500 * MiB
     trace = [(0.00, 0, frozenset()), (0.01, 518 * MiB, frozenset({7})), (0.02, 258 * MiB, frozenset({7})),
@@ -230,7 +230,7 @@ def test_a_settled_reading_waits_for_the_figure_to_hold_still(monkeypatch):
 
 
 def test_a_plans_sample_is_spread_over_the_dataset():
-    from gpubatch.engine.gpu_memory import spread
+    from gpubatch.engine.gpu.memory import spread
 
     assert spread(list(range(100)), 4) == [0, 25, 50, 75]
     assert spread(list(range(3)), 48) == [0, 1, 2]

@@ -49,7 +49,7 @@ def _convert(src: Path, dst: Path, cap: str | None) -> tuple[int, Any, dict | No
 
 
 def _sampled(cmd: list[str]) -> tuple[int, Any, dict | None, str]:
-    from gpubatch.engine.gpu_memory import ProcessMemory, nvml_index
+    from gpubatch.engine.gpu.memory import ProcessMemory, nvml_index
 
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     mem = ProcessMemory(nvml_index(0), [p.pid], children=True, interval=0.01, trace=True).start()
@@ -63,7 +63,7 @@ def _sampled(cmd: list[str]) -> tuple[int, Any, dict | None, str]:
 def _held(mem: Any, cap_mib: int) -> None:
     """Every sample under the cap but those of a context's first milliseconds (at the driver's default
     stack, before the run lowers it: CONTEXT_START_S), and those no higher than a context's start adds."""
-    from gpubatch.engine.gpu_memory import over_cap
+    from gpubatch.engine.gpu.memory import over_cap
 
     late = over_cap(mem.trace, cap_mib * MiB)
     assert not late, [(round(t, 3), b >> 20) for t, b in late[:5]]
@@ -105,8 +105,8 @@ def test_a_cap_below_the_minimum_is_refused_before_anything_is_written(photos, t
 _PIPELINE = """
 import sys
 from pathlib import Path
-from gpubatch.engine.gpu_memory import ProcessMemory
-from gpubatch.engine.pipeline import ImagePipeline
+from gpubatch.engine.gpu.memory import ProcessMemory
+from gpubatch.pipelines.image import ImagePipeline
 from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
 files = sorted(Path(sys.argv[1]).rglob("*.jpg"))
 mem = ProcessMemory().start()
@@ -154,8 +154,8 @@ def test_the_image_pipeline_stays_under_its_cap(images, request):
 
 def test_the_image_pipeline_refuses_a_cap_below_its_minimum():
     from gpubatch.engine.ops import Flip
-    from gpubatch.engine.pipeline import ImagePipeline
     from gpubatch.errors import UsageError
+    from gpubatch.pipelines.image import ImagePipeline
 
     with pytest.raises(UsageError, match=r"ImagePipeline: --gpu-memory 128MiB is below the \d+ MiB this run needs at least"):
         ImagePipeline([Flip()], device="gpu", gpu_memory="128MiB")

@@ -86,7 +86,7 @@ OPS = {
 
 @pytest.fixture(scope="module")
 def engine():
-    from gpubatch.engine.gpu_engine import GpuEngine
+    from gpubatch.engine.gpu.engine import GpuEngine
 
     eng = GpuEngine(resolve("gpu"), cpu_threads=4)
     yield eng
@@ -103,7 +103,7 @@ def _gpu(engine, plan: Plan, imgs, params):
     import cupy as cp
 
     from gpubatch.engine.batch import Ragged
-    from gpubatch.engine.gpu_chain import run_chain
+    from gpubatch.engine.gpu.chain import run_chain
 
     batch = run_chain(engine, plan.ops, Ragged.from_items(cp, [cp.asarray(im) for im in imgs]), params)
     engine.stream.synchronize()

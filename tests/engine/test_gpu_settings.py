@@ -7,8 +7,8 @@ import ctypes
 
 import pytest
 
-from gpubatch.engine import gpu_engine as ge
-from gpubatch.engine import gpu_memory as gm
+from gpubatch.engine.gpu import engine as ge
+from gpubatch.engine.gpu import memory as gm
 from gpubatch.errors import UsageError
 
 
@@ -74,5 +74,5 @@ def test_the_engine_reads_no_environment_outside_its_settings():
     # CUDA_VISIBLE_DEVICES, read to find a CUDA device's NVML index)
     users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                    if p.name != "settings.py" and re.search(r"os\.environ|getenv\(", p.read_text()))
-    assert users == ["gpu_memory.py", "processes.py"]
-    assert re.findall(r"os\.environ\.get\(\"(\w+)\"", (root / "gpu_memory.py").read_text()) == ["CUDA_VISIBLE_DEVICES"]
+    assert users == ["gpu/memory.py", "processes.py"]
+    assert re.findall(r"os\.environ\.get\(\"(\w+)\"", (root / "gpu" / "memory.py").read_text()) == ["CUDA_VISIBLE_DEVICES"]

@@ -31,7 +31,7 @@ def test_nvdec_frames_match_pyav_at_the_same_indices(tmp_path, codec, size):
 
     from gpubatch.engine.codecs.video import FrameCursor
     from gpubatch.engine.codecs.video_probe import probe
-    from gpubatch.engine.video_gpu import NvdecSession
+    from gpubatch.engine.gpu.video import NvdecSession
 
     w, h = size
     data = make_clip(tmp_path / "c.mp4", 40, w, h, codec).read_bytes()
@@ -153,7 +153,7 @@ def test_nvdec_caps_are_asked_in_the_runs_own_context(codec, chroma, depth):
     import PyNvVideoCodec as nvc
 
     from gpubatch.engine.codecs.video_gpu_caps import CUDA_CODEC, _member, _query
-    from gpubatch.engine.gpu_memory import ProcessMemory
+    from gpubatch.engine.gpu.memory import ProcessMemory
 
     cp.cuda.Device(0).use()
     cp.zeros(1).sum().item()  # the primary context, as a run holds it

@@ -1,5 +1,5 @@
 """The audio codec on the GPU, registered for the run flow: records decoded on the CPU (FLAC and MP3 have
-no GPU decoder), their chain run a batch at a time by :mod:`gpubatch.engine.audio_gpu` (imported when a
+no GPU decoder), their chain run a batch at a time by :mod:`gpubatch.engine.gpu.audio` (imported when a
 run asks, so that naming the codec loads no GPU library)."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ _CUDA_CHEAP = ("baseline/gray", "baseline/4:2:0", "baseline/4:2:2", "baseline/4:
 def choose_route(route: str | None, cores: float | None, share: int, settings: Settings) -> tuple[str, float | None]:
     """(the route, the free cores it was chosen by or None): ``route`` (by default the settings')
     as given, or for "auto" by ``cores`` free (by default measured now,
-    :func:`~gpubatch.engine.affinity.free_cores`, split between ``share`` engines): "split" from
+    :func:`~gpubatch.engine.gpu.affinity.free_cores`, split between ``share`` engines): "split" from
     ``settings.split_min_cores`` free cores, else "hardware"."""
     route = route or settings.decode_route
     if route not in ROUTES:
@@ -36,7 +36,7 @@ def choose_route(route: str | None, cores: float | None, share: int, settings: S
     if route != "auto":
         return route, None
     if cores is None:
-        from ..affinity import free_cores
+        from ..gpu.affinity import free_cores
 
         cores = free_cores() / max(share, 1)
     return ("split" if cores >= settings.split_min_cores else "hardware"), round(cores, 1)

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import DependencyError
-from ..follow import RouteFollower
+from ..gpu.follow import RouteFollower
 from ..settings import Settings
 from . import image as host
 from .decode_buffers import (
@@ -138,7 +138,7 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
     With ``hw_direct`` (the default where nvJPEG loads; ``settings.hw_direct``) those instances are
     :class:`~gpubatch.engine.codecs.nvjpeg_hw.HwBatchDecoder` objects and the hardware part needs no
     code streams or descriptors: its places come from the sizes the headers gave. ``hw_core`` (an
-    :class:`~gpubatch.engine.affinity.Reservation`, which :class:`~gpubatch.engine.gpu_engine.GpuEngine`
+    :class:`~gpubatch.engine.gpu.affinity.Reservation`, which :class:`~gpubatch.engine.gpu.engine.GpuEngine`
     takes) binds the hardware engine's thread to a CPU core the rest of the pipeline leaves to it: that
     thread is the pipeline's pace. ``api="python"`` uses the Python
     binding (one instance, the CUDA decoder called from a second thread); it is the fallback where
@@ -231,7 +231,7 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
         # ``follow``: the route follows the load on the host while the run goes (C API, both decoders)
         self.follower = self._probe = None
         if follow and self.lib is not None and (self.hw_direct or self.hw_cs) and self.route in ("split", "hardware"):
-            from ..affinity import HostLoad
+            from ..gpu.affinity import HostLoad
 
             cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
             self._probe = HostLoad(cpus)  # (other processes' load on this process's cores)
@@ -411,7 +411,7 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
         With ``order=False`` that wait is left to the caller (``result.order(stream)``, just before the
         kernels that read the images): a decode thread running ahead then never makes an earlier
         batch's kernels wait for a later batch's decode. ``headers`` are the blobs' :func:`jpeg_kind`
-        results when already known (a :class:`~gpubatch.engine.feed.FileFeed` parses them in its workers).
+        results when already known (a :class:`~gpubatch.engine.gpu.feed.FileFeed` parses them in its workers).
         ``regions`` gives per blob a (y0, x0, y1, x1) part to decode or None (the hardware engine's
         direct path: nvJPEG's region calls; the CUDA decoder: nvImageCodec's sub-code streams); what
         the GPU refuses is decoded whole by Pillow, and its size tells the caller so.

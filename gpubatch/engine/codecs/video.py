@@ -397,7 +397,7 @@ def encode_clip(data: Any, record: Record, plan: Any) -> Record:
             meta = {**record.meta, "audio": sound} if sound else record.meta
             return record.with_(data=out, codec="mp4", meta=meta)
         if fmt in ("jpeg", "png"):  # one image member per frame: <key>.0000.jpg ...
-            from ..codecs.image import encode as encode_image
+            from .image import encode as encode_image
 
             return clip_members(record, [encode_image(np.ascontiguousarray(f), fmt, plan.jpeg_quality) for f in data],
                                 fmt)

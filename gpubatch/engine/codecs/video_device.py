@@ -1,5 +1,5 @@
 """The video codec on the GPU, registered for the run flow: NVDEC decoders through PyNvVideoCodec, run
-by :mod:`gpubatch.engine.video_gpu` (imported when a run asks, so that naming the codec loads no GPU
+by :mod:`gpubatch.engine.gpu.video` (imported when a run asks, so that naming the codec loads no GPU
 library)."""
 
 from __future__ import annotations

@@ -55,11 +55,11 @@ TABLE: dict[tuple[str, str], Strategy] = {
     # per_gpu: what one worker process leaves undone, measured on an H200 host of 16 cores (2026-11-27,
     # benchmarks/bench_convert.py): an image worker's Python (the feed's hand-over, each record's shard
     # write) tops out near 7,000 images/s; an audio worker decodes FLAC in threads of one process
-    ("image", "gpu"): Strategy("gpu-image", "gpubatch.engine.gpu_worker:GpuImageUnit", gpu=True, per_gpu=2,
+    ("image", "gpu"): Strategy("gpu-image", "gpubatch.engine.gpu.images:GpuImageUnit", gpu=True, per_gpu=2,
                                why="images on the GPU: decoders, the chain's kernels and the JPEG encoder"),
-    ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.video_gpu:VideoDeviceUnit", gpu=True, per_gpu=2,
+    ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.gpu.video:VideoDeviceUnit", gpu=True, per_gpu=2,
                                why="video on the GPU: NVDEC sessions, the chain on the GPU"),
-    ("audio", "gpu"): Strategy("gpu-audio", "gpubatch.engine.audio_gpu:AudioDeviceUnit", gpu=True, per_gpu=4,
+    ("audio", "gpu"): Strategy("gpu-audio", "gpubatch.engine.gpu.audio:AudioDeviceUnit", gpu=True, per_gpu=4,
                                why="audio features on the GPU, decoded on the CPU"),
 }
 

@@ -17,7 +17,7 @@ from .base import Op, probability
 
 if TYPE_CHECKING:
     from ..batch import DeviceBatch, Ragged
-    from ..gpu_engine import GpuEngine
+    from ..gpu.engine import GpuEngine
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UsageError
+from ...errors import UsageError
 
 MiB = 1 << 20
 DEFAULT_GPU_MEMORY = 1 << 30  # without a cap: the bound on CuPy's pool (kernel outputs and tables)
@@ -308,8 +308,8 @@ def sample_need(read: Any, entries: list[Any], plan: Any, n: int = 48) -> ImageN
     """The largest :func:`image_need` among ``n`` entries spread over the dataset, read with ``read``
     (a format reader's ``read``) and their headers parsed (JPEG; others through Pillow); records that do
     not read or parse are passed over (the run reports them). :data:`DEFAULT_IMAGE` where none did."""
-    from ..types import Record
-    from .codecs.headers import jpeg_display_size, probe
+    from ...types import Record
+    from ..codecs.headers import jpeg_display_size, probe
 
     best: ImageNeed | None = None
     for entry in spread(entries, n):
@@ -434,7 +434,7 @@ def audio_need(plan: Any, rate: int, samples: int, channels: int) -> int:
     copy of each; for a feature op its input, the windowed frames, the spectrum (complex) and cuFFT's work
     area of that size, the power and the features. Speed perturbation counts its slowest factor (the
     longest output); other draws are the record's own."""
-    from .ops.audio import FeatureOp
+    from ..ops.audio import FeatureOp
 
     h, w = rate, samples
     params = plan.draw("", h, w)

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from .batch import DeviceBatch, PinnedStaging, Ragged, upload_table_addresses, upload_tables
-from .ops.base import Window
-from .ops.normalize import Normalize
+from ..batch import DeviceBatch, PinnedStaging, Ragged, upload_table_addresses, upload_tables
+from ..ops.base import Window
+from ..ops.normalize import Normalize
 
 BLOCK = 256
 
@@ -93,7 +93,7 @@ class Launcher:
                 return DeviceBatch(out, offsets, shapes, keep=list(src.keep), stream=stream)
             t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, t_norm = upload_table_addresses(
                 [src.ptr, src.shape, geo, out_shape, offsets, first_block, norm], stream, self.staging)
-            from .kernels import kernel
+            from ..kernels import kernel
 
             fn = kernel("resample", f"resample_{_DTYPE_TAG[dtype]}_{layout.lower()}{'_planes' if src.planes else ''}")
             fn((total_blocks,), (BLOCK,), (t_ptr, t_shape, t_geo, t_oshape, t_off, t_first, np.int32(n),
@@ -103,8 +103,8 @@ class Launcher:
     def step(self, src: Any, steps: Sequence[Any]) -> DeviceBatch:
         """One launch of ``kernels/step.cu``: image ``i`` of ``src`` (a :class:`Ragged`) through ``steps[i]``
         (a :class:`~gpubatch.engine.ops.pixel.Step`), with the per-image statistics its codes need."""
-        from .kernels import kernel
-        from .ops.pixel import NPRM, stats_needed
+        from ..kernels import kernel
+        from ..ops.pixel import NPRM, stats_needed
 
         cp = self.cp
         if src.planes:

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import RecordError, Stage
-from .codecs.audio_io import AudioData
+from ...errors import RecordError, Stage
+from ..codecs.audio_io import AudioData
 
 SLAB_BYTES = 16 << 20
 
@@ -59,7 +59,7 @@ def decode_into(args: tuple) -> list[tuple]:
     (a file above ``max_samples`` decoded samples among the errors)."""
     import soundfile as sf
 
-    from .codecs.audio_io import _BITS, AudioInfo, _check, decode_audio, probe_audio
+    from ..codecs.audio_io import _BITS, AudioInfo, _check, decode_audio, probe_audio
 
     name, feed, size, files, seconds, max_samples = args
     buf = np.ndarray((size // 4,), np.float32, buffer=_attach(name, feed).buf)
@@ -134,7 +134,7 @@ class DecodeWorkers:
     def __init__(self, count: int):
         import multiprocessing as mp
 
-        from .processes import worker_processes
+        from ..processes import worker_processes
 
         ctx = mp.get_context("spawn")
         self.tasks, self.results = ctx.SimpleQueue(), ctx.SimpleQueue()
@@ -200,7 +200,7 @@ class SharedFeed:
                  max_samples: int | None = None, device: int | None = None):
         from multiprocessing import shared_memory
 
-        from .codecs.audio_io import DEFAULT_MAX_SAMPLES
+        from ..codecs.audio_io import DEFAULT_MAX_SAMPLES
 
         self.workers, self.per_task = workers, per_task
         self.max_samples = DEFAULT_MAX_SAMPLES if max_samples is None else max_samples
@@ -214,7 +214,7 @@ class SharedFeed:
             self.close()
             raise
         if device is not None:
-            from .device import page_lock
+            from ..device import page_lock
 
             self.locked = [page_lock(shm.buf, device) for shm in self.shms]
         self.size = slab_bytes
@@ -285,7 +285,7 @@ class SharedFeed:
 
         import cupy as cp
 
-        from .audio_gpu import to_device
+        from .audio import to_device
 
         out: list[Any] = [None] * len(group)
         spans: dict[int, list[int]] = {}  # slab -> [lo, hi) of its samples in this batch

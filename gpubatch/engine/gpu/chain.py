@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .batch import Ragged
-from .ops.base import Op
-from .registry import DEVICE, get_kernel
-from .windows import fold_windows, segment_fill, segments
+from ..batch import Ragged
+from ..ops.base import Op
+from ..registry import DEVICE, get_kernel
+from ..windows import fold_windows, segment_fill, segments
 
 if TYPE_CHECKING:
-    from .batch import DeviceBatch
-    from .gpu_engine import GpuEngine
+    from ..batch import DeviceBatch
+    from .engine import GpuEngine
 
 
 def run_chain(engine: GpuEngine, ops: Sequence[Op], src: Ragged, params: Sequence[Sequence[Any]], out: Any = None,

@@ -11,13 +11,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..errors import UsageError
+from ...errors import UsageError
+from ..batch import PinnedStaging
+from ..device import Device
+from ..settings import Settings
 from . import affinity
-from .batch import PinnedStaging
-from .device import Device
-from .gpu_memory import parse_memory
 from .launch import Launcher
-from .settings import Settings
+from .memory import parse_memory
 
 # the primary context's scheduling flags of each sync policy (Settings.sync)
 SYNC_POLICIES = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}
@@ -93,7 +93,7 @@ class GpuEngine:
         import sys
         import time
 
-        from .codecs.decode_routing import choose_route
+        from ..codecs.decode_routing import choose_route
 
         t = time.perf_counter()
         self.init_times: dict[str, float] = {}  # seconds of each step of the engine's start (the run's gpu_init)
@@ -117,7 +117,7 @@ class GpuEngine:
 
         import cupy as cp
 
-        from .media import DEVICE, get_codec
+        from ..media import DEVICE, get_codec
 
         codecs = get_codec("image", "*", DEVICE)  # the GPU image decoder and encoder (imported here)
         GpuImageDecoder = codecs.decoder()
@@ -133,12 +133,12 @@ class GpuEngine:
         self.device = device
         self.dev = cp.cuda.Device(device.index)
         self.dev.use()
-        from .gpu_memory import lower_stack
+        from .memory import lower_stack
 
         lower_stack(cp, st.stack_bytes)
         free, total = cp.cuda.runtime.memGetInfo()  # (the CUDA context is made here)
         step("context")
-        from .gpu_memory import ProcessMemory, nvml_index
+        from .memory import ProcessMemory, nvml_index
 
         # what this process takes on the device, as the driver counts it, step by step (MiB)
         self.process_memory = ProcessMemory(nvml_index(device.index))
@@ -192,14 +192,14 @@ class GpuEngine:
         pool = self.cp.get_default_memory_pool()
         self.memory_limit = plan.pool_limit + pool.used_bytes()  # the engine's own buffers are in ``fixed``
         pool.set_limit(size=self.memory_limit)
-        from .codecs.decode_buffers import set_pool_keep
+        from ..codecs.decode_buffers import set_pool_keep
 
         set_pool_keep(self.cp, self.device.index, plan.decode, again=True)
 
     @property
     def encoder(self):
         if self._encoder is None:
-            from .media import DEVICE, get_codec
+            from ..media import DEVICE, get_codec
 
             GpuImageEncoder = get_codec("image", "*", DEVICE).encoder()
             self._encoder = GpuImageEncoder(self.device.index, self.cpu_threads, self.jpeg_encoder, self.staging)
@@ -209,7 +209,7 @@ class GpuEngine:
         """Pay the one-off costs before the first batch: the decoders' first calls (and the buffers a
         batch of ``batch`` needs; with ``regions``, the hardware engine's region calls too), the resample
         kernels' load and, with ``encoder``, the JPEG encoder's first use. Returns the seconds it took."""
-        from .kernels import kernel
+        from ..kernels import kernel
 
         t0 = time.perf_counter()
         self.decoder.warm_up(batch, regions)
@@ -234,7 +234,7 @@ class GpuEngine:
         buffers (CUPTI trace, the timeline study (docs/engine.md)). From page-locked memory the copy is a DMA the
         call only queues, so the bytes must stay put until the GPU has read them: let slots go only
         in stream order (ImagePipeline does); the returned function drains the decoders first."""
-        from .device import page_lock
+        from ..device import page_lock
 
         locked = page_lock(buf, self.device.index)
         if locked is None:
@@ -279,7 +279,7 @@ def decode_ahead(decode: Callable[[Any], Any], items: Iterable[Any], prefetch: i
     slots then bound how far the decoders' own threads may run ahead of it."""
     import threading
 
-    from .executor import prefetched
+    from ..executor import prefetched
 
     depth = max(1, prefetch)
     slots = threading.Semaphore(depth)

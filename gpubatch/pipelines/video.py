@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.batch import KeyedBatch
+from ..engine.ops.base import Op
+from ..engine.plan import Plan
+from ..engine.rng import file_visits
+from ..engine.settings import Settings
 from ..errors import UsageError
-from .batch import KeyedBatch
-from .ops.base import Op
-from .plan import Plan
-from .rng import file_visits
-from .settings import Settings
 
 LAYOUTS = ("NCTHW", "NTCHW")
 
@@ -47,7 +47,7 @@ class ClipBatch(KeyedBatch):
 
 
 def _clip_plan(ops: Sequence[Op], clip_length: int, frame_step: int, seed: int) -> Plan:
-    from .ops.temporal import RandomClip
+    from ..engine.ops.temporal import RandomClip
 
     return Plan(ops=(RandomClip(clip_length, frame_step), *ops), seed=seed, max_pixels=0, media="video")
 
@@ -67,7 +67,7 @@ class _Probes:
         self._infos: dict[str, Any] = {}
 
     def get(self, path: str, data: bytes) -> Any:
-        from .codecs.video_probe import probe
+        from ..engine.codecs.video_probe import probe
 
         with self._lock:
             found = self._infos.get(path)
@@ -84,10 +84,10 @@ _WORKER_PROBES = _Probes()  # a CPU worker process's probes, kept for its later 
 def _cpu_clip(args: tuple) -> tuple[np.ndarray, list[int]]:
     """One clip on the CPU (a worker process): decoded by PyAV, each frame through the host chain."""
     path, key, plan, layout = args
+    from ..engine.codecs.video import FrameCursor
+    from ..engine.host_chain import run_chain_host
     from ..errors import RecordError, Stage
     from ..types import Media, Record
-    from .codecs.video import FrameCursor
-    from .host_chain import run_chain_host
 
     data = Path(path).read_bytes()
     try:
@@ -123,7 +123,7 @@ class VideoPipeline:
     def __init__(self, ops: Sequence[Op], clip_length: int = 16, frame_step: int = 1, device: str = "auto",
                  gpu: int = 0, seed: int = 0, layout: str = "NCTHW", decoders: int | None = None,
                  workers: int | None = None, settings: Settings | None = None):
-        from .device import resolve
+        from ..engine.device import resolve
 
         if layout not in LAYOUTS:
             raise UsageError(f"unknown layout {layout!r}; supported: {', '.join(LAYOUTS)}")
@@ -132,7 +132,7 @@ class VideoPipeline:
         self.device = resolve(device, gpu)
         self.settings = settings or Settings.from_env()
         self.decoders = decoders or self.settings.video_decoders
-        from .executor import default_workers
+        from ..engine.executor import default_workers
 
         self.workers = workers or default_workers()
         self.timings: dict[str, float] = {"read": 0.0, "decode": 0.0, "ops": 0.0, "wait": 0.0}
@@ -141,7 +141,7 @@ class VideoPipeline:
         self._probes = _Probes()
         self._lock = threading.Lock()
         self._pool: Any = None
-        from .registry import DEVICE, HOST
+        from ..engine.registry import DEVICE, HOST
 
         self.plan.validate(DEVICE if self.device.is_gpu else HOST)
 
@@ -188,8 +188,8 @@ class VideoPipeline:
         """Clips made by worker processes, in visit order, at most two a worker in flight."""
         from collections import deque
 
+        from ..engine.processes import single_threaded_pool
         from ..errors import RecordError
-        from .processes import single_threaded_pool
 
         if self._pool is None:
             self._pool = single_threaded_pool(self.workers)
@@ -232,7 +232,7 @@ class VideoPipeline:
         feed_lock = threading.Lock()
 
         def worker() -> None:
-            from .video_gpu import NvdecSession
+            from ..engine.gpu.video import NvdecSession
 
             session = NvdecSession(self.device.index)
             try:
@@ -285,10 +285,10 @@ class VideoPipeline:
     def _gpu_clip(self, session: Any, path: str, key: str) -> tuple[Any, str, list[int]]:
         """One clip on the GPU: read, probe (once a file), decode (NVDEC, or PyAV where NVDEC does not take
         the file), the chain on its frames, arranged; the clip's stream is synchronized before it goes."""
+        from ..engine.codecs.video_gpu_caps import nvdec_supports
+        from ..engine.gpu.video import CHECKED, _chain
         from ..errors import RecordError, Stage
         from ..types import Media, Record
-        from .codecs.video_gpu_caps import nvdec_supports
-        from .video_gpu import CHECKED, _chain
 
         cp = session.cp
         t0 = time.perf_counter()
@@ -309,7 +309,7 @@ class VideoPipeline:
             except Exception as e:  # noqa: BLE001 - a damaged stream: this file gives no clip this visit
                 raise RecordError(key, path, Stage.DECODE, f"NVDEC: {str(e).splitlines()[0][:160]}") from None
         else:
-            from .codecs.video import FrameCursor
+            from ..engine.codecs.video import FrameCursor
 
             cur = FrameCursor(data, info, [frames], key, path)
             try:

@@ -11,15 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import RecordError, RunStats, Stage
-from ..types import Record
-from .codecs.audio_io import AudioData
-from .device import Device
-from .media import DEVICE, HOST, get_codec
-from .plan import Plan
-from .registry import get_kernel
-from .run import Job, RecordSource, outputs_of, read_counted
-from .settings import Settings
+from ...errors import RecordError, RunStats, Stage
+from ...types import Record
+from ..codecs.audio_io import AudioData
+from ..device import Device
+from ..media import DEVICE, HOST, get_codec
+from ..plan import Plan
+from ..registry import get_kernel
+from ..run import Job, RecordSource, outputs_of, read_counted
+from ..settings import Settings
 
 
 def to_device(items: Sequence[AudioData]) -> list[AudioData]:
@@ -59,8 +59,8 @@ def _prepare(record: Record, plan: Plan, stats: RunStats) -> list[Record | Recor
     its parameters drawn (the same draws as the CPU path). A long record whose chain streams
     (:mod:`.codecs.audio_stream`) is run on the CPU a block at a time here, whole outputs, counted: a
     batch on the GPU would hold all of it."""
-    from .codecs.audio_stream import AudioStream
-    from .executor import expand_host
+    from ..codecs.audio_stream import AudioStream
+    from ..executor import expand_host
 
     codec = get_codec(record.media, record.codec, HOST)
     if record.codec != "npy":
@@ -131,9 +131,9 @@ def largest_record(reader: RecordSource, entries: list[Any], plan: Plan, n: int 
     """(rate, samples, channels) of the largest record the GPU would take among ``n`` entries spread
     over the dataset, as the chain decodes it (only as far as a leading fixed duration reads; records
     long enough to stream run on the CPU); 1 s at 48 kHz in stereo where none could be read."""
-    from .codecs.audio import info_of, should_stream
-    from .codecs.audio_io import leading_seconds
-    from .gpu_memory import spread
+    from ..codecs.audio import info_of, should_stream
+    from ..codecs.audio_io import leading_seconds
+    from .memory import spread
 
     seconds = leading_seconds(plan.ops)
     best = (0, (48000, 48000, 2))
@@ -164,8 +164,8 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     first, as the image engine does (it holds a share of the context's memory)."""
     import cupy as cp
 
-    from ..errors import GpubatchError
-    from .gpu_memory import CapTooSmall, ImageNeed, audio_need, named, plan_memory, start_capped
+    from ...errors import GpubatchError
+    from .memory import CapTooSmall, ImageNeed, audio_need, named, plan_memory, start_capped
 
     cap, mem, context = start_capped(spec, device.index, stack_bytes)
     rate, samples, channels = largest_record(reader, entries, plan)
@@ -216,8 +216,8 @@ class AudioDeviceUnit:
     def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from .execute.worker import finish
-        from .executor import expand_host, ordered_on, prefetched
+        from ..execute.worker import finish
+        from ..executor import expand_host, ordered_on, prefetched
 
         plan, cp = self.plan, self.cp
         for task in tasks:

@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.batch import KeyedBatch, stack
+from ..engine.codecs.audio_io import AudioData, decode_audio, leading_seconds
+from ..engine.ops.base import Op
+from ..engine.plan import Plan
+from ..engine.rng import file_visits
 from ..errors import GpubatchError, RecordError, Stage, UsageError
-from .batch import KeyedBatch, stack
-from .codecs.audio_io import AudioData, decode_audio, leading_seconds
-from .ops.base import Op
-from .plan import Plan
-from .rng import file_visits
 
 DTYPES = ("float16", "float32")
 
@@ -54,7 +54,7 @@ def _squeeze(x: Any) -> Any:
 def _cpu_item(args: tuple) -> np.ndarray:
     """One file on the CPU (a worker process): decoded, drawn for, through the host kernels."""
     path, key, plan, dtype = args
-    from .codecs.audio import AudioHostCodec
+    from ..engine.codecs.audio import AudioHostCodec
 
     item = _load(path, key, plan)
     params = plan.draw(key, *item.size)
@@ -93,9 +93,9 @@ class AudioPipeline:
 
     def __init__(self, ops: Sequence[Op], device: str = "auto", gpu: int = 0, seed: int = 0, dtype: str = "float16",
                  workers: int | None = None, feed: str = "processes"):
-        from .device import resolve
-        from .executor import default_workers
-        from .registry import DEVICE, HOST
+        from ..engine.device import resolve
+        from ..engine.executor import default_workers
+        from ..engine.registry import DEVICE, HOST
 
         if dtype not in DTYPES:
             raise UsageError(f"unknown dtype {dtype!r}; supported: {', '.join(DTYPES)}")
@@ -120,7 +120,7 @@ class AudioPipeline:
         if not files:
             raise UsageError("no audio files to read")
         if self.device.is_gpu:
-            from .executor import prefetched
+            from ..engine.executor import prefetched
 
             yield from prefetched(self._gpu(files, batch_size, repeat, epoch), 2)
         else:
@@ -142,7 +142,7 @@ class AudioPipeline:
     # --- CPU -----------------------------------------------------------------------------------------------
 
     def _cpu(self, files: Sequence[str | Path], batch_size: int, repeat: bool, epoch: int) -> Iterator[AudioBatch]:
-        from .processes import single_threaded_pool
+        from ..engine.processes import single_threaded_pool
 
         if self._pool is None:
             self._pool = single_threaded_pool(self.workers)
@@ -191,8 +191,8 @@ class AudioPipeline:
 
         import cupy as cp
 
-        from .audio_feed import DecodeWorkers, SharedFeed
-        from .settings import Settings
+        from ..engine.gpu.audio_feed import DecodeWorkers, SharedFeed
+        from ..engine.settings import Settings
 
         # the pool's manager thread hands each worker its next task once it has the GIL, which this
         # thread holds while it launches a batch's work: a short switch interval keeps the workers fed
@@ -219,7 +219,7 @@ class AudioPipeline:
                     finally:
                         feed.close()
                     return
-            from .audio_gpu import to_device
+            from ..engine.gpu.audio import to_device
 
             def upload(group: list[tuple]) -> list[AudioData]:
                 return to_device([it for _, it, _ in group])
@@ -227,7 +227,7 @@ class AudioPipeline:
             yield from self._batches(self._threads(files, repeat, epoch, batch_size), batch_size, len(files), upload, cp)
 
     def _threads(self, files: Sequence[str | Path], repeat: bool, epoch: int, batch_size: int) -> Iterator[tuple]:
-        from .executor import ordered_map
+        from ..engine.executor import ordered_map
 
         plan = self.plan
 
@@ -242,7 +242,7 @@ class AudioPipeline:
                                window=max(2 * batch_size, 4 * self.workers))
 
     def _batches(self, items: Iterator[tuple], batch_size: int, files: int, upload: Any, cp: Any) -> Iterator[AudioBatch]:
-        from .audio_gpu import run_chain_device
+        from ..engine.gpu.audio import run_chain_device
 
         misses = 0
         group: list[tuple] = []

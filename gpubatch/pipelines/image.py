@@ -17,23 +17,23 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.batch import DeviceBatch, HostBatch
+from ..engine.device import Device
+from ..engine.gpu.engine import GpuEngine, decode_ahead
+from ..engine.ops.base import Op, Window
+from ..engine.ops.normalize import Normalize
+from ..engine.plan import Plan
+from ..engine.registry import DEVICE
+from ..engine.settings import Settings
+from ..engine.windows import fed_windows
 from ..errors import UsageError
-from .batch import DeviceBatch, HostBatch
-from .device import Device
-from .gpu_engine import GpuEngine, decode_ahead
-from .ops.base import Op, Window
-from .ops.normalize import Normalize
-from .plan import Plan
-from .registry import DEVICE
-from .settings import Settings
-from .windows import fed_windows
 
 
 def _cpu_chain_one(plan: Plan, blob: bytes | str, key: str, epoch: int = 0) -> tuple[Any, str | None]:
     """Decode one image (encoded bytes, or a file path to read) and run the plan's ops on it on the CPU
     (in a worker process)."""
-    from .codecs import image as host
-    from .host_chain import run_chain_host
+    from ..engine.codecs import image as host
+    from ..engine.host_chain import run_chain_host
 
     try:
         if isinstance(blob, str):  # a file path: the worker reads it
@@ -123,7 +123,7 @@ def _take_chunks(chunks: list[tuple[str | None, list[tuple[Any, str | None]]]]) 
 
 def chain_windows(ops: Sequence[Op], params: Sequence[Any], h: int, w: int) -> tuple[Window, Normalize | None]:
     """Fold a chain of window ops (and a trailing normalize) into one window on an (h, w) image."""
-    from .windows import fold_windows
+    from ..engine.windows import fold_windows
 
     norm = ops[-1] if ops and isinstance(ops[-1], Normalize) else None
     body = list(ops[:-1] if norm is not None else ops)
@@ -163,7 +163,7 @@ class ImagePipeline:
     run goes (``follow_load``, the default): every second the cores other processes kept busy are
     measured, and after two checks in a row that want the other route it is taken (work started after
     the pipeline, such as another run or a training job's loaders, slowed the split route by half;
-    :mod:`~gpubatch.engine.follow`). ``decoder.follower.switches`` lists the changes and
+    :mod:`~gpubatch.engine.gpu.follow`). ``decoder.follower.switches`` lists the changes and
     ``decoder.route_batches`` the batches decoded on each route. The two decoders' pixels differ
     slightly, so pass the route explicitly where the same input must give the same bytes however
     loaded the host is.
@@ -211,8 +211,8 @@ class ImagePipeline:
                  max_pixels: int = 0, ring: int = 1, region_decode: bool = False, warm_up: int = 256,
                  decoder_options: str = "", decode_chunk: int | None = None, sync: str | None = None,
                  decode_route: str | None = None, follow_load: bool = True, settings: Settings | None = None):
-        from .device import resolve
-        from .executor import default_workers
+        from ..engine.device import resolve
+        from ..engine.executor import default_workers
 
         # the engine's knobs: ``settings`` (by default from the environment), those given here over them
         self.settings = st = (settings or Settings.from_env()).with_(decode_route=decode_route, sync=sync,
@@ -227,11 +227,11 @@ class ImagePipeline:
         if self.engine is not None and (warm_up or gpu_memory is not None):
             # under a cap a small warm-up: its buffers come before the cap is planned
             self.engine.warm_up(16 if gpu_memory is not None else warm_up, regions=region_decode)
-        from .windows import fixed_window_chain
+        from ..engine.windows import fixed_window_chain
 
         # a chain of one resample to a fixed size may run on each decoded chunk as it comes (see process)
         self._fixed = fixed_window_chain(self.plan) if self.engine is not None else None
-        from .codecs.decode_buffers import want_planes
+        from ..engine.codecs.decode_buffers import want_planes
 
         self.chunk = max(0, st.decode_chunk) if self._fixed else 0
         self.memory_plan = None
@@ -262,8 +262,16 @@ class ImagePipeline:
         their slot rather than taking memory of their own: the decodes then hold at most those slots
         (with their slack) whatever the batch, and its outputs are the output ring. Another chain
         decodes whole batches, so it refuses a batch larger than fits, naming the largest."""
+        from ..engine.gpu.memory import (
+            DEFAULT_IMAGE,
+            MARGIN,
+            CapTooSmall,
+            ImageNeed,
+            held,
+            image_need,
+            plan_memory,
+        )
         from ..errors import UsageError
-        from .gpu_memory import DEFAULT_IMAGE, MARGIN, CapTooSmall, ImageNeed, held, image_need, plan_memory
 
         h, w = DEFAULT_IMAGE
         if self.plan.max_pixels and h * w > self.plan.max_pixels:
@@ -295,7 +303,7 @@ class ImagePipeline:
                 self.engine.decoder.settings = st.with_(decode_chunk=self.chunk, hw_chunk=self.chunk, hw_ring=slots,
                                                         cuda_ring=slots, ring_wait=3600.0, size_by_most=False,
                                                         call_bytes=call)
-                from .codecs.decode_buffers import want_planes
+                from ..engine.codecs.decode_buffers import want_planes
 
                 self._planes = want_planes(self.chunk, self.engine.decoder.settings)
             else:
@@ -315,7 +323,7 @@ class ImagePipeline:
     def _pool(self):
         """The CPU path's worker processes (threads would serialize on the GIL between Pillow calls)."""
         if self._workers is None:
-            from .processes import started_pool
+            from ..engine.processes import started_pool
 
             self._workers = started_pool(self.cpu_threads, "forkserver")
         return self._workers
@@ -368,7 +376,7 @@ class ImagePipeline:
         to get new crops and flips, each epoch as reproducible as the first.
 
         ``params`` (with the ``sizes`` they were drawn for, and the leading ``windows`` folded from
-        them, as a :class:`~gpubatch.engine.feed.FileFeed` gives them) are used where the decoded size
+        them, as a :class:`~gpubatch.engine.gpu.feed.FileFeed` gives them) are used where the decoded size
         matches; other records are drawn (and folded) here. On the GPU the batch is written into the
         next buffer of the output ring, or with ``own`` into a buffer of its own.
         """
@@ -378,8 +386,8 @@ class ImagePipeline:
             step = cpu_chunk(n, self.cpu_threads)
             return self._cpu_batch([pool.submit(_cpu_chain_chunk, self.plan, [bytes(b) for b in decoded[a : a + step]],
                                                 list(keys[a : a + step]), epoch) for a in range(0, n, step)], keys)
-        from .batch import Ragged
-        from .gpu_chain import run_chain
+        from ..engine.batch import Ragged
+        from ..engine.gpu.chain import run_chain
 
         res = decoded
         if self._fixed is not None:
@@ -478,8 +486,8 @@ class ImagePipeline:
         part of the batch, or with ``decode_chunk`` one call) is resampled as it comes
         (``DecodeResult.chunks``) into the rows of the items it holds, then released to the decoders;
         rows of items that failed after all are closed up at the end."""
-        from .batch import Ragged
-        from .windows import leading_windows, segment_fill
+        from ..engine.batch import Ragged
+        from ..engine.windows import leading_windows, segment_fill
 
         eng, cp, ops = self.engine, self.engine.cp, self.plan.ops
         idx, norm, (oh, ow) = self._fixed
@@ -544,7 +552,7 @@ class ImagePipeline:
         """Process many batches: batch N+2 is read (by whatever ``batches`` does) and N+1 decoded in
         their own threads while batch N's kernels run.
 
-        Reading in Python threads of this process slows the decoders (see :mod:`gpubatch.engine.feed`);
+        Reading in Python threads of this process slows the decoders (see :mod:`gpubatch.engine.gpu.feed`);
         for files, :meth:`iterate_files` reads in worker processes instead.
         """
         return self._iterate(((blobs, keys, None) for blobs, keys in batches), prefetch)
@@ -552,12 +560,12 @@ class ImagePipeline:
     def iterate_files(self, files: Sequence[Any], keys: Sequence[str] | None = None, batch_size: int = 256,
                       repeat: bool = False, workers: int | None = None, prefetch: int = 1) -> Iterator[Any]:
         """Process image files in batches: reading, JPEG header parsing and the parameter draws run in
-        ``workers`` processes (:class:`~gpubatch.engine.feed.FileFeed`), decode and kernels here. On the
+        ``workers`` processes (:class:`~gpubatch.engine.gpu.feed.FileFeed`), decode and kernels here. On the
         CPU the pipeline's own worker processes read, decode and transform the files (``workers`` is not
         used). ``repeat`` cycles over the files forever, each pass an epoch of its own: random ops draw
         new parameters every epoch (per seed, key and epoch, so a rerun gives the same epochs again).
         Unreadable files are reported in ``last_errors``."""
-        from .feed import FileFeed
+        from ..engine.gpu.feed import FileFeed
 
         if self.engine is None:
             yield from self._iterate_files_cpu([str(f) for f in files], keys, batch_size, repeat, max(3, prefetch + 1))
@@ -566,7 +574,7 @@ class ImagePipeline:
             prefetch = self.fit_memory(batch_size, prefetch).ahead
         pin = self.settings.pin_feed
         # slots: those being read ahead, decoded and processed, plus (pinned) those waiting for the GPU
-        from .executor import default_readers
+        from ..engine.executor import default_readers
 
         workers = workers or default_readers(route=self.engine.decoder.route)
         feed = FileFeed(files, keys, batch_size, self.plan, workers, repeat=repeat, views=True,
@@ -590,7 +598,7 @@ class ImagePipeline:
         from collections import deque
         from itertools import count
 
-        from .feed import _spans
+        from ..engine.gpu.feed import _spans
 
         keys = list(keys) if keys is not None else [Path(f).stem for f in files]
         if len(keys) != len(files):

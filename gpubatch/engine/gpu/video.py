@@ -20,15 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import RecordError, RunStats, Stage
-from ..types import Media, Record
-from .codecs.video import SourcedFrames, clip_members, encode_clip, info_of
-from .codecs.video_gpu_caps import CUDA_CODEC, nvdec_supports
-from .codecs.video_probe import open_input
-from .device import Device
-from .plan import Plan
-from .run import Job, RecordSource, outputs_of, read_counted
-from .settings import Settings
+from ...errors import RecordError, RunStats, Stage
+from ...types import Media, Record
+from ..codecs.video import SourcedFrames, clip_members, encode_clip, info_of
+from ..codecs.video_gpu_caps import CUDA_CODEC, nvdec_supports
+from ..codecs.video_probe import open_input
+from ..device import Device
+from ..plan import Plan
+from ..run import Job, RecordSource, outputs_of, read_counted
+from ..settings import Settings
 
 #: containers whose NVDEC frames matched the CPU's, frame by frame (tests/video/test_video_gpu.py). An MKV
 #: file's single frames matched, its clips did not (2026-11-25, H100): other containers decode on the CPU
@@ -57,7 +57,7 @@ class NvdecSession:
         import cupy as cp
         import PyNvVideoCodec as nvc
 
-        from .batch import PinnedStaging
+        from ..batch import PinnedStaging
         from .launch import Launcher
 
         self.cp, self.nvc, self.gpu = cp, nvc, gpu
@@ -77,7 +77,7 @@ class NvdecSession:
     @property
     def encoder(self) -> Any:
         if self._encoder is None:
-            from .codecs.image_encode_gpu import GpuImageEncoder
+            from ..codecs.image_encode_gpu import GpuImageEncoder
 
             self._encoder = GpuImageEncoder(self.gpu, 2, "batched", self.staging)
         return self._encoder
@@ -142,7 +142,7 @@ class NvdecSession:
         """The frames the next packet completes (in display order); None once the stream is done. Where
         the demuxer or the bitstream filter fails (the file ends inside a packet, or a damaged stretch;
         PyAV 19 raises there) the stream ends: the frames the decoder holds are flushed out first."""
-        from .codecs.video_probe import av
+        from ..codecs.video_probe import av
 
         failed = av().FFmpegError
         while True:
@@ -169,7 +169,7 @@ class NvdecSession:
     def _rgb(self, frame: Any) -> Any:
         """A decoded NV12/P016 frame as an RGB uint8 (H, W, 3) CuPy array of its own (on this stream)."""
         cp = self.cp
-        from .kernels import kernel
+        from ..kernels import kernel
 
         with self.stream:
             a = cp.from_dlpack(frame)
@@ -222,7 +222,7 @@ _KRB = {"ITU709": (0.2126, 0.0722), "ITU601": (0.299, 0.114), "SMPTE170M": (0.29
 def yuv_coefficients(colorspace: int, color_range: int, height: int) -> tuple[float, ...]:
     """(ys, yo, crv, cgu, cgv, cbu) of kernels/yuv.cu for a stream's matrix (the one the CPU path
     takes: codecs.video.colour_matrix) and range (2: full, else limited)."""
-    from .codecs.video import colour_matrix
+    from ..codecs.video import colour_matrix
 
     kr, kb = _KRB[colour_matrix(colorspace, height)]
     kg = 1.0 - kr - kb
@@ -272,8 +272,8 @@ def _chain(session: NvdecSession, plan: Plan, frames: list[Any], params: list) -
     """The chain on a clip's frames (one set of parameters for all), as uint8 HWC CuPy arrays."""
     if not plan.ops:
         return frames
-    from .batch import Ragged
-    from .gpu_chain import run_chain
+    from ..batch import Ragged
+    from .chain import run_chain
 
     cp = session.cp
     with session.stream:
@@ -384,9 +384,9 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     Refuses, naming the parts, where that does not fit."""
     import cupy as cp
 
-    from ..errors import GpubatchError
-    from .codecs.video import info_of
-    from .gpu_memory import MARGIN, MiB, below, named, spread, start_capped
+    from ...errors import GpubatchError
+    from ..codecs.video import info_of
+    from .memory import MARGIN, MiB, below, named, spread, start_capped
 
     cap, mem, context = start_capped(spec, device.index, stack_bytes)
     largest, frames = None, 1
@@ -483,7 +483,7 @@ class VideoDeviceUnit:
 
         import PyNvVideoCodec as nvc
 
-        from .media import DEVICE
+        from ..media import DEVICE
 
         self.ctx = ctx
         self.plan = ctx.plan
@@ -526,8 +526,8 @@ class VideoDeviceUnit:
         self.pool = ThreadPoolExecutor(max_workers=self.decoders, thread_name_prefix="gpubatch-nvdec")
 
     def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
-        from .execute.worker import finish
-        from .executor import expand_host, ordered_on
+        from ..execute.worker import finish
+        from ..executor import expand_host, ordered_on
 
         plan = self.plan
         for task in tasks:

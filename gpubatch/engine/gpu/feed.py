@@ -12,8 +12,8 @@ Each worker reads a whole batch into its slot of a shared-memory ring (files wit
 copy), parses each JPEG's frame header and EXIF orientation to know the decoded size, and draws the
 record's parameters from (seed, key, size): exactly what the GPU process would draw, so outputs do
 not change. A record whose decoded size differs from its header's is drawn again after decode.
-:class:`FileFeed` serves :meth:`~gpubatch.engine.pipeline.ImagePipeline.iterate_files`,
-:class:`RecordFeed` the GPU path of ``convert`` and ``augment`` (:mod:`gpubatch.engine.gpu_worker`).
+:class:`FileFeed` serves :meth:`~gpubatch.pipelines.image.ImagePipeline.iterate_files`,
+:class:`RecordFeed` the GPU path of ``convert`` and ``augment`` (:mod:`gpubatch.engine.gpu.images`).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..types import Record
-from .plan import Plan
-from .processes import die_with_parent, started_pool
-from .run import Job, RecordSource, outputs_of, read_counted
+from ...types import Record
+from ..plan import Plan
+from ..processes import die_with_parent, started_pool
+from ..run import Job, RecordSource, outputs_of, read_counted
 
 SLOT_BYTES = 64 << 20  # one batch's encoded bytes by default (Settings.feed_slot_bytes); more comes back pickled
 _W: dict[str, Any] = {}
@@ -237,8 +237,8 @@ def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False,
     With ``regions``, records whose leading window reads only part of the image get the region to
     decode (see :func:`~gpubatch.engine.windows.leading_regions`; upright JPEGs only): their window
     is moved into the region and their size is the region's, the size the decoder will return."""
-    from .codecs.headers import jpeg_display_size, jpeg_kind, jpeg_orientation
-    from .windows import leading_regions, leading_windows
+    from ..codecs.headers import jpeg_display_size, jpeg_kind, jpeg_orientation
+    from ..windows import leading_regions, leading_windows
 
     plan: Plan | None = _W["plan"]
     out = _Slot(slot)
@@ -273,9 +273,9 @@ def _read_records(slot: int, entries: list[Any]) -> tuple[tuple, RecordReads]:
     """Read dataset ``entries`` for ``convert``/``augment`` on the GPU (see :class:`RecordFeed`): each
     record's outputs from the run flow (:func:`~.run.outputs_of`), its jobs' parameters drawn for its
     header's size, and the bytes of each source with a job in the slot, once however many it has."""
-    from ..errors import RunStats
-    from .codecs.headers import jpeg_display_size, jpeg_kind
-    from .windows import leading_windows
+    from ...errors import RunStats
+    from ..codecs.headers import jpeg_display_size, jpeg_kind
+    from ..windows import leading_windows
 
     t0 = time.perf_counter()
     plan: Plan = _W["plan"]
@@ -322,7 +322,7 @@ class Feed:
                  repeat: bool, slot_bytes: int, views: bool, opener: Callable[[], RecordSource] | None = None):
         from multiprocessing.shared_memory import SharedMemory
 
-        from .executor import default_readers
+        from ..executor import default_readers
 
         self.spans = spans
         self.repeat = repeat

@@ -12,7 +12,7 @@ docs/engine.md). On an idle host it never switched and ran as the fixed route di
 
 :class:`RouteFollower` applies the same rule as the run goes: every ``Settings.follow_check_s``
 seconds the decoder asks it with the cores other processes kept busy meanwhile
-(:class:`~gpubatch.engine.affinity.HostLoad` on its cores), and it changes the route once
+(:class:`~gpubatch.engine.gpu.affinity.HostLoad` on its cores), and it changes the route once
 ``confirm`` checks in a row have wanted the other one, leaving the split route only ``margin``
 below the threshold and keeping a route at least ``hold`` seconds (a switch gives buffers back and
 grows others).

@@ -12,17 +12,17 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import GpubatchError, RecordError, Stage
-from ..types import Record
-from .execute.worker import finish
-from .gpu_engine import GpuEngine
-from .plan import Plan
-from .windows import fed_windows
+from ...errors import GpubatchError, RecordError, Stage
+from ...types import Record
+from ..execute.worker import finish
+from ..plan import Plan
+from ..windows import fed_windows
+from .engine import GpuEngine
 
 
 def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any,
                   sink: Any = None) -> list[Record | RecordError]:
-    """The outputs of one :class:`~gpubatch.engine.feed.FedRecords` batch, in order: its jobs run through
+    """The outputs of one :class:`~gpubatch.engine.gpu.feed.FedRecords` batch, in order: its jobs run through
     the chain and are encoded from the decoded sources ``res``; a record that failed to decode gives one
     error however many variants it has. Each job's parameters come from :meth:`~.run.Job.settle`: those
     the feed drew for the source's header size where the decoded size matches, else drawn here. With a ``sink``
@@ -87,8 +87,8 @@ def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: l
                      first: tuple[np.ndarray, np.ndarray] | None = None, sink: Any = None) -> list:
     """Run the chain (``first``: its leading windows, already folded) then encode, in output order
     (bytes, or why the encoder failed); a batch that does not fit the memory cap is split in halves."""
-    from .batch import Ragged
-    from .gpu_chain import run_chain
+    from ..batch import Ragged
+    from .chain import run_chain
 
     cp = engine.cp
     try:
@@ -141,16 +141,16 @@ class GpuImageUnit:
 
     def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
         if self.ctx.settings.decode_api == "c":  # nvImageCodec's extensions load while CuPy and CUDA start
-            from .codecs.nvimgcodec_c import preload
+            from ..codecs.nvimgcodec_c import preload
 
             preload()
+        from ..device import Device, DeviceKind
+        from ..executor import default_readers
+        from ..media import DEVICE
         from . import affinity
-        from . import gpu_memory as gm
-        from .device import Device, DeviceKind
-        from .executor import default_readers
+        from . import memory as gm
+        from .engine import decode_ahead
         from .feed import RecordFeed
-        from .gpu_engine import decode_ahead
-        from .media import DEVICE
 
         ctx, plan, settings = self.ctx, self.ctx.plan, self.ctx.settings
         plan.validate(DEVICE)

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .settings import Settings
+from ..settings import Settings
 
 # the fewest usable cores with which a core is reserved by default (Settings.reserve_min_cpus)
 MIN_CPUS = 8
