@@ -257,7 +257,8 @@ def _run(req: Any, run: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any
 def audio_ops(sample_rate: int | None = None, mono: bool = False, duration: float | None = None,
               pad: str = "zero", features: str | None = None) -> tuple[Any, ...]:
     """The ops of ``convert``'s audio options: mono, resample, fix the duration, then features."""
-    from .engine.ops.audio import FeatureOp, FixDuration, Mono, Resample
+    from .engine.ops.audio import FixDuration, Mono, Resample
+    from .engine.ops.spectral import FeatureOp
     from .engine.spec import parse_chain
 
     ops: list[Any] = []

@@ -236,3 +236,21 @@ CURRENT = threading.local()
 
 def current_record() -> str | None:
     return getattr(CURRENT, "key", None)
+
+
+def register_once(table: dict, key: Any, value: Any, what: str, name: Any = None) -> Any:
+    """Put ``value`` in a registry ``table`` under ``key``, refusing a second, different one under a name
+    already taken (a plugin's op named like a built-in one would otherwise replace it without a word).
+    The same definition again (a module imported twice) is no duplicate. ``name``: the key as the message
+    names it."""
+    old = table.get(key)
+    if old is not None and old is not value and _identity(old) != _identity(value):
+        raise ValueError(f"{what} {key if name is None else name!r} is registered already ({_identity(old)}); not replaced by {_identity(value)}")
+    table[key] = value
+    return value
+
+
+def _identity(value: Any) -> str:
+    """Where a registered thing is defined: module.qualname of a class or function (of an instance's class)."""
+    target = value if isinstance(value, type) or callable(value) and hasattr(value, "__qualname__") else type(value)
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"

@@ -127,7 +127,7 @@ class _TorchChain:
                     sample_rate=rate, n_fft=op.n_fft, hop_length=op.hop, n_mels=op.n_mels, power=2.0, norm="slaney",
                     mel_scale="slaney", center=True, pad_mode="reflect")
             else:
-                from ..engine.ops.audio import mel_filters
+                from ..engine.ops.spectral import mel_filters
 
                 fb = torch.from_numpy(mel_filters(rate, op.n_fft, op.n_mels))
                 win = torch.hann_window(op.n_fft)

@@ -13,7 +13,7 @@ import importlib
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from ..errors import UsageError
+from ..errors import UsageError, register_once
 from ..types import Record
 from .registry import DEVICE, HOST
 
@@ -85,8 +85,7 @@ _loaded = False
 
 def register_codec(media: str, codec: str, backend: str, impl: Codec) -> Codec:
     """Make ``impl`` the codec of ``media`` records of ``codec`` (``"*"``: any) on ``backend``."""
-    _CODECS[(media, codec, backend)] = impl
-    return impl
+    return register_once(_CODECS, (media, codec, backend), impl, f"the {backend} codec of {media}", codec)
 
 
 def _load() -> None:

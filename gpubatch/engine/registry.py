@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import UsageError, register_once
 
 HOST = "host"  # NumPy / Pillow on the CPU, one HostBatch (list of HWC uint8 arrays)
 DEVICE = "device"  # CuPy on the GPU, one DeviceBatch
@@ -17,8 +17,7 @@ def register_kernel(op: str, backend: str) -> Callable[[Callable[..., Any]], Cal
     """Decorator: ``fn`` implements ``op`` on ``backend``."""
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        _KERNELS[(op, backend)] = fn
-        return fn
+        return register_once(_KERNELS, (op, backend), fn, f"the {backend} kernel of op", op)
 
     return deco
 

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from .._paths import require_source, source_files
-from ..errors import FormatError, GpubatchError, UsageError, did_you_mean
+from ..errors import FormatError, GpubatchError, UsageError, did_you_mean, register_once
 from ..types import other_media_message
 from .base import Format, Reader, WriteOptions, Writer
 
@@ -25,8 +25,7 @@ _loaded = False
 
 def register_format(cls: type[Format]) -> type[Format]:
     """Class decorator: make a format available under ``cls.name``."""
-    FORMATS[cls.name] = cls
-    return cls
+    return register_once(FORMATS, cls.name, cls, "format")
 
 
 def _load() -> None:

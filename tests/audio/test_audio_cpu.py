@@ -85,7 +85,7 @@ def test_log_mel_is_whispers_definition():
 
 
 def test_mel_filters_match_the_reference_bank_and_128_bins():
-    from gpubatch.engine.ops.audio import mel_filters
+    from gpubatch.engine.ops.spectral import mel_filters
 
     for n_mels in (64, 80, 128):
         assert np.abs(mel_filters(16000, 400, n_mels) - mel_bank_reference(16000, 400, n_mels)).max() < 1e-6
@@ -289,7 +289,7 @@ def test_augment_is_reproducible_by_seed(tmp_path):
 
 def test_spec_augment_masks_take_features():
     from gpubatch.engine.codecs.audio import AudioData, AudioHostCodec
-    from gpubatch.engine.ops.audio import FreqMask, TimeMask
+    from gpubatch.engine.ops.spectral import FreqMask, TimeMask
 
     feats = AudioData(np.ones((1, 80, 100), np.float32), 16000, "log_mel")
     out = AudioHostCodec().run_chain((FreqMask(10, 2, -1.0), TimeMask(20, 1, -2.0)), feats,
@@ -478,7 +478,7 @@ def test_features_and_clips_in_lmdb(tmp_path):
 def test_a_silent_tail_gives_the_features_a_full_transform_gives(monkeypatch):
     """Frames of a zero-padded tail are not transformed on the CPU; their features are exactly those
     of transforming them."""
-    from gpubatch.engine.ops import audio as audio_ops
+    from gpubatch.engine.ops import spectral as audio_ops
 
     x = np.concatenate([speechy(1.3), np.zeros(16000 * 2, np.float32)])
     for chain in ("log_mel(n_mels=80)", "mfcc(n_mfcc=13, n_mels=40)", "mel(n_mels=32)", "spectrogram()"):

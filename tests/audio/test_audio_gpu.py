@@ -222,7 +222,7 @@ def test_a_batch_of_one_shape_takes_one_array_of_features(name, chunk):
     op's batched path, in one part or several (``chunk``): the same as the host, record by record."""
     from gpubatch.engine.codecs.audio import AudioData
     from gpubatch.engine.gpu.audio import to_device, to_host
-    from gpubatch.engine.ops.audio import features_device, features_host
+    from gpubatch.engine.ops.spectral import features_device, features_host
     from gpubatch.engine.spec import parse_chain
     from gpubatch.synthetic import speech_like
 

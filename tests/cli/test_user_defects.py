@@ -290,7 +290,7 @@ def test_decoder_noise_is_counted_in_the_summary_and_listed_under_verbose(imagen
 
 def test_the_gpu_install_hint_is_one_that_works_from_a_checkout(monkeypatch):
     """gpubatch is on no package index: the hint names the checkout, and the extra of the driver's CUDA."""
-    from gpubatch.engine import device
+    from gpubatch.engine import install as device
 
     monkeypatch.chdir(ROOT)
     assert device.install_hint(13000) == "pip install -e '.[cu13]'"

@@ -15,7 +15,7 @@ from typing import Any
 from ...errors import RecordError, Stage
 from ...types import Record
 from ..media import HOST, MediaSpec, RunPlan, register_codec
-from ..ops.audio import FeatureOp
+from ..ops.spectral import FeatureOp
 from .audio_io import (
     AUDIO_FORMATS,
     DEFAULT_MAX_SAMPLES,

@@ -39,7 +39,7 @@ def streamable(ops: Any, info: AudioInfo) -> bool:
     """Whether ``ops`` can run on ``info``'s record in blocks (see the module's docstring): ``mono``,
     ``resample`` and ``gain``, a ``fix_duration`` after the last resample, and a final feature op whose
     hop is under half its window."""
-    from ..ops.audio import FeatureOp
+    from ..ops.spectral import FeatureOp
 
     seen_cut = False
     for k, op in enumerate(ops):
@@ -64,7 +64,7 @@ def should_stream(ops: Any, info: AudioInfo) -> bool:
 
 class _Frames:
     """STFT frames of a signal that arrives in blocks: centred (``n_fft / 2`` of padding each side,
-    reflected or zero) and ``hop`` apart, as :func:`~..ops.audio.frames_np` cuts them from the whole."""
+    reflected or zero) and ``hop`` apart, as :func:`~..ops.spectral.frames_np` cuts them from the whole."""
 
     def __init__(self, op: Any, rate: int):
         self.op, self.rate, self.half = op, rate, op.n_fft // 2
@@ -77,7 +77,7 @@ class _Frames:
         self.out: list[np.ndarray] = []
 
     def push(self, x: np.ndarray, last: bool) -> None:
-        from ..ops.audio import _power, hann
+        from ..ops.spectral import _power, hann
 
         op, half = self.op, self.half
         self.seen += x.shape[-1]
@@ -117,7 +117,8 @@ def run_stream(stream: AudioStream, ops: Any, params: list) -> AudioData:
     """The chain on a long record, a block at a time; the output whole (samples, or features)."""
     import soxr
 
-    from ..ops.audio import FeatureOp, _fit, ratio, resampled_length
+    from ..ops.audio import _fit, ratio, resampled_length
+    from ..ops.spectral import FeatureOp
     from .audio_io import _sf_open, _Source
 
     info = stream.info

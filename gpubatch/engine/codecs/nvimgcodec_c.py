@@ -408,7 +408,7 @@ def library_path() -> str:
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
-        from ..device import install_hint
+        from ..install import install_hint
 
         raise DependencyError(f"GPU image codecs need nvImageCodec: {install_hint()}")
     path = os.path.join(list(spec.submodule_search_locations)[0], "libnvimgcodec.so.0")
@@ -449,7 +449,7 @@ def nvimgcodec():
     try:
         from nvidia import nvimgcodec as nic
     except ImportError:
-        from ..device import install_hint
+        from ..install import install_hint
 
         raise DependencyError(f"GPU image codecs need nvImageCodec: {install_hint()}") from None
     return nic

@@ -76,7 +76,7 @@ def library() -> Any:
     try:
         lib = C.CDLL(library_path())
     except OSError as e:
-        from ..device import install_hint
+        from ..install import install_hint
 
         raise DependencyError(f"nvJPEG's library is not loadable ({e}): {install_hint()}") from None
     vp, st = C.c_void_p, C.c_int

@@ -434,7 +434,7 @@ def audio_need(plan: Any, rate: int, samples: int, channels: int) -> int:
     copy of each; for a feature op its input, the windowed frames, the spectrum (complex) and cuFFT's work
     area of that size, the power and the features. Speed perturbation counts its slowest factor (the
     longest output); other draws are the record's own."""
-    from ..ops.audio import FeatureOp
+    from ..ops.spectral import FeatureOp
 
     h, w = rate, samples
     params = plan.draw("", h, w)

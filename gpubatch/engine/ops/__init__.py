@@ -5,22 +5,7 @@ Every op module registers its kernels on import; :data:`OPS` maps op names to cl
 
 from __future__ import annotations
 
-from .audio import (
-                       MFCC,
-                       AddNoise,
-                       FixDuration,
-                       FreqMask,
-                       Gain,
-                       LogMel,
-                       Mel,
-                       Mono,
-                       Resample,
-                       Spectrogram,
-                       Speed,
-                       TimeCrop,
-                       TimeMask,
-                       TimeShift,
-)
+from .audio import AddNoise, FixDuration, Gain, Mono, Resample, Speed, TimeCrop, TimeShift
 from .base import OPS, Op, Window
 from .codec import JpegQuality
 from .geometry import (
@@ -56,6 +41,7 @@ from .pixel import (
                        StepOp,
 )
 from .policies import AutoAugment, RandAugment, TrivialAugment
+from .spectral import MFCC, FreqMask, LogMel, Mel, Spectrogram, TimeMask
 from .temporal import Clip, RandomClip
 from .warp import Affine, Perspective, Rotate, Rotate90
 

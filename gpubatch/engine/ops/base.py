@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ...errors import UsageError
+from ...errors import UsageError, register_once
 from ...types import Boxes
 from ..media import MediaSpec
 
@@ -68,8 +68,8 @@ class Op:
 
     def __init_subclass__(cls, **kw: object) -> None:
         super().__init_subclass__(**kw)
-        if cls.name:
-            OPS[cls.name] = cls
+        if cls.__dict__.get("name"):  # (a subclass that keeps its parent's name is no op of its own)
+            register_once(OPS, cls.name, cls, "op")
 
     def out_spec(self, spec: MediaSpec) -> MediaSpec:
         """What the op makes of data of ``spec`` (the same by default); a UsageError where it does not

@@ -1,0 +1,91 @@
+"""The house's layers, checked: each layer imports only those below it (lazy imports inside functions
+included), so the engine stays usable without the formats, and the command line stays a thin adapter.
+
+    cli, bench               the command line, the bench
+    api, runner, report      the run and what it says
+    pipelines, formats       training pipelines; dataset formats
+    engine                   plans, ops, codecs, the GPU engine, the execution layer
+    types, errors, _paths, _commit, synthetic
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.helpers import ROOT
+
+PACKAGE = ROOT / "gpubatch"
+# what each layer may not import (a layer never imports one above it)
+FORBIDDEN = {
+    "gpubatch.engine": ("gpubatch.formats", "gpubatch.pipelines", "gpubatch.report", "gpubatch.cli", "gpubatch.bench",
+                        "gpubatch.api", "gpubatch.runner"),
+    "gpubatch.formats": ("gpubatch.pipelines", "gpubatch.report", "gpubatch.cli", "gpubatch.bench", "gpubatch.api",
+                         "gpubatch.runner"),
+    "gpubatch.pipelines": ("gpubatch.formats", "gpubatch.report", "gpubatch.cli", "gpubatch.bench", "gpubatch.api",
+                           "gpubatch.runner"),
+    "gpubatch.report": ("gpubatch.cli", "gpubatch.bench"),
+    "gpubatch.types": ("gpubatch.engine", "gpubatch.formats", "gpubatch.pipelines", "gpubatch.report", "gpubatch.cli",
+                       "gpubatch.bench", "gpubatch.api", "gpubatch.runner"),
+    "gpubatch.errors": ("gpubatch.engine", "gpubatch.formats", "gpubatch.pipelines", "gpubatch.report", "gpubatch.cli",
+                        "gpubatch.bench", "gpubatch.api", "gpubatch.runner"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth of its code, as absolute names."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{a.name}" for a in node.names)
+    return found
+
+
+def test_every_layer_imports_only_the_layers_below_it():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        for layer, banned in FORBIDDEN.items():
+            if name == layer or name.startswith(layer + "."):
+                wrong += [f"{name} imports {m}" for m in sorted(imports(path))
+                          if any(m == b or m.startswith(b + ".") for b in banned)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_registry_refuses_a_second_definition_under_a_name_taken():
+    import dataclasses
+
+    import pytest
+
+    from gpubatch.engine import media, registry
+    from gpubatch.engine.ops import OPS, Op
+    from gpubatch.formats import FORMATS, format_names, register_format
+
+    format_names()  # (the built-in formats registered)
+    with pytest.raises(ValueError, match="format 'webdataset' is registered already"):
+        register_format(type("MyWebDataset", (FORMATS["webdataset"],), {"name": "webdataset"}))
+    with pytest.raises(ValueError, match="op 'flip' is registered already"):
+        dataclasses.dataclass(frozen=True)(type("MyFlip", (Op,), {"name": "flip", "__annotations__": {}}))
+    assert OPS["flip"].__module__ == "gpubatch.engine.ops.geometry"
+    with pytest.raises(ValueError, match="the host kernel of op 'flip'"):
+        registry.register_kernel("flip", registry.HOST)(lambda op, images, params: images)
+    media._load()
+    with pytest.raises(ValueError, match="the host codec of image"):
+        media.register_codec("image", "*", media.HOST, object())
+    assert FORMATS["webdataset"].__name__ != "MyWebDataset"
