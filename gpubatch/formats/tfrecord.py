@@ -49,33 +49,25 @@ from .base import (
 )
 from .manifest import expected_records, read_manifest
 from .sinks import ShardFile, ShardSink
+from .tfrecord_example import (
+    _NAME_KEYS,
+    _READ_KEYS,
+    _bytes,
+    _first_bytes,
+    _floats,
+    _image_bytes,
+    _image_key,
+    _ints,
+    _label,
+    _masked_crc,
+    _object_keypoints,
+    _tfr,
+    frame_record,
+    serialize_example,
+)
 
 _SHARD = re.compile(r".*-\d{5}-of-\d{5}$")
 _SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")  # TensorFlow's, its tutorials' and Kaggle's names
-
-
-def _tfr():
-    try:
-        from tfrecord import example_pb2
-        from tfrecord.writer import TFRecordWriter
-    except ImportError:  # pragma: no cover - a core dependency
-        raise DependencyError("the tfrecord format needs: pip install tfrecord") from None
-    except TypeError as e:  # old generated protobuf code against a newer protobuf runtime
-        raise DependencyError(
-            f"the installed tfrecord package does not work with this protobuf ({e.__class__.__name__}: "
-            "Descriptors cannot be created directly): pip install -U 'tfrecord>=1.14.6'"
-        ) from None
-    return example_pb2, TFRecordWriter
-
-
-def _masked_crc(data: bytes) -> bytes:
-    """TFRecord's masked CRC-32C of ``data``, as the 4 little-endian bytes a record holds."""
-    try:
-        from crc32c import crc32c
-    except ImportError:  # pragma: no cover - a core dependency
-        return _tfr()[1].masked_crc(data)
-    crc = crc32c(data)
-    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
 
 
 def _header_ok(head: bytes, pos: int, size: int) -> int:
@@ -433,112 +425,6 @@ class TFRecordReader(Reader):
 
 # Where the encoded image, the class index and the file name are found: the TF Object Detection API /
 # DALI keys first, then TensorFlow Datasets' (``image``, ``label``, ``file_name``) and other common names.
-_IMAGE_KEYS = ("image/encoded", "image", "image_raw", "img", "jpeg", "encoded")
-_LABEL_KEYS = ("image/class/label", "label")
-_NAME_KEYS = ("image/filename", "file_name", "filename")
-# Every feature the reader takes besides the image's (the writer's keys among them). ``image/key/sha256``
-# (the TF Object Detection API's hash of the encoded bytes) is dropped without a word: gpubatch keeps the
-# bytes themselves. Any other feature is named in a warning, as it does not reach the output.
-_READ_KEYS = frozenset(_LABEL_KEYS + _NAME_KEYS + (
-    "image/format", "image/source_id", "image/height", "image/width", "image/class/text",
-    "image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax", "image/object/bbox/ymax",
-    "image/object/class/label", "image/object/class/text", "image/object/is_crowd", "image/object/area",
-    "gpubatch/meta", "image/key/sha256", "image/object/keypoint/x", "image/object/keypoint/y",
-    "image/object/keypoint/visibility", "image/object/keypoint/num", "image/object/keypoint/text",
-    "video/encoded", "video/format", "video/filename", "video/source_id", "video/class/label", "video/class/text",
-    "audio/encoded", "audio/format", "audio/filename", "audio/source_id", "audio/class/label", "audio/class/text",
-    "audio/sample_rate", "audio/text"))
-
-
-def _first_bytes(feats: Any, keys: tuple[str, ...]) -> bytes | None:
-    return next((v[0] for v in (_bytes(feats, k) for k in keys) if v), None)
-
-
-def _image_key(feats: Any) -> str | None:
-    """Where the record's encoded image is: a known key, else the one bytes feature that is an image."""
-    key = next((k for k in _IMAGE_KEYS if _bytes(feats, k)), None)
-    if key is not None:
-        return key
-    found = [k for k in sorted(feats) for v in [_bytes(feats, k)] if v and sniff_image_codec(v[0][:16])]
-    return found[0] if len(found) == 1 else None
-
-
-def _image_bytes(feats: Any) -> bytes | None:
-    key = _image_key(feats)
-    return None if key is None else _bytes(feats, key)[0]
-
-
-def _object_keypoints(feats: Any, n: int, h: int, w: int,
-                      extra: tuple) -> tuple[tuple[dict, ...], list[list[str]]]:
-    """The TF Object Detection API's ``image/object/keypoint/*`` features as COCO ``keypoints`` (pixels,
-    ``[x, y, v]`` per point) and ``num_keypoints`` in each box's extra fields, and each box's keypoint
-    names (from ``keypoint/text``; empty lists without it). A point without a visibility is labeled
-    (2) unless its coordinates are NaN, as the Object Detection API's decoder takes them."""
-    xs, ys = _floats(feats, "image/object/keypoint/x"), _floats(feats, "image/object/keypoint/y")
-    if not n or len(xs) != len(ys) or len(xs) % n:
-        raise ValueError(f"{len(xs)} keypoint x and {len(ys)} y values do not split evenly among {n} objects")
-    k = len(xs) // n
-    vis = _ints(feats, "image/object/keypoint/visibility")
-    if len(vis) != len(xs):
-        vis = [0 if np.isnan(x) or np.isnan(y) else 2 for x, y in zip(xs, ys)]
-    shown = _ints(feats, "image/object/keypoint/num")
-    text = [b.decode("utf-8", "replace") for b in _bytes(feats, "image/object/keypoint/text")]
-    out, names = [], []
-    for i in range(n):
-        e = dict(extra[i]) if extra else {}
-        names.append(text[i * k : (i + 1) * k] if len(text) == len(xs) else [])
-        if names[-1] and not any(names[-1]):  # no names: a box padded to the others' count (see the writer)
-            out.append(e)
-            continue
-        flat = []
-        for j in range(i * k, (i + 1) * k):
-            v = int(vis[j]) if vis[j] > 0 and not (np.isnan(xs[j]) or np.isnan(ys[j])) else 0
-            flat += [round(float(xs[j]) * w, 2), round(float(ys[j]) * h, 2), v] if v else [0, 0, 0]
-        e["keypoints"] = [int(v) if float(v).is_integer() else v for v in flat]
-        e["num_keypoints"] = int(shown[i]) if len(shown) == n else sum(1 for v in flat[2::3] if v)
-        out.append(e)
-    return tuple(out), names
-
-
-def _label(feats: Any) -> int | None:
-    return next((v[0] for v in (_ints(feats, k) for k in _LABEL_KEYS) if v), None)
-
-
-def _bytes(feats: Any, key: str) -> list[bytes]:
-    return list(feats[key].bytes_list.value) if key in feats else []
-
-
-def _ints(feats: Any, key: str) -> list[int]:
-    return [int(v) for v in feats[key].int64_list.value] if key in feats else []
-
-
-def _floats(feats: Any, key: str) -> np.ndarray:
-    return np.asarray(feats[key].float_list.value, np.float32) if key in feats else np.zeros(0, np.float32)
-
-
-def serialize_example(datum: dict[str, tuple[Any, str]]) -> bytes:
-    """A ``tf.train.Example`` of ``datum`` (feature -> (value, "byte" | "float" | "int")), serialized with
-    its feature map in key order (protobuf's deterministic mode): the same record is the same bytes in
-    every process (a map's order otherwise follows a hash seed of each process)."""
-    example_pb2, _ = _tfr()
-    kinds = {"byte": ("bytes_list", example_pb2.BytesList), "float": ("float_list", example_pb2.FloatList),
-             "int": ("int64_list", example_pb2.Int64List)}
-    ex = example_pb2.Example()
-    feats = ex.features.feature
-    for key, (value, kind) in datum.items():
-        field, cls = kinds[kind]
-        if not isinstance(value, (list, tuple, np.ndarray)):
-            value = [value]
-        getattr(feats[key], field).CopyFrom(cls(value=value))
-    return ex.SerializeToString(deterministic=True)
-
-
-def frame_record(data: bytes) -> bytes:
-    """TFRecord's framing of one record: length, its masked CRC-32C, the data, its masked CRC-32C."""
-    length = struct.pack("<Q", len(data))
-    return length + _masked_crc(length) + data + _masked_crc(data)
-
-
 class TFRecordSink(ShardSink):
     """One TFRecord shard ``NAME-00000-of-000NN.tfrecord`` and its index (``<offset> <size>`` a record):
     ``tf.train.Example`` records of the ``tfrecord`` package's protobuf, serialized deterministically."""
