@@ -115,8 +115,7 @@ def pipeline_options(f):
                      help="Cap on the GPU memory the run takes, e.g. 2GiB or 0.5 (fraction)  [default: 1 GiB of buffers]"),
         click.option("--gpu-procs", type=click.IntRange(min=1), default=None, metavar="N",
                      help="GPU worker processes, each with its own decoders and CUDA context  "
-                          "[default: 2 for images, 4 for audio, 2 for video; 1 for audio and video under "
-                          "--gpu-memory]"),
+                          "[default: 1; audio and video take 1 under --gpu-memory]"),
     ]):
         f = opt(f)
     return f

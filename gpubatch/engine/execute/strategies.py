@@ -52,14 +52,14 @@ _HOST = "gpubatch.engine.execute.units:HostUnit"
 #: (media, device) -> the unit and its workers ("*" any media)
 TABLE: dict[tuple[str, str], Strategy] = {
     ("*", "cpu"): Strategy("host", _HOST, why="the CPU: a worker process a core"),
-    # per_gpu: what one worker process leaves undone, measured on an H200 host of 16 cores (2026-11-27,
-    # benchmarks/bench_convert.py): an image worker's Python (the feed's hand-over, each record's shard
-    # write) tops out near 7,000 images/s; an audio worker decodes FLAC in threads of one process
-    ("image", "gpu"): Strategy("gpu-image", "gpubatch.engine.gpu.images:GpuImageUnit", gpu=True, per_gpu=2,
+    # per_gpu (--gpu-procs): one worker process a GPU by default, the setting every GPU test ran with; two
+    # image processes wrote 16,384 images 14% faster on an H200 host (2026-11-27, --gpu-procs 2), more
+    # for audio and video were not measured
+    ("image", "gpu"): Strategy("gpu-image", "gpubatch.engine.gpu.images:GpuImageUnit", gpu=True,
                                why="images on the GPU: decoders, the chain's kernels and the JPEG encoder"),
-    ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.gpu.video:VideoDeviceUnit", gpu=True, per_gpu=2,
+    ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.gpu.video:VideoDeviceUnit", gpu=True,
                                why="video on the GPU: NVDEC sessions, the chain on the GPU"),
-    ("audio", "gpu"): Strategy("gpu-audio", "gpubatch.engine.gpu.audio:AudioDeviceUnit", gpu=True, per_gpu=4,
+    ("audio", "gpu"): Strategy("gpu-audio", "gpubatch.engine.gpu.audio:AudioDeviceUnit", gpu=True,
                                why="audio features on the GPU, decoded on the CPU"),
 }
 
