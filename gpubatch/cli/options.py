@@ -75,7 +75,7 @@ def device_options(f):
 def run_options(f):
     for opt in reversed([
         click.option("--workers", type=click.IntRange(min=1), default=None,
-                     help="CPU threads for reading, decoding and encoding  [default: all cores]"),
+                     help="CPU worker processes (each reads, decodes, encodes and writes whole shards)  [default: one a core]"),
         click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
                      help="skip: skip bad records and list them in the summary; fail: stop at the first."),
         click.option("--overwrite", is_flag=True, help="Replace DST if it exists (and start over a run interrupted "
@@ -105,7 +105,7 @@ def pipeline_options(f):
                           "or full: decode every one."),
         click.option("--shard-size", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Records per shard (tfrecord, webdataset, recordio), also the unit of work and of "
-                          "--resume  [default: auto: about 64 shards of 512 to 10,000 records]"),
+                          "--resume  [default: auto: about 64 shards of at least 256 images, 16 recordings or 2 videos, at most 10,000 records]"),
         click.option("--name", default="data", show_default=True, help="Shard file name prefix."),
         click.option("--layout", type=click.Choice(["imagenet", "flat"]), default="imagenet", show_default=True,
                      help="folder output: class sub-folders, or one flat folder with file_list.txt."),
