@@ -335,9 +335,8 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
                 audio.append(facts)
         if r.extra.get("first_batch_s") is not None:  # (each GPU worker's first shard says when its first came)
             first_batch = min(first_batch or 1e9, float(r.extra["first_batch_s"]))
-        if r.extra.get("gpu_memory"):  # the cap and its plan (each worker's, alike); the peak: the highest
-            peak = max(gpu_memory.get("peak_mib", 0), r.extra["gpu_memory"].get("peak_mib", 0))
-            gpu_memory = {**gpu_memory, **r.extra["gpu_memory"], **({"peak_mib": peak} if peak else {})}
+        if r.extra.get("gpu_memory"):  # the cap and its plan (each worker's, alike)
+            gpu_memory = {**gpu_memory, **r.extra["gpu_memory"]}
     if stats.gpu_memory.get("peak_mib") is not None:  # this run's workers as the driver counted them
         gpu_memory = {**gpu_memory, **stats.gpu_memory}
     if totals["records_in"] and not totals["records_out"]:

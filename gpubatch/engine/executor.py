@@ -10,7 +10,6 @@ the policy says so. Also here: the thread pools' helpers and the default thread 
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,7 +28,9 @@ R = TypeVar("R")
 
 
 def default_workers() -> int:
-    return max(1, min(32, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    from .processes import cores
+
+    return min(32, cores())
 
 
 def default_readers(cores: int | None = None, route: str | None = None, settings: Settings | None = None) -> int:

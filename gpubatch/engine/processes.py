@@ -18,6 +18,11 @@ _ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NU
 _MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
 
+def cores() -> int:
+    """The CPU cores this process may run on (its affinity, where the system has one)."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
 def keep_freed_memory() -> bool:
     """In this process, glibc's malloc keeps freed memory for the next arrays (what ``_MALLOC`` asks of
     worker processes, set through ``mallopt`` in a running one): per-record arrays above 128 KiB then

@@ -47,6 +47,7 @@ from .folder import (
     safe_component,
 )
 from .manifest import MANIFEST_NAME, read_manifest
+from .manifest import audio_facts as manifest_audio
 
 METADATA = "metadata.csv"
 PATH_COLUMNS = ("path", "filename", "file", "file_name", "audio", "audio_filepath", "slice_file_name", "fname")
@@ -272,9 +273,7 @@ class AudioReader(Reader):
     def audio_facts(self) -> dict[str, Any]:
         """The sample rate and features every ``.npy`` array of the dataset shares (its manifest's ``audio``)."""
         if not hasattr(self, "_audio"):
-            audio = (read_manifest(self.root) or {}).get("audio")
-            self._audio = audio if isinstance(audio, dict) and isinstance(audio.get("sample_rate"), (int, type(None))) \
-                and isinstance(audio.get("features", ""), str) else {}
+            self._audio = manifest_audio(self.root)
         return self._audio
 
     def _segment(self, key: str, origin: str, data: bytes, meta: dict) -> tuple[str, bytes, str]:

@@ -29,6 +29,7 @@ from ..types import DatasetInfo, Media, Record, sniff_image_codec
 from . import fields, register_format
 from .base import OPENCV_AND_DALI_CODECS, Damaged, Format, Reader, WriteOptions, Writer
 from .folder import label_names
+from .manifest import audio_facts as manifest_audio
 from .manifest import read_manifest
 
 MAX_KEY_BYTES = 511
@@ -319,9 +320,7 @@ class LmdbReader(Reader):
     def audio_facts(self) -> dict[str, Any]:
         """The sample rate and features every audio array of the dataset shares (its manifest's ``audio``)."""
         if not hasattr(self, "_audio"):
-            audio = (read_manifest(self.path) or {}).get("audio")
-            self._audio = audio if isinstance(audio, dict) and isinstance(audio.get("sample_rate"), (int, type(None))) \
-                and isinstance(audio.get("features", ""), str) else {}
+            self._audio = manifest_audio(self.path)
         return self._audio
 
     @property

@@ -64,6 +64,15 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
     return data
 
 
+def audio_facts(path: Path) -> dict[str, Any]:
+    """The sample rate and features every audio array of the dataset at ``path`` shares, as its manifest's
+    ``audio`` says (for formats whose records hold no such fields); {} where it says nothing usable."""
+    audio = (read_manifest(path) or {}).get("audio")
+    ok = isinstance(audio, dict) and isinstance(audio.get("sample_rate"), (int, type(None))) \
+        and isinstance(audio.get("features", ""), str)
+    return audio if ok else {}
+
+
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63
 

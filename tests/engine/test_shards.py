@@ -78,6 +78,27 @@ def photos(tmp_path_factory) -> Path:
     return root
 
 
+def killed_and_resumed(command, src: Path, dst: Path, after: float, env: dict) -> tuple[dict, int | None, int, int]:
+    """Run ``command(src, dst)``, kill it and its workers (as a lost machine loses them) ``after`` seconds
+    in, then run it again with ``--resume``: (its summary, the shards it said the killed run committed or
+    None, the shards in all, the shards on disk written before the resume)."""
+    proc = subprocess.Popen(command(src, dst), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    time.sleep(after)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = time.time_ns()
+    p = subprocess.run(command(src, dst, "--resume", "--json"), env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    said = [w for w in s["warnings"] if w.startswith("--resume:") and " of " in w]
+    if not said:
+        return s, None, 0, 0
+    done, total = (int(x) for x in said[0].split(":")[1].split(" shards")[0].split(" of "))
+    kept = [t for t in dst.glob("*.tar") if t.stat().st_mtime_ns < before]  # written by the killed run
+    return s, done, total, len(kept)
+
+
 def test_a_run_killed_at_20_moments_resumes_to_the_same_bytes_writing_only_what_is_missing(photos, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     imagenet = photos
@@ -90,23 +111,12 @@ def test_a_run_killed_at_20_moments_resumes_to_the_same_bytes_writing_only_what_
     resumed_some = 0
     for k in range(20):
         dst = tmp_path / f"k{k}"
-        proc = subprocess.Popen(_command(imagenet, dst), env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
-        time.sleep(rng.uniform(0.1, 1.1) * took)  # a moment of the run: starting, mid-shard, finalizing, done
-        os.killpg(proc.pid, signal.SIGKILL)  # the run and its workers, as a lost machine loses them
-        proc.wait()
-        before = time.time_ns()
-        p = subprocess.run(_command(imagenet, dst, "--resume", "--json"), env=env, capture_output=True, text=True,
-                           timeout=300)
-        assert p.returncode == 0, p.stderr
-        s = json.loads(p.stdout)
+        # a moment of the run: starting, mid-shard, finalizing, done
+        s, done, total, kept = killed_and_resumed(_command, imagenet, dst, rng.uniform(0.1, 1.1) * took, env)
         assert digest(dst) == want, f"kill {k}"
-        said = [w for w in s["warnings"] if w.startswith("--resume:") and " of " in w]
-        if said:  # the shards the killed run committed were not written again
+        if done is not None:  # the shards the killed run committed were not written again
             resumed_some += 1
-            done, total = (int(x) for x in said[0].split(":")[1].split(" shards")[0].split(" of "))
-            kept = [t for t in dst.glob("*.tar") if t.stat().st_mtime_ns < before]  # written by the killed run
-            assert 0 < done <= total == 20 and len(kept) == done and s["records_in"] == 160
+            assert 0 < done <= total == 20 and kept == done and s["records_in"] == 160
         assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(f".k{k}.")]  # nothing left beside
     assert resumed_some >= 2  # (kills fell after some shards were committed, and before the end)
 

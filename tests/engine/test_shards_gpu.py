@@ -3,10 +3,8 @@ with kill -9 resumed to the same bytes, only the missing shards written (marked 
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpubatch.api import convert
-from tests.engine.test_shards import digest
+from tests.engine.test_shards import digest, killed_and_resumed
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.gpu
@@ -66,19 +64,7 @@ def test_a_gpu_run_killed_at_random_moments_resumes_to_the_same_bytes(photos, tm
     rng = random.Random(52)
     for k in range(6):
         dst = tmp_path / f"k{k}"
-        proc = subprocess.Popen(_command(photos, dst), env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
-        time.sleep(rng.uniform(0.3, 1.0) * took)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        before = time.time_ns()
-        p = subprocess.run(_command(photos, dst, "--resume", "--json"), env=env, capture_output=True, text=True,
-                           timeout=300)
-        assert p.returncode == 0, p.stderr
-        s = json.loads(p.stdout)
+        _, done, _, kept = killed_and_resumed(_command, photos, dst, rng.uniform(0.3, 1.0) * took, env)
         assert digest(dst) == want, f"kill {k}"
-        said = [w for w in s["warnings"] if w.startswith("--resume:") and " of " in w]
-        if said:
-            done = int(said[0].split(":")[1].split(" shards")[0].split(" of ")[0])
-            kept = [t for t in dst.glob("*.tar") if t.stat().st_mtime_ns < before]
-            assert len(kept) == done
+        if done is not None:
+            assert kept == done

@@ -421,7 +421,7 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
         batch after batch, so the decoder that is done with its part of batch N goes on to batch N+1
         while the other is still at N. ``result.order(stream)`` (or ``result.wait()``) completes the
         result; nothing else of it may be read before. The caller bounds how many batches it hands
-        over ahead (``gpu_engine.decode_ahead`` does).
+        over ahead (``gpu.engine.decode_ahead`` does).
 
         ``chunk=N`` (with ``wait=False``, ``order=False``; the C API) decodes each decoder's part in
         calls of at most N images (the hardware engine's: :data:`HW_CHUNK`; at least

@@ -22,7 +22,7 @@ import numpy as np
 from ...errors import RecordError, Stage, UsageError
 from ...types import Media, Record
 from ..media import HOST, LOST, MediaSpec, RunPlan, get_codec, register_codec
-from .video_probe import VideoInfo, av, open_container, probe
+from .video_probe import VideoInfo, av, open_container, packets, probe
 
 __all__ = ["FrameCursor", "FrameStream", "VideoHostCodec", "encode_clip", "info_of", "outputs_of_video"]
 
@@ -181,20 +181,12 @@ def _decoded(c: Any, s: Any) -> Iterator[Any]:
     turn. Where demuxing fails (the file ends inside a packet, or a damaged stretch) the frames the decoder
     still holds are flushed out before the end: PyAV 19 raises there, earlier versions stopped quietly. A
     packet that fails to decode raises (the stream is damaged from there)."""
-    a = av()
-    packets = c.demux(s)
-    while True:
-        try:
-            packet = next(packets)
-        except StopIteration:
-            return
-        except a.FFmpegError:
-            try:
-                yield from s.codec_context.decode(None)
-            except a.FFmpegError:
-                pass
-            return
-        yield from packet.decode()  # (the last, empty packet flushes the decoder)
+    for packet in packets(c, s):
+        yield from packet.decode()  # (a whole stream's last, empty packet flushes the decoder)
+    try:
+        yield from s.codec_context.decode(None)  # (a stream cut short: what the decoder holds)
+    except av().FFmpegError:  # (flushed already)
+        pass
 
 
 class SourcedFrames:
@@ -256,25 +248,21 @@ def x264_asm() -> dict[str, str]:
 def audio_packets(data: bytes, start: float = 0.0, end: float = 0.0) -> tuple[Any, list[Any], str]:
     """The first audio stream of video ``data`` and its packets from ``start`` to ``end`` seconds (0: the
     end), to copy beside re-encoded frames; (None, [], why) where there is none to copy."""
-    a = av()
     c = open_container(data)
     if not c.streams.audio:
         c.close()
         return None, [], ""
     s = c.streams.audio[0]
     tb = float(s.time_base) if s.time_base else 0.0
-    packets = []
-    try:
-        for p in c.demux(s):
-            if p.size == 0 or p.pts is None:
-                continue
-            t = float(p.pts) * tb
-            if t + 1e-6 < start or (end and t >= end):
-                continue
-            packets.append(p)
-    except a.FFmpegError:  # a damaged stretch: the packets before it
-        pass
-    return (c, s), packets, ""
+    kept = []
+    for p in packets(c, s):  # (up to a damaged stretch)
+        if p.size == 0 or p.pts is None:
+            continue
+        t = float(p.pts) * tb
+        if t + 1e-6 < start or (end and t >= end):
+            continue
+        kept.append(p)
+    return (c, s), kept, ""
 
 
 def _audio_stream(out: Any, source: tuple[Any, Any]) -> tuple[Any, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -163,6 +164,20 @@ def open_input(source: Any) -> Any:
     return av().open(source, mode="r", **dict(open_options()))
 
 
+def packets(c: Any, s: Any) -> Iterator[Any]:
+    """Stream ``s``'s packets as container ``c`` demuxes them from where it stands, ending where demuxing
+    fails: the file ends inside a packet, or a damaged stretch (PyAV 19 raises there; earlier versions
+    stopped quietly). What came before is the stream."""
+    it = c.demux(s)
+    failed = av().FFmpegError
+    while True:
+        try:
+            p = next(it)
+        except (StopIteration, failed):
+            return
+        yield p
+
+
 def open_container(data: bytes):
     """A PyAV input container over ``data``; ValueError (one line) where it is no video file."""
     a = av()
@@ -189,7 +204,6 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
     """
     if data[:6] == b"\x93NUMPY":
         return npy_clip(data, max_pixels)
-    a = av()
     with open_container(data) as c:
         name = c.format.name or ""
         if not any(n in name.split(",") for n, _ in _CONTAINERS) and sniff_container(data) is None:
@@ -214,19 +228,16 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         table = _sample_table(s)  # byte position -> size of every frame's packet (MP4/MOV), or None
         listed = len(table) if table is not None else int(s.frames or 0)  # the frames the file's index counts
         cut = 0  # packets the demuxer gave cut short (the file ends inside them)
-        try:
-            for p in c.demux(s):
-                t = p.pts if p.pts is not None else p.dts
-                if t is None or p.size == 0:
-                    continue
-                if table is not None and table.get(p.pos, p.size) != p.size:
-                    cut += 1
-                    continue
-                pts.append(int(t))
-                keys.append(bool(p.is_keyframe))
-                durations.append(int(p.duration or 0))
-        except a.FFmpegError:  # packets after a damaged stretch: the frames before it are the video
-            pass
+        for p in packets(c, s):  # (up to a damaged stretch: the frames before it are the video)
+            t = p.pts if p.pts is not None else p.dts
+            if t is None or p.size == 0:
+                continue
+            if table is not None and table.get(p.pos, p.size) != p.size:
+                cut += 1
+                continue
+            pts.append(int(t))
+            keys.append(bool(p.is_keyframe))
+            durations.append(int(p.duration or 0))
         missing = max(0, listed - len(pts)) if listed > len(pts) + cut or cut else 0
         if missing and table is None and pts:  # (no sizes to tell: the last packet read may be cut too)
             pts, keys, durations, missing = pts[:-1], keys[:-1], durations[:-1], missing + 1

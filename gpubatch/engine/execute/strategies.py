@@ -12,11 +12,11 @@ in a CPU worker).
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from ...errors import UsageError
+from ..processes import cores
 
 
 @dataclass(frozen=True)
@@ -44,17 +44,14 @@ class Strategy:
         return max(1, min(n, tasks))
 
 
-def cores() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-
 _HOST = "gpubatch.engine.execute.units:HostUnit"
 #: (media, device) -> the unit and its workers ("*" any media)
 TABLE: dict[tuple[str, str], Strategy] = {
     ("*", "cpu"): Strategy("host", _HOST, why="the CPU: a worker process a core"),
     # per_gpu (--gpu-procs): one worker process a GPU by default, the setting every GPU test ran with; two
-    # image processes wrote 16,384 images 14% faster on an H200 host (2026-11-27, --gpu-procs 2), more
-    # for audio and video were not measured
+    # image processes wrote 16,384 images at 3,137 images/s against 2,741 on an H200 host (2026-11-27,
+    # one run of --gpu-procs 2 against the median of two; benchmarks/RESULTS.md), more for audio and
+    # video were not measured
     ("image", "gpu"): Strategy("gpu-image", "gpubatch.engine.gpu.images:GpuImageUnit", gpu=True,
                                why="images on the GPU: decoders, the chain's kernels and the JPEG encoder"),
     ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.gpu.video:VideoDeviceUnit", gpu=True,

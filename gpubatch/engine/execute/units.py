@@ -4,8 +4,8 @@ A unit is made once per worker (:meth:`make`), keeps what is costly to start (a 
 NVDEC sessions, reader processes) across the tasks the worker runs, and runs tasks with
 ``run(reader, tasks, writing, done)``: for each task, its outputs in dataset order into ``writing(task)``
 (a :class:`~.worker.ShardWriting`), then ``done(result)`` once the shard is committed and journaled
-(:func:`~.worker.finish`). Units for the GPU live with the GPU code (:mod:`..gpu_worker`,
-:mod:`..video_gpu`, :mod:`..audio_gpu`); this module holds the host unit, which every media has.
+(:func:`~.worker.finish`). Units for the GPU live with the GPU code (:mod:`..gpu.images`,
+:mod:`..gpu.video`, :mod:`..gpu.audio`); this module holds the host unit, which every media has.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from ...errors import CURRENT, RecordError
 from ...types import ShardResult, ShardTask
-from .worker import RunContext, ShardWriting, finish
+from .worker import RunContext, ShardWriting, shard_of
 
 
 class HostUnit:
@@ -39,8 +39,7 @@ class HostUnit:
 
         plan = self.ctx.plan
         for task in tasks:
-            w = writing(task)
-            try:
+            with shard_of(writing, task, done) as w:
                 for entry in task.entries:
                     record = read_counted(reader, entry, w.stats)
                     if isinstance(record, RecordError):
@@ -50,10 +49,6 @@ class HostUnit:
                     for out in expand_host(record, plan, w.stats):
                         w.put(out)
                     CURRENT.key = None
-            except BaseException:
-                w.abort()
-                raise
-            done(finish(w))
 
     def close(self) -> None:
         pass

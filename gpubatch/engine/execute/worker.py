@@ -5,9 +5,10 @@ executor (the local one's worker processes, a Ray task) calls.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,20 @@ def finish(writing: ShardWriting, timings: dict[str, float] | None = None,
     result = writing.commit(timings, extra)
     Journal(writing.ctx.stage).record(result)
     return result
+
+
+@contextlib.contextmanager
+def shard_of(writing: Callable[[ShardTask], ShardWriting], task: ShardTask,
+             done: Callable[[ShardResult], None]) -> Iterator[ShardWriting]:
+    """A task's shard for a unit to put its outputs into: committed, journaled and handed to ``done`` when
+    the block ends, its partial files removed if the block raises."""
+    w = writing(task)
+    try:
+        yield w
+    except BaseException:
+        w.abort()
+        raise
+    done(finish(w))
 
 
 def run_shard(task: ShardTask, ctx: RunContext, unit: Any = None, reader: Any = None,

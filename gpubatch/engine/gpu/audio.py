@@ -17,6 +17,7 @@ from ..codecs.audio_io import AudioData
 from ..device import Device
 from ..media import DEVICE, HOST, get_codec
 from ..plan import Plan
+from ..processes import cores
 from ..registry import get_kernel
 from ..run import Job, RecordSource, outputs_of, read_counted
 from ..settings import Settings
@@ -207,7 +208,7 @@ class AudioDeviceUnit:
         self.batch_size = ctx.batch_size or 256
         self.pool: Any = None
         # decoding threads: this process's share of the cores (several processes may share the GPU)
-        self.workers = max(1, _cores() // max(1, int(getattr(ctx, "gpu_procs", 1) or 1)) - 1)
+        self.workers = max(1, cores() // max(1, int(getattr(ctx, "gpu_procs", 1) or 1)) - 1)
 
     @classmethod
     def make(cls, ctx: Any, slot: int) -> AudioDeviceUnit:
@@ -216,14 +217,13 @@ class AudioDeviceUnit:
     def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from ..execute.worker import finish
+        from ..execute.worker import shard_of
         from ..executor import expand_host, ordered_on, prefetched
 
         plan, cp = self.plan, self.cp
         for task in tasks:
-            w = writing(task)
-            stats = w.stats
-            try:
+            with shard_of(writing, task, done) as w:
+                stats = w.stats
                 if self.pool is None:
                     if self.ctx.gpu_memory is not None:
                         self.batch_size = fit_cap(self.ctx.gpu_memory, self.device, reader, list(task.entries), plan,
@@ -256,17 +256,8 @@ class AudioDeviceUnit:
                         finished = iter(_run_batch(jobs, plan, stats)) if jobs else iter(())
                         for o in group:
                             w.put(next(finished) if isinstance(o, tuple) else o)
-            except BaseException:
-                w.abort()
-                raise
-            done(finish(w))
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True)
 
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -280,7 +280,7 @@ class SharedFeed:
         """The items of a batch on the GPU, in one device buffer: each slab's part copied in one go (a
         queued DMA from a page-locked slab, which goes back to the workers once the GPU has read it;
         else a copy the call waits for), the items views of it; the others through
-        :func:`~.audio_gpu.to_device`."""
+        :func:`~.audio.to_device`."""
         import ctypes
 
         import cupy as cp

@@ -1,7 +1,7 @@
 """One GPU's engine: its CUDA context settings, decoder, encoder, kernel stream, launcher and memory cap.
 
 :class:`GpuEngine` is what the in-memory pipeline (:mod:`.pipeline`) and the GPU worker processes of
-``convert`` and ``augment`` (:mod:`.gpu_worker`) each own; :func:`decode_ahead` overlaps a batch's
+``convert`` and ``augment`` (:mod:`.images`) each own; :func:`decode_ahead` overlaps a batch's
 decode with the previous batch's kernels for both.
 """
 

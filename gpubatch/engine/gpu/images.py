@@ -5,7 +5,6 @@ batch's transform (:func:`transform_fed`).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +15,7 @@ from ...errors import GpubatchError, RecordError, Stage
 from ...types import Record
 from ..execute.worker import finish
 from ..plan import Plan
+from ..processes import cores
 from ..windows import fed_windows
 from .engine import GpuEngine
 
@@ -119,7 +119,7 @@ class GpuImageUnit:
     """Images on the GPU, in a worker process of its own (a GPU's worker): the tasks it is given in shard
     order, their entries read ahead by reader processes (a :class:`~.feed.RecordFeed`, across the tasks'
     boundaries) which pass untouched records through and draw every output's parameters, decoded on the
-    GPU a batch ahead (:func:`~.gpu_engine.decode_ahead`), run through the chain and the JPEG encoder
+    GPU a batch ahead (:func:`~.engine.decode_ahead`), run through the chain and the JPEG encoder
     (:func:`transform_fed`), and written in order into each task's shard, which this process commits.
 
     Batches never span two tasks. The decode route is the one the run names (the runner asks for the
@@ -165,13 +165,14 @@ class GpuImageUnit:
         entries = [e for t in tasks for e in t.entries]
         batch = ctx.batch_size
         t0 = time.perf_counter()
-        route_cores = _cores() / procs  # (the route follows this worker's share of the cores, not their load)
-        cores = affinity.reserve(gpu, settings) if procs == 1 else None
-        readers = default_readers(max(1, _cores() // procs), settings=settings)
+        have = cores()
+        route_cores = have / procs  # (the route follows this worker's share of the cores, not their load)
+        reserved = affinity.reserve(gpu, settings) if procs == 1 else None
+        readers = default_readers(max(1, have // procs), settings=settings)
         if settings.decode_route == "hardware":  # the decoders leave the cores to the readers: half of them
-            readers = max(readers, min(CONVERT_READERS_MAX, _cores() // (2 * procs)))
-        threads = max(2, _cores() // procs)
-        feed = engine = unpin = watch = current = out_writer = starting = None
+            readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * procs)))
+        threads = max(2, have // procs)
+        feed = engine = unpin = current = out_writer = starting = None
         try:
             def start_feed(b: int) -> RecordFeed:
                 f = RecordFeed(ctx.opener, entries, plan, b, workers=readers, depth=max(settings.feed_depth, 8),
@@ -181,7 +182,7 @@ class GpuImageUnit:
 
             def make_engine(preallocate: tuple[int, int, int] | None) -> GpuEngine:
                 return GpuEngine(Device(DeviceKind.GPU, gpu, reason="worker"), threads, ctx.gpu_memory, share=procs,
-                                 deterministic=True, cores=cores, hw_preallocate=preallocate, route_cores=route_cores,
+                                 deterministic=True, cores=reserved, hw_preallocate=preallocate, route_cores=route_cores,
                                  decode_route=settings.decode_route, settings=settings)
 
             ahead = 2
@@ -222,7 +223,6 @@ class GpuImageUnit:
             owners = _owners(tasks, batch)
             current = first_at = None
             out_writer = _ShardWriter(done)  # the shards' files written in a thread of their own
-            watch = gm.ProcessMemory(gm.nvml_index(gpu), [os.getpid()], children=True).start()
             seen = dict(tm)
             for k, (fed, res) in enumerate(decode_ahead(decode, feed, ahead, tm, gpu)):
                 task, last = owners[k]
@@ -248,8 +248,8 @@ class GpuImageUnit:
                     for name, v in tm.items():
                         shard_t[name] = shard_t.get(name, 0.0) + v - seen[name]
                     seen = dict(tm)
-                    peak = {"peak_mib": watch.peak_started >> 20, "method": watch.method} if watch.ok else {}
-                    extra = {"gpu_memory": {**mem, **peak}} if mem or peak else {}
+                    # (the peak: the run samples its workers' device memory, runner._memory_watch)
+                    extra = {"gpu_memory": dict(mem)} if mem else {}
                     if first_at is not None and ctx.started:
                         extra["first_batch_s"] = round(first_at, 4)
                     out_writer.commit(current, shard_t, extra or None)
@@ -263,8 +263,6 @@ class GpuImageUnit:
                 current.abort()
             raise
         finally:
-            if watch is not None:
-                watch.stop()
             if engine is not None:
                 if unpin is not None:
                     unpin()
@@ -402,6 +400,3 @@ def _owners(tasks: list[Any], batch: int) -> list[tuple[Any, bool]]:
         out += [(t, i == k - 1) for i in range(k)]
     return out
 
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

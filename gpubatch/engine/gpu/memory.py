@@ -397,7 +397,7 @@ MARGIN = 128 * MiB
 
 def held(ahead: int) -> int:
     """Batches of decoded images a GPU process may hold with decoding ``ahead`` batches ahead
-    (:func:`~.gpu_engine.decode_ahead`): those ahead, the one in the chain, and the one before it
+    (:func:`~.engine.decode_ahead`): those ahead, the one in the chain, and the one before it
     until its kernels have run."""
     return max(1, ahead) + 2
 

@@ -24,7 +24,7 @@ from ...errors import RecordError, RunStats, Stage
 from ...types import Media, Record
 from ..codecs.video import SourcedFrames, clip_members, encode_clip, info_of
 from ..codecs.video_gpu_caps import CUDA_CODEC, nvdec_supports
-from ..codecs.video_probe import open_input
+from ..codecs.video_probe import open_input, packets
 from ..device import Device
 from ..plan import Plan
 from ..run import Job, RecordSource, outputs_of, read_counted
@@ -134,7 +134,7 @@ class NvdecSession:
             self._dec.Decode(self.nvc.PacketData())
         k = self.info.keyframe_before(index)
         self._container.seek(int(self.info.pts[k]), stream=self._vs, backward=True, any_frame=False)
-        self._packets = self._container.demux(self._vs)
+        self._packets = packets(self._container, self._vs)
         self._ended = False
         self.pos = k - 1
 
@@ -144,14 +144,13 @@ class NvdecSession:
         PyAV 19 raises there) the stream ends: the frames the decoder holds are flushed out first."""
         from ..codecs.video_probe import av
 
-        failed = av().FFmpegError
-        while True:
+        for packet in self._packets:
+            if not packet.size:
+                continue
             try:
-                packet = next(self._packets)
-                if not packet.size:
-                    continue
                 filtered = self._bsf.filter(packet)
-            except (StopIteration, failed):
+            except av().FFmpegError:
+                self._packets = iter(())  # (the stream ends here)
                 break
             out: list = []
             for q in filtered:
@@ -526,14 +525,13 @@ class VideoDeviceUnit:
         self.pool = ThreadPoolExecutor(max_workers=self.decoders, thread_name_prefix="gpubatch-nvdec")
 
     def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
-        from ..execute.worker import finish
+        from ..execute.worker import shard_of
         from ..executor import expand_host, ordered_on
 
         plan = self.plan
         for task in tasks:
-            w = writing(task)
-            stats = w.stats
-            try:
+            with shard_of(writing, task, done) as w:
+                stats = w.stats
                 if self.pool is None:
                     self._start(reader, list(task.entries), stats)
 
@@ -548,10 +546,6 @@ class VideoDeviceUnit:
                 for outs in ordered_on(self.pool, work, task.entries, self.decoders * 2):
                     for o in outs:
                         w.put(o)
-            except BaseException:
-                w.abort()
-                raise
-            done(finish(w))
 
     def close(self) -> None:
         if self.pool is not None:
