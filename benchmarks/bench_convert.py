@@ -18,6 +18,8 @@ Jobs (``--only``; the default is every job the machine can run):
   CPU against ``AudioPipeline`` on the same chain and files.
 - ``video``: ``--frames every:1 --resize-shorter 224`` on --videos 1080p/720p H.264/HEVC clips on the GPU and
   the CPU against gpubatch's own NVDEC decode of the same files (benchmarks/video_decode.py, 4 sessions).
+- ``gpus``: the GPU transcode on 1, 2, 4... GPUs of the host (``--gpus``; on --big's set with --big), and on
+  every GPU through ``--executor ray`` where Ray is installed: the scaling against N x one GPU's rate.
 
 Each gpubatch figure is a whole process (``python3 -m gpubatch ...``, start-up included), timed from
 outside: one untimed run first (page cache, kernel cache), then the median of --repeats runs; the
@@ -46,8 +48,8 @@ sys.path.insert(0, str(ROOT))
 
 # as a user's shell runs it: bytecode cached (the untimed first run writes it), whatever this shell says
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-JOBS = ["gpu-transcode", "cpu-transcode", "pass-through", "info", "audio", "video"]
-GPU_JOBS = {"gpu-transcode"}
+JOBS = ["gpu-transcode", "cpu-transcode", "pass-through", "info", "audio", "video", "gpus"]
+GPU_JOBS = {"gpu-transcode", "gpus"}
 
 
 def cores() -> int:
@@ -231,6 +233,55 @@ def job_gpu_transcode(a, tmp: Path) -> dict:
     return out
 
 
+def gpu_count() -> int:
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - no GPU: no scaling to measure
+        return 0
+
+
+def job_gpus(a, tmp: Path) -> dict:
+    """The GPU transcode on 1, 2, 4... GPUs of this host (``--gpus``; all of them with two processes a GPU
+    too), and on all of them through ``--executor ray`` where Ray is installed (on the cluster RAY_ADDRESS
+    names, as a deployment starts one before its jobs; else on one each run starts): images/s, per GPU,
+    the bound the run names, and the ratio to N x one GPU's rate (the target: >= 0.8 until a named bound)."""
+    n_gpus = gpu_count()
+    data = image_set(a.data_root, a.images)
+    n = a.images
+    if a.big:
+        data, n = linked_set(data, 4), a.images * 4
+    counts = [c for c in (1, 2, 4, 8) if c <= n_gpus]
+    out: dict = {"images": n, "gpus_on_host": n_gpus}
+    runs = [(str(c), ["--gpus", ",".join(str(i) for i in range(c))]) for c in counts]
+    runs.append((f"procs2-{counts[-1]}", ["--gpus", "all", "--gpu-procs", "2"]))  # two processes a GPU
+    try:
+        import ray  # noqa: F401
+
+        runs.append((f"ray-{n_gpus}", ["--executor", "ray", "--gpu-procs", "1"]))
+    except ImportError:
+        out["ray"] = "not installed"
+    one = None
+    for name, extra in runs:
+        res = timed(gpubatch("convert", str(data), str(tmp / f"gpus-{name}"), "--to", "webdataset", *TRANSCODE,
+                             "--device", "gpu", "--overwrite", "--json", *extra), a.repeats)
+        s = res["summary"] or {}
+        r = rate(n, res)
+        c = int(name.split("-")[-1])
+        if name.startswith("procs2") and str(c) in out:  # (the same GPUs as the plain run of c)
+            out[name] = {"images_per_s": r, "seconds": res["seconds"], "runs": res["runs"], "bound": s.get("bound"),
+                         "to_one_process_a_gpu": ratio(r, out[str(c)]["images_per_s"]), **slim(s)}
+            continue
+        one = r if name == "1" else one
+        out[name] = {"images_per_s": r, "seconds": res["seconds"], "runs": res["runs"], "bound": s.get("bound"),
+                     "usage": s.get("usage"), "per_gpu": s.get("per_gpu"),
+                     "scaling": ratio(r, c * one) if one else None, **slim(s)}
+    if "1" in out and f"{counts[-1]}" in out and f"ray-{n_gpus}" in out:
+        out["ray_to_local"] = ratio(out[f"ray-{n_gpus}"]["images_per_s"], out[str(counts[-1])]["images_per_s"])
+    return out
+
+
 def job_cpu_transcode(a, tmp: Path) -> dict:
     data = image_set(a.data_root, a.cpu_images)
     n = count_files(data)
@@ -351,7 +402,7 @@ print(json.dumps(statistics.median(rates)))
 
 
 RUN = {"gpu-transcode": job_gpu_transcode, "cpu-transcode": job_cpu_transcode, "pass-through": job_pass_through,
-       "info": job_info, "audio": job_audio, "video": job_video}
+       "info": job_info, "audio": job_audio, "video": job_video, "gpus": job_gpus}
 
 
 def has_gpu() -> bool:

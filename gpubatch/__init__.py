@@ -33,6 +33,7 @@ if _sys.argv[:1] and _sys.argv[0].rsplit("/", 1)[-1] in ("gpubatch", "-m"):  # t
 _LAZY = {
     "convert": ("gpubatch.api", "convert"),
     "augment": ("gpubatch.api", "augment"),
+    "finish": ("gpubatch.api", "finish"),
     "AugmentRequest": ("gpubatch.api", "AugmentRequest"),
     "info": ("gpubatch.api", "info"),
     "open_dataset": ("gpubatch.api", "open_dataset"),

@@ -7,8 +7,10 @@ it: it tells a shard damaged or replaced since its commit, which is what ``--res
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import zlib
 from pathlib import Path
 from typing import Any
@@ -30,13 +32,32 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def partial_name(path: Path) -> Path:
+    """The temporary name ``path`` is written under: ``NAME.<pid>-<random>.partial``, one a writer, so that
+    two writers of one shard (a task retried while the first attempt still runs on a node cut off from
+    the cluster) never write into the same file; the last rename wins, with the same bytes. What a
+    killed writer leaves is swept before a dataset is finalized (:func:`sweep_partials`)."""
+    return path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}{PARTIAL}")
+
+
+def sweep_partials(root: Path) -> int:
+    """Remove the temporary files killed writers left under ``root``: how many."""
+    n = 0
+    for p in Path(root).rglob(f"*{PARTIAL}"):
+        if p.is_file():
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                n += 1
+    return n
+
+
 class ShardFile:
     """One file written under ``name.partial`` and digested as it is written (CRC-32 of its bytes);
     :meth:`commit` makes it ``name``."""
 
     def __init__(self, folder: Path, name: str):
         self.path = Path(folder) / name
-        self.tmp = self.path.with_name(self.path.name + PARTIAL)
+        self.tmp = partial_name(self.path)
         self.tmp.parent.mkdir(parents=True, exist_ok=True)
         self.f = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit or abort
         self.crc = 0
@@ -82,7 +103,7 @@ def write_json(path: Path, doc: Any) -> None:
     """Write ``doc`` as JSON at ``path``: to a temporary name, fsynced, then renamed into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + PARTIAL)
+    tmp = partial_name(path)
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(doc, f, sort_keys=True)
         f.flush()

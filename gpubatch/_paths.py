@@ -424,3 +424,34 @@ def staged_output(dst: Path, overwrite: bool, warn: Callable[[str], None] | None
     except BaseException:
         take_back_made()
         raise
+
+
+def staging_folder(dst: Path) -> Path:
+    """The staging folder a run to ``dst`` writes in (``.DST.gpubatch-partial``)."""
+    dst = output_path(dst)
+    return dst.parent / f".{dst.name}{STAGING_MARK.rstrip('-')}"
+
+
+@contextmanager
+def shared_stage(dst: Path, overwrite: bool, warn: Callable[[str], None], claim: Callable[[Path], None]) -> Iterator[Path]:
+    """The staging folder of ``dst`` shared by the parts of one run (``--num-parts``), each a process of its
+    own, on this machine or others that see the same file system. Under ``dst``'s lock, for a moment only
+    (parts run side by side): the folder is made where missing, and ``claim(stage)`` checks that it is
+    this run's or starts its journal (it may raise to refuse). Whatever happens after, the folder stays:
+    it holds the other parts' shards; ``gpubatch finish DST`` makes the dataset from it."""
+    dst = output_path(dst)
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the output {dst}: {e.strerror or e}") from None
+    stage = staging_folder(dst)
+    with _output_lock(dst):
+        recover_output(dst, warn, spare=stage)
+        if (dst.exists() or dst.is_symlink()) and not overwrite:
+            raise UsageError(f"output {dst} already exists: pass --overwrite to replace it (when the run finishes)")
+        try:
+            stage.mkdir(exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot create the output {dst}: {e.strerror or e}") from None
+        claim(stage)
+    yield stage

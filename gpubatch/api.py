@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ._paths import check_output, refuse_url, require_source, source_root
-from .engine.device import Device, DeviceKind, resolve
+from .engine.device import Device, DeviceKind, resolve_gpus
 from .errors import ErrorPolicy, UsageError, python_messages
 from .formats import get_format, open_reader
 from .formats.base import Reader
@@ -57,6 +57,12 @@ class ConvertRequest:
     batch_size: int = 256
     gpu_memory: str | None = None
     gpu_procs: int | None = None
+    gpus: str | None = None  # "all" or "0,1,3": worker processes on each (None: the one of ``gpu``)
+    executor: str = "local"  # "local" (this machine's processes) or "ray" (a Ray cluster's actors)
+    ray_address: str | None = None  # the Ray cluster to join (None: RAY_ADDRESS, else a local one)
+    num_parts: int | None = None  # with ``part``: run only part ``part`` of ``num_parts`` of the shards
+    part: int | None = None
+    finish: bool = False  # (gpubatch finish: the run's shards are all committed; only the dataset-wide files)
     frames: str | None = None
     clip_length: int | None = None
     clip_stride: int | None = None
@@ -80,7 +86,7 @@ class ConvertRequest:
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if v is None and f.name in _VIDEO_OPTIONS:
+            if f.name == "finish" or v is None and f.name in _VIDEO_OPTIONS:
                 continue
             out[f.name] = str(v) if isinstance(v, Path) else v
         return out
@@ -117,6 +123,9 @@ class RunSummary:
     library_messages: int = 0  # lines the decoders printed, held back by the command (--verbose lists them)
     shards: int = 0  # the shard tasks the run was cut into
     workers: int = 0  # the worker processes that wrote them
+    per_gpu: dict[str, dict[str, Any]] = field(default_factory=dict)  # GPU ordinal -> shards, records, records/s
+    usage: dict[str, Any] = field(default_factory=dict)  # the CPU's and the GPUs' busy fractions while it ran
+    bound: str = ""  # the resource that bound the run ("CPU cores (93% busy)", "GPU 0 SMs (91% busy)", ...)
 
     @property
     def records_per_second(self) -> float:
@@ -135,6 +144,16 @@ def _check_output_options(req: Any) -> None:
     if not name or name.startswith(".") or any(c in name for c in "/\\\0") or len(name) > 100:
         raise UsageError(f"--name {name!r}: give a file name prefix (not empty, no path separator, "
                          "no leading '.', at most 100 characters)")
+    executor = getattr(req, "executor", "local")
+    if executor not in ("local", "ray"):
+        raise UsageError(f"unknown --executor {executor!r}; supported: local, ray")
+    if getattr(req, "ray_address", None) and executor != "ray":
+        raise UsageError("--ray-address is for --executor ray")
+    parts, part = getattr(req, "num_parts", None), getattr(req, "part", None)
+    if (parts is None) != (part is None):
+        raise UsageError("--num-parts and --part go together: --num-parts P --part I runs part I (0..P-1) of P")
+    if parts is not None and not (parts >= 1 and 0 <= part < parts):
+        raise UsageError(f"--part {part} of --num-parts {parts}: give 0 <= I < P")
     if req.gpu_memory is not None:
         from .engine.gpu.memory import parse_memory
 
@@ -235,13 +254,15 @@ def convert(
     plan = dataclasses.replace(plan, sample=sample, ops=plan.ops + sound, audio_format=req.audio_format or "keep")
     _check_output_options(req)
     check_output(source_root(src_path), dst_path, req.overwrite)
-    if plan.touches_pixels or req.device == "gpu":
-        device = resolve(req.device, req.gpu)
+    if req.finish:
+        device = _finishing_device(dst_path)
+    elif plan.touches_pixels or req.device == "gpu":
+        device = resolve_gpus(req.device, req.gpu, req.gpus)
     else:
         device = Device(DeviceKind.CPU, reason="no pixel option: encoded bytes pass through untouched")
     if on_device:
         on_device(device)
-    run = Run("convert", req.options(), {"options": req.options()}, resume=req.resume)
+    run = Run("convert", req.options(), {"options": req.options()}, resume=req.resume, finish=req.finish)
     return _run(req, run, src_path, dst_path, fmt, plan, device, policy, progress)
 
 
@@ -315,6 +336,12 @@ class AugmentRequest:
     batch_size: int = 256
     gpu_memory: str | None = None
     gpu_procs: int | None = None
+    gpus: str | None = None  # "all" or "0,1,3": worker processes on each (None: the one of ``gpu``)
+    executor: str = "local"  # "local" (this machine's processes) or "ray" (a Ray cluster's actors)
+    ray_address: str | None = None  # the Ray cluster to join (None: RAY_ADDRESS, else a local one)
+    num_parts: int | None = None  # with ``part``: run only part ``part`` of ``num_parts`` of the shards
+    part: int | None = None
+    finish: bool = False  # (gpubatch finish: the run's shards are all committed; only the dataset-wide files)
     audio_format: str | None = None
 
     options = ConvertRequest.options
@@ -394,15 +421,67 @@ def augment(
                 keep_original=req.keep_original, verify=req.verify, audio_format=req.audio_format or "keep")
     _check_output_options(req)
     check_output(source_root(src_path), dst_path, req.overwrite)
-    device = resolve(req.device, req.gpu)
+    device = _finishing_device(dst_path) if req.finish else resolve_gpus(req.device, req.gpu, req.gpus)
     if on_device:
         on_device(device)
     manifest = {"options": {**req.options(), "to": fmt.name},
                 "augment": {"chain": chain_spec(ops), "seed": req.seed, "copies": req.copies,
                             "keep_original": req.keep_original, "min_box_visibility": req.min_box_visibility,
                             "params_file": PARAMS_FILE}}
-    run = Run("augment", {**req.options(), "to": fmt.name}, manifest, resume=req.resume)
+    run = Run("augment", {**req.options(), "to": fmt.name}, manifest, resume=req.resume, finish=req.finish)
     return _run(req, run, src_path, dst_path, fmt, plan, device, policy, progress)
+
+
+def _finishing_device(dst: Path) -> Device:
+    """The device ``gpubatch finish`` names: the one the parts ran on, as their journal says (finish itself
+    decodes nothing; it may run where there is no GPU)."""
+    from ._paths import staging_folder
+    from .engine.execute.journal import Journal
+
+    about = Journal(staging_folder(dst)).run()
+    kind = DeviceKind.GPU if about.get("device_kind") == "gpu" else DeviceKind.CPU
+    name = str(about.get("device", "cpu"))
+    return Device(kind, name=name.split(" (", 1)[-1].rstrip(")") if kind is DeviceKind.GPU else "cpu",
+                  reason="gpubatch finish: the device the parts ran on")
+
+
+@python_messages
+def finish(dst: str | Path, *, overwrite: bool = False,
+           progress: Callable[[int, int], Callable[[int], None]] | None = None) -> RunSummary:
+    """Make the dataset at ``dst`` from the shards a run's parts committed (``--num-parts P --part I`` on
+    several processes or machines), or an interrupted run left: checks that every shard is committed
+    (refused otherwise, naming the parts or shards missing), writes the dataset-wide files and renames
+    the whole into place. The run's command and options come from its journal."""
+    from ._paths import staging_folder
+    from .engine.execute.journal import Journal
+
+    refuse_url(dst, "destination")
+    dst = Path(dst)
+    stage = staging_folder(dst)
+    journal = Journal(stage)
+    if not journal.exists():
+        done = finished(dst, RunSummary)
+        if done is not None:
+            return done
+        raise UsageError(f"{dst}: no run to finish ({stage.name} is not there: run the command with --num-parts "
+                         "P --part I first)")
+    about = journal.run()
+    command, request = about.get("command"), about.get("request")
+    if command not in ("convert", "augment") or not isinstance(request, dict):
+        raise UsageError(f"{stage} was started by a gpubatch that does not record its command: finish it by running "
+                         "that command again with --resume")
+    cls = ConvertRequest if command == "convert" else AugmentRequest
+    names = {f.name for f in fields(cls)}
+    kw = {k: v for k, v in request.items() if k in names}
+    for k in ("src", "dst", "pipeline"):
+        if kw.get(k) is not None:
+            kw[k] = Path(kw[k])
+    if kw.get("resize") is not None:
+        kw["resize"] = tuple(kw["resize"])
+    kw.update(dst=dst, resume=True, overwrite=overwrite, num_parts=None, part=None, executor="local",
+              ray_address=None, finish=True)
+    req = cls(**kw)
+    return convert(req, progress=progress) if command == "convert" else augment(req, progress=progress)
 
 
 @python_messages

@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ._paths import check_output, staged_output
+from ._commit import sweep_partials
+from ._paths import check_output, shared_stage, staged_output
 from .engine.device import Device
 from .errors import GpubatchError, RunStats, Terminated, UsageError
 from .formats import open_reader
@@ -32,7 +33,7 @@ RUN_DIR = ".gpubatch"
 #: the options that do not shape the output (which workers, GPUs or caps write it; how it is reported)
 FALLBACK_NOTE = "decoded on the CPU: "
 UNSHAPED = frozenset({"dst", "workers", "overwrite", "resume", "gpu", "gpu_procs", "gpu_memory", "batch_size",
-                      "device"})
+                      "device", "gpus", "executor", "ray_address", "num_parts", "part"})
 
 
 class CheckedSink:
@@ -115,6 +116,7 @@ class Run:
     options: dict[str, Any]
     manifest: dict[str, Any]
     resume: bool = False
+    finish: bool = False  # gpubatch finish: every shard must be committed already; only finalize runs
 
 
 def fingerprint(run: Run, src_path: Path, src_format: str, entries: list, device: Device, tasks: list) -> dict:
@@ -135,7 +137,6 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
             starts_as: Callable[[Reader, Any], str | None], summary_cls: Any) -> Any:
     """Read ``src`` -> plan shards -> work them on ``device`` -> finalize ``fmt`` at ``dst``: the summary."""
     from .engine.execute.journal import Journal
-    from .engine.execute.local import run_tasks
     from .engine.execute.shards import inputs_per_shard, plan_shards
     from .engine.execute.strategies import unit_for
     from .engine.execute.worker import RunContext
@@ -169,22 +170,31 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
     if device.is_gpu and settings.decode_route == "auto":  # the route per image by its kind, never by load:
         settings = settings.with_(decode_route="hardware")  # the bytes written do not follow the host's load
     geometric = any(op.moves_boxes for op in plan.ops)
-    tick = progress(len(entries) * plan.outputs_per_record) if progress else None
+    parts = (req.num_parts, req.part) if getattr(req, "num_parts", None) is not None else None
+    mine = part_of(tasks, *parts) if parts is not None else tasks
+    tick = progress(sum(t.stop - t.start for t in mine) * plan.outputs_per_record) if progress else None
     t_planned = time.perf_counter()
     timings: dict[str, float] = {"plan": round(t_planned - t_start, 4)}
+    about = {"command": run.command, "request": jsonable_request(req), "device": str(device),
+             "device_kind": "gpu" if device.is_gpu else "cpu", "parts": parts[0] if parts else None}
+    if parts is not None:
+        stager = shared_stage(dst_path, req.overwrite, stats.warn, claim=_claimer(print_, about, req.overwrite, stats))
+    else:
+        stager = staged_output(dst_path, req.overwrite, stats.warn, resume=_resumer(run, print_, stats),
+                               keep=_keeper(tasks, run.finish))
     try:
-        with staged_output(dst_path, req.overwrite, stats.warn, resume=_resumer(run, print_, stats),
-                           keep=_keeper(tasks)) as stage:
+        with stager as stage:
             journal = Journal(stage)
             done = journal.committed(tasks) if journal.exists() else {}
             if not journal.exists():
-                journal.begin(print_)
-            elif done:
+                journal.begin(print_, about)
+            elif done and parts is None and not run.finish:
                 stats.warn(f"--resume: {len(done)} of {len(tasks)} shards were committed by the interrupted run; "
                            f"{len(tasks) - len(done)} written now")
+            ours = {t.index for t in mine}
             if tick is not None and done:
-                tick(sum(r.counts.get("records_in", 0) for r in done.values()) * plan.outputs_per_record
-                     if plan.copies else sum(r.counts.get("records_in", 0) for r in done.values()))
+                had = sum(r.counts.get("records_in", 0) for i, r in done.items() if i in ours)
+                tick(had * plan.outputs_per_record if plan.copies else had)
             ctx = RunContext(opener=functools.partial(open_reader, src_path, reader.format_name, _reader_options(req)),
                              sink=functools.partial(_sink, fmt, stage, info, options, geometric), plan=plan,
                              device=device, policy=policy.value, stage=stage, settings=settings,
@@ -195,19 +205,32 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
                 procs = req.gpu_procs or strategy.per_gpu
                 if req.gpu_memory is not None and strategy.name != "gpu-image":
                     procs = 1
-                ctx = dataclasses.replace(ctx, gpu_procs=procs)
-            todo = [t for t in tasks if t.index not in done]
+                ctx = dataclasses.replace(ctx, gpu_procs=procs, on_gpu=True)
+            todo = [t for t in mine if t.index not in done]
+            if run.finish and todo:
+                raise GpubatchError(_not_finished(todo, tasks, journal))
             workers = strategy.workers(ctx, len(todo), req.workers)
-            if strategy.gpu:  # (the processes that share the GPU: fewer where there are fewer tasks)
-                ctx = dataclasses.replace(ctx, gpu_procs=workers)
+            if strategy.gpu:  # (the processes that share a GPU: fewer where there are fewer tasks)
+                ctx = dataclasses.replace(ctx, gpu_procs=max(1, -(-workers // max(1, len(device.indexes)))))
+            from .engine.usage import Usage
+
+            local = getattr(req, "executor", "local") != "ray"  # (Ray's nodes are not this host's to sample)
+            usage = Usage(device.indexes if strategy.gpu and local else ()).start()
             with _memory_watch(strategy, device, stats):
-                wall = run_tasks(ctx, strategy, todo, workers, lambda r: None, tick)
+                wall = run_executor(req, ctx, strategy, todo, workers, tick)
+            workers = wall.get("workers", workers)
+            usage = usage.stop() if todo and local else {}
             timings.update({"workers start (to the first shard committed)": round(wall["start"], 4),
                             "shards": round(wall["run"], 4)})
+            if parts is not None:  # this part's shards are committed: the dataset is finish's to make
+                return _part_summary(req, run, src_path, src_format, fmt, device, stats, journal, mine, todo, tasks,
+                                     workers, strategy, summary_cls, usage, wall, timings, t_start, stage)
             results = journal.results(tasks)
             t_fin = time.perf_counter()
             summary, extra = _merge(req, run, src_path, src_format, fmt, device, stats, results, tasks, workers,
                                     strategy, summary_cls)
+            _bound(summary, usage, results, todo, wall, strategy.gpu)
+            sweep_partials(stage)  # (what killed writers left: every shard is committed by now)
             for message in fmt.finalize(stage, results, info, options):
                 stats.warn(message)
             summary.warnings = list(stats.warnings)
@@ -290,12 +313,14 @@ def _resumer(run: Run, print_: dict, stats: RunStats) -> Callable[[Path], bool]:
     return decide
 
 
-def _keeper(tasks: list) -> Callable[[Path, BaseException], str | None]:
+def _keeper(tasks: list, finishing: bool = False) -> Callable[[Path, BaseException], str | None]:
     """Why an interrupted run's staging folder stays (shards are committed: ``--resume`` finishes it), or
-    None (it goes)."""
+    None (it goes). ``gpubatch finish`` never removes it: it holds the parts' shards."""
     from .engine.execute.journal import Journal
 
     def keep(stage: Path, error: BaseException) -> str | None:
+        if finishing:
+            return f"the committed shards stay in {stage}"
         if not isinstance(error, (KeyboardInterrupt, Terminated)):
             return None
         n = len(Journal(stage).committed(tasks))
@@ -307,8 +332,93 @@ def _keeper(tasks: list) -> Callable[[Path, BaseException], str | None]:
     return keep
 
 
+def part_of(tasks: list, parts: int, part: int) -> list:
+    """The tasks of part ``part`` of ``parts``: consecutive shards, the parts as even as the count allows."""
+    n = len(tasks)
+    return tasks[part * n // parts:(part + 1) * n // parts]
+
+
+def jsonable_request(req: Any) -> dict[str, Any]:
+    """A request's fields as JSON values (what ``gpubatch finish`` rebuilds it from)."""
+    out = {}
+    for f in dataclasses.fields(req):
+        v = getattr(req, f.name)
+        out[f.name] = str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def _claimer(print_: dict, about: dict, overwrite: bool, stats: RunStats) -> Callable[[Path], None]:
+    """What a part checks of the shared staging folder (under the output's lock): it is this run's, cut into
+    as many parts, or new (its journal is begun here); another command's is refused (removed with
+    ``--overwrite``)."""
+    from .engine.execute.journal import Journal, difference
+
+    def claim(stage: Path) -> None:
+        journal = Journal(stage)
+        if not journal.exists():
+            if any(stage.iterdir()):  # a killed run's folder without a journal: nothing in it can be kept
+                shutil.rmtree(stage)
+                stage.mkdir()
+                stats.warn(f"removed {stage.name}, an unfinished output folder of a killed run")
+            journal.begin(print_, about)
+            return
+        said = difference(journal.fingerprint(), print_)
+        if said is None:
+            had = journal.run().get("parts")
+            if had != about["parts"]:
+                raise UsageError(f"--num-parts {about['parts']}: the run in {stage} was cut into "
+                                 f"{had or 'no'} parts; run every part with --num-parts {had}" if had else
+                                 f"--num-parts {about['parts']}: {stage} holds a run without parts: finish it with "
+                                 "--resume, or pass --overwrite")
+            return
+        if not overwrite:
+            raise UsageError(f"{stage} holds another command's shards ({said}): finish that run, or pass --overwrite "
+                             "to start this one over")
+        shutil.rmtree(stage)
+        stage.mkdir()
+        journal.begin(print_, about)
+        stats.warn(f"removed {stage.name}, the unfinished output of another command ({said})")
+
+    return claim
+
+
+def _not_finished(todo: list, tasks: list, journal: Any) -> str:
+    """``gpubatch finish`` refused: the shards not committed, by part where the run had parts."""
+    names = ", ".join(t.name for t in todo[:3]) + (", ..." if len(todo) > 3 else "")
+    parts = journal.run().get("parts")
+    if parts:
+        missing = sorted({p for p in range(parts) for t in part_of(tasks, parts, p) if t in todo})
+        which = ", ".join(str(p) for p in missing)
+        return (f"{len(todo)} of {len(tasks)} shards are not committed: part{'s' if len(missing) > 1 else ''} {which} "
+                f"of {parts} ({names}); run {'them' if len(missing) > 1 else 'it'} (--num-parts {parts} --part I), "
+                "then finish again")
+    return (f"{len(todo)} of {len(tasks)} shards are not committed ({names}): run the command again with --resume "
+            "to write them")
+
+
+def _part_summary(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device: Device, stats: RunStats,
+                  journal: Any, mine: list, todo: list, tasks: list, workers: int, strategy: Any, summary_cls: Any,
+                  usage: dict, wall: dict, timings: dict, t_start: float, stage: Path) -> Any:
+    """The summary of one part's run (its shards; no dataset-wide file: ``gpubatch finish`` writes them)."""
+    done = journal.committed(tasks)
+    results = [done[t.index] for t in mine if t.index in done]
+    summary, _ = _merge(req, run, src_path, src_format, fmt, device, stats, results, mine, workers, strategy,
+                        summary_cls, allow_empty=True)
+    _bound(summary, usage, results, todo, wall, strategy.gpu)
+    left = [t for t in tasks if t.index not in done]
+    stats.warn(f"part {req.part} of {req.num_parts}: {len(mine)} shards committed in {stage}; "
+               + (f"{len(left)} of {len(tasks)} shards (other parts) are still to be written; " if left else
+                  "every part is committed; ")
+               + f"run 'gpubatch finish {req.dst}' once all parts are done")
+    summary.warnings = list(stats.warnings)
+    summary.timings = {**summary.timings, **{f"wall: {k}": v for k, v in timings.items()}}
+    summary.seconds = time.perf_counter() - t_start
+    return summary
+
+
 def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device: Device, stats: RunStats,
-           results: list[ShardResult], tasks: list, workers: int, strategy: Any, summary_cls: Any) -> tuple[Any, dict]:
+           results: list[ShardResult], tasks: list, workers: int, strategy: Any, summary_cls: Any,
+           allow_empty: bool = False) -> tuple[Any, dict]:
     """The run's summary from its shards' results (in shard order), and what the manifest says besides."""
     from .engine.execute.worker import COUNTS
 
@@ -339,7 +449,7 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
             gpu_memory = {**gpu_memory, **r.extra["gpu_memory"]}
     if stats.gpu_memory.get("peak_mib") is not None:  # this run's workers as the driver counted them
         gpu_memory = {**gpu_memory, **stats.gpu_memory}
-    if totals["records_in"] and not totals["records_out"]:
+    if totals["records_in"] and not totals["records_out"] and not allow_empty:
         reasons: dict[str, int] = {}
         for e in skipped:
             key = f"{e['stage']}: {e['reason']}"
@@ -377,8 +487,46 @@ def _memory_watch(strategy: Any, device: Device, stats: RunStats) -> Iterator[No
         return
     from .engine.gpu.memory import watch
 
-    with watch(device.index, stats):
+    with watch(device.indexes, stats):
         yield
+
+
+def run_executor(req: Any, ctx: Any, strategy: Any, tasks: list, workers: int,
+                 tick: Callable[[int], None] | None) -> dict:
+    """The run's tasks through the executor the request names (``--executor local|ray``)."""
+    if getattr(req, "executor", "local") == "ray":
+        from .engine.execute.ray import run_tasks
+        return run_tasks(ctx, strategy, tasks, workers, lambda r: None, tick, address=getattr(req, "ray_address", None),
+                         asked=req.workers)
+    from .engine.execute.local import run_tasks
+    return run_tasks(ctx, strategy, tasks, workers, lambda r: None, tick)
+
+
+def _bound(summary: Any, usage: dict, results: list[ShardResult], todo: list, wall: dict, gpu: bool) -> None:
+    """The summary's per-GPU records and rates (the shards this run wrote, by the GPU that wrote them) and
+    the resource that bound the run (:func:`~gpubatch.engine.usage.bound`)."""
+    from .engine.usage import bound
+
+    seconds = wall["run"]
+    ran = {t.index for t in todo}
+    mine = [r for r in results if r.index in ran]
+    per_gpu: dict[str, dict[str, Any]] = {}
+    for r in mine:
+        if "gpu" in r.extra:
+            g = per_gpu.setdefault(str(r.extra["gpu"]), {"shards": 0, "records": 0})
+            g["shards"] += 1
+            g["records"] += int(r.counts.get("records_in", 0))
+    for g in per_gpu.values():
+        g["records_per_s"] = round(g["records"] / seconds, 1) if seconds > 0 else 0.0
+    summary.per_gpu = per_gpu
+    if not mine:
+        return
+    written = sum(float(r.timings.get("write", 0.0)) for r in mine)
+    busy = sum(float(r.timings.get("shard", 0.0)) for r in mine)
+    summary.usage = usage
+    share = written / busy if busy > 0 and not gpu else None  # (a GPU unit's writes wait on the GPU)
+    if usage:  # (a Ray run: its nodes are not this host's to sample)
+        summary.bound = bound(usage, share, wall.get("start"), seconds)
 
 
 def _join_params(stage: Path, results: list[ShardResult]) -> None:

@@ -40,6 +40,7 @@ _COMMANDS = {
     "bench": ("gpubatch.cli.bench", "bench", "Measure a model's preprocessing: GPU vs CPU vs peers, with reports."),
     "convert": ("gpubatch.cli.convert", "convert", "Convert a dataset to another format (optionally resizing / re-encoding)."),
     "augment": ("gpubatch.cli.augment", "augment", "Write K augmented copies of every image (GPU, box-aware, seeded)."),
+    "finish": ("gpubatch.cli.finish", "finish", "Make the dataset from the shards its parts committed (--num-parts)."),
     "info": ("gpubatch.cli.info", "info", "Show what a dataset holds."),
     "formats": ("gpubatch.cli.info", "formats", "List the dataset formats gpubatch reads and writes."),
 }

@@ -64,6 +64,9 @@ def format_choice() -> Choice:
 
 
 def device_options(f):
+    f = click.option("--gpus", default=None, metavar="all|0,1,..",
+                     help="Spread the run over these GPUs (worker processes on each; the output is the same as on "
+                          "one)  [default: the one of --gpu]")(f)
     f = click.option("--gpu", "gpu", type=int, default=0, show_default=True, help="CUDA device ordinal.")(f)
     f = click.option(
         "--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True,
@@ -82,6 +85,17 @@ def run_options(f):
                      "before it was written)."),
         click.option("--resume", is_flag=True, help="Finish a run of the same command that was interrupted (killed, "
                      "Ctrl-C, a lost machine): only its shards not yet committed are written."),
+        click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+                     help="Who runs the shards: this machine's worker processes, or a Ray cluster's actors "
+                          "(pip install 'gpubatch[ray]'; DST on a file system every node sees)."),
+        click.option("--ray-address", default=None, metavar="ADDR",
+                     help="The Ray cluster to join (ray://host:10001, host:6379 or auto)  [default: RAY_ADDRESS, "
+                          "else a Ray started on this machine]"),
+        click.option("--num-parts", type=click.IntRange(min=1), default=None, metavar="P",
+                     help="With --part: run one part of P of the shards (Slurm arrays, Kubernetes jobs); "
+                          "'gpubatch finish DST' makes the dataset once every part is committed."),
+        click.option("--part", type=click.IntRange(min=0), default=None, metavar="I",
+                     help="The part (0..P-1) this process runs (see --num-parts)."),
         click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout."),
         click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary table."),
         click.option("--verbose", "-v", is_flag=True,

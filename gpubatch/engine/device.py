@@ -5,6 +5,7 @@ Probing imports CuPy and nvImageCodec only when asked about a GPU; ``cpu`` impor
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 from dataclasses import dataclass
@@ -27,19 +28,34 @@ class Device:
         index: CUDA device ordinal (0 for the CPU).
         name: "NVIDIA H100 80GB HBM3", or the CPU description.
         reason: why this device was chosen, shown to the user.
+        gpus: every GPU the run spreads over (``--gpus``), the first being ``index``; empty for one.
     """
 
     kind: DeviceKind
     index: int = 0
     name: str = "cpu"
     reason: str = ""
+    gpus: tuple[int, ...] = ()
 
     @property
     def is_gpu(self) -> bool:
         return self.kind is DeviceKind.GPU
 
+    @property
+    def indexes(self) -> tuple[int, ...]:
+        """The GPUs the run uses (one unless ``--gpus`` named several); empty on the CPU."""
+        return (self.gpus or (self.index,)) if self.is_gpu else ()
+
+    def one(self, index: int) -> Device:
+        """This device narrowed to GPU ``index`` (what one worker process of a several-GPU run is given)."""
+        return dataclasses.replace(self, index=index, gpus=())
+
     def __str__(self) -> str:
-        return f"gpu:{self.index} ({self.name})" if self.is_gpu else "cpu"
+        if not self.is_gpu:
+            return "cpu"
+        if len(self.indexes) > 1:
+            return f"gpus:{','.join(map(str, self.indexes))} ({len(self.indexes)} x {self.name})"
+        return f"gpu:{self.index} ({self.name})"
 
 
 @functools.lru_cache(maxsize=8)
@@ -99,6 +115,53 @@ def resolve(request: str = "auto", index: int = 0) -> Device:
     if request == "gpu":
         raise UsageError(f"--device gpu: {problem}")
     return Device(DeviceKind.CPU, reason=f"auto: {problem}")
+
+
+def parse_gpus(spec: str) -> tuple[int, ...] | None:
+    """``--gpus``: "all" (None: every GPU the machine has) or ordinals "0,1,3" (a UsageError otherwise)."""
+    text = str(spec).strip().lower()
+    if text == "all":
+        return None
+    try:
+        out = tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        out = ()
+    if not out or any(i < 0 for i in out):
+        raise UsageError(f"--gpus {spec!r}: give all, or GPU ordinals such as 0,1,3")
+    if len(set(out)) != len(out):
+        raise UsageError(f"--gpus {spec!r} names a GPU twice")
+    return out
+
+
+def resolve_gpus(request: str = "auto", index: int = 0, gpus: str | None = None) -> Device:
+    """:func:`resolve`, spread over several GPUs where ``gpus`` ("all", "0,1,3") asks for them.
+
+    ``--device auto`` falls back to the CPU, saying why, where no GPU is usable at all; a GPU that is
+    named and missing is refused whatever the device."""
+    if gpus is None:
+        return resolve(request, index)
+    request = (request or "auto").lower()
+    if request == "cpu":
+        raise UsageError(f"--gpus {gpus} asks for GPUs and --device cpu for none: drop one of them")
+    wanted = parse_gpus(gpus)
+    problem, _ = gpu_problem(wanted[0] if wanted else 0)
+    if problem is not None and (wanted is None or request == "auto" and "does not exist" not in problem):
+        if request == "gpu":
+            raise UsageError(f"--gpus {gpus}: {problem}")
+        return Device(DeviceKind.CPU, reason=f"auto: --gpus {gpus}: {problem}")
+    if wanted is None:
+        import cupy
+
+        wanted = tuple(range(cupy.cuda.runtime.getDeviceCount()))
+    names = []
+    for i in wanted:
+        problem, name = gpu_problem(i)
+        if problem is not None:
+            raise UsageError(f"--gpus {gpus}: {problem.replace(f'--gpu {i} does not exist', f'GPU {i} does not exist')}")
+        names.append(name)
+    name = names[0] if len(set(names)) == 1 else " + ".join(names)
+    why = f"--gpus {gpus}: {len(wanted)} GPU{'s' if len(wanted) > 1 else ''}"
+    return Device(DeviceKind.GPU, wanted[0], name, why, wanted if len(wanted) > 1 else ())
 
 
 def page_lock(buf: object, device_index: int = 0) -> tuple[int, object] | None:

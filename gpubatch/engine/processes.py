@@ -128,18 +128,28 @@ def single_threaded_pool(workers: int) -> Any:
     return pool
 
 
-def worker_processes(target: Any, args: tuple, count: int, daemon: bool = True) -> list[Any]:
+def worker_processes(target: Any, args: tuple, count: int, daemon: bool = True,
+                     env: dict[str, str] | None = None) -> list[Any]:
     """``count`` spawn-started processes running ``target(*args)`` (daemons unless they start processes
-    of their own), with the pools' settings (one BLAS thread, freed memory kept) in their environment
-    only."""
+    of their own), with the pools' settings (one BLAS thread, freed memory kept) and ``env`` in their
+    environment only."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
+    saved = {k: os.environ.get(k) for k in env or {}}
     with _worker_env():
-        procs = [ctx.Process(target=target, args=args, daemon=daemon, name=f"gpubatch-worker-{i}")
-                 for i in range(count)]
-        for p in procs:
-            p.start()
+        try:
+            os.environ.update(env or {})
+            procs = [ctx.Process(target=target, args=args, daemon=daemon, name=f"gpubatch-worker-{i}")
+                     for i in range(count)]
+            for p in procs:
+                p.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     return procs
 
 
@@ -153,3 +163,10 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         pass
+
+
+def visible_name(ordinal: int) -> str:
+    """How ``CUDA_VISIBLE_DEVICES`` names CUDA device ``ordinal`` of this process (the entry of this process's
+    own ``CUDA_VISIBLE_DEVICES`` where it has one)."""
+    seen = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return seen[ordinal] if ordinal < len(seen) else str(ordinal)

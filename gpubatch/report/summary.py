@@ -58,6 +58,12 @@ def render_summary(summary: Any, title: str = "convert") -> None:
     mem = getattr(summary, "gpu_memory", None)
     if mem:
         t.add_row("gpu memory", gpu_memory_text(mem))
+    per_gpu = getattr(summary, "per_gpu", None) or {}
+    if len(per_gpu) > 1:
+        t.add_row("per GPU", ", ".join(f"gpu:{g} {v['records']:,} ({v['records_per_s']:,.0f}/s)"
+                                       for g, v in sorted(per_gpu.items(), key=lambda kv: (len(kv[0]), kv[0]))))
+    if getattr(summary, "bound", ""):
+        t.add_row("bound by", esc(summary.bound))
     con.print(t)
     if summary.skipped:
         reasons = Counter(f"{e['stage']}: {e['reason']}" for e in summary.skipped)

@@ -316,10 +316,10 @@ def test_make_demo_installs_the_gpu_extra_where_nvidia_smi_shows_a_gpu(tmp_path)
         (fake / "nvidia-smi").chmod(0o755)
         p = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), ".venv/.installed-stamp"], capture_output=True,
                            text=True, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
-        assert f"-e '.[dev,{extra}]'" in p.stdout, p.stdout
+        assert f"-e '.[dev,ray,{extra}]'" in p.stdout, p.stdout
     p = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), ".venv/.installed-stamp"], capture_output=True, text=True,
                        env={**os.environ, "PATH": f"{tmp_path / 'none'}:/usr/bin:/bin"})
-    assert "-e '.[dev]'" in p.stdout, p.stdout
+    assert "-e '.[dev,ray]'" in p.stdout, p.stdout
 
 
 def test_a_webdataset_of_jpg_and_png_members_says_how_to_read_them_all(imagenet, tmp_path):

@@ -1117,6 +1117,7 @@ import cupy as cp
 from gpubatch import convert
 from gpubatch.engine.gpu import engine as ge
 from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
+from gpubatch.pipelines.image import ImagePipeline
 try:
     import pynvml
     pynvml.nvmlInit()
@@ -1138,7 +1139,7 @@ threading.Thread(target=watch, daemon=True).start()
 src, out = Path(sys.argv[1]), Path(sys.argv[2])
 files = sorted(src.rglob("*.jpg"))
 ops = [RandomResizedCrop(64), Flip(), Normalize(layout="CHW", dtype="float16")]
-with ge.ImagePipeline(ops, device="gpu", gpu=1, seed=0) as pipe:
+with ImagePipeline(ops, device="gpu", gpu=1, seed=0) as pipe:
     for k, b in enumerate(pipe.iterate_files(files, batch_size=16, repeat=True)):
         b.stacked()
         if k == 5:

@@ -62,10 +62,17 @@ class Journal:
     def exists(self) -> bool:
         return self.run_file.is_file()
 
-    def begin(self, fingerprint: Mapping[str, Any]) -> None:
-        """Start a new run's journal."""
+    def begin(self, fingerprint: Mapping[str, Any], run: Mapping[str, Any] | None = None) -> None:
+        """Start a new run's journal: its fingerprint, and ``run``: what ``gpubatch finish`` needs to finish
+        it (the command, its request, the device kind, the parts it was cut into)."""
         self.entries.mkdir(parents=True, exist_ok=True)
-        write_json(self.run_file, {"schema": SCHEMA, "fingerprint": dict(fingerprint)})
+        write_json(self.run_file, {"schema": SCHEMA, "fingerprint": dict(fingerprint), "run": dict(run or {})})
+
+    def run(self) -> dict[str, Any]:
+        """What :meth:`begin` was told of the run (checked as :meth:`fingerprint` is)."""
+        self.fingerprint()
+        doc = json.loads(self.run_file.read_text(encoding="utf-8"))
+        return doc.get("run") if isinstance(doc.get("run"), dict) else {}
 
     def fingerprint(self) -> dict[str, Any]:
         """The fingerprint of the run that wrote this journal; a GpubatchError where it is damaged or no

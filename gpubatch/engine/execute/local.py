@@ -4,8 +4,9 @@ Each worker (a process started with ``spawn``, without the caller's main script)
 makes its unit once (:mod:`.strategies`), and runs the tasks it is given, each to a committed shard and
 its journal entry (:func:`~.worker.finish`); it reports records as it writes them (the progress bar)
 and each task's :class:`~gpubatch.types.ShardResult` when done. CPU workers take tasks from one queue
-as they free up; GPU workers each get theirs in shard order (a GPU's reader processes read ahead across
-its tasks). Whatever order tasks finish in, their shards are the same: their names and bytes follow
+as they free up; GPU workers (``--gpu-procs`` a GPU, on every GPU of ``--gpus``, worker k on the k-th
+GPU round robin, the only GPU its process sees) each get theirs in shard order, dealt round robin (a
+GPU's reader processes read ahead across its tasks). Whatever order tasks finish in, their shards are the same: their names and bytes follow
 from the plan. A run of one CPU worker runs in this process. Workers end with this process (Linux's
 parent-death signal): a run killed with ``kill -9`` leaves no worker writing behind it.
 """
@@ -111,8 +112,10 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
             shared.put(None)
         queues = [shared] * workers
     # (not daemons: a GPU unit starts reader processes of its own; they end with this process all the same)
-    procs = [worker_processes(_worker, (ctx, strategy, k, queues[k], results), 1, daemon=False)[0]
-             for k in range(workers)]
+    procs = []
+    for k in range(workers):
+        mine, env = ctx.for_slot(k)  # (its GPU, where the run has several: the only one its process sees)
+        procs += worker_processes(_worker, (mine, strategy, k, queues[k], results), 1, daemon=False, env=env)
     left, running = len(tasks), workers
     try:
         while left or running:

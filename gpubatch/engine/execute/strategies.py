@@ -36,9 +36,10 @@ class Strategy:
 
     def workers(self, ctx: Any, tasks: int, asked: int | None = None) -> int:
         """Worker processes for ``tasks`` tasks: on the CPU ``asked`` or a worker a core; on the GPU
-        ``per_gpu`` (``--gpu-procs``) for the run's GPU; never more than there are tasks."""
+        ``per_gpu`` (``--gpu-procs``) for each of the run's GPUs; never more than there are tasks."""
         if self.gpu:
             n = max(1, int(getattr(ctx, "gpu_procs", None) or self.per_gpu))  # (the runner sets gpu_procs)
+            n *= max(1, len(ctx.device.indexes))
         else:
             n = asked or cores()
         return max(1, min(n, tasks))

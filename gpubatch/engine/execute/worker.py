@@ -6,6 +6,7 @@ executor (the local one's worker processes, a Ray task) calls.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -37,8 +38,11 @@ class RunContext:
         policy: "skip" or "fail".
         stage: the staging folder (journal entries and parameter logs go under its ``.gpubatch``).
         settings: the engine's knobs.
-        batch_size, gpu_memory, gpu_procs: the GPU units' settings.
+        batch_size, gpu_memory, gpu_procs: the GPU units' settings (``gpu_procs``: worker processes a GPU).
         reads_without_scan: whether a worker's reader reads entries without listing the dataset first.
+        on_gpu: whether the run's unit works on the GPU(s) (set by the runner from the strategy table).
+        host_share: the GPU worker processes that share this host's cores (0: from gpu_procs and the GPUs).
+        gpu_label: how a shard's result names its GPU where the ordinal does not tell (Ray: its GPU id).
         started: the wall clock (``time.time()``) when the run began, for the first batch's time.
     """
 
@@ -54,6 +58,37 @@ class RunContext:
     gpu_procs: int = 1
     reads_without_scan: bool = True
     started: float = 0.0  # time.time() when the command's run began (a unit's first batch is timed from it)
+    on_gpu: bool = False  # the run's unit is a GPU unit (a pass-through run on a GPU device works on the host)
+    host_share: int = 0  # the GPU worker processes sharing this host's cores, where the executor knows (Ray)
+    gpu_label: str = ""  # the GPU as the executor names it (Ray's GPU id), in each shard's result
+
+    @property
+    def host_procs(self) -> int:
+        """The GPU worker processes this host runs (each GPU's ``gpu_procs``): the ones its cores are shared by."""
+        if self.host_share:
+            return self.host_share
+        return max(1, self.gpu_procs) * max(1, len(self.device.indexes) if self.on_gpu else 1)
+
+    def for_slot(self, slot: int) -> tuple[RunContext, dict[str, str]]:
+        """The context of worker ``slot`` and what its process's environment needs: on a run over several
+        GPUs, slot k works on the k-th GPU (round robin; on a run on another GPU than 0, on that one), the
+        only one its process sees
+        (``CUDA_VISIBLE_DEVICES``: no CUDA context of it on the others, and its start-up initialises one
+        device), as ordinal 0 there, named by its ordinal here in its results."""
+        gpus = self.device.indexes
+        if not self.on_gpu or not gpus or gpus == (0,):
+            return self, {}
+        mine = gpus[slot % len(gpus)]
+        ctx = dataclasses.replace(self, device=self.device.one(0), gpu_label=str(mine))
+        from ..processes import visible_name
+
+        return ctx, {"CUDA_VISIBLE_DEVICES": visible_name(mine)}
+
+    @property
+    def gpu_ordinal(self) -> int:
+        """This worker's GPU among the host's (where its process sees only its own: the ordinal it has here
+        is 0): what its decoder's core is chosen by."""
+        return int(self.gpu_label) if self.gpu_label.isdigit() else self.device.index
 
     def open_reader(self) -> Any:
         reader = self.opener()
@@ -127,7 +162,8 @@ class ShardWriting:
                            warnings=sorted(set(s.warnings)) + [w for w in getattr(self.sink, "warnings", [])
                                                                if w not in s.warnings],
                            files=files, timings=times,
-                           extra={**own, **(extra or {}), **({"gpu_memory": dict(s.gpu_memory)} if s.gpu_memory else {})})
+                           extra={**own, **(extra or {}), **({"gpu_memory": dict(s.gpu_memory)} if s.gpu_memory else {}),
+                                  **({"gpu": self.ctx.gpu_label or self.ctx.device.index} if self.ctx.on_gpu else {})})
 
     def abort(self) -> None:
         self.sink.abort()

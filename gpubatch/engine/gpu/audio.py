@@ -207,8 +207,8 @@ class AudioDeviceUnit:
         cp.cuda.Device(self.device.index).use()
         self.batch_size = ctx.batch_size or 256
         self.pool: Any = None
-        # decoding threads: this process's share of the cores (several processes may share the GPU)
-        self.workers = max(1, cores() // max(1, int(getattr(ctx, "gpu_procs", 1) or 1)) - 1)
+        # decoding threads: this process's share of the cores (several processes may share the GPU, several GPUs the host)
+        self.workers = max(1, cores() // ctx.host_procs - 1)
 
     @classmethod
     def make(cls, ctx: Any, slot: int) -> AudioDeviceUnit:

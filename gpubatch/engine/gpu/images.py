@@ -160,18 +160,19 @@ class GpuImageUnit:
         tasks = [t for t in tasks if t.entries]
         if not tasks:
             return
-        procs = max(1, ctx.gpu_procs)
+        procs = max(1, ctx.gpu_procs)  # (the processes sharing this GPU)
         gpu = ctx.device.index
         entries = [e for t in tasks for e in t.entries]
         batch = ctx.batch_size
         t0 = time.perf_counter()
         have = cores()
-        route_cores = have / procs  # (the route follows this worker's share of the cores, not their load)
-        reserved = affinity.reserve(gpu, settings) if procs == 1 else None
-        readers = default_readers(max(1, have // procs), settings=settings)
+        host = ctx.host_procs  # (the GPU processes sharing this host's cores: every GPU's)
+        route_cores = have / host  # (the route follows this worker's share of the cores, not their load)
+        reserved = affinity.reserve(ctx.gpu_ordinal, settings) if procs == 1 else None  # (a core a GPU)
+        readers = default_readers(max(1, have // host), settings=settings)
         if settings.decode_route == "hardware":  # the decoders leave the cores to the readers: half of them
-            readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * procs)))
-        threads = max(2, have // procs)
+            readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * host)))
+        threads = max(2, have // host)
         feed = engine = unpin = current = out_writer = starting = None
         try:
             def start_feed(b: int) -> RecordFeed:
