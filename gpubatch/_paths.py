@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import stat
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +22,8 @@ from pathlib import Path, PurePosixPath
 from .errors import GpubatchError, UsageError
 
 STAGING_MARK = ".gpubatch-partial-"
+#: how long a part (``--num-parts``) waits for the output's lock that another part holds for a moment
+PARTS_LOCK_WAIT_S = 60.0
 
 
 def safe_relpath(name: str) -> str:
@@ -280,14 +283,16 @@ def _size(path: Path) -> int:
 
 
 @contextmanager
-def _output_lock(dst: Path) -> Iterator[None]:
-    """Hold ``.DST.gpubatch-lock`` for the run; another run holding it is a one-line error."""
+def _output_lock(dst: Path, wait: float = 0.0) -> Iterator[None]:
+    """Hold ``.DST.gpubatch-lock`` for the run; another run holding it is a one-line error (after waiting
+    up to ``wait`` seconds for it: the parts of one run take it for a moment each)."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX: no lock
         yield
         return
     lock = dst.parent / f".{dst.name}{LOCK_MARK}"
+    until = time.monotonic() + wait
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -295,6 +300,9 @@ def _output_lock(dst: Path) -> Iterator[None]:
         except OSError:
             owner = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
             os.close(fd)
+            if time.monotonic() < until:
+                time.sleep(0.05)
+                continue
             raise GpubatchError(f"another gpubatch run{f' (pid {owner})' if owner.isdigit() else ''} is writing "
                                 f"{dst}: wait for it to end, or choose another destination") from None
         try:  # the holder before us may have removed the file as we opened it: lock the one on disk
@@ -445,7 +453,7 @@ def shared_stage(dst: Path, overwrite: bool, warn: Callable[[str], None], claim:
     except OSError as e:
         raise UsageError(f"cannot create the output {dst}: {e.strerror or e}") from None
     stage = staging_folder(dst)
-    with _output_lock(dst):
+    with _output_lock(dst, wait=PARTS_LOCK_WAIT_S):
         recover_output(dst, warn, spare=stage)
         if (dst.exists() or dst.is_symlink()) and not overwrite:
             raise UsageError(f"output {dst} already exists: pass --overwrite to replace it (when the run finishes)")

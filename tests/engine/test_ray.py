@@ -40,7 +40,7 @@ def test_a_ray_run_writes_the_local_runs_bytes(cluster, imagenet, coco, tmp_path
     opts = dict(to=to, shard_size=3 if to == "coco" else 7, resize_shorter=48, quality=80, device="cpu")
     convert(src, tmp_path / "local", **opts)
     s = convert(src, tmp_path / "ray", executor="ray", **opts)
-    assert s.workers == 2 and s.shards >= 4  # (an actor a CPU of the cluster)
+    assert 1 <= s.workers <= 2 and s.shards >= 4  # (an actor a CPU of the cluster; a late one may get none)
     assert digest(tmp_path / "ray") == digest(tmp_path / "local")
     assert manifest(tmp_path / "ray") == manifest(tmp_path / "local") | {"options": manifest(tmp_path / "ray")["options"]}
 

@@ -1,0 +1,69 @@
+"""The resource a run names as its bound, ``--gpus`` parsing and a worker's GPU (CPU tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpubatch.engine.device import Device, DeviceKind, parse_gpus, resolve_gpus
+from gpubatch.engine.usage import Usage, bound
+from gpubatch.errors import UsageError
+
+
+def test_the_bound_is_what_was_saturated_else_the_disk_the_start_or_nothing():
+    assert bound({"cpu_busy": 0.93}) == "CPU cores (93% busy)"
+    assert bound({"cpu_busy": 0.2, "gpu_busy": {"0": 0.4, "1": 0.91}}) == "GPU 1 SMs (91% busy)"
+    assert bound({"cpu_busy": 0.2, "nvdec_busy": {"0": 0.88}}) == "GPU 0 video decoders (88% busy)"
+    assert bound({"cpu_busy": 0.3}, write_share=0.71) == "disk (writing: 71% of the workers' time)"
+    said = bound({"cpu_busy": 0.04, "gpu_busy": {"0": 0.11}}, start=3.7, wall=11.8)
+    assert said == "start-up (the first shard committed at 3.7 s of 11.8 s; none saturated: CPU 4%, GPU 0 11%)"
+    assert bound({"cpu_busy": 0.41}, start=1.0, wall=10.0) == "none saturated (CPU 41%)"
+
+
+def test_usage_measures_the_hosts_cpu_without_a_gpu():
+    u = Usage(()).start()
+    sum(i * i for i in range(2_000_000))  # (some work on this core)
+    got = u.stop()
+    assert 0.0 < got["cpu_busy"] <= 1.0 and "gpu_busy" not in got
+
+
+def test_gpus_are_parsed_and_refused_in_one_line():
+    assert parse_gpus("all") is None and parse_gpus("0,1,3") == (0, 1, 3) and parse_gpus(" 2 ") == (2,)
+    for bad, said in (("0,x", "give all, or GPU ordinals"), ("1,1", "names a GPU twice"), ("-1", "give all")):
+        with pytest.raises(UsageError, match=said):
+            parse_gpus(bad)
+    with pytest.raises(UsageError, match="--device cpu for none"):
+        resolve_gpus("cpu", 0, "all")
+
+
+def test_gpus_fall_back_to_the_cpu_under_auto_and_are_refused_under_gpu(monkeypatch):
+    from gpubatch.engine import device
+
+    monkeypatch.setattr(device, "gpu_problem", lambda i=0: ("no CUDA device found", ""))
+    d = resolve_gpus("auto", 0, "all")
+    assert not d.is_gpu and d.reason == "auto: --gpus all: no CUDA device found" and d.indexes == ()
+    with pytest.raises(UsageError, match="--gpus 0,1: no CUDA device found"):
+        resolve_gpus("gpu", 0, "0,1")
+
+
+def test_several_gpus_name_the_device_and_each_worker_sees_its_own(monkeypatch):
+    from gpubatch.engine import device
+    from gpubatch.engine.execute.worker import RunContext
+    from gpubatch.engine.plan import Plan
+
+    monkeypatch.setattr(device, "gpu_problem", lambda i=0: (None, "NVIDIA H200") if i < 4 else
+                        (f"--gpu {i} does not exist: this machine has 4 GPU(s) (0..3)", ""))
+    d = resolve_gpus("auto", 0, "1,3")
+    assert str(d) == "gpus:1,3 (2 x NVIDIA H200)" and d.indexes == (1, 3) and d.index == 1
+    with pytest.raises(UsageError, match="--gpus 0,5: GPU 5 does not exist"):
+        resolve_gpus("auto", 0, "0,5")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    ctx = RunContext(opener=None, sink=None, plan=Plan(), device=d, gpu_procs=2, on_gpu=True)
+    assert ctx.host_procs == 4
+    seen = [ctx.for_slot(k) for k in range(4)]
+    assert [(c.device.index, c.gpu_label, c.gpu_ordinal, env) for c, env in seen] == [
+        (0, "1", 1, {"CUDA_VISIBLE_DEVICES": "5"}), (0, "3", 3, {"CUDA_VISIBLE_DEVICES": "7"}),
+        (0, "1", 1, {"CUDA_VISIBLE_DEVICES": "5"}), (0, "3", 3, {"CUDA_VISIBLE_DEVICES": "7"})]
+    one = Device(DeviceKind.GPU, 0, "NVIDIA H200")
+    assert RunContext(opener=None, sink=None, plan=Plan(), device=one, on_gpu=True).for_slot(3)[1] == {}
+    cpu = RunContext(opener=None, sink=None, plan=Plan(), device=d, on_gpu=False)  # (pass-through: the host's)
+    assert cpu.for_slot(1) == (cpu, {})
