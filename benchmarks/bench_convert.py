@@ -22,7 +22,8 @@ Jobs (``--only``; the default is every job the machine can run):
   every GPU through ``--executor ray`` where Ray is installed: the scaling against N x one GPU's rate.
 
 Each gpubatch figure is a whole process (``python3 -m gpubatch ...``, start-up included), timed from
-outside: one untimed run first (page cache, kernel cache), then the median of --repeats runs; the
+outside: one untimed run first (page cache, kernel cache), then the median of --repeats runs, each after
+the previous output is removed and dirty pages written back (``sync``), as before each baseline run; the
 command's own ``--json`` summary is kept beside it. Data: gpubatch.synthetic's photo-like sets, made once
 under --data-root.
 """
@@ -76,6 +77,17 @@ def timed(cmd: list[str], repeats: int, before=None) -> dict:
             except ValueError:
                 summary = None
     return {"seconds": statistics.median(walls), "runs": [round(w, 3) for w in walls], "summary": summary}
+
+
+def fresh(*paths: Path):
+    """A ``before`` hook for :func:`timed`: the previous run's output removed and every dirty page written
+    back (``sync``) outside the timing, as the baselines start (no earlier run's writeback or removal
+    lands in the next run's time)."""
+    def before() -> None:
+        for p in paths:
+            shutil.rmtree(p, ignore_errors=True)
+        os.sync()
+    return before
 
 
 def gpubatch(*args: str) -> list[str]:
@@ -152,6 +164,7 @@ def pillow_pool(data: Path, out: Path, processes: int) -> float:
     """The CPU baseline: a Pool of ``processes`` doing Pillow open / resize(256) / crop(224) / save(q90)."""
     files = sorted(data.rglob("*.jpg"))
     shutil.rmtree(out, ignore_errors=True)
+    os.sync()
     jobs = []
     for f in files:
         o = out / f.relative_to(data)
@@ -167,6 +180,7 @@ def tarfile_loop(data: Path, out: Path) -> float:
     """The pass-through baseline: one process writing every file (and its class as .cls) into one tar."""
     files = sorted(data.rglob("*.jpg"))
     out.unlink(missing_ok=True)
+    os.sync()
     t0 = time.perf_counter()
     with tarfile.open(out, "w") as tar:
         for i, f in enumerate(files):
@@ -286,7 +300,7 @@ def job_cpu_transcode(a, tmp: Path) -> dict:
     data = image_set(a.data_root, a.cpu_images)
     n = count_files(data)
     res = timed(gpubatch("convert", str(data), str(tmp / "cpu"), "--to", "folder", *TRANSCODE, "--device", "cpu",
-                         "--overwrite", "--json"), a.repeats)
+                         "--json"), a.repeats, before=fresh(tmp / "cpu"))
     pool = [pillow_pool(data, tmp / "pool", cores()) for _ in range(a.repeats + 1)][1:]
     mine, base = rate(n, res), statistics.median(pool)
     return {"images": n, "gpubatch_images_per_s": mine, "gpubatch_runs": res["runs"],
@@ -301,8 +315,8 @@ def job_pass_through(a, tmp: Path) -> dict:
     base = statistics.median(loops)
     out: dict = {"records": n, "tarfile_loop_records_per_s": round(base, 1)}
     for fmt in ("webdataset", "tfrecord", "recordio", "lmdb"):
-        res = timed(gpubatch("convert", str(data), str(tmp / f"pt-{fmt}"), "--to", fmt, "--overwrite", "--json"),
-                    a.repeats)
+        res = timed(gpubatch("convert", str(data), str(tmp / f"pt-{fmt}"), "--to", fmt, "--json"), a.repeats,
+                    before=fresh(tmp / f"pt-{fmt}"))
         out[fmt] = {"records_per_s": rate(n, res), "runs": res["runs"], "ratio": ratio(rate(n, res), base),
                     **slim(res["summary"])}
     return out

@@ -26,12 +26,19 @@ STAGING_MARK = ".gpubatch-partial-"
 PARTS_LOCK_WAIT_S = 60.0
 
 
+#: a relative POSIX name already in normal form: segments of no "/", "\\", NUL or ":" that are not "." or
+#: "..", nor start with ".." (those take the full check)
+_PLAIN = re.compile(r"(?:(?!\.\.?(?:/|$))(?!\.\.)[^/\\\x00:]+/)*(?!\.\.?$)(?!\.\.)[^/\\\x00:]+")
+
+
 def safe_relpath(name: str) -> str:
     """Validate a member or file name from a dataset and return it in normalized POSIX form.
 
     Raises:
         ValueError: the name is empty, absolute, or climbs out of the dataset root (``..``).
     """
+    if _PLAIN.fullmatch(name):  # (the common case, at a record's cost: already normal, inside the root)
+        return name
     if not name or "\x00" in name:
         raise ValueError(f"invalid name {name!r}")
     posix = name.replace("\\", "/")
@@ -119,8 +126,11 @@ def read_head(path: Path | str, n: int) -> bytes:
         os.close(fd)
 
 
-def safe_join(root: Path, name: str) -> Path:
-    """``root / name`` after :func:`safe_relpath` validation."""
+def safe_join(root: Path | str, name: str) -> Path | str:
+    """``root / name`` after :func:`safe_relpath` validation (a string for a string ``root``: no Path a
+    record on the hot paths)."""
+    if isinstance(root, str):
+        return os.path.join(root, safe_relpath(name))
     return Path(root) / safe_relpath(name)
 
 

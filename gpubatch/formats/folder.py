@@ -237,6 +237,7 @@ class FolderReader(Reader):
         elif (path / FILE_LIST).is_file():
             self.list_file = path / FILE_LIST
         super().__init__(path)
+        self._root_text = ""  # (str(self.path), made once: a record's origin and file are joined to it)
         self._classes: tuple[str, ...] | ClassNames = ()
         self.left_out: dict[str, dict] = {}  # files that are no records, by kind (see left_out_warning)
 
@@ -342,9 +343,10 @@ class FolderReader(Reader):
 
     def _read(self, entry: tuple[str, int | None]) -> Record:
         rel, label = entry
-        origin = str(self.path / rel)
+        root = self._root_text = self._root_text or str(self.path)
+        origin = os.path.join(root, rel)
         try:
-            data = read_regular(safe_join(self.path, rel))
+            data = read_regular(safe_join(root, rel))
         except OSError as e:
             raise self.record_error(_strip_ext(rel), origin, e.strerror or e) from None
         except ValueError as e:

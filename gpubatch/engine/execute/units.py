@@ -15,7 +15,7 @@ from typing import Any
 
 from ...errors import CURRENT, RecordError
 from ...types import ShardResult, ShardTask
-from .worker import RunContext, ShardWriting, shard_of
+from .worker import Committer, RunContext, ShardWriting
 
 
 class HostUnit:
@@ -38,17 +38,28 @@ class HostUnit:
         from ..run import read_counted
 
         plan = self.ctx.plan
-        for task in tasks:
-            with shard_of(writing, task, done) as w:
-                for entry in task.entries:
-                    record = read_counted(reader, entry, w.stats)
-                    if isinstance(record, RecordError):
-                        w.put(record)
-                        continue
-                    CURRENT.key = record.key  # (the record a library's warning is about)
-                    for out in expand_host(record, plan, w.stats):
-                        w.put(out)
-                    CURRENT.key = None
+        commits = Committer()  # (a shard's fsyncs and renames overlap the writing of the next)
+        failed = True
+        try:
+            for task in tasks:
+                w = writing(task)
+                try:
+                    for entry in task.entries:
+                        record = read_counted(reader, entry, w.stats)
+                        if isinstance(record, RecordError):
+                            w.put(record)
+                            continue
+                        CURRENT.key = record.key  # (the record a library's warning is about)
+                        for out in expand_host(record, plan, w.stats):
+                            w.put(out)
+                        CURRENT.key = None
+                except BaseException:
+                    w.abort()
+                    raise
+                commits.submit(w, done)
+            failed = False
+        finally:
+            commits.close(failed)
 
     def close(self) -> None:
         pass

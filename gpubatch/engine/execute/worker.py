@@ -210,6 +210,39 @@ def shard_of(writing: Callable[[ShardTask], ShardWriting], task: ShardTask,
     done(finish(w))
 
 
+class Committer:
+    """Commits a worker's shards in a thread of their own, one at a time and in order: a shard's fsyncs,
+    renames and journal entry overlap the writing of the next (the fsyncs wait on the disk, not the
+    CPU), and ``done`` hears of each once committed. At most one commit waits: :meth:`submit` holds
+    until the one before is done, and raises its error; :meth:`close` waits for the last."""
+
+    def __init__(self) -> None:
+        import concurrent.futures
+
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gpubatch-commit")
+        self._last: Any = None
+
+    def _wait(self) -> None:
+        if self._last is not None:
+            last, self._last = self._last, None
+            last.result()
+
+    def submit(self, writing: ShardWriting, done: Callable[[ShardResult], None]) -> None:
+        self._wait()
+        self._last = self._pool.submit(lambda: done(finish(writing)))
+
+    def close(self, failed: bool = False) -> None:
+        """Wait for the last commit (its error raised, unless the worker is failing already)."""
+        try:
+            if failed:
+                with contextlib.suppress(BaseException):
+                    self._wait()
+            else:
+                self._wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
+
 def run_shard(task: ShardTask, ctx: RunContext, unit: Any = None, reader: Any = None,
               progress: Callable[[int], None] | None = None) -> ShardResult:
     """Run one shard task to its committed shard and journal entry, with ``unit`` (by default the one the
