@@ -149,6 +149,9 @@ def _check_output_options(req: Any) -> None:
         raise UsageError(f"unknown --executor {executor!r}; supported: local, ray")
     if getattr(req, "ray_address", None) and executor != "ray":
         raise UsageError("--ray-address is for --executor ray")
+    if executor == "ray" and getattr(req, "gpus", None):
+        raise UsageError("--gpus is for the local executor: Ray places its actors on the cluster's GPUs "
+                         "(--gpu-procs a GPU)")
     parts, part = getattr(req, "num_parts", None), getattr(req, "part", None)
     if (parts is None) != (part is None):
         raise UsageError("--num-parts and --part go together: --num-parts P --part I runs part I (0..P-1) of P")

@@ -29,6 +29,8 @@ from .formats.manifest import manifest_classes, write_manifest
 from .types import IMAGE_EXTENSIONS, Media, Record, ShardResult
 
 PARAMS_FILE = "augment-params.jsonl"
+#: a run shorter than this names no bound (its start and its end are most of it)
+BOUND_MIN_S = 1.0
 RUN_DIR = ".gpubatch"
 #: the options that do not shape the output (which workers, GPUs or caps write it; how it is reported)
 FALLBACK_NOTE = "decoded on the CPU: "
@@ -525,8 +527,9 @@ def _bound(summary: Any, usage: dict, results: list[ShardResult], todo: list, wa
     busy = sum(float(r.timings.get("shard", 0.0)) for r in mine)
     summary.usage = usage
     share = written / busy if busy > 0 and not gpu else None  # (a GPU unit's writes wait on the GPU)
-    if usage:  # (a Ray run: its nodes are not this host's to sample)
-        summary.bound = bound(usage, share, wall.get("start"), seconds)
+    if usage and seconds >= BOUND_MIN_S:  # (a Ray run: its nodes are not this host's to sample)
+        several = len(mine) > max(1, summary.workers)  # (where the first shards are the last, no start to tell)
+        summary.bound = bound(usage, share, wall.get("start") if several else None, seconds)
 
 
 def _join_params(stage: Path, results: list[ShardResult]) -> None:

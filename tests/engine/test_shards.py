@@ -207,3 +207,17 @@ def test_a_run_stopped_in_its_finalize_resumes_to_the_same_bytes(imagenet, coco,
     s = convert(src, tmp_path / "out", to=to, shard_size=5, resize_shorter=40, workers=2, resume=True)
     assert any(w.startswith("--resume:") for w in s.warnings), s.warnings
     assert digest(tmp_path / "out") == digest(whole)
+
+
+@pytest.mark.parametrize("dealt", [True, False])
+def test_workers_dealt_their_tasks_or_taking_them_as_they_free_up_write_the_same_bytes(imagenet, tmp_path,
+                                                                                     monkeypatch, dealt):
+    from gpubatch.engine.execute import strategies
+
+    convert(imagenet, tmp_path / "one", to="tfrecord", shard_size=5, resize_shorter=40, workers=1)
+    # the host unit under a GPU strategy's worker layout (two processes "a GPU"), dealt or from one queue
+    probe = strategies.Strategy("probe", "gpubatch.engine.execute.units:HostUnit", gpu=True, dealt=dealt)
+    monkeypatch.setattr(strategies, "unit_for", lambda ctx: probe)
+    s = convert(imagenet, tmp_path / "two", to="tfrecord", shard_size=5, resize_shorter=40, gpu_procs=2)
+    assert s.workers == 2 and s.shards == 12
+    assert digest(tmp_path / "two") == digest(tmp_path / "one")

@@ -3,11 +3,12 @@
 Each worker (a process started with ``spawn``, without the caller's main script) opens the source,
 makes its unit once (:mod:`.strategies`), and runs the tasks it is given, each to a committed shard and
 its journal entry (:func:`~.worker.finish`); it reports records as it writes them (the progress bar)
-and each task's :class:`~gpubatch.types.ShardResult` when done. CPU workers take tasks from one queue
-as they free up; GPU workers (``--gpu-procs`` a GPU, on every GPU of ``--gpus``, worker k on the k-th
-GPU round robin, the only GPU its process sees) each get theirs in shard order, dealt round robin (a
-GPU's reader processes read ahead across its tasks). Whatever order tasks finish in, their shards are the same: their names and bytes follow
-from the plan. A run of one CPU worker runs in this process. Workers end with this process (Linux's
+and each task's :class:`~gpubatch.types.ShardResult` when done. Workers take tasks from one queue as
+they free up (CPU workers; the GPU's video and audio workers), or, where the strategy says ``dealt`` (the
+GPU image unit, whose reader processes read ahead across its tasks), each gets its tasks in shard order,
+dealt round robin. GPU workers run ``--gpu-procs`` a GPU on every GPU of ``--gpus``, worker k on the
+k-th GPU round robin, the only GPU its process sees. Whatever order tasks finish in, their shards are
+the same: their names and bytes follow from the plan. A run of one CPU worker runs in this process. Workers end with this process (Linux's
 parent-death signal): a run killed with ``kill -9`` leaves no worker writing behind it.
 """
 
@@ -98,13 +99,13 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
 
     spawn = mp.get_context("spawn")
     results = spawn.Queue()
-    if strategy.gpu:  # a GPU worker's tasks in shard order, given up front (its feed reads ahead across them)
+    if strategy.dealt:  # a worker's tasks in shard order, given up front (its feed reads ahead across them)
         queues = [spawn.Queue() for _ in range(workers)]
         for task in tasks:
             queues[task.index % workers].put(task)
         for q in queues:
             q.put(None)
-    else:  # one queue: a CPU worker takes the next task as it frees up
+    else:  # one queue: a worker (a CPU's, a GPU's for video or audio) takes the next task as it frees up
         shared = spawn.Queue()
         for task in tasks:
             shared.put(task)

@@ -4,8 +4,9 @@ The driver (the ``gpubatch`` process) plans the shards and keeps the journal's r
 actor a CPU (CPU runs) or ``--gpu-procs`` actors a GPU (``num_gpus=1/N``; GPU runs), each making its work
 unit once, as a local worker process does, and running the shard tasks it is handed: each to a shard
 committed (temp name, fsync, rename) and journaled in the destination's staging folder, which every node
-must see (a shared file system). Tasks go out as actors free up, one shard at a time on the CPU and a few
-in shard order on a GPU (its feed reads ahead across them), each to an actor once Ray has started it.
+must see (a shared file system). Tasks go out as actors free up, one shard at a time, or a few in shard
+order where the strategy deals them (the GPU image unit's feed reads ahead across them), each to an
+actor once Ray has started it.
 
 An actor lost with its node, or killed, is restarted by Ray and its call retried; the retry skips the
 shards the journal already holds, so a shard is written once more at most, to the same name and bytes.
@@ -128,7 +129,7 @@ def run_tasks(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], worke
         n, options, host_procs = _actors(ray, strategy, ctx, len(tasks), asked)
         remote = ray.remote(max_restarts=RESTARTS, max_task_retries=RESTARTS, **options)(ShardActor)
         handles = [remote.remote(ctx, strategy, k, host_procs) for k in range(n)]
-        chunk = 1 if not strategy.gpu else max(1, len(tasks) // (4 * n))
+        chunk = max(1, len(tasks) // (4 * n)) if strategy.dealt else 1  # (a feed reads ahead across a few)
         queue = [tasks[i:i + chunk] for i in range(0, len(tasks), chunk)]
         queue.reverse()
         outputs = max(1, int(ctx.plan.outputs_per_record))

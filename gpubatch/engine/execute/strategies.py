@@ -22,13 +22,15 @@ from ..processes import cores
 @dataclass(frozen=True)
 class Strategy:
     """How a run's tasks are worked: ``unit`` (``module:Class``), on the GPU or not, ``per_gpu`` worker
-    processes a GPU (GPU units), and why this one was picked."""
+    processes a GPU (GPU units), whether each worker is ``dealt`` its tasks up front (else workers take
+    the next task as they free up), and why this one was picked."""
 
     name: str
     unit: str
     gpu: bool = False
     per_gpu: int = 1
     why: str = ""
+    dealt: bool = False  # its workers take their tasks up front, in shard order (a feed that reads ahead across them)
 
     def make(self, ctx: Any, slot: int) -> Any:
         module, cls = self.unit.split(":")
@@ -53,7 +55,7 @@ TABLE: dict[tuple[str, str], Strategy] = {
     # image processes wrote 16,384 images at 3,137 images/s against 2,741 on an H200 host (2026-11-27,
     # one run of --gpu-procs 2 against the median of two; benchmarks/RESULTS.md), more for audio and
     # video were not measured
-    ("image", "gpu"): Strategy("gpu-image", "gpubatch.engine.gpu.images:GpuImageUnit", gpu=True,
+    ("image", "gpu"): Strategy("gpu-image", "gpubatch.engine.gpu.images:GpuImageUnit", gpu=True, dealt=True,
                                why="images on the GPU: decoders, the chain's kernels and the JPEG encoder"),
     ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.gpu.video:VideoDeviceUnit", gpu=True,
                                why="video on the GPU: NVDEC sessions, the chain on the GPU"),
