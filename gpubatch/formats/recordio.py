@@ -54,25 +54,24 @@ def _pad(n: int) -> int:
 
 def frame(payload: bytes) -> bytes:
     """Frame one record, splitting at every 4-aligned occurrence of the magic (dmlc's rule)."""
-    parts, start, pos = [], 0, payload.find(_MAGIC_BYTES)
-    while pos >= 0:  # (bytes.find, not a loop over every word: a 90 KB record took 2 ms)
-        if pos % 4 == 0:
-            parts.append(payload[start:pos])
-            start = pos + 4
-            pos = payload.find(_MAGIC_BYTES, pos + 4)
-        else:
-            pos = payload.find(_MAGIC_BYTES, pos + 1)
+    words = np.frombuffer(payload, "<u4", count=len(payload) // 4)
+    cuts = (np.flatnonzero(words == MAGIC) * 4).tolist()  # (only aligned words count: one vector compare)
+    if not cuts:  # the common case: one part, one copy
+        if len(payload) >= 1 << 29:
+            raise ValueError("record too large for RecordIO (2^29 bytes)")
+        return b"".join((_MAGIC_BYTES, struct.pack("<I", len(payload)), payload, b"\x00" * _pad(len(payload))))
+    parts, start = [], 0
+    for pos in cuts:
+        parts.append(payload[start:pos])
+        start = pos + 4
     parts.append(payload[start:])
-    out = bytearray()
+    out = []
     for i, part in enumerate(parts):
-        if len(parts) == 1:
-            cflag = 0
-        else:
-            cflag = 1 if i == 0 else (3 if i == len(parts) - 1 else 2)
+        cflag = 1 if i == 0 else (3 if i == len(parts) - 1 else 2)
         if len(part) >= 1 << 29:
             raise ValueError("record too large for RecordIO (2^29 bytes)")
-        out += _MAGIC_BYTES + struct.pack("<I", (cflag << 29) | len(part)) + part + b"\x00" * _pad(len(part))
-    return bytes(out)
+        out += [_MAGIC_BYTES, struct.pack("<I", (cflag << 29) | len(part)), part, b"\x00" * _pad(len(part))]
+    return b"".join(out)
 
 
 def label_array(record: Record) -> list[float] | None:

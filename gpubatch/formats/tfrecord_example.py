@@ -129,19 +129,19 @@ def serialize_example(datum: dict[str, tuple[Any, str]]) -> bytes:
     its feature map in key order (protobuf's deterministic mode): the same record is the same bytes in
     every process (a map's order otherwise follows a hash seed of each process)."""
     example_pb2, _ = _tfr()
-    kinds = {"byte": ("bytes_list", example_pb2.BytesList), "float": ("float_list", example_pb2.FloatList),
-             "int": ("int64_list", example_pb2.Int64List)}
     ex = example_pb2.Example()
     feats = ex.features.feature
     for key, (value, kind) in datum.items():
-        field, cls = kinds[kind]
         if not isinstance(value, (list, tuple, np.ndarray)):
             value = [value]
-        getattr(feats[key], field).CopyFrom(cls(value=value))
+        getattr(feats[key], _LISTS[kind]).value.extend(value)  # (in place: no list message made and copied)
     return ex.SerializeToString(deterministic=True)
+
+
+_LISTS = {"byte": "bytes_list", "float": "float_list", "int": "int64_list"}
 
 
 def frame_record(data: bytes) -> bytes:
     """TFRecord's framing of one record: length, its masked CRC-32C, the data, its masked CRC-32C."""
     length = struct.pack("<Q", len(data))
-    return length + _masked_crc(length) + data + _masked_crc(data)
+    return b"".join((length, _masked_crc(length), data, _masked_crc(data)))  # (one copy of the data)

@@ -243,6 +243,10 @@ def test_recordio_splits_payloads_holding_the_magic():
         pos += 8 + n + (-n % 4)
     assert [c for c, _ in parts] == [1, 2, 3]
     assert struct.pack("<I", MAGIC).join(p for _, p in parts) == payload
+    unaligned = b"ab" + struct.pack("<I", MAGIC) + b"cdefg"  # (only a 4-aligned magic splits a record)
+    out = frame(unaligned)
+    assert struct.unpack_from("<II", out) == (MAGIC, len(unaligned)) and out[8:8 + len(unaligned)] == unaligned
+    assert len(out) == 8 + 12 and out.endswith(b"g\x00")  # (11 bytes, padded to 12)
 
 
 def test_recordio_reads_split_records(tmp_path):
