@@ -174,7 +174,7 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
     geometric = any(op.moves_boxes for op in plan.ops)
     parts = (req.num_parts, req.part) if getattr(req, "num_parts", None) is not None else None
     mine = part_of(tasks, *parts) if parts is not None else tasks
-    tick = progress(sum(t.stop - t.start for t in mine) * plan.outputs_per_record) if progress else None
+    tick = _ticker(progress(sum(t.stop - t.start for t in mine) * plan.outputs_per_record)) if progress else None
     t_planned = time.perf_counter()
     timings: dict[str, float] = {"plan": round(t_planned - t_start, 4)}
     about = {"command": run.command, "request": jsonable_request(req), "device": str(device),
@@ -491,6 +491,15 @@ def _memory_watch(strategy: Any, device: Device, stats: RunStats) -> Iterator[No
 
     with watch(device.indexes, stats):
         yield
+
+
+def _ticker(advance: Callable[..., None]) -> Callable[..., None]:
+    """The run's progress callback: ``tick(n)``, or ``tick(n, gpu)`` from a worker of a several-GPU run, passed
+    on where ``advance`` takes the GPU (gpubatch's bar, which shows a row a GPU); a caller's ``advance(n)``
+    gets the count alone."""
+    if getattr(advance, "takes_where", False):
+        return advance
+    return lambda n, where=None: advance(n)
 
 
 def run_executor(req: Any, ctx: Any, strategy: Any, tasks: list, workers: int,

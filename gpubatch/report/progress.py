@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from .console import console
 
@@ -36,8 +37,20 @@ def progress_bar(description: str, enabled: bool = True) -> Iterator[Callable[[i
         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=con, transient=False,
     ) as prog:
 
-        def start(total: int) -> Callable[[int], None]:
+        def start(total: int) -> Callable[..., None]:
             task = prog.add_task(description, total=total)
-            return lambda n: prog.advance(task, n)
+            rows: dict[str, Any] = {}
+
+            def advance(n: int, where: str | None = None) -> None:
+                """``n`` more records; ``where``: the GPU of a several-GPU run that wrote them (a row each,
+                its records and rate under the bar)."""
+                prog.advance(task, n)
+                if where is not None:
+                    if where not in rows:
+                        rows[where] = prog.add_task(f"  gpu {where}", total=None)
+                    prog.advance(rows[where], n)
+
+            advance.takes_where = True  # type: ignore[attr-defined]
+            return advance
 
         yield start

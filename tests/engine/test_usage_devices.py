@@ -67,3 +67,27 @@ def test_several_gpus_name_the_device_and_each_worker_sees_its_own(monkeypatch):
     assert RunContext(opener=None, sink=None, plan=Plan(), device=one, on_gpu=True).for_slot(3)[1] == {}
     cpu = RunContext(opener=None, sink=None, plan=Plan(), device=d, on_gpu=False)  # (pass-through: the host's)
     assert cpu.for_slot(1) == (cpu, {})
+
+
+def test_the_progress_bar_shows_a_row_a_gpu_where_workers_say_their_gpu(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import gpubatch.report.progress as pr
+    from gpubatch.runner import _ticker
+
+    out = io.StringIO()
+    monkeypatch.setattr(pr, "console", lambda: Console(file=out, force_terminal=True, width=100, color_system=None))
+    with pr.progress_bar("convert -> webdataset") as start:
+        tick = _ticker(start(100))
+        tick(30, "0")
+        tick(30, "1")
+        tick(40, "0")
+    last = out.getvalue().split("convert -> webdataset")[-1]
+    assert "100/100" in last and "gpu 0" in last and "70/?" in last and "gpu 1" in last and "30/?" in last
+    seen = []
+    plain = _ticker(seen.append)  # (a caller's own callback gets the count alone)
+    plain(5, "0")
+    plain(3)
+    assert seen == [5, 3]

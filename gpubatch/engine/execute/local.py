@@ -43,8 +43,10 @@ def _worker(ctx: RunContext, strategy: Strategy, slot: int, tasks: Any, results:
                     return
                 yield task
 
+        where = ctx.gpu_label or None  # (a worker of a several-GPU run: its GPU, for the bar's row of it)
+
         def progress(n: int) -> None:
-            results.put(("progress", n))
+            results.put(("progress", n, where))
 
         unit.run(reader, take(), lambda t: ShardWriting(t, ctx, progress), lambda r: results.put(("done", r)))
         results.put(("exit", slot))
@@ -131,7 +133,7 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
             kind = msg[0]
             if kind == "progress":
                 if on_progress is not None:
-                    on_progress(msg[1])
+                    on_progress(msg[1], msg[2]) if msg[2] is not None else on_progress(msg[1])
             elif kind == "done":
                 left -= 1
                 on_result(msg[1])
