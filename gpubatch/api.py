@@ -149,6 +149,10 @@ def _check_output_options(req: Any) -> None:
         raise UsageError(f"unknown --executor {executor!r}; supported: local, ray")
     if getattr(req, "ray_address", None) and executor != "ray":
         raise UsageError("--ray-address is for --executor ray")
+    if executor == "ray":  # (refused before anything is read or staged where the extra is missing)
+        from .engine.execute.ray import import_ray
+
+        import_ray()
     if executor == "ray" and getattr(req, "gpus", None):
         raise UsageError("--gpus is for the local executor: Ray places its actors on the cluster's GPUs "
                          "(--gpu-procs a GPU)")

@@ -99,3 +99,22 @@ def test_the_finish_command_says_what_is_missing_in_one_line(imagenet, tmp_path)
     assert p.returncode != 0 and "part 0 of 2" in p.stderr and "Traceback" not in p.stderr
     p = run_cli("convert", imagenet, tmp_path / "o", "--to", "tfrecord", "--part", "1")
     assert p.returncode == 2 and "--num-parts and --part go together" in p.stderr
+
+
+def test_finish_runs_where_there_is_no_gpu_for_parts_that_ran_on_gpus(imagenet, tmp_path):
+    """finish decodes nothing: parts that ran on GPU machines are finished on a machine without one (here,
+    a CPU run's journal made to say the parts ran on a GPU, as a GPU part's says)."""
+    import json
+
+    dst = tmp_path / "out"
+    opts = dict(to="webdataset", shard_size=10, resize_shorter=40, num_parts=2)
+    for part in range(2):
+        convert(imagenet, dst, part=part, **opts)
+    run_file = tmp_path / ".out.gpubatch-partial" / ".gpubatch" / "run.json"
+    doc = json.loads(run_file.read_text())
+    doc["fingerprint"]["device"] = "gpu"
+    doc["run"].update(device="gpu:0 (NVIDIA H200)", device_kind="gpu")
+    run_file.write_text(json.dumps(doc))
+    s = finish(dst)
+    assert s.records_out == 60 and s.device == "gpu:0 (NVIDIA H200)" and "finish" in s.device_reason
+    assert json.loads((dst / "gpubatch.json").read_text())["device"] == "gpu:0 (NVIDIA H200)"

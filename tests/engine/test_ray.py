@@ -123,3 +123,14 @@ def test_a_driver_killed_mid_run_resumes_writing_only_the_missing_shards(cluster
     assert said and said[0].startswith("--resume: ") and " of 20 shards were committed" in said[0]
     assert int(said[0].split()[1]) >= committed >= 3
     assert digest(dst) == digest(tmp_path / "local")
+
+
+def test_without_ray_the_executor_names_the_extra_in_one_line(imagenet, tmp_path, monkeypatch):
+    import sys
+
+    from gpubatch.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # (as where the extra is not installed)
+    with pytest.raises(UsageError, match=r"^the Ray executor needs Ray: pip install 'gpubatch\[ray\]'$"):
+        convert(imagenet, tmp_path / "out", to="webdataset", executor="ray", shard_size=20)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))  # (refused before staging)

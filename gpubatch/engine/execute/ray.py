@@ -42,7 +42,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise UsageError("--executor ray needs Ray: pip install 'gpubatch[ray]'") from None
+        raise UsageError("the Ray executor needs Ray: pip install 'gpubatch[ray]'") from None
     return ray
 
 
