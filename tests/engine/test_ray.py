@@ -134,3 +134,16 @@ def test_without_ray_the_executor_names_the_extra_in_one_line(imagenet, tmp_path
     with pytest.raises(UsageError, match=r"^the Ray executor needs Ray: pip install 'gpubatch\[ray\]'$"):
         convert(imagenet, tmp_path / "out", to="webdataset", executor="ray", shard_size=20)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))  # (refused before staging)
+
+
+def test_record_errors_keep_their_policy_on_ray(cluster, imagenet, tmp_path):
+    from gpubatch.errors import RecordFailed
+
+    bad = sorted(imagenet.rglob("*.jpg"))[7]
+    bad.write_bytes(bad.read_bytes()[:300])  # (a JPEG cut short)
+    opts = dict(to="tfrecord", shard_size=8, resize_shorter=40, device="cpu", executor="ray")
+    s = convert(imagenet, tmp_path / "skip", **opts)
+    assert s.records_out == 59 and [e["key"] for e in s.skipped] == [bad.relative_to(imagenet).with_suffix("").as_posix()]
+    with pytest.raises(RecordFailed, match="stopped at a bad record"):
+        convert(imagenet, tmp_path / "fail", on_error="fail", **opts)
+    assert not (tmp_path / "fail").exists()
