@@ -51,6 +51,8 @@ _LAZY = {
     "ImagePipeline": ("gpubatch.pipelines.image", "ImagePipeline"),
     "VideoPipeline": ("gpubatch.pipelines.video", "VideoPipeline"),
     "AudioPipeline": ("gpubatch.pipelines.audio", "AudioPipeline"),
+    "loader": ("gpubatch.training", "loader"),
+    "Loader": ("gpubatch.training", "Loader"),
 }
 
 __all__ = ["__version__", *_LAZY]

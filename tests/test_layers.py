@@ -19,16 +19,16 @@ PACKAGE = ROOT / "gpubatch"
 # what each layer may not import (a layer never imports one above it)
 FORBIDDEN = {
     "gpubatch.engine": ("gpubatch.formats", "gpubatch.pipelines", "gpubatch.report", "gpubatch.cli", "gpubatch.bench",
-                        "gpubatch.api", "gpubatch.runner"),
+                        "gpubatch.api", "gpubatch.runner", "gpubatch.training"),
     "gpubatch.formats": ("gpubatch.pipelines", "gpubatch.report", "gpubatch.cli", "gpubatch.bench", "gpubatch.api",
-                         "gpubatch.runner"),
+                         "gpubatch.runner", "gpubatch.training"),
     "gpubatch.pipelines": ("gpubatch.formats", "gpubatch.report", "gpubatch.cli", "gpubatch.bench", "gpubatch.api",
-                           "gpubatch.runner"),
+                           "gpubatch.runner", "gpubatch.training"),
     "gpubatch.report": ("gpubatch.cli", "gpubatch.bench"),
     "gpubatch.types": ("gpubatch.engine", "gpubatch.formats", "gpubatch.pipelines", "gpubatch.report", "gpubatch.cli",
-                       "gpubatch.bench", "gpubatch.api", "gpubatch.runner"),
+                       "gpubatch.bench", "gpubatch.api", "gpubatch.runner", "gpubatch.training"),
     "gpubatch.errors": ("gpubatch.engine", "gpubatch.formats", "gpubatch.pipelines", "gpubatch.report", "gpubatch.cli",
-                        "gpubatch.bench", "gpubatch.api", "gpubatch.runner"),
+                        "gpubatch.bench", "gpubatch.api", "gpubatch.runner", "gpubatch.training"),
 }
 
 

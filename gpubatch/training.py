@@ -1,0 +1,281 @@
+"""Training from what gpubatch wrote: :func:`loader`, batches of decoded, transformed images with their
+labels, split across distributed ranks and DataLoader workers, resumable mid-epoch.
+
+The order of an epoch is one permutation of the dataset's samples that depends only on ``(seed, epoch)``
+(``shuffle=False``: the dataset's order). Training steps walk it in global batches of ``batch_size x
+world_size`` samples: at each step rank r takes the r-th ``batch_size`` of the global batch. The
+position in the epoch is therefore one number, the samples consumed by all ranks together, which is
+what :meth:`Loader.state_dict` keeps: restored under another world size, the rest of the epoch is the
+same samples, cut into the new ranks' batches. A last global batch short of full is padded with the
+epoch's first samples (``drop_last=False``: every rank gets as many batches, as DistributedDataParallel
+needs) or dropped (``drop_last=True``). Inside a rank, a PyTorch DataLoader's workers (``batch_size=None``:
+the loader batches itself) take every ``num_workers``-th batch, which the DataLoader hands out in turn:
+the rank sees its batches in order, each once.
+
+Images are read by the dataset's reader (every format gpubatch writes; this module ties the formats to the
+pipelines, as :mod:`gpubatch.runner` ties them to the engine) and decoded and transformed by an
+:class:`~gpubatch.pipelines.image.ImagePipeline` on the CPU or the GPU (``ops`` as ``--ops`` takes them,
+or op objects); random ops draw per (seed, key, epoch). A record that cannot be read or decoded is left
+out of its batch together with its label, and listed in :attr:`Loader.skipped`: rows and labels never
+shift. Image records only for now.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import UsageError
+
+#: what a batch tuple may hold (``keys=``), besides a sample's other member names ("txt", "json"...)
+FIELDS = ("key", "image", "label", "meta", "boxes")
+_STATE = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """Where this process stands: its rank of ``world_size``, and its DataLoader worker of ``workers``."""
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    workers: int = 1
+
+
+def _base() -> type:
+    """PyTorch's ``IterableDataset`` where PyTorch is installed (a DataLoader then takes the loader as one),
+    else ``object``."""
+    try:
+        from torch.utils.data import IterableDataset
+    except ImportError:
+        return object
+    return IterableDataset
+
+
+def _distributed() -> tuple[int, int] | None:
+    """(rank, world size) from ``torch.distributed`` where it is initialised; None otherwise."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def _torch_worker() -> tuple[int, int]:
+    """(this DataLoader worker's id, the workers) inside a DataLoader's worker process; (0, 1) elsewhere."""
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:
+        return 0, 1
+    info = get_worker_info()
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The epoch's order of ``n`` samples: a permutation that depends only on ``(seed, epoch)``."""
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch)]).permutation(n).astype(np.int64)
+
+
+def rank_batches(order: np.ndarray, start: int, batch_size: int, rank: int, world_size: int,
+                 drop_last: bool) -> list[np.ndarray]:
+    """The batches of ``rank`` from position ``start`` of the epoch's ``order``: at each global batch of
+    ``batch_size x world_size``, its ``rank``-th part; a last global batch short of full is padded from the
+    epoch's first samples to an equal part a rank (or dropped)."""
+    step = batch_size * world_size
+    rest = order[start:]
+    full = len(rest) // step
+    out = [rest[s * step + rank * batch_size: s * step + (rank + 1) * batch_size] for s in range(full)]
+    tail = rest[full * step:]
+    if len(tail) and not drop_last:
+        per = -(-len(tail) // world_size)
+        need = per * world_size - len(tail)
+        padded = np.concatenate([tail, np.resize(order, need)]) if need else tail
+        out.append(padded[rank * per:(rank + 1) * per])
+    return out
+
+
+class Loader(_base()):  # type: ignore[misc]
+    """Batches of a dataset gpubatch wrote, for training (see the module's text): iterate it for one
+    epoch's batches, a tuple each in the order ``keys`` names; usable as a PyTorch ``IterableDataset``
+    (``DataLoader(loader, batch_size=None, num_workers=N)``).
+
+    Attributes:
+        skipped: the records left out of their batch: ``{"key", "origin", "reason"}`` each.
+        epoch: the epoch being read (:meth:`set_epoch`).
+    """
+
+    def __init__(self, path: str | Path, ops: Any = None, batch_size: int = 256, device: str = "auto",
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, rank: int | None = None,
+                 world_size: int | None = None, keys: Sequence[str] = ("image", "label"), fmt: str | None = None,
+                 gpu: int = 0):
+        from .formats import open_reader
+
+        if batch_size < 1:
+            raise UsageError(f"batch_size must be >= 1, got {batch_size}")
+        given = (rank, world_size)
+        if (rank is None) != (world_size is None):
+            raise UsageError("give rank and world_size together (or neither: torch.distributed's, else 0 of 1)")
+        rank, world_size = given if rank is not None else (_distributed() or (0, 1))
+        if not 0 <= rank < world_size:
+            raise UsageError(f"rank {rank} of world_size {world_size}: give 0 <= rank < world_size")
+        self.path, self.fmt, self.keys = Path(path), fmt, tuple(keys)
+        self.batch_size, self.shuffle, self.seed, self.drop_last = int(batch_size), bool(shuffle), int(seed), drop_last
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.device, self.gpu = device, gpu
+        self.ops = _ops(ops)
+        self.epoch = 0
+        self.skipped: list[dict[str, str]] = []
+        self._consumed = 0  # samples of this epoch consumed by every rank together (whole global batches)
+        self._started = 0  # where this epoch's reading started (0, or a restored state's)
+        self._reader = open_reader(self.path, fmt)
+        media = str(getattr(self._reader.media, "value", self._reader.media))
+        if media != "image":
+            raise UsageError(f"the loader reads image datasets for now; {self.path} holds {media} records")
+        self._entries = list(self._reader.entries())  # (the dataset indexed once: every sample's entry)
+        self.classes = self._reader.info().classes
+        self._pipe: Any = None
+        self._worker: tuple[int, int] | None = None  # (id, count) given for tests; else torch's
+
+    # -- order and state -------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """This rank's batches left in the epoch (all of them at its start)."""
+        return len(self._batches())
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next (its order and its random draws), from its start."""
+        self.epoch, self._consumed, self._started = int(epoch), 0, 0
+
+    def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
+        """Where the epoch stands: restored with :meth:`load_state_dict` (under any world size), the samples
+        already consumed are not read again. Iterated in this process the loader counts its batches itself;
+        through a DataLoader's workers, say how many batches this epoch's loop took (``batches_seen``, from
+        where the epoch started or was restored)."""
+        consumed = self._consumed
+        if batches_seen is not None:
+            consumed = min(len(self._entries), self._started + int(batches_seen) * self.batch_size * self.world_size)
+        return {"version": _STATE, "epoch": self.epoch, "consumed": consumed, "seed": self.seed,
+                "shuffle": self.shuffle, "samples": len(self._entries)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("version") != _STATE:
+            raise UsageError("not a state this loader wrote (state_dict())")
+        for name, mine in (("samples", len(self._entries)), ("seed", self.seed), ("shuffle", self.shuffle)):
+            if state.get(name) != mine:
+                raise UsageError(f"the state is of another loader: {name} {state.get(name)!r} there, {mine!r} here")
+        self.epoch, self._consumed = int(state["epoch"]), int(state["consumed"])
+        self._started = self._consumed
+
+    def _batches(self) -> list[np.ndarray]:
+        order = epoch_order(len(self._entries), self.seed, self.epoch, self.shuffle)
+        return rank_batches(order, self._consumed, self.batch_size, self.rank, self.world_size, self.drop_last)
+
+    def split(self) -> Split:
+        w, n = self._worker or _torch_worker()
+        return Split(self.rank, self.world_size, w, n)
+
+    # -- batches ---------------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        batches = self._batches()
+        split = self.split()
+        step = self.batch_size * self.world_size
+        for b, rows in enumerate(batches):
+            if b % split.workers == split.worker:
+                yield self._batch(rows)
+            if split.workers == 1:  # (read in this process: it knows what was consumed)
+                self._consumed = min(len(self._entries), self._consumed + step)
+
+    def _pipeline(self) -> Any:
+        if self._pipe is None:
+            from .pipelines.image import ImagePipeline
+
+            self._pipe = ImagePipeline(self.ops, device=self.device, seed=self.seed, gpu=self.gpu)
+        return self._pipe
+
+    def _batch(self, rows: np.ndarray) -> tuple[Any, ...]:
+        records, ids = [], []
+        for i in rows.tolist():
+            entry = self._entries[i]
+            try:
+                record = self._reader.read(entry)
+            except Exception as e:  # noqa: BLE001 - a record that cannot be read: left out, with its label
+                key, origin = self._reader.where(entry) if hasattr(self._reader, "where") else (str(entry), "")
+                self.skipped.append({"key": str(key), "origin": str(origin), "reason": f"read: {e}"})
+                continue
+            records.append(record)
+            ids.append(str(len(ids)))  # (the row's own name in the pipeline: keys may repeat across records)
+        want_image = "image" in self.keys
+        if want_image and records:
+            batch = self._pipeline()([r.data for r in records], ids, epoch=self.epoch)
+            kept = [int(k) for k in batch.keys]
+            for k, reason in batch.failed:
+                r = records[int(k)]
+                self.skipped.append({"key": r.key, "origin": r.origin, "reason": f"decode: {reason}"})
+        else:
+            batch, kept = None, list(range(len(records)))
+        got = [records[i] for i in kept]
+        out = []
+        for name in self.keys:
+            if name == "image":
+                out.append(batch)
+            elif name == "label":
+                out.append(np.asarray([-1 if r.label is None else int(r.label) for r in got], np.int64))
+            elif name == "key":
+                out.append([r.key for r in got])
+            elif name == "meta":
+                out.append([dict(r.meta) for r in got])
+            elif name == "boxes":
+                out.append([r.boxes for r in got])
+            else:
+                from .formats.base import MEMBERS
+
+                out.append([(r.meta.get(MEMBERS) or {}).get(name) for r in got])
+        return tuple(out)
+
+    def close(self) -> None:
+        if self._pipe is not None:
+            self._pipe.close()
+            self._pipe = None
+        self._reader.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:  # (to a DataLoader's worker processes: each opens its own)
+        state = dict(self.__dict__)
+        state["_reader"], state["_pipe"] = None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from .formats import open_reader
+
+        self.__dict__.update(state)
+        self._reader = open_reader(self.path, self.fmt)
+        self._reader.entries()
+
+
+def _ops(ops: Any) -> tuple[Any, ...]:
+    if ops is None:
+        return ()
+    if isinstance(ops, str):
+        from .engine.spec import parse_chain
+
+        return tuple(parse_chain(ops))
+    return tuple(ops)
+
+
+def loader(path: str | Path, ops: Any = None, **options: Any) -> Loader:
+    """A :class:`Loader` over the dataset gpubatch wrote at ``path`` (see :mod:`gpubatch.training`)."""
+    return Loader(path, ops, **options)

@@ -1,0 +1,126 @@
+"""The training loader over what gpubatch wrote (CPU): every sample once an epoch across ranks and
+workers, an order that depends on (seed, epoch) alone, exact mid-epoch resume under another world size,
+labels aligned after failures, every format."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpubatch.api import convert
+from gpubatch.errors import UsageError
+from gpubatch.training import Loader, epoch_order, loader, rank_batches
+
+CHAIN = "resize_shorter(size=40) | center_crop(size=32)"
+
+
+@pytest.fixture
+def wds(imagenet, tmp_path) -> Path:
+    out = tmp_path / "wds"
+    convert(imagenet, out, to="webdataset", shard_size=16)
+    return out
+
+
+def _keys(dl, epoch: int = 0) -> list[list[str]]:
+    dl.set_epoch(epoch)
+    return [keys for keys, in dl]
+
+
+def test_ranks_and_workers_see_every_sample_once_in_an_order_of_seed_and_epoch_alone(wds):
+    one = loader(wds, batch_size=4, keys=("key",), device="cpu", seed=7)
+    whole = [k for b in _keys(one) for k in b]
+    assert len(whole) == len(set(whole)) == 60
+    assert [k for b in _keys(one, 1) for k in b] != whole  # (another epoch, another order)
+    seen = []
+    for rank in range(2):
+        for worker in range(2):
+            dl = loader(wds, batch_size=4, keys=("key",), device="cpu", seed=7, rank=rank, world_size=2)
+            dl._worker = (worker, 2)  # (as a DataLoader's worker process finds itself)
+            seen += [k for b in _keys(dl) for k in b]
+    assert sorted(seen) == sorted(whole)  # 60 = 7 global batches of 8 and a last one of 4: no padding needed
+    # the global order is the one order whatever the ranks: at each step rank 0's batch, then rank 1's
+    r0 = loader(wds, batch_size=4, keys=("key",), device="cpu", seed=7, rank=0, world_size=2)
+    r1 = loader(wds, batch_size=4, keys=("key",), device="cpu", seed=7, rank=1, world_size=2)
+    merged = [k for a, b in zip(_keys(r0), _keys(r1)) for k in a + b]
+    assert merged == whole
+
+
+def test_a_last_global_batch_is_padded_to_equal_parts_or_dropped():
+    order = np.arange(10)
+    pad = [rank_batches(order, 0, 4, r, 2, drop_last=False) for r in range(2)]
+    assert [len(b) for b in pad[0]] == [4, 1] and [len(b) for b in pad[1]] == [4, 1]
+    assert sorted(np.concatenate(pad[0] + pad[1]).tolist()) == list(range(10))
+    order = np.arange(11)
+    pad = [rank_batches(order, 0, 4, r, 2, drop_last=False) for r in range(2)]
+    assert [b.tolist() for b in pad[0]] == [[0, 1, 2, 3], [8, 9]] and pad[1][1].tolist() == [10, 0]  # (padded)
+    drop = rank_batches(order, 0, 4, 1, 2, drop_last=True)
+    assert [b.tolist() for b in drop] == [[4, 5, 6, 7]]
+    assert epoch_order(5, 0, 0, shuffle=False).tolist() == [0, 1, 2, 3, 4]
+    assert epoch_order(100, 3, 1).tolist() == epoch_order(100, 3, 1).tolist() != epoch_order(100, 3, 2).tolist()
+
+
+@pytest.mark.parametrize("new_world", [1, 2, 3])
+def test_state_saved_mid_epoch_gives_the_rest_of_it_exactly_under_any_world_size(wds, new_world):
+    full = loader(wds, batch_size=3, keys=("key",), device="cpu", seed=1, drop_last=True)
+    full.set_epoch(2)
+    whole = [k for b in full for (k,) in [b] for k in k]
+    rng = random.Random(new_world)
+    steps = rng.randrange(1, 9)
+    ranks = [loader(wds, batch_size=3, keys=("key",), device="cpu", seed=1, rank=r, world_size=2, drop_last=True)
+             for r in range(2)]
+    done = []
+    for dl in ranks:
+        dl.set_epoch(2)
+    for (a,), (b,) in zip(ranks[0], ranks[1]):
+        done += a + b
+        if len(done) == steps * 6:
+            break
+    state = ranks[0].state_dict(batches_seen=steps)
+    assert state["consumed"] == steps * 6 and state["epoch"] == 2
+    rest = []
+    news = [loader(wds, batch_size=3, keys=("key",), device="cpu", seed=1, rank=r, world_size=new_world,
+                   drop_last=True) for r in range(new_world)]
+    for dl in news:
+        dl.load_state_dict(state)
+    for batches in zip(*[list(dl) for dl in news]):
+        rest += [k for (keys,) in batches for k in keys]
+    assert done + rest == whole[:len(done) + len(rest)] and len(done) + len(rest) >= 60 - 3 * new_world * 2
+    assert not set(done) & set(rest)
+
+
+def test_labels_stay_with_their_images_when_a_record_fails(imagenet):
+    bad = sorted(imagenet.rglob("*.jpg"))[5]
+    bad.write_bytes(bad.read_bytes()[:200])  # (cut short: it does not decode)
+    with loader(imagenet, CHAIN, batch_size=8, keys=("key", "image", "label"), device="cpu", shuffle=False) as dl:
+        rows, names = 0, dl.classes
+        for keys, images, labels in dl:
+            assert len(keys) == len(np.asarray(images)) == len(labels)
+            assert np.asarray(images).shape[1:] == (32, 32, 3)
+            for k, lab in zip(keys, labels):
+                assert k.split("/")[0] == names[lab]  # (ImageNet layout: a key's folder is its class)
+            rows += len(keys)
+    assert rows == 59 and [s["key"] for s in dl.skipped] == [bad.relative_to(imagenet).with_suffix("").as_posix()]
+    assert dl.skipped[0]["reason"].startswith("decode: ")
+
+
+def test_every_format_gpubatch_writes_is_read_with_its_labels(imagenet, coco, tmp_path):
+    for fmt in ("webdataset", "tfrecord", "recordio", "folder", "lmdb", "coco"):
+        src = coco if fmt == "coco" else imagenet
+        out = tmp_path / f"out-{fmt}"
+        convert(src, out, to=fmt)
+        with loader(out, CHAIN, batch_size=16, keys=("image", "label"), device="cpu", seed=0) as dl:
+            n = sum(len(labels) for _, labels in dl)
+            assert n == (12 if fmt == "coco" else 60) and not dl.skipped, fmt
+
+
+def test_refusals_are_one_line(wds, tmp_path):
+    with pytest.raises(UsageError, match="give rank and world_size together"):
+        Loader(wds, rank=1)
+    with pytest.raises(UsageError, match="give 0 <= rank < world_size"):
+        Loader(wds, rank=2, world_size=2)
+    dl = Loader(wds, device="cpu", seed=3)
+    with pytest.raises(UsageError, match="the state is of another loader: seed 4 there, 3 here"):
+        dl.load_state_dict({**dl.state_dict(), "seed": 4})
