@@ -115,7 +115,7 @@ class Loader(_base()):  # type: ignore[misc]
     def __init__(self, path: str | Path, ops: Any = None, batch_size: int = 256, device: str = "auto",
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, rank: int | None = None,
                  world_size: int | None = None, keys: Sequence[str] = ("image", "label"), fmt: str | None = None,
-                 gpu: int = 0):
+                 gpu: int = 0, num_workers: int | None = None):
         from .formats import open_reader
 
         if batch_size < 1:
@@ -130,6 +130,7 @@ class Loader(_base()):  # type: ignore[misc]
         self.batch_size, self.shuffle, self.seed, self.drop_last = int(batch_size), bool(shuffle), int(seed), drop_last
         self.rank, self.world_size = int(rank), int(world_size)
         self.device, self.gpu = device, gpu
+        self.num_workers = num_workers  # the pipeline's decoding threads (None: its default, from the cores)
         self.ops = _ops(ops)
         self.epoch = 0
         self.skipped: list[dict[str, str]] = []
@@ -198,7 +199,8 @@ class Loader(_base()):  # type: ignore[misc]
         if self._pipe is None:
             from .pipelines.image import ImagePipeline
 
-            self._pipe = ImagePipeline(self.ops, device=self.device, seed=self.seed, gpu=self.gpu)
+            self._pipe = ImagePipeline(self.ops, device=self.device, seed=self.seed, gpu=self.gpu,
+                                       cpu_threads=self.num_workers)
         return self._pipe
 
     def _batch(self, rows: np.ndarray) -> tuple[Any, ...]:
