@@ -60,6 +60,9 @@ gpu-test:  ## GPU tests + a GPU convert, with the system python3 (run on the GPU
 	rm -rf /tmp/gpubatch-gpu-audio
 	python3 -m gpubatch convert sample_data/audio /tmp/gpubatch-gpu-audio --to webdataset --sample-rate 16000 \
 		--mono --duration 1 --features "log-mel(n_mels=80)" --device gpu
+	rm -rf /tmp/gpubatch-gpu-gpus
+	python3 -m gpubatch convert sample_data/imagenet /tmp/gpubatch-gpu-gpus --to tfrecord --resize-shorter 128 \
+		--shard-size 16 --gpus all
 
 bench:  ## engine + augment benchmarks: GPU chains, transcode, CPU path, DataLoader (GPU machine, system python3)
 	python3 benchmarks/bench_engine.py --images 4096 --json benchmarks/last-run.json
