@@ -22,8 +22,21 @@ from .formats.base import Reader
 from .runner import PARAMS_FILE, Run, finished
 
 
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Who writes a run's shards, where (the fields :class:`ConvertRequest` and :class:`AugmentRequest`
+    share past the device's; keyword-only, after each request's own)."""
+
+    gpus: str | None = None  # "all" or "0,1,3": worker processes on each (None: the one of ``gpu``)
+    executor: str = "local"  # "local" (this machine's processes) or "ray" (a Ray cluster's actors)
+    ray_address: str | None = None  # the Ray cluster to join (None: RAY_ADDRESS, else a local one)
+    num_parts: int | None = None  # with ``part``: run only part ``part`` of ``num_parts`` of the shards
+    part: int | None = None
+    finish: bool = False  # (gpubatch finish: the run's shards are all committed; only the dataset-wide files)
+
+
 @dataclass(frozen=True)
-class ConvertRequest:
+class ConvertRequest(Placement):
     """Everything one ``convert`` run needs; the CLI builds one from its flags.
 
     Pixel options (``resize_shorter``, ``center_crop``, ``resize``, ``quality``, ``image_format`` other
@@ -57,12 +70,6 @@ class ConvertRequest:
     batch_size: int = 256
     gpu_memory: str | None = None
     gpu_procs: int | None = None
-    gpus: str | None = None  # "all" or "0,1,3": worker processes on each (None: the one of ``gpu``)
-    executor: str = "local"  # "local" (this machine's processes) or "ray" (a Ray cluster's actors)
-    ray_address: str | None = None  # the Ray cluster to join (None: RAY_ADDRESS, else a local one)
-    num_parts: int | None = None  # with ``part``: run only part ``part`` of ``num_parts`` of the shards
-    part: int | None = None
-    finish: bool = False  # (gpubatch finish: the run's shards are all committed; only the dataset-wide files)
     frames: str | None = None
     clip_length: int | None = None
     clip_stride: int | None = None
@@ -311,7 +318,7 @@ def audio_ops(sample_rate: int | None = None, mono: bool = False, duration: floa
 
 
 @dataclass(frozen=True)
-class AugmentRequest:
+class AugmentRequest(Placement):
     """Everything one ``augment`` run needs. The chain is ``ops`` (chain text), ``pipeline`` (a YAML/JSON
     file) or ``preset`` (a name from :data:`gpubatch.engine.spec.PRESETS`); exactly one."""
 
@@ -343,12 +350,6 @@ class AugmentRequest:
     batch_size: int = 256
     gpu_memory: str | None = None
     gpu_procs: int | None = None
-    gpus: str | None = None  # "all" or "0,1,3": worker processes on each (None: the one of ``gpu``)
-    executor: str = "local"  # "local" (this machine's processes) or "ray" (a Ray cluster's actors)
-    ray_address: str | None = None  # the Ray cluster to join (None: RAY_ADDRESS, else a local one)
-    num_parts: int | None = None  # with ``part``: run only part ``part`` of ``num_parts`` of the shards
-    part: int | None = None
-    finish: bool = False  # (gpubatch finish: the run's shards are all committed; only the dataset-wide files)
     audio_format: str | None = None
 
     options = ConvertRequest.options
@@ -447,9 +448,7 @@ def _finishing_device(dst: Path) -> Device:
 
     about = Journal(staging_folder(dst)).run()
     kind = DeviceKind.GPU if about.get("device_kind") == "gpu" else DeviceKind.CPU
-    name = str(about.get("device", "cpu"))
-    return Device(kind, name=name.split(" (", 1)[-1].rstrip(")") if kind is DeviceKind.GPU else "cpu",
-                  reason="gpubatch finish: the device the parts ran on")
+    return Device(kind, name=str(about.get("device_name", "cpu")), reason="gpubatch finish: the device the parts ran on")
 
 
 @python_messages

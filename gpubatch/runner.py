@@ -177,8 +177,8 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
     tick = _ticker(progress(sum(t.stop - t.start for t in mine) * plan.outputs_per_record)) if progress else None
     t_planned = time.perf_counter()
     timings: dict[str, float] = {"plan": round(t_planned - t_start, 4)}
-    about = {"command": run.command, "request": jsonable_request(req), "device": str(device),
-             "device_kind": "gpu" if device.is_gpu else "cpu", "parts": parts[0] if parts else None}
+    about = {"command": run.command, "request": req.options(), "device_kind": device.kind.value,
+             "device_name": device.name, "parts": parts[0] if parts else None}
     if parts is not None:
         stager = shared_stage(dst_path, req.overwrite, stats.warn, claim=_claimer(print_, about, req.overwrite, stats))
     else:
@@ -338,15 +338,6 @@ def part_of(tasks: list, parts: int, part: int) -> list:
     """The tasks of part ``part`` of ``parts``: consecutive shards, the parts as even as the count allows."""
     n = len(tasks)
     return tasks[part * n // parts:(part + 1) * n // parts]
-
-
-def jsonable_request(req: Any) -> dict[str, Any]:
-    """A request's fields as JSON values (what ``gpubatch finish`` rebuilds it from)."""
-    out = {}
-    for f in dataclasses.fields(req):
-        v = getattr(req, f.name)
-        out[f.name] = str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
-    return out
 
 
 def _claimer(print_: dict, about: dict, overwrite: bool, stats: RunStats) -> Callable[[Path], None]:

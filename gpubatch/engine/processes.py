@@ -77,13 +77,13 @@ def detached_main() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _worker_env() -> Iterator[None]:
-    """Processes started inside get the workers' settings (one BLAS thread, freed memory kept) in their
-    environment, and do not import the caller's main script (:func:`detached_main`); this process's own
-    environment is left as it was."""
-    saved = {k: os.environ.get(k) for k in (*_ONE_THREAD, *_MALLOC)}
-    os.environ.update(dict.fromkeys(_ONE_THREAD, "1"))
-    os.environ.update(_MALLOC)
+def _worker_env(env: dict[str, str] | None = None) -> Iterator[None]:
+    """Processes started inside get the workers' settings (one BLAS thread, freed memory kept) and ``env``
+    in their environment, and do not import the caller's main script (:func:`detached_main`); this
+    process's own environment is left as it was."""
+    extra = {**dict.fromkeys(_ONE_THREAD, "1"), **_MALLOC, **(env or {})}
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
     try:
         with detached_main():
             yield
@@ -136,20 +136,11 @@ def worker_processes(target: Any, args: tuple, count: int, daemon: bool = True,
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    saved = {k: os.environ.get(k) for k in env or {}}
-    with _worker_env():
-        try:
-            os.environ.update(env or {})
-            procs = [ctx.Process(target=target, args=args, daemon=daemon, name=f"gpubatch-worker-{i}")
-                     for i in range(count)]
-            for p in procs:
-                p.start()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with _worker_env(env):
+        procs = [ctx.Process(target=target, args=args, daemon=daemon, name=f"gpubatch-worker-{i}")
+                 for i in range(count)]
+        for p in procs:
+            p.start()
     return procs
 
 

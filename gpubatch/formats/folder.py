@@ -237,7 +237,7 @@ class FolderReader(Reader):
         elif (path / FILE_LIST).is_file():
             self.list_file = path / FILE_LIST
         super().__init__(path)
-        self._root_text = ""  # (str(self.path), made once: a record's origin and file are joined to it)
+        self._root_text = str(self.path)  # (a record's origin and file are joined to it: no Path a record)
         self._classes: tuple[str, ...] | ClassNames = ()
         self.left_out: dict[str, dict] = {}  # files that are no records, by kind (see left_out_warning)
 
@@ -343,7 +343,7 @@ class FolderReader(Reader):
 
     def _read(self, entry: tuple[str, int | None]) -> Record:
         rel, label = entry
-        root = self._root_text = self._root_text or str(self.path)
+        root = self._root_text
         origin = os.path.join(root, rel)
         try:
             data = read_regular(safe_join(root, rel))

@@ -113,7 +113,7 @@ def test_finish_runs_where_there_is_no_gpu_for_parts_that_ran_on_gpus(imagenet, 
     run_file = tmp_path / ".out.gpubatch-partial" / ".gpubatch" / "run.json"
     doc = json.loads(run_file.read_text())
     doc["fingerprint"]["device"] = "gpu"
-    doc["run"].update(device="gpu:0 (NVIDIA H200)", device_kind="gpu")
+    doc["run"].update(device_name="NVIDIA H200", device_kind="gpu")
     run_file.write_text(json.dumps(doc))
     s = finish(dst)
     assert s.records_out == 60 and s.device == "gpu:0 (NVIDIA H200)" and "finish" in s.device_reason

@@ -78,6 +78,13 @@ def photos(tmp_path_factory) -> Path:
     return root
 
 
+def uninterrupted(command, src: Path, dst: Path, env: dict) -> tuple[dict, float]:
+    """Run ``command(src, dst)`` to its end: the dataset's digest, and the seconds it took."""
+    t0 = time.perf_counter()
+    subprocess.run(command(src, dst), env=env, check=True, timeout=300)
+    return digest(dst), time.perf_counter() - t0
+
+
 def killed_and_resumed(command, src: Path, dst: Path, after: float, env: dict) -> tuple[dict, int | None, int, int]:
     """Run ``command(src, dst)``, kill it and its workers (as a lost machine loses them) ``after`` seconds
     in, then run it again with ``--resume``: (its summary, the shards it said the killed run committed or
@@ -102,11 +109,7 @@ def killed_and_resumed(command, src: Path, dst: Path, after: float, env: dict) -
 def test_a_run_killed_at_20_moments_resumes_to_the_same_bytes_writing_only_what_is_missing(photos, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     imagenet = photos
-    whole = tmp_path / "whole"
-    t0 = time.perf_counter()
-    subprocess.run(_command(imagenet, whole), env=env, check=True, timeout=300)
-    took = time.perf_counter() - t0
-    want = digest(whole)
+    want, took = uninterrupted(_command, imagenet, tmp_path / "whole", env)
     rng = random.Random(51)
     resumed_some = 0
     for k in range(20):

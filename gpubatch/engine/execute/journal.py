@@ -68,15 +68,8 @@ class Journal:
         self.entries.mkdir(parents=True, exist_ok=True)
         write_json(self.run_file, {"schema": SCHEMA, "fingerprint": dict(fingerprint), "run": dict(run or {})})
 
-    def run(self) -> dict[str, Any]:
-        """What :meth:`begin` was told of the run (checked as :meth:`fingerprint` is)."""
-        self.fingerprint()
-        doc = json.loads(self.run_file.read_text(encoding="utf-8"))
-        return doc.get("run") if isinstance(doc.get("run"), dict) else {}
-
-    def fingerprint(self) -> dict[str, Any]:
-        """The fingerprint of the run that wrote this journal; a GpubatchError where it is damaged or no
-        gpubatch journal at all."""
+    def _doc(self) -> dict[str, Any]:
+        """``run.json``, read and checked; a GpubatchError where it is damaged or no gpubatch journal at all."""
         try:
             doc = json.loads(self.run_file.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError) as e:
@@ -85,7 +78,16 @@ class Journal:
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("fingerprint"), dict):
             raise GpubatchError(f"{self.run_file} is not a journal this gpubatch writes: pass --overwrite to start "
                                 "over")
-        return doc["fingerprint"]
+        return doc
+
+    def run(self) -> dict[str, Any]:
+        """What :meth:`begin` was told of the run."""
+        run = self._doc().get("run")
+        return run if isinstance(run, dict) else {}
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fingerprint of the run that wrote this journal."""
+        return self._doc()["fingerprint"]
 
     def check(self, fingerprint: Mapping[str, Any]) -> None:
         """Refuse to resume a run that differs from this one, naming the difference."""
@@ -103,16 +105,14 @@ class Journal:
         sizes written; an entry that is damaged, names other files or misses some is not counted (its shard
         runs again)."""
         done: dict[int, ShardResult] = {}
-        if not self.entries.is_dir():
-            return done
-        by_index = {t.index: t for t in tasks}
-        for path in sorted(self.entries.glob("*.json")):
+        for task in tasks:  # (each task's own entry: a worker asking about its few reads no other)
             try:
-                result = ShardResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
+                result = ShardResult.from_dict(json.loads((self.entries / f"{task.index:06d}.json")
+                                                          .read_text(encoding="utf-8")))
             except (OSError, ValueError, KeyError, TypeError, RecursionError):
                 continue
-            task = by_index.get(result.index)
-            if task is None or (task.name, task.start, task.stop) != (result.name, result.start, result.stop):
+            if (task.index, task.name, task.start, task.stop) != (result.index, result.name, result.start,
+                                                                  result.stop):
                 continue
             if all(_present(self.stage / name, meta) for name, meta in result.files.items()):
                 done[result.index] = result
