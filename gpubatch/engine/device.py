@@ -59,25 +59,51 @@ class Device:
 
 
 @functools.lru_cache(maxsize=8)
+def _driver() -> tuple[object, int] | str:
+    """(the CUDA driver library, its device count) through ``libcuda`` itself, or why not: the driver is
+    asked without importing CuPy (half a second a process, which the GPU workers spend anyway)."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no NVIDIA GPU driver here (libcuda.so.1 is not loadable)"
+    count = ctypes.c_int()
+    err = cuda.cuInit(0)
+    if err == 100:  # CUDA_ERROR_NO_DEVICE
+        return "no CUDA device found"
+    if err != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return f"no usable CUDA device (the CUDA driver's error {err})"
+    return cuda, count.value
+
+
+def device_count() -> int:
+    """The CUDA devices this process sees (0 without a usable driver)."""
+    found = _driver()
+    return 0 if isinstance(found, str) else found[1]
+
+
+@functools.lru_cache(maxsize=8)
 def gpu_problem(index: int = 0) -> tuple[str | None, str]:
-    """(None, device name) when the GPU engine can run on device ``index``, else (reason, "")."""
+    """(None, device name) when the GPU engine can run on device ``index``, else (reason, ""). CuPy is
+    found, not imported: a worker whose import of it fails says so (GpuEngine)."""
+    import ctypes
+    import importlib.util
+
     try:
-        import cupy
-    except ImportError:
-        return _no_cupy(), ""
-    except Exception as e:  # a broken CUDA install raises all sorts
+        if importlib.util.find_spec("cupy") is None:
+            return _no_cupy(), ""
+    except (ImportError, ValueError) as e:
         return f"CuPy failed to load ({type(e).__name__}: {e})", ""
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:
-        return f"no usable CUDA device ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})", ""
+    found = _driver()
+    if isinstance(found, str):
+        return found, ""
+    cuda, count = found
     if count == 0:
         return "no CUDA device found", ""
     if not 0 <= index < count:
         return f"--gpu {index} does not exist: this machine has {count} GPU(s) (0..{count - 1})", ""
     try:  # its C library, loaded without importing the Python binding (which makes an instance)
-        import ctypes
-
         from .codecs.nvimgcodec_c import library_path
 
         ctypes.CDLL(library_path())
@@ -88,12 +114,10 @@ def gpu_problem(index: int = 0) -> tuple[str | None, str]:
             return f"nvImageCodec is not installed: {install_hint()}", ""
         except Exception as e:
             return f"nvImageCodec failed to load ({type(e).__name__}: {e})", ""
-    try:
-        props = cupy.cuda.runtime.getDeviceProperties(index)
-        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    except Exception as e:
-        return f"cannot query GPU {index} ({type(e).__name__}: {e})", ""
-    return None, name
+    dev, name = ctypes.c_int(), ctypes.create_string_buffer(256)
+    if cuda.cuDeviceGet(ctypes.byref(dev), index) != 0 or cuda.cuDeviceGetName(name, 256, dev) != 0:
+        return f"cannot query GPU {index}", ""
+    return None, name.value.decode(errors="replace")
 
 
 def resolve(request: str = "auto", index: int = 0) -> Device:
@@ -150,9 +174,7 @@ def resolve_gpus(request: str = "auto", index: int = 0, gpus: str | None = None)
             raise UsageError(f"--gpus {gpus}: {problem}")
         return Device(DeviceKind.CPU, reason=f"auto: --gpus {gpus}: {problem}")
     if wanted is None:
-        import cupy
-
-        wanted = tuple(range(cupy.cuda.runtime.getDeviceCount()))
+        wanted = tuple(range(device_count()))
     names = []
     for i in wanted:
         problem, name = gpu_problem(i)

@@ -108,6 +108,15 @@ def _post(sink: Any, msg: tuple) -> None:
         res.feed.put(msg)
 
 
+def hardware_instances(settings: Settings) -> int:
+    """The hardware engine's direct-path instances a decoder of ``settings`` makes at its start (0 where
+    it makes none: the Python binding, or the direct path turned off)."""
+    if settings.decode_api != "c" or not settings.hw_direct or settings.decode_route == "cuda":
+        return 0
+    hw_only = settings.decode_route == "hardware"
+    return settings.hw_instances or (settings.hw_only_instances if hw_only else GpuImageDecoder.HW_INSTANCES)
+
+
 class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
     """Batched, routed, stream-ordered JPEG decode on one GPU (see the module docstring).
 
@@ -296,11 +305,12 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
     def _direct_instances(self, n: int) -> list[Any]:
         """``n`` instances of the hardware engine's direct path, or none (with a warning) where nvJPEG
         cannot make them (then nvImageCodec's hardware decoder is used)."""
+        from ..gpu.start import hardware_instances as started
         from .nvjpeg_hw import HwBatchDecoder
 
-        made: list[Any] = []
+        made: list[Any] = started(self.device_index, n)  # (those the worker's start made already)
         try:
-            for _ in range(n):
+            for _ in range(n - len(made)):
                 made.append(HwBatchDecoder(self.cp))
         except (DependencyError, NvjpegError, OSError) as e:
             for dec in made:

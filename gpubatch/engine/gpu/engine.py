@@ -115,7 +115,15 @@ class GpuEngine:
             cores = affinity.reserve(device.index, st) if share <= 1 else None
         self.cores = cores
 
-        import cupy as cp
+        try:
+            import cupy as cp
+        except Exception as e:  # (the run's device check finds CuPy without importing it)
+            from ...errors import DependencyError
+
+            if self.cores is not None:
+                self.cores.release()
+            raise DependencyError(f"CuPy failed to load ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                                  ) from None
 
         from ..media import DEVICE, get_codec
 
@@ -210,9 +218,11 @@ class GpuEngine:
         batch of ``batch`` needs; with ``regions``, the hardware engine's region calls too), the resample
         kernels' load and, with ``encoder``, the JPEG encoder's first use. Returns the seconds it took."""
         from ..kernels import kernel
+        from .start import kernels_ready
 
         t0 = time.perf_counter()
         self.decoder.warm_up(batch, regions)
+        kernels_ready(self.device.index)  # (the modules the worker's start compiles, where it did)
         for tag, layout in (("u8", "hwc"), ("f16", "chw")):  # compiled (or read from CuPy's cache) and loaded
             kernel("resample", f"resample_{tag}_{layout}")
         if encoder:

@@ -140,14 +140,11 @@ class GpuImageUnit:
         pass
 
     def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
-        if self.ctx.settings.decode_api == "c":  # nvImageCodec's extensions load while CuPy and CUDA start
-            from ..codecs.nvimgcodec_c import preload
-
-            preload()
+        from ..codecs.image_gpu import hardware_instances
         from ..device import Device, DeviceKind
         from ..executor import default_readers
         from ..media import DEVICE
-        from . import affinity
+        from . import affinity, start
         from . import memory as gm
         from .engine import decode_ahead
         from .feed import RecordFeed
@@ -169,6 +166,9 @@ class GpuImageUnit:
         host = ctx.host_procs  # (the GPU processes sharing this host's cores: every GPU's)
         route_cores = have / host  # (the route follows this worker's share of the cores, not their load)
         reserved = affinity.reserve(ctx.gpu_ordinal, settings) if procs == 1 else None  # (a core a GPU)
+        # the context, the hardware decoder's instances, nvImageCodec and the kernels start in threads now,
+        # beside the readers' start and this thread's imports (engine/gpu/start.py)
+        start.begin(gpu, settings, hardware_instances(settings), modules=("resample", "jpeg"))
         readers = default_readers(max(1, have // host), settings=settings)
         if settings.decode_route == "hardware":  # the decoders leave the cores to the readers: half of them
             readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * host)))
@@ -215,7 +215,8 @@ class GpuImageUnit:
             unpin = engine.pin_host(feed.shm.buf) if settings.pin_feed else None
             tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
             first = {"gpu_init": gpu_init, "warm_up": warm, "gpu_init: feed start": round(feed_start, 4),
-                     **{f"gpu_init: {k}": v for k, v in getattr(engine, "init_times", {}).items()}}
+                     **{f"gpu_init: {k}": v for k, v in getattr(engine, "init_times", {}).items()},
+                     **{f"gpu_init (thread): {k}": v for k, v in start.kernels_ready(gpu).items()}}
 
             def decode(fed: Any) -> Any:
                 return engine.decoder.decode(fed.blobs, engine.stream, plan.max_pixels, order=False,

@@ -1,0 +1,126 @@
+"""A GPU worker's start, begun in threads the moment the worker knows its GPU, in the order that costs least.
+
+Measured on an H200 host (2026-11-27, ``benchmarks/gpu_start.py --quick``, a fresh process each): made first,
+nvImageCodec's C library took 1.04 s and the first hardware-decoder instance 0.61 s after it; with the
+instance made first, the instance took 0.62 s and the library 0.03 s (the two share nvJPEG's start, which
+the library makes slowly). The CUDA kernels a run needs are compiled (or read from CuPy's cache) beside them:
+on a machine with no cache the warm-up took 9.3 s, most of it NVRTC.
+
+:func:`begin` starts it; :func:`hardware_instances` hands the instances made to the decoder that asks, and
+:func:`kernels_ready` waits for the kernels. Errors are kept for the real calls, which make what failed
+again and raise there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from ..settings import Settings
+
+
+class _Start:
+    def __init__(self, index: int, settings: Settings, hw: int, modules: tuple[str, ...]):
+        self.index, self.settings, self.hw_wanted, self.modules = index, settings, hw, modules
+        self.hw: list[Any] = []
+        self.times: dict[str, float] = {}
+        self.hw_done, self.done = threading.Event(), threading.Event()
+        self._compiled: list[threading.Thread] = []
+        self.thread = threading.Thread(target=self._run, name="gpubatch-gpu-start", daemon=True)
+        self.thread.start()
+
+    def _step(self, name: str, t: float) -> float:
+        now = time.perf_counter()
+        self.times[name] = round(now - t, 4)
+        return now
+
+    def _run(self) -> None:
+        t = time.perf_counter()
+        try:
+            from .engine import set_sync_policy
+
+            # how every thread waits for the device: set before the context exists (as GpuEngine would)
+            set_sync_policy(self.index, self.settings.sync, only_before_context=True)
+            import cupy as cp
+
+            cp.cuda.runtime.setDevice(self.index)
+            cp.cuda.runtime.memGetInfo()  # (the CUDA context is made here)
+            t = self._step("context", t)
+            for name in self.modules:  # NVRTC (or CuPy's cache) beside the decoders' start
+                c = threading.Thread(target=self._compile, args=(name,), name=f"gpubatch-compile-{name}", daemon=True)
+                c.start()
+                self._compiled.append(c)
+            if self.hw_wanted:
+                from ..codecs.nvjpeg_hw import HwBatchDecoder
+
+                try:
+                    for _ in range(self.hw_wanted):
+                        self.hw.append(HwBatchDecoder(cp))
+                except Exception:  # noqa: BLE001 - the decoder makes them again, and says why not
+                    pass
+                t = self._step("hardware instances", t)
+            self.hw_done.set()
+            from ..codecs.nvimgcodec_c import library
+
+            try:
+                library()
+            except Exception:  # noqa: BLE001 - raised again where the decoder asks for it
+                pass
+            self._step("nvImageCodec library", t)
+        except Exception:  # noqa: BLE001 - no CUDA here: the engine's own start says why
+            pass
+        finally:
+            self.hw_done.set()
+            for c in self._compiled:
+                c.join()
+            self.done.set()
+
+    def _compile(self, name: str) -> None:
+        t = time.perf_counter()
+        try:
+            import cupy as cp
+
+            from ..kernels import module
+
+            cp.cuda.runtime.setDevice(self.index)
+            try:  # CuPy compiles (or reads its cache) and loads a module at its first function lookup
+                module(name).get_function("__gpubatch_no_such_function__")
+            except cp.cuda.driver.CUDADriverError:  # (the lookup's own failure: the module is loaded)
+                pass
+        except Exception:  # noqa: BLE001 - compiled again (and raised) at first use
+            pass
+        self.times[f"kernels: {name}"] = round(time.perf_counter() - t, 4)
+
+
+_STARTS: dict[int, _Start] = {}
+_LOCK = threading.Lock()
+
+
+def begin(index: int, settings: Settings, hw_instances: int = 0, modules: tuple[str, ...] = ()) -> None:
+    """Start device ``index``'s start in this process (once): its context, ``hw_instances`` instances of
+    the hardware decoder's direct path, nvImageCodec's library, and the kernel ``modules``' compilation."""
+    with _LOCK:
+        if index not in _STARTS:
+            _STARTS[index] = _Start(index, settings, hw_instances, modules)
+
+
+def hardware_instances(index: int, n: int) -> list[Any]:
+    """Up to ``n`` hardware-decoder instances :func:`begin` made for device ``index`` (waited for); the
+    caller owns them."""
+    s = _STARTS.get(index)
+    if s is None:
+        return []
+    s.hw_done.wait()
+    with _LOCK:
+        out, s.hw[:] = s.hw[:n], s.hw[n:]
+    return out
+
+
+def kernels_ready(index: int) -> dict[str, float]:
+    """Wait until :func:`begin`'s work for device ``index`` is done; the seconds of each of its steps."""
+    s = _STARTS.get(index)
+    if s is None:
+        return {}
+    s.done.wait()
+    return dict(s.times)
