@@ -17,7 +17,9 @@ pipelines, as :mod:`gpubatch.runner` ties them to the engine) and decoded and tr
 :class:`~gpubatch.pipelines.image.ImagePipeline` on the CPU or the GPU (``ops`` as ``--ops`` takes them,
 or op objects); random ops draw per (seed, key, epoch). A record that cannot be read or decoded is left
 out of its batch together with its label, and listed in :attr:`Loader.skipped`: rows and labels never
-shift. Image records only for now.
+shift. Audio datasets (clips, waveforms or features gpubatch wrote) give ``"audio"`` batches through an
+:class:`~gpubatch.pipelines.audio.AudioPipeline` the same way (its ops: resample, fix_duration, log_mel...;
+one length a batch). Video datasets are not read yet.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ import numpy as np
 from .errors import UsageError
 
 #: what a batch tuple may hold (``keys=``), besides a sample's other member names ("txt", "json"...)
-FIELDS = ("key", "image", "label", "meta", "boxes")
+FIELDS = ("key", "image", "audio", "label", "meta", "boxes")
+#: the media the loader decodes, and the key their decoded batch goes by
+MEDIA_KEYS = {"image": "image", "audio": "audio"}
 _STATE = 1
 
 
@@ -115,7 +119,7 @@ class Loader(_base()):  # type: ignore[misc]
     def __init__(self, path: str | Path, ops: Any = None, batch_size: int = 256, device: str = "auto",
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, rank: int | None = None,
                  world_size: int | None = None, keys: Sequence[str] = ("image", "label"), fmt: str | None = None,
-                 gpu: int = 0, num_workers: int | None = None):
+                 gpu: int = 0, num_workers: int | None = None, dtype: str | None = None):
         from .formats import open_reader
 
         if batch_size < 1:
@@ -131,6 +135,7 @@ class Loader(_base()):  # type: ignore[misc]
         self.rank, self.world_size = int(rank), int(world_size)
         self.device, self.gpu = device, gpu
         self.num_workers = num_workers  # the pipeline's decoding threads (None: its default, from the cores)
+        self.dtype = dtype  # audio batches' dtype ("float16" by default, or "float32")
         self.ops = _ops(ops)
         self.epoch = 0
         self.skipped: list[dict[str, str]] = []
@@ -138,8 +143,13 @@ class Loader(_base()):  # type: ignore[misc]
         self._started = 0  # where this epoch's reading started (0, or a restored state's)
         self._reader = open_reader(self.path, fmt)
         media = str(getattr(self._reader.media, "value", self._reader.media))
-        if media != "image":
-            raise UsageError(f"the loader reads image datasets for now; {self.path} holds {media} records")
+        if media not in MEDIA_KEYS:
+            raise UsageError(f"the loader reads image and audio datasets for now; {self.path} holds {media} records")
+        self.media = media
+        other = {"image", "audio"} - {MEDIA_KEYS[media]}
+        if other & set(self.keys):
+            raise UsageError(f"{self.path} holds {media} records: ask for {MEDIA_KEYS[media]!r}, not "
+                             f"{' or '.join(repr(k) for k in sorted(other & set(self.keys)))}")
         self._entries = list(self._reader.entries())  # (the dataset indexed once: every sample's entry)
         self.classes = self._reader.info().classes
         self._pipe: Any = None
@@ -196,7 +206,12 @@ class Loader(_base()):  # type: ignore[misc]
                 self._consumed = min(len(self._entries), self._consumed + step)
 
     def _pipeline(self) -> Any:
-        if self._pipe is None:
+        if self._pipe is None and self.media == "audio":
+            from .pipelines.audio import AudioPipeline
+
+            self._pipe = AudioPipeline(self.ops, device=self.device, gpu=self.gpu, seed=self.seed,
+                                       dtype=self.dtype or "float16", workers=self.num_workers)
+        elif self._pipe is None:
             from .pipelines.image import ImagePipeline
 
             self._pipe = ImagePipeline(self.ops, device=self.device, seed=self.seed, gpu=self.gpu,
@@ -215,8 +230,15 @@ class Loader(_base()):  # type: ignore[misc]
                 continue
             records.append(record)
             ids.append(str(len(ids)))  # (the row's own name in the pipeline: keys may repeat across records)
-        want_image = "image" in self.keys
-        if want_image and records:
+        media_key = MEDIA_KEYS[self.media]
+        if media_key in self.keys and records and self.media == "audio":
+            batch = self._pipeline().records(records, epoch=self.epoch)
+            bad = dict(batch.failed)
+            kept = [i for i, r in enumerate(records) if r.key not in bad]
+            for r in records:
+                if r.key in bad:
+                    self.skipped.append({"key": r.key, "origin": r.origin, "reason": f"decode: {bad[r.key]}"})
+        elif media_key in self.keys and records:
             batch = self._pipeline()([r.data for r in records], ids, epoch=self.epoch)
             kept = [int(k) for k in batch.keys]
             for k, reason in batch.failed:
@@ -227,7 +249,7 @@ class Loader(_base()):  # type: ignore[misc]
         got = [records[i] for i in kept]
         out = []
         for name in self.keys:
-            if name == "image":
+            if name == MEDIA_KEYS[self.media]:
                 out.append(batch)
             elif name == "label":
                 out.append(np.asarray([-1 if r.label is None else int(r.label) for r in got], np.int64))

@@ -124,3 +124,39 @@ def test_refusals_are_one_line(wds, tmp_path):
     dl = Loader(wds, device="cpu", seed=3)
     with pytest.raises(UsageError, match="the state is of another loader: seed 4 there, 3 here"):
         dl.load_state_dict({**dl.state_dict(), "seed": 4})
+
+
+def test_audio_datasets_give_feature_batches_with_their_labels(tmp_path):
+    from tests.audio.sounds import speech_commands, tone, write
+
+    root = speech_commands(tmp_path / "sc", per_word=4)
+    bad = root / "up" / "0003_nohash_0.wav"
+    bad.write_bytes(bad.read_bytes()[:30])  # (a header cut short: it does not decode)
+    write(root / "no" / "0009_nohash_0.wav", tone(0.7, 16000, 300), 16000)
+    clips = tmp_path / "clips"
+    convert(root, clips, to="audio", device="cpu", on_error="skip")
+    broken = sorted(clips.rglob("*.wav"))[2]  # (written whole, then damaged: the loader meets it)
+    broken.write_bytes(broken.read_bytes()[:60] + bytes(200))
+    chain = "fix_duration(seconds=1) | log_mel(n_mels=40)"
+    with loader(clips, chain, batch_size=4, keys=("key", "audio", "label"), device="cpu", shuffle=False,
+                dtype="float32") as dl:
+        assert dl.media == "audio"
+        rows, names = 0, dl.classes
+        for keys, feats, labels in dl:
+            x = np.asarray(feats.data)
+            assert x.shape[0] == len(keys) == len(labels) and x.shape[1] == 40 and x.dtype == np.float32
+            assert [names[lab] for lab in labels] == [k.split("/")[0] for k in keys]
+            rows += len(keys)
+        skipped = [s["key"] for s in dl.skipped]
+    assert broken.relative_to(clips).with_suffix("").as_posix() in skipped
+    assert rows + len(skipped) == 13 - (bad.relative_to(root).with_suffix("").as_posix() not in skipped)
+    # features gpubatch wrote are read as they are (no ops), one (bins, frames) array a row
+    feats = tmp_path / "feats"
+    convert(root, feats, to="webdataset", device="cpu", sample_rate=16000, mono=True, duration=1,
+            features="log-mel(n_mels=40)", on_error="skip")
+    with loader(feats, batch_size=8, keys=("audio", "label"), device="cpu", shuffle=False) as dl:
+        got = [(np.asarray(a.data), lab) for a, lab in dl]
+    assert sum(len(lab) for _, lab in got) == rows + 1  # (the clip damaged above was whole at the source)
+    assert {a.shape[1:] for a, _ in got} == {(40, 100)}
+    with pytest.raises(UsageError, match="holds audio records: ask for 'audio', not 'image'"):
+        loader(feats, keys=("image",))

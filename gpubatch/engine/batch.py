@@ -84,6 +84,7 @@ class KeyedBatch:
     data: Any
     keys: list[str]
     ready: Any = field(default=None, kw_only=True)
+    failed: list[tuple[str, str]] = field(default_factory=list, kw_only=True)  # (key, why): left out of data
 
     def synchronize(self) -> None:
         """Wait until ``data`` is computed (on the CPU: at once)."""

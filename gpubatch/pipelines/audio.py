@@ -110,6 +110,7 @@ class AudioPipeline:
         self.skipped: dict[str, str] = {}  # file -> why it gave nothing (unreadable, no samples...)
         self._pool: Any = None  # the CPU path's worker processes
         self._decoders: Any = None  # the GPU path's (:class:`~.audio_feed.DecodeWorkers`)
+        self._threads_pool: Any = None  # :meth:`records`' decoding threads
         self.plan.validate(DEVICE if self.device.is_gpu else HOST)
 
     def iterate_files(self, files: Sequence[str | Path], batch_size: int, repeat: bool = False,
@@ -125,6 +126,67 @@ class AudioPipeline:
             yield from prefetched(self._gpu(files, batch_size, repeat, epoch), 2)
         else:
             yield from self._cpu(files, batch_size, repeat, epoch)
+
+    def records(self, records: Sequence[Any], epoch: int = 0) -> AudioBatch:
+        """One batch of records held in memory (a dataset's clips or arrays as :func:`gpubatch.loader` reads
+        them: :class:`~gpubatch.types.Record` objects): each decoded on the CPU (threads: libsndfile works
+        without the GIL), its parameters drawn from ``<key>#e<epoch>``, the chain run on this pipeline's
+        device. A record that cannot be decoded or transformed is left out and listed in the batch's
+        ``failed`` as (key, why); the rows of ``data`` are those of ``keys``."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ..engine.codecs.audio import AudioHostCodec
+
+        codec = AudioHostCodec()
+        if self._threads_pool is None:
+            self._threads_pool = ThreadPoolExecutor(max(1, self.workers), thread_name_prefix="gpubatch-audio")
+
+        def load(r: Any) -> AudioData | RecordError:
+            try:
+                item = codec.decode(r, self.plan)
+                if not isinstance(item, AudioData):  # (a long record the chain would stream): decoded whole
+                    item = decode_audio(r.data)
+                return item
+            except RecordError as e:
+                return e
+            except (OSError, ValueError) as e:
+                return RecordError(r.key, r.origin, Stage.DECODE, str(e))
+
+        items, keys, failed, draws = [], [], [], []
+        for r, item in zip(records, self._threads_pool.map(load, records)):
+            if isinstance(item, RecordError):
+                failed.append((r.key, item.reason))
+                continue
+            try:
+                draws.append(self.plan.draw(f"{r.key}#e{epoch}", *item.size))
+            except Exception as e:  # noqa: BLE001 - the record boundary (an op this record cannot take)
+                failed.append((r.key, f"{type(e).__name__}: {e}"))
+                continue
+            items.append(item)
+            keys.append(r.key)
+        if not items:
+            xp = np if not self.device.is_gpu else __import__("cupy")
+            return AudioBatch(xp.zeros((0,), self.dtype), [], failed=failed)
+        if self.device.is_gpu:
+            import cupy as cp
+
+            from ..engine.gpu.audio import run_chain_device, to_device
+
+            with cp.cuda.Device(self.device.index):
+                out = run_chain_device(self.plan.ops, to_device(items), draws)
+                data = self._stack([_squeeze(o.samples) for o in out], cp).astype(self.dtype, copy=False)
+                ready = cp.cuda.get_current_stream().record()
+            return AudioBatch(data, keys, ready=ready, failed=failed)
+        outs, kept = [], []
+        for key, item, params in zip(keys, items, draws):
+            try:
+                got = codec.run_chain(self.plan.ops, item, params)
+            except Exception as e:  # noqa: BLE001 - the record boundary
+                failed.append((key, f"{type(e).__name__}: {e}"))
+                continue
+            outs.append(_squeeze(np.asarray(got.samples)).astype(self.dtype))
+            kept.append(key)
+        return AudioBatch(self._stack(outs, np) if outs else np.zeros((0,), self.dtype), kept, failed=failed)
 
     def _skip(self, e: RecordError, misses: int, files: int) -> int:
         self.skipped.setdefault(e.key.split("#e", 1)[0], e.reason)
@@ -278,6 +340,9 @@ class AudioPipeline:
         return AudioBatch(data, [k for k, _, _ in group], ready=ready)
 
     def close(self) -> None:
+        if self._threads_pool is not None:
+            self._threads_pool.shutdown()
+            self._threads_pool = None
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None

@@ -1,0 +1,47 @@
+"""The training loader on the GPU (marked gpu): the same rows, keys and labels as on the CPU, images and
+audio features close to the CPU's, batches handed over through DLPack."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpubatch.api import convert
+from gpubatch.training import loader
+
+pytestmark = pytest.mark.gpu
+
+
+def _epoch(path, chain, keys, device, **kw):
+    with loader(path, chain, batch_size=8, keys=keys, device=device, seed=5, **kw) as dl:
+        dl.set_epoch(1)
+        out = []
+        for key, data, label in dl:
+            a = data.data if hasattr(data, "data") and not hasattr(data, "stacked") else data
+            out.append((list(key), np.asarray(a.get() if hasattr(a, "get") else a, np.float32), label.tolist()))
+        return out, list(dl.skipped)
+
+
+def test_images_on_the_gpu_are_the_cpu_rows(imagenet, tmp_path):
+    wds = tmp_path / "wds"
+    convert(imagenet, wds, to="webdataset", shard_size=16, device="cpu")
+    chain = "resize_shorter(size=40) | center_crop(size=32)"
+    gpu, gpu_skipped = _epoch(wds, chain, ("key", "image", "label"), "gpu")
+    cpu, _ = _epoch(wds, chain, ("key", "image", "label"), "cpu")
+    assert [(k, lab) for k, _, lab in gpu] == [(k, lab) for k, _, lab in cpu] and not gpu_skipped
+    for (_, g, _), (_, c, _) in zip(gpu, cpu):
+        assert g.shape == c.shape and np.abs(g - c).mean() < 3.0  # (two JPEG decoders, two resamplers)
+
+
+def test_audio_features_on_the_gpu_are_the_cpu_rows(tmp_path):
+    from tests.audio.sounds import speech_commands
+
+    root = speech_commands(tmp_path / "sc", per_word=3)
+    clips = tmp_path / "clips"
+    convert(root, clips, to="webdataset", device="cpu")
+    chain = "fix_duration(seconds=1) | log_mel(n_mels=40)"
+    gpu, _ = _epoch(clips, chain, ("key", "audio", "label"), "gpu", dtype="float32")
+    cpu, _ = _epoch(clips, chain, ("key", "audio", "label"), "cpu", dtype="float32")
+    assert [(k, lab) for k, _, lab in gpu] == [(k, lab) for k, _, lab in cpu]
+    for (_, g, _), (_, c, _) in zip(gpu, cpu):
+        assert g.shape == c.shape and np.abs(g - c).max() < 1e-2
