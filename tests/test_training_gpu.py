@@ -17,7 +17,7 @@ def _epoch(path, chain, keys, device, **kw):
         dl.set_epoch(1)
         out = []
         for key, data, label in dl:
-            a = data.data if hasattr(data, "data") and not hasattr(data, "stacked") else data
+            a = data.stacked() if hasattr(data, "stacked") else data.data  # (an image batch; audio's KeyedBatch)
             out.append((list(key), np.asarray(a.get() if hasattr(a, "get") else a, np.float32), label.tolist()))
         return out, list(dl.skipped)
 
