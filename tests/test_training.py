@@ -160,3 +160,36 @@ def test_audio_datasets_give_feature_batches_with_their_labels(tmp_path):
     assert {a.shape[1:] for a, _ in got} == {(40, 100)}
     with pytest.raises(UsageError, match="holds audio records: ask for 'audio', not 'image'"):
         loader(feats, keys=("image",))
+
+
+def test_wids_reads_the_shard_list_beside_a_webdataset(wds):
+    """webdataset's ``wids`` (indexed access; it needs PyTorch) reads ``wids.json``: every sample, the
+    same bytes as gpubatch's reader."""
+    wids = pytest.importorskip("wids")
+    from gpubatch.formats.webdataset import WebDatasetReader
+
+    ds = wids.ShardListDataset(str(wds / "wids.json"))
+    reader = WebDatasetReader(wds)
+    entries = reader.entries()
+    assert len(ds) == len(entries) == 60
+    for i in (0, 17, 59):
+        sample, rec = ds[i], reader.read(entries[i])
+        jpg = sample[".jpg"]
+        assert sample["__key__"] == rec.key and (jpg.read() if hasattr(jpg, "read") else jpg) == rec.data
+
+
+def test_a_torch_dataloader_s_workers_see_every_sample_once(wds):
+    """The loader as a PyTorch IterableDataset: DataLoader(batch_size=None, num_workers=2) hands out every
+    sample of the epoch once, labels with their keys."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    dl = loader(wds, CHAIN, batch_size=4, keys=("key", "image", "label"), device="cpu", seed=3)
+    assert isinstance(dl, torch.utils.data.IterableDataset)
+    seen = []
+    for keys, images, labels in DataLoader(dl, batch_size=None, num_workers=2):
+        assert np.asarray(images).shape == (len(keys), 32, 32, 3) and len(labels) == len(keys)
+        seen += keys
+    assert sorted(seen) == sorted(k for b in _keys(loader(wds, batch_size=4, keys=("key",), device="cpu", seed=3))
+                                  for k in b)
+    assert len(seen) == len(set(seen)) == 60

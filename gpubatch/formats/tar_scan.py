@@ -7,6 +7,7 @@ on it.
 
 from __future__ import annotations
 
+import os
 import re
 import tarfile
 from collections import Counter
@@ -233,3 +234,46 @@ def _not_found(tar: Path, found: list, members: list[tuple[str, int, int, int]])
     return [(key, f"the shard's index {tar.with_suffix('.idx').name} lists this sample at byte {off:,}, but the "
              f"shard ends at byte {size:,}: it is cut short and the sample is lost")
             for key, off in listed if off >= last and key not in known]
+
+
+def indexed_samples(tar: Path, fd: int) -> list[tuple[int, str, tuple]] | None:
+    """The samples of a shard gpubatch wrote, from the DALI v1.2 index beside it instead of a walk over its
+    headers ((key, members) as :func:`_samples` gives them, ``s`` left 0 for the caller), or None where the
+    index cannot stand for the shard: none, older than the tar, unreadable, a sample whose members do not
+    share its key, members that run past the tar's end or leave more than its end-of-archive padding after
+    them, or a first or last member whose header does not name it."""
+    idx = tar.with_suffix(".idx")
+    try:
+        st, ist = os.fstat(fd), idx.stat()
+        if ist.st_mtime < os.stat(tar).st_mtime:
+            return None
+        lines = read_regular(idx, 1 << 30).decode("utf-8").split("\n")
+        head = lines[0].split(" ")
+        if head[0] != "v1.2" or len(head) != 2:
+            return None
+        rows = [ln for ln in lines[1:] if ln]
+        if int(head[1]) != len(rows):
+            return None
+        out: list[tuple[int, str, tuple]] = []
+        end = 0
+        for ln in rows:
+            parts = ln.split(" ")
+            if len(parts) % 4:
+                return None
+            members = tuple((parts[k], int(parts[k + 1]), int(parts[k + 2]), parts[k + 3]) for k in range(0, len(parts), 4))
+            key = members[0][3][: -len(members[0][0]) - 1]
+            if any(name != f"{key}.{ext}" for ext, _, _, name in members):
+                return None
+            end = max(end, max(off + size for _, off, size, _ in members))
+            out.append((0, key, members))
+    except (OSError, ValueError, IndexError, UnicodeError):
+        return None
+    padded = end + -end % _BLOCK
+    if not out or not 2 * _BLOCK <= st.st_size - padded < 2 * _BLOCK + 20 * _BLOCK:  # (the end: 2 zero blocks, a record's padding)
+        return None
+    for _, _, members in (out[0], out[-1]):
+        _, off, _, name = members[0]
+        raw = name.encode("utf-8")
+        if len(raw) < 100 and os.pread(fd, len(raw) + 1, off - _BLOCK) != raw + b"\0":
+            return None
+    return out

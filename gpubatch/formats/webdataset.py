@@ -52,7 +52,7 @@ from .base import (
 from .folder import label_names
 from .manifest import expected_records, read_manifest
 from .sinks import ShardFile, ShardSink
-from .tar_scan import _BLOCK, _not_found, _samples, scan_tar
+from .tar_scan import _BLOCK, _not_found, _samples, indexed_samples, scan_tar
 
 _COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst")
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-/]+")
@@ -111,6 +111,15 @@ class WebDatasetReader(Reader):
     def _scan(self) -> list[tuple[int, str, tuple] | Damaged]:
         entries: list[tuple[int, str, tuple] | Damaged] = []
         for s, tar in enumerate(self.tars):
+            if self.manifest and self.files.compression(s) is None:  # a shard gpubatch wrote: its index, where it stands
+                try:
+                    found = indexed_samples(tar, self.files.fd(s))
+                except OSError:
+                    found = None
+                if found is not None:
+                    entries.extend(shortfall(tar, [(s, k, m) for _, k, m in found], expected_records(self.manifest, tar),
+                                             [], ""))
+                    continue
             try:
                 fd = self.files.fd(s)  # (a compressed shard: its decompressed copy)
                 with os.fdopen(os.dup(fd), "rb") as f:
@@ -428,7 +437,7 @@ class WebDatasetSink(ShardSink):
         idx = ShardFile(self.root, self.task.name.removesuffix(".tar") + ".idx")
         idx.write(f"v1.2 {len(self._index)}\n{''.join(self._index)}".encode())
         self.files.append(idx)
-        return {"extensions": self._extensions}
+        return {"extensions": self._extensions, "samples": len(self._index)}
 
 
 def read_hint(extensions: dict[str, int]) -> str | None:
@@ -503,4 +512,23 @@ class WebDatasetFormat(Format):
             for ext, n in shard.extra.get("extensions", {}).items():
                 seen[ext] = seen.get(ext, 0) + n
         hint = read_hint(seen)
+        write_wids_index(root, shards, options.name)
         return [hint] if hint else []
+
+
+#: the shard list beside a webdataset gpubatch wrote, in the layout of webdataset's ``wids`` (its
+#: ``ShardListDataset`` reads it: every shard's sample count and size, for indexed random access)
+WIDS_INDEX = "wids.json"
+
+
+def write_wids_index(root: Path, shards: list[Any], name: str) -> None:
+    """:data:`WIDS_INDEX` from the shards' results: url (relative to the index), samples and bytes a shard."""
+    rows = []
+    for shard in sorted(shards, key=lambda r: r.index):
+        size = (shard.files.get(shard.name) or [None])[0]
+        if size is None:
+            size = (Path(root) / shard.name).stat().st_size
+        rows.append({"url": shard.name, "nsamples": int(shard.extra.get("samples", shard.counts.get("records_out", 0))),
+                     "filesize": int(size)})
+    doc = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": name, "shardlist": rows}
+    (Path(root) / WIDS_INDEX).write_text(json.dumps(doc, indent=1) + "\n")
