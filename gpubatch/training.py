@@ -196,14 +196,23 @@ class Loader(_base()):  # type: ignore[misc]
     # -- batches ---------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        from .engine.executor import prefetched
+
         batches = self._batches()
         split = self.split()
         step = self.batch_size * self.world_size
-        for b, rows in enumerate(batches):
-            if b % split.workers == split.worker:
-                yield self._batch(rows)
-            if split.workers == 1:  # (read in this process: it knows what was consumed)
-                self._consumed = min(len(self._entries), self._consumed + step)
+        start = self._consumed
+        mine = [(b, rows) for b, rows in enumerate(batches) if b % split.workers == split.worker]
+        # the next batches' records are read (preads, parsing) in a thread while this one decodes
+        read = prefetched(((b, self._read(rows)) for b, rows in mine), 2)
+        try:
+            for b, got in read:
+                batch = self._batch(got)
+                if split.workers == 1:  # (read in this process: it knows what was consumed, this batch included)
+                    self._consumed = min(len(self._entries), start + (b + 1) * step)
+                yield batch
+        finally:
+            read.close()
 
     def _pipeline(self) -> Any:
         if self._pipe is None and self.media == "audio":
@@ -218,18 +227,22 @@ class Loader(_base()):  # type: ignore[misc]
                                        cpu_threads=self.num_workers)
         return self._pipe
 
-    def _batch(self, rows: np.ndarray) -> tuple[Any, ...]:
-        records, ids = [], []
+    def _read(self, rows: np.ndarray) -> tuple[list[Any], list[dict[str, str]]]:
+        """The records of a batch's rows, and those that could not be read (left out, with their labels)."""
+        records, failed = [], []
         for i in rows.tolist():
             entry = self._entries[i]
             try:
-                record = self._reader.read(entry)
+                records.append(self._reader.read(entry))
             except Exception as e:  # noqa: BLE001 - a record that cannot be read: left out, with its label
                 key, origin = self._reader.where(entry) if hasattr(self._reader, "where") else (str(entry), "")
-                self.skipped.append({"key": str(key), "origin": str(origin), "reason": f"read: {e}"})
-                continue
-            records.append(record)
-            ids.append(str(len(ids)))  # (the row's own name in the pipeline: keys may repeat across records)
+                failed.append({"key": str(key), "origin": str(origin), "reason": f"read: {e}"})
+        return records, failed
+
+    def _batch(self, got: tuple[list[Any], list[dict[str, str]]]) -> tuple[Any, ...]:
+        records, failed = got
+        self.skipped.extend(failed)
+        ids = [str(k) for k in range(len(records))]  # (the rows' own names in the pipeline: keys may repeat)
         media_key = MEDIA_KEYS[self.media]
         if media_key in self.keys and records and self.media == "audio":
             batch = self._pipeline().records(records, epoch=self.epoch)

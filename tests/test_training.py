@@ -193,3 +193,19 @@ def test_a_torch_dataloader_s_workers_see_every_sample_once(wds):
     assert sorted(seen) == sorted(k for b in _keys(loader(wds, batch_size=4, keys=("key",), device="cpu", seed=3))
                                   for k in b)
     assert len(seen) == len(set(seen)) == 60
+
+
+def test_a_state_taken_between_batches_resumes_after_the_last_batch_handed_over(wds):
+    one = loader(wds, batch_size=5, keys=("key",), device="cpu", seed=11)
+    whole = [k for (keys,) in one for k in keys]
+    dl = loader(wds, batch_size=5, keys=("key",), device="cpu", seed=11)
+    seen = []
+    for n, (keys,) in enumerate(dl):
+        seen += keys
+        if n == 3:
+            state = dl.state_dict()
+            break
+    again = loader(wds, batch_size=5, keys=("key",), device="cpu", seed=11)
+    again.load_state_dict(state)
+    rest = [k for (keys,) in again for k in keys]
+    assert state["consumed"] == 20 and seen + rest == whole
