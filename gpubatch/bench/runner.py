@@ -113,8 +113,13 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
     m = get_model(model)
     batch_size = batch_size or m.batch_size
     sweep_spec = parse_sweep(sweep)
-    valid = CONTENDERS
-    if m.media == "video":
+    valid, gpu_contenders = CONTENDERS, GPU_CONTENDERS
+    from .loader import LOADER_CONTENDERS, LOADER_GPU, dataset_source
+
+    dataset = dataset_source(Path(data)) if data is not None and m.media == "image" else None
+    if dataset is not None:  # a dataset gpubatch wrote: the loader against its format's readers
+        valid, gpu_contenders = LOADER_CONTENDERS, LOADER_GPU
+    elif m.media == "video":
         from .video import VIDEO_CONTENDERS as valid
     elif m.media == "audio":
         from .audio import AUDIO_CONTENDERS as valid
@@ -143,6 +148,11 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
         say(f"synthetic data: {synthetic} JPEGs in {root}")
         data = make_jpeg_set(root, synthetic)
         source = {"path": str(data), "kind": "synthetic", "images": synthetic}
+    elif dataset is not None:
+        if m.name != "resnet50" or sweep or with_model or busy or gpu_memory:
+            raise UsageError("--data DATASET (one gpubatch wrote) measures the loader on --model resnet50, "
+                             "without --sweep, --with-model, --busy or --gpu-memory")
+        data, source = Path(data), dataset
     else:
         data = Path(data)
         if not data.is_dir():
@@ -164,6 +174,8 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
     gpu_ok = dev is not None and dev.is_gpu
     base = {"model": m.name, "data": str(data), "images": images or source["images"], "batch_size": batch_size,
             "seconds": seconds, "gpu": gpu, "with_model": with_model}
+    if dataset is not None:
+        base.update(dataset=True, format=dataset["format"])
     if decode_route:
         base["decode_route"] = decode_route
     if gpu_memory:
@@ -178,7 +190,7 @@ def run_bench(model: str, data: Path | None = None, synthetic: int | None = None
         for chain in m.chains:
             results[chain] = {}
             for c in contenders:
-                if c in GPU_CONTENDERS and not gpu_ok:
+                if c in gpu_contenders and not gpu_ok:
                     reason = dev.reason if dev is not None else "--device cpu"
                     results[chain][c] = {"skipped": f"no GPU: {reason}"}
                     continue

@@ -46,7 +46,8 @@ def _check_writable(path: Path, flag: str) -> None:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--model", default=None, metavar="NAME", help="Preprocessing chain to measure (see --list-models).")
-@click.option("--data", type=click.Path(path_type=Path), default=None, help="A folder of JPEGs (searched recursively).")
+@click.option("--data", type=click.Path(path_type=Path), default=None, help="A folder of JPEGs (searched recursively), or a dataset gpubatch wrote: its loader against the "
+              "format's DALI reader and a webdataset DataLoader.")
 @click.option("--synthetic", type=click.IntRange(min=1), default=None, metavar="N",
               help="Generate N ImageNet-like JPEGs (mixed subsampling, 75-97 quality) in a cache folder.")
 @click.option("--images", type=click.IntRange(min=1), default=None, metavar="N", help="Use the first N files of --data.")

@@ -143,6 +143,24 @@ def test_cli_runs_on_the_cpu_and_writes_reports(tmp_path):
     assert "<svg" in (tmp_path / "r.html").read_text()
 
 
+def test_a_dataset_gpubatch_wrote_benches_its_loader_against_the_format_s_readers(tmp_path, imagenet):
+    from gpubatch.api import convert
+
+    convert(imagenet, tmp_path / "wds", to="webdataset", shard_size=16)
+    r = run_cli("bench", "--model", "resnet50", "--data", tmp_path / "wds", "--batch-size", "8", "--seconds", "0.3",
+                "--device", "cpu", "--json", tmp_path / "r.json", "--report", tmp_path / "r.html")
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["data"]["kind"] == "dataset" and res["data"]["format"] == "webdataset" and res["data"]["images"] == 60
+    for chain in ("train", "val"):
+        got = res["results"][chain]
+        assert set(got) == {"gpubatch-loader", "gpubatch-loader-cpu", "dali-reader", "webdataset-dataloader"}
+        assert got["gpubatch-loader-cpu"]["images_per_s"] > 0 and got["gpubatch-loader-cpu"]["skipped_records"] == 0
+        assert "no GPU" in got["gpubatch-loader"]["skipped"] and "no GPU" in got["dali-reader"]["skipped"]
+    r = run_cli("bench", "--model", "decode-only", "--data", tmp_path / "wds")
+    assert r.returncode == 2 and "measures the loader on --model resnet50" in r.stderr
+
+
 def test_video_bench_runs_on_the_cpu(tmp_path):
     pytest.importorskip("av")
     from tests.video.clips import make_clip
