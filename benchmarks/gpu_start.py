@@ -4,7 +4,7 @@ the CUDA context, nvImageCodec's C library, each hardware-engine instance, the C
 encoder, the warm-up), then the decoders made again from threads at once, to see what overlaps.
 
     python3 benchmarks/gpu_start.py [--instances 3] [--json OUT]
-    python3 benchmarks/gpu_start.py --extensions nvjpeg --hw-first --quick   # one variant of the first part
+    python3 benchmarks/gpu_start.py --hw-first --quick   # the instances before the library, once each
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--instances", type=int, default=3, help="hardware-engine instances (the hardware route's)")
     ap.add_argument("--threads", type=int, default=8, help="CPU threads of the CUDA decoder")
-    ap.add_argument("--extensions", default="all",
-                    help="nvImageCodec extension modules to load: all, or names (nvjpeg,nvjpeg2k,jpeg_turbo,...)")
     ap.add_argument("--hw-first", action="store_true", help="make the hardware instances before the C library")
     ap.add_argument("--quick", action="store_true", help="only the first part (each step once, in order)")
     ap.add_argument("--json", type=Path, default=None)
@@ -48,8 +46,6 @@ def main() -> None:
     cp.cuda.Device(0).use()
     cp.cuda.runtime.memGetInfo()
     step("CUDA context")
-    exts = None if a.extensions == "all" else tuple(x for x in a.extensions.split(",") if x)
-    out["extensions"] = a.extensions
     made = []
 
     def hw() -> None:
@@ -59,8 +55,7 @@ def main() -> None:
 
     if a.hw_first:
         hw()
-    lib = nvimgcodec_c.Library(extensions=exts)
-    nvimgcodec_c._MADE.append(lib)
+    lib = nvimgcodec_c.library()
     step("nvImageCodec C library")
     if not a.hw_first:
         hw()

@@ -168,7 +168,7 @@ def test_wids_reads_the_shard_list_beside_a_webdataset(wds):
     wids = pytest.importorskip("wids")
     from gpubatch.formats.webdataset import WebDatasetReader
 
-    ds = wids.ShardListDataset(str(wds / "wids.json"))
+    ds = wids.ShardListDataset(str(wds / "wids.json"), transformations=[])  # (the members' bytes, undecoded)
     reader = WebDatasetReader(wds)
     entries = reader.entries()
     assert len(ds) == len(entries) == 60
@@ -209,3 +209,24 @@ def test_a_state_taken_between_batches_resumes_after_the_last_batch_handed_over(
     again.load_state_dict(state)
     rest = [k for (keys,) in again for k in keys]
     assert state["consumed"] == 20 and seen + rest == whole
+
+
+def _keys_in_a_daemon(path, q) -> None:
+    with loader(path, CHAIN, batch_size=8, keys=("key", "image"), device="cpu", shuffle=False) as dl:
+        q.put([(list(keys), np.asarray(images).shape) for keys, images in dl])
+
+
+def test_the_loader_decodes_inside_a_daemonic_process(wds):
+    """A DataLoader's worker is a daemonic process, which may start no processes of its own: the CPU
+    pipeline decodes in threads there, giving the same batches."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_keys_in_a_daemon, args=(wds, q), daemon=True)
+    p.start()
+    got = q.get(timeout=120)
+    p.join(30)
+    with loader(wds, CHAIN, batch_size=8, keys=("key", "image"), device="cpu", shuffle=False) as dl:
+        here = [(list(keys), np.asarray(images).shape) for keys, images in dl]
+    assert got == here and sum(len(k) for k, _ in got) == 60

@@ -323,9 +323,16 @@ class ImagePipeline:
     def _pool(self):
         """The CPU path's worker processes (threads would serialize on the GIL between Pillow calls)."""
         if self._workers is None:
-            from ..engine.processes import started_pool
+            import multiprocessing as mp
 
-            self._workers = started_pool(self.cpu_threads, "forkserver")
+            if mp.current_process().daemon:  # (a DataLoader's worker: daemonic processes may start none)
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._workers = ThreadPoolExecutor(self.cpu_threads, thread_name_prefix="gpubatch-cpu-chain")
+            else:
+                from ..engine.processes import started_pool
+
+                self._workers = started_pool(self.cpu_threads, "forkserver")
         return self._workers
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """A GPU worker's start in threads (engine/gpu/start.py), in a fresh process each (marked gpu): the instances
 it makes are the decoder's, the kernels are loaded, and a decoder built after it decodes as one built
-without it; nvImageCodec's library made with only the modules asked for."""
+without it."""
 
 from __future__ import annotations
 
@@ -57,28 +57,6 @@ np.save(__import__("sys").argv[1], np.concatenate([g.ravel() for g in got]))
 print("ok")
 """
 
-_EXTENSIONS = r"""
-import ctypes, io, os, sys, tempfile
-from PIL import Image
-from gpubatch.engine.codecs import nvimgcodec_c as capi
-from tests.helpers import jpeg_bytes, photo
-
-def links():
-    return {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("gpubatch-nvimgcodec-")}
-
-before = links()
-lib = capi.Library(extensions=tuple(sys.argv[1].split(",")) if sys.argv[1] != "all" else None)
-assert links() == before  # (its links are gone once the modules are loaded)
-
-def parsed(blob):
-    try:
-        return lib.header(lib.code_stream(ctypes.cast(blob, ctypes.c_void_p).value, len(blob))).width
-    except Exception:
-        return None
-
-buf = io.BytesIO(); Image.new("RGB", (8, 6)).save(buf, "BMP")
-print("jpeg", parsed(jpeg_bytes(photo(40, 60, seed=1))), "bmp", parsed(buf.getvalue()))
-"""
 
 
 def _run(code: str, *args: str) -> str:
@@ -95,7 +73,3 @@ def test_a_started_worker_decodes_as_an_unstarted_one(tmp_path):
     assert "ok" in _run(_PLAIN, str(tmp_path / "plain.npy"))
     assert np.array_equal(np.load(tmp_path / "started.npy"), np.load(tmp_path / "plain.npy"))
 
-
-def test_the_library_loads_only_the_modules_asked_for():
-    assert "jpeg 60 bmp 8" in _run(_EXTENSIONS, "all")
-    assert "jpeg 60 bmp None" in _run(_EXTENSIONS, "nvjpeg")

@@ -165,9 +165,7 @@ class Header:
 class Library:
     """One nvImageCodec instance, loaded from the installed wheel's ``libnvimgcodec.so.0``."""
 
-    def __init__(self, path: str | None = None, extensions: tuple[str, ...] | None = None):
-        """``extensions``: the extension modules to load, by name ("nvjpeg", "nvjpeg2k", "jpeg_turbo",
-        "nvbmp", "nvpnm"); None loads every one the wheel has."""
+    def __init__(self, path: str | None = None):
         path = path or library_path()
         self.path = path
         self.fast = C.PyDLL(path)  # calls that keep the GIL: microseconds each, no hand-over per image
@@ -180,20 +178,12 @@ class Library:
         info = _new(_InstanceCreateInfo, _T_INSTANCE_CREATE_INFO)
         info.load_builtin_modules = 1
         info.load_extension_modules = 1
-        wheel_dir = os.path.join(os.path.dirname(path), "extensions")
-        ext_dir = _extension_dir(wheel_dir, extensions)
-        info.extension_modules_path = ext_dir.encode()
+        info.extension_modules_path = os.path.join(os.path.dirname(path), "extensions").encode()
         info.create_debug_messenger = 1  # errors and fatal messages to stderr, as the Python binding does
         info.message_severity = _SEVERITY_ERROR_FATAL
         info.message_category = _CATEGORY_ALL
         inst = C.c_void_p()
-        try:
-            self._check("nvimgcodecInstanceCreate", C.byref(inst), C.byref(info))
-        finally:
-            if ext_dir != wheel_dir:  # (the modules are loaded: their links are no longer needed)
-                import shutil
-
-                shutil.rmtree(ext_dir, ignore_errors=True)
+        self._check("nvimgcodecInstanceCreate", C.byref(inst), C.byref(info))
         self.instance = inst
         self.params = _new(_DecodeParams, _T_DECODE_PARAMS)
         self.params.apply_exif_orientation = 1
@@ -406,20 +396,6 @@ class Decoder:
         if self.handle:
             self.lib._f["nvimgcodecDecoderDestroy"](self.handle)
             self.handle = None
-
-
-def _extension_dir(where: str, names: tuple[str, ...] | None) -> str:
-    """The folder the instance loads its extension modules from: the wheel's, or (``names`` given) a
-    private one of links to those modules alone."""
-    if names is None:
-        return where
-    import tempfile
-
-    mine = tempfile.mkdtemp(prefix="gpubatch-nvimgcodec-")
-    for f in os.listdir(where):
-        if any(f.startswith(f"lib{n}_ext.so") for n in names):
-            os.symlink(os.path.join(where, f), os.path.join(mine, f))
-    return mine
 
 
 def library_path() -> str:
