@@ -12,7 +12,9 @@ needs) or dropped (``drop_last=True``). Inside a rank, a PyTorch DataLoader's wo
 the loader batches itself) take every ``num_workers``-th batch, which the DataLoader hands out in turn:
 the rank sees its batches in order, each once.
 
-Images are read by the dataset's reader (every format gpubatch writes; this module ties the formats to the
+On the GPU an image batch lives in one of two output buffers: it stays valid until the next batch after
+it has been taken (work queued on it before then, on any stream, finishes before the buffer is written
+again); copy what must live longer. Images are read by the dataset's reader (every format gpubatch writes; this module ties the formats to the
 pipelines, as :mod:`gpubatch.runner` ties them to the engine) and decoded and transformed by an
 :class:`~gpubatch.pipelines.image.ImagePipeline` on the CPU or the GPU (``ops`` as ``--ops`` takes them,
 or op objects); random ops draw per (seed, key, epoch). A record that cannot be read or decoded is left
@@ -196,6 +198,8 @@ class Loader(_base()):  # type: ignore[misc]
     # -- batches ---------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        from collections import deque
+
         from .engine.executor import prefetched
 
         batches = self._batches()
@@ -203,16 +207,45 @@ class Loader(_base()):  # type: ignore[misc]
         step = self.batch_size * self.world_size
         start = self._consumed
         mine = [(b, rows) for b, rows in enumerate(batches) if b % split.workers == split.worker]
-        # the next batches' records are read (preads, parsing) in a thread while this one decodes
-        read = prefetched(((b, self._read(rows)) for b, rows in mine), 2)
+
+        def handed(b: int, batch: tuple[Any, ...]) -> tuple[Any, ...]:
+            if split.workers == 1:  # (read in this process: it knows what was consumed, this batch included)
+                self._consumed = min(len(self._entries), start + (b + 1) * step)
+            return batch
+
+        if self.media != "image" or "image" not in self.keys:
+            # the next batches' records are read (preads, parsing) in a thread while this one decodes
+            read = prefetched(((b, self._read(rows)) for b, rows in mine), 2)
+            try:
+                for b, got in read:
+                    yield handed(b, self._batch(got))
+            finally:
+                read.close()
+            return
+        # images: records read in one thread, decoded a batch ahead in another (ImagePipeline.iterate)
+        pending: deque = deque()  # (b, records, failed) in batch order; a batch of no records is not decoded
+
+        def blobs() -> Iterator[tuple[list[bytes], list[str]]]:
+            for b, rows in mine:
+                records, failed = self._read(rows)
+                pending.append((b, records, failed))
+                if records:
+                    yield [r.data for r in records], [str(k) for k in range(len(records))]
+
+        def empties() -> Iterator[tuple[Any, ...]]:
+            while pending and not pending[0][1]:
+                b, _, failed = pending.popleft()
+                yield handed(b, self._batch(([], failed)))
+
+        decoded = self._pipeline().iterate(blobs(), prefetch=1, epoch=self.epoch)
         try:
-            for b, got in read:
-                batch = self._batch(got)
-                if split.workers == 1:  # (read in this process: it knows what was consumed, this batch included)
-                    self._consumed = min(len(self._entries), start + (b + 1) * step)
-                yield batch
+            for out in decoded:
+                yield from empties()
+                b, records, failed = pending.popleft()
+                yield handed(b, self._batch((records, failed), out))
+            yield from empties()
         finally:
-            read.close()
+            decoded.close()
 
     def _pipeline(self) -> Any:
         if self._pipe is None and self.media == "audio":
@@ -224,7 +257,7 @@ class Loader(_base()):  # type: ignore[misc]
             from .pipelines.image import ImagePipeline
 
             self._pipe = ImagePipeline(self.ops, device=self.device, seed=self.seed, gpu=self.gpu,
-                                       cpu_threads=self.num_workers)
+                                       cpu_threads=self.num_workers, ring=2)
         return self._pipe
 
     def _read(self, rows: np.ndarray) -> tuple[list[Any], list[dict[str, str]]]:
@@ -239,7 +272,8 @@ class Loader(_base()):  # type: ignore[misc]
                 failed.append({"key": str(key), "origin": str(origin), "reason": f"read: {e}"})
         return records, failed
 
-    def _batch(self, got: tuple[list[Any], list[dict[str, str]]]) -> tuple[Any, ...]:
+    def _batch(self, got: tuple[list[Any], list[dict[str, str]]], decoded: Any = None) -> tuple[Any, ...]:
+        """A batch's tuple from its records (``decoded``: their images' batch, where decoded already)."""
         records, failed = got
         self.skipped.extend(failed)
         ids = [str(k) for k in range(len(records))]  # (the rows' own names in the pipeline: keys may repeat)
@@ -252,7 +286,7 @@ class Loader(_base()):  # type: ignore[misc]
                 if r.key in bad:
                     self.skipped.append({"key": r.key, "origin": r.origin, "reason": f"decode: {bad[r.key]}"})
         elif media_key in self.keys and records:
-            batch = self._pipeline()([r.data for r in records], ids, epoch=self.epoch)
+            batch = decoded if decoded is not None else self._pipeline()([r.data for r in records], ids, epoch=self.epoch)
             kept = [int(k) for k in batch.keys]
             for k, reason in batch.failed:
                 r = records[int(k)]

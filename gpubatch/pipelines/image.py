@@ -555,14 +555,15 @@ class ImagePipeline:
             self._ring_readers[slot] = batch.readers  # (the set itself: what the consumer takes later counts)
         return batch
 
-    def iterate(self, batches: Iterable[tuple[Sequence[bytes], Sequence[str]]], prefetch: int = 1) -> Iterator[Any]:
+    def iterate(self, batches: Iterable[tuple[Sequence[bytes], Sequence[str]]], prefetch: int = 1,
+                epoch: int = 0) -> Iterator[Any]:
         """Process many batches: batch N+2 is read (by whatever ``batches`` does) and N+1 decoded in
-        their own threads while batch N's kernels run.
+        their own threads while batch N's kernels run. Random ops draw per (seed, key, ``epoch``).
 
         Reading in Python threads of this process slows the decoders (see :mod:`gpubatch.engine.gpu.feed`);
         for files, :meth:`iterate_files` reads in worker processes instead.
         """
-        return self._iterate(((blobs, keys, None) for blobs, keys in batches), prefetch)
+        return self._iterate(((blobs, keys, None) for blobs, keys in batches), prefetch, epoch=epoch)
 
     def iterate_files(self, files: Sequence[Any], keys: Sequence[str] | None = None, batch_size: int = 256,
                       repeat: bool = False, workers: int | None = None, prefetch: int = 1) -> Iterator[Any]:
@@ -644,7 +645,8 @@ class ImagePipeline:
                          [(k, e) for k, (_, e) in zip(keys, results) if e is not None])
 
     def _iterate(self, items: Iterable[tuple[Any, Any, Any]], prefetch: int,
-                 on_stop: Callable[[], None] | None = None, ordered_release: bool = False) -> Iterator[Any]:
+                 on_stop: Callable[[], None] | None = None, ordered_release: bool = False,
+                 epoch: int = 0) -> Iterator[Any]:
         """Batches (blobs, keys, FedBatch or None) through decode (a thread) and process (here);
         ``on_stop`` is called first when the iteration ends (it unblocks a source waiting for slots).
         With ``ordered_release`` (the feed's memory is page-locked, so the decoders' copies from it run
@@ -670,7 +672,7 @@ class ImagePipeline:
             for (_, keys, fed), out in batches:
                 t1, waited = time.perf_counter(), tm["decode_wait"]
                 if fed is None:
-                    out = self.process(out, keys)
+                    out = self.process(out, keys, epoch=epoch)
                 else:
                     out = self.process(out, keys, fed.params, fed.sizes, fed.windows, epoch=fed.epoch)
                     if ordered_release:
