@@ -65,6 +65,9 @@ class CheckedSink:
                              "choose a format that keeps any codec (webdataset, tfrecord, folder)")
         if record.boxes is not None and len(record.boxes) and not fmt.carries_boxes:
             self.warn(f"{fmt.name} cannot hold detection boxes: boxes were dropped")
+        if record.label is not None and not fmt.carries_labels:
+            self.warn(f"{fmt.name} holds boxes, not a class a record: the records' classes were dropped "
+                      "(coco, tfrecord and webdataset keep both)")
         if not fmt.carries_label_arrays and len(record.meta.get("labels") or ()) > 1:
             self.warn(f"{fmt.name} holds one class a record: RecordIO multi-label arrays were cut to their first label")
         members = record.meta.get(MEMBERS) or {}

@@ -18,8 +18,9 @@ FORMATS: dict[str, type[Format]] = {}
 #: What people call the formats, to suggest the name gpubatch knows them by (never taken silently).
 FORMAT_ALIASES = {"wds": "webdataset", "tar": "webdataset", "tfr": "tfrecord", "tfrecords": "tfrecord",
                   "tf": "tfrecord", "rec": "recordio", "mxnet": "recordio", "caffe": "lmdb", "imagefolder": "folder",
-                  "images": "folder", "imagenet": "folder", "json": "coco"}
-_MODULES = ("folder", "lmdb", "tfrecord", "recordio", "coco", "webdataset", "video", "audio")
+                  "images": "folder", "imagenet": "folder", "json": "coco",
+                  "pascal": "voc", "pascalvoc": "voc", "ultralytics": "yolo"}
+_MODULES = ("folder", "lmdb", "tfrecord", "recordio", "coco", "voc", "yolo", "webdataset", "video", "audio")
 _loaded = False
 
 

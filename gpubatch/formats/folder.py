@@ -134,7 +134,7 @@ _OWN_FILES = frozenset({"file_list.txt", "gpubatch.json", "augment-params.jsonl"
 
 
 # Detection layouts whose images sit in a folder beside their boxes' folder: (images, boxes, box suffix, name)
-_DETECTION_LAYOUTS = (("JPEGImages", "Annotations", ".xml", "Pascal VOC"), ("images", "labels", ".txt", "YOLO"))
+_DETECTION_LAYOUTS = (("JPEGImages", "Annotations", ".xml", "Pascal VOC", "voc"), ("images", "labels", ".txt", "YOLO", "yolo"))
 
 
 def _detection_layout(root: Path, folders: set[str]) -> str | None:
@@ -145,16 +145,15 @@ def _detection_layout(root: Path, folders: set[str]) -> str | None:
     for rel in sorted(folders):
         parts = rel.split("/")
         for i, part in enumerate(parts):
-            for images, boxes, suffix, name in _DETECTION_LAYOUTS:
+            for images, boxes, suffix, name, fmt in _DETECTION_LAYOUTS:
                 if part != images:
                     continue
                 beside = root.joinpath(*parts[:i], boxes)
                 if beside.is_dir() and any(p.suffix == suffix for p in beside.rglob(f"*{suffix}")):
                     found = "/".join(parts[: i + 1])
                     return (f"{root} is laid out as {name} ({found}/ beside {beside.relative_to(root)}/*{suffix}): "
-                            "gpubatch reads boxes from COCO, TFRecord, RecordIO and WebDataset, not from "
-                            f"{name} files, and as class folders this set would lose its boxes; convert it to "
-                            f"COCO first, or pass {root.joinpath(*parts)} to take those images alone")
+                            f"as class folders it would lose its boxes; read it as {name} with --from {fmt} "
+                            f"{root.joinpath(*parts[:i])}, or pass {root.joinpath(*parts)} to take those images alone")
     return None
 
 

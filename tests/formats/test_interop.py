@@ -456,7 +456,7 @@ def test_tfrecord_features_gpubatch_does_not_carry_are_named_in_a_warning(imagen
         assert not r.warnings
 
 
-def test_pascal_voc_and_yolo_layouts_are_refused_not_read_as_class_folders(imagenet, tmp_path):
+def test_pascal_voc_and_yolo_layouts_are_read_as_such_never_as_class_folders(imagenet, tmp_path):
 
     jpegs = sorted(imagenet.rglob("*.jpg"))[:3]
     voc = tmp_path / "VOCdevkit" / "VOC2012"
@@ -470,10 +470,17 @@ def test_pascal_voc_and_yolo_layouts_are_refused_not_read_as_class_folders(image
             (boxes / f"{i:06d}{suffix}").write_text("0 0.5 0.5 0.2 0.2\n" if suffix == ".txt" else "<annotation/>")
     (voc / "SegmentationClass").mkdir()
     shutil.copy(jpegs[0], voc / "SegmentationClass" / "000000.png")
-    for src, name, take in ((tmp_path / "VOCdevkit", "Pascal VOC", voc / "JPEGImages"), (voc, "Pascal VOC", voc / "JPEGImages"),
-                            (yolo, "YOLO", yolo / "images" / "train")):
-        _refused(src, tmp_path / "out", f"laid out as {name} .*pass {take} to take those images alone")
-        assert convert(take, tmp_path / "images", to="webdataset", overwrite=True).records_out == 3
+    # above the set: refused as class folders, naming the format that reads it
+    _refused(tmp_path / "VOCdevkit", tmp_path / "out", f"laid out as Pascal VOC .*(--from|from_format) voc {voc}, or pass "
+             f"{voc / 'JPEGImages'} to take those images alone")
+    assert convert(voc / "JPEGImages", tmp_path / "images", to="webdataset", overwrite=True).records_out == 3
+    # the set itself: read as VOC and YOLO, boxes and all
+    s = convert(voc, tmp_path / "voc-coco", to="coco")
+    assert s.src_format == "voc" and s.records_out == 3
+    s = convert(yolo, tmp_path / "yolo-coco", to="coco")
+    assert s.src_format == "yolo" and s.records_out == 3
+    doc = json.loads((tmp_path / "yolo-coco" / "annotations" / "instances.json").read_text())
+    assert len(doc["annotations"]) == 3 and [c["id"] for c in doc["categories"]] == [1]
     # class folders that merely share those names are still class folders
     plain = tmp_path / "plain"
     for cls in ("images", "labels"):

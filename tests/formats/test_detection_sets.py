@@ -1,0 +1,192 @@
+"""Pascal VOC and YOLO: read with their boxes, flags and splits; written; round trips VOC -> COCO -> YOLO ->
+COCO keep every box within 1 px (read back by pycocotools), and category ids survive COCO -> YOLO -> COCO."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpubatch.api import convert, open_dataset
+from gpubatch.errors import GpubatchError
+from tests.helpers import jpeg_bytes, photo
+
+# (id, (height, width), [(class, xmin, ymin, xmax, ymax, difficult, truncated)])
+VOC_SET = [
+    ("000005", (240, 320), [("chair", 10, 20, 110, 200, 0, 1), ("person", 150, 30, 300, 235, 1, 0)]),
+    ("000007", (200, 300), [("car", 1, 1, 300, 200, 0, 0)]),
+    ("000009", (260, 280), [("horse", 40, 50, 200, 250, 0, 1), ("person", 60, 10, 120, 150, 0, 0),
+                            ("person", 200, 100, 270, 255, 1, 1)]),
+    ("000012", (180, 240), []),
+]
+
+
+def make_voc(root: Path, doctype: str | None = None) -> Path:
+    for d in ("JPEGImages", "Annotations", "ImageSets/Main"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for k, (i, (h, w), objs) in enumerate(VOC_SET):
+        (root / "JPEGImages" / f"{i}.jpg").write_bytes(jpeg_bytes(photo(h, w, seed=k)))
+        xml = [f"<annotation><folder>VOC2007</folder><filename>{i}.jpg</filename>",
+               f"<size><width>{w}</width><height>{h}</height><depth>3</depth></size>"]
+        for name, x0, y0, x1, y1, diff, trunc in objs:
+            xml.append(f"<object><name>{name}</name><pose>Left</pose><truncated>{trunc}</truncated>"
+                       f"<difficult>{diff}</difficult><bndbox><xmin>{x0}</xmin><ymin>{y0}</ymin>"
+                       f"<xmax>{x1}</xmax><ymax>{y1}</ymax></bndbox></object>")
+        (root / "Annotations" / f"{i}.xml").write_text((doctype or "") + "".join(xml) + "</annotation>")
+    (root / "ImageSets" / "Main" / "train.txt").write_text("000005\n000009\n")
+    (root / "ImageSets" / "Main" / "person_train.txt").write_text("000005  1\n000007 -1\n000009  1\n")
+    return root
+
+
+def _coco_boxes(path: Path) -> dict[str, list[tuple[str, list[float]]]]:
+    """Per image file stem: (category name, [x, y, w, h]) of each box, through pycocotools."""
+    from pycocotools.coco import COCO
+
+    coco = COCO(str(path / "annotations" / "instances.json"))
+    names = {c["id"]: c["name"] for c in coco.loadCats(coco.getCatIds())}
+    out = {}
+    for img in coco.loadImgs(coco.getImgIds()):
+        anns = coco.loadAnns(coco.getAnnIds(imgIds=[img["id"]]))
+        out[Path(img["file_name"]).stem] = sorted((names[a["category_id"]], a["bbox"]) for a in anns)
+    return out
+
+
+def test_voc_is_read_with_its_boxes_flags_categories_and_splits(tmp_path):
+    voc = make_voc(tmp_path / "VOC2007")
+    with open_dataset(voc) as ds:
+        assert ds.format_name == "voc"
+        cats = [c["name"] for c in ds.info().categories]
+        assert cats == ["car", "chair", "horse", "person"]
+        records = {r.key: r for r in ds}
+    assert sorted(records) == [i for i, _, _ in VOC_SET]
+    b = records["000005"].boxes
+    assert b.canvas == (240, 320) and b.xyxy.tolist() == [[9, 19, 110, 200], [149, 29, 300, 235]]
+    assert b.labels.tolist() == [2, 4] and [dict(e) for e in b.extra] == [
+        {"difficult": 0, "truncated": 1, "pose": "Left"}, {"difficult": 1, "truncated": 0, "pose": "Left"}]
+    assert len(records["000012"].boxes) == 0
+    # a split file: its ids alone, the whole set's categories; a class file leaves its -1 lines out
+    with open_dataset(voc / "ImageSets" / "Main" / "train.txt") as ds:
+        assert [r.key for r in ds] == ["000005", "000009"] and len(ds.info().categories) == 4
+    with open_dataset(voc / "ImageSets" / "Main" / "person_train.txt") as ds:
+        assert [r.key for r in ds] == ["000005", "000009"]
+    # the flags reach COCO as the annotations' own fields
+    convert(voc, tmp_path / "coco", to="coco")
+    doc = json.loads((tmp_path / "coco" / "annotations" / "instances.json").read_text())
+    assert sorted((a["difficult"], a["truncated"]) for a in doc["annotations"]) == [
+        (0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 1)]
+
+
+def test_voc_to_coco_to_yolo_to_coco_keeps_every_box_within_a_pixel(tmp_path):
+    voc = make_voc(tmp_path / "VOC2007")
+    convert(voc, tmp_path / "coco1", to="coco")
+    convert(tmp_path / "coco1", tmp_path / "yolo", to="yolo")
+    assert (tmp_path / "yolo" / "data.yaml").is_file() and len(list((tmp_path / "yolo" / "labels").rglob("*.txt"))) == 4
+    convert(tmp_path / "yolo", tmp_path / "coco2", to="coco")
+    a, b = _coco_boxes(tmp_path / "coco1"), _coco_boxes(tmp_path / "coco2")
+    assert sorted(a) == sorted(b) == sorted(i for i, _, _ in VOC_SET)
+    for stem in a:
+        assert [n for n, _ in a[stem]] == [n for n, _ in b[stem]], stem
+        for (_, x), (_, y) in zip(a[stem], b[stem]):
+            assert np.abs(np.array(x) - np.array(y)).max() <= 1.0, (stem, x, y)
+    # VOC's own corners: (xmin - 1, ymin - 1) to (xmax, ymax)
+    assert a["000007"] == [("car", [0.0, 0.0, 300.0, 200.0])]
+    # and back to VOC: the same corners and flags where they were kept (YOLO keeps none)
+    convert(tmp_path / "coco1", tmp_path / "voc2", to="voc")
+    with open_dataset(tmp_path / "voc2") as ds:
+        back = {r.key: r.boxes for r in ds}
+    with open_dataset(voc) as ds:
+        for r in ds:
+            assert back[r.key].xyxy.tolist() == r.boxes.xyxy.tolist()
+            assert [dict(e) for e in back[r.key].extra] == [{**e, "occluded": 0} for e in r.boxes.extra]
+
+
+def test_category_ids_survive_coco_to_yolo_to_coco(coco, tmp_path):
+    """COCO's ids need not be 1..N: YOLO's classes are 0..N-1, and data.yaml keeps the ids they stand for."""
+    ann = next(coco.rglob("*.json"))
+    doc = json.loads(ann.read_text())
+    remap = {c["id"]: 3 + 4 * k for k, c in enumerate(sorted(doc["categories"], key=lambda c: c["id"]))}
+    for c in doc["categories"]:
+        c["id"] = remap[c["id"]]
+    for a in doc["annotations"]:
+        a["category_id"] = remap[a["category_id"]]
+    ann.write_text(json.dumps(doc))
+    convert(coco, tmp_path / "coco1", to="coco")
+    convert(coco, tmp_path / "yolo", to="yolo")
+    import yaml
+
+    data = yaml.safe_load((tmp_path / "yolo" / "data.yaml").read_text())
+    assert data["nc"] == len(remap) and list(data["names"]) == list(range(len(remap)))
+    assert data["gpubatch_category_ids"] == sorted(remap.values())
+    convert(tmp_path / "yolo", tmp_path / "back", to="coco")
+    after = json.loads((tmp_path / "back" / "annotations" / "instances.json").read_text())
+    assert {(c["id"], c["name"]) for c in after["categories"]} == {(c["id"], c["name"]) for c in doc["categories"]}
+    a, b = _coco_boxes(tmp_path / "coco1"), _coco_boxes(tmp_path / "back")
+    assert sum(map(len, b.values())) == len(doc["annotations"]) and sorted(a) == sorted(b)
+    for stem in a:
+        assert [n for n, _ in a[stem]] == [n for n, _ in b[stem]]
+        assert all(np.abs(np.array(x) - np.array(y)).max() <= 1.0 for (_, x), (_, y) in zip(a[stem], b[stem]))
+
+
+def test_yolo_polygons_missing_labels_and_bad_lines(tmp_path):
+    root = tmp_path / "yolo"
+    for d in ("images/train", "labels/train"):
+        (root / d).mkdir(parents=True)
+    for k in range(4):
+        (root / "images" / "train" / f"im{k}.jpg").write_bytes(jpeg_bytes(photo(100, 200, seed=k)))
+    (root / "labels" / "train" / "im0.txt").write_text("1 0.5 0.5 0.5 0.2\n")
+    (root / "labels" / "train" / "im1.txt").write_text("0 0.1 0.1 0.6 0.1 0.6 0.9 0.1 0.9\n")  # a polygon
+    (root / "labels" / "train" / "im2.txt").write_text("0 0.5 0.5 banana 0.1\n")
+    (root / "data.yaml").write_text("path: .\ntrain: images/train\nval: images/train\nnames:\n  0: cat\n  1: dog\n")
+    s = convert(root, tmp_path / "coco", to="coco", on_error="skip")
+    assert s.records_out == 3 and len(s.skipped) == 1
+    assert s.skipped[0]["key"] == "train/im2" and "line 1" in s.skipped[0]["reason"]
+    doc = json.loads((tmp_path / "coco" / "annotations" / "instances.json").read_text())
+    cats = {c["id"]: c["name"] for c in doc["categories"]}
+    assert cats == {1: "cat", 2: "dog"}
+    by_file = {im["id"]: im["file_name"] for im in doc["images"]}
+    anns = {by_file[a["image_id"]]: a for a in doc["annotations"]}
+    assert anns["train/im0.jpg"]["bbox"] == [50.0, 40.0, 100.0, 20.0] and anns["train/im0.jpg"]["category_id"] == 2
+    poly = anns["train/im1.jpg"]
+    assert poly["bbox"] == [20.0, 10.0, 100.0, 80.0] and poly["segmentation"] == [[20, 10, 120, 10, 120, 90, 20, 90]]
+    assert "train/im3.jpg" in by_file.values()  # (no label file: an image without objects)
+
+
+def test_boxes_move_with_a_resize_into_yolo_and_voc(tmp_path):
+    voc = make_voc(tmp_path / "VOC2007")
+    convert(voc, tmp_path / "yolo", to="yolo", resize_shorter=120, device="cpu")
+    convert(voc, tmp_path / "yolo-plain", to="yolo")
+    for a, b in zip(sorted((tmp_path / "yolo" / "labels").rglob("*.txt")),
+                    sorted((tmp_path / "yolo-plain" / "labels").rglob("*.txt"))):
+        x = np.loadtxt(a, ndmin=2) if a.read_text() else np.zeros((0, 5))
+        y = np.loadtxt(b, ndmin=2) if b.read_text() else np.zeros((0, 5))
+        assert x.shape == y.shape and np.abs(x - y).max(initial=0) < 0.01  # normalised: the same after a resize
+    convert(voc, tmp_path / "voc-small", to="voc", resize_shorter=120, device="cpu")
+    with open_dataset(tmp_path / "voc-small") as ds:
+        small = {r.key: r.boxes for r in ds}
+    assert small["000005"].canvas == (120, 160)
+    assert np.abs(small["000005"].xyxy - np.array([[9, 19, 110, 200], [149, 29, 300, 235]]) / 2).max() <= 1.0
+
+
+def test_hostile_and_broken_annotations_are_listed_not_read(tmp_path):
+    voc = make_voc(tmp_path / "VOC2007")
+    (voc / "Annotations" / "000007.xml").write_text(
+        '<?xml version="1.0"?><!DOCTYPE a [<!ENTITY x "xx">]><annotation><filename>&x;</filename></annotation>')
+    (voc / "Annotations" / "000012.xml").write_text("<annotation><object><name>cat</name>")
+    s = convert(voc, tmp_path / "out", to="coco", on_error="skip")
+    reasons = {e["key"]: e["reason"] for e in s.skipped}
+    assert s.records_out == 2 and set(reasons) == {"000007", "000012"}
+    assert "document type" in reasons["000007"] and "well-formed" in reasons["000012"]
+    with pytest.raises(GpubatchError):
+        convert(voc, tmp_path / "out2", to="coco", on_error="fail")  # (the first damaged record stops the run)
+    shutil.rmtree(voc / "JPEGImages")
+    with pytest.raises(GpubatchError):
+        convert(voc, tmp_path / "out3", to="coco")
+
+
+def test_a_class_a_record_dropped_into_voc_or_yolo_is_said(imagenet, tmp_path):
+    for fmt in ("voc", "yolo"):
+        s = convert(imagenet, tmp_path / fmt, to=fmt)
+        assert s.records_out == 60 and any("classes were dropped" in w for w in s.warnings), s.warnings
