@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -222,22 +223,36 @@ class Loader(_base()):  # type: ignore[misc]
             finally:
                 read.close()
             return
-        # images: records read in one thread, decoded a batch ahead in another (ImagePipeline.iterate)
+        # images: read a batch or more ahead, decoded a batch ahead (ImagePipeline's iteration); on the GPU
+        # the records are read in worker processes (a LoaderFeed), elsewhere in a thread
         pending: deque = deque()  # (b, records, failed) in batch order; a batch of no records is not decoded
+        pipe = self._pipeline()
+        feed = self._feed(pipe, mine)
 
-        def blobs() -> Iterator[tuple[list[bytes], list[str]]]:
+        def blobs() -> Iterator[tuple[Any, ...]]:
+            if feed is not None:
+                for (b, _), fed in zip(mine, feed):
+                    records = [SimpleNamespace(**row) for row in fed.rows]
+                    pending.append((b, records, fed.failed))
+                    if records:
+                        yield fed.blobs, fed.keys, fed
+                    else:
+                        fed.done()
+                return
             for b, rows in mine:
                 records, failed = self._read(rows)
                 pending.append((b, records, failed))
                 if records:
-                    yield [r.data for r in records], [str(k) for k in range(len(records))]
+                    yield [r.data for r in records], [r.key for r in records], None
 
         def empties() -> Iterator[tuple[Any, ...]]:
             while pending and not pending[0][1]:
                 b, _, failed = pending.popleft()
                 yield handed(b, self._batch(([], failed)))
 
-        decoded = self._pipeline().iterate(blobs(), prefetch=1, epoch=self.epoch)
+        unpin = pipe.engine.pin_host(feed.shm.buf) if feed is not None and pipe.settings.pin_feed else None
+        decoded = pipe._iterate(blobs(), 1, on_stop=feed.stop if feed is not None else None,
+                                ordered_release=unpin is not None, epoch=self.epoch)
         try:
             for out in decoded:
                 yield from empties()
@@ -246,6 +261,32 @@ class Loader(_base()):  # type: ignore[misc]
             yield from empties()
         finally:
             decoded.close()
+            if unpin is not None:
+                unpin()
+            if feed is not None:
+                feed.close()
+
+    def _feed(self, pipe: Any, mine: list[tuple[int, np.ndarray]]) -> Any:
+        """The worker processes that read this epoch's batches for the GPU (a LoaderFeed), or None: on the
+        CPU, or inside a daemonic process (a DataLoader's worker), which may start none."""
+        import functools
+        import multiprocessing as mp
+
+        if pipe.engine is None or mp.current_process().daemon or not mine:
+            return None
+        from .engine.executor import default_readers
+        from .engine.gpu.feed import LoaderFeed
+        from .formats import open_reader
+
+        order, spans = [], []
+        for _, rows in mine:
+            spans.append((len(order), len(order) + len(rows)))
+            order += [self._entries[i] for i in rows.tolist()]
+        workers = default_readers(route=pipe.engine.decoder.route)
+        return LoaderFeed(functools.partial(open_reader, self.path, self.fmt), order, spans, pipe.plan, self.epoch,
+                          workers=workers, depth=pipe.settings.feed_slots + (pipe.settings.held_slots
+                                                                             if pipe.settings.pin_feed else 0),
+                          slot_bytes=pipe.settings.feed_slot_bytes)
 
     def _pipeline(self) -> Any:
         if self._pipe is None and self.media == "audio":
@@ -276,7 +317,6 @@ class Loader(_base()):  # type: ignore[misc]
         """A batch's tuple from its records (``decoded``: their images' batch, where decoded already)."""
         records, failed = got
         self.skipped.extend(failed)
-        ids = [str(k) for k in range(len(records))]  # (the rows' own names in the pipeline: keys may repeat)
         media_key = MEDIA_KEYS[self.media]
         if media_key in self.keys and records and self.media == "audio":
             batch = self._pipeline().records(records, epoch=self.epoch)
@@ -286,11 +326,15 @@ class Loader(_base()):  # type: ignore[misc]
                 if r.key in bad:
                     self.skipped.append({"key": r.key, "origin": r.origin, "reason": f"decode: {bad[r.key]}"})
         elif media_key in self.keys and records:
-            batch = decoded if decoded is not None else self._pipeline()([r.data for r in records], ids, epoch=self.epoch)
-            kept = [int(k) for k in batch.keys]
-            for k, reason in batch.failed:
-                r = records[int(k)]
-                self.skipped.append({"key": r.key, "origin": r.origin, "reason": f"decode: {reason}"})
+            keys = [r.key for r in records]  # (random ops draw per (seed, key, epoch))
+            batch = decoded if decoded is not None else self._pipeline()([r.data for r in records], keys,
+                                                                         epoch=self.epoch)
+            kept = _kept(keys, list(batch.keys))
+            why, left = dict(batch.failed), set(range(len(records))) - set(kept)
+            for i in sorted(left):
+                r = records[i]
+                self.skipped.append({"key": r.key, "origin": r.origin,
+                                     "reason": f"decode: {why.get(r.key, 'decode failed')}"})
         else:
             batch, kept = None, list(range(len(records)))
         got = [records[i] for i in kept]
@@ -335,6 +379,17 @@ class Loader(_base()):  # type: ignore[misc]
         self.__dict__.update(state)
         self._reader = open_reader(self.path, self.fmt)
         self._reader.entries()
+
+
+def _kept(keys: list[str], got: list[str]) -> list[int]:
+    """The positions in ``keys`` of a batch's rows ``got`` (``keys`` with the failed ones left out, in order;
+    keys may repeat)."""
+    out, j = [], 0
+    for i, k in enumerate(keys):
+        if j < len(got) and got[j] == k:
+            out.append(i)
+            j += 1
+    return out
 
 
 def _ops(ops: Any) -> tuple[Any, ...]:

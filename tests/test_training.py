@@ -230,3 +230,21 @@ def test_the_loader_decodes_inside_a_daemonic_process(wds):
     with loader(wds, CHAIN, batch_size=8, keys=("key", "image"), device="cpu", shuffle=False) as dl:
         here = [(list(keys), np.asarray(images).shape) for keys, images in dl]
     assert got == here and sum(len(k) for k, _ in got) == 60
+
+
+def test_a_record_s_random_draws_follow_its_key_not_its_rank_or_batch(wds):
+    """Random ops draw per (seed, key, epoch): the same record comes out the same under one rank or two."""
+    chain = "random_resized_crop(size=24) | flip(p=0.5)"
+    one = loader(wds, chain, batch_size=6, keys=("key", "image"), device="cpu", seed=4)
+    one.set_epoch(3)
+    alone = {k: np.asarray(img) for keys, images in one for k, img in zip(keys, np.asarray(images))}
+    seen = {}
+    for rank in range(2):
+        dl = loader(wds, chain, batch_size=4, keys=("key", "image"), device="cpu", seed=4, rank=rank, world_size=2)
+        dl.set_epoch(3)
+        seen.update({k: img for keys, images in dl for k, img in zip(keys, np.asarray(images))})
+    assert sorted(seen) == sorted(alone) and all(np.array_equal(seen[k], alone[k]) for k in alone)
+    other = loader(wds, chain, batch_size=6, keys=("key", "image"), device="cpu", seed=4)
+    other.set_epoch(4)
+    later = {k: np.asarray(img) for keys, images in other for k, img in zip(keys, np.asarray(images))}
+    assert any(not np.array_equal(later[k], alone[k]) for k in alone)  # (another epoch, other draws)

@@ -508,3 +508,79 @@ class RecordFeed(Feed):
     def _batch(self, blobs: list[Any], a: int, b: int, extra: RecordReads, release: Any,
                epoch: int = 0) -> FedRecords:
         return FedRecords(**vars(extra), blobs=blobs, release=release)
+
+
+@dataclass
+class LoaderReads:
+    """What a :class:`LoaderFeed` worker made of a batch of dataset entries, besides the images' bytes.
+
+    Attributes:
+        keys, sizes, params, headers, windows: per record read, as :class:`FileReads` has them per file
+            (``params`` drawn from (seed, the record's key, epoch)).
+        rows: per record read, what a training loop is handed besides the image: key, origin, label,
+            meta, boxes.
+        failed: the entries that could not be read: key, origin, reason.
+    """
+
+    keys: list[str]
+    sizes: list[tuple[int, int] | None]
+    params: list[Any] | None
+    headers: list[tuple[str | None, int, int]]
+    windows: tuple[Any, Any] | None
+    rows: list[dict[str, Any]]
+    failed: list[dict[str, str]]
+
+
+def _read_loader(slot: int, entries: list[Any], epoch: int) -> tuple[tuple, LoaderReads]:
+    """Read a training batch's dataset ``entries`` into ``slot`` (see :class:`LoaderFeed`)."""
+    from ..codecs.headers import jpeg_display_size, jpeg_kind
+    from ..windows import leading_windows
+
+    plan: Plan = _W["plan"]
+    reader = _W["reader"]
+    out = _Slot(slot)
+    keys, sizes, params, headers, rows, failed = [], [], [], [], [], []
+    for entry in entries:
+        try:
+            r = reader.read(entry)
+        except Exception as e:  # noqa: BLE001 - a record that cannot be read: left out, with its label
+            key, origin = reader.where(entry) if hasattr(reader, "where") else (str(entry), "")
+            failed.append({"key": str(key), "origin": str(origin), "reason": f"read: {e}"})
+            continue
+        out.put(r.data)
+        head = bytes(r.data[:65536])
+        hw = jpeg_display_size(head)
+        keys.append(r.key)
+        sizes.append(hw)
+        headers.append(jpeg_kind(head))
+        params.append(plan.draw(r.key, hw[0], hw[1], epoch=epoch) if hw is not None else None)
+        rows.append({"key": r.key, "origin": r.origin, "label": r.label, "meta": dict(r.meta), "boxes": r.boxes})
+    windows = leading_windows(plan.ops, params, sizes)
+    return out.layout(), LoaderReads(keys, sizes, params if _draws(plan) else None, headers, windows, rows, failed)
+
+
+@dataclass
+class FedRows(FedBatch):
+    """One batch of a :class:`LoaderFeed`: a :class:`FedBatch` of the records read, with their ``rows``
+    and the entries that ``failed``."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[dict[str, str]] = field(default_factory=list)
+
+
+class LoaderFeed(Feed):
+    """A training loader's batches of dataset entries, read in ``workers`` processes (each opens the dataset
+    itself): records parsed, images' bytes into the shared-memory ring, JPEG headers read and parameters
+    drawn for ``epoch``, so that the process driving the GPU only decodes and launches."""
+
+    def __init__(self, opener: Callable[[], RecordSource], entries: Sequence[Any], spans: list[tuple[int, int]],
+                 plan: Plan, epoch: int, workers: int | None = None, depth: int = 4, slot_bytes: int = SLOT_BYTES):
+        self.entries, self.epoch = list(entries), int(epoch)
+        super().__init__(spans, plan, workers, depth, False, slot_bytes, True, opener)
+
+    def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
+        return self.pool.submit(_read_loader, slot, self.entries[a:b], self.epoch)
+
+    def _batch(self, blobs: list[Any], a: int, b: int, extra: LoaderReads, release: Any, epoch: int = 0) -> FedRows:
+        return FedRows(blobs, extra.keys, extra.sizes, extra.params, [None] * len(blobs), extra.headers,
+                       extra.windows, None, release, self.epoch, rows=extra.rows, failed=extra.failed)
