@@ -156,6 +156,7 @@ class Loader(_base()):  # type: ignore[misc]
         self._entries = list(self._reader.entries())  # (the dataset indexed once: every sample's entry)
         self.classes = self._reader.info().classes
         self._pipe: Any = None
+        self._readers: Any = None  # the GPU path's reader processes (a LoaderFeed), kept across epochs
         self._worker: tuple[int, int] | None = None  # (id, count) given for tests; else torch's
 
     # -- order and state -------------------------------------------------------------------------------
@@ -263,8 +264,6 @@ class Loader(_base()):  # type: ignore[misc]
             decoded.close()
             if unpin is not None:
                 unpin()
-            if feed is not None:
-                feed.close()
 
     def _feed(self, pipe: Any, mine: list[tuple[int, np.ndarray]]) -> Any:
         """The worker processes that read this epoch's batches for the GPU (a LoaderFeed), or None: on the
@@ -282,11 +281,13 @@ class Loader(_base()):  # type: ignore[misc]
         for _, rows in mine:
             spans.append((len(order), len(order) + len(rows)))
             order += [self._entries[i] for i in rows.tolist()]
-        workers = default_readers(route=pipe.engine.decoder.route)
-        return LoaderFeed(functools.partial(open_reader, self.path, self.fmt), order, spans, pipe.plan, self.epoch,
-                          workers=workers, depth=pipe.settings.feed_slots + (pipe.settings.held_slots
-                                                                             if pipe.settings.pin_feed else 0),
-                          slot_bytes=pipe.settings.feed_slot_bytes)
+        if self._readers is None:  # (made once: its processes read every epoch after)
+            st = pipe.settings
+            self._readers = LoaderFeed(functools.partial(open_reader, self.path, self.fmt), pipe.plan,
+                                       workers=default_readers(route=pipe.engine.decoder.route),
+                                       depth=st.feed_slots + (st.held_slots if st.pin_feed else 0),
+                                       slot_bytes=st.feed_slot_bytes)
+        return self._readers.epoch_of(order, spans, self.epoch)
 
     def _pipeline(self) -> Any:
         if self._pipe is None and self.media == "audio":
@@ -357,6 +358,9 @@ class Loader(_base()):  # type: ignore[misc]
         return tuple(out)
 
     def close(self) -> None:
+        if self._readers is not None:
+            self._readers.close()
+            self._readers = None
         if self._pipe is not None:
             self._pipe.close()
             self._pipe = None
@@ -370,7 +374,7 @@ class Loader(_base()):  # type: ignore[misc]
 
     def __getstate__(self) -> dict[str, Any]:  # (to a DataLoader's worker processes: each opens its own)
         state = dict(self.__dict__)
-        state["_reader"], state["_pipe"] = None, None
+        state["_reader"], state["_pipe"], state["_readers"] = None, None, None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -571,15 +571,31 @@ class FedRows(FedBatch):
 class LoaderFeed(Feed):
     """A training loader's batches of dataset entries, read in ``workers`` processes (each opens the dataset
     itself): records parsed, images' bytes into the shared-memory ring, JPEG headers read and parameters
-    drawn for ``epoch``, so that the process driving the GPU only decodes and launches."""
+    drawn for the epoch, so that the process driving the GPU only decodes and launches. The processes
+    last from epoch to epoch: :meth:`epoch_of` sets what the next iteration reads."""
 
-    def __init__(self, opener: Callable[[], RecordSource], entries: Sequence[Any], spans: list[tuple[int, int]],
-                 plan: Plan, epoch: int, workers: int | None = None, depth: int = 4, slot_bytes: int = SLOT_BYTES):
-        self.entries, self.epoch = list(entries), int(epoch)
-        super().__init__(spans, plan, workers, depth, False, slot_bytes, True, opener)
+    def __init__(self, opener: Callable[[], RecordSource], plan: Plan, workers: int | None = None, depth: int = 4,
+                 slot_bytes: int = SLOT_BYTES):
+        self.entries: list[Any] = []
+        self.epoch = 0
+        super().__init__([], plan, workers, depth, False, slot_bytes, True, opener)
+
+    def epoch_of(self, entries: Sequence[Any], spans: list[tuple[int, int]], epoch: int) -> LoaderFeed:
+        """Read ``entries`` in batches ``spans`` for ``epoch`` at the next iteration (once the reads an
+        iteration left behind, stopped early, are done: their slots are the next iteration's)."""
+        from concurrent.futures import wait
+
+        wait(self._inflight)
+        self._inflight = []
+        self.entries, self.spans, self.epoch = list(entries), spans, int(epoch)
+        return self
+
+    _inflight: list[Future] = []
 
     def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
-        return self.pool.submit(_read_loader, slot, self.entries[a:b], self.epoch)
+        fut = self.pool.submit(_read_loader, slot, self.entries[a:b], self.epoch)
+        self._inflight = [f for f in self._inflight if not f.done()] + [fut]
+        return fut
 
     def _batch(self, blobs: list[Any], a: int, b: int, extra: LoaderReads, release: Any, epoch: int = 0) -> FedRows:
         return FedRows(blobs, extra.keys, extra.sizes, extra.params, [None] * len(blobs), extra.headers,
