@@ -19,8 +19,9 @@ FORMATS: dict[str, type[Format]] = {}
 FORMAT_ALIASES = {"wds": "webdataset", "tar": "webdataset", "tfr": "tfrecord", "tfrecords": "tfrecord",
                   "tf": "tfrecord", "rec": "recordio", "mxnet": "recordio", "caffe": "lmdb", "imagefolder": "folder",
                   "images": "folder", "imagenet": "folder", "json": "coco",
-                  "pascal": "voc", "pascalvoc": "voc", "ultralytics": "yolo"}
-_MODULES = ("folder", "lmdb", "tfrecord", "recordio", "coco", "voc", "yolo", "webdataset", "video", "audio")
+                  "pascal": "voc", "pascalvoc": "voc", "ultralytics": "yolo", "pq": "parquet",
+                  "hf": "parquet", "huggingface": "parquet"}
+_MODULES = ("folder", "lmdb", "tfrecord", "recordio", "coco", "voc", "yolo", "webdataset", "parquet", "video", "audio")
 _loaded = False
 
 

@@ -53,8 +53,8 @@ def test_missing_source(tmp_path):
 
 
 def test_unknown_format(imagenet, tmp_path):
-    p = run_cli("convert", imagenet, tmp_path / "out", "--to", "parquet")
-    assert p.returncode == ExitCode.USAGE and "parquet" in p.stderr and "Traceback" not in p.stderr
+    p = run_cli("convert", imagenet, tmp_path / "out", "--to", "feather")
+    assert p.returncode == ExitCode.USAGE and "feather" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_undetectable_source(tmp_path):

@@ -1,0 +1,108 @@
+"""Parquet as Hugging Face ``datasets`` writes it: gpubatch's shards read by ``datasets`` with their features
+(Image, Audio, ClassLabel, objects), a dataset ``datasets`` saved read as a source, every media, and the
+one-line error where pyarrow is missing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpubatch.api import convert, open_dataset
+from tests.helpers import ROOT, content
+
+pytest.importorskip("pyarrow")
+
+
+def _files(path: Path) -> list[str]:
+    return sorted(str(p) for p in path.glob("*.parquet"))
+
+
+def test_shards_in_row_groups_with_huggingface_features(imagenet, tmp_path):
+    import pyarrow.parquet as pq
+
+    s = convert(imagenet, tmp_path / "pq", to="parquet", shard_size=32)
+    assert s.records_out == 60 and [Path(f).name for f in _files(tmp_path / "pq")] == [
+        "data-00000-of-00002.parquet", "data-00001-of-00002.parquet"]
+    f = pq.ParquetFile(_files(tmp_path / "pq")[0])
+    assert [f.metadata.row_group(g).num_rows for g in range(f.metadata.num_row_groups)] == [32]
+    feats = json.loads(f.schema_arrow.metadata[b"huggingface"])["info"]["features"]
+    assert feats["image"] == {"_type": "Image"} and feats["label"]["_type"] == "ClassLabel"
+    assert feats["label"]["names"] == ["bird", "car", "flower", "mountain"]
+    convert(tmp_path / "pq", tmp_path / "back", to="folder")
+    assert content(tmp_path / "back") == content(imagenet)
+
+
+def test_huggingface_datasets_reads_what_gpubatch_wrote(imagenet, coco, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    convert(imagenet, tmp_path / "pq", to="parquet", shard_size=25)
+    ds = datasets.load_dataset("parquet", data_files=_files(tmp_path / "pq"), split="train")
+    assert isinstance(ds.features["image"], datasets.Image) and ds.features["label"].names == [
+        "bird", "car", "flower", "mountain"]
+    with open_dataset(imagenet) as src:
+        truth = {r.key: (r.label, r.data) for r in src}
+    assert ds[0]["image"].size[0] > 0  # (decoded by datasets, as PIL images)
+    for row in ds.cast_column("image", datasets.Image(decode=False)):
+        label, data = truth[row["key"]]
+        assert row["label"] == label and row["image"]["bytes"] == data
+    convert(coco, tmp_path / "det", to="parquet")
+    det = datasets.load_dataset("parquet", data_files=_files(tmp_path / "det"), split="train")
+    cats = det.features["objects"]["category"].feature.names
+    doc = json.loads(next(coco.rglob("*.json")).read_text())
+    assert cats == [c["name"] for c in sorted(doc["categories"], key=lambda c: c["id"])]
+    assert sum(len(r["objects"]["bbox"]) for r in det) == len(doc["annotations"])
+
+
+def test_a_dataset_huggingface_saved_is_a_source(imagenet, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    files = sorted(imagenet.rglob("*.jpg"))[:10]
+    names = ["bird", "car", "flower", "mountain"]
+    ds = datasets.Dataset.from_dict(
+        {"image": [str(f) for f in files], "label": [names.index(f.parent.name) for f in files]},
+        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=names)}))
+    out = tmp_path / "hub" / "data"
+    out.mkdir(parents=True)
+    ds.to_parquet(str(out / "train-00000-of-00001.parquet"))
+    s = convert(tmp_path / "hub", tmp_path / "folder", to="folder")
+    assert s.src_format == "parquet" and s.records_out == 10
+    got = sorted(p.relative_to(tmp_path / "folder").parts[0] for p in (tmp_path / "folder").rglob("*.jpg"))
+    assert got == sorted(f.parent.name for f in files)
+    with open_dataset(tmp_path / "hub") as r:
+        assert list(r.info().classes) == names
+        assert {x.data for x in r} == {f.read_bytes() for f in files}  # (bytes passed through untouched)
+
+
+def test_audio_and_boxes_round_trip(coco, tmp_path):
+    from tests.audio.sounds import speech_commands
+
+    root = speech_commands(tmp_path / "sc")
+    convert(root, tmp_path / "apq", to="parquet", device="cpu")
+    with open_dataset(tmp_path / "apq") as r:
+        assert r.media == "audio" and len(r) == 6 and {x.codec for x in r} == {"wav"}
+    convert(tmp_path / "apq", tmp_path / "aback", to="audio", device="cpu")
+    assert len(list((tmp_path / "aback").rglob("*.wav"))) == 6
+    convert(coco, tmp_path / "bpq", to="parquet")
+    convert(tmp_path / "bpq", tmp_path / "bcoco", to="coco")
+
+    def boxes(path):
+        with open_dataset(path) as r:
+            return {x.data: x.boxes for x in r}
+
+    a, b = boxes(coco), boxes(tmp_path / "bcoco")
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k].xyxy, b[k].xyxy, atol=0.02)
+        assert a[k].labels.tolist() == b[k].labels.tolist()
+
+
+def test_without_pyarrow_the_error_names_the_extra(imagenet, tmp_path):
+    code = ("import sys; sys.modules['pyarrow'] = None\n"
+            "from gpubatch.api import convert\n"
+            f"convert({str(imagenet)!r}, {str(tmp_path / 'o')!r}, to='parquet')\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "pip install 'gpubatch[parquet]'" in p.stderr
+    assert not (tmp_path / "o").exists()
