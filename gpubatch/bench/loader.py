@@ -81,7 +81,7 @@ def _shards(data: str, suffix: str) -> tuple[list[str], list[str]]:
 
 
 def run_dali_reader(a: dict) -> dict:
-    from .contenders import dali_chain
+    from .dali_ops import dali_chain
 
     try:
         from nvidia.dali import fn, pipeline_def, types

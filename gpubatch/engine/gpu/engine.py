@@ -218,11 +218,8 @@ class GpuEngine:
         batch of ``batch`` needs; with ``regions``, the hardware engine's region calls too), the resample
         kernels' load and, with ``encoder``, the JPEG encoder's first use. Returns the seconds it took."""
         from ..kernels import kernel
-        from .start import kernels_ready
-
         t0 = time.perf_counter()
         self.decoder.warm_up(batch, regions)
-        kernels_ready(self.device.index)  # (the modules the worker's start compiles, where it did)
         for tag, layout in (("u8", "hwc"), ("f16", "chw")):  # compiled (or read from CuPy's cache) and loaded
             kernel("resample", f"resample_{tag}_{layout}")
         if encoder:

@@ -195,11 +195,13 @@ class GpuImageUnit:
                 # the hardware decoder's buffers reserved for a batch of 640x640 images up front (the worker study)
                 engine = make_engine((batch, settings.hw_preallocate, settings.hw_preallocate))
                 gpu_init = time.perf_counter() - t0
+                start.kernels_ready(gpu)  # (the kernels its start compiles in threads: loaded once)
                 warm = engine.warm_up(batch, encoder=True)  # while the reader processes start and read
                 feed, feed_start = starting.result()
             else:
                 engine = make_engine(None)
                 gpu_init = time.perf_counter() - t0
+                start.kernels_ready(gpu)
                 warm = engine.warm_up(16, encoder=True)  # a small batch: its buffers come before the cap is planned
                 fixed, parts = engine.fixed_memory()
                 need = gm.sample_need(reader.read, entries, plan)
