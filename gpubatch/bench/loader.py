@@ -31,7 +31,8 @@ def dataset_source(data: Path) -> dict[str, Any] | None:
     manifest = read_manifest(Path(data)) if Path(data).is_dir() else None
     if not manifest or "format" not in manifest:
         return None
-    return {"path": str(data), "kind": "dataset", "format": manifest["format"], "images": int(manifest.get("records", 0))}
+    return {"path": str(data), "kind": f"a {manifest['format']} dataset gpubatch wrote", "format": manifest["format"],
+            "images": int(manifest.get("records", 0)), "what": "records"}
 
 
 def run_loader_contender(a: dict) -> dict:

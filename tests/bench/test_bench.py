@@ -151,7 +151,8 @@ def test_a_dataset_gpubatch_wrote_benches_its_loader_against_the_format_s_reader
                 "--device", "cpu", "--json", tmp_path / "r.json", "--report", tmp_path / "r.html")
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "r.json").read_text())
-    assert res["data"]["kind"] == "dataset" and res["data"]["format"] == "webdataset" and res["data"]["images"] == 60
+    assert res["data"]["kind"] == "a webdataset dataset gpubatch wrote" and res["data"]["format"] == "webdataset"
+    assert res["data"]["images"] == 60 and "data: 60 records (a webdataset dataset gpubatch wrote)" in r.stdout + r.stderr
     for chain in ("train", "val"):
         got = res["results"][chain]
         assert set(got) == {"gpubatch-loader", "gpubatch-loader-cpu", "dali-reader", "webdataset-dataloader"}
