@@ -20,7 +20,7 @@ from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
 from . import register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer, image_size
-from .folder import safe_component
+from .folder import free_name, safe_component
 
 #: the largest annotation read (a VOC XML is a few kilobytes)
 MAX_XML_BYTES = 1 << 20
@@ -173,11 +173,8 @@ class VocWriter(Writer):
         self._taken: set[str] = set()
 
     def write(self, record: Record) -> None:
-        stem = safe_component(record.key.replace("/", "_"))
-        n, base = 1, stem
-        while stem.casefold() in self._taken:
-            stem, n = f"{base}_{n}", n + 1
-        self._taken.add(stem.casefold())
+        # (an image's annotation is <stem>.xml whatever its extension: the stems are made unique)
+        stem = free_name(f"{safe_component(record.key.replace('/', '_'))}.xml", self._taken, ())[:-4]
         ext = record.filename.rsplit(".", 1)[-1] if "." in record.filename else "jpg"
         name = f"{stem}.{ext}"
         (self.root / "JPEGImages" / name).write_bytes(record.data)

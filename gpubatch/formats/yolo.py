@@ -20,7 +20,7 @@ from ..errors import FormatError
 from ..types import IMAGE_EXTENSIONS, Boxes, DatasetInfo, Record, sniff_image_codec
 from . import register_format
 from .base import Format, Reader, WriteOptions, Writer, image_size
-from .folder import safe_component
+from .folder import free_name, safe_component
 
 #: the largest label file or YAML read
 MAX_TEXT_BYTES = 8 << 20
@@ -168,12 +168,9 @@ class YoloWriter(Writer):
         return self.cats.index(cat)
 
     def write(self, record: Record) -> None:
-        rel = "/".join(safe_component(p) for p in record.key.split("/"))
+        # (an image's labels are <rel>.txt whatever its extension: the paths are made unique)
+        rel = free_name("/".join(safe_component(p) for p in record.key.split("/")) + ".txt", self._taken, ())[:-4]
         ext = record.filename.rsplit(".", 1)[-1] if "." in record.filename else "jpg"
-        n, base = 1, rel
-        while rel.casefold() in self._taken:
-            rel, n = f"{base}_{n}", n + 1
-        self._taken.add(rel.casefold())
         img = self.root / "images" / f"{rel}.{ext}"
         img.parent.mkdir(parents=True, exist_ok=True)
         img.write_bytes(record.data)

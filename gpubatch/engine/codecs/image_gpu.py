@@ -108,13 +108,18 @@ def _post(sink: Any, msg: tuple) -> None:
         res.feed.put(msg)
 
 
+def instances_for(route: str, settings: Settings) -> int:
+    """The hardware-engine instances a decoder on ``route`` makes at its start: one per common kind on the
+    hardware route, :attr:`GpuImageDecoder.HW_INSTANCES` otherwise (``settings.hw_instances`` where set)."""
+    return settings.hw_instances or (settings.hw_only_instances if route == "hardware" else GpuImageDecoder.HW_INSTANCES)
+
+
 def hardware_instances(settings: Settings) -> int:
     """The hardware engine's direct-path instances a decoder of ``settings`` makes at its start (0 where
     it makes none: the Python binding, or the direct path turned off)."""
     if settings.decode_api != "c" or not settings.hw_direct or settings.decode_route == "cuda":
         return 0
-    hw_only = settings.decode_route == "hardware"
-    return settings.hw_instances or (settings.hw_only_instances if hw_only else GpuImageDecoder.HW_INSTANCES)
+    return instances_for(settings.decode_route, settings)
 
 
 class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
@@ -196,8 +201,7 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
         self.hw_cs: list[Any] = []
         self.hw_direct: list[Any] = []  # nvjpeg_hw.HwBatchDecoder instances (the C API's hardware path)
         self.route = choose_route(route, cores, 1, st)[0] if hw_decoder else "cuda"
-        hw_only = self.route == "hardware"
-        hw_instances = hw_instances or st.hw_instances or (st.hw_only_instances if hw_only else self.HW_INSTANCES)
+        hw_instances = hw_instances or instances_for(self.route, st)
         # the instances a call picks from first; those past them are spares, taken only where none of
         # the first has the call's kind (the split route, after the hardware route added them: _follow)
         self._hw_first = hw_instances
@@ -231,7 +235,7 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
             self.params = self.nic.DecodeParams(apply_exif_orientation=True, color_spec=self.nic.ColorSpec.SRGB,
                                                 allow_any_depth=False)
         if cuda_share is None:
-            cuda_share = 0.0 if hw_only else st.cuda_share
+            cuda_share = 0.0 if self.route == "hardware" else st.cuda_share
         self.cuda_share = cuda_share if hw_decoder else 1.0
         if not (self.hw or self.hw_cs or self.hw_direct):
             self.route = "cuda"  # (no hardware engine here)
