@@ -194,32 +194,38 @@ def _samples(s: int, tar: Path, members: list[tuple[str, int, int, int]],
     return out
 
 
-def _index_samples(tar: Path) -> list[tuple[str, int]] | None:
-    """(key, offset of its first member's data) of every sample the DALI index beside ``tar`` lists
-    (``v1.2 N`` then ``ext offset size name ...`` a sample, or v1.1's ``ext offset size ...`` without
-    names, keyed by offset), or None where there is no readable index."""
+def _index_rows(tar: Path) -> tuple[int, list[list[str]]] | None:
+    """The DALI index beside ``tar``: (fields a member, each sample's fields), ``v1.2 N`` then ``ext offset
+    size name ...`` a sample (4 a member), or v1.1's ``ext offset size ...`` (3); None where there is no
+    readable index, or its header's count or a line's fields do not add up."""
     idx = tar.with_suffix(".idx")
-    if not idx.is_file():
-        return None
     try:
         lines = read_regular(idx, 1 << 30).decode("utf-8").splitlines()
         head = lines[0].split()
         width = 4 if head[0] == "v1.2" else 3 if head[0] == "v1.1" else 0
-        if not width or len(head) < 2 or int(head[1]) != len([ln for ln in lines[1:] if ln.strip()]):
+        rows = [parts for parts in (ln.split() for ln in lines[1:]) if parts]
+        if not width or len(head) < 2 or int(head[1]) != len(rows) or any(len(p) % width for p in rows):
             return None
-        out = []
-        for ln in lines[1:]:
-            parts = ln.split()
-            if not parts:
-                continue
-            if len(parts) % width:
-                return None
-            off = int(parts[1])
-            ke = split_member(parts[3]) if width == 4 else None
-            out.append((ke[0] if ke else f"{tar.name}@{off}", off))
-        return out
+        return width, rows
     except (OSError, ValueError, IndexError, UnicodeError):
         return None
+
+
+def _index_samples(tar: Path) -> list[tuple[str, int]] | None:
+    """(key, offset of its first member's data) of every sample the DALI index beside ``tar`` lists (v1.1's
+    samples, which name no member, keyed by offset), or None where there is no readable index."""
+    found = _index_rows(tar)
+    if found is None:
+        return None
+    width, rows = found
+    out = []
+    try:
+        for p in rows:
+            ke = split_member(p[3]) if width == 4 else None
+            out.append((ke[0] if ke else f"{tar.name}@{int(p[1])}", int(p[1])))
+    except ValueError:
+        return None
+    return out
 
 
 def _not_found(tar: Path, found: list, members: list[tuple[str, int, int, int]]) -> list[tuple[str, str]]:
@@ -242,31 +248,26 @@ def indexed_samples(tar: Path, fd: int) -> list[tuple[int, str, tuple]] | None:
     index cannot stand for the shard: none, older than the tar, unreadable, a sample whose members do not
     share its key, members that run past the tar's end or leave more than its end-of-archive padding after
     them, or a first or last member whose header does not name it."""
-    idx = tar.with_suffix(".idx")
     try:
-        st, ist = os.fstat(fd), idx.stat()
-        if ist.st_mtime < os.stat(tar).st_mtime:
+        st = os.fstat(fd)
+        if tar.with_suffix(".idx").stat().st_mtime < os.stat(tar).st_mtime:
             return None
-        lines = read_regular(idx, 1 << 30).decode("utf-8").split("\n")
-        head = lines[0].split(" ")
-        if head[0] != "v1.2" or len(head) != 2:
-            return None
-        rows = [ln for ln in lines[1:] if ln]
-        if int(head[1]) != len(rows):
-            return None
-        out: list[tuple[int, str, tuple]] = []
-        end = 0
-        for ln in rows:
-            parts = ln.split(" ")
-            if len(parts) % 4:
-                return None
+    except OSError:
+        return None
+    found = _index_rows(tar)
+    if found is None or found[0] != 4:
+        return None
+    out: list[tuple[int, str, tuple]] = []
+    end = 0
+    try:
+        for parts in found[1]:
             members = tuple((parts[k], int(parts[k + 1]), int(parts[k + 2]), parts[k + 3]) for k in range(0, len(parts), 4))
             key = members[0][3][: -len(members[0][0]) - 1]
             if any(name != f"{key}.{ext}" for ext, _, _, name in members):
                 return None
             end = max(end, max(off + size for _, off, size, _ in members))
             out.append((0, key, members))
-    except (OSError, ValueError, IndexError, UnicodeError):
+    except ValueError:
         return None
     padded = end + -end % _BLOCK
     if not out or not 2 * _BLOCK <= st.st_size - padded < 2 * _BLOCK + 20 * _BLOCK:  # (the end: 2 zero blocks, a record's padding)
