@@ -304,15 +304,9 @@ class Loader(_base()):  # type: ignore[misc]
 
     def _read(self, rows: np.ndarray) -> tuple[list[Any], list[dict[str, str]]]:
         """The records of a batch's rows, and those that could not be read (left out, with their labels)."""
-        records, failed = [], []
-        for i in rows.tolist():
-            entry = self._entries[i]
-            try:
-                records.append(self._reader.read(entry))
-            except Exception as e:  # noqa: BLE001 - a record that cannot be read: left out, with its label
-                key, origin = self._reader.where(entry) if hasattr(self._reader, "where") else (str(entry), "")
-                failed.append({"key": str(key), "origin": str(origin), "reason": f"read: {e}"})
-        return records, failed
+        from .engine.run import read_rows
+
+        return read_rows(self._reader, [self._entries[i] for i in rows.tolist()])
 
     def _batch(self, got: tuple[list[Any], list[dict[str, str]]], decoded: Any = None) -> tuple[Any, ...]:
         """A batch's tuple from its records (``decoded``: their images' batch, where decoded already)."""

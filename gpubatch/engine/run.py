@@ -79,6 +79,18 @@ def read_counted(reader: RecordSource, entry: Any, stats: RunStats) -> Record | 
     return record
 
 
+def read_rows(reader: RecordSource, entries: Any) -> tuple[list[Record], list[dict[str, str]]]:
+    """The records of ``entries`` that read, and each other one's (key, origin, reason): a training batch's
+    reads, where a record that cannot be read is left out (its label with it) and named."""
+    records, failed = [], []
+    for entry in entries:
+        try:
+            records.append(reader.read(entry))
+        except RecordError as e:
+            failed.append({"key": e.key, "origin": e.origin, "reason": f"read: {e.reason}"})
+    return records, failed
+
+
 def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
                size: tuple[int, int] | None = None) -> list[Record | RecordError | Job]:
     """What ``record`` becomes under ``plan``, in output order: records that pass through untouched

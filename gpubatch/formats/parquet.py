@@ -10,7 +10,9 @@
   rest gpubatch keeps (``iscrowd``, segmentation polygons and masks, keypoints).
 - ``key`` (string) and ``meta`` (JSON text: what else gpubatch keeps of the record).
 
-Row groups hold at most :data:`ROW_GROUP` records, so a reader streams a shard a group at a time. A dataset
+Row groups hold at most :data:`ROW_GROUP` records, so a reader streams a shard a group at a time: reading a
+record reads its row group, kept until another group of that file is asked for. Reads in order (``convert``,
+``info``) read each group once; a shuffled training loader reads a whole group for each record. A dataset
 saved by ``datasets`` (``to_parquet``, ``push_to_hub``'s ``data/train-00000-of-00001.parquet``) is read the
 same way (an image kept as a local path only, as ``to_parquet`` keeps files, is read from that path): its media column is the first ``Image``, ``Audio`` or ``Video`` feature (else the first struct
 column of ``bytes``), its label the first ``ClassLabel``. pyarrow is the ``[parquet]`` extra.
@@ -27,7 +29,7 @@ from .._paths import read_regular, source_files
 from ..errors import DependencyError, FormatError
 from ..types import Boxes, DatasetInfo, Media, Record, sniff_image_codec
 from . import register_format
-from .base import Format, Reader, WriteOptions, image_size
+from .base import Format, Reader, WriteOptions
 from .sinks import ShardFile, ShardSink
 
 #: records a row group holds at most (as ``datasets`` writes media: small groups stream)
@@ -241,7 +243,7 @@ class ParquetSink(ShardSink):
         self.writer: Any = None
         self.media: str | None = None
         self._cats = sorted(int(c["id"]) for c in info.categories)
-        self.boxes = False
+        self.boxes = bool(info.categories)  # (an objects column: every shard alike where the dataset has categories)
 
     def _schema(self, media: str, boxes: bool) -> Any:
         pa = self.pa
@@ -270,7 +272,7 @@ class ParquetSink(ShardSink):
         media = str(getattr(record.media, "value", record.media))
         if self.media is None:
             self.media = media
-            self.boxes = bool(self.info.categories) or record.boxes is not None
+            self.boxes = self.boxes or record.boxes is not None
         elif media != self.media:
             raise ValueError(f"a {media} record in a shard of {self.media} records")
         row: dict[str, Any] = {"key": record.key, media: {"bytes": bytes(record.data), "path": record.filename},
@@ -290,37 +292,33 @@ class ParquetSink(ShardSink):
                               "fields": [json.dumps({**dict(b.extra[k] if k < len(b.extra) else {}),
                                                      "iscrowd": int(b.iscrowd[k])}, sort_keys=True, default=str)
                                          for k in range(n)]}
-            image_size(record)  # (a box's image must be readable: raises nothing, gives its size)
         self.rows.append(row)
         self.count += 1
         self.bytes += len(record.data)
         if len(self.rows) >= ROW_GROUP:
             self._flush()
 
-    def _flush(self) -> None:
-        if not self.rows:
-            return
-        pa = self.pa
+    def _writer(self) -> Any:
+        """The shard's Parquet writer, made with its first rows (their media and boxes set its schema)."""
         if self.writer is None:
+            pa = self.pa
             self.schema = self._schema(self.media or "image", self.boxes)
             self.writer = pa.parquet.ParquetWriter(pa.PythonFile(_Out(self.file), mode="w"), self.schema,
                                                    compression="none")
-        self.writer.write_table(pa.Table.from_pylist(self.rows, schema=self.schema), row_group_size=ROW_GROUP)
-        self.rows = []
+        return self.writer
+
+    def _flush(self) -> None:
+        if self.rows:
+            self._writer().write_table(self.pa.Table.from_pylist(self.rows, schema=self.schema),
+                                       row_group_size=ROW_GROUP)
+            self.rows = []
 
     def _close(self) -> dict[str, Any]:
         self._flush()
-        if self.writer is None:  # (a shard of no records: an empty table of the media's schema)
-            self.schema = self._schema(self.media or "image", bool(self.info.categories))
-            self.writer = self.pyarrow_writer_for_empty()
-        self.writer.close()
+        if not self.count:  # (a shard of no records: an empty table of the schema)
+            self._writer().write_table(self.schema.empty_table())
+        self._writer().close()
         return {"samples": self.count}
-
-    def pyarrow_writer_for_empty(self) -> Any:
-        pa = self.pa
-        w = pa.parquet.ParquetWriter(pa.PythonFile(_Out(self.file), mode="w"), self.schema)
-        w.write_table(self.schema.empty_table())
-        return w
 
 
 @register_format

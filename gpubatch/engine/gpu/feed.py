@@ -32,7 +32,7 @@ from typing import Any
 from ...types import Record
 from ..plan import Plan
 from ..processes import die_with_parent, started_pool
-from ..run import Job, RecordSource, outputs_of, read_counted
+from ..run import Job, RecordSource, outputs_of, read_counted, read_rows
 
 SLOT_BYTES = 64 << 20  # one batch's encoded bytes by default (Settings.feed_slot_bytes); more comes back pickled
 _W: dict[str, Any] = {}
@@ -539,14 +539,9 @@ def _read_loader(slot: int, entries: list[Any], epoch: int) -> tuple[tuple, Load
     plan: Plan = _W["plan"]
     reader = _W["reader"]
     out = _Slot(slot)
-    keys, sizes, params, headers, rows, failed = [], [], [], [], [], []
-    for entry in entries:
-        try:
-            r = reader.read(entry)
-        except Exception as e:  # noqa: BLE001 - a record that cannot be read: left out, with its label
-            key, origin = reader.where(entry) if hasattr(reader, "where") else (str(entry), "")
-            failed.append({"key": str(key), "origin": str(origin), "reason": f"read: {e}"})
-            continue
+    keys, sizes, params, headers, rows = [], [], [], [], []
+    records, failed = read_rows(reader, entries)
+    for r in records:
         out.put(r.data)
         head = bytes(r.data[:65536])
         hw = jpeg_display_size(head)
@@ -578,6 +573,7 @@ class LoaderFeed(Feed):
                  slot_bytes: int = SLOT_BYTES):
         self.entries: list[Any] = []
         self.epoch = 0
+        self._inflight: list[Future] = []  # reads submitted and perhaps not done (an epoch stopped early)
         super().__init__([], plan, workers, depth, False, slot_bytes, True, opener)
 
     def epoch_of(self, entries: Sequence[Any], spans: list[tuple[int, int]], epoch: int) -> LoaderFeed:
@@ -589,8 +585,6 @@ class LoaderFeed(Feed):
         self._inflight = []
         self.entries, self.spans, self.epoch = list(entries), spans, int(epoch)
         return self
-
-    _inflight: list[Future] = []
 
     def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
         fut = self.pool.submit(_read_loader, slot, self.entries[a:b], self.epoch)
