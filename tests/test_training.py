@@ -248,3 +248,39 @@ def test_a_record_s_random_draws_follow_its_key_not_its_rank_or_batch(wds):
     other.set_epoch(4)
     later = {k: np.asarray(img) for keys, images in other for k, img in zip(keys, np.asarray(images))}
     assert any(not np.array_equal(later[k], alone[k]) for k in alone)  # (another epoch, other draws)
+
+
+def test_the_gpu_loader_s_reader_processes_hand_over_each_batch_s_records(wds):
+    """LoaderFeed (the GPU path's reads, run here without a GPU): the batches of the spans asked for, each
+    record's bytes in shared memory with its key, label and drawn parameters, epoch after epoch in the same
+    processes; a record that cannot be read is named, not handed over."""
+    import functools
+
+    from gpubatch.engine.gpu.feed import LoaderFeed
+    from gpubatch.engine.plan import Plan
+    from gpubatch.formats import open_reader
+    from gpubatch.formats.base import Damaged
+
+    with open_reader(wds) as reader:
+        entries = reader.entries()
+        truth = {reader.read(e).key: reader.read(e) for e in entries}
+    plan = Plan(ops=tuple(__import__("gpubatch.engine.spec", fromlist=["x"]).parse_chain(
+        "random_resized_crop(size=24)")), seed=2)
+    feed = LoaderFeed(functools.partial(open_reader, wds, None), plan, workers=2, depth=3)
+    try:
+        for epoch in (0, 1):
+            order = entries[::-1] + [Damaged("gone", "nowhere", "cut short")]
+            spans = [(a, min(a + 8, len(order))) for a in range(0, len(order), 8)]
+            keys, failed = [], []
+            for fed in feed.epoch_of(order, spans, epoch):  # (a batch's slot is the feed's again once done)
+                for blob, key, row, params, hw in zip(fed.blobs, fed.keys, fed.rows, fed.params, fed.sizes):
+                    assert bytes(blob) == truth[key].data and row["label"] == truth[key].label
+                    # (drawn for the header's size; a PNG's is known after decode, and drawn there)
+                    assert params == (plan.draw(key, *hw, epoch=epoch) if hw is not None else None)
+                keys += fed.keys
+                failed += fed.failed
+                fed.done()
+            assert keys == list(truth)[::-1]
+            assert failed == [{"key": "gone", "origin": "nowhere", "reason": "read: cut short"}]
+    finally:
+        feed.close()
