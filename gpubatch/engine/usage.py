@@ -21,14 +21,12 @@ START_SHARE = 0.3
 
 
 def _cpu_times() -> tuple[int, int] | None:
-    """(busy, total) jiffies of all cores since boot, or None off Linux."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
+    """(busy, total) clock ticks of all cores since boot (:func:`~.gpu.affinity.cpu_ticks`; time the
+    hypervisor gave to other machines counts as not busy), or None off Linux."""
+    from .gpu.affinity import cpu_ticks
+
+    t = cpu_ticks()
+    return None if t is None else (t[0], sum(t))
 
 
 class Usage:
