@@ -144,4 +144,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except BrokenPipeError:
         sys.exit(ExitCode.OK)
+    except RuntimeError as e:  # Python wraps what a class's creation raised: a Ctrl-C while a module loads
+        cause = e.__cause__
+        if not isinstance(cause, KeyboardInterrupt):  # (Terminated is one)
+            raise
+        terminated = isinstance(cause, Terminated)
+        click.echo(f"{'terminated' if terminated else 'interrupted'}: nothing was written to the destination", err=True)
+        sys.exit(ExitCode.TERMINATED if terminated else ExitCode.INTERRUPTED)
     sys.exit(ExitCode.OK)
