@@ -166,8 +166,9 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
         for message in reader.warnings:
             stats.warn(message)
         reads_without_scan = getattr(reader, "reads_without_scan", True)
+    shared = getattr(req, "num_parts", None) is not None or getattr(req, "executor", "local") == "ray"
     options = WriteOptions(shard_size=req.shard_size or 0, name=req.name, source=str(src_path),
-                           extra={"layout": req.layout})
+                           extra={"layout": req.layout, "shared_stage": shared})  # (workers on several machines)
     per_shard = inputs_per_shard(len(entries), req.shard_size, _outputs_per_input(plan, fmt), str(plan.media))
     tasks = plan_shards(entries, per_shard, lambda n: fmt.shard_names(n, options))
     print_ = fingerprint(run, src_path, src_format, entries, device, tasks)

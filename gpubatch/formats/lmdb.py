@@ -27,15 +27,13 @@ from .._paths import MAX_RECORD_BYTES, lfs_pointer
 from ..errors import DependencyError, FormatError
 from ..types import DatasetInfo, Media, Record, sniff_image_codec
 from . import fields, register_format
-from .base import OPENCV_AND_DALI_CODECS, Damaged, Format, Reader, WriteOptions, Writer
+from .base import OPENCV_AND_DALI_CODECS, Damaged, Format, Reader, WriteOptions
 from .folder import label_names
 from .manifest import audio_facts as manifest_audio
 from .manifest import read_manifest
 
 MAX_KEY_BYTES = 511
 _LMDB_MAGIC = 0xBEEFC0DE
-COMMIT_EVERY = 1000
-COMMIT_BYTES = 64 << 20
 _KEY_PREFIX = re.compile(rb"^\d{8}_")
 _META_KEY = re.compile(rb"^__\w+__$")  # __len__, __keys__: what PyTorch-style LMDBs keep beside samples
 
@@ -342,70 +340,6 @@ class LmdbReader(Reader):
         os.close(self._size_fd)
 
 
-APPEND_UNTIL = 10**8
-
-
-class LmdbWriter(Writer):
-    def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
-        super().__init__(root, info, options)
-        self.lmdb = _lmdb()
-        self.map_size = 256 << 20
-        try:
-            # meminit: the unused part of a page is zeros, not what the allocator held: the same records are the
-            # same bytes on every run
-            # sync=False: a transaction's commit does not fsync (close syncs the whole file once; the run's
-            # dataset appears at its destination only after that)
-            self.env = self.lmdb.open(str(root), map_size=self.map_size, subdir=True, meminit=True, max_dbs=0,
-                                      sync=False, metasync=False)
-        except self.lmdb.Error as e:
-            raise OSError(f"LMDB: {e}") from None
-        self._batch: list[tuple[bytes, bytes]] = []
-        self._batch_bytes = 0
-
-    def write(self, record: Record) -> None:
-        label = -1 if record.label is None else int(record.label)
-        value = encode_datum(record.data, label)
-        self._batch.append((datum_key(self.count, record.key), value))
-        self._batch_bytes += len(value)
-        self.count += 1
-        self.bytes += len(record.data)
-        if len(self._batch) >= COMMIT_EVERY or self._batch_bytes >= COMMIT_BYTES:
-            self._commit()
-
-    def _commit(self) -> None:
-        while self._batch:
-            try:
-                with self.env.begin(write=True) as txn:
-                    for k, v in self._batch:  # keys ascend with the record's index: appended (full pages, no
-                        # search), as far as 10^8 records, where their 8 digits stop sorting in order
-                        if not txn.put(k, v, overwrite=True, append=self.count <= APPEND_UNTIL):
-                            raise self.lmdb.Error(f"key {k[:40]!r} written twice")
-            except self.lmdb.MapFullError:
-                # As Caffe does: double the map and retry the whole transaction.
-                self.map_size *= 2
-                self.env.set_mapsize(self.map_size)
-                continue
-            except self.lmdb.Error as e:  # a full disk, an I/O error: the run's write error, in one line
-                raise OSError(f"LMDB: {e}") from None
-            self._batch, self._batch_bytes = [], 0
-
-    def between(self) -> None:
-        """The end of a shard (a run's finalize calls it): its records in one transaction of their own."""
-        self._commit()
-
-    def close(self) -> None:
-        try:
-            self._commit()
-            self.env.sync(True)
-        except self.lmdb.Error as e:
-            raise OSError(f"LMDB: {e}") from None
-        finally:
-            self.env.close()
-        lock = self.root / "lock.mdb"
-        if lock.exists():
-            lock.unlink()  # readers open with lock=False; a stale lock file is only clutter
-
-
 def _audio_codec(data: bytes) -> str | None:
     """The codec of a Datum's bytes where they are audio (wav, flac...) or a ``.npy`` of features."""
     if data[:6] == b"\x93NUMPY":
@@ -437,5 +371,13 @@ class LmdbFormat(Format):
         return LmdbReader(path)
 
     @classmethod
-    def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer:
-        return LmdbWriter(root, info, options)
+    def sink(cls, root: Path, task: Any, info: DatasetInfo, options: WriteOptions) -> Any:
+        from .lmdb_sink import LmdbSink
+
+        return LmdbSink(root, task, info, options)
+
+    @classmethod
+    def finalize(cls, root: Path, shards: list[Any], info: DatasetInfo, options: WriteOptions) -> list[str]:
+        from .lmdb_sink import finalize
+
+        return finalize(root, shards)

@@ -124,6 +124,55 @@ def test_a_run_killed_at_20_moments_resumes_to_the_same_bytes_writing_only_what_
     assert resumed_some >= 2  # (kills fell after some shards were committed, and before the end)
 
 
+def test_an_lmdb_run_killed_at_8_moments_resumes_to_the_same_database(photos, tmp_path):
+    """LMDB's workers put their shards into the database in turn: a kill between a shard's transaction and
+    its note, or while shards wait in their spools, resumes to the same file."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def command(src: Path, dst: Path, *more: str) -> list[str]:
+        return [*_command(src, dst, *more)[:6], "--to", "lmdb", *_command(src, dst, *more)[8:]]
+
+    want, took = uninterrupted(command, photos, tmp_path / "whole", env)
+    rng = random.Random(52)
+    for k in range(8):
+        dst = tmp_path / f"k{k}"
+        s, done, total, _ = killed_and_resumed(command, photos, dst, rng.uniform(0.1, 1.1) * took, env)
+        assert digest(dst) == want, f"kill {k}"
+        assert s["records_out"] == 160
+
+
+def test_an_lmdb_transaction_the_run_could_not_note_is_found_in_the_database(imagenet, tmp_path):
+    """A worker killed after its shard's transaction went in, before the database's state noted it: the next
+    worker to take the lock finds the records in the database, and the shard run again adds nothing."""
+    from gpubatch.formats import lmdb_sink
+    from gpubatch.types import DatasetInfo, Record, ShardTask
+
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    records = [Record(key=f"r{i}", data=b"\xff\xd8" + bytes([i]) * 50 + b"\xff\xd9", label=i % 2) for i in range(6)]
+
+    def shard(index: int) -> lmdb_sink.LmdbSink:
+        sink = lmdb_sink.LmdbSink(stage, ShardTask(index, 3 * index, 3 * index + 3, f"part-{index:05d}"),
+                                  DatasetInfo(), None)
+        for r in records[3 * index : 3 * index + 3]:
+            sink.write(r)
+        return sink
+
+    shard(0).commit()
+    state = (stage / ".gpubatch" / "lmdb" / "state.json").read_text()
+    shard(1).commit()
+    (stage / ".gpubatch" / "lmdb" / "state.json").write_text(state)  # as if killed before noting shard 1
+    with lmdb_sink.turn(stage) as t:
+        assert (t.next, t.count) == (2, 6)
+    shard(1).commit()  # the shard run again: in the database already
+    lmdb_sink.finalize(stage, [ShardTask(0, 0, 3, "part-00000"), ShardTask(1, 3, 6, "part-00001")])
+    from gpubatch.formats.lmdb import LmdbReader
+
+    with LmdbReader(stage) as reader:
+        got = [reader.read(e) for e in reader.entries()]
+    assert [(r.key, r.data, r.label) for r in got] == [(r.key, r.data, r.label) for r in records]
+
+
 def test_resume_with_other_options_is_refused_naming_the_difference(imagenet, tmp_path, monkeypatch):
     from gpubatch.formats import webdataset
 
@@ -178,13 +227,13 @@ def test_shards_are_named_before_any_data_moves_and_auto_sizes_them(imagenet, tm
 def test_a_run_stopped_in_its_finalize_resumes_to_the_same_bytes(imagenet, coco, tmp_path, monkeypatch, to):
     """The formats without shards make the dataset in finalize (files moved into place, the LMDB written):
     stopped part way, the resumed run makes it again whole, the same bytes as a run never stopped."""
-    from gpubatch.formats import folder, sinks
+    from gpubatch.formats import folder, lmdb_sink, sinks
 
     src = coco if to == "coco" else imagenet
     whole = tmp_path / "whole"
     convert(src, whole, to=to, shard_size=5, resize_shorter=40, workers=2)
     calls = {"n": 0}
-    real_place, real_spooled = folder.FolderWriter.place, sinks.spooled
+    real_place, real_spooled, real_cut = folder.FolderWriter.place, sinks.spooled, lmdb_sink.needed_bytes
 
     def count() -> None:
         calls["n"] += 1
@@ -200,12 +249,17 @@ def test_a_run_stopped_in_its_finalize_resumes_to_the_same_bytes(imagenet, coco,
             count()
             yield record
 
+    def cut(*a, **kw):  # (LMDB's finalize: the database its workers wrote, cut to its last page and moved)
+        raise KeyboardInterrupt
+
     monkeypatch.setattr(folder.FolderWriter, "place", place)
     monkeypatch.setattr(sinks, "spooled", spooled)
+    monkeypatch.setattr(lmdb_sink, "needed_bytes", cut)
     with pytest.raises(KeyboardInterrupt):
         convert(src, tmp_path / "out", to=to, shard_size=5, resize_shorter=40, workers=2)
     monkeypatch.setattr(folder.FolderWriter, "place", real_place)
     monkeypatch.setattr(sinks, "spooled", real_spooled)
+    monkeypatch.setattr(lmdb_sink, "needed_bytes", real_cut)
     assert (tmp_path / ".out.gpubatch-partial").is_dir() and not (tmp_path / "out").exists()
     s = convert(src, tmp_path / "out", to=to, shard_size=5, resize_shorter=40, workers=2, resume=True)
     assert any(w.startswith("--resume:") for w in s.warnings), s.warnings
