@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
@@ -339,6 +340,24 @@ class FolderReader(Reader):
 
     def where(self, entry: tuple[str, int | None]) -> tuple[str, str]:
         return _strip_ext(entry[0]), str(self.path / entry[0])
+
+    def peek(self, entry: Any, n: int) -> tuple[bytes, int, int | None] | None:
+        """The first ``n`` bytes of ``entry``'s image file, the file's size and the record's label (``info``
+        reads headers so); None where the entry is no regular file (:meth:`read` says why)."""
+        if isinstance(entry, Damaged):
+            return None
+        rel, label = entry
+        try:
+            fd = os.open(safe_join(self._root_text, rel), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except (OSError, ValueError):
+            return None
+        try:
+            st = os.fstat(fd)
+            return (os.pread(fd, n, 0), st.st_size, label) if stat.S_ISREG(st.st_mode) else None
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
     def _read(self, entry: tuple[str, int | None]) -> Record:
         rel, label = entry

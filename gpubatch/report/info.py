@@ -99,16 +99,36 @@ def _disk_bytes(path: Path) -> int:
     return total
 
 
-def _summary(reader: Any, entry: Any) -> tuple:
-    """What ``info`` keeps of one record, light enough to send between processes: (header or
-    RecordError, label, payload bytes, media, boxes, members, has text, features name)."""
-    from ..engine.codecs.headers import probe
-    from ..formats.base import JSON_FIELDS, MEMBERS
-
+def _fetch(reader: Any, entry: Any) -> tuple:
+    """What ``info`` reads of one record (its file's I/O, no parsing): ``(record, bytes)``; or what a reader's
+    ``peek`` gives of an image file, ``(its first HEAD_BYTES bytes, its size, the record's label)``; or
+    the record's RecordError."""
+    peek = getattr(reader, "peek", None)
+    peeked = peek(entry, HEAD_BYTES) if peek is not None else None
+    if peeked is not None:  # an image file's (first bytes, size, label)
+        return peeked
     try:
         rec = reader.read(entry)
     except RecordError as e:
-        return (e, None, 0, None, 0, (), False, None)
+        return (e,)
+    return rec, len(rec.data)
+
+
+def _described(reader: Any, entry: Any, fetched: tuple) -> tuple:
+    """What ``info`` keeps of one record, from what :func:`_fetch` read of it, light enough to send between
+    processes: (header or RecordError, label, payload bytes, media, boxes, members, has text, features)."""
+    from ..engine.codecs.headers import probe
+    from ..formats.base import JSON_FIELDS, MEMBERS
+
+    if len(fetched) == 1:
+        return (fetched[0], None, 0, None, 0, (), False, None)
+    if len(fetched) == 3:  # an image file's first bytes: its header, unless it lies further in
+        head, size, label = fetched
+        try:
+            return (probe(head), label, size, Media.IMAGE, 0, (), False, None)
+        except ValueError:  # (read whole: the reader's own checks, and the probe's error on every byte)
+            return _described(reader, entry, _fetch(_Whole(reader), entry))
+    rec, size = fetched
     try:
         if rec.media is Media.VIDEO:
             from ..engine.codecs.video_probe import probe as probe_video
@@ -126,8 +146,18 @@ def _summary(reader: Any, entry: Any) -> tuple:
         hdr = RecordError(rec.key, rec.origin, "decode", str(e))
     members = tuple(rec.meta.get(MEMBERS) or ()) + ((JSON_FIELDS,) if JSON_FIELDS in rec.meta else ())
     boxes = len(rec.boxes) if rec.boxes is not None else 0
-    return (hdr, rec.label, len(rec.data), rec.media, boxes, members, bool(rec.meta.get("text")),
-            rec.meta.get("features"))
+    return (hdr, rec.label, size, rec.media, boxes, members, bool(rec.meta.get("text")), rec.meta.get("features"))
+
+
+class _Whole:
+    """A reader seen without its ``peek``: records read whole."""
+
+    def __init__(self, reader: Any):
+        self.read = reader.read
+
+
+def _summary(reader: Any, entry: Any) -> tuple:
+    return _described(reader, entry, _fetch(reader, entry))
 
 
 _READER: Any = None
@@ -142,12 +172,16 @@ def _open_in_worker(path: str, fmt: str | None, listed: bool) -> None:
         _READER.entries()
 
 
-def _summaries(chunk: list) -> list[tuple]:
-    return [_summary(_READER, e) for e in chunk]
+def _summaries(chunk: list, reader: Any = None) -> list[tuple]:
+    return [_summary(reader or _READER, e) for e in chunk]
 
 
 #: a process a core reads the headers of a dataset this large (smaller ones: threads of this process)
 PROCESSES_FROM = 4096
+#: what ``info`` reads of an image file first (its header is there, but after a long EXIF or ICC block)
+HEAD_BYTES = 1 << 16
+#: records a thread or a process summarizes at a time (a task a record cost more than the record)
+CHUNK = 32
 
 
 def _summarized(path: Path, fmt: str | None, reader: Any, entries: list, workers: int) -> Any:
@@ -156,7 +190,15 @@ def _summarized(path: Path, fmt: str | None, reader: Any, entries: list, workers
     from ..engine.executor import ordered_map
 
     if len(entries) < PROCESSES_FROM or workers < 4:  # (on 2 cores the processes' start costs more)
-        yield from ordered_map(lambda e: _summary(reader, e), entries, workers)
+        # threads read the files (their waits on the disk overlap), this one parses what they read: the
+        # parsing holds the GIL, and threads that parse too slowed each other (16,384 JPEGs on 2 cores,
+        # page cache warm: 0.9 s against 0.4; cold: 1.4 s with 4 threads reading, 2.6 with none)
+        chunks = [entries[i : i + CHUNK] for i in range(0, len(entries), CHUNK)]
+        threads = min(8, 2 * workers)  # (at most two chunks a thread read ahead: a few MiB of headers)
+        reads = ordered_map(lambda chunk: [_fetch(reader, e) for e in chunk], chunks, threads, window=2 * threads)
+        for chunk, fetched in zip(chunks, reads):
+            for e, f in zip(chunk, fetched):
+                yield _described(reader, e, f)
         return
     from ..engine.processes import started_pool
 

@@ -254,6 +254,38 @@ def test_info_on_every_format(imagenet, tmp_path, fmt):
     assert p.returncode == 0 and "records per class" in p.stderr
 
 
+def test_info_reads_an_image_folder_by_its_headers_with_the_report_of_whole_reads(tmp_path):
+    """``info`` on a folder reads each image file's first bytes: the report equals the one whole reads make,
+    also for a JPEG whose header lies past the first 64 KiB (an EXIF block), a damaged file and a Git LFS
+    pointer named like an image."""
+    from gpubatch.report import info as info_module
+
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "b").mkdir()
+    for i in range(5):
+        (src / "a" / f"{i}.jpg").write_bytes(jpeg_bytes(photo(40 + i, 60, seed=i)))
+    plain = jpeg_bytes(photo(48, 64, seed=9))
+    block = b"\xff\xe1\xff\xff" + b"Exif\x00\x00" + bytes(65_527)  # an APP1 block (65,535 bytes at most: two)
+    (src / "b" / "long-exif.jpg").write_bytes(plain[:2] + block + block + plain[2:])
+    (src / "b" / "cut.jpg").write_bytes(plain[:300])
+    (src / "b" / "lfs.jpg").write_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 123\n")
+    peeked = info_module.describe(src, workers=2).as_dict()
+    from gpubatch.formats.folder import FolderReader
+
+    real = FolderReader.peek
+    try:
+        del FolderReader.peek  # every record read whole, as before readers could peek
+        whole = info_module.describe(src, workers=2).as_dict()
+    finally:
+        FolderReader.peek = real
+    assert peeked == whole
+    assert peeked["records"] == 7 and len(peeked["unreadable"]) == 1  # (a header read says nothing of a cut end)
+    assert "Git LFS pointer" in peeked["unreadable"][0]["reason"]
+    assert peeked["height"] == {"min": 40, "median": 43.0, "mean": 43.7, "max": 48}  # (the long EXIF one's: 48)
+    assert peeked["payload_bytes"] == sum(f.stat().st_size for f in src.rglob("*.jpg") if f.name != "lfs.jpg")
+
+
 def test_info_on_coco(coco):
     p = run_cli("info", coco, "--json")
     r = json.loads(p.stdout)
