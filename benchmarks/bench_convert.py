@@ -18,6 +18,9 @@ Jobs (``--only``; the default is every job the machine can run):
   CPU against ``AudioPipeline`` on the same chain and files.
 - ``video``: ``--frames every:1 --resize-shorter 224`` on --videos 1080p/720p H.264/HEVC clips on the GPU and
   the CPU against gpubatch's own NVDEC decode of the same files (benchmarks/video_decode.py, 4 sessions).
+- ``memory``: pass-through to webdataset of 10,000 and of 100,000 small JPEGs (one file hard-linked over,
+  100 class folders): the peak memory of the whole run (the command's process and its workers, their RSS
+  summed, sampled every 20 ms), and the ratio of the two (target: 100,000 at most 1.2x 10,000).
 - ``gpus``: the GPU transcode on 1, 2, 4... GPUs of the host (``--gpus``; on --big's set with --big), and on
   every GPU through ``--executor ray`` where Ray is installed: the scaling against N x one GPU's rate.
 
@@ -49,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 # as a user's shell runs it: bytecode cached (the untimed first run writes it), whatever this shell says
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-JOBS = ["gpu-transcode", "cpu-transcode", "pass-through", "info", "audio", "video", "gpus"]
+JOBS = ["gpu-transcode", "cpu-transcode", "pass-through", "info", "memory", "audio", "video", "gpus"]
 GPU_JOBS = {"gpu-transcode", "gpus"}
 
 
@@ -328,6 +331,80 @@ def job_info(a, tmp: Path) -> dict:
     return {"files": count_files(data), "seconds": round(res["seconds"], 3), "runs": res["runs"]}
 
 
+def tiny_set(root: Path, n: int) -> Path:
+    """``n`` copies of one small JPEG (hard links) in 100 class folders: many records, little disk."""
+    d = root / f"tiny-{n}"
+    if (d / ".complete").exists():
+        return d
+    shutil.rmtree(d, ignore_errors=True)
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), np.uint8)).save(buf, "JPEG", quality=80)
+    for c in range(100):  # (a file a folder: a file system caps the links to one file, ext4 at 65,000)
+        (d / f"c{c:02d}").mkdir(parents=True)
+        (d / f"c{c:02d}" / "one.jpg").write_bytes(buf.getvalue())
+    for i in range(n):
+        folder = d / f"c{i % 100:02d}"
+        os.link(folder / "one.jpg", folder / f"{i:07d}.jpg")
+    for c in range(100):
+        (d / f"c{c:02d}" / "one.jpg").unlink()
+    (d / ".complete").touch()
+    return d
+
+
+def tree_rss_peak(cmd: list[str]) -> tuple[float, int]:
+    """Run ``cmd``: (seconds, the peak of the RSS summed over it and every process it starts, in bytes),
+    read from /proc every 20 ms."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+    t0, peak = time.perf_counter(), 0
+    while proc.poll() is None:
+        peak = max(peak, _tree_rss(proc.pid))
+        time.sleep(0.02)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+    return seconds, peak
+
+
+def _tree_rss(pid: int) -> int:
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        stack += children.get(p, [])
+        try:
+            rss = next(ln for ln in Path(f"/proc/{p}/status").read_text().splitlines() if ln.startswith("VmRSS:"))
+            total += int(rss.split()[1]) * 1024
+        except (OSError, StopIteration, ValueError):
+            continue
+    return total
+
+
+def job_memory(a, tmp: Path) -> dict:
+    out: dict = {}
+    for n in (10_000, 100_000):
+        data = tiny_set(a.data_root, n)
+        runs = []
+        for _ in range(a.repeats):
+            shutil.rmtree(tmp / "mem", ignore_errors=True)
+            runs.append(tree_rss_peak(gpubatch("convert", str(data), str(tmp / "mem"), "--to", "webdataset")))
+        out[str(n)] = {"peak_mib": [round(r[1] / 2**20, 1) for r in runs], "seconds": [round(r[0], 2) for r in runs],
+                       "median_peak_mib": round(statistics.median(r[1] for r in runs) / 2**20, 1)}
+    out["ratio"] = ratio(out["100000"]["median_peak_mib"], out["10000"]["median_peak_mib"])
+    return out
+
+
 def job_audio(a, tmp: Path) -> dict:
     from gpubatch.synthetic import make_audio_set
 
@@ -416,7 +493,7 @@ print(json.dumps(statistics.median(rates)))
 
 
 RUN = {"gpu-transcode": job_gpu_transcode, "cpu-transcode": job_cpu_transcode, "pass-through": job_pass_through,
-       "info": job_info, "audio": job_audio, "video": job_video, "gpus": job_gpus}
+       "info": job_info, "memory": job_memory, "audio": job_audio, "video": job_video, "gpus": job_gpus}
 
 
 def has_gpu() -> bool:
