@@ -19,7 +19,7 @@ GPU_EXTRA  := $(if $(CUDA_MAJOR),$(if $(filter 12,$(CUDA_MAJOR)),$(COMMA)cu12,$(
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[dev,ray$(GPU_EXTRA)]'  # (setuptools' notes on editable installs)
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -e '.[dev,ray,s3,http$(GPU_EXTRA)]'  # (setuptools' notes on editable installs)
 	@touch $(STAMP)
 
 demo: $(STAMP)  ## run the main job on sample_data/ (GPU when usable, else CPU)

@@ -59,6 +59,69 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
+# --- placeholders: the local files standing for a remote source's files (gpubatch._remote) ---------------
+#
+# A placeholder is known by its modification time's nanoseconds (a stat the reads make anyway) and then its
+# first bytes; the three reads below give a placeholder's remote bytes instead of its own.
+
+PLACEHOLDER_NS = 999_999_937
+PLACEHOLDER_MARK = b"gpubatch: a placeholder of a remote file\n"
+#: the mirrors this process opened (their local root -> the mirror): gpubatch._remote fills it
+MIRRORS: dict[str, object] = {}
+
+
+def is_placeholder(st: os.stat_result, fd: int | None = None) -> bool:
+    """True where ``st`` (and, given its descriptor, the file's first bytes) is a remote file's placeholder."""
+    if st.st_mtime_ns % 1_000_000_000 != PLACEHOLDER_NS or not stat.S_ISREG(st.st_mode):
+        return False
+    if fd is None or st.st_size == 0:
+        return True
+    return os.pread(fd, len(PLACEHOLDER_MARK), 0) == PLACEHOLDER_MARK[: st.st_size]
+
+
+def open_fetched(path: Path | str) -> int:
+    """A read-only descriptor of the file at ``path``; a remote file's placeholder is fetched whole into
+    its place first (a shard read by offset)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    if is_placeholder(os.fstat(fd), fd):
+        os.close(fd)
+        from . import _remote
+
+        _remote.fetch(path)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    return fd
+
+
+def older(a: os.stat_result, b: os.stat_result) -> bool:
+    """Whether the file of ``a`` was modified before the one of ``b``: in whole seconds where either holds
+    a store's time (a remote file's placeholder, or a file fetched from a store: none finer), else to the
+    nanosecond."""
+    coarse = {a.st_mtime_ns % 1_000_000_000, b.st_mtime_ns % 1_000_000_000} & {0, PLACEHOLDER_NS}
+    if coarse:
+        return a.st_mtime_ns // 1_000_000_000 < b.st_mtime_ns // 1_000_000_000
+    return a.st_mtime_ns < b.st_mtime_ns
+
+
+def fetched(path: Path | str) -> Path | str:
+    """``path``, a remote file's placeholder fetched into its place first (for a library that opens the
+    file by its path: pyarrow, LMDB)."""
+    os.close(open_fetched(path))
+    return path
+
+
+def read_range(path: Path | str, offset: int, n: int) -> bytes:
+    """``n`` bytes at ``offset`` of the file at ``path`` (of the remote file where it is a placeholder)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if is_placeholder(os.fstat(fd), fd):
+            from . import _remote
+
+            return _remote.read_range(path, offset, n)
+        return os.pread(fd, n, offset)
+    finally:
+        os.close(fd)
+
+
 def read_regular(path: Path | str, limit: int = MAX_RECORD_BYTES) -> bytes:
     """The bytes of the regular file at ``path`` (links followed), at most ``limit`` of them.
 
@@ -74,6 +137,10 @@ def read_regular(path: Path | str, limit: int = MAX_RECORD_BYTES) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{file_kind(st.st_mode)}, not a regular file")
+        if is_placeholder(st, fd):
+            from . import _remote
+
+            return _remote.read_whole(path, limit)
         if st.st_size > limit:
             raise ValueError(f"{st.st_size:,} bytes, above the {limit:,}-byte bound on one record")
         chunks, total = [], 0
@@ -113,8 +180,13 @@ def read_head(path: Path | str, n: int) -> bytes:
     except OSError:
         return b""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return b""
+        if is_placeholder(st, fd):
+            from . import _remote
+
+            return _remote.read_range(path, 0, n)
         return os.pread(fd, n, 0)
     except OSError:
         return b""
@@ -167,16 +239,6 @@ def url_scheme(location: str | Path) -> str | None:
     if m.group("scheme").lower() != "pipe" and "/" not in text[m.end("scheme") :][:3]:
         return None  # ``name:thing`` without a slash is a file name with a colon
     return m.group("scheme").lower()
-
-
-def refuse_url(location: str | Path, role: str) -> None:
-    """A one-line error where a source or destination is a URL: gpubatch reads and writes local paths (a
-    URL must not become a local folder named ``s3:``)."""
-    scheme = url_scheme(location)
-    if scheme is not None:
-        shown = os.fspath(location)
-        raise UsageError(f"{role} {shown!r} is a URL ({scheme}:), and URLs are not supported yet: gpubatch reads and "
-                         f"writes local paths (copy the data to a local folder or a mounted file system first)")
 
 
 def require_source(path: Path) -> None:

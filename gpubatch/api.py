@@ -8,18 +8,45 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ._paths import check_output, refuse_url, require_source, source_root
+from . import _paths
+from ._paths import check_output, require_source, source_root
+from ._remote import local_path as source_path
+from ._remote import redact
 from .engine.device import Device, DeviceKind, resolve_gpus
 from .errors import ErrorPolicy, UsageError, python_messages
 from .formats import get_format, open_reader
 from .formats.base import Reader
 from .runner import PARAMS_FILE, Run, finished
+
+
+def _given(location: str | Path) -> str | Path:
+    """A source as the caller named it: a URL kept as its text (a Path would fold its ``//``)."""
+    from ._remote import is_remote, local_url
+
+    location = local_url(location)
+    return os.fspath(location) if is_remote(location) else Path(location)
+
+
+def destination_path(location: str | Path, fmt: Any, req: Any) -> Path:
+    """The local path a run's staging folder goes beside: for a store's URL (or a ``pipe:`` command), a
+    folder of gpubatch's cache (:mod:`gpubatch._publish`), after the checks of what a store takes."""
+    from ._remote import is_remote, local_url
+
+    location = local_url(location)
+    if not is_remote(location):
+        return Path(location)
+    from ._publish import check, destination
+
+    dest = destination(os.fspath(location))
+    check(dest, fmt, req)
+    return dest.shadow()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,7 +122,7 @@ class ConvertRequest(Placement):
             v = getattr(self, f.name)
             if f.name == "finish" or v is None and f.name in _VIDEO_OPTIONS:
                 continue
-            out[f.name] = str(v) if isinstance(v, Path) else v
+            out[f.name] = str(v) if isinstance(v, Path) else redact(v) if f.name in ("src", "dst") and isinstance(v, str) else v
         return out
 
 
@@ -233,17 +260,14 @@ def convert(
     else:
         if dst is None or to is None:
             raise UsageError("convert needs a source, a destination and a format (to=...)")
-        refuse_url(src, "source")
-        refuse_url(dst, "destination")
-        req = ConvertRequest(src=Path(src), dst=Path(dst), to=to, **options)
-    refuse_url(req.src, "source")
-    refuse_url(req.dst, "destination")
-    if req.resume and not req.overwrite and (done := finished(Path(req.dst), RunSummary)) is not None:
+        req = ConvertRequest(src=_given(src), dst=_given(dst), to=to, **options)
+    if req.resume and not req.overwrite and (done := finished(req.dst, RunSummary)) is not None:
         return done
     from .engine.plan import make_plan
 
     fmt = get_format(req.to)
-    src_path, dst_path = Path(req.src), Path(req.dst)
+    dst_path = destination_path(req.dst, fmt, req)
+    src_path = source_path(req.src)
     require_source(src_path)
     if req.shard_size is not None and req.shard_size < 1:
         raise UsageError(f"--shard-size must be >= 1, got {req.shard_size}")
@@ -284,9 +308,15 @@ def _run(req: Any, run: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any
          progress: Callable[[int, int], Callable[[int], None]] | None) -> RunSummary:
     from .runner import execute
 
-    return execute(req, run, src_path, dst_path, fmt, plan, device, policy, progress,
-                   lambda reader: _select(reader, req.limit, getattr(req, "shuffle", False), req.seed), _starts_as,
-                   RunSummary)
+    summary = execute(req, run, src_path, dst_path, fmt, plan, device, policy, progress,
+                      lambda reader: _select(reader, req.limit, getattr(req, "shuffle", False), req.seed), _starts_as,
+                      RunSummary)
+    if _paths.MIRRORS:  # (a remote source: its URLs, not its mirror's paths)
+        from . import _remote
+
+        summary = _remote.shown_in(summary)
+        summary.src = redact(os.fspath(req.src))  # (as the caller named it: a pattern, a pipe: command)
+    return summary
 
 
 def audio_ops(sample_rate: int | None = None, mono: bool = False, duration: float | None = None,
@@ -400,14 +430,9 @@ def augment(
     else:
         if dst is None:
             raise UsageError("augment needs a source and a destination")
-        refuse_url(src, "source")
-        refuse_url(dst, "destination")
-        req = AugmentRequest(src=Path(src), dst=Path(dst), **options)
-    refuse_url(req.src, "source")
-    refuse_url(req.dst, "destination")
-    if req.resume and not req.overwrite and (done := finished(Path(req.dst), RunSummary)) is not None:
+        req = AugmentRequest(src=_given(src), dst=_given(dst), **options)
+    if req.resume and not req.overwrite and (done := finished(req.dst, RunSummary)) is not None:
         return done
-    src_path, dst_path = Path(req.src), Path(req.dst)
     ops = req.chain()  # refused before any data is read
     if req.copies < 1:
         raise UsageError(f"--copies must be >= 1, got {req.copies}")
@@ -416,6 +441,7 @@ def augment(
     policy = ErrorPolicy(req.on_error) if req.on_error in ("skip", "fail") else None
     if policy is None:
         raise UsageError(f"unknown --on-error {req.on_error!r}; supported: skip, fail")
+    src_path = source_path(req.src)
     require_source(src_path)
     to = req.to
     if to is None:
@@ -423,6 +449,7 @@ def augment(
 
         to = req.from_format or detect(src_path).name
     fmt = get_format(to)
+    dst_path = destination_path(req.dst, fmt, req)
     plan = Plan(ops=ops, image_format=req.image_format, quality=req.quality,
                 max_pixels=DEFAULT_MAX_PIXELS if req.max_pixels is None else int(req.max_pixels),
                 min_box_visibility=req.min_box_visibility, seed=req.seed, copies=req.copies,
@@ -459,9 +486,12 @@ def finish(dst: str | Path, *, overwrite: bool = False,
     (refused otherwise, naming the parts or shards missing), writes the dataset-wide files and renames
     the whole into place. The run's command and options come from its journal."""
     from ._paths import staging_folder
+    from ._remote import is_remote
     from .engine.execute.journal import Journal
 
-    refuse_url(dst, "destination")
+    if is_remote(dst):
+        raise UsageError(f"gpubatch finish makes a dataset from the shards parts wrote into a local staging folder; a "
+                         f"run to {redact(os.fspath(dst))} finishes when its command runs again with --resume")
     dst = Path(dst)
     stage = staging_folder(dst)
     journal = Journal(stage)
@@ -481,7 +511,7 @@ def finish(dst: str | Path, *, overwrite: bool = False,
     kw = {k: v for k, v in request.items() if k in names}
     for k in ("src", "dst", "pipeline"):
         if kw.get(k) is not None:
-            kw[k] = Path(kw[k])
+            kw[k] = _given(kw[k])
     if kw.get("resize") is not None:
         kw["resize"] = tuple(kw["resize"])
     kw.update(dst=dst, resume=True, overwrite=overwrite, num_parts=None, part=None, executor="local",
@@ -494,15 +524,17 @@ def finish(dst: str | Path, *, overwrite: bool = False,
 def open_dataset(path: str | Path, fmt: str | None = None) -> Reader:
     """A reader over the dataset at ``path``: iterate it for :class:`~gpubatch.types.Record` values,
     ``len()`` it, ``.info()`` for classes. Use as a context manager to close its files."""
-    refuse_url(path, "source")
-    return open_reader(Path(path), fmt)
+    return open_reader(source_path(path), fmt)
 
 
 @python_messages
 def info(path: str | Path, fmt: str | None = None, workers: int | None = None,
          progress: Callable[[int, int], Callable[[int], None]] | None = None):
     """Describe the dataset at ``path``: a :class:`~gpubatch.report.info.DatasetReport`."""
+    from . import _remote
     from .report.info import describe
 
-    refuse_url(path, "source")
-    return describe(Path(path), fmt, workers, progress)
+    report = describe(source_path(path), fmt, workers, progress)
+    if _paths.MIRRORS:  # (a remote source: its URLs, not its mirror's paths)
+        report = _remote.shown_in(report)
+    return report

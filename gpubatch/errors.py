@@ -222,6 +222,12 @@ def python_messages(fn):
         try:
             return fn(*args, **kwargs)
         except GpubatchError as e:
+            from . import _paths
+
+            if _paths.MIRRORS and e.args and isinstance(e.args[0], str):  # a remote source's URLs, not its mirror's
+                from ._remote import shown
+
+                e.args = (shown(e.args[0]), *e.args[1:])
             if not FROM_CLI.get() and e.args and isinstance(e.args[0], str):
                 e.args = (python_words(e.args[0]), *e.args[1:])
             raise

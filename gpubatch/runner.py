@@ -128,11 +128,12 @@ def fingerprint(run: Run, src_path: Path, src_format: str, entries: list, device
     """What names a run for ``--resume``: the command, the options that shape its output, the source and its
     entries, the device kind (the CPU's and the GPU's JPEG encoders write different bytes), the shards."""
     from . import __version__
+    from ._remote import shown
     from .engine.execute.journal import entries_digest
 
     return {"gpubatch": __version__, "command": run.command,
             "options": {k: v for k, v in run.options.items() if k not in UNSHAPED},
-            "source": {"path": str(src_path.resolve()), "format": src_format, "entries": len(entries),
+            "source": {"path": shown(str(src_path.resolve())), "format": src_format, "entries": len(entries),
                        "digest": entries_digest(entries)},
             "device": "gpu" if device.is_gpu else "cpu", "shards": [t.name for t in tasks][:3] + [len(tasks)]}
 
@@ -167,6 +168,7 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
             stats.warn(message)
         reads_without_scan = getattr(reader, "reads_without_scan", True)
     shared = getattr(req, "num_parts", None) is not None or getattr(req, "executor", "local") == "ray"
+    dest = _destination(req)
     options = WriteOptions(shard_size=req.shard_size or 0, name=req.name, source=str(src_path),
                            extra={"layout": req.layout, "shared_stage": shared})  # (workers on several machines)
     per_shard = inputs_per_shard(len(entries), req.shard_size, _outputs_per_input(plan, fmt), str(plan.media))
@@ -185,12 +187,17 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
              "device_name": device.name, "parts": parts[0] if parts else None}
     if parts is not None:
         stager = shared_stage(dst_path, req.overwrite, stats.warn, claim=_claimer(print_, about, req.overwrite, stats))
+    elif dest is not None:  # a store: the staging folder in gpubatch's cache, each shard uploaded as committed
+        from ._publish import staged
+
+        stager = staged(dest, req.overwrite, stats.warn, resume=_resumer(run, print_, stats),
+                        keep=_keeper(tasks, run.finish))
     else:
         stager = staged_output(dst_path, req.overwrite, stats.warn, resume=_resumer(run, print_, stats),
                                keep=_keeper(tasks, run.finish))
     try:
         with stager as stage:
-            journal = Journal(stage)
+            journal = Journal(stage, dest)
             done = journal.committed(tasks) if journal.exists() else {}
             if not journal.exists():
                 journal.begin(print_, about)
@@ -205,7 +212,7 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
                              sink=functools.partial(_sink, fmt, stage, info, options, geometric), plan=plan,
                              device=device, policy=policy.value, stage=stage, settings=settings,
                              batch_size=req.batch_size, gpu_memory=req.gpu_memory, gpu_procs=1,
-                             reads_without_scan=reads_without_scan, started=t_wall)
+                             reads_without_scan=reads_without_scan, started=t_wall, store=dest)
             strategy = unit_for(ctx)
             if strategy.gpu:  # the unit's processes a GPU (one for audio and video under a cap: their plans')
                 procs = req.gpu_procs or strategy.per_gpu
@@ -232,6 +239,8 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
                 return _part_summary(req, run, src_path, src_format, fmt, device, stats, journal, mine, todo, tasks,
                                      workers, strategy, summary_cls, usage, wall, timings, t_start, stage)
             results = journal.results(tasks)
+            if dest is not None:  # (what finish uploads: the rest)
+                dest.uploaded = {n for r in results for n in r.files}
             t_fin = time.perf_counter()
             summary, extra = _merge(req, run, src_path, src_format, fmt, device, stats, results, tasks, workers,
                                     strategy, summary_cls)
@@ -252,7 +261,7 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
                 **extra,
                 "classes": manifest_classes(info.classes),
                 "categories": [dict(c) for c in info.categories],
-                "source": {"path": str(src_path.resolve()), "format": src_format},
+                "source": {"path": _shown(str(src_path.resolve())), "format": src_format},
                 **run.manifest,
                 "device": str(device),
                 "errors": summary.skipped,
@@ -265,16 +274,22 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
     return summary
 
 
-def finished(dst: Path, summary_cls: Any) -> Any:
+def finished(dst: Path | str, summary_cls: Any) -> Any:
     """``--resume`` where the run already finished (DST is there, written by gpubatch, and no interrupted
-    run's staging folder is beside it): its summary from its manifest, with a warning that says so; None
-    otherwise."""
+    run's staging folder is beside it; in a store: its manifest is there): its summary from its manifest,
+    with a warning that says so; None otherwise."""
     from ._paths import STAGING_MARK
+    from ._remote import is_remote
     from .formats.manifest import read_manifest
 
-    dst = Path(dst)
-    stage = dst.parent / f".{dst.name}{STAGING_MARK.rstrip('-')}"
-    m = read_manifest(dst) if dst.is_dir() and not stage.exists() else None
+    if is_remote(dst):
+        from ._publish import destination
+
+        m = destination(str(dst)).manifest()
+    else:
+        dst = Path(dst)
+        stage = dst.parent / f".{dst.name}{STAGING_MARK.rstrip('-')}"
+        m = read_manifest(dst) if dst.is_dir() and not stage.exists() else None
     if not m or not isinstance(m.get("records"), int):
         return None
     src = m.get("source") if isinstance(m.get("source"), dict) else {}
@@ -286,6 +301,23 @@ def finished(dst: Path, summary_cls: Any) -> Any:
                        warnings=[f"--resume: {dst} is complete already (written {m.get('created', '')}): nothing "
                                  f"to write"], shards=len((m.get("run") or {}).get("files") or ()) and
                        int((m.get("run") or {}).get("shards") or 0))
+
+
+def _destination(req: Any) -> Any:
+    """The store a run writes to (gpubatch._publish), or None for a local destination."""
+    from ._remote import is_remote
+
+    if not is_remote(req.dst):
+        return None
+    from ._publish import destination
+
+    return destination(str(req.dst))
+
+
+def _shown(text: str) -> str:
+    from ._remote import shown
+
+    return shown(text)
 
 
 def _outputs_per_input(plan: Any, fmt: Any) -> float:

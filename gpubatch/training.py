@@ -133,7 +133,9 @@ class Loader(_base()):  # type: ignore[misc]
         rank, world_size = given if rank is not None else (_distributed() or (0, 1))
         if not 0 <= rank < world_size:
             raise UsageError(f"rank {rank} of world_size {world_size}: give 0 <= rank < world_size")
-        self.path, self.fmt, self.keys = Path(path), fmt, tuple(keys)
+        from ._remote import local_path
+
+        self.path, self.fmt, self.keys = local_path(path), fmt, tuple(keys)  # (a URL: its mirror)
         self.batch_size, self.shuffle, self.seed, self.drop_last = int(batch_size), bool(shuffle), int(seed), drop_last
         self.rank, self.world_size = int(rank), int(world_size)
         self.device, self.gpu = device, gpu

@@ -5,7 +5,7 @@ included), so the engine stays usable without the formats, and the command line 
     api, runner, report      the run and what it says
     pipelines, formats       training pipelines; dataset formats
     engine                   plans, ops, codecs, the GPU engine, the execution layer
-    types, errors, _paths, _commit, synthetic
+    types, errors, _paths, _commit, _remote, _publish, synthetic
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ FORBIDDEN = {
     "gpubatch.report": ("gpubatch.cli", "gpubatch.bench"),
     "gpubatch.types": ("gpubatch.engine", "gpubatch.formats", "gpubatch.pipelines", "gpubatch.report", "gpubatch.cli",
                        "gpubatch.bench", "gpubatch.api", "gpubatch.runner", "gpubatch.training"),
+    "gpubatch._remote": ("gpubatch.engine", "gpubatch.formats", "gpubatch.pipelines", "gpubatch.report", "gpubatch.cli",
+                         "gpubatch.bench", "gpubatch.api", "gpubatch.runner", "gpubatch.training"),
+    "gpubatch._publish": ("gpubatch.engine", "gpubatch.formats", "gpubatch.pipelines", "gpubatch.report", "gpubatch.cli",
+                          "gpubatch.bench", "gpubatch.api", "gpubatch.runner", "gpubatch.training"),
     "gpubatch.errors": ("gpubatch.engine", "gpubatch.formats", "gpubatch.pipelines", "gpubatch.report", "gpubatch.cli",
                         "gpubatch.bench", "gpubatch.api", "gpubatch.runner", "gpubatch.training"),
 }

@@ -32,7 +32,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .._paths import read_regular, safe_relpath
+from .._paths import read_head, read_regular, safe_relpath
 from ..errors import FormatError
 from ..types import AUDIO_EXTENSIONS, DatasetInfo, Media, Record, class_table
 from . import fields, register_format
@@ -347,7 +347,7 @@ class AudioWriter(Writer):
 
 def _csv_is_audio(path: Path) -> bool:
     try:
-        rows = list(csv.DictReader(io.StringIO(path.read_text("utf-8-sig", "replace")[:20000])))[:20]
+        rows = list(csv.DictReader(io.StringIO(read_head(path, 20000).decode("utf-8-sig", "replace"))))[:20]
     except (OSError, csv.Error):
         return False
     for r in rows:

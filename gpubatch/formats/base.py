@@ -272,8 +272,10 @@ def decompress_into(path: Path, kind: str, out: Any) -> bool:
     """Write the decompressed bytes of ``path`` to the file ``out``, a block at a time (several streams one
     after the other, as ``cat a.gz b.gz`` makes, included); True where the data ended whole, False where it
     was cut short or damaged: what decompressed before that is written."""
+    from .._paths import open_fetched
+
     d = _decompressor(kind, path)
-    with open(path, "rb") as f:
+    with os.fdopen(open_fetched(path), "rb") as f:
         while True:
             chunk = f.read(1 << 20)
             if not chunk:
@@ -323,7 +325,9 @@ class OpenShards:
             if shard not in self._fds:
                 kind = self.compression(shard)
                 if kind is None:
-                    self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY)
+                    from .._paths import open_fetched
+
+                    self._fds[shard] = open_fetched(self.paths[shard])  # (a remote shard: fetched first)
                 else:
                     return self._decompressed(shard, kind)
             return self._fds[shard]

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .._paths import MAX_RECORD_BYTES, lfs_pointer
+from .._paths import MAX_RECORD_BYTES, fetched, lfs_pointer
 from ..errors import DependencyError, FormatError
 from ..types import DatasetInfo, Media, Record, sniff_image_codec
 from . import fields, register_format
@@ -163,6 +163,7 @@ class LmdbReader(Reader):
         path = Path(path)
         super().__init__(path.parent if path.is_file() else path)
         self.data_file = _data_file(path)
+        fetched(self.data_file)  # (a remote database: fetched whole first)
         self.needed = needed_bytes(self.data_file)
         try:
             self._size_fd = os.open(self.data_file, os.O_RDONLY)

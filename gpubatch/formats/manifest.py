@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .._paths import read_regular
 from ..types import ClassNames, class_table
 
 MANIFEST_NAME = "gpubatch.json"
@@ -42,7 +43,7 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
     try:
         if os.path.getsize(mp) > MAX_MANIFEST_BYTES:
             return None
-        data = json_object(mp.read_bytes(), MANIFEST_NAME)
+        data = json_object(read_regular(mp, MAX_MANIFEST_BYTES), MANIFEST_NAME)
     except (OSError, ValueError):
         return None
     if not data.get("gpubatch"):

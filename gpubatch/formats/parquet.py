@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .._paths import read_regular, source_files
+from .._paths import fetched, read_regular, source_files
 from ..errors import DependencyError, FormatError
 from ..types import Boxes, DatasetInfo, Media, Record, sniff_image_codec
 from . import register_format
@@ -74,7 +74,7 @@ class ParquetReader(Reader):
             raise FormatError(f"no .parquet files at {path}")
         super().__init__(Path(path) if Path(path).is_dir() else self.files[0].parent)
         try:
-            first = pa.parquet.ParquetFile(self.files[0])
+            first = pa.parquet.ParquetFile(fetched(self.files[0]))
         except (OSError, pa.ArrowException) as e:
             raise FormatError(f"cannot read {self.files[0]}: {e}") from None
         self.schema = first.schema_arrow
@@ -115,7 +115,7 @@ class ParquetReader(Reader):
     def _file(self, i: int) -> Any:
         with self._lock:
             if i not in self._open:
-                self._open[i] = self.pa.parquet.ParquetFile(self.files[i])
+                self._open[i] = self.pa.parquet.ParquetFile(fetched(self.files[i]))
             return self._open[i]
 
     def _scan(self) -> list[Any]:

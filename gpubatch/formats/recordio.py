@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .._paths import MAX_RECORD_BYTES, read_head, read_regular, source_files, source_root
+from .._paths import MAX_RECORD_BYTES, open_fetched, read_head, read_regular, source_files, source_root
 from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
 from . import fields, register_format
@@ -139,7 +139,7 @@ def scan_rec(rec: Path) -> tuple[list[int], list[tuple[int, int, str]]]:
     each other, the walk goes on at the next record head (:func:`_resync`), keeping the records after it."""
     starts: list[int] = []
     damage: list[tuple[int, int, str]] = []
-    with open(rec, "rb") as f:
+    with os.fdopen(open_fetched(rec), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         pos, open_at = 0, None  # open_at: where the split record being walked began
         while pos < size:

@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .._paths import read_regular
+from .._paths import older, read_range, read_regular
 from .base import Damaged
 
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext, key without dots
@@ -242,15 +242,15 @@ def _not_found(tar: Path, found: list, members: list[tuple[str, int, int, int]])
             for key, off in listed if off >= last and key not in known]
 
 
-def indexed_samples(tar: Path, fd: int) -> list[tuple[int, str, tuple]] | None:
+def indexed_samples(tar: Path) -> list[tuple[int, str, tuple]] | None:
     """The samples of a shard gpubatch wrote, from the DALI v1.2 index beside it instead of a walk over its
     headers ((key, members) as :func:`_samples` gives them, ``s`` left 0 for the caller), or None where the
     index cannot stand for the shard: none, older than the tar, unreadable, a sample whose members do not
     share its key, members that run past the tar's end or leave more than its end-of-archive padding after
     them, or a first or last member whose header does not name it."""
     try:
-        st = os.fstat(fd)
-        if tar.with_suffix(".idx").stat().st_mtime < os.stat(tar).st_mtime:
+        st = os.stat(tar)
+        if older(tar.with_suffix(".idx").stat(), st):
             return None
     except OSError:
         return None
@@ -275,6 +275,6 @@ def indexed_samples(tar: Path, fd: int) -> list[tuple[int, str, tuple]] | None:
     for _, _, members in (out[0], out[-1]):
         _, off, _, name = members[0]
         raw = name.encode("utf-8")
-        if len(raw) < 100 and os.pread(fd, len(raw) + 1, off - _BLOCK) != raw + b"\0":
+        if len(raw) < 100 and read_range(tar, off - _BLOCK, len(raw) + 1) != raw + b"\0":
             return None
     return out

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .._paths import MAX_RECORD_BYTES, read_head, read_regular, source_files, source_root
+from .._paths import MAX_RECORD_BYTES, open_fetched, read_head, read_regular, source_files, source_root
 from ..errors import DependencyError, FormatError
 from ..types import Boxes, DatasetInfo, Media, Record, class_table, keypoint_flips, sniff_image_codec
 from . import fields, register_format
@@ -132,8 +132,7 @@ def _index_of(shard: Path) -> Path:
 
 
 def _refuse_compressed(shard: Path) -> None:
-    with open(shard, "rb") as f:
-        kind = compression(f.read(6))
+    kind = compression(read_head(shard, 6))
     if kind:
         raise FormatError(
             f"{shard} is {kind}-compressed (TFRecordOptions compression_type='GZIP' writes such shards): unpack the "
@@ -221,7 +220,7 @@ class TFRecordReader(Reader):
         byte where a record header holds again, keeping the complete records after the damage."""
         rows: list[tuple[int, int] | Damaged] = []
         pos = 0
-        with open(shard, "rb") as f:
+        with os.fdopen(open_fetched(shard), "rb") as f:
             while pos < size:
                 f.seek(pos)
                 total = _header_ok(f.read(12), pos, size)

@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .._paths import read_regular, safe_relpath
+from .._paths import read_head, read_regular, safe_relpath
 from ..errors import FormatError
 from ..types import IMAGE_EXTENSIONS as _IMAGE_EXT
 from ..types import VIDEO_EXTENSIONS, DatasetInfo, Media, Record, class_table
@@ -240,7 +240,7 @@ class VideoFormat(Format):
             if path.suffix.lower() == ".csv":
                 return True
             if path.suffix.lower() == ".txt":
-                first = next((ln.split()[0] for ln in path.read_text("utf-8", "replace").splitlines()[:20]
+                first = next((ln.split()[0] for ln in read_head(path, 1 << 16).decode("utf-8", "replace").splitlines()[:20]
                               if ln.strip() and not ln.startswith("#")), "")
                 return is_video_name(first)
             return False

@@ -112,8 +112,8 @@ class WebDatasetReader(Reader):
         entries: list[tuple[int, str, tuple] | Damaged] = []
         for s, tar in enumerate(self.tars):
             if self.manifest and self.files.compression(s) is None:  # a shard gpubatch wrote: its index, where it stands
-                try:
-                    found = indexed_samples(tar, self.files.fd(s))
+                try:  # (its header blocks read where they lie: a remote shard is not fetched for them)
+                    found = indexed_samples(tar)
                 except OSError:
                     found = None
                 if found is not None:

@@ -50,10 +50,13 @@ def difference(old: Any, new: Any, where: str = "") -> str | None:
 class Journal:
     """The journal of the run being written into ``stage``."""
 
-    def __init__(self, stage: Path):
+    def __init__(self, stage: Path, store: Any = None):
         self.stage = Path(stage)
         self.dir = self.stage / RUN_DIR
         self.entries = self.dir / "journal"
+        #: where the run's files go besides the staging folder (a store: gpubatch._publish), or None: it
+        #: holds the journal too (``begin``, ``record``) and the shards' data (``present``)
+        self.store = store
 
     @property
     def run_file(self) -> Path:
@@ -67,6 +70,8 @@ class Journal:
         it (the command, its request, the device kind, the parts it was cut into)."""
         self.entries.mkdir(parents=True, exist_ok=True)
         write_json(self.run_file, {"schema": SCHEMA, "fingerprint": dict(fingerprint), "run": dict(run or {})})
+        if self.store is not None:
+            self.store.begin(self.stage)
 
     def _doc(self) -> dict[str, Any]:
         """``run.json``, read and checked; a GpubatchError where it is damaged or no gpubatch journal at all."""
@@ -97,8 +102,13 @@ class Journal:
                              "run that command to finish it, or pass --overwrite to start this one over")
 
     def record(self, result: ShardResult) -> None:
-        """A committed shard's journal entry (the worker that committed it writes it)."""
+        """A committed shard's journal entry (the worker that committed it writes it; where the run's files
+        go to a store, after they are up, and the entry too)."""
+        if self.store is not None:
+            self.store.publish_shard(self.stage, result.files)
         write_json(self.entries / f"{result.index:06d}.json", result.as_dict())
+        if self.store is not None:
+            self.store.publish_entry(f"{result.index:06d}.json", result.as_dict())
 
     def committed(self, tasks: list[Any]) -> dict[int, ShardResult]:
         """The shards of ``tasks`` this journal holds as committed, whose files are all in place at the
@@ -114,7 +124,9 @@ class Journal:
             if (task.index, task.name, task.start, task.stop) != (result.index, result.name, result.start,
                                                                   result.stop):
                 continue
-            if all(_present(self.stage / name, meta) for name, meta in result.files.items()):
+            if all(_present(self.stage / name, meta) or (self.store is not None and isinstance(meta, list)
+                                                         and self.store.present(name, meta[0]))
+                   for name, meta in result.files.items()):
                 done[result.index] = result
         return done
 

@@ -61,6 +61,7 @@ class RunContext:
     on_gpu: bool = False  # the run's unit is a GPU unit (a pass-through run on a GPU device works on the host)
     host_share: int = 0  # the GPU worker processes sharing this host's cores, where the executor knows (Ray)
     gpu_label: str = ""  # the GPU as the executor names it (Ray's GPU id), in each shard's result
+    store: Any = None  # where each committed shard goes besides the staging folder (gpubatch._publish), or None
 
     @property
     def host_procs(self) -> int:
@@ -192,7 +193,7 @@ def finish(writing: ShardWriting, timings: dict[str, float] | None = None,
            extra: dict[str, Any] | None = None) -> ShardResult:
     """Commit a task's shard and write its journal entry: its result."""
     result = writing.commit(timings, extra)
-    Journal(writing.ctx.stage).record(result)
+    Journal(writing.ctx.stage, writing.ctx.store).record(result)
     return result
 
 
