@@ -433,9 +433,9 @@ def read_whole(path: str | Path, limit: int) -> bytes:
     if size > limit:
         raise ValueError(f"{size:,} bytes, above the {limit:,}-byte bound on one record")
     if size <= KEEP_SMALL and not _MEDIA.search(str(path)):
-        mirror.fetch(path)  # (the next read is local)
+        mirror.fetch(path)  # (the next read is local; at most KEEP_SMALL bytes)
         with open(path, "rb") as f:
-            return f.read(limit + 1)
+            return f.read()
     return mirror.read(path)
 
 

@@ -114,6 +114,64 @@ def test_s3_to_local_reads_shard_by_shard_and_equals_the_local_read(s3, imagenet
     assert len(fetched) <= 3 < len(list(mirror.glob("*.tar")))
 
 
+@pytest.mark.parametrize("layout", ["imagenet", "coco", "audio", "video", "recordio", "parquet", "glob"])
+def test_every_layout_reads_from_a_store_as_it_reads_locally(s3, imagenet, tmp_path, layout):
+    """Folders, COCO, the audio and video layouts read from object storage too, and the sharded formats
+    gpubatch writes there (a glob pattern picks shards as locally)."""
+    if layout in ("recordio", "parquet", "glob"):
+        if layout == "parquet":
+            pytest.importorskip("pyarrow")
+        local = tmp_path / layout
+        convert(imagenet, local, to="webdataset" if layout == "glob" else layout, shard_size=16)
+    else:
+        local = ROOT / "sample_data" / layout
+    upload(local, s3, layout)
+    url = f"s3://{s3}/{layout}" + ("/data-00000[12].tar" if layout == "glob" else "")
+    want = content(local / "data-000001.tar") + content(local / "data-000002.tar") if layout == "glob" else content(local)
+    assert content(url) == want and sum(want.values()) > 0
+    r = info(url)
+    assert r.records == sum(want.values()) and not r.unreadable
+
+
+@pytest.mark.parametrize("to", ["recordio", "parquet"])
+def test_recordio_and_parquet_written_to_a_store_are_the_local_runs_bytes(s3, imagenet, tmp_path, to):
+    if to == "parquet":
+        pytest.importorskip("pyarrow")
+    convert(imagenet, tmp_path / "local", to=to, shard_size=16)
+    convert(imagenet, f"s3://{s3}/out", to=to, shard_size=16)
+    assert without_manifest(objects(s3, "out")) == without_manifest(local_files(tmp_path / "local"))
+
+
+def test_an_upload_a_killed_run_made_is_kept_and_another_runs_object_replaced(s3, tmp_path):
+    """Exclusive create: an object already there at the size this run writes is the interrupted run's upload
+    (its bytes are this run's), one of another size is replaced."""
+    import fsspec
+
+    from gpubatch._publish import Destination
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    (tmp_path / "a").write_bytes(b"x" * 100)
+    dest = Destination(f"s3://{s3}/d")
+    dest.put(tmp_path / "a", "shard.tar")
+    dest.put(tmp_path / "a", "shard.tar")  # (refused by the store: the same size, kept)
+    assert fs.cat_file(f"{s3}/d/shard.tar") == b"x" * 100
+    (tmp_path / "b").write_bytes(b"y" * 7)
+    dest.put(tmp_path / "b", "shard.tar")
+    assert fs.cat_file(f"{s3}/d/shard.tar") == b"y" * 7
+
+
+def test_a_store_prefix_a_run_is_still_writing_is_refused_as_a_source(s3, imagenet, tmp_path):
+    convert(imagenet, tmp_path / "wds", to="webdataset", shard_size=16)
+    upload(tmp_path / "wds", s3, "half")
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    fs.rm(f"{s3}/half/gpubatch.json")
+    fs.pipe_file(f"{s3}/half/.gpubatch/run.json", b"{}")
+    with pytest.raises(Exception, match="still writing, or whose run was interrupted"):
+        info(f"s3://{s3}/half")
+
+
 def test_a_damaged_record_in_a_remote_shard_is_named_by_its_url(s3, imagenet, tmp_path):
     wds = tmp_path / "wds"
     convert(imagenet, wds, to="webdataset", shard_size=60)
