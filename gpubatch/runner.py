@@ -190,8 +190,8 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
     elif dest is not None:  # a store: the staging folder in gpubatch's cache, each shard uploaded as committed
         from ._publish import staged
 
-        stager = staged(dest, req.overwrite, stats.warn, resume=_resumer(run, print_, stats),
-                        keep=_keeper(tasks, run.finish))
+        stager = staged(dest, req.overwrite, stats.warn, resume=_resumer(run, print_, stats, dest.shown),
+                        keep=_keeper(tasks, run.finish, dest))
     else:
         stager = staged_output(dst_path, req.overwrite, stats.warn, resume=_resumer(run, print_, stats),
                                keep=_keeper(tasks, run.finish))
@@ -324,10 +324,11 @@ def _outputs_per_input(plan: Any, fmt: Any) -> float:
     return float(plan.outputs_per_record) if plan.copies else 1.0
 
 
-def _resumer(run: Run, print_: dict, stats: RunStats) -> Callable[[Path], bool]:
+def _resumer(run: Run, print_: dict, stats: RunStats, where: str | None = None) -> Callable[[Path], bool]:
     """Whether a run carries on in the staging folder an interrupted run left (``--resume``, the same run),
     starts over (another command: the folder is removed, and said), or is refused (the same command
-    without ``--resume``: its committed shards are not thrown away unasked)."""
+    without ``--resume``: its committed shards are not thrown away unasked). ``where``: how messages name the
+    place the shards are (a store's URL; by default the staging folder)."""
     from .engine.execute.journal import Journal, difference
 
     def decide(stage: Path) -> bool:
@@ -343,17 +344,18 @@ def _resumer(run: Run, print_: dict, stats: RunStats) -> Callable[[Path], bool]:
         except GpubatchError:
             said = "a damaged journal"
         if said is None:
-            raise UsageError(f"an interrupted run of this command left its committed shards in {stage}: pass "
+            raise UsageError(f"an interrupted run of this command left its committed shards in {where or stage}: pass "
                              "--resume to finish it, or --overwrite to start over")
-        stats.warn(f"removed {stage.name}, the unfinished output of another command ({said})")
+        stats.warn(f"removed {where or stage.name}, the unfinished output of another command ({said})")
         return False
 
     return decide
 
 
-def _keeper(tasks: list, finishing: bool = False) -> Callable[[Path, BaseException], str | None]:
+def _keeper(tasks: list, finishing: bool = False, store: Any = None) -> Callable[[Path, BaseException], str | None]:
     """Why an interrupted run's staging folder stays (shards are committed: ``--resume`` finishes it), or
-    None (it goes). ``gpubatch finish`` never removes it: it holds the parts' shards."""
+    None (it goes). ``gpubatch finish`` never removes it: it holds the parts' shards. ``store``: where the
+    committed shards went (gpubatch._publish), if not the staging folder."""
     from .engine.execute.journal import Journal
 
     def keep(stage: Path, error: BaseException) -> str | None:
@@ -361,11 +363,11 @@ def _keeper(tasks: list, finishing: bool = False) -> Callable[[Path, BaseExcepti
             return f"the committed shards stay in {stage}"
         if not isinstance(error, (KeyboardInterrupt, Terminated)):
             return None
-        n = len(Journal(stage).committed(tasks))
+        n = len(Journal(stage, store).committed(tasks))
         if not n:
             return None
-        return (f"{n} of {len(tasks)} shards are committed in {stage}: run the same command with --resume to "
-                "write the rest")
+        return (f"{n} of {len(tasks)} shards are committed in {store.shown if store is not None else stage}: run the "
+                "same command with --resume to write the rest")
 
     return keep
 

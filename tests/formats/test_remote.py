@@ -82,10 +82,11 @@ def without_manifest(files: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in files.items() if k != "gpubatch.json"}
 
 
-def test_local_to_s3_writes_the_local_runs_bytes_with_the_manifest_last(s3, imagenet, tmp_path):
-    local = tmp_path / "local"
-    convert(imagenet, local, to="webdataset", shard_size=16)
-    s = convert(imagenet, f"s3://{s3}/out", to="webdataset", shard_size=16)
+@pytest.mark.parametrize("shard_size", [16, 60])  # (shards of 0.3 MiB stay in the staging folder until the end,
+def test_local_to_s3_writes_the_local_runs_bytes_with_the_manifest_last(s3, imagenet, tmp_path, shard_size):
+    local = tmp_path / "local"  # one of 1.4 MiB leaves it once uploaded)
+    convert(imagenet, local, to="webdataset", shard_size=shard_size)
+    s = convert(imagenet, f"s3://{s3}/out", to="webdataset", shard_size=shard_size)
     assert s.records_out == 60 and s.dst == f"s3://{s3}/out"
     got = objects(s3, "out")
     assert without_manifest(got) == without_manifest(local_files(local))  # shards, indexes, wids.json

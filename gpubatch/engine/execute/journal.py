@@ -115,6 +115,8 @@ class Journal:
         sizes written; an entry that is damaged, names other files or misses some is not counted (its shard
         runs again)."""
         done: dict[int, ShardResult] = {}
+        if self.store is not None:  # (what the store holds now: listed once)
+            self.store.listing(fresh=True)
         for task in tasks:  # (each task's own entry: a worker asking about its few reads no other)
             try:
                 result = ShardResult.from_dict(json.loads((self.entries / f"{task.index:06d}.json")
