@@ -21,6 +21,10 @@ Jobs (``--only``; the default is every job the machine can run):
 - ``memory``: pass-through to webdataset of 10,000 and of 100,000 small JPEGs (one file hard-linked over,
   100 class folders): the peak memory of the whole run (the command's process and its workers, their RSS
   summed, sampled every 20 ms), and the ratio of the two (target: 100,000 at most 1.2x 10,000).
+- ``remote``: the pass-through to and from an S3 server on 127.0.0.1 (moto's, in this process; the ``[s3]`` extra
+  and moto): local -> local, local -> s3 (webdataset), s3 -> local (the webdataset shards to tfrecord),
+  against fsspec copying the same bytes (``put``/``get`` of the shards, 8 at once): what the shard-by-shard
+  mirror and upload cost over the store's own transfer rate.
 - ``gpus``: the GPU transcode on 1, 2, 4... GPUs of the host (``--gpus``; on --big's set with --big), and on
   every GPU through ``--executor ray`` where Ray is installed: the scaling against N x one GPU's rate.
 
@@ -52,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 # as a user's shell runs it: bytecode cached (the untimed first run writes it), whatever this shell says
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-JOBS = ["gpu-transcode", "cpu-transcode", "pass-through", "info", "memory", "audio", "video", "gpus"]
+JOBS = ["gpu-transcode", "cpu-transcode", "pass-through", "info", "memory", "remote", "audio", "video", "gpus"]
 GPU_JOBS = {"gpu-transcode", "gpus"}
 
 
@@ -405,6 +409,74 @@ def job_memory(a, tmp: Path) -> dict:
     return out
 
 
+def job_remote(a, tmp: Path) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+    import fsspec
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    store = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
+             "AWS_ENDPOINT_URL": f"http://{host}:{port}", "GPUBATCH_CACHE": str(tmp / "cache")}
+    saved = {k: os.environ.get(k) for k in store}
+    os.environ.update(store)
+    ENV.update(store)
+    try:
+        boto3.client("s3").create_bucket(Bucket="bench")
+        fs = fsspec.filesystem("s3", skip_instance_cache=True)
+        data = image_set(a.data_root, a.cpu_images)
+        n = count_files(data)
+        out: dict = {"records": n}
+        wds = tmp / "wds"
+        res = timed(gpubatch("convert", str(data), str(wds), "--to", "webdataset", "--overwrite", "--json"),
+                    a.repeats, before=fresh(tmp / "wds"))
+        out["local_to_local_records_per_s"] = rate(n, res)
+        res = timed(gpubatch("convert", str(data), "s3://bench/up", "--to", "webdataset", "--overwrite", "--json"),
+                    a.repeats)
+        out["local_to_s3_records_per_s"] = rate(n, res)
+        shards = sorted(p for p in wds.iterdir() if p.is_file())
+        size = sum(p.stat().st_size for p in shards)
+
+        def put_all() -> float:
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(lambda p: fs.put_file(str(p), f"bench/raw/{p.name}"), shards))
+            return time.perf_counter() - t0
+
+        def get_all() -> float:
+            shutil.rmtree(tmp / "got", ignore_errors=True)
+            (tmp / "got").mkdir()
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(lambda p: fs.get_file(f"bench/raw/{p.name}", str(tmp / "got" / p.name)), shards))
+            return time.perf_counter() - t0
+
+        put_s = statistics.median(put_all() for _ in range(a.repeats))
+        get_s = statistics.median(get_all() for _ in range(a.repeats))
+        out["fsspec_put_mib_per_s"] = round(size / put_s / 2**20, 1)
+        out["fsspec_get_mib_per_s"] = round(size / get_s / 2**20, 1)
+        out["local_to_s3_mib_per_s"] = round(out["local_to_s3_records_per_s"] * size / n / 2**20, 1)
+        res = timed(gpubatch("convert", "s3://bench/raw", str(tmp / "down"), "--to", "tfrecord", "--overwrite",
+                             "--json"), a.repeats)
+        out["s3_to_local_records_per_s"] = rate(n, res)
+        out["s3_to_local_mib_per_s"] = round(out["s3_to_local_records_per_s"] * size / n / 2**20, 1)
+        out["upload_ratio"] = ratio(out["local_to_s3_mib_per_s"], out["fsspec_put_mib_per_s"])
+        out["download_ratio"] = ratio(out["s3_to_local_mib_per_s"], out["fsspec_get_mib_per_s"])
+        out["shard_mib"] = round(size / len([p for p in shards if p.suffix == ".tar"]) / 2**20, 1)
+        return out
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            ENV.pop(k, None)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def job_audio(a, tmp: Path) -> dict:
     from gpubatch.synthetic import make_audio_set
 
@@ -493,7 +565,8 @@ print(json.dumps(statistics.median(rates)))
 
 
 RUN = {"gpu-transcode": job_gpu_transcode, "cpu-transcode": job_cpu_transcode, "pass-through": job_pass_through,
-       "info": job_info, "memory": job_memory, "audio": job_audio, "video": job_video, "gpus": job_gpus}
+       "info": job_info, "memory": job_memory, "remote": job_remote, "audio": job_audio, "video": job_video,
+       "gpus": job_gpus}
 
 
 def has_gpu() -> bool:

@@ -93,12 +93,11 @@ def open_fetched(path: Path | str) -> int:
 
 
 def older(a: os.stat_result, b: os.stat_result) -> bool:
-    """Whether the file of ``a`` was modified before the one of ``b``: in whole seconds where either holds
-    a store's time (a remote file's placeholder, or a file fetched from a store: none finer), else to the
-    nanosecond."""
-    coarse = {a.st_mtime_ns % 1_000_000_000, b.st_mtime_ns % 1_000_000_000} & {0, PLACEHOLDER_NS}
-    if coarse:
-        return a.st_mtime_ns // 1_000_000_000 < b.st_mtime_ns // 1_000_000_000
+    """Whether the file of ``a`` was modified before the one of ``b``; never said where either holds a store's
+    time (a remote file's placeholder, or a file fetched from a store: whole seconds), which tells when each
+    object was uploaded, in whatever order a copy made them."""
+    if {a.st_mtime_ns % 1_000_000_000, b.st_mtime_ns % 1_000_000_000} & {0, PLACEHOLDER_NS}:
+        return False
     return a.st_mtime_ns < b.st_mtime_ns
 
 

@@ -48,6 +48,14 @@ EXTRAS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "
           "adl": ("adlfs", "azure"), "http": ("aiohttp", "http"), "https": ("aiohttp", "http")}
 #: shards a process keeps fetched (the ones it read last): the disk a remote source takes a worker
 KEEP = 3
+#: the first bytes of a remote file read once and kept (this process keeps the last 256 files')
+HEAD = 64 << 10
+_HEADS: dict[str, bytes] = {}
+#: the small files fetched with the listing, 16 at once (a shard set's indexes, manifests, lists)
+_SIDECAR = re.compile(r"\.(idx|json|txt|ya?ml|csv|xml|labels)$", re.IGNORECASE)
+SIDECARS_AT_ONCE = 4096
+#: a large object is fetched as ranges of PART bytes, PARTS at once
+PART, PARTS = 8 << 20, 8
 #: the largest file that is no media file kept in the mirror once read (indexes, manifests, lists)
 KEEP_SMALL = 16 << 20
 _MEDIA = re.compile(r"\.(jpe?g|png|webp|bmp|tiff?|gif|jp2|j2k|mp4|mkv|webm|avi|mov|wav|flac|ogg|opus|mp3|npy)$",
@@ -195,6 +203,13 @@ class Mirror:
             with contextlib.suppress(FileNotFoundError):
                 (self.root / rel).unlink()
         _write_state(self.folder, self.url, self.base, self.files)
+        small = [self.root / rel for rel, (size, _, _) in self.files.items()
+                 if size <= KEEP_SMALL and _SIDECAR.search(rel) and _placeholder_at(self.root / rel)]
+        if 0 < len(small) <= SIDECARS_AT_ONCE:  # (read now, 16 at once, rather than one by one as readers ask)
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(self._fetch_small, small))
 
     def _register(self) -> None:
         MIRRORS[str(self.root)] = self
@@ -228,8 +243,9 @@ class Mirror:
         with store_errors(url):
             return self.fs.cat_file(_path_of(url), start=start, end=end)
 
-    def fetch(self, local: str | Path) -> None:
-        """The remote file behind ``local`` fetched whole into its place (one process at a time)."""
+    def fetch(self, local: str | Path, keep: bool = True) -> None:
+        """The remote file behind ``local`` fetched whole into its place (one process at a time); ``keep``:
+        counted among the shards this process keeps (a small file is not: it stays)."""
         local = Path(local)
         with _file_lock(self.folder, local):
             if not _placeholder_at(local):
@@ -239,7 +255,10 @@ class Mirror:
             tmp = local.with_name(f".{local.name}.{os.getpid()}-{secrets.token_hex(4)}.fetch")
             try:
                 with store_errors(self.remote(local)):
-                    self.fs.get_file(_path_of(self.remote(local)), str(tmp))
+                    if size is not None and size > 2 * PART and not self.base.startswith(("http://", "https://")):
+                        self._get_parts(_path_of(self.remote(local)), tmp, size)
+                    else:
+                        self.fs.get_file(_path_of(self.remote(local)), str(tmp))
                 if size is not None and tmp.stat().st_size != size:
                     raise GpubatchError(f"{redact(self.remote(local))} changed while it was read ({tmp.stat().st_size:,} "
                                         f"bytes, {size:,} when listed): run the command again")
@@ -248,7 +267,30 @@ class Mirror:
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
-        _kept(self, local)
+        if keep:
+            _kept(self, local)
+
+    def _fetch_small(self, local: Path) -> None:
+        with contextlib.suppress(GpubatchError):  # (a read that fails here fails again, said, where it is needed)
+            self.fetch(local, keep=False)
+
+    def _get_parts(self, key: str, tmp: Path, size: int) -> None:
+        """A large object read as :data:`PART`-byte ranges, :data:`PARTS` at once, into ``tmp`` (one stream
+        from a store runs far below its rate: multipart downloads, as the stores' own tools make them)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            def part(start: int) -> None:
+                data = self.fs.cat_file(key, start=start, end=min(size, start + PART))
+                if len(data) != min(PART, size - start):
+                    raise OSError(f"a short read of {len(data):,} bytes at byte {start:,}")
+                os.pwrite(fd, data, start)
+
+            with ThreadPoolExecutor(PARTS, thread_name_prefix="gpubatch-fetch") as pool:
+                list(pool.map(part, range(0, size, PART)))
+        finally:
+            os.close(fd)
 
     def next_of(self, local: Path) -> Path | None:
         """The file after ``local`` in its folder's set of files of its kind (the next shard), or None."""
@@ -433,21 +475,35 @@ def read_whole(path: str | Path, limit: int) -> bytes:
     if size > limit:
         raise ValueError(f"{size:,} bytes, above the {limit:,}-byte bound on one record")
     if size <= KEEP_SMALL and not _MEDIA.search(str(path)):
-        mirror.fetch(path)  # (the next read is local; at most KEEP_SMALL bytes)
+        mirror.fetch(path, keep=False)  # (the next read is local; at most KEEP_SMALL bytes)
         with open(path, "rb") as f:
             return f.read()
     return mirror.read(path)
 
 
 def read_range(path: str | Path, offset: int, n: int) -> bytes:
-    """``n`` bytes at ``offset`` of the remote file a placeholder stands for (``_paths.read_range``)."""
+    """``n`` bytes at ``offset`` of the remote file a placeholder stands for (``_paths.read_range``); reads
+    within a file's first :data:`HEAD` bytes come from one read of them (detection, a shard's first
+    header and its compression look there)."""
     mirror = mirror_of(path)
     if mirror is None:
         return b""
     rel = os.path.relpath(path, mirror.root).replace(os.sep, "/")
     size = mirror.files.get(rel, [0])[0]
     end = min(size, offset + n)
-    return mirror.read(path, offset, end) if end > offset else b""
+    if end <= offset:
+        return b""
+    if end <= HEAD:
+        key = str(path)
+        head = _HEADS.get(key)
+        if head is None:
+            head = mirror.read(path, 0, min(size, HEAD))
+            with _FETCHED_LOCK:
+                _HEADS[key] = head
+                while len(_HEADS) > 256:
+                    _HEADS.pop(next(iter(_HEADS)))
+        return head[offset:end]
+    return mirror.read(path, offset, end)
 
 
 def fetch(path: str | Path) -> None:

@@ -108,18 +108,27 @@ class WebDatasetReader(Reader):
         self.manifest = read_manifest(self.path) or {}
         self.keypoint_flip = keypoint_flips(self.manifest.get("categories"))
 
+    def _indexed(self, s: int) -> list | None:
+        """A shard gpubatch wrote, listed from its index where the index stands for it (None: walked)."""
+        if not self.manifest or self.files.compression(s) is not None:
+            return None
+        try:  # (its header blocks read where they lie: a remote shard is not fetched for them)
+            return indexed_samples(self.tars[s])
+        except OSError:
+            return None
+
     def _scan(self) -> list[tuple[int, str, tuple] | Damaged]:
+        from concurrent.futures import ThreadPoolExecutor
+
         entries: list[tuple[int, str, tuple] | Damaged] = []
+        with ThreadPoolExecutor(8) as pool:  # (the indexes checked 8 at once: a store's reads wait on the network)
+            indexed = list(pool.map(self._indexed, range(len(self.tars))))
         for s, tar in enumerate(self.tars):
-            if self.manifest and self.files.compression(s) is None:  # a shard gpubatch wrote: its index, where it stands
-                try:  # (its header blocks read where they lie: a remote shard is not fetched for them)
-                    found = indexed_samples(tar)
-                except OSError:
-                    found = None
-                if found is not None:
-                    entries.extend(shortfall(tar, [(s, k, m) for _, k, m in found], expected_records(self.manifest, tar),
-                                             [], ""))
-                    continue
+            found = indexed[s]
+            if found is not None:  # a shard gpubatch wrote: its index, where it stands
+                entries.extend(shortfall(tar, [(s, k, m) for _, k, m in found], expected_records(self.manifest, tar),
+                                         [], ""))
+                continue
             try:
                 fd = self.files.fd(s)  # (a compressed shard: its decompressed copy)
                 with os.fdopen(os.dup(fd), "rb") as f:
