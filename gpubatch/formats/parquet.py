@@ -187,6 +187,8 @@ class ParquetReader(Reader):
         return Record(key=key, data=data, codec=codec, label=label, boxes=boxes, meta=meta, origin=origin, media=media)
 
     def _codec(self, data: bytes) -> tuple[Media, str]:
+        if data[:6] == b"\x93NUMPY" and self._media in ("audio", "video"):  # features, waveforms or clips gpubatch wrote
+            return Media(self._media), "npy"
         if self._media == "audio":
             from ..engine.codecs.audio_io import sniff_audio
 

@@ -99,6 +99,22 @@ def test_audio_and_boxes_round_trip(coco, tmp_path):
         assert a[k].labels.tolist() == b[k].labels.tolist()
 
 
+def test_audio_features_and_video_clips_round_trip(tmp_path):
+    """Every media: audio features (``.npy`` arrays with their rate and kind) and video clips (their bytes)."""
+    from tests.helpers import ROOT as root
+
+    convert(root / "sample_data" / "audio", tmp_path / "fpq", to="parquet", sample_rate=16000, mono=True, duration=1,
+            features="log-mel(n_mels=80)", device="cpu")
+    convert(root / "sample_data" / "audio", tmp_path / "fwds", to="webdataset", sample_rate=16000, mono=True,
+            duration=1, features="log-mel(n_mels=80)", device="cpu")
+    with open_dataset(tmp_path / "fpq") as a, open_dataset(tmp_path / "fwds") as b:
+        got, want = sorted((x.key, x.codec, x.data) for x in a), sorted((x.key, x.codec, x.data) for x in b)
+        assert got == want and {x.meta.get("features") for x in a} == {"log_mel"} and a.media == "audio"
+    convert(root / "sample_data" / "video", tmp_path / "vpq", to="parquet")
+    convert(tmp_path / "vpq", tmp_path / "vback", to="video")
+    assert content(tmp_path / "vback") == content(root / "sample_data" / "video")
+
+
 def test_without_pyarrow_the_error_names_the_extra(imagenet, tmp_path):
     code = ("import sys; sys.modules['pyarrow'] = None\n"
             "from gpubatch.api import convert\n"
