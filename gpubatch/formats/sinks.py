@@ -4,15 +4,16 @@ dataset-wide files are made from every shard's result once they are all committe
 A sink writes each of its files under a temporary name (``.partial``), and :meth:`ShardSink.commit`
 flushes, fsyncs and renames them to their final names, then fsyncs the folder: a shard is on disk whole
 or not at all (the run's journal entry, written after, is what marks it done). Nothing dataset-wide
-lives in a sink: key uniqueness across shards, file lists, COCO's JSON, LMDB's environment and DALI's
-global index come from ``finalize`` over the shards' results.
+lives in a sink: key uniqueness across shards, file lists, COCO's JSON and DALI's global index come
+from ``finalize`` over the shards' results.
 
-Formats with shards (webdataset, tfrecord, recordio) write their shard files straight. The folder
-format writes a shard's files under ``.gpubatch/parts/<shard>/`` (one ``syncfs`` commits them), and its
-finalize moves them to their names in shard order (renames: no byte is copied). The others (COCO, LMDB,
-the video and audio layouts) spool a shard's records into one file under ``.gpubatch/spool/``, and their
-finalize writes the dataset from the spools in shard order through the format's writer. Either way: the
-same files, names and bytes as one writer in one process would make.
+Formats with shards (webdataset, tfrecord, recordio, parquet) write their shard files straight. The
+folder format writes a shard's files under ``.gpubatch/parts/<shard>/`` (one ``syncfs`` commits them),
+and its finalize moves them to their names in shard order (renames: no byte is copied). LMDB's workers
+put their shards into the one database in shard order themselves (:mod:`.lmdb_sink`). The others (COCO,
+VOC, YOLO, the video and audio layouts) spool a shard's records into one file under
+``.gpubatch/spool/``, and their finalize writes the dataset from the spools in shard order through the
+format's writer. Either way: the same files, names and bytes as one writer in one process would make.
 """
 
 from __future__ import annotations
@@ -100,16 +101,13 @@ def spooled(root: Path, name: str) -> Any:
 def replay_spools(fmt: Any, root: Path, shards: Sequence[ShardResult], info: DatasetInfo, options: Any) -> list[str]:
     """A spooling format's finalize: every shard's records, in shard order, through the format's writer
     (which makes the dataset-wide files as it always has), each spool removed once written; the writer's
-    warnings. ``between(writer)``, where the writer has it, is called after each shard (LMDB commits a
-    transaction there)."""
+    warnings."""
     clear_outside_run(root)  # what a finalize killed part way left: written again whole
     writer = fmt.writer(root, info, options)
     with writer:
         for shard in shards:
             for record in spooled(root, shard.name):
                 writer.write(record)
-            if hasattr(writer, "between"):
-                writer.between()
     return list(writer.warnings)  # (the spools go with the run's folder, once the dataset is complete)
 
 
