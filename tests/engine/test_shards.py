@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -106,17 +107,24 @@ def killed_and_resumed(command, src: Path, dst: Path, after: float, env: dict) -
     return s, done, total, len(kept)
 
 
+def kills(command, src: Path, tmp_path: Path, env: dict, n: int, seed: int,
+          span: tuple[float, float] = (0.1, 1.1)) -> Iterator[tuple[int, dict, int | None, int, int]]:
+    """``command`` killed at ``n`` moments of an uninterrupted run's time (``span`` of it: starting, mid-shard,
+    finalizing, done) and resumed each time, the dataset checked against the uninterrupted run's: (k, and
+    what :func:`killed_and_resumed` says) a kill."""
+    want, took = uninterrupted(command, src, tmp_path / "whole", env)
+    rng = random.Random(seed)
+    for k in range(n):
+        dst = tmp_path / f"k{k}"
+        s, done, total, kept = killed_and_resumed(command, src, dst, rng.uniform(*span) * took, env)
+        assert digest(dst) == want, f"kill {k}"
+        yield k, s, done, total, kept
+
+
 def test_a_run_killed_at_20_moments_resumes_to_the_same_bytes_writing_only_what_is_missing(photos, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    imagenet = photos
-    want, took = uninterrupted(_command, imagenet, tmp_path / "whole", env)
-    rng = random.Random(51)
     resumed_some = 0
-    for k in range(20):
-        dst = tmp_path / f"k{k}"
-        # a moment of the run: starting, mid-shard, finalizing, done
-        s, done, total, kept = killed_and_resumed(_command, imagenet, dst, rng.uniform(0.1, 1.1) * took, env)
-        assert digest(dst) == want, f"kill {k}"
+    for k, s, done, total, kept in kills(_command, photos, tmp_path, env, 20, 51):
         if done is not None:  # the shards the killed run committed were not written again
             resumed_some += 1
             assert 0 < done <= total == 20 and kept == done and s["records_in"] == 160
@@ -132,12 +140,7 @@ def test_an_lmdb_run_killed_at_8_moments_resumes_to_the_same_database(photos, tm
     def command(src: Path, dst: Path, *more: str) -> list[str]:
         return [*_command(src, dst, *more)[:6], "--to", "lmdb", *_command(src, dst, *more)[8:]]
 
-    want, took = uninterrupted(command, photos, tmp_path / "whole", env)
-    rng = random.Random(52)
-    for k in range(8):
-        dst = tmp_path / f"k{k}"
-        s, done, total, _ = killed_and_resumed(command, photos, dst, rng.uniform(0.1, 1.1) * took, env)
-        assert digest(dst) == want, f"kill {k}"
+    for _, s, *_ in kills(command, photos, tmp_path, env, 8, 52):
         assert s["records_out"] == 160
 
 

@@ -4,14 +4,13 @@ with kill -9 resumed to the same bytes, only the missing shards written (marked 
 from __future__ import annotations
 
 import os
-import random
 import sys
 from pathlib import Path
 
 import pytest
 
 from gpubatch.api import convert
-from tests.engine.test_shards import digest, killed_and_resumed, uninterrupted
+from tests.engine.test_shards import digest, kills
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.gpu
@@ -54,11 +53,6 @@ def _command(src: Path, dst: Path, *more: str) -> list[str]:
 
 def test_a_gpu_run_killed_at_random_moments_resumes_to_the_same_bytes(photos, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    want, took = uninterrupted(_command, photos, tmp_path / "whole", env)
-    rng = random.Random(52)
-    for k in range(6):
-        dst = tmp_path / f"k{k}"
-        _, done, _, kept = killed_and_resumed(_command, photos, dst, rng.uniform(0.3, 1.0) * took, env)
-        assert digest(dst) == want, f"kill {k}"
+    for _, _, done, _, kept in kills(_command, photos, tmp_path, env, 6, 52, span=(0.3, 1.0)):
         if done is not None:
             assert kept == done
