@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
+from . import _remote
+from ._remote import PLACEHOLDER_NS, is_placeholder
 from .errors import GpubatchError, UsageError
 
 STAGING_MARK = ".gpubatch-partial-"
@@ -64,29 +66,12 @@ def file_kind(mode: int) -> str:
 # A placeholder is known by its modification time's nanoseconds (a stat the reads make anyway) and then its
 # first bytes; the three reads below give a placeholder's remote bytes instead of its own.
 
-PLACEHOLDER_NS = 999_999_937
-PLACEHOLDER_MARK = b"gpubatch: a placeholder of a remote file\n"
-#: the mirrors this process opened (their local root -> the mirror): gpubatch._remote fills it
-MIRRORS: dict[str, object] = {}
-
-
-def is_placeholder(st: os.stat_result, fd: int | None = None) -> bool:
-    """True where ``st`` (and, given its descriptor, the file's first bytes) is a remote file's placeholder."""
-    if st.st_mtime_ns % 1_000_000_000 != PLACEHOLDER_NS or not stat.S_ISREG(st.st_mode):
-        return False
-    if fd is None or st.st_size == 0:
-        return True
-    return os.pread(fd, len(PLACEHOLDER_MARK), 0) == PLACEHOLDER_MARK[: st.st_size]
-
-
 def open_fetched(path: Path | str) -> int:
     """A read-only descriptor of the file at ``path``; a remote file's placeholder is fetched whole into
     its place first (a shard read by offset)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     if is_placeholder(os.fstat(fd), fd):
         os.close(fd)
-        from . import _remote
-
         _remote.fetch(path)
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     return fd
@@ -113,8 +98,6 @@ def read_range(path: Path | str, offset: int, n: int) -> bytes:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         if is_placeholder(os.fstat(fd), fd):
-            from . import _remote
-
             return _remote.read_range(path, offset, n)
         return os.pread(fd, n, offset)
     finally:
@@ -137,8 +120,6 @@ def read_regular(path: Path | str, limit: int = MAX_RECORD_BYTES) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{file_kind(st.st_mode)}, not a regular file")
         if is_placeholder(st, fd):
-            from . import _remote
-
             return _remote.read_whole(path, limit)
         if st.st_size > limit:
             raise ValueError(f"{st.st_size:,} bytes, above the {limit:,}-byte bound on one record")
@@ -183,8 +164,6 @@ def read_head(path: Path | str, n: int) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             return b""
         if is_placeholder(st, fd):
-            from . import _remote
-
             return _remote.read_range(path, 0, n)
         return os.pread(fd, n, 0)
     except OSError:
@@ -222,22 +201,6 @@ def source_files(path: Path) -> list[Path] | None:
             raise DependencyError("brace patterns need braceexpand: pip install braceexpand") from None
         patterns = list(braceexpand(str(path)))
     return sorted({Path(p) for one in patterns for p in glob.glob(one) if os.path.isfile(p)})
-
-
-# ``s3://``, ``gs://``, ``https://``..., and the same collapsed by a Path (``s3:/bucket``); webdataset's ``pipe:CMD``
-_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+):(?://|/(?!/)|(?=[^/\\]))")
-
-
-def url_scheme(location: str | Path) -> str | None:
-    """The scheme where ``location`` is a URL (``s3://bucket/x``, ``https://host/x``, ``pipe:curl ...``, or a
-    URL a ``Path`` collapsed to ``s3:/bucket/x``), else None. A Windows drive (``C:``) is no scheme."""
-    text = os.fspath(location)
-    m = _URL.match(text)
-    if m is None or len(m.group("scheme")) < 2:
-        return None
-    if m.group("scheme").lower() != "pipe" and "/" not in text[m.end("scheme") :][:3]:
-        return None  # ``name:thing`` without a slash is a file name with a colon
-    return m.group("scheme").lower()
 
 
 def require_source(path: Path) -> None:

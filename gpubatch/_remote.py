@@ -32,6 +32,7 @@ import posixpath
 import re
 import secrets
 import shutil
+import stat
 import subprocess
 import threading
 from collections import deque
@@ -39,8 +40,43 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._paths import MIRRORS, PLACEHOLDER_MARK, PLACEHOLDER_NS, is_placeholder, url_scheme
-from .errors import DependencyError, FormatError, GpubatchError, UsageError
+from .errors import MESSAGE_HOOKS, DependencyError, FormatError, GpubatchError, UsageError
+
+# --- placeholders: the local files standing for a remote source's files --------------------------------
+#
+# A placeholder is known by its modification time's nanoseconds (a stat the reads make anyway) and then its
+# first bytes; the reads of gpubatch._paths give a placeholder's remote bytes instead of its own.
+
+PLACEHOLDER_NS = 999_999_937
+PLACEHOLDER_MARK = b"gpubatch: a placeholder of a remote file\n"
+#: the mirrors this process opened (their local root -> the mirror)
+MIRRORS: dict[str, Mirror] = {}
+
+
+def is_placeholder(st: os.stat_result, fd: int | None = None) -> bool:
+    """True where ``st`` (and, given its descriptor, the file's first bytes) is a remote file's placeholder."""
+    if st.st_mtime_ns % 1_000_000_000 != PLACEHOLDER_NS or not stat.S_ISREG(st.st_mode):
+        return False
+    if fd is None or st.st_size == 0:
+        return True
+    return os.pread(fd, len(PLACEHOLDER_MARK), 0) == PLACEHOLDER_MARK[: st.st_size]
+
+
+# ``s3://``, ``gs://``, ``https://``..., and the same collapsed by a os.PathLike (``s3:/bucket``); webdataset's ``pipe:CMD``
+_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+):(?://|/(?!/)|(?=[^/\\]))")
+
+
+def url_scheme(location: str | os.PathLike) -> str | None:
+    """The scheme where ``location`` is a URL (``s3://bucket/x``, ``https://host/x``, ``pipe:curl ...``, or a
+    URL a ``os.PathLike`` collapsed to ``s3:/bucket/x``), else None. A Windows drive (``C:``) is no scheme."""
+    text = os.fspath(location)
+    m = _URL.match(text)
+    if m is None or len(m.group("scheme")) < 2:
+        return None
+    if m.group("scheme").lower() != "pipe" and "/" not in text[m.end("scheme") :][:3]:
+        return None  # ``name:thing`` without a slash is a file name with a colon
+    return m.group("scheme").lower()
+
 
 #: which extra brings a store's fsspec implementation (``pip install 'gpubatch[EXTRA]'``)
 EXTRAS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
@@ -213,6 +249,8 @@ class Mirror:
 
     def _register(self) -> None:
         MIRRORS[str(self.root)] = self
+        if shown not in MESSAGE_HOOKS:  # (errors raised to callers name the store's URLs, not this mirror's paths)
+            MESSAGE_HOOKS.append(shown)
 
     def local(self) -> Path:
         """The local path standing for the URL the mirror was opened with (a folder, file or pattern)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from . import _paths
+from . import _remote
 from ._paths import check_output, require_source, source_root
 from ._remote import local_path as source_path
 from ._remote import redact
@@ -311,9 +311,7 @@ def _run(req: Any, run: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any
     summary = execute(req, run, src_path, dst_path, fmt, plan, device, policy, progress,
                       lambda reader: _select(reader, req.limit, getattr(req, "shuffle", False), req.seed), _starts_as,
                       RunSummary)
-    if _paths.MIRRORS:  # (a remote source: its URLs, not its mirror's paths)
-        from . import _remote
-
+    if _remote.MIRRORS:  # (a remote source: its URLs, not its mirror's paths)
         summary = _remote.shown_in(summary)
         summary.src = redact(os.fspath(req.src))  # (as the caller named it: a pattern, a pipe: command)
     return summary
@@ -535,6 +533,6 @@ def info(path: str | Path, fmt: str | None = None, workers: int | None = None,
     from .report.info import describe
 
     report = describe(source_path(path), fmt, workers, progress)
-    if _paths.MIRRORS:  # (a remote source: its URLs, not its mirror's paths)
+    if _remote.MIRRORS:  # (a remote source: its URLs, not its mirror's paths)
         report = _remote.shown_in(report)
     return report

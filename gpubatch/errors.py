@@ -213,6 +213,10 @@ def python_words(message: str) -> str:
     return _FLAG.sub(keyword, message)
 
 
+#: what a message goes through before a caller sees it (a remote source's mirror gives its paths as URLs)
+MESSAGE_HOOKS: list = []
+
+
 def python_messages(fn):
     """Decorate a public API function: a GpubatchError it raises to a Python caller speaks of keyword
     arguments, not of the command's flags."""
@@ -222,12 +226,9 @@ def python_messages(fn):
         try:
             return fn(*args, **kwargs)
         except GpubatchError as e:
-            from . import _paths
-
-            if _paths.MIRRORS and e.args and isinstance(e.args[0], str):  # a remote source's URLs, not its mirror's
-                from ._remote import shown
-
-                e.args = (shown(e.args[0]), *e.args[1:])
+            if e.args and isinstance(e.args[0], str):
+                for hook in MESSAGE_HOOKS:
+                    e.args = (hook(e.args[0]), *e.args[1:])
             if not FROM_CLI.get() and e.args and isinstance(e.args[0], str):
                 e.args = (python_words(e.args[0]), *e.args[1:])
             raise

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from .._commit import fsync_dir, partial_name, write_json
-from ..errors import DependencyError, GpubatchError
+from ..errors import GpubatchError
 from ..types import DatasetInfo, Record
-from .lmdb import _varint, datum_key, needed_bytes
+from .lmdb_datum import _lmdb, _varint, datum_key, needed_bytes
 from .sinks import RUN_DIR, ShardSink
 
 #: a spool's frame before each record: the lengths of its key and of its Datum
@@ -43,14 +43,6 @@ MAP_SIZE = 1 << 32
 APPEND_UNTIL = 10**8
 
 _ENVS: dict[tuple[int, str], Any] = {}  # this process's open databases (an LMDB is opened once a process)
-
-
-def _lmdb() -> Any:
-    try:
-        import lmdb
-    except ImportError:  # pragma: no cover - a core dependency
-        raise DependencyError("the lmdb format needs the lmdb package: pip install lmdb") from None
-    return lmdb
 
 
 def _folder(root: Path) -> Path:
@@ -204,7 +196,7 @@ class LmdbSink(ShardSink):
     def write(self, record: Record) -> None:
         key = record.key.encode("utf-8", "surrogateescape")
         data = record.data
-        head = b"\x22" + _varint(len(data))  # the Datum around the bytes (lmdb.encode_datum), not copying them
+        head = b"\x22" + _varint(len(data))  # the Datum around the bytes (lmdb_datum.encode_datum), not copying them
         tail = b"\x28" + _varint(-1 if record.label is None else int(record.label)) + b"\x38\x01"
         self.f.write(_FRAME.pack(len(key), len(head) + len(data) + len(tail)) + key + head)
         self.f.write(data)
