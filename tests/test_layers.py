@@ -5,7 +5,10 @@ included), so the engine stays usable without the formats, and the command line 
     api, runner, report      the run and what it says
     pipelines, formats       training pipelines; dataset formats
     engine                   plans, ops, codecs, the GPU engine, the execution layer
-    types, errors, _paths, _commit, _remote, _publish, synthetic
+    _publish                 a run's files sent to a store
+    types, _paths, _commit, synthetic
+    _remote                  URLs and remote sources' mirrors (the reads of _paths go through it)
+    errors
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ FORBIDDEN = {
     "gpubatch.report": ("gpubatch.cli", "gpubatch.bench"),
     "gpubatch.types": ("gpubatch.engine", "gpubatch.formats", "gpubatch.pipelines", "gpubatch.report", "gpubatch.cli",
                        "gpubatch.bench", "gpubatch.api", "gpubatch.runner", "gpubatch.training"),
-    "gpubatch._remote": ("gpubatch.engine", "gpubatch.formats", "gpubatch.pipelines", "gpubatch.report", "gpubatch.cli",
+    "gpubatch._remote": ("gpubatch._paths", "gpubatch._publish", "gpubatch._commit", "gpubatch.engine", "gpubatch.formats", "gpubatch.pipelines", "gpubatch.report", "gpubatch.cli",
                          "gpubatch.bench", "gpubatch.api", "gpubatch.runner", "gpubatch.training"),
     "gpubatch._publish": ("gpubatch.engine", "gpubatch.formats", "gpubatch.pipelines", "gpubatch.report", "gpubatch.cli",
                           "gpubatch.bench", "gpubatch.api", "gpubatch.runner", "gpubatch.training"),
