@@ -146,6 +146,7 @@ class Loader(_base()):  # type: ignore[misc]
         self.skipped: list[dict[str, str]] = []
         self._consumed = 0  # samples of this epoch consumed by every rank together (whole global batches)
         self._started = 0  # where this epoch's reading started (0, or a restored state's)
+        self._position: int | None = None  # in a DataLoader worker: the epoch's place after its last batch
         self._reader = open_reader(self.path, fmt)
         media = str(getattr(self._reader.media, "value", self._reader.media))
         if media not in MEDIA_KEYS:
@@ -169,18 +170,21 @@ class Loader(_base()):  # type: ignore[misc]
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next (its order and its random draws), from its start."""
-        self.epoch, self._consumed, self._started = int(epoch), 0, 0
+        self.epoch, self._consumed, self._started, self._position = int(epoch), 0, 0, None
 
     def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
         """Where the epoch stands: restored with :meth:`load_state_dict` (under any world size), the samples
         already consumed are not read again. Iterated in this process the loader counts its batches itself;
         through a DataLoader's workers, say how many batches this epoch's loop took (``batches_seen``, from
         where the epoch started or was restored)."""
-        consumed = self._consumed
+        consumed, anchor = self._consumed, None
         if batches_seen is not None:
             consumed = min(len(self._entries), self._started + int(batches_seen) * self.batch_size * self.world_size)
+        elif self._position is not None:  # a DataLoader worker's own copy (torchdata's StatefulDataLoader asks each):
+            consumed, anchor = self._position, self._started  # where its batches stand, and whose turn they follow
         return {"version": _STATE, "epoch": self.epoch, "consumed": consumed, "seed": self.seed,
-                "shuffle": self.shuffle, "samples": len(self._entries)}
+                "shuffle": self.shuffle, "samples": len(self._entries),
+                "started": consumed if anchor is None else anchor}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != _STATE:
@@ -189,7 +193,8 @@ class Loader(_base()):  # type: ignore[misc]
             if state.get(name) != mine:
                 raise UsageError(f"the state is of another loader: {name} {state.get(name)!r} there, {mine!r} here")
         self.epoch, self._consumed = int(state["epoch"]), int(state["consumed"])
-        self._started = self._consumed
+        self._started = int(state.get("started", self._consumed))
+        self._position = None
 
     def _batches(self) -> list[np.ndarray]:
         order = epoch_order(len(self._entries), self.seed, self.epoch, self.shuffle)
@@ -210,11 +215,17 @@ class Loader(_base()):  # type: ignore[misc]
         split = self.split()
         step = self.batch_size * self.world_size
         start = self._consumed
-        mine = [(b, rows) for b, rows in enumerate(batches) if b % split.workers == split.worker]
+        # the workers take turns from where every worker started (the epoch's start, or the state restored): a
+        # worker restored at its own place (StatefulDataLoader) takes the batches of its turns after it
+        turn = (start - self._started) // step
+        mine = [(b, rows) for b, rows in enumerate(batches) if (turn + b) % split.workers == split.worker]
 
         def handed(b: int, batch: tuple[Any, ...]) -> tuple[Any, ...]:
+            position = min(len(self._entries), start + (b + 1) * step)
             if split.workers == 1:  # (read in this process: it knows what was consumed, this batch included)
-                self._consumed = min(len(self._entries), start + (b + 1) * step)
+                self._consumed = position
+            else:  # (a DataLoader worker: where its own batches stand)
+                self._position = position
             return batch
 
         if self.media != "image" or "image" not in self.keys:

@@ -195,6 +195,36 @@ def test_a_torch_dataloader_s_workers_see_every_sample_once(wds):
     assert len(seen) == len(set(seen)) == 60
 
 
+@pytest.mark.parametrize("stop", [2, 5])
+def test_torchdata_s_stateful_dataloader_holds_the_loader_s_state_across_its_workers(wds, stop):
+    """torchdata's StatefulDataLoader with two workers: its state taken after ``stop`` batches (each worker's
+    place in the epoch, and whose turn is next) and loaded into a new one gives the rest of the epoch in
+    order, nothing seen twice or lost; the same with the loader's own state through a plain DataLoader."""
+    pytest.importorskip("torch")
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    from torch.utils.data import DataLoader
+
+    def make():
+        return loader(wds, batch_size=4, keys=("key",), device="cpu", seed=5)
+
+    whole = [list(keys) for (keys,) in DataLoader(make(), batch_size=None, num_workers=2)]
+    first = stateful.StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    seen = []
+    for n, (keys,) in enumerate(first):
+        seen.append(list(keys))
+        if n + 1 == stop:
+            state = first.state_dict()
+            break
+    again = stateful.StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    again.load_state_dict(state)
+    rest = [list(keys) for (keys,) in again]
+    assert seen + rest == whole and len(whole) == 15
+    # the loader's own state, from the batches this process took, through a plain DataLoader's two workers
+    own = make()
+    own.load_state_dict(make().state_dict(batches_seen=stop))
+    assert [list(keys) for (keys,) in DataLoader(own, batch_size=None, num_workers=2)] == whole[stop:]
+
+
 def test_a_state_taken_between_batches_resumes_after_the_last_batch_handed_over(wds):
     one = loader(wds, batch_size=5, keys=("key",), device="cpu", seed=11)
     whole = [k for (keys,) in one for k in keys]
