@@ -183,9 +183,6 @@ class PipeDestination(Destination):
             raise UsageError(f"the destination {url!r} names no {{name}}: gpubatch runs the command once a file "
                              "(e.g. 'pipe:aws s3 cp - s3://bucket/out/{name}')")
 
-    def shadow(self) -> Path:
-        return cache_root() / "out" / _digest(self.url) / "dataset"
-
     def listing(self, fresh: bool = False) -> dict[str, int]:
         return {}
 

@@ -4,7 +4,7 @@ webdataset's ``pipe:CMD``, read as local datasets are.
 A remote source is seen through a *mirror*: a folder under gpubatch's cache (``GPUBATCH_CACHE``, else
 ``~/.cache/gpubatch``) with a file for each remote file of the dataset, of the same name, size and time,
 standing in for it until its bytes are needed (a *placeholder*: sparse, its first bytes a marker, its
-modification time's nanoseconds :data:`~gpubatch._paths.PLACEHOLDER_NS`). The formats' readers list, stat
+modification time's nanoseconds :data:`PLACEHOLDER_NS`). The formats' readers list, stat
 and pattern-match the mirror as any folder, and read through three calls of :mod:`gpubatch._paths` that
 know placeholders:
 
@@ -62,13 +62,13 @@ def is_placeholder(st: os.stat_result, fd: int | None = None) -> bool:
     return os.pread(fd, len(PLACEHOLDER_MARK), 0) == PLACEHOLDER_MARK[: st.st_size]
 
 
-# ``s3://``, ``gs://``, ``https://``..., and the same collapsed by a os.PathLike (``s3:/bucket``); webdataset's ``pipe:CMD``
+# ``s3://``, ``gs://``, ``https://``..., the same folded by a Path (``s3:/bucket``), webdataset's ``pipe:CMD``
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+):(?://|/(?!/)|(?=[^/\\]))")
 
 
 def url_scheme(location: str | os.PathLike) -> str | None:
     """The scheme where ``location`` is a URL (``s3://bucket/x``, ``https://host/x``, ``pipe:curl ...``, or a
-    URL a ``os.PathLike`` collapsed to ``s3:/bucket/x``), else None. A Windows drive (``C:``) is no scheme."""
+    URL a ``Path`` folded to ``s3:/bucket/x``), else None. A Windows drive (``C:``) is no scheme."""
     text = os.fspath(location)
     m = _URL.match(text)
     if m is None or len(m.group("scheme")) < 2:
@@ -90,8 +90,6 @@ _HEADS: dict[str, bytes] = {}
 #: the small files fetched with the listing, 16 at once (a shard set's indexes, manifests, lists)
 _SIDECAR = re.compile(r"\.(idx|json|txt|ya?ml|csv|xml|labels)$", re.IGNORECASE)
 SIDECARS_AT_ONCE = 4096
-#: a large object is fetched as ranges of PART bytes, PARTS at once
-PART, PARTS = 8 << 20, 8
 #: the largest file that is no media file kept in the mirror once read (indexes, manifests, lists)
 KEEP_SMALL = 16 << 20
 _MEDIA = re.compile(r"\.(jpe?g|png|webp|bmp|tiff?|gif|jp2|j2k|mp4|mkv|webm|avi|mov|wav|flac|ogg|opus|mp3|npy)$",
@@ -182,7 +180,7 @@ class Mirror:
         self.base = base  # the store URL of the folder the files lie in
         self.files = files  # relative name -> [size, mtime seconds, etag]
         self._fs: Any = None
-        self._order: dict[str, list[str]] = {}
+        self._order: dict[str, dict[str, str]] = {}  # a set of files: each one's next
 
     # -- opening --
     @classmethod
@@ -293,10 +291,7 @@ class Mirror:
             tmp = local.with_name(f".{local.name}.{os.getpid()}-{secrets.token_hex(4)}.fetch")
             try:
                 with store_errors(self.remote(local)):
-                    if size is not None and size > 2 * PART and not self.base.startswith(("http://", "https://")):
-                        self._get_parts(_path_of(self.remote(local)), tmp, size)
-                    else:
-                        self.fs.get_file(_path_of(self.remote(local)), str(tmp))
+                    self.fs.get_file(_path_of(self.remote(local)), str(tmp))
                 if size is not None and tmp.stat().st_size != size:
                     raise GpubatchError(f"{redact(self.remote(local))} changed while it was read ({tmp.stat().st_size:,} "
                                         f"bytes, {size:,} when listed): run the command again")
@@ -312,24 +307,6 @@ class Mirror:
         with contextlib.suppress(GpubatchError):  # (a read that fails here fails again, said, where it is needed)
             self.fetch(local, keep=False)
 
-    def _get_parts(self, key: str, tmp: Path, size: int) -> None:
-        """A large object read as :data:`PART`-byte ranges, :data:`PARTS` at once, into ``tmp`` (one stream
-        from a store runs far below its rate: multipart downloads, as the stores' own tools make them)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            def part(start: int) -> None:
-                data = self.fs.cat_file(key, start=start, end=min(size, start + PART))
-                if len(data) != min(PART, size - start):
-                    raise OSError(f"a short read of {len(data):,} bytes at byte {start:,}")
-                os.pwrite(fd, data, start)
-
-            with ThreadPoolExecutor(PARTS, thread_name_prefix="gpubatch-fetch") as pool:
-                list(pool.map(part, range(0, size, PART)))
-        finally:
-            os.close(fd)
-
     def next_of(self, local: Path) -> Path | None:
         """The file after ``local`` in its folder's set of files of its kind (the next shard), or None."""
         rel = os.path.relpath(local, self.root).replace(os.sep, "/")
@@ -337,16 +314,10 @@ class Mirror:
         suffix = name[name.find("."):] if "." in name else ""
         key = f"{folder}|{suffix}"
         if key not in self._order:
-            self._order[key] = sorted(r for r in self.files if posixpath.dirname(r) == folder and r.endswith(suffix))
-        order = self._order[key]
-        try:
-            i = order.index(rel)
-        except ValueError:
-            return None
-        return self.root / order[i + 1] if i + 1 < len(order) else None
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fs": None}
+            names = sorted(r for r in self.files if posixpath.dirname(r) == folder and r.endswith(suffix))
+            self._order[key] = {a: b for a, b in zip(names, names[1:])}
+        after = self._order[key].get(rel)
+        return self.root / after if after is not None else None
 
 
 _FETCHED: deque[tuple[Mirror, Path]] = deque()  # this process's fetched shards, oldest first
@@ -552,10 +523,14 @@ def fetch(path: str | Path) -> None:
         raise GpubatchError(f"{path} stands for a remote file of a source this process did not open")
     mirror.fetch(path)
     nxt = mirror.next_of(Path(path))
-    if nxt is not None and _placeholder_at(nxt) and not (_AHEAD.get(str(nxt)) and _AHEAD[str(nxt)].is_alive()):
-        t = threading.Thread(target=_ahead, args=(mirror, nxt), daemon=True, name="gpubatch-read-ahead")
-        _AHEAD[str(nxt)] = t
-        t.start()
+    with _FETCHED_LOCK:
+        for done in [k for k, t in _AHEAD.items() if not t.is_alive()]:
+            del _AHEAD[done]
+        if nxt is None or str(nxt) in _AHEAD or not _placeholder_at(nxt):
+            return
+        t = _AHEAD[str(nxt)] = threading.Thread(target=_ahead, args=(mirror, nxt), daemon=True,
+                                                name="gpubatch-read-ahead")
+    t.start()
 
 
 def _ahead(mirror: Mirror, local: Path) -> None:
