@@ -388,7 +388,8 @@ class RecordIOFormat(Format):
                 if ln.strip():
                     lines.append(f"{key}\t{base + int(ln.split(chr(9))[1])}\n")
                     key += 1
-            base += rec.stat().st_size
+            size = (shard.files.get(shard.name) or [None])[0]  # (as committed: a shard sent to a store is gone here)
+            base += int(size) if size is not None else rec.stat().st_size
         out = ShardFile(root, f"{options.name}-dali.idx")
         out.write("".join(lines).encode("ascii"))
         out.commit()

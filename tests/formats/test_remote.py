@@ -134,12 +134,14 @@ def test_every_layout_reads_from_a_store_as_it_reads_locally(s3, imagenet, tmp_p
     assert r.records == sum(want.values()) and not r.unreadable
 
 
-@pytest.mark.parametrize("to", ["recordio", "parquet"])
-def test_recordio_and_parquet_written_to_a_store_are_the_local_runs_bytes(s3, imagenet, tmp_path, to):
+@pytest.mark.parametrize("to,shard_size", [("recordio", 16), ("recordio", 55), ("parquet", 16), ("tfrecord", 55)])
+def test_recordio_parquet_and_tfrecord_written_to_a_store_are_the_local_runs_bytes(s3, imagenet, tmp_path, to,
+                                                                                   shard_size):
+    """(a shard of 55 images passes 1 MiB: they leave the staging folder once uploaded, before finalize)"""
     if to == "parquet":
         pytest.importorskip("pyarrow")
-    convert(imagenet, tmp_path / "local", to=to, shard_size=16)
-    convert(imagenet, f"s3://{s3}/out", to=to, shard_size=16)
+    convert(imagenet, tmp_path / "local", to=to, shard_size=shard_size)
+    convert(imagenet, f"s3://{s3}/out", to=to, shard_size=shard_size)
     assert without_manifest(objects(s3, "out")) == without_manifest(local_files(tmp_path / "local"))
 
 
