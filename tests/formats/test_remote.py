@@ -145,6 +145,19 @@ def test_recordio_parquet_and_tfrecord_written_to_a_store_are_the_local_runs_byt
     assert without_manifest(objects(s3, "out")) == without_manifest(local_files(tmp_path / "local"))
 
 
+def test_augment_to_a_store_writes_the_local_runs_bytes_and_parameters(s3, imagenet, tmp_path):
+    from gpubatch import augment
+
+    chain = {"ops": "random_resized_crop(size=48) | flip(p=0.5)", "copies": 2, "seed": 4, "to": "webdataset",
+             "shard_size": 20, "device": "cpu"}
+    augment(imagenet, tmp_path / "local", **chain)
+    s = augment(imagenet, f"s3://{s3}/aug", **chain)
+    assert s.records_out == 120
+    got = objects(s3, "aug")
+    assert without_manifest(got) == without_manifest(local_files(tmp_path / "local"))
+    assert "augment-params.jsonl" in got
+
+
 def test_an_upload_a_killed_run_made_is_kept_and_another_runs_object_replaced(s3, tmp_path):
     """Exclusive create: an object already there at the size this run writes is the interrupted run's upload
     (its bytes are this run's), one of another size is replaced."""
