@@ -303,6 +303,21 @@ class Mirror:
         if keep:
             _kept(self, local)
 
+    def release(self) -> int:
+        """Every shard fetched into the mirror (by any process) made a placeholder again: the cache keeps
+        the listing and the small files, not the data. How many."""
+        n = 0
+        for rel, (size, mtime, _) in self.files.items():
+            if size <= KEEP_SMALL and _SIDECAR.search(rel):
+                continue
+            local = self.root / rel
+            with contextlib.suppress(OSError):
+                if not _placeholder_at(local):
+                    with _file_lock(self.folder, local):
+                        _placeholder(local, size, mtime)
+                    n += 1
+        return n
+
     def _fetch_small(self, local: Path) -> None:
         with contextlib.suppress(GpubatchError):  # (a read that fails here fails again, said, where it is needed)
             self.fetch(local, keep=False)
@@ -545,6 +560,18 @@ def local_path(location: str | os.PathLike) -> Path:
     if is_remote(location):
         return Mirror.open(os.fspath(location)).local()
     return Path(location)
+
+
+def release_all() -> None:
+    """What this process's mirrors hold of their sources' data given back (the end of a command's run: a
+    killed worker's shards too)."""
+    with _FETCHED_LOCK:
+        _FETCHED.clear()
+        ahead = list(_AHEAD.values())
+    for t in ahead:
+        t.join(timeout=60)
+    for mirror in list(MIRRORS.values()):
+        mirror.release()
 
 
 def shown(text: str) -> str:

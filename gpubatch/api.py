@@ -308,9 +308,13 @@ def _run(req: Any, run: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any
          progress: Callable[[int, int], Callable[[int], None]] | None) -> RunSummary:
     from .runner import execute
 
-    summary = execute(req, run, src_path, dst_path, fmt, plan, device, policy, progress,
-                      lambda reader: _select(reader, req.limit, getattr(req, "shuffle", False), req.seed), _starts_as,
-                      RunSummary)
+    try:
+        summary = execute(req, run, src_path, dst_path, fmt, plan, device, policy, progress,
+                          lambda reader: _select(reader, req.limit, getattr(req, "shuffle", False), req.seed),
+                          _starts_as, RunSummary)
+    finally:
+        if _remote.MIRRORS:  # (a remote source's shards fetched for the run: given back)
+            _remote.release_all()
     if _remote.MIRRORS:  # (a remote source: its URLs, not its mirror's paths)
         summary = _remote.shown_in(summary)
         summary.src = redact(os.fspath(req.src))  # (as the caller named it: a pattern, a pipe: command)
@@ -532,7 +536,11 @@ def info(path: str | Path, fmt: str | None = None, workers: int | None = None,
     from . import _remote
     from .report.info import describe
 
-    report = describe(source_path(path), fmt, workers, progress)
+    try:
+        report = describe(source_path(path), fmt, workers, progress)
+    finally:
+        if _remote.MIRRORS:
+            _remote.release_all()
     if _remote.MIRRORS:  # (a remote source: its URLs, not its mirror's paths)
         report = _remote.shown_in(report)
     return report

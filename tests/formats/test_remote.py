@@ -103,16 +103,22 @@ def test_s3_to_local_reads_shard_by_shard_and_equals_the_local_read(s3, imagenet
     s = convert(f"s3://{s3}/wds", tmp_path / "out", to="tfrecord")
     assert s.records_out == 60 and not s.skipped and s.src == f"s3://{s3}/wds"
     assert content(tmp_path / "out") == content(wds)
-    # a pattern picks shards, and the records' origins name the store
+    # a pattern picks shards; the report names the store
     r = info(f"s3://{s3}/wds/data-{{000000..000002}}.tar")
     assert r.records == 24 and r.path == f"s3://{s3}/wds/data-{{000000..000002}}.tar"
-    with open_dataset(f"s3://{s3}/wds/data-000001.tar") as reader:
-        first = next(iter(reader))
-    assert first.origin.startswith("/") and "data-000001.tar#" in first.origin
-    # no more shards on disk than a worker keeps (the reads streamed shard by shard)
-    mirror = next((tmp_path / "cache" / "remote").iterdir()) / "files"
-    fetched = [p for p in mirror.glob("*.tar") if p.stat().st_mtime_ns % 10**9 != 999_999_937]
-    assert len(fetched) <= 3 < len(list(mirror.glob("*.tar")))
+    mirrors = tmp_path / "cache" / "remote"
+
+    def fetched() -> list[Path]:  # the shards on disk, not placeholders
+        return [p for p in mirrors.rglob("*.tar") if p.stat().st_mtime_ns % 10**9 != 999_999_937]
+
+    assert fetched() == []  # (the runs gave back what they fetched)
+    # a reader streams shard by shard: never more on disk than it keeps and the one read ahead
+    most, records = 0, 0
+    with open_dataset(f"s3://{s3}/wds") as reader:
+        for _ in reader:
+            records += 1
+            most = max(most, len(fetched()))
+    assert records == 60 and 1 <= most <= 4 < len(list(mirrors.rglob("*.tar")))
 
 
 @pytest.mark.parametrize("layout", ["imagenet", "coco", "audio", "video", "recordio", "parquet", "glob"])
