@@ -386,10 +386,13 @@ def _list(fs: Any, path: str, url: str) -> tuple[str, dict[str, dict]]:
 def _beside(fs: Any, path: str, base: str) -> dict[str, dict]:
     """The files of the folder ``base`` (non-recursive), where the store lists it."""
     folder = path.split("://", 1)[0] + "://" + base if "://" in path else base
-    try:
-        return {_rel(base, i["name"]): i for i in fs.ls(folder, detail=True) if i.get("type", "file") == "file"}
+    try:  # (refresh: a glob before may have left a listing of its prefix alone in s3fs's cache, 2026.6)
+        listed = fs.ls(folder, detail=True, refresh=True)
+    except TypeError:  # (a file system whose ls takes no refresh)
+        listed = fs.ls(folder, detail=True)
     except (OSError, ValueError):  # (a store that cannot list: the files named alone)
         return {}
+    return {_rel(base, i["name"]): i for i in listed if i.get("type", "file") == "file"}
 
 
 def _sized(fs: Any, found: dict[str, dict]) -> None:
