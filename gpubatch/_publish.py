@@ -74,6 +74,7 @@ class Destination:
         if self._listing is None or fresh:
             base = self.url.split("://", 1)[-1]
             with store_errors(self.url, "listing"):
+                self.fs.invalidate_cache(base)  # (what the store holds now: the other processes' uploads too)
                 try:
                     found = self.fs.find(base, detail=True, withdirs=False)
                 except FileNotFoundError:

@@ -207,6 +207,7 @@ class Mirror:
         fs, path = filesystem(url)
         proto = url.split("://", 1)[0]
         with store_errors(url, "listing"):
+            fs.invalidate_cache()  # (what the store holds now, not what this process's file system saw before)
             base, found = _list(fs, path, url)
             _sized(fs, found)
         files = {rel: [int(i.get("size") or 0), _mtime(i), str(i.get("ETag") or i.get("etag") or "")]
