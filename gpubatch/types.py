@@ -361,6 +361,8 @@ class Record:
         boxes: detection annotations, or None.
         meta: other per-record fields carried through (file name, COCO image fields, ...).
         origin: where the record came from ("shard.tar#member"), used in every error message.
+        size: (height, width) of the image ``data`` holds, where the run read its header or encoded it
+            (writers take it instead of reading the header again); None where not known.
     """
 
     key: str
@@ -371,9 +373,12 @@ class Record:
     boxes: Boxes | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
     origin: str = ""
+    size: tuple[int, int] | None = None
 
     def with_(self, **changes: Any) -> Record:
-        """A copy with some fields replaced."""
+        """A copy with some fields replaced (new ``data`` without a ``size`` forgets the old size)."""
+        if "data" in changes and "size" not in changes:
+            changes["size"] = None
         return replace(self, **changes)
 
     @property

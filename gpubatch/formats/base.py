@@ -85,10 +85,12 @@ JSON_FIELDS = "json"
 
 
 def image_size(record: Record) -> tuple[int, int]:
-    """(height, width) of the image a writer is given: its boxes' canvas, else its header's; (0, 0)
-    where the header cannot be read."""
+    """(height, width) of the image a writer is given: its boxes' canvas, else the size the run noted, else
+    its header's; (0, 0) where the header cannot be read."""
     if record.boxes is not None:
         return record.boxes.canvas
+    if record.size is not None:
+        return record.size
     from ..engine.codecs.headers import probe
 
     try:

@@ -90,8 +90,8 @@ def encode(pixels: np.ndarray, codec: str, quality: int = 95) -> bytes:
     return buf.getvalue()
 
 
-def check_encoded(record: Record, max_pixels: int, full: bool = False) -> str:
-    """Validity check of image bytes that pass through untouched; returns the codec the bytes hold.
+def check_encoded(record: Record, max_pixels: int, full: bool = False) -> headers.ImageHeader:
+    """Validity check of image bytes that pass through untouched; returns their header (codec, size).
 
     Reads the header (size, mode) without decoding. A JPEG without its end marker is fully decoded to
     tell trailing bytes from truncation; a PNG has every chunk's CRC checked; other codecs (WebP, TIFF,
@@ -120,7 +120,7 @@ def check_encoded(record: Record, max_pixels: int, full: bool = False) -> str:
             decode(record.data, max_pixels)
         except ValueError as e:
             raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
-    return hdr.codec
+    return hdr
 
 
 class ImageHostCodec:
@@ -130,8 +130,8 @@ class ImageHostCodec:
     spec = MediaSpec("image")
 
     def check(self, record: Record, plan: Plan) -> Record:
-        codec = check_encoded(record, plan.max_pixels, plan.verify == "full")
-        return record if codec == record.codec else record.with_(codec=codec)  # the bytes decide, not a name
+        hdr = check_encoded(record, plan.max_pixels, plan.verify == "full")
+        return record.with_(codec=hdr.codec, size=(hdr.height, hdr.width))  # (the bytes decide the codec, not a name)
 
     def decode(self, record: Record, plan: Plan) -> Any:
         try:
@@ -149,7 +149,7 @@ class ImageHostCodec:
         except ValueError as e:
             raise RecordError(record.key, record.origin, Stage.ENCODE, str(e)) from None
         try:
-            return record.with_(data=encode(data, codec, plan.jpeg_quality), codec=codec)
+            return record.with_(data=encode(data, codec, plan.jpeg_quality), codec=codec, size=tuple(data.shape[:2]))
         except Exception as e:  # noqa: BLE001 - the record boundary
             raise RecordError(record.key, record.origin, Stage.ENCODE, f"{type(e).__name__}: {e}") from None
 
