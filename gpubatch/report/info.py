@@ -191,8 +191,7 @@ def _summarized(path: Path, fmt: str | None, reader: Any, entries: list, workers
 
     if len(entries) < PROCESSES_FROM or workers < 4:  # (on 2 cores the processes' start costs more)
         # threads read the files (their waits on the disk overlap), this one parses what they read: the
-        # parsing holds the GIL, and threads that parse too slowed each other (16,384 JPEGs on 2 cores,
-        # page cache warm: 0.9 s against 0.4; cold: 1.4 s with 4 threads reading, 2.6 with none)
+        # parsing holds the GIL, and threads that parsed too slowed each other
         chunks = [entries[i : i + CHUNK] for i in range(0, len(entries), CHUNK)]
         threads = min(8, 2 * workers)  # (at most two chunks a thread read ahead: a few MiB of headers)
         reads = ordered_map(lambda chunk: [_fetch(reader, e) for e in chunk], chunks, threads, window=2 * threads)
