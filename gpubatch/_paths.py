@@ -64,7 +64,8 @@ def file_kind(mode: int) -> str:
 # --- placeholders: the local files standing for a remote source's files (gpubatch._remote) ---------------
 #
 # A placeholder is known by its modification time's nanoseconds (a stat the reads make anyway) and then its
-# first bytes; the three reads below give a placeholder's remote bytes instead of its own.
+# first bytes; open_fetched, read_range, read_regular and read_head give a placeholder's remote bytes
+# instead of its own.
 
 def open_fetched(path: Path | str) -> int:
     """A read-only descriptor of the file at ``path``; a remote file's placeholder is fetched whole into

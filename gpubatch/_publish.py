@@ -149,8 +149,8 @@ class Destination:
 
     def restore(self, stage: Path) -> bool:
         """The store's journal of an interrupted run (and the small files beside its shards) downloaded into
-        ``stage``: True where there was one."""
-        names = self.listing(fresh=True)
+        ``stage``: True where there was one (as the last listing saw the store)."""
+        names = self.listing()
         if f"{RUN_DIR}/run.json" not in names:
             return False
         for name, size in names.items():
@@ -166,11 +166,14 @@ class Destination:
         files are), the manifest last; the store's copy of the run's journal removed: the files sent now."""
         order = _final_files(root, self.uploaded)
         for name in order:
-            with store_errors(f"{self.url}/{name}", "uploading to"):
-                self.fs.put_file(str(root / name), self._key(name))
+            self.put(root / name, name)
+        self.drop_journal()
+        return len(order)
+
+    def drop_journal(self) -> None:
+        """The store's copy of the run's journal removed (the dataset is complete)."""
         with store_errors(self.url, "removing the run's journal from"), contextlib.suppress(FileNotFoundError):
             self.fs.rm(self._key(RUN_DIR), recursive=True)
-        return len(order)
 
 
 class PipeDestination(Destination):
@@ -216,11 +219,8 @@ class PipeDestination(Destination):
     def restore(self, stage: Path) -> bool:
         return False
 
-    def finish(self, root: Path) -> int:
-        order = _final_files(root, self.uploaded)
-        for name in order:
-            self.put(root / name, name)
-        return len(order)
+    def drop_journal(self) -> None:
+        pass  # (it stayed local)
 
 
 def _final_files(root: Path, uploaded: set[str]) -> list[str]:

@@ -267,10 +267,18 @@ class Mirror:
             self._fs = filesystem(self.base)[0]
         return self._fs
 
+    def rel(self, local: str | Path) -> str:
+        """A local path of the mirror as the listing names it (relative, with ``/``)."""
+        return os.path.relpath(local, self.root).replace(os.sep, "/")
+
+    def listed(self, local: str | Path) -> tuple[int, int]:
+        """(size, modification time) the listing gave the remote file behind ``local`` ((0, 0): none)."""
+        size, mtime, _ = self.files.get(self.rel(local), (0, 0, ""))
+        return int(size), int(mtime)
+
     def remote(self, local: str | Path) -> str:
         """The store URL of a local path in the mirror."""
-        rel = os.path.relpath(local, self.root).replace(os.sep, "/")
-        return posixpath.join(self.base.rstrip("/"), rel)
+        return posixpath.join(self.base.rstrip("/"), self.rel(local))
 
     def read(self, local: str | Path, start: int | None = None, end: int | None = None) -> bytes:
         """Bytes of the remote file behind ``local`` (``start``..``end`` where given)."""
@@ -287,16 +295,15 @@ class Mirror:
         with _file_lock(self.folder, local):
             if not _placeholder_at(local):
                 return
-            rel = os.path.relpath(local, self.root).replace(os.sep, "/")
-            size, mtime, _ = self.files.get(rel, [None, 0, ""])
+            size, mtime = self.listed(local)
             tmp = local.with_name(f".{local.name}.{os.getpid()}-{secrets.token_hex(4)}.fetch")
             try:
                 with store_errors(self.remote(local)):
                     self.fs.get_file(_path_of(self.remote(local)), str(tmp))
-                if size is not None and tmp.stat().st_size != size:
+                if tmp.stat().st_size != size:
                     raise GpubatchError(f"{redact(self.remote(local))} changed while it was read ({tmp.stat().st_size:,} "
                                         f"bytes, {size:,} when listed): run the command again")
-                os.utime(tmp, ns=(int(mtime) * 10**9, int(mtime) * 10**9))
+                os.utime(tmp, ns=(mtime * 10**9, mtime * 10**9))
                 os.replace(tmp, local)
             finally:
                 with contextlib.suppress(FileNotFoundError):
@@ -304,10 +311,9 @@ class Mirror:
         if keep:
             _kept(self, local)
 
-    def release(self) -> int:
+    def release(self) -> None:
         """Every shard fetched into the mirror (by any process) made a placeholder again: the cache keeps
-        the listing and the small files, not the data. How many."""
-        n = 0
+        the listing and the small files, not the data."""
         for rel, (size, mtime, _) in self.files.items():
             if size <= KEEP_SMALL and _SIDECAR.search(rel):
                 continue
@@ -316,8 +322,6 @@ class Mirror:
                 if not _placeholder_at(local):
                     with _file_lock(self.folder, local):
                         _placeholder(local, size, mtime)
-                    n += 1
-        return n
 
     def _fetch_small(self, local: Path) -> None:
         with contextlib.suppress(GpubatchError):  # (a read that fails here fails again, said, where it is needed)
@@ -325,7 +329,7 @@ class Mirror:
 
     def next_of(self, local: Path) -> Path | None:
         """The file after ``local`` in its folder's set of files of its kind (the next shard), or None."""
-        rel = os.path.relpath(local, self.root).replace(os.sep, "/")
+        rel = self.rel(local)
         folder, name = posixpath.split(rel)
         suffix = name[name.find("."):] if "." in name else ""
         key = f"{folder}|{suffix}"
@@ -462,8 +466,7 @@ def _kept(mirror: Mirror, local: Path) -> None:
         _FETCHED.append((mirror, local))
         old = [_FETCHED.popleft() for _ in range(max(0, len(_FETCHED) - KEEP))]
     for m, path in old:
-        rel = os.path.relpath(path, m.root).replace(os.sep, "/")
-        size, mtime, _ = m.files.get(rel, [0, 0, ""])
+        size, mtime = m.listed(path)
         with _file_lock(m.folder, path):
             if not _placeholder_at(path) and not any(p == path for _, p in _FETCHED):
                 _placeholder(path, size, mtime)
@@ -498,8 +501,7 @@ def read_whole(path: str | Path, limit: int) -> bytes:
     mirror = mirror_of(path)
     if mirror is None:
         raise GpubatchError(f"{path} stands for a remote file of a source this process did not open")
-    rel = os.path.relpath(path, mirror.root).replace(os.sep, "/")
-    size = mirror.files.get(rel, [0])[0]
+    size = mirror.listed(path)[0]
     if size > limit:
         raise ValueError(f"{size:,} bytes, above the {limit:,}-byte bound on one record")
     if size <= KEEP_SMALL and not _MEDIA.search(str(path)):
@@ -516,8 +518,7 @@ def read_range(path: str | Path, offset: int, n: int) -> bytes:
     mirror = mirror_of(path)
     if mirror is None:
         return b""
-    rel = os.path.relpath(path, mirror.root).replace(os.sep, "/")
-    size = mirror.files.get(rel, [0])[0]
+    size = mirror.listed(path)[0]
     end = min(size, offset + n)
     if end <= offset:
         return b""

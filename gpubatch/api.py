@@ -17,8 +17,8 @@ from typing import Any
 
 from . import _remote
 from ._paths import check_output, require_source, source_root
+from ._remote import is_remote, local_url, redact
 from ._remote import local_path as source_path
-from ._remote import redact
 from .engine.device import Device, DeviceKind, resolve_gpus
 from .errors import ErrorPolicy, UsageError, python_messages
 from .formats import get_format, open_reader
@@ -28,8 +28,6 @@ from .runner import PARAMS_FILE, Run, finished
 
 def _given(location: str | Path) -> str | Path:
     """A source as the caller named it: a URL kept as its text (a Path would fold its ``//``)."""
-    from ._remote import is_remote, local_url
-
     location = local_url(location)
     return os.fspath(location) if is_remote(location) else Path(location)
 
@@ -37,8 +35,6 @@ def _given(location: str | Path) -> str | Path:
 def destination_path(location: str | Path, fmt: Any, req: Any) -> Path:
     """The local path a run's staging folder goes beside: for a store's URL (or a ``pipe:`` command), a
     folder of gpubatch's cache (:mod:`gpubatch._publish`), after the checks of what a store takes."""
-    from ._remote import is_remote, local_url
-
     location = local_url(location)
     if not is_remote(location):
         return Path(location)
@@ -488,7 +484,6 @@ def finish(dst: str | Path, *, overwrite: bool = False,
     (refused otherwise, naming the parts or shards missing), writes the dataset-wide files and renames
     the whole into place. The run's command and options come from its journal."""
     from ._paths import staging_folder
-    from ._remote import is_remote
     from .engine.execute.journal import Journal
 
     if is_remote(dst):
@@ -533,7 +528,6 @@ def open_dataset(path: str | Path, fmt: str | None = None) -> Reader:
 def info(path: str | Path, fmt: str | None = None, workers: int | None = None,
          progress: Callable[[int, int], Callable[[int], None]] | None = None):
     """Describe the dataset at ``path``: a :class:`~gpubatch.report.info.DatasetReport`."""
-    from . import _remote
     from .report.info import describe
 
     try:

@@ -21,6 +21,7 @@ from typing import Any
 
 from ._commit import sweep_partials
 from ._paths import check_output, shared_stage, staged_output
+from ._remote import shown
 from .engine.device import Device
 from .errors import GpubatchError, RunStats, Terminated, UsageError
 from .formats import open_reader
@@ -128,7 +129,6 @@ def fingerprint(run: Run, src_path: Path, src_format: str, entries: list, device
     """What names a run for ``--resume``: the command, the options that shape its output, the source and its
     entries, the device kind (the CPU's and the GPU's JPEG encoders write different bytes), the shards."""
     from . import __version__
-    from ._remote import shown
     from .engine.execute.journal import entries_digest
 
     return {"gpubatch": __version__, "command": run.command,
@@ -261,7 +261,7 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
                 **extra,
                 "classes": manifest_classes(info.classes),
                 "categories": [dict(c) for c in info.categories],
-                "source": {"path": _shown(str(src_path.resolve())), "format": src_format},
+                "source": {"path": shown(str(src_path.resolve())), "format": src_format},
                 **run.manifest,
                 "device": str(device),
                 "errors": summary.skipped,
@@ -312,12 +312,6 @@ def _destination(req: Any) -> Any:
     from ._publish import destination
 
     return destination(str(req.dst))
-
-
-def _shown(text: str) -> str:
-    from ._remote import shown
-
-    return shown(text)
 
 
 def _outputs_per_input(plan: Any, fmt: Any) -> float:

@@ -38,9 +38,16 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+def datum_parts(size: int, label: int, encoded: bool = True) -> tuple[bytes, bytes]:
+    """The bytes of a Datum before and after ``size`` bytes of data: field data (4) opened, then label (5)
+    and encoded (7)."""
+    return b"\x22" + _varint(size), b"\x28" + _varint(label) + b"\x38" + (b"\x01" if encoded else b"\x00")
+
+
 def encode_datum(data: bytes, label: int, encoded: bool = True) -> bytes:
     """Serialize a Caffe Datum with fields data (4), label (5) and encoded (7)."""
-    return b"\x22" + _varint(len(data)) + data + b"\x28" + _varint(label) + b"\x38" + (b"\x01" if encoded else b"\x00")
+    head, tail = datum_parts(len(data), label, encoded)
+    return head + data + tail
 
 
 def _read_varint(buf: bytes, i: int) -> tuple[int, int]:

@@ -30,7 +30,7 @@ from typing import Any
 from .._commit import fsync_dir, partial_name, write_json
 from ..errors import GpubatchError
 from ..types import DatasetInfo, Record
-from .lmdb_datum import _lmdb, _varint, datum_key, needed_bytes
+from .lmdb_datum import _lmdb, datum_key, datum_parts, needed_bytes
 from .sinks import RUN_DIR, ShardSink
 
 #: a spool's frame before each record: the lengths of its key and of its Datum
@@ -196,8 +196,7 @@ class LmdbSink(ShardSink):
     def write(self, record: Record) -> None:
         key = record.key.encode("utf-8", "surrogateescape")
         data = record.data
-        head = b"\x22" + _varint(len(data))  # the Datum around the bytes (lmdb_datum.encode_datum), not copying them
-        tail = b"\x28" + _varint(-1 if record.label is None else int(record.label)) + b"\x38\x01"
+        head, tail = datum_parts(len(data), -1 if record.label is None else int(record.label))  # (no copy of data)
         self.f.write(_FRAME.pack(len(key), len(head) + len(data) + len(tail)) + key + head)
         self.f.write(data)
         self.f.write(tail)

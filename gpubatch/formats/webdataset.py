@@ -110,7 +110,7 @@ class WebDatasetReader(Reader):
 
     def _indexed(self, s: int) -> list | None:
         """A shard gpubatch wrote, listed from its index where the index stands for it (None: walked)."""
-        if not self.manifest or self.files.compression(s) is not None:
+        if self.files.compression(s) is not None:
             return None
         try:  # (its header blocks read where they lie: a remote shard is not fetched for them)
             return indexed_samples(self.tars[s])
@@ -121,8 +121,10 @@ class WebDatasetReader(Reader):
         from concurrent.futures import ThreadPoolExecutor
 
         entries: list[tuple[int, str, tuple] | Damaged] = []
-        with ThreadPoolExecutor(8) as pool:  # (the indexes checked 8 at once: a store's reads wait on the network)
-            indexed = list(pool.map(self._indexed, range(len(self.tars))))
+        indexed: list[list | None] = [None] * len(self.tars)
+        if self.manifest:  # (a set gpubatch wrote: its indexes checked 8 at once, a store's reads wait on the network)
+            with ThreadPoolExecutor(8) as pool:
+                indexed = list(pool.map(self._indexed, range(len(self.tars))))
         for s, tar in enumerate(self.tars):
             found = indexed[s]
             if found is not None:  # a shard gpubatch wrote: its index, where it stands

@@ -99,11 +99,11 @@ def _disk_bytes(path: Path) -> int:
     return total
 
 
-def _fetch(reader: Any, entry: Any) -> tuple:
-    """What ``info`` reads of one record (its file's I/O, no parsing): ``(record, bytes)``; or what a reader's
-    ``peek`` gives of an image file, ``(its first HEAD_BYTES bytes, its size, the record's label)``; or
-    the record's RecordError."""
-    peek = getattr(reader, "peek", None)
+def _fetch(reader: Any, entry: Any, peek: bool = True) -> tuple:
+    """What ``info`` reads of one record (its file's I/O, no parsing): ``(record, bytes)``; or, where
+    ``peek`` and the reader has one, what its ``peek`` gives of an image file, ``(its first HEAD_BYTES
+    bytes, its size, the record's label)``; or the record's RecordError."""
+    peek = getattr(reader, "peek", None) if peek else None
     peeked = peek(entry, HEAD_BYTES) if peek is not None else None
     if peeked is not None:  # an image file's (first bytes, size, label)
         return peeked
@@ -127,7 +127,7 @@ def _described(reader: Any, entry: Any, fetched: tuple) -> tuple:
         try:
             return (probe(head), label, size, Media.IMAGE, 0, (), False, None)
         except ValueError:  # (read whole: the reader's own checks, and the probe's error on every byte)
-            return _described(reader, entry, _fetch(_Whole(reader), entry))
+            return _described(reader, entry, _fetch(reader, entry, peek=False))
     rec, size = fetched
     try:
         if rec.media is Media.VIDEO:
@@ -149,13 +149,6 @@ def _described(reader: Any, entry: Any, fetched: tuple) -> tuple:
     return (hdr, rec.label, size, rec.media, boxes, members, bool(rec.meta.get("text")), rec.meta.get("features"))
 
 
-class _Whole:
-    """A reader seen without its ``peek``: records read whole."""
-
-    def __init__(self, reader: Any):
-        self.read = reader.read
-
-
 def _summary(reader: Any, entry: Any) -> tuple:
     return _described(reader, entry, _fetch(reader, entry))
 
@@ -172,15 +165,15 @@ def _open_in_worker(path: str, fmt: str | None, listed: bool) -> None:
         _READER.entries()
 
 
-def _summaries(chunk: list, reader: Any = None) -> list[tuple]:
-    return [_summary(reader or _READER, e) for e in chunk]
+def _summaries(chunk: list) -> list[tuple]:
+    return [_summary(_READER, e) for e in chunk]
 
 
 #: a process a core reads the headers of a dataset this large (smaller ones: threads of this process)
 PROCESSES_FROM = 4096
 #: what ``info`` reads of an image file first (its header is there, but after a long EXIF or ICC block)
 HEAD_BYTES = 1 << 16
-#: records a thread or a process summarizes at a time (a task a record cost more than the record)
+#: records a thread reads at a time (a task a record cost more than the record)
 CHUNK = 32
 
 
