@@ -375,18 +375,10 @@ def tree_rss_peak(cmd: list[str]) -> tuple[float, int]:
 
 
 def _tree_rss(pid: int) -> int:
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    total, stack = 0, [pid]
-    while stack:
-        p = stack.pop()
-        stack += children.get(p, [])
+    from gpubatch.engine.gpu.memory import descendants
+
+    total = 0
+    for p in {pid} | descendants(pid):
         try:
             rss = next(ln for ln in Path(f"/proc/{p}/status").read_text().splitlines() if ln.startswith("VmRSS:"))
             total += int(rss.split()[1]) * 1024

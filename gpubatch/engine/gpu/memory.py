@@ -81,7 +81,7 @@ def nvml_index(cuda_index: int) -> int:
         return cuda_index
 
 
-def _children(pid: int) -> set[int]:
+def descendants(pid: int) -> set[int]:
     """Every descendant of ``pid`` (from /proc; empty where there is none)."""
     found: set[int] = set()
     todo = [pid]
@@ -146,7 +146,7 @@ class ProcessMemory:
         pids = set(self.pids)
         if self.children:
             for p in self.pids:
-                pids |= _children(p)
+                pids |= descendants(p)
         return pids
 
     def now(self) -> int:
