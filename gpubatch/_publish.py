@@ -276,6 +276,9 @@ def staged(dest: Destination, overwrite: bool, warn: Callable[[str], None],
     interrupted run's journal brought back (for ``--resume``, or to say which command left it), anything
     else removed with ``--overwrite``. When the block ends well, the dataset goes up, manifest last."""
     shadow = dest.shadow()
+    # a run killed while its dataset went up left it here, its journal in the store: the store's journal
+    # and the committed shards make it again, so this copy goes
+    shutil.rmtree(shadow, ignore_errors=True)
     names = dest.listing(fresh=True)
     _refuse(dest, names, overwrite)
     if names and overwrite:

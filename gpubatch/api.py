@@ -287,7 +287,7 @@ def convert(
     sound = audio_ops(req.sample_rate, bool(req.mono), req.duration, req.pad or "zero", req.features)
     plan = dataclasses.replace(plan, sample=sample, ops=plan.ops + sound, audio_format=req.audio_format or "keep")
     _check_output_options(req)
-    check_output(source_root(src_path), dst_path, req.overwrite)
+    check_output(source_root(src_path), dst_path, req.overwrite or is_remote(req.dst))  # (a store's: its own checks)
     if req.finish:
         device = _finishing_device(dst_path)
     elif plan.touches_pixels or req.device == "gpu":
@@ -453,7 +453,7 @@ def augment(
                 min_box_visibility=req.min_box_visibility, seed=req.seed, copies=req.copies,
                 keep_original=req.keep_original, verify=req.verify, audio_format=req.audio_format or "keep")
     _check_output_options(req)
-    check_output(source_root(src_path), dst_path, req.overwrite)
+    check_output(source_root(src_path), dst_path, req.overwrite or is_remote(req.dst))  # (a store's: its own checks)
     device = _finishing_device(dst_path) if req.finish else resolve_gpus(req.device, req.gpu, req.gpus)
     if on_device:
         on_device(device)

@@ -21,7 +21,7 @@ from typing import Any
 
 from ._commit import sweep_partials
 from ._paths import check_output, shared_stage, staged_output
-from ._remote import shown
+from ._remote import is_remote, shown
 from .engine.device import Device
 from .errors import GpubatchError, RunStats, Terminated, UsageError
 from .formats import open_reader
@@ -152,7 +152,8 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
     t_start, t_wall = time.perf_counter(), time.time()
     stats = RunStats()
     with open_reader(src_path, req.from_format, _reader_options(req)) as reader:
-        check_output(reader.roots(), dst_path, req.overwrite)  # a COCO JSON's image folder is source too
+        # a COCO JSON's image folder is source too (a store's destination makes its own checks: _publish.staged)
+        check_output(reader.roots(), dst_path, req.overwrite or is_remote(req.dst))
         plan = dataclasses.replace(plan, media=reader.media, layout=starts_as(reader, plan))
         plan.validate(DEVICE if device.is_gpu and has_codec(plan.media, DEVICE) else HOST)  # before reading
         src_format = reader.format_name
@@ -305,8 +306,6 @@ def finished(dst: Path | str, summary_cls: Any) -> Any:
 
 def _destination(req: Any) -> Any:
     """The store a run writes to (gpubatch._publish), or None for a local destination."""
-    from ._remote import is_remote
-
     if not is_remote(req.dst):
         return None
     from ._publish import destination

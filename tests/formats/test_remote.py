@@ -11,6 +11,7 @@ import http.server
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,6 +212,33 @@ def test_a_damaged_record_in_a_remote_shard_is_named_by_its_url(s3, imagenet, tm
 def _command(src: str, dst: str, *more: str) -> list[str]:
     return [sys.executable, "-m", "gpubatch", "convert", src, dst, "--to", "webdataset", "--shard-size", "8",
             "--resize-shorter", "200", "--workers", "2", "--device", "cpu", "-q", *more]
+
+
+def test_a_run_killed_while_its_dataset_went_up_resumes_to_the_same_objects(s3, imagenet, tmp_path, monkeypatch):
+    """Killed after its shards were up and its dataset made, while the rest went up: the dataset's local copy
+    left in the cache does not stop --resume, which makes it again from the store's journal."""
+    from gpubatch import _publish
+    from gpubatch.errors import GpubatchError
+
+    convert(imagenet, tmp_path / "local", to="webdataset", shard_size=16)
+    real = _publish.Destination.finish
+
+    def cut(self, root):
+        self.put(root / "wids.json", "wids.json")
+        shutil.copytree(root, tmp_path / "left")  # (what a kill -9 here leaves: the dataset's copy)
+        raise GpubatchError("killed")
+
+    monkeypatch.setattr(_publish.Destination, "finish", cut)
+    with pytest.raises(GpubatchError, match="killed"):
+        convert(imagenet, f"s3://{s3}/out", to="webdataset", shard_size=16)
+    monkeypatch.setattr(_publish.Destination, "finish", real)
+    shadow = _publish.Destination(f"s3://{s3}/out").shadow()
+    shutil.copytree(tmp_path / "left", shadow)
+    assert "gpubatch.json" not in objects(s3, "out")
+    s = convert(imagenet, f"s3://{s3}/out", to="webdataset", shard_size=16, resume=True)
+    assert s.records_out == 60
+    got = objects(s3, "out")
+    assert without_manifest(got) == without_manifest(local_files(tmp_path / "local")) and "gpubatch.json" in got
 
 
 def test_s3_to_s3_killed_at_4_moments_resumes_to_the_same_objects(s3, s3_env, tmp_path):
