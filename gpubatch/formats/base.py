@@ -20,6 +20,7 @@ from .._paths import (
     LFS_MAGIC,
     MAX_RECORD_BYTES,  # noqa: F401 - the formats' bound on a record's bytes
     lfs_pointer,
+    open_fetched,
 )
 from ..errors import GpubatchError, RecordError, Stage
 from ..types import DatasetInfo, Media, Record
@@ -274,8 +275,6 @@ def decompress_into(path: Path, kind: str, out: Any) -> bool:
     """Write the decompressed bytes of ``path`` to the file ``out``, a block at a time (several streams one
     after the other, as ``cat a.gz b.gz`` makes, included); True where the data ended whole, False where it
     was cut short or damaged: what decompressed before that is written."""
-    from .._paths import open_fetched
-
     d = _decompressor(kind, path)
     with os.fdopen(open_fetched(path), "rb") as f:
         while True:
@@ -327,8 +326,6 @@ class OpenShards:
             if shard not in self._fds:
                 kind = self.compression(shard)
                 if kind is None:
-                    from .._paths import open_fetched
-
                     self._fds[shard] = open_fetched(self.paths[shard])  # (a remote shard: fetched first)
                 else:
                     return self._decompressed(shard, kind)
