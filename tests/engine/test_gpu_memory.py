@@ -17,7 +17,7 @@ from gpubatch.engine.gpu.memory import (
     CapTooSmall,
     ImageNeed,
     ProcessMemory,
-    _children,
+    descendants,
     held,
     image_need,
     plan_memory,
@@ -158,7 +158,7 @@ def test_the_sampler_finds_the_processes_a_run_starts():
 
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
     try:
-        assert p.pid in _children(os.getpid())
+        assert p.pid in descendants(os.getpid())
     finally:
         p.kill()
         p.wait()
