@@ -64,7 +64,7 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def timed(cmd: list[str], repeats: int, before=None) -> dict:
+def timed(cmd: list[str], repeats: int, before=None, env: dict | None = None) -> dict:
     """``cmd`` run once untimed, then ``repeats`` times: the median wall seconds, each run's, and the last
     run's ``--json`` summary where the command prints one."""
     walls, summary = [], None
@@ -72,7 +72,7 @@ def timed(cmd: list[str], repeats: int, before=None) -> dict:
         if before is not None:
             before()
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
+        p = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, **(env or {})})
         wall = time.perf_counter() - t0
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr.strip()[-2000:]}")
@@ -522,13 +522,15 @@ def job_video(a, tmp: Path) -> dict:
     make_video_set(data, a.videos, seconds=(8.0, 8.0))
     files = sorted(p for p in data.rglob("*") if p.suffix in (".mp4", ".mkv", ".mov"))
     out: dict = {"videos": len(files)}
-    for dev in (["gpu", "cpu"] if a.gpu else ["cpu"]):
-        res = timed(gpubatch("convert", str(data), str(tmp / f"video-{dev}"), "--to", "webdataset", "--frames",
+    # "gpu": the native decode loop (the default); "gpu-python": the packet loop in Python, for comparison
+    for name in (["gpu", "gpu-python", "cpu"] if a.gpu else ["cpu"]):
+        dev = name.split("-")[0]
+        res = timed(gpubatch("convert", str(data), str(tmp / f"video-{name}"), "--to", "webdataset", "--frames",
                              "every:1", "--resize-shorter", "224", "--device", dev, "--overwrite", "--json"),
-                    a.repeats)
+                    a.repeats, env={"GPUBATCH_VIDEO_LOOP": "python"} if name == "gpu-python" else None)
         frames = (res["summary"] or {}).get("records_out", 0)
-        out[dev] = {"frames_per_s": round(frames / res["seconds"], 1), "frames": frames, "runs": res["runs"],
-                    **slim(res["summary"])}
+        out[name] = {"frames_per_s": round(frames / res["seconds"], 1), "frames": frames, "runs": res["runs"],
+                     **slim(res["summary"])}
     if a.gpu:
         out["nvdec_frames_per_s"] = nvdec_rate(files)
         out["ratio_gpu_to_nvdec"] = ratio(out["gpu"]["frames_per_s"], out["nvdec_frames_per_s"] or 0)
@@ -537,7 +539,8 @@ def job_video(a, tmp: Path) -> dict:
 
 
 def nvdec_rate(files: list[Path]) -> float:
-    """gpubatch's NVDEC decode of the same files: every frame, 4 sessions (benchmarks/video_decode.py's)."""
+    """gpubatch's NVDEC decode of the same files: every frame, 4 sessions, the native loop
+    (benchmarks/video_decode.py's)."""
     code = f"""
 import json, sys
 from pathlib import Path

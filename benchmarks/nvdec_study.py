@@ -8,6 +8,13 @@
 - pyav-threads: PyAV demuxes (with the mp4-to-Annex-B bitstream filter) and feeds packets with their
   timestamps to CreateDecoder per thread: the frames come back with the demuxer's timestamps, so they
   map to the same frame indices as the CPU path.
+- gpubatch, gpubatch-python: gpubatch's NvdecSession (the path convert and VideoPipeline take) with its
+  native loop (ThreadedDecoder) and with its Python packet loop, every frame by index in chunks of 32,
+  RGB frames of their own (gpubatch's NV12-to-RGB kernel).
+- threaded: PyNvVideoCodec 2.2's ThreadedDecoder (demux and decode on a native thread), one per thread,
+  NV12 frames in batches of 32 counted; threaded-rgb: the same, each frame made RGB by gpubatch's kernel.
+- spdl: SPDL's ``spdl.io.demux_video`` + ``decode_packets_nvdec`` (one native call per file into one CUDA
+  buffer of RGB frames); needs FFmpeg's shared libraries (PyAV's, under their plain names).
 
     python3 benchmarks/nvdec_study.py --files 8 --cache /tmp/vcache --sessions 1,4,8
 """
@@ -141,6 +148,93 @@ def pyav(state, path):
         return n
 
 
+def gpubatch_path(state, path, loop: str = "native"):
+    from gpubatch.engine.codecs.video_probe import probe
+    from gpubatch.engine.gpu.video import CHUNK, NvdecSession
+
+    if path is None:
+        return {"s": NvdecSession(0, loop=loop)}
+    s = state["s"]
+    data = path.read_bytes()
+    info = probe(data)
+    if not s.open(data, info, str(path)):
+        raise RuntimeError(s.why)
+    for a in range(0, info.frames, CHUNK):
+        s.decode(list(range(a, min(a + CHUNK, info.frames))))
+    s.stream.synchronize()
+    return info.frames
+
+
+def gpubatch_python(state, path):
+    return gpubatch_path(state, path, "python")
+
+
+def _threaded(state, path, rgb: bool):
+    import PyNvVideoCodec as nvc
+
+    if path is None:
+        return {}
+    d = state.get("dec")
+    if d is None:
+        d = state["dec"] = nvc.ThreadedDecoder(str(path), 32, gpu_id=0, use_device_memory=True,
+                                               output_color_type=nvc.OutputColorType.NATIVE)
+    else:
+        d.reconfigure_decoder(str(path))
+    n = 0
+    if rgb and "k" not in state:
+        import cupy as cp
+
+        from gpubatch.engine.kernels import kernel
+
+        state["k"], state["cp"], state["stream"] = kernel("yuv", "nv12_rgb"), cp, cp.cuda.Stream(non_blocking=True)
+    while True:
+        frames = d.get_batch_frames(32)
+        if not frames:
+            break
+        if not FACTS.get("threaded_frame"):
+            f = frames[0]
+            FACTS["threaded_frame"] = [a for a in dir(f) if not a.startswith("__")]
+            FACTS["threaded_ts"] = [getattr(x, "timestamp", None) for x in frames[:8]]
+        if rgb:
+            import numpy as np
+
+            from gpubatch.engine.gpu.video import yuv_coefficients
+
+            cp, k = state["cp"], state["k"]
+            with state["stream"]:
+                for f in frames:
+                    a = cp.from_dlpack(f)
+                    h, w = a.shape[0] * 2 // 3, a.shape[1]
+                    out = cp.empty((h, w, 3), cp.uint8)
+                    k(((w + 255) // 256, h), (256,), (a, a[h:], np.int32(a.strides[0]), np.int32(h), np.int32(w), out,
+                                                       *(np.float32(c) for c in yuv_coefficients(1, 1, h))))
+            state["stream"].synchronize()
+        n += len(frames)
+    return n
+
+
+def threaded(state, path):
+    return _threaded(state, path, False)
+
+
+def threaded_rgb(state, path):
+    return _threaded(state, path, True)
+
+
+def spdl(state, path):
+    import spdl.io as sio
+
+    if path is None:
+        return {"cfg": sio.cuda_config(device_index=0)}
+    buf = sio.decode_packets_nvdec(sio.demux_video(str(path)), device_config=state["cfg"])
+    import cupy as cp
+
+    a = cp.asarray(buf)
+    FACTS.setdefault("spdl_shape", str(a.shape))
+    cp.cuda.Device(0).synchronize()
+    return int(a.shape[0])
+
+
 def _proc(args):
     paths, = args
     return sum(simple({}, p) for p in paths)
@@ -177,7 +271,9 @@ def main() -> None:
                     if mode == "simple-procs":
                         runs = [procs(paths, n)]
                     else:
-                        fn = {"simple-threads": simple, "core-threads": core, "pyav-threads": pyav}[mode]
+                        fn = {"simple-threads": simple, "core-threads": core, "pyav-threads": pyav, "gpubatch": gpubatch_path,
+                              "gpubatch-python": gpubatch_python,
+                              "threaded": threaded, "threaded-rgb": threaded_rgb, "spdl": spdl}[mode]
                         runs = [_threads(fn, paths, n) for _ in range(2)]
                     fps = statistics.median(f / s for f, s in runs)
                     out.setdefault(codec, {}).setdefault(mode, {})[n] = round(fps, 1)

@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 
-def _nvdec(files: list[bytes], sessions: int, gpu: int = 0) -> tuple[int, float]:
+def _nvdec(files: list[bytes], sessions: int, gpu: int = 0, loop: str = "native") -> tuple[int, float]:
     import cupy as cp
 
     from gpubatch.engine.codecs.video_probe import probe
@@ -37,7 +37,7 @@ def _nvdec(files: list[bytes], sessions: int, gpu: int = 0) -> tuple[int, float]
     ready = threading.Barrier(sessions + 1)
 
     def run() -> None:
-        s = NvdecSession(gpu)
+        s = NvdecSession(gpu, loop=loop)
         s.open(files[0], infos[0])
         s.decode(list(range(min(CHUNK, counts[0]))))  # warm: the session's decoder and kernels exist
         s.stream.synchronize()

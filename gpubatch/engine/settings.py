@@ -21,6 +21,7 @@ from ..errors import UsageError
 ROUTES = ("auto", "split", "hardware")
 PLANES = ("chunked", "always", "never")
 SYNC_POLICIES = ("auto", "spin", "yield", "blocking")
+VIDEO_LOOPS = ("native", "python")
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,9 @@ class Settings:
     Attributes:
         video_decoders: NVDEC decoder sessions (threads) working at once (``GPUBATCH_VIDEO_DECODERS``);
             one session is about one NVDEC engine's work and Hopper has seven (docs/engine.md).
+        video_loop: "native" (PyNvVideoCodec's ThreadedDecoder demuxes and decodes on a native thread) or
+            "python" (PyAV demuxes, each packet goes to the decoder from Python) (``GPUBATCH_VIDEO_LOOP``;
+            engine/gpu/nvdec_loop.py).
     """
 
     decode_route: str = "auto"
@@ -158,11 +162,13 @@ class Settings:
     feed_depth: int = 4
     hw_preallocate: int = 640
     video_decoders: int = 8
+    video_loop: str = "native"
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("decode route", self.decode_route, ROUTES), ("hw_planes", self.hw_planes, PLANES),
                                      ("GPU sync policy", self.sync, SYNC_POLICIES),
                                      ("decode API", self.decode_api, ("c", "python")),
+                                     ("video loop", self.video_loop, VIDEO_LOOPS),
                                      ("cuda_takes", self.cuda_takes, ("slowest", "cheapest"))):
             if value not in allowed:
                 raise UsageError(f"unknown {name} {value!r}: one of {', '.join(allowed)}")
@@ -217,4 +223,5 @@ _ENV = (
     ("GPUBATCH_SWITCH_INTERVAL", "switch_interval", float),
     ("GPUBATCH_PIN_FEED", "pin_feed", _flag),
     ("GPUBATCH_VIDEO_DECODERS", "video_decoders", int),
+    ("GPUBATCH_VIDEO_LOOP", "video_loop", str),
 )

@@ -234,7 +234,7 @@ class VideoPipeline:
         def worker() -> None:
             from ..engine.gpu.video import NvdecSession
 
-            session = NvdecSession(self.device.index)
+            session = NvdecSession(self.device.index, loop=self.settings.video_loop)
             try:
                 while not stop.is_set():
                     with feed_lock:
@@ -285,8 +285,7 @@ class VideoPipeline:
     def _gpu_clip(self, session: Any, path: str, key: str) -> tuple[Any, str, list[int]]:
         """One clip on the GPU: read, probe (once a file), decode (NVDEC, or PyAV where NVDEC does not take
         the file), the chain on its frames, arranged; the clip's stream is synchronized before it goes."""
-        from ..engine.codecs.video_gpu_caps import nvdec_supports
-        from ..engine.gpu.video import CHECKED, _chain
+        from ..engine.gpu.video import _chain, cpu_reason
         from ..errors import RecordError, Stage
         from ..types import Media, Record
 
@@ -302,8 +301,7 @@ class VideoPipeline:
         frames = template.meta["frames"]
         t1 = time.perf_counter()
         decoded = session.frames_decoded
-        if (not info.rotation and info.container in CHECKED and nvdec_supports(info, session.gpu)
-                and session.open(data, info)):
+        if not cpu_reason(info, session.gpu, session.loop) and session.open(data, info, str(path)):
             try:
                 pixels = session.decode(frames)
             except Exception as e:  # noqa: BLE001 - a damaged stream: this file gives no clip this visit

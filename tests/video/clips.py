@@ -31,6 +31,8 @@ def make_clip(path: Path, frames: int = 48, w: int = 96, h: int = 64, codec: str
             s.options = {"g": str(gop), "bf": str(bframes), "preset": "ultrafast" if not bframes else "veryfast"}
         elif codec == "libx265":
             s.options = {"x265-params": f"keyint={gop}:min-keyint={gop}:bframes={bframes}:log-level=error"}
+        elif codec in ("libvpx-vp9", "libsvtav1"):
+            s.options = {"g": str(gop)} | ({"svtav1-params": "keyint=%d:scd=0" % gop} if codec == "libsvtav1" else {})
         if times is not None:
             s.codec_context.time_base = Fraction(1, 1000)
         for i in range(frames):

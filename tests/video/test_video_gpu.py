@@ -25,30 +25,66 @@ TEMPORAL_CHAINS = {"random_clip": "random_clip(length=6, step=2) | random_resize
                    "clip": "clip(length=4, step=3) | color_jitter(brightness=0.4)"}
 
 
-@pytest.mark.parametrize("codec,size", [("libx264", (320, 240)), ("libx265", (352, 288)), ("libx264", (1280, 720))])
-def test_nvdec_frames_match_pyav_at_the_same_indices(tmp_path, codec, size):
+#: (container, encoder, size): what the native loop's frames are checked for (the Python loop: MP4 H.264 and HEVC)
+CASES = [("mp4", "libx264", (320, 240)), ("mp4", "libx265", (352, 288)), ("mp4", "libx264", (1280, 720)),
+         ("mp4", "libvpx-vp9", (320, 240)), ("mp4", "libsvtav1", (320, 240))]
+
+
+@pytest.mark.parametrize("loop,container,codec,size", [("native", *c) for c in CASES] +
+                         [("python", *c) for c in CASES if c[1] in ("libx264", "libx265")])
+def test_nvdec_frames_match_pyav_at_the_same_indices(tmp_path, loop, container, codec, size):
+    import cupy as cp
+
+    from gpubatch.engine.codecs.video import FrameCursor
+    from gpubatch.engine.codecs.video_gpu_caps import nvdec_supports
+    from gpubatch.engine.codecs.video_probe import probe
+    from gpubatch.engine.gpu.nvdec_loop import NativeLoop, PythonLoop
+    from gpubatch.engine.gpu.video import NvdecSession, cpu_reason
+
+    w, h = size
+    path = make_clip(tmp_path / f"c.{container}", 40, w, h, codec)
+    data = path.read_bytes()
+    info = probe(data)
+    if not nvdec_supports(info, 0):  # (the H200's NVDEC has no AV1, GetDecoderCaps says: those go to the CPU)
+        pytest.skip(f"NVDEC here does not decode {info.codec}")
+    idx = [0, 5, 13, 14, 27, 39, 2]  # (seeks back and forth over keyframes 12 frames apart)
+    cpu = FrameCursor(data, info, [idx]).frames(idx).astype(np.int16)
+    s = NvdecSession(0, loop=loop)
+    assert s.loop is (NativeLoop if loop == "native" else PythonLoop)
+    assert cpu_reason(info, 0, s.loop) == "" and info.frames == 40 and len(info.keyframes) == 4
+    for source in (None, str(path)) if loop == "native" else (None,):  # from its bytes (a spool file), its file
+        assert s.open(data, info, source), s.why
+        gpu = np.stack([cp.asnumpy(a) for a in s.decode(idx)]).astype(np.int16)
+        assert gpu.shape == cpu.shape
+        per_frame = np.abs(gpu - cpu).mean(axis=(1, 2, 3))
+        off_by_one = np.abs(gpu[1:] - cpu[:-1]).mean(axis=(1, 2, 3))
+        print(f"{loop} {container} {codec} {w}x{h}: mean abs difference per frame {np.round(per_frame, 2).tolist()}, "
+              f"neighbouring frames {np.round(off_by_one, 1).tolist()}")
+        assert per_frame.max() <= 2.0  # the issue's bound
+        assert off_by_one.min() > 4 * max(per_frame.max(), 0.5)  # a frame one index off would show
+    s.close()
+
+
+def test_nvdec_native_loop_takes_a_window_and_every_frame_in_order(tmp_path):
+    """A stretch of a video (DALI's file lists: its frames counted from its start) and every frame one
+    after another, as ``--frames every:1`` takes them, through the native loop."""
     import cupy as cp
 
     from gpubatch.engine.codecs.video import FrameCursor
     from gpubatch.engine.codecs.video_probe import probe
     from gpubatch.engine.gpu.video import NvdecSession
 
-    w, h = size
-    data = make_clip(tmp_path / "c.mp4", 40, w, h, codec).read_bytes()
-    info = probe(data)
-    idx = [0, 5, 13, 14, 27, 39]
-    cpu = FrameCursor(data, info, [idx]).frames(idx).astype(np.int16)
-    s = NvdecSession(0)
-    assert s.open(data, info) and info.frames == 40
-    gpu = np.stack([cp.asnumpy(a) for a in s.decode(idx)]).astype(np.int16)
-    assert gpu.shape == cpu.shape
-    per_frame = np.abs(gpu - cpu).mean(axis=(1, 2, 3))
-    off_by_one = np.abs(gpu[1:] - cpu[:-1]).mean(axis=(1, 2, 3))
-    print(f"{codec} {w}x{h}: mean abs difference per frame {np.round(per_frame, 2).tolist()}, "
-          f"neighbouring frames {np.round(off_by_one, 1).tolist()}")
-    assert per_frame.max() <= 2.0  # the issue's bound
-    assert off_by_one.min() > 4 * max(per_frame.max(), 0.5)  # a frame one index off would show
-    s.close()
+    data = make_clip(tmp_path / "c.mp4", 60, 320, 240).read_bytes()
+    whole = probe(data)
+    for info in (whole, whole.window(1.0, 2.0)):
+        idx = list(range(info.frames))
+        cpu = FrameCursor(data, info, [idx]).frames(idx).astype(np.int16)
+        s = NvdecSession(0, chunk=8, loop="native")
+        assert s.open(data, info)
+        gpu = np.concatenate([np.stack([cp.asnumpy(a) for a in s.decode(idx[i: i + 8])])
+                              for i in range(0, len(idx), 8)]).astype(np.int16)
+        s.close()
+        assert np.abs(gpu - cpu).mean(axis=(1, 2, 3)).max() <= 2.0, info.offset
 
 
 def _members(out: Path) -> dict[str, bytes]:
@@ -68,21 +104,24 @@ def _img(data: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), np.int16)
 
 
-def test_gpu_convert_to_frames_and_clips_matches_the_cpu_path(tmp_path, monkeypatch):
+@pytest.mark.parametrize("loop", ["native", "python"])
+def test_gpu_convert_to_frames_and_clips_matches_the_cpu_path(tmp_path, monkeypatch, loop):
     src = class_folders(tmp_path / "src")
     for k in range(6):  # more clips than decoders: several sessions at once
         make_clip(src / "run" / f"r{k}.mp4", 40 + 4 * k, 160, 120)
     monkeypatch.setenv("GPUBATCH_VIDEO_DECODERS", "4")
+    monkeypatch.setenv("GPUBATCH_VIDEO_LOOP", loop)
     frames = {}
     for dev in ("cpu", "gpu"):
         s = convert(src, tmp_path / f"frames-{dev}", to="webdataset", frames="every:5", resize_shorter=48,
                     device=dev)
         assert not s.skipped and s.records_in == 10
         if dev == "gpu":  # NVDEC's smallest HEVC frame is 144x144 (GetDecoderCaps), and the MKV: the CPU's
-            assert s.fallbacks == 2 and s.warnings == [
+            assert s.warnings == [
                 "decoded on the CPU: walk/w1 (NVDEC here does not decode hevc yuv420p 96x64)",
-                "decoded on the CPU: walk/w2 (mkv: NVDEC's frames are checked against the CPU's for MP4 and MOV "
+                "decoded on the CPU: walk/w2 (mkv: NVDEC's frames are checked against the CPU's for MOV and MP4 "
                 "files)"], s.warnings
+            assert s.fallbacks == len(s.warnings)
         frames[dev] = _members(tmp_path / f"frames-{dev}")
     assert frames["cpu"].keys() == frames["gpu"].keys()
     jpgs = [k for k in frames["cpu"] if k.endswith(".jpg")]

@@ -62,6 +62,8 @@ class VideoInfo:
         times: seconds, per frame in presentation order, from the first frame.
         keyframes: indices of the frames a decoder can start from.
         bit_rate: bits per second of the whole file; ``audio_tracks``: its audio streams.
+        colorspace, color_range: the stream's YUV matrix and range as FFmpeg numbers them (2: unspecified;
+            range 2: full), for a decoder's own YUV-to-RGB conversion.
     """
 
     container: str
@@ -83,6 +85,8 @@ class VideoInfo:
     offset: int = 0  # a stretch of a video (window): the index of its first frame in the whole
     t0: float = 0.0  # and that frame's time
     missing: int = 0  # frames the file's index counts past its end: a file cut short (see ``cut_short``)
+    colorspace: int = 2
+    color_range: int = 0
 
     @property
     def cut_short(self) -> str:
@@ -269,11 +273,17 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             container = "mp4"
         pix_fmt = str(cc.pix_fmt or "")
         return VideoInfo(
-            container=container, codec=cc.name, profile=cc.profile, width=w, height=h, rotation=rotation,
+            container=container, codec=_codec_name(cc), profile=cc.profile, width=w, height=h, rotation=rotation,
             bit_depth=_bit_depth(pix_fmt), pix_fmt=pix_fmt, fps=rate or (len(times) / duration if duration else 0.0),
             vfr=vfr, duration=duration, times=times, keyframes=keyframes,
             bit_rate=int(c.bit_rate or 0), audio_tracks=len(c.streams.audio), pts=spts, missing=missing,
+            colorspace=int(getattr(cc, "colorspace", 2) or 2), color_range=int(getattr(cc, "color_range", 0) or 0),
         )
+
+
+def _codec_name(cc: Any) -> str:
+    """The stream's codec as FFmpeg names the format ("av1"), not the decoder that reads it ("libdav1d")."""
+    return str(getattr(cc.codec, "canonical_name", None) or cc.name)
 
 
 def npy_clip(data: bytes, max_pixels: int = 0) -> VideoInfo:

@@ -12,7 +12,6 @@ named in the summary.
 
 from __future__ import annotations
 
-import io
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -23,16 +22,12 @@ import numpy as np
 from ...errors import RecordError, RunStats, Stage
 from ...types import Media, Record
 from ..codecs.video import SourcedFrames, clip_members, encode_clip, info_of
-from ..codecs.video_gpu_caps import CUDA_CODEC, nvdec_supports
-from ..codecs.video_probe import open_input, packets
+from ..codecs.video_gpu_caps import nvdec_supports
 from ..device import Device
 from ..plan import Plan
 from ..run import Job, RecordSource, outputs_of, read_counted
 from ..settings import Settings
 
-#: containers whose NVDEC frames matched the CPU's, frame by frame (tests/video/test_video_gpu.py). An MKV
-#: file's single frames matched, its clips did not (2026-11-25, H100): other containers decode on the CPU
-CHECKED = frozenset({"mp4", "mov"})
 #: frames a cursor decodes ahead in one call (bounded GPU memory: 64 1080p RGB frames are 400 MB)
 CHUNK = 32
 #: frames a capped run's plan decodes at most to measure what a frame holds (fewer where the cap is small)
@@ -42,23 +37,21 @@ CALIBRATION_FRAMES = 8
 class NvdecSession:
     """One thread's NVDEC decoder, CUDA stream, launcher and encoder on one GPU.
 
-    PyAV demuxes (the same demuxer as the CPU path and the probe, so a frame's timestamp names its
-    index) and the H.264/HEVC packets, in Annex B form, go to PyNvVideoCodec's decoder with their
-    timestamps; the frames come back in display order with them. Decoding releases the GIL, so the
-    sessions of several threads keep several NVDEC engines busy (SimpleDecoder's calls hold it: its
-    sessions did not scale, benchmarks/nvdec_study.py). The NV12 (P016 for 10 and 12 bits) frames become
-    RGB in gpubatch's own kernel (kernels/yuv.cu), with the stream's matrix and range.
+    The decoder's packet loop (:mod:`.nvdec_loop`) runs natively (PyNvVideoCodec's ``ThreadedDecoder``,
+    the default) or in Python (PyAV demuxing into ``CreateDecoder``; ``loop="python"``). Either way the
+    frames come back in display order with their container timestamps, which name their indices as the
+    CPU path gives them. Decoding releases the GIL, so the sessions of several threads keep several
+    NVDEC engines busy. The NV12 (P016 for 10 and 12 bits) frames become RGB in gpubatch's own kernel
+    (kernels/yuv.cu), with the stream's matrix and range.
     """
 
-    #: the codecs this path decodes (their packets made Annex B by FFmpeg's ``*_mp4toannexb`` filters)
-    CODECS = frozenset({"h264", "hevc"})
-
-    def __init__(self, gpu: int, chunk: int = CHUNK):
+    def __init__(self, gpu: int, chunk: int = CHUNK, loop: str = "native"):
         import cupy as cp
         import PyNvVideoCodec as nvc
 
         from ..batch import PinnedStaging
         from .launch import Launcher
+        from .nvdec_loop import NativeLoop, loop_class
 
         self.cp, self.nvc, self.gpu = cp, nvc, gpu
         self.chunk = chunk  # frames decoded ahead in one call (fewer under --gpu-memory)
@@ -69,10 +62,9 @@ class NvdecSession:
         self._encoder: Any = None
         self.frames_decoded = 0
         self.why = ""
-        self._dec: Any = None
-        self._dec_key: tuple = ()
-        self._max = (0, 0)
-        self._container: Any = None
+        self.loop = loop_class(loop, nvc)  # (its codecs and containers: cpu_reason)
+        self._loop: Any = (self.loop(nvc, gpu, self.stream, chunk) if self.loop is NativeLoop else
+                           self.loop(nvc, gpu, self.stream))
 
     @property
     def encoder(self) -> Any:
@@ -82,88 +74,25 @@ class NvdecSession:
             self._encoder = GpuImageEncoder(self.gpu, 2, "batched", self.staging)
         return self._encoder
 
-    def open(self, data: bytes, info: Any) -> bool:
-        """Ready to decode the video ``data`` (``info``: its probe); False, with the reason in ``why``,
-        where this path does not take it."""
-        import av
-
-        self.why = ""
-        name = CUDA_CODEC.get(info.codec) if info.codec in self.CODECS else None
-        if name is None:
-            self.why = f"{info.codec}: gpubatch's NVDEC path takes H.264 and HEVC"
-            return False
-        self._close_container()
-        try:
-            self._container = open_input(io.BytesIO(data))
-            self._vs = self._container.streams.video[0]
-            self._bsf = av.BitStreamFilterContext(f"{info.codec}_mp4toannexb", self._vs)
-            cc = self._vs.codec_context
-            w, h = int(cc.width), int(cc.height)
-            key = (name, info.bit_depth)
-            if self._dec is None or self._dec_key != key or w > self._max[0] or h > self._max[1]:
-                self._dec = None  # (a decoder reconfigures itself to smaller frames, not to larger ones)
-                self._max = (max(w, self._max[0]) if self._dec_key == key else w,
-                             max(h, self._max[1]) if self._dec_key == key else h)
-                self._dec = self.nvc.CreateDecoder(gpuid=self.gpu, codec=getattr(self.nvc.cudaVideoCodec, name),
-                                                   cudacontext=0, cudastream=self.stream.ptr, usedevicememory=True,
-                                                   maxwidth=self._max[0], maxheight=self._max[1])
-                self._dec_key = key
-        except Exception as e:  # noqa: BLE001 - no decoder for this stream here: the CPU decodes it
-            self._close_container()
-            self.why = f"NVDEC: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}"
+    def open(self, data: bytes, info: Any, path: str | None = None) -> bool:
+        """Ready to decode the video ``data`` (``info``: its probe; ``path``: its file, where it is one);
+        False, with the reason in ``why``, where this path does not take it."""
+        self.why = self._loop.open(data, info, path)
+        if self.why:
             return False
         self.info = info
         self._index = {int(p): i for i, p in enumerate(info.pts)}
-        self._coef = yuv_coefficients(int(getattr(cc, "colorspace", 2) or 2), int(getattr(cc, "color_range", 0) or 0), h)
-        self._packets: Any = None
-        self._ended = False
+        self._coef = yuv_coefficients(info.colorspace, info.color_range, info.height)
+        self._started = False
         self.pos = -1  # the greatest frame index the decoder gave since the last seek
         return True
 
-    def _close_container(self) -> None:
-        if self._container is not None:
-            if self._dec is not None and self._packets is not None and not self._ended:
-                self._dec.Decode(self.nvc.PacketData())  # flush what the decoder holds of this file
-            self._container.close()
-            self._container = None
-        self._packets = None
-
     def _seek(self, index: int) -> None:
-        """Decode on from the keyframe before frame ``index`` (what the decoder held is flushed)."""
-        if self._packets is not None and not self._ended:
-            self._dec.Decode(self.nvc.PacketData())
+        """Decode on from the keyframe before frame ``index``."""
         k = self.info.keyframe_before(index)
-        self._container.seek(int(self.info.pts[k]), stream=self._vs, backward=True, any_frame=False)
-        self._packets = packets(self._container, self._vs)
-        self._ended = False
+        self._loop.seek(k)
+        self._started = True
         self.pos = k - 1
-
-    def _next(self) -> list | None:
-        """The frames the next packet completes (in display order); None once the stream is done. Where
-        the demuxer or the bitstream filter fails (the file ends inside a packet, or a damaged stretch;
-        PyAV 19 raises there) the stream ends: the frames the decoder holds are flushed out first."""
-        from ..codecs.video_probe import av
-
-        for packet in self._packets:
-            if not packet.size:
-                continue
-            try:
-                filtered = self._bsf.filter(packet)
-            except av().FFmpegError:
-                self._packets = iter(())  # (the stream ends here)
-                break
-            out: list = []
-            for q in filtered:
-                buf = np.frombuffer(q, np.uint8)
-                pk = self.nvc.PacketData()
-                t = q.pts if q.pts is not None else q.dts
-                pk.bsl_data, pk.bsl, pk.pts = buf.ctypes.data, buf.size, int(t if t is not None else -1)
-                out.extend(self._dec.Decode(pk))
-            return out
-        if self._ended:
-            return None
-        self._ended = True
-        return list(self._dec.Decode(self.nvc.PacketData()))  # the frames still held back for display order
 
     def _rgb(self, frame: Any) -> Any:
         """A decoded NV12/P016 frame as an RGB uint8 (H, W, 3) CuPy array of its own (on this stream)."""
@@ -190,27 +119,37 @@ class NvdecSession:
         for target in sorted(want):
             if target in got:
                 continue
-            if self._packets is None or target <= self.pos or self.info.keyframe_before(target) > self.pos + 1:
+            sought = not self._started or target <= self.pos or self.info.keyframe_before(target) > self.pos + 1
+            if sought:
                 self._seek(target)
+            again = False
             while target not in got:
-                frames = self._next()
+                frames = self._loop.next()
                 if frames is None:
                     raise ValueError(f"the stream ends before frame {target}")
                 self.frames_decoded += len(frames)
+                first = None
                 for f in frames:
                     i = self._index.get(int(f.timestamp))
                     if i is None:
                         continue
+                    first = i if first is None else first
                     self.pos = max(self.pos, i)
                     if i in want and i not in got:
                         got[i] = self._rgb(f)
+                if sought and first is not None:
+                    sought = False
+                    if first > target and target not in got:  # the seek went past the frame (a timestamp off)
+                        if again or (self.info.keyframe_before(target) == 0 and not self.info.offset):
+                            raise ValueError(f"the decoder began at frame {first}, after frame {target}")
+                        self._loop.rewind()  # from the file's start, then
+                        self.pos, sought, again = -1, True, True
         return [got[i] for i in indices]
 
     def close(self) -> None:
-        self._close_container()
+        self._loop.close()
         if self._encoder is not None:
             self._encoder.close()
-        self._dec = None
 
 
 #: Kr, Kb of the YUV matrices PyAV's reformatter names (colour_matrix)
@@ -267,8 +206,9 @@ class GpuFrameCursor:
         return out
 
 
-def _chain(session: NvdecSession, plan: Plan, frames: list[Any], params: list) -> list[Any]:
-    """The chain on a clip's frames (one set of parameters for all), as uint8 HWC CuPy arrays."""
+def _chain(session: NvdecSession, plan: Plan, frames: list[Any], params: Any, each: bool = False) -> list[Any]:
+    """The chain on a clip's frames (one set of parameters for all; ``each``: ``params`` is a list, one set a
+    frame), as uint8 HWC CuPy arrays."""
     if not plan.ops:
         return frames
     from ..batch import Ragged
@@ -276,7 +216,7 @@ def _chain(session: NvdecSession, plan: Plan, frames: list[Any], params: list) -
 
     cp = session.cp
     with session.stream:
-        out = run_chain(session, plan.ops, Ragged.from_items(cp, frames), [params] * len(frames))
+        out = run_chain(session, plan.ops, Ragged.from_items(cp, frames), params if each else [params] * len(frames))
         return out.items()
 
 
@@ -326,6 +266,41 @@ def _encode_job(session: NvdecSession, job: Job, cursor: GpuFrameCursor, plan: P
     return out
 
 
+def _single_frame(job: Job) -> bool:
+    """An output that is one frame as an image (``--frames``): such outputs of a video go through the chain
+    and the encoder together, a batch at a time."""
+    t = job.template
+    return t.media is Media.IMAGE and "frame" in t.meta and len(t.meta.get("frames") or ()) == 1
+
+
+def _encode_frames(session: NvdecSession, jobs: list[Job], cursor: GpuFrameCursor, plan: Plan, info: Any,
+                   stats: RunStats) -> list[Record | RecordError]:
+    """Single-frame image outputs of one video (:func:`_single_frame`), in one decode call, one pass of the
+    chain (each with its own drawn parameters) and one call of the encoder. A decode error fails them
+    all (raised); an encode error, the frames the encoder failed."""
+    frames = [j.template.meta["frames"][0] for j in jobs]
+    params = [j.settle(plan, info.height, info.width)[0] for j in jobs]
+    pixels = cursor.frames(frames)  # (a RecordError of the decode stage goes up: the video's outputs end)
+    try:
+        done = _chain(session, plan, pixels, params, each=True)
+        codec = plan.out_codec(jobs[0].template.codec)
+        encoded = session.encoder.encode(done, codec, plan.jpeg_quality, session.stream)
+    except Exception as e:  # noqa: BLE001 - the records' boundary
+        return [RecordError(j.template.key, j.template.origin, Stage.TRANSFORM, f"{type(e).__name__}: {e}")
+                for j in jobs]
+    out: list[Record | RecordError] = []
+    for j, p, b in zip(jobs, params, encoded):
+        t = j.template
+        if b is None:
+            out.append(RecordError(t.key, t.origin, Stage.ENCODE, "the GPU encoder failed"))
+            continue
+        if plan.augmenting:
+            stats.drawn[t.key] = p
+        stats.add(transcoded=1)
+        out.append(t.with_(data=bytes(b), codec=codec))
+    return out
+
+
 def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunStats,
                   fallback: Callable[[Record], list]) -> list[Record | RecordError]:
     """Everything one video record becomes, decoded by this thread's NVDEC session (the CPU path,
@@ -335,7 +310,7 @@ def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunS
     if not jobs:
         return outs
     info = info_of(record, plan)
-    why = cpu_reason(info, session.gpu)
+    why = cpu_reason(info, session.gpu, session.loop)
     if not why and not session.open(record.data, info):  # a codec this path does not take, or NVDEC refused it
         why = session.why or "NVDEC refused it"
     if why:
@@ -345,31 +320,58 @@ def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunS
     cursor = GpuFrameCursor(session, [list(j.template.meta.get("frames") or ()) for j in jobs], record.key,
                             record.origin)
     result: list[Record | RecordError] = []
-    for item in outs:
-        if not isinstance(item, Job):
-            result.append(item)
-            continue
-        try:
-            result.append(_encode_job(session, item, cursor, plan, info, stats, record.data))
-        except RecordError as e:
-            result.append(e)
-            if e.stage is Stage.DECODE:
-                break
+    batch: list[Job] = []  # single-frame outputs waiting to go through the chain and the encoder together
+    try:
+        for item in outs:
+            if isinstance(item, Job) and _single_frame(item):
+                batch.append(item)
+                if len(batch) >= session.chunk:
+                    result.extend(_encode_frames(session, batch, cursor, plan, info, stats))
+                    batch = []
+                continue
+            if batch:
+                result.extend(_encode_frames(session, batch, cursor, plan, info, stats))
+                batch = []
+            if not isinstance(item, Job):
+                result.append(item)
+                continue
+            try:
+                result.append(_encode_job(session, item, cursor, plan, info, stats, record.data))
+            except RecordError as e:
+                if e.stage is Stage.DECODE:
+                    raise
+                result.append(e)
+        if batch:
+            result.extend(_encode_frames(session, batch, cursor, plan, info, stats))
+    except RecordError as e:  # the stream cannot be decoded on: the video's outputs end here
+        if e.stage is not Stage.DECODE:
+            raise
+        result.append(e)
     return result
 
 
-def cpu_reason(info: Any, gpu: int) -> str:
+def cpu_reason(info: Any, gpu: int, loop: type) -> str:
     """Why a video goes to the CPU path rather than to NVDEC on GPU ``gpu`` ("" where NVDEC takes it, as
-    far as its probe tells: a codec NVDEC refuses when it opens the file goes to the CPU then)."""
-    return ("rotated" if info.rotation else "a decoded clip" if info.container == "npy" else
-            "" if info.container in CHECKED else f"{info.container}: NVDEC's frames are checked against the CPU's "
-            "for MP4 and MOV files") or (
-        "" if nvdec_supports(info, gpu) else f"NVDEC here does not decode {info.codec} {info.pix_fmt} "
-        f"{info.width}x{info.height}")
+    far as its probe tells: a codec NVDEC refuses when it opens the file goes to the CPU then). ``loop``:
+    the session's packet loop (:mod:`.nvdec_loop`), whose frames were checked against the CPU's for its
+    codecs in its containers."""
+    if info.rotation:
+        return "rotated"
+    if info.container == "npy":
+        return "a decoded clip"
+    if info.container not in loop.CONTAINERS:
+        names = sorted(c.upper() for c in loop.CONTAINERS)
+        return (f"{info.container}: NVDEC's frames are checked against the CPU's for {', '.join(names[:-1])} and "
+                f"{names[-1]} files")
+    if info.codec not in loop.CODECS:
+        return f"{info.codec}: gpubatch's NVDEC path takes {', '.join(sorted(loop.CODECS))} here"
+    return "" if nvdec_supports(info, gpu) else (f"NVDEC here does not decode {info.codec} {info.pix_fmt} "
+                                                 f"{info.width}x{info.height}")
 
 
 def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any], plan: Plan, decoders: int,
-            stats: RunStats, stack_bytes: int | None = Settings.stack_bytes, n: int = 16) -> tuple[int, int]:
+            stats: RunStats, stack_bytes: int | None = Settings.stack_bytes, n: int = 16,
+            video_loop: str = Settings.video_loop) -> tuple[int, int]:
     """Under ``--gpu-memory``: (NVDEC sessions, frames a session decodes ahead) that keep this run's device
     memory under the cap, as the driver counts it (:mod:`.gpu_memory`).
 
@@ -385,9 +387,12 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
 
     from ...errors import GpubatchError
     from ..codecs.video import info_of
+    from ..codecs.video_gpu_caps import nvc
     from .memory import MARGIN, MiB, below, named, spread, start_capped
+    from .nvdec_loop import loop_class
 
     cap, mem, context = start_capped(spec, device.index, stack_bytes)
+    loop = loop_class(video_loop, nvc())
     largest, frames = None, 1
     for entry in spread(entries, n):
         try:
@@ -399,7 +404,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
         except Exception:  # noqa: BLE001 - a bad record is the run's to report
             continue
         longest = max((len(j.template.meta.get("frames") or ()) for j in jobs), default=0)
-        if not jobs or info.codec not in NvdecSession.CODECS or cpu_reason(info, device.index):
+        if not jobs or cpu_reason(info, device.index, loop):
             continue
         if jobs[0].template.codec == "mp4":
             longest = min(longest, CHUNK)  # a whole video goes through the chain a chunk at a time
@@ -421,7 +426,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
         fixed, per_session, frame = context, 0, 0
     else:
         record, info = largest
-        session = NvdecSession(device.index, 1)
+        session = NvdecSession(device.index, 1, video_loop)
         try:
             if not session.open(record.data, info):
                 raise GpubatchError(f"--gpu-memory: NVDEC refused {record.key} ({session.why})")
@@ -507,7 +512,7 @@ class VideoDeviceUnit:
     def session(self) -> NvdecSession:
         s = getattr(self.local, "s", None)
         if s is None:
-            s = self.local.s = NvdecSession(self.device.index, self.chunk)
+            s = self.local.s = NvdecSession(self.device.index, self.chunk, self.ctx.settings.video_loop)
             with self.lock:
                 self.sessions.append(s)
         return s
@@ -517,7 +522,8 @@ class VideoDeviceUnit:
 
         if self.ctx.gpu_memory is not None:
             self.decoders, self.chunk = fit_cap(self.ctx.gpu_memory, self.device, reader, entries, self.plan,
-                                                self.decoders, stats, self.ctx.settings.stack_bytes)
+                                                self.decoders, stats, self.ctx.settings.stack_bytes,
+                                                video_loop=self.ctx.settings.video_loop)
         try:  # the driver readies this many decoder sessions (NVIDIA's multi-decoder recipe)
             self.nvc.SimpleDecoder.set_session_count(self.decoders)
         except Exception:  # noqa: BLE001 - an older PyNvVideoCodec without it: sessions start on demand

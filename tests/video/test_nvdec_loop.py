@@ -1,0 +1,75 @@
+"""The NVDEC packet loop's choice, its spool files and the reasons a video goes to the CPU: what needs no
+GPU (the frames themselves are checked against PyAV's in test_video_gpu.py, on the GPU)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from gpubatch.engine.codecs.video_probe import VideoInfo
+from gpubatch.engine.gpu.nvdec_loop import NativeLoop, PythonLoop, loop_class, sweep_spool
+from gpubatch.engine.gpu.video import cpu_reason
+from gpubatch.engine.settings import Settings
+from gpubatch.errors import UsageError
+
+
+def _info(container: str = "mp4", codec: str = "h264", rotation: int = 0) -> VideoInfo:
+    return VideoInfo(container=container, codec=codec, profile=None, width=320, height=240, rotation=rotation,
+                     bit_depth=8, pix_fmt="yuv420p", fps=24.0, vfr=False, duration=1.0,
+                     times=np.arange(24) / 24, keyframes=(0, 12), pts=np.arange(24) * 512)
+
+
+def test_the_native_loop_where_pynvvideocodec_has_it_else_the_python_loop():
+    with_native = types.SimpleNamespace(CreateThreadedDecoder=object())
+    without = types.SimpleNamespace()
+    assert loop_class("native", with_native) is NativeLoop
+    assert loop_class("native", without) is PythonLoop  # (PyNvVideoCodec before 2.2)
+    assert loop_class("python", with_native) is PythonLoop
+    assert loop_class("native", None) is PythonLoop
+    assert Settings.from_env({}).video_loop == "native"
+    assert Settings.from_env({"GPUBATCH_VIDEO_LOOP": "python"}).video_loop == "python"
+    with pytest.raises(UsageError, match="unknown video loop 'c'"):
+        Settings.from_env({"GPUBATCH_VIDEO_LOOP": "c"})
+
+
+def test_why_a_video_goes_to_the_cpu_names_the_loops_containers_and_codecs():
+    # (each of these is told before the GPU's decode caps are asked)
+    assert cpu_reason(_info(rotation=90), 0, NativeLoop) == "rotated"
+    assert cpu_reason(_info("npy", "rawvideo"), 0, NativeLoop) == "a decoded clip"
+    assert cpu_reason(_info("mkv"), 0, PythonLoop) == (
+        "mkv: NVDEC's frames are checked against the CPU's for MOV and MP4 files")
+    assert cpu_reason(_info("mkv"), 0, NativeLoop) == (
+        "mkv: NVDEC's frames are checked against the CPU's for MOV and MP4 files")
+    assert cpu_reason(_info("mp4", "mpeg4"), 0, NativeLoop) == (
+        "mpeg4: gpubatch's NVDEC path takes av1, h264, hevc, vp9 here")
+    assert cpu_reason(_info("mp4", "vp9"), 0, PythonLoop) == "vp9: gpubatch's NVDEC path takes h264, hevc here"
+
+
+def test_the_native_loop_spools_a_records_bytes_and_removes_them(tmp_path, monkeypatch):
+    monkeypatch.setattr("gpubatch.engine.gpu.nvdec_loop._spool_dir", lambda: tmp_path)
+    loop = NativeLoop(None, 0, None, 4)
+    assert loop.open(b"first video", _info()) == ""
+    (spool,) = tmp_path.iterdir()
+    assert spool.name.startswith(f"gpubatch-nvdec-{os.getpid()}-") and spool.read_bytes() == b"first video"
+    assert loop.open(b"the second", _info("mp4", "av1")) == ""
+    assert [p.read_bytes() for p in tmp_path.iterdir()] == [b"the second"]  # (one file a session, replaced)
+    assert loop.open(b"", _info(), path="/data/v.mp4") == "" and loop._path == "/data/v.mp4"  # a file: no copy
+    assert "vp8" in loop.open(b"x", _info("mp4", "vp8"))
+    loop.close()
+    assert not list(tmp_path.iterdir())
+
+
+def test_spool_files_of_processes_that_are_gone_are_swept(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)
+    (tmp_path / f"gpubatch-nvdec-{dead}-0").write_bytes(b"left by a killed worker")
+    mine = tmp_path / f"gpubatch-nvdec-{os.getpid()}-0"
+    mine.write_bytes(b"in use")
+    (tmp_path / "gpubatch-nvdec-notapid-0").write_bytes(b"not ours to judge")
+    assert sweep_spool(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, "gpubatch-nvdec-notapid-0"])
