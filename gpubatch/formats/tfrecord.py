@@ -61,7 +61,7 @@ from .tfrecord_example import (
     _label,
     _masked_crc,
     _object_keypoints,
-    _tfr,
+    example_pb2,
     frame_record,
     serialize_example,
 )
@@ -295,9 +295,8 @@ class TFRecordReader(Reader):
         data = buf[12 : 12 + length]
         if _masked_crc(data) != buf[12 + length :]:
             raise ValueError("corrupt record data (CRC mismatch)")
-        example_pb2, _ = _tfr()
         try:
-            ex = example_pb2.Example.FromString(data)
+            ex = example_pb2().Example.FromString(data)
         except Exception as e:  # protobuf's DecodeError and friends
             raise ValueError(f"not a tf.train.Example: {e}") from None
         return ex.features.feature

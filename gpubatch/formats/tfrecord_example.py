@@ -7,7 +7,11 @@ read and written in :mod:`.tfrecord`.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import struct
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,19 +19,36 @@ import numpy as np
 from ..errors import DependencyError
 from ..types import sniff_image_codec
 
+_OLD_PROTOBUF = ("the installed tfrecord package does not work with this protobuf ({}: Descriptors cannot be "
+                 "created directly): pip install -U 'tfrecord>=1.14.6'")
 
-def _tfr():
+
+@functools.cache
+def example_pb2() -> Any:
+    """The ``tfrecord`` package's ``tf.train.Example`` protobuf module, loaded without running the
+    package's ``__init__``: that imports ``tfrecord.torch``, so PyTorch wherever it is installed (1.3 s of
+    every worker process that writes or reads TFRecord, on the 2-core CI machine with torch 2.13 CPU).
+    It goes into ``sys.modules`` under its own name, where a later ``import tfrecord`` finds it (the
+    message types are registered once)."""
+    mod = sys.modules.get("tfrecord.example_pb2")
+    if mod is not None:
+        return mod
+    found = importlib.util.find_spec("tfrecord")  # (finding a top-level package runs none of it)
+    path = Path(next(iter(found.submodule_search_locations or ()), "")) / "example_pb2.py" if found else None
+    if path is None or not path.is_file():  # pragma: no cover - a core dependency
+        raise DependencyError("the tfrecord format needs: pip install tfrecord")
+    spec = importlib.util.spec_from_file_location("tfrecord.example_pb2", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["tfrecord.example_pb2"] = mod
     try:
-        from tfrecord import example_pb2
-        from tfrecord.writer import TFRecordWriter
-    except ImportError:  # pragma: no cover - a core dependency
-        raise DependencyError("the tfrecord format needs: pip install tfrecord") from None
+        spec.loader.exec_module(mod)
     except TypeError as e:  # old generated protobuf code against a newer protobuf runtime
-        raise DependencyError(
-            f"the installed tfrecord package does not work with this protobuf ({e.__class__.__name__}: "
-            "Descriptors cannot be created directly): pip install -U 'tfrecord>=1.14.6'"
-        ) from None
-    return example_pb2, TFRecordWriter
+        del sys.modules["tfrecord.example_pb2"]
+        raise DependencyError(_OLD_PROTOBUF.format(e.__class__.__name__)) from None
+    except BaseException:
+        del sys.modules["tfrecord.example_pb2"]
+        raise
+    return mod
 
 
 def _masked_crc(data: bytes) -> bytes:
@@ -35,7 +56,9 @@ def _masked_crc(data: bytes) -> bytes:
     try:
         from crc32c import crc32c
     except ImportError:  # pragma: no cover - a core dependency
-        return _tfr()[1].masked_crc(data)
+        from tfrecord.writer import TFRecordWriter
+
+        return TFRecordWriter.masked_crc(data)
     crc = crc32c(data)
     return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
 
@@ -128,8 +151,7 @@ def serialize_example(datum: dict[str, tuple[Any, str]]) -> bytes:
     """A ``tf.train.Example`` of ``datum`` (feature -> (value, "byte" | "float" | "int")), serialized with
     its feature map in key order (protobuf's deterministic mode): the same record is the same bytes in
     every process (a map's order otherwise follows a hash seed of each process)."""
-    example_pb2, _ = _tfr()
-    ex = example_pb2.Example()
+    ex = example_pb2().Example()
     feats = ex.features.feature
     for key, (value, kind) in datum.items():
         if not isinstance(value, (list, tuple, np.ndarray)):

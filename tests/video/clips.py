@@ -32,7 +32,7 @@ def make_clip(path: Path, frames: int = 48, w: int = 96, h: int = 64, codec: str
         elif codec == "libx265":
             s.options = {"x265-params": f"keyint={gop}:min-keyint={gop}:bframes={bframes}:log-level=error"}
         elif codec in ("libvpx-vp9", "libsvtav1"):
-            s.options = {"g": str(gop)} | ({"svtav1-params": "keyint=%d:scd=0" % gop} if codec == "libsvtav1" else {})
+            s.options = {"g": str(gop)} | ({"svtav1-params": f"keyint={gop}:scd=0"} if codec == "libsvtav1" else {})
         if times is not None:
             s.codec_context.time_base = Fraction(1, 1000)
         for i in range(frames):
