@@ -7,10 +7,10 @@ read and written in :mod:`.tfrecord`.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import struct
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +23,34 @@ _OLD_PROTOBUF = ("the installed tfrecord package does not work with this protobu
                  "created directly): pip install -U 'tfrecord>=1.14.6'")
 
 
-@functools.cache
+_LOADING = threading.Lock()
+
+
 def example_pb2() -> Any:
     """The ``tfrecord`` package's ``tf.train.Example`` protobuf module, loaded without running the
     package's ``__init__``: that imports ``tfrecord.torch``, so PyTorch wherever it is installed (1.3 s of
     every worker process that writes or reads TFRecord, on the 2-core CI machine with torch 2.13 CPU).
-    It goes into ``sys.modules`` under its own name, where a later ``import tfrecord`` finds it (the
-    message types are registered once)."""
+    Once loaded whole it goes into ``sys.modules`` under its own name, where a later ``import tfrecord``
+    finds it (the message types are registered once). Threads that ask at once wait for one load."""
     mod = sys.modules.get("tfrecord.example_pb2")
     if mod is not None:
         return mod
-    found = importlib.util.find_spec("tfrecord")  # (finding a top-level package runs none of it)
-    path = Path(next(iter(found.submodule_search_locations or ()), "")) / "example_pb2.py" if found else None
-    if path is None or not path.is_file():  # pragma: no cover - a core dependency
-        raise DependencyError("the tfrecord format needs: pip install tfrecord")
-    spec = importlib.util.spec_from_file_location("tfrecord.example_pb2", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["tfrecord.example_pb2"] = mod
-    try:
-        spec.loader.exec_module(mod)
-    except TypeError as e:  # old generated protobuf code against a newer protobuf runtime
-        del sys.modules["tfrecord.example_pb2"]
-        raise DependencyError(_OLD_PROTOBUF.format(e.__class__.__name__)) from None
-    except BaseException:
-        del sys.modules["tfrecord.example_pb2"]
-        raise
-    return mod
+    with _LOADING:
+        mod = sys.modules.get("tfrecord.example_pb2")
+        if mod is not None:
+            return mod
+        found = importlib.util.find_spec("tfrecord")  # (finding a top-level package runs none of it)
+        path = Path(next(iter(found.submodule_search_locations or ()), "")) / "example_pb2.py" if found else None
+        if path is None or not path.is_file():  # pragma: no cover - a core dependency
+            raise DependencyError("the tfrecord format needs: pip install tfrecord")
+        spec = importlib.util.spec_from_file_location("tfrecord.example_pb2", path)
+        mod = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(mod)
+        except TypeError as e:  # old generated protobuf code against a newer protobuf runtime
+            raise DependencyError(_OLD_PROTOBUF.format(e.__class__.__name__)) from None
+        sys.modules["tfrecord.example_pb2"] = mod  # (whole: no thread sees it half made)
+        return mod
 
 
 def _masked_crc(data: bytes) -> bytes:
