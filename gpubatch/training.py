@@ -21,7 +21,10 @@ or op objects); random ops draw per (seed, key, epoch). A record that cannot be 
 out of its batch together with its label, and listed in :attr:`Loader.skipped`: rows and labels never
 shift. Audio datasets (clips, waveforms or features gpubatch wrote) give ``"audio"`` batches through an
 :class:`~gpubatch.pipelines.audio.AudioPipeline` the same way (its ops: resample, fix_duration, log_mel...;
-one length a batch). Video datasets are not read yet.
+one length a batch). Video datasets (videos, clips or decoded ``.npy`` clips gpubatch wrote) give ``"video"``
+batches of one clip a record, (N, C, T, H, W) or (N, T, C, H, W), through a
+:class:`~gpubatch.pipelines.video.VideoPipeline` (``clip_length`` frames ``frame_step`` apart, the clip's
+position and its ops' parameters drawn per (seed, key, epoch)); a record too short for a clip is skipped.
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ import numpy as np
 from .errors import UsageError
 
 #: what a batch tuple may hold (``keys=``), besides a sample's other member names ("txt", "json"...)
-FIELDS = ("key", "image", "audio", "label", "meta", "boxes")
+FIELDS = ("key", "image", "audio", "video", "label", "meta", "boxes")
 #: the media the loader decodes, and the key their decoded batch goes by
-MEDIA_KEYS = {"image": "image", "audio": "audio"}
+MEDIA_KEYS = {"image": "image", "audio": "audio", "video": "video"}
 _STATE = 1
 
 
@@ -122,7 +125,8 @@ class Loader(_base()):  # type: ignore[misc]
     def __init__(self, path: str | Path, ops: Any = None, batch_size: int = 256, device: str = "auto",
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, rank: int | None = None,
                  world_size: int | None = None, keys: Sequence[str] = ("image", "label"), fmt: str | None = None,
-                 gpu: int = 0, num_workers: int | None = None, dtype: str | None = None):
+                 gpu: int = 0, num_workers: int | None = None, dtype: str | None = None, clip_length: int = 16,
+                 frame_step: int = 1, layout: str = "NCTHW"):
         from .formats import open_reader
 
         if batch_size < 1:
@@ -141,6 +145,7 @@ class Loader(_base()):  # type: ignore[misc]
         self.device, self.gpu = device, gpu
         self.num_workers = num_workers  # the pipeline's decoding threads (None: its default, from the cores)
         self.dtype = dtype  # audio batches' dtype ("float16" by default, or "float32")
+        self.clip_length, self.frame_step, self.layout = int(clip_length), int(frame_step), layout  # (video)
         self.ops = _ops(ops)
         self.epoch = 0
         self.skipped: list[dict[str, str]] = []
@@ -150,9 +155,9 @@ class Loader(_base()):  # type: ignore[misc]
         self._reader = open_reader(self.path, fmt)
         media = str(getattr(self._reader.media, "value", self._reader.media))
         if media not in MEDIA_KEYS:
-            raise UsageError(f"the loader reads image and audio datasets for now; {self.path} holds {media} records")
+            raise UsageError(f"the loader reads image, audio and video datasets; {self.path} holds {media} records")
         self.media = media
-        other = {"image", "audio"} - {MEDIA_KEYS[media]}
+        other = set(MEDIA_KEYS.values()) - {MEDIA_KEYS[media]}
         if other & set(self.keys):
             raise UsageError(f"{self.path} holds {media} records: ask for {MEDIA_KEYS[media]!r}, not "
                              f"{' or '.join(repr(k) for k in sorted(other & set(self.keys)))}")
@@ -303,7 +308,13 @@ class Loader(_base()):  # type: ignore[misc]
         return self._readers.epoch_of(order, spans, self.epoch)
 
     def _pipeline(self) -> Any:
-        if self._pipe is None and self.media == "audio":
+        if self._pipe is None and self.media == "video":
+            from .pipelines.video import VideoPipeline
+
+            self._pipe = VideoPipeline(self.ops, clip_length=self.clip_length, frame_step=self.frame_step,
+                                       device=self.device, gpu=self.gpu, seed=self.seed, layout=self.layout,
+                                       workers=self.num_workers)
+        elif self._pipe is None and self.media == "audio":
             from .pipelines.audio import AudioPipeline
 
             self._pipe = AudioPipeline(self.ops, device=self.device, gpu=self.gpu, seed=self.seed,
@@ -326,7 +337,14 @@ class Loader(_base()):  # type: ignore[misc]
         records, failed = got
         self.skipped.extend(failed)
         media_key = MEDIA_KEYS[self.media]
-        if media_key in self.keys and records and self.media == "audio":
+        if media_key in self.keys and records and self.media == "video":
+            batch, failed_clips = self._pipeline().records(records, epoch=self.epoch)
+            bad = dict(failed_clips)
+            kept = [i for i, r in enumerate(records) if r.key not in bad]
+            for r in records:
+                if r.key in bad:
+                    self.skipped.append({"key": r.key, "origin": r.origin, "reason": f"decode: {bad[r.key]}"})
+        elif media_key in self.keys and records and self.media == "audio":
             batch = self._pipeline().records(records, epoch=self.epoch)
             bad = dict(batch.failed)
             kept = [i for i, r in enumerate(records) if r.key not in bad]

@@ -162,6 +162,66 @@ def test_audio_datasets_give_feature_batches_with_their_labels(tmp_path):
         loader(feats, keys=("image",))
 
 
+def test_video_datasets_give_clip_batches_with_their_labels(tmp_path):
+    """Videos passed through to shards and clips written as ``.npy``: one clip a record, labels aligned, a
+    record too short or damaged skipped with its reason, the clip drawn per (seed, key, epoch)."""
+    pytest.importorskip("av", reason="PyAV decodes the videos")
+    from tests.video.clips import class_folders, make_clip
+
+    src = class_folders(tmp_path / "src")  # jump: 48 and 30 frames; walk: 60 (HEVC) and 36 (MKV)
+    make_clip(src / "walk" / "w3.mp4", 6)  # too short for a clip of 8 frames 2 apart
+    make_clip(src / "jump" / "j3.mp4", 40)
+    shards = tmp_path / "shards"
+    s = convert(src, shards, to="video", device="cpu")  # (the files as they are, in class folders)
+    assert s.records_out == 6
+    damaged = shards / "jump" / "j3.mp4"
+    damaged.write_bytes(damaged.read_bytes()[:2000])  # (written whole, then its frames cut off: no clip)
+    chain = "resize_shorter(size=32) | center_crop(size=32)"
+    opts = dict(batch_size=2, clip_length=8, frame_step=2, device="cpu", shuffle=False, num_workers=2)
+    with loader(shards, chain, keys=("key", "video", "label"), **opts) as dl:
+        assert dl.media == "video"
+        got = [(keys, np.asarray(v.data), labels) for keys, v, labels in dl]
+        skipped = {x["key"]: x["reason"] for x in dl.skipped}
+        dl.set_epoch(1)
+        again = {k: c for keys, v, _ in dl for k, c in zip(keys, np.asarray(v.data))}
+    rows = [k for keys, _, _ in got for k in keys]
+    assert sorted(rows) == ["jump/j1", "jump/j2", "walk/w1", "walk/w2"] and sorted(skipped) == ["jump/j3", "walk/w3"]
+    assert "decode" in skipped["walk/w3"] and "frames" in skipped["walk/w3"], skipped
+    for keys, clips, labels in got:
+        assert clips.shape == (len(keys), 3, 8, 32, 32) and clips.dtype == np.uint8  # (N, C, T, H, W)
+        assert [dl.classes[lab] for lab in labels] == [k.split("/")[0] for k in keys]
+    first = {k: c for keys, clips, _ in got for k, c in zip(keys, clips)}
+    with loader(shards, chain, keys=("key", "video"), **opts) as dl2:  # the same (seed, key, epoch): the same clip
+        assert all(np.array_equal(first[k], c) for keys, v in dl2 for k, c in zip(keys, np.asarray(v.data)))
+    assert any(not np.array_equal(first[k], again[k]) for k in first)  # another epoch draws other positions
+
+    # clips written decoded (.npy): read as they are, T x H x W x C frames into the layout asked
+    clips = tmp_path / "clips"
+    convert(src, clips, to="webdataset", clip_length=8, frame_step=2, resize_shorter=32, center_crop=32,
+            device="cpu", on_error="skip")
+    import io
+    import tarfile
+
+    stored = {}
+    for tar in sorted(clips.glob("*.tar")):
+        with tarfile.open(tar) as t:
+            for m in t.getmembers():
+                if m.name.endswith(".npy"):
+                    stored[m.name.rsplit(".", 1)[0]] = np.load(io.BytesIO(t.extractfile(m).read()))
+    with loader(clips, keys=("key", "video"), clip_length=8, batch_size=4, device="cpu", shuffle=False,
+                layout="NTCHW") as dl:
+        seen = {k: c for keys, v in dl for k, c in zip(keys, np.asarray(v.data))}
+    assert seen.keys() == stored.keys() and len(seen) >= 4
+    for k, c in seen.items():
+        assert np.array_equal(c, stored[k].transpose(0, 3, 1, 2)), k  # (T, C, H, W): nothing lost or moved
+    with pytest.raises(UsageError, match="holds video records: ask for 'video', not 'image'"):
+        loader(clips, keys=("image",))
+    torch = pytest.importorskip("torch")  # a DataLoader's workers (daemonic: they decode in threads) see each clip once
+    with loader(clips, keys=("key", "video"), clip_length=8, batch_size=2, device="cpu", shuffle=False) as dl:
+        keys = [k for ks, _ in torch.utils.data.DataLoader(dl, batch_size=None, num_workers=2) for k in ks]
+    assert sorted(keys) == sorted(stored)
+
+
 def test_wids_reads_the_shard_list_beside_a_webdataset(wds):
     """webdataset's ``wids`` (indexed access; it needs PyTorch) reads ``wids.json``: every sample, the
     same bytes as gpubatch's reader."""

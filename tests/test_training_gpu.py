@@ -45,3 +45,23 @@ def test_audio_features_on_the_gpu_are_the_cpu_rows(tmp_path):
     assert [(k, lab) for k, _, lab in gpu] == [(k, lab) for k, _, lab in cpu]
     for (_, g, _), (_, c, _) in zip(gpu, cpu):
         assert g.shape == c.shape and np.abs(g - c).max() < 1e-2
+
+
+def test_video_clips_on_the_gpu_are_the_cpu_rows(tmp_path):
+    """The same records, clips (positions drawn per seed, key and epoch) and labels as on the CPU, the
+    frames within the decoders' rounding; the MKV and the HEVC too small for NVDEC decoded on the CPU."""
+    pytest.importorskip("av", reason="PyAV: the CPU reference")
+    from tests.video.clips import class_folders, make_clip
+
+    src = class_folders(tmp_path / "src")
+    for k in range(3):
+        make_clip(src / "run" / f"r{k}.mp4", 40 + 4 * k, 160, 120)
+    shards = tmp_path / "shards"
+    convert(src, shards, to="webdataset", device="cpu")
+    chain = "resize_shorter(size=48) | center_crop(size=48)"
+    kw = dict(clip_length=8, frame_step=2)
+    gpu, gpu_skipped = _epoch(shards, chain, ("key", "video", "label"), "gpu", **kw)
+    cpu, cpu_skipped = _epoch(shards, chain, ("key", "video", "label"), "cpu", **kw)
+    assert [(k, lab) for k, _, lab in gpu] == [(k, lab) for k, _, lab in cpu] and not gpu_skipped and not cpu_skipped
+    for (_, g, _), (_, c, _) in zip(gpu, cpu):
+        assert g.shape == c.shape and g.shape[1:] == (3, 8, 48, 48) and np.abs(g - c).mean() <= 2.0

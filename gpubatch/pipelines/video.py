@@ -82,14 +82,15 @@ _WORKER_PROBES = _Probes()  # a CPU worker process's probes, kept for its later 
 
 
 def _cpu_clip(args: tuple) -> tuple[np.ndarray, list[int]]:
-    """One clip on the CPU (a worker process): decoded by PyAV, each frame through the host chain."""
-    path, key, plan, layout = args
+    """One clip on the CPU (a worker process): decoded by PyAV, each frame through the host chain. ``args``:
+    (file, draw key, plan, layout[, the video's bytes: then "file" names the record, and is not read])."""
+    path, key, plan, layout, *given = args
     from ..engine.codecs.video import FrameCursor
     from ..engine.host_chain import run_chain_host
     from ..errors import RecordError, Stage
     from ..types import Media, Record
 
-    data = Path(path).read_bytes()
+    data = given[0] if given else Path(path).read_bytes()
     try:
         info = _WORKER_PROBES.get(path, data)
     except ValueError as e:
@@ -105,6 +106,16 @@ def _cpu_clip(args: tuple) -> tuple[np.ndarray, list[int]]:
     params = plan.draw(key, *pixels.shape[1:3])
     out = np.stack([run_chain_host(plan.ops, f, params) for f in pixels])
     return _arrange(out, layout, np), frames
+
+
+def _outcome(future: Any) -> Any:
+    """A worker's clip, or the RecordError it raised (a record that gives no clip)."""
+    from ..errors import RecordError
+
+    try:
+        return future.result()
+    except RecordError as e:
+        return e
 
 
 class VideoPipeline:
@@ -282,16 +293,17 @@ class VideoPipeline:
             for t in threads:
                 t.join()
 
-    def _gpu_clip(self, session: Any, path: str, key: str) -> tuple[Any, str, list[int]]:
+    def _gpu_clip(self, session: Any, path: str, key: str, given: bytes | None = None) -> tuple[Any, str, list[int]]:
         """One clip on the GPU: read, probe (once a file), decode (NVDEC, or PyAV where NVDEC does not take
-        the file), the chain on its frames, arranged; the clip's stream is synchronized before it goes."""
+        the file), the chain on its frames, arranged; the clip's stream is synchronized before it goes.
+        ``given``: the video's bytes (a record of a dataset; ``path`` then names it and is not read)."""
         from ..engine.gpu.video import _chain, cpu_reason
         from ..errors import RecordError, Stage
         from ..types import Media, Record
 
         cp = session.cp
         t0 = time.perf_counter()
-        data = Path(path).read_bytes()
+        data = Path(path).read_bytes() if given is None else given
         try:
             info = self._probes.get(path, data)
         except ValueError as e:
@@ -301,7 +313,7 @@ class VideoPipeline:
         frames = template.meta["frames"]
         t1 = time.perf_counter()
         decoded = session.frames_decoded
-        if not cpu_reason(info, session.gpu, session.loop) and session.open(data, info, str(path)):
+        if not cpu_reason(info, session.gpu, session.loop) and session.open(data, info, None if given else str(path)):
             try:
                 pixels = session.decode(frames)
             except Exception as e:  # noqa: BLE001 - a damaged stream: this file gives no clip this visit
@@ -333,10 +345,87 @@ class VideoPipeline:
             self.stats["frames_decoded"] += session.frames_decoded - decoded
         return clip, key, frames
 
+    # --- records (the training loader) -----------------------------------------------------------------------
+
+    def records(self, records: Sequence[Any], epoch: int = 0) -> tuple[ClipBatch | None, list[tuple[str, str]]]:
+        """One clip of each of ``records`` (videos or decoded ``.npy`` clips, as a dataset gpubatch wrote holds
+        them; ``.key`` and ``.data`` each), its position and parameters drawn per (seed, key, epoch): the batch
+        of the clips made, in the records' order (None where none was), and (key, reason) for each record
+        that gave none (too short, damaged; never a clip of another record in its place)."""
+        from ..errors import RecordError
+
+        jobs = [(str(r.key), f"{r.key}#e{epoch}#v0", r.data) for r in records]
+        if self.device.is_gpu:
+            work = self._gpu_threads().map(lambda job: self._gpu_record(*job), jobs)
+        else:
+            if self._pool is None:
+                import multiprocessing as mp
+
+                if mp.current_process().daemon:  # (a DataLoader's worker may start no process: threads then)
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="gpubatch-clip")
+                else:
+                    from ..engine.processes import single_threaded_pool
+
+                    self._pool = single_threaded_pool(self.workers)
+            futures = [self._pool.submit(_cpu_clip, (name, key, self.plan, self.layout, data))
+                       for name, key, data in jobs]
+            work = (_outcome(f) for f in futures)
+        clips, failed = [], []
+        for r, got in zip(records, work):
+            if isinstance(got, RecordError):
+                failed.append((str(r.key), got.reason))
+                continue
+            clips.append((got[0], str(r.key), got[-1]))
+        if not self.device.is_gpu:  # (on the GPU, each clip counts itself)
+            with self._lock:
+                self.stats["clips"] += len(clips)
+        if not clips:
+            return None, failed
+        xp = __import__("cupy") if self.device.is_gpu else np
+        shapes = {tuple(c.shape) for c, _, _ in clips}
+        if len(shapes) > 1:
+            from ..errors import GpubatchError
+
+            raise GpubatchError(f"the clips of a batch differ in shape ({', '.join(map(str, sorted(shapes)))}): end the "
+                                "ops with a fixed size (resize_shorter + center_crop, or resize)")
+        return ClipBatch(xp.stack([c for c, _, _ in clips]), [k for _, k, _ in clips], [f for _, _, f in clips]), failed
+
+    def _gpu_threads(self) -> Any:
+        """The decoding threads of :meth:`records`, an NVDEC session each (kept until :meth:`close`)."""
+        if getattr(self, "_threads", None) is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._local = threading.local()
+            self._sessions: list[Any] = []
+            self._threads = ThreadPoolExecutor(max_workers=self.decoders, thread_name_prefix="gpubatch-nvdec")
+        return self._threads
+
+    def _gpu_record(self, name: str, key: str, data: bytes) -> Any:
+        from ..errors import RecordError
+
+        session = getattr(self._local, "session", None)
+        if session is None:
+            from ..engine.gpu.video import NvdecSession
+
+            session = self._local.session = NvdecSession(self.device.index, loop=self.settings.video_loop)
+            with self._lock:
+                self._sessions.append(session)
+        try:
+            return self._gpu_clip(session, name, key, data)
+        except RecordError as e:
+            return e
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+        if getattr(self, "_threads", None) is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
+            for session in self._sessions:
+                session.close()
 
     def __enter__(self) -> VideoPipeline:
         return self
