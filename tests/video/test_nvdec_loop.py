@@ -31,6 +31,8 @@ def test_the_native_loop_where_pynvvideocodec_has_it_else_the_python_loop():
     assert loop_class("native", without) is PythonLoop  # (PyNvVideoCodec before 2.2)
     assert loop_class("python", with_native) is PythonLoop
     assert loop_class("native", None) is PythonLoop
+    for cls in (NativeLoop, PythonLoop):  # (a session makes either from the same arguments)
+        cls(None, 0, None, 32).close()
     assert Settings.from_env({}).video_loop == "native"
     assert Settings.from_env({"GPUBATCH_VIDEO_LOOP": "python"}).video_loop == "python"
     with pytest.raises(UsageError, match="unknown video loop 'c'"):

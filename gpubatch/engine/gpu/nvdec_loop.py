@@ -50,8 +50,8 @@ class PythonLoop:
     #: containers whose frames matched the CPU's, frame by frame (an MKV file's clips did not, 2026-11-25)
     CONTAINERS = frozenset({"mp4", "mov"})
 
-    def __init__(self, nvc: Any, gpu: int, stream: Any):
-        self.nvc, self.gpu, self.stream = nvc, gpu, stream
+    def __init__(self, nvc: Any, gpu: int, stream: Any, batch: int = 0):
+        self.nvc, self.gpu, self.stream = nvc, gpu, stream  # (``batch``: a packet's frames come a call)
         self._dec: Any = None
         self._dec_key: tuple = ()
         self._max = (0, 0)

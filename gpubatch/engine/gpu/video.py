@@ -1,13 +1,13 @@
 """Video on the GPU: NVDEC decoders (PyNvVideoCodec), several at once so that every NVDEC engine works,
 the frames through the chain's kernels, frames encoded by the GPU's JPEG encoder.
 
-Each decoding thread owns one :class:`NvdecSession`: its decoder (kept from video to video while the
-codec and bit depth stay), CUDA stream, launcher and encoder. A thread takes a whole video: it
+Each decoding thread owns one :class:`NvdecSession`: its decoder and packet loop (:mod:`.nvdec_loop`,
+kept from video to video), CUDA stream, launcher and encoder. A thread takes a whole video: it
 decodes only the frames the video's outputs take (from the keyframe before them), a bounded number at
 a time (:class:`GpuFrameCursor`), runs each output's frames through the chain with one set of drawn
-parameters, and encodes them. A file NVDEC cannot decode (codec, profile or size by
-``GetDecoderCaps``; codecs other than H.264 and HEVC; rotated files) goes to the CPU path, counted and
-named in the summary.
+parameters, and encodes them (outputs of one frame each, ``--frames``, a chunk at a time). A file NVDEC
+cannot decode (codec, profile or size by ``GetDecoderCaps``; a codec or container the loop's frames
+were not checked in; rotated files) goes to the CPU path, counted and named in the summary.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class NvdecSession:
 
         from ..batch import PinnedStaging
         from .launch import Launcher
-        from .nvdec_loop import NativeLoop, loop_class
+        from .nvdec_loop import loop_class
 
         self.cp, self.nvc, self.gpu = cp, nvc, gpu
         self.chunk = chunk  # frames decoded ahead in one call (fewer under --gpu-memory)
@@ -63,8 +63,7 @@ class NvdecSession:
         self.frames_decoded = 0
         self.why = ""
         self.loop = loop_class(loop, nvc)  # (its codecs and containers: cpu_reason)
-        self._loop: Any = (self.loop(nvc, gpu, self.stream, chunk) if self.loop is NativeLoop else
-                           self.loop(nvc, gpu, self.stream))
+        self._loop: Any = self.loop(nvc, gpu, self.stream, chunk)
 
     @property
     def encoder(self) -> Any:
