@@ -45,7 +45,7 @@ def test_nvdec_frames_match_pyav_at_the_same_indices(tmp_path, loop, container, 
     path = make_clip(tmp_path / f"c.{container}", 40, w, h, codec)
     data = path.read_bytes()
     info = probe(data)
-    if not nvdec_supports(info, 0):  # (the H200's NVDEC has no AV1, GetDecoderCaps says: those go to the CPU)
+    if not nvdec_supports(info, 0):  # (the H200's decode caps refused the AV1 clip: such files go to the CPU)
         pytest.skip(f"NVDEC here does not decode {info.codec}")
     idx = [0, 5, 13, 14, 27, 39, 2]  # (seeks back and forth over keyframes 12 frames apart)
     cpu = FrameCursor(data, info, [idx]).frames(idx).astype(np.int16)
