@@ -297,7 +297,8 @@ class VideoPipeline:
         """One clip on the GPU: read, probe (once a file), decode (NVDEC, or PyAV where NVDEC does not take
         the file), the chain on its frames, arranged; the clip's stream is synchronized before it goes.
         ``given``: the video's bytes (a record of a dataset; ``path`` then names it and is not read)."""
-        from ..engine.gpu.video import _chain, cpu_reason
+        from ..engine.gpu.nvdec_loop import cpu_reason
+        from ..engine.gpu.video import _chain
         from ..errors import RecordError, Stage
         from ..types import Media, Record
 

@@ -302,9 +302,10 @@ def _fstats(values: list[float], digits: int = 2) -> dict[str, float]:
 def video_facts(videos: list) -> dict[str, Any]:
     """The video section of a report, from the :class:`~gpubatch.engine.codecs.video_probe.VideoInfo` of
     each video."""
-    from ..engine.codecs.video_gpu_caps import nvdec_decodes
+    from ..engine.gpu.nvdec_loop import nvdec_takes
+    from ..engine.settings import Settings
 
-    decodable = nvdec_decodes(videos)
+    decodable = nvdec_takes(videos, 0, Settings.from_env().video_loop)  # (what the GPU path sends to NVDEC)
     return {
         "codecs": dict(Counter(f"{v.codec} {v.profile}" if v.profile else v.codec for v in videos).most_common()),
         "containers": dict(Counter(v.container for v in videos).most_common()),

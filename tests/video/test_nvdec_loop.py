@@ -12,8 +12,14 @@ import numpy as np
 import pytest
 
 from gpubatch.engine.codecs.video_probe import VideoInfo
-from gpubatch.engine.gpu.nvdec_loop import NativeLoop, PythonLoop, loop_class, sweep_spool
-from gpubatch.engine.gpu.video import cpu_reason
+from gpubatch.engine.gpu.nvdec_loop import (
+    NativeLoop,
+    PythonLoop,
+    cpu_reason,
+    loop_class,
+    nvdec_takes,
+    sweep_spool,
+)
 from gpubatch.engine.settings import Settings
 from gpubatch.errors import UsageError
 
@@ -75,3 +81,19 @@ def test_spool_files_of_processes_that_are_gone_are_swept(tmp_path):
     (tmp_path / "gpubatch-nvdec-notapid-0").write_bytes(b"not ours to judge")
     assert sweep_spool(tmp_path) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, "gpubatch-nvdec-notapid-0"])
+
+
+def test_info_counts_the_videos_the_gpu_path_sends_to_nvdec(monkeypatch):
+    """``info``'s "NVDEC here" is what a GPU convert decodes there: not an MKV or a rotated file NVDEC could
+    decode but the path sends to the CPU; None without a GPU decoder."""
+    import gpubatch.engine.gpu.nvdec_loop as nl
+
+    videos = [_info(), _info("mkv"), _info(rotation=90), _info("mp4", "vp9"), _info("mp4", "mpeg4")]
+    monkeypatch.setattr(nl, "nvc", lambda: None)
+    assert nvdec_takes(videos) is None
+    monkeypatch.setattr(nl, "nvc", lambda: types.SimpleNamespace(CreateThreadedDecoder=object()))
+    monkeypatch.setattr(nl, "nvdec_supports", lambda info, gpu: True)  # (the driver's caps: every codec here)
+    assert nvdec_takes(videos, 0, "native") == 2  # the H.264 and the VP9 MP4s
+    assert nvdec_takes(videos, 0, "python") == 1  # the Python loop: H.264 and HEVC only
+    monkeypatch.setattr(nl, "nvdec_supports", lambda info, gpu: info.codec != "vp9")
+    assert nvdec_takes(videos, 0, "native") == 1

@@ -129,10 +129,3 @@ def nvdec_supports(info: Any, gpu: int = 0) -> bool:
         return False
     w, h = (info.height, info.width) if info.rotation in (90, 270) else (info.width, info.height)
     return caps[2] <= w <= caps[0] and caps[3] <= h <= caps[1]
-
-
-def nvdec_decodes(videos: list, gpu: int = 0) -> int | None:
-    """How many of ``videos`` (VideoInfo) NVDEC here decodes; None where there is no GPU decoder here."""
-    if nvc() is None:
-        return None
-    return sum(1 for v in videos if nvdec_supports(v, gpu))

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs.video_gpu_caps import CUDA_CODEC
+from ..codecs.video_gpu_caps import CUDA_CODEC, nvc, nvdec_supports
 
 
 def native_available(nvc: Any) -> bool:
@@ -40,6 +40,35 @@ def native_available(nvc: Any) -> bool:
 def loop_class(name: str, nvc: Any) -> type:
     """The loop a session of setting ``name`` ("native" or "python") runs with this PyNvVideoCodec."""
     return NativeLoop if name == "native" and nvc is not None and native_available(nvc) else PythonLoop
+
+
+def cpu_reason(info: Any, gpu: int, loop: type) -> str:
+    """Why a video goes to the CPU path rather than to NVDEC on GPU ``gpu`` ("" where NVDEC takes it, as
+    far as its probe tells: a codec NVDEC refuses when it opens the file goes to the CPU then). ``loop``:
+    the session's packet loop (:mod:`.nvdec_loop`), whose frames were checked against the CPU's for its
+    codecs in its containers."""
+    if info.rotation:
+        return "rotated"
+    if info.container == "npy":
+        return "a decoded clip"
+    if info.container not in loop.CONTAINERS:
+        names = sorted(c.upper() for c in loop.CONTAINERS)
+        return (f"{info.container}: NVDEC's frames are checked against the CPU's for {', '.join(names[:-1])} and "
+                f"{names[-1]} files")
+    if info.codec not in loop.CODECS:
+        return f"{info.codec}: gpubatch's NVDEC path takes {', '.join(sorted(loop.CODECS))} here"
+    return "" if nvdec_supports(info, gpu) else (f"NVDEC here does not decode {info.codec} {info.pix_fmt} "
+                                                 f"{info.width}x{info.height}")
+
+
+def nvdec_takes(videos: list, gpu: int = 0, loop: str = "native") -> int | None:
+    """How many of ``videos`` (VideoInfo) the GPU path decodes on NVDEC here with loop ``loop`` (what
+    ``info`` reports); None where there is no GPU decoder here."""
+    mod = nvc()
+    if mod is None:
+        return None
+    cls = loop_class(loop, mod)
+    return sum(1 for v in videos if not cpu_reason(v, gpu, cls))
 
 
 class PythonLoop:

@@ -22,11 +22,11 @@ import numpy as np
 from ...errors import RecordError, RunStats, Stage
 from ...types import Media, Record
 from ..codecs.video import SourcedFrames, clip_members, encode_clip, info_of
-from ..codecs.video_gpu_caps import nvdec_supports
 from ..device import Device
 from ..plan import Plan
 from ..run import Job, RecordSource, outputs_of, read_counted
 from ..settings import Settings
+from .nvdec_loop import cpu_reason
 
 #: frames a cursor decodes ahead in one call (bounded GPU memory: 64 1080p RGB frames are 400 MB)
 CHUNK = 32
@@ -347,25 +347,6 @@ def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunS
             raise
         result.append(e)
     return result
-
-
-def cpu_reason(info: Any, gpu: int, loop: type) -> str:
-    """Why a video goes to the CPU path rather than to NVDEC on GPU ``gpu`` ("" where NVDEC takes it, as
-    far as its probe tells: a codec NVDEC refuses when it opens the file goes to the CPU then). ``loop``:
-    the session's packet loop (:mod:`.nvdec_loop`), whose frames were checked against the CPU's for its
-    codecs in its containers."""
-    if info.rotation:
-        return "rotated"
-    if info.container == "npy":
-        return "a decoded clip"
-    if info.container not in loop.CONTAINERS:
-        names = sorted(c.upper() for c in loop.CONTAINERS)
-        return (f"{info.container}: NVDEC's frames are checked against the CPU's for {', '.join(names[:-1])} and "
-                f"{names[-1]} files")
-    if info.codec not in loop.CODECS:
-        return f"{info.codec}: gpubatch's NVDEC path takes {', '.join(sorted(loop.CODECS))} here"
-    return "" if nvdec_supports(info, gpu) else (f"NVDEC here does not decode {info.codec} {info.pix_fmt} "
-                                                 f"{info.width}x{info.height}")
 
 
 def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any], plan: Plan, decoders: int,
