@@ -152,6 +152,9 @@ class VideoPipeline:
         self._probes = _Probes()
         self._lock = threading.Lock()
         self._pool: Any = None
+        self._threads: Any = None  # (records on the GPU: decoding threads, an NVDEC session each)
+        self._local = threading.local()
+        self._sessions: list[Any] = []
         from ..engine.registry import DEVICE, HOST
 
         self.plan.validate(DEVICE if self.device.is_gpu else HOST)
@@ -395,11 +398,9 @@ class VideoPipeline:
 
     def _gpu_threads(self) -> Any:
         """The decoding threads of :meth:`records`, an NVDEC session each (kept until :meth:`close`)."""
-        if getattr(self, "_threads", None) is None:
+        if self._threads is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            self._local = threading.local()
-            self._sessions: list[Any] = []
             self._threads = ThreadPoolExecutor(max_workers=self.decoders, thread_name_prefix="gpubatch-nvdec")
         return self._threads
 
@@ -422,11 +423,12 @@ class VideoPipeline:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
-        if getattr(self, "_threads", None) is not None:
+        if self._threads is not None:
             self._threads.shutdown(wait=True)
             self._threads = None
             for session in self._sessions:
                 session.close()
+            self._sessions.clear()
 
     def __enter__(self) -> VideoPipeline:
         return self
