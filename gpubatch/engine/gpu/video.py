@@ -241,18 +241,13 @@ def _encode_job(session: NvdecSession, job: Job, cursor: GpuFrameCursor, plan: P
                     yield from _host(_chain(session, plan, cursor.frames(part), params), session)
 
             out = encode_clip(SourcedFrames(stream(), source), t, plan)  # (its audio track copied)
-        else:
+        else:  # (a clip: single frames as images go through _encode_frames)
             done = _chain(session, plan, cursor.frames(frames), params)
-            image_out = t.media is Media.IMAGE and "frame" in t.meta
-            if image_out or t.codec in ("jpeg", "png"):
-                codec = plan.out_codec(t.codec) if image_out else t.codec
-                encoded = session.encoder.encode(done, codec, plan.jpeg_quality, session.stream)
+            if t.codec in ("jpeg", "png"):
+                encoded = session.encoder.encode(done, t.codec, plan.jpeg_quality, session.stream)
                 if any(b is None for b in encoded):
                     raise RecordError(t.key, t.origin, Stage.ENCODE, "the GPU encoder failed")
-                if image_out:
-                    out = t.with_(data=bytes(encoded[0]), codec=codec)
-                else:
-                    out = clip_members(t, [bytes(b) for b in encoded], codec)
+                out = clip_members(t, [bytes(b) for b in encoded], t.codec)
             else:
                 out = encode_clip(_host(done, session), t, plan)
     except RecordError:
