@@ -181,12 +181,10 @@ def _threaded(state, path, rgb: bool):
     else:
         d.reconfigure_decoder(str(path))
     n = 0
-    if rgb and "k" not in state:
+    if rgb and "stream" not in state:
         import cupy as cp
 
-        from gpubatch.engine.kernels import kernel
-
-        state["k"], state["cp"], state["stream"] = kernel("yuv", "nv12_rgb"), cp, cp.cuda.Stream(non_blocking=True)
+        state["cp"], state["stream"] = cp, cp.cuda.Stream(non_blocking=True)
     while True:
         frames = d.get_batch_frames(32)
         if not frames:
@@ -195,19 +193,12 @@ def _threaded(state, path, rgb: bool):
             f = frames[0]
             FACTS["threaded_frame"] = [a for a in dir(f) if not a.startswith("__")]
             FACTS["threaded_ts"] = [getattr(x, "timestamp", None) for x in frames[:8]]
-        if rgb:
-            import numpy as np
+        if rgb:  # (gpubatch's conversion, as NvdecSession makes it, frame by frame)
+            from gpubatch.engine.gpu.video import yuv_coefficients, yuv_to_rgb
 
-            from gpubatch.engine.gpu.video import yuv_coefficients
-
-            cp, k = state["cp"], state["k"]
-            with state["stream"]:
-                for f in frames:
-                    a = cp.from_dlpack(f)
-                    h, w = a.shape[0] * 2 // 3, a.shape[1]
-                    out = cp.empty((h, w, 3), cp.uint8)
-                    k(((w + 255) // 256, h), (256,), (a, a[h:], np.int32(a.strides[0]), np.int32(h), np.int32(w), out,
-                                                       *(np.float32(c) for c in yuv_coefficients(1, 1, h))))
+            coef = yuv_coefficients(1, 1, 1080)
+            for f in frames:
+                yuv_to_rgb(state["cp"], state["stream"], f, coef)
             state["stream"].synchronize()
         n += len(frames)
     return n

@@ -95,19 +95,7 @@ class NvdecSession:
 
     def _rgb(self, frame: Any) -> Any:
         """A decoded NV12/P016 frame as an RGB uint8 (H, W, 3) CuPy array of its own (on this stream)."""
-        cp = self.cp
-        from ..kernels import kernel
-
-        with self.stream:
-            a = cp.from_dlpack(frame)
-            h, w = a.shape[0] * 2 // 3, a.shape[1]
-            pitch = a.strides[0] // a.itemsize
-            out = cp.empty((h, w, 3), cp.uint8)
-            k = kernel("yuv", "p016_rgb" if a.itemsize == 2 else "nv12_rgb")
-            chroma = a[h:]
-            k(((w + 255) // 256, h), (256,), (a, chroma, np.int32(pitch), np.int32(h), np.int32(w), out,
-                                               *(np.float32(c) for c in self._coef)))
-        return out
+        return yuv_to_rgb(self.cp, self.stream, frame, self._coef)
 
     def decode(self, indices: list[int]) -> list[Any]:
         """Frames ``indices`` of the open video as uint8 (H, W, 3) CuPy arrays of their own, in the order
@@ -149,6 +137,22 @@ class NvdecSession:
         self._loop.close()
         if self._encoder is not None:
             self._encoder.close()
+
+
+def yuv_to_rgb(cp: Any, stream: Any, frame: Any, coef: tuple[float, ...]) -> Any:
+    """A decoded NV12/P016 frame (DLPack: its luma rows, then its chroma rows, one pitch) as an RGB uint8
+    (H, W, 3) CuPy array of its own, made on ``stream`` with :func:`yuv_coefficients`' ``coef``."""
+    from ..kernels import kernel
+
+    with stream:
+        a = cp.from_dlpack(frame)
+        h, w = a.shape[0] * 2 // 3, a.shape[1]
+        pitch = a.strides[0] // a.itemsize
+        out = cp.empty((h, w, 3), cp.uint8)
+        k = kernel("yuv", "p016_rgb" if a.itemsize == 2 else "nv12_rgb")
+        k(((w + 255) // 256, h), (256,), (a, a[h:], np.int32(pitch), np.int32(h), np.int32(w), out,
+                                           *(np.float32(c) for c in coef)))
+    return out
 
 
 #: Kr, Kb of the YUV matrices PyAV's reformatter names (colour_matrix)
