@@ -337,16 +337,14 @@ class Loader(_base()):  # type: ignore[misc]
         records, failed = got
         self.skipped.extend(failed)
         media_key = MEDIA_KEYS[self.media]
-        if media_key in self.keys and records and self.media == "video":
-            batch, failed_clips = self._pipeline().records(records, epoch=self.epoch)
-            bad = dict(failed_clips)
-            kept = [i for i, r in enumerate(records) if r.key not in bad]
-            for r in records:
-                if r.key in bad:
-                    self.skipped.append({"key": r.key, "origin": r.origin, "reason": f"decode: {bad[r.key]}"})
-        elif media_key in self.keys and records and self.media == "audio":
-            batch = self._pipeline().records(records, epoch=self.epoch)
-            bad = dict(batch.failed)
+        if media_key in self.keys and records and self.media in ("audio", "video"):
+            # (a clip or a recording a record; those that give none named with their reason)
+            if self.media == "video":
+                batch, failures = self._pipeline().records(records, epoch=self.epoch)
+            else:
+                batch = self._pipeline().records(records, epoch=self.epoch)
+                failures = batch.failed
+            bad = dict(failures)
             kept = [i for i, r in enumerate(records) if r.key not in bad]
             for r in records:
                 if r.key in bad:
