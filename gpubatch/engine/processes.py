@@ -112,6 +112,21 @@ def started_pool(workers: int, context: str = "spawn", initializer: Any = None, 
     return pool
 
 
+def spawned_pool(workers: int, initializer: Any = None, initargs: tuple = ()) -> Any:
+    """A spawn-started ``ProcessPoolExecutor`` of ``workers`` processes with the pools' settings (one BLAS
+    thread, freed memory kept), each process started now, from the calling thread, without waiting for
+    its imports (its ``initializer`` runs beside the caller's own start-up)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with _worker_env():
+        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=initializer,
+                                   initargs=initargs)
+        for _ in range(workers):  # (a process is started per task while none is idle)
+            pool.submit(int)
+    return pool
+
+
 def single_threaded_pool(workers: int) -> Any:
     """A spawn-started process pool whose workers run NumPy's BLAS and FFT on one thread each (a process
     a core already: 16 processes each starting 16 BLAS threads oversubscribe the cores), and reuse freed

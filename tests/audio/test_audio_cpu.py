@@ -693,3 +693,57 @@ def test_the_batched_window_is_what_crop_and_shift_do_record_by_record():
     got = window_rows([r.samples for r in same], [-s for s in shifts], 800, np)
     for r, s, g in zip(same, shifts, got):
         assert np.array_equal(g, _shift(r, s, np).samples)
+
+
+def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path):
+    """The GPU audio unit's feed (host code, run here without a GPU): the records of a worker's tasks read
+    and decoded in processes of their own, each entry's outputs in order with its task's shard (made in
+    task order, an empty task's too), what the processes counted added to that shard's stats; a corrupt
+    record comes back as its error in its place; a batch never spans two shards."""
+    import functools
+    from types import SimpleNamespace
+
+    from gpubatch.engine.codecs.audio_io import AudioData
+    from gpubatch.engine.device import Device, DeviceKind
+    from gpubatch.engine.execute.worker import RunContext
+    from gpubatch.engine.gpu.audio_feed import RecordDecoders, batched
+    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.spec import parse_chain
+    from gpubatch.errors import RecordError, RunStats
+    from gpubatch.formats import open_reader
+    from gpubatch.types import ShardTask
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(9):
+        write(src / f"c{i}.flac", tone(0.25 + 0.05 * i, 16000), 16000)
+    (src / "c9.flac").write_bytes(b"fLaC but not really")
+    entries = open_reader(src).entries()
+    plan = Plan(ops=parse_chain("mono() | log_mel(n_mels=40)"), media="audio", max_pixels=0)
+    spans = [(0, 4), (4, 4), (4, 10)]
+    tasks = [ShardTask(k, a, b, f"s{k}", tuple(entries[a:b])) for k, (a, b) in enumerate(spans)]
+    ctx = RunContext(opener=functools.partial(open_reader, src), sink=None, plan=plan, device=Device(DeviceKind.CPU))
+    made = []
+
+    def make(task):
+        made.append(SimpleNamespace(task=task, stats=RunStats()))
+        return made[-1]
+
+    decoders = RecordDecoders(ctx, 2, chunk=3)
+    try:
+        got = list(decoders.outputs(tasks, make))
+    finally:
+        decoders.close()
+    assert [s.task.index for s in made] == [0, 1, 2]
+    assert [(s.task.index, last) for s, _, last in got] == [(0, False)] * 3 + [(0, True), (1, True)] + \
+        [(2, False)] * 5 + [(2, True)]
+    outs = [o for _, outs, _ in got for o in outs]
+    assert [o[0].template.key for o in outs[:9]] == [f"c{i}" for i in range(9)]
+    assert all(isinstance(a, AudioData) and a.samples.shape == (1, int((0.25 + 0.05 * i) * 16000))
+               for i, (_, a) in enumerate(outs[:9]))
+    assert isinstance(outs[9], RecordError) and outs[9].key == "c9" and "decode" in str(outs[9])
+    assert [s.stats.records_in for s in made] == [4, 0, 6]
+    assert made[0].stats.timings["decode (processes)"] > 0
+    # batches of 2 jobs at most, each of one shard
+    groups = list(batched(iter(got), 2))
+    assert [[s.task.index for s, _, _ in g] for g in groups] == [[0, 0], [0, 0], [1], [2, 2], [2, 2], [2, 2]]

@@ -194,8 +194,10 @@ def test_auto_route_follows_the_load_as_the_run_goes(tmp_path, monkeypatch):
     from gpubatch.pipelines.image import ImagePipeline
 
     monkeypatch.delenv("GPUBATCH_DECODE_ROUTE")
-    # "auto" splits at the start however busy the host; a check every batch, a route held no longer
-    # than the checks ask
+    # "auto" splits at the start: the host's free cores measured then are stood in for (a busy host,
+    # as when other work runs beside the tests, would start it on the hardware route); a check every
+    # batch, a route held no longer than the checks ask
+    monkeypatch.setattr("gpubatch.engine.gpu.affinity.free_cores", lambda *a, **k: 64.0)
     st = Settings(split_min_cores=1.0, follow_check_s=0.0, follow_hold_s=0.0)
     paths = _jpeg_files(tmp_path, 48, lambda i: (200 + 9 * i, 330 - 3 * i), lambda i: 80 + i % 17)
     keys = [p.stem for p in paths]

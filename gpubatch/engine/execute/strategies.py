@@ -3,7 +3,7 @@
 (media, device) -> a :class:`Strategy`. On the CPU every media takes the host unit, a worker process
 a core. On the GPU each media has a unit of its own: images through the GPU engine (decoders, the
 chain's kernels, the JPEG encoder, with reader processes of its own), video through NVDEC sessions,
-audio through the GPU chain fed by decoding threads; ``--gpu-procs`` processes a GPU for images, one
+audio through the GPU chain fed by decoding processes; ``--gpu-procs`` processes a GPU for images, one
 for video and audio. A run whose records all pass through untouched takes the host unit whatever the
 device. Units are named by import path, so a worker imports only the one it runs (CuPy never loads
 in a CPU worker).
@@ -59,8 +59,8 @@ TABLE: dict[tuple[str, str], Strategy] = {
                                why="images on the GPU: decoders, the chain's kernels and the JPEG encoder"),
     ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.gpu.video:VideoDeviceUnit", gpu=True,
                                why="video on the GPU: NVDEC sessions, the chain on the GPU"),
-    ("audio", "gpu"): Strategy("gpu-audio", "gpubatch.engine.gpu.audio:AudioDeviceUnit", gpu=True,
-                               why="audio features on the GPU, decoded on the CPU"),
+    ("audio", "gpu"): Strategy("gpu-audio", "gpubatch.engine.gpu.audio:AudioDeviceUnit", gpu=True, dealt=True,
+                               why="audio features on the GPU, decoded on the CPU in processes"),
 }
 
 

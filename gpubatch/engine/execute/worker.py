@@ -211,6 +211,71 @@ def shard_of(writing: Callable[[ShardTask], ShardWriting], task: ShardTask,
     done(finish(w))
 
 
+class ShardWriter:
+    """Writes a GPU worker's output records into their shards and commits each shard, in a thread of its
+    own, in the order handed over: the loop that feeds the GPU goes on to the next batch meanwhile (the
+    files' writes release the GIL). What :meth:`put` hands over is the records, or a function that makes
+    them there (their encoding, off the loop's thread). An error there is raised in the loop at its next
+    hand-over."""
+
+    def __init__(self, done: Callable[[Any], None]):
+        import queue
+        import threading
+
+        self.done = done
+        self.q: Any = queue.Queue(maxsize=8)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="gpubatch-shard-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        unfinished: dict[int, Any] = {}  # shards written to and not committed
+        while True:
+            item = self.q.get()
+            if item is None:
+                break
+            kind, shard, payload = item
+            unfinished[id(shard)] = shard
+            if self.error is not None or kind == "abort":
+                continue  # (drained: the loop raises the error; what is unfinished is removed below)
+            try:
+                if kind == "put":
+                    for r in (payload() if callable(payload) else payload):
+                        shard.put(r)
+                else:  # "commit"
+                    self.done(finish(shard, *payload))
+                    del unfinished[id(shard)]
+            except BaseException as e:  # noqa: BLE001 - raised in the loop
+                self.error = e
+        for shard in unfinished.values():  # (a run that failed or stopped: their partial files go)
+            try:
+                shard.abort()
+            except OSError:
+                pass
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def put(self, shard: Any, records: list | Callable[[], list]) -> None:
+        self._check()
+        self.q.put(("put", shard, records))
+
+    def commit(self, shard: Any, timings: dict, extra: dict | None) -> None:
+        self._check()
+        self.q.put(("commit", shard, (timings, extra)))
+
+    def close(self, abort: Any = None, failed: bool = False) -> None:
+        """Wait for every hand-over to be written (and ``abort``, a shard left unfinished, removed; on a
+        ``failed`` run every shard handed over and not committed is, and no error of the writer's raised)."""
+        if abort is not None:
+            self.q.put(("abort", abort, None))
+        self.q.put(None)
+        self.thread.join()
+        if abort is None and not failed:
+            self._check()
+
+
 class Committer:
     """Commits a worker's shards in a thread of their own, one at a time and in order: a shard's fsyncs,
     renames and journal entry overlap the writing of the next (the fsyncs wait on the disk, not the

@@ -6,7 +6,7 @@ dataset order. A batch the GPU fails on is run again on the CPU, record by recor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -94,28 +94,54 @@ def _prepare(record: Record, plan: Plan, stats: RunStats) -> list[Record | Recor
     return out
 
 
-def _run_batch(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: RunStats) -> list[Record | RecordError]:
-    """The chain on a batch of jobs on the GPU (on the CPU, record by record, where the GPU fails),
-    each output encoded by the record's codec."""
+def prepare_entry(reader: RecordSource, entry: Any, plan: Plan, stats: RunStats) -> list[Any]:
+    """What one entry becomes before the GPU: its read error, a non-audio record run on the CPU, or
+    :func:`_prepare`'s outputs."""
+    from ..executor import expand_host
+
+    record = read_counted(reader, entry, stats)
+    if isinstance(record, RecordError):
+        return [record]
+    if str(getattr(record.media, "value", record.media)) != "audio":
+        return expand_host(record, plan, stats)
+    return _prepare(record, plan, stats)
+
+
+def run_on_gpu(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: list[RunStats]) -> list[AudioData | RecordError]:
+    """The chain on a batch of jobs on the GPU, each job's output back on the host (on the CPU, record by
+    record, where the GPU fails; counted in the job's ``stats``)."""
     codec = get_codec("audio", "*", HOST)
-    results: list[AudioData | RecordError] = []
     try:
         dev = run_chain_device(plan.ops, to_device([d for _, d in jobs]), [j.params for j, _ in jobs])
-        results = list(to_host(dev))
-        stats.add(transcoded=len(jobs))
+        results: list[AudioData | RecordError] = list(to_host(dev))
+        for st in stats:
+            st.add(transcoded=1)
+        return results
     except Exception as e:  # noqa: BLE001 - a batch the GPU fails on goes to the CPU, counted
-        stats.add(fallbacks=len(jobs))
-        stats.warn(f"a batch of {len(jobs)} audio records ran on the CPU after the GPU failed: {type(e).__name__}: "
-                   f"{str(e)[:160]}")
-        for job, d in jobs:
+        results = []
+        for (job, d), st in zip(jobs, stats):
+            st.add(fallbacks=1)
+            st.warn(f"a batch of {len(jobs)} audio records ran on the CPU after the GPU failed: {type(e).__name__}: "
+                    f"{str(e)[:160]}")
             try:
                 results.append(codec.run_chain(plan.ops, d, job.params))
-                stats.add(transcoded=1)
+                st.add(transcoded=1)
             except Exception as e2:  # noqa: BLE001 - the record boundary
                 t = job.template
                 results.append(RecordError(t.key, t.origin, Stage.TRANSFORM, f"{type(e2).__name__}: {e2}"))
+        return results
+
+
+def encoded(items: list[Any], plan: Plan, stats: RunStats) -> list[Record | RecordError]:
+    """A shard's part of a batch as records: ``(job, output)`` pairs encoded by the output's codec (their
+    drawn parameters kept for the shard's log), records and errors as they are."""
+    codec = get_codec("audio", "*", HOST)
     out: list[Record | RecordError] = []
-    for (job, _), res in zip(jobs, results):
+    for item in items:
+        if not isinstance(item, tuple):
+            out.append(item)
+            continue
+        job, res = item
         if isinstance(res, RecordError):
             out.append(res)
             continue
@@ -192,10 +218,17 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
 
 
 class AudioDeviceUnit:
-    """Audio on the GPU, in a GPU's worker process: records decoded on a pool of threads kept across the
-    worker's tasks (libsndfile releases the GIL), the chain run on the GPU ``batch_size`` outputs at a time
-    (under ``--gpu-memory``, as many as the cap holds: :func:`fit_cap`, planned on the first task), each
-    task's outputs written in dataset order into its shard."""
+    """Audio on the GPU, in a GPU's worker process, over the tasks it is dealt (in shard order):
+
+    - records read and decoded in processes of their own (:class:`~.audio_feed.RecordDecoders`: a core
+      each of this process's share of the host's; libsndfile's decode is C, the Python around each
+      record is not, and threads of one process shared its GIL: 207 ten-second clips a second on 16
+      cores, 2026-12-02), across the shards' boundaries;
+    - the chain run on the GPU ``batch_size`` outputs at a time, a batch spanning shards (under
+      ``--gpu-memory``, as many as the cap holds: :func:`fit_cap`, planned on the first task);
+    - each shard's outputs encoded, written and committed, in order, by a thread of their own
+      (:class:`~..execute.worker.ShardWriter`) while the next batch runs.
+    """
 
     def __init__(self, ctx: Any, slot: int):
         import cupy as cp
@@ -206,58 +239,94 @@ class AudioDeviceUnit:
         self.cp = cp
         cp.cuda.Device(self.device.index).use()
         self.batch_size = ctx.batch_size or 256
-        self.pool: Any = None
-        # decoding threads: this process's share of the cores (several processes may share the GPU, several GPUs the host)
-        self.workers = max(1, cores() // ctx.host_procs - 1)
+        # decoding processes: this process's share of the cores (several processes may share the GPU,
+        # several GPUs the host), one left to the GPU's loop and the shards' writer
+        self.processes = max(1, cores() // ctx.host_procs - 1)
 
     @classmethod
     def make(cls, ctx: Any, slot: int) -> AudioDeviceUnit:
         return cls(ctx, slot)
 
     def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
-        from concurrent.futures import ThreadPoolExecutor
+        import time
 
-        from ..execute.worker import shard_of
-        from ..executor import expand_host, ordered_on, prefetched
+        from ..execute.worker import ShardWriter
+        from ..executor import prefetched
+        from .audio_feed import RecordDecoders, batched
 
         plan, cp = self.plan, self.cp
-        for task in tasks:
-            with shard_of(writing, task, done) as w:
-                stats = w.stats
-                if self.pool is None:
-                    if self.ctx.gpu_memory is not None:
-                        self.batch_size = fit_cap(self.ctx.gpu_memory, self.device, reader, list(task.entries), plan,
-                                                  self.batch_size, stats, self.ctx.settings.stack_bytes)
-                    self.pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="gpubatch-audio")
+        tasks = list(tasks)
+        if not tasks:
+            return
+        decoders = RecordDecoders(self.ctx, min(self.processes, max(1, sum(len(t.entries) for t in tasks))))
+        if self.ctx.gpu_memory is not None:
+            first = next((t for t in tasks if t.entries), tasks[0])
+            capped = writing(first)  # (its stats hold the plan of the cap; written no earlier than its turn)
+            self.batch_size = fit_cap(self.ctx.gpu_memory, self.device, reader, list(first.entries), plan,
+                                      self.batch_size, capped.stats, self.ctx.settings.stack_bytes)
+        else:
+            capped = None
+        opened: list[Any] = []  # every shard made, in order
 
-                def work(entry: Any, stats: RunStats = stats) -> list[Any]:
-                    record = read_counted(reader, entry, stats)
-                    if isinstance(record, RecordError):
-                        return [record]
-                    if str(getattr(record.media, "value", record.media)) != "audio":
-                        return expand_host(record, plan, stats)
-                    return _prepare(record, plan, stats)
+        def make(task: Any) -> Any:
+            w = capped if capped is not None and task is first else writing(task)
+            opened.append(w)
+            return w
 
-                def batches(entries: Any = task.entries, work: Any = work) -> Iterator[list[Any]]:
-                    pending: list[Any] = []
-                    jobs = 0
-                    for outs in ordered_on(self.pool, work, entries, self.workers * 4):
-                        pending.extend(outs)
-                        jobs += sum(isinstance(o, tuple) for o in outs)
-                        if jobs >= self.batch_size:
-                            yield pending
-                            pending, jobs = [], 0
-                    if pending:
-                        yield pending
-
-                with cp.cuda.Device(self.device.index):
-                    for group in prefetched(batches(), 2):
-                        jobs = [o for o in group if isinstance(o, tuple)]
-                        finished = iter(_run_batch(jobs, plan, stats)) if jobs else iter(())
-                        for o in group:
-                            w.put(next(finished) if isinstance(o, tuple) else o)
+        out = ShardWriter(done)
+        groups: Any = None
+        handed: set[int] = set()
+        run_t = {"decode_wait": 0.0, "chain": 0.0}
+        flushed = dict(run_t)
+        committed = False
+        try:
+            with cp.cuda.Device(self.device.index):
+                groups = prefetched(batched(decoders.outputs(tasks, make), self.batch_size), 2)
+                while True:
+                    t0 = time.perf_counter()
+                    group = next(groups, None)
+                    run_t["decode_wait"] += time.perf_counter() - t0
+                    if group is None:
+                        break
+                    jobs = [(o, w.stats) for w, outs, _ in group for o in outs if isinstance(o, tuple)]
+                    t0 = time.perf_counter()
+                    results = iter(run_on_gpu([j for j, _ in jobs], plan, [st for _, st in jobs]) if jobs else ())
+                    run_t["chain"] += time.perf_counter() - t0
+                    for w, outs, last in group:
+                        items = [(o[0], next(results)) if isinstance(o, tuple) else o for o in outs]
+                        if items:
+                            out.put(w, lambda items=items, w=w: _encoded_timed(items, plan, w.stats))
+                            handed.add(id(w))
+                        if last:
+                            timings = {k: v - flushed[k] for k, v in run_t.items()}
+                            flushed = dict(run_t)
+                            out.commit(w, timings, None)
+                            handed.add(id(w))
+            out.close()
+            committed = True
+        finally:
+            if not committed:
+                if groups is not None:
+                    groups.close()  # (the thread that makes the batches stops: no shard is made after this)
+                out.close(failed=True)  # (the shards handed over and not committed are removed there)
+                for w in opened:  # (made, never handed over: their partial files go too)
+                    if id(w) not in handed:
+                        try:
+                            w.abort()
+                        except OSError:
+                            pass
+            decoders.close()
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
+        pass
 
+
+def _encoded_timed(items: list[Any], plan: Plan, stats: RunStats) -> list[Record | RecordError]:
+    """:func:`encoded`, its time counted as the shard's "encode" (in the shards' writer thread)."""
+    import time
+
+    t0 = time.perf_counter()
+    try:
+        return encoded(items, plan, stats)
+    finally:
+        stats.timed("encode", time.perf_counter() - t0)

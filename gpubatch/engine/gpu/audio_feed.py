@@ -1,4 +1,5 @@
-"""Decoded audio for the GPU from worker processes, through shared memory.
+"""Decoded audio for the GPU from worker processes: files through shared memory (the pipelines), and a
+run's records with their jobs (``convert`` and ``augment``: :class:`RecordDecoders`).
 
 Decoding threads in one process share its GIL: each file's Python work (opening it, the bookkeeping
 around libsndfile's read) holds it, and 16 threads fed a GPU no faster than about 1,300 ten-second
@@ -350,3 +351,127 @@ class SharedFeed:
             except (OSError, BufferError):
                 pass
         self.shms = []
+
+
+# -- a run's records, decoded in processes (convert, augment) ---------------------------------------------
+
+_DECODER: dict[str, Any] = {}  # in a decoding process: the run's reader and plan
+
+
+def _decoder_start(ctx: Any) -> None:
+    from ..processes import die_with_parent
+
+    die_with_parent()
+    _DECODER["reader"] = ctx.open_reader()
+    _DECODER["plan"] = ctx.plan
+
+
+def stats_part(stats: Any) -> dict:
+    """What a decoding process counted of its records, to be added to their shard's stats."""
+    from ..execute.worker import COUNTS
+
+    return {"counts": {k: getattr(stats, k) for k in COUNTS if getattr(stats, k)}, "warnings": list(stats.warnings),
+            "drawn": dict(stats.drawn), "timings": dict(stats.timings)}
+
+
+def merge_part(stats: Any, part: dict) -> None:
+    """Add :func:`stats_part`'s counts, warnings, drawn parameters and times to ``stats``."""
+    if part["counts"]:
+        stats.add(**part["counts"])
+    for w in part["warnings"]:
+        stats.warn(w)
+    stats.drawn.update(part["drawn"])
+    for k, v in part["timings"].items():
+        stats.timed(k, v)
+
+
+def decode_entries(entries: list[Any]) -> list[tuple[list, dict]]:
+    """In a decoding process: per entry, what it becomes before the GPU (:func:`~.audio.prepare_entry`:
+    its records, errors and ``(job, decoded audio)`` pairs) and what was counted of it."""
+    import time
+
+    from ...errors import RunStats
+    from .audio import prepare_entry
+
+    reader, plan = _DECODER["reader"], _DECODER["plan"]
+    out = []
+    for entry in entries:
+        stats = RunStats()
+        t0 = time.perf_counter()
+        outs = prepare_entry(reader, entry, plan, stats)
+        stats.timed("decode (processes)", time.perf_counter() - t0)
+        out.append((outs, stats_part(stats)))
+    return out
+
+
+class RecordDecoders:
+    """A run's records read and decoded in ``processes`` processes of their own, each with the run's reader
+    (``ctx.opener``) and plan, ``chunk`` entries a call: :meth:`outputs` gives each entry's outputs in the
+    tasks' order, with its task's shard (made by ``make`` as its first entry comes, in order) and its
+    counts already added to that shard's stats."""
+
+    def __init__(self, ctx: Any, processes: int, chunk: int = 4):
+        from ..processes import spawned_pool
+
+        self.processes, self.chunk = max(1, processes), max(1, chunk)
+        self.pool = spawned_pool(self.processes, _decoder_start, (ctx,))
+
+    def outputs(self, tasks: list[Any], make: Any) -> Iterator[tuple[Any, list, bool]]:
+        """``(shard, outputs of one entry, whether it is the task's last)`` in order; a task of no
+        entries gives one ``(shard, [], True)``."""
+        def chunks() -> Iterator[tuple[Any, list, bool]]:
+            for task in tasks:
+                n = len(task.entries)
+                if not n:
+                    yield task, [], True
+                for a in range(0, n, self.chunk):
+                    yield task, list(task.entries[a: a + self.chunk]), a + self.chunk >= n
+
+        todo = chunks()
+        window: deque = deque()
+
+        def submit() -> None:
+            for task, entries, last in todo:
+                window.append((task, self.pool.submit(decode_entries, entries) if entries else None, last))
+                return
+
+        for _ in range(2 * self.processes):
+            submit()
+        shard, task_of = None, None
+        try:
+            while window:
+                task, fut, last = window.popleft()
+                submit()
+                if task is not task_of:
+                    shard, task_of = make(task), task
+                if fut is None:
+                    yield shard, [], True
+                    continue
+                got = fut.result()
+                for i, (outs, part) in enumerate(got):
+                    merge_part(shard.stats, part)
+                    yield shard, outs, last and i == len(got) - 1
+        finally:
+            for _, fut, _ in window:
+                if fut is not None:
+                    fut.cancel()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def batched(items: Iterator[tuple[Any, list, bool]], batch_size: int) -> Iterator[list[tuple[Any, list, bool]]]:
+    """:meth:`RecordDecoders.outputs` in groups of one shard each, every group holding ``batch_size`` jobs
+    (``(job, audio)`` pairs) or the shard's rest: a batch never spans two shards, so what the GPU makes of a
+    shard does not depend on the worker that wrote it."""
+    group: list = []
+    jobs = 0
+    for shard, outs, last in items:
+        group.append((shard, outs, last))
+        jobs += sum(isinstance(o, tuple) for o in outs)
+        if last or jobs >= batch_size:
+            yield group
+            group, jobs = [], 0
+    if group:
+        yield group
+

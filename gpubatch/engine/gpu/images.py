@@ -13,7 +13,7 @@ import numpy as np
 
 from ...errors import GpubatchError, RecordError, Stage
 from ...types import Record
-from ..execute.worker import finish
+from ..execute.worker import ShardWriter, finish
 from ..plan import Plan
 from ..processes import cores
 from ..windows import fed_windows
@@ -226,7 +226,7 @@ class GpuImageUnit:
 
             owners = _owners(tasks, batch)
             current = first_at = None
-            out_writer = _ShardWriter(done)  # the shards' files written in a thread of their own
+            out_writer = ShardWriter(done)  # the shards' files written in a thread of their own
             seen = dict(tm)
             for k, (fed, res) in enumerate(decode_ahead(decode, feed, ahead, tm, gpu)):
                 task, last = owners[k]
@@ -321,68 +321,6 @@ class _Started:
 #: reader processes of a GPU worker's feed at most (a convert reads records through the formats' readers:
 #: more Python a record than the pipelines' file reads)
 CONVERT_READERS_MAX = 8
-
-
-class _ShardWriter:
-    """Writes a GPU worker's output records into their shards and commits each shard, in a thread of its
-    own, in the order handed over: the loop that feeds the GPU goes on to the next batch meanwhile (the
-    files' writes release the GIL). An error there is raised in the loop at its next hand-over."""
-
-    def __init__(self, done: Callable[[Any], None]):
-        import queue
-        import threading
-
-        self.done = done
-        self.q: Any = queue.Queue(maxsize=8)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="gpubatch-shard-writer", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        unfinished: dict[int, Any] = {}  # shards written to and not committed
-        while True:
-            item = self.q.get()
-            if item is None:
-                break
-            kind, shard, payload = item
-            unfinished[id(shard)] = shard
-            if self.error is not None or kind == "abort":
-                continue  # (drained: the loop raises the error; what is unfinished is removed below)
-            try:
-                if kind == "put":
-                    for r in payload:
-                        shard.put(r)
-                else:  # "commit"
-                    self.done(finish(shard, *payload))
-                    del unfinished[id(shard)]
-            except BaseException as e:  # noqa: BLE001 - raised in the loop
-                self.error = e
-        for shard in unfinished.values():  # (a run that failed or stopped: their partial files go)
-            try:
-                shard.abort()
-            except OSError:
-                pass
-
-    def _check(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def put(self, shard: Any, records: list) -> None:
-        self._check()
-        self.q.put(("put", shard, records))
-
-    def commit(self, shard: Any, timings: dict, extra: dict | None) -> None:
-        self._check()
-        self.q.put(("commit", shard, (timings, extra)))
-
-    def close(self, abort: Any = None) -> None:
-        """Wait for every hand-over to be written (and ``abort``, a shard left unfinished, removed)."""
-        if abort is not None:
-            self.q.put(("abort", abort, None))
-        self.q.put(None)
-        self.thread.join()
-        if abort is None:
-            self._check()
 
 
 def _task_spans(tasks: list[Any], batch: int) -> list[tuple[int, int]]:
