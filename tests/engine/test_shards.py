@@ -281,3 +281,53 @@ def test_workers_dealt_their_tasks_or_taking_them_as_they_free_up_write_the_same
     s = convert(imagenet, tmp_path / "two", to="tfrecord", shard_size=5, resize_shorter=40, gpu_procs=2)
     assert s.workers == 2 and s.shards == 12
     assert digest(tmp_path / "two") == digest(tmp_path / "one")
+
+
+def test_tasks_are_worked_across_their_boundaries_in_order():
+    """ordered_across (the GPU video and audio units'): entries worked ``chunk`` at a time on a pool, several
+    tasks' at once, come back in the tasks' order with their task's shard, made in order (an empty task's
+    too) and marked at each task's last entry; what a process counted is added to its shard's stats; work
+    still queued when the consumer stops is cancelled."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from gpubatch.engine.execute.worker import ordered_across, stats_part
+    from gpubatch.errors import RunStats
+    from gpubatch.types import ShardTask
+
+    spans = [(0, 5), (5, 5), (5, 7), (7, 12)]
+    tasks = [ShardTask(k, a, b, f"s{k}", tuple(range(a, b))) for k, (a, b) in enumerate(spans)]
+    made, started = [], []
+    lock = threading.Lock()
+
+    def make(task):
+        made.append(SimpleNamespace(task=task, stats=RunStats()))
+        return made[-1]
+
+    def work(entries):
+        with lock:
+            started.extend(entries)
+        time.sleep(0.01 * (len(entries) % 2))  # (chunks finish out of order)
+        out = []
+        for e in entries:
+            st = RunStats()
+            st.add(records_in=1, bytes_in=e)
+            out.append(([f"r{e}"], stats_part(st)))
+        return out
+
+    with ThreadPoolExecutor(3) as pool:
+        got = list(ordered_across(tasks, make, lambda es, shard: pool.submit(work, es), window=3, chunk=2))
+    assert [(s.task.index, outs, last) for s, outs, last in got] == \
+        [(0, [f"r{e}"], e == 4) for e in range(5)] + [(1, [], True)] + \
+        [(2, [f"r{e}"], e == 6) for e in range(5, 7)] + [(3, [f"r{e}"], e == 11) for e in range(7, 12)]
+    assert [s.task.index for s in made] == [0, 1, 2, 3]
+    assert [(s.stats.records_in, s.stats.bytes_in) for s in made] == [(5, 10), (0, 0), (2, 11), (5, 45)]
+    # a consumer that stops after the first entry: what was not started is cancelled
+    started.clear()
+    with ThreadPoolExecutor(1) as pool:
+        gen = ordered_across(tasks, make, lambda es, shard: pool.submit(work, es), window=2, chunk=1)
+        next(gen)
+        gen.close()
+    assert len(started) <= 3

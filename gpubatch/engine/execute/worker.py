@@ -197,18 +197,74 @@ def finish(writing: ShardWriting, timings: dict[str, float] | None = None,
     return result
 
 
-@contextlib.contextmanager
-def shard_of(writing: Callable[[ShardTask], ShardWriting], task: ShardTask,
-             done: Callable[[ShardResult], None]) -> Iterator[ShardWriting]:
-    """A task's shard for a unit to put its outputs into: committed, journaled and handed to ``done`` when
-    the block ends, its partial files removed if the block raises."""
-    w = writing(task)
+def ordered_across(tasks: list[ShardTask], make: Callable[[ShardTask], Any], submit: Callable[[list, Any], Any],
+                   window: int, chunk: int = 1) -> Iterator[tuple[Any, list, bool]]:
+    """A worker's tasks worked entry by entry across their boundaries: ``(shard, outputs of one entry,
+    whether it is its task's last)`` in the tasks' order, a task of no entries giving one ``(shard, [],
+    True)``. Each task's shard is made by ``make`` as its first entries are submitted (in order);
+    ``submit(entries, shard)`` starts the work of ``chunk`` entries of one task (a pool's future of a list,
+    per entry, of ``(outputs, counted)``: ``counted``, where not None, what a process counted of it
+    (:func:`stats_part`), added to the shard's stats here); ``window`` submissions at most are in flight,
+    and those left are cancelled where the consumer stops early."""
+    from collections import deque
+
+    def chunks() -> Iterator[tuple[ShardTask, list, bool]]:
+        for task in tasks:
+            n = len(task.entries)
+            if not n:
+                yield task, [], True
+            for a in range(0, n, chunk):
+                yield task, list(task.entries[a: a + chunk]), a + chunk >= n
+
+    todo = chunks()
+    inflight: deque = deque()
+    made: dict[int, Any] = {}
+
+    def more() -> None:
+        for task, entries, last in todo:
+            if task.index not in made:
+                made.clear()  # (one task's shard is kept: the tasks come in order)
+                made[task.index] = make(task)
+            shard = made[task.index]
+            inflight.append((shard, submit(entries, shard) if entries else None, last))
+            return
+
+    for _ in range(max(1, window)):
+        more()
     try:
-        yield w
-    except BaseException:
-        w.abort()
-        raise
-    done(finish(w))
+        while inflight:
+            shard, fut, last = inflight.popleft()
+            more()
+            if fut is None:
+                yield shard, [], True
+                continue
+            got = fut.result()
+            for i, (outs, counted) in enumerate(got):
+                if counted is not None:
+                    merge_part(shard.stats, counted)
+                yield shard, outs, last and i == len(got) - 1
+    finally:
+        for _, fut, _ in inflight:
+            if fut is not None:
+                fut.cancel()
+
+
+def stats_part(stats: RunStats) -> dict:
+    """What a process counted of its records (counts, warnings, drawn parameters, times), to be added to
+    their shard's stats in the worker (:func:`merge_part`)."""
+    return {"counts": {k: getattr(stats, k) for k in COUNTS if getattr(stats, k)}, "warnings": list(stats.warnings),
+            "drawn": dict(stats.drawn), "timings": dict(stats.timings)}
+
+
+def merge_part(stats: RunStats, part: dict) -> None:
+    """Add :func:`stats_part`'s counts, warnings, drawn parameters and times to ``stats``."""
+    if part["counts"]:
+        stats.add(**part["counts"])
+    for w in part["warnings"]:
+        stats.warn(w)
+    stats.drawn.update(part["drawn"])
+    for k, v in part["timings"].items():
+        stats.timed(k, v)
 
 
 class ShardWriter:

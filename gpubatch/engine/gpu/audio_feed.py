@@ -366,31 +366,13 @@ def _decoder_start(ctx: Any) -> None:
     _DECODER["plan"] = ctx.plan
 
 
-def stats_part(stats: Any) -> dict:
-    """What a decoding process counted of its records, to be added to their shard's stats."""
-    from ..execute.worker import COUNTS
-
-    return {"counts": {k: getattr(stats, k) for k in COUNTS if getattr(stats, k)}, "warnings": list(stats.warnings),
-            "drawn": dict(stats.drawn), "timings": dict(stats.timings)}
-
-
-def merge_part(stats: Any, part: dict) -> None:
-    """Add :func:`stats_part`'s counts, warnings, drawn parameters and times to ``stats``."""
-    if part["counts"]:
-        stats.add(**part["counts"])
-    for w in part["warnings"]:
-        stats.warn(w)
-    stats.drawn.update(part["drawn"])
-    for k, v in part["timings"].items():
-        stats.timed(k, v)
-
-
 def decode_entries(entries: list[Any]) -> list[tuple[list, dict]]:
     """In a decoding process: per entry, what it becomes before the GPU (:func:`~.audio.prepare_entry`:
     its records, errors and ``(job, decoded audio)`` pairs) and what was counted of it."""
     import time
 
     from ...errors import RunStats
+    from ..execute.worker import stats_part
     from .audio import prepare_entry
 
     reader, plan = _DECODER["reader"], _DECODER["plan"]
@@ -407,8 +389,8 @@ def decode_entries(entries: list[Any]) -> list[tuple[list, dict]]:
 class RecordDecoders:
     """A run's records read and decoded in ``processes`` processes of their own, each with the run's reader
     (``ctx.opener``) and plan, ``chunk`` entries a call: :meth:`outputs` gives each entry's outputs in the
-    tasks' order, with its task's shard (made by ``make`` as its first entry comes, in order) and its
-    counts already added to that shard's stats."""
+    tasks' order, with its task's shard (made by ``make``, in order) and what the process counted of it
+    already added to that shard's stats."""
 
     def __init__(self, ctx: Any, processes: int, chunk: int = 4):
         from ..processes import spawned_pool
@@ -417,44 +399,12 @@ class RecordDecoders:
         self.pool = spawned_pool(self.processes, _decoder_start, (ctx,))
 
     def outputs(self, tasks: list[Any], make: Any) -> Iterator[tuple[Any, list, bool]]:
-        """``(shard, outputs of one entry, whether it is the task's last)`` in order; a task of no
-        entries gives one ``(shard, [], True)``."""
-        def chunks() -> Iterator[tuple[Any, list, bool]]:
-            for task in tasks:
-                n = len(task.entries)
-                if not n:
-                    yield task, [], True
-                for a in range(0, n, self.chunk):
-                    yield task, list(task.entries[a: a + self.chunk]), a + self.chunk >= n
+        """``(shard, outputs of one entry, whether it is the task's last)`` in order
+        (:func:`~..execute.worker.ordered_across`)."""
+        from ..execute.worker import ordered_across
 
-        todo = chunks()
-        window: deque = deque()
-
-        def submit() -> None:
-            for task, entries, last in todo:
-                window.append((task, self.pool.submit(decode_entries, entries) if entries else None, last))
-                return
-
-        for _ in range(2 * self.processes):
-            submit()
-        shard, task_of = None, None
-        try:
-            while window:
-                task, fut, last = window.popleft()
-                submit()
-                if task is not task_of:
-                    shard, task_of = make(task), task
-                if fut is None:
-                    yield shard, [], True
-                    continue
-                got = fut.result()
-                for i, (outs, part) in enumerate(got):
-                    merge_part(shard.stats, part)
-                    yield shard, outs, last and i == len(got) - 1
-        finally:
-            for _, fut, _ in window:
-                if fut is not None:
-                    fut.cancel()
+        return ordered_across(tasks, make, lambda entries, shard: self.pool.submit(decode_entries, entries),
+                              2 * self.processes, self.chunk)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
