@@ -284,7 +284,7 @@ def test_workers_dealt_their_tasks_or_taking_them_as_they_free_up_write_the_same
 
 
 def test_tasks_are_worked_across_their_boundaries_in_order():
-    """ordered_across (the GPU video and audio units'): entries worked ``chunk`` at a time on a pool, several
+    """ordered_across (the GPU audio unit's): entries worked ``chunk`` at a time on a pool, several
     tasks' at once, come back in the tasks' order with their task's shard, made in order (an empty task's
     too) and marked at each task's last entry; what a process counted is added to its shard's stats; work
     still queued when the consumer stops is cancelled."""
@@ -331,3 +331,59 @@ def test_tasks_are_worked_across_their_boundaries_in_order():
         next(gen)
         gen.close()
     assert len(started) <= 3
+
+
+def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not(tmp_path):
+    """ShardWriter (the GPU image and audio units'): records handed over, or a function that makes them
+    there, are written into their shards in order, each shard committed (fsynced and renamed by the
+    committer's thread) with a journal entry and handed to ``done`` in order; a run that stops removes
+    the partial files of every shard it did not commit, and keeps those it did."""
+    import functools
+
+    from gpubatch.engine.device import Device, DeviceKind
+    from gpubatch.engine.execute.journal import Journal
+    from gpubatch.engine.execute.worker import RunContext, ShardWriter, ShardWriting
+    from gpubatch.engine.plan import Plan
+    from gpubatch.formats import get_format
+    from gpubatch.formats.base import WriteOptions
+    from gpubatch.runner import _sink
+    from gpubatch.types import DatasetInfo, Media, Record, ShardTask
+
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    fmt = get_format("webdataset")
+    tasks = [ShardTask(k, 3 * k, 3 * k + 3, f"data-{k:05d}-of-00004.tar") for k in range(4)]
+    ctx = RunContext(opener=None, sink=functools.partial(_sink, fmt, stage, DatasetInfo(), WriteOptions(), False),
+                     plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
+
+    def recs(k):
+        return [Record(key=f"r{3 * k + i}", data=bytes([k, i]) * 50, media=Media.IMAGE, codec="jpeg")
+                for i in range(3)]
+
+    done = []
+    w = ShardWriter(done.append)
+    shards = [ShardWriting(t, ctx) for t in tasks]
+    for k, sh in enumerate(shards):
+        w.put(sh, recs(k)[:1])
+        w.put(sh, lambda k=k: recs(k)[1:])
+        w.commit(sh, {"chain": 0.5}, None)
+    w.close()
+    assert [r.index for r in done] == [0, 1, 2, 3]
+    assert all(r.counts["records_out"] == 3 and r.timings["chain"] == 0.5 for r in done)
+    assert sorted(p.name for p in stage.glob("*.tar")) == [t.name for t in tasks]
+    assert set(Journal(stage).committed(tasks)) == {0, 1, 2, 3}
+    # a run that stops: shard 0 committed and kept, 1 (written to) and 2 (handed over only) removed
+    stage2 = tmp_path / "stage2"
+    stage2.mkdir()
+    ctx2 = RunContext(opener=None, sink=functools.partial(_sink, fmt, stage2, DatasetInfo(), WriteOptions(), False),
+                      plan=Plan(), device=Device(DeviceKind.CPU), stage=stage2)
+    done.clear()
+    w = ShardWriter(done.append)
+    a, b, c = (ShardWriting(t, ctx2) for t in tasks[:3])
+    w.put(a, recs(0))
+    w.commit(a, {}, None)
+    w.put(b, recs(1))
+    w.close(abort=c)
+    assert [r.index for r in done] == [0]
+    left = sorted(p.relative_to(stage2).as_posix() for p in stage2.rglob("*") if p.is_file() and ".gpubatch" not in p.parts)
+    assert left and {name.rsplit(".", 1)[0] for name in left} == {tasks[0].name[:-4]}  # (its .tar and .idx)

@@ -57,7 +57,7 @@ TABLE: dict[tuple[str, str], Strategy] = {
     # video were not measured
     ("image", "gpu"): Strategy("gpu-image", "gpubatch.engine.gpu.images:GpuImageUnit", gpu=True, dealt=True,
                                why="images on the GPU: decoders, the chain's kernels and the JPEG encoder"),
-    ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.gpu.video:VideoDeviceUnit", gpu=True, dealt=True,
+    ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.gpu.video:VideoDeviceUnit", gpu=True,
                                why="video on the GPU: NVDEC sessions, the chain on the GPU"),
     ("audio", "gpu"): Strategy("gpu-audio", "gpubatch.engine.gpu.audio:AudioDeviceUnit", gpu=True, dealt=True,
                                why="audio features on the GPU, decoded on the CPU in processes"),

@@ -197,9 +197,23 @@ def finish(writing: ShardWriting, timings: dict[str, float] | None = None,
     return result
 
 
+@contextlib.contextmanager
+def shard_of(writing: Callable[[ShardTask], ShardWriting], task: ShardTask,
+             done: Callable[[ShardResult], None]) -> Iterator[ShardWriting]:
+    """A task's shard for a unit to put its outputs into: committed, journaled and handed to ``done`` when
+    the block ends, its partial files removed if the block raises."""
+    w = writing(task)
+    try:
+        yield w
+    except BaseException:
+        w.abort()
+        raise
+    done(finish(w))
+
+
 def ordered_across(tasks: list[ShardTask], make: Callable[[ShardTask], Any], submit: Callable[[list, Any], Any],
                    window: int, chunk: int = 1) -> Iterator[tuple[Any, list, bool]]:
-    """A worker's tasks worked entry by entry across their boundaries: ``(shard, outputs of one entry,
+    """A worker's tasks worked entry by entry across their boundaries (the GPU audio unit's): ``(shard, outputs of one entry,
     whether it is its task's last)`` in the tasks' order, a task of no entries giving one ``(shard, [],
     True)``. Each task's shard is made by ``make`` as its first entries are submitted (in order);
     ``submit(entries, shard)`` starts the work of ``chunk`` entries of one task (a pool's future of a list,
@@ -268,9 +282,10 @@ def merge_part(stats: RunStats, part: dict) -> None:
 
 
 class ShardWriter:
-    """Writes a GPU worker's output records into their shards and commits each shard, in a thread of its
-    own, in the order handed over: the loop that feeds the GPU goes on to the next batch meanwhile (the
-    files' writes release the GIL). What :meth:`put` hands over is the records, or a function that makes
+    """Writes a GPU worker's output records into their shards, in a thread of its own, and commits each
+    shard (its fsyncs and renames in the thread of a :class:`Committer`, beside the next shard's writes),
+    in the order handed over: the loop that feeds the GPU goes on to the next batch meanwhile (the files'
+    writes release the GIL). What :meth:`put` hands over is the records, or a function that makes
     them there (their encoding, off the loop's thread). An error there is raised in the loop at its next
     hand-over."""
 
@@ -279,31 +294,40 @@ class ShardWriter:
         import threading
 
         self.done = done
+        self.commits = Committer()
         self.q: Any = queue.Queue(maxsize=8)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="gpubatch-shard-writer", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        unfinished: dict[int, Any] = {}  # shards written to and not committed
+        unfinished: dict[int, Any] = {}  # shards written to
+        committed: set[int] = set()  # of those, the ones committed (by the committer's thread)
+        aborted = False
         while True:
             item = self.q.get()
             if item is None:
                 break
             kind, shard, payload = item
             unfinished[id(shard)] = shard
+            aborted = aborted or kind == "abort"
             if self.error is not None or kind == "abort":
                 continue  # (drained: the loop raises the error; what is unfinished is removed below)
             try:
                 if kind == "put":
                     for r in (payload() if callable(payload) else payload):
                         shard.put(r)
-                else:  # "commit"
-                    self.done(finish(shard, *payload))
-                    del unfinished[id(shard)]
+                else:  # "commit": its fsyncs and renames in the committer's thread, beside the next shard's writes
+                    self.commits.submit(shard, lambda r, s=shard: (committed.add(id(s)), self.done(r)), *payload)
             except BaseException as e:  # noqa: BLE001 - raised in the loop
                 self.error = e
-        for shard in unfinished.values():  # (a run that failed or stopped: their partial files go)
+        try:
+            self.commits.close(failed=self.error is not None or aborted)
+        except BaseException as e:  # noqa: BLE001 - raised in the loop
+            self.error = self.error or e
+        for shard in unfinished.values():  # (a run that failed or stopped: the partial files of the rest go)
+            if id(shard) in committed:
+                continue
             try:
                 shard.abort()
             except OSError:
@@ -349,9 +373,10 @@ class Committer:
             last, self._last = self._last, None
             last.result()
 
-    def submit(self, writing: ShardWriting, done: Callable[[ShardResult], None]) -> None:
+    def submit(self, writing: ShardWriting, done: Callable[[ShardResult], None], timings: dict | None = None,
+               extra: dict | None = None) -> None:
         self._wait()
-        self._last = self._pool.submit(lambda: done(finish(writing)))
+        self._last = self._pool.submit(lambda: done(finish(writing, timings, extra)))
 
     def close(self, failed: bool = False) -> None:
         """Wait for the last commit (its error raised, unless the worker is failing already)."""

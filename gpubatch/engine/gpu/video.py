@@ -510,61 +510,27 @@ class VideoDeviceUnit:
         self.pool = ThreadPoolExecutor(max_workers=self.decoders, thread_name_prefix="gpubatch-nvdec")
 
     def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
-        """The tasks dealt to this worker, in shard order: their records decoded by the sessions' threads
-        across the shards' boundaries (a shard's few videos do not leave sessions idle), each shard's
-        outputs written and committed in order by a thread of their own."""
-        from ..execute.worker import ShardWriter, ordered_across
-        from ..executor import expand_host
+        from ..execute.worker import shard_of
+        from ..executor import expand_host, ordered_on
 
         plan = self.plan
-        tasks = list(tasks)
-        if not tasks:
-            return
-        opened: list[Any] = []
+        for task in tasks:
+            with shard_of(writing, task, done) as w:
+                stats = w.stats
+                if self.pool is None:
+                    self._start(reader, list(task.entries), stats)
 
-        def make(task: Any) -> Any:
-            w = writing(task)
-            opened.append(w)
-            if self.pool is None:
-                self._start(reader, list(next((t for t in tasks if t.entries), task).entries), w.stats)
-            return w
+                def work(entry: Any, stats: RunStats = stats) -> list[Record | RecordError]:
+                    record = read_counted(reader, entry, stats)
+                    if isinstance(record, RecordError):
+                        return [record]
+                    if record.media is not Media.VIDEO:
+                        return expand_host(record, plan, stats)
+                    return expand_device(self.session(), record, plan, stats, lambda r: expand_host(r, plan, stats))
 
-        def work(entries: list[Any], stats: RunStats) -> list[tuple[list, None]]:
-            out = []
-            for entry in entries:
-                record = read_counted(reader, entry, stats)
-                if isinstance(record, RecordError):
-                    out.append(([record], None))
-                elif record.media is not Media.VIDEO:
-                    out.append((expand_host(record, plan, stats), None))
-                else:
-                    out.append((expand_device(self.session(), record, plan, stats,
-                                              lambda r: expand_host(r, plan, stats)), None))
-            return out
-
-        out = ShardWriter(done)
-        handed: set[int] = set()
-        finished = False
-        try:
-            for w, outs, last in ordered_across(tasks, make, lambda es, w: self.pool.submit(work, es, w.stats),
-                                                2 * self.decoders):
-                if outs:
-                    out.put(w, outs)
-                    handed.add(id(w))
-                if last:
-                    out.commit(w, {}, None)
-                    handed.add(id(w))
-            out.close()
-            finished = True
-        finally:
-            if not finished:
-                out.close(failed=True)  # (the shards handed over and not committed are removed there)
-                for w in opened:
-                    if id(w) not in handed:
-                        try:
-                            w.abort()
-                        except OSError:
-                            pass
+                for outs in ordered_on(self.pool, work, task.entries, self.decoders * 2):
+                    for o in outs:
+                        w.put(o)
 
     def close(self) -> None:
         if self.pool is not None:
