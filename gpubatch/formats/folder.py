@@ -428,6 +428,11 @@ def numbered_as_sorted(folders: dict[int, str]) -> bool:
     return order == list(range(len(order)))
 
 
+def _write_file(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
 class FolderWriter(Writer):
     def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions):
         super().__init__(root, info, options)
@@ -441,7 +446,8 @@ class FolderWriter(Writer):
         else:
             self._folders = dict(enumerate(class_folders(info.classes)))
         self._written: dict[int, str] = {}  # label -> its folder, for the labels written
-        self._dirs: set[Path] = set()  # folders made (not one mkdir a record)
+        self._dirs: set[str] = set()  # folders made (not one mkdir a record)
+        self._root = str(root)  # (paths as strings on the per-record path: no Path a record)
 
     def _class_dir(self, label: int) -> str:
         if label not in self._written:
@@ -457,7 +463,7 @@ class FolderWriter(Writer):
         return self._written[label]
 
     def write(self, record: Record) -> None:
-        self.place(record.filename, record.key, record.label, lambda path: path.write_bytes(record.data))
+        self.place(record.filename, record.key, record.label, lambda path: _write_file(path, record.data))
         self.bytes += len(record.data)
 
     def place(self, name: str, key: str, label: int | None, put: Callable[[Path], Any]) -> str:
@@ -477,10 +483,11 @@ class FolderWriter(Writer):
             rel = "/".join([*parts, f"{safe_component(stem)}.{ext}"])
             self._unlabelled += label is None
         rel = free_name(rel, self._used, (FILE_LIST, MANIFEST_NAME))
-        path = safe_join(self.root, rel)
-        if path.parent not in self._dirs:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._dirs.add(path.parent)
+        path = safe_join(self._root, rel)
+        parent = os.path.dirname(path)
+        if parent not in self._dirs:
+            os.makedirs(parent, exist_ok=True)
+            self._dirs.add(parent)
         put(path)
         self._lines.append(f"{rel} {-1 if label is None else label}\n")
         self.count += 1

@@ -181,8 +181,8 @@ class PartsSink(ShardSink):
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def parts_of(root: Path, shard: ShardResult) -> Iterator[tuple[Path, str, str, int | None]]:
+def parts_of(root: Path, shard: ShardResult) -> Iterator[tuple[str, str, str, int | None]]:
     """A committed :class:`PartsSink` shard's files in the order written: (path, file name, key, label)."""
-    folder = Path(root) / RUN_DIR / "parts" / shard.name
+    folder = os.path.join(root, RUN_DIR, "parts", shard.name)
     for part, filename, key, label in shard.extra.get("parts", []):
-        yield folder / part, filename, key, label
+        yield os.path.join(folder, part), filename, key, label
