@@ -36,18 +36,18 @@ def to_device(items: Sequence[AudioData]) -> list[AudioData]:
     return [it._replace(samples=dev[sizes[i]: sizes[i + 1]].reshape(it.samples.shape)) for i, it in enumerate(items)]
 
 
-def to_host(items: Sequence[AudioData]) -> list[AudioData]:
+def to_host(items: Sequence[AudioData], half_features: bool = False) -> list[AudioData]:
     """Device items back on the host through one device-to-host copy for the batch (views per item).
-    Features come back as float16, made so on the GPU: what their ``.npy`` files hold (:func:`~..codecs.
-    audio_io.encode_audio`), half the bytes to copy and no conversion on the host (numpy's rounding of
-    float32 to float16 is CUDA's, to the nearest even)."""
+    With ``half_features``, features come back as float16, made so on the GPU: what their ``.npy`` files
+    hold (:func:`~..codecs.audio_io.encode_audio`), half the bytes to copy and no conversion on the host
+    (numpy's rounding of float32 to float16 is CUDA's, to the nearest even)."""
     import cupy as cp
 
     if not items:
         return []
     out: list[Any] = [None] * len(items)
     for dtype in (cp.float32, cp.float16):
-        mine = [i for i, it in enumerate(items) if (dtype is cp.float16) == bool(it.features)]
+        mine = [i for i, it in enumerate(items) if (dtype is cp.float16) == (half_features and bool(it.features))]
         if not mine:
             continue
         flat = [cp.ascontiguousarray(items[i].samples, dtype).ravel() for i in mine]
@@ -123,7 +123,7 @@ def run_on_gpu(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: list[RunSta
     codec = get_codec("audio", "*", HOST)
     try:
         dev = run_chain_device(plan.ops, to_device([d for _, d in jobs]), [j.params for j, _ in jobs])
-        results: list[AudioData | RecordError] = list(to_host(dev))
+        results: list[AudioData | RecordError] = list(to_host(dev, half_features=True))
         for st in stats:
             st.add(transcoded=1)
         return results
