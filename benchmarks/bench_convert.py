@@ -628,7 +628,7 @@ def _gpu_name() -> str | None:
 
 def _commit() -> str | None:
     try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+        return subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True,
                               text=True).stdout.strip() or None
     except OSError:
         return None

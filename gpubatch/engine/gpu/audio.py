@@ -1,5 +1,5 @@
-"""Audio on the GPU: records decoded on the CPU in threads (libsndfile releases the GIL), gathered into
-batches, moved to the GPU in one copy a batch, and run through the chain's device kernels
+"""Audio on the GPU: records decoded on the CPU in processes (:class:`.audio_feed.RecordDecoders`),
+gathered into batches, moved to the GPU in one copy a batch, and run through the chain's device kernels
 (:mod:`.ops.audio`) a whole batch per op; outputs come back to the CPU to be encoded and written in
 dataset order. A batch the GPU fails on is run again on the CPU, record by record, and counted.
 """
@@ -231,13 +231,14 @@ class AudioDeviceUnit:
     """Audio on the GPU, in a GPU's worker process, over the tasks it is dealt (in shard order):
 
     - records read and decoded in processes of their own (:class:`~.audio_feed.RecordDecoders`: a core
-      each of this process's share of the host's; libsndfile's decode is C, the Python around each
-      record is not, and threads of one process shared its GIL: 207 ten-second clips a second on 16
-      cores, 2026-12-02), across the shards' boundaries;
+      each of this process's share of the host's), ahead across the shards' boundaries;
     - the chain run on the GPU ``batch_size`` outputs at a time, a batch spanning shards (under
       ``--gpu-memory``, as many as the cap holds: :func:`fit_cap`, planned on the first task);
     - each shard's outputs encoded, written and committed, in order, by a thread of their own
       (:class:`~..execute.worker.ShardWriter`) while the next batch runs.
+
+    A shard at a time, decoded by threads and written by the loop, this ran 207 Whisper feature clips a
+    second on an H200 host of 16 cores; so, 460 (2026-12-02, benchmarks/RESULTS.md).
     """
 
     def __init__(self, ctx: Any, slot: int):
