@@ -62,7 +62,7 @@ from .tfrecord_example import (
     _masked_crc,
     _object_keypoints,
     example_pb2,
-    frame_record,
+    frame_parts,
     serialize_example,
 )
 
@@ -423,6 +423,16 @@ class TFRecordReader(Reader):
 
 # Where the encoded image, the class index and the file name are found: the TF Object Detection API /
 # DALI keys first, then TensorFlow Datasets' (``image``, ``label``, ``file_name``) and other common names.
+#: a record without boxes: its object features, empty (as a record with boxes has them, in every record)
+_NO_OBJECTS: dict[str, tuple[Any, str]] = {
+    **{f"image/object/bbox/{k}": ([], "float") for k in ("xmin", "ymin", "xmax", "ymax")},
+    "image/object/class/label": ([], "int"),
+    "image/object/class/text": ([], "byte"),
+    "image/object/is_crowd": ([], "int"),
+    "image/object/area": ([], "float"),
+}
+
+
 class TFRecordSink(ShardSink):
     """One TFRecord shard ``NAME-00000-of-000NN.tfrecord`` and its index (``<offset> <size>`` a record):
     ``tf.train.Example`` records of the ``tfrecord`` package's protobuf, serialized deterministically."""
@@ -437,9 +447,11 @@ class TFRecordSink(ShardSink):
                           if isinstance(c.get("keypoints"), list)}
 
     def write(self, record: Record) -> None:
-        blob = frame_record(serialize_example(self._datum(record)))
-        self._index.append(f"{self._f.size} {len(blob)}\n")
-        self._f.write(blob)
+        data = serialize_example(self._datum(record))
+        head, tail = frame_parts(data)
+        self._index.append(f"{self._f.size} {len(head) + len(data) + len(tail)}\n")
+        for part in (head, data, tail):  # (the framing around the data, not a framed copy of it)
+            self._f.write(part)
         self.count += 1
         self.bytes += len(record.data)
 
@@ -457,16 +469,8 @@ class TFRecordSink(ShardSink):
         classes = self.info.classes
         text = classes[r.label] if r.label is not None and 0 <= r.label < len(classes) else ""
         b = r.boxes
-        if b is not None:
-            nb = b.normalized()
-            meta["has_boxes"] = True
-            if any(b.extra):
-                meta["box_extra"] = [dict(e) for e in b.extra]
-        else:
-            nb = np.zeros((0, 4), np.float32)
-        cats = [int(c) for c in (b.labels if b is not None else [])]
         fname = r.filename
-        return {**self._keypoints(b), **{
+        common = {
             "image/encoded": (r.data, "byte"),
             "image/format": (r.codec.upper().encode() if r.codec == "jpeg" else r.codec.encode(), "byte"),
             "image/filename": (fname.encode(), "byte"),
@@ -475,17 +479,24 @@ class TFRecordSink(ShardSink):
             "image/width": (w, "int"),
             "image/class/label": (-1 if r.label is None else int(r.label), "int"),
             "image/class/text": (text.encode(), "byte"),
+        }
+        if b is None:  # (no boxes: the object features empty, as the detection readers expect them)
+            return {**self._keypoints(b), **common, **_NO_OBJECTS,
+                    "gpubatch/meta": (json.dumps(meta, sort_keys=True, default=str).encode(), "byte")}
+        nb = b.normalized()
+        meta["has_boxes"] = True
+        if any(b.extra):
+            meta["box_extra"] = [dict(e) for e in b.extra]
+        cats = [int(c) for c in b.labels]
+        return {**self._keypoints(b), **common, **{
             "image/object/bbox/xmin": (nb[:, 0].tolist(), "float"),
             "image/object/bbox/ymin": (nb[:, 1].tolist(), "float"),
             "image/object/bbox/xmax": (nb[:, 2].tolist(), "float"),
             "image/object/bbox/ymax": (nb[:, 3].tolist(), "float"),
             "image/object/class/label": (cats, "int"),
             "image/object/class/text": ([self._cat_names.get(c, str(c)).encode() for c in cats], "byte"),
-            "image/object/is_crowd": ([int(x) for x in (b.iscrowd if b is not None else [])], "int"),
-            "image/object/area": (
-                [float((x1 - x0) * (y1 - y0)) for x0, y0, x1, y1 in (b.xyxy if b is not None else [])],
-                "float",
-            ),
+            "image/object/is_crowd": ([int(x) for x in b.iscrowd], "int"),
+            "image/object/area": ([float((x1 - x0) * (y1 - y0)) for x0, y0, x1, y1 in b.xyxy], "float"),
             "gpubatch/meta": (json.dumps(meta, sort_keys=True, default=str).encode(), "byte"),
         }}
 
