@@ -255,9 +255,9 @@ def test_info_on_every_format(imagenet, tmp_path, fmt):
 
 
 def test_info_reads_an_image_folder_by_its_headers_with_the_report_of_whole_reads(tmp_path):
-    """``info`` on a folder reads each image file's first bytes: the report equals the one whole reads make,
-    also for a JPEG whose header lies past the first 64 KiB (an EXIF block), a damaged file and a Git LFS
-    pointer named like an image."""
+    """``info`` on a folder reads each image file's first bytes (4 KiB, then 64 KiB where its header lies
+    further): the report equals the one whole reads make, also for JPEGs whose header lies past the first
+    4 KiB and past the first 64 KiB (EXIF blocks), a damaged file and a Git LFS pointer named like an image."""
     from gpubatch.report import info as info_module
 
     src = tmp_path / "src"
@@ -268,21 +268,34 @@ def test_info_reads_an_image_folder_by_its_headers_with_the_report_of_whole_read
     plain = jpeg_bytes(photo(48, 64, seed=9))
     block = b"\xff\xe1\xff\xff" + b"Exif\x00\x00" + bytes(65_527)  # an APP1 block (65,535 bytes at most: two)
     (src / "b" / "long-exif.jpg").write_bytes(plain[:2] + block + block + plain[2:])
+    some = b"\xff\xe1\x4e\x22" + b"Exif\x00\x00" + bytes(20_000 - 6)  # (20,000 bytes: past 4 KiB, within 64)
+    (src / "b" / "exif.jpg").write_bytes(plain[:2] + some + plain[2:])
     (src / "b" / "cut.jpg").write_bytes(plain[:300])
     (src / "b" / "lfs.jpg").write_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 123\n")
-    peeked = info_module.describe(src, workers=2).as_dict()
     from gpubatch.formats.folder import FolderReader
 
     real = FolderReader.peek
+    asked: dict[str, list[int]] = {}
+
+    def counted(self, entry, n):
+        asked.setdefault(entry[0].rsplit("/", 1)[-1], []).append(n)
+        return real(self, entry, n)
+
+    FolderReader.peek = counted
+    try:
+        peeked = info_module.describe(src, workers=2).as_dict()
+    finally:
+        FolderReader.peek = real
+    assert asked["0.jpg"] == [4096] and asked["exif.jpg"] == asked["long-exif.jpg"] == [4096, 65536]
     try:
         del FolderReader.peek  # every record read whole, as before readers could peek
         whole = info_module.describe(src, workers=2).as_dict()
     finally:
         FolderReader.peek = real
     assert peeked == whole
-    assert peeked["records"] == 7 and len(peeked["unreadable"]) == 1  # (a header read says nothing of a cut end)
+    assert peeked["records"] == 8 and len(peeked["unreadable"]) == 1  # (a header read says nothing of a cut end)
     assert "Git LFS pointer" in peeked["unreadable"][0]["reason"]
-    assert peeked["height"] == {"min": 40, "median": 43.0, "mean": 43.7, "max": 48}  # (the long EXIF one's: 48)
+    assert peeked["height"] == {"min": 40, "median": 43.5, "mean": 44.2, "max": 48}  # (the EXIF ones': 48)
     assert peeked["payload_bytes"] == sum(f.stat().st_size for f in src.rglob("*.jpg") if f.name != "lfs.jpg")
 
 
