@@ -270,14 +270,19 @@ class AudioDeviceUnit:
         if not tasks:
             return
         decoders = RecordDecoders(self.ctx, min(self.processes, max(1, sum(len(t.entries) for t in tasks))))
-        if self.ctx.gpu_memory is not None:
-            first = next((t for t in tasks if t.entries), tasks[0])
-            capped = writing(first)  # (its stats hold the plan of the cap; written no earlier than its turn)
-            self.batch_size = fit_cap(self.ctx.gpu_memory, self.device, reader, list(first.entries), plan,
-                                      self.batch_size, capped.stats, self.ctx.settings.stack_bytes)
-        else:
-            capped = None
         opened: list[Any] = []  # every shard made, in order
+        first = next((t for t in tasks if t.entries), tasks[0])
+        capped = None
+        if self.ctx.gpu_memory is not None:
+            try:
+                capped = writing(first)  # (its stats hold the plan of the cap; written no earlier than its turn)
+                self.batch_size = fit_cap(self.ctx.gpu_memory, self.device, reader, list(first.entries), plan,
+                                          self.batch_size, capped.stats, self.ctx.settings.stack_bytes)
+            except BaseException:  # (a cap too small: its shard's partial files and the decoders go)
+                if capped is not None:
+                    capped.abort()
+                decoders.close()
+                raise
 
         def make(task: Any) -> Any:
             w = capped if capped is not None and task is first else writing(task)
