@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .._commit import fsync_dir, partial_name, write_json
+from .._commit import WRITEBACK_BYTES, fsync_dir, partial_name, start_writeback, write_json
 from ..errors import GpubatchError
 from ..types import DatasetInfo, Record
 from .lmdb_datum import _lmdb, datum_key, datum_parts, needed_bytes
@@ -43,6 +43,19 @@ MAP_SIZE = 1 << 32
 APPEND_UNTIL = 10**8
 
 _ENVS: dict[tuple[int, str], Any] = {}  # this process's open databases (an LMDB is opened once a process)
+
+
+def _parts(items: list, size: int = WRITEBACK_BYTES) -> Iterator[list]:
+    """``items`` (key, value) in runs of about ``size`` bytes of values."""
+    part, n = [], 0
+    for kv in items:
+        part.append(kv)
+        n += len(kv[1])
+        if n >= size:
+            yield part
+            part, n = [], 0
+    if part:
+        yield part
 
 
 def _folder(root: Path) -> Path:
@@ -120,6 +133,28 @@ class Turn:
             raise GpubatchError(f"the LMDB being written in {self.db} holds {entries:,} records, its shards "
                                 f"{self.count:,}: pass --overwrite to start over")
 
+    def _append(self, txn: Any, items: list) -> int:
+        """``items`` appended in runs of about 8 MiB, the map's pages starting to the disk after each (the
+        transaction's sync then waits for less): how many went in."""
+        added = 0
+        for part in _parts(items):
+            added += txn.cursor().putmulti(part, dupdata=False, overwrite=True, append=True)[1]
+            self._writeback()
+        return added
+
+    def _writeback(self) -> None:
+        """Start writing the database's dirty pages to disk (the transaction's sync then waits for less)."""
+        fd = getattr(self, "_fd", None)
+        if fd is None:
+            fd = self._fd = os.open(self.db / "data.mdb", os.O_RDONLY)
+        start_writeback(fd, 0, 0)
+
+    def close(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            os.close(fd)
+            self._fd = None
+
     def _advance(self, records: int) -> None:
         self.next, self.count = self.next + 1, self.count + records
         write_json(self.state_file, {"next": self.next, "count": self.count})
@@ -136,7 +171,7 @@ class Turn:
                     try:
                         with self.env.begin(write=True) as txn:
                             if self.count + len(items) <= APPEND_UNTIL:
-                                added = txn.cursor().putmulti(items, dupdata=False, overwrite=True, append=True)[1]
+                                added = self._append(txn, items)
                             else:
                                 added = sum(bool(txn.put(k, v, overwrite=True)) for k, v in items)
                             if added != len(items):
@@ -173,10 +208,14 @@ def turn(root: Path) -> Iterator[Turn]:
     folder = _folder(root)
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / "turn.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    t = None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        yield Turn(root)
+        t = Turn(root)
+        yield t
     finally:
+        if t is not None:
+            t.close()
         os.close(fd)
 
 
