@@ -213,8 +213,8 @@ def shard_of(writing: Callable[[ShardTask], ShardWriting], task: ShardTask,
 
 def ordered_across(tasks: list[ShardTask], make: Callable[[ShardTask], Any], submit: Callable[[list, Any], Any],
                    window: int, chunk: int = 1) -> Iterator[tuple[Any, list, bool]]:
-    """A worker's tasks worked entry by entry across their boundaries (the GPU audio unit's): ``(shard, outputs of one entry,
-    whether it is its task's last)`` in the tasks' order, a task of no entries giving one ``(shard, [],
+    """A worker's tasks worked entry by entry across their boundaries (the GPU audio unit's): ``(shard,
+    outputs of one entry, whether it is its task's last)`` in the tasks' order, a task of no entries giving one ``(shard, [],
     True)``. Each task's shard is made by ``make`` as its first entries are submitted (in order);
     ``submit(entries, shard)`` starts the work of ``chunk`` entries of one task (a pool's future of a list,
     per entry, of ``(outputs, counted)``: ``counted``, where not None, what a process counted of it

@@ -232,8 +232,9 @@ class AudioDeviceUnit:
 
     - records read and decoded in processes of their own (:class:`~.audio_feed.RecordDecoders`: a core
       each of this process's share of the host's), ahead across the shards' boundaries;
-    - the chain run on the GPU ``batch_size`` outputs at a time, a batch spanning shards (under
-      ``--gpu-memory``, as many as the cap holds: :func:`fit_cap`, planned on the first task);
+    - the chain run on the GPU ``batch_size`` outputs of one shard at a time (a batch never spans two:
+      a shard's bytes do not depend on the worker; under ``--gpu-memory``, as many as the cap holds:
+      :func:`fit_cap`, planned on the first task);
     - each shard's outputs encoded, written and committed, in order, by a thread of their own
       (:class:`~..execute.worker.ShardWriter`) while the next batch runs.
 
