@@ -61,8 +61,8 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
     """Have the kernel start writing ``length`` bytes of ``fd`` from ``offset`` to disk, without waiting
     (Linux's ``sync_file_range(SYNC_FILE_RANGE_WRITE)``; nothing elsewhere). The commit's fsync then has
     little left to wait for, and the writer is not throttled for a pile of dirty pages: 24 files of 64 MiB,
-    each fsynced, on the 2-core CI machine: 1.55-3.11 s written as they came, 1.13-1.15 s with writeback
-    started every 8 MiB (its fsyncs 0.71-0.77 s and 0.13-0.17 s)."""
+    each fsynced, on the 2-core CI machine: 1.80-3.29 s written as they came, 1.28-1.33 s with writeback
+    started every 8 MiB (their fsyncs 0.83-0.85 s and 0.24-0.25 s; ``benchmarks/writeback.py``)."""
     if not _SYNC_RANGE:
         try:
             import ctypes

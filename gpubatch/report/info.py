@@ -176,8 +176,9 @@ def _summaries(chunk: list) -> list[tuple]:
 #: a process a core reads the headers of a dataset this large (smaller ones: threads of this process)
 PROCESSES_FROM = 4096
 #: what ``info`` reads of an image file first: its header is there, unless a long EXIF or ICC block comes
-#: first (16,384 ImageNet-like JPEGs on the 2-core CI machine: 1.30 s with 64 KiB read first, 0.86 s with
-#: 4 KiB); then the first :data:`HEAD_MORE` bytes, and where its header is not there either, the file
+#: first (16,384 ImageNet-like JPEGs on the 2-core CI machine, the whole command: 1.66 s with 64 KiB read
+#: first, 1.20 s with 4 KiB; benchmarks/RESULTS.md, 2026-12-02); then the first :data:`HEAD_MORE` bytes, and
+#: where its header is not there either, the file
 HEAD_BYTES = 1 << 12
 HEAD_MORE = 1 << 16
 #: records a thread reads at a time (a task a record cost more than the record)
