@@ -10,6 +10,7 @@ the policy says so. Also here: the thread pools' helpers and the default thread 
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -97,6 +98,14 @@ def ordered_on(pool: Any, fn: Callable[[T], R], items: Iterable[T], window: int)
     finally:
         for f in pending:
             f.cancel()
+
+
+def timed_next(items: Iterator[T], timings: dict[str, float], stage: str) -> T | None:
+    """The next of ``items`` (None at their end), the wait for it added to ``timings[stage]``."""
+    t0 = time.perf_counter()
+    got = next(items, None)
+    timings[stage] += time.perf_counter() - t0
+    return got
 
 
 def prefetched(items: Iterable[T], depth: int = 2) -> Iterator[T]:

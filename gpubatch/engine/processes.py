@@ -112,33 +112,25 @@ def started_pool(workers: int, context: str = "spawn", initializer: Any = None, 
     return pool
 
 
-def spawned_pool(workers: int, initializer: Any = None, initargs: tuple = ()) -> Any:
-    """A spawn-started ``ProcessPoolExecutor`` of ``workers`` processes with the pools' settings (one BLAS
-    thread, freed memory kept), each process started now, from the calling thread, without waiting for
-    its imports (its ``initializer`` runs beside the caller's own start-up)."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    with _worker_env():
-        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=initializer,
-                                   initargs=initargs)
-        for _ in range(workers):  # (a process is started per task while none is idle)
-            pool.submit(int)
-    return pool
-
-
-def single_threaded_pool(workers: int) -> Any:
+def single_threaded_pool(workers: int, initializer: Any = None, initargs: tuple = (), wait: bool = True) -> Any:
     """A spawn-started process pool whose workers run NumPy's BLAS and FFT on one thread each (a process
     a core already: 16 processes each starting 16 BLAS threads oversubscribe the cores), and reuse freed
     memory for their per-record arrays (an audio record's frames and spectra: 6.11 -> 3.75 ms an
-    audio-clf record on one CI core, benchmarks/audio_cpu.py). The workers are started at once, with these settings in their environment only."""
+    audio-clf record on one CI core, benchmarks/audio_cpu.py). Every worker is started now, from the
+    calling thread, with these settings in its environment only, and runs ``initializer(*initargs)``;
+    with ``wait`` the call returns once each has started, else at once (their imports then run beside
+    the caller's own start-up)."""
     import multiprocessing as mp
     import time
     from concurrent.futures import ProcessPoolExecutor
 
     with _worker_env():
-        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
-        for f in [pool.submit(time.sleep, 0.2) for _ in range(workers)]:  # none idle: every worker starts now
+        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=initializer,
+                                   initargs=initargs)
+        # (a process is started per task while none is idle)
+        started = [pool.submit(time.sleep, 0.2 if wait else 0.0) for _ in range(workers)]
+    if wait:
+        for f in started:
             f.result()
     return pool
 

@@ -116,6 +116,7 @@ class Turn:
         self.db = _folder(root) / "db"
         self.state_file = _folder(root) / "state.json"
         self.env = _env(self.db)
+        self._fd: int | None = None  # the database file, for its writeback (opened at the first)
         try:
             state = json.loads(self.state_file.read_text(encoding="utf-8"))
             self.next, self.count = int(state["next"]), int(state["count"])
@@ -144,15 +145,13 @@ class Turn:
 
     def _writeback(self) -> None:
         """Start writing the database's dirty pages to disk (the transaction's sync then waits for less)."""
-        fd = getattr(self, "_fd", None)
-        if fd is None:
-            fd = self._fd = os.open(self.db / "data.mdb", os.O_RDONLY)
-        start_writeback(fd, 0, 0)
+        if self._fd is None:
+            self._fd = os.open(self.db / "data.mdb", os.O_RDONLY)
+        start_writeback(self._fd, 0, 0)
 
     def close(self) -> None:
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            os.close(fd)
+        if self._fd is not None:
+            os.close(self._fd)
             self._fd = None
 
     def _advance(self, records: int) -> None:

@@ -165,14 +165,9 @@ def serialize_example(datum: dict[str, tuple[Any, str]]) -> bytes:
 _LISTS = {"byte": "bytes_list", "float": "float_list", "int": "int64_list"}
 
 
-def frame_record(data: bytes) -> bytes:
-    """TFRecord's framing of one record: length, its masked CRC-32C, the data, its masked CRC-32C."""
-    head, tail = frame_parts(data)
-    return b"".join((head, data, tail))  # (one copy of the data)
-
-
 def frame_parts(data: bytes) -> tuple[bytes, bytes]:
-    """What TFRecord's framing puts before ``data`` (its length and the length's masked CRC-32C) and after
-    it (the data's masked CRC-32C): a writer writes the three as they are, no copy of the data made."""
+    """TFRecord's framing of one record: what goes before ``data`` (its length and the length's masked
+    CRC-32C) and after it (the data's masked CRC-32C); a writer writes the three as they are, no copy of
+    the data made."""
     length = struct.pack("<Q", len(data))
     return length + _masked_crc(length), _masked_crc(data)

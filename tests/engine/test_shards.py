@@ -387,3 +387,23 @@ def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not
     assert [r.index for r in done] == [0]
     left = sorted(p.relative_to(stage2).as_posix() for p in stage2.rglob("*") if p.is_file() and ".gpubatch" not in p.parts)
     assert left and {name.rsplit(".", 1)[0] for name in left} == {tasks[0].name[:-4]}  # (its .tar and .idx)
+
+
+def test_timed_next_counts_the_wait_for_each_item_and_ends_with_none():
+    """timed_next (the GPU loops' wait for their next batch): each item in order, the time waited for it
+    added to its stage, None at the end."""
+    import time
+
+    from gpubatch.engine.executor import prefetched, timed_next
+
+    def slow():
+        for i in range(3):
+            time.sleep(0.05)
+            yield i
+
+    waits = {"decode_wait": 0.0}
+    it = prefetched(slow(), 1)
+    got = []
+    while (x := timed_next(it, waits, "decode_wait")) is not None:
+        got.append(x)
+    assert got == [0, 1, 2] and waits["decode_wait"] >= 0.1

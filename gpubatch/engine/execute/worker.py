@@ -232,15 +232,13 @@ def ordered_across(tasks: list[ShardTask], make: Callable[[ShardTask], Any], sub
 
     todo = chunks()
     inflight: deque = deque()
-    made: dict[int, Any] = {}
+    current: list[Any] = [None, None]  # the task whose entries are being submitted, and its shard
 
     def more() -> None:
         for task, entries, last in todo:
-            if task.index not in made:
-                made.clear()  # (one task's shard is kept: the tasks come in order)
-                made[task.index] = make(task)
-            shard = made[task.index]
-            inflight.append((shard, submit(entries, shard) if entries else None, last))
+            if task is not current[0]:
+                current[:] = [task, make(task)]
+            inflight.append((current[1], submit(entries, current[1]) if entries else None, last))
             return
 
     for _ in range(max(1, window)):

@@ -263,7 +263,7 @@ class AudioDeviceUnit:
         import time
 
         from ..execute.worker import ShardWriter
-        from ..executor import prefetched
+        from ..executor import prefetched, timed_next
         from .audio_feed import RecordDecoders, batched
 
         plan, cp = self.plan, self.cp
@@ -299,12 +299,7 @@ class AudioDeviceUnit:
         try:
             with cp.cuda.Device(self.device.index):
                 groups = prefetched(batched(decoders.outputs(tasks, make), self.batch_size), 2)
-                while True:
-                    t0 = time.perf_counter()
-                    group = next(groups, None)
-                    run_t["decode_wait"] += time.perf_counter() - t0
-                    if group is None:
-                        break
+                while (group := timed_next(groups, run_t, "decode_wait")) is not None:
                     jobs = [(o, w.stats) for w, outs, _ in group for o in outs if isinstance(o, tuple)]
                     t0 = time.perf_counter()
                     results = iter(run_on_gpu([j for j, _ in jobs], plan, [st for _, st in jobs]) if jobs else ())

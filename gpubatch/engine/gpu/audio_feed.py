@@ -393,10 +393,10 @@ class RecordDecoders:
     already added to that shard's stats."""
 
     def __init__(self, ctx: Any, processes: int, chunk: int = 4):
-        from ..processes import spawned_pool
+        from ..processes import single_threaded_pool
 
         self.processes, self.chunk = max(1, processes), max(1, chunk)
-        self.pool = spawned_pool(self.processes, _decoder_start, (ctx,))
+        self.pool = single_threaded_pool(self.processes, _decoder_start, (ctx,), wait=False)
 
     def outputs(self, tasks: list[Any], make: Any) -> Iterator[tuple[Any, list, bool]]:
         """``(shard, outputs of one entry, whether it is the task's last)`` in order

@@ -286,7 +286,7 @@ def decode_ahead(decode: Callable[[Any], Any], items: Iterable[Any], prefetch: i
     slots then bound how far the decoders' own threads may run ahead of it."""
     import threading
 
-    from ..executor import prefetched
+    from ..executor import prefetched, timed_next
 
     depth = max(1, prefetch)
     slots = threading.Semaphore(depth)
@@ -312,12 +312,7 @@ def decode_ahead(decode: Callable[[Any], Any], items: Iterable[Any], prefetch: i
 
     it = prefetched(decoded(), depth)
     try:
-        while True:
-            t0 = time.perf_counter()
-            got = next(it, None)
-            timings["decode_wait"] += time.perf_counter() - t0
-            if got is None:
-                return
+        while (got := timed_next(it, timings, "decode_wait")) is not None:
             slots.release()  # the consumer holds this batch now: the next may start decoding
             yield got
     finally:
