@@ -53,6 +53,8 @@ def sweep_partials(root: Path) -> int:
 
 #: a file's bytes whose writing to disk :class:`ShardFile` starts as it goes (see :func:`start_writeback`)
 WRITEBACK_BYTES = 8 << 20
+#: a part :meth:`ShardFile.write_parts` writes on its own, not copied into a joined buffer
+OWN_WRITE = 1 << 16
 
 _SYNC_RANGE: list[Any] = []  # libc's sync_file_range, or None where there is none (looked up once)
 
@@ -98,6 +100,21 @@ class ShardFile:
             self.f.flush()
             start_writeback(self.f.fileno(), self._written_back, self.size - self._written_back)
             self._written_back = self.size
+
+    def write_parts(self, parts: list[Any]) -> None:
+        """Write ``parts`` (bytes-like) one after the other: the small ones joined into one write, a large
+        one (:data:`OWN_WRITE` bytes and more) written on its own, not copied."""
+        run: list[Any] = []
+        for p in parts:
+            if len(p) >= OWN_WRITE:
+                if run:
+                    self.write(b"".join(run))
+                    run = []
+                self.write(p)
+            else:
+                run.append(p)
+        if run:
+            self.write(b"".join(run))
 
     def commit(self) -> tuple[str, list]:
         """Flush, fsync and rename into place: (the file's name, [bytes, digest])."""

@@ -55,6 +55,16 @@ class CheckedSink:
             self.warnings.append(message)
 
     def write(self, record: Record) -> None:
+        self.check(record)
+        self.inner.write(record)
+
+    def write_many(self, records: list[Record]) -> list[BaseException | None]:
+        for record in records:
+            self.check(record)
+        return self.inner.write_many(records)
+
+    def check(self, record: Record) -> None:
+        """The checks of one record before it is written (UsageError: the run stops; else warnings)."""
         fmt = self.fmt
         if isinstance(record.media, Media) and record.media not in fmt.media:
             raise UsageError(f"{fmt.name} holds {' and '.join(m.value for m in fmt.media)} records, not "
@@ -89,7 +99,6 @@ class CheckedSink:
         if isinstance(sound, str) and sound.startswith("dropped"):  # a re-encoded video's track MP4 cannot hold
             self.warn(f"the audio track of a re-encoded video was {sound} ({record.origin}); the others' tracks "
                       "were copied")
-        self.inner.write(record)
 
     def commit(self) -> tuple[dict, dict]:
         files, extra = self.inner.commit()

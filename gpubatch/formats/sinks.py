@@ -51,6 +51,19 @@ class ShardSink(abc.ABC):
     def write(self, record: Record) -> None:
         """Add one record (ValueError where it does not fit the format: that record's error)."""
 
+    def write_many(self, records: list[Record]) -> list[BaseException | None]:
+        """Add ``records`` in order, as :meth:`write` does one: per record, None, or the error that kept it
+        out (ValueError or RecursionError: it does not fit the format). Sinks that write many records at
+        once faster than one by one override it; the bytes are those of :meth:`write`."""
+        errors: list[BaseException | None] = []
+        for record in records:
+            try:
+                self.write(record)
+                errors.append(None)
+            except (ValueError, RecursionError) as e:
+                errors.append(e)
+        return errors
+
     def _close(self) -> dict[str, Any]:
         """Finish the shard's files (before they are committed); what finalize needs of the shard."""
         return {}

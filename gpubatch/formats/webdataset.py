@@ -13,6 +13,7 @@ GNU format with integer mtimes and ASCII names, so they hold no pax headers; key
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
@@ -56,6 +57,9 @@ from .tar_scan import _BLOCK, _not_found, _samples, indexed_samples, scan_tar
 
 _COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst")
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-/]+")
+_KEY_SAFE = re.compile(r"[A-Za-z0-9_\-]+(?:/[A-Za-z0-9_\-]+)*")
+#: a tar block of zeros (members' padding is cut from it)
+_ZEROS = bytes(tarfile.BLOCKSIZE)
 
 
 def _is_tar(head: bytes) -> bool:
@@ -73,6 +77,8 @@ def _is_tar(head: bytes) -> bool:
 
 def safe_key(key: str) -> str:
     """A WebDataset key: ``[A-Za-z0-9_-/]``, no dots, no empty path parts."""
+    if _KEY_SAFE.fullmatch(key):  # (most keys: already one)
+        return key
     parts = [_KEY_BAD.sub("_", p) for p in key.replace("\\", "/").split("/") if p not in ("", ".", "..")]
     return "/".join(p for p in parts if p) or "sample"
 
@@ -325,21 +331,29 @@ def _boxes_from_json(doc: dict, data: bytes, keypoint_flip: dict) -> Boxes:
 def gnu_header(name: str, size: int, mtime: int) -> bytes:
     """The 512-byte GNU tar header of a regular file (mode 0644, uid and gid 0, no user names), the bytes
     ``tarfile.TarInfo.tobuf(GNU_FORMAT)`` makes, built here at a tenth of its cost; a name beyond 100 bytes
-    (or not ASCII) goes through tarfile (its GNU long-name member)."""
+    (or not ASCII), or a size of 8 GiB or more, goes through tarfile (its GNU long-name member, its base-256
+    size)."""
     raw = name.encode("ascii", "strict") if name.isascii() else b""
-    if not raw or len(raw) > 100:
+    if not raw or len(raw) > 100 or size >= 8**11:
         info = tarfile.TarInfo(name)
         info.size, info.mtime, info.mode = size, mtime, 0o644
         info.uname = info.gname = ""
         return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
-    head = bytearray(512)
-    head[0 : len(raw)] = raw
-    head[100:148] = b"0000644\x000000000\x000000000\x00" + b"%011o\x00" % size + b"%011o\x00" % mtime
-    head[148:156] = b"        "
-    head[156] = 0x30  # a regular file
-    head[257:265] = b"ustar  \x00"
-    head[148:156] = b"%06o\x00 " % sum(head)
-    return bytes(head)
+    sizes = b"%011o\x00" % size
+    head, tail, fixed = _header_parts(mtime)
+    # the checksum: every byte of the header summed, its own field counted as spaces
+    check = b"%06o\x00 " % (fixed + sum(raw) + sum(sizes))
+    return b"".join((raw, bytes(100 - len(raw)), head, sizes, tail[:12], check, tail[12:]))
+
+
+@functools.lru_cache(maxsize=8)
+def _header_parts(mtime: int) -> tuple[bytes, bytes, int]:
+    """What every header of :func:`gnu_header` with this ``mtime`` holds around its name, size and checksum:
+    the mode, uid and gid fields; the mtime field followed by the type, magic and the zeros after; the sum
+    of those bytes and of the checksum field's eight spaces."""
+    head = b"0000644\x000000000\x000000000\x00"
+    tail = b"%011o\x00" % mtime + b"0" + bytes(100) + b"ustar  \x00" + bytes(247)
+    return head, tail, sum(head) + sum(tail) + 8 * 0x20
 
 
 class WebDatasetSink(ShardSink):
@@ -358,50 +372,77 @@ class WebDatasetSink(ShardSink):
         # runs of one command write the same bytes (the time of writing would differ)
         self._mtime = int(os.environ.get("SOURCE_DATE_EPOCH", 0))
 
-    def _add(self, name: str, payload: Any) -> tuple[int, int]:
-        """Append one member: its GNU header, the payload, zero padding to 512 bytes."""
+    def _add(self, name: str, payload: Any, parts: list | None = None) -> tuple[int, int]:
+        """Append one member: its GNU header, the payload, zero padding to 512 bytes (into ``parts``, to be
+        written together, where given)."""
         n = len(payload)
         header = gnu_header(name, n, self._mtime)
         pad = -n % tarfile.BLOCKSIZE
-        if n < 65536:
-            self._tar.write(header + bytes(payload) + b"\0" * pad)
+        if parts is not None:
+            parts += (header, payload, _ZEROS[:pad])
+        elif n < 65536:
+            self._tar.write(header + bytes(payload) + _ZEROS[:pad])
         else:  # (a large payload is not copied into one buffer with its header)
             self._tar.write(header)
             self._tar.write(payload)
-            self._tar.write(b"\0" * pad)
+            self._tar.write(_ZEROS[:pad])
         start = self._offset + len(header)
         self._offset = start + n + pad
         return start, n
 
     def _unique(self, key: str) -> str:
-        key, base, n = safe_key(key), safe_key(key), 1
+        key = base = safe_key(key)
+        n = 1
         while key in self._keys:
             key = f"{base}_{n}"
             n += 1
         self._keys.add(key)
         return key
 
-    def write(self, record: Record) -> None:
-        key = self._unique(record.key)
+    def _members(self, record: Record) -> tuple[str, list[tuple[str, Any]]]:
+        """A record's sample: its key (unique in the shard) and its members (extension, bytes) in order."""
         # the codec's own extension (jpg, png, webp...), whatever the source file was called: readers pick
         # members by it (webdataset's .decode("pil").to_tuple("jpg", "cls"))
         ext = CODEC_EXTENSION.get(record.codec) or record.filename.rsplit(".", 1)[-1].lower()
-        members: dict[str, Any] = {e: member_bytes(v) for e, v in (record.meta.get(MEMBERS) or {}).items()
-                                   if e not in (ext, "cls", "json")}
+        kept = record.meta.get(MEMBERS)
+        members: dict[str, Any] = {e: member_bytes(v) for e, v in kept.items()
+                                   if e not in (ext, "cls", "json")} if kept else {}
         members[ext] = record.data
-        self._extensions[ext] = self._extensions.get(ext, 0) + 1
         if record.label is not None:
             members["cls"] = str(int(record.label)).encode("ascii")
         doc = self._json(record)
         if doc is not None:
             members["json"] = json.dumps(doc, sort_keys=True, default=str).encode("utf-8")
+        key = self._unique(record.key)
+        self._extensions[ext] = self._extensions.get(ext, 0) + 1
+        return key, sorted(members.items())
+
+    def _sample(self, record: Record, parts: list | None = None) -> None:
+        key, members = self._members(record)
         line = []
-        for e in sorted(members):
-            off, size = self._add(f"{key}.{e}", members[e])
+        for e, payload in members:
+            off, size = self._add(f"{key}.{e}", payload, parts)
             line.append(f"{e} {off} {size} {key}.{e}")
         self._index.append(" ".join(line) + "\n")
         self.count += 1
         self.bytes += len(record.data)
+
+    def write(self, record: Record) -> None:
+        self._sample(record)
+
+    def write_many(self, records: list[Record]) -> list[BaseException | None]:
+        # the members' headers, bytes and padding of every record gathered, then written together: a few
+        # writes and CRC calls a batch instead of three a member (the same bytes as write, record by record)
+        parts: list[Any] = []
+        errors: list[BaseException | None] = []
+        for record in records:
+            try:
+                self._sample(record, parts)
+                errors.append(None)
+            except (ValueError, RecursionError) as e:
+                errors.append(e)
+        self._tar.write_parts(parts)
+        return errors
 
     def _json(self, record: Record) -> Any:
         """The sample's ``.json``: gpubatch's fields (boxes, class, metadata) over the source's own

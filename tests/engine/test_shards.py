@@ -407,3 +407,48 @@ def test_timed_next_counts_the_wait_for_each_item_and_ends_with_none():
     while (x := timed_next(it, waits, "decode_wait")) is not None:
         got.append(x)
     assert got == [0, 1, 2] and waits["decode_wait"] >= 0.1
+
+
+def test_put_many_gives_the_shard_and_counts_of_put_one_by_one(tmp_path):
+    """ShardWriting.put_many (what the GPU units' writer calls a batch) writes the shard put writes record
+    by record: the same files, counts and skipped records, errors routed where they come."""
+    import functools
+
+    from gpubatch.engine.device import Device, DeviceKind
+    from gpubatch.engine.execute.worker import RunContext, ShardWriting
+    from gpubatch.engine.plan import Plan
+    from gpubatch.errors import RecordError, Stage
+    from gpubatch.formats import get_format
+    from gpubatch.formats.base import WriteOptions
+    from gpubatch.formats.webdataset import MEMBERS
+    from gpubatch.runner import _sink
+    from gpubatch.types import DatasetInfo, Media, Record, ShardTask
+
+    def results():
+        out = [Record(key=f"r{i}", data=bytes([i]) * (30 + i), media=Media.IMAGE, codec="jpeg", label=i % 2)
+               for i in range(12)]
+        out[4] = RecordError("r4", "src/r4", Stage.READ, "unreadable")
+        out[7] = RecordError("r7", "src/r7", Stage.DECODE, "corrupt")
+        out[9] = Record(key="r9", data=b"x", media=Media.IMAGE, codec="jpeg",
+                        meta={MEMBERS: {"txt": {"base64": "abcde"}}})  # (does not fit: its member's base64)
+        return out
+
+    got = []
+    for way in ("one", "many"):
+        stage = tmp_path / way
+        stage.mkdir()
+        ctx = RunContext(opener=None, sink=functools.partial(_sink, get_format("webdataset"), stage, DatasetInfo(),
+                                                             WriteOptions(), False),
+                         plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
+        w = ShardWriting(ShardTask(0, 0, 12, "data-00000-of-00001.tar"), ctx)
+        if way == "one":
+            w.take(results())
+        else:
+            rs = results()
+            w.put_many(rs[:5])
+            w.put_many(rs[5:])
+        r = w.commit()
+        got.append((r.counts, r.skipped, r.files, (stage / "data-00000-of-00001.tar").read_bytes()))
+    assert got[0] == got[1]
+    counts, skipped, _, _ = got[1]
+    assert counts["records_out"] == 9 and [s["key"] for s in skipped] == ["r4", "r7", "r9"]

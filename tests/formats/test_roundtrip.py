@@ -431,3 +431,87 @@ def test_tfrecord_keypoints_of_the_object_detection_api_are_read_and_written(coc
     assert a["num_keypoints"] == 3
     out = json.loads((tmp_path / "flip" / "annotations" / "instances.json").read_text())
     assert [c for c in out["categories"] if c["id"] == 9][0]["keypoints"] == ["nose", "left_eye", "right_eye"]
+
+
+def test_tar_headers_are_tarfiles_own_bytes():
+    """gnu_header builds the GNU header tarfile's TarInfo.tobuf makes, for short, long and non-ASCII names,
+    any size and time."""
+    import tarfile
+
+    from gpubatch.formats.webdataset import gnu_header
+
+    for name, size, mtime in itertools.product(
+            ["a.jpg", "class_7/img_00000001.cls", "x" * 100, "y" * 101, "naïve/ü.jpg", "a b/c-d_e.json"],
+            [0, 1, 511, 512, 20_000, 8 << 30], [0, 1_700_000_000]):
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = size, mtime, 0o644
+        info.uname = info.gname = ""
+        assert gnu_header(name, size, mtime) == info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape"), name
+
+
+def test_webdataset_keys_made_safe_as_before():
+    """safe_key's shortcut for keys that are safe already gives what its rule gives every key."""
+    import random
+
+    from gpubatch.formats.webdataset import _KEY_BAD, safe_key
+
+    def rule(key):
+        parts = [_KEY_BAD.sub("_", p) for p in key.replace("\\", "/").split("/") if p not in ("", ".", "..")]
+        return "/".join(p for p in parts if p) or "sample"
+
+    rng = random.Random(0)
+    for _ in range(20_000):
+        key = "".join(rng.choice("ab/_-.\\ Ü9") for _ in range(rng.randint(0, 8)))
+        assert safe_key(key) == rule(key), key
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "tfrecord", "recordio", "folder"])
+def test_a_shard_written_many_records_at_once_is_the_shard_written_one_by_one(tmp_path, fmt):
+    """write_many (the GPU units' writer hands a batch over) writes the bytes write does record by record,
+    and keeps out, with its error, a record that does not fit the format, the others written."""
+    from gpubatch.formats.base import WriteOptions
+    from gpubatch.formats.webdataset import MEMBERS
+    from gpubatch.types import DatasetInfo, Record, ShardTask
+
+    def records():
+        out = []
+        for i in range(40):
+            meta = {"filename": f"img_{i}.jpg"}
+            if i % 7 == 3:
+                meta[MEMBERS] = {"txt": f"caption {i}"}
+            key = f"class_{i % 3}/img_{i:04d}" if i % 5 else f"naïve {i}/" + "k" * (120 if i == 10 else 3)
+            out.append(Record(key=key, data=bytes([i]) * (70_000 if i == 9 else 100 + 37 * i), label=i % 3,
+                              origin=f"src/{i}", meta=meta))
+        out[13] = Record(key="dup", data=b"\xff" * 50, label=1, origin="x", meta={"filename": "dup.jpg"})
+        out[14] = Record(key="dup", data=b"\xfe" * 50, label=2, origin="y", meta={"filename": "dup.jpg"})
+        # (a member that is not base64: binascii.Error, a ValueError, where the format keeps members)
+        out[20] = Record(key="bad", data=b"\x01" * 60, label=0, origin="z",
+                         meta={"filename": "bad.jpg", MEMBERS: {"txt": {"base64": "abcde"}}})
+        return out
+
+    info = DatasetInfo(classes=("a", "b", "c"))
+    name = {"webdataset": "data-00000.tar", "tfrecord": "data-00000.tfrecord", "recordio": "data-00000.rec"}.get(fmt, "p0")
+    task = ShardTask(0, 0, 40, name)
+    got = {}
+    for way in ("one", "many"):
+        root = tmp_path / way
+        root.mkdir()
+        sink = get_format(fmt).sink(root, task, info, WriteOptions())
+        recs = records()
+        if way == "one":
+            errors = []
+            for r in recs:
+                try:
+                    sink.write(r)
+                    errors.append(None)
+                except (ValueError, RecursionError) as e:
+                    errors.append(e)
+        else:
+            errors = sink.write_many(recs[:17]) + sink.write_many(recs[17:])
+        files, extra = sink.commit()
+        got[way] = (files, extra, [type(e).__name__ if e else None for e in errors],
+                    {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()})
+    assert got["one"] == got["many"]
+    assert got["many"][3]  # (files were written)
+    if fmt == "webdataset":  # (its members' base64 decoded as written)
+        assert got["many"][2][20] == "Error" and got["many"][2].count(None) == 39

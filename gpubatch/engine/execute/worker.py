@@ -145,6 +145,39 @@ class ShardWriting:
             self.put(r)
         return self
 
+    def put_many(self, results: list[Record | RecordError]) -> None:
+        """:meth:`put` of each of ``results``, in order, the records between two errors handed to the sink
+        together (:meth:`~gpubatch.formats.sinks.ShardSink.write_many`): the same shard, less Python a record."""
+        if self.params is not None:  # (an augment run's parameter log: a line a record, as put writes it)
+            self.take(results)
+            return
+        t = time.perf_counter()
+        run: list[Record] = []
+        for r in [*results, None]:
+            if r is not None and not isinstance(r, RecordError):
+                run.append(r)
+                continue
+            if run:
+                out = nbytes = 0
+                for rec, err in zip(run, self.sink.write_many(run)):
+                    if err is None:
+                        out += 1
+                        nbytes += len(rec.data)
+                    else:  # this record does not fit the format
+                        self.router(RecordError(rec.key, rec.origin, Stage.WRITE, str(err) or type(err).__name__))
+                self.stats.add(records_out=out, bytes_out=nbytes)
+                run = []
+            if r is None:
+                break
+            if r.stage is Stage.READ:  # a record that could not be read (read_counted counted the others)
+                self.stats.add(records_in=1)
+            self.router(r)
+        self.write_s += time.perf_counter() - t
+        self._pending += len(results)
+        if self.progress is not None and self._pending >= 16:
+            self.progress(self._pending)
+            self._pending = 0
+
     def commit(self, timings: dict[str, float] | None = None, extra: dict[str, Any] | None = None) -> ShardResult:
         """Commit the shard's files (and parameter log): its result."""
         files, own = self.sink.commit()
@@ -313,8 +346,7 @@ class ShardWriter:
                 continue  # (drained: the loop raises the error; what is unfinished is removed below)
             try:
                 if kind == "put":
-                    for r in (payload() if callable(payload) else payload):
-                        shard.put(r)
+                    shard.put_many(list(payload() if callable(payload) else payload))
                 else:  # "commit": its fsyncs and renames in the committer's thread, beside the next shard's writes
                     self.commits.submit(shard, lambda r, s=shard: (committed.add(id(s)), self.done(r)), *payload)
             except BaseException as e:  # noqa: BLE001 - raised in the loop
