@@ -22,6 +22,7 @@ ROUTES = ("auto", "split", "hardware")
 PLANES = ("chunked", "always", "never")
 SYNC_POLICIES = ("auto", "spin", "yield", "blocking")
 VIDEO_LOOPS = ("native", "python")
+SHARD_WRITERS = ("process", "thread")
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,9 @@ class Settings:
         out_slot_bytes: a batch's encoded data in an output slot (more travels pickled).
         feed_depth: batches a worker's reader processes prepare ahead.
         hw_preallocate: height and width the hardware decoder's buffers are reserved for.
+        shard_writer: where a GPU worker's shards are written and committed: "process" (a process of its
+            own, the worker's GIL left to the loop that feeds the GPU) or "thread" (a thread of the worker)
+            (``GPUBATCH_SHARD_WRITER``; engine/execute/writer.py).
 
     Video:
 
@@ -161,6 +165,7 @@ class Settings:
     out_slot_bytes: int = 32 << 20
     feed_depth: int = 4
     hw_preallocate: int = 640
+    shard_writer: str = "process"
     video_decoders: int = 8
     video_loop: str = "native"
 
@@ -169,6 +174,7 @@ class Settings:
                                      ("GPU sync policy", self.sync, SYNC_POLICIES),
                                      ("decode API", self.decode_api, ("c", "python")),
                                      ("video loop", self.video_loop, VIDEO_LOOPS),
+                                     ("shard writer", self.shard_writer, SHARD_WRITERS),
                                      ("cuda_takes", self.cuda_takes, ("slowest", "cheapest"))):
             if value not in allowed:
                 raise UsageError(f"unknown {name} {value!r}: one of {', '.join(allowed)}")
@@ -224,4 +230,5 @@ _ENV = (
     ("GPUBATCH_PIN_FEED", "pin_feed", _flag),
     ("GPUBATCH_VIDEO_DECODERS", "video_decoders", int),
     ("GPUBATCH_VIDEO_LOOP", "video_loop", str),
+    ("GPUBATCH_SHARD_WRITER", "shard_writer", str),
 )

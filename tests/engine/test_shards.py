@@ -333,60 +333,95 @@ def test_tasks_are_worked_across_their_boundaries_in_order():
     assert len(started) <= 3
 
 
-def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not(tmp_path):
-    """ShardWriter (the GPU image and audio units'): records handed over, or a function that makes them
-    there, are written into their shards in order, each shard committed (fsynced and renamed by the
-    committer's thread) with a journal entry and handed to ``done`` in order; a run that stops removes
-    the partial files of every shard it did not commit, and keeps those it did."""
+def _writer_records(k, stats):
+    """Shard ``k``'s last two records, made where the writer writes (a function of the shard's stats)."""
+    from gpubatch.types import Media, Record
+
+    stats.add(transcoded=2)
+    return [Record(key=f"r{3 * k + i}", data=bytes([k, i]) * 50, media=Media.IMAGE, codec="jpeg") for i in (1, 2)]
+
+
+def _writer_fails(stats):
+    from gpubatch.errors import GpubatchError
+
+    raise GpubatchError("the encoder failed")
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not(tmp_path, kind):
+    """The GPU image and audio units' shard writer, in a thread (ShardWriter) or a process of its own
+    (ShardWriterProcess): records handed over, or a function of the shard's stats that makes them there,
+    are written into their shards in order, each shard committed (fsynced and renamed by the committer's
+    thread) with a journal entry and handed to ``done`` in order, with what the loop counted in the
+    shard's stats and its progress; a run that stops removes the partial files of every shard it did
+    not commit, and keeps those it did; an error where the records are made is raised in the loop."""
     import functools
 
     from gpubatch.engine.device import Device, DeviceKind
     from gpubatch.engine.execute.journal import Journal
     from gpubatch.engine.execute.worker import RunContext, ShardWriter, ShardWriting
+    from gpubatch.engine.execute.writer import ShardWriterProcess
     from gpubatch.engine.plan import Plan
+    from gpubatch.errors import GpubatchError
     from gpubatch.formats import get_format
     from gpubatch.formats.base import WriteOptions
     from gpubatch.runner import _sink
     from gpubatch.types import DatasetInfo, Media, Record, ShardTask
 
-    stage = tmp_path / "stage"
-    stage.mkdir()
     fmt = get_format("webdataset")
     tasks = [ShardTask(k, 3 * k, 3 * k + 3, f"data-{k:05d}-of-00004.tar") for k in range(4)]
-    ctx = RunContext(opener=None, sink=functools.partial(_sink, fmt, stage, DatasetInfo(), WriteOptions(), False),
-                     plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
 
-    def recs(k):
-        return [Record(key=f"r{3 * k + i}", data=bytes([k, i]) * 50, media=Media.IMAGE, codec="jpeg")
-                for i in range(3)]
+    def context(stage):
+        stage.mkdir()
+        return RunContext(opener=None, sink=functools.partial(_sink, fmt, stage, DatasetInfo(), WriteOptions(), False),
+                          plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
 
-    done = []
-    w = ShardWriter(done.append)
-    shards = [ShardWriting(t, ctx) for t in tasks]
+    def writer(ctx, done):
+        return ShardWriter(done) if kind == "thread" else ShardWriterProcess(ctx, done)
+
+    def rec(k):
+        return Record(key=f"r{3 * k}", data=bytes([k, 0]) * 50, media=Media.IMAGE, codec="jpeg")
+
+    stage = tmp_path / "stage"
+    ctx = context(stage)
+    done, ticks = [], []
+    w = writer(ctx, done.append)
+    shards = [ShardWriting(t, ctx, ticks.append) for t in tasks]
     for k, sh in enumerate(shards):
-        w.put(sh, recs(k)[:1])
-        w.put(sh, lambda k=k: recs(k)[1:])
+        sh.stats.add(records_in=3)  # (what the loop counts goes with the shard's commit)
+        w.put(sh, [rec(k)])
+        w.put(sh, functools.partial(_writer_records, k))
         w.commit(sh, {"chain": 0.5}, None)
     w.close()
     assert [r.index for r in done] == [0, 1, 2, 3]
-    assert all(r.counts["records_out"] == 3 and r.timings["chain"] == 0.5 for r in done)
+    assert all(r.counts["records_out"] == 3 and r.counts["records_in"] == 3 and r.counts["transcoded"] == 2
+               and r.timings["chain"] == 0.5 for r in done)
+    assert sum(ticks) == 12
     assert sorted(p.name for p in stage.glob("*.tar")) == [t.name for t in tasks]
     assert set(Journal(stage).committed(tasks)) == {0, 1, 2, 3}
     # a run that stops: shard 0 committed and kept, 1 (written to) and 2 (handed over only) removed
     stage2 = tmp_path / "stage2"
-    stage2.mkdir()
-    ctx2 = RunContext(opener=None, sink=functools.partial(_sink, fmt, stage2, DatasetInfo(), WriteOptions(), False),
-                      plan=Plan(), device=Device(DeviceKind.CPU), stage=stage2)
+    ctx2 = context(stage2)
     done.clear()
-    w = ShardWriter(done.append)
+    w = writer(ctx2, done.append)
     a, b, c = (ShardWriting(t, ctx2) for t in tasks[:3])
-    w.put(a, recs(0))
+    w.put(a, [rec(0)])
     w.commit(a, {}, None)
-    w.put(b, recs(1))
+    w.put(b, [rec(1)])
     w.close(abort=c)
     assert [r.index for r in done] == [0]
     left = sorted(p.relative_to(stage2).as_posix() for p in stage2.rglob("*") if p.is_file() and ".gpubatch" not in p.parts)
     assert left and {name.rsplit(".", 1)[0] for name in left} == {tasks[0].name[:-4]}  # (its .tar and .idx)
+    # an error where the records are made: raised in the loop, the shard's partial files removed
+    stage3 = tmp_path / "stage3"
+    ctx3 = context(stage3)
+    w = writer(ctx3, done.append)
+    a = ShardWriting(tasks[0], ctx3)
+    w.put(a, [rec(0)])
+    w.put(a, _writer_fails)
+    with pytest.raises(GpubatchError, match="the encoder failed"):
+        w.close()
+    assert not [p for p in stage3.rglob("*") if p.is_file() and ".gpubatch" not in p.parts]
 
 
 def test_timed_next_counts_the_wait_for_each_item_and_ends_with_none():

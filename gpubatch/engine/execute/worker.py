@@ -108,13 +108,26 @@ class ShardWriting:
         self.task, self.ctx, self.progress = task, ctx, progress
         self.stats = RunStats()
         self.router = ErrorRouter(ErrorPolicy(ctx.policy), self.stats)
-        self.sink = ctx.sink(task)
-        self.params = None
-        if ctx.plan.augmenting:
-            self.params = ShardFile(Path(ctx.stage) / RUN_DIR / "params", f"{task.index:06d}.jsonl")
+        self._sink: Any = None
+        self._params: ShardFile | None = None
         self.t0 = time.perf_counter()
         self.write_s = 0.0
         self._pending = 0
+
+    # the shard's files are opened where its first record is written (a GPU worker's shard written by a
+    # writer process of its own is only a handle there: writer.ShardWriterProcess)
+    @property
+    def sink(self) -> Any:
+        if self._sink is None:
+            self._sink = self.ctx.sink(self.task)
+        return self._sink
+
+    @property
+    def params(self) -> ShardFile | None:
+        """An augment run's log of the parameters drawn for each record of the shard (None otherwise)."""
+        if self._params is None and self.ctx.plan.augmenting:
+            self._params = ShardFile(Path(self.ctx.stage) / RUN_DIR / "params", f"{self.task.index:06d}.jsonl")
+        return self._params
 
     def put(self, result: Record | RecordError) -> None:
         t = time.perf_counter()
@@ -200,9 +213,10 @@ class ShardWriting:
                                   **({"gpu": self.ctx.gpu_label or self.ctx.device.index} if self.ctx.on_gpu else {})})
 
     def abort(self) -> None:
-        self.sink.abort()
-        if self.params is not None:
-            self.params.abort()
+        if self._sink is not None:
+            self._sink.abort()
+        if self._params is not None:
+            self._params.abort()
 
 
 def _in_order(errors: list[Any]) -> list[dict]:
@@ -295,14 +309,14 @@ def ordered_across(tasks: list[ShardTask], make: Callable[[ShardTask], Any], sub
 
 
 def stats_part(stats: RunStats) -> dict:
-    """What a process counted of its records (counts, warnings, drawn parameters, times), to be added to
-    their shard's stats in the worker (:func:`merge_part`)."""
+    """What a process counted of its records (counts, warnings, drawn parameters, times, GPU memory), to
+    be added to their shard's stats in another (:func:`merge_part`)."""
     return {"counts": {k: getattr(stats, k) for k in COUNTS if getattr(stats, k)}, "warnings": list(stats.warnings),
-            "drawn": dict(stats.drawn), "timings": dict(stats.timings)}
+            "drawn": dict(stats.drawn), "timings": dict(stats.timings), "gpu_memory": dict(stats.gpu_memory)}
 
 
 def merge_part(stats: RunStats, part: dict) -> None:
-    """Add :func:`stats_part`'s counts, warnings, drawn parameters and times to ``stats``."""
+    """Add :func:`stats_part`'s counts, warnings, drawn parameters, times and GPU memory to ``stats``."""
     if part["counts"]:
         stats.add(**part["counts"])
     for w in part["warnings"]:
@@ -310,15 +324,16 @@ def merge_part(stats: RunStats, part: dict) -> None:
     stats.drawn.update(part["drawn"])
     for k, v in part["timings"].items():
         stats.timed(k, v)
+    stats.gpu_memory.update(part.get("gpu_memory") or {})
 
 
 class ShardWriter:
     """Writes a GPU worker's output records into their shards, in a thread of its own, and commits each
     shard (its fsyncs and renames in the thread of a :class:`Committer`, beside the next shard's writes),
     in the order handed over: the loop that feeds the GPU goes on to the next batch meanwhile (the files'
-    writes release the GIL). What :meth:`put` hands over is the records, or a function that makes
-    them there (their encoding, off the loop's thread). An error there is raised in the loop at its next
-    hand-over."""
+    writes release the GIL). What :meth:`put` hands over is the records, or a function of the shard's
+    stats that makes them there (their encoding, off the loop's thread). An error there is raised in the
+    loop at its next hand-over. :class:`~.writer.ShardWriterProcess` does the same in a process."""
 
     def __init__(self, done: Callable[[Any], None]):
         import queue
@@ -346,7 +361,7 @@ class ShardWriter:
                 continue  # (drained: the loop raises the error; what is unfinished is removed below)
             try:
                 if kind == "put":
-                    shard.put_many(list(payload() if callable(payload) else payload))
+                    shard.put_many(list(payload(shard.stats) if callable(payload) else payload))
                 else:  # "commit": its fsyncs and renames in the committer's thread, beside the next shard's writes
                     self.commits.submit(shard, lambda r, s=shard: (committed.add(id(s)), self.done(r)), *payload)
             except BaseException as e:  # noqa: BLE001 - raised in the loop

@@ -235,8 +235,8 @@ class AudioDeviceUnit:
     - the chain run on the GPU ``batch_size`` outputs of one shard at a time (a batch never spans two:
       a shard's bytes do not depend on the worker; under ``--gpu-memory``, as many as the cap holds:
       :func:`fit_cap`, planned on the first task);
-    - each shard's outputs encoded, written and committed, in order, by a thread of their own
-      (:class:`~..execute.worker.ShardWriter`) while the next batch runs.
+    - each shard's outputs encoded, written and committed, in order, by a thread or a process of their
+      own (:func:`~..execute.writer.shard_writer`) while the next batch runs.
 
     A shard at a time, decoded by threads and written by the loop, this ran 207 Whisper feature clips a
     second on an H200 host of 16 cores; so, 460 (2026-12-02, benchmarks/RESULTS.md).
@@ -260,9 +260,10 @@ class AudioDeviceUnit:
         return cls(ctx, slot)
 
     def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
+        import functools
         import time
 
-        from ..execute.worker import ShardWriter
+        from ..execute.writer import shard_writer
         from ..executor import prefetched, timed_next
         from .audio_feed import RecordDecoders, batched
 
@@ -290,7 +291,7 @@ class AudioDeviceUnit:
             opened.append(w)
             return w
 
-        out = ShardWriter(done)
+        out = shard_writer(self.ctx, done)
         groups: Any = None
         handed: set[int] = set()
         run_t = {"decode_wait": 0.0, "chain": 0.0}
@@ -307,7 +308,7 @@ class AudioDeviceUnit:
                     for w, outs, last in group:
                         items = [(o[0], next(results)) if isinstance(o, tuple) else o for o in outs]
                         if items:
-                            out.put(w, lambda items=items, w=w: _encoded_timed(items, plan, w.stats))
+                            out.put(w, functools.partial(_encoded_timed, items, plan))  # (called with w's stats)
                             handed.add(id(w))
                         if last:
                             timings = {k: v - flushed[k] for k, v in run_t.items()}

@@ -13,7 +13,8 @@ import numpy as np
 
 from ...errors import GpubatchError, RecordError, Stage
 from ...types import Record
-from ..execute.worker import ShardWriter, finish
+from ..execute.worker import finish
+from ..execute.writer import shard_writer
 from ..plan import Plan
 from ..processes import cores
 from ..windows import fed_windows
@@ -226,7 +227,7 @@ class GpuImageUnit:
 
             owners = _owners(tasks, batch)
             current = first_at = None
-            out_writer = ShardWriter(done)  # the shards' files written in a thread of their own
+            out_writer = shard_writer(ctx, done)  # the shards' files written in a thread or a process of their own
             seen = dict(tm)
             for k, (fed, res) in enumerate(decode_ahead(decode, feed, ahead, tm, gpu)):
                 task, last = owners[k]
