@@ -103,8 +103,6 @@ class Settings:
         shard_writer: where a GPU worker's shards are written and committed: "process" (a process of its
             own, the worker's GIL left to the loop that feeds the GPU) or "thread" (a thread of the worker)
             (``GPUBATCH_SHARD_WRITER``; engine/execute/writer.py).
-        shard_writers: writer processes a GPU worker deals its shards to (0: the unit's own number)
-            (``GPUBATCH_SHARD_WRITERS``).
 
     Video:
 
@@ -168,7 +166,6 @@ class Settings:
     feed_depth: int = 4
     hw_preallocate: int = 640
     shard_writer: str = "process"
-    shard_writers: int = 0
     video_decoders: int = 8
     video_loop: str = "native"
 
@@ -234,5 +231,4 @@ _ENV = (
     ("GPUBATCH_VIDEO_DECODERS", "video_decoders", int),
     ("GPUBATCH_VIDEO_LOOP", "video_loop", str),
     ("GPUBATCH_SHARD_WRITER", "shard_writer", str),
-    ("GPUBATCH_SHARD_WRITERS", "shard_writers", int),
 )

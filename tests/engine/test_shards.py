@@ -347,13 +347,12 @@ def _writer_fails(stats):
     raise GpubatchError("the encoder failed")
 
 
-@pytest.mark.parametrize("kind", ["thread", "process", "processes"])
+@pytest.mark.parametrize("kind", ["thread", "process"])
 def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not(tmp_path, kind):
     """The GPU image and audio units' shard writer, in a thread (ShardWriter) or a process of its own
-    (ShardWriterProcess), or several processes dealt the shards in turn (ShardWriters): records handed
-    over, or a function of the shard's stats that makes them there, are written into their shards in order,
-    each shard committed (fsynced and renamed by the committer's thread) with a journal entry and handed to
-    ``done`` (in order, where one writer writes them all), with what the loop counted in the
+    (ShardWriterProcess): records handed over, or a function of the shard's stats that makes them there,
+    are written into their shards in order, each shard committed (fsynced and renamed by the committer's
+    thread) with a journal entry and handed to ``done`` in order, with what the loop counted in the
     shard's stats and its progress; a run that stops removes the partial files of every shard it did
     not commit, and keeps those it did; an error where the records are made is raised in the loop."""
     import functools
@@ -361,7 +360,7 @@ def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not
     from gpubatch.engine.device import Device, DeviceKind
     from gpubatch.engine.execute.journal import Journal
     from gpubatch.engine.execute.worker import RunContext, ShardWriter, ShardWriting
-    from gpubatch.engine.execute.writer import ShardWriterProcess, ShardWriters
+    from gpubatch.engine.execute.writer import ShardWriterProcess
     from gpubatch.engine.plan import Plan
     from gpubatch.errors import GpubatchError
     from gpubatch.formats import get_format
@@ -378,8 +377,6 @@ def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not
                           plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
 
     def writer(ctx, done):
-        if kind == "processes":
-            return ShardWriters([ShardWriterProcess(ctx, done) for _ in range(2)])
         return ShardWriter(done) if kind == "thread" else ShardWriterProcess(ctx, done)
 
     def rec(k):
@@ -396,7 +393,7 @@ def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not
         w.put(sh, functools.partial(_writer_records, k))
         w.commit(sh, {"chain": 0.5}, None)
     w.close()
-    assert sorted(r.index for r in done) == [0, 1, 2, 3] and (kind == "processes" or [r.index for r in done] == [0, 1, 2, 3])
+    assert [r.index for r in done] == [0, 1, 2, 3]
     assert all(r.counts["records_out"] == 3 and r.counts["records_in"] == 3 and r.counts["transcoded"] == 2
                and r.timings["chain"] == 0.5 for r in done)
     assert sum(ticks) == 12

@@ -32,52 +32,12 @@ from .worker import Committer, RunContext, ShardWriter, ShardWriting, merge_part
 DEPTH = 4
 
 
-def shard_writer(ctx: RunContext, done: Callable[[Any], None], processes: int = 1) -> Any:
-    """The writer a GPU unit's shards go through: ``processes`` processes of their own, a shard each in
-    turn (``settings.shard_writer`` "process"; ``settings.shard_writers`` where set), or a thread of the
-    worker ("thread")."""
-    if getattr(ctx.settings, "shard_writer", "thread") != "process":
-        return ShardWriter(done)
-    n = max(1, int(getattr(ctx.settings, "shard_writers", 0) or processes))
-    return ShardWriterProcess(ctx, done) if n == 1 else ShardWriters([ShardWriterProcess(ctx, done) for _ in range(n)])
-
-
-class ShardWriters:
-    """Several :class:`ShardWriterProcess`, the shards dealt to them in turn as they come (every hand-over
-    of a shard to the one it was dealt): a shard's writes and commit beside the next shard's in another
-    process. Each commits its shards in order; ``done`` hears of them in the order they are committed."""
-
-    def __init__(self, writers: list[ShardWriterProcess]):
-        self.writers = writers
-        self._of: dict[int, ShardWriterProcess] = {}  # task index -> its writer
-        self._turn = 0
-
-    def _one(self, shard: ShardWriting) -> ShardWriterProcess:
-        idx = shard.task.index
-        w = self._of.get(idx)
-        if w is None:
-            w = self._of[idx] = self.writers[self._turn % len(self.writers)]
-            self._turn += 1
-        return w
-
-    def put(self, shard: ShardWriting, records: list | Callable[[Any], list]) -> None:
-        self._one(shard).put(shard, records)
-
-    def commit(self, shard: ShardWriting, timings: dict, extra: dict | None) -> None:
-        self._one(shard).commit(shard, timings, extra)
-
-    def close(self, abort: Any = None, failed: bool = False) -> None:
-        """Each writer closed (see :meth:`ShardWriterProcess.close`); a run that stops stops them all."""
-        mine = self._of.get(abort.task.index) if abort is not None else None
-        stopping = failed or abort is not None
-        errors = []
-        for w in self.writers:
-            try:
-                w.close(abort=abort if w is mine else None, failed=stopping)
-            except BaseException as e:  # noqa: BLE001 - the first raised once all are closed
-                errors.append(e)
-        if errors and not stopping:
-            raise errors[0]
+def shard_writer(ctx: RunContext, done: Callable[[Any], None]) -> ShardWriter | ShardWriterProcess:
+    """The writer a GPU unit's shards go through: a process of its own (``settings.shard_writer``
+    "process"), or a thread of the worker ("thread")."""
+    if getattr(ctx.settings, "shard_writer", "thread") == "process":
+        return ShardWriterProcess(ctx, done)
+    return ShardWriter(done)
 
 
 class ShardWriterProcess:

@@ -227,11 +227,6 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     return fit.batch
 
 
-#: the processes that write an audio worker's shards (its features are large: 983 MB for 2,048 10-s clips of
-#: Whisper's log-mel, where the whole run takes about 4 s), a shard each in turn
-WRITERS = 2
-
-
 class AudioDeviceUnit:
     """Audio on the GPU, in a GPU's worker process, over the tasks it is dealt (in shard order):
 
@@ -296,7 +291,7 @@ class AudioDeviceUnit:
             opened.append(w)
             return w
 
-        out = shard_writer(self.ctx, done, WRITERS)
+        out = shard_writer(self.ctx, done)
         groups: Any = None
         handed: set[int] = set()
         run_t = {"decode_wait": 0.0, "chain": 0.0}
