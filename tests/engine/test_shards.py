@@ -387,6 +387,8 @@ def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not
     done, ticks = [], []
     w = writer(ctx, done.append)
     shards = [ShardWriting(t, ctx, ticks.append) for t in tasks]
+    if kind == "process":  # (Ctrl-C reaches every process of the terminal's group: the worker handles it)
+        os.kill(w.proc.pid, signal.SIGINT)
     for k, sh in enumerate(shards):
         sh.stats.add(records_in=3)  # (what the loop counts goes with the shard's commit)
         w.put(sh, [rec(k)])

@@ -47,15 +47,26 @@ class ShardWriterProcess:
 
     def __init__(self, ctx: RunContext, done: Callable[[Any], None]):
         import multiprocessing as mp
+        import signal
 
         from ..processes import detached_main
 
         self.done = done
         spawn = mp.get_context("spawn")
         self.conn, child = spawn.Pipe()
-        with detached_main():  # (the process does not import the caller's main script)
-            self.proc = spawn.Process(target=_serve, args=(child, ctx), daemon=True, name="gpubatch-shard-writer")
-            self.proc.start()
+        # Ctrl-C is the worker's to handle (it closes this writer): the process is started ignoring it, so
+        # that it does not stop while it starts (Python keeps an ignored SIGINT ignored)
+        try:
+            before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except ValueError:  # (not the main thread: the process ignores it once it runs)
+            before = None
+        try:
+            with detached_main():  # (the process does not import the caller's main script)
+                self.proc = spawn.Process(target=_serve, args=(child, ctx), daemon=True, name="gpubatch-shard-writer")
+                self.proc.start()
+        finally:
+            if before is not None:
+                signal.signal(signal.SIGINT, before)
         child.close()
         self.error: BaseException | None = None
         self.handles: dict[int, ShardWriting] = {}  # task index -> the loop's shard
@@ -169,9 +180,12 @@ def _portable(e: BaseException) -> BaseException:
 def _serve(conn: Any, ctx: RunContext) -> None:
     """The writer process: the shards' records written in order as they come, each shard committed (its
     fsyncs and renames in a committer's thread, beside the next shard's writes) and reported done."""
+    import signal
+
     from ..processes import die_with_parent
 
     die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (as it was started: Ctrl-C is the worker's to handle)
     inbox: queue.Queue = queue.Queue(maxsize=DEPTH)
     sending = threading.Lock()
 
