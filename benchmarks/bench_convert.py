@@ -590,7 +590,9 @@ def main() -> None:
     jobs = a.only.split(",") if a.only else [j for j in JOBS if a.gpu or j not in GPU_JOBS]
     a.data_root.mkdir(parents=True, exist_ok=True)
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
-                    "cores": cores(), "cpu": _cpu_name(), "gpu": _gpu_name(), "commit": _commit(), "jobs": {}}
+                    "cores": cores(), "cpu": _cpu_name(), "gpu": _gpu_name(), "commit": _commit(),
+                    # the engine's settings given in the environment (e.g. GPUBATCH_SHARD_WRITER=thread): what was measured
+                    "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("GPUBATCH_")}, "jobs": {}}
     with tempfile.TemporaryDirectory(dir=a.data_root) as t:
         for job in jobs:
             t0 = time.perf_counter()
