@@ -424,6 +424,16 @@ def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not
     with pytest.raises(GpubatchError, match="the encoder failed"):
         w.close()
     assert not [p for p in stage3.rglob("*") if p.is_file() and ".gpubatch" not in p.parts]
+    if kind == "process":  # a payload that cannot travel to the process: its error, raised in the loop
+        stage4 = tmp_path / "stage4"
+        ctx4 = context(stage4)
+        w = writer(ctx4, done.append)
+        a = ShardWriting(tasks[0], ctx4)
+        w.put(a, [rec(0)])
+        w.put(a, lambda stats: [rec(0)])
+        with pytest.raises(Exception, match="pickle"):
+            w.close()
+        assert not [p for p in stage4.rglob("*") if p.is_file() and ".gpubatch" not in p.parts]
 
 
 def test_timed_next_counts_the_wait_for_each_item_and_ends_with_none():
