@@ -170,7 +170,8 @@ class AudioPipeline:
         if self.device.is_gpu:
             import cupy as cp
 
-            from ..engine.gpu.audio import run_chain_device, to_device
+            from ..engine.gpu.audio import run_chain_device
+            from ..engine.gpu.audio_feed import to_device
 
             with cp.cuda.Device(self.device.index):
                 out = run_chain_device(self.plan.ops, to_device(items), draws)
@@ -281,7 +282,7 @@ class AudioPipeline:
                     finally:
                         feed.close()
                     return
-            from ..engine.gpu.audio import to_device
+            from ..engine.gpu.audio_feed import to_device
 
             def upload(group: list[tuple]) -> list[AudioData]:
                 return to_device([it for _, it, _ in group])

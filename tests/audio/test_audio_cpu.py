@@ -582,7 +582,7 @@ def test_a_gpu_run_streams_long_records_on_the_cpu(tmp_path, monkeypatch):
     streams to the CPU's block-at-a-time path, whole outputs, counted; a short one goes on to a batch."""
     from gpubatch.engine.codecs import audio_stream
     from gpubatch.engine.codecs.audio_io import AudioData
-    from gpubatch.engine.gpu import audio as audio_gpu
+    from gpubatch.engine.gpu import audio_feed
     from gpubatch.engine.plan import Plan
     from gpubatch.engine.spec import parse_chain
     from gpubatch.errors import RunStats
@@ -593,10 +593,10 @@ def test_a_gpu_run_streams_long_records_on_the_cpu(tmp_path, monkeypatch):
     long = Record(key="long", data=encoded(tone(6.0, 16000), 16000, "flac"), media=Media.AUDIO, codec="flac", origin="o")
     short = Record(key="short", data=encoded(tone(1.0, 16000), 16000, "flac"), media=Media.AUDIO, codec="flac", origin="o")
     stats = RunStats()
-    (out,) = audio_gpu._prepare(long, plan, stats)
+    (out,) = audio_feed._prepare(long, plan, stats)
     assert isinstance(out, Record) and out.codec == "npy" and np.load(io.BytesIO(out.data)).shape == (40, 300)
     assert stats.fallbacks == 1
-    ((job, item),) = audio_gpu._prepare(short, plan, stats)
+    ((job, item),) = audio_feed._prepare(short, plan, stats)
     assert isinstance(item, AudioData) and item.samples.shape == (1, 16000) and stats.fallbacks == 1
 
 

@@ -19,21 +19,9 @@ from ..media import DEVICE, HOST, get_codec
 from ..plan import Plan
 from ..processes import cores
 from ..registry import get_kernel
-from ..run import Job, RecordSource, outputs_of, read_counted
+from ..run import Job, RecordSource
 from ..settings import Settings
-
-
-def to_device(items: Sequence[AudioData]) -> list[AudioData]:
-    """Host items on the GPU through one host-to-device copy for the batch (views per item)."""
-    import cupy as cp
-
-    flat = [np.ascontiguousarray(it.samples, np.float32).ravel() for it in items]
-    if not flat:
-        return []
-    sizes = np.cumsum([0] + [f.size for f in flat])
-    host = np.concatenate(flat) if len(flat) > 1 else flat[0]
-    dev = cp.asarray(host)
-    return [it._replace(samples=dev[sizes[i]: sizes[i + 1]].reshape(it.samples.shape)) for i, it in enumerate(items)]
+from .audio_feed import to_device
 
 
 def to_host(items: Sequence[AudioData], half_features: bool = False) -> list[AudioData]:
@@ -63,58 +51,6 @@ def run_chain_device(ops: Sequence[Any], items: list[AudioData], params: list[li
     for k, op in enumerate(ops):
         items = get_kernel(op.name, DEVICE)(op, items, [p[k] for p in params])
     return items
-
-
-def _prepare(record: Record, plan: Plan, stats: RunStats) -> list[Record | RecordError | tuple[Job, AudioData]]:
-    """A record's outputs: pass-throughs and errors as they are, each job with its decoded audio and
-    its parameters drawn (the same draws as the CPU path). A long record whose chain streams
-    (:mod:`.codecs.audio_stream`) is run on the CPU a block at a time here, whole outputs, counted: a
-    batch on the GPU would hold all of it."""
-    from ..codecs.audio_stream import AudioStream
-    from ..executor import expand_host
-
-    codec = get_codec(record.media, record.codec, HOST)
-    if record.codec != "npy":
-        try:
-            if isinstance(codec.decode_lazy(record, plan), AudioStream):
-                outs = expand_host(record, plan, stats)
-                stats.add(fallbacks=sum(1 for o in outs if not isinstance(o, RecordError)))
-                return outs
-        except RecordError:
-            pass  # (its error comes below, where the record is decoded)
-    out: list[Any] = []
-    decoded = None
-    for job in outputs_of(record, plan, stats):
-        if not isinstance(job, Job):
-            out.append(job)
-            continue
-        try:
-            if decoded is None:
-                decoded = codec.decode(record, plan)
-            job.settle(plan, *codec.size(decoded))
-        except RecordError as e:
-            out.append(e)
-            if e.stage is Stage.DECODE:
-                break
-            continue
-        except Exception as e:  # noqa: BLE001 - the record boundary
-            out.append(RecordError(record.key, record.origin, Stage.TRANSFORM, str(e)))
-            continue
-        out.append((job, decoded))
-    return out
-
-
-def prepare_entry(reader: RecordSource, entry: Any, plan: Plan, stats: RunStats) -> list[Any]:
-    """What one entry becomes before the GPU: its read error, a non-audio record run on the CPU, or
-    :func:`_prepare`'s outputs."""
-    from ..executor import expand_host
-
-    record = read_counted(reader, entry, stats)
-    if isinstance(record, RecordError):
-        return [record]
-    if str(getattr(record.media, "value", record.media)) != "audio":
-        return expand_host(record, plan, stats)
-    return _prepare(record, plan, stats)
 
 
 def run_on_gpu(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: list[RunStats]) -> list[AudioData | RecordError]:

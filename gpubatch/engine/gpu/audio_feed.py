@@ -20,13 +20,17 @@ goes back to the workers once the GPU has read it (an event after its copy).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from ...errors import RecordError, Stage
+from ...errors import RecordError, RunStats, Stage
+from ...types import Record
 from ..codecs.audio_io import AudioData
+from ..media import HOST, get_codec
+from ..plan import Plan
+from ..run import Job, RecordSource, outputs_of, read_counted
 
 SLAB_BYTES = 16 << 20
 
@@ -281,12 +285,11 @@ class SharedFeed:
         """The items of a batch on the GPU, in one device buffer: each slab's part copied in one go (a
         queued DMA from a page-locked slab, which goes back to the workers once the GPU has read it;
         else a copy the call waits for), the items views of it; the others through
-        :func:`~.audio.to_device`."""
+        :func:`to_device`."""
         import ctypes
 
         import cupy as cp
 
-        from .audio import to_device
 
         out: list[Any] = [None] * len(group)
         spans: dict[int, list[int]] = {}  # slab -> [lo, hi) of its samples in this batch
@@ -358,6 +361,71 @@ class SharedFeed:
 _DECODER: dict[str, Any] = {}  # in a decoding process: the run's reader and plan
 
 
+def to_device(items: Sequence[AudioData]) -> list[AudioData]:
+    """Host items on the GPU through one host-to-device copy for the batch (views per item)."""
+    import cupy as cp
+
+    flat = [np.ascontiguousarray(it.samples, np.float32).ravel() for it in items]
+    if not flat:
+        return []
+    sizes = np.cumsum([0] + [f.size for f in flat])
+    host = np.concatenate(flat) if len(flat) > 1 else flat[0]
+    dev = cp.asarray(host)
+    return [it._replace(samples=dev[sizes[i]: sizes[i + 1]].reshape(it.samples.shape)) for i, it in enumerate(items)]
+
+
+def _prepare(record: Record, plan: Plan, stats: RunStats) -> list[Record | RecordError | tuple[Job, AudioData]]:
+    """A record's outputs: pass-throughs and errors as they are, each job with its decoded audio and
+    its parameters drawn (the same draws as the CPU path). A long record whose chain streams
+    (:mod:`.codecs.audio_stream`) is run on the CPU a block at a time here, whole outputs, counted: a
+    batch on the GPU would hold all of it."""
+    from ..codecs.audio_stream import AudioStream
+    from ..executor import expand_host
+
+    codec = get_codec(record.media, record.codec, HOST)
+    if record.codec != "npy":
+        try:
+            if isinstance(codec.decode_lazy(record, plan), AudioStream):
+                outs = expand_host(record, plan, stats)
+                stats.add(fallbacks=sum(1 for o in outs if not isinstance(o, RecordError)))
+                return outs
+        except RecordError:
+            pass  # (its error comes below, where the record is decoded)
+    out: list[Any] = []
+    decoded = None
+    for job in outputs_of(record, plan, stats):
+        if not isinstance(job, Job):
+            out.append(job)
+            continue
+        try:
+            if decoded is None:
+                decoded = codec.decode(record, plan)
+            job.settle(plan, *codec.size(decoded))
+        except RecordError as e:
+            out.append(e)
+            if e.stage is Stage.DECODE:
+                break
+            continue
+        except Exception as e:  # noqa: BLE001 - the record boundary
+            out.append(RecordError(record.key, record.origin, Stage.TRANSFORM, str(e)))
+            continue
+        out.append((job, decoded))
+    return out
+
+
+def prepare_entry(reader: RecordSource, entry: Any, plan: Plan, stats: RunStats) -> list[Any]:
+    """What one entry becomes before the GPU: its read error, a non-audio record run on the CPU, or
+    :func:`_prepare`'s outputs."""
+    from ..executor import expand_host
+
+    record = read_counted(reader, entry, stats)
+    if isinstance(record, RecordError):
+        return [record]
+    if str(getattr(record.media, "value", record.media)) != "audio":
+        return expand_host(record, plan, stats)
+    return _prepare(record, plan, stats)
+
+
 def _decoder_start(ctx: Any) -> None:
     from ..processes import die_with_parent
 
@@ -367,13 +435,12 @@ def _decoder_start(ctx: Any) -> None:
 
 
 def decode_entries(entries: list[Any]) -> list[tuple[list, dict]]:
-    """In a decoding process: per entry, what it becomes before the GPU (:func:`~.audio.prepare_entry`:
+    """In a decoding process: per entry, what it becomes before the GPU (:func:`prepare_entry`:
     its records, errors and ``(job, decoded audio)`` pairs) and what was counted of it."""
     import time
 
     from ...errors import RunStats
     from ..execute.worker import stats_part
-    from .audio import prepare_entry
 
     reader, plan = _DECODER["reader"], _DECODER["plan"]
     out = []
