@@ -160,15 +160,15 @@ def test_an_interrupted_run_keeps_only_what_resume_needs(imagenet, tmp_path, mon
     from gpubatch.formats import webdataset
 
     calls = {"n": 0}
-    real = webdataset.WebDatasetSink.write
+    real = webdataset.WebDatasetSink._sample  # (a record, whether written alone or in a batch)
 
-    def boom(self, record):
+    def boom(self, record, parts=None):
         calls["n"] += 1
         if calls["n"] == at:
             raise KeyboardInterrupt
-        return real(self, record)
+        return real(self, record, parts)
 
-    monkeypatch.setattr(webdataset.WebDatasetSink, "write", boom)
+    monkeypatch.setattr(webdataset.WebDatasetSink, "_sample", boom)
     with pytest.raises(KeyboardInterrupt) as e:
         convert(imagenet, tmp_path / "out", to="webdataset", shard_size=10, workers=1)
     left = sorted(p.name for p in tmp_path.iterdir())
@@ -177,7 +177,7 @@ def test_an_interrupted_run_keeps_only_what_resume_needs(imagenet, tmp_path, mon
         return
     assert left == [".out.gpubatch-partial", "imagenet"]
     assert "2 of 6 shards are committed" in e.value.gpubatch_kept and "--resume" in e.value.gpubatch_kept
-    monkeypatch.setattr(webdataset.WebDatasetSink, "write", real)
+    monkeypatch.setattr(webdataset.WebDatasetSink, "_sample", real)
     with pytest.raises(UsageError, match="pass resume to finish it, or overwrite=True to start over"):
         convert(imagenet, tmp_path / "out", to="webdataset", shard_size=10, workers=1)
     s = convert(imagenet, tmp_path / "out", to="webdataset", shard_size=10, workers=1, resume=True)

@@ -179,19 +179,19 @@ def test_an_lmdb_transaction_the_run_could_not_note_is_found_in_the_database(ima
 def test_resume_with_other_options_is_refused_naming_the_difference(imagenet, tmp_path, monkeypatch):
     from gpubatch.formats import webdataset
 
-    real = webdataset.WebDatasetSink.write
+    real = webdataset.WebDatasetSink._sample  # (a record, whether written alone or in a batch)
     calls = {"n": 0}
 
-    def stop(self, record):
+    def stop(self, record, parts=None):
         calls["n"] += 1
         if calls["n"] == 25:
             raise KeyboardInterrupt
-        return real(self, record)
+        return real(self, record, parts)
 
-    monkeypatch.setattr(webdataset.WebDatasetSink, "write", stop)
+    monkeypatch.setattr(webdataset.WebDatasetSink, "_sample", stop)
     with pytest.raises(KeyboardInterrupt):
         convert(imagenet, tmp_path / "out", to="webdataset", shard_size=10, resize_shorter=40, workers=1)
-    monkeypatch.setattr(webdataset.WebDatasetSink, "write", real)
+    monkeypatch.setattr(webdataset.WebDatasetSink, "_sample", real)
     with pytest.raises(UsageError, match=r"options\.resize_shorter: 40 then, 48 now"):
         convert(imagenet, tmp_path / "out", to="webdataset", shard_size=10, resize_shorter=48, resume=True)
     stage = tmp_path / ".out.gpubatch-partial"

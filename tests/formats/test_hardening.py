@@ -326,13 +326,13 @@ def test_an_output_that_appears_while_the_run_goes_is_one_line_and_leaves_no_sta
                                                                                    monkeypatch):
     from gpubatch.formats import webdataset
 
-    real = webdataset.WebDatasetSink.write
+    real = webdataset.WebDatasetSink._sample  # (a record, whether written alone or in a batch)
 
-    def meanwhile(self, record):  # another program makes DST while this run writes
+    def meanwhile(self, record, parts=None):  # another program makes DST while this run writes
         (tmp_path / "out").mkdir(exist_ok=True)
-        return real(self, record)
+        return real(self, record, parts)
 
-    monkeypatch.setattr(webdataset.WebDatasetSink, "write", meanwhile)
+    monkeypatch.setattr(webdataset.WebDatasetSink, "_sample", meanwhile)
     with pytest.raises(UsageError, match="appeared while the run was going"):
         convert(imagenet, tmp_path / "out", to="webdataset", limit=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imagenet", "out"]
@@ -368,9 +368,9 @@ def test_the_current_folder_as_output_is_refused(imagenet, tmp_path):
 
 def test_sigterm_winds_the_run_down_as_ctrl_c(imagenet, tmp_path):
     script = ("import time, sys\nfrom gpubatch.formats import webdataset\n"
-              "real = webdataset.WebDatasetSink.write\n"
-              "def slow(self, r):\n    time.sleep(0.2)\n    return real(self, r)\n"
-              "webdataset.WebDatasetSink.write = slow\n"
+              "real = webdataset.WebDatasetSink._sample\n"  # (a record, whether written alone or in a batch)
+              "def slow(self, r, parts=None):\n    time.sleep(0.2)\n    return real(self, r, parts)\n"
+              "webdataset.WebDatasetSink._sample = slow\n"
               "from gpubatch.cli import main\nmain(sys.argv[1:])\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", script, "convert", str(imagenet), str(tmp_path / "out"),

@@ -17,6 +17,10 @@ from ...errors import CURRENT, RecordError
 from ...types import ShardResult, ShardTask
 from .worker import Committer, RunContext, ShardWriting
 
+#: a CPU worker hands its outputs to the shard's sink this many at a time, or once they hold this many bytes
+PUT_RECORDS = 32
+PUT_BYTES = 8 << 20
+
 
 class HostUnit:
     """Every media on the CPU, one record after the other in this worker (a worker a core): read, decode,
@@ -44,15 +48,22 @@ class HostUnit:
             for task in tasks:
                 w = writing(task)
                 try:
+                    held: list[Any] = []  # outputs handed to the sink together (put_many), a few MiB at most
+                    size = 0
                     for entry in task.entries:
                         record = read_counted(reader, entry, w.stats)
                         if isinstance(record, RecordError):
-                            w.put(record)
+                            held.append(record)
                             continue
                         CURRENT.key = record.key  # (the record a library's warning is about)
                         for out in expand_host(record, plan, w.stats):
-                            w.put(out)
+                            held.append(out)
+                            size += 0 if isinstance(out, RecordError) else len(out.data)
                         CURRENT.key = None
+                        if len(held) >= PUT_RECORDS or size >= PUT_BYTES:
+                            w.put_many(held)
+                            held, size = [], 0
+                    w.put_many(held)
                 except BaseException:
                     w.abort()
                     raise

@@ -134,7 +134,10 @@ class ShardWriterProcess:
             except Exception as e:  # noqa: BLE001 - a payload that does not pickle: the loop raises it
                 broken = True
                 self.error = self.error or e
-                self.conn.send(("close", True))
+                try:  # (the process removes what it did not commit, and ends)
+                    self.conn.send(("close", True))
+                except (OSError, ValueError):
+                    pass
 
     def _receive(self) -> None:
         while True:
