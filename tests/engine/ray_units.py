@@ -34,6 +34,7 @@ class KillOnceUnit(HostUnit):
                     os._exit(1)
 
             w.put = put_then_die
+            w.put_many = lambda results: [put_then_die(r) for r in results]  # (the host unit's batches)
             return w
 
         super().run(reader, tasks, fragile, done)
