@@ -447,13 +447,32 @@ class TFRecordSink(ShardSink):
                           if isinstance(c.get("keypoints"), list)}
 
     def write(self, record: Record) -> None:
-        data = serialize_example(self._datum(record))
-        head, tail = frame_parts(data)
-        self._index.append(f"{self._f.size} {len(head) + len(data) + len(tail)}\n")
-        for part in (head, data, tail):  # (the framing around the data, not a framed copy of it)
-            self._f.write(part)
-        self.count += 1
-        self.bytes += len(record.data)
+        (error,) = self.write_many([record])
+        if error is not None:
+            raise error
+
+    def write_many(self, records: list[Record]) -> list[BaseException | None]:
+        # each record's framing around its serialized Example, not a framed copy of it; a batch's parts
+        # written together (ShardFile.write_parts)
+        parts: list[Any] = []
+        errors: list[BaseException | None] = []
+        at = self._f.size
+        for record in records:
+            try:
+                data = serialize_example(self._datum(record))
+            except (ValueError, RecursionError) as e:
+                errors.append(e)
+                continue
+            head, tail = frame_parts(data)
+            n = len(head) + len(data) + len(tail)
+            self._index.append(f"{at} {n}\n")
+            at += n
+            parts += (head, data, tail)
+            self.count += 1
+            self.bytes += len(record.data)
+            errors.append(None)
+        self._f.write_parts(parts)
+        return errors
 
     def _close(self) -> dict[str, Any]:
         idx = ShardFile(self.root, _index_of(Path(self.task.name)).name)
