@@ -21,6 +21,7 @@ column of ``bytes``), its label the first ``ClassLabel``. pyarrow is the ``[parq
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -334,7 +335,15 @@ class ParquetFormat(Format):
 
     @classmethod
     def detect(cls, path: Path) -> bool:
-        return bool(parquet_files(Path(path))[:1])
+        path = Path(path)
+        if source_files(path) is not None or not path.is_dir():
+            return bool(parquet_files(path)[:1])
+        # a folder: the first Parquet file found will do (the files found are sorted where they are read)
+        for dirpath, dirs, files in os.walk(path):
+            dirs[:] = [d for d in dirs if d != ".gpubatch"]
+            if any(f.endswith(".parquet") and os.path.isfile(os.path.join(dirpath, f)) for f in files):
+                return True
+        return False
 
     @classmethod
     def reader(cls, path: Path) -> Reader:

@@ -515,3 +515,19 @@ def test_a_shard_written_many_records_at_once_is_the_shard_written_one_by_one(tm
     assert got["many"][3]  # (files were written)
     if fmt == "webdataset":  # (its members' base64 decoded as written)
         assert got["many"][2][20] == "Error" and got["many"][2].count(None) == 39
+
+
+def test_parquet_is_told_by_its_first_file_and_nothing_else(tmp_path):
+    """A folder is Parquet where a ``.parquet`` file lies anywhere under it, not where only a folder so named
+    or gpubatch's own run folder holds one (the detection stops at the first file it finds)."""
+    from gpubatch.formats.parquet import ParquetFormat
+
+    root = tmp_path / "d"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "x.parquet").mkdir()  # (a folder, not a file)
+    (root / ".gpubatch").mkdir()
+    (root / ".gpubatch" / "spool.parquet").write_bytes(b"PAR1")
+    assert not ParquetFormat.detect(root)
+    (root / "a" / "b" / "part-0.parquet").write_bytes(b"PAR1")
+    assert ParquetFormat.detect(root) and ParquetFormat.detect(root / "a" / "b" / "part-0.parquet")
+    assert not ParquetFormat.detect(root / "missing")
