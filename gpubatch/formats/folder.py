@@ -223,8 +223,20 @@ def label_names(labels: list[int], known: Any = None) -> tuple[str, ...] | Class
     return class_table(known or (), labels)
 
 
+#: a character that sorts before "." (a space, "-", "+", ","...)
+_BEFORE_DOT = re.compile(r"[\x00-\x2d]")
+
+
 def _in_order(entries: list[tuple[str, int | None]], damaged: list[Damaged]) -> list:
-    """Image entries and damaged ones merged in path order."""
+    """Image entries (their paths sorted) and damaged ones merged in key order (a key is the path without its
+    extension). Where nothing is damaged and no path holds a character that sorts before "." or a dot
+    besides its extension's, the paths' order is the keys' already (100,000 images in 100 class folders
+    listed in 0.16-0.17 s without the sort, 0.21-0.22 s with it, on the CI machine:
+    ``benchmarks/list_entries.py --folder``, benchmarks/RESULTS.md)."""
+    if not damaged and entries:
+        joined = "/".join(e[0] for e in entries)
+        if joined.count(".") == len(entries) and not _BEFORE_DOT.search(joined):
+            return entries
     return sorted([*entries, *damaged], key=lambda e: e.key if isinstance(e, Damaged) else _strip_ext(e[0]))
 
 

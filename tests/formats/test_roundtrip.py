@@ -531,3 +531,21 @@ def test_parquet_is_told_by_its_first_file_and_nothing_else(tmp_path):
     (root / "a" / "b" / "part-0.parquet").write_bytes(b"PAR1")
     assert ParquetFormat.detect(root) and ParquetFormat.detect(root / "a" / "b" / "part-0.parquet")
     assert not ParquetFormat.detect(root / "missing")
+
+
+def test_folder_entries_come_in_key_order_with_or_without_the_sort():
+    """_in_order skips its sort where the paths' order is the keys' already: on random paths (spaces,
+    hyphens, dots in names and folders, names sharing a stem) it gives what the sort by key gives."""
+    import random
+
+    from gpubatch.formats.folder import _in_order, _strip_ext
+
+    rng = random.Random(1)
+    for _ in range(3000):
+        names = set()
+        for _ in range(rng.randint(1, 8)):
+            stem = "".join(rng.choice("ab_-. Z/") if rng.random() < 0.3 else rng.choice("abZ_")
+                           for _ in range(rng.randint(1, 5))).strip("/").replace("//", "/") or "x"
+            names.add(f"{stem}.{rng.choice(['jpg', 'png', 'JPEG'])}")
+        entries = [(n, 0) for n in sorted(names)]
+        assert _in_order(entries, []) == sorted(entries, key=lambda e: _strip_ext(e[0])), entries
