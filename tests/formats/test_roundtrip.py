@@ -470,6 +470,7 @@ def test_a_shard_written_many_records_at_once_is_the_shard_written_one_by_one(tm
     """write_many (the GPU units' writer hands a batch over) writes the bytes write does record by record,
     and keeps out, with its error, a record that does not fit the format, the others written."""
     from gpubatch.formats.base import WriteOptions
+    from gpubatch.formats.sinks import ShardSink
     from gpubatch.formats.webdataset import MEMBERS
     from gpubatch.types import DatasetInfo, Record, ShardTask
 
@@ -498,14 +499,8 @@ def test_a_shard_written_many_records_at_once_is_the_shard_written_one_by_one(tm
         root.mkdir()
         sink = get_format(fmt).sink(root, task, info, WriteOptions())
         recs = records()
-        if way == "one":
-            errors = []
-            for r in recs:
-                try:
-                    sink.write(r)
-                    errors.append(None)
-                except (ValueError, RecursionError) as e:
-                    errors.append(e)
+        if way == "one":  # (the sinks' base write_many: write, record by record)
+            errors = ShardSink.write_many(sink, recs)
         else:
             errors = sink.write_many(recs[:17]) + sink.write_many(recs[17:])
         files, extra = sink.commit()
