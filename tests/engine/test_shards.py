@@ -489,7 +489,8 @@ def test_put_many_gives_the_shard_and_counts_of_put_one_by_one(tmp_path):
                          plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
         w = ShardWriting(ShardTask(0, 0, 12, "data-00000-of-00001.tar"), ctx)
         if way == "one":
-            w.take(results())
+            for r in results():
+                w.put(r)
         else:
             rs = results()
             w.put_many(rs[:5])

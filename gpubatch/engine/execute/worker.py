@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,40 +130,13 @@ class ShardWriting:
         return self._params
 
     def put(self, result: Record | RecordError) -> None:
-        t = time.perf_counter()
-        if isinstance(result, RecordError):
-            if result.stage is Stage.READ:  # a record that could not be read (read_counted counted the others)
-                self.stats.add(records_in=1)
-            self.router(result)
-        else:
-            try:
-                self.sink.write(result)
-            except (ValueError, RecursionError) as e:  # this record does not fit the format
-                self.router(RecordError(result.key, result.origin, Stage.WRITE, str(e) or type(e).__name__))
-            else:
-                self.stats.add(records_out=1, bytes_out=len(result.data))
-                if self.params is not None:
-                    drawn = self.stats.drawn.pop(result.key, None)
-                    line = {"key": result.key, "params": jsonable(drawn)} if drawn is not None else \
-                        {"key": result.key, "original": True}
-                    self.params.write((json.dumps(line) + "\n").encode())
-        self.write_s += time.perf_counter() - t
-        self._pending += 1
-        if self.progress is not None and self._pending >= 16:
-            self.progress(self._pending)
-            self._pending = 0
-
-    def take(self, results: Iterable[Record | RecordError]) -> ShardWriting:
-        for r in results:
-            self.put(r)
-        return self
+        self.put_many([result])
 
     def put_many(self, results: list[Record | RecordError]) -> None:
-        """:meth:`put` of each of ``results``, in order, the records between two errors handed to the sink
-        together (:meth:`~gpubatch.formats.sinks.ShardSink.write_many`): the same shard, less Python a record."""
-        if self.params is not None:  # (an augment run's parameter log: a line a record, as put writes it)
-            self.take(results)
-            return
+        """Each of ``results`` in order: a record error routed by the run's policy, the records between two
+        errors handed to the sink together (:meth:`~gpubatch.formats.sinks.ShardSink.write_many`), a record
+        that does not fit the format its own error (WRITE), an augment run's drawn parameters of each record
+        written into the shard's parameter log."""
         t = time.perf_counter()
         run: list[Record] = []
         for r in [*results, None]:
@@ -171,14 +144,7 @@ class ShardWriting:
                 run.append(r)
                 continue
             if run:
-                out = nbytes = 0
-                for rec, err in zip(run, self.sink.write_many(run)):
-                    if err is None:
-                        out += 1
-                        nbytes += len(rec.data)
-                    else:  # this record does not fit the format
-                        self.router(RecordError(rec.key, rec.origin, Stage.WRITE, str(err) or type(err).__name__))
-                self.stats.add(records_out=out, bytes_out=nbytes)
+                self._write(run)
                 run = []
             if r is None:
                 break
@@ -190,6 +156,22 @@ class ShardWriting:
         if self.progress is not None and self._pending >= 16:
             self.progress(self._pending)
             self._pending = 0
+
+    def _write(self, records: list[Record]) -> None:
+        out = nbytes = 0
+        params = self.params
+        for rec, err in zip(records, self.sink.write_many(records)):
+            if err is not None:  # this record does not fit the format
+                self.router(RecordError(rec.key, rec.origin, Stage.WRITE, str(err) or type(err).__name__))
+                continue
+            out += 1
+            nbytes += len(rec.data)
+            if params is not None:
+                drawn = self.stats.drawn.pop(rec.key, None)
+                line = {"key": rec.key, "params": jsonable(drawn)} if drawn is not None else \
+                    {"key": rec.key, "original": True}
+                params.write((json.dumps(line) + "\n").encode())
+        self.stats.add(records_out=out, bytes_out=nbytes)
 
     def commit(self, timings: dict[str, float] | None = None, extra: dict[str, Any] | None = None) -> ShardResult:
         """Commit the shard's files (and parameter log): its result."""

@@ -35,7 +35,7 @@ DEPTH = 4
 def shard_writer(ctx: RunContext, done: Callable[[Any], None]) -> ShardWriter | ShardWriterProcess:
     """The writer a GPU unit's shards go through: a process of its own (``settings.shard_writer``
     "process"), or a thread of the worker ("thread")."""
-    if getattr(ctx.settings, "shard_writer", "thread") == "process":
+    if ctx.settings.shard_writer == "process":
         return ShardWriterProcess(ctx, done)
     return ShardWriter(done)
 
