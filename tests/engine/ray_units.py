@@ -24,17 +24,17 @@ class KillOnceUnit(HostUnit):
             w = writing(task)
             if task.index != KILL_SHARD or mark.exists():
                 return w
-            put = w.put
+            put_many = w.put_many
 
-            def put_then_die(result, n=[0]):  # noqa: B006 - a counter of this shard's outputs
-                put(result)
-                n[0] += 1
-                if n[0] == KILL_AFTER:
-                    mark.write_text(str(os.getpid()))
-                    os._exit(1)
+            def put_then_die(results, n=[0]):  # noqa: B006 - a counter of this shard's outputs
+                for result in results:  # (put is a batch of one: every output comes through here)
+                    put_many([result])
+                    n[0] += 1
+                    if n[0] == KILL_AFTER:
+                        mark.write_text(str(os.getpid()))
+                        os._exit(1)
 
-            w.put = put_then_die
-            w.put_many = lambda results: [put_then_die(r) for r in results]  # (the host unit's batches)
+            w.put_many = put_then_die
             return w
 
         super().run(reader, tasks, fragile, done)
