@@ -421,8 +421,6 @@ class TFRecordReader(Reader):
         self.files.close()
 
 
-# Where the encoded image, the class index and the file name are found: the TF Object Detection API /
-# DALI keys first, then TensorFlow Datasets' (``image``, ``label``, ``file_name``) and other common names.
 #: a record without boxes: its object features, empty (as a record with boxes has them, in every record)
 _NO_OBJECTS: dict[str, tuple[Any, str]] = {
     **{f"image/object/bbox/{k}": ([], "float") for k in ("xmin", "ymin", "xmax", "ymax")},

@@ -69,8 +69,7 @@ class ShardWriterProcess:
                 signal.signal(signal.SIGINT, before)
         child.close()
         self.error: BaseException | None = None
-        self.handles: dict[int, ShardWriting] = {}  # task index -> the loop's shard
-        self._sent: set[int] = set()  # shards whose task went over already
+        self.handles: dict[int, ShardWriting] = {}  # task index -> the loop's shard, until it is committed
         self._closed = threading.Event()  # the process said it ended
         self.q: queue.Queue = queue.Queue(maxsize=DEPTH)
         self.sender = threading.Thread(target=self._send, name="gpubatch-shard-sender", daemon=True)
@@ -85,12 +84,12 @@ class ShardWriterProcess:
             raise self.error
 
     def _task(self, shard: ShardWriting) -> Any:
-        """The shard's task the first time the process hears of it (None after)."""
+        """The shard's task the first time the process hears of it (None after: a shard is handed over
+        until its commit, and leaves ``handles`` only once committed)."""
         idx = shard.task.index
-        self.handles[idx] = shard
-        if idx in self._sent:
+        if idx in self.handles:
             return None
-        self._sent.add(idx)
+        self.handles[idx] = shard
         return shard.task
 
     def put(self, shard: ShardWriting, records: list | Callable[[Any], list]) -> None:
