@@ -51,6 +51,21 @@ def sweep_partials(root: Path) -> int:
     return n
 
 
+def remove_tree(path: Path) -> None:
+    """Remove the folder ``path`` as one step: renamed away first (then deleted), so that a kill leaves it
+    whole or gone, never a part of it (a run's journal with some of its entries: a resume would write
+    those shards again into a finalized dataset)."""
+    path = Path(path)
+    gone = partial_name(path)
+    try:
+        os.rename(path, gone)
+    except FileNotFoundError:
+        return
+    fsync_dir(path.parent)
+    import shutil
+
+    shutil.rmtree(gone, ignore_errors=True)
+
 #: a file's bytes whose writing to disk :class:`ShardFile` starts as it goes (see :func:`start_writeback`)
 WRITEBACK_BYTES = 8 << 20
 #: a part :meth:`ShardFile.write_parts` writes on its own, not copied into a joined buffer

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ._commit import sweep_partials
+from ._commit import remove_tree, sweep_partials
 from ._paths import check_output, shared_stage, staged_output
 from ._remote import is_remote, shown
 from .engine.device import Device
@@ -261,7 +261,7 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
             summary.warnings = list(stats.warnings)
             if plan.augmenting:
                 _join_params(stage, results)
-            shutil.rmtree(stage / RUN_DIR, ignore_errors=True)
+            remove_tree(stage / RUN_DIR)  # (in one step: a kill leaves the journal whole or none of it)
             timings["finalize"] = round(time.perf_counter() - t_fin, 4)
             summary.timings = {**summary.timings, **{f"wall: {k}": v for k, v in timings.items()}}
             summary.seconds = time.perf_counter() - t_start

@@ -269,6 +269,34 @@ def test_a_run_stopped_in_its_finalize_resumes_to_the_same_bytes(imagenet, coco,
     assert digest(tmp_path / "out") == digest(whole)
 
 
+KILLED_IN_THE_JOURNALS_REMOVAL = """
+import os, shutil, sys
+from pathlib import Path
+real = shutil.rmtree
+def rmtree(path, *a, **kw):  # the run's folder: half its journal's entries removed, then the process killed
+    if Path(path).name.startswith(".gpubatch"):
+        entries = sorted((Path(path) / "journal").iterdir())
+        for e in entries[: len(entries) // 2]:
+            e.unlink()
+        os._exit(9)
+    return real(path, *a, **kw)
+shutil.rmtree = rmtree
+from gpubatch.api import convert
+convert(sys.argv[1], sys.argv[2], to="lmdb", shard_size=5, resize_shorter=40, workers=2)
+"""
+
+
+def test_a_run_killed_while_removing_its_journal_resumes_to_the_same_database(imagenet, tmp_path):
+    """The journal goes as one step once the dataset is finalized: a kill while its files are deleted leaves no
+    journal of some shards (whose resume would write them again into a new, incomplete database)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    convert(imagenet, tmp_path / "whole", to="lmdb", shard_size=5, resize_shorter=40, workers=2)
+    p = subprocess.run([sys.executable, "-c", KILLED_IN_THE_JOURNALS_REMOVAL, str(imagenet), str(tmp_path / "out")],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 9 and (tmp_path / ".out.gpubatch-partial" / "data.mdb").is_file(), p.stderr
+    s = convert(imagenet, tmp_path / "out", to="lmdb", shard_size=5, resize_shorter=40, workers=2, resume=True)
+    assert s.records_out == 60 and digest(tmp_path / "out") == digest(tmp_path / "whole")
+
 @pytest.mark.parametrize("dealt", [True, False])
 def test_workers_dealt_their_tasks_or_taking_them_as_they_free_up_write_the_same_bytes(imagenet, tmp_path,
                                                                                      monkeypatch, dealt):
