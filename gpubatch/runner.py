@@ -50,6 +50,10 @@ class CheckedSink:
         self.warnings: list[str] = []
         self.audio: list[dict[str, Any]] = []
 
+    @property
+    def timings(self) -> dict[str, float]:
+        return self.inner.timings
+
     def warn(self, message: str) -> None:
         if message not in self.warnings:
             self.warnings.append(message)

@@ -46,6 +46,8 @@ class ShardSink(abc.ABC):
         self.bytes = 0
         self.warnings: list[str] = []
         self.files: list[ShardFile] = []
+        #: seconds its commit spent in steps of its own (LMDB's lock and sync), added to the shard's timings
+        self.timings: dict[str, float] = {}
 
     @abc.abstractmethod
     def write(self, record: Record) -> None:

@@ -176,6 +176,85 @@ def test_an_lmdb_transaction_the_run_could_not_note_is_found_in_the_database(ima
     assert [(r.key, r.data, r.label) for r in got] == [(r.key, r.data, r.label) for r in records]
 
 
+
+def test_an_lmdb_that_lost_its_last_transaction_with_the_machine_goes_back_to_the_turn_it_holds(tmp_path):
+    """The database is synced after its lock is released: a machine lost between a shard's transaction (noted
+    in state.json) and its sync leaves a database without it. The next turn goes back to the shard the
+    database holds; the shard (never journaled) is run again, and the database is the same."""
+    import shutil
+
+    from gpubatch.formats import lmdb_sink
+    from gpubatch.formats.lmdb import LmdbReader
+    from gpubatch.types import DatasetInfo, Record, ShardTask
+
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    records = [Record(key=f"r{i}", data=b"\xff\xd8" + bytes([i]) * 5000 + b"\xff\xd9", label=i % 2) for i in range(9)]
+    tasks = [ShardTask(k, 3 * k, 3 * k + 3, f"part-{k:05d}") for k in range(3)]
+
+    def shard(index: int) -> lmdb_sink.LmdbSink:
+        sink = lmdb_sink.LmdbSink(stage, tasks[index], DatasetInfo(), None)
+        for r in records[3 * index : 3 * index + 3]:
+            sink.write(r)
+        return sink
+
+    db = stage / ".gpubatch" / "lmdb" / "db"
+    shard(0).commit()
+    lmdb_sink._close_env(db)
+    synced = tmp_path / "synced"
+    shutil.copytree(db, synced)  # the database as the disk held it when the machine went
+    shard(1).commit()
+    lmdb_sink._close_env(db)
+    shutil.rmtree(db)
+    shutil.copytree(synced, db)
+    with lmdb_sink.turn(stage) as t:
+        assert (t.next, t.count) == (1, 3)
+    shard(1).commit()
+    shard(2).commit()
+    lmdb_sink.finalize(stage, tasks)
+    with LmdbReader(stage) as reader:
+        got = [reader.read(e) for e in reader.entries()]
+    assert [(r.key, r.data, r.label) for r in got] == [(r.key, r.data, r.label) for r in records]
+
+
+def test_lmdb_shards_held_in_memory_or_spooled_and_prefaulted_or_not_make_the_same_file(imagenet, tmp_path,
+                                                                                       monkeypatch):
+    from gpubatch.formats import lmdb_sink
+
+    convert(imagenet, tmp_path / "held", to="lmdb", shard_size=7, workers=2)
+    calls = {"n": 0}
+    real = lmdb_sink.prefault
+
+    def counted(*a, **kw):
+        calls["n"] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(lmdb_sink, "prefault", counted)
+    convert(imagenet, tmp_path / "held-1", to="lmdb", shard_size=7, workers=1)
+    assert calls["n"] == 9  # (a worker of one runs in this process: each shard prefaulted before its turn)
+    monkeypatch.setattr(lmdb_sink, "HOLD", 1000)  # (a record or two held, then the shard spooled)
+    monkeypatch.setattr(lmdb_sink, "prefault", lambda *a, **kw: None)
+    convert(imagenet, tmp_path / "spooled", to="lmdb", shard_size=7, workers=1)
+    assert digest(tmp_path / "held") == digest(tmp_path / "held-1") == digest(tmp_path / "spooled")
+
+
+def test_a_worker_that_fails_with_many_tasks_left_ends_the_run_with_its_error(tmp_path):
+    """The tasks no worker took (more than a pipe holds) do not keep the command from exiting once a worker
+    failed: it printed the error and then waited forever to send them."""
+    from tests.helpers import jpeg_bytes, photo
+
+    src = tmp_path / "src" / "c0"
+    src.mkdir(parents=True)
+    (src / "0000.jpg").write_bytes(b"\xff\xd8 not a JPEG")
+    one = src / "0001.jpg"
+    one.write_bytes(jpeg_bytes(photo(16, 16), 80))
+    for i in range(2, 1500):
+        os.link(one, src / f"{i:04d}.jpg")
+    p = subprocess.run([sys.executable, "-m", "gpubatch", "convert", str(tmp_path / "src"), str(tmp_path / "out"),
+                        "--to", "lmdb", "--shard-size", "2", "--workers", "2", "--on-error", "fail"],
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "0000.jpg" in p.stderr and not (tmp_path / "out").exists()
+
 def test_resume_with_other_options_is_refused_naming_the_difference(imagenet, tmp_path, monkeypatch):
     from gpubatch.formats import webdataset
 

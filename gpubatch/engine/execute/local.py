@@ -152,5 +152,8 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
                 p.terminate()
         for p in procs:
             p.join(timeout=10)
+        for q in set(queues):  # (tasks no worker took: this process must not wait at its exit to send them)
+            q.cancel_join_thread()
+            q.close()
         results.close()
         results.join_thread()

@@ -184,6 +184,7 @@ class ShardWriting:
         s = self.stats
         times = {k: round(v, 4) for k, v in s.timings.items()}
         times.update({k: round(v, 4) for k, v in (timings or {}).items()})
+        times.update({k: round(v, 4) for k, v in self.sink.timings.items()})
         times["write"] = round(times.get("write", 0.0) + self.write_s, 4)
         times["shard"] = round(time.perf_counter() - self.t0, 4)
         return ShardResult(self.task.index, self.task.name, self.task.start, self.task.stop,
