@@ -54,7 +54,7 @@ if os.environ.get("GPUBATCH_LOCK_LOG"):
 
 
 def count(src: Path) -> int:
-    return sum(1 for p in src.rglob("*") if p.is_file())
+    return sum(1 for p in src.rglob("*") if p.is_file() and not p.name.startswith("."))
 
 
 def run(tree: Path, src: Path, out: Path, probe: Path, log: Path, workers: int | None) -> tuple[float, float]:
