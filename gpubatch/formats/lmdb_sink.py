@@ -74,7 +74,7 @@ def _env(db: Path) -> Any:
         # writemap: pages are written in the file's map, so what a page holds besides its records (LMDB leaves
         # the gap between a page's pointers and its nodes as it found it) comes from the file itself, the
         # same whichever process writes it (a process's own page buffers hold what it wrote before).
-        # sync=False: a commit does not sync; each shard's transaction is synced once (Turn.put)
+        # sync=False: a commit does not sync; the database is synced once a turn, after its lock (Turn.sync)
         try:
             env = lmdb.open(str(db), map_size=MAP_SIZE, subdir=True, writemap=True, max_dbs=0, sync=False,
                             metasync=False, readahead=False)
@@ -94,9 +94,9 @@ def prefault(root: Path, index: int, nbytes: int, records: int) -> None:
     """Before shard ``index`` waits for the database's lock: the file's pages its records are likely to take
     (after the database's last page, and after a shard ahead of it still going in) read once, outside the
     lock. They are holes, so reading them puts pages of zeros in the page cache, clean; the transaction then
-    copies its records into pages that are there. Its page faults had been three quarters of a transaction's
-    time (a shard of 256 ImageNet-like JPEGs, 23 MiB: 22 ms against 5 to 10 so), every other worker waiting
-    for the lock. Nothing is written: the file is the same, and a guess that misses costs only time."""
+    copies its records into pages that are there. Its page faults had been most of a transaction's time,
+    every other worker waiting for the lock (``benchmarks/lmdb_lock.py`` measures that time). Nothing is
+    written: the file is the same, and a guess that misses costs only time."""
     folder = _folder(root)
     try:
         ahead = index - int(json.loads((folder / "state.json").read_text(encoding="utf-8"))["next"])
