@@ -61,9 +61,9 @@ from .tfrecord_example import (
     _label,
     _masked_crc,
     _object_keypoints,
-    example_parts,
     example_pb2,
-    frame_around,
+    frame_parts,
+    serialize_example,
 )
 
 _SHARD = re.compile(r".*-\d{5}-of-\d{5}$")
@@ -450,22 +450,22 @@ class TFRecordSink(ShardSink):
             raise error
 
     def write_many(self, records: list[Record]) -> list[BaseException | None]:
-        # each record's framing around its Example's parts, not a framed copy of it (its image a part of its
-        # own: never copied); a batch's parts written together (ShardFile.write_parts)
+        # each record's framing around its serialized Example, not a framed copy of it; a batch's parts
+        # written together (ShardFile.write_parts)
         parts: list[Any] = []
         errors: list[BaseException | None] = []
         at = self._f.size
         for record in records:
             try:
-                example, size = example_parts(self._datum(record))
+                data = serialize_example(self._datum(record))
             except (ValueError, RecursionError) as e:
                 errors.append(e)
                 continue
-            head, tail = frame_around(example, size)
-            n = len(head) + size + len(tail)
+            head, tail = frame_parts(data)
+            n = len(head) + len(data) + len(tail)
             self._index.append(f"{at} {n}\n")
             at += n
-            parts += (head, *example, tail)
+            parts += (head, data, tail)
             self.count += 1
             self.bytes += len(record.data)
             errors.append(None)

@@ -164,89 +164,10 @@ def serialize_example(datum: dict[str, tuple[Any, str]]) -> bytes:
 
 _LISTS = {"byte": "bytes_list", "float": "float_list", "int": "int64_list"}
 
-#: a Feature's field tag for each kind of list (bytes_list = 1, float_list = 2, int64_list = 3, length-delimited)
-_KIND_TAG = {"byte": b"\x0a", "float": b"\x12", "int": b"\x1a"}
-_INT64 = range(-(1 << 63), 1 << 63)
 
-
-def _varint(n: int) -> bytes:
-    """Protobuf's varint of ``n`` (an int64 below zero as its two's complement on 64 bits, 10 bytes)."""
-    n &= (1 << 64) - 1
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _list_parts(value: Any, kind: str) -> list[Any] | None:
-    """A BytesList, FloatList or Int64List message of ``value``, as parts to be joined; None for a value the
-    parts are not made for here (:func:`serialize_example` takes it, with protobuf's own errors)."""
-    if not isinstance(value, (list, tuple, np.ndarray)):
-        value = [value]
-    if kind == "byte":
-        parts: list[Any] = []
-        for v in value:
-            if not isinstance(v, (bytes, bytearray)):
-                return None
-            parts += (b"\x0a", _varint(len(v)), v)
-        return parts
-    if not len(value):
-        return []
-    if kind == "float":
-        if not all(isinstance(v, (float, int, np.floating, np.integer)) and not isinstance(v, bool) for v in value):
-            return None
-        try:
-            packed = struct.pack(f"<{len(value)}f", *value)
-        except (OverflowError, struct.error):  # (beyond float32: protobuf's own conversion decides)
-            return None
-        return [b"\x0a", _varint(len(packed)), packed]
-    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and int(v) in _INT64
-               for v in value):
-        return None
-    packed = b"".join(_varint(int(v)) for v in value)
-    return [b"\x0a", _varint(len(packed)), packed]
-
-
-def example_parts(datum: dict[str, tuple[Any, str]]) -> tuple[list[Any], int]:
-    """The bytes of :func:`serialize_example` (the same bytes: tested against it), as parts to be written one
-    after the other, and their length: the record's own bytes (its image) a part of its own, not copied.
-    The wire format written by hand: protobuf's serializer copied each image twice and took most of a
-    TFRecord pass-through's time beside its reads. A datum it is not made for goes through
-    :func:`serialize_example` (one part)."""
-    entries: list[tuple[bytes, list[Any], int]] = []
-    for key in sorted(datum):  # (the map in key order, as protobuf's deterministic mode writes it)
-        value, kind = datum[key]
-        body = _list_parts(value, kind)
-        if body is None:
-            data = serialize_example(datum)
-            return [data], len(data)
-        n = sum(len(b) for b in body)
-        feature = [_KIND_TAG[kind], _varint(n), *body]
-        fn = 1 + len(feature[1]) + n
-        k = key.encode("utf-8")
-        head = b"\x0a" + _varint(len(k)) + k + b"\x12" + _varint(fn)
-        entries.append((head, feature, len(head) + fn))
-    parts: list[Any] = []
-    size = 0
-    for head, feature, n in entries:
-        lead = b"\x0a" + _varint(n) + head
-        parts.append(lead)
-        parts += feature
-        size += len(lead) + n - len(head)
-    features = b"\x0a" + _varint(size)
-    return [features, *parts], len(features) + size
-
-
-def frame_around(parts: list[Any], size: int) -> tuple[bytes, bytes]:
-    """TFRecord's framing of one record whose bytes are ``parts`` (``size`` in all): what goes before them
-    (their length and the length's masked CRC-32C) and after them (their masked CRC-32C, taken part by
-    part); a writer writes them all as they are, the record's bytes never joined."""
-    from crc32c import crc32c
-
-    length = struct.pack("<Q", size)
-    crc = 0
-    for p in parts:
-        crc = crc32c(p, crc)
-    return length + _masked_crc(length), struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+def frame_parts(data: bytes) -> tuple[bytes, bytes]:
+    """TFRecord's framing of one record: what goes before ``data`` (its length and the length's masked
+    CRC-32C) and after it (the data's masked CRC-32C); a writer writes the three as they are, no copy of
+    the data made."""
+    length = struct.pack("<Q", len(data))
+    return length + _masked_crc(length), _masked_crc(data)
