@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,6 @@ def remove_tree(path: Path) -> None:
     except FileNotFoundError:
         return
     fsync_dir(path.parent)
-    import shutil
-
     shutil.rmtree(gone, ignore_errors=True)
 
 #: a file's bytes whose writing to disk :class:`ShardFile` starts as it goes (see :func:`start_writeback`)
