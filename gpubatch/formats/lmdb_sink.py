@@ -106,6 +106,8 @@ def prefault(root: Path, index: int, nbytes: int, records: int) -> None:
         return
     if not 0 <= ahead <= 1:  # (in already, or bound to wait in its spool for shards not yet made)
         return
+    if not (folder / "db" / "data.mdb").is_file():  # (a database is made under its lock, not beside it)
+        return
     env = _env(folder / "db")
     psize = env.stat()["psize"]
     guess = nbytes + records * psize + (64 << 10)  # (each record's pages rounded up; its keys)
