@@ -177,20 +177,24 @@ def test_an_lmdb_transaction_the_run_could_not_note_is_found_in_the_database(ima
 
 
 
-def test_an_lmdb_that_lost_its_last_transaction_with_the_machine_goes_back_to_the_turn_it_holds(tmp_path):
-    """The database is synced after its lock is released: a machine lost between a shard's transaction (noted
-    in state.json) and its sync leaves a database without it. The next turn goes back to the shard the
-    database holds; the shard (never journaled) is run again, and the database is the same."""
+def test_an_lmdb_that_lost_its_last_transactions_with_the_machine_goes_back_to_the_turn_it_holds(tmp_path,
+                                                                                               monkeypatch):
+    """The database is synced after its lock is released: a machine lost between the transactions of a turn
+    (noted in state.json) and its sync leaves a database without them. Here the turn put shard 1 and the
+    spool of shard 2, which had come early (journaled when spooled): the spool is removed only after the
+    sync, so it is still there. The next turn goes back to the shard the database holds; shard 1 (never
+    journaled) is run again, shard 2 goes in from its spool again, and the database is the same."""
     import shutil
 
     from gpubatch.formats import lmdb_sink
     from gpubatch.formats.lmdb import LmdbReader
+    from gpubatch.formats.lmdb_datum import needed_bytes
     from gpubatch.types import DatasetInfo, Record, ShardTask
 
     stage = tmp_path / "stage"
     stage.mkdir()
-    records = [Record(key=f"r{i}", data=b"\xff\xd8" + bytes([i]) * 5000 + b"\xff\xd9", label=i % 2) for i in range(9)]
-    tasks = [ShardTask(k, 3 * k, 3 * k + 3, f"part-{k:05d}") for k in range(3)]
+    records = [Record(key=f"r{i}", data=b"\xff\xd8" + bytes([i]) * 5000 + b"\xff\xd9", label=i % 2) for i in range(12)]
+    tasks = [ShardTask(k, 3 * k, 3 * k + 3, f"part-{k:05d}") for k in range(4)]
 
     def shard(index: int) -> lmdb_sink.LmdbSink:
         sink = lmdb_sink.LmdbSink(stage, tasks[index], DatasetInfo(), None)
@@ -201,16 +205,24 @@ def test_an_lmdb_that_lost_its_last_transaction_with_the_machine_goes_back_to_th
     db = stage / ".gpubatch" / "lmdb" / "db"
     shard(0).commit()
     lmdb_sink._close_env(db)
-    synced = tmp_path / "synced"
-    shutil.copytree(db, synced)  # the database as the disk held it when the machine went
-    shard(1).commit()
+    data = db / "data.mdb"
+    with open(data, "rb") as f:  # the database as the disk held it when the machine went (to its last page)
+        synced = f.read(needed_bytes(data))
+    shard(2).commit()  # (early: it waits in its spool)
+    assert lmdb_sink.spool_of(stage, 2).is_file()
+    monkeypatch.setattr(lmdb_sink.Turn, "sync", lambda self: None)  # (the machine goes before the sync)
+    shard(1).commit()  # (shard 1 and the spool of shard 2 go in)
+    monkeypatch.undo()
+    assert lmdb_sink.spool_of(stage, 2).is_file()
     lmdb_sink._close_env(db)
     shutil.rmtree(db)
-    shutil.copytree(synced, db)
+    db.mkdir()
+    data.write_bytes(synced)
     with lmdb_sink.turn(stage) as t:
         assert (t.next, t.count) == (1, 3)
     shard(1).commit()
-    shard(2).commit()
+    assert not lmdb_sink.spool_of(stage, 2).exists()
+    shard(3).commit()
     lmdb_sink.finalize(stage, tasks)
     with LmdbReader(stage) as reader:
         got = [reader.read(e) for e in reader.entries()]
