@@ -290,7 +290,6 @@ class SharedFeed:
 
         import cupy as cp
 
-
         out: list[Any] = [None] * len(group)
         spans: dict[int, list[int]] = {}  # slab -> [lo, hi) of its samples in this batch
         own = []
