@@ -619,3 +619,49 @@ def test_put_many_gives_the_shard_and_counts_of_put_one_by_one(tmp_path):
     assert got[0] == got[1]
     counts, skipped, _, _ = got[1]
     assert counts["records_out"] == 9 and [s["key"] for s in skipped] == ["r4", "r7", "r9"]
+
+
+class SlowToClose:
+    """A work unit that reports its tasks done (no records), says that it holds nothing of the run any more,
+    then takes a minute to close its parts, as a GPU worker's decoders take a while."""
+
+    @classmethod
+    def make(cls, ctx, slot):
+        return cls()
+
+    def run(self, reader, tasks, writing, done):
+        from gpubatch.engine.execute.worker import released
+        from gpubatch.types import ShardResult
+
+        for task in tasks:
+            done(ShardResult(task.index, task.name, task.start, task.stop))
+        released()
+        time.sleep(60)
+
+    def close(self):
+        pass
+
+
+def test_the_executor_does_not_wait_for_a_worker_closing_after_it_released_the_run(tmp_path):
+    """Once a worker said it holds nothing of the run (every shard it made committed, its readers closed), the
+    run goes on without waiting for the rest of its teardown; the worker is ended."""
+    import functools
+
+    from gpubatch.engine.device import Device, DeviceKind
+    from gpubatch.engine.execute.local import run_tasks
+    from gpubatch.engine.execute.strategies import Strategy
+    from gpubatch.engine.execute.worker import RunContext
+    from gpubatch.engine.plan import Plan
+    from gpubatch.formats import open_reader
+    from gpubatch.types import ShardTask
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.jpg").write_bytes(b"\xff\xd8\xff\xd9")
+    ctx = RunContext(opener=functools.partial(open_reader, tmp_path / "src"), sink=None, plan=Plan(),
+                     device=Device(DeviceKind.CPU))
+    tasks = [ShardTask(k, k, k + 1, f"s{k}", ()) for k in range(6)]
+    got = []
+    t0 = time.perf_counter()
+    run_tasks(ctx, Strategy("slow", f"{__name__}:SlowToClose"), tasks, 2, got.append)
+    assert sorted(r.index for r in got) == list(range(6))
+    assert time.perf_counter() - t0 < 30

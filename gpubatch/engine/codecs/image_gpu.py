@@ -209,8 +209,11 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
             self.stream_ordered = set_pool_keep(cp, device_index, st.pool_keep)
             cuda_options = f"{st.cuda_decoder_options} {options}"
             if self.api == "c":
+                from ..gpu.start import hardware_made
                 from .nvimgcodec_c import BACKEND_HYBRID_CPU_GPU, CApiError, library
 
+                if hw_decoder:  # the library after the worker's start made the hardware instances (gpu/start.py)
+                    hardware_made(device_index)
                 try:
                     self.lib = library()
                 except (DependencyError, CApiError, OSError) as e:  # a wheel laid out otherwise

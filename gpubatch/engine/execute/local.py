@@ -24,7 +24,7 @@ from ...errors import GpubatchError, RecordFailed
 from ...types import ShardResult, ShardTask
 from ..processes import die_with_parent
 from .strategies import Strategy
-from .worker import RunContext, ShardWriting
+from .worker import RunContext, ShardWriting, on_released, released
 
 
 def _worker(ctx: RunContext, strategy: Strategy, slot: int, tasks: Any, results: Any) -> None:
@@ -48,8 +48,10 @@ def _worker(ctx: RunContext, strategy: Strategy, slot: int, tasks: Any, results:
         def progress(n: int) -> None:
             results.put(("progress", n, where))
 
+        # ("exit": this worker holds nothing of the run any more; a unit may say so before it closes its parts)
+        on_released(lambda: results.put(("exit", slot)))
         unit.run(reader, take(), lambda t: ShardWriting(t, ctx, progress), lambda r: results.put(("done", r)))
-        results.put(("exit", slot))
+        released()
     except RecordFailed as e:
         results.put(("failed", "record", e))
     except GpubatchError as e:

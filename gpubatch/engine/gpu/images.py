@@ -13,7 +13,7 @@ import numpy as np
 
 from ...errors import GpubatchError, RecordError, Stage
 from ...types import Record
-from ..execute.worker import finish
+from ..execute.worker import finish, released
 from ..execute.writer import shard_writer
 from ..plan import Plan
 from ..processes import cores
@@ -175,6 +175,7 @@ class GpuImageUnit:
             readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * host)))
         threads = max(2, have // host)
         feed = engine = unpin = current = out_writer = starting = None
+        finished = False
         try:
             def start_feed(b: int) -> RecordFeed:
                 f = RecordFeed(ctx.opener, entries, plan, b, workers=readers, depth=max(settings.feed_depth, 8),
@@ -261,6 +262,7 @@ class GpuImageUnit:
                     current = None
             if out_writer is not None:
                 out_writer.close()
+            finished = True
         except BaseException:
             if out_writer is not None:
                 out_writer.close(abort=current)
@@ -268,10 +270,10 @@ class GpuImageUnit:
                 current.abort()
             raise
         finally:
-            if engine is not None:
-                if unpin is not None:
-                    unpin()
-                engine.close()
+            if unpin is not None:  # (drains the decoders first)
+                unpin()
+            elif engine is not None:  # no decode reads the feed's memory any more
+                engine.drain()
             if feed is None and starting is not None:  # (the engine failed while the feed started)
                 try:
                     feed = starting.result()[0]
@@ -281,6 +283,10 @@ class GpuImageUnit:
                 feed.close()
             if starting is not None:
                 starting.release()
+            if finished:  # the decoders' teardown is all that is left: the executor need not wait for it
+                released()
+            if engine is not None:
+                engine.close()
 
 
 class _Started:

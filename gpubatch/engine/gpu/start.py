@@ -6,7 +6,8 @@ instance made first, the instance took 0.62 s and the library 0.03 s (the two sh
 the library makes slowly). The CUDA kernels a run needs are compiled (or read from CuPy's cache) beside them:
 on a machine with no cache the warm-up took 9.3 s, most of it NVRTC.
 
-:func:`begin` starts it; :func:`hardware_instances` hands the instances made to the decoder that asks, and
+:func:`begin` starts it; :func:`hardware_instances` hands the instances made to the decoder that asks,
+:func:`hardware_made` waits for them (the decoder makes nvImageCodec's library after them), and
 :func:`kernels_ready` waits for the kernels. Errors are kept for the real calls, which make what failed
 again and raise there.
 """
@@ -115,6 +116,15 @@ def hardware_instances(index: int, n: int) -> list[Any]:
     with _LOCK:
         out, s.hw[:] = s.hw[:n], s.hw[n:]
     return out
+
+
+def hardware_made(index: int) -> None:
+    """Wait until :func:`begin`'s hardware-decoder instances for device ``index`` are made (or failed);
+    at once where no start began. nvImageCodec's library is made after them: made beside them, it took
+    about a second and slowed them (the module docstring)."""
+    s = _STARTS.get(index)
+    if s is not None:
+        s.hw_done.wait()
 
 
 def kernels_ready(index: int) -> dict[str, float]:
