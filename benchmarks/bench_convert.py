@@ -115,6 +115,8 @@ def slim(summary: dict | None) -> dict:
     keep = ("records_in", "records_out", "shards", "workers", "timings", "gpu_memory", "fallbacks", "skipped")
     out = {k: summary.get(k) for k in keep if k in summary}
     out["skipped"] = len(out.get("skipped") or [])
+    if summary.get("seconds") is not None:  # (the run's own clock: the process's start and exit are outside it)
+        out["run_seconds"] = round(summary["seconds"], 3)
     return out
 
 
@@ -589,6 +591,10 @@ def main() -> None:
     a.gpu = has_gpu()
     jobs = a.only.split(",") if a.only else [j for j in JOBS if a.gpu or j not in GPU_JOBS]
     a.data_root.mkdir(parents=True, exist_ok=True)
+    a.data_root, a.json = a.data_root.resolve(), a.json.resolve() if a.json else None
+    # the runs import this tree's gpubatch: ``python -m`` puts the working directory first on the path, so
+    # run from another checkout they would import that one's whatever PYTHONPATH says
+    os.chdir(ROOT)
     report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
                     "cores": cores(), "cpu": _cpu_name(), "gpu": _gpu_name(), "commit": _commit(),
                     # the engine's settings given in the environment (e.g. GPUBATCH_SHARD_WRITER=thread): what was measured

@@ -17,6 +17,7 @@ records/s and the seconds under the lock, each run and their medians.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shutil
@@ -66,7 +67,9 @@ def run(tree: Path, src: Path, out: Path, probe: Path, log: Path, workers: int |
     if workers:
         cmd += ["--workers", str(workers)]
     t0 = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True)
+    # (from a folder outside every tree: ``python -m`` puts the working directory first on the path, so run
+    # from a checkout it would import that checkout's gpubatch whatever PYTHONPATH says)
+    subprocess.run(cmd, env=env, check=True, cwd=probe)
     wall = time.perf_counter() - t0
     held = sum(float(x) for x in log.read_text().split()) if log.exists() else float("nan")
     return wall, held
@@ -81,6 +84,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     trees = [t.resolve() for t in (a.tree or [ROOT])]
+    for t in trees:  # (each tree's bytecode, as an install has it: PYTHONDONTWRITEBYTECODE made every run compile it)
+        compileall.compile_dir(str(t / "gpubatch"), quiet=1)
     n = count(a.src)
     with tempfile.TemporaryDirectory(prefix="lmdb-lock-") as tmp:
         tmp = Path(tmp)

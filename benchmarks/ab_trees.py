@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""One ``convert`` command on two or more gpubatch trees in turn: whole-process wall time and the run's own
+``--json`` timings, per tree, side by side on one machine.
+
+    python3 benchmarks/ab_trees.py --src DIR --tree OLD --tree NEW [--repeats 3] [--json out.json] \\
+        -- --to webdataset --resize-shorter 256 --center-crop 224 --quality 90 --device gpu
+
+Each round runs every tree once, in turn (the machine's drift falls on each alike); the first round is
+untimed (page cache, CuPy's kernel cache, each tree's bytecode). A tree is a checkout, or a folder that holds
+the ``gpubatch`` package (``git archive REV gpubatch | tar -x -C DIR``); its modules are byte-compiled first,
+as an install has them. Prints, per tree, images/s of the median run, each run's seconds, and the medians of
+the summary's timings (the first batch, the GPU start's steps, the stages). The commands run from a folder
+outside every tree: ``python -m`` puts the working directory first on the path, so a run from a checkout
+imports that checkout's gpubatch whatever PYTHONPATH names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def count(src: Path) -> int:
+    return sum(1 for p in src.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--src", type=Path, required=True)
+    ap.add_argument("--tree", type=Path, action="append", required=True, help="a gpubatch tree (repeat)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the convert command's options")
+    a = ap.parse_args()
+    extra = a.args[1:] if a.args[:1] == ["--"] else a.args
+    trees = [t.resolve() for t in a.tree]
+    for t in trees:
+        compileall.compile_dir(str(t / "gpubatch"), quiet=1)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    n = count(a.src)
+    runs: dict[str, list[dict]] = {str(t): [] for t in trees}
+    with tempfile.TemporaryDirectory(prefix="ab-trees-", dir=a.src.parent) as tmp:
+        out = Path(tmp) / "out"
+        for i in range(a.repeats + 1):
+            for t in trees:
+                shutil.rmtree(out, ignore_errors=True)
+                os.sync()
+                path = os.pathsep.join([str(t), env.get("PYTHONPATH", "")])
+                t0 = time.perf_counter()
+                p = subprocess.run([sys.executable, "-m", "gpubatch", "convert", str(a.src), str(out), *extra, "--json"],
+                                   env={**env, "PYTHONPATH": path}, capture_output=True, text=True, cwd=tmp)
+                wall = time.perf_counter() - t0
+                if p.returncode:
+                    sys.exit(f"{t}: exit {p.returncode}: {p.stderr.strip()[-1500:]}")
+                if i:
+                    summary = json.loads(p.stdout)
+                    runs[str(t)].append({"seconds": round(wall, 3), "timings": summary.get("timings", {})})
+    report: dict = {"records": n, "command": ["convert", str(a.src), "OUT", *extra, "--json"], "cores": os.cpu_count(),
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "trees": {}}
+    for t, r in runs.items():
+        keys = sorted({k for x in r for k in x["timings"]})
+        report["trees"][t] = {
+            "images_per_s": round(n / statistics.median(x["seconds"] for x in r), 1),
+            "runs": [x["seconds"] for x in r],
+            "timings_median": {k: round(statistics.median(x["timings"].get(k, 0.0) for x in r), 4) for k in keys}}
+    text = json.dumps(report, indent=1)
+    print(text)
+    if a.json:
+        a.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
