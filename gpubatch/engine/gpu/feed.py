@@ -103,13 +103,20 @@ def fit_slots(depth: int, slot_bytes: int) -> int:
     return max(1 << 20, min(slot_bytes, free // (2 * max(depth, 1))))
 
 
-def _init(shm_name: str, plan: Plan | None, slot_bytes: int, opener: Callable[[], RecordSource] | None = None) -> None:
+#: seconds a feed's reader waits for the others to map the ring (their start: imports, a reader opened)
+ATTACH_TIMEOUT = 300.0
+
+
+def _init(shm_name: str, plan: Plan | None, slot_bytes: int, opener: Callable[[], RecordSource] | None = None,
+          attached: Any = None) -> None:
     from multiprocessing.shared_memory import SharedMemory
 
     # Spawned workers share the parent's resource tracker, which keeps one entry per name: this
     # mapping adds nothing, and the parent's unlink removes it (unregistering it here as well made the
     # tracker fail on that second removal).
     shm = SharedMemory(name=shm_name)
+    if attached is not None:  # (no reader takes a task before every reader has the ring mapped: Feed.__init__)
+        attached.wait(ATTACH_TIMEOUT)
     _W.update(shm=shm, plan=plan, slot=slot_bytes)
     die_with_parent()  # (a run killed with kill -9 leaves no reader behind it)
     if opener is not None:  # a RecordFeed: each worker opens the dataset itself
@@ -320,6 +327,7 @@ class Feed:
 
     def __init__(self, spans: list[tuple[int, int]], plan: Plan | None, workers: int | None, depth: int,
                  repeat: bool, slot_bytes: int, views: bool, opener: Callable[[], RecordSource] | None = None):
+        import multiprocessing
         from multiprocessing.shared_memory import SharedMemory
 
         from ..executor import default_readers
@@ -334,7 +342,15 @@ class Feed:
         workers = workers or default_readers()
         self.slot_bytes = fit_slots(self.depth, int(slot_bytes))
         self.shm = SharedMemory(create=True, size=self.depth * self.slot_bytes)
-        self.pool = started_pool(workers, "spawn", _init, (self.shm.name, plan, self.slot_bytes, opener))
+        attached = multiprocessing.get_context("spawn").Barrier(workers)
+        try:
+            self.pool = started_pool(workers, "spawn", _init, (self.shm.name, plan, self.slot_bytes, opener, attached))
+        finally:
+            # every reader has mapped the ring (started_pool's first tasks ran, and none runs before the barrier
+            # let all readers through): its name goes from /dev/shm now, and its memory with the last process
+            # that maps it, however the run ends (a killed process group took the resource tracker with it,
+            # which left each GPU worker's ring, 512 MiB, in /dev/shm until the machine restarted)
+            self.shm.unlink()
 
     def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
         raise NotImplementedError
