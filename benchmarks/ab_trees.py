@@ -45,6 +45,7 @@ def main() -> None:
     a = ap.parse_args()
     extra = a.args[1:] if a.args[:1] == ["--"] else a.args
     trees = [t.resolve() for t in a.tree]
+    a.src = a.src.resolve()  # (the runs start in a folder of their own)
     for t in trees:
         compileall.compile_dir(str(t / "gpubatch"), quiet=1)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}

@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     trees = [t.resolve() for t in (a.tree or [ROOT])]
+    a.src = a.src.resolve()  # (the runs start in a folder of their own)
     for t in trees:  # (each tree's bytecode, as an install has it: PYTHONDONTWRITEBYTECODE made every run compile it)
         compileall.compile_dir(str(t / "gpubatch"), quiet=1)
     n = count(a.src)
