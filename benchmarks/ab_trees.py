@@ -35,6 +35,13 @@ def count(src: Path) -> int:
     return sum(1 for p in src.rglob("*") if p.is_file() and not p.name.startswith("."))
 
 
+def compiled(trees: list[Path]) -> None:
+    """Each tree's modules byte-compiled, as an install has them (under ``PYTHONDONTWRITEBYTECODE`` every
+    run compiled them from source)."""
+    for t in trees:
+        compileall.compile_dir(str(t / "gpubatch"), quiet=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--src", type=Path, required=True)
@@ -46,8 +53,7 @@ def main() -> None:
     extra = a.args[1:] if a.args[:1] == ["--"] else a.args
     trees = [t.resolve() for t in a.tree]
     a.src = a.src.resolve()  # (the runs start in a folder of their own)
-    for t in trees:
-        compileall.compile_dir(str(t / "gpubatch"), quiet=1)
+    compiled(trees)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     n = count(a.src)
     runs: dict[str, list[dict]] = {str(t): [] for t in trees}

@@ -17,7 +17,6 @@ records/s and the seconds under the lock, each run and their medians.
 from __future__ import annotations
 
 import argparse
-import compileall
 import json
 import os
 import shutil
@@ -29,6 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from ab_trees import compiled, count  # noqa: E402  (the trees' bytecode and the source's records, as ab_trees has them)
 
 PROBE = '''
 import os, time
@@ -52,10 +53,6 @@ if os.environ.get("GPUBATCH_LOCK_LOG"):
         if hasattr(m.Turn, name):
             given_back(name)
 '''
-
-
-def count(src: Path) -> int:
-    return sum(1 for p in src.rglob("*") if p.is_file() and not p.name.startswith("."))
 
 
 def run(tree: Path, src: Path, out: Path, probe: Path, log: Path, workers: int | None) -> tuple[float, float]:
@@ -85,8 +82,7 @@ def main() -> None:
     a = ap.parse_args()
     trees = [t.resolve() for t in (a.tree or [ROOT])]
     a.src = a.src.resolve()  # (the runs start in a folder of their own)
-    for t in trees:  # (each tree's bytecode, as an install has it: PYTHONDONTWRITEBYTECODE made every run compile it)
-        compileall.compile_dir(str(t / "gpubatch"), quiet=1)
+    compiled(trees)
     n = count(a.src)
     with tempfile.TemporaryDirectory(prefix="lmdb-lock-") as tmp:
         tmp = Path(tmp)
