@@ -114,8 +114,11 @@ def rank_batches(order: np.ndarray, start: int, batch_size: int, rank: int, worl
 
 class Loader(_base()):  # type: ignore[misc]
     """Batches of a dataset gpubatch wrote, for training (see the module's text): iterate it for one
-    epoch's batches, a tuple each in the order ``keys`` names; usable as a PyTorch ``IterableDataset``
-    (``DataLoader(loader, batch_size=None, num_workers=N)``).
+    epoch's batches, a tuple each in the order ``keys`` names; iterated again after an epoch read to its
+    end, it reads the next epoch (as ``set_epoch(epoch + 1)`` would). Usable as a PyTorch ``IterableDataset``
+    (``DataLoader(loader, batch_size=None, num_workers=N)``). On the GPU the reads and decodes run on from
+    the end of an epoch into the next one's first batches, so that a loop over epochs never waits for the
+    reads to start again.
 
     Attributes:
         skipped: the records left out of their batch: ``{"key", "origin", "reason"}`` each.
@@ -165,6 +168,9 @@ class Loader(_base()):  # type: ignore[misc]
         self.classes = self._reader.info().classes
         self._pipe: Any = None
         self._readers: Any = None  # the GPU path's reader processes (a LoaderFeed), kept across epochs
+        self._stream: Any = None  # the image batches being read and decoded ahead (_image_stream)
+        self._stream_at: tuple | None = None  # (epoch, start, started, split) where that stream goes on
+        self._finished = False  # this process read its batches of the epoch to their end
         self._worker: tuple[int, int] | None = None  # (id, count) given for tests; else torch's
 
     # -- order and state -------------------------------------------------------------------------------
@@ -176,6 +182,7 @@ class Loader(_base()):  # type: ignore[misc]
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next (its order and its random draws), from its start."""
         self.epoch, self._consumed, self._started, self._position = int(epoch), 0, 0, None
+        self._finished = False
 
     def state_dict(self, batches_seen: int | None = None) -> dict[str, Any]:
         """Where the epoch stands: restored with :meth:`load_state_dict` (under any world size), the samples
@@ -199,11 +206,21 @@ class Loader(_base()):  # type: ignore[misc]
                 raise UsageError(f"the state is of another loader: {name} {state.get(name)!r} there, {mine!r} here")
         self.epoch, self._consumed = int(state["epoch"]), int(state["consumed"])
         self._started = int(state.get("started", self._consumed))
-        self._position = None
+        self._position, self._finished = None, False
 
     def _batches(self) -> list[np.ndarray]:
         order = epoch_order(len(self._entries), self.seed, self.epoch, self.shuffle)
         return rank_batches(order, self._consumed, self.batch_size, self.rank, self.world_size, self.drop_last)
+
+    def _mine(self, epoch: int, start: int, started: int, split: Split) -> list[tuple[int, np.ndarray]]:
+        """This process's batches of ``epoch`` from position ``start``: (their index from ``start``, rows). The
+        workers take turns from where every worker started (the epoch's start, or the state restored:
+        ``started``); a worker restored at its own place (StatefulDataLoader) takes the batches of its turns
+        after it."""
+        order = epoch_order(len(self._entries), self.seed, epoch, self.shuffle)
+        batches = rank_batches(order, start, self.batch_size, self.rank, self.world_size, self.drop_last)
+        turn = (start - started) // (self.batch_size * self.world_size)
+        return [(b, rows) for b, rows in enumerate(batches) if (turn + b) % split.workers == split.worker]
 
     def split(self) -> Split:
         w, n = self._worker or _torch_worker()
@@ -212,18 +229,12 @@ class Loader(_base()):  # type: ignore[misc]
     # -- batches ---------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        from collections import deque
-
-        from .engine.executor import prefetched
-
-        batches = self._batches()
+        if self._finished:  # (this epoch was read to its end here: iterating again reads the next one)
+            self.set_epoch(self.epoch + 1)
         split = self.split()
         step = self.batch_size * self.world_size
-        start = self._consumed
-        # the workers take turns from where every worker started (the epoch's start, or the state restored): a
-        # worker restored at its own place (StatefulDataLoader) takes the batches of its turns after it
-        turn = (start - self._started) // step
-        mine = [(b, rows) for b, rows in enumerate(batches) if (turn + b) % split.workers == split.worker]
+        start, started = self._consumed, self._started
+        mine = self._mine(self.epoch, start, started, split)
 
         def handed(b: int, batch: tuple[Any, ...]) -> tuple[Any, ...]:
             position = min(len(self._entries), start + (b + 1) * step)
@@ -234,6 +245,8 @@ class Loader(_base()):  # type: ignore[misc]
             return batch
 
         if self.media != "image" or "image" not in self.keys:
+            from .engine.executor import prefetched
+
             # the next batches' records are read (preads, parsing) in a thread while this one decodes
             read = prefetched(((b, self._read(rows)) for b, rows in mine), 2)
             try:
@@ -241,71 +254,114 @@ class Loader(_base()):  # type: ignore[misc]
                     yield handed(b, self._batch(got))
             finally:
                 read.close()
+            self._finished = True
             return
-        # images: read a batch or more ahead, decoded a batch ahead (ImagePipeline's iteration); on the GPU
-        # the records are read in worker processes (a LoaderFeed), elsewhere in a thread
-        pending: deque = deque()  # (b, records, failed) in batch order; a batch of no records is not decoded
+        at = (self.epoch, start, started, split)
+        if self._stream is None or self._stream_at != at:  # (a new stream where the last one does not go on)
+            self._drop_stream()
+            self._stream = self._image_stream(self.epoch, start, started, split)
+        runs_on = self._feed(self._pipeline()) is not None  # (the stream reads on into the next epoch)
+        for n, (b, rows) in enumerate(mine):
+            epoch, b_read, records, failed, decoded = next(self._stream)
+            if (epoch, b_read) != (self.epoch, b):
+                raise RuntimeError(f"the loader's stream read batch {b_read} of epoch {epoch} for batch {b} of "
+                                   f"epoch {self.epoch}")
+            # where the stream goes on: the next epoch's start after this epoch's last batch; a loop that
+            # stops mid-epoch and iterates again starts a stream of its own
+            last = n == len(mine) - 1
+            self._stream_at = (self.epoch + 1, 0, 0, split) if last and runs_on else None
+            self._finished = last
+            yield handed(b, self._batch((records, failed), decoded))
+        self._finished = True
+
+    def _image_stream(self, epoch: int, start: int, started: int, split: Split) -> Iterator[tuple[Any, ...]]:
+        """(epoch, batch index, records, failed, decoded) of this process's image batches from position
+        ``start`` of ``epoch``, in order, read a few batches ahead and decoded one ahead. On the GPU the
+        records are read in worker processes (a LoaderFeed, kept across epochs), and the stream runs on into
+        the next epochs from their start (a loop that reads them takes up their batches with nothing to wait
+        for: :meth:`__iter__` goes on with this stream where it stands); elsewhere they are read in a
+        thread, this epoch's only."""
+        from collections import deque
+
+        pending: deque = deque()  # (epoch, b, records, failed) in batch order; a batch of no records is not decoded
         pipe = self._pipeline()
-        feed = self._feed(pipe, mine)
+        feed = self._feed(pipe)
+
+        def plan() -> Iterator[tuple[int, int, np.ndarray]]:
+            e, s, st = epoch, start, started
+            while True:
+                mine = self._mine(e, s, st, split)
+                yield from ((e, b, rows) for b, rows in mine)
+                if feed is None or not mine:  # (the CPU's reads stop at the epoch's end; so does an empty epoch)
+                    return
+                e, s, st = e + 1, 0, 0
 
         def blobs() -> Iterator[tuple[Any, ...]]:
             if feed is not None:
-                for (b, _), fed in zip(mine, feed):
+                planned: deque = deque()
+
+                def reads() -> Iterator[tuple[int, list[Any]]]:
+                    for e, b, rows in plan():
+                        planned.append((e, b))
+                        yield e, [self._entries[i] for i in rows.tolist()]
+
+                for fed in feed.reading(reads()):
+                    e, b = planned.popleft()
                     records = [SimpleNamespace(**row) for row in fed.rows]
-                    pending.append((b, records, fed.failed))
+                    pending.append((e, b, records, fed.failed))
                     if records:
                         yield fed.blobs, fed.keys, fed
                     else:
                         fed.done()
                 return
-            for b, rows in mine:
+            for e, b, rows in plan():
                 records, failed = self._read(rows)
-                pending.append((b, records, failed))
+                pending.append((e, b, records, failed))
                 if records:
                     yield [r.data for r in records], [r.key for r in records], None
 
         def empties() -> Iterator[tuple[Any, ...]]:
-            while pending and not pending[0][1]:
-                b, _, failed = pending.popleft()
-                yield handed(b, self._batch(([], failed)))
+            while pending and not pending[0][2]:
+                yield (*pending.popleft(), None)
 
         unpin = pipe.engine.pin_host(feed.shm.buf) if feed is not None and pipe.settings.pin_feed else None
         decoded = pipe._iterate(blobs(), 1, on_stop=feed.stop if feed is not None else None,
-                                ordered_release=unpin is not None, epoch=self.epoch)
+                                ordered_release=unpin is not None, epoch=epoch)
         try:
             for out in decoded:
                 yield from empties()
-                b, records, failed = pending.popleft()
-                yield handed(b, self._batch((records, failed), out))
+                yield (*pending.popleft(), out)
             yield from empties()
         finally:
             decoded.close()
             if unpin is not None:
                 unpin()
 
-    def _feed(self, pipe: Any, mine: list[tuple[int, np.ndarray]]) -> Any:
-        """The worker processes that read this epoch's batches for the GPU (a LoaderFeed), or None: on the
-        CPU, or inside a daemonic process (a DataLoader's worker), which may start none."""
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        self._stream, self._stream_at = None, None
+
+    def _feed(self, pipe: Any) -> Any:
+        """The worker processes that read the GPU's batches (a LoaderFeed, made once: its processes read
+        every epoch after), or None: on the CPU, or inside a daemonic process (a DataLoader's worker), which
+        may start none."""
         import functools
         import multiprocessing as mp
 
-        if pipe.engine is None or mp.current_process().daemon or not mine:
+        if pipe.engine is None or mp.current_process().daemon:
             return None
         from .engine.executor import default_readers
         from .engine.gpu.feed import LoaderFeed
         from .formats import open_reader
 
-        order, spans = [], []
-        for _, rows in mine:
-            spans.append((len(order), len(order) + len(rows)))
-            order += [self._entries[i] for i in rows.tolist()]
-        if self._readers is None:  # (made once: its processes read every epoch after)
+        if self._readers is None:
             st = pipe.settings
             self._readers = LoaderFeed(functools.partial(open_reader, self.path, self.fmt), pipe.plan,
                                        workers=default_readers(route=pipe.engine.decoder.route),
                                        depth=st.feed_slots + (st.held_slots if st.pin_feed else 0),
                                        slot_bytes=st.feed_slot_bytes)
-        return self._readers.epoch_of(order, spans, self.epoch)
+        return self._readers
 
     def _pipeline(self) -> Any:
         if self._pipe is None and self.media == "video":
@@ -381,6 +437,7 @@ class Loader(_base()):  # type: ignore[misc]
         return tuple(out)
 
     def close(self) -> None:
+        self._drop_stream()
         if self._readers is not None:
             self._readers.close()
             self._readers = None
@@ -398,6 +455,7 @@ class Loader(_base()):  # type: ignore[misc]
     def __getstate__(self) -> dict[str, Any]:  # (to a DataLoader's worker processes: each opens its own)
         state = dict(self.__dict__)
         state["_reader"], state["_pipe"], state["_readers"] = None, None, None
+        state["_stream"], state["_stream_at"] = None, None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -301,6 +301,24 @@ def test_a_state_taken_between_batches_resumes_after_the_last_batch_handed_over(
     assert state["consumed"] == 20 and seen + rest == whole
 
 
+def test_iterating_again_after_an_epoch_s_end_reads_the_next_epoch(wds):
+    """A loop over epochs needs no set_epoch: iterated again after an epoch read to its end, the loader
+    reads the next epoch; a loop stopped mid-epoch is taken up where it stopped."""
+    dl = loader(wds, batch_size=7, keys=("key",), device="cpu", seed=3)
+    first = [k for (keys,) in dl for k in keys]
+    second = [k for (keys,) in dl for k in keys]
+    assert dl.epoch == 1 and sorted(first) == sorted(second) and first != second
+    assert [first, second] == [[k for keys in _keys(loader(wds, batch_size=7, keys=("key",), device="cpu", seed=3),
+                                                    epoch) for k in keys] for epoch in (0, 1)]
+    part = []
+    for n, (keys,) in enumerate(dl):  # (epoch 2, stopped after two batches)
+        part += keys
+        if n == 1:
+            break
+    part += [k for (keys,) in dl for k in keys]
+    assert dl.epoch == 2 and len(part) == len(first) and sorted(part) == sorted(first)
+
+
 def _keys_in_a_daemon(path, q) -> None:
     with loader(path, CHAIN, batch_size=8, keys=("key", "image"), device="cpu", shuffle=False) as dl:
         q.put([(list(keys), np.asarray(images).shape) for keys, images in dl])
@@ -354,6 +372,9 @@ def test_the_gpu_loader_s_reader_processes_hand_over_each_batch_s_records(wds):
     with open_reader(wds) as reader:
         entries = reader.entries()
         truth = {reader.read(e).key: reader.read(e) for e in entries}
+    from gpubatch.engine.codecs.headers import jpeg_display_size
+
+    truth_size = {key: jpeg_display_size(bytes(r.data[:65536])) for key, r in truth.items()}
     plan = Plan(ops=tuple(__import__("gpubatch.engine.spec", fromlist=["x"]).parse_chain(
         "random_resized_crop(size=24)")), seed=2)
     feed = LoaderFeed(functools.partial(open_reader, wds, None), plan, workers=2, depth=3)
@@ -372,5 +393,17 @@ def test_the_gpu_loader_s_reader_processes_hand_over_each_batch_s_records(wds):
                 fed.done()
             assert keys == list(truth)[::-1]
             assert failed == [{"key": "gone", "origin": "nowhere", "reason": "read: cut short"}]
+        # one iteration that runs on from an epoch into the next (the loader's stream): each batch drawn
+        # for its own epoch; stopped early, it leaves the next iteration every slot
+        stream = ((epoch, entries[a:a + 8]) for epoch in (4, 5) for a in range(0, len(entries), 8))
+        got = []
+        for fed in feed.reading(stream):
+            got += [(fed.epoch, key, params) for key, params in zip(fed.keys, fed.params)]
+            fed.done()
+            if len(got) == len(entries) + 8:
+                break
+        assert got == [(epoch, key, plan.draw(key, *truth_size[key], epoch=epoch) if truth_size[key] else None)
+                       for epoch in (4, 5) for key in list(truth)][:len(entries) + 8]
+        assert [fed.keys for fed in feed.epoch_of(entries, [(0, 8)], 6)] == [list(truth)[:8]]
     finally:
         feed.close()

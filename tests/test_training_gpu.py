@@ -65,3 +65,44 @@ def test_video_clips_on_the_gpu_are_the_cpu_rows(tmp_path):
     assert [(k, lab) for k, _, lab in gpu] == [(k, lab) for k, _, lab in cpu] and not gpu_skipped and not cpu_skipped
     for (_, g, _), (_, c, _) in zip(gpu, cpu):
         assert g.shape == c.shape and g.shape[1:] == (3, 8, 48, 48) and np.abs(g - c).mean() <= 2.0
+
+
+def test_the_gpu_loader_reads_on_from_one_epoch_into_the_next(imagenet, tmp_path):
+    """On the GPU the reads and decodes run on from an epoch's last batch into the next epoch's first (the
+    reader processes and the decoders are never stopped between epochs): each epoch of a loop over epochs
+    is the epoch a loader started at it gives, images included; a loop stopped mid-epoch goes on where it
+    stopped, and a set_epoch that leaves the stream's way starts a stream of its own."""
+    wds = tmp_path / "wds"
+    convert(imagenet, wds, to="webdataset", shard_size=16, device="cpu")
+    chain = "random_resized_crop(size=32) | flip(p=0.5)"
+    kw = dict(batch_size=8, keys=("key", "image", "label"), device="gpu", seed=5)
+
+    def rows(batch):
+        key, data, label = batch
+        return list(key), np.asarray(data.stacked().get()), label.tolist()
+
+    def alone(epoch):
+        with loader(wds, chain, **kw) as dl:
+            dl.set_epoch(epoch)
+            return [rows(b) for b in dl]
+
+    def same(got, want):
+        assert [(k, lab) for k, _, lab in got] == [(k, lab) for k, _, lab in want]
+        assert all(np.array_equal(g, w) for (_, g, _), (_, w, _) in zip(got, want))
+
+    with loader(wds, chain, **kw) as dl:
+        first = [rows(b) for b in dl]  # epoch 0
+        second = [rows(b) for b in dl]  # iterated again: epoch 1, read on from epoch 0's end
+        dl.set_epoch(2)
+        third = [rows(b) for b in dl]
+        part = []
+        for n, b in enumerate(dl):  # epoch 3, stopped after two batches and taken up again
+            part.append(rows(b))
+            if n == 1:
+                break
+        part += [rows(b) for b in dl]
+        dl.set_epoch(7)  # (not where the stream goes: a new one)
+        seventh = [rows(b) for b in dl]
+    assert dl.epoch == 7 and len(first) > 2
+    for got, epoch in ((first, 0), (second, 1), (third, 2), (part, 3), (seventh, 7)):
+        same(got, alone(epoch))

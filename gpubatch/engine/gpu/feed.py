@@ -22,7 +22,7 @@ import os
 import queue
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
@@ -583,30 +583,42 @@ class LoaderFeed(Feed):
     """A training loader's batches of dataset entries, read in ``workers`` processes (each opens the dataset
     itself): records parsed, images' bytes into the shared-memory ring, JPEG headers read and parameters
     drawn for the epoch, so that the process driving the GPU only decodes and launches. The processes
-    last from epoch to epoch: :meth:`epoch_of` sets what the next iteration reads."""
+    last from epoch to epoch: :meth:`reading` sets what the next iteration reads, a stream of batches that
+    may run on from one epoch into the next (the loader reads the next epoch's first batches while the
+    last ones of this epoch decode, as a reader that never stops would)."""
 
     def __init__(self, opener: Callable[[], RecordSource], plan: Plan, workers: int | None = None, depth: int = 4,
                  slot_bytes: int = SLOT_BYTES):
-        self.entries: list[Any] = []
-        self.epoch = 0
-        self._inflight: list[Future] = []  # reads submitted and perhaps not done (an epoch stopped early)
+        self._batches: Iterator[tuple[int, list[Any]]] = iter(())
+        self._queued: dict[int, list[Any]] = {}  # a batch's entries from its planning to its read's start
+        self._inflight: list[Future] = []  # reads submitted and perhaps not done (an iteration stopped early)
         super().__init__([], plan, workers, depth, False, slot_bytes, True, opener)
 
-    def epoch_of(self, entries: Sequence[Any], spans: list[tuple[int, int]], epoch: int) -> LoaderFeed:
-        """Read ``entries`` in batches ``spans`` for ``epoch`` at the next iteration (once the reads an
-        iteration left behind, stopped early, are done: their slots are the next iteration's)."""
+    def reading(self, batches: Iterable[tuple[int, Sequence[Any]]]) -> LoaderFeed:
+        """Read ``batches``, (epoch, entries) each and as many as it gives, at the next iteration (once the
+        reads an iteration left behind, stopped early, are done: their slots are the next iteration's)."""
         from concurrent.futures import wait
 
         wait(self._inflight)
-        self._inflight = []
-        self.entries, self.spans, self.epoch = list(entries), spans, int(epoch)
+        self._inflight, self._queued = [], {}
+        self._batches = iter(batches)
         return self
 
+    def epoch_of(self, entries: Sequence[Any], spans: list[tuple[int, int]], epoch: int) -> LoaderFeed:
+        """Read ``entries`` in batches ``spans`` for ``epoch`` at the next iteration (:meth:`reading`)."""
+        entries = list(entries)
+        return self.reading((int(epoch), entries[a:b]) for a, b in spans)
+
+    def _cycle(self) -> Iterator[tuple[int, int, int]]:
+        for n, (epoch, entries) in enumerate(self._batches):
+            self._queued[n] = list(entries)
+            yield n, n + 1, int(epoch)
+
     def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
-        fut = self.pool.submit(_read_loader, slot, self.entries[a:b], self.epoch)
+        fut = self.pool.submit(_read_loader, slot, self._queued.pop(a), epoch)
         self._inflight = [f for f in self._inflight if not f.done()] + [fut]
         return fut
 
     def _batch(self, blobs: list[Any], a: int, b: int, extra: LoaderReads, release: Any, epoch: int = 0) -> FedRows:
         return FedRows(blobs, extra.keys, extra.sizes, extra.params, [None] * len(blobs), extra.headers,
-                       extra.windows, None, release, self.epoch, rows=extra.rows, failed=extra.failed)
+                       extra.windows, None, release, epoch, rows=extra.rows, failed=extra.failed)
