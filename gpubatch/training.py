@@ -261,7 +261,7 @@ class Loader(_base()):  # type: ignore[misc]
             self._drop_stream()
             self._stream = self._image_stream(self.epoch, start, started, split)
         runs_on = self._feed(self._pipeline()) is not None  # (the stream reads on into the next epoch)
-        for n, (b, rows) in enumerate(mine):
+        for n, (b, _) in enumerate(mine):
             epoch, b_read, records, failed, decoded = next(self._stream)
             if (epoch, b_read) != (self.epoch, b):
                 raise RuntimeError(f"the loader's stream read batch {b_read} of epoch {epoch} for batch {b} of "
@@ -358,7 +358,7 @@ class Loader(_base()):  # type: ignore[misc]
         if self._readers is None:
             st = pipe.settings
             self._readers = LoaderFeed(functools.partial(open_reader, self.path, self.fmt), pipe.plan,
-                                       workers=default_readers(route=pipe.engine.decoder.route),
+                                       workers=st.loader_readers or default_readers(route=pipe.engine.decoder.route),
                                        depth=st.feed_slots + (st.held_slots if st.pin_feed else 0),
                                        slot_bytes=st.feed_slot_bytes)
         return self._readers

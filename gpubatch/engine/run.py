@@ -79,15 +79,23 @@ def read_counted(reader: RecordSource, entry: Any, stats: RunStats) -> Record | 
     return record
 
 
+def read_row(reader: RecordSource, entry: Any, into: Any = None) -> Record | dict[str, str]:
+    """The record of ``entry``, or, where it cannot be read, its (key, origin, reason): a training batch's
+    read, where a record that cannot be read is left out (its label with it) and named. ``into``: where a
+    reader that can puts an image's bytes (:meth:`~gpubatch.formats.base.Reader.read`)."""
+    try:
+        return reader.read(entry, into=into) if into is not None and getattr(reader, "reads_into", False) \
+            else reader.read(entry)
+    except RecordError as e:
+        return {"key": e.key, "origin": e.origin, "reason": f"read: {e.reason}"}
+
+
 def read_rows(reader: RecordSource, entries: Any) -> tuple[list[Record], list[dict[str, str]]]:
-    """The records of ``entries`` that read, and each other one's (key, origin, reason): a training batch's
-    reads, where a record that cannot be read is left out (its label with it) and named."""
+    """The records of ``entries`` that read, and each other one's (key, origin, reason) (:func:`read_row`)."""
     records, failed = [], []
     for entry in entries:
-        try:
-            records.append(reader.read(entry))
-        except RecordError as e:
-            failed.append({"key": e.key, "origin": e.origin, "reason": f"read: {e.reason}"})
+        got = read_row(reader, entry)
+        (records if isinstance(got, Record) else failed).append(got)
     return records, failed
 
 

@@ -92,6 +92,8 @@ class Settings:
         feed_slots: the file feed's ring (besides the held ones).
         feed_slot_bytes: one batch's encoded bytes in a feed slot (more travels pickled).
         fence_readers: the writers of an output buffer wait for the streams its last batch was read on.
+        loader_readers: the training loader's reader processes on the GPU (0: by the cores;
+            ``GPUBATCH_LOADER_READERS``; gpubatch.training).
 
     The GPU worker processes of ``convert`` and ``augment``:
 
@@ -160,6 +162,7 @@ class Settings:
     feed_slots: int = 6
     feed_slot_bytes: int = 64 << 20
     fence_readers: bool = True
+    loader_readers: int = 0
 
     queue_depth: int = 3
     out_slot_bytes: int = 32 << 20
@@ -228,6 +231,7 @@ _ENV = (
     ("GPUBATCH_SYNC", "sync", str),
     ("GPUBATCH_SWITCH_INTERVAL", "switch_interval", float),
     ("GPUBATCH_PIN_FEED", "pin_feed", _flag),
+    ("GPUBATCH_LOADER_READERS", "loader_readers", int),
     ("GPUBATCH_VIDEO_DECODERS", "video_decoders", int),
     ("GPUBATCH_VIDEO_LOOP", "video_loop", str),
     ("GPUBATCH_SHARD_WRITER", "shard_writer", str),

@@ -11,7 +11,7 @@ import abc
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -171,6 +171,8 @@ class Reader(abc.ABC):
     #: whether :meth:`read` works on entries without this reader having listed the dataset first (a worker
     #: process reads the entries it is given; LMDB's reads need its page walk)
     reads_without_scan: ClassVar[bool] = True
+    #: whether :meth:`read` can put a record's bytes straight where its caller says (``into``)
+    reads_into: ClassVar[bool] = False
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -189,8 +191,10 @@ class Reader(abc.ABC):
         """(key, origin) of an entry, for the error of a read that failed before the reader said."""
         return str(entry)[:120], str(self.path)
 
-    def read(self, entry: Any) -> Record:
-        """Read one entry.
+    def read(self, entry: Any, into: Callable[[int], Any] | None = None) -> Record:
+        """Read one entry. ``into``: where a reader that can (:attr:`reads_into`) reads an image record's
+        bytes, ``into(size)`` giving a writable buffer of that size (a slot of a feed's shared memory: one
+        copy from the page cache, none after it); the record's ``data`` is then that buffer.
 
         Raises:
             RecordError: the entry is damaged or corrupt. This is the record boundary: whatever a reader
@@ -200,7 +204,7 @@ class Reader(abc.ABC):
         if isinstance(entry, Damaged):
             raise RecordError(entry.key, entry.origin, Stage.READ, entry.reason)
         try:
-            record = self._read(entry)
+            record = self._read(entry, into) if into is not None and self.reads_into else self._read(entry)
             if record.data[:8] == LFS_MAGIC[:8] and lfs_pointer(bytes(record.data[:200])):
                 raise RecordError(record.key, record.origin, Stage.READ, lfs_pointer(bytes(record.data[:200])))
             return record

@@ -98,6 +98,8 @@ class WebDatasetReader(Reader):
     ``.tar.bz2``, ``.tar.xz``; ``.tar.zst`` with ``zstandard``), which are decompressed one shard at a time
     into temporary files and read by offset there (:class:`~gpubatch.formats.base.OpenShards`)."""
 
+    reads_into = True
+
     def __init__(self, path: Path):
         path = Path(path)
         matched = source_files(path)
@@ -200,17 +202,23 @@ class WebDatasetReader(Reader):
                 counts.update({m[0] for m in entry[2]})
         return dict(sorted(counts.items()))
 
-    def _member(self, s: int, name: str, off: int, size: int) -> bytes:
-        """One member's bytes, checked whole (a shard cut short inside it is this record's error)."""
+    def _member(self, s: int, name: str, off: int, size: int, into: Any = None) -> Any:
+        """One member's bytes, checked whole (a shard cut short inside it is this record's error); read
+        into the buffer ``into(size)`` gives where it is given (:meth:`Reader.read`)."""
         if size > MAX_RECORD_BYTES:
             raise self.record_error(name, f"{self.tars[s]}#{name}", f"member of {size:,} bytes, above the "
                                     f"{MAX_RECORD_BYTES:,}-byte bound on one record")
-        data = os.pread(self.files.fd(s), size, off)
-        if len(data) != size:
+        if into is not None:
+            data = into(size)
+            got = os.preadv(self.files.fd(s), [data], off)
+        else:
+            data = os.pread(self.files.fd(s), size, off)
+            got = len(data)
+        if got != size:
             raise self.record_error(name, f"{self.tars[s]}#{name}", "truncated member")
         return data
 
-    def _read(self, entry: tuple[int, str, tuple]) -> Record:
+    def _read(self, entry: tuple[int, str, tuple], into: Any = None) -> Record:
         s, key, members = entry
         origin = f"{self.tars[s]}#{key}"
         try:
@@ -240,7 +248,9 @@ class WebDatasetReader(Reader):
                 image_ext, media = "npy", kind
         if image_ext is None:
             raise self.record_error(key, origin, f"no image, video or audio member (has: {', '.join(sorted(parts))})")
-        raw = {ext: self._member(s, name, off, size) for ext, (off, size, name) in parts.items()}
+        into = into if media is Media.IMAGE else None  # (an image's bytes straight where the caller says)
+        raw = {ext: self._member(s, name, off, size, into if ext == image_ext else None)
+               for ext, (off, size, name) in parts.items()}
         data = raw[image_ext]
         label, boxes, meta = None, None, {"filename": parts[image_ext][2].rsplit("/", 1)[-1]}
         try:

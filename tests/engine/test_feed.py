@@ -56,6 +56,20 @@ def test_orientation_of_broken_exif_is_upright():
     assert jpeg_orientation(b"not a jpeg") == 1
 
 
+def test_a_jpeg_whose_header_is_corrupt_is_read_and_handed_to_the_decoder(tmp_path: Path):
+    """Bytes that start as a JPEG but hold no marker where one must be have no kind and no size (the
+    decoder names the record's error); the feed's reader hands them over like any other file, not failing
+    the batch (jpeg_kind raised on them before)."""
+    good = _files()[0]
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\xff\xd8\x00\x11" + b"\x00" * 100)
+    assert jpeg_kind(bad.read_bytes()) == (None, 0, 0) and jpeg_display_size(bad.read_bytes()) is None
+    with FileFeed([good, bad], ["good", "bad"], 8, None, workers=1, depth=2) as feed:
+        (batch,) = list(feed)
+    assert [bytes(b) for b in batch.blobs] == [good.read_bytes(), bad.read_bytes()]
+    assert batch.headers[1] == (None, 0, 0) and batch.sizes[1] is None and batch.headers[0] == jpeg_kind(good.read_bytes())
+
+
 @pytest.mark.parametrize("slot_bytes", [64 << 20, 100_000])  # the second overflows: batches come back pickled
 def test_feed_gives_bytes_sizes_and_the_same_draws(tmp_path: Path, slot_bytes: int):
     files = _files()
@@ -375,3 +389,45 @@ def test_decoder_threads_leave_cores_to_the_feed_and_the_pipeline(monkeypatch, c
     monkeypatch.setattr(executor, "default_workers", lambda: cores)
     assert executor.default_readers() == readers
     assert executor.default_decoder_threads() == threads
+
+
+def test_a_slot_takes_reads_in_place_and_spills_what_does_not_fit():
+    """A reader reads an image straight into the slot (reserve, then commit); a batch that outgrows its
+    slot comes back pickled whole, the items read in place before it included; bytes read elsewhere go in
+    as they are."""
+    from multiprocessing.shared_memory import SharedMemory
+
+    from gpubatch.engine.gpu import feed as F
+
+    shm = SharedMemory(create=True, size=2 * 1000)
+    saved = dict(F._W)
+    try:
+        F._W.update(shm=shm, slot=1000)
+        fits = F._Slot(1)
+        for fill, n in ((b"a", 600), (b"b", 300)):
+            room = fits.reserve(n)
+            room[:] = fill * n
+            fits.commit(room)
+            del room
+        fits.commit(b"c" * 50)  # (read elsewhere: copied in)
+        offsets, lengths, overflow = fits.layout()
+        assert overflow is None and lengths == [600, 300, 50]
+        assert [bytes(shm.buf[1000 + o : 1000 + o + n]) for o, n in zip(offsets, lengths)] == [
+            b"a" * 600, b"b" * 300, b"c" * 50]
+        spills = F._Slot(0)
+        room = spills.reserve(700)
+        room[:] = b"x" * 700
+        spills.commit(room)
+        room = spills.reserve(400)  # (past the slot's end: a buffer of its own)
+        room[:] = b"y" * 400
+        spills.commit(room)
+        spills.reserve(10)  # (a read that failed after its room was given: nothing kept)
+        spills.commit(b"z" * 5)
+        del room
+        assert [bytes(x) for x in spills.layout()[2]] == [b"x" * 700, b"y" * 400, b"z" * 5]
+        del fits, spills
+    finally:
+        F._W.clear()
+        F._W.update(saved)
+        shm.close()
+        shm.unlink()

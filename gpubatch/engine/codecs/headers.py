@@ -62,8 +62,8 @@ def jpeg_header(data: bytes) -> tuple[int, str, int, int] | None:
         return None
     i, n = 2, len(data)
     while i + 4 <= n:
-        if data[i] != 0xFF:
-            return ""
+        if data[i] != 0xFF:  # (no marker where one must be: a corrupt header)
+            return None
         marker = data[i + 1]
         if marker == 0xFF:
             i += 1
@@ -259,11 +259,19 @@ def jpeg_kind(data: bytes) -> tuple[str | None, int, int]:
     """("baseline/4:2:0"-style kind, width, height) of a JPEG the GPU decoders may take, else (None, w, h).
     A JPEG with an EXIF orientation other than upright gets "/turned" after its kind: the hardware
     engine's direct path does not turn images, so those go to the CUDA decoder, which does."""
+    return jpeg_facts(data)[1]
+
+
+def jpeg_facts(data: bytes) -> tuple[tuple[int, int] | None, tuple[str | None, int, int], int]:
+    """(:func:`jpeg_display_size`, :func:`jpeg_kind`, :func:`jpeg_orientation`) of a JPEG from one walk of
+    its headers (a feed's reader asks all three of every image)."""
     hdr = jpeg_header(data)
     if hdr is None:
-        return None, 0, 0
+        return None, (None, 0, 0), 1
     sof, sub, w, h = hdr
+    turn = jpeg_orientation(data)
+    size = None if w <= 0 or h <= 0 else (w, h) if turn in _EXIF_TRANSPOSED else (h, w)
     if sof not in _GPU_SOF or sub not in _GPU_SUB:
-        return None, w, h
+        return size, (None, w, h), turn
     kind = f"{_GPU_SOF[sof]}/{sub}"
-    return (kind if jpeg_orientation(data) == 1 else kind + "/turned"), w, h
+    return size, ((kind if turn == 1 else kind + "/turned"), w, h), turn

@@ -32,7 +32,7 @@ from typing import Any
 from ...types import Record
 from ..plan import Plan
 from ..processes import die_with_parent, started_pool
-from ..run import Job, RecordSource, outputs_of, read_counted, read_rows
+from ..run import Job, RecordSource, outputs_of, read_counted, read_row
 
 SLOT_BYTES = 64 << 20  # one batch's encoded bytes by default (Settings.feed_slot_bytes); more comes back pickled
 _W: dict[str, Any] = {}
@@ -159,6 +159,28 @@ class _Slot:
             self.overflow.append(bytes(data))  # type: ignore[union-attr]
         self._add(n)
 
+    def reserve(self, n: int) -> Any:
+        """Room for the next item's ``n`` bytes, which the caller writes (a reader's ``preadv``): a view of
+        the slot, or a buffer of its own once the batch no longer fits. :meth:`commit` keeps it."""
+        if self.overflow is None and self.pos + n <= self.cap:
+            a = self.base + self.pos
+            self._room: Any = self.buf[a : a + n]
+        else:
+            self._room = memoryview(bytearray(n))
+        return self._room
+
+    def commit(self, data: Any) -> None:
+        """The next item: the room :meth:`reserve` gave last (which ``data`` is, once written), or bytes."""
+        room, self._room = getattr(self, "_room", None), None
+        if data is not room:
+            self.put(data)
+        elif room.obj is self.buf.obj and self.overflow is None:  # (written in place)
+            self._add(len(room))
+        else:
+            self._spill()
+            self.overflow.append(bytes(room))  # type: ignore[union-attr]
+            self._add(len(room))
+
     def read_file(self, path: str) -> bytes:
         """Read a whole file into the slot (``readinto``: one copy); returns its first 64 KiB."""
         with open(path, "rb", buffering=0) as f:
@@ -244,7 +266,7 @@ def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False,
     With ``regions``, records whose leading window reads only part of the image get the region to
     decode (see :func:`~gpubatch.engine.windows.leading_regions`; upright JPEGs only): their window
     is moved into the region and their size is the region's, the size the decoder will return."""
-    from ..codecs.headers import jpeg_display_size, jpeg_kind, jpeg_orientation
+    from ..codecs.headers import jpeg_facts
     from ..windows import leading_regions, leading_windows
 
     plan: Plan | None = _W["plan"]
@@ -257,9 +279,9 @@ def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False,
         except OSError as e:
             err = f"cannot read {path}: {e.strerror or e}"
             out.skip()
-        hw = jpeg_display_size(head) if head else None
-        upright.append(regions and hw is not None and jpeg_orientation(head) == 1)
-        headers.append(jpeg_kind(head) if head else (None, 0, 0))
+        hw, kind, turn = jpeg_facts(head) if head else (None, (None, 0, 0), 1)
+        upright.append(regions and hw is not None and turn == 1)
+        headers.append(kind)
         sizes.append(hw)
         errors.append(err)
         params.append(plan.draw(key, hw[0], hw[1], epoch=epoch) if plan is not None and hw is not None else None)
@@ -281,7 +303,7 @@ def _read_records(slot: int, entries: list[Any]) -> tuple[tuple, RecordReads]:
     record's outputs from the run flow (:func:`~.run.outputs_of`), its jobs' parameters drawn for its
     header's size, and the bytes of each source with a job in the slot, once however many it has."""
     from ...errors import RunStats
-    from ..codecs.headers import jpeg_display_size, jpeg_kind
+    from ..codecs.headers import jpeg_facts
     from ..windows import leading_windows
 
     t0 = time.perf_counter()
@@ -297,13 +319,12 @@ def _read_records(slot: int, entries: list[Any]) -> tuple[tuple, RecordReads]:
         if not isinstance(record, Record):
             results.append(record)
             continue
-        head = record.data[:65536]
-        size = jpeg_display_size(head)
+        size, kind, _ = jpeg_facts(record.data[:65536])
         outs = outputs_of(record, plan, stats, source=len(sizes), size=size)
         if any(isinstance(o, Job) for o in outs):  # decoded once however many variants it has
             out.put(record.data)
             sizes.append(size)
-            headers.append(jpeg_kind(head))
+            headers.append(kind)
             keys.append((record.key, record.origin))
         for o in outs:
             if isinstance(o, Job):
@@ -548,24 +569,28 @@ class LoaderReads:
 
 
 def _read_loader(slot: int, entries: list[Any], epoch: int) -> tuple[tuple, LoaderReads]:
-    """Read a training batch's dataset ``entries`` into ``slot`` (see :class:`LoaderFeed`)."""
-    from ..codecs.headers import jpeg_display_size, jpeg_kind
+    """Read a training batch's dataset ``entries`` into ``slot`` (see :class:`LoaderFeed`): a reader that
+    can reads each image straight into the slot."""
+    from ..codecs.headers import jpeg_facts
     from ..windows import leading_windows
 
     plan: Plan = _W["plan"]
     reader = _W["reader"]
     out = _Slot(slot)
-    keys, sizes, params, headers, rows = [], [], [], [], []
-    records, failed = read_rows(reader, entries)
-    for r in records:
-        out.put(r.data)
-        head = bytes(r.data[:65536])
-        hw = jpeg_display_size(head)
+    keys, sizes, params, headers, rows, failed = [], [], [], [], [], []
+    for entry in entries:
+        r = read_row(reader, entry, into=out.reserve)
+        if not isinstance(r, Record):
+            failed.append(r)
+            continue
+        out.commit(r.data)
+        hw, kind, _ = jpeg_facts(r.data[:65536])
         keys.append(r.key)
         sizes.append(hw)
-        headers.append(jpeg_kind(head))
+        headers.append(kind)
         params.append(plan.draw(r.key, hw[0], hw[1], epoch=epoch) if hw is not None else None)
         rows.append({"key": r.key, "origin": r.origin, "label": r.label, "meta": dict(r.meta), "boxes": r.boxes})
+        del r  # (its bytes may be a view of the slot)
     windows = leading_windows(plan.ops, params, sizes)
     return out.layout(), LoaderReads(keys, sizes, params if _draws(plan) else None, headers, windows, rows, failed)
 
