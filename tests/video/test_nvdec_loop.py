@@ -16,6 +16,7 @@ from gpubatch.engine.gpu.nvdec_loop import (
     NativeLoop,
     PythonLoop,
     cpu_reason,
+    drop_spools,
     loop_class,
     nvdec_takes,
     sweep_spool,
@@ -81,6 +82,18 @@ def test_spool_files_of_processes_that_are_gone_are_swept(tmp_path):
     (tmp_path / "gpubatch-nvdec-notapid-0").write_bytes(b"not ours to judge")
     assert sweep_spool(tmp_path) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, "gpubatch-nvdec-notapid-0"])
+
+
+def test_a_worker_drops_its_own_spool_files_once_its_videos_are_decoded(tmp_path):
+    """A GPU worker may be ended as soon as it says it holds nothing of the run, before its sessions close:
+    it drops its spool files first (the last videos its sessions decoded), leaving other processes' alone."""
+    mine = [tmp_path / f"gpubatch-nvdec-{os.getpid()}-{k}" for k in range(2)]
+    for p in mine:
+        p.write_bytes(b"a last video")
+    other = tmp_path / f"gpubatch-nvdec-{os.getppid()}-0"
+    other.write_bytes(b"another worker's")
+    assert drop_spools(tmp_path) == 2
+    assert [p.name for p in tmp_path.iterdir()] == [other.name]
 
 
 def test_info_counts_the_videos_the_gpu_path_sends_to_nvdec(monkeypatch):

@@ -111,6 +111,9 @@ def test_gpu_convert_to_frames_and_clips_matches_the_cpu_path(tmp_path, monkeypa
         make_clip(src / "run" / f"r{k}.mp4", 40 + 4 * k, 160, 120)
     monkeypatch.setenv("GPUBATCH_VIDEO_DECODERS", "4")
     monkeypatch.setenv("GPUBATCH_VIDEO_LOOP", loop)
+    from gpubatch.engine.gpu.nvdec_loop import sweep_spool
+
+    sweep_spool()  # (what earlier runs, killed, left)
     frames = {}
     for dev in ("cpu", "gpu"):
         s = convert(src, tmp_path / f"frames-{dev}", to="webdataset", frames="every:5", resize_shorter=48,
@@ -145,6 +148,7 @@ def test_gpu_convert_to_frames_and_clips_matches_the_cpu_path(tmp_path, monkeypa
         a, b = (np.load(io.BytesIO(clips[d][k])).astype(np.int16) for d in ("cpu", "gpu"))
         assert a.shape == b.shape == (8, 32, 32, 3)
         assert np.abs(a - b).mean() <= 2.0, k
+    assert sweep_spool() == 0  # no worker of these runs left its sessions' spool files behind
 
 
 def test_a_file_nvdec_cannot_decode_falls_back_to_the_cpu(tmp_path):

@@ -196,6 +196,19 @@ def sweep_spool(where: Path | None = None) -> int:
     return gone
 
 
+def drop_spools(where: Path | None = None) -> int:
+    """Removes this process's spool files (each holds the last video its session decoded, which may be
+    hundreds of MB of ``/dev/shm``): a worker calls it once its videos are decoded, before it tells its
+    executor it holds nothing of the run any more (which then ends it, its sessions' own close cut short);
+    returns how many."""
+    where = where or _spool_dir()
+    gone = 0
+    for p in where.glob(f"{_SPOOL_PREFIX}{os.getpid()}-*"):
+        p.unlink(missing_ok=True)
+        gone += 1
+    return gone
+
+
 class NativeLoop:
     """PyNvVideoCodec's ``ThreadedDecoder``: its own demuxer and decoder on a native thread, ``batch``
     frames a call (one decoder a session, reconfigured from video to video and for each seek; it keeps

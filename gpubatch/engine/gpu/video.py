@@ -510,6 +510,14 @@ class VideoDeviceUnit:
         self.pool = ThreadPoolExecutor(max_workers=self.decoders, thread_name_prefix="gpubatch-nvdec")
 
     def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
+        try:
+            self._run(reader, tasks, writing, done)
+        finally:
+            from .nvdec_loop import drop_spools
+
+            drop_spools()  # (the sessions' last videos: the process may be ended before it closes them)
+
+    def _run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
         from ..execute.worker import shard_of
         from ..executor import expand_host, ordered_on
 
