@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -54,6 +53,32 @@ class Split:
     world_size: int = 1
     worker: int = 0
     workers: int = 1
+
+
+@dataclasses.dataclass
+class _Rows:
+    """A batch's records as columns: what a training loop is handed besides the decoded data. The GPU
+    path's reader processes send them so, with no object a record: a training process holds PyTorch's
+    objects, which every full pass of Python's garbage collector walks (60-70 ms, the GIL held, the
+    decoders' threads stopped), and objects a record that live across batches made those passes come
+    about three times as often (an object a record: 8 passes in 600 batches, against 3; /tmp probe of
+    the reads on 2 cores, 2026-12-02)."""
+
+    keys: list[str]
+    origins: list[str]
+    labels: list[int]  # (-1: none)
+    metas: list[dict[str, Any]] | None = None  # (where asked for: "meta" or a member's name)
+    boxes: list[Any] | None = None  # (where asked for)
+    records: list[Any] | None = None  # the records themselves, where read in this process
+
+    @classmethod
+    def of(cls, records: list[Any]) -> _Rows:
+        return cls([r.key for r in records], [r.origin for r in records],
+                   [-1 if r.label is None else int(r.label) for r in records], [r.meta for r in records],
+                   [r.boxes for r in records], records)
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 def _base() -> type:
@@ -307,18 +332,18 @@ class Loader(_base()):  # type: ignore[misc]
 
                 for fed in feed.reading(reads()):
                     e, b = planned.popleft()
-                    records = [SimpleNamespace(**row) for row in fed.rows]
-                    pending.append((e, b, records, fed.failed))
-                    if records:
+                    got = _Rows(fed.keys, fed.origins, fed.labels, fed.metas, fed.boxes)
+                    pending.append((e, b, got, fed.failed))
+                    if got:
                         yield fed.blobs, fed.keys, fed
                     else:
                         fed.done()
                 return
             for e, b, rows in plan():
-                records, failed = self._read(rows)
-                pending.append((e, b, records, failed))
-                if records:
-                    yield [r.data for r in records], [r.key for r in records], None
+                got, failed = self._read(rows)
+                pending.append((e, b, got, failed))
+                if got:
+                    yield [r.data for r in got.records], got.keys, None
 
         def empties() -> Iterator[tuple[Any, ...]]:
             while pending and not pending[0][2]:
@@ -357,7 +382,7 @@ class Loader(_base()):  # type: ignore[misc]
 
         if self._readers is None:
             st = pipe.settings
-            self._readers = LoaderFeed(functools.partial(open_reader, self.path, self.fmt), pipe.plan,
+            self._readers = LoaderFeed(functools.partial(open_reader, self.path, self.fmt), pipe.plan, fields=self.keys,
                                        workers=st.loader_readers or default_readers(route=pipe.engine.decoder.route),
                                        depth=st.feed_slots + (st.held_slots if st.pin_feed else 0),
                                        slot_bytes=st.feed_slot_bytes)
@@ -382,58 +407,55 @@ class Loader(_base()):  # type: ignore[misc]
                                        cpu_threads=self.num_workers, ring=2)
         return self._pipe
 
-    def _read(self, rows: np.ndarray) -> tuple[list[Any], list[dict[str, str]]]:
+    def _read(self, rows: np.ndarray) -> tuple[_Rows, list[dict[str, str]]]:
         """The records of a batch's rows, and those that could not be read (left out, with their labels)."""
         from .engine.run import read_rows
 
-        return read_rows(self._reader, [self._entries[i] for i in rows.tolist()])
+        records, failed = read_rows(self._reader, [self._entries[i] for i in rows.tolist()])
+        return _Rows.of(records), failed
 
-    def _batch(self, got: tuple[list[Any], list[dict[str, str]]], decoded: Any = None) -> tuple[Any, ...]:
+    def _batch(self, got: tuple[_Rows, list[dict[str, str]]], decoded: Any = None) -> tuple[Any, ...]:
         """A batch's tuple from its records (``decoded``: their images' batch, where decoded already)."""
-        records, failed = got
+        rows, failed = got
         self.skipped.extend(failed)
         media_key = MEDIA_KEYS[self.media]
-        if media_key in self.keys and records and self.media in ("audio", "video"):
+        left: dict[int, str] = {}  # the rows that give no sample, with why
+        if media_key in self.keys and rows and self.media in ("audio", "video"):
             # (a clip or a recording a record; those that give none named with their reason)
             if self.media == "video":
-                batch, failures = self._pipeline().records(records, epoch=self.epoch)
+                batch, failures = self._pipeline().records(rows.records, epoch=self.epoch)
             else:
-                batch = self._pipeline().records(records, epoch=self.epoch)
+                batch = self._pipeline().records(rows.records, epoch=self.epoch)
                 failures = batch.failed
             bad = dict(failures)
-            kept = [i for i, r in enumerate(records) if r.key not in bad]
-            for r in records:
-                if r.key in bad:
-                    self.skipped.append({"key": r.key, "origin": r.origin, "reason": f"decode: {bad[r.key]}"})
-        elif media_key in self.keys and records:
-            keys = [r.key for r in records]  # (random ops draw per (seed, key, epoch))
-            batch = decoded if decoded is not None else self._pipeline()([r.data for r in records], keys,
+            left = {i: f"decode: {bad[k]}" for i, k in enumerate(rows.keys) if k in bad}
+        elif media_key in self.keys and rows:
+            # (random ops draw per (seed, key, epoch))
+            batch = decoded if decoded is not None else self._pipeline()([r.data for r in rows.records], rows.keys,
                                                                          epoch=self.epoch)
-            kept = _kept(keys, list(batch.keys))
-            why, left = dict(batch.failed), set(range(len(records))) - set(kept)
-            for i in sorted(left):
-                r = records[i]
-                self.skipped.append({"key": r.key, "origin": r.origin,
-                                     "reason": f"decode: {why.get(r.key, 'decode failed')}"})
+            why, done = dict(batch.failed), set(_kept(rows.keys, list(batch.keys)))
+            left = {i: f"decode: {why.get(k, 'decode failed')}" for i, k in enumerate(rows.keys) if i not in done}
         else:
-            batch, kept = None, list(range(len(records)))
-        got = [records[i] for i in kept]
+            batch = None
+        for i, reason in left.items():
+            self.skipped.append({"key": rows.keys[i], "origin": rows.origins[i], "reason": reason})
+        kept = [i for i in range(len(rows)) if i not in left] if left else range(len(rows))
         out = []
         for name in self.keys:
             if name == MEDIA_KEYS[self.media]:
                 out.append(batch)
             elif name == "label":
-                out.append(np.asarray([-1 if r.label is None else int(r.label) for r in got], np.int64))
+                out.append(np.asarray([rows.labels[i] for i in kept], np.int64))
             elif name == "key":
-                out.append([r.key for r in got])
+                out.append([rows.keys[i] for i in kept])
             elif name == "meta":
-                out.append([dict(r.meta) for r in got])
+                out.append([dict(rows.metas[i]) for i in kept])  # type: ignore[index]
             elif name == "boxes":
-                out.append([r.boxes for r in got])
+                out.append([rows.boxes[i] for i in kept])  # type: ignore[index]
             else:
                 from .formats.base import MEMBERS
 
-                out.append([(r.meta.get(MEMBERS) or {}).get(name) for r in got])
+                out.append([(rows.metas[i].get(MEMBERS) or {}).get(name) for i in kept])  # type: ignore[index]
         return tuple(out)
 
     def close(self) -> None:

@@ -384,10 +384,12 @@ def test_the_gpu_loader_s_reader_processes_hand_over_each_batch_s_records(wds):
             spans = [(a, min(a + 8, len(order))) for a in range(0, len(order), 8)]
             keys, failed = [], []
             for fed in feed.epoch_of(order, spans, epoch):  # (a batch's slot is the feed's again once done)
-                for blob, key, row, params, hw in zip(fed.blobs, fed.keys, fed.rows, fed.params, fed.sizes):
-                    assert bytes(blob) == truth[key].data and row["label"] == truth[key].label
+                for blob, key, label, origin, meta, params, hw in zip(fed.blobs, fed.keys, fed.labels, fed.origins,
+                                                                      fed.metas, fed.params, fed.sizes):
+                    assert bytes(blob) == truth[key].data and label == truth[key].label
+                    assert origin == truth[key].origin and meta == truth[key].meta
                     # (drawn for the header's size; a PNG's is known after decode, and drawn there)
-                    assert params == (plan.draw(key, *hw, epoch=epoch) if hw is not None else None)
+                    assert params == (tuple(plan.draw(key, *hw, epoch=epoch)) if hw is not None else None)
                 keys += fed.keys
                 failed += fed.failed
                 fed.done()
@@ -402,8 +404,69 @@ def test_the_gpu_loader_s_reader_processes_hand_over_each_batch_s_records(wds):
             fed.done()
             if len(got) == len(entries) + 8:
                 break
-        assert got == [(epoch, key, plan.draw(key, *truth_size[key], epoch=epoch) if truth_size[key] else None)
+        assert got == [(epoch, key, tuple(plan.draw(key, *truth_size[key], epoch=epoch)) if truth_size[key] else None)
                        for epoch in (4, 5) for key in list(truth)][:len(entries) + 8]
         assert [fed.keys for fed in feed.epoch_of(entries, [(0, 8)], 6)] == [list(truth)[:8]]
     finally:
         feed.close()
+    # a loader that asks for keys, images and labels only is sent no metas and no boxes
+    with LoaderFeed(functools.partial(open_reader, wds, None), plan, workers=1, depth=2,
+                    fields=("key", "image", "label")) as lean:
+        (fed,) = list(lean.epoch_of(entries, [(0, 4)], 0))
+        assert fed.metas is None and fed.boxes is None and fed.keys == list(truth)[:4] and len(fed.labels) == 4
+
+
+class _FedOnTheCpu(Loader):
+    """The GPU path's reads (reader processes, a stream that runs on from epoch to epoch) before the CPU's
+    decoder: the stream's logic checked without a GPU."""
+
+    def _feed(self, pipe):
+        import functools
+
+        from gpubatch.engine.gpu.feed import LoaderFeed
+        from gpubatch.formats import open_reader
+
+        if self._readers is None:
+            self._readers = LoaderFeed(functools.partial(open_reader, self.path, self.fmt), pipe.plan, workers=2,
+                                       depth=4, fields=self.keys)
+        return self._readers
+
+
+def test_the_reads_run_on_from_one_epoch_into_the_next_and_give_each_epoch_s_own_batches(wds, monkeypatch):
+    """The GPU path's stream (here before the CPU's decoder): each epoch of a loop over epochs, iterated again
+    or set, is the epoch a loader started at it gives, images and labels included; a loop stopped mid-epoch
+    goes on where it stopped; a set_epoch off the stream's way starts a new one."""
+    monkeypatch.setenv("GPUBATCH_PIN_FEED", "0")  # (no GPU to page-lock for)
+    chain = "random_resized_crop(size=24) | flip(p=0.5)"
+    kw = dict(batch_size=8, keys=("key", "image", "label"), device="cpu", seed=5)
+
+    def rows(batch):
+        key, images, labels = batch
+        return list(key), np.asarray(images), labels.tolist()
+
+    def alone(epoch):
+        with loader(wds, chain, **kw) as dl:
+            dl.set_epoch(epoch)
+            return [rows(b) for b in dl]
+
+    with _FedOnTheCpu(wds, chain, **kw) as dl:
+        first = [rows(b) for b in dl]
+        second = [rows(b) for b in dl]  # (iterated again: epoch 1, read on from epoch 0's end)
+        streams = [dl._stream]
+        dl.set_epoch(2)
+        third = [rows(b) for b in dl]
+        streams.append(dl._stream)
+        part = []
+        for n, b in enumerate(dl):  # epoch 3, stopped after two batches and taken up again
+            part.append(rows(b))
+            if n == 1:
+                break
+        part += [rows(b) for b in dl]
+        dl.set_epoch(7)
+        seventh = [rows(b) for b in dl]
+        streams.append(dl._stream)
+    assert streams[0] is streams[1] and streams[2] is not streams[1]  # (one stream over epochs 0 to 2)
+    for got, epoch in ((first, 0), (second, 1), (third, 2), (part, 3), (seventh, 7)):
+        want = alone(epoch)
+        assert [(k, lab) for k, _, lab in got] == [(k, lab) for k, _, lab in want], epoch
+        assert all(np.array_equal(g, w) for (_, g, _), (_, w, _) in zip(got, want)), epoch

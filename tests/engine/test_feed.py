@@ -93,7 +93,7 @@ def test_feed_gives_bytes_sizes_and_the_same_draws(tmp_path: Path, slot_bytes: i
         assert err is None and blob == path.read_bytes()
         assert hw == jpeg_display_size(blob)
         if hw is not None:
-            assert params == plan.draw(key, *hw)
+            assert params == tuple(plan.draw(key, *hw))
     for (_, blob, hw, params, _), head, g, o in zip(got, headers, geo, out):
         assert head == (jpeg_kind(blob) if blob else (None, 0, 0))  # what the GPU decoder routes by
         if hw is None:

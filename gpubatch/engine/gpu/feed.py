@@ -284,7 +284,10 @@ def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False,
         headers.append(kind)
         sizes.append(hw)
         errors.append(err)
-        params.append(plan.draw(key, hw[0], hw[1], epoch=epoch) if plan is not None and hw is not None else None)
+        # (a tuple: once the collector sees it holds only numbers it stops tracking it, which a list it never
+        # does; the consumer's process holds fewer objects for its full collections to walk)
+        params.append(tuple(plan.draw(key, hw[0], hw[1], epoch=epoch)) if plan is not None and hw is not None
+                      else None)
     windows = leading_windows(plan.ops, params, sizes) if plan is not None else None
     cut: list[Any] | None = None
     if regions and windows is not None:
@@ -554,9 +557,12 @@ class LoaderReads:
     Attributes:
         keys, sizes, params, headers, windows: per record read, as :class:`FileReads` has them per file
             (``params`` drawn from (seed, the record's key, epoch)).
-        rows: per record read, what a training loop is handed besides the image: key, origin, label,
-            meta, boxes.
+        labels, origins: per record read, its label (-1: none) and where it was read from.
+        metas, boxes: per record read, its meta and its boxes, where the loader asks for them (else None).
         failed: the entries that could not be read: key, origin, reason.
+
+    A batch's records travel as these columns, not as an object a record: the process driving the GPU
+    holds fewer objects for Python's garbage collector to walk (gpubatch.training's ``_Rows``).
     """
 
     keys: list[str]
@@ -564,20 +570,26 @@ class LoaderReads:
     params: list[Any] | None
     headers: list[tuple[str | None, int, int]]
     windows: tuple[Any, Any] | None
-    rows: list[dict[str, Any]]
+    labels: list[int]
+    origins: list[str]
+    metas: list[dict[str, Any]] | None
+    boxes: list[Any] | None
     failed: list[dict[str, str]]
 
 
-def _read_loader(slot: int, entries: list[Any], epoch: int) -> tuple[tuple, LoaderReads]:
+def _read_loader(slot: int, entries: list[Any], epoch: int, fields: tuple[bool, bool] = (True, True)
+                 ) -> tuple[tuple, LoaderReads]:
     """Read a training batch's dataset ``entries`` into ``slot`` (see :class:`LoaderFeed`): a reader that
-    can reads each image straight into the slot."""
+    can reads each image straight into the slot. ``fields``: whether the metas and the boxes are sent."""
     from ..codecs.headers import jpeg_facts
     from ..windows import leading_windows
 
     plan: Plan = _W["plan"]
     reader = _W["reader"]
     out = _Slot(slot)
-    keys, sizes, params, headers, rows, failed = [], [], [], [], [], []
+    metas: list[Any] | None = [] if fields[0] else None
+    boxes: list[Any] | None = [] if fields[1] else None
+    keys, sizes, params, headers, labels, origins, failed = [], [], [], [], [], [], []
     for entry in entries:
         r = read_row(reader, entry, into=out.reserve)
         if not isinstance(r, Record):
@@ -588,19 +600,28 @@ def _read_loader(slot: int, entries: list[Any], epoch: int) -> tuple[tuple, Load
         keys.append(r.key)
         sizes.append(hw)
         headers.append(kind)
-        params.append(plan.draw(r.key, hw[0], hw[1], epoch=epoch) if hw is not None else None)
-        rows.append({"key": r.key, "origin": r.origin, "label": r.label, "meta": dict(r.meta), "boxes": r.boxes})
+        params.append(tuple(plan.draw(r.key, hw[0], hw[1], epoch=epoch)) if hw is not None else None)  # (as _read)
+        labels.append(-1 if r.label is None else int(r.label))
+        origins.append(r.origin)
+        if metas is not None:
+            metas.append(dict(r.meta))
+        if boxes is not None:
+            boxes.append(r.boxes)
         del r  # (its bytes may be a view of the slot)
     windows = leading_windows(plan.ops, params, sizes)
-    return out.layout(), LoaderReads(keys, sizes, params if _draws(plan) else None, headers, windows, rows, failed)
+    return out.layout(), LoaderReads(keys, sizes, params if _draws(plan) else None, headers, windows, labels,
+                                     origins, metas, boxes, failed)
 
 
 @dataclass
 class FedRows(FedBatch):
-    """One batch of a :class:`LoaderFeed`: a :class:`FedBatch` of the records read, with their ``rows``
-    and the entries that ``failed``."""
+    """One batch of a :class:`LoaderFeed`: a :class:`FedBatch` of the records read, with their columns
+    (:class:`LoaderReads`) and the entries that ``failed``."""
 
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    origins: list[str] = field(default_factory=list)
+    metas: list[dict[str, Any]] | None = None
+    boxes: list[Any] | None = None
     failed: list[dict[str, str]] = field(default_factory=list)
 
 
@@ -613,7 +634,11 @@ class LoaderFeed(Feed):
     last ones of this epoch decode, as a reader that never stops would)."""
 
     def __init__(self, opener: Callable[[], RecordSource], plan: Plan, workers: int | None = None, depth: int = 4,
-                 slot_bytes: int = SLOT_BYTES):
+                 slot_bytes: int = SLOT_BYTES, fields: Sequence[str] | None = None):
+        # what the loader hands over besides keys, images and labels (None: all of it): metas (asked for
+        # as "meta" or by a member's name) and boxes
+        known = {"key", "image", "label", "boxes"}
+        self.fields = (True, True) if fields is None else (any(f not in known for f in fields), "boxes" in fields)
         self._batches: Iterator[tuple[int, list[Any]]] = iter(())
         self._queued: dict[int, list[Any]] = {}  # a batch's entries from its planning to its read's start
         self._inflight: list[Future] = []  # reads submitted and perhaps not done (an iteration stopped early)
@@ -640,10 +665,11 @@ class LoaderFeed(Feed):
             yield n, n + 1, int(epoch)
 
     def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
-        fut = self.pool.submit(_read_loader, slot, self._queued.pop(a), epoch)
+        fut = self.pool.submit(_read_loader, slot, self._queued.pop(a), epoch, self.fields)
         self._inflight = [f for f in self._inflight if not f.done()] + [fut]
         return fut
 
     def _batch(self, blobs: list[Any], a: int, b: int, extra: LoaderReads, release: Any, epoch: int = 0) -> FedRows:
         return FedRows(blobs, extra.keys, extra.sizes, extra.params, [None] * len(blobs), extra.headers,
-                       extra.windows, None, release, epoch, rows=extra.rows, failed=extra.failed)
+                       extra.windows, None, release, epoch, labels=extra.labels, origins=extra.origins,
+                       metas=extra.metas, boxes=extra.boxes, failed=extra.failed)
