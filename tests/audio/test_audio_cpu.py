@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -673,6 +674,32 @@ def test_decoding_workers_serve_a_second_feed_after_one_stopped_early(tmp_path):
     assert sorted(got) == sorted(f.stem for f in files)
     for f in files:
         assert np.array_equal(got[f.stem], decode_audio(str(f)).samples), f.stem
+
+
+def test_a_feed_s_slabs_leave_dev_shm_as_soon_as_every_worker_maps_them(tmp_path):
+    """The slabs' names go from /dev/shm once the workers hold them (a run killed with its process group
+    took the resource tracker along, and each 16 MiB slab stayed until the machine restarted); the
+    workers still decode into them, feed after feed."""
+    from gpubatch.engine.codecs.audio import decode_audio
+    from gpubatch.engine.gpu.audio_feed import DecodeWorkers, SharedFeed
+
+    files = [write(tmp_path / f"m{i}.flac", tone(0.1 + 0.02 * i), 16000) for i in range(6)]
+    workers = DecodeWorkers(2)
+    try:
+        for _ in range(2):
+            feed = SharedFeed(workers, slabs=3, per_task=2, slab_bytes=1 << 16)
+            try:
+                assert feed.shms and not any(Path("/dev/shm", shm.name.lstrip("/")).exists() for shm in feed.shms)
+                got = {}
+                for key, item, where in feed.items(iter((str(f), f.stem) for f in files), None):
+                    assert where is not None  # (in a slab)
+                    got[key] = np.array(item.samples)
+                    feed.release(where[0])
+            finally:
+                feed.close()
+            assert all(np.array_equal(got[f.stem], decode_audio(str(f)).samples) for f in files)
+    finally:
+        workers.close()
 
 
 def test_the_batched_window_is_what_crop_and_shift_do_record_by_record():

@@ -115,9 +115,13 @@ def decode_into(args: tuple) -> list[tuple]:
     return out
 
 
-def _serve(tasks: Any, results: Any) -> None:
-    """A decoding worker's loop: tasks ``(id, args of decode_into)`` until None; results ``(id, ok, out)``."""
+def _serve(tasks: Any, results: Any, attached: Any = None) -> None:
+    """A decoding worker's loop: tasks ``(id, args of decode_into)`` until None; results ``(id, ok, out)``.
+    A task ``(id, ("attach", names, feed))`` maps a new feed's slabs, then waits at ``attached`` until every
+    worker has (so each worker takes one such task: :meth:`DecodeWorkers.attach`)."""
     import signal
+
+    from .feed import ATTACH_TIMEOUT
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
     while True:
@@ -126,7 +130,13 @@ def _serve(tasks: Any, results: Any) -> None:
             return
         task, args = job
         try:
-            results.put((task, True, decode_into(args)))
+            if args and args[0] == "attach":
+                for name in args[1]:
+                    _attach(name, args[2])
+                attached.wait(ATTACH_TIMEOUT)
+                results.put((task, True, []))
+            else:
+                results.put((task, True, decode_into(args)))
         except Exception as e:  # noqa: BLE001 - the consumer raises it
             results.put((task, False, f"{type(e).__name__}: {e}"))
 
@@ -143,7 +153,8 @@ class DecodeWorkers:
 
         ctx = mp.get_context("spawn")
         self.tasks, self.results = ctx.SimpleQueue(), ctx.SimpleQueue()
-        self.procs = worker_processes(_serve, (self.tasks, self.results), count)
+        self.attached = ctx.Barrier(count)  # (a feed's slabs mapped by every worker: attach())
+        self.procs = worker_processes(_serve, (self.tasks, self.results, self.attached), count)
         self.count = count
         self._last = 0
         self._done: dict[int, tuple[bool, Any]] = {}
@@ -173,6 +184,12 @@ class DecodeWorkers:
         if not ok:
             raise RuntimeError(f"an audio decoding worker failed: {out}")
         return out
+
+    def attach(self, names: list[str], feed: str) -> None:
+        """Every worker maps the shared-memory slabs ``names`` of ``feed`` (and lets an earlier feed's go):
+        one task a worker, each held at a barrier until all have mapped them."""
+        for task in [self.submit(("attach", list(names), feed)) for _ in self.procs]:
+            self.result(task)
 
     def forget(self, tasks: list[int]) -> None:
         """Tasks whose results nobody will ask for (a feed that stopped early): dropped when they come."""
@@ -218,12 +235,23 @@ class SharedFeed:
         except OSError:
             self.close()
             raise
+        self.token = self.shms[0].name  # names this feed to the workers (they keep its slabs mapped)
+        try:
+            # every worker maps the slabs now, and their names leave /dev/shm at once: their memory goes with
+            # the last process that maps them, however the run ends (killed with its process group, which
+            # takes the resource tracker along, each slab stayed in /dev/shm until the machine restarted)
+            workers.attach([shm.name for shm in self.shms], self.token)
+        finally:
+            for shm in self.shms:
+                try:
+                    shm.unlink()
+                except OSError:
+                    pass
         if device is not None:
             from ..device import page_lock
 
             self.locked = [page_lock(shm.buf, device) for shm in self.shms]
         self.size = slab_bytes
-        self.token = self.shms[0].name  # names this feed to the workers (they keep its slabs mapped)
         self.free = deque(range(slabs))
         self.cooling: deque = deque()  # (event, slab): free once the GPU has read the slab
         self.pending_items = [0] * slabs
