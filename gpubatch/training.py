@@ -287,7 +287,11 @@ class Loader(_base()):  # type: ignore[misc]
             self._stream = self._image_stream(self.epoch, start, started, split)
         runs_on = self._feed(self._pipeline()) is not None  # (the stream reads on into the next epoch)
         for n, (b, _) in enumerate(mine):
-            epoch, b_read, records, failed, decoded = next(self._stream)
+            try:
+                epoch, b_read, records, failed, decoded = next(self._stream)
+            except BaseException:  # (a stream that raised is spent: the next iteration starts its own)
+                self._drop_stream()
+                raise
             if (epoch, b_read) != (self.epoch, b):
                 raise RuntimeError(f"the loader's stream read batch {b_read} of epoch {epoch} for batch {b} of "
                                    f"epoch {self.epoch}")

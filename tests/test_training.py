@@ -470,3 +470,30 @@ def test_the_reads_run_on_from_one_epoch_into_the_next_and_give_each_epoch_s_own
         want = alone(epoch)
         assert [(k, lab) for k, _, lab in got] == [(k, lab) for k, _, lab in want], epoch
         assert all(np.array_equal(g, w) for (_, g, _), (_, w, _) in zip(got, want)), epoch
+
+
+def test_an_error_in_the_stream_is_raised_and_the_next_iteration_reads_again(wds, monkeypatch):
+    """A batch that fails in the stream (here its processing) raises in the loop; the stream it ended is
+    dropped, and iterating again reads from where the epoch stands."""
+    monkeypatch.setenv("GPUBATCH_PIN_FEED", "0")
+    kw = dict(batch_size=8, keys=("key", "label"), device="cpu", seed=5)
+    with loader(wds, CHAIN, **kw) as ref:
+        whole = [list(k) for k, _ in ref]
+    with _FedOnTheCpu(wds, CHAIN, batch_size=8, keys=("key", "image", "label"), device="cpu", seed=5) as dl:
+        pipe = dl._pipeline()
+        real, calls = pipe.process, []
+
+        def flaky(*a, **k):
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("a device error")
+            return real(*a, **k)
+
+        monkeypatch.setattr(pipe, "process", flaky)
+        got = []
+        with pytest.raises(RuntimeError, match="a device error"):
+            for keys, _, _ in dl:
+                got.append(list(keys))
+        assert dl._stream is None and len(got) == 2
+        got += [list(keys) for keys, _, _ in dl]  # (from the third batch on, a stream of its own)
+    assert got == whole
