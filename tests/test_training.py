@@ -416,6 +416,30 @@ def test_the_gpu_loader_s_reader_processes_hand_over_each_batch_s_records(wds):
         assert fed.metas is None and fed.boxes is None and fed.keys == list(truth)[:4] and len(fed.labels) == 4
 
 
+def walk_epochs(dl, rows) -> tuple[dict[int, list], list]:
+    """A loop over epochs as training loops go: epoch 0, iterated again (epoch 1), set_epoch(2), epoch 3
+    stopped after two batches and taken up again, then set_epoch(7) (off the stream's way). Each epoch's
+    ``rows(batch)``, and the loader's stream after epochs 0, 1, 2 and 7."""
+    epochs, streams = {}, []
+    for epoch in (0, 1):
+        epochs[epoch] = [rows(b) for b in dl]  # (epoch 1: iterated again, read on from epoch 0's end)
+        streams.append(dl._stream)
+    dl.set_epoch(2)
+    epochs[2] = [rows(b) for b in dl]
+    streams.append(dl._stream)
+    epochs[3] = []
+    for n, b in enumerate(dl):
+        epochs[3].append(rows(b))
+        if n == 1:
+            break
+    epochs[3] += [rows(b) for b in dl]
+    dl.set_epoch(7)
+    epochs[7] = [rows(b) for b in dl]
+    streams.append(dl._stream)
+    assert dl.epoch == 7 and len(epochs[0]) > 2
+    return epochs, streams
+
+
 class _FedOnTheCpu(Loader):
     """The GPU path's reads (reader processes, a stream that runs on from epoch to epoch) before the CPU's
     decoder: the stream's logic checked without a GPU."""
@@ -450,23 +474,9 @@ def test_the_reads_run_on_from_one_epoch_into_the_next_and_give_each_epoch_s_own
             return [rows(b) for b in dl]
 
     with _FedOnTheCpu(wds, chain, **kw) as dl:
-        first = [rows(b) for b in dl]
-        second = [rows(b) for b in dl]  # (iterated again: epoch 1, read on from epoch 0's end)
-        streams = [dl._stream]
-        dl.set_epoch(2)
-        third = [rows(b) for b in dl]
-        streams.append(dl._stream)
-        part = []
-        for n, b in enumerate(dl):  # epoch 3, stopped after two batches and taken up again
-            part.append(rows(b))
-            if n == 1:
-                break
-        part += [rows(b) for b in dl]
-        dl.set_epoch(7)
-        seventh = [rows(b) for b in dl]
-        streams.append(dl._stream)
-    assert streams[0] is streams[1] and streams[2] is not streams[1]  # (one stream over epochs 0 to 2)
-    for got, epoch in ((first, 0), (second, 1), (third, 2), (part, 3), (seventh, 7)):
+        epochs, streams = walk_epochs(dl, rows)
+    assert streams[0] is streams[1] is streams[2] and streams[3] is not streams[2]  # (one stream over epochs 0 to 2)
+    for epoch, got in epochs.items():
         want = alone(epoch)
         assert [(k, lab) for k, _, lab in got] == [(k, lab) for k, _, lab in want], epoch
         assert all(np.array_equal(g, w) for (_, g, _), (_, w, _) in zip(got, want)), epoch

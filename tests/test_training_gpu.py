@@ -8,6 +8,7 @@ import pytest
 
 from gpubatch.api import convert
 from gpubatch.training import loader
+from tests.test_training import walk_epochs
 
 pytestmark = pytest.mark.gpu
 
@@ -91,18 +92,7 @@ def test_the_gpu_loader_reads_on_from_one_epoch_into_the_next(imagenet, tmp_path
         assert all(np.array_equal(g, w) for (_, g, _), (_, w, _) in zip(got, want))
 
     with loader(wds, chain, **kw) as dl:
-        first = [rows(b) for b in dl]  # epoch 0
-        second = [rows(b) for b in dl]  # iterated again: epoch 1, read on from epoch 0's end
-        dl.set_epoch(2)
-        third = [rows(b) for b in dl]
-        part = []
-        for n, b in enumerate(dl):  # epoch 3, stopped after two batches and taken up again
-            part.append(rows(b))
-            if n == 1:
-                break
-        part += [rows(b) for b in dl]
-        dl.set_epoch(7)  # (not where the stream goes: a new one)
-        seventh = [rows(b) for b in dl]
-    assert dl.epoch == 7 and len(first) > 2
-    for got, epoch in ((first, 0), (second, 1), (third, 2), (part, 3), (seventh, 7)):
+        epochs, streams = walk_epochs(dl, rows)
+    assert streams[0] is streams[1] is streams[2] and streams[3] is not streams[2]
+    for epoch, got in epochs.items():
         same(got, alone(epoch))
