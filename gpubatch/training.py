@@ -58,11 +58,11 @@ class Split:
 @dataclasses.dataclass
 class _Rows:
     """A batch's records as columns: what a training loop is handed besides the decoded data. The GPU
-    path's reader processes send them so, with no object a record: a training process holds PyTorch's
-    objects, which every full pass of Python's garbage collector walks (60-70 ms, the GIL held, the
-    decoders' threads stopped), and objects a record that live across batches made those passes come
-    about three times as often (an object a record: 8 passes in 600 batches, against 3; /tmp probe of
-    the reads on 2 cores, 2026-12-02)."""
+    path's reader processes send them so, with no object a record. A training process holds PyTorch's
+    objects, which every full pass of Python's garbage collector walks (60-70 ms with the GIL held, the
+    decoders' threads stopped), and objects a record that live across batches bring those passes on:
+    3 in 600 batches against none (benchmarks/loader_gc.py, 2-core machine, 2026-12-02); on an H200 the
+    slowest batches went from 109-131 ms to 20-26 ms (benchmarks/RESULTS.md)."""
 
     keys: list[str]
     origins: list[str]

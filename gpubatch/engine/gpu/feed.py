@@ -137,6 +137,7 @@ class _Slot:
         self.offsets: list[int] = []
         self.lengths: list[int] = []
         self.overflow: list[bytes] | None = None
+        self._room: Any = None  # (what reserve() gave last)
 
     def _spill(self) -> None:
         if self.overflow is None:
@@ -164,14 +165,14 @@ class _Slot:
         the slot, or a buffer of its own once the batch no longer fits. :meth:`commit` keeps it."""
         if self.overflow is None and self.pos + n <= self.cap:
             a = self.base + self.pos
-            self._room: Any = self.buf[a : a + n]
+            self._room = self.buf[a : a + n]
         else:
             self._room = memoryview(bytearray(n))
         return self._room
 
     def commit(self, data: Any) -> None:
         """The next item: the room :meth:`reserve` gave last (which ``data`` is, once written), or bytes."""
-        room, self._room = getattr(self, "_room", None), None
+        room, self._room = self._room, None
         if data is not room:
             self.put(data)
         elif room.obj is self.buf.obj and self.overflow is None:  # (written in place)
