@@ -327,7 +327,7 @@ def _flac_rate(streaminfo: bytes) -> int:
 def _probe_av(data: bytes) -> AudioInfo:
     from .video_probe import av
 
-    a = av()
+    a = av("audio that libsndfile does not read (m4a/AAC, or a file it refuses)")
     try:
         with a.open(io.BytesIO(data), mode="r") as c:
             if not c.streams.audio:
@@ -474,7 +474,7 @@ def _checked(x: np.ndarray, info: AudioInfo) -> AudioData:
 def _decode_av(data: bytes, info: AudioInfo, frames: int) -> np.ndarray:
     from .video_probe import av
 
-    a = av()
+    a = av("audio that libsndfile does not read (m4a/AAC, or a file it refuses)")
     chunks = []
     got = 0
     try:

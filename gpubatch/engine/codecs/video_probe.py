@@ -24,12 +24,13 @@ _CONTAINERS = (("mp4", "mp4"), ("mov", "mov"), ("matroska", "mkv"), ("webm", "we
                ("mpegts", "ts"), ("mpeg", "mpg"), ("flv", "flv"))
 
 
-def av():
-    """PyAV, imported on first use (a core dependency; a clear error where it is missing)."""
+def av(what: str = "video"):
+    """PyAV, imported on first use (a core dependency; a clear error where it is missing, naming ``what``
+    needed it)."""
     try:
         import av as _av
     except ImportError:  # pragma: no cover - a declared dependency
-        raise DependencyError("video needs PyAV: pip install av") from None
+        raise DependencyError(f"{what} needs PyAV: pip install av") from None
     return _av
 
 
