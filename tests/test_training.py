@@ -255,6 +255,25 @@ def test_a_torch_dataloader_s_workers_see_every_sample_once(wds):
     assert len(seen) == len(set(seen)) == 60
 
 
+def test_a_dataloader_s_persistent_workers_read_the_next_epoch_when_iterated_again(wds):
+    """Behind a DataLoader whose workers persist, iterating again reads the next epoch, in order, as the
+    loader does in its own process; a DataLoader that starts its workers each epoch takes the loader as
+    this process holds it, and set_epoch says which epoch."""
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    def epoch(n):
+        return _keys(loader(wds, batch_size=4, keys=("key",), device="cpu", seed=3), n)
+
+    dl = loader(wds, batch_size=4, keys=("key",), device="cpu", seed=3)
+    kept = DataLoader(dl, batch_size=None, num_workers=2, persistent_workers=True)
+    assert [[list(k) for (k,) in kept] for _ in range(2)] == [epoch(0), epoch(1)]
+    fresh = DataLoader(dl, batch_size=None, num_workers=2)
+    got = [list(k) for (k,) in fresh]
+    dl.set_epoch(4)
+    assert [got, [list(k) for (k,) in fresh]] == [epoch(0), epoch(4)]
+
+
 @pytest.mark.parametrize("stop", [2, 5])
 def test_torchdata_s_stateful_dataloader_holds_the_loader_s_state_across_its_workers(wds, stop):
     """torchdata's StatefulDataLoader with two workers: its state taken after ``stop`` batches (each worker's
