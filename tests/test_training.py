@@ -402,7 +402,7 @@ def test_the_gpu_loader_s_reader_processes_hand_over_each_batch_s_records(wds):
             order = entries[::-1] + [Damaged("gone", "nowhere", "cut short")]
             spans = [(a, min(a + 8, len(order))) for a in range(0, len(order), 8)]
             keys, failed = [], []
-            for fed in feed.epoch_of(order, spans, epoch):  # (a batch's slot is the feed's again once done)
+            for fed in feed.reading((epoch, order[a:b]) for a, b in spans):  # (a slot is the feed's again once done)
                 for blob, key, label, origin, meta, params, hw in zip(fed.blobs, fed.keys, fed.labels, fed.origins,
                                                                       fed.metas, fed.params, fed.sizes):
                     assert bytes(blob) == truth[key].data and label == truth[key].label
@@ -425,13 +425,13 @@ def test_the_gpu_loader_s_reader_processes_hand_over_each_batch_s_records(wds):
                 break
         assert got == [(epoch, key, tuple(plan.draw(key, *truth_size[key], epoch=epoch)) if truth_size[key] else None)
                        for epoch in (4, 5) for key in list(truth)][:len(entries) + 8]
-        assert [fed.keys for fed in feed.epoch_of(entries, [(0, 8)], 6)] == [list(truth)[:8]]
+        assert [fed.keys for fed in feed.reading([(6, entries[:8])])] == [list(truth)[:8]]
     finally:
         feed.close()
     # a loader that asks for keys, images and labels only is sent no metas and no boxes
     with LoaderFeed(functools.partial(open_reader, wds, None), plan, workers=1, depth=2,
                     fields=("key", "image", "label")) as lean:
-        (fed,) = list(lean.epoch_of(entries, [(0, 4)], 0))
+        (fed,) = list(lean.reading([(0, entries[:4])]))
         assert fed.metas is None and fed.boxes is None and fed.keys == list(truth)[:4] and len(fed.labels) == 4
 
 

@@ -26,7 +26,7 @@ from .plan import Plan
 class RecordSource(Protocol):
     """What a run reads from (a format's Reader): one record per entry, RecordError where it is bad."""
 
-    def read(self, entry: Any) -> Record: ...
+    def read(self, entry: Any, into: Any = None) -> Record: ...
 
 
 class RecordSink(Protocol):
@@ -84,8 +84,7 @@ def read_row(reader: RecordSource, entry: Any, into: Any = None) -> Record | dic
     read, where a record that cannot be read is left out (its label with it) and named. ``into``: where a
     reader that can puts an image's bytes (:meth:`~gpubatch.formats.base.Reader.read`)."""
     try:
-        return reader.read(entry, into=into) if into is not None and getattr(reader, "reads_into", False) \
-            else reader.read(entry)
+        return reader.read(entry, into=into) if into is not None else reader.read(entry)
     except RecordError as e:
         return {"key": e.key, "origin": e.origin, "reason": f"read: {e.reason}"}
 

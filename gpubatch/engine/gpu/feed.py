@@ -655,11 +655,6 @@ class LoaderFeed(Feed):
         self._batches = iter(batches)
         return self
 
-    def epoch_of(self, entries: Sequence[Any], spans: list[tuple[int, int]], epoch: int) -> LoaderFeed:
-        """Read ``entries`` in batches ``spans`` for ``epoch`` at the next iteration (:meth:`reading`)."""
-        entries = list(entries)
-        return self.reading((int(epoch), entries[a:b]) for a, b in spans)
-
     def _cycle(self) -> Iterator[tuple[int, int, int]]:
         for n, (epoch, entries) in enumerate(self._batches):
             self._queued[n] = list(entries)

@@ -112,7 +112,7 @@ def hardware_instances(index: int, n: int) -> list[Any]:
     s = _STARTS.get(index)
     if s is None:
         return []
-    s.hw_done.wait()
+    hardware_made(index)
     with _LOCK:
         out, s.hw[:] = s.hw[:n], s.hw[n:]
     return out
