@@ -17,75 +17,203 @@ from ..execute.worker import finish, released
 from ..execute.writer import shard_writer
 from ..plan import Plan
 from ..processes import cores
-from ..windows import fed_windows
+from ..windows import fed_windows, segments
 from .engine import GpuEngine
 
 
-def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any,
-                  sink: Any = None) -> list[Record | RecordError]:
+def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any, sink: Any = None,
+                  clock: LoopClock | None = None, settled: Settled | None = None) -> list[Record | RecordError]:
     """The outputs of one :class:`~gpubatch.engine.gpu.feed.FedRecords` batch, in order: its jobs run through
-    the chain and are encoded from the decoded sources ``res``; a record that failed to decode gives one
-    error however many variants it has. Each job's parameters come from :meth:`~.run.Job.settle`: those
-    the feed drew for the source's header size where the decoded size matches, else drawn here. With a ``sink``
-    (:class:`~gpubatch.engine.codecs.jpeg_gpu.Sink`) JPEG records hold an ``EncodedSpan`` of it as data."""
+    the chain and are encoded from the decoded sources ``res`` (:class:`Settled` says which, with what;
+    ``settled``: already made from ``res``, by another thread). With a ``sink``
+    (:class:`~gpubatch.engine.codecs.jpeg_gpu.Sink`) JPEG records hold an ``EncodedSpan`` of it as data; a
+    ``clock`` (:class:`LoopClock`) times the batch."""
     res.order(engine.stream)  # this batch's kernels wait for its decode, and no later one's
-    out: list[Any] = list(fed.results)
-    where = {r: pos for pos, r in enumerate(out) if isinstance(r, int)}
-    rows: list[int] = []
-    arrays, params, jobs, redrawn = [], [], [], []
-    failed: set[int] = set()
-    dropped = 0
-    for j, job in enumerate(fed.jobs):
-        pos = where[j]
-        a = res.arrays[job.source]
-        if a is None:
-            out[pos] = None
-            if job.source not in failed:  # one error per source record, not one per variant
-                failed.add(job.source)
-                key, origin = fed.sources[job.source]
-                out[pos] = RecordError(key, origin, Stage.DECODE, res.errors[job.source] or "decode failed")
-            continue
-        t = job.template
-        hw = (int(a.shape[0]), int(a.shape[1]))
-        again = job.size != hw  # the header said otherwise (or nothing): drawn for the decoded size
-        try:
-            drawn, boxes, d = job.settle(plan, *hw)
-        except Exception as e:  # noqa: BLE001 - the record boundary: an op too large, hostile boxes
-            out[pos] = RecordError(t.key, t.origin, Stage.TRANSFORM, f"{e}")
-            continue
-        try:
-            plan.check_encodable(plan.out_codec(t.codec), *plan.out_hw(hw[0], hw[1], drawn))
-        except ValueError as e:
-            out[pos] = RecordError(t.key, t.origin, Stage.ENCODE, str(e))
-            continue
-        if again:
-            redrawn.append(len(rows))
-        dropped += d
-        if plan.augmenting:
-            stats.drawn[t.key] = drawn
-        rows.append(j)
-        arrays.append(a)
-        params.append(drawn)
-        jobs.append((pos, t, boxes))
-    if dropped:
-        stats.add(boxes_dropped=dropped)
+    if clock is not None:
+        clock.begin()
+    if settled is None:
+        settled = Settled(plan, fed, res.arrays, res.errors, stats)
+        if clock is not None:
+            clock.lap("settle")
     stats.add(fallbacks=res.fallbacks)
-    if rows:
-        first = fed_windows(plan.ops, fed.windows, rows, redrawn, params, arrays)
-        encoded = _resample_encode(engine, plan, [t.codec for _, t, _ in jobs], arrays, params, first, sink)
+    stats.drawn.update(settled.drawn)
+    if settled.rows:
+        settled.encoded(_resample_encode(engine, plan, settled.codecs, settled.arrays, settled.params,
+                                         settled.first, sink, clock))
+    if clock is not None:
+        clock.end()
+    return settled.outputs()
+
+
+class LoopClock:
+    """Where a GPU worker's loop thread spends its batches, and what the GPU's stream does meanwhile,
+    summed until :meth:`take`: the thread's seconds settling a batch's jobs, launching its chain and
+    encoding it (the encoder waits for the batch's decode and kernels on the GPU), and, from CUDA events
+    on the engine's stream, the chain's kernels ("gpu: chain") and the stream's time between one batch's
+    end and the next one's start ("gpu: between batches": waiting for a decode or for this thread)."""
+
+    def __init__(self, cp: Any, stream: Any):
+        self.cp, self.stream = cp, stream
+        self.host: dict[str, float] = {}
+        self.events: list[tuple[Any, Any, Any]] = []
+        self._t = 0.0
+        self._open: list[Any] = []
+        self._last: Any = None
+
+    def _event(self) -> Any:
+        ev = self.cp.cuda.Event()
+        ev.record(self.stream)
+        return ev
+
+    def begin(self) -> None:
+        self._t = time.perf_counter()
+        self._open = [self._event()]
+
+    def lap(self, name: str, event: bool = False) -> None:
+        now = time.perf_counter()
+        self.host[name] = self.host.get(name, 0.0) + now - self._t
+        self._t = now
+        if event:
+            self._open.append(self._event())
+
+    def end(self) -> None:
+        if len(self._open) == 2:  # (a batch whose every record failed has no chain)
+            self.events.append((self._open[0], self._open[1], self._event()))
+        self._open = []
+
+    def take(self) -> dict[str, float]:
+        """The sums since the last take, as summary stage names, and start again."""
+        out = {f"loop: {k}": v for k, v in self.host.items()}
+        chain = between = 0.0
+        prev = self._last
+        for start, chained, end in self.events:
+            end.synchronize()
+            chain += self.cp.cuda.get_elapsed_time(start, chained) / 1e3
+            if prev is not None:
+                between += self.cp.cuda.get_elapsed_time(prev, start) / 1e3
+            prev = end
+        out.update({"gpu: chain": chain, "gpu: between batches": between})
+        self.host = {}
+        self.events, self._last = [], prev  # (the next shard's first gap starts at this one's end)
+        return out
+
+
+class Settled:
+    """A fed batch's jobs settled against their decoded sources (``arrays``, None where a source failed
+    with ``errors``): which go through the chain (``rows``, with their ``arrays``, ``params``, output
+    ``codecs`` and leading windows ``first``), and every other output's error, in order.
+
+    A record that failed to decode gives one error however many variants it has. Each job's parameters
+    come from :meth:`~.run.Job.settle`: those the feed drew for the source's header size where the decoded
+    size matches, else drawn here. The output's size is checked against its codec's limit from the
+    folded windows where the chain is one window segment (the feed folded them), else op by op. The
+    per-record Python here runs on the thread that feeds the GPU: it is kept to a few dictionary
+    lookups a record (``benchmarks/gpu_loop_host.py`` times it)."""
+
+    def __init__(self, plan: Plan, fed: Any, arrays: Any, errors: Any, stats: Any):
+        self.plan = plan
+        self.drawn: dict[str, Any] = {}  # (an augment's parameters, by output key: the writer takes them)
+        out: list[Any] = list(fed.results)
+        self.out = out
+        where = {r: pos for pos, r in enumerate(out) if isinstance(r, int)}
+        rows: list[int] = []
+        self.arrays, self.params, self.jobs, self.codecs = [], [], [], []
+        redrawn: list[int] = []
+        failed: set[int] = set()
+        dropped = 0
+        whole = _whole_window(plan)
+        out_codec = plan.out_codec
+        for j, job in enumerate(fed.jobs):
+            pos = where[j]
+            a = arrays[job.source]
+            if a is None:
+                out[pos] = None
+                if job.source not in failed:  # one error per source record, not one per variant
+                    failed.add(job.source)
+                    key, origin = fed.sources[job.source]
+                    out[pos] = RecordError(key, origin, Stage.DECODE, errors[job.source] or "decode failed")
+                continue
+            t = job.template
+            shape = a.shape
+            hw = (int(shape[0]), int(shape[1]))
+            again = job.size != hw  # the header said otherwise (or nothing): drawn for the decoded size
+            try:
+                drawn, boxes, d = job.settle(plan, *hw)
+            except Exception as e:  # noqa: BLE001 - the record boundary: an op too large, hostile boxes
+                out[pos] = RecordError(t.key, t.origin, Stage.TRANSFORM, f"{e}")
+                continue
+            codec = out_codec(t.codec)
+            if not whole:
+                try:
+                    plan.check_encodable(codec, *plan.out_hw(hw[0], hw[1], drawn))
+                except ValueError as e:
+                    out[pos] = RecordError(t.key, t.origin, Stage.ENCODE, str(e))
+                    continue
+            if again:
+                redrawn.append(len(rows))
+            dropped += d
+            if plan.augmenting:
+                self.drawn[t.key] = drawn
+            rows.append(j)
+            self.arrays.append(a)
+            self.params.append(drawn)
+            self.codecs.append(codec)
+            self.jobs.append((pos, t, boxes))
+        if dropped:
+            stats.add(boxes_dropped=dropped)
+        self.rows, self.stats = rows, stats
+        self.first = fed_windows(plan.ops, fed.windows, rows, redrawn, self.params, self.arrays) if rows else None
+        if whole and rows:
+            self._check_sizes()
+
+    def _check_sizes(self) -> None:
+        """Drop the rows whose output (the folded windows' size) their codec cannot hold, as errors."""
+        if self.first is None:  # (the feed folded nothing: op by op)
+            sizes = [self.plan.out_hw(int(a.shape[0]), int(a.shape[1]), p) for a, p in zip(self.arrays, self.params)]
+        else:
+            sizes = self.first[1].tolist()
+        bad: list[int] = []
+        for k, (codec, (h, w)) in enumerate(zip(self.codecs, sizes)):
+            try:
+                self.plan.check_encodable(codec, h, w)
+            except ValueError as e:
+                pos, t, _ = self.jobs[k]
+                self.out[pos] = RecordError(t.key, t.origin, Stage.ENCODE, str(e))
+                bad.append(k)
+        if bad:
+            gone = set(bad)
+            keep = [k for k in range(len(self.codecs)) if k not in gone]
+            for name in ("arrays", "params", "codecs", "jobs"):
+                setattr(self, name, [getattr(self, name)[k] for k in keep])
+            self.first = None if self.first is None else (self.first[0][keep], self.first[1][keep])
+            self.rows = [self.rows[k] for k in keep]
+
+    def encoded(self, encoded: list[Any]) -> None:
+        """Take the encoder's results for the rows, in order (bytes, an ``EncodedSpan``, or why it failed)."""
         done = 0
-        for (pos, t, boxes), data in zip(jobs, encoded):
+        out = self.out
+        for (pos, t, boxes), codec, data in zip(self.jobs, self.codecs, encoded):
             if isinstance(data, str):
                 out[pos] = RecordError(t.key, t.origin, Stage.ENCODE, data)
                 continue
-            out[pos] = t.with_(data=data, codec=plan.out_codec(t.codec), boxes=boxes)
+            out[pos] = t.with_(data=data, codec=codec, boxes=boxes)
             done += 1
-        stats.add(transcoded=done)
-    return [r for r in out if r is not None]
+        self.stats.add(transcoded=done)
+
+    def outputs(self) -> list[Record | RecordError]:
+        return [r for r in self.out if r is not None]
+
+
+def _whole_window(plan: Plan) -> bool:
+    """Whether ``plan``'s chain is one window segment (then maybe a normalize): the feed's folded windows
+    then give each output's size."""
+    segs = [sg for sg in segments(plan.ops) if sg[0] != "normalize"]
+    return len(segs) == 1 and segs[0][0] == "window"
 
 
 def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: list, params: list,
-                     first: tuple[np.ndarray, np.ndarray] | None = None, sink: Any = None) -> list:
+                     first: tuple[np.ndarray, np.ndarray] | None = None, sink: Any = None,
+                     clock: LoopClock | None = None) -> list:
     """Run the chain (``first``: its leading windows, already folded) then encode, in output order
     (bytes, or why the encoder failed); a batch that does not fit the memory cap is split in halves."""
     from ..batch import Ragged
@@ -94,6 +222,8 @@ def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: l
     cp = engine.cp
     try:
         dev = run_chain(engine, plan.ops, Ragged.from_items(cp, arrays), params, first=first)
+        if clock is not None:
+            clock.lap("chain", event=True)
         results: list[Any] = [None] * len(dev)
         by_codec: dict[str, list[int]] = {}
         for k, c in enumerate(codecs):
@@ -102,6 +232,8 @@ def _resample_encode(engine: GpuEngine, plan: Plan, codecs: list[str], arrays: l
             enc = engine.encoder.encode_batch(dev, idx, codec, plan.jpeg_quality, engine.stream, sink)
             for k, data in zip(idx, enc):
                 results[k] = data if data is not None else f"the GPU {codec} encoder failed"
+        if clock is not None:
+            clock.lap("encode")
         return results
     except cp.cuda.memory.OutOfMemoryError:
         if len(arrays) <= 1:
@@ -174,7 +306,7 @@ class GpuImageUnit:
         if settings.decode_route == "hardware":  # the decoders leave the cores to the readers: half of them
             readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * host)))
         threads = max(2, have // host)
-        feed = engine = unpin = current = out_writer = starting = None
+        feed = engine = unpin = current = out_writer = starting = side = None
         finished = False
         try:
             def start_feed(b: int) -> RecordFeed:
@@ -188,7 +320,7 @@ class GpuImageUnit:
                                  deterministic=True, cores=reserved, hw_preallocate=preallocate, route_cores=route_cores,
                                  decode_route=settings.decode_route, settings=settings)
 
-            ahead = 2
+            ahead = max(1, settings.decode_ahead)
             feed_start = 0.0
             mem: dict[str, Any] = {}
             if ctx.gpu_memory is None:
@@ -230,26 +362,29 @@ class GpuImageUnit:
             current = first_at = None
             out_writer = shard_writer(ctx, done)  # the shards' files written in a thread or a process of their own
             seen = dict(tm)
+            # the chain, the encoder and the hand-over to the writer in a thread of their own, while this one
+            # waits for the next batch's decoders and settles its jobs (inline under a memory cap, whose plan
+            # counts the batches in flight)
+            side = GpuSide(engine, plan, out_writer, gpu, pinned=unpin is not None,
+                           threaded=settings.encode_thread and ctx.gpu_memory is None)
             for k, (fed, res) in enumerate(decode_ahead(decode, feed, ahead, tm, gpu)):
                 task, last = owners[k]
                 if current is None:
                     current = writing(task)
-                    shard_t = {**first, "read (feed workers)": 0.0, "ops+encode": 0.0}
+                    shard_t = {**first, "read (feed workers)": 0.0}
                     first = {}
                     first_at = None if k else time.time() - ctx.started  # (the first batch is on its way)
                 stats = current.stats
                 stats.add(**fed.counts)
-                t1 = time.perf_counter()
-                out = transform_fed(engine, plan, fed, res, stats)
-                waited = res.waited  # transform_fed waited this long for the decoders' threads first
-                tm["decode_wait"] += waited
-                del res  # the decoded images go once the kernels reading them are done
-                if unpin is not None:  # the GPU may still be copying this batch's bytes
-                    engine.stream.synchronize()
-                fed.done()  # the source bytes (views of the feed's shared memory) are no longer read
-                shard_t["ops+encode"] += time.perf_counter() - t1 - waited
+                res.wait()  # (the decoders' threads have handed every image over)
+                tm["decode_wait"] += res.waited
+                settled = None
+                if side.threaded:
+                    t1 = time.perf_counter()
+                    settled = Settled(plan, fed, res.arrays, res.errors, stats)
+                    shard_t["loop: settle"] = shard_t.get("loop: settle", 0.0) + time.perf_counter() - t1
                 shard_t["read (feed workers)"] += fed.seconds
-                out_writer.put(current, out)
+                commit = None
                 if last:
                     for name, v in tm.items():
                         shard_t[name] = shard_t.get(name, 0.0) + v - seen[name]
@@ -258,12 +393,18 @@ class GpuImageUnit:
                     extra = {"gpu_memory": dict(mem)} if mem else {}
                     if first_at is not None and ctx.started:
                         extra["first_batch_s"] = round(first_at, 4)
-                    out_writer.commit(current, shard_t, extra or None)
+                    commit = extra or None
+                side.submit(fed, res, settled, current, shard_t, last, commit)
+                del fed, res, settled  # (the side holds them until the kernels reading them are done)
+                if last:
                     current = None
+            side.close()
             if out_writer is not None:
                 out_writer.close()
             finished = True
         except BaseException:
+            if side is not None:
+                side.stop()  # (its thread hands nothing more to the writer)
             if out_writer is not None:
                 out_writer.close(abort=current)
             elif current is not None:
@@ -287,6 +428,112 @@ class GpuImageUnit:
                 released()
             if engine is not None:
                 engine.close()
+
+
+class GpuSide:
+    """A GPU worker's batches through the chain and the encoder (:func:`transform_fed`), their sources
+    released, their outputs handed to the shards' writer and each shard committed after its last batch,
+    in order: in a thread of their own (``threaded``, the loop's thread then waits for the decoders and
+    settles the next batch's jobs meanwhile) or inline in :meth:`submit`. The thread's error is raised
+    by the next :meth:`submit` or by :meth:`close`."""
+
+    DEPTH = 1  # batches waiting for the thread at most (each holds its decoded images)
+
+    def __init__(self, engine: GpuEngine, plan: Plan, out_writer: Any, gpu: int, pinned: bool, threaded: bool):
+        import queue
+        import threading
+
+        self.engine, self.plan, self.out_writer, self.gpu, self.pinned = engine, plan, out_writer, gpu, pinned
+        self.threaded = threaded
+        self.clock = LoopClock(engine.cp, engine.stream)
+        self._dec_seen = dict(engine.decoder.timings)
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        if threaded:
+            self.q: Any = queue.Queue(maxsize=self.DEPTH)
+            self.thread = threading.Thread(target=self._serve, name="gpubatch-gpu-side", daemon=True)
+            self.thread.start()
+
+    def submit(self, fed: Any, res: Any, settled: Settled | None, shard: Any, shard_t: dict, last: bool,
+               extra: dict | None) -> None:
+        """Hand over one batch of ``shard`` (``last``: its last; then it is committed with ``shard_t``, its
+        stage times, and ``extra``)."""
+        import queue
+
+        job = (fed, res, settled, shard, shard_t, last, extra)
+        if not self.threaded:
+            self._run(*job)
+            return
+        while True:
+            if self.error is not None:
+                raise self.error
+            try:
+                self.q.put(job, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def close(self) -> None:
+        """Wait for every batch handed over; raise the thread's error if it had one."""
+        if self.threaded:
+            while self.thread.is_alive():
+                try:
+                    self.q.put(None, timeout=0.1)
+                    break
+                except Exception:  # noqa: BLE001 - queue.Full: the thread is still busy, or ended on an error
+                    continue
+            self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        """Drop what is waiting and end the thread (a failed run): nothing more reaches the writer."""
+        self._stop.set()
+        if self.threaded:
+            self.thread.join()
+
+    def _serve(self) -> None:
+        import queue
+
+        try:
+            self.engine.cp.cuda.runtime.setDevice(self.gpu)
+            while not self._stop.is_set():
+                try:
+                    job = self.q.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if job is None:
+                    return
+                self._run(*job)
+                del job
+        except BaseException as e:  # noqa: BLE001 - raised in the loop's thread
+            self.error = e
+        finally:
+            while True:  # (a stopped or failed side drops what waits: the loop's put returns)
+                try:
+                    self.q.get_nowait()
+                except queue.Empty:
+                    break
+
+    def _run(self, fed: Any, res: Any, settled: Settled | None, shard: Any, shard_t: dict, last: bool,
+             extra: dict | None) -> None:
+        engine = self.engine
+        t1 = time.perf_counter()
+        out = transform_fed(engine, self.plan, fed, res, shard.stats, clock=self.clock, settled=settled)
+        del res, settled  # the decoded images go once the kernels reading them are done
+        if self.pinned:  # the GPU may still be copying this batch's bytes
+            engine.stream.synchronize()
+        fed.done()  # the source bytes (views of the feed's shared memory) are no longer read
+        shard_t["ops+encode"] = shard_t.get("ops+encode", 0.0) + time.perf_counter() - t1
+        t1 = time.perf_counter()
+        self.out_writer.put(shard, out)
+        shard_t["loop: put"] = shard_t.get("loop: put", 0.0) + time.perf_counter() - t1
+        if last:
+            shard_t.update(self.clock.take())
+            dec = engine.decoder.timings  # (the decoders' threads' seconds, summed)
+            shard_t.update({f"decoder: {k}": v - self._dec_seen.get(k, 0.0) for k, v in dec.items() if v})
+            self._dec_seen = dict(dec)
+            self.out_writer.commit(shard, shard_t, extra)
 
 
 class _Started:
