@@ -5,7 +5,8 @@
     python3 benchmarks/ab_trees.py --src DIR --tree OLD --tree NEW [--repeats 3] [--json out.json] \\
         -- --to webdataset --resize-shorter 256 --center-crop 224 --quality 90 --device gpu
 
-Each round runs every tree once, in turn (the machine's drift falls on each alike); the first round is
+A tree may carry settings for its runs: ``--tree NEW::GPUBATCH_ENCODE_THREAD=0,GPUBATCH_DECODE_AHEAD=3`` (the same
+tree with and without them are then two contenders). Each round runs every tree once, in turn (the machine's drift falls on each alike); the first round is
 untimed (page cache, CuPy's kernel cache, each tree's bytecode). A tree is a checkout, or a folder that holds
 the ``gpubatch`` package (``git archive REV gpubatch | tar -x -C DIR``); its modules are byte-compiled first,
 as an install has them. Prints, per tree, images/s of the median run, each run's seconds, and the medians of
@@ -42,37 +43,46 @@ def compiled(trees: list[Path]) -> None:
         compileall.compile_dir(str(t / "gpubatch"), quiet=1)
 
 
+def _contender(spec: str) -> tuple[str, Path, dict[str, str]]:
+    """(its name, the tree, its settings) of ``PATH[::VAR=VALUE,...]``."""
+    path, _, settings = spec.partition("::")
+    tree = Path(path).resolve()
+    env = dict(kv.split("=", 1) for kv in settings.split(",") if kv)
+    return (f"{tree}::{settings}" if settings else str(tree)), tree, env
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--src", type=Path, required=True)
-    ap.add_argument("--tree", type=Path, action="append", required=True, help="a gpubatch tree (repeat)")
+    ap.add_argument("--tree", action="append", required=True,
+                    help="a gpubatch tree, maybe with settings: PATH[::VAR=VALUE,...] (repeat)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the convert command's options")
     a = ap.parse_args()
     extra = a.args[1:] if a.args[:1] == ["--"] else a.args
-    trees = [t.resolve() for t in a.tree]
+    contenders = [_contender(t) for t in a.tree]
     a.src = a.src.resolve()  # (the runs start in a folder of their own)
-    compiled(trees)
+    compiled(sorted({t for _, t, _ in contenders}))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     n = count(a.src)
-    runs: dict[str, list[dict]] = {str(t): [] for t in trees}
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in contenders}
     with tempfile.TemporaryDirectory(prefix="ab-trees-", dir=a.src.parent) as tmp:
         out = Path(tmp) / "out"
         for i in range(a.repeats + 1):
-            for t in trees:
+            for name, t, settings in contenders:
                 shutil.rmtree(out, ignore_errors=True)
                 os.sync()
                 path = os.pathsep.join([str(t), env.get("PYTHONPATH", "")])
                 t0 = time.perf_counter()
                 p = subprocess.run([sys.executable, "-m", "gpubatch", "convert", str(a.src), str(out), *extra, "--json"],
-                                   env={**env, "PYTHONPATH": path}, capture_output=True, text=True, cwd=tmp)
+                                   env={**env, **settings, "PYTHONPATH": path}, capture_output=True, text=True, cwd=tmp)
                 wall = time.perf_counter() - t0
                 if p.returncode:
-                    sys.exit(f"{t}: exit {p.returncode}: {p.stderr.strip()[-1500:]}")
+                    sys.exit(f"{name}: exit {p.returncode}: {p.stderr.strip()[-1500:]}")
                 if i:
                     summary = json.loads(p.stdout)
-                    runs[str(t)].append({"seconds": round(wall, 3), "timings": summary.get("timings", {})})
+                    runs[name].append({"seconds": round(wall, 3), "timings": summary.get("timings", {})})
     report: dict = {"records": n, "command": ["convert", str(a.src), "OUT", *extra, "--json"], "cores": os.cpu_count(),
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "trees": {}}
     for t, r in runs.items():
