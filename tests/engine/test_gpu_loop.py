@@ -101,3 +101,21 @@ def test_record_with_replaces_fields_and_refuses_unknown_ones():
         r.with_(nope=1)
     with pytest.raises(AttributeError):
         r2.key = "c"  # still frozen
+
+
+def test_assembled_makes_each_span_its_jpeg_and_leaves_the_rest():
+    """A GPU worker's batch travels to the shards' writer as spans of one buffer; the writer makes each
+    span into its file: the headers of its quality and size around its slice of the buffer."""
+    import functools
+    import pickle
+
+    from gpubatch.engine.codecs.jpeg_gpu import EncodedSpan, assembled, tables
+
+    buf = np.frombuffer(b"abcdefghij", np.uint8)
+    err = RecordError("c/1", "src/1", Stage.ENCODE, "the GPU jpeg encoder failed")
+    records = [Record(key="c/0", data=EncodedSpan(2, 5, 3, 4, 90)), err, Record(key="c/2", data=b"raw", codec="png")]
+    out = pickle.loads(pickle.dumps(functools.partial(assembled, records, buf)))(None)
+    tab = tables(90)
+    assert out[0].data == tab.prefix + b"\x00\x03\x00\x04" + tab.suffix + b"cde" + b"\xff\xd9"
+    assert out[0].key == "c/0" and out[2] == records[2]
+    assert isinstance(out[1], RecordError) and (out[1].key, out[1].reason) == (err.key, err.reason)

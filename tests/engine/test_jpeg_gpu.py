@@ -96,3 +96,31 @@ def test_batched_encoder_matches_pillow(quality: int):
         if im.size > 10_000:  # edge blocks are padded differently: compare where they do not dominate
             assert _psnr(dec, im) > _psnr(pil, im) - 0.3, im.shape  # as good as libjpeg's at the quality
             assert 0.9 < len(data) / ref.tell() < 1.1  # same tables: about the same size
+
+
+@pytest.mark.gpu
+def test_spans_into_a_buffer_of_the_encoders_own_make_the_same_files():
+    """With ``Sink(None)`` the batch's entropy-coded data lands in one host buffer the encoder makes, and
+    the spans assembled (as the shards' writer does, after the payload travelled pickled) are the files
+    the encoder gives as bytes."""
+    import functools
+    import pickle
+
+    import cupy as cp
+
+    from gpubatch.engine.batch import PinnedStaging
+    from gpubatch.engine.codecs.jpeg_gpu import BatchedJpegEncoder, EncodedSpan, Sink, assembled
+    from gpubatch.engine.device import resolve
+    from gpubatch.types import Record
+
+    resolve("gpu")
+    imgs = [cp.asarray(photo(h, w, seed=i)) for i, (h, w) in enumerate(SIZES)]
+    enc = BatchedJpegEncoder(cp, PinnedStaging(cp))
+    stream = cp.cuda.Stream(non_blocking=True)
+    files = enc.encode(imgs, 90, stream)
+    sink = Sink(None)
+    spans = enc.encode(imgs, 90, stream, sink)
+    assert all(isinstance(s, EncodedSpan) for s in spans) and sink.pos == len(sink.view)
+    records = [Record(key=f"k{i}", data=s) for i, s in enumerate(spans)]
+    payload = pickle.loads(pickle.dumps(functools.partial(assembled, records, sink.view[: sink.pos])))
+    assert [r.data for r in payload(None)] == files

@@ -70,11 +70,22 @@ class EncodedSpan:
 
 class Sink:
     """A host buffer (a NumPy uint8 array, e.g. over shared memory) the encoder copies entropy-coded data
-    into, back to back from ``pos``: files then travel as :class:`EncodedSpan` values, not bytes."""
+    into, back to back from ``pos``: files then travel as :class:`EncodedSpan` values, not bytes.
+    ``view=None``: the encoder's first batch makes one of the size it needs."""
 
-    def __init__(self, view: np.ndarray):
+    def __init__(self, view: np.ndarray | None):
         self.view = view
         self.pos = 0
+
+
+def assembled(records: list[Any], buf: Any, stats: Any = None) -> list[Any]:
+    """``records`` with each :class:`EncodedSpan` of ``buf`` their data holds made into its JPEG file: a GPU
+    worker hands a batch over as spans of one buffer, and the shards' writer (a process of its own) makes
+    the files, so the worker's thread does not (a shard writer's payload: ``stats`` is not used)."""
+    from ...types import Record
+
+    return [r.with_(data=r.data.assemble(buf)) if isinstance(r, Record) and isinstance(r.data, EncodedSpan) else r
+            for r in records]
 
 
 def huffman_codes(bits: bytes, values: bytes) -> dict[int, tuple[int, int]]:
@@ -222,6 +233,8 @@ class BatchedJpegEncoder:
             stuffed[shift + cp.arange(total, dtype=idx)] = raw
             ends = base + cp.concatenate([shift, (shift[-1:] + ff[-1:])])[base]
             ends = ends.get(stream=stream)
+            if sink is not None and sink.view is None:
+                sink.view = np.empty(len(stuffed), np.uint8)
             if sink is not None and sink.pos + len(stuffed) <= len(sink.view):
                 at = sink.pos
                 stuffed.get(stream=stream, out=sink.view[at : at + len(stuffed)])

@@ -5,6 +5,7 @@ batch's transform (:func:`transform_fed`).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -517,16 +518,20 @@ class GpuSide:
 
     def _run(self, fed: Any, res: Any, settled: Settled | None, shard: Any, shard_t: dict, last: bool,
              extra: dict | None) -> None:
+        from ..codecs.jpeg_gpu import Sink, assembled
+
         engine = self.engine
         t1 = time.perf_counter()
-        out = transform_fed(engine, self.plan, fed, res, shard.stats, clock=self.clock, settled=settled)
+        # the JPEGs come back as spans of one buffer, made into files by the shards' writer
+        sink = Sink(None)
+        out = transform_fed(engine, self.plan, fed, res, shard.stats, sink=sink, clock=self.clock, settled=settled)
         del res, settled  # the decoded images go once the kernels reading them are done
         if self.pinned:  # the GPU may still be copying this batch's bytes
             engine.stream.synchronize()
         fed.done()  # the source bytes (views of the feed's shared memory) are no longer read
         shard_t["ops+encode"] = shard_t.get("ops+encode", 0.0) + time.perf_counter() - t1
         t1 = time.perf_counter()
-        self.out_writer.put(shard, out)
+        self.out_writer.put(shard, out if sink.view is None else functools.partial(assembled, out, sink.view[: sink.pos]))
         shard_t["loop: put"] = shard_t.get("loop: put", 0.0) + time.perf_counter() - t1
         if last:
             shard_t.update(self.clock.take())
