@@ -5,7 +5,7 @@
     python3 benchmarks/ab_trees.py --src DIR --tree OLD --tree NEW [--repeats 3] [--json out.json] \\
         -- --to webdataset --resize-shorter 256 --center-crop 224 --quality 90 --device gpu
 
-A tree may carry settings for its runs: ``--tree NEW::GPUBATCH_ENCODE_THREAD=0,GPUBATCH_DECODE_AHEAD=3`` (the same
+A tree may carry settings for its runs: ``--tree NEW::GPUBATCH_DECODE_AHEAD=3,GPUBATCH_SHARD_WRITER=thread`` (the same
 tree with and without them are then two contenders). Each round runs every tree once, in turn (the machine's drift falls on each alike); the first round is
 untimed (page cache, CuPy's kernel cache, each tree's bytecode). A tree is a checkout, or a folder that holds
 the ``gpubatch`` package (``git archive REV gpubatch | tar -x -C DIR``); its modules are byte-compiled first,

@@ -101,9 +101,6 @@ class Settings:
         queue_depth: finished batches a worker may have waiting for the writer.
         out_slot_bytes: a batch's encoded data in an output slot (more travels pickled).
         feed_depth: batches a worker's reader processes prepare ahead.
-        encode_thread: a worker runs the chain and the encoder and hands the outputs to the writer in a
-            thread of its own, beside the thread that waits for the decoders and settles the next batch
-            (without ``--gpu-memory``) (``GPUBATCH_ENCODE_THREAD``).
         decode_ahead: batches a worker decodes ahead of the one its loop runs through the chain and the
             encoder, without ``--gpu-memory`` (whose plan sets it) (``GPUBATCH_DECODE_AHEAD``).
         hw_preallocate: height and width the hardware decoder's buffers are reserved for.
@@ -173,7 +170,6 @@ class Settings:
     out_slot_bytes: int = 32 << 20
     feed_depth: int = 4
     decode_ahead: int = 2
-    encode_thread: bool = True
     hw_preallocate: int = 640
     shard_writer: str = "process"
     video_decoders: int = 8
@@ -243,5 +239,4 @@ _ENV = (
     ("GPUBATCH_VIDEO_LOOP", "video_loop", str),
     ("GPUBATCH_SHARD_WRITER", "shard_writer", str),
     ("GPUBATCH_DECODE_AHEAD", "decode_ahead", int),
-    ("GPUBATCH_ENCODE_THREAD", "encode_thread", _flag),
 )

@@ -23,19 +23,17 @@ from .engine import GpuEngine
 
 
 def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any, sink: Any = None,
-                  clock: LoopClock | None = None, settled: Settled | None = None) -> list[Record | RecordError]:
+                  clock: LoopClock | None = None) -> list[Record | RecordError]:
     """The outputs of one :class:`~gpubatch.engine.gpu.feed.FedRecords` batch, in order: its jobs run through
-    the chain and are encoded from the decoded sources ``res`` (:class:`Settled` says which, with what;
-    ``settled``: already made from ``res``, by another thread). With a ``sink``
+    the chain and are encoded from the decoded sources ``res`` (:class:`Settled` says which, with what). With a ``sink``
     (:class:`~gpubatch.engine.codecs.jpeg_gpu.Sink`) JPEG records hold an ``EncodedSpan`` of it as data; a
     ``clock`` (:class:`LoopClock`) times the batch."""
     res.order(engine.stream)  # this batch's kernels wait for its decode, and no later one's
     if clock is not None:
         clock.begin()
-    if settled is None:
-        settled = Settled(plan, fed, res.arrays, res.errors, stats)
-        if clock is not None:
-            clock.lap("settle")
+    settled = Settled(plan, fed, res.arrays, res.errors, stats)
+    if clock is not None:
+        clock.lap("settle")
     stats.add(fallbacks=res.fallbacks)
     stats.drawn.update(settled.drawn)
     if settled.rows:
@@ -307,7 +305,7 @@ class GpuImageUnit:
         if settings.decode_route == "hardware":  # the decoders leave the cores to the readers: half of them
             readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * host)))
         threads = max(2, have // host)
-        feed = engine = unpin = current = out_writer = starting = side = None
+        feed = engine = unpin = current = out_writer = starting = None
         finished = False
         try:
             def start_feed(b: int) -> RecordFeed:
@@ -363,11 +361,7 @@ class GpuImageUnit:
             current = first_at = None
             out_writer = shard_writer(ctx, done)  # the shards' files written in a thread or a process of their own
             seen = dict(tm)
-            # the chain, the encoder and the hand-over to the writer in a thread of their own, while this one
-            # waits for the next batch's decoders and settles its jobs (inline under a memory cap, whose plan
-            # counts the batches in flight)
-            side = GpuSide(engine, plan, out_writer, gpu, pinned=unpin is not None,
-                           threaded=settings.encode_thread and ctx.gpu_memory is None)
+            stage = GpuStage(engine, plan, out_writer, pinned=unpin is not None)
             for k, (fed, res) in enumerate(decode_ahead(decode, feed, ahead, tm, gpu)):
                 task, last = owners[k]
                 if current is None:
@@ -379,11 +373,6 @@ class GpuImageUnit:
                 stats.add(**fed.counts)
                 res.wait()  # (the decoders' threads have handed every image over)
                 tm["decode_wait"] += res.waited
-                settled = None
-                if side.threaded:
-                    t1 = time.perf_counter()
-                    settled = Settled(plan, fed, res.arrays, res.errors, stats)
-                    shard_t["loop: settle"] = shard_t.get("loop: settle", 0.0) + time.perf_counter() - t1
                 shard_t["read (feed workers)"] += fed.seconds
                 commit = None
                 if last:
@@ -395,17 +384,14 @@ class GpuImageUnit:
                     if first_at is not None and ctx.started:
                         extra["first_batch_s"] = round(first_at, 4)
                     commit = extra or None
-                side.submit(fed, res, settled, current, shard_t, last, commit)
-                del fed, res, settled  # (the side holds them until the kernels reading them are done)
+                stage.run(fed, res, current, shard_t, last, commit)
+                del fed, res
                 if last:
                     current = None
-            side.close()
             if out_writer is not None:
                 out_writer.close()
             finished = True
         except BaseException:
-            if side is not None:
-                side.stop()  # (its thread hands nothing more to the writer)
             if out_writer is not None:
                 out_writer.close(abort=current)
             elif current is not None:
@@ -431,101 +417,29 @@ class GpuImageUnit:
                 engine.close()
 
 
-class GpuSide:
-    """A GPU worker's batches through the chain and the encoder (:func:`transform_fed`), their sources
-    released, their outputs handed to the shards' writer and each shard committed after its last batch,
-    in order: in a thread of their own (``threaded``, the loop's thread then waits for the decoders and
-    settles the next batch's jobs meanwhile) or inline in :meth:`submit`. The thread's error is raised
-    by the next :meth:`submit` or by :meth:`close`."""
+class GpuStage:
+    """A GPU worker's batches through the chain and the encoder (:func:`transform_fed`), in order: their
+    sources released, their outputs handed to the shards' writer as they come (the JPEGs as spans of one
+    buffer a batch, made into files by the writer: :func:`~gpubatch.engine.codecs.jpeg_gpu.assembled`), and
+    each shard committed after its last batch with its stage times, the loop's and the decoders' among
+    them (:class:`LoopClock`)."""
 
-    DEPTH = 1  # batches waiting for the thread at most (each holds its decoded images)
-
-    def __init__(self, engine: GpuEngine, plan: Plan, out_writer: Any, gpu: int, pinned: bool, threaded: bool):
-        import queue
-        import threading
-
-        self.engine, self.plan, self.out_writer, self.gpu, self.pinned = engine, plan, out_writer, gpu, pinned
-        self.threaded = threaded
+    def __init__(self, engine: GpuEngine, plan: Plan, out_writer: Any, pinned: bool):
+        self.engine, self.plan, self.out_writer, self.pinned = engine, plan, out_writer, pinned
         self.clock = LoopClock(engine.cp, engine.stream)
         self._dec_seen = dict(engine.decoder.timings)
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        if threaded:
-            self.q: Any = queue.Queue(maxsize=self.DEPTH)
-            self.thread = threading.Thread(target=self._serve, name="gpubatch-gpu-side", daemon=True)
-            self.thread.start()
 
-    def submit(self, fed: Any, res: Any, settled: Settled | None, shard: Any, shard_t: dict, last: bool,
-               extra: dict | None) -> None:
-        """Hand over one batch of ``shard`` (``last``: its last; then it is committed with ``shard_t``, its
-        stage times, and ``extra``)."""
-        import queue
-
-        job = (fed, res, settled, shard, shard_t, last, extra)
-        if not self.threaded:
-            self._run(*job)
-            return
-        while True:
-            if self.error is not None:
-                raise self.error
-            try:
-                self.q.put(job, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def close(self) -> None:
-        """Wait for every batch handed over; raise the thread's error if it had one."""
-        if self.threaded:
-            while self.thread.is_alive():
-                try:
-                    self.q.put(None, timeout=0.1)
-                    break
-                except Exception:  # noqa: BLE001 - queue.Full: the thread is still busy, or ended on an error
-                    continue
-            self.thread.join()
-        if self.error is not None:
-            raise self.error
-
-    def stop(self) -> None:
-        """Drop what is waiting and end the thread (a failed run): nothing more reaches the writer."""
-        self._stop.set()
-        if self.threaded:
-            self.thread.join()
-
-    def _serve(self) -> None:
-        import queue
-
-        try:
-            self.engine.cp.cuda.runtime.setDevice(self.gpu)
-            while not self._stop.is_set():
-                try:
-                    job = self.q.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                if job is None:
-                    return
-                self._run(*job)
-                del job
-        except BaseException as e:  # noqa: BLE001 - raised in the loop's thread
-            self.error = e
-        finally:
-            while True:  # (a stopped or failed side drops what waits: the loop's put returns)
-                try:
-                    self.q.get_nowait()
-                except queue.Empty:
-                    break
-
-    def _run(self, fed: Any, res: Any, settled: Settled | None, shard: Any, shard_t: dict, last: bool,
-             extra: dict | None) -> None:
+    def run(self, fed: Any, res: Any, shard: Any, shard_t: dict, last: bool, extra: dict | None) -> None:
+        """One batch of ``shard`` (``last``: its last; then it is committed with ``shard_t``, its stage
+        times, and ``extra``)."""
         from ..codecs.jpeg_gpu import Sink, assembled
 
         engine = self.engine
         t1 = time.perf_counter()
         # the JPEGs come back as spans of one buffer, made into files by the shards' writer
         sink = Sink(None)
-        out = transform_fed(engine, self.plan, fed, res, shard.stats, sink=sink, clock=self.clock, settled=settled)
-        del res, settled  # the decoded images go once the kernels reading them are done
+        out = transform_fed(engine, self.plan, fed, res, shard.stats, sink=sink, clock=self.clock)
+        del res  # the decoded images go once the kernels reading them are done
         if self.pinned:  # the GPU may still be copying this batch's bytes
             engine.stream.synchronize()
         fed.done()  # the source bytes (views of the feed's shared memory) are no longer read
