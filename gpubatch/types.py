@@ -382,7 +382,7 @@ class Record:
         if not changes.keys() <= _RECORD_FIELDS:
             raise TypeError(f"Record has no field {sorted(changes.keys() - _RECORD_FIELDS)[0]!r}")
         # (dataclasses.replace runs the frozen __init__, a field at a time: 4x the cost, on every output)
-        out = object.__new__(Record)
+        out = object.__new__(type(self))
         d = out.__dict__
         d.update(self.__dict__)
         d.update(changes)
