@@ -16,14 +16,10 @@ the checkouts with ``PYTHONPATH=TREE`` to compare two trees.
 from __future__ import annotations
 
 import argparse
-import functools
-import json
 import pickle
-import statistics
 import sys
 import time
 import types
-from pathlib import Path
 
 TRANSCODE = "resize_shorter(size=256) | center_crop(size=224)"
 
@@ -43,69 +39,37 @@ class _Decoded:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, required=True, help="a folder of JPEGs (or any dataset gpubatch reads)")
-    ap.add_argument("--chain", default=TRANSCODE)
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--profile", action="store_true", help="print cProfile's top functions of one pass")
-    ap.add_argument("--json", type=Path)
-    a = ap.parse_args()
-    from multiprocessing.shared_memory import SharedMemory
+    from _feed_worker import arguments, feed_worker, per_record, report
 
-    import gpubatch
+    a = arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]),
+                  "a folder of JPEGs (or any dataset gpubatch reads)", TRANSCODE)
     from gpubatch.engine.gpu import feed as F
     from gpubatch.engine.gpu import images
     from gpubatch.engine.plan import Plan
     from gpubatch.engine.spec import parse_chain
     from gpubatch.errors import RunStats
-    from gpubatch.formats import open_reader
 
     plan = Plan(ops=tuple(parse_chain(a.chain)), seed=0, quality=90)
-    slot = 64 << 20
-    shm = SharedMemory(create=True, size=4 * slot)
     blob = bytes(20_000)
     images._resample_encode = lambda engine, plan, codecs, arrays, *rest: [blob] * len(arrays)
-    try:
-        F._init(shm.name, plan, slot, functools.partial(open_reader, a.data, None))
-        entries = F._W["reader"].entries()
+    engine = types.SimpleNamespace(stream=None)
+    with feed_worker(a.data, plan) as entries:
         batches = []
         for i, s in enumerate(range(0, len(entries), a.batch_size)):
             _, reads = F._read_records(i % 4, entries[s : s + a.batch_size])
             batches.append(pickle.dumps(reads))  # (as a reader process hands it over)
         decoded = [_Decoded(pickle.loads(b).sizes) for b in batches]
-        engine = types.SimpleNamespace(stream=None)
 
         def one_pass() -> float:
-            feds = [pickle.loads(b) for b in batches]  # (fresh jobs, as each run gets them)
+            feds = [pickle.loads(b) for b in batches]  # (fresh jobs, as each run gets them; not timed)
             stats = RunStats()
             t = time.perf_counter()
-            n = 0
-            for fed, res in zip(feds, decoded):
-                n += len(images.transform_fed(engine, plan, fed, res, stats))
+            n = sum(len(images.transform_fed(engine, plan, fed, res, stats)) for fed, res in zip(feds, decoded))
             assert n == len(entries), (n, len(entries))
             return time.perf_counter() - t
 
-        one_pass()  # (the imports warm)
-        runs = [one_pass() / len(entries) * 1e6 for _ in range(a.repeats)]
-        if a.profile:
-            import cProfile
-            import pstats
-
-            prof = cProfile.Profile()
-            prof.runcall(one_pass)
-            pstats.Stats(prof).sort_stats("tottime").print_stats(15)
-    finally:
-        F._W.clear()
-        shm.close()
-        shm.unlink()
-    out = {"gpubatch": str(Path(gpubatch.__file__).parent), "data": str(a.data), "records": len(entries),
-           "chain": a.chain, "us_per_record_runs": [round(r, 2) for r in runs],
-           "us_per_record": round(statistics.median(runs), 2)}
-    print(f"{out['gpubatch']}: {out['us_per_record']} us a record (runs {out['us_per_record_runs']}), "
-          f"{len(entries):,} records")
-    if a.json:
-        a.json.write_text(json.dumps(out, indent=1) + "\n")
+        runs = per_record(one_pass, len(entries), a.repeats, a.profile)
+    report(a, len(entries), runs, digits=2)
 
 
 if __name__ == "__main__":
