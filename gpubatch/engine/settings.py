@@ -19,6 +19,8 @@ from typing import Any
 from ..errors import UsageError
 
 ROUTES = ("auto", "split", "hardware")
+#: the JPEG kinds (``headers.jpeg_kind``) the hardware engine decodes, those it decodes fastest first
+HW_KINDS = ("baseline/4:2:0", "baseline/4:2:2", "baseline/4:4:0", "baseline/gray", "baseline/4:4:4")
 PLANES = ("chunked", "always", "never")
 SYNC_POLICIES = ("auto", "spin", "yield", "blocking")
 VIDEO_LOOPS = ("native", "python")
@@ -40,6 +42,9 @@ class Settings:
         hw_only_instances: instances on the hardware route (one per common kind).
         cuda_takes: which kinds the split route's CUDA decoder takes first: "slowest" (those the
             hardware engine is slowest on) or "cheapest" (those cheapest for its host threads).
+        cuda_kinds: JPEG kinds (as ``headers.jpeg_kind`` names them, "baseline/4:4:4") the CUDA decoder
+            takes on every route, by the image's header: the route stays independent of load and batch
+            (``GPUBATCH_CUDA_KINDS``, comma-separated; none by default).
         hw_mixed: the hardware engine's part in one call whatever the kinds (True), or a call a kind.
         hw_direct: drive the hardware engine through nvJPEG directly where it loads
             (``GPUBATCH_HW_DIRECT``; else nvImageCodec's hardware decoder).
@@ -124,6 +129,7 @@ class Settings:
     hw_instances: int = 0
     hw_only_instances: int = 3
     cuda_takes: str = "slowest"
+    cuda_kinds: tuple[str, ...] = ()
     hw_mixed: bool = False
     hw_direct: bool = True
     decode_api: str = "c"
@@ -222,6 +228,17 @@ def _flag(raw: str) -> bool:
 
 _flag.__name__ = "flag (0 or 1)"
 
+
+def _kinds(raw: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in raw.split(",") if k.strip())
+    for k in kinds:
+        if k not in HW_KINDS:
+            raise ValueError(k)
+    return kinds
+
+
+_kinds.__name__ = f"list of JPEG kinds ({', '.join(HW_KINDS)})"
+
 # (variable, setting, parser): the environment the engine reads, here and nowhere else
 _ENV = (
     ("GPUBATCH_DECODE_ROUTE", "decode_route", str),
@@ -239,4 +256,5 @@ _ENV = (
     ("GPUBATCH_VIDEO_LOOP", "video_loop", str),
     ("GPUBATCH_SHARD_WRITER", "shard_writer", str),
     ("GPUBATCH_DECODE_AHEAD", "decode_ahead", int),
+    ("GPUBATCH_CUDA_KINDS", "cuda_kinds", _kinds),
 )

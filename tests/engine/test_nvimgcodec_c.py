@@ -281,3 +281,31 @@ def test_calls_are_cut_by_their_decoded_bytes_under_a_budget():
     assert _call_lists([list(range(25))], False, 256, st) == [list(range(25))]  # no sizes: by count
     assert _call_lists([list(range(25))], False, 256, Settings(), small) == [list(range(25))]  # no budget
 
+
+
+@pytest.mark.parametrize("share", [0.0, 32 / 102])
+def test_kinds_named_for_the_cuda_decoder_go_there_by_their_header(share):
+    """``cuda_kinds`` (GPUBATCH_CUDA_KINDS): those kinds go to the CUDA decoder whatever the batch holds, on the
+    hardware route (share 0) as on the split route; the hardware engine keeps a call per kind of the rest."""
+    from types import SimpleNamespace
+
+    from gpubatch.engine.codecs.decode_routing import DecodeRouting
+
+    groups, at = {}, 0
+    for kind, n in [("baseline/4:2:0", 50), ("baseline/4:2:2", 25), ("baseline/4:4:4", 25)]:
+        groups[kind], at = list(range(at, at + n)), at + n
+    settings = Settings.from_env({"GPUBATCH_CUDA_KINDS": "baseline/4:4:4"})
+    dec = SimpleNamespace(hw=None, hw_cs=[], hw_direct=[object()], hw_refuses=set(), cuda_share=share,
+                          cuda_takes="slowest", settings=settings)
+    hw_lists, cuda = DecodeRouting._split(dec, groups)
+    assert set(groups["baseline/4:4:4"]) <= set(cuda)
+    assert not set(groups["baseline/4:4:4"]) & {i for lst in hw_lists for i in lst}
+    if share == 0.0:  # the hardware route: nothing else moves
+        assert sorted(cuda) == groups["baseline/4:4:4"] and len(hw_lists) == 2
+    # the same images of a kind go the same way in any batch: half the batch routes its 4:4:4 images alike
+    half = {k: v[: len(v) // 2] for k, v in groups.items()}
+    assert set(DecodeRouting._split(dec, half)[1]) >= set(half["baseline/4:4:4"])
+    from gpubatch.errors import UsageError
+
+    with pytest.raises(UsageError, match="GPUBATCH_CUDA_KINDS"):
+        Settings.from_env({"GPUBATCH_CUDA_KINDS": "4:4:4"})

@@ -13,10 +13,10 @@ import warnings
 from typing import Any
 
 from ...errors import UsageError
-from ..settings import ROUTES, Settings
+from ..settings import HW_KINDS, ROUTES, Settings
 
 # Hardware-engine preference: the kinds it decodes fastest go to it first, the rest may go to CUDA.
-_HW_ORDER = ("baseline/4:2:0", "baseline/4:2:2", "baseline/4:4:0", "baseline/gray", "baseline/4:4:4")
+_HW_ORDER = HW_KINDS
 
 
 # The CUDA decoder's host cost per image, cheapest kind first: its Huffman host phase works on the
@@ -57,7 +57,8 @@ class DecodeRouting:
         same way every time."""
         if self.hw is None and not self.hw_cs and not self.hw_direct:
             return [], sorted(i for idx in groups.values() for i in idx)
-        hw_kinds = [k for k in _HW_ORDER if k in groups and k not in self.hw_refuses]
+        given = self.settings.cuda_kinds  # (the kinds every route gives the CUDA decoder, by their header)
+        hw_kinds = [k for k in _HW_ORDER if k in groups and k not in self.hw_refuses and k not in given]
         cuda = [i for k, idx in groups.items() if k not in hw_kinds for i in idx]
         total = sum(len(v) for v in groups.values())
         want = int(round(self.cuda_share * total)) - len(cuda)
