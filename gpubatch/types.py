@@ -381,7 +381,7 @@ class Record:
             changes["size"] = None
         if not changes.keys() <= _RECORD_FIELDS:
             raise TypeError(f"Record has no field {sorted(changes.keys() - _RECORD_FIELDS)[0]!r}")
-        # (dataclasses.replace runs the frozen __init__, a field at a time: 4x the cost, on every output)
+        # (dataclasses.replace runs the frozen __init__, a field at a time: 2-4x the time, on every output)
         out = object.__new__(type(self))
         d = out.__dict__
         d.update(self.__dict__)

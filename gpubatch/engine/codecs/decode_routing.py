@@ -15,10 +15,6 @@ from typing import Any
 from ...errors import UsageError
 from ..settings import HW_KINDS, ROUTES, Settings
 
-# Hardware-engine preference: the kinds it decodes fastest go to it first, the rest may go to CUDA.
-_HW_ORDER = HW_KINDS
-
-
 # The CUDA decoder's host cost per image, cheapest kind first: its Huffman host phase works on the
 # coded data, which 4:4:4 has about twice as much of as 4:2:0 at the same size and quality (4:2:0
 # 420-600 us an image, 4:4:4 750-990 us; docs/engine.md).
@@ -58,7 +54,8 @@ class DecodeRouting:
         if self.hw is None and not self.hw_cs and not self.hw_direct:
             return [], sorted(i for idx in groups.values() for i in idx)
         given = self.settings.cuda_kinds  # (the kinds every route gives the CUDA decoder, by their header)
-        hw_kinds = [k for k in _HW_ORDER if k in groups and k not in self.hw_refuses and k not in given]
+        hw_kinds = [k for k in HW_KINDS if k in groups  # (those it decodes fastest first)
+                     and k not in self.hw_refuses and k not in given]
         cuda = [i for k, idx in groups.items() if k not in hw_kinds for i in idx]
         total = sum(len(v) for v in groups.values())
         want = int(round(self.cuda_share * total)) - len(cuda)

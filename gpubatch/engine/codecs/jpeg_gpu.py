@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from ...types import Record
+
 BLOCK = 128
 EOI = b"\xff\xd9"
 
@@ -82,8 +84,6 @@ def assembled(records: list[Any], buf: Any, stats: Any = None) -> list[Any]:
     """``records`` with each :class:`EncodedSpan` of ``buf`` their data holds made into its JPEG file: a GPU
     worker hands a batch over as spans of one buffer, and the shards' writer (a process of its own) makes
     the files, so the worker's thread does not (a shard writer's payload: ``stats`` is not used)."""
-    from ...types import Record
-
     return [r.with_(data=r.data.assemble(buf)) if isinstance(r, Record) and isinstance(r.data, EncodedSpan) else r
             for r in records]
 

@@ -120,7 +120,7 @@ class Settled:
         redrawn: list[int] = []
         failed: set[int] = set()
         dropped = 0
-        whole = _whole_window(plan)
+        whole = fed.windows is not None and _whole_window(plan)  # (sizes from the folded windows, else op by op)
         out_codec = plan.out_codec
         for j, job in enumerate(fed.jobs):
             pos = where[j]
@@ -167,12 +167,8 @@ class Settled:
 
     def _check_sizes(self) -> None:
         """Drop the rows whose output (the folded windows' size) their codec cannot hold, as errors."""
-        if self.first is None:  # (the feed folded nothing: op by op)
-            sizes = [self.plan.out_hw(int(a.shape[0]), int(a.shape[1]), p) for a, p in zip(self.arrays, self.params)]
-        else:
-            sizes = self.first[1].tolist()
         bad: list[int] = []
-        for k, (codec, (h, w)) in enumerate(zip(self.codecs, sizes)):
+        for k, (codec, (h, w)) in enumerate(zip(self.codecs, self.first[1].tolist())):
             try:
                 self.plan.check_encodable(codec, h, w)
             except ValueError as e:
@@ -184,7 +180,7 @@ class Settled:
             keep = [k for k in range(len(self.codecs)) if k not in gone]
             for name in ("arrays", "params", "codecs", "jobs"):
                 setattr(self, name, [getattr(self, name)[k] for k in keep])
-            self.first = None if self.first is None else (self.first[0][keep], self.first[1][keep])
+            self.first = (self.first[0][keep], self.first[1][keep])
             self.rows = [self.rows[k] for k in keep]
 
     def encoded(self, encoded: list[Any]) -> None:
