@@ -71,6 +71,12 @@ def run_loader(a: dict, device: str) -> dict:
     if sampler is not None:
         res.update(sampler.summary())
     res["skipped_records"] = len(dl.skipped)
+    eng = getattr(dl._pipe, "engine", None)
+    if eng is not None:  # where the GPU pipeline's time went, as the files contender reports it
+        res["decode_route"] = {"route": eng.decoder.route, "start": eng.decode_route}
+        res["hw_decoder_share"] = dl._pipe.stats["hw"] / max(dl._pipe.stats["gpu"], 1)
+        res["decoder_s"] = {k: round(v, 3) for k, v in eng.decoder.timings.items()}
+        res["stages_s"] = {k: round(v, 3) for k, v in dl._pipe.timings.items()}
     it.close()
     dl.close()
     return res
