@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -57,3 +59,24 @@ def photo(h: int, w: int, seed: int = 0) -> np.ndarray:
         img = img + np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * r * r))[..., None] * rng.uniform(-80, 80, 3)
     img = img + rng.normal(0, 4, (h, w, 3))
     return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def _semaphores() -> set[str]:
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.glob("sem.mp-*")} if shm.is_dir() else set()
+
+
+def kill_group(proc: subprocess.Popen, before: set[str]) -> None:
+    """Kill ``proc``'s process group with SIGKILL (as a lost machine loses a run and its workers), wait for it,
+    and remove the named semaphores it left in /dev/shm: multiprocessing's resource tracker, which unlinks
+    them when a run ends, dies with the group. ``before``: :func:`semaphores_now` before ``proc`` started."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for name in _semaphores() - before:
+        Path("/dev/shm", name).unlink(missing_ok=True)
+
+
+def semaphores_now() -> set[str]:
+    """The named semaphores in /dev/shm now (for :func:`kill_group`)."""
+    return _semaphores()
+

@@ -3,6 +3,7 @@ own, from a folder holding the sample data (a snippet that needs a GPU runs on t
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -13,8 +14,27 @@ import pytest
 from tests.helpers import ROOT
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SNIPPETS = [pytest.param(doc.relative_to(ROOT), k, code, id=f"{doc.relative_to(ROOT)}#{k}",
-                         marks=[pytest.mark.gpu] if 'device="gpu"' in code else [])  # (GPU ones in gpu-test)
+# libraries a snippet may show that gpubatch does not depend on: its test skips where they are not installed
+OPTIONAL = ("nvidia.dali", "torchvision", "torch")
+
+
+def _marks(code: str) -> list:
+    marks = [pytest.mark.gpu] if 'device="gpu"' in code or "nvidia.dali" in code else []  # (GPU ones in gpu-test)
+    imported = set(re.findall(r"^(?:import|from) ([\w.]+)", code, re.M))
+    missing = [m for m in OPTIONAL if any(i == m or i.startswith(m + ".") for i in imported) and not _has(m)]
+    if missing:
+        marks.append(pytest.mark.skip(reason=f"{missing[0]} is not installed"))
+    return marks
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+SNIPPETS = [pytest.param(doc.relative_to(ROOT), k, code, id=f"{doc.relative_to(ROOT)}#{k}", marks=_marks(code))
             for doc in DOCS for k, code in enumerate(re.findall(r"```python\n(.*?)```", doc.read_text(), re.S))]
 
 

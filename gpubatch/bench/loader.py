@@ -5,7 +5,7 @@ DataLoader, each in its own process as every contender (:mod:`.contenders`).
 - ``gpubatch-loader`` / ``gpubatch-loader-cpu``: :class:`~gpubatch.training.Loader` on the GPU / the CPU
   (its pipeline's worker processes), epochs one after the other (a new order each), images and labels a batch.
 - ``dali-reader``: DALI's reader of the format (``readers.webdataset`` with the shards' own index files,
-  ``readers.tfrecord``, ``readers.mxnet`` for RecordIO), its mixed decoder at the setting DALI measured
+  ``readers.tfrecord``, ``readers.mxnet`` for RecordIO, ``readers.caffe`` for LMDB), its mixed decoder at the setting DALI measured
   fastest (``hw_decoder_load=0.9``) and the chain's ops, as the ``dali`` contender on files.
 - ``webdataset-dataloader``: ``webdataset.WebDataset`` (shards resampled by each worker, Pillow decode,
   torchvision transforms) in a PyTorch DataLoader, a worker a core (webdataset shards only).
@@ -101,8 +101,10 @@ def run_dali_reader(a: dict) -> dict:
         paths, index = _shards(a["data"], ".tfrecord")
     elif fmt == "recordio":
         paths, index = _shards(a["data"], ".rec")
+    elif fmt == "lmdb":  # (Caffe Datums under %08d keys: the database is the folder)
+        paths, index = ([a["data"]], []) if os.path.exists(os.path.join(a["data"], "data.mdb")) else ([], [])
     else:
-        return {"skipped": f"no DALI reader of gpubatch's {fmt} output here (webdataset, tfrecord, recordio)"}
+        return {"skipped": f"no DALI reader of gpubatch's {fmt} output here (webdataset, tfrecord, recordio, lmdb)"}
     if not paths or not all(os.path.exists(i) for i in index):
         return {"skipped": f"{a['data']}: no {fmt} shards with their index files"}
     sampler = GpuSampler(a.get("gpu", 0))  # before DALI touches CUDA
@@ -119,6 +121,8 @@ def run_dali_reader(a: dict) -> dict:
                                         features={"image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
                                                   "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1)})
             jpegs, labels = feats["image/encoded"], feats["image/class/label"]
+        elif fmt == "lmdb":
+            jpegs, labels = fn.readers.caffe(path=paths[0], random_shuffle=True, name="r")
         else:
             jpegs, labels = fn.readers.mxnet(path=paths, index_path=index, random_shuffle=True, name="r")
         return dali_chain(fn, types, jpegs, a["chain"], "best"), labels
@@ -127,7 +131,8 @@ def run_dali_reader(a: dict) -> dict:
     p.build()
     res = timed_contender(lambda: (p.run(), a["batch_size"])[1], a, sampler)
     res.update(sampler.summary())
-    res["reader"] = {"webdataset": "readers.webdataset", "tfrecord": "readers.tfrecord", "recordio": "readers.mxnet"}[fmt]
+    res["reader"] = {"webdataset": "readers.webdataset", "tfrecord": "readers.tfrecord", "recordio": "readers.mxnet",
+                     "lmdb": "readers.caffe"}[fmt]
     return res
 
 

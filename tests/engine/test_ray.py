@@ -5,7 +5,6 @@ a killed driver resumed with --resume."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import pytest
 from gpubatch.api import convert
 from gpubatch.engine.execute import strategies
 from tests.engine.test_shards import digest, manifest
-from tests.helpers import ROOT
+from tests.helpers import ROOT, kill_group, semaphores_now
 
 ray = pytest.importorskip("ray", reason="the [ray] extra is not installed (make test installs it)")
 
@@ -104,6 +103,7 @@ def test_a_driver_killed_mid_run_resumes_writing_only_the_missing_shards(cluster
     subprocess.run([sys.executable, "-m", "gpubatch", "convert", str(src), str(tmp_path / "local"), *args, "-q"],
                    env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, timeout=300)
     dst = tmp_path / "ray"
+    sems = semaphores_now()
     driver = subprocess.Popen([sys.executable, "-m", "gpubatch", "convert", str(src), str(dst), *args, "-q",
                                "--executor", "ray", "--ray-address", cluster],
                               env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, stdout=subprocess.DEVNULL,
@@ -113,8 +113,7 @@ def test_a_driver_killed_mid_run_resumes_writing_only_the_missing_shards(cluster
     while time.time() < t_end and len(list(journal.glob("*.json"))) < 3 and driver.poll() is None:
         time.sleep(0.05)
     assert driver.poll() is None and not dst.exists(), "the run ended before it could be killed"
-    os.killpg(driver.pid, signal.SIGKILL)
-    driver.wait()
+    kill_group(driver, sems)
     committed = len(list(journal.glob("*.json")))
     time.sleep(1.0)  # (Ray ends the dead driver's actors)
     s = convert(src, dst, to="webdataset", shard_size=8, resize_shorter=200, executor="ray", resume=True,

@@ -17,7 +17,7 @@ import pytest
 
 from gpubatch.api import augment, convert
 from gpubatch.errors import GpubatchError, UsageError
-from tests.helpers import ROOT
+from tests.helpers import ROOT, kill_group, semaphores_now
 
 FORMATS = ["webdataset", "tfrecord", "recordio", "folder", "coco", "lmdb"]
 
@@ -90,11 +90,11 @@ def killed_and_resumed(command, src: Path, dst: Path, after: float, env: dict) -
     """Run ``command(src, dst)``, kill it and its workers (as a lost machine loses them) ``after`` seconds
     in, then run it again with ``--resume``: (its summary, the shards it said the killed run committed or
     None, the shards in all, the shards on disk written before the resume)."""
+    sems = semaphores_now()
     proc = subprocess.Popen(command(src, dst), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     time.sleep(after)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_group(proc, sems)
     before = time.time_ns()
     p = subprocess.run(command(src, dst, "--resume", "--json"), env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr

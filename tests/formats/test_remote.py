@@ -12,7 +12,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ import pytest
 
 from gpubatch import convert, info, open_dataset
 from gpubatch.errors import DependencyError, UsageError
-from tests.helpers import ROOT, content, run_cli
+from tests.helpers import ROOT, content, kill_group, run_cli, semaphores_now
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -259,11 +258,11 @@ def test_s3_to_s3_killed_at_4_moments_resumes_to_the_same_objects(s3, s3_env, tm
     resumed = 0
     for k in range(4):
         dst = f"s3://{s3}/k{k}"
+        sems = semaphores_now()
         proc = subprocess.Popen(_command(f"s3://{s3}/photos", dst), env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
         time.sleep(rng.uniform(0.3, 0.9) * took)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_group(proc, sems)
         p = subprocess.run(_command(f"s3://{s3}/photos", dst, "--resume", "--json"), env=env, capture_output=True,
                            text=True, timeout=300)
         assert p.returncode == 0, p.stderr
