@@ -36,7 +36,7 @@ class Settings:
     Attributes:
         decode_route: "auto" (by the free cores), "split" or "hardware" (``GPUBATCH_DECODE_ROUTE``).
         split_min_cores: free cores at which "auto" takes the split route.
-        cuda_share: the CUDA decoder's share of each batch on the split route.
+        cuda_share: the CUDA decoder's share of each batch on the split route (``GPUBATCH_CUDA_SHARE``).
         hw_instances: hardware-engine instances; 0 chooses by the route (2 split, ``hw_only_instances``
             hardware) (``GPUBATCH_HW_DECODERS``).
         hw_only_instances: instances on the hardware route (one per common kind).
@@ -190,6 +190,8 @@ class Settings:
                                      ("cuda_takes", self.cuda_takes, ("slowest", "cheapest"))):
             if value not in allowed:
                 raise UsageError(f"unknown {name} {value!r}: one of {', '.join(allowed)}")
+        if not 0.0 <= self.cuda_share <= 1.0:
+            raise UsageError(f"the CUDA decoder's share {self.cuda_share!r} (GPUBATCH_CUDA_SHARE): a fraction from 0 to 1")
 
     @property
     def out_slots(self) -> int:
@@ -257,4 +259,5 @@ _ENV = (
     ("GPUBATCH_SHARD_WRITER", "shard_writer", str),
     ("GPUBATCH_DECODE_AHEAD", "decode_ahead", int),
     ("GPUBATCH_CUDA_KINDS", "cuda_kinds", _kinds),
+    ("GPUBATCH_CUDA_SHARE", "cuda_share", float),
 )

@@ -56,6 +56,11 @@ def test_settings_come_from_arguments_over_the_environment_over_the_defaults(mon
     monkeypatch.setenv("GPUBATCH_HW_DECODERS", "many")
     with pytest.raises(UsageError, match="GPUBATCH_HW_DECODERS"):
         Settings.from_env()
+    monkeypatch.delenv("GPUBATCH_HW_DECODERS")
+    assert Settings.from_env(environ={"GPUBATCH_CUDA_SHARE": "0.15"}).cuda_share == 0.15
+    for share in ("1.5", "-0.1"):
+        with pytest.raises(UsageError, match="GPUBATCH_CUDA_SHARE"):
+            Settings.from_env(environ={"GPUBATCH_CUDA_SHARE": share})
 
 
 def test_the_engine_reads_no_environment_outside_its_settings():
