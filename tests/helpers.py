@@ -61,7 +61,8 @@ def photo(h: int, w: int, seed: int = 0) -> np.ndarray:
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def _semaphores() -> set[str]:
+def semaphores_now() -> set[str]:
+    """The named semaphores in /dev/shm now (for :func:`kill_group`)."""
     shm = Path("/dev/shm")
     return {p.name for p in shm.glob("sem.mp-*")} if shm.is_dir() else set()
 
@@ -72,11 +73,5 @@ def kill_group(proc: subprocess.Popen, before: set[str]) -> None:
     them when a run ends, dies with the group. ``before``: :func:`semaphores_now` before ``proc`` started."""
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    for name in _semaphores() - before:
+    for name in semaphores_now() - before:
         Path("/dev/shm", name).unlink(missing_ok=True)
-
-
-def semaphores_now() -> set[str]:
-    """The named semaphores in /dev/shm now (for :func:`kill_group`)."""
-    return _semaphores()
-

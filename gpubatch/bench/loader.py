@@ -5,8 +5,8 @@ DataLoader, each in its own process as every contender (:mod:`.contenders`).
 - ``gpubatch-loader`` / ``gpubatch-loader-cpu``: :class:`~gpubatch.training.Loader` on the GPU / the CPU
   (its pipeline's worker processes), epochs one after the other (a new order each), images and labels a batch.
 - ``dali-reader``: DALI's reader of the format (``readers.webdataset`` with the shards' own index files,
-  ``readers.tfrecord``, ``readers.mxnet`` for RecordIO, ``readers.caffe`` for LMDB), its mixed decoder at the setting DALI measured
-  fastest (``hw_decoder_load=0.9``) and the chain's ops, as the ``dali`` contender on files.
+  ``readers.tfrecord``, ``readers.mxnet`` for RecordIO, ``readers.caffe`` for LMDB), its mixed decoder at the
+  setting DALI measured fastest (``hw_decoder_load=0.9``) and the chain's ops, as the ``dali`` contender on files.
 - ``webdataset-dataloader``: ``webdataset.WebDataset`` (shards resampled by each worker, Pillow decode,
   torchvision transforms) in a PyTorch DataLoader, a worker a core (webdataset shards only).
 """
