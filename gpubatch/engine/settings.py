@@ -40,6 +40,9 @@ class Settings:
         hw_instances: hardware-engine instances; 0 chooses by the route (2 split, ``hw_only_instances``
             hardware) (``GPUBATCH_HW_DECODERS``).
         hw_only_instances: instances on the hardware route (one per common kind).
+        hw_per_kind: on the split route, an instance more (up to ``hw_only_instances``) the first time a
+            batch gives the hardware engine more kinds than it has instances, where no ``--gpu-memory`` cap
+            holds the engine (``GPUBATCH_HW_PER_KIND``; off until it has run on the GPU).
         cuda_takes: which kinds the split route's CUDA decoder takes first: "slowest" (those the
             hardware engine is slowest on) or "cheapest" (those cheapest for its host threads).
         cuda_kinds: JPEG kinds (as ``headers.jpeg_kind`` names them, "baseline/4:4:4") the CUDA decoder
@@ -128,6 +131,7 @@ class Settings:
     cuda_share: float = 0.3
     hw_instances: int = 0
     hw_only_instances: int = 3
+    hw_per_kind: bool = False
     cuda_takes: str = "slowest"
     cuda_kinds: tuple[str, ...] = ()
     hw_mixed: bool = False
@@ -260,4 +264,5 @@ _ENV = (
     ("GPUBATCH_DECODE_AHEAD", "decode_ahead", int),
     ("GPUBATCH_CUDA_KINDS", "cuda_kinds", _kinds),
     ("GPUBATCH_CUDA_SHARE", "cuda_share", float),
+    ("GPUBATCH_HW_PER_KIND", "hw_per_kind", _flag),
 )

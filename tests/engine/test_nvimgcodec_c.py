@@ -260,6 +260,43 @@ def test_each_kind_keeps_its_hardware_instances():
     assert run(three, ["420", "422", "444"] * 2, first=2) == [0, 1, 2] * 2  # a third kind takes it
 
 
+def test_a_part_of_more_kinds_than_instances_gets_an_instance_a_kind():
+    """With ``hw_per_kind`` (and no memory cap), a hardware part of more kinds than the engine has instances
+    makes one more instance a kind, up to ``hw_only_instances``; the new ones are spares, so each kind then
+    keeps an instance of its own. Without it, or with no hardware instance at all, nothing is made."""
+    from types import SimpleNamespace
+
+    from gpubatch.engine.codecs.decode_routing import DecodeRouting
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
+
+    def decoder(grow: bool, pool: list) -> SimpleNamespace:
+        dec = SimpleNamespace(hw_direct=pool, hw_cs=[], grow_hw=grow, settings=Settings(hw_only_instances=3),
+                              _hw_turn=0, _hw_last={}, _hw_first=2)
+        dec._more_hw = lambda n, direct: dec.hw_direct.extend(object() for _ in range(n))
+        return dec
+
+    dec = decoder(True, [object(), object()])
+    DecodeRouting._enough_hw(dec, 2)
+    assert len(dec.hw_direct) == 2  # (as many kinds as instances)
+    DecodeRouting._enough_hw(dec, 5)
+    assert len(dec.hw_direct) == 3  # (at most hw_only_instances)
+    pool = dec.hw_direct
+    assert [pool.index(GpuImageDecoder._hw_instance(dec, pool, k)) for k in ["420", "422", "444"] * 2] == [0, 1, 2] * 2
+    for grow, pool in ((False, [object(), object()]), (True, [])):
+        dec = decoder(grow, pool)
+        DecodeRouting._enough_hw(dec, 3)
+        assert len(dec.hw_direct) == len(pool)
+
+    def failing(n: int, direct: bool) -> None:
+        raise RuntimeError("out of memory")
+
+    dec = decoder(True, [object(), object()])
+    dec._more_hw = failing
+    with pytest.warns(RuntimeWarning, match="no more hardware-engine instances"):
+        DecodeRouting._enough_hw(dec, 3)
+    assert dec.grow_hw is False and len(dec.hw_direct) == 2  # (the two decode on; no second try)
+
+
 def test_calls_are_cut_by_their_decoded_bytes_under_a_budget():
     """With ``call_bytes`` (a memory cap's plan) a kind's list is cut where its decoded bytes would pass
     the budget as well as by count; an image larger than the budget is a call alone; where the even

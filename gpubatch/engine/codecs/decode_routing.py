@@ -109,6 +109,24 @@ class DecodeRouting:
         # calls for left the pool fragmented: a peak of 865-905 MiB against 809-815; docs/engine.md).
         self._give_back_slots()
 
+    def _enough_hw(self, kinds: int) -> None:
+        """(The hardware engine's thread, before a part's calls.) Where the part has ``kinds`` kinds and the
+        engine fewer instances, one more instance a kind up to ``settings.hw_only_instances``: two instances
+        that switch kinds call after call held the whole chain to half speed (a 0.15 CUDA share on a mix
+        with a quarter of 4:4:4: 10,011-11,093 against 20,825-21,800 images/s; docs/engine.md). Only where
+        ``grow_hw`` (``settings.hw_per_kind``, and no memory cap: an instance is about 55 MiB that a plan
+        does not count); the instances made are spares past ``_hw_first``, taken by a kind none of the first
+        has (:meth:`_hw_instance`)."""
+        pool = self.hw_direct or self.hw_cs
+        want = min(kinds, self.settings.hw_only_instances)
+        if not self.grow_hw or not pool or len(pool) >= want:
+            return
+        try:
+            self._more_hw(want - len(pool), bool(self.hw_direct))
+        except Exception as e:  # noqa: BLE001 - the instances there decode on
+            self.grow_hw = False
+            warnings.warn(f"no more hardware-engine instances ({e})", RuntimeWarning, stacklevel=2)
+
     def _hw_instance(self, pool: list[Any], kind: str | None) -> Any:
         """The hardware-engine instance for a call of ``kind``: the least recently used of those whose
         last call was of the same kind or that have not been used, else the least recently used of

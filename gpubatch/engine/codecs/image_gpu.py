@@ -205,6 +205,7 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
         # the instances a call picks from first; those past them are spares, taken only where none of
         # the first has the call's kind (the split route, after the hardware route added them: _follow)
         self._hw_first = hw_instances
+        self.grow_hw = st.hw_per_kind  # (an instance a kind of a batch's hardware part: _enough_hw)
         with cp.cuda.Device(device_index):
             self.stream_ordered = set_pool_keep(cp, device_index, st.pool_keep)
             cuda_options = f"{st.cuda_decoder_options} {options}"
@@ -602,6 +603,8 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
         t0 = time.perf_counter()
         done: list[tuple[int, bool]] = []
         retry: list[int] = []
+        if job.hw and self.grow_hw:
+            self._enough_hw(len({kinds[idx[0]] for idx in job.lists if idx}))
         with cp.cuda.Device(self.device_index):
             for k, idx in enumerate(job.lists):  # (each call's items with places: _prepare)
                 if not idx:

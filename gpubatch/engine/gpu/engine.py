@@ -169,6 +169,7 @@ class GpuEngine:
             if self.cores is not None:
                 self.cores.release()
             raise
+        self.decoder.grow_hw = self.decoder.grow_hw and self.cap is None  # (a plan counts the instances made)
         step("decoders")
         self.jpeg_encoder = jpeg_encoder
         self._encoder = None
