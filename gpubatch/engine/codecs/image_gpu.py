@@ -603,9 +603,9 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
         t0 = time.perf_counter()
         done: list[tuple[int, bool]] = []
         retry: list[int] = []
-        if job.hw and self.grow_hw:
-            self._enough_hw(len({kinds[idx[0]] for idx in job.lists if idx}))
         with cp.cuda.Device(self.device_index):
+            if job.hw and self.grow_hw:  # (made on this device, by the thread that calls them)
+                self._enough_hw(len({kinds[idx[0]] for idx in job.lists if idx}))
             for k, idx in enumerate(job.lists):  # (each call's items with places: _prepare)
                 if not idx:
                     continue
