@@ -35,7 +35,6 @@ def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any,
     if clock is not None:
         clock.lap("settle")
     stats.add(fallbacks=res.fallbacks)
-    stats.drawn.update(settled.drawn)
     if settled.rows:
         settled.encoded(_resample_encode(engine, plan, settled.codecs, settled.arrays, settled.params,
                                          settled.first, sink, clock))
@@ -111,7 +110,6 @@ class Settled:
 
     def __init__(self, plan: Plan, fed: Any, arrays: Any, errors: Any, stats: Any):
         self.plan = plan
-        self.drawn: dict[str, Any] = {}  # (an augment's parameters, by output key: the writer takes them)
         out: list[Any] = list(fed.results)
         self.out = out
         where = {r: pos for pos, r in enumerate(out) if isinstance(r, int)}
@@ -151,8 +149,8 @@ class Settled:
             if again:
                 redrawn.append(len(rows))
             dropped += d
-            if plan.augmenting:
-                self.drawn[t.key] = drawn
+            if plan.augmenting:  # (an augment's parameters, by output key: the writer takes them)
+                stats.drawn[t.key] = drawn
             rows.append(j)
             self.arrays.append(a)
             self.params.append(drawn)
