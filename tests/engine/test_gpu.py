@@ -183,6 +183,30 @@ def test_auto_route_follows_the_free_cores(monkeypatch):
         eng.close()
 
 
+def test_a_split_decoder_makes_an_instance_a_kind_for_real_batches_only(tmp_path):
+    """The split route starts on two hardware instances (its warm-up's tiny JPEGs of every kind make none);
+    a batch whose hardware part holds three kinds makes a third, where ``hw_per_kind`` is on (the
+    default); one of two kinds there, or the setting off, makes none. The images right throughout."""
+    from gpubatch.engine.settings import Settings
+    from gpubatch.pipelines.image import ImagePipeline
+
+    paths = _jpeg_files(tmp_path, 12, lambda i: (120 + 9 * i, 200 - 3 * i), lambda i: 80 + i)
+    blobs, keys = [p.read_bytes() for p in paths], [p.stem for p in paths]
+    ops = [ResizeShorter(72), CenterCrop(64)]
+    with ImagePipeline(ops, device="cpu") as cpu:
+        ref = np.stack(cpu(blobs, keys)).astype(int)
+    # four of each kind: a 0.34 share takes the four 4:4:4 (two kinds left), 0.1 one of them (three left)
+    for share, per_kind, made in ((0.34, True, 2), (0.1, True, 3), (0.1, False, 2)):
+        st = Settings(decode_route="split", cuda_share=share, hw_per_kind=per_kind)
+        with ImagePipeline(ops, device="gpu", seed=0, settings=st) as pipe:
+            dec = pipe.engine.decoder
+            assert len(dec.hw_direct or dec.hw_cs) == 2, share
+            for _ in range(2):
+                got = pipe(blobs, keys).stacked().get().astype(int)
+                assert np.abs(got - ref).mean() < 1.5
+            assert len(dec.hw_direct or dec.hw_cs) == made, (share, per_kind)
+
+
 def test_auto_route_follows_the_load_as_the_run_goes(tmp_path, monkeypatch):
     """With "auto" the route follows the cores other processes take while the run goes (the probe of
     the host's load stands in here): split, then the hardware route two checks after the load came,

@@ -297,6 +297,31 @@ def test_a_part_of_more_kinds_than_instances_gets_an_instance_a_kind():
     assert dec.grow_hw is False and len(dec.hw_direct) == 2  # (the two decode on; no second try)
 
 
+def test_the_warm_up_calls_make_no_instance_a_kind():
+    """The warm-up's calls (``first_call``: tiny JPEGs of every kind) run with ``grow_hw`` off, so only real
+    batches' kinds make instances; the setting is back afterwards, also where the call fails."""
+    from types import SimpleNamespace
+
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder, _tiny_jpegs
+
+    seen = []
+
+    def run(job, blobs, regions, kinds):
+        seen.append(dec.grow_hw)
+        if len(seen) == 2:
+            raise RuntimeError("the call failed")
+
+    done = SimpleNamespace(result=lambda: None)
+    sync = SimpleNamespace(synchronize=lambda: None)
+    dec = SimpleNamespace(grow_hw=True, hw_direct=[object()], hw_stream=sync, cuda_stream=sync,
+                          _prepare=lambda *a, **k: object(), _run=run,
+                          _cuda_thread=SimpleNamespace(submit=lambda f: done))
+    GpuImageDecoder.first_call(dec, True, _tiny_jpegs(6))
+    with pytest.raises(RuntimeError, match="the call failed"):
+        GpuImageDecoder.first_call(dec, False, _tiny_jpegs(6))
+    assert seen == [False, False] and dec.grow_hw is True
+
+
 def test_calls_are_cut_by_their_decoded_bytes_under_a_budget():
     """With ``call_bytes`` (a memory cap's plan) a kind's list is cut where its decoded bytes would pass
     the budget as well as by count; an image larger than the budget is a call alone; where the even

@@ -372,7 +372,11 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
                 groups.setdefault(k, []).append(i)
             lists = list(groups.values())
         job = self._prepare(hw, blobs, regions, lists, self.hw_stream, plane_kinds=kinds if planes else None)
-        self._run(job, blobs, regions, kinds)
+        grow, self.grow_hw = self.grow_hw, False  # (these blobs hold every kind: real batches' kinds decide)
+        try:
+            self._run(job, blobs, regions, kinds)
+        finally:
+            self.grow_hw = grow
         self._cuda_thread.submit(int).result()  # a retry of what the hardware engine failed has run
         self.hw_stream.synchronize()
         self.cuda_stream.synchronize()
