@@ -185,8 +185,8 @@ def test_auto_route_follows_the_free_cores(monkeypatch):
 
 def test_a_split_decoder_makes_an_instance_a_kind_for_real_batches_only(tmp_path):
     """The split route starts on two hardware instances (its warm-up's tiny JPEGs of every kind make none);
-    a batch whose hardware part holds three kinds makes a third, where ``hw_per_kind`` is on (the
-    default); one of two kinds there, or the setting off, makes none. The images right throughout."""
+    a batch whose hardware part holds three kinds makes a third, where ``hw_per_kind`` is on; one of two
+    kinds there, or the setting off, makes none. The images right throughout."""
     from gpubatch.engine.settings import Settings
     from gpubatch.pipelines.image import ImagePipeline
 
