@@ -7,6 +7,7 @@ act on print as one line on stderr with a fixed exit code (see :class:`gpubatch.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -97,7 +98,18 @@ def _terminate_as_interrupt() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the CLI and map errors to exit codes."""
+    """Entry point: run the CLI and map errors to exit codes. Run as the process's command (``argv`` None),
+    it leaves every object it made to the interpreter's end uncollected (``gc.freeze``): the collection
+    Python runs at its exit over them took 153-226 ms of a 2.2-s pass-through on the 2-core CI machine, 80-100
+    ms frozen (2026-12-02, benchmarks/RESULTS.md)."""
+    try:
+        _main(argv)
+    finally:
+        if argv is None:  # (a caller's process, as a test's, goes on: its objects stay collectable)
+            gc.freeze()
+
+
+def _main(argv: list[str] | None) -> None:
     from ..errors import FROM_CLI, ExitCode, GpubatchError, Terminated
 
     debug = "--debug" in (argv if argv is not None else sys.argv[1:]) or bool(os.environ.get("GPUBATCH_DEBUG"))
