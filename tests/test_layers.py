@@ -96,3 +96,47 @@ def test_every_registry_refuses_a_second_definition_under_a_name_taken():
     with pytest.raises(ValueError, match="the host codec of image"):
         media.register_codec("image", "*", media.HOST, object())
     assert FORMATS["webdataset"].__name__ != "MyWebDataset"
+
+
+def test_op_modules_are_imported_when_first_needed_and_built_ins_register_first():
+    """A worker's run module and the ops package import no op module (a pass-through needs none); a name of
+    the package imports its own module; ``load_all`` gives the whole registry. An op or a kernel defined
+    outside the built-ins under a built-in's name, before that built-in's module was imported, is refused
+    all the same (the built-ins load first), and the built-in stays. In a fresh interpreter each: this one
+    has imported every op module already."""
+    import subprocess
+    import sys
+
+    lazy = """
+import sys
+import gpubatch.engine.execute.worker, gpubatch.engine.ops as ops
+mods = lambda: sorted(m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("gpubatch.engine.ops."))
+print(mods())
+from gpubatch.engine.ops import ResizeShorter
+print(mods())
+reg = ops.load_all()
+named = [getattr(ops, n) for n in ops.__all__]
+named = [c for c in named if isinstance(c, type) and issubclass(c, ops.Op) and c.__dict__.get("name")]
+print(mods() == sorted({"base", *ops.MODULES}), len(named) > 40 and all(reg[c.name] is c for c in named))
+"""
+    first = """
+import dataclasses, sys
+from gpubatch.engine import registry
+from gpubatch.engine.ops import Op
+try:
+    registry.register_kernel("flip", registry.HOST)(lambda op, images, params: images)
+except ValueError as e:
+    print("kernel refused:", "registered already" in str(e))
+""" + """
+try:
+    dataclasses.dataclass(frozen=True)(type("MyGain", (Op,), {"name": "gain", "__annotations__": {}}))
+except ValueError as e:
+    print("op refused:", "registered already" in str(e))
+from gpubatch.engine.ops import OPS
+print(OPS["gain"].__module__, OPS["flip"].__module__)
+"""
+    for code, want in ((lazy, ["['base']", "['base', 'geometry']", "True True"]),
+                       (first, ["kernel refused: True", "op refused: True",
+                                "gpubatch.engine.ops.audio gpubatch.engine.ops.geometry"])):
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+        assert p.stdout.splitlines() == want, p.stdout + p.stderr

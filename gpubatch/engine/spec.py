@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError, did_you_mean
-from .ops import OPS, Op
+from .ops import Op, load_all
 
 PRESETS: dict[str, tuple[str, str]] = {
     "resnet50-train": ("random_resized_crop(size=224) | flip(p=0.5)",
@@ -38,9 +38,10 @@ def _fields(cls: type[Op]) -> list[dataclasses.Field]:
 
 def make_op(name: str, args: list[Any] | tuple = (), kwargs: dict[str, Any] | None = None) -> Op:
     """The op ``name`` built from positional and keyword parameters, or a one-line UsageError."""
-    cls = OPS.get(name)
+    ops = load_all()  # (every op module: the whole registry)
+    cls = ops.get(name)
     if cls is None:
-        raise UsageError(f"unknown op {name!r}{did_you_mean(name, sorted(OPS))}; valid ops: {', '.join(sorted(OPS))}")
+        raise UsageError(f"unknown op {name!r}{did_you_mean(name, sorted(ops))}; valid ops: {', '.join(sorted(ops))}")
     kwargs = dict(kwargs or {})
     names = [f.name for f in _fields(cls)]
     if len(args) > len(names):
@@ -177,8 +178,9 @@ def chain_spec(ops: tuple[Op, ...]) -> str:
 def describe_ops() -> list[dict[str, Any]]:
     """Every op: name, parameters with defaults, whether it moves boxes, what it does."""
     out = []
-    for name in sorted(OPS):
-        cls = OPS[name]
+    ops = load_all()
+    for name in sorted(ops):
+        cls = ops[name]
         params = []
         for f in _fields(cls):
             if f.default is not dataclasses.MISSING:

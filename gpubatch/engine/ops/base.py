@@ -15,6 +15,7 @@ import numpy as np
 from ...errors import UsageError, register_once
 from ...types import Boxes
 from ..media import MediaSpec
+from ..registry import load_built_ins
 
 OPS: dict[str, type[Op]] = {}
 
@@ -69,6 +70,7 @@ class Op:
     def __init_subclass__(cls, **kw: object) -> None:
         super().__init_subclass__(**kw)
         if cls.__dict__.get("name"):  # (a subclass that keeps its parent's name is no op of its own)
+            load_built_ins(cls.__module__)  # (an op from outside the built-ins: theirs first)
             register_once(OPS, cls.name, cls, "op")
 
     def out_spec(self, spec: MediaSpec) -> MediaSpec:
