@@ -138,7 +138,7 @@ print(OPS["gain"].__module__, OPS["flip"].__module__)
     from gpubatch.engine import ops
 
     files = {p.stem for p in (ROOT / "gpubatch/engine/ops").glob("*.py")} - {"__init__", "base"}
-    assert files == set(ops.MODULES)  # (an op module not named there would be missing from --ops)
+    assert files == set(ops.MODULES)  # (an op module with no name in _WHERE would be missing from --ops)
     for code, want in ((lazy, ["['base']", "['base', 'geometry']", "True True"]),
                        (first, ["kernel refused: True", "op refused: True",
                                 "gpubatch.engine.ops.audio gpubatch.engine.ops.geometry"])):
