@@ -243,8 +243,9 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
 
             local = getattr(req, "executor", "local") != "ray"  # (Ray's nodes are not this host's to sample)
             usage = Usage(device.indexes if strategy.gpu and local else ()).start()
+            fresh: dict[int, ShardResult] = {}  # (the shards this run's workers committed, as they said)
             with _memory_watch(strategy, device, stats):
-                wall = run_executor(req, ctx, strategy, todo, workers, tick)
+                wall = run_executor(req, ctx, strategy, todo, workers, tick, fresh)
             workers = wall.get("workers", workers)
             usage = usage.stop() if todo and local else {}
             timings.update({"workers start (to the first shard committed)": round(wall["start"], 4),
@@ -252,7 +253,9 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
             if parts is not None:  # this part's shards are committed: the dataset is finish's to make
                 return _part_summary(req, run, src_path, src_format, fmt, device, stats, journal, mine, todo, tasks,
                                      workers, strategy, summary_cls, usage, wall, timings, t_start, stage)
-            results = journal.results(tasks)
+            # (a local run's own shards as its workers reported them: no second read of every entry and file;
+            # Ray's workers may be other machines', so their shards are read back from the journal)
+            results = journal.results(tasks, None if wall.get("remote") else {**done, **fresh})
             if dest is not None:  # (what finish uploads: the rest)
                 dest.uploaded = {n for r in results for n in r.files}
             t_fin = time.perf_counter()
@@ -538,14 +541,18 @@ def _ticker(advance: Callable[..., None]) -> Callable[..., None]:
 
 
 def run_executor(req: Any, ctx: Any, strategy: Any, tasks: list, workers: int,
-                 tick: Callable[[int], None] | None) -> dict:
-    """The run's tasks through the executor the request names (``--executor local|ray``)."""
+                 tick: Callable[[int], None] | None, results: dict[int, ShardResult] | None = None) -> dict:
+    """The run's tasks through the executor the request names (``--executor local|ray``); each committed
+    shard's result into ``results`` by its index. The wall times have ``remote`` where the executor's
+    workers may run on other machines."""
+    keep = (lambda r: None) if results is None else (lambda r: results.__setitem__(r.index, r))
     if getattr(req, "executor", "local") == "ray":
         from .engine.execute.ray import run_tasks
-        return run_tasks(ctx, strategy, tasks, workers, lambda r: None, tick, address=getattr(req, "ray_address", None),
+        wall = run_tasks(ctx, strategy, tasks, workers, keep, tick, address=getattr(req, "ray_address", None),
                          asked=req.workers)
+        return {**wall, "remote": True}
     from .engine.execute.local import run_tasks
-    return run_tasks(ctx, strategy, tasks, workers, lambda r: None, tick)
+    return run_tasks(ctx, strategy, tasks, workers, keep, tick)
 
 
 def _bound(summary: Any, usage: dict, results: list[ShardResult], todo: list, wall: dict, gpu: bool) -> None:

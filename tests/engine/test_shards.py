@@ -317,6 +317,30 @@ def test_shards_are_named_before_any_data_moves_and_auto_sizes_them(imagenet, tm
         f"data-0000{i}-of-00003.tfrecord" for i in range(3)]
 
 
+def test_the_runs_end_takes_its_own_shards_as_reported_and_reads_the_journal_for_the_rest(tmp_path):
+    """A run's finalize gets the shards its workers committed as they reported them (no second read of
+    every entry and every file), in the form their journal entries read back, and reads the rest."""
+    from gpubatch.engine.execute.journal import Journal
+    from gpubatch.types import ShardResult, ShardTask
+
+    tasks = [ShardTask(i, 2 * i, 2 * i + 2, f"s{i}.tar", ()) for i in range(3)]
+    (tmp_path / "s0.tar").write_bytes(b"x" * 5)
+    journal = Journal(tmp_path)
+    journal.begin({"run": 1})
+    journal.record(ShardResult(0, "s0.tar", 0, 2, files={"s0.tar": [5, "d"]}, extra={"parts": [("a", 1)]}))
+    # shard 1: reported by its worker (a tuple in it, as a sink may give); its entry on disk is not read
+    reported = ShardResult(1, "s1.tar", 2, 4, files={"s1.tar": [7, "e"]}, extra={"parts": [("b", 2)]})
+    with pytest.raises(GpubatchError, match="1 shard is not committed .s2.tar"):
+        journal.results(tasks, {1: reported})
+    got = journal.results(tasks[:2], {1: reported})
+    assert [r.index for r in got] == [0, 1]
+    assert got[1].extra == {"parts": [["b", 2]]} and got[0].extra == {"parts": [["a", 1]]}  # (as entries read back)
+    assert reported.extra == {"parts": [("b", 2)]}  # (the worker's own object untouched)
+    # without what the workers reported (Ray's), the journal decides: shard 1 has no entry
+    with pytest.raises(GpubatchError, match="1 shard is not committed .s1.tar"):
+        journal.results(tasks[:2])
+
+
 @pytest.mark.parametrize("to", ["folder", "lmdb", "coco"])
 def test_a_run_stopped_in_its_finalize_resumes_to_the_same_bytes(imagenet, coco, tmp_path, monkeypatch, to):
     """The formats without shards make the dataset in finalize (files moved into place, the LMDB written):

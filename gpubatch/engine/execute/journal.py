@@ -132,9 +132,15 @@ class Journal:
                 done[result.index] = result
         return done
 
-    def results(self, tasks: list[Any]) -> list[ShardResult]:
-        """Every task's result, in shard order (all must be committed)."""
-        done = self.committed(tasks)
+    def results(self, tasks: list[Any], known: dict[int, ShardResult] | None = None) -> list[ShardResult]:
+        """Every task's result, in shard order (all must be committed). ``known``: results this process
+        holds already (the shards its own workers just committed, and those :meth:`committed` found at the
+        run's start), by shard index; only the others are read from the journal and checked."""
+        # (as their entries read back: JSON's lists for tuples, so that a finalize sees the same values
+        # whether a shard was written now or before a resume)
+        known = {i: ShardResult.from_dict(json.loads(json.dumps(r.as_dict()))) for i, r in (known or {}).items()}
+        rest = [t for t in tasks if t.index not in known]
+        done = {**known, **(self.committed(rest) if rest else {})}
         missing = [t.name for t in tasks if t.index not in done]
         if missing:
             raise GpubatchError(f"{len(missing)} shard{'s are' if len(missing) > 1 else ' is'} not committed "

@@ -97,6 +97,7 @@ class GpuEngine:
 
         t = time.perf_counter()
         self.init_times: dict[str, float] = {}  # seconds of each step of the engine's start (the run's gpu_init)
+        self.warm_times: dict[str, float] = {}  # seconds of each step of its warm-up (decoders, kernels, encoder)
 
         def step(name: str) -> None:
             nonlocal t
@@ -221,13 +222,18 @@ class GpuEngine:
         from ..kernels import kernel
         t0 = time.perf_counter()
         self.decoder.warm_up(batch, regions)
+        t1 = time.perf_counter()
         for tag, layout in (("u8", "hwc"), ("f16", "chw")):  # compiled (or read from CuPy's cache) and loaded
             kernel("resample", f"resample_{tag}_{layout}")
+        t2 = time.perf_counter()
         if encoder:
             with self.stream:
                 tiny = self.cp.zeros((16, 16, 3), self.cp.uint8)
             self.encoder.encode([tiny], "jpeg", 90, self.stream)
         self.stream.synchronize()
+        t3 = time.perf_counter()
+        # (its steps, for the run's summary: "warm_up: decoders" ...)
+        self.warm_times = {"decoders": round(t1 - t0, 4), "kernels": round(t2 - t1, 4), "encoder": round(t3 - t2, 4)}
         self._note_memory("kernels and encoder" if encoder else "kernels")
         return time.perf_counter() - t0
 

@@ -345,6 +345,7 @@ class GpuImageUnit:
             tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
             first = {"gpu_init": gpu_init, "warm_up": warm, "gpu_init: feed start": round(feed_start, 4),
                      **{f"gpu_init: {k}": v for k, v in getattr(engine, "init_times", {}).items()},
+                     **{f"warm_up: {k}": v for k, v in getattr(engine, "warm_times", {}).items()},
                      **{f"gpu_init (thread): {k}": v for k, v in start.kernels_ready(gpu).items()}}
 
             def decode(fed: Any) -> Any:
