@@ -42,7 +42,8 @@ class Settings:
         hw_only_instances: instances on the hardware route (one per common kind).
         hw_per_kind: on the split route, an instance more (up to ``hw_only_instances``) the first time a
             batch gives the hardware engine more kinds than it has instances, where no ``--gpu-memory`` cap
-            holds the engine (``GPUBATCH_HW_PER_KIND``; on by default, 0 turns it off).
+            holds the engine (``GPUBATCH_HW_PER_KIND``; off by default: at the default share it made the loader
+            no faster, 2026-12-02).
         cuda_takes: which kinds the split route's CUDA decoder takes first: "slowest" (those the
             hardware engine is slowest on) or "cheapest" (those cheapest for its host threads).
         cuda_kinds: JPEG kinds (as ``headers.jpeg_kind`` names them, "baseline/4:4:4") the CUDA decoder
@@ -131,7 +132,7 @@ class Settings:
     cuda_share: float = 0.3
     hw_instances: int = 0
     hw_only_instances: int = 3
-    hw_per_kind: bool = True
+    hw_per_kind: bool = False
     cuda_takes: str = "slowest"
     cuda_kinds: tuple[str, ...] = ()
     hw_mixed: bool = False

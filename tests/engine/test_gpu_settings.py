@@ -58,8 +58,8 @@ def test_settings_come_from_arguments_over_the_environment_over_the_defaults(mon
         Settings.from_env()
     monkeypatch.delenv("GPUBATCH_HW_DECODERS")
     assert Settings.from_env(environ={"GPUBATCH_CUDA_SHARE": "0.15"}).cuda_share == 0.15
-    assert Settings.from_env(environ={}).hw_per_kind  # (on by default; 0 turns it off)
-    assert not Settings.from_env(environ={"GPUBATCH_HW_PER_KIND": "0"}).hw_per_kind
+    assert not Settings.from_env(environ={}).hw_per_kind  # (off by default; 1 turns it on)
+    assert Settings.from_env(environ={"GPUBATCH_HW_PER_KIND": "1"}).hw_per_kind
     for share in ("1.5", "-0.1"):
         with pytest.raises(UsageError, match="GPUBATCH_CUDA_SHARE"):
             Settings.from_env(environ={"GPUBATCH_CUDA_SHARE": share})
