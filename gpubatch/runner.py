@@ -157,7 +157,7 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
     """Read ``src`` -> plan shards -> work them on ``device`` -> finalize ``fmt`` at ``dst``: the summary."""
     from .engine.execute.journal import Journal
     from .engine.execute.shards import inputs_per_shard, plan_shards
-    from .engine.execute.strategies import unit_for
+    from .engine.execute.strategies import on_host, unit_for
     from .engine.execute.worker import RunContext
     from .engine.media import DEVICE, HOST, has_codec
     from .engine.settings import Settings
@@ -185,7 +185,10 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
     dest = _destination(req)
     options = WriteOptions(shard_size=req.shard_size or 0, name=req.name, source=str(src_path),
                            extra={"layout": req.layout, "shared_stage": shared})  # (workers on several machines)
-    per_shard = inputs_per_shard(len(entries), req.shard_size, _outputs_per_input(plan, fmt), str(plan.media))
+    # (a format whose tasks are units of work only is cut finer on the host; a GPU unit's batches never
+    # span two tasks, so there the shards keep their size)
+    per_shard = inputs_per_shard(len(entries), req.shard_size, _outputs_per_input(plan, fmt), str(plan.media),
+                                 fmt.auto_units if on_host(plan, device) else None)
     tasks = plan_shards(entries, per_shard, lambda n: fmt.shard_names(n, options))
     print_ = fingerprint(run, src_path, src_format, entries, device, tasks)
     settings = Settings.from_env()

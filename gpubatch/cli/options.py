@@ -119,7 +119,8 @@ def pipeline_options(f):
                           "or full: decode every one."),
         click.option("--shard-size", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Records per shard (tfrecord, webdataset, recordio), also the unit of work and of "
-                          "--resume  [default: auto: about 64 shards of at least 256 images, 16 recordings or 2 videos, at most 10,000 records]"),
+                          "--resume  [default: auto: about 64 shards of at least 256 images, 16 recordings or 2 videos, at most 10,000 "
+                          "records; a folder written on the CPU: about 256 tasks of at least 64]"),
         click.option("--name", default="data", show_default=True, help="Shard file name prefix."),
         click.option("--layout", type=click.Choice(["imagenet", "flat"]), default="imagenet", show_default=True,
                      help="folder output: class sub-folders, or one flat folder with file_list.txt."),

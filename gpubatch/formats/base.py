@@ -405,6 +405,10 @@ class Format(abc.ABC):
     image_codecs: ClassVar[frozenset[str] | None] = None
     detect_priority: ClassVar[int] = 50  # lower is tried first
     sharded: ClassVar[bool] = False  # read from shard files, so a source pattern may pick some of them
+    #: where a written dataset has no shards and a run's tasks are units of work only (no file follows
+    #: the cut): ``--shard-size auto`` cuts the run into about this many tasks (engine/execute/shards.py);
+    #: None: shards of their own sizing
+    auto_units: ClassVar[int | None] = None
 
     @classmethod
     @abc.abstractmethod

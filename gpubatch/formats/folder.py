@@ -523,6 +523,7 @@ class FolderFormat(Format):
     name = "folder"
     description = "image files: ImageNet layout root/<class>/<file>, or flat with a file_list.txt"
     detect_priority = 90
+    auto_units = 256  # (each task's files are moved to their names at the end: the cut leaves no trace)
 
     @classmethod
     def detect(cls, path: Path) -> bool:

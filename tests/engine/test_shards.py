@@ -310,11 +310,17 @@ def test_shards_are_named_before_any_data_moves_and_auto_sizes_them(imagenet, tm
     assert inputs_per_shard(60, None) == 256 and inputs_per_shard(100, 10, 4.0) == 2
     # a video or a recording is more work a record: shards of fewer (every core of a host has one)
     assert inputs_per_shard(8, None, media="video") == 2 and inputs_per_shard(2048, None, media="audio") == 32
+    # an output whose tasks are units of work only (a folder, on the host): about 256 tasks of 64 or more
+    assert inputs_per_shard(16_384, None, units=256) == 64 and inputs_per_shard(1_000, None, units=256) == 64
+    assert inputs_per_shard(16_384, 100, units=256) == 100 and inputs_per_shard(8, None, media="video", units=256) == 2
     tasks = plan_shards(list(range(21)), 10, lambda n: [f"s{i}-of-{n}" for i in range(n)])
     assert [(t.start, t.stop, t.name) for t in tasks] == [(0, 10, "s0-of-2"), (10, 21, "s1-of-2")]  # no 1-record shard
     s = convert(imagenet, tmp_path / "o", to="tfrecord", shard_size=25)
     assert s.shards == 3 and sorted(p.name for p in (tmp_path / "o").glob("*.tfrecord")) == [
         f"data-0000{i}-of-00003.tfrecord" for i in range(3)]
+    from gpubatch.formats import get_format
+
+    assert get_format("folder").auto_units == 256 and get_format("webdataset").auto_units is None
 
 
 def test_the_runs_end_takes_its_own_shards_as_reported_and_reads_the_journal_for_the_rest(tmp_path):

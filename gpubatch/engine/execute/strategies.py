@@ -64,12 +64,18 @@ TABLE: dict[tuple[str, str], Strategy] = {
 }
 
 
-def unit_for(ctx: Any) -> Strategy:
-    """The strategy of a run (its plan's media, its device; pass-through on the host)."""
+def on_host(plan: Any, device: Any) -> bool:
+    """Whether a run of ``plan`` on ``device`` takes the host unit: every CPU run, and a GPU run whose
+    records all pass through (or whose media has no GPU codec)."""
     from ..media import DEVICE, has_codec
 
+    return not (device.is_gpu and plan.touches_pixels and has_codec(plan.media, DEVICE))
+
+
+def unit_for(ctx: Any) -> Strategy:
+    """The strategy of a run (its plan's media, its device; pass-through on the host)."""
     plan = ctx.plan
-    if ctx.device.is_gpu and plan.touches_pixels and has_codec(plan.media, DEVICE):
+    if not on_host(plan, ctx.device):
         found = TABLE.get((plan.media, "gpu"))
         if found is None:
             raise UsageError(f"no GPU unit for {plan.media} records; known: "
