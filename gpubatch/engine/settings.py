@@ -59,7 +59,7 @@ class Settings:
         follow_check_s, follow_confirm, follow_margin, follow_hold_s: seconds between checks of the
             load, checks in a row that must want the other route, free cores below
             ``split_min_cores`` before the split route is left, seconds a route is kept at least.
-        decoder_threads_max: CPU threads of the CUDA decoder at most.
+        decoder_threads_max: CPU threads of the CUDA decoder at most (``GPUBATCH_DECODER_THREADS``).
         readers_hw: on the hardware route the feed takes half the cores for its readers (else a quarter).
         reserve_core: a CPU core of its own for the hardware decoder's thread (``GPUBATCH_RESERVE_CORE``).
         reserve_min_cpus: the fewest usable cores with which a core is reserved.
@@ -266,4 +266,5 @@ _ENV = (
     ("GPUBATCH_CUDA_KINDS", "cuda_kinds", _kinds),
     ("GPUBATCH_CUDA_SHARE", "cuda_share", float),
     ("GPUBATCH_HW_PER_KIND", "hw_per_kind", _flag),
+    ("GPUBATCH_DECODER_THREADS", "decoder_threads_max", int),
 )
