@@ -30,7 +30,9 @@ Jobs (``--only``; the default is every job the machine can run):
   every GPU through ``--executor ray`` where Ray is installed: the scaling against N x one GPU's rate.
 
 Each gpubatch figure is a whole process (``python3 -m gpubatch ...``, start-up included), timed from
-outside: one untimed run first (page cache, kernel cache), then the median of --repeats runs, each after
+outside (the Pillow pool and the ``tarfile`` loop, the targets' baselines, are timed inside this process,
+without their interpreter's start or their listing of the files; each is also run as a whole process of its
+own, timed as gpubatch is, and reported beside: ``*_whole_process_*``, ``ratio_to_whole_process_*``): one untimed run first (page cache, kernel cache), then the median of --repeats runs, each after
 the previous output is removed and dirty pages written back (``sync``), as before each baseline run; the
 command's own ``--json`` summary is kept beside it. Data: gpubatch.synthetic's photo-like sets, made once
 under --data-root.
@@ -93,6 +95,8 @@ def fresh(*paths: Path):
     lands in the next run's time)."""
     def before() -> None:
         for p in paths:
+            if p.is_file():
+                p.unlink()
             shutil.rmtree(p, ignore_errors=True)
         os.sync()
     return before
@@ -100,6 +104,12 @@ def fresh(*paths: Path):
 
 def gpubatch(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpubatch", *args]
+
+
+def baseline(kind: str, data: Path, out: Path) -> list[str]:
+    """A baseline (``pool``: :func:`pillow_pool` on every core; ``loop``: :func:`tarfile_loop`) as a whole
+    process of its own, for :func:`timed`: its interpreter's start and its listing in its time, as gpubatch's."""
+    return [sys.executable, str(Path(__file__).resolve()), "--baseline", kind, str(data), str(out)]
 
 
 def rate(n: int, res: dict) -> float:
@@ -316,10 +326,12 @@ def job_cpu_transcode(a, tmp: Path) -> dict:
     res = timed(gpubatch("convert", str(data), str(tmp / "cpu"), "--to", "folder", *TRANSCODE, "--device", "cpu",
                          "--json"), a.repeats, before=fresh(tmp / "cpu"))
     pool = [pillow_pool(data, tmp / "pool", cores()) for _ in range(a.repeats + 1)][1:]
+    whole = rate(n, timed(baseline("pool", data, tmp / "pool"), a.repeats, before=fresh(tmp / "pool")))
     mine, base = rate(n, res), statistics.median(pool)
     return {"images": n, "gpubatch_images_per_s": mine, "gpubatch_runs": res["runs"],
             "pillow_pool_images_per_s": round(base, 1), "pillow_pool_runs": [round(p, 1) for p in pool],
-            "ratio": ratio(mine, base), **slim(res["summary"])}
+            "ratio": ratio(mine, base), "pillow_pool_whole_process_images_per_s": whole,
+            "ratio_to_whole_process_pool": ratio(mine, whole), **slim(res["summary"])}
 
 
 def job_pass_through(a, tmp: Path) -> dict:
@@ -329,13 +341,16 @@ def job_pass_through(a, tmp: Path) -> dict:
     base = statistics.median(loops)
     # (context, not the target's baseline: the same loop with its tar fsynced, as each shard is committed)
     durable = statistics.median([tarfile_loop(data, tmp / "loop.tar", durable=True) for _ in range(a.repeats)])
+    whole = rate(n, timed(baseline("loop", data, tmp / "loop.tar"), a.repeats, before=fresh(tmp / "loop.tar")))
     out: dict = {"records": n, "tarfile_loop_records_per_s": round(base, 1),
-                 "tarfile_loop_fsynced_records_per_s": round(durable, 1)}
+                 "tarfile_loop_fsynced_records_per_s": round(durable, 1),
+                 "tarfile_loop_whole_process_records_per_s": whole}
     for fmt in ("webdataset", "tfrecord", "recordio", "lmdb"):
         res = timed(gpubatch("convert", str(data), str(tmp / f"pt-{fmt}"), "--to", fmt, "--json"), a.repeats,
                     before=fresh(tmp / f"pt-{fmt}"))
         out[fmt] = {"records_per_s": rate(n, res), "runs": res["runs"], "ratio": ratio(rate(n, res), base),
-                    "ratio_to_fsynced_loop": ratio(rate(n, res), durable), **slim(res["summary"])}
+                    "ratio_to_fsynced_loop": ratio(rate(n, res), durable),
+                    "ratio_to_whole_process_loop": ratio(rate(n, res), whole), **slim(res["summary"])}
     return out
 
 
@@ -584,6 +599,10 @@ def has_gpu() -> bool:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--baseline"]:  # (one baseline run, as a process of its own: baseline())
+        kind, data, out = sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
+        pillow_pool(data, out, cores()) if kind == "pool" else tarfile_loop(data, out)
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=16384, help="JPEGs of the GPU transcode")
     ap.add_argument("--big", action="store_true", help="also the GPU transcode on 4x --images (hard links)")
