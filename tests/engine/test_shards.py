@@ -330,19 +330,23 @@ def test_the_runs_end_takes_its_own_shards_as_reported_and_reads_the_journal_for
     from gpubatch.types import ShardResult, ShardTask
 
     tasks = [ShardTask(i, 2 * i, 2 * i + 2, f"s{i}.tar", ()) for i in range(3)]
-    (tmp_path / "s0.tar").write_bytes(b"x" * 5)
+    for i in (0, 1):
+        (tmp_path / f"s{i}.tar").write_bytes(b"x" * 5)
     journal = Journal(tmp_path)
     journal.begin({"run": 1})
     journal.record(ShardResult(0, "s0.tar", 0, 2, files={"s0.tar": [5, "d"]}, extra={"parts": [("a", 1)]}))
-    # shard 1: reported by its worker (a tuple in it, as a sink may give); its entry on disk is not read
-    reported = ShardResult(1, "s1.tar", 2, 4, files={"s1.tar": [7, "e"]}, extra={"parts": [("b", 2)]})
+    # what a worker reports of its shard: its entry as it reads back (a sink's tuple a list, as after a resume)
+    made = ShardResult(1, "s1.tar", 2, 4, files={"s1.tar": [5, "e"]}, extra={"parts": [("b", 2)]})
+    reported = journal.record(made)
+    assert reported.extra == {"parts": [["b", 2]]} and made.extra == {"parts": [("b", 2)]}
+    assert reported == journal.committed(tasks)[1]
+    (journal.entries / "000001.json").unlink()  # (what the run's end takes of shard 1 is the report alone)
     with pytest.raises(GpubatchError, match="1 shard is not committed .s2.tar"):
         journal.results(tasks, {1: reported})
     got = journal.results(tasks[:2], {1: reported})
-    assert [r.index for r in got] == [0, 1]
-    assert got[1].extra == {"parts": [["b", 2]]} and got[0].extra == {"parts": [["a", 1]]}  # (as entries read back)
-    assert reported.extra == {"parts": [("b", 2)]}  # (the worker's own object untouched)
-    # without what the workers reported (Ray's), the journal decides: shard 1 has no entry
+    assert [r.index for r in got] == [0, 1] and got[1] is reported
+    assert got[0].extra == {"parts": [["a", 1]]}  # (read back)
+    # without what the workers reported (Ray's), the journal decides: shard 1 has no entry now
     with pytest.raises(GpubatchError, match="1 shard is not committed .s1.tar"):
         journal.results(tasks[:2])
 

@@ -101,14 +101,17 @@ class Journal:
             raise UsageError(f"--resume: the interrupted run in {self.stage.name} was another command ({said}); "
                              "run that command to finish it, or pass --overwrite to start this one over")
 
-    def record(self, result: ShardResult) -> None:
+    def record(self, result: ShardResult) -> ShardResult:
         """A committed shard's journal entry (the worker that committed it writes it; where the run's files
-        go to a store, after they are up, and the entry too)."""
+        go to a store, after they are up, and the entry too). Returns the result as its entry reads back
+        (JSON's lists for tuples): what the run's end gets, whether the shard was written now or before a resume."""
+        entry = json.loads(json.dumps(result.as_dict()))
         if self.store is not None:
             self.store.publish_shard(self.stage, result.files)
-        write_json(self.entries / f"{result.index:06d}.json", result.as_dict())
+        write_json(self.entries / f"{result.index:06d}.json", entry)
         if self.store is not None:
-            self.store.publish_entry(f"{result.index:06d}.json", result.as_dict())
+            self.store.publish_entry(f"{result.index:06d}.json", entry)
+        return ShardResult.from_dict(entry)
 
     def committed(self, tasks: list[Any]) -> dict[int, ShardResult]:
         """The shards of ``tasks`` this journal holds as committed, whose files are all in place at the
@@ -135,10 +138,9 @@ class Journal:
     def results(self, tasks: list[Any], known: dict[int, ShardResult] | None = None) -> list[ShardResult]:
         """Every task's result, in shard order (all must be committed). ``known``: results this process
         holds already (the shards its own workers just committed, and those :meth:`committed` found at the
-        run's start), by shard index; only the others are read from the journal and checked."""
-        # (as their entries read back: JSON's lists for tuples, so that a finalize sees the same values
-        # whether a shard was written now or before a resume)
-        known = {i: ShardResult.from_dict(json.loads(json.dumps(r.as_dict()))) for i, r in (known or {}).items()}
+        run's start, each as its entry reads back: :meth:`record`), by shard index; only the others are
+        read from the journal and checked."""
+        known = known or {}
         rest = [t for t in tasks if t.index not in known]
         done = {**known, **(self.committed(rest) if rest else {})}
         missing = [t.name for t in tasks if t.index not in done]

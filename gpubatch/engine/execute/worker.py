@@ -221,10 +221,8 @@ def jsonable(value: Any) -> Any:
 
 def finish(writing: ShardWriting, timings: dict[str, float] | None = None,
            extra: dict[str, Any] | None = None) -> ShardResult:
-    """Commit a task's shard and write its journal entry: its result."""
-    result = writing.commit(timings, extra)
-    Journal(writing.ctx.stage, writing.ctx.store).record(result)
-    return result
+    """Commit a task's shard and write its journal entry: its result, as the entry reads back."""
+    return Journal(writing.ctx.stage, writing.ctx.store).record(writing.commit(timings, extra))
 
 
 @contextlib.contextmanager
