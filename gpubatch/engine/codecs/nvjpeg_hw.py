@@ -131,12 +131,15 @@ def call_args(sources: list[tuple[int, int]], outputs: list[tuple[int, ...]]) ->
 
 class HwBatchDecoder:
     """One nvJPEG hardware-backend handle and decode state (see the module docstring). Make it with the
-    device current; ``cp`` is CuPy (for the event that tracks the previous call)."""
+    device current; ``cp`` is CuPy (for the event that tracks the previous call), or None to make it
+    before CuPy is imported (a worker's start: ``device`` named, its context current through the driver),
+    CuPy then imported at the first call."""
 
-    def __init__(self, cp: Any):
+    def __init__(self, cp: Any, device: int | None = None):
         self.lib = library()
-        self.cp = cp
-        self.device = cp.cuda.runtime.getDevice()  # made current in each calling thread (nvJPEG allocates there)
+        self._cp = cp
+        # (made current in each calling thread: nvJPEG allocates there)
+        self.device = cp.cuda.runtime.getDevice() if device is None else device
         self.handle, self.state = C.c_void_p(), C.c_void_p()
         _check("nvjpegCreateEx", self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, FLAGS, C.byref(self.handle)))
         try:
@@ -153,6 +156,14 @@ class HwBatchDecoder:
         self.done: Any = None  # the previous call's end on its stream
         self.params: list[Any] = []  # per-image decode parameters of region calls (made as needed, reused)
         self._params_fmt: list[int] = []  # the output format each of them was set to
+
+    @property
+    def cp(self) -> Any:
+        if self._cp is None:
+            import cupy
+
+            self._cp = cupy
+        return self._cp
 
     def engines(self) -> tuple[int, int]:
         """(hardware engines, cores per engine) nvJPEG reports."""

@@ -98,8 +98,11 @@ def run_tasks(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], worke
 def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], workers: int,
                   on_result: Callable[[ShardResult], None], on_progress: Callable[[int], None] | None) -> None:
     import multiprocessing as mp
+    import pickle
 
-    from ..processes import worker_processes
+    from ..gpu import start as gpu_start
+    from ..processes import detached_main, worker_processes
+    from .boot import boot
 
     spawn = mp.get_context("spawn")
     results = spawn.Queue()
@@ -120,7 +123,12 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
     procs = []
     for k in range(workers):
         mine, env = ctx.for_slot(k)  # (its GPU, where the run has several: the only one its process sees)
-        procs += worker_processes(_worker, (mine, strategy, k, queues[k], results), 1, daemon=False, env=env)
+        # the run goes as bytes, so that a GPU worker begins its GPU's start before it imports what they need
+        # (boot.py); the start it begins is the strategy's (gpu/start.py)
+        with detached_main():  # (an object of the caller's script: one clear error)
+            payload = pickle.dumps((mine, strategy))
+        early = gpu_start.early(strategy.start, mine) if strategy.start else None
+        procs += worker_processes(boot, (early, payload, k, queues[k], results), 1, daemon=False, env=env)
     left, running = len(tasks), workers
     try:
         while left or running:

@@ -31,6 +31,7 @@ class Strategy:
     per_gpu: int = 1
     why: str = ""
     dealt: bool = False  # its workers take their tasks up front, in shard order (a feed that reads ahead across them)
+    start: str = ""  # what a worker starts first, before it unpickles its run (gpu.start.early: "image", "context")
 
     def make(self, ctx: Any, slot: int) -> Any:
         module, cls = self.unit.split(":")
@@ -56,11 +57,11 @@ TABLE: dict[tuple[str, str], Strategy] = {
     # one run of --gpu-procs 2 against the median of two; benchmarks/RESULTS.md), more for audio and
     # video were not measured
     ("image", "gpu"): Strategy("gpu-image", "gpubatch.engine.gpu.images:GpuImageUnit", gpu=True, dealt=True,
-                               why="images on the GPU: decoders, the chain's kernels and the JPEG encoder"),
+                               why="images on the GPU: decoders, the chain's kernels and the JPEG encoder", start="image"),
     ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.gpu.video:VideoDeviceUnit", gpu=True,
-                               why="video on the GPU: NVDEC sessions, the chain on the GPU"),
+                               why="video on the GPU: NVDEC sessions, the chain on the GPU", start="context"),
     ("audio", "gpu"): Strategy("gpu-audio", "gpubatch.engine.gpu.audio:AudioDeviceUnit", gpu=True, dealt=True,
-                               why="audio features on the GPU, decoded on the CPU in processes"),
+                               why="audio features on the GPU, decoded on the CPU in processes", start="context"),
 }
 
 

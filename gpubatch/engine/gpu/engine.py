@@ -11,64 +11,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ...errors import UsageError
 from ..batch import PinnedStaging
 from ..device import Device
 from ..settings import Settings
 from . import affinity
+from .context import SYNC_POLICIES, set_sync_policy, sync_policy_state  # noqa: F401 - (named here too)
 from .launch import Launcher
 from .memory import parse_memory
-
-# the primary context's scheduling flags of each sync policy (Settings.sync)
-SYNC_POLICIES = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}
-
-
-def _primary_context(device_index: int) -> tuple[Any, Any] | None:
-    """(the driver library, the device handle) for ``device_index``, or None without a driver."""
-    import ctypes
-
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    dev = ctypes.c_int()
-    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), device_index) != 0:
-        return None
-    return cuda, dev
-
-
-def sync_policy_state(device_index: int) -> tuple[str | None, bool]:
-    """(the primary context's scheduling policy, whether that context is active) for device
-    ``device_index``; (None, False) without the driver."""
-    import ctypes
-
-    found = _primary_context(device_index)
-    flags, active = ctypes.c_uint(), ctypes.c_int()
-    if found is None or found[0].cuDevicePrimaryCtxGetState(found[1], ctypes.byref(flags), ctypes.byref(active)):
-        return None, False
-    names = {v: k for k, v in SYNC_POLICIES.items()}
-    return names.get(flags.value & 7), bool(active.value)
-
-
-def set_sync_policy(device_index: int, policy: str, only_before_context: bool = False) -> bool:
-    """Set how every host thread of this process waits for device ``device_index`` (stream and event
-    synchronizations, nvImageCodec's worker threads' among them): ``spin`` (busy-wait), ``yield``
-    (busy-wait, yielding the core), ``blocking`` (sleep until woken) or ``auto`` (the driver's
-    default: spin while there are fewer contexts than cores). Through the driver API on the primary
-    context, which CuPy and nvImageCodec share; with ``only_before_context``, left alone where that
-    context is already active (a host program made it). Returns whether the policy was set."""
-    import ctypes
-
-    if policy not in SYNC_POLICIES:
-        raise UsageError(f"GPU sync policy {policy!r}: one of {', '.join(SYNC_POLICIES)}")
-    found = _primary_context(device_index)
-    if found is None or (only_before_context and sync_policy_state(device_index)[1]):
-        return False
-    cuda, dev = found
-    fn = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
-    return fn(dev, ctypes.c_uint(SYNC_POLICIES[policy])) == 0
-
-
 
 
 class GpuEngine:

@@ -291,10 +291,13 @@ class GpuImageUnit:
         have = cores()
         host = ctx.host_procs  # (the GPU processes sharing this host's cores: every GPU's)
         route_cores = have / host  # (the route follows this worker's share of the cores, not their load)
-        reserved = affinity.reserve(ctx.gpu_ordinal, settings) if procs == 1 else None  # (a core a GPU)
         # the context, the hardware decoder's instances, nvImageCodec and the kernels start in threads now,
-        # beside the readers' start and this thread's imports (engine/gpu/start.py)
-        start.begin(gpu, settings, hardware_instances(settings), modules=("resample", "jpeg"))
+        # beside the readers' start and this thread's imports (engine/gpu/start.py), unless the worker's
+        # boot began them already (and reserved the hardware decoder's core before them)
+        booted, reserved = start.booted(gpu)  # (booted: the seconds the boot's start has run already)
+        if booted is None:
+            reserved = affinity.reserve(ctx.gpu_ordinal, settings) if procs == 1 else None  # (a core a GPU)
+            start.begin(gpu, settings, hardware_instances(settings), modules=("resample", "jpeg"))
         readers = default_readers(max(1, have // host), settings=settings)
         if settings.decode_route == "hardware":  # the decoders leave the cores to the readers: half of them
             readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * host)))
@@ -344,6 +347,7 @@ class GpuImageUnit:
             unpin = engine.pin_host(feed.shm.buf) if settings.pin_feed else None
             tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
             first = {"gpu_init": gpu_init, "warm_up": warm, "gpu_init: feed start": round(feed_start, 4),
+                     **({"gpu_init: begun by the boot (s before the unit)": round(booted, 4)} if booted is not None else {}),
                      **{f"gpu_init: {k}": v for k, v in getattr(engine, "init_times", {}).items()},
                      **{f"warm_up: {k}": v for k, v in getattr(engine, "warm_times", {}).items()},
                      **{f"gpu_init (thread): {k}": v for k, v in start.kernels_ready(gpu).items()}}

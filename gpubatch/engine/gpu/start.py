@@ -6,24 +6,60 @@ instance made first, the instance took 0.62 s and the library 0.03 s (the two sh
 the library makes slowly). The CUDA kernels a run needs are compiled (or read from CuPy's cache) beside them:
 on a machine with no cache the warm-up took 9.3 s, most of it NVRTC.
 
-:func:`begin` starts it; :func:`hardware_instances` hands the instances made to the decoder that asks,
-:func:`hardware_made` waits for them (the decoder makes nvImageCodec's library after them), and
-:func:`kernels_ready` waits for the kernels. Errors are kept for the real calls, which make what failed
-again and raise there.
+A worker process of the local executor begins it first thing (:func:`boot`, given an :class:`Early` by the
+strategy table), before it unpickles its run (which imports most of gpubatch): the context is made through
+the driver API (:mod:`.context`) and the hardware decoder's instances through nvJPEG, neither of which needs
+CuPy or holds the GIL, so they are made while the main thread imports. :func:`begin` starts it where no boot
+did (a unit made in this process).
+
+:func:`hardware_instances` hands the instances made to the decoder that asks, :func:`hardware_made` waits
+for them (the decoder makes nvImageCodec's library after them), :func:`kernels_ready` waits for the
+kernels, and :func:`booted` gives the core the boot reserved for the hardware decoder's thread. Errors are
+kept for the real calls, which make what failed again and raise there.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..settings import Settings
 
 
+class Early(NamedTuple):
+    """What a GPU worker starts before anything else (:func:`boot`): device ``index``'s context (its sync
+    policy set first where ``sync``), ``hw`` hardware-decoder instances, nvImageCodec's C ``library``, the
+    kernel ``modules``; ``reserve``: the GPU ordinal whose core the hardware decoder's thread takes
+    (:func:`.affinity.reserve`), taken before any of the start's threads, or None."""
+
+    index: int
+    settings: Settings
+    hw: int = 0
+    modules: tuple[str, ...] = ()
+    sync: bool = True
+    library: bool = True
+    reserve: int | None = None
+
+
+def early(kind: str, ctx: Any) -> Early | None:
+    """The :class:`Early` of a worker of ``ctx``'s run whose strategy starts ``kind`` (its table's ``start``):
+    "image" (the context, the hardware decoder's instances, nvImageCodec, the resample and JPEG kernels:
+    what :class:`~.images.GpuImageUnit` would begin), "context" (the context alone: audio, video), or none."""
+    if kind == "image":
+        from ..codecs.image_gpu import hardware_instances
+
+        return Early(ctx.device.index, ctx.settings, hardware_instances(ctx.settings), ("resample", "jpeg"),
+                     reserve=ctx.gpu_ordinal if max(1, ctx.gpu_procs) == 1 else None)
+    if kind == "context" and ctx.gpu_memory is None:  # (a capped run measures its context as it makes it)
+        return Early(ctx.device.index, ctx.settings, sync=False, library=False)
+    return None
+
+
 class _Start:
-    def __init__(self, index: int, settings: Settings, hw: int, modules: tuple[str, ...]):
-        self.index, self.settings, self.hw_wanted, self.modules = index, settings, hw, modules
+    def __init__(self, spec: Early):
+        self.spec = spec
+        self.index, self.settings, self.hw_wanted, self.modules = spec.index, spec.settings, spec.hw, spec.modules
         self.hw: list[Any] = []
         self.times: dict[str, float] = {}
         self.hw_done, self.done = threading.Event(), threading.Event()
@@ -39,14 +75,15 @@ class _Start:
     def _run(self) -> None:
         t = time.perf_counter()
         try:
-            from .engine import set_sync_policy
+            from .context import make_current, set_sync_policy
 
-            # how every thread waits for the device: set before the context exists (as GpuEngine would)
-            set_sync_policy(self.index, self.settings.sync, only_before_context=True)
-            import cupy as cp
+            if self.spec.sync:  # how every thread waits for the device: set before the context exists (as GpuEngine would)
+                set_sync_policy(self.index, self.settings.sync, only_before_context=True)
+            if not make_current(self.index):  # (through the driver: CuPy is imported beside what follows)
+                import cupy as cp
 
-            cp.cuda.runtime.setDevice(self.index)
-            cp.cuda.runtime.memGetInfo()  # (the CUDA context is made here)
+                cp.cuda.runtime.setDevice(self.index)
+                cp.cuda.runtime.memGetInfo()  # (the CUDA context is made here)
             t = self._step("context", t)
             for name in self.modules:  # NVRTC (or CuPy's cache) beside the decoders' start
                 c = threading.Thread(target=self._compile, args=(name,), name=f"gpubatch-compile-{name}", daemon=True)
@@ -57,18 +94,19 @@ class _Start:
 
                 try:
                     for _ in range(self.hw_wanted):
-                        self.hw.append(HwBatchDecoder(cp))
+                        self.hw.append(HwBatchDecoder(None, self.index))
                 except Exception:  # noqa: BLE001 - the decoder makes them again, and says why not
                     pass
                 t = self._step("hardware instances", t)
             self.hw_done.set()
-            from ..codecs.nvimgcodec_c import library
+            if self.spec.library:
+                from ..codecs.nvimgcodec_c import library
 
-            try:
-                library()
-            except Exception:  # noqa: BLE001 - raised again where the decoder asks for it
-                pass
-            self._step("nvImageCodec library", t)
+                try:
+                    library()
+                except Exception:  # noqa: BLE001 - raised again where the decoder asks for it
+                    pass
+                self._step("nvImageCodec library", t)
         except Exception:  # noqa: BLE001 - no CUDA here: the engine's own start says why
             pass
         finally:
@@ -98,12 +136,43 @@ _STARTS: dict[int, _Start] = {}
 _LOCK = threading.Lock()
 
 
+_BOOTED: dict[int, tuple[float, Any]] = {}  # device index -> (when the boot began, the core it reserved or None)
+
+
 def begin(index: int, settings: Settings, hw_instances: int = 0, modules: tuple[str, ...] = ()) -> None:
     """Start device ``index``'s start in this process (once): its context, ``hw_instances`` instances of
     the hardware decoder's direct path, nvImageCodec's library, and the kernel ``modules``' compilation."""
+    _begin(Early(index, settings, hw_instances, modules))
+
+
+def _begin(spec: Early) -> None:
     with _LOCK:
-        if index not in _STARTS:
-            _STARTS[index] = _Start(index, settings, hw_instances, modules)
+        if spec.index not in _STARTS:
+            _STARTS[spec.index] = _Start(spec)
+
+
+def boot(spec: Early | None) -> None:
+    """A GPU worker process's first step (before it unpickles its run): ``spec``'s core reserved, then its
+    start begun in a thread (:class:`Early`); nothing where ``spec`` is None."""
+    if spec is None:
+        return
+    reserved = None
+    if spec.reserve is not None:
+        from . import affinity
+
+        reserved = affinity.reserve(spec.reserve, spec.settings)
+    _BOOTED[spec.index] = (time.perf_counter(), reserved)
+    _begin(spec)
+
+
+def booted(index: int) -> tuple[float | None, Any]:
+    """(the seconds since this process's boot began device ``index``'s start, or None where no boot did;
+    the core it reserved for the hardware decoder's thread, or None): a unit takes that reservation
+    instead of reserving again."""
+    if index not in _BOOTED:
+        return None, None
+    t, reserved = _BOOTED.pop(index)
+    return time.perf_counter() - t, reserved
 
 
 def hardware_instances(index: int, n: int) -> list[Any]:

@@ -1,0 +1,70 @@
+"""The CUDA driver's side of a GPU's primary context, through ``libcuda`` itself (ctypes, no CuPy): how its
+threads wait (the sync policy, set before the context exists), whether it is active, and making it current
+in a thread. Light on purpose: a GPU worker's start (:mod:`.start`) makes the context here before CuPy is
+imported, so that the context and the hardware decoder's instances are made while the worker's main
+thread still imports and unpickles its run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+# the primary context's scheduling flags of each sync policy (Settings.sync)
+SYNC_POLICIES = {"auto": 0, "spin": 1, "yield": 2, "blocking": 4}
+
+
+def _primary_context(device_index: int) -> tuple[Any, Any] | None:
+    """(the driver library, the device handle) for ``device_index``, or None without a driver."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    dev = ctypes.c_int()
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), device_index) != 0:
+        return None
+    return cuda, dev
+
+
+def sync_policy_state(device_index: int) -> tuple[str | None, bool]:
+    """(the primary context's scheduling policy, whether that context is active) for device
+    ``device_index``; (None, False) without the driver."""
+    found = _primary_context(device_index)
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+    if found is None or found[0].cuDevicePrimaryCtxGetState(found[1], ctypes.byref(flags), ctypes.byref(active)):
+        return None, False
+    names = {v: k for k, v in SYNC_POLICIES.items()}
+    return names.get(flags.value & 7), bool(active.value)
+
+
+def set_sync_policy(device_index: int, policy: str, only_before_context: bool = False) -> bool:
+    """Set how every host thread of this process waits for device ``device_index`` (stream and event
+    synchronizations, nvImageCodec's worker threads' among them): ``spin`` (busy-wait), ``yield``
+    (busy-wait, yielding the core), ``blocking`` (sleep until woken) or ``auto`` (the driver's
+    default: spin while there are fewer contexts than cores). Through the driver API on the primary
+    context, which CuPy and nvImageCodec share; with ``only_before_context``, left alone where that
+    context is already active (a host program made it). Returns whether the policy was set."""
+    if policy not in SYNC_POLICIES:
+        from ...errors import UsageError
+
+        raise UsageError(f"GPU sync policy {policy!r}: one of {', '.join(SYNC_POLICIES)}")
+    found = _primary_context(device_index)
+    if found is None or (only_before_context and sync_policy_state(device_index)[1]):
+        return False
+    cuda, dev = found
+    fn = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
+    return fn(dev, ctypes.c_uint(SYNC_POLICIES[policy])) == 0
+
+
+def make_current(device_index: int) -> bool:
+    """Make device ``device_index``'s primary context (made now where it is not yet) current in the calling
+    thread, through the driver API; CuPy, nvImageCodec and nvJPEG use that context (the runtime takes the
+    context current in a thread). Returns whether it is current; False without a driver."""
+    found = _primary_context(device_index)
+    if found is None:
+        return False
+    cuda, dev = found
+    ctx = ctypes.c_void_p()
+    if cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) != 0:
+        return False
+    return cuda.cuCtxSetCurrent(ctx) == 0

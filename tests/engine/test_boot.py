@@ -1,0 +1,86 @@
+"""A worker process's boot (engine/execute/boot.py): the GPU's start that its strategy names begins before the
+run is unpickled, and a run that cannot be unpickled is reported, not lost. CPU tests (no CUDA here: the
+start's thread finds none and ends; what is tested is the order and the specs)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from gpubatch.engine.device import Device, DeviceKind
+from gpubatch.engine.execute.strategies import TABLE
+from gpubatch.engine.execute.worker import RunContext
+from gpubatch.engine.gpu import start
+from gpubatch.engine.plan import Plan
+from gpubatch.engine.settings import Settings
+from tests.helpers import ROOT
+
+
+def _ctx(**more) -> RunContext:
+    return RunContext(opener=None, sink=None, plan=Plan(), device=Device(DeviceKind.GPU, 0, reason="test"),
+                      policy="skip", stage=None, settings=Settings().with_(decode_route="hardware"), on_gpu=True,
+                      **more)
+
+
+def test_each_gpu_strategy_names_a_start_its_workers_begin_first():
+    assert {s.name: s.start for (_, dev), s in TABLE.items() if dev == "gpu"} == {"gpu-image": "image", "gpu-video": "context",
+                                                    "gpu-audio": "context"}
+    assert TABLE[("*", "cpu")].start == ""
+    image = start.early("image", _ctx())
+    assert image.hw > 0 and image.modules == ("resample", "jpeg") and image.sync and image.library
+    assert image.reserve == 0  # one process on the GPU: the hardware decoder's thread gets a core
+    assert start.early("image", _ctx(gpu_procs=2)).reserve is None  # shared: no core taken
+    context = start.early("context", _ctx())
+    assert (context.hw, context.modules, context.sync, context.library) == (0, (), False, False)
+    assert start.early("context", _ctx(gpu_memory="1GiB")) is None  # a capped run measures the context it makes
+    assert start.early("", _ctx()) is None
+
+
+_PROBE = r"""
+import pickle, queue, sys
+from gpubatch.engine.execute import boot
+from gpubatch.engine.gpu import start
+from gpubatch.engine.settings import Settings
+from tests.engine.test_boot import Probe
+
+early = None if sys.argv[1] == "none" else start.Early(0, Settings(), 0, (), sync=False, library=False)
+results = queue.Queue()
+boot.boot(early, pickle.dumps(Probe()), 0, queue.Queue(), results)
+kind, how, what = results.get_nowait()
+print(kind, how, what.strip().splitlines()[-1])
+"""
+
+
+def _seen() -> None:
+    raise RuntimeError(f"unpickled with the start begun: {0 in start._STARTS}")
+
+
+class Probe:
+    """Unpickles by calling :func:`_seen`: whether the GPU's start had begun by then."""
+
+    def __reduce__(self):
+        return (_seen, ())
+
+
+def _boot(early: str) -> str:
+    p = subprocess.run([sys.executable, "-c", _PROBE, early], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout.strip()
+
+
+def test_the_start_begins_before_the_run_is_unpickled_and_an_unpicklable_run_is_reported():
+    assert _boot("context") == "failed crash RuntimeError: unpickled with the start begun: True"
+    assert _boot("none") == "failed crash RuntimeError: unpickled with the start begun: False"
+
+
+def test_a_booted_start_hands_its_reservation_over_once():
+    spec = start.Early(7, Settings(), 0, (), sync=False, library=False, reserve=None)
+    assert start.booted(7) == (None, None)  # no boot: the unit reserves (or not) itself
+    start.boot(spec)
+    try:
+        since, reserved = start.booted(7)
+        assert since is not None and since >= 0 and reserved is None
+        assert start.booted(7) == (None, None)  # taken once
+    finally:
+        start.kernels_ready(7)
+        start._STARTS.pop(7, None)
