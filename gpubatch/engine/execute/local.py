@@ -91,12 +91,15 @@ def run_tasks(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], worke
             unit.close()
             reader.close()
         return {"start": first[0] if first else 0.0, "run": time.perf_counter() - t0}
-    _in_processes(ctx, strategy, tasks, workers, got, on_progress)
-    return {"start": first[0] if first else 0.0, "run": time.perf_counter() - t0}
+    spawned = _in_processes(ctx, strategy, tasks, workers, got, on_progress)
+    return {"start": first[0] if first else 0.0, "run": time.perf_counter() - t0, "spawned": spawned}
 
 
 def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], workers: int,
-                  on_result: Callable[[ShardResult], None], on_progress: Callable[[int], None] | None) -> None:
+                  on_result: Callable[[ShardResult], None], on_progress: Callable[[int], None] | None) -> float:
+    """The tasks in ``workers`` processes; returns when their last process was started, in seconds from the
+    run's start (``ctx.started``; from this call where it has none)."""
+    t_called = time.time()
     import multiprocessing as mp
     import pickle
 
@@ -129,6 +132,7 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
             payload = pickle.dumps((mine, strategy))
         early = gpu_start.early(strategy.start, mine) if strategy.start else None
         procs += worker_processes(boot, (early, payload, k, queues[k], results), 1, daemon=False, env=env)
+    spawned = time.time() - (ctx.started or t_called)
     left, running = len(tasks), workers
     try:
         while left or running:
@@ -167,3 +171,4 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
             q.close()
         results.close()
         results.join_thread()
+    return spawned
