@@ -154,7 +154,50 @@ def fingerprint(run: Run, src_path: Path, src_format: str, entries: list, device
 def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: Any, device: Device, policy: Any,
             progress: Callable[[int, int], Callable[[int], None]] | None, select: Callable[[Reader], list],
             starts_as: Callable[[Reader, Any], str | None], summary_cls: Any) -> Any:
-    """Read ``src`` -> plan shards -> work them on ``device`` -> finalize ``fmt`` at ``dst``: the summary."""
+    """Read ``src`` -> plan shards -> work them on ``device`` -> finalize ``fmt`` at ``dst``: the summary. A
+    GPU run's worker processes start before the source is listed (:func:`_started_early`); those the run
+    did not take end with it."""
+    early: list[Any] = []
+    try:
+        return _execute(req, run, src_path, dst_path, fmt, plan, device, policy, progress, select, starts_as,
+                        summary_cls, early)
+    finally:
+        for started in early:
+            if started is not None:
+                started.close()
+
+
+def _gpu_procs(req: Any, strategy: Any) -> int:
+    """The worker processes a GPU of a GPU run (``--gpu-procs``, else the strategy's; one for audio and video
+    under a cap: their plans')."""
+    procs = req.gpu_procs or strategy.per_gpu
+    return 1 if req.gpu_memory is not None and strategy.name != "gpu-image" else procs
+
+
+def _started_early(req: Any, run: Run, plan: Any, device: Device, settings: Any) -> Any:
+    """A GPU run's worker processes, started before its source is listed and its shards planned, so that
+    their GPUs' start (the CUDA context, the decoders) runs meanwhile (:class:`~.engine.execute.local.Started`);
+    None where the run is not the local executor's on GPUs (a pass-through, Ray, a part, ``finish``)."""
+    from .engine.execute.strategies import strategy_for
+    from .engine.execute.worker import RunContext
+
+    if (not device.is_gpu or getattr(req, "executor", "local") != "local" or run.finish
+            or getattr(req, "num_parts", None) is not None):
+        return None
+    strategy = strategy_for(plan, device)
+    if not strategy.gpu:
+        return None
+    from .engine.execute.local import Started
+
+    procs = _gpu_procs(req, strategy)
+    ctx = RunContext(opener=None, sink=None, plan=plan, device=device, settings=settings, gpu_memory=req.gpu_memory,
+                     gpu_procs=procs, on_gpu=True)
+    return Started(ctx, strategy, procs * max(1, len(device.indexes)))
+
+
+def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: Any, device: Device, policy: Any,
+             progress: Callable[[int, int], Callable[[int], None]] | None, select: Callable[[Reader], list],
+             starts_as: Callable[[Reader, Any], str | None], summary_cls: Any, early: list[Any]) -> Any:
     from .engine.execute.journal import Journal
     from .engine.execute.shards import inputs_per_shard, plan_shards
     from .engine.execute.strategies import on_host, unit_for
@@ -164,6 +207,9 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
 
     t_start, t_wall = time.perf_counter(), time.time()
     stats = RunStats()
+    settings = Settings.from_env()
+    if device.is_gpu and settings.decode_route == "auto":  # the route per image by its kind, never by load:
+        settings = settings.with_(decode_route="hardware")  # the bytes written do not follow the host's load
     with open_reader(src_path, req.from_format, _reader_options(req)) as reader:
         # a COCO JSON's image folder is source too (a store's destination makes its own checks: _publish.staged)
         check_output(reader.roots(), dst_path, req.overwrite or is_remote(req.dst))
@@ -173,6 +219,7 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
         if plan.media == "video" and Media.VIDEO not in fmt.media and not getattr(plan.sample, "kind", "") == "frames":
             raise UsageError(f"{fmt.name} holds {' and '.join(m.value for m in fmt.media)} records, not video: "
                              f"{media_formats(Media.VIDEO)}")
+        early.append(_started_early(req, run, plan, device, settings))  # (None: started with the plan's tasks)
         entries = select(reader)
         if not entries:
             raise GpubatchError(f"{src_path} ({src_format}) holds no records: nothing written" if req.limit != 0
@@ -191,9 +238,6 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
                                  fmt.auto_units if on_host(plan, device) else None)
     tasks = plan_shards(entries, per_shard, lambda n: fmt.shard_names(n, options))
     print_ = fingerprint(run, src_path, src_format, entries, device, tasks)
-    settings = Settings.from_env()
-    if device.is_gpu and settings.decode_route == "auto":  # the route per image by its kind, never by load:
-        settings = settings.with_(decode_route="hardware")  # the bytes written do not follow the host's load
     geometric = any(op.moves_boxes for op in plan.ops)
     parts = (req.num_parts, req.part) if getattr(req, "num_parts", None) is not None else None
     mine = part_of(tasks, *parts) if parts is not None else tasks
@@ -232,10 +276,7 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
                              reads_without_scan=reads_without_scan, started=t_wall, store=dest)
             strategy = unit_for(ctx)
             if strategy.gpu:  # the unit's processes a GPU (one for audio and video under a cap: their plans')
-                procs = req.gpu_procs or strategy.per_gpu
-                if req.gpu_memory is not None and strategy.name != "gpu-image":
-                    procs = 1
-                ctx = dataclasses.replace(ctx, gpu_procs=procs, on_gpu=True)
+                ctx = dataclasses.replace(ctx, gpu_procs=_gpu_procs(req, strategy), on_gpu=True)
             todo = [t for t in mine if t.index not in done]
             if run.finish and todo:
                 raise GpubatchError(_not_finished(todo, tasks, journal))
@@ -248,7 +289,7 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
             usage = Usage(device.indexes if strategy.gpu and local else ()).start()
             fresh: dict[int, ShardResult] = {}  # (the shards this run's workers committed, as they said)
             with _memory_watch(strategy, device, stats):
-                wall = run_executor(req, ctx, strategy, todo, workers, tick, fresh)
+                wall = run_executor(req, ctx, strategy, todo, workers, tick, fresh, early[0] if early else None)
             workers = wall.get("workers", workers)
             usage = usage.stop() if todo and local else {}
             timings.update({"workers start (to the first shard committed)": round(wall["start"], 4),
@@ -546,10 +587,11 @@ def _ticker(advance: Callable[..., None]) -> Callable[..., None]:
 
 
 def run_executor(req: Any, ctx: Any, strategy: Any, tasks: list, workers: int,
-                 tick: Callable[[int], None] | None, results: dict[int, ShardResult] | None = None) -> dict:
+                 tick: Callable[[int], None] | None, results: dict[int, ShardResult] | None = None,
+                 started: Any = None) -> dict:
     """The run's tasks through the executor the request names (``--executor local|ray``); each committed
-    shard's result into ``results`` by its index. The wall times have ``remote`` where the executor's
-    workers may run on other machines."""
+    shard's result into ``results`` by its index (the local executor's workers ``started`` already, where
+    some were). The wall times have ``remote`` where the executor's workers may run on other machines."""
     keep = (lambda r: None) if results is None else (lambda r: results.__setitem__(r.index, r))
     if getattr(req, "executor", "local") == "ray":
         from .engine.execute.ray import run_tasks
@@ -557,7 +599,7 @@ def run_executor(req: Any, ctx: Any, strategy: Any, tasks: list, workers: int,
                          asked=req.workers)
         return {**wall, "remote": True}
     from .engine.execute.local import run_tasks
-    return run_tasks(ctx, strategy, tasks, workers, keep, tick)
+    return run_tasks(ctx, strategy, tasks, workers, keep, tick, started)
 
 
 def _bound(summary: Any, usage: dict, results: list[ShardResult], todo: list, wall: dict, gpu: bool) -> None:

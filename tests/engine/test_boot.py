@@ -84,3 +84,53 @@ def test_a_booted_start_hands_its_reservation_over_once():
     finally:
         start.kernels_ready(7)
         start._STARTS.pop(7, None)
+
+
+# --- workers started before the plan (runner._started_early: GPU runs; here the host unit stands in) ----
+
+
+def _early_host(started_with: int, seen: list):
+    """A stand-in for runner._started_early: the host unit's workers, ``started_with`` of them, started before
+    the source is listed (only GPU runs start so; the executor's part is the same)."""
+    from gpubatch.engine.execute.local import Started
+    from gpubatch.engine.execute.strategies import TABLE
+
+    def early(req, run, plan, device, settings):
+        ctx = RunContext(opener=None, sink=None, plan=plan, device=device, settings=settings)
+        started = Started(ctx, TABLE[("*", "cpu")], started_with)
+        seen.append(started)
+        return started
+
+    return early
+
+
+def test_workers_started_before_the_plan_write_the_same_bytes_and_the_spare_ones_end(imagenet, tmp_path, monkeypatch):
+    import gpubatch.runner as runner
+    from gpubatch.api import convert
+    from tests.engine.test_shards import digest
+
+    chain = dict(to="webdataset", resize_shorter=40, shard_size=3, device="cpu")
+    plain = convert(imagenet, tmp_path / "plain", workers=2, **chain)
+    seen: list = []
+    monkeypatch.setattr(runner, "_started_early", _early_host(3, seen))
+    early = convert(imagenet, tmp_path / "early", workers=2, **chain)  # (two of the three take the run)
+    assert early.records_out == plain.records_out and digest(tmp_path / "early") == digest(tmp_path / "plain")
+    assert len(seen) == 1 and seen[0].used == 2 and not any(p.is_alive() for p in seen[0].procs)
+    assert "wall: workers spawned (from the run's start)" in early.timings
+
+
+def test_workers_started_before_a_run_that_fails_to_plan_end_with_it(imagenet, tmp_path, monkeypatch):
+    import gpubatch.runner as runner
+    from gpubatch.api import convert
+    from gpubatch.errors import GpubatchError
+
+    seen: list = []
+    monkeypatch.setattr(runner, "_started_early", _early_host(2, seen))
+    try:
+        convert(imagenet, tmp_path / "none", to="webdataset", limit=0, device="cpu", workers=2)
+    except GpubatchError as e:
+        assert "converts no record" in str(e)
+    else:
+        raise AssertionError("a run of no record was not refused")
+    assert len(seen) == 1 and seen[0].used == 0 and not any(p.is_alive() for p in seen[0].procs)
+    assert not (tmp_path / "none").exists()

@@ -12,10 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 
-def boot(early: Any, payload: bytes, slot: int, tasks: Any, results: Any) -> None:
+def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
     """Begin ``early`` (a :class:`..gpu.start.Early`, or None), then run worker ``slot`` over the run that
-    ``payload`` holds (``pickle`` of its context and strategy); a failure to unpickle it reported to
-    ``results`` as a crash, as the worker's own failures are."""
+    ``payload`` holds (``pickle`` of its context and strategy), or that comes on ``payload`` where it is a
+    queue (a process started before its run was planned: :class:`.local.Started`; None there: no run for
+    it, it ends); a failure to unpickle it reported to ``results`` as a crash, as the worker's own failures
+    are."""
     from ..processes import die_with_parent
 
     die_with_parent()
@@ -25,6 +27,10 @@ def boot(early: Any, payload: bytes, slot: int, tasks: Any, results: Any) -> Non
         begin(early)
     import pickle
 
+    if not isinstance(payload, bytes):
+        payload = payload.get()
+        if payload is None:
+            return
     try:
         ctx, strategy = pickle.loads(payload)
     except BaseException:  # noqa: BLE001 - the coordinator reports it; nothing else would see it

@@ -68,7 +68,8 @@ def _worker(ctx: RunContext, strategy: Strategy, slot: int, tasks: Any, results:
 
 
 def run_tasks(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], workers: int,
-              on_result: Callable[[ShardResult], None], on_progress: Callable[[int], None] | None = None) -> dict:
+              on_result: Callable[[ShardResult], None], on_progress: Callable[[int], None] | None = None,
+              started: Started | None = None) -> dict:
     """Run ``tasks`` on ``workers`` workers with ``strategy``'s unit; ``on_result`` gets each committed
     shard's result as it comes (any order). Returns wall times: start (to the first shard committed) and
     the whole. Raises the first worker's failure (a record under ``--on-error fail``, an error, a crash)."""
@@ -91,48 +92,111 @@ def run_tasks(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], worke
             unit.close()
             reader.close()
         return {"start": first[0] if first else 0.0, "run": time.perf_counter() - t0}
-    spawned = _in_processes(ctx, strategy, tasks, workers, got, on_progress)
+    spawned = _in_processes(ctx, strategy, tasks, workers, got, on_progress, started)
     return {"start": first[0] if first else 0.0, "run": time.perf_counter() - t0, "spawned": spawned}
 
 
-def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], workers: int,
-                  on_result: Callable[[ShardResult], None], on_progress: Callable[[int], None] | None) -> float:
-    """The tasks in ``workers`` processes; returns when their last process was started, in seconds from the
-    run's start (``ctx.started``; from this call where it has none)."""
-    t_called = time.time()
-    import multiprocessing as mp
-    import pickle
+class Started:
+    """Worker processes started before their run is planned: a GPU run's, so that their GPUs' start (the
+    boot's, :mod:`.boot`) runs while this process lists the source and plans the shards. Each waits for its
+    run (the context and strategy, as bytes) on a queue of its own; :meth:`close` ends those never given one.
+    ``ctx``: what is known before the plan (the device, the settings, ``gpu_procs``, ``gpu_memory``);
+    ``workers``: as many as the run can take (``gpu_procs`` a GPU)."""
 
+    def __init__(self, ctx: RunContext, strategy: Strategy, workers: int):
+        import multiprocessing as mp
+
+        self.strategy, self.taken, self.used = strategy, False, 0  # (used: how many a run took)
+        spawn = mp.get_context("spawn")
+        self.results = spawn.Queue()
+        self.setups = [spawn.Queue() for _ in range(workers)]
+        self.tasks = [spawn.Queue() for _ in range(workers)] if strategy.dealt else [spawn.Queue()] * workers
+        self.procs = _spawned(ctx, strategy, self.setups, self.tasks, self.results)
+        self.at = time.time()  # (when the last was started)
+
+    def close(self) -> None:
+        """End the processes no run was given to (told so; terminated after 5 s); nothing once taken."""
+        if self.taken:
+            return
+        self.taken = True
+        for q in self.setups:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        for q in {*self.setups, *self.tasks, self.results}:
+            q.cancel_join_thread()
+            q.close()
+
+
+def _spawned(ctx: RunContext, strategy: Strategy, runs: list, tasks: list, results: Any) -> list:
+    """A process a slot, each given what its boot begins (the strategy's start) and where its run comes from
+    (``runs[k]``: the run as bytes, or a queue it comes on); not daemons: a GPU unit starts reader processes
+    of its own (they end with this process all the same)."""
     from ..gpu import start as gpu_start
-    from ..processes import detached_main, worker_processes
+    from ..processes import worker_processes
     from .boot import boot
 
+    procs: list = []
+    for k, run in enumerate(runs):
+        mine, env = ctx.for_slot(k)  # (its GPU, where the run has several: the only one its process sees)
+        early = gpu_start.early(strategy.start, mine) if strategy.start else None
+        procs += worker_processes(boot, (early, run, k, tasks[k], results), 1, daemon=False, env=env)
+    return procs
+
+
+def _payload(ctx: RunContext, strategy: Strategy, slot: int) -> bytes:
+    """Worker ``slot``'s run as bytes: a GPU worker begins its GPU's start before it imports what they need
+    (boot.py)."""
+    import pickle
+
+    from ..processes import detached_main
+
+    with detached_main():  # (an object of the caller's script: one clear error)
+        return pickle.dumps((ctx.for_slot(slot)[0], strategy))
+
+
+def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], workers: int,
+                  on_result: Callable[[ShardResult], None], on_progress: Callable[[int], None] | None,
+                  started: Started | None = None) -> float:
+    """The tasks in ``workers`` processes (those ``started`` already, where it has as many for this
+    strategy); returns when their last process was started, in seconds from the run's start
+    (``ctx.started``; from this call where it has none)."""
+    t_called = time.time()
+    import multiprocessing as mp
+
     spawn = mp.get_context("spawn")
-    results = spawn.Queue()
+    if started is not None and not started.taken and started.strategy == strategy and len(started.procs) >= workers:
+        started.taken, started.used = True, workers
+        results, queues = started.results, started.tasks[:workers]
+        spare = [(q, p) for q, p in zip(started.setups[workers:], started.procs[workers:])]
+        for q, _ in spare:  # (fewer tasks than processes: the rest end)
+            q.put(None)
+        for k in range(workers):
+            started.setups[k].put(_payload(ctx, strategy, k))
+        procs = started.procs[:workers]
+        spawned = started.at - (ctx.started or t_called)
+        queues_all = [*queues, *started.setups, *started.tasks[workers:]]
+    else:
+        if started is not None:
+            started.close()
+        results = spawn.Queue()
+        queues = [spawn.Queue() for _ in range(workers)] if strategy.dealt else [spawn.Queue()] * workers
+        procs = _spawned(ctx, strategy, [_payload(ctx, strategy, k) for k in range(workers)], queues, results)
+        spawned = time.time() - (ctx.started or t_called)
+        spare, queues_all = [], list(queues)
     if strategy.dealt:  # a worker's tasks in shard order, given up front (its feed reads ahead across them)
-        queues = [spawn.Queue() for _ in range(workers)]
         for task in tasks:
             queues[task.index % workers].put(task)
         for q in queues:
             q.put(None)
     else:  # one queue: a worker (a CPU's, a GPU's for video or audio) takes the next task as it frees up
-        shared = spawn.Queue()
         for task in tasks:
-            shared.put(task)
+            queues[0].put(task)
         for _ in range(workers):
-            shared.put(None)
-        queues = [shared] * workers
-    # (not daemons: a GPU unit starts reader processes of its own; they end with this process all the same)
-    procs = []
-    for k in range(workers):
-        mine, env = ctx.for_slot(k)  # (its GPU, where the run has several: the only one its process sees)
-        # the run goes as bytes, so that a GPU worker begins its GPU's start before it imports what they need
-        # (boot.py); the start it begins is the strategy's (gpu/start.py)
-        with detached_main():  # (an object of the caller's script: one clear error)
-            payload = pickle.dumps((mine, strategy))
-        early = gpu_start.early(strategy.start, mine) if strategy.start else None
-        procs += worker_processes(boot, (early, payload, k, queues[k], results), 1, daemon=False, env=env)
-    spawned = time.time() - (ctx.started or t_called)
+            queues[0].put(None)
     left, running = len(tasks), workers
     try:
         while left or running:
@@ -164,9 +228,9 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
         for p in procs:
             if p.is_alive():
                 p.terminate()
-        for p in procs:
+        for p in procs + [p for _, p in spare]:
             p.join(timeout=10)
-        for q in set(queues):  # (tasks no worker took: this process must not wait at its exit to send them)
+        for q in set(queues_all):  # (tasks no worker took: this process must not wait at its exit to send them)
             q.cancel_join_thread()
             q.close()
         results.close()

@@ -75,8 +75,12 @@ def on_host(plan: Any, device: Any) -> bool:
 
 def unit_for(ctx: Any) -> Strategy:
     """The strategy of a run (its plan's media, its device; pass-through on the host)."""
-    plan = ctx.plan
-    if not on_host(plan, ctx.device):
+    return strategy_for(ctx.plan, ctx.device)
+
+
+def strategy_for(plan: Any, device: Any) -> Strategy:
+    """The strategy of a run of ``plan`` on ``device`` (:func:`unit_for`; known before the shards are planned)."""
+    if not on_host(plan, device):
         found = TABLE.get((plan.media, "gpu"))
         if found is None:
             raise UsageError(f"no GPU unit for {plan.media} records; known: "
