@@ -40,6 +40,7 @@ import numpy as np
 
 from ...errors import DependencyError
 from ..gpu.follow import RouteFollower
+from ..gpu.start import HW_INSTANCES, instances_for
 from ..settings import Settings
 from . import image as host
 from .decode_buffers import (
@@ -108,20 +109,6 @@ def _post(sink: Any, msg: tuple) -> None:
         res.feed.put(msg)
 
 
-def instances_for(route: str, settings: Settings) -> int:
-    """The hardware-engine instances a decoder on ``route`` makes at its start: one per common kind on the
-    hardware route, :attr:`GpuImageDecoder.HW_INSTANCES` otherwise (``settings.hw_instances`` where set)."""
-    return settings.hw_instances or (settings.hw_only_instances if route == "hardware" else GpuImageDecoder.HW_INSTANCES)
-
-
-def hardware_instances(settings: Settings) -> int:
-    """The hardware engine's direct-path instances a decoder of ``settings`` makes at its start (0 where
-    it makes none: the Python binding, or the direct path turned off)."""
-    if settings.decode_api != "c" or not settings.hw_direct or settings.decode_route == "cuda":
-        return 0
-    return instances_for(settings.decode_route, settings)
-
-
 class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
     """Batched, routed, stream-ordered JPEG decode on one GPU (see the module docstring).
 
@@ -167,7 +154,7 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
     """
 
     HW_THREADS = 4
-    HW_INSTANCES = 2
+    HW_INSTANCES = HW_INSTANCES
 
     def __init__(self, device_index: int = 0, cpu_threads: int = 8, hw_decoder: bool = True,
                  cuda_share: float | None = None, deterministic: bool = True, cuda_threads: int | None = None,

@@ -1,5 +1,6 @@
 """A worker process's first step, light on purpose: the GPU's start begun (:func:`..gpu.start.boot`), then
-the run's parts unpickled and the worker's loop (:func:`.local._worker`) run.
+the run's parts unpickled and the worker's loop (:func:`work`) run; the local executor (:mod:`.local`) starts
+its processes here.
 
 The run's context and strategy come as bytes, pickled by the parent, so that the process's own start
 (``spawn`` unpickles a process's arguments before it calls its target) imports only this module: the CUDA
@@ -38,6 +39,48 @@ def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
 
         results.put(("failed", "crash", traceback.format_exc()))
         return
-    from .local import _worker
+    work(ctx, strategy, slot, tasks, results)
 
-    _worker(ctx, strategy, slot, tasks, results)
+
+def work(ctx: Any, strategy: Any, slot: int, tasks: Any, results: Any) -> None:
+    """A worker process's loop: its unit over the tasks it takes until a None, each task's progress and
+    result sent to ``results``; a failure sent as ("failed", ...)."""
+    import traceback
+
+    from ...errors import GpubatchError, RecordFailed
+    from .worker import ShardWriting, on_released, released
+
+    unit = reader = None
+    try:
+        reader = ctx.open_reader()
+        unit = strategy.make(ctx, slot)
+
+        def take() -> Any:
+            while True:
+                task = tasks.get()
+                if task is None:
+                    return
+                yield task
+
+        where = ctx.gpu_label or None  # (a worker of a several-GPU run: its GPU, for the bar's row of it)
+
+        def progress(n: int) -> None:
+            results.put(("progress", n, where))
+
+        # ("exit": this worker holds nothing of the run any more; a unit may say so before it closes its parts)
+        on_released(lambda: results.put(("exit", slot)))
+        unit.run(reader, take(), lambda t: ShardWriting(t, ctx, progress), lambda r: results.put(("done", r)))
+        released()
+    except RecordFailed as e:
+        results.put(("failed", "record", e))
+    except GpubatchError as e:
+        results.put(("failed", "error", str(e)))
+    except BaseException:  # noqa: BLE001 - the coordinator reports it; nothing else would see it
+        results.put(("failed", "crash", traceback.format_exc()))
+    finally:
+        for part in (unit, reader):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception:  # noqa: BLE001 - closing after a failure
+                    pass

@@ -16,55 +16,13 @@ from __future__ import annotations
 
 import queue
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import GpubatchError, RecordFailed
+from ...errors import GpubatchError
 from ...types import ShardResult, ShardTask
-from ..processes import die_with_parent
 from .strategies import Strategy
-from .worker import RunContext, ShardWriting, on_released, released
-
-
-def _worker(ctx: RunContext, strategy: Strategy, slot: int, tasks: Any, results: Any) -> None:
-    """A worker process: its unit over the tasks it takes until a None, each task's progress and result
-    sent to ``results``; a failure sent as ("failed", ...)."""
-    die_with_parent()
-    unit = reader = None
-    try:
-        reader = ctx.open_reader()
-        unit = strategy.make(ctx, slot)
-
-        def take() -> Any:
-            while True:
-                task = tasks.get()
-                if task is None:
-                    return
-                yield task
-
-        where = ctx.gpu_label or None  # (a worker of a several-GPU run: its GPU, for the bar's row of it)
-
-        def progress(n: int) -> None:
-            results.put(("progress", n, where))
-
-        # ("exit": this worker holds nothing of the run any more; a unit may say so before it closes its parts)
-        on_released(lambda: results.put(("exit", slot)))
-        unit.run(reader, take(), lambda t: ShardWriting(t, ctx, progress), lambda r: results.put(("done", r)))
-        released()
-    except RecordFailed as e:
-        results.put(("failed", "record", e))
-    except GpubatchError as e:
-        results.put(("failed", "error", str(e)))
-    except BaseException:  # noqa: BLE001 - the coordinator reports it; nothing else would see it
-        results.put(("failed", "crash", traceback.format_exc()))
-    finally:
-        for part in (unit, reader):
-            if part is not None:
-                try:
-                    part.close()
-                except Exception:  # noqa: BLE001 - closing after a failure
-                    pass
+from .worker import RunContext, ShardWriting
 
 
 def run_tasks(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], workers: int,

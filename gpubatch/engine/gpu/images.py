@@ -266,7 +266,6 @@ class GpuImageUnit:
         pass
 
     def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
-        from ..codecs.image_gpu import hardware_instances
         from ..device import Device, DeviceKind
         from ..executor import default_readers
         from ..media import DEVICE
@@ -297,7 +296,7 @@ class GpuImageUnit:
         booted, reserved = start.booted(gpu)  # (booted: the seconds the boot's start has run already)
         if booted is None:
             reserved = affinity.reserve(ctx.gpu_ordinal, settings) if procs == 1 else None  # (a core a GPU)
-            start.begin(gpu, settings, hardware_instances(settings), modules=("resample", "jpeg"))
+            start.begin(gpu, settings, start.instances_wanted(settings), modules=("resample", "jpeg"))
         readers = default_readers(max(1, have // host), settings=settings)
         if settings.decode_route == "hardware":  # the decoders leave the cores to the readers: half of them
             readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * host)))

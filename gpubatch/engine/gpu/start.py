@@ -42,14 +42,30 @@ class Early(NamedTuple):
     reserve: int | None = None
 
 
+#: the hardware engine's instances a decoder makes off the hardware route (GpuImageDecoder.HW_INSTANCES)
+HW_INSTANCES = 2
+
+
+def instances_for(route: str, settings: Settings) -> int:
+    """The hardware-engine instances a decoder on ``route`` makes at its start: one per common kind on the
+    hardware route, :data:`HW_INSTANCES` otherwise (``settings.hw_instances`` where set)."""
+    return settings.hw_instances or (settings.hw_only_instances if route == "hardware" else HW_INSTANCES)
+
+
+def instances_wanted(settings: Settings) -> int:
+    """The hardware engine's direct-path instances a decoder of ``settings`` makes at its start (0 where
+    it makes none: the Python binding, or the direct path turned off): what a worker's start makes for it."""
+    if settings.decode_api != "c" or not settings.hw_direct or settings.decode_route == "cuda":
+        return 0
+    return instances_for(settings.decode_route, settings)
+
+
 def early(kind: str, ctx: Any) -> Early | None:
     """The :class:`Early` of a worker of ``ctx``'s run whose strategy starts ``kind`` (its table's ``start``):
     "image" (the context, the hardware decoder's instances, nvImageCodec, the resample and JPEG kernels:
     what :class:`~.images.GpuImageUnit` would begin), "context" (the context alone: audio, video), or none."""
     if kind == "image":
-        from ..codecs.image_gpu import hardware_instances
-
-        return Early(ctx.device.index, ctx.settings, hardware_instances(ctx.settings), ("resample", "jpeg"),
+        return Early(ctx.device.index, ctx.settings, instances_wanted(ctx.settings), ("resample", "jpeg"),
                      reserve=ctx.gpu_ordinal if max(1, ctx.gpu_procs) == 1 else None)
     if kind == "context" and ctx.gpu_memory is None:  # (a capped run measures its context as it makes it)
         return Early(ctx.device.index, ctx.settings, sync=False, library=False)
