@@ -10,6 +10,10 @@ dealt round robin. GPU workers run ``--gpu-procs`` a GPU on every GPU of ``--gpu
 k-th GPU round robin, the only GPU its process sees. Whatever order tasks finish in, their shards are
 the same: their names and bytes follow from the plan. A run of one CPU worker runs in this process. Workers end with this process (Linux's
 parent-death signal): a run killed with ``kill -9`` leaves no worker writing behind it.
+
+A worker process starts in :func:`.boot.boot`, which begins its GPU's start before it unpickles its run
+(sent as bytes); a GPU run's workers may be started before the run is planned (:class:`Started`), each
+then given its run on a queue of its own.
 """
 
 from __future__ import annotations
