@@ -1104,7 +1104,7 @@ def test_iterate_files_with_reused_slots_matches_one_batch_calls(tmp_path, monke
 
 _SYNC_PROBE = """
 import os, sys
-from gpubatch.engine.gpu import engine as ge
+from gpubatch.engine.gpu import context as ge
 if sys.argv[1] == "host-first":  # a host program used the GPU before gpubatch
     import cupy as cp
     cp.zeros(1)
@@ -1141,7 +1141,7 @@ import sys, threading, time
 from pathlib import Path
 import cupy as cp
 from gpubatch import convert
-from gpubatch.engine.gpu import engine as ge
+from gpubatch.engine.gpu import context as ge
 from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
 from gpubatch.pipelines.image import ImagePipeline
 try:

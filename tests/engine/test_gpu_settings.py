@@ -7,7 +7,7 @@ import ctypes
 
 import pytest
 
-from gpubatch.engine.gpu import engine as ge
+from gpubatch.engine.gpu import context as ge
 from gpubatch.engine.gpu import memory as gm
 from gpubatch.errors import UsageError
 

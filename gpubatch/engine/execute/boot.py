@@ -5,7 +5,8 @@ its processes here.
 The run's context and strategy come as bytes, pickled by the parent, so that the process's own start
 (``spawn`` unpickles a process's arguments before it calls its target) imports only this module: the CUDA
 context and the hardware decoder's instances are then made in a thread while this one imports the rest of
-gpubatch (about 0.25 s on a 2-core host) and unpickles the run.
+gpubatch and unpickles the run (on an H200 host the start had run 0.16-0.23 s by the time the image unit
+asked for it: ``gpu_init: begun by the boot`` in the run's timings, benchmarks/RESULTS.md 2026-12-02).
 """
 
 from __future__ import annotations

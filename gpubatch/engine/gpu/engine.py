@@ -15,7 +15,7 @@ from ..batch import PinnedStaging
 from ..device import Device
 from ..settings import Settings
 from . import affinity
-from .context import SYNC_POLICIES, set_sync_policy, sync_policy_state  # noqa: F401 - (named here too)
+from .context import set_sync_policy
 from .launch import Launcher
 from .memory import parse_memory
 

@@ -269,8 +269,8 @@ class GpuImageUnit:
         from ..device import Device, DeviceKind
         from ..executor import default_readers
         from ..media import DEVICE
-        from . import affinity, start
         from . import memory as gm
+        from . import start
         from .engine import decode_ahead
         from .feed import RecordFeed
 
@@ -294,9 +294,9 @@ class GpuImageUnit:
         # beside the readers' start and this thread's imports (engine/gpu/start.py), unless the worker's
         # boot began them already (and reserved the hardware decoder's core before them)
         booted, reserved = start.booted(gpu)  # (booted: the seconds the boot's start has run already)
-        if booted is None:
-            reserved = affinity.reserve(ctx.gpu_ordinal, settings) if procs == 1 else None  # (a core a GPU)
-            start.begin(gpu, settings, start.instances_wanted(settings), modules=("resample", "jpeg"))
+        if booted is None:  # (a unit made without a worker's boot: the same start, begun now)
+            start.boot(start.early("image", ctx))
+            reserved = start.booted(gpu)[1]
         readers = default_readers(max(1, have // host), settings=settings)
         if settings.decode_route == "hardware":  # the decoders leave the cores to the readers: half of them
             readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * host)))

@@ -9,8 +9,8 @@ on a machine with no cache the warm-up took 9.3 s, most of it NVRTC.
 A worker process of the local executor begins it first thing (:func:`boot`, given an :class:`Early` by the
 strategy table), before it unpickles its run (which imports most of gpubatch): the context is made through
 the driver API (:mod:`.context`) and the hardware decoder's instances through nvJPEG, neither of which needs
-CuPy or holds the GIL, so they are made while the main thread imports. :func:`begin` starts it where no boot
-did (a unit made in this process).
+CuPy or holds the GIL, so they are made while the main thread imports. A unit made without a boot begins
+the same start itself.
 
 :func:`hardware_instances` hands the instances made to the decoder that asks, :func:`hardware_made` waits
 for them (the decoder makes nvImageCodec's library after them), :func:`kernels_ready` waits for the
@@ -155,30 +155,22 @@ _LOCK = threading.Lock()
 _BOOTED: dict[int, tuple[float, Any]] = {}  # device index -> (when the boot began, the core it reserved or None)
 
 
-def begin(index: int, settings: Settings, hw_instances: int = 0, modules: tuple[str, ...] = ()) -> None:
-    """Start device ``index``'s start in this process (once): its context, ``hw_instances`` instances of
-    the hardware decoder's direct path, nvImageCodec's library, and the kernel ``modules``' compilation."""
-    _begin(Early(index, settings, hw_instances, modules))
-
-
-def _begin(spec: Early) -> None:
-    with _LOCK:
-        if spec.index not in _STARTS:
-            _STARTS[spec.index] = _Start(spec)
-
-
 def boot(spec: Early | None) -> None:
-    """A GPU worker process's first step (before it unpickles its run): ``spec``'s core reserved, then its
-    start begun in a thread (:class:`Early`); nothing where ``spec`` is None."""
+    """Begin device ``spec.index``'s start in this process (once): ``spec``'s core reserved, then its start
+    in a thread (:class:`Early`); a GPU worker's first step, before it unpickles its run (where no boot
+    did, its unit begins it so); nothing where ``spec`` is None."""
     if spec is None:
         return
-    reserved = None
-    if spec.reserve is not None:
-        from . import affinity
+    with _LOCK:
+        if spec.index in _STARTS:
+            return
+        reserved = None
+        if spec.reserve is not None:
+            from . import affinity
 
-        reserved = affinity.reserve(spec.reserve, spec.settings)
-    _BOOTED[spec.index] = (time.perf_counter(), reserved)
-    _begin(spec)
+            reserved = affinity.reserve(spec.reserve, spec.settings)
+        _BOOTED[spec.index] = (time.perf_counter(), reserved)
+        _STARTS[spec.index] = _Start(spec)
 
 
 def booted(index: int) -> tuple[float | None, Any]:
