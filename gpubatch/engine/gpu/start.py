@@ -184,7 +184,7 @@ def booted(index: int) -> tuple[float | None, Any]:
 
 
 def hardware_instances(index: int, n: int) -> list[Any]:
-    """Up to ``n`` hardware-decoder instances :func:`begin` made for device ``index`` (waited for); the
+    """Up to ``n`` hardware-decoder instances :func:`boot` made for device ``index`` (waited for); the
     caller owns them."""
     s = _STARTS.get(index)
     if s is None:
@@ -196,7 +196,7 @@ def hardware_instances(index: int, n: int) -> list[Any]:
 
 
 def hardware_made(index: int) -> None:
-    """Wait until :func:`begin`'s hardware-decoder instances for device ``index`` are made (or failed);
+    """Wait until :func:`boot`'s hardware-decoder instances for device ``index`` are made (or failed);
     at once where no start began. nvImageCodec's library is made after them: made beside them, it took
     about a second and slowed them (the module docstring)."""
     s = _STARTS.get(index)
@@ -205,7 +205,7 @@ def hardware_made(index: int) -> None:
 
 
 def kernels_ready(index: int) -> dict[str, float]:
-    """Wait until :func:`begin`'s work for device ``index`` is done; the seconds of each of its steps."""
+    """Wait until :func:`boot`'s work for device ``index`` is done; the seconds of each of its steps."""
     s = _STARTS.get(index)
     if s is None:
         return {}
