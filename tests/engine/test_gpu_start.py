@@ -13,7 +13,8 @@ from tests.helpers import ROOT
 
 pytestmark = pytest.mark.gpu
 
-# one script, booted or not (argv[2]): the engine built, a batch decoded, its pixels saved (argv[1])
+# one script, booted or not (argv[2]: plain, booted, capped): the engine built, a batch decoded twice, the
+# pixels saved (argv[1])
 _SCRIPT = r"""
 import sys
 import numpy as np
@@ -24,24 +25,33 @@ from gpubatch.engine.gpu.engine import GpuEngine
 from tests.helpers import jpeg_bytes, photo
 
 st = Settings.from_env().with_(decode_route="hardware")
-started = sys.argv[2] == "booted"
-if started:  # (a worker's boot: the context through the driver, the instances before CuPy)
+how = sys.argv[2]
+if how != "plain":  # (a worker's boot: the context through the driver, the instances before CuPy)
     start.boot(start.Early(0, st, 3, ("resample", "jpeg")))
-    times = start.kernels_ready(0)
-    assert {"context", "hardware instances", "nvImageCodec library", "kernels: resample", "kernels: jpeg"} <= set(times)
-    held = list(start._STARTS[0].hw)
-    assert len(held) == 3, held
-eng = GpuEngine(resolve("gpu"), 4, decode_route="hardware", settings=st)
-if started:
-    assert [id(d) for d in eng.decoder.hw_direct] == [id(d) for d in held]  # the start's instances, taken
-    assert start.hardware_instances(0, 3) == []  # (taken once)
+    times = start.kernels_ready(0)  # (the kernels, the first instance and the library)
+    assert {"context", "hardware instance 1", "nvImageCodec library", "kernels: resample", "kernels: jpeg"} <= set(times)
+    assert "hardware instances after the first" not in times  # (asked for by the decoder: after its warm-up)
+eng = GpuEngine(resolve("gpu"), 4, gpu_memory="8GiB" if how == "capped" else None, decode_route="hardware",
+                settings=st)
+dec = eng.decoder
+if how == "capped":  # a capped engine takes every instance at its start (its plan counts them): the start's
+    assert len(dec.hw_direct) == 3 and not dec._hw_coming and start._STARTS[0].hw_done.is_set()
+    assert "hardware instances after the first" in start._STARTS[0].times and not start._STARTS[0].hw
+elif how == "booted":  # the first; the rest are made after the warm-up and taken as they come
+    assert len(dec.hw_direct) == 1 and dec._hw_coming == 2, (len(dec.hw_direct), dec._hw_coming)
 eng.warm_up(8, encoder=True)
 blobs = [jpeg_bytes(photo(120 + 8 * k, 160, seed=k)) for k in range(6)]
-res = eng.decoder.decode(blobs, eng.stream)
-got = [np.asarray(a.get()) for a in res.arrays]
+got = [np.asarray(a.get()) for a in dec.decode(blobs, eng.stream).arrays]
+if how != "plain":
+    start._STARTS[0].hw_done.wait()
+got += [np.asarray(a.get()) for a in dec.decode(blobs, eng.stream).arrays]  # (the start's last instances taken)
+assert len(dec.hw_direct) == 3 and not dec._hw_coming, (len(dec.hw_direct), dec._hw_coming)
+if how != "plain":
+    assert start.hardware_instances(0, 3) == []  # (taken once)
+    assert "hardware instances after the first" in start._STARTS[0].times
 eng.close()
 np.save(sys.argv[1], np.concatenate([g.ravel() for g in got]))
-print("ok")
+print("ok", dec.hw_adopted)
 """
 
 
@@ -53,9 +63,11 @@ def _run(code: str, *args: str) -> str:
 
 
 def test_a_started_worker_decodes_as_an_unstarted_one(tmp_path):
+    """A decoder that takes the start's instances as they come (and one capped, which takes them all at its
+    start) decodes as one made without a start."""
     import numpy as np
 
-    assert "ok" in _run(_SCRIPT, str(tmp_path / "plain.npy"), "plain")
-    assert "ok" in _run(_SCRIPT, str(tmp_path / "booted.npy"), "booted")
-    assert np.array_equal(np.load(tmp_path / "booted.npy"), np.load(tmp_path / "plain.npy"))
-
+    for how in ("plain", "booted", "capped"):
+        assert "ok" in _run(_SCRIPT, str(tmp_path / f"{how}.npy"), how)
+    for how in ("booted", "capped"):
+        assert np.array_equal(np.load(tmp_path / f"{how}.npy"), np.load(tmp_path / "plain.npy")), how

@@ -161,7 +161,7 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
                  hw_preallocate: tuple[int, int, int] | None = None, options: str = "",
                  api: str | None = None, hw_instances: int | None = None, hw_direct: bool | None = None,
                  hw_core: Any = None, route: str | None = None, cores: float | None = None,
-                 follow: bool = False, settings: Settings | None = None):
+                 follow: bool = False, hw_later: bool = False, settings: Settings | None = None):
 
         import cupy as cp
 
@@ -187,6 +187,13 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
         self.hw = self.cuda = self.lib = self.cuda_c = None
         self.hw_cs: list[Any] = []
         self.hw_direct: list[Any] = []  # nvjpeg_hw.HwBatchDecoder instances (the C API's hardware path)
+        # ``hw_later``: the worker's start makes the instances after the first while this decoder is built, warmed
+        # up and decodes (gpu/start.py); the hardware engine's thread takes them as they come (_adopt_hw)
+        self.hw_later = hw_later
+        self._hw_coming = 0  # instances the start is still making for this decoder
+        self.hw_adopted = 0  # instances taken from the start after the first batches began (_adopt_hw)
+        self._cold: set[int] = set()  # (ids of those whose first call has not come yet: its seconds are timed)
+        self._warming = False  # (warm_up's calls take no instance from the start: _adopt_hw)
         self.route = choose_route(route, cores, 1, st)[0] if hw_decoder else "cuda"
         hw_instances = hw_instances or instances_for(self.route, st)
         # the instances a call picks from first; those past them are spares, taken only where none of
@@ -197,11 +204,11 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
             self.stream_ordered = set_pool_keep(cp, device_index, st.pool_keep)
             cuda_options = f"{st.cuda_decoder_options} {options}"
             if self.api == "c":
-                from ..gpu.start import hardware_made
+                from ..gpu.start import hardware_first
                 from .nvimgcodec_c import BACKEND_HYBRID_CPU_GPU, CApiError, library
 
-                if hw_decoder:  # the library after the worker's start made the hardware instances (gpu/start.py)
-                    hardware_made(device_index)
+                if hw_decoder:  # the library after the worker's start made the first hardware instance (gpu/start.py)
+                    hardware_first(device_index)
                 try:
                     self.lib = library()
                 except (DependencyError, CApiError, OSError) as e:  # a wheel laid out otherwise
@@ -282,9 +289,10 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
         # thread that hands the batch over; each decoder's calls ("hw", "cuda"), in that decoder's
         # thread with the C API (with the Python binding "cuda" is the wait for its side thread), of
         # which, decoding in chunks, the waits for a ring slot ("hw_slot", "cuda_slot"), and on the
-        # hardware engine's direct path the nvJPEG calls themselves ("hw_nvjpeg"); CPU decodes ("cpu")
+        # hardware engine's direct path the nvJPEG calls themselves ("hw_nvjpeg"), of which the first calls of the
+        # instances taken after the warm-up ("hw_first_calls", hw_later); CPU decodes ("cpu")
         self.timings = {"parse": 0.0, "hw": 0.0, "hw_wrap": 0.0, "cuda": 0.0, "cuda_wrap": 0.0, "cpu": 0.0,
-                        "hw_slot": 0.0, "cuda_slot": 0.0, "hw_nvjpeg": 0.0}
+                        "hw_slot": 0.0, "cuda_slot": 0.0, "hw_nvjpeg": 0.0, "hw_first_calls": 0.0}
 
     def _more_hw(self, n: int, direct: bool) -> None:
         """``n`` more hardware-engine instances (the C API): nvJPEG's direct path where ``direct`` and
@@ -297,13 +305,44 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
             self.hw_cs.extend(self.lib.decoder(self.device_index, self.HW_THREADS, BACKEND_HW_GPU_ONLY, self._hw_options)
                               for _ in range(n))
 
+    def _adopt_hw(self) -> None:
+        """(The hardware engine's thread, before a part's calls.) The instances the worker's start has made
+        since this decoder took the first (``hw_later``), not waited for; where the start has ended short of
+        them, the rest made here (the decoder decodes on with those it has where it cannot)."""
+        from ..gpu.start import hardware_coming, hardware_rest
+        from ..gpu.start import hardware_instances as started
+
+        hardware_rest(self.device_index)  # (asked for by the warm-up, where one ran)
+        still = hardware_coming(self.device_index)
+        got = started(self.device_index, self._hw_coming, wait=False)
+        self.hw_direct.extend(got)
+        self._cold.update(id(d) for d in got)
+        self._hw_coming -= len(got)
+        self.hw_adopted += len(got)
+        if self._hw_coming and not still:  # (the start failed them: made again here, or said why not)
+            from .nvjpeg_hw import HwBatchDecoder
+
+            short, self._hw_coming = self._hw_coming, 0
+            try:
+                for _ in range(short):
+                    self.hw_direct.append(HwBatchDecoder(self.cp))
+            except (DependencyError, NvjpegError, OSError) as e:  # the instances there decode on
+                warnings.warn(f"no more hardware-engine instances ({e})", RuntimeWarning, stacklevel=2)
+
     def _direct_instances(self, n: int) -> list[Any]:
         """``n`` instances of the hardware engine's direct path, or none (with a warning) where nvJPEG
         cannot make them (then nvImageCodec's hardware decoder is used)."""
+        from ..gpu.start import hardware_coming
         from ..gpu.start import hardware_instances as started
         from .nvjpeg_hw import HwBatchDecoder
 
-        made: list[Any] = started(self.device_index, n)  # (those the worker's start made already)
+        if self._hw_coming:  # (those the start is making for this decoder first)
+            n, self._hw_coming = n + self._hw_coming, 0
+        later = self.hw_later and hardware_coming(self.device_index)
+        made: list[Any] = started(self.device_index, n, wait=not later)  # (those the worker's start made already)
+        if later and made:  # the rest as the start makes them (_adopt_hw)
+            self._hw_coming = n - len(made)
+            n = len(made)
         try:
             for _ in range(n - len(made)):
                 made.append(HwBatchDecoder(self.cp))
@@ -329,21 +368,29 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
         the hardware engine's direct path also makes a region call on each instance."""
         t0 = time.perf_counter()
         blobs = _tiny_jpegs(batch)
-        with self._calling:
-            if self.lib is not None:
-                for _ in self.hw_cs or self.hw_direct:  # one call each: the calls take turns over the instances
-                    self.first_call(True, blobs)
-                for _ in self.hw_direct if self.settings.hw_planes != "never" else ():  # and the decode into planes
-                    self.first_call(True, blobs, planes=True)
-                for _ in self.hw_direct if regions else ():  # and region calls (nvjpegDecodeBatchedEx)
-                    self.first_call(True, blobs, regions=[(8, 16, 40, 64)] * len(blobs))
-                self.first_call(False, blobs)
-            for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
-                if decoder is not None:
-                    self._call(decoder, stream, blobs)
-            self.hw_stream.synchronize()
-            self.cuda_stream.synchronize()
+        self._warming = True
+        try:
+            with self._calling:
+                if self.lib is not None:
+                    for _ in self.hw_cs or self.hw_direct:  # one call each: the calls take turns over the instances
+                        self.first_call(True, blobs)
+                    for _ in self.hw_direct if self.settings.hw_planes != "never" else ():  # and the decode into planes
+                        self.first_call(True, blobs, planes=True)
+                    for _ in self.hw_direct if regions else ():  # and region calls (nvjpegDecodeBatchedEx)
+                        self.first_call(True, blobs, regions=[(8, 16, 40, 64)] * len(blobs))
+                    self.first_call(False, blobs)
+                for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
+                    if decoder is not None:
+                        self._call(decoder, stream, blobs)
+                self.hw_stream.synchronize()
+                self.cuda_stream.synchronize()
+        finally:
+            self._warming = False
         self._hw_last.clear()  # real batches' kinds take the instances afresh (_hw_instance)
+        if self._hw_coming:  # the worker's start makes the others now (made beside the warm-up, they slowed it)
+            from ..gpu.start import hardware_rest
+
+            hardware_rest(self.device_index)
         return time.perf_counter() - t0
 
     def first_call(self, hw: bool, blobs: list[bytes], planes: bool = False,
@@ -388,6 +435,11 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
             ev.synchronize()
         self.hw_stream.synchronize()
         self.cuda_stream.synchronize()
+        if self._hw_coming:  # (instances the start made for this decoder after its last call)
+            from ..gpu.start import hardware_instances
+
+            self.hw_direct += hardware_instances(self.device_index, self._hw_coming)
+            self._hw_coming = 0
         for dec in self.hw_cs + self.hw_direct + ([self.cuda_c] if self.cuda_c else []):
             dec.close()
         self.hw_cs, self.hw_direct, self.cuda_c = [], [], None
@@ -595,6 +647,8 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
         done: list[tuple[int, bool]] = []
         retry: list[int] = []
         with cp.cuda.Device(self.device_index):
+            if job.direct and self._hw_coming and not self._warming:
+                self._adopt_hw()
             if job.hw and self.grow_hw:  # (made on this device, by the thread that calls them)
                 self._enough_hw(len({kinds[idx[0]] for idx in job.lists if idx}))
             for k, idx in enumerate(job.lists):  # (each call's items with places: _prepare)
@@ -618,6 +672,9 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
                     except NvjpegError:  # the call failed as a whole (a corrupt image fails its call)
                         ok = [False] * len(idx)
                     self.timings["hw_nvjpeg"] += time.perf_counter() - t_call
+                    if self._cold and id(dec) in self._cold:  # an instance taken after the warm-up: its first call
+                        self._cold.discard(id(dec))
+                        self.timings["hw_first_calls"] += time.perf_counter() - t_call
                     part.hw += sum(ok)
                     retry.extend(self._learn(kinds, idx, ok))
                 elif job.hw:

@@ -114,7 +114,7 @@ class GpuEngine:
             self.decoder = GpuImageDecoder(device.index, cpu_threads, deterministic=deterministic,
                                            hw_preallocate=hw_preallocate, options=decoder_options,
                                            hw_direct=hw_direct, hw_core=self.cores, route=self.decode_route,
-                                           follow=follow, settings=st)
+                                           follow=follow, hw_later=self.cap is None, settings=st)
         except BaseException:  # no engine: the building thread gets its cores back
             if self.cores is not None:
                 self.cores.release()

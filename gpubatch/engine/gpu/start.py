@@ -12,10 +12,15 @@ the driver API (:mod:`.context`) and the hardware decoder's instances through nv
 CuPy or holds the GIL, so they are made while the main thread imports. A unit made without a boot begins
 the same start itself.
 
-:func:`hardware_instances` hands the instances made to the decoder that asks, :func:`hardware_made` waits
-for them (the decoder makes nvImageCodec's library after them), :func:`kernels_ready` waits for the
-kernels, and :func:`booted` gives the core the boot reserved for the hardware decoder's thread. Errors are
-kept for the real calls, which make what failed again and raise there.
+The first hardware instance takes most of their time (nvJPEG's start; about 0.6 s of the three's 0.8 s on an
+H200): nvImageCodec's library follows it, and the other instances are made after the decoder's warm-up,
+while it decodes its first batches on the first instance (a decoder that takes instances as they come:
+``GpuImageDecoder(hw_later=True)``). :func:`hardware_first` waits for the
+first instance and the library, :func:`hardware_rest` asks for the others (once the decoder's warm-up is done:
+made beside it, they slowed it), :func:`hardware_instances` hands the instances made to the decoder that asks
+(all of them, or those made so far), :func:`hardware_coming` says whether more are being made,
+:func:`kernels_ready` waits for the kernels, and :func:`booted` gives the core the boot reserved for the
+hardware decoder's thread. Errors are kept for the real calls, which make what failed again and raise there.
 """
 
 from __future__ import annotations
@@ -78,7 +83,9 @@ class _Start:
         self.index, self.settings, self.hw_wanted, self.modules = spec.index, spec.settings, spec.hw, spec.modules
         self.hw: list[Any] = []
         self.times: dict[str, float] = {}
-        self.hw_done, self.done = threading.Event(), threading.Event()
+        # first: the first instance and the library (what a decoder waits for); go: the rest asked for (after the
+        # decoder's warm-up: made beside it, they slowed it); hw_done: every instance made or failed
+        self.first, self.go, self.hw_done = threading.Event(), threading.Event(), threading.Event()
         self._compiled: list[threading.Thread] = []
         self.thread = threading.Thread(target=self._run, name="gpubatch-gpu-start", daemon=True)
         self.thread.start()
@@ -106,15 +113,7 @@ class _Start:
                 c.start()
                 self._compiled.append(c)
             if self.hw_wanted:
-                from ..codecs.nvjpeg_hw import HwBatchDecoder
-
-                try:
-                    for _ in range(self.hw_wanted):
-                        self.hw.append(HwBatchDecoder(None, self.index))
-                except Exception:  # noqa: BLE001 - the decoder makes them again, and says why not
-                    pass
-                t = self._step("hardware instances", t)
-            self.hw_done.set()
+                t = self._instances(1, "hardware instance 1", t)
             if self.spec.library:
                 from ..codecs.nvimgcodec_c import library
 
@@ -122,14 +121,30 @@ class _Start:
                     library()
                 except Exception:  # noqa: BLE001 - raised again where the decoder asks for it
                     pass
-                self._step("nvImageCodec library", t)
+                t = self._step("nvImageCodec library", t)
+            self.first.set()
+            if self.hw_wanted > 1:  # (once asked for: while the decoder decodes its first batches on the first)
+                self.go.wait()
+                self._instances(self.hw_wanted - 1, "hardware instances after the first", time.perf_counter())
         except Exception:  # noqa: BLE001 - no CUDA here: the engine's own start says why
             pass
         finally:
+            self.first.set()
             self.hw_done.set()
-            for c in self._compiled:
-                c.join()
-            self.done.set()
+
+    def _instances(self, n: int, name: str, t: float) -> float:
+        """``n`` more hardware-decoder instances into :attr:`hw` (none more after one fails: the decoder
+        makes them again, and says why not); the step's time kept as ``name``."""
+        from ..codecs.nvjpeg_hw import HwBatchDecoder
+
+        try:
+            for _ in range(n):
+                made = HwBatchDecoder(None, self.index)
+                with _LOCK:
+                    self.hw.append(made)
+        except Exception:  # noqa: BLE001
+            pass
+        return self._step(name, t)
 
     def _compile(self, name: str) -> None:
         t = time.perf_counter()
@@ -183,31 +198,52 @@ def booted(index: int) -> tuple[float | None, Any]:
     return time.perf_counter() - t, reserved
 
 
-def hardware_instances(index: int, n: int) -> list[Any]:
-    """Up to ``n`` hardware-decoder instances :func:`boot` made for device ``index`` (waited for); the
-    caller owns them."""
+def hardware_instances(index: int, n: int, wait: bool = True) -> list[Any]:
+    """Up to ``n`` hardware-decoder instances :func:`boot` made for device ``index``: where ``wait``, once it
+    has made all it makes (or failed; those after the first asked for now: :func:`hardware_rest`), else those
+    made so far (after the first, waited for); the caller owns them."""
     s = _STARTS.get(index)
     if s is None:
         return []
-    hardware_made(index)
+    if wait:
+        s.go.set()
+    (s.hw_done if wait else s.first).wait()
     with _LOCK:
         out, s.hw[:] = s.hw[:n], s.hw[n:]
     return out
 
 
-def hardware_made(index: int) -> None:
-    """Wait until :func:`boot`'s hardware-decoder instances for device ``index`` are made (or failed);
-    at once where no start began. nvImageCodec's library is made after them: made beside them, it took
-    about a second and slowed them (the module docstring)."""
+def hardware_coming(index: int) -> bool:
+    """Whether :func:`boot`'s start for device ``index`` is still making hardware-decoder instances (those it
+    makes after the first); False where none began."""
+    s = _STARTS.get(index)
+    return s is not None and not s.hw_done.is_set()
+
+
+def hardware_rest(index: int) -> None:
+    """Ask :func:`boot`'s start for device ``index`` to make the hardware-decoder instances after the first (a
+    decoder that takes them as they come asks once its warm-up is done); nothing where none began."""
     s = _STARTS.get(index)
     if s is not None:
-        s.hw_done.wait()
+        s.go.set()
+
+
+def hardware_first(index: int) -> None:
+    """Wait until :func:`boot`'s first hardware-decoder instance for device ``index`` and nvImageCodec's
+    library after it are made (or failed); at once where no start began. The library is made after the
+    first instance: made beside it, it took about a second and slowed it (the module docstring)."""
+    s = _STARTS.get(index)
+    if s is not None:
+        s.first.wait()
 
 
 def kernels_ready(index: int) -> dict[str, float]:
-    """Wait until :func:`boot`'s work for device ``index`` is done; the seconds of each of its steps."""
+    """Wait until :func:`boot`'s kernels for device ``index`` are compiled and its first instance and the
+    library made (not the instances after the first); the seconds of each of its steps so far."""
     s = _STARTS.get(index)
     if s is None:
         return {}
-    s.done.wait()
+    s.first.wait()
+    for c in s._compiled:
+        c.join()
     return dict(s.times)
