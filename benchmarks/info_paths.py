@@ -1,16 +1,19 @@
 """``gpubatch info`` on one dataset by its two header-reading paths, side by side: threads of the command's
 process (``PROCESSES_FROM`` raised past the set) and a process a core (the default from 4,096 records).
-Each run is a whole process; the paths take turns, after one untimed round.
+Each run is a whole process; the paths take turns, after one untimed round. With ``--tree`` (twice or
+more): ``gpubatch info SRC`` of each tree (a folder holding a ``gpubatch`` package, first on ``PYTHONPATH``)
+instead, in turn, each by its default path.
 
-    python3 benchmarks/info_paths.py SRC [--repeats 5]
+    python3 benchmarks/info_paths.py SRC [--repeats 5] [--tree OLD --tree NEW]
 
-Prints the median wall seconds of each path and each run's, as JSON.
+Prints the median wall seconds of each path (or tree) and each run's, as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -25,12 +28,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("src")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--tree", action="append", default=[], help="a tree to run (its own default path)")
     a = ap.parse_args()
-    runs: dict[str, list[float]] = {name: [] for name, _ in PATHS}
+    # (name, argument after -c's code, PYTHONPATH's first entry or None)
+    turns = ([(tree, "4096", os.path.abspath(tree)) for tree in a.tree] if a.tree
+             else [(name, str(first), None) for name, first in PATHS])
+    if a.tree:
+        for tree in a.tree:
+            if not os.path.isdir(os.path.join(tree, "gpubatch")):
+                sys.exit(f"{tree} holds no gpubatch package")
+    runs: dict[str, list[float]] = {name: [] for name, _, _ in turns}
     for r in range(a.repeats + 1):
-        for name, first in PATHS:
+        for name, first, tree in turns:
+            env = dict(os.environ)
+            if tree is not None:  # (the tree's own PROCESSES_FROM stands: the code sets the default again)
+                env["PYTHONPATH"] = os.pathsep.join([tree, *filter(None, [env.get("PYTHONPATH")])])
             t = time.perf_counter()
-            p = subprocess.run([sys.executable, "-c", CODE, str(first), a.src], capture_output=True, text=True)
+            p = subprocess.run([sys.executable, "-c", CODE, first, a.src], capture_output=True, text=True, env=env,
+                               cwd="/" if tree is not None else None)
             wall = time.perf_counter() - t
             if p.returncode:
                 sys.exit(f"info exited {p.returncode}: {p.stderr.strip()[-2000:]}")

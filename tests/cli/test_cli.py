@@ -254,6 +254,24 @@ def test_info_on_every_format(imagenet, tmp_path, fmt):
     assert p.returncode == 0 and "records per class" in p.stderr
 
 
+@pytest.mark.parametrize("fmt", ["folder", "lmdb", "webdataset"])
+def test_info_reads_the_same_in_its_reader_processes_and_ends_them(imagenet, tmp_path, fmt, monkeypatch):
+    """On 4 cores or more ``info`` reads a large dataset's headers (PROCESSES_FROM, lowered here) in a process
+    a core: the same report as its threads', no process left (LMDB's readers list the dataset first: their
+    reads go through its page walk)."""
+    import multiprocessing as mp
+
+    from gpubatch.report import info as info_module
+
+    path = imagenet if fmt == "folder" else tmp_path / fmt
+    if fmt != "folder":
+        convert(imagenet, path, to=fmt)
+    threads = info_module.describe(path, workers=2).as_dict()
+    monkeypatch.setattr(info_module, "PROCESSES_FROM", 8)
+    assert info_module.describe(path, workers=4).as_dict() == threads
+    assert not mp.active_children()
+
+
 def test_info_reads_an_image_folder_by_its_headers_with_the_report_of_whole_reads(tmp_path):
     """``info`` on a folder reads each image file's first bytes (4 KiB, then 64 KiB where its header lies
     further): the report equals the one whole reads make, also for JPEGs whose header lies past the first
