@@ -141,7 +141,10 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
     code streams or descriptors: its places come from the sizes the headers gave. ``hw_core`` (an
     :class:`~gpubatch.engine.gpu.affinity.Reservation`, which :class:`~gpubatch.engine.gpu.engine.GpuEngine`
     takes) binds the hardware engine's thread to a CPU core the rest of the pipeline leaves to it: that
-    thread is the pipeline's pace. ``api="python"`` uses the Python
+    thread is the pipeline's pace. With ``hw_later`` (GpuEngine's default where no memory cap holds it) and a
+    worker's start begun (:mod:`~gpubatch.engine.gpu.start`), the decoder is built on the start's first
+    direct-path instance, and the others, which the start makes once the warm-up is done, join as they come
+    (the first batch came 0.12-0.39 s sooner on H200 hosts; benchmarks/RESULTS.md, 2026-12-02). ``api="python"`` uses the Python
     binding (one instance, the CUDA decoder called from a second thread); it is the fallback where
     the C library cannot be loaded, and the reference the C path is tested against.
 
