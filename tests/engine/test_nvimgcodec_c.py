@@ -266,7 +266,7 @@ def test_a_part_of_more_kinds_than_instances_gets_an_instance_a_kind():
     keeps an instance of its own. Without it, or with no hardware instance at all, nothing is made."""
     from types import SimpleNamespace
 
-    from gpubatch.engine.codecs.decode_routing import DecodeRouting
+    from gpubatch.engine.codecs.hw_instances import HwInstances
     from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
 
     def decoder(grow: bool, pool: list) -> SimpleNamespace:
@@ -276,15 +276,15 @@ def test_a_part_of_more_kinds_than_instances_gets_an_instance_a_kind():
         return dec
 
     dec = decoder(True, [object(), object()])
-    DecodeRouting._enough_hw(dec, 2)
+    HwInstances._enough_hw(dec, 2)
     assert len(dec.hw_direct) == 2  # (as many kinds as instances)
-    DecodeRouting._enough_hw(dec, 5)
+    HwInstances._enough_hw(dec, 5)
     assert len(dec.hw_direct) == 3  # (at most hw_only_instances)
     pool = dec.hw_direct
     assert [pool.index(GpuImageDecoder._hw_instance(dec, pool, k)) for k in ["420", "422", "444"] * 2] == [0, 1, 2] * 2
     for grow, pool in ((False, [object(), object()]), (True, [])):
         dec = decoder(grow, pool)
-        DecodeRouting._enough_hw(dec, 3)
+        HwInstances._enough_hw(dec, 3)
         assert len(dec.hw_direct) == len(pool)
 
     def failing(n: int, direct: bool) -> None:
@@ -293,8 +293,43 @@ def test_a_part_of_more_kinds_than_instances_gets_an_instance_a_kind():
     dec = decoder(True, [object(), object()])
     dec._more_hw = failing
     with pytest.warns(RuntimeWarning, match="no more hardware-engine instances"):
-        DecodeRouting._enough_hw(dec, 3)
+        HwInstances._enough_hw(dec, 3)
     assert dec.grow_hw is False and len(dec.hw_direct) == 2  # (the two decode on; no second try)
+
+
+def test_the_instances_a_start_makes_later_are_taken_as_they_come(monkeypatch):
+    """A decoder that takes the worker's start's instances as they come (``hw_later``) is built on those made
+    so far and counts the rest as coming; before a part's calls it asks for them and takes those made since;
+    where the start ended short, it makes the rest itself, or says in a warning why not and decodes on."""
+    import threading
+    from types import SimpleNamespace
+
+    from gpubatch.engine.codecs import hw_instances
+    from gpubatch.engine.codecs.nvjpeg_hw import NvjpegError
+    from gpubatch.engine.gpu import start
+
+    first, second = object(), object()
+    begun = SimpleNamespace(hw=[first], first=threading.Event(), go=threading.Event(), hw_done=threading.Event())
+    begun.first.set()  # (the first instance and the library made; the others not asked for yet)
+    monkeypatch.setitem(start._STARTS, 9, begun)
+    dec = SimpleNamespace(device_index=9, hw_later=True, _hw_coming=0, _cold=set(), hw_adopted=0, cp=None)
+    dec.hw_direct = hw_instances.HwInstances._direct_instances(dec, 3)
+    assert dec.hw_direct == [first] and dec._hw_coming == 2 and not begun.go.is_set()
+    hw_instances.HwInstances._adopt_hw(dec)  # (none made since: none taken, the rest asked for)
+    assert begun.go.is_set() and dec.hw_direct == [first] and dec._hw_coming == 2
+    begun.hw.append(second)
+    hw_instances.HwInstances._adopt_hw(dec)
+    assert dec.hw_direct == [first, second] and dec._hw_coming == 1 and dec._cold == {id(second)}
+    assert dec.hw_adopted == 1 and not begun.hw
+
+    def refused(cp):
+        raise NvjpegError("nvjpegCreateEx", 5)
+
+    monkeypatch.setattr(hw_instances, "HwBatchDecoder", refused)
+    begun.hw_done.set()  # the start ended one short
+    with pytest.warns(RuntimeWarning, match="no more hardware-engine instances"):
+        hw_instances.HwInstances._adopt_hw(dec)
+    assert dec.hw_direct == [first, second] and dec._hw_coming == 0
 
 
 def test_the_warm_up_calls_make_no_instance_a_kind():

@@ -10,7 +10,6 @@ host has cores to spare, the "hardware" route gives the engine every kind it dec
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 from ...errors import UsageError
 from ..settings import HW_KINDS, ROUTES, Settings
@@ -108,41 +107,6 @@ class DecodeRouting:
         # new route's calls make theirs at their own sizes (freeing only the buffers the new route has no
         # calls for left the pool fragmented: a peak of 865-905 MiB against 809-815; docs/engine.md).
         self._give_back_slots()
-
-    def _enough_hw(self, kinds: int) -> None:
-        """(The hardware engine's thread, before a part's calls.) Where the part has ``kinds`` kinds and the
-        engine fewer instances, one more instance a kind up to ``settings.hw_only_instances``: two instances
-        that switch kinds call after call held the whole chain to half speed (a 0.15 CUDA share on a mix
-        with a quarter of 4:4:4: 10,011-11,093 against 20,825-21,800 images/s; docs/engine.md). Only where
-        ``grow_hw`` (``settings.hw_per_kind``, and no memory cap: an instance is about 55 MiB that a plan
-        does not count); the instances made are spares past ``_hw_first``, taken by a kind none of the first
-        has (:meth:`_hw_instance`)."""
-        pool = self.hw_direct or self.hw_cs
-        want = min(kinds, self.settings.hw_only_instances)
-        if not self.grow_hw or not pool or len(pool) >= want:
-            return
-        try:
-            self._more_hw(want - len(pool), bool(self.hw_direct))
-        except Exception as e:  # noqa: BLE001 - the instances there decode on
-            self.grow_hw = False
-            warnings.warn(f"no more hardware-engine instances ({e})", RuntimeWarning, stacklevel=2)
-
-    def _hw_instance(self, pool: list[Any], kind: str | None) -> Any:
-        """The hardware-engine instance for a call of ``kind``: the least recently used of those whose
-        last call was of the same kind or that have not been used, else the least recently used of
-        all. An instance whose call's kind differs from its last call's decodes at about half speed
-        (8,300-9,100 images/s against 13,800-16,000, the engine alone; docs/engine.md),
-        so each kind keeps its instances (with as many kinds as instances, one each); a kind alone
-        (a set all 4:2:0) still has its calls alternate over every instance, as taking turns gave."""
-        self._hw_turn += 1
-        last = self._hw_last
-        first = pool[: self._hw_first]
-        fits = [d for d in first if id(d) not in last or last[id(d)][0] == kind]
-        if not fits:  # a spare: one unused or of this kind
-            fits = [d for d in pool[len(first):] if id(d) not in last or last[id(d)][0] == kind]
-        pick = min(fits or pool, key=lambda d: last.get(id(d), (None, -1))[1])
-        last[id(pick)] = (kind, self._hw_turn)
-        return pick
 
     def _learn(self, kinds: list[str | None], hw_idx: list[int], ok: list[bool]) -> list[int]:
         """Note which kinds the hardware engine takes; returns the indices it failed (to retry)."""

@@ -57,6 +57,7 @@ from .decode_python import PythonBindingDecode
 from .decode_result import DecodeResult, DeviceImage
 from .decode_routing import DecodeRouting, choose_route
 from .headers import jpeg_kind
+from .hw_instances import HwInstances
 from .nvimgcodec_c import nvimgcodec
 from .nvjpeg_hw import OUTPUT_RGBI, OUTPUT_YUV, NvjpegError
 
@@ -109,7 +110,7 @@ def _post(sink: Any, msg: tuple) -> None:
         res.feed.put(msg)
 
 
-class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
+class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDecode):
     """Batched, routed, stream-ordered JPEG decode on one GPU (see the module docstring).
 
     Each batch is split by ``route`` (:func:`choose_route`; "auto" by the ``cores`` free, measured
@@ -296,66 +297,6 @@ class GpuImageDecoder(DecodeRouting, DecodeBuffers, PythonBindingDecode):
         # instances taken after the warm-up ("hw_first_calls", hw_later); CPU decodes ("cpu")
         self.timings = {"parse": 0.0, "hw": 0.0, "hw_wrap": 0.0, "cuda": 0.0, "cuda_wrap": 0.0, "cpu": 0.0,
                         "hw_slot": 0.0, "cuda_slot": 0.0, "hw_nvjpeg": 0.0, "hw_first_calls": 0.0}
-
-    def _more_hw(self, n: int, direct: bool) -> None:
-        """``n`` more hardware-engine instances (the C API): nvJPEG's direct path where ``direct`` and
-        it can make them, else nvImageCodec's hardware decoder."""
-        if direct:
-            self.hw_direct.extend(self._direct_instances(n))
-        if not self.hw_direct:
-            from .nvimgcodec_c import BACKEND_HW_GPU_ONLY
-
-            self.hw_cs.extend(self.lib.decoder(self.device_index, self.HW_THREADS, BACKEND_HW_GPU_ONLY, self._hw_options)
-                              for _ in range(n))
-
-    def _adopt_hw(self) -> None:
-        """(The hardware engine's thread, before a part's calls.) The instances the worker's start has made
-        since this decoder took the first (``hw_later``), not waited for; where the start has ended short of
-        them, the rest made here (the decoder decodes on with those it has where it cannot)."""
-        from ..gpu.start import hardware_coming, hardware_rest
-        from ..gpu.start import hardware_instances as started
-
-        hardware_rest(self.device_index)  # (asked for by the warm-up, where one ran)
-        still = hardware_coming(self.device_index)
-        got = started(self.device_index, self._hw_coming, wait=False)
-        self.hw_direct.extend(got)
-        self._cold.update(id(d) for d in got)
-        self._hw_coming -= len(got)
-        self.hw_adopted += len(got)
-        if self._hw_coming and not still:  # (the start failed them: made again here, or said why not)
-            from .nvjpeg_hw import HwBatchDecoder
-
-            short, self._hw_coming = self._hw_coming, 0
-            try:
-                for _ in range(short):
-                    self.hw_direct.append(HwBatchDecoder(self.cp))
-            except (DependencyError, NvjpegError, OSError) as e:  # the instances there decode on
-                warnings.warn(f"no more hardware-engine instances ({e})", RuntimeWarning, stacklevel=2)
-
-    def _direct_instances(self, n: int) -> list[Any]:
-        """``n`` instances of the hardware engine's direct path, or none (with a warning) where nvJPEG
-        cannot make them (then nvImageCodec's hardware decoder is used)."""
-        from ..gpu.start import hardware_coming
-        from ..gpu.start import hardware_instances as started
-        from .nvjpeg_hw import HwBatchDecoder
-
-        if self._hw_coming:  # (those the start is making for this decoder first)
-            n, self._hw_coming = n + self._hw_coming, 0
-        later = self.hw_later and hardware_coming(self.device_index)
-        made: list[Any] = started(self.device_index, n, wait=not later)  # (those the worker's start made already)
-        if later and made:  # the rest as the start makes them (_adopt_hw)
-            self._hw_coming = n - len(made)
-            n = len(made)
-        try:
-            for _ in range(n - len(made)):
-                made.append(HwBatchDecoder(self.cp))
-        except (DependencyError, NvjpegError, OSError) as e:
-            for dec in made:
-                dec.close()
-            warnings.warn(f"the hardware JPEG engine is not usable through nvJPEG directly ({e}); using "
-                          "nvImageCodec's hardware decoder", RuntimeWarning, stacklevel=3)
-            return []
-        return made
 
     def warm_up(self, batch: int = 256, regions: bool = False) -> float:
         """Run ``batch`` tiny JPEGs (every subsampling, and gray) through each decoder once; returns the
