@@ -145,9 +145,9 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDe
     thread is the pipeline's pace. With ``hw_later`` (GpuEngine's default where no memory cap holds it) and a
     worker's start begun (:mod:`~gpubatch.engine.gpu.start`), the decoder is built on the start's first
     direct-path instance, and the others, which the start makes once the warm-up is done, join as they come
-    (the first batch came 0.12-0.39 s sooner on H200 hosts; benchmarks/RESULTS.md, 2026-12-02). ``api="python"`` uses the Python
-    binding (one instance, the CUDA decoder called from a second thread); it is the fallback where
-    the C library cannot be loaded, and the reference the C path is tested against.
+    (the first batch came 0.12-0.39 s sooner on H200 hosts; benchmarks/RESULTS.md, 2026-12-02).
+    ``api="python"`` uses the Python binding (one instance, the CUDA decoder called from a second thread);
+    it is the fallback where the C library cannot be loaded, and the reference the C path is tested against.
 
     The two decoders' pixels differ slightly (their IDCTs and chroma upsampling differ), so the share
     is fixed by default (``deterministic=True``): a batch is then always split the same way, and the
