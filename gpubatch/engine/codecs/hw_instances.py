@@ -45,7 +45,6 @@ class HwInstances:
         self.hw_direct.extend(got)
         self._cold.update(id(d) for d in got)
         self._hw_coming -= len(got)
-        self.hw_adopted += len(got)
         if self._hw_coming and not still:  # (the start failed them: made again here, or said why not)
             short, self._hw_coming = self._hw_coming, 0
             try:

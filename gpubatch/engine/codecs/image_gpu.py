@@ -195,7 +195,6 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDe
         # up and decodes (gpu/start.py); the hardware engine's thread takes them as they come (_adopt_hw)
         self.hw_later = hw_later
         self._hw_coming = 0  # instances the start is still making for this decoder
-        self.hw_adopted = 0  # instances taken from the start after the first batches began (_adopt_hw)
         self._cold: set[int] = set()  # (ids of those whose first call has not come yet: its seconds are timed)
         self._warming = False  # (warm_up's calls take no instance from the start: _adopt_hw)
         self.route = choose_route(route, cores, 1, st)[0] if hw_decoder else "cuda"
