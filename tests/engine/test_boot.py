@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from gpubatch.engine.device import Device, DeviceKind
 from gpubatch.engine.execute.strategies import TABLE
 from gpubatch.engine.execute.worker import RunContext
@@ -84,6 +86,34 @@ def test_a_booted_start_hands_its_reservation_over_once():
     finally:
         start.kernels_ready(7)
         start._STARTS.pop(7, None)
+
+
+def test_a_start_that_cannot_make_its_instances_ends_and_leaves_nothing_to_wait_for():
+    """Where the start fails (no CUDA here), it ends at once: the waits for the first instance, for all of
+    them and for the kernels return, and nothing is coming (a decoder then makes its instances itself)."""
+    import threading
+
+    if 8 in start._STARTS:  # pragma: no cover - (the index is this test's)
+        pytest.skip("device 8's start is taken")
+    start.boot(start.Early(8, Settings(), 3, (), sync=False, library=False, reserve=None))
+    try:
+        got: list = []
+
+        def waits() -> None:
+            start.hardware_first(8)
+            got.append(start.kernels_ready(8))
+            got.append(start.hardware_instances(8, 3))
+
+        waiter = threading.Thread(target=waits, daemon=True)
+        waiter.start()
+        waiter.join(timeout=30)
+        assert not waiter.is_alive(), "a wait of the start did not return"
+        if got[1]:  # pragma: no cover - (a machine with a GPU makes them: this test is for one without)
+            pytest.skip("a GPU here made the instances")
+        assert "hardware instances after the first" not in got[0] and not start.hardware_coming(8)
+    finally:
+        start._STARTS.pop(8, None)
+        start._BOOTED.pop(8, None)
 
 
 # --- workers started before the plan (runner._started_early: GPU runs; here the host unit stands in) ----
