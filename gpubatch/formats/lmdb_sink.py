@@ -164,6 +164,7 @@ class Turn:
         self.dirty = False  # a transaction went in: the database is synced when the lock is released
         self.drained: list[Path] = []  # spools put in, removed once the database is synced
         self.times: dict[str, float] = {}  # (turn's: how long this process waited for the lock, held it, synced)
+        self.noting = 0.0  # the seconds ``state.json`` took to write under the lock (:meth:`_advance`)
         self.history: list[list[int]] = []
         try:
             state = json.loads(self.state_file.read_text(encoding="utf-8"))
@@ -191,9 +192,11 @@ class Turn:
         return {"next": self.next, "count": self.count, "history": self.history[-HISTORY:]}
 
     def _advance(self, records: int) -> None:
+        t = time.perf_counter()
         self.history.append([self.next, self.count])
         self.next, self.count = self.next + 1, self.count + records
         write_json(self.state_file, self._state())
+        self.noting += time.perf_counter() - t
 
     def put(self, spool: Path | None, held: list | None = None) -> None:
         """The next shard's records (its spool, then ``held``: (key, Datum) pairs) in one transaction (not
@@ -268,6 +271,7 @@ def turn(root: Path) -> Iterator[Turn]:
     released = time.perf_counter()
     t.sync()
     t.times = {"lmdb: waiting for the lock": held - asked, "lmdb: holding the lock": released - held,
+               "lmdb: holding the lock: state.json": t.noting,
                "lmdb: sync": time.perf_counter() - released}
 
 
