@@ -46,8 +46,9 @@ from gpubatch.engine.settings import Settings
 from tests.engine.test_boot import Probe
 
 early = None if sys.argv[1] == "none" else start.Early(0, Settings(), 0, (), sync=False, library=False)
-results = queue.Queue()
-boot.boot(early, pickle.dumps(Probe()), 0, queue.Queue(), results)
+results, run = queue.Queue(), queue.Queue()
+run.put(pickle.dumps(Probe()))
+boot.boot(early, run, 0, queue.Queue(), results)
 kind, how, what = results.get_nowait()
 print(kind, how, what.strip().splitlines()[-1])
 """
@@ -164,3 +165,31 @@ def test_workers_started_before_a_run_that_fails_to_plan_end_with_it(imagenet, t
         raise AssertionError("a run of no record was not refused")
     assert len(seen) == 1 and seen[0].used == 0 and not any(p.is_alive() for p in seen[0].procs)
     assert not (tmp_path / "none").exists()
+
+
+def test_a_run_its_workers_cannot_be_given_fails_in_one_error_and_leaves_no_process(imagenet, tmp_path, monkeypatch):
+    """Where the run cannot be sent to its workers (an object of the caller's script in it: detached_main's
+    one-line error), the run fails with that error, and the processes started for it end."""
+    import multiprocessing as mp
+
+    import gpubatch.engine.execute.local as local
+    import gpubatch.runner as runner
+    from gpubatch.api import convert
+    from gpubatch.errors import UsageError
+
+    def unsendable(ctx, strategy, slot):
+        raise UsageError("an object defined in your script goes to gpubatch's worker processes")
+
+    monkeypatch.setattr(local, "_payload", unsendable)
+    for early in (None, _early_host(2, seen := [])):  # (workers started with the tasks, and before the plan)
+        if early is not None:
+            monkeypatch.setattr(runner, "_started_early", early)
+        out = tmp_path / f"out-{early is None}"
+        try:
+            convert(imagenet, out, to="webdataset", resize_shorter=40, shard_size=3, device="cpu", workers=2)
+        except UsageError as e:
+            assert "your script" in str(e)
+        else:
+            raise AssertionError("the run was not refused")
+        assert not mp.active_children() and not out.exists()
+    assert len(seen) == 1 and seen[0].used == 0

@@ -2,8 +2,8 @@
 the run's parts unpickled and the worker's loop (:func:`work`) run; the local executor (:mod:`.local`) starts
 its processes here.
 
-The run's context and strategy come as bytes, pickled by the parent, so that the process's own start
-(``spawn`` unpickles a process's arguments before it calls its target) imports only this module: the CUDA
+The run's context and strategy come as bytes on a queue, pickled by the parent, so that the process's own
+start (``spawn`` unpickles a process's arguments before it calls its target) imports only this module: the CUDA
 context and the hardware decoder's instances are then made in a thread while this one imports the rest of
 gpubatch and unpickles the run (on an H200 host the start had run 0.16-0.23 s by the time the image unit
 asked for it: ``gpu_init: begun by the boot`` in the run's timings, benchmarks/RESULTS.md 2026-12-02).
@@ -16,10 +16,9 @@ from typing import Any
 
 def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
     """Begin ``early`` (a :class:`..gpu.start.Early`, or None), then run worker ``slot`` over the run that
-    ``payload`` holds (``pickle`` of its context and strategy), or that comes on ``payload`` where it is a
-    queue (a process started before its run was planned: :class:`.local.Started`; None there: no run for
-    it, it ends); a failure to unpickle it reported to ``results`` as a crash, as the worker's own failures
-    are."""
+    comes on the queue ``payload`` (``pickle`` of its context and strategy: :class:`.local.Started`; None:
+    no run for it, it ends); a failure to unpickle it reported to ``results`` as a crash, as the worker's own
+    failures are."""
     from ..processes import die_with_parent
 
     die_with_parent()
@@ -29,10 +28,9 @@ def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
         begin(early)
     import pickle
 
-    if not isinstance(payload, bytes):
-        payload = payload.get()
-        if payload is None:
-            return
+    payload = payload.get()
+    if payload is None:
+        return
     try:
         ctx, strategy = pickle.loads(payload)
     except BaseException:  # noqa: BLE001 - the coordinator reports it; nothing else would see it

@@ -11,9 +11,9 @@ k-th GPU round robin, the only GPU its process sees. Whatever order tasks finish
 the same: their names and bytes follow from the plan. A run of one CPU worker runs in this process. Workers end with this process (Linux's
 parent-death signal): a run killed with ``kill -9`` leaves no worker writing behind it.
 
-A worker process starts in :func:`.boot.boot`, which begins its GPU's start before it unpickles its run
-(sent as bytes); a GPU run's workers may be started before the run is planned (:class:`Started`), each
-then given its run on a queue of its own.
+A worker process starts in :func:`.boot.boot`, which begins its GPU's start before it unpickles its run,
+sent as bytes on a queue of its own (:class:`Started`); a GPU run's workers are started before the run is
+planned, the others with its tasks.
 """
 
 from __future__ import annotations
@@ -59,11 +59,11 @@ def run_tasks(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], worke
 
 
 class Started:
-    """Worker processes started before their run is planned: a GPU run's, so that their GPUs' start (the
-    boot's, :mod:`.boot`) runs while this process lists the source and plans the shards. Each waits for its
-    run (the context and strategy, as bytes) on a queue of its own; :meth:`close` ends those never given one.
-    ``ctx``: what is known before the plan (the device, the settings, ``gpu_procs``, ``gpu_memory``);
-    ``workers``: as many as the run can take (``gpu_procs`` a GPU)."""
+    """A run's worker processes, each waiting for its run (the context and strategy, as bytes) on a queue of
+    its own; :meth:`close` ends those never given one. A GPU run's are started before the run is planned, so
+    that their GPUs' start (the boot's, :mod:`.boot`) runs while this process lists the source and plans the
+    shards (``ctx``: what is known then: the device, the settings, ``gpu_procs``, ``gpu_memory``; ``workers``:
+    as many as the run can take, ``gpu_procs`` a GPU); other runs' with their tasks (:func:`_in_processes`)."""
 
     def __init__(self, ctx: RunContext, strategy: Strategy, workers: int):
         import multiprocessing as mp
@@ -94,9 +94,9 @@ class Started:
 
 
 def _spawned(ctx: RunContext, strategy: Strategy, runs: list, tasks: list, results: Any) -> list:
-    """A process a slot, each given what its boot begins (the strategy's start) and where its run comes from
-    (``runs[k]``: the run as bytes, or a queue it comes on); not daemons: a GPU unit starts reader processes
-    of its own (they end with this process all the same)."""
+    """A process a slot, each given what its boot begins (the strategy's start) and the queue its run comes on
+    (``runs[k]``); not daemons: a GPU unit starts reader processes of its own (they end with this process all
+    the same)."""
     from ..gpu import start as gpu_start
     from ..processes import worker_processes
     from .boot import boot
@@ -127,28 +127,25 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
     strategy); returns when their last process was started, in seconds from the run's start
     (``ctx.started``; from this call where it has none)."""
     t_called = time.time()
-    import multiprocessing as mp
-
-    spawn = mp.get_context("spawn")
-    if started is not None and not started.taken and started.strategy == strategy and len(started.procs) >= workers:
-        started.taken, started.used = True, workers
-        results, queues = started.results, started.tasks[:workers]
-        spare = [(q, p) for q, p in zip(started.setups[workers:], started.procs[workers:])]
-        for q, _ in spare:  # (fewer tasks than processes: the rest end)
-            q.put(None)
-        for k in range(workers):
-            started.setups[k].put(_payload(ctx, strategy, k))
-        procs = started.procs[:workers]
-        spawned = started.at - (ctx.started or t_called)
-        queues_all = [*queues, *started.setups, *started.tasks[workers:]]
-    else:
+    if started is None or started.taken or started.strategy != strategy or len(started.procs) < workers:
         if started is not None:
             started.close()
-        results = spawn.Queue()
-        queues = [spawn.Queue() for _ in range(workers)] if strategy.dealt else [spawn.Queue()] * workers
-        procs = _spawned(ctx, strategy, [_payload(ctx, strategy, k) for k in range(workers)], queues, results)
-        spawned = time.time() - (ctx.started or t_called)
-        spare, queues_all = [], list(queues)
+        started = Started(ctx, strategy, workers)  # (none started before the plan, or not these: started now)
+    try:
+        runs = [_payload(ctx, strategy, k) for k in range(workers)]
+    except BaseException:  # (an object of the caller's script: the processes end, the error is the run's)
+        started.close()
+        raise
+    started.taken, started.used = True, workers
+    results, queues = started.results, started.tasks[:workers]
+    spare = list(zip(started.setups[workers:], started.procs[workers:]))
+    for q, _ in spare:  # (fewer tasks than processes: the rest end)
+        q.put(None)
+    for q, run in zip(started.setups, runs):
+        q.put(run)
+    procs = started.procs[:workers]
+    spawned = started.at - (ctx.started or t_called)
+    queues_all = [*queues, *started.setups, *started.tasks[workers:]]
     if strategy.dealt:  # a worker's tasks in shard order, given up front (its feed reads ahead across them)
         for task in tasks:
             queues[task.index % workers].put(task)
