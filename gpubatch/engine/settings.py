@@ -24,7 +24,7 @@ HW_KINDS = ("baseline/4:2:0", "baseline/4:2:2", "baseline/4:4:0", "baseline/gray
 PLANES = ("chunked", "always", "never")
 SYNC_POLICIES = ("auto", "spin", "yield", "blocking")
 VIDEO_LOOPS = ("native", "python")
-SHARD_WRITERS = ("process", "thread")
+SHARD_WRITERS = ("auto", "process", "thread")
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,9 @@ class Settings:
             encoder, without ``--gpu-memory`` (whose plan sets it) (``GPUBATCH_DECODE_AHEAD``).
         hw_preallocate: height and width the hardware decoder's buffers are reserved for.
         shard_writer: where a GPU worker's shards are written and committed: "process" (a process of its
-            own, the worker's GIL left to the loop that feeds the GPU) or "thread" (a thread of the worker)
+            own, the worker's GIL left to the loop that feeds the GPU), "thread" (a thread of the worker),
+            or "auto": the unit's own choice, a process for images (many small records), a thread for
+            audio (few large ones, which the pipe to a process carries slowly)
             (``GPUBATCH_SHARD_WRITER``; engine/execute/writer.py).
 
     Video:
@@ -182,7 +184,7 @@ class Settings:
     feed_depth: int = 4
     decode_ahead: int = 2
     hw_preallocate: int = 640
-    shard_writer: str = "process"
+    shard_writer: str = "auto"
     video_decoders: int = 8
     video_loop: str = "native"
 

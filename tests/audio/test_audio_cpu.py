@@ -583,7 +583,7 @@ def test_a_gpu_run_streams_long_records_on_the_cpu(tmp_path, monkeypatch):
     streams to the CPU's block-at-a-time path, whole outputs, counted; a short one goes on to a batch."""
     from gpubatch.engine.codecs import audio_stream
     from gpubatch.engine.codecs.audio_io import AudioData
-    from gpubatch.engine.gpu import audio_feed
+    from gpubatch.engine.gpu import audio_records
     from gpubatch.engine.plan import Plan
     from gpubatch.engine.spec import parse_chain
     from gpubatch.errors import RunStats
@@ -594,10 +594,10 @@ def test_a_gpu_run_streams_long_records_on_the_cpu(tmp_path, monkeypatch):
     long = Record(key="long", data=encoded(tone(6.0, 16000), 16000, "flac"), media=Media.AUDIO, codec="flac", origin="o")
     short = Record(key="short", data=encoded(tone(1.0, 16000), 16000, "flac"), media=Media.AUDIO, codec="flac", origin="o")
     stats = RunStats()
-    (out,) = audio_feed._prepare(long, plan, stats)
+    (out,) = audio_records._prepare(long, plan, stats)
     assert isinstance(out, Record) and out.codec == "npy" and np.load(io.BytesIO(out.data)).shape == (40, 300)
     assert stats.fallbacks == 1
-    ((job, item),) = audio_feed._prepare(short, plan, stats)
+    ((job, item),) = audio_records._prepare(short, plan, stats)
     assert isinstance(item, AudioData) and item.samples.shape == (1, 16000) and stats.fallbacks == 1
 
 
@@ -728,12 +728,16 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path):
     task order, an empty task's too), what the processes counted added to that shard's stats; a corrupt
     record comes back as its error in its place; a batch never spans two shards."""
     import functools
+    import mmap
+    import os
+    import subprocess
+    import sys
     from types import SimpleNamespace
 
     from gpubatch.engine.codecs.audio_io import AudioData
     from gpubatch.engine.device import Device, DeviceKind
     from gpubatch.engine.execute.worker import RunContext
-    from gpubatch.engine.gpu.audio_feed import RecordDecoders, batched
+    from gpubatch.engine.gpu.audio_records import _SHM_PREFIX, SHM_DIR, RecordDecoders, batched, sweep_shared
     from gpubatch.engine.plan import Plan
     from gpubatch.engine.spec import parse_chain
     from gpubatch.errors import RecordError, RunStats
@@ -756,11 +760,16 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path):
         made.append(SimpleNamespace(task=task, stats=RunStats()))
         return made[-1]
 
+    def shm_left() -> list[str]:
+        return [n for n in (os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else [])
+                if n.startswith(f"{_SHM_PREFIX}{os.getpid()}-")]
+
     decoders = RecordDecoders(ctx, 2, chunk=3)
     try:
         got = list(decoders.outputs(tasks, make))
     finally:
         decoders.close()
+    assert not shm_left()
     assert [s.task.index for s in made] == [0, 1, 2]
     assert [(s.task.index, last) for s, _, last in got] == [(0, False)] * 3 + [(0, True), (1, True)] + \
         [(2, False)] * 5 + [(2, True)]
@@ -768,9 +777,30 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path):
     assert [o[0].template.key for o in outs[:9]] == [f"c{i}" for i in range(9)]
     assert all(isinstance(a, AudioData) and a.samples.shape == (1, int((0.25 + 0.05 * i) * 16000))
                for i, (_, a) in enumerate(outs[:9]))
+    for i, (_, a) in enumerate(outs[:9]):  # (the samples the processes decoded, through shared memory or the pipe)
+        assert np.array_equal(a.samples, sf.read(src / f"c{i}.flac", dtype="float32")[0][None])
+    if os.path.isdir(SHM_DIR):  # (calls of 64 KB of samples and more through shared memory, the others pickled)
+        assert {isinstance(a.samples.base, mmap.mmap) for _, a in outs[:9]} == {True, False}
+    a = outs[0][1].samples
+    a[0, 0] += 1.0  # (writable, as an array of its own is)
     assert isinstance(outs[9], RecordError) and outs[9].key == "c9" and "decode" in str(outs[9])
     assert [s.stats.records_in for s in made] == [4, 0, 6]
     assert made[0].stats.timings["decode (processes)"] > 0
+    # a run that stops early leaves no shared file behind; nor does one killed, once the next run starts
+    decoders = RecordDecoders(ctx, 2, chunk=3)
+    outputs = decoders.outputs(tasks, lambda task: SimpleNamespace(task=task, stats=RunStats()))
+    next(outputs)
+    outputs.close()
+    decoders.close()
+    assert not shm_left()
+    if os.path.isdir(SHM_DIR):
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        dead, alive = (Path(SHM_DIR) / f"{_SHM_PREFIX}{p}-1-1" for p in (int(gone.stdout), os.getpid()))
+        dead.write_bytes(b"x")
+        alive.write_bytes(b"x")
+        sweep_shared()
+        assert not dead.exists() and alive.exists()
+        alive.unlink()
     # batches of 2 jobs at most, each of one shard
     groups = list(batched(iter(got), 2))
     assert [[s.task.index for s, _, _ in g] for g in groups] == [[0, 0], [0, 0], [1], [2, 2], [2, 2], [2, 2]]

@@ -699,3 +699,29 @@ def test_the_executor_does_not_wait_for_a_worker_closing_after_it_released_the_r
     run_tasks(ctx, Strategy("slow", f"{__name__}:SlowToClose"), tasks, 2, got.append)
     assert sorted(r.index for r in got) == list(range(6))
     assert time.perf_counter() - t0 < 30
+
+
+def test_the_gpu_units_shard_writer_is_the_units_choice_unless_the_setting_names_one(monkeypatch):
+    """``GPUBATCH_SHARD_WRITER`` "auto" (the default) leaves the writer to the unit (a process for images, a
+    thread for audio); "process" or "thread" is taken by every unit; anything else is refused."""
+    from types import SimpleNamespace
+
+    from gpubatch.engine.execute import writer
+    from gpubatch.engine.execute.worker import ShardWriter
+    from gpubatch.engine.settings import Settings
+    from gpubatch.errors import UsageError
+
+    monkeypatch.setattr(writer, "ShardWriterProcess", lambda ctx, done: "a process")
+
+    def made(setting: str, auto: str):
+        w = writer.shard_writer(SimpleNamespace(settings=Settings(shard_writer=setting)), print, auto=auto)
+        if isinstance(w, ShardWriter):
+            w.close()
+            return "a thread"
+        return w
+
+    assert Settings().shard_writer == "auto"
+    assert [made("auto", "process"), made("auto", "thread")] == ["a process", "a thread"]
+    assert [made("process", "thread"), made("thread", "process")] == ["a process", "a thread"]
+    with pytest.raises(UsageError, match="shard writer"):
+        Settings(shard_writer="pipe")

@@ -1,4 +1,4 @@
-"""Audio on the GPU: records decoded on the CPU in processes (:class:`.audio_feed.RecordDecoders`),
+"""Audio on the GPU: records decoded on the CPU in processes (:class:`.audio_records.RecordDecoders`),
 gathered into batches, moved to the GPU in one copy a batch, and run through the chain's device kernels
 (:mod:`.ops.audio`) a whole batch per op; outputs come back to the CPU to be encoded and written in
 dataset order. A batch the GPU fails on is run again on the CPU, record by record, and counted.
@@ -6,6 +6,7 @@ dataset order. A batch the GPU fails on is run again on the CPU, record by recor
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,12 +54,13 @@ def run_chain_device(ops: Sequence[Any], items: list[AudioData], params: list[li
     return items
 
 
-def run_on_gpu(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: list[RunStats]) -> list[AudioData | RecordError]:
-    """The chain on a batch of jobs on the GPU, each job's output back on the host (on the CPU, record by
-    record, where the GPU fails; counted in the job's ``stats``)."""
+def run_on_gpu(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: list[RunStats],
+               upload: Callable[[list[AudioData]], list[AudioData]] = to_device) -> list[AudioData | RecordError]:
+    """The chain on a batch of jobs on the GPU (their samples put there by ``upload``), each job's output
+    back on the host (on the CPU, record by record, where the GPU fails; counted in the job's ``stats``)."""
     codec = get_codec("audio", "*", HOST)
     try:
-        dev = run_chain_device(plan.ops, to_device([d for _, d in jobs]), [j.params for j, _ in jobs])
+        dev = run_chain_device(plan.ops, upload([d for _, d in jobs]), [j.params for j, _ in jobs])
         results: list[AudioData | RecordError] = list(to_host(dev, half_features=True))
         for st in stats:
             st.add(transcoded=1)
@@ -166,7 +168,7 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
 class AudioDeviceUnit:
     """Audio on the GPU, in a GPU's worker process, over the tasks it is dealt (in shard order):
 
-    - records read and decoded in processes of their own (:class:`~.audio_feed.RecordDecoders`: a core
+    - records read and decoded in processes of their own (:class:`~.audio_records.RecordDecoders`: a core
       each of this process's share of the host's), ahead across the shards' boundaries;
     - the chain run on the GPU ``batch_size`` outputs of one shard at a time (a batch never spans two:
       a shard's bytes do not depend on the worker; under ``--gpu-memory``, as many as the cap holds:
@@ -187,6 +189,10 @@ class AudioDeviceUnit:
         self.cp = cp
         cp.cuda.Device(self.device.index).use()
         self.batch_size = ctx.batch_size or 256
+        # the loop, the shards' writer and the feed's threads hand the GIL over between their Python steps
+        # (as the image engine and the audio pipeline set it)
+        if sys.getswitchinterval() > ctx.settings.switch_interval:
+            sys.setswitchinterval(ctx.settings.switch_interval)
         # decoding processes: this process's share of the cores (several processes may share the GPU,
         # several GPUs the host), one left to the GPU's loop and the shards' writer
         self.processes = max(1, cores() // ctx.host_procs - 1)
@@ -201,7 +207,8 @@ class AudioDeviceUnit:
 
         from ..execute.writer import shard_writer
         from ..executor import prefetched, timed_next
-        from .audio_feed import RecordDecoders, batched
+        from .audio_feed import PinnedUpload
+        from .audio_records import RecordDecoders, batched
 
         plan, cp = self.plan, self.cp
         tasks = list(tasks)
@@ -227,7 +234,10 @@ class AudioDeviceUnit:
             opened.append(w)
             return w
 
-        out = shard_writer(self.ctx, done)
+        # the shards' writer: a thread (its records are few and large: the pipe to a writer process carried a
+        # Whisper clip's 480 KB of features 64 KB a call; 561 -> 616 clips/s, H200, 2026-12-03)
+        out = shard_writer(self.ctx, done, auto="thread")
+        upload = PinnedUpload()
         groups: Any = None
         handed: set[int] = set()
         run_t = {"decode_wait": 0.0, "chain": 0.0}
@@ -239,7 +249,8 @@ class AudioDeviceUnit:
                 while (group := timed_next(groups, run_t, "decode_wait")) is not None:
                     jobs = [(o, w.stats) for w, outs, _ in group for o in outs if isinstance(o, tuple)]
                     t0 = time.perf_counter()
-                    results = iter(run_on_gpu([j for j, _ in jobs], plan, [st for _, st in jobs]) if jobs else ())
+                    results = iter(run_on_gpu([j for j, _ in jobs], plan, [st for _, st in jobs], upload)
+                                   if jobs else ())
                     run_t["chain"] += time.perf_counter() - t0
                     for w, outs, last in group:
                         items = [(o[0], next(results)) if isinstance(o, tuple) else o for o in outs]

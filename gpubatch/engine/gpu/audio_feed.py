@@ -1,5 +1,6 @@
-"""Decoded audio for the GPU from worker processes: files through shared memory (the pipelines), and a
-run's records with their jobs (``convert`` and ``augment``: :class:`RecordDecoders`).
+"""Decoded audio for the GPU from worker processes: files through shared memory (the pipelines; a run's
+records, ``convert`` and ``augment``, come through :mod:`.audio_records`), and batches put on the GPU
+(:func:`to_device`, :class:`PinnedUpload`).
 
 Decoding threads in one process share its GIL: each file's Python work (opening it, the bookkeeping
 around libsndfile's read) holds it, and 16 threads fed a GPU no faster than about 1,300 ten-second
@@ -25,12 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import RecordError, RunStats, Stage
-from ...types import Record
+from ...errors import RecordError, Stage
 from ..codecs.audio_io import AudioData
-from ..media import HOST, get_codec
-from ..plan import Plan
-from ..run import Job, RecordSource, outputs_of, read_counted
 
 SLAB_BYTES = 16 << 20
 
@@ -383,11 +380,6 @@ class SharedFeed:
         self.shms = []
 
 
-# -- a run's records, decoded in processes (convert, augment) ---------------------------------------------
-
-_DECODER: dict[str, Any] = {}  # in a decoding process: the run's reader and plan
-
-
 def to_device(items: Sequence[AudioData]) -> list[AudioData]:
     """Host items on the GPU through one host-to-device copy for the batch (views per item)."""
     import cupy as cp
@@ -401,121 +393,35 @@ def to_device(items: Sequence[AudioData]) -> list[AudioData]:
     return [it._replace(samples=dev[sizes[i]: sizes[i + 1]].reshape(it.samples.shape)) for i, it in enumerate(items)]
 
 
-def _prepare(record: Record, plan: Plan, stats: RunStats) -> list[Record | RecordError | tuple[Job, AudioData]]:
-    """A record's outputs: pass-throughs and errors as they are, each job with its decoded audio and
-    its parameters drawn (the same draws as the CPU path). A long record whose chain streams
-    (:mod:`.codecs.audio_stream`) is run on the CPU a block at a time here, whole outputs, counted: a
-    batch on the GPU would hold all of it."""
-    from ..codecs.audio_stream import AudioStream
-    from ..executor import expand_host
+class PinnedUpload:
+    """:func:`to_device` through page-locked buffers of its own, ``slots`` of them in turn: a batch's
+    samples are gathered into one and copied up on the current stream without a wait (a copy from
+    pageable memory returns once it is done, the driver staging it through buffers of its own); a
+    buffer is filled again once its copy has ended (its event)."""
 
-    codec = get_codec(record.media, record.codec, HOST)
-    if record.codec != "npy":
-        try:
-            if isinstance(codec.decode_lazy(record, plan), AudioStream):
-                outs = expand_host(record, plan, stats)
-                stats.add(fallbacks=sum(1 for o in outs if not isinstance(o, RecordError)))
-                return outs
-        except RecordError:
-            pass  # (its error comes below, where the record is decoded)
-    out: list[Any] = []
-    decoded = None
-    for job in outputs_of(record, plan, stats):
-        if not isinstance(job, Job):
-            out.append(job)
-            continue
-        try:
-            if decoded is None:
-                decoded = codec.decode(record, plan)
-            job.settle(plan, *codec.size(decoded))
-        except RecordError as e:
-            out.append(e)
-            if e.stage is Stage.DECODE:
-                break
-            continue
-        except Exception as e:  # noqa: BLE001 - the record boundary
-            out.append(RecordError(record.key, record.origin, Stage.TRANSFORM, str(e)))
-            continue
-        out.append((job, decoded))
-    return out
+    def __init__(self, slots: int = 2):
+        self.host: list[Any] = [None] * slots
+        self.events: list[Any] = [None] * slots
+        self.turn = 0
 
+    def __call__(self, items: Sequence[AudioData]) -> list[AudioData]:
+        import cupy as cp
 
-def prepare_entry(reader: RecordSource, entry: Any, plan: Plan, stats: RunStats) -> list[Any]:
-    """What one entry becomes before the GPU: its read error, a non-audio record run on the CPU, or
-    :func:`_prepare`'s outputs."""
-    from ..executor import expand_host
-
-    record = read_counted(reader, entry, stats)
-    if isinstance(record, RecordError):
-        return [record]
-    if str(getattr(record.media, "value", record.media)) != "audio":
-        return expand_host(record, plan, stats)
-    return _prepare(record, plan, stats)
-
-
-def _decoder_start(ctx: Any) -> None:
-    from ..processes import die_with_parent
-
-    die_with_parent()
-    _DECODER["reader"] = ctx.open_reader()
-    _DECODER["plan"] = ctx.plan
-
-
-def decode_entries(entries: list[Any]) -> list[tuple[list, dict]]:
-    """In a decoding process: per entry, what it becomes before the GPU (:func:`prepare_entry`:
-    its records, errors and ``(job, decoded audio)`` pairs) and what was counted of it."""
-    import time
-
-    from ...errors import RunStats
-    from ..execute.worker import stats_part
-
-    reader, plan = _DECODER["reader"], _DECODER["plan"]
-    out = []
-    for entry in entries:
-        stats = RunStats()
-        t0 = time.perf_counter()
-        outs = prepare_entry(reader, entry, plan, stats)
-        stats.timed("decode (processes)", time.perf_counter() - t0)
-        out.append((outs, stats_part(stats)))
-    return out
-
-
-class RecordDecoders:
-    """A run's records read and decoded in ``processes`` processes of their own, each with the run's reader
-    (``ctx.opener``) and plan, ``chunk`` entries a call: :meth:`outputs` gives each entry's outputs in the
-    tasks' order, with its task's shard (made by ``make``, in order) and what the process counted of it
-    already added to that shard's stats."""
-
-    def __init__(self, ctx: Any, processes: int, chunk: int = 4):
-        from ..processes import single_threaded_pool
-
-        self.processes, self.chunk = max(1, processes), max(1, chunk)
-        self.pool = single_threaded_pool(self.processes, _decoder_start, (ctx,), wait=False)
-
-    def outputs(self, tasks: list[Any], make: Any) -> Iterator[tuple[Any, list, bool]]:
-        """``(shard, outputs of one entry, whether it is the task's last)`` in order
-        (:func:`~..execute.worker.ordered_across`)."""
-        from ..execute.worker import ordered_across
-
-        return ordered_across(tasks, make, lambda entries, shard: self.pool.submit(decode_entries, entries),
-                              2 * self.processes, self.chunk)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-def batched(items: Iterator[tuple[Any, list, bool]], batch_size: int) -> Iterator[list[tuple[Any, list, bool]]]:
-    """:meth:`RecordDecoders.outputs` in groups of one shard each, every group holding ``batch_size`` jobs
-    (``(job, audio)`` pairs) or the shard's rest: a batch never spans two shards, so what the GPU makes of a
-    shard does not depend on the worker that wrote it."""
-    group: list = []
-    jobs = 0
-    for shard, outs, last in items:
-        group.append((shard, outs, last))
-        jobs += sum(isinstance(o, tuple) for o in outs)
-        if last or jobs >= batch_size:
-            yield group
-            group, jobs = [], 0
-    if group:
-        yield group
-
+        if not items:
+            return []
+        sizes = np.cumsum([0] + [int(np.size(it.samples)) for it in items])
+        n = int(sizes[-1])
+        i, self.turn = self.turn, (self.turn + 1) % len(self.host)
+        if self.events[i] is not None:
+            self.events[i].synchronize()
+        if self.host[i] is None or self.host[i][1].size < n:
+            mem = cp.cuda.alloc_pinned_memory(-(-4 * n // (16 << 20)) * (16 << 20))  # (16 MiB steps)
+            self.host[i] = (mem, np.frombuffer(mem, np.float32))
+        host = self.host[i][1]
+        for it, a, b in zip(items, sizes[:-1], sizes[1:]):
+            host[a:b].reshape(np.shape(it.samples))[...] = it.samples
+        dev = cp.empty(n, cp.float32)
+        dev.data.copy_from_host_async(host.ctypes.data, 4 * n)
+        self.events[i] = cp.cuda.get_current_stream().record()
+        return [it._replace(samples=dev[a:b].reshape(np.shape(it.samples)))
+                for it, a, b in zip(items, sizes[:-1], sizes[1:])]

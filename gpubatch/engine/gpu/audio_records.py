@@ -1,0 +1,300 @@
+"""A run's audio records read and decoded in processes of their own for the GPU audio unit (``convert`` and
+``augment``): :class:`RecordDecoders`, each process with the run's reader and plan, every entry's
+outputs (its records, errors and ``(job, decoded audio)`` pairs, the parameters drawn as the CPU path
+draws them) in the tasks' order; the decoded samples come back through shared memory
+(:func:`_share`), and :func:`batched` cuts them into batches of one shard each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ...errors import RecordError, RunStats, Stage
+from ...types import Record
+from ..codecs.audio_io import AudioData
+from ..media import HOST, get_codec
+from ..plan import Plan
+from ..run import Job, RecordSource, outputs_of, read_counted
+
+_DECODER: dict[str, Any] = {}  # in a decoding process: the run's reader and plan
+
+
+def _prepare(record: Record, plan: Plan, stats: RunStats) -> list[Record | RecordError | tuple[Job, AudioData]]:
+    """A record's outputs: pass-throughs and errors as they are, each job with its decoded audio and
+    its parameters drawn (the same draws as the CPU path). A long record whose chain streams
+    (:mod:`.codecs.audio_stream`) is run on the CPU a block at a time here, whole outputs, counted: a
+    batch on the GPU would hold all of it."""
+    from ..codecs.audio_stream import AudioStream
+    from ..executor import expand_host
+
+    codec = get_codec(record.media, record.codec, HOST)
+    if record.codec != "npy":
+        try:
+            if isinstance(codec.decode_lazy(record, plan), AudioStream):
+                outs = expand_host(record, plan, stats)
+                stats.add(fallbacks=sum(1 for o in outs if not isinstance(o, RecordError)))
+                return outs
+        except RecordError:
+            pass  # (its error comes below, where the record is decoded)
+    out: list[Any] = []
+    decoded = None
+    for job in outputs_of(record, plan, stats):
+        if not isinstance(job, Job):
+            out.append(job)
+            continue
+        try:
+            if decoded is None:
+                decoded = codec.decode(record, plan)
+            job.settle(plan, *codec.size(decoded))
+        except RecordError as e:
+            out.append(e)
+            if e.stage is Stage.DECODE:
+                break
+            continue
+        except Exception as e:  # noqa: BLE001 - the record boundary
+            out.append(RecordError(record.key, record.origin, Stage.TRANSFORM, str(e)))
+            continue
+        out.append((job, decoded))
+    return out
+
+
+def prepare_entry(reader: RecordSource, entry: Any, plan: Plan, stats: RunStats) -> list[Any]:
+    """What one entry becomes before the GPU: its read error, a non-audio record run on the CPU, or
+    :func:`_prepare`'s outputs."""
+    from ..executor import expand_host
+
+    record = read_counted(reader, entry, stats)
+    if isinstance(record, RecordError):
+        return [record]
+    if str(getattr(record.media, "value", record.media)) != "audio":
+        return expand_host(record, plan, stats)
+    return _prepare(record, plan, stats)
+
+
+def _decoder_start(ctx: Any) -> None:
+    from ..processes import die_with_parent
+
+    die_with_parent()
+    _DECODER["reader"] = ctx.open_reader()
+    _DECODER["plan"] = ctx.plan
+
+
+#: a decoding process's samples of one call go back through shared memory from this many bytes (fewer
+#: are pickled with the rest of its result)
+SHARE_FROM = 64 << 10
+#: where the shared samples lie: a tmpfs file a call (Linux's ``/dev/shm``), named by the consumer's pid
+SHM_DIR = "/dev/shm"
+_SHM_PREFIX = "gpubatch-audio-"
+_SHARED_CALLS = [0]  # (in a decoding process: the calls that shared their samples, for the names)
+
+
+class Shared(NamedTuple):
+    """Where a decoded record's samples lie in its call's shared file (in place of the array, between a
+    decoding process and the unit)."""
+
+    name: str
+    offset: int
+    shape: tuple
+    dtype: str
+
+
+def _share(out: list[tuple[list, dict]]) -> list[tuple[list, dict]]:
+    """In a decoding process: the samples of ``out``'s decoded records written into one file of
+    :data:`SHM_DIR` (one ``pwrite`` each, no pickling), each replaced by where it lies (:class:`Shared`);
+    ``out`` as it is where they are few or the file cannot be made (no ``/dev/shm``, or no room in it:
+    the pipe then carries them). A run's decoded 10-s clips through the pool's pipe were the GPU audio
+    unit's bound: 640 KB each received 64 KB a call by one thread of the GPU's process, beside its loop."""
+    import os
+
+    decoded: dict[int, Any] = {}
+    for outs, _ in out:
+        for o in outs:
+            if isinstance(o, tuple) and isinstance(o[1].samples, np.ndarray):
+                decoded.setdefault(id(o[1]), o[1])
+    if sum(d.samples.nbytes for d in decoded.values()) < SHARE_FROM:
+        return out
+    _SHARED_CALLS[0] += 1
+    name = f"{_SHM_PREFIX}{os.getppid()}-{os.getpid()}-{_SHARED_CALLS[0]}"
+    path = os.path.join(SHM_DIR, name)
+    placed: dict[int, Any] = {}
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return out
+    try:
+        at = 0
+        for key, d in decoded.items():
+            a = np.ascontiguousarray(d.samples)
+            if os.pwrite(fd, memoryview(a).cast("B"), at) != a.nbytes:
+                raise OSError("a short write")
+            placed[key] = d._replace(samples=Shared(name, at, a.shape, a.dtype.str))
+            at += -(-a.nbytes // 64) * 64
+    except OSError:  # (no room left in /dev/shm: these go through the pipe)
+        os.close(fd)
+        os.unlink(path)
+        return out
+    os.close(fd)
+    return [([(o[0], placed[id(o[1])]) if isinstance(o, tuple) and id(o[1]) in placed else o for o in outs], c)
+            for outs, c in out]
+
+
+def _names(got: list[tuple[list, dict]]) -> set[str]:
+    return {o[1].samples.name for outs, _ in got for o in outs
+            if isinstance(o, tuple) and isinstance(o[1].samples, Shared)}
+
+
+def _unshare(got: list[tuple[list, dict]]) -> list[tuple[list, dict]]:
+    """In the unit: a call's shared samples as arrays, views of its file mapped (its pages read in as it is
+    mapped, copied where written); the file's name removed at once (its memory goes with the last view)."""
+    import mmap
+    import os
+
+    maps: dict[str, Any] = {}
+    made: dict[int, Any] = {}
+    for name in _names(got):
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            # (private: the arrays may be written, as the pipe's were; populated: read in now, in this thread)
+            maps[name] = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
+                                   prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+
+    def real(d: AudioData) -> AudioData:
+        if id(d) not in made:
+            s = d.samples
+            made[id(d)] = d._replace(samples=np.ndarray(s.shape, np.dtype(s.dtype), buffer=maps[s.name], offset=s.offset))
+        return made[id(d)]
+
+    return [([(o[0], real(o[1])) if isinstance(o, tuple) and isinstance(o[1].samples, Shared) else o for o in outs], c)
+            for outs, c in got]
+
+
+def decode_entries(entries: list[Any]) -> list[tuple[list, dict]]:
+    """In a decoding process: per entry, what it becomes before the GPU (:func:`prepare_entry`:
+    its records, errors and ``(job, decoded audio)`` pairs) and what was counted of it; the decoded
+    samples in shared memory (:func:`_share`)."""
+    import time
+
+    from ...errors import RunStats
+    from ..execute.worker import stats_part
+
+    reader, plan = _DECODER["reader"], _DECODER["plan"]
+    out = []
+    for entry in entries:
+        stats = RunStats()
+        t0 = time.perf_counter()
+        outs = prepare_entry(reader, entry, plan, stats)
+        stats.timed("decode (processes)", time.perf_counter() - t0)
+        out.append((outs, stats_part(stats)))
+    return _share(out)
+
+
+class _Call:
+    """A decoding call's future as :func:`~..execute.worker.ordered_across` takes it: its result with its
+    shared samples mapped (:func:`_unshare`)."""
+
+    def __init__(self, future: Any):
+        self.future, self.taken = future, False
+
+    def result(self) -> list[tuple[list, dict]]:
+        got = self.future.result()
+        self.taken = True
+        return _unshare(got)
+
+    def cancel(self) -> bool:
+        return self.future.cancel()
+
+    def drop(self) -> None:
+        """The shared files of a result nobody took (a run that stopped early) removed."""
+        import os
+
+        f = self.future
+        if self.taken or not f.done() or f.cancelled() or f.exception() is not None:
+            return
+        for name in _names(f.result()):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+            except OSError:
+                pass
+
+
+def sweep_shared() -> None:
+    """The shared files left in :data:`SHM_DIR` by runs whose process is gone (killed with their decoding
+    processes' results not yet taken) removed."""
+    import os
+
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(_SHM_PREFIX)]
+    except OSError:
+        return
+    for n in names:
+        try:
+            os.kill(int(n[len(_SHM_PREFIX):].split("-")[0]), 0)
+            continue  # (its run goes on)
+        except ProcessLookupError:
+            pass
+        except (ValueError, PermissionError):
+            continue
+        try:
+            os.unlink(os.path.join(SHM_DIR, n))
+        except OSError:
+            pass
+
+
+class RecordDecoders:
+    """A run's records read and decoded in ``processes`` processes of their own, each with the run's reader
+    (``ctx.opener``) and plan, ``chunk`` entries a call: :meth:`outputs` gives each entry's outputs in the
+    tasks' order, with its task's shard (made by ``make``, in order) and what the process counted of it
+    already added to that shard's stats. The decoded samples come back through shared memory
+    (:func:`_share`)."""
+
+    def __init__(self, ctx: Any, processes: int, chunk: int = 4):
+        from ..processes import single_threaded_pool
+
+        sweep_shared()
+        self.processes, self.chunk = max(1, processes), max(1, chunk)
+        self.pool = single_threaded_pool(self.processes, _decoder_start, (ctx,), wait=False)
+        self.calls: list[_Call] = []
+
+    def _submit(self, entries: list[Any]) -> _Call:
+        self.calls = [c for c in self.calls if not c.taken]
+        self.calls.append(_Call(self.pool.submit(decode_entries, entries)))
+        return self.calls[-1]
+
+    def outputs(self, tasks: list[Any], make: Any) -> Iterator[tuple[Any, list, bool]]:
+        """``(shard, outputs of one entry, whether it is the task's last)`` in order
+        (:func:`~..execute.worker.ordered_across`)."""
+        from ..execute.worker import ordered_across
+
+        return ordered_across(tasks, make, lambda entries, shard: self._submit(entries), 2 * self.processes,
+                              self.chunk)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        for call in self.calls:
+            call.drop()
+        self.calls = []
+
+
+def batched(items: Iterator[tuple[Any, list, bool]], batch_size: int) -> Iterator[list[tuple[Any, list, bool]]]:
+    """:meth:`RecordDecoders.outputs` in groups of one shard each, every group holding ``batch_size`` jobs
+    (``(job, audio)`` pairs) or the shard's rest: a batch never spans two shards, so what the GPU makes of a
+    shard does not depend on the worker that wrote it."""
+    group: list = []
+    jobs = 0
+    for shard, outs, last in items:
+        group.append((shard, outs, last))
+        jobs += sum(isinstance(o, tuple) for o in outs)
+        if last or jobs >= batch_size:
+            yield group
+            group, jobs = [], 0
+    if group:
+        yield group
+
