@@ -173,11 +173,15 @@ class AudioDeviceUnit:
     - the chain run on the GPU ``batch_size`` outputs of one shard at a time (a batch never spans two:
       a shard's bytes do not depend on the worker; under ``--gpu-memory``, as many as the cap holds:
       :func:`fit_cap`, planned on the first task);
-    - each shard's outputs encoded, written and committed, in order, by a thread or a process of their
-      own (:func:`~..execute.writer.shard_writer`) while the next batch runs.
+    - the decoded samples taken through shared memory and copied up from page-locked buffers
+      (:class:`~.audio_feed.PinnedUpload`);
+    - each shard's outputs encoded, written and committed, in order, by a thread of their own (a process
+      where ``GPUBATCH_SHARD_WRITER=process``: :func:`~..execute.writer.shard_writer`) while the next batch
+      runs.
 
     A shard at a time, decoded by threads and written by the loop, this ran 207 Whisper feature clips a
-    second on an H200 host of 16 cores; so, 460 (2026-12-02, benchmarks/RESULTS.md).
+    second on an H200 host of 16 cores; so, 460 (2026-12-02); with the samples through pipes and the
+    writer a process, 560-595 on 4,096 clips, and so 696 (2026-12-03, benchmarks/RESULTS.md).
     """
 
     def __init__(self, ctx: Any, slot: int):
