@@ -804,3 +804,35 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path):
     # batches of 2 jobs at most, each of one shard
     groups = list(batched(iter(got), 2))
     assert [[s.task.index for s, _, _ in g] for g in groups] == [[0, 0], [0, 0], [1], [2, 2], [2, 2], [2, 2]]
+
+
+def test_decoded_samples_go_through_a_shared_file_or_the_pipe_where_it_cannot_be_made(tmp_path, monkeypatch):
+    """A decoding call's samples (64 KB and more) written into one file and taken back as views of it, its
+    name removed as it is taken; a record's outputs that share one decoding share one view; where the file
+    cannot be made (no folder, a short write: a full /dev/shm) the result is left as it was (the pipe)."""
+    import os
+
+    from gpubatch.engine.codecs.audio_io import AudioData
+    from gpubatch.engine.gpu import audio_records as ar
+
+    rng = np.random.default_rng(3)
+    a = AudioData(rng.standard_normal((1, 16000)).astype(np.float32), 16000)
+    b = AudioData(rng.standard_normal((16000, 2)).astype(np.float32).T, 44100)  # (not contiguous)
+    out = [([("job0", a), ("job1", a), "a record passed through"], {"counts": {}}), ([("job2", b)], {"counts": {}})]
+    monkeypatch.setattr(ar, "SHM_DIR", str(tmp_path))
+    shared = ar._share(out)
+    (name,) = os.listdir(tmp_path)
+    assert shared[0][0][0][1].samples.name == name and shared[0][0][2] == "a record passed through"
+    back = ar._unshare(shared)
+    assert not os.listdir(tmp_path)
+    got_a, got_a2, got_b = back[0][0][0][1], back[0][0][1][1], back[1][0][0][1]
+    assert got_a is got_a2 and np.array_equal(got_a.samples, a.samples) and got_a.rate == 16000
+    assert np.array_equal(got_b.samples, b.samples) and got_b.rate == 44100
+
+    small = [([("job", AudioData(np.zeros((1, 100), np.float32), 16000))], {})]
+    assert ar._share(small) is small  # (below SHARE_FROM: pickled)
+    monkeypatch.setattr(ar, "SHM_DIR", str(tmp_path / "missing"))
+    assert ar._share(out) is out
+    monkeypatch.setattr(ar, "SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, at: len(data) // 2)
+    assert ar._share(out) is out and not os.listdir(tmp_path)
