@@ -19,6 +19,8 @@ Jobs (``--only``; the default is every job the machine can run):
   CPU against ``AudioPipeline`` on the same chain and files.
 - ``video``: ``--frames every:1 --resize-shorter 224`` on --videos 1080p/720p H.264/HEVC clips on the GPU and
   the CPU against gpubatch's own NVDEC decode of the same files (benchmarks/video_decode.py, 4 sessions).
+  ``--gpu-only`` leaves out the CPU path of audio and video (minutes on sets such as ``--clips 8192``
+  or ``--videos 64``, where the GPU path's rate shows past its start).
 - ``memory``: pass-through to webdataset of 10,000 and of 100,000 small JPEGs (one file hard-linked over,
   100 class folders): the peak memory of the whole run (the command's process and its workers, their RSS
   summed, sampled every 20 ms), and the ratio of the two (target: 100,000 at most 1.2x 10,000).
