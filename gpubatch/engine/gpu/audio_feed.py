@@ -397,7 +397,9 @@ class PinnedUpload:
     """:func:`to_device` through page-locked buffers of its own, ``slots`` of them in turn: a batch's
     samples are gathered into one and copied up on the current stream without a wait (a copy from
     pageable memory returns once it is done, the driver staging it through buffers of its own); a
-    buffer is filled again once its copy has ended (its event)."""
+    buffer is filled again once its copy has ended (its event). Not :class:`~..batch.PinnedStaging`, whose
+    slots keep each device copy alive until they are refilled (the launch tables' raw pointers need it):
+    a batch's samples on the GPU go with its items, as ``--gpu-memory``'s plan counts them."""
 
     def __init__(self, slots: int = 2):
         self.host: list[Any] = [None] * slots
