@@ -154,17 +154,22 @@ def _unshare(got: list[tuple[list, dict]]) -> list[tuple[list, dict]]:
 
     maps: dict[str, Any] = {}
     made: dict[int, Any] = {}
-    for name in _names(got):
-        path = os.path.join(SHM_DIR, name)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            # (private: the arrays may be written, as the pipe's were; populated: read in now, in this thread)
-            maps[name] = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
-                                   prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-            os.unlink(path)
+    names = _names(got)
+    try:
+        for name in names:
+            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY)
+            try:
+                # (private: the arrays may be written, as the pipe's were; populated: read in now, in this thread)
+                maps[name] = mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                                       flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0))
+            finally:
+                os.close(fd)
+    finally:  # (every name goes, whatever failed)
+        for name in names:
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+            except OSError:
+                pass
 
     def real(d: AudioData) -> AudioData:
         if id(d) not in made:
