@@ -732,6 +732,7 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path):
     import os
     import subprocess
     import sys
+    import time
     from types import SimpleNamespace
 
     from gpubatch.engine.codecs.audio_io import AudioData
@@ -786,7 +787,8 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path):
     assert isinstance(outs[9], RecordError) and outs[9].key == "c9" and "decode" in str(outs[9])
     assert [s.stats.records_in for s in made] == [4, 0, 6]
     assert made[0].stats.timings["decode (processes)"] > 0
-    # a run that stops early leaves no shared file behind; nor does one killed, once the next run starts
+    # a run that stops early leaves no shared file behind; nor does one killed, once the next run starts and
+    # its files are older than any live run's
     decoders = RecordDecoders(ctx, 2, chunk=3)
     outputs = decoders.outputs(tasks, lambda task: SimpleNamespace(task=task, stats=RunStats()))
     next(outputs)
@@ -795,11 +797,16 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path):
     assert not shm_left()
     if os.path.isdir(SHM_DIR):
         gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-        dead, alive = (Path(SHM_DIR) / f"{_SHM_PREFIX}{p}-1-1" for p in (int(gone.stdout), os.getpid()))
-        dead.write_bytes(b"x")
-        alive.write_bytes(b"x")
-        sweep_shared()
-        assert not dead.exists() and alive.exists()
+        dead, young, alive = (Path(SHM_DIR) / f"{_SHM_PREFIX}{p}-1-{k}"
+                              for k, p in enumerate((int(gone.stdout), int(gone.stdout), os.getpid())))
+        for f in (dead, young, alive):
+            f.write_bytes(b"x")
+        hour_ago = time.time() - 3600
+        os.utime(dead, (hour_ago, hour_ago))
+        os.utime(alive, (hour_ago, hour_ago))
+        sweep_shared()  # (a young file is a live run's, whatever its process looks like from here)
+        assert not dead.exists() and young.exists() and alive.exists()
+        young.unlink()
         alive.unlink()
     # batches of 2 jobs at most, each of one shard
     groups = list(batched(iter(got), 2))

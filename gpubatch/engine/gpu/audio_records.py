@@ -230,25 +230,35 @@ class _Call:
                 pass
 
 
+#: a shared file is swept only past this age (a run takes its files within seconds): where ``/dev/shm`` is
+#: shared with processes that another PID namespace numbers (containers given the host's IPC), a live run's
+#: process can look gone from here
+SWEEP_AFTER_S = 600.0
+
+
 def sweep_shared() -> None:
     """The shared files left in :data:`SHM_DIR` by runs whose process is gone (killed with their decoding
-    processes' results not yet taken) removed."""
+    processes' results not yet taken) removed, once :data:`SWEEP_AFTER_S` old."""
     import os
+    import time
 
     try:
         names = [n for n in os.listdir(SHM_DIR) if n.startswith(_SHM_PREFIX)]
     except OSError:
         return
     for n in names:
+        path = os.path.join(SHM_DIR, n)
         try:
+            if time.time() - os.stat(path).st_mtime < SWEEP_AFTER_S:
+                continue
             os.kill(int(n[len(_SHM_PREFIX):].split("-")[0]), 0)
             continue  # (its run goes on)
         except ProcessLookupError:
             pass
-        except (ValueError, PermissionError):
+        except (ValueError, OSError):  # (not a name of ours, gone already, or a process not ours to signal)
             continue
         try:
-            os.unlink(os.path.join(SHM_DIR, n))
+            os.unlink(path)
         except OSError:
             pass
 
