@@ -138,8 +138,8 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
         raise
     started.taken, started.used = True, workers
     results, queues = started.results, started.tasks[:workers]
-    spare = list(zip(started.setups[workers:], started.procs[workers:]))
-    for q, _ in spare:  # (fewer tasks than processes: the rest end)
+    spare = started.procs[workers:]
+    for q in started.setups[workers:]:  # (fewer tasks than processes: the rest end)
         q.put(None)
     for q, run in zip(started.setups, runs):
         q.put(run)
@@ -187,7 +187,7 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
         for p in procs:
             if p.is_alive():
                 p.terminate()
-        for p in procs + [p for _, p in spare]:
+        for p in procs + spare:
             p.join(timeout=10)
         for q in set(queues_all):  # (tasks no worker took: this process must not wait at its exit to send them)
             q.cancel_join_thread()
