@@ -81,25 +81,6 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int, window: 
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def ordered_on(pool: Any, fn: Callable[[T], R], items: Iterable[T], window: int) -> Iterator[R]:
-    """``map(fn, items)`` on the threads of ``pool`` (kept by the caller across calls), results in input
-    order, at most ``window`` in flight; queued work is cancelled where the consumer stops early."""
-    from itertools import islice
-
-    it = iter(items)
-    pending: deque[Future] = deque(pool.submit(fn, x) for x in islice(it, max(1, window)))
-    try:
-        while pending:
-            result = pending.popleft().result()
-            for x in it:
-                pending.append(pool.submit(fn, x))
-                break
-            yield result
-    finally:
-        for f in pending:
-            f.cancel()
-
-
 def timed_next(items: Iterator[T], timings: dict[str, float], stage: str) -> T | None:
     """The next of ``items`` (None at their end), the wait for it added to ``timings[stage]``."""
     t0 = time.perf_counter()

@@ -486,6 +486,83 @@ def test_tasks_are_worked_across_their_boundaries_in_order():
     assert len(started) <= 3
 
 
+def test_write_across_commits_each_shard_in_order_while_the_next_tasks_are_worked(tmp_path):
+    """write_across (the GPU video unit's): the entries of several tasks worked at once on a pool, each
+    shard written in order and committed (journaled, handed to ``done``) once its last entry is in, a
+    task of no entries too, whatever order the work finishes in; the work reaches into a later task
+    before an earlier one is committed. Where an entry's work raises, the shards committed are kept,
+    those made and not committed are removed, and the error goes on."""
+    import functools
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpubatch.engine.device import Device, DeviceKind
+    from gpubatch.engine.execute.journal import Journal
+    from gpubatch.engine.execute.worker import RunContext, ShardWriting, write_across
+    from gpubatch.engine.plan import Plan
+    from gpubatch.errors import GpubatchError
+    from gpubatch.formats import get_format
+    from gpubatch.formats.base import WriteOptions
+    from gpubatch.runner import _sink
+    from gpubatch.types import DatasetInfo, Media, Record, ShardTask
+
+    fmt = get_format("webdataset")
+    spans = [(0, 2), (2, 2), (2, 4), (4, 7)]
+    tasks = [ShardTask(k, a, b, f"data-{k:05d}-of-00004.tar", tuple(range(a, b))) for k, (a, b) in enumerate(spans)]
+
+    def context(stage):
+        stage.mkdir()
+        return RunContext(opener=None, sink=functools.partial(_sink, fmt, stage, DatasetInfo(), WriteOptions(), False),
+                          plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
+
+    lock = threading.Lock()
+    seen: list[int] = []  # entries whose work began, in order
+    committed_when: dict[int, int] = {}  # shard -> entries begun when it was committed
+
+    def work(entries, stats, fail=None):
+        with lock:
+            seen.extend(entries)
+        time.sleep(0.02 * (entries[0] % 2))  # (odd entries finish after the even ones behind them)
+        if fail is not None and entries[0] == fail:
+            raise GpubatchError(f"entry {fail} failed")
+        stats.add(records_in=len(entries))
+        return [([Record(key=f"r{e}", data=bytes([e]) * 10, media=Media.IMAGE, codec="jpeg")], None) for e in entries]
+
+    stage = tmp_path / "stage"
+    ctx = context(stage)
+    done = []
+
+    def got(result):
+        committed_when[result.index] = len(seen)
+        done.append(result)
+
+    with ThreadPoolExecutor(3) as pool:
+        write_across(iter(tasks), lambda t: ShardWriting(t, ctx), got,
+                     lambda es, w: pool.submit(work, es, w.stats), window=3)
+    assert [r.index for r in done] == [0, 1, 2, 3]
+    assert [r.counts["records_out"] for r in done] == [2, 0, 2, 3]
+    assert committed_when[0] > 2  # (the work of task 2 had begun before task 0 was committed)
+    assert set(Journal(stage).committed(tasks)) == {0, 1, 2, 3}
+    import tarfile
+    for r, (a, b) in zip(done, spans):
+        with tarfile.open(stage / r.name) as tar:
+            assert [m.name for m in tar.getmembers()] == [f"r{e}.jpg" for e in range(a, b)]
+    # entry 4 (task 3's first) fails: tasks 0-2 committed and kept, task 3's partial files removed
+    stage2 = tmp_path / "stage2"
+    ctx2 = context(stage2)
+    done.clear()
+    seen.clear()
+    with ThreadPoolExecutor(2) as pool:
+        with pytest.raises(GpubatchError, match="entry 4 failed"):
+            write_across(iter(tasks), lambda t: ShardWriting(t, ctx2), got,
+                         lambda es, w: pool.submit(work, es, w.stats, 4), window=2)
+    assert [r.index for r in done] == [0, 1, 2]
+    left = {p.relative_to(stage2).as_posix() for p in stage2.rglob("*") if p.is_file() and ".gpubatch" not in p.parts}
+    assert {name.split(".")[0] for name in left} == {t.name[:-4] for t in tasks[:3]}  # (their .tar and .idx)
+    assert set(Journal(stage2).committed(tasks)) == {0, 1, 2}
+
+
 def _writer_records(k, stats):
     """Shard ``k``'s last two records, made where the writer writes (a function of the shard's stats)."""
     from gpubatch.types import Media, Record

@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,7 +239,7 @@ def shard_of(writing: Callable[[ShardTask], ShardWriting], task: ShardTask,
     done(finish(w))
 
 
-def ordered_across(tasks: list[ShardTask], make: Callable[[ShardTask], Any], submit: Callable[[list, Any], Any],
+def ordered_across(tasks: Iterable[ShardTask], make: Callable[[ShardTask], Any], submit: Callable[[list, Any], Any],
                    window: int, chunk: int = 1) -> Iterator[tuple[Any, list, bool]]:
     """A worker's tasks worked entry by entry across their boundaries (the GPU audio unit's): ``(shard,
     outputs of one entry, whether it is its task's last)`` in the tasks' order, a task of no entries giving one ``(shard, [],
@@ -287,6 +287,42 @@ def ordered_across(tasks: list[ShardTask], make: Callable[[ShardTask], Any], sub
         for _, fut, _ in inflight:
             if fut is not None:
                 fut.cancel()
+
+
+def write_across(tasks: Iterable[ShardTask], writing: Callable[[ShardTask], ShardWriting],
+                 done: Callable[[ShardResult], None], submit: Callable[[list, ShardWriting], Any], window: int,
+                 chunk: int = 1) -> None:
+    """A worker's tasks worked across their boundaries (:func:`ordered_across`; the GPU video unit's) and
+    written in this thread: each entry's outputs put into its task's shard in order, each shard committed,
+    journaled and handed to ``done`` once its last entry is in, while the entries of the next tasks are
+    worked. Where anything raises, every shard made and not committed is removed (its partial files), the
+    work not started is cancelled, and the error goes on. ``tasks`` may be a queue's (taken as the window
+    reaches them)."""
+    from collections import deque
+
+    opened: deque = deque()  # shards made and not yet committed, in order
+
+    def make(task: ShardTask) -> ShardWriting:
+        w = writing(task)
+        opened.append(w)
+        return w
+
+    entries = ordered_across(tasks, make, submit, window, chunk)
+    try:
+        for w, outs, last in entries:
+            for o in outs:
+                w.put(o)
+            if last:
+                done(finish(w))
+                opened.popleft()  # (shards are committed in the order they were made)
+    except BaseException:
+        entries.close()  # (the queued work cancelled)
+        for w in opened:
+            try:
+                w.abort()
+            except OSError:
+                pass
+        raise
 
 
 def stats_part(stats: RunStats) -> dict:

@@ -457,8 +457,9 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
 class VideoDeviceUnit:
     """Video on the GPU, in a GPU's worker process: ``settings.video_decoders`` NVDEC sessions, one a
     thread of a pool kept across the worker's tasks (a session is made once a thread, reconfigured per
-    file), each task's records decoded in its threads and written in dataset order into its shard; a
-    file NVDEC cannot decode goes to the CPU path, counted. Under ``--gpu-memory``, as many sessions as
+    file), the records of the worker's tasks decoded in its threads, ``2 x sessions`` at a time across the
+    tasks' boundaries, and written in dataset order into their shards, each committed once its last is in;
+    a file NVDEC cannot decode goes to the CPU path, counted. Under ``--gpu-memory``, as many sessions as
     the cap holds, decoding as far ahead as it allows (:func:`fit_cap`, planned on the first task)."""
 
     def __init__(self, ctx: Any, slot: int):
@@ -518,27 +519,44 @@ class VideoDeviceUnit:
             drop_spools()  # (the sessions' last videos: the process may be ended before it closes them)
 
     def _run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
-        from ..execute.worker import shard_of
-        from ..executor import expand_host, ordered_on
+        """The tasks' videos on the sessions' threads, ``2 x sessions`` at a time across the tasks'
+        boundaries (:func:`~..execute.worker.write_across`): a shard of two videos (``--shard-size auto``'s
+        least for video) kept two of the eight sessions at work while it drained, one shard at a time."""
+        import itertools
+
+        from ..execute.worker import merge_part, stats_part, write_across
+        from ..executor import expand_host
 
         plan = self.plan
-        for task in tasks:
-            with shard_of(writing, task, done) as w:
-                stats = w.stats
-                if self.pool is None:
-                    self._start(reader, list(task.entries), stats)
+        tasks = iter(tasks)  # (a queue's, where workers take tasks as they free up: taken as the window reaches them)
+        first = next(tasks, None)
+        if first is None:
+            return
+        started = RunStats()  # (the plan of --gpu-memory, which goes with the first shard)
+        if self.pool is None:
+            self._start(reader, list(first.entries), started)
 
-                def work(entry: Any, stats: RunStats = stats) -> list[Record | RecordError]:
-                    record = read_counted(reader, entry, stats)
-                    if isinstance(record, RecordError):
-                        return [record]
-                    if record.media is not Media.VIDEO:
-                        return expand_host(record, plan, stats)
-                    return expand_device(self.session(), record, plan, stats, lambda r: expand_host(r, plan, stats))
+        def shard(task: Any) -> Any:
+            w = writing(task)
+            if task is first:
+                merge_part(w.stats, stats_part(started))
+            return w
 
-                for outs in ordered_on(self.pool, work, task.entries, self.decoders * 2):
-                    for o in outs:
-                        w.put(o)
+        def work(entries: list[Any], stats: RunStats) -> list[tuple[list, None]]:
+            out = []
+            for entry in entries:
+                record = read_counted(reader, entry, stats)
+                if isinstance(record, RecordError):
+                    out.append(([record], None))
+                elif record.media is not Media.VIDEO:
+                    out.append((expand_host(record, plan, stats), None))
+                else:
+                    out.append((expand_device(self.session(), record, plan, stats,
+                                              lambda r: expand_host(r, plan, stats)), None))
+            return out
+
+        write_across(itertools.chain([first], tasks), shard, done,
+                     lambda entries, w: self.pool.submit(work, entries, w.stats), self.decoders * 2)
 
     def close(self) -> None:
         if self.pool is not None:
