@@ -813,6 +813,65 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path):
     assert [[s.task.index for s, _, _ in g] for g in groups] == [[0, 0], [0, 0], [1], [2, 2], [2, 2], [2, 2]]
 
 
+def _encode_in_a_process(items):
+    """The GPU audio unit's hand-over to a shard writer process, as it runs there: the outputs encoded."""
+    from gpubatch.engine.gpu.audio import _encoded_timed
+    from gpubatch.engine.plan import Plan
+    from gpubatch.errors import RunStats
+
+    stats = RunStats()
+    out = _encoded_timed(items, Plan(), stats)
+    return [(r.key, bytes(r.data), r.meta.get("features")) if hasattr(r, "data") else str(r) for r in out], \
+        stats.timings["encode"] > 0
+
+
+def test_features_go_to_a_writer_process_through_a_shared_file(tmp_path, monkeypatch):
+    """The GPU audio unit with a shard writer process: a shard's features written into one shared file
+    (share_items; its name kept), encoded there as encoding them here does (records and errors among them
+    unchanged, an output the CPU failed on too as its error), the file's name removed as it is taken;
+    unlink_shared removes the names of files never taken."""
+    import multiprocessing as mp
+    import os
+
+    from gpubatch.engine.codecs.audio_io import AudioData
+    from gpubatch.engine.gpu import audio_records as ar
+    from gpubatch.engine.gpu.audio import _encoded_timed
+    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.run import Job
+    from gpubatch.errors import RecordError, RunStats, Stage
+    from gpubatch.types import Media, Record
+
+    monkeypatch.setattr(ar, "SHM_DIR", str(tmp_path))
+    rng = np.random.default_rng(5)
+    feats = rng.standard_normal((80, 3000)).astype(np.float16)  # (a Whisper clip's log-mel)
+
+    def job(k):
+        return Job(0, Record(key=f"c{k}", data=b"", media=Media.AUDIO, codec="flac"))
+
+    items = [(job(0), AudioData(feats, 16000, features="log-mel")), ("a record passed through"),
+             (job(1), RecordError("c1", "c1.flac", Stage.TRANSFORM, "the CPU failed too")),
+             (job(2), AudioData(feats[::-1].copy(), 16000, features="log-mel"))]
+    names: set[str] = set()
+    shared = ar.share_items(items, names)
+    assert len(names) == 1 and os.listdir(tmp_path) == list(names)
+    assert shared[1] == items[1] and shared[2] is items[2] and isinstance(shared[0][1].samples, ar.Shared)
+    want = [(r.key, bytes(r.data), r.meta.get("features")) if hasattr(r, "data") else str(r)
+            for r in _encoded_timed(items, Plan(), RunStats())]
+    with mp.get_context("spawn").Pool(1, initializer=_point_shm_at, initargs=(str(tmp_path),)) as pool:
+        got, timed = pool.apply(_encode_in_a_process, (shared,))
+    assert got == want and timed and not os.listdir(tmp_path)
+    ar.share_items(items, names)
+    assert len(os.listdir(tmp_path)) == 1
+    ar.unlink_shared(names)
+    assert not os.listdir(tmp_path) and not names
+
+
+def _point_shm_at(path):
+    from gpubatch.engine.gpu import audio_records as ar
+
+    ar.SHM_DIR = path
+
+
 def test_decoded_samples_go_through_a_shared_file_or_the_pipe_where_it_cannot_be_made(tmp_path, monkeypatch):
     """A decoding call's samples (64 KB and more) written into one file and taken back as views of it, its
     name removed as it is taken; a record's outputs that share one decoding share one view; where the file

@@ -209,10 +209,10 @@ class AudioDeviceUnit:
         import functools
         import time
 
-        from ..execute.writer import shard_writer
+        from ..execute.writer import ShardWriterProcess, shard_writer
         from ..executor import prefetched, timed_next
         from .audio_feed import PinnedUpload
-        from .audio_records import RecordDecoders, batched
+        from .audio_records import RecordDecoders, batched, share_items, unlink_shared
 
         plan, cp = self.plan, self.cp
         tasks = list(tasks)
@@ -241,6 +241,9 @@ class AudioDeviceUnit:
         # the shards' writer: a thread (its records are few and large: the pipe to a writer process carried a
         # Whisper clip's 480 KB of features 64 KB a call; 561 -> 616 clips/s, H200, 2026-12-03)
         out = shard_writer(self.ctx, done, auto="thread")
+        # a writer process takes the outputs' samples through shared memory too (the pipe carried a Whisper clip's
+        # 480 KB of features 64 KB a call); the names handed over go once the writer has ended, taken or not
+        shared: set[str] = set() if isinstance(out, ShardWriterProcess) else None  # type: ignore[assignment]
         upload = PinnedUpload()
         groups: Any = None
         handed: set[int] = set()
@@ -259,6 +262,8 @@ class AudioDeviceUnit:
                     for w, outs, last in group:
                         items = [(o[0], next(results)) if isinstance(o, tuple) else o for o in outs]
                         if items:
+                            if shared is not None:
+                                items = share_items(items, shared)
                             out.put(w, functools.partial(_encoded_timed, items, plan))  # (called with w's stats)
                             handed.add(id(w))
                         if last:
@@ -280,17 +285,22 @@ class AudioDeviceUnit:
                         except OSError:
                             pass
             decoders.close()
+            if shared:
+                unlink_shared(shared)
 
     def close(self) -> None:
         pass
 
 
 def _encoded_timed(items: list[Any], plan: Plan, stats: RunStats) -> list[Record | RecordError]:
-    """:func:`encoded`, its time counted as the shard's "encode" (in the shards' writer thread)."""
+    """:func:`encoded`, its time counted as the shard's "encode" (where the shards are written: the writer's
+    thread, or its process, which maps the samples handed over in shared memory first)."""
     import time
+
+    from .audio_records import unshare_items
 
     t0 = time.perf_counter()
     try:
-        return encoded(items, plan, stats)
+        return encoded(unshare_items(items), plan, stats)
     finally:
         stats.timed("encode", time.perf_counter() - t0)

@@ -112,7 +112,7 @@ def _share(out: list[tuple[list, dict]]) -> list[tuple[list, dict]]:
     decoded: dict[int, Any] = {}
     for outs, _ in out:
         for o in outs:
-            if isinstance(o, tuple) and isinstance(o[1].samples, np.ndarray):
+            if isinstance(o, tuple) and isinstance(getattr(o[1], "samples", None), np.ndarray):
                 decoded.setdefault(id(o[1]), o[1])
     if sum(d.samples.nbytes for d in decoded.values()) < SHARE_FROM:
         return out
@@ -141,9 +141,15 @@ def _share(out: list[tuple[list, dict]]) -> list[tuple[list, dict]]:
             for outs, c in out]
 
 
+def _is_shared(o: Any) -> bool:
+    """Whether an output is a ``(job, audio)`` pair whose samples lie in a shared file (an output the GPU
+    failed on and the CPU too is ``(job, RecordError)``)."""
+    return isinstance(o, tuple) and isinstance(getattr(o[1], "samples", None), Shared)
+
+
 def _names(got: list[tuple[list, dict]]) -> set[str]:
     return {o[1].samples.name for outs, _ in got for o in outs
-            if isinstance(o, tuple) and isinstance(o[1].samples, Shared)}
+            if _is_shared(o)}
 
 
 def _unshare(got: list[tuple[list, dict]]) -> list[tuple[list, dict]]:
@@ -177,8 +183,38 @@ def _unshare(got: list[tuple[list, dict]]) -> list[tuple[list, dict]]:
             made[id(d)] = d._replace(samples=np.ndarray(s.shape, np.dtype(s.dtype), buffer=maps[s.name], offset=s.offset))
         return made[id(d)]
 
-    return [([(o[0], real(o[1])) if isinstance(o, tuple) and isinstance(o[1].samples, Shared) else o for o in outs], c)
+    return [([(o[0], real(o[1])) if _is_shared(o) else o for o in outs], c)
             for outs, c in got]
+
+
+def share_items(items: list[Any], names: set[str]) -> list[Any]:
+    """A shard's outputs (``(job, audio)`` pairs, records, errors) with the samples of their audio in one file
+    of :data:`SHM_DIR` (:func:`_share`), for a shard writer in a process of its own; the file's name added
+    to ``names``."""
+    got = _share([(items, None)])
+    names |= _names(got)
+    return got[0][0]
+
+
+def unshare_items(items: list[Any]) -> list[Any]:
+    """:func:`share_items`'s outputs with their samples as arrays again (:func:`_unshare`); ``items`` as they
+    are where none was shared."""
+    if not any(_is_shared(o) for o in items):
+        return items
+    return _unshare([(items, None)])[0][0]
+
+
+def unlink_shared(names: set[str]) -> None:
+    """The shared files ``names`` removed where they are still there (handed over and never taken: a run
+    that stopped)."""
+    import os
+
+    for name in names:
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+        except OSError:
+            pass
+    names.clear()
 
 
 def decode_entries(entries: list[Any]) -> list[tuple[list, dict]]:
