@@ -200,6 +200,61 @@ def test_page_locked_feed_uploads_what_libsndfile_decodes(tmp_path):
         assert np.array_equal(cp.asnumpy(got[f.stem]), decode_audio(str(f)).samples), f.stem
 
 
+def test_staged_batches_reach_the_gpu_as_gathered(monkeypatch):
+    """PinnedGather (the GPU audio unit's): batches staged in its page-locked slots by one thread (mono,
+    stereo transposed, float64 made float32) are on the GPU as they were on the host when the loop calls
+    their upload, after their slot was filled again; a slot is taken again only once its batch is up; a
+    batch larger than a slot may hold goes up from where it is; a thread waiting for a slot stops at close."""
+    import threading
+
+    import cupy as cp
+
+    from gpubatch.engine.codecs.audio import AudioData
+    from gpubatch.engine.gpu import audio_feed
+
+    rng = np.random.default_rng(7)
+
+    def batch(k):
+        return [AudioData(rng.standard_normal((1, 1000 + 37 * k)).astype(np.float32), 16000),
+                AudioData(rng.standard_normal((800 + k, 2)).T, 44100),  # (a transposed view, float64)
+                AudioData(rng.standard_normal((1, 5)).astype(np.float32), 8000)]
+
+    gather = audio_feed.PinnedGather(0, slots=2)
+    batches = [batch(k) for k in range(5)]
+    staged = [gather.stage(batches[0]), gather.stage(batches[1])]
+    late: list = []
+    t = threading.Thread(target=lambda: late.append(gather.stage(batches[2])))
+    t.start()
+    t.join(0.5)
+    assert t.is_alive()  # (both slots hold batches not yet up)
+    for k, up in enumerate(staged):
+        got = up(batches[k])
+        assert all(isinstance(g.samples, cp.ndarray) and g.rate == b.rate for g, b in zip(got, batches[k]))
+        assert all(np.array_equal(cp.asnumpy(g.samples), np.asarray(b.samples, np.float32))
+                   for g, b in zip(got, batches[k]))
+    t.join(5)
+    got = late[0](batches[2])
+    assert np.array_equal(cp.asnumpy(got[1].samples), batches[2][1].samples.astype(np.float32))
+    monkeypatch.setattr(audio_feed, "STAGE_MAX", 4 * 100)
+    assert gather.stage(batches[3]) is audio_feed.to_device
+    monkeypatch.undo()
+    gather.stage(batches[3])
+    gather.stage(batches[4])
+    def wait_for_a_slot():
+        try:
+            gather.stage(batches[0])
+            late.append("staged")
+        except RuntimeError:
+            late.append("stopped")
+
+    stuck = threading.Thread(target=wait_for_a_slot)
+    stuck.start()
+    stuck.join(0.5)
+    gather.close()
+    stuck.join(5)
+    assert late[-1] == "stopped"
+
+
 def test_stack_is_a_view_of_back_to_back_arrays():
     import cupy as cp
 

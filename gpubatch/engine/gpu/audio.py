@@ -7,7 +7,7 @@ dataset order. A batch the GPU fails on is run again on the CPU, record by recor
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -173,8 +173,8 @@ class AudioDeviceUnit:
     - the chain run on the GPU ``batch_size`` outputs of one shard at a time (a batch never spans two:
       a shard's bytes do not depend on the worker; under ``--gpu-memory``, as many as the cap holds:
       :func:`fit_cap`, planned on the first task);
-    - the decoded samples taken through shared memory and copied up from page-locked buffers
-      (:class:`~.audio_feed.PinnedUpload`);
+    - the decoded samples taken through shared memory and gathered into page-locked buffers by the thread that
+      makes the batches, each batch copied up in one go (:class:`~.audio_feed.PinnedGather`);
     - each shard's outputs encoded, written and committed, in order, by a thread of their own (a process
       where ``GPUBATCH_SHARD_WRITER=process``: :func:`~..execute.writer.shard_writer`) while the next batch
       runs.
@@ -211,7 +211,7 @@ class AudioDeviceUnit:
 
         from ..execute.writer import ShardWriterProcess, shard_writer
         from ..executor import prefetched, timed_next
-        from .audio_feed import PinnedUpload
+        from .audio_feed import PinnedGather
         from .audio_records import RecordDecoders, batched, share_items, unlink_shared
 
         plan, cp = self.plan, self.cp
@@ -244,19 +244,43 @@ class AudioDeviceUnit:
         # a writer process takes the outputs' samples through shared memory too (the pipe carried a Whisper clip's
         # 480 KB of features 64 KB a call); the names handed over go once the writer has ended, taken or not
         shared: set[str] = set() if isinstance(out, ShardWriterProcess) else None  # type: ignore[assignment]
-        upload = PinnedUpload()
+        gather = PinnedGather(self.device.index)
+
+        def staged(groups: Iterator[list]) -> Iterator[tuple[list, list, Any]]:
+            """Each batch with its jobs and their samples gathered for the GPU (in the thread that makes them)."""
+            for group in groups:
+                jobs = [(o, w.stats) for w, outs, _ in group for o in outs if isinstance(o, tuple)]
+                yield group, jobs, gather.stage([d for (_, d), _ in jobs]) if jobs else None
+
         groups: Any = None
         handed: set[int] = set()
-        run_t = {"decode_wait": 0.0, "chain": 0.0}
+        # the loop's time: waiting for decoded batches, the chain (the upload among it) and the hand-over to the
+        # shards' writer (its wait where the writer is behind)
+        run_t = {"decode_wait": 0.0, "chain": 0.0, "upload": 0.0, "hand_over": 0.0}
         flushed = dict(run_t)
+
+        def uploaded(up: Any) -> Callable[[list[AudioData]], list[AudioData]]:
+            def call(items: list[AudioData]) -> list[AudioData]:
+                t = time.perf_counter()
+                try:
+                    return up(items)
+                finally:
+                    run_t["upload"] += time.perf_counter() - t
+            return call
+
+        def hand(call: Callable[..., None], *args: Any) -> None:
+            t = time.perf_counter()
+            call(*args)
+            run_t["hand_over"] += time.perf_counter() - t
+
         committed = False
         try:
             with cp.cuda.Device(self.device.index):
-                groups = prefetched(batched(decoders.outputs(tasks, make), self.batch_size), 2)
-                while (group := timed_next(groups, run_t, "decode_wait")) is not None:
-                    jobs = [(o, w.stats) for w, outs, _ in group for o in outs if isinstance(o, tuple)]
+                groups = prefetched(staged(batched(decoders.outputs(tasks, make), self.batch_size)), 2)
+                while (got := timed_next(groups, run_t, "decode_wait")) is not None:
+                    group, jobs, up = got
                     t0 = time.perf_counter()
-                    results = iter(run_on_gpu([j for j, _ in jobs], plan, [st for _, st in jobs], upload)
+                    results = iter(run_on_gpu([j for j, _ in jobs], plan, [st for _, st in jobs], uploaded(up))
                                    if jobs else ())
                     run_t["chain"] += time.perf_counter() - t0
                     for w, outs, last in group:
@@ -264,17 +288,18 @@ class AudioDeviceUnit:
                         if items:
                             if shared is not None:
                                 items = share_items(items, shared)
-                            out.put(w, functools.partial(_encoded_timed, items, plan))  # (called with w's stats)
+                            hand(out.put, w, functools.partial(_encoded_timed, items, plan))  # (called with w's stats)
                             handed.add(id(w))
                         if last:
                             timings = {k: v - flushed[k] for k, v in run_t.items()}
                             flushed = dict(run_t)
-                            out.commit(w, timings, None)
+                            hand(out.commit, w, timings, None)
                             handed.add(id(w))
             out.close()
             committed = True
         finally:
             if not committed:
+                gather.close()  # (the thread that makes the batches stops waiting for a slot)
                 if groups is not None:
                     groups.close()  # (the thread that makes the batches stops: no shard is made after this)
                 out.close(failed=True)  # (the shards handed over and not committed are removed there)

@@ -1,6 +1,6 @@
 """Decoded audio for the GPU from worker processes: files through shared memory (the pipelines; a run's
 records, ``convert`` and ``augment``, come through :mod:`.audio_records`), and batches put on the GPU
-(:func:`to_device`, :class:`PinnedUpload`).
+(:func:`to_device`, :class:`PinnedGather`).
 
 Decoding threads in one process share its GIL: each file's Python work (opening it, the bookkeeping
 around libsndfile's read) holds it, and 16 threads fed a GPU no faster than about 1,300 ten-second
@@ -21,7 +21,7 @@ goes back to the workers once the GPU has read it (an event after its copy).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -393,37 +393,90 @@ def to_device(items: Sequence[AudioData]) -> list[AudioData]:
     return [it._replace(samples=dev[sizes[i]: sizes[i + 1]].reshape(it.samples.shape)) for i, it in enumerate(items)]
 
 
-class PinnedUpload:
-    """:func:`to_device` through page-locked buffers of its own, ``slots`` of them in turn: a batch's
-    samples are gathered into one and copied up on the current stream without a wait (a copy from
-    pageable memory returns once it is done, the driver staging it through buffers of its own); a
-    buffer is filled again once its copy has ended (its event). Not :class:`~..batch.PinnedStaging`, whose
-    slots keep each device copy alive until they are refilled (the launch tables' raw pointers need it):
-    a batch's samples on the GPU go with its items, as ``--gpu-memory``'s plan counts them."""
+#: a batch's samples staged in page-locked memory at most (a slot of :class:`PinnedGather`, which has three)
+STAGE_MAX = 256 << 20
 
-    def __init__(self, slots: int = 2):
+
+class PinnedGather:
+    """Batches' samples gathered into page-locked buffers of its own, ``slots`` of them in turn, by the thread
+    that makes the batches (:meth:`stage`), so that the GPU's loop only queues one copy a batch
+    (:class:`Staged`): the gather, a copy of every sample, ran in the loop before (about a tenth of a 4,096
+    Whisper clip run on an H200 host, profiled 2026-12-03). A slot is filled again once its batch's copy to
+    the GPU has ended (its event). Not :class:`~..batch.PinnedStaging`, whose slots keep each device copy
+    alive until they are refilled (the launch tables' raw pointers need it): a batch's samples on the GPU
+    go with its items, as ``--gpu-memory``'s plan counts them."""
+
+    def __init__(self, device: int, slots: int = 3):
+        import queue
+
+        self.device = device
         self.host: list[Any] = [None] * slots
-        self.events: list[Any] = [None] * slots
-        self.turn = 0
+        self.free: queue.Queue = queue.Queue()
+        for i in range(slots):
+            self.free.put((i, None))
+        self.closed = False
 
-    def __call__(self, items: Sequence[AudioData]) -> list[AudioData]:
+    def stage(self, items: Sequence[AudioData]) -> Staged | Callable[[Sequence[AudioData]], list[AudioData]]:
+        """``items``' samples in a free slot (waiting for one, and for its last copy to end); a batch larger
+        than :data:`STAGE_MAX` is not staged (:func:`to_device` copies it up when the loop takes it)."""
+        import queue
+
         import cupy as cp
 
-        if not items:
-            return []
         sizes = np.cumsum([0] + [int(np.size(it.samples)) for it in items])
         n = int(sizes[-1])
-        i, self.turn = self.turn, (self.turn + 1) % len(self.host)
-        if self.events[i] is not None:
-            self.events[i].synchronize()
+        if 4 * n > STAGE_MAX:
+            return to_device
+        while True:
+            try:
+                i, event = self.free.get(timeout=0.5)
+                break
+            except queue.Empty:
+                if self.closed:
+                    raise RuntimeError("the batches' staging was closed") from None
+        if event is not None:
+            event.synchronize()
         if self.host[i] is None or self.host[i][1].size < n:
-            mem = cp.cuda.alloc_pinned_memory(-(-4 * n // (16 << 20)) * (16 << 20))  # (16 MiB steps)
+            self.host[i] = None
+            with cp.cuda.Device(self.device):
+                mem = cp.cuda.alloc_pinned_memory(max(1, -(-4 * n // (16 << 20))) * (16 << 20))  # (16 MiB steps)
             self.host[i] = (mem, np.frombuffer(mem, np.float32))
         host = self.host[i][1]
         for it, a, b in zip(items, sizes[:-1], sizes[1:]):
             host[a:b].reshape(np.shape(it.samples))[...] = it.samples
-        dev = cp.empty(n, cp.float32)
-        dev.data.copy_from_host_async(host.ctypes.data, 4 * n)
-        self.events[i] = cp.cuda.get_current_stream().record()
-        return [it._replace(samples=dev[a:b].reshape(np.shape(it.samples)))
-                for it, a, b in zip(items, sizes[:-1], sizes[1:])]
+        return Staged(self, i, host, [(int(a), int(b), np.shape(it.samples)) for it, a, b in zip(items, sizes[:-1], sizes[1:])])
+
+    def close(self) -> None:
+        """A thread waiting in :meth:`stage` for a slot stops (the run ends)."""
+        self.closed = True
+
+
+class Staged:
+    """A batch's samples in a slot of :class:`PinnedGather`: called with the batch's items (as the chain's
+    ``upload``), queues their copy to the GPU on the current stream and gives the items on the GPU (views
+    of one device buffer); the slot goes back once the copy has ended."""
+
+    def __init__(self, owner: PinnedGather, slot: int, host: np.ndarray, spans: list[tuple[int, int, tuple]]):
+        self.owner, self.slot, self.host, self.spans = owner, slot, host, spans
+        self.taken = False
+
+    def __call__(self, items: Sequence[AudioData]) -> list[AudioData]:
+        import cupy as cp
+
+        if len(items) != len(self.spans):
+            raise ValueError(f"a staged batch of {len(self.spans)} items was given {len(items)}")
+        event = None
+        try:
+            n = self.spans[-1][1] if self.spans else 0
+            dev = cp.empty(n, cp.float32)
+            dev.data.copy_from_host_async(self.host.ctypes.data, 4 * n)
+            event = cp.cuda.get_current_stream().record()
+        finally:
+            self.release(event)
+        return [it._replace(samples=dev[a:b].reshape(shape)) for it, (a, b, shape) in zip(items, self.spans)]
+
+    def release(self, event: Any = None) -> None:
+        """The slot back to the gather (once ``event`` has passed): once, whether or not it was uploaded."""
+        if not self.taken:
+            self.taken = True
+            self.owner.free.put((self.slot, event))
