@@ -728,7 +728,6 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path):
     task order, an empty task's too), what the processes counted added to that shard's stats; a corrupt
     record comes back as its error in its place; a batch never spans two shards."""
     import functools
-    import mmap
     import os
     import subprocess
     import sys
@@ -738,7 +737,14 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path):
     from gpubatch.engine.codecs.audio_io import AudioData
     from gpubatch.engine.device import Device, DeviceKind
     from gpubatch.engine.execute.worker import RunContext
-    from gpubatch.engine.gpu.audio_records import _SHM_PREFIX, SHM_DIR, RecordDecoders, batched, sweep_shared
+    from gpubatch.engine.gpu.audio_records import (
+        _SHM_PREFIX,
+        SHM_DIR,
+        RecordDecoders,
+        Shared,
+        batched,
+        sweep_shared,
+    )
     from gpubatch.engine.plan import Plan
     from gpubatch.engine.spec import parse_chain
     from gpubatch.errors import RecordError, RunStats
@@ -768,20 +774,24 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path):
     decoders = RecordDecoders(ctx, 2, chunk=3)
     try:
         got = list(decoders.outputs(tasks, make))
+        kinds = {type(o[1].samples).__name__ for _, outs, _ in got for o in outs if isinstance(o, tuple)}
+        outs = [o for _, outs, _ in got for o in outs]
+        # (the samples left in their shared file read, as the unit's staging reads them)
+        outs = [(o[0], decoders.files.read(o[1])) if isinstance(o, tuple) and isinstance(o[1].samples, Shared) else o
+                for o in outs]
     finally:
         decoders.close()
     assert not shm_left()
     assert [s.task.index for s in made] == [0, 1, 2]
     assert [(s.task.index, last) for s, _, last in got] == [(0, False)] * 3 + [(0, True), (1, True)] + \
         [(2, False)] * 5 + [(2, True)]
-    outs = [o for _, outs, _ in got for o in outs]
     assert [o[0].template.key for o in outs[:9]] == [f"c{i}" for i in range(9)]
     assert all(isinstance(a, AudioData) and a.samples.shape == (1, int((0.25 + 0.05 * i) * 16000))
                for i, (_, a) in enumerate(outs[:9]))
     for i, (_, a) in enumerate(outs[:9]):  # (the samples the processes decoded, through shared memory or the pipe)
         assert np.array_equal(a.samples, sf.read(src / f"c{i}.flac", dtype="float32")[0][None])
     if os.path.isdir(SHM_DIR):  # (calls of 64 KB of samples and more through shared memory, the others pickled)
-        assert {isinstance(a.samples.base, mmap.mmap) for _, a in outs[:9]} == {True, False}
+        assert kinds == {"Shared", "ndarray"}
     a = outs[0][1].samples
     a[0, 0] += 1.0  # (writable, as an array of its own is)
     assert isinstance(outs[9], RecordError) and outs[9].key == "c9" and "decode" in str(outs[9])
@@ -864,6 +874,56 @@ def test_features_go_to_a_writer_process_through_a_shared_file(tmp_path, monkeyp
     assert len(os.listdir(tmp_path)) == 1
     ar.unlink_shared(names)
     assert not os.listdir(tmp_path) and not names
+
+
+def test_a_batch_is_staged_from_the_shared_files_its_samples_lie_in(tmp_path, monkeypatch):
+    """PinnedGather.stage (the GPU audio unit's, here with plain memory for its page-locked slots): a batch's
+    samples read from the shared files their decoding calls wrote (one output of two sharing a decoding
+    read twice, a stereo record in its shape, a float64 one cast) or copied from arrays of their own, into
+    one slot back to back; the host items are views of it; each file's name goes as it is first read and
+    the file once its last record is; a batch too large for a slot is read into arrays of their own; what
+    was taken and never read goes at close; a slot is taken again once released."""
+    import os
+
+    from gpubatch.engine.codecs.audio_io import AudioData
+    from gpubatch.engine.gpu import audio_feed
+    from gpubatch.engine.gpu import audio_records as ar
+
+    monkeypatch.setattr(ar, "SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(audio_feed.PinnedGather, "_buffer", lambda self, n: bytearray(n))
+    rng = np.random.default_rng(11)
+    a = AudioData(rng.standard_normal((1, 20000)).astype(np.float32), 16000)
+    b = AudioData(rng.standard_normal((2, 9000)).astype(np.float32), 44100)
+    c = AudioData(rng.standard_normal((1, 7000)), 8000)  # (float64)
+    own = AudioData(rng.standard_normal((1, 300)).astype(np.float32), 16000)
+    files = ar.SharedFiles()
+
+    def decoded():
+        got = ar._share([([("j0", a), ("j1", a), ("j2", b)], {}), ([("j3", c)], {})])
+        files.taken(got)
+        return [o for outs, _ in got for o in outs]
+
+    outs = decoded()
+    assert {type(o[1].samples) for o in outs} == {ar.Shared} and len(os.listdir(tmp_path)) == 1
+    gather = audio_feed.PinnedGather(0, slots=1)
+    st = gather.stage([o[1] for o in outs] + [own], files)
+    assert not os.listdir(tmp_path) and not files.files  # (read, its name gone and the file closed)
+    for got, want in zip(st.hosts, [a, a, b, c, own]):
+        assert got.rate == want.rate and np.array_equal(got.samples, np.asarray(want.samples, np.float32))
+    flat = np.frombuffer(gather.host[0][0], np.float32)
+    assert np.shares_memory(st.hosts[2].samples, flat) and st.spans[-1][1] == 2 * 20000 + 18000 + 7000 + 300
+    # a slot is taken again once released
+    st.release()
+    outs = decoded()
+    monkeypatch.setattr(audio_feed, "STAGE_MAX", 1000)
+    big = gather.stage([o[1] for o in outs], files)
+    assert big.slot is None and not os.listdir(tmp_path)
+    assert np.array_equal(big.hosts[2].samples, b.samples) and not np.shares_memory(big.hosts[2].samples, flat)
+    monkeypatch.undo()
+    monkeypatch.setattr(ar, "SHM_DIR", str(tmp_path))
+    decoded()
+    files.close()
+    assert not os.listdir(tmp_path) and not files.files
 
 
 def _point_shm_at(path):

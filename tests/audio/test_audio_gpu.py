@@ -203,8 +203,8 @@ def test_page_locked_feed_uploads_what_libsndfile_decodes(tmp_path):
 def test_staged_batches_reach_the_gpu_as_gathered(monkeypatch):
     """PinnedGather (the GPU audio unit's): batches staged in its page-locked slots by one thread (mono,
     stereo transposed, float64 made float32) are on the GPU as they were on the host when the loop calls
-    their upload, after their slot was filled again; a slot is taken again only once its batch is up; a
-    batch larger than a slot may hold goes up from where it is; a thread waiting for a slot stops at close."""
+    their upload, after their slot was filled again; a slot is taken again only once its batch is released;
+    a batch larger than a slot may hold goes up from where it is; a thread waiting for a slot stops at close."""
     import threading
 
     import cupy as cp
@@ -219,6 +219,12 @@ def test_staged_batches_reach_the_gpu_as_gathered(monkeypatch):
                 AudioData(rng.standard_normal((800 + k, 2)).T, 44100),  # (a transposed view, float64)
                 AudioData(rng.standard_normal((1, 5)).astype(np.float32), 8000)]
 
+    def on_gpu(up, items):
+        got = up(items)
+        assert all(isinstance(g.samples, cp.ndarray) and g.rate == b.rate for g, b in zip(got, items))
+        assert all(np.array_equal(cp.asnumpy(g.samples), np.asarray(b.samples, np.float32)) for g, b in zip(got, items))
+        up.release()
+
     gather = audio_feed.PinnedGather(0, slots=2)
     batches = [batch(k) for k in range(5)]
     staged = [gather.stage(batches[0]), gather.stage(batches[1])]
@@ -226,20 +232,19 @@ def test_staged_batches_reach_the_gpu_as_gathered(monkeypatch):
     t = threading.Thread(target=lambda: late.append(gather.stage(batches[2])))
     t.start()
     t.join(0.5)
-    assert t.is_alive()  # (both slots hold batches not yet up)
+    assert t.is_alive()  # (both slots hold batches not yet released)
     for k, up in enumerate(staged):
-        got = up(batches[k])
-        assert all(isinstance(g.samples, cp.ndarray) and g.rate == b.rate for g, b in zip(got, batches[k]))
-        assert all(np.array_equal(cp.asnumpy(g.samples), np.asarray(b.samples, np.float32))
-                   for g, b in zip(got, batches[k]))
+        on_gpu(up, batches[k])
     t.join(5)
-    got = late[0](batches[2])
-    assert np.array_equal(cp.asnumpy(got[1].samples), batches[2][1].samples.astype(np.float32))
+    on_gpu(late[0], batches[2])
     monkeypatch.setattr(audio_feed, "STAGE_MAX", 4 * 100)
-    assert gather.stage(batches[3]) is audio_feed.to_device
+    big = gather.stage(batches[3])
+    assert big.slot is None
+    on_gpu(big, batches[3])
     monkeypatch.undo()
     gather.stage(batches[3])
     gather.stage(batches[4])
+
     def wait_for_a_slot():
         try:
             gather.stage(batches[0])

@@ -247,10 +247,14 @@ class AudioDeviceUnit:
         gather = PinnedGather(self.device.index)
 
         def staged(groups: Iterator[list]) -> Iterator[tuple[list, list, Any]]:
-            """Each batch with its jobs and their samples gathered for the GPU (in the thread that makes them)."""
+            """Each batch with its jobs, their samples gathered for the GPU (in the thread that makes them)."""
             for group in groups:
                 jobs = [(o, w.stats) for w, outs, _ in group for o in outs if isinstance(o, tuple)]
-                yield group, jobs, gather.stage([d for (_, d), _ in jobs]) if jobs else None
+                if not jobs:
+                    yield group, jobs, None
+                    continue
+                st = gather.stage([d for (_, d), _ in jobs], decoders.files)
+                yield group, [((j, h), stats) for ((j, _), stats), h in zip(jobs, st.hosts)], st
 
         groups: Any = None
         handed: set[int] = set()
@@ -282,6 +286,8 @@ class AudioDeviceUnit:
                     t0 = time.perf_counter()
                     results = iter(run_on_gpu([j for j, _ in jobs], plan, [st for _, st in jobs], uploaded(up))
                                    if jobs else ())
+                    if up is not None:
+                        up.release()
                     run_t["chain"] += time.perf_counter() - t0
                     for w, outs, last in group:
                         items = [(o[0], next(results)) if isinstance(o, tuple) else o for o in outs]

@@ -21,7 +21,7 @@ goes back to the workers once the GPU has read it (an event after its copy).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -401,10 +401,12 @@ class PinnedGather:
     """Batches' samples gathered into page-locked buffers of its own, ``slots`` of them in turn, by the thread
     that makes the batches (:meth:`stage`), so that the GPU's loop only queues one copy a batch
     (:class:`Staged`): the gather, a copy of every sample, ran in the loop before (about a tenth of a 4,096
-    Whisper clip run on an H200 host, profiled 2026-12-03). A slot is filled again once its batch's copy to
-    the GPU has ended (its event). Not :class:`~..batch.PinnedStaging`, whose slots keep each device copy
-    alive until they are refilled (the launch tables' raw pointers need it): a batch's samples on the GPU
-    go with its items, as ``--gpu-memory``'s plan counts them."""
+    Whisper clip run on an H200 host, profiled 2026-12-03). Samples still in the shared file their decoding
+    process wrote are read from it straight into the slot (:meth:`~.audio_records.SharedFiles.read_into`).
+    A slot is filled again once its batch is done with (:meth:`Staged.release`) and its copy to the GPU has
+    ended (its event). Not :class:`~..batch.PinnedStaging`, whose slots keep each device copy alive until
+    they are refilled (the launch tables' raw pointers need it): a batch's samples on the GPU go with its
+    items, as ``--gpu-memory``'s plan counts them."""
 
     def __init__(self, device: int, slots: int = 3):
         import queue
@@ -416,17 +418,26 @@ class PinnedGather:
             self.free.put((i, None))
         self.closed = False
 
-    def stage(self, items: Sequence[AudioData]) -> Staged | Callable[[Sequence[AudioData]], list[AudioData]]:
-        """``items``' samples in a free slot (waiting for one, and for its last copy to end); a batch larger
-        than :data:`STAGE_MAX` is not staged (:func:`to_device` copies it up when the loop takes it)."""
-        import queue
-
+    def _buffer(self, nbytes: int) -> Any:
+        """Page-locked host memory of ``nbytes`` at least (16 MiB steps)."""
         import cupy as cp
 
-        sizes = np.cumsum([0] + [int(np.size(it.samples)) for it in items])
-        n = int(sizes[-1])
-        if 4 * n > STAGE_MAX:
-            return to_device
+        with cp.cuda.Device(self.device):
+            return cp.cuda.alloc_pinned_memory(max(1, -(-nbytes // (16 << 20))) * (16 << 20))
+
+    def stage(self, items: Sequence[AudioData], files: Any = None) -> Staged:
+        """``items``' samples (arrays, or :class:`~.audio_records.Shared` read through ``files``) in a free slot
+        (waiting for one, and for its last copy to end); a batch larger than :data:`STAGE_MAX` is not
+        staged (its samples read into arrays of their own, copied up by :func:`to_device`)."""
+        import queue
+
+        from .audio_records import Shared
+
+        shapes = [tuple(it.samples.shape) for it in items]
+        sizes = np.cumsum([0] + [int(np.prod(sh)) for sh in shapes])
+        spans = [(int(a), int(b), sh) for a, b, sh in zip(sizes[:-1], sizes[1:], shapes)]
+        if 4 * int(sizes[-1]) > STAGE_MAX:
+            return Staged(self, None, None, [files.read(it) if isinstance(it.samples, Shared) else it for it in items], spans)
         while True:
             try:
                 i, event = self.free.get(timeout=0.5)
@@ -436,15 +447,20 @@ class PinnedGather:
                     raise RuntimeError("the batches' staging was closed") from None
         if event is not None:
             event.synchronize()
+        n = int(sizes[-1])
         if self.host[i] is None or self.host[i][1].size < n:
             self.host[i] = None
-            with cp.cuda.Device(self.device):
-                mem = cp.cuda.alloc_pinned_memory(max(1, -(-4 * n // (16 << 20))) * (16 << 20))  # (16 MiB steps)
+            mem = self._buffer(4 * n)
             self.host[i] = (mem, np.frombuffer(mem, np.float32))
         host = self.host[i][1]
-        for it, a, b in zip(items, sizes[:-1], sizes[1:]):
-            host[a:b].reshape(np.shape(it.samples))[...] = it.samples
-        return Staged(self, i, host, [(int(a), int(b), np.shape(it.samples)) for it, a, b in zip(items, sizes[:-1], sizes[1:])])
+        hosts = []
+        for it, (a, b, sh) in zip(items, spans):
+            if isinstance(it.samples, Shared):
+                hosts.append(files.read_into(it, host[a:b]))
+            else:
+                host[a:b].reshape(sh)[...] = it.samples
+                hosts.append(it)
+        return Staged(self, i, host, hosts, spans)
 
     def close(self) -> None:
         """A thread waiting in :meth:`stage` for a slot stops (the run ends)."""
@@ -452,31 +468,34 @@ class PinnedGather:
 
 
 class Staged:
-    """A batch's samples in a slot of :class:`PinnedGather`: called with the batch's items (as the chain's
-    ``upload``), queues their copy to the GPU on the current stream and gives the items on the GPU (views
-    of one device buffer); the slot goes back once the copy has ended."""
+    """A batch staged by :class:`PinnedGather`: ``hosts``, its items with their samples on the host (views of
+    the slot, valid until :meth:`release`: the chain's CPU path takes them where the GPU fails); called with
+    the batch's items (as the chain's ``upload``), queues their copy to the GPU on the current stream and
+    gives the items on the GPU (views of one device buffer)."""
 
-    def __init__(self, owner: PinnedGather, slot: int, host: np.ndarray, spans: list[tuple[int, int, tuple]]):
-        self.owner, self.slot, self.host, self.spans = owner, slot, host, spans
-        self.taken = False
+    def __init__(self, owner: PinnedGather, slot: int | None, host: np.ndarray | None, hosts: list[AudioData],
+                 spans: list[tuple[int, int, tuple]]):
+        self.owner, self.slot, self.host, self.hosts, self.spans = owner, slot, host, hosts, spans
+        self.event: Any = None
+        self.released = False
 
     def __call__(self, items: Sequence[AudioData]) -> list[AudioData]:
         import cupy as cp
 
         if len(items) != len(self.spans):
             raise ValueError(f"a staged batch of {len(self.spans)} items was given {len(items)}")
-        event = None
-        try:
-            n = self.spans[-1][1] if self.spans else 0
-            dev = cp.empty(n, cp.float32)
-            dev.data.copy_from_host_async(self.host.ctypes.data, 4 * n)
-            event = cp.cuda.get_current_stream().record()
-        finally:
-            self.release(event)
+        if self.slot is None:
+            return to_device(self.hosts)
+        n = self.spans[-1][1] if self.spans else 0
+        dev = cp.empty(n, cp.float32)
+        dev.data.copy_from_host_async(self.host.ctypes.data, 4 * n)
+        self.event = cp.cuda.get_current_stream().record()
         return [it._replace(samples=dev[a:b].reshape(shape)) for it, (a, b, shape) in zip(items, self.spans)]
 
-    def release(self, event: Any = None) -> None:
-        """The slot back to the gather (once ``event`` has passed): once, whether or not it was uploaded."""
-        if not self.taken:
-            self.taken = True
-            self.owner.free.put((self.slot, event))
+    def release(self) -> None:
+        """The batch is done with (its chain has run, or failed): its slot back to the gather, to be filled
+        again once its copy has ended; once."""
+        if not self.released:
+            self.released = True
+            if self.slot is not None:
+                self.owner.free.put((self.slot, self.event))

@@ -237,17 +237,88 @@ def decode_entries(entries: list[Any]) -> list[tuple[list, dict]]:
     return _share(out)
 
 
-class _Call:
-    """A decoding call's future as :func:`~..execute.worker.ordered_across` takes it: its result with its
-    shared samples mapped (:func:`_unshare`)."""
+class SharedFiles:
+    """The shared files of a run's decoding calls taken by the unit and not yet read (:class:`Shared`
+    samples): :meth:`read_into` reads a record's samples from its file straight into the caller's buffer
+    (one ``preadv``: no mapping of the file, whose pages were read in one by one, and no copy of it after),
+    the file's name removed as it is first opened, the file closed once its last record is read;
+    :meth:`close` removes what was taken and never read (a run that stopped)."""
 
-    def __init__(self, future: Any):
-        self.future, self.taken = future, False
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.files: dict[str, list] = {}  # name -> [open descriptor or None, records still to read]
+
+    def taken(self, got: list[tuple[list, dict]]) -> None:
+        """A call's result is taken: its shared records are to be read (each output's once)."""
+        with self.lock:
+            for outs, _ in got:
+                for o in outs:
+                    if _is_shared(o):
+                        self.files.setdefault(o[1].samples.name, [None, 0])[1] += 1
+
+    def read_into(self, d: AudioData, out: np.ndarray) -> AudioData:
+        """``d``'s shared samples read into ``out`` (a float32 array of as many), ``d`` with them in its shape."""
+        import os
+
+        s = d.samples
+        with self.lock:
+            entry = self.files[s.name]
+            if entry[0] is None:
+                entry[0] = os.open(os.path.join(SHM_DIR, s.name), os.O_RDONLY)
+                os.unlink(os.path.join(SHM_DIR, s.name))  # (its memory goes with the descriptor)
+            fd = entry[0]
+        try:
+            dtype = np.dtype(s.dtype)
+            into = out if dtype == np.float32 else np.empty(out.size, dtype)
+            view, at = memoryview(into).cast("B"), s.offset
+            while len(view):
+                n = os.preadv(fd, [view], at)
+                if n <= 0:
+                    raise OSError(f"a shared file of decoded samples ended early ({s.name})")
+                view, at = view[n:], at + n
+            if into is not out:
+                out[...] = into
+        finally:
+            with self.lock:
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    os.close(fd)
+                    del self.files[s.name]
+        return d._replace(samples=out.reshape(s.shape))
+
+    def read(self, d: AudioData) -> AudioData:
+        """``d``'s shared samples read into an array of their own."""
+        return self.read_into(d, np.empty(int(np.prod(d.samples.shape)), np.float32))
+
+    def close(self) -> None:
+        import os
+
+        with self.lock:
+            for name, (fd, _) in self.files.items():
+                if fd is not None:
+                    os.close(fd)
+                else:
+                    try:
+                        os.unlink(os.path.join(SHM_DIR, name))
+                    except OSError:
+                        pass
+            self.files.clear()
+
+
+class _Call:
+    """A decoding call's future as :func:`~..execute.worker.ordered_across` takes it: its result, its shared
+    samples left in their file (:class:`Shared`; ``files`` reads them)."""
+
+    def __init__(self, future: Any, files: SharedFiles):
+        self.future, self.files, self.taken = future, files, False
 
     def result(self) -> list[tuple[list, dict]]:
         got = self.future.result()
         self.taken = True
-        return _unshare(got)
+        self.files.taken(got)
+        return got
 
     def cancel(self) -> bool:
         return self.future.cancel()
@@ -313,10 +384,11 @@ class RecordDecoders:
         self.processes, self.chunk = max(1, processes), max(1, chunk)
         self.pool = single_threaded_pool(self.processes, _decoder_start, (ctx,), wait=False)
         self.calls: list[_Call] = []
+        self.files = SharedFiles()
 
     def _submit(self, entries: list[Any]) -> _Call:
         self.calls = [c for c in self.calls if not c.taken]
-        self.calls.append(_Call(self.pool.submit(decode_entries, entries)))
+        self.calls.append(_Call(self.pool.submit(decode_entries, entries), self.files))
         return self.calls[-1]
 
     def outputs(self, tasks: list[Any], make: Any) -> Iterator[tuple[Any, list, bool]]:
@@ -332,6 +404,7 @@ class RecordDecoders:
         for call in self.calls:
             call.drop()
         self.calls = []
+        self.files.close()
 
 
 def batched(items: Iterator[tuple[Any, list, bool]], batch_size: int) -> Iterator[list[tuple[Any, list, bool]]]:
