@@ -181,7 +181,9 @@ class AudioDeviceUnit:
 
     A shard at a time, decoded by threads and written by the loop, this ran 207 Whisper feature clips a
     second on an H200 host of 16 cores; so, 460 (2026-12-02); with the samples through pipes and the
-    writer a process, 560-595 on 4,096 clips, and so 696 (2026-12-03, benchmarks/RESULTS.md).
+    writer a process, 560-595 on 4,096 clips, and so 696; with the batches gathered off the loop, read
+    straight from the decoders' files, 948 (2026-12-03, benchmarks/RESULTS.md: the loop then waits on the
+    shards' writer thread more than on anything else).
     """
 
     def __init__(self, ctx: Any, slot: int):
@@ -239,10 +241,11 @@ class AudioDeviceUnit:
             return w
 
         # the shards' writer: a thread (its records are few and large: the pipe to a writer process carried a
-        # Whisper clip's 480 KB of features 64 KB a call; 561 -> 616 clips/s, H200, 2026-12-03)
+        # Whisper clip's 480 KB of features 64 KB a call; 561 -> 616 clips/s, H200, 2026-12-03; a process with
+        # the features through shared memory, as below, was no faster: 630-783 against 743-792)
         out = shard_writer(self.ctx, done, auto="thread")
-        # a writer process takes the outputs' samples through shared memory too (the pipe carried a Whisper clip's
-        # 480 KB of features 64 KB a call); the names handed over go once the writer has ended, taken or not
+        # a writer process takes the outputs' samples through shared memory (share_items), not the pipe; the
+        # names handed over go once the writer has ended, taken or not
         shared: set[str] = set() if isinstance(out, ShardWriterProcess) else None  # type: ignore[assignment]
         gather = PinnedGather(self.device.index)
 
