@@ -926,6 +926,34 @@ def test_a_batch_is_staged_from_the_shared_files_its_samples_lie_in(tmp_path, mo
     assert not os.listdir(tmp_path) and not files.files
 
 
+def test_a_batch_the_gpu_fails_on_runs_on_the_cpu_into_arrays_of_its_own():
+    """run_on_gpu where the GPU fails (here: its upload raises): each job's chain runs on the CPU, counted,
+    and an output that would be a view of its input (a chain that keeps or cuts the samples) is a copy: the
+    input is a staging slot's, filled again once the batch is done."""
+    from gpubatch.engine.codecs.audio_io import AudioData
+    from gpubatch.engine.gpu.audio import run_on_gpu
+    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.run import Job
+    from gpubatch.engine.spec import parse_chain
+    from gpubatch.errors import RunStats
+    from gpubatch.types import Media, Record
+
+    slot = np.arange(40000, dtype=np.float32) / 40000
+    plan = Plan(ops=parse_chain("mono()"), media="audio", max_pixels=0)  # (a mono record as it is)
+    items = [AudioData(slot[:20000].reshape(1, -1), 16000), AudioData(slot[20000:].reshape(1, -1), 8000)]
+    jobs = [(Job(0, Record(key=f"k{i}", data=b"", media=Media.AUDIO, codec="flac"),
+                 params=plan.draw(f"k{i}", it.rate, it.samples.shape[1])), it) for i, it in enumerate(items)]
+    stats = [RunStats(), RunStats()]
+
+    def fails(_items):
+        raise RuntimeError("no GPU here")
+
+    got = run_on_gpu(jobs, plan, stats, fails)
+    assert [s.fallbacks for s in stats] == [1, 1] and [s.transcoded for s in stats] == [1, 1]
+    assert np.array_equal(got[0].samples, slot[None, :20000]) and np.array_equal(got[1].samples, slot[None, 20000:])
+    assert not any(np.may_share_memory(g.samples, slot) for g in got)
+
+
 def _point_shm_at(path):
     from gpubatch.engine.gpu import audio_records as ar
 

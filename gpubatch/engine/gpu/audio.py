@@ -72,7 +72,10 @@ def run_on_gpu(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: list[RunSta
             st.warn(f"a batch of {len(jobs)} audio records ran on the CPU after the GPU failed: {type(e).__name__}: "
                     f"{str(e)[:160]}")
             try:
-                results.append(codec.run_chain(plan.ops, d, job.params))
+                out = codec.run_chain(plan.ops, d, job.params)
+                if np.may_share_memory(out.samples, d.samples):  # (a chain that cuts or keeps its input: the input
+                    out = out._replace(samples=out.samples.copy())  # is a staging slot's, filled again after this)
+                results.append(out)
                 st.add(transcoded=1)
             except Exception as e2:  # noqa: BLE001 - the record boundary
                 t = job.template
