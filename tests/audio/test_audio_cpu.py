@@ -962,7 +962,7 @@ def _point_shm_at(path):
 
 def test_decoded_samples_go_through_a_shared_file_or_the_pipe_where_it_cannot_be_made(tmp_path, monkeypatch):
     """A decoding call's samples (64 KB and more) written into one file and taken back as views of it, its
-    name removed as it is taken; a record's outputs that share one decoding share one view; where the file
+    name removed as it is read; a record's outputs that share one decoding share its samples' place; where the file
     cannot be made (no folder, a short write: a full /dev/shm) the result is left as it was (the pipe)."""
     import os
 
@@ -977,10 +977,13 @@ def test_decoded_samples_go_through_a_shared_file_or_the_pipe_where_it_cannot_be
     shared = ar._share(out)
     (name,) = os.listdir(tmp_path)
     assert shared[0][0][0][1].samples.name == name and shared[0][0][2] == "a record passed through"
-    back = ar._unshare(shared)
-    assert not os.listdir(tmp_path)
-    got_a, got_a2, got_b = back[0][0][0][1], back[0][0][1][1], back[1][0][0][1]
-    assert got_a is got_a2 and np.array_equal(got_a.samples, a.samples) and got_a.rate == 16000
+    assert shared[0][0][0][1] is shared[0][0][1][1]  # (the outputs of one decoding: its samples written once)
+    files = ar.SharedFiles()
+    files.taken(shared)
+    back = [[files.read(o[1]) if isinstance(o, tuple) else o for o in outs] for outs, _ in shared]
+    assert not os.listdir(tmp_path) and not files.files
+    got_a, got_a2, got_b = back[0][0], back[0][1], back[1][0]
+    assert np.array_equal(got_a.samples, a.samples) and np.array_equal(got_a2.samples, a.samples) and got_a.rate == 16000
     assert np.array_equal(got_b.samples, b.samples) and got_b.rate == 44100
 
     small = [([("job", AudioData(np.zeros((1, 100), np.float32), 16000))], {})]

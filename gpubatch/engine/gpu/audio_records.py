@@ -152,41 +152,6 @@ def _names(got: list[tuple[list, dict]]) -> set[str]:
             if _is_shared(o)}
 
 
-def _unshare(got: list[tuple[list, dict]]) -> list[tuple[list, dict]]:
-    """In the unit: a call's shared samples as arrays, views of its file mapped (its pages read in as it is
-    mapped, copied where written); the file's name removed at once (its memory goes with the last view)."""
-    import mmap
-    import os
-
-    maps: dict[str, Any] = {}
-    made: dict[int, Any] = {}
-    names = _names(got)
-    try:
-        for name in names:
-            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY)
-            try:
-                # (private: the arrays may be written, as the pipe's were; populated: read in now, in this thread)
-                maps[name] = mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ | mmap.PROT_WRITE,
-                                       flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0))
-            finally:
-                os.close(fd)
-    finally:  # (every name goes, whatever failed)
-        for name in names:
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-            except OSError:
-                pass
-
-    def real(d: AudioData) -> AudioData:
-        if id(d) not in made:
-            s = d.samples
-            made[id(d)] = d._replace(samples=np.ndarray(s.shape, np.dtype(s.dtype), buffer=maps[s.name], offset=s.offset))
-        return made[id(d)]
-
-    return [([(o[0], real(o[1])) if _is_shared(o) else o for o in outs], c)
-            for outs, c in got]
-
-
 def share_items(items: list[Any], names: set[str]) -> list[Any]:
     """A shard's outputs (``(job, audio)`` pairs, records, errors) with the samples of their audio in one file
     of :data:`SHM_DIR` (:func:`_share`), for a shard writer in a process of its own; the file's name added
@@ -197,11 +162,16 @@ def share_items(items: list[Any], names: set[str]) -> list[Any]:
 
 
 def unshare_items(items: list[Any]) -> list[Any]:
-    """:func:`share_items`'s outputs with their samples as arrays again (:func:`_unshare`); ``items`` as they
-    are where none was shared."""
+    """:func:`share_items`'s outputs with their samples as arrays of their own again, read from the file
+    (:meth:`SharedFiles.read`; its name removed as it is read); ``items`` as they are where none was shared."""
     if not any(_is_shared(o) for o in items):
         return items
-    return _unshare([(items, None)])[0][0]
+    files = SharedFiles()
+    files.taken([(items, None)])
+    try:
+        return [(o[0], files.read(o[1])) if _is_shared(o) else o for o in items]
+    finally:
+        files.close()
 
 
 def unlink_shared(names: set[str]) -> None:
@@ -259,7 +229,8 @@ class SharedFiles:
                         self.files.setdefault(o[1].samples.name, [None, 0])[1] += 1
 
     def read_into(self, d: AudioData, out: np.ndarray) -> AudioData:
-        """``d``'s shared samples read into ``out`` (a float32 array of as many), ``d`` with them in its shape."""
+        """``d``'s shared samples read into ``out`` (a flat array of as many, cast where its type is not
+        theirs), ``d`` with them in its shape."""
         import os
 
         s = d.samples
@@ -271,7 +242,7 @@ class SharedFiles:
             fd = entry[0]
         try:
             dtype = np.dtype(s.dtype)
-            into = out if dtype == np.float32 else np.empty(out.size, dtype)
+            into = out if dtype == out.dtype else np.empty(out.size, dtype)
             view, at = memoryview(into).cast("B"), s.offset
             while len(view):
                 n = os.preadv(fd, [view], at)
@@ -289,8 +260,8 @@ class SharedFiles:
         return d._replace(samples=out.reshape(s.shape))
 
     def read(self, d: AudioData) -> AudioData:
-        """``d``'s shared samples read into an array of their own."""
-        return self.read_into(d, np.empty(int(np.prod(d.samples.shape)), np.float32))
+        """``d``'s shared samples read into an array of their own (of their type)."""
+        return self.read_into(d, np.empty(int(np.prod(d.samples.shape)), np.dtype(d.samples.dtype)))
 
     def close(self) -> None:
         import os
