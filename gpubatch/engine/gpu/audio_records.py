@@ -175,8 +175,8 @@ def unshare_items(items: list[Any]) -> list[Any]:
 
 
 def unlink_shared(names: set[str]) -> None:
-    """The shared files ``names`` removed where they are still there (handed over and never taken: a run
-    that stopped)."""
+    """The shared files ``names`` removed where they are still there (handed over, or decoded, and never
+    taken: a run that stopped)."""
     import os
 
     for name in names:
@@ -267,14 +267,10 @@ class SharedFiles:
         import os
 
         with self.lock:
-            for name, (fd, _) in self.files.items():
-                if fd is not None:
+            for fd, _ in self.files.values():
+                if fd is not None:  # (opened: its name is gone already)
                     os.close(fd)
-                else:
-                    try:
-                        os.unlink(os.path.join(SHM_DIR, name))
-                    except OSError:
-                        pass
+            unlink_shared({name for name, (fd, _) in self.files.items() if fd is None})
             self.files.clear()
 
 
@@ -296,16 +292,10 @@ class _Call:
 
     def drop(self) -> None:
         """The shared files of a result nobody took (a run that stopped early) removed."""
-        import os
-
         f = self.future
         if self.taken or not f.done() or f.cancelled() or f.exception() is not None:
             return
-        for name in _names(f.result()):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-            except OSError:
-                pass
+        unlink_shared(_names(f.result()))
 
 
 #: a shared file is swept only past this age (a run takes its files within seconds): where ``/dev/shm`` is
