@@ -802,3 +802,74 @@ def test_the_gpu_units_shard_writer_is_the_units_choice_unless_the_setting_names
     assert [made("process", "thread"), made("thread", "process")] == ["a process", "a thread"]
     with pytest.raises(UsageError, match="shard writer"):
         Settings(shard_writer="pipe")
+
+
+def test_the_committer_lets_depth_commits_wait_in_order_and_makes_none_after_a_failed_one(tmp_path):
+    """A worker's committer (``GPUBATCH_COMMIT_DEPTH``): ``depth`` commits wait in its thread while the worker
+    writes on, made in the order submitted; the next submission holds until the oldest is made (that wait is
+    in the shard's timings as ``commit_wait``, the fsyncs and renames as ``commit``). A commit that fails
+    stops the ones after it: their shards are not committed and are left to the caller to remove."""
+    import functools
+    import threading
+
+    from gpubatch.engine.device import Device, DeviceKind
+    from gpubatch.engine.execute.journal import Journal
+    from gpubatch.engine.execute.worker import Committer, RunContext, ShardWriting
+    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.settings import Settings
+    from gpubatch.formats import get_format
+    from gpubatch.formats.base import WriteOptions
+    from gpubatch.runner import _sink
+    from gpubatch.types import DatasetInfo, Media, Record, ShardTask
+
+    tasks = [ShardTask(k, k, k + 1, f"data-{k:05d}-of-00004.tar") for k in range(4)]
+
+    def shards(stage):
+        stage.mkdir()
+        ctx = RunContext(opener=None, sink=functools.partial(_sink, get_format("webdataset"), stage, DatasetInfo(),
+                                                             WriteOptions(), False),
+                         plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
+        made = [ShardWriting(t, ctx) for t in tasks]
+        for k, w in enumerate(made):
+            w.put_many([Record(key=f"r{k}", data=bytes([k]) * 99, media=Media.IMAGE, codec="jpeg")])
+        return made
+
+    gate, order = threading.Event(), []
+
+    def done(r):
+        assert gate.wait(10)
+        order.append(r)
+
+    made = shards(tmp_path / "a")
+    c = Committer(depth=2)
+    c.submit(made[0], done)  # (its commit holds in `done` until the gate opens)
+    c.submit(made[1], done)  # (waits in the committer's queue: two may wait)
+    third = threading.Thread(target=c.submit, args=(made[2], done))
+    third.start()
+    third.join(0.3)
+    assert third.is_alive() and not order  # the third holds until the oldest is made
+    gate.set()
+    third.join(10)
+    c.submit(made[3], done)
+    c.close()
+    assert [r.index for r in order] == [0, 1, 2, 3]
+    assert all(r.timings["commit"] >= 0 and "commit_wait" in r.timings for r in order)
+    assert order[2].timings["commit_wait"] > 0.2
+    assert set(Journal(tmp_path / "a").committed(tasks)) == {0, 1, 2, 3}
+
+    def fails(r):
+        raise OSError("no space left on device")
+
+    made = shards(tmp_path / "b")
+    c = Committer(depth=3)
+    for w in made[:3]:
+        c.submit(w, fails)
+    with pytest.raises(OSError, match="no space"):
+        c.close()
+    assert set(Journal(tmp_path / "b").committed(tasks)) == {0}  # (made before `done` heard of it)
+    assert not (tmp_path / "b" / tasks[1].name).exists() and not (tmp_path / "b" / tasks[2].name).exists()
+    for w in made[1:]:
+        w.abort()
+    assert sorted(p.name for p in (tmp_path / "b").glob("*.tar*")) == [tasks[0].name]
+    with pytest.raises(UsageError, match="GPUBATCH_COMMIT_DEPTH"):
+        Settings.from_env({"GPUBATCH_COMMIT_DEPTH": "0"})

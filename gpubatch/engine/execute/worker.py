@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._commit import ShardFile
-from ...errors import ErrorPolicy, ErrorRouter, RecordError, RunStats, Stage
+from ...errors import ErrorPolicy, ErrorRouter, GpubatchError, RecordError, RunStats, Stage
 from ...types import Record, ShardResult, ShardTask
 from ..device import Device
 from ..plan import Plan
@@ -175,10 +175,12 @@ class ShardWriting:
 
     def commit(self, timings: dict[str, float] | None = None, extra: dict[str, Any] | None = None) -> ShardResult:
         """Commit the shard's files (and parameter log): its result."""
+        t = time.perf_counter()
         files, own = self.sink.commit()
         if self.params is not None:
             name, meta = self.params.commit()
             files[f"{RUN_DIR}/params/{name}"] = meta
+        committing = time.perf_counter() - t
         if self.progress is not None and self._pending:
             self.progress(self._pending)
         s = self.stats
@@ -186,6 +188,7 @@ class ShardWriting:
         times.update({k: round(v, 4) for k, v in (timings or {}).items()})
         times.update({k: round(v, 4) for k, v in self.sink.timings.items()})
         times["write"] = round(times.get("write", 0.0) + self.write_s, 4)
+        times["commit"] = round(times.get("commit", 0.0) + committing, 4)  # (its fsyncs and renames)
         times["shard"] = round(time.perf_counter() - self.t0, 4)
         return ShardResult(self.task.index, self.task.name, self.task.start, self.task.stop,
                            counts={k: int(getattr(s, k)) for k in COUNTS}, skipped=_in_order(s.errors),
@@ -352,12 +355,12 @@ class ShardWriter:
     stats that makes them there (their encoding, off the loop's thread). An error there is raised in the
     loop at its next hand-over. :class:`~.writer.ShardWriterProcess` does the same in a process."""
 
-    def __init__(self, done: Callable[[Any], None]):
+    def __init__(self, done: Callable[[Any], None], commit_depth: int = 1):
         import queue
         import threading
 
         self.done = done
-        self.commits = Committer()
+        self.commits = Committer(commit_depth)
         self.q: Any = queue.Queue(maxsize=8)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="gpubatch-shard-writer", daemon=True)
@@ -367,8 +370,11 @@ class ShardWriter:
         unfinished: dict[int, Any] = {}  # shards written to
         committed: set[int] = set()  # of those, the ones committed (by the committer's thread)
         aborted = False
+        idle = 0.0  # waiting for the loop's hand-overs since the last commit (the shard's "writer_idle")
         while True:
+            t = time.perf_counter()
             item = self.q.get()
+            idle += time.perf_counter() - t
             if item is None:
                 break
             kind, shard, payload = item
@@ -380,7 +386,9 @@ class ShardWriter:
                 if kind == "put":
                     shard.put_many(list(payload(shard.stats) if callable(payload) else payload))
                 else:  # "commit": its fsyncs and renames in the committer's thread, beside the next shard's writes
-                    self.commits.submit(shard, lambda r, s=shard: (committed.add(id(s)), self.done(r)), *payload)
+                    timings, extra = payload
+                    timings, idle = {**(timings or {}), "writer_idle": idle}, 0.0
+                    self.commits.submit(shard, lambda r, s=shard: (committed.add(id(s)), self.done(r)), timings, extra)
             except BaseException as e:  # noqa: BLE001 - raised in the loop
                 self.error = e
         try:
@@ -438,35 +446,52 @@ def released() -> None:
 class Committer:
     """Commits a worker's shards in a thread of their own, one at a time and in order: a shard's fsyncs,
     renames and journal entry overlap the writing of the next (the fsyncs wait on the disk, not the
-    CPU), and ``done`` hears of each once committed. At most one commit waits: :meth:`submit` holds
-    until the one before is done, and raises its error; :meth:`close` waits for the last."""
+    CPU), and ``done`` hears of each once committed. At most ``depth`` commits wait: :meth:`submit` holds
+    until the oldest is done, and raises its error; :meth:`close` waits for the last. Once a commit fails
+    the ones after it are not made (their shards are left to the caller's abort). The time :meth:`submit`
+    held goes into the submitted shard's timings as ``commit_wait``."""
 
-    def __init__(self) -> None:
+    def __init__(self, depth: int = 1) -> None:
+        import collections
         import concurrent.futures
 
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gpubatch-commit")
-        self._last: Any = None
+        self._pending: collections.deque = collections.deque()
+        self.depth = max(1, int(depth))
+        self._broken = False
 
-    def _wait(self) -> None:
-        if self._last is not None:
-            last, self._last = self._last, None
-            last.result()
+    def _wait(self, keep: int) -> None:
+        while len(self._pending) > keep:
+            self._pending.popleft().result()
 
     def submit(self, writing: ShardWriting, done: Callable[[ShardResult], None], timings: dict | None = None,
                extra: dict | None = None) -> None:
-        self._wait()
-        self._last = self._pool.submit(lambda: done(finish(writing, timings, extra)))
+        t = time.perf_counter()
+        self._wait(self.depth - 1)
+        timings = {**(timings or {}), "commit_wait": time.perf_counter() - t}
+
+        def commit() -> None:
+            if self._broken:
+                raise GpubatchError(f"shard {writing.task.name} not committed: a commit before it failed")
+            try:
+                done(finish(writing, timings, extra))
+            except BaseException:
+                self._broken = True
+                raise
+
+        self._pending.append(self._pool.submit(commit))
 
     def close(self, failed: bool = False) -> None:
         """Wait for the last commit (its error raised, unless the worker is failing already)."""
         try:
             if failed:
                 with contextlib.suppress(BaseException):
-                    self._wait()
+                    self._wait(0)
             else:
-                self._wait()
+                self._wait(0)
         finally:
             self._pool.shutdown(wait=True)
+            self._pending.clear()
 
 
 def run_shard(task: ShardTask, ctx: RunContext, unit: Any = None, reader: Any = None,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +39,7 @@ def shard_writer(ctx: RunContext, done: Callable[[Any], None], auto: str = "proc
     is "auto"."""
     if (auto if ctx.settings.shard_writer == "auto" else ctx.settings.shard_writer) == "process":
         return ShardWriterProcess(ctx, done)
-    return ShardWriter(done)
+    return ShardWriter(done, ctx.settings.commit_depth)
 
 
 class ShardWriterProcess:
@@ -212,7 +213,7 @@ def _serve(conn: Any, ctx: RunContext) -> None:
     threading.Thread(target=receive, name="gpubatch-shard-inbox", daemon=True).start()
     shards: dict[int, ShardWriting] = {}
     committed: set[int] = set()
-    commits = Committer()
+    commits = Committer(ctx.settings.commit_depth)
     error: BaseException | None = None
     failed = False
 
@@ -226,8 +227,11 @@ def _serve(conn: Any, ctx: RunContext) -> None:
         committed.add(idx)
         send(("done", idx, result))
 
+    idle = 0.0  # waiting for the worker's hand-overs since the last commit (the shard's "writer_idle")
     while True:
+        t = time.perf_counter()
         msg = inbox.get()
+        idle += time.perf_counter() - t
         kind = msg[0]
         if kind == "close":
             failed = failed or bool(msg[1])
@@ -244,6 +248,7 @@ def _serve(conn: Any, ctx: RunContext) -> None:
                 _, idx, task, timings, extra, part = msg
                 w = shard_of(idx, task)
                 merge_part(w.stats, part)
+                timings, idle = {**(timings or {}), "writer_idle": idle}, 0.0
                 commits.submit(w, lambda r, i=idx: committed_one(i, r), timings, extra)
             elif kind == "abort":
                 failed = True
