@@ -118,8 +118,6 @@ class Settings:
             or "auto": the unit's own choice, a process for images (many small records), a thread for
             audio (few large ones, which the pipe to a process carries slowly)
             (``GPUBATCH_SHARD_WRITER``; engine/execute/writer.py).
-        commit_depth: a worker's shards whose commit (fsyncs, renames, journal entry) may wait, in order, in its
-            committer's thread while it writes the next (``GPUBATCH_COMMIT_DEPTH``; execute/worker.Committer).
 
     Video:
 
@@ -187,7 +185,6 @@ class Settings:
     decode_ahead: int = 2
     hw_preallocate: int = 640
     shard_writer: str = "auto"
-    commit_depth: int = 1
     video_decoders: int = 8
     video_loop: str = "native"
 
@@ -200,8 +197,6 @@ class Settings:
                                      ("cuda_takes", self.cuda_takes, ("slowest", "cheapest"))):
             if value not in allowed:
                 raise UsageError(f"unknown {name} {value!r}: one of {', '.join(allowed)}")
-        if self.commit_depth < 1:
-            raise UsageError(f"the commit depth {self.commit_depth!r} (GPUBATCH_COMMIT_DEPTH): 1 or more")
         if not 0.0 <= self.cuda_share <= 1.0:
             raise UsageError(f"the CUDA decoder's share {self.cuda_share!r} (GPUBATCH_CUDA_SHARE): a fraction from 0 to 1")
 
@@ -268,7 +263,6 @@ _ENV = (
     ("GPUBATCH_LOADER_READERS", "loader_readers", int),
     ("GPUBATCH_VIDEO_DECODERS", "video_decoders", int),
     ("GPUBATCH_VIDEO_LOOP", "video_loop", str),
-    ("GPUBATCH_COMMIT_DEPTH", "commit_depth", int),
     ("GPUBATCH_SHARD_WRITER", "shard_writer", str),
     ("GPUBATCH_DECODE_AHEAD", "decode_ahead", int),
     ("GPUBATCH_CUDA_KINDS", "cuda_kinds", _kinds),

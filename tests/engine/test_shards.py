@@ -804,72 +804,67 @@ def test_the_gpu_units_shard_writer_is_the_units_choice_unless_the_setting_names
         Settings(shard_writer="pipe")
 
 
-def test_the_committer_lets_depth_commits_wait_in_order_and_makes_none_after_a_failed_one(tmp_path):
-    """A worker's committer (``GPUBATCH_COMMIT_DEPTH``): ``depth`` commits wait in its thread while the worker
-    writes on, made in the order submitted; the next submission holds until the oldest is made (that wait is
-    in the shard's timings as ``commit_wait``, the fsyncs and renames as ``commit``). A commit that fails
-    stops the ones after it: their shards are not committed and are left to the caller to remove."""
+
+def test_a_shards_timings_say_its_commit_and_the_wait_for_the_commit_before_it(tmp_path):
+    """A worker's committer makes its shards' commits in order in a thread of its own, one waiting at most: a
+    submission holds until the commit before it is made, and that wait is in the shard's timings as
+    ``commit_wait`` (the fsyncs and renames as ``commit``; the GPU units' writer adds its idle time)."""
     import functools
     import threading
 
     from gpubatch.engine.device import Device, DeviceKind
     from gpubatch.engine.execute.journal import Journal
-    from gpubatch.engine.execute.worker import Committer, RunContext, ShardWriting
+    from gpubatch.engine.execute.worker import Committer, RunContext, ShardWriter, ShardWriting
     from gpubatch.engine.plan import Plan
-    from gpubatch.engine.settings import Settings
     from gpubatch.formats import get_format
     from gpubatch.formats.base import WriteOptions
     from gpubatch.runner import _sink
     from gpubatch.types import DatasetInfo, Media, Record, ShardTask
 
-    tasks = [ShardTask(k, k, k + 1, f"data-{k:05d}-of-00004.tar") for k in range(4)]
+    tasks = [ShardTask(k, k, k + 1, f"data-{k:05d}-of-00003.tar") for k in range(3)]
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    ctx = RunContext(opener=None, sink=functools.partial(_sink, get_format("webdataset"), stage, DatasetInfo(),
+                                                         WriteOptions(), False),
+                     plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
 
-    def shards(stage):
-        stage.mkdir()
-        ctx = RunContext(opener=None, sink=functools.partial(_sink, get_format("webdataset"), stage, DatasetInfo(),
-                                                             WriteOptions(), False),
-                         plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
-        made = [ShardWriting(t, ctx) for t in tasks]
-        for k, w in enumerate(made):
-            w.put_many([Record(key=f"r{k}", data=bytes([k]) * 99, media=Media.IMAGE, codec="jpeg")])
-        return made
+    def record(k):
+        return Record(key=f"r{k}", data=bytes([k]) * 99, media=Media.IMAGE, codec="jpeg")
 
+    made = [ShardWriting(t, ctx) for t in tasks]
+    for k, w in enumerate(made):
+        w.put_many([record(k)])
     gate, order = threading.Event(), []
 
     def done(r):
         assert gate.wait(10)
         order.append(r)
 
-    made = shards(tmp_path / "a")
-    c = Committer(depth=2)
+    c = Committer()
     c.submit(made[0], done)  # (its commit holds in `done` until the gate opens)
-    c.submit(made[1], done)  # (waits in the committer's queue: two may wait)
-    third = threading.Thread(target=c.submit, args=(made[2], done))
-    third.start()
-    third.join(0.3)
-    assert third.is_alive() and not order  # the third holds until the oldest is made
+    second = threading.Thread(target=c.submit, args=(made[1], done))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive() and not order  # the second holds until the first is made
     gate.set()
-    third.join(10)
-    c.submit(made[3], done)
+    second.join(10)
+    c.submit(made[2], done)
     c.close()
-    assert [r.index for r in order] == [0, 1, 2, 3]
-    assert all(r.timings["commit"] >= 0 and "commit_wait" in r.timings for r in order)
-    assert order[2].timings["commit_wait"] > 0.2
-    assert set(Journal(tmp_path / "a").committed(tasks)) == {0, 1, 2, 3}
-
-    def fails(r):
-        raise OSError("no space left on device")
-
-    made = shards(tmp_path / "b")
-    c = Committer(depth=3)
-    for w in made[:3]:
-        c.submit(w, fails)
-    with pytest.raises(OSError, match="no space"):
-        c.close()
-    assert set(Journal(tmp_path / "b").committed(tasks)) == {0}  # (made before `done` heard of it)
-    assert not (tmp_path / "b" / tasks[1].name).exists() and not (tmp_path / "b" / tasks[2].name).exists()
-    for w in made[1:]:
-        w.abort()
-    assert sorted(p.name for p in (tmp_path / "b").glob("*.tar*")) == [tasks[0].name]
-    with pytest.raises(UsageError, match="GPUBATCH_COMMIT_DEPTH"):
-        Settings.from_env({"GPUBATCH_COMMIT_DEPTH": "0"})
+    assert [r.index for r in order] == [0, 1, 2]
+    assert all(r.timings["commit"] >= 0 for r in order)
+    assert order[1].timings["commit_wait"] > 0.2 and order[0].timings["commit_wait"] < 0.2
+    assert set(Journal(stage).committed(tasks)) == {0, 1, 2}
+    # the GPU units' writer thread: its idle time (waiting for the loop) goes with each shard it commits
+    stage2 = tmp_path / "stage2"
+    stage2.mkdir()
+    ctx2 = RunContext(opener=None, sink=functools.partial(_sink, get_format("webdataset"), stage2, DatasetInfo(),
+                                                          WriteOptions(), False),
+                      plan=Plan(), device=Device(DeviceKind.CPU), stage=stage2)
+    results = []
+    w = ShardWriter(results.append)
+    a = ShardWriting(tasks[0], ctx2)
+    w.put(a, [record(0)])
+    threading.Event().wait(0.3)  # (the loop is busy: the writer waits)
+    w.commit(a, {"chain": 0.1}, None)
+    w.close()
+    assert results[0].timings["writer_idle"] > 0.2 and results[0].timings["chain"] == 0.1

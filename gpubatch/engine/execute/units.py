@@ -42,7 +42,7 @@ class HostUnit:
         from ..run import read_counted
 
         plan = self.ctx.plan
-        commits = Committer(self.ctx.settings.commit_depth)  # (a shard's fsyncs and renames overlap the writing of the next)
+        commits = Committer()  # (a shard's fsyncs and renames overlap the writing of the next)
         failed = True
         try:
             for task in tasks:

@@ -39,7 +39,7 @@ def shard_writer(ctx: RunContext, done: Callable[[Any], None], auto: str = "proc
     is "auto"."""
     if (auto if ctx.settings.shard_writer == "auto" else ctx.settings.shard_writer) == "process":
         return ShardWriterProcess(ctx, done)
-    return ShardWriter(done, ctx.settings.commit_depth)
+    return ShardWriter(done)
 
 
 class ShardWriterProcess:
@@ -213,7 +213,7 @@ def _serve(conn: Any, ctx: RunContext) -> None:
     threading.Thread(target=receive, name="gpubatch-shard-inbox", daemon=True).start()
     shards: dict[int, ShardWriting] = {}
     committed: set[int] = set()
-    commits = Committer(ctx.settings.commit_depth)
+    commits = Committer()
     error: BaseException | None = None
     failed = False
 
