@@ -577,10 +577,10 @@ def _writer_fails(stats):
     raise GpubatchError("the encoder failed")
 
 
-@pytest.mark.parametrize("kind", ["thread", "lanes", "process"])
+@pytest.mark.parametrize("kind", ["thread", "process"])
 def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not(tmp_path, kind):
-    """The GPU image and audio units' shard writer, in a thread (ShardWriter), in two writing at once (its
-    lanes: the same bytes), or a process of its own (ShardWriterProcess): records handed over, or a function of the shard's stats that makes them there,
+    """The GPU image and audio units' shard writer, in a thread (ShardWriter) or a process of its own
+    (ShardWriterProcess): records handed over, or a function of the shard's stats that makes them there,
     are written into their shards in order, each shard committed (fsynced and renamed by the committer's
     thread) with a journal entry and handed to ``done`` in order, with what the loop counted in the
     shard's stats and its progress; a run that stops removes the partial files of every shard it did
@@ -607,9 +607,7 @@ def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not
                           plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
 
     def writer(ctx, done):
-        if kind == "process":
-            return ShardWriterProcess(ctx, done)
-        return ShardWriter(done, lanes=2 if kind == "lanes" else 1)
+        return ShardWriter(done) if kind == "thread" else ShardWriterProcess(ctx, done)
 
     def rec(k):
         return Record(key=f"r{3 * k}", data=bytes([k, 0]) * 50, media=Media.IMAGE, codec="jpeg")
@@ -633,16 +631,6 @@ def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not
     assert sum(ticks) == 12
     assert sorted(p.name for p in stage.glob("*.tar")) == [t.name for t in tasks]
     assert set(Journal(stage).committed(tasks)) == {0, 1, 2, 3}
-    if kind == "lanes":  # the same files as one thread writes
-        one = ShardWriter(lambda r: None)
-        ref = tmp_path / "one"
-        ref_ctx = context(ref)
-        for k, sh in enumerate(ShardWriting(t, ref_ctx) for t in tasks):
-            one.put(sh, [rec(k)])
-            one.put(sh, functools.partial(_writer_records, k))
-            one.commit(sh, {}, None)
-        one.close()
-        assert {p.name: p.read_bytes() for p in ref.glob("*.tar")} == {p.name: p.read_bytes() for p in stage.glob("*.tar")}
     # a run that stops: shard 0 committed and kept, 1 (written to) and 2 (handed over only) removed
     stage2 = tmp_path / "stage2"
     ctx2 = context(stage2)

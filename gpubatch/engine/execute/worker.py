@@ -348,81 +348,60 @@ def merge_part(stats: RunStats, part: dict) -> None:
 
 
 class ShardWriter:
-    """Writes a GPU worker's output records into their shards, in threads of its own, and commits each
+    """Writes a GPU worker's output records into their shards, in a thread of its own, and commits each
     shard (its fsyncs and renames in the thread of a :class:`Committer`, beside the next shard's writes),
     in the order handed over: the loop that feeds the GPU goes on to the next batch meanwhile (the files'
     writes release the GIL). What :meth:`put` hands over is the records, or a function of the shard's
     stats that makes them there (their encoding, off the loop's thread). An error there is raised in the
-    loop at its next hand-over. :class:`~.writer.ShardWriterProcess` does the same in a process.
+    loop at its next hand-over. :class:`~.writer.ShardWriterProcess` does the same in a process."""
 
-    ``lanes`` threads write at once, shard k in lane k mod ``lanes`` (the order shards are first handed
-    over), each shard's records in order; a lane whose shard is done waits for the shards before it to be
-    committed before it commits its own, so commits stay in order. A shard's bytes are its own: the same
-    for any number of lanes."""
-
-    def __init__(self, done: Callable[[Any], None], lanes: int = 1):
+    def __init__(self, done: Callable[[Any], None]):
         import queue
         import threading
 
         self.done = done
         self.commits = Committer()
-        self.queues: list[Any] = [queue.Queue(maxsize=8) for _ in range(max(1, lanes))]
+        self.q: Any = queue.Queue(maxsize=8)
         self.error: BaseException | None = None
-        self._seq: dict[int, int] = {}  # id(shard) -> its place in the order shards were handed over
-        self._handed: list[Any] = []  # the shards handed over, in that order
-        self._committed: set[int] = set()  # of those, the ones committed (by the committer's thread)
-        self._turn = threading.Condition()  # the next shard to commit, in ``_handed``'s order
-        self._next = 0
-        self.threads = [threading.Thread(target=self._run, args=(q,), name=f"gpubatch-shard-writer-{k}", daemon=True)
-                        for k, q in enumerate(self.queues)]
-        for t in self.threads:
-            t.start()
+        self.thread = threading.Thread(target=self._run, name="gpubatch-shard-writer", daemon=True)
+        self.thread.start()
 
-    def _lane(self, shard: Any) -> Any:
-        """The lane of ``shard`` (in the loop's thread: handed over in order)."""
-        seq = self._seq.get(id(shard))
-        if seq is None:
-            seq = self._seq[id(shard)] = len(self._handed)
-            self._handed.append(shard)
-        return self.queues[seq % len(self.queues)]
-
-    def _failed(self, e: BaseException) -> None:
-        with self._turn:
-            self.error = self.error or e
-            self._turn.notify_all()
-
-    def _run(self, q: Any) -> None:
+    def _run(self) -> None:
+        unfinished: dict[int, Any] = {}  # shards written to
+        committed: set[int] = set()  # of those, the ones committed (by the committer's thread)
+        aborted = False
         idle = 0.0  # waiting for the loop's hand-overs since the last commit (the shard's "writer_idle")
-        stopped = False
         while True:
             t = time.perf_counter()
-            item = q.get()
+            item = self.q.get()
             idle += time.perf_counter() - t
             if item is None:
                 break
             kind, shard, payload = item
-            stopped = stopped or kind == "abort"  # (what the lane was handed before it is written, as it came)
-            if self.error is not None or stopped:
-                continue  # (drained: the loop raises the error; what is not committed is removed at close)
+            unfinished[id(shard)] = shard
+            aborted = aborted or kind == "abort"
+            if self.error is not None or kind == "abort":
+                continue  # (drained: the loop raises the error; what is unfinished is removed below)
             try:
                 if kind == "put":
                     shard.put_many(list(payload(shard.stats) if callable(payload) else payload))
-                    continue
-                # "commit", in the order handed over: its fsyncs and renames in the committer's thread, beside
-                # the next shards' writes (the commits before it were handed over before it, each ahead of
-                # any abort in its lane: made, unless a lane failed)
-                timings, extra = payload
-                timings, idle = {**(timings or {}), "writer_idle": idle}, 0.0
-                seq = self._seq[id(shard)]
-                with self._turn:
-                    self._turn.wait_for(lambda seq=seq: self._next == seq or self.error is not None)
-                    if self._next == seq:
-                        self.commits.submit(shard, lambda r, s=shard: (self._committed.add(id(s)), self.done(r)),
-                                            timings, extra)
-                        self._next += 1
-                        self._turn.notify_all()
+                else:  # "commit": its fsyncs and renames in the committer's thread, beside the next shard's writes
+                    timings, extra = payload
+                    timings, idle = {**(timings or {}), "writer_idle": idle}, 0.0
+                    self.commits.submit(shard, lambda r, s=shard: (committed.add(id(s)), self.done(r)), timings, extra)
             except BaseException as e:  # noqa: BLE001 - raised in the loop
-                self._failed(e)
+                self.error = e
+        try:
+            self.commits.close(failed=self.error is not None or aborted)
+        except BaseException as e:  # noqa: BLE001 - raised in the loop
+            self.error = self.error or e
+        for shard in unfinished.values():  # (a run that failed or stopped: the partial files of the rest go)
+            if id(shard) in committed:
+                continue
+            try:
+                shard.abort()
+            except OSError:
+                pass
 
     def _check(self) -> None:
         if self.error is not None:
@@ -430,34 +409,19 @@ class ShardWriter:
 
     def put(self, shard: Any, records: list | Callable[[], list]) -> None:
         self._check()
-        self._lane(shard).put(("put", shard, records))
+        self.q.put(("put", shard, records))
 
     def commit(self, shard: Any, timings: dict, extra: dict | None) -> None:
         self._check()
-        self._lane(shard).put(("commit", shard, (timings, extra)))
+        self.q.put(("commit", shard, (timings, extra)))
 
     def close(self, abort: Any = None, failed: bool = False) -> None:
         """Wait for every hand-over to be written (and ``abort``, a shard left unfinished, removed; on a
         ``failed`` run every shard handed over and not committed is, and no error of the writer's raised)."""
         if abort is not None:
-            self._lane(abort)
-            for q in self.queues:  # (each lane writes what it was handed before it)
-                q.put(("abort", abort, None))
-        for q in self.queues:
-            q.put(None)
-        for t in self.threads:
-            t.join()
-        try:
-            self.commits.close(failed=self.error is not None or abort is not None or failed)
-        except BaseException as e:  # noqa: BLE001 - raised below
-            self.error = self.error or e
-        for shard in self._handed:  # (a run that failed or stopped: the partial files of the rest go)
-            if id(shard) in self._committed:
-                continue
-            try:
-                shard.abort()
-            except OSError:
-                pass
+            self.q.put(("abort", abort, None))
+        self.q.put(None)
+        self.thread.join()
         if abort is None and not failed:
             self._check()
 

@@ -33,14 +33,13 @@ from .worker import Committer, RunContext, ShardWriter, ShardWriting, merge_part
 DEPTH = 4
 
 
-def shard_writer(ctx: RunContext, done: Callable[[Any], None], auto: str = "process",
-                 lanes: int = 1) -> ShardWriter | ShardWriterProcess:
+def shard_writer(ctx: RunContext, done: Callable[[Any], None], auto: str = "process") -> ShardWriter | ShardWriterProcess:
     """The writer a GPU unit's shards go through: a process of its own (``settings.shard_writer``
-    "process"), or threads of the worker ("thread": ``lanes`` of them writing shards at once); ``auto`` is
-    the unit's choice where the setting is "auto"."""
+    "process"), or a thread of the worker ("thread"); ``auto`` is the unit's choice where the setting
+    is "auto"."""
     if (auto if ctx.settings.shard_writer == "auto" else ctx.settings.shard_writer) == "process":
         return ShardWriterProcess(ctx, done)
-    return ShardWriter(done, lanes)
+    return ShardWriter(done)
 
 
 class ShardWriterProcess:

@@ -24,9 +24,6 @@ from ..run import Job, RecordSource
 from ..settings import Settings
 from .audio_feed import to_device
 
-#: the shards the unit's writer threads write at once (:class:`~..execute.worker.ShardWriter`'s lanes)
-WRITER_LANES = 2
-
 
 def to_host(items: Sequence[AudioData], half_features: bool = False) -> list[AudioData]:
     """Device items back on the host through one device-to-host copy for the batch (views per item).
@@ -181,9 +178,9 @@ class AudioDeviceUnit:
       :func:`fit_cap`, planned on the first task);
     - the decoded samples taken through shared memory and gathered into page-locked buffers by the thread that
       makes the batches, each batch copied up in one go (:class:`~.audio_feed.PinnedGather`);
-    - each shard's outputs encoded, written and committed, in order, by threads of their own, two shards
-      at once (:data:`WRITER_LANES`; a process where ``GPUBATCH_SHARD_WRITER=process``:
-      :func:`~..execute.writer.shard_writer`) while the next batch runs.
+    - each shard's outputs encoded, written and committed, in order, by a thread of their own (a process
+      where ``GPUBATCH_SHARD_WRITER=process``: :func:`~..execute.writer.shard_writer`) while the next batch
+      runs.
 
     A shard at a time, decoded by threads and written by the loop, this ran 207 Whisper feature clips a
     second on an H200 host of 16 cores; so, 460 (2026-12-02); with the samples through pipes and the
@@ -249,7 +246,7 @@ class AudioDeviceUnit:
         # the shards' writer: a thread (its records are few and large: the pipe to a writer process carried a
         # Whisper clip's 480 KB of features 64 KB a call; 561 -> 616 clips/s, H200, 2026-12-03; a process with
         # the features through shared memory, as below, was no faster: 630-783 against 743-792)
-        out = shard_writer(self.ctx, done, auto="thread", lanes=WRITER_LANES)
+        out = shard_writer(self.ctx, done, auto="thread")
         # a writer process takes the outputs' samples through shared memory (share_items), not the pipe; the
         # names handed over go once the writer has ended, taken or not
         shared: set[str] = set() if isinstance(out, ShardWriterProcess) else None  # type: ignore[assignment]
