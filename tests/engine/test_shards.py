@@ -804,7 +804,6 @@ def test_the_gpu_units_shard_writer_is_the_units_choice_unless_the_setting_names
         Settings(shard_writer="pipe")
 
 
-
 def test_a_shards_timings_say_its_commit_and_the_wait_for_the_commit_before_it(tmp_path):
     """A worker's committer makes its shards' commits in order in a thread of its own, one waiting at most: a
     submission holds until the commit before it is made, and that wait is in the shard's timings as
@@ -822,11 +821,15 @@ def test_a_shards_timings_say_its_commit_and_the_wait_for_the_commit_before_it(t
     from gpubatch.types import DatasetInfo, Media, Record, ShardTask
 
     tasks = [ShardTask(k, k, k + 1, f"data-{k:05d}-of-00003.tar") for k in range(3)]
+
+    def context(stage):
+        stage.mkdir()
+        return RunContext(opener=None, sink=functools.partial(_sink, get_format("webdataset"), stage, DatasetInfo(),
+                                                              WriteOptions(), False),
+                          plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
+
     stage = tmp_path / "stage"
-    stage.mkdir()
-    ctx = RunContext(opener=None, sink=functools.partial(_sink, get_format("webdataset"), stage, DatasetInfo(),
-                                                         WriteOptions(), False),
-                     plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
+    ctx = context(stage)
 
     def record(k):
         return Record(key=f"r{k}", data=bytes([k]) * 99, media=Media.IMAGE, codec="jpeg")
@@ -855,11 +858,7 @@ def test_a_shards_timings_say_its_commit_and_the_wait_for_the_commit_before_it(t
     assert order[1].timings["commit_wait"] > 0.2 and order[0].timings["commit_wait"] < 0.2
     assert set(Journal(stage).committed(tasks)) == {0, 1, 2}
     # the GPU units' writer thread: its idle time (waiting for the loop) goes with each shard it commits
-    stage2 = tmp_path / "stage2"
-    stage2.mkdir()
-    ctx2 = RunContext(opener=None, sink=functools.partial(_sink, get_format("webdataset"), stage2, DatasetInfo(),
-                                                          WriteOptions(), False),
-                      plan=Plan(), device=Device(DeviceKind.CPU), stage=stage2)
+    ctx2 = context(tmp_path / "stage2")
     results = []
     w = ShardWriter(results.append)
     a = ShardWriting(tasks[0], ctx2)
