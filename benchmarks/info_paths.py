@@ -1,6 +1,6 @@
-"""``gpubatch info`` on one dataset by its two header-reading paths, side by side: threads of the command's
-process (``PROCESSES_FROM`` raised past the set) and a process a core (the default from 4,096 records).
-Each run is a whole process; the paths take turns, after one untimed round. With ``--tree`` (twice or
+"""``gpubatch info`` on one dataset by its header-reading paths, side by side: as it chooses (``default``),
+the command's own process (``PROCESSES_FROM_S`` raised past any set) and a process a core (on 4 cores or more,
+``PROCESSES_FROM_S`` at 0). Each run is a whole process; the paths take turns, after one untimed round. With ``--tree`` (twice or
 more): ``gpubatch info SRC`` of each tree (a folder holding a ``gpubatch`` package, first on ``PYTHONPATH``)
 instead, in turn, each by its default path.
 
@@ -19,9 +19,9 @@ import subprocess
 import sys
 import time
 
-CODE = ("import sys, gpubatch.report.info as i; i.PROCESSES_FROM = int(sys.argv[1]); "
-        "from gpubatch.cli import main; sys.argv = ['gpubatch', 'info', sys.argv[2]]; main()")
-PATHS = (("threads", 10**9), ("processes", 4096))
+CODE = ("import sys, gpubatch.report.info as i; sys.argv[1] == '-' or setattr(i, 'PROCESSES_FROM_S', "
+        "float(sys.argv[1])); from gpubatch.cli import main; sys.argv = ['gpubatch', 'info', sys.argv[2]]; main()")
+PATHS = (("default", "-"), ("one process", "1e9"), ("processes", "0"))
 
 
 def main() -> None:
@@ -31,8 +31,8 @@ def main() -> None:
     ap.add_argument("--tree", action="append", default=[], help="a tree to run (its own default path)")
     a = ap.parse_args()
     # (name, argument after -c's code, PYTHONPATH's first entry or None)
-    turns = ([(tree, "4096", os.path.abspath(tree)) for tree in a.tree] if a.tree
-             else [(name, str(first), None) for name, first in PATHS])
+    turns = ([(tree, "-", os.path.abspath(tree)) for tree in a.tree] if a.tree
+             else [(name, first, None) for name, first in PATHS])
     if a.tree:
         for tree in a.tree:
             if not os.path.isdir(os.path.join(tree, "gpubatch")):
@@ -41,7 +41,7 @@ def main() -> None:
     for r in range(a.repeats + 1):
         for name, first, tree in turns:
             env = dict(os.environ)
-            if tree is not None:  # (the tree's own PROCESSES_FROM stands: the code sets the default again)
+            if tree is not None:  # (the tree's own default stands)
                 env["PYTHONPATH"] = os.pathsep.join([tree, *filter(None, [env.get("PYTHONPATH")])])
             t = time.perf_counter()
             p = subprocess.run([sys.executable, "-c", CODE, first, a.src], capture_output=True, text=True, env=env,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import statistics
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -173,33 +175,60 @@ def _summaries(chunk: list) -> list[tuple]:
     return [_summary(_READER, e) for e in chunk]
 
 
-#: a process a core reads the headers of a dataset this large (smaller ones: threads of this process)
-PROCESSES_FROM = 4096
+#: ``info`` reads the rest of a dataset in a process a core (on 4 cores or more) where its first records say that
+#: reading every record in this process would take longer than this many seconds: a pool's start (16 processes,
+#: each importing gpubatch and opening the reader) costs about that much, so that a set of 16,384 JPEGs (0.45 s
+#: in one process on a warm cache) is read faster by this process alone; 100,000 of them, or video, go to the pool
+PROCESSES_FROM_S = 1.0
+#: reads of a record's first bytes faster than this come from the page cache: this thread reads them itself. On a
+#: warm cache, threads reading beside it took twice as long as one thread (16,384 JPEGs on the 2-core CI machine:
+#: 0.80-0.86 s with 4 or 8 threads, 0.40 s with one, 2026-12-03), for each handed the GIL to the others at every
+#: read; on a cold cache (files just evicted) 4 threads were 18% faster than one
+CACHED_READ_S = 40e-6
 #: what ``info`` reads of an image file first: its header is there, unless a long EXIF or ICC block comes
 #: first (16,384 ImageNet-like JPEGs on the 2-core CI machine, the whole command: 1.66 s with 64 KiB read
 #: first, 1.20 s with 4 KiB; benchmarks/RESULTS.md, 2026-12-02); then the first :data:`HEAD_MORE` bytes, and
 #: where its header is not there either, the file
 HEAD_BYTES = 1 << 12
 HEAD_MORE = 1 << 16
-#: records a thread reads at a time (a task a record cost more than the record)
+#: records read at a time: the first chunk, timed, decides how the rest are read; a thread's task after it
 CHUNK = 32
 
 
 def _summarized(path: Path, fmt: str | None, reader: Any, entries: list, workers: int) -> Any:
-    """Every entry's :func:`_summary`, in order: in worker processes for a large dataset (the per-record
-    Python holds the GIL: threads of one process stayed near one core), else in threads."""
+    """Every entry's :func:`_summary`, in order. The first :data:`CHUNK` records are read and parsed here,
+    timed; they decide the rest: a process a core where this process alone would take longer than
+    :data:`PROCESSES_FROM_S` (the per-record Python holds the GIL), else this thread, with reader threads
+    beside it where the reads wait on the disk (slower than :data:`CACHED_READ_S` a record)."""
     from ..engine.executor import ordered_map
 
-    if len(entries) < PROCESSES_FROM or workers < 4:  # (on 2 cores the processes' start costs more)
-        # threads read the files (their waits on the disk overlap), this one parses what they read: the
-        # parsing holds the GIL, and threads that parsed too slowed each other
-        chunks = [entries[i : i + CHUNK] for i in range(0, len(entries), CHUNK)]
-        threads = min(8, 2 * workers)  # (at most two chunks a thread read ahead: a few MiB of headers)
-        reads = ordered_map(lambda chunk: [_fetch(reader, e) for e in chunk], chunks, threads, window=2 * threads)
-        for chunk, fetched in zip(chunks, reads):
-            for e, f in zip(chunk, fetched):
-                yield _described(reader, e, f)
+    first, rest = entries[:CHUNK], entries[CHUNK:]
+    reads, costs, described = [], [], []
+    for e in first:  # (each record timed: the median leaves out the first one's imports)
+        t0 = time.perf_counter()
+        f = _fetch(reader, e)
+        t1 = time.perf_counter()
+        described.append(_described(reader, e, f))
+        reads.append(t1 - t0)
+        costs.append(time.perf_counter() - t0)
+    yield from described
+    if not rest:
         return
+    if workers >= 4 and statistics.median(costs) * len(rest) > PROCESSES_FROM_S:
+        yield from _in_processes(path, fmt, reader, rest, workers)
+        return
+    chunks = [rest[i : i + CHUNK] for i in range(0, len(rest), CHUNK)]
+    # threads read the files where their waits on the disk overlap; this one parses what they read (the
+    # parsing holds the GIL, and threads that parsed too slowed each other)
+    threads = 1 if statistics.median(reads) < CACHED_READ_S else min(8, 2 * workers)
+    fetches = ordered_map(lambda chunk: [_fetch(reader, e) for e in chunk], chunks, threads, window=2 * threads)
+    for chunk, fetched in zip(chunks, fetches):
+        for e, f in zip(chunk, fetched):
+            yield _described(reader, e, f)
+
+
+def _in_processes(path: Path, fmt: str | None, reader: Any, entries: list, workers: int) -> Any:
+    """:func:`_summary` of ``entries``, in order, by a pool of processes that open the dataset themselves."""
     from ..engine.processes import started_pool
 
     size = max(256, -(-len(entries) // (workers * 4)))

@@ -256,7 +256,7 @@ def test_info_on_every_format(imagenet, tmp_path, fmt):
 
 @pytest.mark.parametrize("fmt", ["folder", "lmdb", "webdataset"])
 def test_info_reads_the_same_in_its_reader_processes_and_ends_them(imagenet, tmp_path, fmt, monkeypatch):
-    """On 4 cores or more ``info`` reads a large dataset's headers (PROCESSES_FROM, lowered here) in a process
+    """On 4 cores or more ``info`` reads a large dataset's headers (PROCESSES_FROM_S, lowered here) in a process
     a core: the same report as its threads', no process left (LMDB's readers list the dataset first: their
     reads go through its page walk)."""
     import multiprocessing as mp
@@ -266,10 +266,35 @@ def test_info_reads_the_same_in_its_reader_processes_and_ends_them(imagenet, tmp
     path = imagenet if fmt == "folder" else tmp_path / fmt
     if fmt != "folder":
         convert(imagenet, path, to=fmt)
+    from gpubatch.engine import processes
+
     threads = info_module.describe(path, workers=2).as_dict()
-    monkeypatch.setattr(info_module, "PROCESSES_FROM", 8)
+    pools = []
+    real = processes.started_pool
+    monkeypatch.setattr(processes, "started_pool", lambda n, **kw: pools.append(n) or real(n, **kw))
+    monkeypatch.setattr(info_module, "PROCESSES_FROM_S", 1e9)  # (this process reads it all: a set this small)
+    assert info_module.describe(path, workers=4).as_dict() == threads and not pools
+    monkeypatch.setattr(info_module, "PROCESSES_FROM_S", 0.0)
     assert info_module.describe(path, workers=4).as_dict() == threads
-    assert not mp.active_children()
+    assert pools and not mp.active_children()
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_info_reads_with_threads_beside_it_only_where_its_first_reads_wait_on_the_disk(imagenet, monkeypatch, cached):
+    """``info`` times its first records' reads: from the page cache (faster than CACHED_READ_S) this thread reads
+    the rest itself, threads reading beside it having taken it twice as long; reads that wait on the disk get
+    reader threads. The same report either way."""
+    from gpubatch.engine import executor
+    from gpubatch.report import info as info_module
+
+    whole = info_module.describe(imagenet, workers=2).as_dict()
+    threads: list[int] = []
+    real = executor.ordered_map
+    monkeypatch.setattr(executor, "ordered_map", lambda fn, items, n, **kw: threads.append(n) or real(fn, items, n, **kw))
+    monkeypatch.setattr(info_module, "CACHED_READ_S", 1.0 if cached else 0.0)
+    monkeypatch.setattr(info_module, "PROCESSES_FROM_S", 1e9)
+    assert info_module.describe(imagenet, workers=2).as_dict() == whole
+    assert threads == ([1] if cached else [4])
 
 
 def test_info_reads_an_image_folder_by_its_headers_with_the_report_of_whole_reads(tmp_path):
