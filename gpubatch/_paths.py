@@ -73,8 +73,7 @@ def open_fetched(path: Path | str) -> int:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     if is_placeholder(os.fstat(fd), fd):
         os.close(fd)
-        _remote.fetch(path)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = _remote.fetch(path)  # (the fetched file's own descriptor: the cache may give the path back at once)
     return fd
 
 
@@ -89,7 +88,9 @@ def older(a: os.stat_result, b: os.stat_result) -> bool:
 
 def fetched(path: Path | str) -> Path | str:
     """``path``, a remote file's placeholder fetched into its place first (for a library that opens the
-    file by its path: pyarrow, LMDB)."""
+    file by its path: LMDB, whose source is that one file; the cache gives a fetched file back as a
+    placeholder once :data:`~._remote.KEEP` later ones are fetched, so a reader of several files opens each
+    through :func:`open_fetched`'s descriptor, as Parquet's does)."""
     os.close(open_fetched(path))
     return path
 

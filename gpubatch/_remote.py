@@ -288,13 +288,16 @@ class Mirror:
         with store_errors(url):
             return self.fs.cat_file(_path_of(url), start=start, end=end)
 
-    def fetch(self, local: str | Path, keep: bool = True) -> None:
+    def fetch(self, local: str | Path, keep: bool = True, opened: bool = False) -> int | None:
         """The remote file behind ``local`` fetched whole into its place (one process at a time); ``keep``:
-        counted among the shards this process keeps (a small file is not: it stays)."""
+        counted among the shards this process keeps (a small file is not: it stays). With ``opened``, a
+        read-only descriptor of the fetched file, opened under the file's lock: the file a caller reads is
+        the fetched one, though the cache gives it back as a placeholder right after (:func:`_kept`)."""
         local = Path(local)
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
         with _file_lock(self.folder, local):
             if not _placeholder_at(local):
-                return
+                return os.open(local, flags) if opened else None
             size, mtime = self.listed(local)
             tmp = local.with_name(f".{local.name}.{os.getpid()}-{secrets.token_hex(4)}.fetch")
             try:
@@ -305,11 +308,13 @@ class Mirror:
                                         f"bytes, {size:,} when listed): run the command again")
                 os.utime(tmp, ns=(mtime * 10**9, mtime * 10**9))
                 os.replace(tmp, local)
+                fd = os.open(local, flags) if opened else None
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
         if keep:
             _kept(self, local)
+        return fd
 
     def release(self) -> None:
         """Every shard fetched into the mirror (by any process) made a placeholder again: the cache keeps
@@ -535,22 +540,24 @@ def read_range(path: str | Path, offset: int, n: int) -> bytes:
     return mirror.read(path, offset, end)
 
 
-def fetch(path: str | Path) -> None:
+def fetch(path: str | Path) -> int:
     """The remote file a placeholder stands for fetched into its place, the next one of its set fetched
-    beside it in a thread (``_paths.open_fetched``)."""
+    beside it in a thread; a read-only descriptor of the fetched file (``_paths.open_fetched``)."""
     mirror = mirror_of(path)
     if mirror is None:
         raise GpubatchError(f"{path} stands for a remote file of a source this process did not open")
-    mirror.fetch(path)
+    fd = mirror.fetch(path, opened=True)
+    assert fd is not None
     nxt = mirror.next_of(Path(path))
     with _FETCHED_LOCK:
         for done in [k for k, t in _AHEAD.items() if not t.is_alive()]:
             del _AHEAD[done]
         if nxt is None or str(nxt) in _AHEAD or not _placeholder_at(nxt):
-            return
+            return fd
         t = _AHEAD[str(nxt)] = threading.Thread(target=_ahead, args=(mirror, nxt), daemon=True,
                                                 name="gpubatch-read-ahead")
     t.start()
+    return fd
 
 
 def _ahead(mirror: Mirror, local: Path) -> None:

@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .._paths import fetched, read_regular, source_files
+from .._paths import open_fetched, read_regular, source_files
 from ..errors import DependencyError, FormatError
 from ..types import Boxes, DatasetInfo, Media, Record, sniff_image_codec
 from . import register_format
@@ -66,6 +66,17 @@ def _features(schema: Any) -> dict[str, Any]:
         return {}
 
 
+def _parquet_file(pa: Any, path: Path, handles: list) -> Any:
+    """``path`` opened for pyarrow through the descriptor :func:`~.._paths.open_fetched` checked (a remote
+    file's placeholder fetched first): the file read is the one fetched, though this process's cache of a
+    store's files turns it back into a placeholder meanwhile (its oldest shards go back as later ones come;
+    opened again by its path, a read-ahead's eviction between the two made pyarrow read a placeholder). The
+    file object goes to ``handles``, for the reader to close."""
+    f = os.fdopen(open_fetched(path), "rb")
+    handles.append(f)
+    return pa.parquet.ParquetFile(f)
+
+
 class ParquetReader(Reader):
     def __init__(self, path: Path):
         pa = pyarrow()
@@ -74,8 +85,9 @@ class ParquetReader(Reader):
         if not self.files:
             raise FormatError(f"no .parquet files at {path}")
         super().__init__(Path(path) if Path(path).is_dir() else self.files[0].parent)
+        self._handles: list[Any] = []  # (the files opened, closed with the reader)
         try:
-            first = pa.parquet.ParquetFile(fetched(self.files[0]))
+            first = _parquet_file(pa, self.files[0], self._handles)
         except (OSError, pa.ArrowException) as e:
             raise FormatError(f"cannot read {self.files[0]}: {e}") from None
         self.schema = first.schema_arrow
@@ -116,7 +128,7 @@ class ParquetReader(Reader):
     def _file(self, i: int) -> Any:
         with self._lock:
             if i not in self._open:
-                self._open[i] = self.pa.parquet.ParquetFile(fetched(self.files[i]))
+                self._open[i] = _parquet_file(self.pa, self.files[i], self._handles)
             return self._open[i]
 
     def _scan(self) -> list[Any]:
@@ -234,6 +246,11 @@ class _Out:
 
     def close(self) -> None:
         self.closed = True
+        with self._lock:
+            for f in self._handles:
+                f.close()
+            self._handles.clear()
+            self._open.clear()
 
 
 class ParquetSink(ShardSink):
