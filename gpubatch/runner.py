@@ -167,10 +167,15 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
                 started.close()
 
 
-def _gpu_procs(req: Any, strategy: Any) -> int:
-    """The worker processes a GPU of a GPU run (``--gpu-procs``, else the strategy's; one for audio and video
-    under a cap: their plans')."""
+def _gpu_procs(req: Any, strategy: Any, records: int | None = None) -> int:
+    """The worker processes a GPU of a GPU run (``--gpu-procs``, else the strategy's, and its ``long_run``'s
+    for a local run of at least that many ``records`` without a cap; one for audio and video under a cap:
+    their plans')."""
     procs = req.gpu_procs or strategy.per_gpu
+    long = strategy.long_run
+    if (long and not req.gpu_procs and records is not None and records >= long[0] and req.gpu_memory is None
+            and getattr(req, "executor", "local") == "local"):
+        procs = max(procs, long[1])
     return 1 if req.gpu_memory is not None and strategy.name != "gpu-image" else procs
 
 
@@ -275,9 +280,10 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
                              batch_size=req.batch_size, gpu_memory=req.gpu_memory, gpu_procs=1,
                              reads_without_scan=reads_without_scan, started=t_wall, store=dest)
             strategy = unit_for(ctx)
-            if strategy.gpu:  # the unit's processes a GPU (one for audio and video under a cap: their plans')
-                ctx = dataclasses.replace(ctx, gpu_procs=_gpu_procs(req, strategy), on_gpu=True)
             todo = [t for t in mine if t.index not in done]
+            if strategy.gpu:  # the unit's processes a GPU (one for audio and video under a cap: their plans')
+                records = sum(t.stop - t.start for t in todo)
+                ctx = dataclasses.replace(ctx, gpu_procs=_gpu_procs(req, strategy, records), on_gpu=True)
             if run.finish and todo:
                 raise GpubatchError(_not_finished(todo, tasks, journal))
             workers = strategy.workers(ctx, len(todo), req.workers)

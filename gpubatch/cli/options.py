@@ -131,7 +131,8 @@ def pipeline_options(f):
         click.option("--gpu-procs", type=click.IntRange(min=1), default=None, metavar="N",
                      help="GPU worker processes a GPU, each with its own decoders and CUDA context (2: about a "
                           "tenth faster on long image runs, at twice the GPU memory)  "
-                          "[default: 1; audio and video take 1 under --gpu-memory]"),
+                          "[default: 1; 2 for an image run of 32,768 records or more without --gpu-memory; "
+                          "audio and video take 1 under --gpu-memory]"),
     ]):
         f = opt(f)
     return f

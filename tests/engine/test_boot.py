@@ -150,6 +150,47 @@ def test_workers_started_before_the_plan_write_the_same_bytes_and_the_spare_ones
     assert "wall: workers spawned (from the run's start)" in early.timings
 
 
+def test_a_run_that_takes_more_workers_than_were_started_early_keeps_them_and_starts_the_rest(imagenet, tmp_path,
+                                                                                            monkeypatch):
+    """A long GPU run takes more processes a GPU than its early start knew of (``Strategy.long_run``): the one
+    started early keeps its start and takes the run, the others are started beside it (``Started.grow``), and
+    the bytes are those of any other number of workers."""
+    import gpubatch.runner as runner
+    from gpubatch.api import convert
+    from tests.engine.test_shards import digest
+
+    chain = dict(to="webdataset", resize_shorter=40, shard_size=3, device="cpu")
+    plain = convert(imagenet, tmp_path / "plain", workers=1, **chain)
+    seen: list = []
+    monkeypatch.setattr(runner, "_started_early", _early_host(1, seen))
+    grown = convert(imagenet, tmp_path / "grown", workers=3, **chain)
+    assert grown.records_out == plain.records_out and digest(tmp_path / "grown") == digest(tmp_path / "plain")
+    assert len(seen) == 1 and seen[0].used == 3 and len(seen[0].procs) == 3
+    assert not any(p.is_alive() for p in seen[0].procs)
+
+
+def test_a_long_image_run_takes_a_second_process_a_gpu_unless_told_otherwise():
+    """``--gpu-procs`` unset: a GPU image run of ``long_run`` records or more takes two processes a GPU; one
+    shorter, one under ``--gpu-memory``, one with ``--gpu-procs`` given, or one of another executor keeps its own."""
+    from types import SimpleNamespace
+
+    from gpubatch.engine.execute.strategies import TABLE
+    from gpubatch.runner import _gpu_procs
+
+    image, audio = TABLE[("image", "gpu")], TABLE[("audio", "gpu")]
+    at, procs = image.long_run
+
+    def req(**kw):
+        return SimpleNamespace(**{"gpu_procs": None, "gpu_memory": None, "executor": "local", **kw})
+
+    assert _gpu_procs(req(), image, at) == procs and _gpu_procs(req(), image, at - 1) == 1
+    assert _gpu_procs(req(), image) == 1  # (before the run knows its length: the early start)
+    assert _gpu_procs(req(gpu_procs=1), image, 10 * at) == 1 and _gpu_procs(req(gpu_procs=3), image, 1) == 3
+    assert _gpu_procs(req(gpu_memory="1GiB"), image, 10 * at) == 1
+    assert _gpu_procs(req(executor="ray"), image, 10 * at) == 1
+    assert _gpu_procs(req(), audio, 10 * at) == 1
+
+
 def test_workers_started_before_a_run_that_fails_to_plan_end_with_it(imagenet, tmp_path, monkeypatch):
     import gpubatch.runner as runner
     from gpubatch.api import convert

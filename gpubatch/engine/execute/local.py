@@ -76,6 +76,20 @@ class Started:
         self.procs = _spawned(ctx, strategy, self.setups, self.tasks, self.results)
         self.at = time.time()  # (when the last was started)
 
+    def grow(self, ctx: RunContext, workers: int) -> None:
+        """Processes started for slots ``len(procs)`` to ``workers - 1`` beside those started early: a run
+        that proved long enough for more processes a GPU than the start knew of (``Strategy.long_run``)."""
+        import multiprocessing as mp
+
+        spawn = mp.get_context("spawn")
+        first, more = len(self.procs), workers - len(self.procs)
+        setups = [spawn.Queue() for _ in range(more)]
+        tasks = [spawn.Queue() for _ in range(more)] if self.strategy.dealt else [self.tasks[0]] * more
+        self.procs += _spawned(ctx, self.strategy, setups, tasks, self.results, first=first)
+        self.setups += setups
+        self.tasks += tasks
+        self.at = time.time()
+
     def close(self) -> None:
         """End the processes no run was given to (told so; terminated after 5 s); nothing once taken."""
         if self.taken:
@@ -93,19 +107,19 @@ class Started:
             q.close()
 
 
-def _spawned(ctx: RunContext, strategy: Strategy, runs: list, tasks: list, results: Any) -> list:
-    """A process a slot, each given what its boot begins (the strategy's start) and the queue its run comes on
-    (``runs[k]``); not daemons: a GPU unit starts reader processes of its own (they end with this process all
-    the same)."""
+def _spawned(ctx: RunContext, strategy: Strategy, runs: list, tasks: list, results: Any, first: int = 0) -> list:
+    """A process a slot from slot ``first`` on, each given what its boot begins (the strategy's start) and
+    the queue its run comes on (``runs[k]``); not daemons: a GPU unit starts reader processes of its own
+    (they end with this process all the same)."""
     from ..gpu import start as gpu_start
     from ..processes import worker_processes
     from .boot import boot
 
     procs: list = []
-    for k, run in enumerate(runs):
+    for k, run in enumerate(runs, start=first):
         mine, env = ctx.for_slot(k)  # (its GPU, where the run has several: the only one its process sees)
         early = gpu_start.early(strategy.start, mine) if strategy.start else None
-        procs += worker_processes(boot, (early, run, k, tasks[k], results), 1, daemon=False, env=env)
+        procs += worker_processes(boot, (early, run, k, tasks[k - first], results), 1, daemon=False, env=env)
     return procs
 
 
@@ -127,10 +141,12 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
     strategy); returns when their last process was started, in seconds from the run's start
     (``ctx.started``; from this call where it has none)."""
     t_called = time.time()
-    if started is None or started.taken or started.strategy != strategy or len(started.procs) < workers:
+    if started is None or started.taken or started.strategy != strategy:
         if started is not None:
             started.close()
         started = Started(ctx, strategy, workers)  # (none started before the plan, or not these: started now)
+    elif len(started.procs) < workers:  # (the early ones keep their start; the others begin theirs now)
+        started.grow(ctx, workers)
     try:
         runs = [_payload(ctx, strategy, k) for k in range(workers)]
     except BaseException:  # (an object of the caller's script: the processes end, the error is the run's)

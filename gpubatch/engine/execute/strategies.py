@@ -32,6 +32,9 @@ class Strategy:
     why: str = ""
     dealt: bool = False  # its workers take their tasks up front, in shard order (a feed that reads ahead across them)
     start: str = ""  # what a worker starts first, before it unpickles its run (gpu.start.early: "image", "context")
+    #: (records, processes): a run of at least that many records, no ``--gpu-procs`` and no ``--gpu-memory`` given,
+    #: takes that many processes a GPU (the early ones, started before the run knew its length, and more beside them)
+    long_run: tuple[int, int] | None = None
 
     def make(self, ctx: Any, slot: int) -> Any:
         module, cls = self.unit.split(":")
@@ -52,12 +55,13 @@ _HOST = "gpubatch.engine.execute.units:HostUnit"
 #: (media, device) -> the unit and its workers ("*" any media)
 TABLE: dict[tuple[str, str], Strategy] = {
     ("*", "cpu"): Strategy("host", _HOST, why="the CPU: a worker process a core"),
-    # per_gpu (--gpu-procs): one worker process a GPU by default, the setting every GPU test ran with; two
-    # image processes wrote 16,384 images at 3,137 images/s against 2,741 on an H200 host (2026-11-27,
-    # one run of --gpu-procs 2 against the median of two; benchmarks/RESULTS.md), more for audio and
-    # video were not measured
+    # per_gpu (--gpu-procs): one worker process a GPU by default, the setting every GPU test ran with. Two
+    # image processes ran 65,536 images 9-10% faster than one and 16,384 3% slower (both starting at once), at
+    # twice the GPU memory (H200, 2026-12-02, benchmarks/RESULTS.md), so a run of 32,768 records or more
+    # takes a second (long_run), begun once the plan knows the run's length, beside the one started early
     ("image", "gpu"): Strategy("gpu-image", "gpubatch.engine.gpu.images:GpuImageUnit", gpu=True, dealt=True,
-                               why="images on the GPU: decoders, the chain's kernels and the JPEG encoder", start="image"),
+                               why="images on the GPU: decoders, the chain's kernels and the JPEG encoder", start="image",
+                               long_run=(32768, 2)),
     ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.gpu.video:VideoDeviceUnit", gpu=True,
                                why="video on the GPU: NVDEC sessions, the chain on the GPU", start="context"),
     ("audio", "gpu"): Strategy("gpu-audio", "gpubatch.engine.gpu.audio:AudioDeviceUnit", gpu=True, dealt=True,

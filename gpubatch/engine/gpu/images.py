@@ -297,6 +297,9 @@ class GpuImageUnit:
         if booted is None:  # (a unit made without a worker's boot: the same start, begun now)
             start.boot(start.early("image", ctx))
             reserved = start.booted(gpu)[1]
+        elif reserved is not None and max(1, ctx.gpu_procs) > 1:  # (booted as the GPU's one process, the run
+            reserved.release()  # took another beside it: no core of its own, as none of several takes one)
+            reserved = None
         readers = default_readers(max(1, have // host), settings=settings)
         if settings.decode_route == "hardware":  # the decoders leave the cores to the readers: half of them
             readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * host)))
