@@ -131,6 +131,13 @@ class ParquetReader(Reader):
                 self._open[i] = _parquet_file(self.pa, self.files[i], self._handles)
             return self._open[i]
 
+    def close(self) -> None:
+        with self._lock:
+            for f in self._handles:
+                f.close()
+            self._handles.clear()
+            self._open.clear()
+
     def _scan(self) -> list[Any]:
         out = []
         for i, f in enumerate(self.files):
@@ -246,11 +253,6 @@ class _Out:
 
     def close(self) -> None:
         self.closed = True
-        with self._lock:
-            for f in self._handles:
-                f.close()
-            self._handles.clear()
-            self._open.clear()
 
 
 class ParquetSink(ShardSink):

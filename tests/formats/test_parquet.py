@@ -122,3 +122,15 @@ def test_without_pyarrow_the_error_names_the_extra(imagenet, tmp_path):
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "pip install 'gpubatch[parquet]'" in p.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_parquet_reader_closes_the_files_it_opened(imagenet, tmp_path):
+    """The reader opens each file through its own descriptor (a store's file stays the one fetched) and
+    closes them with itself: none left open after ``with``."""
+    from gpubatch.formats import open_reader
+
+    convert(imagenet, tmp_path / "pq", to="parquet", shard_size=32)
+    with open_reader(tmp_path / "pq") as r:
+        assert sum(1 for e in r.entries() if r.read(e).data) == 60
+        handles = list(r._handles)
+    assert len(handles) == 3 and all(f.closed for f in handles)  # (the first file's schema, then each file)
