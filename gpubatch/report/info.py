@@ -176,9 +176,10 @@ def _summaries(chunk: list) -> list[tuple]:
 
 
 #: ``info`` reads the rest of a dataset in a process a core (on 4 cores or more) where its first records say that
-#: reading every record in this process would take longer than this many seconds: a pool's start (16 processes,
-#: each importing gpubatch and opening the reader) costs about that much, so that a set of 16,384 JPEGs (0.45 s
-#: in one process on a warm cache) is read faster by this process alone; 100,000 of them, or video, go to the pool
+#: reading every record in this process would take longer than this many seconds: about what a pool's start costs
+#: (16 processes, each importing gpubatch and opening the reader). The whole command on an H200 host of 16 cores
+#: (2026-12-03, benchmarks/info_paths.py): 16,384 JPEGs 0.99 s in one process against 1.54 s in 16; 65,536 of
+#: them 2.80 s against 2.26 (benchmarks/RESULTS.md)
 PROCESSES_FROM_S = 1.0
 #: reads of a record's first bytes faster than this come from the page cache: this thread reads them itself. On a
 #: warm cache, threads reading beside it took twice as long as one thread (16,384 JPEGs on the 2-core CI machine:
