@@ -118,7 +118,7 @@ class ParquetReader(Reader):
         self.categories = tuple({"id": i, "name": n, "supercategory": ""} for i, n in zip(ids, names_))
         self._cat_ids = ids  # (a ClassLabel's index k is category ids[k]; gpubatch.json keeps the ids)
         self._cache: dict[int, tuple[int, Any]] = {}  # per file: (row group, its rows) last read
-        self._open: dict[int, Any] = {}
+        self._open: dict[int, Any] = {0: first}  # (the first file, opened once for its schema and its rows)
         self._lock = threading.Lock()
 
     @property

@@ -133,4 +133,4 @@ def test_a_parquet_reader_closes_the_files_it_opened(imagenet, tmp_path):
     with open_reader(tmp_path / "pq") as r:
         assert sum(1 for e in r.entries() if r.read(e).data) == 60
         handles = list(r._handles)
-    assert len(handles) == 3 and all(f.closed for f in handles)  # (the first file's schema, then each file)
+    assert len(handles) == 2 and all(f.closed for f in handles)  # (each of the two files opened once)
