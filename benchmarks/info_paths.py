@@ -5,8 +5,12 @@ more): ``gpubatch info SRC`` of each tree (a folder holding a ``gpubatch`` packa
 instead, in turn, each by its default path.
 
     python3 benchmarks/info_paths.py SRC [--repeats 5] [--tree OLD --tree NEW]
+    python3 benchmarks/info_paths.py SRC --readers 1,2,4,8 [--cold]
 
-Prints the median wall seconds of each path (or tree) and each run's, as JSON.
+Prints the median wall seconds of each path (or tree) and each run's, as JSON. With ``--readers``: in this
+process, every record's first bytes read by N reader threads (1: this thread alone) and parsed by this
+thread, as ``info``'s own process does, N in turn; ``--cold`` evicts the files from the page cache first
+(``posix_fadvise(DONTNEED)``): what ``report.info.CACHED_READ_S`` chooses between.
 """
 
 from __future__ import annotations
@@ -29,7 +33,12 @@ def main() -> None:
     ap.add_argument("src")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tree", action="append", default=[], help="a tree to run (its own default path)")
+    ap.add_argument("--readers", default=None, help="reader thread counts to time in this process, e.g. 1,4,8")
+    ap.add_argument("--cold", action="store_true", help="with --readers: the files evicted from the cache first")
     a = ap.parse_args()
+    if a.readers:
+        print(json.dumps(readers(a.src, [int(n) for n in a.readers.split(",")], a.repeats, a.cold)))
+        return
     # (name, argument after -c's code, PYTHONPATH's first entry or None)
     turns = ([(tree, "-", os.path.abspath(tree)) for tree in a.tree] if a.tree
              else [(name, first, None) for name, first in PATHS])
@@ -52,6 +61,39 @@ def main() -> None:
             if r:
                 runs[name].append(round(wall, 3))
     print(json.dumps({k: {"median": statistics.median(v), "runs": v} for k, v in runs.items()}))
+
+
+def readers(src: str, counts: list[int], repeats: int, cold: bool) -> dict:
+    """Seconds to read and parse every record of ``src`` with each count of reader threads (medians)."""
+    from pathlib import Path
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+    from gpubatch.engine.executor import ordered_map
+    from gpubatch.formats import open_reader
+    from gpubatch.report import info
+
+    out: dict = {"cold": cold, "readers": {}}
+    with open_reader(Path(src)) as reader:
+        entries = reader.entries()
+        chunks = [entries[i : i + info.CHUNK] for i in range(0, len(entries), info.CHUNK)]
+        for n in counts:
+            runs = []
+            for _ in range(repeats):
+                if cold:
+                    for root, _dirs, files in os.walk(src):
+                        for f in files:
+                            fd = os.open(os.path.join(root, f), os.O_RDONLY)
+                            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                            os.close(fd)
+                t = time.perf_counter()
+                fetches = ordered_map(lambda c: [info._fetch(reader, e) for e in c], chunks, n, window=2 * n)
+                for chunk, fetched in zip(chunks, fetches):
+                    for e, f in zip(chunk, fetched):
+                        info._described(reader, e, f)
+                runs.append(round(time.perf_counter() - t, 3))
+            out["readers"][n] = {"median": statistics.median(runs), "runs": runs}
+    out["records"] = len(entries)
+    return out
 
 
 if __name__ == "__main__":

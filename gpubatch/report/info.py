@@ -182,9 +182,10 @@ def _summaries(chunk: list) -> list[tuple]:
 #: them 2.80 s against 2.26 (benchmarks/RESULTS.md)
 PROCESSES_FROM_S = 1.0
 #: reads of a record's first bytes faster than this come from the page cache: this thread reads them itself. On a
-#: warm cache, threads reading beside it took twice as long as one thread (16,384 JPEGs on the 2-core CI machine:
-#: 0.80-0.86 s with 4 or 8 threads, 0.40 s with one, 2026-12-03), for each handed the GIL to the others at every
-#: read; on a cold cache (files just evicted) 4 threads were 18% faster than one
+#: warm cache, reader threads beside it were slower than none (16,384 JPEGs on the 2-core CI machine, 2026-12-03:
+#: 0.61 s with this thread alone, 0.92-0.95 s with 4 or 8 readers), each handing the GIL to the others at every
+#: read; with the files just evicted, 4 readers were 23% faster than none (4,096 JPEGs: 0.34 s against 0.44).
+#: ``benchmarks/info_paths.py SRC --readers 1,4,8 [--cold]``
 CACHED_READ_S = 40e-6
 #: what ``info`` reads of an image file first: its header is there, unless a long EXIF or ICC block comes
 #: first (16,384 ImageNet-like JPEGs on the 2-core CI machine, the whole command: 1.66 s with 64 KiB read
