@@ -9,6 +9,10 @@ Jobs (``--only``; the default is every job the machine can run):
 - ``gpu-transcode``: ``convert SRC DST --to webdataset --resize-shorter 256 --center-crop 224 --quality 90
   --device gpu`` on ``--images`` JPEGs (and on ``--big`` of them, the same files linked four times over),
   against the engine's ResNet-50 val chain (``benchmarks/bench_engine.py --only gpu-val``) on the same files.
+- ``gpu-start-cold``: the same GPU transcode on ``--images``, each run (the first too) with an empty CuPy
+  kernel cache (``CUPY_CACHE_DIR`` a new empty folder), as on a machine that never compiled gpubatch's
+  kernels: the first batch's time (target: 3 s at most) and the run's images/s, beside the same runs with
+  the cache kept. The libraries' files stay in the page cache, as after any earlier command.
 - ``cpu-transcode``: the same options on the CPU ``--to folder`` against a ``multiprocessing.Pool`` of Pillow
   open / resize / crop / save (quality 90), a process a core.
 - ``pass-through``: ``convert`` without pixel options to webdataset, tfrecord, recordio and lmdb against one
@@ -61,19 +65,19 @@ sys.path.insert(0, str(ROOT))
 
 # as a user's shell runs it: bytecode cached (the untimed first run writes it), whatever this shell says
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-JOBS = ["gpu-transcode", "cpu-transcode", "pass-through", "info", "memory", "remote", "audio", "video", "gpus"]
-GPU_JOBS = {"gpu-transcode", "gpus"}
+JOBS = ["gpu-transcode", "gpu-start-cold", "cpu-transcode", "pass-through", "info", "memory", "remote", "audio", "video", "gpus"]
+GPU_JOBS = {"gpu-transcode", "gpu-start-cold", "gpus"}
 
 
 def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def timed(cmd: list[str], repeats: int, before=None, env: dict | None = None) -> dict:
-    """``cmd`` run once untimed, then ``repeats`` times: the median wall seconds, each run's, and the last
-    run's ``--json`` summary where the command prints one."""
-    walls, summary = [], None
-    for i in range(repeats + 1):
+def timed(cmd: list[str], repeats: int, before=None, env: dict | None = None, untimed: bool = True) -> dict:
+    """``cmd`` run once untimed (unless not ``untimed``), then ``repeats`` times: the median wall seconds, each
+    run's, and the last run's ``--json`` summary where the command prints one (``summaries``: each run's)."""
+    walls, summary, summaries = [], None, []
+    for i in range(0 if untimed else 1, repeats + 1):
         if before is not None:
             before()
         t0 = time.perf_counter()
@@ -88,7 +92,10 @@ def timed(cmd: list[str], repeats: int, before=None, env: dict | None = None) ->
                 summary = json.loads(p.stdout)
             except ValueError:
                 summary = None
-    return {"seconds": statistics.median(walls), "runs": [round(w, 3) for w in walls], "summary": summary}
+            if i:
+                summaries.append(summary)
+    return {"seconds": statistics.median(walls), "runs": [round(w, 3) for w in walls], "summary": summary,
+            "summaries": summaries}
 
 
 def fresh(*paths: Path):
@@ -270,6 +277,29 @@ def job_gpu_transcode(a, tmp: Path) -> dict:
     out["ratio_to_engine"] = ratio(out[str(a.images)]["images_per_s"], val.get("images_per_s") or 0)
     out["ratio_after_first_batch_to_engine"] = ratio(out[str(a.images)]["after_first_batch_images_per_s"] or 0,
                                                      val.get("images_per_s") or 0)
+    return out
+
+
+def job_gpu_start_cold(a, tmp: Path) -> dict:
+    """The GPU transcode with no compiled kernels (each run's CuPy cache a new empty folder) and with them."""
+    data = image_set(a.data_root, a.images)
+    cache = tmp / "kernel-cache"
+
+    def empty_cache() -> None:
+        fresh(tmp / "gpu")()
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.mkdir()
+
+    cmd = gpubatch("convert", str(data), str(tmp / "gpu"), "--to", "webdataset", *TRANSCODE, "--device", "gpu",
+                   "--overwrite", "--json")
+    out: dict = {"images": a.images}
+    for name, res in (("no kernel cache", timed(cmd, a.repeats, before=empty_cache, untimed=False,
+                                                env={"CUPY_CACHE_DIR": str(cache)})),
+                      ("kernel cache kept", timed(cmd, a.repeats, before=fresh(tmp / "gpu")))):
+        firsts = [(s or {}).get("timings", {}).get("wall: first batch (from the run's start)") for s in res["summaries"]]
+        kept = [f for f in firsts if f is not None]
+        out[name] = {"images_per_s": rate(a.images, res), "runs": res["runs"], "first_batch_s": firsts,
+                     "first_batch_median_s": statistics.median(kept) if kept else None, **slim(res["summary"])}
     return out
 
 
@@ -603,7 +633,7 @@ print(json.dumps(statistics.median(rates)))
     return round(json.loads(p.stdout.strip().splitlines()[-1]), 1)
 
 
-RUN = {"gpu-transcode": job_gpu_transcode, "cpu-transcode": job_cpu_transcode, "pass-through": job_pass_through,
+RUN = {"gpu-transcode": job_gpu_transcode, "gpu-start-cold": job_gpu_start_cold, "cpu-transcode": job_cpu_transcode, "pass-through": job_pass_through,
        "info": job_info, "memory": job_memory, "remote": job_remote, "audio": job_audio, "video": job_video,
        "gpus": job_gpus}
 

@@ -225,8 +225,11 @@ class ImagePipeline:
         self.engine = (GpuEngine(self.device, self.cpu_threads, gpu_memory, decoder_options=decoder_options,
                                  follow=follow_load, settings=st) if self.device.is_gpu else None)
         if self.engine is not None and (warm_up or gpu_memory is not None):
+            from ..engine.gpu.chain import kernels_needed
+
             # under a cap a small warm-up: its buffers come before the cap is planned
-            self.engine.warm_up(16 if gpu_memory is not None else warm_up, regions=region_decode)
+            self.engine.warm_up(16 if gpu_memory is not None else warm_up, regions=region_decode,
+                                kernels=kernels_needed(self.plan.ops))
         from ..engine.windows import fixed_window_chain
 
         # a chain of one resample to a fixed size may run on each decoded chunk as it comes (see process)

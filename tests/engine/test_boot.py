@@ -13,13 +13,15 @@ from gpubatch.engine.device import Device, DeviceKind
 from gpubatch.engine.execute.strategies import TABLE
 from gpubatch.engine.execute.worker import RunContext
 from gpubatch.engine.gpu import start
+from gpubatch.engine.gpu.chain import kernels_needed
 from gpubatch.engine.plan import Plan
 from gpubatch.engine.settings import Settings
+from gpubatch.engine.spec import parse_chain
 from tests.helpers import ROOT
 
 
-def _ctx(**more) -> RunContext:
-    return RunContext(opener=None, sink=None, plan=Plan(), device=Device(DeviceKind.GPU, 0, reason="test"),
+def _ctx(plan: Plan | None = None, **more) -> RunContext:
+    return RunContext(opener=None, sink=None, plan=plan or Plan(), device=Device(DeviceKind.GPU, 0, reason="test"),
                       policy="skip", stage=None, settings=Settings().with_(decode_route="hardware"), on_gpu=True,
                       **more)
 
@@ -29,11 +31,14 @@ def test_each_gpu_strategy_names_a_start_its_workers_begin_first():
                                                     "gpu-audio": "context"}
     assert TABLE[("*", "cpu")].start == ""
     image = start.early("image", _ctx())
-    assert image.hw > 0 and image.modules == ("resample", "jpeg") and image.sync and image.library
+    assert image.hw > 0 and image.sync and image.library
+    assert image.kernels == kernels_needed((), encode=True)  # (the plan's chain's and the JPEG encoder's)
+    ops = parse_chain("resize_shorter(256) | center_crop(224) | color_jitter(brightness=0.4)")
+    assert start.early("image", _ctx(plan=Plan(ops=ops))).kernels == kernels_needed(ops, encode=True)
     assert image.reserve == 0  # one process on the GPU: the hardware decoder's thread gets a core
     assert start.early("image", _ctx(gpu_procs=2)).reserve is None  # shared: no core taken
     context = start.early("context", _ctx())
-    assert (context.hw, context.modules, context.sync, context.library) == (0, (), False, False)
+    assert (context.hw, context.kernels, context.sync, context.library) == (0, (), False, False)
     assert start.early("context", _ctx(gpu_memory="1GiB")) is None  # a capped run measures the context it makes
     assert start.early("", _ctx()) is None
 

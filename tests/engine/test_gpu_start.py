@@ -27,9 +27,12 @@ from tests.helpers import jpeg_bytes, photo
 st = Settings.from_env().with_(decode_route="hardware")
 how = sys.argv[2]
 if how != "plain":  # (a worker's boot: the context through the driver, the instances before CuPy)
-    start.boot(start.Early(0, st, 3, ("resample", "jpeg")))
+    start.boot(start.Early(0, st, 3, (("resample", "resample_u8_hwc"), ("jpeg", "jpeg_dct"))))
     times = start.kernels_ready(0)  # (the kernels, the first instance and the library)
-    assert {"context", "hardware instance 1", "nvImageCodec library", "kernels: resample", "kernels: jpeg"} <= set(times)
+    assert {"context", "hardware instance 1", "nvImageCodec library", "kernels", "kernels: resample_u8_hwc",
+            "kernels: jpeg_dct"} <= set(times)
+    from gpubatch.engine import kernels
+    assert {("resample", "resample_u8_hwc"), ("jpeg", "jpeg_dct")} <= set(kernels._LOADED)
     assert "hardware instances after the first" not in times  # (asked for by the decoder: after its warm-up)
 eng = GpuEngine(resolve("gpu"), 4, gpu_memory="8GiB" if how == "capped" else None, decode_route="hardware",
                 settings=st)

@@ -55,8 +55,9 @@ def test_standard_huffman_codes():
 
 def test_kernel_zigzag_and_dct_basis():
     body = KERNEL.read_text()
-    table = re.search(r"kNatural\[64\] = \{([^}]*)\}", body).group(1)
-    assert [int(x) for x in table.replace("\n", " ").split(",")] == _zigzag()
+    table = re.search(r"kZigzag\[64\] = \{([^}]*)\}", body).group(1)
+    where = [int(x) for x in table.replace("\n", " ").split(",")]  # natural index -> zigzag position
+    assert [where[nat] for nat in _zigzag()] == list(range(64))
     c = dct_matrix()
     np.testing.assert_allclose(c @ c.T, np.eye(8), atol=1e-6)  # orthonormal: the JPEG FDCT is c f c^T
 

@@ -1,4 +1,4 @@
-"""Batched baseline JPEG encode on the GPU: a whole ragged batch in three kernel launches.
+"""Batched baseline JPEG encode on the GPU: a whole ragged batch in a few kernel launches.
 
 nvImageCodec's CUDA JPEG encoder (nvJPEG) works image by image: each image is several small kernel
 launches and a synchronizing bitstream read-back on the host, so 224x224 images encode at about
@@ -6,11 +6,16 @@ launches and a synchronizing bitstream read-back on the host, so 224x224 images 
 transcode (the worker study (docs/engine.md); benchmarks/RESULTS.md). Hopper has no hardware JPEG encoder.
 Here every stage runs once over the whole batch (``kernels/jpeg.cu``):
 
-1. colour conversion, 4:2:0 chroma averaging, the 8x8 DCT and quantization, one thread per block;
-2. the Huffman-coded length of every block, an exclusive scan over the batch (CuPy), so every block
-   knows its bit offset and every image its byte offset;
+1. colour conversion, 4:2:0 chroma averaging, the 8x8 DCT and quantization, eight threads per block;
+2. the Huffman-coded length of every block, a scan over the batch, so every block knows its bit
+   offset and every image its byte offset;
 3. every block writes its codes at its offset; then byte stuffing (a scan over the 0xFF bytes) and
    one copy of the batch's entropy-coded data to the host, where each image gets its headers.
+
+Every step is a kernel of ``kernels/jpeg.cu`` (nine launches a batch), none of them CuPy's own: a worker
+compiles them all at once while its decoders start, where CuPy's elementwise kernels and indexing (sixteen
+of them, some thirty launches a batch) were compiled one after the other at the first encode, 2.0 s on a
+machine that had never run gpubatch (2026-12-03, H200; benchmarks/RESULTS.md).
 
 The headers (quantization tables scaled for the quality, the standard Huffman tables, JFIF) are
 those libjpeg writes: they are taken from a tiny JPEG Pillow encodes at the same quality, so a file
@@ -31,7 +36,8 @@ import numpy as np
 
 from ...types import Record
 
-BLOCK = 128
+BLOCK = 128  # (kernels/jpeg.cu's DCT_THREADS)
+SCAN_TILE = 1024  # (kernels/jpeg.cu's: the threads of a scan's thread block)
 EOI = b"\xff\xd9"
 
 
@@ -185,11 +191,25 @@ class BatchedJpegEncoder:
             self._cos = self.cp.asarray(dct_matrix())
         return (tab, *self._dev[quality])
 
+    def _scan(self, values: Any, ff: int, n: int) -> tuple[Any, Any]:
+        """The inclusive scan of ``n`` int64 ``values`` (or, with ``ff``, of ``values`` (bytes) == 0xFF) in two
+        launches, on the current stream: (each tile's own scan, each tile's offset); value i's scan is
+        their sum (``scanned()`` in kernels/jpeg.cu)."""
+        from ..kernels import kernel
+
+        cp = self.cp
+        tiles = (n + SCAN_TILE - 1) // SCAN_TILE
+        part = cp.empty(max(n, 1), cp.int64)
+        tile_off = cp.empty(max(tiles, 1), cp.int64)
+        kernel("jpeg", "scan_tile")((tiles,), (SCAN_TILE,), (values, np.int32(ff), np.int64(n), part, tile_off))
+        kernel("jpeg", "scan_tiles")((1,), (SCAN_TILE,), (tile_off, np.int64(tiles)))
+        return part, tile_off
+
     def encode(self, items: Any, quality: int, stream: Any, sink: Sink | None = None) -> list[Any]:
         """JPEG bytes of each item (a :class:`~gpubatch.engine.batch.Ragged`, or a list of CuPy uint8
         HWC arrays or DeviceImages), ordered on ``stream``; with a ``sink`` that has room for them, the
         data goes there and :class:`EncodedSpan` values come back instead."""
-        from ..batch import Ragged, upload_tables
+        from ..batch import Ragged, upload_table_addresses
         from ..kernels import kernel
 
         cp = self.cp
@@ -205,34 +225,31 @@ class BatchedJpegEncoder:
         blocks = int(mcu_first[-1]) * 6
         tab, qtab, huff = self._tables(int(quality))
         grid = ((blocks + BLOCK - 1) // BLOCK,)
+        i32, i64 = np.int32, np.int64
         with stream:
-            t_ptr, t_shape, t_first = upload_tables([src.ptr, src.shape, mcu_first], stream, self.staging)
+            t_ptr, t_shape, t_first = upload_table_addresses([src.ptr, src.shape, mcu_first], stream, self.staging)
             coef = cp.empty(blocks * 64, cp.int16)
-            kernel("jpeg", "jpeg_dct")(grid, (BLOCK,), (t_ptr, t_shape, t_first, np.int32(n), np.int32(blocks),
-                                                         qtab, self._cos, coef))
+            kernel("jpeg", "jpeg_dct")(((8 * blocks + BLOCK - 1) // BLOCK,), (BLOCK,),  # (eight threads a block)
+                                       (t_ptr, t_shape, t_first, i32(n), i32(blocks), qtab, self._cos, coef))
             nbits = cp.empty(blocks, cp.int64)
-            kernel("jpeg", "jpeg_bits")(grid, (BLOCK,), (coef, t_first, np.int32(n), np.int32(blocks), huff, nbits))
-            start = cp.cumsum(nbits)
-            start -= nbits  # exclusive scan: each block's bit offset within the batch
-            first = t_first.astype(cp.int64) * 6
-            image_bits = start[first[1:] - 1] + nbits[first[1:] - 1] - start[first[:-1]]
-            base = cp.zeros(n + 1, cp.int64)  # each image's first byte, images back to back
-            cp.cumsum((image_bits + 7) // 8, out=base[1:])
-            bit_base = base[:-1] * 8 - start[first[:-1]]
-            total = int(base[-1])
+            kernel("jpeg", "jpeg_bits")(grid, (BLOCK,), (coef, t_first, i32(n), i32(blocks), huff, nbits))
+            part, tile_off = self._scan(nbits, 0, blocks)  # every block's bit offset, and each image's first byte
+            layout = cp.empty(2 * n + 1, cp.int64)
+            base, bit_base = layout[: n + 1], layout[n + 1 :]
+            kernel("jpeg", "jpeg_layout")((1,), (SCAN_TILE,), (t_first, i32(n), nbits, part, tile_off, base, bit_base))
+            total = int(base[n].get(stream=stream))  # (the bytes of the batch's entropy-coded data)
             words = cp.zeros(total // 4 + 2, cp.uint32)
-            kernel("jpeg", "jpeg_pack")(grid, (BLOCK,), (coef, t_first, np.int32(n), np.int32(blocks), huff,
-                                                          start, bit_base, words))
-            raw = words.view(cp.uint8)[:total]
+            kernel("jpeg", "jpeg_pack")(grid, (BLOCK,), (coef, t_first, i32(n), i32(blocks), huff, nbits, part, tile_off,
+                                                          bit_base, words))
+            raw = words.view(cp.uint8)
             # byte stuffing: a 0x00 after every 0xFF, so a byte moves by the number of 0xFF before it
-            idx = cp.int32 if 2 * total < 2**31 else cp.int64
-            ff = (raw == 0xFF).astype(idx)
-            shift = cp.cumsum(ff)
-            shift -= ff
-            stuffed = cp.zeros(total + int(shift[-1] + ff[-1]), cp.uint8)
-            stuffed[shift + cp.arange(total, dtype=idx)] = raw
-            ends = base + cp.concatenate([shift, (shift[-1:] + ff[-1:])])[base]
-            ends = ends.get(stream=stream)
+            ff_part, ff_off = self._scan(raw, 1, total)
+            stuffed = cp.empty(2 * total, cp.uint8)  # (at most every byte doubled)
+            ends_dev = cp.empty(n + 1, cp.int64)
+            kernel("jpeg", "jpeg_stuff")(((total + n + 1 + BLOCK - 1) // BLOCK,), (BLOCK,),
+                                         (raw, i64(total), ff_part, ff_off, base, i32(n), stuffed, ends_dev))
+            ends = ends_dev.get(stream=stream)
+            stuffed = stuffed[: int(ends[n])]
             if sink is not None and sink.view is None:
                 sink.view = np.empty(len(stuffed), np.uint8)
             if sink is not None and sink.pos + len(stuffed) <= len(sink.view):

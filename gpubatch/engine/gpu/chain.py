@@ -67,6 +67,30 @@ def run_chain(engine: GpuEngine, ops: Sequence[Op], src: Ragged, params: Sequenc
     return result
 
 
+def kernels_needed(ops: Sequence[Op], encode: bool = False) -> tuple[tuple[str, str], ...]:
+    """The kernels :func:`run_chain` may launch for ``ops`` ((module, kernel) pairs of ``kernels/``), and with
+    ``encode`` the JPEG encoder's: what a GPU worker compiles while its decoders start. The resample's
+    variant is the chain's output's (a trailing normalize's dtype and layout, else uint8 HWC), with and
+    without the decoder's planes; windows before the last segment write uint8 HWC. The step kernels and the
+    JPEG encoder's (which a custom op may use too: jpeg_quality) are those their files hold."""
+    from ..kernels import kernels_of
+    from .launch import _DTYPE_TAG
+
+    segs = segments(ops)
+    norm = ops[-1] if segs and segs[-1][0] == "normalize" else None
+    if norm is not None:
+        segs = segs[:-1]
+    tags = [f"{_DTYPE_TAG[norm.dtype]}_{norm.layout.lower()}" if norm is not None else "u8_hwc"]
+    if any(kind == "window" for kind, _ in segs[:-1]) or any(kind == "custom" for kind, _ in segs):
+        tags.append("u8_hwc")
+    out = [("resample", f"resample_{tag}{planes}") for tag in dict.fromkeys(tags) for planes in ("", "_planes")]
+    if any(kind == "step" for kind, _ in segs):
+        out += [("step", k) for k in kernels_of("step")]
+    if encode or any(kind == "custom" for kind, _ in segs):
+        out += [("jpeg", k) for k in kernels_of("jpeg")]
+    return tuple(out)
+
+
 def device_runnable(ops: Sequence[Op]) -> None:
     """Raise a UsageError naming the first op with no way to run on the GPU."""
     for op in ops:

@@ -8,7 +8,7 @@ decode with the previous batch's kernels for both.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..batch import PinnedStaging
@@ -164,21 +164,25 @@ class GpuEngine:
             self._encoder = GpuImageEncoder(self.device.index, self.cpu_threads, self.jpeg_encoder, self.staging)
         return self._encoder
 
-    def warm_up(self, batch: int = 256, encoder: bool = False, regions: bool = False) -> float:
+    def warm_up(self, batch: int = 256, encoder: bool = False, regions: bool = False,
+                kernels: Sequence[tuple[str, str]] = ()) -> float:
         """Pay the one-off costs before the first batch: the decoders' first calls (and the buffers a
-        batch of ``batch`` needs; with ``regions``, the hardware engine's region calls too), the resample
-        kernels' load and, with ``encoder``, the JPEG encoder's first use. Returns the seconds it took."""
+        batch of ``batch`` needs; with ``regions``, the hardware engine's region calls too), the load of
+        ``kernels`` (:func:`..kernels.load`; a chain's: :func:`.chain.kernels_needed`) and, with ``encoder``,
+        the JPEG encoder's first use. Returns the seconds it took."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from ..kernels import kernel
+        from ..kernels import load
         t0 = time.perf_counter()
-        # the encoder's first use (its kernels, its buffers) in a thread, beside the decoders' first calls
-        with ThreadPoolExecutor(1, thread_name_prefix="gpubatch-warm-encoder") as pool:
+        # the kernels (compiled, or read from CuPy's cache, a thread each) and the encoder's first use (its
+        # kernels, its buffers) in threads, beside the decoders' first calls
+        with ThreadPoolExecutor(2, thread_name_prefix="gpubatch-warm") as pool:
+            loaded = pool.submit(load, kernels, self.device.index) if kernels else None
             first_encode = pool.submit(self._first_encode) if encoder else None
             self.decoder.warm_up(batch, regions)
             t1 = time.perf_counter()
-            for tag, layout in (("u8", "hwc"), ("f16", "chw")):  # compiled (or read from CuPy's cache) and loaded
-                kernel("resample", f"resample_{tag}_{layout}")
+            if loaded is not None:
+                loaded.result()
             t2 = time.perf_counter()
             encode_s = first_encode.result() if first_encode is not None else 0.0
         self.stream.synchronize()

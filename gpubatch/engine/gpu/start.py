@@ -3,8 +3,9 @@
 Measured on an H200 host (2026-11-27, ``benchmarks/gpu_start.py --quick``, a fresh process each): made first,
 nvImageCodec's C library took 1.04 s and the first hardware-decoder instance 0.61 s after it; with the
 instance made first, the instance took 0.62 s and the library 0.03 s (the two share nvJPEG's start, which
-the library makes slowly). The CUDA kernels a run needs are compiled (or read from CuPy's cache) beside them:
-on a machine with no cache the warm-up took 9.3 s, most of it NVRTC.
+the library makes slowly). The CUDA kernels a run launches are compiled (or read from CuPy's cache) beside
+them, each alone in a thread of its own (:func:`..kernels.load`): on a machine with no cache the warm-up took
+9.3 s, most of it NVRTC, when each source file was compiled whole and its loops unrolled.
 
 A worker process of the local executor begins it first thing (:func:`boot`, given an :class:`Early` by the
 strategy table), before it unpickles its run (which imports most of gpubatch): the context is made through
@@ -35,13 +36,13 @@ from ..settings import Settings
 class Early(NamedTuple):
     """What a GPU worker starts before anything else (:func:`boot`): device ``index``'s context (its sync
     policy set first where ``sync``), ``hw`` hardware-decoder instances, nvImageCodec's C ``library``, the
-    kernel ``modules``; ``reserve``: the GPU ordinal whose core the hardware decoder's thread takes
+    ``kernels`` its run launches ((module, kernel) pairs, :func:`..kernels.kernel`); ``reserve``: the GPU ordinal whose core the hardware decoder's thread takes
     (:func:`.affinity.reserve`), taken before any of the start's threads, or None."""
 
     index: int
     settings: Settings
     hw: int = 0
-    modules: tuple[str, ...] = ()
+    kernels: tuple[tuple[str, str], ...] = ()
     sync: bool = True
     library: bool = True
     reserve: int | None = None
@@ -67,10 +68,13 @@ def instances_wanted(settings: Settings) -> int:
 
 def early(kind: str, ctx: Any) -> Early | None:
     """The :class:`Early` of a worker of ``ctx``'s run whose strategy starts ``kind`` (its table's ``start``):
-    "image" (the context, the hardware decoder's instances, nvImageCodec, the resample and JPEG kernels:
-    what :class:`~.images.GpuImageUnit` would begin), "context" (the context alone: audio, video), or none."""
+    "image" (the context, the hardware decoder's instances, nvImageCodec, the kernels of its chain and of the
+    JPEG encoder: what :class:`~.images.GpuImageUnit` would begin), "context" (the context alone: audio,
+    video), or none."""
     if kind == "image":
-        return Early(ctx.device.index, ctx.settings, instances_wanted(ctx.settings), ("resample", "jpeg"),
+        from .chain import kernels_needed
+
+        return Early(ctx.device.index, ctx.settings, instances_wanted(ctx.settings), kernels_needed(ctx.plan.ops, encode=True),
                      reserve=ctx.gpu_ordinal if max(1, ctx.gpu_procs) == 1 else None)
     if kind == "context" and ctx.gpu_memory is None:  # (a capped run measures its context as it makes it)
         return Early(ctx.device.index, ctx.settings, sync=False, library=False)
@@ -80,7 +84,7 @@ def early(kind: str, ctx: Any) -> Early | None:
 class _Start:
     def __init__(self, spec: Early):
         self.spec = spec
-        self.index, self.settings, self.hw_wanted, self.modules = spec.index, spec.settings, spec.hw, spec.modules
+        self.index, self.settings, self.hw_wanted = spec.index, spec.settings, spec.hw
         self.hw: list[Any] = []
         self.times: dict[str, float] = {}
         # first: the first instance and the library (what a decoder waits for); go: the rest asked for (after the
@@ -108,8 +112,8 @@ class _Start:
                 cp.cuda.runtime.setDevice(self.index)
                 cp.cuda.runtime.memGetInfo()  # (the CUDA context is made here)
             t = self._step("context", t)
-            for name in self.modules:  # NVRTC (or CuPy's cache) beside the decoders' start
-                c = threading.Thread(target=self._compile, args=(name,), name=f"gpubatch-compile-{name}", daemon=True)
+            if self.spec.kernels:  # NVRTC (or CuPy's cache) beside the decoders' start
+                c = threading.Thread(target=self._compile, name="gpubatch-compile", daemon=True)
                 c.start()
                 self._compiled.append(c)
             if self.hw_wanted:
@@ -146,21 +150,15 @@ class _Start:
             pass
         return self._step(name, t)
 
-    def _compile(self, name: str) -> None:
+    def _compile(self) -> None:
         t = time.perf_counter()
         try:
-            import cupy as cp
+            from ..kernels import load
 
-            from ..kernels import module
-
-            cp.cuda.runtime.setDevice(self.index)
-            try:  # CuPy compiles (or reads its cache) and loads a module at its first function lookup
-                module(name).get_function("__gpubatch_no_such_function__")
-            except cp.cuda.driver.CUDADriverError:  # (the lookup's own failure: the module is loaded)
-                pass
+            self.times.update(load(self.spec.kernels, self.index))
         except Exception:  # noqa: BLE001 - compiled again (and raised) at first use
             pass
-        self.times[f"kernels: {name}"] = round(time.perf_counter() - t, 4)
+        self.times["kernels"] = round(time.perf_counter() - t, 4)
 
 
 _STARTS: dict[int, _Start] = {}

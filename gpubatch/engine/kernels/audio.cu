@@ -7,6 +7,7 @@
 // Polyphase resampling by up/down (scipy's resample_poly, with gpubatch's filter h of taps = 2*half+1
 // at the upsampled rate, scaled by up): y[j] = sum_k h[k] * u[j*down + half - k], where u is the row
 // upsampled by up (zeros between samples). Only the taps that meet a sample are visited.
+#ifdef KEEP_resample_poly
 extern "C" __global__ void resample_poly(const float* __restrict__ x, float* __restrict__ y,
                                          const long long* __restrict__ in_off, const long long* __restrict__ out_off,
                                          int rows, const float* __restrict__ h, int taps, int up, int down,
@@ -29,6 +30,7 @@ extern "C" __global__ void resample_poly(const float* __restrict__ x, float* __r
     }
     y[i] = acc;
 }
+#endif
 
 __device__ __forceinline__ long long reflect_index(long long i, long long n) {
     if (n == 1) return 0;
@@ -41,6 +43,7 @@ __device__ __forceinline__ long long reflect_index(long long i, long long n) {
 
 // Centred, windowed STFT frames of every row: frame f of a row starts at f*hop - n_fft/2; samples
 // outside the row are its reflection (reflect != 0, torch's "reflect") or zero. out: (frames, n_fft).
+#ifdef KEEP_frames
 extern "C" __global__ void frames(const float* __restrict__ x, float* __restrict__ out,
                                   const long long* __restrict__ in_off, const long long* __restrict__ f_off,
                                   int rows, const float* __restrict__ window, int n_fft, int hop, int reflect,
@@ -60,10 +63,12 @@ extern "C" __global__ void frames(const float* __restrict__ x, float* __restrict
     }
     out[i] = v * window[k];
 }
+#endif
 
 // y = x + sigma[r] * N(0, 1) over a ragged batch of whole records laid end to end (record r is
 // [off[r], off[r + 1])): the noise of element j of record r a Box-Muller pair of the counter-based
 // stream of seed[r] (NumPy twin: noise_np).
+#ifdef KEEP_add_noise
 extern "C" __global__ void add_noise(const float* __restrict__ x, float* __restrict__ y,
                                      const long long* __restrict__ off, int rows, const float* __restrict__ sigma,
                                      const unsigned int* __restrict__ seed, long long total) {
@@ -74,3 +79,4 @@ extern "C" __global__ void add_noise(const float* __restrict__ x, float* __restr
     const float u1 = unit(seed[r], idx * 2u), u2 = unit(seed[r], idx * 2u + 1u);
     y[i] = x[i] + sigma[r] * sqrtf(-2.f * logf(u1)) * cosf(6.283185307179586f * u2);
 }
+#endif

@@ -175,16 +175,40 @@ __device__ void resample_impl(
         resample_impl<T, CHW, PLANES>(in_ptr, in_shape, geo, out_shape, out_off, first_block, n, norm, out); \
     }
 
+#ifdef KEEP_resample_u8_hwc
 RESAMPLE_KERNEL(resample_u8_hwc, unsigned char, false, false)
+#endif
+#ifdef KEEP_resample_u8_chw
 RESAMPLE_KERNEL(resample_u8_chw, unsigned char, true, false)
+#endif
+#ifdef KEEP_resample_f16_hwc
 RESAMPLE_KERNEL(resample_f16_hwc, __half, false, false)
+#endif
+#ifdef KEEP_resample_f16_chw
 RESAMPLE_KERNEL(resample_f16_chw, __half, true, false)
+#endif
+#ifdef KEEP_resample_f32_hwc
 RESAMPLE_KERNEL(resample_f32_hwc, float, false, false)
+#endif
+#ifdef KEEP_resample_f32_chw
 RESAMPLE_KERNEL(resample_f32_chw, float, true, false)
+#endif
 // sources that may hold images in planes (in_shape N x 4)
+#ifdef KEEP_resample_u8_hwc_planes
 RESAMPLE_KERNEL(resample_u8_hwc_planes, unsigned char, false, true)
+#endif
+#ifdef KEEP_resample_u8_chw_planes
 RESAMPLE_KERNEL(resample_u8_chw_planes, unsigned char, true, true)
+#endif
+#ifdef KEEP_resample_f16_hwc_planes
 RESAMPLE_KERNEL(resample_f16_hwc_planes, __half, false, true)
+#endif
+#ifdef KEEP_resample_f16_chw_planes
 RESAMPLE_KERNEL(resample_f16_chw_planes, __half, true, true)
+#endif
+#ifdef KEEP_resample_f32_hwc_planes
 RESAMPLE_KERNEL(resample_f32_hwc_planes, float, false, true)
+#endif
+#ifdef KEEP_resample_f32_chw_planes
 RESAMPLE_KERNEL(resample_f32_chw_planes, float, true, true)
+#endif

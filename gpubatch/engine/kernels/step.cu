@@ -49,6 +49,7 @@ __device__ void hue_shift(float& r, float& g, float& b, float shift) {
     }
 }
 
+#ifdef KEEP_step_u8
 extern "C" __global__ void step_u8(
     const unsigned long long* __restrict__ in_ptr,  // N: base address of each uint8 HWC RGB input
     const int* __restrict__ in_shape,               // N x 3: height, width, row stride in bytes
@@ -111,22 +112,29 @@ extern "C" __global__ void step_u8(
         // axis, reflect padding (torchvision's gaussian_blur).
         const int kx = min((int)p[1], MAXK), ky = min((int)p[2], MAXK);
         const float sx = p[3], sy = p[4];
-        float wx[MAXK], wy[MAXK], sumx = 0.f, sumy = 0.f;
+        // (wy computed as each row is reached, wx once into an array: 252 bytes of stack a thread, which the driver
+        // holds for every thread the GPU can run at once; the loops rolled: unrolled, they took NVRTC 1.3 s of
+        // this kernel's 1.7 s, kernels/jpeg.cu says why that counts)
+        float wx[MAXK], sumx = 0.f, sumy = 0.f;
+#pragma unroll 1
         for (int i = 0; i < kx; ++i) { const float d = (i - (kx - 1) * 0.5f) / sx; wx[i] = expf(-0.5f * d * d); sumx += wx[i]; }
-        for (int i = 0; i < ky; ++i) { const float d = (i - (ky - 1) * 0.5f) / sy; wy[i] = expf(-0.5f * d * d); sumy += wy[i]; }
         c[0] = c[1] = c[2] = 0.f;
+#pragma unroll 1
         for (int j = 0; j < ky; ++j) {
+            const float d = (j - (ky - 1) * 0.5f) / sy, wy = expf(-0.5f * d * d);
+            sumy += wy;
             const unsigned char* row = src + (long long)reflect(oy + j - ky / 2, ih) * stride;
             float r0 = 0.f, r1 = 0.f, r2 = 0.f;
+#pragma unroll 1
             for (int i = 0; i < kx; ++i) {
                 const unsigned char* q = row + 3 * reflect(ox + i - kx / 2, iw);
                 r0 = fmaf(wx[i], (float)q[0], r0);
                 r1 = fmaf(wx[i], (float)q[1], r1);
                 r2 = fmaf(wx[i], (float)q[2], r2);
             }
-            c[0] = fmaf(wy[j], r0, c[0]);
-            c[1] = fmaf(wy[j], r1, c[1]);
-            c[2] = fmaf(wy[j], r2, c[2]);
+            c[0] = fmaf(wy, r0, c[0]);
+            c[1] = fmaf(wy, r1, c[1]);
+            c[2] = fmaf(wy, r2, c[2]);
         }
         const float inv = 1.f / (sumx * sumy);
         for (int k = 0; k < 3; ++k) o[k] = to_u8(c[k] * inv);
@@ -216,9 +224,11 @@ extern "C" __global__ void step_u8(
     o[1] = to_u8(c[1]);
     o[2] = to_u8(c[2]);
 }
+#endif
 
 // Per-sample statistics of the step's input: flags 1 = grey sum, 2 = channel min/max, 4 = histograms.
 // Integer accumulation only, so results do not depend on the order blocks finish (reproducible runs).
+#ifdef KEEP_stats_u8
 extern "C" __global__ void stats_u8(
     const unsigned long long* __restrict__ in_ptr, const int* __restrict__ in_shape,
     const int* __restrict__ first_block, int n, int flags,
@@ -262,8 +272,10 @@ extern "C" __global__ void stats_u8(
             if (sh[i]) atomicAdd(hist + 768LL * s + i, sh[i]);
     }
 }
+#endif
 
 // PIL's ImageOps.equalize LUT, one thread per (sample, channel).
+#ifdef KEEP_equalize_lut
 extern "C" __global__ void equalize_lut(const unsigned int* __restrict__ hist, int n, unsigned char* __restrict__ lut)
 {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -285,3 +297,4 @@ extern "C" __global__ void equalize_lut(const unsigned int* __restrict__ hist, i
         acc += h[i];
     }
 }
+#endif

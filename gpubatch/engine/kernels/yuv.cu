@@ -23,12 +23,16 @@ __device__ __forceinline__ void yuv_rgb(const T* __restrict__ luma, const T* __r
     o[2] = (unsigned char)fminf(fmaxf(rintf(b), 0.0f), 255.0f);
 }
 
+#ifdef KEEP_nv12_rgb
 extern "C" __global__ void nv12_rgb(const unsigned char* luma, const unsigned char* chroma, int pitch, int h, int w,
                                     unsigned char* out, float ys, float yo, float crv, float cgu, float cgv, float cbu) {
     yuv_rgb<unsigned char, 0>(luma, chroma, pitch, h, w, out, ys, yo, crv, cgu, cgv, cbu);
 }
+#endif
 
+#ifdef KEEP_p016_rgb
 extern "C" __global__ void p016_rgb(const unsigned short* luma, const unsigned short* chroma, int pitch, int h, int w,
                                     unsigned char* out, float ys, float yo, float crv, float cgu, float cgv, float cbu) {
     yuv_rgb<unsigned short, 8>(luma, chroma, pitch, h, w, out, ys, yo, crv, cgu, cgv, cbu);
 }
+#endif
