@@ -1,7 +1,10 @@
-"""The benchmark data both profiling scripts use: the synthetic mixed JPEG set, read into memory."""
+"""The benchmarks' data: the synthetic mixed JPEG sets (in memory for the profiling scripts, as folders for
+bench_convert.py), sets of hard links made in seconds."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -45,3 +48,53 @@ def run_beside_busy(ap, run) -> None:
 
     with BusyLoad(args.busy):
         run(args)
+
+
+def image_set(root: Path, n: int) -> Path:
+    from gpubatch.synthetic import SUBSAMPLING_MIX, make_jpeg_set
+
+    d = root / f"jpeg-{n}"
+    make_jpeg_set(d, n, mix=SUBSAMPLING_MIX)
+    return d
+
+
+def linked_set(src: Path, times: int) -> Path:
+    """``src``'s files hard-linked ``times`` over (new names, the same bytes): a big set made in seconds."""
+    dst = src.with_name(f"{src.name}-x{times}")
+    if (dst / ".complete").exists():
+        return dst
+    shutil.rmtree(dst, ignore_errors=True)
+    files = sorted(p for p in src.rglob("*.jpg"))
+    for k in range(times):
+        for f in files:
+            rel = f.relative_to(src)
+            out = dst / rel.parent / f"{k}_{rel.name}"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            os.link(f, out)
+    (dst / ".complete").touch()
+    return dst
+
+
+def tiny_set(root: Path, n: int) -> Path:
+    """``n`` copies of one small JPEG (hard links) in 100 class folders: many records, little disk."""
+    d = root / f"tiny-{n}"
+    if (d / ".complete").exists():
+        return d
+    shutil.rmtree(d, ignore_errors=True)
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), np.uint8)).save(buf, "JPEG", quality=80)
+    for c in range(100):  # (a file a folder: a file system caps the links to one file, ext4 at 65,000)
+        (d / f"c{c:02d}").mkdir(parents=True)
+        (d / f"c{c:02d}" / "one.jpg").write_bytes(buf.getvalue())
+    for i in range(n):
+        folder = d / f"c{i % 100:02d}"
+        os.link(folder / "one.jpg", folder / f"{i:07d}.jpg")
+    for c in range(100):
+        (d / f"c{c:02d}" / "one.jpg").unlink()
+    (d / ".complete").touch()
+    return d

@@ -62,6 +62,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _data import image_set, linked_set, tiny_set  # noqa: E402 - (benchmarks/_data.py, beside this script)
 
 # as a user's shell runs it: bytecode cached (the untimed first run writes it), whatever this shell says
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -141,31 +143,6 @@ def slim(summary: dict | None) -> dict:
 
 
 # -- data -------------------------------------------------------------------------------------------
-
-def image_set(root: Path, n: int) -> Path:
-    from gpubatch.synthetic import SUBSAMPLING_MIX, make_jpeg_set
-
-    d = root / f"jpeg-{n}"
-    make_jpeg_set(d, n, mix=SUBSAMPLING_MIX)
-    return d
-
-
-def linked_set(src: Path, times: int) -> Path:
-    """``src``'s files hard-linked ``times`` over (new names, the same bytes): a big set made in seconds."""
-    dst = src.with_name(f"{src.name}-x{times}")
-    if (dst / ".complete").exists():
-        return dst
-    shutil.rmtree(dst, ignore_errors=True)
-    files = sorted(p for p in src.rglob("*.jpg"))
-    for k in range(times):
-        for f in files:
-            rel = f.relative_to(src)
-            out = dst / rel.parent / f"{k}_{rel.name}"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            os.link(f, out)
-    (dst / ".complete").touch()
-    return dst
-
 
 def count_files(d: Path, pattern: str = "*.jpg") -> int:
     return sum(1 for _ in d.rglob(pattern))
@@ -390,31 +367,6 @@ def job_info(a, tmp: Path) -> dict:
     data = image_set(a.data_root, a.cpu_images)
     res = timed(gpubatch("info", str(data)), a.repeats)
     return {"files": count_files(data), "seconds": round(res["seconds"], 3), "runs": res["runs"]}
-
-
-def tiny_set(root: Path, n: int) -> Path:
-    """``n`` copies of one small JPEG (hard links) in 100 class folders: many records, little disk."""
-    d = root / f"tiny-{n}"
-    if (d / ".complete").exists():
-        return d
-    shutil.rmtree(d, ignore_errors=True)
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), np.uint8)).save(buf, "JPEG", quality=80)
-    for c in range(100):  # (a file a folder: a file system caps the links to one file, ext4 at 65,000)
-        (d / f"c{c:02d}").mkdir(parents=True)
-        (d / f"c{c:02d}" / "one.jpg").write_bytes(buf.getvalue())
-    for i in range(n):
-        folder = d / f"c{i % 100:02d}"
-        os.link(folder / "one.jpg", folder / f"{i:07d}.jpg")
-    for c in range(100):
-        (d / f"c{c:02d}" / "one.jpg").unlink()
-    (d / ".complete").touch()
-    return d
 
 
 def tree_rss_peak(cmd: list[str]) -> tuple[float, int]:
