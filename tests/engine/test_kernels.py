@@ -106,7 +106,7 @@ def test_a_kernel_is_compiled_once_however_many_threads_ask(monkeypatch):
 def test_no_kernel_of_a_transcode_needs_a_stack():
     """The kernels a GPU transcode launches keep their values in registers and shared memory: a kernel that
     needs a stack makes the driver hold that much local memory for every thread the GPU can run at once
-    (576 bytes a thread, about 140 MiB on an H200, broke the --gpu-memory caps' plans)."""
+    (576 bytes a thread, about 150 MiB on an H200, broke the --gpu-memory caps' plans)."""
     ops = parse_chain("resize_shorter(256) | center_crop(224) | flip(p=0.5)")
     stacks = {name: kernels.kernel(module, name).attributes["local_size_bytes"]
               for module, name in kernels_needed(ops, encode=True)}

@@ -36,8 +36,9 @@ from ..settings import Settings
 class Early(NamedTuple):
     """What a GPU worker starts before anything else (:func:`boot`): device ``index``'s context (its sync
     policy set first where ``sync``), ``hw`` hardware-decoder instances, nvImageCodec's C ``library``, the
-    ``kernels`` its run launches ((module, kernel) pairs, :func:`..kernels.kernel`); ``reserve``: the GPU ordinal whose core the hardware decoder's thread takes
-    (:func:`.affinity.reserve`), taken before any of the start's threads, or None."""
+    ``kernels`` its run launches ((module, kernel) pairs, :func:`..kernels.kernel`); ``reserve``: the GPU
+    ordinal whose core the hardware decoder's thread takes (:func:`.affinity.reserve`), taken before any of
+    the start's threads, or None."""
 
     index: int
     settings: Settings
@@ -74,7 +75,8 @@ def early(kind: str, ctx: Any) -> Early | None:
     if kind == "image":
         from .chain import kernels_needed
 
-        return Early(ctx.device.index, ctx.settings, instances_wanted(ctx.settings), kernels_needed(ctx.plan.ops, encode=True),
+        return Early(ctx.device.index, ctx.settings, instances_wanted(ctx.settings),
+                     kernels_needed(ctx.plan.ops, encode=True),
                      reserve=ctx.gpu_ordinal if max(1, ctx.gpu_procs) == 1 else None)
     if kind == "context" and ctx.gpu_memory is None:  # (a capped run measures its context as it makes it)
         return Early(ctx.device.index, ctx.settings, sync=False, library=False)
