@@ -2,7 +2,8 @@
 
 Every kernel of a ``.cu`` file sits inside an ``#ifdef KEEP_<kernel>`` guard, and :func:`kernel` compiles
 the file with that one guard defined: a run pays NVRTC for the kernels it launches, not for the whole file
-(the twelve resample variants together took 1.3 s, one of them 0.13-0.18 s; NVRTC 13.5 on a 2-core host).
+(the twelve resample variants together took 1.56 s, one of them 0.18-0.23 s; H200 host, 2026-12-03,
+benchmarks/RESULTS.md).
 :func:`load` compiles several at once, a thread each. On a machine with no compiled kernels yet (CuPy keeps
 them on disk, keyed by source text and options) that is most of a GPU run's start.
 """

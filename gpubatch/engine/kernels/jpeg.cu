@@ -82,10 +82,10 @@ __constant__ unsigned char kZigzag[64] = {
 // Eight threads an 8x8 block (eight lanes of one warp): thread r loads row r and transforms it (the row
 // pass) into shared memory, then transforms column r (the column pass), quantizes it and writes its eight
 // coefficients at their zigzag places. Each coefficient is the same sums, in the same order, as when one
-// thread did a whole block with it in its registers: that took NVRTC 1.9-2.2 s unrolled (on a machine with
-// no compiled kernels yet, the largest part of a GPU run's start), and 576 bytes of stack a thread rolled
-// (local memory the driver holds for every thread the GPU can run at once: 132 SMs x 2,048 x 576 bytes,
-// about 150 MiB on an H200).
+// thread did a whole block with it in its registers: unrolled, this file took NVRTC 2.8-3.3 s (H200 host,
+// 2026-12-03; on a machine with no compiled kernels yet, the largest part of a GPU run's start), and rolled
+// it needed 576 bytes of stack a thread (local memory the driver holds for every thread the GPU can run at
+// once: 132 SMs x 2,048 x 576 bytes, about 150 MiB on an H200).
 extern "C" __global__ void jpeg_dct(const unsigned long long* __restrict__ ptr, const int* __restrict__ shape,
                                     const int* __restrict__ mcu_first, int n, int total_blocks,
                                     const float* __restrict__ qtab,     // [2][64] zigzag order
