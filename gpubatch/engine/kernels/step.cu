@@ -112,7 +112,7 @@ extern "C" __global__ void step_u8(
         // axis, reflect padding (torchvision's gaussian_blur).
         const int kx = min((int)p[1], MAXK), ky = min((int)p[2], MAXK);
         const float sx = p[3], sy = p[4];
-        // (wy computed as each row is reached, wx once into an array: 252 bytes of stack a thread, which the driver
+        // (wy computed as each row is reached, wx once into an array: 256 bytes of stack a thread, which the driver
         // holds for every thread the GPU can run at once; the loops rolled: unrolled, this file took NVRTC 2.35 s
         // and this kernel alone now 0.39 s, H200 host, 2026-12-03; kernels/jpeg.cu says why that counts)
         float wx[MAXK], sumx = 0.f, sumy = 0.f;
