@@ -304,7 +304,6 @@ class GpuImageUnit:
         if settings.decode_route == "hardware":  # the decoders leave the cores to the readers: half of them
             readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * host)))
         threads = max(2, have // host)
-        kernels = start.early("image", ctx).kernels  # (those the start compiles: loaded by the warm-up's time)
         feed = engine = unpin = current = out_writer = starting = None
         finished = False
         try:
@@ -329,15 +328,13 @@ class GpuImageUnit:
                 engine = make_engine((batch, settings.hw_preallocate, settings.hw_preallocate))
                 gpu_init = time.perf_counter() - t0
                 start.kernels_ready(gpu)  # (the kernels its start compiles in threads: loaded once)
-                # (while the reader processes start and read)
-                warm = engine.warm_up(batch, encoder=True, kernels=kernels)
+                warm = engine.warm_up(batch, encoder=True)  # while the reader processes start and read
                 feed, feed_start = starting.result()
             else:
                 engine = make_engine(None)
                 gpu_init = time.perf_counter() - t0
                 start.kernels_ready(gpu)
-                # (a small batch: its buffers come before the cap is planned)
-                warm = engine.warm_up(16, encoder=True, kernels=kernels)
+                warm = engine.warm_up(16, encoder=True)  # a small batch: its buffers come before the cap is planned
                 fixed, parts = engine.fixed_memory()
                 need = gm.sample_need(reader.read, entries, plan)
                 try:
