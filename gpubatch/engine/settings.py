@@ -53,8 +53,9 @@ class Settings:
         hw_direct: drive the hardware engine through nvJPEG directly where it loads
             (``GPUBATCH_HW_DIRECT``; else nvImageCodec's hardware decoder).
         decode_api: "c" (nvImageCodec's C API) or "python" (its binding) (``GPUBATCH_DECODE_API``).
-        cuda_decoder_options: nvImageCodec options of the CUDA decoder.
-        high_priority: the decoders' streams ("hw", "cuda") made at the device's greatest priority.
+        cuda_decoder_options: nvImageCodec options of the CUDA decoder (``GPUBATCH_CUDA_DECODER_OPTIONS``).
+        high_priority: the decoders' streams ("hw", "cuda") made at the device's greatest priority
+            (``GPUBATCH_HIGH_PRIORITY``, comma-separated).
         follow: an "auto" route follows the host's load while a run goes (``GPUBATCH_FOLLOW``).
         follow_check_s, follow_confirm, follow_margin, follow_hold_s: seconds between checks of the
             load, checks in a row that must want the other route, free cores below
@@ -248,6 +249,19 @@ def _kinds(raw: str) -> tuple[str, ...]:
 
 _kinds.__name__ = f"list of JPEG kinds ({', '.join(HW_KINDS)})"
 
+STREAMS = ("hw", "cuda")  # the decoders' streams high_priority may name
+
+
+def _streams(raw: str) -> tuple[str, ...]:
+    names = tuple(k.strip() for k in raw.split(",") if k.strip())
+    for k in names:
+        if k not in STREAMS:
+            raise ValueError(k)
+    return names
+
+
+_streams.__name__ = f"list of the decoders' streams ({', '.join(STREAMS)})"
+
 # (variable, setting, parser): the environment the engine reads, here and nowhere else
 _ENV = (
     ("GPUBATCH_DECODE_ROUTE", "decode_route", str),
@@ -269,4 +283,6 @@ _ENV = (
     ("GPUBATCH_CUDA_SHARE", "cuda_share", float),
     ("GPUBATCH_HW_PER_KIND", "hw_per_kind", _flag),
     ("GPUBATCH_DECODER_THREADS", "decoder_threads_max", int),
+    ("GPUBATCH_HIGH_PRIORITY", "high_priority", _streams),
+    ("GPUBATCH_CUDA_DECODER_OPTIONS", "cuda_decoder_options", str),
 )

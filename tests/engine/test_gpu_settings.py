@@ -65,6 +65,18 @@ def test_settings_come_from_arguments_over_the_environment_over_the_defaults(mon
             Settings.from_env(environ={"GPUBATCH_CUDA_SHARE": share})
 
 
+def test_the_decoders_stream_priority_and_cuda_options_come_from_the_environment():
+    from gpubatch.engine.settings import Settings
+
+    assert Settings.from_env(environ={}).high_priority == ()
+    assert Settings.from_env(environ={"GPUBATCH_HIGH_PRIORITY": "hw, cuda"}).high_priority == ("hw", "cuda")
+    with pytest.raises(UsageError, match="GPUBATCH_HIGH_PRIORITY='encoder'"):
+        Settings.from_env(environ={"GPUBATCH_HIGH_PRIORITY": "encoder"})
+    opts = "nvjpeg_cuda_decoder:hybrid_huffman_threshold=1000000"
+    assert Settings.from_env(environ={"GPUBATCH_CUDA_DECODER_OPTIONS": opts}).cuda_decoder_options == opts
+    assert "threshold=0" in Settings.from_env(environ={}).cuda_decoder_options
+
+
 def test_the_engine_reads_no_environment_outside_its_settings():
     """``GPUBATCH_*`` variables are read in engine/settings.py and nowhere else in the engine."""
     import re
