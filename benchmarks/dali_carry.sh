@@ -3,7 +3,9 @@
 # packages, where each call may bring at most 64 MiB along. The DALI wheel is ~199 MB, so it goes as a
 # trimmed package in pieces, one piece per call, gathered on that machine.
 #
-#   bash benchmarks/dali_carry.sh pack [VERSION]   # here (pip works): .dali1 .dali2 .dali3 in the repo root
+#   bash benchmarks/dali_carry.sh pack [VERSION]   # here (pip works): .dali1 .dali2 ... in the repo root
+#   bash benchmarks/dali_carry.sh cut [FILE]       # here: cut a packed dali.tar.xz into those pieces again
+#                                                  # (FILE by default the pieces there, put back together)
 #   bash benchmarks/dali_carry.sh unpack SITE      # there, once per call, from the repo root (carry .daliN):
 #                                                  # adds the pieces it finds to /tmp/dali; with all of them,
 #                                                  # unpacks into /tmp/dalisite and links nvidia/dali into SITE
@@ -11,8 +13,10 @@
 # Then, there: PYTHONPATH=SITE:$PWD:/tmp/dalisite LD_LIBRARY_PATH=SITE/nvidia/nvimgcodec:... (DALI loads
 # libnvimgcodec by name). `pack` keeps the wheel's Python 3.12 modules only, drops its C headers,
 # adds the pure-Python dependencies the GPU machine lacks (astunparse, gast, optree, makefun, nvtx,
-# libcst), compresses with xz (about 130 MiB) and cuts it so the first piece fits beside .gpu-site.
-# Add /.dali1/ /.dali2/ /.dali3/ to .git/info/exclude so they never reach a commit.
+# libcst), compresses with xz (about 130 MiB) and cuts it: a first piece of DALI_FIRST bytes (10 MB) that
+# fits beside .gpu-site (49 MB) and the tracked tree (5 MB in 2026-12), then pieces of DALI_PIECE bytes (55 MB),
+# the last of which (about 15 MB) fits beside PyAV's wheel (35 MB). Re-cut them (`cut`) when the tree grows.
+# Add /.dali*/ to .git/info/exclude so they never reach a commit.
 set -euo pipefail
 
 pack() {
@@ -27,26 +31,45 @@ pack() {
     (cd "$work/site" && find . -name "*cpython-3*" ! -name "*cpython-312-*" -delete &&
         rm -rf nvidia/dali/include bin && find . -name __pycache__ -prune -exec rm -rf {} +)
     tar -C "$work/site" -cf - . | xz -9 -T0 > "$work/dali.tar.xz"
-    rm -rf .dali1 .dali2 .dali3 && mkdir -p .dali1 .dali2 .dali3
-    local f="$work/dali.tar.xz" first=13500000 piece=61400000
-    dd if="$f" of=.dali1/part1 bs=1M iflag=count_bytes count=$first status=none
-    dd if="$f" of=.dali2/part2 bs=1M iflag=skip_bytes,count_bytes skip=$first count=$piece status=none
-    dd if="$f" of=.dali3/part3 bs=1M iflag=skip_bytes skip=$((first + piece)) status=none
-    [ "$(stat -c %s "$f")" -le $((first + 2 * piece + 2000000)) ] || { echo "dali_carry: the package grew; cut it in more pieces" >&2; exit 1; }
-    sha256sum "$f" | cut -c1-16 > .dali1/sha256
-    ls -l .dali1 .dali2 .dali3
+    cut_pieces "$work/dali.tar.xz"
     rm -rf "$work"
+}
+
+cut_pieces() {
+    local f=${1:-} first=${DALI_FIRST:-10000000} piece=${DALI_PIECE:-55000000} work="" n=1 at
+    if [ -z "$f" ]; then  # the pieces here, put back together (and checked) first
+        work=$(mktemp -d) && f="$work/dali.tar.xz"
+        local count; count=$(cat .dali1/pieces 2>/dev/null || echo 3)
+        for ((i = 1; i <= count; i++)); do cat ".dali$i/part$i"; done > "$f"
+        [ "$(sha256sum "$f" | cut -c1-16)" = "$(cat .dali1/sha256)" ] || { echo "dali_carry: the pieces here do not match" >&2; exit 1; }
+    fi
+    local size; size=$(stat -c %s "$f")
+    rm -rf .dali[0-9]*
+    mkdir -p .dali1 && dd if="$f" of=.dali1/part1 bs=1M iflag=count_bytes count="$first" status=none
+    at=$first
+    while [ "$at" -lt "$size" ]; do
+        n=$((n + 1)) && mkdir -p ".dali$n"
+        dd if="$f" of=".dali$n/part$n" bs=1M iflag=skip_bytes,count_bytes skip="$at" count="$piece" status=none
+        at=$((at + piece))
+    done
+    echo "$n" > .dali1/pieces
+    sha256sum "$f" | cut -c1-16 > .dali1/sha256
+    ls -l .dali[0-9]*
+    [ -z "$work" ] || rm -rf "$work"
 }
 
 unpack() {
     local site=${1:?usage: dali_carry.sh unpack SITE}
     mkdir -p /tmp/dali
-    for d in .dali1 .dali2 .dali3; do [ -d "$d" ] && cp "$d"/* /tmp/dali/; done
-    if [ ! -f /tmp/dali/part1 ] || [ ! -f /tmp/dali/part2 ] || [ ! -f /tmp/dali/part3 ]; then
-        echo "dali_carry: have $(ls /tmp/dali | tr '\n' ' ')"
-        return 0
-    fi
-    cat /tmp/dali/part1 /tmp/dali/part2 /tmp/dali/part3 > /tmp/dali/dali.tar.xz
+    for d in .dali[0-9]*; do [ -d "$d" ] && cp "$d"/* /tmp/dali/; done
+    local count; count=$(cat /tmp/dali/pieces 2>/dev/null || echo 3)  # (pieces cut before 2026-12-03: three)
+    for ((i = 1; i <= count; i++)); do
+        if [ ! -f "/tmp/dali/part$i" ]; then
+            echo "dali_carry: have $(ls /tmp/dali | tr '\n' ' ')"
+            return 0
+        fi
+    done
+    for ((i = 1; i <= count; i++)); do cat "/tmp/dali/part$i"; done > /tmp/dali/dali.tar.xz
     [ "$(sha256sum /tmp/dali/dali.tar.xz | cut -c1-16)" = "$(cat /tmp/dali/sha256)" ] || { echo "dali_carry: pieces do not match" >&2; exit 1; }
     mkdir -p /tmp/dalisite && tar -xJf /tmp/dali/dali.tar.xz -C /tmp/dalisite
     ln -sfn /tmp/dalisite/nvidia/dali "$site/nvidia/dali"
@@ -55,6 +78,7 @@ unpack() {
 
 case "${1:-}" in
     pack) shift; pack "$@" ;;
+    cut) shift; cut_pieces "$@" ;;
     unpack) shift; unpack "$@" ;;
-    *) sed -n 2,16p "$0"; exit 2 ;;
+    *) sed -n 2,19p "$0"; exit 2 ;;
 esac
