@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""The hardware JPEG engine's rate alone, under the two ways gpubatch calls its decoder: ``convert``'s (each
+batch's part in whole calls into fresh buffers, ``decode(..., order=False, wait=False)``) and the pipelines'
+(calls into reused ring slots, ``decode(..., chunk=256)``, read through ``result.chunks``). Nothing reads the
+images: the consumer only orders its stream after the decode, as the chain would before its kernels, and
+drops the batch. Two batches are decoded ahead of it (``gpu.engine.decode_ahead``), as in ``convert``.
+
+    python3 benchmarks/hw_rate.py --data FOLDER [--images 16384] [--repeats 2] [--json OUT]
+
+On 2026-12-03 (H200) one hardware thread got 12,300-14,800 images a second out of its nvJPEG calls under
+``convert`` and about 21,500 in ``bench``'s hardware route on the same files (benchmarks/RESULTS.md, "12:41 to
+13:12"): this tells whether the call pattern or the work beside it makes the difference. Files are read once
+into memory and repeated to ``--images``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="a folder of JPEGs (searched recursively)")
+    ap.add_argument("--images", type=int, default=16384)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+
+    from gpubatch.engine.device import Device, DeviceKind
+    from gpubatch.engine.gpu.engine import GpuEngine, decode_ahead
+    from gpubatch.engine.settings import Settings
+
+    files = sorted(a.data.rglob("*.jpg"))
+    if not files:
+        sys.exit(f"no .jpg files under {a.data}")
+    blobs = [f.read_bytes() for f in files]
+    blobs = (blobs * (a.images // len(blobs) + 1))[: a.images]
+    batches = [blobs[i : i + 256] for i in range(0, len(blobs), 256)]
+    settings = Settings.from_env(decode_route="hardware")
+    engine = GpuEngine(Device(DeviceKind.GPU, 0, reason="hw_rate"), 16, None, deterministic=True,
+                       decode_route="hardware", settings=settings)
+    engine.warm_up(256)
+    dec, stream = engine.decoder, engine.stream
+
+    def whole(batch: list[bytes]):
+        return dec.decode(batch, stream, 0, order=False, wait=False)
+
+    def chunked(batch: list[bytes]):
+        return dec.decode(batch, stream, 0, order=False, wait=False, chunk=256)
+
+    def run(name: str) -> dict:
+        before = dict(dec.timings)
+        tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
+        t = time.perf_counter()
+        for _, res in decode_ahead(whole if name == "whole" else chunked, batches, 2, tm, 0):
+            if name == "whole":
+                res.order(stream)
+            else:
+                for _items in res.chunks(stream):
+                    pass
+            res = None
+        stream.synchronize()
+        wall = time.perf_counter() - t
+        calls = dec.timings["hw_nvjpeg"] - before["hw_nvjpeg"]
+        return {"wall_s": round(wall, 4), "images_per_s": round(len(blobs) / wall),
+                "hw_nvjpeg_s": round(calls, 4), "images_per_s_of_calls": round(len(blobs) / calls) if calls else None,
+                "decode_wait_s": round(tm["decode_wait"], 4)}
+
+    out: dict = {"images": len(blobs), "distinct_files": len(files), "route": dec.route,
+                 "instances": len(dec.hw_direct or dec.hw_cs), "runs": {"whole": [], "chunked": []}}
+    for name in ("whole", "chunked"):  # one untimed pass each
+        try:
+            run(name)
+        except Exception:  # noqa: BLE001 - say which pattern failed, run the other
+            traceback.print_exc()
+    for _ in range(a.repeats):
+        for name in ("whole", "chunked"):
+            try:
+                r = run(name)
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+                continue
+            out["runs"][name].append(r)
+            print(name, json.dumps(r), flush=True)
+    for name, rs in out["runs"].items():
+        if rs:
+            out[f"{name}: median images/s of calls"] = statistics.median(r["images_per_s_of_calls"] or 0 for r in rs)
+    engine.close()
+    text = json.dumps(out, indent=1)
+    if a.json:
+        a.json.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
