@@ -3,9 +3,13 @@
 batch's part in whole calls into fresh buffers, ``decode(..., order=False, wait=False)``) and the pipelines'
 (calls into reused ring slots, ``decode(..., chunk=256)``, read through ``result.chunks``). Nothing reads the
 images: the consumer only orders its stream after the decode, as the chain would before its kernels, and
-drops the batch. Two batches are decoded ahead of it (``gpu.engine.decode_ahead``), as in ``convert``.
+drops the batch. Two batches are decoded ahead of it (``gpu.engine.decode_ahead``), as in ``convert``. With
+``--busy-ms MS`` each pattern runs again with the consumer's stream kept busy MS milliseconds a batch (one
+spinning thread) before the batch is dropped, as ``convert``'s chain and JPEG encoder keep it before its batch's
+memory is freed: fresh buffers taken on the decoder's stream may then wait for that work (the driver's pool
+reuses memory freed on another stream after it), where ring slots wait only for their own readers.
 
-    python3 benchmarks/hw_rate.py --data FOLDER [--images 16384] [--repeats 2] [--json OUT]
+    python3 benchmarks/hw_rate.py --data FOLDER [--images 16384] [--repeats 2] [--busy-ms 3] [--json OUT]
 
 On 2026-12-03 (H200) one hardware thread got 12,300-14,800 images a second out of its nvJPEG calls under
 ``convert`` and about 21,500 in ``bench``'s hardware route on the same files (benchmarks/RESULTS.md, "12:41 to
@@ -23,8 +27,20 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
+
+SPIN = r"""
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+"""
 
 
 def main() -> None:
@@ -32,6 +48,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, required=True, help="a folder of JPEGs (searched recursively)")
     ap.add_argument("--images", type=int, default=16384)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--busy-ms", type=float, default=3.0, help="the consumer's GPU work a batch in the busy runs (0: none)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
 
@@ -50,6 +67,10 @@ def main() -> None:
                        decode_route="hardware", settings=settings)
     engine.warm_up(256)
     dec, stream = engine.decoder, engine.stream
+    cp = engine.cp
+    # the consumer's work in the busy runs: one thread spinning on the GPU's nanosecond timer
+    spin = cp.RawKernel(SPIN, "spin")
+    busy_ns = np.uint64(int(a.busy_ms * 1e6))
 
     def whole(batch: list[bytes]):
         return dec.decode(batch, stream, 0, order=False, wait=False)
@@ -58,15 +79,20 @@ def main() -> None:
         return dec.decode(batch, stream, 0, order=False, wait=False, chunk=256)
 
     def run(name: str) -> dict:
+        pattern, busy = name.split("+")[0], name.endswith("+busy")
         before = dict(dec.timings)
         tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
         t = time.perf_counter()
-        for _, res in decode_ahead(whole if name == "whole" else chunked, batches, 2, tm, 0):
-            if name == "whole":
+        for _, res in decode_ahead(whole if pattern == "whole" else chunked, batches, 2, tm, 0):
+            if pattern == "whole":
                 res.order(stream)
+                if busy:
+                    spin((1,), (1,), (busy_ns,), stream=stream)
             else:
                 for _items in res.chunks(stream):
                     pass
+                if busy:
+                    spin((1,), (1,), (busy_ns,), stream=stream)
             res = None
         stream.synchronize()
         wall = time.perf_counter() - t
@@ -76,14 +102,16 @@ def main() -> None:
                 "decode_wait_s": round(tm["decode_wait"], 4)}
 
     out: dict = {"images": len(blobs), "distinct_files": len(files), "route": dec.route,
-                 "instances": len(dec.hw_direct or dec.hw_cs), "runs": {"whole": [], "chunked": []}}
-    for name in ("whole", "chunked"):  # one untimed pass each
+                 "instances": len(dec.hw_direct or dec.hw_cs), "busy_ms": a.busy_ms, "runs": {}}
+    names = ["whole", "chunked"] + (["whole+busy", "chunked+busy"] if a.busy_ms > 0 else [])
+    out["runs"] = {name: [] for name in names}
+    for name in names:  # one untimed pass each
         try:
             run(name)
         except Exception:  # noqa: BLE001 - say which pattern failed, run the other
             traceback.print_exc()
     for _ in range(a.repeats):
-        for name in ("whole", "chunked"):
+        for name in names:
             try:
                 r = run(name)
             except Exception:  # noqa: BLE001
