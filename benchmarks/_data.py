@@ -1,8 +1,9 @@
 """The benchmarks' data: the synthetic mixed JPEG sets (in memory for the profiling scripts, as folders for
-bench_convert.py), sets of hard links made in seconds."""
+bench_convert.py), sets of hard links made in seconds; and their results printed as JSON (:func:`emit`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -98,3 +99,11 @@ def tiny_set(root: Path, n: int) -> Path:
         (d / f"c{c:02d}" / "one.jpg").unlink()
     (d / ".complete").touch()
     return d
+
+
+def emit(result: dict, path: Path | None) -> None:
+    """Print ``result`` as JSON, and write it to ``path`` where one is given."""
+    text = json.dumps(result, indent=1)
+    if path:
+        path.write_text(text)
+    print(text)

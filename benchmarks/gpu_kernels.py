@@ -15,7 +15,6 @@ and into a sink).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
 import statistics
@@ -124,10 +123,9 @@ def main() -> None:
         if len(a.files) != 2:
             ap.error("compare takes two saved runs")
         res = compare(*a.files)
-    text = json.dumps(res, indent=1)
-    if a.json:
-        a.json.write_text(text)
-    print(text)
+    from _data import emit  # (benchmarks/_data.py, beside this script; ROOT is on the path by now)
+
+    emit(res, a.json)
 
 
 if __name__ == "__main__":

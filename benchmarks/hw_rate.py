@@ -123,10 +123,9 @@ def main() -> None:
         if rs:
             out[f"{name}: median images/s of calls"] = statistics.median(r["images_per_s_of_calls"] or 0 for r in rs)
     engine.close()
-    text = json.dumps(out, indent=1)
-    if a.json:
-        a.json.write_text(text)
-    print(text)
+    from _data import emit  # (benchmarks/_data.py, beside this script; ROOT is on the path by now)
+
+    emit(out, a.json)
 
 
 if __name__ == "__main__":

@@ -239,28 +239,23 @@ def _flag(raw: str) -> bool:
 _flag.__name__ = "flag (0 or 1)"
 
 
-def _kinds(raw: str) -> tuple[str, ...]:
-    kinds = tuple(k.strip() for k in raw.split(",") if k.strip())
-    for k in kinds:
-        if k not in HW_KINDS:
-            raise ValueError(k)
-    return kinds
+def _names(allowed: tuple[str, ...], what: str):
+    """A parser of a comma-separated list of names out of ``allowed`` (``what`` names them in errors)."""
 
+    def parse(raw: str) -> tuple[str, ...]:
+        names = tuple(k.strip() for k in raw.split(",") if k.strip())
+        for k in names:
+            if k not in allowed:
+                raise ValueError(k)
+        return names
 
-_kinds.__name__ = f"list of JPEG kinds ({', '.join(HW_KINDS)})"
+    parse.__name__ = f"list of {what} ({', '.join(allowed)})"
+    return parse
+
 
 STREAMS = ("hw", "cuda")  # the decoders' streams high_priority may name
-
-
-def _streams(raw: str) -> tuple[str, ...]:
-    names = tuple(k.strip() for k in raw.split(",") if k.strip())
-    for k in names:
-        if k not in STREAMS:
-            raise ValueError(k)
-    return names
-
-
-_streams.__name__ = f"list of the decoders' streams ({', '.join(STREAMS)})"
+_kinds = _names(HW_KINDS, "JPEG kinds")
+_streams = _names(STREAMS, "the decoders' streams")
 
 # (variable, setting, parser): the environment the engine reads, here and nowhere else
 _ENV = (
