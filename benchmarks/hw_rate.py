@@ -13,8 +13,9 @@ reuses memory freed on another stream after it), where ring slots wait only for 
 
 On 2026-12-03 (H200) one hardware thread got 12,300-14,800 images a second out of its nvJPEG calls under
 ``convert`` and about 21,500 in ``bench``'s hardware route on the same files (benchmarks/RESULTS.md, "12:41 to
-13:12"): this tells whether the call pattern or the work beside it makes the difference. Files are read once
-into memory and repeated to ``--images``.
+13:12"): this tells whether the call pattern or the work beside it makes the difference (run it again with
+``GPUBATCH_POOL_KEEP_MIB=4096``: whether the driver's pool giving memory back and mapping it again is the cost). Files
+are read once into memory and repeated to ``--images``.
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ class Settings:
     Decode buffers:
 
     Attributes:
-        pool_keep: bytes of freed memory the driver's default pool keeps.
+        pool_keep: bytes of freed memory the driver's default pool keeps (``GPUBATCH_POOL_KEEP_MIB``, in MiB);
+            above it, freed memory goes back to the driver at each synchronization.
         slab_round: a part's buffer is rounded up to at least this many bytes (a quarter of its size's
             leading power of two); ``slab_fit``: and taken at the size of the largest part before it
             where that is at most a third more.
@@ -255,6 +256,17 @@ def _names(allowed: tuple[str, ...], what: str):
 
 STREAMS = ("hw", "cuda")  # the decoders' streams high_priority may name
 _kinds = _names(HW_KINDS, "JPEG kinds")
+
+
+def _mib(raw: str) -> int:
+    mib = int(raw)
+    if mib < 0:
+        raise ValueError(raw)
+    return mib << 20
+
+
+_mib.__name__ = "whole number of MiB"
+
 _streams = _names(STREAMS, "the decoders' streams")
 
 # (variable, setting, parser): the environment the engine reads, here and nowhere else
@@ -280,4 +292,5 @@ _ENV = (
     ("GPUBATCH_DECODER_THREADS", "decoder_threads_max", int),
     ("GPUBATCH_HIGH_PRIORITY", "high_priority", _streams),
     ("GPUBATCH_CUDA_DECODER_OPTIONS", "cuda_decoder_options", str),
+    ("GPUBATCH_POOL_KEEP_MIB", "pool_keep", _mib),
 )

@@ -65,7 +65,7 @@ def test_settings_come_from_arguments_over_the_environment_over_the_defaults(mon
             Settings.from_env(environ={"GPUBATCH_CUDA_SHARE": share})
 
 
-def test_the_decoders_stream_priority_and_cuda_options_come_from_the_environment():
+def test_the_study_settings_come_from_the_environment():
     from gpubatch.engine.settings import Settings
 
     assert Settings.from_env(environ={}).high_priority == ()
@@ -75,6 +75,9 @@ def test_the_decoders_stream_priority_and_cuda_options_come_from_the_environment
     opts = "nvjpeg_cuda_decoder:hybrid_huffman_threshold=1000000"
     assert Settings.from_env(environ={"GPUBATCH_CUDA_DECODER_OPTIONS": opts}).cuda_decoder_options == opts
     assert "threshold=0" in Settings.from_env(environ={}).cuda_decoder_options
+    assert Settings.from_env(environ={"GPUBATCH_POOL_KEEP_MIB": "2048"}).pool_keep == 2048 << 20
+    with pytest.raises(UsageError, match="GPUBATCH_POOL_KEEP_MIB='2GiB': not a whole number of MiB"):
+        Settings.from_env(environ={"GPUBATCH_POOL_KEEP_MIB": "2GiB"})
 
 
 def test_the_engine_reads_no_environment_outside_its_settings():
