@@ -257,7 +257,7 @@ def convert(
         if dst is None or to is None:
             raise UsageError("convert needs a source, a destination and a format (to=...)")
         req = ConvertRequest(src=_given(src), dst=_given(dst), to=to, **options)
-    if req.resume and not req.overwrite and (done := finished(req.dst, RunSummary)) is not None:
+    if req.resume and not req.overwrite and (done := finished(req.dst, RunSummary, req.options())) is not None:
         return done
     from .engine.plan import make_plan
 
@@ -429,7 +429,7 @@ def augment(
         if dst is None:
             raise UsageError("augment needs a source and a destination")
         req = AugmentRequest(src=_given(src), dst=_given(dst), **options)
-    if req.resume and not req.overwrite and (done := finished(req.dst, RunSummary)) is not None:
+    if req.resume and not req.overwrite and (done := finished(req.dst, RunSummary, req.options())) is not None:
         return done
     ops = req.chain()  # refused before any data is read
     if req.copies < 1:

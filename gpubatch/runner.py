@@ -21,7 +21,7 @@ from typing import Any
 
 from ._commit import remove_tree, sweep_partials
 from ._paths import check_output, shared_stage, staged_output
-from ._remote import is_remote, shown
+from ._remote import is_remote, local_url, shown
 from .engine.device import Device
 from .errors import GpubatchError, RunStats, Terminated, UsageError
 from .formats import open_reader
@@ -343,10 +343,12 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
     return summary
 
 
-def finished(dst: Path | str, summary_cls: Any) -> Any:
+def finished(dst: Path | str, summary_cls: Any, options: dict[str, Any] | None = None) -> Any:
     """``--resume`` where the run already finished (DST is there, written by gpubatch, and no interrupted
     run's staging folder is beside it; in a store: its manifest is there): its summary from its manifest,
-    with a warning that says so; None otherwise."""
+    with a warning that says so; None otherwise. ``options``: this command's (the request's ``options()``):
+    where the finished run's manifest names other ones that shape the output, UsageError names the
+    first difference, as for an interrupted run (:meth:`~.engine.execute.journal.Journal.check`)."""
     from ._paths import STAGING_MARK
     from ._remote import is_remote
     from .formats.manifest import read_manifest
@@ -361,6 +363,10 @@ def finished(dst: Path | str, summary_cls: Any) -> Any:
         m = read_manifest(dst) if dst.is_dir() and not stage.exists() else None
     if not m or not isinstance(m.get("records"), int):
         return None
+    said = _other_options(m, options) if options is not None else None
+    if said:
+        raise UsageError(f"--resume: {shown(str(dst))} was finished by another command ({said}); pass --overwrite "
+                         "to write it again with these options")
     src = m.get("source") if isinstance(m.get("source"), dict) else {}
     errors = [e for e in m.get("errors") or [] if isinstance(e, dict)]
     return summary_cls(src=str(src.get("path", "")), dst=str(dst), src_format=str(src.get("format", "")),
@@ -370,6 +376,34 @@ def finished(dst: Path | str, summary_cls: Any) -> Any:
                        warnings=[f"--resume: {dst} is complete already (written {m.get('created', '')}): nothing "
                                  f"to write"], shards=len((m.get("run") or {}).get("files") or ()) and
                        int((m.get("run") or {}).get("shards") or 0))
+
+
+def _other_options(manifest: dict[str, Any], options: dict[str, Any]) -> str | None:
+    """The first option that shapes the output (not :data:`UNSHAPED`) and differs between a finished run's
+    ``manifest`` and ``options`` ("quality: None then, 80 now"), or None; the device kind where this command
+    names one (the CPU's and the GPU's encoders write different bytes). The source is compared by the path
+    its manifest resolved (a relative path from elsewhere names the same files); an output format not given
+    now (an augment's ``to``: its destination's) is not compared."""
+    import json
+
+    from .engine.execute.journal import difference
+
+    then = manifest.get("options") if isinstance(manifest.get("options"), dict) else {}
+    now = json.loads(json.dumps(options, default=str))  # (as the manifest holds them: JSON's lists)
+    skip = UNSHAPED | {"src"} | ({"to"} if now.get("to") is None else set())
+    said = difference({k: v for k, v in then.items() if k not in skip}, {k: v for k, v in now.items() if k not in skip})
+    if said:
+        return said
+    kind = str(manifest.get("device") or "").partition(":")[0]  # ("cpu", or "gpu"/"gpus" and the GPUs)
+    asked = options.get("device")
+    if asked in ("cpu", "gpu") and kind and ("cpu" if kind == "cpu" else "gpu") != asked:  # (their encoders' bytes differ)
+        return f"device: {'cpu' if kind == 'cpu' else 'gpu'!r} then, {asked!r} now"
+    if is_remote(str(options.get("src") or "")):
+        return None
+    was = (manifest.get("source") or {}).get("path") if isinstance(manifest.get("source"), dict) else None
+    src = options.get("src")
+    here = shown(str(Path(local_url(src)).resolve())) if src else None
+    return f"source: {was!r} then, {here!r} now" if was and here and was != here else None
 
 
 def _destination(req: Any) -> Any:

@@ -292,6 +292,37 @@ def test_resume_with_other_options_is_refused_naming_the_difference(imagenet, tm
                                        for w in s.warnings)
 
 
+def test_resume_of_a_finished_run_with_other_options_is_refused_naming_the_difference(imagenet, tmp_path,
+                                                                                     monkeypatch):
+    out = tmp_path / "out"
+    convert(imagenet, out, to="webdataset", resize_shorter=40, device="cpu", workers=1)
+    before = digest(out)
+    s = convert(imagenet, out, to="webdataset", resize_shorter=40, device="cpu", workers=2, resume=True)
+    assert s.records_out == 60 and any("complete already" in w for w in s.warnings)  # (workers shape nothing)
+    monkeypatch.chdir(imagenet.parent)  # the same source by another path
+    s = convert(imagenet.name, out, to="webdataset", resize_shorter=40, resume=True)
+    assert any("complete already" in w for w in s.warnings)
+    for change, said in (({"resize_shorter": 48}, r"resize_shorter: 40 then, 48 now"),
+                         ({"quality": 80}, r"quality: None then, 80 now"),
+                         ({"device": "gpu"}, r"device: 'cpu' then, 'gpu' now")):
+        with pytest.raises(UsageError, match=rf"finished by another command \({said}\); pass "):
+            convert(imagenet, out, to="webdataset", **{"resize_shorter": 40, **change}, resume=True)
+    with pytest.raises(UsageError, match=r"source: .* then, .* now"):
+        convert(imagenet.parent, out, to="webdataset", resize_shorter=40, resume=True)
+    assert digest(out) == before  # a refusal writes nothing
+
+
+def test_resume_of_a_finished_augment_compares_its_options(coco, tmp_path):
+    out = tmp_path / "aug"
+    augment(coco, out, preset="ssd", copies=2, workers=1, device="cpu")  # (its format: the source's)
+    s = augment(coco, out, preset="ssd", copies=2, resume=True)
+    assert any("complete already" in w for w in s.warnings)
+    with pytest.raises(UsageError, match=r"finished by another command \(copies: 2 then, 3 now\)"):
+        augment(coco, out, preset="ssd", copies=3, resume=True)
+    with pytest.raises(UsageError, match=r"finished by another command \(seed: 0 then, 1 now\)"):
+        augment(coco, out, preset="ssd", copies=2, seed=1, resume=True)
+
+
 @pytest.mark.parametrize("damage", ["garbage", "foreign"])
 def test_a_damaged_or_foreign_journal_is_refused_clearly(imagenet, tmp_path, damage):
     stage = tmp_path / ".out.gpubatch-partial"
