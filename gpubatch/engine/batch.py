@@ -57,6 +57,16 @@ class HostBatch(Sequence):
             raise ValueError("items differ in shape; use items()")
         return self._packed
 
+    @property
+    def shape(self) -> tuple[int, ...] | None:
+        """(N, ...) where the items share a shape, as :meth:`stacked` gives them; None for a ragged batch."""
+        return self._packed.shape if self._packed is not None else None
+
+    @property
+    def dtype(self) -> Any:
+        """The items' dtype (None for an empty batch)."""
+        return self._items[0].dtype if self._items else None
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         a = self.stacked()
         return a if dtype is None else a.astype(dtype, copy=False)
@@ -138,6 +148,18 @@ class DeviceBatch:
 
     def __len__(self) -> int:
         return len(self.shapes)
+
+    @property
+    def shape(self) -> tuple[int, ...] | None:
+        """(N, ...) where the items share a shape, as :meth:`stacked` gives them; None for a ragged batch."""
+        if not self.shapes or any(s != self.shapes[0] for s in self.shapes):
+            return None
+        return (len(self), *self.shapes[0])
+
+    @property
+    def dtype(self) -> Any:
+        """The items' dtype."""
+        return self.buffer.dtype
 
     def _read_on_current_stream(self) -> None:
         import cupy

@@ -230,10 +230,24 @@ def test_a_cpu_batch_is_one_array_and_a_failed_image_leaves_no_row(imagenet):
         batch = pipe(blobs, keys)
         alone = pipe([blobs[5]], [keys[5]])
     assert isinstance(batch, HostBatch) and len(batch) == 7
+    assert batch.shape == (7, 3, 32, 40) and batch.dtype == np.float32  # (as a tensor says what it holds)
     x = np.from_dlpack(batch)
     assert x.shape == (7, 3, 32, 40) and x.dtype == np.float32
     assert batch.keys == keys[:3] + keys[4:] and batch.failed[0][0] == keys[3]
     assert np.array_equal(x[batch.keys.index(keys[5])], np.asarray(alone)[0])  # rows keep their records
+
+
+def test_a_batch_says_its_shape_and_dtype_where_its_items_share_a_shape():
+    import numpy as np
+
+    from gpubatch.engine.batch import DeviceBatch, HostBatch
+
+    ragged = HostBatch([np.zeros((4, 5, 3), np.uint8), np.zeros((6, 5, 3), np.uint8)])
+    assert ragged.shape is None and ragged.dtype == np.uint8 and HostBatch([]).dtype is None
+    buf = np.zeros(2 * 4 * 5 * 3, np.float16)  # (the properties read shapes and the buffer's dtype alone)
+    same = DeviceBatch(buf, np.array([0, 60]), [(4, 5, 3), (4, 5, 3)])
+    assert same.shape == (2, 4, 5, 3) and same.dtype == np.float16
+    assert DeviceBatch(buf, np.array([0, 60]), [(4, 5, 3), (5, 4, 3)]).shape is None
 
 
 # --- what decoders print is held back, counted, and listed under --verbose -------------------------------
