@@ -119,6 +119,8 @@ def _detect(path: Path) -> tuple[type[Format], str | None]:
     lfs = _lfs_pointers(path)
     if lfs:
         raise FormatError(lfs)
+    if path.is_dir() and not any(f.is_file() for f in path.rglob("*")):  # (nothing to tell it by)
+        raise FormatError(f"{path} holds no files: nothing to read")
     raise FormatError(
         f"cannot tell the format of {path}: name it with --from ({', '.join(format_names())})"
     )

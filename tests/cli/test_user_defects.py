@@ -237,6 +237,17 @@ def test_a_cpu_batch_is_one_array_and_a_failed_image_leaves_no_row(imagenet):
     assert np.array_equal(x[batch.keys.index(keys[5])], np.asarray(alone)[0])  # rows keep their records
 
 
+def test_an_empty_source_folder_says_so_rather_than_asking_for_its_format(tmp_path):
+    from gpubatch.errors import FormatError
+
+    (tmp_path / "src" / "a" / "b").mkdir(parents=True)
+    for call in (lambda: convert(tmp_path / "src", tmp_path / "out", to="webdataset"),
+                 lambda: info(tmp_path / "src")):
+        with pytest.raises(FormatError, match="holds no files: nothing to read"):
+            call()
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_batch_says_its_shape_and_dtype_where_its_items_share_a_shape():
     import numpy as np
 
