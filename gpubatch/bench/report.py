@@ -103,7 +103,8 @@ def _header(result: dict[str, Any]) -> list[str]:
         f"CUDA {env.get('cuda_runtime') or '-'}; {env['date']}",
         f"data: {data['images']} {data.get('what', 'JPEGs')} ({data['kind']}) at {data['path']}; page cache {data['page_cache']}",
         f"method: batch {s['batch_size']}, {s['warmup_batches']} warm-up batches excluded, median of {s['windows']} "
-        f"windows over {s['seconds']} s, GPU synchronized before every clock read; command: {env['command']}",
+        f"windows over {s['seconds']} s{', GPU synchronized before every clock read' if env.get('gpu') else ''}; "
+        f"command: {env['command']}",
     ] + ([f"decode ceiling: {c['clips_per_s']:,} clips/s with all {c['cores']} cores decoding the files with "
           f"libsndfile and nothing else ({c['ms_per_clip_one_core']:.2f} ms a clip on one core), the most any "
           "pipeline that decodes them so on this CPU can reach"] if (c := data.get("decode_ceiling") or {}).get("clips_per_s")

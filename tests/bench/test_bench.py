@@ -87,6 +87,10 @@ def test_reports_say_what_ran():
     assert "| gpubatch-cpu | 1,400 | 1,300-1,500 | - | 1.0x |" in md  # a result from before the whole-run figure
     assert "dali | skipped: nvidia.dali not importable" in md and "max |diff| 3" in md and "the model is fed" in md
     assert "NVIDIA H200" in md and "warm-up batches excluded" in md and "## sweep batch_size" in md
+    assert "GPU synchronized before every clock read" in md
+    r["environment"]["gpu"] = None  # (a machine without one: the method says nothing of a GPU)
+    assert "GPU synchronized" not in to_markdown(r) and "machine: no GPU" in to_markdown(r)
+    r["environment"]["gpu"] = "NVIDIA H200"
     page = to_html(r)
     assert page.startswith("<!doctype html>") and page.count("<svg") == 2 and "<script" not in page
     assert "gpubatch-cpu" in page and "1,400" in page
