@@ -383,7 +383,8 @@ def _other_options(manifest: dict[str, Any], options: dict[str, Any]) -> str | N
     ``manifest`` and ``options`` ("quality: None then, 80 now"), or None; the device kind where this command
     names one (the CPU's and the GPU's encoders write different bytes). The source is compared by the path
     its manifest resolved (a relative path from elsewhere names the same files); an output format not given
-    now (an augment's ``to``: its destination's) is not compared."""
+    now (an augment's ``to``: its destination's) is not compared, nor an option the manifest does not hold
+    (one a later gpubatch added)."""
     import json
 
     from .engine.execute.journal import difference
@@ -391,7 +392,8 @@ def _other_options(manifest: dict[str, Any], options: dict[str, Any]) -> str | N
     then = manifest.get("options") if isinstance(manifest.get("options"), dict) else {}
     now = json.loads(json.dumps(options, default=str))  # (as the manifest holds them: JSON's lists)
     skip = UNSHAPED | {"src"} | ({"to"} if now.get("to") is None else set())
-    said = difference({k: v for k, v in then.items() if k not in skip}, {k: v for k, v in now.items() if k not in skip})
+    said = difference({k: v for k, v in then.items() if k not in skip},
+                      {k: v for k, v in now.items() if k not in skip and k in then})
     if said:
         return said
     kind = str(manifest.get("device") or "").partition(":")[0]  # ("cpu", or "gpu"/"gpus" and the GPUs)

@@ -256,6 +256,7 @@ def _names(allowed: tuple[str, ...], what: str):
 
 STREAMS = ("hw", "cuda")  # the decoders' streams high_priority may name
 _kinds = _names(HW_KINDS, "JPEG kinds")
+_streams = _names(STREAMS, "the decoders' streams")
 
 
 def _mib(raw: str) -> int:
@@ -266,8 +267,6 @@ def _mib(raw: str) -> int:
 
 
 _mib.__name__ = "whole number of MiB"
-
-_streams = _names(STREAMS, "the decoders' streams")
 
 # (variable, setting, parser): the environment the engine reads, here and nowhere else
 _ENV = (

@@ -310,6 +310,11 @@ def test_resume_of_a_finished_run_with_other_options_is_refused_naming_the_diffe
     with pytest.raises(UsageError, match=r"source: .* then, .* now"):
         convert(imagenet.parent, out, to="webdataset", resize_shorter=40, resume=True)
     assert digest(out) == before  # a refusal writes nothing
+    m = json.loads((out / "gpubatch.json").read_text())
+    del m["options"]["image_format"]  # (a manifest an earlier gpubatch wrote, before that option)
+    (out / "gpubatch.json").write_text(json.dumps(m))
+    s = convert(imagenet, out, to="webdataset", resize_shorter=40, resume=True)
+    assert any("complete already" in w for w in s.warnings)
 
 
 def test_resume_of_a_finished_augment_compares_its_options(coco, tmp_path):
