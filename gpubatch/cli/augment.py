@@ -40,7 +40,7 @@ def _list_presets(ctx: click.Context, _param: click.Parameter, value: bool) -> N
 
     t = Table(title="augment presets (--preset NAME)", title_justify="left")
     t.add_column("preset", style="bold")
-    t.add_column("chain")
+    t.add_column("chain", overflow="fold")  # (what --ops takes: never cut short)
     t.add_column("what it is")
     for name, (chain, doc) in PRESETS.items():
         t.add_row(name, esc(chain), esc(doc))

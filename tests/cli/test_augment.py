@@ -147,6 +147,11 @@ def test_cli_lists_and_runs(imagenet, tmp_path):
     assert r.returncode == 0 and all(name in r.stdout for name in OPS)
     r = run_cli("augment", "--list-presets")
     assert r.returncode == 0 and all(name in r.stdout for name in PRESETS)
+    import os
+
+    narrow = run_cli("augment", "--list-presets", env={**os.environ, "COLUMNS": "80"})
+    cells = "".join(line.split("│")[2].strip() for line in narrow.stdout.splitlines() if line.count("│") == 4)
+    assert all(chain.replace(" ", "") in cells.replace(" ", "") for chain, _ in PRESETS.values())  # never cut short
     r = run_cli("augment", imagenet, tmp_path / "out", "--preset", "randaugment", "--copies", "2", "--limit", "4",
                 "--device", "cpu", "--json", "-q")
     assert r.returncode == 0, r.stderr
