@@ -255,6 +255,10 @@ def test_a_run_killed_while_its_dataset_went_up_resumes_to_the_same_objects(s3, 
     assert s.records_out == 60
     got = objects(s3, "out")
     assert without_manifest(got) == without_manifest(local_files(tmp_path / "local")) and "gpubatch.json" in got
+    s = convert(imagenet, f"s3://{s3}/out", to="webdataset", shard_size=16, resume=True)  # (finished: its manifest)
+    assert any("complete already" in w for w in s.warnings)
+    with pytest.raises(GpubatchError, match=r"finished by another command \(shard_size: 16 then, 8 now\)"):
+        convert(imagenet, f"s3://{s3}/out", to="webdataset", shard_size=8, resume=True)
 
 
 def test_s3_to_s3_killed_at_4_moments_resumes_to_the_same_objects(s3, s3_env, tmp_path):
