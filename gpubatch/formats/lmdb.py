@@ -45,21 +45,25 @@ class LmdbReader(Reader):
         self.data_file = _data_file(path)
         fetched(self.data_file)  # (a remote database: fetched whole first)
         self.needed = needed_bytes(self.data_file)
+        self.env = self.pages = None
         try:
             self._size_fd = os.open(self.data_file, os.O_RDONLY)
-            self.env = _lmdb().open(
-                str(self.path), readonly=True, lock=False, subdir=True, readahead=False, max_readers=512
-            )
+        except OSError as e:
+            raise FormatError(f"cannot open LMDB {self.path}: {e}") from None
+        try:
+            self._env_key, self.env = _open_env(self.path, self._size_fd)
         except Exception as e:
+            os.close(self._size_fd)
             raise FormatError(f"cannot open LMDB {self.path}: {e}") from None
         self._local = threading.local()
         from .lmdb_pages import PageFile, Unsupported
 
         try:  # keys listed and values read within the file's pages (a damaged file cannot crash the process)
-            self.pages: PageFile | None = PageFile(self.data_file)
+            self.pages = PageFile(self.data_file)
         except Unsupported:  # duplicate keys, sub-databases: the library's own reads
             self.pages = None
         except (OSError, ValueError) as e:
+            self.close()  # (its share of the environment, and the file)
             raise FormatError(f"cannot open LMDB {self.path}: {e}") from None
 
     def _check_size(self) -> None:
@@ -217,8 +221,43 @@ class LmdbReader(Reader):
         if self.pages is not None:
             self.pages.close()
             self.pages = None
-        self.env.close()
-        os.close(self._size_fd)
+        if self.env is not None:
+            _close_env(self._env_key)
+            self.env = None
+            os.close(self._size_fd)
+
+
+# An LMDB environment may be open once in a process (the library refuses a second open of the same file:
+# "already open in this process"), so the readers of one database in one process (a training loader and a
+# validation loader, a loader and open_dataset) share it: (pid, device, inode) -> [environment, readers].
+_ENVS: dict[tuple[int, int, int], list[Any]] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def _open_env(path: Path, fd: int) -> tuple[tuple[int, int, int], Any]:
+    """This process's read-only environment of the database at ``path`` (its data file open as ``fd``),
+    opened by the first reader and shared by the others: (its key for :func:`_close_env`, it)."""
+    st = os.fstat(fd)
+    key = (os.getpid(), st.st_dev, st.st_ino)
+    with _ENVS_LOCK:
+        held = _ENVS.get(key)
+        if held is None:
+            env = _lmdb().open(str(path), readonly=True, lock=False, subdir=True, readahead=False, max_readers=512)
+            held = _ENVS[key] = [env, 0]
+        held[1] += 1
+        return key, held[0]
+
+
+def _close_env(key: tuple[int, int, int]) -> None:
+    """One reader less of the environment of ``key``: closed with the last."""
+    with _ENVS_LOCK:
+        held = _ENVS.get(key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] <= 0:
+            del _ENVS[key]
+            held[0].close()
 
 
 def _audio_codec(data: bytes) -> str | None:

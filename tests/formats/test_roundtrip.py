@@ -544,3 +544,23 @@ def test_folder_entries_come_in_key_order_with_or_without_the_sort():
             names.add(f"{stem}.{rng.choice(['jpg', 'png', 'JPEG'])}")
         entries = [(n, 0) for n in sorted(names)]
         assert _in_order(entries, []) == sorted(entries, key=lambda e: _strip_ext(e[0])), entries
+
+
+def test_one_lmdb_is_read_by_several_readers_of_one_process(imagenet, tmp_path):
+    """The library refuses a second open of one database in a process ("already open in this process"):
+    a training and a validation loader, or a loader and open_dataset, share its environment, and the last
+    reader to close closes it."""
+    import gpubatch
+    from gpubatch.formats import lmdb as lmdb_format
+
+    convert(imagenet, tmp_path / "db", to="lmdb")
+    train = gpubatch.loader(tmp_path / "db", ops="resize(32, 32)", batch_size=16, device="cpu")
+    val = gpubatch.loader(tmp_path / "db", ops="resize(24, 24)", batch_size=16, device="cpu", shuffle=False)
+    with open_dataset(tmp_path / "db") as r:
+        keys = sorted(rec.key for rec in r)
+    assert len(keys) == 60 and len(lmdb_format._ENVS) == 1  # (still open: the two loaders hold it)
+    assert sum(len(labels) for _, labels in train) == 60 and sum(len(labels) for _, labels in val) == 60
+    train.close()
+    assert sum(len(labels) for _, labels in val) == 60
+    val.close()
+    assert not lmdb_format._ENVS
