@@ -350,7 +350,6 @@ def finished(dst: Path | str, summary_cls: Any, options: dict[str, Any] | None =
     where the finished run's manifest names other ones that shape the output, UsageError names the
     first difference, as for an interrupted run (:meth:`~.engine.execute.journal.Journal.check`)."""
     from ._paths import STAGING_MARK
-    from ._remote import is_remote
     from .formats.manifest import read_manifest
 
     if is_remote(dst):

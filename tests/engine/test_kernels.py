@@ -36,7 +36,7 @@ def test_each_kernel_sits_behind_a_guard_of_its_own(name):
             assert kernel.group(1) == guard, f"{name}.cu: {kernel.group(1)} is not behind KEEP_{kernel.group(1)}"
             defined.append(kernel.group(1))
     assert guard is None, f"{name}.cu: KEEP_{guard} not closed"
-    assert defined and defined == kernels.kernels_of(name)
+    assert defined and defined == list(kernels.kernels_of(name))
 
 
 def test_a_kernel_that_is_not_there_is_named_with_those_that_are():

@@ -10,6 +10,7 @@ them on disk, keyed by source text and options) that is most of a GPU run's star
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -43,14 +44,17 @@ def _inlined(text: str) -> str:
     return re.sub(r'^#include "([\w.]+)"[^\n]*$', header, text, flags=re.M)
 
 
+@functools.cache
 def source(name: str) -> str:
-    """The full source ``<name>.cu`` is compiled from (its headers of this folder inlined)."""
+    """The full source ``<name>.cu`` is compiled from (its headers of this folder inlined); read once per
+    process (each of its kernels compiles from it, several at once in :func:`load`'s threads)."""
     return _generated(name) + _inlined((_DIR / f"{name}.cu").read_text())
 
 
-def kernels_of(name: str) -> list[str]:
-    """The kernels ``<name>.cu`` guards (``#ifdef KEEP_<kernel>``), in the file's order."""
-    return re.findall(r"^#ifdef KEEP_(\w+)\s*$", (_DIR / f"{name}.cu").read_text(), flags=re.M)
+@functools.cache
+def kernels_of(name: str) -> tuple[str, ...]:
+    """The kernels ``<name>.cu`` guards (``#ifdef KEEP_<kernel>``), in the file's order (read once per process)."""
+    return tuple(re.findall(r"^#ifdef KEEP_(\w+)\s*$", (_DIR / f"{name}.cu").read_text(), flags=re.M))
 
 
 def _compile(module_name: str, function: str) -> Any:
