@@ -9,13 +9,14 @@ spinning thread) before the batch is dropped, as ``convert``'s chain and JPEG en
 memory is freed: fresh buffers taken on the decoder's stream may then wait for that work (the driver's pool
 reuses memory freed on another stream after it), where ring slots wait only for their own readers.
 
-    python3 benchmarks/hw_rate.py --data FOLDER [--images 16384] [--repeats 2] [--busy-ms 3] [--json OUT]
+    python3 benchmarks/hw_rate.py --data FOLDER [--images 16384] [--repeats 2] [--busy-ms 3] [--gil-threads N] [--json OUT]
 
 On 2026-12-03 (H200) one hardware thread got 12,300-14,800 images a second out of its nvJPEG calls under
 ``convert`` and about 21,500 in ``bench``'s hardware route on the same files (benchmarks/RESULTS.md, "12:41 to
-13:12"): this tells whether the call pattern or the work beside it makes the difference (run it again with
-``GPUBATCH_POOL_KEEP_MIB=4096``: whether the driver's pool giving memory back and mapping it again is the cost). Files
-are read once into memory and repeated to ``--images``.
+13:12"). This script told the causes apart ("15:23 to 15:38"): neither call pattern, nor a busy consumer stream,
+nor the driver's pool keeping more (``GPUBATCH_POOL_KEEP_MIB=4096``), nor processes loading the host moved the
+calls out of 17,000-25,000; two Python threads in the process (``--gil-threads 2``) took them to 5,400-8,300.
+Files are read once into memory and repeated to ``--images``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -50,6 +52,9 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=16384)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--busy-ms", type=float, default=3.0, help="the consumer's GPU work a batch in the busy runs (0: none)")
+    ap.add_argument("--gil-threads", type=int, default=0,
+                    help="threads of this process running Python bytecode all along, as convert's loop, writer and "
+                         "feed threads do beside the hardware thread (whether its calls wait for the interpreter's lock)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
 
@@ -72,6 +77,17 @@ def main() -> None:
     # the consumer's work in the busy runs: one thread spinning on the GPU's nanosecond timer
     spin = cp.RawKernel(SPIN, "spin")
     busy_ns = np.uint64(int(a.busy_ms * 1e6))
+
+    stop = threading.Event()
+
+    def python_work() -> None:  # pure bytecode: holds the interpreter's lock but for the switch interval
+        n = 0
+        while not stop.is_set():
+            for i in range(1000):
+                n += i
+    hogs = [threading.Thread(target=python_work, daemon=True) for _ in range(a.gil_threads)]
+    for h in hogs:
+        h.start()
 
     def whole(batch: list[bytes]):
         return dec.decode(batch, stream, 0, order=False, wait=False)
@@ -103,7 +119,8 @@ def main() -> None:
                 "decode_wait_s": round(tm["decode_wait"], 4)}
 
     out: dict = {"images": len(blobs), "distinct_files": len(files), "route": dec.route,
-                 "instances": len(dec.hw_direct or dec.hw_cs), "busy_ms": a.busy_ms, "runs": {}}
+                 "instances": len(dec.hw_direct or dec.hw_cs), "busy_ms": a.busy_ms, "gil_threads": a.gil_threads,
+           "switch_interval_s": sys.getswitchinterval(), "runs": {}}
     names = ["whole", "chunked"] + (["whole+busy", "chunked+busy"] if a.busy_ms > 0 else [])
     out["runs"] = {name: [] for name in names}
     for name in names:  # one untimed pass each
@@ -123,6 +140,7 @@ def main() -> None:
     for name, rs in out["runs"].items():
         if rs:
             out[f"{name}: median images/s of calls"] = statistics.median(r["images_per_s_of_calls"] or 0 for r in rs)
+    stop.set()
     engine.close()
     from _data import emit  # (benchmarks/_data.py, beside this script; ROOT is on the path by now)
 
