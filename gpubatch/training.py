@@ -201,7 +201,10 @@ class Loader(_base()):  # type: ignore[misc]
     # -- order and state -------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """This rank's batches left in the epoch (all of them at its start)."""
+        """The batches the next iteration gives this rank: those left in the epoch (all of them at its
+        start); once this process read the epoch to its end, the next epoch's, which iterating again reads."""
+        if self._finished:
+            return len(self._batches(self.epoch + 1, 0))
         return len(self._batches())
 
     def set_epoch(self, epoch: int) -> None:
@@ -233,9 +236,11 @@ class Loader(_base()):  # type: ignore[misc]
         self._started = int(state.get("started", self._consumed))
         self._position, self._finished = None, False
 
-    def _batches(self) -> list[np.ndarray]:
-        order = epoch_order(len(self._entries), self.seed, self.epoch, self.shuffle)
-        return rank_batches(order, self._consumed, self.batch_size, self.rank, self.world_size, self.drop_last)
+    def _batches(self, epoch: int | None = None, consumed: int | None = None) -> list[np.ndarray]:
+        """This rank's batches of ``epoch`` (this one) from position ``consumed`` (where it stands)."""
+        epoch, consumed = (self.epoch if epoch is None else epoch), (self._consumed if consumed is None else consumed)
+        order = epoch_order(len(self._entries), self.seed, epoch, self.shuffle)
+        return rank_batches(order, consumed, self.batch_size, self.rank, self.world_size, self.drop_last)
 
     def _mine(self, epoch: int, start: int, started: int, split: Split) -> list[tuple[int, np.ndarray]]:
         """This process's batches of ``epoch`` from position ``start``: (their index from ``start``, rows). The

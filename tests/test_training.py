@@ -338,6 +338,23 @@ def test_iterating_again_after_an_epoch_s_end_reads_the_next_epoch(wds):
     assert dl.epoch == 2 and len(part) == len(first) and sorted(part) == sorted(first)
 
 
+def test_len_is_what_the_next_iteration_gives(wds):
+    """len() is the batches the next loop gets: the whole epoch at its start, the rest of it mid-epoch, and
+    after its end the next epoch's, which the next loop reads (a progress bar's total each epoch)."""
+    dl = loader(wds, batch_size=7, keys=("key",), device="cpu", rank=1, world_size=2)
+    lens = []
+    for _ in range(2):  # (two epochs, no set_epoch)
+        lens.append(len(dl))
+        got = 0
+        for n, _batch in enumerate(dl):
+            got += 1
+            if n == 0:
+                lens.append(len(dl))  # (one handed over)
+        lens.append((got, len(dl)))
+    full = len(rank_batches(np.arange(60), 0, 7, 1, 2, False))
+    assert full == 5 and lens == [full, full - 1, (full, full)] * 2
+
+
 def _keys_in_a_daemon(path, q) -> None:
     with loader(path, CHAIN, batch_size=8, keys=("key", "image"), device="cpu", shuffle=False) as dl:
         q.put([(list(keys), np.asarray(images).shape) for keys, images in dl])
