@@ -29,7 +29,9 @@ class DatasetReport:
         class_count: how many classes the labels span.
         width, height: min / median / mean / max over records, in pixels (EXIF orientation applied).
         codecs, subsampling, modes: counts per JPEG/PNG..., per chroma subsampling, per pixel mode.
-        boxes: total detection boxes; categories: detection categories.
+        boxes: total detection boxes; categories: detection categories; ``category_counts`` maps each
+            category with boxes (its name where the dataset names it, else its id) to its boxes and the
+            images holding one.
         payload_bytes: sum of encoded record sizes; disk_bytes: size of the dataset's files.
         warnings: faults the reader found in the source that it worked around (COCO annotations...).
         members: per extension, how many records hold that WebDataset member besides their image and
@@ -60,6 +62,7 @@ class DatasetReport:
     boxes: int = 0
     images_with_boxes: int = 0
     categories: list[dict] = field(default_factory=list)
+    category_counts: dict[str, dict[str, int]] = field(default_factory=dict)
     payload_bytes: int = 0
     disk_bytes: int = 0
     unreadable: list[dict] = field(default_factory=list)
@@ -118,16 +121,17 @@ def _fetch(reader: Any, entry: Any, peek: bool = True) -> tuple:
 
 def _described(reader: Any, entry: Any, fetched: tuple) -> tuple:
     """What ``info`` keeps of one record, from what :func:`_fetch` read of it, light enough to send between
-    processes: (header or RecordError, label, payload bytes, media, boxes, members, has text, features)."""
+    processes: (header or RecordError, label, payload bytes, media, each box's category id, members, has text,
+    features)."""
     from ..engine.codecs.headers import probe
     from ..formats.base import JSON_FIELDS, MEMBERS
 
     if len(fetched) == 1:
-        return (fetched[0], None, 0, None, 0, (), False, None)
+        return (fetched[0], None, 0, None, (), (), False, None)
     if len(fetched) == 3:  # an image file's first bytes: its header, unless it lies further in
         head, size, label = fetched
         try:
-            return (probe(head), label, size, Media.IMAGE, 0, (), False, None)
+            return (probe(head), label, size, Media.IMAGE, (), (), False, None)
         except ValueError:
             more = reader.peek(entry, HEAD_MORE) if len(head) < min(size, HEAD_MORE) else None
             if more is not None:  # (past a long EXIF or ICC block: the file's first 64 KiB)
@@ -151,7 +155,7 @@ def _described(reader: Any, entry: Any, fetched: tuple) -> tuple:
     except ValueError as e:
         hdr = RecordError(rec.key, rec.origin, "decode", str(e))
     members = tuple(rec.meta.get(MEMBERS) or ()) + ((JSON_FIELDS,) if JSON_FIELDS in rec.meta else ())
-    boxes = len(rec.boxes) if rec.boxes is not None else 0
+    boxes = tuple(int(c) for c in rec.boxes.labels) if rec.boxes is not None else ()  # (each box's category)
     return (hdr, rec.label, size, rec.media, boxes, members, bool(rec.meta.get("text")), rec.meta.get("features"))
 
 
@@ -269,6 +273,8 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
         videos: list = []
         sounds: list = []
         arrays: Counter = Counter()
+        box_counts: Counter = Counter()  # (boxes by category id)
+        box_images: Counter = Counter()  # (images with a box of the category)
         texts = 0
         summaries = _summarized(Path(path), fmt, reader, entries, workers or default_workers())
         for hdr, label, nbytes, media, boxes, members_, text, features in summaries:
@@ -303,12 +309,17 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
             if hdr.subsampling:
                 subs[hdr.subsampling] += 1
             if boxes:
-                report.boxes += boxes
+                report.boxes += len(boxes)
                 report.images_with_boxes += 1
+                box_counts.update(boxes)
+                box_images.update(set(boxes))
             members.update(list(members_))
     for label, n in sorted(labels.items(), key=lambda kv: (kv[0] is None, kv[0] if kv[0] is not None else 0)):
         name = "(unlabeled)" if label is None else (table[label] if label < len(table) else str(label))
         report.class_counts[name] = n
+    names = {c.get("id"): str(c.get("name", c.get("id"))) for c in report.categories}
+    report.category_counts = {names.get(c, str(c)): {"boxes": n, "images": box_images[c]}
+                              for c, n in sorted(box_counts.items())}
     report.width, report.height = _stats(widths), _stats(heights)
     report.codecs, report.subsampling, report.modes = dict(codecs), dict(subs), dict(modes)
     report.members = dict(sorted(members.items()))
@@ -436,7 +447,17 @@ def render(report: DatasetReport) -> None:
     t.add_row("payload", human_bytes(report.payload_bytes))
     t.add_row("on disk", human_bytes(report.disk_bytes))
     con.print(t)
-    if report.class_counts:
+    if report.category_counts:
+        bt = Table(title="boxes per category", title_justify="left")
+        for name in ("category", "boxes", "images"):
+            bt.add_column(name, justify="left" if name == "category" else "right")
+        shown_boxes = list(report.category_counts.items())
+        for name, n in shown_boxes[:50]:
+            bt.add_row(esc(name), f"{n['boxes']:,}", f"{n['images']:,}")
+        if len(shown_boxes) > 50:
+            bt.add_row(f"... {len(shown_boxes) - 50} more", "", "")
+        con.print(bt)
+    if report.class_counts and not (report.category_counts and list(report.class_counts) == ["(unlabeled)"]):
         ct = Table(title="records per class", title_justify="left")
         ct.add_column("class")
         ct.add_column("records", justify="right")

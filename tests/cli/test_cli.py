@@ -347,6 +347,17 @@ def test_info_on_coco(coco):
     r = json.loads(p.stdout)
     assert r["format"] == "coco" and r["records"] == 12 and r["boxes"] == 31
     assert [c["name"] for c in r["categories"]] == ["square", "disc", "triangle"]
+    # boxes per category, as pycocotools counts them; the table shows them, not "records per class" of images
+    # that have no class ("(unlabeled)" for all 12)
+    from pycocotools.coco import COCO
+
+    api = COCO(str(next(coco.glob("annotations/*.json"))))
+    want = {c["name"]: {"boxes": len(api.getAnnIds(catIds=[c["id"]])), "images": len(api.getImgIds(catIds=[c["id"]]))}
+            for c in api.loadCats(api.getCatIds())}
+    assert r["category_counts"] == want and sum(n["boxes"] for n in want.values()) == 31
+    p = run_cli("info", coco)
+    table = p.stdout + p.stderr
+    assert "boxes per category" in table and "records per class" not in table
 
 
 def test_formats_command():
