@@ -145,6 +145,7 @@ def test_audio_datasets_give_feature_batches_with_their_labels(tmp_path):
         for keys, feats, labels in dl:
             x = np.asarray(feats.data)
             assert x.shape[0] == len(keys) == len(labels) and x.shape[1] == 40 and x.dtype == np.float32
+            assert feats.shape == x.shape and feats.dtype == x.dtype and np.array_equal(np.asarray(feats), x)
             assert [names[lab] for lab in labels] == [k.split("/")[0] for k in keys]
             rows += len(keys)
         skipped = [s["key"] for s in dl.skipped]

@@ -104,6 +104,20 @@ class KeyedBatch:
     def __len__(self) -> int:
         return len(self.keys)
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``data``'s shape, (N, ...)."""
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self.data.dtype
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        # (on the GPU CuPy refuses the implicit copy to the host, as for its own arrays: ``data.get()``)
+        a = np.asarray(self.data)
+        return a if dtype is None else a.astype(dtype, copy=False)
+
     def __dlpack__(self, stream: Any = None, **kw: Any) -> Any:
         if self.ready is not None and stream != -1:  # the consumer's stream waits for the GPU's work on data
             import cupy as cp
