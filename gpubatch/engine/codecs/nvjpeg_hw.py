@@ -96,18 +96,25 @@ def library() -> Any:
 
 
 @functools.cache
-def setters() -> Any:
-    """libnvjpeg again (loaded by :func:`library` first), for the decode parameters' setters with the
-    GIL kept: each is a few field writes, and a region call makes one or more per image; releasing the
-    GIL for each made the hardware engine's thread wait for it back as often while the pipeline's other
-    threads ran (the training chain with region decode ran 15,500-16,400 images/s against
-    21,600-22,500 in full, H200)."""
+def short_calls() -> Any:
+    """libnvjpeg again (loaded by :func:`library` first), for its short calls with the GIL kept: the
+    decode parameters' setters (a few field writes each; a region call makes one or more per image) and
+    a call's ``nvjpegDecodeBatchedInitialize``. A thread that lets the GIL go must wait to get it back
+    while the process's other threads run Python, a switch interval or more each time: releasing it for
+    each setter ran the training chain with region decode at 15,500-16,400 images/s against
+    21,600-22,500 in full (H200), and the hardware engine alone, two busy Python threads beside it,
+    got 5,400-8,300 images a second out of its calls against 21,300-24,100 (``benchmarks/hw_rate.py
+    --gil-threads``, 2026-12-03 "15:23 to 15:38"). Only ``nvjpegDecodeBatched`` itself, which takes
+    milliseconds, lets it go, and the wait for the instance's previous call where a query finds it
+    unfinished: a call takes the lock back once, not three times (``benchmarks/gil_wait.py`` models the
+    gain; not yet measured on a GPU)."""
     library()
     vp, st = C.c_void_p, C.c_int
     return _declare(C.PyDLL(library_path()), {
         "nvjpegDecodeParamsSetOutputFormat": [vp, st],
         "nvjpegDecodeParamsSetROI": [vp, C.c_int, C.c_int, C.c_int, C.c_int],
         "nvjpegDecodeParamsSetExifOrientation": [vp, st],
+        "nvjpegDecodeBatchedInitialize": [vp, vp, C.c_int, C.c_int, st],
     })
 
 
@@ -186,12 +193,12 @@ class HwBatchDecoder:
         n, data, sizes, images = args if args is not None else call_args(sources, outputs)
         if not n:
             return
-        if self.done is not None:
+        if self.done is not None and not self.done.done:  # (a query keeps the GIL; a wait lets it go)
             self.done.synchronize()  # the state's buffers are free again
         lib = self.lib
         with self.cp.cuda.Device(self.device):
             _check("nvjpegDecodeBatchedInitialize",
-                   lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, fmt))
+                   short_calls().nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, fmt))
             try:
                 if regions is None:
                     _check("nvjpegDecodeBatched", lib.nvjpegDecodeBatched(self.handle, self.state, data, sizes, images,
@@ -207,7 +214,7 @@ class HwBatchDecoder:
         """The per-image parameters of a region call: each object's ROI set for this call, its output
         format where it was last set to another, its orientation (upright) once, when it is made."""
         lib = self.lib
-        put = setters()
+        put = short_calls()
         fmt_of, turn_of, roi_of = (put.nvjpegDecodeParamsSetOutputFormat, put.nvjpegDecodeParamsSetExifOrientation,
                                    put.nvjpegDecodeParamsSetROI)
         while len(self.params) < len(regions):
