@@ -29,6 +29,48 @@ def _cpu_times() -> tuple[int, int] | None:
     return None if t is None else (t[0], sum(t))
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds each thread of this process has used, by thread name (a pool's threads together:
+    ``gpubatch-encode_0`` and ``_1`` as ``gpubatch-encode``), and the rest of the process's time as
+    "(others)": threads Python did not start (the CUDA driver's, nvImageCodec's) and threads that ended; from ``/proc/self/task`` (10-ms ticks), empty off
+    Linux. In a process whose threads run Python, a thread's CPU time is mostly time it held the
+    interpreter's lock, which a thread of native calls (the hardware decoder's) must wait for."""
+    import os
+
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        total = _task_ticks("/proc/self/stat")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    out: dict[str, float] = {}
+    named = 0
+    for t in threading.enumerate():
+        if t.native_id is None:
+            continue
+        try:
+            ticks = _task_ticks(f"/proc/self/task/{t.native_id}/stat")
+        except (OSError, ValueError):
+            continue  # (a thread that ended meanwhile)
+        base = t.name.rsplit("_", 1)[0] if t.name.rsplit("_", 1)[-1].isdigit() else t.name
+        out[base] = out.get(base, 0.0) + ticks / tick
+        named += ticks
+    out["(others)"] = max(0, total - named) / tick
+    return out
+
+
+def _task_ticks(path: str) -> int:
+    """utime + stime of a ``/proc`` stat file (fields 14 and 15; the name, field 2, may hold spaces)."""
+    with open(path) as f:
+        rest = f.read().rsplit(")", 1)[1].split()
+    return int(rest[11]) + int(rest[12])
+
+
+def cpu_since(before: dict[str, float], now: dict[str, float], prefix: str = "cpu: ") -> dict[str, float]:
+    """The CPU seconds of each thread between two :func:`thread_cpu` readings, as timings (``prefix`` +
+    name): a run's summary sums them over its shards and workers."""
+    return {f"{prefix}{k}": round(v - before.get(k, 0.0), 3) for k, v in now.items() if v - before.get(k, 0.0) > 0}
+
+
 class Usage:
     """Samples, every ``interval`` s between :meth:`start` and :meth:`stop`, the host's CPU busy fraction
     and, for each of ``gpus`` (CUDA ordinals), the GPU's SM and decoder utilisation (NVML; none without

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpubatch.engine.device import Device, DeviceKind, parse_gpus, resolve_gpus
-from gpubatch.engine.usage import Usage, bound
+from gpubatch.engine.usage import Usage, bound, cpu_since, thread_cpu
 from gpubatch.errors import UsageError
 
 
@@ -24,6 +26,36 @@ def test_usage_measures_the_hosts_cpu_without_a_gpu():
     sum(i * i for i in range(2_000_000))  # (some work on this core)
     got = u.stop()
     assert 0.0 < got["cpu_busy"] <= 1.0 and "gpu_busy" not in got
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads' CPU time is read from Linux's /proc")
+def test_each_thread_s_cpu_time_is_counted_by_its_name():
+    """A GPU worker's shards carry each thread's CPU seconds ("cpu: NAME"; a pool's threads together): the
+    threads running Python are those the hardware decoder's thread waits for."""
+    import concurrent.futures
+    import threading
+    import time
+
+    def spin(seconds: float) -> None:
+        t = time.thread_time()
+        while time.thread_time() - t < seconds:
+            pass
+
+    before = thread_cpu()
+    alone = threading.Thread(target=spin, args=(0.3,), name="gpubatch-test-spin")
+    with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="gpubatch-test-pool") as pool:
+        alone.start()
+        futures = [pool.submit(spin, 0.2) for _ in range(2)]
+        time.sleep(0.05)
+        while any(not f.done() for f in futures):
+            time.sleep(0.01)
+        during = thread_cpu()  # (the pool's threads alive, the lone thread maybe ended)
+        alone.join()
+    got = cpu_since(before, during)
+    assert got["cpu: gpubatch-test-pool"] >= 0.35  # (two threads of 0.2 s each, 10-ms ticks)
+    assert "cpu: gpubatch-test-pool_0" not in got and all(v > 0 for v in got.values())
+    after = thread_cpu()  # (the lone thread ended: its time counts among the others)
+    assert "gpubatch-test-spin" not in after and after["(others)"] >= during.get("(others)", 0.0)
 
 
 def test_gpus_are_parsed_and_refused_in_one_line():

@@ -18,6 +18,7 @@ from ..execute.worker import finish, released
 from ..execute.writer import shard_writer
 from ..plan import Plan
 from ..processes import cores
+from ..usage import cpu_since, thread_cpu
 from ..windows import fed_windows, segments
 from .engine import GpuEngine
 
@@ -429,6 +430,7 @@ class GpuStage:
         self.engine, self.plan, self.out_writer, self.pinned = engine, plan, out_writer, pinned
         self.clock = LoopClock(engine.cp, engine.stream)
         self._dec_seen = dict(engine.decoder.timings)
+        self._cpu_seen = thread_cpu()
 
     def run(self, fed: Any, res: Any, shard: Any, shard_t: dict, last: bool, extra: dict | None) -> None:
         """One batch of ``shard`` (``last``: its last; then it is committed with ``shard_t``, its stage
@@ -453,6 +455,9 @@ class GpuStage:
             dec = engine.decoder.timings  # (the decoders' threads' seconds, summed)
             shard_t.update({f"decoder: {k}": v - self._dec_seen.get(k, 0.0) for k, v in dec.items() if v})
             self._dec_seen = dict(dec)
+            cpu = thread_cpu()  # (each thread's CPU seconds: those running Python hold the hardware thread's lock)
+            shard_t.update(cpu_since(self._cpu_seen, cpu))
+            self._cpu_seen = cpu
             self.out_writer.commit(shard, shard_t, extra)
 
 
