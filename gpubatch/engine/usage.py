@@ -32,9 +32,10 @@ def _cpu_times() -> tuple[int, int] | None:
 def thread_cpu() -> dict[str, float]:
     """CPU seconds each thread of this process has used, by thread name (a pool's threads together:
     ``gpubatch-encode_0`` and ``_1`` as ``gpubatch-encode``), and the rest of the process's time as
-    "(others)": threads Python did not start (the CUDA driver's, nvImageCodec's) and threads that ended; from ``/proc/self/task`` (10-ms ticks), empty off
-    Linux. In a process whose threads run Python, a thread's CPU time is mostly time it held the
-    interpreter's lock, which a thread of native calls (the hardware decoder's) must wait for."""
+    "(others)": threads Python did not start (the CUDA driver's, nvImageCodec's) and threads that ended.
+    Read from ``/proc/self/task`` (10-ms ticks); empty off Linux. In a process whose threads run Python, a
+    thread's CPU time is mostly time it held the interpreter's lock, which a thread of native calls (the
+    hardware decoder's) must wait for."""
     import os
 
     try:

@@ -358,6 +358,11 @@ def test_info_on_coco(coco):
     p = run_cli("info", coco)
     table = p.stdout + p.stderr
     assert "boxes per category" in table and "records per class" not in table
+    doc = json.loads((coco / "annotations" / "instances.json").read_text())
+    doc["categories"][1]["name"] = doc["categories"][0]["name"]  # (two ids, one name: each keeps its count)
+    (coco / "annotations" / "instances.json").write_text(json.dumps(doc))
+    shared = json.loads(run_cli("info", coco, "--json").stdout)["category_counts"]
+    assert shared == {"square (1)": want["square"], "square (2)": want["disc"], "triangle": want["triangle"]}
 
 
 def test_formats_command():
