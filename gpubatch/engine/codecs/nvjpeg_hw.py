@@ -143,7 +143,7 @@ class HwBatchDecoder:
     CuPy then imported at the first call."""
 
     def __init__(self, cp: Any, device: int | None = None):
-        self.lib = library()
+        self.lib, self.held = library(), short_calls()  # (held: its short calls, the GIL kept)
         self._cp = cp
         # (made current in each calling thread: nvJPEG allocates there)
         self.device = cp.cuda.runtime.getDevice() if device is None else device
@@ -198,7 +198,7 @@ class HwBatchDecoder:
         lib = self.lib
         with self.cp.cuda.Device(self.device):
             _check("nvjpegDecodeBatchedInitialize",
-                   short_calls().nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, fmt))
+                   self.held.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, fmt))
             try:
                 if regions is None:
                     _check("nvjpegDecodeBatched", lib.nvjpegDecodeBatched(self.handle, self.state, data, sizes, images,
@@ -214,7 +214,7 @@ class HwBatchDecoder:
         """The per-image parameters of a region call: each object's ROI set for this call, its output
         format where it was last set to another, its orientation (upright) once, when it is made."""
         lib = self.lib
-        put = short_calls()
+        put = self.held
         fmt_of, turn_of, roi_of = (put.nvjpegDecodeParamsSetOutputFormat, put.nvjpegDecodeParamsSetExifOrientation,
                                    put.nvjpegDecodeParamsSetROI)
         while len(self.params) < len(regions):
