@@ -402,7 +402,10 @@ def render(report: DatasetReport) -> None:
     t.add_row("records", f"{report.records:,}")
     if report.unreadable:
         t.add_row("unreadable", f"[red]{len(report.unreadable):,}[/]")
-    t.add_row("classes", f"{report.class_count:,}")
+    if report.class_count or not report.category_counts:
+        t.add_row("classes", f"{report.class_count:,}")
+    else:  # (a detection set: its images have no class, its boxes have categories)
+        t.add_row("classes", "none at the image level (its boxes' categories below)")
     if report.width:
         w, h = report.width, report.height
         t.add_row("width", f"{w['min']}..{w['max']} (median {w['median']:g}, mean {w['mean']:g})")

@@ -357,7 +357,7 @@ def test_info_on_coco(coco):
     assert r["category_counts"] == want and sum(n["boxes"] for n in want.values()) == 31
     p = run_cli("info", coco)
     table = p.stdout + p.stderr
-    assert "boxes per category" in table and "records per class" not in table
+    assert "boxes per category" in table and "records per class" not in table and "none at the image level" in table
     doc = json.loads((coco / "annotations" / "instances.json").read_text())
     doc["categories"][1]["name"] = doc["categories"][0]["name"]  # (two ids, one name: each keeps its count)
     (coco / "annotations" / "instances.json").write_text(json.dumps(doc))
