@@ -52,7 +52,8 @@ def thread_cpu() -> dict[str, float]:
             ticks = _task_ticks(f"/proc/self/task/{t.native_id}/stat")
         except (OSError, ValueError):
             continue  # (a thread that ended meanwhile)
-        base = t.name.rsplit("_", 1)[0] if t.name.rsplit("_", 1)[-1].isdigit() else t.name
+        head, _, tail = t.name.rpartition("_")
+        base = head if head and tail.isdigit() else t.name  # (a pool's thread: its pool's name)
         out[base] = out.get(base, 0.0) + ticks / tick
         named += ticks
     out["(others)"] = max(0, total - named) / tick

@@ -388,6 +388,22 @@ def audio_facts(sounds: list, with_text: int = 0) -> dict[str, Any]:
     }
 
 
+def _counts(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]], most: int = 50) -> Any:
+    """A table of names and their counts (the first ``most`` rows, then how many more)."""
+    from rich.table import Table
+
+    from .console import esc
+
+    t = Table(title=title, title_justify="left")
+    for k, name in enumerate(columns):
+        t.add_column(name, justify="right" if k else "left")
+    for name, *counts in rows[:most]:
+        t.add_row(esc(str(name)), *(f"{n:,}" for n in counts))
+    if len(rows) > most:
+        t.add_row(f"... {len(rows) - most} more", *[""] * (len(columns) - 1))
+    return t
+
+
 def render(report: DatasetReport) -> None:
     """Print the report as rich tables on the stderr console."""
     from rich.table import Table
@@ -452,25 +468,10 @@ def render(report: DatasetReport) -> None:
     t.add_row("on disk", human_bytes(report.disk_bytes))
     con.print(t)
     if report.category_counts:
-        bt = Table(title="boxes per category", title_justify="left")
-        for name in ("category", "boxes", "images"):
-            bt.add_column(name, justify="left" if name == "category" else "right")
-        shown_boxes = list(report.category_counts.items())
-        for name, n in shown_boxes[:50]:
-            bt.add_row(esc(name), f"{n['boxes']:,}", f"{n['images']:,}")
-        if len(shown_boxes) > 50:
-            bt.add_row(f"... {len(shown_boxes) - 50} more", "", "")
-        con.print(bt)
+        con.print(_counts("boxes per category", ("category", "boxes", "images"),
+                          [(name, n["boxes"], n["images"]) for name, n in report.category_counts.items()]))
     if report.class_counts and not (report.category_counts and list(report.class_counts) == ["(unlabeled)"]):
-        ct = Table(title="records per class", title_justify="left")
-        ct.add_column("class")
-        ct.add_column("records", justify="right")
-        shown = list(report.class_counts.items())
-        for name, n in shown[:50]:
-            ct.add_row(esc(name), f"{n:,}")
-        if len(shown) > 50:
-            ct.add_row(f"... {len(shown) - 50} more", "")
-        con.print(ct)
+        con.print(_counts("records per class", ("class", "records"), list(report.class_counts.items())))
     for e in report.unreadable[:10]:
         con.print(f"[red]unreadable[/] {esc(e['origin'] or e['key'])}: {esc(e['reason'])}")
     for w in report.warnings:
