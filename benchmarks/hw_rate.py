@@ -15,7 +15,7 @@ On 2026-12-03 (H200) one hardware thread got 12,300-14,800 images a second out o
 ``convert`` and about 21,500 in ``bench``'s hardware route on the same files (benchmarks/RESULTS.md, "12:41 to
 13:12"). This script told the causes apart ("15:23 to 15:38"): neither call pattern, nor a busy consumer stream,
 nor the driver's pool keeping more (``GPUBATCH_POOL_KEEP_MIB=4096``), nor processes loading the host moved the
-calls out of 17,000-25,000; two Python threads in the process (``--gil-threads 2``) took them to 5,400-8,300.
+calls out of 16,900-25,000; two Python threads in the process (``--gil-threads 2``) took them to 5,400-8,300.
 Files are read once into memory and repeated to ``--images``.
 """
 
