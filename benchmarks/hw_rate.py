@@ -9,7 +9,8 @@ spinning thread) before the batch is dropped, as ``convert``'s chain and JPEG en
 memory is freed: fresh buffers taken on the decoder's stream may then wait for that work (the driver's pool
 reuses memory freed on another stream after it), where ring slots wait only for their own readers.
 
-    python3 benchmarks/hw_rate.py --data FOLDER [--images 16384] [--repeats 2] [--busy-ms 3] [--gil-threads N] [--json OUT]
+    python3 benchmarks/hw_rate.py --data FOLDER [--images 16384] [--repeats 2] [--busy-ms 3] [--busy-blocks B]
+        [--pinned] [--gil-threads N] [--json OUT]
 
 On 2026-12-03 (H200) one hardware thread got 12,300-14,800 images a second out of its nvJPEG calls under
 ``convert`` and about 21,500 in ``bench``'s hardware route on the same files (benchmarks/RESULTS.md, "12:41 to
@@ -55,6 +56,11 @@ def main() -> None:
     ap.add_argument("--gil-threads", type=int, default=0,
                     help="threads of this process running Python bytecode all along, as convert's loop, writer and "
                          "feed threads do beside the hardware thread (whether its calls wait for the interpreter's lock)")
+    ap.add_argument("--busy-blocks", type=int, default=1,
+                    help="blocks of the busy runs' spinning kernel (1: one thread; the SMs' count and more: a full GPU,"
+                         " as the chain's and the encoder's kernels fill it)")
+    ap.add_argument("--pinned", action="store_true",
+                    help="the files' bytes in page-locked memory, as convert's feed ring is (else Python bytes)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
 
@@ -74,6 +80,15 @@ def main() -> None:
     engine.warm_up(256)
     dec, stream = engine.decoder, engine.stream
     cp = engine.cp
+    if a.pinned:  # views of one page-locked buffer, as the feed's ring hands them over
+        import cupyx
+
+        ends = np.cumsum([len(b) for b in blobs])
+        ring = cupyx.empty_pinned(int(ends[-1]), np.uint8)
+        ring[:] = np.frombuffer(b"".join(blobs), np.uint8)
+        view = memoryview(ring)
+        blobs = [view[e - len(b) : e] for b, e in zip(blobs, ends)]
+        batches = [blobs[i : i + 256] for i in range(0, len(blobs), 256)]
     # the consumer's work in the busy runs: one thread spinning on the GPU's nanosecond timer
     spin = cp.RawKernel(SPIN, "spin")
     busy_ns = np.uint64(int(a.busy_ms * 1e6))
@@ -104,12 +119,12 @@ def main() -> None:
             if pattern == "whole":
                 res.order(stream)
                 if busy:
-                    spin((1,), (1,), (busy_ns,), stream=stream)
+                    spin((a.busy_blocks,), (1 if a.busy_blocks == 1 else 256,), (busy_ns,), stream=stream)
             else:
                 for _items in res.chunks(stream):
                     pass
                 if busy:
-                    spin((1,), (1,), (busy_ns,), stream=stream)
+                    spin((a.busy_blocks,), (1 if a.busy_blocks == 1 else 256,), (busy_ns,), stream=stream)
             res = None
         stream.synchronize()
         wall = time.perf_counter() - t
@@ -119,7 +134,8 @@ def main() -> None:
                 "decode_wait_s": round(tm["decode_wait"], 4)}
 
     out: dict = {"images": len(blobs), "distinct_files": len(files), "route": dec.route,
-                 "instances": len(dec.hw_direct or dec.hw_cs), "busy_ms": a.busy_ms, "gil_threads": a.gil_threads,
+                 "instances": len(dec.hw_direct or dec.hw_cs), "busy_ms": a.busy_ms, "busy_blocks": a.busy_blocks,
+                 "pinned": a.pinned, "gil_threads": a.gil_threads,
            "switch_interval_s": sys.getswitchinterval(), "runs": {}}
     names = ["whole", "chunked"] + (["whole+busy", "chunked+busy"] if a.busy_ms > 0 else [])
     out["runs"] = {name: [] for name in names}

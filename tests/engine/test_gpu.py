@@ -378,6 +378,7 @@ def test_nvjpeg_binding_decodes_regions_and_planes():
 
     stream = cp.cuda.Stream(non_blocking=True)
     dec = nvjpeg_hw.HwBatchDecoder(cp)
+    made = []  # the instance's end event of each call: made at the first, recorded again at the others
     for sub in ("4:2:0", "4:2:2"):
         blobs = [jpeg_bytes(photo(101 + 17 * i, 223 - 9 * i, seed=i), 80 + i, subsampling=sub) for i in range(6)]
         host_bytes = [np.frombuffer(b, np.uint8) for b in blobs]
@@ -385,6 +386,7 @@ def test_nvjpeg_binding_decodes_regions_and_planes():
         shapes = [host.decode(b).shape for b in blobs]
         full = [cp.zeros(s, cp.uint8) for s in shapes]
         dec.decode(src, [(a.data.ptr, a.shape[1] * 3) for a in full], stream)
+        made.append(dec.done)
         hs, vs = planes.SUBSAMPLING[sub]
         # region calls (twice: the reused parameters must not keep the last call's regions), planes by a
         # plain call and by a call with parameters (their output format switched), regions again
@@ -408,7 +410,41 @@ def test_nvjpeg_binding_decodes_regions_and_planes():
             for b, s, blob in zip(bufs, shapes, blobs):
                 rgb = planes.planes_to_rgb(*planes.plane_views(b.get(), s[1], s[0], hs, vs), hs, vs)
                 assert np.abs(rgb.astype(int) - host.decode(blob).astype(int)).max() <= 1
+    assert made[0] is made[1] is dec.done and dec.done.done
     dec.close()
+
+
+SPIN_THEN_SET = r"""
+extern "C" __global__ void spin_then_set(long long* x, unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+    x[0] = 7;
+}
+"""
+
+
+def test_events_recorded_with_the_gil_kept_order_streams():
+    """``record_held`` and ``wait_held`` (``cuEventRecord``, ``cuStreamWaitEvent`` with the GIL kept): an
+    event recorded after a 50-ms kernel is not done at once, and work on a stream made to wait for it
+    reads what that kernel wrote."""
+    import cupy as cp
+
+    from gpubatch.engine.gpu.context import record_held, wait_held
+
+    a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    x = cp.zeros(1, cp.int64)
+    cp.cuda.Device().synchronize()  # (made on the default stream)
+    cp.RawKernel(SPIN_THEN_SET, "spin_then_set")((1,), (1,), (x, np.uint64(50_000_000)), stream=a)
+    ev = record_held(cp.cuda.Event(disable_timing=True), a)
+    assert not ev.done
+    wait_held(b, ev)
+    with b:
+        y = x * 2
+    b.synchronize()
+    assert ev.done and int(y[0]) == 14
 
 
 def test_planes_are_pillows_pixels_and_resample_as_rgb(engine):

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..gpu.context import wait_held
 from ..settings import Settings
 from . import planes as jplanes
 from .headers import jpeg_kind
@@ -565,7 +566,7 @@ class DecodeBuffers:
         owner = _Chunk(slot, job.consumer)
         rt = self.cp.cuda.runtime
         if slot.release is not None:
-            job.stream.wait_event(slot.release)
+            wait_held(job.stream, slot.release)
         old = job.retire[k]
         if old is not None or slot.orphans:  # the slot grew: free its old buffers after their last readers
             for ptr in [old, *slot.orphans]:

@@ -21,6 +21,7 @@ import os
 from typing import Any
 
 from ...errors import DependencyError
+from ..gpu.context import record_held
 
 BACKEND_HARDWARE = 3  # nvjpegBackend_t
 OUTPUT_YUV = 1  # nvjpegOutputFormat_t: the JPEG's own planes (Y, Cb, Cr at their sampled sizes)
@@ -106,8 +107,8 @@ def short_calls() -> Any:
     got 5,400-8,300 images a second out of its calls against 21,300-24,100 (``benchmarks/hw_rate.py
     --gil-threads``, 2026-12-03 "15:23 to 15:38"). Only ``nvjpegDecodeBatched`` itself, which takes
     milliseconds, lets it go, and the wait for the instance's previous call where a query finds it
-    unfinished: a call takes the lock back once, not three times (``benchmarks/gil_wait.py`` models the
-    gain; not yet measured on a GPU)."""
+    unfinished; the call's end event is recorded with the GIL kept as well
+    (:func:`~gpubatch.engine.gpu.context.record_held`, where the measured gain is)."""
     library()
     vp, st = C.c_void_p, C.c_int
     return _declare(C.PyDLL(library_path()), {
@@ -160,7 +161,7 @@ class HwBatchDecoder:
                 self.lib.nvjpegJpegStateDestroy(self.state)
             self.lib.nvjpegDestroy(self.handle)
             raise
-        self.done: Any = None  # the previous call's end on its stream
+        self.done: Any = None  # the previous call's end on its stream (an event made at the first call)
         self.params: list[Any] = []  # per-image decode parameters of region calls (made as needed, reused)
         self._params_fmt: list[int] = []  # the output format each of them was set to
 
@@ -193,10 +194,13 @@ class HwBatchDecoder:
         n, data, sizes, images = args if args is not None else call_args(sources, outputs)
         if not n:
             return
-        if self.done is not None and not self.done.done:  # (a query keeps the GIL; a wait lets it go)
-            self.done.synchronize()  # the state's buffers are free again
+        done = self.done
+        if done is not None and not done.done:  # (a query keeps the GIL; a wait lets it go)
+            done.synchronize()  # the state's buffers are free again
         lib = self.lib
         with self.cp.cuda.Device(self.device):
+            if done is None:  # one event, made at the first call and recorded again at each (record_held)
+                done = self.done = self.cp.cuda.Event(disable_timing=True)
             _check("nvjpegDecodeBatchedInitialize",
                    self.held.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, fmt))
             try:
@@ -208,7 +212,7 @@ class HwBatchDecoder:
                     _check("nvjpegDecodeBatchedEx", lib.nvjpegDecodeBatchedEx(self.handle, self.state, data, sizes,
                                                                                images, params, C.c_void_p(stream.ptr)))
             finally:
-                self.done = stream.record()
+                record_held(done, stream)
 
     def _region_params(self, regions: list[tuple[int, int, int, int] | None], fmt: int) -> Any:
         """The per-image parameters of a region call: each object's ROI set for this call, its output

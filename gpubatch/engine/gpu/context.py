@@ -1,6 +1,6 @@
 """The CUDA driver's side of a GPU's primary context, through ``libcuda`` itself (ctypes, no CuPy): how its
-threads wait (the sync policy, set before the context exists), whether it is active, and making it current
-in a thread. Light on purpose: a GPU worker's start (:mod:`.start`) makes the context here before CuPy is
+threads wait (the sync policy, set before the context exists), whether it is active, making it current
+in a thread, and the event calls a decoder's thread makes with the GIL kept (:func:`record_held`). Light on purpose: a GPU worker's start (:mod:`.start`) makes the context here before CuPy is
 imported, so that the context and the hardware decoder's instances are made while the worker's main
 thread still imports and unpickles its run.
 """
@@ -8,6 +8,7 @@ thread still imports and unpickles its run.
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any
 
 # the primary context's scheduling flags of each sync policy (Settings.sync)
@@ -68,3 +69,37 @@ def make_current(device_index: int) -> bool:
     if cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) != 0:
         return False
     return cuda.cuCtxSetCurrent(ctx) == 0
+
+
+@functools.cache
+def _held() -> Any:
+    """libcuda through ``ctypes.PyDLL``: its calls keep the GIL (for calls of microseconds)."""
+    cuda = ctypes.PyDLL("libcuda.so.1")
+    vp = ctypes.c_void_p
+    for name, args in (("cuEventRecord", [vp, vp]), ("cuStreamWaitEvent", [vp, vp, ctypes.c_uint])):
+        fn = getattr(cuda, name)
+        fn.argtypes, fn.restype = args, ctypes.c_int
+    return cuda
+
+
+def _check(call: str, status: int) -> None:
+    if status:
+        raise RuntimeError(f"{call} failed with CUDA driver error {status}")
+
+
+def record_held(event: Any, stream: Any) -> Any:
+    """Record ``event`` (a CuPy event) on ``stream`` (a CuPy stream) with the GIL kept; returns ``event``.
+
+    CuPy 14 lets the GIL go for an event's creation, record and destruction (``with nogil``), and a thread
+    that lets it go must wait to get it back while the process's other threads run Python: the hardware
+    decoder's thread, two busy Python threads beside it, spent 63% of its time waiting for the GIL, two
+    thirds of that after those three event calls and a third after its nvJPEG call (py-spy's native
+    stacks of ``benchmarks/hw_rate.py --gil-threads 2``, H200, 2026-12-03). A decoder's thread records
+    its events here, on events it makes once where it can."""
+    _check("cuEventRecord", _held().cuEventRecord(event.ptr, stream.ptr))
+    return event
+
+
+def wait_held(stream: Any, event: Any) -> None:
+    """Make ``stream`` wait for ``event`` (``cuStreamWaitEvent``) with the GIL kept (see :func:`record_held`)."""
+    _check("cuStreamWaitEvent", _held().cuStreamWaitEvent(stream.ptr, event.ptr, 0))
