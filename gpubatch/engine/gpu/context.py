@@ -1,8 +1,9 @@
 """The CUDA driver's side of a GPU's primary context, through ``libcuda`` itself (ctypes, no CuPy): how its
 threads wait (the sync policy, set before the context exists), whether it is active, making it current
-in a thread, and the event calls a decoder's thread makes with the GIL kept (:func:`record_held`). Light on purpose: a GPU worker's start (:mod:`.start`) makes the context here before CuPy is
-imported, so that the context and the hardware decoder's instances are made while the worker's main
-thread still imports and unpickles its run.
+in a thread, and the event calls a decoder's thread makes with the GIL kept (:func:`record_held`). Light
+on purpose: a GPU worker's start (:mod:`.start`) makes the context here before CuPy is imported, so that
+the context and the hardware decoder's instances are made while the worker's main thread still imports
+and unpickles its run.
 """
 
 from __future__ import annotations
@@ -92,9 +93,10 @@ def record_held(event: Any, stream: Any) -> Any:
 
     CuPy 14 lets the GIL go for an event's creation, record and destruction (``with nogil``), and a thread
     that lets it go must wait to get it back while the process's other threads run Python: the hardware
-    decoder's thread, two busy Python threads beside it, spent 63% of its time waiting for the GIL, two
-    thirds of that after those three event calls and a third after its nvJPEG call (py-spy's native
-    stacks of ``benchmarks/hw_rate.py --gil-threads 2``, H200, 2026-12-03). A decoder's thread records
+    decoder's thread, two busy Python threads beside it, spent 63% of its time waiting for the GIL: 36.5%
+    after those three event calls, 22.8% after its nvJPEG call (py-spy's native stacks of
+    ``benchmarks/hw_rate.py --gil-threads 2``, H200, 2026-12-03; ``benchmarks/pyspy_threads.py``). Recorded
+    here, its calls beside those threads ran 9,260 images a second against 6,747. A decoder's thread records
     its events here, on events it makes once where it can."""
     _check("cuEventRecord", _held().cuEventRecord(event.ptr, stream.ptr))
     return event
