@@ -24,3 +24,14 @@ def esc(value: object) -> str:
     from rich.markup import escape
 
     return escape(str(value))
+
+
+def titled(title: str, **options: object):
+    """A rich Table under ``title`` (markup), left-justified and at least as wide as the title where the
+    console is: a title wider than the table's cells wraps to the cells' width otherwise (a short summary
+    of a long path printed its title over two lines on a 100-column terminal)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    width = Text.from_markup(title).cell_len + 4  # (the table's borders and padding)
+    return Table(title=title, title_justify="left", min_width=min(width, console().width), **options)

@@ -406,13 +406,11 @@ def _counts(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]], m
 
 def render(report: DatasetReport) -> None:
     """Print the report as rich tables on the stderr console."""
-    from rich.table import Table
-
-    from .console import console, esc
+    from .console import console, esc, titled
     from .summary import human_bytes
 
     con = console()
-    t = Table(title=f"{esc(report.path)}  [dim]({report.format})[/]", show_header=False, title_justify="left")
+    t = titled(f"{esc(report.path)}  [dim]({report.format})[/]", show_header=False)
     t.add_column(style="bold")
     t.add_column()
     t.add_row("records", f"{report.records:,}")

@@ -32,11 +32,11 @@ def render_summary(summary: Any, title: str = "convert") -> None:
     """Print a RunSummary on the stderr console: counts, bytes, time, skipped records with reasons."""
     from rich.table import Table
 
-    from .console import console, esc
+    from .console import console, esc, titled
 
     con = console()
-    t = Table(title=esc(f"{title}: {summary.src} ({summary.src_format}) -> {summary.dst} ({summary.dst_format})"),
-              show_header=False, title_justify="left")
+    t = titled(esc(f"{title}: {summary.src} ({summary.src_format}) -> {summary.dst} ({summary.dst_format})"),
+               show_header=False)
     t.add_column(style="bold")
     t.add_column()
     t.add_row("device", f"{esc(summary.device)}  [dim]{esc(summary.device_reason)}[/]")

@@ -49,6 +49,27 @@ def test_render_keeps_brackets_in_reasons_and_warnings(monkeypatch):
         assert literal in text, literal
 
 
+def test_a_short_summary_keeps_its_title_on_one_line(monkeypatch):
+    """A summary whose cells are narrower than its title (a finished run resumed) wrapped the title to the
+    cells' width on a 100-column terminal; the table is now as wide as its title where the terminal is."""
+    from rich.console import Console
+
+    from gpubatch.api import RunSummary
+    from gpubatch.report import console as console_mod
+    from gpubatch.report.summary import render_summary
+
+    title = "convert: /data/sets/imagenet-train-subset (folder) -> /data/out/imagenet-tfrecord (tfrecord)"
+    for width, lines in ((100, 1), (60, 2)):
+        out = io.StringIO()
+        monkeypatch.setattr(console_mod, "console", lambda: Console(file=out, width=width, highlight=False))
+        render_summary(RunSummary(src="/data/sets/imagenet-train-subset", dst="/data/out/imagenet-tfrecord",
+                                  src_format="folder", dst_format="tfrecord", device="cpu",
+                                  device_reason="--resume: the run had finished", records_in=60, records_out=60))
+        head = out.getvalue().splitlines()[:lines]
+        assert " ".join(x.strip() for x in head) == title
+        assert max(len(x) for x in out.getvalue().splitlines()) <= width
+
+
 def test_webdataset_members_take_the_codecs_own_extension(tmp_path):
     wds = pytest.importorskip("webdataset")
     src = tmp_path / "src"
