@@ -61,7 +61,8 @@ def test_a_short_summary_keeps_its_title_on_one_line(monkeypatch):
     title = "convert: /data/sets/imagenet-train-subset (folder) -> /data/out/imagenet-tfrecord (tfrecord)"
     for width, lines in ((100, 1), (60, 2)):
         out = io.StringIO()
-        monkeypatch.setattr(console_mod, "console", lambda: Console(file=out, width=width, highlight=False))
+        con = Console(file=out, width=width, highlight=False)
+        monkeypatch.setattr(console_mod, "console", lambda con=con: con)
         render_summary(RunSummary(src="/data/sets/imagenet-train-subset", dst="/data/out/imagenet-tfrecord",
                                   src_format="folder", dst_format="tfrecord", device="cpu",
                                   device_reason="--resume: the run had finished", records_in=60, records_out=60))
