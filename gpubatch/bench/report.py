@@ -129,7 +129,8 @@ def verdict(result: dict[str, Any], chain: str) -> str | None:
         return None
     unit = next((r["unit"] for _, _, r in ran if "unit" in r), "images")
     rate, name, r = ran[0]
-    line = f"{name} is fastest: {rate:,.0f} {unit}/s"
+    line = f"{name} is fastest: {rate:,.0f} {unit}/s" if len(ran) > 1 else \
+        f"{name}: {rate:,.0f} {unit}/s (the only contender that ran)"
     if len(ran) > 1:
         rate2, name2, r2 = ran[1]
         line += f", {rate / rate2:.2f}x {name2} ({rate2:,.0f})" if rate2 else f", {name2} made none"

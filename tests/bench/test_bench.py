@@ -412,6 +412,17 @@ def test_the_terminal_table_fits_80_and_100_columns_and_says_who_won(width):
     assert ("(details)" in text) == (width < 120)  # a narrow terminal gets the details in a second table
 
 
+def test_the_verdict_does_not_call_a_lone_contender_fastest():
+    """On a machine without torch or a GPU only gpubatch-cpu runs: it was "fastest" of one."""
+    from gpubatch.bench.report import verdict
+
+    r = _result()
+    for name in [n for n in r["results"]["train"] if n != "gpubatch-cpu"]:
+        r["results"]["train"][name] = {"error": "skipped: not installed"}
+    assert verdict(r, "train").startswith("gpubatch-cpu: 1,400 images/s (the only contender that ran)")
+    assert verdict(_result(), "train").startswith("gpubatch-gpu is fastest: 5,000 images/s")
+
+
 def test_the_html_report_has_a_verdict_and_labelled_axes():
     page = to_html(_result())
     assert "<p class='verdict'>gpubatch-gpu is fastest: 5,000 images/s, 3.57x gpubatch-cpu (1,400)" in page
