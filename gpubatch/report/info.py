@@ -365,6 +365,7 @@ def video_facts(videos: list) -> dict[str, Any]:
         "fps": _fstats([v.fps for v in videos]),
         "duration_s": _fstats([v.duration for v in videos]),
         "total_hours": round(sum(v.duration for v in videos) / 3600.0, 4),
+        "total_s": round(sum(v.duration for v in videos), 2),
         "frames": _fstats([v.frames for v in videos], 0),
         "total_frames": int(sum(v.frames for v in videos)),
         "bit_rate_kbps": _fstats([v.bit_rate / 1000.0 for v in videos], 1),
@@ -384,8 +385,24 @@ def audio_facts(sounds: list, with_text: int = 0) -> dict[str, Any]:
         "bit_depths": dict(Counter(a.bits for a in sounds if a.bits).most_common()),
         "duration_s": _fstats([a.duration for a in sounds], 3),
         "total_hours": round(sum(a.duration for a in sounds) / 3600.0, 4),
+        "total_s": round(sum(a.duration for a in sounds), 2),
         "with_transcript": with_text,
     }
+
+
+def span(seconds: float) -> str:
+    """A length of time as a person reads it: seconds under a minute, minutes under an hour, else hours."""
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds / 3600:,.1f} h" if seconds >= 36000 else f"{seconds / 3600:.3g} h"
+
+
+def _duration(facts: dict[str, Any]) -> str:
+    """The duration row of a video or audio section: the whole, then the files' range and mean."""
+    d = facts["duration_s"]
+    return f"{span(facts['total_s'])} in all; {d['min']:g}..{d['max']:g} s a file (mean {d['mean']:g})"
 
 
 def _counts(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]], most: int = 50) -> Any:
@@ -431,8 +448,7 @@ def render(report: DatasetReport) -> None:
         t.add_row("containers", esc(", ".join(f"{k} {n:,}" for k, n in v["containers"].items())))
         t.add_row("resolutions", ", ".join(f"{k} {n:,}" for k, n in v["resolutions"].items()))
         t.add_row("fps", f"{v['fps']['min']:g}..{v['fps']['max']:g} (median {v['fps']['median']:g})")
-        d = v["duration_s"]
-        t.add_row("duration", f"{v['total_hours']:g} h in all; {d['min']:g}..{d['max']:g} s (mean {d['mean']:g})")
+        t.add_row("duration", _duration(v))
         t.add_row("frames", f"{v['total_frames']:,} ({v['frames']['min']:g}..{v['frames']['max']:g} a video)")
         t.add_row("bit rate", f"{v['bit_rate_kbps']['median']:g} kb/s median")
         t.add_row("audio, rotated, VFR", f"{v['with_audio']:,}, {v['rotated']:,}, {v['variable_frame_rate']:,}")
@@ -447,8 +463,7 @@ def render(report: DatasetReport) -> None:
         t.add_row("channels", ", ".join(f"{k} ch {n:,}" for k, n in a["channels"].items()))
         if a["bit_depths"]:
             t.add_row("bit depths", ", ".join(f"{k} bit {n:,}" for k, n in a["bit_depths"].items()))
-        d = a["duration_s"]
-        t.add_row("duration", f"{a['total_hours']:g} h in all; {d['min']:g}..{d['max']:g} s (mean {d['mean']:g})")
+        t.add_row("duration", _duration(a))
         if a["with_transcript"]:
             t.add_row("transcripts", f"{a['with_transcript']:,}")
     if report.subsampling:

@@ -239,6 +239,17 @@ def test_info_describes_videos(tmp_path):
     assert v["codecs"] == {"h264 High": 3, "hevc Main": 1} and v["containers"] == {"mp4": 3, "mkv": 1}
     assert v["fps"]["median"] == 24 and v["resolutions"] == {"96x64": 4}
     assert v["total_hours"] == pytest.approx(174 / 24 / 3600, abs=1e-4)
+    assert v["total_s"] == pytest.approx(174 / 24, abs=0.01)
+
+
+def test_info_says_a_duration_in_the_unit_a_person_reads():
+    """The video and audio sections' whole duration: 3 s of sample clips read "0.0008 h in all"."""
+    from gpubatch.report.info import _duration, span
+
+    assert [span(s) for s in (3, 59.4, 90, 600, 3600, 20480, 360000)] == \
+        ["3 s", "59.4 s", "1.5 min", "10 min", "1 h", "5.69 h", "100.0 h"]
+    facts = {"duration_s": {"min": 1.0, "max": 1.0, "mean": 1.0}, "total_hours": 0.0008, "total_s": 3.0}
+    assert _duration(facts) == "3 s in all; 1..1 s a file (mean 1)"
 
 
 # --- bad input ---------------------------------------------------------------------------------------------
