@@ -318,7 +318,7 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
         name = "(unlabeled)" if label is None else (table[label] if label < len(table) else str(label))
         report.class_counts[name] = n
     names = {c.get("id"): str(c.get("name", c.get("id"))) for c in report.categories}
-    shared = {n for n in names.values() if list(names.values()).count(n) > 1}  # (a name two ids bear: with its id)
+    shared = {n for n, k in Counter(names.values()).items() if k > 1}  # (a name two ids bear: with its id)
     report.category_counts = {(f"{names[c]} ({c})" if names.get(c) in shared else names.get(c, str(c))):
                               {"boxes": n, "images": box_images[c]} for c, n in sorted(box_counts.items())}
     report.width, report.height = _stats(widths), _stats(heights)
