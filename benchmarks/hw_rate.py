@@ -84,16 +84,18 @@ def main() -> None:
     engine.warm_up(256)
     dec, stream = engine.decoder, engine.stream
     cp = engine.cp
-    if a.pinned:  # views of one page-locked buffer, as the feed's ring hands them over
+    if a.pinned:  # views of one page-locked buffer, as the feed's ring hands them over (each file once)
         import cupyx
 
-        ends = np.cumsum([len(b) for b in blobs])
+        files_bytes = blobs[: len(files)]
+        ends = np.cumsum([len(b) for b in files_bytes])
         ring = cupyx.empty_pinned(int(ends[-1]), np.uint8)
-        ring[:] = np.frombuffer(b"".join(blobs), np.uint8)
+        ring[:] = np.frombuffer(b"".join(files_bytes), np.uint8)
         view = memoryview(ring)
-        blobs = [view[e - len(b) : e] for b, e in zip(blobs, ends)]
+        views = [view[e - len(b) : e] for b, e in zip(files_bytes, ends)]
+        blobs = (views * (a.images // len(views) + 1))[: a.images]
         batches = [blobs[i : i + 256] for i in range(0, len(blobs), 256)]
-    # the consumer's work in the busy runs: one thread spinning on the GPU's nanosecond timer
+    # the consumer's work in the busy runs: threads spinning on the GPU's nanosecond timer (--busy-blocks)
     spin = cp.RawKernel(SPIN, "spin")
     busy_ns = np.uint64(int(a.busy_ms * 1e6))
 
