@@ -367,17 +367,21 @@ def test_hw_direct_path_matches_nvimagecodec_and_retries_a_failed_call(monkeypat
         assert np.abs(x.astype(int) - y.astype(int)).mean() < 1.0  # the retried call: CUDA decoder's pixels
 
 
-def test_nvjpeg_binding_decodes_regions_and_planes():
+@pytest.mark.parametrize("keep_gil", ["0", "1"])
+def test_nvjpeg_binding_decodes_regions_and_planes(monkeypatch, keep_gil):
     """The direct binding's region calls (``nvjpegDecodeBatchedEx``, each image's parameters reused
     from call to call) give the part of the whole decode they name, whole images beside them; its
     planes (a plain call, then a call with parameters, which switches their output format, then
-    regions in RGB again), read with libjpeg's arithmetic, are Pillow's decode."""
+    regions in RGB again), read with libjpeg's arithmetic, are Pillow's decode; the same with the
+    decode calls made with the GIL kept (``GPUBATCH_HW_KEEP_GIL=1``)."""
     import cupy as cp
 
     from gpubatch.engine.codecs import nvjpeg_hw, planes
 
+    monkeypatch.setenv("GPUBATCH_HW_KEEP_GIL", keep_gil)
     stream = cp.cuda.Stream(non_blocking=True)
     dec = nvjpeg_hw.HwBatchDecoder(cp)
+    assert dec.calls is (dec.held if keep_gil == "1" else dec.lib)
     made = []  # the instance's end event of each call: made at the first, recorded again at the others
     for sub in ("4:2:0", "4:2:2"):
         blobs = [jpeg_bytes(photo(101 + 17 * i, 223 - 9 * i, seed=i), 80 + i, subsampling=sub) for i in range(6)]
@@ -445,6 +449,22 @@ def test_events_recorded_with_the_gil_kept_order_streams():
         y = x * 2
     b.synchronize()
     assert ev.done and int(y[0]) == 14
+    # an event made through the driver (event_held) is a CuPy event of the class asked for, CuPy's to
+    # record, wait for and destroy
+    from gpubatch.engine.codecs.decode_buffers import _event_class
+    from gpubatch.engine.gpu.context import event_held
+
+    cls = _event_class(cp)
+    made = event_held(cls)
+    assert type(made) is cls and made.ptr and made.done
+    cp.RawKernel(SPIN_THEN_SET, "spin_then_set")((1,), (1,), (x, np.uint64(50_000_000)), stream=a)
+    record_held(made, a)
+    assert not made.done
+    b.wait_event(made)
+    made.synchronize()
+    assert made.done
+    del made  # (cudaEventDestroy through CuPy; an event destroyed twice or foreign would fail here or later)
+    cp.cuda.Device().synchronize()
 
 
 def test_planes_are_pillows_pixels_and_resample_as_rgb(engine):

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import DependencyError
-from ..gpu.context import record_held
+from ..gpu.context import event_held, record_held
 from ..gpu.follow import RouteFollower
 from ..gpu.start import HW_INSTANCES, instances_for
 from ..settings import Settings
@@ -641,7 +641,7 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDe
     def _publish(self, job: _Job, done: list[tuple[int, bool]], owner: Any) -> None:
         """Post the images of ``done`` (item, decoded) in ``owner``'s memory with the decode's end event;
         what the CUDA decoder failed goes to the CPU."""
-        event = record_held(_event_class(self.cp)(), job.stream)  # (an event a finalizer can tell is gone)
+        event = record_held(event_held(_event_class(self.cp)), job.stream)  # (an event a finalizer can tell is gone)
         if not isinstance(owner, _Release):
             owner.event = event  # until the consumer waits for it
         views = []  # (item, address, shape, row pitch, sampling): the consumer makes the DeviceImages (_gather)

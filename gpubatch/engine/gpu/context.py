@@ -77,7 +77,8 @@ def _held() -> Any:
     """libcuda through ``ctypes.PyDLL``: its calls keep the GIL (for calls of microseconds)."""
     cuda = ctypes.PyDLL("libcuda.so.1")
     vp = ctypes.c_void_p
-    for name, args in (("cuEventRecord", [vp, vp]), ("cuStreamWaitEvent", [vp, vp, ctypes.c_uint])):
+    for name, args in (("cuEventRecord", [vp, vp]), ("cuStreamWaitEvent", [vp, vp, ctypes.c_uint]),
+                       ("cuEventCreate", [ctypes.POINTER(vp), ctypes.c_uint])):
         fn = getattr(cuda, name)
         fn.argtypes, fn.restype = args, ctypes.c_int
     return cuda
@@ -99,6 +100,17 @@ def record_held(event: Any, stream: Any) -> Any:
     here, its calls beside those threads ran 9,260 images a second against 6,747. A decoder's thread records
     its events here, on events it makes once where it can."""
     _check("cuEventRecord", _held().cuEventRecord(event.ptr, stream.ptr))
+    return event
+
+
+def event_held(cls: Any) -> Any:
+    """A new event of ``cls`` (a CuPy ``Event`` class or subclass: its ``__init__`` is not called) with
+    timing disabled, made through the driver (``cuEventCreate``, in the current context) with the GIL kept
+    (see :func:`record_held`); CuPy destroys it as its own when it is collected."""
+    handle = ctypes.c_void_p()
+    _check("cuEventCreate", _held().cuEventCreate(ctypes.byref(handle), 2))  # CU_EVENT_DISABLE_TIMING
+    event = cls.__new__(cls)
+    event.ptr = handle.value
     return event
 
 
