@@ -116,9 +116,6 @@ def short_calls() -> Any:
         "nvjpegDecodeParamsSetROI": [vp, C.c_int, C.c_int, C.c_int, C.c_int],
         "nvjpegDecodeParamsSetExifOrientation": [vp, st],
         "nvjpegDecodeBatchedInitialize": [vp, vp, C.c_int, C.c_int, st],
-        # (the decode calls as well, for GPUBATCH_HW_KEEP_GIL=1: HwBatchDecoder)
-        "nvjpegDecodeBatched": [vp, vp, C.POINTER(vp), C.POINTER(C.c_size_t), C.POINTER(_Image), vp],
-        "nvjpegDecodeBatchedEx": [vp, vp, C.POINTER(vp), C.POINTER(C.c_size_t), C.POINTER(_Image), C.POINTER(vp), vp],
     })
 
 
@@ -148,9 +145,6 @@ class HwBatchDecoder:
 
     def __init__(self, cp: Any, device: int | None = None):
         self.lib, self.held = library(), short_calls()  # (held: its short calls, the GIL kept)
-        # the decode call itself with the GIL kept too (GPUBATCH_HW_KEEP_GIL=1): its thread never waits to get
-        # the GIL back, and the process's other threads wait while it runs
-        self.calls = self.held if os.environ.get("GPUBATCH_HW_KEEP_GIL") == "1" else self.lib
         self._cp = cp
         # (made current in each calling thread: nvJPEG allocates there)
         self.device = cp.cuda.runtime.getDevice() if device is None else device
@@ -203,7 +197,7 @@ class HwBatchDecoder:
         done = self.done
         if done is not None and not done.done:  # (a query keeps the GIL; a wait lets it go)
             done.synchronize()  # the state's buffers are free again
-        call = self.calls
+        lib = self.lib
         with self.cp.cuda.Device(self.device):
             if done is None:  # one event, made at the first call and recorded again at each (record_held)
                 done = self.done = self.cp.cuda.Event(disable_timing=True)
@@ -211,12 +205,12 @@ class HwBatchDecoder:
                    self.held.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, fmt))
             try:
                 if regions is None:
-                    _check("nvjpegDecodeBatched", call.nvjpegDecodeBatched(self.handle, self.state, data, sizes, images,
-                                                                            C.c_void_p(stream.ptr)))
+                    _check("nvjpegDecodeBatched", lib.nvjpegDecodeBatched(self.handle, self.state, data, sizes, images,
+                                                                           C.c_void_p(stream.ptr)))
                 else:
                     params = self._region_params(regions, fmt)
-                    _check("nvjpegDecodeBatchedEx", call.nvjpegDecodeBatchedEx(self.handle, self.state, data, sizes,
-                                                                                images, params, C.c_void_p(stream.ptr)))
+                    _check("nvjpegDecodeBatchedEx", lib.nvjpegDecodeBatchedEx(self.handle, self.state, data, sizes,
+                                                                               images, params, C.c_void_p(stream.ptr)))
             finally:
                 record_held(done, stream)
 
