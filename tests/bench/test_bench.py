@@ -428,3 +428,22 @@ def test_the_html_report_has_a_verdict_and_labelled_axes():
     assert "<p class='verdict'>gpubatch-gpu is fastest: 5,000 images/s, 3.57x gpubatch-cpu (1,400)" in page
     assert ">images/s</text>" in page and ">batch_size</text>" in page  # the axes' labels
     assert page.count("<line") >= 6  # the bars' axis and grid, the sweep's axes
+
+
+def test_loader_alone_reads_a_dataset_in_its_own_process(tmp_path, imagenet):
+    """benchmarks/loader_alone.py (the loader in one process, for py-spy): an untimed epoch, then batches for
+    its seconds, and the rate it read them at."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gpubatch.api import convert
+
+    convert(imagenet, tmp_path / "wds", to="webdataset", shard_size=16)
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "loader_alone.py"
+    r = subprocess.run([sys.executable, str(script), "--data", str(tmp_path / "wds"), "--seconds", "0.3",
+                        "--batch-size", "8", "--device", "cpu", "--chain", "val"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    rate, images = r.stdout.split(": ")[1].split(" images/s")[0], r.stdout.rsplit("(", 1)[1].split(" ")[0]
+    assert float(rate) > 0 and int(images) >= 8

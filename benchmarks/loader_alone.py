@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""The training loader alone in this process, for a profiler that follows one process (py-spy): the bench's
+``resnet50`` chain over a dataset gpubatch wrote, one untimed epoch, then ``--seconds`` of batches.
+
+    py-spy record --native --threads --idle -r 100 -f raw -o RAW -- python3 benchmarks/loader_alone.py --data DATASET
+    python3 benchmarks/pyspy_threads.py RAW --thread hw-decode
+
+``gpubatch bench --data`` runs each contender in a process of its own, which py-spy's native mode does not follow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True, help="a dataset gpubatch wrote (webdataset shards, say)")
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--chain", default="train", choices=("train", "val"))
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
+    args = ap.parse_args()
+
+    from gpubatch.bench import chain_ops, get_model
+    from gpubatch.training import Loader
+
+    dl = Loader(args.data, chain_ops(get_model("resnet50").chains[args.chain]), batch_size=args.batch_size,
+                device=args.device, seed=0, keys=("image", "label"))
+    for _ in dl:  # the untimed epoch
+        pass
+    n, epoch, t0 = 0, 1, time.perf_counter()
+    while time.perf_counter() - t0 < args.seconds:
+        dl.set_epoch(epoch)
+        for _, labels in dl:
+            n += len(labels)
+            if time.perf_counter() - t0 >= args.seconds:
+                break
+        epoch += 1
+    took = time.perf_counter() - t0
+    print(f"loader_alone: {n / took:.0f} images/s over {took:.1f} s ({n} images)")
+
+
+if __name__ == "__main__":
+    main()
