@@ -61,9 +61,9 @@ from .tfrecord_example import (
     _label,
     _masked_crc,
     _object_keypoints,
+    example_parts,
     example_pb2,
     frame_parts,
-    serialize_example,
 )
 
 _SHARD = re.compile(r".*-\d{5}-of-\d{5}$")
@@ -457,15 +457,15 @@ class TFRecordSink(ShardSink):
         at = self._f.size
         for record in records:
             try:
-                data = serialize_example(self._datum(record))
+                data, size = example_parts(self._datum(record))
             except (ValueError, RecursionError) as e:
                 errors.append(e)
                 continue
-            head, tail = frame_parts(data)
-            n = len(head) + len(data) + len(tail)
+            head, tail = frame_parts(data, size)
+            n = len(head) + size + len(tail)
             self._index.append(f"{at} {n}\n")
             at += n
-            parts += (head, data, tail)
+            parts += (head, *data, tail)
             self.count += 1
             self.bytes += len(record.data)
             errors.append(None)

@@ -8,6 +8,7 @@ read and written in :mod:`.tfrecord`.
 from __future__ import annotations
 
 import importlib.util
+import operator
 import struct
 import sys
 import threading
@@ -51,6 +52,18 @@ def example_pb2() -> Any:
             raise DependencyError(_OLD_PROTOBUF.format(e.__class__.__name__)) from None
         sys.modules["tfrecord.example_pb2"] = mod  # (whole: no thread sees it half made)
         return mod
+
+
+def _masked_crc_parts(parts: list[Any]) -> bytes:
+    """:func:`_masked_crc` of ``parts`` joined, without joining them."""
+    try:
+        from crc32c import crc32c
+    except ImportError:  # pragma: no cover - a core dependency
+        return _masked_crc(b"".join(parts))
+    crc = 0
+    for p in parts:
+        crc = crc32c(p, crc)
+    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
 
 
 def _masked_crc(data: bytes) -> bytes:
@@ -150,24 +163,138 @@ def _floats(feats: Any, key: str) -> np.ndarray:
 
 
 def serialize_example(datum: dict[str, tuple[Any, str]]) -> bytes:
-    """A ``tf.train.Example`` of ``datum`` (feature -> (value, "byte" | "float" | "int")), serialized with
-    its feature map in key order (protobuf's deterministic mode): the same record is the same bytes in
-    every process (a map's order otherwise follows a hash seed of each process)."""
-    ex = example_pb2().Example()
-    feats = ex.features.feature
-    for key, (value, kind) in datum.items():
-        if not isinstance(value, (list, tuple, np.ndarray)):
-            value = [value]
-        getattr(feats[key], _LISTS[kind]).value.extend(value)  # (in place: no list message made and copied)
-    return ex.SerializeToString(deterministic=True)
+    """A ``tf.train.Example`` of ``datum`` (feature -> (value, "byte" | "float" | "int")), serialized:
+    the bytes :func:`example_parts` gives, joined."""
+    return b"".join(example_parts(datum)[0])
+
+
+def example_parts(datum: dict[str, tuple[Any, str]]) -> tuple[list[Any], int]:
+    """The serialized ``tf.train.Example`` of ``datum`` as parts to write one after the other, and their
+    size: a large value (an image's bytes) is a part of its own, never copied, and the rest is joined
+    around it. The bytes are those protobuf's deterministic mode writes with its default (upb) runtime,
+    the feature map in upb's key order (byte order, a key that begins a longer one after it; a map's
+    order otherwise follows a hash seed of each process), so the same record is the same bytes in every
+    process and whatever protobuf runtime is installed (``tests/formats/test_tfrecord_wire.py`` checks
+    them against protobuf). Writing them here, not through protobuf's objects, saves the copies of the
+    image into and out of the message; an entry whose value is small and repeats from record to record
+    (the format, a height, an empty object list) is made once. Raises ``ValueError`` for an integer
+    outside int64 and ``TypeError`` for a value of the wrong type, as protobuf does."""
+    if not datum:
+        return [b""], 0  # (no feature: protobuf writes nothing at all)
+    keys = tuple(datum)
+    order = _ORDERS.get(keys)
+    if order is None:
+        order = _ORDERS[keys] = sorted(keys, key=_upb_key)
+    parts: list[Any] = []
+    run: list[bytes] = []
+    entries = _ENTRIES
+    for key in order:
+        value, kind = datum[key]
+        t = type(value)
+        if t is int or (t is bytes and len(value) <= _SMALL) or ((t is list or t is tuple) and not value):
+            memo = (key, kind, value if t is int or t is bytes else ())
+            entry = entries.get(memo)
+            if entry is None:
+                if len(entries) >= _MEMO_MAX:
+                    entries.clear()
+                entry = entries[memo] = _entry(key, value, kind)
+            run.append(entry)
+        elif kind == "byte" and not isinstance(value, (list, tuple, np.ndarray, str)) and len(value) > _SMALL:
+            if t is not bytes:
+                value = memoryview(value).cast("B")  # (its bytes, whatever its item size)
+            run.append(_large_bytes_head(key, value))
+            parts.append(b"".join(run))
+            parts.append(value)
+            run = []
+        else:
+            run.append(_entry(key, value, kind))
+    parts.append(b"".join(run))
+    size = sum(len(p) for p in parts)
+    head = b"\x0a" + _varint(size)
+    parts[0] = head + parts[0]
+    return parts, size + len(head)
+
+
+_SMALL = 256  # bytes: a value this long or shorter may repeat (a format, a class name); longer, its own part
+_MEMO_MAX = 8192  # entries kept from record to record at most
+_ENTRIES: dict[tuple[str, str, Any], bytes] = {}
+_ORDERS: dict[tuple[str, ...], list[str]] = {}
+_VARINT1 = [bytes([i]) for i in range(128)]
+_INT64 = (-(1 << 63), 1 << 63)
+
+
+def _upb_key(key: str) -> list[int]:
+    return [*key.encode(), 256]  # (256 sorts after every byte: "ab" before "a")
+
+
+def _varint(n: int) -> bytes:
+    if n < 128:
+        return _VARINT1[n]
+    out = bytearray()
+    while n >= 128:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    return tag + _varint(len(payload)) + payload
+
+
+def _int64(v: Any) -> int:
+    n = operator.index(v)  # (a float or a string is a TypeError, as protobuf makes it)
+    if not _INT64[0] <= n < _INT64[1]:
+        raise ValueError(f"Value out of range: {n}")
+    return n & 0xFFFFFFFFFFFFFFFF
+
+
+def _feature(value: Any, kind: str) -> bytes:
+    """A ``Feature`` message: its one list (packed where numbers), present even where empty."""
+    if not isinstance(value, (list, tuple, np.ndarray)):
+        value = [value]
+    if kind == "byte":
+        values = [v if type(v) is bytes else memoryview(v).tobytes() for v in value]  # (bytes-like only, as protobuf)
+        return _field(b"\x0a", b"".join([b"\x0a" + _varint(len(v)) + v for v in values]))
+    if kind == "int":
+        packed = b"".join([_varint(_int64(v)) for v in value])
+        return _field(b"\x1a", _field(b"\x0a", packed) if packed else b"")
+    if kind == "float":
+        try:
+            packed = struct.pack(f"<{len(value)}f", *value)
+        except OverflowError:  # beyond float32: infinite, as protobuf stores it
+            with np.errstate(over="ignore"):
+                packed = np.asarray(value, np.float64).astype("<f4").tobytes()
+        return _field(b"\x12", _field(b"\x0a", packed) if packed else b"")
+    raise ValueError(f"unknown feature kind {kind!r}")
+
+
+def _entry(key: str, value: Any, kind: str) -> bytes:
+    """One entry of the ``Features`` map, as the map field's element (tag, size, key, value)."""
+    k = key.encode()
+    entry = b"\x0a" + _varint(len(k)) + k + _field(b"\x12", _feature(value, kind))
+    return b"\x0a" + _varint(len(entry)) + entry
+
+
+def _large_bytes_head(key: str, value: Any) -> bytes:
+    """What comes before a one-value bytes feature's value in its map entry."""
+    n = len(value)
+    listed = n + 1 + len(_varint(n))  # the BytesList
+    feature = listed + 1 + len(_varint(listed))
+    k = key.encode()
+    inner = b"\x0a" + _varint(len(k)) + k + b"\x12" + _varint(feature) + b"\x0a" + _varint(listed) + b"\x0a" + _varint(n)
+    return b"\x0a" + _varint(len(inner) + n) + inner
 
 
 _LISTS = {"byte": "bytes_list", "float": "float_list", "int": "int64_list"}
 
 
-def frame_parts(data: bytes) -> tuple[bytes, bytes]:
+def frame_parts(data: Any, size: int | None = None) -> tuple[bytes, bytes]:
     """TFRecord's framing of one record: what goes before ``data`` (its length and the length's masked
     CRC-32C) and after it (the data's masked CRC-32C); a writer writes the three as they are, no copy of
-    the data made."""
+    the data made. ``data`` may be a list of parts (:func:`example_parts`) of ``size`` bytes in all."""
+    if isinstance(data, list):
+        length = struct.pack("<Q", size if size is not None else sum(len(p) for p in data))
+        return length + _masked_crc(length), _masked_crc_parts(data)
     length = struct.pack("<Q", len(data))
     return length + _masked_crc(length), _masked_crc(data)
