@@ -102,3 +102,17 @@ def test_the_memo_of_repeated_entries_stays_bounded():
         te.example_parts({"image/height": (i, "int")})
     assert len(te._ENTRIES) <= te._MEMO_MAX
     assert te.serialize_example({"image/height": (5, "int")}) == protobuf_bytes({"image/height": (5, "int")})
+
+
+def test_the_encoder_benchmark_checks_and_times_both(tmp_path):
+    """benchmarks/tfrecord_encode.py: both ways give the same bytes, and each gets its time a record."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "tfrecord_encode.py"
+    r = subprocess.run([sys.executable, str(script), "--records", "40", "--image-bytes", "3000", "--repeats", "1",
+                        "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = json.loads((tmp_path / "r.json").read_text())
+    assert got["records"] == 40 and got["protobuf_us"] > 0 and got["wire_us"] > 0
