@@ -7,25 +7,17 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
+from pathlib import Path
 
-import numpy as np
 import pytest
 
 from gpubatch.formats import tfrecord_example as te
 
-LISTS = {"byte": "bytes_list", "float": "float_list", "int": "int64_list"}
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-
-def protobuf_bytes(datum: dict) -> bytes:
-    """The reference: the Example made through protobuf's objects and serialized deterministically."""
-    ex = te.example_pb2().Example()
-    feats = ex.features.feature
-    for key, (value, kind) in datum.items():
-        if not isinstance(value, (list, tuple, np.ndarray)):
-            value = [value]
-        getattr(feats[key], LISTS[kind]).value.extend(value)
-    return ex.SerializeToString(deterministic=True)
-
+from tfrecord_encode import through_protobuf as protobuf_bytes  # noqa: E402  (the reference: protobuf's objects)
 
 KEYS = ["a", "ab", "abc", "b", "image", "image/encoded", "image/format", "image/object/bbox/xmin",
         "image/object/bbox/xmax", "label", "Label", "z", "é", "éa", "日本", "a/b", "a.b", "", "x" * 200]
@@ -107,10 +99,8 @@ def test_the_memo_of_repeated_entries_stays_bounded():
 def test_the_encoder_benchmark_checks_and_times_both(tmp_path):
     """benchmarks/tfrecord_encode.py: both ways give the same bytes, and each gets its time a record."""
     import subprocess
-    import sys
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "tfrecord_encode.py"
+    script = ROOT / "benchmarks" / "tfrecord_encode.py"
     r = subprocess.run([sys.executable, str(script), "--records", "40", "--image-bytes", "3000", "--repeats", "1",
                         "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
