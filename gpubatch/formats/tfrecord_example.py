@@ -54,29 +54,23 @@ def example_pb2() -> Any:
         return mod
 
 
+def _masked_crc(data: bytes) -> bytes:
+    """TFRecord's masked CRC-32C of ``data``, as the 4 little-endian bytes a record holds."""
+    return _masked_crc_parts([data])
+
+
 def _masked_crc_parts(parts: list[Any]) -> bytes:
     """:func:`_masked_crc` of ``parts`` joined, without joining them."""
     try:
         from crc32c import crc32c
     except ImportError:  # pragma: no cover - a core dependency
-        return _masked_crc(b"".join(parts))
+        from tfrecord.writer import TFRecordWriter
+
+        return TFRecordWriter.masked_crc(b"".join(parts))
     crc = 0
     for p in parts:
         crc = crc32c(p, crc)
     return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
-
-
-def _masked_crc(data: bytes) -> bytes:
-    """TFRecord's masked CRC-32C of ``data``, as the 4 little-endian bytes a record holds."""
-    try:
-        from crc32c import crc32c
-    except ImportError:  # pragma: no cover - a core dependency
-        from tfrecord.writer import TFRecordWriter
-
-        return TFRecordWriter.masked_crc(data)
-    crc = crc32c(data)
-    return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
-
 
 
 _IMAGE_KEYS = ("image/encoded", "image", "image_raw", "img", "jpeg", "encoded")
@@ -284,9 +278,6 @@ def _large_bytes_head(key: str, value: Any) -> bytes:
     k = key.encode()
     inner = b"\x0a" + _varint(len(k)) + k + b"\x12" + _varint(feature) + b"\x0a" + _varint(listed) + b"\x0a" + _varint(n)
     return b"\x0a" + _varint(len(inner) + n) + inner
-
-
-_LISTS = {"byte": "bytes_list", "float": "float_list", "int": "int64_list"}
 
 
 def frame_parts(data: Any, size: int | None = None) -> tuple[bytes, bytes]:
