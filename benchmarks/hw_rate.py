@@ -18,8 +18,9 @@ On 2026-12-03 (H200) one hardware thread got 12,300-14,800 images a second out o
 nor the driver's pool keeping more (``GPUBATCH_POOL_KEEP_MIB=4096``), nor processes loading the host moved the
 calls out of 16,900-25,000; two Python threads in the process (``--gil-threads 2``) took them to 5,400-8,300.
 Since the thread's event calls keep the GIL (5fa8b0b), 8,700-9,300 against 5,500-6,700 ("17:59 to 19:00"); there
-the files in page-locked memory (``--pinned``, as ``convert``'s feed ring is) gave 21,600 against 23,700 as
-Python bytes, and every SM kept busy 2 ms a batch (``--busy-ms 2 --busy-blocks 2048``) 17,000-17,400 against
+the files in page-locked memory gave 21,600 against 23,700 as Python bytes (``--pinned`` then locked every
+repeat, 1.4 GB; since, each file once, as ``convert``'s feed ring holds a batch's bytes once: 21,364 against
+20,147 on one machine, two calls apart, "19:49 to 20:21"), and every SM kept busy 2 ms a batch (``--busy-ms 2 --busy-blocks 2048``) 17,000-17,400 against
 16,900-19,200 for the same process's runs without it (no effect told apart).
 Files are read once into memory and repeated to ``--images``.
 """
