@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .gpu.context import copy_held, held_event, record_held, sync_held
+
 
 class HostBatch(Sequence):
     """A batch on the CPU (``ImagePipeline`` with ``device="cpu"``): its items (NumPy arrays) in one
@@ -260,7 +262,7 @@ class PinnedStaging:
         i = self._next
         self._next = (i + 1) % len(self._mem)
         if self._done[i] is not None:
-            self._done[i].synchronize()
+            sync_held(self._done[i])
         n = data.nbytes
         host = self._host[i]
         if host is None or host.size < n:
@@ -270,8 +272,9 @@ class PinnedStaging:
         host[:n] = data
         with stream:
             dev = cp.empty(n, cp.uint8)
-        dev.data.copy_from_host_async(host.ctypes.data, n, stream)
-        self._done[i] = stream.record()
+        # (the copy and the slot's event, made once, with the GIL kept: this runs in the thread that launches)
+        copy_held(dev.data.ptr, host.ctypes.data, n, stream)
+        self._done[i] = record_held(held_event(cp) if self._done[i] is None else self._done[i], stream)
         self._dev[i] = dev  # alive until the slot is refilled, so raw pointers into it stay valid
         return dev
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..engine.batch import DeviceBatch, HostBatch
 from ..engine.device import Device
+from ..engine.gpu.context import held_event, query_held, record_held, sync_held, wait_held
 from ..engine.gpu.engine import GpuEngine, decode_ahead
 from ..engine.ops.base import Op, Window
 from ..engine.ops.normalize import Normalize
@@ -486,6 +487,9 @@ class ImagePipeline:
             cp = self.engine.cp
             with self.engine.dev:
                 self._side = {hw: cp.cuda.Stream(non_blocking=True) for hw in (True, False)}
+                # (per side stream, the event the engine's stream waits for after a batch's chunks: made once,
+                # recorded again at each batch, each record's wait enqueued before the next record)
+                self._side_done = {on.ptr: held_event(cp) for on in self._side.values()}
         return self._side
 
     def _process_chunks(self, res: Any, keys: Sequence[str], params: Sequence[Any] | None,
@@ -519,7 +523,7 @@ class ImagePipeline:
         done: list[int] = []
         if slot is not None and self._ring_done[slot] is not None:  # the side streams write ``buf`` after
             for on in side.values():                                 # its last batch's work
-                on.wait_event(self._ring_done[slot])
+                wait_held(on, self._ring_done[slot])
         if slot is not None:
             self._after_readers(slot, [*side.values(), eng.stream])
         used = set()
@@ -538,7 +542,7 @@ class ImagePipeline:
             arrays = None  # the chunk's memory goes back to the decoder
             used.add(on)
         for on in used - {eng.stream}:  # the batch is read on the engine's stream
-            eng.stream.wait_event(on.record())
+            wait_held(eng.stream, record_held(self._side_done[on.ptr], on))
         self.timings["decode_wait"] += res.waited
         done.sort()
         got = set(done)
@@ -554,7 +558,10 @@ class ImagePipeline:
         batch = DeviceBatch(buf, np.arange(len(done), dtype=np.int64) * per, [shape] * len(done), stream=eng.stream,
                             keys=[keys[i] for i in done], failed=[(keys[i], err) for i, err in self.last_errors])
         if slot is not None:
-            self._ring[slot], self._ring_done[slot] = buf, eng.stream.record()
+            if self._ring_done[slot] is None:
+                self._ring_done[slot] = held_event(cp)
+            self._ring[slot] = buf
+            record_held(self._ring_done[slot], eng.stream)  # (its waits above are enqueued: it may be recorded again)
             self._ring_readers[slot] = batch.readers  # (the set itself: what the consumer takes later counts)
         return batch
 
@@ -657,12 +664,14 @@ class ImagePipeline:
         batch's decode: an event on :attr:`stream` after its kernels, which wait for that decode."""
         tm = self.timings
         held: deque = deque()  # (event, FedBatch) of batches whose encoded bytes the GPU may still read
+        spare: list = []  # events of batches released, recorded again for later ones (with the GIL kept)
 
         def release(block: bool) -> None:
-            while held and (block or held[0][0].done or len(held) > self.settings.held_slots):
+            while held and (block or query_held(held[0][0]) or len(held) > self.settings.held_slots):
                 event, fed = held.popleft()
-                event.synchronize()
+                sync_held(event)
                 fed.done()
+                spare.append(event)
 
         def decode(item: tuple[Any, Any, Any]) -> Any:
             blobs, _, fed = item
@@ -679,7 +688,8 @@ class ImagePipeline:
                 else:
                     out = self.process(out, keys, fed.params, fed.sizes, fed.windows, epoch=fed.epoch)
                     if ordered_release:
-                        held.append((self.engine.stream.record(), fed))
+                        held.append((record_held(spare.pop() if spare else held_event(self.engine.cp),
+                                                 self.engine.stream), fed))
                         release(block=False)
                     else:
                         fed.done()  # the encoded bytes (views of the feed's shared memory) are no longer read

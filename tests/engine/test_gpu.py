@@ -447,10 +447,9 @@ def test_events_recorded_with_the_gil_kept_order_streams():
     assert ev.done and int(y[0]) == 14
     # an event made through the driver (event_held) is a CuPy event of the class asked for, CuPy's to
     # record, wait for and destroy
-    from gpubatch.engine.codecs.decode_buffers import _event_class
-    from gpubatch.engine.gpu.context import event_held
+    from gpubatch.engine.gpu.context import event_held, owned_event_class
 
-    cls = _event_class(cp)
+    cls = owned_event_class(cp)
     made = event_held(cls)
     assert type(made) is cls and made.ptr and made.done
     cp.RawKernel(SPIN_THEN_SET, "spin_then_set")((1,), (1,), (x, np.uint64(50_000_000)), stream=a)
@@ -460,6 +459,49 @@ def test_events_recorded_with_the_gil_kept_order_streams():
     made.synchronize()
     assert made.done
     del made  # (cudaEventDestroy through CuPy; an event destroyed twice or foreign would fail here or later)
+    cp.cuda.Device().synchronize()
+
+
+def test_held_calls_copy_query_and_sync_as_cupy_does():
+    """The driver calls the consumer's thread makes with the GIL kept: ``copy_held`` copies page-locked host
+    bytes after the work before it on its stream; an event made once (``held_event``) and recorded again
+    orders each use; ``query_held`` and ``sync_held`` tell and wait; ``current_device_held`` is CuPy's
+    device."""
+    import cupy as cp
+
+    from gpubatch.engine.gpu.context import (
+        copy_held,
+        current_device_held,
+        held_event,
+        query_held,
+        record_held,
+        sync_held,
+        wait_held,
+    )
+
+    assert current_device_held() == cp.cuda.runtime.getDevice()
+    stream = cp.cuda.Stream(non_blocking=True)
+    host_mem = cp.cuda.alloc_pinned_memory(8)
+    host = np.frombuffer(host_mem, np.int64, 1)
+    host[0] = 11
+    x = cp.zeros(1, cp.int64)
+    other = cp.cuda.Stream(non_blocking=True)
+    ev = held_event(cp)
+    assert query_held(ev)  # (never recorded: done)
+    for round_ in range(2):  # (the same event recorded again orders the second use too)
+        cp.RawKernel(SPIN_THEN_SET, "spin_then_set")((1,), (1,), (x, np.uint64(50_000_000)), stream=stream)
+        copy_held(x.data.ptr, host.ctypes.data, 8, stream)  # (after the kernel's 7, on the same stream)
+        record_held(ev, stream)
+        assert not query_held(ev)
+        wait_held(other, ev)
+        with other:
+            y = x * 2
+        sync_held(ev)
+        assert query_held(ev)
+        other.synchronize()
+        assert int(y[0]) == 22 + 2 * round_
+        host[0] = 12
+    del ev
     cp.cuda.Device().synchronize()
 
 

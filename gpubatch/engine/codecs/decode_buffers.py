@@ -7,7 +7,6 @@ the consumer's kernels have read it; the output places of each decoded image. Th
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
 import time
 import weakref
@@ -17,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..gpu.context import wait_held
+from ..gpu.context import current_device_held, held_event, record_held, wait_held
 from ..settings import Settings
 from . import planes as jplanes
 from .headers import jpeg_kind
@@ -61,22 +60,6 @@ def _stream_ref(stream: Any) -> Any:
         return lambda: stream
 
 
-@functools.cache
-def _event_class(cp: Any) -> Any:
-    class OwnedEvent(cp.cuda.Event):
-        """A CuPy event (no timing) whose handle reads 0 once destroyed, so that a finalizer that would
-        wait on it (collected with it, in any order: see :func:`_stream_ref`) can tell."""
-
-        def __init__(self) -> None:
-            super().__init__(disable_timing=True)
-
-        def __del__(self) -> None:
-            super().__del__()
-            self.ptr = 0
-
-    return OwnedEvent
-
-
 def _readers_after(consumer: Any, event: Any) -> Any:
     """For a finalizer: the consumer's stream (``consumer``, a :func:`_stream_ref`), made to wait for the
     decode-end ``event`` if one is given; or None, once the whole device has been waited for, where the
@@ -84,7 +67,7 @@ def _readers_after(consumer: Any, event: Any) -> Any:
     stream = consumer()
     if stream is not None and (event is None or event.ptr):
         if event is not None:
-            stream.wait_event(event)
+            wait_held(stream, event)
         return stream
     import cupy
 
@@ -160,12 +143,16 @@ class _RingSlot:
     that read them, which the slot's next call waits for on the GPU. ``ptr``/``size``: the buffer the
     next call handed over gets (it only grows; see ``GpuImageDecoder._ring_bind``)."""
 
-    __slots__ = ("ptr", "size", "free", "release", "orphans")
+    __slots__ = ("ptr", "size", "free", "release", "orphans", "decoded", "released")
 
     def __init__(self) -> None:
         self.ptr, self.size = 0, 0
         self.free = threading.Semaphore(1)
         self.release: Any = None
+        # events made once and recorded again (with the GIL kept): the end of the slot's last call on the
+        # decoder's stream, and the consumer's progress once that call's images are dropped (``release``)
+        self.decoded: Any = None
+        self.released: Any = None
         self.orphans: list[int] = []  # old buffers of a grown slot whose call did not get it: freed by the next
 
 
@@ -190,7 +177,13 @@ class _Chunk:
 
             _make_current(cupy.cuda.runtime, self.device)
             stream = _readers_after(self.consumer, self.event)
-            self.slot.release = stream.record() if stream is not None else None
+            slot = self.slot
+            if stream is None:
+                slot.release = None
+            else:  # (the slot's next call waits for it before the slot's images are dropped again)
+                if slot.released is None:
+                    slot.released = held_event(cupy)
+                slot.release = record_held(slot.released, stream)
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
         self.slot.free.release()
@@ -605,7 +598,7 @@ def _make_current(runtime: Any, device_index: int) -> None:
     """Make ``device_index`` the calling thread's current device and leave it so. Not a ``with
     cupy.cuda.Device(...)`` block: leaving one in a thread that was on device 0 sets device 0 again,
     and since CUDA 12 setting a device makes its context (the two-GPU test failed so)."""
-    if runtime.getDevice() != device_index:
+    if current_device_held() != device_index:  # (asked with the GIL kept: finalizers run in the consumer's thread)
         runtime.setDevice(device_index)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..gpu.context import wait_held
 from . import planes as jplanes
 from .decode_buffers import _Chunk, _Slab, _stream_ref
 
@@ -108,7 +109,7 @@ class DecodeResult:
             msg = None
             on = side[hw] if side is not None and hw is not None else stream
             if event is not None:
-                on.wait_event(event)
+                wait_held(on, event)
                 if isinstance(owner, (_Slab, _Chunk)):
                     owner.event = None
                     owner.consumer = _stream_ref(on)  # its memory is freed (or handed back) after the work on ``on``

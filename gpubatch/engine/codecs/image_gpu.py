@@ -39,15 +39,15 @@ from typing import Any
 import numpy as np
 
 from ...errors import DependencyError
-from ..gpu.context import event_held, record_held
+from ..gpu.context import held_event, record_held
 from ..gpu.follow import RouteFollower
 from ..gpu.start import HW_INSTANCES, instances_for
 from ..settings import Settings
 from . import image as host
 from .decode_buffers import (
     DecodeBuffers,
+    _Chunk,
     _Closed,
-    _event_class,
     _Job,
     _make_current,
     _Release,
@@ -641,7 +641,13 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDe
     def _publish(self, job: _Job, done: list[tuple[int, bool]], owner: Any) -> None:
         """Post the images of ``done`` (item, decoded) in ``owner``'s memory with the decode's end event;
         what the CUDA decoder failed goes to the CPU."""
-        event = record_held(event_held(_event_class(self.cp)), job.stream)  # (an event a finalizer can tell is gone)
+        if isinstance(owner, _Chunk):  # (its slot's event, recorded again: the slot's next call comes after
+            slot = owner.slot            # the consumer has waited for this one and dropped the chunk)
+            if slot.decoded is None:
+                slot.decoded = held_event(self.cp)
+            event = record_held(slot.decoded, job.stream)
+        else:
+            event = record_held(held_event(self.cp), job.stream)  # (an event a finalizer can tell is gone)
         if not isinstance(owner, _Release):
             owner.event = event  # until the consumer waits for it
         views = []  # (item, address, shape, row pitch, sampling): the consumer makes the DeviceImages (_gather)

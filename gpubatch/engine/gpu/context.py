@@ -1,6 +1,7 @@
 """The CUDA driver's side of a GPU's primary context, through ``libcuda`` itself (ctypes, no CuPy): how its
 threads wait (the sync policy, set before the context exists), whether it is active, making it current
-in a thread, and the event calls a decoder's thread makes with the GIL kept (:func:`record_held`). Light
+in a thread, and the short calls the decoders' threads and the consumer's thread make with the GIL kept
+(:func:`record_held`: events, stream waits, the launch tables' copies). Light
 on purpose: a GPU worker's start (:mod:`.start`) makes the context here before CuPy is imported, so that
 the context and the hardware decoder's instances are made while the worker's main thread still imports
 and unpickles its run.
@@ -76,9 +77,11 @@ def make_current(device_index: int) -> bool:
 def _held() -> Any:
     """libcuda through ``ctypes.PyDLL``: its calls keep the GIL (for calls of microseconds)."""
     cuda = ctypes.PyDLL("libcuda.so.1")
-    vp = ctypes.c_void_p
-    for name, args in (("cuEventRecord", [vp, vp]), ("cuStreamWaitEvent", [vp, vp, ctypes.c_uint]),
-                       ("cuEventCreate", [ctypes.POINTER(vp), ctypes.c_uint])):
+    vp, u = ctypes.c_void_p, ctypes.c_uint
+    for name, args in (("cuEventRecord", [vp, vp]), ("cuStreamWaitEvent", [vp, vp, u]),
+                       ("cuEventCreate", [ctypes.POINTER(vp), u]), ("cuEventQuery", [vp]),
+                       ("cuMemcpyHtoDAsync_v2", [ctypes.c_uint64, vp, ctypes.c_size_t, vp]),
+                       ("cuCtxGetDevice", [ctypes.POINTER(ctypes.c_int)])):
         fn = getattr(cuda, name)
         fn.argtypes, fn.restype = args, ctypes.c_int
     return cuda
@@ -103,13 +106,35 @@ def record_held(event: Any, stream: Any) -> Any:
     return event
 
 
+@functools.cache
+def owned_event_class(cp: Any) -> Any:
+    """CuPy's event class (timing disabled) whose handle reads 0 once destroyed, so that a finalizer that would
+    wait on one (collected with it, in any order: ``decode_buffers._stream_ref``) can tell."""
+
+    class OwnedEvent(cp.cuda.Event):
+        def __init__(self) -> None:
+            super().__init__(disable_timing=True)
+
+        def __del__(self) -> None:
+            super().__del__()
+            self.ptr = 0
+
+    return OwnedEvent
+
+
+def held_event(cp: Any) -> Any:
+    """A new :func:`owned_event_class` event made with the GIL kept (:func:`event_held`): for events made once
+    and recorded again (:func:`record_held`) at each use."""
+    return event_held(owned_event_class(cp))
+
+
 def event_held(cls: Any) -> Any:
     """A new event of ``cls`` (a CuPy ``Event`` class or subclass: its ``__init__`` is not called) with
     timing disabled, made through the driver (``cuEventCreate``, in the current context) with the GIL kept
-    (see :func:`record_held`); CuPy destroys it as its own when it is collected. The hardware decoder's thread
-    makes the event of each part it publishes here: no gain told apart from the runs' spread (H200, 2026-12-03
-    "19:49 to 20:21"), and the creation holds the GIL for 4% of the loader's GIL-holding samples, so events
-    made once and recorded again are the next step where a finalizer can still tell a destroyed one."""
+    (see :func:`record_held`); CuPy destroys it as its own when it is collected. Made once and recorded again
+    where its owner outlives its uses (a decoder's ring slot, the launch tables' staging slots, the output
+    ring's buffers): made per publish, its creation had held the GIL for 4% of the loader's GIL-holding
+    samples (H200, 2026-12-03 "19:49 to 20:21")."""
     handle = ctypes.c_void_p()
     _check("cuEventCreate", _held().cuEventCreate(ctypes.byref(handle), 2))  # CU_EVENT_DISABLE_TIMING
     event = cls.__new__(cls)
@@ -120,3 +145,43 @@ def event_held(cls: Any) -> Any:
 def wait_held(stream: Any, event: Any) -> None:
     """Make ``stream`` wait for ``event`` (``cuStreamWaitEvent``) with the GIL kept (see :func:`record_held`)."""
     _check("cuStreamWaitEvent", _held().cuStreamWaitEvent(stream.ptr, event.ptr, 0))
+
+
+# The consumer's thread (the one that launches the chain's kernels) makes its waits, records, table copies
+# and event queries here too: through CuPy each let the GIL go, and getting it back behind the decoders'
+# threads took 18% of that thread's time in a loader's native stacks (H200, 2026-12-03, 21:55; py-spy,
+# benchmarks/loader_alone.py). With them here that wait went, the thread waited for the decoders instead
+# (the loader's decode_wait 2.0-2.4 s -> 3.5-3.9 s of a 4-s window), and the rate did not move: the decoders'
+# side holds it (benchmarks/RESULTS.md, 2026-12-03 "21:48 to 22:09"). A kernel launch with the GIL kept
+# (cuLaunchKernel through ctypes) cost more of that thread's time in its argument packing than CuPy's
+# launch and its wait for the GIL together, and is not used.
+
+
+def query_held(event: Any) -> bool:
+    """Whether the work before ``event`` (a CuPy event) is done (``cuEventQuery``), with the GIL kept."""
+    status = _held().cuEventQuery(event.ptr)
+    if status == 600:  # CUDA_ERROR_NOT_READY
+        return False
+    _check("cuEventQuery", status)
+    return True
+
+
+def sync_held(event: Any) -> None:
+    """Wait for ``event`` on the host: at once where it is done (no GIL let go, see :func:`record_held`), else
+    through CuPy (the GIL let go while it waits)."""
+    if not query_held(event):
+        event.synchronize()
+
+
+def copy_held(dst: int, src: int, nbytes: int, stream: Any) -> None:
+    """Copy ``nbytes`` from host address ``src`` (page-locked, so the copy is asynchronous) to device address
+    ``dst`` on ``stream`` (``cuMemcpyHtoDAsync``), with the GIL kept."""
+    _check("cuMemcpyHtoDAsync", _held().cuMemcpyHtoDAsync_v2(dst, src, nbytes, stream.ptr))
+
+
+def current_device_held() -> int:
+    """The calling thread's current device (``cuCtxGetDevice``), with the GIL kept; -1 where no context
+    is current in it."""
+    dev = ctypes.c_int(-1)
+    return dev.value if _held().cuCtxGetDevice(ctypes.byref(dev)) == 0 else -1
+
