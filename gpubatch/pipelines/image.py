@@ -372,7 +372,9 @@ class ImagePipeline:
         them). On the GPU the result may still be decoding: :meth:`process` completes it."""
         if self.engine is None:
             return list(blobs)  # the CPU path decodes inside its worker processes, with the ops
-        return self.engine.decoder.decode(list(blobs), self.engine.stream, self.plan.max_pixels, order=False,
+        if not hasattr(blobs, "addresses"):  # (a feed's slot goes as it is: its addresses in one array)
+            blobs = list(blobs)
+        return self.engine.decoder.decode(blobs, self.engine.stream, self.plan.max_pixels, order=False,
                                           headers=list(headers) if headers is not None else None,
                                           regions=list(regions) if regions is not None else None, wait=False,
                                           chunk=self.chunk, planes=self._planes)

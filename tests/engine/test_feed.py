@@ -70,6 +70,34 @@ def test_a_jpeg_whose_header_is_corrupt_is_read_and_handed_to_the_decoder(tmp_pa
     assert batch.headers[1] == (None, 0, 0) and batch.sizes[1] is None and batch.headers[0] == jpeg_kind(good.read_bytes())
 
 
+def test_a_views_batch_gives_its_bytes_addresses_and_jpeg_ends_as_each_view_would(tmp_path: Path):
+    """In views mode a batch's bytes are a SlotViews: each item the file's bytes (an unreadable file's empty),
+    slices of items, every item's host address and size in one call (what the GPU decoder takes instead of
+    one ctypes object an image) pointing at those very bytes, and whether each ends with a JPEG's end
+    marker, as testing each view's last two bytes says (a JPEG cut short, a file of one byte, none)."""
+    import ctypes
+
+    from gpubatch.engine.gpu.feed import SlotViews
+
+    files = _files()[:5]
+    cut = tmp_path / "cut.jpg"
+    cut.write_bytes(files[0].read_bytes()[:-7])
+    tiny = tmp_path / "tiny.jpg"
+    tiny.write_bytes(b"\xd9")
+    paths = [*files, cut, tmp_path / "gone.jpg", tiny]
+    with FileFeed(paths, None, batch_size=len(paths), workers=1, depth=2, views=True) as feed:
+        (fed,) = list(feed)
+        blobs = fed.blobs
+        assert isinstance(blobs, SlotViews) and len(blobs) == len(paths)
+        want = [p.read_bytes() if p.exists() else b"" for p in paths]
+        assert [bytes(b) for b in blobs] == want and [bytes(b) for b in blobs[1:3]] == want[1:3]
+        addrs, sizes = blobs.addresses()
+        assert sizes == [len(w) for w in want]
+        assert [ctypes.string_at(a, n) for a, n in zip(addrs, sizes)] == want
+        assert blobs.jpeg_ended() == [bytes(b[-2:]) == b"\xff\xd9" for b in want] == [True] * 5 + [False] * 3
+        fed.done()
+
+
 @pytest.mark.parametrize("slot_bytes", [64 << 20, 100_000])  # the second overflows: batches come back pickled
 def test_feed_gives_bytes_sizes_and_the_same_draws(tmp_path: Path, slot_bytes: int):
     files = _files()

@@ -399,7 +399,12 @@ class DecodeBuffers:
         turns: dict[int, tuple[int, int, int]] = {}  # EXIF orientation per image
         items = [i for idx in lists for i in idx]
         sources = []
-        for i in items:
+        table = getattr(blobs, "addresses", None)  # (a feed's slot: every item's address at once)
+        if table is not None:
+            addrs, lens = table()
+            job.hosts.append(blobs)
+            sources = [(addrs[i], lens[i], regions[i] if regions is not None else None) for i in items]
+        for i in items if table is None else ():
             addr, size, keep = _host_address(blobs[i])
             job.hosts.append(keep)
             sources.append((addr, size, regions[i] if regions is not None else None))

@@ -466,14 +466,16 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDe
         dims: list[tuple[int, int]] = [(0, 0)] * n  # (width, height) as stored
         groups: dict[str, list[int]] = {}
         to_cpu = []
-        for i, b in enumerate(blobs):
+        ended = blobs.jpeg_ended() if self.hw_direct and hasattr(blobs, "jpeg_ended") else None  # (a feed's slot)
+        for i in range(n):
             kind, w, h = headers[i] if headers is not None else (None, 0, 0)
             if kind is None:  # not given, or not seen in the part of the file the feed looked at
-                kind, w, h = jpeg_kind(bytes(b))
+                kind, w, h = jpeg_kind(bytes(blobs[i]))
             if max_pixels and w * h > max_pixels:
                 errors[i] = f"image of {w}x{h} = {w * h} pixels exceeds --max-pixels {max_pixels}"
                 continue
-            if kind is not None and self.hw_direct and bytes(b[-2:]) != b"\xff\xd9":
+            if kind is not None and self.hw_direct and not (ended[i] if ended is not None
+                                                            else bytes(blobs[i][-2:]) == b"\xff\xd9"):
                 kind += "/unended"  # cut short (or followed by other bytes): nvImageCodec's checks, not the direct path
             kinds[i], dims[i] = kind, (w, h)
             if kind is None:
