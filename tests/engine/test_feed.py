@@ -77,7 +77,7 @@ def test_a_views_batch_gives_its_bytes_addresses_and_jpeg_ends_as_each_view_woul
     marker, as testing each view's last two bytes says (a JPEG cut short, a file of one byte, none)."""
     import ctypes
 
-    from gpubatch.engine.gpu.feed import SlotViews
+    from gpubatch.engine.gpu.slot_views import SlotViews
 
     files = _files()[:5]
     cut = tmp_path / "cut.jpg"

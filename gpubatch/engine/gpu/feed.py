@@ -33,6 +33,7 @@ from ...types import Record
 from ..plan import Plan
 from ..processes import die_with_parent, started_pool
 from ..run import Job, RecordSource, outputs_of, read_counted, read_row
+from .slot_views import SlotViews
 
 SLOT_BYTES = 64 << 20  # one batch's encoded bytes by default (Settings.feed_slot_bytes); more comes back pickled
 _W: dict[str, Any] = {}
@@ -80,45 +81,6 @@ class FedBatch:
 
     def __len__(self) -> int:
         return len(self.blobs)
-
-
-class SlotViews(Sequence):
-    """A batch's encoded bytes in a slot of a feed's ring, as a sequence of NumPy uint8 views made when asked
-    for (``b""`` for an item with no bytes), and their host addresses as one array (:meth:`addresses`): the
-    GPU decoder's preparation then takes no ctypes object an image (``decode_buffers._host_address`` had been
-    the prefetch thread's largest GIL holder in a loader's process, 11% of the samples holding it: py-spy,
-    H200, 2026-12-03). It holds one view of the whole slot, which keeps the ring mapped while it lives."""
-
-    __slots__ = ("slot", "offsets", "lengths", "_starts")
-
-    def __init__(self, buf: Any, base: int, size: int, offsets: Sequence[int], lengths: Sequence[int]):
-        import numpy as np
-
-        self.slot = np.frombuffer(buf, np.uint8, size, base)
-        self.offsets = np.asarray(offsets, np.int64)
-        self.lengths = np.asarray(lengths, np.int64)
-        self._starts = self.offsets.tolist()
-
-    def __len__(self) -> int:
-        return len(self._starts)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        a, n = self._starts[i], int(self.lengths[i])
-        return self.slot[a : a + n] if n else b""
-
-    def addresses(self) -> tuple[list[int], list[int]]:
-        """(host address, size) of every item, as two lists."""
-        return (self.offsets + self.slot.ctypes.data).tolist(), self.lengths.tolist()
-
-    def jpeg_ended(self) -> list[bool]:
-        """Per item, whether its bytes end with a JPEG's end marker (FF D9)."""
-        import numpy as np
-
-        ok = self.lengths >= 2
-        ends = np.where(ok, self.offsets + self.lengths, 2)
-        return (ok & (self.slot[ends - 2] == 0xFF) & (self.slot[ends - 1] == 0xD9)).tolist()
 
 
 def shm_free() -> int | None:
