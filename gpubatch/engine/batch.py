@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .gpu.context import copy_held, held_event, record_held, sync_held
+from .gpu.context import copy_held, record_again, sync_held
 
 
 class HostBatch(Sequence):
@@ -274,7 +274,7 @@ class PinnedStaging:
             dev = cp.empty(n, cp.uint8)
         # (the copy and the slot's event, made once, with the GIL kept: this runs in the thread that launches)
         copy_held(dev.data.ptr, host.ctypes.data, n, stream)
-        self._done[i] = record_held(held_event(cp) if self._done[i] is None else self._done[i], stream)
+        self._done[i] = record_again(self._done[i], stream, cp)
         self._dev[i] = dev  # alive until the slot is refilled, so raw pointers into it stay valid
         return dev
 

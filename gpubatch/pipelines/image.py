@@ -19,7 +19,7 @@ import numpy as np
 
 from ..engine.batch import DeviceBatch, HostBatch
 from ..engine.device import Device
-from ..engine.gpu.context import held_event, query_held, record_held, sync_held, wait_held
+from ..engine.gpu.context import held_event, query_held, record_again, record_held, sync_held, wait_held
 from ..engine.gpu.engine import GpuEngine, decode_ahead
 from ..engine.ops.base import Op, Window
 from ..engine.ops.normalize import Normalize
@@ -372,8 +372,7 @@ class ImagePipeline:
         them). On the GPU the result may still be decoding: :meth:`process` completes it."""
         if self.engine is None:
             return list(blobs)  # the CPU path decodes inside its worker processes, with the ops
-        if not hasattr(blobs, "addresses"):  # (a feed's slot goes as it is: its addresses in one array)
-            blobs = list(blobs)
+        blobs = blobs if hasattr(blobs, "addresses") else list(blobs)  # (a feed's slot goes as it is: SlotViews)
         return self.engine.decoder.decode(blobs, self.engine.stream, self.plan.max_pixels, order=False,
                                           headers=list(headers) if headers is not None else None,
                                           regions=list(regions) if regions is not None else None, wait=False,
@@ -489,8 +488,7 @@ class ImagePipeline:
             cp = self.engine.cp
             with self.engine.dev:
                 self._side = {hw: cp.cuda.Stream(non_blocking=True) for hw in (True, False)}
-                # (per side stream, the event the engine's stream waits for after a batch's chunks: made once,
-                # recorded again at each batch, each record's wait enqueued before the next record)
+                # (per side stream, the event the engine's stream waits for after a batch's chunks, recorded again)
                 self._side_done = {on.ptr: held_event(cp) for on in self._side.values()}
         return self._side
 
@@ -560,10 +558,8 @@ class ImagePipeline:
         batch = DeviceBatch(buf, np.arange(len(done), dtype=np.int64) * per, [shape] * len(done), stream=eng.stream,
                             keys=[keys[i] for i in done], failed=[(keys[i], err) for i, err in self.last_errors])
         if slot is not None:
-            if self._ring_done[slot] is None:
-                self._ring_done[slot] = held_event(cp)
-            self._ring[slot] = buf
-            record_held(self._ring_done[slot], eng.stream)  # (its waits above are enqueued: it may be recorded again)
+            self._ring[slot] = buf  # (and its event recorded again: its waits above are enqueued)
+            self._ring_done[slot] = record_again(self._ring_done[slot], eng.stream, cp)
             self._ring_readers[slot] = batch.readers  # (the set itself: what the consumer takes later counts)
         return batch
 
@@ -690,8 +686,7 @@ class ImagePipeline:
                 else:
                     out = self.process(out, keys, fed.params, fed.sizes, fed.windows, epoch=fed.epoch)
                     if ordered_release:
-                        held.append((record_held(spare.pop() if spare else held_event(self.engine.cp),
-                                                 self.engine.stream), fed))
+                        held.append((record_again(spare.pop() if spare else None, self.engine.stream, self.engine.cp), fed))
                         release(block=False)
                     else:
                         fed.done()  # the encoded bytes (views of the feed's shared memory) are no longer read

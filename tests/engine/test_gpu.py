@@ -502,6 +502,10 @@ def test_held_calls_copy_query_and_sync_as_cupy_does():
         assert int(y[0]) == 22 + 2 * round_
         host[0] = 12
     del ev
+    from gpubatch.engine.gpu.context import owned_event_class, record_again
+
+    again = record_again(None, other, cp)  # (made where there is none, then the same one recorded again)
+    assert isinstance(again, owned_event_class(cp)) and record_again(again, other, cp) is again
     cp.cuda.Device().synchronize()
 
 

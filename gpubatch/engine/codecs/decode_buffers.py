@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..gpu.context import current_device_held, held_event, record_held, wait_held
+from ..gpu.context import current_device_held, record_again, wait_held
 from ..settings import Settings
 from . import planes as jplanes
 from .headers import jpeg_kind
@@ -181,9 +181,7 @@ class _Chunk:
             if stream is None:
                 slot.release = None
             else:  # (the slot's next call waits for it before the slot's images are dropped again)
-                if slot.released is None:
-                    slot.released = held_event(cupy)
-                slot.release = record_held(slot.released, stream)
+                slot.release = slot.released = record_again(slot.released, stream, cupy)
         except Exception:  # interpreter shutdown: the context is going away with the memory
             pass
         self.slot.free.release()

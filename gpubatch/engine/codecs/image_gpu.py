@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import DependencyError
-from ..gpu.context import held_event, record_held
+from ..gpu.context import held_event, record_again, record_held
 from ..gpu.follow import RouteFollower
 from ..gpu.start import HW_INSTANCES, instances_for
 from ..settings import Settings
@@ -645,9 +645,7 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDe
         what the CUDA decoder failed goes to the CPU."""
         if isinstance(owner, _Chunk):  # (its slot's event, recorded again: the slot's next call comes after
             slot = owner.slot            # the consumer has waited for this one and dropped the chunk)
-            if slot.decoded is None:
-                slot.decoded = held_event(self.cp)
-            event = record_held(slot.decoded, job.stream)
+            event = slot.decoded = record_again(slot.decoded, job.stream, self.cp)
         else:
             event = record_held(held_event(self.cp), job.stream)  # (an event a finalizer can tell is gone)
         if not isinstance(owner, _Release):

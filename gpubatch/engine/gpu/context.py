@@ -128,6 +128,12 @@ def held_event(cp: Any) -> Any:
     return event_held(owned_event_class(cp))
 
 
+def record_again(event: Any, stream: Any, cp: Any) -> Any:
+    """Record ``event`` on ``stream`` with the GIL kept, made first (:func:`held_event`) where it is None: an event
+    made once and recorded at each use; returns it."""
+    return record_held(held_event(cp) if event is None else event, stream)
+
+
 def event_held(cls: Any) -> Any:
     """A new event of ``cls`` (a CuPy ``Event`` class or subclass: its ``__init__`` is not called) with
     timing disabled, made through the driver (``cuEventCreate``, in the current context) with the GIL kept
