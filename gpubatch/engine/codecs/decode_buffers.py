@@ -290,8 +290,8 @@ def _pieces(idx: list[int], chunk: int) -> list[list[int]]:
 
 
 def _host_address(blob: Any) -> tuple[int, int, Any]:
-    """(address, size, object keeping it valid) of encoded bytes: ``bytes``, or any buffer (the feed's
-    NumPy views of shared memory are writable, which is the fastest case)."""
+    """(address, size, object keeping it valid) of encoded bytes: ``bytes``, or any buffer (writable ones are
+    the fastest case). A feed's batch gives every item's address at once instead (``SlotViews.addresses``)."""
     if isinstance(blob, bytes):
         return ctypes.cast(blob, ctypes.c_void_p).value or 0, len(blob), blob
     try:

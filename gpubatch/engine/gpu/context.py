@@ -157,8 +157,8 @@ def wait_held(stream: Any, event: Any) -> None:
 # and event queries here too: through CuPy each let the GIL go, and getting it back behind the decoders'
 # threads took 18% of that thread's time in a loader's native stacks (H200, 2026-12-03, 21:55; py-spy,
 # benchmarks/loader_alone.py). With them here that wait went, the thread waited for the decoders instead
-# (the loader's decode_wait 2.0-2.4 s -> 3.5-3.9 s of a 4-s window), and the rate did not move: the decoders'
-# side holds it (benchmarks/RESULTS.md, 2026-12-03 "21:48 to 22:09"). A kernel launch with the GIL kept
+# (the loader's decode_wait 2.0-2.4 s -> 3.1-3.9 s of a 4-s window), and the rate did not move: the decoders'
+# side holds it (benchmarks/RESULTS.md, 2026-12-03 "21:48 to 22:25"). A kernel launch with the GIL kept
 # (cuLaunchKernel through ctypes) cost more of that thread's time in its argument packing than CuPy's
 # launch and its wait for the GIL together, and is not used.
 
@@ -190,4 +190,3 @@ def current_device_held() -> int:
     is current in it."""
     dev = ctypes.c_int(-1)
     return dev.value if _held().cuCtxGetDevice(ctypes.byref(dev)) == 0 else -1
-

@@ -452,7 +452,6 @@ class Feed:
             nxt[0] = next(spans, None)
 
     def __iter__(self) -> Iterator[Any]:
-
         state, self._primed = self._primed or self._state(), None
         _, pending, free, _ = state
         buf = self.shm.buf
