@@ -21,6 +21,7 @@ def main() -> None:
     ap.add_argument("--chain", default="train", choices=("train", "val"))
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON line (benchmarks/ab_loader.py)")
     args = ap.parse_args()
 
     from gpubatch.bench import chain_ops, get_model
@@ -39,6 +40,13 @@ def main() -> None:
                 break
         epoch += 1
     took = time.perf_counter() - t0
+    if args.json:
+        import json
+
+        timings = dict(getattr(dl._pipe, "timings", None) or {})  # (the image pipeline's stage times, all epochs)
+        print(json.dumps({"images_per_s": n / took, "images": n, "seconds": took,
+                          "decode_wait": timings.get("decode_wait")}))
+        return
     print(f"loader_alone: {n / took:.0f} images/s over {took:.1f} s ({n} images)")
 
 

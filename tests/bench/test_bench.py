@@ -447,3 +447,42 @@ def test_loader_alone_reads_a_dataset_in_its_own_process(tmp_path, imagenet):
     assert r.returncode == 0, r.stderr
     rate, images = r.stdout.split(": ")[1].split(" images/s")[0], r.stdout.rsplit("(", 1)[1].split(" ")[0]
     assert float(rate) > 0 and int(images) >= 8
+
+
+def test_ab_loader_times_trees_in_turned_rounds_and_tells_a_ratio_apart_only_where_its_interval_does(tmp_path,
+                                                                                                      imagenet):
+    """benchmarks/ab_loader.py: each contender (a tree, with settings after ``::``) once a round, its
+    loader_alone.py run's rate as a JSON line; per contender beyond the first, the median of the rounds' ratios
+    and a 90% interval of it, and the verdict by that interval (one that holds 1.0 tells nothing apart)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gpubatch.api import convert
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    from ab_loader import median_interval
+
+    assert median_interval([1.1] * 6) == (1.1, 1.1)  # (every round the same: that ratio, told apart)
+    lo, hi = median_interval([0.9, 1.1, 0.95, 1.05, 1.0, 0.98, 1.02, 1.01])
+    assert lo < 1.0 < hi and median_interval([0.9, 1.1, 0.95, 1.05]) == median_interval([0.9, 1.1, 0.95, 1.05])
+
+    convert(imagenet, tmp_path / "wds", to="webdataset", shard_size=16)
+    out = tmp_path / "ab.json"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "ab_loader.py"), "--data", str(tmp_path / "wds"),
+                        "--tree", str(root), "--tree", f"{root}::GPUBATCH_AB_LOADER_TEST=1", "--rounds", "2",
+                        "--seconds", "0.2", "--batch-size", "8", "--device", "cpu", "--chain", "val", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    ref, other = report["trees"][str(root)], report["trees"][f"{root}::GPUBATCH_AB_LOADER_TEST=1"]
+    assert report["reference"] == str(root) and "ratio_median" not in ref
+    assert [x["round"] for x in ref["runs"]] == [x["round"] for x in other["runs"]] == [0, 1]
+    assert all(x["images_per_s"] > 0 and x["images"] >= 8 for x in ref["runs"] + other["runs"])
+    ratios = [x["images_per_s"] / y["images_per_s"] for x, y in zip(other["runs"], ref["runs"])]
+    lo, hi = other["ratio_interval_90"]
+    assert min(ratios) - 1e-3 <= lo <= other["ratio_median"] <= hi <= max(ratios) + 1e-3
+    assert other["told_apart"] == (not lo <= 1.0 <= hi)
+    assert "the first, 90% interval" in r.stdout and "(the reference)" in r.stdout
