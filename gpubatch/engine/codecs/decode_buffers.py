@@ -396,16 +396,15 @@ class DecodeBuffers:
         shapes: dict[int, tuple[int, int]] = {}
         turns: dict[int, tuple[int, int, int]] = {}  # EXIF orientation per image
         items = [i for idx in lists for i in idx]
-        sources = []
-        table = getattr(blobs, "addresses", None)  # (a feed's slot: every item's address at once)
-        if table is not None:
-            addrs, lens = table()
+        if hasattr(blobs, "addresses"):  # (a feed's slot, SlotViews: every item's address at once)
+            addrs, lens = blobs.addresses()
             job.hosts.append(blobs)
-            sources = [(addrs[i], lens[i], regions[i] if regions is not None else None) for i in items]
-        for i in items if table is None else ():
-            addr, size, keep = _host_address(blobs[i])
-            job.hosts.append(keep)
-            sources.append((addr, size, regions[i] if regions is not None else None))
+        else:
+            addrs, lens = [0] * len(blobs), [0] * len(blobs)
+            for i in items:
+                addrs[i], lens[i], keep = _host_address(blobs[i])
+                job.hosts.append(keep)
+        sources = [(addrs[i], lens[i], regions[i] if regions is not None else None) for i in items]
         if job.direct:
             # planes only for whole images (a call is one output format, and a region's chroma edges
             # would need the samples outside it)

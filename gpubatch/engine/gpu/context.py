@@ -155,7 +155,7 @@ def wait_held(stream: Any, event: Any) -> None:
 
 # The consumer's thread (the one that launches the chain's kernels) makes its waits, records, table copies
 # and event queries here too: through CuPy each let the GIL go, and getting it back behind the decoders'
-# threads took 18% of that thread's time in a loader's native stacks (H200, 2026-12-03, 21:55; py-spy,
+# threads took 14% of that thread's time in a loader's native stacks (H200, 2026-12-03, 19:55; py-spy,
 # benchmarks/loader_alone.py). With them here that wait went, the thread waited for the decoders instead
 # (the loader's decode_wait 2.0-2.4 s -> 3.1-3.9 s of a 4-s window), and the rate did not move: the decoders'
 # side holds it (benchmarks/RESULTS.md, 2026-12-03 "21:48 to 22:25"). A kernel launch with the GIL kept

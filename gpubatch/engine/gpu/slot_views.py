@@ -16,29 +16,29 @@ class SlotViews(Sequence):
     the prefetch thread's largest GIL holder in a loader's process, 11% of the samples holding it: py-spy,
     H200, 2026-12-03). It holds one view of the whole slot, which keeps the ring mapped while it lives."""
 
-    __slots__ = ("slot", "offsets", "lengths", "_starts")
+    __slots__ = ("slot", "offsets", "lengths")
 
     def __init__(self, buf: Any, base: int, size: int, offsets: Sequence[int], lengths: Sequence[int]):
         self.slot = np.frombuffer(buf, np.uint8, size, base)
-        self.offsets = np.asarray(offsets, np.int64)
-        self.lengths = np.asarray(lengths, np.int64)
-        self._starts = self.offsets.tolist()
+        self.offsets, self.lengths = list(offsets), list(lengths)  # (within the slot, as the feed's reader wrote them)
 
     def __len__(self) -> int:
-        return len(self._starts)
+        return len(self.offsets)
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        a, n = self._starts[i], int(self.lengths[i])
+        a, n = self.offsets[i], self.lengths[i]
         return self.slot[a : a + n] if n else b""
 
     def addresses(self) -> tuple[list[int], list[int]]:
         """(host address, size) of every item, as two lists."""
-        return (self.offsets + self.slot.ctypes.data).tolist(), self.lengths.tolist()
+        base = self.slot.ctypes.data
+        return [base + a for a in self.offsets], self.lengths
 
     def jpeg_ended(self) -> list[bool]:
         """Per item, whether its bytes end with a JPEG's end marker (FF D9)."""
-        ok = self.lengths >= 2
-        ends = np.where(ok, self.offsets + self.lengths, 2)
+        n = np.asarray(self.lengths, np.int64)
+        ok = n >= 2
+        ends = np.where(ok, np.asarray(self.offsets, np.int64) + n, 2)
         return (ok & (self.slot[ends - 2] == 0xFF) & (self.slot[ends - 1] == 0xD9)).tolist()
