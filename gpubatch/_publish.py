@@ -175,6 +175,17 @@ class Destination:
         with store_errors(self.url, "removing the run's journal from"), contextlib.suppress(FileNotFoundError):
             self.fs.rm(self._key(RUN_DIR), recursive=True)
 
+    def tidy_finished(self) -> int:
+        """Where the dataset is complete (its manifest is up), what a run killed after its manifest went up and
+        before its journal went left behind: the store's journal, and the local copy in gpubatch's cache.
+        Returns how many of the journal's objects there were."""
+        left = [n for n in self.listing(fresh=True) if n.startswith(RUN_DIR + "/")]
+        if left:
+            self.drop_journal()
+            self._listing = None
+        shutil.rmtree(self.shadow(), ignore_errors=True)
+        return len(left)
+
 
 class PipeDestination(Destination):
     """``pipe:CMD``: each file given to ``CMD`` (``{name}`` in it replaced by the file's name) on its standard

@@ -352,10 +352,12 @@ def finished(dst: Path | str, summary_cls: Any, options: dict[str, Any] | None =
     from ._paths import STAGING_MARK
     from .formats.manifest import read_manifest
 
+    store = None
     if is_remote(dst):
         from ._publish import destination
 
-        m = destination(str(dst)).manifest()
+        store = destination(str(dst))
+        m = store.manifest()
     else:
         dst = Path(dst)
         stage = dst.parent / f".{dst.name}{STAGING_MARK.rstrip('-')}"
@@ -368,12 +370,15 @@ def finished(dst: Path | str, summary_cls: Any, options: dict[str, Any] | None =
                          "to write it again with these options")
     src = m.get("source") if isinstance(m.get("source"), dict) else {}
     errors = [e for e in m.get("errors") or [] if isinstance(e, dict)]
+    left = store.tidy_finished() if store is not None else 0
+    tidied = [f"--resume: removed the journal ({left:,} objects) that the run left in {dst} when it was stopped "
+              "after its manifest went up"] if left else []
     return summary_cls(src=str(src.get("path", "")), dst=str(dst), src_format=str(src.get("format", "")),
                        dst_format=str(m.get("format", "")), device=str(m.get("device", "")),
                        device_reason="--resume: the run had finished", records_in=m["records"] + len(errors),
                        records_out=m["records"], skipped=errors,
                        warnings=[f"--resume: {dst} is complete already (written {m.get('created', '')}): nothing "
-                                 f"to write"], shards=len((m.get("run") or {}).get("files") or ()) and
+                                 f"to write", *tidied], shards=len((m.get("run") or {}).get("files") or ()) and
                        int((m.get("run") or {}).get("shards") or 0))
 
 

@@ -261,6 +261,40 @@ def test_a_run_killed_while_its_dataset_went_up_resumes_to_the_same_objects(s3, 
         convert(imagenet, f"s3://{s3}/out", to="webdataset", shard_size=8, resume=True)
 
 
+def test_a_run_stopped_after_its_manifest_went_up_is_tidied_by_resume(s3, imagenet, tmp_path, monkeypatch):
+    """Killed after its manifest went up and before its journal went: the dataset is complete, and the store
+    also holds the run's ``.gpubatch/`` (its journal, run.json) and the cache its local copy. ``--resume`` says the
+    dataset is complete, removes those, and says so (once); the dataset's objects are untouched. (The test of 4
+    kill moments below met this moment on the CI machine: the journal left beside a complete dataset.)"""
+    from gpubatch import _publish
+    from gpubatch.errors import GpubatchError
+
+    convert(imagenet, tmp_path / "local", to="webdataset", shard_size=16)
+    real = _publish.Destination.drop_journal
+    shadow = _publish.Destination(f"s3://{s3}/out").shadow()
+
+    def killed(self):
+        shutil.copytree(shadow, tmp_path / "left")  # (what a kill -9 here leaves in the cache)
+        raise GpubatchError("killed")
+
+    monkeypatch.setattr(_publish.Destination, "drop_journal", killed)
+    with pytest.raises(GpubatchError, match="killed"):
+        convert(imagenet, f"s3://{s3}/out", to="webdataset", shard_size=16)
+    monkeypatch.setattr(_publish.Destination, "drop_journal", real)
+    shutil.copytree(tmp_path / "left", shadow)
+    left = objects(s3, "out")
+    journal = [n for n in left if n.startswith(".gpubatch/")]
+    assert "gpubatch.json" in left and ".gpubatch/run.json" in journal and len(journal) == 5  # (run.json, 4 entries)
+    s = convert(imagenet, f"s3://{s3}/out", to="webdataset", shard_size=16, resume=True)
+    assert any("complete already" in w for w in s.warnings)
+    assert any(w.startswith("--resume: removed the journal (5 objects)") for w in s.warnings), s.warnings
+    got = objects(s3, "out")
+    assert got == {k: v for k, v in left.items() if not k.startswith(".gpubatch/")}  # (the dataset untouched)
+    assert without_manifest(got) == without_manifest(local_files(tmp_path / "local")) and not shadow.exists()
+    s = convert(imagenet, f"s3://{s3}/out", to="webdataset", shard_size=16, resume=True)
+    assert not any("removed the journal" in w for w in s.warnings) and objects(s3, "out") == got
+
+
 def test_s3_to_s3_killed_at_4_moments_resumes_to_the_same_objects(s3, s3_env, tmp_path):
     from tests.helpers import jpeg_bytes, photo
 
