@@ -284,8 +284,6 @@ def frame_parts(data: Any, size: int | None = None) -> tuple[bytes, bytes]:
     """TFRecord's framing of one record: what goes before ``data`` (its length and the length's masked
     CRC-32C) and after it (the data's masked CRC-32C); a writer writes the three as they are, no copy of
     the data made. ``data`` may be a list of parts (:func:`example_parts`) of ``size`` bytes in all."""
-    if isinstance(data, list):
-        length = struct.pack("<Q", size if size is not None else sum(len(p) for p in data))
-        return length + _masked_crc(length), _masked_crc_parts(data)
-    length = struct.pack("<Q", len(data))
-    return length + _masked_crc(length), _masked_crc(data)
+    parts = data if isinstance(data, list) else [data]
+    length = struct.pack("<Q", size if size is not None else sum(len(p) for p in parts))
+    return length + _masked_crc(length), _masked_crc_parts(parts)

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import DependencyError
-from ..gpu.context import held_event, record_again, record_held
+from ..gpu.context import record_again
 from ..gpu.follow import RouteFollower
 from ..gpu.start import HW_INSTANCES, instances_for
 from ..settings import Settings
@@ -646,8 +646,8 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDe
         if isinstance(owner, _Chunk):  # (its slot's event, recorded again: the slot's next call comes after
             slot = owner.slot            # the consumer has waited for this one and dropped the chunk)
             event = slot.decoded = record_again(slot.decoded, job.stream, self.cp)
-        else:
-            event = record_held(held_event(self.cp), job.stream)  # (an event a finalizer can tell is gone)
+        else:  # (a new event a finalizer can tell is gone: the part's memory goes with this owner)
+            event = record_again(None, job.stream, self.cp)
         if not isinstance(owner, _Release):
             owner.event = event  # until the consumer waits for it
         views = []  # (item, address, shape, row pitch, sampling): the consumer makes the DeviceImages (_gather)
