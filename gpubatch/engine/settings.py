@@ -52,6 +52,11 @@ class Settings:
         hw_mixed: the hardware engine's part in one call whatever the kinds (True), or a call a kind.
         hw_direct: drive the hardware engine through nvJPEG directly where it loads
             (``GPUBATCH_HW_DIRECT``; else nvImageCodec's hardware decoder).
+        hw_native: on that direct path, the engine's calls made by a native thread outside the GIL
+            (``codecs/hw_native.py``, built with the system C compiler on first use; ``GPUBATCH_HW_NATIVE``).
+        cache_dir: gpubatch's cache folder (the native driver's build; ``GPUBATCH_CACHE_DIR``, else
+            ``$XDG_CACHE_HOME/gpubatch``; empty: ``~/.cache/gpubatch``).
+        c_compiler: the C compiler that builds it (``CC``; empty: ``cc``, else ``gcc``, on the PATH).
         decode_api: "c" (nvImageCodec's C API) or "python" (its binding) (``GPUBATCH_DECODE_API``).
         cuda_decoder_options: nvImageCodec options of the CUDA decoder (``GPUBATCH_CUDA_DECODER_OPTIONS``).
         high_priority: the decoders' streams ("hw", "cuda") made at the device's greatest priority
@@ -141,6 +146,9 @@ class Settings:
     cuda_kinds: tuple[str, ...] = ()
     hw_mixed: bool = False
     hw_direct: bool = True
+    hw_native: bool = True
+    cache_dir: str = ""
+    c_compiler: str = ""
     decode_api: str = "c"
     cuda_decoder_options: str = "nvjpeg_cuda_decoder:hybrid_huffman_threshold=0"
     high_priority: tuple[str, ...] = ()
@@ -268,11 +276,21 @@ def _mib(raw: str) -> int:
 
 _mib.__name__ = "whole number of MiB"
 
+def _xdg_cache(raw: str) -> str:
+    return os.path.join(raw, "gpubatch")
+
+
+_xdg_cache.__name__ = "folder"
+
 # (variable, setting, parser): the environment the engine reads, here and nowhere else
 _ENV = (
     ("GPUBATCH_DECODE_ROUTE", "decode_route", str),
     ("GPUBATCH_HW_DECODERS", "hw_instances", int),
     ("GPUBATCH_HW_DIRECT", "hw_direct", _flag),
+    ("GPUBATCH_HW_NATIVE", "hw_native", _flag),
+    ("XDG_CACHE_HOME", "cache_dir", _xdg_cache),
+    ("GPUBATCH_CACHE_DIR", "cache_dir", str),  # (after XDG_CACHE_HOME: over it)
+    ("CC", "c_compiler", str),
     ("GPUBATCH_DECODE_API", "decode_api", str),
     ("GPUBATCH_FOLLOW", "follow", _flag),
     ("GPUBATCH_RESERVE_CORE", "reserve_core", _flag),

@@ -15,6 +15,7 @@ from gpubatch.engine.device import resolve
 from gpubatch.engine.ops import CenterCrop, Flip, Normalize, RandomResizedCrop, Resize, ResizeShorter, Window
 from gpubatch.engine.ops.normalize import normalize_cpu
 from gpubatch.engine.plan import Plan
+from gpubatch.engine.settings import Settings
 from tests.conftest import SAMPLE
 from tests.helpers import jpeg_bytes, photo
 
@@ -346,25 +347,86 @@ def test_hw_direct_path_matches_nvimagecodec_and_retries_a_failed_call(monkeypat
         assert np.abs(x.astype(int) - y.astype(int)).max() <= 1
     assert np.abs(d_px[-1].astype(int) - host.decode(blobs[-1]).astype(int)).mean() < 3.0
 
-    calls = []
-    real = nvjpeg_hw.HwBatchDecoder.decode
+    real, real_finish = nvjpeg_hw.HwBatchDecoder.decode, nvjpeg_hw.HwBatchDecoder.finish
+    for native in (True, False):  # (the calls made by the native driver's thread, or from Python)
+        calls = []
 
-    def fail_first(self, sources, outputs, stream, fmt=nvjpeg_hw.OUTPUT_RGBI, regions=None, args=None):
-        calls.append(len(sources))
-        if len(calls) == 1:
-            raise nvjpeg_hw.NvjpegError("nvjpegDecodeBatched", 3)
-        return real(self, sources, outputs, stream, fmt, regions, args)
+        def fail_first(self, sources, outputs, stream, fmt=nvjpeg_hw.OUTPUT_RGBI, regions=None, args=None, *,
+                       calls=calls):
+            calls.append(len(sources))
+            if len(calls) == 1:
+                raise nvjpeg_hw.NvjpegError("nvjpegDecodeBatched", 3)
+            return real(self, sources, outputs, stream, fmt, regions, args)
 
-    dec = GpuImageDecoder(0, 4, api="c", cuda_share=0.0, hw_direct=True)
+        def fail_first_made(pending, calls=calls):
+            calls.append(pending.call.n)
+            ok, seconds = real_finish(pending)
+            return (False, seconds) if len(calls) == 1 else (ok, seconds)
+
+        dec = GpuImageDecoder(0, 4, api="c", cuda_share=0.0, hw_direct=True,
+                              settings=Settings.from_env(hw_native=native))
+        assert (dec._driver is not None) == native
+        try:
+            dec.warm_up(64)
+            if native:
+                monkeypatch.setattr(nvjpeg_hw.HwBatchDecoder, "finish", staticmethod(fail_first_made))
+            else:
+                monkeypatch.setattr(nvjpeg_hw.HwBatchDecoder, "decode", fail_first)
+            px, ok, on_gpu, hw, fb = _finished(dec.decode(blobs, stream), stream)
+        finally:
+            monkeypatch.undo()
+            dec.close()
+        assert all(ok) and on_gpu == len(blobs) and fb == 0 and hw == len(blobs) - 1 - calls[0]
+        for x, y in zip(px, d_px):
+            assert np.abs(x.astype(int) - y.astype(int)).mean() < 1.0  # the retried call: CUDA decoder's pixels
+
+
+def _shape_or_none(blob: bytes):
+    """A JPEG's decoded shape, or None (not a JPEG, or not decodable)."""
+    if not blob.startswith(b"\xff\xd8"):
+        return None
     try:
-        dec.warm_up(64)
-        monkeypatch.setattr(nvjpeg_hw.HwBatchDecoder, "decode", fail_first)
-        px, ok, on_gpu, hw, fb = _finished(dec.decode(blobs, stream), stream)
-    finally:
+        return host.decode(blob).shape
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize("chunk", [0, 3])
+def test_the_native_driver_decodes_what_the_calls_from_python_decode(chunk):
+    """The hardware engine's calls made by the native driver's thread (the default) give, bit for bit, what
+    the same calls made from the decoder's Python thread give: whole parts and chunks (several calls a
+    part, over the instances), regions, a corrupt image's call retried; its timings counted."""
+    import cupy as cp
+
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
+
+    batches = _mixed_batches(21, 72, (60, 300), corrupt=5, png=13)
+    shapes = [[_shape_or_none(b) for b in bs] for bs in batches]
+    cuts = [[None if s is None or k % 3 == 0 else (2 + k % 5, 3, s[0] - 4, s[1] - 1 - k % 7)
+             for k, s in enumerate(sh)] for sh in shapes]
+    stream = cp.cuda.Stream(non_blocking=True)
+    got = {}
+    for native in (True, False):
+        dec = GpuImageDecoder(0, 4, api="c", route="split", cuda_share=0.0, hw_direct=True,
+                              settings=Settings.from_env(hw_native=native, hw_chunk=4))
+        assert (dec._driver is not None) == native
+        dec.warm_up(64, regions=True)
+        out = []
+        for b, cut in [(b, None) for b in batches] + [(batches[1], cuts[1]), (batches[2], cuts[2])]:
+            if chunk:
+                out.append(_read_chunks(dec.decode(b, stream, order=False, wait=False, chunk=chunk, regions=cut),
+                                        stream, len(b)))
+            else:
+                out.append(_finished(dec.decode(b, stream, regions=cut), stream))
+        timings = dict(dec.timings)
         dec.close()
-    assert all(ok) and on_gpu == len(blobs) and fb == 0 and hw == len(blobs) - 1 - calls[0]
-    for x, y in zip(px, d_px):
-        assert np.abs(x.astype(int) - y.astype(int)).mean() < 1.0  # the retried call: CUDA decoder's pixels
+        got[native] = out
+        if native:
+            assert timings["hw_queue"] > 0 and timings["hw_nvjpeg"] > 0
+    for a, b in zip(got[True], got[False]):
+        _same_result(a, b)
+    whole = got[True][:3]  # (the cut JPEG fails once; most images go to the engine)
+    assert sum(g[1].count(False) for g in whole) == 1 and all(g[3] > 10 for g in whole)
 
 
 def test_nvjpeg_binding_decodes_regions_and_planes():
@@ -1051,9 +1113,11 @@ def test_region_decode_matches_full_decode(tmp_path, monkeypatch, chunk, regions
     paths = _jpeg_files(tmp_path, 32, lambda i: (300 + 11 * i, 420 - 5 * i), lambda i: 85 + i % 10)
     ops = [RandomResizedCrop(96), Flip(), Normalize(layout="HWC", dtype="uint8")]
     calls: list = []  # the regions of each direct-path call
-    real = HwBatchDecoder.decode
+    real, real_submit = HwBatchDecoder.decode, HwBatchDecoder.submit  # (calls from Python, or queued on the driver)
     monkeypatch.setattr(HwBatchDecoder, "decode", lambda self, *a, **k: (calls.append(k.get("regions")),
                                                                          real(self, *a, **k))[1])
+    monkeypatch.setattr(HwBatchDecoder, "submit", lambda self, *a, **k: (calls.append(k.get("regions")),
+                                                                         real_submit(self, *a, **k))[1])
     out = {}
     for roi in (False, True):
         with ImagePipeline(ops, device="gpu", seed=9, ring=8, region_decode=roi, decode_chunk=chunk,

@@ -350,7 +350,7 @@ def test_the_warm_up_calls_make_no_instance_a_kind():
     sync = SimpleNamespace(synchronize=lambda: None)
     dec = SimpleNamespace(grow_hw=True, hw_direct=[object()], hw_stream=sync, cuda_stream=sync,
                           _prepare=lambda *a, **k: object(), _run=run,
-                          _cuda_thread=SimpleNamespace(submit=lambda f: done))
+                          _cuda_thread=SimpleNamespace(submit=lambda f: done), _hw_finish=None)
     GpuImageDecoder.first_call(dec, True, _tiny_jpegs(6))
     with pytest.raises(RuntimeError, match="the call failed"):
         GpuImageDecoder.first_call(dec, False, _tiny_jpegs(6))

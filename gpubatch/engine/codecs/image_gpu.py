@@ -39,28 +39,24 @@ from typing import Any
 import numpy as np
 
 from ...errors import DependencyError
-from ..gpu.context import record_again
 from ..gpu.follow import RouteFollower
 from ..gpu.start import HW_INSTANCES, instances_for
 from ..settings import Settings
 from . import image as host
 from .decode_buffers import (
     DecodeBuffers,
-    _Chunk,
-    _Closed,
-    _Job,
     _make_current,
-    _Release,
     _RingSlot,
     set_pool_keep,
 )
+from .decode_calls import DecodeCalls
 from .decode_python import PythonBindingDecode
 from .decode_result import DecodeResult, DeviceImage
 from .decode_routing import DecodeRouting, choose_route
 from .headers import jpeg_kind
 from .hw_instances import HwInstances
+from .hw_native import nvjpeg_driver
 from .nvimgcodec_c import nvimgcodec
-from .nvjpeg_hw import OUTPUT_RGBI, OUTPUT_YUV, NvjpegError
 
 
 def _on_device(cp: Any, device_index: int, then: Any = None) -> Any:
@@ -103,15 +99,7 @@ def _process_stream(cp, device_index: int, name: str, high: bool = False):
     return _STREAMS[key]
 
 
-def _post(sink: Any, msg: tuple) -> None:
-    """Put ``msg`` on the queue of the DecodeResult ``sink`` refers to; dropped (freeing what it owns)
-    where the result is gone or there is none."""
-    res = sink() if sink is not None else None
-    if res is not None:
-        res.feed.put(msg)
-
-
-class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDecode):
+class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, PythonBindingDecode):
     """Batched, routed, stream-ordered JPEG decode on one GPU (see the module docstring).
 
     Each batch is split by ``route`` (:func:`choose_route`; "auto" by the ``cores`` free, measured
@@ -281,6 +269,9 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDe
                                initializer=_on_device(cp, device_index, hw_core.pin if hw_core else None))
                            if self.api == "c" else None)
         self._cuda_thread = one(thread_name_prefix="gpubatch-cuda-decode") if self.api == "c" else None
+        # the direct path's calls made by a native thread, finished (their images posted) by a thread of their own
+        self._driver = nvjpeg_driver(device_index, st.cache_dir, st.c_compiler) if self.hw_direct and st.hw_native else None
+        self._hw_finish = one(thread_name_prefix="gpubatch-hw-finish") if self._driver is not None else None
         self._cpu = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpubatch-cpu-decode",
                                        initializer=_on_device(cp, device_index))
         # one decode() at a time: a second thread's call beside a running one broke the hardware
@@ -294,9 +285,12 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDe
         # thread with the C API (with the Python binding "cuda" is the wait for its side thread), of
         # which, decoding in chunks, the waits for a ring slot ("hw_slot", "cuda_slot"), and on the
         # hardware engine's direct path the nvJPEG calls themselves ("hw_nvjpeg"), of which the first calls of the
-        # instances taken after the warm-up ("hw_first_calls", hw_later); CPU decodes ("cpu")
+        # instances taken after the warm-up ("hw_first_calls", hw_later); CPU decodes ("cpu"). With a native driver
+        # (decode_calls.py) "hw" is the finishing thread's time, "hw_queue" the engine's thread's queueing, and
+        # "hw_nvjpeg" the driver's time in the calls, of which "hw_gpu_wait" waiting for an instance's last call
         self.timings = {"parse": 0.0, "hw": 0.0, "hw_wrap": 0.0, "cuda": 0.0, "cuda_wrap": 0.0, "cpu": 0.0,
-                        "hw_slot": 0.0, "cuda_slot": 0.0, "hw_nvjpeg": 0.0, "hw_first_calls": 0.0}
+                        "hw_slot": 0.0, "cuda_slot": 0.0, "hw_nvjpeg": 0.0, "hw_first_calls": 0.0, "hw_queue": 0.0,
+                        "hw_gpu_wait": 0.0}
 
     def warm_up(self, batch: int = 256, regions: bool = False) -> float:
         """Run ``batch`` tiny JPEGs (every subsampling, and gray) through each decoder once; returns the
@@ -355,6 +349,8 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDe
             self._run(job, blobs, regions, kinds)
         finally:
             self.grow_hw = grow
+        if self._hw_finish is not None:  # (the calls a native driver made, finished)
+            self._hw_finish.submit(int).result()
         self._cuda_thread.submit(int).result()  # a retry of what the hardware engine failed has run
         self.hw_stream.synchronize()
         self.cuda_stream.synchronize()
@@ -362,7 +358,7 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDe
     def drain(self) -> None:
         """Wait until every part handed over so far is decoded: the decoders' threads idle (the hardware
         engine's first, since what it fails goes on to the CUDA decoder's) and their streams done."""
-        for pool in (self._hw_thread, self._cuda_thread, self._side) if not self._closing else ():
+        for pool in (self._hw_thread, self._hw_finish, self._cuda_thread, self._side) if not self._closing else ():
             if pool is not None:  # (once closed, the threads have finished)
                 pool.submit(int).result()
         self.hw_stream.synchronize()
@@ -370,7 +366,7 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDe
 
     def close(self) -> None:
         self._closing = True  # a call waiting for its ring slot gives up
-        for pool in (self._side, self._hw_thread, self._cuda_thread):
+        for pool in (self._side, self._hw_thread, self._hw_finish, self._cuda_thread):
             if pool is not None:
                 pool.shutdown(wait=True)
         self._cpu.shutdown(wait=True)
@@ -387,6 +383,9 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDe
         for dec in self.hw_cs + self.hw_direct + ([self.cuda_c] if self.cuda_c else []):
             dec.close()
         self.hw_cs, self.hw_direct, self.cuda_c = [], [], None
+        if self._driver is not None:  # (its calls made: the instances waited for them as they closed)
+            self._driver.close()
+            self._driver = None
         rt = self.cp.cuda.runtime
         for ring in self._rings.values():  # the chunk buffers (their last readers: the consumer's streams)
             for slot in ring:
@@ -563,105 +562,6 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, PythonBindingDe
                     out.append((i, DeviceImage(a.data.ptr, a.shape, a.strides[0], a)))
                     res.fallbacks += 1
         return out
-
-    def _run(self, job: _Job, blobs: list[Any], regions: list | None, kinds: list[str | None]) -> None:
-        """Decode a prepared part of a batch with the hardware engine (``job.hw``: one call per list, that
-        is per kind or chunk, taking turns over the instances) or the CUDA decoder; runs in that
-        decoder's thread. Posts on the batch's result (``job.sink``) the images of each call (chunks) or
-        of the whole part, then the part's end; what the hardware engine failed then goes to the CUDA
-        decoder's thread as a part of its own."""
-        try:
-            retry = self._calls(job, kinds)
-        except _Closed:
-            return
-        except BaseException as e:  # the consumer raises it
-            _post(job.sink, ("error", e))
-            raise
-        finally:
-            self.lib.destroy(list(job.streams.values()), list(job.images.values()))
-        job.part.retried = int(bool(retry))
-        _post(job.sink, ("end", job.part))  # before the retry can post its own end
-        if retry:  # what the hardware engine refused or failed, once more on the CUDA decoder
-            again = self._prepare(False, blobs, regions, [retry], job.consumer)
-            again.sink = job.sink
-            self._cuda_thread.submit(self._run, again, blobs, regions, kinds)
-
-    def _calls(self, job: _Job, kinds: list[str | None]) -> list[int]:
-        """The decode calls of :meth:`_run`; returns what the hardware engine failed."""
-        cp, part, streams, images = self.cp, job.part, job.streams, job.images
-        t0 = time.perf_counter()
-        done: list[tuple[int, bool]] = []
-        retry: list[int] = []
-        with cp.cuda.Device(self.device_index):
-            if job.direct and self._hw_coming and not self._warming:
-                self._adopt_hw()
-            if job.hw and self.grow_hw:  # (made on this device, by the thread that calls them)
-                self._enough_hw(len({kinds[idx[0]] for idx in job.lists if idx}))
-            for k, idx in enumerate(job.lists):  # (each call's items with places: _prepare)
-                if not idx:
-                    continue
-                owner = None
-                args = job.args[k] if job.args else None
-                if job.slots:  # a chunk: into its ring slot, or a buffer of its own
-                    owner = self._take_slot(job, k)
-                    if owner is None:
-                        owner, args = self._own_buffer(job, idx), None  # (new places: new arrays)
-                if job.direct:
-                    dec = self._hw_instance(self.hw_direct, kinds[idx[0]])
-                    fmt = OUTPUT_YUV if idx[0] in job.planes else OUTPUT_RGBI  # (a call is one kind)
-                    parts = [job.regions.get(i) for i in idx] if job.regions else None
-                    t_call = time.perf_counter()
-                    try:
-                        dec.decode([job.sources[i] for i in idx], [job.outputs[i] for i in idx], job.stream, fmt,
-                                   regions=parts, args=args)
-                        ok = [True] * len(idx)
-                    except NvjpegError:  # the call failed as a whole (a corrupt image fails its call)
-                        ok = [False] * len(idx)
-                    self.timings["hw_nvjpeg"] += time.perf_counter() - t_call
-                    if self._cold and id(dec) in self._cold:  # an instance taken after the warm-up: its first call
-                        self._cold.discard(id(dec))
-                        self.timings["hw_first_calls"] += time.perf_counter() - t_call
-                    part.hw += sum(ok)
-                    retry.extend(self._learn(kinds, idx, ok))
-                elif job.hw:
-                    dec = self._hw_instance(self.hw_cs, kinds[idx[0]])
-                    ok = dec.finish(dec.start([streams[i] for i in idx], [images[i] for i in idx]))
-                    part.hw += sum(ok)
-                    retry.extend(self._learn(kinds, idx, ok))
-                else:
-                    ok = self.cuda_c.finish(self.cuda_c.start([streams[i] for i in idx], [images[i] for i in idx]))
-                done.extend(zip(idx, ok))
-                if owner is not None:
-                    self._publish(job, done, owner)
-                    done, owner = [], None
-            if not job.slots:  # the whole part in one buffer
-                slab = job.slab
-                self._publish(job, done, slab if self.stream_ordered else _Release([slab], job.consumer, self._freed))
-        self.timings["hw" if job.hw else "cuda"] += time.perf_counter() - t0
-        return retry
-
-    def _publish(self, job: _Job, done: list[tuple[int, bool]], owner: Any) -> None:
-        """Post the images of ``done`` (item, decoded) in ``owner``'s memory with the decode's end event;
-        what the CUDA decoder failed goes to the CPU."""
-        if isinstance(owner, _Chunk):  # (its slot's event, recorded again: the slot's next call comes after
-            slot = owner.slot            # the consumer has waited for this one and dropped the chunk)
-            event = slot.decoded = record_again(slot.decoded, job.stream, self.cp)
-        else:  # (a new event a finalizer can tell is gone: the part's memory goes with this owner)
-            event = record_again(None, job.stream, self.cp)
-        if not isinstance(owner, _Release):
-            owner.event = event  # until the consumer waits for it
-        views = []  # (item, address, shape, row pitch, sampling): the consumer makes the DeviceImages (_gather)
-        for i, good in done:
-            if good:
-                ptr, shape, row = job.views[i]
-                if i in job.crops:  # (interleaved RGB)
-                    y0, x0, y1, x1 = job.crops[i]
-                    ptr, shape = ptr + y0 * row + x0 * 3, (y1 - y0, x1 - x0, 3)
-                views.append((i, ptr, shape, row, job.planes.get(i)))
-            elif not job.hw:
-                job.part.failed.append(i)
-        _post(job.sink, ("images", views, owner, event, job.hw))
-
 
 
 @functools.cache

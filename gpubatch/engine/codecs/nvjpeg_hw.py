@@ -22,6 +22,7 @@ from typing import Any
 
 from ...errors import DependencyError
 from ..gpu.context import record_held
+from .hw_native import STEPS, Call
 
 BACKEND_HARDWARE = 3  # nvjpegBackend_t
 OUTPUT_YUV = 1  # nvjpegOutputFormat_t: the JPEG's own planes (Y, Cb, Cr at their sampled sizes)
@@ -162,6 +163,7 @@ class HwBatchDecoder:
             self.lib.nvjpegDestroy(self.handle)
             raise
         self.done: Any = None  # the previous call's end on its stream (an event made at the first call)
+        self.pending: _Pending | None = None  # the last call queued on a native driver (:meth:`submit`)
         self.params: list[Any] = []  # per-image decode parameters of region calls (made as needed, reused)
         self._params_fmt: list[int] = []  # the output format each of them was set to
 
@@ -194,6 +196,7 @@ class HwBatchDecoder:
         n, data, sizes, images = args if args is not None else call_args(sources, outputs)
         if not n:
             return
+        self._settle()
         done = self.done
         if done is not None and not done.done:  # (a query keeps the GIL; a wait lets it go)
             done.synchronize()  # the state's buffers are free again
@@ -213,6 +216,49 @@ class HwBatchDecoder:
                                                                                images, params, C.c_void_p(stream.ptr)))
             finally:
                 record_held(done, stream)
+
+    def submit(self, driver: Any, sources: list[tuple[int, int]], outputs: list[tuple[int, ...]], stream: Any,
+               fmt: int = OUTPUT_RGBI, regions: list[tuple[int, int, int, int] | None] | None = None,
+               args: tuple[int, Any, Any, Any] | None = None, publish: Any = None) -> _Pending | None:
+        """:meth:`decode`, queued on ``driver`` (a :class:`~gpubatch.engine.codecs.hw_native.Driver`) to be made
+        by its native thread instead of here: returns what :meth:`finish` takes (None: nothing to decode).
+        ``publish``: an event the driver records on ``stream`` after the call, besides the instance's own.
+        ``sources`` must stay valid, and the arrays are kept, until :meth:`finish` has returned. A region
+        call first waits for this instance's call still queued (their parameters are the instance's)."""
+        n, data, sizes, images = args if args is not None else call_args(sources, outputs)
+        if not n:
+            return None
+        if self.done is None:  # (one event, made at the first call and recorded again at each)
+            with self.cp.cuda.Device(self.device):
+                self.done = self.cp.cuda.Event(disable_timing=True)
+        params = None
+        if regions is not None:
+            self._settle()
+            params = self._region_params(regions, fmt)
+        call = Call(self.handle, self.state, n, fmt, C.addressof(data), C.addressof(sizes), C.addressof(images),
+                    C.addressof(params) if params is not None else None, stream.ptr, self.done.ptr, self.done.ptr,
+                    publish.ptr if publish is not None else None)
+        pending = _Pending(driver, call, (data, sizes, images, params, publish, stream))
+        driver.submit(call)
+        self.pending = pending
+        return pending
+
+    @staticmethod
+    def finish(pending: _Pending) -> tuple[bool, float]:
+        """Wait for a :meth:`submit`'s call: (whether nvJPEG decoded it, the driver's seconds in it). Raises
+        RuntimeError where a CUDA call of it failed (nvJPEG's refusal is a False, as :meth:`decode`'s
+        :class:`NvjpegError`: a corrupt image fails its call)."""
+        pending.driver.wait(pending.call)
+        call = pending.call
+        if call.status and call.step not in (2, 3):
+            raise RuntimeError(f"hardware decode: {STEPS.get(call.step, call.step)} failed with CUDA error {call.status}")
+        return not call.status, call.ns / 1e9
+
+    def _settle(self) -> None:
+        """Wait for this instance's call still queued on a native driver, if any."""
+        if self.pending is not None:
+            self.pending.driver.wait(self.pending.call)
+            self.pending = None
 
     def _region_params(self, regions: list[tuple[int, int, int, int] | None], fmt: int) -> Any:
         """The per-image parameters of a region call: each object's ROI set for this call, its output
@@ -237,6 +283,7 @@ class HwBatchDecoder:
         return (C.c_void_p * len(regions))(*[p.value for p in self.params[: len(regions)]])
 
     def close(self) -> None:
+        self._settle()
         if self.done is not None:
             self.done.synchronize()
             self.done = None
@@ -249,3 +296,12 @@ class HwBatchDecoder:
         if self.handle:
             self.lib.nvjpegDestroy(self.handle)
             self.handle = C.c_void_p()
+
+
+class _Pending:
+    """A call queued on a native driver (:meth:`HwBatchDecoder.submit`), and what must live until it is made."""
+
+    __slots__ = ("driver", "call", "keep")
+
+    def __init__(self, driver: Any, call: Call, keep: tuple):
+        self.driver, self.call, self.keep = driver, call, keep
