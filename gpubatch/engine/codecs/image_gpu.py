@@ -269,8 +269,10 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
                                initializer=_on_device(cp, device_index, hw_core.pin if hw_core else None))
                            if self.api == "c" else None)
         self._cuda_thread = one(thread_name_prefix="gpubatch-cuda-decode") if self.api == "c" else None
-        # the direct path's calls made by a native thread, finished (their images posted) by a thread of their own
-        self._driver = nvjpeg_driver(device_index, st.cache_dir, st.c_compiler) if self.hw_direct and st.hw_native else None
+        # the direct path's calls made by a native thread, finished (their images posted) by a thread of their own;
+        # started from the engine's thread, whose core (``hw_core``) it keeps
+        self._driver = (self._hw_thread.submit(nvjpeg_driver, device_index, st.cache_dir, st.c_compiler).result()
+                        if self.hw_direct and st.hw_native else None)
         self._hw_finish = one(thread_name_prefix="gpubatch-hw-finish") if self._driver is not None else None
         self._cpu = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gpubatch-cpu-decode",
                                        initializer=_on_device(cp, device_index))
