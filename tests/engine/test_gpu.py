@@ -391,11 +391,13 @@ def _shape_or_none(blob: bytes):
         return None
 
 
-@pytest.mark.parametrize("chunk", [0, 3])
-def test_the_native_driver_decodes_what_the_calls_from_python_decode(chunk):
-    """The hardware engine's calls made by the native driver's thread (the default) give, bit for bit, what
-    the same calls made from the decoder's Python thread give: whole parts and chunks (several calls a
-    part, over the instances), regions, a corrupt image's call retried; its timings counted."""
+@pytest.mark.parametrize("chunk,ring", [(0, 0), (3, 0), (3, 2)])
+def test_the_native_driver_decodes_what_the_calls_from_python_decode(chunk, ring):
+    """The hardware engine's calls made by the native driver's thread (``GPUBATCH_HW_NATIVE=1``) give, bit for
+    bit, what the same calls made from the decoder's Python thread give: whole parts and chunks (several calls
+    a part, over the instances), regions, a corrupt image's call retried; its timings counted. With two ring
+    slots taken in turn (``hw_ring``, as under a memory cap) a part's later calls wait for slots its earlier
+    calls give back once read: never until ``ring_wait`` runs out."""
     import cupy as cp
 
     from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
@@ -408,7 +410,7 @@ def test_the_native_driver_decodes_what_the_calls_from_python_decode(chunk):
     got = {}
     for native in (True, False):
         dec = GpuImageDecoder(0, 4, api="c", route="split", cuda_share=0.0, hw_direct=True,
-                              settings=Settings.from_env(hw_native=native, hw_chunk=4))
+                              settings=Settings.from_env(hw_native=native, hw_chunk=4, hw_ring=ring, ring_wait=30.0))
         assert (dec._driver is not None) == native
         dec.warm_up(64, regions=True)
         out = []
@@ -418,9 +420,10 @@ def test_the_native_driver_decodes_what_the_calls_from_python_decode(chunk):
                                         stream, len(b)))
             else:
                 out.append(_finished(dec.decode(b, stream, regions=cut), stream))
-        timings = dict(dec.timings)
+        timings, waits = dict(dec.timings), dec.ring_waits
         dec.close()
         got[native] = out
+        assert waits == 0
         if native:
             assert timings["hw_queue"] > 0 and timings["hw_nvjpeg"] > 0
     for a, b in zip(got[True], got[False]):

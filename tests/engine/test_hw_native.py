@@ -205,9 +205,9 @@ def test_a_compiler_that_fails_says_so(tmp_path):
 
 def test_the_native_driver_its_cache_and_compiler_are_settings():
     st = Settings.from_env({})
-    assert st.hw_native is True and st.cache_dir == "" and st.c_compiler == ""
+    assert st.hw_native is False and st.cache_dir == "" and st.c_compiler == ""  # (opt-in: see hw_native.py)
     assert hw_native.cache_root() == hw_native.Path.home() / ".cache" / "gpubatch"
-    st = Settings.from_env({"GPUBATCH_HW_NATIVE": "0", "XDG_CACHE_HOME": "/tmp/xdg", "CC": "clang"})
-    assert st.hw_native is False and st.cache_dir == "/tmp/xdg/gpubatch" and st.c_compiler == "clang"
+    st = Settings.from_env({"GPUBATCH_HW_NATIVE": "1", "XDG_CACHE_HOME": "/tmp/xdg", "CC": "clang"})
+    assert st.hw_native is True and st.cache_dir == "/tmp/xdg/gpubatch" and st.c_compiler == "clang"
     st = Settings.from_env({"XDG_CACHE_HOME": "/tmp/xdg", "GPUBATCH_CACHE_DIR": "/tmp/x"})
     assert st.cache_dir == "/tmp/x" and hw_native.cache_root(st.cache_dir) == hw_native.Path("/tmp/x")

@@ -38,16 +38,15 @@ class DecodeCalls:
         decoder's thread. Posts on the batch's result (``job.sink``) the images of each call (chunks) or
         of the whole part, then the part's end; what the hardware engine failed then goes to the CUDA
         decoder's thread as a part of its own. With a native driver the direct path's part is queued here
-        and finished in the finishing thread (:meth:`_finish_queued`)."""
+        and finished in the finishing thread (:meth:`_finish_call`, :meth:`_finish_part`)."""
         if job.direct and self._driver is not None:
             try:
-                queued = self._queue_calls(job, kinds)
+                self._queue_calls(job, kinds, blobs, regions)
             except _Closed:
                 return
             except BaseException as e:  # the consumer raises it
                 _post(job.sink, ("error", e))
                 raise
-            self._hw_finish.submit(self._finish_queued, job, queued, blobs, regions, kinds)
             return
         try:
             retry = self._calls(job, kinds)
@@ -133,12 +132,14 @@ class DecodeCalls:
         slab = job.slab
         return slab if self.stream_ordered else _Release([slab], job.consumer, self._freed)
 
-    def _queue_calls(self, job: _Job, kinds: list[str | None]) -> list[tuple]:
+    def _queue_calls(self, job: _Job, kinds: list[str | None], blobs: list[Any], regions: list | None) -> None:
         """(The hardware engine's thread, a native driver.) Queue a direct part's calls on the driver, as
-        :meth:`_calls` makes them: per call (pending call or None where nvJPEG refused its parameters, its
-        items, its owner or None, the event posted with its images or None, its instance)."""
+        :meth:`_calls` makes them, each handed to the finishing thread as soon as it is queued (a later call
+        may wait for a ring slot that only an earlier call's images, once posted and read, give back), then
+        the part's end."""
         t0 = time.perf_counter()
-        queued = []
+        part = {"done": [], "retry": [], "failed": False, "t0": t0}  # (the finishing thread's, for this part)
+        finish = self._hw_finish.submit
         with self.cp.cuda.Device(self.device_index):
             if self._hw_coming and not self._warming:
                 self._adopt_hw()
@@ -160,44 +161,56 @@ class DecodeCalls:
                 dec = self._hw_instance(self.hw_direct, kinds[idx[0]])
                 fmt = OUTPUT_YUV if idx[0] in job.planes else OUTPUT_RGBI
                 parts = [job.regions.get(i) for i in idx] if job.regions else None
+                t1 = time.perf_counter()
                 try:
                     pending = dec.submit(self._driver, [job.sources[i] for i in idx], [job.outputs[i] for i in idx],
                                          job.stream, fmt, regions=parts, args=args, publish=event)
                 except NvjpegError:  # (a region's parameters refused: the call fails as a whole)
                     pending = None
-                queued.append((pending, idx, owner, event, dec))
-        self.timings["hw_queue"] += time.perf_counter() - t0
-        return queued
+                self.timings["hw_queue"] += time.perf_counter() - t1
+                finish(self._finish_call, job, part, (pending, idx, owner, event, dec, k == last), kinds)
+        finish(self._finish_part, job, part, blobs, regions, kinds)
 
-    def _finish_queued(self, job: _Job, queued: list[tuple], blobs: list[Any], regions: list | None,
-                       kinds: list[str | None]) -> None:
-        """(The finishing thread.) Wait for each queued call of a part in turn and post its images, then the
-        part's end, as :meth:`_run` does."""
-        t0 = time.perf_counter()
-        part, done, retry = job.part, [], []
+    def _finish_call(self, job: _Job, part: dict, call: tuple, kinds: list[str | None]) -> None:
+        """(The finishing thread.) Wait for a queued call and post its images (a chunk's), or keep them for the
+        part's end (a whole part's)."""
+        if part["failed"]:
+            return
+        pending, idx, owner, event, dec, last = call
         try:
             with self.cp.cuda.Device(self.device_index):
-                for pending, idx, owner, event, dec in queued:
-                    ok_all, seconds = dec.finish(pending) if pending is not None else (False, 0.0)
-                    if pending is not None:
-                        self._hw_call_seconds(dec, seconds)
-                        self.timings["hw_gpu_wait"] += pending.call.wait_ns / 1e9
-                    ok = [ok_all] * len(idx)
-                    part.hw += sum(ok)
-                    retry.extend(self._learn(kinds, idx, ok))
-                    done.extend(zip(idx, ok))
-                    if owner is not None:
-                        self._publish(job, done, owner, None if pending is None else event)
-                        done = []
-                if not job.slots:
-                    last = queued[-1] if queued else None
-                    self._publish(job, done, self._part_owner(job),
-                                  None if last is None or last[0] is None else last[3])
+                ok_all, seconds = dec.finish(pending) if pending is not None else (False, 0.0)
+                if pending is not None:
+                    self._hw_call_seconds(dec, seconds)
+                    self.timings["hw_gpu_wait"] += pending.call.wait_ns / 1e9
+                ok = [ok_all] * len(idx)
+                job.part.hw += sum(ok)
+                part["retry"].extend(self._learn(kinds, idx, ok))
+                part["done"].extend(zip(idx, ok))
+                if owner is not None:
+                    self._publish(job, part["done"], owner, None if pending is None else event)
+                    part["done"] = []
+                elif last:
+                    part["event"] = None if pending is None else event
+        except BaseException as e:  # the consumer raises it
+            part["failed"] = True
+            _post(job.sink, ("error", e))
+            raise
+
+    def _finish_part(self, job: _Job, part: dict, blobs: list[Any], regions: list | None,
+                     kinds: list[str | None]) -> None:
+        """(The finishing thread.) A part's end once its calls are finished, as :meth:`_run` ends a part."""
+        if part["failed"]:
+            return
+        try:
+            if not job.slots:
+                with self.cp.cuda.Device(self.device_index):
+                    self._publish(job, part["done"], self._part_owner(job), part.get("event"))
         except BaseException as e:  # the consumer raises it
             _post(job.sink, ("error", e))
             raise
-        self.timings["hw"] += time.perf_counter() - t0
-        self._end_part(job, retry, blobs, regions, kinds)
+        self.timings["hw"] += time.perf_counter() - part["t0"]
+        self._end_part(job, part["retry"], blobs, regions, kinds)
 
     def _call_event(self, owner: Any) -> Any:
         """The event a call's images are posted with, not yet recorded: a ring slot's own (made once), else a
