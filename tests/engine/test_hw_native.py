@@ -211,3 +211,67 @@ def test_the_native_driver_its_cache_and_compiler_are_settings():
     assert st.hw_native is True and st.cache_dir == "/tmp/xdg/gpubatch" and st.c_compiler == "clang"
     st = Settings.from_env({"XDG_CACHE_HOME": "/tmp/xdg", "GPUBATCH_CACHE_DIR": "/tmp/x"})
     assert st.cache_dir == "/tmp/x" and hw_native.cache_root(st.cache_dir) == hw_native.Path("/tmp/x")
+
+
+def test_a_parts_calls_go_to_the_finishing_thread_one_by_one_so_a_ring_slot_comes_back():
+    """With fewer ring slots than a part has calls (``hw_ring``, a memory cap's plan), call k+1 waits for the slot
+    that call k's images give back once posted and read: each queued call must reach the finishing thread before
+    the next call asks for its slot. (Handed over together after the last call was queued, every later call
+    waited until ``ring_wait`` ran out: ``make gpu-test`` stalled under a 640-MiB cap, 2026-12-04.) Here the
+    decoder's GPU parts are stand-ins: one slot, which a call gets back only once the call before it is posted."""
+    from concurrent.futures import ThreadPoolExecutor
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from gpubatch.engine.codecs.decode_buffers import _Job
+    from gpubatch.engine.codecs.decode_calls import DecodeCalls
+
+    posted: list = []
+    slot_back = threading.Semaphore(1)
+    order: list = []
+
+    class Instance:
+        def submit(self, driver, sources, outputs, stream, fmt, regions=None, args=None, publish=None):
+            order.append(("queued", tuple(sources)))
+            return SimpleNamespace(call=SimpleNamespace(wait_ns=0), sources=tuple(sources))
+
+        @staticmethod
+        def finish(pending):
+            return True, 0.001
+
+    class Decoder(DecodeCalls):
+        pass
+
+    dec = Decoder()
+    finishing = ThreadPoolExecutor(1)
+    dec.__dict__.update(
+        cp=SimpleNamespace(cuda=SimpleNamespace(Device=lambda i: nullcontext())), device_index=0, _hw_coming=0,
+        _warming=False, grow_hw=False, _driver=object(), _hw_finish=finishing, _cold=set(),
+        timings={"hw_queue": 0.0, "hw_nvjpeg": 0.0, "hw_first_calls": 0.0, "hw_gpu_wait": 0.0, "hw": 0.0},
+        _hw_instance=lambda pool, kind: Instance(), hw_direct=[], _learn=lambda kinds, idx, ok: [],
+        _call_event=lambda owner: None, _part_owner=lambda job: None)
+
+    def take_slot(job, k):  # (the ring's one slot: back once the call before is posted and read)
+        assert slot_back.acquire(timeout=5), f"call {k} waited for its slot: the call before was never posted"
+        order.append(("slot", k))
+        return SimpleNamespace(slot=None, event=None)
+
+    def publish(job, done, owner, event=None):
+        posted.append([i for i, _ in done])
+        order.append(("posted", tuple(i for i, _ in done)))
+        slot_back.release()
+
+    ends: list = []
+    dec.__dict__.update(_take_slot=take_slot, _publish=publish,
+                        _end_part=lambda job, retry, blobs, regions, kinds: ends.append(retry))
+    job = _Job(True, [[0, 1], [2, 3], [4, 5], [6]], stream=None, consumer=None, direct=True)
+    job.slots = [object()] * 4
+    job.sources = {i: (1000 + i, 10) for i in range(7)}
+    job.outputs = {i: (2000 + i, 30) for i in range(7)}
+    try:
+        dec._run(job, [b""] * 7, None, ["4:2:0"] * 7)
+        finishing.submit(int).result(10)
+    finally:
+        finishing.shutdown(wait=True)
+    assert posted == [[0, 1], [2, 3], [4, 5], [6]] and ends == [[]]
+    assert [e[0] for e in order][:4] == ["slot", "queued", "posted", "slot"]  # (call 0 posted before call 1's slot)
