@@ -58,7 +58,7 @@ class Fake:
                       RECORD(lambda ev, st: note("record", ev, st))]
 
     def driver(self, folder, queue=hw_native.QUEUE):
-        return hw_native.Driver([C.cast(f, vp).value for f in self.funcs], 0, str(folder), queue)
+        return hw_native.Driver([hw_native.address(f) for f in self.funcs], 0, str(folder), queue)
 
 
 def _call(n=3, params=None, before=11, after=11, publish=None, stream=77):
@@ -186,7 +186,7 @@ def test_without_a_compiler_the_calls_stay_in_python_with_one_warning(tmp_path, 
     try:
         with pytest.warns(RuntimeWarning, match="made from Python .no C compiler"):
             assert hw_native.library(str(tmp_path)) is None
-        assert hw_native.nvjpeg_driver(0, str(tmp_path)) is None
+        assert nvjpeg_hw.nvjpeg_driver(0, str(tmp_path)) is None
         assert not (tmp_path / "native").exists()
     finally:
         hw_native._built.cache_clear()

@@ -124,7 +124,8 @@ def _warn_once(why: str) -> None:
                   RuntimeWarning, stacklevel=3)
 
 
-def _address(fn: Any) -> int:
+def address(fn: Any) -> int:
+    """A ctypes function's address, as :class:`Driver` takes its functions."""
     return C.cast(fn, C.c_void_p).value or 0
 
 
@@ -168,23 +169,3 @@ class Driver:
             ptr, self.ptr = self.ptr, None
         if ptr:
             self._free.gb_stop(ptr)
-
-
-def nvjpeg_driver(device_index: int, folder: str = "", compiler: str = "") -> Driver | None:
-    """A :class:`Driver` of nvJPEG's and the CUDA driver's calls whose thread works in device ``device_index``'s
-    primary context; None where the library cannot be built (warned) or the driver not loaded."""
-    if library(folder, compiler) is None:
-        return None
-    from .nvjpeg_hw import library as nvjpeg
-
-    try:
-        cuda = C.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    dev, ctx = C.c_int(), C.c_void_p()
-    if cuda.cuDeviceGet(C.byref(dev), device_index) or cuda.cuDevicePrimaryCtxRetain(C.byref(ctx), dev):
-        return None  # (the context the decoders use exists already: this takes a reference, given back never)
-    nv = nvjpeg()
-    fns = [nv.nvjpegDecodeBatchedInitialize, nv.nvjpegDecodeBatched, nv.nvjpegDecodeBatchedEx, cuda.cuCtxSetCurrent,
-           cuda.cuEventQuery, cuda.cuEventSynchronize, cuda.cuEventRecord]
-    return Driver([_address(f) for f in fns], ctx.value or 0, folder, compiler=compiler)

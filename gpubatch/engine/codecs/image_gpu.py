@@ -55,8 +55,8 @@ from .decode_result import DecodeResult, DeviceImage
 from .decode_routing import DecodeRouting, choose_route
 from .headers import jpeg_kind
 from .hw_instances import HwInstances
-from .hw_native import nvjpeg_driver
 from .nvimgcodec_c import nvimgcodec
+from .nvjpeg_hw import nvjpeg_driver
 
 
 def _on_device(cp: Any, device_index: int, then: Any = None) -> Any:

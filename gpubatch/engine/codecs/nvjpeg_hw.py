@@ -22,7 +22,8 @@ from typing import Any
 
 from ...errors import DependencyError
 from ..gpu.context import record_held
-from .hw_native import STEPS, Call
+from .hw_native import STEPS, Call, Driver, address
+from .hw_native import library as native_library
 
 BACKEND_HARDWARE = 3  # nvjpegBackend_t
 OUTPUT_YUV = 1  # nvjpegOutputFormat_t: the JPEG's own planes (Y, Cb, Cr at their sampled sizes)
@@ -305,3 +306,22 @@ class _Pending:
 
     def __init__(self, driver: Any, call: Call, keep: tuple):
         self.driver, self.call, self.keep = driver, call, keep
+
+
+def nvjpeg_driver(device_index: int, folder: str = "", compiler: str = "") -> Driver | None:
+    """A :class:`~gpubatch.engine.codecs.hw_native.Driver` of nvJPEG's and the CUDA driver's calls whose thread works
+    in device ``device_index``'s primary context; None where the driver's library cannot be built (warned) or
+    CUDA's driver is not loaded."""
+    if native_library(folder, compiler) is None:
+        return None
+    try:
+        cuda = C.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    dev, ctx = C.c_int(), C.c_void_p()
+    if cuda.cuDeviceGet(C.byref(dev), device_index) or cuda.cuDevicePrimaryCtxRetain(C.byref(ctx), dev):
+        return None  # (the context the decoders use exists already: this takes a reference, given back never)
+    nv = library()
+    fns = [nv.nvjpegDecodeBatchedInitialize, nv.nvjpegDecodeBatched, nv.nvjpegDecodeBatchedEx, cuda.cuCtxSetCurrent,
+           cuda.cuEventQuery, cuda.cuEventSynchronize, cuda.cuEventRecord]
+    return Driver([address(f) for f in fns], ctx.value or 0, folder, compiler=compiler)
