@@ -21,7 +21,8 @@ from pathlib import Path
 
 LIBRARIES = ("libnvjpeg", "libnvimgcodec", "libnvcuvid")  # the native libraries a decoder's thread calls
 DRIVER_CALLS = ("cuMemcpyAsync", "cuLaunchKernel", "cuEventRecord", "cuEventSynchronize", "cuStreamSynchronize",
-                "cuEventQuery", "cuStreamWaitEvent", "cuMemAllocAsync", "cuMemFreeAsync")
+                "cuEventQuery", "cuStreamWaitEvent", "cuMemAllocAsync", "cuMemFreeAsync", "cuMemFree_v2",
+                "cuMemAlloc_v2", "ioctl")  # (cuMemFree waits for the device; ioctl: nvcuvid's calls to the kernel driver)
 
 
 def _name(frame: str) -> str:
