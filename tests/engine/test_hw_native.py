@@ -146,13 +146,16 @@ def test_a_full_queue_makes_the_submitter_wait_for_room(tmp_path):
 def test_closing_makes_what_is_queued_first(tmp_path):
     fake = Fake()
     fake.gate.clear()
-    d = fake.driver(tmp_path)
+    closed = []
+    d = hw_native.Driver([hw_native.address(f) for f in fake.funcs], 0, str(tmp_path),
+                         on_close=lambda: closed.append(all(c.done for c in calls)))
     calls = [_call(before=None, after=None) for _ in range(3)]
     for c in calls:
         d.submit(c)
     threading.Timer(0.05, fake.gate.set).start()
     d.close()
-    assert all(c.done for c in calls)
+    d.close()  # (once only)
+    assert all(c.done for c in calls) and closed == [True]
     with pytest.raises(RuntimeError, match="closed"):
         d.submit(_call())
 

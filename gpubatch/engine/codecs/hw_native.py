@@ -135,7 +135,8 @@ class Driver:
     thread makes current first (or 0)."""
 
     def __init__(self, functions: list[int], context: int = 0, folder: str = "", queue: int = QUEUE,
-                 compiler: str = ""):
+                 compiler: str = "", on_close: Any = None):
+        self._on_close = on_close  # (called once the thread has ended: gives back what the caller took for it)
         lib = library(folder, compiler)
         if lib is None:
             raise OSError("the hardware-decode driver could not be built")
@@ -169,3 +170,5 @@ class Driver:
             ptr, self.ptr = self.ptr, None
         if ptr:
             self._free.gb_stop(ptr)
+            if self._on_close is not None:
+                self._on_close()

@@ -320,8 +320,13 @@ def nvjpeg_driver(device_index: int, folder: str = "", compiler: str = "") -> Dr
         return None
     dev, ctx = C.c_int(), C.c_void_p()
     if cuda.cuDeviceGet(C.byref(dev), device_index) or cuda.cuDevicePrimaryCtxRetain(C.byref(ctx), dev):
-        return None  # (the context the decoders use exists already: this takes a reference, given back never)
+        return None  # (the context the decoders use exists already: this takes a reference, given back at close)
     nv = library()
     fns = [nv.nvjpegDecodeBatchedInitialize, nv.nvjpegDecodeBatched, nv.nvjpegDecodeBatchedEx, cuda.cuCtxSetCurrent,
            cuda.cuEventQuery, cuda.cuEventSynchronize, cuda.cuEventRecord]
-    return Driver([address(f) for f in fns], ctx.value or 0, folder, compiler=compiler)
+    try:
+        return Driver([address(f) for f in fns], ctx.value or 0, folder, compiler=compiler,
+                      on_close=lambda: cuda.cuDevicePrimaryCtxRelease(dev))
+    except OSError:
+        cuda.cuDevicePrimaryCtxRelease(dev)
+        raise
