@@ -14,12 +14,12 @@ into gpubatch's cache (``settings.cache_dir``: ``GPUBATCH_CACHE_DIR``, else ``$X
 ``~/.cache/gpubatch``), as CuPy builds the kernels; where no compiler is found or the build fails, the calls are made from Python as before, with a
 warning once.
 
-Opt-in (``GPUBATCH_HW_NATIVE=1``). Measured on an H200 (2026-12-04, benchmarks/RESULTS.md): the same transcode 1-5%
-faster (16,384 images 4,207 against 4,156 images/s; 65,536 10,815 against 10,298 and 11,419 against 11,153), the
-training loader 1.03x (not told apart), the engine's Python thread down from 5.4 s of CPU to 0.04 s. And it told
-where the calls' time goes: the driver's thread was inside nvJPEG's calls for 5.6-5.9 s of a 6-s run of 65,536
-images (the wait for an instance's last call on the GPU 0.01 s of it), as the Python thread had been: the calls are
-slow in themselves under ``convert``'s load, not for want of the GIL. That first form handed a part's calls to the
+Opt-in (``GPUBATCH_HW_NATIVE=1``). Measured on an H200 (2026-12-04, benchmarks/RESULTS.md): the same transcode's
+medians 1-5% higher (16,384 images 4,208 against 4,156 images/s; 65,536 10,815 against 10,298 and 11,419 against
+11,153; the runs overlap), the training loader 1.03x (not told apart), the engine's Python thread down from 5.4 s of
+CPU to 0.04 s. And it told what the calls cost: 65-86 us of nvJPEG's host code an image under ``convert``, with no GIL
+in them, as from Python, against 28-34 us in the bench (the wait for an instance's last call on the GPU 0.01 s of
+5.6 s): slow in themselves under that load, not for want of the GIL. That first form handed a part's calls to the
 finishing thread together, which stalled under a memory cap (a later call waiting for a ring slot an earlier one
 had not posted yet); each call now goes to it as it is queued, which has not yet run on a GPU.
 """
