@@ -216,12 +216,14 @@ def test_the_native_driver_its_cache_and_compiler_are_settings():
     assert st.cache_dir == "/tmp/x" and hw_native.cache_root(st.cache_dir) == hw_native.Path("/tmp/x")
 
 
-def test_a_parts_calls_go_to_the_finishing_thread_one_by_one_so_a_ring_slot_comes_back():
+@pytest.mark.parametrize("native", [True, False])
+def test_a_parts_calls_go_to_the_finishing_thread_one_by_one_so_a_ring_slot_comes_back(native):
     """With fewer ring slots than a part has calls (``hw_ring``, a memory cap's plan), call k+1 waits for the slot
     that call k's images give back once posted and read: each queued call must reach the finishing thread before
     the next call asks for its slot. (Handed over together after the last call was queued, every later call
     waited until ``ring_wait`` ran out: ``make gpu-test`` stalled under a 640-MiB cap, 2026-12-04.) Here the
-    decoder's GPU parts are stand-ins: one slot, which a call gets back only once the call before it is posted."""
+    decoder's GPU parts are stand-ins: one slot, which a call gets back only once the call before it is posted. The
+    calls made from Python (``native`` False) post each call's images before the next call too."""
     from concurrent.futures import ThreadPoolExecutor
     from contextlib import nullcontext
     from types import SimpleNamespace
@@ -242,6 +244,9 @@ def test_a_parts_calls_go_to_the_finishing_thread_one_by_one_so_a_ring_slot_come
         def finish(pending):
             return True, 0.001
 
+        def decode(self, sources, outputs, stream, fmt, regions=None, args=None):
+            order.append(("queued", tuple(sources)))
+
     class Decoder(DecodeCalls):
         pass
 
@@ -249,7 +254,8 @@ def test_a_parts_calls_go_to_the_finishing_thread_one_by_one_so_a_ring_slot_come
     finishing = ThreadPoolExecutor(1)
     dec.__dict__.update(
         cp=SimpleNamespace(cuda=SimpleNamespace(Device=lambda i: nullcontext())), device_index=0, _hw_coming=0,
-        _warming=False, grow_hw=False, _driver=object(), _hw_finish=finishing, _cold=set(),
+        _warming=False, grow_hw=False, _driver=object() if native else None, _hw_finish=finishing, _cold=set(),
+        lib=SimpleNamespace(destroy=lambda streams, images: None),
         timings={"hw_queue": 0.0, "hw_nvjpeg": 0.0, "hw_first_calls": 0.0, "hw_gpu_wait": 0.0, "hw": 0.0},
         _hw_instance=lambda pool, kind: Instance(), hw_direct=[], _learn=lambda kinds, idx, ok: [],
         _call_event=lambda owner: None, _part_owner=lambda job: None)

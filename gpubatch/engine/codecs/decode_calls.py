@@ -13,6 +13,7 @@ calls follow one another in the driver's thread, and no wait of a Python thread 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..gpu.context import held_event, record_again
@@ -26,6 +27,17 @@ def _post(sink: Any, msg: tuple) -> None:
     res = sink() if sink is not None else None
     if res is not None:
         res.feed.put(msg)
+
+
+@dataclass
+class _Queued:
+    """What the finishing thread keeps of a part whose calls a native driver makes (:meth:`DecodeCalls._queue_calls`)."""
+
+    t0: float  # when the part's queueing began
+    done: list = field(default_factory=list)  # (item, decoded) not posted yet (a whole part's, until its end)
+    retry: list = field(default_factory=list)  # what the hardware engine failed
+    event: Any = None  # a whole part's: its last call's end event (recorded by the driver), or None: record it then
+    failed: bool = False  # a call raised (posted as the part's error): the rest is dropped
 
 
 class DecodeCalls:
@@ -76,23 +88,13 @@ class DecodeCalls:
         done: list[tuple[int, bool]] = []
         retry: list[int] = []
         with cp.cuda.Device(self.device_index):
-            if job.direct and self._hw_coming and not self._warming:
-                self._adopt_hw()
-            if job.hw and self.grow_hw:  # (made on this device, by the thread that calls them)
-                self._enough_hw(len({kinds[idx[0]] for idx in job.lists if idx}))
+            self._begin_part(job, kinds)
             for k, idx in enumerate(job.lists):  # (each call's items with places: _prepare)
                 if not idx:
                     continue
-                owner = None
-                args = job.args[k] if job.args else None
-                if job.slots:  # a chunk: into its ring slot, or a buffer of its own
-                    owner = self._take_slot(job, k)
-                    if owner is None:
-                        owner, args = self._own_buffer(job, idx), None  # (new places: new arrays)
+                owner, args = self._call_place(job, k, idx)
                 if job.direct:
-                    dec = self._hw_instance(self.hw_direct, kinds[idx[0]])
-                    fmt = OUTPUT_YUV if idx[0] in job.planes else OUTPUT_RGBI  # (a call is one kind)
-                    parts = [job.regions.get(i) for i in idx] if job.regions else None
+                    dec, fmt, parts = self._direct_call(job, idx, kinds)
                     t_call = time.perf_counter()
                     try:
                         dec.decode([job.sources[i] for i in idx], [job.outputs[i] for i in idx], job.stream, fmt,
@@ -119,6 +121,32 @@ class DecodeCalls:
         self.timings["hw" if job.hw else "cuda"] += time.perf_counter() - t0
         return retry
 
+    def _begin_part(self, job: _Job, kinds: list[str | None]) -> None:
+        """(A decoder's thread, before a part's calls.) The hardware instances the worker's start has made since,
+        and one more a kind where the part needs it (made on this device, by the thread that calls them)."""
+        if job.direct and self._hw_coming and not self._warming:
+            self._adopt_hw()
+        if job.hw and self.grow_hw:
+            self._enough_hw(len({kinds[idx[0]] for idx in job.lists if idx}))
+
+    def _call_place(self, job: _Job, k: int, idx: list[int]) -> tuple[Any, Any]:
+        """(owner of the call's images or None, its nvJPEG arrays or None) for call ``k`` of ``job``: a chunk goes into
+        its ring slot, or a buffer of its own where the slot is not given back in time (new places: new arrays)."""
+        owner = None
+        args = job.args[k] if job.args else None
+        if job.slots:
+            owner = self._take_slot(job, k)
+            if owner is None:
+                owner, args = self._own_buffer(job, idx), None
+        return owner, args
+
+    def _direct_call(self, job: _Job, idx: list[int], kinds: list[str | None]) -> tuple[Any, int, list | None]:
+        """(instance, output format, regions or None) of a direct-path call of the items ``idx`` (a call is one
+        kind)."""
+        dec = self._hw_instance(self.hw_direct, kinds[idx[0]])
+        fmt = OUTPUT_YUV if idx[0] in job.planes else OUTPUT_RGBI
+        return dec, fmt, [job.regions.get(i) for i in idx] if job.regions else None
+
     def _hw_call_seconds(self, dec: Any, seconds: float) -> None:
         """Count a direct call's seconds (``hw_nvjpeg``; an instance's first call after the warm-up also as
         ``hw_first_calls``)."""
@@ -137,30 +165,21 @@ class DecodeCalls:
         :meth:`_calls` makes them, each handed to the finishing thread as soon as it is queued (a later call
         may wait for a ring slot that only an earlier call's images, once posted and read, give back), then
         the part's end."""
-        t0 = time.perf_counter()
-        part = {"done": [], "retry": [], "failed": False, "t0": t0}  # (the finishing thread's, for this part)
+        part = _Queued(time.perf_counter())
         finish = self._hw_finish.submit
         with self.cp.cuda.Device(self.device_index):
-            if self._hw_coming and not self._warming:
-                self._adopt_hw()
-            if self.grow_hw:
-                self._enough_hw(len({kinds[idx[0]] for idx in job.lists if idx}))
+            self._begin_part(job, kinds)
             last = max((k for k, idx in enumerate(job.lists) if idx), default=-1)
             for k, idx in enumerate(job.lists):
                 if not idx:
                     continue
-                owner = event = None
-                args = job.args[k] if job.args else None
-                if job.slots:
-                    owner = self._take_slot(job, k)
-                    if owner is None:
-                        owner, args = self._own_buffer(job, idx), None
+                owner, args = self._call_place(job, k, idx)
+                event = None
+                if owner is not None:
                     event = self._call_event(owner)
                 elif k == last:  # (the whole part's images go with the last call's end)
                     event = held_event(self.cp)
-                dec = self._hw_instance(self.hw_direct, kinds[idx[0]])
-                fmt = OUTPUT_YUV if idx[0] in job.planes else OUTPUT_RGBI
-                parts = [job.regions.get(i) for i in idx] if job.regions else None
+                dec, fmt, parts = self._direct_call(job, idx, kinds)
                 t1 = time.perf_counter()
                 try:
                     pending = dec.submit(self._driver, [job.sources[i] for i in idx], [job.outputs[i] for i in idx],
@@ -171,10 +190,10 @@ class DecodeCalls:
                 finish(self._finish_call, job, part, (pending, idx, owner, event, dec, k == last), kinds)
         finish(self._finish_part, job, part, blobs, regions, kinds)
 
-    def _finish_call(self, job: _Job, part: dict, call: tuple, kinds: list[str | None]) -> None:
+    def _finish_call(self, job: _Job, part: _Queued, call: tuple, kinds: list[str | None]) -> None:
         """(The finishing thread.) Wait for a queued call and post its images (a chunk's), or keep them for the
         part's end (a whole part's)."""
-        if part["failed"]:
+        if part.failed:
             return
         pending, idx, owner, event, dec, last = call
         try:
@@ -185,32 +204,32 @@ class DecodeCalls:
                     self.timings["hw_gpu_wait"] += pending.call.wait_ns / 1e9
                 ok = [ok_all] * len(idx)
                 job.part.hw += sum(ok)
-                part["retry"].extend(self._learn(kinds, idx, ok))
-                part["done"].extend(zip(idx, ok))
+                part.retry.extend(self._learn(kinds, idx, ok))
+                part.done.extend(zip(idx, ok))
                 if owner is not None:
-                    self._publish(job, part["done"], owner, None if pending is None else event)
-                    part["done"] = []
+                    self._publish(job, part.done, owner, None if pending is None else event)
+                    part.done = []
                 elif last:
-                    part["event"] = None if pending is None else event
+                    part.event = None if pending is None else event
         except BaseException as e:  # the consumer raises it
-            part["failed"] = True
+            part.failed = True
             _post(job.sink, ("error", e))
             raise
 
-    def _finish_part(self, job: _Job, part: dict, blobs: list[Any], regions: list | None,
+    def _finish_part(self, job: _Job, part: _Queued, blobs: list[Any], regions: list | None,
                      kinds: list[str | None]) -> None:
         """(The finishing thread.) A part's end once its calls are finished, as :meth:`_run` ends a part."""
-        if part["failed"]:
+        if part.failed:
             return
         try:
             if not job.slots:
                 with self.cp.cuda.Device(self.device_index):
-                    self._publish(job, part["done"], self._part_owner(job), part.get("event"))
+                    self._publish(job, part.done, self._part_owner(job), part.event)
         except BaseException as e:  # the consumer raises it
             _post(job.sink, ("error", e))
             raise
-        self.timings["hw"] += time.perf_counter() - part["t0"]
-        self._end_part(job, part["retry"], blobs, regions, kinds)
+        self.timings["hw"] += time.perf_counter() - part.t0
+        self._end_part(job, part.retry, blobs, regions, kinds)
 
     def _call_event(self, owner: Any) -> Any:
         """The event a call's images are posted with, not yet recorded: a ring slot's own (made once), else a
