@@ -76,7 +76,8 @@ def main() -> None:
                 if p.returncode:
                     sys.exit(f"{name}: exit {p.returncode}: {p.stderr.strip()[-1500:]}")
                 got = json.loads(p.stdout.strip().splitlines()[-1])
-                runs[name].append({"round": r, **{k: got[k] for k in ("images_per_s", "images", "seconds", "decode_wait")}})
+                runs[name].append({"round": r, **{k: got.get(k) for k in ("images_per_s", "images", "seconds", "decode_wait",
+                                                                                  "gpu_memory_mib")}})
     first = contenders[0][0]
     report: dict = {"data": str(a.data), "chain": a.chain, "device": a.device, "seconds": a.seconds,
                     "batch_size": a.batch_size, "rounds": a.rounds, "cores": os.cpu_count(),
@@ -84,7 +85,7 @@ def main() -> None:
     for name, rs in runs.items():
         rates = [x["images_per_s"] for x in rs]
         entry = {"images_per_s_median": round(statistics.median(rates), 1), "min": round(min(rates), 1),
-                 "max": round(max(rates), 1), "runs": rs}
+                 "max": round(max(rates), 1), "gpu_memory_mib_max": max((x["gpu_memory_mib"] or 0) for x in rs), "runs": rs}
         if name != first:
             ratios = [x["images_per_s"] / y["images_per_s"] for x, y in zip(rs, runs[first])]
             lo, hi = median_interval(ratios)
@@ -98,7 +99,8 @@ def main() -> None:
         ratio = (f"  {e['ratio_median']:.3f}x the first, 90% interval {e['ratio_interval_90'][0]:.3f}-"
                  f"{e['ratio_interval_90'][1]:.3f}" + ("" if e["told_apart"] else " (not told apart)")
                  if "ratio_median" in e else "  (the reference)")
-        print(f"{name}: {e['images_per_s_median']:,.0f} images/s (median; {e['min']:,.0f}-{e['max']:,.0f}){ratio}")
+        print(f"{name}: {e['images_per_s_median']:,.0f} images/s (median; {e['min']:,.0f}-{e['max']:,.0f}), "
+              f"GPU memory at most {e['gpu_memory_mib_max']} MiB{ratio}")
 
 
 if __name__ == "__main__":

@@ -82,7 +82,8 @@ def main() -> None:
                     sys.exit(f"{name}: exit {p.returncode}: {p.stderr.strip()[-1500:]}")
                 if i:
                     summary = json.loads(p.stdout)
-                    runs[name].append({"seconds": round(wall, 3), "timings": summary.get("timings", {})})
+                    runs[name].append({"seconds": round(wall, 3), "timings": summary.get("timings", {}),
+                                       "gpu_memory": summary.get("gpu_memory") or {}})
     report: dict = {"records": n, "command": ["convert", str(a.src), "OUT", *extra, "--json"], "cores": os.cpu_count(),
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "trees": {}}
     for t, r in runs.items():
@@ -90,7 +91,8 @@ def main() -> None:
         report["trees"][t] = {
             "images_per_s": round(n / statistics.median(x["seconds"] for x in r), 1),
             "runs": [x["seconds"] for x in r],
-            "timings_median": {k: round(statistics.median(x["timings"].get(k, 0.0) for x in r), 4) for k in keys}}
+            "timings_median": {k: round(statistics.median(x["timings"].get(k, 0.0) for x in r), 4) for k in keys},
+            "gpu_memory": [x["gpu_memory"] for x in r]}
     text = json.dumps(report, indent=1)
     print(text)
     if a.json:

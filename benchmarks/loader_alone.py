@@ -27,6 +27,11 @@ def main() -> None:
     from gpubatch.bench import chain_ops, get_model
     from gpubatch.training import Loader
 
+    mem = None
+    if args.json and args.device == "gpu":
+        from gpubatch.engine.gpu.memory import ProcessMemory
+
+        mem = ProcessMemory().start()  # (this process's device memory, sampled: its peak)
     dl = Loader(args.data, chain_ops(get_model("resnet50").chains[args.chain]), batch_size=args.batch_size,
                 device=args.device, seed=0, keys=("image", "label"))
     for _ in dl:  # the untimed epoch
@@ -44,8 +49,9 @@ def main() -> None:
         import json
 
         timings = dict(getattr(dl._pipe, "timings", None) or {})  # (the image pipeline's stage times, all epochs)
+        peak = mem.stop() if mem is not None else 0
         print(json.dumps({"images_per_s": n / took, "images": n, "seconds": took,
-                          "decode_wait": timings.get("decode_wait")}))
+                          "decode_wait": timings.get("decode_wait"), "gpu_memory_mib": peak >> 20}))
         return
     print(f"loader_alone: {n / took:.0f} images/s over {took:.1f} s ({n} images)")
 

@@ -86,7 +86,8 @@ class Settings:
         call_bytes: a chunked call's decoded images at most this many bytes (0: by count alone); an image
             larger is a call alone. ``ImagePipeline(gpu_memory=...)`` sets it to the bytes its plan holds for a call.
         cuda_ring, hw_ring: the CUDA decoder's (hardware engine's) calls take this many slots in turn
-            instead of one per call (0).
+            instead of one per call (0) (``GPUBATCH_CUDA_RING``, ``GPUBATCH_HW_RING``; a capped
+            ``ImagePipeline`` sets both from its plan).
         ring_wait: seconds a call waits for its slot before taking a buffer of its own.
         ring_slack: a slot grows to the call's size and 1/``ring_slack`` more.
         free_before_grow: a growing slot gives its old buffer back before taking the new one, waiting
@@ -277,6 +278,16 @@ def _mib(raw: str) -> int:
 
 _mib.__name__ = "whole number of MiB"
 
+
+def _count(raw: str) -> int:
+    n = int(raw)
+    if n < 0:
+        raise ValueError(raw)
+    return n
+
+
+_count.__name__ = "whole number (0 or more)"
+
 def _xdg_cache(raw: str) -> str:
     return os.path.join(raw, "gpubatch")
 
@@ -311,4 +322,6 @@ _ENV = (
     ("GPUBATCH_HIGH_PRIORITY", "high_priority", _streams),
     ("GPUBATCH_CUDA_DECODER_OPTIONS", "cuda_decoder_options", str),
     ("GPUBATCH_POOL_KEEP_MIB", "pool_keep", _mib),
+    ("GPUBATCH_HW_RING", "hw_ring", _count),
+    ("GPUBATCH_CUDA_RING", "cuda_ring", _count),
 )

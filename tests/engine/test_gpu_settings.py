@@ -78,6 +78,11 @@ def test_the_study_settings_come_from_the_environment():
     assert Settings.from_env(environ={"GPUBATCH_POOL_KEEP_MIB": "2048"}).pool_keep == 2048 << 20
     with pytest.raises(UsageError, match="GPUBATCH_POOL_KEEP_MIB='2GiB': not a whole number of MiB"):
         Settings.from_env(environ={"GPUBATCH_POOL_KEEP_MIB": "2GiB"})
+    assert (Settings.from_env(environ={}).hw_ring, Settings.from_env(environ={}).cuda_ring) == (0, 0)
+    st = Settings.from_env(environ={"GPUBATCH_HW_RING": "4", "GPUBATCH_CUDA_RING": "2"})
+    assert (st.hw_ring, st.cuda_ring) == (4, 2)
+    with pytest.raises(UsageError, match=r"GPUBATCH_HW_RING='-1': not a whole number \(0 or more\)"):
+        Settings.from_env(environ={"GPUBATCH_HW_RING": "-1"})
 
 
 def test_the_engine_reads_no_environment_outside_its_settings():

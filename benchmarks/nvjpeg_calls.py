@@ -1,0 +1,377 @@
+#!/usr/bin/env python3
+"""nvJPEG's hardware-backend calls alone, as :class:`gpubatch.engine.codecs.nvjpeg_hw.HwBatchDecoder` makes them,
+under call sizes that stay the same or change from call to call, and what nvJPEG allocates and frees meanwhile.
+
+Why: under ``convert`` a hardware call cost 65-86 us of nvJPEG's host code an image against 28-34 in ``bench``
+(H200, 2026-12-04), with or without the GIL in it, and py-spy found ``cuMemFree_v2`` (a free that waits for the
+whole device) inside ``nvjpegDecodeBatched``. ``convert``'s hardware calls differ in size from call to call (a
+batch's part of one kind); ``nvjpegDecodeBatchedInitialize`` is told each call's size.
+
+Each mode makes two instances (handle and state) with a CUDA stream each, as the decoder does, and alternates
+calls between them, each call first waiting for its instance's previous call (as ``decode`` does):
+
+- ``fixed``: every call ``--batch`` images;
+- ``vary``: call sizes from ``--batch``/2 to ``--batch``, the same sequence in every mode;
+- ``vary-padding``: ``vary`` with ``nvjpegSetDeviceMemoryPadding`` and ``nvjpegSetPinnedMemoryPadding``
+  (``--padding-mib``);
+- ``vary-pool``: ``vary`` with the hardware pool preallocated (``nvjpegDecodeBatchedPreAllocate``) for ``--batch``
+  images of the set's largest size, where the decoder asks for one 1x1 image;
+- ``fixed-count`` / ``vary-count``: the same calls with allocators of this script's that count nvJPEG's
+  allocations and frees (each a CUDA driver call; their Python callbacks make these runs' times no measure).
+
+Images: the set's baseline 4:2:0 JPEGs without EXIF orientation (the hardware route's main kind), read once into
+page-locked memory, as ``convert``'s feed holds a batch's bytes; decoded as interleaved RGB into one device buffer.
+Reported per mode: images a second over the timed calls, the host time in nvJPEG's calls per image, and apart
+from it the time waiting for the instance's previous call to end on the GPU.
+
+``--beside`` runs the modes again with other work beside the calls, one kind at a time, as ``convert`` has it:
+
+- ``copies``: a thread copying 64 MiB to the device and back on a stream of its own, without a pause (page-locked
+  memory: the copy engines busy);
+- ``kernels``: a thread keeping every SM busy (a spinning kernel of 4,096 blocks, 1 ms, over and over);
+- ``cpu``: 15 processes spinning in Python (every other core busy);
+- ``bursts``: a thread keeping every SM busy 0.1 ms in each millisecond (a spinning kernel of 4,096 blocks), as
+  the GPU JPEG encoder's kernels fill the device for moments;
+- ``outputs``: a thread copying 5 MB from the device into pageable memory every 8 ms (``convert``'s JPEG encoder
+  takes a batch's bytes so, about 5 MB a batch);
+- ``twin``: a second process making the same calls on the same GPU (its hardware engines shared), as two GPU
+  processes of a long ``convert`` do.
+
+    python3 benchmarks/nvjpeg_calls.py --data FOLDER [--batch 64] [--calls 300] [--repeats 3]
+        [--beside copies,kernels,bursts,outputs,cpu,twin] [--priority] [--depends-ms MS] [--json OUT]
+
+``--priority``: the calls' streams made at the device's greatest priority. ``--depends-ms MS``: before each call
+its stream waits for a kernel of one block that spins MS ms on another stream, launched just before the call (as
+a call's output buffer waits for its last readers): whether nvJPEG's call waits for its stream's earlier work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes as C
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))
+
+MODES = ["fixed", "vary", "vary-padding", "vary-pool", "fixed-count", "vary-count"]
+CSS_420 = 2  # nvjpegChromaSubsampling_t
+
+
+def load(folder: Path, limit: int) -> tuple[list[bytes], int, int]:
+    """Up to ``limit`` baseline 4:2:0 JPEGs with no EXIF turn: their bytes, and the largest height and width."""
+    from gpubatch.engine.codecs import headers
+
+    out, mh, mw = [], 0, 0
+    for f in sorted(folder.rglob("*.jpg")):
+        data = f.read_bytes()
+        try:
+            h = headers.probe(data)
+        except ValueError:
+            continue
+        if h.codec != "jpeg" or h.subsampling != "4:2:0" or h.orientation != 1 or h.mode != "RGB":
+            continue
+        out.append(data)
+        mh, mw = max(mh, h.height), max(mw, h.width)
+        if len(out) >= limit:
+            break
+    return out, mh, mw
+
+
+class Counting:
+    """nvJPEG V1 allocators (``nvjpegDevAllocator_t``, ``nvjpegPinnedAllocator_t``) that count calls and bytes and
+    pass them to the CUDA driver (the calling thread's current context)."""
+
+    DevMalloc = C.CFUNCTYPE(C.c_int, C.POINTER(C.c_void_p), C.c_size_t)
+    DevFree = C.CFUNCTYPE(C.c_int, C.c_void_p)
+    PinMalloc = C.CFUNCTYPE(C.c_int, C.POINTER(C.c_void_p), C.c_size_t, C.c_uint)
+    PinFree = C.CFUNCTYPE(C.c_int, C.c_void_p)
+
+    def __init__(self) -> None:
+        cu = C.CDLL("libcuda.so.1")
+        cu.cuMemAlloc_v2.argtypes = [C.POINTER(C.c_uint64), C.c_size_t]
+        cu.cuMemFree_v2.argtypes = [C.c_uint64]
+        cu.cuMemHostAlloc.argtypes = [C.POINTER(C.c_void_p), C.c_size_t, C.c_uint]
+        cu.cuMemFreeHost.argtypes = [C.c_void_p]
+        self.counts = {"dev_malloc": 0, "dev_free": 0, "pinned_malloc": 0, "pinned_free": 0,
+                       "dev_bytes": 0, "pinned_bytes": 0}
+
+        def dev_malloc(ptr, size):
+            self.counts["dev_malloc"] += 1
+            self.counts["dev_bytes"] += size
+            p = C.c_uint64()
+            r = cu.cuMemAlloc_v2(C.byref(p), size)
+            ptr[0] = p.value
+            return r
+
+        def dev_free(ptr):
+            self.counts["dev_free"] += 1
+            return cu.cuMemFree_v2(ptr or 0)
+
+        def pin_malloc(ptr, size, flags):
+            self.counts["pinned_malloc"] += 1
+            self.counts["pinned_bytes"] += size
+            return cu.cuMemHostAlloc(ptr, size, 0)
+
+        def pin_free(ptr):
+            self.counts["pinned_free"] += 1
+            return cu.cuMemFreeHost(ptr)
+
+        self._fns = (self.DevMalloc(dev_malloc), self.DevFree(dev_free), self.PinMalloc(pin_malloc),
+                     self.PinFree(pin_free))
+
+        class Dev(C.Structure):
+            _fields_ = [("dev_malloc", self.DevMalloc), ("dev_free", self.DevFree)]
+
+        class Pin(C.Structure):
+            _fields_ = [("pinned_malloc", self.PinMalloc), ("pinned_free", self.PinFree)]
+
+        self.dev, self.pin = Dev(*self._fns[:2]), Pin(*self._fns[2:])
+
+    def snapshot(self) -> dict:
+        return dict(self.counts)
+
+
+def make_instance(cp, mode: str, counting: Counting | None, batch: int, mh: int, mw: int, padding: int):
+    """An ``HwBatchDecoder`` for ``mode`` (its handle made here where the mode counts allocations)."""
+    from gpubatch.engine.codecs import nvjpeg_hw as nh
+
+    if counting is None:
+        dec = nh.HwBatchDecoder(cp)
+    else:  # the same object, its handle made with the counting allocators
+        dec = nh.HwBatchDecoder.__new__(nh.HwBatchDecoder)
+        dec.lib, dec.held, dec._cp, dec.device = nh.library(), nh.short_calls(), cp, cp.cuda.runtime.getDevice()
+        dec.handle, dec.state = C.c_void_p(), C.c_void_p()
+        nh._check("nvjpegCreateEx", dec.lib.nvjpegCreateEx(
+            nh.BACKEND_HARDWARE, C.cast(C.pointer(counting.dev), C.c_void_p),
+            C.cast(C.pointer(counting.pin), C.c_void_p), nh.FLAGS, C.byref(dec.handle)))
+        nh._check("nvjpegJpegStateCreate", dec.lib.nvjpegJpegStateCreate(dec.handle, C.byref(dec.state)))
+        nh._check("nvjpegDecodeBatchedPreAllocate",
+                  dec.lib.nvjpegDecodeBatchedPreAllocate(dec.handle, dec.state, 1, 1, 1, 0, nh.OUTPUT_RGBI))
+        dec.done, dec.pending, dec.params, dec._params_fmt = None, None, [], []
+    lib = dec.lib
+    if mode.endswith("padding"):
+        for name in ("nvjpegSetDeviceMemoryPadding", "nvjpegSetPinnedMemoryPadding"):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = [C.c_size_t, C.c_void_p], C.c_int
+            nh._check(name, fn(padding, dec.handle))
+    if mode.endswith("pool"):
+        nh._check("nvjpegDecodeBatchedPreAllocate",
+                  lib.nvjpegDecodeBatchedPreAllocate(dec.handle, dec.state, batch, mw, mh, CSS_420, nh.OUTPUT_RGBI))
+    return dec
+
+
+def run_mode(cp, mode: str, files: list[bytes], mh: int, mw: int, a) -> dict:
+    from gpubatch.engine.codecs.nvjpeg_hw import call_args
+
+    counting = Counting() if mode.endswith("count") else None
+    decs = [make_instance(cp, mode, counting, a.batch, mh, mw, a.padding_mib << 20) for _ in range(2)]
+    prio = -1024 if a.priority else 0  # (the driver clamps it to the greatest priority)
+    streams = [cp.cuda.Stream(non_blocking=True, priority=prio) for _ in decs]
+    # the files once in page-locked memory
+    total = sum(len(f) for f in files)
+    pinned = cp.cuda.alloc_pinned_memory(total)
+    host = np.frombuffer(pinned, np.uint8, total)
+    places, at = [], 0
+    for f in files:
+        host[at : at + len(f)] = np.frombuffer(f, np.uint8)
+        places.append((pinned.ptr + at, len(f)))
+        at += len(f)
+    slot = mh * mw * 3
+    outs = [cp.empty(a.batch * slot, cp.uint8) for _ in decs]  # an output buffer per instance
+    side, spin = cp.cuda.Stream(non_blocking=True), cp.RawKernel(SPIN, "spin")
+    rng = np.random.default_rng(0)
+    sizes = [a.batch if mode.startswith("fixed") else int(rng.integers(a.batch // 2, a.batch + 1))
+             for _ in range(a.warmup + a.calls)]
+    k = 0
+    host_ns, wait_ns, images, t0, counts0 = 0, 0, 0, 0.0, None
+    for c, n in enumerate(sizes):
+        if c == a.warmup:
+            for s in streams:
+                s.synchronize()
+            t0, host_ns, wait_ns, images = time.perf_counter(), 0, 0, 0
+            counts0 = counting.snapshot() if counting else None
+        i = c % 2
+        srcs = [places[(k + j) % len(places)] for j in range(n)]
+        k += n
+        outputs = []
+        for j, (_, _) in enumerate(srcs):
+            outputs.append((outs[i].data.ptr + j * slot, mw * 3))
+        args = call_args(srcs, outputs)
+        if a.depends_ms:
+            spin((1,), (32,), (cp.uint64(int(a.depends_ms * 1e6)),), stream=side)
+            streams[i].wait_event(side.record())
+        s0 = time.perf_counter_ns()
+        if decs[i].done is not None:  # the instance's previous call, waited for apart from the calls
+            decs[i].done.synchronize()
+        s1 = time.perf_counter_ns()
+        decs[i].decode(srcs, outputs, streams[i], args=args)
+        host_ns += time.perf_counter_ns() - s1
+        wait_ns += s1 - s0
+        images += n
+    for s in streams:
+        s.synchronize()
+    seconds = time.perf_counter() - t0
+    out = {"images_per_s": round(images / seconds, 1), "host_us_per_image": round(host_ns / 1e3 / images, 2),
+           "wait_us_per_image": round(wait_ns / 1e3 / images, 2),
+           "calls": a.calls, "images": images}
+    if counting:
+        end = counting.snapshot()
+        out["during_timed_calls"] = {key: end[key] - counts0[key] for key in end}
+        out["at_start"] = counts0
+    for d in decs:
+        d.close()
+    del pinned
+    return out
+
+
+SPIN = r"""
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+"""
+
+
+def _spin_cpu(stop) -> None:
+    while not stop.is_set():
+        sum(range(10000))
+
+
+@contextlib.contextmanager
+def beside(cp, kind: str, a):
+    """Other work running while the block runs (see the module docstring)."""
+    stop = threading.Event()
+    procs: list = []
+    threads: list = []
+    if kind == "copies":
+        def copies() -> None:
+            n = 64 << 20
+            host = cp.cuda.alloc_pinned_memory(n)
+            dev = cp.cuda.alloc(n)
+            s = cp.cuda.Stream(non_blocking=True)
+            while not stop.is_set():
+                cp.cuda.runtime.memcpyAsync(dev.ptr, host.ptr, n, 1, s.ptr)
+                cp.cuda.runtime.memcpyAsync(host.ptr, dev.ptr, n, 2, s.ptr)
+                s.synchronize()
+        threads.append(threading.Thread(target=copies, daemon=True))
+    elif kind == "bursts":
+        def bursts() -> None:
+            fn = cp.RawKernel(SPIN, "spin")
+            s = cp.cuda.Stream(non_blocking=True)
+            while not stop.is_set():
+                fn((4096,), (128,), (cp.uint64(50_000),), stream=s)
+                s.synchronize()
+                time.sleep(0.0009)
+        threads.append(threading.Thread(target=bursts, daemon=True))
+    elif kind == "outputs":
+        def outputs() -> None:
+            n = 5 << 20
+            dev = cp.empty(n, cp.uint8)
+            out = np.empty(n, np.uint8)
+            s = cp.cuda.Stream(non_blocking=True)
+            while not stop.is_set():
+                dev.get(stream=s, out=out)
+                s.synchronize()
+                time.sleep(0.008)
+        threads.append(threading.Thread(target=outputs, daemon=True))
+    elif kind == "kernels":
+        def kernels() -> None:
+            fn = cp.RawKernel(SPIN, "spin")
+            s = cp.cuda.Stream(non_blocking=True)
+            while not stop.is_set():
+                for _ in range(4):
+                    fn((4096,), (128,), (cp.uint64(1_000_000),), stream=s)
+                s.synchronize()
+        threads.append(threading.Thread(target=kernels, daemon=True))
+    elif kind == "cpu":
+        ev = mp.get_context("fork").Event()
+        procs = [mp.get_context("fork").Process(target=_spin_cpu, args=(ev,), daemon=True)
+                 for _ in range(max(1, (os.cpu_count() or 2) - 1))]
+        for p in procs:
+            p.start()
+    elif kind == "twin":
+        twin = subprocess.Popen([sys.executable, __file__, "--data", str(a.data), "--images", str(a.images),
+                                 "--batch", str(a.batch), "--calls", str(a.calls * 50), "--repeats", "1",
+                                 "--modes", "fixed"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(4.0)  # (its start: CUDA, the files, its first calls)
+    elif kind != "none":
+        raise SystemExit(f"unknown --beside {kind!r}")
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        if kind == "cpu":
+            ev.set()
+            for p in procs:
+                p.join()
+        if kind == "twin":
+            twin.kill()
+            twin.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="a folder of JPEGs (searched recursively)")
+    ap.add_argument("--images", type=int, default=2048, help="distinct files read (repeated as the calls need)")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--padding-mib", type=int, default=64)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--beside", default="", help="other work beside the calls: copies,kernels,bursts,outputs,cpu,twin")
+    ap.add_argument("--depends-ms", type=float, default=0.0, help="each call's stream first waits MS ms of other work")
+    ap.add_argument("--priority", action="store_true", help="the calls' streams at the device's greatest priority")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    import cupy as cp
+
+    files, mh, mw = load(a.data, a.images)
+    if not files:
+        sys.exit(f"no baseline 4:2:0 JPEG under {a.data}")
+    res: dict = {"files": len(files), "max_hw": [mh, mw], "batch": a.batch, "calls": a.calls, "modes": {}}
+    names = []
+    for b in ["none", *[x for x in a.beside.split(",") if x]]:
+        names += [(m, b) for m in a.modes.split(",")]
+    runs: dict[str, list[dict]] = {(m if b == "none" else f"{m}+{b}"): [] for m, b in names}
+    for _ in range(a.repeats):  # the modes in turn, each repeat
+        for b in dict.fromkeys(b for _, b in names):
+            with beside(cp, b, a):
+                for m, b2 in names:
+                    if b2 == b:
+                        runs[m if b == "none" else f"{m}+{b}"].append(run_mode(cp, m, files, mh, mw, a))
+    for m, rs in runs.items():
+        res["modes"][m] = {"images_per_s": statistics.median(r["images_per_s"] for r in rs),
+                           "host_us_per_image": statistics.median(r["host_us_per_image"] for r in rs),
+                           "wait_us_per_image": statistics.median(r["wait_us_per_image"] for r in rs),
+                           "runs": rs}
+        print(f"{m:22s} {res['modes'][m]['images_per_s']:>10,.0f} images/s  "
+              f"{res['modes'][m]['host_us_per_image']:6.1f} us/image in the calls, "
+              f"{res['modes'][m]['wait_us_per_image']:6.1f} waiting for the instance  "
+              + (json.dumps(rs[-1].get("during_timed_calls")) if "count" in m else ""))
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
