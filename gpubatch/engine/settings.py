@@ -76,9 +76,6 @@ class Settings:
     Attributes:
         pool_keep: bytes of freed memory the driver's default pool keeps (``GPUBATCH_POOL_KEEP_MIB``, in MiB);
             above it, freed memory goes back to the driver at each synchronization.
-        pool_waits: the driver's pool may hand a decoder's stream memory freed on another stream by making the
-            decoder's stream wait for that stream's work (``cudaMemPoolReuseAllowInternalDependencies``;
-            ``GPUBATCH_POOL_WAITS``).
         slab_round: a part's buffer is rounded up to at least this many bytes (a quarter of its size's
             leading power of two); ``slab_fit``: and taken at the size of the largest part before it
             where that is at most a third more.
@@ -168,7 +165,6 @@ class Settings:
     reserve_min_cpus: int = 8
 
     pool_keep: int = 512 << 20
-    pool_waits: bool = True
     slab_round: int = 2 << 20
     slab_fit: bool = True
     decode_chunk: int = 256
@@ -326,7 +322,6 @@ _ENV = (
     ("GPUBATCH_HIGH_PRIORITY", "high_priority", _streams),
     ("GPUBATCH_CUDA_DECODER_OPTIONS", "cuda_decoder_options", str),
     ("GPUBATCH_POOL_KEEP_MIB", "pool_keep", _mib),
-    ("GPUBATCH_POOL_WAITS", "pool_waits", _flag),
     ("GPUBATCH_HW_RING", "hw_ring", _count),
     ("GPUBATCH_CUDA_RING", "cuda_ring", _count),
 )

@@ -30,17 +30,14 @@ def want_planes(chunk: int, settings: Settings) -> bool:
     return planes == "always" or (planes == "chunked" and 0 < chunk < settings.hw_chunk)
 
 
-def set_pool_keep(cp, device_index: int, keep: int, again: bool = False, waits: bool = True) -> bool:
+def set_pool_keep(cp, device_index: int, keep: int, again: bool = False) -> bool:
     """Let the driver's default pool (where decoded images live) keep up to ``keep`` bytes of freed
     memory instead of returning it at every synchronization: once per device, unless ``again`` (a
-    memory cap's plan changes it). ``waits``: whether the pool may hand a stream memory freed on another
-    stream by making it wait for that stream's work (:attr:`~gpubatch.engine.settings.Settings.pool_waits`).
-    False where the device has no stream-ordered pool."""
+    memory cap's plan changes it). False where the device has no stream-ordered pool."""
     if again or device_index not in _POOLS_SET:
         try:
             pool = cp.cuda.runtime.deviceGetDefaultMemPool(device_index)
             cp.cuda.runtime.memPoolSetAttribute(pool, 4, keep)  # cudaMemPoolAttrReleaseThreshold
-            cp.cuda.runtime.memPoolSetAttribute(pool, 3, int(waits))  # cudaMemPoolReuseAllowInternalDependencies
             _POOLS_SET.add(device_index)
         except Exception:  # a driver without stream-ordered pools: nvImageCodec uses cudaMalloc there
             return False

@@ -193,7 +193,7 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
         self._hw_first = hw_instances
         self.grow_hw = st.hw_per_kind  # (an instance a kind of a batch's hardware part: _enough_hw)
         with cp.cuda.Device(device_index):
-            self.stream_ordered = set_pool_keep(cp, device_index, st.pool_keep, waits=st.pool_waits)
+            self.stream_ordered = set_pool_keep(cp, device_index, st.pool_keep)
             cuda_options = f"{st.cuda_decoder_options} {options}"
             if self.api == "c":
                 from ..gpu.start import hardware_first

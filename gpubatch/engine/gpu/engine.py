@@ -153,7 +153,7 @@ class GpuEngine:
         pool.set_limit(size=self.memory_limit)
         from ..codecs.decode_buffers import set_pool_keep
 
-        set_pool_keep(self.cp, self.device.index, plan.decode, again=True, waits=self.settings.pool_waits)
+        set_pool_keep(self.cp, self.device.index, plan.decode, again=True)
 
     @property
     def encoder(self):
