@@ -16,8 +16,10 @@ calls between them, each call first waiting for its instance's previous call (as
   (``--padding-mib``);
 - ``vary-pool``: ``vary`` with the hardware pool preallocated (``nvjpegDecodeBatchedPreAllocate``) for ``--batch``
   images of the set's largest size, where the decoder asks for one 1x1 image;
-- ``fixed-count`` / ``vary-count``: the same calls with allocators of this script's that count nvJPEG's
-  allocations and frees (each a CUDA driver call; their Python callbacks make these runs' times no measure).
+- ``fixed-count`` / ``vary-count``: the same calls with allocators of this script's (``nvjpegCreateEx``'s device
+  and pinned allocators) that count what nvJPEG allocates and frees through them. With nvJPEG 13.3 (H200,
+  2026-12-04) the hardware backend made no call to them at all, from the handle's creation on: its memory does
+  not go through them, so these modes cannot tell its allocations (py-spy saw ``cuMemFree_v2`` inside its calls).
 
 Images: the set's baseline 4:2:0 JPEGs without EXIF orientation (the hardware route's main kind), read once into
 page-locked memory, as ``convert``'s feed holds a batch's bytes; decoded as interleaved RGB into one device buffer.
