@@ -54,7 +54,8 @@ class Settings:
             (``GPUBATCH_HW_DIRECT``; else nvImageCodec's hardware decoder).
         hw_native: on that direct path, the engine's calls made by a native thread outside the GIL
             (``codecs/hw_native.py``, built with the system C compiler on first use; ``GPUBATCH_HW_NATIVE=1``;
-            off by default: the transcode's medians 1-5% higher in its first form, which stalled under a memory cap).
+            off by default: no gain told apart (the transcode's medians 1-5% higher, runs overlapping); its form
+            since 77f9965 passed the memory-cap tests on an H200, 2026-12-04).
         cache_dir: gpubatch's cache folder (the native driver's build; ``GPUBATCH_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/gpubatch``; empty: ``~/.cache/gpubatch``).
         c_compiler: the C compiler that builds it (``CC``; empty: ``cc``, else ``gcc``, on the PATH).

@@ -19,9 +19,11 @@ medians 1-5% higher (16,384 images 4,208 against 4,156 images/s; 65,536 10,815 a
 11,153; the runs overlap), the training loader 1.03x (not told apart), the engine's Python thread down from 5.4 s of
 CPU to 0.04 s. And it told what the calls cost: 65-86 us of nvJPEG's host code an image under ``convert``, with no GIL
 in them, as from Python, against 28-34 us in the bench (the wait for an instance's last call on the GPU 0.01 s of
-5.6 s): slow in themselves under that load, not for want of the GIL. That first form handed a part's calls to the
-finishing thread together, which stalled under a memory cap (a later call waiting for a ring slot an earlier one
-had not posted yet); each call now goes to it as it is queued, which has not yet run on a GPU.
+5.6 s): slow in themselves under that load, not for want of the GIL (alone they take 30 us an image; the run's
+own GPU work beside them stretches them: ``benchmarks/nvjpeg_calls.py``). That first form handed a part's calls
+to the finishing thread together, which stalled under a memory cap (a later call waiting for a ring slot an
+earlier one had not posted yet); each call now goes to it as it is queued, and the memory-cap tests pass with it
+on an H200 (2026-12-04).
 """
 
 from __future__ import annotations
