@@ -7,6 +7,11 @@ Why: under ``convert`` a hardware call cost 65-86 us of nvJPEG's host code an im
 whole device) inside ``nvjpegDecodeBatched``. ``convert``'s hardware calls differ in size from call to call (a
 batch's part of one kind); ``nvjpegDecodeBatchedInitialize`` is told each call's size.
 
+Found (H200, 2026-12-04, benchmarks/RESULTS.md "01:37 to 02:11"): alone, 30 us an image (31,000 images a second
+for one thread), whatever the call sizes, padding, pool or the cores' load; the call itself blocks while other
+work holds the GPU: 57-59 us with the copy engines busy, 286-319 us with every SM busy, 54 us where each call's
+stream first waits 2 ms, 60 us for each of two processes; the streams' priority changed none of it.
+
 Each mode makes two instances (handle and state) with a CUDA stream each, as the decoder does, and alternates
 calls between them, each call first waiting for its instance's previous call (as ``decode`` does):
 
