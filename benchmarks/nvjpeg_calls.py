@@ -71,6 +71,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
+from hw_rate import SPIN  # noqa: E402  (a kernel that spins a given number of ns)
 
 MODES = ["fixed", "vary", "vary-padding", "vary-pool", "fixed-count", "vary-count"]
 CSS_420 = 2  # nvjpegChromaSubsampling_t
@@ -243,15 +244,20 @@ def run_mode(cp, mode: str, files: list[bytes], mh: int, mw: int, a) -> dict:
     return out
 
 
-SPIN = r"""
-extern "C" __global__ void spin(unsigned long long ns) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while (t - t0 < ns);
-}
-"""
+def _spinning(cp, stop: threading.Event, ns: int, launches: int, pause: float):
+    """A thread's work: ``launches`` kernels of 4,096 blocks spinning ``ns`` each on a stream of its own, waited
+    for, then ``pause`` seconds, over and over until ``stop``."""
+
+    def run() -> None:
+        fn = cp.RawKernel(SPIN, "spin")
+        s = cp.cuda.Stream(non_blocking=True)
+        while not stop.is_set():
+            for _ in range(launches):
+                fn((4096,), (128,), (cp.uint64(ns),), stream=s)
+            s.synchronize()
+            time.sleep(pause)
+
+    return run
 
 
 def _spin_cpu(stop) -> None:
@@ -277,14 +283,7 @@ def beside(cp, kind: str, a):
                 s.synchronize()
         threads.append(threading.Thread(target=copies, daemon=True))
     elif kind == "bursts":
-        def bursts() -> None:
-            fn = cp.RawKernel(SPIN, "spin")
-            s = cp.cuda.Stream(non_blocking=True)
-            while not stop.is_set():
-                fn((4096,), (128,), (cp.uint64(50_000),), stream=s)
-                s.synchronize()
-                time.sleep(0.0009)
-        threads.append(threading.Thread(target=bursts, daemon=True))
+        threads.append(threading.Thread(target=_spinning(cp, stop, 50_000, 1, 0.0009), daemon=True))
     elif kind == "outputs":
         def outputs() -> None:
             n = 5 << 20
@@ -297,14 +296,7 @@ def beside(cp, kind: str, a):
                 time.sleep(0.008)
         threads.append(threading.Thread(target=outputs, daemon=True))
     elif kind == "kernels":
-        def kernels() -> None:
-            fn = cp.RawKernel(SPIN, "spin")
-            s = cp.cuda.Stream(non_blocking=True)
-            while not stop.is_set():
-                for _ in range(4):
-                    fn((4096,), (128,), (cp.uint64(1_000_000),), stream=s)
-                s.synchronize()
-        threads.append(threading.Thread(target=kernels, daemon=True))
+        threads.append(threading.Thread(target=_spinning(cp, stop, 1_000_000, 4, 0.0), daemon=True))
     elif kind == "cpu":
         ev = mp.get_context("fork").Event()
         procs = [mp.get_context("fork").Process(target=_spin_cpu, args=(ev,), daemon=True)
