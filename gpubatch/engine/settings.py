@@ -89,6 +89,9 @@ class Settings:
         cuda_ring, hw_ring: the CUDA decoder's (hardware engine's) calls take this many slots in turn
             instead of one per call (0) (``GPUBATCH_CUDA_RING``, ``GPUBATCH_HW_RING``; a capped
             ``ImagePipeline`` sets both from its plan).
+        ring_banks: where calls take one slot a call (no ``cuda_ring`` / ``hw_ring``), a decoder's parts take
+            this many banks of slots in turn (``GPUBATCH_RING_BANKS``): with 2, a batch is decoded into one bank
+            while the one before is still read from the other, for one more batch of decoded images in memory.
         ring_wait: seconds a call waits for its slot before taking a buffer of its own.
         ring_slack: a slot grows to the call's size and 1/``ring_slack`` more.
         free_before_grow: a growing slot gives its old buffer back before taking the new one, waiting
@@ -174,6 +177,7 @@ class Settings:
     call_bytes: int = 0
     cuda_ring: int = 0
     hw_ring: int = 0
+    ring_banks: int = 1
     ring_wait: float = 1.0
     ring_slack: int = 4
     free_before_grow: bool = True
@@ -325,4 +329,5 @@ _ENV = (
     ("GPUBATCH_POOL_KEEP_MIB", "pool_keep", _mib),
     ("GPUBATCH_HW_RING", "hw_ring", _count),
     ("GPUBATCH_CUDA_RING", "cuda_ring", _count),
+    ("GPUBATCH_RING_BANKS", "ring_banks", _count),
 )

@@ -719,6 +719,12 @@ def test_chunked_decode_reuses_few_buffers_with_the_same_result(engine, monkeypa
         same(got, want)
     assert dec.ring_waits == waits
     assert len(dec._rings[False]) <= 5  # call k of a part: slot k (about 12 images a part, calls of 3)
+    monkeypatch.setattr(dec, "settings", dec.settings.with_(ring_banks=2))  # the parts' calls in two banks in turn
+    banked = [dec.decode(b, stream, order=False, wait=False, chunk=3) for b in batches]
+    for res, want in zip(banked, ref):
+        same(read(res, len(want[0])), want)
+    assert dec.ring_waits == waits and len(dec._rings[False]) <= 10
+    monkeypatch.setattr(dec, "settings", dec.settings.with_(ring_banks=1))
     with pytest.raises(ValueError):
         dec.decode(batches[0], stream, chunk=3)  # must be read through chunks()
     early = dec.decode(batches[0], stream, order=False, wait=False, chunk=2)

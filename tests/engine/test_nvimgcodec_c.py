@@ -85,6 +85,36 @@ def test_a_part_becomes_the_calls_chunked_decode_makes(monkeypatch):
     assert _call_lists([[5]], False, 96, st) == [[5]]
 
 
+def test_ring_banks_give_a_parts_calls_the_slots_of_its_bank_in_turn():
+    """One slot a call (the default): call k of every part takes slot k. With ``ring_banks`` 2 a decoder's parts
+    take two banks of slots in turn (interleaved in its ring), so a part is decoded into one bank while the part
+    before is still read from the other; ``hw_ring`` (slots taken in turn, a capped pipeline's) leaves banks aside."""
+    from types import SimpleNamespace
+
+    from gpubatch.engine.codecs.decode_buffers import DecodeBuffers, _Job
+
+    def slots_of(settings: Settings, calls_per_part: list[int]) -> list[list[int]]:
+        dec = SimpleNamespace(settings=settings, _rings={True: [], False: []}, _ring_turn={True: 0, False: 0},
+                              _ring_part={True: 0, False: 0}, _batch=([], {}), device_index=0,
+                              _describe=lambda *a: None,
+                              cp=SimpleNamespace(cuda=SimpleNamespace(
+                                  Device=lambda i: __import__("contextlib").nullcontext(),
+                                  runtime=SimpleNamespace(mallocAsync=lambda size, stream: 4096))))
+        dec._most_bytes = lambda idx, total: 0
+        out = []
+        for calls in calls_per_part:
+            job = _Job(True, [[0]] * calls, stream=SimpleNamespace(ptr=0), consumer=None)
+            for _ in range(calls):
+                DecodeBuffers._ring_bind(dec, job, [0], {0: (8, 8)}, {}, {0: 192})
+            out.append([dec._rings[True].index(s) for s in job.slots])
+        return out
+
+    assert slots_of(Settings(), [1, 2, 1, 3]) == [[0], [0, 1], [0], [0, 1, 2]]
+    assert slots_of(Settings(ring_banks=2), [1, 2, 1, 3, 1]) == [[0], [1, 3], [0], [1, 3, 5], [0]]
+    assert slots_of(Settings(ring_banks=3), [2, 2, 2, 2]) == [[0, 3], [1, 4], [2, 5], [0, 3]]
+    assert slots_of(Settings(ring_banks=2, hw_ring=3), [2, 2]) == [[0, 1], [2, 0]]
+
+
 def test_fixed_size_chains_are_found():
     """Chains that end in one resample to a size that does not depend on the image's are run chunk
     by chunk (ImagePipeline); the others whole."""

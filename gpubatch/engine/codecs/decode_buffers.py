@@ -224,6 +224,7 @@ class _Job:
     crops: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # item -> the part its view shows
                                                                                # (decoded whole; settings.regions_for)
     args: list[Any] = field(default_factory=list)  # (direct) per call its nvJPEG arrays (nvjpeg_hw.call_args)
+    bank: int = 0  # the bank of ring slots its calls take (settings.ring_banks)
 
 
 def _direct_view(job: _Job, i: int, ptr: int, h: int, w: int) -> None:
@@ -500,8 +501,9 @@ class DecodeBuffers:
 
     def _ring_bind(self, job: _Job, idx: list[int], shapes: dict[int, tuple[int, int]],
                    turns: dict[int, tuple[int, int, int]], sizes: dict[int, int]) -> None:
-        """Give the next call of ``job`` (items ``idx``, of ``sizes`` bytes decoded) its ring slot (call k of a part: slot k; with
-        ``settings.cuda_ring`` the CUDA decoder's calls take its slots in turn), grown first where its buffer
+        """Give the next call of ``job`` (items ``idx``, of ``sizes`` bytes decoded) its ring slot (call k of a part: slot k of
+        the part's bank, ``settings.ring_banks`` of them taken by the parts in turn; with ``settings.cuda_ring`` the
+        CUDA decoder's calls take its slots in turn), grown first where its buffer
         is too small (a new buffer, with ``settings.size_by_most`` large enough for the most of the call's kind
         a batch has had; with ``settings.free_before_grow`` the old one is given back first, once
         its last call's readers are done, else freed then by :meth:`_take_slot`), and make the output
@@ -512,8 +514,12 @@ class DecodeBuffers:
         if taken_in_turn:
             k = self._ring_turn[job.hw] % taken_in_turn
             self._ring_turn[job.hw] += 1
-        else:
-            k = len(job.slots)
+        else:  # call k of the part: the k-th slot of the part's bank (its banks interleaved in the ring)
+            banks = max(1, self.settings.ring_banks)
+            if not job.slots:
+                job.bank = self._ring_part[job.hw] % banks
+                self._ring_part[job.hw] += 1
+            k = len(job.slots) * banks + job.bank
         while len(ring) <= k:
             ring.append(_RingSlot())
         slot = ring[k]

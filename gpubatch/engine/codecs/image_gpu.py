@@ -252,6 +252,7 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
         # each decoder's chunk buffers and the next one a call takes (decode(..., chunk=N))
         self._rings: dict[bool, list[_RingSlot]] = {True: [], False: []}
         self._ring_turn = {True: 0, False: 0}  # (with CUDA_RING)
+        self._ring_part = {True: 0, False: 0}  # (the parts bound, for settings.ring_banks)
         # per decoder, events after a grown slot's old buffer was freed: the pool is trimmed once they are done
         self._trims: dict[bool, deque] = {True: deque(), False: deque()}
         self._closing = False
