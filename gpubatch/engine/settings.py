@@ -293,6 +293,7 @@ def _count(raw: str) -> int:
 
 _count.__name__ = "whole number (0 or more)"
 
+
 def _xdg_cache(raw: str) -> str:
     return os.path.join(raw, "gpubatch")
 

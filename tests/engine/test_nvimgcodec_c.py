@@ -89,6 +89,7 @@ def test_ring_banks_give_a_parts_calls_the_slots_of_its_bank_in_turn():
     """One slot a call (the default): call k of every part takes slot k. With ``ring_banks`` 2 a decoder's parts
     take two banks of slots in turn (interleaved in its ring), so a part is decoded into one bank while the part
     before is still read from the other; ``hw_ring`` (slots taken in turn, a capped pipeline's) leaves banks aside."""
+    from contextlib import nullcontext
     from types import SimpleNamespace
 
     from gpubatch.engine.codecs.decode_buffers import DecodeBuffers, _Job
@@ -98,7 +99,7 @@ def test_ring_banks_give_a_parts_calls_the_slots_of_its_bank_in_turn():
                               _ring_part={True: 0, False: 0}, _batch=([], {}), device_index=0,
                               _describe=lambda *a: None,
                               cp=SimpleNamespace(cuda=SimpleNamespace(
-                                  Device=lambda i: __import__("contextlib").nullcontext(),
+                                  Device=lambda i: nullcontext(),
                                   runtime=SimpleNamespace(mallocAsync=lambda size, stream: 4096))))
         dec._most_bytes = lambda idx, total: 0
         out = []
