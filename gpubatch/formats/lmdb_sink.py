@@ -53,8 +53,7 @@ HISTORY = 256
 APPEND_UNTIL = 10**8
 
 _ENVS: dict[tuple[int, str], Any] = {}  # this process's open databases (an LMDB is opened once a process)
-_BUFFER: dict[int, memoryview] = {}  # this process's buffer for prefault's reads (where sendfile cannot)
-_NULL: dict[int, int] = {}  # this process's /dev/null, where prefault's pages go
+_BUFFER: dict[int, memoryview] = {}  # this process's buffer for prefault's reads
 
 
 def _folder(root: Path) -> Path:
@@ -115,40 +114,20 @@ def prefault(root: Path, index: int, nbytes: int, records: int) -> None:
     slack = guess // 8
     start = max(0, (env.info()["last_pgno"] + 1) * psize + ahead * guess - slack) // psize * psize
     end = min(start + guess + 2 * slack, env.info()["map_size"])
+    buf = _BUFFER.get(os.getpid())
+    if buf is None:
+        buf = _BUFFER[os.getpid()] = memoryview(bytearray(1 << 20))
     try:
         fd = os.open(folder / "db" / "data.mdb", os.O_RDONLY)
     except OSError:
         return
     try:
-        start = _to_null(fd, start, end)
-        buf = _BUFFER.get(os.getpid())
-        if start < end and buf is None:
-            buf = _BUFFER[os.getpid()] = memoryview(bytearray(1 << 20))
         while start < end and os.preadv(fd, [buf[: min(len(buf), end - start)]], start) > 0:
             start += len(buf)
     except OSError:
         pass
     finally:
         os.close(fd)
-
-
-def _to_null(fd: int, start: int, end: int) -> int:
-    """The bytes [start, end) of ``fd`` read into the page cache and handed to ``/dev/null`` (``sendfile``: no
-    copy into the process); returns where it stopped (``start`` where it cannot: :func:`prefault` reads the
-    rest into a buffer)."""
-    null = _NULL.get(os.getpid())
-    if null is None:
-        try:
-            null = os.open(os.devnull, os.O_WRONLY)
-        except OSError:
-            null = -1
-        _NULL[os.getpid()] = null
-    try:
-        while null >= 0 and start < end and (n := os.sendfile(null, fd, start, min(1 << 20, end - start))) > 0:
-            start += n
-    except OSError:
-        pass
-    return start
 
 
 def _frames(path: Path) -> tuple[Any, list[tuple[bytes, memoryview]]]:

@@ -250,26 +250,6 @@ def test_lmdb_shards_held_in_memory_or_spooled_and_prefaulted_or_not_make_the_sa
     assert digest(tmp_path / "held") == digest(tmp_path / "held-1") == digest(tmp_path / "spooled")
 
 
-def test_lmdb_prefault_hands_the_pages_to_devnull_or_reads_them_and_leaves_the_file_as_it_was(tmp_path, monkeypatch):
-    """The pages a transaction will take go into the page cache through ``sendfile`` to ``/dev/null`` (no copy into
-    the process); where that cannot be, they are read into a buffer, as before. The file is untouched either way."""
-    from gpubatch.formats import lmdb_sink
-
-    path = tmp_path / "data.mdb"
-    path.write_bytes(b"x" * 5000)
-    with open(path, "r+b") as f:
-        f.truncate(3 << 20)  # (a hole after the first bytes, as a database's map has past its last page)
-    before = path.read_bytes()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        assert lmdb_sink._to_null(fd, 4096, 3 << 20) == 3 << 20
-        monkeypatch.setattr(lmdb_sink, "_NULL", {os.getpid(): -1})  # (no /dev/null: nothing sent)
-        assert lmdb_sink._to_null(fd, 4096, 3 << 20) == 4096
-    finally:
-        os.close(fd)
-    assert path.read_bytes() == before
-
-
 def test_a_worker_that_fails_with_many_tasks_left_ends_the_run_with_its_error(tmp_path):
     """The tasks no worker took (more than a pipe holds) do not keep the command from exiting once a worker
     failed: it printed the error and then waited forever to send them."""
