@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """nvJPEG's hardware-backend calls alone, as :class:`gpubatch.engine.codecs.nvjpeg_hw.HwBatchDecoder` makes them,
-under call sizes that stay the same or change from call to call, and what nvJPEG allocates and frees meanwhile.
+under call sizes that stay the same or change from call to call, nvJPEG's memory settings, and other work beside.
 
 Why: under ``convert`` a hardware call cost 65-86 us of nvJPEG's host code an image against 28-34 in ``bench``
 (H200, 2026-12-04), with or without the GIL in it, and py-spy found ``cuMemFree_v2`` (a free that waits for the
@@ -21,10 +21,9 @@ calls between them, each call first waiting for its instance's previous call (as
   (``--padding-mib``);
 - ``vary-pool``: ``vary`` with the hardware pool preallocated (``nvjpegDecodeBatchedPreAllocate``) for ``--batch``
   images of the set's largest size, where the decoder asks for one 1x1 image;
-- ``fixed-count`` / ``vary-count``: the same calls with allocators of this script's (``nvjpegCreateEx``'s device
-  and pinned allocators) that count what nvJPEG allocates and frees through them. With nvJPEG 13.3 (H200,
-  2026-12-04) the hardware backend made no call to them at all, from the handle's creation on: its memory does
-  not go through them, so these modes cannot tell its allocations (py-spy saw ``cuMemFree_v2`` inside its calls).
+(Modes that counted nvJPEG's allocations through ``nvjpegCreateEx``'s allocators ran once, at 4c38bed: with nvJPEG
+13.3 the hardware backend made no call to them, from the handle's creation on, so they could not tell its
+allocations and were dropped; py-spy saw ``cuMemFree_v2`` inside its calls.)
 
 Images: the set's baseline 4:2:0 JPEGs without EXIF orientation (the hardware route's main kind), read once into
 page-locked memory, as ``convert``'s feed holds a batch's bytes; decoded as interleaved RGB into one device buffer.
@@ -39,8 +38,9 @@ from it the time waiting for the instance's previous call to end on the GPU.
 - ``cpu``: 15 processes spinning in Python (every other core busy);
 - ``bursts``: a thread keeping every SM busy 0.1 ms in each millisecond (a spinning kernel of 4,096 blocks), as
   the GPU JPEG encoder's kernels fill the device for moments;
-- ``outputs``: a thread copying 5 MB from the device into pageable memory every 8 ms (``convert``'s JPEG encoder
-  takes a batch's bytes so, about 5 MB a batch);
+- ``outputs``: a thread copying 5 MB from the device into pageable memory every 8 ms, as ``convert``'s JPEG encoder
+  takes a batch's bytes, and more of them (the same options write about 3 MB a batch of 256: 49.4 MiB for 4,096
+  images, ``convert --device cpu`` on the 2-core CI machine, 2026-12-04);
 - ``twin``: a second process making the same calls on the same GPU (its hardware engines shared), as two GPU
   processes of a long ``convert`` do.
 
@@ -73,7 +73,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 from hw_rate import SPIN  # noqa: E402  (a kernel that spins a given number of ns)
 
-MODES = ["fixed", "vary", "vary-padding", "vary-pool", "fixed-count", "vary-count"]
+MODES = ["fixed", "vary", "vary-padding", "vary-pool"]
 CSS_420 = 2  # nvjpegChromaSubsampling_t
 
 
@@ -97,77 +97,11 @@ def load(folder: Path, limit: int) -> tuple[list[bytes], int, int]:
     return out, mh, mw
 
 
-class Counting:
-    """nvJPEG V1 allocators (``nvjpegDevAllocator_t``, ``nvjpegPinnedAllocator_t``) that count calls and bytes and
-    pass them to the CUDA driver (the calling thread's current context)."""
-
-    DevMalloc = C.CFUNCTYPE(C.c_int, C.POINTER(C.c_void_p), C.c_size_t)
-    DevFree = C.CFUNCTYPE(C.c_int, C.c_void_p)
-    PinMalloc = C.CFUNCTYPE(C.c_int, C.POINTER(C.c_void_p), C.c_size_t, C.c_uint)
-    PinFree = C.CFUNCTYPE(C.c_int, C.c_void_p)
-
-    def __init__(self) -> None:
-        cu = C.CDLL("libcuda.so.1")
-        cu.cuMemAlloc_v2.argtypes = [C.POINTER(C.c_uint64), C.c_size_t]
-        cu.cuMemFree_v2.argtypes = [C.c_uint64]
-        cu.cuMemHostAlloc.argtypes = [C.POINTER(C.c_void_p), C.c_size_t, C.c_uint]
-        cu.cuMemFreeHost.argtypes = [C.c_void_p]
-        self.counts = {"dev_malloc": 0, "dev_free": 0, "pinned_malloc": 0, "pinned_free": 0,
-                       "dev_bytes": 0, "pinned_bytes": 0}
-
-        def dev_malloc(ptr, size):
-            self.counts["dev_malloc"] += 1
-            self.counts["dev_bytes"] += size
-            p = C.c_uint64()
-            r = cu.cuMemAlloc_v2(C.byref(p), size)
-            ptr[0] = p.value
-            return r
-
-        def dev_free(ptr):
-            self.counts["dev_free"] += 1
-            return cu.cuMemFree_v2(ptr or 0)
-
-        def pin_malloc(ptr, size, flags):
-            self.counts["pinned_malloc"] += 1
-            self.counts["pinned_bytes"] += size
-            return cu.cuMemHostAlloc(ptr, size, 0)
-
-        def pin_free(ptr):
-            self.counts["pinned_free"] += 1
-            return cu.cuMemFreeHost(ptr)
-
-        self._fns = (self.DevMalloc(dev_malloc), self.DevFree(dev_free), self.PinMalloc(pin_malloc),
-                     self.PinFree(pin_free))
-
-        class Dev(C.Structure):
-            _fields_ = [("dev_malloc", self.DevMalloc), ("dev_free", self.DevFree)]
-
-        class Pin(C.Structure):
-            _fields_ = [("pinned_malloc", self.PinMalloc), ("pinned_free", self.PinFree)]
-
-        self.dev, self.pin = Dev(*self._fns[:2]), Pin(*self._fns[2:])
-
-    def snapshot(self) -> dict:
-        return dict(self.counts)
-
-
-def make_instance(cp, mode: str, counting: Counting | None, batch: int, mh: int, mw: int, padding: int):
-    """An ``HwBatchDecoder`` for ``mode`` (its handle made here where the mode counts allocations)."""
+def make_instance(cp, mode: str, batch: int, mh: int, mw: int, padding: int):
+    """An ``HwBatchDecoder`` for ``mode``: its memory padding set, or its hardware pool preallocated."""
     from gpubatch.engine.codecs import nvjpeg_hw as nh
 
-    if counting is None:
-        dec = nh.HwBatchDecoder(cp)
-    else:  # the same object, its handle made with the counting allocators
-        dec = nh.HwBatchDecoder.__new__(nh.HwBatchDecoder)
-        dec.lib, dec.held, dec._cp, dec.device = nh.library(), nh.short_calls(), cp, cp.cuda.runtime.getDevice()
-        dec.handle, dec.state = C.c_void_p(), C.c_void_p()
-        nh._check("nvjpegCreateEx", dec.lib.nvjpegCreateEx(
-            nh.BACKEND_HARDWARE, C.cast(C.pointer(counting.dev), C.c_void_p),
-            C.cast(C.pointer(counting.pin), C.c_void_p), nh.FLAGS, C.byref(dec.handle)))
-        nh._check("nvjpegJpegStateCreate", dec.lib.nvjpegJpegStateCreate(dec.handle, C.byref(dec.state)))
-        nh._check("nvjpegDecodeBatchedPreAllocate",
-                  dec.lib.nvjpegDecodeBatchedPreAllocate(dec.handle, dec.state, 1, 1, 1, 0, nh.OUTPUT_RGBI))
-        dec.done, dec.pending, dec.params, dec._params_fmt = None, None, [], []
+    dec = nh.HwBatchDecoder(cp)
     lib = dec.lib
     if mode.endswith("padding"):
         for name in ("nvjpegSetDeviceMemoryPadding", "nvjpegSetPinnedMemoryPadding"):
@@ -183,8 +117,7 @@ def make_instance(cp, mode: str, counting: Counting | None, batch: int, mh: int,
 def run_mode(cp, mode: str, files: list[bytes], mh: int, mw: int, a) -> dict:
     from gpubatch.engine.codecs.nvjpeg_hw import call_args
 
-    counting = Counting() if mode.endswith("count") else None
-    decs = [make_instance(cp, mode, counting, a.batch, mh, mw, a.padding_mib << 20) for _ in range(2)]
+    decs = [make_instance(cp, mode, a.batch, mh, mw, a.padding_mib << 20) for _ in range(2)]
     prio = -1024 if a.priority else 0  # (the driver clamps it to the greatest priority)
     streams = [cp.cuda.Stream(non_blocking=True, priority=prio) for _ in decs]
     # the files once in page-locked memory
@@ -203,19 +136,16 @@ def run_mode(cp, mode: str, files: list[bytes], mh: int, mw: int, a) -> dict:
     sizes = [a.batch if mode.startswith("fixed") else int(rng.integers(a.batch // 2, a.batch + 1))
              for _ in range(a.warmup + a.calls)]
     k = 0
-    host_ns, wait_ns, images, t0, counts0 = 0, 0, 0, 0.0, None
+    host_ns, wait_ns, images, t0 = 0, 0, 0, 0.0
     for c, n in enumerate(sizes):
         if c == a.warmup:
             for s in streams:
                 s.synchronize()
             t0, host_ns, wait_ns, images = time.perf_counter(), 0, 0, 0
-            counts0 = counting.snapshot() if counting else None
         i = c % 2
         srcs = [places[(k + j) % len(places)] for j in range(n)]
         k += n
-        outputs = []
-        for j, (_, _) in enumerate(srcs):
-            outputs.append((outs[i].data.ptr + j * slot, mw * 3))
+        outputs = [(outs[i].data.ptr + j * slot, mw * 3) for j in range(n)]
         args = call_args(srcs, outputs)
         if a.depends_ms:
             spin((1,), (32,), (cp.uint64(int(a.depends_ms * 1e6)),), stream=side)
@@ -234,10 +164,6 @@ def run_mode(cp, mode: str, files: list[bytes], mh: int, mw: int, a) -> dict:
     out = {"images_per_s": round(images / seconds, 1), "host_us_per_image": round(host_ns / 1e3 / images, 2),
            "wait_us_per_image": round(wait_ns / 1e3 / images, 2),
            "calls": a.calls, "images": images}
-    if counting:
-        end = counting.snapshot()
-        out["during_timed_calls"] = {key: end[key] - counts0[key] for key in end}
-        out["at_start"] = counts0
     for d in decs:
         d.close()
     del pinned
@@ -366,8 +292,7 @@ def main() -> None:
                            "runs": rs}
         print(f"{m:22s} {res['modes'][m]['images_per_s']:>10,.0f} images/s  "
               f"{res['modes'][m]['host_us_per_image']:6.1f} us/image in the calls, "
-              f"{res['modes'][m]['wait_us_per_image']:6.1f} waiting for the instance  "
-              + (json.dumps(rs[-1].get("during_timed_calls")) if "count" in m else ""))
+              f"{res['modes'][m]['wait_us_per_image']:6.1f} waiting for the instance")
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
 
