@@ -453,6 +453,49 @@ def test_the_gpu_loader_s_reader_processes_hand_over_each_batch_s_records(wds):
         assert fed.metas is None and fed.boxes is None and fed.keys == list(truth)[:4] and len(fed.labels) == 4
 
 
+def test_the_gpu_loader_s_readers_cut_regions_as_the_file_feed_does(wds):
+    """``GPUBATCH_REGION_DECODE`` for the loader: with ``regions`` the reader processes name the part of
+    each upright JPEG the leading crop reads, report its size and move the window into it, so that the
+    window put back where the region lies is the window of the whole image (as FileFeed's regions)."""
+    import functools
+
+    from gpubatch.engine.gpu.feed import LoaderFeed
+    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.spec import parse_chain
+    from gpubatch.formats import open_reader
+
+    with open_reader(wds) as reader:
+        entries = reader.entries()
+    plan = Plan(ops=tuple(parse_chain("random_resized_crop(size=24) | flip")), seed=2)
+    got = {}
+    for regions in (False, True):
+        with LoaderFeed(functools.partial(open_reader, wds, None), plan, workers=1, depth=2, regions=regions) as feed:
+            got[regions] = {}
+            for fed in feed.reading([(0, entries[a:a + 16]) for a in range(0, len(entries), 16)]):
+                assert (fed.regions is not None) == regions
+                for i, key in enumerate(fed.keys):
+                    got[regions][key] = (fed.sizes[i], fed.windows[0][i].copy(), fed.windows[1][i].copy(),
+                                         fed.regions[i] if regions else None)
+                fed.done()
+    assert got[True].keys() == got[False].keys() and len(got[True]) == len(entries)
+    cut = 0
+    for key, (size, geometry, out, region) in got[True].items():
+        whole_size, whole_geometry, whole_out, _ = got[False][key]
+        np.testing.assert_array_equal(out, whole_out)
+        if region is None:
+            assert size == whole_size
+            np.testing.assert_array_equal(geometry, whole_geometry)
+            continue
+        y0, x0, y1, x1 = region
+        assert size == (y1 - y0, x1 - x0) and (y1 - y0) * (x1 - x0) < whole_size[0] * whole_size[1]
+        moved = geometry.copy()
+        moved[0] += y0
+        moved[2] += x0
+        np.testing.assert_allclose(moved, whole_geometry, rtol=1e-6, atol=1e-4)
+        cut += 1
+    assert cut >= len(entries) // 2  # (most random crops read well under the whole image)
+
+
 def walk_epochs(dl, rows) -> tuple[dict[int, list], list]:
     """A loop over epochs as training loops go: epoch 0, iterated again (epoch 1), set_epoch(2), epoch 3
     stopped after two batches and taken up again, then set_epoch(7) (off the stream's way). Each epoch's

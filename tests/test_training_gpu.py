@@ -96,3 +96,32 @@ def test_the_gpu_loader_reads_on_from_one_epoch_into_the_next(imagenet, tmp_path
     assert streams[0] is streams[1] is streams[2] and streams[3] is not streams[2]
     for epoch, got in epochs.items():
         same(got, alone(epoch))
+
+
+def test_the_gpu_loader_decodes_regions_with_the_pixels_of_whole_images(imagenet, tmp_path, monkeypatch):
+    """``GPUBATCH_REGION_DECODE=1``: the loader's decoders decode only the part of each image the random
+    crop reads (its reader processes cut the regions; the hardware engine's calls are given them) and the
+    batches are those of whole images, up to the rounding of the moved window's origin."""
+    from gpubatch.engine.codecs.nvjpeg_hw import HwBatchDecoder
+
+    wds = tmp_path / "wds"
+    convert(imagenet, wds, to="webdataset", shard_size=16, device="cpu")
+    chain = "random_resized_crop(size=48) | flip(p=0.5) | normalize(layout='HWC', dtype='uint8')"
+    calls: list = []  # the regions of each hardware-engine call (from Python, or queued on the native driver)
+    real, real_submit = HwBatchDecoder.decode, HwBatchDecoder.submit
+    monkeypatch.setattr(HwBatchDecoder, "decode", lambda self, *a, **k: (calls.append(k.get("regions")),
+                                                                         real(self, *a, **k))[1])
+    monkeypatch.setattr(HwBatchDecoder, "submit", lambda self, *a, **k: (calls.append(k.get("regions")),
+                                                                         real_submit(self, *a, **k))[1])
+    got = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("GPUBATCH_REGION_DECODE", flag)
+        with loader(wds, chain, batch_size=8, keys=("key", "image", "label"), device="gpu", seed=5) as dl:
+            calls.clear()  # (not the warm-up's)
+            got[flag] = [(list(k), np.asarray(x.stacked().get(), np.int32), lab.tolist()) for k, x, lab in dl]
+            direct = dl._pipe.engine.decoder.hw_direct
+        cut = sum(r is not None for c in calls if c for r in c)
+        assert (cut > 0) == (flag == "1" and bool(direct)), (flag, cut)
+    assert [(k, lab) for k, _, lab in got["1"]] == [(k, lab) for k, _, lab in got["0"]]
+    diff = np.concatenate([np.abs(a - b).ravel() for (_, a, _), (_, b, _) in zip(got["1"], got["0"])])
+    assert diff.max() <= 2 and diff.mean() < 0.1, (diff.max(), diff.mean())

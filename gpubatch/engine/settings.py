@@ -92,6 +92,8 @@ class Settings:
         ring_banks: where calls take one slot a call (no ``cuda_ring`` / ``hw_ring``), a decoder's parts take
             this many banks of slots in turn (``GPUBATCH_RING_BANKS``): with 2, a batch is decoded into one bank
             while the one before is still read from the other, for one more batch of decoded images in memory.
+        region_decode: the default of ``ImagePipeline(region_decode=...)``, which the training loader also takes
+            (``GPUBATCH_REGION_DECODE``): decode only the part of each upright JPEG the chain's leading crop reads.
         ring_wait: seconds a call waits for its slot before taking a buffer of its own.
         ring_slack: a slot grows to the call's size and 1/``ring_slack`` more.
         free_before_grow: a growing slot gives its old buffer back before taking the new one, waiting
@@ -178,6 +180,7 @@ class Settings:
     cuda_ring: int = 0
     hw_ring: int = 0
     ring_banks: int = 1
+    region_decode: bool = False
     ring_wait: float = 1.0
     ring_slack: int = 4
     free_before_grow: bool = True
@@ -331,4 +334,5 @@ _ENV = (
     ("GPUBATCH_HW_RING", "hw_ring", _count),
     ("GPUBATCH_CUDA_RING", "cuda_ring", _count),
     ("GPUBATCH_RING_BANKS", "ring_banks", _count),
+    ("GPUBATCH_REGION_DECODE", "region_decode", _flag),
 )

@@ -187,7 +187,8 @@ class ImagePipeline:
     ``GPUBATCH_SYNC`` says otherwise; ``spin``, ``yield``, ``blocking``); it is set only when the
     pipeline makes the process's CUDA context, so a program that used the GPU first keeps its own.
 
-    ``region_decode=True`` makes :meth:`iterate_files` decode only the part of each upright image the
+    ``region_decode=True`` (by default ``GPUBATCH_REGION_DECODE``, which the training loader takes
+    too) makes :meth:`iterate_files` decode only the part of each upright image the
     chain's leading crop reads, widened by the resampling filter's reach so the output matches a full
     decode: the hardware engine's part through nvJPEG's region calls, the CUDA decoder's through
     nvImageCodec's sub-code streams. It takes less device memory (on an H200 at batch 256 the bench's
@@ -209,7 +210,7 @@ class ImagePipeline:
 
     def __init__(self, ops: Sequence[Op], device: Device | str = "auto", seed: int = 0,
                  gpu: int = 0, cpu_threads: int | None = None, gpu_memory: str | int | float | None = None,
-                 max_pixels: int = 0, ring: int = 1, region_decode: bool = False, warm_up: int = 256,
+                 max_pixels: int = 0, ring: int = 1, region_decode: bool | None = None, warm_up: int = 256,
                  decoder_options: str = "", decode_chunk: int | None = None, sync: str | None = None,
                  decode_route: str | None = None, follow_load: bool = True, settings: Settings | None = None):
         from ..engine.device import resolve
@@ -219,7 +220,7 @@ class ImagePipeline:
         self.settings = st = (settings or Settings.from_env()).with_(decode_route=decode_route, sync=sync,
                                                                      decode_chunk=decode_chunk)
         self.plan = Plan(ops=tuple(ops), seed=seed, max_pixels=max_pixels)
-        self.region_decode = region_decode
+        self.region_decode = st.region_decode if region_decode is None else bool(region_decode)
         self.device = device if isinstance(device, Device) else resolve(device, gpu)
         self.plan.validate(DEVICE if self.device.is_gpu else "host")
         self.cpu_threads = cpu_threads or default_workers()
@@ -229,7 +230,7 @@ class ImagePipeline:
             from ..engine.gpu.chain import kernels_needed
 
             # under a cap a small warm-up: its buffers come before the cap is planned
-            self.engine.warm_up(16 if gpu_memory is not None else warm_up, regions=region_decode,
+            self.engine.warm_up(16 if gpu_memory is not None else warm_up, regions=self.region_decode,
                                 kernels=kernels_needed(self.plan.ops))
         from ..engine.windows import fixed_window_chain
 

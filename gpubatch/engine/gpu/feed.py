@@ -269,7 +269,7 @@ def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False,
     decode (see :func:`~gpubatch.engine.windows.leading_regions`; upright JPEGs only): their window
     is moved into the region and their size is the region's, the size the decoder will return."""
     from ..codecs.headers import jpeg_facts
-    from ..windows import leading_regions, leading_windows
+    from ..windows import leading_windows
 
     plan: Plan | None = _W["plan"]
     out = _Slot(slot)
@@ -291,16 +291,25 @@ def _read(slot: int, paths: list[str], keys: list[str], regions: bool = False,
         params.append(tuple(plan.draw(key, hw[0], hw[1], epoch=epoch)) if plan is not None and hw is not None
                       else None)
     windows = leading_windows(plan.ops, params, sizes) if plan is not None else None
-    cut: list[Any] | None = None
-    if regions and windows is not None:
-        cut = [r if ok else None for r, ok in zip(leading_regions(windows, sizes), upright)]
-        for i, r in enumerate(cut):
-            if r is not None:
-                y0, x0, y1, x1 = r
-                windows[0][i, 0] -= y0
-                windows[0][i, 2] -= x0
-                sizes[i] = (y1 - y0, x1 - x0)
+    cut = _cut_regions(windows, sizes, upright) if regions and windows is not None else None
     return out.layout(), FileReads(sizes, params if _draws(plan) else None, errors, headers, windows, cut)
+
+
+def _cut_regions(windows: tuple[Any, Any], sizes: list[Any], upright: list[bool]) -> list[Any]:
+    """Per record the region of its image the chain's leading window reads (see
+    :func:`~gpubatch.engine.windows.leading_regions`), or None where it is not ``upright`` (a JPEG decoded as
+    stored) or the whole image is read; each record cut has its window moved into the region and its size
+    made the region's (``windows`` and ``sizes`` changed in place), the size the decoder will return."""
+    from ..windows import leading_regions
+
+    cut = [r if ok else None for r, ok in zip(leading_regions(windows, sizes), upright)]
+    for i, r in enumerate(cut):
+        if r is not None:
+            y0, x0, y1, x1 = r
+            windows[0][i, 0] -= y0
+            windows[0][i, 2] -= x0
+            sizes[i] = (y1 - y0, x1 - x0)
+    return cut
 
 
 def _read_records(slot: int, entries: list[Any]) -> tuple[tuple, RecordReads]:
@@ -560,6 +569,8 @@ class LoaderReads:
         labels, origins: per record read, its label (-1: none) and where it was read from.
         metas, boxes: per record read, its meta and its boxes, where the loader asks for them (else None).
         failed: the entries that could not be read: key, origin, reason.
+        regions: per record read the part of its image to decode, or None (a whole image), where the feed
+            cuts regions (its window and size are then the region's); else None.
 
     A batch's records travel as these columns, not as an object a record: the process driving the GPU
     holds fewer objects for Python's garbage collector to walk (gpubatch.training's ``_Rows``).
@@ -575,12 +586,14 @@ class LoaderReads:
     metas: list[dict[str, Any]] | None
     boxes: list[Any] | None
     failed: list[dict[str, str]]
+    regions: list[tuple[int, int, int, int] | None] | None = None
 
 
-def _read_loader(slot: int, entries: list[Any], epoch: int, fields: tuple[bool, bool] = (True, True)
-                 ) -> tuple[tuple, LoaderReads]:
+def _read_loader(slot: int, entries: list[Any], epoch: int, fields: tuple[bool, bool] = (True, True),
+                 regions: bool = False) -> tuple[tuple, LoaderReads]:
     """Read a training batch's dataset ``entries`` into ``slot`` (see :class:`LoaderFeed`): a reader that
-    can reads each image straight into the slot. ``fields``: whether the metas and the boxes are sent."""
+    can reads each image straight into the slot. ``fields``: whether the metas and the boxes are sent;
+    ``regions``: cut each upright JPEG to the part the chain's leading window reads (as :func:`_read`)."""
     from ..codecs.headers import jpeg_facts
     from ..windows import leading_windows
 
@@ -589,14 +602,15 @@ def _read_loader(slot: int, entries: list[Any], epoch: int, fields: tuple[bool, 
     out = _Slot(slot)
     metas: list[Any] | None = [] if fields[0] else None
     boxes: list[Any] | None = [] if fields[1] else None
-    keys, sizes, params, headers, labels, origins, failed = [], [], [], [], [], [], []
+    keys, sizes, params, headers, labels, origins, failed, upright = [], [], [], [], [], [], [], []
     for entry in entries:
         r = read_row(reader, entry, into=out.reserve)
         if not isinstance(r, Record):
             failed.append(r)
             continue
         out.commit(r.data)
-        hw, kind, _ = jpeg_facts(r.data[:65536])
+        hw, kind, turn = jpeg_facts(r.data[:65536])
+        upright.append(regions and hw is not None and turn == 1)
         keys.append(r.key)
         sizes.append(hw)
         headers.append(kind)
@@ -609,8 +623,9 @@ def _read_loader(slot: int, entries: list[Any], epoch: int, fields: tuple[bool, 
             boxes.append(r.boxes)
         del r  # (its bytes may be a view of the slot)
     windows = leading_windows(plan.ops, params, sizes)
+    cut = _cut_regions(windows, sizes, upright) if regions and windows is not None else None
     return out.layout(), LoaderReads(keys, sizes, params if _draws(plan) else None, headers, windows, labels,
-                                     origins, metas, boxes, failed)
+                                     origins, metas, boxes, failed, cut)
 
 
 @dataclass
@@ -634,7 +649,8 @@ class LoaderFeed(Feed):
     last ones of this epoch decode, as a reader that never stops would)."""
 
     def __init__(self, opener: Callable[[], RecordSource], plan: Plan, workers: int | None = None, depth: int = 4,
-                 slot_bytes: int = SLOT_BYTES, fields: Sequence[str] | None = None):
+                 slot_bytes: int = SLOT_BYTES, fields: Sequence[str] | None = None, regions: bool = False):
+        self.regions = regions  # each upright JPEG cut to the part the chain's leading window reads
         # what the loader hands over besides keys, images and labels (None: all of it): metas (asked for
         # as "meta" or by a member's name) and boxes
         known = {"key", "image", "label", "boxes"}
@@ -660,11 +676,11 @@ class LoaderFeed(Feed):
             yield n, n + 1, int(epoch)
 
     def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
-        fut = self.pool.submit(_read_loader, slot, self._queued.pop(a), epoch, self.fields)
+        fut = self.pool.submit(_read_loader, slot, self._queued.pop(a), epoch, self.fields, self.regions)
         self._inflight = [f for f in self._inflight if not f.done()] + [fut]
         return fut
 
     def _batch(self, blobs: list[Any], a: int, b: int, extra: LoaderReads, release: Any, epoch: int = 0) -> FedRows:
         return FedRows(blobs, extra.keys, extra.sizes, extra.params, [None] * len(blobs), extra.headers,
-                       extra.windows, None, release, epoch, labels=extra.labels, origins=extra.origins,
+                       extra.windows, extra.regions, release, epoch, labels=extra.labels, origins=extra.origins,
                        metas=extra.metas, boxes=extra.boxes, failed=extra.failed)
