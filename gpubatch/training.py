@@ -42,6 +42,13 @@ from .errors import UsageError
 FIELDS = ("key", "image", "audio", "video", "label", "meta", "boxes")
 #: the media the loader decodes, and the key their decoded batch goes by
 MEDIA_KEYS = {"image": "image", "audio": "audio", "video": "video"}
+# the GPU image decoders' defaults for training, where GPUBATCH_RING_BANKS / GPUBATCH_REGION_DECODE say nothing:
+# each batch decoded into one of two banks of buffers while the one before is read from the other, only the part
+# of each upright JPEG the leading crop reads. Beside DALI's readers.webdataset on an H200 (2026-12-04, ae69e09)
+# both together ran the training chain at 0.90-0.94x DALI's rate against 0.72-0.85x without, at the same
+# 0.55-0.56x its GPU memory (benchmarks/RESULTS.md, "03:20 to 03:56")
+LOADER_BANKS = 2
+LOADER_REGIONS = True
 _STATE = 1
 
 
@@ -412,8 +419,13 @@ class Loader(_base()):  # type: ignore[misc]
         elif self._pipe is None:
             from .pipelines.image import ImagePipeline
 
+            from .engine.settings import Settings
+
+            st = Settings.from_env()
             self._pipe = ImagePipeline(self.ops, device=self.device, seed=self.seed, gpu=self.gpu,
-                                       cpu_threads=self.num_workers, ring=2)
+                                       cpu_threads=self.num_workers, ring=2,
+                                       region_decode=LOADER_REGIONS if st.region_decode is None else st.region_decode,
+                                       settings=st.with_(ring_banks=st.ring_banks or LOADER_BANKS))
         return self._pipe
 
     def _read(self, rows: np.ndarray) -> tuple[_Rows, list[dict[str, str]]]:

@@ -496,6 +496,35 @@ def test_the_gpu_loader_s_readers_cut_regions_as_the_file_feed_does(wds):
     assert cut >= len(entries) // 2  # (most random crops read well under the whole image)
 
 
+@pytest.mark.parametrize("env,regions,banks", [({}, True, 2), ({"GPUBATCH_REGION_DECODE": "0"}, False, 2),
+                                                ({"GPUBATCH_RING_BANKS": "1"}, True, 1),
+                                                ({"GPUBATCH_REGION_DECODE": "1", "GPUBATCH_RING_BANKS": "3"}, True, 3)])
+def test_the_loader_s_image_pipeline_decodes_regions_into_two_banks_unless_told_otherwise(wds, monkeypatch, env,
+                                                                                       regions, banks):
+    """The training loader's image pipeline: region decode and two banks of decode buffers by default
+    (``LOADER_REGIONS``, ``LOADER_BANKS``), the environment's settings over them; the pipelines' own
+    default stays whole images and one bank."""
+    import gpubatch.pipelines.image as image_mod
+    from gpubatch.engine.settings import Settings
+
+    made = {}
+
+    class Recorder:  # (what the loader asks of the pipeline; the GPU pipeline itself is not made here)
+        def __init__(self, ops, **kw):
+            made.update(kw)
+
+    for var in ("GPUBATCH_REGION_DECODE", "GPUBATCH_RING_BANKS"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(image_mod, "ImagePipeline", Recorder)
+    loader(wds, "random_resized_crop(size=24)", device="cpu")._pipeline()
+    assert (made["region_decode"], made["settings"].ring_banks) == (regions, banks)
+    if not env:
+        st = Settings.from_env()
+        assert (bool(st.region_decode), max(1, st.ring_banks)) == (False, 1)
+
+
 def walk_epochs(dl, rows) -> tuple[dict[int, list], list]:
     """A loop over epochs as training loops go: epoch 0, iterated again (epoch 1), set_epoch(2), epoch 3
     stopped after two batches and taken up again, then set_epoch(7) (off the stream's way). Each epoch's

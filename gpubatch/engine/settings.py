@@ -92,8 +92,10 @@ class Settings:
         ring_banks: where calls take one slot a call (no ``cuda_ring`` / ``hw_ring``), a decoder's parts take
             this many banks of slots in turn (``GPUBATCH_RING_BANKS``): with 2, a batch is decoded into one bank
             while the one before is still read from the other, for one more batch of decoded images in memory.
-        region_decode: the default of ``ImagePipeline(region_decode=...)``, which the training loader also takes
-            (``GPUBATCH_REGION_DECODE``): decode only the part of each upright JPEG the chain's leading crop reads.
+            0 (the default): the training loader's ``LOADER_BANKS``, one bank for the pipelines.
+        region_decode: decode only the part of each upright JPEG the chain's leading crop reads
+            (``GPUBATCH_REGION_DECODE``; ``ImagePipeline(region_decode=...)`` over it). None (the default): the
+            training loader does, the pipelines do not.
         ring_wait: seconds a call waits for its slot before taking a buffer of its own.
         ring_slack: a slot grows to the call's size and 1/``ring_slack`` more.
         free_before_grow: a growing slot gives its old buffer back before taking the new one, waiting
@@ -179,8 +181,8 @@ class Settings:
     call_bytes: int = 0
     cuda_ring: int = 0
     hw_ring: int = 0
-    ring_banks: int = 1
-    region_decode: bool = False
+    ring_banks: int = 0
+    region_decode: bool | None = None
     ring_wait: float = 1.0
     ring_slack: int = 4
     free_before_grow: bool = True

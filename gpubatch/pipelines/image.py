@@ -187,8 +187,8 @@ class ImagePipeline:
     ``GPUBATCH_SYNC`` says otherwise; ``spin``, ``yield``, ``blocking``); it is set only when the
     pipeline makes the process's CUDA context, so a program that used the GPU first keeps its own.
 
-    ``region_decode=True`` (by default ``GPUBATCH_REGION_DECODE``, which the training loader takes
-    too) makes :meth:`iterate_files` decode only the part of each upright image the
+    ``region_decode=True`` (by default ``GPUBATCH_REGION_DECODE``, else off) makes :meth:`iterate_files`
+    decode only the part of each upright image the
     chain's leading crop reads, widened by the resampling filter's reach so the output matches a full
     decode: the hardware engine's part through nvJPEG's region calls, the CUDA decoder's through
     nvImageCodec's sub-code streams. It takes less device memory (on an H200 at batch 256 the bench's
@@ -220,7 +220,7 @@ class ImagePipeline:
         self.settings = st = (settings or Settings.from_env()).with_(decode_route=decode_route, sync=sync,
                                                                      decode_chunk=decode_chunk)
         self.plan = Plan(ops=tuple(ops), seed=seed, max_pixels=max_pixels)
-        self.region_decode = st.region_decode if region_decode is None else bool(region_decode)
+        self.region_decode = bool(st.region_decode if region_decode is None else region_decode)
         self.device = device if isinstance(device, Device) else resolve(device, gpu)
         self.plan.validate(DEVICE if self.device.is_gpu else "host")
         self.cpu_threads = cpu_threads or default_workers()

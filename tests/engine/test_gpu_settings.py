@@ -83,7 +83,7 @@ def test_the_study_settings_come_from_the_environment():
     assert (st.hw_ring, st.cuda_ring) == (4, 2)
     with pytest.raises(UsageError, match=r"GPUBATCH_HW_RING='-1': not a whole number \(0 or more\)"):
         Settings.from_env(environ={"GPUBATCH_HW_RING": "-1"})
-    assert Settings.from_env(environ={}).ring_banks == 1
+    assert Settings.from_env(environ={}).ring_banks == 0  # (0: the loader two banks, the pipelines one)
     assert Settings.from_env(environ={"GPUBATCH_RING_BANKS": "2"}).ring_banks == 2
 
 
