@@ -417,9 +417,8 @@ class Loader(_base()):  # type: ignore[misc]
             self._pipe = AudioPipeline(self.ops, device=self.device, gpu=self.gpu, seed=self.seed,
                                        dtype=self.dtype or "float16", workers=self.num_workers)
         elif self._pipe is None:
-            from .pipelines.image import ImagePipeline
-
             from .engine.settings import Settings
+            from .pipelines.image import ImagePipeline
 
             st = Settings.from_env()
             self._pipe = ImagePipeline(self.ops, device=self.device, seed=self.seed, gpu=self.gpu,
