@@ -42,10 +42,13 @@ from it the time waiting for the instance's previous call to end on the GPU.
   takes a batch's bytes, and more of them (the same options write about 3 MB a batch of 256: 49.4 MiB for 4,096
   images, ``convert --device cpu`` on the 2-core CI machine, 2026-12-04);
 - ``twin``: a second process making the same calls on the same GPU (its hardware engines shared), as two GPU
-  processes of a long ``convert`` do.
+  processes of a long ``convert`` do;
+- ``encoder``: gpubatch's own JPEG encoder (``GpuImageEncoder``, quality 90) encoding batches of 256 smooth 224x224
+  images over and over on a stream of its own; ``encoder-paced``: one such batch every 28 ms, ``convert``'s pace at
+  9,000 images a second.
 
     python3 benchmarks/nvjpeg_calls.py --data FOLDER [--batch 64] [--calls 300] [--repeats 3]
-        [--beside copies,kernels,bursts,outputs,cpu,twin] [--priority] [--depends-ms MS] [--json OUT]
+        [--beside copies,kernels,bursts,outputs,cpu,twin,encoder,encoder-paced] [--priority] [--depends-ms MS] [--json OUT]
 
 ``--priority``: the calls' streams made at the device's greatest priority. ``--depends-ms MS``: before each call
 its stream waits for a kernel of one block that spins MS ms on another stream, launched just before the call (as
@@ -191,6 +194,33 @@ def _spin_cpu(stop) -> None:
         sum(range(10000))
 
 
+def _encoding(cp, stop: threading.Event, pace: float):
+    """A loop that encodes a batch of 256 smooth 224x224 images with gpubatch's JPEG encoder until ``stop``,
+    one batch every ``pace`` seconds at most (0: without a pause); prints the batches encoded."""
+    from gpubatch.engine.codecs.image_encode_gpu import GpuImageEncoder
+
+    enc = GpuImageEncoder(0)
+    y = cp.linspace(0, 255, 224, dtype=cp.float32)
+    img = ((y[:, None, None] + y[None, :, None] + cp.arange(3, dtype=cp.float32)[None, None, :] * 40) % 256
+           ).astype(cp.uint8)
+    arrays = [cp.ascontiguousarray(cp.roll(img, k, axis=1)) for k in range(256)]
+    s = cp.cuda.Stream(non_blocking=True)
+    enc.encode(arrays, "jpeg", 90, s)  # (its kernels and buffers made before the calls are timed)
+
+    def run() -> None:
+        n = 0
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            enc.encode(arrays, "jpeg", 90, s)
+            n += 1
+            left = pace - (time.perf_counter() - t0)
+            if left > 0:
+                time.sleep(left)
+        enc.close()
+        print(f"  (the encoder: {n} batches of 256)", flush=True)
+    return run
+
+
 @contextlib.contextmanager
 def beside(cp, kind: str, a):
     """Other work running while the block runs (see the module docstring)."""
@@ -223,6 +253,9 @@ def beside(cp, kind: str, a):
         threads.append(threading.Thread(target=outputs, daemon=True))
     elif kind == "kernels":
         threads.append(threading.Thread(target=_spinning(cp, stop, 1_000_000, 4, 0.0), daemon=True))
+    elif kind in ("encoder", "encoder-paced"):
+        threads.append(threading.Thread(target=_encoding(cp, stop, 0.028 if kind == "encoder-paced" else 0.0),
+                                        daemon=True))
     elif kind == "cpu":
         ev = mp.get_context("fork").Event()
         procs = [mp.get_context("fork").Process(target=_spin_cpu, args=(ev,), daemon=True)
@@ -264,7 +297,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--padding-mib", type=int, default=64)
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--beside", default="", help="other work beside the calls: copies,kernels,bursts,outputs,cpu,twin")
+    ap.add_argument("--beside", default="", help="other work beside the calls: copies,kernels,bursts,outputs,cpu,twin,encoder,encoder-paced")
     ap.add_argument("--depends-ms", type=float, default=0.0, help="each call's stream first waits MS ms of other work")
     ap.add_argument("--priority", action="store_true", help="the calls' streams at the device's greatest priority")
     ap.add_argument("--json", type=Path, default=None)
