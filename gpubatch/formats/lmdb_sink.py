@@ -114,8 +114,6 @@ def prefault(root: Path, index: int, nbytes: int, records: int) -> None:
     slack = guess // 8
     start = max(0, (env.info()["last_pgno"] + 1) * psize + ahead * guess - slack) // psize * psize
     end = min(start + guess + 2 * slack, env.info()["map_size"])
-    if _populate(folder / "db" / "data.mdb", start, end):
-        return
     buf = _BUFFER.get(os.getpid())
     if buf is None:
         buf = _BUFFER[os.getpid()] = memoryview(bytearray(1 << 20))
@@ -130,35 +128,6 @@ def prefault(root: Path, index: int, nbytes: int, records: int) -> None:
         pass
     finally:
         os.close(fd)
-
-
-_MADV_POPULATE_WRITE = 23  # (Linux 5.14 on)
-
-
-def _populate(data: Path, start: int, end: int) -> bool:
-    """Fault in, writable, the pages of ``data`` from ``start`` to ``end`` in this process's own map of the
-    database (the one LMDB writes through), in one call to the kernel (``MADV_POPULATE_WRITE``): the
-    transaction then finds them mapped. Nothing in the file changes (the kernel touches no byte). False where
-    it cannot (no such map, another system, an older kernel)."""
-    import ctypes
-
-    try:
-        target = os.path.realpath(data)
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                parts = line.split(None, 5)
-                if len(parts) == 6 and parts[5].rstrip("\n") == target and parts[1].startswith("rw") \
-                        and parts[1][3] == "s":
-                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                    at = lo + start - int(parts[2], 16)
-                    if not lo <= at < hi:
-                        return False
-                    libc = ctypes.CDLL(None, use_errno=True)
-                    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-                    return libc.madvise(at, min(end, start + hi - at) - start, _MADV_POPULATE_WRITE) == 0
-    except (OSError, ValueError):
-        pass
-    return False
 
 
 def _frames(path: Path) -> tuple[Any, list[tuple[bytes, memoryview]]]:
