@@ -118,12 +118,10 @@ def prefault(root: Path, index: int, nbytes: int, records: int) -> None:
     if buf is None:
         buf = _BUFFER[os.getpid()] = memoryview(bytearray(1 << 20))
     try:
-        fd = os.open(folder / "db" / "data.mdb", os.O_RDWR)
+        fd = os.open(folder / "db" / "data.mdb", os.O_RDONLY)
     except OSError:
         return
     try:
-        with contextlib.suppress(OSError):  # (the blocks allocated, unwritten: the file reads the same)
-            os.posix_fallocate(fd, start, end - start)
         while start < end and os.preadv(fd, [buf[: min(len(buf), end - start)]], start) > 0:
             start += len(buf)
     except OSError:
