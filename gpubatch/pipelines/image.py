@@ -188,14 +188,14 @@ class ImagePipeline:
     pipeline makes the process's CUDA context, so a program that used the GPU first keeps its own.
 
     ``region_decode=True`` (by default ``GPUBATCH_REGION_DECODE``, else off) makes :meth:`iterate_files`
-    decode only the part of each upright image the
-    chain's leading crop reads, widened by the resampling filter's reach so the output matches a full
-    decode: the hardware engine's part through nvJPEG's region calls, the CUDA decoder's through
-    nvImageCodec's sub-code streams. It takes less device memory (on an H200 at batch 256 the bench's
+    decode only the part of each upright image the chain's leading crop reads, widened by the resampling
+    filter's reach so the output matches a full decode: the hardware engine's part through nvJPEG's region
+    calls, the CUDA decoder's through nvImageCodec's sub-code streams. It takes less device memory (on an H200 at batch 256 the bench's
     training chain 642-644 MiB against 738, the validation chain 674) and measured slower than full
     decode and a GPU crop (3-13% in the medians of four calls with whole parts, 2026-11-22;
     2-11% in 5 of 6 pairs with the reused buffers and 40% in one, 2026-11-22), so it is off
-    by default (the memory study (docs/engine.md), ``region``; benchmarks/RESULTS.md).
+    by default (the memory study (docs/engine.md), ``region``; benchmarks/RESULTS.md). The training
+    loader turns it on (``gpubatch.training.LOADER_REGIONS``).
 
     On the GPU the batches of :meth:`iterate` and :meth:`iterate_files` live in a ring of ``ring``
     output buffers: a batch stays valid until ``ring - 1`` more batches have been produced (with one
