@@ -3,7 +3,7 @@
 taken round by round: an effect of a few percent told apart from a machine whose runs spread by a fifth.
 
     python3 benchmarks/ab_loader.py --data DATASET --tree OLD --tree NEW[::VAR=VALUE,...] [--rounds 8] \\
-        [--seconds 4] [--chain train] [--device gpu] [--json out.json]
+        [--seconds 4] [--chain train] [--device gpu] [--dali] [--json out.json]
 
 Each run is ``benchmarks/loader_alone.py`` (this checkout's) in a process of its own, importing the tree's
 ``gpubatch`` (as ``ab_trees.py`` has trees: a checkout or a folder holding the package; settings after ``::``
@@ -15,6 +15,10 @@ interval of that median (10,000 resamplings of the rounds, a fixed seed): an int
 effect told apart. The bench's rounds (``gpubatch bench --data``) time a contender once per call, and the runs
 of one tree spread 14,700-21,200 images/s on one H200 machine (benchmarks/RESULTS.md, 2026-12-03 "21:48 to
 22:25"): seven pairs could not tell apart an effect of 5%.
+
+``--dali`` puts DALI's reader of the dataset's format (``loader_alone.py --contender dali-reader``: the bench's
+``dali-reader``, its peak GPU memory sampled as the bench samples it) first in every round, as the reference: each
+tree's ratio is then to DALI, round by round, and so is its memory. One tree is then enough.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from ab_trees import _contender, compiled  # noqa: E402  (trees and their settings, as ab_trees has them)
+
+DALI = "dali-reader"  # (--dali: the reference contender's name)
 
 
 def median_interval(ratios: list[float], level: float = 0.9, resamples: int = 10_000, seed: int = 0
@@ -56,12 +62,15 @@ def main() -> None:
     ap.add_argument("--chain", default="train", choices=("train", "val"))
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
+    ap.add_argument("--dali", action="store_true", help="DALI's reader of the format as the reference, each round")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     contenders = [_contender(t) for t in a.tree]
-    if len(contenders) < 2:
-        sys.exit("ab_loader: name two trees or more (--tree OLD --tree NEW)")
+    if len(contenders) < 2 - a.dali:
+        sys.exit("ab_loader: name two trees or more (--tree OLD --tree NEW), or one with --dali")
     compiled(sorted({t for _, t, _ in contenders}))
+    if a.dali:  # (run with the first tree on the path: the bench's reader and chain)
+        contenders.insert(0, (DALI, contenders[0][1], {}))
     script = ROOT / "benchmarks" / "loader_alone.py"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     cmd = [sys.executable, str(script), "--data", str(a.data.resolve()), "--seconds", str(a.seconds), "--chain",
@@ -71,8 +80,9 @@ def main() -> None:
         for r in range(a.rounds):
             for name, tree, settings in (contenders if r % 2 == 0 else contenders[::-1]):
                 path = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")])
-                p = subprocess.run(cmd, env={**env, **settings, "PYTHONPATH": path}, capture_output=True, text=True,
-                                   cwd=tmp)
+                extra = ["--contender", "dali-reader"] if name == DALI else []
+                p = subprocess.run(cmd + extra, env={**env, **settings, "PYTHONPATH": path}, capture_output=True,
+                                   text=True, cwd=tmp)
                 if p.returncode:
                     sys.exit(f"{name}: exit {p.returncode}: {p.stderr.strip()[-1500:]}")
                 got = json.loads(p.stdout.strip().splitlines()[-1])

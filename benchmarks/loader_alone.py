@@ -6,6 +6,8 @@
     python3 benchmarks/pyspy_threads.py RAW --thread hw-decode
 
 ``gpubatch bench --data`` runs each contender in a process of its own, which py-spy's native mode does not follow.
+``--contender dali-reader`` runs DALI's reader of the dataset's format instead (the bench's, with its chain: one
+pass over the data untimed, then ``--seconds`` of batches), for ``benchmarks/ab_loader.py --dali``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,24 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
     ap.add_argument("--json", action="store_true", help="print the result as one JSON line (benchmarks/ab_loader.py)")
+    ap.add_argument("--contender", default="loader", choices=("loader", "dali-reader"))
     args = ap.parse_args()
+    if args.contender == "dali-reader":
+        import json
+
+        from gpubatch.bench.loader import dataset_source, run_dali_reader
+
+        src = dataset_source(args.data)
+        if src is None:
+            raise SystemExit(f"loader_alone: {args.data} is not a dataset gpubatch wrote")
+        res = run_dali_reader({"data": args.data, "format": src["format"], "images": src["images"], "model": "resnet50",
+                               "chain": args.chain, "batch_size": args.batch_size, "seconds": args.seconds})
+        if "skipped" in res:
+            raise SystemExit(f"loader_alone: DALI's reader: {res['skipped']}")
+        print(json.dumps({"images_per_s": res["images_per_s"], "images": res.get("images"), "seconds": res.get("seconds"),
+                          "decode_wait": None, "gpu_memory_mib": int((res.get("gpu_mem_gib") or 0) * 1024),
+                          "reader": res.get("reader")}))
+        return
 
     from gpubatch.bench import chain_ops, get_model
     from gpubatch.training import Loader

@@ -486,3 +486,28 @@ def test_ab_loader_times_trees_in_turned_rounds_and_tells_a_ratio_apart_only_whe
     assert min(ratios) - 1e-3 <= lo <= other["ratio_median"] <= hi <= max(ratios) + 1e-3
     assert other["told_apart"] == (not lo <= 1.0 <= hi)
     assert "the first, 90% interval" in r.stdout and "(the reference)" in r.stdout
+
+
+def test_ab_loader_with_dali_puts_its_reader_first_and_says_when_it_cannot_run(tmp_path, imagenet):
+    """``ab_loader.py --dali``: DALI's reader of the format (``loader_alone.py --contender dali-reader``) is the
+    first contender of every round, so one tree is enough; where DALI cannot run, the run stops on the first
+    round with DALI's reason, not with a figure."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gpubatch.api import convert
+
+    if importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None:
+        pytest.skip("DALI is installed here: the reference runs (make gpu-test's machines)")
+    root = Path(__file__).resolve().parents[2]
+    convert(imagenet, tmp_path / "wds", to="webdataset", shard_size=16)
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "ab_loader.py"), "--data", str(tmp_path / "wds"),
+                        "--tree", str(root), "--dali", "--rounds", "1", "--seconds", "0.2", "--batch-size", "8",
+                        "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert "dali-reader: exit" in r.stderr and "nvidia.dali not importable" in r.stderr, r.stderr
+    one = subprocess.run([sys.executable, str(root / "benchmarks" / "ab_loader.py"), "--data", str(tmp_path / "wds"),
+                          "--tree", str(root)], capture_output=True, text=True, timeout=120)
+    assert one.returncode != 0 and "or one with --dali" in one.stderr
