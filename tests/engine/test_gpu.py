@@ -1144,6 +1144,35 @@ def test_region_decode_matches_full_decode(tmp_path, monkeypatch, chunk, regions
     assert diff.max() <= 2 and diff.mean() < 0.1, (diff.max(), diff.mean())
 
 
+def test_region_decode_of_images_the_cpu_decodes_matches_full_decode(tmp_path):
+    """``region_decode`` where some images go to the CPU (CMYK JPEGs: upright with a known size, so the feed
+    cuts their regions, but of a kind no GPU decoder takes): the CPU hands over the region alone, and the
+    batches are those of whole images, up to the rounding of the moved window's origin."""
+    import io
+
+    from PIL import Image
+
+    from gpubatch.pipelines.image import ImagePipeline
+
+    paths = _jpeg_files(tmp_path, 12, lambda i: (300 + 11 * i, 420 - 5 * i), lambda i: 85 + i % 10)
+    for i in (1, 4, 7, 10):  # (CMYK copies of some)
+        buf = io.BytesIO()
+        Image.open(paths[i]).convert("CMYK").save(buf, "JPEG", quality=92)
+        paths[i].write_bytes(buf.getvalue())
+    ops = [RandomResizedCrop(96), Flip(), Normalize(layout="HWC", dtype="uint8")]
+    out, fallbacks = {}, {}
+    for roi in (False, True):
+        with ImagePipeline(ops, device="gpu", seed=9, ring=8, region_decode=roi) as pipe:
+            batches = list(pipe.iterate_files(paths, batch_size=6, workers=2))
+            pipe.stream.synchronize()
+            out[roi] = np.concatenate([b.stacked().get() for b in batches]).astype(int)
+            fallbacks[roi] = pipe.stats["fallbacks"]
+    assert fallbacks[True] >= 4 and fallbacks[False] >= 4  # (the CMYK images, on the CPU both times)
+    diff = np.abs(out[True] - out[False])
+    assert out[True].shape == (12, 96, 96, 3)
+    assert diff.max() <= 2 and diff.mean() < 0.1, (diff.max(), diff.mean())
+
+
 def test_ring_of_one_waits_for_the_consumers_reads(tmp_path, monkeypatch):
     """With one output buffer the next batch overwrites the last, yet GPU work reading a batch that
     was enqueued (on the stream it was taken on) before the next batch was asked for still reads

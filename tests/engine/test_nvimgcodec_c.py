@@ -437,3 +437,29 @@ def test_kinds_named_for_the_cuda_decoder_go_there_by_their_header(share):
 
     with pytest.raises(UsageError, match="GPUBATCH_CUDA_KINDS"):
         Settings.from_env({"GPUBATCH_CUDA_KINDS": "4:4:4"})
+
+
+def test_an_image_left_to_the_cpu_gives_the_region_the_feed_cut():
+    """A CMYK JPEG is upright with a known size, so a feed cuts its region (and moves its window into it),
+    but no GPU decoder takes its kind: the CPU decodes it, and hands over that region alone, as the GPU
+    decoders would. A region outside the image is that image's error, not a misplaced window."""
+    import io
+
+    from PIL import Image
+
+    from gpubatch.engine.codecs import image as host
+    from gpubatch.engine.codecs.headers import jpeg_facts
+    from gpubatch.engine.codecs.image_gpu import _host_decode
+
+    rgb = np.random.default_rng(3).integers(0, 256, (120, 160, 3), np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(rgb).convert("CMYK").save(buf, "JPEG", quality=90)
+    data = buf.getvalue()
+    size, (kind, _, _), turn = jpeg_facts(data)
+    assert size == (120, 160) and turn == 1 and kind is None  # (cut by a feed; left to the CPU by the decoders)
+    whole = host.decode(data, 0)
+    got, err = _host_decode(data, 0, (10, 20, 90, 150))
+    assert err is None and got.flags.c_contiguous and np.array_equal(got, whole[10:90, 20:150])
+    assert np.array_equal(_host_decode(data, 0)[0], whole)
+    bad, err = _host_decode(data, 0, (10, 20, 130, 150))
+    assert bad is None and "outside its 160x120 pixels" in err

@@ -500,14 +500,14 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
                 res.ready = [s.record() for s in (self.hw_stream, self.cuda_stream)]
             t0 = time.perf_counter()
             failed = sorted(set(to_cpu))
-            for i, img in self._place(res, zip(failed, self._cpu.map(lambda i: _host_decode(bytes(blobs[i]), max_pixels),
-                                                                     failed)), stream):
+            for i, img in self._place(res, zip(failed, self._cpu.map(
+                    lambda i: _host_decode(bytes(blobs[i]), max_pixels, _region(regions, i)), failed)), stream):
                 res.arrays[i] = img
             tm["cpu"] += time.perf_counter() - t0
             return res
         # the C API: each decoder's part goes to its thread, which posts what it decodes on the result's
         # queue; what the GPU cannot take starts on the CPU
-        cpu_now = [(i, self._cpu.submit(_host_decode, bytes(blobs[i]), max_pixels)) for i in to_cpu]
+        cpu_now = [(i, self._cpu.submit(_host_decode, bytes(blobs[i]), max_pixels, _region(regions, i))) for i in to_cpu]
         res.feed, res.chunked = queue.SimpleQueue(), bool(chunk)
         sink = weakref.ref(res)  # the threads post nothing once the result is dropped (freeing its memory)
         parts = 0
@@ -517,12 +517,12 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
                 job.sink = sink
                 thread.submit(self._run, job, blobs, regions, kinds)
                 parts += 1
-        res.pending = functools.partial(self._gather, parts, cpu_now, blobs, stream, max_pixels)
+        res.pending = functools.partial(self._gather, parts, cpu_now, blobs, stream, max_pixels, regions)
         tm["parse"] += time.perf_counter() - t_start
         return res
 
     def _gather(self, parts: int, cpu_now: list[tuple[int, Any]], blobs: list[Any], stream: Any, max_pixels: int,
-                res: DecodeResult) -> Iterator[tuple[list[tuple[int, DeviceImage]], Any, Any]]:
+                regions: list | None, res: DecodeResult) -> Iterator[tuple[list[tuple[int, DeviceImage]], Any, Any]]:
         """A batch's decoded images as its decoders' threads post them, (items, owner, decode-end event)
         per call or part, then its CPU decodes (the C API path; ``parts``: the decoder parts handed over)."""
         failed: list[int] = []
@@ -545,7 +545,8 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
                 raise msg[1]
         t0 = time.perf_counter()
         decoded = [(i, f.result()) for i, f in cpu_now]
-        decoded += zip(failed, self._cpu.map(lambda i: _host_decode(bytes(blobs[i]), max_pixels), failed))
+        decoded += zip(failed, self._cpu.map(lambda i: _host_decode(bytes(blobs[i]), max_pixels, _region(regions, i)),
+                                             failed))
         placed = self._place(res, decoded, stream)
         self.timings["cpu"] += time.perf_counter() - t0
         if placed:
@@ -585,10 +586,23 @@ def _tiny_jpegs(n: int) -> list[bytes]:
     return [kinds[k % len(kinds)] for k in range(n)]
 
 
-def _host_decode(data: bytes, max_pixels: int) -> tuple[np.ndarray | None, str | None]:
+def _region(regions: list | None, i: int) -> tuple[int, int, int, int] | None:
+    return regions[i] if regions is not None else None
+
+
+def _host_decode(data: bytes, max_pixels: int, region: tuple[int, int, int, int] | None = None
+                 ) -> tuple[np.ndarray | None, str | None]:
+    """An image the GPU decoders did not take, decoded on the CPU: its ``region`` (y0, x0, y1, x1) alone where
+    one was asked for (the feed moved the record's window into it), as the GPU decoders give it."""
     try:
-        return host.decode(data, max_pixels), None
+        arr = host.decode(data, max_pixels)
     except ValueError as e:
         return None, str(e)
+    if region is None:
+        return arr, None
+    y0, x0, y1, x1 = region
+    if not (0 <= y0 < y1 <= arr.shape[0] and 0 <= x0 < x1 <= arr.shape[1]):
+        return None, f"cannot decode image (its region {region} is outside its {arr.shape[1]}x{arr.shape[0]} pixels)"
+    return np.ascontiguousarray(arr[y0:y1, x0:x1]), None
 
 
