@@ -56,6 +56,10 @@ class Settings:
             (``codecs/hw_native.py``, built with the system C compiler on first use; ``GPUBATCH_HW_NATIVE=1``;
             off by default: no gain told apart (the transcode's medians 1-5% higher, runs overlapping); its form
             since 77f9965 passed the memory-cap tests on an H200, 2026-12-04).
+        hw_stream_wait: (a measurement) on that direct path, from Python, wait for the decoder's stream before each
+            call, outside nvJPEG, timed as ``hw_stream_wait`` (``GPUBATCH_HW_STREAM_WAIT``): what of the calls'
+            time is other GPU work their stream waits for. Every call that finds work pending on its stream is
+            counted as ``hw_calls_behind`` whether or not this is on.
         cache_dir: gpubatch's cache folder (the native driver's build; ``GPUBATCH_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/gpubatch``; empty: ``~/.cache/gpubatch``).
         c_compiler: the C compiler that builds it (``CC``; empty: ``cc``, else ``gcc``, on the PATH).
@@ -157,6 +161,7 @@ class Settings:
     hw_mixed: bool = False
     hw_direct: bool = True
     hw_native: bool = False
+    hw_stream_wait: bool = False
     cache_dir: str = ""
     c_compiler: str = ""
     decode_api: str = "c"
@@ -311,6 +316,7 @@ _ENV = (
     ("GPUBATCH_HW_DECODERS", "hw_instances", int),
     ("GPUBATCH_HW_DIRECT", "hw_direct", _flag),
     ("GPUBATCH_HW_NATIVE", "hw_native", _flag),
+    ("GPUBATCH_HW_STREAM_WAIT", "hw_stream_wait", _flag),
     ("XDG_CACHE_HOME", "cache_dir", _xdg_cache),
     ("GPUBATCH_CACHE_DIR", "cache_dir", str),  # (after XDG_CACHE_HOME: over it)
     ("CC", "c_compiler", str),

@@ -724,7 +724,13 @@ def test_chunked_decode_reuses_few_buffers_with_the_same_result(engine, monkeypa
     for res, want in zip(banked, ref):
         same(read(res, len(want[0])), want)
     assert dec.ring_waits == waits and len(dec._rings[False]) <= 10
-    monkeypatch.setattr(dec, "settings", dec.settings.with_(ring_banks=1))
+    # (a measurement) each direct call first waits for the work pending on its stream, outside nvJPEG: the same result
+    behind = dec.timings["hw_calls_behind"]
+    monkeypatch.setattr(dec, "settings", dec.settings.with_(ring_banks=1, hw_stream_wait=True))
+    for b, want in zip(batches, ref):
+        same(_finished(dec.decode(b, stream), stream), want)
+    assert dec.timings["hw_stream_wait"] >= 0.0 and dec.timings["hw_calls_behind"] >= behind
+    monkeypatch.setattr(dec, "settings", dec.settings.with_(hw_stream_wait=False))
     with pytest.raises(ValueError):
         dec.decode(batches[0], stream, chunk=3)  # must be read through chunks()
     early = dec.decode(batches[0], stream, order=False, wait=False, chunk=2)

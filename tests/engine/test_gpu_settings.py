@@ -85,6 +85,9 @@ def test_the_study_settings_come_from_the_environment():
         Settings.from_env(environ={"GPUBATCH_HW_RING": "-1"})
     assert Settings.from_env(environ={}).ring_banks == 0  # (0: the loader two banks, the pipelines one)
     assert Settings.from_env(environ={"GPUBATCH_RING_BANKS": "2"}).ring_banks == 2
+    assert (Settings.from_env(environ={}).hw_stream_wait, Settings.from_env(environ={}).region_decode) == (False, None)
+    st = Settings.from_env(environ={"GPUBATCH_HW_STREAM_WAIT": "1", "GPUBATCH_REGION_DECODE": "0"})
+    assert (st.hw_stream_wait, st.region_decode) == (True, False)
 
 
 def test_the_engine_reads_no_environment_outside_its_settings():

@@ -95,6 +95,7 @@ class DecodeCalls:
                 owner, args = self._call_place(job, k, idx)
                 if job.direct:
                     dec, fmt, parts = self._direct_call(job, idx, kinds)
+                    self._stream_before_call(job.stream)
                     t_call = time.perf_counter()
                     try:
                         dec.decode([job.sources[i] for i in idx], [job.outputs[i] for i in idx], job.stream, fmt,
@@ -120,6 +121,17 @@ class DecodeCalls:
                 self._publish(job, done, self._part_owner(job))
         self.timings["hw" if job.hw else "cuda"] += time.perf_counter() - t0
         return retry
+
+    def _stream_before_call(self, stream: Any) -> None:
+        """(Measurement, the direct path from Python.) Count a call whose stream has work pending
+        (``hw_calls_behind``); with ``settings.hw_stream_wait`` wait for that work here, outside nvJPEG's call
+        (``hw_stream_wait``), so that the call's own time (``hw_nvjpeg``) no longer holds it."""
+        if not stream.done:
+            self.timings["hw_calls_behind"] += 1
+            if self.settings.hw_stream_wait:
+                t0 = time.perf_counter()
+                stream.synchronize()
+                self.timings["hw_stream_wait"] += time.perf_counter() - t0
 
     def _begin_part(self, job: _Job, kinds: list[str | None]) -> None:
         """(A decoder's thread, before a part's calls.) The hardware instances the worker's start has made since,
