@@ -17,8 +17,9 @@ of one tree spread 14,700-21,200 images/s on one H200 machine (benchmarks/RESULT
 22:25"): seven pairs could not tell apart an effect of 5%.
 
 ``--dali`` puts DALI's reader of the dataset's format (``loader_alone.py --contender dali-reader``: the bench's
-``dali-reader``, its peak GPU memory sampled as the bench samples it) first in every round, as the reference: each
-tree's ratio is then to DALI, round by round, and so is its memory. One tree is then enough.
+``dali-reader``, its peak GPU memory read through NVML per process, as the loader's runs read theirs) first in every
+round, as the reference: each tree's ratio is then to DALI, round by round, and so is its memory. One tree is
+then enough.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def main() -> None:
         for r in range(a.rounds):
             for name, tree, settings in (contenders if r % 2 == 0 else contenders[::-1]):
                 path = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")])
-                extra = ["--contender", "dali-reader"] if name == DALI else []
+                extra = ["--contender", DALI] if name == DALI else []
                 p = subprocess.run(cmd + extra, env={**env, **settings, "PYTHONPATH": path}, capture_output=True,
                                    text=True, cwd=tmp)
                 if p.returncode:
