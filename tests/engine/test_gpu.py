@@ -544,8 +544,8 @@ def test_held_calls_copy_query_and_sync_as_cupy_does():
         wait_held,
     )
 
+    stream = cp.cuda.Stream(non_blocking=True)  # (CuPy's context made, current in this thread: run alone too)
     assert current_device_held() == cp.cuda.runtime.getDevice()
-    stream = cp.cuda.Stream(non_blocking=True)
     host_mem = cp.cuda.alloc_pinned_memory(8)
     host = np.frombuffer(host_mem, np.int64, 1)
     host[0] = 11
@@ -572,6 +572,39 @@ def test_held_calls_copy_query_and_sync_as_cupy_does():
     again = record_again(None, other, cp)  # (made where there is none, then the same one recorded again)
     assert isinstance(again, owned_event_class(cp)) and record_again(again, other, cp) is again
     cp.cuda.Device().synchronize()
+
+
+def test_a_thread_whose_first_cuda_call_makes_an_event_or_encodes_gets_a_context():
+    """A thread with no CUDA context yet (a user's thread, or a decoder's before its first runtime call)
+    whose first call is one of the driver's (``held_event``) gets the runtime's device's primary context,
+    so a JPEG encoder made in one thread encodes from another (it failed with driver error 201)."""
+    import threading
+
+    import cupy as cp
+
+    from gpubatch.engine.codecs.image_encode_gpu import GpuImageEncoder
+    from gpubatch.engine.gpu.context import held_event
+
+    enc = GpuImageEncoder(0)
+    img = cp.asarray(np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8))
+    cp.cuda.Device().synchronize()
+    want = enc.encode([img], "jpeg", 90, cp.cuda.Stream(non_blocking=True))
+    got: list = []
+
+    def first_calls() -> None:
+        try:
+            got.append(bool(held_event(cp).ptr))
+            got.append(enc.encode([img] * 40, "jpeg", 90, cp.cuda.Stream(non_blocking=True)))
+        except Exception as e:  # (the assertion below names it)
+            got.append(e)
+
+    for _ in range(2):
+        t = threading.Thread(target=first_calls)
+        t.start()
+        t.join()
+    assert got[0] is True and got[2] is True, got
+    assert all(bytes(b) == bytes(want[0]) for b in got[1] + got[3])
+    enc.close()
 
 
 def test_planes_are_pillows_pixels_and_resample_as_rgb(engine):

@@ -81,7 +81,8 @@ def _held() -> Any:
     for name, args in (("cuEventRecord", [vp, vp]), ("cuStreamWaitEvent", [vp, vp, u]),
                        ("cuEventCreate", [ctypes.POINTER(vp), u]), ("cuEventQuery", [vp]),
                        ("cuMemcpyHtoDAsync_v2", [ctypes.c_uint64, vp, ctypes.c_size_t, vp]),
-                       ("cuCtxGetDevice", [ctypes.POINTER(ctypes.c_int)])):
+                       ("cuCtxGetDevice", [ctypes.POINTER(ctypes.c_int)]),
+                       ("cuCtxGetCurrent", [ctypes.POINTER(vp)])):
         fn = getattr(cuda, name)
         fn.argtypes, fn.restype = args, ctypes.c_int
     return cuda
@@ -134,6 +135,20 @@ def record_again(event: Any, stream: Any, cp: Any) -> Any:
     return record_held(held_event(cp) if event is None else event, stream)
 
 
+def _thread_has_context() -> None:
+    """Make the runtime's device's primary context current in a thread that has none yet: the driver's calls
+    need one, and a thread whose first CUDA call is one of these (a user's thread that encodes or decodes
+    first, a decoder's ring slot made there) has none until the runtime's first call, which would make it
+    (``cuEventCreate`` failed with error 201, an invalid context, in a thread that encoded first: H200,
+    2026-12-04). The runtime's device: the one CuPy uses in that thread (0 unless set)."""
+    ctx = ctypes.c_void_p()
+    if _held().cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
+        return
+    import cupy
+
+    make_current(cupy.cuda.runtime.getDevice())
+
+
 def event_held(cls: Any) -> Any:
     """A new event of ``cls`` (a CuPy ``Event`` class or subclass: its ``__init__`` is not called) with
     timing disabled, made through the driver (``cuEventCreate``, in the current context) with the GIL kept
@@ -142,6 +157,7 @@ def event_held(cls: Any) -> Any:
     ring's buffers): made per publish, its creation had held the GIL for 4% of the loader's GIL-holding
     samples (H200, 2026-12-03 "19:49 to 20:21")."""
     handle = ctypes.c_void_p()
+    _thread_has_context()
     _check("cuEventCreate", _held().cuEventCreate(ctypes.byref(handle), 2))  # CU_EVENT_DISABLE_TIMING
     event = cls.__new__(cls)
     event.ptr = handle.value
