@@ -25,8 +25,6 @@ PLANES = ("chunked", "always", "never")
 SYNC_POLICIES = ("auto", "spin", "yield", "blocking")
 VIDEO_LOOPS = ("native", "python")
 SHARD_WRITERS = ("auto", "process", "thread")
-#: the memory of nvJPEG's handles on the direct path (Settings.hw_alloc)
-HW_ALLOCS = ("default", "stream")
 
 
 @dataclass(frozen=True)
@@ -62,10 +60,6 @@ class Settings:
             call, outside nvJPEG, timed as ``hw_stream_wait`` (``GPUBATCH_HW_STREAM_WAIT``): what of the calls'
             time is other GPU work their stream waits for. Every call that finds work pending on its stream is
             counted as ``hw_calls_behind`` whether or not this is on.
-        hw_alloc: the memory of the direct path's nvJPEG handles: "default" (nvJPEG's, ``cudaMalloc`` and
-            ``cudaFree``, a free waiting for the whole device) or "stream" (the device's stream-ordered pool, and
-            pinned buffers kept for reuse: ``codecs/nvjpeg_alloc.py``) (``GPUBATCH_HW_ALLOC``; a measurement, not
-            yet run on a GPU).
         cache_dir: gpubatch's cache folder (the native driver's build; ``GPUBATCH_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/gpubatch``; empty: ``~/.cache/gpubatch``).
         c_compiler: the C compiler that builds it (``CC``; empty: ``cc``, else ``gcc``, on the PATH).
@@ -168,7 +162,6 @@ class Settings:
     hw_direct: bool = True
     hw_native: bool = False
     hw_stream_wait: bool = False
-    hw_alloc: str = "default"
     cache_dir: str = ""
     c_compiler: str = ""
     decode_api: str = "c"
@@ -226,7 +219,6 @@ class Settings:
         for name, value, allowed in (("decode route", self.decode_route, ROUTES), ("hw_planes", self.hw_planes, PLANES),
                                      ("GPU sync policy", self.sync, SYNC_POLICIES),
                                      ("decode API", self.decode_api, ("c", "python")),
-                                     ("nvJPEG allocator", self.hw_alloc, HW_ALLOCS),
                                      ("video loop", self.video_loop, VIDEO_LOOPS),
                                      ("shard writer", self.shard_writer, SHARD_WRITERS),
                                      ("cuda_takes", self.cuda_takes, ("slowest", "cheapest"))):
@@ -325,7 +317,6 @@ _ENV = (
     ("GPUBATCH_HW_DIRECT", "hw_direct", _flag),
     ("GPUBATCH_HW_NATIVE", "hw_native", _flag),
     ("GPUBATCH_HW_STREAM_WAIT", "hw_stream_wait", _flag),
-    ("GPUBATCH_HW_ALLOC", "hw_alloc", str),
     ("XDG_CACHE_HOME", "cache_dir", _xdg_cache),
     ("GPUBATCH_CACHE_DIR", "cache_dir", str),  # (after XDG_CACHE_HOME: over it)
     ("CC", "c_compiler", str),

@@ -88,10 +88,6 @@ def test_the_study_settings_come_from_the_environment():
     assert (Settings.from_env(environ={}).hw_stream_wait, Settings.from_env(environ={}).region_decode) == (False, None)
     st = Settings.from_env(environ={"GPUBATCH_HW_STREAM_WAIT": "1", "GPUBATCH_REGION_DECODE": "0"})
     assert (st.hw_stream_wait, st.region_decode) == (True, False)
-    assert Settings.from_env(environ={}).hw_alloc == "default"
-    assert Settings.from_env(environ={"GPUBATCH_HW_ALLOC": "stream"}).hw_alloc == "stream"
-    with pytest.raises(UsageError, match=r"unknown nvJPEG allocator 'pool': one of default, stream"):
-        Settings.from_env(environ={"GPUBATCH_HW_ALLOC": "pool"})
 
 
 def test_the_engine_reads_no_environment_outside_its_settings():

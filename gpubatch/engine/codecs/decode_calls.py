@@ -163,10 +163,6 @@ class DecodeCalls:
         """Count a direct call's seconds (``hw_nvjpeg``; an instance's first call after the warm-up also as
         ``hw_first_calls``)."""
         self.timings["hw_nvjpeg"] += seconds
-        if self.settings.hw_alloc == "stream":  # (the allocator's callbacks so far: whether nvJPEG allocates in its calls)
-            from .nvjpeg_alloc import calls
-
-            self.timings["hw_allocs"] = float(calls())
         if self._cold and id(dec) in self._cold:  # an instance taken after the warm-up: its first call
             self._cold.discard(id(dec))
             self.timings["hw_first_calls"] += seconds

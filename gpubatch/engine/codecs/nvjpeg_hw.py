@@ -85,7 +85,6 @@ def library() -> Any:
     vp, st = C.c_void_p, C.c_int
     return _declare(lib, {
         "nvjpegCreateEx": [st, vp, vp, C.c_uint, C.POINTER(vp)],
-        "nvjpegCreateExV2": [st, vp, vp, C.c_uint, C.POINTER(vp)],
         "nvjpegDestroy": [vp],
         "nvjpegJpegStateCreate": [vp, C.POINTER(vp)],
         "nvjpegJpegStateDestroy": [vp],
@@ -144,28 +143,15 @@ class HwBatchDecoder:
     """One nvJPEG hardware-backend handle and decode state (see the module docstring). Make it with the
     device current; ``cp`` is CuPy (for the event that tracks the previous call), or None to make it
     before CuPy is imported (a worker's start: ``device`` named, its context current through the driver),
-    CuPy then imported at the first call. ``alloc``: the handle's memory, "default" (nvJPEG's) or "stream"
-    (:mod:`.nvjpeg_alloc`); None: ``GPUBATCH_HW_ALLOC`` (``Settings.hw_alloc``)."""
+    CuPy then imported at the first call."""
 
-    def __init__(self, cp: Any, device: int | None = None, alloc: str | None = None):
+    def __init__(self, cp: Any, device: int | None = None):
         self.lib, self.held = library(), short_calls()  # (held: its short calls, the GIL kept)
         self._cp = cp
         # (made current in each calling thread: nvJPEG allocates there)
         self.device = cp.cuda.runtime.getDevice() if device is None else device
         self.handle, self.state = C.c_void_p(), C.c_void_p()
-        if alloc is None:
-            from ..settings import Settings
-
-            alloc = Settings.from_env().hw_alloc
-        if alloc == "stream":
-            from .nvjpeg_alloc import allocators
-
-            made = allocators()
-            _check("nvjpegCreateExV2", self.lib.nvjpegCreateExV2(BACKEND_HARDWARE, C.byref(made.dev),
-                                                                 C.byref(made.pinned), FLAGS, C.byref(self.handle)))
-        else:
-            _check("nvjpegCreateEx", self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, FLAGS,
-                                                             C.byref(self.handle)))
+        _check("nvjpegCreateEx", self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, FLAGS, C.byref(self.handle)))
         try:
             _check("nvjpegJpegStateCreate", self.lib.nvjpegJpegStateCreate(self.handle, C.byref(self.state)))
             # nvJPEG's memory pool for the hardware path (nvImageCodec makes this call for the same reason,
