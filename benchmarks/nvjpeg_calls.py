@@ -25,7 +25,8 @@ calls between them, each call first waiting for its instance's previous call (as
 13.3 the hardware backend made no call to them, from the handle's creation on, so they could not tell its
 allocations and were dropped; py-spy saw ``cuMemFree_v2`` inside its calls.)
 
-Images: the set's baseline 4:2:0 JPEGs without EXIF orientation (the hardware route's main kind), read once into
+Images: the set's baseline 4:2:0 JPEGs (``--subsampling``: or its 4:2:2 or 4:4:4 ones; ``convert``'s hardware calls
+take every kind, the bench's leave the slowest to the CUDA decoder) without EXIF orientation, read once into
 page-locked memory, as ``convert``'s feed holds a batch's bytes; decoded as interleaved RGB into one device buffer.
 Reported per mode: images a second over the timed calls, the host time in nvJPEG's calls per image, and apart
 from it the time waiting for the instance's previous call to end on the GPU.
@@ -48,7 +49,8 @@ from it the time waiting for the instance's previous call to end on the GPU.
   9,000 images a second.
 
     python3 benchmarks/nvjpeg_calls.py --data FOLDER [--batch 64] [--calls 300] [--repeats 3]
-        [--beside copies,kernels,bursts,outputs,cpu,twin,encoder,encoder-paced] [--priority] [--depends-ms MS] [--json OUT]
+        [--beside copies,kernels,bursts,outputs,cpu,twin,encoder,encoder-paced] [--priority] [--depends-ms MS]
+        [--subsampling 4:2:0|4:2:2|4:4:4] [--json OUT]
 
 ``--priority``: the calls' streams made at the device's greatest priority. ``--depends-ms MS``: before each call
 its stream waits for a kernel of one block that spins MS ms on another stream, launched just before the call (as
@@ -80,8 +82,9 @@ MODES = ["fixed", "vary", "vary-padding", "vary-pool"]
 CSS_420 = 2  # nvjpegChromaSubsampling_t
 
 
-def load(folder: Path, limit: int) -> tuple[list[bytes], int, int]:
-    """Up to ``limit`` baseline 4:2:0 JPEGs with no EXIF turn: their bytes, and the largest height and width."""
+def load(folder: Path, limit: int, subsampling: str = "4:2:0") -> tuple[list[bytes], int, int]:
+    """Up to ``limit`` baseline JPEGs of ``subsampling`` with no EXIF turn: their bytes, and the largest height and
+    width."""
     from gpubatch.engine.codecs import headers
 
     out, mh, mw = [], 0, 0
@@ -91,7 +94,7 @@ def load(folder: Path, limit: int) -> tuple[list[bytes], int, int]:
             h = headers.probe(data)
         except ValueError:
             continue
-        if h.codec != "jpeg" or h.subsampling != "4:2:0" or h.orientation != 1 or h.mode != "RGB":
+        if h.codec != "jpeg" or h.subsampling != subsampling or h.orientation != 1 or h.mode != "RGB":
             continue
         out.append(data)
         mh, mw = max(mh, h.height), max(mw, h.width)
@@ -300,14 +303,17 @@ def main() -> None:
     ap.add_argument("--beside", default="", help="other work beside the calls: copies,kernels,bursts,outputs,cpu,twin,encoder,encoder-paced")
     ap.add_argument("--depends-ms", type=float, default=0.0, help="each call's stream first waits MS ms of other work")
     ap.add_argument("--priority", action="store_true", help="the calls' streams at the device's greatest priority")
+    ap.add_argument("--subsampling", default="4:2:0", choices=("4:2:0", "4:2:2", "4:4:4"),
+                    help="the JPEGs' chroma subsampling (a call is one kind, as the decoder makes them)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     import cupy as cp
 
-    files, mh, mw = load(a.data, a.images)
+    files, mh, mw = load(a.data, a.images, a.subsampling)
     if not files:
-        sys.exit(f"no baseline 4:2:0 JPEG under {a.data}")
-    res: dict = {"files": len(files), "max_hw": [mh, mw], "batch": a.batch, "calls": a.calls, "modes": {}}
+        sys.exit(f"no baseline {a.subsampling} JPEG under {a.data}")
+    res: dict = {"files": len(files), "subsampling": a.subsampling, "max_hw": [mh, mw], "batch": a.batch,
+                 "calls": a.calls, "modes": {}}
     names = []
     for b in ["none", *[x for x in a.beside.split(",") if x]]:
         names += [(m, b) for m in a.modes.split(",")]
