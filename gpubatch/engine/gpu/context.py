@@ -135,7 +135,7 @@ def record_again(event: Any, stream: Any, cp: Any) -> Any:
     return record_held(held_event(cp) if event is None else event, stream)
 
 
-def _thread_has_context() -> None:
+def _context_in_this_thread() -> None:
     """Make the runtime's device's primary context current in a thread that has none yet: the driver's calls
     need one, and a thread whose first CUDA call is one of these (a user's thread that encodes or decodes
     first, a decoder's ring slot made there) has none until the runtime's first call, which would make it
@@ -157,7 +157,7 @@ def event_held(cls: Any) -> Any:
     ring's buffers): made per publish, its creation had held the GIL for 4% of the loader's GIL-holding
     samples (H200, 2026-12-03 "19:49 to 20:21")."""
     handle = ctypes.c_void_p()
-    _thread_has_context()
+    _context_in_this_thread()
     _check("cuEventCreate", _held().cuEventCreate(ctypes.byref(handle), 2))  # CU_EVENT_DISABLE_TIMING
     event = cls.__new__(cls)
     event.ptr = handle.value
