@@ -58,8 +58,8 @@ class Settings:
             since 77f9965 passed the memory-cap tests on an H200, 2026-12-04).
         hw_stream_wait: (a measurement) on that direct path, from Python, wait for the decoder's stream before each
             call, outside nvJPEG, timed as ``hw_stream_wait`` (``GPUBATCH_HW_STREAM_WAIT``): what of the calls'
-            time is other GPU work their stream waits for. Every call that finds work pending on its stream is
-            counted as ``hw_calls_behind`` whether or not this is on.
+            time is other GPU work their stream waits for; the calls that find work pending on their stream are
+            counted as ``hw_calls_behind``. Run on an H200 (2026-12-04): not what stretches the calls.
         cache_dir: gpubatch's cache folder (the native driver's build; ``GPUBATCH_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/gpubatch``; empty: ``~/.cache/gpubatch``).
         c_compiler: the C compiler that builds it (``CC``; empty: ``cc``, else ``gcc``, on the PATH).

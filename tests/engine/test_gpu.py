@@ -764,6 +764,7 @@ def test_chunked_decode_reuses_few_buffers_with_the_same_result(engine, monkeypa
     for b, want in zip(batches, ref):
         same(_finished(dec.decode(b, stream), stream), want)
     assert dec.timings["hw_stream_wait"] >= 0.0 and dec.timings["hw_calls_behind"] >= behind
+    assert (dec.timings["hw_stream_wait"] > 0.0) == (dec.timings["hw_calls_behind"] > behind)
     monkeypatch.setattr(dec, "settings", dec.settings.with_(hw_stream_wait=False))
     with pytest.raises(ValueError):
         dec.decode(batches[0], stream, chunk=3)  # must be read through chunks()

@@ -255,6 +255,7 @@ def test_a_parts_calls_go_to_the_finishing_thread_one_by_one_so_a_ring_slot_come
     dec.__dict__.update(
         cp=SimpleNamespace(cuda=SimpleNamespace(Device=lambda i: nullcontext())), device_index=0, _hw_coming=0,
         _warming=False, grow_hw=False, _driver=object() if native else None, _hw_finish=finishing, _cold=set(),
+        settings=Settings(),
         lib=SimpleNamespace(destroy=lambda streams, images: None),
         timings={"hw_queue": 0.0, "hw_nvjpeg": 0.0, "hw_first_calls": 0.0, "hw_gpu_wait": 0.0, "hw": 0.0},
         _hw_instance=lambda pool, kind: Instance(), hw_direct=[], _learn=lambda kinds, idx, ok: [],
@@ -273,7 +274,7 @@ def test_a_parts_calls_go_to_the_finishing_thread_one_by_one_so_a_ring_slot_come
     ends: list = []
     dec.__dict__.update(_take_slot=take_slot, _publish=publish,
                         _end_part=lambda job, retry, blobs, regions, kinds: ends.append(retry))
-    job = _Job(True, [[0, 1], [2, 3], [4, 5], [6]], stream=SimpleNamespace(done=True), consumer=None, direct=True)
+    job = _Job(True, [[0, 1], [2, 3], [4, 5], [6]], stream=None, consumer=None, direct=True)
     job.slots = [object()] * 4
     job.sources = {i: (1000 + i, 10) for i in range(7)}
     job.outputs = {i: (2000 + i, 30) for i in range(7)}

@@ -123,15 +123,15 @@ class DecodeCalls:
         return retry
 
     def _stream_before_call(self, stream: Any) -> None:
-        """(Measurement, the direct path from Python.) Count a call whose stream has work pending
-        (``hw_calls_behind``); with ``settings.hw_stream_wait`` wait for that work here, outside nvJPEG's call
-        (``hw_stream_wait``), so that the call's own time (``hw_nvjpeg``) no longer holds it."""
-        if not stream.done:
+        """(Measurement, the direct path from Python, with ``settings.hw_stream_wait``.) Count a call whose stream
+        has work pending (``hw_calls_behind``) and wait for that work here, outside nvJPEG's call
+        (``hw_stream_wait``), so that the call's own time (``hw_nvjpeg``) no longer holds it. Off, the calls make
+        no query of their stream (a CUDA call that lets the GIL go, in the engine's busiest thread)."""
+        if self.settings.hw_stream_wait and not stream.done:
             self.timings["hw_calls_behind"] += 1
-            if self.settings.hw_stream_wait:
-                t0 = time.perf_counter()
-                stream.synchronize()
-                self.timings["hw_stream_wait"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            stream.synchronize()
+            self.timings["hw_stream_wait"] += time.perf_counter() - t0
 
     def _begin_part(self, job: _Job, kinds: list[str | None]) -> None:
         """(A decoder's thread, before a part's calls.) The hardware instances the worker's start has made since,
