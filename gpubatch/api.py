@@ -7,10 +7,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -288,26 +289,41 @@ def convert(
     plan = dataclasses.replace(plan, sample=sample, ops=plan.ops + sound, audio_format=req.audio_format or "keep")
     _check_output_options(req)
     check_output(source_root(src_path), dst_path, req.overwrite or is_remote(req.dst))  # (a store's: its own checks)
-    if req.finish:
-        device = _finishing_device(dst_path)
-    elif plan.touches_pixels or req.device == "gpu":
-        device = resolve_gpus(req.device, req.gpu, req.gpus)
-    else:
-        device = Device(DeviceKind.CPU, reason="no pixel option: encoded bytes pass through untouched")
-    if on_device:
-        on_device(device)
-    run = Run("convert", req.options(), {"options": req.options()}, resume=req.resume, finish=req.finish)
-    return _run(req, run, src_path, dst_path, fmt, plan, device, policy, progress)
+    with _ahead(req, plan) as ahead:  # (a GPU image run's workers: their GPU's start beside the device's probe)
+        if req.finish:
+            device = _finishing_device(dst_path)
+        elif plan.touches_pixels or req.device == "gpu":
+            device = resolve_gpus(req.device, req.gpu, req.gpus)
+        else:
+            device = Device(DeviceKind.CPU, reason="no pixel option: encoded bytes pass through untouched")
+        if on_device:
+            on_device(device)
+        run = Run("convert", req.options(), {"options": req.options()}, resume=req.resume, finish=req.finish)
+        return _run(req, run, src_path, dst_path, fmt, plan, device, policy, progress, ahead)
+
+
+@contextlib.contextmanager
+def _ahead(req: Any, plan: Any) -> Iterator[Any]:
+    """The worker processes :func:`~.engine.execute.early.prestart` starts for a GPU image run before its device
+    is probed; those the run did not take (a failure before it, another device or media) end when it does."""
+    from .engine.execute.early import prestart
+
+    ahead = prestart(req, plan)
+    try:
+        yield ahead
+    finally:
+        if ahead is not None:
+            ahead.close()  # (nothing once the run took them)
 
 
 def _run(req: Any, run: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any, device: Device, policy: Any,
-         progress: Callable[[int, int], Callable[[int], None]] | None) -> RunSummary:
+         progress: Callable[[int, int], Callable[[int], None]] | None, ahead: Any = None) -> RunSummary:
     from .runner import execute
 
     try:
         summary = execute(req, run, src_path, dst_path, fmt, plan, device, policy, progress,
                           lambda reader: _select(reader, req.limit, getattr(req, "shuffle", False), req.seed),
-                          _starts_as, RunSummary)
+                          _starts_as, RunSummary, ahead)
     finally:
         if _remote.MIRRORS:  # (a remote source's shards fetched for the run: given back)
             _remote.release_all()
@@ -454,15 +470,16 @@ def augment(
                 keep_original=req.keep_original, verify=req.verify, audio_format=req.audio_format or "keep")
     _check_output_options(req)
     check_output(source_root(src_path), dst_path, req.overwrite or is_remote(req.dst))  # (a store's: its own checks)
-    device = _finishing_device(dst_path) if req.finish else resolve_gpus(req.device, req.gpu, req.gpus)
-    if on_device:
-        on_device(device)
-    manifest = {"options": {**req.options(), "to": fmt.name},
-                "augment": {"chain": chain_spec(ops), "seed": req.seed, "copies": req.copies,
-                            "keep_original": req.keep_original, "min_box_visibility": req.min_box_visibility,
-                            "params_file": PARAMS_FILE}}
-    run = Run("augment", {**req.options(), "to": fmt.name}, manifest, resume=req.resume, finish=req.finish)
-    return _run(req, run, src_path, dst_path, fmt, plan, device, policy, progress)
+    with _ahead(req, plan) as ahead:  # (as convert's)
+        device = _finishing_device(dst_path) if req.finish else resolve_gpus(req.device, req.gpu, req.gpus)
+        if on_device:
+            on_device(device)
+        manifest = {"options": {**req.options(), "to": fmt.name},
+                    "augment": {"chain": chain_spec(ops), "seed": req.seed, "copies": req.copies,
+                                "keep_original": req.keep_original, "min_box_visibility": req.min_box_visibility,
+                                "params_file": PARAMS_FILE}}
+        run = Run("augment", {**req.options(), "to": fmt.name}, manifest, resume=req.resume, finish=req.finish)
+        return _run(req, run, src_path, dst_path, fmt, plan, device, policy, progress, ahead)
 
 
 def _finishing_device(dst: Path) -> Device:

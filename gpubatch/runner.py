@@ -23,6 +23,7 @@ from ._commit import remove_tree, sweep_partials
 from ._paths import check_output, shared_stage, staged_output
 from ._remote import is_remote, local_url, shown
 from .engine.device import Device
+from .engine.execute import early as ahead_of_run
 from .errors import GpubatchError, RunStats, Terminated, UsageError
 from .formats import open_reader
 from .formats.base import JSON_FIELDS, MEMBERS, Reader, WriteOptions
@@ -153,11 +154,12 @@ def fingerprint(run: Run, src_path: Path, src_format: str, entries: list, device
 
 def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: Any, device: Device, policy: Any,
             progress: Callable[[int, int], Callable[[int], None]] | None, select: Callable[[Reader], list],
-            starts_as: Callable[[Reader, Any], str | None], summary_cls: Any) -> Any:
+            starts_as: Callable[[Reader, Any], str | None], summary_cls: Any, ahead: Any = None) -> Any:
     """Read ``src`` -> plan shards -> work them on ``device`` -> finalize ``fmt`` at ``dst``: the summary. A
-    GPU run's worker processes start before the source is listed (:func:`_started_early`); those the run
-    did not take end with it."""
-    early: list[Any] = []
+    GPU run's worker processes start before the source is listed (:func:`.engine.execute.early.started_early`),
+    or before its device was probed (``ahead``: :func:`~.engine.execute.early.prestart`'s); those the run did not
+    take end with it."""
+    early: list[Any] = [ahead] if ahead is not None else []
     try:
         return _execute(req, run, src_path, dst_path, fmt, plan, device, policy, progress, select, starts_as,
                         summary_cls, early)
@@ -165,39 +167,6 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
         for started in early:
             if started is not None:
                 started.close()
-
-
-def _gpu_procs(req: Any, strategy: Any, records: int | None = None) -> int:
-    """The worker processes a GPU of a GPU run (``--gpu-procs``, else the strategy's, and its ``long_run``'s
-    for a local run of at least that many ``records`` without a cap; one for audio and video under a cap:
-    their plans')."""
-    procs = req.gpu_procs or strategy.per_gpu
-    long = strategy.long_run
-    if (long and not req.gpu_procs and records is not None and records >= long[0] and req.gpu_memory is None
-            and getattr(req, "executor", "local") == "local"):
-        procs = max(procs, long[1])
-    return 1 if req.gpu_memory is not None and strategy.name != "gpu-image" else procs
-
-
-def _started_early(req: Any, run: Run, plan: Any, device: Device, settings: Any) -> Any:
-    """A GPU run's worker processes, started before its source is listed and its shards planned, so that
-    their GPUs' start (the CUDA context, the decoders) runs meanwhile (:class:`~.engine.execute.local.Started`);
-    None where the run is not the local executor's on GPUs (a pass-through, Ray, a part, ``finish``)."""
-    from .engine.execute.strategies import strategy_for
-    from .engine.execute.worker import RunContext
-
-    if (not device.is_gpu or getattr(req, "executor", "local") != "local" or run.finish
-            or getattr(req, "num_parts", None) is not None):
-        return None
-    strategy = strategy_for(plan, device)
-    if not strategy.gpu:
-        return None
-    from .engine.execute.local import Started
-
-    procs = _gpu_procs(req, strategy)
-    ctx = RunContext(opener=None, sink=None, plan=plan, device=device, settings=settings, gpu_memory=req.gpu_memory,
-                     gpu_procs=procs, on_gpu=True)
-    return Started(ctx, strategy, procs * max(1, len(device.indexes)))
 
 
 def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: Any, device: Device, policy: Any,
@@ -224,7 +193,7 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
         if plan.media == "video" and Media.VIDEO not in fmt.media and not getattr(plan.sample, "kind", "") == "frames":
             raise UsageError(f"{fmt.name} holds {' and '.join(m.value for m in fmt.media)} records, not video: "
                              f"{media_formats(Media.VIDEO)}")
-        early.append(_started_early(req, run, plan, device, settings))  # (None: started with the plan's tasks)
+        early[:] = [ahead_of_run.started_early(req, run.finish, plan, device, settings, *early)]  # (None: started with the plan's tasks)
         entries = select(reader)
         if not entries:
             raise GpubatchError(f"{src_path} ({src_format}) holds no records: nothing written" if req.limit != 0
@@ -283,7 +252,7 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
             todo = [t for t in mine if t.index not in done]
             if strategy.gpu:  # the unit's processes a GPU (one for audio and video under a cap: their plans')
                 records = sum(t.stop - t.start for t in todo)
-                ctx = dataclasses.replace(ctx, gpu_procs=_gpu_procs(req, strategy, records), on_gpu=True)
+                ctx = dataclasses.replace(ctx, gpu_procs=ahead_of_run.gpu_procs(req, strategy, records), on_gpu=True)
             if run.finish and todo:
                 raise GpubatchError(_not_finished(todo, tasks, journal))
             workers = strategy.workers(ctx, len(todo), req.workers)

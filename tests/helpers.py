@@ -75,3 +75,19 @@ def kill_group(proc: subprocess.Popen, before: set[str]) -> None:
     proc.wait()
     for name in semaphores_now() - before:
         Path("/dev/shm", name).unlink(missing_ok=True)
+
+
+def started_seen(monkeypatch) -> list:
+    """Every :class:`~gpubatch.engine.execute.local.Started` made from now on (the local executor's worker
+    processes, those started ahead of a run included), in the order made."""
+    import gpubatch.engine.execute.local as local
+
+    made: list = []
+
+    class Seen(local.Started):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+
+    monkeypatch.setattr(local, "Started", Seen)
+    return made

@@ -74,6 +74,8 @@ class Settings:
         decoder_threads_max: CPU threads of the CUDA decoder at most (``GPUBATCH_DECODER_THREADS``).
         readers_hw: on the hardware route the feed takes half the cores for its readers (else a quarter).
         reserve_core: a CPU core of its own for the hardware decoder's thread (``GPUBATCH_RESERVE_CORE``).
+        early_start: a GPU image run's worker processes started before its device is probed and its source
+            opened (``execute.early.prestart``; ``GPUBATCH_EARLY_START``).
         reserve_min_cpus: the fewest usable cores with which a core is reserved.
 
     Decode buffers:
@@ -175,6 +177,7 @@ class Settings:
     decoder_threads_max: int = 11
     readers_hw: bool = True
     reserve_core: bool = True
+    early_start: bool = True
     reserve_min_cpus: int = 8
 
     pool_keep: int = 512 << 20
@@ -323,6 +326,7 @@ _ENV = (
     ("GPUBATCH_DECODE_API", "decode_api", str),
     ("GPUBATCH_FOLLOW", "follow", _flag),
     ("GPUBATCH_RESERVE_CORE", "reserve_core", _flag),
+    ("GPUBATCH_EARLY_START", "early_start", _flag),
     ("GPUBATCH_HW_PLANES", "hw_planes", str),
     ("GPUBATCH_SYNC", "sync", str),
     ("GPUBATCH_SWITCH_INTERVAL", "switch_interval", float),

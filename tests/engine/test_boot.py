@@ -4,12 +4,15 @@ start's thread finds none and ends; what is tested is the order and the specs)."
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 
+from gpubatch.api import audio_ops
 from gpubatch.engine.device import Device, DeviceKind
+from gpubatch.engine.execute import early as early_start
 from gpubatch.engine.execute.strategies import TABLE
 from gpubatch.engine.execute.worker import RunContext
 from gpubatch.engine.gpu import start
@@ -122,16 +125,16 @@ def test_a_start_that_cannot_make_its_instances_ends_and_leaves_nothing_to_wait_
         start._BOOTED.pop(8, None)
 
 
-# --- workers started before the plan (runner._started_early: GPU runs; here the host unit stands in) ----
+# --- workers started before the plan (execute.early.started_early: GPU runs; here the host unit stands in) ----
 
 
 def _early_host(started_with: int, seen: list):
-    """A stand-in for runner._started_early: the host unit's workers, ``started_with`` of them, started before
+    """A stand-in for execute.early.started_early: the host unit's workers, ``started_with`` of them, started before
     the source is listed (only GPU runs start so; the executor's part is the same)."""
     from gpubatch.engine.execute.local import Started
     from gpubatch.engine.execute.strategies import TABLE
 
-    def early(req, run, plan, device, settings):
+    def early(req, finish, plan, device, settings):
         ctx = RunContext(opener=None, sink=None, plan=plan, device=device, settings=settings)
         started = Started(ctx, TABLE[("*", "cpu")], started_with)
         seen.append(started)
@@ -141,14 +144,13 @@ def _early_host(started_with: int, seen: list):
 
 
 def test_workers_started_before_the_plan_write_the_same_bytes_and_the_spare_ones_end(imagenet, tmp_path, monkeypatch):
-    import gpubatch.runner as runner
     from gpubatch.api import convert
     from tests.engine.test_shards import digest
 
     chain = dict(to="webdataset", resize_shorter=40, shard_size=3, device="cpu")
     plain = convert(imagenet, tmp_path / "plain", workers=2, **chain)
     seen: list = []
-    monkeypatch.setattr(runner, "_started_early", _early_host(3, seen))
+    monkeypatch.setattr(early_start, "started_early", _early_host(3, seen))
     early = convert(imagenet, tmp_path / "early", workers=2, **chain)  # (two of the three take the run)
     assert early.records_out == plain.records_out and digest(tmp_path / "early") == digest(tmp_path / "plain")
     assert len(seen) == 1 and seen[0].used == 2 and not any(p.is_alive() for p in seen[0].procs)
@@ -160,14 +162,13 @@ def test_a_run_that_takes_more_workers_than_were_started_early_keeps_them_and_st
     """A long GPU run takes more processes a GPU than its early start knew of (``Strategy.long_run``): the one
     started early keeps its start and takes the run, the others are started beside it (``Started.grow``), and
     the bytes are those of any other number of workers."""
-    import gpubatch.runner as runner
     from gpubatch.api import convert
     from tests.engine.test_shards import digest
 
     chain = dict(to="webdataset", resize_shorter=40, shard_size=3, device="cpu")
     plain = convert(imagenet, tmp_path / "plain", workers=1, **chain)
     seen: list = []
-    monkeypatch.setattr(runner, "_started_early", _early_host(1, seen))
+    monkeypatch.setattr(early_start, "started_early", _early_host(1, seen))
     grown = convert(imagenet, tmp_path / "grown", workers=3, **chain)
     assert grown.records_out == plain.records_out and digest(tmp_path / "grown") == digest(tmp_path / "plain")
     assert len(seen) == 1 and seen[0].used == 3 and len(seen[0].procs) == 3
@@ -179,8 +180,8 @@ def test_a_long_image_run_takes_a_second_process_a_gpu_unless_told_otherwise():
     shorter, one under ``--gpu-memory``, one with ``--gpu-procs`` given, or one of another executor keeps its own."""
     from types import SimpleNamespace
 
+    from gpubatch.engine.execute.early import gpu_procs as _gpu_procs
     from gpubatch.engine.execute.strategies import TABLE
-    from gpubatch.runner import _gpu_procs
 
     image, audio = TABLE[("image", "gpu")], TABLE[("audio", "gpu")]
     at, procs = image.long_run
@@ -197,12 +198,11 @@ def test_a_long_image_run_takes_a_second_process_a_gpu_unless_told_otherwise():
 
 
 def test_workers_started_before_a_run_that_fails_to_plan_end_with_it(imagenet, tmp_path, monkeypatch):
-    import gpubatch.runner as runner
     from gpubatch.api import convert
     from gpubatch.errors import GpubatchError
 
     seen: list = []
-    monkeypatch.setattr(runner, "_started_early", _early_host(2, seen))
+    monkeypatch.setattr(early_start, "started_early", _early_host(2, seen))
     try:
         convert(imagenet, tmp_path / "none", to="webdataset", limit=0, device="cpu", workers=2)
     except GpubatchError as e:
@@ -219,7 +219,6 @@ def test_a_run_its_workers_cannot_be_given_fails_in_one_error_and_leaves_no_proc
     import multiprocessing as mp
 
     import gpubatch.engine.execute.local as local
-    import gpubatch.runner as runner
     from gpubatch.api import convert
     from gpubatch.errors import UsageError
 
@@ -229,7 +228,7 @@ def test_a_run_its_workers_cannot_be_given_fails_in_one_error_and_leaves_no_proc
     monkeypatch.setattr(local, "_payload", unsendable)
     for early in (None, _early_host(2, seen := [])):  # (workers started with the tasks, and before the plan)
         if early is not None:
-            monkeypatch.setattr(runner, "_started_early", early)
+            monkeypatch.setattr(early_start, "started_early", early)
         out = tmp_path / f"out-{early is None}"
         try:
             convert(imagenet, out, to="webdataset", resize_shorter=40, shard_size=3, device="cpu", workers=2)
@@ -239,3 +238,89 @@ def test_a_run_its_workers_cannot_be_given_fails_in_one_error_and_leaves_no_proc
             raise AssertionError("the run was not refused")
         assert not mp.active_children() and not out.exists()
     assert len(seen) == 1 and seen[0].used == 0
+
+
+# --- workers started before the device is probed (execute.early.prestart) --------------------------------------
+
+
+def test_a_gpu_image_run_starts_its_workers_before_the_probe_and_no_other_run_does(monkeypatch):
+    from gpubatch.api import ConvertRequest
+    from gpubatch.engine.ops.temporal import sampler_from_options
+    from gpubatch.engine.plan import make_plan
+
+    asked: list = []
+    monkeypatch.setattr(early_start, "started_early", lambda req, finish, plan, device, settings: asked.append(
+        (plan.media, device.index, settings.decode_route)) or "started")
+    monkeypatch.setattr(early_start, "gpu_node", lambda: True)
+    monkeypatch.delenv("GPUBATCH_EARLY_START", raising=False)
+    monkeypatch.delenv("GPUBATCH_DECODE_ROUTE", raising=False)
+    pixels = make_plan(256, 224, None, "keep", 90)
+
+    def ahead(plan=pixels, **opts):
+        return early_start.prestart(ConvertRequest(src="s", dst="d", to="webdataset", **opts), plan)
+
+    assert ahead() == "started" and ahead(device="gpu", gpu=1) == "started"
+    assert asked == [("image", 0, "hardware"), ("image", 1, "hardware")]  # (as the run would: _execute)
+    passthrough = make_plan()
+    video = dataclasses.replace(pixels, sample=sampler_from_options("every:4"))
+    audio = dataclasses.replace(passthrough, ops=audio_ops(16000, True))
+    for none in (ahead(device="cpu"), ahead(gpus="all"), ahead(executor="ray"), ahead(finish=True),
+                 ahead(passthrough), ahead(video), ahead(audio)):
+        assert none is None
+    monkeypatch.setenv("GPUBATCH_EARLY_START", "0")
+    assert ahead() is None
+    monkeypatch.delenv("GPUBATCH_EARLY_START")
+    monkeypatch.setattr(early_start, "gpu_node", lambda: False)  # (this machine: no GPU, nothing started)
+    assert ahead() is None and len(asked) == 2
+
+
+def test_workers_started_ahead_are_taken_where_they_fit_and_end_where_they_do_not(tmp_path):
+    from gpubatch.engine.execute.local import Started
+
+    host = TABLE[("*", "cpu")]
+    ctx = RunContext(opener=None, sink=None, plan=Plan(), device=Device(DeviceKind.CPU), settings=Settings())
+    started = Started(ctx, host, 2)
+    try:
+        assert started.fits(ctx, host, 2)
+        assert not started.fits(ctx, host, 3) and not started.fits(ctx, TABLE[("image", "gpu")], 2)
+        gpu = _ctx()
+        image = Started.__new__(Started)  # (what a GPU image run's start holds, compared without processes)
+        image.taken, image.strategy, image.procs = False, TABLE[("image", "gpu")], [None]
+        from gpubatch.engine.execute.local import boots
+
+        image.boots = boots(gpu, image.strategy, 0, 1)
+        assert image.fits(gpu, image.strategy, 1)
+        other = dataclasses.replace(gpu, plan=Plan(ops=parse_chain("color_jitter(brightness=0.4)")))
+        assert not image.fits(other, image.strategy, 1)  # (other kernels to compile)
+        assert not image.fits(dataclasses.replace(gpu, device=Device(DeviceKind.GPU, 1)), image.strategy, 1)
+    finally:
+        started.close()
+    assert not any(p.is_alive() for p in started.procs) and not started.fits(ctx, host, 2)
+
+
+def test_workers_started_ahead_of_a_run_that_proves_to_be_the_cpus_end_and_it_writes_what_it_would(
+        imagenet, tmp_path, monkeypatch):
+    """``--device auto`` where a GPU node is seen but no GPU is usable (this machine, told it has a node): the
+    GPU image workers started ahead end (their boot finds no CUDA), the run goes to the CPU and writes the bytes
+    of a run that started none; ``--device gpu`` there fails with its one-line reason, no worker left behind."""
+    from gpubatch.api import convert
+    from gpubatch.engine.device import gpu_problem
+    from gpubatch.errors import UsageError
+    from tests.engine.test_shards import digest
+    from tests.helpers import started_seen
+
+    if gpu_problem(0)[0] is None:
+        pytest.skip("a usable GPU here: the run takes the workers started ahead (test_shards_gpu.py's test)")
+    chain = dict(to="webdataset", resize_shorter=40, shard_size=20)
+    plain = convert(imagenet, tmp_path / "plain", device="cpu", **chain)
+    made = started_seen(monkeypatch)
+    monkeypatch.setattr(early_start, "gpu_node", lambda: True)
+    auto = convert(imagenet, tmp_path / "auto", device="auto", **chain)
+    assert auto.device == "cpu" and digest(tmp_path / "auto") == digest(tmp_path / "plain")
+    assert auto.records_out == plain.records_out
+    ahead = [s for s in made if s.strategy.name == "gpu-image"]  # (the CPU run's own workers: the host unit's)
+    assert len(ahead) == 1 and made[0] is ahead[0] and ahead[0].used == 0 and ahead[0].taken
+    with pytest.raises(UsageError, match="device gpu: no NVIDIA GPU driver"):
+        convert(imagenet, tmp_path / "gpu", device="gpu", **chain)
+    assert [s.strategy.name for s in made[-1:]] == ["gpu-image"] and not (tmp_path / "gpu").exists()
+    assert not any(p.is_alive() for s in made for p in s.procs)

@@ -57,3 +57,41 @@ def test_a_gpu_run_killed_at_random_moments_resumes_to_the_same_bytes(photos, tm
     for _, _, done, _, kept in kills(_command, photos, tmp_path, env, 6, 52, span=(0.3, 1.0)):
         if done is not None:
             assert kept == done
+
+
+def test_workers_started_before_the_probe_are_taken_and_write_the_same_bytes(photos, tmp_path, monkeypatch):
+    """A GPU image run's workers start the moment its options are checked (``execute.early.prestart``), before this
+    process probes the device and opens the source: the run takes them (spawned before its start) and writes
+    the bytes of a run that started them after (``GPUBATCH_EARLY_START=0``); so does ``augment``."""
+    from gpubatch.api import augment
+
+    spawned = "wall: workers spawned (from the run's start)"
+    chain = dict(to="webdataset", resize_shorter=256, center_crop=224, quality=90, device="gpu", shard_size=16)
+    ahead = convert(photos, tmp_path / "ahead", **chain)
+    aug = dict(preset="ssd", copies=2, seed=3, device="gpu", shard_size=16)
+    aug_ahead = augment(photos, tmp_path / "aug-ahead", to="webdataset", **aug)
+    monkeypatch.setenv("GPUBATCH_EARLY_START", "0")
+    after = convert(photos, tmp_path / "after", **chain)
+    aug_after = augment(photos, tmp_path / "aug-after", to="webdataset", **aug)
+    assert ahead.timings[spawned] < 0 <= after.timings[spawned], (ahead.timings[spawned], after.timings[spawned])
+    assert aug_ahead.timings[spawned] < 0 <= aug_after.timings[spawned]
+    assert ahead.records_out == after.records_out == 192 and not ahead.skipped
+    assert digest(tmp_path / "ahead") == digest(tmp_path / "after")
+    assert digest(tmp_path / "aug-ahead") == digest(tmp_path / "aug-after")
+
+
+def test_workers_started_ahead_of_a_source_with_no_records_end_with_its_error(tmp_path, monkeypatch):
+    """The workers start before the source is opened: a source that holds no image fails with its one-line error,
+    and the workers started for it end (their boot finds no run) with the command."""
+    from gpubatch.errors import GpubatchError
+    from tests.helpers import started_seen
+
+    made = started_seen(monkeypatch)
+    empty = tmp_path / "empty"
+    (empty / "c0").mkdir(parents=True)
+    (empty / "c0" / "notes.txt").write_text("no image here")
+    with pytest.raises(GpubatchError) as e:
+        convert(empty, tmp_path / "out", to="webdataset", resize_shorter=64, device="gpu")
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+    assert [s.strategy.name for s in made] == ["gpu-image"] and made[0].used == 0
+    assert not any(p.is_alive() for p in made[0].procs)

@@ -6,6 +6,8 @@
   output records; :mod:`.strategies` is the one table that picks a unit and how many workers run it;
 - :func:`.worker.run_shard` runs one task with a unit, writes and commits its shard and journals it;
 - :mod:`.local` runs the tasks in worker processes (one per core, or per GPU), in order of shard names.
+- :mod:`.early` starts a GPU run's worker processes before the run needs them (its GPUs' start beside the
+  command's own).
 
 Output bytes do not depend on the number of workers or on timing: every shard's records, names and
 parameters follow from the plan and the record keys alone.

@@ -73,8 +73,16 @@ class Started:
         self.results = spawn.Queue()
         self.setups = [spawn.Queue() for _ in range(workers)]
         self.tasks = [spawn.Queue() for _ in range(workers)] if strategy.dealt else [spawn.Queue()] * workers
-        self.procs = _spawned(ctx, strategy, self.setups, self.tasks, self.results)
+        self.boots = boots(ctx, strategy, 0, workers)
+        self.procs = _spawned(self.boots, self.setups, self.tasks, self.results)
         self.at = time.time()  # (when the last was started)
+
+    def fits(self, ctx: RunContext, strategy: Strategy, workers: int) -> bool:
+        """Whether these processes, started before the run knew its device and media (``execute.early.prestart``),
+        began what a run of ``ctx`` and ``strategy`` on ``workers`` processes would have them begin: the same
+        strategy, and each slot the same GPU start in the same environment."""
+        return (not self.taken and strategy == self.strategy and len(self.procs) == workers
+                and boots(ctx, strategy, 0, workers) == self.boots)
 
     def grow(self, ctx: RunContext, workers: int) -> None:
         """Processes started for slots ``len(procs)`` to ``workers - 1`` beside those started early: a run
@@ -85,7 +93,9 @@ class Started:
         first, more = len(self.procs), workers - len(self.procs)
         setups = [spawn.Queue() for _ in range(more)]
         tasks = [spawn.Queue() for _ in range(more)] if self.strategy.dealt else [self.tasks[0]] * more
-        self.procs += _spawned(ctx, self.strategy, setups, tasks, self.results, first=first)
+        more_boots = boots(ctx, self.strategy, first, more)
+        self.procs += _spawned(more_boots, setups, tasks, self.results, first=first)
+        self.boots += more_boots
         self.setups += setups
         self.tasks += tasks
         self.at = time.time()
@@ -107,19 +117,28 @@ class Started:
             q.close()
 
 
-def _spawned(ctx: RunContext, strategy: Strategy, runs: list, tasks: list, results: Any, first: int = 0) -> list:
-    """A process a slot from slot ``first`` on, each given what its boot begins (the strategy's start) and
-    the queue its run comes on (``runs[k]``); not daemons: a GPU unit starts reader processes of its own
-    (they end with this process all the same)."""
+def boots(ctx: RunContext, strategy: Strategy, first: int, count: int) -> list[tuple[Any, dict[str, str]]]:
+    """What the processes of slots ``first`` to ``first + count - 1`` begin with: (the GPU start their boot
+    begins, or None; their environment: their GPU, where the run has several, the only one each sees)."""
     from ..gpu import start as gpu_start
+
+    out = []
+    for k in range(first, first + count):
+        mine, env = ctx.for_slot(k)
+        out.append((gpu_start.early(strategy.start, mine) if strategy.start else None, env))
+    return out
+
+
+def _spawned(started: list[tuple[Any, dict[str, str]]], runs: list, tasks: list, results: Any, first: int = 0) -> list:
+    """A process a slot from slot ``first`` on, each given what its boot begins and its environment (``started``: :func:`boots`)
+    and the queue its run comes on (``runs[k]``); not daemons: a GPU unit starts reader processes of its own
+    (they end with this process all the same)."""
     from ..processes import worker_processes
     from .boot import boot
 
     procs: list = []
-    for k, run in enumerate(runs, start=first):
-        mine, env = ctx.for_slot(k)  # (its GPU, where the run has several: the only one its process sees)
-        early = gpu_start.early(strategy.start, mine) if strategy.start else None
-        procs += worker_processes(boot, (early, run, k, tasks[k - first], results), 1, daemon=False, env=env)
+    for k, ((early, env), run, task) in enumerate(zip(started, runs, tasks), start=first):
+        procs += worker_processes(boot, (early, run, k, task, results), 1, daemon=False, env=env)
     return procs
 
 
