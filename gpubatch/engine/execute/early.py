@@ -3,7 +3,7 @@ the hardware decoder's instances, the kernels: :mod:`..gpu.start`) runs beside w
 does first: :func:`started_early` once the run knows its device and its records' media, before it lists the
 source and plans the shards; :func:`prestart` earlier still, the moment ``convert`` or ``augment`` has checked its
 options, before its process probes the device (``cuInit`` alone took 0.19-0.24 s on an H200 host, 2026-12-04,
-benchmarks/RESULTS.md "07:28 to 07:49") and opens the source. What a run takes is a
+benchmarks/RESULTS.md "07:28 to 08:11") and opens the source. What a run takes is a
 :class:`~.local.Started`; the processes it does not take end with it.
 """
 

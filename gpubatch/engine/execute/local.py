@@ -101,17 +101,19 @@ class Started:
         self.at = time.time()
 
     def close(self) -> None:
-        """End the processes no run was given to (told so; terminated after 5 s); nothing once taken."""
+        """End the processes no run was given to; nothing once taken. They hold nothing of a run, and may be in
+        the midst of their GPU's start (``nvjpegCreateEx`` alone takes 0.5 s), which their exit would wait
+        for: they are told to end, then terminated at once."""
         if self.taken:
             return
         self.taken = True
         for q in self.setups:
             q.put(None)
         for p in self.procs:
-            p.join(timeout=5)
             if p.is_alive():
                 p.terminate()
-                p.join(timeout=5)
+        for p in self.procs:
+            p.join(timeout=5)
         for q in {*self.setups, *self.tasks, self.results}:
             q.cancel_join_thread()
             q.close()
