@@ -46,11 +46,14 @@ from it the time waiting for the instance's previous call to end on the GPU.
   processes of a long ``convert`` do;
 - ``encoder``: gpubatch's own JPEG encoder (``GpuImageEncoder``, quality 90) encoding batches of 256 smooth 224x224
   images over and over on a stream of its own; ``encoder-paced``: one such batch every 28 ms, ``convert``'s pace at
-  9,000 images a second.
+  9,000 images a second;
+- ``copies-process``, ``kernels-process``, ``encoder-process``, ``encoder-paced-process``: that work in another
+  process (its own CUDA context) instead of a thread of this one: whether the calls wait for the GPU's other work
+  or for their own context's (a free inside nvJPEG's call, ``cuMemFree``, waits for the whole context).
 
     python3 benchmarks/nvjpeg_calls.py --data FOLDER [--batch 64] [--calls 300] [--repeats 3]
-        [--beside copies,kernels,bursts,outputs,cpu,twin,encoder,encoder-paced] [--priority] [--depends-ms MS]
-        [--subsampling 4:2:0|4:2:2|4:4:4] [--json OUT]
+        [--beside copies,kernels,bursts,outputs,cpu,twin,encoder,encoder-paced,KIND-process] [--priority]
+        [--depends-ms MS] [--subsampling 4:2:0|4:2:2|4:4:4] [--json OUT]
 
 ``--priority``: the calls' streams made at the device's greatest priority. ``--depends-ms MS``: before each call
 its stream waits for a kernel of one block that spins MS ms on another stream, launched just before the call (as
@@ -270,6 +273,9 @@ def beside(cp, kind: str, a):
                                  "--batch", str(a.batch), "--calls", str(a.calls * 50), "--repeats", "1",
                                  "--modes", "fixed"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(4.0)  # (its start: CUDA, the files, its first calls)
+    elif kind.endswith("-process") and kind[:-8] in ("copies", "kernels", "encoder", "encoder-paced"):
+        other = subprocess.Popen([sys.executable, __file__, "--data", str(a.data), "--busy", kind[:-8]])
+        time.sleep(4.0)  # (its start: CUDA, its kernels, its first launches)
     elif kind != "none":
         raise SystemExit(f"unknown --beside {kind!r}")
     for t in threads:
@@ -288,6 +294,9 @@ def beside(cp, kind: str, a):
         if kind == "twin":
             twin.kill()
             twin.wait()
+        if kind.endswith("-process"):
+            other.kill()
+            other.wait()
 
 
 def main() -> None:
@@ -300,14 +309,21 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--padding-mib", type=int, default=64)
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--beside", default="", help="other work beside the calls: copies,kernels,bursts,outputs,cpu,twin,encoder,encoder-paced")
+    ap.add_argument("--beside", default="", help="other work beside the calls: copies,kernels,bursts,outputs,cpu,twin,encoder,encoder-paced, "
+                    "copies-process,kernels-process,encoder-process,encoder-paced-process")
     ap.add_argument("--depends-ms", type=float, default=0.0, help="each call's stream first waits MS ms of other work")
     ap.add_argument("--priority", action="store_true", help="the calls' streams at the device's greatest priority")
     ap.add_argument("--subsampling", default="4:2:0", choices=("4:2:0", "4:2:2", "4:4:4"),
                     help="the JPEGs' chroma subsampling (a call is one kind, as the decoder makes them)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--busy", default="", help=argparse.SUPPRESS)  # (a -process kind's other process: that work only)
     a = ap.parse_args()
     import cupy as cp
+
+    if a.busy:
+        with beside(cp, a.busy, a):
+            while True:
+                time.sleep(1.0)
 
     files, mh, mw = load(a.data, a.images, a.subsampling)
     if not files:
