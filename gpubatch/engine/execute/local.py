@@ -131,10 +131,11 @@ def boots(ctx: RunContext, strategy: Strategy, first: int, count: int) -> list[t
     return out
 
 
-def _spawned(started: list[tuple[Any, dict[str, str]]], runs: list, tasks: list, results: Any, first: int = 0) -> list:
-    """A process a slot from slot ``first`` on, each given what its boot begins and its environment (``started``: :func:`boots`)
-    and the queue its run comes on (``runs[k]``); not daemons: a GPU unit starts reader processes of its own
-    (they end with this process all the same)."""
+def _spawned(started: list[tuple[Any, dict[str, str]]], runs: list, tasks: list, results: Any,
+             first: int = 0) -> list:
+    """A process a slot from slot ``first`` on, each given what its boot begins and its environment
+    (``started``: :func:`boots`) and the queue its run comes on (``runs[k]``); not daemons: a GPU unit starts
+    reader processes of its own (they end with this process all the same)."""
     from ..processes import worker_processes
     from .boot import boot
 
