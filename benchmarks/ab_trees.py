@@ -21,6 +21,7 @@ import argparse
 import compileall
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -44,10 +45,15 @@ def compiled(trees: list[Path]) -> None:
 
 
 def _contender(spec: str) -> tuple[str, Path, dict[str, str]]:
-    """(its name, the tree, its settings) of ``PATH[::VAR=VALUE,...]``."""
+    """(its name, the tree, its settings) of ``PATH[::VAR=VALUE,...]``; a value may hold commas
+    (``GPUBATCH_CUDA_KINDS=baseline/4:4:4,baseline/4:2:2``): a setting begins only where ``NAME=`` does."""
     path, _, settings = spec.partition("::")
     tree = Path(path).resolve()
-    env = dict(kv.split("=", 1) for kv in settings.split(",") if kv)
+    parts = re.split(r",(?=[A-Za-z_][A-Za-z0-9_]*=)", settings) if settings else []
+    bad = [kv for kv in parts if "=" not in kv]
+    if bad:
+        raise SystemExit(f"--tree {spec!r}: settings are VAR=VALUE, comma-separated (not {bad[0]!r})")
+    env = dict(kv.split("=", 1) for kv in parts)
     return (f"{tree}::{settings}" if settings else str(tree)), tree, env
 
 

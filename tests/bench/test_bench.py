@@ -511,3 +511,22 @@ def test_ab_loader_with_dali_puts_its_reader_first_and_says_when_it_cannot_run(t
     one = subprocess.run([sys.executable, str(root / "benchmarks" / "ab_loader.py"), "--data", str(tmp_path / "wds"),
                           "--tree", str(root)], capture_output=True, text=True, timeout=120)
     assert one.returncode != 0 and "or one with --dali" in one.stderr
+
+
+def test_a_tree_s_settings_may_hold_values_with_commas():
+    """``ab_trees.py`` / ``ab_loader.py --tree PATH::VAR=VALUE,...``: a setting begins where ``NAME=`` does, so a
+    comma-separated value (``GPUBATCH_CUDA_KINDS``) stays whole; a part that is no setting is refused."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    from ab_trees import _contender
+
+    name, tree, env = _contender(f"{root}::GPUBATCH_CUDA_KINDS=baseline/4:4:4,baseline/4:2:2,GPUBATCH_HW_RING=4")
+    assert tree == root and env == {"GPUBATCH_CUDA_KINDS": "baseline/4:4:4,baseline/4:2:2", "GPUBATCH_HW_RING": "4"}
+    assert name.endswith("::GPUBATCH_CUDA_KINDS=baseline/4:4:4,baseline/4:2:2,GPUBATCH_HW_RING=4")
+    assert _contender(str(root)) == (str(root), root, {})
+    assert _contender(f"{root}::GPUBATCH_HW_RING=4,four")[2] == {"GPUBATCH_HW_RING": "4,four"}  # (a value's comma)
+    with pytest.raises(SystemExit, match="VAR=VALUE"):
+        _contender(f"{root}::four")
