@@ -324,3 +324,19 @@ def test_workers_started_ahead_of_a_run_that_proves_to_be_the_cpus_end_and_it_wr
         convert(imagenet, tmp_path / "gpu", device="gpu", **chain)
     assert [s.strategy.name for s in made[-1:]] == ["gpu-image"] and not (tmp_path / "gpu").exists()
     assert not any(p.is_alive() for s in made for p in s.procs)
+
+
+def test_nothing_is_started_ahead_where_the_machine_has_no_gpu_node_or_no_cupy(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    node = tmp_path / "nvidiactl"
+    node.touch()
+    monkeypatch.setattr(early_start, "NODE", str(node))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "cupy" else real(name, *a))
+    assert early_start.gpu_node()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cupy" else real(name, *a))
+    assert not early_start.gpu_node()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "cupy" else real(name, *a))
+    node.unlink()
+    assert not early_start.gpu_node()

@@ -13,6 +13,9 @@ import dataclasses
 import os
 from typing import Any
 
+#: the NVIDIA driver's control device node, where the machine has the driver
+NODE = "/dev/nvidiactl"
+
 
 def gpu_procs(req: Any, strategy: Any, records: int | None = None) -> int:
     """The worker processes a GPU of a GPU run (``--gpu-procs``, else the strategy's, and its ``long_run``'s
@@ -56,9 +59,14 @@ def started_early(req: Any, finish: bool, plan: Any, device: Any, settings: Any,
 
 
 def gpu_node() -> bool:
-    """Whether this machine has an NVIDIA GPU's device node (no driver call: what :func:`prestart` asks before
-    it starts anything)."""
-    return os.path.exists("/dev/nvidiactl")
+    """Whether this machine has an NVIDIA GPU's device node and CuPy is installed (found, not imported; no driver
+    call): what :func:`prestart` asks before it starts anything."""
+    import importlib.util
+
+    try:
+        return os.path.exists(NODE) and importlib.util.find_spec("cupy") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def prestart(req: Any, plan: Any) -> Any:
@@ -66,7 +74,7 @@ def prestart(req: Any, plan: Any) -> Any:
     probed and its source opened, so that their GPUs' start runs beside both. They begin what a run of ``plan``
     over image records on GPU ``--gpu`` would; the run takes them where its device and records prove to be those
     (:func:`started_early`), and they end otherwise. None where nothing is started: no pixel option, video or
-    audio options, a CPU device, no GPU device node, ``--gpus``, Ray, a part, ``finish``, or
+    audio options, a CPU device, no GPU device node or no CuPy, ``--gpus``, Ray, a part, ``finish``, or
     ``GPUBATCH_EARLY_START=0``."""
     from ..device import Device, DeviceKind
     from ..settings import Settings
