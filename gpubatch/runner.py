@@ -193,8 +193,8 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
         if plan.media == "video" and Media.VIDEO not in fmt.media and not getattr(plan.sample, "kind", "") == "frames":
             raise UsageError(f"{fmt.name} holds {' and '.join(m.value for m in fmt.media)} records, not video: "
                              f"{media_formats(Media.VIDEO)}")
-        # (those prestart began, where they fit; None: started with the plan's tasks)
-        early[:] = [ahead_of_run.started_early(req, run.finish, plan, device, settings, *early)]
+        ahead = early[0] if early else None  # (prestart's, taken where they fit; None: started with the tasks)
+        early[:] = [ahead_of_run.started_early(req, run.finish, plan, device, settings, ahead)]
         entries = select(reader)
         if not entries:
             raise GpubatchError(f"{src_path} ({src_format}) holds no records: nothing written" if req.limit != 0

@@ -134,7 +134,7 @@ def _early_host(started_with: int, seen: list):
     from gpubatch.engine.execute.local import Started
     from gpubatch.engine.execute.strategies import TABLE
 
-    def early(req, finish, plan, device, settings):
+    def early(req, finish, plan, device, settings, ahead=None):
         ctx = RunContext(opener=None, sink=None, plan=plan, device=device, settings=settings)
         started = Started(ctx, TABLE[("*", "cpu")], started_with)
         seen.append(started)
