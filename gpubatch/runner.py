@@ -177,13 +177,10 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
     from .engine.execute.strategies import on_host, unit_for
     from .engine.execute.worker import RunContext
     from .engine.media import DEVICE, HOST, has_codec
-    from .engine.settings import Settings
 
     t_start, t_wall = time.perf_counter(), time.time()
     stats = RunStats()
-    settings = Settings.from_env()
-    if device.is_gpu and settings.decode_route == "auto":  # the route per image by its kind, never by load:
-        settings = settings.with_(decode_route="hardware")  # the bytes written do not follow the host's load
+    settings = ahead_of_run.run_settings(device.is_gpu)  # (prestart's workers began with the same)
     with open_reader(src_path, req.from_format, _reader_options(req)) as reader:
         # a COCO JSON's image folder is source too (a store's destination makes its own checks: _publish.staged)
         check_output(reader.roots(), dst_path, req.overwrite or is_remote(req.dst))

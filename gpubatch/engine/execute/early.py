@@ -58,6 +58,18 @@ def started_early(req: Any, finish: bool, plan: Any, device: Any, settings: Any,
     return Started(ctx, strategy, workers)
 
 
+def run_settings(gpu: bool) -> Any:
+    """The engine's settings of a run (``GPUBATCH_*`` over the defaults); on a GPU the decode route ``auto`` is
+    fixed to ``hardware``: the route goes by each image's kind, never by load, so the bytes written do not follow
+    the host's load."""
+    from ..settings import Settings
+
+    settings = Settings.from_env()
+    if gpu and settings.decode_route == "auto":
+        settings = settings.with_(decode_route="hardware")
+    return settings
+
+
 def gpu_node() -> bool:
     """Whether this machine has an NVIDIA GPU's device node and CuPy is installed (found, not imported; no driver
     call): what :func:`prestart` asks before it starts anything."""
@@ -77,17 +89,14 @@ def prestart(req: Any, plan: Any) -> Any:
     audio options, a CPU device, no GPU device node or no CuPy, ``--gpus``, Ray, a part, ``finish``, or
     ``GPUBATCH_EARLY_START=0``."""
     from ..device import Device, DeviceKind
-    from ..settings import Settings
 
     if (str(req.device or "auto").lower() not in ("auto", "gpu") or getattr(req, "gpus", None) is not None
             or getattr(req, "executor", "local") != "local" or getattr(req, "num_parts", None) is not None
             or req.finish or not plan.touches_pixels or plan.sample is not None or plan.audio_format != "keep"
             or not all("image" in op.media for op in plan.ops) or not gpu_node()):
         return None
-    settings = Settings.from_env()
+    settings = run_settings(gpu=True)
     if not settings.early_start:
         return None
-    if settings.decode_route == "auto":  # (as the run sets it: runner._execute)
-        settings = settings.with_(decode_route="hardware")
     device = Device(DeviceKind.GPU, int(req.gpu or 0))
     return started_early(req, False, dataclasses.replace(plan, media="image"), device, settings)

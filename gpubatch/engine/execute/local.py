@@ -102,13 +102,11 @@ class Started:
 
     def close(self) -> None:
         """End the processes no run was given to; nothing once taken. They hold nothing of a run, and may be in
-        the midst of their GPU's start (``nvjpegCreateEx`` alone takes 0.5 s), which their exit would wait
-        for: they are told to end, then terminated at once."""
+        the midst of their GPU's start (``nvjpegCreateEx`` alone takes 0.5 s), which an exit of their own would
+        wait for: they are terminated at once."""
         if self.taken:
             return
         self.taken = True
-        for q in self.setups:
-            q.put(None)
         for p in self.procs:
             if p.is_alive():
                 p.terminate()
