@@ -11,6 +11,9 @@ Found (H200, 2026-12-04, benchmarks/RESULTS.md "01:37 to 02:11"): alone, 30 us a
 for one thread), whatever the call sizes, padding, pool or the cores' load; the call itself blocks while other
 work holds the GPU: 57-59 us with the copy engines busy, 286-319 us with every SM busy, 54 us where each call's
 stream first waits 2 ms, 60 us for each of two processes; the streams' priority changed none of it.
+Then (2026-12-04 "09:20 to 09:22"): the pool preallocated changed nothing, and the calls stretched as much for
+spinning kernels in another process as in their own (292 against 285 us), for copies less (47 against 58): they wait
+for the GPU's work, whichever context holds it.
 
 Each mode makes two instances (handle and state) with a CUDA stream each, as the decoder does, and alternates
 calls between them, each call first waiting for its instance's previous call (as ``decode`` does):
