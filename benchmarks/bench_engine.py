@@ -160,7 +160,11 @@ def main() -> None:
     from gpubatch.synthetic import make_jpeg_set
 
     t0 = time.perf_counter()
-    make_jpeg_set(Path(args.data), args.images)
+    data = Path(args.data)
+    # a folder of JPEGs made otherwise (no set marker, e.g. benchmarks/_data.linked_set's hard links) is taken as
+    # it is: make_jpeg_set would write its files anew, through the links into the files they share
+    if not (data.is_dir() and not any(data.glob(".complete-*")) and sum(1 for _ in data.rglob("*.jpg")) >= args.images):
+        make_jpeg_set(data, args.images)
     print(f"data: {args.images} JPEGs in {args.data} (made or checked in {time.perf_counter() - t0:.1f} s)", flush=True)
     results = {"environment": environment(), "args": {k: v for k, v in vars(args).items() if k != "run"},
                "results": {}}
