@@ -39,6 +39,8 @@ from it the time waiting for the instance's previous call to end on the GPU.
 - ``copies``: a thread copying 64 MiB to the device and back on a stream of its own, without a pause (page-locked
   memory: the copy engines busy);
 - ``kernels``: a thread keeping every SM busy (a spinning kernel of 4,096 blocks, 1 ms, over and over);
+  ``kernels-half``: half the SMs busy so (a block of 1,024 threads on each), the others free;
+  ``kernels-short``: every SM busy in kernels of 20 us (4,096 blocks) launched back to back, 50 at a time;
 - ``cpu``: 15 processes spinning in Python (every other core busy);
 - ``bursts``: a thread keeping every SM busy 0.1 ms in each millisecond (a spinning kernel of 4,096 blocks), as
   the GPU JPEG encoder's kernels fill the device for moments;
@@ -55,7 +57,7 @@ from it the time waiting for the instance's previous call to end on the GPU.
   or for their own context's (a free inside nvJPEG's call, ``cuMemFree``, waits for the whole context).
 
     python3 benchmarks/nvjpeg_calls.py --data FOLDER [--batch 64] [--calls 300] [--repeats 3]
-        [--beside copies,kernels,bursts,outputs,cpu,twin,encoder,encoder-paced,KIND-process] [--priority]
+        [--beside copies,kernels,kernels-half,kernels-short,bursts,outputs,cpu,twin,encoder,encoder-paced,KIND-process] [--priority]
         [--depends-ms MS] [--subsampling 4:2:0|4:2:2|4:4:4] [--json OUT]
 
 ``--priority``: the calls' streams made at the device's greatest priority. ``--depends-ms MS``: before each call
@@ -182,16 +184,17 @@ def run_mode(cp, mode: str, files: list[bytes], mh: int, mw: int, a) -> dict:
     return out
 
 
-def _spinning(cp, stop: threading.Event, ns: int, launches: int, pause: float):
-    """A thread's work: ``launches`` kernels of 4,096 blocks spinning ``ns`` each on a stream of its own, waited
-    for, then ``pause`` seconds, over and over until ``stop``."""
+def _spinning(cp, stop: threading.Event, ns: int, launches: int, pause: float, blocks: int = 4096,
+              threads: int = 128):
+    """A thread's work: ``launches`` kernels of ``blocks`` blocks spinning ``ns`` each on a stream of its own,
+    waited for, then ``pause`` seconds, over and over until ``stop``."""
 
     def run() -> None:
         fn = cp.RawKernel(SPIN, "spin")
         s = cp.cuda.Stream(non_blocking=True)
         while not stop.is_set():
             for _ in range(launches):
-                fn((4096,), (128,), (cp.uint64(ns),), stream=s)
+                fn((blocks,), (threads,), (cp.uint64(ns),), stream=s)
             s.synchronize()
             time.sleep(pause)
 
@@ -262,6 +265,11 @@ def beside(cp, kind: str, a):
         threads.append(threading.Thread(target=outputs, daemon=True))
     elif kind == "kernels":
         threads.append(threading.Thread(target=_spinning(cp, stop, 1_000_000, 4, 0.0), daemon=True))
+    elif kind == "kernels-half":  # (one block of 1,024 threads on each of half the SMs: the others left free)
+        sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+        threads.append(threading.Thread(target=_spinning(cp, stop, 1_000_000, 4, 0.0, sms // 2, 1024), daemon=True))
+    elif kind == "kernels-short":  # (every SM, in kernels of 20 us back to back: the chain's kernels' scale)
+        threads.append(threading.Thread(target=_spinning(cp, stop, 20_000, 50, 0.0), daemon=True))
     elif kind in ("encoder", "encoder-paced"):
         threads.append(threading.Thread(target=_encoding(cp, stop, 0.028 if kind == "encoder-paced" else 0.0),
                                         daemon=True))
