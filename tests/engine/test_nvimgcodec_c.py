@@ -388,6 +388,30 @@ def test_the_warm_up_calls_make_no_instance_a_kind():
     assert seen == [False, False] and dec.grow_hw is True
 
 
+@pytest.mark.parametrize("planes, regions", [(True, False), (False, False), (False, True)])
+def test_the_warm_up_makes_plane_and_region_calls_only_where_asked(planes, regions):
+    """The warm-up makes a call into planes on each hardware instance only with ``planes`` (``convert``'s GPU
+    image unit, which never decodes into planes, leaves them out) and region calls only with ``regions``;
+    the hardware calls and the CUDA decoder's come either way, and each step's seconds are kept."""
+    import threading
+    from types import SimpleNamespace
+
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
+
+    calls = []
+    sync = SimpleNamespace(synchronize=lambda: None)
+    dec = SimpleNamespace(lib=object(), hw_cs=[], hw_direct=[object(), object()], settings=Settings(), hw=None,
+                          cuda=None, hw_stream=sync, cuda_stream=sync, _calling=threading.Lock(), _hw_last={},
+                          _hw_coming=0, warm_steps={},
+                          first_call=lambda hw, blobs, planes=False, regions=None: calls.append(
+                              ("hw" if hw else "cuda", planes, regions is not None)))
+    GpuImageDecoder.warm_up(dec, 8, regions=regions, planes=planes)
+    assert calls.count(("hw", False, False)) == 2 and calls.count(("cuda", False, False)) == 1
+    assert calls.count(("hw", True, False)) == (2 if planes else 0)
+    assert calls.count(("hw", False, True)) == (2 if regions else 0)
+    assert set(dec.warm_steps) == {"hardware", "hardware: planes", "hardware: regions", "cuda", "nvImageCodec"}
+
+
 def test_calls_are_cut_by_their_decoded_bytes_under_a_budget():
     """With ``call_bytes`` (a memory cap's plan) a kind's list is cut where its decoded bytes would pass
     the budget as well as by count; an image larger than the budget is a call alone; where the even

@@ -41,6 +41,8 @@ def test_gpu_output_is_the_same_bytes_under_any_gpu_procs_and_memory_cap(photos,
         s = convert(photos, tmp_path / name, **chain, **more)
         assert s.records_out == 192 and not s.skipped, (name, s.skipped)
         assert "gpu_init: begun by the boot (s before the unit)" in s.timings, (name, s.timings)  # (boot.py)
+        # the decoders' warm-up, step by step; no call into planes, which this run never decodes into
+        assert "warm_up: decoders: hardware" in s.timings and "warm_up: decoders: hardware: planes" not in s.timings
         runs[name] = digest(tmp_path / name)
     assert len([n for n in runs["plain"] if n.endswith(".tar")]) == 12  # 192 / 16
     for name, d in runs.items():

@@ -186,6 +186,7 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
         self._hw_coming = 0  # instances the start is still making for this decoder
         self._cold: set[int] = set()  # (ids of those whose first call has not come yet: its seconds are timed)
         self._warming = False  # (warm_up's calls take no instance from the start: _adopt_hw)
+        self.warm_steps: dict[str, float] = {}  # (the last warm-up's seconds, step by step)
         self.route = choose_route(route, cores, 1, st)[0] if hw_decoder else "cuda"
         hw_instances = hw_instances or instances_for(self.route, st)
         # the instances a call picks from first; those past them are spares, taken only where none of
@@ -297,9 +298,9 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
                         "hw_slot": 0.0, "cuda_slot": 0.0, "hw_nvjpeg": 0.0, "hw_first_calls": 0.0, "hw_queue": 0.0,
                         "hw_gpu_wait": 0.0, "hw_calls_behind": 0.0, "hw_stream_wait": 0.0}
 
-    def warm_up(self, batch: int = 256, regions: bool = False) -> float:
+    def warm_up(self, batch: int = 256, regions: bool = False, planes: bool = True) -> float:
         """Run ``batch`` tiny JPEGs (every subsampling, and gray) through each decoder once; returns the
-        seconds.
+        seconds (each step's in :attr:`warm_steps`).
 
         A cold decoder's first call took 1.2-1.7 s, and a later batch whose kinds outgrew what the
         hardware decoder had met cost another 0.3-0.4 s once. After this warm-up the first real batch
@@ -308,27 +309,43 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
         against 0.18-0.22 without it (2026-11-23). It also
         settles which kinds the hardware engine takes, so the routing of real batches (and with it
         their output bytes) does not depend on how far the hardware thread has got. With ``regions``
-        the hardware engine's direct path also makes a region call on each instance."""
+        the hardware engine's direct path also makes a region call on each instance; with ``planes`` (and
+        the ``hw_planes`` setting not "never") a call into planes on each: a caller that never decodes
+        into planes or regions (``convert``'s GPU image unit) leaves them out."""
         t0 = time.perf_counter()
         blobs = _tiny_jpegs(batch)
+        steps: dict[str, float] = {}
+
+        def step(name: str, began: float) -> float:
+            now = time.perf_counter()
+            steps[name] = round(steps.get(name, 0.0) + now - began, 4)
+            return now
+
         self._warming = True
         try:
             with self._calling:
+                t = time.perf_counter()
                 if self.lib is not None:
                     for _ in self.hw_cs or self.hw_direct:  # one call each: the calls take turns over the instances
                         self.first_call(True, blobs)
-                    for _ in self.hw_direct if self.settings.hw_planes != "never" else ():  # and the decode into planes
-                        self.first_call(True, blobs, planes=True)
+                    t = step("hardware", t)
+                    for _ in self.hw_direct if planes and self.settings.hw_planes != "never" else ():
+                        self.first_call(True, blobs, planes=True)  # (the decode into planes)
+                    t = step("hardware: planes", t)
                     for _ in self.hw_direct if regions else ():  # and region calls (nvjpegDecodeBatchedEx)
                         self.first_call(True, blobs, regions=[(8, 16, 40, 64)] * len(blobs))
+                    t = step("hardware: regions", t)
                     self.first_call(False, blobs)
+                    t = step("cuda", t)
                 for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
                     if decoder is not None:
                         self._call(decoder, stream, blobs)
                 self.hw_stream.synchronize()
                 self.cuda_stream.synchronize()
+                step("nvImageCodec", t)
         finally:
             self._warming = False
+            self.warm_steps = steps
         self._hw_last.clear()  # real batches' kinds take the instances afresh (_hw_instance)
         if self._hw_coming:  # the worker's start makes the others now (made beside the warm-up, they slowed it)
             from ..gpu.start import hardware_rest

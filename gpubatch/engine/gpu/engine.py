@@ -165,9 +165,10 @@ class GpuEngine:
         return self._encoder
 
     def warm_up(self, batch: int = 256, encoder: bool = False, regions: bool = False,
-                kernels: Sequence[tuple[str, str]] = ()) -> float:
+                kernels: Sequence[tuple[str, str]] = (), planes: bool = True) -> float:
         """Pay the one-off costs before the first batch: the decoders' first calls (and the buffers a
-        batch of ``batch`` needs; with ``regions``, the hardware engine's region calls too), the load of
+        batch of ``batch`` needs; with ``regions``, the hardware engine's region calls too; without
+        ``planes``, none into planes: for callers that never decode into them), the load of
         ``kernels`` (:func:`..kernels.load`; a chain's: :func:`.chain.kernels_needed`) and, with ``encoder``,
         the JPEG encoder's first use. Returns the seconds it took."""
         from concurrent.futures import ThreadPoolExecutor
@@ -179,7 +180,7 @@ class GpuEngine:
         with ThreadPoolExecutor(2, thread_name_prefix="gpubatch-warm") as pool:
             loaded = pool.submit(load, kernels, self.device.index) if kernels else None
             first_encode = pool.submit(self._first_encode) if encoder else None
-            self.decoder.warm_up(batch, regions)
+            self.decoder.warm_up(batch, regions, planes)
             t1 = time.perf_counter()
             if loaded is not None:
                 loaded.result()
@@ -190,7 +191,8 @@ class GpuEngine:
         # (its steps, for the run's summary: "warm_up: decoders" ...; the encoder's own time, beside them, and
         # the wait for it after them)
         self.warm_times = {"decoders": round(t1 - t0, 4), "kernels": round(t2 - t1, 4),
-                           "encoder (thread)": round(encode_s, 4), "encoder wait": round(t3 - t2, 4)}
+                           "encoder (thread)": round(encode_s, 4), "encoder wait": round(t3 - t2, 4),
+                           **{f"decoders: {k}": v for k, v in self.decoder.warm_steps.items() if v}}
         self._note_memory("kernels and encoder" if encoder else "kernels")
         return time.perf_counter() - t0
 

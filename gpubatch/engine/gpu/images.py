@@ -329,13 +329,14 @@ class GpuImageUnit:
                 engine = make_engine((batch, settings.hw_preallocate, settings.hw_preallocate))
                 gpu_init = time.perf_counter() - t0
                 start.kernels_ready(gpu)  # (the kernels its start compiles in threads: loaded once)
-                warm = engine.warm_up(batch, encoder=True)  # while the reader processes start and read
+                # (while the reader processes start and read; this unit decodes neither into planes nor regions)
+                warm = engine.warm_up(batch, encoder=True, planes=False)
                 feed, feed_start = starting.result()
             else:
                 engine = make_engine(None)
                 gpu_init = time.perf_counter() - t0
                 start.kernels_ready(gpu)
-                warm = engine.warm_up(16, encoder=True)  # a small batch: its buffers come before the cap is planned
+                warm = engine.warm_up(16, encoder=True, planes=False)  # a small batch: its buffers come before the cap is planned
                 fixed, parts = engine.fixed_memory()
                 need = gm.sample_need(reader.read, entries, plan)
                 try:
