@@ -388,28 +388,43 @@ def test_the_warm_up_calls_make_no_instance_a_kind():
     assert seen == [False, False] and dec.grow_hw is True
 
 
-@pytest.mark.parametrize("planes, regions", [(True, False), (False, False), (False, True)])
-def test_the_warm_up_makes_plane_and_region_calls_only_where_asked(planes, regions):
+@pytest.mark.parametrize("planes, regions, later", [(True, False, False), (False, False, False), (False, True, False),
+                                                    (False, False, True)])
+def test_the_warm_up_makes_plane_and_region_calls_only_where_asked(planes, regions, later):
     """The warm-up makes a call into planes on each hardware instance only with ``planes`` (``convert``'s GPU
     image unit, which never decodes into planes, leaves them out) and region calls only with ``regions``;
-    the hardware calls and the CUDA decoder's come either way, and each step's seconds are kept."""
+    the hardware calls come either way, and the CUDA decoder's, made and waited for, or with ``cuda_later``
+    queued on its thread as a warm-up's part (its seconds not a run's) and not waited for; each step's seconds
+    are kept."""
     import threading
     from types import SimpleNamespace
 
     from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
 
-    calls = []
-    sync = SimpleNamespace(synchronize=lambda: None)
+    calls, queued, synced = [], [], []
+    hw_sync = SimpleNamespace(synchronize=lambda: synced.append("hw"))
+    cuda_sync = SimpleNamespace(synchronize=lambda: synced.append("cuda"))
     dec = SimpleNamespace(lib=object(), hw_cs=[], hw_direct=[object(), object()], settings=Settings(), hw=None,
-                          cuda=None, hw_stream=sync, cuda_stream=sync, _calling=threading.Lock(), _hw_last={},
-                          _hw_coming=0, warm_steps={},
+                          cuda=None, hw_stream=hw_sync, cuda_stream=cuda_sync, _calling=threading.Lock(),
+                          _hw_last={}, _hw_coming=0, warm_steps={},
                           first_call=lambda hw, blobs, planes=False, regions=None: calls.append(
-                              ("hw" if hw else "cuda", planes, regions is not None)))
-    GpuImageDecoder.warm_up(dec, 8, regions=regions, planes=planes)
-    assert calls.count(("hw", False, False)) == 2 and calls.count(("cuda", False, False)) == 1
+                              ("hw" if hw else "cuda", planes, regions is not None)),
+                          _prepare=lambda hw, blobs, regions, lists, consumer: SimpleNamespace(hw=hw, lists=lists,
+                                                                                               warm=False),
+                          _run=object(), _cuda_thread=SimpleNamespace(submit=lambda fn, job, *a: queued.append(
+                              (fn, job))))
+    GpuImageDecoder.warm_up(dec, 8, regions=regions, planes=planes, cuda_later=later)
+    assert calls.count(("hw", False, False)) == 2
     assert calls.count(("hw", True, False)) == (2 if planes else 0)
     assert calls.count(("hw", False, True)) == (2 if regions else 0)
-    assert set(dec.warm_steps) == {"hardware", "hardware: planes", "hardware: regions", "cuda", "nvImageCodec"}
+    if later:
+        assert ("cuda", False, False) not in calls and "cuda" not in synced
+        ((fn, job),) = queued
+        assert fn is dec._run and not job.hw and job.warm and job.lists == [list(range(8))]
+    else:
+        assert calls.count(("cuda", False, False)) == 1 and not queued and "cuda" in synced
+    assert set(dec.warm_steps) == {"hardware", "hardware: planes", "hardware: regions",
+                                   "cuda (queued)" if later else "cuda", "nvImageCodec"}
 
 
 def test_calls_are_cut_by_their_decoded_bytes_under_a_budget():

@@ -216,6 +216,7 @@ class _Job:
                                                              # None: the slot did not grow
     turns: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # item -> EXIF orientation
     direct: bool = False  # the hardware engine through nvJPEG directly: no code streams or descriptors
+    warm: bool = False  # a warm-up's part: its seconds are not a run's decode time
     sources: dict[int, tuple[int, int]] = field(default_factory=dict)  # (direct) item -> (host address, size)
     planes: dict[int, tuple[int, int]] = field(default_factory=dict)  # (direct) item -> chroma sampling, decoded
                                                                        # into planes (.planes)

@@ -165,10 +165,11 @@ class GpuEngine:
         return self._encoder
 
     def warm_up(self, batch: int = 256, encoder: bool = False, regions: bool = False,
-                kernels: Sequence[tuple[str, str]] = (), planes: bool = True) -> float:
+                kernels: Sequence[tuple[str, str]] = (), planes: bool = True, cuda_later: bool = False) -> float:
         """Pay the one-off costs before the first batch: the decoders' first calls (and the buffers a
         batch of ``batch`` needs; with ``regions``, the hardware engine's region calls too; without
-        ``planes``, none into planes: for callers that never decode into them), the load of
+        ``planes``, none into planes: for callers that never decode into them; ``cuda_later``: the CUDA
+        decoder's call queued, not waited for, see ``GpuImageDecoder.warm_up``), the load of
         ``kernels`` (:func:`..kernels.load`; a chain's: :func:`.chain.kernels_needed`) and, with ``encoder``,
         the JPEG encoder's first use. Returns the seconds it took."""
         from concurrent.futures import ThreadPoolExecutor
@@ -180,7 +181,7 @@ class GpuEngine:
         with ThreadPoolExecutor(2, thread_name_prefix="gpubatch-warm") as pool:
             loaded = pool.submit(load, kernels, self.device.index) if kernels else None
             first_encode = pool.submit(self._first_encode) if encoder else None
-            self.decoder.warm_up(batch, regions, planes)
+            self.decoder.warm_up(batch, regions, planes, cuda_later)
             t1 = time.perf_counter()
             if loaded is not None:
                 loaded.result()

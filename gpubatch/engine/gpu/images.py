@@ -330,7 +330,7 @@ class GpuImageUnit:
                 gpu_init = time.perf_counter() - t0
                 start.kernels_ready(gpu)  # (the kernels its start compiles in threads: loaded once)
                 # (while the reader processes start and read; this unit decodes neither into planes nor regions)
-                warm = engine.warm_up(batch, encoder=True, planes=False)
+                warm = engine.warm_up(batch, encoder=True, planes=False, cuda_later=True)
                 feed, feed_start = starting.result()
             else:
                 engine = make_engine(None)
