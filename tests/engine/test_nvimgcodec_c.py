@@ -401,30 +401,39 @@ def test_the_warm_up_makes_plane_and_region_calls_only_where_asked(planes, regio
 
     from gpubatch.engine.codecs.image_gpu import GpuImageDecoder
 
-    calls, queued, synced = [], [], []
+    calls, synced = [], []
     hw_sync = SimpleNamespace(synchronize=lambda: synced.append("hw"))
     cuda_sync = SimpleNamespace(synchronize=lambda: synced.append("cuda"))
     dec = SimpleNamespace(lib=object(), hw_cs=[], hw_direct=[object(), object()], settings=Settings(), hw=None,
                           cuda=None, hw_stream=hw_sync, cuda_stream=cuda_sync, _calling=threading.Lock(),
                           _hw_last={}, _hw_coming=0, warm_steps={},
-                          first_call=lambda hw, blobs, planes=False, regions=None: calls.append(
-                              ("hw" if hw else "cuda", planes, regions is not None)),
-                          _prepare=lambda hw, blobs, regions, lists, consumer: SimpleNamespace(hw=hw, lists=lists,
-                                                                                               warm=False),
-                          _run=object(), _cuda_thread=SimpleNamespace(submit=lambda fn, job, *a: queued.append(
-                              (fn, job))))
+                          first_call=lambda hw, blobs, planes=False, regions=None, queued=False: calls.append(
+                              ("hw" if hw else "cuda", planes, regions is not None, queued)))
     GpuImageDecoder.warm_up(dec, 8, regions=regions, planes=planes, cuda_later=later)
-    assert calls.count(("hw", False, False)) == 2
-    assert calls.count(("hw", True, False)) == (2 if planes else 0)
-    assert calls.count(("hw", False, True)) == (2 if regions else 0)
-    if later:
-        assert ("cuda", False, False) not in calls and "cuda" not in synced
-        ((fn, job),) = queued
-        assert fn is dec._run and not job.hw and job.warm and job.lists == [list(range(8))]
-    else:
-        assert calls.count(("cuda", False, False)) == 1 and not queued and "cuda" in synced
+    assert calls.count(("hw", False, False, False)) == 2
+    assert calls.count(("hw", True, False, False)) == (2 if planes else 0)
+    assert calls.count(("hw", False, True, False)) == (2 if regions else 0)
+    assert calls.count(("cuda", False, False, later)) == 1 and ("cuda" in synced) != later
     assert set(dec.warm_steps) == {"hardware", "hardware: planes", "hardware: regions",
                                    "cuda (queued)" if later else "cuda", "nvImageCodec"}
+
+
+def test_a_queued_first_call_goes_to_the_cuda_decoders_thread_as_a_warm_up_part():
+    """``first_call(False, ..., queued=True)`` hands the CUDA decoder's part to that decoder's thread, marked as a
+    warm-up's (its seconds not a run's), and neither runs it nor waits for anything itself."""
+    from types import SimpleNamespace
+
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder, _tiny_jpegs
+
+    queued = []
+    dec = SimpleNamespace(hw_direct=[object()], hw_stream=None, grow_hw=True,
+                          _prepare=lambda hw, blobs, regions, lists, consumer, plane_kinds=None: SimpleNamespace(
+                              hw=hw, lists=lists, warm=False),
+                          _run=object(), _hw_finish=None,
+                          _cuda_thread=SimpleNamespace(submit=lambda fn, job, *a: queued.append((fn, job))))
+    GpuImageDecoder.first_call(dec, False, _tiny_jpegs(6), queued=True)
+    ((fn, job),) = queued
+    assert fn is dec._run and not job.hw and job.warm and job.lists == [list(range(6))] and dec.grow_hw
 
 
 def test_calls_are_cut_by_their_decoded_bytes_under_a_budget():

@@ -340,12 +340,7 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
                     for _ in self.hw_direct if regions else ():  # and region calls (nvjpegDecodeBatchedEx)
                         self.first_call(True, blobs, regions=[(8, 16, 40, 64)] * len(blobs))
                     t = step("hardware: regions", t)
-                    if cuda_later:
-                        job = self._prepare(False, blobs, None, [list(range(len(blobs)))], self.hw_stream)
-                        job.warm = True
-                        self._cuda_thread.submit(self._run, job, blobs, None, [jpeg_kind(b)[0] for b in blobs])
-                    else:
-                        self.first_call(False, blobs)
+                    self.first_call(False, blobs, queued=cuda_later)
                     t = step("cuda (queued)" if cuda_later else "cuda", t)
                 for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
                     if decoder is not None:
@@ -365,10 +360,11 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
         return time.perf_counter() - t0
 
     def first_call(self, hw: bool, blobs: list[bytes], planes: bool = False,
-                   regions: list[tuple[int, int, int, int] | None] | None = None) -> None:
+                   regions: list[tuple[int, int, int, int] | None] | None = None, queued: bool = False) -> None:
         """One whole-part call of the hardware engine (``hw``) or the CUDA decoder on ``blobs``, the
         results dropped, waited for (the C API; for the warm-up and memory studies; ``planes`` and
-        ``regions`` as :meth:`decode` takes them)."""
+        ``regions`` as :meth:`decode` takes them). ``queued`` (the CUDA decoder's): the call is queued on
+        that decoder's thread as a warm-up's part (its seconds not a run's decode time), not waited for."""
         kinds = [jpeg_kind(b)[0] for b in blobs]
         lists = [list(range(len(blobs)))]
         if hw and self.hw_direct:  # a call per kind: a kind the engine refuses fails its own call only
@@ -377,6 +373,10 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
                 groups.setdefault(k, []).append(i)
             lists = list(groups.values())
         job = self._prepare(hw, blobs, regions, lists, self.hw_stream, plane_kinds=kinds if planes else None)
+        if queued and not hw:
+            job.warm = True
+            self._cuda_thread.submit(self._run, job, blobs, regions, kinds)
+            return
         grow, self.grow_hw = self.grow_hw, False  # (these blobs hold every kind: real batches' kinds decide)
         try:
             self._run(job, blobs, regions, kinds)
