@@ -417,6 +417,12 @@ def test_the_warm_up_makes_plane_and_region_calls_only_where_asked(planes, regio
     assert set(dec.warm_steps) == {"hardware", "hardware: planes", "hardware: regions",
                                    "cuda (queued)" if later else "cuda", "nvImageCodec"}
 
+    # without the C API (nvImageCodec's Python decoders alone) nothing is queued: their calls are waited for
+    calls.clear(), synced.clear()
+    dec.lib, dec.hw_direct, dec.warm_steps = None, [], {}
+    GpuImageDecoder.warm_up(dec, 8, regions=regions, planes=planes, cuda_later=later)
+    assert calls == [] and synced == ["hw", "cuda"] and set(dec.warm_steps) == {"nvImageCodec"}
+
 
 def test_a_queued_first_call_goes_to_the_cuda_decoders_thread_as_a_warm_up_part():
     """``first_call(False, ..., queued=True)`` hands the CUDA decoder's part to that decoder's thread, marked as a

@@ -330,6 +330,7 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
         try:
             with self._calling:
                 t = time.perf_counter()
+                queued = cuda_later and self.lib is not None  # (the C API's CUDA decoder: a call queued, below)
                 if self.lib is not None:
                     for _ in self.hw_cs or self.hw_direct:  # one call each: the calls take turns over the instances
                         self.first_call(True, blobs)
@@ -340,13 +341,13 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
                     for _ in self.hw_direct if regions else ():  # and region calls (nvjpegDecodeBatchedEx)
                         self.first_call(True, blobs, regions=[(8, 16, 40, 64)] * len(blobs))
                     t = step("hardware: regions", t)
-                    self.first_call(False, blobs, queued=cuda_later)
-                    t = step("cuda (queued)" if cuda_later else "cuda", t)
+                    self.first_call(False, blobs, queued=queued)
+                    t = step("cuda (queued)" if queued else "cuda", t)
                 for decoder, stream in ((self.hw, self.hw_stream), (self.cuda, self.cuda_stream)):
                     if decoder is not None:
                         self._call(decoder, stream, blobs)
                 self.hw_stream.synchronize()
-                if not cuda_later:  # (the queued call's work is the CUDA decoder's thread's to order)
+                if not queued:  # (the queued call's work is the CUDA decoder's thread's to order; the others' is waited for)
                     self.cuda_stream.synchronize()
                 step("nvImageCodec", t)
         finally:
