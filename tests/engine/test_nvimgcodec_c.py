@@ -517,3 +517,77 @@ def test_an_image_left_to_the_cpu_gives_the_region_the_feed_cut():
     assert np.array_equal(_host_decode(data, 0)[0], whole)
     bad, err = _host_decode(data, 0, (10, 20, 130, 150))
     assert bad is None and "outside its 160x120 pixels" in err
+
+
+def test_the_gate_is_held_for_each_direct_call_and_given_back_when_a_call_fails():
+    """With ``Settings.hw_gate`` each of the hardware engine's direct calls holds the decoder's gate for its length
+    (the wait for it timed as ``hw_gate_wait``) and gives it back once the call returns or fails; without a gate the
+    calls take none."""
+    import threading
+    from collections import defaultdict
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from gpubatch.engine.codecs.decode_calls import DecodeCalls
+    from gpubatch.engine.codecs.nvjpeg_hw import NvjpegError
+
+    held = []
+
+    class Instance:
+        def decode(self, sources, outputs, stream, fmt, regions=None, args=None):
+            held.append((list(sources), gate is not None and gate.locked()))
+            if sources == ["s2"]:
+                raise NvjpegError("nvjpegDecodeBatched", 7)  # (a corrupt image fails its call)
+
+    class Dec(DecodeCalls):
+        cp = SimpleNamespace(cuda=SimpleNamespace(Device=lambda i: nullcontext()))
+        device_index, _cold = 0, None
+        _begin_part = _stream_before_call = _publish = lambda self, *a: None
+        _call_place = lambda self, job, k, idx: (None, None)  # noqa: E731
+        _direct_call = lambda self, job, idx, kinds: (Instance(), 0, None)  # noqa: E731
+        _learn = lambda self, kinds, idx, ok: [i for i, o in zip(idx, ok) if not o]  # noqa: E731
+        _part_owner = lambda self, job: None  # noqa: E731
+
+    for gate in (threading.Lock(), None):
+        held.clear()
+        dec = Dec()
+        dec.gate, dec.timings = gate, defaultdict(float)
+        job = SimpleNamespace(part=SimpleNamespace(hw=0), streams={}, images={}, lists=[[0, 1], [2]], direct=True,
+                              sources=["s0", "s1", "s2"], outputs=["o0", "o1", "o2"], stream=None, slots=None,
+                              warm=False, hw=True)
+        assert dec._calls(job, ["baseline/4:2:0"] * 3) == [2]  # (the failed call's image goes to the CUDA decoder)
+        assert held == [(["s0", "s1"], gate is not None), (["s2"], gate is not None)]
+        assert gate is None or not gate.locked()
+        assert ("hw_gate_wait" in dec.timings) == (gate is not None)
+
+
+def test_the_gpu_gate_holds_other_threads_and_processes_until_given_back(tmp_path, monkeypatch):
+    """:class:`GpuGate` (a thread lock with a file lock of the device's): while it is held, another thread's
+    acquire waits and another process cannot take the device's file lock; once given back, both can."""
+    import subprocess
+    import sys
+    import tempfile
+    import threading
+
+    from gpubatch.engine.gpu.context import GpuGate
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gate = GpuGate(3)
+    probe = ("import fcntl, sys, tempfile; tempfile.tempdir = sys.argv[1]; from gpubatch.engine.gpu.context import GpuGate\n"
+             "g = GpuGate(3)\ntry:\n    fcntl.flock(g._fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('free')\n"
+             "except BlockingIOError:\n    print('held')")
+
+    def other_process() -> str:
+        return subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    gate.acquire()
+    taken = threading.Event()
+    t = threading.Thread(target=lambda: (gate.acquire(), taken.set(), gate.release()))
+    t.start()
+    assert not taken.wait(0.3)
+    assert other_process() == "held"
+    gate.release()
+    t.join(5)
+    assert taken.is_set() and other_process() == "free"
+    gate.close()

@@ -206,3 +206,43 @@ def current_device_held() -> int:
     is current in it."""
     dev = ctypes.c_int(-1)
     return dev.value if _held().cuCtxGetDevice(ctypes.byref(dev)) == 0 else -1
+
+
+class GpuGate:
+    """(Settings.hw_gate, a study.) A lock that the hardware engine's calls and the GPU work beside them take in
+    turn, in this process (a thread lock) and across the processes on this GPU (an ``flock`` on a file of the
+    device's, in the temporary folder, with the thread lock held: a file's lock is the process's, not a thread's)."""
+
+    def __init__(self, device_index: int):
+        import os
+        import tempfile
+        import threading
+
+        self._lock = threading.Lock()
+        path = os.path.join(tempfile.gettempdir(), f"gpubatch-gate-{os.getuid()}-{device_index}")
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def acquire(self) -> None:
+        import fcntl
+
+        self._lock.acquire()
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def release(self) -> None:
+        import fcntl
+
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        import os
+
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
