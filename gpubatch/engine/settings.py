@@ -60,11 +60,6 @@ class Settings:
             call, outside nvJPEG, timed as ``hw_stream_wait`` (``GPUBATCH_HW_STREAM_WAIT``): what of the calls'
             time is other GPU work their stream waits for; the calls that find work pending on their stream are
             counted as ``hw_calls_behind``. Run on an H200 (2026-12-04): not what stretches the calls.
-        hw_gate: (a study) on that direct path, from Python, the engine's calls and the chain's and encoder's GPU work
-            of ``convert``'s GPU image unit take turns: a lock held by a call for its length, and by the loop
-            thread from its batch's first kernel until the encoder's last copy is done (``GPUBATCH_HW_GATE``; the
-            waits timed as ``hw_gate_wait`` and ``loop: gate``). Alone, the calls take 30 us an image; beside
-            kernels on every SM, ten times as long (docs/engine.md).
         cache_dir: gpubatch's cache folder (the native driver's build; ``GPUBATCH_CACHE_DIR``, else
             ``$XDG_CACHE_HOME/gpubatch``; empty: ``~/.cache/gpubatch``).
         c_compiler: the C compiler that builds it (``CC``; empty: ``cc``, else ``gcc``, on the PATH).
@@ -169,7 +164,6 @@ class Settings:
     hw_direct: bool = True
     hw_native: bool = False
     hw_stream_wait: bool = False
-    hw_gate: bool = False
     cache_dir: str = ""
     c_compiler: str = ""
     decode_api: str = "c"
@@ -326,7 +320,6 @@ _ENV = (
     ("GPUBATCH_HW_DIRECT", "hw_direct", _flag),
     ("GPUBATCH_HW_NATIVE", "hw_native", _flag),
     ("GPUBATCH_HW_STREAM_WAIT", "hw_stream_wait", _flag),
-    ("GPUBATCH_HW_GATE", "hw_gate", _flag),
     ("XDG_CACHE_HOME", "cache_dir", _xdg_cache),
     ("GPUBATCH_CACHE_DIR", "cache_dir", str),  # (after XDG_CACHE_HOME: over it)
     ("CC", "c_compiler", str),

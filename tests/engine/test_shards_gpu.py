@@ -51,21 +51,6 @@ def test_gpu_output_is_the_same_bytes_under_any_gpu_procs_and_memory_cap(photos,
         assert d == runs["plain"], f"{name} wrote other bytes"
 
 
-def test_the_gated_study_writes_the_same_bytes_and_times_its_waits(photos, tmp_path, monkeypatch):
-    """``GPUBATCH_HW_GATE=1`` (a study: the hardware engine's calls and the chain's and encoder's GPU work in turn,
-    across a GPU's processes too) writes the bytes of an ungated run, one GPU process or two, and its summary
-    times both sides' waits."""
-    chain = dict(to="webdataset", resize_shorter=256, center_crop=224, quality=90, device="gpu", shard_size=16)
-    plain = convert(photos, tmp_path / "plain", **chain)
-    monkeypatch.setenv("GPUBATCH_HW_GATE", "1")
-    for name, more in {"gated": {}, "gated-procs2": {"gpu_procs": 2}}.items():
-        s = convert(photos, tmp_path / name, **chain, **more)
-        assert s.records_out == plain.records_out == 192 and not s.skipped, (name, s.skipped)
-        assert "decoder: hw_gate_wait" in s.timings and "loop: gate" in s.timings, (name, s.timings)
-        assert "decoder: hw_gate_wait" not in plain.timings
-        assert digest(tmp_path / name) == digest(tmp_path / "plain"), f"{name} wrote other bytes"
-
-
 def _command(src: Path, dst: Path, *more: str) -> list[str]:
     return [sys.executable, "-m", "gpubatch", "convert", str(src), str(dst), "--to", "webdataset", "--shard-size", "8",
             "--resize-shorter", "200", "--device", "gpu", "-q", *more]

@@ -96,7 +96,6 @@ class DecodeCalls:
                 if job.direct:
                     dec, fmt, parts = self._direct_call(job, idx, kinds)
                     self._stream_before_call(job.stream)
-                    gated = self._gate_in()
                     t_call = time.perf_counter()
                     try:
                         dec.decode([job.sources[i] for i in idx], [job.outputs[i] for i in idx], job.stream, fmt,
@@ -104,9 +103,6 @@ class DecodeCalls:
                         ok = [True] * len(idx)
                     except NvjpegError:  # the call failed as a whole (a corrupt image fails its call)
                         ok = [False] * len(idx)
-                    finally:
-                        if gated:
-                            self.gate.release()
                     self._hw_call_seconds(dec, time.perf_counter() - t_call)
                     part.hw += sum(ok)
                     retry.extend(self._learn(kinds, idx, ok))
@@ -137,17 +133,6 @@ class DecodeCalls:
             t0 = time.perf_counter()
             stream.synchronize()
             self.timings["hw_stream_wait"] += time.perf_counter() - t0
-
-    def _gate_in(self) -> bool:
-        """(Settings.hw_gate, a study.) Wait for the gate before a direct call, timed as ``hw_gate_wait``; whether it
-        is held now (the caller releases it once the call returns)."""
-        gate = getattr(self, "gate", None)
-        if gate is None:
-            return False
-        t0 = time.perf_counter()
-        gate.acquire()
-        self.timings["hw_gate_wait"] += time.perf_counter() - t0
-        return True
 
     def _begin_part(self, job: _Job, kinds: list[str | None]) -> None:
         """(A decoder's thread, before a part's calls.) The hardware instances the worker's start has made since,

@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from ...errors import DependencyError
-from ..gpu.context import GpuGate
 from ..gpu.follow import RouteFollower
 from ..gpu.start import HW_INSTANCES, instances_for
 from ..settings import Settings
@@ -282,8 +281,6 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
         # one decode() at a time: a second thread's call beside a running one broke the hardware
         # decoder ("Something went wrong during decoding", then a crash; the pipeline study (docs/engine.md))
         self._calling = threading.Lock()
-        # (settings.hw_gate) the direct path's calls and the caller's own GPU work take turns under this lock
-        self.gate = GpuGate(device_index) if st.hw_gate and self.api == "c" and self._driver is None else None
         self._freed: deque = deque()  # (consumer event, images) of dropped batches, freed once done
         # host seconds per part of decoding (the GPU work is not waited for): header parse and split
         # ("parse"), the per-image code streams and output descriptors of each decoder's part
@@ -296,11 +293,10 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
         # (decode_calls.py) "hw" is the finishing thread's time, "hw_queue" the engine's thread's queueing, and
         # "hw_nvjpeg" the driver's time in the calls, of which "hw_gpu_wait" waiting for an instance's last call.
         # From Python with settings.hw_stream_wait, the direct path's calls that found work pending on their stream
-        # ("hw_calls_behind", a count) and the wait for it before the call ("hw_stream_wait"); with settings.hw_gate
-        # the calls' waits for the gate ("hw_gate_wait")
+        # ("hw_calls_behind", a count) and the wait for it before the call ("hw_stream_wait")
         self.timings = {"parse": 0.0, "hw": 0.0, "hw_wrap": 0.0, "cuda": 0.0, "cuda_wrap": 0.0, "cpu": 0.0,
                         "hw_slot": 0.0, "cuda_slot": 0.0, "hw_nvjpeg": 0.0, "hw_first_calls": 0.0, "hw_queue": 0.0,
-                        "hw_gpu_wait": 0.0, "hw_calls_behind": 0.0, "hw_stream_wait": 0.0, "hw_gate_wait": 0.0}
+                        "hw_gpu_wait": 0.0, "hw_calls_behind": 0.0, "hw_stream_wait": 0.0}
 
     def warm_up(self, batch: int = 256, regions: bool = False, planes: bool = True,
                 cuda_later: bool = False) -> float:
@@ -424,8 +420,6 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
         if self._driver is not None:  # (its calls made: the instances waited for them as they closed)
             self._driver.close()
             self._driver = None
-        if self.gate is not None:
-            self.gate.close()
         rt = self.cp.cuda.runtime
         for ring in self._rings.values():  # the chunk buffers (their last readers: the consumer's streams)
             for slot in ring:

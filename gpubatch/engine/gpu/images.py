@@ -37,17 +37,8 @@ def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any,
         clock.lap("settle")
     stats.add(fallbacks=res.fallbacks)
     if settled.rows:
-        gate = getattr(engine.decoder, "gate", None)  # (settings.hw_gate: the hardware engine's calls wait meanwhile)
-        if gate is not None:
-            gate.acquire()
-            if clock is not None:
-                clock.lap("gate")
-        try:
-            settled.encoded(_resample_encode(engine, plan, settled.codecs, settled.arrays, settled.params,
-                                             settled.first, sink, clock))
-        finally:
-            if gate is not None:
-                gate.release()
+        settled.encoded(_resample_encode(engine, plan, settled.codecs, settled.arrays, settled.params,
+                                         settled.first, sink, clock))
     if clock is not None:
         clock.end()
     return settled.outputs()
