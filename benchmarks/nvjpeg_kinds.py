@@ -17,15 +17,22 @@ Modes, the same images in the same calls (``--batch`` a round, split by the set'
 
 Each call first waits for its instance's previous call to end on the GPU (as ``HwBatchDecoder.decode`` does),
 timed apart from the call. Reported per mode: images a second over the timed rounds, the host time in nvJPEG's
-calls per image, and the wait.
+calls per image, the calling thread's CPU time in them, and the wait.
 
-    python3 benchmarks/nvjpeg_kinds.py --data FOLDER [--batch 256] [--rounds 100] [--repeats 3] [--json OUT]
+``--beside memcpy``: the modes again while half the cores' processes copy 64 MiB arrays over and over (the memory
+and the caches busy, as ``convert``'s reader processes and shard writer keep them; spinning Python beside the calls
+changed nothing, ``nvjpeg_calls.py --beside cpu``).
+
+    python3 benchmarks/nvjpeg_kinds.py --data FOLDER [--batch 256] [--rounds 100] [--repeats 3] [--beside memcpy]
+        [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -65,13 +72,13 @@ def run_mode(cp, mode: str, sets: list[list[tuple[int, int]]], mh: int, mw: int,
     warm = len(calls_of(mode, a.warmup, split))
     if mode == "grouped":  # (the warm-up: a round of each kind first, then the timed rounds grouped)
         plan = calls_of("interleaved", a.warmup, split) + calls_of(mode, a.rounds, split)
-    host_ns = wait_ns = images = 0
+    host_ns = wait_ns = cpu_ns = images = 0
     t0 = time.perf_counter()
     for c, (i, parts) in enumerate(plan):
         if c == warm:
             for s in streams:
                 s.synchronize()
-            t0, host_ns, wait_ns, images = time.perf_counter(), 0, 0, 0
+            t0, host_ns, wait_ns, cpu_ns, images = time.perf_counter(), 0, 0, 0, 0
         srcs = []
         for k, n in parts:
             srcs += [sets[k][(at[k] + j) % len(sets[k])] for j in range(n)]
@@ -81,9 +88,10 @@ def run_mode(cp, mode: str, sets: list[list[tuple[int, int]]], mh: int, mw: int,
         s0 = time.perf_counter_ns()
         if decs[i].done is not None:
             decs[i].done.synchronize()
-        s1 = time.perf_counter_ns()
+        s1, c1 = time.perf_counter_ns(), time.thread_time_ns()
         decs[i].decode(srcs, outputs, streams[i], args=args)
         host_ns += time.perf_counter_ns() - s1
+        cpu_ns += time.thread_time_ns() - c1
         wait_ns += s1 - s0
         images += len(srcs)
     for s in streams:
@@ -92,7 +100,16 @@ def run_mode(cp, mode: str, sets: list[list[tuple[int, int]]], mh: int, mw: int,
     for d in decs:
         d.close()
     return {"images_per_s": round(images / seconds, 1), "host_us_per_image": round(host_ns / 1e3 / images, 2),
-            "wait_us_per_image": round(wait_ns / 1e3 / images, 2), "images": images}
+            "cpu_us_per_image": round(cpu_ns / 1e3 / images, 2), "wait_us_per_image": round(wait_ns / 1e3 / images, 2),
+            "images": images}
+
+
+def _copying(stop) -> None:
+    a = np.ones(64 << 20, np.uint8)
+    b = np.empty_like(a)
+    while not stop.is_set():
+        np.copyto(b, a)
+        np.copyto(a, b)
 
 
 def main() -> None:
@@ -105,6 +122,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--beside", default="", help="memcpy: the modes again beside processes copying memory")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     import cupy as cp
@@ -128,19 +146,35 @@ def main() -> None:
             pos += len(x)
         sets.append(places)
     modes = a.modes.split(",")
-    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    besides = ["none", *[b for b in a.beside.split(",") if b]]
+    if set(besides) - {"none", "memcpy"}:
+        sys.exit(f"unknown --beside {a.beside!r}")
+    runs: dict[str, list[dict]] = {(m if b == "none" else f"{m}+{b}"): [] for b in besides for m in modes}
     for _ in range(a.repeats):  # the modes in turn, each repeat
-        for m in modes:
-            runs[m].append(run_mode(cp, m, sets, mh, mw, a, split))
+        for b in besides:
+            ctx = mp.get_context("fork")
+            stop = ctx.Event()
+            procs = [ctx.Process(target=_copying, args=(stop,), daemon=True)
+                     for _ in range((os.cpu_count() or 2) // 2 if b == "memcpy" else 0)]
+            for p in procs:
+                p.start()
+            time.sleep(0.5 if procs else 0.0)
+            try:
+                for m in modes:
+                    runs[m if b == "none" else f"{m}+{b}"].append(run_mode(cp, m, sets, mh, mw, a, split))
+            finally:
+                stop.set()
+                for p in procs:
+                    p.join()
     res = {"files": dict(zip(KINDS, counted)), "split": dict(zip(KINDS, split)), "max_hw": [mh, mw],
            "rounds": a.rounds, "modes": {}}
     for m, rs in runs.items():
         res["modes"][m] = {k: statistics.median(r[k] for r in rs)
-                           for k in ("images_per_s", "host_us_per_image", "wait_us_per_image")}
+                           for k in ("images_per_s", "host_us_per_image", "cpu_us_per_image", "wait_us_per_image")}
         res["modes"][m]["runs"] = rs
         v = res["modes"][m]
-        print(f"{m:12s} {v['images_per_s']:>10,.0f} images/s  {v['host_us_per_image']:6.1f} us/image in the calls, "
-              f"{v['wait_us_per_image']:6.1f} waiting for the instance", flush=True)
+        print(f"{m:19s} {v['images_per_s']:>10,.0f} images/s  {v['host_us_per_image']:6.1f} us/image in the calls "
+              f"({v['cpu_us_per_image']:5.1f} of CPU), {v['wait_us_per_image']:6.1f} waiting for the instance", flush=True)
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
 
