@@ -96,7 +96,7 @@ class DecodeCalls:
                 if job.direct:
                     dec, fmt, parts = self._direct_call(job, idx, kinds)
                     self._stream_before_call(job.stream)
-                    t_call = time.perf_counter()
+                    t_call, c_call, w_call = time.perf_counter(), time.thread_time(), dec.waited
                     try:
                         dec.decode([job.sources[i] for i in idx], [job.outputs[i] for i in idx], job.stream, fmt,
                                    regions=parts, args=args)
@@ -104,6 +104,8 @@ class DecodeCalls:
                     except NvjpegError:  # the call failed as a whole (a corrupt image fails its call)
                         ok = [False] * len(idx)
                     self._hw_call_seconds(dec, time.perf_counter() - t_call)
+                    self.timings["hw_nvjpeg_cpu"] += time.thread_time() - c_call
+                    self.timings["hw_gpu_wait"] += dec.waited - w_call
                     part.hw += sum(ok)
                     retry.extend(self._learn(kinds, idx, ok))
                 elif job.hw:

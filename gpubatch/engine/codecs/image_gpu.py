@@ -291,12 +291,13 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
         # hardware engine's direct path the nvJPEG calls themselves ("hw_nvjpeg"), of which the first calls of the
         # instances taken after the warm-up ("hw_first_calls", hw_later); CPU decodes ("cpu"). With a native driver
         # (decode_calls.py) "hw" is the finishing thread's time, "hw_queue" the engine's thread's queueing, and
-        # "hw_nvjpeg" the driver's time in the calls, of which "hw_gpu_wait" waiting for an instance's last call.
+        # "hw_nvjpeg" the driver's time in the calls, of which "hw_gpu_wait" waiting for an instance's last call (from
+        # Python too: the wait inside HwBatchDecoder.decode), and the calling thread's CPU seconds in them ("hw_nvjpeg_cpu").
         # From Python with settings.hw_stream_wait, the direct path's calls that found work pending on their stream
         # ("hw_calls_behind", a count) and the wait for it before the call ("hw_stream_wait")
         self.timings = {"parse": 0.0, "hw": 0.0, "hw_wrap": 0.0, "cuda": 0.0, "cuda_wrap": 0.0, "cpu": 0.0,
                         "hw_slot": 0.0, "cuda_slot": 0.0, "hw_nvjpeg": 0.0, "hw_first_calls": 0.0, "hw_queue": 0.0,
-                        "hw_gpu_wait": 0.0, "hw_calls_behind": 0.0, "hw_stream_wait": 0.0}
+                        "hw_gpu_wait": 0.0, "hw_calls_behind": 0.0, "hw_stream_wait": 0.0, "hw_nvjpeg_cpu": 0.0}
 
     def warm_up(self, batch: int = 256, regions: bool = False, planes: bool = True,
                 cuda_later: bool = False) -> float:

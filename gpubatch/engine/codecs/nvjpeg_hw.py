@@ -18,6 +18,7 @@ import ctypes as C
 import functools
 import importlib.util
 import os
+import time
 from typing import Any
 
 from ...errors import DependencyError
@@ -164,6 +165,7 @@ class HwBatchDecoder:
             self.lib.nvjpegDestroy(self.handle)
             raise
         self.done: Any = None  # the previous call's end on its stream (an event made at the first call)
+        self.waited = 0.0  # seconds :meth:`decode` waited for the previous call's end, summed
         self.pending: _Pending | None = None  # the last call queued on a native driver (:meth:`submit`)
         self.params: list[Any] = []  # per-image decode parameters of region calls (made as needed, reused)
         self._params_fmt: list[int] = []  # the output format each of them was set to
@@ -200,7 +202,9 @@ class HwBatchDecoder:
         self._settle()
         done = self.done
         if done is not None and not done.done:  # (a query keeps the GIL; a wait lets it go)
+            t0 = time.perf_counter()
             done.synchronize()  # the state's buffers are free again
+            self.waited += time.perf_counter() - t0
         lib = self.lib
         with self.cp.cuda.Device(self.device):
             if done is None:  # one event, made at the first call and recorded again at each (record_held)
