@@ -110,7 +110,7 @@ class Settings:
         hw_planes: "chunked" (decode 4:2:0 and 4:2:2 into their planes with calls split below
             ``hw_chunk``), "always" or "never" (``GPUBATCH_HW_PLANES``). "always" also has ``convert``'s GPU image
             unit decode into planes where a resample reads the images first (a study, not yet run on a GPU: nvJPEG's
-            RGB output costs a kernel an image, waited for inside its call; benchmarks/RESULTS.md 2026-12-04).
+            RGB output costs a kernel an image, which its call's waits follow; benchmarks/RESULTS.md 2026-12-04).
         regions_for: the decoders that decode only the regions asked for ("hw", "cuda").
 
     The CUDA context and the pipeline:

@@ -236,6 +236,8 @@ def test_a_parts_calls_go_to_the_finishing_thread_one_by_one_so_a_ring_slot_come
     order: list = []
 
     class Instance:
+        waited = 0.0  # (HwBatchDecoder's seconds waiting for its previous call, read around a call from Python)
+
         def submit(self, driver, sources, outputs, stream, fmt, regions=None, args=None, publish=None):
             order.append(("queued", tuple(sources)))
             return SimpleNamespace(call=SimpleNamespace(wait_ns=0), sources=tuple(sources))
@@ -257,7 +259,8 @@ def test_a_parts_calls_go_to_the_finishing_thread_one_by_one_so_a_ring_slot_come
         _warming=False, grow_hw=False, _driver=object() if native else None, _hw_finish=finishing, _cold=set(),
         settings=Settings(),
         lib=SimpleNamespace(destroy=lambda streams, images: None),
-        timings={"hw_queue": 0.0, "hw_nvjpeg": 0.0, "hw_first_calls": 0.0, "hw_gpu_wait": 0.0, "hw": 0.0},
+        timings={"hw_queue": 0.0, "hw_nvjpeg": 0.0, "hw_first_calls": 0.0, "hw_gpu_wait": 0.0, "hw": 0.0,
+                 "hw_nvjpeg_cpu": 0.0},
         _hw_instance=lambda pool, kind: Instance(), hw_direct=[], _learn=lambda kinds, idx, ok: [],
         _call_event=lambda owner: None, _part_owner=lambda job: None)
 
