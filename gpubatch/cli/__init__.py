@@ -19,6 +19,23 @@ def _interrupted_while_starting(signum: int, frame: object) -> None:
     os._exit(130)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """Ctrl-C once the command runs: KeyboardInterrupt, as Python's own handler raises it, except where Python would
+    swallow it. Raised inside a weakref's callback (importlib's module locks have one, and the command imports
+    lazily) or a ``__del__``, the interrupt would be printed as "Exception ignored" and lost, the command running
+    on; there it is sent again a moment later, to be raised in the command's own code."""
+    code = getattr(frame, "f_code", None)
+    name, where = (code.co_name, code.co_filename) if code is not None else ("", "")
+    if name == "__del__" or (name == "cb" and where.startswith("<frozen importlib")):
+        import threading
+
+        again = threading.Timer(0.005, os.kill, (os.getpid(), signal.SIGINT))
+        again.daemon = True
+        again.start()
+        return
+    raise KeyboardInterrupt
+
+
 def _starting() -> None:
     """Install :func:`_interrupted_while_starting` for the command's start (never in a library's import:
     only where the process is the ``gpubatch`` command)."""
@@ -120,7 +137,7 @@ def _main(argv: list[str] | None) -> None:
     FROM_CLI.set(True)  # messages name the command's flags
     try:
         if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:  # from here Ctrl-C is KeyboardInterrupt
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, _interrupt)
         cli.main(args=argv, prog_name="gpubatch", standalone_mode=False)
     except (Terminated, click.exceptions.Abort) as e:  # click turns an interrupt into Abort
         cause = e.__cause__ or e.__context__

@@ -534,3 +534,31 @@ def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130(delay):
     assert p.returncode in (130, 0), (p.returncode, err)  # (0: it had finished already)
     if p.returncode == 130:
         assert err.strip().splitlines()[-1].startswith("interrupted")
+
+
+def test_an_interrupt_python_would_swallow_is_sent_again_and_any_other_raised(monkeypatch):
+    """The running command's Ctrl-C handler raises KeyboardInterrupt, except inside importlib's module-lock callback
+    or a ``__del__``, where Python prints "Exception ignored" and runs on: there it sends the signal again, to be
+    raised a moment later in the command's own code."""
+    import signal
+    import threading
+    from types import SimpleNamespace
+
+    from gpubatch.cli import _interrupt
+
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+
+    def frame(name: str, where: str) -> SimpleNamespace:
+        return SimpleNamespace(f_code=SimpleNamespace(co_name=name, co_filename=where))
+
+    for swallowed in (frame("cb", "<frozen importlib._bootstrap>"), frame("__del__", "/x/y.py")):
+        before = {t for t in threading.enumerate()}
+        assert _interrupt(signal.SIGINT, swallowed) is None
+        for t in set(threading.enumerate()) - before:
+            t.join(5)
+    assert sent == [(os.getpid(), signal.SIGINT)] * 2
+    for plain in (frame("cb", "/home/user/mine.py"), frame("run", "/x/api.py"), None):
+        with pytest.raises(KeyboardInterrupt):
+            _interrupt(signal.SIGINT, plain)
+    assert len(sent) == 2
