@@ -340,7 +340,7 @@ class GpuImageUnit:
                 engine = make_engine((batch, settings.hw_preallocate, settings.hw_preallocate))
                 gpu_init = time.perf_counter() - t0
                 start.kernels_ready(gpu)  # (the kernels its start compiles in threads: loaded once)
-                # (while the reader processes start and read; this unit decodes neither into planes nor regions)
+                # (while the reader processes start and read; this unit decodes no regions, and planes only where asked)
                 warm = engine.warm_up(batch, encoder=True, planes=planes, cuda_later=True)
                 feed, feed_start = starting.result()
             else:
