@@ -108,9 +108,9 @@ class Settings:
             at most ``grow_wait`` seconds for its readers.
         size_by_most: a slot for a whole kind is sized for the most pixels of that kind a batch has had.
         hw_planes: "chunked" (decode 4:2:0 and 4:2:2 into their planes with calls split below
-            ``hw_chunk``), "always" or "never" (``GPUBATCH_HW_PLANES``). "always" also has ``convert``'s GPU image
-            unit decode into planes where a resample reads the images first (a study, not yet run on a GPU: nvJPEG's
-            RGB output costs a kernel an image, which its call's waits follow; benchmarks/RESULTS.md 2026-12-04).
+            ``hw_chunk``), "always" or "never" (``GPUBATCH_HW_PLANES``). ``convert``'s GPU image unit decodes to
+            RGB under any of them: decoding into planes there made its calls 7-9% slower (benchmarks/RESULTS.md
+            2026-12-04 "13:25 to 13:27").
         regions_for: the decoders that decode only the regions asked for ("hw", "cuda").
 
     The CUDA context and the pipeline:

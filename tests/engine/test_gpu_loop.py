@@ -119,19 +119,3 @@ def test_assembled_makes_each_span_its_jpeg_and_leaves_the_rest():
     assert out[0].data == tab.prefix + b"\x00\x03\x00\x04" + tab.suffix + b"cde" + b"\xff\xd9"
     assert out[0].key == "c/0" and out[2] == records[2]
     assert isinstance(out[1], RecordError) and (out[1].key, out[1].reason) == (err.key, err.reason)
-
-
-@pytest.mark.parametrize("ops, reads", [((), True), ((ResizeShorter(16),), True),
-                                        ((ResizeShorter(16), Posterize(bits=4)), True),
-                                        ((Posterize(bits=4), ResizeShorter(16)), False)],
-                         ids=["no op", "a window", "a window then a step", "a step first"])
-def test_planes_are_asked_for_only_where_a_resample_reads_the_decoded_images_first(ops, reads):
-    """(``GPUBATCH_HW_PLANES=always``, a study) the GPU image unit decodes 4:2:0 and 4:2:2 JPEGs into their planes
-    only where the chain's first launch is a resample (which reads planes; a step kernel does not), and by default
-    never."""
-    from gpubatch.engine.codecs.decode_buffers import want_planes
-    from gpubatch.engine.gpu.images import _resample_first
-    from gpubatch.engine.settings import Settings
-
-    assert _resample_first(Plan(ops=list(ops))) is reads
-    assert not want_planes(0, Settings()) and want_planes(0, Settings(hw_planes="always"))

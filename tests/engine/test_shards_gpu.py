@@ -51,20 +51,6 @@ def test_gpu_output_is_the_same_bytes_under_any_gpu_procs_and_memory_cap(photos,
         assert d == runs["plain"], f"{name} wrote other bytes"
 
 
-def test_planes_study_writes_the_same_bytes_under_any_gpu_procs_and_memory_cap(photos, tmp_path, monkeypatch):
-    """``GPUBATCH_HW_PLANES=always`` (a study: 4:2:0 and 4:2:2 JPEGs decoded into their planes, read by the resample)
-    writes every record, the same bytes under ``--gpu-procs 2`` and a memory cap as in one uncapped process."""
-    monkeypatch.setenv("GPUBATCH_HW_PLANES", "always")
-    chain = dict(to="webdataset", resize_shorter=256, center_crop=224, quality=90, device="gpu", shard_size=16)
-    runs = {}
-    for name, more in {"plain": {}, "procs2": {"gpu_procs": 2}, "cap640m": {"gpu_memory": "640MiB"}}.items():
-        s = convert(photos, tmp_path / name, **chain, **more)
-        assert s.records_out == 192 and not s.skipped, (name, s.skipped)
-        runs[name] = digest(tmp_path / name)
-    for name, d in runs.items():
-        assert d == runs["plain"], f"{name} wrote other bytes"
-
-
 def _command(src: Path, dst: Path, *more: str) -> list[str]:
     return [sys.executable, "-m", "gpubatch", "convert", str(src), str(dst), "--to", "webdataset", "--shard-size", "8",
             "--resize-shorter", "200", "--device", "gpu", "-q", *more]

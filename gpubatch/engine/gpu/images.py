@@ -198,13 +198,6 @@ class Settled:
         return [r for r in self.out if r is not None]
 
 
-def _resample_first(plan: Plan) -> bool:
-    """Whether ``plan``'s chain reads its decoded images with a resample alone (a window segment first, a bare
-    normalize, or no op: :func:`~.chain.run_chain` then resamples), which reads a JPEG's planes as they are."""
-    segs = segments(plan.ops)
-    return not segs or segs[0][0] in ("window", "normalize")
-
-
 def _whole_window(plan: Plan) -> bool:
     """Whether ``plan``'s chain is one window segment (then maybe a normalize): the feed's folded windows
     then give each output's size."""
@@ -274,7 +267,6 @@ class GpuImageUnit:
         pass
 
     def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
-        from ..codecs.decode_buffers import want_planes
         from ..device import Device, DeviceKind
         from ..executor import default_readers
         from ..media import DEVICE
@@ -313,9 +305,6 @@ class GpuImageUnit:
         if settings.decode_route == "hardware":  # the decoders leave the cores to the readers: half of them
             readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * host)))
         threads = max(2, have // host)
-        # (settings.hw_planes "always": 4:2:0 and 4:2:2 JPEGs decoded into their planes where the chain's first launch,
-        # a resample, is all that reads them)
-        planes = want_planes(0, settings) and _resample_first(plan)
         feed = engine = unpin = current = out_writer = starting = None
         finished = False
         try:
@@ -340,14 +329,14 @@ class GpuImageUnit:
                 engine = make_engine((batch, settings.hw_preallocate, settings.hw_preallocate))
                 gpu_init = time.perf_counter() - t0
                 start.kernels_ready(gpu)  # (the kernels its start compiles in threads: loaded once)
-                # (while the reader processes start and read; this unit decodes no regions, and planes only where asked)
-                warm = engine.warm_up(batch, encoder=True, planes=planes, cuda_later=True)
+                # (while the reader processes start and read; this unit decodes neither into planes nor regions)
+                warm = engine.warm_up(batch, encoder=True, planes=False, cuda_later=True)
                 feed, feed_start = starting.result()
             else:
                 engine = make_engine(None)
                 gpu_init = time.perf_counter() - t0
                 start.kernels_ready(gpu)
-                warm = engine.warm_up(16, encoder=True, planes=planes)  # a small batch: its buffers come before the cap is planned
+                warm = engine.warm_up(16, encoder=True, planes=False)  # a small batch: its buffers come before the cap is planned
                 fixed, parts = engine.fixed_memory()
                 need = gm.sample_need(reader.read, entries, plan)
                 try:
@@ -369,7 +358,7 @@ class GpuImageUnit:
 
             def decode(fed: Any) -> Any:
                 return engine.decoder.decode(fed.blobs, engine.stream, plan.max_pixels, order=False,
-                                             headers=fed.headers, wait=False, planes=planes)
+                                             headers=fed.headers, wait=False)
 
             owners = _owners(tasks, batch)
             current = first_at = None
