@@ -88,7 +88,8 @@ def main() -> None:
                     sys.exit(f"{name}: exit {p.returncode}: {p.stderr.strip()[-1500:]}")
                 got = json.loads(p.stdout.strip().splitlines()[-1])
                 runs[name].append({"round": r, **{k: got.get(k) for k in ("images_per_s", "images", "seconds", "decode_wait",
-                                                                                  "gpu_memory_mib")}})
+                                                                                  "gpu_memory_mib", "cpu_cores",
+                                                                                  "host_decoded")}})
     first = contenders[0][0]
     report: dict = {"data": str(a.data), "chain": a.chain, "device": a.device, "seconds": a.seconds,
                     "batch_size": a.batch_size, "rounds": a.rounds, "cores": os.cpu_count(),
@@ -97,6 +98,8 @@ def main() -> None:
         rates = [x["images_per_s"] for x in rs]
         entry = {"images_per_s_median": round(statistics.median(rates), 1), "min": round(min(rates), 1),
                  "max": round(max(rates), 1), "gpu_memory_mib_max": max((x["gpu_memory_mib"] or 0) for x in rs), "runs": rs}
+        cores = [x["cpu_cores"] for x in rs if x.get("cpu_cores") is not None]
+        entry["cpu_cores_median"] = round(statistics.median(cores), 2) if cores else None
         if name != first:
             ratios = [x["images_per_s"] / y["images_per_s"] for x, y in zip(rs, runs[first])]
             lo, hi = median_interval(ratios)
@@ -111,7 +114,7 @@ def main() -> None:
                  f"{e['ratio_interval_90'][1]:.3f}" + ("" if e["told_apart"] else " (not told apart)")
                  if "ratio_median" in e else "  (the reference)")
         print(f"{name}: {e['images_per_s_median']:,.0f} images/s (median; {e['min']:,.0f}-{e['max']:,.0f}), "
-              f"GPU memory at most {e['gpu_memory_mib_max']} MiB{ratio}")
+              f"GPU memory at most {e['gpu_memory_mib_max']} MiB, {e['cpu_cores_median']} CPU cores{ratio}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,33 @@ import argparse
 import time
 
 
+def tree_cpu_seconds() -> float | None:
+    """CPU seconds of this process and every live process under it (the loader's readers), from /proc; None
+    where there is no /proc."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        stats = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    f = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                stats[int(d)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)  # (parent, utime + stime)
+    except OSError:
+        return None
+    mine, grew = {os.getpid()}, True
+    while grew:
+        grew = False
+        for pid, (ppid, _) in stats.items():
+            if ppid in mine and pid not in mine:
+                mine.add(pid)
+                grew = True
+    return sum(stats[p][1] for p in mine if p in stats)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="a dataset gpubatch wrote (webdataset shards, say)")
@@ -55,7 +82,7 @@ def main() -> None:
                 device=args.device, seed=0, keys=("image", "label"))
     for _ in dl:  # the untimed epoch
         pass
-    n, epoch, t0 = 0, 1, time.perf_counter()
+    n, epoch, t0, cpu0 = 0, 1, time.perf_counter(), tree_cpu_seconds()
     while time.perf_counter() - t0 < args.seconds:
         dl.set_epoch(epoch)
         for _, labels in dl:
@@ -64,15 +91,18 @@ def main() -> None:
                 break
         epoch += 1
     took = time.perf_counter() - t0
+    cpu1 = tree_cpu_seconds()
+    cores = round((cpu1 - cpu0) / took, 2) if cpu0 is not None and cpu1 is not None else None
     if args.json:
         import json
 
         timings = dict(getattr(dl._pipe, "timings", None) or {})  # (the image pipeline's stage times, all epochs)
         peak = mem.stop() if mem is not None else 0
         print(json.dumps({"images_per_s": n / took, "images": n, "seconds": took,
-                          "decode_wait": timings.get("decode_wait"), "gpu_memory_mib": peak >> 20}))
+                          "decode_wait": timings.get("decode_wait"), "gpu_memory_mib": peak >> 20, "cpu_cores": cores,
+                          "host_decoded": (getattr(dl._pipe, "stats", None) or {}).get("host")}))
         return
-    print(f"loader_alone: {n / took:.0f} images/s over {took:.1f} s ({n} images)")
+    print(f"loader_alone: {n / took:.0f} images/s over {took:.1f} s ({n} images; {cores} CPU cores)")
 
 
 if __name__ == "__main__":

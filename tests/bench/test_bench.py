@@ -432,7 +432,7 @@ def test_the_html_report_has_a_verdict_and_labelled_axes():
 
 def test_loader_alone_reads_a_dataset_in_its_own_process(tmp_path, imagenet):
     """benchmarks/loader_alone.py (the loader in one process, for py-spy): an untimed epoch, then batches for
-    its seconds, and the rate it read them at."""
+    its seconds, the rate it read them at and the CPU cores it and its worker processes took."""
     import subprocess
     import sys
     from pathlib import Path
@@ -446,7 +446,8 @@ def test_loader_alone_reads_a_dataset_in_its_own_process(tmp_path, imagenet):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     rate, images = r.stdout.split(": ")[1].split(" images/s")[0], r.stdout.rsplit("(", 1)[1].split(" ")[0]
-    assert float(rate) > 0 and int(images) >= 8
+    cores = r.stdout.rsplit("; ", 1)[1].split(" CPU cores")[0]  # (this process and its workers, from /proc)
+    assert float(rate) > 0 and int(images) >= 8 and float(cores) > 0
 
 
 def test_ab_loader_times_trees_in_turned_rounds_and_tells_a_ratio_apart_only_where_its_interval_does(tmp_path,
