@@ -401,8 +401,7 @@ class Loader(_base()):  # type: ignore[misc]
             self._readers = LoaderFeed(functools.partial(open_reader, self.path, self.fmt), pipe.plan, fields=self.keys,
                                        workers=st.loader_readers or default_readers(route=pipe.engine.decoder.route),
                                        depth=st.feed_slots + (st.held_slots if st.pin_feed else 0),
-                                       slot_bytes=st.feed_slot_bytes, regions=pipe.region_decode,
-                                       cpu_share=min(1.0, max(0.0, st.loader_cpu_share)))
+                                       slot_bytes=st.feed_slot_bytes, regions=pipe.region_decode)
         return self._readers
 
     def _pipeline(self) -> Any:

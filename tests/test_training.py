@@ -496,59 +496,6 @@ def test_the_gpu_loader_s_readers_cut_regions_as_the_file_feed_does(wds):
     assert cut >= len(entries) // 2  # (most random crops read well under the whole image)
 
 
-def test_the_loader_s_cpu_share_goes_by_key_alone():
-    """``loader_cpu_share``: a record is picked from its key alone, the same in every batch, epoch, rank and
-    worker, and about the share of the keys is."""
-    from gpubatch.engine.gpu.feed import cpu_decodes
-
-    keys = [f"n{k:05d}/img_{k}" for k in range(20000)]
-    assert not any(cpu_decodes(k, 0.0) for k in keys) and all(cpu_decodes(k, 1.0) for k in keys)
-    picked = [k for k in keys if cpu_decodes(k, 0.25)]
-    assert abs(len(picked) / len(keys) - 0.25) < 0.02
-    assert picked == [k for k in keys if cpu_decodes(k, 0.25)] and set(picked) <= {k for k in keys if cpu_decodes(k, 0.5)}
-
-
-@pytest.mark.parametrize("share,regions,slot_bytes", [(1.0, False, None), (0.5, True, None), (1.0, True, 200_000)],
-                         ids=["all, whole images", "half, regions", "all, regions, batches past the slot"])
-def test_the_gpu_loader_s_readers_decode_their_share_into_the_slot(wds, share, regions, slot_bytes):
-    """The loader's CPU share (the GPU path's reads, run here without a GPU): each upright baseline JPEG its key
-    picks comes as its RGB pixels (of its region where the feed cuts one), kind ``HOST_PIXELS`` with the size the
-    GPU decoder reads them by, and matching the record's size; every other record as its bytes; also where a batch
-    no longer fits its slot (then sent pickled)."""
-    import functools
-
-    from gpubatch.engine.codecs.headers import HOST_PIXELS, jpeg_facts
-    from gpubatch.engine.codecs.image import decode_region
-    from gpubatch.engine.gpu.feed import LoaderFeed, cpu_decodes
-    from gpubatch.engine.plan import Plan
-    from gpubatch.engine.spec import parse_chain
-    from gpubatch.formats import open_reader
-
-    with open_reader(wds) as reader:
-        entries = reader.entries()
-        truth = {reader.read(e).key: bytes(reader.read(e).data) for e in entries}
-    plan = Plan(ops=tuple(parse_chain("random_resized_crop(size=24) | flip")), seed=2)
-    more = {"slot_bytes": slot_bytes} if slot_bytes else {}
-    pixels = 0
-    with LoaderFeed(functools.partial(open_reader, wds, None), plan, workers=1, depth=2, regions=regions,
-                    cpu_share=share, **more) as feed:
-        for fed in feed.reading([(0, entries[a:a + 16]) for a in range(0, len(entries), 16)]):
-            for i, key in enumerate(fed.keys):
-                _, (kind, _, _), turn = jpeg_facts(truth[key][:65536])
-                mine = kind is not None and kind.startswith("baseline/") and turn == 1 and cpu_decodes(key, share)
-                assert (fed.headers[i][0] == HOST_PIXELS) == mine, key
-                if not mine:
-                    assert bytes(fed.blobs[i]) == truth[key]
-                    continue
-                region = fed.regions[i] if regions else None
-                want, err = decode_region(truth[key], 0, region)
-                assert err is None and fed.sizes[i] == want.shape[:2]
-                assert fed.headers[i][1:] == (want.shape[1], want.shape[0]) and bytes(fed.blobs[i]) == want.tobytes()
-                pixels += 1
-            fed.done()
-    assert pixels >= (len(entries) // 3 if share == 1.0 else 1)
-
-
 @pytest.mark.parametrize("env,regions,banks", [({}, True, 2), ({"GPUBATCH_REGION_DECODE": "0"}, False, 2),
                                                 ({"GPUBATCH_RING_BANKS": "1"}, True, 1),
                                                 ({"GPUBATCH_REGION_DECODE": "1", "GPUBATCH_RING_BANKS": "3"}, True, 3)])

@@ -125,24 +125,3 @@ def test_the_gpu_loader_decodes_regions_with_the_pixels_of_whole_images(imagenet
     assert [(k, lab) for k, _, lab in got["1"]] == [(k, lab) for k, _, lab in got["0"]]
     diff = np.concatenate([np.abs(a - b).ravel() for (_, a, _), (_, b, _) in zip(got["1"], got["0"])])
     assert diff.max() <= 2 and diff.mean() < 0.1, (diff.max(), diff.mean())
-
-
-def test_the_gpu_loader_s_cpu_share_gives_the_rows_of_the_gpu_decoders(imagenet, tmp_path, monkeypatch):
-    """``GPUBATCH_LOADER_CPU_SHARE``: the records the loader's readers decode themselves (copied up as pixels)
-    come out in the same rows, with the same keys and labels, as where the GPU decoders decode everything, the
-    pixels within two JPEG decoders' rounding; with regions and without."""
-    wds = tmp_path / "wds"
-    convert(imagenet, wds, to="webdataset", shard_size=16, device="cpu")
-    chain = "random_resized_crop(size=48) | flip(p=0.5) | normalize(layout='HWC', dtype='uint8')"
-    for regions in ("0", "1"):
-        monkeypatch.setenv("GPUBATCH_REGION_DECODE", regions)
-        got, host = {}, {}
-        for share in ("0", "0.6"):
-            monkeypatch.setenv("GPUBATCH_LOADER_CPU_SHARE", share)
-            with loader(wds, chain, batch_size=8, keys=("key", "image", "label"), device="gpu", seed=5) as dl:
-                got[share] = [(list(k), np.asarray(x.stacked().get(), np.int32), lab.tolist()) for k, x, lab in dl]
-                host[share] = dl._pipe.stats["host"]
-        assert host["0"] == 0 and host["0.6"] > 0, host
-        assert [(k, lab) for k, _, lab in got["0.6"]] == [(k, lab) for k, _, lab in got["0"]]
-        diff = np.concatenate([np.abs(a - b).ravel() for (_, a, _), (_, b, _) in zip(got["0.6"], got["0"])])
-        assert diff.mean() < 1.5, (regions, diff.max(), diff.mean())

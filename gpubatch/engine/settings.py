@@ -123,14 +123,11 @@ class Settings:
         stack_bytes: the context's stack per GPU thread (None: the driver's default).
         pin_feed: page-lock the feed's shared-memory ring for the GPU (``GPUBATCH_PIN_FEED``).
         held_slots: batches whose feed slot waits for the GPU before the oldest is waited for.
-        feed_slots: the file feed's ring (besides the held ones).
+        feed_slots: the file feed's ring (besides the held ones; ``GPUBATCH_FEED_SLOTS``).
         feed_slot_bytes: one batch's encoded bytes in a feed slot (more travels pickled).
         fence_readers: the writers of an output buffer wait for the streams its last batch was read on.
         loader_readers: the training loader's reader processes on the GPU (0: by the cores;
             ``GPUBATCH_LOADER_READERS``; gpubatch.training).
-        loader_cpu_share: the share of the training loader's upright baseline JPEGs its reader processes
-            decode themselves on the GPU path (Pillow; the records picked by key, ``feed.cpu_decodes``), their
-            pixels copied up beside the GPU decoders' work (``GPUBATCH_LOADER_CPU_SHARE``).
 
     The GPU worker processes of ``convert`` and ``augment``:
 
@@ -213,7 +210,6 @@ class Settings:
     feed_slot_bytes: int = 64 << 20
     fence_readers: bool = True
     loader_readers: int = 0
-    loader_cpu_share: float = 0.0
 
     queue_depth: int = 3
     out_slot_bytes: int = 32 << 20
@@ -338,7 +334,7 @@ _ENV = (
     ("GPUBATCH_SWITCH_INTERVAL", "switch_interval", float),
     ("GPUBATCH_PIN_FEED", "pin_feed", _flag),
     ("GPUBATCH_LOADER_READERS", "loader_readers", int),
-    ("GPUBATCH_LOADER_CPU_SHARE", "loader_cpu_share", float),
+    ("GPUBATCH_FEED_SLOTS", "feed_slots", int),
     ("GPUBATCH_VIDEO_DECODERS", "video_decoders", int),
     ("GPUBATCH_VIDEO_LOOP", "video_loop", str),
     ("GPUBATCH_SHARD_WRITER", "shard_writer", str),

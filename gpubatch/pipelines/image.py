@@ -248,7 +248,7 @@ class ImagePipeline:
         self._ring_done: list[Any] = [None] * ring  # per output buffer, the end of its last chunked batch
         self._ring_readers: list[set[int] | None] = [None] * ring  # per output buffer, its last batch's readers
         self.last_errors: list[tuple[int, str]] = []
-        self.stats = {"images": 0, "gpu": 0, "hw": 0, "fallbacks": 0, "host": 0}
+        self.stats = {"images": 0, "gpu": 0, "hw": 0, "fallbacks": 0}
         self._workers: Any = None
         # seconds spent per stage by iterate(): waiting for reads, decoding, waiting for decode, ops;
         # on the CPU, waiting for the worker processes (they read, decode and run the ops)
@@ -379,11 +379,6 @@ class ImagePipeline:
                                           regions=list(regions) if regions is not None else None, wait=False,
                                           chunk=self.chunk, planes=self._planes)
 
-    def _count(self, res: Any, images: int) -> None:
-        st = self.stats
-        st["images"], st["gpu"], st["hw"] = st["images"] + images, st["gpu"] + res.on_gpu, st["hw"] + res.hw
-        st["fallbacks"], st["host"] = st["fallbacks"] + res.fallbacks, st["host"] + res.host
-
     def process(self, decoded: Any, keys: Sequence[str], params: Sequence[Any] | None = None,
                 sizes: Sequence[tuple[int, int] | None] | None = None,
                 windows: tuple[np.ndarray, np.ndarray] | None = None, own: bool = False, epoch: int = 0):
@@ -430,7 +425,10 @@ class ImagePipeline:
         batch.failed = [(keys[i], err) for i, err in self.last_errors]
         if slot is not None:
             self._ring[slot], self._ring_readers[slot] = batch.buffer, batch.readers
-        self._count(res, len(arrays))
+        self.stats["images"] += len(arrays)
+        self.stats["gpu"] += res.on_gpu
+        self.stats["hw"] += res.hw
+        self.stats["fallbacks"] += res.fallbacks
         return batch
 
     def _draws(self, rows: list[int], arrays: list[Any], keys: Sequence[str], params: Sequence[Any] | None,
@@ -554,7 +552,10 @@ class ImagePipeline:
             with eng.stream:
                 view = buf[: len(rows) * per].reshape(len(rows), per)
                 view[: len(done)] = view[cp.asarray(np.array([rank[i] for i in done], np.int64))]
-        self._count(res, len(done))
+        self.stats["images"] += len(done)
+        self.stats["gpu"] += res.on_gpu
+        self.stats["hw"] += res.hw
+        self.stats["fallbacks"] += res.fallbacks
         batch = DeviceBatch(buf, np.arange(len(done), dtype=np.int64) * per, [shape] * len(done), stream=eng.stream,
                             keys=[keys[i] for i in done], failed=[(keys[i], err) for i, err in self.last_errors])
         if slot is not None:

@@ -503,7 +503,7 @@ def test_an_image_left_to_the_cpu_gives_the_region_the_feed_cut():
 
     from gpubatch.engine.codecs import image as host
     from gpubatch.engine.codecs.headers import jpeg_facts
-    from gpubatch.engine.codecs.image import decode_region as _host_decode
+    from gpubatch.engine.codecs.image_gpu import _host_decode
 
     rgb = np.random.default_rng(3).integers(0, 256, (120, 160, 3), np.uint8)
     buf = io.BytesIO()

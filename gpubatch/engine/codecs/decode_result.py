@@ -25,7 +25,6 @@ class DecodeResult:
         errors: per item None or the reason it could not be decoded by any path.
         on_gpu: how many the GPU decoders produced; ``hw`` of those by the hardware engine.
         fallbacks: how many Pillow decoded after the GPU refused them.
-        host: how many a loader's readers decoded (its CPU share), copied up as they were.
         keep: objects that own the device memory (the batch's stream-ordered buffers, or nvImageCodec
             Images); hold them until the kernels reading ``arrays`` are enqueued on the consumer's
             stream: dropping them then frees the memory in stream order.
@@ -44,7 +43,6 @@ class DecodeResult:
     on_gpu: int = 0
     hw: int = 0
     fallbacks: int = 0
-    host: int = 0
     keep: list[Any] = field(default_factory=list)
     ready: list[Any] = field(default_factory=list)
     waited: float = 0.0

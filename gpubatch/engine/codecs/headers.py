@@ -249,10 +249,6 @@ def _why(e: Exception) -> str:
 
 
 # SOF markers nvJPEG's GPU decoders handle (baseline, extended, progressive Huffman).
-#: the kind a feed's reader gives a record it decoded itself (the loader's CPU share): its bytes are the image's
-#: RGB pixels, H x W x 3 (W and H the header's width and height), which the GPU decoder copies up as they are
-HOST_PIXELS = "rgb/host"
-
 _GPU_SOF = {0xC0: "baseline", 0xC1: "extended", 0xC2: "progressive"}
 
 

@@ -31,22 +31,6 @@ def decode(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     return np.asarray(decode_image(data, max_pixels), dtype=np.uint8)
 
 
-def decode_region(data: bytes, max_pixels: int, region: tuple[int, int, int, int] | None = None
-                  ) -> tuple[np.ndarray | None, str | None]:
-    """(:func:`decode`'s array, None), or (None, why not): its ``region`` (y0, x0, y1, x1) alone where one is asked
-    for, as the GPU decoders give it (an image they did not take, one a loader's reader decodes itself)."""
-    try:
-        arr = decode(data, max_pixels)
-    except ValueError as e:
-        return None, str(e)
-    if region is None:
-        return arr, None
-    y0, x0, y1, x1 = region
-    if not (0 <= y0 < y1 <= arr.shape[0] and 0 <= x0 < x1 <= arr.shape[1]):
-        return None, f"cannot decode image (its region {region} is outside its {arr.shape[1]}x{arr.shape[0]} pixels)"
-    return np.ascontiguousarray(arr[y0:y1, x0:x1]), None
-
-
 def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Any:
     """:func:`decode`, as an RGB Pillow image (what Pillow's resize reads without a copy)."""
     Image = _pillow()

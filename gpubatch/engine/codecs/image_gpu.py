@@ -53,7 +53,7 @@ from .decode_calls import DecodeCalls
 from .decode_python import PythonBindingDecode
 from .decode_result import DecodeResult, DeviceImage
 from .decode_routing import DecodeRouting, choose_route
-from .headers import HOST_PIXELS, jpeg_kind
+from .headers import jpeg_kind
 from .hw_instances import HwInstances
 from .nvimgcodec_c import nvimgcodec
 from .nvjpeg_hw import nvjpeg_driver
@@ -501,13 +501,8 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
         groups: dict[str, list[int]] = {}
         to_cpu = []
         ended = blobs.jpeg_ended() if self.hw_direct and hasattr(blobs, "jpeg_ended") else None  # (a feed's slot)
-        pixels = []  # records a loader's reader decoded itself: copied up as they are
         for i in range(n):
             kind, w, h = headers[i] if headers is not None else (None, 0, 0)
-            if kind == HOST_PIXELS:
-                kinds[i], dims[i] = kind, (w, h)
-                pixels.append(i)
-                continue
             if kind is None:  # not given, or not seen in the part of the file the feed looked at
                 kind, w, h = jpeg_kind(bytes(blobs[i]))
             if max_pixels and w * h > max_pixels:
@@ -530,10 +525,7 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
             self.route_batches[self.route] += 1
         to_hw, to_cuda = self._split(groups)
         res = DecodeResult(arrays, errors)
-        uploaded = self._upload(blobs, pixels, dims, stream, res) if pixels else []
         if self.lib is None:  # the Python binding: both decoders' calls made here, then the fallbacks
-            for i, img in uploaded:
-                res.arrays[i] = img
             tm["parse"] += time.perf_counter() - t_start
             to_cpu.extend(self._gpu_python(blobs, regions, kinds, to_hw, to_cuda, stream, res))
             if res.on_gpu:
@@ -541,13 +533,13 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
             t0 = time.perf_counter()
             failed = sorted(set(to_cpu))
             for i, img in self._place(res, zip(failed, self._cpu.map(
-                    lambda i: host.decode_region(bytes(blobs[i]), max_pixels, _region(regions, i)), failed)), stream):
+                    lambda i: _host_decode(bytes(blobs[i]), max_pixels, _region(regions, i)), failed)), stream):
                 res.arrays[i] = img
             tm["cpu"] += time.perf_counter() - t0
             return res
         # the C API: each decoder's part goes to its thread, which posts what it decodes on the result's
         # queue; what the GPU cannot take starts on the CPU
-        cpu_now = [(i, self._cpu.submit(host.decode_region, bytes(blobs[i]), max_pixels, _region(regions, i))) for i in to_cpu]
+        cpu_now = [(i, self._cpu.submit(_host_decode, bytes(blobs[i]), max_pixels, _region(regions, i))) for i in to_cpu]
         res.feed, res.chunked = queue.SimpleQueue(), bool(chunk)
         sink = weakref.ref(res)  # the threads post nothing once the result is dropped (freeing its memory)
         parts = 0
@@ -557,56 +549,14 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
                 job.sink = sink
                 thread.submit(self._run, job, blobs, regions, kinds)
                 parts += 1
-        res.pending = functools.partial(self._gather, parts, cpu_now, blobs, stream, max_pixels, regions, uploaded)
+        res.pending = functools.partial(self._gather, parts, cpu_now, blobs, stream, max_pixels, regions)
         tm["parse"] += time.perf_counter() - t_start
         return res
 
-    def _upload(self, blobs: Any, idx: list[int], dims: list[tuple[int, int]], stream: Any,
-                res: DecodeResult) -> list[tuple[int, DeviceImage]]:
-        """The records a loader's reader decoded itself (:data:`~.headers.HOST_PIXELS`, ``dims`` their width and
-        height): their RGB pixels copied as they are into one device buffer, ordered on ``stream`` (items that lie
-        back to back in the feed's slot in one copy). The slot's memory is read by the GPU later where it is
-        page-locked: the pipeline hands it back only once ``stream`` is past the batch."""
-        cp = self.cp
-        rt = cp.cuda.runtime
-        want = [dims[i][0] * dims[i][1] * 3 for i in idx]
-        if hasattr(blobs, "addresses"):
-            addresses, lengths = blobs.addresses()
-            src = [(addresses[i], lengths[i], None) for i in idx]
-        else:
-            held = [np.frombuffer(blobs[i], np.uint8) for i in idx]  # (pageable: each copy is staged as it is made)
-            src = [(a.ctypes.data, a.nbytes, a) for a in held]
-        with cp.cuda.Device(self.device_index), stream:
-            buf = cp.empty(max(1, sum(want)), cp.uint8)
-        base, at, out = buf.data.ptr, 0, []
-        run: list[int] = [0, 0, 0]  # a copy being gathered: (device address, host address, bytes)
-        for i, n, (addr, got, _) in zip(idx, want, src):
-            if got != n:
-                res.errors[i] = f"cannot decode image (its decoded pixels are {got} bytes, not {n})"
-                continue
-            if run[2] and run[1] + run[2] == addr and run[0] + run[2] == base + at:
-                run[2] += n
-            else:
-                if run[2]:
-                    rt.memcpyAsync(run[0], run[1], run[2], rt.memcpyHostToDevice, stream.ptr)
-                run = [base + at, addr, n]
-            w, h = dims[i]
-            out.append((i, DeviceImage(base + at, (h, w, 3), w * 3, buf)))
-            at += n
-        if run[2]:
-            rt.memcpyAsync(run[0], run[1], run[2], rt.memcpyHostToDevice, stream.ptr)
-        res.host += len(out)
-        return out
-
     def _gather(self, parts: int, cpu_now: list[tuple[int, Any]], blobs: list[Any], stream: Any, max_pixels: int,
-                regions: list | None, uploaded: list[tuple[int, DeviceImage]],
-                res: DecodeResult) -> Iterator[tuple[list[tuple[int, DeviceImage]], Any, Any]]:
+                regions: list | None, res: DecodeResult) -> Iterator[tuple[list[tuple[int, DeviceImage]], Any, Any]]:
         """A batch's decoded images as its decoders' threads post them, (items, owner, decode-end event)
-        per call or part, after those its reader decoded (``uploaded``, ordered on ``stream`` already), then its
-        CPU decodes (the C API path; ``parts``: the decoder parts handed over)."""
-        if uploaded:
-            yield uploaded, None, None, None
-        uploaded = []
+        per call or part, then its CPU decodes (the C API path; ``parts``: the decoder parts handed over)."""
         failed: list[int] = []
         feed = res.feed
         while parts:
@@ -627,7 +577,7 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
                 raise msg[1]
         t0 = time.perf_counter()
         decoded = [(i, f.result()) for i, f in cpu_now]
-        decoded += zip(failed, self._cpu.map(lambda i: host.decode_region(bytes(blobs[i]), max_pixels, _region(regions, i)),
+        decoded += zip(failed, self._cpu.map(lambda i: _host_decode(bytes(blobs[i]), max_pixels, _region(regions, i)),
                                              failed))
         placed = self._place(res, decoded, stream)
         self.timings["cpu"] += time.perf_counter() - t0
@@ -670,5 +620,21 @@ def _tiny_jpegs(n: int) -> list[bytes]:
 
 def _region(regions: list | None, i: int) -> tuple[int, int, int, int] | None:
     return regions[i] if regions is not None else None
+
+
+def _host_decode(data: bytes, max_pixels: int, region: tuple[int, int, int, int] | None = None
+                 ) -> tuple[np.ndarray | None, str | None]:
+    """An image the GPU decoders did not take, decoded on the CPU: its ``region`` (y0, x0, y1, x1) alone where
+    one was asked for (the feed moved the record's window into it), as the GPU decoders give it."""
+    try:
+        arr = host.decode(data, max_pixels)
+    except ValueError as e:
+        return None, str(e)
+    if region is None:
+        return arr, None
+    y0, x0, y1, x1 = region
+    if not (0 <= y0 < y1 <= arr.shape[0] and 0 <= x0 < x1 <= arr.shape[1]):
+        return None, f"cannot decode image (its region {region} is outside its {arr.shape[1]}x{arr.shape[0]} pixels)"
+    return np.ascontiguousarray(arr[y0:y1, x0:x1]), None
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import queue
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
@@ -200,26 +199,6 @@ class _Slot:
                 got, head = len(data), data[:65536]
         self._add(got)
         return head
-
-    def item(self, i: int) -> Any:
-        """Item ``i``'s bytes as written (a view of the slot, or its own bytes once the batch no longer fits)."""
-        if self.overflow is not None:
-            return self.overflow[i]
-        a = self.base + self.offsets[i]
-        return self.buf[a : a + self.lengths[i]]
-
-    def replace(self, i: int, data: Any) -> None:
-        """Item ``i`` becomes ``data`` (a buffer), written after the slot's last item; the old bytes stay unread."""
-        n = memoryview(data).nbytes
-        if self.overflow is None and self.pos + n <= self.cap:
-            a = self.base + self.pos
-            self.buf[a : a + n] = memoryview(data).cast("B")
-            self.offsets[i], self.lengths[i] = self.pos, n
-            self.pos += n
-        else:
-            self._spill()
-            self.overflow[i] = bytes(memoryview(data).cast("B"))  # type: ignore[index]
-            self.lengths[i] = n
 
     def skip(self) -> None:
         """An empty item (a file that could not be read)."""
@@ -610,41 +589,11 @@ class LoaderReads:
     regions: list[tuple[int, int, int, int] | None] | None = None
 
 
-def cpu_decodes(key: str, share: float) -> bool:
-    """Whether the record ``key`` is one of the loader's CPU share (``Settings.loader_cpu_share``): drawn from the key
-    alone, so a record goes the same way in every epoch, batch, rank and worker count."""
-    return share > 0 and zlib.crc32(key.encode()) < share * 4294967296.0
-
-
-def _decode_share(out: _Slot, keys: list[str], headers: list[Any], sizes: list[Any], turns: list[int],
-                  cut: list[Any] | None, share: float) -> None:
-    """The loader's CPU share of a batch read into ``out``: each upright baseline JPEG whose key
-    :func:`cpu_decodes` picks is decoded here by Pillow (its region alone where the feed cut one, as the GPU
-    decoders give it), its slot bytes replaced by the pixels and its header kind made
-    :data:`~gpubatch.engine.codecs.headers.HOST_PIXELS`; the GPU decoder copies those up as they are. One that
-    Pillow cannot decode stays as it was (the GPU path then says why)."""
-    from ..codecs.headers import HOST_PIXELS
-    from ..codecs.image import decode_region
-
-    max_pixels = _W["plan"].max_pixels
-    for i, key in enumerate(keys):
-        kind = headers[i][0]
-        if turns[i] != 1 or kind is None or not kind.startswith("baseline/") or not cpu_decodes(key, share):
-            continue
-        region = cut[i] if cut is not None else None
-        arr, err = decode_region(bytes(out.item(i)), max_pixels, region)
-        if err is not None or arr.shape[:2] != tuple(sizes[i] or ()):
-            continue
-        out.replace(i, arr)
-        headers[i] = (HOST_PIXELS, arr.shape[1], arr.shape[0])
-
-
 def _read_loader(slot: int, entries: list[Any], epoch: int, fields: tuple[bool, bool] = (True, True),
-                 regions: bool = False, cpu_share: float = 0.0) -> tuple[tuple, LoaderReads]:
+                 regions: bool = False) -> tuple[tuple, LoaderReads]:
     """Read a training batch's dataset ``entries`` into ``slot`` (see :class:`LoaderFeed`): a reader that
     can reads each image straight into the slot. ``fields``: whether the metas and the boxes are sent;
-    ``regions``: cut each upright JPEG to the part the chain's leading window reads (as :func:`_read`);
-    ``cpu_share``: decode that share of the records here (:func:`_decode_share`)."""
+    ``regions``: cut each upright JPEG to the part the chain's leading window reads (as :func:`_read`)."""
     from ..codecs.headers import jpeg_facts
     from ..windows import leading_windows
 
@@ -653,7 +602,7 @@ def _read_loader(slot: int, entries: list[Any], epoch: int, fields: tuple[bool, 
     out = _Slot(slot)
     metas: list[Any] | None = [] if fields[0] else None
     boxes: list[Any] | None = [] if fields[1] else None
-    keys, sizes, params, headers, labels, origins, failed, upright, turns = [], [], [], [], [], [], [], [], []
+    keys, sizes, params, headers, labels, origins, failed, upright = [], [], [], [], [], [], [], []
     for entry in entries:
         r = read_row(reader, entry, into=out.reserve)
         if not isinstance(r, Record):
@@ -662,7 +611,6 @@ def _read_loader(slot: int, entries: list[Any], epoch: int, fields: tuple[bool, 
         out.commit(r.data)
         hw, kind, turn = jpeg_facts(r.data[:65536])
         upright.append(regions and hw is not None and turn == 1)
-        turns.append(turn)
         keys.append(r.key)
         sizes.append(hw)
         headers.append(kind)
@@ -676,8 +624,6 @@ def _read_loader(slot: int, entries: list[Any], epoch: int, fields: tuple[bool, 
         del r  # (its bytes may be a view of the slot)
     windows = leading_windows(plan.ops, params, sizes)
     cut = _cut_regions(windows, sizes, upright) if regions and windows is not None else None
-    if cpu_share > 0:
-        _decode_share(out, keys, headers, sizes, turns, cut, cpu_share)
     return out.layout(), LoaderReads(keys, sizes, params if _draws(plan) else None, headers, windows, labels,
                                      origins, metas, boxes, failed, cut)
 
@@ -703,10 +649,8 @@ class LoaderFeed(Feed):
     last ones of this epoch decode, as a reader that never stops would)."""
 
     def __init__(self, opener: Callable[[], RecordSource], plan: Plan, workers: int | None = None, depth: int = 4,
-                 slot_bytes: int = SLOT_BYTES, fields: Sequence[str] | None = None, regions: bool = False,
-                 cpu_share: float = 0.0):
+                 slot_bytes: int = SLOT_BYTES, fields: Sequence[str] | None = None, regions: bool = False):
         self.regions = regions  # each upright JPEG cut to the part the chain's leading window reads
-        self.cpu_share = cpu_share  # the records the readers decode themselves (cpu_decodes)
         # what the loader hands over besides keys, images and labels (None: all of it): metas (asked for
         # as "meta" or by a member's name) and boxes
         known = {"key", "image", "label", "boxes"}
@@ -732,8 +676,7 @@ class LoaderFeed(Feed):
             yield n, n + 1, int(epoch)
 
     def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
-        fut = self.pool.submit(_read_loader, slot, self._queued.pop(a), epoch, self.fields, self.regions,
-                               self.cpu_share)
+        fut = self.pool.submit(_read_loader, slot, self._queued.pop(a), epoch, self.fields, self.regions)
         self._inflight = [f for f in self._inflight if not f.done()] + [fut]
         return fut
 
