@@ -309,6 +309,16 @@ def _count(raw: str) -> int:
 _count.__name__ = "whole number (0 or more)"
 
 
+def _positive(raw: str) -> int:
+    n = int(raw)
+    if n < 1:
+        raise ValueError(raw)
+    return n
+
+
+_positive.__name__ = "whole number (1 or more)"
+
+
 def _xdg_cache(raw: str) -> str:
     return os.path.join(raw, "gpubatch")
 
@@ -334,7 +344,7 @@ _ENV = (
     ("GPUBATCH_SWITCH_INTERVAL", "switch_interval", float),
     ("GPUBATCH_PIN_FEED", "pin_feed", _flag),
     ("GPUBATCH_LOADER_READERS", "loader_readers", int),
-    ("GPUBATCH_FEED_SLOTS", "feed_slots", int),
+    ("GPUBATCH_FEED_SLOTS", "feed_slots", _positive),
     ("GPUBATCH_VIDEO_DECODERS", "video_decoders", int),
     ("GPUBATCH_VIDEO_LOOP", "video_loop", str),
     ("GPUBATCH_SHARD_WRITER", "shard_writer", str),

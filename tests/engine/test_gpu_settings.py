@@ -88,6 +88,9 @@ def test_the_study_settings_come_from_the_environment():
     assert (Settings.from_env(environ={}).hw_stream_wait, Settings.from_env(environ={}).region_decode) == (False, None)
     st = Settings.from_env(environ={"GPUBATCH_HW_STREAM_WAIT": "1", "GPUBATCH_REGION_DECODE": "0"})
     assert (st.hw_stream_wait, st.region_decode) == (True, False)
+    assert (Settings.from_env(environ={}).feed_slots, Settings.from_env(environ={"GPUBATCH_FEED_SLOTS": "16"}).feed_slots) == (6, 16)
+    with pytest.raises(UsageError, match=r"GPUBATCH_FEED_SLOTS='0': not a whole number \(1 or more\)"):
+        Settings.from_env(environ={"GPUBATCH_FEED_SLOTS": "0"})
 
 
 def test_the_engine_reads_no_environment_outside_its_settings():
