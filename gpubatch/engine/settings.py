@@ -12,7 +12,7 @@ The defaults are what was measured best; docs/engine.md gives the figures behind
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -299,24 +299,20 @@ def _mib(raw: str) -> int:
 _mib.__name__ = "whole number of MiB"
 
 
-def _count(raw: str) -> int:
-    n = int(raw)
-    if n < 0:
-        raise ValueError(raw)
-    return n
+def _at_least(least: int) -> Callable[[str], int]:
+    """A parser of whole numbers of ``least`` or more (named as its error message says)."""
+
+    def whole(raw: str) -> int:
+        n = int(raw)
+        if n < least:
+            raise ValueError(raw)
+        return n
+
+    whole.__name__ = f"whole number ({least} or more)"
+    return whole
 
 
-_count.__name__ = "whole number (0 or more)"
-
-
-def _positive(raw: str) -> int:
-    n = int(raw)
-    if n < 1:
-        raise ValueError(raw)
-    return n
-
-
-_positive.__name__ = "whole number (1 or more)"
+_count, _positive = _at_least(0), _at_least(1)
 
 
 def _xdg_cache(raw: str) -> str:
