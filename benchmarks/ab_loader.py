@@ -88,8 +88,7 @@ def main() -> None:
                     sys.exit(f"{name}: exit {p.returncode}: {p.stderr.strip()[-1500:]}")
                 got = json.loads(p.stdout.strip().splitlines()[-1])
                 runs[name].append({"round": r, **{k: got.get(k) for k in ("images_per_s", "images", "seconds", "decode_wait",
-                                                                                  "gpu_memory_mib", "cpu_cores",
-                                                                                  "host_decoded")}})
+                                                                                  "gpu_memory_mib", "cpu_cores")}})
     first = contenders[0][0]
     report: dict = {"data": str(a.data), "chain": a.chain, "device": a.device, "seconds": a.seconds,
                     "batch_size": a.batch_size, "rounds": a.rounds, "cores": os.cpu_count(),

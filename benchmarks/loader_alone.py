@@ -27,8 +27,9 @@ def tree_cpu_seconds() -> float | None:
         for d in os.listdir("/proc"):
             if d.isdigit():
                 try:
-                    f = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
-                except OSError:
+                    with open(f"/proc/{d}/stat") as fh:
+                        f = fh.read().rsplit(")", 1)[1].split()
+                except OSError:  # (a process gone meanwhile)
                     continue
                 stats[int(d)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)  # (parent, utime + stime)
     except OSError:
@@ -99,8 +100,7 @@ def main() -> None:
         timings = dict(getattr(dl._pipe, "timings", None) or {})  # (the image pipeline's stage times, all epochs)
         peak = mem.stop() if mem is not None else 0
         print(json.dumps({"images_per_s": n / took, "images": n, "seconds": took,
-                          "decode_wait": timings.get("decode_wait"), "gpu_memory_mib": peak >> 20, "cpu_cores": cores,
-                          "host_decoded": (getattr(dl._pipe, "stats", None) or {}).get("host")}))
+                          "decode_wait": timings.get("decode_wait"), "gpu_memory_mib": peak >> 20, "cpu_cores": cores}))
         return
     print(f"loader_alone: {n / took:.0f} images/s over {took:.1f} s ({n} images; {cores} CPU cores)")
 
