@@ -12,7 +12,9 @@ executor it is done before the trace is written. Needs torch (its profiler) besi
 
 The summary (the second form reads a trace already made): the CUDA runtime calls of the busiest threads by name, the
 GPU's work by name, and for the thread that makes the most copies (the hardware decoder's, inside nvJPEG's calls) how
-long its kernels waited from launch to start and how long its event synchronizations took.
+long its kernels waited from launch to start and how long its event synchronizations took; the streams with GPU work
+and those of its kernels; and its kernels' waits split by whether a kernel of the chain's stream (the stream of the
+most kernels that are not nvJPEG's) was running at their launch.
 
 Found (H200, 2026-12-04, benchmarks/RESULTS.md "11:53 to 11:55"; trace
 ``results/2026-12-04-convert-worker-trace-4096-036fdd6-h200.json.gz``): inside nvJPEG's hardware calls, a copy, a
@@ -22,6 +24,7 @@ colour-conversion kernel, an event record and an event synchronization for each 
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import gzip
 import json
@@ -113,6 +116,20 @@ def summarize(path: Path) -> dict:
         kernels = [k for k in ev if k.get("cat") == "kernel" and k.get("args", {}).get("correlation") in by_corr]
         waits = [k["ts"] - by_corr[k["args"]["correlation"]]["ts"] for k in kernels]
         syncs = [e["dur"] for e in calls if e["name"] == "cudaEventSynchronize"]
+        # the chain's stream (its resample and the JPEG encoder's kernels): the stream of the most kernels not nvJPEG's
+        others = collections.Counter(k["args"].get("stream") for k in ev if k.get("cat") == "kernel"
+                                     and "nvjpeg" not in k["name"])
+        chain = sorted((k["ts"], k["ts"] + k.get("dur", 0)) for k in ev if k.get("cat") == "kernel"
+                       and others and k["args"].get("stream") == others.most_common(1)[0][0])
+        starts, ends = [a for a, _ in chain], [b for _, b in chain]
+        beside: dict[bool, list[float]] = {True: [], False: []}  # launched while a chain kernel ran, or not
+        right_after = 0  # started within 3 us of a chain kernel's end
+        for k, w in zip(kernels, waits):
+            at = by_corr[k["args"]["correlation"]]["ts"]
+            i = bisect.bisect_right(starts, at)
+            beside[i > 0 and chain[i - 1][1] > at].append(w)
+            j = bisect.bisect_right(ends, k["ts"])
+            right_after += j > 0 and k["ts"] - ends[j - 1] <= 3.0
         out["hardware thread"] = {
             "runtime calls": len(calls), "seconds in them": round(sum(e.get("dur", 0) for e in calls) / 1e6, 4),
             "span s": round((max(e["ts"] + e.get("dur", 0) for e in calls) - min(e["ts"] for e in calls)) / 1e6, 4),
@@ -124,7 +141,15 @@ def summarize(path: Path) -> dict:
             "event sync us (median, p95, max)": [round(statistics.median(syncs), 1),
                                                  round(statistics.quantiles(syncs, n=20)[-1], 1), round(max(syncs), 1)]
             if len(syncs) > 1 else None,
-            "event syncs over 50 us, s": round(sum(s for s in syncs if s > 50) / 1e6, 4)}
+            "event syncs over 50 us, s": round(sum(s for s in syncs if s > 50) / 1e6, 4),
+            "streams with GPU work": len({k["args"].get("stream") for k in ev
+                                          if k.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")}),
+            "streams of its kernels": len({k["args"].get("stream") for k in kernels}),
+            "its kernels launched while a chain kernel ran: count, launch to start us (median)":
+                [len(beside[True]), round(statistics.median(beside[True]), 1) if beside[True] else None],
+            "the others: count, launch to start us (median)":
+                [len(beside[False]), round(statistics.median(beside[False]), 1) if beside[False] else None],
+            "its kernels starting within 3 us of a chain kernel's end": right_after}
     print(json.dumps(out, indent=1))
     return out
 

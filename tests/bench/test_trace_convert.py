@@ -40,3 +40,8 @@ def test_the_summary_of_the_kept_trace_gives_the_figures_results_md_quotes():
     assert hw["event sync us (median, p95, max)"] == [1.9, 108.6, 820.0]
     assert hw["kernels by name"] == {"void nvjpeg::ycbcr_to_format_kernel_roi<": 3078,
                                      "void nvjpeg::rgba2rgb<(nvjpegOutputForma": 1018}
+    # the streams, and whether the colour-conversion kernels wait behind the chain's kernels (RESULTS "14:11 to 14:15")
+    assert (hw["streams with GPU work"], hw["streams of its kernels"]) == (70, 42)
+    assert hw["its kernels launched while a chain kernel ran: count, launch to start us (median)"] == [181, 379.8]
+    assert hw["the others: count, launch to start us (median)"] == [3915, 294.8]
+    assert hw["its kernels starting within 3 us of a chain kernel's end"] == 26
