@@ -117,10 +117,11 @@ def summarize(path: Path) -> dict:
         waits = [k["ts"] - by_corr[k["args"]["correlation"]]["ts"] for k in kernels]
         syncs = [e["dur"] for e in calls if e["name"] == "cudaEventSynchronize"]
         # the chain's stream (its resample and the JPEG encoder's kernels): the stream of the most kernels not nvJPEG's
-        others = collections.Counter(k["args"].get("stream") for k in ev if k.get("cat") == "kernel"
-                                     and "nvjpeg" not in k["name"])
-        chain = sorted((k["ts"], k["ts"] + k.get("dur", 0)) for k in ev if k.get("cat") == "kernel"
-                       and others and k["args"].get("stream") == others.most_common(1)[0][0])
+        all_kernels = [k for k in ev if k.get("cat") == "kernel"]
+        others = collections.Counter(k["args"].get("stream") for k in all_kernels if "nvjpeg" not in k["name"])
+        chain_stream = others.most_common(1)[0][0] if others else None
+        chain = sorted((k["ts"], k["ts"] + k.get("dur", 0)) for k in all_kernels
+                       if others and k["args"].get("stream") == chain_stream)
         starts, ends = [a for a, _ in chain], [b for _, b in chain]
         beside: dict[bool, list[float]] = {True: [], False: []}  # launched while a chain kernel ran, or not
         right_after = 0  # started within 3 us of a chain kernel's end
@@ -130,6 +131,11 @@ def summarize(path: Path) -> dict:
             beside[i > 0 and chain[i - 1][1] > at].append(w)
             j = bisect.bisect_right(ends, k["ts"])
             right_after += j > 0 and k["ts"] - ends[j - 1] <= 3.0
+        per_stream: dict = collections.defaultdict(list)  # its kernels' waits by stream
+        for k, w in zip(kernels, waits):
+            per_stream[k["args"].get("stream")].append(w)
+        stream_medians = [statistics.median(v) for v in per_stream.values()]
+        single = [k for k in all_kernels if "DecodeSingleGPU" in k["name"]]  # (the CUDA decoder's nvJPEG kernels)
         out["hardware thread"] = {
             "runtime calls": len(calls), "seconds in them": round(sum(e.get("dur", 0) for e in calls) / 1e6, 4),
             "span s": round((max(e["ts"] + e.get("dur", 0) for e in calls) - min(e["ts"] for e in calls)) / 1e6, 4),
@@ -149,7 +155,13 @@ def summarize(path: Path) -> dict:
                 [len(beside[True]), round(statistics.median(beside[True]), 1) if beside[True] else None],
             "the others: count, launch to start us (median)":
                 [len(beside[False]), round(statistics.median(beside[False]), 1) if beside[False] else None],
-            "its kernels starting within 3 us of a chain kernel's end": right_after}
+            "its kernels starting within 3 us of a chain kernel's end": right_after,
+            "its streams' median launch to start us (least, most)":
+                [round(min(stream_medians), 1), round(max(stream_medians), 1)] if stream_medians else None,
+            "CUDA decoder kernels: count, streams, span ms":
+                [len(single), len({k["args"].get("stream") for k in single}),
+                 round((max(k["ts"] + k.get("dur", 0) for k in single) - min(k["ts"] for k in single)) / 1e3, 1)
+                 if single else None]}
     print(json.dumps(out, indent=1))
     return out
 

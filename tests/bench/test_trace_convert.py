@@ -45,3 +45,5 @@ def test_the_summary_of_the_kept_trace_gives_the_figures_results_md_quotes():
     assert hw["its kernels launched while a chain kernel ran: count, launch to start us (median)"] == [181, 379.8]
     assert hw["the others: count, launch to start us (median)"] == [3915, 294.8]
     assert hw["its kernels starting within 3 us of a chain kernel's end"] == 26
+    assert hw["its streams' median launch to start us (least, most)"] == [227.7, 539.1]
+    assert hw["CUDA decoder kernels: count, streams, span ms"] == [2816, 11, 11.8]
