@@ -6,7 +6,8 @@
         -- --to webdataset --resize-shorter 256 --center-crop 224 --quality 90 --device gpu
 
 A tree may carry settings for its runs: ``--tree NEW::GPUBATCH_DECODE_AHEAD=3,GPUBATCH_SHARD_WRITER=thread`` (the same
-tree with and without them are then two contenders). Each round runs every tree once, in turn (the machine's drift falls on each alike); the first round is
+tree with and without them are then two contenders), and options of its own after ``++``, added to the command's:
+``--tree "NEW++--gpu-procs 2"``. Each round runs every tree once, in turn (the machine's drift falls on each alike); the first round is
 untimed (page cache, CuPy's kernel cache, each tree's bytecode). A tree is a checkout, or a folder that holds
 the ``gpubatch`` package (``git archive REV gpubatch | tar -x -C DIR``); its modules are byte-compiled first,
 as an install has them. Prints, per tree, images/s of the median run, each run's seconds, and the medians of
@@ -57,17 +58,29 @@ def _contender(spec: str) -> tuple[str, Path, dict[str, str]]:
     return (f"{tree}::{settings}" if settings else str(tree)), tree, env
 
 
+def _with_args(spec: str) -> tuple[str, list[str]]:
+    """(the contender without its own options, those options) of ``PATH[::VAR=VALUE,...][++OPTIONS]``; the options
+    are split as a shell would."""
+    import shlex
+
+    head, sep, tail = spec.partition("++")
+    return (head, shlex.split(tail)) if sep else (spec, [])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--src", type=Path, required=True)
     ap.add_argument("--tree", action="append", required=True,
-                    help="a gpubatch tree, maybe with settings: PATH[::VAR=VALUE,...] (repeat)")
+                    help="a gpubatch tree, maybe with settings and options: PATH[::VAR=VALUE,...][++OPTIONS] (repeat)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the convert command's options")
     a = ap.parse_args()
     extra = a.args[1:] if a.args[:1] == ["--"] else a.args
-    contenders = [_contender(t) for t in a.tree]
+    own = [_with_args(t) for t in a.tree]
+    contenders = [(_contender(head)[0] + (f"++{' '.join(args)}" if args else ""), *_contender(head)[1:])
+                  for head, args in own]
+    options = {name: args for (name, _, _), (_, args) in zip(contenders, own)}
     a.src = a.src.resolve()  # (the runs start in a folder of their own)
     compiled(sorted({t for _, t, _ in contenders}))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -81,7 +94,8 @@ def main() -> None:
                 os.sync()
                 path = os.pathsep.join([str(t), env.get("PYTHONPATH", "")])
                 t0 = time.perf_counter()
-                p = subprocess.run([sys.executable, "-m", "gpubatch", "convert", str(a.src), str(out), *extra, "--json"],
+                cmd = [sys.executable, "-m", "gpubatch", "convert", str(a.src), str(out), *extra, *options[name], "--json"]
+                p = subprocess.run(cmd,
                                    env={**env, **settings, "PYTHONPATH": path}, capture_output=True, text=True, cwd=tmp)
                 wall = time.perf_counter() - t0
                 if p.returncode:

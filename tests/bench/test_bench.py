@@ -531,3 +531,18 @@ def test_a_tree_s_settings_may_hold_values_with_commas():
     assert _contender(f"{root}::GPUBATCH_HW_RING=4,four")[2] == {"GPUBATCH_HW_RING": "4,four"}  # (a value's comma)
     with pytest.raises(SystemExit, match="VAR=VALUE"):
         _contender(f"{root}::four")
+
+
+def test_a_tree_may_carry_options_of_its_own():
+    """``ab_trees.py --tree "PATH::VAR=VALUE++--gpu-procs 2"``: the options after ``++`` are that contender's
+    alone, split as a shell would; a tree without them has none."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    from ab_trees import _with_args
+
+    assert _with_args(f"{root}::GPUBATCH_HW_RING=4++--gpu-procs 2 --ops 'resize(256)'") == (
+        f"{root}::GPUBATCH_HW_RING=4", ["--gpu-procs", "2", "--ops", "resize(256)"])
+    assert _with_args(str(root)) == (str(root), [])
