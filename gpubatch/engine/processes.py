@@ -151,6 +151,30 @@ def worker_processes(target: Any, args: tuple, count: int, daemon: bool = True,
     return procs
 
 
+def leave_dying(procs: list[Any]) -> None:
+    """Processes that hold nothing any more, ended (``terminate``) and left to die without waiting for them:
+    a GPU worker's end is the kernel tearing down its CUDA context (0.2-0.23 s of an H200 worker, after its
+    last shard was committed, 2026-12-04, benchmarks/RESULTS.md), which neither the run nor the interpreter's
+    exit need wait for. A daemon thread reaps them, and they are no longer multiprocessing's children (whose
+    exit joins every child); where that registry is not there, nothing changes but the thread."""
+    import multiprocessing.process as mpp
+
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.terminate()
+    children = getattr(mpp, "_children", None)
+
+    def reap() -> None:
+        for p in alive:
+            with contextlib.suppress(Exception):  # (already reaped elsewhere)
+                p.join()
+
+    if isinstance(children, set):
+        for p in alive:
+            children.discard(p)
+    threading.Thread(target=reap, name="gpubatch-reaper", daemon=True).start()
+
+
 def die_with_parent() -> None:
     """Ask Linux to kill this process when its parent dies (``PR_SET_PDEATHSIG``); elsewhere nothing. A
     run killed with ``kill -9`` then leaves no worker writing behind it."""

@@ -25,6 +25,7 @@ from typing import Any
 
 from ...errors import GpubatchError
 from ...types import ShardResult, ShardTask
+from ..processes import leave_dying
 from .strategies import Strategy
 from .worker import RunContext, ShardWriting
 
@@ -220,11 +221,14 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
                     raise GpubatchError(what)
                 raise GpubatchError(f"a worker process failed:\n{what}")
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs + spare:
-            p.join(timeout=10)
+        if not left and not running:  # every shard committed, every worker released: none is waited for
+            leave_dying(procs + spare)
+        else:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            for p in procs + spare:
+                p.join(timeout=10)
         for q in set(queues_all):  # (tasks no worker took: this process must not wait at its exit to send them)
             q.cancel_join_thread()
             q.close()

@@ -115,7 +115,12 @@ class ShardWriterProcess:
         self.q.put(None)
         self.sender.join()
         self.receiver.join()
-        self.proc.join()
+        if self._closed.is_set() and abort is None and not failed:  # (it said so: nothing of the run is left
+            from ..processes import leave_dying  # in it, and its exit is not waited for)
+
+            leave_dying([self.proc])
+        else:
+            self.proc.join()
         if abort is None and not failed:
             self._check()
 

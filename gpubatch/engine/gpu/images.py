@@ -411,7 +411,7 @@ class GpuImageUnit:
                 except BaseException:  # noqa: BLE001 - the engine's error is the one raised
                     feed = None
             if feed is not None:
-                feed.close()
+                feed.close(wait=not finished)  # (every batch read: its readers end without being waited for)
             if starting is not None:
                 starting.release()
             if finished:  # the decoders' teardown is all that is left: the executor need not wait for it
