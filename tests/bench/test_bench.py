@@ -546,3 +546,28 @@ def test_a_tree_may_carry_options_of_its_own():
     assert _with_args(f"{root}::GPUBATCH_HW_RING=4++--gpu-procs 2 --ops 'resize(256)'") == (
         f"{root}::GPUBATCH_HW_RING=4", ["--gpu-procs", "2", "--ops", "resize(256)"])
     assert _with_args(str(root)) == (str(root), [])
+
+
+def test_convert_timeline_reports_when_records_were_written_and_what_the_end_waited_for(tmp_path):
+    """``benchmarks/convert_timeline.py``: a run's records over time from its progress callback (every record
+    counted, the marks in order, all before ``convert`` returned) and the main thread's stacks as spans."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import convert_timeline
+
+    from gpubatch.synthetic import make_jpeg_set
+
+    data = make_jpeg_set(tmp_path / "jpegs", 12)
+    r = convert_timeline.one_run(data, {"to": "webdataset", "device": "cpu", "resize_shorter": 32,
+                                        "center_crop": 24, "quality": 90})
+    assert r["records"] == 12 and r["timings"]["wall: shards"] > 0
+    marks = list(r["written_at"].values())
+    assert None not in marks and marks == sorted(marks) and r["called"] <= marks[0] <= marks[-1] <= r["returned"]
+    sampler = convert_timeline.Sampler(interval=0.001)
+    time.sleep(0.05)
+    sampler.stop()
+    spans = sampler.spans(0.0, 1e9, least=0.0)
+    assert spans and all(s >= 0 for _, s, _ in spans) and "test_bench.py" in " ".join(w for _, _, w in spans)

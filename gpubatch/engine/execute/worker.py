@@ -436,7 +436,7 @@ def on_released(tell: Callable[[], None]) -> None:
 
 def released() -> None:
     """Tell the executor that this worker holds nothing of the run any more: every shard it was given is
-    committed, its reader processes and their shared memory are gone. What the unit does after it (a GPU
+    committed, its reader processes told to end and their shared memory unlinked. What the unit does after it (a GPU
     worker's decoders closing: 0.3-0.4 s on an H200, profiled) may be cut short, since the process is
     ended once every task is done. Once; nothing where no executor listens (Ray's actors)."""
     while _RELEASED:
