@@ -159,7 +159,9 @@ def leave_dying(procs: list[Any]) -> None:
     exit joins every child); where that registry is not there, nothing changes but the thread."""
     import multiprocessing.process as mpp
 
-    alive = [p for p in procs if p.is_alive()]
+    alive = [p for p in procs if p.is_alive()]  # (is_alive reaps those dead already)
+    if not alive:
+        return
     for p in alive:
         p.terminate()
     children = getattr(mpp, "_children", None)
