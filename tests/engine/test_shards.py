@@ -903,3 +903,14 @@ def test_a_shards_timings_say_its_commit_and_the_wait_for_the_commit_before_it(t
     w.commit(a, {"chain": 0.1}, None)
     w.close()
     assert results[0].timings["writer_idle"] > 0.2 and results[0].timings["chain"] == 0.1
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_run_s_wall_timings_say_when_its_last_shard_was_committed(imagenet, tmp_path, workers):
+    """``wall: last shard committed`` lies between the first shard's commit and the shards' end (what follows
+    it is the workers' end), in this process and in worker processes alike."""
+    s = convert(imagenet, tmp_path / "out", to="webdataset", shard_size=4, workers=workers, device="cpu")
+    t = s.timings
+    assert s.shards > 2
+    assert 0 < t["wall: workers start (to the first shard committed)"] <= t["wall: last shard committed"]
+    assert t["wall: last shard committed"] <= t["wall: shards"]

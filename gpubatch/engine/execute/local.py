@@ -34,14 +34,17 @@ def run_tasks(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], worke
               on_result: Callable[[ShardResult], None], on_progress: Callable[[int], None] | None = None,
               started: Started | None = None) -> dict:
     """Run ``tasks`` on ``workers`` workers with ``strategy``'s unit; ``on_result`` gets each committed
-    shard's result as it comes (any order). Returns wall times: start (to the first shard committed) and
-    the whole. Raises the first worker's failure (a record under ``--on-error fail``, an error, a crash)."""
+    shard's result as it comes (any order). Returns wall times: start (to the first shard committed), last
+    (to the last one committed) and the whole (what lies after the last commit: the workers' end). Raises the
+    first worker's failure (a record under ``--on-error fail``, an error, a crash)."""
     t0 = time.perf_counter()
     first: list[float] = []
+    last = [0.0]
 
     def got(result: ShardResult) -> None:
+        last[0] = time.perf_counter() - t0
         if not first:
-            first.append(time.perf_counter() - t0)
+            first.append(last[0])
         on_result(result)
 
     if not tasks:
@@ -54,9 +57,9 @@ def run_tasks(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], worke
         finally:
             unit.close()
             reader.close()
-        return {"start": first[0] if first else 0.0, "run": time.perf_counter() - t0}
+        return {"start": first[0] if first else 0.0, "last": last[0], "run": time.perf_counter() - t0}
     spawned = _in_processes(ctx, strategy, tasks, workers, got, on_progress, started)
-    return {"start": first[0] if first else 0.0, "run": time.perf_counter() - t0, "spawned": spawned}
+    return {"start": first[0] if first else 0.0, "last": last[0], "run": time.perf_counter() - t0, "spawned": spawned}
 
 
 class Started:
