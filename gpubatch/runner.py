@@ -271,6 +271,8 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
                 timings["workers spawned (from the run's start)"] = round(wall["spawned"], 4)
             if wall.get("last") is not None:  # (after it, "shards" holds the workers' end)
                 timings["last shard committed"] = round(wall["last"], 4)
+            if wall.get("released") is not None:  # (the last worker's word that it holds nothing of the run)
+                timings["workers released"] = round(wall["released"], 4)
             if parts is not None:  # this part's shards are committed: the dataset is finish's to make
                 return _part_summary(req, run, src_path, src_format, fmt, device, stats, journal, mine, todo, tasks,
                                      workers, strategy, summary_cls, usage, wall, timings, t_start, stage)

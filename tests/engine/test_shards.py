@@ -908,9 +908,14 @@ def test_a_shards_timings_say_its_commit_and_the_wait_for_the_commit_before_it(t
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_run_s_wall_timings_say_when_its_last_shard_was_committed(imagenet, tmp_path, workers):
     """``wall: last shard committed`` lies between the first shard's commit and the shards' end (what follows
-    it is the workers' end), in this process and in worker processes alike."""
+    it is the workers' end), in this process and in worker processes alike; with worker processes, ``wall:
+    workers released`` (the last one's word) lies between the last commit and the shards' end."""
     s = convert(imagenet, tmp_path / "out", to="webdataset", shard_size=4, workers=workers, device="cpu")
     t = s.timings
     assert s.shards > 2
     assert 0 < t["wall: workers start (to the first shard committed)"] <= t["wall: last shard committed"]
     assert t["wall: last shard committed"] <= t["wall: shards"]
+    if workers > 1:  # (worker processes: the last one's word that it holds nothing of the run)
+        assert t["wall: last shard committed"] <= t["wall: workers released"] <= t["wall: shards"]
+    else:
+        assert "wall: workers released" not in t

@@ -58,8 +58,9 @@ def run_tasks(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], worke
             unit.close()
             reader.close()
         return {"start": first[0] if first else 0.0, "last": last[0], "run": time.perf_counter() - t0}
-    spawned = _in_processes(ctx, strategy, tasks, workers, got, on_progress, started)
-    return {"start": first[0] if first else 0.0, "last": last[0], "run": time.perf_counter() - t0, "spawned": spawned}
+    spawned, released = _in_processes(ctx, strategy, tasks, workers, got, on_progress, started)
+    return {"start": first[0] if first else 0.0, "last": last[0], "run": time.perf_counter() - t0, "spawned": spawned,
+            "released": None if released is None else released - t0}
 
 
 class Started:
@@ -160,10 +161,11 @@ def _payload(ctx: RunContext, strategy: Strategy, slot: int) -> bytes:
 
 def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], workers: int,
                   on_result: Callable[[ShardResult], None], on_progress: Callable[[int], None] | None,
-                  started: Started | None = None) -> float:
+                  started: Started | None = None) -> tuple[float, float | None]:
     """The tasks in ``workers`` processes (those ``started`` already, where it has as many for this
     strategy); returns when their last process was started, in seconds from the run's start
-    (``ctx.started``; from this call where it has none)."""
+    (``ctx.started``; from this call where it has none), and when the last of them said it was done
+    (``time.perf_counter()``; None where the run failed first)."""
     t_called = time.time()
     if started is None or started.taken or started.strategy != strategy:
         if started is not None:
@@ -197,6 +199,7 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
         for _ in range(workers):
             queues[0].put(None)
     left, running = len(tasks), workers
+    released = None  # (when the last worker said it holds nothing of the run any more)
     try:
         while left or running:
             try:
@@ -216,6 +219,8 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
                 on_result(msg[1])
             elif kind == "exit":
                 running -= 1
+                if not running:
+                    released = time.perf_counter()
             else:
                 _, how, what = msg
                 if how == "record":
@@ -237,4 +242,4 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
             q.close()
         results.close()
         results.join_thread()
-    return spawned
+    return spawned, released
