@@ -77,6 +77,19 @@ def kill_group(proc: subprocess.Popen, before: set[str]) -> None:
         Path("/dev/shm", name).unlink(missing_ok=True)
 
 
+def all_ended(procs: list, within: float = 10.0) -> bool:
+    """Whether every one of ``procs`` has ended, those a finished run ended without waiting for their death
+    (``processes.leave_dying``) given up to ``within`` seconds to die: a process left running never does."""
+    import time
+
+    deadline = time.monotonic() + within
+    while any(p.is_alive() for p in procs):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def started_seen(monkeypatch) -> list:
     """Every :class:`~gpubatch.engine.execute.local.Started` made from now on (the local executor's worker
     processes, those started ahead of a run included), in the order made."""

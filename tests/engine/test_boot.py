@@ -20,7 +20,7 @@ from gpubatch.engine.gpu.chain import kernels_needed
 from gpubatch.engine.plan import Plan
 from gpubatch.engine.settings import Settings
 from gpubatch.engine.spec import parse_chain
-from tests.helpers import ROOT
+from tests.helpers import ROOT, all_ended
 
 
 def _ctx(plan: Plan | None = None, **more) -> RunContext:
@@ -153,7 +153,7 @@ def test_workers_started_before_the_plan_write_the_same_bytes_and_the_spare_ones
     monkeypatch.setattr(early_start, "started_early", _early_host(3, seen))
     early = convert(imagenet, tmp_path / "early", workers=2, **chain)  # (two of the three take the run)
     assert early.records_out == plain.records_out and digest(tmp_path / "early") == digest(tmp_path / "plain")
-    assert len(seen) == 1 and seen[0].used == 2 and not any(p.is_alive() for p in seen[0].procs)
+    assert len(seen) == 1 and seen[0].used == 2 and all_ended(seen[0].procs)
     assert "wall: workers spawned (from the run's start)" in early.timings
 
 
@@ -172,7 +172,7 @@ def test_a_run_that_takes_more_workers_than_were_started_early_keeps_them_and_st
     grown = convert(imagenet, tmp_path / "grown", workers=3, **chain)
     assert grown.records_out == plain.records_out and digest(tmp_path / "grown") == digest(tmp_path / "plain")
     assert len(seen) == 1 and seen[0].used == 3 and len(seen[0].procs) == 3
-    assert not any(p.is_alive() for p in seen[0].procs)
+    assert all_ended(seen[0].procs)
 
 
 def test_a_long_image_run_takes_a_second_process_a_gpu_unless_told_otherwise():
@@ -323,7 +323,7 @@ def test_workers_started_ahead_of_a_run_that_proves_to_be_the_cpus_end_and_it_wr
     with pytest.raises(UsageError, match="device gpu: no NVIDIA GPU driver"):
         convert(imagenet, tmp_path / "gpu", device="gpu", **chain)
     assert [s.strategy.name for s in made[-1:]] == ["gpu-image"] and not (tmp_path / "gpu").exists()
-    assert not any(p.is_alive() for s in made for p in s.procs)
+    assert all_ended([p for s in made for p in s.procs])
 
 
 def test_nothing_is_started_ahead_where_the_machine_has_no_gpu_node_or_no_cupy(tmp_path, monkeypatch):
