@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import GpubatchError
+from ..processes import leave_dying
 from .worker import Committer, RunContext, ShardWriter, ShardWriting, merge_part, stats_part
 
 #: batches handed over and not yet sent to the writer process (the loop waits beyond them), and batches
@@ -116,9 +117,7 @@ class ShardWriterProcess:
         self.sender.join()
         self.receiver.join()
         if self._closed.is_set() and abort is None and not failed:  # (it said so: nothing of the run is left
-            from ..processes import leave_dying  # in it, and its exit is not waited for)
-
-            leave_dying([self.proc])
+            leave_dying([self.proc])  # in it, and its exit is not waited for)
         else:
             self.proc.join()
         if abort is None and not failed:
