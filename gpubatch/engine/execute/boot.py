@@ -13,12 +13,17 @@ from __future__ import annotations
 
 from typing import Any
 
+#: a message on a worker's ``payload`` queue before its run: the kernels its start compiles besides those its
+#: :class:`..gpu.start.Early` named (a process started at the command's start, before its plan was known:
+#: :func:`.early.sniff`)
+KERNELS = "kernels"
+
 
 def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
     """Begin ``early`` (a :class:`..gpu.start.Early`, or None), then run worker ``slot`` over the run that
     comes on the queue ``payload`` (``pickle`` of its context and strategy: :class:`.local.Started`; None:
-    no run for it, it ends); a failure to unpickle it reported to ``results`` as a crash, as the worker's own
-    failures are."""
+    no run for it, it ends; before it, ``(KERNELS, kernels)``: more kernels for the start to compile); a
+    failure to unpickle it reported to ``results`` as a crash, as the worker's own failures are."""
     from ..processes import die_with_parent
 
     die_with_parent()
@@ -28,7 +33,12 @@ def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
         begin(early)
     import pickle
 
-    payload = payload.get()
+    while isinstance(message := payload.get(), tuple) and message[:1] == (KERNELS,):
+        if early is not None:
+            from ..gpu.start import compile_more
+
+            compile_more(early.index, message[1])
+    payload = message
     if payload is None:
         return
     try:
@@ -83,3 +93,16 @@ def work(ctx: Any, strategy: Any, slot: int, tasks: Any, results: Any) -> None:
                     part.close()
                 except Exception:  # noqa: BLE001 - closing after a failure
                     pass
+
+
+def start_slots(started: list[tuple[Any, dict[str, str]]], runs: list, tasks: list, results: Any,
+            first: int = 0) -> list:
+    """A process a slot from slot ``first`` on, each given what its boot begins and its environment
+    (``started``: :func:`.local.boots`) and the queue its run comes on (``runs[k]``); not daemons: a GPU unit
+    starts reader processes of its own (they end with this process all the same)."""
+    from ..processes import worker_processes
+
+    procs: list = []
+    for k, ((early, env), run, task) in enumerate(zip(started, runs, tasks), start=first):
+        procs += worker_processes(boot, (early, run, k, task, results), 1, daemon=False, env=env)
+    return procs

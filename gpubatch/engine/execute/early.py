@@ -3,15 +3,26 @@ the hardware decoder's instances, the kernels: :mod:`..gpu.start`) runs beside w
 does first: :func:`started_early` once the run knows its device and its records' media, before it lists the
 source and plans the shards; :func:`prestart` earlier still, the moment ``convert`` or ``augment`` has checked its
 options, before its process probes the device (``cuInit`` alone took 0.19-0.24 s on an H200 host, 2026-12-04,
-benchmarks/RESULTS.md "07:28 to 08:11") and opens the source. What a run takes is a
-:class:`~.local.Started`; the processes it does not take end with it.
+benchmarks/RESULTS.md "07:28 to 08:11") and opens the source; and :func:`sniff` first of all, at the ``gpubatch``
+command's start, from its arguments alone, before it imports its options' parser and the rest of gpubatch (the
+0.3 s before :func:`prestart`, most of it imports). What a run takes is a :class:`~.local.Started`; the processes
+it does not take end with it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any
+
+#: ``convert``'s options that decode pixels (``--image-format`` unless ``keep``)
+PIXEL_OPTIONS = ("--resize-shorter", "--center-crop", "--quality", "--image-format")
+#: options of runs that :func:`prestart` starts nothing for: video, audio, several GPUs, parts, help and lists
+NOT_EARLY = ("--frames", "--clip-length", "--clip-stride", "--frame-step", "--clip-positions", "--clips-per-video",
+             "--clip-format", "--video-codec", "--fps", "--sample-rate", "--mono", "--duration", "--pad",
+             "--audio-format", "--features", "--path-column", "--label-column", "--gpus", "--num-parts", "--part",
+             "--help", "-h", "--list-ops", "--list-presets", "--version")
 
 #: the NVIDIA driver's control device node, where the machine has the driver
 NODE = "/dev/nvidiactl"
@@ -32,8 +43,8 @@ def gpu_procs(req: Any, strategy: Any, records: int | None = None) -> int:
 def started_early(req: Any, finish: bool, plan: Any, device: Any, settings: Any, ahead: Any = None) -> Any:
     """A GPU run's worker processes, started before its source is listed and its shards planned
     (:class:`~.local.Started`): ``ahead`` (:func:`prestart`'s) where they began what this run's would, else
-    started now (``ahead`` ends); None where the run is not the local executor's on GPUs (a pass-through, Ray,
-    a part, ``finish``)."""
+    those :func:`sniff` started where they did, else started now (``ahead`` and :func:`sniff`'s end); None
+    where the run is not the local executor's on GPUs (a pass-through, Ray, a part, ``finish``)."""
     from .strategies import strategy_for
     from .worker import RunContext
 
@@ -41,9 +52,11 @@ def started_early(req: Any, finish: bool, plan: Any, device: Any, settings: Any,
     if (device.is_gpu and getattr(req, "executor", "local") == "local" and not finish
             and getattr(req, "num_parts", None) is None):
         strategy = strategy_for(plan, device)
+    sniffed = taken_sniffed()
     if strategy is None or not strategy.gpu:
-        if ahead is not None:
-            ahead.close()
+        for started in (ahead, sniffed):
+            if started is not None:
+                started.close()
         return None
     from .local import Started
 
@@ -53,8 +66,17 @@ def started_early(req: Any, finish: bool, plan: Any, device: Any, settings: Any,
     workers = procs * max(1, len(device.indexes))
     if ahead is not None:
         if ahead.fits(ctx, strategy, workers):
+            if sniffed is not None:
+                sniffed.close()
             return ahead
         ahead.close()
+    if sniffed is not None:
+        from .local import boots
+
+        begun = boots(ctx, strategy, 0, workers)
+        if sniffed.fits(strategy, begun):
+            return Started.taking(strategy, sniffed.begin(begun), sniffed)
+        sniffed.close()
     return Started(ctx, strategy, workers)
 
 
@@ -94,9 +116,136 @@ def prestart(req: Any, plan: Any) -> Any:
             or getattr(req, "executor", "local") != "local" or getattr(req, "num_parts", None) is not None
             or req.finish or not plan.touches_pixels or plan.sample is not None or plan.audio_format != "keep"
             or not all("image" in op.media for op in plan.ops) or not gpu_node()):
+        close_sniffed()
         return None
     settings = run_settings(gpu=True)
     if not settings.early_start:
+        close_sniffed()
         return None
     device = Device(DeviceKind.GPU, int(req.gpu or 0))
     return started_early(req, False, dataclasses.replace(plan, media="image"), device, settings)
+
+
+def _given(args: list[str], name: str, default: str | None = None) -> str | None:
+    """The value of option ``name`` in ``args`` (``--name VALUE`` or ``--name=VALUE``; the last one given), else
+    ``default``."""
+    found = default
+    for k, a in enumerate(args):
+        if a == name and k + 1 < len(args):
+            found = args[k + 1]
+        elif a.startswith(name + "="):
+            found = a[len(name) + 1:]
+    return found
+
+
+def guessed(args: list[str]) -> tuple[int, int] | None:
+    """(the GPU, its processes) of the GPU image run that :func:`prestart` would start workers for, guessed from
+    the ``gpubatch`` command's arguments alone (no import, no device probe); None where it would start none or
+    the arguments do not say: not ``convert`` or ``augment``, ``convert`` without a pixel option, video or audio
+    options, ``--device cpu``, ``--gpus``, Ray, a part, help. A wrong guess costs only the processes it starts,
+    which :func:`prestart` ends where they do not fit."""
+    names = {a.split("=", 1)[0] for a in args if a.startswith("-")}
+    command = next((a for a in args if not a.startswith("-")), None)
+    if command not in ("convert", "augment") or names & set(NOT_EARLY):
+        return None
+    if command == "convert" and not any(
+            n in names and (n != "--image-format" or _given(args, n) != "keep") for n in PIXEL_OPTIONS):
+        return None
+    if (_given(args, "--device", "auto") or "").lower() not in ("auto", "gpu") or _given(
+            args, "--executor", "local") != "local":
+        return None
+    try:
+        gpu, procs = int(_given(args, "--gpu", "0") or 0), int(_given(args, "--gpu-procs", "1") or 1)
+    except ValueError:  # (the options' parser says what is wrong)
+        return None
+    return (gpu, procs) if gpu >= 0 and procs >= 1 else None
+
+
+class Sniffed:
+    """Worker processes :func:`sniff` started at the command's start, a slot each (their tasks dealt, as the GPU
+    image unit's are), each waiting for its run: ``begun`` says what each slot's boot began (:func:`~.local.boots`'s
+    pairs, the kernels left out: the plan that names them is not known yet)."""
+
+    def __init__(self, begun: list[tuple[Any, dict[str, str]]]):
+        import multiprocessing as mp
+
+        from .boot import start_slots
+
+        spawn = mp.get_context("spawn")
+        self.begun = begun
+        self.results = spawn.Queue()
+        self.setups = [spawn.Queue() for _ in begun]
+        self.tasks = [spawn.Queue() for _ in begun]
+        self.procs = start_slots(begun, self.setups, self.tasks, self.results)
+        self.at = time.time()
+
+    def fits(self, strategy: Any, begun: list[tuple[Any, dict[str, str]]]) -> bool:
+        """Whether a run whose slots begin ``begun`` (:func:`~.local.boots`) with ``strategy`` can take these
+        processes: its tasks dealt, and each slot the same GPU start, its kernels aside, in the same
+        environment."""
+        return strategy.dealt and len(begun) == len(self.begun) and all(
+            e is not None and e._replace(kernels=()) == mine and env == my_env
+            for (e, env), (mine, my_env) in zip(begun, self.begun))
+
+    def begin(self, begun: list[tuple[Any, dict[str, str]]]) -> list[tuple[Any, dict[str, str]]]:
+        """Each slot's start told the kernels its run launches (compiled beside its hardware decoder's start,
+        :data:`.boot.KERNELS`); returns ``begun``."""
+        from .boot import KERNELS
+
+        for q, (e, _) in zip(self.setups, begun):
+            if e.kernels:
+                q.put((KERNELS, e.kernels))
+        return begun
+
+    def close(self) -> None:
+        """The processes ended at once, not waited for (they hold nothing; a CUDA context's end takes a fifth of
+        a second), and their queues closed."""
+        from ..processes import leave_dying
+
+        leave_dying(self.procs)
+        for q in (*self.setups, *self.tasks, self.results):
+            q.cancel_join_thread()
+            q.close()
+
+
+_SNIFFED: list[Sniffed] = []  # (what sniff started and no run has taken)
+
+
+def taken_sniffed() -> Sniffed | None:
+    """What :func:`sniff` started, now the caller's (None where it started nothing or it was taken)."""
+    return _SNIFFED.pop() if _SNIFFED else None
+
+
+def close_sniffed() -> None:
+    """What :func:`sniff` started and no run took, ended."""
+    sniffed = taken_sniffed()
+    if sniffed is not None:
+        sniffed.close()
+
+
+def sniff(args: list[str]) -> None:
+    """At the ``gpubatch`` command's start (``args``: its arguments), before it imports its options' parser:
+    where they look like a GPU image run's (:func:`guessed`) on a machine with an NVIDIA device node and CuPy
+    (:func:`gpu_node`), that run's worker processes started now, their GPU's start begun (its kernels once the
+    plan names them: :meth:`Sniffed.begin`). :func:`prestart` takes them where they fit its run and ends them
+    otherwise; so does the command's exit where it never gets there (a usage error). Never raises: a bad setting
+    or option is the command's to report. ``GPUBATCH_EARLY_START=0`` turns it off with :func:`prestart`."""
+    try:
+        guess = guessed(args)
+        if guess is None or not gpu_node():
+            return
+        settings = run_settings(gpu=True)
+        if not settings.early_start:
+            return
+        import atexit
+
+        from ..gpu.start import Early, instances_wanted
+        from ..processes import visible_name
+
+        gpu, procs = guess
+        env = {"CUDA_VISIBLE_DEVICES": visible_name(gpu)} if gpu else {}  # (as RunContext.for_slot)
+        early = Early(0, settings, instances_wanted(settings), (), reserve=gpu if procs == 1 else None)
+        _SNIFFED.append(Sniffed([(early, dict(env)) for _ in range(procs)]))
+        atexit.register(close_sniffed)  # (before multiprocessing's own, which would wait for them)
+    except Exception:  # noqa: BLE001 - a guess: the command runs as it would have
+        return

@@ -26,6 +26,7 @@ from typing import Any
 from ...errors import GpubatchError
 from ...types import ShardResult, ShardTask
 from ..processes import leave_dying
+from .boot import start_slots
 from .strategies import Strategy
 from .worker import RunContext, ShardWriting
 
@@ -79,8 +80,18 @@ class Started:
         self.setups = [spawn.Queue() for _ in range(workers)]
         self.tasks = [spawn.Queue() for _ in range(workers)] if strategy.dealt else [spawn.Queue()] * workers
         self.boots = boots(ctx, strategy, 0, workers)
-        self.procs = _spawned(self.boots, self.setups, self.tasks, self.results)
+        self.procs = start_slots(self.boots, self.setups, self.tasks, self.results)
         self.at = time.time()  # (when the last was started)
+
+    @classmethod
+    def taking(cls, strategy: Strategy, begun: list[tuple[Any, dict[str, str]]], sniffed: Any) -> Started:
+        """The processes :func:`.early.sniff` started at the command's start (``sniffed``: its queues and
+        processes, a slot each, their tasks dealt) as a run's whose slots begin ``begun`` (:func:`boots`)."""
+        self = cls.__new__(cls)
+        self.strategy, self.taken, self.used = strategy, False, 0
+        self.results, self.setups, self.tasks = sniffed.results, sniffed.setups, sniffed.tasks
+        self.boots, self.procs, self.at = list(begun), sniffed.procs, sniffed.at
+        return self
 
     def fits(self, ctx: RunContext, strategy: Strategy, workers: int) -> bool:
         """Whether these processes, started before the run knew its device and media (``execute.early.prestart``),
@@ -99,7 +110,7 @@ class Started:
         setups = [spawn.Queue() for _ in range(more)]
         tasks = [spawn.Queue() for _ in range(more)] if self.strategy.dealt else [self.tasks[0]] * more
         more_boots = boots(ctx, self.strategy, first, more)
-        self.procs += _spawned(more_boots, setups, tasks, self.results, first=first)
+        self.procs += start_slots(more_boots, setups, tasks, self.results, first=first)
         self.boots += more_boots
         self.setups += setups
         self.tasks += tasks
@@ -132,20 +143,6 @@ def boots(ctx: RunContext, strategy: Strategy, first: int, count: int) -> list[t
         mine, env = ctx.for_slot(k)
         out.append((gpu_start.early(strategy.start, mine) if strategy.start else None, env))
     return out
-
-
-def _spawned(started: list[tuple[Any, dict[str, str]]], runs: list, tasks: list, results: Any,
-             first: int = 0) -> list:
-    """A process a slot from slot ``first`` on, each given what its boot begins and its environment
-    (``started``: :func:`boots`) and the queue its run comes on (``runs[k]``); not daemons: a GPU unit starts
-    reader processes of its own (they end with this process all the same)."""
-    from ..processes import worker_processes
-    from .boot import boot
-
-    procs: list = []
-    for k, ((early, env), run, task) in enumerate(zip(started, runs, tasks), start=first):
-        procs += worker_processes(boot, (early, run, k, task, results), 1, daemon=False, env=env)
-    return procs
 
 
 def _payload(ctx: RunContext, strategy: Strategy, slot: int) -> bytes:

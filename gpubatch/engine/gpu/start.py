@@ -92,6 +92,7 @@ class _Start:
         # first: the first instance and the library (what a decoder waits for); go: the rest asked for (after the
         # decoder's warm-up: made beside it, they slowed it); hw_done: every instance made or failed
         self.first, self.go, self.hw_done = threading.Event(), threading.Event(), threading.Event()
+        self.context = threading.Event()  # the context made (or failed): kernels asked for later compile after it
         self._compiled: list[threading.Thread] = []
         self.thread = threading.Thread(target=self._run, name="gpubatch-gpu-start", daemon=True)
         self.thread.start()
@@ -114,8 +115,10 @@ class _Start:
                 cp.cuda.runtime.setDevice(self.index)
                 cp.cuda.runtime.memGetInfo()  # (the CUDA context is made here)
             t = self._step("context", t)
+            self.context.set()
             if self.spec.kernels:  # NVRTC (or CuPy's cache) beside the decoders' start
-                c = threading.Thread(target=self._compile, name="gpubatch-compile", daemon=True)
+                c = threading.Thread(target=self._compile, args=(self.spec.kernels,), name="gpubatch-compile",
+                                     daemon=True)
                 c.start()
                 self._compiled.append(c)
             if self.hw_wanted:
@@ -135,6 +138,7 @@ class _Start:
         except Exception:  # noqa: BLE001 - no CUDA here: the engine's own start says why
             pass
         finally:
+            self.context.set()
             self.first.set()
             self.hw_done.set()
 
@@ -152,12 +156,23 @@ class _Start:
             pass
         return self._step(name, t)
 
-    def _compile(self) -> None:
+    def compile_later(self, kernels: tuple[tuple[str, str], ...]) -> None:
+        """``kernels`` compiled too, in a thread of their own once the context is made (:func:`compile_more`)."""
+
+        def after_context() -> None:
+            self.context.wait()
+            self._compile(kernels)
+
+        c = threading.Thread(target=after_context, name="gpubatch-compile", daemon=True)
+        c.start()
+        self._compiled.append(c)
+
+    def _compile(self, kernels: tuple[tuple[str, str], ...]) -> None:
         t = time.perf_counter()
         try:
             from ..kernels import load
 
-            self.times.update(load(self.spec.kernels, self.index))
+            self.times.update(load(kernels, self.index))
         except Exception:  # noqa: BLE001 - compiled again (and raised) at first use
             pass
         self.times["kernels"] = round(time.perf_counter() - t, 4)
@@ -186,6 +201,15 @@ def boot(spec: Early | None) -> None:
             reserved = affinity.reserve(spec.reserve, spec.settings)
         _BOOTED[spec.index] = (time.perf_counter(), reserved)
         _STARTS[spec.index] = _Start(spec)
+
+
+def compile_more(index: int, kernels: tuple[tuple[str, str], ...]) -> None:
+    """Device ``index``'s start (:func:`boot`'s, begun without them) told to compile ``kernels`` as well, beside
+    its hardware decoder's start: what a worker started before its run's plan was known is told once it is
+    (``execute.boot.KERNELS``); :func:`kernels_ready` waits for them too. Nothing where no start began."""
+    s = _STARTS.get(index)
+    if s is not None and kernels:
+        s.compile_later(tuple(kernels))
 
 
 def booted(index: int) -> tuple[float | None, Any]:

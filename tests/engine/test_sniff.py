@@ -1,0 +1,171 @@
+"""A GPU image run's workers started at the ``gpubatch`` command's start, from its arguments alone
+(``execute.early.sniff``), before it imports its options' parser: the guess, and what becomes of the processes
+(the run takes them where they fit, with its kernels; they end otherwise). CPU tests: no CUDA here, so the
+workers' start finds none and ends; the machine is told it has a GPU node where a test needs the guess acted on.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpubatch.engine.execute import early
+from gpubatch.engine.gpu.chain import kernels_needed
+from gpubatch.engine.plan import make_plan
+from tests.engine.test_shards import digest
+from tests.helpers import ROOT, all_ended
+
+PIXELS = ["--to", "webdataset", "--resize-shorter", "40", "--center-crop", "32"]
+
+
+@pytest.mark.parametrize(("args", "guess"), [
+    (["convert", "s", "d", *PIXELS], (0, 1)),
+    (["--debug", "convert", "s", "d", *PIXELS, "--device", "gpu"], (0, 1)),
+    (["convert", "s", "d", *PIXELS, "--device=GPU", "--gpu", "1"], (1, 1)),
+    (["convert", "s", "d", *PIXELS, "--gpu=2", "--gpu-procs", "2"], (2, 2)),
+    (["convert", "s", "d", "--to", "tfrecord", "--quality", "90"], (0, 1)),
+    (["convert", "s", "d", "--to", "tfrecord", "--image-format", "png"], (0, 1)),
+    (["augment", "s", "d", "--ops", "hflip(p=0.5)"], (0, 1)),
+    (["convert", "s", "d", "--to", "tfrecord"], None),  # (a pass-through)
+    (["convert", "s", "d", "--to", "tfrecord", "--image-format", "keep"], None),
+    (["convert", "s", "d", *PIXELS, "--device", "cpu"], None),
+    (["convert", "s", "d", *PIXELS, "--gpus", "all"], None),
+    (["convert", "s", "d", *PIXELS, "--executor", "ray"], None),
+    (["convert", "s", "d", *PIXELS, "--num-parts", "2", "--part", "0"], None),
+    (["convert", "s", "d", *PIXELS, "--frames", "every:4"], None),
+    (["convert", "s", "d", "--to", "webdataset", "--sample-rate", "16000"], None),
+    (["augment", "s", "d", "--ops", "gain(db=3)", "--audio-format", "flac"], None),
+    (["convert", "s", "d", *PIXELS, "--help"], None),
+    (["augment", "--list-ops"], None),
+    (["convert", "s", "d", *PIXELS, "--gpu", "one"], None),  # (the options' parser says what is wrong)
+    (["info", "s"], None),
+    ([], None),
+])
+def test_the_commands_arguments_say_whether_a_gpu_image_runs_workers_start_at_once(args, guess):
+    assert early.guessed(args) == guess
+
+
+def _cli(args: list[str], node: bool) -> dict:
+    """``gpubatch ARGS`` as the command (the sniff at its start), in a process of its own, told it has a GPU
+    node where ``node``: which processes the sniff started, and which of them the run took."""
+    script = f"""
+import json, sys
+from gpubatch.engine.execute import early, local
+early.gpu_node = lambda: {node}
+sys.argv = ["gpubatch", *{args!r}]
+import gpubatch.cli as cli
+sniffed = [p.pid for s in early._SNIFFED for p in s.procs]
+taken = []
+plain = local.Started.taking.__func__
+local.Started.taking = classmethod(lambda cls, *a: taken.append(plain(cls, *a)) or taken[-1])
+try:
+    cli.main()
+finally:
+    print(json.dumps({{"sniffed": sniffed, "taken": [p.pid for s in taken for p in s.procs],
+                      "kernels": [list(map(list, e.kernels)) for s in taken for e, _ in s.boots]}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_workers_started_at_the_commands_start_are_taken_by_its_run_and_the_bytes_do_not_change(imagenet, tmp_path):
+    """Told it has a GPU node, the command starts a GPU image run's worker at once; ``--device auto`` takes it
+    (the options checked: it fits, and is told its chain's kernels), then finds no usable GPU here and runs on the
+    CPU: the bytes are those of a run where nothing was started ahead."""
+    chain = ["--to", "webdataset", "--resize-shorter", "40", "--center-crop", "32", "--shard-size", "20", "--quiet"]
+    seen = _cli(["convert", str(imagenet), str(tmp_path / "sniffed"), *chain], node=True)
+    assert len(seen["sniffed"]) == 1 and seen["taken"] == seen["sniffed"]
+    want = [list(map(list, kernels_needed(make_plan(40, 32).ops, encode=True)))]
+    assert seen["kernels"] == want and want[0]
+    plain = _cli(["convert", str(imagenet), str(tmp_path / "plain"), *chain, "--device", "cpu"], node=False)
+    assert plain["sniffed"] == [] and plain["taken"] == []
+    assert digest(tmp_path / "sniffed") == digest(tmp_path / "plain")
+
+
+def test_workers_started_at_the_commands_start_end_where_its_run_is_not_theirs(imagenet, tmp_path):
+    """A guess the command does not bear out costs the processes only: a run that fails after taking them ends
+    them with it; a usage error before its options are checked ends them at the command's exit, which does not
+    wait for them; the command's outcome is its own."""
+    script = """
+import sys, time
+from gpubatch.engine.execute import early
+early.gpu_node = lambda: True
+sys.argv = ["gpubatch", *ARGS]
+import gpubatch.cli as cli
+procs = [p for s in early._SNIFFED for p in s.procs]
+assert len(procs) == 1, procs
+print("pid", procs[0].pid, flush=True)
+try:
+    cli.main()
+finally:
+    from tests.helpers import all_ended
+    print("ended", all_ended(procs), flush=True)
+"""
+    pixels = ["--to", "webdataset", "--resize-shorter", "40", "--quiet"]
+    for args, code, said, ended in (
+            ([str(imagenet), str(tmp_path / "a"), *pixels, "--limit", "0"], 1, "converts no record", "ended True"),
+            ([str(imagenet), str(tmp_path / "b"), *pixels, "--on-error", "bogus"], 2, "--on-error", "ended False")):
+        done = subprocess.run([sys.executable, "-c", script.replace("ARGS", repr(["convert", *args]))], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == code and said in done.stderr, (done.returncode, done.stderr[-2000:])
+        assert ended in done.stdout, done.stdout  # (a usage error: still running when the command's code ended)
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr  # (one line: no traceback, no warning)
+
+
+def test_a_sniffed_worker_takes_its_kernels_before_its_run_and_ends_when_it_has_none(monkeypatch):
+    """The protocol on a worker's run queue: the kernels first (``boot.KERNELS``, compiled after its context is
+    made), then its run, or None: it ends, cleanly, having waited for neither."""
+    from gpubatch.api import ConvertRequest
+
+    monkeypatch.setattr(early, "gpu_node", lambda: True)
+    monkeypatch.delenv("GPUBATCH_EARLY_START", raising=False)
+    early.sniff(["convert", "s", "d", *PIXELS])
+    sniffed = early._SNIFFED[0]
+    started = early.prestart(ConvertRequest(src="s", dst="d", to="webdataset", resize_shorter=40, center_crop=32),
+                             make_plan(40, 32))
+    try:
+        assert started.procs == sniffed.procs and not early._SNIFFED
+        assert [e.kernels for e, _ in started.boots] == [kernels_needed(make_plan(40, 32).ops, encode=True)]
+        started.setups[0].put(None)
+        assert all_ended(started.procs) and started.procs[0].exitcode == 0
+    finally:
+        started.close()
+
+
+def test_a_sniffed_worker_that_does_not_fit_the_run_ends_and_the_run_starts_its_own(monkeypatch):
+    from gpubatch.api import ConvertRequest
+
+    monkeypatch.setattr(early, "gpu_node", lambda: True)
+    monkeypatch.delenv("GPUBATCH_EARLY_START", raising=False)
+    early.sniff(["convert", "s", "d", *PIXELS])  # (GPU 0, one process)
+    sniffed = early._SNIFFED[0].procs
+    started = early.prestart(ConvertRequest(src="s", dst="d", to="webdataset", resize_shorter=40, gpu_procs=2),
+                             make_plan(40))
+    try:
+        assert len(started.procs) == 2 and not set(started.procs) & set(sniffed)
+        assert all_ended(sniffed)
+    finally:
+        started.close()
+    early.sniff(["convert", "s", "d", *PIXELS])
+    sniffed = early._SNIFFED[0].procs
+    assert early.prestart(ConvertRequest(src="s", dst="d", to="webdataset", resize_shorter=40, device="cpu"),
+                          make_plan(40)) is None
+    assert all_ended(sniffed) and not early._SNIFFED
+
+
+def test_nothing_is_sniffed_where_the_machine_has_no_gpu_node_or_it_is_turned_off(monkeypatch):
+    monkeypatch.setattr(early, "gpu_node", lambda: False)
+    early.sniff(["convert", "s", "d", *PIXELS])
+    assert not early._SNIFFED
+    monkeypatch.setattr(early, "gpu_node", lambda: True)
+    monkeypatch.setenv("GPUBATCH_EARLY_START", "0")
+    early.sniff(["convert", "s", "d", *PIXELS])
+    assert not early._SNIFFED
+    monkeypatch.delenv("GPUBATCH_EARLY_START")
+    monkeypatch.setenv("GPUBATCH_DECODE_ROUTE", "bogus")  # (a bad setting: the command's to report, not the guess's)
+    early.sniff(["convert", "s", "d", *PIXELS])
+    assert not early._SNIFFED
