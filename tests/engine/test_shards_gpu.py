@@ -84,6 +84,21 @@ def test_workers_started_before_the_probe_are_taken_and_write_the_same_bytes(pho
     assert digest(tmp_path / "aug-ahead") == digest(tmp_path / "aug-after")
 
 
+def test_workers_started_at_the_commands_start_are_taken_on_the_gpu_and_write_the_same_bytes(photos, tmp_path):
+    """The ``gpubatch`` command starts a GPU image run's worker from its arguments alone, before its imports
+    (``execute.early.sniff``): on the GPU the run takes it, told its kernels, and writes the bytes of a run
+    through the API, whose workers start once its options are checked."""
+    from tests.engine.test_sniff import _cli
+
+    args = ["--to", "webdataset", "--resize-shorter", "256", "--center-crop", "224", "--quality", "90", "--device",
+            "gpu", "--shard-size", "16", "--quiet"]
+    seen = _cli(["convert", str(photos), str(tmp_path / "sniffed"), *args], node=True)
+    assert len(seen["sniffed"]) == 1 and seen["taken"] == seen["sniffed"] and seen["kernels"][0]
+    convert(photos, tmp_path / "api", to="webdataset", resize_shorter=256, center_crop=224, quality=90, device="gpu",
+            shard_size=16)
+    assert digest(tmp_path / "sniffed") == digest(tmp_path / "api")
+
+
 def test_workers_started_ahead_of_a_source_with_no_records_end_with_its_error(tmp_path, monkeypatch):
     """The workers start before the source is opened: a source that holds no image fails with its one-line error,
     and the workers started for it end (their boot finds no run) with the command."""
