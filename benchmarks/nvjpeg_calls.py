@@ -26,6 +26,9 @@ calls between them, each call first waiting for its instance's previous call (as
   (``--padding-mib``);
 - ``vary-pool``: ``vary`` with the hardware pool preallocated (``nvjpegDecodeBatchedPreAllocate``) for ``--batch``
   images of the set's largest size, where the decoder asks for one 1x1 image;
+
+Each run also reports each instance's first call (``first_calls_ms``, host time): what an instance taken after a
+``convert`` worker's warm-up costs its hardware thread (``decoder: hw_first_calls``);
 (Modes that counted nvJPEG's allocations through ``nvjpegCreateEx``'s allocators ran once, at 4c38bed: with nvJPEG
 13.3 the hardware backend made no call to them, from the handle's creation on, so they could not tell its
 allocations and were dropped; py-spy saw ``cuMemFree_v2`` inside its calls.)
@@ -153,6 +156,7 @@ def run_mode(cp, mode: str, files: list[bytes], mh: int, mw: int, a) -> dict:
              for _ in range(a.warmup + a.calls)]
     k = 0
     host_ns, wait_ns, images, t0 = 0, 0, 0, 0.0
+    first_ms: list[float] = []
     for c, n in enumerate(sizes):
         if c == a.warmup:
             for s in streams:
@@ -171,6 +175,8 @@ def run_mode(cp, mode: str, files: list[bytes], mh: int, mw: int, a) -> dict:
             decs[i].done.synchronize()
         s1 = time.perf_counter_ns()
         decs[i].decode(srcs, outputs, streams[i], args=args)
+        if c < len(decs):  # (each instance's first call: what a late instance's first call costs a run)
+            first_ms.append(round((time.perf_counter_ns() - s1) / 1e6, 2))
         host_ns += time.perf_counter_ns() - s1
         wait_ns += s1 - s0
         images += n
@@ -179,7 +185,7 @@ def run_mode(cp, mode: str, files: list[bytes], mh: int, mw: int, a) -> dict:
     seconds = time.perf_counter() - t0
     out = {"images_per_s": round(images / seconds, 1), "host_us_per_image": round(host_ns / 1e3 / images, 2),
            "wait_us_per_image": round(wait_ns / 1e3 / images, 2),
-           "calls": a.calls, "images": images}
+           "calls": a.calls, "images": images, "first_calls_ms": first_ms}
     for d in decs:
         d.close()
     del pinned
@@ -360,7 +366,8 @@ def main() -> None:
                            "runs": rs}
         print(f"{m:22s} {res['modes'][m]['images_per_s']:>10,.0f} images/s  "
               f"{res['modes'][m]['host_us_per_image']:6.1f} us/image in the calls, "
-              f"{res['modes'][m]['wait_us_per_image']:6.1f} waiting for the instance")
+              f"{res['modes'][m]['wait_us_per_image']:6.1f} waiting for the instance; first calls (ms) "
+              f"{[r['first_calls_ms'] for r in rs]}")
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
 
