@@ -138,9 +138,6 @@ class Settings:
         decode_ahead: batches a worker decodes ahead of the one its loop runs through the chain and the
             encoder, without ``--gpu-memory`` (whose plan sets it) (``GPUBATCH_DECODE_AHEAD``).
         hw_preallocate: height and width the hardware decoder's buffers are reserved for.
-        hw_pool: images of ``hw_preallocate``'s size that nvJPEG's pool is reserved for in each hardware instance a
-            worker's start makes after the first (0: the 1x1 reserve; their first calls grow it)
-            (``GPUBATCH_HW_POOL``).
         shard_writer: where a GPU worker's shards are written and committed: "process" (a process of its
             own, the worker's GIL left to the loop that feeds the GPU), "thread" (a thread of the worker),
             or "auto": the unit's own choice, a process for images (many small records), a thread for
@@ -219,7 +216,6 @@ class Settings:
     feed_depth: int = 4
     decode_ahead: int = 2
     hw_preallocate: int = 640
-    hw_pool: int = 0
     shard_writer: str = "auto"
     video_decoders: int = 8
     video_loop: str = "native"
@@ -339,7 +335,6 @@ _ENV = (
     ("GPUBATCH_FOLLOW", "follow", _flag),
     ("GPUBATCH_RESERVE_CORE", "reserve_core", _flag),
     ("GPUBATCH_EARLY_START", "early_start", _flag),
-    ("GPUBATCH_HW_POOL", "hw_pool", int),
     ("GPUBATCH_HW_PLANES", "hw_planes", str),
     ("GPUBATCH_SYNC", "sync", str),
     ("GPUBATCH_SWITCH_INTERVAL", "switch_interval", float),

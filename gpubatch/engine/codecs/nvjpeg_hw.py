@@ -29,7 +29,6 @@ from .hw_native import library as native_library
 BACKEND_HARDWARE = 3  # nvjpegBackend_t
 OUTPUT_YUV = 1  # nvjpegOutputFormat_t: the JPEG's own planes (Y, Cb, Cr at their sampled sizes)
 OUTPUT_RGBI = 5  # nvjpegOutputFormat_t: interleaved RGB
-CSS_422 = 1  # nvjpegChromaSubsampling_t: 4:2:2
 STATUS_SUCCESS = 0
 # NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION: chroma upsampled by interpolation, as libjpeg (and so
 # Pillow) does it, and as nvImageCodec asks for it. Without it the engine's 4:2:0 and 4:2:2 output
@@ -170,14 +169,6 @@ class HwBatchDecoder:
         self.pending: _Pending | None = None  # the last call queued on a native driver (:meth:`submit`)
         self.params: list[Any] = []  # per-image decode parameters of region calls (made as needed, reused)
         self._params_fmt: list[int] = []  # the output format each of them was set to
-
-    def preallocate(self, images: int, height: int, width: int) -> None:
-        """nvJPEG's hardware pool reserved for a call of ``images`` 4:2:2 JPEGs of ``height`` x ``width``, so that
-        the first calls find it (made with the 1x1 reserve, an instance's first call grows it, on the thread
-        that calls it)."""
-        _check("nvjpegDecodeBatchedPreAllocate",
-               self.lib.nvjpegDecodeBatchedPreAllocate(self.handle, self.state, images, width, height, CSS_422,
-                                                       OUTPUT_RGBI))
 
     @property
     def cp(self) -> Any:

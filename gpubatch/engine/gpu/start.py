@@ -134,8 +134,7 @@ class _Start:
             self.first.set()
             if self.hw_wanted > 1:  # (once asked for: while the decoder decodes its first batches on the first)
                 self.go.wait()
-                self._instances(self.hw_wanted - 1, "hardware instances after the first", time.perf_counter(),
-                                self.settings.hw_pool)
+                self._instances(self.hw_wanted - 1, "hardware instances after the first", time.perf_counter())
         except Exception:  # noqa: BLE001 - no CUDA here: the engine's own start says why
             pass
         finally:
@@ -143,21 +142,14 @@ class _Start:
             self.first.set()
             self.hw_done.set()
 
-    def _instances(self, n: int, name: str, t: float, pool: int = 0) -> float:
+    def _instances(self, n: int, name: str, t: float) -> float:
         """``n`` more hardware-decoder instances into :attr:`hw` (none more after one fails: the decoder
-        makes them again, and says why not), each one's pool reserved for ``pool`` images (``hw_pool``) where
-        given; the step's time kept as ``name``."""
+        makes them again, and says why not); the step's time kept as ``name``."""
         from ..codecs.nvjpeg_hw import HwBatchDecoder
 
         try:
             for _ in range(n):
                 made = HwBatchDecoder(None, self.index)
-                if pool:
-                    side = self.settings.hw_preallocate
-                    try:
-                        made.preallocate(pool, side, side)
-                    except Exception:  # noqa: BLE001 - its first call grows the pool instead, as without it
-                        pass
                 with _LOCK:
                     self.hw.append(made)
         except Exception:  # noqa: BLE001
