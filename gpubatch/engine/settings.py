@@ -75,7 +75,8 @@ class Settings:
         readers_hw: on the hardware route the feed takes half the cores for its readers (else a quarter).
         reserve_core: a CPU core of its own for the hardware decoder's thread (``GPUBATCH_RESERVE_CORE``).
         early_start: a GPU image run's worker processes started before its device is probed and its source
-            opened (``execute.early.prestart``; ``GPUBATCH_EARLY_START``).
+            opened (``execute.early.prestart``), and by the ``gpubatch`` command at its start, from its arguments
+            alone (``execute.early.sniff``) (``GPUBATCH_EARLY_START``).
         reserve_min_cpus: the fewest usable cores with which a core is reserved.
 
     Decode buffers:
