@@ -151,6 +151,47 @@ def worker_processes(target: Any, args: tuple, count: int, daemon: bool = True,
     return procs
 
 
+def unlink_semaphores(*objects: Any) -> int:
+    """The named semaphores behind ``objects`` (multiprocessing's locks, semaphores, conditions, barriers and
+    queues, a process pool's queues) unlinked now, as their finalizers would unlink them when collected or at this
+    process's exit; returns how many. Call it once every process that uses them has started (each opened them
+    when it unpickled them, and keeps them): none can open them any more. A worker ended without waiting for it
+    (:func:`leave_dying`) never runs its finalizers: multiprocessing's resource tracker then unlinks what it made
+    at its own end, warning of "leaked semaphore objects" on the terminal. Uses multiprocessing's finalizer
+    registry; where that differs (another Python), nothing is done and the finalizers run as before."""
+    names: set[str] = set()
+
+    def collect(obj: Any, depth: int) -> None:
+        semlock = getattr(obj, "_semlock", None)
+        name = getattr(semlock, "name", None)
+        if isinstance(name, str):
+            names.add(name)
+            return
+        module = type(obj).__module__ or ""
+        if depth and (module.startswith("multiprocessing") or module.startswith("concurrent.futures")):
+            for value in vars(obj).values() if hasattr(obj, "__dict__") else ():
+                collect(value, depth - 1)
+
+    for obj in objects:
+        collect(obj, 3)
+    try:
+        from multiprocessing import synchronize, util
+
+        registry, cleanup = util._finalizer_registry, synchronize.SemLock._cleanup
+        found = [f for f in list(registry.values())
+                 if getattr(f, "_callback", None) is cleanup and (getattr(f, "_args", None) or (None,))[0] in names]
+    except (ImportError, AttributeError):
+        return 0
+    done = 0
+    for finalizer in found:
+        try:
+            finalizer()  # (SemLock._cleanup: the name unlinked and told to the tracker; the finalizer gone)
+            done += 1
+        except OSError:  # (unlinked already)
+            pass
+    return done
+
+
 def leave_dying(procs: list[Any]) -> None:
     """Processes that hold nothing any more, ended (``terminate``) and left to die without waiting for them:
     a GPU worker's end is the kernel tearing down its CUDA context (0.2-0.23 s of an H200 worker, after its

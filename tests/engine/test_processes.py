@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
+from pathlib import Path
 
 
 def _slow_to_die(seconds: float) -> None:
@@ -40,3 +41,75 @@ def test_processes_left_dying_are_ended_and_reaped_without_the_caller_waiting_fo
         time.sleep(0.05)
     assert slow.exitcode == 7 and quick.exitcode == 0
     leave_dying([])  # (nothing left: nothing to do)
+
+
+_FEED_ENDED_UNWAITED = """
+import functools, os, signal, sys
+from pathlib import Path
+from gpubatch.engine import processes
+from gpubatch.engine.gpu.feed import RecordFeed
+from gpubatch.engine.plan import make_plan
+from gpubatch.formats import open_reader
+
+if sys.argv[1] == "keep":  # (the names left to this process's finalizers, as before unlink_semaphores)
+    processes.unlink_semaphores = lambda *objects: 0
+    import gpubatch.engine.gpu.feed as feed_module
+    feed_module.unlink_semaphores = processes.unlink_semaphores
+src = Path(sys.argv[2])
+reader = open_reader(src, "folder")
+feed = RecordFeed(functools.partial(open_reader, src, "folder"), reader.entries(), make_plan(64), batch_size=8,
+                  workers=2, depth=2)
+feed.start()
+n = 0
+for fed in feed:
+    n += len(fed.blobs)
+    fed.done()
+print("records", n, flush=True)
+feed.close(wait=False)
+os.kill(os.getpid(), signal.SIGTERM)  # (as a GPU worker is ended once it said it holds nothing of the run)
+"""
+
+
+def test_a_feed_ended_without_waiting_leaves_no_semaphore_for_the_resource_tracker_to_warn_of(imagenet):
+    """A GPU worker's feed (its reader pool and their barrier) in a process ended by SIGTERM right after
+    the feed closed without waiting, as ``leave_dying`` ends a finished GPU worker: its semaphores were
+    unlinked once the readers had started, so the resource tracker has none to clean up and says nothing;
+    left to the process's finalizers (which a killed process never runs), the tracker warns of them."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    runs = {}
+    for mode in ("unlink", "keep"):
+        done = subprocess.run([sys.executable, "-c", _FEED_ENDED_UNWAITED, mode, str(imagenet)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert "records 60" in done.stdout, (mode, done.stdout, done.stderr[-2000:])
+        time.sleep(0.5)  # (the tracker reports once the last process holding it has ended)
+        runs[mode] = done.stderr
+    assert "leaked semaphore" in runs["keep"], runs["keep"][-2000:]  # (the test can tell)
+    assert "leaked" not in runs["unlink"], runs["unlink"][-2000:]
+
+
+def test_unlinked_semaphores_keep_working_in_the_processes_that_hold_them():
+    """Unlinked once every process has them, a queue, a barrier and a pool's queues go on working; their names
+    are gone, and nothing is left to unlink at this process's end."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from gpubatch.engine.processes import started_pool, unlink_semaphores
+
+    spawn = mp.get_context("spawn")
+    q, barrier = spawn.Queue(), spawn.Barrier(1)
+    pool = started_pool(2, "spawn")
+    try:
+        names = [q._rlock._semlock.name, barrier._cond._lock._semlock.name]
+        assert all(Path("/dev/shm", "sem." + n.lstrip("/")).exists() for n in names)
+        assert unlink_semaphores(q, barrier, pool) == 3 + 4 + 5  # (a Queue, a Barrier, a pool's two queues)
+        assert not any(Path("/dev/shm", "sem." + n.lstrip("/")).exists() for n in names)
+        assert unlink_semaphores(q, barrier, pool) == 0
+        q.put("still")
+        assert q.get(timeout=5) == "still"
+        assert barrier.wait(timeout=5) == 0
+        assert sorted(pool.map(abs, [-1, -2, 3])) == [1, 2, 3] and isinstance(pool, ProcessPoolExecutor)
+    finally:
+        pool.shutdown()

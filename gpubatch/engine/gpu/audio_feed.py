@@ -156,6 +156,7 @@ class DecodeWorkers:
         self._last = 0
         self._done: dict[int, tuple[bool, Any]] = {}
         self._dropped: set[int] = set()
+        self._unlinked = False  # (the queues' and the barrier's semaphores: unlinked once every worker attached)
 
     def submit(self, args: tuple) -> int:
         self._last += 1
@@ -187,6 +188,11 @@ class DecodeWorkers:
         one task a worker, each held at a barrier until all have mapped them."""
         for task in [self.submit(("attach", list(names), feed)) for _ in self.procs]:
             self.result(task)
+        if not self._unlinked:  # (every worker has started and opened them: their names can go, as feed.py's)
+            from ..processes import unlink_semaphores
+
+            unlink_semaphores(self.tasks, self.results, self.attached)
+            self._unlinked = True
 
     def forget(self, tasks: list[int]) -> None:
         """Tasks whose results nobody will ask for (a feed that stopped early): dropped when they come."""

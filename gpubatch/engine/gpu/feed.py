@@ -31,7 +31,7 @@ from typing import Any
 
 from ...types import Record
 from ..plan import Plan
-from ..processes import die_with_parent, started_pool
+from ..processes import die_with_parent, started_pool, unlink_semaphores
 from ..run import Job, RecordSource, outputs_of, read_counted, read_row
 from .slot_views import SlotViews
 
@@ -380,6 +380,9 @@ class Feed:
         attached = multiprocessing.get_context("spawn").Barrier(workers)
         try:
             self.pool = started_pool(workers, "spawn", _init, (self.shm.name, plan, self.slot_bytes, opener, attached))
+            # so are the barrier's and the pool's queues' semaphores: a GPU worker ended without waiting for it
+            # (processes.leave_dying) would leave them to the resource tracker, which warns of them on the terminal
+            unlink_semaphores(attached, self.pool)
         finally:
             # every reader has mapped the ring (started_pool's first tasks ran, and none runs before the barrier
             # let all readers through): its name goes from /dev/shm now, and its memory with the last process
