@@ -8,7 +8,7 @@ imports slow the worker's context.
 Modes: ``none`` (the parent waits), ``probe`` (the parent's ``cuInit`` and device count at once), ``probe-at-S``
 (the same after S seconds), ``probe-late`` (after 0.4 s), ``gpubatch-probe`` (``engine.device.gpu_problem(0)``),
 ``imports`` (NumPy, click, rich, ``gpubatch.api`` and ``gpubatch.runner``). Prints the child's (start, ``cuInit``,
-context) seconds and the parent's part. Found (H200, 2026-12-04, benchmarks/RESULTS.md "16:56 to 17:18"): the context
+context) seconds and the parent's part. Found (H200, 2026-12-04, benchmarks/RESULTS.md "16:56 to 17:29"): the context
 took 0.10-0.13 s in every mode; the parent's probe made the child's ``cuInit`` shorter, not longer.
 """
 

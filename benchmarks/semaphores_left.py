@@ -7,7 +7,7 @@ at its end and warns "There appear to be N leaked semaphore objects"), and where
 Every process of the command (its spawned workers too: they inherit ``PYTHONPATH``) logs each semaphore it
 registers with the tracker and each it unregisters, through a ``sitecustomize`` module put first on the path;
 printed: how many were registered, unregistered and left, and the left ones grouped by process and by the stack
-that made them. Found (H200, 2026-12-04, benchmarks/RESULTS.md "16:56 to 17:23"): a GPU image run left nine, its
+that made them. Found (H200, 2026-12-04, benchmarks/RESULTS.md "16:56 to 17:29"): a GPU image run left nine, its
 feed's reader pool and barrier, in the GPU worker, which the run ends without waiting for it; none since
 ``processes.unlink_semaphores``.
 """
