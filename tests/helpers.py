@@ -70,7 +70,9 @@ def semaphores_now() -> set[str]:
 def kill_group(proc: subprocess.Popen, before: set[str]) -> None:
     """Kill ``proc``'s process group with SIGKILL (as a lost machine loses a run and its workers), wait for it,
     and remove the named semaphores it left in /dev/shm: multiprocessing's resource tracker, which unlinks
-    them when a run ends, dies with the group. ``before``: :func:`semaphores_now` before ``proc`` started."""
+    them when a run ends, dies with the group. ``before``: :func:`semaphores_now` before ``proc`` started. It
+    removes every semaphore made meanwhile, whoever made it: two test suites run at once on one machine break
+    each other's worker pools (``FileNotFoundError`` in ``SemLock._rebuild``); run one at a time."""
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     for name in semaphores_now() - before:
