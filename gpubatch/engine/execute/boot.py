@@ -96,7 +96,7 @@ def work(ctx: Any, strategy: Any, slot: int, tasks: Any, results: Any) -> None:
 
 
 def start_slots(started: list[tuple[Any, dict[str, str]]], runs: list, tasks: list, results: Any,
-            first: int = 0) -> list:
+                first: int = 0) -> list:
     """A process a slot from slot ``first`` on, each given what its boot begins and its environment
     (``started``: :func:`.local.boots`) and the queue its run comes on (``runs[k]``); not daemons: a GPU unit
     starts reader processes of its own (they end with this process all the same)."""
@@ -106,3 +106,16 @@ def start_slots(started: list[tuple[Any, dict[str, str]]], runs: list, tasks: li
     for k, ((early, env), run, task) in enumerate(zip(started, runs, tasks), start=first):
         procs += worker_processes(boot, (early, run, k, task, results), 1, daemon=False, env=env)
     return procs
+
+
+def new_slots(started: list[tuple[Any, dict[str, str]]], dealt: bool, results: Any, first: int = 0,
+              shared: Any = None) -> tuple[list, list, list]:
+    """Slots ``first`` on, started (:func:`start_slots`) with a queue each for their run and, where their tasks are
+    ``dealt``, one each for their tasks, else ``shared`` (or a new queue) for all: (run queues, task queues,
+    processes)."""
+    import multiprocessing as mp
+
+    spawn = mp.get_context("spawn")
+    runs = [spawn.Queue() for _ in started]
+    tasks = [spawn.Queue() for _ in started] if dealt else [shared if shared is not None else spawn.Queue()] * len(started)
+    return runs, tasks, start_slots(started, runs, tasks, results, first=first)

@@ -169,14 +169,11 @@ class Sniffed:
     def __init__(self, begun: list[tuple[Any, dict[str, str]]]):
         import multiprocessing as mp
 
-        from .boot import start_slots
+        from .boot import new_slots
 
-        spawn = mp.get_context("spawn")
         self.begun = begun
-        self.results = spawn.Queue()
-        self.setups = [spawn.Queue() for _ in begun]
-        self.tasks = [spawn.Queue() for _ in begun]
-        self.procs = start_slots(begun, self.setups, self.tasks, self.results)
+        self.results = mp.get_context("spawn").Queue()
+        self.setups, self.tasks, self.procs = new_slots(begun, True, self.results)
         self.at = time.time()
 
     def fits(self, strategy: Any, begun: list[tuple[Any, dict[str, str]]]) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 from ...errors import GpubatchError
 from ...types import ShardResult, ShardTask
 from ..processes import leave_dying
-from .boot import start_slots
+from .boot import new_slots
 from .strategies import Strategy
 from .worker import RunContext, ShardWriting
 
@@ -75,12 +75,9 @@ class Started:
         import multiprocessing as mp
 
         self.strategy, self.taken, self.used = strategy, False, 0  # (used: how many a run took)
-        spawn = mp.get_context("spawn")
-        self.results = spawn.Queue()
-        self.setups = [spawn.Queue() for _ in range(workers)]
-        self.tasks = [spawn.Queue() for _ in range(workers)] if strategy.dealt else [spawn.Queue()] * workers
+        self.results = mp.get_context("spawn").Queue()
         self.boots = boots(ctx, strategy, 0, workers)
-        self.procs = start_slots(self.boots, self.setups, self.tasks, self.results)
+        self.setups, self.tasks, self.procs = new_slots(self.boots, strategy.dealt, self.results)
         self.at = time.time()  # (when the last was started)
 
     @classmethod
@@ -103,14 +100,10 @@ class Started:
     def grow(self, ctx: RunContext, workers: int) -> None:
         """Processes started for slots ``len(procs)`` to ``workers - 1`` beside those started early: a run
         that proved long enough for more processes a GPU than the start knew of (``Strategy.long_run``)."""
-        import multiprocessing as mp
-
-        spawn = mp.get_context("spawn")
         first, more = len(self.procs), workers - len(self.procs)
-        setups = [spawn.Queue() for _ in range(more)]
-        tasks = [spawn.Queue() for _ in range(more)] if self.strategy.dealt else [self.tasks[0]] * more
         more_boots = boots(ctx, self.strategy, first, more)
-        self.procs += start_slots(more_boots, setups, tasks, self.results, first=first)
+        setups, tasks, procs = new_slots(more_boots, self.strategy.dealt, self.results, first, self.tasks[0])
+        self.procs += procs
         self.boots += more_boots
         self.setups += setups
         self.tasks += tasks
