@@ -5,7 +5,7 @@ source and plans the shards; :func:`prestart` earlier still, the moment ``conver
 options, before its process probes the device (``cuInit`` alone took 0.19-0.24 s on an H200 host, 2026-12-04,
 benchmarks/RESULTS.md "07:28 to 08:11") and opens the source; and :func:`sniff` first of all, at the ``gpubatch``
 command's start, from its arguments alone, before it imports its options' parser and the rest of gpubatch (the
-0.3 s before :func:`prestart`, most of it imports). What a run takes is a :class:`~.local.Started`; the processes
+0.2-0.3 s before :func:`prestart`, most of it imports: ``benchmarks/cli_start.py``). What a run takes is a :class:`~.local.Started`; the processes
 it does not take end with it.
 """
 
