@@ -531,6 +531,7 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
     audio: list[dict] = []
     gpu_memory: dict[str, Any] = {}
     first_batch: float | None = None
+    marks: dict[str, float] = {}
     for r in results:
         for k in COUNTS:
             totals[k] += int(r.counts.get(k, 0))
@@ -548,6 +549,8 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
                 audio.append(facts)
         if r.extra.get("first_batch_s") is not None:  # (each GPU worker's first shard says when its first came)
             first_batch = min(first_batch or 1e9, float(r.extra["first_batch_s"]))
+        for name, v in (r.extra.get("marks") or {}).items():  # (when a GPU worker's steps came: the earliest)
+            marks[name] = min(marks.get(name, v), float(v))
         if r.extra.get("gpu_memory"):  # the cap and its plan (each worker's, alike)
             gpu_memory = {**gpu_memory, **r.extra["gpu_memory"]}
     if stats.gpu_memory.get("peak_mib") is not None:  # this run's workers as the driver counted them
@@ -578,6 +581,8 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
         shards=len(tasks), workers=workers)
     if first_batch is not None:
         summary.timings["wall: first batch (from the run's start)"] = round(first_batch, 4)
+    for name, v in sorted(marks.items(), key=lambda kv: kv[1]):
+        summary.timings[f"wall (worker): {name}"] = round(v, 4)
     return summary, extra
 
 

@@ -18,9 +18,11 @@ from typing import Any, TypeVar
 
 from ..errors import RecordError, RunStats, Stage
 from ..types import Record
+from . import processes
 from .host_chain import run_chain_host
 from .media import HOST, get_codec
 from .plan import Plan
+from .processes import default_readers, default_workers  # noqa: F401 - (their home: light, the workers' boot uses them)
 from .run import Job, outputs_of
 from .settings import Settings
 
@@ -28,27 +30,12 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def default_workers() -> int:
-    from .processes import cores
-
-    return min(32, cores())
-
-
-def default_readers(cores: int | None = None, route: str | None = None, settings: Settings | None = None) -> int:
-    """Reader processes a GPU pipeline's feed starts by default: a quarter of the cores, 1 to 4; half
-    of them (up to 4) on the "hardware" decode route, whose decoders leave the cores to the readers
-    (``settings.readers_hw``)."""
-    cores = cores or default_workers()
-    halves = route == "hardware" and (settings or Settings()).readers_hw
-    return max(1, min(4, cores // (2 if halves else 4)))
-
-
 def default_decoder_threads(settings: Settings | None = None) -> int:
     """CPU threads of the CUDA JPEG decoder by default: the cores less the feed's reader processes and
     one for the pipeline's own threads (11 on 16 cores), at most ``settings.decoder_threads_max``
     (more crowded out the rest of the pipeline; docs/engine.md)."""
     st = settings or Settings()
-    cores = default_workers()
+    cores = processes.default_workers()
     return max(1, min(st.decoder_threads_max, cores - default_readers(cores, settings=st) - 1))
 
 

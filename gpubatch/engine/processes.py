@@ -23,6 +23,24 @@ def cores() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
+def default_workers() -> int:
+    """Worker processes by default: the usable cores, at most 32."""
+    return min(32, cores())
+
+
+def default_readers(cores: int | None = None, route: str | None = None, settings: Any = None) -> int:
+    """Reader processes a GPU pipeline's feed starts by default: a quarter of the cores, 1 to 4; half
+    of them (up to 4) on the "hardware" decode route, whose decoders leave the cores to the readers
+    (``settings.readers_hw``, a :class:`~.settings.Settings`)."""
+    cores = cores or default_workers()
+    if route == "hardware" and settings is None:
+        from .settings import Settings
+
+        settings = Settings()
+    halves = route == "hardware" and settings.readers_hw
+    return max(1, min(4, cores // (2 if halves else 4)))
+
+
 def keep_freed_memory() -> bool:
     """In this process, glibc's malloc keeps freed memory for the next arrays (what ``_MALLOC`` asks of
     worker processes, set through ``mallopt`` in a running one): per-record arrays above 128 KiB then

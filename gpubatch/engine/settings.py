@@ -44,6 +44,8 @@ class Settings:
             batch gives the hardware engine more kinds than it has instances, where no ``--gpu-memory`` cap
             holds the engine (``GPUBATCH_HW_PER_KIND``; off by default: at the default share it made the loader
             no faster, 2026-12-02).
+        hw_rest_early: a GPU worker's start makes its hardware-decoder instances after the first right after it,
+            not once the decoders' warm-up is done (``GPUBATCH_HW_REST_EARLY``).
         cuda_takes: which kinds the split route's CUDA decoder takes first: "slowest" (those the
             hardware engine is slowest on) or "cheapest" (those cheapest for its host threads).
         cuda_kinds: JPEG kinds (as ``headers.jpeg_kind`` names them, "baseline/4:4:4") the CUDA decoder
@@ -161,6 +163,7 @@ class Settings:
     hw_instances: int = 0
     hw_only_instances: int = 3
     hw_per_kind: bool = False
+    hw_rest_early: bool = True
     cuda_takes: str = "slowest"
     cuda_kinds: tuple[str, ...] = ()
     hw_mixed: bool = False
@@ -349,6 +352,7 @@ _ENV = (
     ("GPUBATCH_CUDA_KINDS", "cuda_kinds", _kinds),
     ("GPUBATCH_CUDA_SHARE", "cuda_share", float),
     ("GPUBATCH_HW_PER_KIND", "hw_per_kind", _flag),
+    ("GPUBATCH_HW_REST_EARLY", "hw_rest_early", _flag),
     ("GPUBATCH_DECODER_THREADS", "decoder_threads_max", int),
     ("GPUBATCH_HIGH_PRIORITY", "high_priority", _streams),
     ("GPUBATCH_CUDA_DECODER_OPTIONS", "cuda_decoder_options", str),

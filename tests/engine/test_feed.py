@@ -412,9 +412,9 @@ def test_decoder_threads_leave_cores_to_the_feed_and_the_pipeline(monkeypatch, c
     """The CUDA decoder's default thread count leaves the feed's reader processes and one core for
     the pipeline's own threads (15 threads on 16 cores crowded them out), and stops at 11 on larger
     hosts (27 on 32 cores ran slower and took more device memory)."""
-    from gpubatch.engine import executor
+    from gpubatch.engine import executor, processes
 
-    monkeypatch.setattr(executor, "default_workers", lambda: cores)
+    monkeypatch.setattr(processes, "default_workers", lambda: cores)
     assert executor.default_readers() == readers
     assert executor.default_decoder_threads() == threads
 
@@ -459,3 +459,45 @@ def test_a_slot_takes_reads_in_place_and_spills_what_does_not_fit():
         F._W.update(saved)
         shm.close()
         shm.unlink()
+
+
+def _fed(feed) -> list[tuple]:
+    out = []
+    feed.start()
+    for fed in feed:
+        out.append(([bytes(b) for b in fed.blobs], fed.sizes, fed.headers, fed.sources, fed.results,
+                    [(j.template.key, j.params) for j in fed.jobs]))
+        fed.done()
+    return out
+
+
+def test_readers_started_at_the_workers_boot_are_taken_by_its_feed():
+    """A GPU worker's boot starts its feed's readers before its run comes (``gpu.feed_start``): the feed takes them
+    where it wants as many, and they read what readers the feed starts itself read; where it wants another number
+    they end and it starts its own."""
+    from gpubatch.engine import spec
+    from gpubatch.engine.gpu import feed_start
+    from gpubatch.engine.gpu.feed import RecordFeed
+    from gpubatch.formats import open_reader
+
+    src = SAMPLES.parent / "imagenet"
+    entries = open_reader(src, "folder").entries()
+    plan = Plan(ops=spec.preset("resnet50-train"), seed=3, copies=2)
+    opener = functools.partial(open_reader, src, "folder")
+    with RecordFeed(opener, entries, plan, batch_size=7, workers=2, depth=2) as feed:
+        assert not feed.prestarted
+        want = _fed(feed)
+    feed_start.prestart(2)
+    pool = feed_start._PRESTARTED[-1][0]
+    with RecordFeed(opener, entries, plan, batch_size=7, workers=2, depth=2, prestarted=feed_start.taken) as feed:
+        assert feed.prestarted and feed.pool is pool and not feed_start._PRESTARTED
+        assert _fed(feed) == want
+    feed_start.prestart(3)
+    unused = feed_start._PRESTARTED[-1][0]
+    with RecordFeed(opener, entries, plan, batch_size=7, workers=2, depth=2, prestarted=feed_start.taken) as feed:
+        assert not feed.prestarted and feed.pool is not unused and not feed_start._PRESTARTED
+        assert _fed(feed) == want
+    unused.shutdown(wait=True)  # (ended: shut down already when the feed did not take them)
+    feed_start.prestart(2)
+    feed_start.close()
+    assert not feed_start._PRESTARTED

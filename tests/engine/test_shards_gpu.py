@@ -45,6 +45,15 @@ def test_gpu_output_is_the_same_bytes_under_any_gpu_procs_and_memory_cap(photos,
         assert "warm_up: decoders: hardware" in s.timings and "warm_up: decoders: hardware: planes" not in s.timings
         # (uncapped, the CUDA decoder's warm-up call is queued on its thread, not waited for before the first batch)
         assert ("warm_up: decoders: cuda (queued)" in s.timings) == ("gpu_memory" not in more), (name, s.timings)
+        # when the worker's steps came, from the run's start, in the order they happen
+        w = {k[len("wall (worker): "):]: v for k, v in s.timings.items() if k.startswith("wall (worker): ")}
+        order = ["unit start", "engine made", "kernels ready", "warm-up done", "first batch read", "first batch decoded",
+                 "first batch through the chain", "batch 25%", "batch 50%", "batch 75%"]
+        if "gpu_memory" in more:  # (a capped run plans its memory first: no kernels' or warm-up's mark of its own)
+            order = [n for n in order if n not in ("kernels ready", "warm-up done")]
+        assert all(n in w for n in order), (name, w)
+        assert [w[n] for n in order] == sorted(w[n] for n in order), (name, w)
+        assert w["first batch read"] <= s.timings["wall: first batch (from the run's start)"] <= w["first batch decoded"]
         runs[name] = digest(tmp_path / name)
     assert len([n for n in runs["plain"] if n.endswith(".tar")]) == 12  # 192 / 16
     for name, d in runs.items():

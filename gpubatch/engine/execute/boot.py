@@ -18,6 +18,17 @@ from typing import Any
 #: :func:`.early.sniff`)
 KERNELS = "kernels"
 
+#: when this worker's boot got its run and had it unpickled (``time.time()``; the GPU image unit's marks)
+TIMES: dict[str, float] = {}
+
+#: what a GPU image worker's run imports, imported while its boot waits for the run (its idle time: a worker
+#: started at the command's start waits about half a second), in a thread of its own: the run's unpickling and
+#: the unit find them imported
+IMAGE_MODULES = ("gpubatch.engine.execute.worker", "gpubatch.engine.execute.writer", "gpubatch.engine.gpu.images",
+                 "gpubatch.engine.gpu.feed", "gpubatch.engine.gpu.engine", "gpubatch.formats", "cupy",
+                 "gpubatch.engine.codecs.image_device", "gpubatch.engine.codecs.image_gpu",
+                 "gpubatch.engine.codecs.jpeg_gpu", "gpubatch.engine.codecs.image_encode_gpu", "gpubatch.engine.gpu.chain")
+
 
 def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
     """Begin ``early`` (a :class:`..gpu.start.Early`, or None), then run worker ``slot`` over the run that
@@ -30,8 +41,13 @@ def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
     if early is not None:
         from ..gpu.start import boot as begin
 
-        begin(early)
+        begin(early, readers=True)  # (an image run's: its feed's readers forked first, gpu.feed_start)
+        if early.host:  # an image run's worker: its run's modules imported while it waits for the run
+            import threading
+
+            threading.Thread(target=_imported, args=(IMAGE_MODULES,), name="gpubatch-imports", daemon=True).start()
     import pickle
+    import time
 
     while isinstance(message := payload.get(), tuple) and message[:1] == (KERNELS,):
         if early is not None:
@@ -40,15 +56,36 @@ def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
             compile_more(early.index, message[1])
     payload = message
     if payload is None:
+        _readers_ended()
         return
+    TIMES["boot: its run came"] = time.time()
     try:
         ctx, strategy = pickle.loads(payload)
+        TIMES["boot: its run unpickled"] = time.time()
     except BaseException:  # noqa: BLE001 - the coordinator reports it; nothing else would see it
         import traceback
 
         results.put(("failed", "crash", traceback.format_exc()))
         return
     work(ctx, strategy, slot, tasks, results)
+
+
+def _readers_ended() -> None:
+    """The feed's readers this worker's boot started (:mod:`..gpu.feed_start`) and no feed took, ended at once."""
+    import sys
+
+    if "gpubatch.engine.gpu.feed_start" in sys.modules:
+        sys.modules["gpubatch.engine.gpu.feed_start"].close(now=True)
+
+
+def _imported(modules: tuple[str, ...]) -> None:
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - imported again (and raised) where the run needs it
+            pass
 
 
 def work(ctx: Any, strategy: Any, slot: int, tasks: Any, results: Any) -> None:
@@ -93,6 +130,7 @@ def work(ctx: Any, strategy: Any, slot: int, tasks: Any, results: Any) -> None:
                     part.close()
                 except Exception:  # noqa: BLE001 - closing after a failure
                     pass
+        _readers_ended()  # (a run that failed before its feed took them)
 
 
 def start_slots(started: list[tuple[Any, dict[str, str]]], runs: list, tasks: list, results: Any,

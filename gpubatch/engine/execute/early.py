@@ -241,7 +241,7 @@ def sniff(args: list[str]) -> None:
 
         gpu, procs = guess
         env = {"CUDA_VISIBLE_DEVICES": visible_name(gpu)} if gpu else {}  # (as RunContext.for_slot)
-        early = Early(0, settings, instances_wanted(settings), (), reserve=gpu if procs == 1 else None)
+        early = Early(0, settings, instances_wanted(settings), (), reserve=gpu if procs == 1 else None, host=procs)
         _SNIFFED.append(Sniffed([(early, dict(env)) for _ in range(procs)]))
         atexit.register(close_sniffed)  # (before multiprocessing's own, which would wait for them)
     except Exception:  # noqa: BLE001 - a guess: the command runs as it would have

@@ -221,8 +221,11 @@ class GpuEngine:
         from ..device import page_lock
 
         locked = page_lock(buf, self.device.index)
-        if locked is None:
-            return None
+        return None if locked is None else self.unpinning(locked)
+
+    def unpinning(self, locked: tuple[int, Any]) -> Callable[[], None]:
+        """The function that unlocks ``locked`` (:func:`~..device.page_lock`'s), once :meth:`drain` has waited until
+        no copy from it is queued or running (:meth:`pin_host`'s)."""
 
         def unpin() -> None:
             self.drain()  # no copy from the buffer is queued or running any more

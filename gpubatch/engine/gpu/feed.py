@@ -361,7 +361,8 @@ class Feed:
     """
 
     def __init__(self, spans: list[tuple[int, int]], plan: Plan | None, workers: int | None, depth: int,
-                 repeat: bool, slot_bytes: int, views: bool, opener: Callable[[], RecordSource] | None = None):
+                 repeat: bool, slot_bytes: int, views: bool, opener: Callable[[], RecordSource] | None = None,
+                 prestarted: Callable[[int, tuple], Any] | None = None):
         import multiprocessing
         from multiprocessing.shared_memory import SharedMemory
 
@@ -377,9 +378,15 @@ class Feed:
         workers = workers or default_readers()
         self.slot_bytes = fit_slots(self.depth, int(slot_bytes))
         self.shm = SharedMemory(create=True, size=self.depth * self.slot_bytes)
-        attached = multiprocessing.get_context("spawn").Barrier(workers)
         try:
-            self.pool = started_pool(workers, "spawn", _init, (self.shm.name, plan, self.slot_bytes, opener, attached))
+            taken = prestarted(workers, (self.shm.name, plan, self.slot_bytes, opener)) if prestarted else None
+            self.prestarted = taken is not None
+            if taken is not None:  # (the worker's boot started them: feed_start.taken)
+                self.pool, attached = taken
+            else:
+                attached = multiprocessing.get_context("spawn").Barrier(workers)
+                self.pool = started_pool(workers, "spawn", _init, (self.shm.name, plan, self.slot_bytes, opener,
+                                                                    attached))
             # so are the barrier's and the pool's queues' semaphores: a GPU worker ended without waiting for it
             # (processes.leave_dying) would leave them to the resource tracker, which warns of them on the terminal
             unlink_semaphores(attached, self.pool)
@@ -548,13 +555,14 @@ class RecordFeed(Feed):
 
     def __init__(self, opener: Callable[[], RecordSource], entries: Sequence[Any], plan: Plan, batch_size: int = 256,
                  workers: int | None = None, depth: int = 4, slot_bytes: int = SLOT_BYTES, views: bool = True,
-                 spans: list[tuple[int, int]] | None = None):
+                 spans: list[tuple[int, int]] | None = None, prestarted: Callable[[int, tuple], Any] | None = None):
         """``opener``: makes the dataset's reader in each worker process (picklable: a module-level
         function and its arguments, as ``functools.partial(open_reader, path, format)``); ``spans``: the
-        batches as [start, end) ranges of ``entries`` (by default ``batch_size`` entries each)."""
+        batches as [start, end) ranges of ``entries`` (by default ``batch_size`` entries each); ``prestarted``:
+        hands over readers started before (:func:`.feed_start.taken`), else the feed starts its own."""
         self.entries = list(entries)
         spans = spans if spans is not None else _spans(len(self.entries), batch_size)
-        super().__init__(spans, plan, workers, depth, False, slot_bytes, views, opener)
+        super().__init__(spans, plan, workers, depth, False, slot_bytes, views, opener, prestarted)
 
     def _submit(self, slot: int, a: int, b: int, epoch: int = 0) -> Future:
         return self.pool.submit(_read_records, slot, self.entries[a:b])

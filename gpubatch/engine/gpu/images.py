@@ -268,10 +268,10 @@ class GpuImageUnit:
 
     def run(self, reader: Any, tasks: Any, writing: Callable[[Any], Any], done: Callable[[Any], None]) -> None:
         from ..device import Device, DeviceKind
-        from ..executor import default_readers
+        from ..execute.boot import TIMES as BOOT_TIMES
         from ..media import DEVICE
+        from . import feed_start, start
         from . import memory as gm
-        from . import start
         from .engine import decode_ahead
         from .feed import RecordFeed
 
@@ -288,6 +288,7 @@ class GpuImageUnit:
         entries = [e for t in tasks for e in t.entries]
         batch = ctx.batch_size
         t0 = time.perf_counter()
+        marks = _Marks(ctx.started)  # (when this worker's steps came, from the run's start: the summary's "wall (worker)")
         have = cores()
         host = ctx.host_procs  # (the GPU processes sharing this host's cores: every GPU's)
         route_cores = have / host  # (the route follows this worker's share of the cores, not their load)
@@ -301,17 +302,31 @@ class GpuImageUnit:
         elif reserved is not None and max(1, ctx.gpu_procs) > 1:  # (booted as the GPU's one process, the run
             reserved.release()  # took another beside it: no core of its own, as none of several takes one)
             reserved = None
-        readers = default_readers(max(1, have // host), settings=settings)
-        if settings.decode_route == "hardware":  # the decoders leave the cores to the readers: half of them
-            readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * host)))
+        for name, when in BOOT_TIMES.items():  # (the boot's steps: its run came, unpickled)
+            marks.at(name, when)
+        marks.mark("unit start", booted)
+        readers = start.feed_readers(have, host, settings)  # (those the worker's boot started, where it did)
         threads = max(2, have // host)
         feed = engine = unpin = current = out_writer = starting = None
         finished = False
         try:
-            def start_feed(b: int) -> RecordFeed:
+            pinned: list[Any] = []  # (the ring page-locked by the feed's start: (its address, its unlock))
+
+            def start_feed(b: int, pin: bool = False) -> RecordFeed:
                 f = RecordFeed(ctx.opener, entries, plan, b, workers=readers, depth=max(settings.feed_depth, 8),
-                               slot_bytes=settings.feed_slot_bytes, spans=_task_spans(tasks, b))
+                               slot_bytes=settings.feed_slot_bytes, spans=_task_spans(tasks, b),
+                               prestarted=feed_start.taken)  # (the readers the worker's boot started, where it did)
+                if pin and allocated(f.shm):  # (its pages made now: the page lock below then only maps them)
+                    marks.mark("feed allocated")
                 f.start()
+                if pin:  # the ring page-locked here, off the first batch's way, once the GPU's first hardware
+                    from ..device import page_lock  # decoder is made (beside its start, the lock slowed it)
+
+                    marks.mark("feed readers ready")
+                    start.hardware_first(gpu)
+                    if (locked := page_lock(f.shm.buf, gpu)) is not None:
+                        pinned.append(locked)
+                        marks.mark("feed pinned")
                 return f
 
             def make_engine(preallocate: tuple[int, int, int] | None) -> GpuEngine:
@@ -324,17 +339,23 @@ class GpuImageUnit:
             mem: dict[str, Any] = {}
             if ctx.gpu_memory is None:
                 # the reader processes start (a thread waits for them) while CUDA and the decoders do
-                starting = _Started(lambda: start_feed(batch))
+                starting = _Started(lambda: start_feed(batch, pin=settings.pin_feed))
                 # the hardware decoder's buffers reserved for a batch of 640x640 images up front (the worker study)
                 engine = make_engine((batch, settings.hw_preallocate, settings.hw_preallocate))
                 gpu_init = time.perf_counter() - t0
+                marks.mark("engine made")
                 start.kernels_ready(gpu)  # (the kernels its start compiles in threads: loaded once)
+                marks.mark("kernels ready")
                 # (while the reader processes start and read; this unit decodes neither into planes nor regions)
                 warm = engine.warm_up(batch, encoder=True, planes=False, cuda_later=True)
+                marks.mark("warm-up done")
                 feed, feed_start = starting.result()
+                marks.at("feed started", starting.finished)
+                unpin = engine.unpinning(pinned[0]) if pinned else None
             else:
                 engine = make_engine(None)
                 gpu_init = time.perf_counter() - t0
+                marks.mark("engine made")
                 start.kernels_ready(gpu)
                 warm = engine.warm_up(16, encoder=True, planes=False)  # a small batch: its buffers come before the cap is planned
                 fixed, parts = engine.fixed_memory()
@@ -348,7 +369,7 @@ class GpuImageUnit:
                 ahead, batch = mem_plan.ahead, mem_plan.batch
                 mem = {"cap_mib": engine.cap >> 20, "processes": procs, "plan": mem_plan.describe()}
                 feed = start_feed(batch)
-            unpin = engine.pin_host(feed.shm.buf) if settings.pin_feed else None
+                unpin = engine.pin_host(feed.shm.buf) if settings.pin_feed else None
             tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
             first = {"gpu_init": gpu_init, "warm_up": warm, "gpu_init: feed start": round(feed_start, 4),
                      **({"gpu_init: begun by the boot (s before the unit)": round(booted, 4)} if booted is not None else {}),
@@ -357,10 +378,13 @@ class GpuImageUnit:
                      **{f"gpu_init (thread): {k}": v for k, v in start.kernels_ready(gpu).items()}}
 
             def decode(fed: Any) -> Any:
+                marks.once("first batch read")
                 return engine.decoder.decode(fed.blobs, engine.stream, plan.max_pixels, order=False,
                                              headers=fed.headers, wait=False)
 
             owners = _owners(tasks, batch)
+            quarters = {k: f"batch {k + 1}" for k in (1, 3, 7) if k < len(owners) // 4}  # (the ramp)
+            quarters.update({len(owners) * q // 4: f"batch {25 * q}%" for q in (1, 2, 3)})
             current = first_at = None
             out_writer = shard_writer(ctx, done)  # the shards' files written in a thread or a process of their own
             seen = dict(tm)
@@ -375,6 +399,7 @@ class GpuImageUnit:
                 stats = current.stats
                 stats.add(**fed.counts)
                 res.wait()  # (the decoders' threads have handed every image over)
+                marks.once("first batch decoded")
                 tm["decode_wait"] += res.waited
                 shard_t["read (feed workers)"] += fed.seconds
                 commit = None
@@ -386,8 +411,15 @@ class GpuImageUnit:
                     extra = {"gpu_memory": dict(mem)} if mem else {}
                     if first_at is not None and ctx.started:
                         extra["first_batch_s"] = round(first_at, 4)
+                    for name, when in start.step_walls(gpu).items():  # (the GPU's start, step by step)
+                        marks.at(f"gpu start: {name}", when)
+                    if marks.taken():
+                        extra["marks"] = marks.take()
                     commit = extra or None
                 stage.run(fed, res, current, shard_t, last, commit)
+                marks.once("first batch through the chain")
+                if k in quarters:
+                    marks.mark(quarters[k])
                 del fed, res
                 if last:
                     current = None
@@ -410,6 +442,8 @@ class GpuImageUnit:
                     feed = starting.result()[0]
                 except BaseException:  # noqa: BLE001 - the engine's error is the one raised
                     feed = None
+                if pinned:  # (no decode read it: the engine failed first)
+                    pinned[0][1]()
             if feed is not None:
                 feed.close(wait=not finished)  # (every batch read: its readers end without being waited for)
             if starting is not None:
@@ -462,6 +496,71 @@ class GpuStage:
             self.out_writer.commit(shard, shard_t, extra)
 
 
+#: Linux's madvise advice that faults a range's pages in as if written, writing nothing (Linux 5.14 on)
+MADV_POPULATE_WRITE = 23
+
+
+def allocated(shm: Any) -> bool:
+    """The pages of shared memory ``shm`` made and mapped now (``madvise(MADV_POPULATE_WRITE)``, else its file
+    ``posix_fallocate``d; outside the interpreter's lock), so that page-locking it later (``cudaHostRegister``, which
+    holds the CUDA driver's lock: the GPU's start waited 0.25 s for it on 512 MiB, H200 host, 2026-12-04) finds them
+    made; False where neither could be done."""
+    import ctypes
+    import os
+
+    view = np.frombuffer(shm.buf, np.uint8)
+    addr, size = view.ctypes.data, view.nbytes
+    del view  # (no export of the buffer may outlive this call)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(size), MADV_POPULATE_WRITE) == 0:
+            return True
+    except (OSError, AttributeError):
+        pass
+    fd = getattr(shm, "_fd", -1)
+    if fd < 0 or not hasattr(os, "posix_fallocate"):
+        return False
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError:
+        return False
+    return True
+
+
+class _Marks:
+    """When a worker's steps came, in seconds from the run's start (``started``, the run's ``time.time()``; no
+    marks where it is 0): each commit takes those made since the one before (:meth:`take`), and the run keeps the
+    earliest of each over its workers (``runner``'s ``wall (worker): NAME``). ``booted``: a boot's seconds
+    before the first mark, kept as "worker boot"."""
+
+    def __init__(self, started: float):
+        self.started = started
+        self.marks: dict[str, float] = {}
+        self.seen: set[str] = set()
+
+    def at(self, name: str, when: float | None) -> None:
+        if self.started and when is not None and name not in self.seen:
+            self.seen.add(name)
+            self.marks[name] = round(when - self.started, 4)
+
+    def mark(self, name: str, booted: float | None = None) -> None:
+        now = time.time()
+        if booted is not None:
+            self.at("worker boot", now - booted)
+        self.at(name, now)
+
+    def once(self, name: str) -> None:
+        if name not in self.seen:
+            self.mark(name)
+
+    def taken(self) -> bool:
+        return bool(self.marks)
+
+    def take(self) -> dict[str, float]:
+        out, self.marks = self.marks, {}
+        return out
+
+
 class _Started:
     """``make()`` run in a thread from now on; :meth:`result` waits for it: (what it made, seconds it took).
     The thread lives on until :meth:`release`: processes it started are asked to die with their parent,
@@ -473,6 +572,7 @@ class _Started:
         self.value: Any = None
         self.error: BaseException | None = None
         self.seconds = 0.0
+        self.finished: float | None = None  # (its time.time() once made)
         self.ready, self.done = threading.Event(), threading.Event()
 
         def run() -> None:
@@ -482,6 +582,7 @@ class _Started:
             except BaseException as e:  # noqa: BLE001 - raised by result()
                 self.error = e
             self.seconds = time.perf_counter() - t
+            self.finished = time.time()
             self.ready.set()
             self.done.wait()
 
@@ -498,9 +599,6 @@ class _Started:
         self.done.set()
 
 
-#: reader processes of a GPU worker's feed at most (a convert reads records through the formats' readers:
-#: more Python a record than the pipelines' file reads)
-CONVERT_READERS_MAX = 8
 
 
 def _task_spans(tasks: list[Any], batch: int) -> list[tuple[int, int]]:

@@ -38,7 +38,8 @@ class Early(NamedTuple):
     policy set first where ``sync``), ``hw`` hardware-decoder instances, nvImageCodec's C ``library``, the
     ``kernels`` its run launches ((module, kernel) pairs, :func:`..kernels.kernel`); ``reserve``: the GPU
     ordinal whose core the hardware decoder's thread takes (:func:`.affinity.reserve`), taken before any of
-    the start's threads, or None."""
+    the start's threads, or None; ``host``: the GPU processes sharing the host's cores, where the worker's boot
+    starts its feed's reader processes too (:func:`feed_readers` of them; an image run's), else 0."""
 
     index: int
     settings: Settings
@@ -47,6 +48,7 @@ class Early(NamedTuple):
     sync: bool = True
     library: bool = True
     reserve: int | None = None
+    host: int = 0
 
 
 #: the hardware engine's instances a decoder makes off the hardware route (GpuImageDecoder.HW_INSTANCES)
@@ -77,10 +79,28 @@ def early(kind: str, ctx: Any) -> Early | None:
 
         return Early(ctx.device.index, ctx.settings, instances_wanted(ctx.settings),
                      kernels_needed(ctx.plan.ops, encode=True),
-                     reserve=ctx.gpu_ordinal if max(1, ctx.gpu_procs) == 1 else None)
+                     reserve=ctx.gpu_ordinal if max(1, ctx.gpu_procs) == 1 else None, host=ctx.host_procs)
     if kind == "context" and ctx.gpu_memory is None:  # (a capped run measures its context as it makes it)
         return Early(ctx.device.index, ctx.settings, sync=False, library=False)
     return None
+
+
+#: reader processes of a GPU worker's feed at most (a convert reads records through the formats' readers:
+#: more Python a record than the pipelines' file reads)
+CONVERT_READERS_MAX = 8
+
+
+def feed_readers(have: int, host: int, settings: Settings) -> int:
+    """The reader processes of a ``convert``/``augment`` GPU worker's feed, on ``have`` cores shared by ``host`` GPU
+    processes: the pipelines' default for its share, and on the hardware route, whose decoders leave the cores to
+    the readers, half its share (at most :data:`CONVERT_READERS_MAX`)."""
+    from ..processes import default_readers
+
+    host = max(1, host)
+    readers = default_readers(max(1, have // host), settings=settings)
+    if settings.decode_route == "hardware":
+        readers = max(readers, min(CONVERT_READERS_MAX, have // (2 * host)))
+    return readers
 
 
 class _Start:
@@ -89,6 +109,7 @@ class _Start:
         self.index, self.settings, self.hw_wanted = spec.index, spec.settings, spec.hw
         self.hw: list[Any] = []
         self.times: dict[str, float] = {}
+        self.walls: dict[str, float] = {}  # (each step's end, time.time(): the unit's marks)
         # first: the first instance and the library (what a decoder waits for); go: the rest asked for (after the
         # decoder's warm-up: made beside it, they slowed it); hw_done: every instance made or failed
         self.first, self.go, self.hw_done = threading.Event(), threading.Event(), threading.Event()
@@ -100,6 +121,7 @@ class _Start:
     def _step(self, name: str, t: float) -> float:
         now = time.perf_counter()
         self.times[name] = round(now - t, 4)
+        self.walls[name] = time.time()
         return now
 
     def _run(self) -> None:
@@ -133,7 +155,8 @@ class _Start:
                 t = self._step("nvImageCodec library", t)
             self.first.set()
             if self.hw_wanted > 1:  # (once asked for: while the decoder decodes its first batches on the first)
-                self.go.wait()
+                if not self.settings.hw_rest_early:
+                    self.go.wait()
                 self._instances(self.hw_wanted - 1, "hardware instances after the first", time.perf_counter())
         except Exception:  # noqa: BLE001 - no CUDA here: the engine's own start says why
             pass
@@ -185,10 +208,12 @@ _LOCK = threading.Lock()
 _BOOTED: dict[int, tuple[float, Any]] = {}  # device index -> (when the boot began, the core it reserved or None)
 
 
-def boot(spec: Early | None) -> None:
+def boot(spec: Early | None, readers: bool = False) -> None:
     """Begin device ``spec.index``'s start in this process (once): ``spec``'s core reserved, then its start
     in a thread (:class:`Early`); a GPU worker's first step, before it unpickles its run (where no boot
-    did, its unit begins it so); nothing where ``spec`` is None."""
+    did, its unit begins it so); nothing where ``spec`` is None. With ``readers`` (a worker's boot, while its
+    process has one thread), its feed's reader processes are forked between the two where ``spec.host`` says
+    (:mod:`.feed_start`)."""
     if spec is None:
         return
     with _LOCK:
@@ -199,6 +224,11 @@ def boot(spec: Early | None) -> None:
             from . import affinity
 
             reserved = affinity.reserve(spec.reserve, spec.settings)
+        if readers and spec.host:  # an image run's worker: its feed's readers forked now, while it has one thread
+            from ..processes import cores
+            from . import feed_start
+
+            feed_start.prestart(feed_readers(cores(), spec.host, spec.settings))
         _BOOTED[spec.index] = (time.perf_counter(), reserved)
         _STARTS[spec.index] = _Start(spec)
 
@@ -259,6 +289,13 @@ def hardware_first(index: int) -> None:
     s = _STARTS.get(index)
     if s is not None:
         s.first.wait()
+
+
+def step_walls(index: int) -> dict[str, float]:
+    """When each step of :func:`boot`'s start for device ``index`` ended so far (``time.time()``); empty where none
+    began."""
+    s = _STARTS.get(index)
+    return dict(s.walls) if s is not None else {}
 
 
 def kernels_ready(index: int) -> dict[str, float]:

@@ -1,0 +1,101 @@
+"""A GPU worker's feed readers, started at the worker's boot, before its run comes.
+
+A ``convert``/``augment`` GPU worker reads its records in reader processes of its own (:class:`.feed.RecordFeed`).
+Started when the feed is made, their start (a Python each, gpubatch's reading code imported, a process pool's
+machinery) lay on the way to the first batch: on an H200 host of 16 cores (2026-12-04, benchmarks/RESULTS.md) the
+feed's eight readers took 0.72-0.75 s to start, and the first batch was read 0.18 s after, while the GPU's own start
+was done 0.45 s before. The worker's boot (:func:`..execute.boot.boot`, through :func:`.start.boot`) now starts them
+first thing, forked while it has one thread and no CUDA context, with what they will read unknown: each imports the
+reading code (:func:`_preload`) and waits. The feed takes them
+(:func:`taken`) where it wants as many, and gives each its ring, its plan and its source (``feed._init`` as each
+reader's first task: the barrier they share lets none take a second); else it starts its own and these end
+(:func:`close`). Light on purpose: the boot imports it before anything else of gpubatch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_PRESTARTED: list[tuple[Any, Any, int]] = []  # (the pool, the barrier its readers share, how many)
+
+
+def _preload(attached: Any, parent: int) -> None:
+    """A prestarted reader's start: what it will run imported, the barrier kept for its first task, and its death
+    tied to its worker's (``parent``: a worker killed with ``kill -9`` leaves no reader behind it, also one killed
+    before this reader got here)."""
+    import os
+
+    from ...errors import RunStats  # noqa: F401 - (imported now, used by the reads)
+    from .. import windows  # noqa: F401
+    from ..codecs import headers  # noqa: F401
+    from ..processes import die_with_parent
+    from . import feed
+
+    feed._W["attached"] = attached
+    die_with_parent()
+    if os.getppid() != parent:  # (its worker died before it asked to die with it)
+        os._exit(0)
+
+
+def prestart(readers: int) -> None:
+    """``readers`` reader processes started now, each importing the feed's reading code; :func:`taken` hands them to
+    the feed. Forked: call it while this process has one thread and no CUDA context (the worker's boot, before its
+    GPU's start: :func:`.start.boot`); the pool's queues and barrier are then unlinked at once, as ``fork``'s are, so
+    that a worker ended without waiting for it leaves nothing to the resource tracker. Never raises: the feed starts
+    its own readers."""
+    try:
+        import multiprocessing as mp
+        import os
+        import time
+        from concurrent.futures import ProcessPoolExecutor
+
+        if "fork" not in mp.get_all_start_methods():
+            return
+        fork = mp.get_context("fork")
+        attached = fork.Barrier(readers)
+        pool = ProcessPoolExecutor(readers, mp_context=fork, initializer=_preload, initargs=(attached, os.getpid()))
+        pool.submit(time.sleep, 0.0)  # (a fork pool starts all its processes at the first task)
+        _PRESTARTED.append((pool, attached, readers))
+    except Exception:  # noqa: BLE001 - nothing prestarted: the feed starts its readers itself
+        return
+
+
+def taken(readers: int, init: tuple) -> tuple[Any, Any] | None:
+    """(the pool, the barrier its readers share) of the readers :func:`prestart` started, the caller's now, each given
+    its first task, ``feed._init(*init)`` (the barrier lets none take a second), and waited for; None where it started
+    none or not ``readers`` (those it started end), or they failed (the feed starts its own)."""
+    if not _PRESTARTED:
+        return None
+    pool, attached, count = _PRESTARTED.pop()
+    if count != readers:
+        _end(pool, attached)
+        return None
+    try:
+        for f in [pool.submit(_first_task, *init) for _ in range(readers)]:
+            f.result()
+    except Exception:  # noqa: BLE001 - (a reader that died at its start: a pool of the feed's own)
+        _end(pool, attached)
+        return None
+    return pool, attached
+
+
+def _first_task(*init: Any) -> None:
+    """A prestarted reader's first task: ``feed._init(*init)``, with the barrier its start kept."""
+    from . import feed
+
+    feed._init(*init, feed._W.pop("attached", None))
+
+
+def _end(pool: Any, attached: Any) -> None:
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def close(now: bool = False) -> None:
+    """The readers :func:`prestart` started and no feed took, ended; ``now``: terminated at once (they hold nothing),
+    not left to end once started (a worker that ends then need not wait for their imports)."""
+    while _PRESTARTED:
+        pool, attached, _ = _PRESTARTED.pop()
+        if now:
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.terminate()
+        _end(pool, attached)
