@@ -44,3 +44,100 @@ def test_a_rings_pages_are_made_before_it_is_page_locked():
     finally:
         shm.close()
         shm.unlink()
+
+
+def test_the_gpu_image_units_feed_takes_the_readers_its_workers_boot_started():
+    """The GPU image unit's feed (``images.record_feed``) reads its tasks' entries through the readers the worker's
+    boot forked (``gpu.feed_start``), in batches never across two tasks; without them it starts its own."""
+    import functools
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from gpubatch.engine.gpu import feed_start
+    from gpubatch.engine.gpu.images import _Marks, record_feed
+    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.settings import Settings
+    from gpubatch.formats import open_reader
+
+    src = Path(__file__).resolve().parents[2] / "sample_data" / "imagenet"
+    reader = open_reader(src, "folder")
+    entries = reader.entries()
+    tasks = [SimpleNamespace(entries=entries[:7]), SimpleNamespace(entries=entries[7:12])]
+    ctx = SimpleNamespace(opener=functools.partial(open_reader, src, "folder"), plan=Plan(ops=[]),
+                          settings=Settings(feed_depth=2, feed_slot_bytes=8 << 20))
+    for prestarted in (False, True):
+        if prestarted:
+            feed_start.prestart(2)
+        feed = record_feed(ctx, tasks, 4, 2, _Marks(0.0))
+        try:
+            assert feed.prestarted == prestarted and not feed_start._PRESTARTED
+            keys = []
+            for fed in feed:  # (no pixel op: every record passes through, finished by the readers)
+                keys.append([r.key for r in fed.results])
+                fed.done()
+        finally:
+            feed.close()
+        assert [len(k) for k in keys] == [4, 3, 4, 1]  # (7 then 5 entries, in batches of 4, none across the two)
+        assert sum(keys, []) == [reader.read(e).key for e in entries[:12]]
+
+
+def test_the_gpu_image_unit_starts_its_feed_on_the_readers_of_its_boot_beside_its_engine(monkeypatch):
+    """The unit's own start (``GpuImageUnit.run``, on this machine up to its engine, which fails here): its feed is
+    made in its thread, on the readers the boot forked, and ended with the engine's error, which is the one raised."""
+    import functools
+    from pathlib import Path
+
+    import pytest
+
+    from gpubatch.engine.device import Device, DeviceKind
+    from gpubatch.engine.execute.worker import RunContext
+    from gpubatch.engine.gpu import feed_start, images, start
+    from gpubatch.engine.plan import make_plan
+    from gpubatch.engine.settings import Settings
+    from gpubatch.errors import GpubatchError
+    from gpubatch.formats import open_reader
+    from gpubatch.types import ShardTask
+
+    src = Path(__file__).resolve().parents[2] / "sample_data" / "imagenet"
+    entries = open_reader(src, "folder").entries()
+    settings = Settings(reserve_core=False, feed_depth=2, feed_slot_bytes=8 << 20, pin_feed=False)
+    ctx = RunContext(opener=functools.partial(open_reader, src, "folder"), sink=None,
+                     plan=make_plan(64), device=Device(DeviceKind.GPU, 0), settings=settings,
+                     batch_size=8, on_gpu=True)
+    tasks = [ShardTask(index=k, start=k * 8, stop=(k + 1) * 8, entries=entries[k * 8:(k + 1) * 8], name=f"s{k}")
+             for k in range(2)]
+    readers = start.feed_readers(images.cores(), ctx.host_procs, settings)
+    taken, fed = [], []
+    real_taken, real_feed = feed_start.taken, images.record_feed
+
+    def taking(n, init):
+        got = real_taken(n, init)
+        taken.append(got is not None)
+        return got
+
+    def feeding(*a, **k):
+        f = real_feed(*a, **k)
+        fed.append(f)
+        return f
+
+    class NoEngine:
+        def __init__(self, *a, **k):
+            for _ in range(500):  # (the feed's thread first: its readers taken before the engine fails)
+                if fed:
+                    break
+                import time
+
+                time.sleep(0.01)
+            raise GpubatchError("no engine here")
+
+    monkeypatch.setattr(feed_start, "taken", taking)
+    monkeypatch.setattr(images, "record_feed", feeding)
+    monkeypatch.setattr(images, "GpuEngine", NoEngine)
+    monkeypatch.setattr(start, "booted", lambda index: (0.0, None))  # (as a worker whose boot began its start)
+    feed_start.prestart(readers)
+    try:
+        with pytest.raises(GpubatchError, match="no engine here"):
+            images.GpuImageUnit(ctx, 0).run(None, iter(tasks), lambda t: None, lambda r: None)
+    finally:
+        feed_start.close(now=True)
+    assert taken == [True] and len(fed) == 1 and fed[0].prestarted

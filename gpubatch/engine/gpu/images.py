@@ -270,8 +270,8 @@ class GpuImageUnit:
         from ..device import Device, DeviceKind
         from ..execute.boot import TIMES as BOOT_TIMES
         from ..media import DEVICE
-        from . import feed_start, start
         from . import memory as gm
+        from . import start
         from .engine import decode_ahead
         from .feed import RecordFeed
 
@@ -313,21 +313,7 @@ class GpuImageUnit:
             pinned: list[Any] = []  # (the ring page-locked by the feed's start: (its address, its unlock))
 
             def start_feed(b: int, pin: bool = False) -> RecordFeed:
-                f = RecordFeed(ctx.opener, entries, plan, b, workers=readers, depth=max(settings.feed_depth, 8),
-                               slot_bytes=settings.feed_slot_bytes, spans=_task_spans(tasks, b),
-                               prestarted=feed_start.taken)  # (the readers the worker's boot started, where it did)
-                if pin and allocated(f.shm):  # (its pages made now: the page lock below then only maps them)
-                    marks.mark("feed allocated")
-                f.start()
-                if pin:  # the ring page-locked here, off the first batch's way, once the GPU's first hardware
-                    from ..device import page_lock  # decoder is made (beside its start, the lock slowed it)
-
-                    marks.mark("feed readers ready")
-                    start.hardware_first(gpu)
-                    if (locked := page_lock(f.shm.buf, gpu)) is not None:
-                        pinned.append(locked)
-                        marks.mark("feed pinned")
-                return f
+                return record_feed(ctx, tasks, b, readers, marks, pinned if pin else None)
 
             def make_engine(preallocate: tuple[int, int, int] | None) -> GpuEngine:
                 return GpuEngine(Device(DeviceKind.GPU, gpu, reason="worker"), threads, ctx.gpu_memory, share=procs,
@@ -335,7 +321,7 @@ class GpuImageUnit:
                                  decode_route=settings.decode_route, settings=settings)
 
             ahead = max(1, settings.decode_ahead)
-            feed_start = 0.0
+            feed_secs = 0.0
             mem: dict[str, Any] = {}
             if ctx.gpu_memory is None:
                 # the reader processes start (a thread waits for them) while CUDA and the decoders do
@@ -349,7 +335,7 @@ class GpuImageUnit:
                 # (while the reader processes start and read; this unit decodes neither into planes nor regions)
                 warm = engine.warm_up(batch, encoder=True, planes=False, cuda_later=True)
                 marks.mark("warm-up done")
-                feed, feed_start = starting.result()
+                feed, feed_secs = starting.result()
                 marks.at("feed started", starting.finished)
                 unpin = engine.unpinning(pinned[0]) if pinned else None
             else:
@@ -371,7 +357,7 @@ class GpuImageUnit:
                 feed = start_feed(batch)
                 unpin = engine.pin_host(feed.shm.buf) if settings.pin_feed else None
             tm = {"read_wait": 0.0, "decode": 0.0, "decode_wait": 0.0}
-            first = {"gpu_init": gpu_init, "warm_up": warm, "gpu_init: feed start": round(feed_start, 4),
+            first = {"gpu_init": gpu_init, "warm_up": warm, "gpu_init: feed start": round(feed_secs, 4),
                      **({"gpu_init: begun by the boot (s before the unit)": round(booted, 4)} if booted is not None else {}),
                      **{f"gpu_init: {k}": v for k, v in getattr(engine, "init_times", {}).items()},
                      **{f"warm_up: {k}": v for k, v in getattr(engine, "warm_times", {}).items()},
@@ -599,6 +585,38 @@ class _Started:
         self.done.set()
 
 
+
+
+def record_feed(ctx: Any, tasks: list[Any], batch: int, readers: int, marks: _Marks, pinned: list | None = None) -> Any:
+    """The GPU image unit's feed (:class:`~.feed.RecordFeed`) over ``tasks``' entries in batches of at most ``batch``,
+    never across two tasks, read by ``readers`` processes (those the worker's boot started where it did:
+    :func:`.feed_start.taken`), its first reads begun. With ``pinned`` (a list) its ring is page-locked for the run's
+    GPU, (address, unlock) appended to it: once the GPU start's first hardware instance is made (beside that start
+    the lock slowed it), its pages made first (:func:`allocated`: the lock then only maps them, outside the driver's
+    lock they held it 0.25 s on 512 MiB)."""
+    from . import feed_start, start
+    from .feed import RecordFeed
+
+    settings = ctx.settings
+    f = RecordFeed(ctx.opener, [e for t in tasks for e in t.entries], ctx.plan, batch, workers=readers,
+                   depth=max(settings.feed_depth, 8), slot_bytes=settings.feed_slot_bytes, spans=_task_spans(tasks, batch),
+                   prestarted=feed_start.taken)
+    try:
+        if pinned is not None and allocated(f.shm):
+            marks.mark("feed allocated")
+        f.start()
+        if pinned is not None:
+            from ..device import page_lock
+
+            marks.mark("feed readers ready")
+            start.hardware_first(ctx.device.index)
+            if (locked := page_lock(f.shm.buf, ctx.device.index)) is not None:
+                pinned.append(locked)
+                marks.mark("feed pinned")
+    except BaseException:
+        f.close()
+        raise
+    return f
 
 
 def _task_spans(tasks: list[Any], batch: int) -> list[tuple[int, int]]:
