@@ -11,7 +11,9 @@ tree with and without them are then two contenders), and options of its own afte
 untimed (page cache, CuPy's kernel cache, each tree's bytecode). A tree is a checkout, or a folder that holds
 the ``gpubatch`` package (``git archive REV gpubatch | tar -x -C DIR``); its modules are byte-compiled first,
 as an install has them. Prints, per tree, images/s of the median run, each run's seconds, and the medians of
-the summary's timings (the first batch, the GPU start's steps, the stages). The commands run from a folder
+the summary's timings (the first batch, the GPU start's steps, the stages); with ``--steps``, instead, per tree its
+runs and when each step of the run came (the medians of its ``wall`` timings, the GPU worker's ``wall (worker): NAME``
+among them, in the order they came). The commands run from a folder
 outside every tree: ``python -m`` puts the working directory first on the path, so a run from a checkout
 imports that checkout's gpubatch whatever PYTHONPATH names.
 """
@@ -67,6 +69,18 @@ def _with_args(spec: str) -> tuple[str, list[str]]:
     return (head, shlex.split(tail)) if sep else (spec, [])
 
 
+def steps(report: dict) -> str:
+    """Per tree: images/s of the median run, its runs' seconds, and the medians of its ``wall`` timings in the order
+    they came (seconds from the run's or its tasks' start; the plan's and the finalize's, durations, left out)."""
+    lines = [f"{report['records']} records, {report['date']}"]
+    for name, t in report["trees"].items():
+        lines.append(f"{name}: {t['images_per_s']:,.1f} images/s (runs {', '.join(f'{x:.3f}' for x in t['runs'])} s)")
+        walls = {k: v for k, v in t["timings_median"].items()
+                 if k.startswith("wall") and k not in ("wall: plan", "wall: finalize")}  # (those two: durations)
+        lines += [f"    {v:8.4f}  {k}" for k, v in sorted(walls.items(), key=lambda kv: kv[1])]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--src", type=Path, required=True)
@@ -74,6 +88,8 @@ def main() -> None:
                     help="a gpubatch tree, maybe with settings and options: PATH[::VAR=VALUE,...][++OPTIONS] (repeat)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--steps", action="store_true",
+                    help="print when each step of the runs came (their wall timings' medians), not the whole JSON")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the convert command's options")
     a = ap.parse_args()
     extra = a.args[1:] if a.args[:1] == ["--"] else a.args
@@ -114,7 +130,7 @@ def main() -> None:
             "timings_median": {k: round(statistics.median(x["timings"].get(k, 0.0) for x in r), 4) for k in keys},
             "gpu_memory": [x["gpu_memory"] for x in r]}
     text = json.dumps(report, indent=1)
-    print(text)
+    print(steps(report) if a.steps else text)
     if a.json:
         a.json.write_text(text + "\n")
 

@@ -548,6 +548,25 @@ def test_a_tree_may_carry_options_of_its_own():
     assert _with_args(str(root)) == (str(root), [])
 
 
+def test_ab_trees_steps_list_each_trees_wall_timings_in_the_order_they_came():
+    """``ab_trees.py --steps``: per tree its rate and runs, then its ``wall`` timings' medians sorted by when they came,
+    the plan's and the finalize's (durations) left out."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    from ab_trees import steps
+
+    report = {"records": 4096, "date": "D", "trees": {"T": {"images_per_s": 2219.5, "runs": [1.82, 1.9], "timings_median": {
+        "wall (worker): unit start": 0.16, "wall: plan": 0.02, "wall: first batch (from the run's start)": 0.97,
+        "wall (worker): worker boot": -0.18, "decode": 3.0, "wall: finalize": 0.003}}}}
+    lines = steps(report).splitlines()
+    assert lines[1] == "T: 2,219.5 images/s (runs 1.820, 1.900 s)"
+    assert [ln.split(None, 1)[1] for ln in lines[2:]] == [
+        "wall (worker): worker boot", "wall (worker): unit start", "wall: first batch (from the run's start)"]
+
+
 def test_convert_timeline_reports_when_records_were_written_and_what_the_end_waited_for(tmp_path):
     """``benchmarks/convert_timeline.py``: a run's records over time from its progress callback (every record
     counted, the marks in order, all before ``convert`` returned) and the main thread's stacks as spans."""
