@@ -530,8 +530,6 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
     sums: dict[str, float] = {}
     audio: list[dict] = []
     gpu_memory: dict[str, Any] = {}
-    first_batch: float | None = None
-    marks: dict[str, float] = {}
     for r in results:
         for k in COUNTS:
             totals[k] += int(r.counts.get(k, 0))
@@ -547,10 +545,6 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
         for facts in r.extra.get("audio", []):
             if facts not in audio:
                 audio.append(facts)
-        if r.extra.get("first_batch_s") is not None:  # (each GPU worker's first shard says when its first came)
-            first_batch = min(first_batch or 1e9, float(r.extra["first_batch_s"]))
-        for name, v in (r.extra.get("marks") or {}).items():  # (when a GPU worker's steps came: the earliest)
-            marks[name] = min(marks.get(name, v), float(v))
         if r.extra.get("gpu_memory"):  # the cap and its plan (each worker's, alike)
             gpu_memory = {**gpu_memory, **r.extra["gpu_memory"]}
     if stats.gpu_memory.get("peak_mib") is not None:  # this run's workers as the driver counted them
@@ -579,11 +573,23 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
         boxes_dropped=totals["boxes_dropped"], bytes_in=totals["bytes_in"], bytes_out=totals["bytes_out"],
         skipped=skipped, timings={k: round(v, 4) for k, v in sums.items()}, gpu_memory=gpu_memory,
         shards=len(tasks), workers=workers)
-    if first_batch is not None:
-        summary.timings["wall: first batch (from the run's start)"] = round(first_batch, 4)
-    for name, v in sorted(marks.items(), key=lambda kv: kv[1]):
-        summary.timings[f"wall (worker): {name}"] = round(v, 4)
+    summary.timings.update(worker_walls(results))
     return summary, extra
+
+
+def worker_walls(results: list[ShardResult]) -> dict[str, float]:
+    """When the GPU image workers' steps came (their shards' ``marks``, seconds from the run's start), the earliest
+    of each over the workers, in the order they came: ``wall: first batch (from the run's start)`` and
+    ``wall (worker): NAME``."""
+    marks: dict[str, float] = {}
+    for r in results:
+        for name, v in (r.extra.get("marks") or {}).items():
+            marks[name] = min(marks.get(name, float(v)), float(v))
+    out = {}
+    if "first batch" in marks:  # (the first batch on its way)
+        out["wall: first batch (from the run's start)"] = round(marks.pop("first batch"), 4)
+    out.update({f"wall (worker): {name}": round(v, 4) for name, v in sorted(marks.items(), key=lambda kv: kv[1])})
+    return out
 
 
 @contextlib.contextmanager

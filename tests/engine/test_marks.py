@@ -16,7 +16,7 @@ def test_marks_are_seconds_from_the_runs_start_each_taken_once():
     assert set(taken) == {"worker boot", "unit start", "first batch read", "feed started"}
     assert 1.9 <= taken["unit start"] < 3.0 and abs(taken["unit start"] - taken["worker boot"] - 0.5) < 1e-3
     assert taken["feed started"] == 1.25 and taken["first batch read"] >= taken["unit start"]
-    assert not m.taken() and m.take() == {}
+    assert m.take() == {}
     m.once("first batch read")  # (a name marked before, taken with an earlier commit, is not marked again)
     m.mark("batch 25%")
     assert list(m.take()) == ["batch 25%"]
@@ -26,7 +26,7 @@ def test_no_marks_without_the_runs_start():
     m = _Marks(0.0)
     m.mark("unit start", booted=0.1)
     m.at("feed started", time.time())
-    assert not m.taken()
+    assert m.take() == {}
 
 
 def test_a_rings_pages_are_made_before_it_is_page_locked():
@@ -141,3 +141,20 @@ def test_the_gpu_image_unit_starts_its_feed_on_the_readers_of_its_boot_beside_it
     finally:
         feed_start.close(now=True)
     assert taken == [True] and len(fed) == 1 and fed[0].prestarted
+
+
+def test_a_runs_worker_walls_are_the_earliest_of_each_step_over_its_workers_in_order():
+    """``runner.worker_walls``: each step's earliest time over the shards' marks (two workers' first shards here),
+    the first batch as ``wall: first batch (from the run's start)``, the rest as ``wall (worker): NAME`` in the order
+    they came; shards without marks add nothing."""
+    from gpubatch.runner import worker_walls
+    from gpubatch.types import ShardResult
+
+    results = [ShardResult(0, "a", 0, 8, extra={"marks": {"unit start": 0.3, "first batch": 1.0, "engine made": 0.8}}),
+               ShardResult(1, "b", 8, 16, extra={"marks": {"unit start": 0.2, "first batch": 1.1, "batch 25%": 1.5}}),
+               ShardResult(2, "c", 16, 24)]
+    walls = worker_walls(results)
+    assert walls == {"wall: first batch (from the run's start)": 1.0, "wall (worker): unit start": 0.2,
+                     "wall (worker): engine made": 0.8, "wall (worker): batch 25%": 1.5}
+    assert list(walls)[1:] == ["wall (worker): unit start", "wall (worker): engine made", "wall (worker): batch 25%"]
+    assert worker_walls([ShardResult(0, "a", 0, 8)]) == {}

@@ -68,13 +68,13 @@ def taken(readers: int, init: tuple) -> tuple[Any, Any] | None:
         return None
     pool, attached, count = _PRESTARTED.pop()
     if count != readers:
-        _end(pool, attached)
+        _end(pool)
         return None
     try:
         for f in [pool.submit(_first_task, *init) for _ in range(readers)]:
             f.result()
     except Exception:  # noqa: BLE001 - (a reader that died at its start: a pool of the feed's own)
-        _end(pool, attached)
+        _end(pool)
         return None
     return pool, attached
 
@@ -86,7 +86,7 @@ def _first_task(*init: Any) -> None:
     feed._init(*init, feed._W.pop("attached", None))
 
 
-def _end(pool: Any, attached: Any) -> None:
+def _end(pool: Any) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -94,8 +94,8 @@ def close(now: bool = False) -> None:
     """The readers :func:`prestart` started and no feed took, ended; ``now``: terminated at once (they hold nothing),
     not left to end once started (a worker that ends then need not wait for their imports)."""
     while _PRESTARTED:
-        pool, attached, _ = _PRESTARTED.pop()
+        pool = _PRESTARTED.pop()[0]
         if now:
             for proc in list((getattr(pool, "_processes", None) or {}).values()):
                 proc.terminate()
-        _end(pool, attached)
+        _end(pool)

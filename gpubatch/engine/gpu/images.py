@@ -371,7 +371,7 @@ class GpuImageUnit:
             owners = _owners(tasks, batch)
             quarters = {k: f"batch {k + 1}" for k in (1, 3, 7) if k < len(owners) // 4}  # (the ramp)
             quarters.update({len(owners) * q // 4: f"batch {25 * q}%" for q in (1, 2, 3)})
-            current = first_at = None
+            current = None
             out_writer = shard_writer(ctx, done)  # the shards' files written in a thread or a process of their own
             seen = dict(tm)
             stage = GpuStage(engine, plan, out_writer, pinned=unpin is not None)
@@ -381,7 +381,8 @@ class GpuImageUnit:
                     current = writing(task)
                     shard_t = {**first, "read (feed workers)": 0.0}
                     first = {}
-                    first_at = None if k else time.time() - ctx.started  # (the first batch is on its way)
+                    if not k:  # (the first batch is on its way: the summary's "wall: first batch")
+                        marks.mark("first batch")
                 stats = current.stats
                 stats.add(**fed.counts)
                 res.wait()  # (the decoders' threads have handed every image over)
@@ -395,12 +396,10 @@ class GpuImageUnit:
                     seen = dict(tm)
                     # (the peak: the run samples its workers' device memory, runner._memory_watch)
                     extra = {"gpu_memory": dict(mem)} if mem else {}
-                    if first_at is not None and ctx.started:
-                        extra["first_batch_s"] = round(first_at, 4)
                     for name, when in start.step_walls(gpu).items():  # (the GPU's start, step by step)
                         marks.at(f"gpu start: {name}", when)
-                    if marks.taken():
-                        extra["marks"] = marks.take()
+                    if steps := marks.take():
+                        extra["marks"] = steps
                     commit = extra or None
                 stage.run(fed, res, current, shard_t, last, commit)
                 marks.once("first batch through the chain")
@@ -539,9 +538,6 @@ class _Marks:
         if name not in self.seen:
             self.mark(name)
 
-    def taken(self) -> bool:
-        return bool(self.marks)
-
     def take(self) -> dict[str, float]:
         out, self.marks = self.marks, {}
         return out
@@ -583,8 +579,6 @@ class _Started:
 
     def release(self) -> None:
         self.done.set()
-
-
 
 
 def record_feed(ctx: Any, tasks: list[Any], batch: int, readers: int, marks: _Marks, pinned: list | None = None) -> Any:
