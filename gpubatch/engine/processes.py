@@ -154,19 +154,45 @@ def single_threaded_pool(workers: int, initializer: Any = None, initargs: tuple 
 
 
 def worker_processes(target: Any, args: tuple, count: int, daemon: bool = True,
-                     env: dict[str, str] | None = None) -> list[Any]:
-    """``count`` spawn-started processes running ``target(*args)`` (daemons unless they start processes
-    of their own), with the pools' settings (one BLAS thread, freed memory kept) and ``env`` in their
-    environment only."""
+                     env: dict[str, str] | None = None, method: str = "spawn") -> list[Any]:
+    """``count`` processes started by ``method`` (``spawn``; ``fork`` only where :func:`fork_safe`) running
+    ``target(*args)`` (daemons unless they start processes of their own), with the pools' settings (one BLAS
+    thread, freed memory kept: a forked one's target calls :func:`as_spawned`) and ``env`` in their environment
+    only."""
     import multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(method)
     with _worker_env(env):
         procs = [ctx.Process(target=target, args=args, daemon=daemon, name=f"gpubatch-worker-{i}")
                  for i in range(count)]
         for p in procs:
             p.start()
     return procs
+
+
+def fork_safe() -> bool:
+    """Whether this process may fork workers that run gpubatch's code: it has one thread and has not imported CuPy
+    (so no CUDA context), on a system with ``fork``."""
+    import multiprocessing as mp
+    import threading
+
+    return "fork" in mp.get_all_start_methods() and threading.active_count() == 1 and "cupy" not in sys.modules
+
+
+def as_spawned() -> None:
+    """(A worker forked from the ``gpubatch`` command's start, first thing.) What a spawned worker gets from its new
+    interpreter: Python's own Ctrl-C handler (the command's start has its own) and glibc's malloc settings
+    (:data:`_MALLOC`, read from the environment only when a process starts)."""
+    import ctypes
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, int(_MALLOC["MALLOC_MMAP_THRESHOLD_"]))  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, int(_MALLOC["MALLOC_TRIM_THRESHOLD_"]))  # M_TRIM_THRESHOLD
+    except (AttributeError, OSError):  # pragma: no cover - not glibc
+        pass
 
 
 def unlink_semaphores(*objects: Any) -> int:

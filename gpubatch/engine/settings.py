@@ -79,6 +79,8 @@ class Settings:
         early_start: a GPU image run's worker processes started before its device is probed and its source
             opened (``execute.early.prestart``), and by the ``gpubatch`` command at its start, from its arguments
             alone (``execute.early.sniff``) (``GPUBATCH_EARLY_START``).
+        early_fork: the command's own start forks those processes (it has one thread and no CUDA then) instead of
+            spawning fresh interpreters (``GPUBATCH_EARLY_FORK``).
         reserve_min_cpus: the fewest usable cores with which a core is reserved.
 
     Decode buffers:
@@ -184,6 +186,7 @@ class Settings:
     readers_hw: bool = True
     reserve_core: bool = True
     early_start: bool = True
+    early_fork: bool = True
     reserve_min_cpus: int = 8
 
     pool_keep: int = 512 << 20
@@ -339,6 +342,7 @@ _ENV = (
     ("GPUBATCH_FOLLOW", "follow", _flag),
     ("GPUBATCH_RESERVE_CORE", "reserve_core", _flag),
     ("GPUBATCH_EARLY_START", "early_start", _flag),
+    ("GPUBATCH_EARLY_FORK", "early_fork", _flag),
     ("GPUBATCH_HW_PLANES", "hw_planes", str),
     ("GPUBATCH_SYNC", "sync", str),
     ("GPUBATCH_SWITCH_INTERVAL", "switch_interval", float),

@@ -13,8 +13,8 @@ from tests.helpers import ROOT
 
 pytestmark = pytest.mark.gpu
 
-# one script, booted or not (argv[2]: plain, booted, capped): the engine built, a batch decoded twice, the
-# pixels saved (argv[1])
+# one script, booted or not (argv[2]: plain; booted, its instances after the first made once asked for; early, made
+# right after the first, the default; capped): the engine built, a batch decoded twice, the pixels saved (argv[1])
 _SCRIPT = r"""
 import sys
 import numpy as np
@@ -24,8 +24,8 @@ from gpubatch.engine.device import resolve
 from gpubatch.engine.gpu.engine import GpuEngine
 from tests.helpers import jpeg_bytes, photo
 
-st = Settings.from_env().with_(decode_route="hardware")
 how = sys.argv[2]
+st = Settings.from_env().with_(decode_route="hardware", hw_rest_early=how != "booted")
 if how != "plain":  # (a worker's boot: the context through the driver, the instances before CuPy)
     start.boot(start.Early(0, st, 3, (("resample", "resample_u8_hwc"), ("jpeg", "jpeg_dct"))))
     times = start.kernels_ready(0)  # (the kernels, the first instance and the library)
@@ -33,7 +33,8 @@ if how != "plain":  # (a worker's boot: the context through the driver, the inst
             "kernels: jpeg_dct"} <= set(times)
     from gpubatch.engine import kernels
     assert {("resample", "resample_u8_hwc"), ("jpeg", "jpeg_dct")} <= set(kernels._LOADED)
-    assert "hardware instances after the first" not in times  # (asked for by the decoder: after its warm-up)
+    if how == "booted":
+        assert "hardware instances after the first" not in times  # (asked for by the decoder: after its warm-up)
 eng = GpuEngine(resolve("gpu"), 4, gpu_memory="8GiB" if how == "capped" else None, decode_route="hardware",
                 settings=st)
 dec = eng.decoder
@@ -42,6 +43,8 @@ if how == "capped":  # a capped engine takes every instance at its start (its pl
     assert "hardware instances after the first" in start._STARTS[0].times and not start._STARTS[0].hw
 elif how == "booted":  # the first; the rest are made after the warm-up and taken as they come
     assert len(dec.hw_direct) == 1 and dec._hw_coming == 2, (len(dec.hw_direct), dec._hw_coming)
+elif how == "early":  # the first and those made so far; the rest taken as they come
+    assert len(dec.hw_direct) >= 1 and len(dec.hw_direct) + dec._hw_coming == 3, (len(dec.hw_direct), dec._hw_coming)
 eng.warm_up(8, encoder=True)
 blobs = [jpeg_bytes(photo(120 + 8 * k, 160, seed=k)) for k in range(6)]
 got = [np.asarray(a.get()) for a in dec.decode(blobs, eng.stream).arrays]
@@ -60,7 +63,7 @@ print("ok")
 
 def _run(code: str, *args: str) -> str:
     done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+                          errors="replace", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -70,7 +73,7 @@ def test_a_started_worker_decodes_as_an_unstarted_one(tmp_path):
     start) decodes as one made without a start."""
     import numpy as np
 
-    for how in ("plain", "booted", "capped"):
+    for how in ("plain", "booted", "early", "capped"):
         assert "ok" in _run(_SCRIPT, str(tmp_path / f"{how}.npy"), how)
-    for how in ("booted", "capped"):
+    for how in ("booted", "early", "capped"):
         assert np.array_equal(np.load(tmp_path / f"{how}.npy"), np.load(tmp_path / "plain.npy")), how

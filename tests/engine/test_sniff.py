@@ -169,3 +169,42 @@ def test_nothing_is_sniffed_where_the_machine_has_no_gpu_node_or_it_is_turned_of
     monkeypatch.setenv("GPUBATCH_DECODE_ROUTE", "bogus")  # (a bad setting: the command's to report, not the guess's)
     early.sniff(["convert", "s", "d", *PIXELS])
     assert not early._SNIFFED
+
+
+def test_the_commands_start_forks_its_workers_where_it_may_and_they_run_as_spawned_ones_would(tmp_path):
+    """At the command's start (one thread, no CuPy) the sniffed workers are forked, not spawned
+    (``GPUBATCH_EARLY_FORK=0`` spawns them); a forked one gets Python's own Ctrl-C handler back and glibc's malloc
+    settings, as a spawned one has them; a process with a second thread spawns."""
+    script = """
+import os, signal, sys, threading
+from gpubatch.engine import processes
+from gpubatch.engine.execute import early
+early.gpu_node = lambda: True
+if sys.argv[1] == "thread":
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+signal.signal(signal.SIGINT, lambda *a: None)  # (the command's start handler)
+early.sniff(["convert", "s", "d", "--to", "webdataset", "--resize-shorter", "40"])
+print(type(early._SNIFFED[0].procs[0]._popen).__module__)
+early.close_sniffed()
+
+def child(q):
+    processes.as_spawned()
+    q.put(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+
+import multiprocessing as mp
+q = mp.get_context("fork").Queue()
+p = mp.get_context("fork").Process(target=child, args=(q,))
+p.start()
+print("default handler", q.get())
+p.join()
+"""
+    import os
+
+    seen = {}
+    for how, env in (("plain", {}), ("off", {"GPUBATCH_EARLY_FORK": "0"}), ("thread", {})):
+        done = subprocess.run([sys.executable, "-c", script, how], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60, env={**os.environ, **env})
+        assert done.returncode == 0, done.stderr[-2000:]
+        seen[how] = done.stdout.split()
+    assert seen["plain"][0] == "multiprocessing.popen_fork" and seen["plain"][-1] == "True"
+    assert seen["off"][0] == seen["thread"][0] == "multiprocessing.popen_spawn_posix"

@@ -70,6 +70,15 @@ def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
     work(ctx, strategy, slot, tasks, results)
 
 
+def boot_forked(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
+    """:func:`boot` in a process forked from the ``gpubatch`` command's start (:func:`.early.sniff`), made first as
+    a spawned one would be (:func:`..processes.as_spawned`)."""
+    from ..processes import as_spawned
+
+    as_spawned()
+    boot(early, payload, slot, tasks, results)
+
+
 def _readers_ended() -> None:
     """The feed's readers this worker's boot started (:mod:`..gpu.feed_start`) and no feed took, ended at once."""
     import sys
@@ -134,26 +143,28 @@ def work(ctx: Any, strategy: Any, slot: int, tasks: Any, results: Any) -> None:
 
 
 def start_slots(started: list[tuple[Any, dict[str, str]]], runs: list, tasks: list, results: Any,
-                first: int = 0) -> list:
+                first: int = 0, fork: bool = False) -> list:
     """A process a slot from slot ``first`` on, each given what its boot begins and its environment
     (``started``: :func:`.local.boots`) and the queue its run comes on (``runs[k]``); not daemons: a GPU unit
-    starts reader processes of its own (they end with this process all the same)."""
+    starts reader processes of its own (they end with this process all the same). Spawned, or forked where
+    ``fork`` (the command's start: :func:`.early.sniff`)."""
     from ..processes import worker_processes
 
     procs: list = []
+    target, method = (boot_forked, "fork") if fork else (boot, "spawn")
     for k, ((early, env), run, task) in enumerate(zip(started, runs, tasks), start=first):
-        procs += worker_processes(boot, (early, run, k, task, results), 1, daemon=False, env=env)
+        procs += worker_processes(target, (early, run, k, task, results), 1, daemon=False, env=env, method=method)
     return procs
 
 
 def new_slots(started: list[tuple[Any, dict[str, str]]], dealt: bool, results: Any, first: int = 0,
-              shared: Any = None) -> tuple[list, list, list]:
-    """Slots ``first`` on, started (:func:`start_slots`) with a queue each for their run and, where their tasks are
-    ``dealt``, one each for their tasks, else ``shared`` (or a new queue) for all: (run queues, task queues,
-    processes)."""
+              shared: Any = None, fork: bool = False) -> tuple[list, list, list]:
+    """Slots ``first`` on, started (:func:`start_slots`, forked where ``fork``) with a queue each for their run and,
+    where their tasks are ``dealt``, one each for their tasks, else ``shared`` (or a new queue) for all: (run queues,
+    task queues, processes)."""
     import multiprocessing as mp
 
     spawn = mp.get_context("spawn")
     runs = [spawn.Queue() for _ in started]
     tasks = [spawn.Queue() for _ in started] if dealt else [shared if shared is not None else spawn.Queue()] * len(started)
-    return runs, tasks, start_slots(started, runs, tasks, results, first=first)
+    return runs, tasks, start_slots(started, runs, tasks, results, first=first, fork=fork)

@@ -166,14 +166,14 @@ class Sniffed:
     image unit's are), each waiting for its run: ``begun`` says what each slot's boot began (:func:`~.local.boots`'s
     pairs, the kernels left out: the plan that names them is not known yet)."""
 
-    def __init__(self, begun: list[tuple[Any, dict[str, str]]]):
+    def __init__(self, begun: list[tuple[Any, dict[str, str]]], fork: bool = False):
         import multiprocessing as mp
 
         from .boot import new_slots
 
         self.begun = begun
         self.results = mp.get_context("spawn").Queue()
-        self.setups, self.tasks, self.procs = new_slots(begun, True, self.results)
+        self.setups, self.tasks, self.procs = new_slots(begun, True, self.results, fork=fork)
         self.at = time.time()
 
     def fits(self, strategy: Any, begun: list[tuple[Any, dict[str, str]]]) -> bool:
@@ -237,12 +237,13 @@ def sniff(args: list[str]) -> None:
         import atexit
 
         from ..gpu.start import Early, instances_wanted
-        from ..processes import visible_name
+        from ..processes import fork_safe, visible_name
 
         gpu, procs = guess
         env = {"CUDA_VISIBLE_DEVICES": visible_name(gpu)} if gpu else {}  # (as RunContext.for_slot)
         early = Early(0, settings, instances_wanted(settings), (), reserve=gpu if procs == 1 else None, host=procs)
-        _SNIFFED.append(Sniffed([(early, dict(env)) for _ in range(procs)]))
+        # forked where the command may (one thread, no CUDA): a fresh interpreter's start and imports left out
+        _SNIFFED.append(Sniffed([(early, dict(env)) for _ in range(procs)], fork=settings.early_fork and fork_safe()))
         atexit.register(close_sniffed)  # (before multiprocessing's own, which would wait for them)
     except Exception:  # noqa: BLE001 - a guess: the command runs as it would have
         return

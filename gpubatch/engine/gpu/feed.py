@@ -403,12 +403,13 @@ class Feed:
     def _batch(self, blobs: list[Any], a: int, b: int, extra: Any, release: Any, epoch: int = 0) -> Any:
         raise NotImplementedError
 
-    def close(self, wait: bool = True) -> None:
-        """The reader processes stopped and the shared memory unlinked; ``wait=False`` does not wait for the
-        processes to end (a run whose every batch was read: 0.13 s of its GPU worker's end on an H200 host)."""
+    def close(self, wait: bool = True, unmap: bool = True) -> None:
+        """The reader processes stopped, the shared memory unlinked and (``unmap``) unmapped; ``wait=False`` does not wait
+        for the processes to end (every batch read: 0.13 s of a GPU worker's end on an H200 host)."""
         self.pool.shutdown(wait=wait, cancel_futures=True)
         try:
-            self.shm.close()
+            if unmap:
+                self.shm.close()
         except BufferError:  # views of a batch are still alive: the mapping goes with the last of them
             self.shm.close = lambda: None  # type: ignore[method-assign]  (its __del__ would retry)
         try:

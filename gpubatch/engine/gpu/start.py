@@ -26,6 +26,7 @@ hardware decoder's thread. Errors are kept for the real calls, which make what f
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from typing import Any, NamedTuple
@@ -114,6 +115,7 @@ class _Start:
         # decoder's warm-up: made beside it, they slowed it); hw_done: every instance made or failed
         self.first, self.go, self.hw_done = threading.Event(), threading.Event(), threading.Event()
         self.context = threading.Event()  # the context made (or failed): kernels asked for later compile after it
+        self.stopping = False  # the process exits: no more instances made (exit_wait)
         self._compiled: list[threading.Thread] = []
         self.thread = threading.Thread(target=self._run, name="gpubatch-gpu-start", daemon=True)
         self.thread.start()
@@ -157,7 +159,8 @@ class _Start:
             if self.hw_wanted > 1:  # (once asked for: while the decoder decodes its first batches on the first)
                 if not self.settings.hw_rest_early:
                     self.go.wait()
-                self._instances(self.hw_wanted - 1, "hardware instances after the first", time.perf_counter())
+                if not self.stopping:
+                    self._instances(self.hw_wanted - 1, "hardware instances after the first", time.perf_counter())
         except Exception:  # noqa: BLE001 - no CUDA here: the engine's own start says why
             pass
         finally:
@@ -172,6 +175,8 @@ class _Start:
 
         try:
             for _ in range(n):
+                if self.stopping:
+                    break
                 made = HwBatchDecoder(None, self.index)
                 with _LOCK:
                     self.hw.append(made)
@@ -205,6 +210,19 @@ _STARTS: dict[int, _Start] = {}
 _LOCK = threading.Lock()
 
 
+def _exit_wait(timeout: float = 10.0) -> None:
+    """(At the interpreter's exit.) Every start told to make no more instances and waited for up to ``timeout``
+    seconds: a process that ended while a start's thread was inside nvJPEG's making of an instance (an error
+    raised by the code that booted it) was aborted by nvJPEG's exception (``terminate called after throwing
+    an instance of 'nvjpeg::ExceptionJPEG'``) instead of exiting with its own error."""
+    end = time.monotonic() + timeout
+    for s in list(_STARTS.values()):
+        s.stopping = True
+        s.go.set()
+    for s in list(_STARTS.values()):
+        s.hw_done.wait(max(0.0, end - time.monotonic()))
+
+
 _BOOTED: dict[int, tuple[float, Any]] = {}  # device index -> (when the boot began, the core it reserved or None)
 
 
@@ -230,6 +248,8 @@ def boot(spec: Early | None, readers: bool = False) -> None:
 
             feed_start.prestart(feed_readers(cores(), spec.host, spec.settings))
         _BOOTED[spec.index] = (time.perf_counter(), reserved)
+        if not _STARTS:
+            atexit.register(_exit_wait)
         _STARTS[spec.index] = _Start(spec)
 
 
