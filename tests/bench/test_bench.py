@@ -590,3 +590,28 @@ def test_convert_timeline_reports_when_records_were_written_and_what_the_end_wai
     sampler.stop()
     spans = sampler.spans(0.0, 1e9, least=0.0)
     assert spans and all(s >= 0 for _, s, _ in spans) and "test_bench.py" in " ".join(w for _, _, w in spans)
+
+
+def test_cli_start_splits_the_commands_time_outside_its_run(imagenet, tmp_path):
+    """``benchmarks/cli_start.py``: the command's points in the order they come, its run timed where the command
+    itself calls it (nothing imported ahead of the command's own imports), and the time outside the run split into
+    parts that add up to the process's whole time less the run's own seconds."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "start.json"
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "cli_start.py"), "--runs", "1", "--json", str(out),
+                           "--", "convert", str(imagenet), str(tmp_path / "dst"), "--to", "webdataset", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(out.read_text())
+    points = ["sniff", "prestart", "run begins", "run returned", "command returned", "exit handlers done",
+              "process gone"]
+    at = [got[p]["median_s"] for p in points]
+    assert at == sorted(at) and at[0] < 0.5 * at[-1], at
+    parts = got["outside the run (medians, s)"]
+    whole = got["process gone"]["median_s"] - got["run's own seconds"]["median_s"]
+    assert sum(parts.values()) == pytest.approx(whole, abs=0.002) and min(parts.values()) >= -0.001
+    assert (tmp_path / "dst").is_dir()  # (the command ran as it would)
