@@ -47,7 +47,7 @@ format: $(STAMP)  ## ruff format
 
 # On the lent GPU machine: its own python3 (no venv, no pip), packages from the carried .gpu-site.
 gpu-test:  ## GPU tests + a GPU convert, with the system python3 (run on the GPU machine)
-	python3 -m pytest -q -m gpu -p no:cacheprovider tests
+	python3 -m pytest -q -m gpu -p no:cacheprovider --durations=12 tests
 	python3 -m pytest -q -p no:cacheprovider tests/engine/test_nvimgcodec_c.py
 	rm -rf /tmp/gpubatch-gpu-demo
 	python3 -m gpubatch convert sample_data/imagenet /tmp/gpubatch-gpu-demo --to webdataset \

@@ -425,7 +425,7 @@ class GpuImageUnit:
                     feed.close(wait=False, unmap=unpin is None)
                 if starting is not None:
                     starting.release()
-                released()  # (before: the ring's unlock, 0.06-0.1 s of the run's end on an H200 host)
+                released()  # (before: the ring's unlock, 0.10-0.13 s of the run's end on H200 hosts, 2026-12-04)
             if unpin is not None:  # (drains the decoders first)
                 unpin()
             elif engine is not None:  # no decode reads the feed's memory any more
