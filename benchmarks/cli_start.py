@@ -10,7 +10,8 @@ gone as its parent saw it. Each run a fresh process.
 With ``--json`` among the command's options the run's own seconds (its summary's) are read too, and the time
 outside them is split: before the run, the run's end after its summary's clock stopped (its manifest, the dataset
 moved into place, its workers let go), the command's output, the exit handlers, and the process's end after them
-(the interpreter's finalization and the kernel's). The command runs as it would (its output kept from the
+(the interpreter's finalization and the kernel's); ``--plain`` runs the command as it is too, in turn, so that the
+probe's own cost shows. The command runs as it would (its output kept from the
 terminal); prestart is only timed, never changed; DST is removed before each run. Found (the 2-core CI machine,
 2026-12-04, benchmarks/RESULTS.md "16:56 to 17:29"): the sniff at 0.013 s (98 modules), prestart at 0.21-0.27 s
 (398).
@@ -105,16 +106,36 @@ def one(args: list[str]) -> dict:
     return seen
 
 
+def plain(args: list[str]) -> float:
+    """``python -m gpubatch ARGS --json`` as it is, no probe: its process's seconds less its run's own."""
+    dst = Path(args[2]) if args[:1] in (["convert"], ["augment"]) and len(args) > 2 else None
+    if dst is not None:
+        shutil.rmtree(dst, ignore_errors=True)
+    t = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "gpubatch", *args], cwd=ROOT, capture_output=True, text=True)
+    whole = time.perf_counter() - t
+    if done.returncode:
+        sys.exit(f"the command failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    return whole - json.loads(done.stdout)["seconds"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None, help="write the figures here too")
+    ap.add_argument("--plain", action="store_true",
+                    help="with --json among the command's options: also run the command as it is, no probe, in turn "
+                         "with the probed runs, and give its time outside the run beside theirs")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the command's arguments")
     a = ap.parse_args()
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     if not args:
         sys.exit("give the command's arguments after --")
-    runs = [one(args) for _ in range(a.runs)]
+    runs, plains = [], []
+    for _ in range(a.runs):
+        runs.append(one(args))
+        if a.plain and "--json" in args:
+            plains.append(plain(args))
     out: dict = {"command": args, "runs": a.runs}
     for name in ("interpreter start", *POINTS, "run's own seconds"):
         got = [r[name] for r in runs if name in r]
@@ -132,6 +153,9 @@ def main() -> None:
             "the process's end after them": [r["process gone"][0] - r["exit handlers done"][0] for r in runs],
         }
         out["outside the run (medians, s)"] = {k: round(statistics.median(v), 4) for k, v in parts.items()}
+        out["outside the run, probed (s)"] = [round(r["process gone"][0] - r["run's own seconds"][0], 4) for r in runs]
+    if plains:  # (the probe's own cost: the command as it is, outside its run)
+        out["outside the run, the command as it is (s)"] = [round(x, 4) for x in plains]
     text = json.dumps(out, indent=1)
     print(text)
     if a.json:
