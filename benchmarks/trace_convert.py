@@ -136,6 +136,21 @@ def summarize(path: Path) -> dict:
             per_stream[k["args"].get("stream")].append(w)
         stream_medians = [statistics.median(v) for v in per_stream.values()]
         single = [k for k in all_kernels if "DecodeSingleGPU" in k["name"]]  # (the CUDA decoder's nvJPEG kernels)
+        # inside a call, the host's pause between an image's bitstream copy and its colour-conversion kernel: long in a
+        # run's first real calls (the engine's submission, which makes no CUDA call)
+        calls.sort(key=lambda e: e["ts"])
+        t_first = calls[0]["ts"] if calls else 0
+        gaps = [((b["ts"] - a["ts"] - a.get("dur", 0)) / 1e3, (a["ts"] - t_first) / 1e3) for a, b in zip(calls, calls[1:])
+                if a["name"] == "cudaMemcpyAsync" and b["name"] == "cudaLaunchKernel"]
+        long_gaps = [g for g in gaps if g[0] > 1.0]
+        # its longest pauses between any two of its CUDA calls, and the CUDA calls of the worker's other threads in them
+        api_calls = sorted((e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver")), key=lambda e: e["ts"])
+        api_ts = [e["ts"] for e in api_calls]
+        idle = sorted(((b["ts"] - a["ts"] - a.get("dur", 0), a["ts"] + a.get("dur", 0), b["ts"]) for a, b in
+                       zip(calls, calls[1:])), reverse=True)[:3]
+        pauses = [[round((t0 - t_first) / 1e3, 1), round(g / 1e3, 1),
+                   sum(1 for e in api_calls[bisect.bisect_left(api_ts, t0):bisect.bisect_left(api_ts, t1)]
+                       if e.get("tid") != hw)] for g, t0, t1 in idle]
         out["hardware thread"] = {
             "runtime calls": len(calls), "seconds in them": round(sum(e.get("dur", 0) for e in calls) / 1e6, 4),
             "span s": round((max(e["ts"] + e.get("dur", 0) for e in calls) - min(e["ts"] for e in calls)) / 1e6, 4),
@@ -158,6 +173,10 @@ def summarize(path: Path) -> dict:
             "its kernels starting within 3 us of a chain kernel's end": right_after,
             "its streams' median launch to start us (least, most)":
                 [round(min(stream_medians), 1), round(max(stream_medians), 1)] if stream_medians else None,
+            "copy-to-kernel pauses over 1 ms: count, ms in all, ms in its first 200 ms, last at ms":
+                [len(long_gaps), round(sum(g for g, _ in long_gaps), 1),
+                 round(sum(g for g, at in long_gaps if at < 200), 1), round(max((at for _, at in long_gaps), default=0), 1)],
+            "longest pauses between its CUDA calls: at ms, ms, other threads' CUDA calls in them": pauses,
             "CUDA decoder kernels: count, streams, span ms":
                 [len(single), len({k["args"].get("stream") for k in single}),
                  round((max(k["ts"] + k.get("dur", 0) for k in single) - min(k["ts"] for k in single)) / 1e3, 1)

@@ -397,9 +397,9 @@ def test_decoder_warm_up_images_cover_every_subsampling():
     """The decoder warm-up (GpuEngine.warm_up) sends a whole batch of tiny JPEGs of every subsampling
     the GPU decoders route, and gray, so each decoder meets every kind and a full batch before the
     first real one (and the hardware engine's refusals are learned before real batches are routed)."""
-    from gpubatch.engine.codecs.image_gpu import _tiny_jpegs
+    from gpubatch.engine.codecs.image_gpu import tiny_jpegs
 
-    blobs = _tiny_jpegs(256)
+    blobs = tiny_jpegs(256)
     kinds = [jpeg_kind(b)[0] for b in blobs]
     assert len(blobs) == 256
     assert set(kinds) == {"baseline/4:4:4", "baseline/4:2:2", "baseline/4:2:0", "baseline/gray"}

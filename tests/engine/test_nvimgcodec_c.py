@@ -368,7 +368,7 @@ def test_the_warm_up_calls_make_no_instance_a_kind():
     batches' kinds make instances; the setting is back afterwards, also where the call fails."""
     from types import SimpleNamespace
 
-    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder, _tiny_jpegs
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder, tiny_jpegs
 
     seen = []
 
@@ -382,9 +382,9 @@ def test_the_warm_up_calls_make_no_instance_a_kind():
     dec = SimpleNamespace(grow_hw=True, hw_direct=[object()], hw_stream=sync, cuda_stream=sync,
                           _prepare=lambda *a, **k: object(), _run=run,
                           _cuda_thread=SimpleNamespace(submit=lambda f: done), _hw_finish=None)
-    GpuImageDecoder.first_call(dec, True, _tiny_jpegs(6))
+    GpuImageDecoder.first_call(dec, True, tiny_jpegs(6))
     with pytest.raises(RuntimeError, match="the call failed"):
-        GpuImageDecoder.first_call(dec, False, _tiny_jpegs(6))
+        GpuImageDecoder.first_call(dec, False, tiny_jpegs(6))
     assert seen == [False, False] and dec.grow_hw is True
 
 
@@ -429,7 +429,7 @@ def test_a_queued_first_call_goes_to_the_cuda_decoders_thread_as_a_warm_up_part(
     warm-up's (its seconds not a run's), and neither runs it nor waits for anything itself."""
     from types import SimpleNamespace
 
-    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder, _tiny_jpegs
+    from gpubatch.engine.codecs.image_gpu import GpuImageDecoder, tiny_jpegs
 
     queued = []
     dec = SimpleNamespace(hw_direct=[object()], hw_stream=None, grow_hw=True,
@@ -437,7 +437,7 @@ def test_a_queued_first_call_goes_to_the_cuda_decoders_thread_as_a_warm_up_part(
                               hw=hw, lists=lists, warm=False),
                           _run=object(), _hw_finish=None,
                           _cuda_thread=SimpleNamespace(submit=lambda fn, job, *a: queued.append((fn, job))))
-    GpuImageDecoder.first_call(dec, False, _tiny_jpegs(6), queued=True)
+    GpuImageDecoder.first_call(dec, False, tiny_jpegs(6), queued=True)
     ((fn, job),) = queued
     assert fn is dec._run and not job.hw and job.warm and job.lists == [list(range(6))] and dec.grow_hw
 

@@ -319,7 +319,7 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
         first batch without that wait (about 0.1 s on an H200), and a part for the CUDA decoder queued after
         it waits for it there."""
         t0 = time.perf_counter()
-        blobs = _tiny_jpegs(batch)
+        blobs = tiny_jpegs(batch)
         steps: dict[str, float] = {}
 
         def step(name: str, began: float) -> float:
@@ -601,7 +601,7 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
 
 
 @functools.cache
-def _tiny_jpegs(n: int) -> list[bytes]:
+def tiny_jpegs(n: int) -> list[bytes]:
     """``n`` 64x64 JPEGs, 4:4:4, 4:2:2, 4:2:0 and gray in turn (decoder warm-up)."""
     from PIL import Image
 
