@@ -2,7 +2,8 @@
 """Python's garbage collections in every process of a ``convert`` (the command and its workers): how many of each
 generation, how long the full ones held the GIL, and when they came.
 
-    python3 benchmarks/worker_gc.py --src FOLDER [--runs 3] [--dst DIR] [--env NAME=VALUE ...] -- CONVERT-OPTIONS
+    python3 benchmarks/worker_gc.py --src FOLDER [--runs 3] [--dst DIR] [--tree DIR] [--env NAME=VALUE ...] \\
+        -- CONVERT-OPTIONS
 
 Why: a full collection walks every object the process holds with the GIL held, and meanwhile no other thread of
 the process runs Python; in the training loader such collections held the decoders' threads 60-140 ms at a time
@@ -101,6 +102,8 @@ def main() -> None:
     ap.add_argument("--dst", type=Path, default=Path(tempfile.gettempdir()) / "gpubatch-gc-out")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the command's environment")
+    ap.add_argument("--tree", type=Path, default=ROOT, help="the gpubatch tree to run (a checkout, or a folder that "
+                    "holds the gpubatch package; this checkout by default)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the convert command's options")
     a = ap.parse_args()
@@ -109,7 +112,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as hook:
         Path(hook, "sitecustomize.py").write_text(HOOK)
         base = {**os.environ, **dict(e.split("=", 1) for e in a.env),
-                "PYTHONPATH": os.pathsep.join([hook, str(ROOT), os.environ.get("PYTHONPATH", "")])}
+                "PYTHONPATH": os.pathsep.join([hook, str(a.tree.resolve()), os.environ.get("PYTHONPATH", "")])}
         for r in range(a.runs):
             log = Path(tempfile.mkdtemp(prefix="gc-log-"))
             t0 = time.time()
