@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A CUPTI trace (PyTorch's profiler, kineto) of a GPU ``convert`` worker, and what it shows of nvJPEG's hardware calls.
 
-    python3 benchmarks/trace_convert.py --src FOLDER --trace OUT.json [--dst DIR] -- CONVERT-OPTIONS
+    python3 benchmarks/trace_convert.py --src FOLDER --trace OUT.json [--dst DIR] [--python] -- CONVERT-OPTIONS
     python3 benchmarks/trace_convert.py --summarize OUT.json[.gz]
 
 The first form runs ``python3 -m gpubatch convert FOLDER DIR CONVERT-OPTIONS --overwrite -q --json`` twice (once
@@ -49,7 +49,8 @@ def _patch(mod):
 
     def traced(self, *a, **k):
         from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        stack = os.environ.get("GPUBATCH_TRACE_PYTHON") == "1"  # (the Python tracer: every Python call an event)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stack) as prof:
             out = run(self, *a, **k)
         prof.export_chrome_trace(os.environ["GPUBATCH_TRACE"])
         return out
@@ -151,6 +152,14 @@ def summarize(path: Path) -> dict:
         pauses = [[round((t0 - t_first) / 1e3, 1), round(g / 1e3, 1),
                    sum(1 for e in api_calls[bisect.bisect_left(api_ts, t0):bisect.bisect_left(api_ts, t1)]
                        if e.get("tid") != hw)] for g, t0, t1 in idle]
+        # with --python: the Python calls of any thread that overlap the longest pause most (what held it)
+        py = [e for e in ev if e.get("cat") == "python_function"]
+        held = []
+        if py and idle:
+            _, p0, p1 = idle[0]
+            over = [(min(p1, e["ts"] + e.get("dur", 0)) - max(p0, e["ts"]), e) for e in py]
+            held = [[round(o / 1e3, 1), e.get("tid"), e["name"][:90]] for o, e in sorted(over, key=lambda x: -x[0])[:10]
+                    if o > 0]
         out["hardware thread"] = {
             "runtime calls": len(calls), "seconds in them": round(sum(e.get("dur", 0) for e in calls) / 1e6, 4),
             "span s": round((max(e["ts"] + e.get("dur", 0) for e in calls) - min(e["ts"] for e in calls)) / 1e6, 4),
@@ -177,6 +186,7 @@ def summarize(path: Path) -> dict:
                 [len(long_gaps), round(sum(g for g, _ in long_gaps), 1),
                  round(sum(g for g, at in long_gaps if at < 200), 1), round(max((at for _, at in long_gaps), default=0), 1)],
             "longest pauses between its CUDA calls: at ms, ms, other threads' CUDA calls in them": pauses,
+            "the Python calls in the longest (--python): ms in it, thread, function": held,
             "CUDA decoder kernels: count, streams, span ms":
                 [len(single), len({k["args"].get("stream") for k in single}),
                  round((max(k["ts"] + k.get("dur", 0) for k in single) - min(k["ts"] for k in single)) / 1e3, 1)
@@ -191,6 +201,8 @@ def main() -> None:
     ap.add_argument("--dst", type=Path, default=Path(tempfile.gettempdir()) / "gpubatch-trace-out")
     ap.add_argument("--trace", type=Path)
     ap.add_argument("--summarize", type=Path, help="summarize this trace (made already) and stop")
+    ap.add_argument("--python", action="store_true", help="trace every Python call too (PyTorch's Python tracer, "
+                    "with_stack): the summary names those in the hardware thread's longest pause; slows the run")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the convert command's options")
     a = ap.parse_args()
     if a.summarize:
@@ -205,7 +217,8 @@ def main() -> None:
         cmd = [sys.executable, "-m", "gpubatch", "convert", str(a.src), str(a.dst), *opts, "--overwrite", "-q", "--json"]
         subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)  # (untimed: caches, kernels)
         a.trace.unlink(missing_ok=True)
-        done = subprocess.run(cmd, env={**env, "GPUBATCH_TRACE": str(a.trace)}, check=True, capture_output=True,
+        traced = {**env, "GPUBATCH_TRACE": str(a.trace), "GPUBATCH_TRACE_PYTHON": "1" if a.python else "0"}
+        done = subprocess.run(cmd, env=traced, check=True, capture_output=True,
                               text=True)
     timings = json.loads(done.stdout)["timings"]
     print({k: round(v, 3) for k, v in timings.items() if k.startswith(("decoder: hw", "wall: shards"))})
