@@ -616,3 +616,26 @@ def test_cli_start_splits_the_commands_time_outside_its_run(imagenet, tmp_path):
     assert sum(parts.values()) == pytest.approx(whole, abs=0.002) and min(parts.values()) >= -0.001
     assert len(got["outside the run, the command as it is (s)"]) == 1 and got["outside the run, the command as it is (s)"][0] > 0
     assert (tmp_path / "dst").is_dir()  # (the command ran as it would)
+
+
+def test_worker_gc_logs_every_process_s_collections(imagenet, tmp_path):
+    """``benchmarks/worker_gc.py``: the command and each of its worker processes log their collections (the hook
+    reaches spawned workers), the young ones counted, the full ones with when they came inside the run."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "gc.json"
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "worker_gc.py"), "--src", str(imagenet), "--runs", "1",
+                           "--dst", str(tmp_path / "dst"), "--json", str(out), "--", "--to", "webdataset", "--workers", "2",
+                           "--shard-size", "16",
+                           "--resize-shorter", "32"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads(out.read_text())["runs"][0]
+    names = [n.split(" (")[0] for n in run["processes"]]
+    assert "MainProcess" in names and sum(n.startswith("gpubatch-worker") for n in names) == 2, names
+    for p in run["processes"].values():
+        assert p["gen 0 (count, ms; as of its last line)"][0] > 0
+        assert all(0 <= at <= run["wall_s"] and ms >= 0 for at, ms in p["gen 2 at s (ms)"])
+    assert (tmp_path / "dst").is_dir()
