@@ -299,8 +299,10 @@ def to_html(result: dict[str, Any]) -> str:
         unit = next((r["unit"] for _, r, _ in rs if "unit" in r), "images")
         body.append(_bars_svg([(n, r["images_per_s"]) for n, r, _ in rs if "images_per_s" in r], f"{unit}/s"))
         head = "".join(f"<th>{e(c)}</th>" for c in ("contender", *columns(result, chain)))
-        trs = "".join("<tr><td>" + e(n) + "</td>" + "".join(f"<td>{e(c)}</td>" for c in cells)
-                      + "<td></td>" * (len(COLUMNS) - len(cells)) + "</tr>" for n, _, cells in rs)
+        trs = "".join("<tr><td>" + e(n) + "</td>" + (
+            "".join(f"<td>{e(c)}</td>" for c in cells) if "images_per_s" in r  # (a contender that did not run: its
+            else f"<td class='why' colspan='{len(COLUMNS)}'>{e(cells[0])}</td>") + "</tr>"  # reason across the row)
+            for n, r, cells in rs)
         body.append(f"<table><tr>{head}</tr>{trs}</table><ul>"
                     + "".join(f"<li>{e(n)}</li>" for n in _notes(result, chain)) + "</ul>")
     sw = result.get("sweep")
@@ -308,7 +310,8 @@ def to_html(result: dict[str, Any]) -> str:
         body.append(f"<h2>sweep {e(sw['param'])}</h2>")
         body.append(_line_svg([(float(p["value"]), p["images_per_s"] or 0) for p in sw["points"]], sw["param"]))
     style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}"
+             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,td.why{text-align:left}"
+             "td{white-space:nowrap}td.why,td:last-child{white-space:normal}"
              ".verdict{font-weight:bold;font-size:1.1em}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>gpubatch bench</title><style>{style}</style>"
             f"</head><body>{''.join(body)}</body></html>")

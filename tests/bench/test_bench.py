@@ -428,6 +428,9 @@ def test_the_html_report_has_a_verdict_and_labelled_axes():
     assert "<p class='verdict'>gpubatch-gpu is fastest: 5,000 images/s, 3.57x gpubatch-cpu (1,400)" in page
     assert ">images/s</text>" in page and ">batch_size</text>" in page  # the axes' labels
     assert page.count("<line") >= 6  # the bars' axis and grid, the sweep's axes
+    # a contender that did not run: its reason across the row, not wrapped in the images/s column
+    assert "<tr><td>dali</td><td class='why' colspan='10'>skipped: nvidia.dali not importable</td></tr>" in page
+    assert "<tr><td>gpubatch-cpu</td><td>1,400</td>" in page
 
 
 def test_loader_alone_reads_a_dataset_in_its_own_process(tmp_path, imagenet):
