@@ -26,7 +26,7 @@ Reported per run: each batch's milliseconds (host time in the calls, then the ba
 first eight batches' excess over eight times the median of the later ones ("cold excess"), and the warm-up's own
 milliseconds. The folder must hold at least 12 whole batches past the real warm-up's 192 files.
 
-Found (H200, 2026-12-04, benchmarks/RESULTS.md "21:36 to 21:38"; 4,096 ImageNet-like JPEGs, 15 batches): a later batch
+Found (H200, 2026-12-04, benchmarks/RESULTS.md "21:36 to 22:45"; 4,096 ImageNet-like JPEGs, 15 batches): a later batch
 11.0-11.7 ms (about 22,500 images/s, three instances, one thread); the first 21-24 ms after the real warm-up, 25-31
 after the large one, 37-46 after gpubatch's tiny one and 42-49 with none; the first eight batches' excess 25-34 ms,
 36-52, 45-64 and 52-65. So an instance's cold first calls cost tens of milliseconds, not the 0.2 s a ``convert``
