@@ -18,6 +18,7 @@ holds them), each batch split by kind into one call per kind on that kind's inst
 for its instance's previous call (as the decoder does). Warm-ups (each instance, each kind, one call):
 
 - ``tiny``: gpubatch's own warm-up images (64x64, every kind; ``GpuImageDecoder.warm_up``), from pageable memory;
+- ``tiny1``: one of those a kind (``GPUBATCH_HW_WARM_IMAGES=1``);
 - ``real``: 64 of the folder's JPEGs of the kind (files the timed batches do not use), from page-locked memory;
 - ``large``: 64 synthetic 512x512 JPEGs of the kind (what a warm-up could make without the run's files);
 - ``none``: no warm-up.
@@ -132,8 +133,8 @@ def one(a: argparse.Namespace) -> dict:
         return time.perf_counter() - t
 
     t0 = time.perf_counter()
-    if a.variant == "tiny":
-        tiny = tiny_jpegs(256)
+    if a.variant in ("tiny", "tiny1"):
+        tiny = tiny_jpegs(256 if a.variant == "tiny" else 4)
         arrays = [np.frombuffer(b, np.uint8) for b in tiny]
         keep.extend(arrays)
         groups: dict[str, list[tuple[int, int]]] = {}
@@ -183,7 +184,7 @@ def one(a: argparse.Namespace) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True)
-    ap.add_argument("--variants", default="tiny,real,large,none")
+    ap.add_argument("--variants", default="tiny,tiny1,real,large,none")
     ap.add_argument("--idle", default="0,0.3", help="seconds idle after the warm-up, comma-separated")
     ap.add_argument("--batches", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=2)
