@@ -137,8 +137,8 @@ def summarize(path: Path) -> dict:
             per_stream[k["args"].get("stream")].append(w)
         stream_medians = [statistics.median(v) for v in per_stream.values()]
         single = [k for k in all_kernels if "DecodeSingleGPU" in k["name"]]  # (the CUDA decoder's nvJPEG kernels)
-        # inside a call, the host's pause between an image's bitstream copy and its colour-conversion kernel: long in a
-        # run's first real calls (the engine's submission, which makes no CUDA call)
+        # inside a call, the host's pause between an image's bitstream copy and its colour-conversion kernel (long in the
+        # first real calls of a trace at 036fdd6: the engine's submission, most likely, which makes no CUDA call)
         calls.sort(key=lambda e: e["ts"])
         t_first = calls[0]["ts"] if calls else 0
         gaps = [((b["ts"] - a["ts"] - a.get("dur", 0)) / 1e3, (a["ts"] - t_first) / 1e3) for a, b in zip(calls, calls[1:])

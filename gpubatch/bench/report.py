@@ -287,6 +287,14 @@ def _line_svg(points: list[tuple[float, float]], xlabel: str, ylabel: str = "ima
             f'<text x="{width / 2}" y="{height}" font-size="12" text-anchor="middle">{html.escape(xlabel)}</text></svg>')
 
 
+def _html_row(name: str, r: dict[str, Any], cells: list[str]) -> str:
+    """A contender's row of the HTML table; one that did not run gives its reason across the row."""
+    e = html.escape
+    if "images_per_s" not in r:
+        return f"<tr><td>{e(name)}</td><td class='why' colspan='{len(COLUMNS)}'>{e(cells[0])}</td></tr>"
+    return f"<tr><td>{e(name)}</td>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>"
+
+
 def to_html(result: dict[str, Any]) -> str:
     e = html.escape
     body = [f"<h1>{e(_header(result)[0])}</h1><ul>" + "".join(f"<li>{e(h)}</li>" for h in _header(result)[1:]) + "</ul>"]
@@ -299,10 +307,7 @@ def to_html(result: dict[str, Any]) -> str:
         unit = next((r["unit"] for _, r, _ in rs if "unit" in r), "images")
         body.append(_bars_svg([(n, r["images_per_s"]) for n, r, _ in rs if "images_per_s" in r], f"{unit}/s"))
         head = "".join(f"<th>{e(c)}</th>" for c in ("contender", *columns(result, chain)))
-        trs = "".join("<tr><td>" + e(n) + "</td>" + (
-            "".join(f"<td>{e(c)}</td>" for c in cells) if "images_per_s" in r  # (a contender that did not run: its
-            else f"<td class='why' colspan='{len(COLUMNS)}'>{e(cells[0])}</td>") + "</tr>"  # reason across the row)
-            for n, r, cells in rs)
+        trs = "".join(_html_row(n, r, cells) for n, r, cells in rs)
         body.append(f"<table><tr>{head}</tr>{trs}</table><ul>"
                     + "".join(f"<li>{e(n)}</li>" for n in _notes(result, chain)) + "</ul>")
     sw = result.get("sweep")
