@@ -15,7 +15,8 @@ Each variant runs in a fresh process (``--one``), as a worker would: the context
 (``HwBatchDecoder``, one per kind, as ``convert``'s hardware route has them), the warm-up, ``--idle`` seconds of
 nothing, then ``--batches`` batches of 256 of the folder's JPEGs (read once into page-locked memory, as the feed
 holds them), each batch split by kind into one call per kind on that kind's instance, each call first waiting
-for its instance's previous call (as the decoder does). Warm-ups (each instance, each kind, one call):
+for its instance's previous call (as the decoder does). Warm-ups (``tiny`` and ``tiny1``: a call of each kind on
+each instance, as the decoder's warm-up calls its instances; ``real`` and ``large``: a call of its own kind on each):
 
 - ``tiny``: gpubatch's own warm-up images (64x64, every kind; ``GpuImageDecoder.warm_up``), from pageable memory;
 - ``tiny1``: one of those a kind (``GPUBATCH_HW_WARM_IMAGES=1``);
