@@ -392,8 +392,8 @@ class Loader(_base()):  # type: ignore[misc]
 
         if pipe.engine is None or mp.current_process().daemon:
             return None
-        from .engine.executor import default_readers
         from .engine.gpu.feed import LoaderFeed
+        from .engine.processes import default_readers
         from .formats import open_reader
 
         if self._readers is None:

@@ -22,7 +22,7 @@ from . import processes
 from .host_chain import run_chain_host
 from .media import HOST, get_codec
 from .plan import Plan
-from .processes import default_readers, default_workers  # noqa: F401 - (their home: light, the workers' boot uses them)
+from .processes import default_readers
 from .run import Job, outputs_of
 from .settings import Settings
 

@@ -94,7 +94,7 @@ class AudioPipeline:
     def __init__(self, ops: Sequence[Op], device: str = "auto", gpu: int = 0, seed: int = 0, dtype: str = "float16",
                  workers: int | None = None, feed: str = "processes"):
         from ..engine.device import resolve
-        from ..engine.executor import default_workers
+        from ..engine.processes import default_workers
         from ..engine.registry import DEVICE, HOST
 
         if dtype not in DTYPES:

@@ -214,7 +214,7 @@ class ImagePipeline:
                  decoder_options: str = "", decode_chunk: int | None = None, sync: str | None = None,
                  decode_route: str | None = None, follow_load: bool = True, settings: Settings | None = None):
         from ..engine.device import resolve
-        from ..engine.executor import default_workers
+        from ..engine.processes import default_workers
 
         # the engine's knobs: ``settings`` (by default from the environment), those given here over them
         self.settings = st = (settings or Settings.from_env()).with_(decode_route=decode_route, sync=sync,
@@ -591,7 +591,7 @@ class ImagePipeline:
             prefetch = self.fit_memory(batch_size, prefetch).ahead
         pin = self.settings.pin_feed
         # slots: those being read ahead, decoded and processed, plus (pinned) those waiting for the GPU
-        from ..engine.executor import default_readers
+        from ..engine.processes import default_readers
 
         workers = workers or default_readers(route=self.engine.decoder.route)
         feed = FileFeed(files, keys, batch_size, self.plan, workers, repeat=repeat, views=True,

@@ -143,7 +143,7 @@ class VideoPipeline:
         self.device = resolve(device, gpu)
         self.settings = settings or Settings.from_env()
         self.decoders = decoders or self.settings.video_decoders
-        from ..engine.executor import default_workers
+        from ..engine.processes import default_workers
 
         self.workers = workers or default_workers()
         self.timings: dict[str, float] = {"read": 0.0, "decode": 0.0, "ops": 0.0, "wait": 0.0}

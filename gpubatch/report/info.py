@@ -252,7 +252,7 @@ def _in_processes(path: Path, fmt: str | None, reader: Any, entries: list, worke
 def describe(path: Path, fmt: str | None = None, workers: int | None = None,
              progress: Callable[[int], Callable[[int], None]] | None = None) -> DatasetReport:
     """Read every record's header (not its pixels) and summarize the dataset."""
-    from ..engine.executor import default_workers
+    from ..engine.processes import default_workers
     from ..formats import open_reader
 
     with open_reader(path, fmt) as reader:

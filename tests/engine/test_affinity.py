@@ -182,11 +182,11 @@ def test_free_cores_keeps_within_a_cgroups_quota(tmp_path):
 def test_the_hardware_route_reads_with_more_processes(monkeypatch):
     """The feed's readers: a quarter of the cores (1 to 4), half of them on the hardware route, whose
     decoders leave the cores free (on 8 cores one reader had kept the training chain read-bound)."""
-    from gpubatch.engine import executor
+    from gpubatch.engine import processes
 
-    assert [executor.default_readers(c) for c in (2, 7, 8, 16, 64)] == [1, 1, 2, 4, 4]
-    assert [executor.default_readers(c, "hardware") for c in (2, 7, 8, 16, 64)] == [1, 3, 4, 4, 4]
-    assert executor.default_readers(7, "split") == 1
+    assert [processes.default_readers(c) for c in (2, 7, 8, 16, 64)] == [1, 1, 2, 4, 4]
+    assert [processes.default_readers(c, "hardware") for c in (2, 7, 8, 16, 64)] == [1, 3, 4, 4, 4]
+    assert processes.default_readers(7, "split") == 1
     from gpubatch.engine.settings import Settings
 
-    assert executor.default_readers(7, "hardware", Settings(readers_hw=False)) == 1
+    assert processes.default_readers(7, "hardware", Settings(readers_hw=False)) == 1

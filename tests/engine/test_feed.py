@@ -415,7 +415,7 @@ def test_decoder_threads_leave_cores_to_the_feed_and_the_pipeline(monkeypatch, c
     from gpubatch.engine import executor, processes
 
     monkeypatch.setattr(processes, "default_workers", lambda: cores)
-    assert executor.default_readers() == readers
+    assert processes.default_readers() == readers
     assert executor.default_decoder_threads() == threads
 
 

@@ -366,7 +366,7 @@ class Feed:
         import multiprocessing
         from multiprocessing.shared_memory import SharedMemory
 
-        from ..executor import default_readers
+        from ..processes import default_readers
 
         self.spans = spans
         self.repeat = repeat
