@@ -262,6 +262,29 @@ def leave_dying(procs: list[Any]) -> None:
     threading.Thread(target=reap, name="gpubatch-reaper", daemon=True).start()
 
 
+#: what a worker's death by these signals most often means, for the run's one-line error
+_DEATHS = {
+    "SIGKILL": "the system's out-of-memory killer, or kill -9",
+    "SIGBUS": "a file mapped in memory that could not be written: a full disk under an LMDB, or a full /dev/shm",
+    "SIGSEGV": "a crash in a native library",
+}
+
+
+def died(exitcode: int | None) -> str:
+    """How a child process ended, in words: ``exit code 3``, or the signal that killed it with its likely
+    cause (``killed by SIGBUS: a file mapped in memory ...``)."""
+    import signal
+
+    if exitcode is None or exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        return f"killed by signal {-exitcode}"
+    why = _DEATHS.get(name)
+    return f"killed by {name}" + (f": {why}" if why else "")
+
+
 def die_with_parent() -> None:
     """Ask Linux to kill this process when its parent dies (``PR_SET_PDEATHSIG``); elsewhere nothing. A
     run killed with ``kill -9`` then leaves no worker writing behind it."""

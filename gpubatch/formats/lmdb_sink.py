@@ -21,6 +21,7 @@ whatever still waits, in order, and moves the file into place.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import mmap
 import os
@@ -130,6 +131,35 @@ def prefault(root: Path, index: int, nbytes: int, records: int) -> None:
         os.close(fd)
 
 
+def transaction_bytes(items: list[tuple[bytes, Any]], psize: int) -> int:
+    """At most the bytes of new pages a transaction of ``items`` (key, Datum) appends to the file: a value too
+    large for a node in a leaf page takes overflow pages of its own (LMDB's ``OVPAGES``), a smaller one its
+    node in a leaf; 1 MiB more for the branch pages, the meta page and the free list."""
+    nodemax = ((psize - 16) // 2 & -2) - 2  # (LMDB's largest node in a page: ``me_nodemax``)
+    need = 1 << 20
+    for k, v in items:
+        node = 8 + len(k) + len(v)
+        need += ((len(v) + 15) // psize + 1) * psize + len(k) + 18 if node > nodemax else node + 2
+    return need
+
+
+def room(db: Path, items: list[tuple[bytes, Any]], psize: int) -> None:
+    """Raise ENOSPC, as a write would, where the file system under ``db`` has no room for the pages a
+    transaction of ``items`` (key, Datum) takes. The database is written in its file's map: a page the disk has no
+    block for is not a write error there but a bus error that kills the process (SIGBUS), the transaction
+    half made. Asked before each transaction, under the database's lock; another program filling the disk
+    meanwhile still ends the run that way (the run then names the signal and this cause)."""
+    need = transaction_bytes(items, psize)
+    try:
+        st = os.statvfs(db if db.exists() else db.parent)
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise OSError(errno.ENOSPC, f"No space left on device: the LMDB's next {len(items):,} records need "
+                      f"{need / 2**20:,.1f} MiB, {free / 2**20:,.1f} MiB are free", str(db / "data.mdb"))
+
+
 def _frames(path: Path) -> tuple[Any, list[tuple[bytes, memoryview]]]:
     """A spool mapped, and its (key, Datum) pairs as views into the map (None and [] for an empty one)."""
     with open(path, "rb") as f:
@@ -208,6 +238,7 @@ class Turn:
                 lmdb = _lmdb()
                 items = [(datum_key(self.count + i, k.decode("utf-8", "surrogateescape")), v)
                          for i, (k, v) in enumerate(frames)]
+                room(self.db, items, self.env.stat()["psize"])
                 while True:
                     try:
                         with self.env.begin(write=True) as txn:

@@ -38,3 +38,21 @@ class KillOnceUnit(HostUnit):
             return w
 
         super().run(reader, tasks, fragile, done)
+
+
+class FullDiskUnit(HostUnit):
+    """The host unit whose shard 1 meets a full disk as it is written (ENOSPC, as a write raises it)."""
+
+    def run(self, reader, tasks, writing, done):
+        import errno
+
+        def full(task):
+            w = writing(task)
+            if task.index == 1:
+                def put_many(results):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(Path(self.ctx.stage) / task.name))
+
+                w.put_many = put_many
+            return w
+
+        super().run(reader, tasks, full, done)

@@ -113,3 +113,44 @@ def test_unlinked_semaphores_keep_working_in_the_processes_that_hold_them():
         assert sorted(pool.map(abs, [-1, -2, 3])) == [1, 2, 3] and isinstance(pool, ProcessPoolExecutor)
     finally:
         pool.shutdown()
+
+
+def test_a_child_s_death_is_named_by_its_signal_with_its_likely_cause():
+    from gpubatch.engine.processes import died
+
+    assert died(3) == "exit code 3" and died(None) == "exit code None"
+    assert died(-9).startswith("killed by SIGKILL: ") and "out-of-memory" in died(-9)
+    assert died(-7).startswith("killed by SIGBUS: ") and "full disk under an LMDB" in died(-7)
+    assert died(-15) == "killed by SIGTERM"
+    assert died(-1000) == "killed by signal 1000"
+
+
+def test_a_worker_killed_by_a_signal_fails_the_run_with_the_signal_named(imagenet, tmp_path):
+    """A worker that dies of a signal (here SIGBUS, as a write into a full disk's LMDB map ends one) fails the
+    run in one line that names the signal and what it most often means; the destination is not made."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    hook = tmp_path / "hook"  # (every process of the run imports it at its start, the spawned workers too)
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, signal\n"
+        "from gpubatch.formats import webdataset\n"
+        "real = webdataset.WebDatasetSink.write_many\n"
+        "def write_many(self, records):\n"
+        "    if self.task.index == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGBUS)\n"
+        "    return real(self, records)\n"
+        "webdataset.WebDatasetSink.write_many = write_many\n")
+    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}
+    script = "import sys\nfrom gpubatch.cli import main\nmain(sys.argv[1:])\n"
+    p = subprocess.run([sys.executable, "-c", script, "convert", str(imagenet), str(tmp_path / "out"), "--to",
+                        "webdataset", "--shard-size", "5", "--workers", "2"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: worker process ") and "killed by SIGBUS: " in lines[-1], p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "out").exists()

@@ -146,3 +146,14 @@ def test_record_errors_keep_their_policy_on_ray(cluster, imagenet, tmp_path):
     with pytest.raises(RecordFailed, match="stopped at a bad record"):
         convert(imagenet, tmp_path / "fail", on_error="fail", **opts)
     assert not (tmp_path / "fail").exists()
+
+
+def test_a_full_disk_on_ray_is_the_run_s_one_line_write_error(cluster, imagenet, tmp_path, monkeypatch):
+    from gpubatch.errors import GpubatchError
+
+    full = strategies.Strategy("full-disk", "tests.engine.ray_units:FullDiskUnit", why="a test")
+    monkeypatch.setattr(strategies, "unit_for", lambda ctx: full)
+    with pytest.raises(GpubatchError) as e:
+        convert(imagenet, tmp_path / "out", to="tfrecord", shard_size=8, device="cpu", executor="ray")
+    assert str(e.value).startswith(f"writing {tmp_path / 'out'} failed: No space left on device (") and "\n" not in str(e.value)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["imagenet"]

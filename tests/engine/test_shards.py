@@ -177,6 +177,61 @@ def test_an_lmdb_transaction_the_run_could_not_note_is_found_in_the_database(ima
 
 
 
+@pytest.mark.parametrize("sizes", [[50] * 40, [5000] * 20, [90_000] * 8, [10, 3000, 70_000, 200, 2037, 2040, 4097]])
+def test_an_lmdb_transaction_is_refused_before_it_starts_where_the_disk_has_no_room_for_its_pages(tmp_path, monkeypatch,
+                                                                                                  sizes):
+    """The database is written in its file's map, where a full disk is a bus error, not a write error: each
+    transaction first asks the file system for room (``lmdb_sink.room``). Its estimate covers what a transaction
+    really takes (the file's pages before and after, small records in the tree's leaves and large ones in pages of
+    their own), and where less is free the shard is refused with ENOSPC, the database as it was."""
+    import errno
+    import os
+    from types import SimpleNamespace
+
+    from gpubatch.formats import lmdb_sink
+    from gpubatch.types import DatasetInfo, Record, ShardTask
+
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    records = [Record(key=f"rec{i}", data=b"\xff\xd8" + bytes([i % 251]) * n + b"\xff\xd9", label=i)
+               for i, n in enumerate(sizes)]
+    half = len(records) // 2
+    tasks = [ShardTask(0, 0, half, "part-00000"), ShardTask(1, half, len(records), "part-00001")]
+
+    def shard(index: int) -> lmdb_sink.LmdbSink:
+        sink = lmdb_sink.LmdbSink(stage, tasks[index], DatasetInfo(), None)
+        for r in records[tasks[index].start : tasks[index].stop]:
+            sink.write(r)
+        return sink
+
+    asked = []
+    room = lmdb_sink.room
+    monkeypatch.setattr(lmdb_sink, "room", lambda db, items, psize: asked.append((list(items), psize)) or room(db, items, psize))
+    shard(0).commit()
+    with lmdb_sink.turn(stage) as t:
+        before = t.env.info()["last_pgno"]
+    shard(1).commit()
+    with lmdb_sink.turn(stage) as t:
+        taken = (t.env.info()["last_pgno"] - before) * t.env.stat()["psize"]
+        entries = t.env.stat()["entries"]
+    items, psize = asked[-1]
+    need = lmdb_sink.transaction_bytes(items, psize)
+    pages = need - (1 << 20)  # (the records' own pages and nodes, without the margin for the tree's other pages)
+    assert taken - 4 * psize <= pages <= taken + len(items) * 64 and taken <= need
+
+    monkeypatch.setattr(lmdb_sink.os, "statvfs", lambda path: SimpleNamespace(f_bavail=need // 4096 - 1, f_frsize=4096))
+    third = lmdb_sink.LmdbSink(stage, ShardTask(2, len(records), 2 * len(records), "part-00002"), DatasetInfo(), None)
+    for r in records:
+        third.write(Record(key=r.key + "b", data=r.data, label=r.label))
+    with pytest.raises(OSError) as e:
+        third.commit()
+    assert e.value.errno == errno.ENOSPC and "MiB are free" in e.value.strerror and str(e.value.filename).endswith("data.mdb")
+    monkeypatch.undo()
+    with lmdb_sink.turn(stage) as t:
+        assert (t.next, t.env.stat()["entries"]) == (2, entries)
+    assert os.path.getsize(stage / ".gpubatch" / "lmdb" / "db" / "data.mdb") > 0
+
+
 def test_an_lmdb_that_lost_its_last_transactions_with_the_machine_goes_back_to_the_turn_it_holds(tmp_path,
                                                                                                monkeypatch):
     """The database is synced after its lock is released: a machine lost between the transactions of a turn

@@ -25,7 +25,7 @@ from typing import Any
 
 from ...errors import GpubatchError
 from ...types import ShardResult, ShardTask
-from ..processes import leave_dying
+from ..processes import died, leave_dying
 from .boot import new_slots
 from .strategies import Strategy
 from .worker import RunContext, ShardWriting
@@ -198,7 +198,7 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
                 dead = [(k, p) for k, p in enumerate(procs) if not p.is_alive() and p.exitcode not in (0, None)]
                 if dead:
                     k, p = dead[0]
-                    raise GpubatchError(f"worker process {k} ended unexpectedly (exit code {p.exitcode})") from None
+                    raise GpubatchError(f"worker process {k} ended unexpectedly ({died(p.exitcode)})") from None
                 continue
             kind = msg[0]
             if kind == "progress":
@@ -217,6 +217,9 @@ def _in_processes(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], w
                     raise what
                 if how == "error":
                     raise GpubatchError(what)
+                if how == "oserror":  # (raised as in one process: the run says which write failed, in one line)
+                    code, text, filename = what
+                    raise (OSError(code, text, filename) if filename is not None else OSError(code, text)) from None
                 raise GpubatchError(f"a worker process failed:\n{what}")
     finally:
         if not left and not running:  # every shard committed, every worker released: none is waited for

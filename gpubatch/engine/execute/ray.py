@@ -166,7 +166,7 @@ def run_tasks(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], worke
                 results = ray.get(ref)
             except ray.exceptions.RayTaskError as e:
                 cause = getattr(e, "cause", None)
-                if isinstance(cause, (RecordFailed, GpubatchError)):
+                if isinstance(cause, (RecordFailed, GpubatchError, OSError)):  # (OSError: the run's write error)
                     raise cause from None
                 raise GpubatchError(f"a Ray task failed:\n{e}") from None
             except ray.exceptions.RayActorError as e:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import GpubatchError
-from ..processes import leave_dying
+from ..processes import died, leave_dying
 from .worker import Committer, RunContext, ShardWriter, ShardWriting, merge_part, stats_part
 
 #: batches handed over and not yet sent to the writer process (the loop waits beyond them), and batches
@@ -151,7 +151,7 @@ class ShardWriterProcess:
             except (EOFError, OSError):
                 if not self._closed.is_set():
                     self.error = self.error or GpubatchError(
-                        f"the shard writer process ended unexpectedly (exit code {self.proc.exitcode})")
+                        f"the shard writer process ended unexpectedly ({died(self.proc.exitcode)})")
                 return
             kind = msg[0]
             if kind == "progress":

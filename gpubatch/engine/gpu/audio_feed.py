@@ -28,6 +28,7 @@ import numpy as np
 
 from ...errors import RecordError, Stage
 from ..codecs.audio_io import AudioData
+from ..processes import died
 
 SLAB_BYTES = 16 << 20
 
@@ -177,7 +178,7 @@ class DecodeWorkers:
                     self._done[got] = (ok, out)
             elif any(not p.is_alive() for p in self.procs):
                 dead = next(p for p in self.procs if not p.is_alive())
-                raise RuntimeError(f"an audio decoding worker ended (exit code {dead.exitcode})")
+                raise RuntimeError(f"an audio decoding worker ended ({died(dead.exitcode)})")
         ok, out = self._done.pop(task)
         if not ok:
             raise RuntimeError(f"an audio decoding worker failed: {out}")
