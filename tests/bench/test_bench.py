@@ -642,3 +642,35 @@ def test_worker_gc_logs_every_process_s_collections(imagenet, tmp_path):
         assert p["gen 0 (count, ms; as of its last line)"][0] > 0
         assert all(0 <= at <= run["wall_s"] and ms >= 0 for at, ms in p["gen 2 at s (ms)"])
     assert (tmp_path / "dst").is_dir()
+
+
+def test_cpu_decode_scaled_crops_the_centre_and_names_its_missing_decoder(imagenet, tmp_path):
+    """``benchmarks/cpu_decode_scaled.py``: the crop's box is the transcode's (centred, 224 of the shorter side's
+    256), in a whole decode and in one scaled by M/8; without simplejpeg the script says so in one line."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from PIL import Image
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import cpu_decode_scaled as m
+    finally:
+        sys.path.pop(0)
+    x0, y0, x1, y1 = m._box(400, 300)
+    assert (x0 + x1, y0 + y1) == pytest.approx((400, 300)) and x1 - x0 == pytest.approx(224 * 300 / 256)
+    assert m._box(400, 300, 0.75) == pytest.approx(tuple(v * 0.75 for v in (x0, y0, x1, y1)))
+    one = next(p for p in sorted(imagenet.rglob("*.jpg")) if min(Image.open(p).size) >= 224)
+    assert m.pillow(one.read_bytes()).shape == (224, 224, 3)
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "cpu_decode_scaled.py"), "--src", str(imagenet),
+                        "--images", "4", "--repeats", "1", "--json", str(tmp_path / "out.json")],
+                       capture_output=True, text=True, timeout=300)
+    if importlib.util.find_spec("simplejpeg") is None:
+        assert r.returncode == 1 and r.stderr.strip() == "this trial needs simplejpeg: pip install simplejpeg"
+    else:
+        assert r.returncode == 0, r.stderr
+        got = json.loads((tmp_path / "out.json").read_text())
+        assert got["images"] == 4 and len(got["ms_per_image"]) == 8
