@@ -36,6 +36,7 @@ _LAZY = {
     "finish": ("gpubatch.api", "finish"),
     "AugmentRequest": ("gpubatch.api", "AugmentRequest"),
     "info": ("gpubatch.api", "info"),
+    "verify": ("gpubatch.api", "verify"),
     "open_dataset": ("gpubatch.api", "open_dataset"),
     "ConvertRequest": ("gpubatch.api", "ConvertRequest"),
     "RunSummary": ("gpubatch.api", "RunSummary"),

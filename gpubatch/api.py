@@ -555,3 +555,15 @@ def info(path: str | Path, fmt: str | None = None, workers: int | None = None,
     if _remote.MIRRORS:  # (a remote source: its URLs, not its mirror's paths)
         report = _remote.shown_in(report)
     return report
+
+
+def verify(path: str | Path, workers: int | None = None, records: bool = True,
+           progress: Callable[[int], Callable[[int], None]] | None = None):
+    """Check the dataset gpubatch wrote at ``path`` (a folder or a store URL) against its ``gpubatch.json``: every
+    file its run listed read again, its size and CRC-32C compared with those written, and (``records``) its records
+    read and counted: a :class:`~gpubatch.report.verify.VerifyReport`, whose ``ok`` says whether all is as written
+    and ``problem()`` what differs. ``gpubatch info PATH --verify`` on the command line."""
+    from .report.verify import verify as check
+
+    found = info(path, workers=workers).records if records else None
+    return check(path, records_found=found, workers=workers, progress=progress)

@@ -17,12 +17,19 @@ from .options import format_choice, held_back
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader threads.")
 @click.option("--verbose", "-v", is_flag=True,
               help="List what the decoders printed (held back and counted in the warnings).")
-def info(path: str, from_format: str | None, as_json: bool, workers: int | None, verbose: bool) -> None:
+@click.option("--verify", "verify_files", is_flag=True,
+              help="Also check a dataset gpubatch wrote against its gpubatch.json: every shard's size and "
+                   "CRC-32C as written, and its record count; exit 1 naming what differs.")
+def info(path: str, from_format: str | None, as_json: bool, workers: int | None, verbose: bool,
+         verify_files: bool) -> None:
     """Show what the dataset at PATH holds: format, records, classes, image sizes (from headers), bytes.
 
-    PATH may be a quoted pattern of shards ('shards/train-*.tar').
+    PATH may be a quoted pattern of shards ('shards/train-*.tar'). With --verify, PATH is the folder (or
+    store URL) of a dataset gpubatch wrote, checked against what its run recorded (after a copy, a sync to a
+    bucket, a disk's trouble).
     """
     from ..api import info as describe
+    from ..errors import GpubatchError
     from ..report.info import render
     from ..report.progress import progress_bar
 
@@ -30,12 +37,24 @@ def info(path: str, from_format: str | None, as_json: bool, workers: int | None,
         report = describe(path, from_format, workers, start)
     if noise.summary_line() and not verbose:
         report.warnings.append(noise.summary_line())
+    checked = None
+    if verify_files:
+        from ..report.verify import verify
+
+        with progress_bar("verifying files", enabled=not as_json, unit="bytes") as start:
+            checked = verify(path, records_found=report.records, workers=workers, progress=start)
     if as_json:
-        click.echo(json.dumps(report.as_dict(), indent=2))
+        click.echo(json.dumps({**report.as_dict(), **({"verify": checked.as_dict()} if checked else {})}, indent=2))
     else:
         render(report)
+        if checked is not None:
+            from ..report.verify import render as render_verify
+
+            render_verify(checked)
     if verbose:
         noise.render()
+    if checked is not None and not checked.ok:
+        raise GpubatchError(checked.problem())
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

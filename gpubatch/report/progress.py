@@ -10,8 +10,10 @@ from .console import console
 
 
 @contextmanager
-def progress_bar(description: str, enabled: bool = True) -> Iterator[Callable[[int], Callable[[int], None]]]:
-    """Yield ``start(total) -> advance(n)``; the bar is shown only on an interactive terminal."""
+def progress_bar(description: str, enabled: bool = True,
+                 unit: str = "records") -> Iterator[Callable[[int], Callable[[int], None]]]:
+    """Yield ``start(total) -> advance(n)``; the bar is shown only on an interactive terminal. ``unit``:
+    "records" (n of N, records/s) or "bytes" (MiB of MiB, MiB/s)."""
     con = console()
     if not enabled or not con.is_terminal:
         yield lambda total: (lambda n: None)
@@ -32,8 +34,14 @@ def progress_bar(description: str, enabled: bool = True) -> Iterator[Callable[[i
             speed = task.finished_speed or task.speed
             return Text(f"{speed:,.0f} rec/s" if speed else "", style="progress.data.speed")
 
+    if unit == "bytes":
+        from rich.progress import DownloadColumn, TransferSpeedColumn
+
+        counted: tuple[Any, ...] = (DownloadColumn(binary_units=True), TransferSpeedColumn())
+    else:
+        counted = (MofNCompleteColumn(), Rate(""))
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(""),
+        TextColumn("[bold]{task.description}"), BarColumn(), *counted,
         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=con, transient=False,
     ) as prog:
 

@@ -354,6 +354,30 @@ def test_the_outputs_read_back_by_webdataset_and_the_tfrecord_package_through_fs
     assert n == 60
 
 
+def test_a_dataset_in_a_store_verifies_and_an_object_changed_there_is_named(s3, imagenet, tmp_path):
+    """``gpubatch.verify`` on a store URL: each listed object's size from the listing, its CRC-32C from a streamed
+    read; an object replaced by other bytes of the same size is named, in one line on the command line."""
+    import fsspec
+
+    from gpubatch import verify
+
+    url = f"s3://{s3}/wds"
+    convert(imagenet, url, to="webdataset", shard_size=16)
+    r = verify(url)
+    assert r.ok and r.listed and len(r.files) == 8 and r.records == r.records_found == 60
+    fs = fsspec.filesystem("s3")
+    key = f"{s3}/wds/data-000001.tar"
+    data = bytearray(fs.cat_file(key))
+    data[700] ^= 0x20
+    fs.pipe_file(key, bytes(data))
+    fs.invalidate_cache()
+    r = verify(url, records=False)
+    assert [(f.name, f.state) for f in r.bad] == [("data-000001.tar", "digest")]
+    p = run_cli("info", url, "--verify", env={**os.environ})
+    assert p.returncode == 1 and p.stderr.strip().splitlines()[-1].startswith(
+        f"error: {url}: 1 of its 8 files differ from what was written (data-000001.tar: other bytes: crc32c:")
+
+
 def test_https_sources_from_a_local_http_server(imagenet, tmp_path, monkeypatch):
     pytest.importorskip("aiohttp")
     monkeypatch.setenv("GPUBATCH_CACHE", str(tmp_path / "cache"))
