@@ -28,98 +28,7 @@ from ..engine.registry import DEVICE
 from ..engine.settings import Settings
 from ..engine.windows import fed_windows
 from ..errors import UsageError
-
-
-def _cpu_chain_one(plan: Plan, blob: bytes | str, key: str, epoch: int = 0) -> tuple[Any, str | None]:
-    """Decode one image (encoded bytes, or a file path to read) and run the plan's ops on it on the CPU
-    (in a worker process)."""
-    from ..engine.codecs import image as host
-    from ..engine.host_chain import run_chain_host
-
-    try:
-        if isinstance(blob, str):  # a file path: the worker reads it
-            try:
-                with open(blob, "rb") as f:
-                    blob = f.read()
-            except OSError as e:
-                return None, f"cannot read {blob}: {e.strerror or e}"  # as FileFeed words it
-        im = host.decode_image(blob, plan.max_pixels)
-    except ValueError as e:
-        return None, str(e)
-    return run_chain_host(plan.ops, im, plan.draw(key, im.height, im.width, epoch=epoch)), None
-
-
-def cpu_chunk(batch: int, workers: int) -> int:
-    """Images per task of the CPU path: a batch split evenly over the worker processes, one task per
-    worker per batch. A process pool queues only workers + 1 tasks and refills that queue from a thread
-    of the parent; with four tasks per worker per batch the bench's CPU path used 12.1 of 16 cores
-    (2,546 / 2,492 images/s, train / val), with one task 13.9 cores (2,853 / 2,899), on two machines of
-    the same kind (benchmarks/RESULTS.md as of a1d93e1, 2026-11-22)."""
-    return max(1, -(-batch // max(workers, 1)))
-
-
-def _cpu_chain_chunk(plan: Plan, blobs: list[Any], keys: list[str],
-                     epoch: int = 0) -> tuple[str | None, list[tuple[Any, str | None]]]:
-    """:func:`_cpu_chain_one` over a chunk (in a worker process); the arrays go back through a shared
-    memory block the worker makes: (its name or None, per item ((shape, dtype, offset), None) or
-    (None, error)). Pickled back instead, each 224x224 fp16 result took the pool's parent 0.5 ms against
-    0.08 ms for none (the cpu study (docs/engine.md)): a serial cap near 2,000 images/s whatever the cores."""
-    from multiprocessing.shared_memory import SharedMemory
-
-    outs = [_cpu_chain_one(plan, b, k, epoch) for b, k in zip(blobs, keys)]
-    total = sum(a.nbytes for a, err in outs if err is None)
-    if total == 0:
-        return None, [(None, err) for _, err in outs]
-    shm = SharedMemory(create=True, size=total)
-    layout: list[tuple[Any, str | None]] = []
-    pos = 0
-    for a, err in outs:
-        if err is not None:
-            layout.append((None, err))
-            continue
-        np.ndarray(a.shape, a.dtype, buffer=shm.buf, offset=pos)[...] = a
-        layout.append(((a.shape, a.dtype.str, pos), None))
-        pos += a.nbytes
-    shm.close()
-    return shm.name, layout
-
-
-def _take_chunk(name: str | None, layout: list[tuple[Any, str | None]]) -> list[tuple[Any, str | None]]:
-    """The arrays of a :func:`_cpu_chain_chunk` result, copied out of its shared memory (then freed)."""
-    return _take_chunks([(name, layout)])[1]
-
-
-def _take_chunks(chunks: list[tuple[str | None, list[tuple[Any, str | None]]]]) -> tuple[np.ndarray | None, list]:
-    """The arrays of several :func:`_cpu_chain_chunk` results, copied out of their shared memory (then
-    freed): (one (N, ...) array of them where every one has the same shape and dtype, copied straight into
-    it, else None; per item (array or None, error or None))."""
-    from multiprocessing.shared_memory import SharedMemory
-
-    specs = [spec for _, layout in chunks for spec, err in layout if err is None]
-    same = len({(tuple(sp[0]), sp[1]) for sp in specs}) == 1
-    packed = np.empty((len(specs), *specs[0][0]), np.dtype(specs[0][1])) if same else None
-    out: list[tuple[Any, str | None]] = []
-    row = 0
-    for name, layout in chunks:
-        shm = SharedMemory(name=name) if name is not None else None
-        try:
-            for spec, err in layout:
-                if err is not None:
-                    out.append((None, err))
-                    continue
-                src = np.ndarray(spec[0], np.dtype(spec[1]), buffer=shm.buf, offset=spec[2])
-                if packed is not None:
-                    packed[row] = src
-                    out.append((packed[row], None))
-                    row += 1
-                else:
-                    out.append((src.copy(), None))
-                del src
-        finally:
-            if shm is not None:
-                shm.close()
-                shm.unlink()
-    return packed, out
+from .image_cpu import chain_chunk, cpu_chunk, take_chunk, take_chunks
 
 
 def chain_windows(ops: Sequence[Op], params: Sequence[Any], h: int, w: int) -> tuple[Window, Normalize | None]:
@@ -397,7 +306,7 @@ class ImagePipeline:
         if self.engine is None:
             n, pool = len(decoded), self._pool()
             step = cpu_chunk(n, self.cpu_threads)
-            return self._cpu_batch([pool.submit(_cpu_chain_chunk, self.plan, [bytes(b) for b in decoded[a : a + step]],
+            return self._cpu_batch([pool.submit(chain_chunk, self.plan, [bytes(b) for b in decoded[a : a + step]],
                                                 list(keys[a : a + step]), epoch) for a in range(0, n, step)], keys)
         from ..engine.batch import Ragged
         from ..engine.gpu.chain import run_chain
@@ -625,7 +534,7 @@ class ImagePipeline:
         batches = ((a, b, epoch) for epoch in (count() if repeat and spans else range(1)) for a, b in spans)
 
         def submit(a: int, b: int, epoch: int) -> list[Any]:
-            return [pool.submit(_cpu_chain_chunk, self.plan, files[c : min(c + step, b)], keys[c : min(c + step, b)],
+            return [pool.submit(chain_chunk, self.plan, files[c : min(c + step, b)], keys[c : min(c + step, b)],
                                 epoch) for c in range(a, b, step)]
 
         flight: deque = deque()
@@ -641,12 +550,24 @@ class ImagePipeline:
             for futures, _ in flight:  # the consumer left early: drop what is still queued, free what is done
                 for f in futures:
                     if not f.cancel():
-                        _take_chunk(*f.result())
+                        take_chunk(*f.result())
 
     def _cpu_batch(self, futures: list[Any], keys: Sequence[str]) -> HostBatch:
         t0 = time.perf_counter()
-        packed, results = _take_chunks([f.result() for f in futures])
+        chunks = [f.result() for f in futures]
+        packed, results = take_chunks(chunks)
         self.timings["workers"] += time.perf_counter() - t0
+        piped = sum(1 for name, layout in chunks if name is None and any(e is None for _, e in layout))
+        if piped and not self.stats.get("piped"):
+            import warnings
+
+            from ..engine.gpu.feed import shm_free
+
+            free = shm_free()
+            warnings.warn(f"/dev/shm has no room for the CPU path's batches ({(free or 0) / 2**20:,.0f} MiB free): they "
+                          "come back from its worker processes through pipes, more slowly; give the machine or "
+                          "container more shared memory (docker run --shm-size=2g)", RuntimeWarning, stacklevel=3)
+        self.stats["piped"] = self.stats.get("piped", 0) + piped
         self.last_errors = [(i, err) for i, (arr, err) in enumerate(results) if err is not None]
         outs = [arr for arr, err in results if err is None]
         self.stats["images"] += len(outs)

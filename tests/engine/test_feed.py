@@ -501,3 +501,64 @@ def test_readers_started_at_the_workers_boot_are_taken_by_its_feed():
     feed_start.prestart(2)
     feed_start.close()
     assert not feed_start._PRESTARTED
+
+
+def test_a_full_dev_shm_sends_the_cpu_path_s_arrays_through_pipes_with_the_same_batches(tmp_path, monkeypatch):
+    """Where /dev/shm has no room for a chunk's block (a container's 64 MiB), the CPU path's workers send their
+    arrays back pickled instead of writing past its end (a SIGBUS that killed them: BrokenProcessPool): the same
+    batches, and one warning that names the cause and the fix."""
+    import os
+    import subprocess
+    import sys
+
+    from gpubatch.pipelines import image_cpu
+    from gpubatch.pipelines.image import ImagePipeline
+    from tests.helpers import ROOT
+
+    files = [f for f in _files() if f.suffix.lower() != ".png"][:10]
+    keys = [f.stem for f in files]
+    ops = [RandomResizedCrop(40), Flip(), Normalize(dtype="float16")]
+    with ImagePipeline(ops, device="cpu", seed=4, cpu_threads=2) as pipe:
+        shared = [a.copy() for b in pipe.iterate_files(files, keys, batch_size=4, workers=1) for a in b]
+    # in this process: no room, or a reservation refused, gives no block (and leaves none in /dev/shm)
+    monkeypatch.setattr("gpubatch.engine.gpu.feed.shm_free", lambda: 1 << 20)
+    from multiprocessing.shared_memory import SharedMemory
+
+    assert image_cpu.shared_block(SharedMemory, 4 << 20) is None
+    monkeypatch.setattr("gpubatch.engine.gpu.feed.shm_free", lambda: None)
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+    def refused(fd, offset, size):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", refused, raising=False)
+    assert image_cpu.shared_block(SharedMemory, 4 << 20) is None
+    assert (set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()) <= before
+    name, layout = image_cpu.chain_chunk(pipe.plan, [str(f) for f in files[:3]], keys[:3])
+    assert name is None and all(isinstance(a, np.ndarray) and e is None for a, e in layout)
+    monkeypatch.undo()
+    # the whole path, its worker processes told /dev/shm is full (every process of it imports the hook)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text("import gpubatch.engine.gpu.feed as f\nf.shm_free = lambda: 0\n")
+    script = (
+        "import sys, warnings, numpy as np\nfrom pathlib import Path\n"
+        "from gpubatch.engine.ops.geometry import Flip, RandomResizedCrop\n"
+        "from gpubatch.engine.ops.normalize import Normalize\nfrom gpubatch.pipelines.image import ImagePipeline\n"
+        "if __name__ == '__main__':\n"
+        "    files = [Path(p) for p in sys.argv[2:]]\n"
+        "    with warnings.catch_warnings(record=True) as w, ImagePipeline([RandomResizedCrop(40), Flip(), "
+        "Normalize(dtype='float16')], device='cpu', seed=4, cpu_threads=2) as pipe:\n"
+        "        warnings.simplefilter('always')\n"
+        "        out = [a for b in pipe.iterate_files(files, [f.stem for f in files], batch_size=4, workers=1) for a in b]\n"
+        "    np.save(sys.argv[1], np.stack(out))\n"
+        "    print([str(x.message) for x in w if issubclass(x.category, RuntimeWarning)])\n")
+    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}
+    p = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out.npy"), *map(str, files)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert np.array_equal(np.load(tmp_path / "out.npy"), np.stack(shared))
+    import ast
+
+    said = [m for m in ast.literal_eval(p.stdout.strip().splitlines()[-1]) if "/dev/shm" in m]
+    assert len(said) == 1 and "--shm-size" in said[0]
