@@ -10,7 +10,7 @@ instead, in turn, each by its default path.
 Prints the median wall seconds of each path (or tree) and each run's, as JSON. With ``--readers``: in this
 process, every record's first bytes read by N reader threads (1: this thread alone) and parsed by this
 thread, as ``info``'s own process does, N in turn; ``--cold`` evicts the files from the page cache first
-(``posix_fadvise(DONTNEED)``): what ``report.info.CACHED_READ_S`` chooses between.
+(``posix_fadvise(DONTNEED)``): what ``report.info.CACHED_WAIT_S`` chooses between.
 """
 
 from __future__ import annotations

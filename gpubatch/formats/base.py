@@ -8,6 +8,7 @@ reads one entry at a time into a :class:`~gpubatch.types.Record`. That split giv
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import re
 import threading
@@ -299,21 +300,43 @@ def decompress_into(path: Path, kind: str, out: Any) -> bool:
                     return True
 
 
+def open_cap() -> int:
+    """How many shard files a reader keeps open at most: a quarter of this process's limit on open files
+    (``ulimit -n``, often 1,024), between 32 and 1,024. A dataset has more shards than that (LAION's are
+    hundreds of thousands); one descriptor a shard, kept for the run, ran a 2,048-shard webdataset out of them
+    (``Too many open files``: records listed unreadable, the run's own writes refused)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, ValueError, OSError):
+        return 256
+    if soft == getattr(resource, "RLIM_INFINITY", -1) or soft <= 0:
+        return 1024
+    return max(32, min(1024, soft // 4))
+
+
 class OpenShards:
-    """One read-only descriptor per shard file of a reader, opened when first read and shared by the
-    threads that read it (``os.pread`` needs no seek, so they need no lock but the opening's).
+    """Read-only descriptors of a reader's shard files, opened when first read and shared by the threads that
+    read them (``os.pread`` needs no seek, so they need no lock but the opening's). A thread holds a shard's
+    descriptor for its reads (:meth:`reading`); at most ``cap`` (:func:`open_cap`) are kept open, the least
+    recently used closed first, never one a thread holds.
 
     A compressed shard (a ``.tar.gz`` that webdataset reads as a stream) is decompressed into an unnamed
     temporary file when first read, and read by offset there as any shard is; at most ``keep`` of them
     are kept at once (the least recently used goes), so the temporary space follows the shards being
     read, not the dataset."""
 
-    def __init__(self, paths: Sequence[Path], keep: int = 4):
+    def __init__(self, paths: Sequence[Path], keep: int = 4, cap: int | None = None):
+        from collections import OrderedDict
+
         self.paths = paths
-        self._fds: dict[int, int] = {}
-        self._plain: dict[int, int] = {}  # decompressed shards' descriptors, least recently used first
+        self._fds: OrderedDict[int, int] = OrderedDict()  # plain shards' descriptors, least recently used first
+        self._plain: OrderedDict[int, int] = OrderedDict()  # decompressed shards' descriptors, likewise
+        self._held: dict[int, int] = {}  # shard -> how many reads hold its descriptor now
         self.whole: dict[int, bool] = {}  # per compressed shard decompressed: whether its data ended whole
         self.keep = keep
+        self.cap = cap if cap is not None else open_cap()
         self._lock = threading.Lock()
 
     def compression(self, shard: int) -> str | None:
@@ -322,24 +345,75 @@ class OpenShards:
 
         return compression(read_head(self.paths[shard], 6))
 
-    def fd(self, shard: int) -> int:
+    def _take(self, shard: int) -> int:
+        """A shard's descriptor (a compressed shard's decompressed copy), held until :meth:`_give`."""
         with self._lock:
-            if shard in self._plain:
-                self._plain[shard] = self._plain.pop(shard)  # most recently used now
-                return self._plain[shard]
-            if shard not in self._fds:
+            fd = self._fds.get(shard)
+            if fd is not None:
+                self._fds.move_to_end(shard)  # (most recently used now)
+            elif shard in self._plain:
+                self._plain.move_to_end(shard)
+                fd = self._plain[shard]
+            else:
                 kind = self.compression(shard)
                 if kind is None:
-                    self._fds[shard] = open_fetched(self.paths[shard])  # (a remote shard: fetched first)
+                    fd = self._fds[shard] = open_fetched(self.paths[shard])  # (a remote shard: fetched first)
                 else:
-                    return self._decompressed(shard, kind)
-            return self._fds[shard]
+                    fd = self._decompressed(shard, kind)
+            self._held[shard] = self._held.get(shard, 0) + 1
+            if len(self._fds) > self.cap or len(self._plain) > self.keep:
+                self._trim()  # (this one held already: never the one closed)
+            return fd
+
+    def _give(self, shard: int) -> None:
+        with self._lock:
+            left = self._held[shard] - 1
+            if left:
+                self._held[shard] = left
+            else:
+                del self._held[shard]
+                if len(self._fds) > self.cap or len(self._plain) > self.keep:
+                    self._trim()
+
+    @contextlib.contextmanager
+    def reading(self, shard: int) -> Iterator[int]:
+        """A shard's descriptor, open while the block runs (for several reads; one read: :meth:`pread`)."""
+        fd = self._take(shard)
+        try:
+            yield fd
+        finally:
+            self._give(shard)
+
+    def pread(self, shard: int, n: int, offset: int) -> bytes:
+        """``n`` bytes of a shard from ``offset`` (fewer at its end)."""
+        fd = self._take(shard)
+        try:
+            return os.pread(fd, n, offset)
+        finally:
+            self._give(shard)
+
+    def preadv(self, shard: int, buffers: list[Any], offset: int) -> int:
+        """A shard's bytes from ``offset`` read into ``buffers``: how many."""
+        fd = self._take(shard)
+        try:
+            return os.preadv(fd, buffers, offset)
+        finally:
+            self._give(shard)
+
+    def _trim(self) -> None:
+        """(Under the lock.) The least recently used descriptors past the caps closed, none a read holds."""
+        for table, cap in ((self._fds, self.cap), (self._plain, self.keep)):
+            if len(table) > cap:
+                for s in [s for s in table if s not in self._held][: len(table) - cap]:
+                    os.close(table.pop(s))
+
+    def open_now(self) -> int:
+        """How many descriptors are open (plain and decompressed shards)."""
+        return len(self._fds) + len(self._plain)
 
     def _decompressed(self, shard: int, kind: str) -> int:
         import tempfile
 
-        while len(self._plain) >= self.keep:
-            os.close(self._plain.pop(next(iter(self._plain))))
         tmp = tempfile.TemporaryFile(prefix="gpubatch-shard-")  # noqa: SIM115 - its descriptor is kept
         try:
             self.whole[shard] = decompress_into(self.paths[shard], kind, tmp)  # (damaged: what came out is read)
@@ -354,7 +428,8 @@ class OpenShards:
 
     def size(self, shard: int) -> int:
         """The bytes a shard holds as read (decompressed where it is compressed)."""
-        return os.fstat(self.fd(shard)).st_size
+        with self.reading(shard) as fd:
+            return os.fstat(fd).st_size
 
     def close(self) -> None:
         with self._lock:

@@ -235,7 +235,11 @@ class RecordIOReader(Reader):
         return keys, named
 
     def _payload(self, s: int, off: int) -> bytes:
-        fd, parts, total = self.files.fd(s), [], 0
+        with self.files.reading(s) as fd:
+            return self._payload_from(fd, off)
+
+    def _payload_from(self, fd: int, off: int) -> bytes:
+        parts, total = [], 0
         while True:
             head = os.pread(fd, 8, off)
             if len(head) < 8:

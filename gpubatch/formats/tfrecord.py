@@ -284,7 +284,7 @@ class TFRecordReader(Reader):
         s, off, ln = entry
         if ln > MAX_RECORD_BYTES + 16:
             raise ValueError(f"a record of {ln - 16:,} bytes, above the {MAX_RECORD_BYTES:,}-byte bound on one record")
-        buf = os.pread(self.files.fd(s), ln, off)
+        buf = self.files.pread(s, ln, off)
         if len(buf) != ln:
             raise ValueError("truncated record")
         if _masked_crc(buf[:8]) != buf[8:12]:

@@ -140,8 +140,7 @@ class WebDatasetReader(Reader):
                                          [], ""))
                 continue
             try:
-                fd = self.files.fd(s)  # (a compressed shard: its decompressed copy)
-                with os.fdopen(os.dup(fd), "rb") as f:
+                with self.files.reading(s) as fd, os.fdopen(os.dup(fd), "rb") as f:  # (compressed: its copy)
                     members, damage, ended = scan_tar(f, os.fstat(fd).st_size)
             except OSError as e:
                 raise FormatError(f"cannot read tar shard {tar}: {e.strerror or e}") from None
@@ -166,7 +165,7 @@ class WebDatasetReader(Reader):
             for ext, off, size, _ in members:
                 if ext == "cls" and size <= 64:
                     try:
-                        labels.append(fields.label(int(os.pread(self.files.fd(s), size, off))))
+                        labels.append(fields.label(int(self.files.pread(s, size, off))))
                     except ValueError:
                         pass
         return DatasetInfo(classes=label_names([x for x in labels if x is not None], None))
@@ -210,9 +209,9 @@ class WebDatasetReader(Reader):
                                     f"{MAX_RECORD_BYTES:,}-byte bound on one record")
         if into is not None:
             data = into(size)
-            got = os.preadv(self.files.fd(s), [data], off)
+            got = self.files.preadv(s, [data], off)
         else:
-            data = os.pread(self.files.fd(s), size, off)
+            data = self.files.pread(s, size, off)
             got = len(data)
         if got != size:
             raise self.record_error(name, f"{self.tars[s]}#{name}", "truncated member")

@@ -185,12 +185,15 @@ def _summaries(chunk: list) -> list[tuple]:
 #: (2026-12-03, benchmarks/info_paths.py): 16,384 JPEGs 0.99 s in one process against 1.54 s in 16; 65,536 of
 #: them 2.80 s against 2.26 (benchmarks/RESULTS.md)
 PROCESSES_FROM_S = 1.0
-#: reads of a record's first bytes faster than this come from the page cache: this thread reads them itself. On a
-#: warm cache, reader threads beside it were slower than none (16,384 JPEGs on the 2-core CI machine, 2026-12-03:
-#: 0.61 s with this thread alone, 0.92-0.95 s with 4 or 8 readers), each handing the GIL to the others at every
-#: read; with the files just evicted, 4 readers were 23% faster than none (4,096 JPEGs: 0.34 s against 0.44).
-#: ``benchmarks/info_paths.py SRC --readers 1,4,8 [--cold]``
-CACHED_READ_S = 40e-6
+#: reads of a record's first bytes that wait less than this (their time less the thread's CPU time in them) come
+#: from the page cache: this thread reads them itself. On a warm cache, reader threads beside it were slower than
+#: none (16,384 JPEGs on the 2-core CI machine, 2026-12-03: 0.61 s with this thread alone, 0.92-0.95 s with 4 or 8
+#: readers), each handing the GIL to the others at every read; with the files just evicted, 4 readers were 23%
+#: faster than none (4,096 JPEGs: 0.34 s against 0.44). ``benchmarks/info_paths.py SRC --readers 1,4,8 [--cold]``.
+#: The reads' whole time against 40 us had decided it until 2026-12-04: a webdataset's whole members from the page
+#: cache take 25-40 us of Python and copying, and a few microseconds more sent a warm read to the threads (1.6-1.7 s
+#: against 1.1 s for 16,384 records, the 2-core CI machine)
+CACHED_WAIT_S = 20e-6
 #: what ``info`` reads of an image file first: its header is there, unless a long EXIF or ICC block comes
 #: first (16,384 ImageNet-like JPEGs on the 2-core CI machine, the whole command: 1.66 s with 64 KiB read
 #: first, 1.20 s with 4 KiB; benchmarks/RESULTS.md, 2026-12-02); then the first :data:`HEAD_MORE` bytes, and
@@ -205,17 +208,17 @@ def _summarized(path: Path, fmt: str | None, reader: Any, entries: list, workers
     """Every entry's :func:`_summary`, in order. The first :data:`CHUNK` records are read and parsed here,
     timed; they decide the rest: a process a core where this process alone would take longer than
     :data:`PROCESSES_FROM_S` (the per-record Python holds the GIL), else this thread, with reader threads
-    beside it where the reads wait on the disk (slower than :data:`CACHED_READ_S` a record)."""
+    beside it where the reads wait on the disk (more than :data:`CACHED_WAIT_S` a record)."""
     from ..engine.executor import ordered_map
 
     first, rest = entries[:CHUNK], entries[CHUNK:]
     reads, costs, described = [], [], []
     for e in first:  # (each record timed: the median leaves out the first one's imports)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         f = _fetch(reader, e)
         t1 = time.perf_counter()
+        reads.append(t1 - t0 - (time.thread_time() - c0))  # (the read's wait: its time less this thread's CPU)
         described.append(_described(reader, e, f))
-        reads.append(t1 - t0)
         costs.append(time.perf_counter() - t0)
     yield from described
     if not rest:
@@ -226,7 +229,7 @@ def _summarized(path: Path, fmt: str | None, reader: Any, entries: list, workers
     chunks = [rest[i : i + CHUNK] for i in range(0, len(rest), CHUNK)]
     # threads read the files where their waits on the disk overlap; this one parses what they read (the
     # parsing holds the GIL, and threads that parsed too slowed each other)
-    threads = 1 if statistics.median(reads) < CACHED_READ_S else min(8, 2 * workers)
+    threads = 1 if statistics.median(reads) < CACHED_WAIT_S else min(8, 2 * workers)
     fetches = ordered_map(lambda chunk: [_fetch(reader, e) for e in chunk], chunks, threads, window=2 * threads)
     for chunk, fetched in zip(chunks, fetches):
         for e, f in zip(chunk, fetched):

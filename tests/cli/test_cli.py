@@ -281,7 +281,7 @@ def test_info_reads_the_same_in_its_reader_processes_and_ends_them(imagenet, tmp
 
 @pytest.mark.parametrize("cached", [True, False])
 def test_info_reads_with_threads_beside_it_only_where_its_first_reads_wait_on_the_disk(imagenet, monkeypatch, cached):
-    """``info`` times its first records' reads: from the page cache (faster than CACHED_READ_S) this thread reads
+    """``info`` times its first records' reads: from the page cache (waiting less than CACHED_WAIT_S) this thread reads
     the rest itself, threads reading beside it having taken it twice as long; reads that wait on the disk get
     reader threads. The same report either way."""
     from gpubatch.engine import executor
@@ -291,7 +291,7 @@ def test_info_reads_with_threads_beside_it_only_where_its_first_reads_wait_on_th
     threads: list[int] = []
     real = executor.ordered_map
     monkeypatch.setattr(executor, "ordered_map", lambda fn, items, n, **kw: threads.append(n) or real(fn, items, n, **kw))
-    monkeypatch.setattr(info_module, "CACHED_READ_S", 1.0 if cached else 0.0)
+    monkeypatch.setattr(info_module, "CACHED_WAIT_S", 1.0 if cached else -1.0)
     monkeypatch.setattr(info_module, "PROCESSES_FROM_S", 1e9)
     assert info_module.describe(imagenet, workers=2).as_dict() == whole
     assert threads == ([1] if cached else [4])

@@ -819,3 +819,70 @@ def test_a_gpubatch_shards_index_stands_for_its_scan_until_the_tar_changes(image
     t = time.time()
     os.utime(tars[2].with_suffix(".idx"), (t - 100, t - 100))
     assert indexed_samples(tars[2]) is None
+
+
+# --- more shards than open files -------------------------------------------------------------------
+
+
+def test_shard_descriptors_stay_under_their_cap_and_every_thread_reads_its_own_shard_s_bytes(tmp_path):
+    """A reader's shard descriptors (``formats.base.OpenShards``): at most ``cap`` open, the least recently used
+    closed first but never one a read holds, so that eight threads reading 24 shards at random through three
+    descriptors each get their own shard's bytes."""
+    import random
+    import threading
+
+    from gpubatch.formats.base import OpenShards, open_cap
+
+    paths = []
+    for i in range(24):
+        p = tmp_path / f"s{i:02d}.bin"
+        p.write_bytes(bytes([i]) * 4096 + os.urandom(4096))
+        paths.append(p)
+    files = OpenShards(paths, cap=3)
+    wrong, most = [], [0]
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(600):
+            s = rng.randrange(24)
+            with files.reading(s) as fd:
+                most[0] = max(most[0], files.open_now())
+                if os.pread(fd, 16, rng.randrange(4080)) != bytes([s]) * 16:
+                    wrong.append(s)
+            if files.pread(s, 8, 100) != bytes([s]) * 8:
+                wrong.append(s)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong and files.open_now() <= 3 and most[0] <= 3 + 8  # (past the cap only by the reads held)
+    files.close()
+    assert files.open_now() == 0 and 32 <= open_cap() <= 1024
+
+
+@pytest.mark.skipif(not hasattr(os, "setpgid"), reason="needs POSIX resource limits")
+@pytest.mark.parametrize("fmt", ["webdataset", "tfrecord", "recordio"])
+def test_a_dataset_of_more_shards_than_open_files_is_read_whole(imagenet, tmp_path, fmt):
+    """With 96 open files allowed (``ulimit -n``; 1,024 is a common default) and 160 shard files, ``info`` reads
+    every record and ``convert`` writes every one: the readers had kept a descriptor a shard (records listed
+    unreadable, the run's own writes refused with ``Too many open files``)."""
+    import resource
+
+    many = tmp_path / "many"
+    convert(imagenet, many, to=fmt, shard_size=2)
+    assert len(list(many.iterdir())) >= 60
+
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (96, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "gpubatch", "info", str(many), "--json"], env=env, capture_output=True,
+                       text=True, timeout=300, preexec_fn=low)
+    got = json.loads(p.stdout)
+    assert p.returncode == 0 and got["records"] == 60 and not got.get("unreadable"), p.stderr
+    p = subprocess.run([sys.executable, "-m", "gpubatch", "convert", str(many), str(tmp_path / "out"), "--to", "tfrecord",
+                        "--workers", "2", "--json"], env=env, capture_output=True, text=True, timeout=300,
+                       preexec_fn=low)
+    assert p.returncode == 0 and json.loads(p.stdout)["records_out"] == 60, p.stderr
