@@ -300,10 +300,11 @@ class CocoWriter(Writer):
             candidate = "/".join([*(safe_component(p) for p in parts), safe_component(name)])
         else:
             candidate = safe_component(name)
-        stem, ext = candidate.rsplit(".", 1)
+        stem, dot, ext = candidate.rpartition(".")
+        stem, ext = (stem, dot + ext) if dot else (ext, "")
         n = 1
         while candidate in self._names:
-            candidate = f"{stem}_{n}.{ext}"
+            candidate = f"{stem}_{n}{ext}"
             n += 1
         self._names.add(candidate)
         return candidate

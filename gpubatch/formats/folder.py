@@ -400,10 +400,13 @@ def safe_component(name: str) -> str:
     """A file or folder name made of letters and digits of any script, ``_``, ``.`` and ``-``.
 
     Everything else (spaces, separators, punctuation, control characters) becomes ``_``; the name is
-    NFC-normalized and cut to 200 characters.
+    NFC-normalized and cut to 200 characters, in its stem where it has an extension.
     """
     out = _UNSAFE.sub("_", unicodedata.normalize("NFC", name)).strip(".") or "_"
-    return out[:200]
+    if len(out) > 200:  # (cut in its stem: the extension stays)
+        stem, dot, ext = out.rpartition(".")
+        out = f"{stem[: 199 - len(ext)]}.{ext}" if dot and stem and len(ext) <= 16 else out[:200]
+    return out
 
 
 def class_folders(classes: tuple[str, ...] | list[str]) -> list[str]:

@@ -91,7 +91,8 @@ class LmdbReader(Reader):
                     after = h.after.decode("utf-8", "replace")[:80] if h.after is not None else "the first"
                     out.append(Damaged(f"after {after}", f"{self.data_file}", f"damaged database: the records under "
                                        f"page {h.page} (after key {after}) cannot be listed ({h.reason})"))
-                return sorted(out, key=lambda e: e.key.encode() if isinstance(e, Damaged) else e.key) if holes else out
+                return sorted(out, key=lambda e: e.key.encode("utf-8", "surrogateescape") if isinstance(e, Damaged)
+                              else e.key) if holes else out
         keys: list[bytes | Damaged] = []
         try:
             with self.env.begin() as txn:
@@ -133,7 +134,8 @@ class LmdbReader(Reader):
 
     def where(self, entry: Any) -> tuple[str, str]:
         raw = getattr(entry, "key", entry)
-        return _KEY_PREFIX.sub(b"", raw).decode("utf-8", "replace"), f"{self.path}#{raw.decode('utf-8', 'replace')}"
+        return (_KEY_PREFIX.sub(b"", raw).decode("utf-8", "surrogateescape"),
+                f"{self.path}#{raw.decode('utf-8', 'surrogateescape')}")
 
     def _value(self, entry: Any, key: str, origin: str) -> bytes | None:
         """An entry's value: read within the file's pages, or by the library for the layouts it keeps."""

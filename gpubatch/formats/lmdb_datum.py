@@ -96,10 +96,11 @@ def decode_datum(buf: bytes) -> dict:
 
 
 def datum_key(index: int, key: str) -> bytes:
-    """``%08d_<key>`` in UTF-8, the key part hashed when the whole would pass LMDB's 511-byte limit."""
-    k = f"{index:08d}_{key}".encode()
+    """``%08d_<key>`` in UTF-8 (a name's bytes that are not UTF-8 kept as they are), the key part hashed when the
+    whole would pass LMDB's 511-byte limit."""
+    k = f"{index:08d}_{key}".encode("utf-8", "surrogateescape")
     if len(k) > MAX_KEY_BYTES:
-        k = f"{index:08d}_{hashlib.sha1(key.encode()).hexdigest()}".encode()
+        k = f"{index:08d}_{hashlib.sha1(key.encode('utf-8', 'surrogateescape')).hexdigest()}".encode()
     return k
 
 

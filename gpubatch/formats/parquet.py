@@ -297,6 +297,13 @@ class ParquetSink(ShardSink):
             self.boxes = self.boxes or record.boxes is not None
         elif media != self.media:
             raise ValueError(f"a {media} record in a shard of {self.media} records")
+        for text in (record.key, record.filename):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                raise ValueError(f"its name holds bytes that are not UTF-8 ({shown}), which Parquet's string "
+                                 "columns cannot hold: rename the file, or write another format") from None
         row: dict[str, Any] = {"key": record.key, media: {"bytes": bytes(record.data), "path": record.filename},
                                "label": -1 if record.label is None else int(record.label),
                                "meta": json.dumps(record.meta, sort_keys=True, default=str) if record.meta else None}

@@ -329,8 +329,8 @@ class TFRecordReader(Reader):
         if data is None:
             raise self.record_error(f"{self.shards[s].name}@{off}", origin,
                                     f"no image feature (has: {', '.join(sorted(feats)) or 'none'})")
-        fname = (_first_bytes(feats, _NAME_KEYS) or b"").decode("utf-8", "replace")
-        source_id = (_bytes(feats, "image/source_id") or [b""])[0].decode("utf-8", "replace")
+        fname = (_first_bytes(feats, _NAME_KEYS) or b"").decode("utf-8", "surrogateescape")
+        source_id = (_bytes(feats, "image/source_id") or [b""])[0].decode("utf-8", "surrogateescape")
         key = source_id or (fname.rsplit(".", 1)[0] if fname else f"{self.shards[s].stem}_{off}")
         try:
             meta, label, boxes = self._fields(feats, data)
@@ -361,7 +361,7 @@ class TFRecordReader(Reader):
 
         data = _bytes(feats, f"{media}/encoded")[0]
         fmt = (_bytes(feats, f"{media}/format") or [b""])[0].decode("ascii", "replace").lower()
-        fname = (_bytes(feats, f"{media}/filename") or [b""])[0].decode("utf-8", "replace")
+        fname = (_bytes(feats, f"{media}/filename") or [b""])[0].decode("utf-8", "surrogateescape")
         key = (_bytes(feats, f"{media}/source_id") or [b""])[0].decode("utf-8", "replace") or f"{self.shards[s].stem}_{off}"
         meta_raw = (_bytes(feats, "gpubatch/meta") or [b""])[0]
         try:
@@ -490,8 +490,8 @@ class TFRecordSink(ShardSink):
         common = {
             "image/encoded": (r.data, "byte"),
             "image/format": (r.codec.upper().encode() if r.codec == "jpeg" else r.codec.encode(), "byte"),
-            "image/filename": (fname.encode(), "byte"),
-            "image/source_id": (r.key.encode(), "byte"),
+            "image/filename": (fname.encode("utf-8", "surrogateescape"), "byte"),  # (a name's bytes as they were)
+            "image/source_id": (r.key.encode("utf-8", "surrogateescape"), "byte"),
             "image/height": (h, "int"),
             "image/width": (w, "int"),
             "image/class/label": (-1 if r.label is None else int(r.label), "int"),
@@ -527,8 +527,8 @@ class TFRecordSink(ShardSink):
         out = {
             f"{m}/encoded": (r.data, "byte"),
             f"{m}/format": (r.codec.encode(), "byte"),
-            f"{m}/filename": (r.filename.encode(), "byte"),
-            f"{m}/source_id": (r.key.encode(), "byte"),
+            f"{m}/filename": (r.filename.encode("utf-8", "surrogateescape"), "byte"),
+            f"{m}/source_id": (r.key.encode("utf-8", "surrogateescape"), "byte"),
             f"{m}/class/label": (-1 if r.label is None else int(r.label), "int"),
             f"{m}/class/text": (text.encode(), "byte"),
             "gpubatch/meta": (json.dumps(dict(r.meta), sort_keys=True, default=str).encode(), "byte"),

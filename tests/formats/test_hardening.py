@@ -886,3 +886,48 @@ def test_a_dataset_of_more_shards_than_open_files_is_read_whole(imagenet, tmp_pa
                         "--workers", "2", "--json"], env=env, capture_output=True, text=True, timeout=300,
                        preexec_fn=low)
     assert p.returncode == 0 and json.loads(p.stdout)["records_out"] == 60, p.stderr
+
+
+# --- names as file systems hold them -----------------------------------------------------------------
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="names of bytes that are not UTF-8: Linux file systems hold them")
+@pytest.mark.parametrize("to", ["webdataset", "tfrecord", "lmdb", "recordio", "folder", "coco", "parquet"])
+def test_file_names_of_any_bytes_length_or_case_are_written_by_every_format(tmp_path, to):
+    """A folder of names with a byte that is not UTF-8, a newline, a 250-character stem, two that differ only in
+    case, dots: every format writes every record (Parquet, whose string columns hold UTF-8 only, lists the one
+    it cannot hold, with its reason in words); LMDB and TFRecord keep the name's bytes, read back as they were.
+    Before, LMDB and Parquet failed the run with a traceback and COCO lost the 250-character name's extension."""
+    if to == "parquet":
+        pytest.importorskip("pyarrow")
+    src = tmp_path / "src"
+    (src / "cls a").mkdir(parents=True)
+    names = [b"with space.jpg", b"new\nline.jpg", b"bad\xffbyte.jpg", "\u00fcn\u00efc\u00f6d\u00e9.jpg".encode(),
+             b"x" * 250 + b".jpg", b"UPPER.jpg", b"upper.jpg", b"dots..jpg", b"a.b.c.jpg"]
+    for i, n in enumerate(names):
+        with open(os.path.join(os.fsencode(src / "cls a"), n), "wb") as f:
+            f.write(jpeg_bytes(photo(24 + i, 32, seed=i)))
+    s = convert(src, tmp_path / "out", to=to)
+    assert s.records_in == len(names)
+    if to == "parquet":
+        assert s.records_out == len(names) - 1 and len(s.skipped) == 1
+        assert "bad\\xffbyte" in s.skipped[0]["reason"] and "not UTF-8" in s.skipped[0]["reason"]
+    else:
+        assert s.records_out == len(names) and not s.skipped
+    back = convert(tmp_path / "out", tmp_path / "back", to="webdataset")
+    assert back.records_out == s.records_out and not back.skipped
+    if to in ("lmdb", "tfrecord"):
+        keys = {r.key for r in open_dataset(tmp_path / "out")}
+        assert "cls a/bad\udcffbyte" in keys and "cls a/" + "x" * 250 in keys
+    if to == "coco":
+        listed = json.loads((tmp_path / "out" / "annotations" / "instances.json").read_text())["images"]
+        assert all(im["file_name"].endswith(".jpg") for im in listed) and len(listed) == len(names)
+
+
+def test_a_safe_file_name_cut_to_200_characters_keeps_its_extension():
+    from gpubatch.formats.folder import safe_component
+
+    assert safe_component("x" * 250 + ".jpg") == "x" * 196 + ".jpg"
+    assert safe_component("y" * 250) == "y" * 200
+    assert safe_component("z" * 220 + "." + "e" * 40) == ("z" * 220 + "." + "e" * 40)[:200]
+    assert safe_component("ok name.png") == "ok_name.png"
