@@ -917,7 +917,8 @@ def test_file_names_of_any_bytes_length_or_case_are_written_by_every_format(tmp_
     back = convert(tmp_path / "out", tmp_path / "back", to="webdataset")
     assert back.records_out == s.records_out and not back.skipped
     if to in ("lmdb", "tfrecord"):
-        keys = {r.key for r in open_dataset(tmp_path / "out")}
+        with open_dataset(tmp_path / "out") as reader:
+            keys = {r.key for r in reader}
         assert "cls a/bad\udcffbyte" in keys and "cls a/" + "x" * 250 in keys
     if to == "coco":
         listed = json.loads((tmp_path / "out" / "annotations" / "instances.json").read_text())["images"]
