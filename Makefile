@@ -32,7 +32,7 @@ demo: $(STAMP)  ## run the main job on sample_data/ (GPU when usable, else CPU)
 	$(BIN)/gpubatch convert sample_data/coco $(OUT)/coco-tfrecord --to tfrecord --resize-shorter 128 --device auto
 	$(BIN)/gpubatch convert sample_data/audio $(OUT)/audio-logmel --to webdataset --sample-rate 16000 --mono \
 		--duration 1 --features "log-mel(n_mels=80)" --device auto
-	$(BIN)/gpubatch info $(OUT)/imagenet-tfrecord
+	$(BIN)/gpubatch info $(OUT)/imagenet-tfrecord --verify
 	$(BIN)/gpubatch info $(OUT)/coco-tfrecord
 	$(BIN)/gpubatch info sample_data/audio
 

@@ -117,6 +117,12 @@ def _terminate_as_interrupt() -> None:
         pass
 
 
+#: what a run that ran out of memory, or of threads, says (one line)
+LIMITS = ("a limit on this process's memory or threads (ulimit -v / -u, a container's memory): give it more, or "
+          "pass fewer --workers")
+OUT_OF_MEMORY = f"out of memory: {LIMITS}"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and map errors to exit codes. Run as the process's command (``argv`` None),
     it leaves every object it made to the interpreter's end uncollected (``gc.freeze``): the collection
@@ -176,8 +182,16 @@ def _main(argv: list[str] | None) -> None:
         sys.exit(e.exit_code)
     except BrokenPipeError:
         sys.exit(ExitCode.OK)
+    except MemoryError:
+        if debug:
+            raise
+        click.echo(f"error: {OUT_OF_MEMORY}", err=True)
+        sys.exit(ExitCode.ERROR)
     except RuntimeError as e:  # Python wraps what a class's creation raised: a Ctrl-C while a module loads
         cause = e.__cause__
+        if "can't start new thread" in str(e) and not debug:  # (a limit on memory or on threads)
+            click.echo(f"error: the system refused this process a new thread: {LIMITS}", err=True)
+            sys.exit(ExitCode.ERROR)
         if not isinstance(cause, KeyboardInterrupt):  # (Terminated is one)
             raise
         terminated = isinstance(cause, Terminated)

@@ -562,3 +562,25 @@ def test_an_interrupt_python_would_swallow_is_sent_again_and_any_other_raised(mo
         with pytest.raises(KeyboardInterrupt):
             _interrupt(signal.SIGINT, plain)
     assert len(sent) == 2
+
+
+@pytest.mark.parametrize("raised, said", [
+    (MemoryError(), "error: out of memory: a limit on this process's memory or threads"),
+    (RuntimeError("can't start new thread"), "error: the system refused this process a new thread: a limit on"),
+])
+def test_running_out_of_memory_or_threads_is_one_line(imagenet, tmp_path, monkeypatch, capsys, raised, said):
+    """A limit on the process's memory or threads (``ulimit -v 400000`` refused a thread at a run's start) is one
+    line naming the limit and what helps, exit 1, never a traceback; ``--debug`` still shows one."""
+    from gpubatch import api
+    from gpubatch.cli import main
+
+    def refused(*a, **kw):
+        raise raised
+
+    monkeypatch.setattr(api, "convert", refused)
+    with pytest.raises(SystemExit) as e:
+        main(["convert", str(imagenet), str(tmp_path / "out"), "--to", "webdataset"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and err[-1].startswith(said) and "--workers" in err[-1]
+    with pytest.raises(type(raised)):
+        main(["--debug", "convert", str(imagenet), str(tmp_path / "out"), "--to", "webdataset"])

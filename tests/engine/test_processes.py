@@ -154,3 +154,30 @@ def test_a_worker_killed_by_a_signal_fails_the_run_with_the_signal_named(imagene
     lines = p.stderr.strip().splitlines()
     assert lines[-1].startswith("error: worker process ") and "killed by SIGBUS: " in lines[-1], p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_worker_out_of_memory_fails_the_run_in_one_line(imagenet, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "from gpubatch.formats import webdataset\n"
+        "real = webdataset.WebDatasetSink.write_many\n"
+        "def write_many(self, records):\n"
+        "    if self.task.index == 3:\n"
+        "        raise MemoryError()\n"
+        "    return real(self, records)\n"
+        "webdataset.WebDatasetSink.write_many = write_many\n")
+    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}
+    p = subprocess.run([sys.executable, "-m", "gpubatch", "convert", str(imagenet), str(tmp_path / "out"), "--to",
+                        "webdataset", "--shard-size", "5", "--workers", "2"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert lines[-1].startswith("error: worker process ") and "ran out of memory" in lines[-1] and "--workers" in lines[-1]
+    assert not (tmp_path / "out").exists()
