@@ -155,14 +155,22 @@ def crc_text(crc: int) -> str:
     return f"crc32c:{crc:08x}"
 
 
+def stream_digest(f: Any, chunk: int = 1 << 20, done: Any = None) -> list:
+    """[bytes, digest] of what a binary file object gives from where it stands to its end, as :class:`ShardFile`
+    gives them; ``done(n)`` hears of each ``n`` bytes read."""
+    crc, size = 0, 0
+    while data := f.read(chunk):
+        crc = crc32c(data, crc)
+        size += len(data)
+        if done is not None:
+            done(len(data))
+    return [size, crc_text(crc)]
+
+
 def file_digest(path: Path) -> list:
     """[bytes, digest] of a file (one a library wrote by its path), as :class:`ShardFile` gives them."""
-    crc, size = 0, 0
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            crc = crc32c(chunk, crc)
-            size += len(chunk)
-    return [size, crc_text(crc)]
+        return stream_digest(f)
 
 
 def write_json(path: Path, doc: Any) -> None:

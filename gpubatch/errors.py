@@ -17,6 +17,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+#: what helps a run that ran out of memory or of threads (the command's and its workers' one-line errors)
+LIMITS = ("a limit on this process's memory or threads (ulimit -v / -u, a container's memory): give it more, or "
+          "pass fewer --workers")
+
 
 class ExitCode(enum.IntEnum):
     """Process exit codes of the ``gpubatch`` command."""

@@ -117,12 +117,6 @@ def _terminate_as_interrupt() -> None:
         pass
 
 
-#: what a run that ran out of memory, or of threads, says (one line)
-LIMITS = ("a limit on this process's memory or threads (ulimit -v / -u, a container's memory): give it more, or "
-          "pass fewer --workers")
-OUT_OF_MEMORY = f"out of memory: {LIMITS}"
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and map errors to exit codes. Run as the process's command (``argv`` None),
     it leaves every object it made to the interpreter's end uncollected (``gc.freeze``): the collection
@@ -136,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str] | None) -> None:
-    from ..errors import FROM_CLI, ExitCode, GpubatchError, Terminated
+    from ..errors import FROM_CLI, LIMITS, ExitCode, GpubatchError, Terminated
 
     debug = "--debug" in (argv if argv is not None else sys.argv[1:]) or bool(os.environ.get("GPUBATCH_DEBUG"))
     _terminate_as_interrupt()
@@ -185,7 +179,7 @@ def _main(argv: list[str] | None) -> None:
     except MemoryError:
         if debug:
             raise
-        click.echo(f"error: {OUT_OF_MEMORY}", err=True)
+        click.echo(f"error: out of memory: {LIMITS}", err=True)
         sys.exit(ExitCode.ERROR)
     except RuntimeError as e:  # Python wraps what a class's creation raised: a Ctrl-C while a module loads
         cause = e.__cause__

@@ -131,28 +131,22 @@ class _Store:
 
 
 def _digest(where: Any, name: str, size: int, digest: str, done: Callable[[int], None]) -> FileState:
-    from crc32c import crc32c
-
-    from .._commit import crc_text
+    from .._commit import stream_digest
 
     found = where.size(name)
     if found is None:
         return FileState(name, "missing", size, None, "missing")
     if found != size:
         return FileState(name, "size", size, found, f"{found:,} bytes where {size:,} were written")
-    crc, read = 0, 0
     try:
         with where.open(name) as f:
-            while chunk := f.read(_CHUNK):
-                crc = crc32c(chunk, crc)
-                read += len(chunk)
-                done(len(chunk))
+            read, got = stream_digest(f, _CHUNK, done)
     except OSError as e:
         return FileState(name, "unreadable", size, found, f"unreadable ({e.strerror or e})")
     if read != size:
         return FileState(name, "size", size, read, f"{read:,} bytes read where {size:,} were written")
-    if crc_text(crc) != digest:
-        return FileState(name, "digest", size, found, f"other bytes: {crc_text(crc)}, written {digest}")
+    if got != digest:
+        return FileState(name, "digest", size, found, f"other bytes: {got}, written {digest}")
     return FileState(name, "ok", size, found)
 
 

@@ -102,7 +102,7 @@ def work(ctx: Any, strategy: Any, slot: int, tasks: Any, results: Any) -> None:
     result sent to ``results``; a failure sent as ("failed", ...)."""
     import traceback
 
-    from ...errors import GpubatchError, RecordFailed
+    from ...errors import LIMITS, GpubatchError, RecordFailed
     from .worker import ShardWriting, on_released, released
 
     unit = reader = None
@@ -133,8 +133,7 @@ def work(ctx: Any, strategy: Any, slot: int, tasks: Any, results: Any) -> None:
     except OSError as e:  # (a full disk, a folder that went away: the run's one-line write error, as in one process)
         results.put(("failed", "oserror", (e.errno, e.strerror or str(e), e.filename)))
     except MemoryError:
-        results.put(("failed", "error", f"worker process {slot} ran out of memory: a limit on its memory (ulimit -v, "
-                                        "a container's memory): give it more, or pass fewer --workers"))
+        results.put(("failed", "error", f"worker process {slot} ran out of memory: {LIMITS}"))
     except BaseException:  # noqa: BLE001 - the coordinator reports it; nothing else would see it
         results.put(("failed", "crash", traceback.format_exc()))
     finally:
