@@ -674,3 +674,31 @@ def test_cpu_decode_scaled_crops_the_centre_and_names_its_missing_decoder(imagen
         assert r.returncode == 0, r.stderr
         got = json.loads((tmp_path / "out.json").read_text())
         assert got["images"] == 4 and len(got["ms_per_image"]) == 8
+
+
+def test_offcpu_sums_each_task_s_time_away_by_its_state_and_kernel_stack():
+    """``benchmarks/offcpu.py``: from perf script's switch events, a task's time between its switch out and its next
+    switch in, by state and the kernel frames below the scheduler's; the kernel's own threads left out."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        import offcpu
+    finally:
+        sys.path.pop(0)
+
+    def switch(t, prev, pid, state, nxt, npid, frames):
+        head = (f"{prev} {pid} [000] {t:.6f}: sched:sched_switch: prev_comm={prev} prev_pid={pid} prev_prio=120 "
+                f"prev_state={state} ==> next_comm={nxt} next_pid={npid} next_prio=120")
+        return [head] + [f"\tffffffff8224 {f}+0x10 ([kernel.kallsyms])" for f in ("__schedule", "schedule", *frames)] + [""]
+
+    lines = (switch(1.0, "gpubatch", 7, "D", "swapper/0", 0, ["io_schedule", "folio_wait_writeback"])
+             + switch(1.5, "swapper/0", 0, "R", "gpubatch", 7, ["schedule_idle"])
+             + switch(2.0, "gpubatch", 7, "S", "kworker/0:1", 9, ["futex_do_wait"])
+             + switch(2.25, "kworker/0:1", 9, "I", "gpubatch", 7, ["worker_thread"])
+             + switch(3.0, "gpubatch", 7, "D", "swapper/0", 0, ["io_schedule", "folio_wait_writeback"])
+             + switch(3.25, "swapper/0", 0, "R", "gpubatch", 7, ["schedule_idle"]))
+    seconds, times = offcpu.off_cpu(lines)
+    assert seconds == {("D", "io_schedule < folio_wait_writeback"): 0.75, ("S", "futex_do_wait"): 0.25}
+    assert times[("D", "io_schedule < folio_wait_writeback")] == 2 and len(times) == 2
