@@ -164,6 +164,9 @@ def verify(path: str | Path, manifest: dict[str, Any] | None = None, records_fou
 
     remote = is_remote(str(path))
     where: Any
+    if str(path).startswith("pipe:"):
+        raise UsageError("--verify reads a dataset's files again: a pipe: command cannot be read back; verify the "
+                         "dataset where the command put it")
     if remote:
         where = _Store(str(path))
         manifest = manifest if manifest is not None else where.dest.manifest()

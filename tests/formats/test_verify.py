@@ -80,6 +80,8 @@ def test_what_cannot_be_verified_is_one_line(imagenet, tmp_path):
         verify(out / "data-000000.tar")
     p = run_cli("info", imagenet, "--verify")
     assert p.returncode == ExitCode.USAGE and one_line(p).startswith(f"error: {imagenet} has no gpubatch.json")
+    with pytest.raises(UsageError, match="a pipe: command cannot be read back"):
+        verify("pipe:cat > /dev/null", records=False)
 
 
 @pytest.mark.parametrize("listed", [{"../../etc/passwd": [1, "crc32c:00000000"]}, {"/etc/passwd": [1, "crc32c:00000000"]},
