@@ -41,6 +41,15 @@ def default_readers(cores: int | None = None, route: str | None = None, settings
     return max(1, min(4, cores // (2 if halves else 4)))
 
 
+def shm_free() -> int | None:
+    """Bytes free in /dev/shm (where shared memory lives on Linux), or None where it cannot be told."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def keep_freed_memory() -> bool:
     """In this process, glibc's malloc keeps freed memory for the next arrays (what ``_MALLOC`` asks of
     worker processes, set through ``mallopt`` in a running one): per-record arrays above 128 KiB then

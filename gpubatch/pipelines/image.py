@@ -561,7 +561,7 @@ class ImagePipeline:
         if piped and not self.stats.get("piped"):
             import warnings
 
-            from ..engine.gpu.feed import shm_free
+            from ..engine.processes import shm_free
 
             free = shm_free()
             warnings.warn(f"/dev/shm has no room for the CPU path's batches ({(free or 0) / 2**20:,.0f} MiB free): they "

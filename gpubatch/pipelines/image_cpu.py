@@ -77,7 +77,7 @@ def shared_block(make: Any, size: int) -> Any:
     import errno
     import os
 
-    from ..engine.gpu.feed import shm_free
+    from ..engine.processes import shm_free
 
     free = shm_free()
     if free is not None and free < size + (1 << 20):

@@ -150,8 +150,8 @@ def _digest(where: Any, name: str, size: int, digest: str, done: Callable[[int],
     return FileState(name, "ok", size, found)
 
 
-def verify(path: str | Path, manifest: dict[str, Any] | None = None, records_found: int | None = None,
-           workers: int | None = None, progress: Callable[[int], Callable[[int], None]] | None = None) -> VerifyReport:
+def verify(path: str | Path, records_found: int | None = None, workers: int | None = None,
+           progress: Callable[[int], Callable[[int], None]] | None = None) -> VerifyReport:
     """Check the dataset at ``path`` (a folder, or a store URL) against its manifest: every file the run listed
     read again and digested (``workers`` at once; ``progress(total_bytes)`` gives a callback of bytes read), and
     ``records_found`` (the records ``info`` read), where given, against the records the manifest says were
@@ -162,21 +162,20 @@ def verify(path: str | Path, manifest: dict[str, Any] | None = None, records_fou
     from ..engine.processes import cores
     from ..formats.manifest import MANIFEST_NAME, read_manifest
 
-    remote = is_remote(str(path))
     where: Any
     if str(path).startswith("pipe:"):
         raise UsageError("--verify reads a dataset's files again: a pipe: command cannot be read back; verify the "
                          "dataset where the command put it")
-    if remote:
+    if is_remote(str(path)):
         where = _Store(str(path))
-        manifest = manifest if manifest is not None else where.dest.manifest()
+        manifest = where.dest.manifest()
         shown = redact(str(path))
     else:
         root = Path(path)
         if root.is_file():
             raise UsageError(f"--verify checks a dataset's folder (where its {MANIFEST_NAME} is), not the file {root}")
         where = _Local(root)
-        manifest = manifest if manifest is not None else read_manifest(root)
+        manifest = read_manifest(root)
         shown = str(path)
     if not manifest:
         raise UsageError(f"{shown} has no {MANIFEST_NAME}: --verify checks a dataset gpubatch wrote against what "

@@ -521,11 +521,11 @@ def test_a_full_dev_shm_sends_the_cpu_path_s_arrays_through_pipes_with_the_same_
     with ImagePipeline(ops, device="cpu", seed=4, cpu_threads=2) as pipe:
         shared = [a.copy() for b in pipe.iterate_files(files, keys, batch_size=4, workers=1) for a in b]
     # in this process: no room, or a reservation refused, gives no block (and leaves none in /dev/shm)
-    monkeypatch.setattr("gpubatch.engine.gpu.feed.shm_free", lambda: 1 << 20)
+    monkeypatch.setattr("gpubatch.engine.processes.shm_free", lambda: 1 << 20)
     from multiprocessing.shared_memory import SharedMemory
 
     assert image_cpu.shared_block(SharedMemory, 4 << 20) is None
-    monkeypatch.setattr("gpubatch.engine.gpu.feed.shm_free", lambda: None)
+    monkeypatch.setattr("gpubatch.engine.processes.shm_free", lambda: None)
     before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
     def refused(fd, offset, size):
@@ -540,7 +540,7 @@ def test_a_full_dev_shm_sends_the_cpu_path_s_arrays_through_pipes_with_the_same_
     # the whole path, its worker processes told /dev/shm is full (every process of it imports the hook)
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text("import gpubatch.engine.gpu.feed as f\nf.shm_free = lambda: 0\n")
+    (hook / "sitecustomize.py").write_text("import gpubatch.engine.processes as p\np.shm_free = lambda: 0\n")
     script = (
         "import sys, warnings, numpy as np\nfrom pathlib import Path\n"
         "from gpubatch.engine.ops.geometry import Flip, RandomResizedCrop\n"

@@ -31,7 +31,7 @@ from typing import Any
 
 from ...types import Record
 from ..plan import Plan
-from ..processes import die_with_parent, started_pool, unlink_semaphores
+from ..processes import die_with_parent, shm_free, started_pool, unlink_semaphores
 from ..run import Job, RecordSource, outputs_of, read_counted, read_row
 from .slot_views import SlotViews
 
@@ -81,15 +81,6 @@ class FedBatch:
 
     def __len__(self) -> int:
         return len(self.blobs)
-
-
-def shm_free() -> int | None:
-    """Bytes free in /dev/shm (where shared memory lives on Linux), or None where it cannot be told."""
-    try:
-        st = os.statvfs("/dev/shm")
-    except (OSError, AttributeError):
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 def fit_slots(depth: int, slot_bytes: int) -> int:
