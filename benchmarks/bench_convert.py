@@ -17,7 +17,8 @@ Jobs (``--only``; the default is every job the machine can run):
   open / resize / crop / save (quality 90), a process a core.
 - ``pass-through``: ``convert`` without pixel options to webdataset, tfrecord, recordio and lmdb against one
   process writing the same files into one tar with ``tarfile`` (the target's baseline); beside it, the same
-  loop with its tar fsynced before its clock stops, as every shard gpubatch commits is.
+  loop with its tar fsynced before its clock stops, as every shard gpubatch commits is. ``--sync shard,off``
+  also runs gpubatch under ``--sync off`` (never fsynced, as the loop), each format's modes in turn.
 - ``info``: ``gpubatch info SRC`` (headers only) on the same files.
 - ``audio``: ``--features "log-mel(n_mels=80)"`` on --clips 10-s FLAC clips to webdataset on the GPU and the
   CPU against ``AudioPipeline`` on the same chain and files.
@@ -360,12 +361,15 @@ def job_pass_through(a, tmp: Path) -> dict:
     out: dict = {"records": n, "tarfile_loop_records_per_s": round(base, 1),
                  "tarfile_loop_fsynced_records_per_s": round(durable, 1),
                  "tarfile_loop_whole_process_records_per_s": whole}
-    for fmt in ("webdataset", "tfrecord", "recordio", "lmdb"):
-        res = timed(gpubatch("convert", str(data), str(tmp / f"pt-{fmt}"), "--to", fmt, "--json"), a.repeats,
-                    before=fresh(tmp / f"pt-{fmt}"))
-        out[fmt] = {"records_per_s": rate(n, res), "runs": res["runs"], "ratio": ratio(rate(n, res), base),
-                    "ratio_to_fsynced_loop": ratio(rate(n, res), durable),
-                    "ratio_to_whole_process_loop": ratio(rate(n, res), whole), **slim(res["summary"])}
+    modes = a.sync.split(",")
+    for k, fmt in enumerate(("webdataset", "tfrecord", "recordio", "lmdb")):
+        for mode in modes if k % 2 == 0 else modes[::-1]:  # (the modes' order turned each format)
+            res = timed(gpubatch("convert", str(data), str(tmp / f"pt-{fmt}"), "--to", fmt, "--sync", mode, "--json"),
+                        a.repeats, before=fresh(tmp / f"pt-{fmt}"))
+            out[fmt if mode == "shard" else f"{fmt} --sync {mode}"] = {
+                "records_per_s": rate(n, res), "runs": res["runs"], "ratio": ratio(rate(n, res), base),
+                "ratio_to_fsynced_loop": ratio(rate(n, res), durable),
+                "ratio_to_whole_process_loop": ratio(rate(n, res), whole), **slim(res["summary"])}
     return out
 
 
@@ -621,6 +625,8 @@ def main() -> None:
     ap.add_argument("--data-root", type=Path, default=ROOT / ".bench-data")
     ap.add_argument("--gpu-only", action="store_true",
                     help="audio and video: the GPU path and its baseline alone (for large sets, where the CPU path takes minutes)")
+    ap.add_argument("--sync", default="shard",
+                    help="pass-through: the --sync modes to run gpubatch in, comma-separated (shard, end, off)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     a.cpu_images = a.cpu_images or a.images

@@ -5,7 +5,11 @@ The digest is CRC-32C (the ``crc32c`` package's, on the CPU's own CRC instructio
 than zlib's CRC-32, which had been a worker's largest cost of a pass-through after its reads and writes;
 BLAKE2b had taken 12% of such a run) with the size beside it, in the shard's journal entry: what the
 shard was when committed.
-``--resume`` checks the sizes (reading every committed shard again would cost a resume its writes).
+``--resume`` checks the sizes (reading every committed shard again would cost a resume its writes), and
+the digests too of a shard written under ``--sync end|off`` in another boot of its machine (:func:`trusted`).
+
+How much of that a run syncs is its ``--sync`` (:data:`SYNC_MODES`, :func:`syncing`): every fsync here and in
+the sinks goes through :func:`durable` and :func:`fsync_dir`, which do nothing unless the run syncs as it goes.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +27,83 @@ from crc32c import crc32c
 
 PARTIAL = ".partial"
 
+#: a run's ``--sync``: "shard" (each file fsynced as it is committed, each folder after its renames: a shard
+#: is on disk before it counts as done, and a run cut off by a power loss resumes from the shards it
+#: committed), "end" (nothing synced as the run goes; its file system synced once before the dataset is
+#: renamed into place: the same dataset on disk when the command returns), "off" (never synced, as ``cp``
+#: and ``tar`` do: the OS writes the pages when it will)
+SYNC_MODES = ("shard", "end", "off")
+_SYNC = ["shard"]  # this process's run's mode (the command's, and each worker's from its sinks' options)
 
-def fsync_dir(path: Path) -> None:
-    """Make the names in ``path`` durable (after renames into it)."""
+
+def set_sync(mode: str | None) -> str:
+    """This process's ``--sync`` from now on (None: "shard"); the mode it had."""
+    mode = mode or "shard"
+    if mode not in SYNC_MODES:
+        from .errors import UsageError
+
+        raise UsageError(f"unknown --sync {mode!r}; supported: {', '.join(SYNC_MODES)}")
+    was, _SYNC[0] = _SYNC[0], mode
+    return was
+
+
+@contextlib.contextmanager
+def sync_as(mode: str | None) -> Iterator[None]:
+    """This process syncs as ``mode`` says for the block (a run), as before it after."""
+    was = set_sync(mode)
+    try:
+        yield
+    finally:
+        _SYNC[0] = was
+
+
+def sync_mode() -> str:
+    return _SYNC[0]
+
+
+def syncing() -> bool:
+    """Whether this process's run makes each file durable as it commits it (``--sync shard``)."""
+    return _SYNC[0] == "shard"
+
+
+def durable(f: Any) -> None:
+    """Flush the open file ``f`` and, where the run syncs as it goes, fsync it."""
+    f.flush()
+    if _SYNC[0] == "shard":
+        os.fsync(f.fileno())
+
+
+_BOOT: list[str | None] = []
+
+
+def boot_id() -> str | None:
+    """This machine's boot (Linux's random boot id; None elsewhere): pages a run left unsynced are on disk
+    or in the page cache of the same boot, whatever killed the run; in another boot they may be lost."""
+    if not _BOOT:
+        try:
+            _BOOT.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None)
+        except OSError:
+            _BOOT.append(None)
+    return _BOOT[0]
+
+
+def unsynced_mark() -> dict[str, Any]:
+    """What a journal entry (or LMDB's state) notes of a commit not synced: {"unsynced": the boot}, or {}
+    where the run syncs as it goes."""
+    return {} if _SYNC[0] == "shard" else {"unsynced": boot_id() or "unknown"}
+
+
+def trusted(mark: Any) -> bool:
+    """Whether what a commit wrote can be taken as it was left: synced, or not synced but in this boot of
+    the machine (the page cache holds what the disk may not)."""
+    return mark is None or (mark != "unknown" and mark == boot_id())
+
+
+def fsync_dir(path: Path, final: bool = False) -> None:
+    """Make the names in ``path`` durable (after renames into it), where the run syncs as it goes; ``final``
+    (the dataset renamed into place): unless it never syncs."""
+    if _SYNC[0] == "off" or (_SYNC[0] == "end" and not final):
+        return
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:  # pragma: no cover - a system without directory descriptors
@@ -93,7 +172,7 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
         except (AttributeError, OSError):  # pragma: no cover - not Linux
             _SYNC_RANGE.append(None)
     fn = _SYNC_RANGE[0]
-    if fn is not None:
+    if fn is not None and _SYNC[0] != "off":
         fn(fd, offset, length, 2)  # SYNC_FILE_RANGE_WRITE (a failure only leaves the work to fsync)
 
 
@@ -135,9 +214,8 @@ class ShardFile:
             self.write(b"".join(run))
 
     def commit(self) -> tuple[str, list]:
-        """Flush, fsync and rename into place: (the file's name, [bytes, digest])."""
-        self.f.flush()
-        os.fsync(self.f.fileno())
+        """Flush, fsync (:func:`durable`) and rename into place: (the file's name, [bytes, digest])."""
+        durable(self.f)
         self.f.close()
         os.replace(self.tmp, self.path)
         return self.path.name, [self.size, crc_text(self.crc)]
@@ -174,12 +252,11 @@ def file_digest(path: Path) -> list:
 
 
 def write_json(path: Path, doc: Any) -> None:
-    """Write ``doc`` as JSON at ``path``: to a temporary name, fsynced, then renamed into place."""
+    """Write ``doc`` as JSON at ``path``: to a temporary name, fsynced (:func:`durable`), then renamed into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = partial_name(path)
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
+        f.write(json.dumps(doc, sort_keys=True))  # (one write: json.dump writes each token on its own)
+        durable(f)
     os.replace(tmp, path)

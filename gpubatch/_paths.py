@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 from . import _remote
+from ._commit import fsync_dir
 from ._remote import PLACEHOLDER_NS, is_placeholder
 from .errors import GpubatchError, UsageError
 
@@ -454,6 +455,7 @@ def staged_output(dst: Path, overwrite: bool, warn: Callable[[str], None] | None
             try:
                 yield stage
                 _swap_in(stage, dst, overwrite)
+                fsync_dir(dst.parent, final=True)  # (the dataset's name on disk, as its files: --sync)
             except BaseException as e:
                 why = keep(stage, e) if keep is not None else None
                 if why is None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _remote
+from ._commit import SYNC_MODES
 from ._paths import check_output, require_source, source_root
 from ._remote import is_remote, local_url, redact
 from ._remote import local_path as source_path
@@ -57,6 +58,7 @@ class Placement:
     num_parts: int | None = None  # with ``part``: run only part ``part`` of ``num_parts`` of the shards
     part: int | None = None
     finish: bool = False  # (gpubatch finish: the run's shards are all committed; only the dataset-wide files)
+    sync: str = "shard"  # when written files are fsynced: "shard" (each, as committed), "end" (once), "off"
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,8 @@ def _check_output_options(req: Any) -> None:
         raise UsageError("--num-parts and --part go together: --num-parts P --part I runs part I (0..P-1) of P")
     if parts is not None and not (parts >= 1 and 0 <= part < parts):
         raise UsageError(f"--part {part} of --num-parts {parts}: give 0 <= I < P")
+    if getattr(req, "sync", "shard") not in SYNC_MODES:
+        raise UsageError(f"unknown --sync {req.sync!r}; supported: {', '.join(SYNC_MODES)}")
     if req.gpu_memory is not None:
         from .engine.gpu.memory import parse_memory
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ._commit import remove_tree, sweep_partials
+from ._commit import remove_tree, sweep_partials, sync_as, sync_mode
 from ._paths import check_output, shared_stage, staged_output
 from ._remote import is_remote, local_url, shown
 from .engine.device import Device
@@ -28,6 +28,7 @@ from .errors import GpubatchError, RunStats, Terminated, UsageError
 from .formats import open_reader
 from .formats.base import JSON_FIELDS, MEMBERS, Reader, WriteOptions
 from .formats.manifest import manifest_classes, write_manifest
+from .formats.sinks import sync_filesystem
 from .types import IMAGE_EXTENSIONS, Media, Record, ShardResult
 
 PARAMS_FILE = "augment-params.jsonl"
@@ -37,7 +38,7 @@ RUN_DIR = ".gpubatch"
 #: the options that do not shape the output (which workers, GPUs or caps write it; how it is reported)
 FALLBACK_NOTE = "decoded on the CPU: "
 UNSHAPED = frozenset({"dst", "workers", "overwrite", "resume", "gpu", "gpu_procs", "gpu_memory", "batch_size",
-                      "device", "gpus", "executor", "ray_address", "num_parts", "part"})
+                      "device", "gpus", "executor", "ray_address", "num_parts", "part", "sync"})
 
 
 class CheckedSink:
@@ -161,8 +162,9 @@ def execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan: 
     take end with it."""
     early: list[Any] = [ahead] if ahead is not None else []
     try:
-        return _execute(req, run, src_path, dst_path, fmt, plan, device, policy, progress, select, starts_as,
-                        summary_cls, early)
+        with sync_as(getattr(req, "sync", "shard")):  # (the workers take it from their sinks' options)
+            return _execute(req, run, src_path, dst_path, fmt, plan, device, policy, progress, select, starts_as,
+                            summary_cls, early)
     finally:
         for started in early:
             if started is not None:
@@ -203,7 +205,8 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
     shared = getattr(req, "num_parts", None) is not None or getattr(req, "executor", "local") == "ray"
     dest = _destination(req)
     options = WriteOptions(shard_size=req.shard_size or 0, name=req.name, source=str(src_path),
-                           extra={"layout": req.layout, "shared_stage": shared})  # (workers on several machines)
+                           extra={"layout": req.layout, "shared_stage": shared,  # (workers on several machines)
+                                  "sync": getattr(req, "sync", "shard")})
     # (a format whose tasks are units of work only is cut finer on the host; a GPU unit's batches never
     # span two tasks, so there the shards keep their size)
     per_shard = inputs_per_shard(len(entries), req.shard_size, _outputs_per_input(plan, fmt), str(plan.media),
@@ -308,6 +311,11 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
                 "warnings": summary.warnings,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             })
+            if sync_mode() == "end":  # every file of the dataset on disk, in one call, before it is renamed in
+                t_sync = time.perf_counter()
+                sync_filesystem(stage)
+                summary.timings["wall: sync"] = round(time.perf_counter() - t_sync, 4)
+                summary.seconds = time.perf_counter() - t_start
     except OSError as e:  # disk full, a folder that went away...: the staging folder is gone already
         raise GpubatchError(f"writing {dst_path} failed: {e.strerror or e}"
                             f"{f' ({e.filename})' if getattr(e, 'filename', None) else ''}") from None

@@ -525,7 +525,7 @@ class ShardTask:
 class ShardResult:
     """What writing one shard did: its counts (``records_in``, ``records_out``, ``passthrough``,
     ``transcoded``, ``fallbacks``, ``boxes_dropped``, ``bytes_in``, ``bytes_out``), its skipped records
-    with their reasons, warnings, the files it committed (name -> [bytes, BLAKE2b digest]), seconds per
+    with their reasons, warnings, the files it committed (name -> [bytes, CRC-32C digest]), seconds per
     stage, and what its format keeps for the dataset-wide files (``extra``). A journal entry holds one."""
 
     index: int

@@ -85,6 +85,10 @@ def run_options(f):
                      "before it was written)."),
         click.option("--resume", is_flag=True, help="Finish a run of the same command that was interrupted (killed, "
                      "Ctrl-C, a lost machine): only its shards not yet committed are written."),
+        click.option("--sync", type=click.Choice(["shard", "end", "off"]), default="shard", show_default=True,
+                     help="When the output is made durable: shard: each shard fsynced as it is committed (a power "
+                          "loss loses no committed shard); end: once, before DST appears; off: never, as cp and "
+                          "tar (fastest; after a crash, check with 'gpubatch info DST --verify')."),
         click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
                      help="Who runs the shards: this machine's worker processes, or a Ray cluster's actors "
                           "(pip install 'gpubatch[ray]'; DST on a file system every node sees)."),

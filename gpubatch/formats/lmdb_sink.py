@@ -11,7 +11,9 @@ it (:meth:`Turn.sync`), each worker its own, before its commit ends. A record's 
 takes its index from the records in the database before it. The same transactions in the same order
 whichever worker makes them: the same file for any number of workers. The database's own count of
 records, checked against ``state.json`` whenever the lock is taken, tells a transaction that went in
-before a kill could note it, or one the machine lost before it was synced.
+before a kill could note it, or one the machine lost before it was synced. Under ``--sync end|off`` no
+turn is synced: ``state.json`` then names the machine's boot, and a database left so in another boot
+(its pages lost in any order) is refused, to be started over.
 
 Runs whose workers share a staging folder across machines (``--executor ray``, ``--num-parts``) leave
 every shard in its spool (an LMDB must not be written from several machines); ``finalize`` puts in
@@ -32,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .._commit import fsync_dir, partial_name, write_json
+from .._commit import durable, fsync_dir, partial_name, syncing, trusted, unsynced_mark, write_json
 from ..errors import GpubatchError
 from ..types import DatasetInfo, Record
 from .lmdb_datum import _lmdb, datum_key, datum_parts, needed_bytes
@@ -100,10 +102,13 @@ def prefault(root: Path, index: int, nbytes: int, records: int) -> None:
     written: the file is the same, and a guess that misses costs only time."""
     folder = _folder(root)
     try:
-        ahead = index - int(json.loads((folder / "state.json").read_text(encoding="utf-8"))["next"])
+        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+        ahead = index - int(state["next"])
+        if not trusted(state.get("unsynced")):  # (the turn refuses it, in one line)
+            return
     except FileNotFoundError:
         ahead = index
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return
     if not 0 <= ahead <= 1:  # (in already, or bound to wait in its spool for shards not yet made)
         return
@@ -190,7 +195,6 @@ class Turn:
         self.root = Path(root)
         self.db = _folder(root) / "db"
         self.state_file = _folder(root) / "state.json"
-        self.env = _env(self.db)
         self.dirty = False  # a transaction went in: the database is synced when the lock is released
         self.drained: list[Path] = []  # spools put in, removed once the database is synced
         self.times: dict[str, float] = {}  # (turn's: how long this process waited for the lock, held it, synced)
@@ -200,10 +204,18 @@ class Turn:
             state = json.loads(self.state_file.read_text(encoding="utf-8"))
             self.next, self.count = int(state["next"]), int(state["count"])
             self.history = [[int(n), int(c)] for n, c in state.get("history", [])]
+            was = state.get("unsynced")
         except FileNotFoundError:
-            self.next, self.count = 0, 0
-        except (ValueError, KeyError, TypeError) as e:
+            self.next, self.count, was = 0, 0, None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise GpubatchError(f"{self.state_file} is damaged ({e}): pass --overwrite to start over") from None
+        if not trusted(was):  # (its pages may be lost in any order: no turn of it can be taken as it is)
+            raise GpubatchError(f"the LMDB being written in {self.db} was not synced (--sync end or off) and the "
+                                "machine restarted since: pass --overwrite to start over")
+        #: what state.json notes of this process's transactions where they are not synced: the machine's boot
+        #: (once a turn not synced went in, the state says so until the database is finished)
+        self.unsynced = unsynced_mark() or ({"unsynced": was} if was else {})
+        self.env = _env(self.db)
         entries = self.env.stat()["entries"]
         if entries > self.count:  # shard `next` went in, and the run was stopped before it could note it
             self.drained.append(spool_of(root, self.next))
@@ -219,7 +231,7 @@ class Turn:
             write_json(self.state_file, self._state())
 
     def _state(self) -> dict[str, Any]:
-        return {"next": self.next, "count": self.count, "history": self.history[-HISTORY:]}
+        return {"next": self.next, "count": self.count, "history": self.history[-HISTORY:], **self.unsynced}
 
     def _advance(self, records: int) -> None:
         t = time.perf_counter()
@@ -272,9 +284,11 @@ class Turn:
             self.drained.append(spool)
 
     def sync(self) -> None:
-        """The database synced (where a transaction went in), then the spools put in removed."""
+        """The database synced (where a transaction went in, and the run syncs as it goes), then the spools
+        put in removed."""
         if self.dirty:
-            self.env.sync(True)
+            if syncing():
+                self.env.sync(True)
             self.dirty = False
         for spool in self.drained:
             with contextlib.suppress(FileNotFoundError):
@@ -349,8 +363,7 @@ class LmdbSink(ShardSink):
     def _keep(self) -> None:
         """The spool made durable under its name, to wait for its turn."""
         f = self._spool()
-        f.flush()
-        os.fsync(f.fileno())
+        durable(f)
         f.close()
         os.replace(self.tmp, self.path)
         fsync_dir(self.path.parent)
@@ -401,7 +414,7 @@ def finalize(root: Path, shards: list[Any]) -> list[str]:
         need = needed_bytes(data)
         with open(data, "r+b") as f:  # (the map's length: cut to the last page, which is all a reader reads)
             f.truncate(need)
-            os.fsync(f.fileno())
+            durable(f)
         os.replace(data, root / "data.mdb")
         fsync_dir(root)
     shutil.rmtree(_folder(root), ignore_errors=True)

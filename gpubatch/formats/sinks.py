@@ -14,6 +14,9 @@ put their shards into the one database in shard order themselves (:mod:`.lmdb_si
 VOC, YOLO, the video and audio layouts) spool a shard's records into one file under
 ``.gpubatch/spool/``, and their finalize writes the dataset from the spools in shard order through the
 format's writer. Either way: the same files, names and bytes as one writer in one process would make.
+
+Under ``--sync end`` or ``off`` (the options' ``extra["sync"]``, taken by each sink for its process: see
+:mod:`gpubatch._commit`) nothing here is fsynced; the files and renames are the same.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._commit import PARTIAL, ShardFile, file_digest, fsync_dir  # noqa: F401 - the sinks' helpers
+from .._commit import PARTIAL, ShardFile, file_digest, fsync_dir, set_sync, syncing  # noqa: F401 - the sinks' helpers
 from ..types import DatasetInfo, Record, ShardResult, ShardTask
 
 #: gpubatch's own folder inside a staging folder: the run's journal and the spools (gone once finished)
@@ -42,6 +45,7 @@ class ShardSink(abc.ABC):
 
     def __init__(self, root: Path, task: ShardTask, info: DatasetInfo, options: Any):
         self.root, self.task, self.info, self.options = Path(root), task, info, options
+        set_sync((getattr(options, "extra", None) or {}).get("sync"))  # (this process's run's --sync)
         self.count = 0
         self.bytes = 0
         self.warnings: list[str] = []
@@ -188,7 +192,8 @@ class PartsSink(ShardSink):
         self.bytes += len(record.data)
 
     def commit(self) -> tuple[dict[str, list], dict[str, Any]]:
-        sync_filesystem(self.folder)
+        if syncing():
+            sync_filesystem(self.folder)
         fsync_dir(self.folder)
         return dict(self.written), {"parts": self.parts}
 

@@ -7,6 +7,11 @@ by the worker that committed a shard, once its files are in place (a :class:`~gp
 input range, counts, skipped records with reasons, output files with their digests). Each is written to a
 temporary name, fsynced and renamed: a journal entry is there whole or not at all, and a shard is done
 exactly when its entry is there.
+
+Under ``--sync end|off`` (nothing fsynced as the run goes) an entry also names the machine's boot
+(``unsynced``): in that boot the page cache holds what the shard wrote, whatever killed the run; in another
+the entry and its files may have reached the disk in any order, so the files' digests are read back and
+a shard whose files are not what its entry says (or that has no digests to say it) runs again.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..._commit import write_json
+from ..._commit import file_digest, trusted, unsynced_mark, write_json
 from ...errors import GpubatchError, UsageError
 from ...types import ShardResult
 
@@ -108,7 +113,7 @@ class Journal:
         entry = json.loads(json.dumps(result.as_dict()))
         if self.store is not None:
             self.store.publish_shard(self.stage, result.files)
-        write_json(self.entries / f"{result.index:06d}.json", entry)
+        write_json(self.entries / f"{result.index:06d}.json", {**entry, **unsynced_mark()})
         if self.store is not None:
             self.store.publish_entry(f"{result.index:06d}.json", entry)
         return ShardResult.from_dict(entry)
@@ -122,15 +127,16 @@ class Journal:
             self.store.listing(fresh=True)
         for task in tasks:  # (each task's own entry: a worker asking about its few reads no other)
             try:
-                result = ShardResult.from_dict(json.loads((self.entries / f"{task.index:06d}.json")
-                                                          .read_text(encoding="utf-8")))
-            except (OSError, ValueError, KeyError, TypeError, RecursionError):
+                doc = json.loads((self.entries / f"{task.index:06d}.json").read_text(encoding="utf-8"))
+                result = ShardResult.from_dict(doc)
+                whole = trusted(doc.get("unsynced"))  # (else its files' bytes are read back: the module's doc)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
                 continue
             if (task.index, task.name, task.start, task.stop) != (result.index, result.name, result.start,
-                                                                  result.stop):
-                continue
-            if all(_present(self.stage / name, meta) or (self.store is not None and isinstance(meta, list)
-                                                         and self.store.present(name, meta[0]))
+                                                                  result.stop) or not (whole or result.files):
+                continue  # (another shard's; or not synced, in another boot, with no files to check: LMDB's)
+            if all(_present(self.stage / name, meta, whole) or (self.store is not None and isinstance(meta, list)
+                                                                and self.store.present(name, meta[0]))
                    for name, meta in result.files.items()):
                 done[result.index] = result
         return done
@@ -150,8 +156,12 @@ class Journal:
         return [done[t.index] for t in tasks]
 
 
-def _present(path: Path, meta: Any) -> bool:
+def _present(path: Path, meta: Any, whole: bool = True) -> bool:
+    """Whether a committed file is there as its entry says: its size; where the entry was not synced in
+    another boot (not ``whole``), its bytes' digest too (a file without one is not taken)."""
     try:
-        return isinstance(meta, list) and path.stat().st_size == meta[0]
+        if not (isinstance(meta, list) and path.stat().st_size == meta[0]):
+            return False
+        return whole or (len(meta) > 1 and meta[1] is not None and file_digest(path) == meta[:2])
     except OSError:
         return False
