@@ -15,6 +15,7 @@ the sinks goes through :func:`durable` and :func:`fsync_dir`, which do nothing u
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -97,6 +98,30 @@ def trusted(mark: Any) -> bool:
     """Whether what a commit wrote can be taken as it was left: synced, or not synced but in this boot of
     the machine (the page cache holds what the disk may not)."""
     return mark is None or (mark != "unknown" and mark == boot_id())
+
+
+def sync_filesystem(path: Path) -> None:
+    """Make every file written under ``path``'s file system durable in one call (Linux ``syncfs``; else
+    ``sync``): a shard of many small files is committed without an fsync each."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        libc = _libc()
+        if libc is None or libc.syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return lib if hasattr(lib, "syncfs") else None
+    except OSError:
+        return None
 
 
 def fsync_dir(path: Path, final: bool = False) -> None:

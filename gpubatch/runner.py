@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ._commit import remove_tree, sweep_partials, sync_as, sync_mode
+from ._commit import remove_tree, sweep_partials, sync_as, sync_filesystem, sync_mode
 from ._paths import check_output, shared_stage, staged_output
 from ._remote import is_remote, local_url, shown
 from .engine.device import Device
@@ -28,7 +28,6 @@ from .errors import GpubatchError, RunStats, Terminated, UsageError
 from .formats import open_reader
 from .formats.base import JSON_FIELDS, MEMBERS, Reader, WriteOptions
 from .formats.manifest import manifest_classes, write_manifest
-from .formats.sinks import sync_filesystem
 from .types import IMAGE_EXTENSIONS, Media, Record, ShardResult
 
 PARAMS_FILE = "augment-params.jsonl"
@@ -277,6 +276,7 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
             if wall.get("released") is not None:  # (the last worker's word that it holds nothing of the run)
                 timings["workers released"] = round(wall["released"], 4)
             if parts is not None:  # this part's shards are committed: the dataset is finish's to make
+                journal.settle()  # (--sync end: this machine's share on disk)
                 return _part_summary(req, run, src_path, src_format, fmt, device, stats, journal, mine, todo, tasks,
                                      workers, strategy, summary_cls, usage, wall, timings, t_start, stage)
             # (a local run's own shards as its workers reported them: no second read of every entry and file;

@@ -22,7 +22,6 @@ Under ``--sync end`` or ``off`` (the options' ``extra["sync"]``, taken by each s
 from __future__ import annotations
 
 import abc
-import functools
 import os
 import pickle
 import shutil
@@ -30,7 +29,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._commit import PARTIAL, ShardFile, file_digest, fsync_dir, set_sync, syncing  # noqa: F401 - the sinks' helpers
+from .._commit import (  # noqa: F401 - the sinks' helpers
+    PARTIAL,
+    ShardFile,
+    file_digest,
+    fsync_dir,
+    set_sync,
+    sync_filesystem,
+    syncing,
+)
 from ..types import DatasetInfo, Record, ShardResult, ShardTask
 
 #: gpubatch's own folder inside a staging folder: the run's journal and the spools (gone once finished)
@@ -140,30 +147,6 @@ def clear_outside_run(root: Path) -> None:
             shutil.rmtree(p)
         else:
             p.unlink()
-
-
-def sync_filesystem(path: Path) -> None:
-    """Make every file written under ``path``'s file system durable in one call (Linux ``syncfs``; else
-    ``sync``): a shard of many small files is committed without an fsync each."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        libc = _libc()
-        if libc is None or libc.syncfs(fd) != 0:
-            os.sync()
-    finally:
-        os.close(fd)
-
-
-@functools.lru_cache(maxsize=1)
-def _libc() -> Any:
-    import ctypes
-    import ctypes.util
-
-    try:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return lib if hasattr(lib, "syncfs") else None
-    except OSError:
-        return None
 
 
 class PartsSink(ShardSink):

@@ -181,3 +181,81 @@ def test_a_resume_may_take_another_sync_mode(imagenet, tmp_path, monkeypatch):
     s = convert(imagenet, tmp_path / "out", resume=True, sync="shard", **kw)
     assert [w for w in s.warnings if w.startswith("--resume:")], s.warnings
     assert digest(tmp_path / "out") == digest(tmp_path / "whole")
+
+
+def test_end_syncs_the_dataset_once_before_it_appears_also_when_finish_makes_it(imagenet, tmp_path, monkeypatch):
+    import gpubatch.runner as runner
+    from gpubatch.api import finish
+
+    seen: list[tuple[bool, bool]] = []
+    real = runner.sync_filesystem
+
+    def sync_filesystem(path):  # (what the dataset's folders hold when the run syncs)
+        seen.append(((Path(path) / "gpubatch.json").is_file(), (tmp_path / "out").exists()))
+        real(path)
+
+    monkeypatch.setattr(runner, "sync_filesystem", sync_filesystem)
+    convert(imagenet, tmp_path / "out", to="webdataset", shard_size=5, workers=2, sync="end")
+    assert seen == [(True, False)]  # (once: the manifest written, DST not there yet)
+    seen.clear()
+    for part in (0, 1):
+        convert(imagenet, tmp_path / "parts", to="webdataset", shard_size=5, workers=2, sync="end", num_parts=2,
+                part=part)
+    assert seen == []  # (the parts' shards: synced by the finish that makes the dataset)
+    finish(tmp_path / "parts")
+    assert len(seen) == 1 and seen[0][0]
+    assert digest(tmp_path / "parts") == digest(tmp_path / "out")
+
+
+def _reboot(stage: Path) -> None:
+    """What the staging folder says after a restart of the machine that wrote it (its boot is another)."""
+    for e in _entries(stage):
+        e.write_text(json.dumps({**json.loads(e.read_text()), "unsynced": "another-boot"}))
+    for note in (stage / ".gpubatch" / "synced").glob("*.json"):
+        note.write_text(json.dumps({**json.loads(note.read_text()), "boot": "another-boot"}))
+
+
+@pytest.mark.parametrize("settled", [True, False])
+def test_a_part_synced_at_its_end_is_taken_by_its_sizes_in_another_boot(imagenet, tmp_path, monkeypatch, settled):
+    """A part under ``--sync end`` syncs its machine's share at its end and notes it: ``finish`` in another
+    boot takes those shards as committed without reading them back; without the note it reads them back."""
+    from gpubatch.api import finish
+    from gpubatch.engine.execute import journal
+
+    kw = {"to": "webdataset", "shard_size": 5, "workers": 2, "sync": "end", "num_parts": 1, "part": 0}
+    convert(imagenet, tmp_path / "out", **kw)
+    stage = tmp_path / ".out.gpubatch-partial"
+    notes = list((stage / ".gpubatch" / "synced").glob("*.json"))
+    assert len(notes) == 1
+    assert sorted(json.loads(notes[0].read_text())["shards"]) == list(range(len(_entries(stage))))
+    _reboot(stage)
+    if not settled:
+        notes[0].unlink()
+    files = sum(len(json.loads(e.read_text())["files"]) for e in _entries(stage))  # (a .tar and an .idx a shard)
+    read: list[Path] = []
+    real = journal.file_digest
+    monkeypatch.setattr(journal, "file_digest", lambda path: (read.append(path), real(path))[1])
+    finish(tmp_path / "out")
+    assert len(read) == (0 if settled else files) and files >= 2 * 10
+    convert(imagenet, tmp_path / "whole", to="webdataset", shard_size=5)
+    assert digest(tmp_path / "out") == digest(tmp_path / "whole")
+
+
+def test_ray_actors_sync_their_share_under_end(imagenet, tmp_path):
+    """Under ``--sync end`` each Ray actor that wrote shards syncs its node's file system once every task is
+    done and notes it (a part's driver notes its own as well)."""
+    ray = pytest.importorskip("ray", reason="the [ray] extra is not installed (make test installs it)")
+    here = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    finally:
+        os.chdir(here)
+    try:
+        convert(imagenet, tmp_path / "out", to="webdataset", shard_size=5, sync="end", executor="ray", num_parts=1,
+                part=0)
+    finally:
+        ray.shutdown()
+    notes = list((tmp_path / ".out.gpubatch-partial" / ".gpubatch" / "synced").glob("*.json"))
+    writers = {n.name.split(".json.")[1].split("-")[0] for n in notes}
+    assert str(os.getpid()) in writers and len(writers) >= 2, writers  # (the driver, and an actor at least)

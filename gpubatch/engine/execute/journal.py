@@ -11,7 +11,10 @@ exactly when its entry is there.
 Under ``--sync end|off`` (nothing fsynced as the run goes) an entry also names the machine's boot
 (``unsynced``): in that boot the page cache holds what the shard wrote, whatever killed the run; in another
 the entry and its files may have reached the disk in any order, so the files' digests are read back and
-a shard whose files are not what its entry says (or that has no digests to say it) runs again.
+a shard whose files are not what its entry says (or that has no digests to say it) runs again. Under
+``--sync end`` a machine's share of a run that ends before the dataset is made (a part, a Ray actor)
+syncs its file system, then names the entries it synced in ``.gpubatch/synced/`` (:meth:`Journal.settle`):
+those are taken by their sizes in any boot.
 """
 
 from __future__ import annotations
@@ -22,7 +25,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..._commit import file_digest, trusted, unsynced_mark, write_json
+from ..._commit import (
+    boot_id,
+    file_digest,
+    partial_name,
+    sync_as,
+    sync_filesystem,
+    sync_mode,
+    trusted,
+    unsynced_mark,
+    write_json,
+)
 from ...errors import GpubatchError, UsageError
 from ...types import ShardResult
 
@@ -125,11 +138,13 @@ class Journal:
         done: dict[int, ShardResult] = {}
         if self.store is not None:  # (what the store holds now: listed once)
             self.store.listing(fresh=True)
+        settled = self._settled()
         for task in tasks:  # (each task's own entry: a worker asking about its few reads no other)
             try:
                 doc = json.loads((self.entries / f"{task.index:06d}.json").read_text(encoding="utf-8"))
                 result = ShardResult.from_dict(doc)
-                whole = trusted(doc.get("unsynced"))  # (else its files' bytes are read back: the module's doc)
+                mark = doc.get("unsynced")  # (where not trusted, its files' bytes are read back: the module's doc)
+                whole = trusted(mark) or (mark, task.index) in settled
             except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
                 continue
             if (task.index, task.name, task.start, task.stop) != (result.index, result.name, result.start,
@@ -140,6 +155,39 @@ class Journal:
                    for name, meta in result.files.items()):
                 done[result.index] = result
         return done
+
+    def settle(self) -> None:
+        """Under ``--sync end``, where this machine's share of the run ends before the dataset is made (a part,
+        a Ray actor): the entries of this boot listed, the file system synced, then a note naming them
+        (``synced/``, one a process: several may settle at once), so that a resume in another boot takes
+        them by their sizes. Nothing elsewhere: under ``shard`` each is synced already, under ``off`` none is."""
+        boot = boot_id()
+        if sync_mode() != "end" or boot is None or not self.entries.is_dir():
+            return
+        mine = []
+        for path in sorted(self.entries.glob("*.json")):
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+                if doc.get("unsynced") == boot:
+                    mine.append(int(doc["index"]))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+                continue
+        sync_filesystem(self.stage)
+        if mine:
+            with sync_as("shard"):  # (the note itself durable before it counts)
+                write_json(partial_name(self.dir / "synced" / f"{boot}.json").with_suffix(".json"),
+                           {"boot": boot, "shards": mine})
+
+    def _settled(self) -> set[tuple[str, int]]:
+        """(boot, shard index) of every entry a :meth:`settle` note names."""
+        out: set[tuple[str, int]] = set()
+        for path in (self.dir / "synced").glob("*.json") if (self.dir / "synced").is_dir() else ():
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+                out.update((str(doc["boot"]), int(i)) for i in doc["shards"])
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+                continue
+        return out
 
     def results(self, tasks: list[Any], known: dict[int, ShardResult] | None = None) -> list[ShardResult]:
         """Every task's result, in shard order (all must be committed). ``known``: results this process

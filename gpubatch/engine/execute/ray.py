@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..._commit import sync_mode
 from ...errors import GpubatchError, RecordFailed, UsageError
 from ...types import ShardResult, ShardTask
 from .journal import Journal
@@ -79,6 +80,11 @@ class ShardActor:
         if todo:
             self.unit.run(self.reader, iter(todo), lambda t: ShardWriting(t, self.ctx, None), results.append)
         return sorted(results, key=lambda r: r.index)
+
+    def settle(self) -> None:
+        """Under ``--sync end``, once every task is done: this node's share of the run on disk (the driver's
+        sync at the end reaches its own machine's file system only)."""
+        Journal(self.ctx.stage).settle()
 
     def close(self) -> None:
         for part in (self.unit, self.reader):
@@ -180,6 +186,8 @@ def run_tasks(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], worke
                 on_progress(sum(t.stop - t.start for t in batch) * outputs)
             idle_since = time.perf_counter()
             hand(actor)
+        if sync_mode() == "end":  # (every node's share synced before the driver makes the dataset)
+            ray.get([a.settle.remote() for a in handles])
     finally:
         try:  # (a GPU unit's reader processes and CUDA context closed, as a local worker's are)
             ray.get([a.close.remote() for a in handles], timeout=60)
