@@ -501,9 +501,16 @@ def job_audio(a, tmp: Path) -> dict:
                              "--device", dev, "--overwrite", "--json"), a.repeats)
         out[dev] = {"clips_per_s": rate(n, res), "runs": res["runs"], "after_first_shard_clips_per_s":
                     after_first_shard(n, res["summary"]), **slim(res["summary"])}
+    for mode in [m for m in a.sync.split(",") if m != "shard"] if a.gpu else []:  # (--sync: the GPU path)
+        res = timed(gpubatch("convert", str(data), str(tmp / "audio-gpu"), "--to", "webdataset", *chain,
+                             "--device", "gpu", "--sync", mode, "--overwrite", "--json"), a.repeats)
+        out[f"gpu --sync {mode}"] = {"clips_per_s": rate(n, res), "runs": res["runs"], **slim(res["summary"])}
     if a.gpu:
         out["audio_pipeline_clips_per_s"] = audio_pipeline(data)
         out["ratio_gpu_to_pipeline"] = ratio(out["gpu"]["clips_per_s"], out["audio_pipeline_clips_per_s"])
+        for mode in [m for m in a.sync.split(",") if m != "shard"]:
+            out[f"ratio_gpu_sync_{mode}_to_pipeline"] = ratio(out[f"gpu --sync {mode}"]["clips_per_s"],
+                                                              out["audio_pipeline_clips_per_s"])
         # the pipeline's figure leaves out its start (a warm pass): the unit's rate once its first shard is in
         out["ratio_after_first_shard_to_pipeline"] = ratio(out["gpu"]["after_first_shard_clips_per_s"] or 0,
                                                            out["audio_pipeline_clips_per_s"])
@@ -626,7 +633,8 @@ def main() -> None:
     ap.add_argument("--gpu-only", action="store_true",
                     help="audio and video: the GPU path and its baseline alone (for large sets, where the CPU path takes minutes)")
     ap.add_argument("--sync", default="shard",
-                    help="pass-through: the --sync modes to run gpubatch in, comma-separated (shard, end, off)")
+                    help="pass-through (and audio's GPU path): the --sync modes to run gpubatch in, comma-separated "
+                         "(shard, end, off)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     a.cpu_images = a.cpu_images or a.images

@@ -702,3 +702,23 @@ def test_offcpu_sums_each_task_s_time_away_by_its_state_and_kernel_stack():
     seconds, times = offcpu.off_cpu(lines)
     assert seconds == {("D", "io_schedule < folio_wait_writeback"): 0.75, ("S", "futex_do_wait"): 0.25}
     assert times[("D", "io_schedule < folio_wait_writeback")] == 2 and len(times) == 2
+
+
+def test_bench_convert_runs_the_pass_through_in_each_sync_mode_beside_the_loop(tmp_path):
+    """benchmarks/bench_convert.py's pass-through job (the targets' command) on a few images: each format in each
+    --sync mode asked for, with its ratio to the tarfile loop measured in the same call."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "pt.json"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_convert.py"), "--images", "64", "--only",
+                        "pass-through", "--repeats", "1", "--sync", "shard,off", "--data-root", str(tmp_path / "data"),
+                        "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    job = json.loads(out.read_text())["jobs"]["pass-through"]
+    assert job["records"] == 64 and job["tarfile_loop_records_per_s"] > 0
+    for fmt in ("webdataset", "tfrecord", "recordio", "lmdb"):
+        for key in (fmt, f"{fmt} --sync off"):
+            assert job[key]["records_out"] == 64 and job[key]["ratio"] > 0, key
