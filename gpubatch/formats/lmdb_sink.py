@@ -5,7 +5,8 @@ memory as it makes them (past :data:`HOLD` bytes, it frames them into a spool fi
 record's key, the Datum). At the shard's commit, under the database's lock (``.gpubatch/lmdb/turn.lock``),
 the shard whose turn it is (every shard before it is in the database) goes in as one transaction,
 followed by the spools of the shards after it that came early and wait; a shard that comes before its
-turn is fsynced and renamed as a spool and waits there. The lock is held for the copies alone: the pages
+turn waits for it in memory for a while (:data:`TURN_WAIT_S`; its worker goes on with its next shard),
+then, if its turn has not come, is fsynced and renamed as a spool and waits there. The lock is held for the copies alone: the pages
 a transaction will take are faulted in before it (:func:`prefault`), and the database is synced after
 it (:meth:`Turn.sync`), each worker its own, before its commit ends. A record's key (``%08d_<key>``)
 takes its index from the records in the database before it. The same transactions in the same order
@@ -54,6 +55,13 @@ HOLD = 32 << 20
 HISTORY = 256
 #: as far as 10^8 records keys are appended (full pages, no search): their 8 digits sort in record order
 APPEND_UNTIL = 10**8
+#: how long a shard that comes before its turn waits for it, outside the lock (its worker going on with its
+#: next shard meanwhile), before it is spooled instead: twice the time the shard took to make, within these
+#: bounds (seconds). Spooled, it is written to disk and read back under the lock by the worker whose turn
+#: it is, and two workers once out of step stay so: a pass-through of 16,384 JPEGs on the 2-core CI machine
+#: (``--sync off``) spooled 39-41 of its 64 shards and took 2.33-2.38 s in such runs, against 1.8-1.9 s in step
+#: (RESULTS.md, 2026-12-05)
+TURN_WAIT_S = (0.5, 30.0)
 
 _ENVS: dict[tuple[int, str], Any] = {}  # this process's open databases (an LMDB is opened once a process)
 _BUFFER: dict[int, memoryview] = {}  # this process's buffer for prefault's reads
@@ -333,6 +341,7 @@ class LmdbSink(ShardSink):
         self.held: list[tuple[bytes, bytes]] = []  # (key, Datum): the records not spooled
         self.held_bytes = 0
         self.f: Any = None  # the spool, opened where the held records pass HOLD bytes
+        self.started = time.perf_counter()  # (how long a shard waits for its turn: TURN_WAIT_S)
 
     def _spool(self) -> Any:
         """The spool (opened at the first call), the records held so far written into it."""
@@ -360,6 +369,25 @@ class LmdbSink(ShardSink):
         self.count += 1
         self.bytes += len(data)
 
+    def _await_turn(self) -> float:
+        """Wait, outside the lock, for the shards before this one to go in (``state.json``'s next shard, read
+        as it changes), at most :data:`TURN_WAIT_S` says: the seconds waited."""
+        t0 = time.perf_counter()
+        limit = min(TURN_WAIT_S[1], max(TURN_WAIT_S[0], 2 * (t0 - self.started)))
+        state, pause = _folder(self.root) / "state.json", 0.001
+        while time.perf_counter() - t0 < limit:
+            try:
+                nxt = int(json.loads(state.read_text(encoding="utf-8"))["next"])
+            except FileNotFoundError:
+                nxt = 0
+            except (OSError, ValueError, KeyError, TypeError):  # (the turn says what is wrong, in one line)
+                break
+            if nxt >= self.task.index:
+                break
+            time.sleep(pause)
+            pause = min(2 * pause, 0.005)
+        return time.perf_counter() - t0
+
     def _keep(self) -> None:
         """The spool made durable under its name, to wait for its turn."""
         f = self._spool()
@@ -377,6 +405,7 @@ class LmdbSink(ShardSink):
         t0 = time.perf_counter()
         prefault(self.root, self.task.index, self.bytes, self.count)
         prefaulted = time.perf_counter() - t0
+        waited = self._await_turn()
         with turn(self.root) as t:
             if t.next == self.task.index:
                 t.put(self.tmp if self.f is not None else None, self.held)
@@ -386,7 +415,7 @@ class LmdbSink(ShardSink):
                 self.abort()
             else:
                 self._keep()
-        self.timings = {"lmdb: prefault": prefaulted, **t.times}
+        self.timings = {"lmdb: prefault": prefaulted, "lmdb: waiting for its turn": waited, **t.times}
         return {}, {}
 
     def abort(self) -> None:

@@ -284,6 +284,47 @@ def test_an_lmdb_that_lost_its_last_transactions_with_the_machine_goes_back_to_t
     assert [(r.key, r.data, r.label) for r in got] == [(r.key, r.data, r.label) for r in records]
 
 
+@pytest.mark.parametrize("turn_comes", [True, False])
+def test_an_lmdb_shard_that_comes_early_waits_for_its_turn_before_it_spools(tmp_path, monkeypatch, turn_comes):
+    """Shard 1 done before shard 0: it waits for its turn (its worker's commit thread, outside the lock), and
+    goes in from memory once shard 0 is in; where its turn does not come in time it is spooled, as before. The
+    database is the same either way."""
+    import threading
+
+    from gpubatch.formats import lmdb_sink
+    from gpubatch.formats.lmdb import LmdbReader
+    from gpubatch.types import DatasetInfo, Record, ShardTask
+
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    records = [Record(key=f"r{i}", data=b"\xff\xd8" + bytes([i]) * 3000 + b"\xff\xd9", label=i % 3) for i in range(6)]
+    tasks = [ShardTask(k, 3 * k, 3 * k + 3, f"part-{k:05d}") for k in range(2)]
+    kept: list[int] = []
+    real_keep = lmdb_sink.LmdbSink._keep
+    monkeypatch.setattr(lmdb_sink.LmdbSink, "_keep", lambda self: (kept.append(self.task.index), real_keep(self))[1])
+    monkeypatch.setattr(lmdb_sink, "TURN_WAIT_S", (5.0, 5.0) if turn_comes else (0.05, 0.05))
+
+    def shard(index: int) -> lmdb_sink.LmdbSink:
+        sink = lmdb_sink.LmdbSink(stage, tasks[index], DatasetInfo(), None)
+        for r in records[3 * index : 3 * index + 3]:
+            sink.write(r)
+        return sink
+
+    early = shard(1)
+    later = threading.Thread(target=early.commit)
+    later.start()
+    time.sleep(0.3)
+    shard(0).commit()
+    later.join(10)
+    assert kept == ([] if turn_comes else [1])
+    waited = early.timings["lmdb: waiting for its turn"]
+    assert (0.2 < waited < 5.0) if turn_comes else waited < 0.3
+    lmdb_sink.finalize(stage, tasks)
+    with LmdbReader(stage) as reader:
+        got = [reader.read(e) for e in reader.entries()]
+    assert [(r.key, r.data, r.label) for r in got] == [(r.key, r.data, r.label) for r in records]
+
+
 def test_lmdb_shards_held_in_memory_or_spooled_and_prefaulted_or_not_make_the_same_file(imagenet, tmp_path,
                                                                                        monkeypatch):
     from gpubatch.formats import lmdb_sink
