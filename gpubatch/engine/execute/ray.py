@@ -187,7 +187,10 @@ def run_tasks(ctx: RunContext, strategy: Strategy, tasks: list[ShardTask], worke
             idle_since = time.perf_counter()
             hand(actor)
         if sync_mode() == "end":  # (every node's share synced before the driver makes the dataset)
-            ray.get([a.settle.remote() for a in handles])
+            try:
+                ray.get([a.settle.remote() for a in handles])
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
+                raise GpubatchError(f"--sync end: a Ray actor failed to sync its node's shards: {e}") from None
     finally:
         try:  # (a GPU unit's reader processes and CUDA context closed, as a local worker's are)
             ray.get([a.close.remote() for a in handles], timeout=60)
