@@ -259,3 +259,26 @@ def test_ray_actors_sync_their_share_under_end(imagenet, tmp_path):
     notes = list((tmp_path / ".out.gpubatch-partial" / ".gpubatch" / "synced").glob("*.json"))
     writers = {n.name.split(".json.")[1].split("-")[0] for n in notes}
     assert str(os.getpid()) in writers and len(writers) >= 2, writers  # (the driver, and an actor at least)
+
+
+def test_a_ray_actor_that_cannot_sync_its_share_is_the_run_s_one_line_error(imagenet, tmp_path):
+    import shutil
+
+    ray = pytest.importorskip("ray", reason="the [ray] extra is not installed (make test installs it)")
+    kw = {"to": "webdataset", "shard_size": 5, "sync": "end", "num_parts": 2}
+    convert(imagenet, tmp_path / "out", part=0, **kw)  # (the shared staging folder and its journal)
+    synced = tmp_path / ".out.gpubatch-partial" / ".gpubatch" / "synced"
+    shutil.rmtree(synced)
+    synced.write_text("")  # (a file where the notes go: an actor's settle fails)
+    here = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    finally:
+        os.chdir(here)
+    try:
+        with pytest.raises(GpubatchError, match=r"^sync end: a Ray actor failed to sync its node's shards: ") as e:
+            convert(imagenet, tmp_path / "out", part=1, executor="ray", **kw)
+    finally:
+        ray.shutdown()
+    assert "Traceback" not in str(e.value).splitlines()[0]
