@@ -241,9 +241,9 @@ def test_a_part_synced_at_its_end_is_taken_by_its_sizes_in_another_boot(imagenet
     assert digest(tmp_path / "out") == digest(tmp_path / "whole")
 
 
-def test_ray_actors_sync_their_share_under_end(imagenet, tmp_path):
-    """Under ``--sync end`` each Ray actor that wrote shards syncs its node's file system once every task is
-    done and notes it (a part's driver notes its own as well)."""
+@pytest.fixture
+def ray_here():
+    """A local Ray of 2 CPUs for the test, started from the checkout (its workers import gpubatch from there)."""
     ray = pytest.importorskip("ray", reason="the [ray] extra is not installed (make test installs it)")
     here = os.getcwd()
     os.chdir(ROOT)
@@ -251,34 +251,28 @@ def test_ray_actors_sync_their_share_under_end(imagenet, tmp_path):
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     finally:
         os.chdir(here)
-    try:
-        convert(imagenet, tmp_path / "out", to="webdataset", shard_size=5, sync="end", executor="ray", num_parts=1,
-                part=0)
-    finally:
-        ray.shutdown()
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_actors_sync_their_share_under_end(imagenet, tmp_path, ray_here):
+    """Under ``--sync end`` each Ray actor that wrote shards syncs its node's file system once every task is
+    done and notes it (a part's driver notes its own as well)."""
+    convert(imagenet, tmp_path / "out", to="webdataset", shard_size=5, sync="end", executor="ray", num_parts=1,
+            part=0)
     notes = list((tmp_path / ".out.gpubatch-partial" / ".gpubatch" / "synced").glob("*.json"))
     writers = {n.name.split(".json.")[1].split("-")[0] for n in notes}
     assert str(os.getpid()) in writers and len(writers) >= 2, writers  # (the driver, and an actor at least)
 
 
-def test_a_ray_actor_that_cannot_sync_its_share_is_the_run_s_one_line_error(imagenet, tmp_path):
+def test_a_ray_actor_that_cannot_sync_its_share_is_the_run_s_one_line_error(imagenet, tmp_path, ray_here):
     import shutil
 
-    ray = pytest.importorskip("ray", reason="the [ray] extra is not installed (make test installs it)")
     kw = {"to": "webdataset", "shard_size": 5, "sync": "end", "num_parts": 2}
     convert(imagenet, tmp_path / "out", part=0, **kw)  # (the shared staging folder and its journal)
     synced = tmp_path / ".out.gpubatch-partial" / ".gpubatch" / "synced"
     shutil.rmtree(synced)
     synced.write_text("")  # (a file where the notes go: an actor's settle fails)
-    here = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    finally:
-        os.chdir(here)
-    try:
-        with pytest.raises(GpubatchError, match=r"^sync end: a Ray actor failed to sync its node's shards: ") as e:
-            convert(imagenet, tmp_path / "out", part=1, executor="ray", **kw)
-    finally:
-        ray.shutdown()
+    with pytest.raises(GpubatchError, match=r"^sync end: a Ray actor failed to sync its node's shards: ") as e:
+        convert(imagenet, tmp_path / "out", part=1, executor="ray", **kw)
     assert "Traceback" not in str(e.value).splitlines()[0]
