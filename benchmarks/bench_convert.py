@@ -496,19 +496,18 @@ def job_audio(a, tmp: Path) -> dict:
     n = count_files(data, "*.flac")
     chain = ["--sample-rate", "16000", "--mono", "--duration", "30", "--features", "log-mel(n_mels=80)"]
     out: dict = {"clips": n}
-    for dev in (["gpu"] if a.gpu_only else ["gpu", "cpu"]) if a.gpu else ["cpu"]:
+    others = [m for m in a.sync.split(",") if m != "shard"] if a.gpu else []  # (--sync: the GPU path's modes)
+    runs = [(dev, "shard") for dev in ((["gpu"] if a.gpu_only else ["gpu", "cpu"]) if a.gpu else ["cpu"])]
+    for dev, mode in runs + [("gpu", m) for m in others]:
         res = timed(gpubatch("convert", str(data), str(tmp / f"audio-{dev}"), "--to", "webdataset", *chain,
-                             "--device", dev, "--overwrite", "--json"), a.repeats)
-        out[dev] = {"clips_per_s": rate(n, res), "runs": res["runs"], "after_first_shard_clips_per_s":
-                    after_first_shard(n, res["summary"]), **slim(res["summary"])}
-    for mode in [m for m in a.sync.split(",") if m != "shard"] if a.gpu else []:  # (--sync: the GPU path)
-        res = timed(gpubatch("convert", str(data), str(tmp / "audio-gpu"), "--to", "webdataset", *chain,
-                             "--device", "gpu", "--sync", mode, "--overwrite", "--json"), a.repeats)
-        out[f"gpu --sync {mode}"] = {"clips_per_s": rate(n, res), "runs": res["runs"], **slim(res["summary"])}
+                             "--device", dev, "--sync", mode, "--overwrite", "--json"), a.repeats)
+        out[dev if mode == "shard" else f"{dev} --sync {mode}"] = {
+            "clips_per_s": rate(n, res), "runs": res["runs"],
+            "after_first_shard_clips_per_s": after_first_shard(n, res["summary"]), **slim(res["summary"])}
     if a.gpu:
         out["audio_pipeline_clips_per_s"] = audio_pipeline(data)
         out["ratio_gpu_to_pipeline"] = ratio(out["gpu"]["clips_per_s"], out["audio_pipeline_clips_per_s"])
-        for mode in [m for m in a.sync.split(",") if m != "shard"]:
+        for mode in others:
             out[f"ratio_gpu_sync_{mode}_to_pipeline"] = ratio(out[f"gpu --sync {mode}"]["clips_per_s"],
                                                               out["audio_pipeline_clips_per_s"])
         # the pipeline's figure leaves out its start (a warm pass): the unit's rate once its first shard is in

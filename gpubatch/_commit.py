@@ -279,6 +279,14 @@ def file_digest(path: Path) -> list:
         return stream_digest(f)
 
 
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` at ``path`` in place, fsynced where the run syncs as it goes (:func:`durable`): a
+    dataset-wide file that finalize writes into the staging folder, renamed into place whole with it."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        durable(f)
+
+
 def write_json(path: Path, doc: Any) -> None:
     """Write ``doc`` as JSON at ``path``: to a temporary name, fsynced (:func:`durable`), then renamed into place."""
     path = Path(path)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._commit import durable
+from .._commit import write_text
 from .._paths import read_regular
 from ..types import ClassNames, class_table
 
@@ -120,7 +120,5 @@ def write_manifest(root: Path, content: dict[str, Any]) -> Path:
         content["errors"] = errors[:MAX_LISTED_ERRORS]
         content["errors_not_listed"] = len(errors) - MAX_LISTED_ERRORS
     out = Path(root) / MANIFEST_NAME
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(json.dumps(content, indent=2, sort_keys=False) + "\n")
-        durable(f)  # (fsynced under --sync shard; --sync end syncs the whole dataset after it)
+    write_text(out, json.dumps(content, indent=2, sort_keys=False) + "\n")  # (--sync end: synced after it)
     return out

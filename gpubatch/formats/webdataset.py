@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .._commit import durable
+from .._commit import write_text
 from .._paths import MAX_RECORD_BYTES, read_head, safe_relpath, source_files, source_root
 from ..errors import FormatError
 from ..types import (
@@ -593,6 +593,4 @@ def write_wids_index(root: Path, shards: list[Any], name: str) -> None:
         rows.append({"url": shard.name, "nsamples": int(shard.extra.get("samples", shard.counts.get("records_out", 0))),
                      "filesize": int(size)})
     doc = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": name, "shardlist": rows}
-    with open(Path(root) / WIDS_INDEX, "w", encoding="utf-8") as f:
-        f.write(json.dumps(doc, indent=1) + "\n")
-        durable(f)
+    write_text(Path(root) / WIDS_INDEX, json.dumps(doc, indent=1) + "\n")
