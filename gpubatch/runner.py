@@ -252,7 +252,8 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
             todo = [t for t in mine if t.index not in done]
             if strategy.gpu:  # the unit's processes a GPU (one for audio and video under a cap: their plans')
                 records = sum(t.stop - t.start for t in todo)
-                ctx = dataclasses.replace(ctx, gpu_procs=ahead_of_run.gpu_procs(req, strategy, records), on_gpu=True)
+                ctx = dataclasses.replace(ctx, gpu_procs=ahead_of_run.gpu_procs(req, strategy, records,
+                                                                                len(device.indexes)), on_gpu=True)
             if run.finish and todo:
                 raise GpubatchError(_not_finished(todo, tasks, journal))
             workers = strategy.workers(ctx, len(todo), req.workers)

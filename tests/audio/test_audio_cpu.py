@@ -722,11 +722,14 @@ def test_the_batched_window_is_what_crop_and_shift_do_record_by_record():
         assert np.array_equal(g, _shift(r, s, np).samples)
 
 
-def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path):
+@pytest.mark.parametrize("prestarted", [False, True])
+def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path, prestarted):
     """The GPU audio unit's feed (host code, run here without a GPU): the records of a worker's tasks read
     and decoded in processes of their own, each entry's outputs in order with its task's shard (made in
     task order, an empty task's too), what the processes counted added to that shard's stats; a corrupt
-    record comes back as its error in its place; a batch never spans two shards."""
+    record comes back as its error in its place; a batch never spans two shards. The same from processes a
+    worker's boot forked before its run came (``prestarted``: ``gpu.feed_start``, kind "audio"), each given
+    the run's reader and plan as its first task."""
     import functools
     import os
     import subprocess
@@ -771,7 +774,12 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path):
         return [n for n in (os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else [])
                 if n.startswith(f"{_SHM_PREFIX}{os.getpid()}-")]
 
+    from gpubatch.engine.gpu import feed_start
+
+    if prestarted:
+        feed_start.prestart(2, "audio")
     decoders = RecordDecoders(ctx, 2, chunk=3)
+    assert decoders.prestarted == prestarted and not feed_start._PRESTARTED
     try:
         got = list(decoders.outputs(tasks, make))
         kinds = {type(o[1].samples).__name__ for _, outs, _ in got for o in outs if isinstance(o, tuple)}

@@ -18,6 +18,7 @@ from gpubatch.engine.execute.worker import RunContext
 from gpubatch.engine.gpu import start
 from gpubatch.engine.gpu.chain import kernels_needed
 from gpubatch.engine.plan import Plan
+from gpubatch.engine.processes import cores
 from gpubatch.engine.settings import Settings
 from gpubatch.engine.spec import parse_chain
 from tests.helpers import ROOT, all_ended
@@ -31,7 +32,7 @@ def _ctx(plan: Plan | None = None, **more) -> RunContext:
 
 def test_each_gpu_strategy_names_a_start_its_workers_begin_first():
     assert {s.name: s.start for (_, dev), s in TABLE.items() if dev == "gpu"} == {"gpu-image": "image", "gpu-video": "context",
-                                                    "gpu-audio": "context"}
+                                                    "gpu-audio": "audio"}
     assert TABLE[("*", "cpu")].start == ""
     image = start.early("image", _ctx())
     assert image.hw > 0 and image.sync and image.library
@@ -41,8 +42,12 @@ def test_each_gpu_strategy_names_a_start_its_workers_begin_first():
     assert image.reserve == 0  # one process on the GPU: the hardware decoder's thread gets a core
     assert start.early("image", _ctx(gpu_procs=2)).reserve is None  # shared: no core taken
     context = start.early("context", _ctx())
-    assert (context.hw, context.kernels, context.sync, context.library) == (0, (), False, False)
+    assert (context.hw, context.kernels, context.sync, context.library, context.decoders) == (0, (), False, False, 0)
     assert start.early("context", _ctx(gpu_memory="1GiB")) is None  # a capped run measures the context it makes
+    audio = start.early("audio", _ctx(gpu_procs=2))  # the context, and its share of the cores' decoding processes
+    assert (audio.hw, audio.sync, audio.library, audio.host) == (0, False, False, 0)
+    assert audio.decoders == start.audio_decoders(2) == max(1, cores() // 2 - 1)
+    assert start.early("audio", _ctx(gpu_memory="1GiB")) is None
     assert start.early("", _ctx()) is None
 
 
@@ -95,6 +100,29 @@ def test_a_booted_start_hands_its_reservation_over_once():
     finally:
         start.kernels_ready(7)
         start._STARTS.pop(7, None)
+
+
+def test_an_audio_workers_boot_forks_its_decoding_processes_first():
+    """An audio run's worker (``Early.decoders``) forks its decoding processes at its boot, before the GPU's start:
+    kept for its unit (``feed_start``, kind "audio"), ended at once where no unit takes them."""
+    from gpubatch.engine.gpu import feed_start
+
+    if 9 in start._STARTS:  # pragma: no cover - (the index is this test's)
+        pytest.skip("device 9's start is taken")
+    start.boot(start.Early(9, Settings(), 0, (), sync=False, library=False, decoders=2), readers=True)
+    try:
+        assert [(kind, n) for kind, _, _, n in feed_start._PRESTARTED] == [("audio", 2)]
+        procs = list(feed_start._PRESTARTED[0][1]._processes.values())
+        assert len(procs) == 2
+        assert feed_start.taken(3, (None,), "audio") is None and not feed_start._PRESTARTED  # (not as many: ended)
+        for p in procs:
+            p.join(30)
+        assert all_ended(procs)
+    finally:
+        feed_start.close(now=True)
+        start.kernels_ready(9)
+        start._STARTS.pop(9, None)
+        start._BOOTED.pop(9, None)
 
 
 def test_a_start_that_cannot_make_its_instances_ends_and_leaves_nothing_to_wait_for():
@@ -194,7 +222,29 @@ def test_a_long_image_run_takes_a_second_process_a_gpu_unless_told_otherwise():
     assert _gpu_procs(req(gpu_procs=1), image, 10 * at) == 1 and _gpu_procs(req(gpu_procs=3), image, 1) == 3
     assert _gpu_procs(req(gpu_memory="1GiB"), image, 10 * at) == 1
     assert _gpu_procs(req(executor="ray"), image, 10 * at) == 1
-    assert _gpu_procs(req(), audio, 10 * at) == 1
+    assert _gpu_procs(req(), audio, 10 * at) == (2 if cores() >= 8 else 1)
+
+
+@pytest.mark.parametrize("have, gpus, want", [(16, 1, 2), (16, 2, 2), (16, 3, 1), (8, 1, 2), (7, 1, 1), (2, 1, 1)])
+def test_an_audio_run_takes_two_processes_a_gpu_on_a_host_of_8_cores_a_gpu(monkeypatch, have, gpus, want):
+    """``--gpu-procs`` unset: a GPU audio run takes two processes a GPU where the host has 8 cores a GPU (each its loop,
+    shards' writer and share of the decoding processes), one elsewhere, under ``--gpu-memory``, with
+    ``--gpu-procs`` given, or on Ray; an image run is not widened."""
+    from types import SimpleNamespace
+
+    from gpubatch.engine import processes
+    from gpubatch.engine.execute.early import gpu_procs as _gpu_procs
+
+    def req(**kw):
+        return SimpleNamespace(**{"gpu_procs": None, "gpu_memory": None, "executor": "local", **kw})
+
+    monkeypatch.setattr(processes, "cores", lambda: have)
+    audio, image = TABLE[("audio", "gpu")], TABLE[("image", "gpu")]
+    assert _gpu_procs(req(), audio, 100, gpus) == want and _gpu_procs(req(), audio, None, gpus) == want
+    assert _gpu_procs(req(gpu_procs=1), audio, 100, gpus) == 1 and _gpu_procs(req(gpu_procs=3), audio, 1, gpus) == 3
+    assert _gpu_procs(req(gpu_memory="1GiB"), audio, 100, gpus) == 1
+    assert _gpu_procs(req(executor="ray"), audio, 100, gpus) == 1
+    assert _gpu_procs(req(), image, 100, gpus) == 1
 
 
 def test_workers_started_before_a_run_that_fails_to_plan_end_with_it(imagenet, tmp_path, monkeypatch):

@@ -488,12 +488,12 @@ def test_readers_started_at_the_workers_boot_are_taken_by_its_feed():
         assert not feed.prestarted
         want = _fed(feed)
     feed_start.prestart(2)
-    pool = feed_start._PRESTARTED[-1][0]
+    pool = feed_start._PRESTARTED[-1][1]
     with RecordFeed(opener, entries, plan, batch_size=7, workers=2, depth=2, prestarted=feed_start.taken) as feed:
         assert feed.prestarted and feed.pool is pool and not feed_start._PRESTARTED
         assert _fed(feed) == want
     feed_start.prestart(3)
-    unused = feed_start._PRESTARTED[-1][0]
+    unused = feed_start._PRESTARTED[-1][1]
     with RecordFeed(opener, entries, plan, batch_size=7, workers=2, depth=2, prestarted=feed_start.taken) as feed:
         assert not feed.prestarted and feed.pool is not unused and not feed_start._PRESTARTED
         assert _fed(feed) == want

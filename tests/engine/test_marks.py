@@ -1,13 +1,13 @@
-"""The GPU image unit's marks: when a worker's steps came, from the run's start (``images._Marks``)."""
+"""The GPU image unit's marks: when a worker's steps came, from the run's start (``marks.Marks``)."""
 
 import time
 
-from gpubatch.engine.gpu.images import _Marks
+from gpubatch.engine.gpu.marks import Marks
 
 
 def test_marks_are_seconds_from_the_runs_start_each_taken_once():
     started = time.time() - 2.0
-    m = _Marks(started)
+    m = Marks(started)
     m.mark("unit start", booted=0.5)
     m.once("first batch read")
     m.once("first batch read")  # (kept the first time only)
@@ -23,7 +23,7 @@ def test_marks_are_seconds_from_the_runs_start_each_taken_once():
 
 
 def test_no_marks_without_the_runs_start():
-    m = _Marks(0.0)
+    m = Marks(0.0)
     m.mark("unit start", booted=0.1)
     m.at("feed started", time.time())
     assert m.take() == {}
@@ -54,7 +54,8 @@ def test_the_gpu_image_units_feed_takes_the_readers_its_workers_boot_started():
     from types import SimpleNamespace
 
     from gpubatch.engine.gpu import feed_start
-    from gpubatch.engine.gpu.images import _Marks, record_feed
+    from gpubatch.engine.gpu.images import record_feed
+    from gpubatch.engine.gpu.marks import Marks
     from gpubatch.engine.plan import Plan
     from gpubatch.engine.settings import Settings
     from gpubatch.formats import open_reader
@@ -68,7 +69,7 @@ def test_the_gpu_image_units_feed_takes_the_readers_its_workers_boot_started():
     for prestarted in (False, True):
         if prestarted:
             feed_start.prestart(2)
-        feed = record_feed(ctx, tasks, 4, 2, _Marks(0.0))
+        feed = record_feed(ctx, tasks, 4, 2, Marks(0.0))
         try:
             assert feed.prestarted == prestarted and not feed_start._PRESTARTED
             keys = []

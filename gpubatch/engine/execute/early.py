@@ -28,15 +28,19 @@ NOT_EARLY = ("--frames", "--clip-length", "--clip-stride", "--frame-step", "--cl
 NODE = "/dev/nvidiactl"
 
 
-def gpu_procs(req: Any, strategy: Any, records: int | None = None) -> int:
-    """The worker processes a GPU of a GPU run (``--gpu-procs``, else the strategy's, and its ``long_run``'s
-    for a local run of at least that many ``records`` without a cap; one for audio and video under a cap:
-    their plans')."""
+def gpu_procs(req: Any, strategy: Any, records: int | None = None, gpus: int = 1) -> int:
+    """The worker processes a GPU of a GPU run (``--gpu-procs``, else the strategy's; for a local run without
+    a cap, its ``long_run``'s where it has at least that many ``records``, and its ``wide``'s where the host
+    has that many cores for each of its ``gpus``; one for audio and video under a cap: their plans')."""
+    from ..processes import cores
+
     procs = req.gpu_procs or strategy.per_gpu
-    long = strategy.long_run
-    if (long and not req.gpu_procs and records is not None and records >= long[0] and req.gpu_memory is None
-            and getattr(req, "executor", "local") == "local"):
+    free = not req.gpu_procs and req.gpu_memory is None and getattr(req, "executor", "local") == "local"
+    long, wide = strategy.long_run, strategy.wide
+    if long and free and records is not None and records >= long[0]:
         procs = max(procs, long[1])
+    if wide and free and cores() >= wide[0] * max(1, gpus):
+        procs = max(procs, wide[1])
     return 1 if req.gpu_memory is not None and strategy.name != "gpu-image" else procs
 
 
@@ -60,7 +64,7 @@ def started_early(req: Any, finish: bool, plan: Any, device: Any, settings: Any,
         return None
     from .local import Started
 
-    procs = gpu_procs(req, strategy)
+    procs = gpu_procs(req, strategy, gpus=len(device.indexes))
     ctx = RunContext(opener=None, sink=None, plan=plan, device=device, settings=settings, gpu_memory=req.gpu_memory,
                      gpu_procs=procs, on_gpu=True)
     workers = procs * max(1, len(device.indexes))

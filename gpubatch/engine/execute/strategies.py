@@ -3,8 +3,8 @@
 (media, device) -> a :class:`Strategy`. On the CPU every media takes the host unit, a worker process
 a core. On the GPU each media has a unit of its own: images through the GPU engine (decoders, the
 chain's kernels, the JPEG encoder, with reader processes of its own), video through NVDEC sessions,
-audio through the GPU chain fed by decoding processes; ``--gpu-procs`` processes a GPU for images, one
-for video and audio. A run whose records all pass through untouched takes the host unit whatever the
+audio through the GPU chain fed by decoding processes; ``--gpu-procs`` processes a GPU (by default one for
+images and video, two for audio on a host of 8 cores a GPU or more). A run whose records all pass through untouched takes the host unit whatever the
 device. Units are named by import path, so a worker imports only the one it runs (CuPy never loads
 in a CPU worker).
 """
@@ -31,10 +31,14 @@ class Strategy:
     per_gpu: int = 1
     why: str = ""
     dealt: bool = False  # its workers take their tasks up front, in shard order (a feed that reads ahead across them)
-    start: str = ""  # what a worker starts first, before it unpickles its run (gpu.start.early: "image", "context")
+    start: str = ""  # what a worker starts first, before it unpickles its run (gpu.start.early: "image", "audio", "context")
     #: (records, processes): a run of at least that many records, no ``--gpu-procs`` and no ``--gpu-memory`` given,
     #: takes that many processes a GPU (the early ones, started before the run knew its length, and more beside them)
     long_run: tuple[int, int] | None = None
+    #: (cores, processes): a host with at least that many cores for each of the run's GPUs, no ``--gpu-procs`` and no
+    #: ``--gpu-memory`` given, takes that many processes a GPU (each with its share of the cores: the audio unit's
+    #: decoding processes, its loop and its shards' writer)
+    wide: tuple[int, int] | None = None
 
     def make(self, ctx: Any, slot: int) -> Any:
         module, cls = self.unit.split(":")
@@ -64,8 +68,13 @@ TABLE: dict[tuple[str, str], Strategy] = {
                                long_run=(32768, 2)),
     ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.gpu.video:VideoDeviceUnit", gpu=True,
                                why="video on the GPU: NVDEC sessions, the chain on the GPU", start="context"),
+    # two audio processes a GPU on a host of 8 cores a GPU or more: each its own loop, shards' writer and share of
+    # the decoding processes. On an H200 host of 16 cores, 2,048 10-s FLAC clips to Whisper log-mel ran at 824 clips/s
+    # with two, 812 with four, 675 with eight, against 672 with one (2026-12-05, benchmarks/RESULTS.md), at 1.27 GiB
+    # of GPU memory a process
     ("audio", "gpu"): Strategy("gpu-audio", "gpubatch.engine.gpu.audio:AudioDeviceUnit", gpu=True, dealt=True,
-                               why="audio features on the GPU, decoded on the CPU in processes", start="context"),
+                               why="audio features on the GPU, decoded on the CPU in processes", start="audio",
+                               wide=(8, 2)),
 }
 
 

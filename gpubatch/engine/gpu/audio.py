@@ -18,11 +18,12 @@ from ..codecs.audio_io import AudioData
 from ..device import Device
 from ..media import DEVICE, HOST, get_codec
 from ..plan import Plan
-from ..processes import cores
 from ..registry import get_kernel
 from ..run import Job, RecordSource
 from ..settings import Settings
 from .audio_feed import to_device
+from .marks import Marks
+from .start import audio_decoders
 
 
 def to_host(items: Sequence[AudioData], half_features: bool = False) -> list[AudioData]:
@@ -168,6 +169,23 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     return fit.batch
 
 
+def warm_up(plan: Plan, reader: RecordSource, task: Any, batch_size: int) -> None:
+    """The chain run once on a batch of silence shaped as the first shard's first batch (its first record's rate
+    and channels, as many records as the batch takes), while the decoding processes decode that batch: what the
+    first real batch would load and make first (the FFT library and its plans, the kernels) is then ready. Its
+    outputs are dropped, its draws keyed on no record; a record that cannot be read leaves it undone (the run
+    reports it)."""
+    import cupy as cp
+
+    try:
+        rate, samples, channels = largest_record(reader, list(task.entries[:1]), plan, 1)
+        n = max(1, min(batch_size, len(task.entries)))
+        silence = [AudioData(cp.zeros((channels, samples), cp.float32), rate) for _ in range(n)]
+        to_host(run_chain_device(plan.ops, silence, [plan.draw("", rate, rate)] * n), half_features=True)
+    except Exception:  # noqa: BLE001 - a warm-up only: the real batch runs (or falls back to the CPU) as before
+        return
+
+
 class AudioDeviceUnit:
     """Audio on the GPU, in a GPU's worker process, over the tasks it is dealt (in shard order):
 
@@ -203,8 +221,9 @@ class AudioDeviceUnit:
         if sys.getswitchinterval() > ctx.settings.switch_interval:
             sys.setswitchinterval(ctx.settings.switch_interval)
         # decoding processes: this process's share of the cores (several processes may share the GPU,
-        # several GPUs the host), one left to the GPU's loop and the shards' writer
-        self.processes = max(1, cores() // ctx.host_procs - 1)
+        # several GPUs the host), one left to the GPU's loop and the shards' writer; its boot forked them
+        # (start.early "audio") where it began the GPU's start
+        self.processes = audio_decoders(ctx.host_procs)
 
     @classmethod
     def make(cls, ctx: Any, slot: int) -> AudioDeviceUnit:
@@ -214,8 +233,10 @@ class AudioDeviceUnit:
         import functools
         import time
 
+        from ..execute.boot import TIMES as BOOT_TIMES
         from ..execute.writer import ShardWriterProcess, shard_writer
         from ..executor import prefetched, timed_next
+        from . import start
         from .audio_feed import PinnedGather
         from .audio_records import RecordDecoders, batched, share_items, unlink_shared
 
@@ -223,7 +244,12 @@ class AudioDeviceUnit:
         tasks = list(tasks)
         if not tasks:
             return
+        marks = Marks(self.ctx.started)  # (when this worker's steps came: the summary's "wall (worker): NAME")
+        for name, when in BOOT_TIMES.items():
+            marks.at(name, when)
+        marks.mark("unit start", start.booted(self.device.index)[0])
         decoders = RecordDecoders(self.ctx, min(self.processes, max(1, sum(len(t.entries) for t in tasks))))
+        marks.mark("decoders ready" if decoders.prestarted else "decoders started")
         opened: list[Any] = []  # every shard made, in order
         first = next((t for t in tasks if t.entries), tasks[0])
         capped = None
@@ -287,14 +313,19 @@ class AudioDeviceUnit:
         try:
             with cp.cuda.Device(self.device.index):
                 groups = prefetched(staged(batched(decoders.outputs(tasks, make), self.batch_size)), 2)
+                if capped is None:  # (a capped run ran its chain on a record of silence already: fit_cap)
+                    warm_up(plan, reader, first, self.batch_size)
+                    marks.mark("chain warmed")
                 while (got := timed_next(groups, run_t, "decode_wait")) is not None:
                     group, jobs, up = got
+                    marks.once("first batch decoded")
                     t0 = time.perf_counter()
                     results = iter(run_on_gpu([j for j, _ in jobs], plan, [st for _, st in jobs], uploaded(up))
                                    if jobs else ())
                     if up is not None:
                         up.release()
                     run_t["chain"] += time.perf_counter() - t0
+                    marks.once("first batch through the chain")
                     for w, outs, last in group:
                         items = [(o[0], next(results)) if isinstance(o, tuple) else o for o in outs]
                         if items:
@@ -305,7 +336,7 @@ class AudioDeviceUnit:
                         if last:
                             timings = {k: v - flushed[k] for k, v in run_t.items()}
                             flushed = dict(run_t)
-                            hand(out.commit, w, timings, None)
+                            hand(out.commit, w, timings, {"marks": m} if (m := marks.take()) else None)
                             handed.add(id(w))
             out.close()
             committed = True

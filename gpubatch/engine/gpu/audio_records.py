@@ -20,6 +20,24 @@ from ..plan import Plan
 from ..run import Job, RecordSource, outputs_of, read_counted
 
 _DECODER: dict[str, Any] = {}  # in a decoding process: the run's reader and plan
+_W: dict[str, Any] = {}  # in a decoding process its worker's boot started: the barrier its first task waits on
+
+#: seconds a decoding process started at its worker's boot waits for the others to take their first task
+ATTACH_TIMEOUT = 300.0
+
+
+def preload() -> None:
+    """What a decoding process runs, imported before its run comes (one its worker's boot started:
+    :mod:`.feed_start`, kind "audio")."""
+    from .. import executor  # noqa: F401
+    from ..codecs import audio, audio_io, audio_stream  # noqa: F401
+    from ..execute import worker  # noqa: F401
+
+    for name in ("soundfile", "soxr"):  # (the decode's and the resampler's libraries, where installed)
+        try:
+            __import__(name)
+        except ImportError:
+            pass
 
 
 def _prepare(record: Record, plan: Plan, stats: RunStats) -> list[Record | RecordError | tuple[Job, AudioData]]:
@@ -80,6 +98,14 @@ def _decoder_start(ctx: Any) -> None:
     die_with_parent()
     _DECODER["reader"] = ctx.open_reader()
     _DECODER["plan"] = ctx.plan
+
+
+def _prestarted_start(ctx: Any, attached: Any = None) -> None:
+    """The first task of a decoding process its worker's boot started: the run's reader and plan
+    (:func:`_decoder_start`), then the barrier the pool's processes share (none takes a second first task)."""
+    _decoder_start(ctx)
+    if attached is not None:
+        attached.wait(ATTACH_TIMEOUT)
 
 
 #: a decoding process's samples of one call go back through shared memory from this many bytes (fewer
@@ -340,10 +366,15 @@ class RecordDecoders:
 
     def __init__(self, ctx: Any, processes: int, chunk: int = 4):
         from ..processes import single_threaded_pool
+        from . import feed_start
 
         sweep_shared()
         self.processes, self.chunk = max(1, processes), max(1, chunk)
-        self.pool = single_threaded_pool(self.processes, _decoder_start, (ctx,), wait=False)
+        # the processes its worker's boot forked (their imports done beside the GPU's start), else spawned now
+        taken = feed_start.taken(self.processes, (ctx,), "audio")
+        self.prestarted = taken is not None
+        self.pool = taken[0] if taken is not None else single_threaded_pool(self.processes, _decoder_start, (ctx,),
+                                                                              wait=False)
         self.calls: list[_Call] = []
         self.files = SharedFiles()
 

@@ -39,6 +39,13 @@ SLOT_BYTES = 64 << 20  # one batch's encoded bytes by default (Settings.feed_slo
 _W: dict[str, Any] = {}
 
 
+def preload() -> None:
+    """What a reader runs, imported before its run comes (a reader its worker's boot started: :mod:`.feed_start`)."""
+    from ...errors import RunStats  # noqa: F401 - (imported now, used by the reads)
+    from .. import windows  # noqa: F401
+    from ..codecs import headers  # noqa: F401
+
+
 @dataclass
 class FedBatch:
     """One batch from a :class:`FileFeed`.

@@ -21,6 +21,7 @@ from ..processes import cores
 from ..usage import cpu_since, thread_cpu
 from ..windows import fed_windows, segments
 from .engine import GpuEngine
+from .marks import Marks
 
 
 def transform_fed(engine: GpuEngine, plan: Plan, fed: Any, res: Any, stats: Any, sink: Any = None,
@@ -288,7 +289,7 @@ class GpuImageUnit:
         entries = [e for t in tasks for e in t.entries]
         batch = ctx.batch_size
         t0 = time.perf_counter()
-        marks = _Marks(ctx.started)  # (when this worker's steps came, from the run's start: the summary's "wall (worker)")
+        marks = Marks(ctx.started)  # (when this worker's steps came, from the run's start: the summary's "wall (worker)")
         have = cores()
         host = ctx.host_procs  # (the GPU processes sharing this host's cores: every GPU's)
         route_cores = have / host  # (the route follows this worker's share of the cores, not their load)
@@ -518,37 +519,6 @@ def allocated(shm: Any) -> bool:
     return True
 
 
-class _Marks:
-    """When a worker's steps came, in seconds from the run's start (``started``, the run's ``time.time()``; no
-    marks where it is 0): each commit takes those made since the one before (:meth:`take`), and the run keeps the
-    earliest of each over its workers (``runner``'s ``wall (worker): NAME``). ``booted``: a boot's seconds
-    before the first mark, kept as "worker boot"."""
-
-    def __init__(self, started: float):
-        self.started = started
-        self.marks: dict[str, float] = {}
-        self.seen: set[str] = set()
-
-    def at(self, name: str, when: float | None) -> None:
-        if self.started and when is not None and name not in self.seen:
-            self.seen.add(name)
-            self.marks[name] = round(when - self.started, 4)
-
-    def mark(self, name: str, booted: float | None = None) -> None:
-        now = time.time()
-        if booted is not None:
-            self.at("worker boot", now - booted)
-        self.at(name, now)
-
-    def once(self, name: str) -> None:
-        if name not in self.seen:
-            self.mark(name)
-
-    def take(self) -> dict[str, float]:
-        out, self.marks = self.marks, {}
-        return out
-
-
 class _Started:
     """``make()`` run in a thread from now on; :meth:`result` waits for it: (what it made, seconds it took).
     The thread lives on until :meth:`release`: processes it started are asked to die with their parent,
@@ -587,7 +557,7 @@ class _Started:
         self.done.set()
 
 
-def record_feed(ctx: Any, tasks: list[Any], batch: int, readers: int, marks: _Marks, pinned: list | None = None) -> Any:
+def record_feed(ctx: Any, tasks: list[Any], batch: int, readers: int, marks: Marks, pinned: list | None = None) -> Any:
     """The GPU image unit's feed (:class:`~.feed.RecordFeed`) over ``tasks``' entries in batches of at most ``batch``,
     never across two tasks, read by ``readers`` processes (those the worker's boot started where it did:
     :func:`.feed_start.taken`), its first reads begun. With ``pinned`` (a list) its ring is page-locked for the run's

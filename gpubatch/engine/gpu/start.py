@@ -40,7 +40,8 @@ class Early(NamedTuple):
     ``kernels`` its run launches ((module, kernel) pairs, :func:`..kernels.kernel`); ``reserve``: the GPU
     ordinal whose core the hardware decoder's thread takes (:func:`.affinity.reserve`), taken before any of
     the start's threads, or None; ``host``: the GPU processes sharing the host's cores, where the worker's boot
-    starts its feed's reader processes too (:func:`feed_readers` of them; an image run's), else 0."""
+    starts its feed's reader processes too (:func:`feed_readers` of them; an image run's), else 0; ``decoders``: the
+    audio unit's decoding processes the worker's boot starts (an audio run's, :func:`audio_decoders`), else 0."""
 
     index: int
     settings: Settings
@@ -50,6 +51,7 @@ class Early(NamedTuple):
     library: bool = True
     reserve: int | None = None
     host: int = 0
+    decoders: int = 0
 
 
 #: the hardware engine's instances a decoder makes off the hardware route (GpuImageDecoder.HW_INSTANCES)
@@ -73,17 +75,26 @@ def instances_wanted(settings: Settings) -> int:
 def early(kind: str, ctx: Any) -> Early | None:
     """The :class:`Early` of a worker of ``ctx``'s run whose strategy starts ``kind`` (its table's ``start``):
     "image" (the context, the hardware decoder's instances, nvImageCodec, the kernels of its chain and of the
-    JPEG encoder: what :class:`~.images.GpuImageUnit` would begin), "context" (the context alone: audio,
-    video), or none."""
+    JPEG encoder: what :class:`~.images.GpuImageUnit` would begin), "audio" (the context, and the audio unit's
+    decoding processes forked first: :func:`audio_decoders`), "context" (the context alone: video), or none."""
     if kind == "image":
         from .chain import kernels_needed
 
         return Early(ctx.device.index, ctx.settings, instances_wanted(ctx.settings),
                      kernels_needed(ctx.plan.ops, encode=True),
                      reserve=ctx.gpu_ordinal if max(1, ctx.gpu_procs) == 1 else None, host=ctx.host_procs)
-    if kind == "context" and ctx.gpu_memory is None:  # (a capped run measures its context as it makes it)
-        return Early(ctx.device.index, ctx.settings, sync=False, library=False)
+    if kind in ("context", "audio") and ctx.gpu_memory is None:  # (a capped run measures its context as it makes it)
+        return Early(ctx.device.index, ctx.settings, sync=False, library=False,
+                     decoders=audio_decoders(ctx.host_procs) if kind == "audio" else 0)
     return None
+
+
+def audio_decoders(host: int) -> int:
+    """The GPU audio unit's decoding processes in a worker of ``host`` GPU processes sharing this host's cores: its
+    share of the cores, one left to its loop and its shards' writer."""
+    from ..processes import cores
+
+    return max(1, cores() // max(1, host) - 1)
 
 
 #: reader processes of a GPU worker's feed at most (a convert reads records through the formats' readers:
@@ -247,6 +258,10 @@ def boot(spec: Early | None, readers: bool = False) -> None:
             from . import feed_start
 
             feed_start.prestart(feed_readers(cores(), spec.host, spec.settings))
+        elif readers and spec.decoders:  # an audio run's worker: its decoding processes forked now, likewise
+            from . import feed_start
+
+            feed_start.prestart(spec.decoders, "audio")
         _BOOTED[spec.index] = (time.perf_counter(), reserved)
         if not _STARTS:
             atexit.register(_exit_wait)
