@@ -169,21 +169,29 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     return fit.batch
 
 
-def warm_up(plan: Plan, reader: RecordSource, task: Any, batch_size: int) -> None:
-    """The chain run once on a batch of silence shaped as the first shard's first batch (its first record's rate
-    and channels, as many records as the batch takes), while the decoding processes decode that batch: what the
-    first real batch would load and make first (the FFT library and its plans, the kernels) is then ready. Its
-    outputs are dropped, its draws keyed on no record; a record that cannot be read leaves it undone (the run
-    reports it)."""
-    import cupy as cp
-
+def warm_chain(plan: Plan, rate: int, samples: int, channels: int, n: int) -> None:
+    """``plan``'s chain run once on the GPU on ``n`` records of silence (``samples`` x ``channels`` at ``rate``), its
+    outputs back on the host and dropped (its draws keyed on no record): what a first batch of that shape would load
+    and make first is then ready (the FFT and BLAS libraries, their plans and handles in this thread, the kernels).
+    Never raises: a warm-up only, the real batch runs (or falls back to the CPU) as before."""
     try:
-        rate, samples, channels = largest_record(reader, list(task.entries[:1]), plan, 1)
-        n = max(1, min(batch_size, len(task.entries)))
+        import cupy as cp
+
         silence = [AudioData(cp.zeros((channels, samples), cp.float32), rate) for _ in range(n)]
         to_host(run_chain_device(plan.ops, silence, [plan.draw("", rate, rate)] * n), half_features=True)
-    except Exception:  # noqa: BLE001 - a warm-up only: the real batch runs (or falls back to the CPU) as before
+    except Exception:  # noqa: BLE001 - (see above)
         return
+
+
+def warm_up(plan: Plan, reader: RecordSource, task: Any, batch_size: int) -> None:
+    """:func:`warm_chain` on a batch shaped as the first shard's first batch (its first record's rate and channels,
+    as many records as the batch takes), while the decoding processes decode that batch; a record that cannot be
+    read leaves it undone (the run reports it)."""
+    try:
+        rate, samples, channels = largest_record(reader, list(task.entries[:1]), plan, 1)
+    except Exception:  # noqa: BLE001 - (see above)
+        return
+    warm_chain(plan, rate, samples, channels, max(1, min(batch_size, len(task.entries))))
 
 
 class AudioDeviceUnit:
@@ -316,6 +324,8 @@ class AudioDeviceUnit:
                 if capped is None:  # (a capped run ran its chain on a record of silence already: fit_cap)
                     warm_up(plan, reader, first, self.batch_size)
                     marks.mark("chain warmed")
+                for name, when in start.step_walls(self.device.index).items():  # (the boot's start: its steps)
+                    marks.at(f"gpu start: {name}", when)
                 while (got := timed_next(groups, run_t, "decode_wait")) is not None:
                     group, jobs, up = got
                     marks.once("first batch decoded")

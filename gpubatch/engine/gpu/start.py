@@ -41,7 +41,9 @@ class Early(NamedTuple):
     ordinal whose core the hardware decoder's thread takes (:func:`.affinity.reserve`), taken before any of
     the start's threads, or None; ``host``: the GPU processes sharing the host's cores, where the worker's boot
     starts its feed's reader processes too (:func:`feed_readers` of them; an image run's), else 0; ``decoders``: the
-    audio unit's decoding processes the worker's boot starts (an audio run's, :func:`audio_decoders`), else 0."""
+    audio unit's decoding processes the worker's boot starts (an audio run's, :func:`audio_decoders`), else 0;
+    ``warm``: a plan whose chain the start runs once on a second of silence after the context (an audio run's: the
+    FFT and BLAS libraries loaded, the chain's kernels made, while the worker unpickles its run), else None."""
 
     index: int
     settings: Settings
@@ -52,6 +54,7 @@ class Early(NamedTuple):
     reserve: int | None = None
     host: int = 0
     decoders: int = 0
+    warm: Any = None
 
 
 #: the hardware engine's instances a decoder makes off the hardware route (GpuImageDecoder.HW_INSTANCES)
@@ -84,8 +87,9 @@ def early(kind: str, ctx: Any) -> Early | None:
                      kernels_needed(ctx.plan.ops, encode=True),
                      reserve=ctx.gpu_ordinal if max(1, ctx.gpu_procs) == 1 else None, host=ctx.host_procs)
     if kind in ("context", "audio") and ctx.gpu_memory is None:  # (a capped run measures its context as it makes it)
+        audio = kind == "audio"
         return Early(ctx.device.index, ctx.settings, sync=False, library=False,
-                     decoders=audio_decoders(ctx.host_procs) if kind == "audio" else 0)
+                     decoders=audio_decoders(ctx.host_procs) if audio else 0, warm=ctx.plan if audio else None)
     return None
 
 
@@ -151,6 +155,11 @@ class _Start:
                 cp.cuda.runtime.memGetInfo()  # (the CUDA context is made here)
             t = self._step("context", t)
             self.context.set()
+            if self.spec.warm is not None:  # (an audio run's chain, once, on silence)
+                from .audio import warm_chain
+
+                warm_chain(self.spec.warm, 16000, 16000, 1, 1)
+                t = self._step("chain warmed", t)
             if self.spec.kernels:  # NVRTC (or CuPy's cache) beside the decoders' start
                 c = threading.Thread(target=self._compile, args=(self.spec.kernels,), name="gpubatch-compile",
                                      daemon=True)
