@@ -47,9 +47,10 @@ def test_each_gpu_strategy_names_a_start_its_workers_begin_first():
     audio = start.early("audio", _ctx(gpu_procs=2))  # the context, and its share of the cores' decoding processes
     assert (audio.hw, audio.sync, audio.library, audio.host) == (0, False, False, 0)
     assert audio.decoders == start.audio_decoders(2) == max(1, cores() // 2 - 1)
-    plan = Plan(ops=audio_ops(features="log-mel(n_mels=80)"), media="audio")
-    assert start.early("audio", _ctx(plan=plan)).warm == plan  # (its chain run once on silence after the context)
-    assert context.warm is None and image.warm is None
+    assert audio.warm == "audio" and context.warm == image.warm == ""  # (a log-mel chain once on silence)
+    from gpubatch.engine.media import DEVICE
+
+    assert Plan(ops=parse_chain(start.AUDIO_WARM), media="audio").validate(DEVICE) is not None
     assert start.early("audio", _ctx(gpu_memory="1GiB")) is None
     assert start.early("", _ctx()) is None
 

@@ -15,20 +15,25 @@ import pytest
 from gpubatch.engine.execute import early
 from gpubatch.engine.gpu.chain import kernels_needed
 from gpubatch.engine.plan import make_plan
+from gpubatch.engine.processes import cores
 from tests.engine.test_shards import digest
 from tests.helpers import ROOT, all_ended
 
 PIXELS = ["--to", "webdataset", "--resize-shorter", "40", "--center-crop", "32"]
 
 
+#: an audio run's processes a GPU where --gpu-procs is not given: two on a host of 8 cores or more (Strategy.wide)
+AUDIO_PROCS = 2 if cores() >= 8 else 1
+
+
 @pytest.mark.parametrize(("args", "guess"), [
-    (["convert", "s", "d", *PIXELS], (0, 1)),
-    (["--debug", "convert", "s", "d", *PIXELS, "--device", "gpu"], (0, 1)),
-    (["convert", "s", "d", *PIXELS, "--device=GPU", "--gpu", "1"], (1, 1)),
-    (["convert", "s", "d", *PIXELS, "--gpu=2", "--gpu-procs", "2"], (2, 2)),
-    (["convert", "s", "d", "--to", "tfrecord", "--quality", "90"], (0, 1)),
-    (["convert", "s", "d", "--to", "tfrecord", "--image-format", "png"], (0, 1)),
-    (["augment", "s", "d", "--ops", "hflip(p=0.5)"], (0, 1)),
+    (["convert", "s", "d", *PIXELS], ("image", 0, 1)),
+    (["--debug", "convert", "s", "d", *PIXELS, "--device", "gpu"], ("image", 0, 1)),
+    (["convert", "s", "d", *PIXELS, "--device=GPU", "--gpu", "1"], ("image", 1, 1)),
+    (["convert", "s", "d", *PIXELS, "--gpu=2", "--gpu-procs", "2"], ("image", 2, 2)),
+    (["convert", "s", "d", "--to", "tfrecord", "--quality", "90"], ("image", 0, 1)),
+    (["convert", "s", "d", "--to", "tfrecord", "--image-format", "png"], ("image", 0, 1)),
+    (["augment", "s", "d", "--ops", "hflip(p=0.5)"], ("image", 0, 1)),
     (["convert", "s", "d", "--to", "tfrecord"], None),  # (a pass-through)
     (["convert", "s", "d", "--to", "tfrecord", "--image-format", "keep"], None),
     (["convert", "s", "d", *PIXELS, "--device", "cpu"], None),
@@ -36,15 +41,20 @@ PIXELS = ["--to", "webdataset", "--resize-shorter", "40", "--center-crop", "32"]
     (["convert", "s", "d", *PIXELS, "--executor", "ray"], None),
     (["convert", "s", "d", *PIXELS, "--num-parts", "2", "--part", "0"], None),
     (["convert", "s", "d", *PIXELS, "--frames", "every:4"], None),
-    (["convert", "s", "d", "--to", "webdataset", "--sample-rate", "16000"], None),
-    (["augment", "s", "d", "--ops", "gain(db=3)", "--audio-format", "flac"], None),
+    (["convert", "s", "d", "--to", "webdataset", "--sample-rate", "16000"], ("audio", 0, AUDIO_PROCS)),
+    (["convert", "s", "d", "--to", "webdataset", "--features", "log-mel", "--gpu", "1", "--gpu-procs", "3"],
+     ("audio", 1, 3)),
+    (["augment", "s", "d", "--ops", "gain(db=3)", "--audio-format", "flac"], ("audio", 0, AUDIO_PROCS)),
+    (["convert", "s", "d", "--features", "log-mel", "--gpu-memory", "1GiB"], None),  # (its plan measures the context)
+    (["convert", "s", "d", "--features", "log-mel", "--device", "cpu"], None),
+    (["convert", "s", "d", "--features", "log-mel", "--frames", "every:4"], None),
     (["convert", "s", "d", *PIXELS, "--help"], None),
     (["augment", "--list-ops"], None),
     (["convert", "s", "d", *PIXELS, "--gpu", "one"], None),  # (the options' parser says what is wrong)
     (["info", "s"], None),
     ([], None),
 ])
-def test_the_commands_arguments_say_whether_a_gpu_image_runs_workers_start_at_once(args, guess):
+def test_the_commands_arguments_say_whether_a_gpu_runs_workers_start_at_once(args, guess):
     assert early.guessed(args) == guess
 
 
@@ -155,6 +165,43 @@ def test_a_sniffed_worker_that_does_not_fit_the_run_ends_and_the_run_starts_its_
     assert early.prestart(ConvertRequest(src="s", dst="d", to="webdataset", resize_shorter=40, device="cpu"),
                           make_plan(40)) is None
     assert all_ended(sniffed) and not early._SNIFFED
+
+
+def test_a_sniffed_audio_run_keeps_its_workers_for_the_run_which_takes_them(monkeypatch):
+    """An audio run's workers started at the command's start (its decoding processes and warm-up: ``Early.decoders``,
+    ``Early.warm``) outlive ``prestart`` (an image run's), and the run takes them once it knows its device and media
+    (``started_early``), as many as it would start; a run over image records does not, and they end."""
+    from gpubatch.api import ConvertRequest, audio_ops
+    from gpubatch.engine.device import Device, DeviceKind
+    from gpubatch.engine.gpu import start
+    from gpubatch.engine.plan import Plan
+
+    monkeypatch.setattr(early, "gpu_node", lambda: True)
+    monkeypatch.delenv("GPUBATCH_EARLY_START", raising=False)
+    args = ["convert", "s", "d", "--to", "webdataset", "--features", "log-mel(n_mels=80)"]
+    req = ConvertRequest(src="s", dst="d", to="webdataset", features="log-mel(n_mels=80)")
+    plan = Plan(ops=audio_ops(features="log-mel(n_mels=80)"), media="audio")
+    gpu = Device(DeviceKind.GPU, 0, reason="test")
+    early.sniff(args)
+    sniffed = early._SNIFFED[0]
+    assert sniffed.kind == "audio" and len(sniffed.procs) == AUDIO_PROCS
+    assert [e for e, _ in sniffed.begun] == [start.Early(0, early.run_settings(True), sync=False, library=False,
+                                                         decoders=start.audio_decoders(AUDIO_PROCS), warm="audio")] * AUDIO_PROCS
+    assert early.prestart(req, plan) is None and early._SNIFFED == [sniffed]  # (not an image run's: kept)
+    started = early.started_early(req, False, plan, gpu, early.run_settings(True))
+    try:
+        assert started.procs == sniffed.procs and not early._SNIFFED
+    finally:
+        started.close()
+    assert all_ended(sniffed.procs)
+    early.sniff(args)
+    sniffed = early._SNIFFED[0].procs
+    image = ConvertRequest(src="s", dst="d", to="webdataset", resize_shorter=40)
+    started = early.started_early(image, False, make_plan(40), gpu, early.run_settings(True))
+    try:
+        assert not set(started.procs) & set(sniffed) and all_ended(sniffed) and not early._SNIFFED
+    finally:
+        started.close()
 
 
 def test_nothing_is_sniffed_where_the_machine_has_no_gpu_node_or_it_is_turned_off(monkeypatch):

@@ -28,6 +28,9 @@ IMAGE_MODULES = ("gpubatch.engine.execute.worker", "gpubatch.engine.execute.writ
                  "gpubatch.engine.gpu.feed", "gpubatch.engine.gpu.engine", "gpubatch.formats", "cupy",
                  "gpubatch.engine.codecs.image_device", "gpubatch.engine.codecs.image_gpu",
                  "gpubatch.engine.codecs.jpeg_gpu", "gpubatch.engine.codecs.image_encode_gpu", "gpubatch.engine.gpu.chain")
+#: what a GPU audio worker's run imports, likewise (its start's warm-up imports CuPy and the audio unit)
+AUDIO_MODULES = ("gpubatch.engine.execute.worker", "gpubatch.engine.execute.writer", "gpubatch.formats",
+                 "gpubatch.engine.gpu.audio_records", "gpubatch.engine.gpu.audio_feed")
 
 
 def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
@@ -42,10 +45,11 @@ def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
         from ..gpu.start import boot as begin
 
         begin(early, readers=True)  # (an image run's: its feed's readers forked first, gpu.feed_start)
-        if early.host:  # an image run's worker: its run's modules imported while it waits for the run
+        modules = IMAGE_MODULES if early.host else AUDIO_MODULES if early.warm == "audio" else ()
+        if modules:  # an image or audio run's worker: its run's modules imported while it waits for the run
             import threading
 
-            threading.Thread(target=_imported, args=(IMAGE_MODULES,), name="gpubatch-imports", daemon=True).start()
+            threading.Thread(target=_imported, args=(modules,), name="gpubatch-imports", daemon=True).start()
     import pickle
     import time
 

@@ -18,11 +18,12 @@ from typing import Any
 
 #: ``convert``'s options that decode pixels (``--image-format`` unless ``keep``)
 PIXEL_OPTIONS = ("--resize-shorter", "--center-crop", "--quality", "--image-format")
-#: options of runs that :func:`prestart` starts nothing for: video, audio, several GPUs, parts, help and lists
+#: ``convert``'s audio options: a run over audio records (:func:`sniff` starts a GPU audio run's workers for them)
+AUDIO_OPTIONS = ("--sample-rate", "--mono", "--duration", "--pad", "--audio-format", "--features")
+#: options of runs that :func:`sniff` starts nothing for: video, several GPUs, parts, help and lists
 NOT_EARLY = ("--frames", "--clip-length", "--clip-stride", "--frame-step", "--clip-positions", "--clips-per-video",
-             "--clip-format", "--video-codec", "--fps", "--sample-rate", "--mono", "--duration", "--pad",
-             "--audio-format", "--features", "--path-column", "--label-column", "--gpus", "--num-parts", "--part",
-             "--help", "-h", "--list-ops", "--list-presets", "--version")
+             "--clip-format", "--video-codec", "--fps", "--path-column", "--label-column", "--gpus", "--num-parts",
+             "--part", "--help", "-h", "--list-ops", "--list-presets", "--version")
 
 #: the NVIDIA driver's control device node, where the machine has the driver
 NODE = "/dev/nvidiactl"
@@ -120,7 +121,7 @@ def prestart(req: Any, plan: Any) -> Any:
             or getattr(req, "executor", "local") != "local" or getattr(req, "num_parts", None) is not None
             or req.finish or not plan.touches_pixels or plan.sample is not None or plan.audio_format != "keep"
             or not all("image" in op.media for op in plan.ops) or not gpu_node()):
-        close_sniffed()
+        close_sniffed("image")  # (an audio run's, which sniff started, wait for started_early: it takes them)
         return None
     settings = run_settings(gpu=True)
     if not settings.early_start:
@@ -142,27 +143,39 @@ def _given(args: list[str], name: str, default: str | None = None) -> str | None
     return found
 
 
-def guessed(args: list[str]) -> tuple[int, int] | None:
-    """(the GPU, its processes) of the GPU image run that :func:`prestart` would start workers for, guessed from
-    the ``gpubatch`` command's arguments alone (no import, no device probe); None where it would start none or
-    the arguments do not say: not ``convert`` or ``augment``, ``convert`` without a pixel option, video or audio
-    options, ``--device cpu``, ``--gpus``, Ray, a part, help. A wrong guess costs only the processes it starts,
-    which :func:`prestart` ends where they do not fit."""
+def guessed(args: list[str]) -> tuple[str, int, int] | None:
+    """(the kind of run, "image" or "audio"; its GPU; its processes a GPU) of the GPU run whose workers :func:`sniff`
+    starts, guessed from the ``gpubatch`` command's arguments alone (no device probe); None where it would start
+    none or the arguments do not say: not ``convert`` or ``augment``, ``convert`` with neither a pixel nor an audio
+    option, video options, audio options under ``--gpu-memory`` (its plan measures the context as it makes it),
+    ``--device cpu``, ``--gpus``, Ray, a part, help. An audio run's processes a GPU are ``--gpu-procs``, else its
+    strategy's on this host (``Strategy.wide``). A wrong guess costs only the processes it starts, which the run
+    ends where they do not fit."""
     names = {a.split("=", 1)[0] for a in args if a.startswith("-")}
     command = next((a for a in args if not a.startswith("-")), None)
     if command not in ("convert", "augment") or names & set(NOT_EARLY):
         return None
-    if command == "convert" and not any(
+    audio = bool(names & set(AUDIO_OPTIONS))
+    if audio and "--gpu-memory" in names:
+        return None
+    if not audio and command == "convert" and not any(
             n in names and (n != "--image-format" or _given(args, n) != "keep") for n in PIXEL_OPTIONS):
         return None
     if (_given(args, "--device", "auto") or "").lower() not in ("auto", "gpu") or _given(
             args, "--executor", "local") != "local":
         return None
     try:
-        gpu, procs = int(_given(args, "--gpu", "0") or 0), int(_given(args, "--gpu-procs", "1") or 1)
+        gpu, procs = int(_given(args, "--gpu", "0") or 0), int(_given(args, "--gpu-procs", "0") or 0)
     except ValueError:  # (the options' parser says what is wrong)
         return None
-    return (gpu, procs) if gpu >= 0 and procs >= 1 else None
+    if not procs and audio:
+        from ..processes import cores
+        from .strategies import TABLE
+
+        strategy = TABLE[("audio", "gpu")]
+        procs = strategy.wide[1] if strategy.wide and cores() >= strategy.wide[0] else strategy.per_gpu
+    procs = procs or 1
+    return ("audio" if audio else "image", gpu, procs) if gpu >= 0 and procs >= 1 else None
 
 
 class Sniffed:
@@ -170,12 +183,12 @@ class Sniffed:
     image unit's are), each waiting for its run: ``begun`` says what each slot's boot began (:func:`~.local.boots`'s
     pairs, the kernels left out: the plan that names them is not known yet)."""
 
-    def __init__(self, begun: list[tuple[Any, dict[str, str]]], fork: bool = False):
+    def __init__(self, begun: list[tuple[Any, dict[str, str]]], fork: bool = False, kind: str = "image"):
         import multiprocessing as mp
 
         from .boot import new_slots
 
-        self.begun = begun
+        self.begun, self.kind = begun, kind
         self.results = mp.get_context("spawn").Queue()
         self.setups, self.tasks, self.procs = new_slots(begun, True, self.results, fork=fork)
         self.at = time.time()
@@ -217,8 +230,10 @@ def taken_sniffed() -> Sniffed | None:
     return _SNIFFED.pop() if _SNIFFED else None
 
 
-def close_sniffed() -> None:
-    """What :func:`sniff` started and no run took, ended."""
+def close_sniffed(kind: str | None = None) -> None:
+    """What :func:`sniff` started and no run took, ended (only where it was for a run of ``kind``, where given)."""
+    if kind is not None and not any(s.kind == kind for s in _SNIFFED):
+        return
     sniffed = taken_sniffed()
     if sniffed is not None:
         sniffed.close()
@@ -226,11 +241,13 @@ def close_sniffed() -> None:
 
 def sniff(args: list[str]) -> None:
     """At the ``gpubatch`` command's start (``args``: its arguments), before it imports its options' parser:
-    where they look like a GPU image run's (:func:`guessed`) on a machine with an NVIDIA device node and CuPy
-    (:func:`gpu_node`), that run's worker processes started now, their GPU's start begun (its kernels once the
-    plan names them: :meth:`Sniffed.begin`). :func:`prestart` takes them where they fit its run and ends them
-    otherwise; so does the command's exit where it never gets there (a usage error). Never raises: a bad setting
-    or option is the command's to report. ``GPUBATCH_EARLY_START=0`` turns it off with :func:`prestart`."""
+    where they look like a GPU image or audio run's (:func:`guessed`) on a machine with an NVIDIA device node and
+    CuPy (:func:`gpu_node`), that run's worker processes started now, their GPU's start begun (an image run's
+    kernels once the plan names them: :meth:`Sniffed.begin`; an audio run's decoding processes and its warm-up, as
+    ``gpu.start.early("audio")`` has them). :func:`started_early` takes them where they fit its run and ends them
+    otherwise (so does :func:`prestart` an image run's); so does the command's exit where it never gets there (a
+    usage error). Never raises: a bad setting or option is the command's to report. ``GPUBATCH_EARLY_START=0``
+    turns it off with :func:`prestart`."""
     try:
         guess = guessed(args)
         if guess is None or not gpu_node():
@@ -240,14 +257,18 @@ def sniff(args: list[str]) -> None:
             return
         import atexit
 
-        from ..gpu.start import Early, instances_wanted
+        from ..gpu.start import Early, audio_decoders, instances_wanted
         from ..processes import fork_safe, visible_name
 
-        gpu, procs = guess
+        kind, gpu, procs = guess
         env = {"CUDA_VISIBLE_DEVICES": visible_name(gpu)} if gpu else {}  # (as RunContext.for_slot)
-        early = Early(0, settings, instances_wanted(settings), (), reserve=gpu if procs == 1 else None, host=procs)
+        if kind == "audio":  # (as gpu.start.early("audio"): the run's context, decoding processes and warm-up)
+            early = Early(0, settings, sync=False, library=False, decoders=audio_decoders(procs), warm="audio")
+        else:
+            early = Early(0, settings, instances_wanted(settings), (), reserve=gpu if procs == 1 else None, host=procs)
         # forked where the command may (one thread, no CUDA): a fresh interpreter's start and imports left out
-        _SNIFFED.append(Sniffed([(early, dict(env)) for _ in range(procs)], fork=settings.early_fork and fork_safe()))
+        _SNIFFED.append(Sniffed([(early, dict(env)) for _ in range(procs)], fork=settings.early_fork and fork_safe(),
+                                kind=kind))
         atexit.register(close_sniffed)  # (before multiprocessing's own, which would wait for them)
     except Exception:  # noqa: BLE001 - a guess: the command runs as it would have
         return

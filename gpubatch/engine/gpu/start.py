@@ -42,8 +42,9 @@ class Early(NamedTuple):
     the start's threads, or None; ``host``: the GPU processes sharing the host's cores, where the worker's boot
     starts its feed's reader processes too (:func:`feed_readers` of them; an image run's), else 0; ``decoders``: the
     audio unit's decoding processes the worker's boot starts (an audio run's, :func:`audio_decoders`), else 0;
-    ``warm``: a plan whose chain the start runs once on a second of silence after the context (an audio run's: the
-    FFT and BLAS libraries loaded, the chain's kernels made, while the worker unpickles its run), else None."""
+    ``warm``: "audio" (an audio run's): after the context the start runs a log-mel chain once on a second of silence
+    (:data:`AUDIO_WARM`: CuPy, its FFT and BLAS libraries and their handles loaded, the common kernels made, while the
+    worker unpickles its run; the unit warms its own chain's first batch after), else ""."""
 
     index: int
     settings: Settings
@@ -54,7 +55,7 @@ class Early(NamedTuple):
     reserve: int | None = None
     host: int = 0
     decoders: int = 0
-    warm: Any = None
+    warm: str = ""
 
 
 #: the hardware engine's instances a decoder makes off the hardware route (GpuImageDecoder.HW_INSTANCES)
@@ -89,8 +90,12 @@ def early(kind: str, ctx: Any) -> Early | None:
     if kind in ("context", "audio") and ctx.gpu_memory is None:  # (a capped run measures its context as it makes it)
         audio = kind == "audio"
         return Early(ctx.device.index, ctx.settings, sync=False, library=False,
-                     decoders=audio_decoders(ctx.host_procs) if audio else 0, warm=ctx.plan if audio else None)
+                     decoders=audio_decoders(ctx.host_procs) if audio else 0, warm="audio" if audio else "")
     return None
+
+
+#: the chain an audio worker's start runs once on silence (``Early.warm``): what most audio chains' first batch loads
+AUDIO_WARM = "mono() | log_mel(n_mels=80)"
 
 
 def audio_decoders(host: int) -> int:
@@ -155,10 +160,12 @@ class _Start:
                 cp.cuda.runtime.memGetInfo()  # (the CUDA context is made here)
             t = self._step("context", t)
             self.context.set()
-            if self.spec.warm is not None:  # (an audio run's chain, once, on silence)
+            if self.spec.warm == "audio":  # (a log-mel chain, once, on silence)
+                from ..plan import Plan
+                from ..spec import parse_chain
                 from .audio import warm_chain
 
-                warm_chain(self.spec.warm, 16000, 16000, 1, 1)
+                warm_chain(Plan(ops=parse_chain(AUDIO_WARM), media="audio"), 16000, 16000, 1, 1)
                 t = self._step("chain warmed", t)
             if self.spec.kernels:  # NVRTC (or CuPy's cache) beside the decoders' start
                 c = threading.Thread(target=self._compile, args=(self.spec.kernels,), name="gpubatch-compile",
