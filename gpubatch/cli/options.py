@@ -135,8 +135,8 @@ def pipeline_options(f):
         click.option("--gpu-procs", type=click.IntRange(min=1), default=None, metavar="N",
                      help="GPU worker processes a GPU, each with its own decoders and CUDA context (2: about a "
                           "tenth faster on long image runs, at twice the GPU memory)  "
-                          "[default: 1; 2 for an image run of 32,768 records or more without --gpu-memory; "
-                          "audio and video take 1 under --gpu-memory]"),
+                          "[default: 1; 2 for an image run of 32,768 records or more without --gpu-memory, and "
+                          "for audio on a host of 8 cores a GPU or more; audio and video take 1 under --gpu-memory]"),
     ]):
         f = opt(f)
     return f
