@@ -28,9 +28,11 @@ IMAGE_MODULES = ("gpubatch.engine.execute.worker", "gpubatch.engine.execute.writ
                  "gpubatch.engine.gpu.feed", "gpubatch.engine.gpu.engine", "gpubatch.formats", "cupy",
                  "gpubatch.engine.codecs.image_device", "gpubatch.engine.codecs.image_gpu",
                  "gpubatch.engine.codecs.jpeg_gpu", "gpubatch.engine.codecs.image_encode_gpu", "gpubatch.engine.gpu.chain")
-#: what a GPU audio worker's run imports, likewise (its start's warm-up imports CuPy and the audio unit)
-AUDIO_MODULES = ("gpubatch.engine.execute.worker", "gpubatch.engine.execute.writer", "gpubatch.formats",
-                 "gpubatch.engine.gpu.audio_records", "gpubatch.engine.gpu.audio_feed")
+#: what a GPU audio worker's run imports, likewise: CuPy and its FFT and BLAS libraries first (loaded beside the
+#: context, which its start's warm-up, :data:`..gpu.start.AUDIO_WARM`, waits for), then the audio unit
+AUDIO_MODULES = ("cupy", "cupy.cuda.cufft", "cupy_backends.cuda.libs.cublas", "cupy.fft", "gpubatch.engine.gpu.audio",
+                 "gpubatch.engine.ops.spectral", "gpubatch.engine.execute.worker", "gpubatch.engine.execute.writer",
+                 "gpubatch.formats", "gpubatch.engine.gpu.audio_records", "gpubatch.engine.gpu.audio_feed")
 
 
 def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
