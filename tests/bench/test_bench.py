@@ -722,3 +722,34 @@ def test_bench_convert_runs_the_pass_through_in_each_sync_mode_beside_the_loop(t
     for fmt in ("webdataset", "tfrecord", "recordio", "lmdb"):
         for key in (fmt, f"{fmt} --sync off"):
             assert job[key]["records_out"] == 64 and job[key]["ratio"] > 0, key
+
+
+def test_bench_convert_times_the_audio_features_each_run_from_an_empty_output(tmp_path, monkeypatch):
+    """benchmarks/bench_convert.py's audio job (here its CPU path: no GPU): each timed run starts with the previous
+    run's output removed and the disk synced outside its time (``fresh``), as the pass-through's and the baselines'
+    runs do, so that no run pays for deleting the last one's features."""
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("bench_convert", root / "benchmarks" / "bench_convert.py")
+    bc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bc)
+    seen: list = []
+    plain_timed = bc.timed
+
+    def timed(cmd, repeats, before=None, **kw):
+        out = Path(cmd[cmd.index("convert") + 2])
+        seen.append((out, before))
+
+        def checked():
+            before()
+            assert not out.exists()  # (removed before the run is timed)
+        return plain_timed(cmd, repeats, before=checked, **kw)
+
+    monkeypatch.setattr(bc, "timed", timed)
+    a = SimpleNamespace(data_root=tmp_path / "data", clips=4, gpu=False, gpu_only=False, sync="shard", repeats=2)
+    job = bc.job_audio(a, tmp_path)
+    assert job["clips"] == 4 and job["cpu"]["records_out"] == 4 and len(job["cpu"]["runs"]) == 2
+    assert [o.name for o, b in seen] == ["audio-cpu"] and seen[0][1] is not None
