@@ -198,7 +198,10 @@ class AudioDeviceUnit:
     """Audio on the GPU, in a GPU's worker process, over the tasks it is dealt (in shard order):
 
     - records read and decoded in processes of their own (:class:`~.audio_records.RecordDecoders`: a core
-      each of this process's share of the host's), ahead across the shards' boundaries;
+      each of this process's share of the host's, forked by the worker's boot before its CUDA context), ahead
+      across the shards' boundaries;
+    - the chain run once on silence shaped as the first batch while that batch is decoded (:func:`warm_up`; the
+      worker's start ran a log-mel chain once already: ``gpu.start.Early.warm``);
     - the chain run on the GPU ``batch_size`` outputs of one shard at a time (a batch never spans two:
       a shard's bytes do not depend on the worker; under ``--gpu-memory``, as many as the cap holds:
       :func:`fit_cap`, planned on the first task);
@@ -212,7 +215,8 @@ class AudioDeviceUnit:
     second on an H200 host of 16 cores; so, 460 (2026-12-02); with the samples through pipes and the
     writer a process, 560-595 on 4,096 clips, and so 696; with the batches gathered off the loop, read
     straight from the decoders' files, 948 (2026-12-03, benchmarks/RESULTS.md: the loop then waits on the
-    shards' writer thread more than on anything else).
+    shards' writer thread more than on anything else). 2,048 clips with two such processes a GPU, their start off
+    the first shard's way: 861-914 clips/s against 672 with one (2026-12-05).
     """
 
     def __init__(self, ctx: Any, slot: int):
