@@ -170,7 +170,7 @@ class AudioPipeline:
         if self.device.is_gpu:
             import cupy as cp
 
-            from ..engine.gpu.audio import run_chain_device
+            from ..engine.gpu.audio_chain import run_chain_device
             from ..engine.gpu.audio_feed import to_device
 
             with cp.cuda.Device(self.device.index):
@@ -305,7 +305,7 @@ class AudioPipeline:
                                window=max(2 * batch_size, 4 * self.workers))
 
     def _batches(self, items: Iterator[tuple], batch_size: int, files: int, upload: Any, cp: Any) -> Iterator[AudioBatch]:
-        from ..engine.gpu.audio import run_chain_device
+        from ..engine.gpu.audio_chain import run_chain_device
 
         misses = 0
         group: list[tuple] = []

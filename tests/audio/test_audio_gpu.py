@@ -47,7 +47,7 @@ def test_device_kernels_match_host_kernels(name, monkeypatch):
     by record, the host kernels; the host's resampler is the GPU filter's NumPy twin here (soxr against
     the GPU kernel is the test below), so every op's arithmetic is compared."""
     from gpubatch.engine.codecs.audio import AudioHostCodec
-    from gpubatch.engine.gpu.audio import run_chain_device, to_host
+    from gpubatch.engine.gpu.audio_chain import run_chain_device, to_host
     from gpubatch.engine.gpu.audio_feed import to_device
     from gpubatch.engine.ops import audio as audio_ops
     from gpubatch.engine.plan import Plan
@@ -78,7 +78,7 @@ def test_device_kernels_match_host_kernels(name, monkeypatch):
 
 def test_log_mel_on_the_gpu_against_whispers_definition():
     from gpubatch.engine.codecs.audio import AudioData
-    from gpubatch.engine.gpu.audio import run_chain_device, to_host
+    from gpubatch.engine.gpu.audio_chain import run_chain_device, to_host
     from gpubatch.engine.gpu.audio_feed import to_device
     from gpubatch.engine.spec import parse_chain
     from gpubatch.synthetic import speech_like
@@ -112,7 +112,7 @@ def test_resample_kernel_is_its_numpy_twin_and_soxr_grade():
 
 def test_noise_is_the_same_stream_on_both_devices():
     from gpubatch.engine.codecs.audio import AudioData, AudioHostCodec
-    from gpubatch.engine.gpu.audio import run_chain_device, to_host
+    from gpubatch.engine.gpu.audio_chain import run_chain_device, to_host
     from gpubatch.engine.gpu.audio_feed import to_device
     from gpubatch.engine.spec import parse_chain
 

@@ -163,7 +163,7 @@ class _Start:
             if self.spec.warm == "audio":  # (a log-mel chain, once, on silence)
                 from ..plan import Plan
                 from ..spec import parse_chain
-                from .audio import warm_chain
+                from .audio_chain import warm_chain
 
                 warm_chain(Plan(ops=parse_chain(AUDIO_WARM), media="audio"), 16000, 16000, 1, 1)
                 t = self._step("chain warmed", t)
