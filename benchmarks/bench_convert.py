@@ -231,7 +231,7 @@ def job_gpu_transcode(a, tmp: Path) -> dict:
         sets.append((a.images * 4, linked_set(sets[0][1], 4)))
     for n, data in sets:
         res = timed(gpubatch("convert", str(data), str(tmp / "gpu"), "--to", "webdataset", *TRANSCODE,
-                             "--device", "gpu", "--overwrite", "--json"), a.repeats)
+                             "--device", "gpu", "--overwrite", "--json"), a.repeats, before=fresh(tmp / "gpu"))
         s = res["summary"] or {}
         t = s.get("timings", {})
         first = t.get("wall: first batch (from the run's start)")
@@ -319,7 +319,8 @@ def job_gpus(a, tmp: Path) -> dict:
     one = None
     for name, extra in runs:
         res = timed(gpubatch("convert", str(data), str(tmp / f"gpus-{name}"), "--to", "webdataset", *TRANSCODE,
-                             "--device", "gpu", "--overwrite", "--json", *extra), a.repeats)
+                             "--device", "gpu", "--overwrite", "--json", *extra), a.repeats,
+                    before=fresh(tmp / f"gpus-{name}"))
         s = res["summary"] or {}
         r = rate(n, res)
         c = int(name.split("-")[-1])
