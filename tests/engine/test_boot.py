@@ -236,15 +236,16 @@ def test_an_audio_run_takes_two_processes_a_gpu_on_a_host_of_8_cores_a_gpu(monke
     ``--gpu-procs`` given, or on Ray; an image run is not widened."""
     from types import SimpleNamespace
 
-    from gpubatch.engine import processes
+    from gpubatch.engine.execute import strategies
     from gpubatch.engine.execute.early import gpu_procs as _gpu_procs
 
     def req(**kw):
         return SimpleNamespace(**{"gpu_procs": None, "gpu_memory": None, "executor": "local", **kw})
 
-    monkeypatch.setattr(processes, "cores", lambda: have)
+    monkeypatch.setattr(strategies, "cores", lambda: have)
     audio, image = TABLE[("audio", "gpu")], TABLE[("image", "gpu")]
     assert _gpu_procs(req(), audio, 100, gpus) == want and _gpu_procs(req(), audio, None, gpus) == want
+    assert audio.per_gpu_here(gpus) == want and image.per_gpu_here(gpus) == 1
     assert _gpu_procs(req(gpu_procs=1), audio, 100, gpus) == 1 and _gpu_procs(req(gpu_procs=3), audio, 1, gpus) == 3
     assert _gpu_procs(req(gpu_memory="1GiB"), audio, 100, gpus) == 1
     assert _gpu_procs(req(executor="ray"), audio, 100, gpus) == 1

@@ -33,15 +33,11 @@ def gpu_procs(req: Any, strategy: Any, records: int | None = None, gpus: int = 1
     """The worker processes a GPU of a GPU run (``--gpu-procs``, else the strategy's; for a local run without
     a cap, its ``long_run``'s where it has at least that many ``records``, and its ``wide``'s where the host
     has that many cores for each of its ``gpus``; one for audio and video under a cap: their plans')."""
-    from ..processes import cores
-
-    procs = req.gpu_procs or strategy.per_gpu
     free = not req.gpu_procs and req.gpu_memory is None and getattr(req, "executor", "local") == "local"
-    long, wide = strategy.long_run, strategy.wide
+    procs = req.gpu_procs or (strategy.per_gpu_here(gpus) if free else strategy.per_gpu)
+    long = strategy.long_run
     if long and free and records is not None and records >= long[0]:
         procs = max(procs, long[1])
-    if wide and free and cores() >= wide[0] * max(1, gpus):
-        procs = max(procs, wide[1])
     return 1 if req.gpu_memory is not None and strategy.name != "gpu-image" else procs
 
 
@@ -149,7 +145,7 @@ def guessed(args: list[str]) -> tuple[str, int, int] | None:
     none or the arguments do not say: not ``convert`` or ``augment``, ``convert`` with neither a pixel nor an audio
     option, video options, audio options under ``--gpu-memory`` (its plan measures the context as it makes it),
     ``--device cpu``, ``--gpus``, Ray, a part, help. An audio run's processes a GPU are ``--gpu-procs``, else its
-    strategy's on this host (``Strategy.wide``). A wrong guess costs only the processes it starts, which the run
+    strategy's on this host (``Strategy.per_gpu_here``). A wrong guess costs only the processes it starts, which the run
     ends where they do not fit."""
     names = {a.split("=", 1)[0] for a in args if a.startswith("-")}
     command = next((a for a in args if not a.startswith("-")), None)
@@ -169,11 +165,9 @@ def guessed(args: list[str]) -> tuple[str, int, int] | None:
     except ValueError:  # (the options' parser says what is wrong)
         return None
     if not procs and audio:
-        from ..processes import cores
         from .strategies import TABLE
 
-        strategy = TABLE[("audio", "gpu")]
-        procs = strategy.wide[1] if strategy.wide and cores() >= strategy.wide[0] else strategy.per_gpu
+        procs = TABLE[("audio", "gpu")].per_gpu_here()
     procs = procs or 1
     return ("audio" if audio else "image", gpu, procs) if gpu >= 0 and procs >= 1 else None
 

@@ -44,6 +44,13 @@ class Strategy:
         module, cls = self.unit.split(":")
         return getattr(importlib.import_module(module), cls).make(ctx, slot)
 
+    def per_gpu_here(self, gpus: int = 1) -> int:
+        """The processes a GPU this strategy takes by default on this host for a run on ``gpus`` GPUs: ``wide``'s where
+        the host has that many cores for each GPU, else ``per_gpu``."""
+        if self.wide and cores() >= self.wide[0] * max(1, gpus):
+            return max(self.per_gpu, self.wide[1])
+        return self.per_gpu
+
     def workers(self, ctx: Any, tasks: int, asked: int | None = None) -> int:
         """Worker processes for ``tasks`` tasks: on the CPU ``asked`` or a worker a core; on the GPU
         ``per_gpu`` (``--gpu-procs``) for each of the run's GPUs; never more than there are tasks."""
