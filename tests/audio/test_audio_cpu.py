@@ -777,7 +777,7 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path, pre
     from gpubatch.engine.gpu import feed_start
 
     if prestarted:
-        feed_start.prestart(2, "audio")
+        feed_start.prestart(3, "audio")  # (more than the run asks for: the third only waits)
     decoders = RecordDecoders(ctx, 2, chunk=3)
     assert decoders.prestarted == prestarted and not feed_start._PRESTARTED
     try:

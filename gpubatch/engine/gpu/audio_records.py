@@ -370,8 +370,9 @@ class RecordDecoders:
 
         sweep_shared()
         self.processes, self.chunk = max(1, processes), max(1, chunk)
-        # the processes its worker's boot forked (their imports done beside the GPU's start), else spawned now
-        taken = feed_start.taken(self.processes, (ctx,), "audio")
+        # the processes its worker's boot forked (their imports done beside the GPU's start; more than a short run
+        # needs only wait), else spawned now
+        taken = feed_start.taken(self.processes, (ctx,), "audio", more=True)
         self.prestarted = taken is not None
         self.pool = taken[0] if taken is not None else single_threaded_pool(self.processes, _decoder_start, (ctx,),
                                                                               wait=False)

@@ -67,20 +67,21 @@ def prestart(readers: int, kind: str = "feed") -> None:
         return
 
 
-def taken(readers: int, init: tuple, kind: str = "feed") -> tuple[Any, Any] | None:
+def taken(readers: int, init: tuple, kind: str = "feed", more: bool = False) -> tuple[Any, Any] | None:
     """(the pool, the barrier its processes share) of the processes of ``kind`` :func:`prestart` started, the caller's
     now, each given its first task, ``feed._init(*init)`` (``audio_records._prestarted_start(*init)``; the barrier
-    lets none take a second), and waited for; None where it started none of that kind or not ``readers`` (those it
-    started end), or they failed (the caller starts its own)."""
+    lets none take a second), and waited for; None where it started none of that kind, or not ``readers`` (or, with
+    ``more``, fewer: a caller whose extra processes only wait), in which case those it started end, or where they
+    failed (the caller starts its own)."""
     found = next((k for k, p in enumerate(_PRESTARTED) if p[0] == kind), None)
     if found is None:
         return None
     _, pool, attached, count = _PRESTARTED.pop(found)
-    if count != readers:
+    if count < readers or (count > readers and not more):
         _end(pool)
         return None
     try:
-        for f in [pool.submit(_first_task, kind, *init) for _ in range(readers)]:
+        for f in [pool.submit(_first_task, kind, *init) for _ in range(count)]:
             f.result()
     except Exception:  # noqa: BLE001 - (a reader that died at its start: a pool of the feed's own)
         _end(pool)
