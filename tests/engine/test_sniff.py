@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +96,37 @@ def test_workers_started_at_the_commands_start_are_taken_by_its_run_and_the_byte
     plain = _cli(["convert", str(imagenet), str(tmp_path / "plain"), *chain, "--device", "cpu"], node=False)
     assert plain["sniffed"] == [] and plain["taken"] == []
     assert digest(tmp_path / "sniffed") == digest(tmp_path / "plain")
+
+
+def test_an_audio_commands_workers_started_at_its_start_end_when_it_runs_on_the_cpu(tmp_path):
+    """Told it has a GPU node, an audio ``convert`` starts a GPU audio run's workers at once (their boot forks their
+    decoding processes); ``--device auto`` finds no usable GPU here and runs on the CPU, which takes none of them:
+    they end, and the bytes are those of a run where nothing was started ahead."""
+    import shutil
+
+    from tests.helpers import ROOT as root
+
+    src = tmp_path / "audio"
+    shutil.copytree(root / "sample_data" / "audio", src)
+    chain = ["--to", "webdataset", "--sample-rate", "16000", "--mono", "--duration", "1", "--features",
+             "log-mel(n_mels=40)", "--quiet"]
+    seen = _cli(["convert", str(src), str(tmp_path / "sniffed"), *chain], node=True)
+    assert len(seen["sniffed"]) == AUDIO_PROCS and seen["taken"] == []
+    plain = _cli(["convert", str(src), str(tmp_path / "plain"), *chain, "--device", "cpu"], node=False)
+    assert plain["sniffed"] == []
+    assert list((tmp_path / "sniffed").glob("*.tar")) and digest(tmp_path / "sniffed") == digest(tmp_path / "plain")
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in seen["sniffed"]):
+        assert time.monotonic() < deadline, "a worker started at the command's start outlived it"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (``/proc/PID/stat``), "" where it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def test_workers_started_at_the_commands_start_end_where_its_run_is_not_theirs(imagenet, tmp_path):
