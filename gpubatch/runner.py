@@ -587,8 +587,8 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
 
 
 def worker_walls(results: list[ShardResult]) -> dict[str, float]:
-    """When the GPU image and audio workers' steps came (their shards' ``marks``, seconds from the run's start), the earliest
-    of each over the workers, in the order they came: ``wall: first batch (from the run's start)`` and
+    """When the GPU image and audio workers' steps came (their shards' ``marks``, seconds from the run's start), the
+    earliest of each over the workers, in the order they came: ``wall: first batch (from the run's start)`` and
     ``wall (worker): NAME``."""
     marks: dict[str, float] = {}
     for r in results:

@@ -4,8 +4,8 @@
 a core. On the GPU each media has a unit of its own: images through the GPU engine (decoders, the
 chain's kernels, the JPEG encoder, with reader processes of its own), video through NVDEC sessions,
 audio through the GPU chain fed by decoding processes; ``--gpu-procs`` processes a GPU (by default one for
-images and video, two for audio on a host of 8 cores a GPU or more). A run whose records all pass through untouched takes the host unit whatever the
-device. Units are named by import path, so a worker imports only the one it runs (CuPy never loads
+images and video, two for audio on a host of 8 cores a GPU or more). A run whose records all pass through
+untouched takes the host unit whatever the device. Units are named by import path, so a worker imports only the one it runs (CuPy never loads
 in a CPU worker).
 """
 
@@ -31,7 +31,8 @@ class Strategy:
     per_gpu: int = 1
     why: str = ""
     dealt: bool = False  # its workers take their tasks up front, in shard order (a feed that reads ahead across them)
-    start: str = ""  # what a worker starts first, before it unpickles its run (gpu.start.early: "image", "audio", "context")
+    #: what a worker starts first, before it unpickles its run (gpu.start.early: "image", "audio", "context")
+    start: str = ""
     #: (records, processes): a run of at least that many records, no ``--gpu-procs`` and no ``--gpu-memory`` given,
     #: takes that many processes a GPU (the early ones, started before the run knew its length, and more beside them)
     long_run: tuple[int, int] | None = None

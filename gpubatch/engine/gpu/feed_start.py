@@ -21,9 +21,10 @@ from typing import Any
 
 _PRESTARTED: list[tuple[str, Any, Any, int]] = []  # (their kind, the pool, the barrier its processes share, how many)
 
-#: what a prestarted process of each kind runs: the module whose ``preload()`` imports it, and whose ``_W`` keeps
-#: the barrier for its first task
-KINDS = {"feed": "gpubatch.engine.gpu.feed", "audio": "gpubatch.engine.gpu.audio_records"}
+#: what a prestarted process of each kind runs: the module whose ``preload()`` imports it and whose ``_W`` keeps the
+#: barrier for its first task, and that first task's function there (called with the caller's ``init`` and the barrier)
+KINDS = {"feed": ("gpubatch.engine.gpu.feed", "_init"),
+         "audio": ("gpubatch.engine.gpu.audio_records", "_prestarted_start")}
 
 
 def _preload(attached: Any, parent: int, kind: str = "feed") -> None:
@@ -35,7 +36,7 @@ def _preload(attached: Any, parent: int, kind: str = "feed") -> None:
 
     from ..processes import die_with_parent
 
-    module = importlib.import_module(KINDS[kind])
+    module = importlib.import_module(KINDS[kind][0])
     module.preload()
     module._W["attached"] = attached
     die_with_parent()
@@ -45,7 +46,8 @@ def _preload(attached: Any, parent: int, kind: str = "feed") -> None:
 
 def prestart(readers: int, kind: str = "feed") -> None:
     """``readers`` processes of ``kind`` (:data:`KINDS`) started now, each importing the code it will run (the feed's
-    reading code, the audio unit's decoding code); :func:`taken` hands them to the feed (the audio unit). Forked: call it while this process has one thread and no CUDA context (the worker's boot, before its
+    reading code, the audio unit's decoding code); :func:`taken` hands them to the feed (the audio unit). Forked:
+    call it while this process has one thread and no CUDA context (the worker's boot, before its
     GPU's start: :func:`.start.boot`); the pool's queues and barrier are then unlinked at once, as ``fork``'s are, so
     that a worker ended without waiting for it leaves nothing to the resource tracker. Never raises: the feed starts
     its own readers."""
@@ -90,13 +92,13 @@ def taken(readers: int, init: tuple, kind: str = "feed", more: bool = False) -> 
 
 
 def _first_task(kind: str, *init: Any) -> None:
-    """A prestarted process's first task, with the barrier its start kept: ``feed._init(*init)`` (a reader's),
-    ``audio_records._prestarted_start(*init)`` (an audio decoder's)."""
+    """A prestarted process's first task, with the barrier its start kept: its kind's function (:data:`KINDS`),
+    ``feed._init(*init, barrier)`` for a reader, ``audio_records._prestarted_start(*init, barrier)`` for a decoder."""
     import importlib
 
-    module = importlib.import_module(KINDS[kind])
-    first = module._init if kind == "feed" else module._prestarted_start
-    first(*init, module._W.pop("attached", None))
+    name, first = KINDS[kind]
+    module = importlib.import_module(name)
+    getattr(module, first)(*init, module._W.pop("attached", None))
 
 
 def _end(pool: Any) -> None:
