@@ -829,6 +829,14 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path, pre
     # batches of 2 jobs at most, each of one shard
     groups = list(batched(iter(got), 2))
     assert [[s.task.index for s, _, _ in g] for g in groups] == [[0, 0], [0, 0], [1], [2, 2], [2, 2], [2, 2]]
+    # each group handed to the shards' writer in one go a shard, its entries' outputs in order, the shard's
+    # last entry still its last
+    from gpubatch.engine.gpu.audio import by_shard
+
+    handed = [by_shard(g) for g in batched(iter(got), 4)]
+    assert [[(s.task.index, len(outs), last) for s, outs, last in h] for h in handed] == \
+        [[(0, 4, True)], [(1, 0, True)], [(2, 4, False)], [(2, 2, True)]]
+    assert [o for h in handed for _, outs, _ in h for o in outs] == [o for _, outs, _ in got for o in outs]
 
 
 def _encode_in_a_process(items):
@@ -1001,3 +1009,4 @@ def test_decoded_samples_go_through_a_shared_file_or_the_pipe_where_it_cannot_be
     monkeypatch.setattr(ar, "SHM_DIR", str(tmp_path))
     monkeypatch.setattr(os, "pwrite", lambda fd, data, at: len(data) // 2)
     assert ar._share(out) is out and not os.listdir(tmp_path)
+
