@@ -1009,4 +1009,3 @@ def test_decoded_samples_go_through_a_shared_file_or_the_pipe_where_it_cannot_be
     monkeypatch.setattr(ar, "SHM_DIR", str(tmp_path))
     monkeypatch.setattr(os, "pwrite", lambda fd, data, at: len(data) // 2)
     assert ar._share(out) is out and not os.listdir(tmp_path)
-

@@ -308,7 +308,7 @@ def test_gpu_audio_writes_the_same_bytes_in_one_process_a_gpu_or_several(tmp_pat
     """Two processes a GPU (the default on a host of 8 cores a GPU or more) and three, each with the decoding
     processes its boot forked and its chain warmed up on silence, write the bytes one process writes: a batch never
     spans two shards, whichever worker writes it; so does a shards' writer in a process of its own (the outputs
-    through shared files, their page-locked slot released once copied there)."""
+    through shared files)."""
     from gpubatch.synthetic import make_audio_set
 
     src = tmp_path / "clips"
@@ -324,4 +324,3 @@ def test_gpu_audio_writes_the_same_bytes_in_one_process_a_gpu_or_several(tmp_pat
         tars[procs, writer] = {p.name: p.read_bytes() for p in sorted(out.glob("*.tar"))}
     first = tars[1, "thread"]
     assert len(first) == 6 and all(t == first for t in tars.values())
-

@@ -337,8 +337,8 @@ def by_shard(group: list[tuple[Any, list, bool]]) -> list[tuple[Any, list, bool]
     the writer's queue of 8, so the loop ran at most 8 records ahead of the writer and the two took turns: in a run
     of 8,192 Whisper clips on an H200 host (2026-12-05) the loops waited 4.4 s in the hand-over (summed over two
     processes) while their writers sat idle 4.2 s. With the GPU's part of a batch stood in by a wait
-    (``benchmarks/audio_handover.py``, 2,048 clips, the 2-core CI machine) the hand-over went from 0.67 s to 0.001 s
-    and the run from 1,231 to 1,988 clips/s."""
+    (``benchmarks/audio_handover.py``, 2,048 clips, the 2-core CI machine) the hand-over went from 0.77 s to 0.001 s
+    and the run from 1,162 to 1,971 clips/s."""
     out: list[tuple[Any, list, bool]] = []
     for shard, outs, last in group:
         if out and out[-1][0] is shard and not out[-1][2]:
