@@ -21,7 +21,9 @@ Jobs (``--only``; the default is every job the machine can run):
   also runs gpubatch under ``--sync off`` (never fsynced, as the loop), each format's modes in turn.
 - ``info``: ``gpubatch info SRC`` (headers only) on the same files.
 - ``audio``: ``--features "log-mel(n_mels=80)"`` on --clips 10-s FLAC clips to webdataset on the GPU and the
-  CPU against ``AudioPipeline`` on the same chain and files.
+  CPU against ``AudioPipeline`` on the same chain and files (warm, writing nothing); and the disk alone: the
+  output's files written from memory and fsynced shard by shard (``disk_alone_s``, :func:`durable_writes`), the
+  floor under any run that writes them durably, with the ratio to the pipeline that floor allows.
 - ``video``: ``--frames every:1 --resize-shorter 224`` on --videos 1080p/720p H.264/HEVC clips on the GPU and
   the CPU against gpubatch's own NVDEC decode of the same files (benchmarks/video_decode.py, 4 sessions).
   ``--gpu-only`` leaves out the CPU path of audio and video (minutes on sets such as ``--clips 8192``
@@ -205,6 +207,35 @@ def tarfile_loop(data: Path, out: Path, durable: bool = False) -> float:
             tar.fileobj.flush()
             os.fsync(tar.fileobj.fileno())
     return len(files) / (time.perf_counter() - t0)
+
+
+def durable_writes(out: Path, sizes: list[int], chunk: int = 4 << 20) -> float:
+    """Seconds to write files of ``sizes`` bytes into ``out`` (what a run wrote, shard by shard) and make each
+    durable as gpubatch commits a shard: written in order by one thread, each fsynced in a second thread beside the
+    next one's writes; from a buffer in memory (nothing decoded, encoded or read), after the disk is synced. What
+    the disk alone needs to take such an output: a floor under any run that writes it with ``--sync shard``."""
+    import concurrent.futures
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    buf = memoryview(os.urandom(chunk))
+    os.sync()
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(1) as syncer:
+        last = None
+        for i, size in enumerate(sizes):
+            fd = os.open(out / f"part-{i:05d}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            left = size
+            while left > 0:
+                left -= os.write(fd, buf[: min(left, chunk)])
+            if last is not None:
+                last.result()
+            last = syncer.submit(lambda fd=fd: (os.fsync(fd), os.close(fd)))
+        if last is not None:
+            last.result()
+    seconds = time.perf_counter() - t0
+    shutil.rmtree(out, ignore_errors=True)
+    return seconds
 
 
 class _Bytes:
@@ -506,8 +537,15 @@ def job_audio(a, tmp: Path) -> dict:
         out[dev if mode == "shard" else f"{dev} --sync {mode}"] = {
             "clips_per_s": rate(n, res), "runs": res["runs"],
             "after_first_shard_clips_per_s": after_first_shard(n, res["summary"]), **slim(res["summary"])}
+    # the disk's part: the same files' bytes written and fsynced shard by shard with nothing else to do (the last
+    # run's output, still there), the floor under any run that writes them durably
+    written = [p.stat().st_size for p in sorted((tmp / f"audio-{runs[0][0]}").rglob("*")) if p.is_file()]
+    out["output_bytes"] = sum(written)
+    out["disk_alone_s"] = round(statistics.median(durable_writes(tmp / "disk-alone", written) for _ in range(a.repeats)), 3)
     if a.gpu:
         out["audio_pipeline_clips_per_s"] = audio_pipeline(data)
+        # what the target's ratio could reach if the run took no longer than its output's durable writes
+        out["ratio_ceiling_by_disk"] = ratio(n / out["disk_alone_s"], out["audio_pipeline_clips_per_s"])
         out["ratio_gpu_to_pipeline"] = ratio(out["gpu"]["clips_per_s"], out["audio_pipeline_clips_per_s"])
         for mode in others:
             out[f"ratio_gpu_sync_{mode}_to_pipeline"] = ratio(out[f"gpu --sync {mode}"]["clips_per_s"],

@@ -753,3 +753,7 @@ def test_bench_convert_times_the_audio_features_each_run_from_an_empty_output(tm
     job = bc.job_audio(a, tmp_path)
     assert job["clips"] == 4 and job["cpu"]["records_out"] == 4 and len(job["cpu"]["runs"]) == 2
     assert [o.name for o, b in seen] == ["audio-cpu"] and seen[0][1] is not None
+    # the disk alone: the output's bytes (the last run's files) written and fsynced with nothing else to do
+    out = tmp_path / "audio-cpu"
+    assert job["output_bytes"] == sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) > 4 * 80 * 3000 * 2
+    assert job["disk_alone_s"] > 0 and not (tmp_path / "disk-alone").exists()
