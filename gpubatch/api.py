@@ -340,6 +340,7 @@ def _run(req: Any, run: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any
 def audio_ops(sample_rate: int | None = None, mono: bool = False, duration: float | None = None,
               pad: str = "zero", features: str | None = None) -> tuple[Any, ...]:
     """The ops of ``convert``'s audio options: mono, resample, fix the duration, then features."""
+    from .engine.ops import OPS
     from .engine.ops.audio import FixDuration, Mono, Resample
     from .engine.ops.spectral import FeatureOp
     from .engine.spec import parse_chain
@@ -354,13 +355,17 @@ def audio_ops(sample_rate: int | None = None, mono: bool = False, duration: floa
     elif pad != "zero":
         raise UsageError("--pad needs --duration")
     if features:
+        text = features.replace("log-mel", "log_mel")
+        names = sorted(n for n, cls in OPS.items() if issubclass(cls, FeatureOp))  # (log-mel is log_mel in a chain)
         try:
-            feats = parse_chain(features.replace("log-mel", "log_mel"))
-        except UsageError:
+            feats = parse_chain(text)
+        except UsageError as e:
+            if text.split("(", 1)[0].strip() in names:  # (a feature op's own parameters: the parser's word on them)
+                raise UsageError(f"--features: {str(e).replace('log_mel', 'log-mel')}") from None
             feats = ()
         if len(feats) != 1 or not isinstance(feats[0], FeatureOp):
-            raise UsageError(f"--features takes one of log-mel, mel, mfcc, spectrogram (e.g. \"log-mel(n_mels=80)\"), "
-                             f"got {features!r}")
+            shown = ", ".join(n.replace("_", "-") for n in names)
+            raise UsageError(f"--features takes one of {shown} (e.g. \"log-mel(n_mels=80)\"), got {features!r}")
         ops.extend(feats)
     return tuple(ops)
 

@@ -407,6 +407,8 @@ def test_long_files_are_read_only_as_far_as_a_leading_duration(tmp_path, monkeyp
 def test_audio_option_errors_are_one_line(tmp_path):
     root = speech_commands(tmp_path / "sc")
     for args, words in ((["--features", "blur()"], "--features takes one of"),
+                        (["--features", "log-mel(n_mels=-1)"], "--features: log-mel n_mels must be a positive integer"),
+                        (["--features", "mfcc(n_mel=40)"], "unknown parameter 'n_mel' (did you mean 'n_mels'?)"),
                         (["--pad", "repeat"], "--pad needs --duration"),
                         (["--resize-shorter", "10"], "takes image or video data, not audio")):
         p = run_cli("convert", root, tmp_path / "o", "--to", "webdataset", *args)
