@@ -757,3 +757,48 @@ def test_bench_convert_times_the_audio_features_each_run_from_an_empty_output(tm
     out = tmp_path / "audio-cpu"
     assert job["output_bytes"] == sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) > 4 * 80 * 3000 * 2
     assert job["disk_alone_s"] > 0 and not (tmp_path / "disk-alone").exists()
+
+
+def test_the_direct_lmdb_experiment_writes_a_file_the_lmdb_library_reads_and_writes_on(tmp_path):
+    """benchmarks/lmdb_direct.py's page writer (an experiment beside the LMDB sink): values inline in leaf nodes and
+    on overflow pages (both sides of the node limit), three levels of pages; the LMDB library reads every key and
+    value back with its own counts, finds a key through the branch pages, and then writes into the file itself
+    (an append, a delete, keys between the existing ones that split its pages)."""
+    import importlib.util
+    import random
+    from pathlib import Path
+
+    lmdb = pytest.importorskip("lmdb")
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("lmdb_direct", root / "benchmarks" / "lmdb_direct.py")
+    ld = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ld)
+    from gpubatch.formats.lmdb_datum import datum_key, datum_parts
+
+    class Source:  # (a record's file, as the experiment reads it)
+        def __init__(self, i: int, data: bytes):
+            self.stem, self.data = f"k{i}", data
+
+        def read_bytes(self) -> bytes:
+            return self.data
+
+    rng = random.Random(1)
+    sizes = [10, 900, 1500, 1990, 2000, 2010, 2030, 2040, 3000, 70_000]  # (the node limit: about 2,000 bytes of value)
+    records = [(Source(i, rng.randbytes(rng.choice(sizes))), i % 7) for i in range(3000)]
+    db = ld.DirectLmdb(tmp_path / "data.mdb")
+    for i, (src, label) in enumerate(records):
+        head, tail = datum_parts(len(src.data), label)
+        db.add(datum_key(i, src.stem), [head, src.data, tail], len(head) + len(src.data) + len(tail))
+    info = db.close()
+    assert info["depth"] == 3 and info["overflow_pages"] > 0 and info["entries"] == 3000
+    ld.check(records, tmp_path, info)
+    env = lmdb.open(str(tmp_path), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        txn.put(b"99999999_last", b"x" * 5000, append=True)
+        assert txn.delete(datum_key(5, "k5"))
+        for i in range(500):
+            txn.put(b"00001000_%05d" % i, b"y" * 100)
+    with env.begin() as txn:
+        assert sum(1 for _ in txn.cursor()) == 3000 + 1 - 1 + 500 == env.stat()["entries"]
+        assert txn.get(datum_key(6, "k6")) is not None and txn.get(b"99999999_last") == b"x" * 5000
+    env.close()
