@@ -1,20 +1,15 @@
 #!/usr/bin/env python3
-"""An experiment: a Caffe LMDB written page by page with plain sequential writes, as a tar is, instead of through the
-LMDB library's memory map; beside the library (one process, ``MDB_APPEND`` into its map, as gpubatch's LMDB sink
-writes a transaction) and the pass-through's one-process ``tarfile`` loop, in turn, on the same files.
+"""A Caffe LMDB written page by page with plain sequential writes (:mod:`gpubatch.formats.lmdb_write`, as gpubatch's
+LMDB sink writes it since 2026-12-05), beside the LMDB library (one process, ``MDB_APPEND`` into its map, as the sink
+wrote a transaction before) and the pass-through's one-process ``tarfile`` loop, in turn, on the same files.
 
     python3 benchmarks/lmdb_direct.py --src .bench-data/jpeg-16384 [--repeats 5] [--json out.json]
 
-Why: under its default ``--sync`` the LMDB pass-through misses the 2-core CI machine's target (0.61-0.71x the
-``tarfile`` loop against 1.12-1.34x for the tar formats, benchmarks/RESULTS.md), and what costs is the kernel's work on
-the map (its pages zeroed and faulted in, their writeback), under the database's lock, one writer at a time. Every
-other way of feeding the library was tried (docs/engine.md's LMDB paragraph). The file format itself
-(lmdb.h / mdb.c, 64-bit builds; ``gpubatch/formats/lmdb_pages.py`` reads it) allows writing it as a stream:
-a value past a node's limit (2,038 bytes on 4-KiB pages: every JPEG here) lies on overflow pages, its first page
-a 16-byte header, the value's bytes straight after it; leaf pages hold the keys and the overflow pages' numbers;
-branch pages and the two meta pages come last. So every page of a record can be written the moment it is made,
-in order, at the file's end, with nothing mapped and nothing read back; a run of shards would take each shard's
-page range under the lock (arithmetic on its records' sizes) and write it outside.
+Why: the LMDB library writes its transactions into the file's map, and the kernel's work on the map (its pages zeroed
+and faulted in, their writeback), under the database's lock, one writer at a time, kept the LMDB pass-through at
+0.61-0.71x the ``tarfile`` loop on the 2-core CI machine (the tar formats 1.12-1.34x; benchmarks/RESULTS.md). The
+file format (lmdb.h / mdb.c; ``gpubatch/formats/lmdb_write.py`` says how) lets every page of a record be written the
+moment it is made, in order, with nothing mapped and nothing read back.
 
 What this measures: one process, every record read, wrapped in its Datum and written; each file synced at its end
 (``fdatasync``), the loop's tar too (``--no-sync``: none). The written LMDB is then read back whole by the LMDB
@@ -29,7 +24,6 @@ import json
 import os
 import shutil
 import statistics
-import struct
 import sys
 import tarfile
 import tempfile
@@ -38,120 +32,55 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-PS = 4096  # page size (the OS page, as the library takes it)
-HDR = 16  # page header: pgno u64, pad u16, flags u16, lower u16, upper u16 (or pages u32)
-NODE = 8  # node header: lo u16, hi u16, flags u16, ksize u16
-NODEMAX = (((PS - HDR) // 2) & -2) - 2  # me_nodemax: a leaf node past this keeps its value on overflow pages
-P_BRANCH, P_LEAF, P_OVERFLOW, P_META = 0x01, 0x02, 0x04, 0x08
-F_BIGDATA = 0x01
-P_INVALID = (1 << 64) - 1
-MAGIC, VERSION = 0xBEEFC0DE, 1
-
-
-def _even(n: int) -> int:
-    return n + (n & 1)
+PS = 4096
 
 
 class DirectLmdb:
-    """An LMDB data file (``data.mdb``) written in order: ``add(key, parts, size)`` for keys in ascending order;
-    ``close()`` writes the last leaf, the branch pages and the meta pages."""
+    """An LMDB data file written in order by :mod:`gpubatch.formats.lmdb_write`: ``add(key, parts, size)`` for keys in
+    ascending order, the records' pages written a leaf's worth at a time; ``close()`` writes the branch and meta
+    pages."""
 
     def __init__(self, path: Path):
+        from gpubatch.formats.lmdb_write import FIRST_PAGE
+
         self.f = open(path, "wb")  # noqa: SIM115 - closed in close()
-        self.f.write(bytes(2 * PS))  # (the meta pages, written last)
-        self.next = 2  # the next free page
-        self.leaf: list[bytes] = []  # the open leaf page's nodes
-        self.leaf_key = b""
-        self.used = HDR  # the open leaf's bytes (header, pointers, nodes)
-        self.leaves: list[tuple[bytes, int]] = []  # (first key, page) of each leaf written
-        self.entries = self.overflow = 0
+        self.f.write(bytes(FIRST_PAGE * PS))  # (the meta pages, written last)
+        self.next = FIRST_PAGE
+        self.batch: list[tuple[bytes, bytes]] = []
+        self.leaves: list[tuple[int, bytes]] = []
+        self.counts = {"leaf_pages": 0, "overflow_pages": 0, "entries": 0}
 
-    def _page(self, flags: int, nodes: list[bytes], pgno: int) -> bytes:
-        """A branch or leaf page of ``nodes`` (in key order): their pointers from the header up, the nodes from the
-        page's end down (the first node last, as the library lays out appended keys)."""
-        lower = HDR + 2 * len(nodes)
-        upper = PS
-        ptrs = []
-        for n in nodes:
-            upper -= len(n)
-            ptrs.append(upper)
-        body = struct.pack(f"<QHHHH{len(nodes)}H", pgno, 0, flags, lower, upper, *ptrs)
-        return body + bytes(upper - lower) + b"".join(reversed(nodes))
+    def _flush(self) -> None:
+        from gpubatch.formats.lmdb_write import shard_pages
 
-    def _flush_leaf(self) -> None:
-        if not self.leaf:
-            return
-        pgno, self.next = self.next, self.next + 1
-        self.f.write(self._page(P_LEAF, self.leaf, pgno))
-        self.leaves.append((self.leaf_key, pgno))
-        self.leaf, self.used = [], HDR
+        buffers, leaves, counts = shard_pages(self.batch, self.next)
+        for b in buffers:
+            self.f.write(b)
+        self.next += counts["pages"]
+        self.leaves += leaves
+        for k in self.counts:
+            self.counts[k] += counts[k]
+        self.batch = []
 
     def add(self, key: bytes, parts: list, size: int) -> None:
-        if NODE + len(key) + size > NODEMAX:  # its value on overflow pages of its own, written now
-            pages = (HDR - 1 + size) // PS + 1
-            pgno, self.next = self.next, self.next + pages
-            self.f.write(struct.pack("<QHHI", pgno, 0, P_OVERFLOW, pages))
-            for p in parts:
-                self.f.write(p)
-            self.f.write(bytes(pages * PS - HDR - size))
-            node = struct.pack("<HHHH", size & 0xFFFF, size >> 16, F_BIGDATA, len(key)) + key + struct.pack("<Q", pgno)
-            self.overflow += pages
-        else:
-            node = struct.pack("<HHHH", size & 0xFFFF, size >> 16, 0, len(key)) + key + b"".join(parts)
-        node += bytes(len(node) & 1)
-        if self.used + len(node) + 2 > PS:
-            self._flush_leaf()
-        if not self.leaf:
-            self.leaf_key = key
-        self.leaf.append(node)
-        self.used += len(node) + 2
-        self.entries += 1
+        self.batch.append((key, b"".join(parts)))
+        if len(self.batch) == 64:  # (a leaf's worth of keys: each batch begins a leaf, as each shard does)
+            self._flush()
 
     def close(self, sync: bool = True) -> dict:
-        self._flush_leaf()
-        level, depth, branches = self.leaves, 1, 0
-        while len(level) > 1:  # branch levels, bottom up: a node a child, the first with an empty key
-            up: list[tuple[bytes, int]] = []
-            nodes: list[bytes] = []
-            first = b""
-            used = HDR
-            for key, child in level:
-                k = b"" if not nodes else key
-                node = struct.pack("<HHHH", child & 0xFFFF, (child >> 16) & 0xFFFF, child >> 32, len(k)) + k
-                node += bytes(len(node) & 1)
-                if nodes and used + len(node) + 2 > PS:
-                    pgno, self.next = self.next, self.next + 1
-                    self.f.write(self._page(P_BRANCH, nodes, pgno))
-                    up.append((first, pgno))
-                    branches += 1
-                    node = struct.pack("<HHHH", child & 0xFFFF, (child >> 16) & 0xFFFF, child >> 32, 0)
-                    nodes, used = [], HDR
-                if not nodes:
-                    first = key
-                nodes.append(node)
-                used += len(node) + 2
-            pgno, self.next = self.next, self.next + 1
-            self.f.write(self._page(P_BRANCH, nodes, pgno))
-            up.append((first, pgno))
-            branches += 1
-            level, depth = up, depth + 1
-        root = level[0][1] if level else P_INVALID
-        last = self.next - 1
-        mapsize = max(1 << 20, self.next * PS)
-        free_db = struct.pack("<IHHQQQQQ", PS, 0, 0, 0, 0, 0, 0, P_INVALID)  # (its pad holds the page size)
-        main_db = struct.pack("<IHHQQQQQ", 0, 0, depth if level else 0, branches, len(self.leaves), self.overflow,
-                              self.entries, root)
-        for pgno, txnid in ((0, 0), (1, 1)):  # (the library takes the meta of the greater transaction id)
-            meta = struct.pack("<IIQQ", MAGIC, VERSION, 0, mapsize) + free_db + main_db + struct.pack("<QQ", last, txnid)
-            page = struct.pack("<QHHHH", pgno, 0, P_META, 0, 0) + meta
-            self.f.seek(pgno * PS)
-            self.f.write(page + bytes(PS - len(page)))
+        from gpubatch.formats.lmdb_write import tree_pages
+
+        if self.batch:
+            self._flush()
+        branches, metas, pages = tree_pages(self.leaves, self.next, self.counts)
+        self.f.write(branches)
+        self.f.seek(0)
+        self.f.write(metas)
         self.f.flush()
         if sync:
             os.fdatasync(self.f.fileno())
         self.f.close()
-        return {"entries": self.entries, "depth": depth, "branch_pages": branches, "leaf_pages": len(self.leaves),
-                "overflow_pages": self.overflow, "pages": self.next}
+        return {**self.counts, "pages": pages, "branch_pages": pages - self.next}
 
 
 def _records(src: Path) -> list[tuple[Path, int]]:
@@ -226,8 +155,7 @@ def check(records: list, out: Path, info: dict) -> None:
 
     env = lmdb.open(str(out), readonly=True, lock=False)
     st = env.stat()
-    want = {"entries": info["entries"], "depth": info["depth"], "branch_pages": info["branch_pages"],
-            "leaf_pages": info["leaf_pages"], "overflow_pages": info["overflow_pages"]}
+    want = {k: info[k] for k in ("entries", "branch_pages", "leaf_pages", "overflow_pages")}
     assert {k: st[k] for k in want} == want, (st, want)
     with env.begin() as txn:
         cur = txn.cursor()

@@ -274,7 +274,7 @@ def leave_dying(procs: list[Any]) -> None:
 #: what a worker's death by these signals most often means, for the run's one-line error
 _DEATHS = {
     "SIGKILL": "the system's out-of-memory killer, or kill -9",
-    "SIGBUS": "a file mapped in memory that could not be written: a full disk under an LMDB, or a full /dev/shm",
+    "SIGBUS": "a file mapped in memory that could not be written: a full /dev/shm, or a full disk under a mapped file",
     "SIGSEGV": "a crash in a native library",
 }
 

@@ -144,59 +144,12 @@ def test_an_lmdb_run_killed_at_8_moments_resumes_to_the_same_database(photos, tm
         assert s["records_out"] == 160
 
 
-def test_an_lmdb_transaction_the_run_could_not_note_is_found_in_the_database(imagenet, tmp_path):
-    """A worker killed after its shard's transaction went in, before the database's state noted it: the next
-    worker to take the lock finds the records in the database, and the shard run again adds nothing."""
+def _lmdb_shards(stage, records, per=3):
+    """LMDB sinks of ``records`` in shards of ``per`` (their tasks, and a function that makes shard k's sink)."""
     from gpubatch.formats import lmdb_sink
-    from gpubatch.types import DatasetInfo, Record, ShardTask
+    from gpubatch.types import DatasetInfo, ShardTask
 
-    stage = tmp_path / "stage"
-    stage.mkdir()
-    records = [Record(key=f"r{i}", data=b"\xff\xd8" + bytes([i]) * 50 + b"\xff\xd9", label=i % 2) for i in range(6)]
-
-    def shard(index: int) -> lmdb_sink.LmdbSink:
-        sink = lmdb_sink.LmdbSink(stage, ShardTask(index, 3 * index, 3 * index + 3, f"part-{index:05d}"),
-                                  DatasetInfo(), None)
-        for r in records[3 * index : 3 * index + 3]:
-            sink.write(r)
-        return sink
-
-    shard(0).commit()
-    state = (stage / ".gpubatch" / "lmdb" / "state.json").read_text()
-    shard(1).commit()
-    (stage / ".gpubatch" / "lmdb" / "state.json").write_text(state)  # as if killed before noting shard 1
-    with lmdb_sink.turn(stage) as t:
-        assert (t.next, t.count) == (2, 6)
-    shard(1).commit()  # the shard run again: in the database already
-    lmdb_sink.finalize(stage, [ShardTask(0, 0, 3, "part-00000"), ShardTask(1, 3, 6, "part-00001")])
-    from gpubatch.formats.lmdb import LmdbReader
-
-    with LmdbReader(stage) as reader:
-        got = [reader.read(e) for e in reader.entries()]
-    assert [(r.key, r.data, r.label) for r in got] == [(r.key, r.data, r.label) for r in records]
-
-
-
-@pytest.mark.parametrize("sizes", [[50] * 40, [5000] * 20, [90_000] * 8, [10, 3000, 70_000, 200, 2037, 2040, 4097]])
-def test_an_lmdb_transaction_is_refused_before_it_starts_where_the_disk_has_no_room_for_its_pages(tmp_path, monkeypatch,
-                                                                                                  sizes):
-    """The database is written in its file's map, where a full disk is a bus error, not a write error: each
-    transaction first asks the file system for room (``lmdb_sink.room``). Its estimate covers what a transaction
-    really takes (the file's pages before and after, small records in the tree's leaves and large ones in pages of
-    their own), and where less is free the shard is refused with ENOSPC, the database as it was."""
-    import errno
-    import os
-    from types import SimpleNamespace
-
-    from gpubatch.formats import lmdb_sink
-    from gpubatch.types import DatasetInfo, Record, ShardTask
-
-    stage = tmp_path / "stage"
-    stage.mkdir()
-    records = [Record(key=f"rec{i}", data=b"\xff\xd8" + bytes([i % 251]) * n + b"\xff\xd9", label=i)
-               for i, n in enumerate(sizes)]
-    half = len(records) // 2
-    tasks = [ShardTask(0, 0, half, "part-00000"), ShardTask(1, half, len(records), "part-00001")]
+    tasks = [ShardTask(k, per * k, per * k + per, f"part-{k:05d}") for k in range(-(-len(records) // per))]
 
     def shard(index: int) -> lmdb_sink.LmdbSink:
         sink = lmdb_sink.LmdbSink(stage, tasks[index], DatasetInfo(), None)
@@ -204,84 +157,119 @@ def test_an_lmdb_transaction_is_refused_before_it_starts_where_the_disk_has_no_r
             sink.write(r)
         return sink
 
-    asked = []
-    room = lmdb_sink.room
-    monkeypatch.setattr(lmdb_sink, "room", lambda db, items, psize: asked.append((list(items), psize)) or room(db, items, psize))
-    shard(0).commit()
-    with lmdb_sink.turn(stage) as t:
-        before = t.env.info()["last_pgno"]
-    shard(1).commit()
-    with lmdb_sink.turn(stage) as t:
-        taken = (t.env.info()["last_pgno"] - before) * t.env.stat()["psize"]
-        entries = t.env.stat()["entries"]
-    items, psize = asked[-1]
-    need = lmdb_sink.transaction_bytes(items, psize)
-    pages = need - (1 << 20)  # (the records' own pages and nodes, without the margin for the tree's other pages)
-    assert taken - 4 * psize <= pages <= taken + len(items) * 64 and taken <= need
-
-    monkeypatch.setattr(lmdb_sink.os, "statvfs", lambda path: SimpleNamespace(f_bavail=need // 4096 - 1, f_frsize=4096))
-    third = lmdb_sink.LmdbSink(stage, ShardTask(2, len(records), 2 * len(records), "part-00002"), DatasetInfo(), None)
-    for r in records:
-        third.write(Record(key=r.key + "b", data=r.data, label=r.label))
-    with pytest.raises(OSError) as e:
-        third.commit()
-    assert e.value.errno == errno.ENOSPC and "MiB are free" in e.value.strerror and str(e.value.filename).endswith("data.mdb")
-    monkeypatch.undo()
-    with lmdb_sink.turn(stage) as t:
-        assert (t.next, t.env.stat()["entries"]) == (2, entries)
-    assert os.path.getsize(stage / ".gpubatch" / "lmdb" / "db" / "data.mdb") > 0
+    return tasks, shard
 
 
-def test_an_lmdb_that_lost_its_last_transactions_with_the_machine_goes_back_to_the_turn_it_holds(tmp_path,
-                                                                                               monkeypatch):
-    """The database is synced after its lock is released: a machine lost between the transactions of a turn
-    (noted in state.json) and its sync leaves a database without them. Here the turn put shard 1 and the
-    spool of shard 2, which had come early (journaled when spooled): the spool is removed only after the
-    sync, so it is still there. The next turn goes back to the shard the database holds; shard 1 (never
-    journaled) is run again, shard 2 goes in from its spool again, and the database is the same."""
-    import shutil
+def _lmdb_records(n: int, size: int):
+    from gpubatch.types import Record
 
-    from gpubatch.formats import lmdb_sink
+    return [Record(key=f"r{i}", data=b"\xff\xd8" + bytes([i % 251]) * size + b"\xff\xd9", label=i % 2) for i in range(n)]
+
+
+def _read_lmdb(path):
     from gpubatch.formats.lmdb import LmdbReader
-    from gpubatch.formats.lmdb_datum import needed_bytes
-    from gpubatch.types import DatasetInfo, Record, ShardTask
 
+    with LmdbReader(path) as reader:
+        return [(r.key, r.data, r.label) for r in (reader.read(e) for e in reader.entries())]
+
+
+@pytest.mark.parametrize("noted", [True, False])
+def test_an_lmdb_shard_run_again_after_a_kill_writes_the_same_pages_where_they_lie(tmp_path, noted):
+    """A worker killed after its shard's pages went in, before its journal entry (``noted``: after ``state.json``
+    placed the shard; else before): the shard run again writes the same pages at the same place, and the file is
+    the one a run never stopped makes."""
+    from gpubatch.formats import lmdb_sink
+
+    records = _lmdb_records(9, 3000)
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    tasks, shard = _lmdb_shards(whole, records)
+    for k in range(3):
+        shard(k).commit()
+    lmdb_sink.finalize(whole, tasks)
     stage = tmp_path / "stage"
     stage.mkdir()
-    records = [Record(key=f"r{i}", data=b"\xff\xd8" + bytes([i]) * 5000 + b"\xff\xd9", label=i % 2) for i in range(12)]
-    tasks = [ShardTask(k, 3 * k, 3 * k + 3, f"part-{k:05d}") for k in range(4)]
-
-    def shard(index: int) -> lmdb_sink.LmdbSink:
-        sink = lmdb_sink.LmdbSink(stage, tasks[index], DatasetInfo(), None)
-        for r in records[3 * index : 3 * index + 3]:
-            sink.write(r)
-        return sink
-
-    db = stage / ".gpubatch" / "lmdb" / "db"
+    tasks, shard = _lmdb_shards(stage, records)
     shard(0).commit()
-    lmdb_sink._close_env(db)
-    data = db / "data.mdb"
-    with open(data, "rb") as f:  # the database as the disk held it when the machine went (to its last page)
-        synced = f.read(needed_bytes(data))
-    shard(2).commit()  # (early: it waits in its spool)
-    assert lmdb_sink.spool_of(stage, 2).is_file()
-    monkeypatch.setattr(lmdb_sink.Turn, "sync", lambda self: None)  # (the machine goes before the sync)
-    shard(1).commit()  # (shard 1 and the spool of shard 2 go in)
+    state = (stage / ".gpubatch" / "lmdb" / "state.json").read_text()
+    shard(1).commit()
+    if not noted:
+        (stage / ".gpubatch" / "lmdb" / "state.json").write_text(state)  # (killed before the state noted it)
+    with lmdb_sink.turn(stage) as t:
+        assert (t.next, t.count) == ((2, 6) if noted else (1, 3))
+    shard(1).commit()  # the shard run again
+    shard(2).commit()
+    lmdb_sink.finalize(stage, tasks)
+    assert (stage / "data.mdb").read_bytes() == (whole / "data.mdb").read_bytes()
+    assert _read_lmdb(stage) == [(r.key, r.data, r.label) for r in records]
+
+
+def test_a_full_disk_under_an_lmdb_is_a_write_error_and_the_shard_goes_in_once_there_is_room(tmp_path, monkeypatch):
+    """Its pages are written with plain writes, not in a map: a full disk is the write's ENOSPC (the run's one-line
+    write error), never a bus error; the shard stays unplaced, and once there is room it goes in where it would have."""
+    import errno
+
+    from gpubatch.formats import lmdb_sink
+
+    records = _lmdb_records(6, 70_000)
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    tasks, shard = _lmdb_shards(stage, records)
+    shard(0).commit()
+
+    def full(fd, buffers, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(lmdb_sink.os, "pwritev", full)
+    with pytest.raises(OSError) as e:
+        shard(1).commit()
+    assert e.value.errno == errno.ENOSPC
     monkeypatch.undo()
-    assert lmdb_sink.spool_of(stage, 2).is_file()
-    lmdb_sink._close_env(db)
-    shutil.rmtree(db)
-    db.mkdir()
-    data.write_bytes(synced)
     with lmdb_sink.turn(stage) as t:
         assert (t.next, t.count) == (1, 3)
     shard(1).commit()
+    lmdb_sink.finalize(stage, tasks)
+    assert _read_lmdb(stage) == [(r.key, r.data, r.label) for r in records]
+
+
+def test_an_lmdb_that_lost_its_last_pages_with_the_machine_writes_them_again(tmp_path, monkeypatch):
+    """The file is synced after its lock is released, a spool's pages before: a machine lost between a turn's
+    writes and its syncs leaves the file without them. Here the turn wrote shard 1 and the spool of shard 2, which
+    had come early (journaled when spooled), and the machine went before either was synced: the spool is removed
+    only after the sync, so it is still there, and the next turn writes its pages again where they lie; shard 1
+    (never journaled) is run again. The file is the one a run never stopped makes."""
+    from gpubatch.formats import lmdb_sink
+
+    records = _lmdb_records(12, 5000)
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    tasks, shard = _lmdb_shards(whole, records)
+    for k in range(4):
+        shard(k).commit()
+    lmdb_sink.finalize(whole, tasks)
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    tasks, shard = _lmdb_shards(stage, records)
+    shard(0).commit()
+    data = stage / ".gpubatch" / "lmdb" / "db" / "data.mdb"
+    synced = data.read_bytes()  # (the file as the disk held it when the machine went)
+    monkeypatch.setattr(lmdb_sink, "TURN_WAIT_S", (0.01, 0.01))
+    shard(2).commit()  # (early: it waits in its spool)
+    assert lmdb_sink.spool_of(stage, 2).is_file()
+    monkeypatch.setattr(lmdb_sink.Turn, "_settle", lambda self: None)  # (the machine goes before the syncs)
+    shard(1).commit()  # (shard 1 and the spool of shard 2 written)
+    monkeypatch.undo()
+    assert lmdb_sink.spool_of(stage, 2).is_file()
+    with open(data, "r+b") as f:  # (what was not synced is lost)
+        f.truncate(len(synced))
+    with lmdb_sink.turn(stage) as t:
+        assert (t.next, t.count) == (3, 9)  # (the state noted both: placed, their pages written again)
     assert not lmdb_sink.spool_of(stage, 2).exists()
+    shard(1).commit()
     shard(3).commit()
     lmdb_sink.finalize(stage, tasks)
-    with LmdbReader(stage) as reader:
-        got = [reader.read(e) for e in reader.entries()]
-    assert [(r.key, r.data, r.label) for r in got] == [(r.key, r.data, r.label) for r in records]
+    assert (stage / "data.mdb").read_bytes() == (whole / "data.mdb").read_bytes()
+    assert _read_lmdb(stage) == [(r.key, r.data, r.label) for r in records]
 
 
 @pytest.mark.parametrize("turn_comes", [True, False])
@@ -325,23 +313,12 @@ def test_an_lmdb_shard_that_comes_early_waits_for_its_turn_before_it_spools(tmp_
     assert [(r.key, r.data, r.label) for r in got] == [(r.key, r.data, r.label) for r in records]
 
 
-def test_lmdb_shards_held_in_memory_or_spooled_and_prefaulted_or_not_make_the_same_file(imagenet, tmp_path,
-                                                                                       monkeypatch):
+def test_lmdb_shards_held_in_memory_or_spooled_make_the_same_file(imagenet, tmp_path, monkeypatch):
     from gpubatch.formats import lmdb_sink
 
     convert(imagenet, tmp_path / "held", to="lmdb", shard_size=7, workers=2)
-    calls = {"n": 0}
-    real = lmdb_sink.prefault
-
-    def counted(*a, **kw):
-        calls["n"] += 1
-        return real(*a, **kw)
-
-    monkeypatch.setattr(lmdb_sink, "prefault", counted)
     convert(imagenet, tmp_path / "held-1", to="lmdb", shard_size=7, workers=1)
-    assert calls["n"] == 9  # (a worker of one runs in this process: each shard prefaulted before its turn)
     monkeypatch.setattr(lmdb_sink, "HOLD", 1000)  # (a record or two held, then the shard spooled)
-    monkeypatch.setattr(lmdb_sink, "prefault", lambda *a, **kw: None)
     convert(imagenet, tmp_path / "spooled", to="lmdb", shard_size=7, workers=1)
     assert digest(tmp_path / "held") == digest(tmp_path / "held-1") == digest(tmp_path / "spooled")
 
@@ -493,7 +470,7 @@ def test_a_run_stopped_in_its_finalize_resumes_to_the_same_bytes(imagenet, coco,
     whole = tmp_path / "whole"
     convert(src, whole, to=to, shard_size=5, resize_shorter=40, workers=2)
     calls = {"n": 0}
-    real_place, real_spooled, real_cut = folder.FolderWriter.place, sinks.spooled, lmdb_sink.needed_bytes
+    real_place, real_spooled, real_tree = folder.FolderWriter.place, sinks.spooled, lmdb_sink.tree_pages
 
     def count() -> None:
         calls["n"] += 1
@@ -509,17 +486,17 @@ def test_a_run_stopped_in_its_finalize_resumes_to_the_same_bytes(imagenet, coco,
             count()
             yield record
 
-    def cut(*a, **kw):  # (LMDB's finalize: the database its workers wrote, cut to its last page and moved)
+    def tree(*a, **kw):  # (LMDB's finalize: the branch and meta pages over the pages its workers wrote)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(folder.FolderWriter, "place", place)
     monkeypatch.setattr(sinks, "spooled", spooled)
-    monkeypatch.setattr(lmdb_sink, "needed_bytes", cut)
+    monkeypatch.setattr(lmdb_sink, "tree_pages", tree)
     with pytest.raises(KeyboardInterrupt):
         convert(src, tmp_path / "out", to=to, shard_size=5, resize_shorter=40, workers=2)
     monkeypatch.setattr(folder.FolderWriter, "place", real_place)
     monkeypatch.setattr(sinks, "spooled", real_spooled)
-    monkeypatch.setattr(lmdb_sink, "needed_bytes", real_cut)
+    monkeypatch.setattr(lmdb_sink, "tree_pages", real_tree)
     assert (tmp_path / ".out.gpubatch-partial").is_dir() and not (tmp_path / "out").exists()
     s = convert(src, tmp_path / "out", to=to, shard_size=5, resize_shorter=40, workers=2, resume=True)
     assert any(w.startswith("--resume:") for w in s.warnings), s.warnings
