@@ -131,6 +131,7 @@ class Turn:
         self.fd: int | None = None  # the database's file, opened at the first write
         self.dirty = False  # pages were written: the file is synced when the lock is released
         self.drained: list[Path] = []  # spools written, removed once the file is synced
+        self.held: list[int] = []  # locks on those spools (their files' descriptors), let go once they are removed
         self.times: dict[str, float] = {}  # (turn's: how long this process waited for the lock, held it, synced)
         self.noting = 0.0  # the seconds ``state.json`` took to write under the lock (:meth:`_advance`)
         self.history: list[list[int]] = []
@@ -149,13 +150,14 @@ class Turn:
         #: what state.json notes of this process's turns where they are not synced: the machine's boot (once a turn
         #: not synced went in, the state says so until the database is finished)
         self.unsynced = unsynced_mark() or ({"unsynced": was} if was else {})
-        # a spool is removed, under the lock, once its pages are synced: one still there for a shard placed already
-        # is a turn that ended before that (its process killed, the machine lost), its pages written again here
+        # a spool is removed once its pages are synced, its turn's process holding a lock on it until then: one still
+        # there and not held, for a shard placed already, is a turn that ended before (its process killed, the
+        # machine lost): its pages are written again here (the same pages at the same place)
         for index, count, page in self.history:
-            if spool_of(root, index).exists():
-                self._write(spool_of(root, index), None, index, count, page)
-                self.drained.append(spool_of(root, index))
-        self._settle()
+            spool = spool_of(root, index)
+            if spool.exists() and self._hold(spool, wait=False):
+                self._write(spool, None, index, count, page)
+                self.drained.append(spool)
 
     def _state(self) -> dict[str, Any]:
         return {"next": self.next, "count": self.count, "page": self.page, "history": self.history[-HISTORY:],
@@ -213,38 +215,55 @@ class Turn:
                                 f"{HISTORY} turns ago and not committed: pass --overwrite to start over")
         self._write(spool, held, index, *where)
 
+    def _hold(self, spool: Path, wait: bool = True) -> bool:
+        """A lock on ``spool`` (shared; ``wait=False``: exclusive, only where no process holds it), kept until its
+        pages are synced and it is removed (:meth:`sync`); False where another process holds it, or it is gone."""
+        import fcntl
+
+        try:
+            fd = os.open(spool, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # (its turn's process syncs it now, and removes it after)
+            os.close(fd)
+            return False
+        self.held.append(fd)
+        return True
+
     def drain(self) -> None:
-        """The spools that wait, as long as the next shard's is there; synced and removed before the lock is let
-        go (a shard spooled was journaled as it was spooled: its spool is all that can write its pages again)."""
+        """The spools that wait, as long as the next shard's is there (a shard spooled was journaled as it was
+        spooled: its spool is all that can write its pages again, so it is held until they are synced)."""
         while (spool := spool_of(self.root, self.next)).exists():
+            self._hold(spool)
             self.put(spool)
             self.drained.append(spool)
-        self._settle()
-
-    def _settle(self) -> None:
-        if not self.drained:
-            return
-        if self.fd is not None and syncing():
-            os.fdatasync(self.fd)
-        for spool in self.drained:
-            with contextlib.suppress(FileNotFoundError):
-                spool.unlink()
-        self.drained = []
 
     def sync(self) -> None:
-        """The file synced where pages were written (and the run syncs as it goes)."""
+        """The file synced where pages were written (and the run syncs as it goes); then the spools written
+        removed, and let go."""
         if self.fd is not None:
             if self.dirty and syncing():
                 os.fdatasync(self.fd)
             os.close(self.fd)
             self.fd = None
         self.dirty = False
+        for spool in self.drained:
+            with contextlib.suppress(FileNotFoundError):
+                spool.unlink()
+        self.drained = []
+        self.close()
 
     def close(self) -> None:
-        """The file let go without a sync (a turn that failed)."""
+        """The file and the spools held let go (without a sync: a turn that failed, its spools left to be written
+        again)."""
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+        for fd in self.held:
+            os.close(fd)
+        self.held = []
 
 
 @contextlib.contextmanager

@@ -233,10 +233,10 @@ def test_a_full_disk_under_an_lmdb_is_a_write_error_and_the_shard_goes_in_once_t
 
 
 def test_an_lmdb_that_lost_its_last_pages_with_the_machine_writes_them_again(tmp_path, monkeypatch):
-    """The file is synced after its lock is released, a spool's pages before: a machine lost between a turn's
-    writes and its syncs leaves the file without them. Here the turn wrote shard 1 and the spool of shard 2, which
-    had come early (journaled when spooled), and the machine went before either was synced: the spool is removed
-    only after the sync, so it is still there, and the next turn writes its pages again where they lie; shard 1
+    """The file is synced after its lock is released: a machine lost between a turn's writes and its sync leaves the
+    file without them. Here the turn wrote shard 1 and the spool of shard 2, which had come early (journaled when
+    spooled), and the machine went before the sync: the spool is removed only after it (its turn's process holding
+    a lock on it until then), so it is still there, and the next turn writes its pages again where they lie; shard 1
     (never journaled) is run again. The file is the one a run never stopped makes."""
     from gpubatch.formats import lmdb_sink
 
@@ -256,14 +256,22 @@ def test_an_lmdb_that_lost_its_last_pages_with_the_machine_writes_them_again(tmp
     monkeypatch.setattr(lmdb_sink, "TURN_WAIT_S", (0.01, 0.01))
     shard(2).commit()  # (early: it waits in its spool)
     assert lmdb_sink.spool_of(stage, 2).is_file()
-    monkeypatch.setattr(lmdb_sink.Turn, "_settle", lambda self: None)  # (the machine goes before the syncs)
+    monkeypatch.setattr(lmdb_sink.Turn, "sync", lambda self: self.close())  # (the machine goes before the sync)
     shard(1).commit()  # (shard 1 and the spool of shard 2 written)
     monkeypatch.undo()
     assert lmdb_sink.spool_of(stage, 2).is_file()
     with open(data, "r+b") as f:  # (what was not synced is lost)
         f.truncate(len(synced))
+    import fcntl
+
+    held = os.open(lmdb_sink.spool_of(stage, 2), os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_SH)  # (as a turn that wrote it holds it until it is synced)
     with lmdb_sink.turn(stage) as t:
-        assert (t.next, t.count) == (3, 9)  # (the state noted both: placed, their pages written again)
+        assert (t.next, t.count) == (3, 9) and not t.drained  # (held: not written again)
+    os.close(held)
+    assert lmdb_sink.spool_of(stage, 2).is_file()
+    with lmdb_sink.turn(stage) as t:
+        assert (t.next, t.count) == (3, 9) and t.drained  # (the state noted both: placed, its pages written again)
     assert not lmdb_sink.spool_of(stage, 2).exists()
     shard(1).commit()
     shard(3).commit()
