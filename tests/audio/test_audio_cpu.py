@@ -966,7 +966,8 @@ def test_a_batch_the_gpu_fails_on_runs_on_the_cpu_into_arrays_of_its_own():
     def fails(_items):
         raise RuntimeError("no GPU here")
 
-    got = run_on_gpu(jobs, plan, stats, fails)
+    got, into = run_on_gpu(jobs, plan, stats, fails)
+    assert into is None  # (arrays of their own)
     assert [s.fallbacks for s in stats] == [1, 1] and [s.transcoded for s in stats] == [1, 1]
     assert np.array_equal(got[0].samples, slot[None, :20000]) and np.array_equal(got[1].samples, slot[None, 20000:])
     assert not any(np.may_share_memory(g.samples, slot) for g in got)
@@ -1011,3 +1012,29 @@ def test_decoded_samples_go_through_a_shared_file_or_the_pipe_where_it_cannot_be
     monkeypatch.setattr(ar, "SHM_DIR", str(tmp_path))
     monkeypatch.setattr(os, "pwrite", lambda fd, data, at: len(data) // 2)
     assert ar._share(out) is out and not os.listdir(tmp_path)
+
+
+def test_a_download_slot_is_free_again_once_every_holder_released_it():
+    """The GPU audio unit's page-locked slots (audio_chain.Download, its memory here a bytearray): views of its
+    bytes at an offset; free (back in its owner's queue) only when the loop's hold and each hand-over's are
+    released, from whichever thread."""
+    import queue
+    import threading
+    from types import SimpleNamespace
+
+    from gpubatch.engine.gpu.audio_chain import Download
+
+    owner = SimpleNamespace(free=queue.Queue())
+    slot = Download(owner, 4, bytearray(1024), 1024)
+    view = slot.array(256, np.float16, 8)
+    view[:] = 1.5
+    assert bytes(slot.mem[256:258]) == np.float16(1.5).tobytes()
+    slot.hold(1 + 3)
+    threads = [threading.Thread(target=slot.release) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert owner.free.empty()  # (the loop's own hold)
+    slot.release()
+    assert owner.free.get_nowait() == 4 and owner.free.empty()

@@ -308,7 +308,7 @@ def test_gpu_audio_writes_the_same_bytes_in_one_process_a_gpu_or_several(tmp_pat
     """Two processes a GPU (the default on a host of 8 cores a GPU or more) and three, each with the decoding
     processes its boot forked and its chain warmed up on silence, write the bytes one process writes: a batch never
     spans two shards, whichever worker writes it; so does a shards' writer in a process of its own (the outputs
-    through shared files)."""
+    through shared files, their page-locked slot released once copied there)."""
     from gpubatch.synthetic import make_audio_set
 
     src = tmp_path / "clips"
@@ -324,3 +324,37 @@ def test_gpu_audio_writes_the_same_bytes_in_one_process_a_gpu_or_several(tmp_pat
         tars[procs, writer] = {p.name: p.read_bytes() for p in sorted(out.glob("*.tar"))}
     first = tars[1, "thread"]
     assert len(first) == 6 and all(t == first for t in tars.values())
+
+
+def test_outputs_come_back_into_page_locked_slots_as_into_arrays_of_their_own():
+    """to_host into a slot of PinnedDownloads (the GPU audio unit's): features (float16) and waveforms (float32) of
+    one batch as views of the slot, equal to what comes back into arrays of their own; a slot is taken again only
+    once every hand-over holding it has released it; none free gives None (the batch then comes back as before);
+    a larger batch makes its slot larger."""
+    import cupy as cp
+
+    from gpubatch.engine.codecs.audio import AudioData
+    from gpubatch.engine.gpu.audio_chain import PinnedDownloads, download_bytes, to_host
+
+    rng = np.random.default_rng(5)
+    items = [AudioData(cp.asarray(rng.standard_normal((80, 300 + k)).astype(np.float32)), 16000, features="log_mel")
+             for k in range(3)] + [AudioData(cp.asarray(rng.standard_normal((2, 999)).astype(np.float32)), 16000)]
+    plain = to_host(items, half_features=True)
+    downloads = PinnedDownloads(0, slots=2)
+    need = download_bytes(items, half_features=True)
+    a, b = downloads.take(need), downloads.take(need)
+    assert a is not None and b is not None and downloads.take(need) is None
+    got = to_host(items, half_features=True, into=a)
+    for g, p in zip(got, plain):
+        assert g.samples.dtype == p.samples.dtype and np.array_equal(g.samples, p.samples)
+        assert np.shares_memory(g.samples, a.array(0, np.uint8, a.nbytes))
+    a.hold(2)
+    a.release()
+    assert downloads.take(need) is None  # (one hand-over still holds it)
+    a.release()
+    again = downloads.take(need)
+    assert again is a
+    b.hold()
+    b.release()
+    bigger = downloads.take(a.nbytes + 1)
+    assert bigger is not None and bigger.nbytes > a.nbytes

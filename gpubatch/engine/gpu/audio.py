@@ -20,24 +20,31 @@ from ..media import DEVICE, HOST, get_codec
 from ..plan import Plan
 from ..run import Job, RecordSource
 from ..settings import Settings
-from .audio_chain import run_chain_device, to_host, warm_chain
+from .audio_chain import Download, PinnedDownloads, download_bytes, run_chain_device, to_host, warm_chain
 from .audio_feed import to_device
 from .marks import Marks
 from .start import audio_decoders
 
 
 def run_on_gpu(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: list[RunStats],
-               upload: Callable[[list[AudioData]], list[AudioData]] = to_device) -> list[AudioData | RecordError]:
+               upload: Callable[[list[AudioData]], list[AudioData]] = to_device,
+               downloads: PinnedDownloads | None = None) -> tuple[list[AudioData | RecordError], Download | None]:
     """The chain on a batch of jobs on the GPU (their samples put there by ``upload``), each job's output
-    back on the host (on the CPU, record by record, where the GPU fails; counted in the job's ``stats``)."""
+    back on the host (on the CPU, record by record, where the GPU fails; counted in the job's ``stats``),
+    and the slot of ``downloads`` the outputs are views of (None where they are arrays of their own)."""
     codec = get_codec("audio", "*", HOST)
+    slot = None
     try:
         dev = run_chain_device(plan.ops, upload([d for _, d in jobs]), [j.params for j, _ in jobs])
-        results: list[AudioData | RecordError] = list(to_host(dev, half_features=True))
+        slot = downloads.take(download_bytes(dev, half_features=True)) if downloads is not None else None
+        results: list[AudioData | RecordError] = list(to_host(dev, half_features=True, into=slot))
         for st in stats:
             st.add(transcoded=1)
-        return results
+        return results, slot
     except Exception as e:  # noqa: BLE001 - a batch the GPU fails on goes to the CPU, counted
+        if slot is not None:  # (nothing of the batch in it)
+            slot.hold()
+            slot.release()
         results = []
         for (job, d), st in zip(jobs, stats):
             st.add(fallbacks=1)
@@ -52,7 +59,7 @@ def run_on_gpu(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: list[RunSta
             except Exception as e2:  # noqa: BLE001 - the record boundary
                 t = job.template
                 results.append(RecordError(t.key, t.origin, Stage.TRANSFORM, f"{type(e2).__name__}: {e2}"))
-        return results
+        return results, None
 
 
 def encoded(items: list[Any], plan: Plan, stats: RunStats) -> list[Record | RecordError]:
@@ -246,6 +253,7 @@ class AudioDeviceUnit:
         # names handed over go once the writer has ended, taken or not
         shared: set[str] = set() if isinstance(out, ShardWriterProcess) else None  # type: ignore[assignment]
         gather = PinnedGather(self.device.index)
+        downloads = PinnedDownloads(self.device.index)
 
         def staged(groups: Iterator[list]) -> Iterator[tuple[list, list, Any]]:
             """Each batch with its jobs, their samples gathered for the GPU (in the thread that makes them)."""
@@ -291,24 +299,35 @@ class AudioDeviceUnit:
                     group, jobs, up = got
                     marks.once("first batch decoded")
                     t0 = time.perf_counter()
-                    results = iter(run_on_gpu([j for j, _ in jobs], plan, [st for _, st in jobs], uploaded(up))
-                                   if jobs else ())
+                    back, slot = run_on_gpu([j for j, _ in jobs], plan, [st for _, st in jobs], uploaded(up),
+                                            downloads) if jobs else ([], None)
+                    results = iter(back)
                     if up is not None:
                         up.release()
                     run_t["chain"] += time.perf_counter() - t0
                     marks.once("first batch through the chain")
-                    for w, outs, last in by_shard(group):
+                    parts = by_shard(group)
+                    if slot is not None:  # (each hand-over of the batch's outputs holds their slot until they are
+                        slot.hold(1 + sum(1 for _, outs, _ in parts if outs))  # encoded; the loop too, until here)
+                    for w, outs, last in parts:
                         items = [(o[0], next(results)) if isinstance(o, tuple) else o for o in outs]
                         if items:
-                            if shared is not None:
+                            release = slot.release if slot is not None else None
+                            if shared is not None:  # (copied into a shared file: the slot is free of them)
                                 items = share_items(items, shared)
-                            hand(out.put, w, functools.partial(_encoded_timed, items, plan))  # (called with w's stats)
+                                if release is not None:
+                                    release()
+                                    release = None
+                            # (called with w's stats)
+                            hand(out.put, w, functools.partial(_encoded_timed, items, plan, release=release))
                             handed.add(id(w))
                         if last:
                             timings = {k: v - flushed[k] for k, v in run_t.items()}
                             flushed = dict(run_t)
                             hand(out.commit, w, timings, {"marks": m} if (m := marks.take()) else None)
                             handed.add(id(w))
+                    if slot is not None:
+                        slot.release()
             out.close()
             committed = True
         finally:
@@ -348,9 +367,11 @@ def by_shard(group: list[tuple[Any, list, bool]]) -> list[tuple[Any, list, bool]
     return out
 
 
-def _encoded_timed(items: list[Any], plan: Plan, stats: RunStats) -> list[Record | RecordError]:
+def _encoded_timed(items: list[Any], plan: Plan, stats: RunStats,
+                   release: Callable[[], None] | None = None) -> list[Record | RecordError]:
     """:func:`encoded`, its time counted as the shard's "encode" (where the shards are written: the writer's
-    thread, or its process, which maps the samples handed over in shared memory first)."""
+    thread, or its process, which maps the samples handed over in shared memory first); then ``release`` called
+    (the outputs' slot of page-locked memory, where they are views of one: :class:`~.audio_chain.Download`)."""
     import time
 
     from .audio_records import unshare_items
@@ -360,3 +381,5 @@ def _encoded_timed(items: list[Any], plan: Plan, stats: RunStats) -> list[Record
         return encoded(unshare_items(items), plan, stats)
     finally:
         stats.timed("encode", time.perf_counter() - t0)
+        if release is not None:
+            release()
