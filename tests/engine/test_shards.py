@@ -166,6 +166,22 @@ def _lmdb_records(n: int, size: int):
     return [Record(key=f"r{i}", data=b"\xff\xd8" + bytes([i % 251]) * size + b"\xff\xd9", label=i % 2) for i in range(n)]
 
 
+def _lmdb_two(tmp_path, records):
+    """The LMDB a run never stopped makes of ``records`` (shards of 3, committed in order, finalized: its folder),
+    and a fresh stage beside it (its folder, its shards' tasks and the function that makes shard k's sink)."""
+    from gpubatch.formats import lmdb_sink
+
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    tasks, shard = _lmdb_shards(whole, records)
+    for k in range(len(tasks)):
+        shard(k).commit()
+    lmdb_sink.finalize(whole, tasks)
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    return whole, stage, *_lmdb_shards(stage, records)
+
+
 def _read_lmdb(path):
     from gpubatch.formats.lmdb import LmdbReader
 
@@ -181,15 +197,7 @@ def test_an_lmdb_shard_run_again_after_a_kill_writes_the_same_pages_where_they_l
     from gpubatch.formats import lmdb_sink
 
     records = _lmdb_records(9, 3000)
-    whole = tmp_path / "whole"
-    whole.mkdir()
-    tasks, shard = _lmdb_shards(whole, records)
-    for k in range(3):
-        shard(k).commit()
-    lmdb_sink.finalize(whole, tasks)
-    stage = tmp_path / "stage"
-    stage.mkdir()
-    tasks, shard = _lmdb_shards(stage, records)
+    whole, stage, tasks, shard = _lmdb_two(tmp_path, records)
     shard(0).commit()
     state = (stage / ".gpubatch" / "lmdb" / "state.json").read_text()
     shard(1).commit()
@@ -241,15 +249,7 @@ def test_an_lmdb_that_lost_its_last_pages_with_the_machine_writes_them_again(tmp
     from gpubatch.formats import lmdb_sink
 
     records = _lmdb_records(12, 5000)
-    whole = tmp_path / "whole"
-    whole.mkdir()
-    tasks, shard = _lmdb_shards(whole, records)
-    for k in range(4):
-        shard(k).commit()
-    lmdb_sink.finalize(whole, tasks)
-    stage = tmp_path / "stage"
-    stage.mkdir()
-    tasks, shard = _lmdb_shards(stage, records)
+    whole, stage, tasks, shard = _lmdb_two(tmp_path, records)
     shard(0).commit()
     data = stage / ".gpubatch" / "lmdb" / "db" / "data.mdb"
     synced = data.read_bytes()  # (the file as the disk held it when the machine went)
