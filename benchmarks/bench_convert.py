@@ -18,7 +18,9 @@ Jobs (``--only``; the default is every job the machine can run):
 - ``pass-through``: ``convert`` without pixel options to webdataset, tfrecord, recordio and lmdb against one
   process writing the same files into one tar with ``tarfile`` (the target's baseline); beside it, the same
   loop with its tar fsynced before its clock stops, as every shard gpubatch commits is. ``--sync shard,off``
-  also runs gpubatch under ``--sync off`` (never fsynced, as the loop), each format's modes in turn.
+  also runs gpubatch under ``--sync off`` (never fsynced, as the loop), each format's modes in turn. And the
+  disk alone: webdataset's shards written from memory and fsynced, a thread a core (``disk_alone_s``), with the
+  ratio to the loop that floor allows (``ratio_ceiling_by_disk``).
 - ``info``: ``gpubatch info SRC`` (headers only) on the same files.
 - ``audio``: ``--features "log-mel(n_mels=80)"`` on --clips 10-s FLAC clips to webdataset on the GPU and the
   CPU against ``AudioPipeline`` on the same chain and files (warm, writing nothing); and the disk alone: the
@@ -209,30 +211,45 @@ def tarfile_loop(data: Path, out: Path, durable: bool = False) -> float:
     return len(files) / (time.perf_counter() - t0)
 
 
-def durable_writes(out: Path, sizes: list[int], chunk: int = 4 << 20) -> float:
+def durable_writes(out: Path, sizes: list[int], chunk: int = 4 << 20, writers: int = 1) -> float:
     """Seconds to write files of ``sizes`` bytes into ``out`` (what a run wrote, shard by shard) and make each
     durable as gpubatch commits a shard: written in order by one thread, each fsynced in a second thread beside the
-    next one's writes; from a buffer in memory (nothing decoded, encoded or read), after the disk is synced. What
+    next one's writes; with ``writers`` > 1, that many threads each writing and fsyncing a file at a time, as that
+    many workers do. From a buffer in memory (nothing decoded, encoded or read), after the disk is synced. What
     the disk alone needs to take such an output: a floor under any run that writes it with ``--sync shard``."""
     import concurrent.futures
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     buf = memoryview(os.urandom(chunk))
+
+    def write(i: int, size: int) -> int:
+        fd = os.open(out / f"part-{i:05d}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        left = size
+        while left > 0:
+            left -= os.write(fd, buf[: min(left, chunk)])
+        return fd
+
     os.sync()
     t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(1) as syncer:
-        last = None
-        for i, size in enumerate(sizes):
-            fd = os.open(out / f"part-{i:05d}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            left = size
-            while left > 0:
-                left -= os.write(fd, buf[: min(left, chunk)])
+    if writers > 1:
+        def one(job: tuple[int, int]) -> None:
+            fd = write(*job)
+            os.fsync(fd)
+            os.close(fd)
+
+        with concurrent.futures.ThreadPoolExecutor(writers) as pool:
+            list(pool.map(one, enumerate(sizes)))
+    else:
+        with concurrent.futures.ThreadPoolExecutor(1) as syncer:
+            last = None
+            for i, size in enumerate(sizes):
+                fd = write(i, size)
+                if last is not None:
+                    last.result()
+                last = syncer.submit(lambda fd=fd: (os.fsync(fd), os.close(fd)))
             if last is not None:
                 last.result()
-            last = syncer.submit(lambda fd=fd: (os.fsync(fd), os.close(fd)))
-        if last is not None:
-            last.result()
     seconds = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
     return seconds
@@ -402,6 +419,15 @@ def job_pass_through(a, tmp: Path) -> dict:
                 "records_per_s": rate(n, res), "runs": res["runs"], "ratio": ratio(rate(n, res), base),
                 "ratio_to_fsynced_loop": ratio(rate(n, res), durable),
                 "ratio_to_whole_process_loop": ratio(rate(n, res), whole), **slim(res["summary"])}
+    # the disk's part: webdataset's shards (the last run's, still there) written from memory and fsynced shard by
+    # shard, a thread a core as the run's workers, with nothing else to do; with every shard synced (--sync shard,
+    # the default) no run is faster than that
+    written = [p.stat().st_size for p in sorted((tmp / "pt-webdataset").rglob("*.tar"))]
+    out["output_bytes"] = sum(written)
+    out["disk_alone_s"] = round(statistics.median(durable_writes(tmp / "disk-alone", written, writers=cores())
+                                                  for _ in range(a.repeats)), 3)
+    # the ratio to the loop a run as fast as its durable writes would reach
+    out["ratio_ceiling_by_disk"] = ratio(n / out["disk_alone_s"], base)
     return out
 
 

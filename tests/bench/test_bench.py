@@ -722,6 +722,8 @@ def test_bench_convert_runs_the_pass_through_in_each_sync_mode_beside_the_loop(t
     for fmt in ("webdataset", "tfrecord", "recordio", "lmdb"):
         for key in (fmt, f"{fmt} --sync off"):
             assert job[key]["records_out"] == 64 and job[key]["ratio"] > 0, key
+    # the disk alone: webdataset's shards' bytes written and fsynced with nothing else to do, beside the loop
+    assert job["output_bytes"] > 64 * 1000 and job["disk_alone_s"] > 0 and job["ratio_ceiling_by_disk"] > 0
 
 
 def test_bench_convert_times_the_audio_features_each_run_from_an_empty_output(tmp_path, monkeypatch):
