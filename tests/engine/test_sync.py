@@ -68,7 +68,7 @@ import os, sys
 log = os.environ["SYNC_SPY_LOG"]
 def spy(name, real):
     def call(*a):
-        with open(f"{log}.{os.getpid()}", "a") as f:
+        with open(f"{log}.{os.getppid()}.{os.getpid()}", "a") as f:
             f.write(name + "\\n")
         return real(*a)
     return call
@@ -89,11 +89,12 @@ def test_worker_processes_sync_as_the_command_says(imagenet, tmp_path, mode):
                         "webdataset", "--shard-size", "4", "--workers", "2", "--sync", mode, "-q"],
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    calls = {f.name: f.read_text().split() for f in tmp_path.glob("log.*")}  # (a process's: log.<pid>)
+    calls = {f.name: f.read_text().split() for f in tmp_path.glob("log.*")}  # (a process's: log.<parent>.<pid>)
     if mode == "off":
         assert not calls, calls
-    else:  # the command and its two workers, each shard's file and journal entry at least
-        assert len(calls) >= 3 and sum(map(len, calls.values())) >= 2 * 4, calls
+    else:  # the workers (one may take every shard on a busy machine), each shard's file and journal entry at least
+        workers = {name: c for name, c in calls.items() if name.split(".")[1] != str(os.getpid())}  # (not the command)
+        assert workers and sum(map(len, workers.values())) >= 2 * 15, calls
 
 
 def _interrupted(src: Path, dst: Path, monkeypatch, **kw) -> Path:
