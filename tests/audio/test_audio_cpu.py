@@ -1017,7 +1017,7 @@ def test_decoded_samples_go_through_a_shared_file_or_the_pipe_where_it_cannot_be
 def test_a_download_slot_is_free_again_once_every_holder_released_it():
     """The GPU audio unit's page-locked slots (audio_chain.Download, its memory here a bytearray): views of its
     bytes at an offset; free (back in its owner's queue) only when the loop's hold and each hand-over's are
-    released, from whichever thread."""
+    released, from whichever thread; or at once where its batch failed on its way in (give_back)."""
     import queue
     import threading
     from types import SimpleNamespace
@@ -1038,3 +1038,6 @@ def test_a_download_slot_is_free_again_once_every_holder_released_it():
     assert owner.free.empty()  # (the loop's own hold)
     slot.release()
     assert owner.free.get_nowait() == 4 and owner.free.empty()
+    slot.hold(2)  # (a batch that failed on its way into the slot: given back at once, whatever held it)
+    slot.give_back()
+    assert owner.free.get_nowait() == 4 and slot.holders == 0

@@ -284,7 +284,7 @@ def test_a_batch_of_one_shape_takes_one_array_of_features(name, chunk):
     """Records of one shape and rate (a batch cut to one duration; two channels) go through the feature
     op's batched path, in one part or several (``chunk``): the same as the host, record by record."""
     from gpubatch.engine.codecs.audio import AudioData
-    from gpubatch.engine.gpu.audio import to_host
+    from gpubatch.engine.gpu.audio_chain import to_host
     from gpubatch.engine.gpu.audio_feed import to_device
     from gpubatch.engine.ops.spectral import features_device, features_host
     from gpubatch.engine.spec import parse_chain
@@ -327,34 +327,47 @@ def test_gpu_audio_writes_the_same_bytes_in_one_process_a_gpu_or_several(tmp_pat
 
 
 def test_outputs_come_back_into_page_locked_slots_as_into_arrays_of_their_own():
-    """to_host into a slot of PinnedDownloads (the GPU audio unit's): features (float16) and waveforms (float32) of
+    """download into a slot of PinnedDownloads (the GPU audio unit's): features (float16) and waveforms (float32) of
     one batch as views of the slot, equal to what comes back into arrays of their own; a slot is taken again only
-    once every hand-over holding it has released it; none free gives None (the batch then comes back as before);
-    a larger batch makes its slot larger."""
+    once every hand-over holding it has released it; none free gives the batch back in an array of its own (no
+    slot); a larger batch makes its slot larger; a copy that fails gives its slot back."""
     import cupy as cp
 
     from gpubatch.engine.codecs.audio import AudioData
-    from gpubatch.engine.gpu.audio_chain import PinnedDownloads, download_bytes, to_host
+    from gpubatch.engine.gpu.audio_chain import PinnedDownloads, download, to_host
 
     rng = np.random.default_rng(5)
     items = [AudioData(cp.asarray(rng.standard_normal((80, 300 + k)).astype(np.float32)), 16000, features="log_mel")
              for k in range(3)] + [AudioData(cp.asarray(rng.standard_normal((2, 999)).astype(np.float32)), 16000)]
     plain = to_host(items, half_features=True)
     downloads = PinnedDownloads(0, slots=2)
-    need = download_bytes(items, half_features=True)
-    a, b = downloads.take(need), downloads.take(need)
-    assert a is not None and b is not None and downloads.take(need) is None
-    got = to_host(items, half_features=True, into=a)
+    got, a = download(items, half_features=True, downloads=downloads)
+    assert a is not None
     for g, p in zip(got, plain):
         assert g.samples.dtype == p.samples.dtype and np.array_equal(g.samples, p.samples)
         assert np.shares_memory(g.samples, a.array(0, np.uint8, a.nbytes))
+    need = a.nbytes
+    b = downloads.take(need)
+    assert b is not None and downloads.take(need) is None
+    got2, none = download(items, half_features=True, downloads=downloads)  # (no slot free: an array of its own)
+    assert none is None and all(np.array_equal(g.samples, p.samples) for g, p in zip(got2, plain))
     a.hold(2)
     a.release()
     assert downloads.take(need) is None  # (one hand-over still holds it)
     a.release()
     again = downloads.take(need)
     assert again is a
-    b.hold()
-    b.release()
+    b.give_back()
     bigger = downloads.take(a.nbytes + 1)
     assert bigger is not None and bigger.nbytes > a.nbytes
+
+    def failing(*args):
+        raise RuntimeError("the copy failed")
+
+    again.give_back()
+    bigger.give_back()
+    for slot in downloads.slots:
+        slot.array = failing
+    with pytest.raises(RuntimeError, match="the copy failed"):
+        download(items, half_features=True, downloads=downloads)
+    assert downloads.free.qsize() == 2  # (the slot it failed into given back)

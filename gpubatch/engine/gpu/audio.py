@@ -20,7 +20,7 @@ from ..media import DEVICE, HOST, get_codec
 from ..plan import Plan
 from ..run import Job, RecordSource
 from ..settings import Settings
-from .audio_chain import Download, PinnedDownloads, download_bytes, run_chain_device, to_host, warm_chain
+from .audio_chain import Download, PinnedDownloads, download, run_chain_device, warm_chain
 from .audio_feed import to_device
 from .marks import Marks
 from .start import audio_decoders
@@ -33,18 +33,14 @@ def run_on_gpu(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: list[RunSta
     back on the host (on the CPU, record by record, where the GPU fails; counted in the job's ``stats``),
     and the slot of ``downloads`` the outputs are views of (None where they are arrays of their own)."""
     codec = get_codec("audio", "*", HOST)
-    slot = None
     try:
         dev = run_chain_device(plan.ops, upload([d for _, d in jobs]), [j.params for j, _ in jobs])
-        slot = downloads.take(download_bytes(dev, half_features=True)) if downloads is not None else None
-        results: list[AudioData | RecordError] = list(to_host(dev, half_features=True, into=slot))
+        back, slot = download(dev, half_features=True, downloads=downloads)  # (a slot it fails into: given back)
+        results: list[AudioData | RecordError] = list(back)
         for st in stats:
             st.add(transcoded=1)
         return results, slot
     except Exception as e:  # noqa: BLE001 - a batch the GPU fails on goes to the CPU, counted
-        if slot is not None:  # (nothing of the batch in it)
-            slot.hold()
-            slot.release()
         results = []
         for (job, d), st in zip(jobs, stats):
             st.add(fallbacks=1)

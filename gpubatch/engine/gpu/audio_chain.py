@@ -1,6 +1,6 @@
 """The audio chain on the GPU, a batch at a time: its device kernels run op by op over a batch
-(:func:`run_chain_device`), the outputs back on the host in one copy (:func:`to_host`), and a warm-up on silence
-(:func:`warm_chain`). Below the audio unit (:mod:`.audio`) and the worker's start (:mod:`.start`), which both use it.
+(:func:`run_chain_device`), the outputs back on the host in one copy (:func:`download`, into a page-locked slot of
+:class:`PinnedDownloads` where one is free), and a warm-up on silence (:func:`warm_chain`). Below the audio unit (:mod:`.audio`) and the worker's start (:mod:`.start`), which both use it.
 """
 
 from __future__ import annotations
@@ -17,40 +17,58 @@ from ..plan import Plan
 from ..registry import get_kernel
 
 
-def to_host(items: Sequence[AudioData], half_features: bool = False, into: Download | None = None) -> list[AudioData]:
-    """Device items back on the host through one device-to-host copy for the batch (views per item).
-    With ``half_features``, features come back as float16, made so on the GPU: what their ``.npy`` files
-    hold (:func:`~..codecs.audio_io.encode_audio`), half the bytes to copy and no conversion on the host
-    (numpy's rounding of float32 to float16 is CUDA's, to the nearest even). With ``into`` (a slot of
-    :class:`PinnedDownloads`), the batch comes into its page-locked memory (views of it, valid until the slot is
-    released), else into an array of its own."""
+def to_host(items: Sequence[AudioData], half_features: bool = False) -> list[AudioData]:
+    """Device items back on the host through one device-to-host copy for the batch (views per item) into an
+    array of its own (:func:`download` without slots)."""
+    return download(items, half_features)[0]
+
+
+def download(items: Sequence[AudioData], half_features: bool = False,
+             downloads: PinnedDownloads | None = None) -> tuple[list[AudioData], Download | None]:
+    """Device items back on the host, one device-to-host copy a dtype for the batch (views per item), and the slot
+    of ``downloads`` they came into (None where they came into an array of their own: no ``downloads``, or none of
+    its slots free). With ``half_features``, features come back as float16, made so on the GPU: what their ``.npy``
+    files hold (:func:`~..codecs.audio_io.encode_audio`), half the bytes to copy and no conversion on the host
+    (numpy's rounding of float32 to float16 is CUDA's, to the nearest even). Views of a slot are valid until it is
+    released (:meth:`Download.release`)."""
     import cupy as cp
 
     if not items:
-        return []
-    out: list[Any] = [None] * len(items)
-    at = 0  # (bytes of ``into`` taken)
+        return [], None
+    groups = []  # (the items of one dtype, their samples flat in one device array, where each one's begin)
     for dtype in (cp.float32, cp.float16):
         mine = [i for i, it in enumerate(items) if (dtype is cp.float16) == (half_features and bool(it.features))]
-        if not mine:
-            continue
-        flat = [cp.ascontiguousarray(items[i].samples, dtype).ravel() for i in mine]
-        sizes = np.cumsum([0] + [int(f.size) for f in flat])
-        dev = cp.concatenate(flat) if len(flat) > 1 else flat[0]
-        if into is not None and at + dev.nbytes <= into.nbytes:
-            host = into.array(at, dev.dtype, dev.size)
-            dev.get(out=host)
-            at += -(-dev.nbytes // 256) * 256
-        else:
-            host = cp.asnumpy(dev)
-        for k, i in enumerate(mine):
-            out[i] = items[i]._replace(samples=host[sizes[k]: sizes[k + 1]].reshape(items[i].samples.shape))
-    return out
+        if mine:
+            flat = [cp.ascontiguousarray(items[i].samples, dtype).ravel() for i in mine]
+            groups.append((mine, cp.concatenate(flat) if len(flat) > 1 else flat[0],
+                           np.cumsum([0] + [int(f.size) for f in flat])))
+    slot = downloads.take(sum(_aligned(dev.nbytes) for _, dev, _ in groups)) if downloads is not None else None
+    out: list[Any] = [None] * len(items)
+    at = 0  # (bytes of the slot taken)
+    try:
+        for mine, dev, sizes in groups:
+            if slot is not None:
+                host = slot.array(at, dev.dtype, dev.size)
+                dev.get(out=host)
+                at += _aligned(dev.nbytes)
+            else:
+                host = cp.asnumpy(dev)
+            for k, i in enumerate(mine):
+                out[i] = items[i]._replace(samples=host[sizes[k]: sizes[k + 1]].reshape(items[i].samples.shape))
+    except BaseException:
+        if slot is not None:
+            slot.give_back()
+        raise
+    return out, slot
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // 256) * 256
 
 
 class Download:
     """A slot of :class:`PinnedDownloads`: page-locked host memory a batch's outputs come back into
-    (:func:`to_host`), given back by :meth:`release` once, when every output of its batch is encoded."""
+    (:func:`download`), given back by :meth:`release` once, when every output of its batch is encoded."""
 
     def __init__(self, owner: PinnedDownloads, index: int, mem: Any, nbytes: int):
         self.owner, self.index, self.mem, self.nbytes = owner, index, mem, nbytes
@@ -65,6 +83,12 @@ class Download:
         with self._lock:
             self.holders += n
 
+    def give_back(self) -> None:
+        """Free the slot at once (a batch that never came into it, or failed on its way)."""
+        with self._lock:
+            self.holders = 0
+        self.owner.free.put(self.index)
+
     def release(self) -> None:
         with self._lock:
             self.holders -= 1
@@ -74,7 +98,7 @@ class Download:
 
 
 class PinnedDownloads:
-    """Page-locked slots the GPU audio unit's batches come back into (:func:`to_host`), ``slots`` of them, each
+    """Page-locked slots the GPU audio unit's batches come back into (:func:`download`), ``slots`` of them, each
     free again once its batch's outputs are encoded by the shards' writer (:meth:`Download.release`). A batch
     copied back into pageable memory of its own paid for the driver's staging copy and, each time, the page
     faults of a fresh array of 60-120 MB (a Whisper feature is 480 KB); the unit's ``chain`` step, mostly that
@@ -107,15 +131,6 @@ class PinnedDownloads:
             with cp.cuda.Device(self.device):
                 slot = self.slots[i] = Download(self, i, cp.cuda.alloc_pinned_memory(size), size)
         return slot
-
-
-def download_bytes(items: Sequence[AudioData], half_features: bool = False) -> int:
-    """The bytes :func:`to_host` takes of a slot for ``items`` (each dtype's part aligned to 256 bytes)."""
-    size = {2: 0, 4: 0}
-    for it in items:
-        itemsize = 2 if half_features and it.features else 4
-        size[itemsize] += int(it.samples.size) * itemsize
-    return sum(-(-b // 256) * 256 for b in size.values())
 
 
 def run_chain_device(ops: Sequence[Any], items: list[AudioData], params: list[list]) -> list[AudioData]:
