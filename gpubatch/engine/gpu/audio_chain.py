@@ -1,6 +1,7 @@
 """The audio chain on the GPU, a batch at a time: its device kernels run op by op over a batch
 (:func:`run_chain_device`), the outputs back on the host in one copy (:func:`download`, into a page-locked slot of
-:class:`PinnedDownloads` where one is free), and a warm-up on silence (:func:`warm_chain`). Below the audio unit (:mod:`.audio`) and the worker's start (:mod:`.start`), which both use it.
+:class:`PinnedDownloads` where one is free), and a warm-up on silence (:func:`warm_chain`). Below the audio unit
+(:mod:`.audio`) and the worker's start (:mod:`.start`), which both use it.
 """
 
 from __future__ import annotations
