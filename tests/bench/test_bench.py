@@ -729,7 +729,8 @@ def test_bench_convert_runs_the_pass_through_in_each_sync_mode_beside_the_loop(t
 def test_bench_convert_times_the_audio_features_each_run_from_an_empty_output(tmp_path, monkeypatch):
     """benchmarks/bench_convert.py's audio job (here its CPU path: no GPU): each timed run starts with the previous
     run's output removed and the disk synced outside its time (``fresh``), as the pass-through's and the baselines'
-    runs do, so that no run pays for deleting the last one's features."""
+    runs do, so that no run pays for deleting the last one's features; the disk alone is timed with a writing thread
+    a core."""
     import importlib.util
     from pathlib import Path
     from types import SimpleNamespace
@@ -751,6 +752,14 @@ def test_bench_convert_times_the_audio_features_each_run_from_an_empty_output(tm
         return plain_timed(cmd, repeats, before=checked, **kw)
 
     monkeypatch.setattr(bc, "timed", timed)
+    plain_writes, writers = bc.durable_writes, []
+
+    def durable_writes(out, sizes, **kw):
+        writers.append(kw.get("writers", 1))
+        return plain_writes(out, sizes, **kw)
+
+    monkeypatch.setattr(bc, "durable_writes", durable_writes)
+    monkeypatch.setattr(bc, "cores", lambda: 3)
     a = SimpleNamespace(data_root=tmp_path / "data", clips=4, gpu=False, gpu_only=False, sync="shard", repeats=2)
     job = bc.job_audio(a, tmp_path)
     assert job["clips"] == 4 and job["cpu"]["records_out"] == 4 and len(job["cpu"]["runs"]) == 2
@@ -759,4 +768,5 @@ def test_bench_convert_times_the_audio_features_each_run_from_an_empty_output(tm
     out = tmp_path / "audio-cpu"
     assert job["output_bytes"] == sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) > 4 * 80 * 3000 * 2
     assert job["disk_alone_s"] > 0 and not (tmp_path / "disk-alone").exists()
+    assert writers == [3, 3]  # (a thread a core, as many as any run's writers: the disk's floor, not one writer's)
 
