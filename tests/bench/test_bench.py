@@ -770,3 +770,22 @@ def test_bench_convert_times_the_audio_features_each_run_from_an_empty_output(tm
     assert job["disk_alone_s"] > 0 and not (tmp_path / "disk-alone").exists()
     assert writers == [3, 3]  # (a thread a core, as many as any run's writers: the disk's floor, not one writer's)
 
+
+
+def test_bench_convert_times_audio_pipeline_warm_and_as_a_whole_process(tmp_path):
+    """benchmarks/bench_convert.py's AudioPipeline baseline (here on the CPU): warm, the median of passes after an
+    untimed one; and as ``convert`` is timed, whole processes from their start, whose start makes them slower."""
+    import importlib.util
+    from pathlib import Path
+
+    from gpubatch.synthetic import make_audio_set
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("bench_convert", root / "benchmarks" / "bench_convert.py")
+    bc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bc)
+    data = tmp_path / "flac"
+    make_audio_set(data, 4, seconds=(1.0, 1.0), fmt="flac", workers=1)
+    warm = bc.audio_pipeline(data, device="cpu")
+    whole = bc.audio_pipeline(data, whole=2, device="cpu")
+    assert 0 < whole < warm
