@@ -142,9 +142,6 @@ class Settings:
         feed_depth: batches a worker's reader processes prepare ahead.
         decode_ahead: batches a worker decodes ahead of the one its loop runs through the chain and the
             encoder, without ``--gpu-memory`` (whose plan sets it) (``GPUBATCH_DECODE_AHEAD``).
-        audio_ahead: records the GPU audio unit's decoding processes may decode ahead of the batch being gathered
-            (0: two batches, as ``AudioPipeline`` reads ahead; at most what a share of ``/dev/shm`` holds)
-            (``GPUBATCH_AUDIO_AHEAD``).
         hw_preallocate: height and width the hardware decoder's buffers are reserved for.
         shard_writer: where a GPU worker's shards are written and committed: "process" (a process of its
             own, the worker's GIL left to the loop that feeds the GPU), "thread" (a thread of the worker),
@@ -225,7 +222,6 @@ class Settings:
     out_slot_bytes: int = 32 << 20
     feed_depth: int = 4
     decode_ahead: int = 2
-    audio_ahead: int = 0
     hw_preallocate: int = 640
     shard_writer: str = "auto"
     video_decoders: int = 8
@@ -357,7 +353,6 @@ _ENV = (
     ("GPUBATCH_VIDEO_LOOP", "video_loop", str),
     ("GPUBATCH_SHARD_WRITER", "shard_writer", str),
     ("GPUBATCH_DECODE_AHEAD", "decode_ahead", int),
-    ("GPUBATCH_AUDIO_AHEAD", "audio_ahead", int),
     ("GPUBATCH_CUDA_KINDS", "cuda_kinds", _kinds),
     ("GPUBATCH_CUDA_SHARE", "cuda_share", float),
     ("GPUBATCH_HW_PER_KIND", "hw_per_kind", _flag),

@@ -1041,37 +1041,3 @@ def test_a_download_slot_is_free_again_once_every_holder_released_it():
     slot.hold(2)  # (a batch that failed on its way into the slot: given back at once, whatever held it)
     slot.give_back()
     assert owner.free.get_nowait() == 4 and slot.holders == 0
-
-
-def test_the_decoders_keep_two_batches_ahead_within_a_share_of_dev_shm(monkeypatch):
-    """The GPU audio unit's decoding processes run ahead by what ``records_ahead`` allows: the records wanted, at
-    most what half of ``/dev/shm``'s free room holds, shared by the host's units (past it, decoded samples would go
-    through the pipe); ``want`` where the room cannot be read. ``RecordDecoders.outputs`` submits that many records
-    ahead, two calls a process at least."""
-    import os
-    from types import SimpleNamespace
-
-    from gpubatch.engine.execute import worker
-    from gpubatch.engine.gpu import audio_records as ar
-
-    free = {"bytes": 400 << 20}
-    monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(f_bavail=free["bytes"] // 4096, f_frsize=4096))
-    clip = 640_000  # (10 s of 16 kHz mono float32)
-    assert ar.records_ahead(512, clip, 1) == (200 << 20) // clip
-    assert ar.records_ahead(512, clip, 2) == (100 << 20) // clip
-    free["bytes"] = 16 << 30
-    assert ar.records_ahead(512, clip, 2) == 512
-    free["bytes"] = 0
-    assert ar.records_ahead(512, clip, 2) == 0
-
-    def gone(path):
-        raise OSError("no such file")
-
-    monkeypatch.setattr(os, "statvfs", gone)
-    assert ar.records_ahead(512, clip, 2) == 512
-    windows = []
-    monkeypatch.setattr(worker, "ordered_across", lambda tasks, make, submit, window, chunk: windows.append(window))
-    decoders = SimpleNamespace(processes=7, chunk=4)
-    for ahead in (512, 0, 30):
-        ar.RecordDecoders.outputs(decoders, [], None, ahead)
-    assert windows == [128, 14, 14]

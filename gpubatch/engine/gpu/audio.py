@@ -143,20 +143,15 @@ def fit_cap(spec: str, device: Device, reader: RecordSource, entries: list[Any],
     return fit.batch
 
 
-def first_shape(plan: Plan, reader: RecordSource, task: Any) -> tuple[int, int, int] | None:
-    """(rate, samples, channels) of the first shard's first record as the chain decodes it; None where it cannot be
-    read (the run reports it)."""
+def warm_up(plan: Plan, reader: RecordSource, task: Any, batch_size: int) -> None:
+    """:func:`warm_chain` on a batch shaped as the first shard's first batch (its first record's rate and channels,
+    as many records as the batch takes), while the decoding processes decode that batch; a record that cannot be
+    read leaves it undone (the run reports it)."""
     try:
-        return largest_record(reader, list(task.entries[:1]), plan, 1)
+        rate, samples, channels = largest_record(reader, list(task.entries[:1]), plan, 1)
     except Exception:  # noqa: BLE001 - (see above)
-        return None
-
-
-def warm_up(plan: Plan, shape: tuple[int, int, int] | None, task: Any, batch_size: int) -> None:
-    """:func:`warm_chain` on a batch shaped as the first shard's first batch (``shape``: its first record's, as many
-    records as the batch takes), while the decoding processes decode that batch; nothing where ``shape`` is None."""
-    if shape is not None:
-        warm_chain(plan, *shape, max(1, min(batch_size, len(task.entries))))
+        return
+    warm_chain(plan, rate, samples, channels, max(1, min(batch_size, len(task.entries))))
 
 
 class AudioDeviceUnit:
@@ -215,7 +210,7 @@ class AudioDeviceUnit:
         from ..executor import prefetched, timed_next
         from . import start
         from .audio_feed import PinnedGather
-        from .audio_records import RecordDecoders, batched, records_ahead, share_items, unlink_shared
+        from .audio_records import RecordDecoders, batched, share_items, unlink_shared
 
         plan, cp = self.plan, self.cp
         tasks = list(tasks)
@@ -290,14 +285,9 @@ class AudioDeviceUnit:
         committed = False
         try:
             with cp.cuda.Device(self.device.index):
-                shape = first_shape(plan, reader, first)
-                # the decoders kept ahead two batches (AudioPipeline's window): with two calls a process ahead
-                # (56 records on 16 cores), they sat idle while the batches were gathered
-                ahead = records_ahead(self.ctx.settings.audio_ahead or 2 * self.batch_size,
-                                      4 * (shape[1] * shape[2] if shape else 48000), self.ctx.host_procs)
-                groups = prefetched(staged(batched(decoders.outputs(tasks, make, ahead), self.batch_size)), 2)
+                groups = prefetched(staged(batched(decoders.outputs(tasks, make), self.batch_size)), 2)
                 if capped is None:  # (a capped run ran its chain on a record of silence already: fit_cap)
-                    warm_up(plan, shape, first, self.batch_size)
+                    warm_up(plan, reader, first, self.batch_size)
                     marks.mark("chain warmed")
                 for name, when in start.step_walls(self.device.index).items():  # (the boot's start: its steps)
                     marks.at(f"gpu start: {name}", when)

@@ -384,14 +384,16 @@ class RecordDecoders:
         self.calls.append(_Call(self.pool.submit(decode_entries, entries), self.files))
         return self.calls[-1]
 
-    def outputs(self, tasks: list[Any], make: Any, ahead: int = 0) -> Iterator[tuple[Any, list, bool]]:
+    def outputs(self, tasks: list[Any], make: Any) -> Iterator[tuple[Any, list, bool]]:
         """``(shard, outputs of one entry, whether it is the task's last)`` in order
-        (:func:`~..execute.worker.ordered_across`), ``ahead`` entries at most submitted beyond the one taken (two
-        calls a process at least)."""
+        (:func:`~..execute.worker.ordered_across`)."""
         from ..execute.worker import ordered_across
 
-        return ordered_across(tasks, make, lambda entries, shard: self._submit(entries),
-                              max(2 * self.processes, -(-ahead // self.chunk)), self.chunk)
+        # two calls a process ahead: two batches ahead (512 records) and 1,024 ran no faster (8,192 Whisper clips,
+        # H100 host of 16 cores, 2026-12-06, benchmarks/RESULTS.md): the loop waited less for decoded batches and as
+        # much longer in its chain, the host's cores being all busy
+        return ordered_across(tasks, make, lambda entries, shard: self._submit(entries), 2 * self.processes,
+                              self.chunk)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -399,20 +401,6 @@ class RecordDecoders:
             call.drop()
         self.calls = []
         self.files.close()
-
-
-def records_ahead(want: int, record_bytes: int, sharing: int, shm: str = SHM_DIR) -> int:
-    """How many decoded records of ``record_bytes`` a unit keeps ahead: ``want``, at most what half of the free room of
-    ``shm`` holds when ``sharing`` units of the host share it (a decoded record left there waits for its batch: past the
-    room, records would go through the pipe, the slow way :func:`_share` falls back to)."""
-    import os
-
-    try:
-        st = os.statvfs(shm)
-    except OSError:
-        return want
-    room = st.f_bavail * st.f_frsize // 2 // max(1, sharing)
-    return max(0, min(want, room // max(1, record_bytes)))
 
 
 def batched(items: Iterator[tuple[Any, list, bool]], batch_size: int) -> Iterator[list[tuple[Any, list, bool]]]:
