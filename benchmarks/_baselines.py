@@ -166,9 +166,11 @@ print(json.dumps(statistics.median(rates) if rates else n))
     return round(got / statistics.median(walls) if whole else got, 1)
 
 
-def nvdec_rate(files: list[Path]) -> float:
+def nvdec_rate(files: list[Path], whole: int = 0) -> float:
     """gpubatch's NVDEC decode of the same files: every frame, 4 sessions, the native loop
-    (benchmarks/video_decode.py's)."""
+    (benchmarks/video_decode.py's), the median of 3 passes each after its sessions' warm-up; or, with ``whole`` runs,
+    as ``convert`` is timed: the median of ``whole`` processes' wall time, each one pass from its start (its imports,
+    the GPU's start, its sessions' start) to its end."""
     code = f"""
 import json, sys
 from pathlib import Path
@@ -176,12 +178,17 @@ sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'benchmarks')!
 import statistics, video_decode
 blobs = [Path(p).read_bytes() for p in {[str(f) for f in files]!r}]
 rates = []
-for _ in range(3):
+for _ in range({1 if whole else 3}):
     n, s = video_decode._nvdec(blobs, 4)
     rates.append(n / s)
-print(json.dumps(statistics.median(rates)))
+print(json.dumps(n if {bool(whole)!r} else statistics.median(rates)))
 """
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if p.returncode:
-        raise RuntimeError("NVDEC baseline: " + p.stderr.strip()[-1500:])
-    return round(json.loads(p.stdout.strip().splitlines()[-1]), 1)
+    walls = []
+    for _ in range(max(1, whole)):
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        walls.append(time.perf_counter() - t0)
+        if p.returncode:
+            raise RuntimeError("NVDEC baseline: " + p.stderr.strip()[-1500:])
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    return round(got / statistics.median(walls) if whole else got, 1)
