@@ -44,7 +44,9 @@ Jobs (``--only``; the default is every job the machine can run):
 Each gpubatch figure is a whole process (``python3 -m gpubatch ...``, start-up included), timed from
 outside (the Pillow pool and the ``tarfile`` loop, the targets' baselines, are timed inside this process,
 without their interpreter's start or their listing of the files; each is also run as a whole process of its
-own, timed as gpubatch is, and reported beside: ``*_whole_process_*``, ``ratio_to_whole_process_*``): one untimed run first (page cache, kernel cache), then the median of --repeats runs, each after
+own, timed as gpubatch is, and reported beside: ``*_whole_process_*``, ``ratio_to_whole_process_*``; so are
+``AudioPipeline`` and the NVDEC decode, whose warm figures leave their start out): one untimed run first (page cache,
+kernel cache), then the median of --repeats runs, each after
 the previous output is removed and dirty pages written back (``sync``), as before each baseline run; the
 command's own ``--json`` summary is kept beside it. Data: gpubatch.synthetic's photo-like sets, made once
 under --data-root.
