@@ -130,6 +130,20 @@ class _Bytes:
         return out
 
 
+def _in_processes(code: str, whole: int, name: str) -> float:
+    """The figure ``code`` prints, run in a process of its own: its own rate (a warm figure), or with ``whole`` runs,
+    the count it prints over the median of ``whole`` processes' wall time (each from its start to its end)."""
+    walls = []
+    for _ in range(max(1, whole)):
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        walls.append(time.perf_counter() - t0)
+        if p.returncode:
+            raise RuntimeError(f"{name}: " + p.stderr.strip()[-1500:])
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    return round(got / statistics.median(walls) if whole else got, 1)
+
+
 def audio_pipeline(data: Path, whole: int = 0, device: str = "gpu") -> float:
     """AudioPipeline on ``bench --model whisper``'s chain (16 kHz, 30 s, log-mel 80) over the same files, a
     warm-up pass then the median of 3 passes, each batch synchronized; or, with ``whole`` runs, as ``convert`` is
@@ -155,15 +169,7 @@ for rep in range({passes}):
 pipe.close()
 print(json.dumps(statistics.median(rates) if rates else n))
 """
-    walls = []
-    for _ in range(max(1, whole)):
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        walls.append(time.perf_counter() - t0)
-        if p.returncode:
-            raise RuntimeError("AudioPipeline baseline: " + p.stderr.strip()[-1500:])
-    got = json.loads(p.stdout.strip().splitlines()[-1])
-    return round(got / statistics.median(walls) if whole else got, 1)
+    return _in_processes(code, whole, "AudioPipeline baseline")
 
 
 def nvdec_rate(files: list[Path], whole: int = 0) -> float:
@@ -183,12 +189,4 @@ for _ in range({1 if whole else 3}):
     rates.append(n / s)
 print(json.dumps(n if {bool(whole)!r} else statistics.median(rates)))
 """
-    walls = []
-    for _ in range(max(1, whole)):
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        walls.append(time.perf_counter() - t0)
-        if p.returncode:
-            raise RuntimeError("NVDEC baseline: " + p.stderr.strip()[-1500:])
-    got = json.loads(p.stdout.strip().splitlines()[-1])
-    return round(got / statistics.median(walls) if whole else got, 1)
+    return _in_processes(code, whole, "NVDEC baseline")
