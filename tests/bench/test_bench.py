@@ -771,7 +771,6 @@ def test_bench_convert_times_the_audio_features_each_run_from_an_empty_output(tm
     assert writers == [3, 3]  # (a thread a core, as many as any run's writers: the disk's floor, not one writer's)
 
 
-
 def test_bench_convert_times_audio_pipeline_warm_and_as_a_whole_process(tmp_path):
     """benchmarks/bench_convert.py's AudioPipeline baseline (here on the CPU): warm, the median of passes after an
     untimed one; and as ``convert`` is timed, whole processes from their start, whose start makes them slower."""
