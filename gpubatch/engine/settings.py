@@ -149,9 +149,12 @@ class Settings:
             audio (few large ones, which the pipe to a process carries slowly)
             (``GPUBATCH_SHARD_WRITER``; engine/execute/writer.py).
 
-    Video:
+    Audio and video:
 
     Attributes:
+        flac_gpu: the GPU audio unit (``convert``/``augment``) decodes FLAC records on the GPU, its decoding
+            processes only finding each stream's frames (``codecs/flac_gpu.py``; ``GPUBATCH_FLAC_GPU``); records
+            that path does not take are decoded on the CPU as before.
         video_decoders: NVDEC decoder sessions (threads) working at once (``GPUBATCH_VIDEO_DECODERS``);
             one session is about one NVDEC engine's work and Hopper has seven (docs/engine.md).
         video_loop: "native" (PyNvVideoCodec's ThreadedDecoder demuxes and decodes on a native thread) or
@@ -224,6 +227,7 @@ class Settings:
     decode_ahead: int = 2
     hw_preallocate: int = 640
     shard_writer: str = "auto"
+    flac_gpu: bool = True
     video_decoders: int = 8
     video_loop: str = "native"
 
@@ -349,6 +353,7 @@ _ENV = (
     ("GPUBATCH_PIN_FEED", "pin_feed", _flag),
     ("GPUBATCH_LOADER_READERS", "loader_readers", int),
     ("GPUBATCH_FEED_SLOTS", "feed_slots", _positive),
+    ("GPUBATCH_FLAC_GPU", "flac_gpu", _flag),
     ("GPUBATCH_VIDEO_DECODERS", "video_decoders", int),
     ("GPUBATCH_VIDEO_LOOP", "video_loop", str),
     ("GPUBATCH_SHARD_WRITER", "shard_writer", str),

@@ -724,14 +724,16 @@ def test_the_batched_window_is_what_crop_and_shift_do_record_by_record():
         assert np.array_equal(g, _shift(r, s, np).samples)
 
 
-@pytest.mark.parametrize("prestarted", [False, True])
-def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path, prestarted):
+@pytest.mark.parametrize("prestarted,packed", [(False, False), (True, False), (False, True)])
+def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path, prestarted, packed):
     """The GPU audio unit's feed (host code, run here without a GPU): the records of a worker's tasks read
     and decoded in processes of their own, each entry's outputs in order with its task's shard (made in
     task order, an empty task's too), what the processes counted added to that shard's stats; a corrupt
     record comes back as its error in its place; a batch never spans two shards. The same from processes a
     worker's boot forked before its run came (``prestarted``: ``gpu.feed_start``, kind "audio"), each given
-    the run's reader and plan as its first task."""
+    the run's reader and plan as its first task. With the GPU's FLAC decoder (``packed``, the default) the
+    processes only place each record's frames: its bytes come back (through shared memory or the pipe), and
+    decoded they are libsndfile's samples."""
     import functools
     import os
     import subprocess
@@ -765,7 +767,11 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path, pre
     plan = Plan(ops=parse_chain("mono() | log_mel(n_mels=40)"), media="audio", max_pixels=0)
     spans = [(0, 4), (4, 4), (4, 10)]
     tasks = [ShardTask(k, a, b, f"s{k}", tuple(entries[a:b])) for k, (a, b) in enumerate(spans)]
-    ctx = RunContext(opener=functools.partial(open_reader, src), sink=None, plan=plan, device=Device(DeviceKind.CPU))
+    from gpubatch.engine.codecs.flac_gpu import FlacPacked, decode_host
+    from gpubatch.engine.settings import Settings
+
+    ctx = RunContext(opener=functools.partial(open_reader, src), sink=None, plan=plan, device=Device(DeviceKind.CPU),
+                     settings=Settings(flac_gpu=packed))
     made = []
 
     def make(task):
@@ -784,11 +790,19 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path, pre
     assert decoders.prestarted == prestarted and not feed_start._PRESTARTED
     try:
         got = list(decoders.outputs(tasks, make))
-        kinds = {type(o[1].samples).__name__ for _, outs, _ in got for o in outs if isinstance(o, tuple)}
+        def kind(a):
+            return f"FlacPacked/{type(a.samples.data).__name__}" if isinstance(a.samples, FlacPacked) else \
+                type(a.samples).__name__
+
+        kinds = {kind(o[1]) for _, outs, _ in got for o in outs if isinstance(o, tuple)}
         outs = [o for _, outs, _ in got for o in outs]
         # (the samples left in their shared file read, as the unit's staging reads them)
-        outs = [(o[0], decoders.files.read(o[1])) if isinstance(o, tuple) and isinstance(o[1].samples, Shared) else o
-                for o in outs]
+        outs = [(o[0], decoders.files.read(o[1])) if isinstance(o, tuple) and kind(o[1]) in ("Shared", "FlacPacked/Shared")
+                else o for o in outs]
+        if packed:  # (placed, not decoded: decoded here as the CPU path decodes a record the GPU refuses)
+            assert all(isinstance(o[1].samples, FlacPacked) and isinstance(o[1].samples.data, np.ndarray)
+                       for o in outs[:9])
+            outs = [(o[0], decode_host(o[1])) if isinstance(o, tuple) else o for o in outs]
     finally:
         decoders.close()
     assert not shm_left()
@@ -801,7 +815,10 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path, pre
     for i, (_, a) in enumerate(outs[:9]):  # (the samples the processes decoded, through shared memory or the pipe)
         assert np.array_equal(a.samples, sf.read(src / f"c{i}.flac", dtype="float32")[0][None])
     if os.path.isdir(SHM_DIR):  # (calls of 64 KB of samples and more through shared memory, the others pickled)
-        assert kinds == {"Shared", "ndarray"}
+        if packed:  # (these short clips' bytes are below 64 KB a call: test_flac_gpu.py shares larger ones)
+            assert kinds == {"FlacPacked/ndarray"}
+        else:
+            assert kinds == {"Shared", "ndarray"}
     a = outs[0][1].samples
     a[0, 0] += 1.0  # (writable, as an array of its own is)
     assert isinstance(outs[9], RecordError) and outs[9].key == "c9" and "decode" in str(outs[9])

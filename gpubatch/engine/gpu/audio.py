@@ -32,13 +32,21 @@ def run_on_gpu(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: list[RunSta
     """The chain on a batch of jobs on the GPU (their samples put there by ``upload``), each job's output
     back on the host (on the CPU, record by record, where the GPU fails; counted in the job's ``stats``),
     and the slot of ``downloads`` the outputs are views of (None where they are arrays of their own)."""
+    from ..codecs.flac_gpu import decode_host, is_packed
+
     codec = get_codec("audio", "*", HOST)
     try:
-        dev = run_chain_device(plan.ops, upload([d for _, d in jobs]), [j.params for j, _ in jobs])
-        back, slot = download(dev, half_features=True, downloads=downloads)  # (a slot it fails into: given back)
-        results: list[AudioData | RecordError] = list(back)
-        for st in stats:
-            st.add(transcoded=1)
+        up = upload([d for _, d in jobs])  # (FLAC decoded on the GPU here: a record neither decodes is its error)
+        ok = [i for i, u in enumerate(up) if not isinstance(u, RecordError)]
+        back, slot = [], None
+        if ok:
+            dev = run_chain_device(plan.ops, [up[i] for i in ok], [jobs[i][0].params for i in ok])
+            back, slot = download(dev, half_features=True, downloads=downloads)  # (a slot it fails into: given back)
+        results: list[AudioData | RecordError] = list(up)
+        for i, b in zip(ok, back):
+            results[i] = b
+        for i in ok:
+            stats[i].add(transcoded=1)
         return results, slot
     except Exception as e:  # noqa: BLE001 - a batch the GPU fails on goes to the CPU, counted
         results = []
@@ -46,6 +54,13 @@ def run_on_gpu(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: list[RunSta
             st.add(fallbacks=1)
             st.warn(f"a batch of {len(jobs)} audio records ran on the CPU after the GPU failed: {type(e).__name__}: "
                     f"{str(e)[:160]}")
+            t = job.template
+            if is_packed(d):  # (FLAC bytes for the GPU's decoder: decoded here, as the CPU path does)
+                try:
+                    d = decode_host(d)
+                except ValueError as e2:
+                    results.append(RecordError(t.key, t.origin, Stage.DECODE, str(e2)))
+                    continue
             try:
                 out = codec.run_chain(plan.ops, d, job.params)
                 if np.may_share_memory(out.samples, d.samples):  # (a chain that cuts or keeps its input: the input
@@ -53,7 +68,6 @@ def run_on_gpu(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: list[RunSta
                 results.append(out)
                 st.add(transcoded=1)
             except Exception as e2:  # noqa: BLE001 - the record boundary
-                t = job.template
                 results.append(RecordError(t.key, t.origin, Stage.TRANSFORM, f"{type(e2).__name__}: {e2}"))
         return results, None
 

@@ -387,10 +387,26 @@ class SharedFeed:
         self.shms = []
 
 
-def to_device(items: Sequence[AudioData]) -> list[AudioData]:
-    """Host items on the GPU through one host-to-device copy for the batch (views per item)."""
+def to_device(items: Sequence[AudioData]) -> list[Any]:
+    """Host items on the GPU through one host-to-device copy for the batch (views per item); FLAC records
+    placed for the GPU's decoder (:func:`~..codecs.flac_gpu.pack`) decoded there, each an item on the GPU or,
+    where neither the GPU nor the CPU can decode it, a :class:`~gpubatch.errors.RecordError`."""
     import cupy as cp
 
+    from ..codecs.flac_gpu import decode_on_gpu, is_packed
+
+    packed = [i for i, it in enumerate(items) if is_packed(it)]
+    if packed:
+        plain = [i for i in range(len(items)) if i not in set(packed)]
+        out: list[Any] = [None] * len(items)
+        for i, d in zip(plain, to_device([items[i] for i in plain])):
+            out[i] = d
+        blobs = [np.ascontiguousarray(items[i].samples.data).view(np.uint8).ravel() for i in packed]
+        offs = np.cumsum([0] + [b.size for b in blobs])
+        host = np.concatenate(blobs)
+        for i, d in zip(packed, decode_on_gpu(cp.asarray(host), [(int(o), items[i]) for o, i in zip(offs, packed)], host)):
+            out[i] = d
+        return out
     flat = [np.ascontiguousarray(it.samples, np.float32).ravel() for it in items]
     if not flat:
         return []
@@ -435,16 +451,26 @@ class PinnedGather:
     def stage(self, items: Sequence[AudioData], files: Any = None) -> Staged:
         """``items``' samples (arrays, or :class:`~.audio_records.Shared` read through ``files``) in a free slot
         (waiting for one, and for its last copy to end); a batch larger than :data:`STAGE_MAX` is not
-        staged (its samples read into arrays of their own, copied up by :func:`to_device`)."""
+        staged (its samples read into arrays of their own, copied up by :func:`to_device`). FLAC records placed
+        for the GPU's decoder (:class:`~..codecs.flac_gpu.FlacPacked`) have their bytes staged after the
+        samples, at a multiple of 256 bytes."""
         import queue
 
-        from .audio_records import Shared
+        from ..codecs.flac_gpu import is_packed
+        from .audio_records import Shared, shared_of
 
-        shapes = [tuple(it.samples.shape) for it in items]
+        packed = [is_packed(it) for it in items]
+        shapes = [(0,) if p else tuple(it.samples.shape) for it, p in zip(items, packed)]
         sizes = np.cumsum([0] + [int(np.prod(sh)) for sh in shapes])
         spans = [(int(a), int(b), sh) for a, b, sh in zip(sizes[:-1], sizes[1:], shapes)]
-        if 4 * int(sizes[-1]) > STAGE_MAX:
-            return Staged(self, None, None, [files.read(it) if isinstance(it.samples, Shared) else it for it in items], spans)
+        at = -(-4 * int(sizes[-1]) // 256) * 256  # (the bytes' place in the slot)
+        places = []
+        for it, p in zip(items, packed):
+            places.append(at if p else -1)
+            at += it.samples.nbytes if p else 0
+        if at > STAGE_MAX:
+            return Staged(self, None, None, [files.read(it) if shared_of(it) is not None else it for it in items],
+                          spans)
         while True:
             try:
                 i, event = self.free.get(timeout=0.5)
@@ -454,20 +480,27 @@ class PinnedGather:
                     raise RuntimeError("the batches' staging was closed") from None
         if event is not None:
             event.synchronize()
-        n = int(sizes[-1])
-        if self.host[i] is None or self.host[i][1].size < n:
+        if self.host[i] is None or self.host[i][1].nbytes < at:
             self.host[i] = None
-            mem = self._buffer(4 * n)
+            mem = self._buffer(at)
             self.host[i] = (mem, np.frombuffer(mem, np.float32))
         host = self.host[i][1]
+        raw = host.view(np.uint8)
         hosts = []
-        for it, (a, b, sh) in zip(items, spans):
-            if isinstance(it.samples, Shared):
+        for it, (a, b, sh), p, place in zip(items, spans, packed, places):
+            if p:
+                n = it.samples.nbytes
+                if shared_of(it) is not None:
+                    hosts.append(files.read_into(it, raw[place: place + n]))
+                else:
+                    raw[place: place + n] = np.asarray(it.samples.data).view(np.uint8).ravel()
+                    hosts.append(it._replace(samples=it.samples._replace(data=raw[place: place + n])))
+            elif isinstance(it.samples, Shared):
                 hosts.append(files.read_into(it, host[a:b]))
             else:
                 host[a:b].reshape(sh)[...] = it.samples
                 hosts.append(it)
-        return Staged(self, i, host, hosts, spans)
+        return Staged(self, i, host, hosts, spans, places, at)
 
     def close(self) -> None:
         """A thread waiting in :meth:`stage` for a slot stops (the run ends)."""
@@ -481,8 +514,9 @@ class Staged:
     gives the items on the GPU (views of one device buffer)."""
 
     def __init__(self, owner: PinnedGather, slot: int | None, host: np.ndarray | None, hosts: list[AudioData],
-                 spans: list[tuple[int, int, tuple]]):
+                 spans: list[tuple[int, int, tuple]], places: list[int] | None = None, end: int = 0):
         self.owner, self.slot, self.host, self.hosts, self.spans = owner, slot, host, hosts, spans
+        self.places, self.end = places or [-1] * len(spans), end  # (FLAC bytes: their byte offsets in the slot)
         self.event: Any = None
         self.released = False
 
@@ -496,8 +530,22 @@ class Staged:
         n = self.spans[-1][1] if self.spans else 0
         dev = cp.empty(n, cp.float32)
         dev.data.copy_from_host_async(self.host.ctypes.data, 4 * n)
+        packed = [(p, d) for p, d in zip(self.places, self.hosts) if p >= 0]
+        raw = None
+        if packed:  # (the FLAC bytes up in one more copy, decoded on the GPU: decode_on_gpu waits for it)
+            lo = packed[0][0]
+            raw = cp.empty(self.end - lo, cp.uint8)
+            raw.data.copy_from_host_async(self.host.ctypes.data + lo, self.end - lo)
         self.event = cp.cuda.get_current_stream().record()
-        return [it._replace(samples=dev[a:b].reshape(shape)) for it, (a, b, shape) in zip(items, self.spans)]
+        out: list[Any] = [it._replace(samples=dev[a:b].reshape(shape)) if p < 0 else None
+                          for it, (a, b, shape), p in zip(items, self.spans, self.places)]
+        if packed:
+            from ..codecs.flac_gpu import decode_on_gpu
+
+            lo = packed[0][0]
+            got = iter(decode_on_gpu(raw, [(p - lo, d) for p, d in packed], self.host.view(np.uint8)[lo: self.end]))
+            out = [next(got) if p >= 0 else o for o, p in zip(out, self.places)]
+        return out
 
     def release(self) -> None:
         """The batch is done with (its chain has run, or failed): its slot back to the gather, to be filled

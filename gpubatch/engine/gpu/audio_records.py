@@ -40,11 +40,30 @@ def preload() -> None:
             pass
 
 
-def _prepare(record: Record, plan: Plan, stats: RunStats) -> list[Record | RecordError | tuple[Job, AudioData]]:
-    """A record's outputs: pass-throughs and errors as they are, each job with its decoded audio and
-    its parameters drawn (the same draws as the CPU path). A long record whose chain streams
-    (:mod:`.codecs.audio_stream`) is run on the CPU a block at a time here, whole outputs, counted: a
-    batch on the GPU would hold all of it."""
+def _decode(codec: Any, record: Record, plan: Plan, packed: bool) -> Any:
+    """A record decoded for the GPU: with ``packed``, a FLAC record's bytes placed for the GPU's decoder
+    (:func:`~..codecs.flac_gpu.pack`: its frames found, nothing decoded), else (or where that path does not take
+    it) its samples decoded here, as the CPU path decodes them."""
+    if packed and record.codec == "flac":
+        from ..codecs.audio_io import DEFAULT_MAX_SAMPLES, leading_seconds
+        from ..codecs.flac_gpu import pack
+
+        try:
+            d = pack(record.data, leading_seconds(getattr(plan, "ops", ())),
+                     getattr(plan, "max_samples", DEFAULT_MAX_SAMPLES), record.key, record.origin)
+        except ValueError as e:
+            raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+        if d is not None:
+            return d
+    return codec.decode(record, plan)
+
+
+def _prepare(record: Record, plan: Plan, stats: RunStats,
+             packed: bool = False) -> list[Record | RecordError | tuple[Job, AudioData]]:
+    """A record's outputs: pass-throughs and errors as they are, each job with its decoded audio (``packed``:
+    FLAC's bytes placed for the GPU's decoder, :func:`_decode`) and its parameters drawn (the same draws as the
+    CPU path). A long record whose chain streams (:mod:`.codecs.audio_stream`) is run on the CPU a block at a
+    time here, whole outputs, counted: a batch on the GPU would hold all of it."""
     from ..codecs.audio_stream import AudioStream
     from ..executor import expand_host
 
@@ -65,7 +84,7 @@ def _prepare(record: Record, plan: Plan, stats: RunStats) -> list[Record | Recor
             continue
         try:
             if decoded is None:
-                decoded = codec.decode(record, plan)
+                decoded = _decode(codec, record, plan, packed)
             job.settle(plan, *codec.size(decoded))
         except RecordError as e:
             out.append(e)
@@ -79,9 +98,9 @@ def _prepare(record: Record, plan: Plan, stats: RunStats) -> list[Record | Recor
     return out
 
 
-def prepare_entry(reader: RecordSource, entry: Any, plan: Plan, stats: RunStats) -> list[Any]:
+def prepare_entry(reader: RecordSource, entry: Any, plan: Plan, stats: RunStats, packed: bool = False) -> list[Any]:
     """What one entry becomes before the GPU: its read error, a non-audio record run on the CPU, or
-    :func:`_prepare`'s outputs."""
+    :func:`_prepare`'s outputs (``packed``: FLAC's bytes for the GPU's decoder)."""
     from ..executor import expand_host
 
     record = read_counted(reader, entry, stats)
@@ -89,7 +108,7 @@ def prepare_entry(reader: RecordSource, entry: Any, plan: Plan, stats: RunStats)
         return [record]
     if str(getattr(record.media, "value", record.media)) != "audio":
         return expand_host(record, plan, stats)
-    return _prepare(record, plan, stats)
+    return _prepare(record, plan, stats, packed)
 
 
 def _decoder_start(ctx: Any) -> None:
@@ -98,6 +117,7 @@ def _decoder_start(ctx: Any) -> None:
     die_with_parent()
     _DECODER["reader"] = ctx.open_reader()
     _DECODER["plan"] = ctx.plan
+    _DECODER["packed"] = bool(getattr(getattr(ctx, "settings", None), "flac_gpu", False))
 
 
 def _prestarted_start(ctx: Any, attached: Any = None) -> None:
@@ -138,9 +158,9 @@ def _share(out: list[tuple[list, dict]]) -> list[tuple[list, dict]]:
     decoded: dict[int, Any] = {}
     for outs, _ in out:
         for o in outs:
-            if isinstance(o, tuple) and isinstance(getattr(o[1], "samples", None), np.ndarray):
+            if isinstance(o, tuple) and _payload(o[1]) is not None:
                 decoded.setdefault(id(o[1]), o[1])
-    if sum(d.samples.nbytes for d in decoded.values()) < SHARE_FROM:
+    if sum(_payload(d).nbytes for d in decoded.values()) < SHARE_FROM:
         return out
     _SHARED_CALLS[0] += 1
     name = f"{_SHM_PREFIX}{os.getppid()}-{os.getpid()}-{_SHARED_CALLS[0]}"
@@ -153,10 +173,10 @@ def _share(out: list[tuple[list, dict]]) -> list[tuple[list, dict]]:
     try:
         at = 0
         for key, d in decoded.items():
-            a = np.ascontiguousarray(d.samples)
+            a = np.ascontiguousarray(_payload(d))
             if os.pwrite(fd, memoryview(a).cast("B"), at) != a.nbytes:
                 raise OSError("a short write")
-            placed[key] = d._replace(samples=Shared(name, at, a.shape, a.dtype.str))
+            placed[key] = _placed(d, Shared(name, at, a.shape, a.dtype.str))
             at += -(-a.nbytes // 64) * 64
     except OSError:  # (no room left in /dev/shm: these go through the pipe)
         os.close(fd)
@@ -167,14 +187,44 @@ def _share(out: list[tuple[list, dict]]) -> list[tuple[list, dict]]:
             for outs, c in out]
 
 
+def _payload(d: Any) -> np.ndarray | None:
+    """The array of a decoded record that goes through shared memory: its samples, or a FLAC record's bytes
+    placed for the GPU (:class:`~..codecs.flac_gpu.FlacPacked`); None where there is none (shared already)."""
+    from ..codecs.flac_gpu import FlacPacked
+
+    s = getattr(d, "samples", None)
+    if isinstance(s, FlacPacked):
+        s = s.data
+    return s if isinstance(s, np.ndarray) else None
+
+
+def _placed(d: AudioData, where: Any) -> AudioData:
+    """``d`` with its payload (:func:`_payload`) replaced by where it lies."""
+    from ..codecs.flac_gpu import FlacPacked
+
+    if isinstance(d.samples, FlacPacked):
+        return d._replace(samples=d.samples._replace(data=where))
+    return d._replace(samples=where)
+
+
+def shared_of(d: Any) -> Shared | None:
+    """Where a decoded record's samples (or FLAC bytes) lie in a shared file, None where they are in memory."""
+    from ..codecs.flac_gpu import FlacPacked
+
+    s = getattr(d, "samples", None)
+    if isinstance(s, FlacPacked):
+        s = s.data
+    return s if isinstance(s, Shared) else None
+
+
 def _is_shared(o: Any) -> bool:
     """Whether an output is a ``(job, audio)`` pair whose samples lie in a shared file (an output the GPU
     failed on and the CPU too is ``(job, RecordError)``)."""
-    return isinstance(o, tuple) and isinstance(getattr(o[1], "samples", None), Shared)
+    return isinstance(o, tuple) and shared_of(o[1]) is not None
 
 
 def _names(got: list[tuple[list, dict]]) -> set[str]:
-    return {o[1].samples.name for outs, _ in got for o in outs
+    return {shared_of(o[1]).name for outs, _ in got for o in outs  # type: ignore[union-attr]
             if _is_shared(o)}
 
 
@@ -227,7 +277,7 @@ def decode_entries(entries: list[Any]) -> list[tuple[list, dict]]:
     for entry in entries:
         stats = RunStats()
         t0 = time.perf_counter()
-        outs = prepare_entry(reader, entry, plan, stats)
+        outs = prepare_entry(reader, entry, plan, stats, _DECODER.get("packed", False))
         stats.timed("decode (processes)", time.perf_counter() - t0)
         out.append((outs, stats_part(stats)))
     return _share(out)
@@ -252,14 +302,15 @@ class SharedFiles:
             for outs, _ in got:
                 for o in outs:
                     if _is_shared(o):
-                        self.files.setdefault(o[1].samples.name, [None, 0])[1] += 1
+                        self.files.setdefault(shared_of(o[1]).name, [None, 0])[1] += 1  # type: ignore[union-attr]
 
     def read_into(self, d: AudioData, out: np.ndarray) -> AudioData:
-        """``d``'s shared samples read into ``out`` (a flat array of as many, cast where its type is not
-        theirs), ``d`` with them in its shape."""
+        """``d``'s shared samples (or FLAC bytes) read into ``out`` (a flat array of as many, cast where its type
+        is not theirs), ``d`` with them in its shape."""
         import os
 
-        s = d.samples
+        s = shared_of(d)
+        assert s is not None
         with self.lock:
             entry = self.files[s.name]
             if entry[0] is None:
@@ -283,11 +334,13 @@ class SharedFiles:
                 if entry[1] <= 0:
                     os.close(fd)
                     del self.files[s.name]
-        return d._replace(samples=out.reshape(s.shape))
+        return _placed(d, out.reshape(s.shape))
 
     def read(self, d: AudioData) -> AudioData:
-        """``d``'s shared samples read into an array of their own (of their type)."""
-        return self.read_into(d, np.empty(int(np.prod(d.samples.shape)), np.dtype(d.samples.dtype)))
+        """``d``'s shared samples (or FLAC bytes) read into an array of their own (of their type)."""
+        s = shared_of(d)
+        assert s is not None
+        return self.read_into(d, np.empty(int(np.prod(s.shape)), np.dtype(s.dtype)))
 
     def close(self) -> None:
         import os

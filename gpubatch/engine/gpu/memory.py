@@ -459,4 +459,5 @@ def audio_need(plan: Any, rate: int, samples: int, channels: int) -> int:
             need = 4 * (2 * w + 2 * ow)
         peak = max(peak, channels * need)
         h, w = oh, ow
-    return peak
+    # (a FLAC record decoded on the GPU first: its bytes, at most 4 a sample, beside its float32 samples)
+    return max(peak, channels * 8 * samples)

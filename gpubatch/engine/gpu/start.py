@@ -166,6 +166,13 @@ class _Start:
                 from .audio_chain import warm_chain
 
                 warm_chain(Plan(ops=parse_chain(AUDIO_WARM), media="audio"), 16000, 16000, 1, 1)
+                if self.settings.flac_gpu:  # (the FLAC decoder's kernel, compiled or read from CuPy's cache)
+                    try:
+                        from ..kernels import kernel
+
+                        kernel("flac", "flac_frames")
+                    except Exception:  # noqa: BLE001 - compiled again, and raised, at first use
+                        pass
                 t = self._step("chain warmed", t)
             if self.spec.kernels:  # NVRTC (or CuPy's cache) beside the decoders' start
                 c = threading.Thread(target=self._compile, args=(self.spec.kernels,), name="gpubatch-compile",
