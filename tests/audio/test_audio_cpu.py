@@ -748,7 +748,6 @@ def test_a_gpu_run_decodes_its_records_in_processes_in_shard_order(tmp_path, pre
         _SHM_PREFIX,
         SHM_DIR,
         RecordDecoders,
-        Shared,
         batched,
         sweep_shared,
     )

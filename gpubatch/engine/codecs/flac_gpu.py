@@ -152,7 +152,6 @@ def parse(data: Any, keep: int | None = None) -> tuple[AudioInfo, np.ndarray, bo
             channels = ((s[12] >> 1) & 7) + 1
             bps = (((s[12] & 1) << 4) | (s[13] >> 4)) + 1
             total = ((s[13] & 15) << 32) | int.from_bytes(s[14:18], "big")
-            fixed = int.from_bytes(s[0:2], "big") == int.from_bytes(s[2:4], "big")
             info = AudioInfo("flac", {8: "PCM_S8", 16: "PCM_16", 24: "PCM_24"}.get(bps, ""), rate, channels, total, bps)
         at += 4 + size
         if head & 0x80:
