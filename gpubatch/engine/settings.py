@@ -152,9 +152,10 @@ class Settings:
     Audio and video:
 
     Attributes:
-        flac_gpu: the GPU audio unit (``convert``/``augment``) decodes FLAC records on the GPU, its decoding
-            processes only finding each stream's frames (``codecs/flac_gpu.py``; ``GPUBATCH_FLAC_GPU``); records
-            that path does not take are decoded on the CPU as before.
+        flac_gpu: FLAC is decoded on the GPU, by the GPU audio unit (``convert``/``augment``) and by
+            ``AudioPipeline``, their decoding processes only reading each file and finding its frames
+            (``codecs/flac_gpu.py``; ``GPUBATCH_FLAC_GPU``); records that path does not take are decoded on the CPU
+            as before.
         video_decoders: NVDEC decoder sessions (threads) working at once (``GPUBATCH_VIDEO_DECODERS``);
             one session is about one NVDEC engine's work and Hopper has seven (docs/engine.md).
         video_loop: "native" (PyNvVideoCodec's ThreadedDecoder demuxes and decodes on a native thread) or

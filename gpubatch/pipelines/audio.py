@@ -259,7 +259,8 @@ class AudioPipeline:
 
         # the pool's manager thread hands each worker its next task once it has the GIL, which this
         # thread holds while it launches a batch's work: a short switch interval keeps the workers fed
-        interval = Settings.from_env().switch_interval
+        settings = Settings.from_env()
+        interval = settings.switch_interval
         if sys.getswitchinterval() > interval:
             sys.setswitchinterval(interval)
         with cp.cuda.Device(self.device.index):
@@ -268,7 +269,8 @@ class AudioPipeline:
                 slabs = max(2 * self.workers, 2 * -(-batch_size // per_task) + 2)
                 try:
                     self._decoders = self._decoders or DecodeWorkers(self.workers)
-                    feed = SharedFeed(self._decoders, slabs, per_task, device=self.device.index)
+                    feed = SharedFeed(self._decoders, slabs, per_task, device=self.device.index,
+                                      packed=settings.flac_gpu)
                 except OSError as e:  # no shared memory to be had (a small /dev/shm): threads
                     import warnings
 
@@ -318,19 +320,28 @@ class AudioPipeline:
             group.append((key, item, where))
             if len(group) == batch_size:
                 self.timings["decode"] += time.perf_counter() - t0
-                yield self._gpu_batch(group, upload, run_chain_device, cp)
+                if (b := self._gpu_batch(group, upload, run_chain_device, cp)) is not None:
+                    yield b
                 group = []
                 t0 = time.perf_counter()
-        if group:
-            yield self._gpu_batch(group, upload, run_chain_device, cp)
+        if group and (b := self._gpu_batch(group, upload, run_chain_device, cp)) is not None:
+            yield b
 
-    def _gpu_batch(self, group: list[tuple], upload: Any, run_chain_device: Any, cp: Any) -> AudioBatch:
+    def _gpu_batch(self, group: list[tuple], upload: Any, run_chain_device: Any, cp: Any) -> AudioBatch | None:
         t0 = time.perf_counter()
         if any(op.random for op in self.plan.ops):
             params = [self.plan.draw(k, *it.size) for k, it, _ in group]
         else:  # nothing drawn: every record's parameters are the same
             params = [self.plan.draw("", *group[0][1].size)] * len(group)
         dev = upload(group)
+        bad = [i for i, d in enumerate(dev) if isinstance(d, RecordError)]
+        if bad:  # (a FLAC file the GPU's decoder refused and the CPU could not decode either: skipped, named)
+            for i in bad:
+                self._skip(dev[i], 0, len(group) + 1)
+            keep = [i for i in range(len(dev)) if i not in set(bad)]
+            group, dev, params = [group[i] for i in keep], [dev[i] for i in keep], [params[i] for i in keep]
+            if not group:
+                return None
         t1 = time.perf_counter()
         out = run_chain_device(self.plan.ops, dev, params)
         data = self._stack([_squeeze(o.samples) for o in out], cp).astype(self.dtype, copy=False)

@@ -254,3 +254,38 @@ def test_convert_writes_the_same_bytes_with_flac_decoded_on_the_gpu(tmp_path, mo
         outs[flag] = {p.name: p.read_bytes() for p in sorted(dst.glob("*.tar"))}
     assert outs["1"] == outs["0"]
 
+
+
+def test_the_pipelines_decoding_processes_place_flac_in_their_slabs(tmp_path):
+    """``AudioPipeline``'s feed with the GPU's FLAC decoder (``packed``): a FLAC file's bytes read into the slab, its
+    frames found, at 64-byte steps beside the samples of the files libsndfile decodes there (a WAV file), a file too
+    large for the slab in bytes of its own; decoded, each is libsndfile's."""
+    import os
+
+    from gpubatch.engine.gpu.audio_feed import DecodeWorkers, SharedFeed
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    rng = np.random.default_rng(7)
+    paths = []
+    for i, n in enumerate((16000, 3001, 40000)):
+        paths.append(write(tmp_path / f"c{i}.flac", signal(rng, n, 1 + i % 2, "speech").astype(np.float32), 16000))
+    paths.append(write(tmp_path / "w.wav", signal(rng, 8000, 1, "speech").astype(np.float32), 16000))
+    paths.append(write(tmp_path / "big.flac", signal(rng, 400000, 2, "noise").astype(np.float32), 16000))
+    workers = DecodeWorkers(1)
+    try:
+        feed = SharedFeed(workers, 2, 8, slab_bytes=1 << 20, packed=True)
+        try:
+            got = list(feed.items(((str(p), p.stem) for p in paths), None))
+            kinds = [(type(d.samples).__name__, where is not None) for _, d, where in got]
+            decoded = [flac_gpu.decode_host(d).samples if flac_gpu.is_packed(d) else np.array(d.samples)
+                       for _, d, _ in got]
+            offsets = [where[1] for _, d, where in got if where is not None and flac_gpu.is_packed(d)]
+        finally:
+            feed.close()
+    finally:
+        workers.close()
+    assert kinds == [("FlacPacked", True)] * 3 + [("ndarray", True), ("FlacPacked", False)]
+    assert all(o % 16 == 0 for o in offsets)  # (in float32 words: 64-byte steps)
+    for p, x in zip(paths, decoded):
+        assert np.array_equal(x, reference(p.read_bytes())), p.name

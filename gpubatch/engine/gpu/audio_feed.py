@@ -56,21 +56,65 @@ def _attach(name: str, feed: str) -> Any:
     return _ATTACHED[name]
 
 
+def _place_flac(path: str, key: str, buf: np.ndarray, off: int, seconds: float | None,
+                max_samples: int) -> tuple | None:
+    """Worker: a FLAC file's bytes read into the slab ``buf`` at float ``off`` (or into bytes of their own where they
+    do not fit) and its frames found for the GPU's decoder (:func:`~..codecs.flac_gpu.pack`): ``(key, "flac",
+    offset, words, AudioData)`` (``words``: the float32 words the bytes take), ``(key, "own", AudioData)``, or None
+    where it is no FLAC stream the GPU path takes (decoded here then, as before). ValueError as the CPU path
+    says it (more samples than one record may hold)."""
+    import os
+
+    from ..codecs.flac_gpu import pack
+
+    with open(path, "rb", buffering=0) as f:
+        n = os.fstat(f.fileno()).st_size
+        if n < 42:
+            return None
+        words = -(-n // 4)
+        if off + words <= buf.size:
+            raw = buf[off: off + words].view(np.uint8)[:n]
+            got = f.readinto(memoryview(raw))
+            while got < n:
+                more = f.readinto(memoryview(raw)[got:])
+                if not more:
+                    return None
+                got += more
+            d = pack(raw, seconds, max_samples, key, path)
+            return None if d is None else (key, "flac", off, words, d)
+        if f.read(4) != b"fLaC":
+            return None
+        f.seek(0)
+        data = np.frombuffer(f.read(), np.uint8)
+    d = pack(data, seconds, max_samples, key, path)
+    return None if d is None else (key, "own", d)
+
+
 def decode_into(args: tuple) -> list[tuple]:
     """Worker: decode ``files`` ((path, key) pairs) into the slab ``name``; per file ``(key, "shm",
     offset, frames, channels, rate, bits)``, ``(key, "own", AudioData)`` or ``(key, "error", reason, path)``
-    (a file above ``max_samples`` decoded samples among the errors)."""
+    (a file above ``max_samples`` decoded samples among the errors). With ``packed`` a FLAC file's bytes go into
+    the slab instead, its frames found for the GPU's decoder (:func:`_place_flac`: ``(key, "flac", offset, words,
+    AudioData)``)."""
     import soundfile as sf
 
     from ..codecs.audio_io import _BITS, AudioInfo, _check, decode_audio, probe_audio
 
-    name, feed, size, files, seconds, max_samples = args
+    name, feed, size, files, seconds, max_samples = args[:6]
+    packed = len(args) > 6 and args[6]
     buf = np.ndarray((size // 4,), np.float32, buffer=_attach(name, feed).buf)
     off = 0
     out: list[tuple] = []
     try:
         for path, key in files:
             try:
+                if packed and str(path).lower().endswith(".flac"):
+                    placed = _place_flac(str(path), key, buf, off, seconds, max_samples)
+                    if placed is not None:
+                        out.append(placed)
+                        if placed[1] == "flac":
+                            off += -(-placed[3] // 16) * 16  # (64-byte steps: the next file's bytes aligned)
+                        continue
                 try:
                     f = sf.SoundFile(path)
                 except Exception:  # noqa: BLE001 - not for libsndfile: PyAV, or the reason it is no audio
@@ -223,12 +267,13 @@ class SharedFeed:
     or arrays of their own (``where`` None)."""
 
     def __init__(self, workers: DecodeWorkers, slabs: int, per_task: int, slab_bytes: int = SLAB_BYTES,
-                 max_samples: int | None = None, device: int | None = None):
+                 max_samples: int | None = None, device: int | None = None, packed: bool = False):
         from multiprocessing import shared_memory
 
         from ..codecs.audio_io import DEFAULT_MAX_SAMPLES
 
         self.workers, self.per_task = workers, per_task
+        self.packed = packed  # (FLAC's bytes through the slabs, decoded on the GPU in upload())
         self.max_samples = DEFAULT_MAX_SAMPLES if max_samples is None else max_samples
         self.shms = []
         self.locked: list[tuple[int, Any] | None] = []  # per slab: (address, unlock) where page-locked
@@ -282,7 +327,7 @@ class SharedFeed:
                         break
                     s = self.free.popleft()
                     task = self.workers.submit((self.shms[s].name, self.token, self.size, chunk, seconds,
-                                                self.max_samples))
+                                                self.max_samples, self.packed))
                     inflight.append((s, task))
                 if not inflight:
                     if done:
@@ -292,7 +337,7 @@ class SharedFeed:
                 s, task = inflight.popleft()
                 results = self.workers.result(task)
                 view = np.ndarray((self.size // 4,), np.float32, buffer=self.shms[s].buf)
-                shared = [r for r in results if r[1] == "shm"]
+                shared = [r for r in results if r[1] in ("shm", "flac")]
                 self.pending_items[s] = len(shared)
                 if not shared:
                     self.free.append(s)
@@ -302,6 +347,10 @@ class SharedFeed:
                         _, _, off, frames, ch, rate, bits = r
                         x = view[off: off + frames * ch].reshape(frames, ch)
                         yield key, AudioData(x.T if ch > 1 else x.reshape(1, frames), rate, bits=bits), (s, off, frames * ch)
+                    elif kind == "flac":  # (its bytes in the slab: the packed record views them there)
+                        _, _, off, words, d = r
+                        raw = view[off: off + words].view(np.uint8)[: d.samples.nbytes]
+                        yield key, d._replace(samples=d.samples._replace(data=raw)), (s, off, words)
                     elif kind == "own":
                         yield key, r[2], None
                     else:
@@ -345,13 +394,22 @@ class SharedFeed:
             else:
                 part.set(self.view(s)[lo:hi])  # pageable: returns once the copy is taken
         event = cp.cuda.get_current_stream().record() if self.locked and any(self.locked[s] for s in spans) else None
+        from ..codecs.flac_gpu import decode_on_gpu, is_packed
+
+        flac = [(i, 4 * (where[loc[0]] + loc[1]), item) for i, (_, item, loc) in enumerate(group)
+                if loc is not None and is_packed(item)]
+        if flac:  # (decoded on the GPU from the bytes just copied up, before their slabs go back to the workers)
+            raw = dev.view(cp.uint8)
+            for (i, _, _), d in zip(flac, decode_on_gpu(raw, [(b, item) for _, b, item in flac])):
+                out[i] = d
         for i, (_, item, loc) in enumerate(group):
             if loc is None:
                 continue
             s, off, n = loc
-            ch = item.samples.shape[0]
-            x = dev[where[s] + off: where[s] + off + n]
-            out[i] = item._replace(samples=x.reshape(1, n) if ch == 1 else cp.ascontiguousarray(x.reshape(n // ch, ch).T))
+            if out[i] is None:
+                ch = item.samples.shape[0]
+                x = dev[where[s] + off: where[s] + off + n]
+                out[i] = item._replace(samples=x.reshape(1, n) if ch == 1 else cp.ascontiguousarray(x.reshape(n // ch, ch).T))
             self.release(s, event)
         if own:
             for i, d in zip(own, to_device([group[i][1] for i in own])):
