@@ -43,7 +43,7 @@ def decode(lib, data: bytes, seconds: float | None = None):
     if d is None:
         return None
     t, [(o, c, nd)] = flac_gpu.table([(0, d.samples)])
-    buf = np.frombuffer(data, np.uint8)
+    buf = np.frombuffer(data + bytes(flac_gpu.PAD), np.uint8)  # (the kernel reads words past a frame's end)
     out = np.zeros(c * nd, np.float32)
     status = np.zeros(len(t), np.int32)
     lib.flac_frames_host(buf.ctypes.data, t.ctypes.data, out.ctypes.data, status.ctypes.data, len(t))
@@ -218,6 +218,11 @@ def test_the_gpu_decodes_a_ragged_batch_as_libsndfile(tmp_path):
     seconds.append(None)
     items = [flac_gpu.pack(b, s) for b, s in zip(blobs, seconds)]
     got = to_device(items)
+    buf = cp.asarray(np.frombuffer(b"".join(blobs) + bytes(flac_gpu.PAD), np.uint8))
+    offs = np.cumsum([0] + [len(b) for b in blobs])
+    refused: list[int] = []
+    flac_gpu.decode_on_gpu(buf, [(int(o), d) for o, d in zip(offs, items)], None, refused)
+    assert refused == [len(items) - 1]  # (decoded on the GPU, every one but the damaged one)
     cp.cuda.Device().synchronize()
     for b, s, g in zip(blobs[:-1], seconds, got):
         ref = reference(b)
@@ -243,7 +248,8 @@ def test_convert_writes_the_same_bytes_with_flac_decoded_on_the_gpu(tmp_path, mo
     rng = np.random.default_rng(6)
     for i in range(24):
         write(src / f"clip_{i:02d}.flac", signal(rng, 16000 + 997 * i, 1 + i % 2, "speech").astype(np.float32), 16000)
-    (src / "clip_99.flac").write_bytes(b"fLaC" + bytes(60))
+    cut = (src / "clip_03.flac").read_bytes()
+    (src / "clip_99.flac").write_bytes(cut[: len(cut) // 2])  # (cut short: the CPU path's error, skipped)
     outs = {}
     for flag in ("1", "0"):
         monkeypatch.setenv("GPUBATCH_FLAC_GPU", flag)

@@ -24,6 +24,8 @@ from .audio_io import AudioData, AudioInfo, _check
 
 #: columns of the kernel's per-frame table (kernels/flac.cu: FLAC_COLS)
 COLS = 7
+#: bytes the kernel may read past a batch's last frame (it reads aligned words)
+PAD = 16
 #: the depths the GPU path takes (libsndfile's float32 is then x / 2^(bps-1), exact)
 DEPTHS = (8, 16, 24)
 
@@ -259,11 +261,14 @@ def table(items: list[tuple[int, FlacPacked]]) -> tuple[np.ndarray, list[tuple[i
     return t, list(zip(outs.tolist(), chans.tolist(), nd.tolist()))
 
 
-def decode_on_gpu(buf: Any, items: list[tuple[int, AudioData]], host: np.ndarray | None = None) -> list[Any]:
-    """Packed records decoded on the GPU: ``buf`` their bytes on the device (uint8, ``items``' offsets into it),
+def decode_on_gpu(buf: Any, items: list[tuple[int, AudioData]], host: np.ndarray | None = None,
+                  refused: list[int] | None = None) -> list[Any]:
+    """Packed records decoded on the GPU: ``buf`` their bytes on the device (uint8, ``items``' offsets into it; its
+    start 4-byte aligned and :data:`PAD` bytes readable past its last item: the kernel reads words),
     each item an :class:`AudioData` on the GPU again (float32 (channels, samples)); one whose frames the GPU
     refuses is decoded on the CPU (``host``: the same bytes on the host, else the item's own) and uploaded, or
-    is a :class:`~gpubatch.errors.RecordError` where the CPU path cannot decode it either."""
+    is a :class:`~gpubatch.errors.RecordError` where the CPU path cannot decode it either (its index in ``items``
+    added to ``refused``, where given, either way)."""
     import cupy as cp
 
     from ...errors import RecordError, Stage
@@ -285,6 +290,8 @@ def decode_on_gpu(buf: Any, items: list[tuple[int, AudioData]], host: np.ndarray
         p = d.samples
         k = len(p.frames)
         if st[row: row + k].any():
+            if refused is not None:
+                refused.append(len(res))
             try:
                 back = decode_host(d, None if host is None else host[off: off + p.nbytes])
                 x = cp.asarray(back.samples)

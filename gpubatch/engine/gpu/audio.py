@@ -313,6 +313,8 @@ class AudioDeviceUnit:
                                             downloads) if jobs else ([], None)
                     results = iter(back)
                     if up is not None:
+                        for i in up.refused:  # (FLAC the GPU's decoder refused, decoded on the CPU: counted)
+                            jobs[i][1].add(fallbacks=1)
                         up.release()
                     run_t["chain"] += time.perf_counter() - t0
                     marks.once("first batch through the chain")

@@ -385,7 +385,7 @@ class SharedFeed:
         for s, (lo, hi) in spans.items():
             where[s] = total - lo
             total += hi - lo
-        dev = cp.empty(total, cp.float32)
+        dev = cp.empty(total + 4, cp.float32)  # (16 bytes past the last: the FLAC decoder reads words)
         for s, (lo, hi) in spans.items():
             part = dev[where[s] + lo: where[s] + hi]
             pinned = self.locked[s] if self.locked else None
@@ -459,9 +459,11 @@ def to_device(items: Sequence[AudioData]) -> list[Any]:
         out: list[Any] = [None] * len(items)
         for i, d in zip(plain, to_device([items[i] for i in plain])):
             out[i] = d
+        from ..codecs.flac_gpu import PAD
+
         blobs = [np.ascontiguousarray(items[i].samples.data).view(np.uint8).ravel() for i in packed]
         offs = np.cumsum([0] + [b.size for b in blobs])
-        host = np.concatenate(blobs)
+        host = np.concatenate([*blobs, np.zeros(PAD, np.uint8)])
         for i, d in zip(packed, decode_on_gpu(cp.asarray(host), [(int(o), items[i]) for o, i in zip(offs, packed)], host)):
             out[i] = d
         return out
@@ -575,6 +577,7 @@ class Staged:
                  spans: list[tuple[int, int, tuple]], places: list[int] | None = None, end: int = 0):
         self.owner, self.slot, self.host, self.hosts, self.spans = owner, slot, host, hosts, spans
         self.places, self.end = places or [-1] * len(spans), end  # (FLAC bytes: their byte offsets in the slot)
+        self.refused: list[int] = []  # (items whose FLAC the GPU's decoder refused: decoded on the CPU)
         self.event: Any = None
         self.released = False
 
@@ -591,8 +594,10 @@ class Staged:
         packed = [(p, d) for p, d in zip(self.places, self.hosts) if p >= 0]
         raw = None
         if packed:  # (the FLAC bytes up in one more copy, decoded on the GPU: decode_on_gpu waits for it)
+            from ..codecs.flac_gpu import PAD
+
             lo = packed[0][0]
-            raw = cp.empty(self.end - lo, cp.uint8)
+            raw = cp.empty(self.end - lo + PAD, cp.uint8)
             raw.data.copy_from_host_async(self.host.ctypes.data + lo, self.end - lo)
         self.event = cp.cuda.get_current_stream().record()
         out: list[Any] = [it._replace(samples=dev[a:b].reshape(shape)) if p < 0 else None
@@ -601,7 +606,11 @@ class Staged:
             from ..codecs.flac_gpu import decode_on_gpu
 
             lo = packed[0][0]
-            got = iter(decode_on_gpu(raw, [(p - lo, d) for p, d in packed], self.host.view(np.uint8)[lo: self.end]))
+            refused: list[int] = []
+            got = iter(decode_on_gpu(raw, [(p - lo, d) for p, d in packed], self.host.view(np.uint8)[lo: self.end],
+                                     refused))
+            at = [i for i, p in enumerate(self.places) if p >= 0]
+            self.refused = [at[k] for k in refused]
             out = [next(got) if p >= 0 else o for o, p in zip(out, self.places)]
         return out
 

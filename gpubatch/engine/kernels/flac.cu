@@ -1,6 +1,6 @@
 // FLAC frames decoded on the GPU: one thread a frame (a frame's subframes are one bit stream, read in
-// order; frames are independent), its samples written as float32 exactly as libsndfile gives them
-// (x * 2^-(bps-1): exact for bps <= 24). The host (codecs/flac_gpu.py) finds each frame's start from
+// order; frames are independent), each sample predicted as its residual is read (the history in registers)
+// and written once, as float32 exactly as libsndfile gives it (x * 2^-(bps-1): exact for bps <= 24). The host (codecs/flac_gpu.py) finds each frame's start from
 // the stream's headers; the thread checks everything it reads (the header's CRC-8, the frame's CRC-16,
 // that the frame ends where the next begins, its block size, channels and depth) and writes a status:
 // a record with any frame not 0 is decoded again on the CPU, as the CPU path would.
@@ -34,31 +34,42 @@ typedef unsigned long long u64;
 #define FLAC_E_OVERRUN 8
 
 struct FlacBits {
-    const unsigned char* buf;
+    const unsigned char* buf;  // (on the GPU 4-byte aligned, with 16 bytes to read past its last frame)
     long long byte;  // next byte to load
-    long long limit; // bytes past this read as zero (a frame that reads past it is refused: fb_over)
-    u64 cache;       // MSB-aligned
+    long long limit; // bytes at and past this are not loaded (a frame that reads past it is refused: fb_over)
+    u64 cache;       // MSB-aligned; its bits past n are 0
     int n;           // valid bits in cache
 };
+
+// Four bytes from pos, big-endian (on the GPU: two aligned words and a funnel shift, read through the
+// read-only cache)
+FLAC_DEV unsigned int load_be32(const unsigned char* buf, long long pos) {
+#ifdef FLAC_HOST
+    return (unsigned int)buf[pos] << 24 | (unsigned int)buf[pos + 1] << 16 | (unsigned int)buf[pos + 2] << 8 | buf[pos + 3];
+#else
+    const unsigned int* w = (const unsigned int*)buf + (pos >> 2);
+    const unsigned int x = __funnelshift_r(__ldg(w), __ldg(w + 1), (unsigned int)(pos & 3) * 8);
+    return __byte_perm(x, 0, 0x0123);
+#endif
+}
 
 FLAC_DEV long long fb_pos(const FlacBits& b) { return b.byte * 8 - b.n; }  // bits from buf[0]
 
 FLAC_DEV int fb_over(const FlacBits& b) { return fb_pos(b) > b.limit * 8; }  // read past the frame's bytes
 
-FLAC_DEV void fb_refill(FlacBits& b) {
-    while (b.n <= 56) {
-        u64 v = 0;
-        if (b.byte < b.limit) v = b.buf[b.byte];
-        b.byte++;
-        b.cache |= v << (56 - b.n);
-        b.n += 8;
+FLAC_DEV void fb_refill(FlacBits& b) {  // at least 32 valid bits after it
+    if (b.n <= 32) {
+        const u64 v = b.byte < b.limit ? load_be32(b.buf, b.byte) : 0u;
+        b.cache |= v << (32 - b.n);
+        b.byte += 4;
+        b.n += 32;
     }
 }
 
 FLAC_DEV unsigned int fb_read(FlacBits& b, int k) {  // k in [0, 32]
     if (k == 0) return 0;
     if (b.n < k) fb_refill(b);
-    unsigned int v = (unsigned int)(b.cache >> (64 - k));
+    const unsigned int v = (unsigned int)(b.cache >> (64 - k));
     b.cache <<= k;
     b.n -= k;
     return v;
@@ -70,7 +81,7 @@ FLAC_DEV int fb_signed(FlacBits& b, int k) {  // k in [1, 32]
     return (int)v;
 }
 
-FLAC_DEV unsigned int fb_unary(FlacBits& b) {  // zeros before the next one bit (the cache's bits past n are 0)
+FLAC_DEV unsigned int fb_unary(FlacBits& b) {  // zeros before the next one bit
     unsigned int q = 0;
     while (true) {
         if (b.n == 0) fb_refill(b);
@@ -91,7 +102,6 @@ FLAC_DEV unsigned int fb_unary(FlacBits& b) {  // zeros before the next one bit 
     }
 }
 
-
 FLAC_DEV unsigned char flac_crc8(const unsigned char* p, long long n) {
     unsigned int crc = 0;
     for (long long i = 0; i < n; ++i) {
@@ -101,105 +111,186 @@ FLAC_DEV unsigned char flac_crc8(const unsigned char* p, long long n) {
     return (unsigned char)crc;
 }
 
-FLAC_DEV unsigned int flac_crc16(const unsigned char* p, long long n) {
+// CRC-16 (poly 0x8005) of buf[from, to), a table lookup a byte (the table: 256 entries, in shared memory on the GPU)
+FLAC_DEV unsigned int flac_crc16(const unsigned char* buf, long long from, long long to, const unsigned short* table) {
     unsigned int crc = 0;
-    long long i = 0;
-    for (; i < n; ++i) {
-        crc ^= (unsigned int)p[i] << 8;
-        for (int j = 0; j < 8; ++j) crc = (crc & 0x8000) ? ((crc << 1) ^ 0x8005) & 0xFFFF : (crc << 1) & 0xFFFF;
+    long long i = from;
+    for (; i + 4 <= to; i += 4) {
+        const unsigned int w = load_be32(buf, i);
+        crc = ((crc << 8) ^ table[((crc >> 8) ^ (w >> 24)) & 0xFF]) & 0xFFFF;
+        crc = ((crc << 8) ^ table[((crc >> 8) ^ (w >> 16)) & 0xFF]) & 0xFFFF;
+        crc = ((crc << 8) ^ table[((crc >> 8) ^ (w >> 8)) & 0xFF]) & 0xFFFF;
+        crc = ((crc << 8) ^ table[((crc >> 8) ^ w) & 0xFF]) & 0xFFFF;
     }
+    for (; i < to; ++i) crc = ((crc << 8) ^ table[((crc >> 8) ^ buf[i]) & 0xFF]) & 0xFFFF;
     return crc;
 }
 
-// One subframe into out[0, bs) as int32 (its wasted bits shifted back in); 0 or a status.
-FLAC_DEV int flac_subframe(FlacBits& b, int* out, int bs, int bps) {
-    if (fb_read(b, 1) != 0) return FLAC_E_SUBFRAME;
-    const int type = (int)fb_read(b, 6);
-    int wasted = 0;
-    if (fb_read(b, 1)) {
-        unsigned int z = fb_unary(b);
-        if (z == 0xFFFFFFFFu) return FLAC_E_SUBFRAME;
-        wasted = (int)z + 1;
-        if (wasted >= bps) return FLAC_E_SUBFRAME;
-        bps -= wasted;
-    }
-    int order = 0, lpc = 0, precision = 0, shift = 0;
-    int coef[32];
-    if (type == 0) {  // constant
-        const int v = fb_signed(b, bps);
-        for (int i = 0; i < bs; ++i) out[i] = v;
-    } else if (type == 1) {  // verbatim
-        for (int i = 0; i < bs; ++i) out[i] = fb_signed(b, bps);
-    } else if (type >= 8 && type <= 12) {  // fixed
-        order = type - 8;
-    } else if (type >= 32) {  // LPC
-        order = type - 31;
-        lpc = 1;
+FLAC_DEV unsigned short crc16_entry(int i) {
+    unsigned int c = (unsigned int)i << 8;
+    for (int j = 0; j < 8; ++j) c = (c & 0x8000) ? ((c << 1) ^ 0x8005) & 0xFFFF : (c << 1) & 0xFFFF;
+    return (unsigned short)c;
+}
+
+// Where a channel's samples go as they are decoded: mode 0 float32 into f (an independent channel); mode 1 int32
+// into i (the first channel of a stereo pair, kept for the second); mode 2 the second of a pair: with the first's
+// int (i) into left and right floats (f0 the first's place, f its own), as the channel assignment says.
+struct FlacSink {
+    float* f;
+    float* f0;
+    int* i;
+    int mode;
+    int assign;
+    int wasted;
+    float norm;
+};
+
+FLAC_DEV void emit(const FlacSink& k, int n, int v) {
+    v = (int)((unsigned int)v << k.wasted);
+    if (k.mode == 0) {
+        k.f[n] = (float)v * k.norm;
+    } else if (k.mode == 1) {
+        k.i[n] = v;
     } else {
-        return FLAC_E_SUBFRAME;
-    }
-    if (type >= 8) {
-        if (order > bs) return FLAC_E_SUBFRAME;
-        for (int i = 0; i < order; ++i) out[i] = fb_signed(b, bps);
-        if (lpc) {
-            precision = (int)fb_read(b, 4) + 1;
-            if (precision == 16) return FLAC_E_SUBFRAME;
-            shift = fb_signed(b, 5);
-            if (shift < 0) return FLAC_E_SUBFRAME;
-            for (int j = 0; j < order; ++j) coef[j] = fb_signed(b, precision);
+        const int a = k.i[n];
+        int l, r;
+        if (k.assign == 8) {  // left, side
+            l = a; r = a - v;
+        } else if (k.assign == 9) {  // side, right
+            l = a + v; r = v;
+        } else {  // mid, side
+            const long long mid = ((long long)a << 1) | (v & 1);
+            l = (int)((mid + v) >> 1); r = (int)((mid - v) >> 1);
         }
-        // residual
-        const int method = (int)fb_read(b, 2);
-        if (method > 1) return FLAC_E_RESIDUAL;
-        const int pbits = method == 0 ? 4 : 5;
-        const unsigned int escape = method == 0 ? 15u : 31u;
-        const int porder = (int)fb_read(b, 4);
-        const int parts = 1 << porder;
-        if ((bs & (parts - 1)) != 0 || (bs >> porder) < order) return FLAC_E_RESIDUAL;
-        int i = order;
-        for (int p = 0; p < parts; ++p) {
-            const int count = (bs >> porder) - (p == 0 ? order : 0);
-            const unsigned int k = fb_read(b, pbits);
-            if (k == escape) {
-                const int nb = (int)fb_read(b, 5);
-                for (int c = 0; c < count; ++c, ++i) out[i] = nb ? fb_signed(b, nb) : 0;
+        k.f0[n] = (float)l * k.norm;
+        k.f[n] = (float)r * k.norm;
+    }
+}
+
+// The residual of a predicted subframe decoded and each sample predicted as it comes, its history in registers:
+// FIXED orders 0-4 (LPC false), LPC orders up to MAXO (``order`` of them; the rest predicated off).
+template <int MAXO, bool LPC>
+FLAC_DEV int predicted(FlacBits& b, const FlacSink& k, int bs, int order, const int* warm, const int* coef, int shift) {
+    int h[MAXO > 0 ? MAXO : 1];
+    int c[MAXO > 0 ? MAXO : 1];
+#pragma unroll
+    for (int j = 0; j < MAXO; ++j) {  // h[0] the latest sample
+        h[j] = j < order ? warm[order - 1 - j] : 0;
+        c[j] = LPC && j < order ? coef[j] : 0;
+    }
+    for (int n = 0; n < order; ++n) emit(k, n, warm[n]);
+    const int method = (int)fb_read(b, 2);
+    if (method > 1) return FLAC_E_RESIDUAL;
+    const int pbits = method == 0 ? 4 : 5;
+    const unsigned int escape = method == 0 ? 15u : 31u;
+    const int porder = (int)fb_read(b, 4);
+    const int parts = 1 << porder;
+    if ((bs & (parts - 1)) != 0 || (bs >> porder) < order) return FLAC_E_RESIDUAL;
+    int n = order;
+    for (int p = 0; p < parts; ++p) {
+        const int count = (bs >> porder) - (p == 0 ? order : 0);
+        const unsigned int rk = fb_read(b, pbits);
+        const int raw = rk == escape ? (int)fb_read(b, 5) : -1;
+        for (int i = 0; i < count; ++i, ++n) {
+            int r;
+            if (raw < 0) {
+                const unsigned int q = fb_unary(b);
+                if (q == 0xFFFFFFFFu || (rk > 0 && q >= (1u << (32 - rk)))) return FLAC_E_RESIDUAL;
+                const unsigned int v = (q << rk) | fb_read(b, (int)rk);
+                r = (int)(v >> 1) ^ -(int)(v & 1);
             } else {
-                for (int c = 0; c < count; ++c, ++i) {
-                    const unsigned int q = fb_unary(b);
-                    if (q == 0xFFFFFFFFu || (k < 32 && q >= (1u << (32 - k)))) return FLAC_E_RESIDUAL;
-                    const unsigned int v = (q << k) | fb_read(b, (int)k);
-                    out[i] = (int)(v >> 1) ^ -(int)(v & 1);
-                }
+                r = raw ? fb_signed(b, raw) : 0;
             }
-            if (fb_over(b)) return FLAC_E_OVERRUN;
-        }
-        // prediction
-        if (lpc) {
-            for (int n = order; n < bs; ++n) {
+            int v;
+            if (LPC) {
                 long long sum = 0;
-                for (int j = 0; j < order; ++j) sum += (long long)coef[j] * out[n - 1 - j];
-                out[n] = (int)((long long)out[n] + (sum >> shift));
+#pragma unroll
+                for (int j = 0; j < MAXO; ++j) sum += (long long)c[j] * h[j];
+                v = (int)((long long)r + (sum >> shift));
+            } else if (MAXO == 0) {
+                v = r;
+            } else if (MAXO == 1) {
+                v = (int)((long long)r + h[0]);
+            } else if (MAXO == 2) {
+                v = (int)((long long)r + 2LL * h[0] - h[MAXO > 1 ? 1 : 0]);
+            } else if (MAXO == 3) {
+                v = (int)((long long)r + 3LL * h[0] - 3LL * h[MAXO > 1 ? 1 : 0] + h[MAXO > 2 ? 2 : 0]);
+            } else {
+                v = (int)((long long)r + 4LL * h[0] - 6LL * h[MAXO > 1 ? 1 : 0] + 4LL * h[MAXO > 2 ? 2 : 0]
+                          - h[MAXO > 3 ? 3 : 0]);
             }
-        } else if (order == 1) {
-            for (int n = 1; n < bs; ++n) out[n] = (int)((long long)out[n] + out[n - 1]);
-        } else if (order == 2) {
-            for (int n = 2; n < bs; ++n) out[n] = (int)((long long)out[n] + 2LL * out[n - 1] - out[n - 2]);
-        } else if (order == 3) {
-            for (int n = 3; n < bs; ++n)
-                out[n] = (int)((long long)out[n] + 3LL * out[n - 1] - 3LL * out[n - 2] + out[n - 3]);
-        } else if (order == 4) {
-            for (int n = 4; n < bs; ++n)
-                out[n] = (int)((long long)out[n] + 4LL * out[n - 1] - 6LL * out[n - 2] + 4LL * out[n - 3] - out[n - 4]);
+#pragma unroll
+            for (int j = MAXO - 1; j > 0; --j) h[j] = h[j - 1];
+            h[0] = v;
+            emit(k, n, v);
         }
+        if (fb_over(b)) return FLAC_E_OVERRUN;
     }
-    if (fb_over(b)) return FLAC_E_OVERRUN;
-    if (wasted)
-        for (int i = 0; i < bs; ++i) out[i] = (int)((unsigned int)out[i] << wasted);
     return 0;
 }
 
-// Frame f of the table: its samples into out (float32 bits written as int32 first, then converted).
-FLAC_DEV int flac_frame(const unsigned char* buf, const long long* row, float* outf) {
+// One subframe of bs samples into its sink (its wasted bits shifted back in); 0 or a status.
+FLAC_DEV int flac_subframe(FlacBits& b, FlacSink k, int bs, int bps) {
+    if (fb_read(b, 1) != 0) return FLAC_E_SUBFRAME;
+    const int type = (int)fb_read(b, 6);
+    k.wasted = 0;
+    if (fb_read(b, 1)) {
+        const unsigned int z = fb_unary(b);
+        if (z == 0xFFFFFFFFu || (int)z + 1 >= bps) return FLAC_E_SUBFRAME;
+        k.wasted = (int)z + 1;
+        bps -= k.wasted;
+    }
+    if (type == 0) {  // constant
+        const int v = fb_signed(b, bps);
+        for (int n = 0; n < bs; ++n) emit(k, n, v);
+        return fb_over(b) ? FLAC_E_OVERRUN : 0;
+    }
+    if (type == 1) {  // verbatim
+        for (int n = 0; n < bs; ++n) emit(k, n, fb_signed(b, bps));
+        return fb_over(b) ? FLAC_E_OVERRUN : 0;
+    }
+    int order, lpc = 0;
+    if (type >= 8 && type <= 12) order = type - 8;
+    else if (type >= 32) { order = type - 31; lpc = 1; }
+    else return FLAC_E_SUBFRAME;
+    if (order > bs) return FLAC_E_SUBFRAME;
+    int warm[32], coef[32];
+    for (int i = 0; i < order; ++i) warm[i] = fb_signed(b, bps);
+    int shift = 0;
+    if (lpc) {
+        const int precision = (int)fb_read(b, 4) + 1;
+        if (precision == 16) return FLAC_E_SUBFRAME;
+        shift = fb_signed(b, 5);
+        if (shift < 0) return FLAC_E_SUBFRAME;
+        for (int j = 0; j < order; ++j) coef[j] = fb_signed(b, precision);
+    }
+    int st;
+    if (!lpc) {
+        switch (order) {
+            case 0: st = predicted<0, false>(b, k, bs, 0, warm, coef, 0); break;
+            case 1: st = predicted<1, false>(b, k, bs, 1, warm, coef, 0); break;
+            case 2: st = predicted<2, false>(b, k, bs, 2, warm, coef, 0); break;
+            case 3: st = predicted<3, false>(b, k, bs, 3, warm, coef, 0); break;
+            default: st = predicted<4, false>(b, k, bs, 4, warm, coef, 0); break;
+        }
+    } else if (order <= 2) {
+        st = predicted<2, true>(b, k, bs, order, warm, coef, shift);
+    } else if (order <= 4) {
+        st = predicted<4, true>(b, k, bs, order, warm, coef, shift);
+    } else if (order <= 8) {
+        st = predicted<8, true>(b, k, bs, order, warm, coef, shift);
+    } else if (order <= 12) {
+        st = predicted<12, true>(b, k, bs, order, warm, coef, shift);
+    } else {
+        st = predicted<32, true>(b, k, bs, order, warm, coef, shift);
+    }
+    if (st) return st;
+    return fb_over(b) ? FLAC_E_OVERRUN : 0;
+}
+
+// Frame f of the table: its samples into out as float32 (a stereo pair's first channel as int32 until the second
+// comes), checked as it goes.
+FLAC_DEV int flac_frame(const unsigned char* buf, const long long* row, float* outf, const unsigned short* crc_table) {
     const long long start = row[0], end = row[1], base = row[2], first = row[3], expect = row[4];
     const long long stride = row[5], flags = row[6];
     const int channels = (int)(flags & 0xFF), bps_info = (int)((flags >> 8) & 0xFF), last = (int)((flags >> 16) & 1);
@@ -211,7 +302,7 @@ FLAC_DEV int flac_frame(const unsigned char* buf, const long long* row, float* o
     const int assign = (int)fb_read(b, 4), ss_code = (int)fb_read(b, 3);
     if (fb_read(b, 1) != 0 || bs_code == 0 || sr_code == 15 || assign > 10 || ss_code == 3) return FLAC_E_HEADER;
     // the coded frame or sample number (UTF-8-like, 1 to 7 bytes)
-    unsigned int lead = fb_read(b, 8);
+    const unsigned int lead = fb_read(b, 8);
     int more = 0;
     if (lead >= 0x80) {
         if (lead == 0xFF) return FLAC_E_HEADER;
@@ -236,59 +327,48 @@ FLAC_DEV int flac_frame(const unsigned char* buf, const long long* row, float* o
     const int nch = assign < 8 ? assign + 1 : 2;
     if (bps != bps_info || nch != channels || bps > 24 || bps < 4) return FLAC_E_SHAPE;
     if (bs != expect) return FLAC_E_SHAPE;
-    int* out = (int*)outf;
+    const float norm = 1.0f / (float)(1 << (bps - 1));
+    float* at = outf + base + first;
     for (int c = 0; c < nch; ++c) {
         const int side = (assign == 8 && c == 1) || (assign == 9 && c == 0) || (assign == 10 && c == 1);
-        const int st = flac_subframe(b, out + base + first + c * stride, bs, bps + side);
+        FlacSink k;
+        k.f = at + c * stride;
+        k.f0 = at;
+        k.i = (int*)at;
+        k.mode = assign < 8 ? 0 : c == 0 ? 1 : 2;
+        k.assign = assign;
+        k.wasted = 0;
+        k.norm = norm;
+        const int st = flac_subframe(b, k, bs, bps + side);
         if (st) return st;
     }
     // byte alignment, then the frame's CRC-16
-    const long long pos = fb_pos(b);
-    const long long crc_at = (pos + 7) / 8;
-    b = FlacBits{buf, crc_at, end, 0, 0};
-    const unsigned int crc16 = fb_read(b, 16);
-    if (fb_over(b)) return FLAC_E_END;
+    const long long crc_at = (fb_pos(b) + 7) / 8;
     if (last ? crc_at + 2 > end : crc_at + 2 != end) return FLAC_E_END;
-    if (flac_crc16(buf + start, crc_at - start) != crc16) return FLAC_E_CRC16;
-    // the channels' decorrelation, then float32 as libsndfile gives it
-    const int n = (int)expect;
-    int* a = out + base + first;
-    int* s = out + base + first + stride;
-    if (assign == 8) {
-        for (int i = 0; i < n; ++i) s[i] = a[i] - s[i];
-    } else if (assign == 9) {
-        for (int i = 0; i < n; ++i) a[i] = a[i] + s[i];
-    } else if (assign == 10) {
-        for (int i = 0; i < n; ++i) {
-            long long mid = ((long long)a[i] << 1) | (s[i] & 1);
-            const long long sd = s[i];
-            a[i] = (int)((mid + sd) >> 1);
-            s[i] = (int)((mid - sd) >> 1);
-        }
-    }
-    const float norm = 1.0f / (float)(1 << (bps - 1));
-    for (int c = 0; c < nch; ++c) {
-        int* x = out + base + first + c * stride;
-        float* y = outf + base + first + c * stride;
-        for (int i = 0; i < n; ++i) y[i] = (float)x[i] * norm;
-    }
+    const unsigned int crc16 = (unsigned int)buf[crc_at] << 8 | buf[crc_at + 1];
+    if (flac_crc16(buf, start, crc_at, crc_table) != crc16) return FLAC_E_CRC16;
     return 0;
 }
 
 #ifdef KEEP_flac_frames
 extern "C" __global__ void flac_frames(const unsigned char* __restrict__ buf, const long long* __restrict__ table,
                                        float* __restrict__ out, int* __restrict__ status, int frames) {
+    __shared__ unsigned short crc_table[256];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) crc_table[i] = crc16_entry(i);
+    __syncthreads();
     const int f = blockIdx.x * blockDim.x + threadIdx.x;
     if (f >= frames) return;
-    status[f] = flac_frame(buf, table + (long long)f * FLAC_COLS, out);
+    status[f] = flac_frame(buf, table + (long long)f * FLAC_COLS, out, crc_table);
 }
 #endif
 
 #ifdef FLAC_HOST
 extern "C" int flac_frames_host(const unsigned char* buf, const long long* table, float* out, int* status, int frames) {
+    unsigned short crc_table[256];
+    for (int i = 0; i < 256; ++i) crc_table[i] = crc16_entry(i);
     int bad = 0;
     for (int f = 0; f < frames; ++f) {
-        status[f] = flac_frame(buf, table + (long long)f * FLAC_COLS, out);
+        status[f] = flac_frame(buf, table + (long long)f * FLAC_COLS, out, crc_table);
         bad += status[f] != 0;
     }
     return bad;
