@@ -39,7 +39,15 @@ struct FlacBits {
     long long limit; // bytes at and past this are not loaded (a frame that reads past it is refused: fb_over)
     u64 cache;       // MSB-aligned; its bits past n are 0
     int n;           // valid bits in cache
+    unsigned int ahead;  // the word at byte, loaded one refill early (its load's latency behind the decode)
 };
+
+FLAC_DEV unsigned int load_be32(const unsigned char* buf, long long pos);
+
+FLAC_DEV void fb_start(FlacBits& b, const unsigned char* buf, long long byte, long long limit) {
+    b.buf = buf; b.byte = byte; b.limit = limit; b.cache = 0; b.n = 0;
+    b.ahead = byte < limit ? load_be32(buf, byte) : 0u;
+}
 
 // Four bytes from pos, big-endian (on the GPU: two aligned words and a funnel shift, read through the
 // read-only cache)
@@ -59,10 +67,10 @@ FLAC_DEV int fb_over(const FlacBits& b) { return fb_pos(b) > b.limit * 8; }  // 
 
 FLAC_DEV void fb_refill(FlacBits& b) {  // at least 32 valid bits after it
     if (b.n <= 32) {
-        const u64 v = b.byte < b.limit ? load_be32(b.buf, b.byte) : 0u;
-        b.cache |= v << (32 - b.n);
+        b.cache |= (u64)b.ahead << (32 - b.n);
         b.byte += 4;
         b.n += 32;
+        b.ahead = b.byte < b.limit ? load_be32(b.buf, b.byte) : 0u;
     }
 }
 
@@ -295,7 +303,7 @@ FLAC_DEV int flac_frame(const unsigned char* buf, const long long* row, float* o
     const long long stride = row[5], flags = row[6];
     const int channels = (int)(flags & 0xFF), bps_info = (int)((flags >> 8) & 0xFF), last = (int)((flags >> 16) & 1);
     FlacBits b;
-    b.buf = buf; b.byte = start; b.limit = end; b.cache = 0; b.n = 0;
+    fb_start(b, buf, start, end);
     if (fb_read(b, 15) != 0x7FFC) return FLAC_E_HEADER;  // 0b111111111111100: sync and the reserved bit
     fb_read(b, 1);  // blocking strategy (the host placed the frame)
     const int bs_code = (int)fb_read(b, 4), sr_code = (int)fb_read(b, 4);
