@@ -295,3 +295,17 @@ def test_the_pipelines_decoding_processes_place_flac_in_their_slabs(tmp_path):
     assert all(o % 16 == 0 for o in offsets)  # (in float32 words: 64-byte steps)
     for p, x in zip(paths, decoded):
         assert np.array_equal(x, reference(p.read_bytes())), p.name
+
+
+def test_a_record_a_chain_would_stream_is_left_to_the_cpu(monkeypatch):
+    """A record long enough that a chain with no leading duration streams it (``should_stream``: read a block at a
+    time on the CPU) is not placed for the GPU; with a leading duration it is, its first seconds only."""
+    from gpubatch.engine.codecs import audio_stream
+    from gpubatch.engine.spec import parse_chain
+
+    monkeypatch.setattr(audio_stream, "STREAM_SAMPLES", 10_000)
+    data = flac_bytes(signal(np.random.default_rng(8), 48000, 1, "speech"), "PCM_16")
+    ops = parse_chain("log_mel(n_mels=40)")
+    assert flac_gpu.pack(data, None, 0, ops=ops) is None
+    assert flac_gpu.pack(data, None, 0) is not None
+    assert flac_gpu.pack(data, 1.0, 0, ops=parse_chain("fix_duration(seconds=1) | log_mel(n_mels=40)")) is not None

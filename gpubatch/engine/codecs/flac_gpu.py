@@ -203,16 +203,21 @@ def parse(data: Any, keep: int | None = None) -> tuple[AudioInfo, np.ndarray, bo
     return info, np.asarray(rows, np.int64), last
 
 
-def pack(data: Any, seconds: float | None = None, max_samples: int = 0, key: str = "", origin: str = "") -> AudioData | None:
+def pack(data: Any, seconds: float | None = None, max_samples: int = 0, key: str = "", origin: str = "",
+         ops: Any = None) -> AudioData | None:
     """A FLAC record's bytes placed for the GPU (an :class:`AudioData` whose ``samples`` is a :class:`FlacPacked`)
-    for its first ``seconds`` (all where None); None where the GPU path does not take it. ValueError where the
-    record holds more than ``max_samples`` samples, as the CPU path says."""
+    for its first ``seconds`` (all where None); None where the GPU path does not take it, or where a chain of
+    ``ops`` would stream it (a long record read whole: :func:`~.audio_stream.should_stream`, on the CPU). ValueError
+    where the record holds more than ``max_samples`` samples, as the CPU path says."""
     from .audio_io import _frames_asked
+    from .audio_stream import should_stream
 
     head = parse(data)
     if head is None:
         return None
     info = head[0]
+    if ops is not None and seconds is None and should_stream(ops, info):
+        return None
     keep = _frames_asked(info, seconds, max_samples)
     found = parse(data, keep) if keep < info.frames else head
     if found is None:

@@ -40,35 +40,38 @@ def preload() -> None:
             pass
 
 
-def _decode(codec: Any, record: Record, plan: Plan, packed: bool) -> Any:
-    """A record decoded for the GPU: with ``packed``, a FLAC record's bytes placed for the GPU's decoder
-    (:func:`~..codecs.flac_gpu.pack`: its frames found, nothing decoded), else (or where that path does not take
-    it) its samples decoded here, as the CPU path decodes them."""
-    if packed and record.codec == "flac":
-        from ..codecs.audio_io import DEFAULT_MAX_SAMPLES, leading_seconds
-        from ..codecs.flac_gpu import pack
+def _packed(record: Record, plan: Plan) -> AudioData | None:
+    """A FLAC record's bytes placed for the GPU's decoder (:func:`~..codecs.flac_gpu.pack`: its frames found,
+    nothing decoded, no header probe), or None where that path does not take it (decoded here then, as the CPU
+    path decodes it); its error as the CPU path gives it (more samples than one record may hold)."""
+    from ..codecs.audio_io import DEFAULT_MAX_SAMPLES, leading_seconds
+    from ..codecs.flac_gpu import pack
 
-        try:
-            d = pack(record.data, leading_seconds(getattr(plan, "ops", ())),
-                     getattr(plan, "max_samples", DEFAULT_MAX_SAMPLES), record.key, record.origin)
-        except ValueError as e:
-            raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
-        if d is not None:
-            return d
-    return codec.decode(record, plan)
+    ops = getattr(plan, "ops", ())
+    try:
+        return pack(record.data, leading_seconds(ops), getattr(plan, "max_samples", DEFAULT_MAX_SAMPLES), record.key,
+                    record.origin, ops)
+    except ValueError as e:
+        raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
 
 
 def _prepare(record: Record, plan: Plan, stats: RunStats,
              packed: bool = False) -> list[Record | RecordError | tuple[Job, AudioData]]:
     """A record's outputs: pass-throughs and errors as they are, each job with its decoded audio (``packed``:
-    FLAC's bytes placed for the GPU's decoder, :func:`_decode`) and its parameters drawn (the same draws as the
+    FLAC's bytes placed for the GPU's decoder, :func:`_packed`) and its parameters drawn (the same draws as the
     CPU path). A long record whose chain streams (:mod:`.codecs.audio_stream`) is run on the CPU a block at a
     time here, whole outputs, counted: a batch on the GPU would hold all of it."""
     from ..codecs.audio_stream import AudioStream
     from ..executor import expand_host
 
     codec = get_codec(record.media, record.codec, HOST)
-    if record.codec != "npy":
+    pre: AudioData | RecordError | None = None
+    if packed and record.codec == "flac":  # (FLAC for the GPU's decoder: its frames found, not decoded)
+        try:
+            pre = _packed(record, plan)
+        except RecordError as e:
+            pre = e
+    if pre is None and record.codec != "npy":
         try:
             if isinstance(codec.decode_lazy(record, plan), AudioStream):
                 outs = expand_host(record, plan, stats)
@@ -84,7 +87,9 @@ def _prepare(record: Record, plan: Plan, stats: RunStats,
             continue
         try:
             if decoded is None:
-                decoded = _decode(codec, record, plan, packed)
+                if isinstance(pre, RecordError):
+                    raise pre
+                decoded = pre if pre is not None else codec.decode(record, plan)
             job.settle(plan, *codec.size(decoded))
         except RecordError as e:
             out.append(e)
