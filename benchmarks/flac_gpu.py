@@ -33,6 +33,8 @@ def main() -> None:
     ap.add_argument("--batches", default="64,256,1024")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--kernel", action="append", default=[], help="NAME=PATH: another flac.cu to time beside")
+    ap.add_argument("--stack", type=int, default=0, help="also time each kernel with the CUDA stack limit (bytes a "
+                    "thread) set to this, after the default")
     ap.add_argument("--data-root", default=".bench-data")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -65,8 +67,14 @@ def main() -> None:
     batches = [int(x) for x in args.batches.split(",")]
     for name, text in sources.items():
         fn = cp.RawModule(code=text, options=("-std=c++17", "-DKEEP_flac_frames")).get_function("flac_frames")
-        res = {}
-        for n in batches:
+        attrs = {a: getattr(fn, a, None) for a in ("num_regs", "local_size_bytes", "shared_size_bytes", "const_size_bytes")}
+        print(f"{name:>10}: {attrs}")
+        res = {"attributes": attrs}
+        runs = [(n, 0) for n in batches] + ([(n, args.stack) for n in batches] if args.stack else [])
+        for n, stack in runs:
+            if stack:
+                cp.cuda.runtime.deviceSetLimit(0x00, stack)  # (cudaLimitStackSize)
+            limit = cp.cuda.runtime.deviceGetLimit(0x00)
             n = min(n, len(blobs))
             items = list(zip(np.cumsum([0] + [len(b) for b in blobs[: n - 1]]).tolist(), [p.samples for p in packed[:n]]))
             buf = cp.asarray(np.frombuffer(b"".join(blobs[:n]) + bytes(flac_gpu.PAD), np.uint8))
@@ -90,9 +98,10 @@ def main() -> None:
             exact = all(np.array_equal(host[o: o + c * nd].reshape(c, nd), refs[i])
                         for i, (o, c, nd) in enumerate(places[: len(refs)]))
             ms = statistics.median(times)
-            res[n] = {"frames": len(table), "kernel_ms": round(ms, 3), "kernel_clips_per_s": round(n / ms * 1e3),
-                      "refused_frames": int((st != 0).sum()), "bit_exact": bool(exact)}
-            print(f"{name:>10} batch {n:5d}: {len(table):6d} frames, kernel {ms:8.3f} ms "
+            res[f"{n}/stack {limit}"] = {"frames": len(table), "kernel_ms": round(ms, 3),
+                                         "kernel_clips_per_s": round(n / ms * 1e3),
+                                         "refused_frames": int((st != 0).sum()), "bit_exact": bool(exact)}
+            print(f"{name:>10} batch {n:5d} stack {limit:5d}: {len(table):6d} frames, kernel {ms:8.3f} ms "
                   f"({n / ms * 1e3:10,.0f} clips/s), frames refused {int((st != 0).sum())}, libsndfile's samples: {exact}")
         out["kernels"][name] = res
     # the whole call, as the GPU audio unit makes it, with the package's kernel
