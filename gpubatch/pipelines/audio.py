@@ -89,10 +89,15 @@ class AudioPipeline:
         workers: decoding worker processes (or threads, with ``feed="threads"``); default every core.
         feed: how the GPU path decodes: "processes" (worker processes into shared memory, the default)
             or "threads" (threads of this process: no shared memory, but they share its GIL).
+        flac_gpu: with the "processes" feed on the GPU, FLAC files are read into shared memory as bytes and
+            decoded on the GPU (``codecs/flac_gpu.py``, bit for bit libsndfile's samples). Off by default: a launch
+            of the decoder takes about 12.5 ms whatever its size (one H100, 2026-12-06, benchmarks/RESULTS.md),
+            which bounds batches of 64 ten-second clips at about 5,000 a second, below what the host's cores
+            decode; ``convert`` takes it (``GPUBATCH_FLAC_GPU``).
     """
 
     def __init__(self, ops: Sequence[Op], device: str = "auto", gpu: int = 0, seed: int = 0, dtype: str = "float16",
-                 workers: int | None = None, feed: str = "processes"):
+                 workers: int | None = None, feed: str = "processes", flac_gpu: bool = False):
         from ..engine.device import resolve
         from ..engine.processes import default_workers
         from ..engine.registry import DEVICE, HOST
@@ -103,7 +108,7 @@ class AudioPipeline:
         self.device = resolve(device, gpu)
         if feed not in ("processes", "threads"):
             raise UsageError(f"unknown feed {feed!r}; supported: processes, threads")
-        self.dtype, self.feed = dtype, feed
+        self.dtype, self.feed, self.flac_gpu = dtype, feed, flac_gpu
         self.workers = workers or default_workers()
         self.timings: dict[str, float] = {"decode": 0.0, "upload": 0.0, "ops": 0.0, "wait": 0.0}  # decode: waiting for it
         self.stats = {"items": 0}
@@ -259,8 +264,7 @@ class AudioPipeline:
 
         # the pool's manager thread hands each worker its next task once it has the GIL, which this
         # thread holds while it launches a batch's work: a short switch interval keeps the workers fed
-        settings = Settings.from_env()
-        interval = settings.switch_interval
+        interval = Settings.from_env().switch_interval
         if sys.getswitchinterval() > interval:
             sys.setswitchinterval(interval)
         with cp.cuda.Device(self.device.index):
@@ -270,7 +274,7 @@ class AudioPipeline:
                 try:
                     self._decoders = self._decoders or DecodeWorkers(self.workers)
                     feed = SharedFeed(self._decoders, slabs, per_task, device=self.device.index,
-                                      packed=settings.flac_gpu)
+                                      packed=self.flac_gpu)
                 except OSError as e:  # no shared memory to be had (a small /dev/shm): threads
                     import warnings
 

@@ -256,7 +256,8 @@ def test_convert_writes_the_same_bytes_with_flac_decoded_on_the_gpu(tmp_path, mo
         dst = tmp_path / f"out{flag}"
         s = convert(src, dst, to="webdataset", sample_rate=16000, mono=True, duration=1.0,
                     features="log-mel(n_mels=80)", device="gpu", shard_size=10)
-        assert s.records_out == 24 and s.skipped == 1
+        assert s.records_out == 24 and [r["key"] for r in s.skipped] == ["clip_99"]
+        assert "cut short" in s.skipped[0]["reason"]
         outs[flag] = {p.name: p.read_bytes() for p in sorted(dst.glob("*.tar"))}
     assert outs["1"] == outs["0"]
 
@@ -309,3 +310,28 @@ def test_a_record_a_chain_would_stream_is_left_to_the_cpu(monkeypatch):
     assert flac_gpu.pack(data, None, 0, ops=ops) is None
     assert flac_gpu.pack(data, None, 0) is not None
     assert flac_gpu.pack(data, 1.0, 0, ops=parse_chain("fix_duration(seconds=1) | log_mel(n_mels=40)")) is not None
+
+
+@pytest.mark.gpu
+def test_audio_pipeline_with_flac_decoded_on_the_gpu_gives_the_same_batches(tmp_path):
+    """``AudioPipeline(flac_gpu=True)``: FLAC read into its slabs as bytes and decoded on the GPU, beside a WAV file
+    libsndfile decodes there: the same batches as the pipeline's decoding on the CPU."""
+    import cupy as cp
+
+    from gpubatch.pipelines.audio import AudioPipeline
+    from gpubatch.engine.spec import parse_chain
+
+    rng = np.random.default_rng(9)
+    files = [write(tmp_path / f"c{i}.flac", signal(rng, 12000 + 1500 * i, 1 + i % 2, "speech").astype(np.float32),
+                   16000) for i in range(10)]
+    files.append(write(tmp_path / "w.wav", signal(rng, 9000, 1, "speech").astype(np.float32), 16000))
+    ops = parse_chain("mono() | fix_duration(seconds=1) | log_mel(n_mels=40)")
+    got = {}
+    for flag in (True, False):
+        with AudioPipeline(ops, device="gpu", workers=2, flac_gpu=flag) as pipe:
+            got[flag] = []
+            for b in pipe.iterate_files(files, 4):
+                b.synchronize()
+                got[flag].append((b.keys, cp.asnumpy(b.data)))
+    assert [k for k, _ in got[True]] == [k for k, _ in got[False]]
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(got[True], got[False]))
