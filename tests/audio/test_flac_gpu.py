@@ -318,8 +318,8 @@ def test_audio_pipeline_with_flac_decoded_on_the_gpu_gives_the_same_batches(tmp_
     libsndfile decodes there: the same batches as the pipeline's decoding on the CPU."""
     import cupy as cp
 
-    from gpubatch.pipelines.audio import AudioPipeline
     from gpubatch.engine.spec import parse_chain
+    from gpubatch.pipelines.audio import AudioPipeline
 
     rng = np.random.default_rng(9)
     files = [write(tmp_path / f"c{i}.flac", signal(rng, 12000 + 1500 * i, 1 + i % 2, "speech").astype(np.float32),
