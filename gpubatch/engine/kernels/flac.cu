@@ -6,7 +6,9 @@
 // a record with any frame not 0 is decoded again on the CPU, as the CPU path would.
 //
 // The decode itself is also compiled as C++ on the host (FLAC_HOST defined), where the tests run it
-// frame by frame against libsndfile.
+// frame by frame against libsndfile. FLAC_UNIFORM compiles the subframes' prediction as one code path for every
+// kind (FIXED as LPC) with the partitions in one loop over the samples: a candidate against the warp divergence
+// that may make a launch take 12.5 ms whatever its size (2026-12-06), checked on the CPU, not yet timed on a GPU.
 #ifdef FLAC_HOST
 #define FLAC_DEV static inline
 typedef unsigned long long u64;
@@ -175,6 +177,7 @@ FLAC_DEV void emit(const FlacSink& k, int n, int v) {
     }
 }
 
+#ifndef FLAC_UNIFORM
 // The residual of a predicted subframe decoded and each sample predicted as it comes, its history in registers:
 // FIXED orders 0-4 (LPC false), LPC orders up to MAXO (``order`` of them; the rest predicated off).
 template <int MAXO, bool LPC>
@@ -295,6 +298,107 @@ FLAC_DEV int flac_subframe(FlacBits& b, FlacSink k, int bs, int bps) {
     if (st) return st;
     return fb_over(b) ? FLAC_E_OVERRUN : 0;
 }
+
+#else  // FLAC_UNIFORM: a candidate (benchmarks/flac_gpu.py --uniform), not yet timed on a GPU
+// The residual of a predicted subframe decoded and each sample predicted as it comes, its history in registers,
+// every kind of prediction as one code path (a warp's threads decode frames whose subframes differ; different
+// paths would run in turn): FIXED orders 0-4 as LPC with their binomial coefficients and no shift, LPC up to
+// MAXO taps (``order`` of them, the rest zero). The partitions in one loop over the samples, a partition's Rice
+// parameter read where it starts, so a warp's threads go through their samples together whatever their
+// partitions' sizes.
+template <int MAXO>
+FLAC_DEV int predicted(FlacBits& b, const FlacSink& k, int bs, int order, const int* warm, const int* coef, int shift) {
+    int h[MAXO];
+    int c[MAXO];
+#pragma unroll
+    for (int j = 0; j < MAXO; ++j) {  // h[0] the latest sample
+        h[j] = j < order ? warm[order - 1 - j] : 0;
+        c[j] = j < order ? coef[j] : 0;
+    }
+    for (int n = 0; n < order; ++n) emit(k, n, warm[n]);
+    const int method = (int)fb_read(b, 2);
+    if (method > 1) return FLAC_E_RESIDUAL;
+    const int pbits = method == 0 ? 4 : 5;
+    const unsigned int escape = method == 0 ? 15u : 31u;
+    const int porder = (int)fb_read(b, 4);
+    const int part = bs >> porder;
+    if ((bs & ((1 << porder) - 1)) != 0 || part < order) return FLAC_E_RESIDUAL;
+    int next = order;  // where the next partition's parameter is read (the first partition holds order fewer)
+    int end = part;
+    unsigned int rk = 0;
+    int raw = -1;
+    for (int n = order; n < bs; ++n) {
+        if (n == next) {
+            if (fb_over(b)) return FLAC_E_OVERRUN;
+            rk = fb_read(b, pbits);
+            raw = rk == escape ? (int)fb_read(b, 5) : -1;
+            next = end;
+            end += part;
+        }
+        int r;
+        if (raw < 0) {
+            const unsigned int q = fb_unary(b);
+            if (q == 0xFFFFFFFFu || (rk > 0 && q >= (1u << (32 - rk)))) return FLAC_E_RESIDUAL;
+            const unsigned int v = (q << rk) | fb_read(b, (int)rk);
+            r = (int)(v >> 1) ^ -(int)(v & 1);
+        } else {
+            r = raw ? fb_signed(b, raw) : 0;
+        }
+        long long sum = 0;
+#pragma unroll
+        for (int j = 0; j < MAXO; ++j) sum += (long long)c[j] * h[j];
+        const int v = (int)((long long)r + (sum >> shift));
+#pragma unroll
+        for (int j = MAXO - 1; j > 0; --j) h[j] = h[j - 1];
+        h[0] = v;
+        emit(k, n, v);
+    }
+    return fb_over(b) ? FLAC_E_OVERRUN : 0;
+}
+
+// One subframe of bs samples into its sink (its wasted bits shifted back in); 0 or a status.
+FLAC_DEV int flac_subframe(FlacBits& b, FlacSink k, int bs, int bps) {
+    if (fb_read(b, 1) != 0) return FLAC_E_SUBFRAME;
+    const int type = (int)fb_read(b, 6);
+    k.wasted = 0;
+    if (fb_read(b, 1)) {
+        const unsigned int z = fb_unary(b);
+        if (z == 0xFFFFFFFFu || (int)z + 1 >= bps) return FLAC_E_SUBFRAME;
+        k.wasted = (int)z + 1;
+        bps -= k.wasted;
+    }
+    if (type == 0) {  // constant
+        const int v = fb_signed(b, bps);
+        for (int n = 0; n < bs; ++n) emit(k, n, v);
+        return fb_over(b) ? FLAC_E_OVERRUN : 0;
+    }
+    if (type == 1) {  // verbatim
+        for (int n = 0; n < bs; ++n) emit(k, n, fb_signed(b, bps));
+        return fb_over(b) ? FLAC_E_OVERRUN : 0;
+    }
+    int order, lpc = 0;
+    if (type >= 8 && type <= 12) order = type - 8;
+    else if (type >= 32) { order = type - 31; lpc = 1; }
+    else return FLAC_E_SUBFRAME;
+    if (order > bs) return FLAC_E_SUBFRAME;
+    int warm[32], coef[32];
+    for (int i = 0; i < order; ++i) warm[i] = fb_signed(b, bps);
+    int shift = 0;
+    if (lpc) {
+        const int precision = (int)fb_read(b, 4) + 1;
+        if (precision == 16) return FLAC_E_SUBFRAME;
+        shift = fb_signed(b, 5);
+        if (shift < 0) return FLAC_E_SUBFRAME;
+        for (int j = 0; j < order; ++j) coef[j] = fb_signed(b, precision);
+    } else {  // FIXED: x[n] = sum of (-1)^(j) C(order, j+1) x[n-1-j]
+        const int fixed[4][4] = {{1, 0, 0, 0}, {2, -1, 0, 0}, {3, -3, 1, 0}, {4, -6, 4, -1}};
+        for (int j = 0; j < order; ++j) coef[j] = fixed[order - 1][j];
+    }
+    return order <= 12 ? predicted<12>(b, k, bs, order, warm, coef, shift)
+                       : predicted<32>(b, k, bs, order, warm, coef, shift);
+}
+
+#endif
 
 // Frame f of the table: its samples into out as float32 (a stereo pair's first channel as int32 until the second
 // comes), checked as it goes.
