@@ -177,6 +177,31 @@ FLAC_DEV void emit(const FlacSink& k, int n, int v) {
     }
 }
 
+// A residual's coding: its parameters' width (4 or 5 bits) and escape code, and its partition order (2^porder
+// partitions of bs >> porder samples, the first holding order fewer); 0, or a status where they cannot be.
+FLAC_DEV int fb_residual_head(FlacBits& b, int bs, int order, int& pbits, unsigned int& escape, int& porder) {
+    const int method = (int)fb_read(b, 2);
+    if (method > 1) return FLAC_E_RESIDUAL;
+    pbits = method == 0 ? 4 : 5;
+    escape = method == 0 ? 15u : 31u;
+    porder = (int)fb_read(b, 4);
+    return (bs & ((1 << porder) - 1)) != 0 || (bs >> porder) < order ? FLAC_E_RESIDUAL : 0;
+}
+
+// One residual into r: Rice-coded with parameter rk, or raw bits of width raw where its partition is escaped
+// (raw >= 0); 0, or a status where it cannot be.
+FLAC_DEV int fb_residual(FlacBits& b, unsigned int rk, int raw, int& r) {
+    if (raw >= 0) {
+        r = raw ? fb_signed(b, raw) : 0;
+        return 0;
+    }
+    const unsigned int q = fb_unary(b);
+    if (q == 0xFFFFFFFFu || (rk > 0 && q >= (1u << (32 - rk)))) return FLAC_E_RESIDUAL;
+    const unsigned int v = (q << rk) | fb_read(b, (int)rk);
+    r = (int)(v >> 1) ^ -(int)(v & 1);
+    return 0;
+}
+
 #ifndef FLAC_UNIFORM
 // The residual of a predicted subframe decoded and each sample predicted as it comes, its history in registers:
 // FIXED orders 0-4 (LPC false), LPC orders up to MAXO (``order`` of them; the rest predicated off).
@@ -190,13 +215,10 @@ FLAC_DEV int predicted(FlacBits& b, const FlacSink& k, int bs, int order, const 
         c[j] = LPC && j < order ? coef[j] : 0;
     }
     for (int n = 0; n < order; ++n) emit(k, n, warm[n]);
-    const int method = (int)fb_read(b, 2);
-    if (method > 1) return FLAC_E_RESIDUAL;
-    const int pbits = method == 0 ? 4 : 5;
-    const unsigned int escape = method == 0 ? 15u : 31u;
-    const int porder = (int)fb_read(b, 4);
+    int pbits, porder;
+    unsigned int escape;
+    if (fb_residual_head(b, bs, order, pbits, escape, porder)) return FLAC_E_RESIDUAL;
     const int parts = 1 << porder;
-    if ((bs & (parts - 1)) != 0 || (bs >> porder) < order) return FLAC_E_RESIDUAL;
     int n = order;
     for (int p = 0; p < parts; ++p) {
         const int count = (bs >> porder) - (p == 0 ? order : 0);
@@ -204,14 +226,7 @@ FLAC_DEV int predicted(FlacBits& b, const FlacSink& k, int bs, int order, const 
         const int raw = rk == escape ? (int)fb_read(b, 5) : -1;
         for (int i = 0; i < count; ++i, ++n) {
             int r;
-            if (raw < 0) {
-                const unsigned int q = fb_unary(b);
-                if (q == 0xFFFFFFFFu || (rk > 0 && q >= (1u << (32 - rk)))) return FLAC_E_RESIDUAL;
-                const unsigned int v = (q << rk) | fb_read(b, (int)rk);
-                r = (int)(v >> 1) ^ -(int)(v & 1);
-            } else {
-                r = raw ? fb_signed(b, raw) : 0;
-            }
+            if (fb_residual(b, rk, raw, r)) return FLAC_E_RESIDUAL;
             int v;
             if (LPC) {
                 long long sum = 0;
@@ -240,41 +255,8 @@ FLAC_DEV int predicted(FlacBits& b, const FlacSink& k, int bs, int order, const 
     return 0;
 }
 
-// One subframe of bs samples into its sink (its wasted bits shifted back in); 0 or a status.
-FLAC_DEV int flac_subframe(FlacBits& b, FlacSink k, int bs, int bps) {
-    if (fb_read(b, 1) != 0) return FLAC_E_SUBFRAME;
-    const int type = (int)fb_read(b, 6);
-    k.wasted = 0;
-    if (fb_read(b, 1)) {
-        const unsigned int z = fb_unary(b);
-        if (z == 0xFFFFFFFFu || (int)z + 1 >= bps) return FLAC_E_SUBFRAME;
-        k.wasted = (int)z + 1;
-        bps -= k.wasted;
-    }
-    if (type == 0) {  // constant
-        const int v = fb_signed(b, bps);
-        for (int n = 0; n < bs; ++n) emit(k, n, v);
-        return fb_over(b) ? FLAC_E_OVERRUN : 0;
-    }
-    if (type == 1) {  // verbatim
-        for (int n = 0; n < bs; ++n) emit(k, n, fb_signed(b, bps));
-        return fb_over(b) ? FLAC_E_OVERRUN : 0;
-    }
-    int order, lpc = 0;
-    if (type >= 8 && type <= 12) order = type - 8;
-    else if (type >= 32) { order = type - 31; lpc = 1; }
-    else return FLAC_E_SUBFRAME;
-    if (order > bs) return FLAC_E_SUBFRAME;
-    int warm[32], coef[32];
-    for (int i = 0; i < order; ++i) warm[i] = fb_signed(b, bps);
-    int shift = 0;
-    if (lpc) {
-        const int precision = (int)fb_read(b, 4) + 1;
-        if (precision == 16) return FLAC_E_SUBFRAME;
-        shift = fb_signed(b, 5);
-        if (shift < 0) return FLAC_E_SUBFRAME;
-        for (int j = 0; j < order; ++j) coef[j] = fb_signed(b, precision);
-    }
+// A predicted subframe: the template of its kind and order.
+FLAC_DEV int predict(FlacBits& b, const FlacSink& k, int bs, int order, int lpc, const int* warm, int* coef, int shift) {
     int st;
     if (!lpc) {
         switch (order) {
@@ -298,7 +280,6 @@ FLAC_DEV int flac_subframe(FlacBits& b, FlacSink k, int bs, int bps) {
     if (st) return st;
     return fb_over(b) ? FLAC_E_OVERRUN : 0;
 }
-
 #else  // FLAC_UNIFORM: a candidate (benchmarks/flac_gpu.py --uniform), not yet timed on a GPU
 // The residual of a predicted subframe decoded and each sample predicted as it comes, its history in registers,
 // every kind of prediction as one code path (a warp's threads decode frames whose subframes differ; different
@@ -316,13 +297,10 @@ FLAC_DEV int predicted(FlacBits& b, const FlacSink& k, int bs, int order, const 
         c[j] = j < order ? coef[j] : 0;
     }
     for (int n = 0; n < order; ++n) emit(k, n, warm[n]);
-    const int method = (int)fb_read(b, 2);
-    if (method > 1) return FLAC_E_RESIDUAL;
-    const int pbits = method == 0 ? 4 : 5;
-    const unsigned int escape = method == 0 ? 15u : 31u;
-    const int porder = (int)fb_read(b, 4);
+    int pbits, porder;
+    unsigned int escape;
+    if (fb_residual_head(b, bs, order, pbits, escape, porder)) return FLAC_E_RESIDUAL;
     const int part = bs >> porder;
-    if ((bs & ((1 << porder) - 1)) != 0 || part < order) return FLAC_E_RESIDUAL;
     int next = order;  // where the next partition's parameter is read (the first partition holds order fewer)
     int end = part;
     unsigned int rk = 0;
@@ -336,14 +314,7 @@ FLAC_DEV int predicted(FlacBits& b, const FlacSink& k, int bs, int order, const 
             end += part;
         }
         int r;
-        if (raw < 0) {
-            const unsigned int q = fb_unary(b);
-            if (q == 0xFFFFFFFFu || (rk > 0 && q >= (1u << (32 - rk)))) return FLAC_E_RESIDUAL;
-            const unsigned int v = (q << rk) | fb_read(b, (int)rk);
-            r = (int)(v >> 1) ^ -(int)(v & 1);
-        } else {
-            r = raw ? fb_signed(b, raw) : 0;
-        }
+        if (fb_residual(b, rk, raw, r)) return FLAC_E_RESIDUAL;
         long long sum = 0;
 #pragma unroll
         for (int j = 0; j < MAXO; ++j) sum += (long long)c[j] * h[j];
@@ -355,6 +326,17 @@ FLAC_DEV int predicted(FlacBits& b, const FlacSink& k, int bs, int order, const 
     }
     return fb_over(b) ? FLAC_E_OVERRUN : 0;
 }
+
+// A predicted subframe: every kind through one template, FIXED as LPC with its binomial taps and no shift.
+FLAC_DEV int predict(FlacBits& b, const FlacSink& k, int bs, int order, int lpc, const int* warm, int* coef, int shift) {
+    if (!lpc) {  // FIXED: x[n] = sum of (-1)^j C(order, j+1) x[n-1-j]
+        const int fixed[4][4] = {{1, 0, 0, 0}, {2, -1, 0, 0}, {3, -3, 1, 0}, {4, -6, 4, -1}};
+        for (int j = 0; j < order; ++j) coef[j] = fixed[order - 1][j];
+    }
+    return order <= 12 ? predicted<12>(b, k, bs, order, warm, coef, shift)
+                       : predicted<32>(b, k, bs, order, warm, coef, shift);
+}
+#endif
 
 // One subframe of bs samples into its sink (its wasted bits shifted back in); 0 or a status.
 FLAC_DEV int flac_subframe(FlacBits& b, FlacSink k, int bs, int bps) {
@@ -390,15 +372,10 @@ FLAC_DEV int flac_subframe(FlacBits& b, FlacSink k, int bs, int bps) {
         shift = fb_signed(b, 5);
         if (shift < 0) return FLAC_E_SUBFRAME;
         for (int j = 0; j < order; ++j) coef[j] = fb_signed(b, precision);
-    } else {  // FIXED: x[n] = sum of (-1)^(j) C(order, j+1) x[n-1-j]
-        const int fixed[4][4] = {{1, 0, 0, 0}, {2, -1, 0, 0}, {3, -3, 1, 0}, {4, -6, 4, -1}};
-        for (int j = 0; j < order; ++j) coef[j] = fixed[order - 1][j];
     }
-    return order <= 12 ? predicted<12>(b, k, bs, order, warm, coef, shift)
-                       : predicted<32>(b, k, bs, order, warm, coef, shift);
+    return predict(b, k, bs, order, lpc, warm, coef, shift);
 }
 
-#endif
 
 // Frame f of the table: its samples into out as float32 (a stereo pair's first channel as int32 until the second
 // comes), checked as it goes.
