@@ -33,13 +33,11 @@ DEPTHS = (8, 16, 24)
 class FlacPacked(NamedTuple):
     """A FLAC record's bytes placed for the GPU, as :class:`AudioData`'s ``samples``: ``data`` the whole
     file's bytes (uint8; where they lie in a shared file between processes, its place there), ``frames`` the
-    frames to decode (int64 rows: byte start, byte end, first sample, block size), ``last`` whether the
-    table's last frame is the stream's, ``keep`` the samples a channel asked (the decoded frames may hold a few
-    more) of the stream's ``total``, ``key``/``origin`` the record's (an error found on the GPU names them)."""
+    frames to decode (int64 rows: byte start, byte end, first sample, block size), ``keep`` the samples a channel
+    asked (the decoded frames may hold a few more) of the stream's ``total``, ``key``/``origin`` the record's (an error found on the GPU names them)."""
 
     data: Any
     frames: np.ndarray
-    last: bool
     channels: int
     bps: int
     keep: int
@@ -56,6 +54,11 @@ class FlacPacked(NamedTuple):
     def decoded(self) -> int:
         """Samples a channel the table's frames hold."""
         return int(self.frames[-1, 2] + self.frames[-1, 3])
+
+    @property
+    def last(self) -> bool:
+        """Whether the table's last frame is the stream's (it may end before the bytes do: a tag after it)."""
+        return self.decoded == self.total
 
     @property
     def nbytes(self) -> int:
@@ -131,12 +134,11 @@ def _header(b: np.ndarray, at: int, n: int) -> tuple[int, int] | None:
     return num, bs
 
 
-def parse(data: Any, keep: int | None = None) -> tuple[AudioInfo, np.ndarray, bool] | None:
-    """A FLAC stream's facts (:class:`AudioInfo` of its STREAMINFO) and the frames to decode for its first
-    ``keep`` samples a channel (all where None): int64 rows (byte start, byte end, first sample, block size),
-    and whether the last row is the stream's last frame. None where the GPU path does not take it (the CPU
-    path then decodes it, or says why it cannot)."""
-    b = np.frombuffer(data, np.uint8)
+def stream_info(b: np.ndarray) -> tuple[AudioInfo, int] | None:
+    """A FLAC stream's facts (:class:`AudioInfo` of its STREAMINFO) and where its first frame may begin (after its
+    metadata blocks), from its bytes ``b`` (uint8); None where the GPU path does not take it (no ``fLaC`` at its start,
+    a depth other than those of :data:`DEPTHS`, no sample count): the CPU path then decodes it, or says why it
+    cannot."""
     n = len(b)
     if n < 42 or bytes(b[:4]) != b"fLaC":
         return None
@@ -158,14 +160,20 @@ def parse(data: Any, keep: int | None = None) -> tuple[AudioInfo, np.ndarray, bo
         at += 4 + size
         if head & 0x80:
             break
-    if bps not in DEPTHS or total <= 0:
+    if info.bits not in DEPTHS or info.frames <= 0:
         return None
     try:
         _check(info)
     except ValueError:
         return None
-    want = total if keep is None else min(total, max(1, int(keep)))
-    # frame starts: the sync code, then the header whose coded number is the next one expected
+    return info, at
+
+
+def frames_of(b: np.ndarray, at: int, total: int, want: int) -> np.ndarray | None:
+    """The frames of a stream of ``total`` samples a channel whose first frame may begin at ``at``, as many as hold its
+    first ``want``: int64 rows (byte start, byte end, first sample, block size). A frame is the sync code, then a
+    header whose coded number is the next one expected. None where they do not chain to ``want`` samples."""
+    n = len(b)
     region = b[at:]
     cands = np.flatnonzero((region[:-1] == 0xFF) & ((region[1:] & 0xFE) == 0xF8)) + at
     block = 0
@@ -197,10 +205,9 @@ def parse(data: Any, keep: int | None = None) -> tuple[AudioInfo, np.ndarray, bo
         index += 1
     if not rows or sample < want or sample > total:
         return None
-    last = sample == total
-    if not last and rows[-1][1] == n:  # (no next frame found after the last one needed)
+    if sample < total and rows[-1][1] == n:  # (no next frame found after the last one needed)
         return None
-    return info, np.asarray(rows, np.int64), last
+    return np.asarray(rows, np.int64)
 
 
 def pack(data: Any, seconds: float | None = None, max_samples: int = 0, key: str = "", origin: str = "",
@@ -208,23 +215,23 @@ def pack(data: Any, seconds: float | None = None, max_samples: int = 0, key: str
     """A FLAC record's bytes placed for the GPU (an :class:`AudioData` whose ``samples`` is a :class:`FlacPacked`)
     for its first ``seconds`` (all where None); None where the GPU path does not take it, or where a chain of
     ``ops`` would stream it (a long record read whole: :func:`~.audio_stream.should_stream`, on the CPU). ValueError
-    where the record holds more than ``max_samples`` samples, as the CPU path says."""
+    where the record holds more than ``max_samples`` samples, as the CPU path says. Its frames are walked once, as
+    far as the samples asked."""
     from .audio_io import _frames_asked
     from .audio_stream import should_stream
 
-    head = parse(data)
+    b = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+    head = stream_info(b)
     if head is None:
         return None
-    info = head[0]
+    info, at = head
     if ops is not None and seconds is None and should_stream(ops, info):
         return None
     keep = _frames_asked(info, seconds, max_samples)
-    found = parse(data, keep) if keep < info.frames else head
-    if found is None:
+    rows = frames_of(b, at, info.frames, keep)
+    if rows is None:
         return None
-    _, rows, last = found
-    arr = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
-    return AudioData(FlacPacked(arr, rows, last, info.channels, info.bits, keep, info.frames, key, origin), info.rate,
+    return AudioData(FlacPacked(b, rows, info.channels, info.bits, keep, info.frames, key, origin), info.rate,
                      bits=24 if info.bits >= 24 else 16)
 
 

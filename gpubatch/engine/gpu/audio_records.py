@@ -192,19 +192,23 @@ def _share(out: list[tuple[list, dict]]) -> list[tuple[list, dict]]:
             for outs, c in out]
 
 
-def _payload(d: Any) -> np.ndarray | None:
-    """The array of a decoded record that goes through shared memory: its samples, or a FLAC record's bytes
-    placed for the GPU (:class:`~..codecs.flac_gpu.FlacPacked`); None where there is none (shared already)."""
+def _carried(d: Any) -> Any:
+    """What of a decoded record goes between processes: its samples, or a FLAC record's bytes placed for the GPU
+    (:class:`~..codecs.flac_gpu.FlacPacked`): an array, or where it lies in a shared file (:class:`Shared`)."""
     from ..codecs.flac_gpu import FlacPacked
 
     s = getattr(d, "samples", None)
-    if isinstance(s, FlacPacked):
-        s = s.data
+    return s.data if isinstance(s, FlacPacked) else s
+
+
+def _payload(d: Any) -> np.ndarray | None:
+    """:func:`_carried` where it is still an array (to go through shared memory), else None."""
+    s = _carried(d)
     return s if isinstance(s, np.ndarray) else None
 
 
 def _placed(d: AudioData, where: Any) -> AudioData:
-    """``d`` with its payload (:func:`_payload`) replaced by where it lies."""
+    """``d`` with what it carries (:func:`_carried`) replaced by ``where``."""
     from ..codecs.flac_gpu import FlacPacked
 
     if isinstance(d.samples, FlacPacked):
@@ -214,11 +218,7 @@ def _placed(d: AudioData, where: Any) -> AudioData:
 
 def shared_of(d: Any) -> Shared | None:
     """Where a decoded record's samples (or FLAC bytes) lie in a shared file, None where they are in memory."""
-    from ..codecs.flac_gpu import FlacPacked
-
-    s = getattr(d, "samples", None)
-    if isinstance(s, FlacPacked):
-        s = s.data
+    s = _carried(d)
     return s if isinstance(s, Shared) else None
 
 
