@@ -91,9 +91,10 @@ class AudioPipeline:
             or "threads" (threads of this process: no shared memory, but they share its GIL).
         flac_gpu: with the "processes" feed on the GPU, FLAC files are read into shared memory as bytes and
             decoded on the GPU (``codecs/flac_gpu.py``, bit for bit libsndfile's samples). Off by default: a launch
-            of the decoder takes about 12.5 ms whatever its size (one H100, 2026-12-06, benchmarks/RESULTS.md),
-            which bounds batches of 64 ten-second clips at about 5,000 a second, below what the host's cores
-            decode; ``convert`` takes it (``GPUBATCH_FLAC_GPU``).
+            of the decoder takes about 12.5 ms whatever its size and the pipeline waits for each, batch by batch;
+            with it the pipeline ran 1,819-2,039 ten-second clips a second on an H100 and an H200, where decoding on
+            the cores it had run 4,718-7,477 on such hosts (2026-12-06, benchmarks/RESULTS.md); ``convert`` takes it
+            (``GPUBATCH_FLAC_GPU``).
     """
 
     def __init__(self, ops: Sequence[Op], device: str = "auto", gpu: int = 0, seed: int = 0, dtype: str = "float16",
