@@ -2,7 +2,7 @@
 """FLAC decoded on the GPU (``kernels/flac.cu``) beside libsndfile on the CPU, on the same clips.
 
     python3 benchmarks/flac_gpu.py [--clips 2048] [--batches 64,256,1024] [--reps 7] [--kernel NAME=PATH ...] \\
-        [--uniform] [--stack BYTES] [--data-root DIR] [--json out.json]
+        [--stack BYTES] [--data-root DIR] [--json out.json]
 
 The clips: gpubatch.synthetic's speech-like 10-s FLAC at 16 kHz (the convert bench's), made once under
 ``--data-root``. Prints, per kernel source (the package's, and any ``--kernel`` given, compiled alike) and batch size,
@@ -33,8 +33,6 @@ def main() -> None:
     ap.add_argument("--batches", default="64,256,1024")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--kernel", action="append", default=[], help="NAME=PATH: another flac.cu to time beside")
-    ap.add_argument("--uniform", action="store_true", help="also the package's source built with FLAC_UNIFORM (every "
-                    "subframe's prediction one code path, the partitions one loop)")
     ap.add_argument("--stack", type=int, default=0, help="also time each kernel with the CUDA stack limit (bytes a "
                     "thread) set to this, after the default")
     ap.add_argument("--data-root", default=".bench-data")
@@ -63,8 +61,6 @@ def main() -> None:
           f"{out['libsndfile_ms_per_clip']} ms a clip")
 
     sources = {"package": source("flac")}
-    if args.uniform:
-        sources["uniform"] = "#define FLAC_UNIFORM\n" + source("flac")
     for spec in args.kernel:
         name, path = spec.split("=", 1)
         sources[name] = Path(path).read_text()

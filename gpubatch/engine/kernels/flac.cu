@@ -6,9 +6,12 @@
 // a record with any frame not 0 is decoded again on the CPU, as the CPU path would.
 //
 // The decode itself is also compiled as C++ on the host (FLAC_HOST defined), where the tests run it
-// frame by frame against libsndfile. FLAC_UNIFORM compiles the subframes' prediction as one code path for every
-// kind (FIXED as LPC) with the partitions in one loop over the samples: a candidate against the warp divergence
-// that may make a launch take 12.5 ms whatever its size (2026-12-06), checked on the CPU, not yet timed on a GPU.
+// frame by frame against libsndfile.
+//
+// A warp's 32 threads decode 32 frames whose subframes differ (FIXED or LPC, their orders, their partitions' sizes),
+// and every branch they take apart runs in turn. So every kind of prediction is one code path (FIXED as LPC with its
+// binomial taps) and the partitions are one loop over the samples: on an H100 a launch of 64 clips' 2,560 frames
+// took 2.9 ms this way against 12.5 ms with a template a kind and a loop a partition (2026-12-06, benchmarks/RESULTS.md).
 #ifdef FLAC_HOST
 #define FLAC_DEV static inline
 typedef unsigned long long u64;
@@ -202,92 +205,13 @@ FLAC_DEV int fb_residual(FlacBits& b, unsigned int rk, int raw, int& r) {
     return 0;
 }
 
-#ifndef FLAC_UNIFORM
-// The residual of a predicted subframe decoded and each sample predicted as it comes, its history in registers:
-// FIXED orders 0-4 (LPC false), LPC orders up to MAXO (``order`` of them; the rest predicated off).
-template <int MAXO, bool LPC>
-FLAC_DEV int predicted(FlacBits& b, const FlacSink& k, int bs, int order, const int* warm, const int* coef, int shift) {
-    int h[MAXO > 0 ? MAXO : 1];
-    int c[MAXO > 0 ? MAXO : 1];
-#pragma unroll
-    for (int j = 0; j < MAXO; ++j) {  // h[0] the latest sample
-        h[j] = j < order ? warm[order - 1 - j] : 0;
-        c[j] = LPC && j < order ? coef[j] : 0;
-    }
-    for (int n = 0; n < order; ++n) emit(k, n, warm[n]);
-    int pbits, porder;
-    unsigned int escape;
-    if (fb_residual_head(b, bs, order, pbits, escape, porder)) return FLAC_E_RESIDUAL;
-    const int parts = 1 << porder;
-    int n = order;
-    for (int p = 0; p < parts; ++p) {
-        const int count = (bs >> porder) - (p == 0 ? order : 0);
-        const unsigned int rk = fb_read(b, pbits);
-        const int raw = rk == escape ? (int)fb_read(b, 5) : -1;
-        for (int i = 0; i < count; ++i, ++n) {
-            int r;
-            if (fb_residual(b, rk, raw, r)) return FLAC_E_RESIDUAL;
-            int v;
-            if (LPC) {
-                long long sum = 0;
-#pragma unroll
-                for (int j = 0; j < MAXO; ++j) sum += (long long)c[j] * h[j];
-                v = (int)((long long)r + (sum >> shift));
-            } else if (MAXO == 0) {
-                v = r;
-            } else if (MAXO == 1) {
-                v = (int)((long long)r + h[0]);
-            } else if (MAXO == 2) {
-                v = (int)((long long)r + 2LL * h[0] - h[MAXO > 1 ? 1 : 0]);
-            } else if (MAXO == 3) {
-                v = (int)((long long)r + 3LL * h[0] - 3LL * h[MAXO > 1 ? 1 : 0] + h[MAXO > 2 ? 2 : 0]);
-            } else {
-                v = (int)((long long)r + 4LL * h[0] - 6LL * h[MAXO > 1 ? 1 : 0] + 4LL * h[MAXO > 2 ? 2 : 0]
-                          - h[MAXO > 3 ? 3 : 0]);
-            }
-#pragma unroll
-            for (int j = MAXO - 1; j > 0; --j) h[j] = h[j - 1];
-            h[0] = v;
-            emit(k, n, v);
-        }
-        if (fb_over(b)) return FLAC_E_OVERRUN;
-    }
-    return 0;
-}
-
-// A predicted subframe: the template of its kind and order.
-FLAC_DEV int predict(FlacBits& b, const FlacSink& k, int bs, int order, int lpc, const int* warm, int* coef, int shift) {
-    int st;
-    if (!lpc) {
-        switch (order) {
-            case 0: st = predicted<0, false>(b, k, bs, 0, warm, coef, 0); break;
-            case 1: st = predicted<1, false>(b, k, bs, 1, warm, coef, 0); break;
-            case 2: st = predicted<2, false>(b, k, bs, 2, warm, coef, 0); break;
-            case 3: st = predicted<3, false>(b, k, bs, 3, warm, coef, 0); break;
-            default: st = predicted<4, false>(b, k, bs, 4, warm, coef, 0); break;
-        }
-    } else if (order <= 2) {
-        st = predicted<2, true>(b, k, bs, order, warm, coef, shift);
-    } else if (order <= 4) {
-        st = predicted<4, true>(b, k, bs, order, warm, coef, shift);
-    } else if (order <= 8) {
-        st = predicted<8, true>(b, k, bs, order, warm, coef, shift);
-    } else if (order <= 12) {
-        st = predicted<12, true>(b, k, bs, order, warm, coef, shift);
-    } else {
-        st = predicted<32, true>(b, k, bs, order, warm, coef, shift);
-    }
-    if (st) return st;
-    return fb_over(b) ? FLAC_E_OVERRUN : 0;
-}
-#else  // FLAC_UNIFORM: a candidate (benchmarks/flac_gpu.py --uniform), not yet timed on a GPU
 // The residual of a predicted subframe decoded and each sample predicted as it comes, its history in registers,
 // every kind of prediction as one code path (a warp's threads decode frames whose subframes differ; different
 // paths would run in turn): FIXED orders 0-4 as LPC with their binomial coefficients and no shift, LPC up to
 // MAXO taps (``order`` of them, the rest zero). The partitions in one loop over the samples, a partition's Rice
 // parameter read where it starts, so a warp's threads go through their samples together whatever their
 // partitions' sizes.
-template <int MAXO>
+template <int MAXO, typename ACC>
 FLAC_DEV int predicted(FlacBits& b, const FlacSink& k, int bs, int order, const int* warm, const int* coef, int shift) {
     int h[MAXO];
     int c[MAXO];
@@ -315,10 +239,10 @@ FLAC_DEV int predicted(FlacBits& b, const FlacSink& k, int bs, int order, const 
         }
         int r;
         if (fb_residual(b, rk, raw, r)) return FLAC_E_RESIDUAL;
-        long long sum = 0;
+        ACC sum = 0;
 #pragma unroll
-        for (int j = 0; j < MAXO; ++j) sum += (long long)c[j] * h[j];
-        const int v = (int)((long long)r + (sum >> shift));
+        for (int j = 0; j < MAXO; ++j) sum += (ACC)c[j] * h[j];
+        const int v = (int)((ACC)r + (sum >> shift));
 #pragma unroll
         for (int j = MAXO - 1; j > 0; --j) h[j] = h[j - 1];
         h[0] = v;
@@ -327,16 +251,26 @@ FLAC_DEV int predicted(FlacBits& b, const FlacSink& k, int bs, int order, const 
     return fb_over(b) ? FLAC_E_OVERRUN : 0;
 }
 
-// A predicted subframe: every kind through one template, FIXED as LPC with its binomial taps and no shift.
-FLAC_DEV int predict(FlacBits& b, const FlacSink& k, int bs, int order, int lpc, const int* warm, int* coef, int shift) {
+// A predicted subframe: every kind through one template, FIXED as LPC with its binomial taps and no shift; its
+// sums in 32 bits where they cannot overflow (``narrow``: libFLAC's own test, bps + precision + log2(order) <= 32;
+// FIXED's taps sum to at most 15 in magnitude), else in 64; the history as long as the highest order needs.
+// (Narrow sums and an 8-tap form took a launch of 64 clips from 2.90 to 2.64 ms on an H100, 2026-12-06.)
+template <typename ACC>
+FLAC_DEV int predict_as(FlacBits& b, const FlacSink& k, int bs, int order, const int* warm, const int* coef, int shift) {
+    if (order <= 8) return predicted<8, ACC>(b, k, bs, order, warm, coef, shift);
+    if (order <= 12) return predicted<12, ACC>(b, k, bs, order, warm, coef, shift);
+    return predicted<32, ACC>(b, k, bs, order, warm, coef, shift);
+}
+
+FLAC_DEV int predict(FlacBits& b, const FlacSink& k, int bs, int order, int lpc, const int* warm, int* coef, int shift,
+                     int narrow) {
     if (!lpc) {  // FIXED: x[n] = sum of (-1)^j C(order, j+1) x[n-1-j]
         const int fixed[4][4] = {{1, 0, 0, 0}, {2, -1, 0, 0}, {3, -3, 1, 0}, {4, -6, 4, -1}};
         for (int j = 0; j < order; ++j) coef[j] = fixed[order - 1][j];
     }
-    return order <= 12 ? predicted<12>(b, k, bs, order, warm, coef, shift)
-                       : predicted<32>(b, k, bs, order, warm, coef, shift);
+    return narrow ? predict_as<int>(b, k, bs, order, warm, coef, shift)
+                  : predict_as<long long>(b, k, bs, order, warm, coef, shift);
 }
-#endif
 
 // One subframe of bs samples into its sink (its wasted bits shifted back in); 0 or a status.
 FLAC_DEV int flac_subframe(FlacBits& b, FlacSink k, int bs, int bps) {
@@ -365,15 +299,17 @@ FLAC_DEV int flac_subframe(FlacBits& b, FlacSink k, int bs, int bps) {
     if (order > bs) return FLAC_E_SUBFRAME;
     int warm[32], coef[32];
     for (int i = 0; i < order; ++i) warm[i] = fb_signed(b, bps);
-    int shift = 0;
+    int shift = 0, precision = 0;
     if (lpc) {
-        const int precision = (int)fb_read(b, 4) + 1;
+        precision = (int)fb_read(b, 4) + 1;
         if (precision == 16) return FLAC_E_SUBFRAME;
         shift = fb_signed(b, 5);
         if (shift < 0) return FLAC_E_SUBFRAME;
         for (int j = 0; j < order; ++j) coef[j] = fb_signed(b, precision);
     }
-    return predict(b, k, bs, order, lpc, warm, coef, shift);
+    int log2_order = 0;  // (floor)
+    while ((2 << log2_order) <= order) ++log2_order;
+    return predict(b, k, bs, order, lpc, warm, coef, shift, lpc ? bps + precision + log2_order <= 32 : bps + 4 <= 32);
 }
 
 
