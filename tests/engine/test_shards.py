@@ -694,9 +694,10 @@ def _writer_fails(stats):
     raise GpubatchError("the encoder failed")
 
 
-@pytest.mark.parametrize("kind", ["thread", "process"])
+@pytest.mark.parametrize("kind", ["thread", "lanes", "process"])
 def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not(tmp_path, kind):
-    """The GPU image and audio units' shard writer, in a thread (ShardWriter) or a process of its own
+    """The GPU image and audio units' shard writer, in a thread (ShardWriter; with "lanes", three shards
+    written at once in threads of their own, as the audio unit's) or a process of its own
     (ShardWriterProcess): records handed over, or a function of the shard's stats that makes them there,
     are written into their shards in order, each shard committed (fsynced and renamed by the committer's
     thread) with a journal entry and handed to ``done`` in order, with what the loop counted in the
@@ -724,7 +725,9 @@ def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not
                           plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
 
     def writer(ctx, done):
-        return ShardWriter(done) if kind == "thread" else ShardWriterProcess(ctx, done)
+        if kind == "process":
+            return ShardWriterProcess(ctx, done)
+        return ShardWriter(done, lanes=3 if kind == "lanes" else 1)
 
     def rec(k):
         return Record(key=f"r{3 * k}", data=bytes([k, 0]) * 50, media=Media.IMAGE, codec="jpeg")
@@ -781,6 +784,72 @@ def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not
         with pytest.raises(Exception, match="pickle"):
             w.close()
         assert not [p for p in stage4.rglob("*") if p.is_file() and ".gpubatch" not in p.parts]
+
+
+def test_the_shard_writer_s_lanes_write_shards_at_once_and_commit_them_in_order(tmp_path):
+    """ShardWriter(lanes=3) (the GPU audio unit's): three shards' records made and written at once, each
+    in a thread of its own (their payloads meet at a barrier of three, which one writer thread never
+    passes), each shard's records in the order handed over, the commits and ``done`` in the shards' order,
+    and a write's error raised in the loop with no shard left half written."""
+    import functools
+    import tarfile
+    import threading
+
+    from gpubatch.engine.device import Device, DeviceKind
+    from gpubatch.engine.execute.worker import RunContext, ShardWriter, ShardWriting
+    from gpubatch.engine.plan import Plan
+    from gpubatch.errors import GpubatchError
+    from gpubatch.formats import get_format
+    from gpubatch.formats.base import WriteOptions
+    from gpubatch.runner import _sink
+    from gpubatch.types import DatasetInfo, Media, Record, ShardTask
+
+    fmt = get_format("webdataset")
+    tasks = [ShardTask(k, 4 * k, 4 * k + 4, f"data-{k:05d}-of-00006.tar") for k in range(6)]
+
+    def context(stage):
+        stage.mkdir()
+        return RunContext(opener=None, sink=functools.partial(_sink, fmt, stage, DatasetInfo(), WriteOptions(), False),
+                          plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
+
+    meet = threading.Barrier(3, timeout=20)
+
+    def made(k, first, stats):
+        if first and k < 3:
+            meet.wait()  # (shards 0-2 are written at once, or this raises BrokenBarrierError)
+        return [Record(key=f"r{4 * k + i}", data=bytes([k, i]) * 999, media=Media.IMAGE, codec="jpeg")
+                for i in ((0, 1) if first else (2, 3))]
+
+    stage = tmp_path / "stage"
+    ctx = context(stage)
+    done = []
+    w = ShardWriter(done.append, lanes=3)
+    for k, t in enumerate(tasks):
+        sh = ShardWriting(t, ctx)
+        w.put(sh, functools.partial(made, k, True))
+        w.put(sh, functools.partial(made, k, False))
+        w.commit(sh, {}, None)
+    w.close()
+    assert [r.index for r in done] == list(range(6))
+    for k, t in enumerate(tasks):
+        with tarfile.open(stage / t.name) as tar:
+            assert [m.name.split(".")[0] for m in tar.getmembers()] == [f"r{4 * k + i}" for i in range(4)]
+    # an error in a lane: raised in the loop; what was committed stays, what was not is removed
+    stage2 = tmp_path / "stage2"
+    ctx2 = context(stage2)
+    done.clear()
+    w = ShardWriter(done.append, lanes=3)
+    a, b = ShardWriting(tasks[0], ctx2), ShardWriting(tasks[1], ctx2)
+    w.put(a, functools.partial(made, 4, False))
+    w.commit(a, {}, None)
+    w.put(b, functools.partial(made, 5, False))
+    w.put(b, _writer_fails)
+    w.commit(b, {}, None)
+    with pytest.raises(GpubatchError, match="the encoder failed"):
+        w.close()
+    assert [r.index for r in done] == [0]
+    left = {p.name.split(".")[0] for p in stage2.rglob("*") if p.is_file() and ".gpubatch" not in p.parts}
+    assert left == {tasks[0].name.split(".")[0]}
 
 
 def test_timed_next_counts_the_wait_for_each_item_and_ends_with_none():

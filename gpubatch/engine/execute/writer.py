@@ -34,13 +34,14 @@ from .worker import Committer, RunContext, ShardWriter, ShardWriting, merge_part
 DEPTH = 4
 
 
-def shard_writer(ctx: RunContext, done: Callable[[Any], None], auto: str = "process") -> ShardWriter | ShardWriterProcess:
+def shard_writer(ctx: RunContext, done: Callable[[Any], None], auto: str = "process",
+                 lanes: int = 1) -> ShardWriter | ShardWriterProcess:
     """The writer a GPU unit's shards go through: a process of its own (``settings.shard_writer``
     "process"), or a thread of the worker ("thread"); ``auto`` is the unit's choice where the setting
-    is "auto"."""
+    is "auto", ``lanes`` its choice of shards a thread writes at once where ``settings.write_lanes`` is 0."""
     if (auto if ctx.settings.shard_writer == "auto" else ctx.settings.shard_writer) == "process":
         return ShardWriterProcess(ctx, done)
-    return ShardWriter(done)
+    return ShardWriter(done, lanes=ctx.settings.write_lanes or lanes)
 
 
 class ShardWriterProcess:

@@ -258,7 +258,9 @@ class AudioDeviceUnit:
         # the shards' writer: a thread (its records are few and large: the pipe to a writer process carried a
         # Whisper clip's 480 KB of features 64 KB a call; 561 -> 616 clips/s, H200, 2026-12-03; a process with
         # the features through shared memory, as below, was no faster: 630-783 against 743-792)
-        out = shard_writer(self.ctx, done, auto="thread")
+        # (four shards written at once: a shard's features are copied into the page cache at about 1 GB/s a
+        # thread; 1,826 -> see benchmarks/RESULTS.md "2026-12-06 (05:50 to")
+        out = shard_writer(self.ctx, done, auto="thread", lanes=4)
         # a writer process takes the outputs' samples through shared memory (share_items), not the pipe; the
         # names handed over go once the writer has ended, taken or not
         shared: set[str] = set() if isinstance(out, ShardWriterProcess) else None  # type: ignore[assignment]
