@@ -144,11 +144,12 @@ def _in_processes(code: str, whole: int, name: str) -> float:
     return round(got / statistics.median(walls) if whole else got, 1)
 
 
-def audio_pipeline(data: Path, whole: int = 0, device: str = "gpu") -> float:
+def audio_pipeline(data: Path, whole: int = 0, device: str = "gpu", flac_gpu: bool | None = None) -> float:
     """AudioPipeline on ``bench --model whisper``'s chain (16 kHz, 30 s, log-mel 80) over the same files, a
     warm-up pass then the median of 3 passes, each batch synchronized; or, with ``whole`` runs, as ``convert`` is
     timed: the median of ``whole`` processes' wall time, each one pass from its start (its imports, the GPU's start,
-    the decoders' start) to its end."""
+    the decoders' start) to its end. ``flac_gpu``: the pipeline's switch of that name (its default where None)."""
+    extra = "" if flac_gpu is None else f", flac_gpu={bool(flac_gpu)!r}"
     passes = 1 if whole else 4
     code = f"""
 import json, statistics, sys, time
@@ -158,7 +159,7 @@ from gpubatch.bench import chain_ops, get_model
 from gpubatch.pipelines.audio import AudioPipeline
 files = sorted(Path({str(data)!r}).rglob('*.flac'))
 rates = []
-pipe = AudioPipeline(chain_ops(get_model('whisper').chains['train']), device={device!r}, seed=0)
+pipe = AudioPipeline(chain_ops(get_model('whisper').chains['train']), device={device!r}, seed=0{extra})
 for rep in range({passes}):
     t0 = time.perf_counter(); n = 0
     for b in pipe.iterate_files(files, 64):

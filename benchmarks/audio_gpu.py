@@ -3,7 +3,9 @@ over synthetic clips, its producer run in this thread under cProfile (the functi
 time, by their own time and by cumulative time), the stage times it keeps, the GPU's own time per batch
 (CUDA events around each batch's work) and the clips/s of the profiled and of a plain run.
 
-    python3 benchmarks/audio_gpu.py --clips 1024 --batches 48 --json out.json
+    python3 benchmarks/audio_gpu.py --clips 1024 --batches 48 [--flac-gpu] --json out.json
+
+``--flac-gpu``: the pipeline with FLAC decoded on the GPU (``AudioPipeline(flac_gpu=True)``).
 
 It also measures the ceiling the CPU puts on any pipeline that decodes FLAC with libsndfile (DALI's
 ``decoders.audio`` does too): every core decoding the clips and nothing else (one process a core, each
@@ -27,13 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _run(files: list, chain: str, batch: int, batches: int, profile: bool) -> dict:
+def _run(files: list, chain: str, batch: int, batches: int, profile: bool, flac_gpu: bool = False) -> dict:
     import cupy as cp
 
     from gpubatch.engine.spec import parse_chain
     from gpubatch.pipelines.audio import AudioPipeline
 
-    pipe = AudioPipeline(parse_chain(chain), device="gpu")
+    pipe = AudioPipeline(parse_chain(chain), device="gpu", flac_gpu=flac_gpu)
     gen = pipe._gpu(files, batch, True, 0)  # the producer, in this thread (iterate_files runs it in another)
     for _ in range(4):  # warm-up: kernels loaded, FFT plans made, workers started
         next(gen).synchronize()
@@ -79,6 +81,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=ROOT / ".bench-data")
     ap.add_argument("--ceiling-seconds", type=float, default=3.0, help="how long the decode ceiling decodes")
     ap.add_argument("--ceiling-only", action="store_true")
+    ap.add_argument("--flac-gpu", action="store_true", help="FLAC decoded on the GPU (AudioPipeline(flac_gpu=True))")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     from gpubatch.bench import MODELS
@@ -92,10 +95,11 @@ def main() -> None:
     chain, batch = model.chains["train"], a.batch or model.batch_size
     from gpubatch.bench.audio import decode_ceiling
 
-    result = {"model": a.model, "clips": len(files), "batch": batch, "host_cores": os.cpu_count(),
+    result = {"model": a.model, "clips": len(files), "batch": batch, "host_cores": os.cpu_count(), "flac_gpu": a.flac_gpu,
               "decode_ceiling": decode_ceiling(files, a.ceiling_seconds)}
     if not a.ceiling_only:
-        result.update(plain=_run(files, chain, batch, a.batches, False), profiled=_run(files, chain, batch, a.batches, True))
+        result.update(plain=_run(files, chain, batch, a.batches, False, a.flac_gpu),
+                      profiled=_run(files, chain, batch, a.batches, True, a.flac_gpu))
     text = json.dumps(result, indent=1)
     print(text)
     if a.json:

@@ -55,6 +55,7 @@ under --data-root.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -460,6 +461,11 @@ def job_audio(a, tmp: Path) -> dict:
                                                   for _ in range(a.repeats)), 3)
     if a.gpu:
         out["audio_pipeline_clips_per_s"] = audio_pipeline(data)
+        # for scale, the pipeline with its other FLAC decoder (the target's baseline is the pipeline as users run it)
+        from gpubatch.pipelines.audio import AudioPipeline
+
+        other = not inspect.signature(AudioPipeline).parameters["flac_gpu"].default
+        out[f"audio_pipeline_flac_gpu_{str(other).lower()}_clips_per_s"] = audio_pipeline(data, flac_gpu=other)
         # the pipeline timed as the command is, a process from its start to its end (its figure above is warm)
         out["audio_pipeline_whole_process_clips_per_s"] = audio_pipeline(data, whole=a.repeats)
         out["ratio_gpu_to_pipeline_whole_process"] = ratio(out["gpu"]["clips_per_s"],
