@@ -259,7 +259,7 @@ class AudioDeviceUnit:
         # Whisper clip's 480 KB of features 64 KB a call; 561 -> 616 clips/s, H200, 2026-12-03; a process with
         # the features through shared memory, as below, was no faster: 630-783 against 743-792)
         # (four shards written at once: a shard's features are copied into the page cache at about 1 GB/s a
-        # thread; 1,826 -> see benchmarks/RESULTS.md "2026-12-06 (05:50 to")
+        # thread; 8,192 Whisper clips 1,995 against 1,831 clips/s with one, in turn, H100 host, 2026-12-06)
         out = shard_writer(self.ctx, done, auto="thread", lanes=4)
         # a writer process takes the outputs' samples through shared memory (share_items), not the pipe; the
         # names handed over go once the writer has ended, taken or not
