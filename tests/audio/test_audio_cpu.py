@@ -651,6 +651,31 @@ def test_a_decoding_worker_that_dies_is_an_error_not_a_hang(tmp_path):
         workers.close()
 
 
+def test_decoding_workers_end_on_their_own_after_a_feed_stopped_with_large_results_in_flight(tmp_path):
+    """A feed stopped early whose tasks in flight carry large results (files too big for a slab, in bytes of their
+    own; the GPU FLAC path's frames): closing the workers reads those results and drops them, so every worker
+    ends on its own (exit code 0), none blocked on a full pipe until it is terminated."""
+    import os
+
+    from gpubatch.engine.gpu.audio_feed import DecodeWorkers, SharedFeed
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    big = write(tmp_path / "big.flac", (np.random.default_rng(3).uniform(-1, 1, (200000, 2)) * 0.5).astype(np.float32),
+                16000)
+    workers = DecodeWorkers(2)
+    procs = list(workers.procs)
+    try:
+        feed = SharedFeed(workers, slabs=4, per_task=2, slab_bytes=1 << 16)
+        items = feed.items(iter((str(big), f"k{i}") for i in range(64)), None)
+        next(items)
+        items.close()  # stopped with tasks in flight, each result 2 x 1.6 MB of samples
+        feed.close()
+    finally:
+        workers.close()
+    assert [p.exitcode for p in procs] == [0, 0]
+
+
 def test_decoding_workers_serve_a_second_feed_after_one_stopped_early(tmp_path):
     """A feed left early forgets its tasks in flight (their results are dropped when they come); the
     same workers then serve a new feed, with slabs of their own, every file as decoded."""

@@ -246,13 +246,29 @@ class DecodeWorkers:
                 self._dropped.add(t)
 
     def close(self) -> None:
+        """End the workers: each told to stop after its tasks, the results nobody took read and dropped meanwhile
+        (a worker blocks on a full pipe until they are: a feed stopped early with FLAC records in flight, whose
+        results carry their frames, held ``AudioPipeline.close`` 5 s a worker), any left after 5 s terminated."""
+        import time
+        from multiprocessing.connection import wait
+
         for _ in self.procs:
             self.tasks.put(None)
+        reader = self.results._reader
+        alive = list(self.procs)
+        deadline = time.monotonic() + 5
+        while alive and (left := deadline - time.monotonic()) > 0:
+            ready = wait([reader, *(p.sentinel for p in alive)], timeout=left)
+            if reader in ready:
+                try:
+                    self.results.get()
+                except (EOFError, OSError):
+                    break
+            alive = [p for p in alive if p.is_alive()]
         for p in self.procs:
-            p.join(timeout=5)
             if p.is_alive():
                 p.terminate()
-                p.join()
+            p.join()
         self.procs = []
         self.tasks.close()
         self.results.close()
