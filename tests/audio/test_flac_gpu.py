@@ -314,6 +314,11 @@ def test_the_pipelines_decoding_processes_place_flac_in_their_slabs(tmp_path):
     finally:
         workers.close()
     assert kinds == [("FlacPacked", True)] * 3 + [("ndarray", True), ("FlacPacked", False)]
+    # what a worker sends back for bytes in the slab: their place and length, not the bytes (pickled through the pipe)
+    from gpubatch.engine.gpu.audio_feed import _place_flac
+
+    placed = _place_flac(str(paths[0]), "c0", np.zeros(1 << 18, np.float32), 32, None, 0)
+    assert placed[:3] == ("c0", "flac", 32) and placed[4] == paths[0].stat().st_size and placed[5].samples.data is None
     assert all(o % 16 == 0 for o in offsets)  # (in float32 words: 64-byte steps)
     for p, x in zip(paths, decoded):
         assert np.array_equal(x, reference(p.read_bytes())), p.name

@@ -60,7 +60,9 @@ def _place_flac(path: str, key: str, buf: np.ndarray, off: int, seconds: float |
                 max_samples: int) -> tuple | None:
     """Worker: a FLAC file's bytes read into the slab ``buf`` at float ``off`` (or into bytes of their own where they
     do not fit) and its frames found for the GPU's decoder (:func:`~..codecs.flac_gpu.pack`): ``(key, "flac",
-    offset, words, AudioData)`` (``words``: the float32 words the bytes take), ``(key, "own", AudioData)``, or None
+    offset, words, size, AudioData)`` (``words``: the float32 words the bytes take, ``size`` their length; the record's
+    ``data`` left out, the consumer views the slab: pickled, it carried every byte of the file through the results'
+    pipe, half of a GPU-FLAC pipeline's time on 30-s clips, H100 2026-12-06), ``(key, "own", AudioData)``, or None
     where it is no FLAC stream the GPU path takes (decoded here then, as before). ValueError as the CPU path
     says it (more samples than one record may hold)."""
     import os
@@ -81,7 +83,7 @@ def _place_flac(path: str, key: str, buf: np.ndarray, off: int, seconds: float |
                     return None
                 got += more
             d = pack(raw, seconds, max_samples, key, path)
-            return None if d is None else (key, "flac", off, words, d)
+            return None if d is None else (key, "flac", off, words, n, d._replace(samples=d.samples._replace(data=None)))
         if f.read(4) != b"fLaC":
             return None
         f.seek(0)
@@ -95,7 +97,7 @@ def decode_into(args: tuple) -> list[tuple]:
     offset, frames, channels, rate, bits)``, ``(key, "own", AudioData)`` or ``(key, "error", reason, path)``
     (a file above ``max_samples`` decoded samples among the errors). With ``packed`` a FLAC file's bytes go into
     the slab instead, its frames found for the GPU's decoder (:func:`_place_flac`: ``(key, "flac", offset, words,
-    AudioData)``)."""
+    size, AudioData)``)."""
     import soundfile as sf
 
     from ..codecs.audio_io import _BITS, AudioInfo, _check, decode_audio, probe_audio
@@ -364,8 +366,8 @@ class SharedFeed:
                         x = view[off: off + frames * ch].reshape(frames, ch)
                         yield key, AudioData(x.T if ch > 1 else x.reshape(1, frames), rate, bits=bits), (s, off, frames * ch)
                     elif kind == "flac":  # (its bytes in the slab: the packed record views them there)
-                        _, _, off, words, d = r
-                        raw = view[off: off + words].view(np.uint8)[: d.samples.nbytes]
+                        _, _, off, words, size, d = r
+                        raw = view[off: off + words].view(np.uint8)[:size]
                         yield key, d._replace(samples=d.samples._replace(data=raw)), (s, off, words)
                     elif kind == "own":
                         yield key, r[2], None
