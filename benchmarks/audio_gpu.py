@@ -3,9 +3,10 @@ over synthetic clips, its producer run in this thread under cProfile (the functi
 time, by their own time and by cumulative time), the stage times it keeps, the GPU's own time per batch
 (CUDA events around each batch's work) and the clips/s of the profiled and of a plain run.
 
-    python3 benchmarks/audio_gpu.py --clips 1024 --batches 48 [--flac-gpu] --json out.json
+    python3 benchmarks/audio_gpu.py --clips 1024 --batches 48 [--flac cpu] --json out.json
 
-``--flac-gpu``: the pipeline with FLAC decoded on the GPU (``AudioPipeline(flac_gpu=True)``).
+``--flac cpu``: the pipeline with FLAC decoded by libsndfile in its processes (``AudioPipeline(flac_gpu=False)``);
+by default on the GPU.
 
 It also measures the ceiling the CPU puts on any pipeline that decodes FLAC with libsndfile (DALI's
 ``decoders.audio`` does too): every core decoding the clips and nothing else (one process a core, each
@@ -81,7 +82,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=ROOT / ".bench-data")
     ap.add_argument("--ceiling-seconds", type=float, default=3.0, help="how long the decode ceiling decodes")
     ap.add_argument("--ceiling-only", action="store_true")
-    ap.add_argument("--flac-gpu", action="store_true", help="FLAC decoded on the GPU (AudioPipeline(flac_gpu=True))")
+    ap.add_argument("--flac", choices=("gpu", "cpu"), default="gpu", help="where FLAC is decoded (AudioPipeline's flac_gpu)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     from gpubatch.bench import MODELS
@@ -95,11 +96,11 @@ def main() -> None:
     chain, batch = model.chains["train"], a.batch or model.batch_size
     from gpubatch.bench.audio import decode_ceiling
 
-    result = {"model": a.model, "clips": len(files), "batch": batch, "host_cores": os.cpu_count(), "flac_gpu": a.flac_gpu,
+    result = {"model": a.model, "clips": len(files), "batch": batch, "host_cores": os.cpu_count(), "flac": a.flac,
               "decode_ceiling": decode_ceiling(files, a.ceiling_seconds)}
     if not a.ceiling_only:
-        result.update(plain=_run(files, chain, batch, a.batches, False, a.flac_gpu),
-                      profiled=_run(files, chain, batch, a.batches, True, a.flac_gpu))
+        result.update(plain=_run(files, chain, batch, a.batches, False, a.flac == "gpu"),
+                      profiled=_run(files, chain, batch, a.batches, True, a.flac == "gpu"))
     text = json.dumps(result, indent=1)
     print(text)
     if a.json:

@@ -55,7 +55,6 @@ under --data-root.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import platform
@@ -462,9 +461,9 @@ def job_audio(a, tmp: Path) -> dict:
     if a.gpu:
         out["audio_pipeline_clips_per_s"] = audio_pipeline(data)
         # for scale, the pipeline with its other FLAC decoder (the target's baseline is the pipeline as users run it)
-        from gpubatch.pipelines.audio import AudioPipeline
+        from gpubatch.engine.settings import Settings
 
-        other = not inspect.signature(AudioPipeline).parameters["flac_gpu"].default
+        other = not Settings.from_env().flac_gpu
         out[f"audio_pipeline_flac_gpu_{str(other).lower()}_clips_per_s"] = audio_pipeline(data, flac_gpu=other)
         # the pipeline timed as the command is, a process from its start to its end (its figure above is warm)
         out["audio_pipeline_whole_process_clips_per_s"] = audio_pipeline(data, whole=a.repeats)

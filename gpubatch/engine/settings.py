@@ -159,7 +159,7 @@ class Settings:
             reading each record and finding its frames (``codecs/flac_gpu.py``; ``GPUBATCH_FLAC_GPU``); records that
             path does not take are decoded on the CPU as before. 8,192 ten-second clips to Whisper features: 2,259
             against 1,789 clips/s on an H200 host, 1,869 against 1,495 on an H100 host (2026-12-06, in turn).
-            ``AudioPipeline`` has its own switch (``flac_gpu=``, off by default).
+            ``AudioPipeline`` takes it too, unless given its own ``flac_gpu=``.
         video_decoders: NVDEC decoder sessions (threads) working at once (``GPUBATCH_VIDEO_DECODERS``);
             one session is about one NVDEC engine's work and Hopper has seven (docs/engine.md).
         video_loop: "native" (PyNvVideoCodec's ThreadedDecoder demuxes and decodes on a native thread) or

@@ -90,15 +90,14 @@ class AudioPipeline:
         feed: how the GPU path decodes: "processes" (worker processes into shared memory, the default)
             or "threads" (threads of this process: no shared memory, but they share its GIL).
         flac_gpu: with the "processes" feed on the GPU, FLAC files are read into shared memory as bytes and
-            decoded on the GPU (``codecs/flac_gpu.py``, bit for bit libsndfile's samples). Off by default: a launch
-            of the decoder takes about 12.5 ms whatever its size and the pipeline waits for each, batch by batch;
-            with it the pipeline ran 1,819-2,039 ten-second clips a second on an H100 and an H200, where decoding on
-            the cores it had run 4,718-7,477 on such hosts (2026-12-06, benchmarks/RESULTS.md); ``convert`` takes it
-            (``GPUBATCH_FLAC_GPU``).
+            decoded on the GPU (``codecs/flac_gpu.py``, bit for bit libsndfile's samples); None (the default) takes
+            ``GPUBATCH_FLAC_GPU`` (on unless set to 0), as ``convert`` does. 8,192 ten-second clips to Whisper
+            features ran 4,717-5,239 clips a second this way against 3,162-3,220 decoding on the cores, in turn, on
+            an H100 host of 16 cores (2026-12-06, benchmarks/RESULTS.md).
     """
 
     def __init__(self, ops: Sequence[Op], device: str = "auto", gpu: int = 0, seed: int = 0, dtype: str = "float16",
-                 workers: int | None = None, feed: str = "processes", flac_gpu: bool = False):
+                 workers: int | None = None, feed: str = "processes", flac_gpu: bool | None = None):
         from ..engine.device import resolve
         from ..engine.processes import default_workers
         from ..engine.registry import DEVICE, HOST
@@ -109,7 +108,11 @@ class AudioPipeline:
         self.device = resolve(device, gpu)
         if feed not in ("processes", "threads"):
             raise UsageError(f"unknown feed {feed!r}; supported: processes, threads")
-        self.dtype, self.feed, self.flac_gpu = dtype, feed, flac_gpu
+        if flac_gpu is None:
+            from ..engine.settings import Settings
+
+            flac_gpu = Settings.from_env().flac_gpu
+        self.dtype, self.feed, self.flac_gpu = dtype, feed, bool(flac_gpu)
         self.workers = workers or default_workers()
         self.timings: dict[str, float] = {"decode": 0.0, "upload": 0.0, "ops": 0.0, "wait": 0.0}  # decode: waiting for it
         self.stats = {"items": 0}

@@ -361,3 +361,18 @@ def test_audio_pipeline_with_flac_decoded_on_the_gpu_gives_the_same_batches(tmp_
                 got[flag].append((b.keys, cp.asnumpy(b.data)))
     assert [k for k, _ in got[True]] == [k for k, _ in got[False]]
     assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(got[True], got[False]))
+
+
+def test_the_pipeline_takes_the_gpu_s_flac_decoder_as_convert_does(monkeypatch):
+    """``AudioPipeline(flac_gpu=None)``, its default, follows ``GPUBATCH_FLAC_GPU`` (on unless 0), as ``convert``'s
+    GPU audio unit does; a ``flac_gpu`` given is kept."""
+    from gpubatch.engine.spec import parse_chain
+    from gpubatch.pipelines.audio import AudioPipeline
+
+    ops = parse_chain("log_mel(n_mels=40)")
+    monkeypatch.delenv("GPUBATCH_FLAC_GPU", raising=False)
+    assert AudioPipeline(ops, device="cpu").flac_gpu is True
+    assert AudioPipeline(ops, device="cpu", flac_gpu=False).flac_gpu is False
+    monkeypatch.setenv("GPUBATCH_FLAC_GPU", "0")
+    assert AudioPipeline(ops, device="cpu").flac_gpu is False
+    assert AudioPipeline(ops, device="cpu", flac_gpu=True).flac_gpu is True
