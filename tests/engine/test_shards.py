@@ -609,29 +609,19 @@ def test_write_across_commits_each_shard_in_order_while_the_next_tasks_are_worke
     task of no entries too, whatever order the work finishes in; the work reaches into a later task
     before an earlier one is committed. Where an entry's work raises, the shards committed are kept,
     those made and not committed are removed, and the error goes on."""
-    import functools
     import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from gpubatch.engine.device import Device, DeviceKind
     from gpubatch.engine.execute.journal import Journal
-    from gpubatch.engine.execute.worker import RunContext, ShardWriting, write_across
-    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.execute.worker import ShardWriting, write_across
     from gpubatch.errors import GpubatchError
-    from gpubatch.formats import get_format
-    from gpubatch.formats.base import WriteOptions
-    from gpubatch.runner import _sink
-    from gpubatch.types import DatasetInfo, Media, Record, ShardTask
+    from gpubatch.types import Media, Record, ShardTask
 
-    fmt = get_format("webdataset")
     spans = [(0, 2), (2, 2), (2, 4), (4, 7)]
     tasks = [ShardTask(k, a, b, f"data-{k:05d}-of-00004.tar", tuple(range(a, b))) for k, (a, b) in enumerate(spans)]
 
-    def context(stage):
-        stage.mkdir()
-        return RunContext(opener=None, sink=functools.partial(_sink, fmt, stage, DatasetInfo(), WriteOptions(), False),
-                          plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
+    context = _writer_context
 
     lock = threading.Lock()
     seen: list[int] = []  # entries whose work began, in order
@@ -688,6 +678,24 @@ def _writer_records(k, stats):
     return [Record(key=f"r{3 * k + i}", data=bytes([k, i]) * 50, media=Media.IMAGE, codec="jpeg") for i in (1, 2)]
 
 
+def _writer_context(stage):
+    """A run's context writing webdataset shards into ``stage`` (made here), for the shard writers' tests."""
+    import functools
+
+    from gpubatch.engine.device import Device, DeviceKind
+    from gpubatch.engine.execute.worker import RunContext
+    from gpubatch.engine.plan import Plan
+    from gpubatch.formats import get_format
+    from gpubatch.formats.base import WriteOptions
+    from gpubatch.runner import _sink
+    from gpubatch.types import DatasetInfo
+
+    stage.mkdir()
+    return RunContext(opener=None, sink=functools.partial(_sink, get_format("webdataset"), stage, DatasetInfo(),
+                                                          WriteOptions(), False),
+                      plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
+
+
 def _writer_fails(stats):
     from gpubatch.errors import GpubatchError
 
@@ -705,24 +713,14 @@ def test_the_gpu_units_shard_writer_commits_in_order_and_removes_what_it_did_not
     not commit, and keeps those it did; an error where the records are made is raised in the loop."""
     import functools
 
-    from gpubatch.engine.device import Device, DeviceKind
     from gpubatch.engine.execute.journal import Journal
-    from gpubatch.engine.execute.worker import RunContext, ShardWriter, ShardWriting
+    from gpubatch.engine.execute.worker import ShardWriter, ShardWriting
     from gpubatch.engine.execute.writer import ShardWriterProcess
-    from gpubatch.engine.plan import Plan
     from gpubatch.errors import GpubatchError
-    from gpubatch.formats import get_format
-    from gpubatch.formats.base import WriteOptions
-    from gpubatch.runner import _sink
-    from gpubatch.types import DatasetInfo, Media, Record, ShardTask
+    from gpubatch.types import Media, Record, ShardTask
 
-    fmt = get_format("webdataset")
     tasks = [ShardTask(k, 3 * k, 3 * k + 3, f"data-{k:05d}-of-00004.tar") for k in range(4)]
-
-    def context(stage):
-        stage.mkdir()
-        return RunContext(opener=None, sink=functools.partial(_sink, fmt, stage, DatasetInfo(), WriteOptions(), False),
-                          plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
+    context = _writer_context
 
     def writer(ctx, done):
         if kind == "process":
@@ -795,22 +793,12 @@ def test_the_shard_writer_s_lanes_write_shards_at_once_and_commit_them_in_order(
     import tarfile
     import threading
 
-    from gpubatch.engine.device import Device, DeviceKind
-    from gpubatch.engine.execute.worker import RunContext, ShardWriter, ShardWriting
-    from gpubatch.engine.plan import Plan
+    from gpubatch.engine.execute.worker import ShardWriter, ShardWriting
     from gpubatch.errors import GpubatchError
-    from gpubatch.formats import get_format
-    from gpubatch.formats.base import WriteOptions
-    from gpubatch.runner import _sink
-    from gpubatch.types import DatasetInfo, Media, Record, ShardTask
+    from gpubatch.types import Media, Record, ShardTask
 
-    fmt = get_format("webdataset")
     tasks = [ShardTask(k, 4 * k, 4 * k + 4, f"data-{k:05d}-of-00006.tar") for k in range(6)]
-
-    def context(stage):
-        stage.mkdir()
-        return RunContext(opener=None, sink=functools.partial(_sink, fmt, stage, DatasetInfo(), WriteOptions(), False),
-                          plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
+    context = _writer_context
 
     meet = threading.Barrier(3, timeout=20)
 
@@ -834,7 +822,8 @@ def test_the_shard_writer_s_lanes_write_shards_at_once_and_commit_them_in_order(
     for k, t in enumerate(tasks):
         with tarfile.open(stage / t.name) as tar:
             assert [m.name.split(".")[0] for m in tar.getmembers()] == [f"r{4 * k + i}" for i in range(4)]
-    # an error in a lane: raised in the loop; what was committed stays, what was not is removed
+    # an error in a lane: raised in the loop; the shard before it, whole, is committed unless the error came first
+    # (the lanes run at once: either is safe), and kept where it was; the failing shard is removed
     stage2 = tmp_path / "stage2"
     ctx2 = context(stage2)
     done.clear()
@@ -847,9 +836,26 @@ def test_the_shard_writer_s_lanes_write_shards_at_once_and_commit_them_in_order(
     w.commit(b, {}, None)
     with pytest.raises(GpubatchError, match="the encoder failed"):
         w.close()
-    assert [r.index for r in done] == [0]
+    committed = [r.index for r in done]
+    assert committed in ([], [0])
     left = {p.name.split(".")[0] for p in stage2.rglob("*") if p.is_file() and ".gpubatch" not in p.parts}
-    assert left == {tasks[0].name.split(".")[0]}
+    assert left == {tasks[k].name.split(".")[0] for k in committed}
+    # a write that fails before others of its shard succeed: neither that shard nor any after it is committed,
+    # however the lanes' threads and the commits interleave
+    stage3 = tmp_path / "stage3"
+    ctx3 = context(stage3)
+    done.clear()
+    w = ShardWriter(done.append, lanes=3)
+    a, b = ShardWriting(tasks[0], ctx3), ShardWriting(tasks[1], ctx3)
+    w.put(a, _writer_fails)
+    w.put(a, functools.partial(made, 4, False))
+    w.put(b, functools.partial(made, 5, False))
+    w.commit(a, {}, None)
+    w.commit(b, {}, None)
+    with pytest.raises(GpubatchError, match="the encoder failed"):
+        w.close()
+    assert done == []  # (nothing committed once a write failed, as with one writer thread)
+    assert not [p for p in stage3.rglob("*") if p.is_file() and ".gpubatch" not in p.parts]
 
 
 def test_timed_next_counts_the_wait_for_each_item_and_ends_with_none():
@@ -994,25 +1000,15 @@ def test_a_shards_timings_say_its_commit_and_the_wait_for_the_commit_before_it(t
     """A worker's committer makes its shards' commits in order in a thread of its own, one waiting at most: a
     submission holds until the commit before it is made, and that wait is in the shard's timings as
     ``commit_wait`` (the fsyncs and renames as ``commit``; the GPU units' writer adds its idle time)."""
-    import functools
     import threading
 
-    from gpubatch.engine.device import Device, DeviceKind
     from gpubatch.engine.execute.journal import Journal
-    from gpubatch.engine.execute.worker import Committer, RunContext, ShardWriter, ShardWriting
-    from gpubatch.engine.plan import Plan
-    from gpubatch.formats import get_format
-    from gpubatch.formats.base import WriteOptions
-    from gpubatch.runner import _sink
-    from gpubatch.types import DatasetInfo, Media, Record, ShardTask
+    from gpubatch.engine.execute.worker import Committer, ShardWriter, ShardWriting
+    from gpubatch.types import Media, Record, ShardTask
 
     tasks = [ShardTask(k, k, k + 1, f"data-{k:05d}-of-00003.tar") for k in range(3)]
 
-    def context(stage):
-        stage.mkdir()
-        return RunContext(opener=None, sink=functools.partial(_sink, get_format("webdataset"), stage, DatasetInfo(),
-                                                              WriteOptions(), False),
-                          plan=Plan(), device=Device(DeviceKind.CPU), stage=stage)
+    context = _writer_context
 
     stage = tmp_path / "stage"
     ctx = context(stage)

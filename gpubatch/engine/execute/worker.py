@@ -376,6 +376,8 @@ class ShardWriter:
         self.thread.start()
 
     def _write(self, shard: Any, payload: Any) -> None:
+        if self.error is not None:  # (a write failed: the loop raises it; this shard is not to be committed either)
+            raise RuntimeError("not written: an earlier write of this worker failed")
         try:
             shard.put_many(list(payload(shard.stats) if callable(payload) else payload))
         except BaseException as e:  # noqa: BLE001 - raised in the loop
@@ -386,7 +388,7 @@ class ShardWriter:
         unfinished: dict[int, Any] = {}  # shards written to
         committed: set[int] = set()  # of those, the ones committed (by the committer's thread)
         lane_of: dict[int, Any] = {}  # shard -> its lane (where lanes are), until its commit
-        written: dict[int, Any] = {}  # shard -> its last write's future in its lane
+        written: dict[int, list] = {}  # shard -> its writes' futures in its lane
         aborted = False
         idle = 0.0  # waiting for the loop's hand-overs since the last commit (the shard's "writer_idle")
         while True:
@@ -406,7 +408,7 @@ class ShardWriter:
                         lane = lane_of.get(id(shard))
                         if lane is None:  # (the next lane in turn, for a shard's first records)
                             lane = lane_of[id(shard)] = self.lanes[len(unfinished) % len(self.lanes)]
-                        written[id(shard)] = lane.submit(self._write, shard, payload)
+                        written.setdefault(id(shard), []).append(lane.submit(self._write, shard, payload))
                     else:
                         self._write(shard, payload)
                 else:  # "commit": its fsyncs and renames in the committer's thread, beside the next shard's writes
@@ -414,7 +416,7 @@ class ShardWriter:
                     timings, idle = {**(timings or {}), "writer_idle": idle}, 0.0
                     lane_of.pop(id(shard), None)
                     self.commits.submit(shard, lambda r, s=shard: (committed.add(id(s)), self.done(r)), timings, extra,
-                                        after=written.pop(id(shard), None))
+                                        after=written.pop(id(shard), ()), check=self._check if self.lanes else None)
             except BaseException as e:  # noqa: BLE001 - raised in the loop
                 self.error = self.error or e
         for lane in self.lanes:  # (every write ended before the last commits, or before the partial files go)
@@ -477,7 +479,8 @@ class Committer:
     CPU), and ``done`` hears of each once committed. At most ``depth`` commits wait: :meth:`submit` holds
     until the oldest is done, and raises its error; :meth:`close` waits for the last. The time
     :meth:`submit` held goes into the submitted shard's timings as ``commit_wait``. A commit given ``after``
-    (the future of its shard's last write, in a :class:`ShardWriter`'s lane) waits for it first.
+    (the futures of its shard's writes, in a :class:`ShardWriter`'s lane) waits for them first, and fails where
+    any of them did, or where ``check`` (called then) raises.
 
     More commits waiting did not help where this one waits: pass-through to TFRecord and LMDB on the 2-core
     CI machine, three waiting, ran 2.83-3.55 s against 2.90-3.20 and 3.85-7.10 s against 2.92-3.16 (in turn,
@@ -497,14 +500,16 @@ class Committer:
             self._waiting.popleft().result()
 
     def submit(self, writing: ShardWriting, done: Callable[[ShardResult], None], timings: dict | None = None,
-               extra: dict | None = None, after: Any = None) -> None:
+               extra: dict | None = None, after: Iterable[Any] = (), check: Callable[[], None] | None = None) -> None:
         t = time.perf_counter()
         self._wait(self.depth - 1)
         timings = {**(timings or {}), "commit_wait": time.perf_counter() - t}
 
         def commit() -> None:
-            if after is not None:
-                after.result()  # (its shard's writes; their error is the commit's)
+            for write in after:
+                write.result()  # (its shard's writes; their error is the commit's)
+            if check is not None:
+                check()
             done(finish(writing, timings, extra))
 
         self._waiting.append(self._pool.submit(commit))
