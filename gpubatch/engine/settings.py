@@ -157,8 +157,8 @@ class Settings:
     Attributes:
         flac_gpu: the GPU audio unit (``convert``/``augment``) decodes FLAC on the GPU, its decoding processes only
             reading each record and finding its frames (``codecs/flac_gpu.py``; ``GPUBATCH_FLAC_GPU``); records that
-            path does not take are decoded on the CPU as before. 8,192 ten-second clips to Whisper features: 2,259
-            against 1,789 clips/s on an H200 host, 1,869 against 1,495 on an H100 host (2026-12-06, in turn).
+            path does not take are decoded on the CPU as before. 8,192 ten-second clips to Whisper features: 1,826
+            against 1,400 clips/s on an H100 host (2026-12-06, in turn, the kernel as it is; benchmarks/RESULTS.md).
             ``AudioPipeline`` takes it too, unless given its own ``flac_gpu=``.
         video_decoders: NVDEC decoder sessions (threads) working at once (``GPUBATCH_VIDEO_DECODERS``);
             one session is about one NVDEC engine's work and Hopper has seven (docs/engine.md).

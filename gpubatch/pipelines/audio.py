@@ -346,7 +346,8 @@ class AudioPipeline:
         if bad:  # (a FLAC file the GPU's decoder refused and the CPU could not decode either: skipped, named)
             for i in bad:
                 self._skip(dev[i], 0, len(group) + 1)
-            keep = [i for i in range(len(dev)) if i not in set(bad)]
+            dropped = set(bad)
+            keep = [i for i in range(len(dev)) if i not in dropped]
             group, dev, params = [group[i] for i in keep], [dev[i] for i in keep], [params[i] for i in keep]
             if not group:
                 return None

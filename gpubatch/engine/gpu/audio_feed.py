@@ -473,7 +473,8 @@ def to_device(items: Sequence[AudioData]) -> list[Any]:
 
     packed = [i for i, it in enumerate(items) if is_packed(it)]
     if packed:
-        plain = [i for i in range(len(items)) if i not in set(packed)]
+        placed = set(packed)
+        plain = [i for i in range(len(items)) if i not in placed]
         out: list[Any] = [None] * len(items)
         for i, d in zip(plain, to_device([items[i] for i in plain])):
             out[i] = d
