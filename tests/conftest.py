@@ -1,4 +1,5 @@
-"""Shared fixtures; tests marked ``gpu`` are skipped (with the reason) where no usable GPU is present."""
+"""Shared fixtures; tests marked ``gpu`` are skipped (with the reason) where no usable GPU is present, and those
+marked ``no_gpu`` (of ``--device auto``'s run on the CPU) where one is."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ SAMPLE = ROOT / "sample_data"
 
 
 def pytest_collection_modifyitems(config, items):
-    if not any("gpu" in item.keywords for item in items):
+    if not any("gpu" in item.keywords or "no_gpu" in item.keywords for item in items):
         return
     from gpubatch.engine.device import gpu_problem
 
     problem, _ = gpu_problem(0)
-    if problem:
-        skip = pytest.mark.skip(reason=f"no usable GPU: {problem}")
-        for item in items:
-            if "gpu" in item.keywords:
-                item.add_marker(skip)
+    skip = pytest.mark.skip(reason=f"no usable GPU: {problem}" if problem else
+                            "a usable GPU here: --device auto would run on it, and the test is of the CPU's run")
+    for item in items:
+        if ("gpu" if problem else "no_gpu") in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ import dataclasses
 import enum
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import UsageError
 from .install import _no_cupy, install_hint
@@ -83,10 +84,42 @@ def device_count() -> int:
     return 0 if isinstance(found, str) else found[1]
 
 
-@functools.lru_cache(maxsize=8)
+#: device index -> the thread of :func:`probe_ahead` that asks :func:`gpu_problem` for it
+_AHEAD: dict[int, Any] = {}
+
+
+def probe_ahead(index: int = 0) -> None:
+    """:func:`gpu_problem` for device ``index`` begun in a thread of its own, so that the driver's start (``cuInit``
+    alone took 0.19-0.24 s on an H200 host) runs beside the command's imports: the ``gpubatch`` command's start
+    (:func:`.execute.early.sniff`) begins it where its arguments look like a GPU run's, once its workers are forked;
+    :func:`gpu_problem` waits for it. Never raises (the probe's answer, or error, is the command's to give)."""
+    import threading
+
+    if index in _AHEAD:
+        return
+
+    def ask() -> None:
+        try:
+            _gpu_problem(index)
+        except Exception:  # noqa: BLE001 - asked again, and said, where the command resolves its device
+            pass
+
+    _AHEAD[index] = t = threading.Thread(target=ask, name="gpubatch-probe", daemon=True)
+    t.start()
+
+
 def gpu_problem(index: int = 0) -> tuple[str | None, str]:
     """(None, device name) when the GPU engine can run on device ``index``, else (reason, ""). CuPy is
-    found, not imported: a worker whose import of it fails says so (GpuEngine)."""
+    found, not imported: a worker whose import of it fails says so (GpuEngine). Asked once a process (where
+    :func:`probe_ahead` asked it already, its answer, waited for)."""
+    ahead = _AHEAD.get(index)
+    if ahead is not None:
+        ahead.join()
+    return _gpu_problem(index)
+
+
+@functools.lru_cache(maxsize=8)
+def _gpu_problem(index: int = 0) -> tuple[str | None, str]:
     import ctypes
     import importlib.util
 

@@ -31,7 +31,7 @@ def _ctx(plan: Plan | None = None, **more) -> RunContext:
 
 
 def test_each_gpu_strategy_names_a_start_its_workers_begin_first():
-    assert {s.name: s.start for (_, dev), s in TABLE.items() if dev == "gpu"} == {"gpu-image": "image", "gpu-video": "context",
+    assert {s.name: s.start for (_, dev), s in TABLE.items() if dev == "gpu"} == {"gpu-image": "image", "gpu-video": "video",
                                                     "gpu-audio": "audio"}
     assert TABLE[("*", "cpu")].start == ""
     image = start.early("image", _ctx())
@@ -41,13 +41,14 @@ def test_each_gpu_strategy_names_a_start_its_workers_begin_first():
     assert start.early("image", _ctx(plan=Plan(ops=ops))).kernels == kernels_needed(ops, encode=True)
     assert image.reserve == 0  # one process on the GPU: the hardware decoder's thread gets a core
     assert start.early("image", _ctx(gpu_procs=2)).reserve is None  # shared: no core taken
-    context = start.early("context", _ctx())
-    assert (context.hw, context.kernels, context.sync, context.library, context.decoders) == (0, (), False, False, 0)
-    assert start.early("context", _ctx(gpu_memory="1GiB")) is None  # a capped run measures the context it makes
+    video = start.early("video", _ctx(plan=Plan(ops=ops)))  # the context, the kernels of its frames and chain
+    assert (video.hw, video.sync, video.library, video.decoders, video.warm) == (0, False, False, 0, "video")
+    assert video.kernels == (("yuv", "nv12_rgb"), *kernels_needed(ops, encode=True))
+    assert start.early("video", _ctx(gpu_memory="1GiB")) is None  # a capped run measures the context it makes
     audio = start.early("audio", _ctx(gpu_procs=2))  # the context, and its share of the cores' decoding processes
     assert (audio.hw, audio.sync, audio.library, audio.host) == (0, False, False, 0)
     assert audio.decoders == start.audio_decoders(2) == max(1, cores() // 2 - 1)
-    assert audio.warm == "audio" and context.warm == image.warm == ""  # (a log-mel chain once on silence)
+    assert audio.warm == "audio" and image.warm == ""  # (a log-mel chain once on silence)
     from gpubatch.engine.media import DEVICE
 
     assert Plan(ops=parse_chain(start.AUDIO_WARM), media="audio").validate(DEVICE) is not None
@@ -89,7 +90,7 @@ def _boot(early: str) -> str:
 
 
 def test_the_start_begins_before_the_run_is_unpickled_and_an_unpicklable_run_is_reported():
-    assert _boot("context") == "failed crash RuntimeError: unpickled with the start begun: True"
+    assert _boot("video") == "failed crash RuntimeError: unpickled with the start begun: True"
     assert _boot("none") == "failed crash RuntimeError: unpickled with the start begun: False"
 
 

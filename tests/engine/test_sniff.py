@@ -1,4 +1,4 @@
-"""A GPU image run's workers started at the ``gpubatch`` command's start, from its arguments alone
+"""A GPU run's workers started at the ``gpubatch`` command's start, from its arguments alone
 (``execute.early.sniff``), before it imports its options' parser: the guess, and what becomes of the processes
 (the run takes them where they fit, with its kernels; they end otherwise). CPU tests: no CUDA here, so the
 workers' start finds none and ends; the machine is told it has a GPU node where a test needs the guess acted on.
@@ -42,7 +42,11 @@ AUDIO_PROCS = 2 if cores() >= 8 else 1
     (["convert", "s", "d", *PIXELS, "--gpus", "all"], None),
     (["convert", "s", "d", *PIXELS, "--executor", "ray"], None),
     (["convert", "s", "d", *PIXELS, "--num-parts", "2", "--part", "0"], None),
-    (["convert", "s", "d", *PIXELS, "--frames", "every:4"], None),
+    (["convert", "s", "d", *PIXELS, "--frames", "every:4"], ("video", 0, 1)),
+    (["convert", "s", "d", "--to", "webdataset", "--clip-length", "16", "--gpu", "1", "--gpu-procs", "2"],
+     ("video", 1, 2)),
+    (["convert", "s", "d", "--frames", "every:4", "--gpu-memory", "1GiB"], None),  # (its plan measures the context)
+    (["convert", "s", "d", "--frames", "every:4", "--device", "cpu"], None),
     (["convert", "s", "d", "--to", "webdataset", "--sample-rate", "16000"], ("audio", 0, AUDIO_PROCS)),
     (["convert", "s", "d", "--to", "webdataset", "--features", "log-mel", "--gpu", "1", "--gpu-procs", "3"],
      ("audio", 1, 3)),
@@ -84,6 +88,7 @@ finally:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.no_gpu
 def test_workers_started_at_the_commands_start_are_taken_by_its_run_and_the_bytes_do_not_change(imagenet, tmp_path):
     """Told it has a GPU node, the command starts a GPU image run's worker at once; ``--device auto`` takes it
     (the options checked: it fits, and is told its chain's kernels), then finds no usable GPU here and runs on the
@@ -98,6 +103,7 @@ def test_workers_started_at_the_commands_start_are_taken_by_its_run_and_the_byte
     assert digest(tmp_path / "sniffed") == digest(tmp_path / "plain")
 
 
+@pytest.mark.no_gpu
 def test_an_audio_commands_workers_started_at_its_start_end_when_it_runs_on_the_cpu(tmp_path):
     """Told it has a GPU node, an audio ``convert`` starts a GPU audio run's workers at once (their boot forks their
     decoding processes); ``--device auto`` finds no usable GPU here and runs on the CPU, which takes none of them:
@@ -112,6 +118,29 @@ def test_an_audio_commands_workers_started_at_its_start_end_when_it_runs_on_the_
              "log-mel(n_mels=40)", "--quiet"]
     seen = _cli(["convert", str(src), str(tmp_path / "sniffed"), *chain], node=True)
     assert len(seen["sniffed"]) == AUDIO_PROCS and seen["taken"] == []
+    plain = _cli(["convert", str(src), str(tmp_path / "plain"), *chain, "--device", "cpu"], node=False)
+    assert plain["sniffed"] == []
+    assert list((tmp_path / "sniffed").glob("*.tar")) and digest(tmp_path / "sniffed") == digest(tmp_path / "plain")
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in seen["sniffed"]):
+        assert time.monotonic() < deadline, "a worker started at the command's start outlived it"
+        time.sleep(0.05)
+
+
+@pytest.mark.no_gpu
+def test_a_video_commands_worker_started_at_its_start_ends_when_it_runs_on_the_cpu(tmp_path):
+    """Told it has a GPU node, a video ``convert`` starts a GPU video run's worker at once; ``--device auto`` finds
+    no usable GPU here and runs on the CPU, which does not take it: it ends, and the bytes are those of a run where
+    nothing was started ahead. (On the GPU the run takes it: tests/engine/test_shards_gpu.py.)"""
+    import shutil
+
+    pytest.importorskip("av")
+    src = tmp_path / "video"
+    src.mkdir()
+    shutil.copy(ROOT / "sample_data" / "video" / "clip_0_h264.mp4", src)
+    chain = ["--to", "webdataset", "--frames", "every:24", "--resize-shorter", "32", "--quiet"]
+    seen = _cli(["convert", str(src), str(tmp_path / "sniffed"), *chain], node=True)
+    assert len(seen["sniffed"]) == 1 and seen["taken"] == []
     plain = _cli(["convert", str(src), str(tmp_path / "plain"), *chain, "--device", "cpu"], node=False)
     assert plain["sniffed"] == []
     assert list((tmp_path / "sniffed").glob("*.tar")) and digest(tmp_path / "sniffed") == digest(tmp_path / "plain")
@@ -266,6 +295,9 @@ signal.signal(signal.SIGINT, lambda *a: None)  # (the command's start handler)
 early.sniff(["convert", "s", "d", "--to", "webdataset", "--resize-shorter", "40"])
 print(type(early._SNIFFED[0].procs[0]._popen).__module__)
 early.close_sniffed()
+from gpubatch.engine import device
+for t in device._AHEAD.values():  # (the sniff's device probe, a thread begun after its forks: this test forks again)
+    t.join()
 
 def child(q):
     processes.as_spawned()

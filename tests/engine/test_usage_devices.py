@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from gpubatch.engine import device
 from gpubatch.engine.device import Device, DeviceKind, parse_gpus, resolve_gpus
 from gpubatch.engine.usage import Usage, bound, cpu_since, thread_cpu
 from gpubatch.errors import UsageError
@@ -123,3 +124,25 @@ def test_the_progress_bar_shows_a_row_a_gpu_where_workers_say_their_gpu(monkeypa
     plain(5, "0")
     plain(3)
     assert seen == [5, 3]
+
+
+def test_the_device_probe_begun_ahead_is_waited_for_and_asked_once(monkeypatch):
+    """``probe_ahead`` (the command's start, beside its imports) asks the probe in a thread; ``gpu_problem`` waits
+    for it and gives its answer, which a second ask does not repeat."""
+    import threading
+
+    asked, gate = [], threading.Event()
+
+    def slow(index=0):
+        gate.wait(5)
+        asked.append(index)
+        return ("no CUDA device found", "")
+
+    monkeypatch.setattr(device, "_gpu_problem", slow)
+    monkeypatch.setattr(device, "_AHEAD", {})
+    device.probe_ahead(3)
+    device.probe_ahead(3)  # (once)
+    assert len(device._AHEAD) == 1 and device._AHEAD[3].is_alive() and asked == []
+    threading.Timer(0.2, gate.set).start()
+    assert device.gpu_problem(3) == ("no CUDA device found", "") and asked[0] == 3
+    assert not device._AHEAD[3].is_alive()

@@ -217,3 +217,28 @@ def test_nvdec_caps_are_asked_in_the_runs_own_context(codec, chroma, depth):
         assert getattr(ours, k) == get(k), (k, theirs)
     assert ours.is_supported and ours.width_max >= 4096
     assert peak - before < 16 << 20, (before >> 20, peak >> 20)
+
+
+def test_a_video_commands_worker_started_at_its_start_is_taken_on_the_gpu_and_writes_the_same_bytes(tmp_path):
+    """The ``gpubatch`` command starts a GPU video run's worker from its arguments alone (``execute.early.sniff``):
+    on the GPU the run takes it, told its kernels (the frames' colour conversion, the chain's, the JPEG encoder's),
+    and writes the bytes of a run through the API, whose worker starts with its tasks; the summary has the worker's
+    steps (``wall (worker): ...``)."""
+    from gpubatch.engine.gpu.start import video_kernels
+    from gpubatch.engine.plan import make_plan
+    from tests.engine.test_shards import digest
+    from tests.engine.test_sniff import _cli
+
+    src = tmp_path / "src"
+    for k in range(3):
+        make_clip(src / f"v{k}.mp4", 36 + 6 * k, 320, 240)
+    args = ["--to", "webdataset", "--frames", "every:3", "--resize-shorter", "64", "--device", "gpu", "--quiet"]
+    seen = _cli(["convert", str(src), str(tmp_path / "sniffed"), *args], node=True)
+    assert len(seen["sniffed"]) == 1 and seen["taken"] == seen["sniffed"]
+    assert seen["kernels"] == [list(map(list, video_kernels(make_plan(64, None))))]
+    s = convert(src, tmp_path / "api", to="webdataset", frames="every:3", resize_shorter=64, device="gpu")
+    assert s.records_out == 12 + 14 + 16 and not s.skipped and not s.fallbacks
+    assert digest(tmp_path / "sniffed") == digest(tmp_path / "api")
+    steps = {k for k in s.timings if k.startswith("wall (worker): ")}
+    assert {"wall (worker): unit start", "wall (worker): first NVDEC session made",
+            "wall (worker): first video opened", "wall (worker): first frames decoded and encoded"} <= steps, steps

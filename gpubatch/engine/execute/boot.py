@@ -33,6 +33,11 @@ IMAGE_MODULES = ("gpubatch.engine.execute.worker", "gpubatch.engine.execute.writ
 AUDIO_MODULES = ("cupy", "cupy.cuda.cufft", "cupy_backends.cuda.libs.cublas", "cupy.fft", "gpubatch.engine.gpu.audio",
                  "gpubatch.engine.ops.spectral", "gpubatch.engine.execute.worker", "gpubatch.engine.execute.writer",
                  "gpubatch.formats", "gpubatch.engine.gpu.audio_records", "gpubatch.engine.gpu.audio_feed")
+#: what a GPU video worker's run imports, likewise: CuPy and PyNvVideoCodec, the video unit, its encoder and writer
+VIDEO_MODULES = ("cupy", "PyNvVideoCodec", "gpubatch.engine.gpu.video", "gpubatch.engine.gpu.nvdec_loop",
+                 "gpubatch.engine.codecs.video", "gpubatch.engine.execute.worker", "gpubatch.engine.execute.writer",
+                 "gpubatch.formats", "gpubatch.engine.gpu.chain", "gpubatch.engine.codecs.image_encode_gpu",
+                 "gpubatch.engine.codecs.jpeg_gpu")
 
 
 def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
@@ -47,7 +52,7 @@ def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
         from ..gpu.start import boot as begin
 
         begin(early, readers=True)  # (an image run's: its feed's readers forked first, gpu.feed_start)
-        modules = IMAGE_MODULES if early.host else AUDIO_MODULES if early.warm == "audio" else ()
+        modules = IMAGE_MODULES if early.host else {"audio": AUDIO_MODULES, "video": VIDEO_MODULES}.get(early.warm, ())
         if modules:  # an image or audio run's worker: its run's modules imported while it waits for the run
             import threading
 

@@ -20,10 +20,12 @@ from typing import Any
 PIXEL_OPTIONS = ("--resize-shorter", "--center-crop", "--quality", "--image-format")
 #: ``convert``'s audio options: a run over audio records (:func:`sniff` starts a GPU audio run's workers for them)
 AUDIO_OPTIONS = ("--sample-rate", "--mono", "--duration", "--pad", "--audio-format", "--features")
-#: options of runs that :func:`sniff` starts nothing for: video, several GPUs, parts, help and lists
-NOT_EARLY = ("--frames", "--clip-length", "--clip-stride", "--frame-step", "--clip-positions", "--clips-per-video",
-             "--clip-format", "--video-codec", "--fps", "--path-column", "--label-column", "--gpus", "--num-parts",
-             "--part", "--help", "-h", "--list-ops", "--list-presets", "--version")
+#: ``convert``'s video options: a run over video records (:func:`sniff` starts a GPU video run's worker for them)
+VIDEO_OPTIONS = ("--frames", "--clip-length", "--clip-stride", "--frame-step", "--clip-positions", "--clips-per-video",
+                 "--clip-format", "--video-codec", "--fps")
+#: options of runs that :func:`sniff` starts nothing for: a table's columns, several GPUs, parts, help and lists
+NOT_EARLY = ("--path-column", "--label-column", "--gpus", "--num-parts", "--part", "--help", "-h", "--list-ops",
+             "--list-presets", "--version")
 
 #: the NVIDIA driver's control device node, where the machine has the driver
 NODE = "/dev/nvidiactl"
@@ -140,21 +142,21 @@ def _given(args: list[str], name: str, default: str | None = None) -> str | None
 
 
 def guessed(args: list[str]) -> tuple[str, int, int] | None:
-    """(the kind of run, "image" or "audio"; its GPU; its processes a GPU) of the GPU run whose workers :func:`sniff`
-    starts, guessed from the ``gpubatch`` command's arguments alone (no device probe); None where it would start
-    none or the arguments do not say: not ``convert`` or ``augment``, ``convert`` with neither a pixel nor an audio
-    option, video options, audio options under ``--gpu-memory`` (its plan measures the context as it makes it),
-    ``--device cpu``, ``--gpus``, Ray, a part, help. An audio run's processes a GPU are ``--gpu-procs``, else its
-    strategy's on this host (``Strategy.per_gpu_here``). A wrong guess costs only the processes it starts, which the run
-    ends where they do not fit."""
+    """(the kind of run, "image", "audio" or "video"; its GPU; its processes a GPU) of the GPU run whose workers
+    :func:`sniff` starts, guessed from the ``gpubatch`` command's arguments alone (no device probe); None where it
+    would start none or the arguments do not say: not ``convert`` or ``augment``, ``convert`` with neither a pixel,
+    an audio nor a video option, audio and video options together, audio or video options under ``--gpu-memory``
+    (their plans measure the context as they make it), ``--device cpu``, ``--gpus``, Ray, a part, help. An audio or
+    video run's processes a GPU are ``--gpu-procs``, else its strategy's on this host (``Strategy.per_gpu_here``). A
+    wrong guess costs only the processes it starts, which the run ends where they do not fit."""
     names = {a.split("=", 1)[0] for a in args if a.startswith("-")}
     command = next((a for a in args if not a.startswith("-")), None)
     if command not in ("convert", "augment") or names & set(NOT_EARLY):
         return None
-    audio = bool(names & set(AUDIO_OPTIONS))
-    if audio and "--gpu-memory" in names:
+    audio, video = bool(names & set(AUDIO_OPTIONS)), bool(names & set(VIDEO_OPTIONS))
+    if (audio or video) and "--gpu-memory" in names or audio and video:
         return None
-    if not audio and command == "convert" and not any(
+    if not (audio or video) and command == "convert" and not any(
             n in names and (n != "--image-format" or _given(args, n) != "keep") for n in PIXEL_OPTIONS):
         return None
     if (_given(args, "--device", "auto") or "").lower() not in ("auto", "gpu") or _given(
@@ -164,12 +166,13 @@ def guessed(args: list[str]) -> tuple[str, int, int] | None:
         gpu, procs = int(_given(args, "--gpu", "0") or 0), int(_given(args, "--gpu-procs", "0") or 0)
     except ValueError:  # (the options' parser says what is wrong)
         return None
-    if not procs and audio:
+    kind = "audio" if audio else "video" if video else "image"
+    if not procs and kind != "image":
         from .strategies import TABLE
 
-        procs = TABLE[("audio", "gpu")].per_gpu_here()
+        procs = TABLE[(kind, "gpu")].per_gpu_here()
     procs = procs or 1
-    return ("audio" if audio else "image", gpu, procs) if gpu >= 0 and procs >= 1 else None
+    return (kind, gpu, procs) if gpu >= 0 and procs >= 1 else None
 
 
 class Sniffed:
@@ -189,9 +192,9 @@ class Sniffed:
 
     def fits(self, strategy: Any, begun: list[tuple[Any, dict[str, str]]]) -> bool:
         """Whether a run whose slots begin ``begun`` (:func:`~.local.boots`) with ``strategy`` can take these
-        processes: its tasks dealt, and each slot the same GPU start, its kernels aside, in the same
-        environment."""
-        return strategy.dealt and len(begun) == len(self.begun) and all(
+        processes: its tasks dealt (or one process: its queue is the run's one queue), and each slot the same GPU
+        start, its kernels aside, in the same environment."""
+        return (strategy.dealt or len(begun) == 1) and len(begun) == len(self.begun) and all(
             e is not None and e._replace(kernels=()) == mine and env == my_env
             for (e, env), (mine, my_env) in zip(begun, self.begun))
 
@@ -235,10 +238,10 @@ def close_sniffed(kind: str | None = None) -> None:
 
 def sniff(args: list[str]) -> None:
     """At the ``gpubatch`` command's start (``args``: its arguments), before it imports its options' parser:
-    where they look like a GPU image or audio run's (:func:`guessed`) on a machine with an NVIDIA device node and
-    CuPy (:func:`gpu_node`), that run's worker processes started now, their GPU's start begun (an image run's
-    kernels once the plan names them: :meth:`Sniffed.begin`; an audio run's decoding processes and its warm-up, as
-    ``gpu.start.early("audio")`` has them). :func:`started_early` takes them where they fit its run and ends them
+    where they look like a GPU image, audio or video run's (:func:`guessed`) on a machine with an NVIDIA device node
+    and CuPy (:func:`gpu_node`), that run's worker processes started now, their GPU's start begun (an image or video
+    run's kernels once the plan names them: :meth:`Sniffed.begin`; an audio run's decoding processes and its
+    warm-up, as ``gpu.start.early("audio")`` has them). :func:`started_early` takes them where they fit its run and ends them
     otherwise (so does :func:`prestart` an image run's); so does the command's exit where it never gets there (a
     usage error). Never raises: a bad setting or option is the command's to report. ``GPUBATCH_EARLY_START=0``
     turns it off with :func:`prestart`."""
@@ -258,11 +261,16 @@ def sniff(args: list[str]) -> None:
         env = {"CUDA_VISIBLE_DEVICES": visible_name(gpu)} if gpu else {}  # (as RunContext.for_slot)
         if kind == "audio":  # (as gpu.start.early("audio"): the run's context, decoding processes and warm-up)
             early = Early(0, settings, sync=False, library=False, decoders=audio_decoders(procs), warm="audio")
+        elif kind == "video":  # (as gpu.start.early("video"), its kernels told once the plan names them)
+            early = Early(0, settings, sync=False, library=False, warm="video")
         else:
             early = Early(0, settings, instances_wanted(settings), (), reserve=gpu if procs == 1 else None, host=procs)
         # forked where the command may (one thread, no CUDA): a fresh interpreter's start and imports left out
         _SNIFFED.append(Sniffed([(early, dict(env)) for _ in range(procs)], fork=settings.early_fork and fork_safe(),
                                 kind=kind))
         atexit.register(close_sniffed)  # (before multiprocessing's own, which would wait for them)
+        from ..device import probe_ahead
+
+        probe_ahead(gpu)  # (the command's own device probe beside its imports; after the fork: a thread now)
     except Exception:  # noqa: BLE001 - a guess: the command runs as it would have
         return

@@ -31,7 +31,7 @@ class Strategy:
     per_gpu: int = 1
     why: str = ""
     dealt: bool = False  # its workers take their tasks up front, in shard order (a feed that reads ahead across them)
-    #: what a worker starts first, before it unpickles its run (gpu.start.early: "image", "audio", "context")
+    #: what a worker starts first, before it unpickles its run (gpu.start.early: "image", "audio", "video")
     start: str = ""
     #: (records, processes): a run of at least that many records, no ``--gpu-procs`` and no ``--gpu-memory`` given,
     #: takes that many processes a GPU (the early ones, started before the run knew its length, and more beside them)
@@ -75,7 +75,7 @@ TABLE: dict[tuple[str, str], Strategy] = {
                                why="images on the GPU: decoders, the chain's kernels and the JPEG encoder", start="image",
                                long_run=(32768, 2)),
     ("video", "gpu"): Strategy("gpu-video", "gpubatch.engine.gpu.video:VideoDeviceUnit", gpu=True,
-                               why="video on the GPU: NVDEC sessions, the chain on the GPU", start="context"),
+                               why="video on the GPU: NVDEC sessions, the chain on the GPU", start="video"),
     # two audio processes a GPU on a host of 8 cores a GPU or more: each its own loop, shards' writer and share of
     # the decoding processes. On an H200 host of 16 cores, 2,048 10-s FLAC clips to Whisper log-mel ran at 824 clips/s
     # with two, 812 with four, 675 with eight, against 672 with one (2026-12-05, benchmarks/RESULTS.md), at 1.27 GiB

@@ -294,13 +294,13 @@ def ordered_across(tasks: Iterable[ShardTask], make: Callable[[ShardTask], Any],
 
 def write_across(tasks: Iterable[ShardTask], writing: Callable[[ShardTask], ShardWriting],
                  done: Callable[[ShardResult], None], submit: Callable[[list, ShardWriting], Any], window: int,
-                 chunk: int = 1) -> None:
+                 chunk: int = 1, extra: Callable[[], dict | None] | None = None) -> None:
     """A worker's tasks worked across their boundaries (:func:`ordered_across`; the GPU video unit's) and
     written in this thread: each entry's outputs put into its task's shard in order, each shard committed,
     journaled and handed to ``done`` once its last entry is in, while the entries of the next tasks are
     worked. Where anything raises, every shard made and not committed is removed (its partial files), the
     work not started is cancelled, and the error goes on. ``tasks`` may be a queue's (taken as the window
-    reaches them)."""
+    reaches them). ``extra``, where given, gives what each commit adds to its shard's result (its ``extra``)."""
     from collections import deque
 
     opened: deque = deque()  # shards made and not yet committed, in order
@@ -316,7 +316,7 @@ def write_across(tasks: Iterable[ShardTask], writing: Callable[[ShardTask], Shar
             for o in outs:
                 w.put(o)
             if last:
-                done(finish(w))
+                done(finish(w, None, extra() if extra is not None else None))
                 opened.popleft()  # (shards are committed in the order they were made)
     except BaseException:
         entries.close()  # (the queued work cancelled)

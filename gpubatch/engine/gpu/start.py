@@ -44,7 +44,9 @@ class Early(NamedTuple):
     audio unit's decoding processes the worker's boot starts (an audio run's, :func:`audio_decoders`), else 0;
     ``warm``: "audio" (an audio run's): after the context the start runs a log-mel chain once on a second of silence
     (:data:`AUDIO_WARM`: CuPy, its FFT and BLAS libraries and their handles loaded, the common kernels made, while the
-    worker unpickles its run; the unit warms its own chain's first batch after), else ""."""
+    worker unpickles its run; the unit warms its own chain's first batch after); "video" (a video run's: its boot
+    imports PyNvVideoCodec and the video unit while it waits for its run, :data:`..execute.boot.VIDEO_MODULES`), else
+    ""."""
 
     index: int
     settings: Settings
@@ -80,18 +82,30 @@ def early(kind: str, ctx: Any) -> Early | None:
     """The :class:`Early` of a worker of ``ctx``'s run whose strategy starts ``kind`` (its table's ``start``):
     "image" (the context, the hardware decoder's instances, nvImageCodec, the kernels of its chain and of the
     JPEG encoder: what :class:`~.images.GpuImageUnit` would begin), "audio" (the context, and the audio unit's
-    decoding processes forked first: :func:`audio_decoders`), "context" (the context alone: video), or none."""
+    decoding processes forked first: :func:`audio_decoders`), "video" (the context and the kernels of
+    :func:`video_kernels`), or none."""
     if kind == "image":
         from .chain import kernels_needed
 
         return Early(ctx.device.index, ctx.settings, instances_wanted(ctx.settings),
                      kernels_needed(ctx.plan.ops, encode=True),
                      reserve=ctx.gpu_ordinal if max(1, ctx.gpu_procs) == 1 else None, host=ctx.host_procs)
-    if kind in ("context", "audio") and ctx.gpu_memory is None:  # (a capped run measures its context as it makes it)
-        audio = kind == "audio"
+    if kind == "audio" and ctx.gpu_memory is None:  # (a capped run measures its context as it makes it)
         return Early(ctx.device.index, ctx.settings, sync=False, library=False,
-                     decoders=audio_decoders(ctx.host_procs) if audio else 0, warm="audio" if audio else "")
+                     decoders=audio_decoders(ctx.host_procs), warm="audio")
+    if kind == "video" and ctx.gpu_memory is None:
+        return Early(ctx.device.index, ctx.settings, kernels=video_kernels(ctx.plan), sync=False, library=False,
+                     warm="video")
     return None
+
+
+def video_kernels(plan: Any) -> tuple[tuple[str, str], ...]:
+    """The kernels a GPU video run of ``plan`` launches (its frames' colour conversion, its chain's and the JPEG
+    encoder's; None of ``plan``'s ops known: the conversion alone): what its worker's start compiles."""
+    from .chain import kernels_needed
+
+    ops = getattr(plan, "ops", None)
+    return (("yuv", "nv12_rgb"),) + (kernels_needed(ops, encode=True) if ops is not None else ())
 
 
 #: the chain an audio worker's start runs once on silence (``Early.warm``): what most audio chains' first batch loads

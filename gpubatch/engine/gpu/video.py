@@ -272,13 +272,15 @@ def _single_frame(job: Job) -> bool:
 
 
 def _encode_frames(session: NvdecSession, jobs: list[Job], cursor: GpuFrameCursor, plan: Plan, info: Any,
-                   stats: RunStats) -> list[Record | RecordError]:
+                   stats: RunStats, mark: Callable[[str], None] | None = None) -> list[Record | RecordError]:
     """Single-frame image outputs of one video (:func:`_single_frame`), in one decode call, one pass of the
     chain (each with its own drawn parameters) and one call of the encoder. A decode error fails them
     all (raised); an encode error, the frames the encoder failed."""
     frames = [j.template.meta["frames"][0] for j in jobs]
     params = [j.settle(plan, info.height, info.width)[0] for j in jobs]
     pixels = cursor.frames(frames)  # (a RecordError of the decode stage goes up: the video's outputs end)
+    if mark is not None:
+        mark("first frames decoded")
     try:
         done = _chain(session, plan, pixels, params, each=True)
         codec = plan.out_codec(jobs[0].template.codec)
@@ -300,36 +302,48 @@ def _encode_frames(session: NvdecSession, jobs: list[Job], cursor: GpuFrameCurso
 
 
 def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunStats,
-                  fallback: Callable[[Record], list]) -> list[Record | RecordError]:
+                  fallback: Callable[[Record], list], mark: Callable[[str], None] | None = None) -> list[Record | RecordError]:
     """Everything one video record becomes, decoded by this thread's NVDEC session (the CPU path,
-    counted, where NVDEC cannot decode it)."""
+    counted, where NVDEC cannot decode it); ``mark`` told its steps (the worker's first video opened, its first
+    frames decoded and encoded)."""
     outs = outputs_of(record, plan, stats)
     jobs = [j for j in outs if isinstance(j, Job)]
     if not jobs:
         return outs
     info = info_of(record, plan)
+    if mark is not None:
+        mark("first video probed")
     why = cpu_reason(info, session.gpu, session.loop)
+    if mark is not None:
+        mark("first video's decoder asked")
     if not why and not session.open(record.data, info):  # a codec this path does not take, or NVDEC refused it
         why = session.why or "NVDEC refused it"
     if why:
         stats.add(fallbacks=1)
         stats.warn(f"decoded on the CPU: {record.key} ({why})")  # (the summary names the first 10)
         return fallback(record)
+    if mark is not None:
+        mark("first video opened")
     cursor = GpuFrameCursor(session, [list(j.template.meta.get("frames") or ()) for j in jobs], record.key,
                             record.origin)
     result: list[Record | RecordError] = []
     batch: list[Job] = []  # single-frame outputs waiting to go through the chain and the encoder together
+
+    def frames_out() -> None:
+        result.extend(_encode_frames(session, batch, cursor, plan, info, stats, mark))
+        batch.clear()
+        if mark is not None:
+            mark("first frames decoded and encoded")
+
     try:
         for item in outs:
             if isinstance(item, Job) and _single_frame(item):
                 batch.append(item)
                 if len(batch) >= session.chunk:
-                    result.extend(_encode_frames(session, batch, cursor, plan, info, stats))
-                    batch = []
+                    frames_out()
                 continue
             if batch:
-                result.extend(_encode_frames(session, batch, cursor, plan, info, stats))
-                batch = []
+                frames_out()
             if not isinstance(item, Job):
                 result.append(item)
                 continue
@@ -340,7 +354,7 @@ def expand_device(session: NvdecSession, record: Record, plan: Plan, stats: RunS
                     raise
                 result.append(e)
         if batch:
-            result.extend(_encode_frames(session, batch, cursor, plan, info, stats))
+            frames_out()
     except RecordError as e:  # the stream cannot be decoded on: the video's outputs end here
         if e.stage is not Stage.DECODE:
             raise
@@ -484,6 +498,7 @@ class VideoDeviceUnit:
         self.sessions: list[NvdecSession] = []
         self.lock = threading.Lock()
         self.pool: Any = None
+        self.marks: Any = None  # (when this worker's steps came: the summary's "wall (worker): NAME"; _run makes it)
 
     @classmethod
     def make(cls, ctx: Any, slot: int) -> VideoDeviceUnit:
@@ -495,7 +510,14 @@ class VideoDeviceUnit:
             s = self.local.s = NvdecSession(self.device.index, self.chunk, self.ctx.settings.video_loop)
             with self.lock:
                 self.sessions.append(s)
+                if self.marks is not None:
+                    self.marks.once("first NVDEC session made")
         return s
+
+    def _mark(self, name: str) -> None:
+        if self.marks is not None:
+            with self.lock:
+                self.marks.once(name)
 
     def _start(self, reader: Any, entries: list[Any], stats: RunStats) -> None:
         from concurrent.futures import ThreadPoolExecutor
@@ -524,17 +546,28 @@ class VideoDeviceUnit:
         least for video) kept two of the eight sessions at work while it drained, one shard at a time."""
         import itertools
 
+        from ..execute.boot import TIMES as BOOT_TIMES
         from ..execute.worker import merge_part, stats_part, write_across
         from ..executor import expand_host
+        from . import start
+        from .marks import Marks
 
         plan = self.plan
         tasks = iter(tasks)  # (a queue's, where workers take tasks as they free up: taken as the window reaches them)
         first = next(tasks, None)
         if first is None:
             return
+        if self.marks is None:
+            self.marks = Marks(self.ctx.started)
+            for name, when in BOOT_TIMES.items():  # (the boot's steps: its run came, unpickled)
+                self.marks.at(name, when)
+            self.marks.mark("unit start", start.booted(self.device.index)[0])
+            for name, when in start.step_walls(self.device.index).items():  # (the GPU's start, step by step)
+                self.marks.at(f"gpu start: {name}", when)
         started = RunStats()  # (the plan of --gpu-memory, which goes with the first shard)
         if self.pool is None:
             self._start(reader, list(first.entries), started)
+            self._mark("sessions' threads started")
 
         def shard(task: Any) -> Any:
             w = writing(task)
@@ -546,17 +579,24 @@ class VideoDeviceUnit:
             out = []
             for entry in entries:
                 record = read_counted(reader, entry, stats)
+                self._mark("first record read")
                 if isinstance(record, RecordError):
                     out.append(([record], None))
                 elif record.media is not Media.VIDEO:
                     out.append((expand_host(record, plan, stats), None))
                 else:
                     out.append((expand_device(self.session(), record, plan, stats,
-                                              lambda r: expand_host(r, plan, stats)), None))
+                                              lambda r: expand_host(r, plan, stats), self._mark), None))
+                    self._mark("first video's outputs made")
             return out
 
+        def steps() -> dict | None:  # (a commit's: the worker's steps since the one before)
+            with self.lock:
+                taken = self.marks.take()
+            return {"marks": taken} if taken else None
+
         write_across(itertools.chain([first], tasks), shard, done,
-                     lambda entries, w: self.pool.submit(work, entries, w.stats), self.decoders * 2)
+                     lambda entries, w: self.pool.submit(work, entries, w.stats), self.decoders * 2, extra=steps)
 
     def close(self) -> None:
         if self.pool is not None:
