@@ -329,6 +329,31 @@ def test_rotated_video_is_turned_upright(tmp_path):
     assert np.abs(img - upright).mean() < 8 < np.abs(img - np.rot90(frame(4, 64, 96), 1)).mean()
 
 
+@pytest.mark.parametrize("faststart", [False, True])
+def test_a_tracks_rotation_read_from_its_boxes_is_the_one_its_decoded_frames_carry(tmp_path, faststart):
+    """An MP4's rotation is read from its video track's matrix (no frame decoded), as FFmpeg gives it on the
+    frames it decodes; where the boxes do not say (no moov, a movie matrix that turns), None: a frame is decoded."""
+    import struct
+
+    from gpubatch.engine.codecs import video_probe as vp
+
+    plain = make_clip(tmp_path / "v.mp4", 12, 96, 64, faststart=faststart).read_bytes()
+    for clockwise in (0, 90, 180, 270):
+        data = _rotate_track(plain, clockwise) if clockwise else plain
+        with vp.open_container(data) as c:
+            s = c.streams.video[0]
+            decoded = vp._first_frame_rotation(c, s, 0)
+        assert vp._track_rotation(data) == decoded == (360 - clockwise) % 360
+        info = vp.probe(data)
+        assert info.rotation == decoded and (info.width, info.height) == ((64, 96) if clockwise % 180 else (96, 64))
+    assert vp._track_rotation(b"\x00\x00\x00\x08free") is None and vp._track_rotation(plain[:40]) is None
+    turned = bytearray(plain)
+    i = turned.find(b"mvhd")
+    at = i + 4 + 4 + (16 if turned[i + 4] == 0 else 28) + 16
+    struct.pack_into(">9I", turned, at, 0, 0x00010000, 0, 0xFFFF0000, 0, 0, 0, 0, 0x40000000)
+    assert vp._track_rotation(bytes(turned)) is None  # (FFmpeg multiplies the movie's matrix in: a frame decides)
+
+
 def test_ten_bit_hevc_becomes_8_bit_rgb(tmp_path):
     from gpubatch.engine.codecs.video import FrameCursor
     from gpubatch.engine.codecs.video_probe import probe
