@@ -147,7 +147,8 @@ def guessed(args: list[str]) -> tuple[str, int, int] | None:
     would start none or the arguments do not say: not ``convert`` or ``augment``, ``convert`` with neither a pixel,
     an audio nor a video option, audio and video options together, audio or video options under ``--gpu-memory``
     (their plans measure the context as they make it), ``--device cpu``, ``--gpus``, Ray, a part, help. An audio or
-    video run's processes a GPU are ``--gpu-procs``, else its strategy's on this host (``Strategy.per_gpu_here``). A
+    video run's processes a GPU are ``--gpu-procs``, else its strategy's on this host (``Strategy.per_gpu_here``); a
+    video run of more than one (whose workers share one queue, which :meth:`Sniffed.fits` refuses) gets none. A
     wrong guess costs only the processes it starts, which the run ends where they do not fit."""
     names = {a.split("=", 1)[0] for a in args if a.startswith("-")}
     command = next((a for a in args if not a.startswith("-")), None)
@@ -172,6 +173,8 @@ def guessed(args: list[str]) -> tuple[str, int, int] | None:
 
         procs = TABLE[(kind, "gpu")].per_gpu_here()
     procs = procs or 1
+    if kind == "video" and procs > 1:  # (its workers share one queue of tasks: a run takes one sniffed worker only)
+        return None
     return (kind, gpu, procs) if gpu >= 0 and procs >= 1 else None
 
 
