@@ -103,44 +103,35 @@ def test_workers_started_at_the_commands_start_are_taken_by_its_run_and_the_byte
     assert digest(tmp_path / "sniffed") == digest(tmp_path / "plain")
 
 
+#: (sample_data's folder, the files taken, the options) of an audio and a video run, and their processes a GPU
+_MEDIA_RUNS = {
+    "audio": ("audio", None, ["--sample-rate", "16000", "--mono", "--duration", "1", "--features", "log-mel(n_mels=40)"],
+              AUDIO_PROCS),
+    "video": ("video", "clip_0_h264.mp4", ["--frames", "every:24", "--resize-shorter", "32"], 1),
+}
+
+
 @pytest.mark.no_gpu
-def test_an_audio_commands_workers_started_at_its_start_end_when_it_runs_on_the_cpu(tmp_path):
+@pytest.mark.parametrize("media", sorted(_MEDIA_RUNS))
+def test_an_audio_or_video_commands_workers_started_at_its_start_end_when_it_runs_on_the_cpu(tmp_path, media):
     """Told it has a GPU node, an audio ``convert`` starts a GPU audio run's workers at once (their boot forks their
-    decoding processes); ``--device auto`` finds no usable GPU here and runs on the CPU, which takes none of them:
-    they end, and the bytes are those of a run where nothing was started ahead."""
+    decoding processes), a video one its one worker; ``--device auto`` finds no usable GPU here and runs on the CPU,
+    which takes none of them: they end, and the bytes are those of a run where nothing was started ahead. (On the
+    GPU a video run takes its worker: tests/video/test_video_gpu.py.)"""
     import shutil
 
-    from tests.helpers import ROOT as root
-
-    src = tmp_path / "audio"
-    shutil.copytree(root / "sample_data" / "audio", src)
-    chain = ["--to", "webdataset", "--sample-rate", "16000", "--mono", "--duration", "1", "--features",
-             "log-mel(n_mels=40)", "--quiet"]
+    folder, only, options, procs = _MEDIA_RUNS[media]
+    if media == "video":
+        pytest.importorskip("av")
+    src = tmp_path / folder
+    if only is None:
+        shutil.copytree(ROOT / "sample_data" / folder, src)
+    else:
+        src.mkdir()
+        shutil.copy(ROOT / "sample_data" / folder / only, src)
+    chain = ["--to", "webdataset", *options, "--quiet"]
     seen = _cli(["convert", str(src), str(tmp_path / "sniffed"), *chain], node=True)
-    assert len(seen["sniffed"]) == AUDIO_PROCS and seen["taken"] == []
-    plain = _cli(["convert", str(src), str(tmp_path / "plain"), *chain, "--device", "cpu"], node=False)
-    assert plain["sniffed"] == []
-    assert list((tmp_path / "sniffed").glob("*.tar")) and digest(tmp_path / "sniffed") == digest(tmp_path / "plain")
-    deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in seen["sniffed"]):
-        assert time.monotonic() < deadline, "a worker started at the command's start outlived it"
-        time.sleep(0.05)
-
-
-@pytest.mark.no_gpu
-def test_a_video_commands_worker_started_at_its_start_ends_when_it_runs_on_the_cpu(tmp_path):
-    """Told it has a GPU node, a video ``convert`` starts a GPU video run's worker at once; ``--device auto`` finds
-    no usable GPU here and runs on the CPU, which does not take it: it ends, and the bytes are those of a run where
-    nothing was started ahead. (On the GPU the run takes it: tests/engine/test_shards_gpu.py.)"""
-    import shutil
-
-    pytest.importorskip("av")
-    src = tmp_path / "video"
-    src.mkdir()
-    shutil.copy(ROOT / "sample_data" / "video" / "clip_0_h264.mp4", src)
-    chain = ["--to", "webdataset", "--frames", "every:24", "--resize-shorter", "32", "--quiet"]
-    seen = _cli(["convert", str(src), str(tmp_path / "sniffed"), *chain], node=True)
-    assert len(seen["sniffed"]) == 1 and seen["taken"] == []
+    assert len(seen["sniffed"]) == procs and seen["taken"] == []
     plain = _cli(["convert", str(src), str(tmp_path / "plain"), *chain, "--device", "cpu"], node=False)
     assert plain["sniffed"] == []
     assert list((tmp_path / "sniffed").glob("*.tar")) and digest(tmp_path / "sniffed") == digest(tmp_path / "plain")
