@@ -266,14 +266,15 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             last = float(np.median(gaps)) if len(gaps) else (1.0 / rate if rate else 0.0)
         duration = float(times[-1] + last)
         vfr = bool(len(gaps) > 1 and (gaps.max() - gaps.min()) > 0.01 * max(float(np.median(gaps)), 1e-9))
+        sniffed = sniff_container(data)
         rotation = _rotation(s)
         if not rotation:  # (MP4/MOV: the track's matrix read from the file's boxes, else a frame decoded)
-            from_track = _track_rotation(data) if sniff_container(data) in ("mp4", "mov") else None
+            from_track = _track_rotation(data) if sniffed in ("mp4", "mov") else None
             rotation = from_track if from_track is not None else _first_frame_rotation(c, s, int(spts[0]))
         w, h = (coded_h, coded_w) if rotation in (90, 270) else (coded_w, coded_h)
         container = next((ext for name, ext in _CONTAINERS if name in (c.format.name or "").split(",")),
-                         sniff_container(data) or (c.format.name or "video").split(",")[0])
-        if container == "mov" and sniff_container(data) == "mp4":
+                         sniffed or (c.format.name or "video").split(",")[0])
+        if container == "mov" and sniffed == "mp4":
             container = "mp4"
         pix_fmt = str(cc.pix_fmt or "")
         return VideoInfo(

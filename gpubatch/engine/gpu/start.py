@@ -101,11 +101,10 @@ def early(kind: str, ctx: Any) -> Early | None:
 
 def video_kernels(plan: Any) -> tuple[tuple[str, str], ...]:
     """The kernels a GPU video run of ``plan`` launches (its frames' colour conversion, its chain's and the JPEG
-    encoder's; None of ``plan``'s ops known: the conversion alone): what its worker's start compiles."""
+    encoder's): what its worker's start compiles."""
     from .chain import kernels_needed
 
-    ops = getattr(plan, "ops", None)
-    return (("yuv", "nv12_rgb"),) + (kernels_needed(ops, encode=True) if ops is not None else ())
+    return (("yuv", "nv12_rgb"), *kernels_needed(plan.ops, encode=True))
 
 
 #: the chain an audio worker's start runs once on silence (``Early.warm``): what most audio chains' first batch loads

@@ -510,8 +510,7 @@ class VideoDeviceUnit:
             s = self.local.s = NvdecSession(self.device.index, self.chunk, self.ctx.settings.video_loop)
             with self.lock:
                 self.sessions.append(s)
-                if self.marks is not None:
-                    self.marks.once("first NVDEC session made")
+            self._mark("first NVDEC session made")
         return s
 
     def _mark(self, name: str) -> None:
