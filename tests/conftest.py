@@ -1,5 +1,6 @@
 """Shared fixtures; tests marked ``gpu`` are skipped (with the reason) where no usable GPU is present, and those
-marked ``no_gpu`` (of ``--device auto``'s run on the CPU) where one is."""
+marked ``no_gpu`` (of ``--device auto``'s run on the CPU) where one is; the others run on the CPU either way
+(:func:`_the_cpu_suite_on_the_cpu`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if ("gpu" if problem else "no_gpu") in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _the_cpu_suite_on_the_cpu(request, monkeypatch):
+    """Tests not marked ``gpu`` are of the CPU path (CI has no GPU). Where a GPU is usable, ``--device auto`` still
+    runs them on the CPU: in this process (the device probe answers as it would with no device) and in the
+    processes a test starts (no CUDA device visible to them). The GPU's runs are the ``gpu`` tests'."""
+    if "gpu" in request.keywords:
+        return
+    from gpubatch.engine import device
+
+    if device.gpu_problem(0)[0] is not None:
+        return
+    monkeypatch.setattr(device, "_gpu_problem", lambda index=0: (NO_DEVICE, ""))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+#: the device probe's answer where CUDA sees no device (``CUDA_VISIBLE_DEVICES=""``)
+NO_DEVICE = "no CUDA device found"
 
 
 @pytest.fixture(autouse=True)

@@ -36,6 +36,14 @@ def content(path: Path, fmt: str | None = None) -> Counter:
     return out
 
 
+def child_env(*first: str | Path, **more: str) -> dict[str, str]:
+    """``os.environ`` for a child Python process that imports this checkout: ``PYTHONPATH`` is ``first`` (hooks a
+    test puts ahead), the checkout, then this process's own ``PYTHONPATH`` (packages found that way, as on the GPU
+    machine, where they are not installed); ``more`` added."""
+    path = [*map(str, first), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), **more}
+
+
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m gpubatch ARGS`` in a subprocess, capturing output."""
     return subprocess.run([sys.executable, "-m", "gpubatch", *map(str, args)], capture_output=True, text=True,

@@ -4,14 +4,13 @@ own, from a folder holding the sample data (a snippet that needs a GPU runs on t
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, child_env
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # libraries a snippet may show that gpubatch does not depend on: its test skips where they are not installed
@@ -44,8 +43,7 @@ def test_every_python_snippet_of_the_docs_runs(tmp_path, doc, k, code):
     script = tmp_path / "snippet.py"
     script.write_text(code)
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                           [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])})
+                       env=child_env())
     assert p.returncode == 0, f"{doc} snippet {k}:\n{code}\n{p.stderr[-3000:]}"
 
 

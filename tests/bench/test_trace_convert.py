@@ -3,7 +3,6 @@ interpreter, only where asked), and the summary of the trace kept in benchmarks/
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +12,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import trace_convert  # noqa: E402
 
+from tests.helpers import child_env  # noqa: E402
+
 PROBE = ("import gpubatch.engine.gpu.images as m, gpubatch.engine.execute.worker as w; "
          "print(m.GpuImageUnit.run.__name__, m.released is w.released)")
 
 
 def _probe(tmp_path: Path, trace: str | None) -> str:
     (tmp_path / "sitecustomize.py").write_text(trace_convert.SITECUSTOMIZE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    env = child_env(tmp_path)
     env.pop("GPUBATCH_TRACE", None)
     if trace:
         env["GPUBATCH_TRACE"] = trace

@@ -7,13 +7,14 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import tarfile
 
 import pytest
 
 from gpubatch.api import convert, info, open_dataset
 from gpubatch.errors import ExitCode, UsageError
-from tests.helpers import ROOT, jpeg_bytes, photo, run_cli
+from tests.helpers import ROOT, child_env, jpeg_bytes, photo, run_cli
 
 
 def test_bracketed_text_is_printed_as_it_is(imagenet, tmp_path):
@@ -231,7 +232,7 @@ def test_the_readme_examples_run_as_a_plain_script_without_a_main_guard(imagenet
     script = tmp_path / "train.py"
     script.write_text(UNGUARDED)
     p = subprocess.run([sys.executable, str(script), str(imagenet), str(tmp_path / "out")], capture_output=True,
-                       text=True, cwd=tmp_path, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       text=True, cwd=tmp_path, timeout=300, env=child_env())
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr and "another gpubatch run" not in p.stderr, p.stderr
     assert p.stdout.splitlines() == ["batch (4, 3, 64, 64) float16 4"] * 2 + ["converted 8"]  # once, not per worker
@@ -362,8 +363,16 @@ def test_make_demo_installs_the_gpu_extra_where_nvidia_smi_shows_a_gpu(tmp_path)
         p = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), ".venv/.installed-stamp"], capture_output=True,
                            text=True, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
         assert f"-e '.[dev,ray,s3,http,{extra}]'" in p.stdout, p.stdout
-    p = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), ".venv/.installed-stamp"], capture_output=True, text=True,
-                       env={**os.environ, "PATH": f"{tmp_path / 'none'}:/usr/bin:/bin"})
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")  # (no GPU, or
+    p = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), ".venv/.installed-stamp"], capture_output=True,  # none
+                       text=True, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})  # its driver broke)
+    assert "-e '.[dev,ray,s3,http]'" in p.stdout, p.stdout
+    bare = tmp_path / "bare"  # (no nvidia-smi at all: the tools the Makefile's shell calls use, and no more)
+    bare.mkdir()
+    for tool in ("sh", "sed", "head"):
+        (bare / tool).symlink_to(shutil.which(tool))
+    p = subprocess.run([shutil.which("make"), "-n", "-B", "-C", str(ROOT), ".venv/.installed-stamp"],
+                       capture_output=True, text=True, env={**os.environ, "PATH": str(bare)})
     assert "-e '.[dev,ray,s3,http]'" in p.stdout, p.stdout
 
 

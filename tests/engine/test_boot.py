@@ -382,7 +382,7 @@ def test_workers_started_ahead_of_a_run_that_proves_to_be_the_cpus_end_and_it_wr
     assert all_ended([p for s in made for p in s.procs])
 
 
-def test_nothing_is_started_ahead_where_the_machine_has_no_gpu_node_or_no_cupy(tmp_path, monkeypatch):
+def test_nothing_is_started_ahead_where_the_machine_has_no_gpu_node_no_cupy_or_hides_its_devices(tmp_path, monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
@@ -390,7 +390,12 @@ def test_nothing_is_started_ahead_where_the_machine_has_no_gpu_node_or_no_cupy(t
     node.touch()
     monkeypatch.setattr(early_start, "NODE", str(node))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "cupy" else real(name, *a))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert early_start.gpu_node()
+    for hidden, node_seen in (("", False), ("-1", False), (" -1,0", False), ("1", True), ("GPU-5e2c", True)):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)  # (every device hidden: nothing started)
+        assert early_start.gpu_node() is node_seen, hidden
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cupy" else real(name, *a))
     assert not early_start.gpu_node()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "cupy" else real(name, *a))

@@ -15,6 +15,7 @@ from gpubatch.engine.ops import Flip, Normalize, RandomResizedCrop
 from gpubatch.engine.plan import Plan
 from gpubatch.engine.windows import fold_windows
 from gpubatch.errors import RecordError
+from tests.helpers import child_env
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_data" / "imagenet"
 
@@ -513,7 +514,6 @@ def test_a_full_dev_shm_sends_the_cpu_path_s_arrays_through_pipes_with_the_same_
 
     from gpubatch.pipelines import image_cpu
     from gpubatch.pipelines.image import ImagePipeline
-    from tests.helpers import ROOT
 
     files = [f for f in _files() if f.suffix.lower() != ".png"][:10]
     keys = [f.stem for f in files]
@@ -553,7 +553,7 @@ def test_a_full_dev_shm_sends_the_cpu_path_s_arrays_through_pipes_with_the_same_
         "        out = [a for b in pipe.iterate_files(files, [f.stem for f in files], batch_size=4, workers=1) for a in b]\n"
         "    np.save(sys.argv[1], np.stack(out))\n"
         "    print([str(x.message) for x in w if issubclass(x.category, RuntimeWarning)])\n")
-    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}
+    env = child_env(hook)
     p = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out.npy"), *map(str, files)], env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr

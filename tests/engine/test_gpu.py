@@ -17,7 +17,7 @@ from gpubatch.engine.ops.normalize import normalize_cpu
 from gpubatch.engine.plan import Plan
 from gpubatch.engine.settings import Settings
 from tests.conftest import SAMPLE
-from tests.helpers import jpeg_bytes, photo
+from tests.helpers import child_env, jpeg_bytes, photo
 
 pytestmark = pytest.mark.gpu
 
@@ -1123,12 +1123,11 @@ def test_batches_that_outlive_their_decoder_free_safely():
     do batches collected in a reference cycle with the stream they were decoded for (whose CUDA stream
     and events the collector may destroy first), before and after their decoder closes; a new decoder
     then works: the process neither crashes nor hangs (a subprocess of its own)."""
-    import os
     import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    env = child_env()
     p = subprocess.run([sys.executable, "-c", _OUTLIVE], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "survived" in p.stdout, p.stderr[-2000:]
 
@@ -1431,7 +1430,6 @@ def test_a_run_on_the_second_gpu_leaves_the_first_alone(imagenet, tmp_path):
     context on GPU 0, in the process or in the convert's worker: every CUDA call gpubatch makes, in
     whichever thread, is made on the run's device (a context there takes about 500 MiB of another
     run's GPU). Needs two GPUs."""
-    import os
     import subprocess
     from pathlib import Path
 
@@ -1440,7 +1438,7 @@ def test_a_run_on_the_second_gpu_leaves_the_first_alone(imagenet, tmp_path):
     if cp.cuda.runtime.getDeviceCount() < 2:
         pytest.skip("needs two GPUs")
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    env = child_env()
     p = subprocess.run([sys.executable, "-c", _OTHER_GPU, str(imagenet), str(tmp_path / "out")], cwd=root, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]

@@ -5,7 +5,6 @@ smallest workable size it refuses before reading, naming the parts. Needs a GPU 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +14,10 @@ import numpy as np
 import pytest
 
 from gpubatch.bench.measure import shard_digest
+from tests.helpers import child_env
 
 pytestmark = pytest.mark.gpu
 
-ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 CAPS = {"1GiB": 1024, "768MiB": 768, "576MiB": 576}  # (the least an H200 run took: 354 MiB + 168 of first-batch state)
 
@@ -27,8 +26,7 @@ def _env() -> dict:
     # the hardware decode route, as a capped run takes by default: images go to the decoders by kind, so
     # the bytes do not depend on the batch size (on the split route a share of each batch goes to the
     # CUDA decoder, whose IDCT rounds otherwise, and the cap's smaller batches move images between them)
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            "GPUBATCH_DECODE_ROUTE": "hardware"}
+    return child_env(GPUBATCH_DECODE_ROUTE="hardware")
 
 
 @pytest.fixture(scope="module")

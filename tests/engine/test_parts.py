@@ -3,7 +3,6 @@ whole by ``gpubatch finish``: the same bytes as one run; refusals that name what
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,14 +12,14 @@ import pytest
 from gpubatch.api import augment, convert, finish
 from gpubatch.errors import GpubatchError, UsageError
 from tests.engine.test_shards import FORMATS, digest, manifest
-from tests.helpers import ROOT
+from tests.helpers import child_env
 
 
 def _part(src: Path, dst: Path, to: str, parts: int, part: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "gpubatch", "convert", str(src), str(dst), "--to", to,
                              "--shard-size", "3" if to == "coco" else "7", "--resize-shorter", "48", "--quality", "80",
                              "--num-parts", str(parts), "--part", str(part), "--workers", "1", "-q"],
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            env=child_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 

@@ -6,6 +6,8 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
+from tests.helpers import child_env
+
 
 def _slow_to_die(seconds: float) -> None:
     """Sleep until ended; then take ``seconds`` to die (as a GPU worker's teardown does)."""
@@ -128,11 +130,8 @@ def test_a_child_s_death_is_named_by_its_signal_with_its_likely_cause():
 def test_a_worker_killed_by_a_signal_fails_the_run_with_the_signal_named(imagenet, tmp_path):
     """A worker that dies of a signal (here SIGBUS, as a write into a full disk's LMDB map ends one) fails the
     run in one line that names the signal and what it most often means; the destination is not made."""
-    import os
     import subprocess
     import sys
-
-    from tests.helpers import ROOT
 
     hook = tmp_path / "hook"  # (every process of the run imports it at its start, the spawned workers too)
     hook.mkdir()
@@ -145,7 +144,7 @@ def test_a_worker_killed_by_a_signal_fails_the_run_with_the_signal_named(imagene
         "        os.kill(os.getpid(), signal.SIGBUS)\n"
         "    return real(self, records)\n"
         "webdataset.WebDatasetSink.write_many = write_many\n")
-    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}
+    env = child_env(hook)
     script = "import sys\nfrom gpubatch.cli import main\nmain(sys.argv[1:])\n"
     p = subprocess.run([sys.executable, "-c", script, "convert", str(imagenet), str(tmp_path / "out"), "--to",
                         "webdataset", "--shard-size", "5", "--workers", "2"], env=env, capture_output=True,
@@ -157,11 +156,8 @@ def test_a_worker_killed_by_a_signal_fails_the_run_with_the_signal_named(imagene
 
 
 def test_a_worker_out_of_memory_fails_the_run_in_one_line(imagenet, tmp_path):
-    import os
     import subprocess
     import sys
-
-    from tests.helpers import ROOT
 
     hook = tmp_path / "hook"
     hook.mkdir()
@@ -173,7 +169,7 @@ def test_a_worker_out_of_memory_fails_the_run_in_one_line(imagenet, tmp_path):
         "        raise MemoryError()\n"
         "    return real(self, records)\n"
         "webdataset.WebDatasetSink.write_many = write_many\n")
-    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}"}
+    env = child_env(hook)
     p = subprocess.run([sys.executable, "-m", "gpubatch", "convert", str(imagenet), str(tmp_path / "out"), "--to",
                         "webdataset", "--shard-size", "5", "--workers", "2"], env=env, capture_output=True, text=True,
                        timeout=120)

@@ -14,7 +14,7 @@ import pytest
 from gpubatch.api import convert
 from gpubatch.engine.execute import strategies
 from tests.engine.test_shards import digest, manifest
-from tests.helpers import ROOT, kill_group, semaphores_now
+from tests.helpers import ROOT, child_env, kill_group, semaphores_now
 
 ray = pytest.importorskip("ray", reason="the [ray] extra is not installed (make test installs it)")
 
@@ -101,12 +101,12 @@ def test_a_driver_killed_mid_run_resumes_writing_only_the_missing_shards(cluster
         (src / f"c{i % 4}" / f"{i:04d}.jpg").write_bytes(base[i % 4])
     args = ["--to", "webdataset", "--shard-size", "8", "--resize-shorter", "200", "--device", "cpu"]
     subprocess.run([sys.executable, "-m", "gpubatch", "convert", str(src), str(tmp_path / "local"), *args, "-q"],
-                   env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, timeout=300)
+                   env=child_env(), check=True, timeout=300)
     dst = tmp_path / "ray"
     sems = semaphores_now()
     driver = subprocess.Popen([sys.executable, "-m", "gpubatch", "convert", str(src), str(dst), *args, "-q",
                                "--executor", "ray", "--ray-address", cluster],
-                              env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, stdout=subprocess.DEVNULL,
+                              env=child_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     journal = tmp_path / ".ray.gpubatch-partial" / ".gpubatch" / "journal"
     t_end = time.time() + 120

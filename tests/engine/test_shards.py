@@ -17,7 +17,7 @@ import pytest
 
 from gpubatch.api import augment, convert
 from gpubatch.errors import GpubatchError, UsageError
-from tests.helpers import ROOT, kill_group, semaphores_now
+from tests.helpers import child_env, kill_group, semaphores_now
 
 FORMATS = ["webdataset", "tfrecord", "recordio", "folder", "coco", "lmdb"]
 
@@ -122,7 +122,7 @@ def kills(command, src: Path, tmp_path: Path, env: dict, n: int, seed: int,
 
 
 def test_a_run_killed_at_20_moments_resumes_to_the_same_bytes_writing_only_what_is_missing(photos, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     resumed_some = 0
     for k, s, done, total, kept in kills(_command, photos, tmp_path, env, 20, 51):
         if done is not None:  # the shards the killed run committed were not written again
@@ -135,7 +135,7 @@ def test_a_run_killed_at_20_moments_resumes_to_the_same_bytes_writing_only_what_
 def test_an_lmdb_run_killed_at_8_moments_resumes_to_the_same_database(photos, tmp_path):
     """LMDB's workers put their shards into the database in turn: a kill between a shard's transaction and
     its note, or while shards wait in their spools, resumes to the same file."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
 
     def command(src: Path, dst: Path, *more: str) -> list[str]:
         return [*_command(src, dst, *more)[:6], "--to", "lmdb", *_command(src, dst, *more)[8:]]
@@ -345,7 +345,7 @@ def test_a_worker_that_fails_with_many_tasks_left_ends_the_run_with_its_error(tm
         os.link(one, src / f"{i:04d}.jpg")
     p = subprocess.run([sys.executable, "-m", "gpubatch", "convert", str(tmp_path / "src"), str(tmp_path / "out"),
                         "--to", "lmdb", "--shard-size", "2", "--workers", "2", "--on-error", "fail"],
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+                       env=child_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "0000.jpg" in p.stderr and not (tmp_path / "out").exists()
 
 def test_resume_with_other_options_is_refused_naming_the_difference(imagenet, tmp_path, monkeypatch):
@@ -531,7 +531,7 @@ convert(sys.argv[1], sys.argv[2], to="lmdb", shard_size=5, resize_shorter=40, wo
 def test_a_run_killed_while_removing_its_journal_resumes_to_the_same_database(imagenet, tmp_path):
     """The journal goes as one step once the dataset is finalized: a kill while its files are deleted leaves no
     journal of some shards (whose resume would write them again into a new, incomplete database)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     convert(imagenet, tmp_path / "whole", to="lmdb", shard_size=5, resize_shorter=40, workers=2)
     p = subprocess.run([sys.executable, "-c", KILLED_IN_THE_JOURNALS_REMOVAL, str(imagenet), str(tmp_path / "out")],
                        env=env, capture_output=True, text=True, timeout=300)

@@ -3,7 +3,6 @@ with kill -9 resumed to the same bytes, only the missing shards written (marked 
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 
 from gpubatch.api import convert
 from tests.engine.test_shards import digest, kills
-from tests.helpers import ROOT
+from tests.helpers import child_env
 
 pytestmark = pytest.mark.gpu
 
@@ -66,7 +65,7 @@ def _command(src: Path, dst: Path, *more: str) -> list[str]:
 
 
 def test_a_gpu_run_killed_at_random_moments_resumes_to_the_same_bytes(photos, tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = child_env()
     for _, _, done, _, kept in kills(_command, photos, tmp_path, env, 6, 52, span=(0.3, 1.0)):
         if done is not None:
             assert kept == done

@@ -16,7 +16,7 @@ from gpubatch import _commit
 from gpubatch.api import convert
 from gpubatch.errors import GpubatchError, UsageError
 from tests.engine.test_shards import FORMATS, digest
-from tests.helpers import ROOT
+from tests.helpers import ROOT, child_env
 
 
 @pytest.fixture(autouse=True)
@@ -84,7 +84,7 @@ def test_worker_processes_sync_as_the_command_says(imagenet, tmp_path, mode):
     site.mkdir()
     (site / "sitecustomize.py").write_text(SPY)
     log = tmp_path / "log"
-    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "SYNC_SPY_LOG": str(log)}
+    env = child_env(site, SYNC_SPY_LOG=str(log))
     p = subprocess.run([sys.executable, "-m", "gpubatch", "convert", str(imagenet), str(tmp_path / "out"), "--to",
                         "webdataset", "--shard-size", "4", "--workers", "2", "--sync", mode, "-q"],
                        env=env, capture_output=True, text=True, timeout=300)

@@ -22,7 +22,7 @@ from PIL import Image
 from gpubatch import _paths
 from gpubatch.api import convert, info, open_dataset
 from gpubatch.errors import ExitCode, GpubatchError, UsageError
-from tests.helpers import ROOT, jpeg_bytes, photo, run_cli, tree_digest
+from tests.helpers import ROOT, child_env, jpeg_bytes, photo, run_cli, tree_digest
 
 
 def one_line(proc) -> str:
@@ -359,7 +359,7 @@ def test_the_current_folder_as_output_is_refused(imagenet, tmp_path):
     here = tmp_path / "here"
     here.mkdir()
     (here / "keep.txt").write_text("mine")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     p = subprocess.run([sys.executable, "-m", "gpubatch", "convert", str(imagenet), ".", "--to", "webdataset",
                         "--overwrite"], cwd=here, capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == ExitCode.USAGE and "current folder" in one_line(p)
@@ -372,7 +372,7 @@ def test_sigterm_winds_the_run_down_as_ctrl_c(imagenet, tmp_path):
               "def slow(self, r, parts=None):\n    time.sleep(0.2)\n    return real(self, r, parts)\n"
               "webdataset.WebDatasetSink._sample = slow\n"
               "from gpubatch.cli import main\nmain(sys.argv[1:])\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     proc = subprocess.Popen([sys.executable, "-c", script, "convert", str(imagenet), str(tmp_path / "out"),
                              "--to", "webdataset", "-q", "--workers", "1"], env=env, stderr=subprocess.PIPE, text=True)
     import time
@@ -646,7 +646,7 @@ def test_a_full_disk_is_the_one_line_write_error_with_no_staging_left(imagenet, 
     script = ("import resource, signal, sys\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
               "resource.setrlimit(resource.RLIMIT_FSIZE, (200000, 200000))\n"
               "from gpubatch.cli import main\nmain(sys.argv[1:])\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     p = subprocess.run([sys.executable, "-c", script, "convert", str(imagenet), str(tmp_path / "out"), "--to", to,
                         *how], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == ExitCode.ERROR, p.stderr
@@ -877,7 +877,7 @@ def test_a_dataset_of_more_shards_than_open_files_is_read_whole(imagenet, tmp_pa
     def low() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (96, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     p = subprocess.run([sys.executable, "-m", "gpubatch", "info", str(many), "--json"], env=env, capture_output=True,
                        text=True, timeout=300, preexec_fn=low)
     got = json.loads(p.stdout)

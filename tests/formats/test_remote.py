@@ -22,7 +22,7 @@ import pytest
 
 from gpubatch import convert, info, open_dataset
 from gpubatch.errors import DependencyError, UsageError
-from tests.helpers import ROOT, content, kill_group, run_cli, semaphores_now
+from tests.helpers import ROOT, child_env, content, kill_group, run_cli, semaphores_now
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -304,7 +304,7 @@ def test_s3_to_s3_killed_at_4_moments_resumes_to_the_same_objects(s3, s3_env, tm
         (src / f"c{i % 4}").mkdir(parents=True, exist_ok=True)
         (src / f"c{i % 4}" / f"{i:04d}.jpg").write_bytes(base[i % 8])
     upload(src, s3, "photos")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     t0 = time.perf_counter()
     subprocess.run(_command(f"s3://{s3}/photos", f"s3://{s3}/whole"), env=env, check=True, timeout=300)
     took = time.perf_counter() - t0

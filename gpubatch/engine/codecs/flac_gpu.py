@@ -319,3 +319,12 @@ def decode_on_gpu(buf: Any, items: list[tuple[int, AudioData]], host: np.ndarray
             res.append(AudioData(x, d.rate, bits=d.bits))
         row += k
     return res
+
+
+def decode_into(out: list, buf: Any, placed: list[tuple[int, int, AudioData]], host: np.ndarray | None = None) -> list[int]:
+    """:func:`decode_on_gpu` over ``placed`` (``(index into out, byte offset into buf, item)``), each result put
+    at its index of ``out``; returns the indexes (into ``out``) of the items whose frames the GPU refused."""
+    refused: list[int] = []
+    for (i, _, _), d in zip(placed, decode_on_gpu(buf, [(b, it) for _, b, it in placed], host, refused)):
+        out[i] = d
+    return [placed[k][0] for k in refused]

@@ -97,9 +97,13 @@ def run_settings(gpu: bool) -> Any:
 
 def gpu_node() -> bool:
     """Whether this machine has an NVIDIA GPU's device node and CuPy is installed (found, not imported; no driver
-    call): what :func:`prestart` asks before it starts anything."""
+    call), and ``CUDA_VISIBLE_DEVICES`` does not hide every device (empty, or a first entry such as ``-1``, which
+    CUDA takes as the list's end): what :func:`prestart` asks before it starts anything."""
     import importlib.util
 
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and (not visible.strip() or visible.split(",")[0].strip().startswith("-")):
+        return False
     try:
         return os.path.exists(NODE) and importlib.util.find_spec("cupy") is not None
     except (ImportError, ValueError):

@@ -412,14 +412,12 @@ class SharedFeed:
             else:
                 part.set(self.view(s)[lo:hi])  # pageable: returns once the copy is taken
         event = cp.cuda.get_current_stream().record() if self.locked and any(self.locked[s] for s in spans) else None
-        from ..codecs.flac_gpu import decode_on_gpu, is_packed
+        from ..codecs.flac_gpu import decode_into, is_packed
 
         flac = [(i, 4 * (where[loc[0]] + loc[1]), item) for i, (_, item, loc) in enumerate(group)
                 if loc is not None and is_packed(item)]
         if flac:  # (decoded on the GPU from the bytes just copied up, before their slabs go back to the workers)
-            raw = dev.view(cp.uint8)
-            for (i, _, _), d in zip(flac, decode_on_gpu(raw, [(b, item) for _, b, item in flac])):
-                out[i] = d
+            decode_into(out, dev.view(cp.uint8), flac)
         for i, (_, item, loc) in enumerate(group):
             if loc is None:
                 continue
@@ -469,7 +467,7 @@ def to_device(items: Sequence[AudioData]) -> list[Any]:
     where neither the GPU nor the CPU can decode it, a :class:`~gpubatch.errors.RecordError`."""
     import cupy as cp
 
-    from ..codecs.flac_gpu import decode_on_gpu, is_packed
+    from ..codecs.flac_gpu import PAD, decode_into, is_packed
 
     packed = [i for i, it in enumerate(items) if is_packed(it)]
     if packed:
@@ -478,13 +476,10 @@ def to_device(items: Sequence[AudioData]) -> list[Any]:
         out: list[Any] = [None] * len(items)
         for i, d in zip(plain, to_device([items[i] for i in plain])):
             out[i] = d
-        from ..codecs.flac_gpu import PAD
-
         blobs = [np.ascontiguousarray(items[i].samples.data).view(np.uint8).ravel() for i in packed]
         offs = np.cumsum([0] + [b.size for b in blobs])
         host = np.concatenate([*blobs, np.zeros(PAD, np.uint8)])
-        for i, d in zip(packed, decode_on_gpu(cp.asarray(host), [(int(o), items[i]) for o, i in zip(offs, packed)], host)):
-            out[i] = d
+        decode_into(out, cp.asarray(host), [(i, int(o), items[i]) for o, i in zip(offs, packed)], host)
         return out
     flat = [np.ascontiguousarray(it.samples, np.float32).ravel() for it in items]
     if not flat:
@@ -610,27 +605,21 @@ class Staged:
         n = self.spans[-1][1] if self.spans else 0
         dev = cp.empty(n, cp.float32)
         dev.data.copy_from_host_async(self.host.ctypes.data, 4 * n)
-        packed = [(p, d) for p, d in zip(self.places, self.hosts) if p >= 0]
+        packed = [(i, p, d) for i, (p, d) in enumerate(zip(self.places, self.hosts)) if p >= 0]
         raw = None
         if packed:  # (the FLAC bytes up in one more copy, decoded on the GPU: decode_on_gpu waits for it)
             from ..codecs.flac_gpu import PAD
 
-            lo = packed[0][0]
+            lo = packed[0][1]
             raw = cp.empty(self.end - lo + PAD, cp.uint8)
             raw.data.copy_from_host_async(self.host.ctypes.data + lo, self.end - lo)
         self.event = cp.cuda.get_current_stream().record()
         out: list[Any] = [it._replace(samples=dev[a:b].reshape(shape)) if p < 0 else None
                           for it, (a, b, shape), p in zip(items, self.spans, self.places)]
         if packed:
-            from ..codecs.flac_gpu import decode_on_gpu
+            from ..codecs.flac_gpu import decode_into
 
-            lo = packed[0][0]
-            refused: list[int] = []
-            got = iter(decode_on_gpu(raw, [(p - lo, d) for p, d in packed], self.host.view(np.uint8)[lo: self.end],
-                                     refused))
-            at = [i for i, p in enumerate(self.places) if p >= 0]
-            self.refused = [at[k] for k in refused]
-            out = [next(got) if p >= 0 else o for o, p in zip(out, self.places)]
+            self.refused = decode_into(out, raw, [(i, p - lo, d) for i, p, d in packed], self.host.view(np.uint8)[lo: self.end])
         return out
 
     def release(self) -> None:
