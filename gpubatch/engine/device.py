@@ -59,17 +59,23 @@ class Device:
         return f"gpu:{self.index} ({self.name})"
 
 
+#: whether this process has initialised the CUDA driver (``cuInit``), as :func:`_driver` does
+driver_asked = False
+
+
 @functools.lru_cache(maxsize=8)
 def _driver() -> tuple[object, int] | str:
     """(the CUDA driver library, its device count) through ``libcuda`` itself, or why not: the driver is
     asked without importing CuPy (half a second a process, which the GPU workers spend anyway)."""
     import ctypes
 
+    global driver_asked
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return "no NVIDIA GPU driver here (libcuda.so.1 is not loadable)"
     count = ctypes.c_int()
+    driver_asked = True  # (from here a child this process forks cannot use CUDA: processes.fork_safe)
     err = cuda.cuInit(0)
     if err == 100:  # CUDA_ERROR_NO_DEVICE
         return "no CUDA device found"

@@ -180,12 +180,14 @@ def worker_processes(target: Any, args: tuple, count: int, daemon: bool = True,
 
 
 def fork_safe() -> bool:
-    """Whether this process may fork workers that run gpubatch's code: it has one thread and has not imported CuPy
-    (so no CUDA context), on a system with ``fork``."""
+    """Whether this process may fork workers that run gpubatch's code: it has one thread, has not imported CuPy and
+    has not initialised the CUDA driver (a forked child could not use CUDA then), on a system with ``fork``."""
     import multiprocessing as mp
     import threading
 
-    return "fork" in mp.get_all_start_methods() and threading.active_count() == 1 and "cupy" not in sys.modules
+    device = sys.modules.get(f"{__package__}.device")
+    return ("fork" in mp.get_all_start_methods() and threading.active_count() == 1 and "cupy" not in sys.modules
+            and not getattr(device, "driver_asked", False))
 
 
 def as_spawned() -> None:
@@ -304,6 +306,13 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         pass
+
+
+def devices_hidden() -> bool:
+    """Whether this process's ``CUDA_VISIBLE_DEVICES`` hides every CUDA device: empty, or a first entry such as
+    ``-1`` (CUDA reads the list up to its first invalid entry)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible is not None and (not visible.strip() or visible.split(",")[0].strip().startswith("-"))
 
 
 def visible_name(ordinal: int) -> str:

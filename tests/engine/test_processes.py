@@ -177,3 +177,17 @@ def test_a_worker_out_of_memory_fails_the_run_in_one_line(imagenet, tmp_path):
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert lines[-1].startswith("error: worker process ") and "ran out of memory" in lines[-1] and "--workers" in lines[-1]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_process_that_initialised_the_cuda_driver_forks_no_workers():
+    """``fork_safe``: a child forked after this process's ``cuInit`` (the device probe's) could not use CUDA, so such a
+    process spawns its workers; before the probe, with one thread and no CuPy, it may fork them."""
+    import subprocess
+    import sys
+
+    code = ("from gpubatch.engine import device, processes\n"
+            "before = processes.fork_safe()\n"
+            "device.driver_asked = True  # (as _driver sets it before its cuInit)\n"
+            "print(before, processes.fork_safe())")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=120)
+    assert p.stdout.split() == ["True", "False"], p.stdout + p.stderr

@@ -29,7 +29,7 @@ def pristine(tmp_path_factory) -> dict[str, Path]:
     for fmt in FORMATS:
         src = SAMPLE / ("coco" if fmt == "coco" else "imagenet")
         out[fmt] = root / fmt
-        convert(src, out[fmt], to=fmt, limit=12, shard_size=5, resize_shorter=24, quality=80)
+        convert(src, out[fmt], to=fmt, limit=12, shard_size=5, resize_shorter=24, quality=80, device="cpu")
     return out
 
 

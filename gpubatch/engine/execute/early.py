@@ -101,8 +101,9 @@ def gpu_node() -> bool:
     CUDA takes as the list's end): what :func:`prestart` asks before it starts anything."""
     import importlib.util
 
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and (not visible.strip() or visible.split(",")[0].strip().startswith("-")):
+    from ..processes import devices_hidden
+
+    if devices_hidden():
         return False
     try:
         return os.path.exists(NODE) and importlib.util.find_spec("cupy") is not None
