@@ -89,6 +89,48 @@ def test_check_encoded_tells_truncation_from_trailing_bytes():
         check_encoded(Record("t", data[: len(data) // 2]), 0)
 
 
+def test_a_jpeg_is_ended_by_its_end_marker_padding_after_it_aside():
+    from gpubatch.engine.codecs.headers import jpeg_ended
+
+    data = jpeg_bytes(photo(32, 32))
+    assert jpeg_ended(data) and jpeg_ended(memoryview(data)) and jpeg_ended(data + b"\x00" * 9 + b"\r\n ")
+    assert not jpeg_ended(data[:-1]) and not jpeg_ended(data[: len(data) // 2])
+    assert not jpeg_ended(data + b"trailing-junk") and not jpeg_ended(b"") and not jpeg_ended(b"\xd9")
+
+
+@pytest.mark.parametrize("slot", [False, True])
+@pytest.mark.parametrize("direct", [False, True])
+def test_the_gpu_decoder_leaves_a_jpeg_without_its_end_to_pillow(slot, direct):
+    """``image_gpu.sort_by_kind``: a JPEG cut short or followed by other bytes goes to Pillow (``to_cpu``), as the CPU
+    path decodes it (nvJPEG would decode what there is of a cut one); one with padding after its end marker stays on
+    the GPU, a kind of its own on the hardware engine's direct path; a record beyond ``max_pixels`` is its error."""
+    import io
+
+    from PIL import Image
+
+    from gpubatch.engine.codecs.headers import jpeg_kind
+    from gpubatch.engine.codecs.image_gpu import sort_by_kind
+    from gpubatch.engine.gpu.slot_views import SlotViews
+
+    good = jpeg_bytes(photo(32, 48))
+    png = io.BytesIO()
+    Image.fromarray(photo(8, 8)).save(png, "PNG")
+    items = [good, good + b"\x00" * 5, good[: len(good) // 2], good + b"trailing-junk", png.getvalue(),
+             jpeg_bytes(photo(64, 64)), b""]
+    blobs: object = items
+    if slot:  # (a feed's slot, whose ends are read at once)
+        buf = bytearray(b"".join(items))
+        offsets = [sum(map(len, items[:i])) for i in range(len(items))]
+        blobs = SlotViews(buf, 0, len(buf), offsets, [len(b) for b in items])
+    kinds, dims, groups, to_cpu, errors = sort_by_kind(blobs, None, 48 * 48, direct)
+    kind = jpeg_kind(good)[0]
+    assert kinds[0] == kind and dims[0] == (48, 32)
+    assert kinds[1] == (kind + "/unended" if direct else kind)
+    assert to_cpu == [2, 3, 4, 6] and kinds[2] is kinds[3] is None
+    assert errors[5] == "image of 64x64 = 4096 pixels exceeds --max-pixels 2304" and errors[:5] == [None] * 5
+    assert groups == ({kind: [0], kind + "/unended": [1]} if direct else {kind: [0, 1]})
+
+
 @pytest.mark.parametrize("hw", [(300, 400), (400, 300), (256, 256), (1, 1), (3, 700)])
 def test_resize_shorter_and_center_crop_sizes(hw):
     h, w = hw

@@ -306,8 +306,7 @@ def test_hardware_route_gives_the_engine_every_kind_an_instance_each(direct):
     (first, again, failed), (split, _, _) = out["hardware"], out["split"]
     assert first[2:] == again[2:] == (36, 36, 0)          # all on the hardware engine, the same each time
     assert split[2] == 36 and split[3] < 30              # the split route gives the CUDA decoder a part
-    # the cut JPEG fails (on the direct path it goes to the CUDA decoder; else its call may fail whole and
-    # the CUDA decoder retry that kind's other 11)
+    # the cut JPEG fails: with no end marker it goes to Pillow, which refuses it (sort_by_kind)
     assert failed[1].count(False) == 1 and failed[2] == 35 and failed[3] >= 24
     for a, b, blob in zip(first[0], split[0], blobs):
         assert np.abs(a.astype(int) - b.astype(int)).mean() < 1.5
@@ -654,7 +653,7 @@ def test_planes_are_pillows_pixels_and_resample_as_rgb(engine):
 
 def _mixed_batches(seed: int, n: int, sides: tuple[int, int], corrupt: int, png: int) -> list[list[bytes]]:
     """``n`` JPEGs of random sizes and qualities, the three subsamplings in turn, blob ``corrupt`` cut
-    short (the GPU fails it, then Pillow) and blob ``png`` a PNG (straight to Pillow), dealt into three
+    short (no end marker: Pillow's, which fails it) and blob ``png`` a PNG (straight to Pillow), dealt into three
     batches."""
     rng = np.random.default_rng(seed)
     blobs = [jpeg_bytes(photo(int(rng.integers(*sides)), int(rng.integers(*sides)), seed=i), int(rng.integers(75, 98)),
@@ -885,7 +884,7 @@ def test_pipeline_chunks_equal_whole_batches_and_close_up_failures(tmp_path, mon
     rgb, planes = Settings.from_env(hw_planes="never"), Settings.from_env(hw_planes="chunked")
 
     paths = _jpeg_files(tmp_path, 40, lambda i: (150 + 9 * i, 300 - 4 * i), lambda i: 80 + i % 15)
-    paths[7].write_bytes(paths[7].read_bytes()[:300])  # corrupt: fails on the GPU, then on the CPU
+    paths[7].write_bytes(paths[7].read_bytes()[:300])  # corrupt: cut short, Pillow's, which fails it
     paths[21].write_bytes(b"not an image")
     blobs = [p.read_bytes() for p in paths]
     keys = [p.stem for p in paths]
@@ -1484,6 +1483,24 @@ def test_gpu_run_keeps_the_contract_on_damaged_and_odd_input(imagenet, tmp_path)
     reasons = [e["reason"] for e in s.skipped]
     assert len(s.skipped) == 2 and any("65,535" in r for r in reasons) and any("damaged" in r for r in reasons)
     assert s.fallbacks >= 1  # the GIF, decoded on the CPU
+
+
+def test_a_jpeg_cut_short_is_skipped_on_the_gpu_as_on_the_cpu(imagenet, tmp_path):
+    """nvJPEG decodes what there is of a JPEG cut short, and the GPU path wrote that damaged image as a good one where
+    the CPU path skips it. A JPEG without its end marker now goes to Pillow on either path: the same records skipped
+    for the same reasons, and one with other bytes after its end marker written, with the CPU path's pixels."""
+    from tests.cli.test_cli import _add_bad_files
+
+    _add_bad_files(imagenet)  # (a cut JPEG, text named .jpg, an empty PNG)
+    good = sorted((imagenet / "car").glob("*.jpg"))[0]
+    (imagenet / "car" / "tail.jpg").write_bytes(good.read_bytes() + b"trailing-junk")
+    runs = {d: convert(imagenet, tmp_path / d, to="webdataset", resize_shorter=48, device=d) for d in ("cpu", "gpu")}
+    for d, s in runs.items():
+        assert s.device.startswith(d) and s.records_in == 64 and s.records_out == 61, d
+        assert sorted(e["origin"].rsplit("/", 1)[-1] for e in s.skipped) == ["empty.png", "text.jpg", "truncated.jpg"], d
+    cut = next(e["reason"] for e in runs["gpu"].skipped if e["origin"].endswith("truncated.jpg"))
+    assert cut == next(e["reason"] for e in runs["cpu"].skipped if e["origin"].endswith("truncated.jpg"))
+    assert runs["gpu"].fallbacks >= 1  # (the file with bytes after its end: decoded by Pillow)
 
 
 def test_gpu_iterate_files_draws_anew_each_epoch_and_matches_the_cpu(tmp_path):

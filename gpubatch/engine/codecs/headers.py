@@ -150,6 +150,13 @@ def jpeg_display_size(data: bytes) -> tuple[int, int] | None:
 _PILLOW_CODECS = {"mpo": "jpeg", "ppm": "pnm", "dib": "bmp"}
 
 
+def jpeg_ended(data: bytes | memoryview) -> bool:
+    """Whether a JPEG's bytes end with its end marker (FF D9), padding after it aside (zeros, line ends, spaces, as
+    some writers leave). One without it is cut short or followed by other bytes: a decoder tells which (Pillow
+    refuses a cut JPEG; nvJPEG decodes what it has), so both paths leave such a file to Pillow."""
+    return bytes(data[-16:]).rstrip(b"\x00\r\n ").endswith(b"\xff\xd9")
+
+
 def png_damage(data: bytes) -> str | None:
     """What is wrong with a PNG's chunk structure (a chunk that fails its CRC, or runs past the end),
     or None: a check of every byte at the cost of a CRC-32, cheap enough for every passed-through PNG."""

@@ -113,8 +113,7 @@ def check_encoded(record: Record, max_pixels: int, full: bool = False) -> header
         damage = headers.png_damage(record.data)
         if damage:
             raise RecordError(record.key, record.origin, Stage.DECODE, damage)
-    tail = record.data[-16:].rstrip(b"\x00\r\n ")
-    complete = (hdr.codec == "jpeg" and tail.endswith(b"\xff\xd9")) or hdr.codec == "png"
+    complete = (hdr.codec == "jpeg" and headers.jpeg_ended(record.data)) or hdr.codec == "png"
     if full or not complete:
         try:
             decode(record.data, max_pixels)

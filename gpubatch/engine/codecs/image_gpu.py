@@ -53,7 +53,7 @@ from .decode_calls import DecodeCalls
 from .decode_python import PythonBindingDecode
 from .decode_result import DecodeResult, DeviceImage
 from .decode_routing import DecodeRouting, choose_route
-from .headers import jpeg_kind
+from .headers import jpeg_ended, jpeg_kind
 from .hw_instances import HwInstances
 from .nvimgcodec_c import nvimgcodec
 from .nvjpeg_hw import nvjpeg_driver
@@ -495,27 +495,7 @@ class GpuImageDecoder(HwInstances, DecodeRouting, DecodeBuffers, DecodeCalls, Py
         self._collect()
         n = len(blobs)
         arrays: list[Any] = [None] * n
-        errors: list[str | None] = [None] * n
-        kinds: list[str | None] = [None] * n
-        dims: list[tuple[int, int]] = [(0, 0)] * n  # (width, height) as stored
-        groups: dict[str, list[int]] = {}
-        to_cpu = []
-        ended = blobs.jpeg_ended() if self.hw_direct and hasattr(blobs, "jpeg_ended") else None  # (a feed's slot)
-        for i in range(n):
-            kind, w, h = headers[i] if headers is not None else (None, 0, 0)
-            if kind is None:  # not given, or not seen in the part of the file the feed looked at
-                kind, w, h = jpeg_kind(bytes(blobs[i]))
-            if max_pixels and w * h > max_pixels:
-                errors[i] = f"image of {w}x{h} = {w * h} pixels exceeds --max-pixels {max_pixels}"
-                continue
-            if kind is not None and self.hw_direct and not (ended[i] if ended is not None
-                                                            else bytes(blobs[i][-2:]) == b"\xff\xd9"):
-                kind += "/unended"  # cut short (or followed by other bytes): nvImageCodec's checks, not the direct path
-            kinds[i], dims[i] = kind, (w, h)
-            if kind is None:
-                to_cpu.append(i)
-            else:
-                groups.setdefault(kind, []).append(i)
+        kinds, dims, groups, to_cpu, errors = sort_by_kind(blobs, headers, max_pixels, bool(self.hw_direct))
         if chunk:
             self._note_batch(kinds, dims, groups)
         tm = self.timings
@@ -620,6 +600,40 @@ def tiny_jpegs(n: int) -> list[bytes]:
 
 def _region(regions: list | None, i: int) -> tuple[int, int, int, int] | None:
     return regions[i] if regions is not None else None
+
+
+def sort_by_kind(blobs: Any, headers: list[tuple[str | None, int, int]] | None, max_pixels: int, direct: bool
+                 ) -> tuple[list[str | None], list[tuple[int, int]], dict[str, list[int]], list[int], list[str | None]]:
+    """A batch's blobs by the decoder that takes them: per blob its JPEG kind (:func:`jpeg_kind`, or the feed's
+    ``headers``) and (width, height) as stored; the GPU's groups by kind; those left to Pillow (``to_cpu``: no JPEG
+    the GPU decodes, or one without its end marker, which nvJPEG would decode as far as it goes where Pillow skips
+    it, as the CPU path does); and the errors (beyond ``max_pixels``). With the hardware engine's ``direct`` path,
+    a JPEG with padding after its end marker is a kind of its own ("/unended"), for nvImageCodec's checks."""
+    n = len(blobs)
+    errors: list[str | None] = [None] * n
+    kinds: list[str | None] = [None] * n
+    dims: list[tuple[int, int]] = [(0, 0)] * n
+    groups: dict[str, list[int]] = {}
+    to_cpu: list[int] = []
+    ended = blobs.jpeg_ended() if hasattr(blobs, "jpeg_ended") else None  # (a feed's slot: its ends read at once)
+    for i in range(n):
+        kind, w, h = headers[i] if headers is not None else (None, 0, 0)
+        if kind is None:  # not given, or not seen in the part of the file the feed looked at
+            kind, w, h = jpeg_kind(bytes(blobs[i]))
+        if max_pixels and w * h > max_pixels:
+            errors[i] = f"image of {w}x{h} = {w * h} pixels exceeds --max-pixels {max_pixels}"
+            continue
+        if kind is not None and not (ended[i] if ended is not None else bytes(blobs[i][-2:]) == b"\xff\xd9"):
+            if not jpeg_ended(blobs[i]):  # cut short, or other bytes after its end
+                kind = None
+            elif direct:
+                kind += "/unended"
+        kinds[i], dims[i] = kind, (w, h)
+        if kind is None:
+            to_cpu.append(i)
+        else:
+            groups.setdefault(kind, []).append(i)
+    return kinds, dims, groups, to_cpu, errors
 
 
 def _host_decode(data: bytes, max_pixels: int, region: tuple[int, int, int, int] | None = None
