@@ -6,8 +6,9 @@ about 500 such lines before the summary. :class:`LibraryMessages` collects both 
 command: Python warnings through a ``showwarning`` hook (with the record being read, where the thread
 says which), and C-level lines through a pipe put on descriptor 2, read by a thread. The command's own
 output (rich, click) goes to a copy of the terminal's descriptor meanwhile, so only the libraries' lines
-are held back; worker processes, started while it is active, inherit the pipe. The summary counts them;
-``--verbose`` lists them.
+are held back; worker processes, started while it is active, inherit the pipe. Those started before it, at
+the command's first line (``execute.early.sniff``), get a pipe of their own (:mod:`.early_stderr`), whose
+lines go to the active one, or wait for it. The summary counts them; ``--verbose`` lists them.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import threading
 import warnings
 from collections import Counter
 from typing import Any
-
-from ..errors import current_record
 
 
 class LibraryMessages:
@@ -65,10 +64,15 @@ class LibraryMessages:
         self._stop = threading.Event()
         self._reader = threading.Thread(target=self._read, args=(r,), name="gpubatch-stderr", daemon=True)
         self._reader.start()
+        from .early_stderr import attach
+
+        attach(self)
         return self
 
     def _show(self, message: Any, category: Any, filename: str, lineno: int, file: Any = None,
               line: Any = None) -> None:
+        from ..errors import current_record
+
         self.add(f"{category.__name__}: {message}", current_record())
 
     def _read(self, fd: int) -> None:
@@ -97,6 +101,9 @@ class LibraryMessages:
             self.add(pending.decode("utf-8", "replace"))
 
     def __exit__(self, *exc: object) -> None:
+        from .early_stderr import detach
+
+        detach(self)
         if self._saved_fd is not None:
             fd = self._stderr.fileno()
             sys.stderr.flush()
@@ -129,3 +136,4 @@ class LibraryMessages:
         con = console()
         for text, n in self.messages.most_common():
             con.print(f"[dim]library:[/] {esc(text)}" + (f" [dim](x{n})[/]" if n > 1 else ""))
+

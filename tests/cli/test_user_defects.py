@@ -334,6 +334,43 @@ def test_decoder_noise_is_counted_in_the_summary_and_listed_under_verbose(imagen
     assert sum("anim" in ln and "Invalid APNG" in ln for ln in listed) == 3  # a Python warning, by record
 
 
+_EARLY_SCRIPT = """
+import multiprocessing as mp, os, sys, time
+from gpubatch.report import early_stderr
+from gpubatch.report.noise import LibraryMessages
+
+with early_stderr.early_descriptor():  # (as the sniff starts its workers, at the command's first line)
+    p = mp.get_context("fork").Process(target=os.write, args=(2, b"Fax4Decode: a line from C\\n"))
+    p.start()
+early_stderr.read_early()
+p.join()
+time.sleep(0.3)
+if sys.argv[1] == "held":
+    with LibraryMessages() as m:
+        os.write(2, b"TIFFReadDirectory: a line of the command's own\\n")
+    print(m.total, sorted(m.messages))
+"""
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_what_workers_started_at_the_commands_first_line_print_is_held_back_or_shown_at_its_end(held):
+    """Workers the sniff starts before the command holds back what libraries print (``early_stderr``) print into a
+    pipe of their own: its lines go to the command's ``LibraryMessages`` once it begins, counted as its own workers'
+    are; where none begins (a usage error), they are written to the terminal at the end, not lost."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _EARLY_SCRIPT, "held" if held else "shown"], capture_output=True,
+                       text=True, env=child_env(), timeout=120)
+    assert p.returncode == 0, p.stderr
+    if held:
+        assert p.stdout.split(" ", 1) == ["2", "['Fax4Decode: a line from C', "
+                                               "\"TIFFReadDirectory: a line of the command's own\"]\n"]
+        assert "Fax4Decode" not in p.stderr
+    else:
+        assert p.stderr == "Fax4Decode: a line from C\n"
+
+
 def test_the_gpu_install_hint_is_one_that_works_from_a_checkout(monkeypatch):
     """gpubatch is on no package index: the hint names the checkout, and the extra of the driver's CUDA."""
     from gpubatch.engine import install as device

@@ -1503,6 +1503,25 @@ def test_a_jpeg_cut_short_is_skipped_on_the_gpu_as_on_the_cpu(imagenet, tmp_path
     assert runs["gpu"].fallbacks >= 1  # (the file with bytes after its end: decoded by Pillow)
 
 
+def test_what_the_decoders_print_in_a_gpu_run_is_held_back_as_in_a_cpu_run(imagenet, tmp_path):
+    """A GPU image command's workers start at its first line, before it holds back what libraries print; libtiff's
+    lines from their CPU fallback went straight to the terminal. They now come through the early pipe
+    (``report/early_stderr.py``) and are counted in the summary, as a CPU run's are."""
+    import json
+
+    from tests.cli.test_user_defects import _noisy_tiff
+    from tests.helpers import child_env, run_cli
+
+    for k in range(3):
+        (imagenet / "bird" / f"fax{k}.tif").write_bytes(_noisy_tiff())
+    p = run_cli("convert", imagenet, tmp_path / "a", "--to", "webdataset", "--resize-shorter", "32", "--device", "gpu",
+                "--json", env=child_env(COLUMNS="400"))
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert summary["device"].startswith("gpu") and "Fax4Decode" not in p.stderr
+    assert summary["library_messages"] >= 3
+
+
 def test_gpu_iterate_files_draws_anew_each_epoch_and_matches_the_cpu(tmp_path):
     """repeat=True: every epoch new crops and flips on the GPU, the same ones on a rerun, and the same
     draws as the CPU path's epochs (pixels agree to the resamplers' rounding)."""

@@ -273,9 +273,14 @@ def sniff(args: list[str]) -> None:
             early = Early(0, settings, sync=False, library=False, warm="video")
         else:
             early = Early(0, settings, instances_wanted(settings), (), reserve=gpu if procs == 1 else None, host=procs)
-        # forked where the command may (one thread, no CUDA): a fresh interpreter's start and imports left out
-        _SNIFFED.append(Sniffed([(early, dict(env)) for _ in range(procs)], fork=settings.early_fork and fork_safe(),
-                                kind=kind))
+        from ...report.early_stderr import early_descriptor, read_early
+
+        # forked where the command may (one thread, no CUDA): a fresh interpreter's start and imports left out;
+        # what they print (a decoder's lines from C) held back as the command's own workers' is (report/noise.py)
+        with early_descriptor():
+            _SNIFFED.append(Sniffed([(early, dict(env)) for _ in range(procs)],
+                                    fork=settings.early_fork and fork_safe(), kind=kind))
+        read_early()
         atexit.register(close_sniffed)  # (before multiprocessing's own, which would wait for them)
         from ..device import probe_ahead
 
