@@ -7,7 +7,7 @@ command: Python warnings through a ``showwarning`` hook (with the record being r
 says which), and C-level lines through a pipe put on descriptor 2, read by a thread. The command's own
 output (rich, click) goes to a copy of the terminal's descriptor meanwhile, so only the libraries' lines
 are held back; worker processes, started while it is active, inherit the pipe. Those started before it, at
-the command's first line (``execute.early.sniff``), get a pipe of their own (:mod:`.early_stderr`), whose
+the command's first line (``execute.early.sniff``), get a pipe of their own (``engine/execute/early_stderr.py``), whose
 lines go to the active one, or wait for it. The summary counts them; ``--verbose`` lists them.
 """
 
@@ -64,7 +64,7 @@ class LibraryMessages:
         self._stop = threading.Event()
         self._reader = threading.Thread(target=self._read, args=(r,), name="gpubatch-stderr", daemon=True)
         self._reader.start()
-        from .early_stderr import attach
+        from ..engine.execute.early_stderr import attach
 
         attach(self)
         return self
@@ -101,7 +101,7 @@ class LibraryMessages:
             self.add(pending.decode("utf-8", "replace"))
 
     def __exit__(self, *exc: object) -> None:
-        from .early_stderr import detach
+        from ..engine.execute.early_stderr import detach
 
         detach(self)
         if self._saved_fd is not None:

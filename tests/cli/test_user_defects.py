@@ -336,7 +336,7 @@ def test_decoder_noise_is_counted_in_the_summary_and_listed_under_verbose(imagen
 
 _EARLY_SCRIPT = """
 import multiprocessing as mp, os, sys, time
-from gpubatch.report import early_stderr
+from gpubatch.engine.execute import early_stderr
 from gpubatch.report.noise import LibraryMessages
 
 with early_stderr.early_descriptor():  # (as the sniff starts its workers, at the command's first line)

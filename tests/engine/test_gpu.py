@@ -1506,7 +1506,7 @@ def test_a_jpeg_cut_short_is_skipped_on_the_gpu_as_on_the_cpu(imagenet, tmp_path
 def test_what_the_decoders_print_in_a_gpu_run_is_held_back_as_in_a_cpu_run(imagenet, tmp_path):
     """A GPU image command's workers start at its first line, before it holds back what libraries print; libtiff's
     lines from their CPU fallback went straight to the terminal. They now come through the early pipe
-    (``report/early_stderr.py``) and are counted in the summary, as a CPU run's are."""
+    (``engine/execute/early_stderr.py``) and are counted in the summary, as a CPU run's are."""
     import json
 
     from tests.cli.test_user_defects import _noisy_tiff

@@ -273,7 +273,7 @@ def sniff(args: list[str]) -> None:
             early = Early(0, settings, sync=False, library=False, warm="video")
         else:
             early = Early(0, settings, instances_wanted(settings), (), reserve=gpu if procs == 1 else None, host=procs)
-        from ...report.early_stderr import early_descriptor, read_early
+        from .early_stderr import early_descriptor, read_early
 
         # forked where the command may (one thread, no CUDA): a fresh interpreter's start and imports left out;
         # what they print (a decoder's lines from C) held back as the command's own workers' is (report/noise.py)
