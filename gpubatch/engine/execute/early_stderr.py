@@ -1,7 +1,8 @@
-"""Descriptor 2 of the processes a command starts before its :class:`~gpubatch.report.noise.LibraryMessages` (the sniff's workers, at
-its first line: ``execute.early.sniff``): a pipe whose lines a thread hands to the ``LibraryMessages`` active then,
-or keeps until one is; those no one took are written to the terminal at the process's exit, so nothing is lost.
-Imported at the command's first line: the standard library's modules loaded by then, and no others."""
+"""Descriptor 2 of the processes a command starts before its ``LibraryMessages`` (:mod:`gpubatch.report.noise`):
+the sniff's workers, at its first line (``execute.early.sniff``). A pipe whose lines a thread hands to the
+``LibraryMessages`` active then, or keeps until one is; those no one took are written to the terminal at the
+process's exit, so nothing is lost. Imported at the command's first line: the standard library's modules loaded
+by then, and no others."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def early_descriptor() -> Iterator[None]:
 
 
 def attach(sink: Any) -> None:
-    """``sink`` (a :class:`~gpubatch.report.noise.LibraryMessages` that begins) takes the early pipe's lines, those kept first."""
+    """``sink`` (a ``LibraryMessages`` that begins) takes the early pipe's lines, those kept first."""
     if _EARLY is not None:
         _EARLY.attach(sink)
 
