@@ -11,6 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_data"
+#: the device probe's answer where CUDA sees no device (``CUDA_VISIBLE_DEVICES=""``)
+NO_DEVICE = "no CUDA device found"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -40,9 +42,6 @@ def _the_cpu_suite_on_the_cpu(request, monkeypatch):
     monkeypatch.setattr(device, "_gpu_problem", lambda index=0: (NO_DEVICE, ""))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
-
-#: the device probe's answer where CUDA sees no device (``CUDA_VISIBLE_DEVICES=""``)
-NO_DEVICE = "no CUDA device found"
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -25,9 +27,9 @@ def test_bracketed_text_is_printed_as_it_is(imagenet, tmp_path):
                 "--device", "auto", env={**os.environ, "COLUMNS": "400"})
     assert p.returncode == 0, p.stderr
     err = " ".join(p.stderr.split())
-    from gpubatch.engine.device import gpu_problem
-
-    assert " ".join(gpu_problem(0)[0].split()) in err  # the CPU fallback's reason (an install hint), whole
+    probe = subprocess.run([sys.executable, "-c", "from gpubatch.engine.device import gpu_problem; "
+                            "print(gpu_problem(0)[0])"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert " ".join(probe.stdout.split()) in err  # the CPU fallback's reason as the command's process finds it, whole
     assert "shot[1].jpg" in err
 
 
@@ -226,9 +228,6 @@ print("converted", s.records_out)
 
 
 def test_the_readme_examples_run_as_a_plain_script_without_a_main_guard(imagenet, tmp_path):
-    import subprocess
-    import sys
-
     script = tmp_path / "train.py"
     script.write_text(UNGUARDED)
     p = subprocess.run([sys.executable, str(script), str(imagenet), str(tmp_path / "out")], capture_output=True,
@@ -357,9 +356,6 @@ def test_what_workers_started_at_the_commands_first_line_print_is_held_back_or_s
     """Workers the sniff starts before the command holds back what libraries print (``early_stderr``) print into a
     pipe of their own: its lines go to the command's ``LibraryMessages`` once it begins, counted as its own workers'
     are; where none begins (a usage error), they are written to the terminal at the end, not lost."""
-    import subprocess
-    import sys
-
     p = subprocess.run([sys.executable, "-c", _EARLY_SCRIPT, "held" if held else "shown"], capture_output=True,
                        text=True, env=child_env(), timeout=120)
     assert p.returncode == 0, p.stderr
@@ -389,8 +385,6 @@ def test_the_gpu_install_hint_is_one_that_works_from_a_checkout(monkeypatch):
 
 def test_make_demo_installs_the_gpu_extra_where_nvidia_smi_shows_a_gpu(tmp_path):
     """The Makefile asks nvidia-smi for the driver's CUDA and installs the matching extra with the project."""
-    import subprocess
-
     fake = tmp_path / "bin"
     fake.mkdir()
     for version, extra in (("13.0", "cu13"), ("12.8", "cu12")):
