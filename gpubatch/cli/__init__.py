@@ -7,6 +7,7 @@ act on print as one line on stderr with a fixed exit code (see :class:`gpubatch.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -121,12 +122,22 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and map errors to exit codes. Run as the process's command (``argv`` None),
     it leaves every object it made to the interpreter's end uncollected (``gc.freeze``): the collection
     Python runs at its exit over them took 153-226 ms of a 2.2-s pass-through on the 2-core CI machine, 80-100
-    ms frozen (2026-12-02, benchmarks/RESULTS.md)."""
+    ms frozen (2026-12-02, benchmarks/RESULTS.md). Called with arguments, it gives back what it set for the
+    command: the SIGTERM handler it found (a process the caller forks later must not raise ``Terminated`` on
+    SIGTERM) and the library's own wording of messages (keywords, not flags: ``FROM_CLI``)."""
+    from ..errors import FROM_CLI
+
+    previous, worded = signal.getsignal(signal.SIGTERM) if argv is not None else None, FROM_CLI.get()
     try:
         _main(argv)
     finally:
         if argv is None:  # (a caller's process, as a test's, goes on: its objects stay collectable)
             gc.freeze()
+        else:
+            FROM_CLI.set(worded)
+            if previous is not None:
+                with contextlib.suppress(ValueError):  # (not the main thread: nothing was installed)
+                    signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: list[str] | None) -> None:

@@ -398,6 +398,28 @@ def test_the_command_leaves_its_objects_to_the_process_end_uncollected():
         assert f"FROZEN {frozen}" in p.stdout, p.stdout + p.stderr
 
 
+def test_the_cli_called_with_arguments_gives_back_the_sigterm_handler_and_wording_it_found():
+    """``main(argv)`` in a caller's process (a program's, a test's) installs its SIGTERM handler and the flags'
+    wording for the command, and gives the caller's back after it: left installed, the handler made workers the
+    caller forked later raise ``Terminated`` on SIGTERM instead of ending (the sniff's tests, run after the CLI's),
+    and the library's later errors named flags, not keywords."""
+    import signal
+
+    from gpubatch.cli import main
+    from gpubatch.errors import FROM_CLI
+
+    def mine(signum, frame):  # pragma: no cover - never called
+        pass
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        with pytest.raises(SystemExit):
+            main(["--version"])
+        assert signal.getsignal(signal.SIGTERM) is mine and FROM_CLI.get() is False
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_path_escape_in_coco_is_rejected(coco, tmp_path):
     doc = json.loads((coco / "annotations" / "instances.json").read_text())
     (tmp_path / "secret.jpg").write_bytes((coco / "images" / doc["images"][0]["file_name"]).read_bytes())
