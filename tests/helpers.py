@@ -75,15 +75,43 @@ def semaphores_now() -> set[str]:
     return {p.name for p in shm.glob("sem.mp-*")} if shm.is_dir() else set()
 
 
+def group_semaphores(pgid: int) -> set[str]:
+    """The named semaphores (``sem.mp-*`` in /dev/shm) that the processes of process group ``pgid`` hold open:
+    each open one is mapped in its holder's memory (``/proc/PID/maps``), by the inode of the file glibc made it
+    in under a name of its own, since renamed."""
+    inodes: set[int] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2:].split()[2]) != pgid:
+                continue
+            maps = (proc / "maps").read_text()
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile, or not ours to read
+        inodes.update(int(line.split()[4]) for line in maps.splitlines() if "/dev/shm/sem." in line)
+    held = set()
+    for name in semaphores_now():
+        try:
+            if os.stat(Path("/dev/shm", name)).st_ino in inodes:
+                held.add(name)
+        except OSError:
+            continue
+    return held
+
+
 def kill_group(proc: subprocess.Popen, before: set[str]) -> None:
     """Kill ``proc``'s process group with SIGKILL (as a lost machine loses a run and its workers), wait for it,
     and remove the named semaphores it left in /dev/shm: multiprocessing's resource tracker, which unlinks
-    them when a run ends, dies with the group. ``before``: :func:`semaphores_now` before ``proc`` started. It
-    removes every semaphore made meanwhile, whoever made it: two test suites run at once on one machine break
-    each other's worker pools (``FileNotFoundError`` in ``SemLock._rebuild``); run one at a time."""
+    them when a run ends, dies with the group. ``before``: :func:`semaphores_now` before ``proc`` started.
+    Only those the group holds open are removed (the group is stopped first, so that it makes none
+    meanwhile): a test suite run in several processes at once (``pytest -n``) keeps its other pools'."""
+    os.killpg(proc.pid, signal.SIGSTOP)
+    held = group_semaphores(proc.pid)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    for name in semaphores_now() - before:
+    for name in (semaphores_now() - before) & held:
         Path("/dev/shm", name).unlink(missing_ok=True)
 
 

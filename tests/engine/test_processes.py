@@ -191,3 +191,31 @@ def test_a_process_that_initialised_the_cuda_driver_forks_no_workers():
             "print(before, processes.fork_safe())")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=120)
     assert p.stdout.split() == ["True", "False"], p.stdout + p.stderr
+
+
+def test_a_killed_groups_semaphores_are_removed_and_no_others_made_meanwhile():
+    """``tests.helpers.kill_group`` removes the named semaphores the killed group held, and keeps one this
+    process made while the group ran: a test suite run in several processes at once (``pytest -n``) lost its
+    other tests' worker pools to it (``FileNotFoundError`` in ``SemLock._rebuild``, on a 16-core GPU machine)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import kill_group, semaphores_now
+
+    before = semaphores_now()
+    code = ("import multiprocessing as mp, sys, time\n"
+            "lock = mp.get_context('spawn').Lock()\n"
+            "print('sem.' + lock._semlock.name.lstrip('/'), flush=True)\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            env=child_env())
+    try:
+        theirs = proc.stdout.readline().strip()
+        ours = mp.get_context("spawn").Lock()
+        mine = "sem." + ours._semlock.name.lstrip("/")
+        assert theirs.startswith("sem.mp-") and {theirs, mine} <= semaphores_now() - before
+    finally:
+        kill_group(proc, before)
+    assert theirs not in semaphores_now() and mine in semaphores_now()
+    with ours:  # (still usable: its name was kept)
+        pass
