@@ -6,6 +6,8 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import child_env
 
 
@@ -193,6 +195,8 @@ def test_a_process_that_initialised_the_cuda_driver_forks_no_workers():
     assert p.stdout.split() == ["True", "False"], p.stdout + p.stderr
 
 
+@pytest.mark.skipif(not Path("/dev/shm").is_dir() or not Path("/proc/self/maps").exists(),
+                    reason="named semaphores in /dev/shm and /proc: Linux")
 def test_a_killed_groups_semaphores_are_removed_and_no_others_made_meanwhile():
     """``tests.helpers.kill_group`` removes the named semaphores the killed group held, and keeps one this
     process made while the group ran: a test suite run in several processes at once (``pytest -n``) lost its
