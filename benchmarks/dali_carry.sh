@@ -13,10 +13,10 @@
 # Then, there: PYTHONPATH=SITE:$PWD:/tmp/dalisite LD_LIBRARY_PATH=SITE/nvidia/nvimgcodec:... (DALI loads
 # libnvimgcodec by name). `pack` keeps the wheel's Python 3.12 modules only, drops its C headers,
 # adds the pure-Python dependencies the GPU machine lacks (astunparse, gast, optree, makefun, nvtx,
-# libcst), compresses with xz (about 130 MiB) and cuts it: a first piece of DALI_FIRST bytes (8 MB) that
-# fits beside .gpu-site (49 MB) and the tracked tree (8 MB on 2026-12-04, when a first piece of 10 MB no
-# longer fitted), then pieces of DALI_PIECE bytes (55 MB), the last of which (about 18 MB) fits beside PyAV's
-# wheel (35 MB). Re-cut them (`cut`) when the tree grows.
+# libcst), compresses with xz (about 130 MiB) and cuts it into pieces of DALI_FIRST and then DALI_PIECE
+# bytes (50 MB each: three pieces), each carried alone beside the tracked tree (12.4 MiB on 2026-12-06, when
+# 55-MB pieces no longer fitted a call's 64 MiB); .gpu-site goes in a call of its own before them. Re-cut
+# them (`cut`) when the tree grows.
 # Add /.dali*/ to .git/info/exclude so they never reach a commit.
 set -euo pipefail
 
@@ -37,7 +37,7 @@ pack() {
 }
 
 cut_pieces() {
-    local f=${1:-} first=${DALI_FIRST:-8000000} piece=${DALI_PIECE:-55000000} work="" n=1 at
+    local f=${1:-} first=${DALI_FIRST:-50000000} piece=${DALI_PIECE:-50000000} work="" n=1 at
     if [ -z "$f" ]; then  # the pieces here, put back together (and checked) first
         work=$(mktemp -d) && f="$work/dali.tar.xz"
         local count; count=$(cat .dali1/pieces 2>/dev/null || echo 3)
