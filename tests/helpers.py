@@ -108,9 +108,11 @@ def kill_group(proc: subprocess.Popen, before: set[str]) -> None:
     Only those the group holds open are removed (the group is stopped first, so that it makes none
     meanwhile): a test suite run in several processes at once (``pytest -n``) keeps its other pools'."""
     os.killpg(proc.pid, signal.SIGSTOP)
-    held = group_semaphores(proc.pid)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:
+        held = group_semaphores(proc.pid)
+    finally:  # (never a group left stopped)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     for name in (semaphores_now() - before) & held:
         Path("/dev/shm", name).unlink(missing_ok=True)
 
