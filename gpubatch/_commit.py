@@ -296,3 +296,29 @@ def write_json(path: Path, doc: Any) -> None:
         f.write(json.dumps(doc, sort_keys=True))  # (one write: json.dump writes each token on its own)
         durable(f)
     os.replace(tmp, path)
+
+
+#: a staging folder's note of the shards whose files a finalize begun during the run has moved out of them (the
+#: folder format's: ``formats.folder.FolderFinalize``), one shard index a line, under the run's own folder
+MOVED = ".gpubatch/moved"
+
+
+def note_moved(stage: Path, index: int) -> None:
+    """Note, before its files are moved to their names, that shard ``index``'s files leave the places its journal
+    entry names: a resume takes the shard as committed without finding them there (:func:`moved_shards`), and its
+    finalize finds each file at its name or where it was. Appended in one write, not synced: lost, the shard
+    runs again, to the same files."""
+    fd = os.open(Path(stage) / MOVED, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, f"{index}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def moved_shards(stage: Path) -> set[int]:
+    """The shards :func:`note_moved` noted in ``stage`` (whole lines only: a write cut short names none)."""
+    try:
+        text = (Path(stage) / MOVED).read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return set()
+    return {int(line) for line in text.split("\n")[:-1] if line.isdigit()}

@@ -264,8 +264,14 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
             local = getattr(req, "executor", "local") != "ray"  # (Ray's nodes are not this host's to sample)
             usage = Usage(device.indexes if strategy.gpu and local else ()).start()
             fresh: dict[int, ShardResult] = {}  # (the shards this run's workers committed, as they said)
+            # (the format's finalize begun as the shards commit, where it can: a local run's own staging folder)
+            ending = None if shared or dest is not None else fmt.begin_finalize(stage, info, options,
+                                                                               [t.index for t in tasks])
+            for r in sorted(done.values(), key=lambda r: r.index) if ending is not None else ():
+                ending.committed(r)
             with _memory_watch(strategy, device, stats):
-                wall = run_executor(req, ctx, strategy, todo, workers, tick, fresh, early[0] if early else None)
+                wall = run_executor(req, ctx, strategy, todo, workers, tick, fresh, early[0] if early else None,
+                                    ending.committed if ending is not None else None)
             workers = wall.get("workers", workers)
             usage = usage.stop() if todo and local else {}
             timings.update({"workers start (to the first shard committed)": round(wall["start"], 4),
@@ -290,7 +296,8 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
                                     strategy, summary_cls)
             _bound(summary, usage, results, todo, wall, strategy.gpu)
             sweep_partials(stage)  # (what killed writers left: every shard is committed by now)
-            for message in fmt.finalize(stage, results, info, options):
+            for message in ending.finish(results) if ending is not None else fmt.finalize(stage, results, info,
+                                                                                          options):
                 stats.warn(message)
             summary.warnings = list(stats.warnings)
             if plan.augmenting:
@@ -625,11 +632,17 @@ def _ticker(advance: Callable[..., None]) -> Callable[..., None]:
 
 def run_executor(req: Any, ctx: Any, strategy: Any, tasks: list, workers: int,
                  tick: Callable[[int], None] | None, results: dict[int, ShardResult] | None = None,
-                 started: Any = None) -> dict:
+                 started: Any = None, committed: Callable[[ShardResult], None] | None = None) -> dict:
     """The run's tasks through the executor the request names (``--executor local|ray``); each committed
-    shard's result into ``results`` by its index (the local executor's workers ``started`` already, where
-    some were). The wall times have ``remote`` where the executor's workers may run on other machines."""
-    keep = (lambda r: None) if results is None else (lambda r: results.__setitem__(r.index, r))
+    shard's result into ``results`` by its index, and to ``committed`` (the local executor's workers ``started``
+    already, where some were). The wall times have ``remote`` where the executor's workers may run on other
+    machines."""
+    def keep(r: ShardResult) -> None:
+        if results is not None:
+            results[r.index] = r
+        if committed is not None:
+            committed(r)
+
     if getattr(req, "executor", "local") == "ray":
         from .engine.execute.ray import run_tasks
         wall = run_tasks(ctx, strategy, tasks, workers, keep, tick, address=getattr(req, "ray_address", None),

@@ -77,9 +77,9 @@ class Settings:
         readers_hw: on the hardware route the feed takes half the cores for its readers (else a quarter).
         reserve_core: a CPU core of its own for the hardware decoder's thread (``GPUBATCH_RESERVE_CORE``).
         early_start: a GPU image run's worker processes started before its device is probed and its source
-            opened (``execute.early.prestart``), and an image, audio or video run's by the ``gpubatch`` command at
-            its start, from its arguments alone, its device probe begun beside its imports (``execute.early.sniff``)
-            (``GPUBATCH_EARLY_START``).
+            opened (``execute.early.prestart``), and an image, audio or video run's, or a host run's (the CPU's, a
+            pass-through), by the ``gpubatch`` command at its start, from its arguments alone, its device probe
+            begun beside its imports (``execute.early.sniff``) (``GPUBATCH_EARLY_START``).
         early_fork: the command's own start forks those processes (it has one thread and no CUDA then) instead of
             spawning fresh interpreters (``GPUBATCH_EARLY_FORK``).
         reserve_min_cpus: the fewest usable cores with which a core is reserved.

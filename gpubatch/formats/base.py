@@ -524,6 +524,14 @@ class Format(abc.ABC):
 
         return replay_spools(cls, root, shards, info, options)
 
+    @classmethod
+    def begin_finalize(cls, root: Path, info: DatasetInfo, options: WriteOptions, order: list[int]) -> Any:
+        """Where a format's finalize can begin while the run works (a local run's, on its own staging folder):
+        an object whose ``committed(result)`` the run calls for each shard as it commits (any order; ``order``: the
+        plan's shard indexes) and whose ``finish(results)`` then does the rest and gives :meth:`finalize`'s
+        warnings; None (the default) where it cannot."""
+        return None
+
 
 # What Caffe and MXNet (OpenCV's imdecode) and DALI (nvImageCodec) all decode: LMDB Datums and RecordIO
 # records hold nothing that names a codec, so their readers decode only these.

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._commit import note_moved
 from .._paths import file_kind, read_regular, safe_join, safe_relpath
 from ..types import (
     IMAGE_EXTENSIONS,
@@ -553,17 +554,90 @@ class FolderFormat(Format):
     @classmethod
     def finalize(cls, root: Path, shards: list[Any], info: DatasetInfo, options: WriteOptions) -> list[str]:
         """Every shard's files moved to their names in shard order (no byte copied), then the file list."""
-        from .sinks import clear_outside_run, fsync_dir, parts_of
+        return FolderFinalize(root, info, options, [s.index for s in shards]).finish(shards)
 
-        clear_outside_run(root)
-        writer = FolderWriter(root, info, options)
+    @classmethod
+    def begin_finalize(cls, root: Path, info: DatasetInfo, options: WriteOptions, order: list[int]) -> Any:
+        """The finalize begun as the run's shards commit (:class:`FolderFinalize`)."""
+        return FolderFinalize(root, info, options, order)
+
+
+def _moved(src: str, dst: str) -> None:
+    """A shard's part moved to its name, or found there already (moved by a run that was then interrupted: the
+    names follow from the shards alone, so a part's name is the same in every run)."""
+    try:
+        os.replace(src, dst)
+    except FileNotFoundError:
+        if os.path.lexists(src) or not os.path.isfile(dst):
+            raise
+
+
+class FolderFinalize:
+    """The folder format's finalize, which a local run begins while its workers write: each committed shard's
+    files moved to their names (renames) once every shard before it in plan order (``order``: the shards'
+    indexes) has been, so the names are those one finalize over every shard at the end would give; the file list,
+    the folders' sync and the warnings at :meth:`finish`. Where the staging folder already held files outside the
+    run's own folder when it began (a run interrupted during its finalize, resumed), a part already moved is found
+    at its name, and :meth:`finish` removes whatever else is there."""
+
+    def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions, order: list[int]):
+        from .sinks import RUN_DIR
+
+        self.root, self.order, self.at = Path(root), list(order), 0
+        self.writer = FolderWriter(self.root, info, options)
+        self.waiting: dict[int, Any] = {}
+        self.placed: set[int] = set()
+        self.names: set[str] = set()
+        self.dirty = any(p.name != RUN_DIR for p in self.root.iterdir())
+        self.noting = (self.root / RUN_DIR).is_dir()  # (a run's staging folder: its journal's)
+
+    def committed(self, shard: Any) -> None:
+        """Shard ``shard`` (a :class:`~gpubatch.types.ShardResult`) is committed: it, and those after it in plan
+        order that wait for it, moved into place."""
+        from .sinks import parts_of
+
+        if shard.index not in self.placed:
+            self.waiting[shard.index] = shard
+        while self.at < len(self.order) and self.order[self.at] in self.waiting:
+            index = self.order[self.at]
+            if self.noting:  # (before its files leave the places its journal entry names: a resume still takes it)
+                note_moved(self.root, index)
+            for path, name, key, label in parts_of(self.root, self.waiting.pop(index)):
+                self.names.add(self.writer.place(name, key, label, lambda dst, src=path: _moved(src, dst)))
+            self.placed.add(index)
+            self.at += 1
+
+    def finish(self, shards: list[Any]) -> list[str]:
+        """Every shard of ``shards`` (each committed, in plan order) in place, the file list written and the folders
+        synced; the warnings."""
+        from .sinks import fsync_dir
+
         for shard in shards:
-            for path, name, key, label in parts_of(root, shard):
-                writer.place(name, key, label, lambda dst, src=path: os.replace(src, dst))
-        writer.close()
-        for folder in writer._dirs:
+            self.committed(shard)
+        if self.at < len(self.order):  # (a shard of the plan with no result: the run's own error, never the user's)
+            raise RuntimeError(f"folder: shard {self.order[self.at]} was never committed")
+        self.writer.close()
+        if self.dirty:
+            self._sweep()
+        for folder in self.writer._dirs:
             fsync_dir(folder)
-        return list(writer.warnings)
+        return list(self.writer.warnings)
+
+    def _sweep(self) -> None:
+        """Whatever an interrupted run left outside the run's folder that is not this dataset's, removed."""
+        from .sinks import RUN_DIR
+
+        keep = self.names | {FILE_LIST, MANIFEST_NAME}
+        for top, _dirs, files in os.walk(self.root, topdown=False):
+            rel_top = os.path.relpath(top, self.root)
+            if rel_top == RUN_DIR or rel_top.startswith(RUN_DIR + os.sep):
+                continue
+            for f in files:
+                rel = f if rel_top == "." else f"{rel_top}/{f}".replace(os.sep, "/")
+                if rel not in keep:
+                    os.unlink(os.path.join(top, f))
+            if rel_top != "." and not os.listdir(top):
+                os.rmdir(top)
 
     @classmethod
     def writer(cls, root: Path, info: DatasetInfo, options: WriteOptions) -> Writer:

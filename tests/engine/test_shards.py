@@ -17,6 +17,7 @@ import pytest
 
 from gpubatch.api import augment, convert
 from gpubatch.errors import GpubatchError, UsageError
+from gpubatch.formats.base import WriteOptions
 from tests.helpers import child_env, kill_group, semaphores_now
 
 FORMATS = ["webdataset", "tfrecord", "recordio", "folder", "coco", "lmdb"]
@@ -142,6 +143,94 @@ def test_an_lmdb_run_killed_at_8_moments_resumes_to_the_same_database(photos, tm
 
     for _, s, *_ in kills(command, photos, tmp_path, env, 8, 52):
         assert s["records_out"] == 160
+
+
+def test_a_folder_run_killed_at_8_moments_resumes_to_the_same_files(photos, tmp_path):
+    """A folder run moves each committed shard's files to their names while its workers write the next
+    (``FolderFinalize``): a kill mid-move, between shards or in the finalize resumes to the same files."""
+    env = child_env()
+
+    def command(src: Path, dst: Path, *more: str) -> list[str]:
+        return [*_command(src, dst, *more)[:6], "--to", "folder", *_command(src, dst, *more)[8:]]
+
+    for _, s, *_ in kills(command, photos, tmp_path, env, 8, 53):
+        assert s["records_out"] == 160
+
+
+def _parts(stage: Path, shards: int, per: int = 3) -> list:
+    """``shards`` committed folder shards of ``per`` records each (two of them named alike, in other shards) in
+    the staging folder ``stage``: their results."""
+    from gpubatch.formats.sinks import PartsSink
+    from gpubatch.types import Record, ShardResult, ShardTask
+
+    out = []
+    for k in range(shards):
+        sink = PartsSink(stage, ShardTask(k, per * k, per * k + per, f"part-{k:05d}"), None, None)
+        for i in range(per):
+            n = per * k + i
+            name = "same" if n in (1, 2 * per + 1) else str(n)  # (shards 0 and 2, both of class 1)
+            sink.write(Record(key=f"c{n % 2}/{n}", data=bytes([n]) * 4, codec="jpeg", label=n % 2,
+                              meta={"filename": f"{name}.jpg"}))
+        files, extra = sink.commit()
+        out.append(ShardResult(index=k, name=f"part-{k:05d}", start=per * k, stop=per * k + per, files=files,
+                               extra=extra))
+    return out
+
+
+def _files(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".gpubatch" not in p.parts}
+
+
+def test_the_folder_finalize_begun_as_shards_commit_names_them_as_one_at_the_end(tmp_path):
+    """Shards committed in any order are moved in plan order, so the names (two records named alike) and the file
+    list are those of one finalize over every shard at the end."""
+    from gpubatch.formats.folder import FolderFormat
+    from gpubatch.types import DatasetInfo
+
+    info = DatasetInfo(classes=("c0", "c1"))
+    whole, early = tmp_path / "whole", tmp_path / "early"
+    for stage in (whole, early):
+        stage.mkdir()
+    FolderFormat.finalize(whole, _parts(whole, 4), info, WriteOptions())
+    results = _parts(early, 4)
+    ending = FolderFormat.begin_finalize(early, info, WriteOptions(), [0, 1, 2, 3])
+    for r in (results[2], results[1]):  # (shard 0 not yet committed: nothing moves)
+        ending.committed(r)
+    assert _files(early) == {}
+    ending.committed(results[0])  # (0, 1 and 2 move; 3 waits)
+    assert len(_files(early)) == 9
+    assert ending.finish(results) == [] and _files(early) == _files(whole)
+    assert "c1/same_1.jpg" in _files(whole) and (whole / "file_list.txt").is_file()
+
+
+def test_a_folder_finalize_interrupted_part_way_is_done_again_to_the_same_files(tmp_path):
+    """A run killed while its shards' files were being moved left some at their names and others in their parts:
+    the resumed finalize finds the moved ones where they are, moves the rest, and removes what is not the
+    dataset's."""
+    import os
+
+    from gpubatch.formats.folder import FolderFormat
+    from gpubatch.types import DatasetInfo
+
+    info = DatasetInfo(classes=("c0", "c1"))
+    whole, stage = tmp_path / "whole", tmp_path / "stage"
+    for folder in (whole, stage):
+        folder.mkdir()
+    FolderFormat.finalize(whole, _parts(whole, 3), info, WriteOptions())
+    results = _parts(stage, 3)
+    first = FolderFormat.begin_finalize(stage, info, WriteOptions(), [0, 1, 2])
+    first.committed(results[0])
+    moved = dict(_files(stage))
+    part = "0000000.jpg"  # (record 3, of class 1)
+    os.makedirs(stage / "c1", exist_ok=True)
+    os.replace(stage / ".gpubatch" / "parts" / "part-00001" / part, stage / "c1" / "3.jpg")  # (one of shard 1's)
+    (stage / "c9").mkdir()
+    (stage / "c9" / "stray.jpg").write_bytes(b"x")  # (not this dataset's)
+    assert len(moved) == 3
+    again = FolderFormat.begin_finalize(stage, info, WriteOptions(), [0, 1, 2])
+    assert again.finish(results) == [] and _files(stage) == _files(whole)
+    assert not (stage / "c9").exists()
 
 
 def _lmdb_shards(stage, records, per=3):

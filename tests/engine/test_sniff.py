@@ -26,6 +26,8 @@ PIXELS = ["--to", "webdataset", "--resize-shorter", "40", "--center-crop", "32"]
 
 #: an audio run's processes a GPU where --gpu-procs is not given: two on a host of 8 cores or more (Strategy.wide)
 AUDIO_PROCS = 2 if cores() >= 8 else 1
+#: a host run's processes where --workers is not given: a core each
+HOST_PROCS = cores()
 
 
 @pytest.mark.parametrize(("args", "guess"), [
@@ -36,9 +38,13 @@ AUDIO_PROCS = 2 if cores() >= 8 else 1
     (["convert", "s", "d", "--to", "tfrecord", "--quality", "90"], ("image", 0, 1)),
     (["convert", "s", "d", "--to", "tfrecord", "--image-format", "png"], ("image", 0, 1)),
     (["augment", "s", "d", "--ops", "hflip(p=0.5)"], ("image", 0, 1)),
-    (["convert", "s", "d", "--to", "tfrecord"], None),  # (a pass-through)
-    (["convert", "s", "d", "--to", "tfrecord", "--image-format", "keep"], None),
-    (["convert", "s", "d", *PIXELS, "--device", "cpu"], None),
+    (["convert", "s", "d", "--to", "tfrecord"], ("host", 0, HOST_PROCS)),  # (a pass-through: on the host)
+    (["convert", "s", "d", "--to", "tfrecord", "--image-format", "keep", "--device", "gpu"], ("host", 0, HOST_PROCS)),
+    (["convert", "s", "d", *PIXELS, "--device", "cpu"], ("host", 0, HOST_PROCS)),
+    (["convert", "s", "d", *PIXELS, "--device", "cpu", "--workers", "3"], ("host", 0, 3)),
+    (["convert", "s", "d", *PIXELS, "--device", "cpu", "--workers=1"], None),  # (the run works in its own process)
+    (["convert", "s", "d", *PIXELS, "--device", "cpu", "--workers", "x"], None),
+    (["convert", "s", "d", "--to", "tfrecord", "--executor", "ray"], None),
     (["convert", "s", "d", *PIXELS, "--gpus", "all"], None),
     (["convert", "s", "d", *PIXELS, "--executor", "ray"], None),
     (["convert", "s", "d", *PIXELS, "--num-parts", "2", "--part", "0"], None),
@@ -46,13 +52,13 @@ AUDIO_PROCS = 2 if cores() >= 8 else 1
     (["convert", "s", "d", "--to", "webdataset", "--clip-length", "16", "--gpu", "1"], ("video", 1, 1)),
     (["convert", "s", "d", "--frames", "every:4", "--gpu-procs", "2"], None),  # (one queue: a run takes one only)
     (["convert", "s", "d", "--frames", "every:4", "--gpu-memory", "1GiB"], None),  # (its plan measures the context)
-    (["convert", "s", "d", "--frames", "every:4", "--device", "cpu"], None),
+    (["convert", "s", "d", "--frames", "every:4", "--device", "cpu"], ("host", 0, HOST_PROCS)),
     (["convert", "s", "d", "--to", "webdataset", "--sample-rate", "16000"], ("audio", 0, AUDIO_PROCS)),
     (["convert", "s", "d", "--to", "webdataset", "--features", "log-mel", "--gpu", "1", "--gpu-procs", "3"],
      ("audio", 1, 3)),
     (["augment", "s", "d", "--ops", "gain(db=3)", "--audio-format", "flac"], ("audio", 0, AUDIO_PROCS)),
     (["convert", "s", "d", "--features", "log-mel", "--gpu-memory", "1GiB"], None),  # (its plan measures the context)
-    (["convert", "s", "d", "--features", "log-mel", "--device", "cpu"], None),
+    (["convert", "s", "d", "--features", "log-mel", "--device", "cpu"], ("host", 0, HOST_PROCS)),
     (["convert", "s", "d", "--features", "log-mel", "--frames", "every:4"], None),
     (["convert", "s", "d", *PIXELS, "--help"], None),
     (["augment", "--list-ops"], None),
@@ -61,7 +67,18 @@ AUDIO_PROCS = 2 if cores() >= 8 else 1
     ([], None),
 ])
 def test_the_commands_arguments_say_whether_a_gpu_runs_workers_start_at_once(args, guess):
-    assert early.guessed(args) == guess
+    if guess is not None and guess[0] == "host" and guess[2] < 2:  # (a host of one core: the run's own process)
+        guess = None
+    assert early.guessed(args, gpu_here=True) == guess
+
+
+@pytest.mark.parametrize("args", [["convert", "s", "d", *PIXELS], ["augment", "s", "d", "--ops", "hflip(p=0.5)"],
+                                  ["convert", "s", "d", "--to", "webdataset", "--features", "log-mel"]])
+def test_on_a_machine_without_a_gpu_every_run_guesses_the_host(args):
+    """``--device auto`` where the machine has no GPU node: the run is the host unit's, a core each."""
+    assert early.guessed(args, gpu_here=False) == (("host", 0, HOST_PROCS) if HOST_PROCS > 1 else None)
+    assert early.guessed([*args, "--device", "gpu"], gpu_here=False) == early.guessed([*args, "--device", "gpu"],
+                                                                                       gpu_here=True)
 
 
 def _cli(args: list[str], node: bool) -> dict:
@@ -81,7 +98,7 @@ try:
     cli.main()
 finally:
     print(json.dumps({{"sniffed": sniffed, "taken": [p.pid for s in taken for p in s.procs],
-                      "kernels": [list(map(list, e.kernels)) for s in taken for e, _ in s.boots]}}))
+                      "kernels": [list(map(list, getattr(e, "kernels", ()))) for s in taken for e, _ in s.boots]}}))
 """
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -99,8 +116,25 @@ def test_workers_started_at_the_commands_start_are_taken_by_its_run_and_the_byte
     want = [list(map(list, kernels_needed(make_plan(40, 32).ops, encode=True)))]
     assert seen["kernels"] == want and want[0]
     plain = _cli(["convert", str(imagenet), str(tmp_path / "plain"), *chain, "--device", "cpu"], node=False)
-    assert plain["sniffed"] == [] and plain["taken"] == []
+    assert len(plain["sniffed"]) == (HOST_PROCS if HOST_PROCS > 1 else 0) and plain["taken"] == plain["sniffed"]
     assert digest(tmp_path / "sniffed") == digest(tmp_path / "plain")
+
+
+def test_a_host_runs_workers_forked_at_the_commands_start_are_taken_and_those_it_needs_not_end(imagenet, tmp_path):
+    """A pass-through (the host unit's on any machine) forks ``--workers`` processes at the command's start; its
+    run takes them, the one its two shards leave idle ends with the others, and the bytes are those of a run that
+    started its workers after the plan."""
+    from gpubatch.api import convert
+
+    chain = ["--to", "tfrecord", "--shard-size", "30", "--workers", "3", "--quiet"]
+    seen = _cli(["convert", str(imagenet), str(tmp_path / "sniffed"), *chain], node=False)
+    assert len(seen["sniffed"]) == 3 and seen["taken"] == seen["sniffed"]
+    convert(imagenet, tmp_path / "plain", to="tfrecord", shard_size=30, workers=3)
+    assert digest(tmp_path / "sniffed") == digest(tmp_path / "plain")
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in seen["sniffed"]):
+        assert time.monotonic() < deadline, "a worker forked at the command's start outlived it"
+        time.sleep(0.05)
 
 
 #: (sample_data's folder, the files taken, the options) of an audio and a video run, and their processes a GPU
@@ -133,7 +167,7 @@ def test_an_audio_or_video_commands_workers_started_at_its_start_end_when_it_run
     seen = _cli(["convert", str(src), str(tmp_path / "sniffed"), *chain], node=True)
     assert len(seen["sniffed"]) == procs and seen["taken"] == []
     plain = _cli(["convert", str(src), str(tmp_path / "plain"), *chain, "--device", "cpu"], node=False)
-    assert plain["sniffed"] == []
+    assert plain["taken"] == plain["sniffed"]  # (the host unit's: a core each)
     assert list((tmp_path / "sniffed").glob("*.tar")) and digest(tmp_path / "sniffed") == digest(tmp_path / "plain")
     deadline = time.monotonic() + 10
     while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in seen["sniffed"]):
@@ -257,10 +291,13 @@ def test_a_sniffed_audio_run_keeps_its_workers_for_the_run_which_takes_them(monk
         started.close()
 
 
-def test_nothing_is_sniffed_where_the_machine_has_no_gpu_node_or_it_is_turned_off(monkeypatch):
+def test_no_gpu_run_is_sniffed_where_the_machine_has_no_gpu_node_and_nothing_where_it_is_turned_off(monkeypatch):
     monkeypatch.setattr(early, "gpu_node", lambda: False)
     early.sniff(["convert", "s", "d", *PIXELS])
-    assert not early._SNIFFED
+    assert [s.kind for s in early._SNIFFED] == (["host"] if HOST_PROCS > 1 else [])  # (the CPU's: a core each)
+    procs = [p for s in early._SNIFFED for p in s.procs]
+    early.close_sniffed()
+    assert all_ended(procs) and not early._SNIFFED
     monkeypatch.setattr(early, "gpu_node", lambda: True)
     monkeypatch.setenv("GPUBATCH_EARLY_START", "0")
     early.sniff(["convert", "s", "d", *PIXELS])

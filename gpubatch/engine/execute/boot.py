@@ -11,7 +11,7 @@ asked for it: ``gpu_init: begun by the boot`` in the run's timings, benchmarks/R
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 #: a message on a worker's ``payload`` queue before its run: the kernels its start compiles besides those its
 #: :class:`..gpu.start.Early` named (a process started at the command's start, before its plan was known:
@@ -38,6 +38,20 @@ VIDEO_MODULES = ("cupy", "PyNvVideoCodec", "gpubatch.engine.gpu.video", "gpubatc
                  "gpubatch.engine.codecs.video", "gpubatch.engine.execute.worker", "gpubatch.engine.execute.writer",
                  "gpubatch.formats", "gpubatch.engine.gpu.chain", "gpubatch.engine.codecs.image_encode_gpu",
                  "gpubatch.engine.codecs.jpeg_gpu")
+#: what a host unit's worker runs (every CPU run's, and a pass-through's), imported while it waits for its run
+#: where the command's start forked it (:func:`.early.sniff`): the run's steps, its context's parts and the formats
+HOST_MODULES = ("gpubatch.runner", "gpubatch.engine.execute.units", "gpubatch.engine.execute.worker",
+                "gpubatch.engine.executor", "gpubatch.engine.run", "gpubatch.engine.plan", "gpubatch.formats")
+#: and where the run touches pixels: Pillow's JPEG and PNG codecs, NumPy and the chain's host kernels
+PIXEL_MODULES = ("numpy", "PIL.Image", "PIL.JpegImagePlugin", "PIL.PngImagePlugin", "gpubatch.engine.host_chain",
+                 "gpubatch.engine.codecs.image")
+
+
+class HostStart(NamedTuple):
+    """What a host unit's worker, forked at the command's start (:func:`.early.sniff`), begins before its run
+    comes: ``modules`` imported (a GPU worker's start is a :class:`..gpu.start.Early`)."""
+
+    modules: tuple[str, ...]
 
 
 def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
@@ -48,6 +62,9 @@ def boot(early: Any, payload: Any, slot: int, tasks: Any, results: Any) -> None:
     from ..processes import die_with_parent
 
     die_with_parent()
+    if isinstance(early, HostStart):  # a host unit's: what it runs imported here, while its run is planned
+        _imported(early.modules)
+        early = None
     if early is not None:
         from ..gpu.start import boot as begin
 

@@ -7,6 +7,10 @@ benchmarks/RESULTS.md "07:28 to 08:11") and opens the source; and :func:`sniff` 
 command's start, from its arguments alone, before it imports its options' parser and the rest of gpubatch (the
 0.2-0.3 s before :func:`prestart`, most of it imports: ``benchmarks/cli_start.py``). What a run takes is a :class:`~.local.Started`; the processes
 it does not take end with it.
+
+A run on the host unit (every CPU run, and every pass-through) has its worker processes forked by :func:`sniff` too,
+a core each: they import what their unit runs (Pillow, NumPy, the formats) while the command imports its own,
+lists the source and plans the shards, where they were spawned after the plan before.
 """
 
 from __future__ import annotations
@@ -48,20 +52,22 @@ def started_early(req: Any, finish: bool, plan: Any, device: Any, settings: Any,
     (:class:`~.local.Started`): ``ahead`` (:func:`prestart`'s) where they began what this run's would, else
     those :func:`sniff` started where they did, else started now (``ahead`` and :func:`sniff`'s end); None
     where the run is not the local executor's on GPUs (a pass-through, Ray, a part, ``finish``)."""
+    from .local import Started
     from .strategies import strategy_for
     from .worker import RunContext
 
     strategy = None
-    if (device.is_gpu and getattr(req, "executor", "local") == "local" and not finish
-            and getattr(req, "num_parts", None) is None):
+    if getattr(req, "executor", "local") == "local" and not finish and getattr(req, "num_parts", None) is None:
         strategy = strategy_for(plan, device)
     sniffed = taken_sniffed()
     if strategy is None or not strategy.gpu:
-        for started in (ahead, sniffed):
-            if started is not None:
-                started.close()
+        if ahead is not None:
+            ahead.close()
+        if strategy is not None and sniffed is not None and sniffed.kind == HOST:  # (the host unit's: a core each)
+            return Started.taking(strategy, sniffed.begun, sniffed)
+        if sniffed is not None:
+            sniffed.close()
         return None
-    from .local import Started
 
     procs = gpu_procs(req, strategy, gpus=len(device.indexes))
     ctx = RunContext(opener=None, sink=None, plan=plan, device=device, settings=settings, gpu_memory=req.gpu_memory,
@@ -146,27 +152,36 @@ def _given(args: list[str], name: str, default: str | None = None) -> str | None
     return found
 
 
-def guessed(args: list[str]) -> tuple[str, int, int] | None:
-    """(the kind of run, "image", "audio" or "video"; its GPU; its processes a GPU) of the GPU run whose workers
-    :func:`sniff` starts, guessed from the ``gpubatch`` command's arguments alone (no device probe); None where it
-    would start none or the arguments do not say: not ``convert`` or ``augment``, ``convert`` with neither a pixel,
-    an audio nor a video option, audio and video options together, audio or video options under ``--gpu-memory``
-    (their plans measure the context as they make it), ``--device cpu``, ``--gpus``, Ray, a part, help. An audio or
-    video run's processes a GPU are ``--gpu-procs``, else its strategy's on this host (``Strategy.per_gpu_here``); a
-    video run of more than one (whose workers share one queue, which :meth:`Sniffed.fits` refuses) gets none. A
-    wrong guess costs only the processes it starts, which the run ends where they do not fit."""
+#: the kind of run :func:`guessed` names for the host unit (a CPU run, a pass-through)
+HOST = "host"
+
+
+def guessed(args: list[str], gpu_here: bool | None = None) -> tuple[str, int, int] | None:
+    """(the kind of run, "image", "audio", "video" or "host"; its GPU; its processes a GPU, or the host run's
+    processes) of the run whose workers :func:`sniff` starts, guessed from the ``gpubatch`` command's arguments alone
+    (no device probe; ``gpu_here``: whether this machine has a GPU's device node and CuPy, :func:`gpu_node` where not
+    given); None where it would start none or the arguments do not say: not ``convert`` or ``augment``, audio and
+    video options together, audio or video options under ``--gpu-memory`` (their plans measure the context as they
+    make it), ``--gpus``, Ray, a part, help. A run on the host unit (``--device cpu``; ``--device auto`` with no GPU
+    here; a ``convert`` with neither a pixel, an audio nor a video option, whose bytes pass through) is "host", its
+    processes ``--workers``, else a core each, as the executor starts them (none where that is one: the run works in
+    the command's own process). An audio or video run's processes a GPU are ``--gpu-procs``, else its strategy's on
+    this host (``Strategy.per_gpu_here``); a video run of more than one (whose workers share one queue, which
+    :meth:`Sniffed.fits` refuses) gets none. A wrong guess costs only the processes it starts, which the run ends
+    where they do not fit."""
     names = {a.split("=", 1)[0] for a in args if a.startswith("-")}
     command = next((a for a in args if not a.startswith("-")), None)
-    if command not in ("convert", "augment") or names & set(NOT_EARLY):
+    if command not in ("convert", "augment") or names & set(NOT_EARLY) or _given(args, "--executor", "local") != "local":
         return None
     audio, video = bool(names & set(AUDIO_OPTIONS)), bool(names & set(VIDEO_OPTIONS))
-    if (audio or video) and "--gpu-memory" in names or audio and video:
+    if audio and video:
         return None
-    if not (audio or video) and command == "convert" and not any(
-            n in names and (n != "--image-format" or _given(args, n) != "keep") for n in PIXEL_OPTIONS):
-        return None
-    if (_given(args, "--device", "auto") or "").lower() not in ("auto", "gpu") or _given(
-            args, "--executor", "local") != "local":
+    device = (_given(args, "--device", "auto") or "").lower()
+    passing = not (audio or video) and command == "convert" and not any(
+        n in names and (n != "--image-format" or _given(args, n) != "keep") for n in PIXEL_OPTIONS)
+    if device == "cpu" or passing or device == "auto" and not (gpu_node() if gpu_here is None else gpu_here):
+        return _host_guess(args)
+    if (audio or video) and "--gpu-memory" in names or device not in ("auto", "gpu"):
         return None
     try:
         gpu, procs = int(_given(args, "--gpu", "0") or 0), int(_given(args, "--gpu-procs", "0") or 0)
@@ -183,6 +198,19 @@ def guessed(args: list[str]) -> tuple[str, int, int] | None:
     return (kind, gpu, procs) if gpu >= 0 and procs >= 1 else None
 
 
+def _host_guess(args: list[str]) -> tuple[str, int, int] | None:
+    """A host run's guess (:func:`guessed`): its processes ``--workers``, else a core each (the executor's, for a
+    run of as many tasks; one it takes fewer leaves the rest to end); None for one (the run works in the command's
+    process), or a ``--workers`` the options' parser refuses."""
+    from ..processes import cores
+
+    try:
+        procs = int(_given(args, "--workers", "0") or 0) or cores()
+    except ValueError:
+        return None
+    return (HOST, 0, procs) if procs > 1 else None
+
+
 class Sniffed:
     """Worker processes :func:`sniff` started at the command's start, a slot each (their tasks dealt, as the GPU
     image unit's are), each waiting for its run: ``begun`` says what each slot's boot began (:func:`~.local.boots`'s
@@ -195,7 +223,8 @@ class Sniffed:
 
         self.begun, self.kind = begun, kind
         self.results = mp.get_context("spawn").Queue()
-        self.setups, self.tasks, self.procs = new_slots(begun, True, self.results, fork=fork)
+        # (a host run's workers take the next task from one queue as they free up: strategies' host unit)
+        self.setups, self.tasks, self.procs = new_slots(begun, kind != HOST, self.results, fork=fork)
         self.at = time.time()
 
     def fits(self, strategy: Any, begun: list[tuple[Any, dict[str, str]]]) -> bool:
@@ -249,23 +278,30 @@ def sniff(args: list[str]) -> None:
     where they look like a GPU image, audio or video run's (:func:`guessed`) on a machine with an NVIDIA device node
     and CuPy (:func:`gpu_node`), that run's worker processes started now, their GPU's start begun (an image or video
     run's kernels once the plan names them: :meth:`Sniffed.begin`; an audio run's decoding processes and its
-    warm-up, as ``gpu.start.early("audio")`` has them). :func:`started_early` takes them where they fit its run and ends them
+    warm-up, as ``gpu.start.early("audio")`` has them); where they look like a host run's (the CPU's, a
+    pass-through), its workers started now, importing what their unit runs (:func:`_sniff_host`). :func:`started_early` takes them where they fit its run and ends them
     otherwise (so does :func:`prestart` an image run's); so does the command's exit where it never gets there (a
     usage error). Never raises: a bad setting or option is the command's to report. ``GPUBATCH_EARLY_START=0``
     turns it off with :func:`prestart`."""
     try:
-        guess = guessed(args)
-        if guess is None or not gpu_node():
+        here = gpu_node()
+        guess = guessed(args, here)
+        if guess is None:
             return
         settings = run_settings(gpu=True)
         if not settings.early_start:
             return
         import atexit
 
-        from ..gpu.start import Early, audio_decoders, instances_wanted
         from ..processes import fork_safe, visible_name
 
         kind, gpu, procs = guess
+        if kind == HOST:
+            _sniff_host(args, procs, settings.early_fork and fork_safe(), here)
+            atexit.register(close_sniffed)
+            return
+        from ..gpu.start import Early, audio_decoders, instances_wanted
+
         env = {"CUDA_VISIBLE_DEVICES": visible_name(gpu)} if gpu else {}  # (as RunContext.for_slot)
         if kind == "audio":  # (as gpu.start.early("audio"): the run's context, decoding processes and warm-up)
             early = Early(0, settings, sync=False, library=False, decoders=audio_decoders(procs), warm="audio")
@@ -287,3 +323,24 @@ def sniff(args: list[str]) -> None:
         probe_ahead(gpu)  # (the command's own device probe beside its imports; after the fork: a thread now)
     except Exception:  # noqa: BLE001 - a guess: the command runs as it would have
         return
+
+
+def _sniff_host(args: list[str], procs: int, fork: bool, here: bool) -> None:
+    """:func:`sniff` of a host run: its ``procs`` worker processes (forked where ``fork``), each importing what its
+    unit runs while it waits for its run (:class:`.boot.HostStart`: the formats and the run's steps, and Pillow and
+    NumPy where the run touches pixels); the device probe begun where the run asks for a GPU (``--device gpu``: a
+    pass-through's, which runs on the host all the same; ``--gpu`` its index)."""
+    from .boot import HOST_MODULES, PIXEL_MODULES, HostStart
+
+    names = {a.split("=", 1)[0] for a in args if a.startswith("-")}
+    command = next((a for a in args if not a.startswith("-")), None)
+    pixels = command == "augment" or bool(names & set(PIXEL_OPTIONS))
+    start = HostStart(HOST_MODULES + (PIXEL_MODULES if pixels else ()))
+    _SNIFFED.append(Sniffed([(start, {}) for _ in range(procs)], fork=fork, kind=HOST))
+    if (_given(args, "--device", "auto") or "").lower() == "gpu" and here:
+        from ..device import probe_ahead
+
+        try:
+            probe_ahead(int(_given(args, "--gpu", "0") or 0))
+        except ValueError:  # (the options' parser says what is wrong)
+            pass

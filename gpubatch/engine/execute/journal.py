@@ -28,6 +28,7 @@ from typing import Any
 from ..._commit import (
     boot_id,
     file_digest,
+    moved_shards,
     partial_name,
     sync_as,
     sync_filesystem,
@@ -139,6 +140,7 @@ class Journal:
         if self.store is not None:  # (what the store holds now: listed once)
             self.store.listing(fresh=True)
         settled = self._settled()
+        moved = moved_shards(self.stage)  # (shards whose files a finalize begun during the run moved to their names)
         for task in tasks:  # (each task's own entry: a worker asking about its few reads no other)
             try:
                 doc = json.loads((self.entries / f"{task.index:06d}.json").read_text(encoding="utf-8"))
@@ -150,7 +152,7 @@ class Journal:
             if (task.index, task.name, task.start, task.stop) != (result.index, result.name, result.start,
                                                                   result.stop) or not (whole or result.files):
                 continue  # (another shard's; or not synced, in another boot, with no files to check: LMDB's)
-            if all(_present(self.stage / name, meta, whole) or (self.store is not None and isinstance(meta, list)
+            if whole and result.index in moved or all(_present(self.stage / name, meta, whole) or (self.store is not None and isinstance(meta, list)
                                                                 and self.store.present(name, meta[0]))
                    for name, meta in result.files.items()):
                 done[result.index] = result

@@ -12,8 +12,9 @@ the same: their names and bytes follow from the plan. A run of one CPU worker ru
 parent-death signal): a run killed with ``kill -9`` leaves no worker writing behind it.
 
 A worker process starts in :func:`.boot.boot`, which begins its GPU's start before it unpickles its run,
-sent as bytes on a queue of its own (:class:`Started`); a GPU run's workers are started before the run is
-planned, the others with its tasks.
+sent as bytes on a queue of its own (:class:`Started`); the ``gpubatch`` command starts a run's workers at its
+first line (:func:`.early.sniff`), else a GPU run's are started before the run is planned, the others with its
+tasks.
 """
 
 from __future__ import annotations
