@@ -24,8 +24,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from crc32c import crc32c
-
 PARTIAL = ".partial"
 
 #: a run's ``--sync``: "shard" (each file fsynced as it is committed, each folder after its renames: a shard
@@ -115,13 +113,12 @@ def sync_filesystem(path: Path) -> None:
 @functools.lru_cache(maxsize=1)
 def _libc() -> Any:
     import ctypes
-    import ctypes.util
 
-    try:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return lib if hasattr(lib, "syncfs") else None
+    try:  # (the process's own symbols, the C library's among them: ctypes.util's search cost 7-9 ms)
+        lib = ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
+    return lib if hasattr(lib, "syncfs") else None
 
 
 def fsync_dir(path: Path, final: bool = False) -> None:
@@ -322,3 +319,17 @@ def moved_shards(stage: Path) -> set[int]:
     except OSError:
         return set()
     return {int(line) for line in text.split("\n")[:-1] if line.isdigit()}
+
+
+def crc32c(data: Any, crc: int = 0) -> int:
+    """The ``crc32c`` package's CRC-32C of ``data`` continued from ``crc``, the package imported at the first call
+    (its import takes 20-25 ms, mostly ``importlib.metadata``: a command that digests nothing, a pass-through's
+    own process, never pays it)."""
+    if not _CRC:
+        from crc32c import crc32c as real
+
+        _CRC.append(real)
+    return _CRC[0](data, crc)
+
+
+_CRC: list[Any] = []  # (the package's function, once imported)

@@ -340,12 +340,14 @@ def _run(req: Any, run: Any, src_path: Path, dst_path: Path, fmt: Any, plan: Any
 def audio_ops(sample_rate: int | None = None, mono: bool = False, duration: float | None = None,
               pad: str = "zero", features: str | None = None) -> tuple[Any, ...]:
     """The ops of ``convert``'s audio options: mono, resample, fix the duration, then features."""
+    ops: list[Any] = []
+    if not (mono or sample_rate or duration or pad != "zero" or features):  # (no op module imported, nor NumPy)
+        return ()
     from .engine.ops import OPS
     from .engine.ops.audio import FixDuration, Mono, Resample
     from .engine.ops.spectral import FeatureOp
     from .engine.spec import parse_chain
 
-    ops: list[Any] = []
     if mono:
         ops.append(Mono())
     if sample_rate:

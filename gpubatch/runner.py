@@ -186,7 +186,8 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
         # a COCO JSON's image folder is source too (a store's destination makes its own checks: _publish.staged)
         check_output(reader.roots(), dst_path, req.overwrite or is_remote(req.dst))
         plan = dataclasses.replace(plan, media=reader.media, layout=starts_as(reader, plan))
-        plan.validate(DEVICE if device.is_gpu and has_codec(plan.media, DEVICE) else HOST)  # before reading
+        if plan.touches_pixels or plan.layout:  # before reading (a pass-through has nothing to check: no codec loaded)
+            plan.validate(DEVICE if device.is_gpu and has_codec(plan.media, DEVICE) else HOST)
         src_format = reader.format_name
         if plan.media == "video" and Media.VIDEO not in fmt.media and not getattr(plan.sample, "kind", "") == "frames":
             raise UsageError(f"{fmt.name} holds {' and '.join(m.value for m in fmt.media)} records, not video: "

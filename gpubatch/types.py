@@ -10,9 +10,10 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # (NumPy imported where boxes are used: a pass-through's command never loads it)
+    import numpy as np
 
 
 class Media(str, enum.Enum):
@@ -164,6 +165,8 @@ class Boxes:
     keypoint_flip: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        import numpy as np
+
         xyxy = np.asarray(self.xyxy, dtype=np.float32).reshape(-1, 4)
         labels = np.asarray(self.labels, dtype=np.int64).reshape(-1)
         if len(labels) != len(xyxy):
@@ -186,6 +189,8 @@ class Boxes:
         return len(self.xyxy)
 
     def __eq__(self, other: object) -> bool:
+        import numpy as np
+
         if not isinstance(other, Boxes):
             return NotImplemented
         return (
@@ -197,6 +202,8 @@ class Boxes:
 
     def normalized(self) -> np.ndarray:
         """Corners divided by the canvas width and height: float32 (N, 4) in [0, 1]."""
+        import numpy as np
+
         h, w = self.canvas
         scale = np.array([w, h, w, h], np.float32)
         return self.xyxy / np.maximum(scale, 1)
@@ -205,6 +212,8 @@ class Boxes:
         self, sx: float, sy: float, tx: float, ty: float, canvas: tuple[int, int], min_visible: float = 0.0
     ) -> tuple[Boxes, int]:
         """Scale then translate every box (x' = sx * x + tx): :meth:`warp` with a diagonal matrix."""
+        import numpy as np
+
         return self.warp(np.array([[sx, 0.0, tx], [0.0, sy, ty], [0.0, 0.0, 1.0]]), canvas, min_visible)
 
     def warp(self, matrix: np.ndarray, canvas: tuple[int, int], min_visible: float = 0.0) -> tuple[Boxes, int]:
@@ -217,6 +226,8 @@ class Boxes:
         that mirrors, left and right keypoints trade places (``keypoint_flip``). Returns the new boxes
         and how many were dropped.
         """
+        import numpy as np
+
         m = np.asarray(matrix, np.float64).reshape(3, 3)
         h, w = canvas
         x0, y0, x1, y1 = (self.xyxy[:, i].astype(np.float64) for i in range(4))
@@ -287,6 +298,8 @@ def warp_keypoints(flat: list, matrix: np.ndarray, canvas: tuple[int, int],
     """COCO keypoints ``[x1, y1, v1, ...]`` moved by a 3x3 map onto ``canvas``: (the list, how many are
     labeled). Unlabeled ones (v = 0) stay (0, 0, 0), as do those the map takes off the canvas; ``flip``
     reorders them (a mirror's left and right)."""
+    import numpy as np
+
     pts = np.asarray(flat, np.float64).reshape(-1, 3)
     h, w = canvas
     moved = _project(np.asarray(matrix, np.float64).reshape(3, 3), pts[:, :2]) if len(pts) else pts[:, :2]
@@ -307,6 +320,8 @@ def warp_rle(rle: dict, matrix: np.ndarray, canvas: tuple[int, int]) -> tuple[di
     or a 90-degree turn is exact. The counts keep their form: a list stays a list (uncompressed, as in
     COCO's instance files), a string stays COCO's compressed string. pycocotools does the coding.
     """
+    import numpy as np
+
     try:
         from pycocotools import mask as mask_api
     except ImportError:  # pragma: no cover - a core dependency

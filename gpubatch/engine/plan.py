@@ -272,9 +272,9 @@ def make_plan(
     verify: str = "headers",
 ) -> Plan:
     """The plan of ``convert``'s pixel options: resize (h, w), then resize-shorter, then center crop."""
-    from .ops.geometry import CenterCrop, Resize, ResizeShorter
-
     ops: list[Op] = []
+    if resize or resize_shorter or center_crop:  # (a pass-through's command never imports the ops, nor NumPy)
+        from .ops.geometry import CenterCrop, Resize, ResizeShorter
     if resize:
         ops.append(Resize(int(resize[0]), int(resize[1])))
     if resize_shorter:

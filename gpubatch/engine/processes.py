@@ -57,11 +57,9 @@ def keep_freed_memory() -> bool:
     0.357 s, benchmarks/audio_cpu.py). The command line calls it for its own process; a library never
     changes its caller's allocator. False where the C library has no ``mallopt`` (not glibc)."""
     import ctypes
-    import ctypes.util
 
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # (the process's own symbols, the C library's among them)
     except (OSError, AttributeError):
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3

@@ -19,8 +19,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .._paths import MAX_RECORD_BYTES, fetched
 from ..errors import FormatError
 from ..types import DatasetInfo, Media, Record, sniff_image_codec
@@ -159,6 +157,8 @@ class LmdbReader(Reader):
             return None if view is None else bytes(view)
 
     def _read(self, entry: Any) -> Record:
+        import numpy as np
+
         key, origin = self.where(entry)
         value = self._value(entry, key, origin)
         if value is None:

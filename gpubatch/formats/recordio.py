@@ -21,8 +21,6 @@ import struct
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .._paths import MAX_RECORD_BYTES, open_fetched, read_head, read_regular, source_files, source_root
 from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
@@ -54,6 +52,8 @@ def _pad(n: int) -> int:
 
 def frame(payload: bytes) -> bytes:
     """Frame one record, splitting at every 4-aligned occurrence of the magic (dmlc's rule)."""
+    import numpy as np
+
     words = np.frombuffer(payload, "<u4", count=len(payload) // 4)
     cuts = (np.flatnonzero(words == MAGIC) * 4).tolist()  # (only aligned words count: one vector compare)
     if not cuts:  # the common case: one part, one copy
@@ -83,6 +83,8 @@ def label_array(record: Record) -> list[float] | None:
 
 
 def pack_payload(record: Record, index: int) -> bytes:
+    import numpy as np
+
     label = -1.0 if record.label is None else float(record.label)
     if record.boxes is None:
         labels = label_array(record)
@@ -266,6 +268,8 @@ class RecordIOReader(Reader):
         return f"{self.recs[s].stem}_{k}", f"{self.recs[s]}@{off}"
 
     def _read(self, entry: tuple[int, int, str]) -> Record:
+        import numpy as np
+
         s, off, k = entry
         key, origin = self.where(entry)
         try:

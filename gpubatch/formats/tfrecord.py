@@ -30,8 +30,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .._paths import MAX_RECORD_BYTES, open_fetched, read_head, read_regular, source_files, source_root
 from ..errors import DependencyError, FormatError
 from ..types import Boxes, DatasetInfo, Media, Record, class_table, keypoint_flips, sniff_image_codec
@@ -380,6 +378,8 @@ class TFRecordReader(Reader):
 
     def _fields(self, feats: Any, data: bytes) -> tuple[dict, int | None, Boxes | None]:
         """The record's metadata, class and boxes, each field checked (a ValueError names the one at fault)."""
+        import numpy as np
+
         meta_raw = (_bytes(feats, "gpubatch/meta") or [b""])[0]
         meta = fields.json_object(meta_raw, "gpubatch/meta") if meta_raw else {}
         box_extra = meta.pop("box_extra", None)
@@ -554,6 +554,8 @@ class TFRecordSink(ShardSink):
         every box gets the same number: a box without keypoints gets unlabeled ones (``v = 0``), with
         empty names in ``keypoint/text``. Boxes with different numbers of keypoints are left to
         ``gpubatch/meta``."""
+        import numpy as np
+
         kps = [e.get("keypoints") for e in b.extra] if b is not None else []
         kps = [k if isinstance(k, list) and k and len(k) % 3 == 0 else None for k in kps]
         sizes = {len(k) for k in kps if k is not None}

@@ -8,17 +8,19 @@ read and written in :mod:`.tfrecord`.
 from __future__ import annotations
 
 import importlib.util
+import math
 import operator
 import struct
 import sys
 import threading
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DependencyError
 from ..types import sniff_image_codec
+
+if TYPE_CHECKING:  # (NumPy imported where a record holds floats: a pass-through never loads it)
+    import numpy as np
 
 _OLD_PROTOBUF = ("the installed tfrecord package does not work with this protobuf ({}: Descriptors cannot be "
                  "created directly): pip install -U 'tfrecord>=1.14.6'")
@@ -120,7 +122,7 @@ def _object_keypoints(feats: Any, n: int, h: int, w: int,
     k = len(xs) // n
     vis = _ints(feats, "image/object/keypoint/visibility")
     if len(vis) != len(xs):
-        vis = [0 if np.isnan(x) or np.isnan(y) else 2 for x, y in zip(xs, ys)]
+        vis = [0 if math.isnan(x) or math.isnan(y) else 2 for x, y in zip(xs, ys)]
     shown = _ints(feats, "image/object/keypoint/num")
     text = [b.decode("utf-8", "replace") for b in _bytes(feats, "image/object/keypoint/text")]
     out, names = [], []
@@ -132,7 +134,7 @@ def _object_keypoints(feats: Any, n: int, h: int, w: int,
             continue
         flat = []
         for j in range(i * k, (i + 1) * k):
-            v = int(vis[j]) if vis[j] > 0 and not (np.isnan(xs[j]) or np.isnan(ys[j])) else 0
+            v = int(vis[j]) if vis[j] > 0 and not (math.isnan(xs[j]) or math.isnan(ys[j])) else 0
             flat += [round(float(xs[j]) * w, 2), round(float(ys[j]) * h, 2), v] if v else [0, 0, 0]
         e["keypoints"] = [int(v) if float(v).is_integer() else v for v in flat]
         e["num_keypoints"] = int(shown[i]) if len(shown) == n else sum(1 for v in flat[2::3] if v)
@@ -153,6 +155,8 @@ def _ints(feats: Any, key: str) -> list[int]:
 
 
 def _floats(feats: Any, key: str) -> np.ndarray:
+    import numpy as np
+
     return np.asarray(feats[key].float_list.value, np.float32) if key in feats else np.zeros(0, np.float32)
 
 
@@ -193,7 +197,7 @@ def example_parts(datum: dict[str, tuple[Any, str]]) -> tuple[list[Any], int]:
                     entries.clear()
                 entry = entries[memo] = _entry(key, value, kind)
             run.append(entry)
-        elif kind == "byte" and not isinstance(value, (list, tuple, np.ndarray, str)) and len(value) > _SMALL:
+        elif kind == "byte" and not isinstance(value, (list, tuple, str)) and not _is_array(value) and len(value) > _SMALL:
             if t is not bytes:
                 value = memoryview(value).cast("B")  # (its bytes, whatever its item size)
             run.append(_large_bytes_head(key, value))
@@ -243,9 +247,15 @@ def _int64(v: Any) -> int:
     return n & 0xFFFFFFFFFFFFFFFF
 
 
+def _is_array(value: Any) -> bool:
+    """Whether ``value`` is a NumPy array (none is where NumPy was never imported)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, np.ndarray)
+
+
 def _feature(value: Any, kind: str) -> bytes:
     """A ``Feature`` message: its one list (packed where numbers), present even where empty."""
-    if not isinstance(value, (list, tuple, np.ndarray)):
+    if not isinstance(value, (list, tuple)) and not _is_array(value):
         value = [value]
     if kind == "byte":
         values = [v if type(v) is bytes else memoryview(v).tobytes() for v in value]  # (bytes-like only, as protobuf)
@@ -257,6 +267,8 @@ def _feature(value: Any, kind: str) -> bytes:
         try:
             packed = struct.pack(f"<{len(value)}f", *value)
         except OverflowError:  # beyond float32: infinite, as protobuf stores it
+            import numpy as np
+
             with np.errstate(over="ignore"):
                 packed = np.asarray(value, np.float64).astype("<f4").tobytes()
         return _field(b"\x12", _field(b"\x0a", packed) if packed else b"")

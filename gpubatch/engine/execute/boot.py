@@ -39,11 +39,12 @@ VIDEO_MODULES = ("cupy", "PyNvVideoCodec", "gpubatch.engine.gpu.video", "gpubatc
                  "gpubatch.formats", "gpubatch.engine.gpu.chain", "gpubatch.engine.codecs.image_encode_gpu",
                  "gpubatch.engine.codecs.jpeg_gpu")
 #: what a host unit's worker runs (every CPU run's, and a pass-through's), imported while it waits for its run
-#: where the command's start forked it (:func:`.early.sniff`): the run's steps, its context's parts and the formats
-HOST_MODULES = ("gpubatch.runner", "gpubatch.engine.execute.units", "gpubatch.engine.execute.worker",
+#: where the command's start forked it (:func:`.early.sniff`): NumPy and the digest (which the command's own process
+#: no longer imports), the run's steps, its context's parts and the formats
+HOST_MODULES = ("numpy", "crc32c", "gpubatch.runner", "gpubatch.engine.execute.units", "gpubatch.engine.execute.worker",
                 "gpubatch.engine.executor", "gpubatch.engine.run", "gpubatch.engine.plan", "gpubatch.formats")
-#: and where the run touches pixels: Pillow's JPEG and PNG codecs, NumPy and the chain's host kernels
-PIXEL_MODULES = ("numpy", "PIL.Image", "PIL.JpegImagePlugin", "PIL.PngImagePlugin", "gpubatch.engine.host_chain",
+#: and where the run touches pixels: Pillow's JPEG and PNG codecs and the chain's host kernels
+PIXEL_MODULES = ("PIL.Image", "PIL.JpegImagePlugin", "PIL.PngImagePlugin", "gpubatch.engine.host_chain",
                  "gpubatch.engine.codecs.image")
 
 

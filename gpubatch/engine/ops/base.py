@@ -7,15 +7,17 @@ on the GPU, exactly as the CPU reference runs them one by one.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import UsageError, register_once
 from ...types import Boxes
 from ..media import MediaSpec
 from ..registry import load_built_ins
+
+if TYPE_CHECKING:  # (NumPy imported where an op's arrays are made: a pass-through's command never loads it)
+    import numpy as np
 
 OPS: dict[str, type[Op]] = {}
 
@@ -45,6 +47,8 @@ class Window:
                       self.bx * nxt.bx, nxt.oh, nxt.ow)
 
     def as_array(self) -> np.ndarray:
+        import numpy as np
+
         return np.array([self.ay, self.by, self.ax, self.bx], np.float32)
 
 
@@ -109,7 +113,7 @@ class Op:
 
 
 def positive(name: str, value: Any) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:  # (NumPy's integers too)
         raise UsageError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
@@ -128,7 +132,7 @@ def pair(name: str, value: Any, low: float, high: float) -> tuple[float, float]:
 def spread(name: str, value: Any, center: float | None, low: float, high: float) -> tuple[float, float]:
     """A range given as (min, max), or as one number ``x`` meaning ``center -/+ x`` (``x, x`` without a
     centre), as torchvision's ColorJitter and RandomRotation read theirs."""
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):  # (NumPy's numbers too)
         x = float(value)
         if center is None:
             return pair(name, (x, x), low, high)
@@ -150,7 +154,7 @@ def probability(name: str, value: Any) -> float:
 
 def colour(name: str, value: Any) -> tuple[float, float, float]:
     """A fill colour: one level for all channels or three (0-255)."""
-    vals = [value] * 3 if isinstance(value, (int, float, np.integer, np.floating)) else list(value)
+    vals = [value] * 3 if isinstance(value, numbers.Real) else list(value)
     try:
         out = tuple(float(v) for v in vals)
     except (TypeError, ValueError):

@@ -16,8 +16,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
-
 from ...errors import RecordError, Stage, UsageError
 from ...types import Media, Record
 from ..media import MediaSpec
@@ -76,6 +74,8 @@ class FrameSampler(Sampler):
         return FrameSampler(mode, v if mode == "fps" else int(v), image_codec)
 
     def indices(self, info: Any) -> list[int]:
+        import numpy as np
+
         n = info.frames
         if self.mode == "every":
             return list(range(0, n, int(self.value)))
@@ -153,6 +153,8 @@ class ClipSampler(Sampler):
 
     def clips(self, info: Any, key: str, seed: int) -> list[list[int]]:
         """The frame indices of each clip of a video with ``info``'s frames (empty where it is too short)."""
+        import numpy as np
+
         n = info.frames
         if self.positions == "random":
             from ..rng import record_rng
