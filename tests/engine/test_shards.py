@@ -182,18 +182,26 @@ def _files(root: Path) -> dict:
             if p.is_file() and ".gpubatch" not in p.parts}
 
 
-def test_the_folder_finalize_begun_as_shards_commit_names_them_as_one_at_the_end(tmp_path):
-    """Shards committed in any order are moved in plan order, so the names (two records named alike) and the file
-    list are those of one finalize over every shard at the end."""
+def _finalized_and_staged(tmp_path: Path, shards: int) -> tuple:
+    """A folder finalized whole from ``shards`` committed shards (:func:`_parts`), and a staging folder holding the
+    same shards committed: (the dataset's info, the whole folder, the staging folder, its shards' results)."""
     from gpubatch.formats.folder import FolderFormat
     from gpubatch.types import DatasetInfo
 
     info = DatasetInfo(classes=("c0", "c1"))
-    whole, early = tmp_path / "whole", tmp_path / "early"
-    for stage in (whole, early):
-        stage.mkdir()
-    FolderFormat.finalize(whole, _parts(whole, 4), info, WriteOptions())
-    results = _parts(early, 4)
+    whole, stage = tmp_path / "whole", tmp_path / "stage"
+    for folder in (whole, stage):
+        folder.mkdir()
+    FolderFormat.finalize(whole, _parts(whole, shards), info, WriteOptions())
+    return info, whole, stage, _parts(stage, shards)
+
+
+def test_the_folder_finalize_begun_as_shards_commit_names_them_as_one_at_the_end(tmp_path):
+    """Shards committed in any order are moved in plan order, so the names (two records named alike) and the file
+    list are those of one finalize over every shard at the end."""
+    from gpubatch.formats.folder import FolderFormat
+
+    info, whole, early, results = _finalized_and_staged(tmp_path, 4)
     ending = FolderFormat.begin_finalize(early, info, WriteOptions(), [0, 1, 2, 3])
     for r in (results[2], results[1]):  # (shard 0 not yet committed: nothing moves)
         ending.committed(r)
@@ -211,14 +219,8 @@ def test_a_folder_finalize_interrupted_part_way_is_done_again_to_the_same_files(
     import os
 
     from gpubatch.formats.folder import FolderFormat
-    from gpubatch.types import DatasetInfo
 
-    info = DatasetInfo(classes=("c0", "c1"))
-    whole, stage = tmp_path / "whole", tmp_path / "stage"
-    for folder in (whole, stage):
-        folder.mkdir()
-    FolderFormat.finalize(whole, _parts(whole, 3), info, WriteOptions())
-    results = _parts(stage, 3)
+    info, whole, stage, results = _finalized_and_staged(tmp_path, 3)
     first = FolderFormat.begin_finalize(stage, info, WriteOptions(), [0, 1, 2])
     first.committed(results[0])
     moved = dict(_files(stage))
