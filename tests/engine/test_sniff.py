@@ -320,6 +320,27 @@ def test_a_sniffed_audio_run_keeps_its_workers_for_the_run_which_takes_them(monk
         started.close()
 
 
+def test_host_workers_sniffed_for_a_run_that_proves_a_gpus_end_and_the_run_starts_its_own(monkeypatch):
+    """A host guess (here: no GPU node seen) whose run proves to be a GPU image run: the host workers end, and the
+    run starts its GPU workers afresh."""
+    from gpubatch.api import ConvertRequest
+    from gpubatch.engine.device import Device, DeviceKind
+
+    monkeypatch.setattr(early, "gpu_node", lambda: False)
+    monkeypatch.delenv("GPUBATCH_EARLY_START", raising=False)
+    early.sniff(["convert", "s", "d", *PIXELS, "--workers", "2"])
+    sniffed = early._SNIFFED[0].procs
+    assert early._SNIFFED[0].kind == "host" and len(sniffed) == 2
+    gpu = Device(DeviceKind.GPU, 0, reason="test")
+    image = ConvertRequest(src="s", dst="d", to="webdataset", resize_shorter=40)
+    started = early.started_early(image, False, make_plan(40), gpu, early.run_settings(True))
+    try:
+        assert started.strategy.gpu and not set(started.procs) & set(sniffed)
+        assert all_ended(sniffed) and not early._SNIFFED
+    finally:
+        started.close()
+
+
 def test_no_gpu_run_is_sniffed_where_the_machine_has_no_gpu_node_and_nothing_where_it_is_turned_off(monkeypatch):
     monkeypatch.setattr(early, "gpu_node", lambda: False)
     early.sniff(["convert", "s", "d", *PIXELS])

@@ -50,8 +50,10 @@ def gpu_procs(req: Any, strategy: Any, records: int | None = None, gpus: int = 1
 def started_early(req: Any, finish: bool, plan: Any, device: Any, settings: Any, ahead: Any = None) -> Any:
     """A GPU run's worker processes, started before its source is listed and its shards planned
     (:class:`~.local.Started`): ``ahead`` (:func:`prestart`'s) where they began what this run's would, else
-    those :func:`sniff` started where they did, else started now (``ahead`` and :func:`sniff`'s end); None
-    where the run is not the local executor's on GPUs (a pass-through, Ray, a part, ``finish``)."""
+    those :func:`sniff` started where they did, else started now (``ahead`` and :func:`sniff`'s end). A run on the
+    host unit (the CPU's, a pass-through) takes the host workers :func:`sniff` started, and gets None where it
+    started none (its executor spawns them with its tasks); so does a run that is not the local executor's (Ray, a
+    part, ``finish``)."""
     from .local import Started
     from .strategies import strategy_for
     from .worker import RunContext
@@ -83,7 +85,7 @@ def started_early(req: Any, finish: bool, plan: Any, device: Any, settings: Any,
         from .local import boots
 
         begun = boots(ctx, strategy, 0, workers)
-        if sniffed.fits(strategy, begun):
+        if sniffed.kind != HOST and sniffed.fits(strategy, begun):  # (a host run's never fit a GPU run)
             return Started.taking(strategy, sniffed.begin(begun), sniffed)
         sniffed.close()
     return Started(ctx, strategy, workers)

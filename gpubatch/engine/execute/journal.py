@@ -152,9 +152,11 @@ class Journal:
             if (task.index, task.name, task.start, task.stop) != (result.index, result.name, result.start,
                                                                   result.stop) or not (whole or result.files):
                 continue  # (another shard's; or not synced, in another boot, with no files to check: LMDB's)
-            if whole and result.index in moved or all(_present(self.stage / name, meta, whole) or (self.store is not None and isinstance(meta, list)
-                                                                and self.store.present(name, meta[0]))
-                   for name, meta in result.files.items()):
+            if whole and result.index in moved:  # (its files at their names now: the finalize finds them there)
+                done[result.index] = result
+            elif all(_present(self.stage / name, meta, whole) or (self.store is not None and isinstance(meta, list)
+                                                                  and self.store.present(name, meta[0]))
+                     for name, meta in result.files.items()):
                 done[result.index] = result
         return done
 
