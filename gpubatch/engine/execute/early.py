@@ -179,8 +179,7 @@ def guessed(args: list[str], gpu_here: bool | None = None) -> tuple[str, int, in
     if audio and video:
         return None
     device = (_given(args, "--device", "auto") or "").lower()
-    passing = not (audio or video) and command == "convert" and not any(
-        n in names and (n != "--image-format" or _given(args, n) != "keep") for n in PIXEL_OPTIONS)
+    passing = not (audio or video) and not _pixels(args, names, command)
     if device == "cpu" or passing or device == "auto" and not (gpu_node() if gpu_here is None else gpu_here):
         return _host_guess(args)
     if (audio or video) and "--gpu-memory" in names or device not in ("auto", "gpu"):
@@ -198,6 +197,13 @@ def guessed(args: list[str], gpu_here: bool | None = None) -> tuple[str, int, in
     if kind == "video" and procs > 1:  # (its workers share one queue of tasks: a run takes one sniffed worker only)
         return None
     return (kind, gpu, procs) if gpu >= 0 and procs >= 1 else None
+
+
+def _pixels(args: list[str], names: set[str], command: str | None) -> bool:
+    """Whether the command (``command``, its options' ``names``) decodes pixels: ``augment``, or ``convert`` with a
+    pixel option (``--image-format`` other than ``keep``)."""
+    return command == "augment" or any(n in names and (n != "--image-format" or _given(args, n) != "keep")
+                                       for n in PIXEL_OPTIONS)
 
 
 def _host_guess(args: list[str]) -> tuple[str, int, int] | None:
@@ -336,8 +342,7 @@ def _sniff_host(args: list[str], procs: int, fork: bool, here: bool) -> None:
 
     names = {a.split("=", 1)[0] for a in args if a.startswith("-")}
     command = next((a for a in args if not a.startswith("-")), None)
-    pixels = command == "augment" or bool(names & set(PIXEL_OPTIONS))
-    start = HostStart(HOST_MODULES + (PIXEL_MODULES if pixels else ()))
+    start = HostStart(HOST_MODULES + (PIXEL_MODULES if _pixels(args, names, command) else ()))
     _SNIFFED.append(Sniffed([(start, {}) for _ in range(procs)], fork=fork, kind=HOST))
     if (_given(args, "--device", "auto") or "").lower() == "gpu" and here:
         from ..device import probe_ahead
