@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from . import _prescan
 from ._commit import remove_tree, sweep_partials, sync_as, sync_filesystem, sync_mode
 from ._paths import check_output, shared_stage, staged_output
 from ._remote import is_remote, local_url, shown
@@ -182,7 +183,8 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
     t_start, t_wall = time.perf_counter(), time.time()
     stats = RunStats()
     settings = ahead_of_run.run_settings(device.is_gpu)  # (prestart's workers began with the same)
-    with open_reader(src_path, req.from_format, _reader_options(req)) as reader:
+    with (_prescan.taken(src_path, req.from_format, _reader_options(req))  # (listed at the command's start)
+          or open_reader(src_path, req.from_format, _reader_options(req))) as reader:
         # a COCO JSON's image folder is source too (a store's destination makes its own checks: _publish.staged)
         check_output(reader.roots(), dst_path, req.overwrite or is_remote(req.dst))
         plan = dataclasses.replace(plan, media=reader.media, layout=starts_as(reader, plan))

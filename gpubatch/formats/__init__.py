@@ -86,7 +86,15 @@ def detect(path: Path) -> type[Format]:
 
 
 def _detect(path: Path) -> tuple[type[Format], str | None]:
-    """The format of the dataset at ``path``, and a warning where its manifest named another one."""
+    """The format of the dataset at ``path``, and a warning where its manifest named another one (the formats'
+    checks walk its folders once between them: :mod:`.listing`)."""
+    from .listing import shared_walk
+
+    with shared_walk():
+        return _detected(path)
+
+
+def _detected(path: Path) -> tuple[type[Format], str | None]:
     _load()
     require_source(path)
     from .manifest import read_manifest
@@ -126,12 +134,14 @@ def _detect(path: Path) -> tuple[type[Format], str | None]:
     )
 
 
-def open_reader(path: Path, fmt: str | None = None, options: dict | None = None) -> Reader:
-    """A reader for the dataset at ``path``, its format detected unless ``fmt`` names it; ``options``
-    (an audio CSV's ``path_column``/``label_column``) go to readers that take them."""
+def open_reader(path: Path, fmt: str | None = None, options: dict | None = None,
+                detected: tuple[type[Format], str | None] | None = None) -> Reader:
+    """A reader for the dataset at ``path``, its format detected unless ``fmt`` names it (``detected``: what
+    :func:`_detect` said of it already); ``options`` (an audio CSV's ``path_column``/``label_column``) go to readers
+    that take them."""
     path = Path(path)
     require_source(path)
-    cls, warning = (get_format(fmt), None) if fmt else _detect(path)
+    cls, warning = (get_format(fmt), None) if fmt else detected or _detect(path)
     if fmt and not source_files(path) and not cls.detect(path):
         try:
             found = _detect(path)[0]

@@ -46,6 +46,7 @@ from .folder import (
     read_listed_file,
     safe_component,
 )
+from .listing import walk
 from .manifest import MANIFEST_NAME, read_manifest
 from .manifest import audio_facts as manifest_audio
 
@@ -378,12 +379,11 @@ class AudioFormat(Format):
             return True
         from ..types import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 
-        for _dirpath, dirs, files in os.walk(path):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            exts = {f.rsplit(".", 1)[1].lower() for f in files if "." in f and not f.startswith(".")}
-            if exts & (set(IMAGE_EXTENSIONS) | set(VIDEO_EXTENSIONS)):
+        for folder in walk(path):  # (one walk for every format's check: listing.py)
+            folder.dirs[:] = sorted(d for d in folder.dirs if not d.startswith("."))
+            if not folder.shown_exts.isdisjoint(IMAGE_EXTENSIONS) or not folder.shown_exts.isdisjoint(VIDEO_EXTENSIONS):
                 return False  # the first folder with media files decides
-            if exts & set(AUDIO_EXTENSIONS):
+            if not folder.shown_exts.isdisjoint(AUDIO_EXTENSIONS):
                 return True
         return False
 

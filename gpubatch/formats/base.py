@@ -479,6 +479,9 @@ class Format(abc.ABC):
     #: codec's extension). A record of another codec stops the run before DST is written.
     image_codecs: ClassVar[frozenset[str] | None] = None
     detect_priority: ClassVar[int] = 50  # lower is tried first
+    #: whether its reader, its entries listed, is plain data (no open file, no handle): another process may list
+    #: the source and hand the reader over pickled (``gpubatch._prescan``, at the command's start)
+    listed_ahead: ClassVar[bool] = False
     sharded: ClassVar[bool] = False  # read from shard files, so a source pattern may pick some of them
     #: where a written dataset has no shards and a run's tasks are units of work only (no file follows
     #: the cut): ``--shard-size auto`` cuts the run into about this many tasks (engine/execute/shards.py);

@@ -39,6 +39,7 @@ from ..types import (
 )
 from . import fields, register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer, names_a_split
+from .listing import walk
 from .manifest import MANIFEST_NAME, read_manifest
 
 FILE_LIST = "file_list.txt"
@@ -527,6 +528,7 @@ class FolderFormat(Format):
     name = "folder"
     description = "image files: ImageNet layout root/<class>/<file>, or flat with a file_list.txt"
     detect_priority = 90
+    listed_ahead = True  # (its reader holds its path, classes, entries and what it left out: gpubatch._prescan)
     auto_units = 256  # (each task's files are moved to their names at the end: the cut leaves no trace)
 
     @classmethod
@@ -536,10 +538,7 @@ class FolderFormat(Format):
             return path.name == FILE_LIST
         if (path / FILE_LIST).is_file():
             return True
-        for _dirpath, _dirs, files in os.walk(path):
-            if any(_is_image_name(f) for f in files):
-                return True
-        return False
+        return any(not folder.exts.isdisjoint(IMAGE_EXTENSIONS) for folder in walk(path))  # (listing.py)
 
     @classmethod
     def reader(cls, path: Path) -> Reader:

@@ -31,6 +31,7 @@ from ..errors import DependencyError, FormatError
 from ..types import Boxes, DatasetInfo, Media, Record, sniff_image_codec
 from . import register_format
 from .base import Format, Reader, WriteOptions
+from .listing import walk
 from .sinks import ShardFile, ShardSink
 
 #: records a row group holds at most (as ``datasets`` writes media: small groups stream)
@@ -365,9 +366,10 @@ class ParquetFormat(Format):
         if source_files(path) is not None or not path.is_dir():
             return bool(parquet_files(path)[:1])
         # a folder: the first Parquet file found will do (the files found are sorted where they are read)
-        for dirpath, dirs, files in os.walk(path):
-            dirs[:] = [d for d in dirs if d != ".gpubatch"]
-            if any(f.endswith(".parquet") and os.path.isfile(os.path.join(dirpath, f)) for f in files):
+        for folder in walk(path):  # (one walk for every format's check: listing.py)
+            folder.dirs[:] = [d for d in folder.dirs if d != ".gpubatch"]
+            if "parquet" in folder.exts and any(f.endswith(".parquet") and os.path.isfile(os.path.join(folder.path, f))
+                                                for f in folder.files):
                 return True
         return False
 

@@ -39,6 +39,7 @@ from .folder import (
     read_listed_file,
     safe_component,
 )
+from .listing import walk
 from .manifest import MANIFEST_NAME, read_manifest
 
 FILE_LIST = "file_list.txt"
@@ -246,10 +247,9 @@ class VideoFormat(Format):
             return False
         if (path / FILE_LIST).is_file():
             return cls.detect(path / FILE_LIST)
-        for _dirpath, _dirs, files in os.walk(path):
-            names = [f for f in files if not f.startswith(".")]
-            if any(is_video_name(f) for f in names):
-                return not any("." in f and f.rsplit(".", 1)[1].lower() in _IMAGE_EXT for f in names)
+        for folder in walk(path):  # (one walk for every format's check: listing.py)
+            if not folder.shown_exts.isdisjoint(VIDEO_EXTENSIONS):  # the first folder with a clip decides
+                return folder.shown_exts.isdisjoint(_IMAGE_EXT)
         return False
 
     @classmethod

@@ -46,11 +46,9 @@ SCHEMA = 1
 
 def entries_digest(entries: Any) -> str:
     """A short digest of a run's entry list (what the source holds, in the order the run takes it)."""
-    h = hashlib.blake2b(digest_size=12)
-    for e in entries:
-        h.update(repr(e).encode("utf-8", "surrogateescape"))
-        h.update(b"\n")
-    return h.hexdigest()
+    text = "\n".join(map(repr, entries))  # (each entry's repr and a newline: one update, the digest as before)
+    return hashlib.blake2b(f"{text}\n".encode("utf-8", "surrogateescape") if entries else b"",
+                           digest_size=12).hexdigest()
 
 
 def difference(old: Any, new: Any, where: str = "") -> str | None:
