@@ -27,9 +27,8 @@ from typing import Any
 PARTIAL = ".partial"
 
 #: a run's ``--sync``: "shard" (each file fsynced as it is committed, each folder after its renames: a shard
-#: is on disk before its journal entry is written, and a run cut off by a power loss resumes from the shards
-#: whose entries reached the disk; the entries themselves are not fsynced: one lost names no shard, which runs
-#: again, to the same bytes), "end" (nothing synced as the run goes; its file system synced once before the dataset is
+#: is on disk before it counts as done, and a run cut off by a power loss resumes from the shards it
+#: committed), "end" (nothing synced as the run goes; its file system synced once before the dataset is
 #: renamed into place: the same dataset on disk when the command returns), "off" (never synced, as ``cp``
 #: and ``tar`` do: the OS writes the pages when it will)
 SYNC_MODES = ("shard", "end", "off")
@@ -285,16 +284,14 @@ def write_text(path: Path, text: str) -> None:
         durable(f)
 
 
-def write_json(path: Path, doc: Any, sync: bool = True) -> None:
-    """Write ``doc`` as JSON at ``path``: to a temporary name, fsynced (:func:`durable`; not where ``sync`` is
-    false), then renamed into place."""
+def write_json(path: Path, doc: Any) -> None:
+    """Write ``doc`` as JSON at ``path``: to a temporary name, fsynced (:func:`durable`), then renamed into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = partial_name(path)
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(json.dumps(doc, sort_keys=True))  # (one write: json.dump writes each token on its own)
-        if sync:
-            durable(f)
+        durable(f)
     os.replace(tmp, path)
 
 

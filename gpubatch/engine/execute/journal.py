@@ -125,10 +125,7 @@ class Journal:
         entry = json.loads(json.dumps(result.as_dict()))
         if self.store is not None:
             self.store.publish_shard(self.stage, result.files)
-        # not fsynced (a third of a pass-through's fsyncs: 1.17x on the 2-core CI machine, 2026-12-06, RESULTS.md):
-        # written after its shard is durable, an entry never names one that is not; lost with the machine (or
-        # left empty), it names none, and the shard is written again, to the same bytes
-        write_json(self.entries / f"{result.index:06d}.json", {**entry, **unsynced_mark()}, sync=False)
+        write_json(self.entries / f"{result.index:06d}.json", {**entry, **unsynced_mark()})
         if self.store is not None:
             self.store.publish_entry(f"{result.index:06d}.json", entry)
         return ShardResult.from_dict(entry)
