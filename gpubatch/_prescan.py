@@ -6,10 +6,9 @@ another 0.05-0.1 s of the command's own, while its workers, forked at its first 
 first thing by :func:`~.engine.execute.early.sniff`, forks one process that imports the formats, tells the
 source's format and lists it (:meth:`~.formats.base.Reader.entries`) while the command imports; it leaves the
 scanned reader, pickled, in a memory file. :func:`taken` gives it to the run that opens that very source, waiting
-for it where it is not ready yet (it began before the command's imports, where the run would begin its listing
-now; moving the reader over costs a tenth of its listing); otherwise (another source or format, a reader that holds
-open files, the process failed) the run opens and lists the source itself, as it always did, and the process is
-ended. Either way the run's entries are those of one listing of the folder made at the command's start: its output
+for it up to :data:`WAIT_S` where it is not ready yet; otherwise (not ready by then, another source or format, a
+reader that holds open files, the process failed) the run opens and lists the source itself, as it always did, and
+the process is ended. Either way the run's entries are those of one listing of the folder made at the command's start: its output
 does not depend on which process made it.
 
 Only where the command may fork safely (one thread), on a host of at least :data:`MIN_CORES` cores (on two, the
@@ -26,6 +25,12 @@ from typing import Any
 
 #: the fewest cores on which the source is listed in a process of its own
 MIN_CORES = 4
+
+#: how long a run waits for the listing where it is not ready when the run gets there, in seconds: where the
+#: listing takes longer (a folder of hundreds of thousands of files, where moving the reader over costs more than
+#: the imports it overlapped: pickled and unpickled, 1.28 million entries took 1.0 s on the 2-core CI machine), the
+#: run lists the source itself, having lost at most this
+WAIT_S = 0.25
 
 #: options after which the command's source is not listed ahead (its reader takes them, or another process reads it)
 NOT_AHEAD = ("--from", "--path-column", "--label-column", "--help", "-h")
@@ -114,7 +119,9 @@ def taken(src_path: Path, fmt: str | None, options: dict | None) -> Any:
     try:
         if fmt is not None or any(v is not None for v in (options or {}).values()) or Path(src) != Path(src_path):
             return None
-        if os.read(ready, 1) != b"1":  # (waited for: it began before the command's imports, the run would begin now)
+        import select
+
+        if not select.select([ready], [], [], WAIT_S)[0] or os.read(ready, 1) != b"1":
             return None
         import pickle
 

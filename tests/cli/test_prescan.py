@@ -40,7 +40,7 @@ _PROBE = """
 import json, os, pickle, sys, time
 from pathlib import Path
 from gpubatch import _prescan
-_prescan.MIN_CORES = 1
+_prescan.MIN_CORES, _prescan.WAIT_S = 1, PATIENCE
 began = _prescan.begin(ARGS)
 pid = _prescan._PENDING[0][3] if _prescan._PENDING else None
 src, fmt, options = TAKE
@@ -61,8 +61,8 @@ print(json.dumps(out))
 """
 
 
-def _probe(args: list[str], take: tuple) -> dict:
-    script = _PROBE.replace("ARGS", repr(args)).replace("TAKE", repr(take))
+def _probe(args: list[str], take: tuple, wait: float = 60.0) -> dict:
+    script = _PROBE.replace("ARGS", repr(args)).replace("TAKE", repr(take)).replace("PATIENCE", repr(wait))
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env=child_env())
     assert done.returncode == 0, done.stderr[-2000:]
@@ -92,6 +92,12 @@ def test_a_run_that_opens_its_source_otherwise_lists_it_itself_and_the_process_e
     wanted = {"another": (str(other), None, {}), "from": (src, "folder", {}),
               "options": (src, None, {"path_column": "p"})}[take]
     seen = _probe(["convert", src, "out", "--to", "webdataset"], wanted)
+    assert seen == {"began": True, "reaped": True, "taken": False}
+
+
+def test_a_run_that_gets_there_before_the_listing_is_done_and_waited_for_lists_the_source_itself(imagenet):
+    src = str(imagenet)
+    seen = _probe(["convert", src, "out", "--to", "webdataset"], (src, None, {}), wait=0.0)  # (it has just begun)
     assert seen == {"began": True, "reaped": True, "taken": False}
 
 
@@ -128,7 +134,7 @@ print(json.dumps([few, threads, len(_prescan._PENDING)]))
 _COMMAND = """
 import json, sys
 from gpubatch import _prescan
-_prescan.MIN_CORES = 1
+_prescan.MIN_CORES, _prescan.WAIT_S = 1, 60.0
 real, took = _prescan.taken, []
 _prescan.taken = lambda *a: took.append(real(*a)) or took[-1]
 sys.argv = ["gpubatch", *ARGS]
