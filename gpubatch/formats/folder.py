@@ -43,6 +43,7 @@ from .listing import walk
 from .manifest import MANIFEST_NAME, read_manifest
 
 FILE_LIST = "file_list.txt"
+_IMAGE_EXT = frozenset(IMAGE_EXTENSIONS)
 
 
 def _is_image_name(name: str) -> bool:
@@ -70,6 +71,7 @@ def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str =
     damaged = [] if damaged is None else damaged
     top = Path(root).resolve()
     stack = [(str(root), "", frozenset(str(p) for p in (top, *top.parents)))]  # real folders it is inside
+    images = accept is _is_image_name  # (its test inlined below: a call a file took a quarter of the walk)
     while stack:
         folder, rel, above = stack.pop()
         try:
@@ -80,7 +82,7 @@ def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str =
             continue
         for entry in items:
             name = entry.name
-            if name.startswith("."):
+            if name[0] == ".":
                 continue
             path = f"{rel}/{name}" if rel else name
             try:
@@ -92,7 +94,8 @@ def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str =
                 if real not in above:
                     stack.append((entry.path, path, above | {real}))
                 continue
-            if not accept(name):
+            _, dot, ext = name.rpartition(".")
+            if not (dot and ext.lower() in _IMAGE_EXT if images else accept(name)):
                 if others is not None and rel + name not in _OWN_FILES:
                     others.append(prefix + path)
                 continue
@@ -158,6 +161,17 @@ def _detection_layout(root: Path, folders: set[str]) -> str | None:
                             f"as class folders it would lose its boxes; read it as {name} with --from {fmt} "
                             f"{root.joinpath(*parts[:i])}, or pass {root.joinpath(*parts)} to take those images alone")
     return None
+
+
+def _folders_of(classes: list[str], per_class: dict[str, list[str]]) -> set[str]:
+    """The folders (relative to the root) that hold the image files ``per_class`` lists under each class folder."""
+    folders: set[str] = set()
+    for c in classes:
+        nested = [f for f in per_class[c] if "/" in f]
+        if len(nested) < len(per_class[c]):  # (some lie in the class folder itself)
+            folders.add(c)
+        folders.update(f"{c}/{f.rsplit('/', 1)[0]}" for f in nested)
+    return folders
 
 
 def _strip_ext(rel: str) -> str:
@@ -274,7 +288,7 @@ class FolderReader(Reader):
             per_class[d] = _walk_images(self.path / d, damaged[d], f"{d}/", others)
         # a class folder that could not be listed stays a class, so the classes after it keep their labels
         classes = [d for d in subdirs if per_class[d] or damaged[d]]
-        layout = _detection_layout(self.path, {f"{c}/{f}".rsplit("/", 1)[0] for c in classes for f in per_class[c]})
+        layout = _detection_layout(self.path, _folders_of(classes, per_class))
         splits = [c for c in classes if per_class[c] and names_a_split(c) and all("/" in f for f in per_class[c])]
         if splits and not layout:  # root/train/<class>/..., root/val/<class>/...: each split would be one class
             layout = (f"{self.path} holds split folders ({', '.join(c + '/' for c in splits)}) with class folders "

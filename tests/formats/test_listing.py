@@ -117,3 +117,24 @@ def test_detection_through_one_walk(tmp_path, monkeypatch, files, expected):
     monkeypatch.setattr(listing.os, "scandir", counted)
     assert detect(tmp_path / "d").name == expected
     assert len(calls) == len(set(calls))  # (every check after the first took the same listings)
+
+
+def test_the_image_folders_of_the_class_folders_are_those_their_files_lie_in():
+    from gpubatch.formats.folder import _folders_of
+
+    per_class = {"a": ["x.jpg", "y.jpg"], "b": ["s/x.jpg", "s/t/y.jpg"], "c": ["x.jpg", "JPEGImages/y.jpg"], "d": []}
+    classes = sorted(per_class)
+    want = {f"{c}/{f}".rsplit("/", 1)[0] for c in classes for f in per_class[c]}  # (each file's own folder)
+    assert _folders_of(classes, per_class) == want == {"a", "b/s", "b/s/t", "c", "c/JPEGImages"}
+
+
+def test_the_folder_scan_takes_the_names_its_image_test_takes(tmp_path):
+    from gpubatch.formats.folder import _is_image_name, _walk_images
+
+    names = ["a.jpg", "b.JPEG", "c.png.txt", "d", "e.", ".f.jpg", "g.tar.gz", "h.webp", "i.Jpg", "j.jpg.bak"]
+    for n in names:
+        (tmp_path / n).write_bytes(b"x")
+    others: list[str] = []
+    got = _walk_images(tmp_path, [], "", others)
+    assert got == sorted(n for n in names if _is_image_name(n) and not n.startswith("."))
+    assert sorted(others) == sorted(n for n in names if not _is_image_name(n) and not n.startswith("."))
