@@ -64,11 +64,12 @@ def begin(args: list[str]) -> bool:
             return False
         memory = os.memfd_create("gpubatch-prescan", os.MFD_CLOEXEC)
         ready, done = os.pipe()
+        parent = os.getpid()
         pid = os.fork()
     except Exception:  # noqa: BLE001 - the run lists its source itself
         return False
     if pid == 0:  # pragma: no cover - the forked process (its work is checked through taken())
-        _list(src, memory, ready, done)
+        _list(src, memory, ready, done, parent)
     os.close(done)
     _PENDING.append((src, ready, memory, pid))
     import atexit
@@ -77,7 +78,7 @@ def begin(args: list[str]) -> bool:
     return True
 
 
-def _list(src: str, memory: int, ready: int, done: int) -> None:  # pragma: no cover - (in the forked process)
+def _list(src: str, memory: int, ready: int, done: int, parent: int) -> None:  # pragma: no cover - (in the forked process)
     """The forked process: ``src`` opened and listed, the reader pickled into ``memory``, one byte to ``done``
     ("1": it is there; "0": none: another kind of reader, or an error that the run will meet and report itself)."""
     import signal
@@ -85,6 +86,7 @@ def _list(src: str, memory: int, ready: int, done: int) -> None:  # pragma: no c
     said = b"0"
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a Ctrl-C is the command's to report, not this process's)
+        _end_with_parent(parent)
         os.close(ready)
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, 1)
@@ -106,6 +108,20 @@ def _list(src: str, memory: int, ready: int, done: int) -> None:  # pragma: no c
     try:
         os.write(done, said)
     finally:
+        os._exit(0)
+
+
+def _end_with_parent(parent: int) -> None:  # pragma: no cover - (in the forked process)
+    """Linux ends this process when the command's (``parent``) ends (``PR_SET_PDEATHSIG``): a command cut short before
+    its run leaves no listing going on behind it."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (AttributeError, OSError):  # (not Linux: the listing ends on its own)
+        return
+    if os.getppid() != parent:  # (the command ended before the call)
         os._exit(0)
 
 
