@@ -59,17 +59,24 @@ def test_pruned_and_sorted_as_the_caller_leaves_dirs(tmp_path):
     assert first == [str(root)] and len(again) == len(_as_os_walk(root))
 
 
-def test_each_folder_listed_once_inside_the_scope(tmp_path, monkeypatch):
-    root = _tree(tmp_path / "t")
+@pytest.fixture
+def listed(monkeypatch) -> list[str]:
+    """The folders the walk lists (``os.scandir`` called from listing.py, not pathlib's globs), in order."""
     calls: list[str] = []
     real = os.scandir
 
     def counted(path):
-        if sys._getframe(1).f_code.co_filename == listing.__file__:  # (the walk's listings, not pathlib's globs)
+        if sys._getframe(1).f_code.co_filename == listing.__file__:
             calls.append(os.fspath(path))
         return real(path)
 
     monkeypatch.setattr(listing.os, "scandir", counted)
+    return calls
+
+
+def test_each_folder_listed_once_inside_the_scope(tmp_path, listed):
+    root = _tree(tmp_path / "t")
+    calls = listed
     with listing.shared_walk():
         for _ in range(3):
             list(listing.walk(root))
@@ -101,22 +108,13 @@ def test_an_unlistable_folder_is_left_out(tmp_path, monkeypatch):
     (["c1/.a.mp4", "c1/b.jpg"], "folder"),  # (a hidden clip tells nothing)
     (["data/train-00000.parquet"], "parquet"),
 ])
-def test_detection_through_one_walk(tmp_path, monkeypatch, files, expected):
+def test_detection_through_one_walk(tmp_path, listed, files, expected):
     for rel in files:
         p = tmp_path / "d" / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(b"x")
-    calls: list[str] = []
-    real = os.scandir
-
-    def counted(path):
-        if sys._getframe(1).f_code.co_filename == listing.__file__:  # (the walk's listings, not pathlib's globs)
-            calls.append(os.fspath(path))
-        return real(path)
-
-    monkeypatch.setattr(listing.os, "scandir", counted)
     assert detect(tmp_path / "d").name == expected
-    assert len(calls) == len(set(calls))  # (every check after the first took the same listings)
+    assert listed and len(listed) == len(set(listed))  # (every check after the first took the same listings)
 
 
 def test_the_image_folders_of_the_class_folders_are_those_their_files_lie_in():
