@@ -3,7 +3,7 @@
 ``convert`` and ``augment`` list their source and plan their shards once the command has imported its code (0.1-
 0.2 s: ``benchmarks/cli_start.py``); on a folder of 16,384 images telling its format and listing its files took
 another 0.05-0.1 s of the command's own, while its workers, forked at its first line, waited. :func:`begin`, called
-first thing by :func:`~.engine.execute.early.sniff`, forks one process that imports the formats, tells the
+first thing by the command (``gpubatch/cli/__init__.py``, before :func:`~.engine.execute.early.sniff`), forks one process that imports the formats, tells the
 source's format and lists it (:meth:`~.formats.base.Reader.entries`) while the command imports; it leaves the
 scanned reader, pickled, in a memory file. :func:`taken` gives it to the run that opens that very source, waiting
 for it up to :data:`WAIT_S` where it is not ready yet; otherwise (not ready by then, another source or format, a
@@ -61,6 +61,10 @@ def begin(args: list[str]) -> bool:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if (src is None or cores < MIN_CORES or _PENDING or threading.active_count() != 1
                 or not hasattr(os, "fork") or not hasattr(os, "memfd_create")):
+            return False
+        from .engine.settings import Settings
+
+        if not Settings.from_env().early_start:  # (GPUBATCH_EARLY_START=0: nothing started ahead of the run)
             return False
         memory = os.memfd_create("gpubatch-prescan", os.MFD_CLOEXEC)
         ready, done = os.pipe()

@@ -48,8 +48,10 @@ def _starting() -> None:
 
 if os.path.basename(sys.argv[0] if sys.argv else "") in ("gpubatch", "-m", "__main__.py"):
     _starting()  # first, before the imports below (click, rich...) take their tens of milliseconds
+    from .. import _prescan
     from ..engine.execute.early import sniff
 
+    _prescan.begin(sys.argv[1:])  # a folder source listed beside the imports (forked while this has one thread)
     sniff(sys.argv[1:])  # a GPU image run's workers, their GPU's start begun before the imports (execute/early.py)
 
 import importlib  # noqa: E402

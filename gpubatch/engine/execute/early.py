@@ -292,15 +292,12 @@ def sniff(args: list[str]) -> None:
     usage error). Never raises: a bad setting or option is the command's to report. ``GPUBATCH_EARLY_START=0``
     turns it off with :func:`prestart`."""
     try:
-        settings = run_settings(gpu=True)
-        if not settings.early_start:
-            return
-        from ... import _prescan
-
-        _prescan.begin(args)  # (first: forked while the command has one thread)
         here = gpu_node()
         guess = guessed(args, here)
         if guess is None:
+            return
+        settings = run_settings(gpu=True)
+        if not settings.early_start:
             return
         import atexit
 
