@@ -94,8 +94,12 @@ def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str =
                 if real not in above:
                     stack.append((entry.path, path, above | {real}))
                 continue
-            _, dot, ext = name.rpartition(".")
-            if not (dot and ext.lower() in _IMAGE_EXT if images else accept(name)):
+            if images:
+                _, dot, ext = name.rpartition(".")
+                taken = bool(dot) and ext.lower() in _IMAGE_EXT
+            else:
+                taken = accept(name)
+            if not taken:
                 if others is not None and rel + name not in _OWN_FILES:
                     others.append(prefix + path)
                 continue
@@ -552,7 +556,7 @@ class FolderFormat(Format):
             return path.name == FILE_LIST
         if (path / FILE_LIST).is_file():
             return True
-        return any(not folder.exts.isdisjoint(IMAGE_EXTENSIONS) for folder in walk(path))  # (listing.py)
+        return any(not folder.exts.isdisjoint(_IMAGE_EXT) for folder in walk(path))  # (listing.py)
 
     @classmethod
     def reader(cls, path: Path) -> Reader:
