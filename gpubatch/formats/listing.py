@@ -3,8 +3,8 @@
 Telling a folder's format walks it: Parquet's check looks for a ``.parquet`` file anywhere, the video folder's
 for a clip, the audio and image folders' for their files. On a folder of images Parquet's and the video folder's
 checks each walked every folder with ``os.walk``, a Python test a file name, so a source of 16,384 images was
-listed three times before its reader listed it for its records (35 ms of the 2-core CI machine's, 2026-12-06; an
-ImageNet train folder holds 78 times as many files). Inside :func:`shared_walk` (``formats.detect`` holds it)
+listed twice in full (and in part by the other checks) before its reader listed it for its records (35 ms of the
+2-core CI machine's, 2026-12-06; an ImageNet train folder holds 78 times as many files). Inside :func:`shared_walk` (``formats.detect`` holds it)
 each folder is listed once, as a :class:`Folder`: its sub-folders, its file names and the set of their
 extensions, so that a check asks a folder's extensions once instead of each of its names. Only names are kept
 (about 75 bytes a file), and only for the checks: the reader's own scan lists the folder again, with what it
