@@ -2,7 +2,9 @@
 """How long listing a webdataset gpubatch wrote takes: from its shards' DALI index files (what readers and the
 training loader do where the index stands for the tar) against the walk over every tar header (what they
 do otherwise), the median of --repeats fresh readers each. With ``--folder``, how long a folder of class
-folders takes instead: detecting its format and listing its entries (what every command does first).
+folders takes instead: detecting its format and listing its entries (what every command does first), and moving
+the listed reader from one process to another, pickled and unpickled (what ``gpubatch._prescan`` does at the
+command's start).
 
     python3 benchmarks/list_entries.py [--images 16384] [--shard-size 1024] [--repeats 3]
     python3 benchmarks/list_entries.py --folder --images 100000 [--classes 100]
@@ -81,7 +83,9 @@ def folder(a: argparse.Namespace) -> None:
             d.mkdir(parents=True, exist_ok=True)
             (d / f"{i:08d}.jpg").write_bytes(buf.getvalue())
         (src / ".complete").touch()
-    times: dict[str, list[float]] = {"detect": [], "entries": []}
+    import pickle
+
+    times: dict[str, list[float]] = {"detect": [], "entries": [], "moved": []}
     for _ in range(a.repeats):
         t = time.perf_counter()
         fmt = detect(src)
@@ -90,8 +94,12 @@ def folder(a: argparse.Namespace) -> None:
             t = time.perf_counter()
             n = len(reader.entries())
             times["entries"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            pickle.loads(pickle.dumps(reader, protocol=pickle.HIGHEST_PROTOCOL))
+            times["moved"].append(time.perf_counter() - t)
     print(f"{src}: {fmt.name}, detected in {statistics.median(times['detect']):.3f} s; {n:,} entries listed in "
-          f"{statistics.median(times['entries']):.3f} s (medians of {a.repeats})")
+          f"{statistics.median(times['entries']):.3f} s; the listed reader pickled and unpickled in "
+          f"{statistics.median(times['moved']):.3f} s (medians of {a.repeats})")
 
 
 if __name__ == "__main__":

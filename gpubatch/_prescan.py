@@ -28,7 +28,8 @@ MIN_CORES = 4
 
 #: how long a run waits for the listing where it is not ready when the run gets there, in seconds: where the
 #: listing takes longer (a folder of hundreds of thousands of files, where moving the reader over costs more than
-#: the imports it overlapped: pickled and unpickled, 1.28 million entries took 1.0 s on the 2-core CI machine), the
+#: the imports it overlapped: pickled and unpickled, 100,000 entries took 0.10 s on the 2-core CI machine, growing
+#: with them, ``benchmarks/list_entries.py --folder``), the
 #: run lists the source itself, having lost at most this
 WAIT_S = 0.25
 
