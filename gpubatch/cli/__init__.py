@@ -46,8 +46,36 @@ def _starting() -> None:
         pass
 
 
+_EXIT: list[int] = []  # the command's exit status, once it has one (main)
+
+
+def _ending() -> None:
+    """Once every other exit handler ran, the command's process ends at once with its status (``os._exit``,
+    its output flushed) instead of tearing its interpreter down, module by module. Only where the command set
+    its status (:func:`main`; an exception that escaped it, under ``--debug``, ends as Python ends), where its
+    output flushes (a full disk under ``--json > FILE``: Python's own end says so, with its status), and where
+    no exit handler was there before this one (it would not run: a coverage tool's, an embedding script's)."""
+    import atexit
+
+    if getattr(atexit, "_ncallbacks", lambda: 1)():
+        return
+
+    def end() -> None:
+        if not _EXIT:
+            return
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - (Python's own end reports it)
+            return
+        os._exit(_EXIT[0])
+
+    atexit.register(end)
+
+
 if os.path.basename(sys.argv[0] if sys.argv else "") in ("gpubatch", "-m", "__main__.py"):
     _starting()  # first, before the imports below (click, rich...) take their tens of milliseconds
+    _ending()  # (the first exit handler: the last to run)
     from .. import _prescan
     from ..engine.execute.early import sniff
 
@@ -132,6 +160,10 @@ def main(argv: list[str] | None = None) -> None:
     previous, worded = signal.getsignal(signal.SIGTERM) if argv is not None else None, FROM_CLI.get()
     try:
         _main(argv)
+    except SystemExit as e:
+        if argv is None and (e.code is None or isinstance(e.code, int)):
+            _EXIT[:] = [e.code or 0]  # (the status :func:`_ending` ends the process with)
+        raise
     finally:
         if argv is None:  # (a caller's process, as a test's, goes on: its objects stay collectable)
             gc.freeze()

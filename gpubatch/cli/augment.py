@@ -86,19 +86,21 @@ def augment(src: str, dst: str, as_json: bool, quiet: bool, verbose: bool, **opt
     """
     from ..api import AugmentRequest
     from ..api import augment as run
-    from ..report.console import console, esc
+    from ..report.console import esc, said_out, say
     from ..report.progress import progress_bar
     from ..report.summary import render_summary
 
     req = AugmentRequest(src=src, dst=dst, **opts)
-    con = console()
 
     def said(device) -> None:
-        if not quiet:
-            con.print(f"[dim]device:[/] {esc(device)}  [dim]({esc(device.reason)})[/]")
+        if not quiet:  # (printed once the console is made where stderr is no terminal: report.console.say)
+            say(lambda: f"[dim]device:[/] {esc(device)}  [dim]({esc(device.reason)})[/]")
 
-    with held_back() as noise, progress_bar("augment", enabled=not quiet) as start:
-        summary = run(req, progress=start, on_device=said)
+    try:
+        with held_back() as noise, progress_bar("augment", enabled=not quiet) as start:
+            summary = run(req, progress=start, on_device=said)
+    finally:
+        said_out()  # (the device's line, where the run ended before its first progress)
     summary.library_messages = noise.total
     if noise.summary_line() and not verbose:
         summary.warnings.append(noise.summary_line())
