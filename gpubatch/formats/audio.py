@@ -366,7 +366,6 @@ class AudioFormat(Format):
     media = (Media.AUDIO,)
     carries_record_meta = False  # (metadata.csv: path, label, class, text)
     detect_priority = 75  # before the video CSV and the image folder
-    listed_ahead = True  # (its reader holds paths, classes and entries: gpubatch._prescan)
 
     @classmethod
     def detect(cls, path: Path) -> bool:

@@ -233,7 +233,6 @@ class VideoFormat(Format):
     description = "video files (mp4, mkv, webm, mov, avi): class folders, flat, DALI file_list.txt or a CSV"
     media = (Media.VIDEO,)
     detect_priority = 80  # before the image folder, which would take a file_list.txt
-    listed_ahead = True  # (its reader holds paths, classes and entries: gpubatch._prescan)
 
     @classmethod
     def detect(cls, path: Path) -> bool:
