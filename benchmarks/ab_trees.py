@@ -7,7 +7,8 @@
 
 A tree may carry settings for its runs: ``--tree NEW::GPUBATCH_DECODE_AHEAD=3,GPUBATCH_SHARD_WRITER=thread`` (the same
 tree with and without them are then two contenders), and options of its own after ``++``, added to the command's:
-``--tree "NEW++--gpu-procs 2"``. Each round runs every tree once, in turn (the machine's drift falls on each alike); the first round is
+``--tree "NEW++--gpu-procs 2"``. Each round runs every tree once, in turn (the machine's drift falls on each alike), each round beginning with the
+next tree (since 2026-12-06; ``--fixed-order``: the order given, every round, as before); the first round is
 untimed (page cache, CuPy's kernel cache, each tree's bytecode). A tree is a checkout, or a folder that holds
 the ``gpubatch`` package (``git archive REV gpubatch | tar -x -C DIR``); its modules are byte-compiled first,
 as an install has them. Prints, per tree, images/s of the median run, each run's seconds, and the medians of
@@ -88,6 +89,7 @@ def main() -> None:
                     help="a gpubatch tree, maybe with settings and options: PATH[::VAR=VALUE,...][++OPTIONS] (repeat)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--fixed-order", action="store_true", help="every round in the order given (before 2026-12-06)")
     ap.add_argument("--steps", action="store_true",
                     help="print when each step of the runs came (their wall timings' medians), not the whole JSON")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the convert command's options")
@@ -105,7 +107,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ab-trees-", dir=a.src.parent) as tmp:
         out = Path(tmp) / "out"
         for i in range(a.repeats + 1):
-            for name, t, settings in contenders:
+            k = 0 if a.fixed_order else i % len(contenders)  # (each round begins with the next tree: no tree always
+            for name, t, settings in contenders[k:] + contenders[:k]:  # runs right after the same one)
                 shutil.rmtree(out, ignore_errors=True)
                 os.sync()
                 path = os.pathsep.join([str(t), env.get("PYTHONPATH", "")])
