@@ -38,10 +38,10 @@ def no_terminal() -> bool:
 
 
 def say(markup: Callable[[], str]) -> None:
-    """Print the markup ``markup()`` makes (:func:`esc` imports rich) on the stderr console; where that is no terminal and the console not made yet, when it
-    is made: by the run's first progress, while the command waits on its workers
-    (:func:`~.progress.progress_bar`), by the summary, or by :func:`said_out` (an error's way out). A pass-through's
-    command then imports rich beside its workers' work instead of before its run."""
+    """Print the markup ``markup()`` makes (:func:`esc` imports rich) on the stderr console. Where that is no
+    terminal and the console is not made yet, it is printed when the console is made: by the run's first progress,
+    while the command waits on its workers (:func:`~.progress.progress_bar`), by the summary, or by :func:`said_out`
+    (an error's way out). A pass-through's command then imports rich beside its workers' work, not before its run."""
     if console.cache_info().currsize or not no_terminal():
         console().print(markup())
     else:
