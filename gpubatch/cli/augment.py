@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .options import device_options, format_choice, held_back, pipeline_options, run_options
+from .options import device_options, format_choice, held_back, pipeline_options, run_options, standard_output
 
 
 def _list_ops(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -26,7 +26,8 @@ def _list_ops(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     for d in describe_ops():
         params = ", ".join(f"{n}={v}" if v is not None else f"{n} (required)" for n, v in d["params"])
         t.add_row(d["name"], esc(params), "moves" if d["moves_boxes"] else "", esc(d["doc"]))
-    stdout_console().print(t)
+    with standard_output():
+        stdout_console().print(t)
     ctx.exit(0)
 
 
@@ -44,7 +45,8 @@ def _list_presets(ctx: click.Context, _param: click.Parameter, value: bool) -> N
     t.add_column("what it is")
     for name, (chain, doc) in PRESETS.items():
         t.add_row(name, esc(chain), esc(doc))
-    stdout_console().print(t)
+    with standard_output():
+        stdout_console().print(t)
     ctx.exit(0)
 
 
@@ -86,21 +88,19 @@ def augment(src: str, dst: str, as_json: bool, quiet: bool, verbose: bool, **opt
     """
     from ..api import AugmentRequest
     from ..api import augment as run
-    from ..report.console import esc, said_out, say
+    from ..report.console import console, esc
     from ..report.progress import progress_bar
     from ..report.summary import render_summary
 
     req = AugmentRequest(src=src, dst=dst, **opts)
+    con = console()
 
     def said(device) -> None:
-        if not quiet:  # (printed once the console is made where stderr is no terminal: report.console.say)
-            say(lambda: f"[dim]device:[/] {esc(device)}  [dim]({esc(device.reason)})[/]")
+        if not quiet:
+            con.print(f"[dim]device:[/] {esc(device)}  [dim]({esc(device.reason)})[/]")
 
-    try:
-        with held_back() as noise, progress_bar("augment", enabled=not quiet) as start:
-            summary = run(req, progress=start, on_device=said)
-    finally:
-        said_out()  # (the device's line, where the run ended before its first progress)
+    with held_back() as noise, progress_bar("augment", enabled=not quiet) as start:
+        summary = run(req, progress=start, on_device=said)
     summary.library_messages = noise.total
     if noise.summary_line() and not verbose:
         summary.warnings.append(noise.summary_line())
@@ -109,4 +109,5 @@ def augment(src: str, dst: str, as_json: bool, quiet: bool, verbose: bool, **opt
     if verbose:
         noise.render()
     if as_json:
-        click.echo(json.dumps(summary.as_dict(), indent=2))
+        with standard_output(f"; {summary.dst} was written"):
+            click.echo(json.dumps(summary.as_dict(), indent=2))

@@ -23,7 +23,10 @@ def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> No
     t.add_column("what it is")
     for name, doc, chains in list_models():
         t.add_row(name, "\n".join(f"{k}: {v or '(decode only)'}" for k, v in chains.items()), doc)
-    stdout_console().print(t)
+    from .options import standard_output
+
+    with standard_output():
+        stdout_console().print(t)
     ctx.exit(0)
 
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from .options import device_options, format_choice, held_back, pipeline_options, run_options
+from .options import device_options, format_choice, held_back, pipeline_options, run_options, standard_output
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -66,21 +66,19 @@ def convert(src: str, dst: str, to: str, as_json: bool, quiet: bool, verbose: bo
     """
     from ..api import ConvertRequest
     from ..api import convert as run
-    from ..report.console import esc, said_out, say
+    from ..report.console import console, esc
     from ..report.progress import progress_bar
     from ..report.summary import render_summary
 
     req = ConvertRequest(src=src, dst=dst, to=to, **opts)
+    con = console()
 
     def said(device) -> None:
-        if not quiet:  # (printed once the console is made where stderr is no terminal: report.console.say)
-            say(lambda: f"[dim]device:[/] {esc(device)}  [dim]({esc(device.reason)})[/]")
+        if not quiet:
+            con.print(f"[dim]device:[/] {esc(device)}  [dim]({esc(device.reason)})[/]")
 
-    try:
-        with held_back() as noise, progress_bar(f"convert -> {to}", enabled=not quiet) as start:
-            summary = run(req, progress=start, on_device=said)
-    finally:
-        said_out()  # (the device's line, where the run ended before its first progress)
+    with held_back() as noise, progress_bar(f"convert -> {to}", enabled=not quiet) as start:
+        summary = run(req, progress=start, on_device=said)
     summary.library_messages = noise.total
     if noise.summary_line() and not verbose:
         summary.warnings.append(noise.summary_line())
@@ -89,4 +87,5 @@ def convert(src: str, dst: str, to: str, as_json: bool, quiet: bool, verbose: bo
     if verbose:
         noise.render()
     if as_json:
-        click.echo(json.dumps(summary.as_dict(), indent=2))
+        with standard_output(f"; {summary.dst} was written"):
+            click.echo(json.dumps(summary.as_dict(), indent=2))

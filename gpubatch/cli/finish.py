@@ -7,7 +7,7 @@ import json
 
 import click
 
-from .options import held_back
+from .options import held_back, standard_output
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,4 +32,5 @@ def finish(dst: str, overwrite: bool, as_json: bool, quiet: bool) -> None:
     if not quiet:
         render_summary(summary, title="finish")
     if as_json:
-        click.echo(json.dumps(summary.as_dict(), indent=2))
+        with standard_output(f"; {summary.dst} was written"):
+            click.echo(json.dumps(summary.as_dict(), indent=2))

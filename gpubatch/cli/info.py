@@ -6,7 +6,7 @@ import json
 
 import click
 
-from .options import format_choice, held_back
+from .options import format_choice, held_back, standard_output
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -44,7 +44,8 @@ def info(path: str, from_format: str | None, as_json: bool, workers: int | None,
         with progress_bar("verifying files", enabled=not as_json, unit="bytes") as start:
             checked = verify(path, records_found=report.records, workers=workers, progress=start)
     if as_json:
-        click.echo(json.dumps({**report.as_dict(), **({"verify": checked.as_dict()} if checked else {})}, indent=2))
+        with standard_output():
+            click.echo(json.dumps({**report.as_dict(), **({"verify": checked.as_dict()} if checked else {})}, indent=2))
     else:
         render(report)
         if checked is not None:
@@ -69,4 +70,5 @@ def formats() -> None:
     for name in format_names():
         f = FORMATS[name]
         t.add_row(name, "yes" if f.carries_boxes else "no", f.description)
-    stdout_console().print(t)
+    with standard_output():
+        stdout_console().print(t)

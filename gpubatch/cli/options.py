@@ -157,3 +157,28 @@ def held_back() -> Iterator[Any]:
         if noise.messages:
             noise.render()
         raise
+
+
+@contextlib.contextmanager
+def standard_output(done: str = "") -> Iterator[None]:
+    """The command's output to stdout (``--json``, a table), flushed at the block's end. Where it cannot be written
+    (a full disk under ``> FILE``, an I/O error) the command ends with one line that says so and what it had done
+    (``done``: "; DST was written"), not a traceback; what is left unwritten goes to the null device, so the
+    process's end raises nothing more. A closed pipe (``| head``) stays the command's quiet exit."""
+    import os
+    import sys
+
+    from ..errors import GpubatchError
+
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())
+            os.close(null)
+        raise GpubatchError(f"the command's output could not be written to standard output: {e.strerror or e}"
+                            f"{done}") from None

@@ -3,63 +3,13 @@
 from __future__ import annotations
 
 import functools
-import os
-import sys
-from collections.abc import Callable
-
-_said: list[Callable[[], str]] = []  # what :func:`say` holds until the console is made (printed first then)
 
 
 @functools.lru_cache(maxsize=1)
 def console():
     from rich.console import Console
 
-    con = Console(stderr=True, highlight=False)
-    for markup in _said:
-        con.print(markup())
-    _said.clear()
-    return con
-
-
-def no_terminal() -> bool:
-    """Whether the stderr console will be no terminal, told without importing rich (its imports take 25-40 ms
-    of a command's start): rich's own ``Console.is_terminal`` checks, in its order (``TTY_COMPATIBLE``,
-    ``FORCE_COLOR``, then the stream's ``isatty``). False where unsure: rich is then asked."""
-    env = os.environ
-    compatible = env.get("TTY_COMPATIBLE", "")
-    if compatible in ("0", "1"):
-        return compatible == "0"
-    if "FORCE_COLOR" in env:
-        return env["FORCE_COLOR"] == ""
-    try:
-        return not sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-def say(markup: Callable[[], str]) -> None:
-    """Print the markup ``markup()`` makes (:func:`esc` imports rich) on the stderr console. Where that is no
-    terminal and the console is not made yet, it is printed when the console is made: by the run's first progress,
-    while the command waits on its workers (:func:`~.progress.progress_bar`), by the summary, or by :func:`said_out`
-    (an error's way out). A pass-through's command then imports rich beside its workers' work, not before its run."""
-    if console.cache_info().currsize or not no_terminal():
-        console().print(markup())
-    else:
-        _said.append(markup)
-
-
-def said_out() -> None:
-    """What :func:`say` holds, printed now."""
-    if _said:
-        console()
-
-
-def warm() -> None:
-    """The console made and the modules the summary draws with imported (a no-op once done)."""
-    console()
-    import rich.markup  # noqa: F401
-    import rich.table  # noqa: F401
-    import rich.text  # noqa: F401
+    return Console(stderr=True, highlight=False)
 
 
 def stdout_console():

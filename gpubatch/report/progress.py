@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .console import console, no_terminal, warm
+from .console import console
 
 
 @contextmanager
@@ -14,13 +14,10 @@ def progress_bar(description: str, enabled: bool = True,
                  unit: str = "records") -> Iterator[Callable[[int], Callable[[int], None]]]:
     """Yield ``start(total) -> advance(n)``; the bar is shown only on an interactive terminal. ``unit``:
     "records" (n of N, records/s) or "bytes" (MiB of MiB, MiB/s)."""
-    if not enabled:
+    con = console()
+    if not enabled or not con.is_terminal:
         yield lambda total: (lambda n: None)
         return
-    if no_terminal() or not console().is_terminal:  # no bar; the console made at the first progress (say)
-        yield _warming
-        return
-    con = console()
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -65,15 +62,3 @@ def progress_bar(description: str, enabled: bool = True,
             return advance
 
         yield start
-
-
-def _warming(total: int) -> Callable[[int], None]:
-    """No bar; the first progress makes the console (:func:`~.console.warm`): the command waits on its workers then."""
-    warmed = []
-
-    def advance(n: int) -> None:
-        if not warmed:
-            warmed.append(True)
-            warm()
-
-    return advance

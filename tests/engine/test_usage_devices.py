@@ -112,7 +112,6 @@ def test_the_progress_bar_shows_a_row_a_gpu_where_workers_say_their_gpu(monkeypa
 
     out = io.StringIO()
     monkeypatch.setattr(pr, "console", lambda: Console(file=out, force_terminal=True, width=100, color_system=None))
-    monkeypatch.setattr(pr, "no_terminal", lambda: False)  # (the console above is one, whatever stderr is)
     with pr.progress_bar("convert -> webdataset") as start:
         tick = _ticker(start(100))
         tick(30, "0")
