@@ -53,7 +53,8 @@ def _ending() -> None:
     """Once every other exit handler ran, the command's process ends at once with its status (``os._exit``,
     its output flushed) instead of tearing its interpreter down, module by module. Only where the command set
     its status (:func:`main`; an exception that escaped it, under ``--debug``, ends as Python ends), where its
-    output flushes (a full disk under ``--json > FILE``: Python's own end says so, with its status), and where
+    output flushes (what :func:`~.options.standard_output` did not write and flush: Python's own end says so, with
+    its status), and where
     no exit handler was there before this one (it would not run: a coverage tool's, an embedding script's)."""
     import atexit
 
