@@ -53,9 +53,9 @@ def _ending() -> None:
     """Once every other exit handler ran, the command's process ends at once with its status (``os._exit``,
     its output flushed) instead of tearing its interpreter down, module by module. Only where the command set
     its status (:func:`main`; an exception that escaped it, under ``--debug``, ends as Python ends), where its
-    output flushes (what :func:`~.options.standard_output` did not write and flush: Python's own end says so, with
-    its status), and where
-    no exit handler was there before this one (it would not run: a coverage tool's, an embedding script's)."""
+    output flushes (what :func:`~.options.standard_output` did not write: Python's own end says so, with its
+    status), and where no exit handler was there before this one (it would not run: a coverage tool's, an
+    embedding script's)."""
     import atexit
 
     if getattr(atexit, "_ncallbacks", lambda: 1)():
