@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from .options import standard_output
+
 
 def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if not value or ctx.resilient_parsing:
@@ -23,8 +25,6 @@ def _list_models(ctx: click.Context, _param: click.Parameter, value: bool) -> No
     t.add_column("what it is")
     for name, doc, chains in list_models():
         t.add_row(name, "\n".join(f"{k}: {v or '(decode only)'}" for k, v in chains.items()), doc)
-    from .options import standard_output
-
     with standard_output():
         stdout_console().print(t)
     ctx.exit(0)
