@@ -13,22 +13,38 @@ import pytest
 from gpubatch.errors import ExitCode
 from tests.helpers import ROOT, child_env, run_cli
 
+#: the command as a user runs it, with each os._exit of its own process said on stderr before it is made
+_ENDED = """
+import os, sys
+sys.argv = ["gpubatch", *ARGS]
+_exit, pid = os._exit, os.getpid()
+
+def said(code):
+    if os.getpid() == pid:
+        print(f"OS_EXIT {code}", file=sys.__stderr__, flush=True)
+    _exit(code)
+
+os._exit = said
+from gpubatch.cli import main
+main()
+"""
+
 
 @pytest.mark.parametrize(("args", "code"), [
     (["convert", "SRC", "OUT", "--to", "webdataset", "--json"], ExitCode.OK),
     (["convert", "SRC", "OUT", "--to", "no-such-format"], ExitCode.USAGE),
-    (["convert", "MISSING", "OUT", "--to", "webdataset"], None),
+    (["convert", "MISSING", "OUT", "--to", "webdataset"], ExitCode.USAGE),
 ])
-def test_the_command_ends_with_its_status_and_all_of_its_output(imagenet, tmp_path, args, code):
-    given = [str(imagenet) if a == "SRC" else str(tmp_path / "o") if a == "OUT" else str(tmp_path / "m")
-             if a == "MISSING" else a for a in args]
-    p = subprocess.run([sys.executable, "-m", "gpubatch", *given], cwd=ROOT, env=child_env(), capture_output=True,
-                       text=True, timeout=300)
-    if code is None:  # (the source's own error, one line)
-        assert p.returncode not in (0, 1) and p.stderr.startswith("error: ") and "Traceback" not in p.stderr
+def test_the_command_ends_with_os_exit_its_status_and_all_of_its_output(imagenet, tmp_path, args, code):
+    names = {"SRC": str(imagenet), "OUT": str(tmp_path / "o"), "MISSING": str(tmp_path / "m")}
+    given = [names.get(a, a) for a in args]
+    p = subprocess.run([sys.executable, "-c", _ENDED.replace("ARGS", repr(given))], cwd=ROOT, env=child_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == code, p.stderr
+    assert p.stderr.splitlines()[-1] == f"OS_EXIT {int(code)}"  # (the interpreter not torn down: ended at once)
+    if code:
+        assert p.stderr.startswith("error: ") and "Traceback" not in p.stderr
     else:
-        assert p.returncode == code, p.stderr
-    if "--json" in args:
         assert json.loads(p.stdout)["records_out"] == 60  # (the whole of it, flushed before the process ended)
 
 
