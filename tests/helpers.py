@@ -44,6 +44,24 @@ def child_env(*first: str | Path, **more: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), **more}
 
 
+def cli_script(before: str, report: str) -> str:
+    """The source of a fresh interpreter that runs ``gpubatch ARGS`` (``ARGS`` replaced by the caller) as a user
+    runs it: ``before`` first (patches), then the command, which must succeed, then ``report`` printed as one JSON
+    line on stdout, whatever happened."""
+    return f"""
+import json, sys
+{before}
+sys.argv = ["gpubatch", *ARGS]
+import gpubatch.cli as cli
+try:
+    cli.main()
+except SystemExit as e:
+    assert not e.code, e.code
+finally:
+    print(json.dumps({report}))
+"""
+
+
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m gpubatch ARGS`` in a subprocess, capturing output."""
     return subprocess.run([sys.executable, "-m", "gpubatch", *map(str, args)], capture_output=True, text=True,

@@ -14,7 +14,7 @@ import pytest
 
 from gpubatch import _prescan
 from tests.engine.test_shards import digest
-from tests.helpers import ROOT, child_env
+from tests.helpers import ROOT, child_env, cli_script
 
 
 @pytest.mark.parametrize(("args", "src"), [
@@ -131,21 +131,10 @@ print(json.dumps([few, threads, len(_prescan._PENDING)]))
 
 
 #: the command as a user runs it, with the fewest cores lowered to one; prints whether its run took the listing
-_COMMAND = """
-import json, sys
-from gpubatch import _prescan
+_COMMAND = cli_script("""from gpubatch import _prescan
 _prescan.MIN_CORES, _prescan.WAIT_S = 1, 60.0
 real, took = _prescan.taken, []
-_prescan.taken = lambda *a: took.append(real(*a)) or took[-1]
-sys.argv = ["gpubatch", *ARGS]
-import gpubatch.cli as cli
-try:
-    cli.main()
-except SystemExit as e:
-    assert not e.code, e.code
-finally:
-    print(json.dumps([r is not None for r in took]))
-"""
+_prescan.taken = lambda *a: took.append(real(*a)) or took[-1]""", "[r is not None for r in took]")
 
 
 @pytest.mark.parametrize("to", ["webdataset", "folder"])

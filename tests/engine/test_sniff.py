@@ -19,7 +19,7 @@ from gpubatch.engine.gpu.chain import kernels_needed
 from gpubatch.engine.plan import make_plan
 from gpubatch.engine.processes import cores
 from tests.engine.test_shards import digest
-from tests.helpers import ROOT, all_ended
+from tests.helpers import ROOT, all_ended, cli_script
 
 PIXELS = ["--to", "webdataset", "--resize-shorter", "40", "--center-crop", "32"]
 
@@ -141,18 +141,8 @@ def test_a_pass_throughs_command_imports_neither_numpy_nor_the_digest(imagenet, 
     """The command's own process of a pass-through needs neither NumPy, the ops, the codecs, the ``crc32c`` package
     nor ``ctypes.util`` (together 50-120 ms of its start on the CI machine): its workers read, check, digest and frame
     the records. Every format's shards are still read back whole."""
-    script = """
-import json, sys
-sys.argv = ["gpubatch", *ARGS]
-import gpubatch.cli as cli
-try:
-    cli.main()
-except SystemExit as e:
-    assert not e.code, e.code
-finally:
-    print(json.dumps(sorted(m for m in ("numpy", "crc32c", "ctypes.util", "gpubatch.engine.codecs.image",
-                                        "gpubatch.engine.ops.geometry") if m in sys.modules)))
-"""
+    script = cli_script("", 'sorted(m for m in ("numpy", "crc32c", "ctypes.util", "gpubatch.engine.codecs.image", '
+                            '"gpubatch.engine.ops.geometry") if m in sys.modules)')
     for to in ("webdataset", "tfrecord", "recordio", "lmdb"):
         args = ["convert", str(imagenet), str(tmp_path / to), "--to", to, "--workers", "2", "--shard-size", "20", "--quiet"]
         done = subprocess.run([sys.executable, "-c", script.replace("ARGS", repr(args))], cwd=ROOT,
