@@ -10,8 +10,8 @@ Reading:
   column and a number column that agree (ESC-50's ``category`` and ``target``, UrbanSound8K's ``class``
   and ``classID``) give the dataset's own numbering with its names; names alone are numbered in sorted
   order. A bare file name is looked for under the root (ESC-50 keeps its clips in ``audio/``).
-- a NeMo manifest (``manifest.json`` or ``*.jsonl`` in the root, JSON lines with ``audio_filepath``,
-  ``duration``, ``text``, optional ``offset``): every clip unlabeled, its ``text``, ``duration`` and
+- a NeMo manifest (the source itself, or ``manifest.json`` or ``*.jsonl`` in the root: JSON lines with
+  ``audio_filepath``, ``duration``, ``text``, optional ``offset``): every clip unlabeled, its ``text``, ``duration`` and
   ``offset`` kept in the record's metadata (paths relative to the manifest's folder).
 - ``*.trans.txt`` files anywhere (LibriSpeech: ``<utt-id> TRANSCRIPT`` a line): every clip unlabeled,
   with its transcript as ``text``.
@@ -45,6 +45,7 @@ from .folder import (
     read_csv_table,
     read_listed_file,
     safe_component,
+    unlisted_files,
 )
 from .listing import walk
 from .manifest import MANIFEST_NAME, read_manifest
@@ -80,7 +81,10 @@ class AudioReader(Reader):
         p = Path(path)
         self.path_column, self.label_column = path_column, label_column
         self.csv_file: Path | None = None
-        if p.is_file():
+        self.nemo_file: Path | None = None  # a NeMo manifest given as the source
+        if p.is_file() and _is_nemo(p):
+            self.nemo_file, self.root = p, p.parent
+        elif p.is_file():
             self.csv_file, self.root = p, p.parent
             if p.parent.name in ("meta", "metadata"):
                 self.root = p.parent.parent
@@ -99,11 +103,14 @@ class AudioReader(Reader):
         return [self.root]
 
     def _scan(self) -> list[Any]:
-        if self.csv_file is not None:
-            return self._scan_csv()
-        nemo = self._nemo_manifest()
-        if nemo is not None:
-            return self._scan_nemo(nemo)
+        listing = self.nemo_file or self.csv_file or self._nemo_manifest()
+        if listing is not None:
+            entries = self._scan_csv() if listing == self.csv_file else self._scan_nemo(listing)
+            if self.path.is_dir():  # a list found in the folder: the clips it does not name are said
+                self.left_out = unlisted_files(self, self.root, entries, listing.name, ("audio file", "audio files"),
+                                               f"a partial list? Pass {listing} to read the list alone",
+                                               accept=is_audio_name)
+            return entries
         damaged: list[Damaged] = []
         files = _walk_images(self.root, damaged, accept=is_audio_name)
         texts = self._transcripts()
@@ -123,16 +130,8 @@ class AudioReader(Reader):
         return [*damaged, *((f, None, None) for f in files)]
 
     def _nemo_manifest(self) -> Path | None:
-        for p in [self.root / "manifest.json", *sorted(self.root.glob("*.jsonl"))]:
-            if p.is_file():
-                try:
-                    first = next((ln for ln in read_regular(p, 1 << 30).decode("utf-8", "replace").splitlines()
-                                  if ln.strip()), "")
-                except (OSError, ValueError):
-                    continue
-                if '"audio_filepath"' in first or '"audio_filename"' in first:
-                    return p
-        return None
+        return next((p for p in [self.root / "manifest.json", *sorted(self.root.glob("*.jsonl"))]
+                     if p.is_file() and _is_nemo(p)), None)
 
     def _scan_nemo(self, manifest: Path) -> list[Any]:
         text = read_regular(manifest, 1 << 30).decode("utf-8", "replace")
@@ -346,6 +345,18 @@ class AudioWriter(Writer):
             (self.root / METADATA).write_text(buf.getvalue(), encoding="utf-8")
 
 
+def _is_nemo(path: Path) -> bool:
+    """Whether ``path`` is a NeMo manifest: JSON lines, the first naming ``audio_filepath``."""
+    if path.suffix.lower() not in (".json", ".jsonl"):
+        return False
+    try:
+        head = read_head(path, 1 << 16).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return False
+    first = next((ln for ln in head.splitlines() if ln.strip()), "")
+    return '"audio_filepath"' in first or '"audio_filename"' in first
+
+
 def _csv_is_audio(path: Path) -> bool:
     try:
         rows = list(csv.DictReader(io.StringIO(read_head(path, 20000).decode("utf-8-sig", "replace"))))[:20]
@@ -371,7 +382,7 @@ class AudioFormat(Format):
     def detect(cls, path: Path) -> bool:
         path = Path(path)
         if path.is_file():
-            return path.suffix.lower() == ".csv" and _csv_is_audio(path)
+            return (path.suffix.lower() == ".csv" and _csv_is_audio(path)) or _is_nemo(path)
         if (path / METADATA).is_file():
             return True
         found = _csvs(path)

@@ -131,6 +131,27 @@ def left_out_warning(root: Path, left: dict[str, list[str]]) -> str | None:
     return f"left out of {root}, as no records: " + "; ".join(parts)
 
 
+def unlisted_files(reader: Reader, root: Path, entries: list[Any], listing: str, noun: tuple[str, str], hint: str,
+                   accept: Callable[[str], bool] = _is_image_name) -> dict[str, Any]:
+    """The files of ``accept``'s kind under ``root`` that no entry of the list ``listing`` names (an entry:
+    a tuple whose first item is a path, relative to ``root`` or absolute), said in one of ``reader``'s
+    warnings (``noun``: singular and plural, ``hint``: what to do) and returned as its ``left_out``:
+    a list found in a folder is read as the dataset, and what it leaves out is never left out without
+    a word."""
+    listed = set()
+    for e in entries:
+        if isinstance(e, tuple):
+            path = os.path.relpath(e[0], root) if os.path.isabs(e[0]) else e[0]
+            listed.add(os.path.normpath(path).replace(os.sep, "/"))
+    left = [f for f in _walk_images(root, [], accept=accept) if f not in listed]
+    if not left:
+        return {}
+    n = len(left)
+    reader.warnings.append(f"{n:,} {noun[n > 1]} under {root} {'are' if n > 1 else 'is'} not in {listing} and left "
+                           f"out ({', '.join(left[:3])}{', ...' if n > 3 else ''}): {hint}")
+    return {"unlisted": {"count": n, "names": left[:3]}}
+
+
 def _kinds(names: list[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for n in sorted(names):
@@ -264,10 +285,11 @@ class FolderReader(Reader):
     def __init__(self, path: Path):
         path = Path(path)
         self.list_file: Path | None = None
+        self._list_found = False  # the folder's own list, not one given as the source
         if path.is_file():
             self.list_file, path = path, path.parent
         elif (path / FILE_LIST).is_file():
-            self.list_file = path / FILE_LIST
+            self.list_file, self._list_found = path / FILE_LIST, True
         super().__init__(path)
         self._root_text = str(self.path)  # (a record's origin and file are joined to it: no Path a record)
         self._classes: tuple[str, ...] | ClassNames = ()
@@ -355,14 +377,10 @@ class FolderReader(Reader):
             entries.append((rel, label))
         self._classes = label_names([e[1] for e in entries if isinstance(e, tuple) and e[1] is not None],
                                     manifest.get("classes"))
-        if self.list_file.name == FILE_LIST:  # the folder's own list: images it does not name are said
-            listed = {e[0] for e in entries if isinstance(e, tuple)} | {FILE_LIST}
-            unlisted = [f for f in _walk_images(self.path) if f not in listed]
-            if unlisted:
-                self.warnings.append(f"{len(unlisted):,} image file{'s' if len(unlisted) > 1 else ''} under {self.path} "
-                                     f"{'are' if len(unlisted) > 1 else 'is'} not in {FILE_LIST} and left out "
-                                     f"({', '.join(unlisted[:3])}{', ...' if len(unlisted) > 3 else ''}): a damaged "
-                                     f"or partial list? Pass {self.path / FILE_LIST} to read the list alone")
+        if self._list_found:  # the folder's own list: images it does not name are said
+            self.left_out = unlisted_files(self, self.path, entries, FILE_LIST, ("image file", "image files"),
+                                           f"a damaged or partial list? Pass {self.path / FILE_LIST} to read the "
+                                           "list alone")
         return entries
 
     def info(self) -> DatasetInfo:

@@ -38,6 +38,7 @@ from .folder import (
     read_csv_table,
     read_listed_file,
     safe_component,
+    unlisted_files,
 )
 from .listing import walk
 from .manifest import MANIFEST_NAME, read_manifest
@@ -87,10 +88,14 @@ class VideoReader(Reader):
 
     def _scan(self) -> list[Any]:
         manifest = read_manifest(self.root) or {}
-        if self.list_file is not None:
-            return self._scan_list(manifest)
-        if self.csv_file is not None:
-            return self._scan_csv()
+        listing = self.list_file or self.csv_file
+        if listing is not None:
+            entries = self._scan_list(manifest) if self.list_file is not None else self._scan_csv()
+            if Path(self.path).is_dir():  # a list found in the folder: the clips it does not name are said
+                self.left_out = unlisted_files(self, self.root, entries, listing.name, ("video file", "video files"),
+                                               f"a partial list? Pass {listing} to read the list alone",
+                                               accept=is_video_name)
+            return entries
         damaged: list[Damaged] = []  # folders that cannot be listed, clips that are no regular files
         files = _walk_images(self.root, damaged, accept=is_video_name)
         tops = sorted({f.split("/", 1)[0] for f in files if "/" in f})

@@ -230,3 +230,25 @@ def test_spec_augment_masks_computed_log_mel_features(tmp_path, to):
     again = augment(tmp_path / "mel", tmp_path / "aug2", ops="freq_mask(width=8, count=2) | time_mask(width=20)",
                     copies=2, seed=3)
     assert again.records_out == 12
+
+
+def test_clips_a_found_manifest_leaves_out_are_said_and_a_manifest_file_is_a_source(tmp_path):
+    """A manifest found in the folder is the dataset: the clips beside it that it does not name are said
+    (a warning of ``info`` and ``convert``, and ``info``'s ``left_out``), never left out without a word;
+    the manifest itself, under any name, is a source that reads its lines alone."""
+    src = _nemo(tmp_path / "src", [{"audio_filepath": "talk.wav", "duration": 3.0, "text": "all"}])
+    write(src / "other.wav", _stepped(), RATE, "wav")
+    write(src / "sub" / "more.flac", _stepped(), RATE, "flac")
+    said = f"2 audio files under {src} are not in manifest.json and left out (other.wav, sub/more.flac)"
+    report = info(src)
+    assert any(w.startswith(said) for w in report.warnings), report.warnings
+    assert report.left_out == {"unlisted": {"count": 2, "names": ["other.wav", "sub/more.flac"]}}
+    s = convert(src, tmp_path / "wds", to="webdataset")
+    assert s.records_out == 1 and any(w.startswith(said) for w in s.warnings), s.warnings
+    (src / "manifest.json").rename(src / "train_manifest.json")  # NeMo's usual name, given as the source
+    s = convert(src / "train_manifest.json", tmp_path / "alone", to="webdataset")
+    assert s.records_out == 1 and not any("left out" in w for w in s.warnings), s.warnings
+    with open_dataset(tmp_path / "alone") as r:
+        assert [rec.meta["text"] for rec in r] == ["all"]
+    p = run_cli("info", src / "train_manifest.json", "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["format"] == "audio", p.stderr

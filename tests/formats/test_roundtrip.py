@@ -102,6 +102,16 @@ def test_flat_folder_with_file_list(imagenet, tmp_path):
         "".join(f"{ln.rsplit(' ', 1)[0].replace('/', '_')} {i % 2}\n" for i, ln in enumerate(lines[:5])))
     recs = list(open_dataset(tmp_path / "mine"))
     assert [r.label for r in recs] == [0, 1, 0, 1, 0]
+    # an image the list does not name is said (a warning, info's left_out), not left out without a word
+    from gpubatch.api import info
+
+    (tmp_path / "mine" / "extra.jpg").write_bytes((tmp_path / "flat" / lines[5].rsplit(" ", 1)[0]).read_bytes())
+    s = convert(tmp_path / "mine", tmp_path / "wds", to="webdataset")
+    said = f"1 image file under {tmp_path / 'mine'} is not in file_list.txt and left out (extra.jpg)"
+    assert s.records_out == 5 and any(w.startswith(said) for w in s.warnings), s.warnings
+    assert info(tmp_path / "mine").left_out == {"unlisted": {"count": 1, "names": ["extra.jpg"]}}
+    s = convert(tmp_path / "mine" / "file_list.txt", tmp_path / "alone", to="webdataset")  # the list alone
+    assert s.records_out == 5 and not any("left out" in w for w in s.warnings), s.warnings
 
 
 def _labelled_list(root, names, labels, classes):

@@ -379,3 +379,20 @@ def test_variable_frame_rate_is_sampled_by_time(tmp_path):
         frames = sorted(json.loads(t.extractfile(m).read())["meta"]["frame"] for m in t.getmembers()
                         if m.name.endswith(".json"))
     assert frames == [0, 5, 10, 11, 12, 13] and s.records_out == 6
+
+
+@pytest.mark.parametrize("listing", ["file_list.txt", "clips.csv"])
+def test_clips_a_found_list_leaves_out_are_said(tmp_path, listing):
+    """A file list or a CSV found in the folder is the dataset: clips it does not name are said, in a
+    warning and ``info``'s ``left_out``; the list given as the source reads its lines alone."""
+    src = tmp_path / "src"
+    for name in ("a.mp4", "b.mp4", "sub/c.webm"):
+        make_clip(src / name, 6, **({"codec": "libvpx-vp9", "bframes": 0} if name.endswith("webm") else {}))
+    (src / listing).write_text("a.mp4 0\n" if listing == "file_list.txt" else "path,label\na.mp4,0\n")
+    said = f"2 video files under {src} are not in {listing} and left out (b.mp4, sub/c.webm)"
+    report = info(src)
+    assert report.left_out == {"unlisted": {"count": 2, "names": ["b.mp4", "sub/c.webm"]}}
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_out == 1 and any(w.startswith(said) for w in s.warnings), s.warnings
+    s = convert(src / listing, tmp_path / "alone", to="webdataset")
+    assert s.records_out == 1 and not any("left out" in w for w in s.warnings), s.warnings
