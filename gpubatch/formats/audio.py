@@ -373,7 +373,7 @@ def _csv_is_audio(path: Path) -> bool:
 class AudioFormat(Format):
     name = "audio"
     description = ("audio files (wav, flac, ogg, opus, mp3, m4a): class folders, a CSV of metadata (ESC-50, "
-                   "UrbanSound8K), LibriSpeech transcripts, flat")
+                   "UrbanSound8K), LibriSpeech transcripts, NeMo manifests, flat")
     media = (Media.AUDIO,)
     carries_record_meta = False  # (metadata.csv: path, label, class, text)
     detect_priority = 75  # before the video CSV and the image folder
