@@ -27,7 +27,7 @@ from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
 from . import fields, register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer, image_size
-from .folder import safe_component
+from .folder import safe_component, unlisted_files
 from .manifest import read_manifest
 
 ANNOTATIONS = "annotations/instances.json"
@@ -176,7 +176,7 @@ class CocoReader(Reader):
         if ann is None:
             raise FormatError(f"no COCO instances JSON at {path}")
         super().__init__(path if path.is_dir() else ann.parent)
-        self.ann_file = ann
+        self.ann_file, self._found = ann, path.is_dir()  # (found in the folder, or given as the source)
         try:
             doc = fields.json_value(read_regular(ann, MAX_JSON_BYTES), ann.name, "surrogateescape")
         except OSError as e:
@@ -223,6 +223,11 @@ class CocoReader(Reader):
         bad = [Damaged(f"images[{i}]", f"{self.ann_file}#images[{i}]", f"an entry of 'images' that is a JSON "
                        f"{type(im).__name__}, not an object") for i, im in enumerate(self.doc["images"])
                if not isinstance(im, dict)]
+        if self._found:  # the JSON found in the folder: images it does not name are said
+            named = [(im["file_name"],) for im in images if isinstance(im.get("file_name"), str)]
+            self.left_out = unlisted_files(self, self.image_root, named, self.ann_file.name,
+                                           ("image file", "image files"),
+                                           f"Pass {self.ann_file} to read the images it names alone")
         return sorted(images, key=lambda im: (str(type(im.get("id"))), _id_key(im.get("id")) or 0)) + bad
 
     def where(self, image: dict) -> tuple[str, str]:

@@ -132,18 +132,18 @@ def left_out_warning(root: Path, left: dict[str, list[str]]) -> str | None:
 
 
 def unlisted_files(reader: Reader, root: Path, entries: list[Any], listing: str, noun: tuple[str, str], hint: str,
-                   accept: Callable[[str], bool] = _is_image_name) -> dict[str, Any]:
+                   accept: Callable[[str], bool] = _is_image_name, stems: Any = ()) -> dict[str, Any]:
     """The files of ``accept``'s kind under ``root`` that no entry of the list ``listing`` names (an entry:
-    a tuple whose first item is a path, relative to ``root`` or absolute), said in one of ``reader``'s
-    warnings (``noun``: singular and plural, ``hint``: what to do) and returned as its ``left_out``:
-    a list found in a folder is read as the dataset, and what it leaves out is never left out without
-    a word."""
+    a tuple whose first item is a path, relative to ``root`` or absolute; ``stems``: paths named without
+    their extension), said in one of ``reader``'s warnings (``noun``: singular and plural, ``hint``: what
+    to do) and returned as its ``left_out``: a list found in a folder is read as the dataset, and what it
+    leaves out is never left out without a word."""
     listed = set()
     for e in entries:
         if isinstance(e, tuple):
             path = os.path.relpath(e[0], root) if os.path.isabs(e[0]) else e[0]
             listed.add(os.path.normpath(path).replace(os.sep, "/"))
-    left = [f for f in _walk_images(root, [], accept=accept) if f not in listed]
+    left = [f for f in _walk_images(root, [], accept=accept) if f not in listed and _strip_ext(f) not in stems]
     if not left:
         return {}
     n = len(left)

@@ -20,7 +20,7 @@ from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
 from . import register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer, image_size
-from .folder import free_name, safe_component
+from .folder import free_name, safe_component, unlisted_files
 
 #: the largest annotation read (a VOC XML is a few kilobytes)
 MAX_XML_BYTES = 1 << 20
@@ -127,6 +127,11 @@ class VocReader(Reader):
                 out.append(Damaged(i, where, parsed))
             else:
                 out.append((i, parsed))
+        if self.split is None:  # every XML: images in JPEGImages/ that none names are said
+            named = [(p["filename"],) for p in self._parsed.values() if isinstance(p, dict) and p["filename"]]
+            self.left_out = unlisted_files(self, self.path / "JPEGImages", named, "Annotations/",
+                                           ("image file", "image files"),
+                                           "no XML annotation names them (a set's test images?)", stems=self._parsed)
         return out
 
     def where(self, entry: Any) -> tuple[str, str]:

@@ -190,3 +190,27 @@ def test_a_class_a_record_dropped_into_voc_or_yolo_is_said(imagenet, tmp_path):
     for fmt in ("voc", "yolo"):
         s = convert(imagenet, tmp_path / fmt, to=fmt)
         assert s.records_out == 60 and any("classes were dropped" in w for w in s.warnings), s.warnings
+
+
+def test_images_no_annotation_names_are_said_for_voc_and_coco(tmp_path):
+    """A VOC set read whole (every XML) and a COCO folder (its JSON found there) are the images their
+    annotations name: an image beside them that none names is said (a warning, ``info``'s ``left_out``),
+    not left out without a word; a VOC split or the COCO JSON given as the source reads its list alone."""
+    from gpubatch.api import info
+
+    voc = make_voc(tmp_path / "VOC2007")
+    (voc / "JPEGImages" / "000099.jpg").write_bytes(jpeg_bytes(photo(60, 80, seed=9)))  # no XML names it
+    said = f"1 image file under {voc / 'JPEGImages'} is not in Annotations/ and left out (000099.jpg)"
+    s = convert(voc, tmp_path / "coco", to="coco")
+    assert s.records_out == len(VOC_SET) and any(w.startswith(said) for w in s.warnings), s.warnings
+    assert info(voc).left_out == {"unlisted": {"count": 1, "names": ["000099.jpg"]}}
+    s = convert(voc / "ImageSets" / "Main" / "train.txt", tmp_path / "split", to="coco")
+    assert s.records_out == 2 and not any("left out" in w for w in s.warnings), s.warnings
+    coco = tmp_path / "coco"
+    shutil.copy(voc / "JPEGImages" / "000099.jpg", coco / "images" / "extra.jpg")
+    said = f"1 image file under {coco / 'images'} is not in instances.json and left out (extra.jpg)"
+    s = convert(coco, tmp_path / "wds", to="webdataset")
+    assert s.records_out == len(VOC_SET) and any(w.startswith(said) for w in s.warnings), s.warnings
+    assert info(coco).left_out == {"unlisted": {"count": 1, "names": ["extra.jpg"]}}
+    s = convert(coco / "annotations" / "instances.json", tmp_path / "alone", to="webdataset")
+    assert s.records_out == len(VOC_SET) and not any("left out" in w for w in s.warnings), s.warnings
