@@ -9,7 +9,7 @@ import importlib
 import os
 from pathlib import Path
 
-from .._paths import require_source, source_files
+from .._paths import missing_shards, require_source, source_files
 from ..errors import FormatError, GpubatchError, UsageError, did_you_mean, register_once
 from ..types import other_media_message
 from .base import Format, Reader, WriteOptions, Writer
@@ -159,6 +159,7 @@ def open_reader(path: Path, fmt: str | None = None, options: dict | None = None,
                          f"CSV; {path} is {cls.name} data")
     reader = cls.reader(path, **given) if given else cls.reader(path)
     reader.format_name = cls.name
+    reader.missing = missing_shards(path)
     if warning:
         reader.warnings.insert(0, warning)
     return reader

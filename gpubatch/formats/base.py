@@ -179,6 +179,7 @@ class Reader(abc.ABC):
         self.path = Path(path)
         self._entries: list[Any] | None = None
         self.warnings: list[str] = []  # what was wrong in the source but not fatal, shown in the summary
+        self.missing: list[str] = []  # shards a source pattern names that do not exist (each a skipped entry)
 
     @abc.abstractmethod
     def _scan(self) -> list[Any]:
@@ -228,7 +229,9 @@ class Reader(abc.ABC):
 
     def entries(self) -> list[Any]:
         if self._entries is None:
-            self._entries = self._scan()
+            self._entries = self._scan() + [
+                Damaged(Path(m).name, m, "the source pattern names this shard, but there is no such file: its "
+                        "records are not read") for m in self.missing]
         return self._entries
 
     def __len__(self) -> int:

@@ -532,6 +532,12 @@ def test_source_patterns_say_what_is_wrong(imagenet, tmp_path):
         convert(tmp_path / "wds" / "*.tar", tmp_path / "out", to="folder", from_format="folder")
     with pytest.raises(GpubatchError, match="is the source or lies inside it"):
         convert(tmp_path / "wds" / "*.tar", tmp_path / "wds" / "out", to="folder")
+    # a brace pattern's shards that do not exist are skipped entries with their reason, never a silent loss
+    s = convert(tmp_path / "wds" / "data-{000000..000004}.tar", tmp_path / "some", to="folder")
+    assert s.records_out == 60 and [e["key"] for e in s.skipped] == ["data-000003.tar", "data-000004.tar"]
+    assert all("the source pattern names this shard, but there is no such file" in e["reason"] for e in s.skipped)
+    with pytest.raises(GpubatchError, match="data-000003.tar.*the source pattern names this shard"):
+        convert(tmp_path / "wds" / "data-{000000..000004}.tar", tmp_path / "failed", to="folder", on_error="fail")
     # shards whose names differ by no split word are one dataset, read together as before
     for i, shard in enumerate(sorted((tmp_path / "wds").glob("*.tar"))):
         shard.rename(tmp_path / "wds" / f"{['cats', 'dogs', 'birds'][i]}.tar")
