@@ -206,16 +206,17 @@ def source_files(path: Path) -> list[Path] | None:
     return sorted({Path(p) for one in patterns for p in glob.glob(one) if os.path.isfile(p)})
 
 
-def missing_shards(path: Path) -> list[str]:
+def missing_shards(path: Path) -> list[tuple[str, str]]:
     """The files a brace pattern spells out in full (``train-{000000..000099}.tar``: no glob character
-    in the name) that do not exist: shards the user named whose records cannot be read, never left out
-    without a word. Empty where ``path`` exists or holds no brace form."""
+    in the name) that do not exist, each with its reason: shards the user named whose records cannot be
+    read, never left out without a word. Empty where ``path`` exists or holds no brace form."""
     path = Path(path)
     if path.exists() or not _BRACES.search(str(path)):
         return []
     from braceexpand import braceexpand
 
-    return [p for p in braceexpand(str(path)) if not re.search(r"[*?\[]", p) and not os.path.isfile(p)]
+    why = "the source pattern names this shard, but there is no such file: its records are not read"
+    return [(p, why) for p in braceexpand(str(path)) if not re.search(r"[*?\[]", p) and not os.path.isfile(p)]
 
 
 def require_source(path: Path) -> None:

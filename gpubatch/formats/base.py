@@ -179,7 +179,7 @@ class Reader(abc.ABC):
         self.path = Path(path)
         self._entries: list[Any] | None = None
         self.warnings: list[str] = []  # what was wrong in the source but not fatal, shown in the summary
-        self.missing: list[str] = []  # shards a source pattern names that do not exist (each a skipped entry)
+        self.missing: list[tuple[str, str]] = []  # shards named that do not exist, and why: each a skipped entry
 
     @abc.abstractmethod
     def _scan(self) -> list[Any]:
@@ -229,9 +229,7 @@ class Reader(abc.ABC):
 
     def entries(self) -> list[Any]:
         if self._entries is None:
-            self._entries = self._scan() + [
-                Damaged(Path(m).name, m, "the source pattern names this shard, but there is no such file: its "
-                        "records are not read") for m in self.missing]
+            self._entries = self._scan() + [Damaged(Path(m).name, m, why) for m, why in self.missing]
         return self._entries
 
     def __len__(self) -> int:
@@ -301,6 +299,29 @@ def decompress_into(path: Path, kind: str, out: Any) -> bool:
                     d = _decompressor(kind, path)
                 else:
                     return True
+
+
+_OF = re.compile(r"^(.*?)(\d+)-of-(\d+)(.*)$")  # train-00003-of-00016.tfrecord: shard 3 of 16
+
+
+def numbered_gaps(paths: Sequence[Path]) -> list[tuple[str, str]]:
+    """The shards missing from sets named ``NAME-NNNNN-of-MMMMM...`` (TFRecord's, Hugging Face's Parquet,
+    gpubatch's own): for each set among ``paths`` (the same name, count and ending), the numbers below its
+    count that no file has, as the paths they would have, each with its reason. A folder that holds 15 of a set's 16 shards has
+    lost one; its records are said, not left out without a word."""
+    sets: dict[tuple, dict[int, str]] = {}
+    for p in paths:
+        m = _OF.match(Path(p).name)
+        if m and int(m.group(3)) <= 1_000_000:
+            sets.setdefault((Path(p).parent, m.group(1), len(m.group(2)), m.group(3)), {})[int(m.group(2))] = m.group(4)
+    out = []
+    for (folder, head, width, total), have in sets.items():
+        tails = set(have.values())  # (Hugging Face's older names end in each shard's own hash: -of-00002-6f8a.parquet)
+        tail = tails.pop() if len(tails) == 1 else "*" + Path(next(iter(tails))).suffix
+        why = (f"the set's names count {int(total):,} shards (-of-{total}), but this one is not in the folder: its "
+               "records are not read")
+        out += [(str(folder / f"{head}{i:0{width}d}-of-{total}{tail}"), why) for i in range(int(total)) if i not in have]
+    return sorted(out)
 
 
 def open_cap() -> int:

@@ -538,6 +538,12 @@ def test_source_patterns_say_what_is_wrong(imagenet, tmp_path):
     assert all("the source pattern names this shard, but there is no such file" in e["reason"] for e in s.skipped)
     with pytest.raises(GpubatchError, match="data-000003.tar.*the source pattern names this shard"):
         convert(tmp_path / "wds" / "data-{000000..000004}.tar", tmp_path / "failed", to="folder", on_error="fail")
+    # a folder of numbered shards (-of-NNNNN) that lacks one says so: the shard a skipped entry
+    convert(imagenet, tmp_path / "tfr", to="tfrecord", shard_size=20)
+    (tmp_path / "tfr" / "data-00001-of-00003.tfrecord").unlink()
+    s = convert(tmp_path / "tfr", tmp_path / "tfr-out", to="folder")
+    assert s.records_out == 40 and [e["key"] for e in s.skipped] == ["data-00001-of-00003.tfrecord"]
+    assert "the set's names count 3 shards (-of-00003), but this one is not in the folder" in s.skipped[0]["reason"]
     # shards whose names differ by no split word are one dataset, read together as before
     for i, shard in enumerate(sorted((tmp_path / "wds").glob("*.tar"))):
         shard.rename(tmp_path / "wds" / f"{['cats', 'dogs', 'birds'][i]}.tar")
