@@ -39,7 +39,9 @@ class DatasetReport:
         extensions: a WebDataset's member extensions (``jpg``, ``cls``, ``json``...), per extension how
             many samples hold one: the names a webdataset pipeline asks for.
         left_out: files of the source that are no records (video, audio, other files among a folder's
-            images), per kind how many, with some of their names.
+            images; ``unlisted``: media files beside a list, manifest or annotation file found in the folder
+            that it does not name; YOLO's ``labels without an image``), per kind how many, with some of
+            their names.
         video: for video records: codecs with profiles, containers, resolutions, fps and duration
             (min / median / mean / max), total hours, frame counts, bit rates, audio tracks, rotated and
             variable-frame-rate files, and how many this machine's NVDEC decodes (None: no GPU here).
