@@ -41,6 +41,7 @@ IMAGE_EXTENSIONS: Mapping[str, str] = MappingProxyType(
         "jpg": "jpeg",
         "jpeg": "jpeg",
         "jpe": "jpeg",
+        "jfif": "jpeg",  # (what browsers on Windows save a JPEG as)
         "png": "png",
         "jp2": "jpeg2000",
         "j2k": "jpeg2000",

@@ -80,6 +80,7 @@ CODECS = {  # file name -> (bytes, the codec they hold)
     "moving.jpg": (lambda: _encoded("GIF", frames=True, duration=100), "gif"),  # GIF bytes named .jpg
     "avif.jpg": (lambda: _encoded("AVIF"), "avif"),
     "photo.jpg": (lambda: jpeg_bytes(photo(40, 56)), "jpeg"),
+    "saved.jfif": (lambda: jpeg_bytes(photo(32, 48)), "jpeg"),  # a JPEG as browsers on Windows save it
 }
 
 
