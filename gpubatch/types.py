@@ -71,7 +71,7 @@ VIDEO_EXTENSIONS: Mapping[str, str] = MappingProxyType(
 # Audio files: extension -> the codec gpubatch names their bytes by (the bytes decide where they can).
 AUDIO_EXTENSIONS: Mapping[str, str] = MappingProxyType(
     {"wav": "wav", "wave": "wav", "flac": "flac", "ogg": "ogg", "oga": "ogg", "opus": "opus", "mp3": "mp3",
-     "m4a": "m4a", "aac": "m4a"}
+     "m4a": "m4a", "aac": "m4a", "aiff": "aiff", "aif": "aiff", "aifc": "aiff"}
 )
 
 # Video and audio files, which an image dataset leaves out (named in its warnings).

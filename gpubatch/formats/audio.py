@@ -45,6 +45,7 @@ from .folder import (
     read_csv_table,
     read_listed_file,
     safe_component,
+    said_left_out,
     unlisted_files,
 )
 from .listing import walk
@@ -112,7 +113,9 @@ class AudioReader(Reader):
                                                accept=is_audio_name)
             return entries
         damaged: list[Damaged] = []
-        files = _walk_images(self.root, damaged, accept=is_audio_name)
+        others: list[str] = []  # files that are no recordings (notes, a cover image, a codec it cannot read)
+        files = _walk_images(self.root, damaged, others=others, accept=is_audio_name)
+        self.left_out = said_left_out(self, self.root, [f for f in others if not f.endswith(".trans.txt")], "audio")
         texts = self._transcripts()
         if texts:
             return [*damaged, *((f, None, texts.get(_strip_ext(f).rsplit("/", 1)[-1])) for f in files)]
@@ -372,7 +375,7 @@ def _csv_is_audio(path: Path) -> bool:
 @register_format
 class AudioFormat(Format):
     name = "audio"
-    description = ("audio files (wav, flac, ogg, opus, mp3, m4a): class folders, a CSV of metadata (ESC-50, "
+    description = ("audio files (wav, flac, ogg, opus, mp3, m4a, aiff): class folders, a CSV of metadata (ESC-50, "
                    "UrbanSound8K), LibriSpeech transcripts, NeMo manifests, flat")
     media = (Media.AUDIO,)
     carries_record_meta = False  # (metadata.csv: path, label, class, text)

@@ -118,11 +118,11 @@ def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str =
     return sorted(out)
 
 
-def left_out_warning(root: Path, left: dict[str, list[str]]) -> str | None:
-    """The warning for files of a folder that are no records, by kind (``video``, ``audio``, ``other``,
-    ``outside``: images beside the class folders), or None."""
+def left_out_warning(root: Path, left: dict[str, list[str]], media: str = "image") -> str | None:
+    """The warning for files of a folder of ``media`` records that are no records, by kind (``video``,
+    ``audio``, ``other``, ``outside``: images beside the class folders), or None."""
     words = {"video": ("video file", "video files"), "audio": ("audio file", "audio files"),
-             "other": ("file that is no image", "files that are no images"),
+             "other": (f"file that is no {media}", f"files that are no {media}{'s' if media != 'audio' else ''}"),
              "outside": ("image outside the class folders", "images outside the class folders")}
     parts = [f"{len(v):,} {words[k][len(v) > 1]} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
              for k, v in left.items() if v]
@@ -150,6 +150,16 @@ def unlisted_files(reader: Reader, root: Path, entries: list[Any], listing: str,
     reader.warnings.append(f"{n:,} {noun[n > 1]} under {root} {'are' if n > 1 else 'is'} not in {listing} and left "
                            f"out ({', '.join(left[:3])}{', ...' if n > 3 else ''}): {hint}")
     return {"unlisted": {"count": n, "names": left[:3]}}
+
+
+def said_left_out(reader: Reader, root: Path, others: list[str], media: str) -> dict[str, Any]:
+    """The files of a walk of ``root`` that are no ``media`` records (``others``), said in one of
+    ``reader``'s warnings by kind and returned as its ``left_out``: never left out without a word."""
+    left = _kinds(others)
+    warning = left_out_warning(root, left, media)
+    if warning:
+        reader.warnings.append(warning)
+    return {k: {"count": len(v), "names": v[:3]} for k, v in left.items() if v}
 
 
 def _kinds(names: list[str]) -> dict[str, list[str]]:

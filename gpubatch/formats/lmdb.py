@@ -271,7 +271,7 @@ def _audio_codec(data: bytes) -> str | None:
     from ..engine.codecs.audio_io import sniff_audio
 
     found = sniff_audio(data)
-    return found if found in ("wav", "flac", "ogg", "opus") else None  # (an MP3 sniff is too loose here)
+    return found if found in ("wav", "flac", "ogg", "opus", "aiff") else None  # (an MP3 sniff is too loose here)
 
 
 @register_format

@@ -38,6 +38,7 @@ from .folder import (
     read_csv_table,
     read_listed_file,
     safe_component,
+    said_left_out,
     unlisted_files,
 )
 from .listing import walk
@@ -97,7 +98,9 @@ class VideoReader(Reader):
                                                accept=is_video_name)
             return entries
         damaged: list[Damaged] = []  # folders that cannot be listed, clips that are no regular files
-        files = _walk_images(self.root, damaged, accept=is_video_name)
+        others: list[str] = []  # files that are no clips (notes, a poster image, a container it cannot read)
+        files = _walk_images(self.root, damaged, others=others, accept=is_video_name)
+        self.left_out = said_left_out(self, self.root, others, "video")
         tops = sorted({f.split("/", 1)[0] for f in files if "/" in f})
         if tops:
             self._classes = tuple(tops)

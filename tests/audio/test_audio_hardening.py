@@ -252,3 +252,27 @@ def test_clips_a_found_manifest_leaves_out_are_said_and_a_manifest_file_is_a_sou
         assert [rec.meta["text"] for rec in r] == ["all"]
     p = run_cli("info", src / "train_manifest.json", "--json")
     assert p.returncode == 0 and json.loads(p.stdout)["format"] == "audio", p.stderr
+
+
+def test_an_aiff_recording_is_a_record_and_other_files_are_said(tmp_path):
+    """AIFF (libsndfile reads it) is a recording like WAV; a file that is no recording (notes, a codec gpubatch
+    does not read) is said, not left out without a word; LibriSpeech's transcripts are read, not said."""
+    root = tmp_path / "src"
+    write(root / "yes" / "a.wav", tone(0.5), RATE, "wav")
+    (root / "no").mkdir()
+    sf.write(root / "no" / "b.aiff", tone(0.5), RATE, format="AIFF")
+    (root / "no" / "notes.txt").write_text("recorded in a quiet room")
+    (root / "no" / "c.wma").write_bytes(b"\x30\x26\xb2\x75" + b"\0" * 60)
+    s = convert(root, tmp_path / "wds", to="webdataset")
+    assert s.records_out == 2 and not s.skipped, s.skipped
+    said = f"left out of {root}, as no records: 2 files that are no audio (no/c.wma, no/notes.txt)"
+    assert said in s.warnings, s.warnings
+    assert info(root).left_out == {"other": {"count": 2, "names": ["no/c.wma", "no/notes.txt"]}}
+    with open_dataset(tmp_path / "wds") as r:
+        recs = {rec.key: rec for rec in r}
+    assert recs["no/b"].codec == "aiff" and recs["no/b"].data == (root / "no" / "b.aiff").read_bytes()
+    libri = tmp_path / "libri" / "19" / "198"
+    write(libri / "19-198-0001.flac", tone(0.5), RATE, "flac")
+    (libri / "19-198.trans.txt").write_text("19-198-0001 NORTHANGER ABBEY\n")
+    s = convert(tmp_path / "libri", tmp_path / "libri-wds", to="webdataset")
+    assert s.records_out == 1 and not any("left out" in w for w in s.warnings), s.warnings

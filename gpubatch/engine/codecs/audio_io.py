@@ -40,10 +40,12 @@ def soundfile():
 
 
 def sniff_audio(data: bytes) -> str | None:
-    """The codec of audio bytes from their first bytes (wav, flac, ogg/opus, mp3, m4a), or None."""
+    """The codec of audio bytes from their first bytes (wav, flac, ogg/opus, mp3, m4a, aiff), or None."""
     head = data[:64]
     if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
         return "wav"
+    if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"):
+        return "aiff"
     if head[:4] == b"fLaC":
         return "flac"
     if head[:4] == b"OggS":
