@@ -77,7 +77,7 @@ AUDIO_EXTENSIONS: Mapping[str, str] = MappingProxyType(
 # Video and audio files, which an image dataset leaves out (named in its warnings).
 OTHER_MEDIA_EXTENSIONS: Mapping[str, str] = MappingProxyType(
     {**dict.fromkeys(("mp4", "mkv", "mov", "avi", "webm", "m4v", "mpg", "mpeg", "ts"), "video"),
-     **dict.fromkeys(("wav", "flac", "ogg", "mp3", "m4a", "opus", "aac"), "audio")}
+     **dict.fromkeys(("wav", "flac", "ogg", "mp3", "m4a", "opus", "aac", "aiff", "aif", "aifc"), "audio")}
 )
 
 
