@@ -160,11 +160,10 @@ def open_reader(path: Path, fmt: str | None = None, options: dict | None = None,
     reader = cls.reader(path, **given) if given else cls.reader(path)
     reader.format_name = cls.name
     reader.missing = missing_shards(path)
-    if cls.sharded and path.is_dir():  # a folder of numbered shards (-00003-of-00016) that lacks some
+    if path.is_dir():  # a folder of numbered shards (-00003-of-00016) that lacks some
         from .base import numbered_gaps
 
-        files = getattr(reader, "files", None)
-        reader.missing += numbered_gaps(list(getattr(files, "paths", files) or []))
+        reader.missing += numbered_gaps(reader.shard_paths())
     if warning:
         reader.warnings.insert(0, warning)
     return reader

@@ -38,6 +38,7 @@ from ..types import AUDIO_EXTENSIONS, DatasetInfo, Media, Record, class_table
 from . import fields, register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer
 from .folder import (
+    _kinds,
     _strip_ext,
     _walk_images,
     class_folders,
@@ -115,7 +116,7 @@ class AudioReader(Reader):
         damaged: list[Damaged] = []
         others: list[str] = []  # files that are no recordings (notes, a cover image, a codec it cannot read)
         files = _walk_images(self.root, damaged, others=others, accept=is_audio_name)
-        self.left_out = said_left_out(self, self.root, [f for f in others if not f.endswith(".trans.txt")], "audio")
+        self.left_out = said_left_out(self, self.root, _kinds([f for f in others if not f.endswith(".trans.txt")]), "audio")
         texts = self._transcripts()
         if texts:
             return [*damaged, *((f, None, texts.get(_strip_ext(f).rsplit("/", 1)[-1])) for f in files)]

@@ -227,6 +227,11 @@ class Reader(abc.ABC):
         """Every folder the dataset is read from (an output must lie outside all of them)."""
         return [self.path]
 
+    def shard_paths(self) -> Sequence[Path]:
+        """The shard files a sharded reader reads (webdataset's tars, TFRecord's, RecordIO's, Parquet's
+        files), in order; none for others."""
+        return ()
+
     def entries(self) -> list[Any]:
         if self._entries is None:
             self._entries = self._scan() + [Damaged(Path(m).name, m, why) for m, why in self.missing]
@@ -306,9 +311,9 @@ _OF = re.compile(r"^(.*?)(\d+)-of-(\d+)(.*)$")  # train-00003-of-00016.tfrecord:
 
 def numbered_gaps(paths: Sequence[Path]) -> list[tuple[str, str]]:
     """The shards missing from sets named ``NAME-NNNNN-of-MMMMM...`` (TFRecord's, Hugging Face's Parquet,
-    gpubatch's own): for each set among ``paths`` (the same name, count and ending), the numbers below its
-    count that no file has, as the paths they would have, each with its reason. A folder that holds 15 of a set's 16 shards has
-    lost one; its records are said, not left out without a word."""
+    gpubatch's own): for each set among ``paths`` (the same folder, name and count), the numbers below its
+    count that no file has, as the paths they would have, each with its reason. A folder that holds 15 of
+    a set's 16 shards has lost one; its records are said, not left out without a word."""
     sets: dict[tuple, dict[int, str]] = {}
     for p in paths:
         m = _OF.match(Path(p).name)

@@ -152,10 +152,10 @@ def unlisted_files(reader: Reader, root: Path, entries: list[Any], listing: str,
     return {"unlisted": {"count": n, "names": left[:3]}}
 
 
-def said_left_out(reader: Reader, root: Path, others: list[str], media: str) -> dict[str, Any]:
-    """The files of a walk of ``root`` that are no ``media`` records (``others``), said in one of
-    ``reader``'s warnings by kind and returned as its ``left_out``: never left out without a word."""
-    left = _kinds(others)
+def said_left_out(reader: Reader, root: Path, left: dict[str, list[str]], media: str = "image") -> dict[str, Any]:
+    """The files of ``root`` that are no ``media`` records, by kind (``left``: :func:`_kinds` of a walk's
+    others), said in one of ``reader``'s warnings and returned as its ``left_out``: never left out without
+    a word."""
     warning = left_out_warning(root, left, media)
     if warning:
         reader.warnings.append(warning)
@@ -350,10 +350,7 @@ class FolderReader(Reader):
         return entries
 
     def _left_out(self, left: dict[str, list[str]]) -> None:
-        self.left_out = {k: {"count": len(v), "names": v[:3]} for k, v in left.items() if v}
-        warning = left_out_warning(self.path, left)
-        if warning:
-            self.warnings.append(warning)
+        self.left_out = said_left_out(self, self.path, left)
 
     def _scan_list(self, manifest: dict) -> list[tuple[str, int | None] | Damaged]:
         """The entries of a DALI-style file list; a line that names no record becomes a Damaged entry."""

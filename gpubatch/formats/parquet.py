@@ -158,6 +158,9 @@ class ParquetReader(Reader):
         cats = self.manifest.get("categories") or self.categories
         return DatasetInfo(classes=tuple(self.manifest.get("classes") or self.classes), categories=tuple(cats))
 
+    def shard_paths(self) -> list[Path]:
+        return list(self.files)
+
     def roots(self) -> list[Path]:
         return [self.path]
 

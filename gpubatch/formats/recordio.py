@@ -263,6 +263,9 @@ class RecordIOReader(Reader):
                 raise ValueError(f"bad continuation flag {cflag}")
             off += 8 + length + _pad(length)
 
+    def shard_paths(self) -> list[Path]:
+        return list(self.recs)
+
     def where(self, entry: tuple[int, int, str]) -> tuple[str, str]:
         s, off, k = entry
         return f"{self.recs[s].stem}_{k}", f"{self.recs[s]}@{off}"

@@ -308,6 +308,9 @@ class TFRecordReader(Reader):
             return []
         return [ln.strip() for ln in text.splitlines() if ln.strip()]
 
+    def shard_paths(self) -> list[Path]:
+        return list(self.shards)
+
     def where(self, entry: tuple[int, int, int]) -> tuple[str, str]:
         s, off, _ = entry
         return f"{self.shards[s].name}@{off}", f"{self.shards[s]}@{off}"

@@ -31,6 +31,7 @@ from ..types import VIDEO_EXTENSIONS, DatasetInfo, Media, Record, class_table
 from . import fields, register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer
 from .folder import (
+    _kinds,
     _strip_ext,
     _walk_images,
     class_folders,
@@ -100,7 +101,7 @@ class VideoReader(Reader):
         damaged: list[Damaged] = []  # folders that cannot be listed, clips that are no regular files
         others: list[str] = []  # files that are no clips (notes, a poster image, a container it cannot read)
         files = _walk_images(self.root, damaged, others=others, accept=is_video_name)
-        self.left_out = said_left_out(self, self.root, others, "video")
+        self.left_out = said_left_out(self, self.root, _kinds(others), "video")
         tops = sorted({f.split("/", 1)[0] for f in files if "/" in f})
         if tops:
             self._classes = tuple(tops)

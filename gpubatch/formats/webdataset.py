@@ -171,6 +171,9 @@ class WebDatasetReader(Reader):
                         pass
         return DatasetInfo(classes=label_names([x for x in labels if x is not None], None))
 
+    def shard_paths(self) -> list[Path]:
+        return list(self.tars)
+
     def where(self, entry: tuple[int, str, tuple]) -> tuple[str, str]:
         return entry[1], f"{self.tars[entry[0]]}#{entry[1]}"
 

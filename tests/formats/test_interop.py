@@ -550,6 +550,20 @@ def test_source_patterns_say_what_is_wrong(imagenet, tmp_path):
     assert convert(tmp_path / "wds", tmp_path / "out", to="folder").records_out == 60
 
 
+def test_numbered_gaps_name_each_set_s_missing_shards():
+    from pathlib import Path
+
+    from gpubatch.formats.base import numbered_gaps
+
+    got = numbered_gaps([Path("d/train-00000-of-00003-6f8a.parquet"), Path("d/train-00002-of-00003-9b2c.parquet"),
+                         Path("d/test-00000-of-00001.parquet"), Path("d/imagenette.tfrecord-00001-of-00002"),
+                         Path("e/train-00000-of-00002.parquet"), Path("d/data-000000.tar")])
+    assert [p for p, _ in got] == ["d/imagenette.tfrecord-00000-of-00002",
+                                   "d/train-00001-of-00003*.parquet",  # (each shard's own hash: no name to give)
+                                   "e/train-00001-of-00002.parquet"]
+    assert "the set's names count 3 shards (-of-00003)" in got[1][1]
+
+
 def test_split_folders_holding_class_folders_are_refused_not_read_as_two_classes(imagenet, tmp_path):
 
     root = tmp_path / "ilsvrc"
