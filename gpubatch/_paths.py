@@ -185,7 +185,8 @@ def safe_join(root: Path | str, name: str) -> Path | str:
 
 # A glob (``train-*.tar``) or WebDataset's brace form (``train-{000000..000099}.tar``, ``{a,b}``)
 _BRACES = re.compile(r"\{[^{}]*(?:,|\.\.)[^{}]*\}")
-_PATTERN = re.compile(r"[*?\[]|" + _BRACES.pattern)
+_GLOB = re.compile(r"[*?\[]")
+_PATTERN = re.compile(_GLOB.pattern + "|" + _BRACES.pattern)
 
 
 def source_files(path: Path) -> list[Path] | None:
@@ -216,7 +217,7 @@ def missing_shards(path: Path) -> list[tuple[str, str]]:
     from braceexpand import braceexpand
 
     why = "the source pattern names this shard, but there is no such file: its records are not read"
-    return [(p, why) for p in braceexpand(str(path)) if not re.search(r"[*?\[]", p) and not os.path.isfile(p)]
+    return [(p, why) for p in braceexpand(str(path)) if not _GLOB.search(p) and not os.path.isfile(p)]
 
 
 def require_source(path: Path) -> None:

@@ -20,7 +20,7 @@ from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
 from . import register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer, image_size
-from .folder import _strip_ext, _walk_images, free_name, safe_component
+from .folder import _strip_ext, _walk_images, free_name, safe_component, unlisted_files
 
 #: the largest label file or YAML read
 MAX_TEXT_BYTES = 8 << 20
@@ -108,16 +108,11 @@ class YoloReader(Reader):
     def _scan(self) -> list[Any]:
         damaged: list[Damaged] = []  # a broken link, a FIFO named as an image: listed, not dropped
         images = _walk_images(self.path / "images", damaged)
-        stems = {_strip_ext(f) for f in images}
-        labels = self.path / "labels"
-        orphans = [f for f in _walk_images(labels, [], accept=lambda n: n.endswith(".txt")) if f[:-4] not in stems
-                   and f not in ("classes.txt", "predefined_classes.txt")]
-        if orphans:  # boxes whose image is not there: said, never left out without a word
-            n = len(orphans)
-            self.warnings.append(f"{n:,} label file{'s' if n > 1 else ''} under {labels} name{'' if n > 1 else 's'} "
-                                 f"no image in images/ and {'are' if n > 1 else 'is'} left out "
-                                 f"({', '.join(orphans[:3])}{', ...' if n > 3 else ''})")
-            self.left_out = {"labels without an image": {"count": n, "names": orphans[:3]}}
+        # label files whose image is not there: said, never left out without a word (labelImg's class lists aside)
+        self.left_out = unlisted_files(self, self.path / "labels", [], "images/", ("label file", "label files"),
+                                       "no image has its name, so its boxes go nowhere",
+                                       accept=lambda n: n.endswith(".txt"),
+                                       stems={_strip_ext(f) for f in images} | {"classes", "predefined_classes"})
         return sorted([*images, *damaged], key=lambda e: e.key if isinstance(e, Damaged) else _strip_ext(e))
 
     def where(self, entry: Any) -> tuple[str, str]:

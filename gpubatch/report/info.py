@@ -40,7 +40,7 @@ class DatasetReport:
             many samples hold one: the names a webdataset pipeline asks for.
         left_out: files of the source that are no records (video, audio, other files among a folder's
             images; ``unlisted``: media files beside a list, manifest or annotation file found in the folder
-            that it does not name; YOLO's ``labels without an image``), per kind how many, with some of
+            that it does not name, YOLO's label files without their image), per kind how many, with some of
             their names.
         video: for video records: codecs with profiles, containers, resolutions, fps and duration
             (min / median / mean / max), total hours, frame counts, bit rates, audio tracks, rotated and

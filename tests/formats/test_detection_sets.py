@@ -224,8 +224,8 @@ def test_yolo_labels_without_an_image_are_said_and_a_broken_image_link_is_listed
     convert(voc, yolo, to="yolo")
     (yolo / "labels" / "gone.txt").write_text("0 0.5 0.5 0.2 0.2\n")  # boxes whose image is not there
     (yolo / "images" / "dangling.jpg").symlink_to(tmp_path / "nowhere.jpg")
-    said = f"1 label file under {yolo / 'labels'} names no image in images/ and is left out (gone.txt)"
+    said = f"1 label file under {yolo / 'labels'} is not in images/ and left out (gone.txt): no image has its name"
     s = convert(yolo, tmp_path / "coco", to="coco")
     assert s.records_out == len(VOC_SET) and any(w.startswith(said) for w in s.warnings), s.warnings
     assert [(k["key"], k["reason"]) for k in s.skipped] == [("dangling", "a broken link, not a regular file")]
-    assert info(yolo).left_out == {"labels without an image": {"count": 1, "names": ["gone.txt"]}}
+    assert info(yolo).left_out == {"unlisted": {"count": 1, "names": ["gone.txt"]}}
