@@ -64,8 +64,9 @@ IMAGE_EXTENSIONS: Mapping[str, str] = MappingProxyType(
 
 # Video files: extension -> the container gpubatch names their bytes by (the bytes decide where they can).
 VIDEO_EXTENSIONS: Mapping[str, str] = MappingProxyType(
-    {"mp4": "mp4", "m4v": "mp4", "mov": "mov", "mkv": "mkv", "webm": "webm", "avi": "avi", "ts": "ts",
-     "mpg": "mpg", "mpeg": "mpg", "flv": "flv"}
+    {"mp4": "mp4", "m4v": "mp4", "f4v": "mp4", "mov": "mov", "mkv": "mkv", "webm": "webm", "avi": "avi",
+     "divx": "avi", "ts": "ts", "mts": "m2ts", "m2ts": "m2ts", "mpg": "mpg", "mpeg": "mpg", "vob": "mpg",
+     "flv": "flv", "3gp": "3gp", "3g2": "3gp", "wmv": "wmv", "asf": "wmv", "ogv": "ogv", "mxf": "mxf"}
 )
 
 # Audio files: extension -> the codec gpubatch names their bytes by (the bytes decide where they can).
@@ -76,7 +77,7 @@ AUDIO_EXTENSIONS: Mapping[str, str] = MappingProxyType(
 
 # Video and audio files, which an image dataset leaves out (named in its warnings).
 OTHER_MEDIA_EXTENSIONS: Mapping[str, str] = MappingProxyType(
-    {**dict.fromkeys(("mp4", "mkv", "mov", "avi", "webm", "m4v", "mpg", "mpeg", "ts"), "video"),
+    {**dict.fromkeys(VIDEO_EXTENSIONS, "video"),
      **dict.fromkeys(("wav", "flac", "ogg", "mp3", "m4a", "opus", "aac", "aiff", "aif", "aifc"), "audio")}
 )
 
@@ -100,7 +101,7 @@ def other_media_message(path: object, names: list[str]) -> str | None:
 CODEC_EXTENSION: Mapping[str, str] = MappingProxyType(
     {"jpeg": "jpg", "png": "png", "jpeg2000": "jp2", "bmp": "bmp", "webp": "webp", "tiff": "tiff", "gif": "gif",
      "avif": "avif", "heif": "heic", "jxl": "jxl", "pnm": "pnm", "qoi": "qoi", "npy": "npy",
-     **{c: c for c in ("mp4", "mov", "mkv", "webm", "avi", "ts", "mpg", "flv")},
+     **{c: c for c in ("mp4", "mov", "mkv", "webm", "avi", "ts", "m2ts", "mpg", "flv", "3gp", "wmv", "ogv", "mxf")},
      **{c: c for c in ("wav", "flac", "ogg", "opus", "mp3", "m4a")}}
 )
 

@@ -396,3 +396,30 @@ def test_clips_a_found_list_leaves_out_are_said(tmp_path, listing):
     assert s.records_out == 1 and any(w.startswith(said) for w in s.warnings), s.warnings
     s = convert(src / listing, tmp_path / "alone", to="webdataset")
     assert s.records_out == 1 and not any("left out" in w for w in s.warnings), s.warnings
+
+
+def test_the_containers_of_cameras_phones_and_older_tools_are_clips(tmp_path):
+    """A camcorder's .MTS and .m2ts, a phone's .3gp, Windows' .wmv, a DVD's .vob, broadcast .mxf and Flash's .f4v
+    are clips: passed through byte for byte under the extension of what their bytes are (PyAV writes an .m2ts with
+    192-byte packets, an .MTS with a plain transport stream's 188), and decoded to frames."""
+    wds = pytest.importorskip("webdataset")
+    from gpubatch.engine.codecs.video_probe import sniff_container
+
+    src = tmp_path / "src"
+    made = {"a.3gp": ("libx264", "3gp"), "b.m2ts": ("libx264", "m2ts"), "c.MTS": ("libx264", "ts"),
+            "d.wmv": ("wmv2", "wmv"), "e.vob": ("mpeg2video", "mpg"), "f.mxf": ("mpeg2video", "mxf"),
+            "g.f4v": ("libx264", "mp4")}
+    for name, (codec, _) in made.items():
+        make_clip(src / "cls" / name, 24, 64, 48, codec=codec, bframes=0)
+    for name, (_, ext) in made.items():
+        assert sniff_container((src / "cls" / name).read_bytes()) == ext, name
+    s = convert(src, tmp_path / "wds", to="webdataset")
+    assert s.passthrough == len(made) and not s.skipped and not s.warnings, (s.skipped, s.warnings)
+    got = {d["__key__"]: d for d in wds.WebDataset([str(p) for p in sorted((tmp_path / "wds").glob("*.tar"))],
+                                                    shardshuffle=False)}
+    for name, (_, ext) in made.items():
+        assert got[f"cls/{name.rsplit('.', 1)[0]}"][ext] == (src / "cls" / name).read_bytes(), name
+    s = convert(src, tmp_path / "frames", to="folder", frames="every:8", resize_shorter=32, device="cpu")
+    assert s.records_out == 3 * len(made) and not s.skipped, s.skipped
+    for name in made:
+        assert len(list((tmp_path / "frames" / "cls").glob(f"{name.rsplit('.', 1)[0]}_*.jpg"))) == 3, name

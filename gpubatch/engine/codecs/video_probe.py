@@ -21,7 +21,10 @@ from ...errors import DependencyError
 
 # container names PyAV reports (comma lists) -> the extension gpubatch writes for such bytes
 _CONTAINERS = (("mp4", "mp4"), ("mov", "mov"), ("matroska", "mkv"), ("webm", "webm"), ("avi", "avi"),
-               ("mpegts", "ts"), ("mpeg", "mpg"), ("flv", "flv"))
+               ("mpegts", "ts"), ("mpeg", "mpg"), ("flv", "flv"), ("asf", "wmv"), ("ogg", "ogv"), ("mxf", "mxf"))
+#: the words for the containers gpubatch reads (its errors name them)
+CONTAINER_NAMES = "mp4, mov, 3gp, mkv, webm, avi, ts, m2ts, mpg, flv, wmv, ogv, mxf"
+_ASF = bytes.fromhex("3026b2758e66cf11a6d900aa0062ce6c")  # (the ASF header object's GUID: WMV and ASF files)
 
 
 def av(what: str = "video"):
@@ -35,16 +38,27 @@ def av(what: str = "video"):
 
 
 def sniff_container(data: bytes) -> str | None:
-    """The container of video bytes from their first bytes (mp4/mov, mkv/webm, avi, ts), or None."""
+    """The container of video bytes from their first bytes (mp4/mov/3gp, mkv/webm, avi, ts/m2ts, mpg, wmv, ogv,
+    mxf), or None."""
     if data[4:8] == b"ftyp" or data[4:8] in (b"moov", b"mdat", b"free", b"wide", b"skip"):
         brand = data[8:12]
-        return "mov" if brand == b"qt  " else "mp4"
+        return "mov" if brand == b"qt  " else "3gp" if brand[:3] in (b"3gp", b"3g2") else "mp4"
     if data[:4] == b"\x1a\x45\xdf\xa3":
         return "webm" if b"webm" in data[:64] else "mkv"
     if data[:4] == b"RIFF" and data[8:12] == b"AVI ":
         return "avi"
     if len(data) > 376 and data[0] == 0x47 and data[188] == 0x47:
         return "ts"
+    if len(data) > 392 and data[4] == 0x47 and data[196] == 0x47:  # (192-byte packets: a time code before each)
+        return "m2ts"
+    if data[:4] == b"\x00\x00\x01\xba":  # (an MPEG program stream's pack header: .mpg, .vob)
+        return "mpg"
+    if data[:16] == _ASF:
+        return "wmv"
+    if data[:4] == b"OggS":
+        return "ogv"
+    if data[:4] == b"\x06\x0e\x2b\x34":  # (a SMPTE universal label: an MXF partition pack)
+        return "mxf"
     return None
 
 
@@ -214,8 +228,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         if not any(n in name.split(",") for n, _ in _CONTAINERS) and sniff_container(data) is None:
             what = f"an image ({name.removesuffix('_pipe')})" if name.endswith("_pipe") or name == "image2" else \
                 f"a {name} file"
-            raise ValueError(f"{what}, not a video container gpubatch reads and writes back (mp4, mov, mkv, webm, avi, "
-                             "ts, mpg, flv)")
+            raise ValueError(f"{what}, not a video container gpubatch reads and writes back ({CONTAINER_NAMES})")
         if not c.streams.video:
             audio = len(c.streams.audio)
             raise ValueError(f"no video stream ({audio} audio stream{'s' if audio != 1 else ''})" if audio
@@ -269,13 +282,13 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         sniffed = sniff_container(data)
         rotation = _rotation(s)
         if not rotation:  # (MP4/MOV: the track's matrix read from the file's boxes, else a frame decoded)
-            from_track = _track_rotation(data) if sniffed in ("mp4", "mov") else None
+            from_track = _track_rotation(data) if sniffed in ("mp4", "mov", "3gp") else None
             rotation = from_track if from_track is not None else _first_frame_rotation(c, s, int(spts[0]))
         w, h = (coded_h, coded_w) if rotation in (90, 270) else (coded_w, coded_h)
         container = next((ext for name, ext in _CONTAINERS if name in (c.format.name or "").split(",")),
                          sniffed or (c.format.name or "video").split(",")[0])
-        if container == "mov" and sniffed == "mp4":
-            container = "mp4"
+        if (container == "mov" and sniffed == "mp4") or sniffed in ("3gp", "m2ts"):  # (the bytes' own kind)
+            container = sniffed
         pix_fmt = str(cc.pix_fmt or "")
         return VideoInfo(
             container=container, codec=_codec_name(cc), profile=cc.profile, width=w, height=h, rotation=rotation,
