@@ -282,18 +282,19 @@ def _read_lmdb(path):
 
 @pytest.mark.parametrize("noted", [True, False])
 def test_an_lmdb_shard_run_again_after_a_kill_writes_the_same_pages_where_they_lie(tmp_path, noted):
-    """A worker killed after its shard's pages went in, before its journal entry (``noted``: after ``state.json``
-    placed the shard; else before): the shard run again writes the same pages at the same place, and the file is
-    the one a run never stopped makes."""
+    """A worker killed after its shard's pages went in, before its journal entry (``noted``: after the log of turns
+    placed the shard; else before, the log's note cut short): the shard run again writes the same pages at the same
+    place, and the file is the one a run never stopped makes."""
     from gpubatch.formats import lmdb_sink
 
     records = _lmdb_records(9, 3000)
     whole, stage, tasks, shard = _lmdb_two(tmp_path, records)
     shard(0).commit()
-    state = (stage / ".gpubatch" / "lmdb" / "state.json").read_text()
+    log = stage / ".gpubatch" / "lmdb" / "turns"
+    before = log.read_bytes()
     shard(1).commit()
-    if not noted:
-        (stage / ".gpubatch" / "lmdb" / "state.json").write_text(state)  # (killed before the state noted it)
+    if not noted:  # (killed while the log noted it: a part of its note written)
+        log.write_bytes(log.read_bytes()[: len(before) + 7])
     with lmdb_sink.turn(stage) as t:
         assert (t.next, t.count) == ((2, 6) if noted else (1, 3))
     shard(1).commit()  # the shard run again
@@ -305,15 +306,14 @@ def test_an_lmdb_shard_run_again_after_a_kill_writes_the_same_pages_where_they_l
 
 def test_a_full_disk_under_an_lmdb_is_a_write_error_and_the_shard_goes_in_once_there_is_room(tmp_path, monkeypatch):
     """Its pages are written with plain writes, not in a map: a full disk is the write's ENOSPC (the run's one-line
-    write error), never a bus error; the shard stays unplaced, and once there is room it goes in where it would have."""
+    write error), never a bus error; the shard stays unplaced, and once there is room it goes in where it would have:
+    the file is the one a run that never failed makes."""
     import errno
 
     from gpubatch.formats import lmdb_sink
 
     records = _lmdb_records(6, 70_000)
-    stage = tmp_path / "stage"
-    stage.mkdir()
-    tasks, shard = _lmdb_shards(stage, records)
+    whole, stage, tasks, shard = _lmdb_two(tmp_path, records)
     shard(0).commit()
 
     def full(fd, buffers, offset):
@@ -325,10 +325,11 @@ def test_a_full_disk_under_an_lmdb_is_a_write_error_and_the_shard_goes_in_once_t
     assert e.value.errno == errno.ENOSPC
     monkeypatch.undo()
     with lmdb_sink.turn(stage) as t:
-        assert (t.next, t.count) == (1, 3)
+        assert (t.next, t.count) == (1, 3) and t.placed(1) is None
     shard(1).commit()
     lmdb_sink.finalize(stage, tasks)
     assert _read_lmdb(stage) == [(r.key, r.data, r.label) for r in records]
+    assert (stage / "data.mdb").read_bytes() == (whole / "data.mdb").read_bytes()
 
 
 def test_an_lmdb_that_lost_its_last_pages_with_the_machine_writes_them_again(tmp_path, monkeypatch):
@@ -1156,3 +1157,23 @@ def test_a_run_s_wall_timings_say_when_its_last_shard_was_committed(imagenet, tm
         assert t["wall: last shard committed"] <= t["wall: workers released"] <= t["wall: shards"]
     else:
         assert "wall: workers released" not in t
+
+
+def test_an_lmdb_whose_log_of_turns_is_damaged_or_from_an_older_gpubatch_is_refused_in_one_line(tmp_path):
+    """The log of turns says where each shard's pages lie: a note that names another shard is refused (never
+    written over), and so is the JSON state an older gpubatch kept; ``--overwrite`` starts over."""
+    from gpubatch.formats import lmdb_sink
+
+    records = _lmdb_records(6, 3000)
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    tasks, shard = _lmdb_shards(stage, records)
+    shard(0).commit()
+    log = stage / ".gpubatch" / "lmdb" / "turns"
+    log.write_bytes(lmdb_sink._TURN.pack(5, 0, 2, 3, 4))
+    with pytest.raises(GpubatchError, match=r"turns is damaged \(its note 0 names shard 5\): pass --overwrite"):
+        shard(1).commit()
+    log.unlink()
+    (stage / ".gpubatch" / "lmdb" / "state.json").write_text('{"next": 1, "count": 3, "page": 2}')
+    with pytest.raises(GpubatchError, match="was begun by an older gpubatch: pass --overwrite to start over"):
+        shard(1).commit()

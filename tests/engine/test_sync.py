@@ -163,10 +163,9 @@ def test_an_lmdb_not_synced_before_a_restart_is_refused_and_started_over_with_ov
     kw = {"to": "lmdb", "shard_size": 5, "workers": 2}
     convert(imagenet, tmp_path / "whole", **kw)
     stage = _interrupted(imagenet, tmp_path / "out", monkeypatch, sync="off", **kw)
-    state_file = stage / ".gpubatch" / "lmdb" / "state.json"
-    state = json.loads(state_file.read_text())
-    assert state["unsynced"] == (_commit.boot_id() or "unknown")
-    state_file.write_text(json.dumps({**state, "unsynced": "another-boot"}))
+    mark = stage / ".gpubatch" / "lmdb" / "unsynced"
+    assert mark.read_text() == (_commit.boot_id() or "unknown")
+    mark.write_text("another-boot")
     with pytest.raises(GpubatchError, match=r"was not synced \(sync end or off\) and the machine restarted since: "
                                             "pass overwrite=True to start over"):  # (the API's words for the flags)
         convert(imagenet, tmp_path / "out", resume=True, **kw)
