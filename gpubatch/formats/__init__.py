@@ -134,6 +134,12 @@ def _detected(path: Path) -> tuple[type[Format], str | None]:
     )
 
 
+def _webm_sound(path: Path) -> bool:
+    from .audio import webm_sound
+
+    return webm_sound(path)
+
+
 def open_reader(path: Path, fmt: str | None = None, options: dict | None = None,
                 detected: tuple[type[Format], str | None] | None = None) -> Reader:
     """A reader for the dataset at ``path``, its format detected unless ``fmt`` names it (``detected``: what
@@ -147,7 +153,8 @@ def open_reader(path: Path, fmt: str | None = None, options: dict | None = None,
             found = _detect(path)[0]
         except GpubatchError:  # nothing else recognizes it either: the named reader has its say
             found = None
-        if found is not None and found is not cls:
+        if found is not None and found is not cls and not (cls.name == "audio" and found.name == "video"
+                                                            and _webm_sound(path)):
             raise UsageError(f"{path} is not {cls.name} data: it looks like a dataset of the {found.name} format; "
                              f"leave --from out to read it as that, or pass --from {found.name}")
     if source_files(path) and not cls.sharded:

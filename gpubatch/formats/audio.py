@@ -59,8 +59,24 @@ LABEL_COLUMNS = ("label", "category", "class", "word", "target", "classid", "cla
 TEXT_COLUMNS = ("text", "transcript", "transcription", "sentence")
 
 
+#: video containers that audio datasets hold as recordings: WebM, what yt-dlp and browsers write for audio alone
+#: (a WebM with a picture is read for its sound)
+SOUND_CONTAINERS = frozenset({"webm"})
+
+
 def is_audio_name(name: str) -> bool:
-    return "." in name and name.rsplit(".", 1)[1].lower() in AUDIO_EXTENSIONS
+    ext = name.rsplit(".", 1)[1].lower() if "." in name else ""
+    return ext in AUDIO_EXTENSIONS or ext in SOUND_CONTAINERS
+
+
+def webm_sound(path: Path) -> bool:
+    """Whether the folder ``path`` holds recordings and no video but WebM files: a folder of sound that
+    ``--from audio`` reads (its WebM files audio alone, as yt-dlp writes them), though the WebM files make it
+    look like video."""
+    from ..types import VIDEO_EXTENSIONS
+
+    exts = {f.name.rsplit(".", 1)[1].lower() for f in Path(path).rglob("*.*") if f.is_file()}
+    return "webm" in exts and not (exts - SOUND_CONTAINERS).intersection(VIDEO_EXTENSIONS)
 
 
 def _csvs(root: Path) -> list[Path]:
@@ -396,10 +412,13 @@ class AudioFormat(Format):
 
         for folder in walk(path):  # (one walk for every format's check: listing.py)
             folder.dirs[:] = sorted(d for d in folder.dirs if not d.startswith("."))
-            if not folder.shown_exts.isdisjoint(IMAGE_EXTENSIONS) or not folder.shown_exts.isdisjoint(VIDEO_EXTENSIONS):
+            video = folder.shown_exts.intersection(VIDEO_EXTENSIONS)
+            if not folder.shown_exts.isdisjoint(IMAGE_EXTENSIONS) or video - SOUND_CONTAINERS:
                 return False  # the first folder with media files decides
-            if not folder.shown_exts.isdisjoint(AUDIO_EXTENSIONS):
+            if not folder.shown_exts.isdisjoint(AUDIO_EXTENSIONS):  # (WebM files beside recordings: sound too)
                 return True
+            if video:  # (WebM files alone: video, unless --from audio says so)
+                return False
         return False
 
     @classmethod

@@ -262,12 +262,12 @@ def test_an_aiff_recording_is_a_record_and_other_files_are_said(tmp_path):
     (root / "no").mkdir()
     sf.write(root / "no" / "b.aiff", tone(0.5), RATE, format="AIFF")
     (root / "no" / "notes.txt").write_text("recorded in a quiet room")
-    (root / "no" / "c.wma").write_bytes(b"\x30\x26\xb2\x75" + b"\0" * 60)
+    (root / "no" / "c.ape").write_bytes(b"MAC " + b"\0" * 60)  # (Monkey's Audio: no codec gpubatch reads)
     s = convert(root, tmp_path / "wds", to="webdataset")
     assert s.records_out == 2 and not s.skipped, s.skipped
-    said = f"left out of {root}, as no records: 2 files that are no audio (no/c.wma, no/notes.txt)"
+    said = f"left out of {root}, as no records: 2 files that are no audio (no/c.ape, no/notes.txt)"
     assert said in s.warnings, s.warnings
-    assert info(root).left_out == {"other": {"count": 2, "names": ["no/c.wma", "no/notes.txt"]}}
+    assert info(root).left_out == {"other": {"count": 2, "names": ["no/c.ape", "no/notes.txt"]}}
     with open_dataset(tmp_path / "wds") as r:
         recs = {rec.key: rec for rec in r}
     assert recs["no/b"].codec == "aiff" and recs["no/b"].data == (root / "no" / "b.aiff").read_bytes()
@@ -276,3 +276,45 @@ def test_an_aiff_recording_is_a_record_and_other_files_are_said(tmp_path):
     (libri / "19-198.trans.txt").write_text("19-198-0001 NORTHANGER ABBEY\n")
     s = convert(tmp_path / "libri", tmp_path / "libri-wds", to="webdataset")
     assert s.records_out == 1 and not any("left out" in w for w in s.warnings), s.warnings
+
+
+def _sound_in(path, fmt: str, codec: str, rate: int = 48000) -> None:
+    """One second of a tone in a container PyAV writes (WebM/Opus, as yt-dlp downloads sound; Matroska audio)."""
+    av = pytest.importorskip("av")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w", format=fmt) as c:
+        s = c.add_stream(codec, rate=rate)
+        s.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(tone(1.0, rate, 440.0).astype(np.float32).reshape(1, -1), format="flt",
+                                           layout="mono")
+        frame.sample_rate = rate
+        for p in [*s.encode(frame), *s.encode()]:
+            c.mux(p)
+
+
+def test_sound_in_webm_and_matroska_is_a_recording(tmp_path):
+    """yt-dlp's sound comes as WebM (Opus): beside other recordings, a folder of them is audio, every file a
+    record; a folder of WebM alone looks like video, and ``--from audio`` reads it as sound instead of refusing."""
+    from gpubatch.engine.codecs.audio_io import sniff_audio
+
+    src = tmp_path / "src"
+    _sound_in(src / "dog" / "a.webm", "webm", "libopus")
+    _sound_in(src / "dog" / "b.mka", "matroska", "libopus")
+    write(src / "cat" / "c.flac", tone(1.0, RATE, 300.0), RATE, "flac")
+    assert sniff_audio((src / "dog" / "a.webm").read_bytes()) == "webm"
+    assert sniff_audio((src / "dog" / "b.mka").read_bytes()) == "mka"
+    assert info(src).format == "audio" and info(src).records == 3
+    s = convert(src, tmp_path / "wds", to="webdataset")
+    assert s.passthrough == 3 and not s.skipped and not s.warnings, (s.skipped, s.warnings)
+    got = {r.key: r for r in open_dataset(tmp_path / "wds")}
+    assert got["dog/a"].data == (src / "dog" / "a.webm").read_bytes() and got["dog/a"].codec == "webm"
+    assert got["dog/b"].data == (src / "dog" / "b.mka").read_bytes() and got["dog/b"].codec == "mka"
+    alone = tmp_path / "alone"
+    _sound_in(alone / "x" / "a.webm", "webm", "libopus")
+    assert info(alone).format == "video"  # (WebM alone: clips, unless told)
+    s = convert(alone, tmp_path / "mel", from_format="audio", to="webdataset", sample_rate=16000,
+                features="log-mel(n_mels=40)")
+    assert s.records_out == 1 and not s.skipped, s.skipped
+    p = run_cli("info", alone)
+    assert "no video stream (1 audio stream: a folder of such files is read as sound with --from audio)" in " ".join(
+        (p.stdout + p.stderr).split()), p.stdout + p.stderr

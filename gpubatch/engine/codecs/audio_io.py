@@ -40,7 +40,8 @@ def soundfile():
 
 
 def sniff_audio(data: bytes) -> str | None:
-    """The codec of audio bytes from their first bytes (wav, flac, ogg/opus, mp3, m4a, aiff), or None."""
+    """The codec of audio bytes from their first bytes (wav, flac, ogg/opus, mp3, m4a, aiff, webm/mka, wma), or
+    None."""
     head = data[:64]
     if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
         return "wav"
@@ -54,6 +55,10 @@ def sniff_audio(data: bytes) -> str | None:
         return "mp3"
     if head[4:8] == b"ftyp":
         return "m4a"
+    if head[:4] == b"\x1a\x45\xdf\xa3":  # (Matroska's EBML header: an audio-only WebM, as yt-dlp writes, or .mka)
+        return "webm" if b"webm" in head else "mka"
+    if head[:16] == bytes.fromhex("3026b2758e66cf11a6d900aa0062ce6c"):  # (ASF's header object: .wma)
+        return "wma"
     return None
 
 

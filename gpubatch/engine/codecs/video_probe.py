@@ -231,8 +231,8 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             raise ValueError(f"{what}, not a video container gpubatch reads and writes back ({CONTAINER_NAMES})")
         if not c.streams.video:
             audio = len(c.streams.audio)
-            raise ValueError(f"no video stream ({audio} audio stream{'s' if audio != 1 else ''})" if audio
-                             else "no video stream")
+            raise ValueError(f"no video stream ({audio} audio stream{'s' if audio != 1 else ''}: a folder of such "
+                             "files is read as sound with --from audio)" if audio else "no video stream")
         s = c.streams.video[0]
         cc = s.codec_context
         coded_w, coded_h = int(cc.width or 0), int(cc.height or 0)
