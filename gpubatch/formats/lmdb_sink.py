@@ -215,8 +215,9 @@ class Turn:
     def _advance(self, records: int, pages: int) -> None:
         """The turn passed on: the shard placed noted in the log of turns (appended, not synced: :meth:`sync` syncs it
         with the pages, before the shard's commit ends). Written under the lock, a JSON state replaced and fsynced
-        each turn took 0.12 s of the 1.69 s the lock was held, in sum, in a pass-through of 16,384 JPEGs (2-core CI
-        machine, 2026-12-06: the whole run 7,313 records/s against 6,956 before, in turn)."""
+        each turn took 0.12 s of the 1.69 s the lock was held, in sum, in a pass-through of 16,384 JPEGs on the 2-core
+        CI machine; noted so, the run went from 10,992 to 12,536 records/s on an H100 host's 16 cores and from 6,956
+        to 7,313 on two, in turn (RESULTS.md, 2026-12-06 "22:17 to 22:29")."""
         t = time.perf_counter()
         line = _TURN.pack(self.next, self.count, self.page, records, pages)
         if os.write(self.log_fd, line) != len(line):
@@ -230,7 +231,8 @@ class Turn:
         (not synced: :func:`turn` syncs them), its turn passed on. Under the lock: written beside the other workers'
         (after the lock, each its own) the run was slower, 7,862 records/s against 9,618 (16,384 JPEGs, the 2-core CI
         machine, 2026-12-05: a worker's sync then flushes the other's pages as they are written), and again on
-        2026-12-06 with the turn noted in the log: 6,560 against 7,313 records/s, in turn."""
+        2026-12-06 with the turn noted in the log: 11,176 against 12,536 records/s on 16 cores, 6,560 against 7,313
+        on two, in turn."""
         counts = self._write(spool, held, self.next, self.count, self.page)
         self._advance(counts["entries"], counts["pages"])
 
