@@ -217,7 +217,7 @@ class Turn:
         with the pages, before the shard's commit ends). Written under the lock, a JSON state replaced and fsynced
         each turn took 0.12 s of the 1.69 s the lock was held, in sum, in a pass-through of 16,384 JPEGs on the 2-core
         CI machine; noted so, the run went from 10,992 to 12,536 records/s on an H100 host's 16 cores and from 6,956
-        to 7,313 on two, in turn (RESULTS.md, 2026-12-06 "22:17 to 22:29")."""
+        to 7,313 on two, in turn (RESULTS.md, 2026-12-06 "21:58 to 22:41")."""
         t = time.perf_counter()
         line = _TURN.pack(self.next, self.count, self.page, records, pages)
         if os.write(self.log_fd, line) != len(line):
