@@ -70,9 +70,8 @@ def is_audio_name(name: str) -> bool:
 
 
 def webm_sound(path: Path) -> bool:
-    """Whether the folder ``path`` holds recordings and no video but WebM files: a folder of sound that
-    ``--from audio`` reads (its WebM files audio alone, as yt-dlp writes them), though the WebM files make it
-    look like video."""
+    """Whether the folder ``path`` holds WebM files and no other video files: a folder of sound that ``--from audio``
+    reads (its WebM files audio alone, as yt-dlp writes them), though the WebM files make it look like video."""
     from ..types import VIDEO_EXTENSIONS
 
     exts = {f.name.rsplit(".", 1)[1].lower() for f in Path(path).rglob("*.*") if f.is_file()}

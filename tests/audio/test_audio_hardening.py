@@ -294,21 +294,29 @@ def _sound_in(path, fmt: str, codec: str, rate: int = 48000) -> None:
 
 def test_sound_in_webm_and_matroska_is_a_recording(tmp_path):
     """yt-dlp's sound comes as WebM (Opus): beside other recordings, a folder of them is audio, every file a
-    record; a folder of WebM alone looks like video, and ``--from audio`` reads it as sound instead of refusing."""
+    record, written as ``.weba`` so that it reads back as sound; a folder of WebM alone looks like video, and
+    ``--from audio`` reads it as sound instead of refusing."""
     from gpubatch.engine.codecs.audio_io import sniff_audio
 
     src = tmp_path / "src"
     _sound_in(src / "dog" / "a.webm", "webm", "libopus")
     _sound_in(src / "dog" / "b.mka", "matroska", "libopus")
     write(src / "cat" / "c.flac", tone(1.0, RATE, 300.0), RATE, "flac")
-    assert sniff_audio((src / "dog" / "a.webm").read_bytes()) == "webm"
+    assert sniff_audio((src / "dog" / "a.webm").read_bytes()) == "weba"
     assert sniff_audio((src / "dog" / "b.mka").read_bytes()) == "mka"
     assert info(src).format == "audio" and info(src).records == 3
     s = convert(src, tmp_path / "wds", to="webdataset")
     assert s.passthrough == 3 and not s.skipped and not s.warnings, (s.skipped, s.warnings)
     got = {r.key: r for r in open_dataset(tmp_path / "wds")}
-    assert got["dog/a"].data == (src / "dog" / "a.webm").read_bytes() and got["dog/a"].codec == "webm"
+    assert got["dog/a"].data == (src / "dog" / "a.webm").read_bytes() and got["dog/a"].codec == "weba"
     assert got["dog/b"].data == (src / "dog" / "b.mka").read_bytes() and got["dog/b"].codec == "mka"
+    assert {r.media.value for r in got.values()} == {"audio"}
+    s = convert(tmp_path / "wds", tmp_path / "again", to="audio")  # (and back to a folder of recordings)
+    assert s.passthrough == 3 and (tmp_path / "again" / "dog" / "a.weba").read_bytes() == (
+        src / "dog" / "a.webm").read_bytes()
+    s = convert(tmp_path / "again", tmp_path / "mel3", to="webdataset", sample_rate=16000,
+                features="log-mel(n_mels=40)")
+    assert s.records_out == 3 and not s.skipped, s.skipped
     alone = tmp_path / "alone"
     _sound_in(alone / "x" / "a.webm", "webm", "libopus")
     assert info(alone).format == "video"  # (WebM alone: clips, unless told)

@@ -40,8 +40,9 @@ def soundfile():
 
 
 def sniff_audio(data: bytes) -> str | None:
-    """The codec of audio bytes from their first bytes (wav, flac, ogg/opus, mp3, m4a, aiff, webm/mka, wma), or
-    None."""
+    """The codec of audio bytes from their first bytes (wav, flac, ogg/opus, mp3, m4a, aiff, weba/mka, wma), or
+    None. Sound in WebM is named "weba" (the extension browsers give it), so that what gpubatch writes of it (a
+    ``.weba`` file or member) reads back as audio, where ``.webm`` reads as video."""
     head = data[:64]
     if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
         return "wav"
@@ -56,7 +57,7 @@ def sniff_audio(data: bytes) -> str | None:
     if head[4:8] == b"ftyp":
         return "m4a"
     if head[:4] == b"\x1a\x45\xdf\xa3":  # (Matroska's EBML header: an audio-only WebM, as yt-dlp writes, or .mka)
-        return "webm" if b"webm" in head else "mka"
+        return "weba" if b"webm" in head else "mka"
     if head[:16] == bytes.fromhex("3026b2758e66cf11a6d900aa0062ce6c"):  # (ASF's header object: .wma)
         return "wma"
     return None
