@@ -271,7 +271,9 @@ def _audio_codec(data: bytes) -> str | None:
     from ..engine.codecs.audio_io import sniff_audio
 
     found = sniff_audio(data)
-    return found if found in ("wav", "flac", "ogg", "opus", "aiff") else None  # (an MP3 sniff is too loose here)
+    # every container sniff_audio names is audio here (an LMDB holds images and audio, and images were ruled out
+    # above), but an MP3 frame's sync bits are too loose to tell raw pixels from sound: an MP3 needs its ID3 tag
+    return found if found and (found != "mp3" or data[:3] == b"ID3") else None
 
 
 @register_format

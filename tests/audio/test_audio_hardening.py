@@ -307,10 +307,15 @@ def test_sound_in_webm_and_matroska_is_a_recording(tmp_path):
     assert info(src).format == "audio" and info(src).records == 3
     s = convert(src, tmp_path / "wds", to="webdataset")
     assert s.passthrough == 3 and not s.skipped and not s.warnings, (s.skipped, s.warnings)
-    got = {r.key: r for r in open_dataset(tmp_path / "wds")}
+    with open_dataset(tmp_path / "wds") as r:
+        got = {rec.key: rec for rec in r}
     assert got["dog/a"].data == (src / "dog" / "a.webm").read_bytes() and got["dog/a"].codec == "weba"
     assert got["dog/b"].data == (src / "dog" / "b.mka").read_bytes() and got["dog/b"].codec == "mka"
     assert {r.media.value for r in got.values()} == {"audio"}
+    convert(src, tmp_path / "lmdb", to="lmdb")  # (an LMDB's values are told apart by their bytes alone)
+    with open_dataset(tmp_path / "lmdb") as r:  # (closed: its environment is shared by the process's readers)
+        assert sorted((rec.key, rec.codec, rec.media.value) for rec in r) == [
+            ("cat/c", "flac", "audio"), ("dog/a", "weba", "audio"), ("dog/b", "mka", "audio")]
     s = convert(tmp_path / "wds", tmp_path / "again", to="audio")  # (and back to a folder of recordings)
     assert s.passthrough == 3 and (tmp_path / "again" / "dog" / "a.weba").read_bytes() == (
         src / "dog" / "a.webm").read_bytes()
