@@ -134,12 +134,6 @@ def _detected(path: Path) -> tuple[type[Format], str | None]:
     )
 
 
-def _webm_sound(path: Path) -> bool:
-    from .audio import webm_sound
-
-    return webm_sound(path)
-
-
 def open_reader(path: Path, fmt: str | None = None, options: dict | None = None,
                 detected: tuple[type[Format], str | None] | None = None) -> Reader:
     """A reader for the dataset at ``path``, its format detected unless ``fmt`` names it (``detected``: what
@@ -148,13 +142,12 @@ def open_reader(path: Path, fmt: str | None = None, options: dict | None = None,
     path = Path(path)
     require_source(path)
     cls, warning = (get_format(fmt), None) if fmt else detected or _detect(path)
-    if fmt and not source_files(path) and not cls.detect(path):
+    if fmt and not source_files(path) and not cls.accepts(path):
         try:
             found = _detect(path)[0]
         except GpubatchError:  # nothing else recognizes it either: the named reader has its say
             found = None
-        if found is not None and found is not cls and not (cls.name == "audio" and found.name == "video"
-                                                            and _webm_sound(path)):
+        if found is not None and found is not cls:
             raise UsageError(f"{path} is not {cls.name} data: it looks like a dataset of the {found.name} format; "
                              f"leave --from out to read it as that, or pass --from {found.name}")
     if source_files(path) and not cls.sharded:

@@ -421,6 +421,10 @@ class AudioFormat(Format):
         return False
 
     @classmethod
+    def accepts(cls, path: Path) -> bool:
+        return cls.detect(path) or (Path(path).is_dir() and webm_sound(path))
+
+    @classmethod
     def reader(cls, path: Path, **options: Any) -> Reader:
         return AudioReader(path, **options)
 

@@ -523,6 +523,12 @@ class Format(abc.ABC):
         """True when ``path`` looks like a dataset of this format."""
 
     @classmethod
+    def accepts(cls, path: Path) -> bool:
+        """True when this format reads ``path`` if the user names it (``--from``): what :meth:`detect` finds, and
+        for some formats more (an audio folder of WebM sound, which detection takes for video)."""
+        return cls.detect(path)
+
+    @classmethod
     @abc.abstractmethod
     def reader(cls, path: Path) -> Reader: ...
 

@@ -238,10 +238,7 @@ class Turn:
 
     def again(self, index: int, spool: Path | None, held: list | None) -> None:
         """A shard placed already (run again after a kill) written again where it lies (the same pages)."""
-        where = self.placed(index)
-        if where is None:  # (no caller asks for a shard not placed)
-            raise GpubatchError(f"shard {index} of the LMDB being written in {self.db} was never placed")
-        self._write(spool, held, index, *where)
+        self._write(spool, held, index, *self.placed(index))  # (called only for a shard placed: t.next > index)
 
     def _hold(self, spool: Path, wait: bool = True) -> bool:
         """A lock on ``spool`` (shared; ``wait=False``: exclusive, only where no process holds it), kept until its

@@ -22,8 +22,6 @@ from ...errors import DependencyError
 # container names PyAV reports (comma lists) -> the extension gpubatch writes for such bytes
 _CONTAINERS = (("mp4", "mp4"), ("mov", "mov"), ("matroska", "mkv"), ("webm", "webm"), ("avi", "avi"),
                ("mpegts", "ts"), ("mpeg", "mpg"), ("flv", "flv"), ("asf", "wmv"), ("ogg", "ogv"), ("mxf", "mxf"))
-#: the words for the containers gpubatch reads (its errors name them)
-CONTAINER_NAMES = "mp4, mov, 3gp, mkv, webm, avi, ts, m2ts, mpg, flv, wmv, ogv, mxf"
 _ASF = bytes.fromhex("3026b2758e66cf11a6d900aa0062ce6c")  # (the ASF header object's GUID: WMV and ASF files)
 
 
@@ -228,7 +226,10 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         if not any(n in name.split(",") for n, _ in _CONTAINERS) and sniff_container(data) is None:
             what = f"an image ({name.removesuffix('_pipe')})" if name.endswith("_pipe") or name == "image2" else \
                 f"a {name} file"
-            raise ValueError(f"{what}, not a video container gpubatch reads and writes back ({CONTAINER_NAMES})")
+            from ...types import VIDEO_EXTENSIONS
+
+            raise ValueError(f"{what}, not a video container gpubatch reads and writes back "
+                             f"({', '.join(sorted(set(VIDEO_EXTENSIONS.values())))})")
         if not c.streams.video:
             audio = len(c.streams.audio)
             raise ValueError(f"no video stream ({audio} audio stream{'s' if audio != 1 else ''}: a folder of such "
