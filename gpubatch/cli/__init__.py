@@ -20,11 +20,17 @@ def _interrupted_while_starting(signum: int, frame: object) -> None:
     os._exit(130)
 
 
+_SIGNALLED: list[bool] = []  # set once the command's own Ctrl-C or SIGTERM handler raised (main)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     """Ctrl-C once the command runs: KeyboardInterrupt, as Python's own handler raises it, except where Python would
     swallow it. Raised inside a weakref's callback (importlib's module locks have one, and the command imports
     lazily) or a ``__del__``, the interrupt would be printed as "Exception ignored" and lost, the command running
-    on; there it is sent again a moment later, to be raised in the command's own code."""
+    on; there it is sent again a moment later, to be raised in the command's own code. Raised under an extension
+    module's start (NumPy's ``import_array``), it is printed there through ``sys.excepthook`` and replaced by an
+    ImportError: :func:`_quiet_interrupts` keeps that print off, and :func:`_main` says "interrupted" for what
+    replaced it."""
     code = getattr(frame, "f_code", None)
     name, where = (code.co_name, code.co_filename) if code is not None else ("", "")
     if name == "__del__" or (name == "cb" and where.startswith("<frozen importlib")):
@@ -34,7 +40,17 @@ def _interrupt(signum: int, frame: object) -> None:
         again.daemon = True
         again.start()
         return
+    _SIGNALLED.append(True)
     raise KeyboardInterrupt
+
+
+def _quiet_interrupts(kind: type, value: BaseException, tb: object) -> None:
+    """``sys.excepthook`` while the command runs: an interrupt an extension module's start printed with
+    ``PyErr_Print`` (and then replaced by its own ImportError) is not printed as a traceback; anything else is
+    printed as before."""
+    if issubclass(kind, KeyboardInterrupt) and _SIGNALLED:
+        return
+    sys.__excepthook__(kind, value, tb)  # type: ignore[arg-type]
 
 
 def _starting() -> None:
@@ -141,6 +157,7 @@ def _terminate_as_interrupt() -> None:
 
     def raise_terminated(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+        _SIGNALLED.append(True)
         raise Terminated
 
     try:
@@ -159,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     from ..errors import FROM_CLI
 
     previous, worded = signal.getsignal(signal.SIGTERM) if argv is not None else None, FROM_CLI.get()
+    hook = sys.excepthook
+    _SIGNALLED.clear()
     try:
         _main(argv)
     except SystemExit as e:
@@ -170,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
             gc.freeze()
         else:
             FROM_CLI.set(worded)
+            sys.excepthook = hook
+            _SIGNALLED.clear()
             if previous is not None:
                 with contextlib.suppress(ValueError):  # (not the main thread: nothing was installed)
                     signal.signal(signal.SIGTERM, previous)
@@ -186,6 +207,7 @@ def _main(argv: list[str] | None) -> None:
     FROM_CLI.set(True)  # messages name the command's flags
     try:
         if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:  # from here Ctrl-C is KeyboardInterrupt
+            sys.excepthook = _quiet_interrupts
             signal.signal(signal.SIGINT, _interrupt)
         cli.main(args=argv, prog_name="gpubatch", standalone_mode=False)
     except (Terminated, click.exceptions.Abort) as e:  # click turns an interrupt into Abort
@@ -227,14 +249,20 @@ def _main(argv: list[str] | None) -> None:
             raise
         click.echo(f"error: out of memory: {LIMITS}", err=True)
         sys.exit(ExitCode.ERROR)
-    except RuntimeError as e:  # Python wraps what a class's creation raised: a Ctrl-C while a module loads
+    except Exception as e:
+        # Python wraps what a class's creation raised in a RuntimeError (a Ctrl-C while a module loads), and an
+        # extension module's start replaces it by an ImportError (NumPy's, after printing it: _quiet_interrupts)
         cause = e.__cause__
-        if "can't start new thread" in str(e) and not debug:  # (a limit on memory or on threads)
+        if isinstance(e, RuntimeError) and "can't start new thread" in str(e) and not debug:  # (memory or threads)
             click.echo(f"error: the system refused this process a new thread: {LIMITS}", err=True)
             sys.exit(ExitCode.ERROR)
-        if not isinstance(cause, KeyboardInterrupt):  # (Terminated is one)
+        if isinstance(e, RuntimeError) and isinstance(cause, KeyboardInterrupt):  # (Terminated is one)
+            terminated = isinstance(cause, Terminated)
+        elif _SIGNALLED and not debug:
+            terminated = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # (its handler, once raised, is reset)
+        else:
             raise
-        terminated = isinstance(cause, Terminated)
-        click.echo(f"{'terminated' if terminated else 'interrupted'}: nothing was written to the destination", err=True)
+        kept = getattr(e, "gpubatch_kept", None) or "nothing was written to the destination"
+        click.echo(f"{'terminated' if terminated else 'interrupted'}: {kept}", err=True)
         sys.exit(ExitCode.TERMINATED if terminated else ExitCode.INTERRUPTED)
     sys.exit(ExitCode.OK)

@@ -587,6 +587,47 @@ def test_an_interrupt_python_would_swallow_is_sent_again_and_any_other_raised(mo
     assert len(sent) == 2
 
 
+def test_an_interrupt_an_extension_prints_and_replaces_is_still_one_line_and_exit_130(imagenet, tmp_path, monkeypatch,
+                                                                                    capsys):
+    """NumPy's extension modules start with ``import_array``: an exception raised under it (a Ctrl-C landing in
+    importlib while numpy.linalg loads, seen in CI) is printed with ``PyErr_Print``, through ``sys.excepthook``, and
+    replaced by "ImportError: numpy._core.multiarray failed to import". The command says "interrupted" for it, exit
+    130, without a traceback; an ImportError with no Ctrl-C before it is still raised."""
+    import contextvars
+    import signal
+
+    from gpubatch import api
+    from gpubatch.cli import _interrupted_while_starting, main
+
+    def numpy_start(*a, **kw):  # what import_array does (numpy/_core/include/numpy/__multiarray_api.h)
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            sys.excepthook(*sys.exc_info())  # (PyErr_Print)
+        raise ImportError("numpy._core.multiarray failed to import")
+
+    monkeypatch.setattr(api, "convert", numpy_start)
+    run = contextvars.copy_context().run
+    hook = sys.excepthook
+    signal.signal(signal.SIGINT, _interrupted_while_starting)  # (as the command's process starts)
+    try:
+        with pytest.raises(SystemExit) as e:
+            run(main, ["convert", str(imagenet), str(tmp_path / "out"), "--to", "webdataset"])
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    err = capsys.readouterr().err
+    assert e.value.code == ExitCode.INTERRUPTED and "Traceback" not in err, err
+    assert err.strip().splitlines() == ["interrupted: nothing was written to the destination"], err
+    assert sys.excepthook is hook
+
+    def plain(*a, **kw):
+        raise ImportError("no module named x")
+
+    monkeypatch.setattr(api, "convert", plain)
+    with pytest.raises(ImportError):
+        run(main, ["convert", str(imagenet), str(tmp_path / "out"), "--to", "webdataset"])
+
+
 @pytest.mark.parametrize("raised, said", [
     (MemoryError(), "error: out of memory: a limit on this process's memory or threads"),
     (RuntimeError("can't start new thread"), "error: the system refused this process a new thread: a limit on"),
