@@ -239,6 +239,14 @@ def source_root(path: Path) -> Path:
     return path.parent if path.is_file() else path
 
 
+def source_paths(path: Path) -> list[Path]:
+    """What a source is read from, for :func:`check_output`: a pattern's files, a file itself, or a folder (a file's
+    records may lie beside it: the readers that read them there, a COCO JSON's, a file list's, name that folder in
+    their ``roots``). An output beside a shard given alone (``convert train.tar out``) is no overlap."""
+    matched = source_files(Path(path))
+    return list(matched) if matched else [Path(path)]
+
+
 def is_within(path: Path, root: Path) -> bool:
     """True when ``path`` is ``root`` or lies inside it (symlinks resolved)."""
     path, root = Path(path).resolve(), Path(root).resolve()

@@ -18,7 +18,7 @@ from typing import Any
 
 from . import _remote
 from ._commit import SYNC_MODES
-from ._paths import check_output, require_source, source_root
+from ._paths import check_output, require_source, source_paths
 from ._remote import is_remote, local_url, redact
 from ._remote import local_path as source_path
 from .engine.device import Device, DeviceKind, resolve_gpus
@@ -292,7 +292,7 @@ def convert(
     sound = audio_ops(req.sample_rate, bool(req.mono), req.duration, req.pad or "zero", req.features)
     plan = dataclasses.replace(plan, sample=sample, ops=plan.ops + sound, audio_format=req.audio_format or "keep")
     _check_output_options(req)
-    check_output(source_root(src_path), dst_path, req.overwrite or is_remote(req.dst))  # (a store's: its own checks)
+    check_output(source_paths(src_path), dst_path, req.overwrite or is_remote(req.dst))  # (a store's: its own checks)
     with _ahead(req, plan) as ahead:  # (a GPU image run's workers: their GPU's start beside the device's probe)
         if req.finish:
             device = _finishing_device(dst_path)
@@ -480,7 +480,7 @@ def augment(
                 min_box_visibility=req.min_box_visibility, seed=req.seed, copies=req.copies,
                 keep_original=req.keep_original, verify=req.verify, audio_format=req.audio_format or "keep")
     _check_output_options(req)
-    check_output(source_root(src_path), dst_path, req.overwrite or is_remote(req.dst))  # (a store's: its own checks)
+    check_output(source_paths(src_path), dst_path, req.overwrite or is_remote(req.dst))  # (a store's: its own checks)
     with _ahead(req, plan) as ahead:  # (as convert's)
         device = _finishing_device(dst_path) if req.finish else resolve_gpus(req.device, req.gpu, req.gpus)
         if on_device:

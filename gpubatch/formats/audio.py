@@ -130,8 +130,10 @@ class AudioReader(Reader):
             return entries
         damaged: list[Damaged] = []
         others: list[str] = []  # files that are no recordings (notes, a cover image, a codec it cannot read)
-        files = _walk_images(self.root, damaged, others=others, accept=is_audio_name)
-        self.left_out = said_left_out(self, self.root, _kinds([f for f in others if not f.endswith(".trans.txt")]), "audio")
+        hidden: list[str] = []  # hidden folders and recordings (``._clip.wav``)
+        files = _walk_images(self.root, damaged, others=others, accept=is_audio_name, hidden=hidden)
+        left = _kinds([f for f in others if not f.endswith(".trans.txt")])
+        self.left_out = said_left_out(self, self.root, {**left, "hidden": sorted(hidden)}, "audio")
         texts = self._transcripts()
         if texts:
             return [*damaged, *((f, None, texts.get(_strip_ext(f).rsplit("/", 1)[-1])) for f in files)]

@@ -180,6 +180,8 @@ class Reader(abc.ABC):
         self._entries: list[Any] | None = None
         self.warnings: list[str] = []  # what was wrong in the source but not fatal, shown in the summary
         self.missing: list[tuple[str, str]] = []  # shards named that do not exist, and why: each a skipped entry
+        #: a sharded reader given its files (a file, a pattern) rather than their folder: they alone are the source
+        self.files_given = False
 
     @abc.abstractmethod
     def _scan(self) -> list[Any]:
@@ -224,8 +226,10 @@ class Reader(abc.ABC):
         return DatasetInfo()
 
     def roots(self) -> list[Path]:
-        """Every folder the dataset is read from (an output must lie outside all of them)."""
-        return [self.path]
+        """Every folder the dataset is read from, or the shard files given alone (an output must lie outside all of
+        them: beside a tar given alone is no overlap, inside a folder of shards is, as the next run of that folder
+        would read the output's shards too)."""
+        return list(self.shard_paths()) if self.files_given else [self.path]
 
     def shard_paths(self) -> Sequence[Path]:
         """The shard files a sharded reader reads (webdataset's tars, TFRecord's, RecordIO's, Parquet's

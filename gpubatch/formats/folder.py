@@ -41,6 +41,7 @@ from . import fields, register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer, names_a_split
 from .listing import walk
 from .manifest import MANIFEST_NAME, read_manifest
+from .sinks import RUN_DIR
 
 FILE_LIST = "file_list.txt"
 _IMAGE_EXT = frozenset(IMAGE_EXTENSIONS)
@@ -57,9 +58,11 @@ def _list_folder(path: str) -> list[os.DirEntry]:
 
 
 def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str = "",
-                 others: list[str] | None = None, accept: Callable[[str], bool] = _is_image_name) -> list[str]:
+                 others: list[str] | None = None, accept: Callable[[str], bool] = _is_image_name,
+                 hidden: list[str] | None = None) -> list[str]:
     """Relative POSIX paths of the regular image files (``accept``: files of another kind, by name) under
-    ``root``, sorted, hidden files and folders skipped.
+    ``root``, sorted, hidden files and folders skipped: those that could hold records (a hidden folder, a hidden
+    file of ``accept``'s kind, as macOS's ``._name.jpg``) go to ``hidden``, to be named as left out.
 
     Linked folders are followed, but not a link to a folder the walk is inside (``ln -s .. up``): the
     walk stops there instead of going round the loop. What cannot be read as a record is added to
@@ -83,6 +86,8 @@ def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str =
         for entry in items:
             name = entry.name
             if name[0] == ".":
+                if hidden is not None and name != RUN_DIR:
+                    _note_hidden(entry, prefix + (f"{rel}/{name}" if rel else name), accept, hidden)
                 continue
             path = f"{rel}/{name}" if rel else name
             try:
@@ -118,12 +123,27 @@ def _walk_images(root: Path, damaged: list[Damaged] | None = None, prefix: str =
     return sorted(out)
 
 
+def _note_hidden(entry: os.DirEntry, path: str, accept: Callable[[str], bool], hidden: list[str]) -> None:
+    """A hidden entry noted in ``hidden`` where it could hold records: a folder (``path/``), or a file of
+    ``accept``'s kind by its name (a ``.DS_Store`` is not noted)."""
+    try:
+        is_dir = entry.is_dir()
+    except OSError:
+        is_dir = False
+    if is_dir:
+        hidden.append(path + "/")
+    elif accept(entry.name):
+        hidden.append(path)
+
+
 def left_out_warning(root: Path, left: dict[str, list[str]], media: str = "image") -> str | None:
     """The warning for files of a folder of ``media`` records that are no records, by kind (``video``,
-    ``audio``, ``other``, ``outside``: images beside the class folders), or None."""
+    ``audio``, ``other``, ``outside``: images beside the class folders, ``hidden``: hidden folders and hidden
+    files of the records' kind), or None."""
     words = {"video": ("video file", "video files"), "audio": ("audio file", "audio files"),
              "other": (f"file that is no {media}", f"files that are no {media}{'s' if media != 'audio' else ''}"),
-             "outside": ("image outside the class folders", "images outside the class folders")}
+             "outside": ("image outside the class folders", "images outside the class folders"),
+             "hidden": ("hidden file or folder", "hidden files and folders")}
     parts = [f"{len(v):,} {words[k][len(v) > 1]} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
              for k, v in left.items() if v]
     if not parts:
@@ -312,16 +332,18 @@ class FolderReader(Reader):
         from ..errors import FormatError
 
         try:
-            top = [e for e in _list_folder(str(self.path)) if not e.name.startswith(".")]
+            listed = _list_folder(str(self.path))
         except OSError as e:
             raise FormatError(f"cannot list {self.path}: {e.strerror or e}") from None
+        top = [e for e in listed if not e.name.startswith(".")]
         subdirs = sorted(e.name for e in top if e.is_dir())
         per_class: dict[str, list[str]] = {}
         damaged: dict[str, list[Damaged]] = {}
         others: list[str] = []
+        hidden: list[str] = []
         for d in subdirs:
             damaged[d] = []
-            per_class[d] = _walk_images(self.path / d, damaged[d], f"{d}/", others)
+            per_class[d] = _walk_images(self.path / d, damaged[d], f"{d}/", others, hidden=hidden)
         # a class folder that could not be listed stays a class, so the classes after it keep their labels
         classes = [d for d in subdirs if per_class[d] or damaged[d]]
         layout = _detection_layout(self.path, _folders_of(classes, per_class))
@@ -339,14 +361,18 @@ class FolderReader(Reader):
             left["outside"] = [f for f in outside if _is_image_name(f)]
             for kind, names in _kinds([f for f in outside if not _is_image_name(f)]).items():
                 left.setdefault(kind, []).extend(names)
+            for e in listed:
+                if e.name.startswith(".") and e.name != RUN_DIR:
+                    _note_hidden(e, e.name, _is_image_name, hidden)
+            left["hidden"] = sorted(hidden)
             self._left_out(left)
             return [e for i, c in enumerate(classes) for e in _in_order(
                 [(f"{c}/{f}", i) for f in per_class[c]], damaged[c])]
         self._classes = manifest.get("classes") or ()
         flat: list[Damaged] = []
-        others = []
-        entries = _in_order([(f, None) for f in _walk_images(self.path, flat, "", others)], flat)
-        self._left_out(_kinds(others))
+        others, hidden = [], []
+        entries = _in_order([(f, None) for f in _walk_images(self.path, flat, "", others, hidden=hidden)], flat)
+        self._left_out({**_kinds(others), "hidden": sorted(hidden)})
         return entries
 
     def _left_out(self, left: dict[str, list[str]]) -> None:
@@ -623,8 +649,6 @@ class FolderFinalize:
     at its name, and :meth:`finish` removes whatever else is there."""
 
     def __init__(self, root: Path, info: DatasetInfo, options: WriteOptions, order: list[int]):
-        from .sinks import RUN_DIR
-
         self.root, self.order, self.at = Path(root), list(order), 0
         self.writer = FolderWriter(self.root, info, options)
         self.waiting: dict[int, Any] = {}

@@ -86,6 +86,7 @@ class ParquetReader(Reader):
         if not self.files:
             raise FormatError(f"no .parquet files at {path}")
         super().__init__(Path(path) if Path(path).is_dir() else self.files[0].parent)
+        self.files_given = not Path(path).is_dir()
         self._handles: list[Any] = []  # (the files opened, closed with the reader)
         try:
             first = _parquet_file(pa, self.files[0], self._handles)

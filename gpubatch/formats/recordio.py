@@ -186,6 +186,7 @@ class RecordIOReader(Reader):
             self.recs = sorted(p for p in path.glob("*.rec") if p.is_file())
             check_one_split(self.recs, path)
         super().__init__(source_root(path))
+        self.files_given = not Path(path).is_dir()
         if not self.recs:
             raise FormatError(f"no .rec files in {path}")
         self.files = OpenShards(self.recs)

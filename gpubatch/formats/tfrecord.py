@@ -157,6 +157,7 @@ def _pread(f: Any, pos: int, n: int) -> bytes:
 class TFRecordReader(Reader):
     def __init__(self, path: Path):
         super().__init__(source_root(path))
+        self.files_given = not Path(path).is_dir()
         self.shards = shard_files(path)
         if not self.shards:
             raise FormatError(f"no .tfrecord shards in {path}")

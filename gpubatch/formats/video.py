@@ -100,8 +100,9 @@ class VideoReader(Reader):
             return entries
         damaged: list[Damaged] = []  # folders that cannot be listed, clips that are no regular files
         others: list[str] = []  # files that are no clips (notes, a poster image, a container it cannot read)
-        files = _walk_images(self.root, damaged, others=others, accept=is_video_name)
-        self.left_out = said_left_out(self, self.root, _kinds(others), "video")
+        hidden: list[str] = []  # hidden folders and clips (``._clip.mp4``)
+        files = _walk_images(self.root, damaged, others=others, accept=is_video_name, hidden=hidden)
+        self.left_out = said_left_out(self, self.root, {**_kinds(others), "hidden": sorted(hidden)}, "video")
         tops = sorted({f.split("/", 1)[0] for f in files if "/" in f})
         if tops:
             self._classes = tuple(tops)

@@ -111,6 +111,7 @@ class WebDatasetReader(Reader):
             if path.is_dir():
                 check_one_split(self.tars, path)
         super().__init__(source_root(path))
+        self.files_given = not Path(path).is_dir()
         if not self.tars:
             raise FormatError(f"no .tar shards in {path}")
         self.files = OpenShards(self.tars)

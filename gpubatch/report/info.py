@@ -40,8 +40,8 @@ class DatasetReport:
             many samples hold one: the names a webdataset pipeline asks for.
         left_out: files of the source that are no records (video, audio, other files among a folder's
             images; ``unlisted``: media files beside a list, manifest or annotation file found in the folder
-            that it does not name, YOLO's label files without their image), per kind how many, with some of
-            their names.
+            that it does not name, YOLO's label files without their image; ``hidden``: hidden folders and hidden
+            files of the records' kind, as macOS's ``._photo.jpg``), per kind how many, with some of their names.
         video: for video records: codecs with profiles, containers, resolutions, fps and duration
             (min / median / mean / max), total hours, frame counts, bit rates, audio tracks, rotated and
             variable-frame-rate files, and how many this machine's NVDEC decodes (None: no GPU here).

@@ -263,11 +263,14 @@ def test_an_aiff_recording_is_a_record_and_other_files_are_said(tmp_path):
     sf.write(root / "no" / "b.aiff", tone(0.5), RATE, format="AIFF")
     (root / "no" / "notes.txt").write_text("recorded in a quiet room")
     (root / "no" / "c.ape").write_bytes(b"MAC " + b"\0" * 60)  # (Monkey's Audio: no codec gpubatch reads)
+    (root / "yes" / "._a.wav").write_bytes(b"\0\5\x16\7\0\2\0\0Mac OS X        ")  # (macOS's AppleDouble)
     s = convert(root, tmp_path / "wds", to="webdataset")
     assert s.records_out == 2 and not s.skipped, s.skipped
-    said = f"left out of {root}, as no records: 2 files that are no audio (no/c.ape, no/notes.txt)"
+    said = (f"left out of {root}, as no records: 2 files that are no audio (no/c.ape, no/notes.txt); 1 hidden file "
+            "or folder (yes/._a.wav)")
     assert said in s.warnings, s.warnings
-    assert info(root).left_out == {"other": {"count": 2, "names": ["no/c.ape", "no/notes.txt"]}}
+    assert info(root).left_out == {"other": {"count": 2, "names": ["no/c.ape", "no/notes.txt"]},
+                                   "hidden": {"count": 1, "names": ["yes/._a.wav"]}}
     with open_dataset(tmp_path / "wds") as r:
         recs = {rec.key: rec for rec in r}
     assert recs["no/b"].codec == "aiff" and recs["no/b"].data == (root / "no" / "b.aiff").read_bytes()

@@ -109,6 +109,28 @@ def test_files_that_are_no_records_are_counted_and_named(tmp_path):
                                "audio": {"count": 1, "names": ["dog/bark.wav"]}}
 
 
+@pytest.mark.parametrize("classes", [True, False])
+def test_hidden_folders_and_hidden_images_are_named_as_left_out(tmp_path, classes):
+    """Hidden files and folders are not read (a notebook's ``.ipynb_checkpoints/``, macOS's ``._photo.jpg`` beside
+    each photo copied from a Mac), but those that could hold images are named in the warning and ``info``'s
+    ``left_out``, never left out without a word; a ``.DS_Store`` is no image and not named."""
+    src = tmp_path / "src"
+    folder = src / "cat" if classes else src
+    folder.mkdir(parents=True)
+    for k in range(2):
+        (folder / f"{k}.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=k)))
+    (folder / "._0.jpg").write_bytes(b"\0\5\x16\7\0\2\0\0Mac OS X        ")
+    (folder / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (src / ".ipynb_checkpoints").mkdir()
+    (src / ".ipynb_checkpoints" / "0.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=0)))
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_out == 2
+    hidden = ".ipynb_checkpoints/, cat/._0.jpg" if classes else "._0.jpg, .ipynb_checkpoints/"
+    warning = next(w for w in s.warnings if w.startswith("left out"))
+    assert warning == f"left out of {src}, as no records: 2 hidden files and folders ({hidden})"
+    assert info(src).left_out == {"hidden": {"count": 2, "names": hidden.split(", ")}}
+
+
 def test_layout_flat_is_one_folder_with_the_labels_in_the_file_list(tmp_path):
     src = tmp_path / "src"
     for cls in ("cat", "dog", "dog/sub"):

@@ -530,8 +530,17 @@ def test_source_patterns_say_what_is_wrong(imagenet, tmp_path):
         convert(imagenet / "bird" / "*.jpg", tmp_path / "out", to="folder")
     with pytest.raises(GpubatchError, match="a source pattern picks shards of webdataset, tfrecord or recordio"):
         convert(tmp_path / "wds" / "*.tar", tmp_path / "out", to="folder", from_format="folder")
+    # a pattern's shards, or a shard given alone, are the source: an output beside them is no overlap (a folder of
+    # shards is: its next run would read the output's too)
+    assert convert(tmp_path / "wds" / "*.tar", tmp_path / "wds" / "out", to="folder").records_out == 60
+    assert convert(tmp_path / "wds" / "data-000000.tar", tmp_path / "wds" / "one", to="folder").records_out == 20
+    assert content(tmp_path / "wds" / "out") == content(imagenet)
     with pytest.raises(GpubatchError, match="is the source or lies inside it"):
-        convert(tmp_path / "wds" / "*.tar", tmp_path / "wds" / "out", to="folder")
+        convert(tmp_path / "wds", tmp_path / "wds" / "again", to="folder")
+    with pytest.raises(GpubatchError, match="is the source or lies inside it"):
+        convert(tmp_path / "wds" / "*.tar", tmp_path / "wds" / "data-000001.tar", to="folder", overwrite=True)
+    shutil.rmtree(tmp_path / "wds" / "out")
+    shutil.rmtree(tmp_path / "wds" / "one")
     # a brace pattern's shards that do not exist are skipped entries with their reason, never a silent loss
     s = convert(tmp_path / "wds" / "data-{000000..000004}.tar", tmp_path / "some", to="folder")
     assert s.records_out == 60 and [e["key"] for e in s.skipped] == ["data-000003.tar", "data-000004.tar"]
