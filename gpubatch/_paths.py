@@ -107,6 +107,52 @@ def read_range(path: Path | str, offset: int, n: int) -> bytes:
         os.close(fd)
 
 
+#: archives and compressed files by their first bytes: what a text listing or a dataset is not
+_ARCHIVES = ((b"PK\x03\x04", "a ZIP archive"), (b"PK\x05\x06", "a ZIP archive"), (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"),
+             (b"Rar!\x1a\x07", "a RAR archive"), (b"\x1f\x8b", "a gzip file"), (b"BZh", "a bzip2 file"),
+             (b"\xfd7zXZ\x00", "an xz file"), (b"\x28\xb5\x2f\xfd", "a zstd file"))
+
+
+def archive_kind(head: bytes) -> str | None:
+    """What archive or compressed file ``head`` (a file's first bytes) begins, in words ("a ZIP archive"), or
+    None."""
+    return next((name for magic, name in _ARCHIVES if head.startswith(magic)), None)
+
+
+def unpack_hint(path: Path | str, kind: str) -> str:
+    """How to unpack an archive gpubatch does not read, to pass its folder instead."""
+    stem = Path(path).name.split(".")[0] or "data"
+    tool = {"a ZIP archive": f"unzip {path} -d {stem}", "a 7-Zip archive": f"7z x {path} -o{stem}",
+            "a RAR archive": f"unrar x {path} {stem}/"}.get(kind)
+    return f"unpack it ({tool}) and pass the folder" if tool else "unpack it and pass what it holds"
+
+
+def read_listing(path: Path | str, what: str, limit: int = MAX_RECORD_BYTES) -> bytes:
+    """The bytes of a text listing (``what``: "a file list", "a CSV"...), refused in one line where it cannot be
+    read or holds binary data (an archive, an image passed where a list goes), instead of each of its "lines"
+    becoming a damaged record.
+
+    Raises:
+        FormatError: as above.
+    """
+    from .errors import FormatError
+
+    try:
+        raw = read_regular(path, limit)
+    except (OSError, ValueError) as e:
+        raise FormatError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16 with its byte-order mark (Excel's "Unicode text")
+        try:
+            return raw.decode("utf-16").encode("utf-8")
+        except UnicodeDecodeError as e:
+            raise FormatError(f"{path} is not {what}: it begins as UTF-16 text but is not ({e.reason})") from None
+    if b"\0" in raw[:1 << 16] or archive_kind(raw[:8]):
+        kind = archive_kind(raw[:8])
+        said = f"it is {kind}: {unpack_hint(path, kind)}" if kind else "it holds binary data"
+        raise FormatError(f"{path} is not {what}: {said}")
+    return raw
+
+
 def read_regular(path: Path | str, limit: int = MAX_RECORD_BYTES) -> bytes:
     """The bytes of the regular file at ``path`` (links followed), at most ``limit`` of them.
 

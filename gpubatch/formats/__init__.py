@@ -129,6 +129,16 @@ def _detected(path: Path) -> tuple[type[Format], str | None]:
         raise FormatError(lfs)
     if path.is_dir() and not any(f.is_file() for f in path.rglob("*")):  # (nothing to tell it by)
         raise FormatError(f"{path} holds no files: nothing to read")
+    if path.is_file():
+        from .._paths import archive_kind, read_head, unpack_hint
+        from ..types import IMAGE_EXTENSIONS
+
+        kind = archive_kind(read_head(path, 8))
+        if kind and not any(ext in path.name.lower() for ext in (".tar", ".tgz")):
+            raise FormatError(f"{path} is {kind}, which gpubatch does not read: {unpack_hint(path, kind)}")
+        if "." in path.name and path.name.rsplit(".", 1)[1].lower() in IMAGE_EXTENSIONS:
+            raise FormatError(f"{path} is one image: gpubatch reads datasets; pass the folder that holds it "
+                              f"({path.parent})")
     raise FormatError(
         f"cannot tell the format of {path}: name it with --from ({', '.join(format_names())})"
     )

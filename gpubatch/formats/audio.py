@@ -32,23 +32,21 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .._paths import read_head, read_regular, safe_relpath
+from .._paths import read_head, read_listing, read_regular, safe_relpath
 from ..errors import FormatError
 from ..types import AUDIO_EXTENSIONS, DatasetInfo, Media, Record, class_table
 from . import fields, register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer
-from .folder import (
+from .files import (
     _kinds,
     _strip_ext,
     _walk_images,
-    class_folders,
-    place_file,
     read_csv_table,
     read_listed_file,
-    safe_component,
     said_left_out,
     unlisted_files,
 )
+from .folder import class_folders, place_file, safe_component
 from .listing import walk
 from .manifest import MANIFEST_NAME, read_manifest
 from .manifest import audio_facts as manifest_audio
@@ -99,7 +97,10 @@ class AudioReader(Reader):
         self.path_column, self.label_column = path_column, label_column
         self.csv_file: Path | None = None
         self.nemo_file: Path | None = None  # a NeMo manifest given as the source
-        if p.is_file() and _is_nemo(p):
+        self.single: Path | None = None  # one recording given as the source: a dataset of one record
+        if p.is_file() and is_audio_name(p.name):
+            self.single, self.root = p, p.parent
+        elif p.is_file() and _is_nemo(p):
             self.nemo_file, self.root = p, p.parent
         elif p.is_file():
             self.csv_file, self.root = p, p.parent
@@ -117,9 +118,11 @@ class AudioReader(Reader):
         self._by_name: dict[str, str] | None = None
 
     def roots(self) -> list[Path]:
-        return [self.root]
+        return [self.single] if self.single is not None else [self.root]
 
     def _scan(self) -> list[Any]:
+        if self.single is not None:
+            return [(self.single.name, None, None)]
         listing = self.nemo_file or self.csv_file or self._nemo_manifest()
         if listing is not None:
             entries = self._scan_csv() if listing == self.csv_file else self._scan_nemo(listing)
@@ -155,7 +158,7 @@ class AudioReader(Reader):
                      if p.is_file() and _is_nemo(p)), None)
 
     def _scan_nemo(self, manifest: Path) -> list[Any]:
-        text = read_regular(manifest, 1 << 30).decode("utf-8", "replace")
+        text = read_listing(manifest, "a NeMo manifest (JSON lines)", 1 << 30).decode("utf-8", "replace")
         entries: list[Any] = []
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -402,7 +405,9 @@ class AudioFormat(Format):
     @classmethod
     def detect(cls, path: Path) -> bool:
         path = Path(path)
-        if path.is_file():
+        if path.is_file():  # (one recording; a WebM file alone is a clip, unless --from audio says so)
+            if is_audio_name(path.name):
+                return path.suffix.lower().lstrip(".") not in SOUND_CONTAINERS
             return (path.suffix.lower() == ".csv" and _csv_is_audio(path)) or _is_nemo(path)
         if (path / METADATA).is_file():
             return True
@@ -424,7 +429,8 @@ class AudioFormat(Format):
 
     @classmethod
     def accepts(cls, path: Path) -> bool:
-        return cls.detect(path) or (Path(path).is_dir() and webm_sound(path))
+        return cls.detect(path) or (Path(path).is_dir() and webm_sound(path)) or (Path(path).is_file()
+                                                                                   and is_audio_name(Path(path).name))
 
     @classmethod
     def reader(cls, path: Path, **options: Any) -> Reader:

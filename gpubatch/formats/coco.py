@@ -27,7 +27,8 @@ from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
 from . import fields, register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer, image_size
-from .folder import safe_component, unlisted_files
+from .files import unlisted_files
+from .folder import safe_component
 from .manifest import read_manifest
 
 ANNOTATIONS = "annotations/instances.json"

@@ -24,24 +24,22 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .._paths import read_head, read_regular, safe_relpath
+from .._paths import read_head, read_listing, safe_relpath
 from ..errors import FormatError
 from ..types import IMAGE_EXTENSIONS as _IMAGE_EXT
 from ..types import VIDEO_EXTENSIONS, DatasetInfo, Media, Record, class_table
 from . import fields, register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer
-from .folder import (
+from .files import (
     _kinds,
     _strip_ext,
     _walk_images,
-    class_folders,
-    place_file,
     read_csv_table,
     read_listed_file,
-    safe_component,
     said_left_out,
     unlisted_files,
 )
+from .folder import class_folders, place_file, safe_component
 from .listing import walk
 from .manifest import MANIFEST_NAME, read_manifest
 
@@ -71,7 +69,10 @@ class VideoReader(Reader):
         p = Path(path)
         self.list_file: Path | None = None
         self.csv_file: Path | None = None
-        if p.is_file():
+        self.single: Path | None = None  # one video file given as the source: a dataset of one clip
+        if p.is_file() and is_video_name(p.name):
+            self.single, self.root = p, p.parent
+        elif p.is_file():
             if p.suffix.lower() == ".csv":
                 self.csv_file = p
             else:
@@ -86,9 +87,11 @@ class VideoReader(Reader):
         self._classes: Any = ()
 
     def roots(self) -> list[Path]:
-        return [self.root]
+        return [self.single] if self.single is not None else [self.root]
 
     def _scan(self) -> list[Any]:
+        if self.single is not None:
+            return [(self.single.name, None, 0.0, 0.0)]
         manifest = read_manifest(self.root) or {}
         listing = self.list_file or self.csv_file
         if listing is not None:
@@ -115,10 +118,8 @@ class VideoReader(Reader):
         return [*damaged, *((f, None, 0.0, 0.0) for f in files)]
 
     def _scan_list(self, manifest: dict) -> list[Any]:
-        try:
-            text = read_regular(self.list_file).decode("utf-8", "surrogateescape")
-        except (OSError, ValueError) as e:
-            raise FormatError(f"cannot read {self.list_file}: {getattr(e, 'strerror', None) or e}") from None
+        text = read_listing(self.list_file, "a file list ('path label [start end]' lines)").decode("utf-8",
+                                                                                                  "surrogateescape")
         entries: list[Any] = []
         labels = []
         for n, line in enumerate(text.splitlines(), 1):
@@ -249,6 +250,8 @@ class VideoFormat(Format):
         path = Path(path)
         if path.is_file():
             if path.suffix.lower() == ".csv":
+                return True
+            if is_video_name(path.name):  # one clip
                 return True
             if path.suffix.lower() == ".txt":
                 first = next((ln.split()[0] for ln in read_head(path, 1 << 16).decode("utf-8", "replace").splitlines()[:20]

@@ -20,7 +20,8 @@ from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
 from . import register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer, image_size
-from .folder import free_name, safe_component, unlisted_files
+from .files import unlisted_files
+from .folder import free_name, safe_component
 
 #: the largest annotation read (a VOC XML is a few kilobytes)
 MAX_XML_BYTES = 1 << 20

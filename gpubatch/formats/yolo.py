@@ -20,7 +20,8 @@ from ..errors import FormatError
 from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
 from . import register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer, image_size
-from .folder import _strip_ext, _walk_images, free_name, safe_component, unlisted_files
+from .files import _strip_ext, _walk_images, unlisted_files
+from .folder import free_name, safe_component
 
 #: the largest label file or YAML read
 MAX_TEXT_BYTES = 8 << 20

@@ -254,6 +254,17 @@ def test_clips_a_found_manifest_leaves_out_are_said_and_a_manifest_file_is_a_sou
     assert p.returncode == 0 and json.loads(p.stdout)["format"] == "audio", p.stderr
 
 
+def test_one_recording_is_a_dataset_of_one_record(tmp_path):
+    """One audio file given alone is the source (a FLAC was read as a CSV, and a WebM's sound needs --from audio,
+    as a folder of WebM files does)."""
+    write(tmp_path / "talk.flac", tone(0.5), RATE, "flac")
+    assert info(tmp_path / "talk.flac").records == 1
+    s = convert(tmp_path / "talk.flac", tmp_path / "wav", to="audio", audio_format="wav")
+    assert s.records_out == 1 and [p.name for p in (tmp_path / "wav").rglob("*.wav")] == ["talk.wav"]
+    p = run_cli("info", tmp_path / "talk.flac", "--from", "audio", "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["records"] == 1, p.stderr
+
+
 def test_an_aiff_recording_is_a_record_and_other_files_are_said(tmp_path):
     """AIFF (libsndfile reads it) is a recording like WAV; a file that is no recording (notes, a codec gpubatch
     does not read) is said, not left out without a word; LibriSpeech's transcripts are read, not said."""

@@ -131,6 +131,34 @@ def test_hidden_folders_and_hidden_images_are_named_as_left_out(tmp_path, classe
     assert info(src).left_out == {"hidden": {"count": 2, "names": hidden.split(", ")}}
 
 
+def test_an_archive_a_binary_listing_or_one_image_is_one_line_saying_what_it_is(tmp_path):
+    """A ZIP of class folders was "cannot tell the format" (and --from audio ended in a csv traceback, --from folder
+    read its bytes as 814 file-list lines); a single image said the same. Each is now one line that says what the
+    file is and what to pass instead; a UTF-16 listing (Excel's "Unicode text") is read as text."""
+    import zipfile
+
+    src = tmp_path / "src"
+    (src / "cat").mkdir(parents=True)
+    (src / "cat" / "0.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=0)))
+    with zipfile.ZipFile(tmp_path / "pets.zip", "w") as z:
+        z.write(src / "cat" / "0.jpg", "cat/0.jpg")
+    said = f"{tmp_path / 'pets.zip'} is a ZIP archive, which gpubatch does not read: unpack it (unzip "
+    for args, line in [((), said),
+                       (("--from", "audio"), f"{tmp_path / 'pets.zip'} is not a CSV: it is a ZIP archive: unpack it"),
+                       (("--from", "folder"), f"{tmp_path / 'pets.zip'} is not a file list ('relative/path label' "
+                                              "lines): it is a ZIP archive: unpack it")]:
+        p = run_cli("info", tmp_path / "pets.zip", *args)
+        err = p.stderr.strip().splitlines()
+        assert p.returncode != 0 and len(err) == 1 and err[0].startswith(f"error: {line}"), p.stderr
+    p = run_cli("convert", src / "cat" / "0.jpg", tmp_path / "out", "--to", "webdataset")
+    assert p.stderr.strip().splitlines()[-1] == (f"error: {src / 'cat' / '0.jpg'} is one image: gpubatch reads datasets; pass the "
+                                f"folder that holds it ({src / 'cat'})"), p.stderr
+    listed = src / "list.txt"
+    listed.write_bytes("cat/0.jpg 3\n".encode("utf-16"))
+    with open_dataset(listed, "folder") as r:
+        assert [(rec.key, rec.label) for rec in r] == [("cat/0", 3)]
+
+
 def test_layout_flat_is_one_folder_with_the_labels_in_the_file_list(tmp_path):
     src = tmp_path / "src"
     for cls in ("cat", "dog", "dog/sub"):
@@ -503,7 +531,7 @@ def test_two_runs_of_one_command_write_the_same_shard_bytes(imagenet, tmp_path):
 
 
 def test_files_left_out_are_counted_in_plain_words(imagenet):
-    from gpubatch.formats.folder import left_out_warning
+    from gpubatch.formats.files import left_out_warning
 
     said = left_out_warning(imagenet, {"other": [f"n{i}.txt" for i in range(7)], "video": ["a.mp4"]})
     assert "7 files that are no images (n0.txt, n1.txt, n2.txt, ...)" in said and "1 video file (a.mp4)" in said

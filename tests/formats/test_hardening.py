@@ -168,18 +168,18 @@ def test_an_index_that_does_not_describe_its_tfrecord_shard_is_not_trusted(image
 
 def test_an_unreadable_class_folder_is_listed_and_the_classes_after_it_keep_their_labels(imagenet, tmp_path,
                                                                                       monkeypatch):
-    from gpubatch.formats import folder
+    from gpubatch.formats import files
 
     classes = sorted(p.name for p in imagenet.iterdir() if p.is_dir())
     locked = classes[1]
-    real = folder._list_folder
+    real = files._list_folder
 
     def listing(path):  # chmod 000, as the superuser CI runs as would still read it
         if os.path.basename(path) == locked:
             raise PermissionError(errno.EACCES, "Permission denied", path)
         return real(path)
 
-    monkeypatch.setattr(folder, "_list_folder", listing)
+    monkeypatch.setattr(files, "_list_folder", listing)
     s = convert(imagenet, tmp_path / "out", to="webdataset")
     assert accounted(s) and len(s.skipped) == 1 and "cannot list the folder" in s.skipped[0]["reason"]
     with open_dataset(tmp_path / "out") as r:

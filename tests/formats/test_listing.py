@@ -127,7 +127,7 @@ def test_the_image_folders_of_the_class_folders_are_those_their_files_lie_in():
 
 
 def test_the_folder_scan_takes_the_names_its_image_test_takes(tmp_path):
-    from gpubatch.formats.folder import _is_image_name, _walk_images
+    from gpubatch.formats.files import _is_image_name, _walk_images
 
     names = ["a.jpg", "b.JPEG", "c.png.txt", "d", "e.", ".f.jpg", "g.tar.gz", "h.webp", "i.Jpg", "j.jpg.bak"]
     for n in names:

@@ -543,7 +543,8 @@ def test_folder_entries_come_in_key_order_with_or_without_the_sort():
     hyphens, dots in names and folders, names sharing a stem) it gives what the sort by key gives."""
     import random
 
-    from gpubatch.formats.folder import _in_order, _strip_ext
+    from gpubatch.formats.files import _strip_ext
+    from gpubatch.formats.folder import _in_order
 
     rng = random.Random(1)
     for _ in range(3000):

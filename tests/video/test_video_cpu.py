@@ -121,6 +121,19 @@ def test_every_source_layout(tmp_path):
     assert _keys(kin) == {"abseiling/abc_000010_000020": 0, "zumba/xyz_000001_000011": 1}
 
 
+def test_one_video_file_is_a_dataset_of_one_clip(tmp_path):
+    """``gpubatch convert talk.mp4 frames --frames every:8``: one video file given alone is the source (it was
+    "cannot tell the format", and with --from video read as a file list of binary lines); an output beside it is
+    no overlap."""
+    clip = make_clip(tmp_path / "talk.mp4", 24)
+    assert info(clip).records == 1 and info(clip).format == "video"
+    s = convert(clip, tmp_path / "frames", to="folder", frames="every:8")
+    assert s.records_in == 1 and s.records_out == 3 and not s.skipped
+    assert sorted(p.name for p in (tmp_path / "frames").rglob("*.jpg")) == [
+        "talk_000000.jpg", "talk_000008.jpg", "talk_000016.jpg"]
+    assert convert(clip, tmp_path / "wds", to="webdataset").records_out == 1
+
+
 def test_start_and_end_restrict_the_frames(tmp_path):
     src = tmp_path / "src"
     make_clip(src / "a.mp4", 48)  # 2 s at 24 fps
