@@ -29,6 +29,7 @@ from .._commit import note_moved
 from .._paths import read_listing, read_regular, safe_join, safe_relpath
 from ..types import (
     IMAGE_EXTENSIONS,
+    VIDEO_EXTENSIONS,
     ClassNames,
     DatasetInfo,
     Record,
@@ -214,7 +215,11 @@ class FolderReader(Reader):
         lines = raw.decode("utf-8", "surrogateescape").splitlines()  # names as the file system holds them
         firsts = [ln.split()[0] for ln in lines if ln.strip() and not ln.strip().startswith("#")]
         media = other_media_message(self.path, firsts)
-        if media and not any(_is_image_name(f) for f in firsts):  # e.g. DALI's video lists: path label start end
+        clips = sum(1 for f in firsts if "." in f and f.rsplit(".", 1)[1].lower() in VIDEO_EXTENSIONS)
+        if clips and not media:  # DALI's video lists: path label [start end]
+            media = (f"{self.list_file} lists video files ({clips:,} of {len(firsts):,} lines), not images: read it "
+                     "with --from video")
+        if media and not any(_is_image_name(f) for f in firsts):
             raise FormatError(media)
         entries: list[tuple[str, int | None] | Damaged] = []
         for n, line in enumerate(lines, 1):

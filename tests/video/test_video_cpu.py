@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from gpubatch.api import augment, convert, info
-from gpubatch.errors import RecordError, UsageError
+from gpubatch.errors import GpubatchError, RecordError, UsageError
 
 from .clips import class_folders, frame, make_clip
 
@@ -132,6 +132,11 @@ def test_one_video_file_is_a_dataset_of_one_clip(tmp_path):
     assert sorted(p.name for p in (tmp_path / "frames").rglob("*.jpg")) == [
         "talk_000000.jpg", "talk_000008.jpg", "talk_000016.jpg"]
     assert convert(clip, tmp_path / "wds", to="webdataset").records_out == 1
+    # a DALI video list read as an image folder's file list: one line, not a record "not found" a line
+    (tmp_path / "file_list.txt").write_text("talk.mp4 0 0.0 0.5\n")
+    with pytest.raises(GpubatchError, match="file_list.txt lists video files \\(1 of 1 lines\\), not images: read it "
+                                            "with from_format video"):
+        info(tmp_path, "folder")
 
 
 def test_start_and_end_restrict_the_frames(tmp_path):
