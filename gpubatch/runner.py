@@ -528,10 +528,11 @@ def _part_summary(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any,
                         summary_cls, allow_empty=True)
     _bound(summary, usage, results, todo, wall, strategy.gpu)
     left = [t for t in tasks if t.index not in done]
-    stats.warn(f"part {req.part} of {req.num_parts}: {len(mine)} shards committed in {stage}; "
-               + (f"{len(left)} of {len(tasks)} shards (other parts) are still to be written; " if left else
-                  "every part is committed; ")
-               + f"run 'gpubatch finish {req.dst}' once all parts are done")
+    shards = f"{len(mine)} shard{'' if len(mine) == 1 else 's'}"
+    stats.warn(f"part {req.part} of {req.num_parts}: {shards} committed in {stage}; "
+               + (f"{len(left)} of {len(tasks)} shards (other parts') are still to be written; run 'gpubatch finish "
+                  f"{req.dst}' once all parts are done" if left else
+                  f"every part's shards are committed: run 'gpubatch finish {req.dst}'"))
     summary.warnings = list(stats.warnings)
     summary.timings = {**summary.timings, **{f"wall: {k}": v for k, v in timings.items()}}
     summary.seconds = time.perf_counter() - t_start

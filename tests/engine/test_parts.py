@@ -51,7 +51,9 @@ def test_finish_with_a_part_missing_refuses_naming_it_and_keeps_the_shards(image
         finish(dst)
     stage = tmp_path / ".out.gpubatch-partial"
     assert len(list(stage.glob("*.tfrecord"))) == 9  # kept for the missing part
-    convert(imagenet, dst, part=1, **opts)
+    said = convert(imagenet, dst, part=1, **opts).warnings
+    assert f"part 1 of 4: 3 shards committed in {stage}; every part's shards are committed: run 'gpubatch finish " \
+           f"{dst}'" in said, said
     assert finish(dst).records_out == 60
     one = tmp_path / "one"
     convert(imagenet, one, to="tfrecord", shard_size=5, resize_shorter=40)
