@@ -54,7 +54,7 @@ from .base import (
 from .folder import label_names
 from .manifest import expected_records, read_manifest
 from .sinks import ShardFile, ShardSink
-from .tar_scan import _BLOCK, _not_found, _samples, indexed_samples, scan_tar
+from .tar_scan import _BLOCK, _not_found, _samples, class_tar_samples, holds_tars, indexed_samples, scan_tar
 
 _COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst")
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-/]+")
@@ -117,6 +117,7 @@ class WebDatasetReader(Reader):
         self.files = OpenShards(self.tars)
         self.manifest = read_manifest(self.path) or {}
         self.keypoint_flip = keypoint_flips(self.manifest.get("categories"))
+        self._class_tars: tuple[str, ...] = ()  # the classes of a tar of class tars (ImageNet's training tar)
 
     def _indexed(self, s: int) -> list | None:
         """A shard gpubatch wrote, listed from its index where the index stands for it (None: walked)."""
@@ -144,8 +145,13 @@ class WebDatasetReader(Reader):
             try:
                 with self.files.reading(s) as fd, os.fdopen(os.dup(fd), "rb") as f:  # (compressed: its copy)
                     members, damage, ended = scan_tar(f, os.fstat(fd).st_size)
+                    nested = class_tar_samples(s, tar, f, members) if holds_tars(members) else None
             except OSError as e:
                 raise FormatError(f"cannot read tar shard {tar}: {e.strerror or e}") from None
+            if nested is not None:  # ImageNet's training tar: a tar of class tars
+                entries.extend(shortfall(tar, [*_samples(s, tar, [], damage), *nested], None, [], "" if ended else
+                                         "the tar has no end-of-archive block"))
+                continue
             found = _samples(s, tar, members, damage)
             named = _not_found(tar, found, members)
             cut = "" if ended else "the tar has no end-of-archive block"
@@ -154,16 +160,24 @@ class WebDatasetReader(Reader):
                 if ended:  # (the tar's last block came out whole: the damage is past it)
                     cut = ""
             entries.extend(shortfall(tar, found, expected_records(self.manifest, tar), named, cut))
+        names = sorted({e[3] for e in entries if not isinstance(e, Damaged) and len(e) == 4})
+        if names:  # the classes of class tars: labels as the extracted class folders' sorted names give them
+            self._class_tars = tuple(names)
+            index = {c: i for i, c in enumerate(names)}
+            entries = [(*e[:3], index[e[3]]) if not isinstance(e, Damaged) and len(e) == 4 else e for e in entries]
         return entries
 
     def info(self) -> DatasetInfo:
         if self.manifest.get("classes") is not None:
             return DatasetInfo(classes=self.manifest["classes"], categories=tuple(self.manifest.get("categories") or ()))
+        entries = self.entries()
+        if self._class_tars:
+            return DatasetInfo(classes=self._class_tars)
         labels = []
-        for entry in self.entries():
+        for entry in entries:
             if isinstance(entry, Damaged):
                 continue
-            s, _key, members = entry
+            s, _key, members = entry[:3]
             for ext, off, size, _ in members:
                 if ext == "cls" and size <= 64:
                     try:
@@ -222,8 +236,8 @@ class WebDatasetReader(Reader):
             raise self.record_error(name, f"{self.tars[s]}#{name}", "truncated member")
         return data
 
-    def _read(self, entry: tuple[int, str, tuple], into: Any = None) -> Record:
-        s, key, members = entry
+    def _read(self, entry: tuple, into: Any = None) -> Record:
+        s, key, members = entry[:3]  # (a class tar's sample: its label fourth)
         origin = f"{self.tars[s]}#{key}"
         try:
             safe_relpath(key)
@@ -282,6 +296,8 @@ class WebDatasetReader(Reader):
                     meta[JSON_FIELDS] = doc
         except ValueError as e:
             raise self.record_error(key, origin, f"bad .cls/.json member: {e}") from None
+        if label is None and len(entry) > 3:
+            label = entry[3]
         kept = {}
         for ext in sorted(e for e in parts if e not in (image_ext, "cls", "json")):
             try:

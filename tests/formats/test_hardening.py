@@ -22,7 +22,7 @@ from PIL import Image
 from gpubatch import _paths
 from gpubatch.api import convert, info, open_dataset
 from gpubatch.errors import ExitCode, GpubatchError, UsageError
-from tests.helpers import ROOT, child_env, jpeg_bytes, photo, run_cli, tree_digest
+from tests.helpers import ROOT, child_env, content, jpeg_bytes, photo, run_cli, tree_digest
 
 
 def one_line(proc) -> str:
@@ -138,6 +138,57 @@ def test_a_format_whose_readers_cannot_decode_a_codec_refuses_before_writing(cod
 def _written(src: Path, dst: Path, to: str, n: int = 40, **kw) -> Path:
     convert(src, dst, to=to, limit=n, **kw)
     return dst
+
+
+def _tar_of(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
+        for name, data in members.items():
+            info_ = tarfile.TarInfo(name)
+            info_.size = len(data)
+            t.addfile(info_, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_imagenets_training_tar_of_class_tars_reads_as_its_extracted_class_folders(tmp_path):
+    """``ILSVRC2012_img_train.tar`` holds one tar a class (``n01440764.tar`` of ``n01440764_10026.JPEG``...). Read
+    as shards, every inner tar was a sample without an image ("no image, video or audio member (has: tar)"), so
+    the set needed extracting twice over. It reads as the class folders its extraction makes (the same keys,
+    labels by the classes' sorted names), its members where they lie; an inner tar cut short is said."""
+    images = {c: {f"{c}_{k}.JPEG": jpeg_bytes(photo(24, 32, seed=10 * i + k)) for k in range(3)}
+              for i, c in enumerate(["n01443537", "n01440764"])}
+    (tmp_path / "train.tar").write_bytes(_tar_of({f"{c}.tar": _tar_of(m) for c, m in images.items()}))
+    report = info(tmp_path / "train.tar")
+    assert report.records == 6 and report.classes == ["n01440764", "n01443537"]
+    convert(tmp_path / "train.tar", tmp_path / "folders", to="folder")
+    extracted = tmp_path / "extracted"
+    for c, members in images.items():
+        for name, data in members.items():
+            (extracted / c).mkdir(parents=True, exist_ok=True)
+            (extracted / c / name).write_bytes(data)
+    convert(extracted, tmp_path / "from-folders", to="folder")
+    images_of = {k: v for k, v in tree_digest(tmp_path / "folders").items() if k.endswith(".JPEG")}
+    assert len(images_of) == 6 and images_of == {k: v for k, v in tree_digest(tmp_path / "from-folders").items()
+                                                 if k.endswith(".JPEG")}
+    listed = sorted((tmp_path / "folders" / "file_list.txt").read_text().splitlines())  # (in the tar's order)
+    assert listed == sorted((tmp_path / "from-folders" / "file_list.txt").read_text().splitlines())
+    assert content(tmp_path / "folders") == content(extracted)
+    with open_dataset(tmp_path / "train.tar") as r:
+        assert sorted((rec.key, rec.label) for rec in r) == [(f"{c}/{c}_{k}", i) for i, c in
+                                                             enumerate(["n01440764", "n01443537"]) for k in range(3)]
+    # an inner tar cut short (its end-of-archive blocks and its last member's tail lost when it was made)
+    whole = _tar_of(images["n01440764"])
+    last = tarfile.open(fileobj=io.BytesIO(whole)).getmembers()[-1]
+    cut = whole[: last.offset_data + 100]
+    (tmp_path / "cut.tar").write_bytes(_tar_of({"n01440764.tar": cut, "n01443537.tar": _tar_of(images["n01443537"])}))
+    s = convert(tmp_path / "cut.tar", tmp_path / "cut-out", to="webdataset")
+    assert s.records_in == s.records_out + len(s.skipped) and s.records_out == 5, s.skipped
+    assert all("damaged inner tar n01440764.tar: bytes" in e["reason"] for e in s.skipped), s.skipped
+    (tmp_path / "ends.tar").write_bytes(_tar_of({"n01440764.tar": whole[: last.offset]}))  # (cut on a member's end)
+    s = convert(tmp_path / "ends.tar", tmp_path / "ends-out", to="webdataset")
+    assert s.records_out == 2 and [e["reason"] for e in s.skipped] == [
+        "the inner tar has no end-of-archive block: it was cut short when it was made, and the members after its "
+        "last whole one are lost"], s.skipped
 
 
 def test_a_flipped_byte_in_a_tar_header_mid_shard_skips_that_sample_only(imagenet, tmp_path):
