@@ -422,6 +422,14 @@ class FolderWriter(Writer):
                 f"and DALI's file_root would number them otherwise); {FILE_LIST} holds the labels")
 
 
+def _a_tar(path: Path) -> bool:
+    """Whether ``path`` is a tar file (plain, or compressed: ``.tar.gz``...), which ``--from folder`` reads as the
+    image folder it holds."""
+    name = Path(path).name.lower()
+    return Path(path).is_file() and name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz",
+                                                   ".tar.zst"))
+
+
 @register_format
 class FolderFormat(Format):
     name = "folder"
@@ -440,7 +448,15 @@ class FolderFormat(Format):
         return any(not folder.exts.isdisjoint(_IMAGE_EXT) for folder in walk(path))  # (listing.py)
 
     @classmethod
+    def accepts(cls, path: Path) -> bool:
+        return cls.detect(path) or _a_tar(path)
+
+    @classmethod
     def reader(cls, path: Path) -> Reader:
+        if _a_tar(path):  # a tar of an image folder's tree: its class folders read as classes, as once extracted
+            from .webdataset import WebDatasetReader
+
+            return WebDatasetReader(path, folder_classes=True)
         return FolderReader(path)
 
     @classmethod

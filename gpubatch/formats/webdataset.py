@@ -101,8 +101,11 @@ class WebDatasetReader(Reader):
 
     reads_into = True
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, folder_classes: bool = False):
+        """``folder_classes``: a tar of an image folder's tree (``--from folder``), read as that folder once
+        extracted would be: its class folders the classes (:meth:`_classes_of`)."""
         path = Path(path)
+        self.folder_classes = folder_classes
         matched = source_files(path)
         if matched is not None:  # a pattern: its shards
             self.tars = [p for p in matched if _is_shard(p)]
@@ -160,12 +163,57 @@ class WebDatasetReader(Reader):
                 if ended:  # (the tar's last block came out whole: the damage is past it)
                     cut = ""
             entries.extend(shortfall(tar, found, expected_records(self.manifest, tar), named, cut))
+        if not self.manifest and not any(not isinstance(e, Damaged) and len(e) == 4 for e in entries):
+            entries = self._classes_of(entries)
         names = sorted({e[3] for e in entries if not isinstance(e, Damaged) and len(e) == 4})
-        if names:  # the classes of class tars: labels as the extracted class folders' sorted names give them
+        if names:  # the classes of class tars or folders: labels as the extracted class folders' sorted names give
             self._class_tars = tuple(names)
             index = {c: i for i, c in enumerate(names)}
             entries = [(*e[:3], index[e[3]]) if not isinstance(e, Damaged) and len(e) == 4 else e for e in entries]
         return entries
+
+    def _classes_of(self, entries: list) -> list:
+        """A tar of an image folder's tree (``tar cf food-101.tar food-101/``: ``food-101/images/<class>/<id>.jpg``
+        members, no ``.cls``): its samples are unlabeled shards' samples, and a warning says how to read the class
+        folders as classes. With :attr:`folder_classes` (``--from folder``) they are read so: the folders under the
+        images' common folder are the classes, keys relative to it (``apple_pie/1005649``, as once extracted), and
+        what is no image, or lies outside the class folders, is named as left out, as a folder's would be."""
+        samples = [e for e in entries if not isinstance(e, Damaged)]
+        images = [e for e in samples if len(e[2]) == 1 and e[2][0][0] in IMAGE_EXTENSIONS]
+        if not images or any({"cls", "json"} & {m[0] for m in e[2]} for e in samples):
+            return entries
+        dirs = [e[1].split("/")[:-1] for e in images]
+        root = dirs[0]
+        for d in dirs[1:]:
+            k = next((k for k, (a, b) in enumerate(zip(root, d)) if a != b), min(len(root), len(d)))
+            root = root[:k]
+        n = len(root)
+        classes = sorted({d[n] for d in dirs if len(d) > n})
+        if len(classes) < 2:
+            return entries
+        under = "/".join(root) + "/" if root else "the tar's root"
+        some = ", ".join(c + "/" for c in classes[:3]) + (", ..." if len(classes) > 3 else "")
+        if not self.folder_classes:
+            self.warnings.append(f"the samples of {self.path if len(self.tars) > 1 else self.tars[0]} carry no label "
+                                 f"and their images lie in {len(classes):,} folders under {under} ({some}): to read "
+                                 "those folders as classes, as once extracted, pass --from folder")
+            return entries
+        out, left = [], {"outside": [], "other": []}
+        for e in entries:
+            if isinstance(e, Damaged):
+                out.append(e)
+                continue
+            parts = e[1].split("/")
+            if not (len(e[2]) == 1 and e[2][0][0] in IMAGE_EXTENSIONS):
+                left["other"] += [m[3] for m in e[2]]
+            elif len(parts) - 1 <= n or parts[:n] != root:
+                left["outside"].append(e[2][0][3])
+            else:
+                out.append((e[0], "/".join(parts[n:]), e[2], parts[n]))
+        from .files import said_left_out
+
+        self.left_out = said_left_out(self, self.tars[0] if len(self.tars) == 1 else self.path, left)
+        return out
 
     def info(self) -> DatasetInfo:
         if self.manifest.get("classes") is not None:

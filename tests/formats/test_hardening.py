@@ -191,6 +191,35 @@ def test_imagenets_training_tar_of_class_tars_reads_as_its_extracted_class_folde
         "last whole one are lost"], s.skipped
 
 
+@pytest.mark.parametrize("suffix", [".tar", ".tar.gz"])
+def test_a_tar_of_an_image_folder_says_how_to_read_its_classes_and_does_with_from_folder(tmp_path, suffix):
+    """Caltech-256, Food-101 and Stanford Dogs ship as tars of class folders (``food-101/images/<class>/<id>.jpg``,
+    beside ``meta/``). Read as shards, their samples carry no label: a warning says so and names --from folder,
+    which reads the class folders as classes, keyed as the extracted folder would be, naming what it leaves out."""
+    tree = tmp_path / "tree"
+    for i, c in enumerate(["ceviche", "apple_pie"]):
+        for k in range(2):
+            (tree / "food-101" / "images" / c).mkdir(parents=True, exist_ok=True)
+            (tree / "food-101" / "images" / c / f"{k}.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=10 * i + k)))
+    (tree / "food-101" / "meta").mkdir()
+    (tree / "food-101" / "meta" / "train.txt").write_text("apple_pie/0\n")
+    src = tmp_path / f"food-101{suffix}"
+    with tarfile.open(src, "w:gz" if suffix.endswith("gz") else "w") as t:
+        t.add(tree / "food-101", "food-101")
+    s = convert(src, tmp_path / "as-shards", to="webdataset")
+    assert s.records_out == 4 and not info(tmp_path / "as-shards").classes
+    assert any(w.startswith(f"the samples of {src} carry no label and their images lie in 2 folders under "
+                            "food-101/images/ (apple_pie/, ceviche/): to read those folders as classes") and
+               "pass --from folder" in w for w in s.warnings), s.warnings
+    s = convert(src, tmp_path / "as-folder", to="folder", from_format="folder")
+    assert s.records_out == 4 and not s.skipped
+    assert f"left out of {src}, as no records: 1 file that is no image (food-101/meta/train.txt)" in s.warnings
+    convert(tree / "food-101" / "images", tmp_path / "extracted", to="folder")
+    assert content(tmp_path / "as-folder") == content(tmp_path / "extracted")
+    assert sorted(p.relative_to(tmp_path / "as-folder").as_posix() for p in (tmp_path / "as-folder").rglob("*.jpg")) \
+        == ["apple_pie/0.jpg", "apple_pie/1.jpg", "ceviche/0.jpg", "ceviche/1.jpg"]
+
+
 def test_a_flipped_byte_in_a_tar_header_mid_shard_skips_that_sample_only(imagenet, tmp_path):
     wds = _written(imagenet, tmp_path / "wds", "webdataset")
     shard = next(wds.glob("*.tar"))
