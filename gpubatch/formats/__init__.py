@@ -134,6 +134,9 @@ def _detected(path: Path) -> tuple[type[Format], str | None]:
         from ..types import IMAGE_EXTENSIONS
 
         kind = archive_kind(read_head(path, 8))
+        if kind == "a ZIP archive":  # (a ZIP of images is the image folder it holds: FolderFormat took it)
+            raise FormatError(f"{path} is a ZIP archive that holds no image (gpubatch reads the image folder a ZIP "
+                              f"holds): {unpack_hint(path, kind)}")
         if kind and not any(ext in path.name.lower() for ext in (".tar", ".tgz")):
             raise FormatError(f"{path} is {kind}, which gpubatch does not read: {unpack_hint(path, kind)}")
         if "." in path.name and path.name.rsplit(".", 1)[1].lower() in IMAGE_EXTENSIONS:

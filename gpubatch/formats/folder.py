@@ -442,21 +442,29 @@ class FolderFormat(Format):
     def detect(cls, path: Path) -> bool:
         path = Path(path)
         if path.is_file():
-            return path.name == FILE_LIST
+            from .zip_folder import holds_images, is_zip
+
+            return path.name == FILE_LIST or (is_zip(path) and holds_images(path))
         if (path / FILE_LIST).is_file():
             return True
         return any(not folder.exts.isdisjoint(_IMAGE_EXT) for folder in walk(path))  # (listing.py)
 
     @classmethod
     def accepts(cls, path: Path) -> bool:
-        return cls.detect(path) or _a_tar(path)
+        from .zip_folder import is_zip
+
+        return cls.detect(path) or _a_tar(path) or is_zip(path)
 
     @classmethod
     def reader(cls, path: Path) -> Reader:
+        from .zip_folder import ZipFolderReader, is_zip
+
         if _a_tar(path):  # a tar of an image folder's tree: its class folders read as classes, as once extracted
             from .webdataset import WebDatasetReader
 
             return WebDatasetReader(path, folder_classes=True)
+        if is_zip(path):  # the image folder a ZIP holds, read where it lies
+            return ZipFolderReader(path)
         return FolderReader(path)
 
     @classmethod

@@ -132,22 +132,23 @@ def test_hidden_folders_and_hidden_images_are_named_as_left_out(tmp_path, classe
 
 
 def test_an_archive_a_binary_listing_or_one_image_is_one_line_saying_what_it_is(tmp_path):
-    """A ZIP of class folders was "cannot tell the format" (and --from audio ended in a csv traceback, --from folder
-    read its bytes as 814 file-list lines); a single image said the same. Each is now one line that says what the
+    """A ZIP was "cannot tell the format" (and --from audio ended in a csv traceback, --from folder read its bytes as
+    814 file-list lines); a single image said the same. Each is now one line that says what the
     file is and what to pass instead; a UTF-16 listing (Excel's "Unicode text") is read as text."""
     import zipfile
 
     src = tmp_path / "src"
     (src / "cat").mkdir(parents=True)
     (src / "cat" / "0.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=0)))
-    with zipfile.ZipFile(tmp_path / "pets.zip", "w") as z:
-        z.write(src / "cat" / "0.jpg", "cat/0.jpg")
-    said = f"{tmp_path / 'pets.zip'} is a ZIP archive, which gpubatch does not read: unpack it (unzip "
+    with zipfile.ZipFile(tmp_path / "notes.zip", "w") as z:  # (a ZIP of images is read: test_zip_folder.py)
+        z.writestr("readme.txt", "no images here")
+    said = (f"{tmp_path / 'notes.zip'} is a ZIP archive that holds no image (gpubatch reads the image folder a ZIP "
+            "holds): unpack it (unzip ")
     for args, line in [((), said),
-                       (("--from", "audio"), f"{tmp_path / 'pets.zip'} is not a CSV: it is a ZIP archive: unpack it"),
-                       (("--from", "folder"), f"{tmp_path / 'pets.zip'} is not a file list ('relative/path label' "
-                                              "lines): it is a ZIP archive: unpack it")]:
-        p = run_cli("info", tmp_path / "pets.zip", *args)
+                       (("--from", "audio"), f"{tmp_path / 'notes.zip'} is not a CSV: it is a ZIP archive: unpack it"),
+                       (("--from", "video"), f"{tmp_path / 'notes.zip'} is not a file list ('path label [start end]' "
+                                             "lines): it is a ZIP archive: unpack it")]:
+        p = run_cli("info", tmp_path / "notes.zip", *args)
         err = p.stderr.strip().splitlines()
         assert p.returncode != 0 and len(err) == 1 and err[0].startswith(f"error: {line}"), p.stderr
     p = run_cli("convert", src / "cat" / "0.jpg", tmp_path / "out", "--to", "webdataset")

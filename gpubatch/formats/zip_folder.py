@@ -1,0 +1,176 @@
+"""An image folder in a ZIP file, read as the folder its extraction makes (``--from folder``, or detected): Kaggle's
+``train.zip``, COCO's ``val2017.zip``, a class-folder tree zipped on a desktop.
+
+The ZIP's central directory lists its members (Python's ``zipfile``); a record's entry holds what reading it needs
+(the member's local header's offset, its sizes, compression and CRC-32), so a worker reads a member where it lies,
+with one ``pread`` for the header and one for the data, and checks its CRC-32 and size: a damaged member is that
+record's error, never a wrong image. Stored members are read as they lie; deflated (and bzip2, LZMA) ones are
+inflated. Encrypted members, and compression methods Python does not read (Deflate64), are records that fail with
+their reason. Layout as the tar route's (:meth:`.webdataset.WebDatasetReader._classes_of`): the folders under the
+images' common folder are the classes (labels by their sorted names), keys relative to it; where the images lie in
+one folder, the records are unlabeled. Hidden members (macOS's ``__MACOSX/`` and ``._photo.jpg`` among them) and
+files that are no images are named as left out.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+from .._paths import MAX_RECORD_BYTES, safe_relpath
+from ..errors import FormatError
+from ..types import IMAGE_EXTENSIONS, DatasetInfo, Record, sniff_image_codec
+from .base import Reader
+
+#: a member's local header: signature, version, flags, method, time, date, CRC, sizes, name and extra lengths
+_LOCAL = struct.Struct("<IHHHHHIIIHH")
+_LOCAL_SIG = 0x04034B50
+_ZIP_HEADS = (b"PK\x03\x04", b"PK\x05\x06")
+
+
+def is_zip(path: Path) -> bool:
+    """Whether ``path`` is a ZIP file (its first bytes: a member's header, or an empty archive's end)."""
+    from .._paths import read_head
+
+    return Path(path).is_file() and read_head(path, 4) in _ZIP_HEADS
+
+
+def holds_images(path: Path) -> bool:
+    """Whether the ZIP at ``path`` lists an image file (its central directory only is read)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(_image(i.filename) for i in z.infolist() if not i.is_dir())
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+
+
+def _image(name: str) -> bool:
+    base = name.rsplit("/", 1)[-1]
+    return "." in base and base.rsplit(".", 1)[1].lower() in IMAGE_EXTENSIONS
+
+
+class ZipFolderReader(Reader):
+    """Reads the image folder a ZIP holds (see the module's docstring)."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        self.files_given = True  # (the ZIP is the source: an output beside it is no overlap)
+        self._classes: tuple[str, ...] = ()
+        self.left_out: dict[str, Any] = {}
+
+    def roots(self) -> list[Path]:
+        return [self.path]
+
+    def _scan(self) -> list[Any]:
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(self.path) as z:
+                members = [i for i in z.infolist() if not i.is_dir()]
+        except zipfile.BadZipFile as e:
+            raise FormatError(f"{self.path} is a damaged ZIP ({e}: cut short, or its central directory lost); "
+                              f"'zip -FF {self.path} --out fixed.zip' rebuilds what it can") from None
+        except OSError as e:
+            raise FormatError(f"cannot read {self.path}: {e.strerror or e}") from None
+        left: dict[str, list[str]] = {"other": [], "outside": []}
+        images = []
+        hidden: set[str] = set()
+        for i in members:
+            parts = i.filename.split("/")
+            at = next((k for k, part in enumerate(parts) if part.startswith(".") or part == "__MACOSX"), None)
+            if at is not None:  # (named as a folder's walk names them: a hidden folder, or a hidden image)
+                if at < len(parts) - 1:
+                    hidden.add("/".join(parts[: at + 1]) + "/")
+                elif _image(i.filename):
+                    hidden.add(i.filename)
+            elif _image(i.filename):
+                images.append(i)
+            else:
+                left["other"].append(i.filename)
+        dirs = [i.filename.split("/")[:-1] for i in images]
+        root = dirs[0] if dirs else []
+        for d in dirs[1:]:
+            k = next((k for k, (a, b) in enumerate(zip(root, d)) if a != b), min(len(root), len(d)))
+            root = root[:k]
+        n = len(root)
+        classes = sorted({d[n] for d in dirs if len(d) > n})
+        labeled = len(classes) >= 2
+        index = {c: k for k, c in enumerate(classes)} if labeled else {}
+        entries: list[Any] = []
+        for i, d in zip(images, dirs):
+            rel = "/".join(i.filename.split("/")[n:])
+            label = None
+            if labeled:
+                if len(d) == n:  # (beside the class folders: not in any)
+                    left["outside"].append(i.filename)
+                    continue
+                label = index[d[n]]
+            entries.append((rel, label, i.filename, i.header_offset, i.compress_size, i.file_size, i.compress_type,
+                            i.CRC, i.flag_bits))
+        self._classes = tuple(classes) if labeled else ()
+        from .files import said_left_out
+
+        left["hidden"] = sorted(hidden)
+        self.left_out = said_left_out(self, self.path, {k: sorted(v) for k, v in left.items()})
+        return entries
+
+    def info(self) -> DatasetInfo:
+        self.entries()
+        return DatasetInfo(classes=self._classes)
+
+    def where(self, entry: Any) -> tuple[str, str]:
+        return entry[0].rsplit(".", 1)[0], f"{self.path}#{entry[2]}"
+
+    def _read(self, entry: Any) -> Record:
+        rel, label, name, head, csize, size, method, crc, flags = entry
+        key, origin = self.where(entry)
+        try:
+            safe_relpath(rel)
+        except ValueError as e:
+            raise self.record_error(key, origin, e) from None
+        if flags & 0x1:
+            raise self.record_error(key, origin, "an encrypted member: gpubatch reads no password-protected ZIP")
+        if size > MAX_RECORD_BYTES or csize > MAX_RECORD_BYTES:
+            raise self.record_error(key, origin, f"member of {size:,} bytes, above the {MAX_RECORD_BYTES:,}-byte "
+                                    "bound on one record")
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            local = os.pread(fd, _LOCAL.size, head)
+            if len(local) < _LOCAL.size or _LOCAL.unpack(local)[0] != _LOCAL_SIG:
+                raise self.record_error(key, origin, f"no member header at byte {head:,} (the ZIP is damaged there)")
+            *_, name_len, extra_len = _LOCAL.unpack(local)
+            raw = os.pread(fd, csize, head + _LOCAL.size + name_len + extra_len)
+        finally:
+            os.close(fd)
+        if len(raw) != csize:
+            raise self.record_error(key, origin, "truncated member (the ZIP is cut short)")
+        try:
+            data = _inflate(raw, method, self.path, name)
+        except NotImplementedError as e:
+            raise self.record_error(key, origin, f"cannot read this member: {e}") from None
+        except Exception as e:  # noqa: BLE001 - (zlib's, bz2's, lzma's errors: a damaged member)
+            raise self.record_error(key, origin, f"damaged member: cannot inflate it ({e})") from None
+        if len(data) != size or zlib.crc32(data) != crc:
+            raise self.record_error(key, origin, "damaged member: its bytes do not match the CRC-32 the ZIP lists")
+        ext = rel.rsplit(".", 1)[-1].lower()
+        return Record(key=key, data=data, codec=sniff_image_codec(data) or IMAGE_EXTENSIONS.get(ext, ext),
+                      label=label, meta={"filename": rel.rsplit("/", 1)[-1]}, origin=origin)
+
+
+def _inflate(raw: bytes, method: int, path: Path, name: str) -> bytes:
+    """A member's bytes from its stored ones: stored (0) as they are, deflated (8) inflated here; bzip2 and LZMA
+    (rare) through ``zipfile`` itself, which raises NotImplementedError for a method it does not read."""
+    if method == 0:
+        return raw
+    if method == 8:
+        d = zlib.decompressobj(-15)
+        return d.decompress(raw) + d.flush()
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        return z.read(name)

@@ -1,0 +1,96 @@
+"""An image folder in a ZIP (Kaggle's train.zip, COCO's val2017.zip), read as the folder its extraction makes."""
+
+from __future__ import annotations
+
+import zipfile
+
+import pytest
+
+from gpubatch.api import convert, info, open_dataset
+from gpubatch.errors import GpubatchError
+from tests.helpers import content, jpeg_bytes, photo, run_cli, tree_digest
+
+
+def _tree(root, classes=("dog", "cat"), per=3):
+    for i, c in enumerate(classes):
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for k in range(per):
+            (root / c / f"{c}.{k}.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=10 * i + k)))
+    return root
+
+
+def _zipped(tree, out, prefix="train/"):
+    """``tree`` zipped under ``prefix``, its members stored and deflated in turn, with what a Mac's zip adds."""
+    with zipfile.ZipFile(out, "w") as z:
+        for n, p in enumerate(sorted(p for p in tree.rglob("*") if p.is_file())):
+            rel = prefix + p.relative_to(tree).as_posix()
+            z.write(p, rel, compress_type=zipfile.ZIP_STORED if n % 2 else zipfile.ZIP_DEFLATED)
+            z.writestr(f"__MACOSX/{prefix}._{p.name}", b"\0\5\x16\7\0\2\0\0Mac OS X        ")
+        z.writestr(prefix + "labels.csv", "id,label\n")
+    return out
+
+
+def test_a_zip_of_class_folders_reads_as_its_extraction(tmp_path):
+    tree = _tree(tmp_path / "tree")
+    src = _zipped(tree, tmp_path / "pets.zip")
+    report = info(src)
+    assert report.format == "folder" and report.records == 6 and report.classes == ["cat", "dog"]
+    assert report.left_out == {"hidden": {"count": 1, "names": ["__MACOSX/"]},
+                               "other": {"count": 1, "names": ["train/labels.csv"]}}
+    s = convert(src, tmp_path / "wds", to="webdataset")  # (an output beside the ZIP: no overlap)
+    assert s.records_out == 6 and not s.skipped
+    assert any(w.startswith(f"left out of {src}, as no records: 1 file that is no image (train/labels.csv); 1 hidden")
+               for w in s.warnings), s.warnings
+    assert content(tmp_path / "wds") == content(tree)
+    with open_dataset(src) as r:
+        assert sorted(rec.key for rec in r) == sorted(f"{c}/{c}.{k}" for c in ("cat", "dog") for k in range(3))
+    one = convert(src, tmp_path / "one", to="tfrecord", workers=1, shard_size=2)
+    two = convert(src, tmp_path / "two", to="tfrecord", workers=2, shard_size=2)
+    assert one.records_out == two.records_out == 6
+    drop = {"gpubatch.json"}
+    assert {k: v for k, v in tree_digest(tmp_path / "one").items() if k not in drop} == \
+        {k: v for k, v in tree_digest(tmp_path / "two").items() if k not in drop}
+
+
+def test_a_flat_zip_is_unlabeled_and_the_command_reads_it(tmp_path):
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for k in range(4):
+        (flat / f"cat.{k}.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=k)))
+    src = _zipped(flat, tmp_path / "train.zip")
+    assert info(src).records == 4 and not info(src).classes
+    p = run_cli("convert", src, tmp_path / "out", "--to", "folder", "--json")
+    assert p.returncode == 0, p.stderr
+    assert sorted(x.name for x in (tmp_path / "out").glob("*.jpg")) == [f"cat.{k}.jpg" for k in range(4)]
+
+
+@pytest.mark.parametrize("damage", ["stored byte", "deflated byte", "encrypted"])
+def test_a_damaged_or_encrypted_member_is_that_records_error(tmp_path, damage):
+    tree = _tree(tmp_path / "tree", per=2)
+    src = _zipped(tree, tmp_path / "pets.zip")
+    raw = bytearray(src.read_bytes())
+    with zipfile.ZipFile(src) as z:
+        infos = {i.filename: i for i in z.infolist()}
+    target = infos["train/cat/cat.1.jpg" if damage == "stored byte" else "train/cat/cat.0.jpg"]
+    assert target.compress_type == (zipfile.ZIP_STORED if damage == "stored byte" else zipfile.ZIP_DEFLATED)
+    data_at = target.header_offset + 30 + len(target.filename.encode()) + len(target.extra)
+    if damage == "encrypted":
+        central = raw.index(b"PK\x01\x02")
+        while raw[central + 46 : central + 46 + len(target.filename)] != target.filename.encode():
+            central = raw.index(b"PK\x01\x02", central + 4)
+        raw[central + 8] |= 1  # (the central directory's flags: what the listing reads)
+    else:
+        raw[data_at + target.compress_size // 2] ^= 0xFF
+    src.write_bytes(bytes(raw))
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_out == 3 and [e["key"] for e in s.skipped] == ["cat/cat.1" if damage == "stored byte" else
+                                                                    "cat/cat.0"], s.skipped
+    reason = s.skipped[0]["reason"]
+    assert ("encrypted member" in reason if damage == "encrypted" else "damaged member" in reason), reason
+
+
+def test_a_zip_cut_short_is_one_line_naming_the_repair(tmp_path):
+    src = _zipped(_tree(tmp_path / "tree"), tmp_path / "pets.zip")
+    src.write_bytes(src.read_bytes()[:-200])  # (its central directory's end lost)
+    with pytest.raises(GpubatchError, match="is a damaged ZIP .*zip -FF"):
+        info(src, "folder")
