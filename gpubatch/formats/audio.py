@@ -46,7 +46,7 @@ from .files import (
     said_left_out,
     unlisted_files,
 )
-from .folder import class_folders, place_file, safe_component
+from .folder import a_tar, class_folders, place_file, safe_component
 from .listing import walk
 from .manifest import MANIFEST_NAME, read_manifest
 from .manifest import audio_facts as manifest_audio
@@ -429,11 +429,15 @@ class AudioFormat(Format):
 
     @classmethod
     def accepts(cls, path: Path) -> bool:
-        return cls.detect(path) or (Path(path).is_dir() and webm_sound(path)) or (Path(path).is_file()
-                                                                                   and is_audio_name(Path(path).name))
+        p = Path(path)
+        return cls.detect(p) or (p.is_dir() and webm_sound(p)) or (p.is_file() and is_audio_name(p.name)) or a_tar(p)
 
     @classmethod
     def reader(cls, path: Path, **options: Any) -> Reader:
+        if a_tar(path) and not options:  # a tar of an audio folder's tree (Speech Commands'): read as once extracted
+            from .webdataset import WebDatasetReader
+
+            return WebDatasetReader(path, folder_classes="audio")
         return AudioReader(path, **options)
 
     @classmethod

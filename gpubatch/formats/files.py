@@ -116,7 +116,11 @@ def left_out_warning(root: Path, left: dict[str, list[str]], media: str = "image
     files of the records' kind), or None."""
     words = {"video": ("video file", "video files"), "audio": ("audio file", "audio files"),
              "other": (f"file that is no {media}", f"files that are no {media}{'s' if media != 'audio' else ''}"),
-             "outside": ("image outside the class folders", "images outside the class folders"),
+             "outside": {"image": ("image outside the class folders", "images outside the class folders"),
+                         "audio": ("audio file outside the class folders or in a folder named _...",
+                                   "audio files outside the class folders or in folders named _..."),
+                         "video": ("video file outside the class folders", "video files outside the class folders"),
+                         }.get(media, (f"{media} outside the class folders", f"{media}s outside the class folders")),
              "hidden": ("hidden file or folder", "hidden files and folders")}
     parts = [f"{len(v):,} {words[k][len(v) > 1]} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
              for k, v in left.items() if v]
@@ -200,3 +204,15 @@ def read_listed_file(reader: Reader, root: Path, path: str) -> tuple[str, Path, 
         return key, full, read_regular(full)
     except (OSError, ValueError) as e:
         raise reader.record_error(key, str(full), getattr(e, "strerror", None) or e) from None
+
+
+def class_folders_under(dirs: list[list[str]]) -> tuple[int, list[str]]:
+    """The classes of an image folder packed in one file (a ZIP, a tar), from its images' folders (each a list of
+    path parts): (how many leading parts every image shares, its common folder's depth; the sorted folders under
+    it, the classes where there are two or more, as ImageFolder would take them once extracted there)."""
+    root = dirs[0] if dirs else []
+    for d in dirs[1:]:
+        k = next((k for k, (a, b) in enumerate(zip(root, d)) if a != b), min(len(root), len(d)))
+        root = root[:k]
+    n = len(root)
+    return n, sorted({d[n] for d in dirs if len(d) > n})

@@ -422,9 +422,9 @@ class FolderWriter(Writer):
                 f"and DALI's file_root would number them otherwise); {FILE_LIST} holds the labels")
 
 
-def _a_tar(path: Path) -> bool:
-    """Whether ``path`` is a tar file (plain, or compressed: ``.tar.gz``...), which ``--from folder`` reads as the
-    image folder it holds."""
+def a_tar(path: Path) -> bool:
+    """Whether ``path`` is a tar file (plain, or compressed: ``.tar.gz``...), which ``--from folder`` (``audio``,
+    ``video``) reads as the media folder it holds."""
     name = Path(path).name.lower()
     return Path(path).is_file() and name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz",
                                                    ".tar.zst"))
@@ -453,16 +453,16 @@ class FolderFormat(Format):
     def accepts(cls, path: Path) -> bool:
         from .zip_folder import is_zip
 
-        return cls.detect(path) or _a_tar(path) or is_zip(path)
+        return cls.detect(path) or a_tar(path) or is_zip(path)
 
     @classmethod
     def reader(cls, path: Path) -> Reader:
         from .zip_folder import ZipFolderReader, is_zip
 
-        if _a_tar(path):  # a tar of an image folder's tree: its class folders read as classes, as once extracted
+        if a_tar(path):  # a tar of an image folder's tree: its class folders read as classes, as once extracted
             from .webdataset import WebDatasetReader
 
-            return WebDatasetReader(path, folder_classes=True)
+            return WebDatasetReader(path, folder_classes="folder")
         if is_zip(path):  # the image folder a ZIP holds, read where it lies
             return ZipFolderReader(path)
         return FolderReader(path)

@@ -39,7 +39,7 @@ from .files import (
     said_left_out,
     unlisted_files,
 )
-from .folder import class_folders, place_file, safe_component
+from .folder import a_tar, class_folders, place_file, safe_component
 from .listing import walk
 from .manifest import MANIFEST_NAME, read_manifest
 
@@ -266,7 +266,15 @@ class VideoFormat(Format):
         return False
 
     @classmethod
+    def accepts(cls, path: Path) -> bool:
+        return cls.detect(path) or a_tar(path)
+
+    @classmethod
     def reader(cls, path: Path) -> Reader:
+        if a_tar(path):  # a tar of a video folder's tree (class folders of clips): read as once extracted
+            from .webdataset import WebDatasetReader
+
+            return WebDatasetReader(path, folder_classes="video")
         return VideoReader(path)
 
     @classmethod

@@ -51,6 +51,7 @@ from .base import (
     image_size,
     shortfall,
 )
+from .files import class_folders_under, said_left_out
 from .folder import label_names
 from .manifest import expected_records, read_manifest
 from .sinks import ShardFile, ShardSink
@@ -101,9 +102,10 @@ class WebDatasetReader(Reader):
 
     reads_into = True
 
-    def __init__(self, path: Path, folder_classes: bool = False):
-        """``folder_classes``: a tar of an image folder's tree (``--from folder``), read as that folder once
-        extracted would be: its class folders the classes (:meth:`_classes_of`)."""
+    def __init__(self, path: Path, folder_classes: str | None = None):
+        """``folder_classes``: a tar of a media folder's tree, read as that folder once extracted would be, its class
+        folders the classes (:meth:`_classes_of`): ``"folder"`` an image folder's (``--from folder``), ``"audio"``
+        an audio folder's (``--from audio``), ``"video"`` a video folder's (``--from video``)."""
         path = Path(path)
         self.folder_classes = folder_classes
         matched = source_files(path)
@@ -173,46 +175,51 @@ class WebDatasetReader(Reader):
         return entries
 
     def _classes_of(self, entries: list) -> list:
-        """A tar of an image folder's tree (``tar cf food-101.tar food-101/``: ``food-101/images/<class>/<id>.jpg``
-        members, no ``.cls``): its samples are unlabeled shards' samples, and a warning says how to read the class
-        folders as classes. With :attr:`folder_classes` (``--from folder``) they are read so: the folders under the
-        images' common folder are the classes, keys relative to it (``apple_pie/1005649``, as once extracted), and
-        what is no image, or lies outside the class folders, is named as left out, as a folder's would be."""
+        """A tar of a media folder's tree (``tar cf food-101.tar food-101/``: ``food-101/images/<class>/<id>.jpg``
+        members, no ``.cls``; Speech Commands' ``<word>/<clip>.wav``): its samples are unlabeled shards' samples, and
+        a warning says how to read the class folders as classes. With :attr:`folder_classes` they are read so: the
+        folders under the files' common folder are the classes, keys relative to it (``apple_pie/1005649``, as once
+        extracted), and what is no such file, or lies outside the class folders (or, for audio, in a folder named
+        ``_...``: Speech Commands' ``_background_noise_``), is named as left out, as a folder's would be."""
+        kinds = {"folder": IMAGE_EXTENSIONS, "audio": AUDIO_EXTENSIONS, "video": VIDEO_EXTENSIONS}
         samples = [e for e in entries if not isinstance(e, Damaged)]
-        images = [e for e in samples if len(e[2]) == 1 and e[2][0][0] in IMAGE_EXTENSIONS]
-        if not images or any({"cls", "json"} & {m[0] for m in e[2]} for e in samples):
+        if any({"cls", "json"} & {m[0] for m in e[2]} for e in samples):
             return entries
-        dirs = [e[1].split("/")[:-1] for e in images]
-        root = dirs[0]
-        for d in dirs[1:]:
-            k = next((k for k, (a, b) in enumerate(zip(root, d)) if a != b), min(len(root), len(d)))
-            root = root[:k]
-        n = len(root)
-        classes = sorted({d[n] for d in dirs if len(d) > n})
-        if len(classes) < 2:
+        for name in ([self.folder_classes] if self.folder_classes else kinds):
+            exts = kinds[name]
+            files = [e for e in samples if len(e[2]) == 1 and e[2][0][0] in exts]
+            dirs = [e[1].split("/")[:-1] for e in files]
+            n, classes = class_folders_under(dirs)
+            if name == "audio":
+                classes = [c for c in classes if not c.startswith("_")]
+            if len(classes) >= 2:
+                break
+        else:
             return entries
-        under = "/".join(root) + "/" if root else "the tar's root"
+        root = dirs[0][:n]
+        under = "/".join(root) + "/" if [p for p in root if p != "."] else "the tar's root"
         some = ", ".join(c + "/" for c in classes[:3]) + (", ..." if len(classes) > 3 else "")
         if not self.folder_classes:
+            what = {"folder": "images", "audio": "recordings", "video": "videos"}[name]
             self.warnings.append(f"the samples of {self.path if len(self.tars) > 1 else self.tars[0]} carry no label "
-                                 f"and their images lie in {len(classes):,} folders under {under} ({some}): to read "
-                                 "those folders as classes, as once extracted, pass --from folder")
+                                 f"and their {what} lie in {len(classes):,} folders under {under} ({some}): to read "
+                                 f"those folders as classes, as once extracted, pass --from {name}")
             return entries
+        taken = set(classes)
         out, left = [], {"outside": [], "other": []}
         for e in entries:
             if isinstance(e, Damaged):
                 out.append(e)
                 continue
             parts = e[1].split("/")
-            if not (len(e[2]) == 1 and e[2][0][0] in IMAGE_EXTENSIONS):
+            if not (len(e[2]) == 1 and e[2][0][0] in exts):
                 left["other"] += [m[3] for m in e[2]]
-            elif len(parts) - 1 <= n or parts[:n] != root:
+            elif len(parts) - 1 <= n or parts[:n] != root or parts[n] not in taken:
                 left["outside"].append(e[2][0][3])
             else:
                 out.append((e[0], "/".join(parts[n:]), e[2], parts[n]))
-        from .files import said_left_out
-
-        self.left_out = said_left_out(self, self.tars[0] if len(self.tars) == 1 else self.path, left)
+        media = {"folder": "image", "audio": "audio", "video": "video"}[name]
+        self.left_out = said_left_out(self, self.tars[0] if len(self.tars) == 1 else self.path, left, media)
         return out
 
     def info(self) -> DatasetInfo:

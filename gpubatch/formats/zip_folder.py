@@ -23,7 +23,8 @@ from typing import Any
 from .._paths import MAX_RECORD_BYTES, safe_relpath
 from ..errors import FormatError
 from ..types import IMAGE_EXTENSIONS, DatasetInfo, Record, sniff_image_codec
-from .base import Reader
+from .base import Damaged, Reader
+from .files import class_folders_under, said_left_out
 
 #: a member's local header: signature, version, flags, method, time, date, CRC, sizes, name and extra lengths
 _LOCAL = struct.Struct("<IHHHHHIIIHH")
@@ -93,12 +94,7 @@ class ZipFolderReader(Reader):
             else:
                 left["other"].append(i.filename)
         dirs = [i.filename.split("/")[:-1] for i in images]
-        root = dirs[0] if dirs else []
-        for d in dirs[1:]:
-            k = next((k for k, (a, b) in enumerate(zip(root, d)) if a != b), min(len(root), len(d)))
-            root = root[:k]
-        n = len(root)
-        classes = sorted({d[n] for d in dirs if len(d) > n})
+        n, classes = class_folders_under(dirs)
         labeled = len(classes) >= 2
         index = {c: k for k, c in enumerate(classes)} if labeled else {}
         entries: list[Any] = []
@@ -113,8 +109,6 @@ class ZipFolderReader(Reader):
             entries.append((rel, label, i.filename, i.header_offset, i.compress_size, i.file_size, i.compress_type,
                             i.CRC, i.flag_bits))
         self._classes = tuple(classes) if labeled else ()
-        from .files import said_left_out
-
         left["hidden"] = sorted(hidden)
         self.left_out = said_left_out(self, self.path, {k: sorted(v) for k, v in left.items()})
         return entries
@@ -125,6 +119,37 @@ class ZipFolderReader(Reader):
 
     def where(self, entry: Any) -> tuple[str, str]:
         return entry[0].rsplit(".", 1)[0], f"{self.path}#{entry[2]}"
+
+    def _data_at(self, fd: int, entry: Any) -> int | None:
+        """Where the member's stored bytes begin (after its local header), or None where no header is there."""
+        head = entry[3]
+        local = os.pread(fd, _LOCAL.size, head)
+        if len(local) < _LOCAL.size or _LOCAL.unpack(local)[0] != _LOCAL_SIG:
+            return None
+        *_, name_len, extra_len = _LOCAL.unpack(local)
+        return head + _LOCAL.size + name_len + extra_len
+
+    def peek(self, entry: Any, n: int) -> tuple[bytes, int, int | None] | None:
+        """The first ``n`` bytes of an image member, its size and its label (``info`` reads headers so); None where
+        :meth:`read` has more to say (a damaged, encrypted or bzip2/LZMA member)."""
+        if isinstance(entry, Damaged) or entry[8] & 0x1 or entry[6] not in (0, 8):
+            return None
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            at = self._data_at(fd, entry)
+            if at is None:
+                return None
+            if entry[6] == 0:
+                return os.pread(fd, min(n, entry[4]), at), entry[5], entry[1]
+            head = zlib.decompressobj(-15).decompress(os.pread(fd, min(entry[4], n + 1024), at), n)
+            return head, entry[5], entry[1]
+        except (OSError, zlib.error):
+            return None
+        finally:
+            os.close(fd)
 
     def _read(self, entry: Any) -> Record:
         rel, label, name, head, csize, size, method, crc, flags = entry
@@ -140,11 +165,10 @@ class ZipFolderReader(Reader):
                                     "bound on one record")
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            local = os.pread(fd, _LOCAL.size, head)
-            if len(local) < _LOCAL.size or _LOCAL.unpack(local)[0] != _LOCAL_SIG:
+            at = self._data_at(fd, entry)
+            if at is None:
                 raise self.record_error(key, origin, f"no member header at byte {head:,} (the ZIP is damaged there)")
-            *_, name_len, extra_len = _LOCAL.unpack(local)
-            raw = os.pread(fd, csize, head + _LOCAL.size + name_len + extra_len)
+            raw = os.pread(fd, csize, at)
         finally:
             os.close(fd)
         if len(raw) != csize:

@@ -265,6 +265,31 @@ def test_one_recording_is_a_dataset_of_one_record(tmp_path):
     assert p.returncode == 0 and json.loads(p.stdout)["records"] == 1, p.stderr
 
 
+def test_speech_commands_tar_reads_with_from_audio_as_its_extracted_folders(tmp_path):
+    """Speech Commands ships as a tar.gz of word folders (``yes/<clip>.wav``, ``_background_noise_/``, the split
+    lists): read as shards, its samples carry no label, and a warning names --from audio, which reads it as the
+    audio folder its extraction makes (``_background_noise_`` left out and said, as the folder reader does)."""
+    import tarfile
+
+    root = tmp_path / "sc"
+    for word, hz in (("yes", 440.0), ("no", 660.0), ("_background_noise_", 100.0)):
+        write(root / word / "0a7c2a8d_nohash_0.wav", tone(0.25, hz), RATE, "wav")
+    (root / "testing_list.txt").write_text("yes/0a7c2a8d_nohash_0.wav\n")
+    src = tmp_path / "speech_commands_v0.02.tar.gz"
+    with tarfile.open(src, "w:gz") as t:
+        t.add(root, ".")
+    s = convert(src, tmp_path / "shards", to="webdataset")
+    assert any(w.startswith(f"the samples of {src} carry no label and their recordings lie in 2 folders under the "
+                            "tar's root (no/, yes/)") and w.endswith("pass --from audio") for w in s.warnings), s.warnings
+    s = convert(src, tmp_path / "words", to="audio", from_format="audio")
+    assert s.records_out == 2 and not s.skipped
+    assert (f"left out of {src}, as no records: 1 audio file outside the class folders or in a folder named _... "
+            "(./_background_noise_/0a7c2a8d_nohash_0.wav); 1 file that is no audio (./testing_list.txt)") in s.warnings
+    assert info(tmp_path / "words").classes == ["no", "yes"]
+    with open_dataset(src, "audio") as r:
+        assert sorted((rec.key, rec.label) for rec in r) == [("no/0a7c2a8d_nohash_0", 0), ("yes/0a7c2a8d_nohash_0", 1)]
+
+
 def test_an_aiff_recording_is_a_record_and_other_files_are_said(tmp_path):
     """AIFF (libsndfile reads it) is a recording like WAV; a file that is no recording (notes, a codec gpubatch
     does not read) is said, not left out without a word; LibriSpeech's transcripts are read, not said."""

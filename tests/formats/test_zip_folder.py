@@ -44,6 +44,9 @@ def test_a_zip_of_class_folders_reads_as_its_extraction(tmp_path):
     assert content(tmp_path / "wds") == content(tree)
     with open_dataset(src) as r:
         assert sorted(rec.key for rec in r) == sorted(f"{c}/{c}.{k}" for c in ("cat", "dog") for k in range(3))
+        for entry in r.entries():  # (info's header reads: a stored member's bytes, a deflated one's inflated)
+            rec = r.read(entry)
+            assert r.peek(entry, 64) == (rec.data[:64], len(rec.data), rec.label)
     one = convert(src, tmp_path / "one", to="tfrecord", workers=1, shard_size=2)
     two = convert(src, tmp_path / "two", to="tfrecord", workers=2, shard_size=2)
     assert one.records_out == two.records_out == 6

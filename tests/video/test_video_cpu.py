@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gpubatch.api import augment, convert, info
+from gpubatch.api import augment, convert, info, open_dataset
 from gpubatch.errors import GpubatchError, RecordError, UsageError
 
 from .clips import class_folders, frame, make_clip
@@ -137,6 +137,19 @@ def test_one_video_file_is_a_dataset_of_one_clip(tmp_path):
     with pytest.raises(GpubatchError, match="file_list.txt lists video files \\(1 of 1 lines\\), not images: read it "
                                             "with from_format video"):
         info(tmp_path, "folder")
+
+
+def test_a_tar_of_class_folders_of_clips_reads_with_from_video(tmp_path):
+    """A tar of a video folder's tree (``ucf/<action>/<clip>.mp4``) reads with --from video as once extracted."""
+    import tarfile
+
+    root = class_folders(tmp_path / "ucf")
+    src = tmp_path / "ucf.tar"
+    with tarfile.open(src, "w") as t:
+        t.add(root, "ucf")
+    assert any("pass --from video" in w for w in convert(src, tmp_path / "shards", to="webdataset").warnings)
+    with open_dataset(src, "video") as r:
+        assert {rec.key: rec.label for rec in r} == {"jump/j1": 0, "jump/j2": 0, "walk/w1": 1, "walk/w2": 1}
 
 
 def test_start_and_end_restrict_the_frames(tmp_path):
