@@ -367,6 +367,7 @@ class OpenShards:
         self._fds: OrderedDict[int, int] = OrderedDict()  # plain shards' descriptors, least recently used first
         self._plain: OrderedDict[int, int] = OrderedDict()  # decompressed shards' descriptors, likewise
         self._held: dict[int, int] = {}  # shard -> how many reads hold its descriptor now
+        self._shared: set[int] = set()  # the decompressed shards whose copy other processes share (unpacked.py)
         self.whole: dict[int, bool] = {}  # per compressed shard decompressed: whether its data ended whole
         self.keep = keep
         self.cap = cap if cap is not None else open_cap()
@@ -438,15 +439,40 @@ class OpenShards:
         for table, cap in ((self._fds, self.cap), (self._plain, self.keep)):
             if len(table) > cap:
                 for s in [s for s in table if s not in self._held][: len(table) - cap]:
-                    os.close(table.pop(s))
+                    fd = table.pop(s)
+                    if table is self._plain:
+                        self._let_go(s, fd)
+                    else:
+                        os.close(fd)
+
+    def _let_go(self, shard: int, fd: int) -> None:
+        """A decompressed shard's descriptor closed (a shared copy let go: :func:`.unpacked.let_go`)."""
+        if shard in self._shared:
+            from .unpacked import let_go
+
+            self._shared.discard(shard)
+            let_go(self.paths[shard], fd)
+        else:
+            os.close(fd)
 
     def open_now(self) -> int:
         """How many descriptors are open (plain and decompressed shards)."""
         return len(self._fds) + len(self._plain)
 
     def _decompressed(self, shard: int, kind: str) -> int:
+        """A compressed shard's decompressed copy, made once and shared by the run's processes
+        (:mod:`.unpacked`), or this process's own where a shared one cannot be made."""
         import tempfile
 
+        from .unpacked import shared_copy
+
+        try:
+            fd, self.whole[shard] = shared_copy(self.paths[shard], kind, decompress_into)
+            self._plain[shard] = fd
+            self._shared.add(shard)
+            return fd
+        except OSError:  # (no shared temporary folder, no flock: a copy of its own)
+            pass
         tmp = tempfile.TemporaryFile(prefix="gpubatch-shard-")  # noqa: SIM115 - its descriptor is kept
         try:
             self.whole[shard] = decompress_into(self.paths[shard], kind, tmp)  # (damaged: what came out is read)
@@ -466,8 +492,10 @@ class OpenShards:
 
     def close(self) -> None:
         with self._lock:
-            for fd in [*self._fds.values(), *self._plain.values()]:
+            for fd in self._fds.values():
                 os.close(fd)
+            for shard, fd in self._plain.items():
+                self._let_go(shard, fd)
             self._fds.clear()
             self._plain.clear()
 

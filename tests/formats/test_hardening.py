@@ -1014,3 +1014,40 @@ def test_a_safe_file_name_cut_to_200_characters_keeps_its_extension():
     assert safe_component("y" * 250) == "y" * 200
     assert safe_component("z" * 220 + "." + "e" * 40) == ("z" * 220 + "." + "e" * 40)[:200]
     assert safe_component("ok name.png") == "ok_name.png"
+
+
+def test_a_compressed_shard_is_decompressed_once_for_every_process_that_reads_it(tmp_path, monkeypatch):
+    """A run's workers each open the source: each decompressed a big ``.tar.gz`` into a copy of its own (17 copies
+    for 16 workers and the listing). The copy is now made once, shared, and removed by the last reader that lets it
+    go; a copy nobody holds (left by killed processes) is swept when another is made."""
+    import tempfile
+
+    from gpubatch.formats import base
+    from gpubatch.formats.webdataset import WebDatasetReader
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    made = []
+    real = base.decompress_into
+    monkeypatch.setattr(base, "decompress_into", lambda *a: made.append(a[0]) or real(*a))
+    tree = tmp_path / "tree"
+    for c in ("cat", "dog"):
+        (tree / c).mkdir(parents=True)
+        (tree / c / "0.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=len(c))))
+    src = tmp_path / "pets.tar.gz"
+    with tarfile.open(src, "w:gz") as t:
+        t.add(tree, "pets")
+    folder = tmp_path / "tmp" / f"gpubatch-unpacked-{os.getuid()}"
+    stale = folder / ("0" * 32 + ".tar-whole")
+    folder.mkdir()
+    stale.write_bytes(b"left by a killed run")
+    first, second = WebDatasetReader(src, folder_classes="folder"), WebDatasetReader(src, folder_classes="folder")
+    assert [first.read(e).key for e in first.entries()] == [second.read(e).key for e in second.entries()] == \
+        ["cat/0", "dog/0"]
+    assert made == [src] and not stale.exists()  # (one copy made; the stale one swept as it was)
+    copies = list(folder.glob("*.tar-*"))
+    assert len(copies) == 1
+    first.close()
+    assert copies[0].exists()  # (the second reader holds it still)
+    second.close()
+    assert not copies[0].exists()
