@@ -123,6 +123,7 @@ def main() -> None:
                     summary = json.loads(p.stdout)
                     runs[name].append({"seconds": round(wall, 3), "timings": summary.get("timings", {}),
                                        "gpu_memory": summary.get("gpu_memory") or {}})
+                    n = n or int(summary.get("records_in") or 0)  # (a file source, a tar: its records as the run read them)
     report: dict = {"records": n, "command": ["convert", str(a.src), "OUT", *extra, "--json"], "cores": os.cpu_count(),
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "trees": {}}
     for t, r in runs.items():
