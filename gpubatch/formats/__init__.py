@@ -135,8 +135,13 @@ def _detected(path: Path) -> tuple[type[Format], str | None]:
 
         kind = archive_kind(read_head(path, 8))
         if kind == "a ZIP archive":  # (a ZIP of images is the image folder it holds: FolderFormat took it)
-            raise FormatError(f"{path} is a ZIP archive that holds no image (gpubatch reads the image folder a ZIP "
-                              f"holds): {unpack_hint(path, kind)}")
+            from .zip_folder import holds
+
+            media = next((m for m in ("audio", "video") if holds(path, m)), None)
+            if media:
+                raise FormatError(f"{path} is a ZIP archive of {media} files: read it with --from {media}")
+            raise FormatError(f"{path} is a ZIP archive that holds no image, audio or video file: "
+                              f"{unpack_hint(path, kind)}")
         if kind and not any(ext in path.name.lower() for ext in (".tar", ".tgz")):
             raise FormatError(f"{path} is {kind}, which gpubatch does not read: {unpack_hint(path, kind)}")
         if "." in path.name and path.name.rsplit(".", 1)[1].lower() in IMAGE_EXTENSIONS:

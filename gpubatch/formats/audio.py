@@ -430,14 +430,21 @@ class AudioFormat(Format):
     @classmethod
     def accepts(cls, path: Path) -> bool:
         p = Path(path)
-        return cls.detect(p) or (p.is_dir() and webm_sound(p)) or (p.is_file() and is_audio_name(p.name)) or a_tar(p)
+        from .zip_folder import is_zip
+
+        return cls.detect(p) or (p.is_dir() and webm_sound(p)) or (p.is_file() and is_audio_name(p.name)) or a_tar(p) \
+            or is_zip(p)
 
     @classmethod
     def reader(cls, path: Path, **options: Any) -> Reader:
+        from .zip_folder import ZipFolderReader, is_zip
+
         if a_tar(path) and not options:  # a tar of an audio folder's tree (Speech Commands'): read as once extracted
             from .webdataset import WebDatasetReader
 
             return WebDatasetReader(path, folder_classes="audio")
+        if is_zip(path) and not options:  # the audio folder a ZIP holds, read where it lies
+            return ZipFolderReader(path, "audio")
         return AudioReader(path, **options)
 
     @classmethod

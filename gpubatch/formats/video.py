@@ -267,14 +267,20 @@ class VideoFormat(Format):
 
     @classmethod
     def accepts(cls, path: Path) -> bool:
-        return cls.detect(path) or a_tar(path)
+        from .zip_folder import is_zip
+
+        return cls.detect(path) or a_tar(path) or is_zip(path)
 
     @classmethod
     def reader(cls, path: Path) -> Reader:
+        from .zip_folder import ZipFolderReader, is_zip
+
         if a_tar(path):  # a tar of a video folder's tree (class folders of clips): read as once extracted
             from .webdataset import WebDatasetReader
 
             return WebDatasetReader(path, folder_classes="video")
+        if is_zip(path):  # the video folder a ZIP holds, read where it lies
+            return ZipFolderReader(path, "video")
         return VideoReader(path)
 
     @classmethod

@@ -22,7 +22,15 @@ from typing import Any
 
 from .._paths import MAX_RECORD_BYTES, safe_relpath
 from ..errors import FormatError
-from ..types import IMAGE_EXTENSIONS, DatasetInfo, Record, sniff_image_codec
+from ..types import (
+    AUDIO_EXTENSIONS,
+    IMAGE_EXTENSIONS,
+    VIDEO_EXTENSIONS,
+    DatasetInfo,
+    Media,
+    Record,
+    sniff_image_codec,
+)
 from .base import Damaged, Reader
 from .files import class_folders_under, said_left_out
 
@@ -39,27 +47,37 @@ def is_zip(path: Path) -> bool:
     return Path(path).is_file() and read_head(path, 4) in _ZIP_HEADS
 
 
-def holds_images(path: Path) -> bool:
-    """Whether the ZIP at ``path`` lists an image file (its central directory only is read)."""
+#: the extensions of each media's files, by the name its format reads them under
+_KINDS = {"image": IMAGE_EXTENSIONS, "audio": AUDIO_EXTENSIONS, "video": VIDEO_EXTENSIONS}
+
+
+def holds(path: Path, media: str = "image") -> bool:
+    """Whether the ZIP at ``path`` lists a file of ``media`` (its central directory only is read)."""
     import zipfile
 
     try:
         with zipfile.ZipFile(path) as z:
-            return any(_image(i.filename) for i in z.infolist() if not i.is_dir())
+            return any(_of(i.filename, _KINDS[media]) for i in z.infolist() if not i.is_dir())
     except (OSError, zipfile.BadZipFile, ValueError):
         return False
 
 
-def _image(name: str) -> bool:
+def holds_images(path: Path) -> bool:
+    return holds(path, "image")
+
+
+def _of(name: str, exts: Any) -> bool:
     base = name.rsplit("/", 1)[-1]
-    return "." in base and base.rsplit(".", 1)[1].lower() in IMAGE_EXTENSIONS
+    return "." in base and base.rsplit(".", 1)[1].lower() in exts
 
 
 class ZipFolderReader(Reader):
-    """Reads the image folder a ZIP holds (see the module's docstring)."""
+    """Reads the image folder a ZIP holds (``media``: or the audio or video folder; see the module's docstring)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, media: str = "image"):
         super().__init__(path)
+        self.media = media
+        self._exts = _KINDS[media]
         self.files_given = True  # (the ZIP is the source: an output beside it is no overlap)
         self._classes: tuple[str, ...] = ()
         self.left_out: dict[str, Any] = {}
@@ -87,14 +105,17 @@ class ZipFolderReader(Reader):
             if at is not None:  # (named as a folder's walk names them: a hidden folder, or a hidden image)
                 if at < len(parts) - 1:
                     hidden.add("/".join(parts[: at + 1]) + "/")
-                elif _image(i.filename):
+                elif _of(i.filename, self._exts):
                     hidden.add(i.filename)
-            elif _image(i.filename):
+            elif _of(i.filename, self._exts):
                 images.append(i)
             else:
                 left["other"].append(i.filename)
         dirs = [i.filename.split("/")[:-1] for i in images]
         n, classes = class_folders_under(dirs)
+        media_is_audio = self.media == "audio"
+        if media_is_audio:  # (Speech Commands' _background_noise_: no class)
+            classes = [c for c in classes if not c.startswith("_")]
         labeled = len(classes) >= 2
         index = {c: k for k, c in enumerate(classes)} if labeled else {}
         entries: list[Any] = []
@@ -102,7 +123,7 @@ class ZipFolderReader(Reader):
             rel = "/".join(i.filename.split("/")[n:])
             label = None
             if labeled:
-                if len(d) == n:  # (beside the class folders: not in any)
+                if len(d) == n or (media_is_audio and d[n] not in index):  # (beside the class folders: in none)
                     left["outside"].append(i.filename)
                     continue
                 label = index[d[n]]
@@ -110,7 +131,7 @@ class ZipFolderReader(Reader):
                             i.CRC, i.flag_bits))
         self._classes = tuple(classes) if labeled else ()
         left["hidden"] = sorted(hidden)
-        self.left_out = said_left_out(self, self.path, {k: sorted(v) for k, v in left.items()})
+        self.left_out = said_left_out(self, self.path, {k: sorted(v) for k, v in left.items()}, self.media)
         return entries
 
     def info(self) -> DatasetInfo:
@@ -182,8 +203,18 @@ class ZipFolderReader(Reader):
         if len(data) != size or zlib.crc32(data) != crc:
             raise self.record_error(key, origin, "damaged member: its bytes do not match the CRC-32 the ZIP lists")
         ext = rel.rsplit(".", 1)[-1].lower()
-        return Record(key=key, data=data, codec=sniff_image_codec(data) or IMAGE_EXTENSIONS.get(ext, ext),
-                      label=label, meta={"filename": rel.rsplit("/", 1)[-1]}, origin=origin)
+        if self.media == "audio":
+            from ..engine.codecs.audio_io import sniff_audio
+
+            media, codec = Media.AUDIO, sniff_audio(data) or AUDIO_EXTENSIONS.get(ext, ext)
+        elif self.media == "video":
+            from ..engine.codecs.video_probe import sniff_container
+
+            media, codec = Media.VIDEO, sniff_container(data) or VIDEO_EXTENSIONS.get(ext, ext)
+        else:
+            media, codec = Media.IMAGE, sniff_image_codec(data) or IMAGE_EXTENSIONS.get(ext, ext)
+        return Record(key=key, data=data, media=media, codec=codec, label=label,
+                      meta={"filename": rel.rsplit("/", 1)[-1]}, origin=origin)
 
 
 def _inflate(raw: bytes, method: int, path: Path, name: str) -> bytes:

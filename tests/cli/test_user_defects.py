@@ -142,13 +142,17 @@ def test_an_archive_a_binary_listing_or_one_image_is_one_line_saying_what_it_is(
     (src / "cat" / "0.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=0)))
     with zipfile.ZipFile(tmp_path / "notes.zip", "w") as z:  # (a ZIP of images is read: test_zip_folder.py)
         z.writestr("readme.txt", "no images here")
-    said = (f"{tmp_path / 'notes.zip'} is a ZIP archive that holds no image (gpubatch reads the image folder a ZIP "
-            "holds): unpack it (unzip ")
-    for args, line in [((), said),
-                       (("--from", "audio"), f"{tmp_path / 'notes.zip'} is not a CSV: it is a ZIP archive: unpack it"),
-                       (("--from", "video"), f"{tmp_path / 'notes.zip'} is not a file list ('path label [start end]' "
-                                             "lines): it is a ZIP archive: unpack it")]:
-        p = run_cli("info", tmp_path / "notes.zip", *args)
+    (tmp_path / "notes.7z").write_bytes(b"7z\xbc\xaf\x27\x1c" + bytes(26))
+    said = (f"{tmp_path / 'notes.zip'} is a ZIP archive that holds no image, audio or video file: unpack it (unzip "
+            f"{tmp_path / 'notes.zip'} -d notes) and pass the folder")
+    for path, args, line in [
+            ("notes.zip", (), said),
+            ("notes.7z", (), f"{tmp_path / 'notes.7z'} is a 7-Zip archive, which gpubatch does not read: unpack it (7z "
+                             f"x {tmp_path / 'notes.7z'} -onotes) and pass the folder"),
+            ("notes.7z", ("--from", "audio"), f"{tmp_path / 'notes.7z'} is not a CSV: it is a 7-Zip archive: unpack it"),
+            ("notes.7z", ("--from", "video"), f"{tmp_path / 'notes.7z'} is not a file list ('path label [start end]' "
+                                              "lines): it is a 7-Zip archive: unpack it")]:
+        p = run_cli("info", tmp_path / path, *args)
         err = p.stderr.strip().splitlines()
         assert p.returncode != 0 and len(err) == 1 and err[0].startswith(f"error: {line}"), p.stderr
     p = run_cli("convert", src / "cat" / "0.jpg", tmp_path / "out", "--to", "webdataset")

@@ -25,7 +25,7 @@ def _zipped(tree, out, prefix="train/"):
         for n, p in enumerate(sorted(p for p in tree.rglob("*") if p.is_file())):
             rel = prefix + p.relative_to(tree).as_posix()
             z.write(p, rel, compress_type=zipfile.ZIP_STORED if n % 2 else zipfile.ZIP_DEFLATED)
-            z.writestr(f"__MACOSX/{prefix}._{p.name}", b"\0\5\x16\7\0\2\0\0Mac OS X        ")
+            z.writestr(f"__MACOSX/{rel.rsplit('/', 1)[0]}/._{p.name}", b"\0\5\x16\7\0\2\0\0Mac OS X        ")
         z.writestr(prefix + "labels.csv", "id,label\n")
     return out
 
@@ -97,3 +97,21 @@ def test_a_zip_cut_short_is_one_line_naming_the_repair(tmp_path):
     src.write_bytes(src.read_bytes()[:-200])  # (its central directory's end lost)
     with pytest.raises(GpubatchError, match="is a damaged ZIP .*zip -FF"):
         info(src, "folder")
+
+
+def test_a_zip_of_audio_class_folders_reads_with_from_audio(tmp_path):
+    """A ZIP of recordings in word folders: detection names --from audio, which reads it as once extracted
+    (``_background_noise_`` left out and said, as the audio folder reader does)."""
+    from tests.audio.sounds import tone, write
+
+    tree = tmp_path / "tree"
+    for word, hz in (("yes", 440.0), ("no", 660.0), ("_background_noise_", 100.0)):
+        write(tree / word / "a.wav", tone(0.25, hz), 16000, "wav")
+    src = _zipped(tree, tmp_path / "words.zip", prefix="words/")
+    p = run_cli("info", src)
+    assert p.stderr.strip().splitlines()[-1] == f"error: {src} is a ZIP archive of audio files: read it with --from audio"
+    with open_dataset(src, "audio") as r:
+        assert sorted((rec.key, rec.label, rec.media.value, rec.codec) for rec in r) == [
+            ("no/a", 0, "audio", "wav"), ("yes/a", 1, "audio", "wav")]
+    s = convert(src, tmp_path / "out", to="audio", from_format="audio")
+    assert s.records_out == 2 and any("_background_noise_/a.wav" in w for w in s.warnings), s.warnings
