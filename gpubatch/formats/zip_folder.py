@@ -78,12 +78,11 @@ class ZipFolderReader(Reader):
         super().__init__(path)
         self.media = media
         self._exts = _KINDS[media]
-        self.files_given = True  # (the ZIP is the source: an output beside it is no overlap)
         self._classes: tuple[str, ...] = ()
         self.left_out: dict[str, Any] = {}
 
     def roots(self) -> list[Path]:
-        return [self.path]
+        return [self.path]  # (the ZIP is the source: an output beside it is no overlap)
 
     def _scan(self) -> list[Any]:
         import zipfile
