@@ -17,6 +17,8 @@ from typing import Any
 from .._paths import older, read_range, read_regular
 from .base import Damaged
 
+#: why a member with a leading '.' or '__' is no sample's (a macOS tar's ``._photo.jpg`` beside each photo)
+HIDDEN_NAME = "a hidden name (a leading '.' or '__')"
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's base_plus_ext, key without dots
 
 
@@ -144,7 +146,7 @@ def _samples(s: int, tar: Path, members: list[tuple[str, int, int, int]],
         ke = split_member(name)
         if ke is None:  # a member webdataset and DALI leave out: listed, not dropped in silence
             base = name.rsplit("/", 1)[-1]
-            why = "no extension" if "." not in base.lstrip(".") else "a hidden name (a leading '.' or '__')"
+            why = "no extension" if "." not in base.lstrip(".") else HIDDEN_NAME
             seq.append((head, head + _BLOCK + size, f"the member {name[:80]!r}, which has {why}: webdataset and DALI "
                         "group members by key.extension and leave it out, so gpubatch does too", name))
             current = None

@@ -55,7 +55,16 @@ from .files import class_folders_under, said_left_out
 from .folder import label_names
 from .manifest import expected_records, read_manifest
 from .sinks import ShardFile, ShardSink
-from .tar_scan import _BLOCK, _not_found, _samples, class_tar_samples, holds_tars, indexed_samples, scan_tar
+from .tar_scan import (
+    _BLOCK,
+    HIDDEN_NAME,
+    _not_found,
+    _samples,
+    class_tar_samples,
+    holds_tars,
+    indexed_samples,
+    scan_tar,
+)
 
 _COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst")
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-/]+")
@@ -206,10 +215,13 @@ class WebDatasetReader(Reader):
                                  f"those folders as classes, as once extracted, pass --from {name}")
             return entries
         taken = set(classes)
-        out, left = [], {"outside": [], "other": []}
+        out, left = [], {"outside": [], "other": [], "hidden": []}
         for e in entries:
             if isinstance(e, Damaged):
-                out.append(e)
+                if HIDDEN_NAME in e.reason:  # (a hidden file, as a folder's walk leaves it out: named, not a record)
+                    left["hidden"].append(e.key.split("#", 1)[-1])
+                else:
+                    out.append(e)
                 continue
             parts = e[1].split("/")
             if not (len(e[2]) == 1 and e[2][0][0] in exts):

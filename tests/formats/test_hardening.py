@@ -203,6 +203,7 @@ def test_a_tar_of_an_image_folder_says_how_to_read_its_classes_and_does_with_fro
             (tree / "food-101" / "images" / c / f"{k}.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=10 * i + k)))
     (tree / "food-101" / "meta").mkdir()
     (tree / "food-101" / "meta" / "train.txt").write_text("apple_pie/0\n")
+    (tree / "food-101" / "images" / "ceviche" / "._0.jpg").write_bytes(b"\0\5\x16\7\0\2\0\0Mac OS X        ")
     src = tmp_path / f"food-101{suffix}"
     with tarfile.open(src, "w:gz" if suffix.endswith("gz") else "w") as t:
         t.add(tree / "food-101", "food-101")
@@ -213,7 +214,8 @@ def test_a_tar_of_an_image_folder_says_how_to_read_its_classes_and_does_with_fro
                "pass --from folder" in w for w in s.warnings), s.warnings
     s = convert(src, tmp_path / "as-folder", to="folder", from_format="folder")
     assert s.records_out == 4 and not s.skipped
-    assert f"left out of {src}, as no records: 1 file that is no image (food-101/meta/train.txt)" in s.warnings
+    assert (f"left out of {src}, as no records: 1 file that is no image (food-101/meta/train.txt); 1 hidden file or "
+            "folder (food-101/images/ceviche/._0.jpg)") in s.warnings, s.warnings
     convert(tree / "food-101" / "images", tmp_path / "extracted", to="folder")
     assert content(tmp_path / "as-folder") == content(tmp_path / "extracted")
     assert sorted(p.relative_to(tmp_path / "as-folder").as_posix() for p in (tmp_path / "as-folder").rglob("*.jpg")) \
