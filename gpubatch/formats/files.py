@@ -216,3 +216,27 @@ def class_folders_under(dirs: list[list[str]]) -> tuple[int, list[str]]:
         root = root[:k]
     n = len(root)
     return n, sorted({d[n] for d in dirs if len(d) > n})
+
+
+def listing_among(names: list[str], media: str) -> str | None:
+    """Of an archive's member ``names``, the first a media folder's reader would take its records or labels from once
+    extracted (an image folder's ``file_list.txt``; an audio folder's CSV, NeMo manifest or LibriSpeech transcripts;
+    a video folder's list or CSV), or None: such an archive is not read as its class folders, which would label it
+    otherwise."""
+    for name in names:
+        base = name.rsplit("/", 1)[-1].lower()
+        if base == "file_list.txt" and media in ("image", "video"):
+            return name
+        if media == "audio" and (base.endswith((".trans.txt", ".csv", ".jsonl")) or base == "manifest.json"):
+            return name
+        if media == "video" and base.endswith(".csv"):
+            return name
+    return None
+
+
+def refuse_listed(archive: Any, listing: str, flag: str) -> None:
+    """The one-line error for an archive holding ``listing`` (:func:`listing_among`)."""
+    from ..errors import FormatError
+
+    raise FormatError(f"{archive} holds {listing}, which gives its records or labels once extracted: unpack it and "
+                      f"pass the folder with {flag}")

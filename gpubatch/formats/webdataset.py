@@ -51,7 +51,7 @@ from .base import (
     image_size,
     shortfall,
 )
-from .files import class_folders_under, said_left_out
+from .files import class_folders_under, listing_among, refuse_listed, said_left_out
 from .folder import label_names
 from .manifest import expected_records, read_manifest
 from .sinks import ShardFile, ShardSink
@@ -194,6 +194,12 @@ class WebDatasetReader(Reader):
         samples = [e for e in entries if not isinstance(e, Damaged)]
         if any({"cls", "json"} & {m[0] for m in e[2]} for e in samples):
             return entries
+        if self.folder_classes:  # (a list or transcripts inside: the extracted folder is read by them, not so)
+            media = {"folder": "image", "audio": "audio", "video": "video"}[self.folder_classes]
+            listing = listing_among([m[3] for e in samples for m in e[2]], media)
+            if listing:
+                refuse_listed(self.tars[0] if len(self.tars) == 1 else self.path, listing,
+                              f"--from {self.folder_classes}")
         for name in ([self.folder_classes] if self.folder_classes else kinds):
             exts = kinds[name]
             files = [e for e in samples if len(e[2]) == 1 and e[2][0][0] in exts]

@@ -32,7 +32,7 @@ from ..types import (
     sniff_image_codec,
 )
 from .base import Damaged, Reader
-from .files import class_folders_under, said_left_out
+from .files import class_folders_under, listing_among, refuse_listed, said_left_out
 
 #: a member's local header: signature, version, flags, method, time, date, CRC, sizes, name and extra lengths
 _LOCAL = struct.Struct("<IHHHHHIIIHH")
@@ -95,6 +95,9 @@ class ZipFolderReader(Reader):
                               f"'zip -FF {self.path} --out fixed.zip' rebuilds what it can") from None
         except OSError as e:
             raise FormatError(f"cannot read {self.path}: {e.strerror or e}") from None
+        listing = listing_among([i.filename for i in members], self.media)
+        if listing:
+            refuse_listed(self.path, listing, "--from " + {"image": "folder"}.get(self.media, self.media))
         left: dict[str, list[str]] = {"other": [], "outside": []}
         images = []
         hidden: set[str] = set()

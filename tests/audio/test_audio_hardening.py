@@ -288,6 +288,14 @@ def test_speech_commands_tar_reads_with_from_audio_as_its_extracted_folders(tmp_
     assert info(tmp_path / "words").classes == ["no", "yes"]
     with open_dataset(src, "audio") as r:
         assert sorted((rec.key, rec.label) for rec in r) == [("no/0a7c2a8d_nohash_0", 0), ("yes/0a7c2a8d_nohash_0", 1)]
+    # LibriSpeech's tar: its transcripts give its records' text once extracted, so it is not read as speaker folders
+    (root / "yes" / "0a7c2a8d.trans.txt").write_text("0a7c2a8d_nohash_0 YES\n")
+    with tarfile.open(tmp_path / "libri.tar.gz", "w:gz") as t:
+        t.add(root, ".")
+    p = run_cli("info", tmp_path / "libri.tar.gz", "--from", "audio")
+    assert p.returncode != 0 and p.stderr.strip() == (
+        f"error: {tmp_path / 'libri.tar.gz'} holds ./yes/0a7c2a8d.trans.txt, which gives its records or labels once "
+        "extracted: unpack it and pass the folder with --from audio"), p.stderr
 
 
 def test_an_aiff_recording_is_a_record_and_other_files_are_said(tmp_path):

@@ -19,14 +19,14 @@ def _tree(root, classes=("dog", "cat"), per=3):
     return root
 
 
-def _zipped(tree, out, prefix="train/"):
+def _zipped(tree, out, prefix="train/", beside="labels.csv"):
     """``tree`` zipped under ``prefix``, its members stored and deflated in turn, with what a Mac's zip adds."""
     with zipfile.ZipFile(out, "w") as z:
         for n, p in enumerate(sorted(p for p in tree.rglob("*") if p.is_file())):
             rel = prefix + p.relative_to(tree).as_posix()
             z.write(p, rel, compress_type=zipfile.ZIP_STORED if n % 2 else zipfile.ZIP_DEFLATED)
             z.writestr(f"__MACOSX/{rel.rsplit('/', 1)[0]}/._{p.name}", b"\0\5\x16\7\0\2\0\0Mac OS X        ")
-        z.writestr(prefix + "labels.csv", "id,label\n")
+        z.writestr(prefix + beside, "id,label\n")
     return out
 
 
@@ -107,7 +107,7 @@ def test_a_zip_of_audio_class_folders_reads_with_from_audio(tmp_path):
     tree = tmp_path / "tree"
     for word, hz in (("yes", 440.0), ("no", 660.0), ("_background_noise_", 100.0)):
         write(tree / word / "a.wav", tone(0.25, hz), 16000, "wav")
-    src = _zipped(tree, tmp_path / "words.zip", prefix="words/")
+    src = _zipped(tree, tmp_path / "words.zip", prefix="words/", beside="README.md")
     p = run_cli("info", src)
     assert p.stderr.strip().splitlines()[-1] == f"error: {src} is a ZIP archive of audio files: read it with --from audio"
     with open_dataset(src, "audio") as r:
@@ -115,3 +115,10 @@ def test_a_zip_of_audio_class_folders_reads_with_from_audio(tmp_path):
             ("no/a", 0, "audio", "wav"), ("yes/a", 1, "audio", "wav")]
     s = convert(src, tmp_path / "out", to="audio", from_format="audio")
     assert s.records_out == 2 and any("_background_noise_/a.wav" in w for w in s.warnings), s.warnings
+    # ESC-50's ZIP: its labels lie in meta/esc50.csv, which the extracted folder is read by: refused, said how
+    (tree / "meta").mkdir()
+    (tree / "meta" / "esc50.csv").write_text("filename,fold,target,category\n")
+    src = _zipped(tree, tmp_path / "esc50.zip", prefix="ESC-50-master/", beside="README.md")
+    with pytest.raises(GpubatchError, match="esc50.zip holds ESC-50-master/meta/esc50.csv, which gives its records or "
+                                            "labels once extracted: unpack it and pass the folder"):
+        info(src, "audio")
