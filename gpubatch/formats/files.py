@@ -220,12 +220,17 @@ def class_folders_under(dirs: list[list[str]]) -> tuple[int, list[str]]:
 
 def listing_among(names: list[str], media: str) -> str | None:
     """Of an archive's member ``names``, the first a media folder's reader would take its records or labels from once
-    extracted (an image folder's ``file_list.txt``; an audio folder's CSV, NeMo manifest or LibriSpeech transcripts;
-    a video folder's list or CSV), or None: such an archive is not read as its class folders, which would label it
-    otherwise."""
+    extracted (an image folder's ``file_list.txt``, a COCO, Pascal VOC or YOLO set's boxes; an audio folder's CSV,
+    NeMo manifest or LibriSpeech transcripts; a video folder's list or CSV), or None: such an archive is not read as
+    its class folders, which would label it otherwise or lose its boxes."""
     for name in names:
         base = name.rsplit("/", 1)[-1].lower()
         if base == "file_list.txt" and media in ("image", "video"):
+            return name
+        parts = name.split("/")[:-1]
+        if media == "image" and (("annotations" in parts and base.endswith(".json"))  # a COCO, VOC or YOLO set's boxes
+                                 or ("Annotations" in parts and base.endswith(".xml"))
+                                 or ("labels" in parts and base.endswith(".txt")) or base == "data.yaml"):
             return name
         if media == "audio" and (base.endswith((".trans.txt", ".csv", ".jsonl")) or base == "manifest.json"):
             return name
@@ -234,9 +239,10 @@ def listing_among(names: list[str], media: str) -> str | None:
     return None
 
 
-def refuse_listed(archive: Any, listing: str, flag: str) -> None:
-    """The one-line error for an archive holding ``listing`` (:func:`listing_among`)."""
+def refuse_listed(archive: Any, listing: str) -> None:
+    """The one-line error for an archive holding ``listing`` (:func:`listing_among`): its extracted folder is read
+    by it (and its format detected there)."""
     from ..errors import FormatError
 
     raise FormatError(f"{archive} holds {listing}, which gives its records or labels once extracted: unpack it and "
-                      f"pass the folder with {flag}")
+                      "pass the folder")

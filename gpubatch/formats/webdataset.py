@@ -198,8 +198,7 @@ class WebDatasetReader(Reader):
             media = {"folder": "image", "audio": "audio", "video": "video"}[self.folder_classes]
             listing = listing_among([m[3] for e in samples for m in e[2]], media)
             if listing:
-                refuse_listed(self.tars[0] if len(self.tars) == 1 else self.path, listing,
-                              f"--from {self.folder_classes}")
+                refuse_listed(self.tars[0] if len(self.tars) == 1 else self.path, listing)
         for name in ([self.folder_classes] if self.folder_classes else kinds):
             exts = kinds[name]
             files = [e for e in samples if len(e[2]) == 1 and e[2][0][0] in exts]

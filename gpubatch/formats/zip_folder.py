@@ -97,7 +97,7 @@ class ZipFolderReader(Reader):
             raise FormatError(f"cannot read {self.path}: {e.strerror or e}") from None
         listing = listing_among([i.filename for i in members], self.media)
         if listing:
-            refuse_listed(self.path, listing, "--from " + {"image": "folder"}.get(self.media, self.media))
+            refuse_listed(self.path, listing)
         left: dict[str, list[str]] = {"other": [], "outside": []}
         images = []
         hidden: set[str] = set()

@@ -295,7 +295,7 @@ def test_speech_commands_tar_reads_with_from_audio_as_its_extracted_folders(tmp_
     p = run_cli("info", tmp_path / "libri.tar.gz", "--from", "audio")
     assert p.returncode != 0 and p.stderr.strip() == (
         f"error: {tmp_path / 'libri.tar.gz'} holds ./yes/0a7c2a8d.trans.txt, which gives its records or labels once "
-        "extracted: unpack it and pass the folder with --from audio"), p.stderr
+        "extracted: unpack it and pass the folder"), p.stderr
 
 
 def test_an_aiff_recording_is_a_record_and_other_files_are_said(tmp_path):

@@ -122,3 +122,15 @@ def test_a_zip_of_audio_class_folders_reads_with_from_audio(tmp_path):
     with pytest.raises(GpubatchError, match="esc50.zip holds ESC-50-master/meta/esc50.csv, which gives its records or "
                                             "labels once extracted: unpack it and pass the folder"):
         info(src, "audio")
+
+
+@pytest.mark.parametrize("boxes", ["coco/annotations/instances_val2017.json", "voc/Annotations/000001.xml",
+                                   "yolo/labels/000001.txt"])
+def test_a_zip_of_a_detection_set_is_refused_naming_its_boxes(tmp_path, boxes):
+    """Read as an image folder, a ZIP of a COCO, VOC or YOLO set would lose every box: refused, naming them."""
+    with zipfile.ZipFile(tmp_path / "set.zip", "w") as z:
+        z.writestr(boxes.split("/")[0] + "/images/000001.jpg", jpeg_bytes(photo(24, 32, seed=1)))
+        z.writestr(boxes, "{}")
+    p = run_cli("info", tmp_path / "set.zip")
+    assert p.stderr.strip() == (f"error: {tmp_path / 'set.zip'} holds {boxes}, which gives its records or labels once "
+                                "extracted: unpack it and pass the folder"), p.stderr
