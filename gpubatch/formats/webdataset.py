@@ -292,6 +292,32 @@ class WebDatasetReader(Reader):
                 counts.update({m[0] for m in entry[2]})
         return dict(sorted(counts.items()))
 
+    def peek(self, entry: Any, n: int) -> tuple[bytes, int, int | None] | None:
+        """The first ``n`` bytes of a sample's image, its size and its label (``info`` reads headers so, not every
+        image whole), for a sample of one image and at most a ``.cls``; None for any other (read whole, with its
+        members, boxes and checks)."""
+        if isinstance(entry, Damaged):
+            return None
+        s, _, members = entry[:3]
+        images = [m for m in members if m[0] in IMAGE_EXTENSIONS]
+        if len(images) != 1 or len(members) > 1 + any(m[0] == "cls" for m in members):
+            return None
+        _, off, size, _ = images[0]
+        label = entry[3] if len(entry) > 3 else None
+        cls = next((m for m in members if m[0] == "cls"), None)
+        if cls is not None:  # (as _read takes it; anything else it says what is wrong with)
+            if cls[2] > 64:
+                return None
+            text = self.files.pread(s, cls[2], cls[1]).strip() or b"-1"
+            try:
+                if not re.fullmatch(rb"-?[0-9]+", text):
+                    return None
+                label = fields.label(int(text), "the .cls member")
+            except ValueError:
+                return None
+        head = self.files.pread(s, min(n, size), off)
+        return (head, size, label) if len(head) == min(n, size) else None
+
     def _member(self, s: int, name: str, off: int, size: int, into: Any = None) -> Any:
         """One member's bytes, checked whole (a shard cut short inside it is this record's error); read
         into the buffer ``into(size)`` gives where it is given (:meth:`Reader.read`)."""

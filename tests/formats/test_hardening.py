@@ -1053,3 +1053,20 @@ def test_a_compressed_shard_is_decompressed_once_for_every_process_that_reads_it
     assert copies[0].exists()  # (the second reader holds it still)
     second.close()
     assert not copies[0].exists()
+
+
+def test_info_reads_a_shards_image_headers_only_and_says_what_a_whole_read_says(imagenet, tmp_path, monkeypatch):
+    """``info`` on shards read every image whole (140 GB for ImageNet's training tar); a sample of one image and a
+    ``.cls`` is now described from its image's first bytes, and the report is the one whole reads give."""
+    from gpubatch.formats.webdataset import WebDatasetReader
+
+    convert(imagenet, tmp_path / "wds", to="webdataset", shard_size=20)
+    (tmp_path / "wds" / "gpubatch.json").unlink()  # (a foreign set: nothing but the shards)
+    fast = info(tmp_path / "wds")
+    reads = []
+    real = WebDatasetReader._read
+    monkeypatch.setattr(WebDatasetReader, "_read", lambda self, e, *a: reads.append(e) or real(self, e, *a))
+    assert info(tmp_path / "wds").as_dict() == fast.as_dict() and reads == []
+    monkeypatch.setattr(WebDatasetReader, "peek", lambda self, e, n: None)
+    whole = info(tmp_path / "wds")
+    assert len(reads) == 60 and whole.as_dict() == fast.as_dict()
