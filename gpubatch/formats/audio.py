@@ -396,8 +396,9 @@ def _csv_is_audio(path: Path) -> bool:
 @register_format
 class AudioFormat(Format):
     name = "audio"
-    description = ("audio files (wav, flac, ogg, opus, mp3, m4a, aiff): class folders, a CSV of metadata (ESC-50, "
-                   "UrbanSound8K), LibriSpeech transcripts, NeMo manifests, flat")
+    description = ("audio files (wav, flac, ogg, opus, mp3, m4a, aiff...): class folders, a CSV of metadata (ESC-50, "
+                   "UrbanSound8K), LibriSpeech transcripts, NeMo manifests, flat, one file; class folders in a ZIP or "
+                   "a tar (--from audio)")
     media = (Media.AUDIO,)
     carries_record_meta = False  # (metadata.csv: path, label, class, text)
     detect_priority = 75  # before the video CSV and the image folder

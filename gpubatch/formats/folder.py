@@ -433,7 +433,8 @@ def a_tar(path: Path) -> bool:
 @register_format
 class FolderFormat(Format):
     name = "folder"
-    description = "image files: ImageNet layout root/<class>/<file>, or flat with a file_list.txt"
+    description = ("image files: ImageNet layout root/<class>/<file>, or flat with a file_list.txt; such a folder in a "
+                   "ZIP, or in a tar (--from folder)")
     detect_priority = 90
     listed_ahead = True  # (its reader holds its path, classes, entries and what it left out: gpubatch._prescan)
     auto_units = 256  # (each task's files are moved to their names at the end: the cut leaves no trace)

@@ -241,7 +241,8 @@ class VideoWriter(Writer):
 @register_format
 class VideoFormat(Format):
     name = "video"
-    description = "video files (mp4, mkv, webm, mov, avi): class folders, flat, DALI file_list.txt or a CSV"
+    description = ("video files (mp4, mkv, webm, mov, avi...): class folders, flat, one file, DALI file_list.txt or a "
+                   "CSV; class folders in a ZIP or a tar (--from video)")
     media = (Media.VIDEO,)
     detect_priority = 80  # before the image folder, which would take a file_list.txt
 

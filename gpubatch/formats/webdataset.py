@@ -657,7 +657,8 @@ def _array_kind(raw: bytes) -> Media | None:
 class WebDatasetFormat(Format):
     name = "webdataset"
     media = (Media.IMAGE, Media.VIDEO, Media.AUDIO)
-    description = "WebDataset tar shards (key.jpg, key.cls, key.json) with DALI v1.2 .idx files"
+    description = ("WebDataset tar shards (key.jpg, key.cls, key.json) with DALI v1.2 .idx files; ImageNet's "
+                   "training tar of class tars")
     carries_boxes = True
     carries_label_arrays = True  # in the record's metadata
     detect_priority = 25
