@@ -199,9 +199,16 @@ class WebDatasetReader(Reader):
             listing = listing_among([m[3] for e in samples for m in e[2]], media)
             if listing:
                 refuse_listed(self.tars[0] if len(self.tars) == 1 else self.path, listing)
+        def safe(key: str) -> bool:
+            try:
+                safe_relpath(key)
+            except ValueError:  # (absolute, or climbing out: its read's error, in no class)
+                return False
+            return True
+
         for name in ([self.folder_classes] if self.folder_classes else kinds):
             exts = kinds[name]
-            files = [e for e in samples if len(e[2]) == 1 and e[2][0][0] in exts]
+            files = [e for e in samples if len(e[2]) == 1 and e[2][0][0] in exts and safe(e[1])]
             dirs = [e[1].split("/")[:-1] for e in files]
             n, classes = class_folders_under(dirs)
             if name == "audio":
@@ -229,7 +236,9 @@ class WebDatasetReader(Reader):
                     out.append(e)
                 continue
             parts = e[1].split("/")
-            if not (len(e[2]) == 1 and e[2][0][0] in exts):
+            if not safe(e[1]):
+                out.append(e)  # (its read says why)
+            elif not (len(e[2]) == 1 and e[2][0][0] in exts):
                 left["other"] += [m[3] for m in e[2]]
             elif len(parts) - 1 <= n or parts[:n] != root or parts[n] not in taken:
                 left["outside"].append(e[2][0][3])

@@ -101,7 +101,14 @@ class ZipFolderReader(Reader):
         left: dict[str, list[str]] = {"other": [], "outside": []}
         images = []
         hidden: set[str] = set()
+        unsafe: list[Damaged] = []  # (a name that is absolute or climbs out: its record's error, in no class)
         for i in members:
+            try:
+                safe_relpath(i.filename)
+            except ValueError as e:
+                if _of(i.filename, self._exts):
+                    unsafe.append(Damaged(i.filename, f"{self.path}#{i.filename}", str(e)))
+                continue
             parts = i.filename.split("/")
             at = next((k for k, part in enumerate(parts) if part.startswith(".") or part == "__MACOSX"), None)
             if at is not None:  # (named as a folder's walk names them: a hidden folder, or a hidden image)
@@ -132,6 +139,7 @@ class ZipFolderReader(Reader):
             entries.append((rel, label, i.filename, i.header_offset, i.compress_size, i.file_size, i.compress_type,
                             i.CRC, i.flag_bits))
         self._classes = tuple(classes) if labeled else ()
+        entries += unsafe
         left["hidden"] = sorted(hidden)
         self.left_out = said_left_out(self, self.path, {k: sorted(v) for k, v in left.items()}, self.media)
         return entries

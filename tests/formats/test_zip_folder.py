@@ -134,3 +134,30 @@ def test_a_zip_of_a_detection_set_is_refused_naming_its_boxes(tmp_path, boxes):
     p = run_cli("info", tmp_path / "set.zip")
     assert p.stderr.strip() == (f"error: {tmp_path / 'set.zip'} holds {boxes}, which gives its records or labels once "
                                 "extracted: unpack it and pass the folder"), p.stderr
+
+
+@pytest.mark.parametrize("packed", ["zip", "tar"])
+def test_a_member_named_outside_the_archive_is_its_records_error_and_in_no_class(tmp_path, packed):
+    """``/abs/y.jpg`` or ``a/../../evil.jpg``: neither is written anywhere nor counted as a class (an absolute name
+    made a class "" that moved every label); each is its record's error."""
+    import io
+    import tarfile
+
+    names = ["a/../../evil.jpg", "/abs/y.jpg", "r/a/x.jpg", "r/b/x.jpg"]
+    src = tmp_path / f"evil.{packed}"
+    if packed == "zip":
+        with zipfile.ZipFile(src, "w") as z:
+            for n in names:
+                z.writestr(n, jpeg_bytes(photo(24, 32, seed=1)))
+    else:
+        with tarfile.open(src, "w", format=tarfile.GNU_FORMAT) as t:
+            for n in names:
+                data = jpeg_bytes(photo(24, 32, seed=1))
+                member = tarfile.TarInfo(n)
+                member.size = len(data)
+                t.addfile(member, io.BytesIO(data))
+    s = convert(src, tmp_path / "out", to="folder", from_format="folder")
+    assert s.records_out == 2 and sorted(e["reason"].split(" ", 1)[0] for e in s.skipped) == ["absolute", "path"]
+    assert info(tmp_path / "out").classes == ["a", "b"]
+    assert sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.jpg")) == [
+        "a/x.jpg", "b/x.jpg"]
