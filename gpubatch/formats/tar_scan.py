@@ -196,52 +196,6 @@ def _samples(s: int, tar: Path, members: list[tuple[str, int, int, int]],
     return out
 
 
-class _Window:
-    """``size`` bytes of the open file ``f`` from ``base``, read as a file of their own (a tar inside a tar):
-    :func:`scan_tar` reads no byte past ``size``."""
-
-    def __init__(self, f: Any, base: int):
-        self.f, self.base = f, base
-
-    def seek(self, pos: int) -> None:
-        self.f.seek(self.base + pos)
-
-    def read(self, n: int) -> bytes:
-        return self.f.read(n)
-
-
-def holds_tars(members: list[tuple[str, int, int, int]]) -> bool:
-    """Whether a tar's members are all tars: ImageNet's training tar (``ILSVRC2012_img_train.tar``), a tar of
-    one tar a class."""
-    return bool(members) and all(m[0].lower().endswith(".tar") for m in members)
-
-
-def class_tar_samples(s: int, tar: Path, f: Any, members: list[tuple[str, int, int, int]]) -> list[Any]:
-    """The samples of a tar of class tars (:func:`holds_tars`; ``f``: the open outer tar), as the folders its
-    extraction makes read: each inner tar a class named by its stem (``n01440764.tar``), its members grouped
-    into samples as in any shard, keyed ``<class>/<key>`` (``n01440764/n01440764_10026``, as in
-    ``n01440764/n01440764_10026.JPEG`` once extracted). Entries ``(s, key, members, class name)``, the members'
-    offsets into the outer file (read where they lie, never extracted), and each damaged stretch or inner tar cut
-    short a :class:`Damaged` entry."""
-    out: list[Any] = []
-    for name, off, size, _ in members:
-        cls = name.rsplit("/", 1)[-1][:-4]
-        inner, damage, ended = scan_tar(_Window(f, off), size)
-        inner = [(n, off + o, sz, off + h) for n, o, sz, h in inner]
-        damage = [(off + a, off + b, what) for a, b, what in damage]
-        for e in _samples(s, tar, inner, damage):
-            if not isinstance(e, Damaged):
-                out.append((e[0], f"{cls}/{e[1]}", e[2], cls))
-            elif e.key.startswith(tar.name):  # (a stretch: its bytes, the outer file's, named in its reason)
-                out.append(Damaged(e.key, e.origin, e.reason.replace("damaged shard:", f"damaged inner tar {name}:")))
-            else:
-                out.append(Damaged(f"{cls}/{e.key}", f"{tar}#{name}#{e.key}", e.reason))
-        if inner and not ended and not damage:  # (cut on a member's end: nothing else says so)
-            out.append(Damaged(f"{tar.name}#{name}", f"{tar}#{name}", "the inner tar has no end-of-archive block: it "
-                               "was cut short when it was made, and the members after its last whole one are lost"))
-    return out
-
-
 def _index_rows(tar: Path) -> tuple[int, list[list[str]]] | None:
     """The DALI index beside ``tar``: (fields a member, each sample's fields), ``v1.2 N`` then ``ext offset
     size name ...`` a sample (4 a member), or v1.1's ``ext offset size ...`` (3); None where there is no

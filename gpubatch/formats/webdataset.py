@@ -51,20 +51,11 @@ from .base import (
     image_size,
     shortfall,
 )
-from .files import class_folders_under, listing_among, refuse_listed, said_left_out
 from .folder import label_names
 from .manifest import expected_records, read_manifest
 from .sinks import ShardFile, ShardSink
-from .tar_scan import (
-    _BLOCK,
-    HIDDEN_NAME,
-    _not_found,
-    _samples,
-    class_tar_samples,
-    holds_tars,
-    indexed_samples,
-    scan_tar,
-)
+from .tar_folders import class_tar_samples, classes_of_folders, holds_tars
+from .tar_scan import _BLOCK, _not_found, _samples, indexed_samples, scan_tar
 
 _COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst")
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-/]+")
@@ -113,7 +104,7 @@ class WebDatasetReader(Reader):
 
     def __init__(self, path: Path, folder_classes: str | None = None):
         """``folder_classes``: a tar of a media folder's tree, read as that folder once extracted would be, its class
-        folders the classes (:meth:`_classes_of`): ``"folder"`` an image folder's (``--from folder``), ``"audio"``
+        folders the classes (:func:`.tar_folders.classes_of_folders`): ``"folder"`` an image folder's (``--from folder``), ``"audio"``
         an audio folder's (``--from audio``), ``"video"`` a video folder's (``--from video``)."""
         path = Path(path)
         self.folder_classes = folder_classes
@@ -131,7 +122,7 @@ class WebDatasetReader(Reader):
         self.files = OpenShards(self.tars)
         self.manifest = read_manifest(self.path) or {}
         self.keypoint_flip = keypoint_flips(self.manifest.get("categories"))
-        self._class_tars: tuple[str, ...] = ()  # the classes of a tar of class tars (ImageNet's training tar)
+        self._found_classes: tuple[str, ...] = ()  # the classes of a tar of class tars or folders (tar_folders.py)
 
     def _indexed(self, s: int) -> list | None:
         """A shard gpubatch wrote, listed from its index where the index stands for it (None: walked)."""
@@ -175,85 +166,20 @@ class WebDatasetReader(Reader):
                     cut = ""
             entries.extend(shortfall(tar, found, expected_records(self.manifest, tar), named, cut))
         if not self.manifest and not any(not isinstance(e, Damaged) and len(e) == 4 for e in entries):
-            entries = self._classes_of(entries)
+            entries = classes_of_folders(self, entries)
         names = sorted({e[3] for e in entries if not isinstance(e, Damaged) and len(e) == 4})
         if names:  # the classes of class tars or folders: labels as the extracted class folders' sorted names give
-            self._class_tars = tuple(names)
+            self._found_classes = tuple(names)
             index = {c: i for i, c in enumerate(names)}
             entries = [(*e[:3], index[e[3]]) if not isinstance(e, Damaged) and len(e) == 4 else e for e in entries]
         return entries
-
-    def _classes_of(self, entries: list) -> list:
-        """A tar of a media folder's tree (``tar cf food-101.tar food-101/``: ``food-101/images/<class>/<id>.jpg``
-        members, no ``.cls``; Speech Commands' ``<word>/<clip>.wav``): its samples are unlabeled shards' samples, and
-        a warning says how to read the class folders as classes. With :attr:`folder_classes` they are read so: the
-        folders under the files' common folder are the classes, keys relative to it (``apple_pie/1005649``, as once
-        extracted), and what is no such file, or lies outside the class folders (or, for audio, in a folder named
-        ``_...``: Speech Commands' ``_background_noise_``), is named as left out, as a folder's would be."""
-        kinds = {"folder": IMAGE_EXTENSIONS, "audio": AUDIO_EXTENSIONS, "video": VIDEO_EXTENSIONS}
-        samples = [e for e in entries if not isinstance(e, Damaged)]
-        if any({"cls", "json"} & {m[0] for m in e[2]} for e in samples):
-            return entries
-        if self.folder_classes:  # (a list or transcripts inside: the extracted folder is read by them, not so)
-            media = {"folder": "image", "audio": "audio", "video": "video"}[self.folder_classes]
-            listing = listing_among([m[3] for e in samples for m in e[2]], media)
-            if listing:
-                refuse_listed(self.tars[0] if len(self.tars) == 1 else self.path, listing)
-        def safe(key: str) -> bool:
-            try:
-                safe_relpath(key)
-            except ValueError:  # (absolute, or climbing out: its read's error, in no class)
-                return False
-            return True
-
-        for name in ([self.folder_classes] if self.folder_classes else kinds):
-            exts = kinds[name]
-            files = [e for e in samples if len(e[2]) == 1 and e[2][0][0] in exts and safe(e[1])]
-            dirs = [e[1].split("/")[:-1] for e in files]
-            n, classes = class_folders_under(dirs)
-            if name == "audio":
-                classes = [c for c in classes if not c.startswith("_")]
-            if len(classes) >= 2:
-                break
-        else:
-            return entries
-        root = dirs[0][:n]
-        under = "/".join(root) + "/" if [p for p in root if p != "."] else "the tar's root"
-        some = ", ".join(c + "/" for c in classes[:3]) + (", ..." if len(classes) > 3 else "")
-        if not self.folder_classes:
-            what = {"folder": "images", "audio": "recordings", "video": "videos"}[name]
-            self.warnings.append(f"the samples of {self.path if len(self.tars) > 1 else self.tars[0]} carry no label "
-                                 f"and their {what} lie in {len(classes):,} folders under {under} ({some}): to read "
-                                 f"those folders as classes, as once extracted, pass --from {name}")
-            return entries
-        taken = set(classes)
-        out, left = [], {"outside": [], "other": [], "hidden": []}
-        for e in entries:
-            if isinstance(e, Damaged):
-                if HIDDEN_NAME in e.reason:  # (a hidden file, as a folder's walk leaves it out: named, not a record)
-                    left["hidden"].append(e.key.split("#", 1)[-1])
-                else:
-                    out.append(e)
-                continue
-            parts = e[1].split("/")
-            if not safe(e[1]):
-                out.append(e)  # (its read says why)
-            elif not (len(e[2]) == 1 and e[2][0][0] in exts):
-                left["other"] += [m[3] for m in e[2]]
-            elif len(parts) - 1 <= n or parts[:n] != root or parts[n] not in taken:
-                left["outside"].append(e[2][0][3])
-            else:
-                out.append((e[0], "/".join(parts[n:]), e[2], parts[n]))
-        media = {"folder": "image", "audio": "audio", "video": "video"}[name]
-        self.left_out = said_left_out(self, self.tars[0] if len(self.tars) == 1 else self.path, left, media)
-        return out
 
     def info(self) -> DatasetInfo:
         if self.manifest.get("classes") is not None:
             return DatasetInfo(classes=self.manifest["classes"], categories=tuple(self.manifest.get("categories") or ()))
         entries = self.entries()
-        if self._class_tars:
-            return DatasetInfo(classes=self._class_tars)
+        if self._found_classes:
+            return DatasetInfo(classes=self._found_classes)
         labels = []
         for entry in entries:
             if isinstance(entry, Damaged):
