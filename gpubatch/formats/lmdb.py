@@ -21,10 +21,9 @@ from typing import Any
 
 from .._paths import MAX_RECORD_BYTES, fetched
 from ..errors import FormatError
-from ..types import DatasetInfo, Media, Record, sniff_image_codec
+from ..types import DatasetInfo, Media, Record, class_table, sniff_image_codec
 from . import fields, register_format
 from .base import OPENCV_AND_DALI_CODECS, Damaged, Format, Reader, WriteOptions
-from .folder import label_names
 from .lmdb_datum import _data_file, _lmdb, decode_datum, encode_datum, needed_bytes  # noqa: F401 - (encode_datum: the format's API)
 from .lmdb_sink import LmdbSink, finalize
 from .manifest import audio_facts as manifest_audio
@@ -117,7 +116,7 @@ class LmdbReader(Reader):
                     labels.append(fields.label(decode_datum(self.pages.value(entry)).get("label", 0)))
                 except ValueError:
                     continue
-            return DatasetInfo(classes=label_names([x for x in labels if x is not None], None))
+            return DatasetInfo(classes=class_table((), [x for x in labels if x is not None]))
         self._check_size()
         try:
             with self.env.begin() as txn:
@@ -128,7 +127,7 @@ class LmdbReader(Reader):
                         continue
         except _lmdb().Error:  # a damaged B-tree: the labels before the damage (the scan says what is lost)
             pass
-        return DatasetInfo(classes=label_names([x for x in labels if x is not None], None))
+        return DatasetInfo(classes=class_table((), [x for x in labels if x is not None]))
 
     def where(self, entry: Any) -> tuple[str, str]:
         raw = getattr(entry, "key", entry)

@@ -23,7 +23,7 @@ from typing import Any
 
 from .._paths import MAX_RECORD_BYTES, open_fetched, read_head, read_regular, source_files, source_root
 from ..errors import FormatError
-from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
+from ..types import Boxes, DatasetInfo, Record, class_table, sniff_image_codec
 from . import fields, register_format
 from .base import (
     OPENCV_AND_DALI_CODECS,
@@ -35,7 +35,6 @@ from .base import (
     check_one_split,
     shortfall,
 )
-from .folder import label_names
 from .manifest import expected_records, read_manifest
 from .sinks import ShardFile, ShardSink
 
@@ -325,7 +324,7 @@ class RecordIOReader(Reader):
                 continue
             if flag == 0 and label is not None:
                 labels.append(label)
-        return DatasetInfo(classes=label_names(labels, None))
+        return DatasetInfo(classes=class_table((), labels))
 
     def close(self) -> None:
         self.files.close()

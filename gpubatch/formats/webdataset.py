@@ -34,6 +34,7 @@ from ..types import (
     DatasetInfo,
     Media,
     Record,
+    class_table,
     keypoint_flips,
     sniff_image_codec,
 )
@@ -51,7 +52,6 @@ from .base import (
     image_size,
     shortfall,
 )
-from .folder import label_names
 from .manifest import expected_records, read_manifest
 from .sinks import ShardFile, ShardSink
 from .tar_folders import class_tar_samples, classes_of_folders, holds_tars
@@ -191,7 +191,7 @@ class WebDatasetReader(Reader):
                         labels.append(fields.label(int(self.files.pread(s, size, off))))
                     except ValueError:
                         pass
-        return DatasetInfo(classes=label_names([x for x in labels if x is not None], None))
+        return DatasetInfo(classes=class_table((), [x for x in labels if x is not None]))
 
     def shard_paths(self) -> list[Path]:
         return list(self.tars)
