@@ -263,6 +263,38 @@ class RecordIOReader(Reader):
                 raise ValueError(f"bad continuation flag {cflag}")
             off += 8 + length + _pad(length)
 
+    def _ir_header(self, fd: int, off: int) -> tuple[int, int, int, float] | None:
+        """(the record's first part's length and continuation flag, its IRHeader's flag and label) from its first
+        32 bytes, or None where they are no record's (:meth:`_payload_from` says what is wrong)."""
+        head = os.pread(fd, 8 + _IR.size, off)
+        if len(head) < 8 + _IR.size:
+            return None
+        magic, lrec = struct.unpack_from("<II", head)
+        length = lrec & ((1 << 29) - 1)
+        if magic != MAGIC or length < _IR.size:
+            return None
+        flag, label, _, _ = _IR.unpack_from(head, 8)
+        return length, lrec >> 29, flag, label
+
+    def peek(self, entry: Any, n: int) -> tuple[bytes, int, int | None] | None:
+        """The first ``n`` bytes of a record's image, its size and its label (``info`` reads headers so), for a
+        record of one part and a scalar label; None for any other (read whole, with its checks)."""
+        if isinstance(entry, Damaged):
+            return None
+        s, off, _ = entry
+        with self.files.reading(s) as fd:
+            got = self._ir_header(fd, off)
+            if got is None or got[1] != 0 or got[2] != 0:
+                return None
+            length, _, _, label = got
+            try:
+                lab = fields.label(float(label))
+            except ValueError:
+                return None
+            size = length - _IR.size
+            head = os.pread(fd, min(n, size), off + 8 + _IR.size)
+        return (head, size, lab) if len(head) == min(n, size) else None
+
     def shard_paths(self) -> list[Path]:
         return list(self.recs)
 
@@ -313,16 +345,16 @@ class RecordIOReader(Reader):
         if self.manifest.get("classes") is not None:
             return DatasetInfo(classes=self.manifest["classes"], categories=tuple(self.manifest.get("categories") or ()))
         labels = []
-        for e in self.entries():
+        for e in self.entries():  # (each record's IRHeader: its first 32 bytes, not the record)
             if isinstance(e, Damaged):
                 continue
+            with self.files.reading(e[0]) as fd:
+                got = self._ir_header(fd, e[1])
             try:
-                payload = self._payload(e[0], e[1])
-                flag, label, _, _ = _IR.unpack_from(payload)
-                label = fields.label(float(label))
-            except (ValueError, struct.error):
+                label = fields.label(float(got[3])) if got is not None else None
+            except ValueError:
                 continue
-            if flag == 0 and label is not None:
+            if got is not None and got[2] == 0 and label is not None:
                 labels.append(label)
         return DatasetInfo(classes=class_table((), labels))
 

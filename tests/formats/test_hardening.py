@@ -1055,18 +1055,23 @@ def test_a_compressed_shard_is_decompressed_once_for_every_process_that_reads_it
     assert not copies[0].exists()
 
 
-def test_info_reads_a_shards_image_headers_only_and_says_what_a_whole_read_says(imagenet, tmp_path, monkeypatch):
+@pytest.mark.parametrize("to", ["webdataset", "recordio"])
+def test_info_reads_a_shards_image_headers_only_and_says_what_a_whole_read_says(imagenet, tmp_path, monkeypatch, to):
     """``info`` on shards read every image whole (140 GB for ImageNet's training tar); a sample of one image and a
-    ``.cls`` is now described from its image's first bytes, and the report is the one whole reads give."""
+    ``.cls`` (a RecordIO record of one part and a scalar label) is now described from its image's first bytes, and
+    the report is the one whole reads give."""
+    from gpubatch.formats.recordio import RecordIOReader
     from gpubatch.formats.webdataset import WebDatasetReader
 
-    convert(imagenet, tmp_path / "wds", to="webdataset", shard_size=20)
-    (tmp_path / "wds" / "gpubatch.json").unlink()  # (a foreign set: nothing but the shards)
-    fast = info(tmp_path / "wds")
+    cls = {"webdataset": WebDatasetReader, "recordio": RecordIOReader}[to]
+    convert(imagenet, tmp_path / "out", to=to, shard_size=20)
+    (tmp_path / "out" / "gpubatch.json").unlink()  # (a foreign set: nothing but the shards)
+    fast = info(tmp_path / "out")
     reads = []
-    real = WebDatasetReader._read
-    monkeypatch.setattr(WebDatasetReader, "_read", lambda self, e, *a: reads.append(e) or real(self, e, *a))
-    assert info(tmp_path / "wds").as_dict() == fast.as_dict() and reads == []
-    monkeypatch.setattr(WebDatasetReader, "peek", lambda self, e, n: None)
-    whole = info(tmp_path / "wds")
+    real = cls._read
+    monkeypatch.setattr(cls, "_read", lambda self, e, *a: reads.append(e) or real(self, e, *a))
+    assert info(tmp_path / "out").as_dict() == fast.as_dict() and reads == []
+    monkeypatch.setattr(cls, "peek", lambda self, e, n: None)
+    whole = info(tmp_path / "out")
     assert len(reads) == 60 and whole.as_dict() == fast.as_dict()
+    assert fast.classes and fast.records == 60
