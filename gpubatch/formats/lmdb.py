@@ -24,7 +24,7 @@ from ..errors import FormatError
 from ..types import DatasetInfo, Media, Record, class_table, sniff_image_codec
 from . import fields, register_format
 from .base import OPENCV_AND_DALI_CODECS, Damaged, Format, Reader, WriteOptions
-from .lmdb_datum import _data_file, _lmdb, decode_datum, encode_datum, needed_bytes  # noqa: F401 - (encode_datum: the format's API)
+from .lmdb_datum import _data_file, _lmdb, datum_layout, decode_datum, encode_datum, needed_bytes  # noqa: F401 - (encode_datum: the format's API)
 from .lmdb_sink import LmdbSink, finalize
 from .manifest import audio_facts as manifest_audio
 from .manifest import read_manifest
@@ -112,8 +112,10 @@ class LmdbReader(Reader):
             for entry in self.entries():
                 if isinstance(entry, Damaged):
                     continue
-                try:
-                    labels.append(fields.label(decode_datum(self.pages.value(entry)).get("label", 0)))
+                try:  # (a Datum's label after its data: the value's last bytes, where it is laid out so)
+                    layout = self._layout(entry)
+                    found = layout[2] if layout is not None else decode_datum(self.pages.value(entry))
+                    labels.append(fields.label(found.get("label", 0)))
                 except ValueError:
                     continue
             return DatasetInfo(classes=class_table((), [x for x in labels if x is not None]))
@@ -128,6 +130,28 @@ class LmdbReader(Reader):
         except _lmdb().Error:  # a damaged B-tree: the labels before the damage (the scan says what is lost)
             pass
         return DatasetInfo(classes=class_table((), [x for x in labels if x is not None]))
+
+    def _layout(self, entry: Any) -> tuple[int, int, dict] | None:
+        """An entry's Datum laid out (:func:`~.lmdb_datum.datum_layout`), from its value's first and last bytes."""
+        if isinstance(entry, Damaged) or self.pages is None or getattr(entry, "size", None) is None \
+                or entry.size > MAX_RECORD_BYTES:
+            return None
+        return datum_layout(lambda at, n: os.pread(self.pages.fd, n, entry.offset + at), entry.size)
+
+    def peek(self, entry: Any, n: int) -> tuple[bytes, int, int | None] | None:
+        """The first ``n`` bytes of an encoded image Datum's image, its size and its label (``info`` reads headers
+        so); None for any other value (read whole: raw pixels, audio, an image stored bare, a damaged value)."""
+        layout = self._layout(entry)
+        if layout is None or layout[2].get("encoded") is False:
+            return None
+        start, size, found = layout
+        head = os.pread(self.pages.fd, min(n, size), entry.offset + start)
+        if len(head) != min(n, size) or not sniff_image_codec(head):
+            return None
+        try:
+            return head, size, fields.label(found.get("label"), "the Datum's label")
+        except ValueError:
+            return None
 
     def where(self, entry: Any) -> tuple[str, str]:
         raw = getattr(entry, "key", entry)

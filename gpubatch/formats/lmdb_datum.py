@@ -8,6 +8,7 @@ import hashlib
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 from .._paths import lfs_pointer
 from ..errors import DependencyError, FormatError
@@ -93,6 +94,34 @@ def decode_datum(buf: bytes) -> dict:
     if i != n:
         raise ValueError("truncated Datum")
     return out
+
+
+def datum_layout(read: Any, size: int) -> tuple[int, int, dict] | None:
+    """Where a Datum's ``data`` lies in its value of ``size`` bytes (start, length) and its other fields, from the
+    value's first 64 bytes and the bytes after the data only (``read(offset, n)`` reads the value): ``info`` reads
+    a record's header and label so, not its image. None where the value is not a Datum laid out so (the fields
+    before ``data`` small, as Caffe and gpubatch write them): the whole value says what it is."""
+    head = read(0, min(size, 64))
+    i = 0
+    try:
+        while i < len(head):
+            at = i
+            tag, i = _read_varint(head, i)
+            if tag == (4 << 3 | 2):  # (the data: its length, then its bytes)
+                ln, i = _read_varint(head, i)
+                if i + ln > size:
+                    return None
+                fields = decode_datum(head[:at])
+                rest = decode_datum(read(i + ln, size - i - ln))
+                if "data" in fields or "data" in rest:
+                    return None
+                return i, ln, {**fields, **rest}
+            if tag & 7 != 0:
+                return None
+            _, i = _read_varint(head, i)
+    except ValueError:
+        return None
+    return None
 
 
 def datum_key(index: int, key: str) -> bytes:

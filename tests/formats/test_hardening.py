@@ -1055,15 +1055,16 @@ def test_a_compressed_shard_is_decompressed_once_for_every_process_that_reads_it
     assert not copies[0].exists()
 
 
-@pytest.mark.parametrize("to", ["webdataset", "recordio"])
+@pytest.mark.parametrize("to", ["webdataset", "recordio", "lmdb"])
 def test_info_reads_a_shards_image_headers_only_and_says_what_a_whole_read_says(imagenet, tmp_path, monkeypatch, to):
     """``info`` on shards read every image whole (140 GB for ImageNet's training tar); a sample of one image and a
-    ``.cls`` (a RecordIO record of one part and a scalar label) is now described from its image's first bytes, and
-    the report is the one whole reads give."""
+    ``.cls`` (a RecordIO record of one part and a scalar label, an LMDB's encoded Datum) is now described from its
+    image's first bytes, and the report is the one whole reads give."""
+    from gpubatch.formats.lmdb import LmdbReader
     from gpubatch.formats.recordio import RecordIOReader
     from gpubatch.formats.webdataset import WebDatasetReader
 
-    cls = {"webdataset": WebDatasetReader, "recordio": RecordIOReader}[to]
+    cls = {"webdataset": WebDatasetReader, "recordio": RecordIOReader, "lmdb": LmdbReader}[to]
     convert(imagenet, tmp_path / "out", to=to, shard_size=20)
     (tmp_path / "out" / "gpubatch.json").unlink()  # (a foreign set: nothing but the shards)
     fast = info(tmp_path / "out")
@@ -1075,3 +1076,19 @@ def test_info_reads_a_shards_image_headers_only_and_says_what_a_whole_read_says(
     whole = info(tmp_path / "out")
     assert len(reads) == 60 and whole.as_dict() == fast.as_dict()
     assert fast.classes and fast.records == 60
+
+
+def test_a_datums_layout_is_read_from_its_first_and_last_bytes_or_left_to_a_whole_read():
+    from gpubatch.formats.lmdb_datum import datum_layout, decode_datum, encode_datum
+
+    def layout(value: bytes):
+        return datum_layout(lambda at, n: value[at : at + n], len(value))
+
+    image = jpeg_bytes(photo(24, 32, seed=3))
+    for value in (encode_datum(image, 7), b"\x08\x03\x10\x18\x18\x20" + encode_datum(image, -1)):  # (Caffe: c, h, w)
+        start, size, found = layout(value)
+        assert value[start : start + size] == image
+        assert found == {k: v for k, v in decode_datum(value).items() if k != "data"}
+    assert layout(b"\x08" + b"\x81" * 70 + b"\x01" + encode_datum(image, 1)) is None  # (data past the first 64 bytes)
+    assert layout(encode_datum(image, 1)[: len(image) // 2]) is None  # (cut short: the whole read says so)
+    assert layout(image) is None  # (an image stored bare)
