@@ -1,15 +1,17 @@
-"""An image folder in a ZIP file, read as the folder its extraction makes (``--from folder``, or detected): Kaggle's
-``train.zip``, COCO's ``val2017.zip``, a class-folder tree zipped on a desktop.
+"""A media folder in a ZIP file, read as the folder its extraction makes: an image folder (detected, or
+``--from folder``: Kaggle's ``train.zip``, COCO's ``val2017.zip``, a class-folder tree zipped on a desktop), an audio
+or a video folder (``--from audio``, ``--from video``).
 
 The ZIP's central directory lists its members (Python's ``zipfile``); a record's entry holds what reading it needs
 (the member's local header's offset, its sizes, compression and CRC-32), so a worker reads a member where it lies,
 with one ``pread`` for the header and one for the data, and checks its CRC-32 and size: a damaged member is that
-record's error, never a wrong image. Stored members are read as they lie; deflated (and bzip2, LZMA) ones are
-inflated. Encrypted members, and compression methods Python does not read (Deflate64), are records that fail with
-their reason. Layout as the tar route's (:meth:`.webdataset.WebDatasetReader._classes_of`): the folders under the
-images' common folder are the classes (labels by their sorted names), keys relative to it; where the images lie in
-one folder, the records are unlabeled. Hidden members (macOS's ``__MACOSX/`` and ``._photo.jpg`` among them) and
-files that are no images are named as left out.
+record's error, never a wrong image. Stored members are read as they lie, deflated ones inflated here, bzip2 and LZMA
+ones through ``zipfile``. Encrypted members, and compression methods Python does not read (Deflate64), are records
+that fail with their reason. The classes are as for a tar of class folders (:func:`.files.class_folders_under`): the
+folders under the files' common folder, where there are two or more (labels by their sorted names), keys relative
+to it; else the records are unlabeled. Hidden members (macOS's ``__MACOSX/`` and ``._photo.jpg`` among them) and
+files of another kind are named as left out; a member named outside the ZIP is its record's error; a ZIP that holds
+what its extracted folder is read by (:func:`.files.listing_among`) is refused, naming it.
 """
 
 from __future__ import annotations
