@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._paths import file_kind, read_listing, read_regular, safe_join
-from ..types import IMAGE_EXTENSIONS, OTHER_MEDIA_EXTENSIONS
+from ..types import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, OTHER_MEDIA_EXTENSIONS, VIDEO_EXTENSIONS
 from .base import Damaged, Reader
 from .sinks import RUN_DIR
 
@@ -246,3 +246,14 @@ def refuse_listed(archive: Any, listing: str) -> None:
 
     raise FormatError(f"{archive} holds {listing}, which gives its records or labels once extracted: unpack it and "
                       "pass the folder")
+
+
+#: the extensions of each media's files, and the ``--from`` that reads a folder of them
+MEDIA_EXTENSIONS = {"image": IMAGE_EXTENSIONS, "audio": AUDIO_EXTENSIONS, "video": VIDEO_EXTENSIONS}
+FOLDER_FORMAT = {"image": "folder", "audio": "audio", "video": "video"}
+#: the names of tar files, plain or compressed (webdataset's shards; a tar that ``--from folder`` reads as a folder)
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst")
+
+
+def is_tar_name(name: str) -> bool:
+    return name.lower().endswith(TAR_SUFFIXES)

@@ -48,6 +48,7 @@ from .files import (
     _note_hidden,
     _strip_ext,
     _walk_images,
+    is_tar_name,
     said_left_out,
     unlisted_files,
 )
@@ -425,9 +426,7 @@ class FolderWriter(Writer):
 def a_tar(path: Path) -> bool:
     """Whether ``path`` is a tar file (plain, or compressed: ``.tar.gz``...), which ``--from folder`` (``audio``,
     ``video``) reads as the media folder it holds."""
-    name = Path(path).name.lower()
-    return Path(path).is_file() and name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz",
-                                                   ".tar.zst"))
+    return Path(path).is_file() and is_tar_name(Path(path).name)
 
 
 @register_format
@@ -443,9 +442,9 @@ class FolderFormat(Format):
     def detect(cls, path: Path) -> bool:
         path = Path(path)
         if path.is_file():
-            from .zip_folder import holds_images, is_zip
+            from .zip_folder import holds, is_zip
 
-            return path.name == FILE_LIST or (is_zip(path) and holds_images(path))
+            return path.name == FILE_LIST or (is_zip(path) and holds(path, "image"))
         if (path / FILE_LIST).is_file():
             return True
         return any(not folder.exts.isdisjoint(_IMAGE_EXT) for folder in walk(path))  # (listing.py)
@@ -463,7 +462,7 @@ class FolderFormat(Format):
         if a_tar(path):  # a tar of an image folder's tree: its class folders read as classes, as once extracted
             from .webdataset import WebDatasetReader
 
-            return WebDatasetReader(path, folder_classes="folder")
+            return WebDatasetReader(path, folder_classes="image")
         if is_zip(path):  # the image folder a ZIP holds, read where it lies
             return ZipFolderReader(path)
         return FolderReader(path)

@@ -9,9 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from .._paths import safe_relpath
-from ..types import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 from .base import Damaged
-from .files import class_folders_under, listing_among, refuse_listed, said_left_out
+from .files import (
+    FOLDER_FORMAT,
+    MEDIA_EXTENSIONS,
+    class_folders_under,
+    listing_among,
+    refuse_listed,
+    said_left_out,
+)
 from .tar_scan import HIDDEN_NAME, _samples, scan_tar
 
 
@@ -70,29 +76,26 @@ def classes_of_folders(reader: Any, entries: list) -> list:
     entry gaining its class's name; what is no such file, a hidden member, or lies outside the class folders (for
     audio, also in a folder named ``_...``: Speech Commands' ``_background_noise_``) is named as left out, as a
     folder's would be; a member named outside the tar stays, its read's error."""
-    kinds = {"folder": IMAGE_EXTENSIONS, "audio": AUDIO_EXTENSIONS, "video": VIDEO_EXTENSIONS}
     samples = [e for e in entries if not isinstance(e, Damaged)]
     if any({"cls", "json"} & {m[0] for m in e[2]} for e in samples):
         return entries
+    where = reader.tars[0] if len(reader.tars) == 1 else reader.path
     if reader.folder_classes:  # (a list or transcripts inside: the extracted folder is read by them, not so)
-        media = {"folder": "image", "audio": "audio", "video": "video"}[reader.folder_classes]
-        listing = listing_among([m[3] for e in samples for m in e[2]], media)
+        listing = listing_among([m[3] for e in samples for m in e[2]], reader.folder_classes)
         if listing:
-            refuse_listed(reader.tars[0] if len(reader.tars) == 1 else reader.path, listing)
-
-    def safe(key: str) -> bool:
+            refuse_listed(where, listing)
+    unsafe = set()  # (keys absolute or climbing out: their read's error, in no class)
+    for e in samples:
         try:
-            safe_relpath(key)
-        except ValueError:  # (absolute, or climbing out: its read's error, in no class)
-            return False
-        return True
-
-    for name in ([reader.folder_classes] if reader.folder_classes else kinds):
-        exts = kinds[name]
-        files = [e for e in samples if len(e[2]) == 1 and e[2][0][0] in exts and safe(e[1])]
+            safe_relpath(e[1])
+        except ValueError:
+            unsafe.add(e[1])
+    for media in ([reader.folder_classes] if reader.folder_classes else MEDIA_EXTENSIONS):
+        exts = MEDIA_EXTENSIONS[media]
+        files = [e for e in samples if len(e[2]) == 1 and e[2][0][0] in exts and e[1] not in unsafe]
         dirs = [e[1].split("/")[:-1] for e in files]
         n, classes = class_folders_under(dirs)
-        if name == "audio":
+        if media == "audio":
             classes = [c for c in classes if not c.startswith("_")]
         if len(classes) >= 2:
             break
@@ -102,10 +105,10 @@ def classes_of_folders(reader: Any, entries: list) -> list:
     under = "/".join(root) + "/" if [p for p in root if p != "."] else "the tar's root"
     some = ", ".join(c + "/" for c in classes[:3]) + (", ..." if len(classes) > 3 else "")
     if not reader.folder_classes:
-        what = {"folder": "images", "audio": "recordings", "video": "videos"}[name]
-        reader.warnings.append(f"the samples of {reader.path if len(reader.tars) > 1 else reader.tars[0]} carry no label "
-                             f"and their {what} lie in {len(classes):,} folders under {under} ({some}): to read "
-                             f"those folders as classes, as once extracted, pass --from {name}")
+        what = {"image": "images", "audio": "recordings", "video": "videos"}[media]
+        reader.warnings.append(f"the samples of {where} carry no label and their {what} lie in {len(classes):,} "
+                               f"folders under {under} ({some}): to read those folders as classes, as once extracted, "
+                               f"pass --from {FOLDER_FORMAT[media]}")
         return entries
     taken = set(classes)
     out, left = [], {"outside": [], "other": [], "hidden": []}
@@ -117,7 +120,7 @@ def classes_of_folders(reader: Any, entries: list) -> list:
                 out.append(e)
             continue
         parts = e[1].split("/")
-        if not safe(e[1]):
+        if e[1] in unsafe:
             out.append(e)  # (its read says why)
         elif not (len(e[2]) == 1 and e[2][0][0] in exts):
             left["other"] += [m[3] for m in e[2]]
@@ -125,6 +128,5 @@ def classes_of_folders(reader: Any, entries: list) -> list:
             left["outside"].append(e[2][0][3])
         else:
             out.append((e[0], "/".join(parts[n:]), e[2], parts[n]))
-    media = {"folder": "image", "audio": "audio", "video": "video"}[name]
-    reader.left_out = said_left_out(reader, reader.tars[0] if len(reader.tars) == 1 else reader.path, left, media)
+    reader.left_out = said_left_out(reader, where, left, media)
     return out

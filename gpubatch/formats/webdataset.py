@@ -52,12 +52,13 @@ from .base import (
     image_size,
     shortfall,
 )
+from .files import TAR_SUFFIXES
 from .manifest import expected_records, read_manifest
 from .sinks import ShardFile, ShardSink
 from .tar_folders import class_tar_samples, classes_of_folders, holds_tars
 from .tar_scan import _BLOCK, _not_found, _samples, indexed_samples, scan_tar
 
-_COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst")
+_COMPRESSED_SUFFIXES = TAR_SUFFIXES[1:]
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-/]+")
 _KEY_SAFE = re.compile(r"[A-Za-z0-9_\-]+(?:/[A-Za-z0-9_\-]+)*")
 #: a tar block of zeros (members' padding is cut from it)
@@ -103,9 +104,9 @@ class WebDatasetReader(Reader):
     reads_into = True
 
     def __init__(self, path: Path, folder_classes: str | None = None):
-        """``folder_classes``: a tar of a media folder's tree, read as that folder once extracted would be, its class
-        folders the classes (:func:`.tar_folders.classes_of_folders`): ``"folder"`` an image folder's (``--from folder``), ``"audio"``
-        an audio folder's (``--from audio``), ``"video"`` a video folder's (``--from video``)."""
+        """``folder_classes``: a tar of a media folder's tree (``"image"``, ``"audio"``, ``"video"``: ``--from folder``,
+        ``audio``, ``video``), read as that folder once extracted would be, its class folders the classes
+        (:func:`.tar_folders.classes_of_folders`)."""
         path = Path(path)
         self.folder_classes = folder_classes
         matched = source_files(path)

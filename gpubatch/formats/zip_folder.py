@@ -34,7 +34,7 @@ from ..types import (
     sniff_image_codec,
 )
 from .base import Damaged, Reader
-from .files import class_folders_under, listing_among, refuse_listed, said_left_out
+from .files import MEDIA_EXTENSIONS, class_folders_under, listing_among, refuse_listed, said_left_out
 
 #: a member's local header: signature, version, flags, method, time, date, CRC, sizes, name and extra lengths
 _LOCAL = struct.Struct("<IHHHHHIIIHH")
@@ -49,23 +49,15 @@ def is_zip(path: Path) -> bool:
     return Path(path).is_file() and read_head(path, 4) in _ZIP_HEADS
 
 
-#: the extensions of each media's files, by the name its format reads them under
-_KINDS = {"image": IMAGE_EXTENSIONS, "audio": AUDIO_EXTENSIONS, "video": VIDEO_EXTENSIONS}
-
-
 def holds(path: Path, media: str = "image") -> bool:
     """Whether the ZIP at ``path`` lists a file of ``media`` (its central directory only is read)."""
     import zipfile
 
     try:
         with zipfile.ZipFile(path) as z:
-            return any(_of(i.filename, _KINDS[media]) for i in z.infolist() if not i.is_dir())
+            return any(_of(i.filename, MEDIA_EXTENSIONS[media]) for i in z.infolist() if not i.is_dir())
     except (OSError, zipfile.BadZipFile, ValueError):
         return False
-
-
-def holds_images(path: Path) -> bool:
-    return holds(path, "image")
 
 
 def _of(name: str, exts: Any) -> bool:
@@ -79,7 +71,7 @@ class ZipFolderReader(Reader):
     def __init__(self, path: Path, media: str = "image"):
         super().__init__(path)
         self.media = media
-        self._exts = _KINDS[media]
+        self._exts = MEDIA_EXTENSIONS[media]
         self._classes: tuple[str, ...] = ()
         self.left_out: dict[str, Any] = {}
 

@@ -1043,7 +1043,7 @@ def test_a_compressed_shard_is_decompressed_once_for_every_process_that_reads_it
     stale = folder / ("0" * 32 + ".tar-whole")
     folder.mkdir()
     stale.write_bytes(b"left by a killed run")
-    first, second = WebDatasetReader(src, folder_classes="folder"), WebDatasetReader(src, folder_classes="folder")
+    first, second = WebDatasetReader(src, folder_classes="image"), WebDatasetReader(src, folder_classes="image")
     assert [first.read(e).key for e in first.entries()] == [second.read(e).key for e in second.entries()] == \
         ["cat/0", "dog/0"]
     assert made == [src] and not stale.exists()  # (one copy made; the stale one swept as it was)
