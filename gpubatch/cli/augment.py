@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .options import device_options, format_choice, held_back, pipeline_options, run_options, standard_output
+from .options import FormatOption, device_options, held_back, pipeline_options, run_options, standard_output
 
 
 def _list_ops(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -62,7 +62,7 @@ def _list_presets(ctx: click.Context, _param: click.Parameter, value: bool) -> N
               help="Augmented variants per image, written as <key>_aug<k>.")
 @click.option("--keep-original", is_flag=True, help="Also write every image untouched under its own key.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the drawn parameters.")
-@click.option("--to", "to", type=format_choice(), default=None, help="Output format  [default: the source's]")
+@click.option("--to", "to", cls=FormatOption, default=None, help="Output format  [default: the source's]")
 @click.option("--audio-format", type=click.Choice(["keep", "flac", "wav", "npy"]), default=None,
               help="Audio outputs as FLAC, WAV or float32 .npy  [default: keep; lossy codecs become FLAC]")
 @click.option("--quality", type=click.IntRange(1, 100), default=None, metavar="Q",

@@ -6,13 +6,13 @@ import json
 
 import click
 
-from .options import device_options, format_choice, held_back, pipeline_options, run_options, standard_output
+from .options import FormatOption, device_options, held_back, pipeline_options, run_options, standard_output
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("src", type=str)
 @click.argument("dst", type=str)
-@click.option("--to", "to", type=format_choice(), required=True, help="Output format.")
+@click.option("--to", "to", cls=FormatOption, required=True, help="Output format.")
 @click.option("--resize-shorter", type=click.IntRange(min=1), default=None, metavar="N",
               help="Resize so the shorter side is N pixels (antialiased bilinear).")
 @click.option("--center-crop", type=click.IntRange(min=1), default=None, metavar="N",

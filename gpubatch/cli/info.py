@@ -6,12 +6,12 @@ import json
 
 import click
 
-from .options import format_choice, held_back, standard_output
+from .options import FormatOption, held_back, standard_output
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("path", type=str)
-@click.option("--from", "from_format", type=format_choice(), default=None,
+@click.option("--from", "from_format", cls=FormatOption, default=None,
               help="Dataset format  [default: detected]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader threads.")

@@ -63,6 +63,26 @@ def format_choice() -> Choice:
     return _FormatChoice()
 
 
+class FormatOption(click.Option):
+    """An option that takes a format's name (``--to``, ``--from``): ``FORMAT`` in the options' column and the names in
+    its help, where they wrap (as click's one ``[audio|coco|...]`` they ran past an 80-column terminal, cut inside a
+    name)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw.setdefault("type", format_choice())
+        kw.setdefault("metavar", "FORMAT")
+        super().__init__(*args, **kw)
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        base = self.help or ""
+        head, sep, tail = base.partition("  [")
+        self.help = f"{head.rstrip('.')}: {', '.join(self.type.choices)}.{'  [' if sep else ''}{tail}"
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.help = base
+
+
 def device_options(f):
     f = click.option("--gpus", default=None, metavar="all|0,1,..",
                      help="Spread the run over these GPUs (worker processes on each; the output is the same as on "
@@ -112,7 +132,7 @@ def run_options(f):
 def pipeline_options(f):
     """Options of commands that read a dataset, transform it and write another (convert, augment)."""
     for opt in reversed([
-        click.option("--from", "from_format", type=format_choice(), default=None,
+        click.option("--from", "from_format", cls=FormatOption, default=None,
                      help="Source format  [default: detected]"),
         click.option("--image-format", type=Choice(["keep", "jpeg", "png"], {"jpg": "jpeg"}), default="keep", show_default=True,
                      help="Codec of re-encoded images; keep leaves JPEG as JPEG and PNG as PNG."),

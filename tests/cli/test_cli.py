@@ -651,3 +651,19 @@ def test_running_out_of_memory_or_threads_is_one_line(imagenet, tmp_path, monkey
     assert e.value.code == 1 and err[-1].startswith(said) and "--workers" in err[-1]
     with pytest.raises(type(raised)):
         run(main, ["--debug", "convert", str(imagenet), str(tmp_path / "out"), "--to", "webdataset"])
+
+
+@pytest.mark.parametrize("command", ["convert", "augment", "info", "bench", "finish"])
+def test_each_commands_help_fits_an_80_column_terminal_and_names_every_format(command):
+    """The format options show ``FORMAT`` and name the formats in their help: click's one ``[audio|coco|...]`` ran
+    past 80 columns, cut inside a name."""
+    from gpubatch.formats import format_names
+
+    r = run_cli(command, "--help", env={**os.environ, "COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    assert [ln for ln in r.stdout.splitlines() if len(ln) > 80] == []
+    if command in ("convert", "augment", "info"):
+        flat = " ".join(r.stdout.split())
+        option = "--from FORMAT" if command == "info" else "--to FORMAT"
+        assert option in flat
+        assert ", ".join(format_names()) in flat
