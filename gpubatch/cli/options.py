@@ -58,18 +58,13 @@ class _FormatChoice(Choice):
         pass
 
 
-def format_choice() -> Choice:
-    """The format names, with the names people also use for them suggested."""
-    return _FormatChoice()
-
-
 class FormatOption(click.Option):
-    """An option that takes a format's name (``--to``, ``--from``): ``FORMAT`` in the options' column and the names in
-    its help, where they wrap (as click's one ``[audio|coco|...]`` they ran past an 80-column terminal, cut inside a
-    name)."""
+    """An option that takes a format's name (``--to``, ``--from``; the names people also use for them suggested):
+    ``FORMAT`` in the options' column and the names in its help, where they wrap (as click's one ``[audio|coco|...]``
+    they ran past an 80-column terminal, cut inside a name)."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
-        kw.setdefault("type", format_choice())
+        kw.setdefault("type", _FormatChoice())
         kw.setdefault("metavar", "FORMAT")
         super().__init__(*args, **kw)
 
