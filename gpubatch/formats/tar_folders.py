@@ -18,7 +18,7 @@ from .files import (
     refuse_listed,
     said_left_out,
 )
-from .tar_scan import HIDDEN_NAME, _samples, scan_tar
+from .tar_scan import HIDDEN_NAME, _samples, scan_tar, split_file
 
 
 class _Window:
@@ -54,7 +54,7 @@ def class_tar_samples(s: int, tar: Path, f: Any, members: list[tuple[str, int, i
         inner, damage, ended = scan_tar(_Window(f, off), size)
         inner = [(n, off + o, sz, off + h) for n, o, sz, h in inner]
         damage = [(off + a, off + b, what) for a, b, what in damage]
-        for e in _samples(s, tar, inner, damage):
+        for e in _samples(s, tar, inner, damage, split_file):  # (a file a record, as once extracted)
             if not isinstance(e, Damaged):
                 out.append((e[0], f"{cls}/{e[1]}", e[2], cls))
             elif e.key.startswith(tar.name):  # (a stretch: its bytes, the outer file's, named in its reason)
@@ -92,8 +92,10 @@ def classes_of_folders(reader: Any, entries: list) -> list:
             unsafe.add(e[1])
     for media in ([reader.folder_classes] if reader.folder_classes else MEDIA_EXTENSIONS):
         exts = MEDIA_EXTENSIONS[media]
-        files = [e for e in samples if len(e[2]) == 1 and e[2][0][0] in exts and e[1] not in unsafe]
-        dirs = [e[1].split("/")[:-1] for e in files]
+        # (read as shards, a folder's files named cat.0.jpg, cat.1.jpg are one sample by webdataset's rule: its folders
+        # are told from the members' own names)
+        dirs = [m[3].split("/")[:-1] for e in samples if e[1] not in unsafe for m in e[2]
+                if m[3].rsplit(".", 1)[-1].lower() in exts]
         n, classes = class_folders_under(dirs)
         if media == "audio":
             classes = [c for c in classes if not c.startswith("_")]
@@ -106,9 +108,12 @@ def classes_of_folders(reader: Any, entries: list) -> list:
     some = ", ".join(c + "/" for c in classes[:3]) + (", ..." if len(classes) > 3 else "")
     if not reader.folder_classes:
         what = {"image": "images", "audio": "recordings", "video": "videos"}[media]
+        grouped = sum(len(e[2]) for e in samples if len(e[2]) > 1)  # (cat.0.jpg, cat.1.jpg: one sample "cat/cat")
+        many = (f"; as shards, {grouped:,} of its files make {sum(len(e[2]) > 1 for e in samples):,} samples (a "
+                "webdataset key ends at a name's first dot)") if grouped else ""
         reader.warnings.append(f"the samples of {where} carry no label and their {what} lie in {len(classes):,} "
                                f"folders under {under} ({some}): to read those folders as classes, as once extracted, "
-                               f"pass --from {FOLDER_FORMAT[media]}")
+                               f"pass --from {FOLDER_FORMAT[media]}{many}")
         return entries
     taken = set(classes)
     out, left = [], {"outside": [], "other": [], "hidden": []}

@@ -31,6 +31,17 @@ def split_member(name: str) -> tuple[str, str] | None:
     return (m.group(1), m.group(2).lower()) if m else None
 
 
+def split_file(name: str) -> tuple[str, str] | None:
+    """(key, extension) of a member read as a file of the folder the tar's extraction makes: the name without its last
+    extension, as a folder's file is keyed (``cat/cat.0.jpg``: ``cat/cat.0``, where webdataset's rule groups every
+    ``cat/cat.*`` into one sample), or None to skip it (a hidden name, or none to key)."""
+    base = name.rsplit("/", 1)[-1]
+    if not base or base.startswith(".") or base.startswith("__"):
+        return None
+    stem, dot, ext = base.rpartition(".")
+    return (name[: len(name) - len(ext) - 1], ext.lower()) if dot and stem else None
+
+
 _BLOCK = tarfile.BLOCKSIZE
 _ZERO_BLOCK = bytes(_BLOCK)
 
@@ -125,9 +136,10 @@ def scan_tar(f: Any, size: int) -> tuple[list[tuple[str, int, int, int]], list[t
 
 
 def _samples(s: int, tar: Path, members: list[tuple[str, int, int, int]],
-             damage: list[tuple[int, int, str]]) -> list[tuple[int, str, tuple] | Damaged]:
+             damage: list[tuple[int, int, str]], split: Any = split_member) -> list[tuple[int, str, tuple] | Damaged]:
     """Members grouped into samples as webdataset and DALI group them (consecutive members sharing a
-    key), in shard order, with each damaged stretch as a Damaged entry.
+    key; ``split`` names a member's key and extension: :func:`split_file` for a tar read as the folder its extraction
+    makes, a file a record), in shard order, with each damaged stretch as a Damaged entry.
 
     Next to a damaged stretch, a sample that lacks a member the shard's samples hold (its ``.cls`` or
     its image lay in the stretch) is a Damaged entry in the stretch's place: written, it would be a
@@ -143,7 +155,7 @@ def _samples(s: int, tar: Path, members: list[tuple[str, int, int, int]],
             current = None
             continue
         name, off, size, head = ev
-        ke = split_member(name)
+        ke = split(name)
         if ke is None:  # a member webdataset and DALI leave out: listed, not dropped in silence
             base = name.rsplit("/", 1)[-1]
             why = "no extension" if "." not in base.lstrip(".") else HIDDEN_NAME

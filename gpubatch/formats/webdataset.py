@@ -56,7 +56,7 @@ from .files import TAR_SUFFIXES
 from .manifest import expected_records, read_manifest
 from .sinks import ShardFile, ShardSink
 from .tar_folders import class_tar_samples, classes_of_folders, holds_tars
-from .tar_scan import _BLOCK, _not_found, _samples, indexed_samples, scan_tar
+from .tar_scan import _BLOCK, _not_found, _samples, indexed_samples, scan_tar, split_file, split_member
 
 _COMPRESSED_SUFFIXES = TAR_SUFFIXES[1:]
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-/]+")
@@ -158,7 +158,7 @@ class WebDatasetReader(Reader):
                 entries.extend(shortfall(tar, [*_samples(s, tar, [], damage), *nested], None, [], "" if ended else
                                          "the tar has no end-of-archive block"))
                 continue
-            found = _samples(s, tar, members, damage)
+            found = _samples(s, tar, members, damage, split_file if self.folder_classes else split_member)
             named = _not_found(tar, found, members)
             cut = "" if ended else "the tar has no end-of-archive block"
             if not self.files.whole.get(s, True):

@@ -222,6 +222,50 @@ def test_a_tar_of_an_image_folder_says_how_to_read_its_classes_and_does_with_fro
         == ["apple_pie/0.jpg", "apple_pie/1.jpg", "ceviche/0.jpg", "ceviche/1.jpg"]
 
 
+def test_a_tar_of_class_folders_whose_file_names_hold_dots_gives_a_record_a_file(tmp_path):
+    """Kaggle's dogs-vs-cats names its files ``cat.0.jpg``, ``cat.1.jpg``. webdataset's key ends at a name's first
+    dot, so read as shards such a folder's files are one sample: with --from folder (and in a tar of class tars) 6
+    files had made 2 records, exit 0, their other images members of those samples (dropped by LMDB). Each file is
+    now a record, keyed as the extracted folder's; read as shards, the warning says how the files were grouped."""
+    tree = tmp_path / "tree"
+    for i, c in enumerate(["cat", "dog"]):
+        (tree / c).mkdir(parents=True)
+        for k in range(3):
+            (tree / c / f"{c}.{k}.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=10 * i + k)))
+    src = tmp_path / "train.tar"
+    with tarfile.open(src, "w") as t:
+        for f in sorted(tree.rglob("*.jpg")):
+            t.add(f, f.relative_to(tree).as_posix())
+    nested = tmp_path / "classes.tar"  # (as ImageNet's training tar: a tar a class)
+    with tarfile.open(nested, "w") as t:
+        for c in ("cat", "dog"):
+            with tarfile.open(tmp_path / f"{c}.tar", "w") as inner:
+                for f in sorted((tree / c).glob("*.jpg")):
+                    inner.add(f, f.name)
+            t.add(tmp_path / f"{c}.tar", f"{c}.tar")
+    def items(path):
+        import lmdb
+
+        env = lmdb.open(str(path), readonly=True, lock=False)
+        with env.begin() as txn:
+            out = list(txn.cursor())
+        env.close()
+        return out
+
+    convert(tree, tmp_path / "extracted", to="lmdb")
+    want = items(tmp_path / "extracted")
+    assert len(want) == 6
+    for source, options in ((src, {"from_format": "folder"}), (nested, {})):
+        out = tmp_path / f"from-{source.stem}"
+        s = convert(source, out, to="lmdb", **options)
+        assert s.records_in == s.records_out == 6 and not s.skipped and not s.warnings, (s.records_out, s.warnings)
+        assert items(out) == want
+    s = convert(src, tmp_path / "as-shards", to="webdataset")
+    assert s.records_out == 2
+    assert any(w.endswith("pass --from folder; as shards, 6 of its files make 2 samples (a webdataset key ends at a "
+                          "name's first dot)") for w in s.warnings), s.warnings
+
+
 def test_a_flipped_byte_in_a_tar_header_mid_shard_skips_that_sample_only(imagenet, tmp_path):
     wds = _written(imagenet, tmp_path / "wds", "webdataset")
     shard = next(wds.glob("*.tar"))
