@@ -92,10 +92,10 @@ def classes_of_folders(reader: Any, entries: list) -> list:
             unsafe.add(e[1])
     for media in ([reader.folder_classes] if reader.folder_classes else MEDIA_EXTENSIONS):
         exts = MEDIA_EXTENSIONS[media]
-        # (read as shards, a folder's files named cat.0.jpg, cat.1.jpg are one sample by webdataset's rule: its folders
-        # are told from the members' own names)
-        dirs = [m[3].split("/")[:-1] for e in samples if e[1] not in unsafe for m in e[2]
-                if m[3].rsplit(".", 1)[-1].lower() in exts]
+        # samples of such files alone (read as shards, a folder's cat.0.jpg, cat.1.jpg are one sample by webdataset's
+        # rule: the folders are told from the members' own names); a sample with a caption or a mask is no folder's file
+        files = [e for e in samples if e[1] not in unsafe and all(m[3].rsplit(".", 1)[-1].lower() in exts for m in e[2])]
+        dirs = [m[3].split("/")[:-1] for e in files for m in e[2]]
         n, classes = class_folders_under(dirs)
         if media == "audio":
             classes = [c for c in classes if not c.startswith("_")]
@@ -108,8 +108,8 @@ def classes_of_folders(reader: Any, entries: list) -> list:
     some = ", ".join(c + "/" for c in classes[:3]) + (", ..." if len(classes) > 3 else "")
     if not reader.folder_classes:
         what = {"image": "images", "audio": "recordings", "video": "videos"}[media]
-        grouped = sum(len(e[2]) for e in samples if len(e[2]) > 1)  # (cat.0.jpg, cat.1.jpg: one sample "cat/cat")
-        many = (f"; as shards, {grouped:,} of its files make {sum(len(e[2]) > 1 for e in samples):,} samples (a "
+        grouped = sum(len(e[2]) for e in files if len(e[2]) > 1)  # (cat.0.jpg, cat.1.jpg: one sample "cat/cat")
+        many = (f"; as shards, {grouped:,} of its files make {sum(len(e[2]) > 1 for e in files):,} samples (a "
                 "webdataset key ends at a name's first dot)") if grouped else ""
         reader.warnings.append(f"the samples of {where} carry no label and their {what} lie in {len(classes):,} "
                                f"folders under {under} ({some}): to read those folders as classes, as once extracted, "

@@ -264,6 +264,16 @@ def test_a_tar_of_class_folders_whose_file_names_hold_dots_gives_a_record_a_file
     assert s.records_out == 2
     assert any(w.endswith("pass --from folder; as shards, 6 of its files make 2 samples (a webdataset key ends at a "
                           "name's first dot)") for w in s.warnings), s.warnings
+    captioned = tmp_path / "captioned.tar"  # (a webdataset whose samples hold an image and its caption: no such files)
+    with tarfile.open(captioned, "w") as t:
+        for f in sorted(tree.rglob("*.jpg")):
+            key = f.relative_to(tree).as_posix().replace(".", "_", 1)
+            t.add(f, key)
+            caption = tarfile.TarInfo(key[: -len(".jpg")] + ".txt")
+            caption.size = len(f.parent.name)
+            t.addfile(caption, io.BytesIO(f.parent.name.encode()))
+    s = convert(captioned, tmp_path / "captioned", to="webdataset")
+    assert s.records_out == 6 and not s.warnings, s.warnings
 
 
 def test_a_flipped_byte_in_a_tar_header_mid_shard_skips_that_sample_only(imagenet, tmp_path):
