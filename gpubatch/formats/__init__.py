@@ -182,6 +182,11 @@ def open_reader(path: Path, fmt: str | None = None, options: dict | None = None,
         from .base import numbered_gaps
 
         reader.missing += numbered_gaps(reader.shard_paths())
+        if cls.sharded:  # (a shard the dataset's manifest lists, gone from the folder)
+            from .manifest import lost_shards
+
+            reader.missing += lost_shards(getattr(reader, "manifest", None) or {}, path, reader.shard_paths(),
+                                          [m for m, _ in reader.missing])
     if warning:
         reader.warnings.insert(0, warning)
     return reader

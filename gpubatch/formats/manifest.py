@@ -110,6 +110,33 @@ def expected_records(manifest: dict[str, Any], shard: Path) -> int | None:
     return table.get(Path(shard).name) if isinstance(table, dict) else None
 
 
+def _shard_name(name: str) -> str:
+    """A shard's name as its manifest lists it, whether it was compressed since (``x.tar.gz``, ``x.tgz``: ``x.tar``)."""
+    for suffix in (".gz", ".bz2", ".xz", ".zst"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return name[:-4] + ".tar" if name.endswith(".tgz") else name
+
+
+def lost_shards(manifest: dict[str, Any], root: Path, present: Any, said: Any = ()) -> list[tuple[str, str]]:
+    """The shards a dataset's manifest lists (its ``shards`` table, name -> records) that its folder ``root`` does not
+    hold, as (path, why): a folder copied or downloaded in part loses them with a word. ``present``: the shard files
+    found (compressed since, they count as themselves); ``said``: the paths already named as missing (a numbered set's
+    gaps). Where none of the names the table lists is there, it describes other files (a set renamed, the manifest
+    kept for its class names): none is said lost."""
+    table = manifest.get("shards")
+    if not isinstance(table, dict):
+        return []
+    have = {_shard_name(Path(p).name) for p in present}
+    if not have & set(table):
+        return []
+    have |= {Path(p).name for p in said}
+    return [(str(Path(root) / name), f"the dataset's {MANIFEST_NAME} lists this shard with {n:,} record"
+             f"{'s' if n != 1 else ''}, but the folder does not hold it: its records are lost (a copy or download "
+             "cut short?)") for name, n in sorted(table.items()) if n and name not in have and Path(name).name == name]
+
+
 def write_manifest(root: Path, content: dict[str, Any]) -> Path:
     """Write ``content`` as ``root/gpubatch.json`` (errors beyond MAX_LISTED_ERRORS are counted, not listed)."""
     from .. import __version__

@@ -5,6 +5,7 @@ every record the archive held."""
 from __future__ import annotations
 
 import random
+import shutil
 import tarfile
 import zipfile
 
@@ -74,3 +75,62 @@ def test_a_damaged_archive_ends_in_an_error_or_accounts_for_every_record(tmp_pat
         assert s.records_in == s.records_out + len(s.skipped), (how, s)
         if not s.skipped and not s.warnings:
             assert s.records_out == N, (how, s.records_out)
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "tfrecord", "recordio", "parquet", "lmdb", "coco"])
+def test_a_dataset_gpubatch_wrote_damaged_at_random_loses_no_record_without_a_word(tmp_path, fmt):
+    """One of its files (a shard, an index, the manifest, a COCO JSON...) has bits flipped, is cut short, has a stretch
+    zeroed or is gone: the run ends in one clear error or accounts for every record, and one that says nothing wrong
+    wrote them all. A webdataset or RecordIO shard gone had read as a smaller dataset, exit 0 and no word."""
+    tree = tmp_path / "tree"
+    for i, c in enumerate(("cat", "dog")):
+        (tree / c).mkdir(parents=True)
+        for k in range(6):
+            (tree / c / f"{c}{k}.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=10 * i + k)))
+    src = tree if fmt != "coco" else _coco(tmp_path / "coco", tree)
+    ds = tmp_path / "ds"
+    convert(src, ds, to=fmt, workers=1, shard_size=4)
+    files = sorted(p for p in ds.rglob("*") if p.is_file())
+    rng = random.Random(fmt)
+    for i in range(8):
+        bad = tmp_path / f"m{i}"
+        shutil.copytree(ds, bad)
+        target = bad / rng.choice(files).relative_to(ds)
+        how = ("flip", "cut", "zero", "delete")[i % 4]
+        b = bytearray(target.read_bytes())
+        if how == "delete":
+            target.unlink()
+        elif how == "flip":
+            for _ in range(rng.randint(1, 8)):
+                b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+        elif how == "cut":
+            b = b[: rng.randrange(len(b))]
+        else:
+            at = rng.randrange(len(b))
+            b[at : at + 512] = bytes(len(b[at : at + 512]))
+        if how != "delete":
+            target.write_bytes(bytes(b))
+        try:
+            s = convert(bad, tmp_path / f"o{i}", to="webdataset", workers=1)
+        except GpubatchError as e:
+            assert "\n" not in str(e).strip() and str(e).strip(), (how, target.name, e)
+            continue
+        assert s.records_in == s.records_out + len(s.skipped), (how, target.name, s)
+        if not s.skipped and not s.warnings:
+            assert s.records_out == 12, (how, target.name, s.records_out)
+
+
+def _coco(root, tree):
+    """A COCO set of ``tree``'s images, one box each."""
+    import json
+
+    (root / "images").mkdir(parents=True)
+    images, anns = [], []
+    for n, f in enumerate(sorted(tree.rglob("*.jpg"))):
+        shutil.copy(f, root / "images" / f.name)
+        images.append({"id": n + 1, "file_name": f.name, "height": 24, "width": 32})
+        anns.append({"id": n + 1, "image_id": n + 1, "category_id": 1 + (f.parent.name == "dog"), "bbox": [2, 2, 10, 10],
+                     "area": 100, "iscrowd": 0})
+    (root / "annotations.json").write_text(json.dumps({"images": images, "annotations": anns, "categories": [
+        {"id": 1, "name": "cat"}, {"id": 2, "name": "dog"}]}))
+    return root

@@ -276,6 +276,34 @@ def test_a_tar_of_class_folders_whose_file_names_hold_dots_gives_a_record_a_file
     assert s.records_out == 6 and not s.warnings, s.warnings
 
 
+@pytest.mark.parametrize("fmt", ["webdataset", "recordio", "tfrecord", "parquet"])
+def test_a_shard_gone_from_a_dataset_gpubatch_wrote_is_named_with_its_records(imagenet, tmp_path, fmt):
+    """A folder copied or downloaded in part: webdataset's and RecordIO's shard names count no total, so a lost shard
+    had read as a smaller dataset, exit 0 and no word (12 records of 60 gone). The manifest's shard table names it;
+    TFRecord's and Parquet's numbered names said so already, and say it once."""
+    src = tmp_path / "src"
+    convert(imagenet, src, to=fmt, shard_size=12)
+    table = json.loads((src / "gpubatch.json").read_text())["shards"]
+    lost = sorted(table)[1]
+    (src / lost).unlink()
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_out == sum(table.values()) - table[lost]
+    assert [e for e in s.skipped if lost in e["key"]] == [e for e in s.skipped], s.skipped
+    assert len(s.skipped) == 1
+    if fmt in ("webdataset", "recordio"):  # (TFRecord's and Parquet's -of- names say it, once)
+        assert s.skipped[0]["reason"] == (f"the dataset's gpubatch.json lists this shard with {table[lost]:,} records, "
+                                          "but the folder does not hold it: its records are lost (a copy or download "
+                                          "cut short?)")
+    if fmt == "webdataset":  # (its shards gzipped since, each beside the name it had: the same one lost)
+        import gzip
+
+        for shard in src.glob("*.tar"):
+            shard.with_name(shard.name + ".gz").write_bytes(gzip.compress(shard.read_bytes()))
+            shard.unlink()
+        again = convert(src, tmp_path / "again", to="webdataset")
+        assert again.records_out == s.records_out and [e["key"] for e in again.skipped] == [lost]
+
+
 def test_a_flipped_byte_in_a_tar_header_mid_shard_skips_that_sample_only(imagenet, tmp_path):
     wds = _written(imagenet, tmp_path / "wds", "webdataset")
     shard = next(wds.glob("*.tar"))
