@@ -112,11 +112,10 @@ def expected_records(manifest: dict[str, Any], shard: Path) -> int | None:
 
 def _shard_name(name: str) -> str:
     """A shard's name as its manifest lists it, whether it was compressed since (``x.tar.gz``, ``x.tgz``: ``x.tar``)."""
-    for suffix in (".gz", ".bz2", ".xz", ".zst"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return name[:-4] + ".tar" if name.endswith(".tgz") else name
+    from .files import TAR_SUFFIXES
+
+    low = name.lower()
+    return next((name[: -len(s)] + ".tar" for s in TAR_SUFFIXES[1:] if low.endswith(s)), name)
 
 
 def lost_shards(manifest: dict[str, Any], root: Path, present: Any, said: Any = ()) -> list[tuple[str, str]]:
