@@ -172,6 +172,12 @@ def _kinds(names: list[str]) -> dict[str, list[str]]:
 _OWN_FILES = frozenset({"file_list.txt", "gpubatch.json", "augment-params.jsonl"})
 
 
+def named_with(name: str, exts: Any) -> bool:
+    """Whether the file ``name`` (a path; its base name has a dot) ends in one of ``exts`` (lower-case, no dot)."""
+    base = name.rsplit("/", 1)[-1]
+    return "." in base and base.rsplit(".", 1)[1].lower() in exts
+
+
 def _strip_ext(rel: str) -> str:
     """A file's key: its path without the extension."""
     return rel.rsplit(".", 1)[0] if "." in rel.rsplit("/", 1)[-1] else rel

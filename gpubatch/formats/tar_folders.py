@@ -15,6 +15,7 @@ from .files import (
     MEDIA_EXTENSIONS,
     class_folders_under,
     listing_among,
+    named_with,
     refuse_listed,
     said_left_out,
 )
@@ -94,7 +95,7 @@ def classes_of_folders(reader: Any, entries: list) -> list:
         exts = MEDIA_EXTENSIONS[media]
         # samples of such files alone (read as shards, a folder's cat.0.jpg, cat.1.jpg are one sample by webdataset's
         # rule: the folders are told from the members' own names); a sample with a caption or a mask is no folder's file
-        files = [e for e in samples if e[1] not in unsafe and all(m[3].rsplit(".", 1)[-1].lower() in exts for m in e[2])]
+        files = [e for e in samples if e[1] not in unsafe and all(named_with(m[3], exts) for m in e[2])]
         dirs = [m[3].split("/")[:-1] for e in files for m in e[2]]
         n, classes = class_folders_under(dirs)
         if media == "audio":

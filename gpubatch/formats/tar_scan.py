@@ -35,11 +35,13 @@ def split_file(name: str) -> tuple[str, str] | None:
     """(key, extension) of a member read as a file of the folder the tar's extraction makes: the name without its last
     extension, as a folder's file is keyed (``cat/cat.0.jpg``: ``cat/cat.0``, where webdataset's rule groups every
     ``cat/cat.*`` into one sample), or None to skip it (a hidden name, or none to key)."""
+    from .files import _strip_ext
+
     base = name.rsplit("/", 1)[-1]
-    if not base or base.startswith(".") or base.startswith("__"):
+    if not base or base.startswith(".") or base.startswith("__") or "." not in base:
         return None
-    stem, dot, ext = base.rpartition(".")
-    return (name[: len(name) - len(ext) - 1], ext.lower()) if dot and stem else None
+    key = _strip_ext(name)
+    return key, name[len(key) + 1 :].lower()
 
 
 _BLOCK = tarfile.BLOCKSIZE

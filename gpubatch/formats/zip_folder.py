@@ -34,7 +34,14 @@ from ..types import (
     sniff_image_codec,
 )
 from .base import Damaged, Reader
-from .files import MEDIA_EXTENSIONS, class_folders_under, listing_among, refuse_listed, said_left_out
+from .files import (
+    MEDIA_EXTENSIONS,
+    class_folders_under,
+    listing_among,
+    named_with,
+    refuse_listed,
+    said_left_out,
+)
 
 #: a member's local header: signature, version, flags, method, time, date, CRC, sizes, name and extra lengths
 _LOCAL = struct.Struct("<IHHHHHIIIHH")
@@ -55,14 +62,9 @@ def holds(path: Path, media: str = "image") -> bool:
 
     try:
         with zipfile.ZipFile(path) as z:
-            return any(_of(i.filename, MEDIA_EXTENSIONS[media]) for i in z.infolist() if not i.is_dir())
+            return any(named_with(i.filename, MEDIA_EXTENSIONS[media]) for i in z.infolist() if not i.is_dir())
     except (OSError, zipfile.BadZipFile, ValueError):
         return False
-
-
-def _of(name: str, exts: Any) -> bool:
-    base = name.rsplit("/", 1)[-1]
-    return "." in base and base.rsplit(".", 1)[1].lower() in exts
 
 
 class ZipFolderReader(Reader):
@@ -100,7 +102,7 @@ class ZipFolderReader(Reader):
             try:
                 safe_relpath(i.filename)
             except ValueError as e:
-                if _of(i.filename, self._exts):
+                if named_with(i.filename, self._exts):
                     unsafe.append(Damaged(i.filename, f"{self.path}#{i.filename}", str(e)))
                 continue
             parts = i.filename.split("/")
@@ -108,9 +110,9 @@ class ZipFolderReader(Reader):
             if at is not None:  # (named as a folder's walk names them: a hidden folder, or a hidden image)
                 if at < len(parts) - 1:
                     hidden.add("/".join(parts[: at + 1]) + "/")
-                elif _of(i.filename, self._exts):
+                elif named_with(i.filename, self._exts):
                     hidden.add(i.filename)
-            elif _of(i.filename, self._exts):
+            elif named_with(i.filename, self._exts):
                 images.append(i)
             else:
                 left["other"].append(i.filename)

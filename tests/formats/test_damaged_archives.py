@@ -18,12 +18,17 @@ from tests.helpers import jpeg_bytes, photo
 N = 6
 
 
-def _archive(tmp_path, kind):
-    tree = tmp_path / "tree"
+def _tree(root, per, dot=""):
+    """Two class folders of ``per`` small JPEGs each (``cat<dot><k>.jpg``)."""
     for i, c in enumerate(("cat", "dog")):
-        (tree / c).mkdir(parents=True)
-        for k in range(N // 2):
-            (tree / c / f"{c}.{k}.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=10 * i + k)))
+        (root / c).mkdir(parents=True)
+        for k in range(per):
+            (root / c / f"{c}{dot}{k}.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=10 * i + k)))
+    return root
+
+
+def _archive(tmp_path, kind):
+    tree = _tree(tmp_path / "tree", N // 2, dot=".")
     files = sorted(p for p in tree.rglob("*.jpg"))
     if kind == "zip":
         out = tmp_path / "src.zip"
@@ -82,11 +87,7 @@ def test_a_dataset_gpubatch_wrote_damaged_at_random_loses_no_record_without_a_wo
     """One of its files (a shard, an index, the manifest, a COCO JSON...) has bits flipped, is cut short, has a stretch
     zeroed or is gone: the run ends in one clear error or accounts for every record, and one that says nothing wrong
     wrote them all. A webdataset or RecordIO shard gone had read as a smaller dataset, exit 0 and no word."""
-    tree = tmp_path / "tree"
-    for i, c in enumerate(("cat", "dog")):
-        (tree / c).mkdir(parents=True)
-        for k in range(6):
-            (tree / c / f"{c}{k}.jpg").write_bytes(jpeg_bytes(photo(24, 32, seed=10 * i + k)))
+    tree = _tree(tmp_path / "tree", 6)
     src = tree if fmt != "coco" else _coco(tmp_path / "coco", tree)
     ds = tmp_path / "ds"
     convert(src, ds, to=fmt, workers=1, shard_size=4)
