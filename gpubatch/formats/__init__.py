@@ -135,8 +135,9 @@ def _detected(path: Path) -> tuple[type[Format], str | None]:
 
         kind = archive_kind(read_head(path, 8))
         if kind == "a ZIP archive":  # (a ZIP of images is the image folder it holds: FolderFormat took it)
-            from .zip_folder import holds
+            from .zip_folder import holds, listed
 
+            listed(path)  # (a damaged ZIP says so, not that it holds no such file)
             media = next((m for m in ("audio", "video") if holds(path, m)), None)
             if media:
                 raise FormatError(f"{path} is a ZIP archive of {media} files: read it with --from {media}")

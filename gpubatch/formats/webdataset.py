@@ -203,7 +203,10 @@ class WebDatasetReader(Reader):
     @property
     def media(self) -> str:  # type: ignore[override]
         """"video" for a dataset of video samples (a video member and no image member), "audio" for one of
-        audio samples (an audio member, no image or video member) or of audio features, else "image"."""
+        audio samples (an audio member, no image or video member) or of audio features, else "image". A tar read
+        as a media folder (``folder_classes``: ``--from audio``) is of that media, whatever is left of it."""
+        if self.folder_classes:
+            return self.folder_classes
         exts = self.member_extensions()
         if any(e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS for e in exts):
             return "image"

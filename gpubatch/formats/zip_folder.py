@@ -56,6 +56,24 @@ def is_zip(path: Path) -> bool:
     return Path(path).is_file() and read_head(path, 4) in _ZIP_HEADS
 
 
+def listed(path: Path) -> list[Any]:
+    """The files the ZIP at ``path`` lists (its central directory's ``ZipInfo``s, folders left out).
+
+    Raises:
+        FormatError: the ZIP is damaged (cut short, its central directory lost) or cannot be read, in one line.
+    """
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return [i for i in z.infolist() if not i.is_dir()]
+    except zipfile.BadZipFile as e:
+        raise FormatError(f"{path} is a damaged ZIP ({e}: cut short, or its central directory lost); "
+                          f"'zip -FF {path} --out fixed.zip' rebuilds what it can") from None
+    except OSError as e:
+        raise FormatError(f"cannot read {path}: {e.strerror or e}") from None
+
+
 def holds(path: Path, media: str = "image") -> bool:
     """Whether the ZIP at ``path`` lists a file of ``media`` (its central directory only is read)."""
     import zipfile
@@ -81,16 +99,8 @@ class ZipFolderReader(Reader):
         return [self.path]  # (the ZIP is the source: an output beside it is no overlap)
 
     def _scan(self) -> list[Any]:
-        import zipfile
 
-        try:
-            with zipfile.ZipFile(self.path) as z:
-                members = [i for i in z.infolist() if not i.is_dir()]
-        except zipfile.BadZipFile as e:
-            raise FormatError(f"{self.path} is a damaged ZIP ({e}: cut short, or its central directory lost); "
-                              f"'zip -FF {self.path} --out fixed.zip' rebuilds what it can") from None
-        except OSError as e:
-            raise FormatError(f"cannot read {self.path}: {e.strerror or e}") from None
+        members = listed(self.path)
         listing = listing_among([i.filename for i in members], self.media)
         if listing:
             refuse_listed(self.path, listing)

@@ -378,3 +378,22 @@ def test_sound_in_webm_and_matroska_is_a_recording(tmp_path):
     p = run_cli("info", alone)
     assert "no video stream (1 audio stream: a folder of such files is read as sound with --from audio)" in " ".join(
         (p.stdout + p.stderr).split()), p.stdout + p.stderr
+
+
+def test_a_tar_read_with_from_audio_cut_before_its_first_whole_clip_is_read_as_audio(tmp_path):
+    """Its media is what --from names, whatever is left of it: cut inside its first clip, the run's line names the
+    damage, where it had said "resample takes audio data, not image" (the tar's media told from members whole)."""
+    import tarfile
+
+    root = tmp_path / "sc"
+    for word in ("yes", "no"):
+        write(root / word / "a.wav", tone(0.5), RATE, "wav")
+    src = tmp_path / "words.tar"
+    with tarfile.open(src, "w") as t:
+        t.add(root / "yes", "yes")
+        t.add(root / "no", "no")
+    src.write_bytes(src.read_bytes()[:3000])  # (inside yes/a.wav)
+    p = run_cli("convert", src, tmp_path / "out", "--to", "webdataset", "--from", "audio", "--sample-rate", "8000")
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    line = p.stderr.strip().splitlines()[-1]
+    assert "damaged shard" in line and "audio data, not image" not in line, line

@@ -97,6 +97,11 @@ def test_a_zip_cut_short_is_one_line_naming_the_repair(tmp_path):
     src.write_bytes(src.read_bytes()[:-200])  # (its central directory's end lost)
     with pytest.raises(GpubatchError, match="is a damaged ZIP .*zip -FF"):
         info(src, "folder")
+    # its format not named, the same line: before, it said the ZIP held no image, audio or video file
+    p = run_cli("convert", src, tmp_path / "out", "--to", "webdataset")
+    assert p.returncode == 1 and p.stderr.strip().splitlines()[-1] == (
+        f"error: {src} is a damaged ZIP (File is not a zip file: cut short, or its central directory lost); "
+        f"'zip -FF {src} --out fixed.zip' rebuilds what it can"), p.stderr
 
 
 def test_a_zip_of_audio_class_folders_reads_with_from_audio(tmp_path):

@@ -250,3 +250,70 @@ def test_re_encoding_a_video_keeps_its_audio_track(tmp_path):
         assert abs(float(a.duration * a.time_base) - 2.0) < 0.1 and c.streams.video[0].codec_context.height == 64
     with av.open(str(next((tmp_path / "out").rglob("silent*.mp4")))) as c:
         assert not c.streams.audio
+
+
+@pytest.mark.parametrize("ext,codec", [("mkv", "libx264"), ("webm", "libvpx-vp9")])
+def test_a_matroska_file_cut_short_is_refused_whole_and_its_frames_past_the_cut_listed(tmp_path, ext, codec):
+    """Matroska counts no frames, so a cut one had passed through as if whole, exit 0 and no word: its Segment's
+    size tells the cut, its duration how many frames the whole held."""
+    src = tmp_path / "src"
+    make_clip(src / "whole.mp4", 12)
+    clip = make_clip(src / f"cut.{ext}", 36, codec=codec)
+    data = clip.read_bytes()
+    clip.write_bytes(data[: int(len(data) * 0.6)])
+    s = convert(src, tmp_path / "pass", to="webdataset")
+    assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["cut"], s.as_dict()
+    assert "cut short" in s.skipped[0]["reason"] and "36 frames" in s.skipped[0]["reason"], s.skipped
+    n = _present(clip)
+    assert 0 < n < 36
+    s = convert(src, tmp_path / "frames", to="folder", frames="every:1", resize_shorter=16)
+    assert sorted(e["key"] for e in s.skipped) == [f"cut/{i:06d}" for i in range(n, 36)]
+    assert s.records_out == 12 + n
+    whole = make_clip(tmp_path / f"whole.{ext}", 36, codec=codec).read_bytes()
+    assert _present_bytes(whole) == 36  # (a whole file is not taken for a cut one)
+
+
+def test_a_cut_matroska_file_claiming_a_huge_duration_lists_a_bounded_loss(tmp_path):
+    src = tmp_path / "src"
+    make_clip(src / "whole.mp4", 12)
+    data = _huge_mkv(src / "huge.mkv").read_bytes()
+    for cut in (0.7, 0.9):
+        (src / "huge.mkv").write_bytes(data[: int(len(data) * cut)])
+        tracemalloc.start()
+        s = convert(src, tmp_path / f"out{cut}", to="folder", frames="fps:2")
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert s.records_out >= 1 and s.skipped, s.as_dict()
+        assert all(e["key"].startswith("huge") and "cut short" in e["reason"] for e in s.skipped), s.skipped
+        assert peak < 200 << 20
+
+
+def test_an_mp4_cut_before_its_index_at_its_end_says_so(tmp_path):
+    src = tmp_path / "src"
+    make_clip(src / "whole.mp4", 12)
+    clip = make_clip(src / "cut.mov", 24)  # (the index written last, as a camera does)
+    clip.write_bytes(clip.read_bytes()[: int(clip.stat().st_size * 0.6)])
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["cut"], s.as_dict()
+    assert "cut short: its index (the moov box" in s.skipped[0]["reason"], s.skipped
+
+
+def test_a_video_track_without_its_sample_description_is_that_records_error_not_a_traceback(tmp_path):
+    """Bits flipped in an MP4's box names left its track with no codec (PyAV's ``codec_context`` None): the run
+    had ended in a traceback."""
+    src = tmp_path / "src"
+    make_clip(src / "whole.mp4", 12)
+    clip = make_clip(src / "bad.mp4", 12)
+    clip.write_bytes(clip.read_bytes().replace(b"stsd", b"stse", 1))
+    for opts in ({}, {"frames": "every:4", "resize_shorter": 16, "to": "folder"}):
+        s = convert(src, tmp_path / f"out{len(opts)}", **{"to": "webdataset", **opts})
+        assert [e["key"].split("/")[0] for e in s.skipped] == ["bad"], s.as_dict()
+        assert "names no codec" in s.skipped[0]["reason"], s.skipped
+    p = run_cli("convert", src, tmp_path / "cli", "--to", "webdataset")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+
+
+def _present_bytes(data: bytes) -> int:
+    from gpubatch.engine.codecs.video_probe import probe
+
+    return probe(data).frames

@@ -37,6 +37,9 @@ def info_of(record: Record, plan: RunPlan | None = None) -> VideoInfo:
         info = probe(record.data, getattr(plan, "max_pixels", 0) or 0)
     except ValueError as e:
         raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+    except Exception as e:  # noqa: BLE001 - the record boundary: damaged bytes PyAV's objects trip over
+        raise RecordError(record.key, record.origin, Stage.DECODE,
+                          f"not a readable video (damaged?): {type(e).__name__}: {e}") from None
     object.__setattr__(record, "_video_info", info)
     return info
 

@@ -60,6 +60,9 @@ def sniff_container(data: bytes) -> str | None:
     return None
 
 
+MAX_MISSING = 1 << 16  # the most frames a Matroska file cut short is taken to have lost (its header may claim any)
+
+
 @dataclass(frozen=True)
 class VideoInfo:
     """A video's facts, from its container and a demux of its video packets.
@@ -107,7 +110,7 @@ class VideoInfo:
         if not self.missing:
             return ""
         n = self.frames + self.missing
-        return (f"the file is cut short: its index counts {n:,} frames, {self.frames:,} are in the file "
+        return (f"the file is cut short: its header counts {n:,} frames, {self.frames:,} are in the file "
                 f"({self.missing:,} missing)")
 
     def extended(self) -> VideoInfo:
@@ -203,6 +206,8 @@ def open_container(data: bytes):
     try:
         return open_input(io.BytesIO(data))
     except a.FFmpegError as e:
+        if sniff_container(data) in ("mp4", "mov", "3gp") and not _mp4_index_whole(data):
+            raise ValueError("the file is cut short: its index (the moov box, at its end) is not in it whole") from None
         raise ValueError(f"not a readable video file: {_why(e)}") from None
 
 
@@ -231,11 +236,15 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             raise ValueError(f"{what}, not a video container gpubatch reads and writes back "
                              f"({', '.join(sorted(set(VIDEO_EXTENSIONS.values())))})")
         if not c.streams.video:
+            if sniff_container(data) in ("mp4", "mov", "3gp") and not _mp4_index_whole(data):
+                raise ValueError("the file is cut short: its index (the moov box, at its end) is not in it whole")
             audio = len(c.streams.audio)
             raise ValueError(f"no video stream ({audio} audio stream{'s' if audio != 1 else ''}: a folder of such "
                              "files is read as sound with --from audio)" if audio else "no video stream")
         s = c.streams.video[0]
         cc = s.codec_context
+        if cc is None:  # (a codec FFmpeg does not know: a damaged sample description, or an exotic one)
+            raise ValueError("not a readable video: its video stream names no codec FFmpeg knows (a damaged header?)")
         coded_w, coded_h = int(cc.width or 0), int(cc.height or 0)
         if coded_w <= 0 or coded_h <= 0:
             raise ValueError("not a readable video: its stream has no frame size (truncated?)")
@@ -260,8 +269,15 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         missing = max(0, listed - len(pts)) if listed > len(pts) + cut or cut else 0
         if missing and table is None and pts:  # (no sizes to tell: the last packet read may be cut too)
             pts, keys, durations, missing = pts[:-1], keys[:-1], durations[:-1], missing + 1
+        elif not missing and table is None and _matroska_end(data) > len(data):  # (a Matroska file cut short
+            # counts no frames: its duration and rate tell how many the whole held, at most MAX_MISSING more, as a
+            # hostile header may claim any; the last packet read may be cut, so is not taken)
+            by_time = round(min(float(c.duration or 0) / 1e6, 1e7) * float(s.average_rate or 0))
+            pts, keys, durations = pts[:-1], keys[:-1], durations[:-1]
+            missing = max(1, min(by_time, len(pts) + MAX_MISSING) - len(pts))
+            listed = len(pts) + missing
         if not pts:
-            raise ValueError("no whole video frame in the file" + (f": it is cut short (its index counts {listed:,} "
+            raise ValueError("no whole video frame in the file" + (f": it is cut short (its header counts {listed:,} "
                              "frames)" if missing else " (truncated?)"))
         order = np.argsort(np.asarray(pts, np.int64), kind="stable")
         spts = np.asarray(pts, np.int64)[order]
@@ -325,6 +341,54 @@ def npy_clip(data: bytes, max_pixels: int = 0) -> VideoInfo:
     return VideoInfo(container="npy", codec="rawvideo", profile=None, width=w, height=h, rotation=0, bit_depth=8,
                      pix_fmt="rgb24", fps=1.0, vfr=False, duration=float(t), times=np.arange(t, dtype=np.float64),
                      keyframes=tuple(range(t)), pts=np.arange(t, dtype=np.int64))
+
+
+def _mp4_index_whole(data: bytes) -> bool:
+    """Whether an MP4/MOV file's top-level boxes hold a ``moov`` box that ends inside the file."""
+    at = 0
+    while at + 8 <= len(data):
+        size, kind = int.from_bytes(data[at : at + 4], "big"), data[at + 4 : at + 8]
+        head = 8
+        if size == 1 and at + 16 <= len(data):  # (a 64-bit size follows the type)
+            size, head = int.from_bytes(data[at + 8 : at + 16], "big"), 16
+        elif size == 0:  # (the box runs to the file's end)
+            size = len(data) - at
+        if size < head:
+            return False
+        if kind == b"moov":
+            return at + size <= len(data)
+        at += size
+    return False
+
+
+def _matroska_end(data: bytes) -> int:
+    """Where a Matroska/WebM file's Segment element says the file ends (written by any muxer that could seek back,
+    FFmpeg's among them): past ``len(data)`` in a file cut short. 0 for no Matroska file, or a Segment of no size (a
+    live-written file's: a cut cannot be told)."""
+
+    def vint(at: int, keep_marker: bool) -> tuple[int, int, bool]:  # (value, bytes, all value bits set)
+        first = data[at]
+        n = 9 - first.bit_length() if first else 9
+        if n > 8 or at + n > len(data):
+            raise ValueError
+        v = first if keep_marker else first & ((0x80 >> (n - 1)) - 1)
+        for b in data[at + 1 : at + n]:
+            v = (v << 8) | b
+        return v, n, v == (1 << (7 * n)) - 1
+
+    try:
+        ident, n, _ = vint(0, True)
+        if ident != 0x1A45DFA3:
+            return 0
+        size, m, _ = vint(n, False)
+        at = n + m + size  # (the EBML header's end: the Segment's ID)
+        ident, n, _ = vint(at, True)
+        if ident != 0x18538067:
+            return 0
+        size, m, unknown = vint(at + n, False)
+        return 0 if unknown else at + n + m + size
+    except (ValueError, IndexError):
+        return 0
 
 
 def _sample_table(stream: Any) -> dict[int, int] | None:
