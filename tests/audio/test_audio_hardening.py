@@ -397,3 +397,20 @@ def test_a_tar_read_with_from_audio_cut_before_its_first_whole_clip_is_read_as_a
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     line = p.stderr.strip().splitlines()[-1]
     assert "damaged shard" in line and "audio data, not image" not in line, line
+
+
+@pytest.mark.parametrize("container,codec", [("webm", "libopus"), ("matroska", "libopus")])
+def test_sound_in_matroska_cut_short_is_listed_not_written_or_decoded_as_whole(tmp_path, container, codec):
+    """Its Segment's size runs past the file's end: before, 40% of the sound was lost in silence, the file passed
+    through as whole and its features made of what was left."""
+    src = tmp_path / "src"
+    clip = src / "dog" / f"a.{'webm' if container == 'webm' else 'mka'}"
+    _sound_in(clip, container, codec)
+    write(src / "cat" / "c.flac", tone(1.0, RATE, 300.0), RATE, "flac")
+    data = clip.read_bytes()
+    clip.write_bytes(data[: int(len(data) * 0.6)])
+    for opts in ({}, {"sample_rate": 16000, "features": "log-mel(n_mels=40)"}):
+        s = convert(src, tmp_path / f"o{len(opts)}", to="webdataset", from_format="audio", **opts)
+        assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["dog/a"], s.as_dict()
+        assert s.skipped[0]["reason"] == (f"its Matroska header promises {len(data):,} bytes, the file holds "
+                                          f"{int(len(data) * 0.6):,}: it is cut short"), s.skipped

@@ -320,11 +320,17 @@ def tail_bytes(head: bytes) -> int:
 def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
     """Why an audio file (``size`` bytes, its first 64 KiB ``head``, its last :func:`tail_bytes` ``tail``)
     holds less than its header says, or None: a WAV whose ``data`` chunk runs past the file's end, a
-    FLAC that stops before its last frame or last sample."""
+    FLAC that stops before its last frame or last sample, a Matroska/WebM file whose Segment does."""
     short = wav_shortfall(head, size)
     if short is not None:
         want, have = short
         return f"the WAV header promises {want:,} bytes of samples, the file holds {have:,}: it is cut short"
+    if head[:4] == b"\x1a\x45\xdf\xa3":  # (Matroska and WebM: mka, webm sound)
+        from .video_probe import matroska_end
+
+        end = matroska_end(head)
+        if end > size:
+            return f"its Matroska header promises {end:,} bytes, the file holds {size:,}: it is cut short"
     return flac_shortfall(head, tail) if head[:4] == b"fLaC" else None
 
 

@@ -206,7 +206,7 @@ def open_container(data: bytes):
     try:
         return open_input(io.BytesIO(data))
     except a.FFmpegError as e:
-        if sniff_container(data) in ("mp4", "mov", "3gp") and not _mp4_index_whole(data):
+        if sniff_container(data) in ("mp4", "mov", "3gp") and not mp4_index_whole(data):
             raise ValueError("the file is cut short: its index (the moov box, at its end) is not in it whole") from None
         raise ValueError(f"not a readable video file: {_why(e)}") from None
 
@@ -236,7 +236,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             raise ValueError(f"{what}, not a video container gpubatch reads and writes back "
                              f"({', '.join(sorted(set(VIDEO_EXTENSIONS.values())))})")
         if not c.streams.video:
-            if sniff_container(data) in ("mp4", "mov", "3gp") and not _mp4_index_whole(data):
+            if sniff_container(data) in ("mp4", "mov", "3gp") and not mp4_index_whole(data):
                 raise ValueError("the file is cut short: its index (the moov box, at its end) is not in it whole")
             audio = len(c.streams.audio)
             raise ValueError(f"no video stream ({audio} audio stream{'s' if audio != 1 else ''}: a folder of such "
@@ -269,7 +269,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         missing = max(0, listed - len(pts)) if listed > len(pts) + cut or cut else 0
         if missing and table is None and pts:  # (no sizes to tell: the last packet read may be cut too)
             pts, keys, durations, missing = pts[:-1], keys[:-1], durations[:-1], missing + 1
-        elif not missing and table is None and _matroska_end(data) > len(data):  # (a Matroska file cut short
+        elif not missing and table is None and matroska_end(data) > len(data):  # (a Matroska file cut short
             # counts no frames: its duration and rate tell how many the whole held, at most MAX_MISSING more, as a
             # hostile header may claim any; the last packet read may be cut, so is not taken)
             by_time = round(min(float(c.duration or 0) / 1e6, 1e7) * float(s.average_rate or 0))
@@ -343,7 +343,7 @@ def npy_clip(data: bytes, max_pixels: int = 0) -> VideoInfo:
                      keyframes=tuple(range(t)), pts=np.arange(t, dtype=np.int64))
 
 
-def _mp4_index_whole(data: bytes) -> bool:
+def mp4_index_whole(data: bytes) -> bool:
     """Whether an MP4/MOV file's top-level boxes hold a ``moov`` box that ends inside the file."""
     at = 0
     while at + 8 <= len(data):
@@ -361,7 +361,7 @@ def _mp4_index_whole(data: bytes) -> bool:
     return False
 
 
-def _matroska_end(data: bytes) -> int:
+def matroska_end(data: bytes) -> int:
     """Where a Matroska/WebM file's Segment element says the file ends (written by any muxer that could seek back,
     FFmpeg's among them): past ``len(data)`` in a file cut short. 0 for no Matroska file, or a Segment of no size (a
     live-written file's: a cut cannot be told)."""
