@@ -414,3 +414,22 @@ def test_sound_in_matroska_cut_short_is_listed_not_written_or_decoded_as_whole(t
         assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["dog/a"], s.as_dict()
         assert s.skipped[0]["reason"] == (f"its Matroska header promises {len(data):,} bytes, the file holds "
                                           f"{int(len(data) * 0.6):,}: it is cut short"), s.skipped
+
+
+def test_an_mp3_cut_short_is_listed_in_pass_through_as_when_decoded(tmp_path):
+    """Its header frame (LAME's Xing/Info) counts its bytes: a pass-through had written the cut file as whole, with no
+    word, where a decode already listed it (its samples short of the header's count)."""
+    from tests.audio.sounds import encoded
+
+    src = tmp_path / "src"
+    data = encoded(tone(2.0, 44100, channels=2), 44100, "mp3")
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "x.mp3").write_bytes(data[: len(data) * 7 // 10])
+    write(src / "a" / "ok.mp3", tone(1.0, RATE), RATE, "mp3")
+    for opts in ({}, {"sample_rate": 16000}):
+        s = convert(src, tmp_path / f"o{len(opts)}", to="webdataset", **opts)
+        assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/x"], s.as_dict()
+        assert "cut short" in s.skipped[0]["reason"], s.skipped
+        if not opts:
+            assert (f"counts {len(data):,} bytes of frames, the file holds {len(data) * 7 // 10:,}"
+                    in s.skipped[0]["reason"]), s.skipped

@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from gpubatch.api import convert
+from gpubatch.api import convert, open_dataset
 from gpubatch.errors import GpubatchError
 from tests.helpers import jpeg_bytes, photo
 
@@ -135,3 +135,47 @@ def _coco(root, tree):
     (root / "annotations.json").write_text(json.dumps({"images": images, "annotations": anns, "categories": [
         {"id": 1, "name": "cat"}, {"id": 2, "name": "dog"}]}))
     return root
+
+
+def _frames_and_samples(data: bytes) -> tuple[int, int]:
+    import io
+
+    import av
+
+    with av.open(io.BytesIO(data)) as c:
+        if c.streams.video:
+            return sum(1 for _ in c.decode(video=0)), 0
+        return 0, sum(f.samples for f in c.decode(audio=0))
+
+
+def test_a_media_file_cut_at_random_is_listed_or_written_whole(tmp_path):
+    """Video (MP4 with its index in front or at its end, MOV, Matroska, WebM, AVI) and sound (WAV, FLAC, Ogg, MP3) cut
+    at random and passed through: each is listed with its reason, or what was written decodes to every frame or
+    sample of the whole file (a cut that took only an index after them). A cut Matroska file and a cut MP3 had been
+    written as whole, with no word."""
+    pytest.importorskip("av")
+    from tests.audio.sounds import encoded, tone
+    from tests.video.clips import make_clip
+
+    media = []
+    for ext, codec, opts in (("mp4", "libx264", {}), ("mp4", "libx264", {"faststart": True}), ("mov", "libx264", {}),
+                             ("mkv", "libx264", {}), ("webm", "libvpx-vp9", {}), ("avi", "mpeg4", {"bframes": 0})):
+        media.append(("video", ext, make_clip(tmp_path / "clips" / f"{len(media)}.{ext}", 24, codec=codec, **opts).read_bytes()))
+    for fmt in ("wav", "flac", "ogg", "mp3"):
+        media.append(("audio", fmt, encoded(tone(1.0, 16000, channels=2), 16000, fmt)))
+    rng = random.Random(1)
+    for n, (kind, ext, data) in enumerate(media):
+        whole = _frames_and_samples(data)
+        for i in range(5):
+            cut = rng.randrange(len(data) // 10, len(data))
+            src, out = tmp_path / f"src-{n}-{i}", tmp_path / f"out-{n}-{i}"
+            (src / "a").mkdir(parents=True)
+            (src / "a" / f"x.{ext}").write_bytes(data[:cut])
+            (src / "a" / f"ok.{ext}").write_bytes(data)
+            s = convert(src, out, to="webdataset", from_format=kind, workers=1)
+            assert s.records_in == s.records_out + len(s.skipped), (ext, cut, s.as_dict())
+            if any(e["key"] == "a/x" for e in s.skipped):
+                continue
+            with open_dataset(out) as r:
+                got = next(rec.data for rec in r if rec.key == "a/x")
+            assert _frames_and_samples(got) == whole, (ext, cut, len(data), "written, not whole, with no word")

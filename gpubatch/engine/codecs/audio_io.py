@@ -320,7 +320,8 @@ def tail_bytes(head: bytes) -> int:
 def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
     """Why an audio file (``size`` bytes, its first 64 KiB ``head``, its last :func:`tail_bytes` ``tail``)
     holds less than its header says, or None: a WAV whose ``data`` chunk runs past the file's end, a
-    FLAC that stops before its last frame or last sample, a Matroska/WebM file whose Segment does."""
+    FLAC that stops before its last frame or last sample, a Matroska/WebM file whose Segment does, an MP3 that
+    holds fewer bytes of frames than its header frame counts."""
     short = wav_shortfall(head, size)
     if short is not None:
         want, have = short
@@ -331,7 +332,40 @@ def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
         end = matroska_end(head)
         if end > size:
             return f"its Matroska header promises {end:,} bytes, the file holds {size:,}: it is cut short"
+    short_mp3 = mp3_shortfall(head, size)
+    if short_mp3 is not None:
+        want, have = short_mp3
+        return f"the MP3's header frame counts {want:,} bytes of frames, the file holds {have:,}: it is cut short"
     return flac_shortfall(head, tail) if head[:4] == b"fLaC" else None
+
+
+def mp3_shortfall(head: bytes, size: int) -> tuple[int, int] | None:
+    """(bytes of frames an MP3's header frame counts, bytes from its first frame to the file's end) where a
+    ``size``-byte file whose first bytes are ``head`` holds more than 1% fewer than that header frame (LAME's
+    Xing/Info frame, or Fraunhofer's VBRI) counts: a file cut short, which decoders play to the cut without an
+    error. None where it holds them, or has no such frame to tell by."""
+    start = 0
+    if head[:3] == b"ID3" and len(head) >= 10:  # (an ID3v2 tag before the frames: its size is syncsafe)
+        start = 10 + sum((b & 0x7F) << (7 * (3 - i)) for i, b in enumerate(head[6:10])) + (10 if head[5] & 0x10 else 0)
+    if len(head) < start + 64 or head[start] != 0xFF or head[start + 1] & 0xE0 != 0xE0:
+        return None
+    version, layer, mono = (head[start + 1] >> 3) & 3, (head[start + 1] >> 1) & 3, (head[start + 3] >> 6) == 3
+    if layer != 1 or version == 1:  # (Layer III only; version 1 is reserved)
+        return None
+    side = (17 if mono else 32) if version == 3 else (9 if mono else 17)
+    at = start + 4 + side
+    want = None
+    if head[at : at + 4] in (b"Xing", b"Info"):
+        flags = int.from_bytes(head[at + 4 : at + 8], "big")
+        if flags & 2:
+            p = at + 8 + (4 if flags & 1 else 0)
+            want = int.from_bytes(head[p : p + 4], "big")
+    elif head[start + 36 : start + 40] == b"VBRI":
+        want = int.from_bytes(head[start + 46 : start + 50], "big")
+    have = max(0, size - start)
+    if not want or want - have <= want // 100:
+        return None
+    return want, have
 
 
 def _flac_rate(streaminfo: bytes) -> int:
