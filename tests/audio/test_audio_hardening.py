@@ -433,3 +433,18 @@ def test_an_mp3_cut_short_is_listed_in_pass_through_as_when_decoded(tmp_path):
         if not opts:
             assert (f"counts {len(data):,} bytes of frames, the file holds {len(data) * 7 // 10:,}"
                     in s.skipped[0]["reason"]), s.skipped
+
+
+def test_a_wav_of_a_format_code_no_library_knows_is_that_records_error_not_a_traceback(tmp_path):
+    """A flipped bit in its ``fmt `` chunk's format code (PCM's 1 made 0x81): libsndfile refuses it and PyAV finds a
+    stream of no codec, where its ``rate`` had raised AttributeError through the run."""
+    src = tmp_path / "src"
+    write(src / "a" / "ok.wav", tone(0.5), RATE, "wav")
+    bad = bytearray(write(src / "a" / "x.wav", tone(0.5), RATE, "wav").read_bytes())
+    assert bad[20:22] == b"\x01\x00"
+    bad[20] = 0x81
+    (src / "a" / "x.wav").write_bytes(bytes(bad))
+    for opts in ({}, {"sample_rate": 8000}):
+        s = convert(src, tmp_path / f"o{len(opts)}", to="webdataset", **opts)
+        assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/x"], s.as_dict()
+        assert "names no codec" in s.skipped[0]["reason"], s.skipped

@@ -43,6 +43,9 @@ def info_of(record: Record) -> AudioInfo:
         info = probe_audio(record.data)
     except ValueError as e:
         raise RecordError(record.key, record.origin, Stage.DECODE, str(e)) from None
+    except Exception as e:  # noqa: BLE001 - the record boundary: damaged bytes the libraries' objects trip over
+        raise RecordError(record.key, record.origin, Stage.DECODE,
+                          f"not an audio file gpubatch reads (damaged?): {type(e).__name__}: {e}") from None
     object.__setattr__(record, "_audio_info", info)
     return info
 

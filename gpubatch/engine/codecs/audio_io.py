@@ -381,6 +381,9 @@ def _probe_av(data: bytes) -> AudioInfo:
             if not c.streams.audio:
                 raise ValueError("no audio stream" + (" (a video file)" if c.streams.video else ""))
             s = c.streams.audio[0]
+            if s.codec_context is None:  # (a codec FFmpeg does not know: a damaged header, or an exotic one)
+                raise ValueError("not an audio file gpubatch reads: its audio stream names no codec FFmpeg knows "
+                                 "(a damaged header?)")
             rate = int(s.rate or s.codec_context.sample_rate or 0)
             # (a stream's ``frames`` counts packets, not samples)
             frames = int(round(float(s.duration * s.time_base) * rate)) if s.duration and s.time_base else 0
