@@ -448,3 +448,33 @@ def test_a_wav_of_a_format_code_no_library_knows_is_that_records_error_not_a_tra
         s = convert(src, tmp_path / f"o{len(opts)}", to="webdataset", **opts)
         assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/x"], s.as_dict()
         assert "names no codec" in s.skipped[0]["reason"], s.skipped
+
+
+def test_an_mp3_cut_short_behind_a_long_id3_tag_is_listed(tmp_path):
+    """Music's MP3s carry cover art in their ID3v2 tag, often past the first 64 KiB read for the check: the frame that
+    counts the bytes is looked for behind the tag, whatever its length (up to 16 MiB)."""
+    av = pytest.importorskip("av")
+    import io
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp3") as c:
+        c.metadata["comment"] = "z" * 200_000  # (a tag of 200 KB, as cover art makes)
+        s = c.add_stream("libmp3lame", rate=44100)
+        s.layout = "mono"
+        x = tone(2.0, 44100)
+        for i in range(0, len(x), 1152):
+            f = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[i : i + 1152].T), format="fltp", layout="mono")
+            f.sample_rate = 44100
+            for p in s.encode(f):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    data = buf.getvalue()
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "whole.mp3").write_bytes(data)
+    (src / "a" / "cut.mp3").write_bytes(data[: len(data) - 8000])
+    for opts in ({}, {"sample_rate": 8000}):
+        s = convert(src, tmp_path / f"o{len(opts)}", to="webdataset", **opts)
+        assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/cut"], s.as_dict()
+        assert "bytes of frames" in s.skipped[0]["reason"], s.skipped

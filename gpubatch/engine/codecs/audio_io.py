@@ -169,8 +169,8 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
     if info.frames <= 0:
         raise ValueError("no audio samples")
     if data is not None:
-        short = audio_shortfall(data[: 1 << 16], data[-tail_bytes(data[:64]) :] if tail_bytes(data[:64]) else b"",
-                                len(data))
+        head = data[: max(1 << 16, id3_end(data[:10]) + 4096)]  # (an MP3's first frames after its tags, cover art and all)
+        short = audio_shortfall(head, data[-tail_bytes(data[:64]) :] if tail_bytes(data[:64]) else b"", len(data))
     else:
         short = _file_shortfall(data_path)
     if short is not None:
@@ -183,6 +183,9 @@ def _file_shortfall(path: str | Path) -> str | None:
     with open(path, "rb") as f:
         head = f.read(1 << 16)
         size = os.fstat(f.fileno()).st_size
+        if len(head) < id3_end(head) + 64 <= 16 << 20:  # (an MP3's tags, cover art and all, longer than that)
+            f.seek(0)
+            head = f.read(id3_end(head) + 4096)
         n = tail_bytes(head)
         if n:
             f.seek(max(0, size - n))
@@ -339,14 +342,19 @@ def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
     return flac_shortfall(head, tail) if head[:4] == b"fLaC" else None
 
 
+def id3_end(head: bytes) -> int:
+    """Where the ID3v2 tag an MP3 begins with ends (its size is syncsafe; a footer adds 10 bytes), or 0."""
+    if head[:3] != b"ID3" or len(head) < 10:
+        return 0
+    return 10 + sum((b & 0x7F) << (7 * (3 - i)) for i, b in enumerate(head[6:10])) + (10 if head[5] & 0x10 else 0)
+
+
 def mp3_shortfall(head: bytes, size: int) -> tuple[int, int] | None:
     """(bytes of frames an MP3's header frame counts, bytes from its first frame to the file's end) where a
     ``size``-byte file whose first bytes are ``head`` holds more than 1% fewer than that header frame (LAME's
     Xing/Info frame, or Fraunhofer's VBRI) counts: a file cut short, which decoders play to the cut without an
     error. None where it holds them, or has no such frame to tell by."""
-    start = 0
-    if head[:3] == b"ID3" and len(head) >= 10:  # (an ID3v2 tag before the frames: its size is syncsafe)
-        start = 10 + sum((b & 0x7F) << (7 * (3 - i)) for i, b in enumerate(head[6:10])) + (10 if head[5] & 0x10 else 0)
+    start = id3_end(head)
     if len(head) < start + 64 or head[start] != 0xFF or head[start + 1] & 0xE0 != 0xE0:
         return None
     version, layer, mono = (head[start + 1] >> 3) & 3, (head[start + 1] >> 1) & 3, (head[start + 3] >> 6) == 3
