@@ -478,3 +478,34 @@ def test_an_mp3_cut_short_behind_a_long_id3_tag_is_listed(tmp_path):
         s = convert(src, tmp_path / f"o{len(opts)}", to="webdataset", **opts)
         assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/cut"], s.as_dict()
         assert "bytes of frames" in s.skipped[0]["reason"], s.skipped
+
+
+def test_an_m4a_cut_short_is_listed_whether_its_index_is_in_front_or_at_its_end(tmp_path):
+    """With its index in front (``faststart``, as streaming sites serve it) a cut M4A had passed through as whole, with
+    no word, its last packets gone; with its index at its end it said only "not an audio file gpubatch reads"."""
+    av = pytest.importorskip("av")
+
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    write(src / "a" / "ok.wav", tone(0.5), RATE, "wav")
+    for name, opts in (("front", {"movflags": "faststart"}), ("end", {})):
+        path = tmp_path / f"{name}.m4a"
+        with av.open(str(path), "w", format="mp4", options=opts) as c:
+            s = c.add_stream("aac", rate=RATE)
+            s.layout = "mono"
+            x = tone(2.0, RATE)
+            for i in range(0, len(x), 1024):
+                f = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[i : i + 1024].T), format="fltp", layout="mono")
+                f.sample_rate = RATE
+                for p in s.encode(f):
+                    c.mux(p)
+            for p in s.encode():
+                c.mux(p)
+        data = path.read_bytes()
+        (src / "a" / f"{name}.m4a").write_bytes(data[: len(data) * 3 // 4])
+    for opts in ({}, {"sample_rate": 8000}):
+        s = convert(src, tmp_path / f"o{len(opts)}", to="webdataset", **opts)
+        reasons = {e["key"]: e["reason"] for e in s.skipped}
+        assert s.records_out == 1 and sorted(reasons) == ["a/end", "a/front"], s.as_dict()
+        assert reasons["a/end"] == "the file is cut short: its index (the moov box, at its end) is not in it whole"
+        assert reasons["a/front"].startswith("the file is cut short: its index lists "), reasons

@@ -149,10 +149,10 @@ def _frames_and_samples(data: bytes) -> tuple[int, int]:
 
 
 def test_a_media_file_cut_at_random_is_listed_or_written_whole(tmp_path):
-    """Video (MP4 with its index in front or at its end, MOV, Matroska, WebM, AVI) and sound (WAV, FLAC, Ogg, MP3) cut
-    at random and passed through: each is listed with its reason, or what was written decodes to every frame or
-    sample of the whole file (a cut that took only an index after them). A cut Matroska file and a cut MP3 had been
-    written as whole, with no word."""
+    """Video (MP4 with its index in front or at its end, MOV, Matroska, WebM, AVI) and sound (WAV, FLAC, Ogg, MP3, M4A)
+    cut at random and passed through: each is listed with its reason, or what was written decodes to every frame or
+    sample of the whole file (a cut that took only an index after them). A cut Matroska file, MP3 and M4A (its index
+    in front) had been written as whole, with no word."""
     pytest.importorskip("av")
     from tests.audio.sounds import encoded, tone
     from tests.video.clips import make_clip
@@ -161,7 +161,7 @@ def test_a_media_file_cut_at_random_is_listed_or_written_whole(tmp_path):
     for ext, codec, opts in (("mp4", "libx264", {}), ("mp4", "libx264", {"faststart": True}), ("mov", "libx264", {}),
                              ("mkv", "libx264", {}), ("webm", "libvpx-vp9", {}), ("avi", "mpeg4", {"bframes": 0})):
         media.append(("video", ext, make_clip(tmp_path / "clips" / f"{len(media)}.{ext}", 24, codec=codec, **opts).read_bytes()))
-    for fmt in ("wav", "flac", "ogg", "mp3"):
+    for fmt in ("wav", "flac", "ogg", "mp3", "m4a"):
         media.append(("audio", fmt, encoded(tone(1.0, 16000, channels=2), 16000, fmt)))
     rng = random.Random(1)
     for n, (kind, ext, data) in enumerate(media):

@@ -381,7 +381,7 @@ def _flac_rate(streaminfo: bytes) -> int:
 
 
 def _probe_av(data: bytes) -> AudioInfo:
-    from .video_probe import av
+    from .video_probe import av, mp4_index_whole, sample_table
 
     a = av("audio that libsndfile does not read (m4a/AAC, or a file it refuses)")
     try:
@@ -392,6 +392,11 @@ def _probe_av(data: bytes) -> AudioInfo:
             if s.codec_context is None:  # (a codec FFmpeg does not know: a damaged header, or an exotic one)
                 raise ValueError("not an audio file gpubatch reads: its audio stream names no codec FFmpeg knows "
                                  "(a damaged header?)")
+            table = sample_table(s)  # (MP4/M4A: every packet's place; one past the file's end: a file cut short)
+            if table and max(pos + size for pos, size in table.items()) > len(data):
+                whole = sum(pos + size <= len(data) for pos, size in table.items())
+                raise ValueError(f"the file is cut short: its index lists {len(table):,} packets, {whole:,} are in the "
+                                 f"file whole")
             rate = int(s.rate or s.codec_context.sample_rate or 0)
             # (a stream's ``frames`` counts packets, not samples)
             frames = int(round(float(s.duration * s.time_base) * rate)) if s.duration and s.time_base else 0
@@ -400,6 +405,8 @@ def _probe_av(data: bytes) -> AudioInfo:
             return AudioInfo(sniff_audio(data) or s.codec_context.name, s.codec_context.name, rate,
                              int(s.codec_context.channels or 0), frames, 0, "pyav")
     except a.FFmpegError as e:
+        if data[4:8] == b"ftyp" and not mp4_index_whole(data):  # (an M4A cut before its index at its end)
+            raise ValueError("the file is cut short: its index (the moov box, at its end) is not in it whole") from None
         why = getattr(e, "strerror", None) or str(e).split(": ", 1)[0]
         raise ValueError(f"not an audio file gpubatch reads ({why})") from None
 

@@ -253,7 +253,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         pts: list[int] = []
         keys: list[bool] = []
         durations: list[int] = []
-        table = _sample_table(s)  # byte position -> size of every frame's packet (MP4/MOV), or None
+        table = sample_table(s)  # byte position -> size of every frame's packet (MP4/MOV), or None
         listed = len(table) if table is not None else int(s.frames or 0)  # the frames the file's index counts
         cut = 0  # packets the demuxer gave cut short (the file ends inside them)
         for p in packets(c, s):  # (up to a damaged stretch: the frames before it are the video)
@@ -391,7 +391,7 @@ def matroska_end(data: bytes) -> int:
         return 0
 
 
-def _sample_table(stream: Any) -> dict[int, int] | None:
+def sample_table(stream: Any) -> dict[int, int] | None:
     """Byte position -> size of each frame's packet where the container indexes every frame (MP4 and
     MOV's sample table, read by PyAV 17 and later), so that a file cut after its index is seen as such;
     None otherwise (a Matroska index names keyframes only)."""
