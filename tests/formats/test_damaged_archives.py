@@ -149,11 +149,15 @@ def _frames_and_samples(data: bytes) -> tuple[int, int]:
 
 
 def test_a_media_file_cut_at_random_is_listed_or_written_whole(tmp_path):
-    """Video (MP4 with its index in front or at its end, MOV, Matroska, WebM, AVI) and sound (WAV, FLAC, Ogg, MP3, M4A)
-    cut at random and passed through: each is listed with its reason, or what was written decodes to every frame or
-    sample of the whole file (a cut that took only an index after them). A cut Matroska file, MP3 and M4A (its index
-    in front) had been written as whole, with no word."""
+    """Video (MP4 with its index in front or at its end, MOV, Matroska, WebM, AVI) and sound (WAV, FLAC, Ogg, MP3, M4A,
+    AIFF) cut at random and passed through: each is listed with its reason, or what was written decodes to every frame or
+    sample of the whole file (a cut that took only an index after them). A cut Matroska file, MP3, AIFF and M4A (its
+    index in front) had been written as whole, with no word."""
     pytest.importorskip("av")
+    import io
+
+    import soundfile as sf
+
     from tests.audio.sounds import encoded, tone
     from tests.video.clips import make_clip
 
@@ -163,6 +167,9 @@ def test_a_media_file_cut_at_random_is_listed_or_written_whole(tmp_path):
         media.append(("video", ext, make_clip(tmp_path / "clips" / f"{len(media)}.{ext}", 24, codec=codec, **opts).read_bytes()))
     for fmt in ("wav", "flac", "ogg", "mp3", "m4a"):
         media.append(("audio", fmt, encoded(tone(1.0, 16000, channels=2), 16000, fmt)))
+    aiff = io.BytesIO()
+    sf.write(aiff, tone(1.0, 16000, channels=2), 16000, format="AIFF", subtype="PCM_16")
+    media.append(("audio", "aiff", aiff.getvalue()))
     rng = random.Random(1)
     for n, (kind, ext, data) in enumerate(media):
         whole = _frames_and_samples(data)

@@ -323,12 +323,15 @@ def tail_bytes(head: bytes) -> int:
 def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
     """Why an audio file (``size`` bytes, its first 64 KiB ``head``, its last :func:`tail_bytes` ``tail``)
     holds less than its header says, or None: a WAV whose ``data`` chunk runs past the file's end, a
-    FLAC that stops before its last frame or last sample, a Matroska/WebM file whose Segment does, an MP3 that
-    holds fewer bytes of frames than its header frame counts."""
+    FLAC that stops before its last frame or last sample, an AIFF whose FORM chunk or a Matroska/WebM file whose
+    Segment does, an MP3 that holds fewer bytes of frames than its header frame counts."""
     short = wav_shortfall(head, size)
     if short is not None:
         want, have = short
         return f"the WAV header promises {want:,} bytes of samples, the file holds {have:,}: it is cut short"
+    if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC") and 8 + int.from_bytes(head[4:8], "big") > size:
+        return (f"the AIFF header promises {8 + int.from_bytes(head[4:8], 'big'):,} bytes, the file holds {size:,}: "
+                "it is cut short")
     if head[:4] == b"\x1a\x45\xdf\xa3":  # (Matroska and WebM: mka, webm sound)
         from .video_probe import matroska_end
 
@@ -408,6 +411,8 @@ def _probe_av(data: bytes) -> AudioInfo:
         if data[4:8] == b"ftyp" and not mp4_index_whole(data):  # (an M4A cut before its index at its end)
             raise ValueError("the file is cut short: its index (the moov box, at its end) is not in it whole") from None
         why = getattr(e, "strerror", None) or str(e).split(": ", 1)[0]
+        if why == "End of file":  # (the demuxer ran out of bytes inside the file's data: an Ogg file cut short, say)
+            raise ValueError("the file ends inside its data (End of file): it is cut short, or damaged") from None
         raise ValueError(f"not an audio file gpubatch reads ({why})") from None
 
 
