@@ -384,7 +384,7 @@ def _flac_rate(streaminfo: bytes) -> int:
 
 
 def _probe_av(data: bytes) -> AudioInfo:
-    from .video_probe import av, mp4_index_whole, sample_table
+    from .video_probe import INDEX_CUT, av, mp4_index_whole, sample_table
 
     a = av("audio that libsndfile does not read (m4a/AAC, or a file it refuses)")
     try:
@@ -409,7 +409,7 @@ def _probe_av(data: bytes) -> AudioInfo:
                              int(s.codec_context.channels or 0), frames, 0, "pyav")
     except a.FFmpegError as e:
         if data[4:8] == b"ftyp" and not mp4_index_whole(data):  # (an M4A cut before its index at its end)
-            raise ValueError("the file is cut short: its index (the moov box, at its end) is not in it whole") from None
+            raise ValueError(INDEX_CUT) from None
         why = getattr(e, "strerror", None) or str(e).split(": ", 1)[0]
         if why == "End of file":  # (the demuxer ran out of bytes inside the file's data: an Ogg file cut short, say)
             raise ValueError("the file ends inside its data (End of file): it is cut short, or damaged") from None

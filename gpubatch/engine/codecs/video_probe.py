@@ -60,6 +60,8 @@ def sniff_container(data: bytes) -> str | None:
     return None
 
 
+#: why an MP4/MOV/M4A file whose index (``moov``) lies at its end, cut before it or inside it, is refused
+INDEX_CUT = "the file is cut short: its index (the moov box, at its end) is not in it whole"
 MAX_MISSING = 1 << 16  # the most frames a Matroska file cut short is taken to have lost (its header may claim any)
 
 
@@ -207,7 +209,7 @@ def open_container(data: bytes):
         return open_input(io.BytesIO(data))
     except a.FFmpegError as e:
         if sniff_container(data) in ("mp4", "mov", "3gp") and not mp4_index_whole(data):
-            raise ValueError("the file is cut short: its index (the moov box, at its end) is not in it whole") from None
+            raise ValueError(INDEX_CUT) from None
         raise ValueError(f"not a readable video file: {_why(e)}") from None
 
 
@@ -237,7 +239,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
                              f"({', '.join(sorted(set(VIDEO_EXTENSIONS.values())))})")
         if not c.streams.video:
             if sniff_container(data) in ("mp4", "mov", "3gp") and not mp4_index_whole(data):
-                raise ValueError("the file is cut short: its index (the moov box, at its end) is not in it whole")
+                raise ValueError(INDEX_CUT)
             audio = len(c.streams.audio)
             raise ValueError(f"no video stream ({audio} audio stream{'s' if audio != 1 else ''}: a folder of such "
                              "files is read as sound with --from audio)" if audio else "no video stream")
