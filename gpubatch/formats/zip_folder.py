@@ -99,7 +99,6 @@ class ZipFolderReader(Reader):
         return [self.path]  # (the ZIP is the source: an output beside it is no overlap)
 
     def _scan(self) -> list[Any]:
-
         members = listed(self.path)
         listing = listing_among([i.filename for i in members], self.media)
         if listing:

@@ -384,7 +384,7 @@ def _flac_rate(streaminfo: bytes) -> int:
 
 
 def _probe_av(data: bytes) -> AudioInfo:
-    from .video_probe import INDEX_CUT, av, mp4_index_whole, sample_table
+    from .video_probe import INDEX_CUT, av, mp4_index_whole, sample_table, sniff_container
 
     a = av("audio that libsndfile does not read (m4a/AAC, or a file it refuses)")
     try:
@@ -408,7 +408,8 @@ def _probe_av(data: bytes) -> AudioInfo:
             return AudioInfo(sniff_audio(data) or s.codec_context.name, s.codec_context.name, rate,
                              int(s.codec_context.channels or 0), frames, 0, "pyav")
     except a.FFmpegError as e:
-        if data[4:8] == b"ftyp" and not mp4_index_whole(data):  # (an M4A cut before its index at its end)
+        if sniff_container(data) in ("mp4", "mov", "3gp") and not mp4_index_whole(data):  # (an M4A cut before its
+            # index at its end)
             raise ValueError(INDEX_CUT) from None
         why = getattr(e, "strerror", None) or str(e).split(": ", 1)[0]
         if why == "End of file":  # (the demuxer ran out of bytes inside the file's data: an Ogg file cut short, say)
