@@ -203,10 +203,9 @@ class WebDatasetReader(Reader):
     @property
     def media(self) -> str:  # type: ignore[override]
         """"video" for a dataset of video samples (a video member and no image member), "audio" for one of
-        audio samples (an audio member, no image or video member) or of audio features, else "image". A tar read
-        as a media folder (``folder_classes``: ``--from audio``) is of that media, whatever is left of it."""
-        if self.folder_classes:
-            return self.folder_classes
+        audio samples (an audio member, no image or video member) or of audio features, else "image"; a tar read
+        as a media folder (``folder_classes``: ``--from audio``) with no such member left whole (cut inside its
+        first), the media it names."""
         exts = self.member_extensions()
         if any(e.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS for e in exts):
             return "image"
@@ -220,7 +219,7 @@ class WebDatasetReader(Reader):
                 return self._read(first).media.value if first is not None else "image"
             except Exception:  # noqa: BLE001 - a bad first sample: its error comes when it is read
                 return "image"
-        return "image"
+        return self.folder_classes or "image"
 
     def member_extensions(self) -> dict[str, int]:
         """Per member extension (``jpg``, ``cls``, ``json``, ``txt``...), how many samples hold one: what a
