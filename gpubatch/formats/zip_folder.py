@@ -75,13 +75,11 @@ def listed(path: Path) -> list[Any]:
 
 
 def holds(path: Path, media: str = "image") -> bool:
-    """Whether the ZIP at ``path`` lists a file of ``media`` (its central directory only is read)."""
-    import zipfile
-
+    """Whether the ZIP at ``path`` lists a file of ``media`` (its central directory only is read; a damaged or
+    unreadable ZIP lists none)."""
     try:
-        with zipfile.ZipFile(path) as z:
-            return any(named_with(i.filename, MEDIA_EXTENSIONS[media]) for i in z.infolist() if not i.is_dir())
-    except (OSError, zipfile.BadZipFile, ValueError):
+        return any(named_with(i.filename, MEDIA_EXTENSIONS[media]) for i in listed(path))
+    except (FormatError, ValueError):
         return False
 
 

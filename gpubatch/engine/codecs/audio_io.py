@@ -325,24 +325,25 @@ def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
     holds less than its header says, or None: a WAV whose ``data`` chunk runs past the file's end, a
     FLAC that stops before its last frame or last sample, an AIFF whose FORM chunk or a Matroska/WebM file whose
     Segment does, an MP3 that holds fewer bytes of frames than its header frame counts."""
+    kind = sniff_audio(head)
     short = wav_shortfall(head, size)
     if short is not None:
         want, have = short
         return f"the WAV header promises {want:,} bytes of samples, the file holds {have:,}: it is cut short"
-    if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC") and 8 + int.from_bytes(head[4:8], "big") > size:
+    if kind == "aiff" and 8 + int.from_bytes(head[4:8], "big") > size:  # (its FORM chunk's size)
         return (f"the AIFF header promises {8 + int.from_bytes(head[4:8], 'big'):,} bytes, the file holds {size:,}: "
                 "it is cut short")
-    if head[:4] == b"\x1a\x45\xdf\xa3":  # (Matroska and WebM: mka, webm sound)
+    if kind in ("weba", "mka"):
         from .video_probe import matroska_end
 
         end = matroska_end(head)
         if end > size:
             return f"its Matroska header promises {end:,} bytes, the file holds {size:,}: it is cut short"
-    short_mp3 = mp3_shortfall(head, size)
+    short_mp3 = mp3_shortfall(head, size) if kind == "mp3" else None
     if short_mp3 is not None:
         want, have = short_mp3
         return f"the MP3's header frame counts {want:,} bytes of frames, the file holds {have:,}: it is cut short"
-    return flac_shortfall(head, tail) if head[:4] == b"fLaC" else None
+    return flac_shortfall(head, tail) if kind == "flac" else None
 
 
 def id3_end(head: bytes) -> int:
