@@ -250,7 +250,9 @@ def leave_dying(procs: list[Any]) -> None:
     a GPU worker's end is the kernel tearing down its CUDA context (0.2-0.23 s of an H200 worker, after its
     last shard was committed, 2026-12-04, benchmarks/RESULTS.md), which neither the run nor the interpreter's
     exit need wait for. A daemon thread reaps them, and they are no longer multiprocessing's children (whose
-    exit joins every child); where that registry is not there, nothing changes but the thread."""
+    exit joins every child); where that registry is not there, nothing changes but the thread. At the
+    interpreter's exit (an ``atexit`` callback), where Python 3.12 and later start no thread, they are left to
+    the system's init, which reaps an exited process's children."""
     import multiprocessing.process as mpp
 
     alive = [p for p in procs if p.is_alive()]  # (is_alive reaps those dead already)
@@ -268,7 +270,10 @@ def leave_dying(procs: list[Any]) -> None:
     if isinstance(children, set):
         for p in alive:
             children.discard(p)
-    threading.Thread(target=reap, name="gpubatch-reaper", daemon=True).start()
+    try:
+        threading.Thread(target=reap, name="gpubatch-reaper", daemon=True).start()
+    except RuntimeError:  # at the interpreter's exit (Python 3.12 starts no thread then): init reaps them
+        pass
 
 
 #: what a worker's death by these signals most often means, for the run's one-line error

@@ -47,6 +47,29 @@ def test_processes_left_dying_are_ended_and_reaped_without_the_caller_waiting_fo
     leave_dying([])  # (nothing left: nothing to do)
 
 
+def test_processes_left_dying_at_the_interpreter_s_exit_are_ended_without_a_thread(monkeypatch):
+    """In an ``atexit`` callback Python 3.12 starts no thread (``RuntimeError: can't create new thread at
+    interpreter shutdown``): every user error of a run whose workers were started at the command's start ended
+    with that traceback under its one line. The processes are ended all the same and left to the system's init."""
+    import threading
+
+    from gpubatch.engine.processes import leave_dying
+
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Thread, "start", refused)  # (as at exit on Python 3.12)
+    proc = mp.get_context("spawn").Process(target=time.sleep, args=(60,))
+    proc.start()
+    try:
+        leave_dying([proc])
+        assert proc not in mp.active_children()
+        proc.join(30)
+        assert proc.exitcode == -15  # (ended by SIGTERM)
+    finally:
+        proc.kill()
+
+
 _FEED_ENDED_UNWAITED = """
 import functools, os, signal, sys
 from pathlib import Path
