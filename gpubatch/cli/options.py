@@ -135,7 +135,7 @@ def pipeline_options(f):
                      help="Refuse images above N pixels, before decoding  [default: 89478485, Pillow's limit; 0 = none]"),
         click.option("--verify", type=click.Choice(["headers", "full"]), default="headers", show_default=True,
                      help="Check of the files that pass through untouched: headers (PNG CRCs, a JPEG's end marker, "
-                          "a WAV's length, a FLAC's last frame), or full: decode every one."),
+                          "a WAV's length, a FLAC's last frame, a video's index and sizes), or full: decode every one."),
         click.option("--shard-size", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Records per shard (tfrecord, webdataset, recordio), also the unit of work and of "
                           "--resume  [default: auto: about 64 shards of at least 256 images, 16 recordings or 2 videos, at most 10,000 "

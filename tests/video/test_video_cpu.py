@@ -204,6 +204,41 @@ def test_frames_are_the_right_frames_with_their_metadata(tmp_path):
     assert doc["meta"]["frame"] == 8 and doc["meta"]["clip"] == "cls/v" and abs(doc["meta"]["time"] - 8 / 24) < 1e-3
 
 
+_CONTAINERS = [("ts", "libx264", {}), ("mpg", "mpeg2video", {"bframes": 0}), ("flv", "libx264", {}),
+               ("wmv", "wmv2", {"bframes": 0}), ("mxf", "mpeg2video", {"bframes": 0}), ("mkv", "libx264", {}),
+               ("avi", "mpeg4", {"bframes": 0}), ("mp4", "libx264", {})]
+
+
+@pytest.mark.parametrize("ext,codec,opts", _CONTAINERS, ids=[e for e, _, _ in _CONTAINERS])
+def test_frames_sampled_past_the_first_keyframe_are_the_right_frames_in_every_container(tmp_path, ext, codec, opts):
+    """MPEG-TS and MPEG-PS seek by byte position and the timestamps read there: a seek to an H.264 TS file's first
+    keyframe landed on its second, so every frame before it was listed "not decoded" (every:1 wrote none of a TS
+    file), and seeks to later keyframes landed a group late. The cursor aims at a keyframe's decoding time, then at
+    keyframes before it, then reads from the start."""
+    import av
+    from PIL import Image
+
+    src = tmp_path / "src"
+    clip = make_clip(src / "cls" / f"v.{ext}", 72, 96, 64, codec=codec, gop=12, **opts)
+    with av.open(str(clip)) as c:  # (the file's frames decoded in turn: a lossy codec's, not the ramps themselves)
+        decoded = np.stack([f.to_ndarray(format="rgb24").astype(np.int16) for f in c.decode(video=0)])
+    assert len(decoded) == 72
+
+    def closest(path) -> int:
+        img = np.asarray(Image.open(path).convert("RGB"), np.int16)
+        return int(np.argmin(np.abs(decoded - img).mean(axis=(1, 2, 3))))
+
+    for mode, want in (("every:1", list(range(72))), ("every:5", list(range(0, 72, 5))), ("uniform:4", None)):
+        out = tmp_path / mode.replace(":", "")
+        s = convert(src, out, to="folder", frames=mode, device="cpu", image_format="png")
+        assert not s.skipped, (mode, s.skipped)
+        files = sorted((out / "cls").glob("*.png"))
+        got = [int(f.stem.rsplit("_", 1)[1]) for f in files]
+        assert got == want if want is not None else len(got) == 4, (mode, got)
+        for f in files[::7] if mode == "every:1" else files:
+            assert closest(f) == int(f.stem.rsplit("_", 1)[1]), (mode, f.name)
+
+
 def test_clips_as_npy_in_webdataset_and_tfrecord(tmp_path):
     wds = pytest.importorskip("webdataset")
     tfr = pytest.importorskip("tfrecord.reader")

@@ -317,3 +317,40 @@ def _present_bytes(data: bytes) -> int:
     from gpubatch.engine.codecs.video_probe import probe
 
     return probe(data).frames
+
+
+_STREAMED = [("flv", "libx264", {}), ("ts", "libx264", {}), ("mpg", "mpeg2video", {"bframes": 0}),
+             ("wmv", "wmv2", {"bframes": 0}), ("mxf", "mpeg2video", {"bframes": 0})]
+
+
+@pytest.mark.parametrize("ext,codec,opts", _STREAMED, ids=[e for e, _, _ in _STREAMED])
+def test_a_file_of_a_container_that_counts_no_frames_cut_short_is_told_by_its_sizes(tmp_path, ext, codec, opts):
+    """FLV, MPEG-TS, MPEG-PS, ASF (WMV) and MXF count no frames: a cut one passed through as whole, exit 0 and no word,
+    its last frame cut in two. Their header's file size (FLV's metadata, ASF's file properties) or the packet the
+    file ends inside (each tag, TS packet, PES packet, KLV packet) tells it (container_end.py): refused whole, its
+    frames before the cut written and the rest listed."""
+    src = tmp_path / "src"
+    make_clip(src / "whole.mp4", 12)
+    clip = make_clip(src / f"cut.{ext}", 36, codec=codec, **opts)
+    data = clip.read_bytes()
+    assert _present_bytes(data) == 36  # (the whole file is not taken for a cut one)
+    for i, at in enumerate((0.35, 0.6, 0.85)):
+        clip.write_bytes(data[: int(len(data) * at) | 1])  # (odd: never a whole number of TS packets)
+        s = convert(src, tmp_path / f"pass{i}", to="webdataset")
+        assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["cut"], s.as_dict()
+        assert "cut short" in s.skipped[0]["reason"], s.skipped
+        n = _present(clip)
+        assert 0 < n < 36
+        s = convert(src, tmp_path / f"frames{i}", to="folder", frames="every:1", resize_shorter=16)
+        assert s.records_out == 12 + n and s.skipped, s.as_dict()
+        assert all(e["key"].startswith("cut/") and "past the end of the file" in e["reason"] for e in s.skipped)
+        assert min(int(e["key"].split("/")[1]) for e in s.skipped) == n
+
+
+@pytest.mark.parametrize("fmt", ["flv", "mpegts"])
+def test_a_whole_file_with_sound_in_a_container_that_counts_no_frames_passes_through(tmp_path, fmt):
+    src = tmp_path / "src"
+    src.mkdir()
+    _with_sound(src / f"talk.{'ts' if fmt == 'mpegts' else fmt}", fmt=fmt)
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_out == 1 and not s.skipped, s.as_dict()

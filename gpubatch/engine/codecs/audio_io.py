@@ -334,7 +334,7 @@ def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
         return (f"the AIFF header promises {8 + int.from_bytes(head[4:8], 'big'):,} bytes, the file holds {size:,}: "
                 "it is cut short")
     if kind in ("weba", "mka"):
-        from .video_probe import matroska_end
+        from .container_end import matroska_end
 
         end = matroska_end(head)
         if end > size:

@@ -116,12 +116,46 @@ class FrameCursor:
         return self._container
 
     def _seek(self, index: int) -> None:
+        """Decoding placed at the keyframe before frame ``index``: the file read again from its start for the first
+        keyframe, or where the demuxer's seeks to it and to keyframes before it all land past it (MPEG-TS and
+        MPEG-PS seek by byte position and the timestamps read there: a seek to an H.264 TS file's first frame landed
+        on its second keyframe, and every frame before it was "not decoded")."""
+        k = self.info.keyframe_before(index)
+        keys, pts, reorder = self.info.keyframes, self.info.pts, self.info.reorder
+        at = keys.index(k) if k in keys else 0
+        tries = [(int(pts[k]), k)] + ([(int(pts[k]) - reorder, k)] if reorder else []) + [
+            (int(pts[keys[at - back]]) - reorder, keys[at - back]) for back in (1, 4) if at - back > 0]
+        if not k or not any(self._seek_to(t, kk) for t, kk in tries):  # (its timestamp, then its decoding time: TS
+            # and PS seek by the latter; then a keyframe or four before it, its frames decoded on to the one asked)
+            self.close()
+            c = self._open()
+            self._frames = _decoded(c, c.streams.video[0], self.info.cut_pts)
+            self.pos = -1
+
+    def _seek_to(self, ts: int, k: int) -> bool:
+        """The demuxer's seek to timestamp ``ts``, for keyframe ``k``; False where the first frame decoded after it
+        comes after ``k``, or none does."""
         c = self._open()
         s = c.streams.video[0]
-        k = self.info.keyframe_before(index)
-        c.seek(int(self.info.pts[k]), stream=s, backward=True, any_frame=False)
-        self._frames = _decoded(c, s)
+        c.seek(ts, stream=s, backward=True, any_frame=False)
+        frames = _decoded(c, s, self.info.cut_pts)
+        peeked: list[Any] = []
+        error: Exception | None = None
+        try:
+            for frame in frames:
+                peeked.append(frame)
+                i = self._index.get(int(frame.pts)) if frame.pts is not None else None
+                if i is not None:
+                    if i > k:
+                        return False
+                    break
+            else:  # (no frame after it: landed at the end)
+                return False
+        except (av().FFmpegError, ValueError) as e:  # (damage: met again, in turn, by _advance)
+            error = e
+        self._frames = _replayed(peeked, frames, error)
         self.pos = k - 1
+        return True
 
     def _advance(self) -> tuple[int, Any] | None:
         """The next decoded frame (index, PyAV frame); None at the end or after damage."""
@@ -179,12 +213,24 @@ class FrameCursor:
         return out
 
 
-def _decoded(c: Any, s: Any) -> Iterator[Any]:
+def _replayed(peeked: list[Any], rest: Iterator[Any], error: Exception | None) -> Iterator[Any]:
+    """The frames ``peeked`` again, then ``error`` where one ended the peek, else the ``rest``."""
+    yield from peeked
+    if error is not None:
+        raise error
+    yield from rest
+
+
+def _decoded(c: Any, s: Any, cut_pts: int | None = None) -> Iterator[Any]:
     """The frames of stream ``s`` of container ``c`` from where it stands, packets demuxed and decoded in
     turn. Where demuxing fails (the file ends inside a packet, or a damaged stretch) the frames the decoder
-    still holds are flushed out before the end: PyAV 19 raises there, earlier versions stopped quietly. A
-    packet that fails to decode raises (the stream is damaged from there)."""
+    still holds are flushed out before the end: PyAV 19 raises there, earlier versions stopped quietly. The
+    packet a file cut short ends inside (its timestamp ``cut_pts``, as the probe told it) ends the stream
+    before it is decoded: the decoder, handed its part, fails and loses the frames it holds. A packet that
+    fails to decode raises (the stream is damaged from there)."""
     for packet in packets(c, s):
+        if cut_pts is not None and (packet.pts if packet.pts is not None else packet.dts) == cut_pts:
+            break
         yield from packet.decode()  # (a whole stream's last, empty packet flushes the decoder)
     try:
         yield from s.codec_context.decode(None)  # (a stream cut short: what the decoder holds)

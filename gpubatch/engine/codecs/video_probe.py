@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import DependencyError
+from .container_end import PACKET, declared_end
 
 # container names PyAV reports (comma lists) -> the extension gpubatch writes for such bytes
 _CONTAINERS = (("mp4", "mp4"), ("mov", "mov"), ("matroska", "mkv"), ("webm", "webm"), ("avi", "avi"),
@@ -36,7 +37,7 @@ def av(what: str = "video"):
 
 
 def sniff_container(data: bytes) -> str | None:
-    """The container of video bytes from their first bytes (mp4/mov/3gp, mkv/webm, avi, ts/m2ts, mpg, wmv, ogv,
+    """The container of video bytes from their first bytes (mp4/mov/3gp, mkv/webm, avi, ts/m2ts, mpg, wmv, flv, ogv,
     mxf), or None."""
     if data[4:8] == b"ftyp" or data[4:8] in (b"moov", b"mdat", b"free", b"wide", b"skip"):
         brand = data[8:12]
@@ -53,6 +54,8 @@ def sniff_container(data: bytes) -> str | None:
         return "mpg"
     if data[:16] == _ASF:
         return "wmv"
+    if data[:4] == b"FLV\x01":
+        return "flv"
     if data[:4] == b"OggS":
         return "ogv"
     if data[:4] == b"\x06\x0e\x2b\x34":  # (a SMPTE universal label: an MXF partition pack)
@@ -105,12 +108,17 @@ class VideoInfo:
     missing: int = 0  # frames the file's index counts past its end: a file cut short (see ``cut_short``)
     colorspace: int = 2
     color_range: int = 0
+    cut_inside: bool = False  # the file ends inside a packet, in a container that counts no frames (MPEG-TS...)
+    cut_pts: int | None = None  # the timestamp of the packet a file cut short ends inside (not to be decoded)
+    reorder: int = 0  # the most a frame's presentation timestamp lies after its decoding one (B-frames; a seek's aim)
 
     @property
     def cut_short(self) -> str:
         """Why the file is damaged where it is cut short (its index counts frames it does not hold), or ""."""
         if not self.missing:
             return ""
+        if self.cut_inside:
+            return f"the file is cut short: it ends inside a packet, after {self.frames:,} whole frames"
         n = self.frames + self.missing
         return (f"the file is cut short: its header counts {n:,} frames, {self.frames:,} are in the file "
                 f"({self.missing:,} missing)")
@@ -258,10 +266,13 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         table = sample_table(s)  # byte position -> size of every frame's packet (MP4/MOV), or None
         listed = len(table) if table is not None else int(s.frames or 0)  # the frames the file's index counts
         cut = 0  # packets the demuxer gave cut short (the file ends inside them)
+        reorder = 0  # the most a packet's presentation time lies after its decoding time
         for p in packets(c, s):  # (up to a damaged stretch: the frames before it are the video)
             t = p.pts if p.pts is not None else p.dts
             if t is None or p.size == 0:
                 continue
+            if p.pts is not None and p.dts is not None:
+                reorder = max(reorder, int(p.pts - p.dts))
             if table is not None and table.get(p.pos, p.size) != p.size:
                 cut += 1
                 continue
@@ -269,18 +280,23 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             keys.append(bool(p.is_keyframe))
             durations.append(int(p.duration or 0))
         missing = max(0, listed - len(pts)) if listed > len(pts) + cut or cut else 0
+        sniffed = sniff_container(data)
+        end, how = (0, "") if missing or table is not None else declared_end(data, sniffed)
+        cut_pts = None  # the packet the file ends inside, as far as can be told: not taken, nor decoded
         if missing and table is None and pts:  # (no sizes to tell: the last packet read may be cut too)
-            pts, keys, durations, missing = pts[:-1], keys[:-1], durations[:-1], missing + 1
-        elif not missing and table is None and matroska_end(data) > len(data):  # (a Matroska file cut short
-            # counts no frames: its duration and rate tell how many the whole held, at most MAX_MISSING more, as a
-            # hostile header may claim any; the last packet read may be cut, so is not taken)
+            cut_pts, pts, keys, durations, missing = pts[-1], pts[:-1], keys[:-1], durations[:-1], missing + 1
+        elif end > len(data):  # (a container that counts no frames, cut short: container_end.py. Its duration and
+            # rate tell how many the whole held, at most MAX_MISSING more, as a hostile header may claim any; the last
+            # packet read may be cut, so is neither taken nor decoded)
             by_time = round(min(float(c.duration or 0) / 1e6, 1e7) * float(s.average_rate or 0))
-            pts, keys, durations = pts[:-1], keys[:-1], durations[:-1]
+            cut_pts, pts, keys, durations = (pts[-1] if pts else None), pts[:-1], keys[:-1], durations[:-1]
             missing = max(1, min(by_time, len(pts) + MAX_MISSING) - len(pts))
             listed = len(pts) + missing
+        inside = bool(missing) and how == PACKET  # (cut inside a packet: how many frames followed is not known)
         if not pts:
-            raise ValueError("no whole video frame in the file" + (f": it is cut short (its header counts {listed:,} "
-                             "frames)" if missing else " (truncated?)"))
+            raise ValueError("no whole video frame in the file" + (
+                ": it is cut short" + ("" if inside else f" (its header counts {listed:,} frames)") if missing
+                else " (truncated?)"))
         order = np.argsort(np.asarray(pts, np.int64), kind="stable")
         spts = np.asarray(pts, np.int64)[order]
         keep = np.concatenate([[True], np.diff(spts) > 0])  # a repeated timestamp is no new frame
@@ -298,7 +314,6 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             last = float(np.median(gaps)) if len(gaps) else (1.0 / rate if rate else 0.0)
         duration = float(times[-1] + last)
         vfr = bool(len(gaps) > 1 and (gaps.max() - gaps.min()) > 0.01 * max(float(np.median(gaps)), 1e-9))
-        sniffed = sniff_container(data)
         rotation = _rotation(s)
         if not rotation:  # (MP4/MOV: the track's matrix read from the file's boxes, else a frame decoded)
             from_track = _track_rotation(data) if sniffed in ("mp4", "mov", "3gp") else None
@@ -315,6 +330,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             vfr=vfr, duration=duration, times=times, keyframes=keyframes,
             bit_rate=int(c.bit_rate or 0), audio_tracks=len(c.streams.audio), pts=spts, missing=missing,
             colorspace=int(getattr(cc, "colorspace", 2) or 2), color_range=int(getattr(cc, "color_range", 0) or 0),
+            cut_inside=inside, cut_pts=cut_pts, reorder=reorder,
         )
 
 
@@ -361,36 +377,6 @@ def mp4_index_whole(data: bytes) -> bool:
             return at + size <= len(data)
         at += size
     return False
-
-
-def matroska_end(data: bytes) -> int:
-    """Where a Matroska/WebM file's Segment element says the file ends (written by any muxer that could seek back,
-    FFmpeg's among them): past ``len(data)`` in a file cut short. 0 for no Matroska file, or a Segment of no size (a
-    live-written file's: a cut cannot be told)."""
-
-    def vint(at: int, keep_marker: bool) -> tuple[int, int, bool]:  # (value, bytes, all value bits set)
-        first = data[at]
-        n = 9 - first.bit_length() if first else 9
-        if n > 8 or at + n > len(data):
-            raise ValueError
-        v = first if keep_marker else first & ((0x80 >> (n - 1)) - 1)
-        for b in data[at + 1 : at + n]:
-            v = (v << 8) | b
-        return v, n, v == (1 << (7 * n)) - 1
-
-    try:
-        ident, n, _ = vint(0, True)
-        if ident != 0x1A45DFA3:
-            return 0
-        size, m, _ = vint(n, False)
-        at = n + m + size  # (the EBML header's end: the Segment's ID)
-        ident, n, _ = vint(at, True)
-        if ident != 0x18538067:
-            return 0
-        size, m, unknown = vint(at + n, False)
-        return 0 if unknown else at + n + m + size
-    except (ValueError, IndexError):
-        return 0
 
 
 def sample_table(stream: Any) -> dict[int, int] | None:

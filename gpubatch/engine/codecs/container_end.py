@@ -1,0 +1,208 @@
+"""Where a video container's own structure says its file ends. A file cut short (a download or a copy stopped part
+way) plays to the cut without an error in most players, and a pass-through would write it as whole; MP4 and MOV count
+their frames in their index (``video_probe.sample_table``), the containers here do not, so their sizes and packet
+lengths tell the cut instead, before a frame is read:
+
+- Matroska/WebM: the Segment element's size (a live-written file's Segment has none: no cut can be told);
+- FLV: each tag's length (the file ends inside one), and the ``filesize`` its ``onMetaData`` holds (FFmpeg, OBS and
+  most tools that can seek back write it);
+- ASF (WMV): the File Properties object's file size (not in a broadcast file);
+- MXF: the header partition's offset of the footer partition; where a live-written header gives none, each KLV
+  packet's length;
+- MPEG-TS: its fixed packet size (the file ends inside a packet);
+- MPEG-PS (.mpg, .vob): the lengths of the packets after its last pack header.
+
+A stream format cut exactly between its packets (MPEG-TS, MPEG-PS, a live FLV) looks like a shorter file: that cut
+cannot be told from the bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+
+#: how a cut is known: a size in the file's header (the frames it held are counted from its duration), or a packet
+#: that runs past the file's end (the frames after it are not known)
+HEADER, PACKET = "header", "packet"
+
+_FLV_TAGS = (8, 9, 18)  # audio, video, script data
+_ASF_FILE_PROPERTIES = bytes.fromhex("a1dcab8c47a9cf118ee400c00c205365")
+_MXF_PARTITION = bytes.fromhex("060e2b34020501010d01020101")  # (a partition pack's key, its kind and status after)
+_PS_TAIL = 1 << 18  # the bytes of an MPEG program stream's end searched for its last pack header
+
+
+def declared_end(data: bytes, kind: str | None) -> tuple[int, str]:
+    """(where the file ends by its container's structure, :data:`HEADER` or :data:`PACKET`) for video bytes of
+    ``kind`` as ``video_probe.sniff_container`` names it; past ``len(data)`` in a file cut short; ``(0, "")`` where
+    its structure tells nothing (another container, a live-written file, bytes it does not expect)."""
+    try:
+        if kind in ("mkv", "webm"):
+            end = matroska_end(data)
+            return (end, HEADER) if end else (0, "")
+        if kind == "flv":
+            return _flv_end(data)
+        if kind == "wmv":
+            return _asf_end(data)
+        if kind == "mxf":
+            return _mxf_end(data)
+        if kind in ("ts", "m2ts"):
+            size = 192 if kind == "m2ts" else 188
+            return (len(data) + size - len(data) % size, PACKET) if len(data) % size else (0, "")
+        if kind == "mpg":
+            return _ps_end(data)
+    except (IndexError, ValueError, struct.error):  # (bytes that are not what their first ones said)
+        pass
+    return 0, ""
+
+
+def matroska_end(data: bytes) -> int:
+    """Where a Matroska/WebM file's Segment element says the file ends (written by any muxer that could seek back,
+    FFmpeg's among them): past ``len(data)`` in a file cut short. 0 for no Matroska file, or a Segment of no size (a
+    live-written file's: a cut cannot be told)."""
+
+    def vint(at: int, keep_marker: bool) -> tuple[int, int, bool]:  # (value, bytes, all value bits set)
+        first = data[at]
+        n = 9 - first.bit_length() if first else 9
+        if n > 8 or at + n > len(data):
+            raise ValueError
+        v = first if keep_marker else first & ((0x80 >> (n - 1)) - 1)
+        for b in data[at + 1 : at + n]:
+            v = (v << 8) | b
+        return v, n, v == (1 << (7 * n)) - 1
+
+    try:
+        ident, n, _ = vint(0, True)
+        if ident != 0x1A45DFA3:
+            return 0
+        size, m, _ = vint(n, False)
+        at = n + m + size  # (the EBML header's end: the Segment's ID)
+        ident, n, _ = vint(at, True)
+        if ident != 0x18538067:
+            return 0
+        size, m, unknown = vint(at + n, False)
+        return 0 if unknown else at + n + m + size
+    except (ValueError, IndexError):
+        return 0
+
+
+def _flv_end(data: bytes) -> tuple[int, str]:
+    """An FLV file: its tags walked (11 bytes of header, their data, 4 of the previous tag's size); a tag that runs
+    past the end, else a ``filesize`` in its metadata past the end. A tag of a type FLV does not have ends the walk
+    (no judgement)."""
+    n = len(data)
+    if data[:3] != b"FLV" or n < 9:
+        return 0, ""
+    at = int.from_bytes(data[5:9], "big") + 4  # (the header's length, then the first previous-tag size)
+    filesize = 0
+    while at < n:
+        if at + 11 > n:
+            return at + 11, PACKET
+        kind, size = data[at] & 0x1F, int.from_bytes(data[at + 1 : at + 4], "big")
+        if kind not in _FLV_TAGS:
+            return 0, ""
+        end = at + 11 + size
+        if end > n:
+            return end, PACKET
+        if kind == 18 and not filesize:
+            filesize = _amf_number(data[at + 11 : end], b"filesize")
+        at = end + 4
+    return (filesize, HEADER) if filesize > n else (0, "")
+
+
+def _amf_number(script: bytes, key: bytes) -> int:
+    """The whole number an FLV script tag's AMF0 data names ``key`` (a string of that length, the number marker, 8
+    bytes of a big-endian double), or 0."""
+    at = script.find(len(key).to_bytes(2, "big") + key + b"\x00")
+    if at < 0 or at + len(key) + 11 > len(script):
+        return 0
+    (value,) = struct.unpack(">d", script[at + len(key) + 3 : at + len(key) + 11])
+    return int(value) if 0 < value < 1 << 50 else 0
+
+
+def _asf_end(data: bytes) -> tuple[int, str]:
+    """An ASF (WMV) file: its header object's File Properties object's file size, unless its broadcast flag says
+    that size is not known."""
+    end = min(len(data), int.from_bytes(data[16:24], "little"))
+    at = 30  # (the header object's GUID, size, count of objects and two reserved bytes)
+    while at + 24 <= end:
+        size = int.from_bytes(data[at + 16 : at + 24], "little")
+        if size < 24:
+            return 0, ""
+        if data[at : at + 16] == _ASF_FILE_PROPERTIES and at + 92 <= len(data):
+            file_size = int.from_bytes(data[at + 40 : at + 48], "little")
+            broadcast = int.from_bytes(data[at + 88 : at + 92], "little") & 1
+            return (file_size, HEADER) if not broadcast and file_size > len(data) else (0, "")
+        at += size
+    return 0, ""
+
+
+def _ber(data: bytes, at: int) -> tuple[int, int]:
+    """A KLV packet's BER length at ``at``: (its value, the bytes it takes)."""
+    first = data[at]
+    if first < 0x80:
+        return first, 1
+    k = first & 0x7F
+    if not 0 < k <= 8 or at + 1 + k > len(data):
+        raise ValueError
+    return int.from_bytes(data[at + 1 : at + 1 + k], "big"), 1 + k
+
+
+def _mxf_end(data: bytes) -> tuple[int, str]:
+    """An MXF file beginning with its header partition: the footer partition's offset it names (a closed file's),
+    else each KLV packet walked to the end."""
+    n = len(data)
+    if data[:13] != _MXF_PARTITION or data[13] != 0x02:
+        return 0, ""
+    length, k = _ber(data, 16)
+    value = 16 + k
+    footer = int.from_bytes(data[value + 20 : value + 28], "big") if length >= 28 else 0
+    if footer:  # (offsets count from the header partition, here the file's start)
+        return (footer + 16, HEADER) if footer + 16 > n else (0, "")
+    at = 0
+    while at < n:
+        if at + 17 > n:
+            return at + 17, PACKET
+        if data[at : at + 4] != b"\x06\x0e\x2b\x34":  # (not a key: bytes the walk does not know)
+            return 0, ""
+        if data[at + 16] > 0x80 and at + 17 + (data[at + 16] & 0x7F) > n:  # (its length's bytes cut)
+            return at + 17 + (data[at + 16] & 0x7F), PACKET
+        length, k = _ber(data, at + 16)
+        at += 16 + k + length
+    return (at, PACKET) if at > n else (0, "")
+
+
+def _ps_end(data: bytes) -> tuple[int, str]:
+    """An MPEG program stream: its packets walked from the last pack header (within its last 256 KiB); one whose
+    length runs past the end. Bytes that are no start code end the walk (no judgement)."""
+    n = len(data)
+    at = data.rfind(b"\x00\x00\x01\xba", max(0, n - _PS_TAIL))
+    while at >= 0 and not _pack_header(data, at):  # (a start code's bytes inside a payload)
+        at = data.rfind(b"\x00\x00\x01\xba", max(0, n - _PS_TAIL), at)
+    if at < 0:
+        return 0, ""
+    while at < n:
+        if at + 6 > n:
+            return at + 6, PACKET
+        if data[at : at + 3] != b"\x00\x00\x01":
+            return 0, ""
+        code = data[at + 3]
+        if code == 0xBA:
+            if at + 14 > n:
+                return at + 14, PACKET
+            at += 14 + (data[at + 13] & 7) if data[at + 4] >> 6 == 1 else 12  # (MPEG-2's pack header, or MPEG-1's)
+        elif code == 0xB9:  # (the program's end code)
+            at += 4
+        elif code >= 0xBB:  # (a system header or a PES packet: its length follows)
+            at += 6 + int.from_bytes(data[at + 4 : at + 6], "big")
+        else:
+            return 0, ""
+    return (at, PACKET) if at > n else (0, "")
+
+
+def _pack_header(data: bytes, at: int) -> bool:
+    """Whether a pack header's marker bits are where MPEG-2's (or MPEG-1's) put them."""
+    b = data[at + 4 : at + 13]
+    if len(b) < 9:
+        return True  # (a pack header cut short: the walk tells it)
+    if b[0] >> 6 == 1:  # MPEG-2: its clock's and its rate's markers
+        return bool(b[0] & 0x04 and b[2] & 0x04 and b[4] & 0x04 and b[5] & 0x01) and b[8] & 0x03 == 3
+    return b[0] >> 4 == 2 and bool(b[0] & 0x01 and b[2] & 0x01 and b[4] & 0x01 and b[5] & 0x80 and b[7] & 0x01)
