@@ -72,7 +72,7 @@ VIDEO_EXTENSIONS: Mapping[str, str] = MappingProxyType(
 # Audio files: extension -> the codec gpubatch names their bytes by (the bytes decide where they can).
 AUDIO_EXTENSIONS: Mapping[str, str] = MappingProxyType(
     {"wav": "wav", "wave": "wav", "flac": "flac", "ogg": "ogg", "oga": "ogg", "opus": "opus", "mp3": "mp3",
-     "m4a": "m4a", "aac": "m4a", "aiff": "aiff", "aif": "aiff", "aifc": "aiff", "mka": "mka", "weba": "weba",
+     "m4a": "m4a", "aac": "aac", "aiff": "aiff", "aif": "aiff", "aifc": "aiff", "mka": "mka", "weba": "weba",
      "wma": "wma"}
 )
 
@@ -103,7 +103,7 @@ CODEC_EXTENSION: Mapping[str, str] = MappingProxyType(
     {"jpeg": "jpg", "png": "png", "jpeg2000": "jp2", "bmp": "bmp", "webp": "webp", "tiff": "tiff", "gif": "gif",
      "avif": "avif", "heif": "heic", "jxl": "jxl", "pnm": "pnm", "qoi": "qoi", "npy": "npy",
      **{c: c for c in ("mp4", "mov", "mkv", "webm", "avi", "ts", "m2ts", "mpg", "flv", "3gp", "wmv", "ogv", "mxf")},
-     **{c: c for c in ("wav", "flac", "ogg", "opus", "mp3", "m4a", "mka", "weba", "wma")}}
+     **{c: c for c in ("wav", "flac", "ogg", "opus", "mp3", "aac", "m4a", "mka", "weba", "wma")}}
 )
 
 _HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"hevm", b"hevs", b"mif1", b"msf1"}

@@ -16,14 +16,17 @@ def tone(seconds: float = 1.0, rate: int = 16000, freq: float = 440.0, channels:
 
 
 def encoded(x: np.ndarray, rate: int, fmt: str = "wav", subtype: str | None = None) -> bytes:
-    """``x`` (samples, channels) as ``fmt`` bytes: wav/flac/ogg/mp3 through soundfile, m4a (AAC) through PyAV."""
-    if fmt == "m4a":
+    """``x`` (samples, channels) as ``fmt`` bytes: wav/flac/ogg/mp3 through soundfile (``subtype`` OPUS: Ogg Opus), m4a
+    (AAC), aac (AAC as ADTS, a raw stream) and wma through PyAV."""
+    if fmt in ("m4a", "aac", "wma"):
         import av
 
         buf = io.BytesIO()
-        with av.open(buf, "w", format="mp4") as c:
-            s = c.add_stream("aac", rate=rate)
+        with av.open(buf, "w", format={"m4a": "mp4", "aac": "adts", "wma": "asf"}[fmt]) as c:
+            s = c.add_stream("wmav2" if fmt == "wma" else "aac", rate=rate)
             s.layout = "mono" if x.shape[1] == 1 else "stereo"
+            if fmt == "wma":
+                s.bit_rate = 64000
             frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(x.T), format="fltp", layout=s.layout)
             frame.sample_rate = rate
             for p in s.encode(frame):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import tarfile
 
 import numpy as np
 import pytest
@@ -509,3 +510,31 @@ def test_an_m4a_cut_short_is_listed_whether_its_index_is_in_front_or_at_its_end(
         assert s.records_out == 1 and sorted(reasons) == ["a/end", "a/front"], s.as_dict()
         assert reasons["a/end"] == "the file is cut short: its index (the moov box, at its end) is not in it whole"
         assert reasons["a/front"].startswith("the file is cut short: its index lists "), reasons
+
+
+@pytest.mark.parametrize("fmt,sub", [("ogg", "OPUS"), ("ogg", None), ("aac", None), ("wma", None)],
+                         ids=["opus", "vorbis", "aac", "wma"])
+def test_an_ogg_aac_or_wma_file_cut_short_is_listed_in_pass_through(tmp_path, fmt, sub):
+    """Ogg Opus, AAC as a raw stream (ADTS) and WMA cut short had passed through as whole, exit 0 and no word (their
+    decoders stop quietly at the cut), and an Ogg Vorbis file cut in its first pages was said to hold "no audio
+    samples": the last Ogg page or ADTS frame runs past the file's end, or the file is shorter than the size its ASF
+    header gives. Whole files of every length pass. AAC as ADTS is written as .aac (it had been named .mp3)."""
+    from gpubatch.engine.codecs.audio_io import probe_audio
+    from tests.audio.sounds import encoded
+
+    rate = 48000 if sub == "OPUS" else 16000
+    for seconds, ch in [(0.3, 1), (1.3, 2), (7.0, 1)]:
+        probe_audio(encoded(tone(seconds, rate, channels=ch), rate, fmt, sub))  # (raises where the check is wrong)
+    data = encoded(tone(3.0, rate, channels=2), rate, fmt, sub)
+    ext = "opus" if sub == "OPUS" else fmt
+    for i, at in enumerate((0.3, 0.55, 0.8)):
+        src = tmp_path / f"src{i}"
+        src.mkdir()
+        (src / f"bad.{ext}").write_bytes(data[: int(len(data) * at)])
+        (src / f"good.{ext}").write_bytes(data)
+        s = convert(src, tmp_path / f"out{i}", to="webdataset", from_format="audio")
+        assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["bad"], s.as_dict()
+        assert "cut short" in s.skipped[0]["reason"], s.skipped
+        written = next((tmp_path / f"out{i}").glob("*.tar"))
+        with tarfile.open(written) as t:  # (AAC as ADTS had been written as .mp3: what libsndfile reads as MP3)
+            assert [m.name for m in t.getmembers() if not m.name.endswith(".cls")] == [f"good.{ext}"]

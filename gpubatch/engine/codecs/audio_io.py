@@ -40,7 +40,7 @@ def soundfile():
 
 
 def sniff_audio(data: bytes) -> str | None:
-    """The codec of audio bytes from their first bytes (wav, flac, ogg/opus, mp3, m4a, aiff, weba/mka, wma), or
+    """The codec of audio bytes from their first bytes (wav, flac, ogg/opus, mp3, aac, m4a, aiff, weba/mka, wma), or
     None. Sound in WebM is named "weba" (the extension browsers give it), so that what gpubatch writes of it (a
     ``.weba`` file or member) reads back as audio, where ``.webm`` reads as video."""
     head = data[:64]
@@ -52,6 +52,8 @@ def sniff_audio(data: bytes) -> str | None:
         return "flac"
     if head[:4] == b"OggS":
         return "opus" if b"OpusHead" in head else "ogg"
+    if _adts(head):  # (AAC as a raw stream, .aac: its sync word and layer 0, where MPEG audio has a layer)
+        return "aac"
     if head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0):
         return "mp3"
     if head[4:8] == b"ftyp":
@@ -166,15 +168,15 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
             _check(AudioInfo("wav", "", *said, 0))
         info = _probe_av(data)
     _check(info)
-    if info.frames <= 0:
-        raise ValueError("no audio samples")
     if data is not None:
         head = data[: max(1 << 16, id3_end(data[:10]) + 4096)]  # (an MP3's first frames after its tags, cover art and all)
         short = audio_shortfall(head, data[-tail_bytes(data[:64]) :] if tail_bytes(data[:64]) else b"", len(data))
     else:
         short = _file_shortfall(data_path)
-    if short is not None:
+    if short is not None:  # (before the count of samples: a file cut inside its first pages may have none)
         raise ValueError(short)
+    if info.frames <= 0:
+        raise ValueError("no audio samples")
     return info
 
 
@@ -317,14 +319,24 @@ def tail_bytes(head: bytes) -> int:
     """How many of a file's last bytes :func:`audio_shortfall` reads, from its first bytes."""
     if head[:4] == b"fLaC" and len(head) >= 42:
         return (int.from_bytes(head[15:18], "big") or (1 << 20)) + 16 + 128
+    if head[:4] == b"OggS":
+        return 1 << 17  # (two pages of the largest size)
+    if _adts(head):
+        return 1 << 15  # (four ADTS frames of the largest size)
     return 0
+
+
+def _adts(head: bytes) -> bool:
+    """Whether a sound file's first bytes are an ADTS frame header (AAC as a raw stream, ``.aac``)."""
+    return len(head) > 1 and head[0] == 0xFF and head[1] & 0xF6 == 0xF0
 
 
 def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
     """Why an audio file (``size`` bytes, its first 64 KiB ``head``, its last :func:`tail_bytes` ``tail``)
     holds less than its header says, or None: a WAV whose ``data`` chunk runs past the file's end, a
     FLAC that stops before its last frame or last sample, an AIFF whose FORM chunk or a Matroska/WebM file whose
-    Segment does, an MP3 that holds fewer bytes of frames than its header frame counts."""
+    Segment does, an MP3 that holds fewer bytes of frames than its header frame counts, a WMA shorter than its ASF
+    header's file size, an Ogg (Vorbis, Opus) or AAC (ADTS) file that ends inside its last page or frame."""
     kind = sniff_audio(head)
     short = wav_shortfall(head, size)
     if short is not None:
@@ -333,12 +345,21 @@ def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
     if kind == "aiff" and 8 + int.from_bytes(head[4:8], "big") > size:  # (its FORM chunk's size)
         return (f"the AIFF header promises {8 + int.from_bytes(head[4:8], 'big'):,} bytes, the file holds {size:,}: "
                 "it is cut short")
-    if kind in ("weba", "mka"):
-        from .container_end import matroska_end
+    from .container_end import declared_end, matroska_end, tail_end
 
+    if kind in ("weba", "mka"):
         end = matroska_end(head)
         if end > size:
             return f"its Matroska header promises {end:,} bytes, the file holds {size:,}: it is cut short"
+    if kind == "wma":
+        end, _ = declared_end(head, "wmv")
+        if end > size:
+            return f"its ASF header promises {end:,} bytes, the file holds {size:,}: it is cut short"
+    if kind in ("ogg", "opus", "aac"):
+        what = "Ogg page" if kind in ("ogg", "opus") else "AAC (ADTS) frame"
+        end = tail_end(tail, size, "ogg" if kind in ("ogg", "opus") else "adts")
+        if end > size:
+            return f"its last {what} runs past the file's end ({end:,} bytes, the file holds {size:,}): it is cut short"
     short_mp3 = mp3_shortfall(head, size) if kind == "mp3" else None
     if short_mp3 is not None:
         want, have = short_mp3

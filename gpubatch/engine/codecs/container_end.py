@@ -206,3 +206,54 @@ def _pack_header(data: bytes, at: int) -> bool:
     if b[0] >> 6 == 1:  # MPEG-2: its clock's and its rate's markers
         return bool(b[0] & 0x04 and b[2] & 0x04 and b[4] & 0x04 and b[5] & 0x01) and b[8] & 0x03 == 3
     return b[0] >> 4 == 2 and bool(b[0] & 0x01 and b[2] & 0x01 and b[4] & 0x01 and b[5] & 0x80 and b[7] & 0x01)
+
+
+def tail_end(tail: bytes, size: int, kind: str) -> int:
+    """Where the last page (Ogg: ``kind`` "ogg") or frame (AAC in ADTS: "adts") of a ``size``-byte file ends, by a
+    chain of them walked through its last bytes ``tail`` from the first one found there: past ``size`` in a file cut
+    inside it, ``size`` in a whole one; 0 where no chain is found (bytes the walk does not know, a tag after the
+    frames). A chain must hold two pages or frames, or start at the file's start, to be taken: the four bytes of
+    a page's capture pattern, or a frame's sync word, may occur inside a payload."""
+    start = size - len(tail)
+    find = (lambda at: tail.find(b"OggS", at)) if kind == "ogg" else (lambda at: _adts_sync(tail, at))
+    at = find(0)
+    while at >= 0:
+        end = _chain(tail, at, kind, start + at == 0)
+        if end:
+            return start + end
+        at = find(at + 1)
+    return 0
+
+
+def _adts_sync(tail: bytes, at: int) -> int:
+    """The next ADTS frame header's position from ``at`` (12 bits of sync, layer 0), or -1."""
+    at = tail.find(b"\xff", at)
+    while at >= 0 and (at + 1 >= len(tail) or tail[at + 1] & 0xF6 != 0xF0):
+        at = tail.find(b"\xff", at + 1)
+    return at
+
+
+def _chain(tail: bytes, at: int, kind: str, trusted: bool) -> int:
+    """The end of the chain of pages or frames from ``at`` in ``tail`` (see :func:`tail_end`), or 0."""
+    n, links = len(tail), 0
+    while True:
+        head = 27 if kind == "ogg" else 7  # (a page's header before its segment table; an ADTS header)
+        if kind == "ogg" and (tail[at : at + 4] != b"OggS"[: n - at] or (at + 4 < n and tail[at + 4] != 0)):
+            return 0
+        if kind == "adts" and (tail[at] != 0xFF or (at + 1 < n and tail[at + 1] & 0xF6 != 0xF0)):
+            return 0
+        if at + head > n:  # (the file ends inside its header)
+            return at + head if links or trusted else 0
+        if kind == "ogg":
+            segments = tail[at + 26]
+            if at + head + segments > n:
+                return at + head + segments if links or trusted else 0
+            end = at + head + segments + sum(tail[at + head : at + head + segments])
+        else:
+            end = at + (((tail[at + 3] & 0x03) << 11) | (tail[at + 4] << 3) | (tail[at + 5] >> 5))
+            if end < at + head:
+                return 0
+        links += 1
+        if end >= n:
+            return end if links > 1 or trusted else 0
+        at = end
