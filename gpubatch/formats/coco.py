@@ -75,6 +75,14 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+def _segmentation(seg: Any) -> bool:
+    """A COCO segmentation: a list of polygons (lists of numbers; an empty list), or RLE (an object with ``counts``
+    and ``size``)."""
+    if isinstance(seg, dict):
+        return "counts" in seg and "size" in seg
+    return isinstance(seg, list) and all(isinstance(p, list) and all(_number(v) is not None for v in p) for p in seg)
+
+
 def _category(c: Any) -> bool:
     """An entry of 'categories' gpubatch can use: an object with a whole-number id."""
     if not isinstance(c, dict):
@@ -110,7 +118,8 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
     detection models refuse such boxes; a zero size is kept, as COCO itself has some). Kept but counted:
     annotations of an image id no image has (they cannot be written anywhere), category ids missing from
     ``categories`` (written with a category named by its number), and image ids shared by two images
-    (their annotations go to each).
+    (their annotations go to each). Kept without the field: an ``area`` that is no number of zero or more (the
+    box's area is written), a ``segmentation`` that is neither polygons nor RLE.
     """
     image_ids: dict[Any, int] = {}
     for im in doc["images"]:
@@ -120,7 +129,7 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
         image_ids[key] = image_ids.get(key, 0) + 1
     cats = doc.get("categories")
     known = {_id_key(c.get("id")) for c in cats if isinstance(c, dict)} if isinstance(cats, list) else set()
-    malformed, negative, orphans, unknown, boxless = [], [], [], {}, []
+    malformed, negative, orphans, unknown, boxless, no_area, no_seg = [], [], [], {}, [], [], []
     anns: dict[Any, list[dict]] = {}
     raw = doc.get("annotations")
     for i, a in enumerate(raw if isinstance(raw, list) else []):
@@ -150,6 +159,12 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
             continue
         if cat not in known:
             unknown[cat] = unknown.get(cat, 0) + 1
+        if "area" in a and (_number(a["area"]) is None or a["area"] < 0):
+            a = {k: v for k, v in a.items() if k != "area"}
+            no_area.append(aid)
+        if "segmentation" in a and not _segmentation(a["segmentation"]):
+            a = {k: v for k, v in a.items() if k != "segmentation"}
+            no_seg.append(aid)
         anns.setdefault(image_id, []).append(a)
     warnings = [f"{name}: {_count(len(found), 'annotation')} {what} ({_ids(found)})" for found, what in (
         (boxless, "with neither bbox nor category_id left out: not object annotations (COCO's captions?); gpubatch "
@@ -158,6 +173,8 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
                     "not an object"),
         (negative, "dropped: bbox of negative width or height"),
         (orphans, "with an image_id no image has, not written"),
+        (no_area, "with an area that is no number of zero or more: written with their box's area"),
+        (no_seg, "with a segmentation that is neither polygons nor RLE: written without it"),
     ) if found]
     if unknown:
         warnings.append(f"{name}: {_count(sum(unknown.values()), 'annotation')} with a category_id missing from "

@@ -92,11 +92,13 @@ def json_value(data: bytes | str, what: str, undecodable: str = "strict") -> Any
     parse (over 4,300 digits) or is nested beyond :data:`MAX_JSON_DEPTH` (checked on documents up to
     1 MiB, the per-record ones; a dataset-wide file is checked where its parts are taken, see
     :func:`shallow`). ``undecodable="surrogateescape"`` keeps bytes that are not UTF-8 as they are (a
-    dataset-wide file whose one damaged name should cost that record only)."""
+    dataset-wide file whose one damaged name should cost that record only). ``NaN``, ``Infinity`` and numbers
+    beyond a float's range, which are not JSON though Python's parser takes them, read as null: written back, they
+    made files that strict JSON readers (pycocotools' and browsers' among them) refuse."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = text(bytes(data), what) if undecodable == "strict" else bytes(data).decode("utf-8", undecodable)
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, parse_constant=_no_constant, parse_float=_finite_float)
     except RecursionError:
         raise ValueError(f"{what} is JSON nested too deeply") from None
     except ValueError as e:
@@ -104,6 +106,17 @@ def json_value(data: bytes | str, what: str, undecodable: str = "strict") -> Any
     if len(data) <= 1 << 20:
         shallow(doc, what)
     return doc
+
+
+def _no_constant(name: str) -> None:
+    """(``NaN``, ``Infinity``, ``-Infinity``: no JSON values.)"""
+    return None
+
+
+def _finite_float(text: str) -> float | None:
+    """A JSON number with a fraction or an exponent, None beyond a float's range (``1e400``)."""
+    value = float(text)
+    return value if math.isfinite(value) else None
 
 
 def shallow(value: Any, what: str, limit: int = MAX_JSON_DEPTH) -> Any:

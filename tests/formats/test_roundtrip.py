@@ -274,6 +274,37 @@ def test_faulty_coco_annotations_are_dropped_or_counted_and_warned(coco, tmp_pat
     assert s.records_out == 12 and len(s.warnings) == 4
 
 
+def test_a_coco_annotations_bad_area_or_segmentation_is_left_out_and_no_value_json_lacks_is_written(coco, tmp_path):
+    """An annotation's ``area`` that is no number (a string, a list) ended a ``--to coco`` run at its finalize with a
+    traceback; a segmentation of no COCO form was written as it came, and NaN or Infinity (which Python's parser
+    takes, and some tools write) made an output that pycocotools and browsers refuse. The box is kept, the field left
+    out (the box's area written) with a warning; NaN and Infinity read as null."""
+    import json
+
+    from pycocotools.coco import COCO
+
+    ann_file = coco / "annotations" / "instances.json"
+    doc = json.loads(ann_file.read_text())
+    anns = doc["annotations"]
+    anns[0]["area"], anns[1]["area"], anns[2]["segmentation"] = "000000000001.jpg", [[1, 2, 3]], "x"
+    anns[3]["area"] = float("nan")
+    doc["categories"][0]["supercategory"] = float("inf")
+    ann_file.write_text(json.dumps(doc))  # (Python writes NaN and Infinity, as pandas' to_json may)
+    s = convert(coco, tmp_path / "out", to="coco")
+    assert s.records_out == 12 and not s.skipped
+    text = "\n".join(s.warnings)
+    assert "3 annotations with an area that is no number of zero or more: written with their box's area" in text, text
+    assert "1 annotation with a segmentation that is neither polygons nor RLE: written without it" in text, text
+    out_file = tmp_path / "out" / "annotations" / "instances.json"
+    out = json.loads(out_file.read_text(), parse_constant=lambda c: pytest.fail(f"{c} written"))
+    assert len(out["annotations"]) == len(anns)
+    written = {a["id"]: a for a in out["annotations"]}
+    x, y, w, h = anns[0]["bbox"]
+    assert written[anns[0]["id"]]["area"] == pytest.approx(w * h, abs=0.01)
+    assert written[anns[2]["id"]]["segmentation"] == []
+    COCO(str(out_file))  # (strict enough: its json.load would take NaN, the parse above does not)
+
+
 def test_coco_image_ids_shared_by_two_images_are_warned(coco, tmp_path):
     import json
 
