@@ -326,7 +326,7 @@ _STREAMED = [("flv", "libx264", {}), ("ts", "libx264", {}), ("mpg", "mpeg2video"
 @pytest.mark.parametrize("ext,codec,opts", _STREAMED, ids=[e for e, _, _ in _STREAMED])
 def test_a_file_of_a_container_that_counts_no_frames_cut_short_is_told_by_its_sizes(tmp_path, ext, codec, opts):
     """FLV, MPEG-TS, MPEG-PS, ASF (WMV) and MXF count no frames: a cut one passed through as whole, exit 0 and no word,
-    its last frame cut in two. Their header's file size (FLV's metadata, ASF's file properties) or the packet the
+    its last frame cut in two. Their header's file size (ASF's file properties) or the packet the
     file ends inside (each tag, TS packet, PES packet, KLV packet) tells it (container_end.py): refused whole, its
     frames before the cut written and the rest listed."""
     src = tmp_path / "src"

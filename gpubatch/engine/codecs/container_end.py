@@ -4,21 +4,18 @@ their frames in their index (``video_probe.sample_table``), the containers here 
 lengths tell the cut instead, before a frame is read:
 
 - Matroska/WebM: the Segment element's size (a live-written file's Segment has none: no cut can be told);
-- FLV: each tag's length (the file ends inside one), and the ``filesize`` its ``onMetaData`` holds (FFmpeg, OBS and
-  most tools that can seek back write it);
+- FLV: each tag's length (the file ends inside one);
 - ASF (WMV): the File Properties object's file size (not in a broadcast file);
 - MXF: the header partition's offset of the footer partition; where a live-written header gives none, each KLV
   packet's length;
 - MPEG-TS: its fixed packet size (the file ends inside a packet);
 - MPEG-PS (.mpg, .vob): the lengths of the packets after its last pack header.
 
-A stream format cut exactly between its packets (MPEG-TS, MPEG-PS, a live FLV) looks like a shorter file: that cut
-cannot be told from the bytes.
+A stream format cut exactly between its packets (MPEG-TS, MPEG-PS, FLV) looks like a shorter file: that cut cannot be
+told from the bytes.
 """
 
 from __future__ import annotations
-
-import struct
 
 #: how a cut is known: a size in the file's header (the frames it held are counted from its duration), or a packet
 #: that runs past the file's end (the frames after it are not known)
@@ -49,7 +46,7 @@ def declared_end(data: bytes, kind: str | None) -> tuple[int, str]:
             return (len(data) + size - len(data) % size, PACKET) if len(data) % size else (0, "")
         if kind == "mpg":
             return _ps_end(data)
-    except (IndexError, ValueError, struct.error):  # (bytes that are not what their first ones said)
+    except (IndexError, ValueError):  # (bytes that are not what their first ones said)
         pass
     return 0, ""
 
@@ -85,37 +82,23 @@ def matroska_end(data: bytes) -> int:
 
 
 def _flv_end(data: bytes) -> tuple[int, str]:
-    """An FLV file: its tags walked (11 bytes of header, their data, 4 of the previous tag's size); a tag that runs
-    past the end, else a ``filesize`` in its metadata past the end. A tag of a type FLV does not have ends the walk
-    (no judgement)."""
+    """An FLV file: its tags walked (11 bytes of header, their data, 4 of the previous tag's size); one that runs past
+    the end. A tag of a type FLV does not have ends the walk (no judgement). The ``filesize`` its ``onMetaData`` may
+    hold is not taken: tools that cut or join FLV files copy it unchanged."""
     n = len(data)
     if data[:3] != b"FLV" or n < 9:
         return 0, ""
     at = int.from_bytes(data[5:9], "big") + 4  # (the header's length, then the first previous-tag size)
-    filesize = 0
     while at < n:
         if at + 11 > n:
             return at + 11, PACKET
         kind, size = data[at] & 0x1F, int.from_bytes(data[at + 1 : at + 4], "big")
         if kind not in _FLV_TAGS:
             return 0, ""
-        end = at + 11 + size
-        if end > n:
-            return end, PACKET
-        if kind == 18 and not filesize:
-            filesize = _amf_number(data[at + 11 : end], b"filesize")
-        at = end + 4
-    return (filesize, HEADER) if filesize > n else (0, "")
-
-
-def _amf_number(script: bytes, key: bytes) -> int:
-    """The whole number an FLV script tag's AMF0 data names ``key`` (a string of that length, the number marker, 8
-    bytes of a big-endian double), or 0."""
-    at = script.find(len(key).to_bytes(2, "big") + key + b"\x00")
-    if at < 0 or at + len(key) + 11 > len(script):
-        return 0
-    (value,) = struct.unpack(">d", script[at + len(key) + 3 : at + len(key) + 11])
-    return int(value) if 0 < value < 1 << 50 else 0
+        if at + 11 + size > n:
+            return at + 11 + size, PACKET
+        at += 11 + size + 4
+    return 0, ""
 
 
 def _asf_end(data: bytes) -> tuple[int, str]:
