@@ -383,7 +383,7 @@ class CocoWriter(Writer):
         })
         out = self.root / ANNOTATIONS
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc), encoding="utf-8")
+        out.write_text(fields.json_text(doc), encoding="utf-8")
 
 
 @register_format

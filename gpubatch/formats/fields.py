@@ -92,13 +92,11 @@ def json_value(data: bytes | str, what: str, undecodable: str = "strict") -> Any
     parse (over 4,300 digits) or is nested beyond :data:`MAX_JSON_DEPTH` (checked on documents up to
     1 MiB, the per-record ones; a dataset-wide file is checked where its parts are taken, see
     :func:`shallow`). ``undecodable="surrogateescape"`` keeps bytes that are not UTF-8 as they are (a
-    dataset-wide file whose one damaged name should cost that record only). ``NaN``, ``Infinity`` and numbers
-    beyond a float's range, which are not JSON though Python's parser takes them, read as null: written back, they
-    made files that strict JSON readers (pycocotools' and browsers' among them) refuse."""
+    dataset-wide file whose one damaged name should cost that record only)."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = text(bytes(data), what) if undecodable == "strict" else bytes(data).decode("utf-8", undecodable)
     try:
-        doc = json.loads(data, parse_constant=_no_constant, parse_float=_finite_float)
+        doc = json.loads(data)
     except RecursionError:
         raise ValueError(f"{what} is JSON nested too deeply") from None
     except ValueError as e:
@@ -108,15 +106,25 @@ def json_value(data: bytes | str, what: str, undecodable: str = "strict") -> Any
     return doc
 
 
-def _no_constant(name: str) -> None:
-    """(``NaN``, ``Infinity``, ``-Infinity``: no JSON values.)"""
-    return None
+def json_text(value: Any, **options: Any) -> str:
+    """``value`` as strict JSON text (``options`` as ``json.dumps`` takes them). NaN and the infinities, which a
+    source's JSON may hold (Python's parser takes them, and some tools write them) and strict readers refuse
+    (pycocotools', a browser's ``JSON.parse``), are written as null."""
+    try:
+        return json.dumps(value, allow_nan=False, **options)
+    except ValueError:  # (a float that is no JSON number, somewhere in it)
+        return json.dumps(_finite(value), allow_nan=False, **options)
 
 
-def _finite_float(text: str) -> float | None:
-    """A JSON number with a fraction or an exponent, None beyond a float's range (``1e400``)."""
-    value = float(text)
-    return value if math.isfinite(value) else None
+def _finite(value: Any) -> Any:
+    """``value`` with every float that is not finite made None, through its dicts, lists and tuples."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def shallow(value: Any, what: str, limit: int = MAX_JSON_DEPTH) -> Any:

@@ -29,7 +29,7 @@ from typing import Any
 from .._paths import open_fetched, read_regular, source_files
 from ..errors import DependencyError, FormatError
 from ..types import Boxes, DatasetInfo, Media, Record, sniff_image_codec
-from . import register_format
+from . import fields, register_format
 from .base import Format, Reader, WriteOptions
 from .listing import walk
 from .sinks import ShardFile, ShardSink
@@ -311,7 +311,7 @@ class ParquetSink(ShardSink):
                                  "columns cannot hold: rename the file, or write another format") from None
         row: dict[str, Any] = {"key": record.key, media: {"bytes": bytes(record.data), "path": record.filename},
                                "label": -1 if record.label is None else int(record.label),
-                               "meta": json.dumps(record.meta, sort_keys=True, default=str) if record.meta else None}
+                               "meta": fields.json_text(record.meta, sort_keys=True, default=str) if record.meta else None}
         if self.boxes:
             b = record.boxes
             n = len(b) if b is not None else 0
@@ -323,7 +323,7 @@ class ParquetSink(ShardSink):
                 cats = [self._cats.index(c) for c in cats]
             row["objects"] = {"bbox": [[float(x0), float(y0), float(x1 - x0), float(y1 - y0)]
                                        for x0, y0, x1, y1 in (b.xyxy.tolist() if n else [])], "category": cats,
-                              "fields": [json.dumps({**dict(b.extra[k] if k < len(b.extra) else {}),
+                              "fields": [fields.json_text({**dict(b.extra[k] if k < len(b.extra) else {}),
                                                      "iscrowd": int(b.iscrowd[k])}, sort_keys=True, default=str)
                                          for k in range(n)]}
         self.rows.append(row)

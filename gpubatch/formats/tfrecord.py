@@ -22,7 +22,6 @@ and, failing known keys, the one bytes feature that holds an image.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import struct
@@ -503,7 +502,7 @@ class TFRecordSink(ShardSink):
         }
         if b is None:  # (no boxes: the object features empty, as the detection readers expect them)
             return {**self._keypoints(b), **common, **_NO_OBJECTS,
-                    "gpubatch/meta": (json.dumps(meta, sort_keys=True, default=str).encode(), "byte")}
+                    "gpubatch/meta": (fields.json_text(meta, sort_keys=True, default=str).encode(), "byte")}
         nb = b.normalized()
         meta["has_boxes"] = True
         if any(b.extra):
@@ -518,7 +517,7 @@ class TFRecordSink(ShardSink):
             "image/object/class/text": ([self._cat_names.get(c, str(c)).encode() for c in cats], "byte"),
             "image/object/is_crowd": ([int(x) for x in b.iscrowd], "int"),
             "image/object/area": ([float((x1 - x0) * (y1 - y0)) for x0, y0, x1, y1 in b.xyxy], "float"),
-            "gpubatch/meta": (json.dumps(meta, sort_keys=True, default=str).encode(), "byte"),
+            "gpubatch/meta": (fields.json_text(meta, sort_keys=True, default=str).encode(), "byte"),
         }}
 
     def _video_datum(self, r: Record) -> dict[str, tuple[Any, str]]:
@@ -535,7 +534,7 @@ class TFRecordSink(ShardSink):
             f"{m}/source_id": (r.key.encode("utf-8", "surrogateescape"), "byte"),
             f"{m}/class/label": (-1 if r.label is None else int(r.label), "int"),
             f"{m}/class/text": (text.encode(), "byte"),
-            "gpubatch/meta": (json.dumps(dict(r.meta), sort_keys=True, default=str).encode(), "byte"),
+            "gpubatch/meta": (fields.json_text(dict(r.meta), sort_keys=True, default=str).encode(), "byte"),
         }
         if r.media is Media.AUDIO:
             rate = r.meta.get("sample_rate")

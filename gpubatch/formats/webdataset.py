@@ -478,7 +478,7 @@ class WebDatasetSink(ShardSink):
             members["cls"] = str(int(record.label)).encode("ascii")
         doc = self._json(record)
         if doc is not None:
-            members["json"] = json.dumps(doc, sort_keys=True, default=str).encode("utf-8")
+            members["json"] = fields.json_text(doc, sort_keys=True, default=str).encode("utf-8")
         key = self._unique(record.key)
         self._extensions[ext] = self._extensions.get(ext, 0) + 1
         return key, sorted(members.items())

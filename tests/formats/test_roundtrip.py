@@ -278,7 +278,7 @@ def test_a_coco_annotations_bad_area_or_segmentation_is_left_out_and_no_value_js
     """An annotation's ``area`` that is no number (a string, a list) ended a ``--to coco`` run at its finalize with a
     traceback; a segmentation of no COCO form was written as it came, and NaN or Infinity (which Python's parser
     takes, and some tools write) made an output that pycocotools and browsers refuse. The box is kept, the field left
-    out (the box's area written) with a warning; NaN and Infinity read as null."""
+    out (the box's area written) with a warning; NaN and Infinity a field carries are written as null."""
     import json
 
     from pycocotools.coco import COCO
@@ -606,3 +606,25 @@ def test_one_lmdb_is_read_by_several_readers_of_one_process(imagenet, tmp_path):
     assert sum(len(labels) for _, labels in val) == 60
     val.close()
     assert not lmdb_format._ENVS
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "tfrecord", "parquet"])
+def test_nan_and_infinity_a_coco_source_carries_reach_no_output_as_json_lacks_them(coco, tmp_path, fmt):
+    """A field gpubatch carries without reading it (an annotation's or an image's own), NaN or Infinity in the source
+    (Python's parser takes them, some tools write them), is written as null: strict JSON readers refused the .json
+    member, the TFRecord's ``gpubatch/meta`` and the Parquet columns it had reached."""
+    import json
+
+    if fmt == "parquet":
+        pytest.importorskip("pyarrow")
+    ann_file = coco / "annotations" / "instances.json"
+    doc = json.loads(ann_file.read_text())
+    for a in doc["annotations"]:
+        a["score"] = float("nan")
+    for im in doc["images"]:
+        im["exposure"] = float("-inf")
+    ann_file.write_text(json.dumps(doc))
+    s = convert(coco, tmp_path / "out", to=fmt)
+    assert s.records_out == 12 and not s.skipped
+    blob = b"".join(p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert b"NaN" not in blob and b"Infinity" not in blob
