@@ -472,15 +472,23 @@ class ClassNames(Sequence):
 DENSE_CLASSES = 1 << 16
 
 
+#: The largest class index gpubatch accepts: int32, what Caffe's Datum, DALI's label outputs and MXNet's
+#: float32 labels (exact to 2^24) can all carry at most.
+MAX_LABEL = 2**31 - 1
+
+
 def class_table(named: Mapping[int, str] | Sequence[str], labels: Any = ()) -> tuple[str, ...] | ClassNames:
     """Class names for a dataset: ``named`` (names by label, or a list) extended with ``str(i)`` up to its
     largest label, as a tuple where that is small (at most :data:`DENSE_CLASSES` classes, or no more
-    than four times the labels in use), else a :class:`ClassNames` that holds only the names."""
+    than four times the labels in use), else a :class:`ClassNames` that holds only the names. Labels and
+    names beyond :data:`MAX_LABEL` are left out (their records are refused where they are read): a table
+    sized by one had no length (``OverflowError``) and ended the run."""
     if isinstance(named, ClassNames):
         names, least = dict(named.named), named.count
     else:
         names, least = dict(enumerate(named)) if not isinstance(named, Mapping) else dict(named), 0
-    used = {int(x) for x in labels if x is not None and int(x) >= 0}
+    names = {k: v for k, v in names.items() if 0 <= int(k) <= MAX_LABEL}
+    used = {int(x) for x in labels if x is not None and 0 <= int(x) <= MAX_LABEL}
     count = max(max([*used, *names], default=-1) + 1, least)
     if count <= DENSE_CLASSES or count <= 4 * (len(used) + len(names)):
         return tuple(names.get(i, str(i)) for i in range(count))

@@ -12,9 +12,8 @@ import json
 import math
 from typing import Any
 
-#: The largest class index gpubatch accepts: int32, what Caffe's Datum, DALI's label outputs and MXNet's
-#: float32 labels (exact to 2^24) can all carry at most.
-MAX_LABEL = 2**31 - 1
+from ..types import MAX_LABEL
+
 #: Image sides a header or an annotation may claim (JPEG's limit is 65,535; TIFF and PNG go further).
 MAX_SIDE = 2**31 - 1
 #: Ids (COCO image, annotation and category ids) must fit the int64 that every writer stores them in.

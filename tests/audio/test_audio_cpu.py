@@ -185,6 +185,21 @@ def test_esc50_csv_keeps_its_own_numbering(tmp_path):
     assert rep.classes[0] == "dog" and rep.classes[10] == "rain"
 
 
+@pytest.mark.parametrize("opts", [{}, {"sample_rate": 8000}], ids=["pass-through", "decode"])
+def test_a_csv_label_beyond_any_class_index_is_that_rows_error(tmp_path, opts):
+    """A target of 10^20 in ESC-50's CSV: its row is listed, the others written. Re-encoded, the run had ended in an
+    OverflowError: the class table was sized by it."""
+    root = tmp_path / "ESC-50"
+    rows = [("1-1-A-0.wav", 0, "dog"), ("1-2-A-10.wav", 10**20, "rain"), ("2-3-B-0.wav", 0, "dog")]
+    for name, *_ in rows:
+        write(root / "audio" / name, tone(0.2), 16000)
+    (root / "meta").mkdir()
+    (root / "meta" / "esc50.csv").write_text("filename,fold,target,category\n" + "".join(
+        f"{n},1,{t},{c}\n" for n, t, c in rows))
+    s = convert(root, tmp_path / "o", to="webdataset", device="cpu", **opts)
+    assert s.records_out == 2 and len(s.skipped) == 1 and "outside 0..2,147,483,647" in s.skipped[0]["reason"]
+
+
 def test_csv_columns_named_on_the_command_line(tmp_path):
     root = tmp_path / "d"
     write(root / "clips" / "a.flac", tone(0.2), 16000)
