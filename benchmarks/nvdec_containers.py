@@ -5,7 +5,11 @@ MOV to the CPU (``cpu_reason``), because frames once came wrong from Matroska (2
 container and loop, whether they still do and which frame came for which asked, and does the same with the Python
 loop's seek aimed at a keyframe's decoding time (``pts - reorder``, as the CPU path's ``FrameCursor`` now tries).
 
-    python3 benchmarks/nvdec_containers.py [--json out.json]       (on a GPU machine; nothing is kept but the report)
+    python3 benchmarks/nvdec_containers.py [--json out.json] [--only ts,flv] [--native-on mp4,mkv,webm]
+
+(on a GPU machine; nothing is kept but the report). ``--native-on`` names the containers the native loop is tried on:
+asked to seek in an MPEG-TS file, PyNvVideoCodec 2.2.4's demuxer ends the process (``terminate called after throwing
+an instance of 'PyNvVCException'``: "Seek target index is out of range", 2026-12-07, H100).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 CLIPS = [("mp4", "libx264"), ("mkv", "libx264"), ("mkv", "libx265"), ("webm", "libvpx-vp9"), ("ts", "libx264"),
-         ("flv", "libx264")]
+         ("ts", "libx265"), ("flv", "libx264"), ("mp4", "libx265")]
 PATTERNS = {"every": list(range(40)), "seeks": [0, 5, 13, 14, 27, 39, 2], "back": [20, 3, 35, 0]}
 
 
@@ -35,7 +39,10 @@ def closest(frames: np.ndarray, img: np.ndarray) -> tuple[int, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--only", default="", help="containers to try (default: all)")
+    ap.add_argument("--native-on", default="mp4,mkv,webm", help="containers the native loop is tried on")
     args = ap.parse_args()
+    only, native_on = set(filter(None, args.only.split(","))), set(args.native_on.split(","))
     import cupy as cp
 
     from gpubatch.engine.codecs.video import FrameCursor
@@ -61,13 +68,16 @@ def main() -> None:
     report = []
     with tempfile.TemporaryDirectory() as tmp:
         for ext, codec in CLIPS:
+            if only and ext not in only:
+                continue
             path = make_clip(Path(tmp) / f"{codec}.{ext}", 40, 320, 240, codec)
             data = path.read_bytes()
             info = probe(data)
             every = FrameCursor(data, info, [list(range(info.frames))]).frames(list(range(info.frames)))
             frames = every.astype(np.int16)
             for loop, variant in (("native", "as is"), ("python", "as is"), ("python", "aim at decoding time")):
-                if loop == "python" and codec not in ("libx264", "libx265"):
+                if (loop == "python" and codec not in ("libx264", "libx265")) or (loop == "native" and
+                                                                                 ext not in native_on):
                     continue
                 nvdec_loop.PythonLoop.seek = seek_by_decoding_time if variant != "as is" else aimed
                 row = {"container": ext, "codec": codec, "loop": loop, "variant": variant, "frames": info.frames,

@@ -239,6 +239,38 @@ def test_frames_sampled_past_the_first_keyframe_are_the_right_frames_in_every_co
             assert closest(f) == int(f.stem.rsplit("_", 1)[1]), (mode, f.name)
 
 
+def test_a_seek_the_demuxer_refuses_reads_the_frames_from_the_start(tmp_path, monkeypatch):
+    """A demuxer that refuses a seek (FLV's, asked for a timestamp before its first: EPERM) no longer fails the
+    record: its frames are read from the file's start."""
+    from gpubatch.engine.codecs import video as video_codec
+    from gpubatch.engine.codecs.video_probe import probe
+
+    real = video_codec.open_container
+
+    class Refusing:
+        def __init__(self, c):
+            self._c = c
+
+        def __getattr__(self, name):
+            return getattr(self._c, name)
+
+        def seek(self, *args, **kwargs):
+            raise PermissionError(1, "Operation not permitted")
+
+        def close(self):
+            self._c.close()
+
+    clip = make_clip(tmp_path / "v.flv", 48, gop=12)
+    data = clip.read_bytes()
+    info = probe(data)
+    monkeypatch.setattr(video_codec, "open_container", lambda b: Refusing(real(b)))
+    cursor = video_codec.FrameCursor(data, info, [[30], [40], [5]])
+    got = [cursor.frames([i])[0].astype(np.int16) for i in (30, 40, 5)]
+    monkeypatch.setattr(video_codec, "open_container", real)
+    want = video_codec.FrameCursor(data, info, [[30, 40, 5]]).frames([30, 40, 5]).astype(np.int16)
+    assert all(np.abs(g - w).mean() < 1.0 for g, w in zip(got, want))
+
+
 def test_clips_as_npy_in_webdataset_and_tfrecord(tmp_path):
     wds = pytest.importorskip("webdataset")
     tfr = pytest.importorskip("tfrecord.reader")

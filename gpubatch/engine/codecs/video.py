@@ -133,11 +133,14 @@ class FrameCursor:
             self.pos = -1
 
     def _seek_to(self, ts: int, k: int) -> bool:
-        """The demuxer's seek to timestamp ``ts``, for keyframe ``k``; False where the first frame decoded after it
-        comes after ``k``, or none does."""
+        """The demuxer's seek to timestamp ``ts``, for keyframe ``k``; False where the demuxer refuses it, or the first
+        frame decoded after it comes after ``k``, or none does."""
         c = self._open()
         s = c.streams.video[0]
-        c.seek(ts, stream=s, backward=True, any_frame=False)
+        try:
+            c.seek(ts, stream=s, backward=True, any_frame=False)
+        except (av().FFmpegError, OSError):  # (FLV's demuxer refuses a timestamp before its first: EPERM)
+            return False
         frames = _decoded(c, s, self.info.cut_pts)
         peeked: list[Any] = []
         error: Exception | None = None
