@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...errors import DependencyError
+from .container_end import adts_at
 
 __all__ = ["AUDIO_FORMATS", "AudioData", "AudioInfo", "audio_shortfall", "cut_audio", "decode_audio", "encode_audio",
            "leading_seconds", "npy_header", "probe_audio", "sniff_audio"]
@@ -52,7 +53,7 @@ def sniff_audio(data: bytes) -> str | None:
         return "flac"
     if head[:4] == b"OggS":
         return "opus" if b"OpusHead" in head else "ogg"
-    if _adts(head):  # (AAC as a raw stream, .aac: its sync word and layer 0, where MPEG audio has a layer)
+    if adts_at(head):  # (AAC as a raw stream, .aac)
         return "aac"
     if head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0):
         return "mp3"
@@ -321,14 +322,10 @@ def tail_bytes(head: bytes) -> int:
         return (int.from_bytes(head[15:18], "big") or (1 << 20)) + 16 + 128
     if head[:4] == b"OggS":
         return 1 << 17  # (two pages of the largest size)
-    if _adts(head):
+    if adts_at(head):
         return 1 << 15  # (four ADTS frames of the largest size)
     return 0
 
-
-def _adts(head: bytes) -> bool:
-    """Whether a sound file's first bytes are an ADTS frame header (AAC as a raw stream, ``.aac``)."""
-    return len(head) > 1 and head[0] == 0xFF and head[1] & 0xF6 == 0xF0
 
 
 def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:

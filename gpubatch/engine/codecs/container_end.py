@@ -208,10 +208,16 @@ def tail_end(tail: bytes, size: int, kind: str) -> int:
     return 0
 
 
+def adts_at(data: bytes, at: int = 0) -> bool:
+    """Whether an ADTS frame header (AAC as a raw stream, ``.aac``) begins at ``at``: 12 bits of sync and layer 0,
+    where MPEG audio (MP3) has a layer."""
+    return at + 1 < len(data) and data[at] == 0xFF and data[at + 1] & 0xF6 == 0xF0
+
+
 def _adts_sync(tail: bytes, at: int) -> int:
-    """The next ADTS frame header's position from ``at`` (12 bits of sync, layer 0), or -1."""
+    """The next ADTS frame header's position from ``at``, or -1."""
     at = tail.find(b"\xff", at)
-    while at >= 0 and (at + 1 >= len(tail) or tail[at + 1] & 0xF6 != 0xF0):
+    while at >= 0 and not adts_at(tail, at):
         at = tail.find(b"\xff", at + 1)
     return at
 
@@ -223,7 +229,7 @@ def _chain(tail: bytes, at: int, kind: str, trusted: bool) -> int:
         head = 27 if kind == "ogg" else 7  # (a page's header before its segment table; an ADTS header)
         if kind == "ogg" and (tail[at : at + 4] != b"OggS"[: n - at] or (at + 4 < n and tail[at + 4] != 0)):
             return 0
-        if kind == "adts" and (tail[at] != 0xFF or (at + 1 < n and tail[at + 1] & 0xF6 != 0xF0)):
+        if kind == "adts" and not (adts_at(tail, at) or (at + 1 == n and tail[at] == 0xFF)):  # (or its first byte)
             return 0
         if at + head > n:  # (the file ends inside its header)
             return at + head if links or trusted else 0
