@@ -13,6 +13,7 @@ import pytest
 
 from gpubatch.engine.codecs.video_probe import VideoInfo
 from gpubatch.engine.gpu.nvdec_loop import (
+    BothLoops,
     NativeLoop,
     PythonLoop,
     cpu_reason,
@@ -34,11 +35,11 @@ def _info(container: str = "mp4", codec: str = "h264", rotation: int = 0) -> Vid
 def test_the_native_loop_where_pynvvideocodec_has_it_else_the_python_loop():
     with_native = types.SimpleNamespace(CreateThreadedDecoder=object())
     without = types.SimpleNamespace()
-    assert loop_class("native", with_native) is NativeLoop
+    assert loop_class("native", with_native) is BothLoops  # (the native loop for MP4 and MOV, else the Python loop)
     assert loop_class("native", without) is PythonLoop  # (PyNvVideoCodec before 2.2)
     assert loop_class("python", with_native) is PythonLoop
     assert loop_class("native", None) is PythonLoop
-    for cls in (NativeLoop, PythonLoop):  # (a session makes either from the same arguments)
+    for cls in (NativeLoop, PythonLoop, BothLoops):  # (a session makes any from the same arguments)
         cls(None, 0, None, 32).close()
     assert Settings.from_env({}).video_loop == "native"
     assert Settings.from_env({"GPUBATCH_VIDEO_LOOP": "python"}).video_loop == "python"
@@ -50,10 +51,19 @@ def test_why_a_video_goes_to_the_cpu_names_the_loops_containers_and_codecs():
     # (each of these is told before the GPU's decode caps are asked)
     assert cpu_reason(_info(rotation=90), 0, NativeLoop) == "rotated"
     assert cpu_reason(_info("npy", "rawvideo"), 0, NativeLoop) == "a decoded clip"
-    assert cpu_reason(_info("mkv"), 0, PythonLoop) == (
-        "mkv: NVDEC's frames are checked against the CPU's for MOV and MP4 files")
+    assert cpu_reason(_info("webm", "vp9"), 0, PythonLoop) == (
+        "webm: NVDEC's frames are checked against the CPU's for FLV, MKV, MOV, MP4 and TS files")
     assert cpu_reason(_info("mkv"), 0, NativeLoop) == (
         "mkv: NVDEC's frames are checked against the CPU's for MOV and MP4 files")
+    # a session of both loops: the one its container and codec were checked on, its reasons where neither was
+    assert BothLoops.route(_info("mp4", "vp9")) is NativeLoop and BothLoops.route(_info("mov")) is NativeLoop
+    assert BothLoops.route(_info("mkv")) is PythonLoop and BothLoops.route(_info("ts", "hevc")) is PythonLoop
+    assert BothLoops.route(_info("flv")) is PythonLoop and BothLoops.route(_info("webm", "vp9")) is None
+    assert cpu_reason(_info("webm", "vp9"), 0, BothLoops) == (
+        "webm: NVDEC's frames are checked against the CPU's for FLV, MKV, MOV, MP4 and TS files")
+    assert cpu_reason(_info("mkv", "vp9"), 0, BothLoops) == "vp9: gpubatch's NVDEC path takes h264, hevc here"
+    assert cpu_reason(_info("mp4", "mpeg4"), 0, BothLoops) == (
+        "mpeg4: gpubatch's NVDEC path takes av1, h264, hevc, vp9 here")
     assert cpu_reason(_info("mp4", "mpeg4"), 0, NativeLoop) == (
         "mpeg4: gpubatch's NVDEC path takes av1, h264, hevc, vp9 here")
     assert cpu_reason(_info("mp4", "vp9"), 0, PythonLoop) == "vp9: gpubatch's NVDEC path takes h264, hevc here"
@@ -97,16 +107,17 @@ def test_a_worker_drops_its_own_spool_files_once_its_videos_are_decoded(tmp_path
 
 
 def test_info_counts_the_videos_the_gpu_path_sends_to_nvdec(monkeypatch):
-    """``info``'s "NVDEC here" is what a GPU convert decodes there: not an MKV or a rotated file NVDEC could
+    """``info``'s "NVDEC here" is what a GPU convert decodes there: not a WebM or a rotated file NVDEC could
     decode but the path sends to the CPU; None without a GPU decoder."""
     import gpubatch.engine.gpu.nvdec_loop as nl
 
-    videos = [_info(), _info("mkv"), _info(rotation=90), _info("mp4", "vp9"), _info("mp4", "mpeg4")]
+    videos = [_info(), _info("mkv"), _info(rotation=90), _info("mp4", "vp9"), _info("mp4", "mpeg4"),
+              _info("webm", "vp9")]
     monkeypatch.setattr(nl, "nvc", lambda: None)
     assert nvdec_takes(videos) is None
     monkeypatch.setattr(nl, "nvc", lambda: types.SimpleNamespace(CreateThreadedDecoder=object()))
     monkeypatch.setattr(nl, "nvdec_supports", lambda info, gpu: True)  # (the driver's caps: every codec here)
-    assert nvdec_takes(videos, 0, "native") == 2  # the H.264 and the VP9 MP4s
-    assert nvdec_takes(videos, 0, "python") == 1  # the Python loop: H.264 and HEVC only
+    assert nvdec_takes(videos, 0, "native") == 3  # the H.264 and the VP9 MP4s, the MKV (by the Python loop)
+    assert nvdec_takes(videos, 0, "python") == 2  # the Python loop: H.264 and HEVC only
     monkeypatch.setattr(nl, "nvdec_supports", lambda info, gpu: info.codec != "vp9")
-    assert nvdec_takes(videos, 0, "native") == 1
+    assert nvdec_takes(videos, 0, "native") == 2

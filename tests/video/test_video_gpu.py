@@ -27,7 +27,10 @@ TEMPORAL_CHAINS = {"random_clip": "random_clip(length=6, step=2) | random_resize
 
 #: (container, encoder, size): what the native loop's frames are checked for (the Python loop: MP4 H.264 and HEVC)
 CASES = [("mp4", "libx264", (320, 240)), ("mp4", "libx265", (352, 288)), ("mp4", "libx264", (1280, 720)),
-         ("mp4", "libvpx-vp9", (320, 240)), ("mp4", "libsvtav1", (320, 240))]
+         ("mp4", "libvpx-vp9", (320, 240)), ("mp4", "libsvtav1", (320, 240)),
+         # (the native session's BothLoops sends these to the Python loop: benchmarks/nvdec_containers.py)
+         ("mkv", "libx264", (320, 240)), ("mkv", "libx265", (352, 288)), ("ts", "libx264", (320, 240)),
+         ("ts", "libx265", (352, 288)), ("flv", "libx264", (320, 240))]
 
 
 @pytest.mark.parametrize("loop,container,codec,size", [("native", *c) for c in CASES] +
@@ -38,7 +41,7 @@ def test_nvdec_frames_match_pyav_at_the_same_indices(tmp_path, loop, container, 
     from gpubatch.engine.codecs.video import FrameCursor
     from gpubatch.engine.codecs.video_gpu_caps import nvdec_supports
     from gpubatch.engine.codecs.video_probe import probe
-    from gpubatch.engine.gpu.nvdec_loop import NativeLoop, PythonLoop
+    from gpubatch.engine.gpu.nvdec_loop import BothLoops, PythonLoop
     from gpubatch.engine.gpu.video import NvdecSession, cpu_reason
 
     w, h = size
@@ -50,7 +53,7 @@ def test_nvdec_frames_match_pyav_at_the_same_indices(tmp_path, loop, container, 
     idx = [0, 5, 13, 14, 27, 39, 2]  # (seeks back and forth over keyframes 12 frames apart)
     cpu = FrameCursor(data, info, [idx]).frames(idx).astype(np.int16)
     s = NvdecSession(0, loop=loop)
-    assert s.loop is (NativeLoop if loop == "native" else PythonLoop)
+    assert s.loop is (BothLoops if loop == "native" else PythonLoop)
     assert cpu_reason(info, 0, s.loop) == "" and info.frames == 40 and len(info.keyframes) == 4
     for source in (None, str(path)) if loop == "native" else (None,):  # from its bytes (a spool file), its file
         assert s.open(data, info, source), s.why
@@ -119,11 +122,9 @@ def test_gpu_convert_to_frames_and_clips_matches_the_cpu_path(tmp_path, monkeypa
         s = convert(src, tmp_path / f"frames-{dev}", to="webdataset", frames="every:5", resize_shorter=48,
                     device=dev)
         assert not s.skipped and s.records_in == 10
-        if dev == "gpu":  # NVDEC's smallest HEVC frame is 144x144 (GetDecoderCaps), and the MKV: the CPU's
-            assert s.warnings == [
-                "decoded on the CPU: walk/w1 (NVDEC here does not decode hevc yuv420p 96x64)",
-                "decoded on the CPU: walk/w2 (mkv: NVDEC's frames are checked against the CPU's for MOV and MP4 "
-                "files)"], s.warnings
+        if dev == "gpu":  # NVDEC's smallest HEVC frame is 144x144 (GetDecoderCaps); the MKV goes to the Python loop
+            assert s.warnings == ["decoded on the CPU: walk/w1 (NVDEC here does not decode hevc yuv420p 96x64)"], (
+                s.warnings)
             assert s.fallbacks == len(s.warnings)
         frames[dev] = _members(tmp_path / f"frames-{dev}")
     assert frames["cpu"].keys() == frames["gpu"].keys()

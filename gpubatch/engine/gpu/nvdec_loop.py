@@ -38,15 +38,18 @@ def native_available(nvc: Any) -> bool:
 
 
 def loop_class(name: str, nvc: Any) -> type:
-    """The loop a session of setting ``name`` ("native" or "python") runs with this PyNvVideoCodec."""
-    return NativeLoop if name == "native" and nvc is not None and native_available(nvc) else PythonLoop
+    """The loop a session of setting ``name`` ("native" or "python") runs with this PyNvVideoCodec: "native" is
+    :class:`BothLoops` (the native loop for MP4 and MOV, the Python loop for the containers only it was checked on)."""
+    return BothLoops if name == "native" and nvc is not None and native_available(nvc) else PythonLoop
 
 
 def cpu_reason(info: Any, gpu: int, loop: type) -> str:
     """Why a video goes to the CPU path rather than to NVDEC on GPU ``gpu`` ("" where NVDEC takes it, as
     far as its probe tells: a codec NVDEC refuses when it opens the file goes to the CPU then). ``loop``:
     the session's packet loop (:mod:`.nvdec_loop`), whose frames were checked against the CPU's for its
-    codecs in its containers."""
+    codecs in its containers (:class:`BothLoops`: the loop it routes the file to)."""
+    if hasattr(loop, "route"):
+        loop = loop.route(info) or (NativeLoop if info.container in NativeLoop.CONTAINERS else PythonLoop)
     if info.rotation:
         return "rotated"
     if info.container == "npy":
@@ -76,8 +79,12 @@ class PythonLoop:
 
     #: the codecs this loop decodes (their packets made Annex B by FFmpeg's ``*_mp4toannexb`` filters)
     CODECS = frozenset({"h264", "hevc"})
-    #: containers whose frames matched the CPU's, frame by frame (an MKV file's clips did not, 2026-11-25)
-    CONTAINERS = frozenset({"mp4", "mov"})
+    #: containers whose frames matched the CPU's, frame by frame, at every frame and at seeks forth and back:
+    #: MP4 and MOV; Matroska, MPEG-TS and FLV (benchmarks/nvdec_containers.py, 2026-12-07, H100; an MKV file's clips
+    #: had not on 2026-11-25, before the CPU path's frames were the reference they are now)
+    CONTAINERS = frozenset({"mp4", "mov", "mkv", "ts", "flv"})
+    #: containers whose demuxer seeks by decoding time: a seek to a keyframe's presentation time landed a group late
+    BY_DECODING_TIME = frozenset({"ts"})
 
     def __init__(self, nvc: Any, gpu: int, stream: Any, batch: int = 0):
         self.nvc, self.gpu, self.stream = nvc, gpu, stream  # (``batch``: a packet's frames come a call)
@@ -123,7 +130,8 @@ class PythonLoop:
             self._dec.Decode(self.nvc.PacketData())  # (what the decoder held is flushed)
         from ..codecs.video_probe import packets
 
-        self._container.seek(int(self.info.pts[k]), stream=self._vs, backward=True, any_frame=False)
+        aim = int(self.info.pts[k]) - (int(self.info.reorder) if self.info.container in self.BY_DECODING_TIME else 0)
+        self._container.seek(aim, stream=self._vs, backward=True, any_frame=False)
         self._packets = packets(self._container, self._vs)
         self._ended = False
 
@@ -290,3 +298,53 @@ class NativeLoop:
         if self._spool is not None:
             self._spool.unlink(missing_ok=True)
             self._spool.with_name(self._spool.name + ".next").unlink(missing_ok=True)
+
+
+class BothLoops:
+    """A session's two loops, one a file: the native loop for the containers it was checked on (MP4, MOV), the Python
+    loop for those only it was (Matroska, MPEG-TS, FLV; H.264 and HEVC). Asked for frame 0 of an MKV file with
+    H.264, the native loop's decoder began at frame 36; asked to seek in an MPEG-TS file, its demuxer ended the
+    process (PyNvVideoCodec 2.2.4, benchmarks/nvdec_containers.py, 2026-12-07). One loop holds a decoder at a
+    time: the other's is closed when the session switches (``--gpu-memory`` plans one decoder a session)."""
+
+    CODECS = NativeLoop.CODECS
+    CONTAINERS = NativeLoop.CONTAINERS | PythonLoop.CONTAINERS
+
+    def __init__(self, nvc: Any, gpu: int, stream: Any, batch: int):
+        self._args = (nvc, gpu, stream, batch)
+        self._loops: dict[type, Any] = {}
+        self._on: Any = None
+
+    @staticmethod
+    def route(info: Any) -> type | None:
+        """The loop that takes ``info``'s container and codec, or None."""
+        for cls in (NativeLoop, PythonLoop):
+            if info.container in cls.CONTAINERS and info.codec in cls.CODECS:
+                return cls
+        return None
+
+    def open(self, data: bytes, info: Any, path: str | None = None) -> str:
+        cls = self.route(info) or NativeLoop
+        if self._on is not None and not isinstance(self._on, cls):
+            self._on.close()  # (its decoder freed: one a session)
+        if cls not in self._loops:
+            self._loops[cls] = cls(*self._args)
+        self._on = self._loops[cls]
+        return self._on.open(data, info, path)
+
+    def seek(self, k: int) -> None:
+        self._on.seek(k)
+
+    def rewind(self) -> None:
+        self._on.rewind()
+
+    def next(self) -> list | None:
+        return self._on.next()
+
+    def close_video(self) -> None:
+        if self._on is not None:
+            self._on.close_video()
+
+    def close(self) -> None:
+        for loop in self._loops.values():
+            loop.close()
