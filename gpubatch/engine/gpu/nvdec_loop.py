@@ -110,14 +110,14 @@ class PythonLoop:
             self._bsf = av.BitStreamFilterContext(f"{info.codec}_mp4toannexb", self._vs)
             cc = self._vs.codec_context
             w, h = int(cc.width), int(cc.height)
-            key = (name, info.bit_depth)
-            if self._dec is None or self._dec_key != key or w > self._max[0] or h > self._max[1]:
-                self._dec = None  # (a decoder reconfigures itself to smaller frames, not to larger ones)
-                self._max = (max(w, self._max[0]) if self._dec_key == key else w,
-                             max(h, self._max[1]) if self._dec_key == key else h)
+            key = (name, info.bit_depth, w, h)
+            if self._dec is None or self._dec_key != key:  # (a decoder made for larger frames gave a Matroska file's
+                # 96x64 frames at the 160x120 of the MP4 before it, 2026-12-07, H100: one a frame size)
+                self._dec = None
+                self._max = (w, h)
                 self._dec = self.nvc.CreateDecoder(gpuid=self.gpu, codec=getattr(self.nvc.cudaVideoCodec, name),
                                                    cudacontext=0, cudastream=self.stream.ptr, usedevicememory=True,
-                                                   maxwidth=self._max[0], maxheight=self._max[1])
+                                                   maxwidth=w, maxheight=h)
                 self._dec_key = key
         except Exception as e:  # noqa: BLE001 - no decoder for this stream here: the CPU decodes it
             self.close_video()
