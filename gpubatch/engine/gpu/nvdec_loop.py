@@ -90,7 +90,6 @@ class PythonLoop:
         self.nvc, self.gpu, self.stream = nvc, gpu, stream  # (``batch``: a packet's frames come a call)
         self._dec: Any = None
         self._dec_key: tuple = ()
-        self._max = (0, 0)
         self._container: Any = None
         self._packets: Any = None
         self._ended = False
@@ -113,8 +112,7 @@ class PythonLoop:
             key = (name, info.bit_depth, w, h)
             if self._dec is None or self._dec_key != key:  # (a decoder made for larger frames gave a Matroska file's
                 # 96x64 frames at the 160x120 of the MP4 before it, 2026-12-07, H100: one a frame size)
-                self._dec = None
-                self._max = (w, h)
+                self._dec = None  # (the last one freed before the next is made)
                 self._dec = self.nvc.CreateDecoder(gpuid=self.gpu, codec=getattr(self.nvc.cudaVideoCodec, name),
                                                    cudacontext=0, cudastream=self.stream.ptr, usedevicememory=True,
                                                    maxwidth=w, maxheight=h)
