@@ -1,9 +1,10 @@
 """Which containers NVDEC's two packet loops (``gpubatch.engine.gpu.nvdec_loop``) give the right frames for: each loop's
 frames against the CPU path's for clips in MP4, Matroska, WebM, MPEG-TS and FLV (H.264 and HEVC with B-frames, VP9),
-at a run of every frame and at index patterns that seek forward and back. GPU runs send every container but MP4 and
-MOV to the CPU (``cpu_reason``), because frames once came wrong from Matroska (2026-11-25, 2026-12-01); this says, per
-container and loop, whether they still do and which frame came for which asked, and does the same with the Python
-loop's seek aimed at a keyframe's decoding time (``pts - reorder``, as the CPU path's ``FrameCursor`` now tries).
+at a run of every frame and at index patterns that seek forward and back. Each loop is let take every container here
+(its ``CONTAINERS`` widened for the report), and the report says, per container and loop, whether its frames are
+right and which frame came for which asked, and the same with the Python loop's seek aimed at a keyframe's decoding
+time (``pts - reorder``). Its first run (2026-12-07) is why a GPU session sends Matroska, MPEG-TS and FLV to the
+Python loop (``BothLoops``) and keeps WebM and the rest on the CPU.
 
     python3 benchmarks/nvdec_containers.py [--json out.json] [--only ts,flv] [--native-on mp4,mkv,webm]
 
@@ -51,9 +52,10 @@ def main() -> None:
     from gpubatch.engine.gpu.video import NvdecSession
     from tests.video.clips import make_clip
 
-    for cls in (nvdec_loop.NativeLoop, nvdec_loop.PythonLoop):  # (every container let through, for this report)
+    for cls in (nvdec_loop.NativeLoop, nvdec_loop.PythonLoop):  # (every container let through, for this report;
+        # BothLoops routes by these, the native loop first)
         cls.CONTAINERS = frozenset({"mp4", "mov", "mkv", "webm", "ts", "flv"})
-    aimed = nvdec_loop.PythonLoop.seek
+    own_seek = nvdec_loop.PythonLoop.seek  # (since e6ddb77 it aims at the decoding time itself in MPEG-TS)
 
     def seek_by_decoding_time(self, k: int) -> None:
         if self._packets is not None and not self._ended:
@@ -79,7 +81,7 @@ def main() -> None:
                 if (loop == "python" and codec not in ("libx264", "libx265")) or (loop == "native" and
                                                                                  ext not in native_on):
                     continue
-                nvdec_loop.PythonLoop.seek = seek_by_decoding_time if variant != "as is" else aimed
+                nvdec_loop.PythonLoop.seek = seek_by_decoding_time if variant != "as is" else own_seek
                 row = {"container": ext, "codec": codec, "loop": loop, "variant": variant, "frames": info.frames,
                        "keyframes": list(info.keyframes), "reorder": int(info.reorder), "patterns": {}}
                 s = NvdecSession(0, loop=loop)
@@ -100,7 +102,7 @@ def main() -> None:
                     s.close()
                 print(json.dumps(row), flush=True)
                 report.append(row)
-    nvdec_loop.PythonLoop.seek = aimed
+    nvdec_loop.PythonLoop.seek = own_seek
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
 

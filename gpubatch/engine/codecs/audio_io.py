@@ -327,7 +327,6 @@ def tail_bytes(head: bytes) -> int:
     return 0
 
 
-
 def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
     """Why an audio file (``size`` bytes, its first 64 KiB ``head``, its last :func:`tail_bytes` ``tail``)
     holds less than its header says, or None: a WAV whose ``data`` chunk runs past the file's end, a

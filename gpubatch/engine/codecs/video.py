@@ -122,7 +122,7 @@ class FrameCursor:
         on its second keyframe, and every frame before it was "not decoded")."""
         k = self.info.keyframe_before(index)
         keys, pts, reorder = self.info.keyframes, self.info.pts, self.info.reorder
-        at = keys.index(k) if k in keys else 0
+        at = keys.index(k)  # (keyframe_before gives one of them)
         tries = [(int(pts[k]), k)] + ([(int(pts[k]) - reorder, k)] if reorder else []) + [
             (int(pts[keys[at - back]]) - reorder, keys[at - back]) for back in (1, 4) if at - back > 0]
         if not k or not any(self._seek_to(t, kk) for t, kk in tries):  # (its timestamp, then its decoding time: TS

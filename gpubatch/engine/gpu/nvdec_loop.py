@@ -305,9 +305,6 @@ class BothLoops:
     process (PyNvVideoCodec 2.2.4, benchmarks/nvdec_containers.py, 2026-12-07). One loop holds a decoder at a
     time: the other's is closed when the session switches (``--gpu-memory`` plans one decoder a session)."""
 
-    CODECS = NativeLoop.CODECS
-    CONTAINERS = NativeLoop.CONTAINERS | PythonLoop.CONTAINERS
-
     def __init__(self, nvc: Any, gpu: int, stream: Any, batch: int):
         self._args = (nvc, gpu, stream, batch)
         self._loops: dict[type, Any] = {}
