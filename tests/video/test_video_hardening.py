@@ -354,3 +354,28 @@ def test_a_whole_file_with_sound_in_a_container_that_counts_no_frames_passes_thr
     _with_sound(src / f"talk.{'ts' if fmt == 'mpegts' else fmt}", fmt=fmt)
     s = convert(src, tmp_path / "out", to="webdataset")
     assert s.records_out == 1 and not s.skipped, s.as_dict()
+
+
+def test_an_flv_file_cut_inside_a_tag_s_size_after_it_is_cut_short(tmp_path):
+    """An FLV file ends with its last tag's size (4 bytes). One cut after a tag's data, inside or before those 4 bytes,
+    had been passed through as whole, its frames after the cut lost with no word (found by the random cut of
+    test_damaged_archives on PyAV 19's FFmpeg: 19 of 24 frames); only a cut just after those 4 bytes looks whole."""
+    from gpubatch.engine.codecs.container_end import PACKET, declared_end
+
+    data = make_clip(tmp_path / "c.flv", 24).read_bytes()
+    ends, at = [], int.from_bytes(data[5:9], "big") + 4
+    while at < len(data):
+        at += 11 + int.from_bytes(data[at + 1 : at + 4], "big") + 4
+        ends.append(at)
+    assert ends[-1] == len(data) and len(ends) > 20
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "ok.flv").write_bytes(data)
+    for i, end in enumerate(ends[len(ends) // 2 : len(ends) // 2 + 2]):
+        for short in (1, 3, 4):
+            assert declared_end(data[: end - short], "flv") == (end, PACKET), (end, short)
+        assert declared_end(data[:end], "flv") == (0, "")  # (a cut between tags looks like a shorter file)
+        (src / "a" / "x.flv").write_bytes(data[: end - 4])
+        s = convert(src, tmp_path / f"out{i}", to="webdataset")
+        assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/x"], s.as_dict()
+        assert "cut short" in s.skipped[0]["reason"], s.skipped

@@ -4,7 +4,7 @@ their frames in their index (``video_probe.sample_table``), the containers here 
 lengths tell the cut instead, before a frame is read:
 
 - Matroska/WebM: the Segment element's size (a live-written file's Segment has none: no cut can be told);
-- FLV: each tag's length (the file ends inside one);
+- FLV: each tag's length (the file ends inside one, or inside the 4 bytes of its size after it);
 - ASF (WMV): the File Properties object's file size (not in a broadcast file);
 - MXF: the header partition's offset of the footer partition; where a live-written header gives none, each KLV
   packet's length;
@@ -82,9 +82,10 @@ def matroska_end(data: bytes) -> int:
 
 
 def _flv_end(data: bytes) -> tuple[int, str]:
-    """An FLV file: its tags walked (11 bytes of header, their data, 4 of the previous tag's size); one that runs past
-    the end. A tag of a type FLV does not have ends the walk (no judgement). The ``filesize`` its ``onMetaData`` may
-    hold is not taken: tools that cut or join FLV files copy it unchanged."""
+    """An FLV file: its tags walked (11 bytes of header, their data, then 4 of that tag's size); one that runs past
+    the end, its size's 4 bytes included (the spec ends a file with them, and FFmpeg writes them). A tag of a type FLV
+    does not have ends the walk (no judgement). The ``filesize`` its ``onMetaData`` may hold is not taken: tools that
+    cut or join FLV files copy it unchanged."""
     n = len(data)
     if data[:3] != b"FLV" or n < 9:
         return 0, ""
@@ -95,9 +96,9 @@ def _flv_end(data: bytes) -> tuple[int, str]:
         kind, size = data[at] & 0x1F, int.from_bytes(data[at + 1 : at + 4], "big")
         if kind not in _FLV_TAGS:
             return 0, ""
-        if at + 11 + size > n:
-            return at + 11 + size, PACKET
-        at += 11 + size + 4
+        at += 11 + size + 4  # (a whole file ends with its last tag's size: a file cut inside those 4 bytes is cut)
+        if at > n:
+            return at, PACKET
     return 0, ""
 
 
