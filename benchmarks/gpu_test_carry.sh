@@ -8,7 +8,8 @@
 #   bash benchmarks/gpu_test_carry.sh run [GT]    # there, from the repo root, carry [".gpu-test-carry"]: unpacks into
 #                                                 # /tmp, runs the sound and video GPU tests, the media hardening tests
 #                                                 # and the sound and video demos first, then `make gpu-test` in what
-#                                                 # is left of GT seconds (540 by default); outputs under $OUT
+#                                                 # is left of GT seconds (540 by default); outputs under $OUT;
+#                                                 # GPU_TEST_ADDOPTS=-s shows what native code prints before an abort
 set -euo pipefail
 DIR=.gpu-test-carry
 
@@ -48,7 +49,7 @@ run() {
     echo "targeted in $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|rc=" "$OUT/targeted.txt" || true
     left=$(( gt - ($(date +%s) - t0) ))
     if [ "$left" -lt 90 ]; then echo "no time left for make gpu-test ($left s)"; return 0; fi
-    PYTEST_ADDOPTS=-rP timeout "$left" make gpu-test > "$OUT/gpu-test.txt" 2>&1 && rc=0 || rc=$?
+    PYTEST_ADDOPTS="-rP ${GPU_TEST_ADDOPTS:-}" timeout "$left" make gpu-test > "$OUT/gpu-test.txt" 2>&1 && rc=0 || rc=$?
     echo "make gpu-test rc=$rc in $(( $(date +%s) - t0 )) s (limit $left s)" | tee -a "$OUT/gpu-test.txt"
     tail -22 "$OUT/gpu-test.txt"
 }
