@@ -91,6 +91,17 @@ class RecordError(Exception):
         return (RecordError, (self.key, self.origin, self.stage.value, self.reason))
 
 
+class RecordCondition(ValueError):
+    """A record's own condition that its op found, said in words (an image an op would make too large, a recording too
+    short for a feature frame): its reason is the message alone, with no exception's name before it."""
+
+
+def reason_of(e: BaseException) -> str:
+    """A record's reason for exception ``e``: its words alone where it is a :class:`RecordCondition`, else its type's
+    name first (an op's or a library's failure, which the name helps to place)."""
+    return str(e) if isinstance(e, RecordCondition) else f"{type(e).__name__}: {e}"
+
+
 class RecordFailed(GpubatchError):
     """Raised under ``--on-error fail`` when a record fails."""
 

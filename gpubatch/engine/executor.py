@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..errors import RecordError, RunStats, Stage
+from ..errors import RecordError, RunStats, Stage, reason_of
 from ..types import Record
 from . import processes
 from .host_chain import run_chain_host
@@ -153,7 +153,7 @@ def _transform(job: Job, decoded: Any, codec: Any, plan: Plan, stats: RunStats) 
     except RecordError:
         raise
     except Exception as e:  # noqa: BLE001 - the record boundary: any op failure is this record's error
-        raise RecordError(t.key, t.origin, Stage.TRANSFORM, f"{type(e).__name__}: {e}") from None
+        raise RecordError(t.key, t.origin, Stage.TRANSFORM, reason_of(e)) from None
     out = codec.encode(data, t, plan).with_(boxes=boxes)
     if dropped:
         stats.add(boxes_dropped=dropped)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import RecordCondition, UsageError
 from ..types import Boxes, Record
 from .codecs.headers import DEFAULT_MAX_PIXELS
 from .media import HOST, MediaSpec, get_codec
@@ -242,7 +242,7 @@ def _pixels(op: Op) -> bool:
     return "image" in op.media
 
 
-class ImageTooLarge(ValueError):
+class ImageTooLarge(RecordCondition):
     """An op would make an image larger than ``--max-pixels`` (a ValueError: the record's error)."""
 
     def __init__(self, op: str, height: int, width: int, limit: int):

@@ -32,7 +32,7 @@ from ..engine.codecs.audio_io import AudioData, decode_audio, leading_seconds
 from ..engine.ops.base import Op
 from ..engine.plan import Plan
 from ..engine.rng import file_visits
-from ..errors import GpubatchError, RecordError, Stage, UsageError
+from ..errors import GpubatchError, RecordError, Stage, UsageError, reason_of
 
 DTYPES = ("float16", "float32")
 
@@ -61,7 +61,7 @@ def _cpu_item(args: tuple) -> np.ndarray:
     try:
         out = AudioHostCodec().run_chain(plan.ops, item, params)
     except Exception as e:  # noqa: BLE001 - the record boundary
-        raise RecordError(key, path, Stage.TRANSFORM, f"{type(e).__name__}: {e}") from None
+        raise RecordError(key, path, Stage.TRANSFORM, reason_of(e)) from None
     return _squeeze(np.asarray(out.samples)).astype(dtype)
 
 
@@ -169,7 +169,7 @@ class AudioPipeline:
             try:
                 draws.append(self.plan.draw(f"{r.key}#e{epoch}", *item.size))
             except Exception as e:  # noqa: BLE001 - the record boundary (an op this record cannot take)
-                failed.append((r.key, f"{type(e).__name__}: {e}"))
+                failed.append((r.key, reason_of(e)))
                 continue
             items.append(item)
             keys.append(r.key)
@@ -192,7 +192,7 @@ class AudioPipeline:
             try:
                 got = codec.run_chain(self.plan.ops, item, params)
             except Exception as e:  # noqa: BLE001 - the record boundary
-                failed.append((key, f"{type(e).__name__}: {e}"))
+                failed.append((key, reason_of(e)))
                 continue
             outs.append(_squeeze(np.asarray(got.samples)).astype(self.dtype))
             kept.append(key)

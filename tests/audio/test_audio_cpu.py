@@ -1097,3 +1097,25 @@ def test_a_download_slot_is_free_again_once_every_holder_released_it():
     slot.hold(2)  # (a batch that failed on its way into the slot: given back at once, whatever held it)
     slot.give_back()
     assert owner.free.get_nowait() == 4 and slot.holders == 0
+
+
+def test_a_recording_too_short_for_a_log_mel_frame_is_its_error_in_words(tmp_path):
+    """Whisper's log-mel drops its last frame, so a recording shorter than one hop (160 samples) has none: its reason
+    had been NumPy's ("ValueError: zero-size array to reduction operation maximum which has no identity"), and on the
+    GPU the whole batch failed on it and ran on the CPU. Now the op's size walk says it before any work, in words."""
+
+    from gpubatch.engine.ops.spectral import MFCC, LogMel
+    from gpubatch.errors import RecordCondition
+
+    assert LogMel().out_hw(16000, 160) == (80, 1) and MFCC().out_hw(16000, 1) == (40, 1)
+    with pytest.raises(RecordCondition, match="too short for log_mel: 159 samples at 16,000 Hz"):
+        LogMel().out_hw(16000, 159)
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    for n in (1, 100, 300, 320):
+        sf.write(src / f"n{n}.wav", np.full((n,), 0.1), 16000)
+    s = convert(tmp_path / "src", tmp_path / "out", to="webdataset", from_format="audio", sample_rate=8000,
+                features="log-mel(n_mels=80)")
+    assert s.records_out == 1 and sorted(e["key"] for e in s.skipped) == ["a/n1", "a/n100", "a/n300"], s.as_dict()
+    assert all(e["reason"].startswith("too short for log_mel: ") for e in s.skipped), s.skipped
+    assert "150 samples at 8,000 Hz" in next(e["reason"] for e in s.skipped if e["key"] == "a/n300")

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import RecordError, RunStats, Stage
+from ...errors import RecordError, RunStats, Stage, reason_of
 from ...types import Record
 from ..codecs.audio_io import AudioData
 from ..device import Device
@@ -68,7 +68,7 @@ def run_on_gpu(jobs: list[tuple[Job, AudioData]], plan: Plan, stats: list[RunSta
                 results.append(out)
                 st.add(transcoded=1)
             except Exception as e2:  # noqa: BLE001 - the record boundary
-                results.append(RecordError(t.key, t.origin, Stage.TRANSFORM, f"{type(e2).__name__}: {e2}"))
+                results.append(RecordError(t.key, t.origin, Stage.TRANSFORM, reason_of(e2)))
         return results, None
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import RecordError, RunStats, Stage
+from ...errors import RecordError, RunStats, Stage, reason_of
 from ...types import Media, Record
 from ..codecs.video import SourcedFrames, clip_members, encode_clip, info_of
 from ..device import Device
@@ -257,7 +257,7 @@ def _encode_job(session: NvdecSession, job: Job, cursor: GpuFrameCursor, plan: P
     except RecordError:
         raise
     except Exception as e:  # noqa: BLE001 - the record boundary
-        raise RecordError(t.key, t.origin, Stage.TRANSFORM, f"{type(e).__name__}: {e}") from None
+        raise RecordError(t.key, t.origin, Stage.TRANSFORM, reason_of(e)) from None
     if plan.augmenting:
         stats.drawn[t.key] = params
     stats.add(transcoded=1)
@@ -286,7 +286,7 @@ def _encode_frames(session: NvdecSession, jobs: list[Job], cursor: GpuFrameCurso
         codec = plan.out_codec(jobs[0].template.codec)
         encoded = session.encoder.encode(done, codec, plan.jpeg_quality, session.stream)
     except Exception as e:  # noqa: BLE001 - the records' boundary
-        return [RecordError(j.template.key, j.template.origin, Stage.TRANSFORM, f"{type(e).__name__}: {e}")
+        return [RecordError(j.template.key, j.template.origin, Stage.TRANSFORM, reason_of(e))
                 for j in jobs]
     out: list[Record | RecordError] = []
     for j, p, b in zip(jobs, params, encoded):

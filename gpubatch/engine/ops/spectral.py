@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ...errors import UsageError
+from ...errors import RecordCondition, UsageError
 from ..batch import stack
 from ..codecs.audio_io import AudioData
 from ..registry import DEVICE, HOST, register_kernel
@@ -130,7 +130,14 @@ class FeatureOp(AudioOp):
         return getattr(self, "n_mfcc", None) or getattr(self, "n_mels", None) or self.n_fft // 2 + 1
 
     def out_hw(self, h: int, w: int, params: Any = None) -> tuple[int, int]:
-        return self.bins(), w // self.hop + (0 if self.drop_last else 1)
+        """(bins, frames) of ``w`` samples. Raises ValueError where they make no frame (Whisper's log-mel drops its
+        last frame: a recording shorter than one hop has none), before any work: a batch on the GPU had failed whole
+        on such a record, and the CPU's reason was NumPy's."""
+        frames = w // self.hop + (0 if self.drop_last else 1)
+        if frames < 1:
+            raise RecordCondition(f"too short for {self.name}: {w:,} sample{'s' * (w != 1)} at {h:,} Hz, under one hop "
+                                  f"of {self.hop}, give one frame, and {self.name} drops its last frame")
+        return self.bins(), frames
 
     def __post_init__(self) -> None:
         """Every feature op's sizes checked (n_fft, hop, and n_mels / n_mfcc where it has them)."""
