@@ -73,7 +73,7 @@ VIDEO_EXTENSIONS: Mapping[str, str] = MappingProxyType(
 AUDIO_EXTENSIONS: Mapping[str, str] = MappingProxyType(
     {"wav": "wav", "wave": "wav", "flac": "flac", "ogg": "ogg", "oga": "ogg", "opus": "opus", "mp3": "mp3",
      "m4a": "m4a", "aac": "aac", "aiff": "aiff", "aif": "aiff", "aifc": "aiff", "mka": "mka", "weba": "weba",
-     "wma": "wma"}
+     "wma": "wma", "au": "au", "snd": "au", "caf": "caf", "w64": "w64"}
 )
 
 # Video and audio files, which an image dataset leaves out (named in its warnings).
@@ -103,7 +103,7 @@ CODEC_EXTENSION: Mapping[str, str] = MappingProxyType(
     {"jpeg": "jpg", "png": "png", "jpeg2000": "jp2", "bmp": "bmp", "webp": "webp", "tiff": "tiff", "gif": "gif",
      "avif": "avif", "heif": "heic", "jxl": "jxl", "pnm": "pnm", "qoi": "qoi", "npy": "npy",
      **{c: c for c in ("mp4", "mov", "mkv", "webm", "avi", "ts", "m2ts", "mpg", "flv", "3gp", "wmv", "ogv", "mxf")},
-     **{c: c for c in ("wav", "flac", "ogg", "opus", "mp3", "aac", "m4a", "mka", "weba", "wma")}}
+     **{c: c for c in ("wav", "flac", "ogg", "opus", "mp3", "aac", "m4a", "mka", "weba", "wma", "au", "caf", "w64")}}
 )
 
 _HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"hevm", b"hevs", b"mif1", b"msf1"}

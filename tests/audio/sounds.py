@@ -16,7 +16,7 @@ def tone(seconds: float = 1.0, rate: int = 16000, freq: float = 440.0, channels:
 
 
 def encoded(x: np.ndarray, rate: int, fmt: str = "wav", subtype: str | None = None) -> bytes:
-    """``x`` (samples, channels) as ``fmt`` bytes: wav/flac/ogg/mp3 through soundfile (``subtype`` OPUS: Ogg Opus), m4a
+    """``x`` (samples, channels) as ``fmt`` bytes: wav/flac/ogg/mp3/au/caf/w64 through soundfile (``subtype`` OPUS: Ogg Opus), m4a
     (AAC), aac (AAC as ADTS, a raw stream) and wma through PyAV."""
     if fmt in ("m4a", "aac", "wma"):
         import av
@@ -35,8 +35,8 @@ def encoded(x: np.ndarray, rate: int, fmt: str = "wav", subtype: str | None = No
                 c.mux(p)
         return buf.getvalue()
     buf = io.BytesIO()
-    kind = {"wav": "WAV", "flac": "FLAC", "ogg": "OGG", "mp3": "MP3"}[fmt]
-    default = {"wav": "PCM_16", "flac": "PCM_16", "ogg": "VORBIS", "mp3": "MPEG_LAYER_III"}[fmt]
+    kind = {"wav": "WAV", "flac": "FLAC", "ogg": "OGG", "mp3": "MP3", "au": "AU", "caf": "CAF", "w64": "W64"}[fmt]
+    default = {"ogg": "VORBIS", "mp3": "MPEG_LAYER_III"}.get(fmt, "PCM_16")
     sf.write(buf, x, rate, format=kind, subtype=subtype or default)
     return buf.getvalue()
 

@@ -136,7 +136,7 @@ def test_whole_files_of_every_kind_pass_the_length_check(tmp_path):
     from tests.audio.sounds import encoded
 
     for fmt, sub in [("wav", "PCM_16"), ("wav", "PCM_24"), ("wav", "FLOAT"), ("flac", "PCM_16"), ("flac", "PCM_24"),
-                     ("flac", "PCM_S8"), ("ogg", None), ("mp3", None)]:
+                     ("flac", "PCM_S8"), ("ogg", None), ("mp3", None), ("au", None), ("caf", None), ("w64", None)]:
         for seconds, ch in [(0.01, 1), (1.3, 2), (7.0, 1)]:
             data = encoded(tone(seconds, 44100, channels=ch), 44100, fmt, sub)
             probe_audio(data)  # raises where the check is wrong
@@ -538,3 +538,38 @@ def test_an_ogg_aac_or_wma_file_cut_short_is_listed_in_pass_through(tmp_path, fm
         written = next((tmp_path / f"out{i}").glob("*.tar"))
         with tarfile.open(written) as t:  # (AAC as ADTS had been written as .mp3: what libsndfile reads as MP3)
             assert [m.name for m in t.getmembers() if not m.name.endswith(".cls")] == [f"good.{ext}"]
+
+
+@pytest.mark.parametrize("fmt", ["au", "caf", "w64"])
+def test_au_caf_and_w64_recordings_are_records_and_cut_ones_are_listed(tmp_path, fmt):
+    """libsndfile reads Sun/NeXT AU (GTZAN's music genres come as .au), Apple's CAF and Sony's Wave64; a folder of them
+    had been "left out ... files that are no audio". They pass through as they are (the codec named, the extension
+    kept), decode to features, and one cut short is listed (libsndfile reads such a file to its cut without a word):
+    its header's sizes tell it."""
+    from gpubatch.engine.codecs.audio_io import audio_shortfall, probe_audio, sniff_audio
+
+    kind = {"au": "AU", "caf": "CAF", "w64": "W64"}[fmt]
+    root = tmp_path / "src"
+    for genre in ("blues", "jazz"):
+        (root / genre).mkdir(parents=True)
+        for i in range(2):
+            sf.write(root / genre / f"{genre}.0000{i}.{fmt}", tone(0.5, RATE, 220.0 * (i + 1)), RATE, format=kind,
+                     subtype="PCM_16")
+    whole = (root / "jazz" / f"jazz.00001.{fmt}").read_bytes()
+    assert sniff_audio(whole) == fmt and probe_audio(whole).codec == fmt
+    assert audio_shortfall(whole[:65536], b"", len(whole)) is None
+    (root / "jazz" / f"jazz.00001.{fmt}").write_bytes(whole[: len(whole) * 2 // 3])
+    s = convert(root, tmp_path / "wds", to="webdataset")
+    assert s.records_out == 3 and [e["key"] for e in s.skipped] == ["jazz/jazz.00001"], s.as_dict()
+    assert "cut short" in s.skipped[0]["reason"] and not s.warnings, (s.skipped, s.warnings)
+    with open_dataset(tmp_path / "wds") as r:
+        recs = {rec.key: rec for rec in r}
+    assert recs["blues/blues_00000"].codec == fmt and recs["jazz/jazz_00000"].label == 1  # (a key's dots: webdataset's)
+    assert recs["blues/blues_00000"].data == (root / "blues" / f"blues.00000.{fmt}").read_bytes()
+    with tarfile.open(next((tmp_path / "wds").glob("*.tar"))) as t:
+        assert f"blues/blues_00000.{fmt}" in t.getnames()
+    s = convert(root, tmp_path / "mel", to="webdataset", sample_rate=8000, features="log-mel(n_mels=80)")
+    assert s.records_out == 3 and [e["key"] for e in s.skipped] == ["jazz/jazz.00001"], s.as_dict()
+    r = info(root)
+    assert r.records == 3 and [u["key"] for u in r.unreadable] == ["jazz/jazz.00001"], r.unreadable
+    assert r.audio["codings"] == {f"{fmt} PCM_16": 3}, r.audio

@@ -150,8 +150,8 @@ def _frames_and_samples(data: bytes) -> tuple[int, int]:
 
 def test_a_media_file_cut_at_random_is_listed_or_written_whole(tmp_path):
     """Video (MP4 with its index in front or at its end, MOV, Matroska, WebM, AVI, FLV, MPEG-TS, MPEG-PS, WMV, MXF) and
-    sound (WAV, FLAC, Ogg Vorbis and Opus, MP3, M4A, AAC, WMA, AIFF) cut at random and passed through: each is listed
-    with its reason, or what was written decodes to every frame or sample of the whole file (a cut that took only an
+    sound (WAV, FLAC, Ogg Vorbis and Opus, MP3, M4A, AAC, WMA, AIFF, AU, CAF, W64) cut at random and passed through:
+    each is listed with its reason, or what was written decodes to every frame or sample of the whole file (a cut that took only an
     index after them). A cut Matroska, FLV, MPEG-TS, MPEG-PS, WMV or MXF file, MP3, AIFF, M4A (its index in front),
     Opus, AAC and WMA file had been written as whole, with no word."""
     pytest.importorskip("av")
@@ -168,7 +168,7 @@ def test_a_media_file_cut_at_random_is_listed_or_written_whole(tmp_path):
                              ("flv", "libx264", {}), ("ts", "libx264", {}), ("mpg", "mpeg2video", {"bframes": 0}),
                              ("wmv", "wmv2", {"bframes": 0}), ("mxf", "mpeg2video", {"bframes": 0})):
         media.append(("video", ext, make_clip(tmp_path / "clips" / f"{len(media)}.{ext}", 24, codec=codec, **opts).read_bytes()))
-    for fmt in ("wav", "flac", "ogg", "mp3", "m4a", "aac", "wma"):
+    for fmt in ("wav", "flac", "ogg", "mp3", "m4a", "aac", "wma", "au", "caf", "w64"):
         media.append(("audio", fmt, encoded(tone(1.0, 16000, channels=2), 16000, fmt)))
     media.append(("audio", "opus", encoded(tone(1.0, 48000, channels=2), 48000, "ogg", "OPUS")))
     aiff = io.BytesIO()

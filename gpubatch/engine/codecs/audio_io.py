@@ -41,8 +41,8 @@ def soundfile():
 
 
 def sniff_audio(data: bytes) -> str | None:
-    """The codec of audio bytes from their first bytes (wav, flac, ogg/opus, mp3, aac, m4a, aiff, weba/mka, wma), or
-    None. Sound in WebM is named "weba" (the extension browsers give it), so that what gpubatch writes of it (a
+    """The codec of audio bytes from their first bytes (wav, flac, ogg/opus, mp3, aac, m4a, aiff, weba/mka, wma, and
+    libsndfile's au, caf and w64), or None. Sound in WebM is named "weba" (the extension browsers give it), so that what gpubatch writes of it (a
     ``.weba`` file or member) reads back as audio, where ``.webm`` reads as video."""
     head = data[:64]
     if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
@@ -63,7 +63,16 @@ def sniff_audio(data: bytes) -> str | None:
         return "weba" if b"webm" in head else "mka"
     if head[:16] == bytes.fromhex("3026b2758e66cf11a6d900aa0062ce6c"):  # (ASF's header object: .wma)
         return "wma"
+    if head[:4] in (b".snd", b"dns."):  # (Sun/NeXT audio, big- or little-endian: GTZAN's .au files)
+        return "au"
+    if head[:4] == b"caff":  # (Apple's Core Audio Format)
+        return "caf"
+    if head[:16] == _W64_RIFF:  # (Sony Wave64: a WAV of 64-bit sizes)
+        return "w64"
     return None
+
+
+_W64_RIFF = bytes.fromhex("726966662e91cf11a5d628db04c10000")
 
 
 @dataclass(frozen=True)
@@ -331,7 +340,7 @@ def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
     """Why an audio file (``size`` bytes, its first 64 KiB ``head``, its last :func:`tail_bytes` ``tail``)
     holds less than its header says, or None: a WAV whose ``data`` chunk runs past the file's end, a
     FLAC that stops before its last frame or last sample, an AIFF whose FORM chunk or a Matroska/WebM file whose
-    Segment does, an MP3 that holds fewer bytes of frames than its header frame counts, a WMA shorter than its ASF
+    Segment does, an AU, W64 or CAF file shorter than its header's sizes, an MP3 that holds fewer bytes of frames than its header frame counts, a WMA shorter than its ASF
     header's file size, an Ogg (Vorbis, Opus) or AAC (ADTS) file that ends inside its last page or frame."""
     kind = sniff_audio(head)
     short = wav_shortfall(head, size)
@@ -341,6 +350,9 @@ def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
     if kind == "aiff" and 8 + int.from_bytes(head[4:8], "big") > size:  # (its FORM chunk's size)
         return (f"the AIFF header promises {8 + int.from_bytes(head[4:8], 'big'):,} bytes, the file holds {size:,}: "
                 "it is cut short")
+    end = _sized_end(head, kind)
+    if end > size:
+        return f"the {kind.upper()} header promises {end:,} bytes, the file holds {size:,}: it is cut short"
     from .container_end import declared_end, matroska_end, tail_end
 
     if kind in ("weba", "mka"):
@@ -361,6 +373,30 @@ def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
         want, have = short_mp3
         return f"the MP3's header frame counts {want:,} bytes of frames, the file holds {have:,}: it is cut short"
     return flac_shortfall(head, tail) if kind == "flac" else None
+
+
+def _sized_end(head: bytes, kind: str | None) -> int:
+    """Where an AU, W64 or CAF file ends by its header (its data's offset and size; the whole file's size; its chunks'
+    sizes up to its ``data`` chunk), or 0 where it does not say (an AU or CAF data size left unknown, as a stream
+    writer leaves it)."""
+    if kind == "au" and len(head) >= 12:
+        order = "big" if head[:4] == b".snd" else "little"
+        at, n = int.from_bytes(head[4:8], order), int.from_bytes(head[8:12], order)
+        return 0 if n == 0xFFFFFFFF else at + n
+    if kind == "w64" and len(head) >= 24:
+        end = int.from_bytes(head[16:24], "little")
+        return end if end > 24 else 0
+    if kind == "caf":
+        at = 8
+        while at + 12 <= len(head):
+            n = int.from_bytes(head[at + 4 : at + 12], "big", signed=True)
+            if head[at : at + 4] == b"data":
+                return 0 if n < 0 else at + 12 + n
+            if n < 0:
+                return 0
+            at += 12 + n
+        return 0  # (its data chunk lies beyond the first bytes read: not told)
+    return 0
 
 
 def id3_end(head: bytes) -> int:
