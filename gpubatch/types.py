@@ -170,7 +170,10 @@ class Boxes:
     def __post_init__(self) -> None:
         import numpy as np
 
-        xyxy = np.asarray(self.xyxy, dtype=np.float32).reshape(-1, 4)
+        with np.errstate(over="ignore", invalid="ignore"):  # (a corner beyond float32: said below, not warned)
+            xyxy = np.asarray(self.xyxy, dtype=np.float32).reshape(-1, 4)
+        if not np.isfinite(xyxy).all():  # (every writer rounds or scales corners: infinity ended a --to voc finalize)
+            raise ValueError("a box corner is no finite number of float32's range (NaN, infinity or beyond 3.4e38)")
         labels = np.asarray(self.labels, dtype=np.int64).reshape(-1)
         if len(labels) != len(xyxy):
             raise ValueError(f"{len(xyxy)} boxes but {len(labels)} labels")

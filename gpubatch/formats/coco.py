@@ -68,6 +68,11 @@ def find_annotations(path: Path) -> Path | None:
     return found[0] if found else None
 
 
+#: a coordinate no image has (JPEG's side is 65,535; TIFF's 2^32): a box or polygon beyond it (1e308 became infinity in
+#: float32 and ended a --to voc run in an OverflowError) is dropped
+MAX_COORD = float(1 << 31)
+
+
 def _number(value: Any) -> float | None:
     """A finite JSON number (bools are not), or None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -75,12 +80,18 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+def _coord(value: Any) -> float | None:
+    """A JSON number a pixel coordinate may be (:data:`MAX_COORD` either side of 0), or None."""
+    v = _number(value)
+    return v if v is not None and abs(v) < MAX_COORD else None
+
+
 def _segmentation(seg: Any) -> bool:
     """A COCO segmentation: a list of polygons (lists of numbers; an empty list), or RLE (an object with ``counts``
     and ``size``)."""
     if isinstance(seg, dict):
         return "counts" in seg and "size" in seg
-    return isinstance(seg, list) and all(isinstance(p, list) and all(_number(v) is not None for v in p) for p in seg)
+    return isinstance(seg, list) and all(isinstance(p, list) and all(_coord(v) is not None for v in p) for p in seg)
 
 
 def _category(c: Any) -> bool:
@@ -113,7 +124,7 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
     """A COCO document's usable annotations by image id, and one warning per kind of fault found.
 
     Dropped: annotations with neither ``bbox`` nor ``category_id`` (captions), and those that are not
-    objects or have a ``bbox`` other than four finite numbers, a
+    objects or have a ``bbox`` other than four finite numbers (within :data:`MAX_COORD`), a
     ``category_id`` or ``iscrowd`` that is not a whole number, or a negative width or height (torchvision's
     detection models refuse such boxes; a zero size is kept, as COCO itself has some). Kept but counted:
     annotations of an image id no image has (they cannot be written anywhere), category ids missing from
@@ -141,13 +152,16 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
             boxless.append(aid)
             continue
         bbox = a.get("bbox")
-        box = [_number(v) for v in bbox] if isinstance(bbox, list) and len(bbox) == 4 else [None]
+        box = [_coord(v) for v in bbox] if isinstance(bbox, list) and len(bbox) == 4 else [None]
         try:
             cat = fields.ident(a.get("category_id"), "category_id")
             fields.whole(a.get("iscrowd", 0), "iscrowd", 0, 1)
         except ValueError:
             cat = None
         if None in box or cat is None:
+            malformed.append(aid)
+            continue
+        if max(abs(box[0] + box[2]), abs(box[1] + box[3])) >= MAX_COORD:
             malformed.append(aid)
             continue
         if box[2] < 0 or box[3] < 0:
@@ -169,8 +183,8 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
     warnings = [f"{name}: {_count(len(found), 'annotation')} {what} ({_ids(found)})" for found, what in (
         (boxless, "with neither bbox nor category_id left out: not object annotations (COCO's captions?); gpubatch "
                   "reads instance and keypoint files"),
-        (malformed, "dropped: bbox not four numbers, category_id not a whole number, iscrowd not 0 or 1, or "
-                    "not an object"),
+        (malformed, "dropped: bbox not four numbers (within 2^31 pixels), category_id not a whole number, iscrowd "
+                    "not 0 or 1, or not an object"),
         (negative, "dropped: bbox of negative width or height"),
         (orphans, "with an image_id no image has, not written"),
         (no_area, "with an area that is no number of zero or more: written with their box's area"),

@@ -4,6 +4,7 @@ COCO keep every box within 1 px (read back by pycocotools), and category ids sur
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -186,6 +187,20 @@ def test_hostile_and_broken_annotations_are_listed_not_read(tmp_path):
         convert(voc, tmp_path / "out3", to="coco")
 
 
+@pytest.mark.parametrize("where,value", [("width", "inf"), ("height", "1e308"), ("width", "-5"), ("height", "nan"),
+                                         ("xmax", "inf"), ("ymax", "1e308"), ("xmin", "-inf")])
+def test_a_voc_size_or_corner_beyond_any_image_is_its_records_error(tmp_path, where, value):
+    """A <size> of infinity ended every run over the set in an OverflowError (the reader parses each XML at its start),
+    and a corner of 1e308 overflowed float32 into infinity on the way; both are that record's error now."""
+    voc = make_voc(tmp_path / "VOC2007")
+    xml = voc / "Annotations" / "000009.xml"
+    xml.write_text(re.sub(f"<{where}>[^<]*</{where}>", f"<{where}>{value}</{where}>", xml.read_text(), count=1))
+    for to in ("coco", "yolo"):
+        s = convert(voc, tmp_path / to, to=to)
+        assert s.records_out == 3 and [e["key"] for e in s.skipped] == ["000009"], s.as_dict()
+        assert ("<size>" if where in ("width", "height") else "box") in s.skipped[0]["reason"], s.skipped
+
+
 def test_a_class_a_record_dropped_into_voc_or_yolo_is_said(imagenet, tmp_path):
     for fmt in ("voc", "yolo"):
         s = convert(imagenet, tmp_path / fmt, to=fmt)
@@ -229,3 +244,42 @@ def test_yolo_labels_without_an_image_are_said_and_a_broken_image_link_is_listed
     assert s.records_out == len(VOC_SET) and any(w.startswith(said) for w in s.warnings), s.warnings
     assert [(k["key"], k["reason"]) for k in s.skipped] == [("dangling", "a broken link, not a regular file")]
     assert info(yolo).left_out == {"unlisted": {"count": 1, "names": ["gone.txt"]}}
+
+
+def test_a_box_beyond_float32_is_its_records_error_and_a_coco_box_beyond_any_image_is_dropped(tmp_path):
+    """A box of 1e300 pixels (finite in JSON, infinite in float32) in a webdataset sample's .json had ended a --to voc
+    run at its finalize in an OverflowError and been written to COCO as a null bbox; now the sample is listed with its
+    reason. In a COCO file such a bbox (or a polygon's point) is dropped with the warning its kind of fault has."""
+    import io
+    import tarfile
+
+    src = tmp_path / "wds"
+    src.mkdir()
+    with tarfile.open(src / "d-000000.tar", "w") as tf:
+        for i, bbox in enumerate([[1, 2, 3, 4], [1, 2, 1e300, 4], [1e39, 2, 3, 4]]):
+            for name, data in ((f"s{i}.jpg", jpeg_bytes(photo(60, 80, seed=i))),
+                               (f"s{i}.json", json.dumps({"annotations": [{"bbox": bbox, "category_id": 1}]}).encode())):
+                ti = tarfile.TarInfo(name)
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+    for to in ("voc", "coco", "yolo"):
+        s = convert(src, tmp_path / to, to=to)
+        assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["s1", "s2"], s.as_dict()
+        assert all("no finite number of float32's range" in e["reason"] for e in s.skipped), s.skipped
+    coco = tmp_path / "coco-src"
+    (coco / "images").mkdir(parents=True)
+    (coco / "annotations").mkdir()
+    for i in range(2):
+        (coco / "images" / f"{i}.jpg").write_bytes(jpeg_bytes(photo(60, 80, seed=i)))
+    doc = {"images": [{"id": i, "file_name": f"{i}.jpg", "width": 80, "height": 60} for i in range(2)],
+           "annotations": [{"id": 1, "image_id": 0, "category_id": 1, "bbox": [1, 2, 3, 4]},
+                           {"id": 2, "image_id": 1, "category_id": 1, "bbox": [1, 2, 1e308, 4]},
+                           {"id": 3, "image_id": 1, "category_id": 1, "bbox": [1, 2, 3, 4],
+                            "segmentation": [[1, 2, 3e300, 4, 5, 6]]}],
+           "categories": [{"id": 1, "name": "a"}]}
+    (coco / "annotations" / "instances.json").write_text(json.dumps(doc))
+    s = convert(coco, tmp_path / "voc2", to="voc")
+    assert s.records_out == 2 and not s.skipped, s.as_dict()
+    assert any("1 annotation dropped: bbox not four numbers (within 2^31 pixels)" in w and "(ids 2)" in w
+               for w in s.warnings), s.warnings
+    assert any("segmentation that is neither polygons nor RLE" in w and "(ids 3)" in w for w in s.warnings), s.warnings

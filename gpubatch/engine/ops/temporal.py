@@ -189,7 +189,7 @@ class ClipSampler(Sampler):
         clips = self.clips(info, record.key, seed)
         if not clips:
             raise RecordError(record.key, record.origin, Stage.DECODE,  # (read, and counted, already)
-                              f"too short for one clip: {info.frames} frames, a clip spans "
+                              f"too short for one clip: {info.frames} frame{'s' * (info.frames != 1)}, a clip spans "
                               f"{self.span(max(1, self.step - self.step_jitter))}")
         single = len(clips) == 1 and self.positions == "random"
         out = []
