@@ -86,6 +86,11 @@ def _coord(value: Any) -> float | None:
     return v if v is not None and abs(v) < MAX_COORD else None
 
 
+def _keypoints(kps: Any) -> bool:
+    """COCO keypoints: a list of (x, y, visibility) triples of numbers (x and y within :data:`MAX_COORD`)."""
+    return isinstance(kps, list) and len(kps) % 3 == 0 and all(_coord(v) is not None for v in kps)
+
+
 def _segmentation(seg: Any) -> bool:
     """A COCO segmentation: a list of polygons (lists of numbers; an empty list), or RLE (an object with ``counts``
     and ``size``)."""
@@ -130,7 +135,8 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
     annotations of an image id no image has (they cannot be written anywhere), category ids missing from
     ``categories`` (written with a category named by its number), and image ids shared by two images
     (their annotations go to each). Kept without the field: an ``area`` that is no number of zero or more (the
-    box's area is written), a ``segmentation`` that is neither polygons nor RLE.
+    box's area is written), a ``segmentation`` that is neither polygons nor RLE, ``keypoints`` that are not triples
+    of numbers.
     """
     image_ids: dict[Any, int] = {}
     for im in doc["images"]:
@@ -140,7 +146,7 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
         image_ids[key] = image_ids.get(key, 0) + 1
     cats = doc.get("categories")
     known = {_id_key(c.get("id")) for c in cats if isinstance(c, dict)} if isinstance(cats, list) else set()
-    malformed, negative, orphans, unknown, boxless, no_area, no_seg = [], [], [], {}, [], [], []
+    malformed, negative, orphans, unknown, boxless, no_area, no_seg, no_kps = [], [], [], {}, [], [], [], []
     anns: dict[Any, list[dict]] = {}
     raw = doc.get("annotations")
     for i, a in enumerate(raw if isinstance(raw, list) else []):
@@ -179,6 +185,9 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
         if "segmentation" in a and not _segmentation(a["segmentation"]):
             a = {k: v for k, v in a.items() if k != "segmentation"}
             no_seg.append(aid)
+        if "keypoints" in a and not _keypoints(a["keypoints"]):
+            a = {k: v for k, v in a.items() if k not in ("keypoints", "num_keypoints")}
+            no_kps.append(aid)
         anns.setdefault(image_id, []).append(a)
     warnings = [f"{name}: {_count(len(found), 'annotation')} {what} ({_ids(found)})" for found, what in (
         (boxless, "with neither bbox nor category_id left out: not object annotations (COCO's captions?); gpubatch "
@@ -189,6 +198,7 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
         (orphans, "with an image_id no image has, not written"),
         (no_area, "with an area that is no number of zero or more: written with their box's area"),
         (no_seg, "with a segmentation that is neither polygons nor RLE: written without it"),
+        (no_kps, "with keypoints that are not (x, y, v) triples of numbers: written without them"),
     ) if found]
     if unknown:
         warnings.append(f"{name}: {_count(sum(unknown.values()), 'annotation')} with a category_id missing from "

@@ -283,3 +283,30 @@ def test_a_box_beyond_float32_is_its_records_error_and_a_coco_box_beyond_any_ima
     assert any("1 annotation dropped: bbox not four numbers (within 2^31 pixels)" in w and "(ids 2)" in w
                for w in s.warnings), s.warnings
     assert any("segmentation that is neither polygons nor RLE" in w and "(ids 3)" in w for w in s.warnings), s.warnings
+
+
+def test_coco_keypoints_that_are_no_triples_of_numbers_are_left_out_with_a_warning(tmp_path):
+    """Keypoints holding a string ended the record in a re-encoding run ("could not convert string to float") and
+    passed through as they were in a copy; a point of 1e308 went on to infinity. Like a bad area or segmentation, they
+    are left out of their annotation (num_keypoints with them), with one warning; the box stays."""
+    coco = tmp_path / "coco"
+    (coco / "images").mkdir(parents=True)
+    (coco / "annotations").mkdir()
+    for i in range(4):
+        (coco / "images" / f"{i}.jpg").write_bytes(jpeg_bytes(photo(60, 80, seed=i)))
+    kps = [[10, 12, 2, 30, 12, 1], [1e308, 2, 2, 5, 5, 2], [1, 2, "x", None, 5, 2], [1, 2]]
+    doc = {"images": [{"id": i, "file_name": f"{i}.jpg", "width": 80, "height": 60} for i in range(4)],
+           "annotations": [{"id": i + 1, "image_id": i, "category_id": 1, "bbox": [1, 2, 30, 40], "keypoints": k,
+                            "num_keypoints": 2} for i, k in enumerate(kps)],
+           "categories": [{"id": 1, "name": "person", "keypoints": ["left_eye", "right_eye"], "skeleton": [[1, 2]]}]}
+    (coco / "annotations" / "person_keypoints.json").write_text(json.dumps(doc))
+    for opts in ({}, {"resize_shorter": 30}):
+        out = tmp_path / f"out{len(opts)}"
+        s = convert(coco, out, to="coco", **opts)
+        assert s.records_out == 4 and not s.skipped, s.as_dict()
+        assert any("3 annotations with keypoints that are not (x, y, v) triples" in w and "(ids 2, 3, 4)" in w
+                   for w in s.warnings), s.warnings
+        got = json.loads(next((out / "annotations").glob("*.json")).read_text())
+        anns = sorted(got["annotations"], key=lambda a: a["image_id"])
+        assert len(anns) == 4 and "keypoints" in anns[0] and not any("keypoints" in a for a in anns[1:]), anns
+        assert all(len(a["bbox"]) == 4 for a in anns)
