@@ -170,7 +170,10 @@ class ParquetReader(Reader):
             got = self._cache.get(i)
         if got is None or got[0] != g:
             cols = [c for c in (self.column, self.label, "key", "meta", "objects") if c and c in self.schema.names]
-            rows = self._file(i).read_row_group(g, columns=cols).to_pylist()
+            # one thread: pyarrow's pool decoding columns from a Python file object (the descriptor opened here)
+            # aborted the process at its exit, now and then ("terminate called without an active exception",
+            # apache/arrow#34314; pyarrow 21): a script that read a Parquet dataset ended in SIGABRT
+            rows = self._file(i).read_row_group(g, columns=cols, use_threads=False).to_pylist()
             got = (g, rows)
             with self._lock:
                 self._cache[i] = got
