@@ -371,3 +371,29 @@ def test_outputs_come_back_into_page_locked_slots_as_into_arrays_of_their_own():
     with pytest.raises(RuntimeError, match="the copy failed"):
         download(items, half_features=True, downloads=downloads)
     assert downloads.free.qsize() == 2  # (the slot it failed into given back)
+
+
+def test_a_recording_too_short_for_log_mel_and_au_caf_w64_files_on_the_gpu_path(tmp_path):
+    """On the GPU path a recording too short for a log-mel frame had failed its whole batch, which then ran on the
+    CPU with a warning; it is now its own error, told before the batch, and the batch stays on the GPU. AU, CAF and
+    Wave64 recordings decode there as on the CPU."""
+    import soundfile as sf
+
+    root = tmp_path / "src"
+    (root / "a").mkdir(parents=True)
+    for i, (fmt, kind) in enumerate((("wav", "WAV"), ("au", "AU"), ("caf", "CAF"), ("w64", "W64"))):
+        sf.write(root / "a" / f"r{i}.{fmt}", tone(0.5, 16000, 300.0 + 100 * i), 16000, format=kind, subtype="PCM_16")
+    sf.write(root / "a" / "short.wav", tone(0.005, 16000), 16000)  # (80 samples: under one hop)
+    outs = {}
+    for dev in ("cpu", "gpu"):
+        s = convert(root, tmp_path / dev, to="webdataset", features="log-mel(n_mels=80)", device=dev, batch_size=8)
+        assert s.records_out == 4 and [e["key"] for e in s.skipped] == ["a/short"], s.as_dict()
+        assert s.skipped[0]["reason"].startswith("too short for log_mel: 80 samples at 16,000 Hz"), s.skipped
+        assert s.fallbacks == 0 and not any("ran on the CPU" in w for w in s.warnings), (s.fallbacks, s.warnings)
+        import tarfile
+
+        with tarfile.open(next((tmp_path / dev).glob("*.tar"))) as t:
+            outs[dev] = {m.name: np.load(io.BytesIO(t.extractfile(m).read())) for m in t if m.name.endswith(".npy")}
+    assert outs["cpu"].keys() == outs["gpu"].keys() and len(outs["cpu"]) == 4
+    for k in outs["cpu"]:
+        assert np.abs(outs["cpu"][k].astype(np.float32) - outs["gpu"][k].astype(np.float32)).max() < 3e-2, k
