@@ -163,7 +163,8 @@ class WebDatasetReader(Reader):
             cut = "" if ended else "the tar has no end-of-archive block"
             if not self.files.whole.get(s, True):
                 cut = "its compressed data breaks off (cut short or damaged)"
-                if ended:  # (the tar's last block came out whole: the damage is past it)
+                if ended and (members or damage):  # (the tar's last block came out whole: the damage is past it. A
+                    # copy that came out empty is no empty tar: a bzip2 file cut inside its first 900 kB block)
                     cut = ""
             entries.extend(shortfall(tar, found, expected_records(self.manifest, tar), named, cut))
         if not self.manifest and not any(not isinstance(e, Damaged) and len(e) == 4 for e in entries):
