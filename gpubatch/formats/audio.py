@@ -3,7 +3,8 @@ metadata (ESC-50 ``meta/esc50.csv``, UrbanSound8K ``metadata/UrbanSound8K.csv``,
 and label columns), LibriSpeech-style transcripts (``*.trans.txt``) or a flat folder.
 
 Reading:
-- a CSV (the source itself, the one CSV in the root, or the one in ``meta/`` or ``metadata/``): the
+- a CSV or TSV (the source itself, the one in the root, or the one in ``meta/`` or ``metadata/``; Common Voice's
+  ``train.tsv``, split at tabs without quoting, its clips found by name under the root): the
   path column is ``path``/``filename``/``file``/``audio``/``audio_filepath``/``slice_file_name`` (or
   ``path_column``), the label column ``label``/``category``/``class``/``target``/``classID`` (or
   ``label_column``); a ``text``/``transcript``/``sentence`` column is kept as the record's text. A name
@@ -41,6 +42,7 @@ from .files import (
     _kinds,
     _strip_ext,
     _walk_images,
+    csv_rows,
     read_csv_table,
     read_listed_file,
     said_left_out,
@@ -78,7 +80,7 @@ def webm_sound(path: Path) -> bool:
 
 def _csvs(root: Path) -> list[Path]:
     for folder in (root, root / "meta", root / "metadata"):
-        found = sorted(p for p in folder.glob("*.csv") if p.is_file()) if folder.is_dir() else []
+        found = sorted(p for p in [*folder.glob("*.csv"), *folder.glob("*.tsv")] if p.is_file()) if folder.is_dir() else []
         if found:
             return found
     return []
@@ -112,7 +114,7 @@ class AudioReader(Reader):
             if len(found) == 1:
                 self.csv_file = found[0]
             elif len(found) > 1:
-                self.warnings.append(f"{len(found)} CSV files in {found[0].parent}; none taken as metadata "
+                self.warnings.append(f"{len(found)} CSV or TSV files in {found[0].parent}; none taken as metadata "
                                      "(give the one to read as the source)")
         self._classes: Any = ()
         self._by_name: dict[str, str] | None = None
@@ -383,7 +385,7 @@ def _is_nemo(path: Path) -> bool:
 
 def _csv_is_audio(path: Path) -> bool:
     try:
-        rows = list(csv.DictReader(io.StringIO(read_head(path, 20000).decode("utf-8-sig", "replace"))))[:20]
+        rows = list(csv_rows(read_head(path, 20000).decode("utf-8-sig", "replace"), path))[:20]
     except (OSError, csv.Error):
         return False
     for r in rows:
@@ -397,7 +399,7 @@ def _csv_is_audio(path: Path) -> bool:
 class AudioFormat(Format):
     name = "audio"
     description = ("audio files (wav, flac, ogg, opus, mp3, m4a, aiff...): class folders, a CSV of metadata (ESC-50, "
-                   "UrbanSound8K), LibriSpeech transcripts, NeMo manifests, flat, one file; class folders in a ZIP or "
+                   "UrbanSound8K) or TSV (Common Voice), LibriSpeech transcripts, NeMo manifests, flat, one file; class folders in a ZIP or "
                    "a tar (--from audio)")
     media = (Media.AUDIO,)
     carries_record_meta = False  # (metadata.csv: path, label, class, text)
@@ -409,7 +411,7 @@ class AudioFormat(Format):
         if path.is_file():  # (one recording; a WebM file alone is a clip, unless --from audio says so)
             if is_audio_name(path.name):
                 return path.suffix.lower().lstrip(".") not in SOUND_CONTAINERS
-            return (path.suffix.lower() == ".csv" and _csv_is_audio(path)) or _is_nemo(path)
+            return (path.suffix.lower() in (".csv", ".tsv") and _csv_is_audio(path)) or _is_nemo(path)
         if (path / METADATA).is_file():
             return True
         found = _csvs(path)

@@ -183,16 +183,27 @@ def _strip_ext(rel: str) -> str:
     return rel.rsplit(".", 1)[0] if "." in rel.rsplit("/", 1)[-1] else rel
 
 
-def read_csv_table(path: Path) -> tuple[list[dict[str, str]], dict[str, str]]:
-    """The rows of a CSV of metadata (ESC-50's, UrbanSound8K's, a video manifest), and its columns by
-    lower-cased name; FormatError where it cannot be read."""
+def csv_rows(text: str, path: Path) -> Any:
+    """A ``csv.DictReader`` over a table's ``text``: a ``.tsv`` file (Common Voice's ``train.tsv``) split at tabs
+    with no quoting, as Common Voice's own loader reads it (a sentence that opens with a quote mark, read with quoting,
+    had swallowed the rows after it), any other as a CSV."""
     import csv
     import io
+
+    if Path(path).suffix.lower() == ".tsv":
+        return csv.DictReader(io.StringIO(text), delimiter="\t", quoting=csv.QUOTE_NONE)
+    return csv.DictReader(io.StringIO(text))
+
+
+def read_csv_table(path: Path) -> tuple[list[dict[str, str]], dict[str, str]]:
+    """The rows of a CSV (or TSV: :func:`csv_rows`) of metadata (ESC-50's, UrbanSound8K's, Common Voice's, a video
+    manifest), and its columns by lower-cased name; FormatError where it cannot be read."""
+    import csv
 
     from ..errors import FormatError
 
     text = read_listing(path, "a CSV").decode("utf-8-sig", "replace")
-    table = csv.DictReader(io.StringIO(text))
+    table = csv_rows(text, path)
     try:
         rows = list(table)
     except csv.Error as e:
@@ -238,7 +249,7 @@ def listing_among(names: list[str], media: str) -> str | None:
                                  or ("Annotations" in parts and base.endswith(".xml"))
                                  or ("labels" in parts and base.endswith(".txt")) or base == "data.yaml"):
             return name
-        if media == "audio" and (base.endswith((".trans.txt", ".csv", ".jsonl")) or base == "manifest.json"):
+        if media == "audio" and (base.endswith((".trans.txt", ".csv", ".tsv", ".jsonl")) or base == "manifest.json"):
             return name
         if media == "video" and base.endswith(".csv"):
             return name

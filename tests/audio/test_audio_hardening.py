@@ -573,3 +573,27 @@ def test_au_caf_and_w64_recordings_are_records_and_cut_ones_are_listed(tmp_path,
     r = info(root)
     assert r.records == 3 and [u["key"] for u in r.unreadable] == ["jazz/jazz.00001"], r.unreadable
     assert r.audio["codings"] == {f"{fmt} PCM_16": 3}, r.audio
+
+
+def test_common_voice_tsv_is_read_with_its_sentences(tmp_path):
+    """Common Voice keeps its clips in ``clips/`` and their sentences in tab-separated files (``train.tsv``...); such a
+    file given as the source had been "cannot tell the format". It is read as the CSV layout is, split at tabs without
+    quoting (a sentence that opens with a quote mark keeps the rows after it), its clips found by name under the root;
+    the folder itself names its TSV files and takes none."""
+    root = tmp_path / "cv-corpus" / "en"
+    for i in range(4):
+        write(root / "clips" / f"common_voice_en_{i}.wav", tone(0.3, RATE, 200.0 + 50 * i), RATE, "wav")
+    head = "client_id\tpath\tsentence_id\tsentence\tup_votes\tdown_votes\tage\tgender\taccents\tlocale\tsegment\n"
+    rows = [f"c{i}\tcommon_voice_en_{i}.wav\ts{i}\t{text}\t2\t0\t\t\t\ten\t\n"
+            for i, text in enumerate(['"Quoted," she said.', "Plain words.", "It's fine."])]
+    (root / "train.tsv").write_text(head + "".join(rows))
+    (root / "test.tsv").write_text(head + "c3\tcommon_voice_en_3.wav\ts3\tLast one.\t2\t0\t\t\t\ten\t\n")
+    s = convert(root / "train.tsv", tmp_path / "wds", to="webdataset")
+    assert s.records_out == 3 and not s.skipped and not s.warnings, s.as_dict()
+    with open_dataset(tmp_path / "wds") as r:
+        texts = {rec.key: rec.meta.get("text") for rec in r}
+    assert texts == {"clips/common_voice_en_0": '"Quoted," she said.', "clips/common_voice_en_1": "Plain words.",
+                     "clips/common_voice_en_2": "It's fine."}, texts
+    assert info(root / "test.tsv").records == 1
+    s = convert(root, tmp_path / "folder", to="webdataset")
+    assert any("2 CSV or TSV files in" in w for w in s.warnings), s.warnings
