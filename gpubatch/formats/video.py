@@ -59,6 +59,19 @@ def _one_csv(root: Path) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
+#: a time no video reaches (about 31 years): a CSV's start or end beyond it (1e308, inf) is its row's error
+_MAX_SECONDS = 1e9
+
+
+def _seconds(value: Any, what: str) -> float:
+    """A CSV cell of seconds (empty: 0); ValueError where it is no finite number within :data:`_MAX_SECONDS` (infinity
+    had ended the run in an OverflowError where Kinetics' names are made of it)."""
+    t = float((value or "0").strip() or 0)
+    if not math.isfinite(t) or abs(t) > _MAX_SECONDS:
+        raise ValueError(f"{what} {value.strip()[:40]!r} is no time in seconds")
+    return t
+
+
 class VideoReader(Reader):
     """Reads a folder of video files (see the module's docstring for the layouts)."""
 
@@ -172,10 +185,14 @@ class VideoReader(Reader):
                 label = (int(lab) if numeric else index[lab]) if lab else None
                 if label is not None:
                     fields.label(label, "label")
-                start = float(r.get(sc) or 0) if sc else 0.0
-                end = float(r.get(ec) or 0) if ec else 0.0
+                start = _seconds(r.get(sc), "start") if sc else 0.0
+                end = _seconds(r.get(ec), "end") if ec else 0.0
                 if kinetics:
-                    path = f"{lab}/{r[cols['youtube_id']].strip()}_{int(start):06d}_{int(end):06d}.mp4"
+                    youtube_id = (r.get(cols["youtube_id"]) or "").strip()
+                    if not youtube_id or start < 0 or end < 0:
+                        raise ValueError(f"youtube_id {youtube_id!r}, time_start {start:g}, time_end {end:g}: no clip's "
+                                         "name")
+                    path = f"{lab}/{youtube_id}_{int(start):06d}_{int(end):06d}.mp4"
                     start = end = 0.0  # the downloaders cut the clip to those times already
                 else:
                     path = (r.get(pc) or "").strip()

@@ -379,3 +379,23 @@ def test_an_flv_file_cut_inside_a_tag_s_size_after_it_is_cut_short(tmp_path):
         s = convert(src, tmp_path / f"out{i}", to="webdataset")
         assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/x"], s.as_dict()
         assert "cut short" in s.skipped[0]["reason"], s.skipped
+
+
+def test_a_kinetics_or_clip_csv_row_of_no_time_is_that_rows_error(tmp_path):
+    """A Kinetics CSV row whose time_end is inf ended the run in an OverflowError (the clip's name is made of its
+    times), a row short of its youtube_id in an AttributeError, and a clip CSV's start of 1e308 reached the reader.
+    Each is its row's error now; the other rows convert."""
+    kin = tmp_path / "kinetics"
+    make_clip(kin / "abseiling" / "abc_000010_000020.mp4", 12)
+    make_clip(kin / "zumba" / "xyz_000001_000011.mp4", 12)
+    (kin / "train.csv").write_text("label,youtube_id,time_start,time_end,split\nabseiling,abc,10,20,train\n"
+                                   "zumba,xyz,1,inf,train\nzumba\nzumba,xyz,-5,11,train\n")
+    s = convert(kin / "train.csv", tmp_path / "out", to="webdataset")
+    assert s.records_out == 1 and sorted(e["key"] for e in s.skipped) == ["row 3", "row 4", "row 5"], s.as_dict()
+    assert all(e["reason"].startswith("bad row: ") for e in s.skipped), s.skipped
+    clips = tmp_path / "clips"
+    make_clip(clips / "x.mp4", 12)
+    (clips / "meta.csv").write_text("path,label,start,end\nx.mp4,dog,0,0\nx.mp4,cat,1e308,0\nx.mp4,cat,0,nan\n")
+    s = convert(clips / "meta.csv", tmp_path / "out2", to="webdataset")
+    assert s.records_out == 1 and sorted(e["key"] for e in s.skipped) == ["row 3", "row 4"], s.as_dict()
+    assert "is no time in seconds" in s.skipped[0]["reason"], s.skipped
