@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...errors import DependencyError
-from .container_end import adts_at
+from .container_end import W64_RIFF, adts_at, sound_end
 
 __all__ = ["AUDIO_FORMATS", "AudioData", "AudioInfo", "audio_shortfall", "cut_audio", "decode_audio", "encode_audio",
            "leading_seconds", "npy_header", "probe_audio", "sniff_audio"]
@@ -67,12 +67,10 @@ def sniff_audio(data: bytes) -> str | None:
         return "au"
     if head[:4] == b"caff":  # (Apple's Core Audio Format)
         return "caf"
-    if head[:16] == _W64_RIFF:  # (Sony Wave64: a WAV of 64-bit sizes)
+    if head[:16] == W64_RIFF:  # (Sony Wave64: a WAV of 64-bit sizes)
         return "w64"
     return None
 
-
-_W64_RIFF = bytes.fromhex("726966662e91cf11a5d628db04c10000")
 
 
 @dataclass(frozen=True)
@@ -350,7 +348,7 @@ def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
     if kind == "aiff" and 8 + int.from_bytes(head[4:8], "big") > size:  # (its FORM chunk's size)
         return (f"the AIFF header promises {8 + int.from_bytes(head[4:8], 'big'):,} bytes, the file holds {size:,}: "
                 "it is cut short")
-    end = _sized_end(head, kind)
+    end = sound_end(head, kind)
     if end > size:
         return f"the {kind.upper()} header promises {end:,} bytes, the file holds {size:,}: it is cut short"
     from .container_end import declared_end, matroska_end, tail_end
@@ -373,30 +371,6 @@ def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
         want, have = short_mp3
         return f"the MP3's header frame counts {want:,} bytes of frames, the file holds {have:,}: it is cut short"
     return flac_shortfall(head, tail) if kind == "flac" else None
-
-
-def _sized_end(head: bytes, kind: str | None) -> int:
-    """Where an AU, W64 or CAF file ends by its header (its data's offset and size; the whole file's size; its chunks'
-    sizes up to its ``data`` chunk), or 0 where it does not say (an AU or CAF data size left unknown, as a stream
-    writer leaves it)."""
-    if kind == "au" and len(head) >= 12:
-        order = "big" if head[:4] == b".snd" else "little"
-        at, n = int.from_bytes(head[4:8], order), int.from_bytes(head[8:12], order)
-        return 0 if n == 0xFFFFFFFF else at + n
-    if kind == "w64" and len(head) >= 24:
-        end = int.from_bytes(head[16:24], "little")
-        return end if end > 24 else 0
-    if kind == "caf":
-        at = 8
-        while at + 12 <= len(head):
-            n = int.from_bytes(head[at + 4 : at + 12], "big", signed=True)
-            if head[at : at + 4] == b"data":
-                return 0 if n < 0 else at + 12 + n
-            if n < 0:
-                return 0
-            at += 12 + n
-        return 0  # (its data chunk lies beyond the first bytes read: not told)
-    return 0
 
 
 def id3_end(head: bytes) -> int:

@@ -12,7 +12,8 @@ lengths tell the cut instead, before a frame is read:
 - MPEG-PS (.mpg, .vob): the lengths of the packets after its last pack header.
 
 A stream format cut exactly between its packets (MPEG-TS, MPEG-PS, FLV) looks like a shorter file: that cut cannot be
-told from the bytes.
+told from the bytes. Sound files use it too (``audio_io.audio_shortfall``): Ogg pages and ADTS frames walked from the
+file's tail (:func:`tail_end`), the sizes of AU, Wave64 and CAF headers (:func:`sound_end`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ _FLV_TAGS = (8, 9, 18)  # audio, video, script data
 _ASF_FILE_PROPERTIES = bytes.fromhex("a1dcab8c47a9cf118ee400c00c205365")
 _MXF_PARTITION = bytes.fromhex("060e2b34020501010d01020101")  # (a partition pack's key, its kind and status after)
 _PS_TAIL = 1 << 18  # the bytes of an MPEG program stream's end searched for its last pack header
+W64_RIFF = bytes.fromhex("726966662e91cf11a5d628db04c10000")  # (Sony Wave64's first GUID: a WAV of 64-bit sizes)
 
 
 def declared_end(data: bytes, kind: str | None) -> tuple[int, str]:
@@ -247,3 +249,28 @@ def _chain(tail: bytes, at: int, kind: str, trusted: bool) -> int:
         if end >= n:
             return end if links > 1 or trusted else 0
         at = end
+
+
+def sound_end(head: bytes, kind: str | None) -> int:
+    """Where an AU, W64 or CAF sound file (``kind`` as ``audio_io.sniff_audio`` names it) ends by its header: its
+    data's offset and size, the whole file's size, its chunks' sizes up to its ``data`` chunk; 0 where it does not say
+    (an AU or CAF data size left unknown, as a stream writer leaves it). libsndfile reads such a file to its cut
+    without a word."""
+    if kind == "au" and len(head) >= 12:
+        order = "big" if head[:4] == b".snd" else "little"
+        at, n = int.from_bytes(head[4:8], order), int.from_bytes(head[8:12], order)
+        return 0 if n == 0xFFFFFFFF else at + n
+    if kind == "w64" and len(head) >= 24:
+        end = int.from_bytes(head[16:24], "little")
+        return end if end > 24 else 0
+    if kind == "caf":
+        at = 8
+        while at + 12 <= len(head):
+            n = int.from_bytes(head[at + 4 : at + 12], "big", signed=True)
+            if head[at : at + 4] == b"data":
+                return 0 if n < 0 else at + 12 + n
+            if n < 0:
+                return 0
+            at += 12 + n
+        return 0  # (its data chunk lies beyond the first bytes read: not told)
+    return 0
