@@ -146,6 +146,7 @@ class RunSummary:
     transcoded: int = 0
     fallbacks: int = 0
     boxes_dropped: int = 0
+    first_frames: int = 0  # images of several frames (animated GIF/WebP/PNG, multi-page TIFF): their first written
     bytes_in: int = 0
     bytes_out: int = 0
     seconds: float = 0.0

@@ -134,6 +134,7 @@ class RunStats:
     transcoded: int = 0
     fallbacks: int = 0
     boxes_dropped: int = 0
+    first_frames: int = 0  # images of several frames (animated, multi-page) re-encoded from their first
     errors: list[RecordError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     # output key -> the parameters drawn for it (augment runs), taken by the writer as it writes the record

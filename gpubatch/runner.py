@@ -590,8 +590,8 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
         src=str(src_path), dst=str(req.dst), src_format=src_format, dst_format=fmt.name, device=str(device),
         device_reason=device.reason, records_in=totals["records_in"], records_out=totals["records_out"],
         passthrough=totals["passthrough"], transcoded=totals["transcoded"], fallbacks=totals["fallbacks"],
-        boxes_dropped=totals["boxes_dropped"], bytes_in=totals["bytes_in"], bytes_out=totals["bytes_out"],
-        skipped=skipped, timings={k: round(v, 4) for k, v in sums.items()}, gpu_memory=gpu_memory,
+        boxes_dropped=totals["boxes_dropped"], first_frames=totals["first_frames"], bytes_in=totals["bytes_in"],
+        bytes_out=totals["bytes_out"], skipped=skipped, timings={k: round(v, 4) for k, v in sums.items()}, gpu_memory=gpu_memory,
         shards=len(tasks), workers=workers)
     summary.timings.update(worker_walls(results))
     return summary, extra

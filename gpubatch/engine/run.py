@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import RecordError, RunStats, Stage
-from ..types import Boxes, Record
+from ..types import Boxes, Media, Record
+from .codecs.headers import frames_held
 from .media import HOST, LOST, get_codec
 from .plan import Plan
 
@@ -122,6 +123,9 @@ def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
             stats.add(passthrough=1)
             out.append(rec)
             continue
+        if not any(isinstance(o, Job) for o in out) and record.media is Media.IMAGE and frames_held(
+                record.data, record.codec) > 1:  # (counted once a source: a decoder gives its first picture)
+            stats.add(first_frames=1)
         job = Job(source, rec.with_(data=b""))
         if size is not None:
             try:

@@ -48,6 +48,9 @@ def render_summary(summary: Any, title: str = "convert") -> None:
     t.add_row("work", work)
     if summary.boxes_dropped:
         t.add_row("boxes dropped", f"{summary.boxes_dropped:,} (left the image, or kept too little of their area)")
+    if getattr(summary, "first_frames", 0):
+        t.add_row("first frames", f"{summary.first_frames:,} image{'s' * (summary.first_frames != 1)} of several frames "
+                  "(animated GIF, WebP or PNG; a TIFF of pages): the first written")
     style = "red" if summary.skipped else "green"
     t.add_row("skipped", f"[{style}]{len(summary.skipped):,}[/]")
     t.add_row("bytes", f"{human_bytes(summary.bytes_in)} in, {human_bytes(summary.bytes_out)} out")

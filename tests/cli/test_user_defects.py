@@ -540,3 +540,39 @@ def test_files_left_out_are_counted_in_plain_words(imagenet):
 
     said = left_out_warning(imagenet, {"other": [f"n{i}.txt" for i in range(7)], "video": ["a.mp4"]})
     assert "7 files that are no images (n0.txt, n1.txt, n2.txt, ...)" in said and "1 video file (a.mp4)" in said
+
+
+def _several_frames(root) -> None:
+    """An animated GIF, WebP and PNG and a TIFF of three pages, each beside a still of its codec, and a JPEG."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    frames = [Image.fromarray((rng.random((48, 64, 3)) * 255).astype(np.uint8)) for _ in range(3)]
+    root.mkdir(parents=True)
+    for ext, fmt in (("gif", "GIF"), ("png", "PNG"), ("webp", "WEBP"), ("tiff", "TIFF")):
+        frames[0].save(root / f"anim.{ext}", fmt, save_all=True, append_images=frames[1:])
+        frames[0].save(root / f"still.{ext}", fmt)
+    frames[0].save(root / "photo.jpg")
+
+
+def test_images_of_several_frames_re_encoded_from_their_first_are_counted(tmp_path):
+    """A re-encoding run writes an image's first picture (what every decoder gives), so an animated GIF, WebP or PNG
+    or a TIFF of pages lost its other frames with no word. They are counted (``first_frames``, a summary row); a copy
+    keeps them whole and counts none. The count comes from each file's structure (``headers.frames_held``)."""
+    from gpubatch.engine.codecs.headers import frames_held
+
+    _several_frames(tmp_path / "src" / "a")
+    for p in sorted((tmp_path / "src" / "a").iterdir()):
+        codec = {"jpg": "jpeg", "tiff": "tiff"}.get(p.suffix[1:], p.suffix[1:])
+        assert frames_held(p.read_bytes(), codec) == (2 if p.stem == "anim" else 1), p.name
+        assert frames_held(p.read_bytes()[:40], codec) >= 1
+    s = convert(tmp_path / "src", tmp_path / "copy", to="webdataset")
+    assert s.records_out == 9 and s.passthrough == 9 and s.first_frames == 0, s.as_dict()
+    s = convert(tmp_path / "src", tmp_path / "small", to="webdataset", resize_shorter=32)
+    assert s.records_out == 9 and s.first_frames == 4 and s.as_dict()["first_frames"] == 4, s.as_dict()
+    s = convert(tmp_path / "src", tmp_path / "small4", to="folder", resize_shorter=32, workers=2, shard_size=2)
+    assert s.first_frames == 4, s.as_dict()
+    done = run_cli("convert", str(tmp_path / "src"), str(tmp_path / "cli"), "--to", "webdataset", "--resize-shorter",
+                   "32", "--image-format", "jpeg", env={**os.environ, "COLUMNS": "120"})
+    assert done.returncode == 0 and "4 images of several frames" in done.stderr, done.stderr

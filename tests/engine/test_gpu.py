@@ -1547,3 +1547,14 @@ def test_gpu_iterate_files_draws_anew_each_epoch_and_matches_the_cpu(tmp_path):
     assert not np.array_equal(gpu[0], gpu[1]) and not np.array_equal(gpu[1], gpu[2])
     for g, c in zip(gpu, cpu):
         assert np.abs(g - c).mean() < 0.05
+
+
+def test_images_of_several_frames_are_counted_on_the_gpu_path_as_on_the_cpu(tmp_path):
+    """The animated GIF, WebP and PNG and the TIFF of pages that a re-encoding run writes the first frame of are
+    counted by the GPU run's feed as by the CPU's run (``first_frames``), the stills not."""
+    from tests.cli.test_user_defects import _several_frames
+
+    _several_frames(tmp_path / "src" / "a")
+    for dev in ("cpu", "gpu"):
+        s = convert(tmp_path / "src", tmp_path / dev, to="webdataset", resize_shorter=32, device=dev)
+        assert s.records_out == 9 and s.first_frames == 4 and not s.skipped, (dev, s.as_dict())

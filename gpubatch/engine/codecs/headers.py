@@ -282,3 +282,76 @@ def jpeg_facts(data: bytes) -> tuple[tuple[int, int] | None, tuple[str | None, i
         return size, (None, w, h), turn
     kind = f"{_GPU_SOF[sof]}/{sub}"
     return size, ((kind if turn == 1 else kind + "/turned"), w, h), turn
+
+
+def frames_held(data: bytes, codec: str) -> int:
+    """How many pictures an image file holds, from its structure alone, counted up to 2: an animated GIF, WebP or PNG
+    (APNG) or a TIFF of several pages holds more than one, and a decoder gives its first (what a re-encoding run
+    writes of it). 1 for every other file, and where its bytes do not say."""
+    try:
+        if codec == "gif":
+            return _gif_frames(data)
+        if codec == "png":  # (APNG: an acTL chunk, with its frame count, before the first IDAT)
+            at = 8
+            while at + 12 <= len(data):
+                n, kind = int.from_bytes(data[at : at + 4], "big"), data[at + 4 : at + 8]
+                if kind == b"acTL":
+                    return min(2, max(1, int.from_bytes(data[at + 8 : at + 12], "big")))
+                if kind in (b"IDAT", b"IEND"):
+                    break
+                at += 12 + n
+            return 1
+        if codec == "webp":  # (VP8X's animation flag)
+            return 2 if data[12:16] == b"VP8X" and data[20] & 0x02 else 1
+        if codec == "tiff":
+            return _tiff_pages(data)
+    except (IndexError, ValueError):
+        pass
+    return 1
+
+
+def _gif_frames(data: bytes) -> int:
+    """A GIF's image descriptors, counted up to 2 (its blocks walked: extensions and image data skipped)."""
+    flags = data[10]
+    at = 13 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0)  # (header, screen descriptor, global colour table)
+    frames = 0
+    while at < len(data):
+        kind = data[at]
+        if kind == 0x3B:  # trailer
+            break
+        if kind == 0x2C:  # image descriptor, its local colour table, LZW code size, then its data's sub-blocks
+            frames += 1
+            if frames >= 2:
+                return 2
+            local = data[at + 9]
+            at += 10 + (3 << ((local & 7) + 1) if local & 0x80 else 0) + 1
+        elif kind == 0x21:  # extension: its label, then its sub-blocks
+            at += 2
+        else:
+            break
+        while at < len(data) and data[at]:
+            at += data[at] + 1
+        at += 1
+    return max(frames, 1)
+
+
+def _tiff_pages(data: bytes) -> int:
+    """A TIFF's pages (its IFD chain), up to 2; an IFD of a reduced-resolution image (a thumbnail: NewSubfileType's
+    bit 0) is no page."""
+    order = {b"II": "little", b"MM": "big"}.get(data[:2])
+    if order is None or int.from_bytes(data[2:4], order) != 42:  # (BigTIFF, 43: not walked)
+        return 1
+    at, pages, seen = int.from_bytes(data[4:8], order), 0, set()
+    while 8 <= at < len(data) and at not in seen and len(seen) < 64:
+        seen.add(at)
+        count = int.from_bytes(data[at : at + 2], order)
+        reduced = False
+        for k in range(min(count, 512)):
+            e = at + 2 + 12 * k
+            if int.from_bytes(data[e : e + 2], order) == 254:  # NewSubfileType (a LONG, its value in place)
+                reduced = bool(int.from_bytes(data[e + 8 : e + 12], order) & 1)
+        pages += not reduced
+        if pages >= 2:
+            return 2
+        at = int.from_bytes(data[at + 2 + 12 * count : at + 6 + 12 * count], order)
+    return max(pages, 1)

@@ -22,8 +22,8 @@ from ..plan import Plan
 from ..settings import Settings
 from .journal import RUN_DIR, Journal
 
-COUNTS = ("records_in", "records_out", "passthrough", "transcoded", "fallbacks", "boxes_dropped", "bytes_in",
-          "bytes_out")
+COUNTS = ("records_in", "records_out", "passthrough", "transcoded", "fallbacks", "boxes_dropped", "first_frames",
+          "bytes_in", "bytes_out")
 
 
 @dataclass

@@ -344,7 +344,7 @@ def _read_records(slot: int, entries: list[Any]) -> tuple[tuple, RecordReads]:
                 o = len(jobs) - 1
             results.append(o)
     windows = leading_windows(plan.ops, [j.params for j in jobs], [sizes[j.source] for j in jobs])
-    counts = {k: getattr(stats, k) for k in ("records_in", "bytes_in", "passthrough")}
+    counts = {k: getattr(stats, k) for k in ("records_in", "bytes_in", "passthrough", "first_frames")}
     return out.layout(), RecordReads(sizes, headers, keys, jobs, results, windows, counts, time.perf_counter() - t0)
 
 
