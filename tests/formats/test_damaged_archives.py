@@ -159,6 +159,7 @@ def test_a_media_file_cut_at_random_is_listed_or_written_whole(tmp_path):
 
     import soundfile as sf
 
+    from gpubatch.engine.codecs.container_end import declared_end
     from tests.audio.sounds import encoded, tone
     from tests.video.clips import make_clip
 
@@ -179,6 +180,8 @@ def test_a_media_file_cut_at_random_is_listed_or_written_whole(tmp_path):
         whole = _frames_and_samples(data)
         for i in range(5):
             cut = rng.randrange(len(data) // 10, len(data))
+            if ext in ("flv", "ts", "mpg") and declared_end(data[:cut], ext) == (0, ""):
+                continue  # (a stream cut exactly between two packets reads as a shorter file: told by no byte)
             src, out = tmp_path / f"src-{n}-{i}", tmp_path / f"out-{n}-{i}"
             (src / "a").mkdir(parents=True)
             (src / "a" / f"x.{ext}").write_bytes(data[:cut])
