@@ -123,7 +123,7 @@ def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
             stats.add(passthrough=1)
             out.append(rec)
             continue
-        if not any(isinstance(o, Job) for o in out) and record.media is Media.IMAGE and frames_held(
+        if not any(isinstance(o, Job) for o in out) and record.media == Media.IMAGE and frames_held(
                 record.data, record.codec) > 1:  # (counted once a source: a decoder gives its first picture)
             stats.add(first_frames=1)
         job = Job(source, rec.with_(data=b""))

@@ -164,10 +164,7 @@ def check_annotations(doc: dict, name: str) -> tuple[dict[Any, list[dict]], list
             fields.whole(a.get("iscrowd", 0), "iscrowd", 0, 1)
         except ValueError:
             cat = None
-        if None in box or cat is None:
-            malformed.append(aid)
-            continue
-        if max(abs(box[0] + box[2]), abs(box[1] + box[3])) >= MAX_COORD:
+        if None in box or cat is None or max(abs(box[0] + box[2]), abs(box[1] + box[3])) >= MAX_COORD:
             malformed.append(aid)
             continue
         if box[2] < 0 or box[3] < 0:
