@@ -616,3 +616,28 @@ def test_an_error_in_the_stream_is_raised_and_the_next_iteration_reads_again(wds
         assert dl._stream is None and len(got) == 2
         got += [list(keys) for keys, _, _ in dl]  # (from the third batch on, a stream of its own)
     assert got == whole
+
+
+def test_a_batch_whose_records_all_fail_still_comes_empty_so_ranks_keep_in_step(tmp_path):
+    """Two recordings are too short for a log-mel frame: one leaves the first batch smaller, the other is all the last
+    batch holds, which comes with no rows (keys and labels empty, aligned), so that the loop takes as many steps as
+    ``len(loader)`` says on every rank; both are named in ``skipped`` with the op's reason."""
+    import soundfile as sf
+
+    src = tmp_path / "src"
+    for i, n in enumerate([16000, 16000, 100, 50, 16000]):
+        (src / ("yes" if i % 2 else "no")).mkdir(parents=True, exist_ok=True)
+        sf.write(src / ("yes" if i % 2 else "no") / f"c{i}.wav", np.full((n,), 0.05 * (i + 1)), 16000)
+    out = tmp_path / "wds"
+    convert(src, out, to="webdataset")
+    keys = ("key", "audio", "label")
+    ld = loader(out, batch_size=2, device="cpu", shuffle=False, keys=keys, ops="log_mel(n_mels=80)")
+    order = [k for k, _, _ in loader(out, batch_size=2, device="cpu", shuffle=False, keys=keys, ops="fix_duration(seconds=1)")]
+    steps = len(ld)
+    got = [(list(keys), np.asarray(labels).tolist()) for keys, _, labels in ld]
+    assert steps == len(got) == 3 and got[2] == ([], []), got
+    short = {"no/c2", "yes/c3"}
+    for (keys, labels), planned in zip(got, order):
+        assert keys == [k for k in planned if k not in short] and len(labels) == len(keys), (keys, planned)
+    assert sorted(e["key"] for e in ld.skipped) == sorted(short), ld.skipped
+    assert all("too short for log_mel" in e["reason"] for e in ld.skipped), ld.skipped
