@@ -144,6 +144,11 @@ def sniff_image_codec(data: bytes) -> str | None:
     return None
 
 
+#: a pixel coordinate (or side) no image reaches (JPEG's side is 65,535; TIFF's 2^32): an annotation's size, corner or
+#: point beyond it (1e308, infinity) is refused where it is read (infinity in float32 had ended runs in OverflowErrors)
+MAX_COORD = float(1 << 31)
+
+
 @dataclass(frozen=True, eq=False)
 class Boxes:
     """Detection annotations of one image.

@@ -24,7 +24,7 @@ from typing import Any
 
 from .._paths import read_head, read_regular, safe_join, safe_relpath
 from ..errors import FormatError
-from ..types import Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
+from ..types import MAX_COORD, Boxes, DatasetInfo, Record, keypoint_flips, sniff_image_codec
 from . import fields, register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer, image_size
 from .files import unlisted_files
@@ -66,11 +66,6 @@ def find_annotations(path: Path) -> Path | None:
         raise FormatError(f"{path} holds {len(found)} COCO annotation files ({names}): pass the one to read as "
                           f"SRC, e.g. {found[0]}")
     return found[0] if found else None
-
-
-#: a coordinate no image has (JPEG's side is 65,535; TIFF's 2^32): a box or polygon beyond it (1e308 became infinity in
-#: float32 and ended a --to voc run in an OverflowError) is dropped
-MAX_COORD = float(1 << 31)
 
 
 def _number(value: Any) -> float | None:

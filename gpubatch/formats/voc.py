@@ -18,7 +18,7 @@ from typing import Any
 
 from .._paths import read_regular, safe_join, safe_relpath
 from ..errors import FormatError
-from ..types import Boxes, DatasetInfo, Record, sniff_image_codec
+from ..types import MAX_COORD, Boxes, DatasetInfo, Record, sniff_image_codec
 from . import register_format
 from .base import Damaged, Format, Reader, WriteOptions, Writer, image_size
 from .files import unlisted_files
@@ -41,11 +41,6 @@ def voc_root(path: Path) -> tuple[Path, Path | None] | None:
     return None
 
 
-#: a side no image has (JPEG's is 65,535; TIFF's 2^32): a size or corner beyond it (1e308, inf; NaN fails the test too)
-#: is its annotation's error
-_MAX_SIDE = float(1 << 31)
-
-
 def _text(node: ET.Element | None, tag: str) -> str | None:
     found = node.find(tag) if node is not None else None
     return found.text.strip() if found is not None and found.text is not None else None
@@ -66,7 +61,7 @@ def parse_annotation(data: bytes, where: str) -> dict[str, Any]:
         hf, wf = float(_text(size, "height") or 0), float(_text(size, "width") or 0)
     except ValueError:
         raise ValueError("its <size> holds no numbers") from None
-    if not all(math.isfinite(v) and 0 <= v < _MAX_SIDE for v in (hf, wf)):  # (inf ended the run in an OverflowError)
+    if not all(math.isfinite(v) and 0 <= v < MAX_COORD for v in (hf, wf)):  # (inf ended the run in an OverflowError)
         raise ValueError(f"its <size> is {wf:g}x{hf:g}: no image's size")
     h, w = int(hf), int(wf)
     objects = []
@@ -79,7 +74,7 @@ def parse_annotation(data: bytes, where: str) -> dict[str, Any]:
             corners = [float(_text(box, t) or "nan") for t in ("xmin", "ymin", "xmax", "ymax")]
         except ValueError:
             raise ValueError(f"object {k} ({name[:40]}): its <bndbox> holds no numbers") from None
-        if not all(abs(c) < _MAX_SIDE for c in corners) or corners[2] < corners[0] or corners[3] < corners[1]:
+        if not all(abs(c) < MAX_COORD for c in corners) or corners[2] < corners[0] or corners[3] < corners[1]:
             raise ValueError(f"object {k} ({name[:40]}): box {corners} is not xmin <= xmax, ymin <= ymax")
         fields: dict[str, Any] = {}
         for flag in FLAGS:
