@@ -591,8 +591,8 @@ def _merge(req: Any, run: Run, src_path: Path, src_format: str, fmt: Any, device
         device_reason=device.reason, records_in=totals["records_in"], records_out=totals["records_out"],
         passthrough=totals["passthrough"], transcoded=totals["transcoded"], fallbacks=totals["fallbacks"],
         boxes_dropped=totals["boxes_dropped"], first_frames=totals["first_frames"], bytes_in=totals["bytes_in"],
-        bytes_out=totals["bytes_out"], skipped=skipped, timings={k: round(v, 4) for k, v in sums.items()}, gpu_memory=gpu_memory,
-        shards=len(tasks), workers=workers)
+        bytes_out=totals["bytes_out"], skipped=skipped, timings={k: round(v, 4) for k, v in sums.items()},
+        gpu_memory=gpu_memory, shards=len(tasks), workers=workers)
     summary.timings.update(worker_walls(results))
     return summary, extra
 

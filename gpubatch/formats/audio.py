@@ -80,7 +80,8 @@ def webm_sound(path: Path) -> bool:
 
 def _csvs(root: Path) -> list[Path]:
     for folder in (root, root / "meta", root / "metadata"):
-        found = sorted(p for p in [*folder.glob("*.csv"), *folder.glob("*.tsv")] if p.is_file()) if folder.is_dir() else []
+        tables = [*folder.glob("*.csv"), *folder.glob("*.tsv")] if folder.is_dir() else []
+        found = sorted(p for p in tables if p.is_file())
         if found:
             return found
     return []
@@ -399,8 +400,8 @@ def _csv_is_audio(path: Path) -> bool:
 class AudioFormat(Format):
     name = "audio"
     description = ("audio files (wav, flac, ogg, opus, mp3, m4a, aiff...): class folders, a CSV of metadata (ESC-50, "
-                   "UrbanSound8K) or TSV (Common Voice), LibriSpeech transcripts, NeMo manifests, flat, one file; class folders in a ZIP or "
-                   "a tar (--from audio)")
+                   "UrbanSound8K) or TSV (Common Voice), LibriSpeech transcripts, NeMo manifests, flat, one file; class "
+                   "folders in a ZIP or a tar (--from audio)")
     media = (Media.AUDIO,)
     carries_record_meta = False  # (metadata.csv: path, label, class, text)
     detect_priority = 75  # before the video CSV and the image folder

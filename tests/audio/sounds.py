@@ -16,8 +16,8 @@ def tone(seconds: float = 1.0, rate: int = 16000, freq: float = 440.0, channels:
 
 
 def encoded(x: np.ndarray, rate: int, fmt: str = "wav", subtype: str | None = None) -> bytes:
-    """``x`` (samples, channels) as ``fmt`` bytes: wav/flac/ogg/mp3/au/caf/w64 through soundfile (``subtype`` OPUS: Ogg Opus), m4a
-    (AAC), aac (AAC as ADTS, a raw stream) and wma through PyAV."""
+    """``x`` (samples, channels) as ``fmt`` bytes: wav/flac/ogg/mp3/au/caf/w64 through soundfile (``subtype`` OPUS:
+    Ogg Opus), m4a (AAC), aac (AAC as ADTS, a raw stream) and wma through PyAV."""
     if fmt in ("m4a", "aac", "wma"):
         import av
 

@@ -151,9 +151,9 @@ def _frames_and_samples(data: bytes) -> tuple[int, int]:
 def test_a_media_file_cut_at_random_is_listed_or_written_whole(tmp_path):
     """Video (MP4 with its index in front or at its end, MOV, Matroska, WebM, AVI, FLV, MPEG-TS, MPEG-PS, WMV, MXF) and
     sound (WAV, FLAC, Ogg Vorbis and Opus, MP3, M4A, AAC, WMA, AIFF, AU, CAF, W64) cut at random and passed through:
-    each is listed with its reason, or what was written decodes to every frame or sample of the whole file (a cut that took only an
-    index after them). A cut Matroska, FLV, MPEG-TS, MPEG-PS, WMV or MXF file, MP3, AIFF, M4A (its index in front),
-    Opus, AAC and WMA file had been written as whole, with no word."""
+    each is listed with its reason, or what was written decodes to every frame or sample of the whole file (a cut that
+    took only an index after them). A cut Matroska, FLV, MPEG-TS, MPEG-PS, WMV or MXF file, MP3, AIFF, M4A (its index
+    in front), Opus, AAC and WMA file had been written as whole, with no word."""
     pytest.importorskip("av")
     import io
 
@@ -199,7 +199,8 @@ def test_a_media_file_cut_at_random_is_listed_or_written_whole(tmp_path):
 def test_a_compressed_tar_cut_before_its_first_whole_block_says_so(tmp_path, kind):
     """bzip2 compresses in blocks of 900 kB: a .tar.bz2 cut inside its first block decompresses to nothing, which the
     tar scan took for an empty tar ("holds no records: nothing written", as if the file were empty). It is now the
-    shard's error: its compressed data breaks off. A cut later in the file keeps what came out whole and lists the rest."""
+    shard's error: its compressed data breaks off. A cut later in the file keeps what came out whole and lists the
+    rest."""
     import bz2
     import gzip
     import io

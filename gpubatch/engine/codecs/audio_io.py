@@ -42,8 +42,8 @@ def soundfile():
 
 def sniff_audio(data: bytes) -> str | None:
     """The codec of audio bytes from their first bytes (wav, flac, ogg/opus, mp3, aac, m4a, aiff, weba/mka, wma, and
-    libsndfile's au, caf and w64), or None. Sound in WebM is named "weba" (the extension browsers give it), so that what gpubatch writes of it (a
-    ``.weba`` file or member) reads back as audio, where ``.webm`` reads as video."""
+    libsndfile's au, caf and w64), or None. Sound in WebM is named "weba" (the extension browsers give it), so that
+    what gpubatch writes of it (a ``.weba`` file or member) reads back as audio, where ``.webm`` reads as video."""
     head = data[:64]
     if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
         return "wav"
@@ -70,7 +70,6 @@ def sniff_audio(data: bytes) -> str | None:
     if head[:16] == W64_RIFF:  # (Sony Wave64: a WAV of 64-bit sizes)
         return "w64"
     return None
-
 
 
 @dataclass(frozen=True)
@@ -338,8 +337,9 @@ def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
     """Why an audio file (``size`` bytes, its first 64 KiB ``head``, its last :func:`tail_bytes` ``tail``)
     holds less than its header says, or None: a WAV whose ``data`` chunk runs past the file's end, a
     FLAC that stops before its last frame or last sample, an AIFF whose FORM chunk or a Matroska/WebM file whose
-    Segment does, an AU, W64 or CAF file shorter than its header's sizes, an MP3 that holds fewer bytes of frames than its header frame counts, a WMA shorter than its ASF
-    header's file size, an Ogg (Vorbis, Opus) or AAC (ADTS) file that ends inside its last page or frame."""
+    Segment does, an AU, W64 or CAF file shorter than its header's sizes, an MP3 that holds fewer bytes of frames than
+    its header frame counts, a WMA shorter than its ASF header's file size, an Ogg (Vorbis, Opus) or AAC (ADTS) file
+    that ends inside its last page or frame."""
     kind = sniff_audio(head)
     short = wav_shortfall(head, size)
     if short is not None:
