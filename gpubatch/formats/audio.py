@@ -404,6 +404,7 @@ class AudioFormat(Format):
                    "folders in a ZIP or a tar (--from audio)")
     media = (Media.AUDIO,)
     carries_record_meta = False  # (metadata.csv: path, label, class, text)
+    carries_text = True
     detect_priority = 75  # before the video CSV and the image folder
 
     @classmethod

@@ -536,6 +536,7 @@ class Format(abc.ABC):
     carries_label_arrays: ClassVar[bool] = False  # RecordIO's multi-label arrays (kept in meta by some)
     carries_members: ClassVar[bool] = False  # a WebDataset sample's other members and .json fields
     carries_record_meta: ClassVar[bool] = True  # a record's own metadata (an audio array's sample rate)
+    carries_text: ClassVar[bool] = False  # a record's text (a transcript: LibriSpeech's, NeMo's, Common Voice's)
     #: the image codecs this format's own readers decode; None where any codec goes (a file keeps its
     #: codec's extension). A record of another codec stops the run before DST is written.
     image_codecs: ClassVar[frozenset[str] | None] = None

@@ -364,6 +364,7 @@ class ParquetFormat(Format):
     description = "Parquet shards as Hugging Face datasets writes them (Image/Audio/Video structs, ClassLabel)"
     media = (Media.IMAGE, Media.AUDIO, Media.VIDEO)
     carries_boxes = True
+    carries_text = True  # (in its meta column)
     detect_priority = 35
     sharded = True
 

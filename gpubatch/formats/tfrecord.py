@@ -591,6 +591,7 @@ class TFRecordFormat(Format):
     carries_boxes = True
     carries_label_arrays = True  # in the record's metadata
     carries_members = True  # in gpubatch/meta
+    carries_text = True
     detect_priority = 20
     sharded = True
 

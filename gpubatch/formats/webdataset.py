@@ -602,6 +602,7 @@ class WebDatasetFormat(Format):
     carries_label_arrays = True  # in the record's metadata
     detect_priority = 25
     carries_members = True
+    carries_text = True
     sharded = True
 
     @classmethod

@@ -597,3 +597,19 @@ def test_common_voice_tsv_is_read_with_its_sentences(tmp_path):
     assert info(root / "test.tsv").records == 1
     s = convert(root, tmp_path / "folder", to="webdataset")
     assert any("2 CSV or TSV files in" in w for w in s.warnings), s.warnings
+
+
+def test_a_format_that_cannot_hold_transcripts_says_it_dropped_them(tmp_path):
+    """LMDB's Datum holds no text: LibriSpeech's transcripts converted to it had been dropped with no word. The run now
+    says so; the formats that keep them (webdataset, tfrecord, parquet, the audio layout) say nothing and keep them."""
+    libri = tmp_path / "libri" / "19" / "198"
+    for i in range(2):
+        write(libri / f"19-198-000{i}.flac", tone(0.3, RATE, 300.0 + 100 * i), RATE, "flac")
+    (libri / "19-198.trans.txt").write_text("19-198-0000 NORTHANGER ABBEY\n19-198-0001 CHAPTER ONE\n")
+    s = convert(tmp_path / "libri", tmp_path / "lmdb", to="lmdb")
+    assert s.records_out == 2 and any("lmdb cannot hold a record's text" in w for w in s.warnings), s.warnings
+    for to in ("webdataset", "tfrecord", "audio"):
+        s = convert(tmp_path / "libri", tmp_path / to, to=to)
+        assert not any("cannot hold a record's text" in w for w in s.warnings), (to, s.warnings)
+        with open_dataset(tmp_path / to) as r:
+            assert sorted(rec.meta.get("text") for rec in r) == ["CHAPTER ONE", "NORTHANGER ABBEY"], to
