@@ -140,9 +140,13 @@ class AudioReader(Reader):
         files = _walk_images(self.root, damaged, others=others, accept=is_audio_name, hidden=hidden)
         left = _kinds([f for f in others if not f.endswith(".trans.txt")])
         self.left_out = said_left_out(self, self.root, {**left, "hidden": sorted(hidden)}, "audio")
-        texts = self._transcripts()
+        texts, named = self._transcripts()
         if texts:
-            return [*damaged, *((f, None, texts.get(_strip_ext(f).rsplit("/", 1)[-1])) for f in files)]
+            have = {_strip_ext(f).rsplit("/", 1)[-1] for f in files}
+            gone = [Damaged(f"{folder}/{utt}" if folder != "." else utt, where, f"its transcript ({Path(where).name}) "
+                            "names it, but no recording of it is in the folder: it is lost")
+                    for utt, (folder, where) in named.items() if utt not in have]
+            return [*damaged, *((f, None, texts.get(_strip_ext(f).rsplit("/", 1)[-1])) for f in files), *gone]
         tops = sorted({f.split("/", 1)[0] for f in files if "/" in f and not f.startswith("_")})
         if tops:
             self._classes = tuple(tops)
@@ -183,21 +187,29 @@ class AudioReader(Reader):
             entries.append((path, None, str(doc.get("text") or "") or None, extra))
         return entries
 
-    def _transcripts(self) -> dict[str, str]:
-        """LibriSpeech's ``*.trans.txt``: utterance id -> transcript."""
+    def _transcripts(self) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+        """LibriSpeech's ``*.trans.txt``: utterance id -> transcript, and utterance id -> (its transcript file's folder
+        under the root, that file), by which an utterance a transcript names and no recording holds is listed as lost
+        (a partial extraction had lost it with no word). A transcript file that cannot be read is said."""
         out: dict[str, str] = {}
+        named: dict[str, tuple[str, str]] = {}
         for dirpath, _dirs, names in os.walk(self.root):
-            for name in names:
+            for name in sorted(names):
                 if name.endswith(".trans.txt"):
+                    where = Path(dirpath) / name
                     try:
-                        text = read_regular(Path(dirpath) / name).decode("utf-8", "replace")
-                    except (OSError, ValueError):
+                        text = read_regular(where).decode("utf-8", "replace")
+                    except (OSError, ValueError) as e:
+                        self.warnings.append(f"cannot read {where} ({getattr(e, 'strerror', None) or e}): its "
+                                             "recordings are written without their transcripts")
                         continue
+                    folder = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
                     for line in text.splitlines():
-                        utt, _, words = line.strip().partition(" ")
-                        if utt:
-                            out[utt] = words.strip()
-        return out
+                        utt, *words = line.split(maxsplit=1) or [""]
+                        if utt and "/" not in utt and "\0" not in utt:
+                            out[utt] = words[0].strip() if words else ""
+                            named.setdefault(utt, (folder, str(where)))
+        return out, named
 
     def _find(self, name: str) -> str:
         """A CSV's path as a path under the root: as written, else a file of that name under the root."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tarfile
 
 import numpy as np
@@ -613,3 +614,26 @@ def test_a_format_that_cannot_hold_transcripts_says_it_dropped_them(tmp_path):
         assert not any("cannot hold a record's text" in w for w in s.warnings), (to, s.warnings)
         with open_dataset(tmp_path / to) as r:
             assert sorted(rec.meta.get("text") for rec in r) == ["CHAPTER ONE", "NORTHANGER ABBEY"], to
+
+
+def test_an_utterance_a_librispeech_transcript_names_and_no_recording_holds_is_listed_as_lost(tmp_path):
+    """A chapter's ``*.trans.txt`` names each of its utterances; one whose recording is not in the folder (a partial
+    extraction, a file deleted) had been left out with no word. It is now listed as lost, with the transcript file that
+    names it; a transcript file that cannot be read is said (its recordings are written without their text), and a
+    line split by a tab reads as one split by a space."""
+    libri = tmp_path / "libri" / "19" / "198"
+    for i in range(3):
+        write(libri / f"19-198-000{i}.flac", tone(0.2, RATE, 300.0 + 50 * i), RATE, "flac")
+    (libri / "19-198.trans.txt").write_text("19-198-0000 A\n19-198-0001\tB C\n19-198-0002 D\n19-198-0003 GONE\n")
+    s = convert(tmp_path / "libri", tmp_path / "out", to="webdataset")
+    assert s.records_out == 3 and [e["key"] for e in s.skipped] == ["19/198/19-198-0003"], s.as_dict()
+    assert "19-198.trans.txt" in s.skipped[0]["reason"] and "no recording" in s.skipped[0]["reason"], s.skipped
+    with open_dataset(tmp_path / "out") as r:
+        assert {rec.key: rec.meta.get("text") for rec in r} == {"19/198/19-198-0000": "A", "19/198/19-198-0001": "B C",
+                                                               "19/198/19-198-0002": "D"}
+    other = tmp_path / "libri" / "19" / "199"
+    write(other / "19-199-0000.flac", tone(0.2, RATE), RATE, "flac")
+    os.mkfifo(other / "19-199.trans.txt")  # (no regular file: not read, never waited on)
+    s = convert(tmp_path / "libri", tmp_path / "out2", to="webdataset")
+    assert s.records_out == 4 and len(s.skipped) == 1, s.as_dict()
+    assert any("19-199.trans.txt" in w and "without their transcripts" in w for w in s.warnings), s.warnings
