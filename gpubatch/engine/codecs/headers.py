@@ -118,18 +118,28 @@ def jpeg_orientation(data: bytes) -> int:
     return 1
 
 
+def _ifd(tiff: bytes, at: int, end: str) -> tuple[dict[int, tuple[int, bytes]], int]:
+    """A TIFF IFD's entries at offset ``at`` (tag -> (type, its 4 value bytes)) and the next IFD's offset (0: none);
+    ``end`` the byte order's struct prefix. struct.error where the block is cut short."""
+    (count,) = struct.unpack_from(end + "H", tiff, at)
+    entries = {}
+    for k in range(min(count, 512)):
+        tag, typ, _, value = struct.unpack_from(end + "HHI4s", tiff, at + 2 + 12 * k)
+        entries.setdefault(tag, (typ, value))
+    (nxt,) = struct.unpack_from(end + "I", tiff, at + 2 + 12 * count)
+    return entries, nxt
+
+
 def _tiff_orientation(tiff: bytes) -> int:
     if len(tiff) < 8 or tiff[:2] not in (b"II", b"MM"):
         return 1
     end = "<" if tiff[:2] == b"II" else ">"
     try:
         (ifd,) = struct.unpack_from(end + "I", tiff, 4)
-        (count,) = struct.unpack_from(end + "H", tiff, ifd)
-        for k in range(count):
-            tag, typ, _, value = struct.unpack_from(end + "HHI4s", tiff, ifd + 2 + 12 * k)
-            if tag == 0x0112 and typ == 3:  # SHORT: the value sits in the first two bytes
-                (v,) = struct.unpack_from(end + "H", value, 0)
-                return v if 1 <= v <= 8 else 1
+        typ, value = _ifd(tiff, ifd, end)[0].get(0x0112, (0, b""))
+        if typ == 3:  # SHORT: the value sits in the first two bytes
+            (v,) = struct.unpack_from(end + "H", value, 0)
+            return v if 1 <= v <= 8 else 1
     except struct.error:  # a truncated block is no orientation
         return 1
     return 1
@@ -338,20 +348,19 @@ def _gif_frames(data: bytes) -> int:
 def _tiff_pages(data: bytes) -> int:
     """A TIFF's pages (its IFD chain), up to 2; an IFD of a reduced-resolution image (a thumbnail: NewSubfileType's
     bit 0) is no page."""
-    order = {b"II": "little", b"MM": "big"}.get(data[:2])
-    if order is None or int.from_bytes(data[2:4], order) != 42:  # (BigTIFF, 43: not walked)
+    if data[:2] not in (b"II", b"MM"):
         return 1
-    at, pages, seen = int.from_bytes(data[4:8], order), 0, set()
-    while 8 <= at < len(data) and at not in seen and len(seen) < 64:
-        seen.add(at)
-        count = int.from_bytes(data[at : at + 2], order)
-        reduced = False
-        for k in range(min(count, 512)):
-            e = at + 2 + 12 * k
-            if int.from_bytes(data[e : e + 2], order) == 254:  # NewSubfileType (a LONG, its value in place)
-                reduced = bool(int.from_bytes(data[e + 8 : e + 12], order) & 1)
-        pages += not reduced
-        if pages >= 2:
-            return 2
-        at = int.from_bytes(data[at + 2 + 12 * count : at + 6 + 12 * count], order)
+    end = "<" if data[:2] == b"II" else ">"
+    pages, seen = 0, set()
+    try:
+        (version, at) = struct.unpack_from(end + "HI", data, 2)
+        while version == 42 and 8 <= at and at not in seen and len(seen) < 64:  # (BigTIFF, 43: not walked)
+            seen.add(at)
+            entries, at = _ifd(data, at, end)
+            typ, value = entries.get(254, (0, b"\0\0\0\0"))  # NewSubfileType, a LONG
+            pages += not (typ == 4 and struct.unpack_from(end + "I", value)[0] & 1)
+            if pages >= 2:
+                return 2
+    except struct.error:  # (cut short: the pages before the cut)
+        pass
     return max(pages, 1)
