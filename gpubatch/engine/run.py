@@ -123,9 +123,6 @@ def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
             stats.add(passthrough=1)
             out.append(rec)
             continue
-        if not any(isinstance(o, Job) for o in out) and record.media == Media.IMAGE and frames_held(
-                record.data, record.codec) > 1:  # (counted once a source: a decoder gives its first picture)
-            stats.add(first_frames=1)
         job = Job(source, rec.with_(data=b""))
         if size is not None:
             try:
@@ -134,4 +131,7 @@ def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
                 out.append(RecordError(rec.key, rec.origin, Stage.TRANSFORM, str(e)))
                 continue
         out.append(job)
+    if record.media == Media.IMAGE and any(isinstance(o, Job) for o in out) and frames_held(record.data,
+                                                                                            record.codec) > 1:
+        stats.add(first_frames=1)  # (once a source, however many outputs: a decoder gives its first picture)
     return out
