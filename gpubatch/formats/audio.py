@@ -291,6 +291,10 @@ class AudioReader(Reader):
     def where(self, entry: Any) -> tuple[str, str]:
         return _strip_ext(entry[0]), str(self.root / entry[0])
 
+    def list_given(self) -> Path | None:
+        p = Path(self.path)
+        return p if p.is_file() and p in (self.csv_file, self.nemo_file) else None
+
     def _read(self, entry: tuple) -> Record:
         path, label, text = entry[:3]
         key, full, data = read_listed_file(self, self.root, path)

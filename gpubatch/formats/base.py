@@ -195,6 +195,11 @@ class Reader(abc.ABC):
         """(key, origin) of an entry, for the error of a read that failed before the reader said."""
         return str(entry)[:120], str(self.path)
 
+    def list_given(self) -> Path | None:
+        """The list given as the source (a CSV or TSV, a manifest, a ``file_list.txt``) where the dataset's
+        records are the files it names (each entry's :meth:`where`); None where the source is no such list."""
+        return None
+
     def read(self, entry: Any, into: Callable[[int], Any] | None = None) -> Record:
         """Read one entry. ``into``: where a reader that can (:attr:`reads_into`) reads an image record's
         bytes, ``into(size)`` giving a writable buffer of that size (a slot of a feed's shared memory: one

@@ -255,6 +255,9 @@ class FolderReader(Reader):
     def where(self, entry: tuple[str, int | None]) -> tuple[str, str]:
         return _strip_ext(entry[0]), str(self.path / entry[0])
 
+    def list_given(self) -> Path | None:
+        return None if self._list_found else self.list_file
+
     def peek(self, entry: Any, n: int) -> tuple[bytes, int, int | None] | None:
         """The first ``n`` bytes of ``entry``'s image file, the file's size and the record's label (``info``
         reads headers so); None where the entry is no regular file (:meth:`read` says why)."""

@@ -214,6 +214,10 @@ class VideoReader(Reader):
     def where(self, entry: Any) -> tuple[str, str]:
         return _strip_ext(entry[0]), str(self.root / entry[0])
 
+    def list_given(self) -> Path | None:
+        p = Path(self.path)
+        return p if p.is_file() and p in (self.list_file, self.csv_file) else None
+
     def _read(self, entry: tuple[str, int | None, float, float]) -> Record:
         path, label, start, end = entry
         key, full, data = read_listed_file(self, self.root, path)

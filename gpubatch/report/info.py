@@ -87,9 +87,16 @@ def _stats(values: list[int]) -> dict[str, float]:
             "max": int(a.max())}
 
 
-def _disk_bytes(path: Path) -> int:
+def _disk_bytes(path: Path, reader: Any = None, entries: list | None = None) -> int:
+    """The size of the dataset's files: those a source pattern matches, the source file, or a folder's files;
+    for a list given as the source (a CSV, a manifest), the list and each file it names that is there."""
     from .._paths import source_files
+    from ..formats.base import Damaged
 
+    listing = reader.list_given() if reader is not None else None
+    if listing is not None:
+        named = {reader.where(e)[1] for e in entries or () if not isinstance(e, Damaged)}
+        return listing.stat().st_size + sum(os.stat(f).st_size for f in named if os.path.isfile(f))
     matched = source_files(path)
     if matched is not None:
         return sum(p.stat().st_size for p in matched)
@@ -343,7 +350,7 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
         report.audio = audio_facts(sounds, texts)
     if arrays:
         report.audio["features"] = dict(arrays.most_common(10))
-    report.disk_bytes = _disk_bytes(Path(path))
+    report.disk_bytes = _disk_bytes(Path(path), reader, entries)
     return report
 
 

@@ -667,3 +667,30 @@ def test_each_commands_help_fits_an_80_column_terminal_and_names_every_format(co
         option = "--from FORMAT" if command == "info" else "--to FORMAT"
         assert option in flat
         assert ", ".join(format_names()) in flat
+
+
+@pytest.mark.parametrize("media", ["image", "audio", "video"])
+def test_info_on_a_list_given_as_the_source_counts_the_files_it_names(imagenet, tmp_path, media):
+    """``info LIST`` (a ``file_list.txt``, a NeMo manifest, a video list): "on disk" is the list and the files it
+    names, once each, not the list's few bytes; the folder's files it does not name are not counted."""
+    from gpubatch.report.info import describe
+
+    if media == "image":
+        src = tmp_path / "imgs"
+        shutil.copytree(imagenet, src)
+        names = sorted(p.relative_to(src).as_posix() for p in src.rglob("*.jpg"))[:5]
+        listing = src / "file_list.txt"
+        listing.write_text("".join(f"{n} 0\n" for n in names + names[:1]))  # (one file named twice)
+    else:
+        src = tmp_path / media
+        shutil.copytree(ROOT / "sample_data" / media, src)
+        listing = src / ("manifest.json" if media == "audio" else "file_list.txt")
+        names = [json.loads(line)["audio_filepath"] if media == "audio" else line.split()[0]
+                 for line in listing.read_text().splitlines()]
+        (src / "unlisted").mkdir()
+        shutil.copy(src / names[0], src / "unlisted" / "extra")
+    expected = listing.stat().st_size + sum((src / n).stat().st_size for n in set(names))
+    report = describe(listing)
+    assert report.records == len(set(names)) + (media == "image")
+    assert report.disk_bytes == expected
+    assert describe(src).disk_bytes > expected  # (the folder given: every file in it)
