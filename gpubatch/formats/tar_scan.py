@@ -258,6 +258,29 @@ def _not_found(tar: Path, found: list, members: list[tuple[str, int, int, int]])
             for key, off in listed if off >= last and key not in known]
 
 
+def header_holds(block: bytes, name: str, size: int) -> bool:
+    """Whether ``block`` is the tar header of member ``name`` of ``size`` bytes: its checksum holds, its size
+    field says ``size``, and its name field, where it is whole and ASCII, ends ``name`` (a class tar's member
+    is named under its class; a long name's field is cut, a pax one's is not its name). What a member read by
+    an index's offset is checked by: an index that lies about a member is never read as if it told the truth."""
+    if len(block) != _BLOCK:
+        return False
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) < 100 and block[124:136] == b"%011o\0" % size and block[: len(raw) + 1] == raw + b"\0":
+        return True  # (as gpubatch, tarfile and GNU tar write them: the member's own header)
+    if block[124] & 0x80:  # (a base-256 size: past any record's bound)
+        return False
+    try:
+        stored = int(block[148:156].split(b"\0", 1)[0].strip() or b"x", 8)
+        held = int(block[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError:
+        return False
+    if held != size or stored != sum(block) - sum(block[148:156]) + 8 * 32:
+        return False
+    field = block[:100].split(b"\0", 1)[0]
+    return len(field) >= 99 or not name.isascii() or name.encode("ascii").endswith(field)
+
+
 def indexed_samples(tar: Path) -> list[tuple[int, str, tuple]] | None:
     """The samples of a shard gpubatch wrote, from the DALI v1.2 index beside it instead of a walk over its
     headers ((key, members) as :func:`_samples` gives them, ``s`` left 0 for the caller), or None where the

@@ -24,7 +24,7 @@ from typing import Any
 
 from .._commit import write_text
 from .._paths import MAX_RECORD_BYTES, read_head, safe_relpath, source_files, source_root
-from ..errors import FormatError
+from ..errors import FormatError, RecordError
 from ..types import (
     AUDIO_EXTENSIONS,
     CODEC_EXTENSION,
@@ -56,11 +56,22 @@ from .files import TAR_SUFFIXES
 from .manifest import expected_records, read_manifest
 from .sinks import ShardFile, ShardSink
 from .tar_folders import class_tar_samples, classes_of_folders, holds_tars
-from .tar_scan import _BLOCK, _not_found, _samples, indexed_samples, scan_tar, split_file, split_member
+from .tar_scan import (
+    _BLOCK,
+    _not_found,
+    _samples,
+    header_holds,
+    indexed_samples,
+    scan_tar,
+    split_file,
+    split_member,
+)
 
 _COMPRESSED_SUFFIXES = TAR_SUFFIXES[1:]
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-/]+")
 _KEY_SAFE = re.compile(r"[A-Za-z0-9_\-]+(?:/[A-Za-z0-9_\-]+)*")
+#: a member up to this size is read with its header block in one call (a larger one's bytes are not copied for it)
+_READ_WITH_HEADER = 1 << 16
 #: a tar block of zeros (members' padding is cut from it)
 _ZEROS = bytes(tarfile.BLOCKSIZE)
 
@@ -124,6 +135,7 @@ class WebDatasetReader(Reader):
         self.manifest = read_manifest(self.path) or {}
         self.keypoint_flip = keypoint_flips(self.manifest.get("categories"))
         self._found_classes: tuple[str, ...] = ()  # the classes of a tar of class tars or folders (tar_folders.py)
+        self._walks: dict[int, dict[str, tuple[int, int]]] = {}  # a shard's members by name, where its index lied
 
     def _indexed(self, s: int) -> list | None:
         """A shard gpubatch wrote, listed from its index where the index stands for it (None: walked)."""
@@ -244,6 +256,11 @@ class WebDatasetReader(Reader):
         _, off, size, _ = images[0]
         label = entry[3] if len(entry) > 3 else None
         cls = next((m for m in members if m[0] == "cls"), None)
+        try:
+            if any(self._placed(s, m[3], m[1], m[2]) != (m[1], m[2]) for m in (images[0], cls) if m is not None):
+                return None  # (an index that lied: read whole, from where the walk found it)
+        except RecordError:
+            return None  # (read whole: its error)
         if cls is not None:  # (as _read takes it; anything else it says what is wrong with)
             if cls[2] > 64:
                 return None
@@ -259,19 +276,71 @@ class WebDatasetReader(Reader):
 
     def _member(self, s: int, name: str, off: int, size: int, into: Any = None) -> Any:
         """One member's bytes, checked whole (a shard cut short inside it is this record's error); read
-        into the buffer ``into(size)`` gives where it is given (:meth:`Reader.read`)."""
-        if size > MAX_RECORD_BYTES:
-            raise self.record_error(name, f"{self.tars[s]}#{name}", f"member of {size:,} bytes, above the "
-                                    f"{MAX_RECORD_BYTES:,}-byte bound on one record")
-        if into is not None:
-            data = into(size)
-            got = self.files.preadv(s, [data], off)
-        else:
-            data = self.files.pread(s, size, off)
-            got = len(data)
+        into the buffer ``into(size)`` gives where it is given (:meth:`Reader.read`). The tar header before
+        them is read with them and must be the member's own (:func:`.tar_scan.header_holds`): where an index
+        misplaced it, the member is read from where a walk over the shard finds it."""
+        self._bounded(s, name, size)
+        data, got = self._with_header(s, name, off, size, into)
+        if data is None:
+            off, size = self._walked(s, name, off)
+            self._bounded(s, name, size)
+            data, got = self._plain(s, off, size, into)
         if got != size:
             raise self.record_error(name, f"{self.tars[s]}#{name}", "truncated member")
         return data
+
+    def _bounded(self, s: int, name: str, size: int) -> None:
+        if size > MAX_RECORD_BYTES:
+            raise self.record_error(name, f"{self.tars[s]}#{name}", f"member of {size:,} bytes, above the "
+                                    f"{MAX_RECORD_BYTES:,}-byte bound on one record")
+
+    def _plain(self, s: int, off: int, size: int, into: Any) -> tuple[Any, int]:
+        if into is not None:
+            data = into(size)
+            return data, self.files.preadv(s, [data], off)
+        data = self.files.pread(s, size, off)
+        return data, len(data)
+
+    def _with_header(self, s: int, name: str, off: int, size: int, into: Any) -> tuple[Any, int]:
+        """(bytes, how many were read) of a member, its header block read in the same call where it is small or
+        goes ``into`` a buffer; (None, 0) where that block is not the member's header."""
+        if off < _BLOCK:
+            return None, 0
+        if into is not None:
+            head, data = bytearray(_BLOCK), into(size)
+            got = self.files.preadv(s, [head, data], off - _BLOCK) - _BLOCK
+        elif size <= _READ_WITH_HEADER:
+            buf = self.files.pread(s, _BLOCK + size, off - _BLOCK)
+            head, data, got = buf[:_BLOCK], buf[_BLOCK:], len(buf) - _BLOCK
+        else:
+            head = self.files.pread(s, _BLOCK, off - _BLOCK)
+            return self._plain(s, off, size, None) if header_holds(head, name, size) else (None, 0)
+        if got < 0 or header_holds(head, name, size):  # (a shard that ends before it: truncated, as said)
+            return data, got
+        return None, 0
+
+    def _placed(self, s: int, name: str, off: int, size: int) -> tuple[int, int]:
+        """Where member ``name`` lies, (offset, size): as listed where the header there is its own, else
+        :meth:`_walked`."""
+        if off >= _BLOCK and header_holds(self.files.pread(s, _BLOCK, off - _BLOCK), name, size):
+            return off, size
+        return self._walked(s, name, off)
+
+    def _walked(self, s: int, name: str, off: int) -> tuple[int, int]:
+        """Where a walk over shard ``s``'s headers finds member ``name`` (an index beside the shard damaged or
+        stale placed it at ``off``); the record's error where the shard holds no such member."""
+        walk = self._walks.get(s)
+        if walk is None:
+            try:
+                with self.files.reading(s) as fd, os.fdopen(os.dup(fd), "rb") as f:
+                    members = scan_tar(f, os.fstat(fd).st_size)[0]
+            except OSError as e:
+                raise self.record_error(name, f"{self.tars[s]}#{name}", e.strerror or e) from None
+            walk = self._walks.setdefault(s, {m[0]: (m[1], m[2]) for m in members})
+        if name not in walk:
+            raise self.record_error(name, f"{self.tars[s]}#{name}", f"the shard holds no member {name} (its index "
+                                    f"{self.tars[s].with_suffix('.idx').name} places one at byte {off:,})")
+        return walk[name]
 
     def _read(self, entry: tuple, into: Any = None) -> Record:
         s, key, members = entry[:3]  # (a class tar's sample: its label fourth)

@@ -987,6 +987,42 @@ def test_a_gpubatch_shards_index_stands_for_its_scan_until_the_tar_changes(image
     assert indexed_samples(tars[2]) is None
 
 
+@pytest.mark.parametrize("lie", ["size", "offset", "another-cls"])
+def test_a_member_an_index_misplaces_is_read_from_where_the_tar_holds_it(imagenet, tmp_path, lie):
+    """A DALI index beside a gpubatch shard stands for the tar where its first and last samples' headers agree;
+    a middle row damaged to another number (a size of ``+5934`` for ``25934`` read as 5,934 bytes and the image
+    lost, an offset to another ``.cls`` member's and the record written under another's label) is found by the
+    header before the member and read from where a walk over the tar finds it: by ``convert`` (a copy and a
+    re-encoding), by ``info`` and by the loader's reader, every record whole."""
+    from gpubatch.formats.webdataset import WebDatasetReader
+    from gpubatch.report.info import describe
+
+    out = tmp_path / "wds"
+    convert(imagenet, out, to="webdataset", shard_size=16)
+    truth = {e[1]: WebDatasetReader(out).read(e) for e in WebDatasetReader(out).entries()}
+    idx = out / "data-000001.idx"
+    lines = idx.read_text().splitlines(keepends=True)
+    row = lines[5].split()  # (a middle sample: cls OFF SIZE NAME IMG OFF SIZE NAME)
+    if lie == "size":
+        i = row.index(next(p for p in row if p.endswith((".jpg", ".png")))) - 1
+        row[i] = "+" + row[i][1:]
+    elif lie == "offset":
+        i = row.index(next(p for p in row if p.endswith((".jpg", ".png")))) - 2
+        row[i] = str(int(row[i]) + 512)
+    else:  # (another class's sample's .cls)
+        row[1] = next(x.split() for x in lines[1:] if x.split()[3].split("/")[0] != row[3].split("/")[0])[1]
+    lines[5] = " ".join(row) + "\n"
+    os.utime(idx.parent / "data-000001.tar", (1, 1))  # (the index newer than its tar still)
+    idx.write_text("".join(lines))
+    reader = WebDatasetReader(out)
+    got = {e[1]: reader.read(e) for e in reader.entries()}
+    assert {k: (r.data, r.label) for k, r in got.items()} == {k: (r.data, r.label) for k, r in truth.items()}
+    assert describe(out).records == 60
+    for i, kw in enumerate(({}, {"resize_shorter": 32})):
+        s = convert(out, tmp_path / f"o{i}", to="folder", **kw)
+        assert s.records_out == 60 and not s.skipped
+
+
 # --- more shards than open files -------------------------------------------------------------------
 
 
