@@ -225,6 +225,9 @@ class RecordIOReader(Reader):
             size = rec.stat().st_size
             tail = damage[-1][0] if damage and damage[-1][1] >= size else size  # where the whole records end
             lost = sorted((off, k) for off, k in keys.items() if off not in known and off >= tail)
+            # (no more than the index lists past what the file holds: an offset damaged to a number past the end,
+            # beside a record the scan read whole, is a damaged index, not a lost record)
+            lost = lost[max(0, len(lost) - (len(keys) - len(starts))):]
             named = [(f"{rec.stem}_{k}", f"the index {idx.name} lists this record at byte {off:,}, but the file "
                       f"holds {size:,} bytes{' and stops inside it' if off < size else ''}: it is cut short and the "
                       "record is lost") for off, k in lost]

@@ -407,6 +407,20 @@ def test_a_recordio_index_with_a_negative_offset_is_a_warning_not_a_write_error(
     assert p.returncode == 0 and "Traceback" not in p.stderr
 
 
+def test_a_recordio_index_offset_damaged_past_the_end_names_no_record_lost(imagenet, tmp_path):
+    """An ``.idx`` row whose offset a damaged digit puts past the file's end, beside a file that holds every record
+    whole: every record is read and the index's mismatch said, and no record is called lost (a cut file's index
+    lists more records than the file holds: those are, by key)."""
+    rec_dir = _written(imagenet, tmp_path / "rec", "recordio")
+    idx = next(rec_dir.glob("*.idx"))
+    lines = idx.read_text().splitlines()
+    k, off = lines[9].split("\t")
+    lines[9] = f"{k}\t{int(off) + 10**9}"
+    idx.write_text("\n".join(lines) + "\n")
+    s = convert(rec_dir, tmp_path / "out", to="webdataset")
+    assert s.records_out == 40 and not s.skipped and any("does not match" in w for w in s.warnings)
+
+
 # --- 4, 10, 11, 14. outputs: atomic swap, the leftovers of killed runs, concurrent runs, the cwd -------
 
 
