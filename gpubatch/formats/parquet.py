@@ -30,7 +30,7 @@ from .._paths import open_fetched, read_regular, source_files
 from ..errors import DependencyError, FormatError
 from ..types import Boxes, DatasetInfo, Media, Record, sniff_image_codec
 from . import fields, register_format
-from .base import Format, Reader, WriteOptions
+from .base import Damaged, Format, Reader, WriteOptions
 from .listing import walk
 from .sinks import ShardFile, ShardSink
 
@@ -78,6 +78,32 @@ def _parquet_file(pa: Any, path: Path, handles: list) -> Any:
     return pa.parquet.ParquetFile(f)
 
 
+class _Undecodable:
+    """A cell of a row whose text is not valid UTF-8 (a damaged page): the row's error, the others read."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _cells(table: Any) -> list[dict[str, Any]]:
+    """A row group's rows where some text cell cannot be decoded: each column whole where it can be, else cell
+    by cell, a cell that cannot be an :class:`_Undecodable` (only its row lost, not the row group's)."""
+    cols: dict[str, list] = {}
+    for name in table.column_names:
+        col = table.column(name)
+        try:
+            cols[name] = col.to_pylist()
+        except UnicodeDecodeError:
+            cols[name] = []
+            for r in range(len(col)):
+                try:
+                    cols[name].append(col[r].as_py())
+                except UnicodeDecodeError as e:
+                    cols[name].append(_Undecodable(f"its {name} cell is not valid UTF-8 text (byte {e.start}: "
+                                                   f"{e.reason}; the file is damaged)"))
+    return [{n: v[r] for n, v in cols.items()} for r in range(table.num_rows)]
+
+
 class ParquetReader(Reader):
     def __init__(self, path: Path):
         pa = pyarrow()
@@ -88,10 +114,16 @@ class ParquetReader(Reader):
         super().__init__(Path(path) if Path(path).is_dir() else self.files[0].parent)
         self.files_given = not Path(path).is_dir()
         self._handles: list[Any] = []  # (the files opened, closed with the reader)
-        try:
-            first = _parquet_file(pa, self.files[0], self._handles)
-        except (OSError, pa.ArrowException) as e:
-            raise FormatError(f"cannot read {self.files[0]}: {e}") from None
+        self._unreadable: dict[int, str] = {}  # files whose footer cannot be read: why (their records are lost)
+        first = None
+        for i, f in enumerate(self.files):  # (the schema from the first file that opens)
+            try:
+                first = _parquet_file(pa, f, self._handles)
+                break
+            except (OSError, pa.ArrowException) as e:
+                self._unreadable[i] = str(e)
+        if first is None:
+            raise FormatError(f"cannot read {self.files[0]}: {self._unreadable[0]}")
         self.schema = first.schema_arrow
         feats = _features(self.schema)
         names = self.schema.names
@@ -120,7 +152,7 @@ class ParquetReader(Reader):
         self.categories = tuple({"id": i, "name": n, "supercategory": ""} for i, n in zip(ids, names_))
         self._cat_ids = ids  # (a ClassLabel's index k is category ids[k]; gpubatch.json keeps the ids)
         self._cache: dict[int, tuple[int, Any]] = {}  # per file: (row group, its rows) last read
-        self._open: dict[int, Any] = {0: first}  # (the first file, opened once for its schema and its rows)
+        self._open: dict[int, Any] = {len(self._unreadable): first}  # (opened once for its schema and its rows)
         self._lock = threading.Lock()
 
     @property
@@ -141,12 +173,21 @@ class ParquetReader(Reader):
             self._open.clear()
 
     def _scan(self) -> list[Any]:
-        out = []
+        from .manifest import expected_records
+
+        out: list[Any] = []
         for i, f in enumerate(self.files):
             try:
+                if i in self._unreadable:
+                    raise OSError(self._unreadable[i])
                 meta = self._file(i).metadata
-            except (OSError, self.pa.ArrowException) as e:
-                raise FormatError(f"cannot read {f}: {e}") from None
+            except (OSError, self.pa.ArrowException) as e:  # (a damaged footer: the file's records, said lost)
+                n = expected_records(self.manifest, f)
+                why = f"cannot read {f.name} ({e}): its records are lost"
+                out += ([Damaged(f"{f.stem}#lost-{k}", str(f), f"{why} (the dataset's gpubatch.json counts {n:,})")
+                         for k in range(n)] if n else
+                        [Damaged(f"{f.stem}#unreadable", str(f), f"{why} (how many the file held is not known)")])
+                continue
             for g in range(meta.num_row_groups):
                 out += [(i, g, r) for r in range(meta.row_group(g).num_rows)]
         return out
@@ -173,7 +214,11 @@ class ParquetReader(Reader):
             # one thread: pyarrow's pool decoding columns from a Python file object (the descriptor opened here)
             # aborted the process at its exit, now and then ("terminate called without an active exception",
             # apache/arrow#34314; pyarrow 21): a script that read a Parquet dataset ended in SIGABRT
-            rows = self._file(i).read_row_group(g, columns=cols, use_threads=False).to_pylist()
+            table = self._file(i).read_row_group(g, columns=cols, use_threads=False)
+            try:
+                rows = table.to_pylist()
+            except UnicodeDecodeError:  # (a damaged text cell: Arrow reads it, Python cannot decode it)
+                rows = _cells(table)
             got = (g, rows)
             with self._lock:
                 self._cache[i] = got
@@ -186,6 +231,9 @@ class ParquetReader(Reader):
             row = self._rows(i, g)[r]
         except (OSError, self.pa.ArrowException, IndexError) as e:
             raise self.record_error(key, origin, e) from None
+        bad = next((v for v in row.values() if isinstance(v, _Undecodable)), None)
+        if bad is not None:
+            raise self.record_error(key, origin, bad.reason)
         key = str(row.get("key") or key)
         cell = row.get(self.column) or {}
         data = cell.get("bytes")

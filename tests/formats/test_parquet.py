@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from gpubatch.api import convert, open_dataset
+from gpubatch.errors import FormatError
 from tests.helpers import ROOT, content
 
 pytest.importorskip("pyarrow")
@@ -148,3 +149,40 @@ def test_a_script_that_read_a_parquet_dataset_exits_cleanly(imagenet, tmp_path):
         done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "pq"), str(ROOT)], capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 0 and done.stdout.strip() == "60", (done.returncode, done.stderr[-300:])
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_parquet_file_whose_footer_is_damaged_loses_its_records_alone_and_says_so(imagenet, tmp_path, first):
+    """One byte of a file's footer damaged (its metadata no longer reads): the other files' records are written,
+    and that file's records are each listed as lost, as many as the dataset's gpubatch.json counts, not the whole
+    run ended by the one file (a damaged first file too, which the schema had been read from)."""
+    src = tmp_path / "pq"
+    convert(imagenet, src, to="parquet", shard_size=16)
+    files = sorted(src.glob("*.parquet"))
+    bad = files[0 if first else 1]
+    data = bytearray(bad.read_bytes())
+    data[-100] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_out == 44 and len(s.skipped) == 16
+    assert all(k["reason"].startswith(f"cannot read {bad.name}") for k in s.skipped)
+    for f in files:  # every file damaged: the dataset cannot be read, said in one line
+        if f != bad:
+            f.write_bytes(f.read_bytes()[:-100])
+    with pytest.raises(FormatError, match="cannot read"):
+        convert(src, tmp_path / "out2", to="webdataset")
+
+
+def test_a_damaged_text_cell_loses_its_row_alone(imagenet, tmp_path):
+    """A byte of one record's key damaged into invalid UTF-8 (Arrow reads the page, Python cannot decode that
+    cell): that record is skipped with its reason, the other rows of its row group are written."""
+    src = tmp_path / "pq"
+    convert(imagenet, src, to="parquet", shard_size=16)
+    f = sorted(src.glob("*.parquet"))[-1]
+    data = bytearray(f.read_bytes())
+    at = data.index(b"mountain/mountain_0")
+    data[at + 3] = 0xE7
+    f.write_bytes(bytes(data))
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_out == 59 and len(s.skipped) == 1
+    assert "not valid UTF-8" in s.skipped[0]["reason"] and "Error" not in s.skipped[0]["reason"]
