@@ -399,3 +399,77 @@ def test_a_kinetics_or_clip_csv_row_of_no_time_is_that_rows_error(tmp_path):
     s = convert(clips / "meta.csv", tmp_path / "out2", to="webdataset")
     assert s.records_out == 1 and sorted(e["key"] for e in s.skipped) == ["row 3", "row 4"], s.as_dict()
     assert "is no time in seconds" in s.skipped[0]["reason"], s.skipped
+
+
+def _ebml_blocks(data: bytes) -> list[int]:
+    """Where each SimpleBlock's size field lies in a Matroska file (a walk into its Segment and Clusters)."""
+    def vint(i: int, marker: bool) -> tuple[int, int]:
+        n = 9 - data[i].bit_length()
+        v = int.from_bytes(data[i : i + n], "big")
+        return (v if marker else v & ~(1 << (7 * n))), i + n
+
+    out, i = [], 0
+    while i < len(data) - 2:
+        eid, j = vint(i, True)
+        size, k = vint(j, False)
+        if eid == 0xA3:
+            out.append(j)
+        if eid in (0x18538067, 0x1F43B675):  # (Segment, Cluster: their children)
+            i = k
+        else:
+            i = k + size
+    return out
+
+
+@pytest.mark.parametrize("ext,codec", [("webm", "libvpx-vp9"), ("mkv", "libx264")])
+def test_a_matroska_file_whose_frames_end_at_a_damaged_block_says_the_frames_after_it_are_lost(tmp_path, ext, codec):
+    """A block's size field damaged in a Matroska file: FFmpeg's demuxer ends there without an error, and the
+    frames after it had been lost without a word (``--frames every:1`` wrote 15 of 24, no record listed). The
+    Segment's Duration tells: the frames missing are each listed, and a copy of the file is its record's error."""
+    from gpubatch.engine.codecs.video_probe import probe
+
+    src = tmp_path / "src"
+    clip = make_clip(src / f"a.{ext}", 24, w=64, h=48, codec=codec)
+    data = bytearray(clip.read_bytes())
+    blocks = _ebml_blocks(bytes(data))
+    assert len(blocks) == 24
+    data[blocks[12]] = 0  # (no valid size: the demuxer stops there)
+    clip.write_bytes(bytes(data))
+    got = probe(bytes(data))
+    assert got.missing and got.frames + got.missing in (23, 24, 25) and "damaged" in got.cut_short
+    s = convert(src, tmp_path / "frames", to="webdataset", frames="every:1", resize_shorter=32)
+    assert s.records_out == got.frames and len(s.skipped) == got.missing
+    assert all("the file is damaged: its frames end at" in e["reason"] for e in s.skipped)
+    whole = tmp_path / "src2"
+    make_clip(whole / f"b.{ext}", 24, w=64, h=48, codec=codec)
+    (whole / f"a.{ext}").write_bytes(bytes(data))
+    s = convert(whole, tmp_path / "copy", to="webdataset")
+    assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a"]
+    assert probe((whole / f"b.{ext}").read_bytes()).missing == 0  # (a whole file is not taken for a damaged one)
+
+
+def test_an_index_counting_billions_of_frames_is_planned_in_bounded_memory(tmp_path):
+    """An MP4 whose sample-time table counts 2,751,463,424 frames (a damaged byte): the frames it lacks had each
+    been planned, 22 GB of arrays, and the run's worker was killed by the out-of-memory killer. At most
+    ``MAX_MISSING`` are taken as missing, and the header's own count is said."""
+    import struct
+
+    from gpubatch.engine.codecs.video_probe import MAX_MISSING, probe
+
+    src = tmp_path / "src"
+    clip = make_clip(src / "a.mp4", 24, w=64, h=48)
+    data = bytearray(clip.read_bytes())
+    at = data.index(b"stts") + 12  # (its first entry's sample count)
+    data[at : at + 4] = struct.pack(">I", 0xA4000000)
+    clip.write_bytes(bytes(data))
+    got = probe(bytes(data))
+    assert got.missing == MAX_MISSING and "2,751,463,424 frames" in got.cut_short
+    tracemalloc.start()
+    try:
+        make_clip(src / "b.mp4", 24, w=64, h=48)
+        s = convert(src, tmp_path / "out", to="webdataset", frames="every:1", resize_shorter=32)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert s.records_out >= 24 + got.frames - 1 and len(s.skipped) >= MAX_MISSING
+    assert peak < 1 << 30

@@ -22,7 +22,7 @@ import numpy as np
 from ...errors import RecordError, Stage, UsageError
 from ...types import Media, Record
 from ..media import HOST, LOST, MediaSpec, RunPlan, get_codec, register_codec
-from .video_probe import VideoInfo, av, open_container, packets, probe
+from .video_probe import VideoInfo, _why, av, open_container, packets, probe
 
 __all__ = ["FrameCursor", "FrameStream", "VideoHostCodec", "encode_clip", "info_of", "outputs_of_video"]
 
@@ -169,7 +169,8 @@ class FrameCursor:
             except StopIteration:
                 return None
             except (a.FFmpegError, ValueError) as e:
-                self.broken = f"damaged stream after frame {self.pos}: {str(e).split(': ', 1)[0]}"
+                where = f"after frame {self.pos}" if self.pos >= 0 else "before its first frame"
+                self.broken = f"damaged stream {where}: {_why(e)}"
                 return None
             i = self._index.get(int(frame.pts)) if frame.pts is not None else None
             if i is None:

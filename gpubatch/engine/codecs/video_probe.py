@@ -65,7 +65,7 @@ def sniff_container(data: bytes) -> str | None:
 
 #: why an MP4/MOV/M4A file whose index (``moov``) lies at its end, cut before it or inside it, is refused
 INDEX_CUT = "the file is cut short: its index (the moov box, at its end) is not in it whole"
-MAX_MISSING = 1 << 16  # the most frames a Matroska file cut short is taken to have lost (its header may claim any)
+MAX_MISSING = 1 << 16  # the most frames a file cut short or damaged is taken to have lost (its header may claim any)
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,8 @@ class VideoInfo:
     cut_inside: bool = False  # the file ends inside a packet, in a container that counts no frames (MPEG-TS...)
     cut_pts: int | None = None  # the timestamp of the packet a file cut short ends inside (not to be decoded)
     reorder: int = 0  # the most a frame's presentation timestamp lies after its decoding one (B-frames; a seek's aim)
+    declared: float = 0.0  # a Matroska file's duration, where its frames end well before it (damaged: ``cut_short``)
+    counted: int = 0  # the frames the file's index counts, where more are missing than are taken (MAX_MISSING)
 
     @property
     def cut_short(self) -> str:
@@ -119,7 +121,10 @@ class VideoInfo:
             return ""
         if self.cut_inside:
             return f"the file is cut short: it ends inside a packet, after {self.frames:,} whole frames"
-        n = self.frames + self.missing
+        if self.declared:
+            return (f"the file is damaged: its frames end at {self.duration:.3f} s of the {self.declared:.3f} s its "
+                    f"header declares, after {self.frames:,} frames ({self.missing:,} missing)")
+        n = self.counted or self.frames + self.missing
         return (f"the file is cut short: its header counts {n:,} frames, {self.frames:,} are in the file "
                 f"({self.missing:,} missing)")
 
@@ -292,6 +297,8 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             cut_pts, pts, keys, durations = (pts[-1] if pts else None), pts[:-1], keys[:-1], durations[:-1]
             missing = max(1, min(by_time, len(pts) + MAX_MISSING) - len(pts))
             listed = len(pts) + missing
+        counted = listed if missing > MAX_MISSING else 0  # (a count a damaged or hostile header may make any)
+        missing = min(missing, MAX_MISSING)  # (each missing frame is planned: never billions of them)
         inside = bool(missing) and how == PACKET  # (cut inside a packet: how many frames followed is not known)
         if not pts:
             raise ValueError("no whole video frame in the file" + (
@@ -313,6 +320,15 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         if not last:
             last = float(np.median(gaps)) if len(gaps) else (1.0 / rate if rate else 0.0)
         duration = float(times[-1] + last)
+        declared = 0.0
+        if not missing and not listed and sniffed in ("mkv", "webm") and not c.streams.audio and rate:
+            # (Matroska counts no frames, and its demuxer ends quietly at a damaged element: the frames after it
+            # are lost without a word but for the Segment's Duration, which the muxer wrote at the end. Audio
+            # may outlast the video, so only a file of video alone is judged)
+            told = min(float(c.duration or 0) / 1e6, 1e7)
+            end = float(spts[-1] * tb + last - float(c.start_time or 0) / 1e6)
+            if told - end > max(2.0 / rate, 0.02 * told):
+                missing, declared = min(round((told - end) * rate), MAX_MISSING), told
         vfr = bool(len(gaps) > 1 and (gaps.max() - gaps.min()) > 0.01 * max(float(np.median(gaps)), 1e-9))
         rotation = _rotation(s)
         if not rotation:  # (MP4/MOV: the track's matrix read from the file's boxes, else a frame decoded)
@@ -330,7 +346,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             vfr=vfr, duration=duration, times=times, keyframes=keyframes,
             bit_rate=int(c.bit_rate or 0), audio_tracks=len(c.streams.audio), pts=spts, missing=missing,
             colorspace=int(getattr(cc, "colorspace", 2) or 2), color_range=int(getattr(cc, "color_range", 0) or 0),
-            cut_inside=inside, cut_pts=cut_pts, reorder=reorder,
+            cut_inside=inside, cut_pts=cut_pts, reorder=reorder, declared=declared, counted=counted,
         )
 
 
