@@ -119,7 +119,8 @@ def expand_host(record: Record, plan: Plan, stats: RunStats) -> list[Record | Re
     jobs (:func:`~.run.outputs_of`) decoded once, run through the chain and encoded by its codec."""
     outs: list[Record | RecordError] = []
     decoded = codec = None
-    for job in outputs_of(record, plan, stats):
+    jobs = outputs_of(record, plan, stats)
+    for n, job in enumerate(jobs):
         if not isinstance(job, Job):
             outs.append(job)
             continue
@@ -129,9 +130,12 @@ def expand_host(record: Record, plan: Plan, stats: RunStats) -> list[Record | Re
                 decoded = codec.decode(record, plan)
             outs.append(_transform(job, decoded, codec, plan, stats))
         except RecordError as e:
+            if e.stage is Stage.DECODE:  # one error for the source record, not one per variant or frame
+                left = sum(isinstance(j, Job) for j in jobs[n:])
+                outs.append(e if left < 2 else RecordError(e.key, e.origin, e.stage,
+                                                           f"{e.reason} ({left:,} of its outputs not written)"))
+                break
             outs.append(e)
-            if e.stage is Stage.DECODE:
-                break  # one error for the source record, not one per variant
     if hasattr(decoded, "close"):
         decoded.close()
     return outs

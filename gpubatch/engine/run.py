@@ -131,6 +131,11 @@ def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
                 out.append(RecordError(rec.key, rec.origin, Stage.TRANSFORM, str(e)))
                 continue
         out.append(job)
+    info = getattr(record, "_video_info", None) if record.media == Media.VIDEO else None
+    if info is not None and info.skipped:  # (frames the file no longer holds: said, as they cannot be listed)
+        n = info.skipped
+        stats.warn(f"{record.key}: {n:,} frame{'s' * (n != 1)} lost to damage in the file (timestamps that skip them "
+                   f"or are missing, from {info.skip_at:.3f} s); the frames it can place are written")
     if record.media == Media.IMAGE and any(isinstance(o, Job) for o in out) and frames_held(record.data,
                                                                                             record.codec) > 1:
         stats.add(first_frames=1)  # (once a source, however many outputs: a decoder gives its first picture)

@@ -473,3 +473,45 @@ def test_an_index_counting_billions_of_frames_is_planned_in_bounded_memory(tmp_p
         tracemalloc.stop()
     assert s.records_out >= 24 + got.frames - 1 and len(s.skipped) >= MAX_MISSING
     assert peak < 1 << 30
+
+
+def _flv_video_tags(data: bytes) -> list[int]:
+    """Where each video tag's data begins in an FLV file (its first byte: frame type and codec)."""
+    out, i = [], 9 + 4
+    while i + 11 <= len(data):
+        size = int.from_bytes(data[i + 1 : i + 4], "big")
+        if data[i] == 9:
+            out.append(i + 11)
+        i += 11 + size + 4
+    return out
+
+
+def test_frames_a_damaged_flv_tag_takes_out_of_the_stream_are_said(tmp_path):
+    """One byte of an FLV video tag damaged (its codec nibble): FFmpeg takes the tag for a new stream, and the
+    video had 23 frames of 24 with no word. The frames' timestamps skip one interval of a steady rate: a warning
+    says how many frames the damage took and from when; a steady video says nothing, nor does a variable rate."""
+    import numpy as np
+
+    from gpubatch.engine.codecs.video_probe import _skips, probe
+
+    src = tmp_path / "src"
+    clip = make_clip(src / "a.flv", 24, w=64, h=48)
+    data = bytearray(clip.read_bytes())
+    assert probe(bytes(data)).skipped == 0
+    tags = _flv_video_tags(bytes(data))
+    assert len(tags) >= 24
+    data[tags[-6]] = 0xA4
+    clip.write_bytes(bytes(data))
+    got = probe(bytes(data))
+    assert got.frames == 23 and got.skipped == 1
+    s = convert(src, tmp_path / "out", to="webdataset", frames="every:1", resize_shorter=32)
+    if s.skipped:  # (frames that referred to the lost one: the source's one error says how many outputs it cost)
+        assert s.skipped[0]["key"] == "a" and s.skipped[0]["reason"].endswith(f"({23 - s.records_out} of its outputs "
+                                                                              "not written)")
+    assert any(w.startswith("a: 1 frame lost to damage in the file") for w in s.warnings), s.warnings
+    times = np.cumsum(np.r_[0, np.full(30, 1 / 30)])
+    assert _skips(times, np.diff(times)) == (0, 0.0)
+    vfr = np.cumsum(np.r_[0, np.random.default_rng(0).uniform(0.01, 0.05, 30)])
+    assert _skips(vfr, np.diff(vfr)) == (0, 0.0)
+    holed = np.delete(times, [7, 20])
+    assert _skips(holed, np.diff(holed)) == (2, pytest.approx(7 / 30))

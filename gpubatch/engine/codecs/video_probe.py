@@ -113,6 +113,9 @@ class VideoInfo:
     reorder: int = 0  # the most a frame's presentation timestamp lies after its decoding one (B-frames; a seek's aim)
     declared: float = 0.0  # a Matroska file's duration, where its frames end well before it (damaged: ``cut_short``)
     counted: int = 0  # the frames the file's index counts, where more are missing than are taken (MAX_MISSING)
+    skipped: int = 0  # frames a steady rate's timestamps skip (a damaged stretch the demuxer passed over) or
+    # packets no timestamp places, from
+    skip_at: float = 0.0  # this time on
 
     @property
     def cut_short(self) -> str:
@@ -272,9 +275,11 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         listed = len(table) if table is not None else int(s.frames or 0)  # the frames the file's index counts
         cut = 0  # packets the demuxer gave cut short (the file ends inside them)
         reorder = 0  # the most a packet's presentation time lies after its decoding time
+        untimed = 0  # packets of the video with no timestamp
         for p in packets(c, s):  # (up to a damaged stretch: the frames before it are the video)
             t = p.pts if p.pts is not None else p.dts
             if t is None or p.size == 0:
+                untimed += t is None and p.size > 0  # (a frame no timestamp places: damaged, left out)
                 continue
             if p.pts is not None and p.dts is not None:
                 reorder = max(reorder, int(p.pts - p.dts))
@@ -330,6 +335,8 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             if told - end > max(2.0 / rate, 0.02 * told):
                 missing, declared = min(round((told - end) * rate), MAX_MISSING), told
         vfr = bool(len(gaps) > 1 and (gaps.max() - gaps.min()) > 0.01 * max(float(np.median(gaps)), 1e-9))
+        skipped, skip_at = _skips(times, gaps)
+        skipped += untimed
         rotation = _rotation(s)
         if not rotation:  # (MP4/MOV: the track's matrix read from the file's boxes, else a frame decoded)
             from_track = _track_rotation(data) if sniffed in ("mp4", "mov", "3gp") else None
@@ -347,7 +354,25 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             bit_rate=int(c.bit_rate or 0), audio_tracks=len(c.streams.audio), pts=spts, missing=missing,
             colorspace=int(getattr(cc, "colorspace", 2) or 2), color_range=int(getattr(cc, "color_range", 0) or 0),
             cut_inside=inside, cut_pts=cut_pts, reorder=reorder, declared=declared, counted=counted,
+            skipped=skipped, skip_at=skip_at,
         )
+
+
+def _skips(times: np.ndarray, gaps: np.ndarray) -> tuple[int, float]:
+    """(frames skipped, the time of the first) where a video's frames come at a steady rate but for a few gaps of
+    whole frames (a damaged stretch the demuxer passed over, a tag it took for another stream): every gap a whole
+    number of the median interval within a tenth, three in four of them one; (0, 0.0) otherwise (a variable rate)."""
+    if len(gaps) < 8:
+        return 0, 0.0
+    step = float(np.median(gaps))
+    if step <= 0:
+        return 0, 0.0
+    k = gaps / step
+    whole = np.round(k)
+    if not (np.abs(k - whole) < 0.1).all() or (whole == 1).mean() < 0.75 or not (whole >= 2).any():
+        return 0, 0.0
+    first = int(np.argmax(whole >= 2))
+    return int((whole[whole >= 2] - 1).sum()), float(times[first] + step)
 
 
 def _codec_name(cc: Any) -> str:
