@@ -637,3 +637,39 @@ def test_an_utterance_a_librispeech_transcript_names_and_no_recording_holds_is_l
     s = convert(tmp_path / "libri", tmp_path / "out2", to="webdataset")
     assert s.records_out == 4 and len(s.skipped) == 1, s.as_dict()
     assert any("19-199.trans.txt" in w and "without their transcripts" in w for w in s.warnings), s.warnings
+
+
+def _ogg_pages(data: bytes) -> list[tuple[int, int]]:
+    """(offset, size) of each page of an Ogg file."""
+    out, at = [], 0
+    while data[at : at + 4] == b"OggS":
+        n = data[at + 26]
+        size = 27 + n + sum(data[at + 27 : at + 27 + n])
+        out.append((at, size))
+        at += size
+    return out
+
+
+@pytest.mark.parametrize("subtype", ["VORBIS", "OPUS"])
+def test_an_ogg_file_whose_middle_page_fails_its_checksum_is_damaged_not_shorter(tmp_path, subtype):
+    """A byte of a middle Ogg page damaged: libogg passes over the page (its CRC fails) and the pages after it,
+    and libsndfile and FFmpeg alike read the samples before it without an error (14,848 of 48,000 in the case
+    found); the file had been written as a shorter recording with no word. The last page's granule position tells: the file is its record's error, in a
+    copy and in a re-encoding, and ``info`` lists it unreadable."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rate = 16000 if subtype == "VORBIS" else 48000
+    x = tone(3.0, rate) + 0.05 * np.random.default_rng(0).standard_normal((3 * rate, 1)).astype(np.float32)
+    sf.write(src / "whole.ogg", x, rate, format="OGG", subtype=subtype)
+    data = bytearray((src / "whole.ogg").read_bytes())
+    pages = _ogg_pages(bytes(data))
+    assert len(pages) >= 4
+    at, size = pages[2]
+    data[at + size // 2] ^= 0x5A
+    (src / "damaged.ogg").write_bytes(bytes(data))
+    for k, opts in enumerate(({}, {"sample_rate": 8000})):
+        s = convert(src, tmp_path / f"o{k}", to="webdataset", **opts)
+        assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["damaged"], s.as_dict()
+        assert "its last Ogg page ends at sample" in s.skipped[0]["reason"]
+    r = info(src)
+    assert r.records == 1 and len(r.unreadable) == 1

@@ -177,9 +177,10 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
     _check(info)
     if data is not None:
         head = data[: max(1 << 16, id3_end(data[:10]) + 4096)]  # (an MP3's first frames after its tags, cover art and all)
-        short = audio_shortfall(head, data[-tail_bytes(data[:64]) :] if tail_bytes(data[:64]) else b"", len(data))
+        tail = data[-tail_bytes(data[:64]) :] if tail_bytes(data[:64]) else b""
+        short = audio_shortfall(head, tail, len(data), info.frames)
     else:
-        short = _file_shortfall(data_path)
+        short = _file_shortfall(data_path, info.frames)
     if short is not None:  # (before the count of samples: a file cut inside its first pages may have none)
         raise ValueError(short)
     if info.frames <= 0:
@@ -187,7 +188,7 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
     return info
 
 
-def _file_shortfall(path: str | Path) -> str | None:
+def _file_shortfall(path: str | Path, frames: int = 0) -> str | None:
     """:func:`audio_shortfall` of a file, reading its first and last bytes only."""
     with open(path, "rb") as f:
         head = f.read(1 << 16)
@@ -198,7 +199,7 @@ def _file_shortfall(path: str | Path) -> str | None:
         n = tail_bytes(head)
         if n:
             f.seek(max(0, size - n))
-        return audio_shortfall(head, f.read(n) if n else b"", size)
+        return audio_shortfall(head, f.read(n) if n else b"", size, frames)
 
 
 def _wav_header(data: bytes) -> tuple[int, int] | None:
@@ -333,13 +334,14 @@ def tail_bytes(head: bytes) -> int:
     return 0
 
 
-def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
+def audio_shortfall(head: bytes, tail: bytes, size: int, frames: int = 0) -> str | None:
     """Why an audio file (``size`` bytes, its first 64 KiB ``head``, its last :func:`tail_bytes` ``tail``)
     holds less than its header says, or None: a WAV whose ``data`` chunk runs past the file's end, a
     FLAC that stops before its last frame or last sample, an AIFF whose FORM chunk or a Matroska/WebM file whose
     Segment does, an AU, W64 or CAF file shorter than its header's sizes, an MP3 that holds fewer bytes of frames than
     its header frame counts, a WMA shorter than its ASF header's file size, an Ogg (Vorbis, Opus) or AAC (ADTS) file
-    that ends inside its last page or frame."""
+    that ends inside its last page or frame, or an Ogg file whose decoder reads fewer than ``frames`` (its header's
+    count) of the samples its last page ends at (pages between that fail their checksum are passed over)."""
     kind = sniff_audio(head)
     short = wav_shortfall(head, size)
     if short is not None:
@@ -351,7 +353,7 @@ def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
     end = sound_end(head, kind)
     if end > size:
         return f"the {kind.upper()} header promises {end:,} bytes, the file holds {size:,}: it is cut short"
-    from .container_end import declared_end, matroska_end, tail_end
+    from .container_end import declared_end, matroska_end, ogg_last_sample, tail_end
 
     if kind in ("weba", "mka"):
         end = matroska_end(head)
@@ -366,6 +368,10 @@ def audio_shortfall(head: bytes, tail: bytes, size: int) -> str | None:
         end = tail_end(tail, size, "ogg" if kind in ("ogg", "opus") else "adts")
         if end > size:
             return f"its last {what} runs past the file's end ({end:,} bytes, the file holds {size:,}): it is cut short"
+        last = ogg_last_sample(head, tail) if frames and kind != "aac" else None
+        if last is not None and last > frames + 1:
+            return (f"its last Ogg page ends at sample {last:,}, {frames:,} can be read: it is damaged (pages that fail "
+                    "their checksum were passed over)")
     short_mp3 = mp3_shortfall(head, size) if kind == "mp3" else None
     if short_mp3 is not None:
         want, have = short_mp3
@@ -520,7 +526,7 @@ def decode_audio(data: bytes | str | Path, info: AudioInfo | None = None, max_sa
                     x, buf = _read_into(f, frames, info.channels, npy)
                 else:
                     x, buf = np.ascontiguousarray(f.read(dtype="float32", always_2d=True).T), None
-            short = _file_shortfall(data) if seconds is None else None
+            short = _file_shortfall(data, info.frames) if seconds is None else None
             if short is None and frames and x.shape[1] < frames:
                 short = f"decoded {x.shape[1]:,} samples a channel where the header counts {frames:,}: it is cut short"
             if short is not None:

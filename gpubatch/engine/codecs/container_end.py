@@ -274,3 +274,18 @@ def sound_end(head: bytes, kind: str | None) -> int:
             at += 12 + n
         return 0  # (its data chunk lies beyond the first bytes read: not told)
     return 0
+
+
+def ogg_last_sample(head: bytes, tail: bytes) -> int | None:
+    """The sample an Ogg file's last page ends at (its granule position; an Opus stream's less its pre-skip, as its
+    decoders count), from its first bytes ``head`` and its last ``tail``; None where no page header is found there."""
+    at = tail.rfind(b"OggS")
+    while at >= 0 and (len(tail) < at + 14 or tail[at + 4] != 0):
+        at = tail.rfind(b"OggS", 0, at)
+    if at < 0:
+        return None
+    granule = int.from_bytes(tail[at + 6 : at + 14], "little", signed=True)
+    opus = head.find(b"OpusHead")
+    if 0 <= opus < 256 and len(head) >= opus + 12:
+        granule -= int.from_bytes(head[opus + 10 : opus + 12], "little")
+    return granule if granule > 0 else None
