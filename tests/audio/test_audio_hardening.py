@@ -673,3 +673,35 @@ def test_an_ogg_file_whose_middle_page_fails_its_checksum_is_damaged_not_shorter
         assert "its last Ogg page ends at sample" in s.skipped[0]["reason"]
     r = info(src)
     assert r.records == 1 and len(r.unreadable) == 1
+
+
+def test_an_m4a_whose_decoder_passes_over_damaged_frames_is_damaged_not_shorter(tmp_path):
+    """AAC in MP4, read through PyAV: bytes of its frames damaged, FFmpeg's decoder gave 2,048 of 49,024 samples
+    (or stopped with an error after some) and the recording was written that much shorter with no word. Fewer
+    samples than the track's duration counts are now the record's error."""
+    av = pytest.importorskip("av")
+    src = tmp_path / "src"
+    src.mkdir()
+    x = tone(3.0, 16000)[:, 0] + 0.05 * np.random.default_rng(1).standard_normal(48000).astype(np.float32)
+    path = src / "whole.m4a"
+    with av.open(str(path), "w") as oc:
+        st = oc.add_stream("aac", rate=16000)
+        st.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(x[None, :], format="flt", layout="mono")
+        frame.sample_rate = 16000
+        for p in [*st.encode(frame), *st.encode(None)]:
+            oc.mux(p)
+    data = bytearray(path.read_bytes())
+    mdat = data.index(b"mdat") + 4
+    for k in range(64):  # (a damaged stretch in the middle of the samples)
+        data[mdat + len(data) // 3 + k] ^= 0xA5
+    (src / "damaged.m4a").write_bytes(bytes(data))
+    s = convert(src, tmp_path / "out", to="webdataset", sample_rate=8000)
+    if s.skipped:
+        assert [e["key"] for e in s.skipped] == ["damaged"] and "damaged or cut short" in s.skipped[0]["reason"]
+    else:  # (the decoder concealed the stretch: every sample there, none lost)
+        import io
+
+        got = {r.key: sf.info(io.BytesIO(r.data)).frames for r in open_dataset(tmp_path / "out")}
+        assert len(got) == 2 and got["damaged"] == got["whole"]
+    assert s.records_out + len(s.skipped) == 2

@@ -577,12 +577,17 @@ def _checked(x: np.ndarray, info: AudioInfo) -> AudioData:
     return AudioData(x, info.rate, bits=24 if info.bits >= 24 else 16)
 
 
+#: samples a channel a decode through PyAV may fall short of its header's count by (AAC's priming and padding)
+_AV_SLACK = 4096
+
+
 def _decode_av(data: bytes, info: AudioInfo, frames: int) -> np.ndarray:
-    from .video_probe import av
+    from .video_probe import _why, av
 
     a = av("audio that libsndfile does not read (m4a/AAC, or a file it refuses)")
     chunks = []
     got = 0
+    error = None
     try:
         with a.open(io.BytesIO(data), mode="r") as c:
             s = c.streams.audio[0]
@@ -596,10 +601,16 @@ def _decode_av(data: bytes, info: AudioInfo, frames: int) -> np.ndarray:
                     break
     except a.FFmpegError as e:
         if not chunks:
-            raise ValueError(f"cannot decode: {str(e).split(': ', 1)[0]}") from None
+            raise ValueError(f"cannot decode: {_why(e)}") from None
+        error = e
     if not chunks:
         raise ValueError("no audio samples decoded")
     x = np.concatenate(chunks, axis=-1)
+    want = min(frames, info.frames) if info.frames else 0  # (what the header counts, as far as asked)
+    if (error is not None and not want) or x.shape[1] < want - _AV_SLACK:  # (a damaged stretch: stopped, or passed)
+        said = f"the header counts {want:,}" if want else "the stream breaks off"
+        raise ValueError(f"decoded {x.shape[1]:,} samples a channel where {said}{f' ({_why(error)})' if error else ''}: "
+                         "the file is damaged or cut short")
     return np.ascontiguousarray(x[:, :frames] if frames else x)
 
 
