@@ -509,6 +509,7 @@ def test_frames_a_damaged_flv_tag_takes_out_of_the_stream_are_said(tmp_path):
         assert s.skipped[0]["key"] == "a" and s.skipped[0]["reason"].endswith(f"({23 - s.records_out} of its outputs "
                                                                               "not written)")
     assert any(w.startswith("a: 1 frame lost to damage in the file") for w in s.warnings), s.warnings
+    assert "1 video lost 1 frame to damage" in " ".join(info(src).warnings)
     times = np.cumsum(np.r_[0, np.full(30, 1 / 30)])
     assert _skips(times, np.diff(times)) == (0, 0.0)
     vfr = np.cumsum(np.r_[0, np.random.default_rng(0).uniform(0.01, 0.05, 30)])
