@@ -348,8 +348,9 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
         report.video = video_facts(videos)
         damaged = [v.skipped for v in videos if getattr(v, "skipped", 0)]
         if damaged:  # (frames the files no longer hold where they should: convert names each video)
-            report.warnings.append(f"{len(damaged):,} video{'s' * (len(damaged) != 1)} lost {sum(damaged):,} "
-                                   f"frame{'s' * (sum(damaged) != 1)} to damage (timestamps that skip them or are missing); convert names each")
+            n = sum(damaged)
+            report.warnings.append(f"{len(damaged):,} video{'s' * (len(damaged) != 1)} lost {n:,} frame{'s' * (n != 1)} "
+                                   "to damage (timestamps that skip them or are missing); convert names each")
     if sounds:
         report.audio = audio_facts(sounds, texts)
     if arrays:
