@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Random byte flips (not cuts) in the datasets gpubatch writes and in sound and video files, each copy converted:
+every record is written or listed as skipped, or a warning or a one-line error says what the damage cost; never a
+traceback, never fewer records (or, for sound, fewer samples; for video, fewer frames) without a word.
+
+    python3 benchmarks/byte_flips.py --media datasets|video|audio [--seed 1] [--runs 60]
+
+``datasets``: ``sample_data/imagenet`` written as webdataset, TFRecord, RecordIO, LMDB, COCO, Parquet and a folder,
+then 1-64 bytes of one copy's files flipped (index files and manifests among them), read back to webdataset.
+``video``: eight 24-frame clips (H.264 in MP4, MKV, MPEG-TS and FLV, VP9 in WebM, MPEG-4 in AVI, MPEG-2 in MPEG-PS,
+HEVC in MP4), 1-32 bytes of one flipped, every frame written (``--frames every:1``). ``audio``: a 3-s recording as
+FLAC, WAV, Ogg Vorbis, Opus, MP3, AIFF and AAC in MP4, 1-16 bytes of one flipped, resampled. Prints one line a copy
+that lost something, with what was said, and ends with the count of silent losses and tracebacks (``bad``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import random
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from gpubatch.api import convert, open_dataset  # noqa: E402
+from gpubatch.errors import GpubatchError  # noqa: E402
+
+
+def _datasets(t: Path) -> tuple[dict[str, Path], dict, int]:
+    bases = {}
+    for f in ("webdataset", "tfrecord", "recordio", "lmdb", "coco", "parquet", "folder"):
+        bases[f] = t / f"base-{f}"
+        sharded = f in ("webdataset", "tfrecord", "recordio", "parquet")
+        convert(ROOT / "sample_data" / "imagenet", bases[f], to=f, shard_size=16 if sharded else None)
+    return bases, {"to": "webdataset"}, 60
+
+
+def _videos(t: Path) -> tuple[dict[str, Path], dict, int]:
+    sys.path.insert(0, str(ROOT))
+    from tests.video.clips import make_clip
+
+    base = t / "base" / "a"
+    kinds = {"h264.mp4": {}, "h264.mkv": {}, "vp9.webm": {"codec": "libvpx-vp9"}, "mpeg4.avi": {"codec": "mpeg4"},
+             "h264.ts": {}, "h264.flv": {}, "mpeg2.mpg": {"codec": "mpeg2video"}, "hevc.mp4": {"codec": "libx265"}}
+    for name, kw in kinds.items():
+        make_clip(base / name, 24, w=64, h=48, **kw)
+    opts = {"to": "webdataset", "from_format": "video", "frames": "every:1", "resize_shorter": 32}
+    return {"video": t / "base"}, opts, convert(t / "base", t / "ref", **opts).records_out
+
+
+def _sounds(t: Path) -> tuple[dict[str, Path], dict, int]:
+    import av
+    import soundfile as sf
+
+    base = t / "base" / "a"
+    base.mkdir(parents=True)
+    x = (0.3 * np.sin(np.arange(48000) * 2 * np.pi * 440 / 16000)
+         + 0.05 * np.random.default_rng(0).standard_normal(48000)).astype(np.float32)
+    for ext, fmt, kw in (("flac", "FLAC", {}), ("wav", "WAV", {}), ("ogg", "OGG", {}), ("mp3", "MP3", {}),
+                         ("aiff", "AIFF", {}), ("opus", "OGG", {"subtype": "OPUS"})):
+        sf.write(base / f"c.{ext}", x, 48000 if ext == "opus" else 16000, format=fmt, **kw)
+    with av.open(str(base / "c.m4a"), "w") as oc:
+        st = oc.add_stream("aac", rate=16000)
+        st.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(x[None, :], format="flt", layout="mono")
+        frame.sample_rate = 16000
+        for p in [*st.encode(frame), *st.encode(None)]:
+            oc.mux(p)
+    return {"audio": t / "base"}, {"to": "webdataset", "sample_rate": 16000}, 7
+
+
+def _samples(path: Path) -> dict[str, int]:
+    import soundfile as sf
+
+    return {r.key: sf.info(io.BytesIO(r.data)).frames for r in open_dataset(path)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--media", choices=("datasets", "video", "audio"), required=True)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=60)
+    args = ap.parse_args()
+    t = Path(tempfile.mkdtemp(prefix="gpubatch-flips-"))
+    try:
+        bases, opts, whole = {"datasets": _datasets, "video": _videos, "audio": _sounds}[args.media](t)
+        ref = {}
+        if args.media == "audio":  # (each recording's samples, whole)
+            convert(bases["audio"], t / "ref", **opts)
+            ref = _samples(t / "ref")
+        rng = random.Random(args.seed)
+        bad = said = 0
+        for it in range(args.runs):
+            kind = rng.choice(sorted(bases))
+            src = t / f"s{it}"
+            shutil.copytree(bases[kind], src)
+            files = sorted(p for p in src.rglob("*") if p.is_file())
+            if args.media != "datasets":
+                files = [rng.choice(files)]
+            flips = []
+            for _ in range(rng.choice({"datasets": (1, 4, 16, 64), "video": (1, 2, 8, 32), "audio": (1, 4, 16)}[
+                    args.media])):
+                f = rng.choice(files)
+                data = bytearray(f.read_bytes())
+                if data:
+                    i = rng.randrange(len(data))
+                    data[i] = rng.randrange(256)
+                    f.write_bytes(bytes(data))
+                    flips.append(f"{f.relative_to(src)}@{i}")
+            try:
+                s = convert(src, t / f"o{it}", **opts)
+                short = {k: (v, ref[k]) for k, v in _samples(t / f"o{it}").items()
+                         if k in ref and v < 0.98 * ref[k]} if ref and s.records_out else {}
+                lost = s.records_out + len(s.skipped) < whole or short
+                if lost and not s.skipped and not s.warnings:
+                    bad += 1
+                    print(f"SILENT {it} {kind}: {s.records_out} written {short or ''} after {flips[:4]}")
+                elif lost or s.skipped:
+                    said += 1
+                    print(f"said {it} {kind}: {s.records_out} written, {len(s.skipped)} listed: "
+                          f"{(s.skipped[0]['reason'] if s.skipped else s.warnings[0])[:100]}")
+            except GpubatchError as e:
+                said += 1
+                print(f"error {it} {kind}: {str(e)[:120]}")
+            except Exception as e:  # noqa: BLE001 - what this script looks for
+                bad += 1
+                print(f"TRACEBACK {it} {kind}: {type(e).__name__}: {str(e)[:160]} after {flips[:4]}")
+            shutil.rmtree(src)
+            shutil.rmtree(t / f"o{it}", ignore_errors=True)
+        print(f"{args.media}, seed {args.seed}: {args.runs} damaged copies, {said} with a loss said, bad {bad}")
+    finally:
+        shutil.rmtree(t, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
