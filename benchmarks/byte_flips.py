@@ -42,7 +42,6 @@ def _datasets(t: Path) -> tuple[dict[str, Path], dict, int]:
 
 
 def _videos(t: Path) -> tuple[dict[str, Path], dict, int]:
-    sys.path.insert(0, str(ROOT))
     from tests.video.clips import make_clip
 
     base = t / "base" / "a"
@@ -55,8 +54,9 @@ def _videos(t: Path) -> tuple[dict[str, Path], dict, int]:
 
 
 def _sounds(t: Path) -> tuple[dict[str, Path], dict, int]:
-    import av
     import soundfile as sf
+
+    from tests.audio.sounds import write
 
     base = t / "base" / "a"
     base.mkdir(parents=True)
@@ -65,13 +65,7 @@ def _sounds(t: Path) -> tuple[dict[str, Path], dict, int]:
     for ext, fmt, kw in (("flac", "FLAC", {}), ("wav", "WAV", {}), ("ogg", "OGG", {}), ("mp3", "MP3", {}),
                          ("aiff", "AIFF", {}), ("opus", "OGG", {"subtype": "OPUS"})):
         sf.write(base / f"c.{ext}", x, 48000 if ext == "opus" else 16000, format=fmt, **kw)
-    with av.open(str(base / "c.m4a"), "w") as oc:
-        st = oc.add_stream("aac", rate=16000)
-        st.layout = "mono"
-        frame = av.AudioFrame.from_ndarray(x[None, :], format="flt", layout="mono")
-        frame.sample_rate = 16000
-        for p in [*st.encode(frame), *st.encode(None)]:
-            oc.mux(p)
+    write(base / "c.m4a", x[:, None], 16000)  # (AAC in MP4, through PyAV)
     return {"audio": t / "base"}, {"to": "webdataset", "sample_rate": 16000}, 7
 
 
