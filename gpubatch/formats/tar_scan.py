@@ -1,12 +1,13 @@
 """A tar shard read member by member without trusting it: its headers walked block by block (GNU long
 names and PAX records too), members that claim more bytes than the file holds and a shard cut inside a
 member found, and the members grouped into samples by key as webdataset groups them (DALI's ``.idx``
-compared where one lies beside the shard). The WebDataset format's reader (:mod:`.webdataset`) is built
-on it.
+compared where one lies beside the shard); a member's header checked where an index places it, and built for
+a member written. The WebDataset format's reader and writer (:mod:`.webdataset`) are built on it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tarfile
@@ -317,3 +318,31 @@ def indexed_samples(tar: Path) -> list[tuple[int, str, tuple]] | None:
         if len(raw) < 100 and read_range(tar, off - _BLOCK, len(raw) + 1) != raw + b"\0":
             return None
     return out
+
+
+def gnu_header(name: str, size: int, mtime: int) -> bytes:
+    """The 512-byte GNU tar header of a regular file (mode 0644, uid and gid 0, no user names), the bytes
+    ``tarfile.TarInfo.tobuf(GNU_FORMAT)`` makes, built here at a tenth of its cost; a name beyond 100 bytes
+    (or not ASCII), or a size of 8 GiB or more, goes through tarfile (its GNU long-name member, its base-256
+    size)."""
+    raw = name.encode("ascii", "strict") if name.isascii() else b""
+    if not raw or len(raw) > 100 or size >= 8**11:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = size, mtime, 0o644
+        info.uname = info.gname = ""
+        return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+    sizes = b"%011o\x00" % size
+    head, tail, fixed = _header_parts(mtime)
+    # the checksum: every byte of the header summed, its own field counted as spaces
+    check = b"%06o\x00 " % (fixed + sum(raw) + sum(sizes))
+    return b"".join((raw, bytes(100 - len(raw)), head, sizes, tail[:12], check, tail[12:]))
+
+
+@functools.lru_cache(maxsize=8)
+def _header_parts(mtime: int) -> tuple[bytes, bytes, int]:
+    """What every header of :func:`gnu_header` with this ``mtime`` holds around its name, size and checksum:
+    the mode, uid and gid fields; the mtime field followed by the type, magic and the zeros after; the sum
+    of those bytes and of the checksum field's eight spaces."""
+    head = b"0000644\x000000000\x000000000\x00"
+    tail = b"%011o\x00" % mtime + b"0" + bytes(100) + b"ustar  \x00" + bytes(247)
+    return head, tail, sum(head) + sum(tail) + 8 * 0x20

@@ -13,7 +13,6 @@ GNU format with integer mtimes and ASCII names, so they hold no pax headers; key
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import os
 import re
@@ -60,6 +59,7 @@ from .tar_scan import (
     _BLOCK,
     _not_found,
     _samples,
+    gnu_header,
     header_holds,
     indexed_samples,
     scan_tar,
@@ -462,34 +462,6 @@ def _boxes_from_json(doc: dict, data: bytes, keypoint_flip: dict) -> Boxes:
         crowd.append(fields.whole(a.get("iscrowd", 0), f"annotation {i}'s iscrowd", 0, 1))
         extra.append({k: v for k, v in a.items() if k not in ("bbox", "category_id", "iscrowd")})
     return Boxes(xyxy, labels, (h, w), crowd, tuple(extra), keypoint_flip)
-
-
-def gnu_header(name: str, size: int, mtime: int) -> bytes:
-    """The 512-byte GNU tar header of a regular file (mode 0644, uid and gid 0, no user names), the bytes
-    ``tarfile.TarInfo.tobuf(GNU_FORMAT)`` makes, built here at a tenth of its cost; a name beyond 100 bytes
-    (or not ASCII), or a size of 8 GiB or more, goes through tarfile (its GNU long-name member, its base-256
-    size)."""
-    raw = name.encode("ascii", "strict") if name.isascii() else b""
-    if not raw or len(raw) > 100 or size >= 8**11:
-        info = tarfile.TarInfo(name)
-        info.size, info.mtime, info.mode = size, mtime, 0o644
-        info.uname = info.gname = ""
-        return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
-    sizes = b"%011o\x00" % size
-    head, tail, fixed = _header_parts(mtime)
-    # the checksum: every byte of the header summed, its own field counted as spaces
-    check = b"%06o\x00 " % (fixed + sum(raw) + sum(sizes))
-    return b"".join((raw, bytes(100 - len(raw)), head, sizes, tail[:12], check, tail[12:]))
-
-
-@functools.lru_cache(maxsize=8)
-def _header_parts(mtime: int) -> tuple[bytes, bytes, int]:
-    """What every header of :func:`gnu_header` with this ``mtime`` holds around its name, size and checksum:
-    the mode, uid and gid fields; the mtime field followed by the type, magic and the zeros after; the sum
-    of those bytes and of the checksum field's eight spaces."""
-    head = b"0000644\x000000000\x000000000\x00"
-    tail = b"%011o\x00" % mtime + b"0" + bytes(100) + b"ustar  \x00" + bytes(247)
-    return head, tail, sum(head) + sum(tail) + 8 * 0x20
 
 
 class WebDatasetSink(ShardSink):

@@ -479,7 +479,7 @@ def test_tar_headers_are_tarfiles_own_bytes():
     any size and time."""
     import tarfile
 
-    from gpubatch.formats.webdataset import gnu_header
+    from gpubatch.formats.tar_scan import gnu_header
 
     for name, size, mtime in itertools.product(
             ["a.jpg", "class_7/img_00000001.cls", "x" * 100, "y" * 101, "naïve/ü.jpg", "a b/c-d_e.json"],
