@@ -606,7 +606,7 @@ def _decode_av(data: bytes, info: AudioInfo, frames: int) -> np.ndarray:
     if not chunks:
         raise ValueError("no audio samples decoded")
     x = np.concatenate(chunks, axis=-1)
-    want = min(frames, info.frames) if info.frames else 0  # (what the header counts, as far as asked)
+    want = min(frames or info.frames, info.frames)  # (what the header counts, as far as asked; 0 where it says none)
     if (error is not None and not want) or x.shape[1] < want - _AV_SLACK:  # (a damaged stretch: stopped, or passed)
         said = f"the header counts {want:,}" if want else "the stream breaks off"
         raise ValueError(f"decoded {x.shape[1]:,} samples a channel where {said}{f' ({_why(error)})' if error else ''}: "
