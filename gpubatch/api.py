@@ -246,7 +246,8 @@ def convert(
         src: source dataset (folder, LMDB dir, shard folder, COCO folder or JSON), or a ConvertRequest.
         dst: destination path; it must not exist unless ``overwrite=True``, and must lie outside ``src``.
         to: output format name (see :func:`gpubatch.format_names`).
-        progress: ``progress(total)`` returns a callback advanced by one per record.
+        progress: ``progress(total)`` returns a callback advanced by one per output record (``total`` None where
+            a video's frames or clips are sampled: how many each source gives is known once it is read).
         on_device: called once with the resolved device, before data moves.
         **options: any other :class:`ConvertRequest` field.
 

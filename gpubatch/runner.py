@@ -136,7 +136,11 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
     geometric = any(op.moves_boxes for op in plan.ops)
     parts = (req.num_parts, req.part) if getattr(req, "num_parts", None) is not None else None
     mine = part_of(tasks, *parts) if parts is not None else tasks
-    tick = _ticker(progress(sum(t.stop - t.start for t in mine) * plan.outputs_per_record)) if progress else None
+    # (the bar counts outputs: a video's frames or clips are as many as each source gives once read, so their
+    # total is not known up front, where a number of sources would show as "48/2")
+    known = plan.sample is None
+    total = sum(t.stop - t.start for t in mine) * plan.outputs_per_record if known else None
+    tick = _ticker(progress(total)) if progress else None
     t_planned = time.perf_counter()
     timings: dict[str, float] = {"plan": round(t_planned - t_start, 4)}
     about = {"command": run.command, "request": req.options(), "device_kind": device.kind.value,
@@ -162,7 +166,8 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
                            f"{len(tasks) - len(done)} written now")
             ours = {t.index for t in mine}
             if tick is not None and done:
-                had = sum(r.counts.get("records_in", 0) for i, r in done.items() if i in ours)
+                had = sum(r.counts.get("records_in" if known else "records_out", 0) for i, r in done.items()
+                          if i in ours)
                 tick(had * plan.outputs_per_record if plan.copies else had)
             ctx = RunContext(opener=functools.partial(open_reader, src_path, reader.format_name, _reader_options(req)),
                              sink=functools.partial(_sink, fmt, stage, info, options, geometric), plan=plan,

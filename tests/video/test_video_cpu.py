@@ -521,3 +521,24 @@ def test_the_containers_of_cameras_phones_and_older_tools_are_clips(tmp_path):
     assert s.records_out == 3 * len(made) and not s.skipped, s.skipped
     for name in made:
         assert len(list((tmp_path / "frames" / "cls").glob(f"{name.rsplit('.', 1)[0]}_*.jpg"))) == 3, name
+
+
+def test_the_progress_counts_outputs_and_gives_no_total_where_frames_are_sampled(tmp_path, imagenet):
+    """A run's progress is advanced by one per output; its total is the outputs where they are known up front
+    (images: one a record) and None where a video's frames are sampled (each source's count is known once it is
+    read): the terminal's bar had shown "48/2" for two 24-frame clips."""
+    def recorder(seen):
+        def start(total):
+            seen.append(total)
+            return lambda n: seen.append(n)
+        return start
+
+    src = tmp_path / "clips"
+    for name in ("a", "b"):
+        make_clip(src / f"{name}.mp4", 24, w=64, h=48)
+    seen: list = []
+    s = convert(src, tmp_path / "frames", to="webdataset", frames="every:1", resize_shorter=32, progress=recorder(seen))
+    assert seen[0] is None and sum(seen[1:]) == s.records_out == 48
+    seen = []
+    s = convert(imagenet, tmp_path / "images", to="webdataset", progress=recorder(seen))
+    assert seen[0] == 60 and sum(seen[1:]) == s.records_out == 60
