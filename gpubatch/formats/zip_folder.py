@@ -66,12 +66,34 @@ def listed(path: Path) -> list[Any]:
 
     try:
         with zipfile.ZipFile(path) as z:
-            return [i for i in z.infolist() if not i.is_dir()]
+            every = z.infolist()
+            counted = _end_record_count(z.fp)
     except zipfile.BadZipFile as e:
         raise FormatError(f"{path} is a damaged ZIP ({e}: cut short, or its central directory lost); "
                           f"'zip -FF {path} --out fixed.zip' rebuilds what it can") from None
+    except NotImplementedError as e:  # (an entry of its central directory names a version no reader knows: damaged)
+        raise FormatError(f"{path} is a damaged ZIP, or one Python's zipfile cannot list ({e}); 'zip -FF {path} "
+                          "--out fixed.zip' rebuilds what it can") from None
     except OSError as e:
         raise FormatError(f"cannot read {path}: {e.strerror or e}") from None
+    if counted is not None and counted != len(every):  # (a damaged entry's lengths swallowed the entries after it)
+        raise FormatError(f"{path} is a damaged ZIP: its end record counts {counted:,} entries, its central directory "
+                          f"lists {len(every):,}; 'zip -FF {path} --out fixed.zip' rebuilds what it can")
+    return [i for i in every if not i.is_dir()]
+
+
+def _end_record_count(f: Any) -> int | None:
+    """How many entries a ZIP's end-of-central-directory record counts (``f`` its open file), or None where it
+    is not found in the file's last 64 KiB or defers to a ZIP64 record."""
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    f.seek(max(0, size - (1 << 16) - 22))
+    tail = f.read()
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) < at + 22:
+        return None
+    count = int.from_bytes(tail[at + 10 : at + 12], "little")
+    return None if count == 0xFFFF else count
 
 
 def holds(path: Path, media: str = "image") -> bool:

@@ -104,6 +104,35 @@ def test_a_zip_cut_short_is_one_line_naming_the_repair(tmp_path):
         f"'zip -FF {src} --out fixed.zip' rebuilds what it can"), p.stderr
 
 
+def test_a_zip_whose_central_directory_names_an_unknown_version_is_one_line(tmp_path):
+    """A byte of a central directory entry damaged into the version needed to extract (20.0 where 2.0 was):
+    Python's zipfile raises NotImplementedError listing it, and the command ended in that traceback."""
+    src = _zipped(_tree(tmp_path / "tree"), tmp_path / "pets.zip")
+    data = bytearray(src.read_bytes())
+    at = data.index(b"PK\x01\x02")  # (the first central directory entry: its version needed at +6)
+    data[at + 6] = 200
+    src.write_bytes(bytes(data))
+    with pytest.raises(GpubatchError, match="is a damaged ZIP, or one Python's zipfile cannot list"):
+        info(src, "folder")
+    p = run_cli("convert", src, tmp_path / "out", "--to", "webdataset")
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith(f"error: {src} is a damaged ZIP"), p.stderr
+
+
+def test_a_zip_whose_central_directory_entry_swallows_the_others_is_refused_not_read_short(tmp_path):
+    """A byte of the first central directory entry's comment length damaged: Python's zipfile reads that entry's
+    comment over the entries after it and lists one file, and a run wrote 1 image of 6 with no word. The end
+    record's count of entries tells: the ZIP is refused in one line, naming the repair."""
+    src = _zipped(_tree(tmp_path / "tree"), tmp_path / "pets.zip")
+    data = bytearray(src.read_bytes())
+    at = data.index(b"PK\x01\x02")
+    data[at + 33] = 0x40  # (its comment length's high byte: 16 KiB of comment)
+    src.write_bytes(bytes(data))
+    with pytest.raises(GpubatchError, match=r"damaged ZIP: its end record counts \d+ entries, its central directory "
+                                            "lists 1"):
+        convert(src, tmp_path / "out", to="webdataset", from_format="folder")
+
+
 def test_a_zip_of_audio_class_folders_reads_with_from_audio(tmp_path):
     """A ZIP of recordings in word folders: detection names --from audio, which reads it as once extracted
     (``_background_noise_`` left out and said, as the audio folder reader does)."""
