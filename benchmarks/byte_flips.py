@@ -6,7 +6,7 @@ traceback, never fewer records (or, for sound, fewer samples; for video, fewer f
     python3 benchmarks/byte_flips.py --media datasets|video|audio [--seed 1] [--runs 60]
 
 ``datasets``: ``sample_data/imagenet`` written as webdataset, TFRecord, RecordIO, LMDB, COCO, Parquet and a folder,
-then 1-64 bytes of one copy's files flipped (index files and manifests among them), read back to webdataset.
+and zipped (an image folder in a ZIP), then 1-64 bytes of one copy's files flipped (index files and manifests among them), read back to webdataset.
 ``video``: eight 24-frame clips (H.264 in MP4, MKV, MPEG-TS and FLV, VP9 in WebM, MPEG-4 in AVI, MPEG-2 in MPEG-PS,
 HEVC in MP4), 1-32 bytes of one flipped, every frame written (``--frames every:1``). ``audio``: a 3-s recording as
 FLAC, WAV, Ogg Vorbis, Opus, MP3, AIFF and AAC in MP4, 1-16 bytes of one flipped, resampled. Prints one line a copy
@@ -38,6 +38,12 @@ def _datasets(t: Path) -> tuple[dict[str, Path], dict, int]:
         bases[f] = t / f"base-{f}"
         sharded = f in ("webdataset", "tfrecord", "recordio", "parquet")
         convert(ROOT / "sample_data" / "imagenet", bases[f], to=f, shard_size=16 if sharded else None)
+    import zipfile
+
+    bases["zip"] = t / "train.zip"  # (an image folder in a ZIP, read where it lies)
+    with zipfile.ZipFile(bases["zip"], "w") as z:
+        for p in sorted((ROOT / "sample_data" / "imagenet").rglob("*.*")):
+            z.write(p, "train/" + p.relative_to(ROOT / "sample_data" / "imagenet").as_posix())
     return bases, {"to": "webdataset"}, 60
 
 
@@ -92,9 +98,12 @@ def main() -> None:
         bad = said = 0
         for it in range(args.runs):
             kind = rng.choice(sorted(bases))
-            src = t / f"s{it}"
-            shutil.copytree(bases[kind], src)
-            files = sorted(p for p in src.rglob("*") if p.is_file())
+            src = t / f"s{it}{bases[kind].suffix}"
+            if bases[kind].is_dir():
+                shutil.copytree(bases[kind], src)
+            else:
+                shutil.copy2(bases[kind], src)
+            files = sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else [src]
             if args.media != "datasets":
                 files = [rng.choice(files)]
             flips = []
@@ -106,7 +115,7 @@ def main() -> None:
                     i = rng.randrange(len(data))
                     data[i] = rng.randrange(256)
                     f.write_bytes(bytes(data))
-                    flips.append(f"{f.relative_to(src)}@{i}")
+                    flips.append(f"{f.relative_to(src) if src.is_dir() else f.name}@{i}")
             try:
                 s = convert(src, t / f"o{it}", **opts)
                 short = {k: (v, ref[k]) for k, v in _samples(t / f"o{it}").items()
@@ -125,7 +134,7 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001 - what this script looks for
                 bad += 1
                 print(f"TRACEBACK {it} {kind}: {type(e).__name__}: {str(e)[:160]} after {flips[:4]}")
-            shutil.rmtree(src)
+            shutil.rmtree(src) if src.is_dir() else src.unlink()
             shutil.rmtree(t / f"o{it}", ignore_errors=True)
         print(f"{args.media}, seed {args.seed}: {args.runs} damaged copies, {said} with a loss said, bad {bad}")
     finally:
