@@ -516,3 +516,37 @@ def test_frames_a_damaged_flv_tag_takes_out_of_the_stream_are_said(tmp_path):
     assert _skips(vfr, np.diff(vfr)) == (0, 0.0)
     holed = np.delete(times, [7, 20])
     assert _skips(holed, np.diff(holed)) == (2, pytest.approx(7 / 30))
+
+
+def test_a_matroska_file_whose_sound_outlasts_its_video_is_whole(tmp_path):
+    """The Segment's duration is the longest track's: a 1-s video beside 3 s of sound is a whole file, not one
+    whose frames end at a damaged block (only a file of one video stream is judged by it)."""
+    import av
+
+    from gpubatch.engine.codecs.video_probe import probe
+
+    path = tmp_path / "src" / "a.mkv"
+    path.parent.mkdir()
+    with av.open(str(path), "w") as c:
+        v = c.add_stream("libx264", rate=24)
+        v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
+        a = c.add_stream("flac", rate=16000)
+        a.layout = "mono"
+        for i in range(24):
+            img = np.full((48, 64, 3), i * 10, np.uint8)
+            for p in v.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in v.encode():
+            c.mux(p)
+        n = a.codec_context.frame_size or 1024
+        for t in range(0, 3 * 16000, n):  # (3 s of silence, a frame of the encoder's size at a time)
+            sound = av.AudioFrame.from_ndarray(np.zeros((1, n), np.int16), format="s16", layout="mono")
+            sound.sample_rate, sound.pts = 16000, t
+            for p in a.encode(sound):
+                c.mux(p)
+        for p in a.encode():
+            c.mux(p)
+    got = probe(path.read_bytes())
+    assert got.frames == 24 and got.missing == 0 and got.cut_short == ""
+    s = convert(path.parent, tmp_path / "out", to="webdataset")
+    assert s.records_out == 1 and not s.skipped

@@ -326,10 +326,10 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             last = float(np.median(gaps)) if len(gaps) else (1.0 / rate if rate else 0.0)
         duration = float(times[-1] + last)
         declared = 0.0
-        if not missing and not listed and sniffed in ("mkv", "webm") and not c.streams.audio and rate:
+        if not missing and not listed and sniffed in ("mkv", "webm") and len(c.streams) == 1 and rate:
             # (Matroska counts no frames, and its demuxer ends quietly at a damaged element: the frames after it
-            # are lost without a word but for the Segment's Duration, which the muxer wrote at the end. Audio
-            # may outlast the video, so only a file of video alone is judged)
+            # are lost without a word but for the Segment's Duration, which the muxer wrote at the end. Audio or
+            # subtitles may outlast the video, so only a file of one video stream alone is judged)
             told = min(float(c.duration or 0) / 1e6, 1e7)
             end = float(spts[-1] * tb + last - float(c.start_time or 0) / 1e6)
             if told - end > max(2.0 / rate, 0.02 * told):
