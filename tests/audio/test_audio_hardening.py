@@ -696,3 +696,22 @@ def test_an_m4a_whose_decoder_passes_over_damaged_frames_is_damaged_not_shorter(
         got = {r.key: sf.info(io.BytesIO(r.data)).frames for r in open_dataset(tmp_path / "out")}
         assert len(got) == 2 and got["damaged"] == got["whole"]
     assert s.records_out + len(s.skipped) == 2
+
+
+def test_a_chained_ogg_file_is_its_record_s_error_not_its_first_stream_alone(tmp_path):
+    """Two Ogg Vorbis files one after the other (a chained Ogg file, as stream recorders write): libsndfile reads
+    the first stream alone, and the second's samples had been lost without a word (16,000 of 64,000 read; or, the
+    longer first, 48,000 and no error at all). Its last page's stream differs from its first: the record's error."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(2)
+    parts = []
+    for n in (16000, 48000):
+        path = write(tmp_path / f"part{n}.ogg", 0.1 * rng.standard_normal((n, 1)).astype(np.float32), 16000)
+        parts.append(path.read_bytes())
+    (src / "short_first.ogg").write_bytes(parts[0] + parts[1])
+    (src / "long_first.ogg").write_bytes(parts[1] + parts[0])
+    (src / "whole.ogg").write_bytes(parts[1])
+    s = convert(src, tmp_path / "out", to="webdataset", sample_rate=16000)
+    assert s.records_out == 1 and sorted(e["key"] for e in s.skipped) == ["long_first", "short_first"]
+    assert all(e["reason"].startswith("a chained Ogg file") for e in s.skipped)

@@ -340,8 +340,7 @@ def audio_shortfall(head: bytes, tail: bytes, size: int, frames: int = 0) -> str
     FLAC that stops before its last frame or last sample, an AIFF whose FORM chunk or a Matroska/WebM file whose
     Segment does, an AU, W64 or CAF file shorter than its header's sizes, an MP3 that holds fewer bytes of frames than
     its header frame counts, a WMA shorter than its ASF header's file size, an Ogg (Vorbis, Opus) or AAC (ADTS) file
-    that ends inside its last page or frame, or an Ogg file whose decoder reads fewer than ``frames`` (its header's
-    count) of the samples its last page ends at (pages between that fail their checksum are passed over)."""
+    that ends inside its last page or frame, an Ogg file chained or whose ``frames`` fall short of its last page's."""
     kind = sniff_audio(head)
     short = wav_shortfall(head, size)
     if short is not None:
@@ -368,7 +367,8 @@ def audio_shortfall(head: bytes, tail: bytes, size: int, frames: int = 0) -> str
         end = tail_end(tail, size, "ogg" if kind in ("ogg", "opus") else "adts")
         if end > size:
             return f"its last {what} runs past the file's end ({end:,} bytes, the file holds {size:,}): it is cut short"
-        last = ogg_last_sample(head, tail) if frames and kind != "aac" else None
+        if (last := ogg_last_sample(head, tail) if frames and kind != "aac" else None) == -1:
+            return "a chained Ogg file (streams one after another): its first alone is read, the others' samples lost"
         if last is not None and last > frames + 1:
             return (f"its last Ogg page ends at sample {last:,}, {frames:,} can be read: it is damaged (pages that fail "
                     "their checksum were passed over)")

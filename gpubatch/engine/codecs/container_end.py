@@ -278,12 +278,16 @@ def sound_end(head: bytes, kind: str | None) -> int:
 
 def ogg_last_sample(head: bytes, tail: bytes) -> int | None:
     """The sample an Ogg file's last page ends at (its granule position; an Opus stream's less its pre-skip, as its
-    decoders count), from its first bytes ``head`` and its last ``tail``; None where no page header is found there."""
+    decoders count), from its first bytes ``head`` and its last ``tail``; None where no page header is found there;
+    -1 where the last page belongs to another logical stream than the first (a chained file: streams one after
+    another, of which libsndfile reads the first alone)."""
     at = tail.rfind(b"OggS")
-    while at >= 0 and (len(tail) < at + 14 or tail[at + 4] != 0):
+    while at >= 0 and (len(tail) < at + 18 or tail[at + 4] != 0):
         at = tail.rfind(b"OggS", 0, at)
     if at < 0:
         return None
+    if head[:4] == b"OggS" and len(head) >= 18 and head[14:18] != tail[at + 14 : at + 18]:
+        return -1
     granule = int.from_bytes(tail[at + 6 : at + 14], "little", signed=True)
     opus = head.find(b"OpusHead")
     if 0 <= opus < 256 and len(head) >= opus + 12:
