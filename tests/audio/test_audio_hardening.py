@@ -96,7 +96,7 @@ def test_a_bad_segment_or_line_is_that_records_error_and_no_nan_reaches_json(tmp
 
 def _flac_frames(data: bytes) -> list[int]:
     """Where each frame of a FLAC file begins (its headers, found and checked by the reader's parser)."""
-    from gpubatch.engine.codecs.audio_io import _flac_frame_header
+    from gpubatch.engine.codecs.audio_end import _flac_frame_header
 
     fixed = int.from_bytes(data[18:20], "big")
     return [p for p in range(42, len(data) - 6) if data[p] == 0xFF and _flac_frame_header(data, p, fixed)]

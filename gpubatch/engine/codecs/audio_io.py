@@ -1,6 +1,7 @@
 """Audio bytes in and out: soundfile (libsndfile) reads WAV, FLAC, OGG Vorbis, Opus and MP3, PyAV what
 libsndfile cannot (m4a/AAC); outputs are written as FLAC, WAV or ``.npy`` (float32 samples, or float16
-features). The run flow's codec on top of these is :mod:`.audio`.
+features). The run flow's codec on top of these is :mod:`.audio`; whether a file holds what its header says (cut
+short, damaged) is told from its bytes by :mod:`.audio_end` before a sample is decoded.
 
 Decoded audio is an :class:`AudioData`: float32 samples (channels, samples) and their rate, or, after a
 feature op, the features (bins, frames) per channel. The chain's parameters are drawn for the pair
@@ -19,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...errors import DependencyError
-from .container_end import W64_RIFF, adts_at, sound_end
+from .audio_end import audio_shortfall, file_shortfall, id3_end, sniff_audio, tail_bytes
 
 __all__ = ["AUDIO_FORMATS", "AudioData", "AudioInfo", "audio_shortfall", "cut_audio", "decode_audio", "encode_audio",
            "leading_seconds", "npy_header", "probe_audio", "sniff_audio"]
@@ -38,38 +39,6 @@ def soundfile():
     except (ImportError, OSError) as e:  # pragma: no cover - a declared dependency (libsndfile missing: OSError)
         raise DependencyError(f"audio needs soundfile (libsndfile): pip install soundfile ({e})") from None
     return sf
-
-
-def sniff_audio(data: bytes) -> str | None:
-    """The codec of audio bytes from their first bytes (wav, flac, ogg/opus, mp3, aac, m4a, aiff, weba/mka, wma, and
-    libsndfile's au, caf and w64), or None. Sound in WebM is named "weba" (the extension browsers give it), so that
-    what gpubatch writes of it (a ``.weba`` file or member) reads back as audio, where ``.webm`` reads as video."""
-    head = data[:64]
-    if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
-        return "wav"
-    if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"):
-        return "aiff"
-    if head[:4] == b"fLaC":
-        return "flac"
-    if head[:4] == b"OggS":
-        return "opus" if b"OpusHead" in head else "ogg"
-    if adts_at(head):  # (AAC as a raw stream, .aac)
-        return "aac"
-    if head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0):
-        return "mp3"
-    if head[4:8] == b"ftyp":
-        return "m4a"
-    if head[:4] == b"\x1a\x45\xdf\xa3":  # (Matroska's EBML header: an audio-only WebM, as yt-dlp writes, or .mka)
-        return "weba" if b"webm" in head else "mka"
-    if head[:16] == bytes.fromhex("3026b2758e66cf11a6d900aa0062ce6c"):  # (ASF's header object: .wma)
-        return "wma"
-    if head[:4] in (b".snd", b"dns."):  # (Sun/NeXT audio, big- or little-endian: GTZAN's .au files)
-        return "au"
-    if head[:4] == b"caff":  # (Apple's Core Audio Format)
-        return "caf"
-    if head[:16] == W64_RIFF:  # (Sony Wave64: a WAV of 64-bit sizes)
-        return "w64"
-    return None
 
 
 @dataclass(frozen=True)
@@ -180,26 +149,12 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
         tail = data[-tail_bytes(data[:64]) :] if tail_bytes(data[:64]) else b""
         short = audio_shortfall(head, tail, len(data), info.frames)
     else:
-        short = _file_shortfall(data_path, info.frames)
+        short = file_shortfall(data_path, info.frames)
     if short is not None:  # (before the count of samples: a file cut inside its first pages may have none)
         raise ValueError(short)
     if info.frames <= 0:
         raise ValueError("no audio samples")
     return info
-
-
-def _file_shortfall(path: str | Path, frames: int = 0) -> str | None:
-    """:func:`audio_shortfall` of a file, reading its first and last bytes only."""
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)
-        size = os.fstat(f.fileno()).st_size
-        if len(head) < id3_end(head) + 64 <= 16 << 20:  # (an MP3's tags, cover art and all, longer than that)
-            f.seek(0)
-            head = f.read(id3_end(head) + 4096)
-        n = tail_bytes(head)
-        if n:
-            f.seek(max(0, size - n))
-        return audio_shortfall(head, f.read(n) if n else b"", size, frames)
 
 
 def _wav_header(data: bytes) -> tuple[int, int] | None:
@@ -215,206 +170,6 @@ def _wav_header(data: bytes) -> tuple[int, int] | None:
             return rate, channels
         pos += 8 + size + (size & 1)
     return None
-
-
-def wav_shortfall(head: bytes, size: int) -> tuple[int, int] | None:
-    """(bytes the WAV header's ``data`` chunk promises, bytes present) where a ``size``-byte file whose
-    first bytes are ``head`` holds fewer than it promises (a file cut short: libsndfile reads what is
-    there as if whole), else None. A stream's unknown length (0 or 0xFFFFFFFF, as a pipe writes it)
-    and RF64 promise nothing."""
-    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-        return None
-    pos = 12
-    while pos + 8 <= len(head):
-        n = int.from_bytes(head[pos + 4 : pos + 8], "little")
-        if head[pos : pos + 4] == b"data":
-            have = size - pos - 8
-            return (n, have) if 0 < n < 0xFFFFFFFF and have < n else None
-        pos += 8 + n + (n & 1)
-    return None
-
-
-_FLAC_BLOCK = {1: 192, **{n: 576 << (n - 2) for n in range(2, 6)}, **{n: 256 << (n - 8) for n in range(8, 16)}}
-
-
-def _crc8(data: bytes) -> int:
-    crc = 0
-    for b in data:
-        crc ^= b
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x07) & 0xFF if crc & 0x80 else (crc << 1) & 0xFF
-    return crc
-
-
-def _crc16_table() -> list[int]:
-    table = []
-    for n in range(256):
-        crc = n << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x8005) & 0xFFFF if crc & 0x8000 else (crc << 1) & 0xFFFF
-        table.append(crc)
-    return table
-
-
-_CRC16 = _crc16_table()
-
-
-def _crc16(data: bytes) -> int:
-    crc = 0
-    for b in data:
-        crc = ((crc << 8) & 0xFFFF) ^ _CRC16[(crc >> 8) ^ b]
-    return crc
-
-
-def _flac_frame_header(buf: bytes, p: int, fixed: int) -> tuple[int, int] | None:
-    """(first sample, samples) of the FLAC frame whose header starts at ``buf[p]`` (its sync code, fields
-    and CRC-8 checked), or None; ``fixed``: STREAMINFO's block size of a fixed-block stream."""
-    if p + 6 > len(buf) or buf[p] != 0xFF or buf[p + 1] & 0xFE != 0xF8:
-        return None
-    variable = buf[p + 1] & 1
-    code, rate_code = buf[p + 2] >> 4, buf[p + 2] & 0xF
-    if code == 0 or rate_code == 15 or (buf[p + 3] >> 4) > 10 or buf[p + 3] & 1:
-        return None
-    q, first = p + 4, buf[p + 4]  # the frame or sample number, coded as UTF-8 is
-    extra = next((n for n in range(7) if not first & (0x80 >> n)), 7)
-    if extra == 1 or extra == 7:
-        return None
-    number = first & (0x7F >> extra) if extra else first
-    for k in range(1, extra):
-        if q + k >= len(buf) or buf[q + k] & 0xC0 != 0x80:
-            return None
-        number = number << 6 | (buf[q + k] & 0x3F)
-    q += max(extra, 1)
-    if code in (6, 7):
-        size = (buf[q] if code == 6 else int.from_bytes(buf[q : q + 2], "big")) + 1
-        q += code - 5
-    else:
-        size = _FLAC_BLOCK[code]
-    q += {12: 1, 13: 2, 14: 2}.get(rate_code, 0)
-    if q >= len(buf) or _crc8(buf[p:q]) != buf[q]:
-        return None
-    return (number if variable else number * fixed), size
-
-
-def flac_shortfall(head: bytes, tail: bytes) -> str | None:
-    """Why a FLAC file whose first bytes are ``head`` and last ``tail`` (at least its largest frame, as
-    STREAMINFO gives it: :func:`tail_bytes`) is cut short, or None where its last frame is whole and ends
-    at the last sample its STREAMINFO counts: a cheap check of the file's end (its last frame's header
-    and CRC-16) that a pass-through makes instead of decoding the whole file."""
-    if head[:4] != b"fLaC" or len(head) < 42 or head[4] & 0x7F != 0:
-        return None
-    info = head[8:42]
-    fixed = int.from_bytes(info[0:2], "big") if info[0:2] == info[2:4] else 0
-    total = int.from_bytes(info[13:18], "big") & ((1 << 36) - 1)
-    if tail[-128:-125] == b"TAG":  # an ID3v1 tag after the audio
-        tail = tail[:-128]
-    rate = max(_flac_rate(info), 1)
-    for p in range(len(tail) - 8, -1, -1):  # the last whole frame: a header whose frame ends the file
-        if tail[p] != 0xFF:
-            continue
-        frame = _flac_frame_header(tail, p, fixed)
-        if frame is None or _crc16(tail[p:-2]) != int.from_bytes(tail[-2:], "big"):
-            continue
-        end = frame[0] + frame[1]
-        if total and end < total:
-            return (f"the file ends after sample {end:,} of the {total:,} its header counts ({end / rate:.3f} of "
-                    f"{total / rate:.3f} s): it is cut short")
-        return None
-    return "the file does not end with a whole FLAC frame: it is cut short (or damaged at its end)"
-
-
-def tail_bytes(head: bytes) -> int:
-    """How many of a file's last bytes :func:`audio_shortfall` reads, from its first bytes."""
-    if head[:4] == b"fLaC" and len(head) >= 42:
-        return (int.from_bytes(head[15:18], "big") or (1 << 20)) + 16 + 128
-    if head[:4] == b"OggS":
-        return 1 << 17  # (two pages of the largest size)
-    if adts_at(head):
-        return 1 << 15  # (four ADTS frames of the largest size)
-    return 0
-
-
-def audio_shortfall(head: bytes, tail: bytes, size: int, frames: int = 0) -> str | None:
-    """Why an audio file (``size`` bytes, its first 64 KiB ``head``, its last :func:`tail_bytes` ``tail``)
-    holds less than its header says, or None: a WAV whose ``data`` chunk runs past the file's end, a
-    FLAC that stops before its last frame or last sample, an AIFF whose FORM chunk or a Matroska/WebM file whose
-    Segment does, an AU, W64 or CAF file shorter than its header's sizes, an MP3 that holds fewer bytes of frames than
-    its header frame counts, a WMA shorter than its ASF header's file size, an Ogg (Vorbis, Opus) or AAC (ADTS) file
-    that ends inside its last page or frame, an Ogg file chained or whose ``frames`` fall short of its last page's."""
-    kind = sniff_audio(head)
-    short = wav_shortfall(head, size)
-    if short is not None:
-        want, have = short
-        return f"the WAV header promises {want:,} bytes of samples, the file holds {have:,}: it is cut short"
-    if kind == "aiff" and 8 + int.from_bytes(head[4:8], "big") > size:  # (its FORM chunk's size)
-        return (f"the AIFF header promises {8 + int.from_bytes(head[4:8], 'big'):,} bytes, the file holds {size:,}: "
-                "it is cut short")
-    end = sound_end(head, kind)
-    if end > size:
-        return f"the {kind.upper()} header promises {end:,} bytes, the file holds {size:,}: it is cut short"
-    from .container_end import declared_end, matroska_end, ogg_last_sample, tail_end
-
-    if kind in ("weba", "mka"):
-        end = matroska_end(head)
-        if end > size:
-            return f"its Matroska header promises {end:,} bytes, the file holds {size:,}: it is cut short"
-    if kind == "wma":
-        end, _ = declared_end(head, "wmv")
-        if end > size:
-            return f"its ASF header promises {end:,} bytes, the file holds {size:,}: it is cut short"
-    if kind in ("ogg", "opus", "aac"):
-        what = "Ogg page" if kind in ("ogg", "opus") else "AAC (ADTS) frame"
-        end = tail_end(tail, size, "ogg" if kind in ("ogg", "opus") else "adts")
-        if end > size:
-            return f"its last {what} runs past the file's end ({end:,} bytes, the file holds {size:,}): it is cut short"
-        if (last := ogg_last_sample(head, tail) if frames and kind != "aac" else None) == -1:
-            return "a chained Ogg file (streams one after another): its first alone is read, the others' samples lost"
-        if last is not None and last > frames + 1:
-            return (f"its last Ogg page ends at sample {last:,}, {frames:,} can be read: it is damaged (pages that fail "
-                    "their checksum were passed over)")
-    short_mp3 = mp3_shortfall(head, size) if kind == "mp3" else None
-    if short_mp3 is not None:
-        want, have = short_mp3
-        return f"the MP3's header frame counts {want:,} bytes of frames, the file holds {have:,}: it is cut short"
-    return flac_shortfall(head, tail) if kind == "flac" else None
-
-
-def id3_end(head: bytes) -> int:
-    """Where the ID3v2 tag an MP3 begins with ends (its size is syncsafe; a footer adds 10 bytes), or 0."""
-    if head[:3] != b"ID3" or len(head) < 10:
-        return 0
-    return 10 + sum((b & 0x7F) << (7 * (3 - i)) for i, b in enumerate(head[6:10])) + (10 if head[5] & 0x10 else 0)
-
-
-def mp3_shortfall(head: bytes, size: int) -> tuple[int, int] | None:
-    """(bytes of frames an MP3's header frame counts, bytes from its first frame to the file's end) where a
-    ``size``-byte file whose first bytes are ``head`` holds more than 1% fewer than that header frame (LAME's
-    Xing/Info frame, or Fraunhofer's VBRI) counts: a file cut short, which decoders play to the cut without an
-    error. None where it holds them, or has no such frame to tell by."""
-    start = id3_end(head)
-    if len(head) < start + 64 or head[start] != 0xFF or head[start + 1] & 0xE0 != 0xE0:
-        return None
-    version, layer, mono = (head[start + 1] >> 3) & 3, (head[start + 1] >> 1) & 3, (head[start + 3] >> 6) == 3
-    if layer != 1 or version == 1:  # (Layer III only; version 1 is reserved)
-        return None
-    side = (17 if mono else 32) if version == 3 else (9 if mono else 17)
-    at = start + 4 + side
-    want = None
-    if head[at : at + 4] in (b"Xing", b"Info"):
-        flags = int.from_bytes(head[at + 4 : at + 8], "big")
-        if flags & 2:
-            p = at + 8 + (4 if flags & 1 else 0)
-            want = int.from_bytes(head[p : p + 4], "big")
-    elif head[start + 36 : start + 40] == b"VBRI":
-        want = int.from_bytes(head[start + 46 : start + 50], "big")
-    have = max(0, size - start)
-    if not want or want - have <= want // 100:
-        return None
-    return want, have
-
-
-def _flac_rate(streaminfo: bytes) -> int:
-    return int.from_bytes(streaminfo[10:13], "big") >> 4
 
 
 def _probe_av(data: bytes) -> AudioInfo:
@@ -526,7 +281,7 @@ def decode_audio(data: bytes | str | Path, info: AudioInfo | None = None, max_sa
                     x, buf = _read_into(f, frames, info.channels, npy)
                 else:
                     x, buf = np.ascontiguousarray(f.read(dtype="float32", always_2d=True).T), None
-            short = _file_shortfall(data, info.frames) if seconds is None else None
+            short = file_shortfall(data, info.frames) if seconds is None else None
             if short is None and frames and x.shape[1] < frames:
                 short = f"decoded {x.shape[1]:,} samples a channel where the header counts {frames:,}: it is cut short"
             if short is not None:

@@ -12,7 +12,7 @@ lengths tell the cut instead, before a frame is read:
 - MPEG-PS (.mpg, .vob): the lengths of the packets after its last pack header.
 
 A stream format cut exactly between its packets (MPEG-TS, MPEG-PS, FLV) looks like a shorter file: that cut cannot be
-told from the bytes. Sound files use it too (``audio_io.audio_shortfall``): Ogg pages and ADTS frames walked from the
+told from the bytes. Sound files use it too (``audio_end.audio_shortfall``): Ogg pages and ADTS frames walked from the
 file's tail (:func:`tail_end`), the sizes of AU, Wave64 and CAF headers (:func:`sound_end`).
 """
 
