@@ -146,7 +146,8 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
     _check(info)
     if data is not None:
         head = data[: max(1 << 16, id3_end(data[:10]) + 4096)]  # (an MP3's first frames after its tags, cover art and all)
-        tail = data[-tail_bytes(data[:64]) :] if tail_bytes(data[:64]) else b""
+        n = tail_bytes(data[:64])
+        tail = data[-n:] if n else b""
         short = audio_shortfall(head, tail, len(data), info.frames)
     else:
         short = file_shortfall(data_path, info.frames)
