@@ -3,7 +3,7 @@
 every record is written or listed as skipped, or a warning or a one-line error says what the damage cost; never a
 traceback, never fewer records (or, for sound, fewer samples; for video, fewer frames) without a word.
 
-    python3 benchmarks/byte_flips.py --media datasets|video|audio [--seed 1] [--runs 60]
+    python3 benchmarks/byte_flips.py --media datasets|video|audio [--seed 1] [--runs 60] [--keep DIR]
 
 ``datasets``: ``sample_data/imagenet`` written as webdataset, TFRecord, RecordIO, LMDB, COCO, Parquet and a folder,
 and zipped (an image folder in a ZIP), then 1-64 bytes of one copy's files flipped (index files and manifests among them), read back to webdataset.
@@ -81,12 +81,20 @@ def _samples(path: Path) -> dict[str, int]:
     return {r.key: sf.info(io.BytesIO(r.data)).frames for r in open_dataset(path)}
 
 
+def _keep(where: Path | None, src: Path, it: int) -> None:
+    if where is not None:
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, where / f"s{it}{src.suffix}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--media", choices=("datasets", "video", "audio"), required=True)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--runs", type=int, default=60)
+    ap.add_argument("--keep", type=Path, help="copy each bad copy's damaged source here, to study")
     args = ap.parse_args()
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
     t = Path(tempfile.mkdtemp(prefix="gpubatch-flips-"))
     try:
         bases, opts, whole = {"datasets": _datasets, "video": _videos, "audio": _sounds}[args.media](t)
@@ -123,6 +131,7 @@ def main() -> None:
                 lost = s.records_out + len(s.skipped) < whole or short
                 if lost and not s.skipped and not s.warnings:
                     bad += 1
+                    _keep(args.keep, src, it)
                     print(f"SILENT {it} {kind}: {s.records_out} written {short or ''} after {flips[:4]}")
                 elif lost or s.skipped:
                     said += 1
@@ -133,6 +142,7 @@ def main() -> None:
                 print(f"error {it} {kind}: {str(e)[:120]}")
             except Exception as e:  # noqa: BLE001 - what this script looks for
                 bad += 1
+                _keep(args.keep, src, it)
                 print(f"TRACEBACK {it} {kind}: {type(e).__name__}: {str(e)[:160]} after {flips[:4]}")
             shutil.rmtree(src) if src.is_dir() else src.unlink()
             shutil.rmtree(t / f"o{it}", ignore_errors=True)

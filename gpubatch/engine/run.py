@@ -136,6 +136,10 @@ def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
         n = info.skipped
         stats.warn(f"{record.key}: {n:,} frame{'s' * (n != 1)} lost to damage in the file (timestamps that skip them "
                    f"or are missing, from {info.skip_at:.3f} s); the frames it can place are written")
+    if info is not None and info.jump:  # (damage that moved the timestamps, or a splice: how many went, unknown)
+        stats.warn(f"{record.key}: its timestamps jump {info.jump:.3f} s at {info.jump_at:.3f} s, off its steady "
+                   f"rate (damage that moved them, or a splice): frames may be lost there; the frames it holds are "
+                   f"written")
     if record.media == Media.IMAGE and any(isinstance(o, Job) for o in out) and frames_held(record.data,
                                                                                             record.codec) > 1:
         stats.add(first_frames=1)  # (once a source, however many outputs: a decoder gives its first picture)

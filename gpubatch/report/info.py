@@ -351,6 +351,11 @@ def describe(path: Path, fmt: str | None = None, workers: int | None = None,
             n = sum(damaged)
             report.warnings.append(f"{len(damaged):,} video{'s' * (len(damaged) != 1)} lost {n:,} frame{'s' * (n != 1)} "
                                    "to damage (timestamps that skip them or are missing); convert names each")
+        jumps = sum(1 for v in videos if getattr(v, "jump", 0))
+        if jumps:  # (timestamps moved by damage, or a splice: how many frames went is not known)
+            whose = "videos'" if jumps != 1 else "video's"
+            report.warnings.append(f"{jumps:,} {whose} timestamps jump off a steady rate (damage "
+                                   "or a splice: frames may be lost there); convert names each")
     if sounds:
         report.audio = audio_facts(sounds, texts)
     if arrays:

@@ -511,11 +511,36 @@ def test_frames_a_damaged_flv_tag_takes_out_of_the_stream_are_said(tmp_path):
     assert any(w.startswith("a: 1 frame lost to damage in the file") for w in s.warnings), s.warnings
     assert "1 video lost 1 frame to damage" in " ".join(info(src).warnings)
     times = np.cumsum(np.r_[0, np.full(30, 1 / 30)])
-    assert _skips(times, np.diff(times)) == (0, 0.0)
+    assert _skips(times, np.diff(times)) == (0, 0.0, 0.0, 0.0)
     vfr = np.cumsum(np.r_[0, np.random.default_rng(0).uniform(0.01, 0.05, 30)])
-    assert _skips(vfr, np.diff(vfr)) == (0, 0.0)
+    assert _skips(vfr, np.diff(vfr)) == (0, 0.0, 0.0, 0.0)
     holed = np.delete(times, [7, 20])
-    assert _skips(holed, np.diff(holed)) == (2, pytest.approx(7 / 30))
+    assert _skips(holed, np.diff(holed)) == (2, pytest.approx(7 / 30), 0.0, 0.0)
+
+
+@pytest.mark.parametrize("ext", ["mkv", "mp4"])
+def test_timestamps_that_jump_off_a_steady_rate_are_said(tmp_path, ext):
+    """Damage that moves an MPEG program stream's timestamps (found by byte flips: 23 frames of 24 written, the
+    timestamps after the damage 0.517 s on, no word) leaves a steady rate whose timestamps jump by no whole number
+    of frames; how many frames went cannot be counted. Such a jump is said in a warning, by `convert` and `info`,
+    here made with timestamps written so; a steady clip says nothing."""
+    from gpubatch.engine.codecs.video_probe import _skips, probe
+
+    times = [i / 24 + (0.517 if i >= 12 else 0.0) for i in range(24)]
+    src = tmp_path / "src"
+    clip = make_clip(src / f"a.{ext}", 24, w=64, h=48, bframes=0, times=times)
+    got = probe(clip.read_bytes())
+    assert got.frames == 24 and got.skipped == 0
+    assert got.jump == pytest.approx(0.517 + 1 / 24, abs=2e-3) and got.jump_at == pytest.approx(11 / 24, abs=2e-3)
+    s = convert(src, tmp_path / "out", to="webdataset", frames="every:1", resize_shorter=32)
+    assert s.records_out == 24 and not s.skipped
+    assert any(w.startswith("a: its timestamps jump 0.559 s at 0.458 s") for w in s.warnings), s.warnings
+    assert "1 video's timestamps jump off a steady rate" in " ".join(info(src).warnings)
+    steady = make_clip(tmp_path / "steady" / f"b.{ext}", 24, w=64, h=48, bframes=0)
+    assert probe(steady.read_bytes()).jump == 0.0
+    assert not convert(steady.parent, tmp_path / "out2", to="webdataset", frames="every:1").warnings
+    spliced = np.r_[times[:12], np.asarray(times[12:]) + 0.01]  # (a gap of 1.3 intervals: jitter, not judged)
+    assert _skips(spliced - 0.517 * (np.arange(24) >= 12), np.diff(spliced - 0.517 * (np.arange(24) >= 12)))[2] == 0
 
 
 def test_a_matroska_file_whose_sound_outlasts_its_video_is_whole(tmp_path):

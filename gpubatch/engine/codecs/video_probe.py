@@ -116,6 +116,8 @@ class VideoInfo:
     skipped: int = 0  # frames a steady rate's timestamps skip (a damaged stretch the demuxer passed over) or
     # packets no timestamp places, from
     skip_at: float = 0.0  # this time on
+    jump: float = 0.0  # seconds a steady rate's timestamps jump by no whole number of frames (damage that moved
+    jump_at: float = 0.0  # them, or a splice: frames may be lost there), and from when
 
     @property
     def cut_short(self) -> str:
@@ -335,7 +337,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             if told - end > max(2.0 / rate, 0.02 * told):
                 missing, declared = min(round((told - end) * rate), MAX_MISSING), told
         vfr = bool(len(gaps) > 1 and (gaps.max() - gaps.min()) > 0.01 * max(float(np.median(gaps)), 1e-9))
-        skipped, skip_at = _skips(times, gaps)
+        skipped, skip_at, jump, jump_at = _skips(times, gaps)
         skipped += untimed
         rotation = _rotation(s)
         if not rotation:  # (MP4/MOV: the track's matrix read from the file's boxes, else a frame decoded)
@@ -354,25 +356,34 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             bit_rate=int(c.bit_rate or 0), audio_tracks=len(c.streams.audio), pts=spts, missing=missing,
             colorspace=int(getattr(cc, "colorspace", 2) or 2), color_range=int(getattr(cc, "color_range", 0) or 0),
             cut_inside=inside, cut_pts=cut_pts, reorder=reorder, declared=declared, counted=counted,
-            skipped=skipped, skip_at=skip_at,
+            skipped=skipped, skip_at=skip_at, jump=jump, jump_at=jump_at,
         )
 
 
-def _skips(times: np.ndarray, gaps: np.ndarray) -> tuple[int, float]:
-    """(frames skipped, the time of the first) where a video's frames come at a steady rate but for a few gaps of
-    whole frames (a damaged stretch the demuxer passed over, a tag it took for another stream): every gap a whole
-    number of the median interval within a tenth, three in four of them one; (0, 0.0) otherwise (a variable rate)."""
+def _skips(times: np.ndarray, gaps: np.ndarray) -> tuple[int, float, float, float]:
+    """Where a video's frames come at a steady rate (three in four gaps the median interval, within a tenth) but
+    for a few longer gaps: (frames skipped, the time of the first; a jump's length, its time). A gap of a whole
+    number of intervals skips frames (a damaged stretch the demuxer passed over, a tag it took for another stream);
+    one of more than one and a half intervals, and no whole number, is a jump of the timestamps (damage that moved
+    them, as in an MPEG program stream, or a splice), whose lost frames cannot be counted. All zero where the gaps
+    jitter by less (a variable rate)."""
+    none = (0, 0.0, 0.0, 0.0)
     if len(gaps) < 8:
-        return 0, 0.0
+        return none
     step = float(np.median(gaps))
     if step <= 0:
-        return 0, 0.0
+        return none
     k = gaps / step
     whole = np.round(k)
-    if not (np.abs(k - whole) < 0.1).all() or (whole == 1).mean() < 0.75 or not (whole >= 2).any():
-        return 0, 0.0
-    first = int(np.argmax(whole >= 2))
-    return int((whole[whole >= 2] - 1).sum()), float(times[first] + step)
+    near = np.abs(k - whole) < 0.1
+    far = ~near & (k > 1.5)
+    if not (near | far).all() or (near & (whole == 1)).mean() < 0.75:
+        return none
+    holes = near & (whole >= 2)
+    first = int(np.argmax(holes))
+    jumped = int(np.argmax(far))
+    return (int((whole[holes] - 1).sum()), float(times[first] + step) if holes.any() else 0.0,
+            float(gaps[jumped]) if far.any() else 0.0, float(times[jumped]) if far.any() else 0.0)
 
 
 def _codec_name(cc: Any) -> str:
