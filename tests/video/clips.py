@@ -30,7 +30,8 @@ def make_clip(path: Path, frames: int = 48, w: int = 96, h: int = 64, codec: str
         if codec == "libx264":
             s.options = {"g": str(gop), "bf": str(bframes), "preset": "ultrafast" if not bframes else "veryfast"}
         elif codec == "libx265":
-            s.options = {"x265-params": f"keyint={gop}:min-keyint={gop}:bframes={bframes}:log-level=error"}
+            s.options = {"x265-params": f"keyint={gop}:min-keyint={gop}:bframes={bframes}:log-level=error:"
+                                         "pools=none:frame-threads=1"}  # (its thread pool: crashed once on 16 cores)
         elif codec in ("libvpx-vp9", "libsvtav1"):
             s.options = {"g": str(gop)} | ({"svtav1-params": f"keyint={gop}:scd=0"} if codec == "libsvtav1" else {})
         if times is not None:
