@@ -448,6 +448,33 @@ def test_a_matroska_file_whose_frames_end_at_a_damaged_block_says_the_frames_aft
     assert probe((whole / f"b.{ext}").read_bytes()).missing == 0  # (a whole file is not taken for a damaged one)
 
 
+@pytest.mark.parametrize("ext,codec", [("webm", "libvpx-vp9"), ("mkv", "libx264")])
+def test_a_matroska_file_stopped_at_a_damaged_block_with_no_duration_lists_the_blocks_after_it(tmp_path, ext, codec):
+    """Byte flips in a WebM file: a block's lacing flags damaged (FFmpeg's demuxer stops there: "Error parsing frame
+    sizes") and its Segment's Duration gone. 6 frames of 24 were written with no word. The Clusters' blocks after
+    the last one read are counted from their sizes: each frame missing is listed."""
+    from gpubatch.engine.codecs.container_end import matroska_blocks_after
+    from gpubatch.engine.codecs.video_probe import probe
+
+    src = tmp_path / "src"
+    clip = make_clip(src / f"a.{ext}", 24, w=64, h=48, codec=codec)
+    data = bytearray(clip.read_bytes())
+    assert matroska_blocks_after(bytes(data), 0) == 24 and probe(bytes(data)).missing == 0
+    at = data.index(bytes.fromhex("4489"))  # (the Info's Duration, a float of 8 bytes, made a Void element)
+    assert data[at + 2] == 0x88
+    data[at : at + 2] = bytes.fromhex("ec89")  # (a Void of 9 bytes: the size byte and the float)
+    block = _ebml_blocks(bytes(data))[6]
+    size = 9 - data[block].bit_length()
+    data[block + size + 3] |= 0x06  # (EBML lacing, 4 frames, and no valid size for the first)
+    data[block + size + 4 : block + size + 6] = b"\x03\x00"
+    clip.write_bytes(bytes(data))
+    got = probe(bytes(data))
+    assert got.frames == 6 and got.missing == 18 and got.stopped and not got.declared
+    assert "its demuxer stops at a damaged block after 6 frames (18 blocks after it unread)" in got.cut_short
+    s = convert(src, tmp_path / "frames", to="webdataset", frames="every:1", resize_shorter=32)
+    assert s.records_out == 6 and len(s.skipped) == 18
+
+
 def test_an_index_counting_billions_of_frames_is_planned_in_bounded_memory(tmp_path):
     """An MP4 whose sample-time table counts 2,751,463,424 frames (a damaged byte): the frames it lacks had each
     been planned, 22 GB of arrays, and the run's worker was killed by the out-of-memory killer. At most
@@ -516,6 +543,51 @@ def test_frames_a_damaged_flv_tag_takes_out_of_the_stream_are_said(tmp_path):
     assert _skips(vfr, np.diff(vfr)) == (0, 0.0, 0.0, 0.0)
     holed = np.delete(times, [7, 20])
     assert _skips(holed, np.diff(holed)) == (2, pytest.approx(7 / 30), 0.0, 0.0)
+
+
+def _ts_frames(data: bytes) -> list[tuple[int, list[int]]]:
+    """Each video PES of an MPEG-TS file (PID 0x100, as FFmpeg's muxer numbers it): its PTS and the offsets of its
+    188-byte TS packets."""
+    out: list[tuple[int, list[int]]] = []
+    for i in range(0, len(data), 188):
+        if ((data[i + 1] & 0x1F) << 8 | data[i + 2]) != 0x100:
+            continue
+        if data[i + 1] & 0x40:  # (a PES begins here: its PTS after the adaptation field, if any)
+            h = i + 4 + (1 + data[i + 4] if data[i + 3] & 0x20 else 0) + 9
+            b = data[h : h + 5]
+            out.append(((b[0] >> 1 & 7) << 30 | b[1] << 22 | (b[2] >> 1) << 15 | b[3] << 7 | b[4] >> 1, []))
+        out[-1][1].append(i)
+    return out
+
+
+def test_a_frame_an_mpeg_ts_file_lost_in_presentation_order_last_is_said(tmp_path):
+    """Byte flips took one TS packet's PES out of an MPEG-TS file: the frame presented last, so the presentation
+    timestamps ran steady to their end and 23 frames of 24 were written with no word. The decoding timestamps,
+    steady with B-frames too, keep a hole where it was: a warning says a frame was lost."""
+    from gpubatch.engine.codecs.video_probe import probe
+
+    src = tmp_path / "src"
+    clip = make_clip(src / "a.ts", 24, w=64, h=48)
+    data = bytearray(clip.read_bytes())
+    assert probe(bytes(data)).skipped == 0
+    frames = _ts_frames(bytes(data))
+    assert len(frames) == 24
+    for i in max(frames)[1]:  # (the last frame presented, not the last decoded: its TS packets made null ones)
+        data[i + 1 : i + 3] = b"\x1f\xff"
+    clip.write_bytes(bytes(data))
+    got = probe(bytes(data))
+    assert got.frames == 23 and got.skipped == 1
+    s = convert(src, tmp_path / "out", to="webdataset", frames="every:1", resize_shorter=32)
+    assert s.records_out == 23 and any(w.startswith("a: 1 frame lost to damage in the file") for w in s.warnings)
+    from gpubatch.engine.codecs.video_probe import _lost_in_decoding_order
+
+    dts = np.arange(24, dtype=np.int64) * 3750
+    assert _lost_in_decoding_order(dts, 1 / 90000) == (0, 0.0)
+    damaged = np.delete(dts, 22)
+    damaged[11] = 2147524898  # (a packet's own decoding timestamp damaged as well: it fills its own hole)
+    assert _lost_in_decoding_order(damaged, 1 / 90000)[0] == 1
+    damaged[11] = damaged[10]  # (or made another's)
+    assert _lost_in_decoding_order(damaged, 1 / 90000)[0] == 1
 
 
 @pytest.mark.parametrize("ext", ["mkv", "mp4"])

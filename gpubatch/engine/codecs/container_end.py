@@ -53,34 +53,72 @@ def declared_end(data: bytes, kind: str | None) -> tuple[int, str]:
     return 0, ""
 
 
+def _vint(data: bytes, at: int, keep_marker: bool) -> tuple[int, int, bool]:
+    """An EBML variable-length integer at ``at``: (value, its bytes, all value bits set: an unknown size)."""
+    first = data[at]
+    n = 9 - first.bit_length() if first else 9
+    if n > 8 or at + n > len(data):
+        raise ValueError
+    v = first if keep_marker else first & ((0x80 >> (n - 1)) - 1)
+    for b in data[at + 1 : at + n]:
+        v = (v << 8) | b
+    return v, n, v == (1 << (7 * n)) - 1
+
+
+def _segment(data: bytes) -> tuple[int, int, bool]:
+    """(where a Matroska/WebM file's Segment element's data begins, its size, the size unknown); ValueError for
+    another file."""
+    ident, n, _ = _vint(data, 0, True)
+    if ident != 0x1A45DFA3:
+        raise ValueError
+    size, m, _ = _vint(data, n, False)
+    at = n + m + size  # (the EBML header's end: the Segment's ID)
+    ident, n, _ = _vint(data, at, True)
+    if ident != 0x18538067:
+        raise ValueError
+    size, m, unknown = _vint(data, at + n, False)
+    return at + n + m, size, unknown
+
+
 def matroska_end(data: bytes) -> int:
     """Where a Matroska/WebM file's Segment element says the file ends (written by any muxer that could seek back,
     FFmpeg's among them): past ``len(data)`` in a file cut short. 0 for no Matroska file, or a Segment of no size (a
     live-written file's: a cut cannot be told)."""
-
-    def vint(at: int, keep_marker: bool) -> tuple[int, int, bool]:  # (value, bytes, all value bits set)
-        first = data[at]
-        n = 9 - first.bit_length() if first else 9
-        if n > 8 or at + n > len(data):
-            raise ValueError
-        v = first if keep_marker else first & ((0x80 >> (n - 1)) - 1)
-        for b in data[at + 1 : at + n]:
-            v = (v << 8) | b
-        return v, n, v == (1 << (7 * n)) - 1
-
     try:
-        ident, n, _ = vint(0, True)
-        if ident != 0x1A45DFA3:
-            return 0
-        size, m, _ = vint(n, False)
-        at = n + m + size  # (the EBML header's end: the Segment's ID)
-        ident, n, _ = vint(at, True)
-        if ident != 0x18538067:
-            return 0
-        size, m, unknown = vint(at + n, False)
-        return 0 if unknown else at + n + m + size
+        at, size, unknown = _segment(data)
+        return 0 if unknown else at + size
     except (ValueError, IndexError):
         return 0
+
+
+def matroska_blocks_after(data: bytes, pos: int) -> int:
+    """How many frame blocks (SimpleBlock, BlockGroup) of a Matroska/WebM file's Clusters lie after ``pos``, the
+    data of the last block a demuxer read: where it stopped at a damaged block, the frames after it are lost. The
+    Segment's elements and each Cluster's are walked by their sizes; a stretch past ``pos`` that no element walk
+    reads counts one. 0 where it cannot be told: no Matroska file, an element of no size (a live-written file)."""
+    after = 0
+    try:
+        at, size, unknown = _segment(data)
+        end = len(data) if unknown else min(at + size, len(data))
+        while at < end:
+            ident, n, _ = _vint(data, at, True)
+            size, m, unknown = _vint(data, at + n, False)
+            if unknown:
+                return 0
+            inner, at = at + n + m, at + n + m + size
+            if ident != 0x1F43B675 or at <= pos:  # (a Cluster read whole, or another element)
+                continue
+            try:
+                while inner < min(at, len(data)):
+                    kid, n, _ = _vint(data, inner, True)
+                    size, m, _ = _vint(data, inner + n, False)
+                    after += kid in (0xA3, 0xA0) and inner + n + m > pos
+                    inner += n + m + size
+            except (ValueError, IndexError):
+                after += inner > pos
+    except (ValueError, IndexError):  # (bytes no element: the walk ends there, with what it found)
+        pass
+    return after
 
 
 def _flv_end(data: bytes) -> tuple[int, str]:

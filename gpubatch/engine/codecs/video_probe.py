@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import DependencyError
-from .container_end import PACKET, declared_end
+from .container_end import PACKET, declared_end, matroska_blocks_after
 
 # container names PyAV reports (comma lists) -> the extension gpubatch writes for such bytes
 _CONTAINERS = (("mp4", "mp4"), ("mov", "mov"), ("matroska", "mkv"), ("webm", "webm"), ("avi", "avi"),
@@ -112,6 +112,7 @@ class VideoInfo:
     cut_pts: int | None = None  # the timestamp of the packet a file cut short ends inside (not to be decoded)
     reorder: int = 0  # the most a frame's presentation timestamp lies after its decoding one (B-frames; a seek's aim)
     declared: float = 0.0  # a Matroska file's duration, where its frames end well before it (damaged: ``cut_short``)
+    stopped: bool = False  # a Matroska file whose demuxer stopped at a damaged block: ``missing`` blocks after it
     counted: int = 0  # the frames the file's index counts, where more are missing than are taken (MAX_MISSING)
     skipped: int = 0  # frames a steady rate's timestamps skip (a damaged stretch the demuxer passed over) or
     # packets no timestamp places, from
@@ -129,6 +130,9 @@ class VideoInfo:
         if self.declared:
             return (f"the file is damaged: its frames end at {self.duration:.3f} s of the {self.declared:.3f} s its "
                     f"header declares, after {self.frames:,} frames ({self.missing:,} missing)")
+        if self.stopped:
+            return (f"the file is damaged: its demuxer stops at a damaged block after {self.frames:,} frames "
+                    f"({self.missing:,} blocks after it unread)")
         n = self.counted or self.frames + self.missing
         return (f"the file is cut short: its header counts {n:,} frames, {self.frames:,} are in the file "
                 f"({self.missing:,} missing)")
@@ -271,6 +275,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         if max_pixels and coded_w * coded_h > max_pixels:
             raise ValueError(f"{coded_w}x{coded_h} frames are above --max-pixels {max_pixels:,}")
         pts: list[int] = []
+        dts: list[int | None] = []  # (decoding order: a packet the damage took leaves a hole in a steady run)
         keys: list[bool] = []
         durations: list[int] = []
         table = sample_table(s)  # byte position -> size of every frame's packet (MP4/MOV), or None
@@ -278,6 +283,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         cut = 0  # packets the demuxer gave cut short (the file ends inside them)
         reorder = 0  # the most a packet's presentation time lies after its decoding time
         untimed = 0  # packets of the video with no timestamp
+        last_pos = -1  # where the last packet's data lies in the file
         for p in packets(c, s):  # (up to a damaged stretch: the frames before it are the video)
             t = p.pts if p.pts is not None else p.dts
             if t is None or p.size == 0:
@@ -288,7 +294,9 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             if table is not None and table.get(p.pos, p.size) != p.size:
                 cut += 1
                 continue
+            last_pos = max(last_pos, p.pos if p.pos is not None else -1)
             pts.append(int(t))
+            dts.append(None if p.dts is None else int(p.dts))
             keys.append(bool(p.is_keyframe))
             durations.append(int(p.duration or 0))
         missing = max(0, listed - len(pts)) if listed > len(pts) + cut or cut else 0
@@ -327,7 +335,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         if not last:
             last = float(np.median(gaps)) if len(gaps) else (1.0 / rate if rate else 0.0)
         duration = float(times[-1] + last)
-        declared = 0.0
+        declared, stopped = 0.0, 0
         if not missing and not listed and sniffed in ("mkv", "webm") and len(c.streams) == 1 and rate:
             # (Matroska counts no frames, and its demuxer ends quietly at a damaged element: the frames after it
             # are lost without a word but for the Segment's Duration, which the muxer wrote at the end. Audio or
@@ -336,8 +344,14 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             end = float(spts[-1] * tb + last - float(c.start_time or 0) / 1e6)
             if told - end > max(2.0 / rate, 0.02 * told):
                 missing, declared = min(round((told - end) * rate), MAX_MISSING), told
+            elif last_pos >= 0:  # (or with no Duration left to tell: blocks the demuxer never reached)
+                missing = stopped = min(matroska_blocks_after(data, last_pos), MAX_MISSING)
         vfr = bool(len(gaps) > 1 and (gaps.max() - gaps.min()) > 0.01 * max(float(np.median(gaps)), 1e-9))
         skipped, skip_at, jump, jump_at = _skips(times, gaps)
+        if not listed and not missing and None not in dts:  # (a container that counts no frames: MPEG-TS...)
+            lost, lost_at = _lost_in_decoding_order(np.asarray(dts, np.int64), tb)
+            if lost > skipped:
+                skipped, skip_at = lost, lost_at
         skipped += untimed
         rotation = _rotation(s)
         if not rotation:  # (MP4/MOV: the track's matrix read from the file's boxes, else a frame decoded)
@@ -355,7 +369,8 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             vfr=vfr, duration=duration, times=times, keyframes=keyframes,
             bit_rate=int(c.bit_rate or 0), audio_tracks=len(c.streams.audio), pts=spts, missing=missing,
             colorspace=int(getattr(cc, "colorspace", 2) or 2), color_range=int(getattr(cc, "color_range", 0) or 0),
-            cut_inside=inside, cut_pts=cut_pts, reorder=reorder, declared=declared, counted=counted,
+            cut_inside=inside, cut_pts=cut_pts, reorder=reorder, declared=declared, stopped=bool(stopped),
+            counted=counted,
             skipped=skipped, skip_at=skip_at, jump=jump, jump_at=jump_at,
         )
 
@@ -379,11 +394,45 @@ def _skips(times: np.ndarray, gaps: np.ndarray) -> tuple[int, float, float, floa
     far = ~near & (k > 1.5)
     if not (near | far).all() or (near & (whole == 1)).mean() < 0.75:
         return none
-    holes = near & (whole >= 2)
+    holes = near & (whole >= 2) & (whole <= _MOST_SKIPPED)
+    far |= near & (whole > _MOST_SKIPPED)
     first = int(np.argmax(holes))
     jumped = int(np.argmax(far))
     return (int((whole[holes] - 1).sum()), float(times[first] + step) if holes.any() else 0.0,
             float(gaps[jumped]) if far.any() else 0.0, float(times[jumped]) if far.any() else 0.0)
+
+
+_MOST_SKIPPED = 256  # a gap of more intervals than this is a jump of the timestamps, not frames skipped
+
+
+def _lost_in_decoding_order(dts: np.ndarray, tb: float) -> tuple[int, float]:
+    """(frames lost, from when) told from the decoding timestamps of a steady stream, where the presentation
+    timestamps show nothing: a packet the damage took out of an MPEG-TS file (its last frame in presentation order,
+    say) leaves a hole in the decoding timestamps' run. Packets whose own decoding timestamp the damage changed
+    (off the run, or one another's) fill as many holes, so they are not counted as lost."""
+    v = np.unique(dts)
+    if len(v) < 9:
+        return 0, 0.0
+    gaps = np.diff(v)
+    step = float(np.median(gaps))
+    if step <= 0:
+        return 0, 0.0
+    k = gaps / step
+    whole = np.round(k)
+    near = np.abs(k - whole) < 0.1
+    far = (~near & (k > 1.5)) | (whole > _MOST_SKIPPED)
+    if not (near | far).all() or (near & (whole == 1)).mean() < 0.75:
+        return 0, 0.0
+    cuts = np.flatnonzero(far)  # (the runs between jumps: the longest is the stream, the rest displaced packets)
+    bounds = np.r_[0, cuts + 1, len(v)]
+    longest = int(np.argmax(np.diff(bounds)))
+    a, b = int(bounds[longest]), int(bounds[longest + 1])
+    inner = whole[a : b - 1]
+    lost = int((inner[inner >= 2] - 1).sum()) - (len(dts) - (b - a))
+    if lost <= 0:
+        return 0, 0.0
+    first = a + int(np.argmax(inner >= 2))
+    return lost, float((v[first] - v[a]) * tb + step * tb)
 
 
 def _codec_name(cc: Any) -> str:
