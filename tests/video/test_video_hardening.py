@@ -448,31 +448,44 @@ def test_a_matroska_file_whose_frames_end_at_a_damaged_block_says_the_frames_aft
     assert probe((whole / f"b.{ext}").read_bytes()).missing == 0  # (a whole file is not taken for a damaged one)
 
 
+@pytest.mark.parametrize("damage", ["lacing", "id", "track"])
 @pytest.mark.parametrize("ext,codec", [("webm", "libvpx-vp9"), ("mkv", "libx264")])
-def test_a_matroska_file_stopped_at_a_damaged_block_with_no_duration_lists_the_blocks_after_it(tmp_path, ext, codec):
-    """Byte flips in a WebM file: a block's lacing flags damaged (FFmpeg's demuxer stops there: "Error parsing frame
-    sizes") and its Segment's Duration gone. 6 frames of 24 were written with no word. The Clusters' blocks after
-    the last one read are counted from their sizes: each frame missing is listed."""
+def test_a_matroska_file_stopped_at_a_damaged_block_with_no_duration_lists_the_blocks_after_it(tmp_path, ext, codec,
+                                                                                               damage):
+    """Byte flips in WebM files, their Segment's Duration gone, frames lost with no word:
+    - a block's lacing flags damaged: FFmpeg's demuxer stops there ("Error parsing frame sizes"), 6 of 24 written;
+    - a block's element ID damaged: it stops there too ("exceeds containing master element"), 19 of 24;
+    - a block's track number damaged: FFmpeg passes over a block of no track, 22 of 24.
+    The Clusters' blocks after the last one read (of its track, or of none) are counted from their sizes, past a
+    damaged element to the next whole block: each frame missing is listed."""
     from gpubatch.engine.codecs.container_end import matroska_blocks_after
     from gpubatch.engine.codecs.video_probe import probe
 
     src = tmp_path / "src"
     clip = make_clip(src / f"a.{ext}", 24, w=64, h=48, codec=codec)
     data = bytearray(clip.read_bytes())
-    assert matroska_blocks_after(bytes(data), 0) == 24 and probe(bytes(data)).missing == 0
+    first = _ebml_blocks(bytes(data))[0]
+    first += 9 - data[first].bit_length()  # (the first block's data: its track number)
+    assert matroska_blocks_after(bytes(data), first) == 23 and probe(bytes(data)).missing == 0
     at = data.index(bytes.fromhex("4489"))  # (the Info's Duration, a float of 8 bytes, made a Void element)
     assert data[at + 2] == 0x88
     data[at : at + 2] = bytes.fromhex("ec89")  # (a Void of 9 bytes: the size byte and the float)
-    block = _ebml_blocks(bytes(data))[6]
+    block = _ebml_blocks(bytes(data))[{"lacing": 6, "id": 18, "track": 22}[damage]]
     size = 9 - data[block].bit_length()
-    data[block + size + 3] |= 0x06  # (EBML lacing, 4 frames, and no valid size for the first)
-    data[block + size + 4 : block + size + 6] = b"\x03\x00"
+    if damage == "lacing":  # (EBML lacing, 4 frames, and no valid size for the first)
+        data[block + size + 3] |= 0x06
+        data[block + size + 4 : block + size + 6] = b"\x03\x00"
+    elif damage == "id":
+        data[block - 1] = 0x3A
+    else:
+        data[block + size] = 0x88
     clip.write_bytes(bytes(data))
     got = probe(bytes(data))
-    assert got.frames == 6 and got.missing == 18 and got.stopped and not got.declared
-    assert "its demuxer stops at a damaged block after 6 frames (18 blocks after it unread)" in got.cut_short
+    assert got.frames < 24 and got.frames + got.missing == 24 and got.stopped and not got.declared
+    assert f"its demuxer stops at a damaged block after {got.frames} frames ({got.missing} blocks after it unread)" \
+        in got.cut_short
     s = convert(src, tmp_path / "frames", to="webdataset", frames="every:1", resize_shorter=32)
-    assert s.records_out == 6 and len(s.skipped) == 18
+    assert s.records_out == got.frames and len(s.skipped) == got.missing
 
 
 def test_an_index_counting_billions_of_frames_is_planned_in_bounded_memory(tmp_path):

@@ -92,12 +92,16 @@ def matroska_end(data: bytes) -> int:
 
 
 def matroska_blocks_after(data: bytes, pos: int) -> int:
-    """How many frame blocks (SimpleBlock, BlockGroup) of a Matroska/WebM file's Clusters lie after ``pos``, the
-    data of the last block a demuxer read: where it stopped at a damaged block, the frames after it are lost. The
-    Segment's elements and each Cluster's are walked by their sizes; a stretch past ``pos`` that no element walk
-    reads counts one. 0 where it cannot be told: no Matroska file, an element of no size (a live-written file)."""
-    after = 0
+    """How many frame blocks (SimpleBlock, BlockGroup) of a Matroska/WebM file lie after ``pos``, the data of the
+    last block a demuxer read, in its track: where the demuxer stopped at a damaged block, the frames after it are
+    lost. The Segment's elements and each Cluster's are walked by their sizes; a stretch past ``pos`` that no walk
+    reads counts one where every block read is of that track (another track's block may lie there). 0 where it
+    cannot be told: no Matroska file, an element of no size (a live-written file)."""
+    after = damaged = 0
+    others = False  # (blocks of other tracks seen: a damaged stretch may be theirs)
+    tracks: set[int] = set()  # (the Tracks element's track numbers: a block of none is a damaged one)
     try:
+        track = _vint(data, pos, False)[0]
         at, size, unknown = _segment(data)
         end = len(data) if unknown else min(at + size, len(data))
         while at < end:
@@ -106,19 +110,98 @@ def matroska_blocks_after(data: bytes, pos: int) -> int:
             if unknown:
                 return 0
             inner, at = at + n + m, at + n + m + size
+            if ident == 0x1654AE6B:
+                tracks |= _track_numbers(data, inner, min(at, len(data)))
             if ident != 0x1F43B675 or at <= pos:  # (a Cluster read whole, or another element)
                 continue
-            try:
-                while inner < min(at, len(data)):
+            stop = min(at, len(data))
+            while inner < stop:
+                block = _block(data, inner, stop)
+                if block:
+                    number = _track(data, inner, block[1], stop)
+                    if tracks and number not in tracks:  # (its track number damaged: a frame no demuxer gives)
+                        damaged += inner > pos
+                    else:
+                        after += number == track and inner + block[1] > pos
+                        others |= number != track
+                    inner += block[0]
+                    continue
+                try:  # (another child: a Timecode, a Void...)
                     kid, n, _ = _vint(data, inner, True)
                     size, m, _ = _vint(data, inner + n, False)
-                    after += kid in (0xA3, 0xA0) and inner + n + m > pos
+                    if inner + n + m + size > stop or kid not in _CLUSTER_KIDS:
+                        raise ValueError
                     inner += n + m + size
-            except (ValueError, IndexError):
-                after += inner > pos
+                except (ValueError, IndexError):  # (a damaged element: one more, then the next whole block)
+                    damaged += inner > pos
+                    inner = _next_block(data, inner + 1, stop)
     except (ValueError, IndexError):  # (bytes no element: the walk ends there, with what it found)
         pass
-    return after
+    return after + (0 if others else damaged)
+
+
+def _track_numbers(data: bytes, at: int, stop: int) -> set[int]:
+    """The TrackNumber of each TrackEntry of a Tracks element's data ``at``..``stop``."""
+    out = set()
+    try:
+        while at < stop:
+            ident, n, _ = _vint(data, at, True)
+            size, m, _ = _vint(data, at + n, False)
+            inner, at = at + n + m, at + n + m + size
+            while ident == 0xAE and inner < min(at, stop):
+                kid, n, _ = _vint(data, inner, True)
+                size, m, _ = _vint(data, inner + n, False)
+                if kid == 0xD7 and 0 < size <= 8:
+                    out.add(int.from_bytes(data[inner + n + m : inner + n + m + size], "big"))
+                inner += n + m + size
+    except (ValueError, IndexError):
+        pass
+    return out
+
+
+def _track(data: bytes, at: int, head: int, stop: int) -> int | None:
+    """The track number of the block at ``at`` (a SimpleBlock's, or its BlockGroup's Block's), None if unread."""
+    try:
+        if data[at] == 0xA3:
+            return _vint(data, at + head, False)[0]
+        inner = at + head
+        while inner < stop:  # (a BlockGroup's children: its Block, a BlockDuration, references...)
+            kid, n, _ = _vint(data, inner, True)
+            size, m, _ = _vint(data, inner + n, False)
+            if kid == 0xA1:
+                return _vint(data, inner + n + m, False)[0]
+            inner += n + m + size
+    except (ValueError, IndexError):
+        pass
+    return None
+
+
+_CLUSTER_KIDS = (0xE7, 0xA7, 0xAB, 0x5854, 0xEC, 0xBF)  # (Timecode, Position, PrevSize, SilentTracks, Void, CRC-32)
+
+
+def _block(data: bytes, at: int, stop: int, strict: bool = False) -> tuple[int, int] | None:
+    """(its length, where its data begins) for a frame block (SimpleBlock, BlockGroup) at ``at`` that ends within
+    ``stop``, and, ``strict`` (a walk that lost its way), where another block or the Cluster's end begins; None
+    otherwise."""
+    if data[at] not in (0xA3, 0xA0):
+        return None
+    try:
+        size, m, _ = _vint(data, at + 1, False)
+    except (ValueError, IndexError):
+        return None
+    end = at + 1 + m + size
+    if end > stop or (strict and end < stop and data[end] not in (0xA3, 0xA0, 0xEC, 0xBF)):
+        return None
+    return end - at, 1 + m
+
+
+def _next_block(data: bytes, at: int, stop: int) -> int:
+    """Where the next whole frame block of a Cluster begins from ``at`` (a walk past a damaged element), or ``stop``."""
+    while True:
+        at = min((i for i in (data.find(b"\xa3", at, stop), data.find(b"\xa0", at, stop)) if i >= 0), default=stop)
+        if at >= stop or _block(data, at, stop, strict=True):
+            return at
+        at += 1
 
 
 def _flv_end(data: bytes) -> tuple[int, str]:

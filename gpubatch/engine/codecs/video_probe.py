@@ -344,8 +344,9 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             end = float(spts[-1] * tb + last - float(c.start_time or 0) / 1e6)
             if told - end > max(2.0 / rate, 0.02 * told):
                 missing, declared = min(round((told - end) * rate), MAX_MISSING), told
-            elif last_pos >= 0:  # (or with no Duration left to tell: blocks the demuxer never reached)
-                missing = stopped = min(matroska_blocks_after(data, last_pos), MAX_MISSING)
+        if not missing and not listed and sniffed in ("mkv", "webm") and last_pos >= 0:
+            # (or, whatever the Duration says, the video's blocks after the last one the demuxer read)
+            missing = stopped = min(matroska_blocks_after(data, last_pos), MAX_MISSING)
         vfr = bool(len(gaps) > 1 and (gaps.max() - gaps.min()) > 0.01 * max(float(np.median(gaps)), 1e-9))
         skipped, skip_at, jump, jump_at = _skips(times, gaps)
         if not listed and not missing and None not in dts:  # (a container that counts no frames: MPEG-TS...)
