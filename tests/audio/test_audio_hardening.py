@@ -698,6 +698,37 @@ def test_an_m4a_whose_decoder_passes_over_damaged_frames_is_damaged_not_shorter(
     assert s.records_out + len(s.skipped) == 2
 
 
+def test_mp3_files_joined_or_with_a_damaged_header_frame_keep_every_sample(tmp_path):
+    """Two MP3 files one after the other (``cat a.mp3 b.mp3``): libsndfile counts and reads the first's samples
+    alone (48,000 of 96,000), and the second's were lost without a word; byte flips in the first's Xing frame made
+    it read 24,984 of 48,000. Where libsndfile counts fewer samples than the frames hold (walked from the first to
+    the last), the file is read through PyAV, every frame."""
+    import io
+
+    import soundfile as sf
+
+    from gpubatch.engine.codecs.audio_end import mp3_samples
+    from gpubatch.engine.codecs.audio_io import decode_audio, probe_audio
+
+    x = (0.3 * np.sin(np.arange(48000) * 2 * np.pi * 440 / 16000)).astype(np.float32)
+    buf = io.BytesIO()
+    sf.write(buf, x, 16000, format="MP3")
+    one = buf.getvalue()
+    assert mp3_samples(one) == 86 * 576 and probe_audio(one).reader == "soundfile"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "one.mp3").write_bytes(one)
+    (src / "joined.mp3").write_bytes(one + one)
+    assert sf.info(src / "joined.mp3").frames == 48000  # (libsndfile's count: the first file's)
+    got = probe_audio(one + one)
+    assert got.reader == "pyav" and got.frames == mp3_samples(one + one) >= 96000
+    assert decode_audio(src / "joined.mp3").samples.shape[1] >= 96000
+    s = convert(src, tmp_path / "out", to="webdataset", sample_rate=16000)
+    assert s.records_out == 2 and not s.skipped
+    lengths = {r.key: sf.info(io.BytesIO(r.data)).frames for r in open_dataset(tmp_path / "out")}
+    assert lengths["one"] == 48000 and lengths["joined"] >= 96000, lengths
+
+
 def test_a_chained_ogg_file_is_its_record_s_error_not_its_first_stream_alone(tmp_path):
     """Two Ogg Vorbis files one after the other (a chained Ogg file, as stream recorders write): libsndfile reads
     the first stream alone, and the second's samples had been lost without a word (16,000 of 64,000 read; or, the

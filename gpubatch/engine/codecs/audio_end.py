@@ -257,5 +257,53 @@ def mp3_shortfall(head: bytes, size: int) -> tuple[int, int] | None:
     return want, have
 
 
+_MP3_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}  # (by version)
+_MP3_KBPS = {3: (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
+             2: (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)}
+
+
+def _mp3_frame(data: bytes, at: int, like: int | None = None) -> int:
+    """The length of the Layer III frame whose header is at ``at`` (of the same version and rate as the header
+    ``like``, where given), or 0."""
+    if at + 4 > len(data) or data[at] != 0xFF or data[at + 1] & 0xE6 != 0xE2:  # (sync, Layer III)
+        return 0
+    version, rate_i, kbps_i = (data[at + 1] >> 3) & 3, (data[at + 2] >> 2) & 3, data[at + 2] >> 4
+    if version == 1 or rate_i == 3 or kbps_i in (0, 15):
+        return 0
+    if like is not None and (data[at + 1] & 0xFE, data[at + 2] & 0x0C) != like:
+        return 0
+    rate, kbps = _MP3_RATES[version][rate_i], _MP3_KBPS[3 if version == 3 else 2][kbps_i]
+    return (144 if version == 3 else 72) * kbps * 1000 // rate + ((data[at + 2] >> 1) & 1)
+
+
+def mp3_samples(data: bytes) -> int:
+    """The samples a channel an MP3's Layer III frames hold, walked from the first to the last (a damaged stretch
+    passed over to the next frame of the same kind; the Xing/Info/VBRI header frame not counted; no encoder delay
+    taken off); 0 where no frame is found."""
+    at = id3_end(data[:10])
+    if not _mp3_frame(data, at):
+        return 0
+    like = (data[at + 1] & 0xFE, data[at + 2] & 0x0C)
+    per = 1152 if (data[at + 1] >> 3) & 3 == 3 else 576
+    side = (17 if data[at + 3] >> 6 == 3 else 32) if per == 1152 else (9 if data[at + 3] >> 6 == 3 else 17)
+    frames = -(data[at + 4 + side : at + 8 + side] in (b"Xing", b"Info") or data[at + 36 : at + 40] == b"VBRI")
+    end = len(data) - (128 if data[-128:-125] == b"TAG" else 0)
+    while at < end:
+        n = _mp3_frame(data, at, like)
+        if n and at + n <= end:
+            frames += 1
+            at += n
+            continue
+        if n:  # (the last frame, cut: no whole frame)
+            break
+        at = data.find(b"\xff", at + 1, end)  # (a damaged stretch: to the next header of the same kind)
+        while at >= 0 and not (_mp3_frame(data, at, like) and (at + _mp3_frame(data, at, like) >= end or _mp3_frame(
+                data, at + _mp3_frame(data, at, like), like))):
+            at = data.find(b"\xff", at + 1, end)
+        if at < 0:
+            break
+    return max(frames, 0) * per
+
+
 def _flac_rate(streaminfo: bytes) -> int:
     return int.from_bytes(streaminfo[10:13], "big") >> 4

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ...errors import DependencyError
-from .audio_end import audio_shortfall, file_shortfall, id3_end, sniff_audio, tail_bytes
+from .audio_end import audio_shortfall, file_shortfall, id3_end, mp3_samples, sniff_audio, tail_bytes
 
 __all__ = ["AUDIO_FORMATS", "AudioData", "AudioInfo", "audio_shortfall", "cut_audio", "decode_audio", "encode_audio",
            "leading_seconds", "npy_header", "probe_audio", "sniff_audio"]
@@ -144,6 +144,12 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
             _check(AudioInfo("wav", "", *said, 0))
         info = _probe_av(data)
     _check(info)
+    if info.codec == "mp3" and info.reader == "soundfile":  # (its frames walked: whole MP3 files are small)
+        if data is None:
+            data = Path(data_path).read_bytes()
+        held = mp3_samples(data)
+        if held - info.frames > 3 * 1152:  # (libsndfile counts fewer than its frames hold, less the encoder's delay)
+            info = replace(_probe_av(data), frames=held)
     if data is not None:
         head = data[: max(1 << 16, id3_end(data[:10]) + 4096)]  # (an MP3's first frames after its tags, cover art and all)
         n = tail_bytes(data[:64])
@@ -156,6 +162,11 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
     if info.frames <= 0:
         raise ValueError("no audio samples")
     return info
+
+
+def _head(path: str | Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(64)
 
 
 def _wav_header(data: bytes) -> tuple[int, int] | None:
@@ -271,7 +282,8 @@ def decode_audio(data: bytes | str | Path, info: AudioInfo | None = None, max_sa
     ValueError where they cannot be decoded, hold NaN or infinite samples, or more than ``max_samples``
     samples. With ``npy`` the samples are decoded into the data of a ``.npy`` file's bytes
     (``AudioData.npy``), which a ``.npy`` output of them then is, without a copy."""
-    if info is None and isinstance(data, (str, Path)):  # a file: opened once for its facts and samples
+    if info is None and isinstance(data, (str, Path)) and sniff_audio(_head(data)) != "mp3":  # a file: opened
+        # once for its facts and samples (an MP3's frames are walked first: ``probe_audio``)
         try:
             with _Source(data) as src, _sf_open(src) as f:
                 info = _check(_info_of(f))
