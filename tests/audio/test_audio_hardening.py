@@ -729,20 +729,45 @@ def test_mp3_files_joined_or_with_a_damaged_header_frame_keep_every_sample(tmp_p
     assert lengths["one"] == 48000 and lengths["joined"] >= 96000, lengths
 
 
-def test_a_chained_ogg_file_is_its_record_s_error_not_its_first_stream_alone(tmp_path):
-    """Two Ogg Vorbis files one after the other (a chained Ogg file, as stream recorders write): libsndfile reads
-    the first stream alone, and the second's samples had been lost without a word (16,000 of 64,000 read; or, the
-    longer first, 48,000 and no error at all). Its last page's stream differs from its first: the record's error."""
+@pytest.mark.parametrize("kind", ["ogg", "opus"])
+def test_a_chained_ogg_file_is_read_whole_not_its_first_stream_alone(tmp_path, kind):
+    """Two Ogg Vorbis (or Opus) files one after the other (a chained Ogg file, as stream recorders write):
+    libsndfile reads the first stream alone, and the second's samples had been lost without a word (16,000 of
+    64,000 read; or, the longer first, 48,000 and no error at all). Its last page's stream differs from its first:
+    it is read through PyAV, every stream, as many samples as its streams' last pages count. Streams of other
+    rates are the record's error, in one line."""
+    import io
+
+    import soundfile as sf
+
+    from gpubatch.engine.codecs.container_end import ogg_chains
+
     src = tmp_path / "src"
     src.mkdir()
     rng = np.random.default_rng(2)
+    rate = 48000 if kind == "opus" else 16000
     parts = []
     for n in (16000, 48000):
-        path = write(tmp_path / f"part{n}.ogg", 0.1 * rng.standard_normal((n, 1)).astype(np.float32), 16000)
-        parts.append(path.read_bytes())
-    (src / "short_first.ogg").write_bytes(parts[0] + parts[1])
-    (src / "long_first.ogg").write_bytes(parts[1] + parts[0])
-    (src / "whole.ogg").write_bytes(parts[1])
+        buf = io.BytesIO()
+        sf.write(buf, 0.1 * rng.standard_normal(n).astype(np.float32), rate, format="OGG",
+                 subtype="OPUS" if kind == "opus" else "VORBIS")
+        parts.append(buf.getvalue())
+    other = io.BytesIO()
+    sf.write(other, 0.1 * rng.standard_normal(8000).astype(np.float32), 8000 if kind == "ogg" else 24000, format="OGG",
+             subtype="OPUS" if kind == "opus" else "VORBIS")
+    (src / f"short_first.{kind}").write_bytes(parts[0] + parts[1])
+    (src / f"long_first.{kind}").write_bytes(parts[1] + parts[0])
+    (src / f"whole.{kind}").write_bytes(parts[1])
+    assert [n for *_, n in ogg_chains(parts[0] + parts[1])] == [16000, 48000]
+    assert sf.info(src / f"short_first.{kind}").frames < 64000  # (libsndfile's count: the first stream's)
     s = convert(src, tmp_path / "out", to="webdataset", sample_rate=16000)
-    assert s.records_out == 1 and sorted(e["key"] for e in s.skipped) == ["long_first", "short_first"]
-    assert all(e["reason"].startswith("a chained Ogg file") for e in s.skipped)
+    assert s.records_out == 3 and not s.skipped
+    lengths = {r.key: sf.info(io.BytesIO(r.data)).frames for r in open_dataset(tmp_path / "out")}
+    want = 64000 if kind == "ogg" else 64000 // 3
+    assert all(abs(lengths[k] - want) <= 300 for k in ("short_first", "long_first")), lengths
+    if kind == "ogg":  # (an Opus stream decodes at 48 kHz whatever its input rate: nothing differs)
+        (src / f"mixed.{kind}").write_bytes(parts[0] + other.getvalue())
+        s = convert(src, tmp_path / "out2", to="webdataset", sample_rate=16000)
+        assert [e["key"] for e in s.skipped] == ["mixed"]
+        assert s.skipped[0]["reason"].startswith("a chained Ogg file whose 2 streams differ in rate or channels "
+                                                 "(8,000 Hz x 1, 16,000 Hz x 1)")

@@ -61,6 +61,21 @@ def file_shortfall(path: str | Path, frames: int = 0) -> str | None:
         return audio_shortfall(head, f.read(n) if n else b"", size, frames)
 
 
+def ogg_chained(data: bytes | str | Path) -> bool:
+    """Whether an Ogg file (bytes, or a file: its first and last bytes read) is chained: its last page belongs to
+    another logical stream than its first."""
+    from .container_end import ogg_last_sample
+
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        n = tail_bytes(bytes(data[:64]))
+        return ogg_last_sample(bytes(data[: 1 << 16]), bytes(data[-n:]) if n else b"") == -1
+    with open(data, "rb") as f:
+        head = f.read(1 << 16)
+        n = tail_bytes(head)
+        f.seek(max(0, os.fstat(f.fileno()).st_size - n))
+        return ogg_last_sample(head, f.read(n) if n else b"") == -1
+
+
 def wav_shortfall(head: bytes, size: int) -> tuple[int, int] | None:
     """(bytes the WAV header's ``data`` chunk promises, bytes present) where a ``size``-byte file whose
     first bytes are ``head`` holds fewer than it promises (a file cut short: libsndfile reads what is

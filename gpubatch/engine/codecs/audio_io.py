@@ -20,7 +20,15 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...errors import DependencyError
-from .audio_end import audio_shortfall, file_shortfall, id3_end, mp3_samples, sniff_audio, tail_bytes
+from .audio_end import (
+    audio_shortfall,
+    file_shortfall,
+    id3_end,
+    mp3_samples,
+    ogg_chained,
+    sniff_audio,
+    tail_bytes,
+)
 
 __all__ = ["AUDIO_FORMATS", "AudioData", "AudioInfo", "audio_shortfall", "cut_audio", "decode_audio", "encode_audio",
            "leading_seconds", "npy_header", "probe_audio", "sniff_audio"]
@@ -150,18 +158,38 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
         held = mp3_samples(data)
         if held - info.frames > 3 * 1152:  # (libsndfile counts fewer than its frames hold, less the encoder's delay)
             info = replace(_probe_av(data), frames=held)
+    if info.codec in ("ogg", "opus") and info.reader == "soundfile" and ogg_chained(data if data is not None
+                                                                                   else data_path):
+        if data is None:
+            data = Path(data_path).read_bytes()
+        info = _chained(data)
+    counted = 0 if info.reader == "pyav" else info.frames  # (PyAV reads every stream of a chained Ogg file)
     if data is not None:
         head = data[: max(1 << 16, id3_end(data[:10]) + 4096)]  # (an MP3's first frames after its tags, cover art and all)
         n = tail_bytes(data[:64])
         tail = data[-n:] if n else b""
-        short = audio_shortfall(head, tail, len(data), info.frames)
+        short = audio_shortfall(head, tail, len(data), counted)
     else:
-        short = file_shortfall(data_path, info.frames)
+        short = file_shortfall(data_path, counted)
     if short is not None:  # (before the count of samples: a file cut inside its first pages may have none)
         raise ValueError(short)
     if info.frames <= 0:
         raise ValueError("no audio samples")
     return info
+
+
+def _chained(data: bytes) -> AudioInfo:
+    """The facts of a chained Ogg file (streams one after another, as stream recorders write them; libsndfile reads
+    the first alone), read through PyAV, every stream; ValueError where its streams differ in rate or channels."""
+    from .container_end import ogg_chains
+
+    chains = ogg_chains(data)
+    kinds = sorted({(rate, channels) for rate, channels, _ in chains})
+    if len(kinds) != 1:
+        said = ", ".join(f"{rate:,} Hz x {channels}" for rate, channels in kinds)
+        raise ValueError(f"a chained Ogg file whose {len(chains)} streams differ in rate or channels ({said}): "
+                         "convert each stream to a file of its own first")
+    return replace(_probe_av(data), frames=sum(n for *_, n in chains))
 
 
 def _head(path: str | Path) -> bytes:
@@ -282,8 +310,9 @@ def decode_audio(data: bytes | str | Path, info: AudioInfo | None = None, max_sa
     ValueError where they cannot be decoded, hold NaN or infinite samples, or more than ``max_samples``
     samples. With ``npy`` the samples are decoded into the data of a ``.npy`` file's bytes
     (``AudioData.npy``), which a ``.npy`` output of them then is, without a copy."""
-    if info is None and isinstance(data, (str, Path)) and sniff_audio(_head(data)) != "mp3":  # a file: opened
-        # once for its facts and samples (an MP3's frames are walked first: ``probe_audio``)
+    if info is None and isinstance(data, (str, Path)) and sniff_audio(_head(data)) not in ("mp3", "ogg", "opus"):
+        # a file: opened once for its facts and samples (an MP3's frames are walked first, an Ogg file's streams
+        # counted: ``probe_audio``)
         try:
             with _Source(data) as src, _sf_open(src) as f:
                 info = _check(_info_of(f))
