@@ -163,7 +163,7 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
         if data is None:
             data = Path(data_path).read_bytes()
         info = _chained(data)
-    counted = 0 if info.reader == "pyav" else info.frames  # (PyAV reads every stream of a chained Ogg file)
+    counted = 0 if info.reader == "pyav" else info.frames  # (PyAV reads every Ogg stream, every MP3 frame)
     if data is not None:
         head = data[: max(1 << 16, id3_end(data[:10]) + 4096)]  # (an MP3's first frames after its tags, cover art and all)
         n = tail_bytes(data[:64])
