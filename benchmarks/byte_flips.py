@@ -3,12 +3,14 @@
 every record is written or listed as skipped, or a warning or a one-line error says what the damage cost; never a
 traceback, never fewer records (or, for sound, fewer samples; for video, fewer frames) without a word.
 
-    python3 benchmarks/byte_flips.py --media datasets|video|audio [--seed 1] [--runs 60] [--keep DIR]
+    python3 benchmarks/byte_flips.py --media datasets|video|video-sound|audio [--seed 1] [--runs 60] [--keep DIR]
 
 ``datasets``: ``sample_data/imagenet`` written as webdataset, TFRecord, RecordIO, LMDB, COCO, Parquet and a folder,
 and zipped (an image folder in a ZIP), then 1-64 bytes of one copy's files flipped (index files and manifests among them), read back to webdataset.
 ``video``: eight 24-frame clips (H.264 in MP4, MKV, MPEG-TS and FLV, VP9 in WebM, MPEG-4 in AVI, MPEG-2 in MPEG-PS,
-HEVC in MP4), 1-32 bytes of one flipped, every frame written (``--frames every:1``). ``audio``: a 3-s recording as
+HEVC in MP4), 1-32 bytes of one flipped, every frame written (``--frames every:1``); ``video-sound``: the same of
+eight clips with a sound track beside the video (AAC, Opus, MP2, MP3, AC-3 in MP4, MKV, WebM, MPEG-TS, FLV, AVI,
+MPEG-PS and MOV). ``audio``: a 3-s recording as
 FLAC, WAV, Ogg Vorbis, Opus, MP3, AIFF and AAC in MP4, 1-16 bytes of one flipped, resampled. Prints one line a copy
 that lost something, with what was said, and ends with the count of silent losses and tracebacks (``bad``).
 """
@@ -21,6 +23,7 @@ import random
 import shutil
 import sys
 import tempfile
+from fractions import Fraction
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +62,45 @@ def _videos(t: Path) -> tuple[dict[str, Path], dict, int]:
     return {"video": t / "base"}, opts, convert(t / "base", t / "ref", **opts).records_out
 
 
+def _sounded(path: Path, fmt: str, vcodec: str, acodec: str, frames: int = 24) -> None:
+    """A clip of ``frames`` frames at 24 fps with a sound track beside it (a tone), as cameras and phones write."""
+    import av
+
+    from tests.video.clips import frame
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w", format=fmt) as c:
+        v = c.add_stream(vcodec, rate=24)
+        v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
+        a = c.add_stream(acodec, rate=48000)
+        a.layout = "stereo"
+        for i in range(frames):
+            f = av.VideoFrame.from_ndarray(frame(i, 48, 64), format="rgb24")
+            f.pts, f.time_base = i, Fraction(1, 24)
+            for p in v.encode(f):
+                c.mux(p)
+        tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(frames * 2000) / 48000)).astype(np.float32)
+        f = av.AudioFrame.from_ndarray(np.stack([tone, tone]), format="fltp", layout="stereo")
+        f.sample_rate, f.pts = 48000, 0
+        for p in [*a.encode(f), *a.encode(None), *v.encode(None)]:
+            c.mux(p)
+
+
+def _sounded_videos(t: Path) -> tuple[dict[str, Path], dict, int]:
+    base = t / "base" / "a"
+    for name, fmt, vcodec, acodec in (("h264-aac.mp4", "mp4", "libx264", "aac"),
+                                      ("h264-aac.mkv", "matroska", "libx264", "aac"),
+                                      ("vp9-opus.webm", "webm", "libvpx-vp9", "libopus"),
+                                      ("h264-mp2.ts", "mpegts", "libx264", "mp2"),
+                                      ("h264-aac.flv", "flv", "libx264", "aac"),
+                                      ("mpeg4-mp3.avi", "avi", "mpeg4", "libmp3lame"),
+                                      ("mpeg2-mp2.mpg", "mpeg", "mpeg2video", "mp2"),
+                                      ("h264-ac3.mov", "mov", "libx264", "ac3")):
+        _sounded(base / name, fmt, vcodec, acodec)
+    opts = {"to": "webdataset", "from_format": "video", "frames": "every:1", "resize_shorter": 32}
+    return {"video": t / "base"}, opts, convert(t / "base", t / "ref", **opts).records_out
+
+
 def _sounds(t: Path) -> tuple[dict[str, Path], dict, int]:
     import soundfile as sf
 
@@ -88,7 +130,7 @@ def _keep(where: Path | None, src: Path, it: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--media", choices=("datasets", "video", "audio"), required=True)
+    ap.add_argument("--media", choices=("datasets", "video", "video-sound", "audio"), required=True)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--keep", type=Path, help="copy each bad copy's damaged source here, to study")
@@ -97,7 +139,8 @@ def main() -> None:
         args.keep.mkdir(parents=True, exist_ok=True)
     t = Path(tempfile.mkdtemp(prefix="gpubatch-flips-"))
     try:
-        bases, opts, whole = {"datasets": _datasets, "video": _videos, "audio": _sounds}[args.media](t)
+        bases, opts, whole = {"datasets": _datasets, "video": _videos, "video-sound": _sounded_videos,
+                              "audio": _sounds}[args.media](t)
         ref = {}
         if args.media == "audio":  # (each recording's samples, whole)
             convert(bases["audio"], t / "ref", **opts)
@@ -115,8 +158,8 @@ def main() -> None:
             if args.media != "datasets":
                 files = [rng.choice(files)]
             flips = []
-            for _ in range(rng.choice({"datasets": (1, 4, 16, 64), "video": (1, 2, 8, 32), "audio": (1, 4, 16)}[
-                    args.media])):
+            for _ in range(rng.choice({"datasets": (1, 4, 16, 64), "audio": (1, 4, 16)}.get(args.media, (1, 2, 8,
+                                                                                                      32)))):
                 f = rng.choice(files)
                 data = bytearray(f.read_bytes())
                 if data:

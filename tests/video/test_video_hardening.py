@@ -488,6 +488,40 @@ def test_a_matroska_file_stopped_at_a_damaged_block_with_no_duration_lists_the_b
     assert s.records_out == got.frames and len(s.skipped) == got.missing
 
 
+def test_an_avi_with_an_empty_index_entry_is_a_whole_file(tmp_path):
+    """FFmpeg's AVI muxer (and VirtualDub, for each dropped frame) writes an empty chunk where timestamps skip, so
+    that the stream keeps its rate: the stream's length counts it, no demuxer gives a packet for it. Such a whole
+    file had been taken for one cut short (2 frames listed missing, refused in a pass-through) and its skip for
+    damage. Its index's empty entries are counted as frames repeated."""
+    import av
+
+    from gpubatch.engine.codecs.container_end import avi_null_frames
+    from gpubatch.engine.codecs.video_probe import probe
+    from tests.video.clips import frame
+
+    src = tmp_path / "src"
+    src.mkdir()
+    path = src / "a.avi"
+    with av.open(str(path), "w") as c:
+        v = c.add_stream("mpeg4", rate=24)
+        v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
+        for i in [0, *range(2, 25)]:  # (the frame at 1/24 s never given: the muxer writes an empty chunk there)
+            f = av.VideoFrame.from_ndarray(frame(i, 48, 64), format="rgb24")
+            f.pts, f.time_base = i, Fraction(1, 24)
+            for p in v.encode(f):
+                c.mux(p)
+        for p in v.encode(None):
+            c.mux(p)
+    data = path.read_bytes()
+    assert avi_null_frames(data, 0) == 1
+    got = probe(data)
+    assert got.frames == 24 and got.missing == 0 and got.skipped == 0 and not got.cut_short
+    s = convert(src, tmp_path / "copy", to="webdataset")
+    assert s.records_out == 1 and not s.skipped
+    s = convert(src, tmp_path / "frames", to="webdataset", frames="every:1", resize_shorter=32)
+    assert s.records_out == 24 and not s.skipped and not s.warnings
+
+
 def test_an_index_counting_billions_of_frames_is_planned_in_bounded_memory(tmp_path):
     """An MP4 whose sample-time table counts 2,751,463,424 frames (a damaged byte): the frames it lacks had each
     been planned, 22 GB of arrays, and the run's worker was killed by the out-of-memory killer. At most

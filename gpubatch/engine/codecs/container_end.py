@@ -441,3 +441,22 @@ def ogg_chains(data: bytes) -> list[tuple[int, int, int]]:
         at = body + sum(segments)
     return [(rate, channels, max(0, last - skip)) for rate, channels, last, skip in chains.values()]
 
+
+def avi_null_frames(data: bytes, stream: int) -> int:
+    """How many of an AVI file's index entries (``idx1``) for video stream ``stream`` are empty: the frames a
+    writer repeats to keep a constant rate (FFmpeg's muxer writes one where timestamps skip, VirtualDub one for each
+    dropped frame). The stream's length counts them and no demuxer gives a packet for them: they are neither lost
+    nor missing. 0 where there is no ``idx1`` (an OpenDML file's second part, say)."""
+    if data[:4] != b"RIFF" or data[8:12] != b"AVI ":
+        return 0
+    at = 12
+    while at + 8 <= len(data):  # (the RIFF's chunks: hdrl, movi, idx1...)
+        size = int.from_bytes(data[at + 4 : at + 8], "little")
+        if data[at : at + 4] == b"idx1":
+            table = data[at + 8 : min(at + 8 + size, len(data))]
+            names = (b"%02ddc" % stream, b"%02ddb" % stream)
+            return sum(1 for i in range(0, len(table) - 15, 16)
+                       if table[i : i + 4] in names and not int.from_bytes(table[i + 12 : i + 16], "little"))
+        at += 8 + size + (size & 1)
+    return 0
+

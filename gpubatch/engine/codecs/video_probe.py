@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import DependencyError
-from .container_end import PACKET, declared_end, matroska_blocks_after
+from .container_end import PACKET, avi_null_frames, declared_end, matroska_blocks_after
 
 # container names PyAV reports (comma lists) -> the extension gpubatch writes for such bytes
 _CONTAINERS = (("mp4", "mp4"), ("mov", "mov"), ("matroska", "mkv"), ("webm", "webm"), ("avi", "avi"),
@@ -299,8 +299,10 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             dts.append(None if p.dts is None else int(p.dts))
             keys.append(bool(p.is_keyframe))
             durations.append(int(p.duration or 0))
-        missing = max(0, listed - len(pts)) if listed > len(pts) + cut or cut else 0
         sniffed = sniff_container(data)
+        nulls = avi_null_frames(data, s.index) if sniffed == "avi" and listed > len(pts) else 0
+        listed -= nulls  # (empty index entries: frames repeated to keep the rate, not frames missing)
+        missing = max(0, listed - len(pts)) if listed > len(pts) + cut or cut else 0
         end, how = (0, "") if missing or table is not None else declared_end(data, sniffed)
         cut_pts = None  # the packet the file ends inside, as far as can be told: not taken, nor decoded
         if missing and table is None and pts:  # (no sizes to tell: the last packet read may be cut too)
@@ -349,6 +351,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             missing = stopped = min(matroska_blocks_after(data, last_pos), MAX_MISSING)
         vfr = bool(len(gaps) > 1 and (gaps.max() - gaps.min()) > 0.01 * max(float(np.median(gaps)), 1e-9))
         skipped, skip_at, jump, jump_at = _skips(times, gaps)
+        skipped = max(0, skipped - nulls)  # (an AVI's repeated frames keep their place in its timestamps)
         if not listed and not missing and None not in dts:  # (a container that counts no frames: MPEG-TS...)
             lost, lost_at = _lost_in_decoding_order(np.asarray(dts, np.int64), tb)
             if lost > skipped:
