@@ -13,7 +13,12 @@ lengths tell the cut instead, before a frame is read:
 
 A stream format cut exactly between its packets (MPEG-TS, MPEG-PS, FLV) looks like a shorter file: that cut cannot be
 told from the bytes. Sound files use it too (``audio_end.audio_shortfall``): Ogg pages and ADTS frames walked from the
-file's tail (:func:`tail_end`), the sizes of AU, Wave64 and CAF headers (:func:`sound_end`).
+file's tail (:func:`tail_end`), the sizes of AU, Wave64 and CAF headers (:func:`sound_end`), a chained Ogg file's
+streams (:func:`ogg_chains`).
+
+The structure also tells frames a demuxer passes over in a whole file: a Matroska file's blocks after the last one
+its demuxer read, where it stopped at a damaged one (:func:`matroska_blocks_after`), and an AVI's empty index entries,
+frames repeated to keep the rate rather than missing (:func:`avi_null_frames`).
 """
 
 from __future__ import annotations
