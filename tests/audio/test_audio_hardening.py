@@ -3,6 +3,7 @@ manifest lines, and the memory a long record takes."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -696,6 +697,26 @@ def test_an_m4a_whose_decoder_passes_over_damaged_frames_is_damaged_not_shorter(
         got = {r.key: sf.info(io.BytesIO(r.data)).frames for r in open_dataset(tmp_path / "out")}
         assert len(got) == 2 and got["damaged"] == got["whole"]
     assert s.records_out + len(s.skipped) == 2
+
+
+def test_an_m4a_whose_decoder_stops_at_a_damaged_frame_near_its_end_is_damaged(tmp_path):
+    """Byte flips in an m4a's next-to-last AAC frame: FFmpeg's decoder stopped there with an error, 47,104 of 49,024
+    samples read, within the slack kept for AAC's priming, and the recording was written that much shorter with no
+    word. A decode that stopped at an error short of the track's count by any number of samples is the record's
+    error."""
+    import av
+
+    src = tmp_path / "src"
+    x = tone(3.0, 16000) + 0.05 * np.random.default_rng(1).standard_normal((48000, 1)).astype(np.float32)
+    data = bytearray(write(src / "whole.m4a", x, 16000).read_bytes())
+    with av.open(io.BytesIO(bytes(data))) as c:
+        packets = [(p.pos, p.size) for p in c.demux(audio=0) if p.size]
+    pos, size = packets[-2]
+    data[pos : pos + size] = bytes(size)
+    (src / "damaged.m4a").write_bytes(bytes(data))
+    s = convert(src, tmp_path / "out", to="webdataset", sample_rate=16000)
+    assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["damaged"]
+    assert "decoded 47,104 samples a channel where the header counts 49,024 (Invalid data" in s.skipped[0]["reason"]
 
 
 def test_mp3_files_joined_or_with_a_damaged_header_frame_keep_every_sample(tmp_path):

@@ -404,7 +404,9 @@ def _decode_av(data: bytes, info: AudioInfo, frames: int) -> np.ndarray:
         raise ValueError("no audio samples decoded")
     x = np.concatenate(chunks, axis=-1)
     want = min(frames or info.frames, info.frames)  # (what the header counts, as far as asked; 0 where it says none)
-    if (error is not None and not want) or x.shape[1] < want - _AV_SLACK:  # (a damaged stretch: stopped, or passed)
+    if (error is not None and (not want or x.shape[1] < want)) or x.shape[1] < want - _AV_SLACK:  # (a damaged
+        # stretch: the decoder stopped there, short of the count by any number of samples, or passed over it, short
+        # by more than an AAC track's priming)
         said = f"the header counts {want:,}" if want else "the stream breaks off"
         raise ValueError(f"decoded {x.shape[1]:,} samples a channel where {said}{f' ({_why(error)})' if error else ''}: "
                          "the file is damaged or cut short")
