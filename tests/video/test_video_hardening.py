@@ -488,6 +488,42 @@ def test_a_matroska_file_stopped_at_a_damaged_block_with_no_duration_lists_the_b
     assert s.records_out == got.frames and len(s.skipped) == got.missing
 
 
+def test_a_matroska_file_with_sound_and_a_damaged_info_lists_the_video_blocks_after_the_damaged_one(tmp_path):
+    """Byte flips in a WebM file of video and sound: its Info element's size damaged (no Duration, and the
+    Segment's children no longer walk by their sizes) and a video block's lacing, where FFmpeg's demuxer stopped: 6
+    of 24 frames written with no word. The walk goes on at the next Cluster, and from a damaged block to the next
+    whole one (checked against the blocks after it, as bytes of a block's data may look like one); the video
+    track's blocks after the last one read are counted, the sound's are not."""
+    from gpubatch.engine.codecs.container_end import _segment, _vint
+    from gpubatch.engine.codecs.video_probe import probe
+
+    src = tmp_path / "src"
+    src.mkdir()
+    path = _with_sound(src / "a.mkv", seconds=1.0, fmt="matroska")
+    data = bytearray(path.read_bytes())
+
+    def children(at: int, end: int):  # (id, where its size field begins, where its data begins, its size)
+        while at < end:
+            ident, n, _ = _vint(bytes(data), at, True)
+            size, m, _ = _vint(bytes(data), at + n, False)
+            yield ident, at + n, at + n + m, size
+            at += n + m + size
+
+    top = list(children(_segment(bytes(data))[0], len(data)))
+    video = [inner for ident, _, at, size in top if ident == 0x1F43B675
+             for kid, _, inner, _ in children(at, at + size) if kid == 0xA3 and data[inner] == 0x81]
+    assert len(video) == 24
+    _, field, inner, _ = next(k for k in top if k[0] == 0x1549A966)  # (the Info: its size made another)
+    data[field:inner] = bytes([0xFF >> (inner - field - 1)] + [0xFF] * (inner - field - 1))[:-1] + b"\xf0"
+    data[video[5] + 3] |= 0x06  # (EBML lacing, 4 frames, no valid size for the first: the demuxer stops)
+    data[video[5] + 4 : video[5] + 6] = b"\x03\x00"
+    path.write_bytes(bytes(data))
+    got = probe(bytes(data))
+    assert got.frames < 24 and got.frames + got.missing == 24 and got.stopped, (got.frames, got.missing)
+    s = convert(src, tmp_path / "frames", to="webdataset", frames="every:1", resize_shorter=32)
+    assert s.records_out == got.frames and len(s.skipped) == got.missing
+
+
 def test_an_avi_with_an_empty_index_entry_is_a_whole_file(tmp_path):
     """FFmpeg's AVI muxer (and VirtualDub, for each dropped frame) writes an empty chunk where timestamps skip, so
     that the stream keeps its rate: the stream's length counts it, no demuxer gives a packet for it. Such a whole

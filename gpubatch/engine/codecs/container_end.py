@@ -110,14 +110,21 @@ def matroska_blocks_after(data: bytes, pos: int) -> int:
         at, size, unknown = _segment(data)
         end = len(data) if unknown else min(at + size, len(data))
         while at < end:
-            ident, n, _ = _vint(data, at, True)
-            size, m, unknown = _vint(data, at + n, False)
+            try:
+                ident, n, _ = _vint(data, at, True)
+                size, m, unknown = _vint(data, at + n, False)
+            except (ValueError, IndexError):
+                ident = n = m = size = unknown = 0
+            if ident not in _SEGMENT_KIDS or (ident != _CLUSTER and at + n + m + size > end):  # (a damaged
+                # element: on at the next Cluster)
+                at = _next_cluster(data, at + 1, end)
+                continue
             if unknown:
                 return 0
             inner, at = at + n + m, at + n + m + size
             if ident == 0x1654AE6B:
                 tracks |= _track_numbers(data, inner, min(at, len(data)))
-            if ident != 0x1F43B675 or at <= pos:  # (a Cluster read whole, or another element)
+            if ident != _CLUSTER or at <= pos:  # (a Cluster read whole, or another element)
                 continue
             stop = min(at, len(data))
             while inner < stop:
@@ -182,20 +189,46 @@ def _track(data: bytes, at: int, head: int, stop: int) -> int | None:
 
 
 _CLUSTER_KIDS = (0xE7, 0xA7, 0xAB, 0x5854, 0xEC, 0xBF)  # (Timecode, Position, PrevSize, SilentTracks, Void, CRC-32)
+_CLUSTER = 0x1F43B675
+#: a Segment's children: SeekHead, Info, Tracks, Cues, Chapters, Tags, Attachments, Cluster, Void, CRC-32
+_SEGMENT_KIDS = (0x114D9B74, 0x1549A966, 0x1654AE6B, 0x1C53BB6B, 0x1043A770, 0x1254C367, 0x1941A469, _CLUSTER, 0xEC,
+                 0xBF)
+
+
+def _next_cluster(data: bytes, at: int, end: int) -> int:
+    """Where the next Cluster of a Segment begins from ``at`` (a walk past a damaged element): its ID, a size within
+    the Segment and a Timecode, Void or CRC-32 first; ``end`` where there is none."""
+    while (at := data.find(b"\x1f\x43\xb6\x75", at, end)) >= 0:
+        try:
+            size, m, unknown = _vint(data, at + 4, False)
+            if (unknown or at + 4 + m + size <= end) and data[at + 4 + m] in (0xE7, 0xEC, 0xBF):
+                return at
+        except (ValueError, IndexError):
+            pass
+        at += 1
+    return end
 
 
 def _block(data: bytes, at: int, stop: int, strict: bool = False) -> tuple[int, int] | None:
     """(its length, where its data begins) for a frame block (SimpleBlock, BlockGroup) at ``at`` that ends within
-    ``stop``, and, ``strict`` (a walk that lost its way), where another block or the Cluster's end begins; None
+    ``stop``; ``strict`` (a walk that lost its way, where such bytes may lie inside a block's data by chance): a
+    SimpleBlock's track number of one byte, and the Cluster's end or another block, or two, right after it. None
     otherwise."""
     if data[at] not in (0xA3, 0xA0):
         return None
     try:
         size, m, _ = _vint(data, at + 1, False)
+        end = at + 1 + m + size
+        if end > stop:
+            return None
+        if strict and end < stop:
+            if data[at] == 0xA3 and data[at + 1 + m] < 0x81:
+                return None
+            after = _block(data, end, stop)
+            if after is None or (end + after[0] < stop and _block(data, end + after[0], stop) is None
+                                 and data[end + after[0]] not in (0xEC, 0xBF)):
+                return None
     except (ValueError, IndexError):
-        return None
-    end = at + 1 + m + size
-    if end > stop or (strict and end < stop and data[end] not in (0xA3, 0xA0, 0xEC, 0xBF)):
         return None
     return end - at, 1 + m
 
