@@ -192,9 +192,8 @@ def _chained(data: bytes) -> AudioInfo:
     return replace(_probe_av(data), frames=sum(n for *_, n in chains))
 
 
-def _head(path: str | Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(64)
+class _Counted(Exception):
+    """A file whose samples ``probe_audio`` counts beyond libsndfile's count (MP3, Ogg)."""
 
 
 def _wav_header(data: bytes) -> tuple[int, int] | None:
@@ -310,12 +309,12 @@ def decode_audio(data: bytes | str | Path, info: AudioInfo | None = None, max_sa
     ValueError where they cannot be decoded, hold NaN or infinite samples, or more than ``max_samples``
     samples. With ``npy`` the samples are decoded into the data of a ``.npy`` file's bytes
     (``AudioData.npy``), which a ``.npy`` output of them then is, without a copy."""
-    if info is None and isinstance(data, (str, Path)) and sniff_audio(_head(data)) not in ("mp3", "ogg", "opus"):
-        # a file: opened once for its facts and samples (an MP3's frames are walked first, an Ogg file's streams
-        # counted: ``probe_audio``)
+    if info is None and isinstance(data, (str, Path)):  # a file: opened once for its facts and samples
         try:
             with _Source(data) as src, _sf_open(src) as f:
                 info = _check(_info_of(f))
+                if info.codec in ("mp3", "ogg", "opus"):  # (an MP3's frames walked first, an Ogg file's streams
+                    raise _Counted  # counted: ``probe_audio``)
                 if info.frames <= 0:
                     raise ValueError("no audio samples")
                 frames = _frames_asked(info, seconds, max_samples)
