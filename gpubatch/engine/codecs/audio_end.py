@@ -291,6 +291,11 @@ def _mp3_frame(data: bytes, at: int, like: int | None = None) -> int:
     return (144 if version == 3 else 72) * kbps * 1000 // rate + ((data[at + 2] >> 1) & 1)
 
 
+def _mp3_chained(data: bytes, at: int, like: tuple[int, int], end: int) -> bool:
+    n = _mp3_frame(data, at, like)
+    return bool(n) and (at + n >= end or bool(_mp3_frame(data, at + n, like)))
+
+
 def mp3_samples(data: bytes) -> int:
     """The samples a channel an MP3's Layer III frames hold, walked from the first to the last (a damaged stretch
     passed over to the next frame of the same kind; the Xing/Info/VBRI header frame not counted; no encoder delay
@@ -311,9 +316,8 @@ def mp3_samples(data: bytes) -> int:
             continue
         if n:  # (the last frame, cut: no whole frame)
             break
-        at = data.find(b"\xff", at + 1, end)  # (a damaged stretch: to the next header of the same kind)
-        while at >= 0 and not (_mp3_frame(data, at, like) and (at + _mp3_frame(data, at, like) >= end or _mp3_frame(
-                data, at + _mp3_frame(data, at, like), like))):
+        at = data.find(b"\xff", at + 1, end)  # (a damaged stretch: to the next header of the same kind that
+        while at >= 0 and not _mp3_chained(data, at, like, end):  # another follows, or the end)
             at = data.find(b"\xff", at + 1, end)
         if at < 0:
             break
