@@ -283,7 +283,8 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         cut = 0  # packets the demuxer gave cut short (the file ends inside them)
         reorder = 0  # the most a packet's presentation time lies after its decoding time
         untimed = 0  # packets of the video with no timestamp
-        last_pos = -1  # where the last packet's data lies in the file
+        taken = None  # the last packet taken (where its data lies in the file: a Matroska file's check)
+        timed = not listed  # (decoding timestamps kept where the file counts no frames: MPEG-TS, Matroska...)
         for p in packets(c, s):  # (up to a damaged stretch: the frames before it are the video)
             t = p.pts if p.pts is not None else p.dts
             if t is None or p.size == 0:
@@ -294,9 +295,10 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             if table is not None and table.get(p.pos, p.size) != p.size:
                 cut += 1
                 continue
-            last_pos = max(last_pos, p.pos if p.pos is not None else -1)
+            taken = p
             pts.append(int(t))
-            dts.append(None if p.dts is None else int(p.dts))
+            if timed:
+                dts.append(p.dts)
             keys.append(bool(p.is_keyframe))
             durations.append(int(p.duration or 0))
         sniffed = sniff_container(data)
@@ -346,13 +348,14 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             end = float(spts[-1] * tb + last - float(c.start_time or 0) / 1e6)
             if told - end > max(2.0 / rate, 0.02 * told):
                 missing, declared = min(round((told - end) * rate), MAX_MISSING), told
+        last_pos = -1 if taken is None or taken.pos is None else int(taken.pos)
         if not missing and not listed and sniffed in ("mkv", "webm") and last_pos >= 0:
             # (or, whatever the Duration says, the video's blocks after the last one the demuxer read)
             missing = stopped = min(matroska_blocks_after(data, last_pos), MAX_MISSING)
         vfr = bool(len(gaps) > 1 and (gaps.max() - gaps.min()) > 0.01 * max(float(np.median(gaps)), 1e-9))
         skipped, skip_at, jump, jump_at = _skips(times, gaps)
         skipped = max(0, skipped - nulls)  # (an AVI's repeated frames keep their place in its timestamps)
-        if not listed and not missing and None not in dts:  # (a container that counts no frames: MPEG-TS...)
+        if timed and not missing and None not in dts:  # (a container that counts no frames: MPEG-TS...)
             lost, lost_at = _lost_in_decoding_order(np.asarray(dts, np.int64), tb)
             if lost > skipped:
                 skipped, skip_at = lost, lost_at
