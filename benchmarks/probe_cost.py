@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The video probe's cost (``video_probe.probe``: every packet's timestamps read, the container's checks) on one or
-more gpubatch trees in turn, on long clips with a sound track in MKV, MPEG-TS and AVI: the fastest of ``--passes``
-probes of each clip, each tree in a process of its own, rounds in turn (the median over rounds printed).
+more gpubatch trees in turn, on long clips with a sound track in MKV, MPEG-TS and AVI, and the sound probe's
+(``audio_io.probe_audio``) on a 5-s MP3 (48 kHz): the fastest of ``--passes`` probes of each (the MP3's, of 20 in
+a row), each tree in a process of its own, rounds in turn (the median over rounds printed).
 
     python3 benchmarks/probe_cost.py --tree OLD --tree NEW [--seconds 120] [--rounds 5] [--passes 3]
 
@@ -37,6 +38,20 @@ for path in sorted(Path(sys.argv[1]).iterdir()):
         info = probe(data)
         runs.append(time.perf_counter() - t)
     out[path.name] = {"ms": min(runs) * 1e3, "frames": info.frames, "missing": info.missing}
+import io
+import numpy as np, soundfile as sf
+from gpubatch.engine.codecs.audio_io import probe_audio
+buf = io.BytesIO()
+sf.write(buf, (0.3 * np.sin(np.arange(240000) * 2 * np.pi * 440 / 48000)).astype(np.float32), 48000, format="MP3")
+mp3 = buf.getvalue()
+probe_audio(mp3)
+runs = []
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter()
+    for _ in range(20):
+        info = probe_audio(mp3)
+    runs.append((time.perf_counter() - t) / 20)
+out["5s.mp3"] = {"ms": min(runs) * 1e3, "frames": info.frames, "missing": 0}
 print(json.dumps(out))
 """
 
@@ -65,8 +80,8 @@ def main() -> None:
         for tree, runs in got.items():
             print(f"{tree}: " + "; ".join(
                 f"{name} ({runs[0][name]['frames']:,} frames, {runs[0][name]['missing']} missing) "
-                f"{statistics.median(x[name]['ms'] for x in runs):.1f} ms "
-                f"({min(x[name]['ms'] for x in runs):.1f}-{max(x[name]['ms'] for x in runs):.1f})"
+                f"{statistics.median(x[name]['ms'] for x in runs):.3f} ms "
+                f"({min(x[name]['ms'] for x in runs):.3f}-{max(x[name]['ms'] for x in runs):.3f})"
                 for name in sorted(runs[0])))
     finally:
         shutil.rmtree(clips, ignore_errors=True)

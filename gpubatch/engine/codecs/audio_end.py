@@ -245,11 +245,10 @@ def id3_end(head: bytes) -> int:
     return 10 + sum((b & 0x7F) << (7 * (3 - i)) for i, b in enumerate(head[6:10])) + (10 if head[5] & 0x10 else 0)
 
 
-def mp3_shortfall(head: bytes, size: int) -> tuple[int, int] | None:
-    """(bytes of frames an MP3's header frame counts, bytes from its first frame to the file's end) where a
-    ``size``-byte file whose first bytes are ``head`` holds more than 1% fewer than that header frame (LAME's
-    Xing/Info frame, or Fraunhofer's VBRI) counts: a file cut short, which decoders play to the cut without an
-    error. None where it holds them, or has no such frame to tell by."""
+def mp3_counts(head: bytes) -> tuple[int, int, int, int] | None:
+    """(where an MP3's first frame begins, the frames and the bytes its header frame counts, samples a frame) from
+    its first bytes ``head``: LAME's Xing/Info frame or Fraunhofer's VBRI (a count it lacks is 0). None where the
+    first frame is no Layer III header frame."""
     start = id3_end(head)
     if len(head) < start + 64 or head[start] != 0xFF or head[start + 1] & 0xE0 != 0xE0:
         return None
@@ -258,18 +257,47 @@ def mp3_shortfall(head: bytes, size: int) -> tuple[int, int] | None:
         return None
     side = (17 if mono else 32) if version == 3 else (9 if mono else 17)
     at = start + 4 + side
-    want = None
+    per = 1152 if version == 3 else 576
     if head[at : at + 4] in (b"Xing", b"Info"):
         flags = int.from_bytes(head[at + 4 : at + 8], "big")
-        if flags & 2:
-            p = at + 8 + (4 if flags & 1 else 0)
-            want = int.from_bytes(head[p : p + 4], "big")
-    elif head[start + 36 : start + 40] == b"VBRI":
-        want = int.from_bytes(head[start + 46 : start + 50], "big")
+        frames = int.from_bytes(head[at + 8 : at + 12], "big") if flags & 1 else 0
+        p = at + 8 + (4 if flags & 1 else 0)
+        return start, frames, int.from_bytes(head[p : p + 4], "big") if flags & 2 else 0, per
+    if head[start + 36 : start + 40] == b"VBRI":
+        return (start, int.from_bytes(head[start + 50 : start + 54], "big"),
+                int.from_bytes(head[start + 46 : start + 50], "big"), per)
+    return None
+
+
+def mp3_shortfall(head: bytes, size: int) -> tuple[int, int] | None:
+    """(bytes of frames an MP3's header frame counts, bytes from its first frame to the file's end) where a
+    ``size``-byte file whose first bytes are ``head`` holds more than 1% fewer than that header frame (LAME's
+    Xing/Info frame, or Fraunhofer's VBRI) counts: a file cut short, which decoders play to the cut without an
+    error. None where it holds them, or has no such frame to tell by."""
+    counts = mp3_counts(head)
+    if counts is None:
+        return None
+    start, _, want, _ = counts
     have = max(0, size - start)
     if not want or want - have <= want // 100:
         return None
     return want, have
+
+
+def mp3_beyond(data: bytes, counted: int) -> int:
+    """The samples a channel an MP3's frames hold, where more than ``counted`` (libsndfile's count) and the
+    encoder's delay (MP3 files joined one after another, of which libsndfile counts the first; a damaged header
+    frame); else 0. Where its header frame's counts agree with ``counted`` and with the file's size, the frames are
+    not walked."""
+    slack = 3 * 1152
+    counts = mp3_counts(data[: id3_end(data[:10]) + 4096])
+    if counts is not None:
+        start, frames, nbytes, per = counts
+        have = len(data) - start - (128 if data[-128:-125] == b"TAG" else 0)
+        if frames and nbytes and abs(frames * per - counted) <= slack and abs(have - nbytes) <= nbytes // 100:
+            return 0
+    held = mp3_samples(data)
+    return held if held - counted > slack else 0
 
 
 _MP3_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}  # (by version)
