@@ -699,11 +699,11 @@ def test_an_m4a_whose_decoder_passes_over_damaged_frames_is_damaged_not_shorter(
     assert s.records_out + len(s.skipped) == 2
 
 
-def test_an_m4a_whose_decoder_stops_at_a_damaged_frame_near_its_end_is_damaged(tmp_path):
-    """Byte flips in an m4a's next-to-last AAC frame: FFmpeg's decoder stopped there with an error, 47,104 of 49,024
-    samples read, within the slack kept for AAC's priming, and the recording was written that much shorter with no
-    word. A decode that stopped at an error short of the track's count by any number of samples is the record's
-    error."""
+def test_an_m4a_with_a_frame_its_decoder_refuses_is_damaged(tmp_path):
+    """Byte flips in an m4a's next-to-last AAC frame: FFmpeg's decoder refused it and the decode stopped there,
+    47,104 of 49,024 samples read, within the slack kept for AAC's priming, and the recording was written that much
+    shorter with no word. The packets after a refused one are decoded now (48,000-48,128 samples), and a packet of sound
+    the decoder refuses makes the record's error."""
     import av
 
     src = tmp_path / "src"
@@ -716,7 +716,10 @@ def test_an_m4a_whose_decoder_stops_at_a_damaged_frame_near_its_end_is_damaged(t
     (src / "damaged.m4a").write_bytes(bytes(data))
     s = convert(src, tmp_path / "out", to="webdataset", sample_rate=16000)
     assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["damaged"]
-    assert "decoded 47,104 samples a channel where the header counts 49,024 (Invalid data" in s.skipped[0]["reason"]
+    import re  # (48,128 with PyAV 18's FFmpeg, 48,000 with PyAV 19's)
+
+    assert re.match(r"decoded 4[78],\d{3} samples a channel where the header counts 49,024 \(Invalid data",
+                    s.skipped[0]["reason"]), s.skipped[0]["reason"]
 
 
 def test_mp3_files_joined_or_with_a_damaged_header_frame_keep_every_sample(tmp_path):
@@ -748,6 +751,9 @@ def test_mp3_files_joined_or_with_a_damaged_header_frame_keep_every_sample(tmp_p
     assert s.records_out == 2 and not s.skipped
     lengths = {r.key: sf.info(io.BytesIO(r.data)).frames for r in open_dataset(tmp_path / "out")}
     assert lengths["one"] == 48000 and lengths["joined"] >= 96000, lengths
+    tagged = b"ID3\x04\x00\x00\x00\x00\x00\x0a" + bytes(10) + one  # (each file's ID3v2 tag kept where they join)
+    got = decode_audio(tagged + tagged).samples.shape[1]
+    assert got >= 96000 - 2 * 1152, got
     side = bytearray(one)
     side[7] = 0x4A  # (a byte of the Xing frame's side information, as byte flips damaged it)
     if sf.info(io.BytesIO(bytes(side))).frames < 48000:  # (libsndfile's mpg123 counts half: the samples are whole)

@@ -375,6 +375,9 @@ def _checked(x: np.ndarray, info: AudioInfo) -> AudioData:
 
 #: samples a channel a decode through PyAV may fall short of its header's count by (AAC's priming and padding)
 _AV_SLACK = 4096
+#: how packets of no sound begin, which a decoder refuses in an MP3 stream: ID3v2, ID3v1 and APE tags (MP3 files
+#: joined one after another keep each file's)
+_TAGS = (b"ID3", b"TAG", b"APE")
 
 
 def _decode_av(data: bytes, info: AudioInfo, frames: int) -> np.ndarray:
@@ -383,29 +386,35 @@ def _decode_av(data: bytes, info: AudioInfo, frames: int) -> np.ndarray:
     a = av("audio that libsndfile does not read (m4a/AAC, or a file it refuses)")
     chunks = []
     got = 0
-    error = None
+    error = None  # (the first packet of sound the decoder refused: a damaged frame)
     try:
         with a.open(io.BytesIO(data), mode="r") as c:
             s = c.streams.audio[0]
             fmt = a.AudioResampler(format="fltp", layout=s.codec_context.layout, rate=info.rate)
-            for frame in c.decode(s):
-                for f in fmt.resample(frame):
-                    arr = f.to_ndarray().astype(np.float32, copy=False)
-                    chunks.append(arr)
-                    got += arr.shape[-1]
+            for packet in c.demux(s):
+                try:
+                    decoded = packet.decode()
+                except a.FFmpegError as e:  # (the packets after it are still decoded: what it cost is counted)
+                    if bytes(packet)[:3] not in _TAGS:  # (the tags of MP3 files joined one after another: no sound)
+                        error = error or e
+                    continue
+                for frame in decoded:
+                    for f in fmt.resample(frame):
+                        arr = f.to_ndarray().astype(np.float32, copy=False)
+                        chunks.append(arr)
+                        got += arr.shape[-1]
                 if frames and got >= frames:
                     break
-    except a.FFmpegError as e:
+    except a.FFmpegError as e:  # (the demuxer's: the stream breaks off)
         if not chunks:
             raise ValueError(f"cannot decode: {_why(e)}") from None
-        error = e
+        error = error or e
     if not chunks:
-        raise ValueError("no audio samples decoded")
+        raise ValueError("no audio samples decoded" + (f" ({_why(error)})" if error is not None else ""))
     x = np.concatenate(chunks, axis=-1)
     want = min(frames or info.frames, info.frames)  # (what the header counts, as far as asked; 0 where it says none)
-    if (error is not None and (not want or x.shape[1] < want)) or x.shape[1] < want - _AV_SLACK:  # (a damaged
-        # stretch: the decoder stopped there, short of the count by any number of samples, or passed over it, short
-        # by more than an AAC track's priming)
+    if error is not None or x.shape[1] < want - _AV_SLACK:  # (a damaged frame the decoder refused, or a stretch it
+        # passed over, short by more than an AAC track's priming)
         said = f"the header counts {want:,}" if want else "the stream breaks off"
         raise ValueError(f"decoded {x.shape[1]:,} samples a channel where {said}{f' ({_why(error)})' if error else ''}: "
                          "the file is damaged or cut short")
