@@ -760,6 +760,41 @@ def test_mp3_files_joined_or_with_a_damaged_header_frame_keep_every_sample(tmp_p
         assert probe_audio(bytes(side)).reader == "pyav" and decode_audio(bytes(side)).samples.shape[1] == 48000
 
 
+@pytest.mark.parametrize("vbr", [False, True])
+def test_an_mp3_with_no_header_frame_is_read_whole(tmp_path, vbr):
+    """An MP3 with no Xing/Info or VBRI frame (older encoders, stream rips): libsndfile guesses its length from the
+    file's size and the first frame's rate. A CBR file with an ID3v2 tag had been refused as cut short (442,368
+    samples decoded where the guess said 444,699); a VBR one was read to the guess, 159,324 of 441,000 samples, with
+    no word. Its frames, walked, are its count; more than libsndfile's guess is read through PyAV."""
+    import io
+
+    import av
+
+    from gpubatch.engine.codecs.audio_io import decode_audio, probe_audio
+
+    def mp3(n: int) -> bytes:
+        buf = io.BytesIO()
+        with av.open(buf, "w", format="mp3", options={"write_xing": "0"}) as c:
+            s = c.add_stream("libmp3lame", rate=44100)
+            s.layout = "mono"
+            if vbr:
+                s.codec_context.qscale = 2
+                s.codec_context.flags |= av.codec.context.Flags.qscale
+            t = np.arange(n)
+            x = 0.15 * np.sin(t * 2 * np.pi * 440 / 44100) * (1 + np.sin(t / 20000))
+            x += 0.1 * np.random.default_rng(0).standard_normal(n) * (t > n // 2)  # (a louder half: VBR's rates vary)
+            f = av.AudioFrame.from_ndarray(x.astype(np.float32)[None], format="fltp", layout="mono")
+            f.sample_rate, f.pts = 44100, 0
+            for p in [*s.encode(f), *s.encode(None)]:
+                c.mux(p)
+        return buf.getvalue()
+
+    one = mp3(441000)
+    for data, least in ((one, 441000), (one + mp3(220500), 661500)):
+        got = decode_audio(data).samples.shape[1]
+        assert least <= got <= least + 4 * 1152 and probe_audio(data).frames >= got, (vbr, least, got)
+
+
 @pytest.mark.parametrize("kind", ["ogg", "opus"])
 def test_a_chained_ogg_file_is_read_whole_not_its_first_stream_alone(tmp_path, kind):
     """Two Ogg Vorbis (or Opus) files one after the other (a chained Ogg file, as stream recorders write):

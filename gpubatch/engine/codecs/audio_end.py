@@ -284,20 +284,24 @@ def mp3_shortfall(head: bytes, size: int) -> tuple[int, int] | None:
     return want, have
 
 
-def mp3_beyond(data: bytes, counted: int) -> int:
-    """The samples a channel an MP3's frames hold, where more than ``counted`` (libsndfile's count) and the
-    encoder's delay (MP3 files joined one after another, of which libsndfile counts the first; a damaged header
-    frame); else 0. Where its header frame's counts agree with ``counted`` and with the file's size, the frames are
-    not walked."""
+def mp3_count(data: bytes, counted: int) -> tuple[int, bool]:
+    """(the samples a channel an MP3 holds, whether PyAV reads it) against ``counted``, libsndfile's count. Where its
+    header frame's counts agree with ``counted`` and with the file's size, ``counted``, and its frames are not
+    walked. Where its Layer III frames, walked, hold more than ``counted`` and the encoder's delay (MP3 files joined
+    one after another, of which libsndfile counts the first; a damaged header frame; a VBR file with no header
+    frame, whose count libsndfile guesses from the first frame's rate), those, read through PyAV. Where it has no
+    header frame, the frames walked: libsndfile's count is a guess from the file's size then."""
     slack = 3 * 1152
     counts = mp3_counts(data[: id3_end(data[:10]) + 4096])
     if counts is not None:
         start, frames, nbytes, per = counts
         have = len(data) - start - (128 if data[-128:-125] == b"TAG" else 0)
         if frames and nbytes and abs(frames * per - counted) <= slack and abs(have - nbytes) <= nbytes // 100:
-            return 0
+            return counted, False
     held = mp3_samples(data)
-    return held if held - counted > slack else 0
+    if held - counted > slack:
+        return held, True
+    return (held, False) if held and (counts is None or not counts[1]) else (counted, False)
 
 
 _MP3_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}  # (by version)

@@ -24,7 +24,7 @@ from .audio_end import (
     audio_shortfall,
     file_shortfall,
     id3_end,
-    mp3_beyond,
+    mp3_count,
     ogg_chained,
     sniff_audio,
     tail_bytes,
@@ -155,9 +155,11 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
     if info.codec == "mp3" and info.reader == "soundfile":  # (its frames walked: whole MP3 files are small)
         if data is None:
             data = Path(data_path).read_bytes()
-        held = mp3_beyond(data, info.frames)
-        if held:  # (libsndfile counts fewer than its frames hold, less the encoder's delay)
+        held, through_av = mp3_count(data, info.frames)
+        if through_av:  # (libsndfile counts fewer than its frames hold, less the encoder's delay)
             info = replace(_probe_av(data), frames=held)
+        elif held != info.frames:  # (no header frame: libsndfile's count was a guess from the file's size)
+            info = replace(info, frames=held)
     if info.codec in ("ogg", "opus") and info.reader == "soundfile" and ogg_chained(data if data is not None
                                                                                    else data_path):
         if data is None:
