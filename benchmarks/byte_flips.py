@@ -23,7 +23,6 @@ import random
 import shutil
 import sys
 import tempfile
-from fractions import Fraction
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,31 +61,9 @@ def _videos(t: Path) -> tuple[dict[str, Path], dict, int]:
     return {"video": t / "base"}, opts, convert(t / "base", t / "ref", **opts).records_out
 
 
-def _sounded(path: Path, fmt: str, vcodec: str, acodec: str, frames: int = 24) -> None:
-    """A clip of ``frames`` frames at 24 fps with a sound track beside it (a tone), as cameras and phones write."""
-    import av
-
-    from tests.video.clips import frame
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), "w", format=fmt) as c:
-        v = c.add_stream(vcodec, rate=24)
-        v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
-        a = c.add_stream(acodec, rate=48000)
-        a.layout = "stereo"
-        for i in range(frames):
-            f = av.VideoFrame.from_ndarray(frame(i, 48, 64), format="rgb24")
-            f.pts, f.time_base = i, Fraction(1, 24)
-            for p in v.encode(f):
-                c.mux(p)
-        tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(frames * 2000) / 48000)).astype(np.float32)
-        f = av.AudioFrame.from_ndarray(np.stack([tone, tone]), format="fltp", layout="stereo")
-        f.sample_rate, f.pts = 48000, 0
-        for p in [*a.encode(f), *a.encode(None), *v.encode(None)]:
-            c.mux(p)
-
-
 def _sounded_videos(t: Path) -> tuple[dict[str, Path], dict, int]:
+    from tests.video.clips import make_clip_with_sound
+
     base = t / "base" / "a"
     for name, fmt, vcodec, acodec in (("h264-aac.mp4", "mp4", "libx264", "aac"),
                                       ("h264-aac.mkv", "matroska", "libx264", "aac"),
@@ -96,7 +73,7 @@ def _sounded_videos(t: Path) -> tuple[dict[str, Path], dict, int]:
                                       ("mpeg4-mp3.avi", "avi", "mpeg4", "libmp3lame"),
                                       ("mpeg2-mp2.mpg", "mpeg", "mpeg2video", "mp2"),
                                       ("h264-ac3.mov", "mov", "libx264", "ac3")):
-        _sounded(base / name, fmt, vcodec, acodec)
+        make_clip_with_sound(base / name, fmt, vcodec, acodec)
     opts = {"to": "webdataset", "from_format": "video", "frames": "every:1", "resize_shorter": 32}
     return {"video": t / "base"}, opts, convert(t / "base", t / "ref", **opts).records_out
 

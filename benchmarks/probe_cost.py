@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
+sys.path.insert(0, str(ROOT))
 
 _ONE = r"""
 import json, sys, time
@@ -57,7 +57,7 @@ print(json.dumps(out))
 
 
 def main() -> None:
-    from byte_flips import _sounded
+    from tests.video.clips import make_clip_with_sound
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tree", action="append", required=True)
@@ -70,7 +70,7 @@ def main() -> None:
         for name, fmt, vcodec, acodec in (("long.mkv", "matroska", "libx264", "aac"),
                                           ("long.ts", "mpegts", "libx264", "aac"),
                                           ("long.avi", "avi", "mpeg4", "libmp3lame")):
-            _sounded(clips / name, fmt, vcodec, acodec, frames=24 * args.seconds)
+            make_clip_with_sound(clips / name, fmt, vcodec, acodec, frames=24 * args.seconds)
         got: dict[str, list[dict]] = {t: [] for t in args.tree}
         for r in range(args.rounds):
             for tree in args.tree if r % 2 == 0 else args.tree[::-1]:  # (turned order: drift falls on each alike)

@@ -47,6 +47,29 @@ def make_clip(path: Path, frames: int = 48, w: int = 96, h: int = 64, codec: str
     return path
 
 
+def make_clip_with_sound(path: Path, fmt: str, vcodec: str, acodec: str, frames: int = 24) -> Path:
+    """A clip of ``frames`` frames at 24 fps with a sound track beside it (a tone), as cameras and phones write."""
+    import av
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w", format=fmt) as c:
+        v = c.add_stream(vcodec, rate=24)
+        v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
+        a = c.add_stream(acodec, rate=48000)
+        a.layout = "stereo"
+        for i in range(frames):
+            f = av.VideoFrame.from_ndarray(frame(i, 48, 64), format="rgb24")
+            f.pts, f.time_base = i, Fraction(1, 24)
+            for p in v.encode(f):
+                c.mux(p)
+        tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(frames * 2000) / 48000)).astype(np.float32)
+        f = av.AudioFrame.from_ndarray(np.stack([tone, tone]), format="fltp", layout="stereo")
+        f.sample_rate, f.pts = 48000, 0
+        for p in [*a.encode(f), *a.encode(None), *v.encode(None)]:
+            c.mux(p)
+    return path
+
+
 def class_folders(root: Path) -> Path:
     """A UCF101-like dataset: two classes, four clips (H.264 and HEVC, 30-60 frames)."""
     make_clip(root / "jump" / "j1.mp4", 48)
