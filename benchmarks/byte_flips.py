@@ -3,16 +3,20 @@
 every record is written or listed as skipped, or a warning or a one-line error says what the damage cost; never a
 traceback, never fewer records (or, for sound, fewer samples; for video, fewer frames) without a word.
 
-    python3 benchmarks/byte_flips.py --media datasets|video|video-sound|audio [--seed 1] [--runs 60] [--keep DIR]
+    python3 benchmarks/byte_flips.py --media datasets|video|video-sound|reencode|audio [--seed 1] [--runs 60]
+        [--keep DIR] [--device auto|cpu|gpu]
 
 ``datasets``: ``sample_data/imagenet`` written as webdataset, TFRecord, RecordIO, LMDB, COCO, Parquet and a folder,
 and zipped (an image folder in a ZIP), then 1-64 bytes of one copy's files flipped (index files and manifests among them), read back to webdataset.
 ``video``: eight 24-frame clips (H.264 in MP4, MKV, MPEG-TS and FLV, VP9 in WebM, MPEG-4 in AVI, MPEG-2 in MPEG-PS,
 HEVC in MP4), 1-32 bytes of one flipped, every frame written (``--frames every:1``); ``video-sound``: the same of
 eight clips with a sound track beside the video (AAC, Opus, MP2, MP3, AC-3 in MP4, MKV, WebM, MPEG-TS, FLV, AVI,
-MPEG-PS and MOV). ``audio``: a 3-s recording as
+MPEG-PS and MOV). ``reencode``: those clips with sound re-encoded whole (``--to video``), each output's sound
+track's packets counted against the undamaged run's. ``audio``: a 3-s recording as
 FLAC, WAV, Ogg Vorbis, Opus, MP3, AIFF and AAC in MP4, 1-16 bytes of one flipped, resampled. Prints one line a copy
 that lost something, with what was said, and ends with the count of silent losses and tracebacks (``bad``).
+``--device gpu`` takes the GPU path: nvJPEG (the datasets' images resized, so that they are decoded), NVDEC, the
+GPU audio unit.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from gpubatch.api import convert, open_dataset  # noqa: E402
 from gpubatch.errors import GpubatchError  # noqa: E402
 
 
-def _datasets(t: Path) -> tuple[dict[str, Path], dict, int]:
+def _datasets(t: Path, decode: bool = False) -> tuple[dict[str, Path], dict, int]:
     bases = {}
     for f in ("webdataset", "tfrecord", "recordio", "lmdb", "coco", "parquet", "folder"):
         bases[f] = t / f"base-{f}"
@@ -46,7 +50,7 @@ def _datasets(t: Path) -> tuple[dict[str, Path], dict, int]:
     with zipfile.ZipFile(bases["zip"], "w") as z:
         for p in sorted((ROOT / "sample_data" / "imagenet").rglob("*.*")):
             z.write(p, "train/" + p.relative_to(ROOT / "sample_data" / "imagenet").as_posix())
-    return bases, {"to": "webdataset"}, 60
+    return bases, {"to": "webdataset", **({"resize_shorter": 32} if decode else {})}, 60
 
 
 def _videos(t: Path) -> tuple[dict[str, Path], dict, int]:
@@ -61,7 +65,7 @@ def _videos(t: Path) -> tuple[dict[str, Path], dict, int]:
     return {"video": t / "base"}, opts, convert(t / "base", t / "ref", **opts).records_out
 
 
-def _sounded_videos(t: Path) -> tuple[dict[str, Path], dict, int]:
+def _sounded_videos(t: Path, whole: bool = False) -> tuple[dict[str, Path], dict, int]:
     from tests.video.clips import make_clip_with_sound
 
     base = t / "base" / "a"
@@ -74,7 +78,8 @@ def _sounded_videos(t: Path) -> tuple[dict[str, Path], dict, int]:
                                       ("mpeg2-mp2.mpg", "mpeg", "mpeg2video", "mp2"),
                                       ("h264-ac3.mov", "mov", "libx264", "ac3")):
         make_clip_with_sound(base / name, fmt, vcodec, acodec)
-    opts = {"to": "webdataset", "from_format": "video", "frames": "every:1", "resize_shorter": 32}
+    opts = ({"to": "video", "resize_shorter": 32} if whole else
+            {"to": "webdataset", "from_format": "video", "frames": "every:1", "resize_shorter": 32})
     return {"video": t / "base"}, opts, convert(t / "base", t / "ref", **opts).records_out
 
 
@@ -100,6 +105,17 @@ def _samples(path: Path) -> dict[str, int]:
     return {r.key: sf.info(io.BytesIO(r.data)).frames for r in open_dataset(path)}
 
 
+def _sound_packets(path: Path) -> dict[str, int]:
+    """Each re-encoded video's packets of sound (0: no sound track)."""
+    import av
+
+    out = {}
+    for f in sorted(path.rglob("*.mp4")):
+        with av.open(str(f)) as c:
+            out[f.name] = sum(1 for p in c.demux(c.streams.audio[0]) if p.size) if c.streams.audio else 0
+    return out
+
+
 def _keep(where: Path | None, src: Path, it: int) -> None:
     if where is not None:
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, where / f"s{it}{src.suffix}")
@@ -107,21 +123,26 @@ def _keep(where: Path | None, src: Path, it: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--media", choices=("datasets", "video", "video-sound", "audio"), required=True)
+    ap.add_argument("--media", choices=("datasets", "video", "video-sound", "reencode", "audio"), required=True)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--keep", type=Path, help="copy each bad copy's damaged source here, to study")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
     args = ap.parse_args()
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
     t = Path(tempfile.mkdtemp(prefix="gpubatch-flips-"))
     try:
-        bases, opts, whole = {"datasets": _datasets, "video": _videos, "video-sound": _sounded_videos,
-                              "audio": _sounds}[args.media](t)
+        make = {"datasets": lambda t: _datasets(t, args.device == "gpu"), "video": _videos,
+                "video-sound": _sounded_videos, "reencode": lambda t: _sounded_videos(t, True), "audio": _sounds}
+        bases, opts, whole = make[args.media](t)
+        opts["device"] = args.device
         ref = {}
-        if args.media == "audio":  # (each recording's samples, whole)
-            convert(bases["audio"], t / "ref", **opts)
-            ref = _samples(t / "ref")
+        measure = {"audio": _samples, "reencode": _sound_packets}.get(args.media)
+        if measure is not None:  # (each recording's samples, or each video's packets of sound, undamaged)
+            if not (t / "ref").exists():
+                convert(bases["audio" if args.media == "audio" else "video"], t / "ref", **opts)
+            ref = measure(t / "ref")
         rng = random.Random(args.seed)
         bad = said = 0
         for it in range(args.runs):
@@ -146,8 +167,8 @@ def main() -> None:
                     flips.append(f"{f.relative_to(src) if src.is_dir() else f.name}@{i}")
             try:
                 s = convert(src, t / f"o{it}", **opts)
-                short = {k: (v, ref[k]) for k, v in _samples(t / f"o{it}").items()
-                         if k in ref and v < 0.98 * ref[k]} if ref and s.records_out else {}
+                short = {k: (v, ref[k]) for k, v in measure(t / f"o{it}").items()
+                         if k in ref and v < 0.98 * ref[k]} if measure is not None and s.records_out else {}
                 lost = s.records_out + len(s.skipped) < whole or short
                 if lost and not s.skipped and not s.warnings:
                     bad += 1

@@ -76,7 +76,7 @@ class CheckedSink:
             if facts not in self.audio:
                 self.audio.append(facts)
         sound = record.meta.get("audio")
-        if isinstance(sound, str) and sound.startswith("dropped"):  # a re-encoded video's track MP4 cannot hold
+        if isinstance(sound, str) and sound.startswith(("dropped", "damaged")):  # MP4 cannot hold it, or cut
             self.warn(f"the audio track of a re-encoded video was {sound} ({record.origin}); the others' tracks "
                       "were copied")
 

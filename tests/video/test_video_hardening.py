@@ -207,13 +207,16 @@ def test_mp4_clips_and_re_encoded_videos_are_the_same_bytes_on_every_run(tmp_pat
     assert runs[0] == runs[1] == runs[2]
 
 
-def _with_sound(path, seconds: float = 2.0, codec: str = "aac", fmt: str = "mov"):
-    """An H.264 clip with an audio track (a tone), muxed as a camera or phone writes it."""
+def _with_sound(path, seconds: float = 2.0, codec: str = "aac", fmt: str = "mov", offset: float = 0.0,
+                drop: int | None = None, vcodec: str = "libx264"):
+    """An H.264 clip with an audio track (a tone), muxed as a camera or phone writes it; ``offset``: seconds
+    added to every time (a broadcast's MPEG-TS begins where its clock stood); ``drop``: a sound packet left
+    out (as damage that a demuxer passes over loses it)."""
     import av
 
     rate, fps = 48000, 24
-    with av.open(str(path), "w", format=fmt) as c:
-        v = c.add_stream("libx264", rate=fps)
+    with av.open(str(path), "w", format=fmt, options={"output_ts_offset": str(offset)} if offset else None) as c:
+        v = c.add_stream(vcodec, rate=fps)
         v.width, v.height, v.pix_fmt = 160, 120, "yuv420p"
         a = c.add_stream(codec, rate=rate)
         a.layout = "stereo"
@@ -226,8 +229,9 @@ def _with_sound(path, seconds: float = 2.0, codec: str = "aac", fmt: str = "mov"
         tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
         frame = av.AudioFrame.from_ndarray(np.stack([tone, tone]), format="fltp", layout="stereo")
         frame.sample_rate, frame.pts, frame.time_base = rate, 0, Fraction(1, rate)
-        for p in [*a.encode(frame), *a.encode(None)]:
-            c.mux(p)
+        for i, p in enumerate([*a.encode(frame), *a.encode(None)]):
+            if i != drop:
+                c.mux(p)
         for p in v.encode(None):
             c.mux(p)
     return path
@@ -250,6 +254,198 @@ def test_re_encoding_a_video_keeps_its_audio_track(tmp_path):
         assert abs(float(a.duration * a.time_base) - 2.0) < 0.1 and c.streams.video[0].codec_context.height == 64
     with av.open(str(next((tmp_path / "out").rglob("silent*.mp4")))) as c:
         assert not c.streams.audio
+
+
+def test_a_re_encoded_video_whose_sound_tables_were_cut_says_its_sound_was_copied_in_part(tmp_path):
+    """An MP4's tables are per track: a chunk offset of the sound track's moved past the file's end stopped its
+    demuxer at 0.92 s of 2.00 s while every frame was read, and the re-encoded video kept 0.92 s of sound with no
+    word (a byte flip, 2026-12-07)."""
+    import struct
+
+    import av
+
+    src = tmp_path / "src"
+    src.mkdir()
+    path = _with_sound(src / "talk.mov")
+    data = bytearray(path.read_bytes())
+    at = data.find(b"stco", data.find(b"stco") + 1)  # (the sound track's chunk offsets, after the video's)
+    assert at > 0 and struct.unpack(">I", data[at + 8:at + 12])[0] > 24
+    data[at + 12 + 4 * 23 + 1] = 0xC4  # (its 24th chunk now 12 MB into a file of 56 kB)
+    path.write_bytes(bytes(data))
+    s = convert(src, tmp_path / "out", to="video", resize_shorter=64)
+    assert s.records_out == 1 and not s.skipped
+    said = [w for w in s.warnings if "audio track" in w]
+    assert len(said) == 1 and "copied in part" in said[0] and "0.92 s of its 2.00 s read (the rest lost to damage)" in said[0], s.warnings
+    with av.open(str(next((tmp_path / "out").rglob("talk*.mp4")))) as c:
+        assert c.streams.video[0].frames == 48 and len(c.streams.audio) == 1
+
+
+@pytest.mark.parametrize("start,end", [(0.0, 0.0), (0.5, 1.5)])
+def test_a_re_encoded_mpeg_ts_keeps_its_sound_with_its_frames_whatever_time_the_file_begins_at(tmp_path, start, end):
+    """An MPEG-TS whose times began at 10 s (as a broadcast's do) was re-encoded with its sound 10 s after its
+    frames, past the video's end; a stretch of it (a file list's start and end) got none of its sound."""
+    import av
+
+    src = tmp_path / "src"
+    src.mkdir()
+    _with_sound(src / "news.ts", codec="mp2", fmt="mpegts", offset=10.0)
+    (src / "list.txt").write_text(f"news.ts 0 {start} {end}\n" if end else "news.ts 0\n")
+    s = convert(src / "list.txt", tmp_path / "out", to="video", resize_shorter=64)
+    assert s.records_out == 1 and not s.skipped and not any("audio" in w for w in s.warnings), s.warnings
+    with av.open(str(next((tmp_path / "out").rglob("*.mp4")))) as c:
+        v, a = c.streams.video[0], c.streams.audio[0]
+        first = next(p for p in c.demux(a) if p.size)
+        lasts = (end - start) if end else 2.0
+        assert abs(float(first.pts * a.time_base)) < 0.05, float(first.pts * a.time_base)
+        assert abs(float(v.duration * v.time_base) - lasts) < 0.1 and abs(float(a.duration * a.time_base) - lasts) < 0.1
+
+
+def test_a_re_encoded_avi_whose_sound_chunk_was_damaged_counts_the_sound_packets_its_index_lists(tmp_path):
+    """A sound chunk's tag damaged in an AVI: its demuxer left the chunk out and the re-encoded video kept 42 of
+    its 43 MP3 packets with no word; its header counts 43."""
+    from tests.video.clips import make_clip_with_sound
+
+    src = tmp_path / "src"
+    path = make_clip_with_sound(src / "a.avi", "avi", "mpeg4", "libmp3lame")
+    data = bytearray(path.read_bytes())
+    chunks = [i for i in range(data.rfind(b"idx1")) if data[i:i + 4] == b"01wb"]
+    data[chunks[-2]] = 0x3D
+    path.write_bytes(bytes(data))
+    s = convert(src, tmp_path / "out", to="video", resize_shorter=32)
+    assert s.records_out == 1 and not s.skipped
+    assert [w for w in s.warnings if "audio track" in w and "42 of its 43 packets read" in w], s.warnings
+
+
+def test_a_re_encoded_webm_whose_sound_track_header_was_damaged_says_its_sound_was_not_copied(tmp_path):
+    """The TrackType of a WebM's Opus track damaged: its demuxer made no stream of it and the re-encoded video had
+    no sound, with no word (a byte flip, 2026-12-07). The Tracks element lists two tracks."""
+    import av
+
+    from tests.video.clips import make_clip_with_sound
+
+    src = tmp_path / "src"
+    path = make_clip_with_sound(src / "a.webm", "webm", "libvpx-vp9", "libopus")
+    data = bytearray(path.read_bytes())
+    at = data.find(bytes.fromhex("838102"))  # (TrackType 2, the sound's)
+    assert at > 0
+    data[at + 2] = 0xC0
+    path.write_bytes(bytes(data))
+    s = convert(src, tmp_path / "out", to="video", resize_shorter=32)
+    assert s.records_out == 1 and not s.skipped
+    said = [w for w in s.warnings if "audio track" in w]
+    assert len(said) == 1 and "not copied: the file lists 2 tracks and its demuxer read 1" in said[0], s.warnings
+    with av.open(str(next((tmp_path / "out").rglob("*.mp4")))) as c:
+        assert not c.streams.audio and c.streams.video[0].frames == 24
+
+
+def _flv_tags(data: bytes) -> list[tuple[int, int]]:
+    """(where, kind) of each tag of an FLV file."""
+    at, tags = int.from_bytes(data[5:9], "big") + 4, []
+    while at + 11 <= len(data):
+        tags.append((at, data[at] & 0x1F))
+        at += 15 + int.from_bytes(data[at + 1:at + 4], "big")
+    return tags
+
+
+@pytest.mark.parametrize("damage", ["mkv track number", "flv sound format", "flv tag kind"])
+def test_a_re_encoded_video_counts_the_sound_packets_its_container_holds(tmp_path, damage):
+    """Matroska and FLV count no packets in a header: a sound block whose track number the damage changed, a sound
+    tag whose format or kind it changed, was passed over by the demuxer, and the re-encoded video lost that sound
+    with no word (byte flips, 2026-12-07). The blocks and tags, walked, count 48."""
+    from gpubatch.engine.codecs.container_end import _block
+    from tests.video.clips import make_clip_with_sound
+
+    src = tmp_path / "src"
+    ext = damage.split()[0]
+    path = make_clip_with_sound(src / f"a.{ext}", "matroska" if ext == "mkv" else "flv", "libx264", "aac")
+    data = bytearray(path.read_bytes())
+    if ext == "mkv":
+        blocks = [i for i in range(len(data)) if data[i] == 0xA3 and _block(bytes(data), i, len(data), strict=True)]
+        sound = [i + _block(bytes(data), i, len(data))[1] for i in blocks
+                 if data[i + _block(bytes(data), i, len(data))[1]] == 0x82]
+        data[sound[-2]] = 0x85  # (a track the file has not; after the last frame, where the demuxer stops)
+    else:
+        at = [a for a, kind in _flv_tags(bytes(data)) if kind == 8][20]
+        data[at + (11 if damage.endswith("format") else 0)] = 0x2F if damage.endswith("format") else 0x0A
+    path.write_bytes(bytes(data))
+    s = convert(src, tmp_path / "out", to="video", resize_shorter=32)
+    said = [w for w in s.warnings if "audio track" in w]
+    assert s.records_out == 1 and len(said) == 1 and "of its 48 packets read" in said[0], s.warnings
+
+
+def test_sound_packets_of_no_duration_are_given_the_step_between_packets(tmp_path):
+    """A Matroska file whose sound packets came with no duration (damage in its first Cluster, a byte flip of
+    2026-12-07): the MP4 written beside the re-encoded frames read back 46 of its 47 packets (seed 1 of
+    `byte_flips.py --media reencode`, run 31). They now take the step between packets."""
+    import av
+
+    from gpubatch.engine.codecs.video_sound import _audio_stream, _fill_durations, _mux_audio, audio_packets
+    from tests.video.clips import make_clip_with_sound
+
+    data = make_clip_with_sound(tmp_path / "a.mkv", "matroska", "libx264", "aac").read_bytes()
+    source, kept, _ = audio_packets(data)
+    steps = [p.duration for p in kept]
+    for p in kept:
+        p.duration = 0
+    _fill_durations(kept)
+    assert [p.duration for p in kept] == [21] * len(kept) and sorted(steps)[len(steps) // 2] == 21
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        stream, _ = _audio_stream(out, source)
+        assert _mux_audio(out, stream, kept) == 0
+    buf.seek(0)
+    with av.open(buf) as c:
+        assert sum(1 for p in c.demux(c.streams.audio[0]) if p.size) == len(kept) == 47
+
+
+@pytest.mark.parametrize("fmt,ext", [("mpegts", "ts"), ("mpeg", "mpg")])
+def test_a_sound_packet_lost_in_a_stream_format_is_found_by_the_hole_in_its_times(tmp_path, fmt, ext):
+    """MPEG-TS and MPEG-PS count no packets: damage that made the demuxer pass over a sound packet or two lost them
+    from the re-encoded video with no word (byte flips, 2026-12-07). Their times keep the hole."""
+    src = tmp_path / "src"
+    src.mkdir()
+    vcodec = "mpeg2video" if ext == "mpg" else "libx264"
+    _with_sound(src / f"a.{ext}", codec="mp2", fmt=fmt, drop=30, vcodec=vcodec)
+    s = convert(src, tmp_path / "out", to="video", resize_shorter=32)
+    said = [w for w in s.warnings if "audio track" in w]
+    assert s.records_out == 1 and len(said) == 1 and "its times skip 1 packet's worth" in said[0], s.warnings
+    _with_sound(src / f"a.{ext}", codec="mp2", fmt=fmt, vcodec=vcodec)
+    assert not convert(src, tmp_path / "whole", to="video", resize_shorter=32).warnings
+
+
+def test_a_sound_packet_whose_time_jumped_ahead_is_left_out_alone():
+    """A damaged time far ahead, kept, would have shut out every packet after it (each behind it)."""
+    from types import SimpleNamespace
+
+    from gpubatch.engine.codecs.video_sound import _holes, _in_order
+
+    def packet(t):
+        return SimpleNamespace(pts=t, dts=t, duration=10)
+
+    kept, left = _in_order([packet(t) for t in (0, 10, 20, 99_999, 40, 50, 50, 60)])
+    assert [p.dts for p in kept] == [0, 10, 20, 40, 50, 60] and left == 2
+    assert _holes(kept) == 1 and _holes([packet(t) for t in (0, 10, 20)]) == 0
+
+
+def test_sound_packets_out_of_order_are_left_out_of_a_re_encoded_video_and_counted(tmp_path):
+    """A damaged MPEG-TS repeated a sound packet's time; the muxer refused it and the whole video was lost to an
+    `ArgumentError` (a byte flip, 2026-12-07). Such packets are now left out, and counted."""
+    import av
+
+    from gpubatch.engine.codecs.video_sound import _audio_stream, _mux_audio, audio_packets
+
+    data = _with_sound(tmp_path / "talk.mov").read_bytes()
+    source, kept, short = audio_packets(data)
+    _, again, _ = audio_packets(data)
+    assert not short and len(kept) > 60
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        stream, name = _audio_stream(out, source)
+        assert name == "aac"
+        assert _mux_audio(out, stream, kept[:50] + [again[20]] + kept[50:]) == 1
+    buf.seek(0)
+    with av.open(buf) as c:
+        assert sum(1 for p in c.demux(c.streams.audio[0]) if p.size) == len(kept)
 
 
 @pytest.mark.parametrize("ext,codec", [("mkv", "libx264"), ("webm", "libvpx-vp9")])

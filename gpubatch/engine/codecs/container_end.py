@@ -18,7 +18,9 @@ streams (:func:`ogg_chains`).
 
 The structure also tells frames a demuxer passes over in a whole file: a Matroska file's blocks after the last one
 its demuxer read, where it stopped at a damaged one (:func:`matroska_blocks_after`), and an AVI's empty index entries,
-frames repeated to keep the rate rather than missing (:func:`avi_null_frames`).
+frames repeated to keep the rate rather than missing (:func:`avi_null_frames`); and the sound a re-encoded video's
+copy would lose: the packets of a Matroska or FLV file's sound track (:func:`sound_packets`), the tracks its Tracks
+element lists (:func:`matroska_tracks`).
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ def matroska_blocks_after(data: bytes, pos: int) -> int:
                 return 0
             inner, at = at + n + m, at + n + m + size
             if ident == 0x1654AE6B:
-                tracks |= _track_numbers(data, inner, min(at, len(data)))
+                tracks |= set(_track_numbers(data, inner, min(at, len(data))))
             if ident != _CLUSTER or at <= pos:  # (a Cluster read whole, or another element)
                 continue
             stop = min(at, len(data))
@@ -152,23 +154,132 @@ def matroska_blocks_after(data: bytes, pos: int) -> int:
     return after + (0 if others else damaged)
 
 
-def _track_numbers(data: bytes, at: int, stop: int) -> set[int]:
-    """The TrackNumber of each TrackEntry of a Tracks element's data ``at``..``stop``."""
-    out = set()
+def matroska_tracks(data: bytes) -> int:
+    """How many TrackEntries a Matroska/WebM file's Tracks element lists (0 where it cannot be told): a demuxer
+    makes no stream of one whose header the damage made unreadable (its TrackType or CodecID changed), and its
+    sound is then lost with no word from the demuxer."""
+    try:
+        at, size, unknown = _segment(data)
+        end = len(data) if unknown else min(at + size, len(data))
+        while at < end:
+            ident, n, _ = _vint(data, at, True)
+            size, m, unknown = _vint(data, at + n, False)
+            if ident == _CLUSTER or unknown:  # (Tracks come before the first Cluster)
+                return 0
+            if ident == 0x1654AE6B:
+                inner, stop, count = at + n + m, min(at + n + m + size, end), 0
+                while inner < stop:
+                    kid, n, _ = _vint(data, inner, True)
+                    size, m, _ = _vint(data, inner + n, False)
+                    count += kid == 0xAE
+                    inner += n + m + size
+                return count
+            at += n + m + size
+    except (ValueError, IndexError):
+        pass
+    return 0
+
+
+def _track_numbers(data: bytes, at: int, stop: int) -> dict[int, int]:
+    """The TrackNumber of each TrackEntry of a Tracks element's data ``at``..``stop``, and its TrackType (1 video,
+    2 sound; 0 where the entry gives none)."""
+    out = {}
     try:
         while at < stop:
             ident, n, _ = _vint(data, at, True)
             size, m, _ = _vint(data, at + n, False)
             inner, at = at + n + m, at + n + m + size
+            number = kind = 0
             while ident == 0xAE and inner < min(at, stop):
                 kid, n, _ = _vint(data, inner, True)
                 size, m, _ = _vint(data, inner + n, False)
-                if kid == 0xD7 and 0 < size <= 8:
-                    out.add(int.from_bytes(data[inner + n + m : inner + n + m + size], "big"))
+                if kid in (0xD7, 0x83) and 0 < size <= 8:
+                    value = int.from_bytes(data[inner + n + m : inner + n + m + size], "big")
+                    number, kind = (value, kind) if kid == 0xD7 else (number, value)
                 inner += n + m + size
+            if number:
+                out[number] = kind
     except (ValueError, IndexError):
         pass
     return out
+
+
+def sound_packets(data: bytes, kind: str | None) -> int:
+    """How many packets the first sound track of a Matroska/WebM or FLV file holds, by its structure: its blocks'
+    frames (laced ones counted), blocks of no known track among them (a damaged track number); FLV's sound tags but
+    AAC's header, tags of no known kind among them. A demuxer passes over a damaged block or tag with no word, and the sound copied beside a re-encoded
+    video is then short. 0 where it cannot be told (another container, no sound track, an element of no size, a
+    damaged element)."""
+    try:
+        if kind in ("mkv", "webm"):
+            return _matroska_sound(data)
+        if kind == "flv" and data[:3] == b"FLV":
+            at, count = int.from_bytes(data[5:9], "big") + 4, 0
+            while at + 11 <= len(data):
+                tag, size = data[at] & 0x1F, int.from_bytes(data[at + 1 : at + 4], "big")
+                if at + 15 + size > len(data):  # (a damaged size: no count)
+                    return 0
+                # (a tag of no FLV kind is a damaged one, which no demuxer gives: counted as sound)
+                count += tag not in _FLV_TAGS or (tag == 8 and size > 0 and not (data[at + 11] >> 4 == 10
+                                                                                  and data[at + 12] == 0))
+                at += 11 + size + 4
+            return count
+    except (ValueError, IndexError):
+        pass
+    return 0
+
+
+def _matroska_sound(data: bytes) -> int:
+    at, size, unknown = _segment(data)
+    end = len(data) if unknown else min(at + size, len(data))
+    tracks: dict[int, int] = {}
+    count = 0
+    while at < end:
+        ident, n, _ = _vint(data, at, True)
+        size, m, unknown = _vint(data, at + n, False)
+        if unknown or ident not in _SEGMENT_KIDS:
+            return 0
+        inner, at = at + n + m, at + n + m + size
+        if ident == 0x1654AE6B:
+            tracks = _track_numbers(data, inner, min(at, end))
+        if ident != _CLUSTER:
+            continue
+        sound = next((k for k, v in tracks.items() if v == 2), None)
+        if sound is None:
+            return 0
+        stop = min(at, len(data))
+        while inner < stop:
+            block = _block(data, inner, stop)
+            if block:
+                number = _track(data, inner, block[1], stop)
+                if number == sound or number not in tracks:
+                    count += _frames(data, inner, block[1], stop)
+                inner += block[0]
+                continue
+            kid, n, _ = _vint(data, inner, True)
+            size, m, _ = _vint(data, inner + n, False)
+            if kid not in _CLUSTER_KIDS or inner + n + m + size > stop:
+                return 0
+            inner += n + m + size
+    return count
+
+
+def _frames(data: bytes, at: int, head: int, stop: int) -> int:
+    """The frames of the block at ``at``: 1, or a laced block's count (the byte after its flags, plus one)."""
+    inner = at + head
+    if data[at] == 0xA0:  # (a BlockGroup: its Block)
+        while inner < stop:
+            kid, n, _ = _vint(data, inner, True)
+            size, m, _ = _vint(data, inner + n, False)
+            if kid == 0xA1:
+                inner += n + m
+                break
+            inner += n + m + size
+        else:
+            return 1
+    k = _vint(data, inner, False)[1]
+    flags = data[inner + k + 2]
+    return data[inner + k + 3] + 1 if flags & 0x06 else 1
 
 
 def _track(data: bytes, at: int, head: int, stop: int) -> int | None:

@@ -23,6 +23,7 @@ from ...errors import RecordError, Stage, UsageError
 from ...types import Media, Record
 from ..media import HOST, LOST, MediaSpec, RunPlan, get_codec, register_codec
 from .video_probe import VideoInfo, _why, av, open_container, packets, probe
+from .video_sound import _audio_stream, _mux_audio, audio_packets
 
 __all__ = ["FrameCursor", "FrameStream", "VideoHostCodec", "encode_clip", "info_of", "outputs_of_video"]
 
@@ -298,49 +299,6 @@ def x264_asm() -> dict[str, str]:
     return {"x264-params": "asm=" + ",".join(sets)}
 
 
-def audio_packets(data: bytes, start: float = 0.0, end: float = 0.0) -> tuple[Any, list[Any], str]:
-    """The first audio stream of video ``data`` and its packets from ``start`` to ``end`` seconds (0: the
-    end), to copy beside re-encoded frames; (None, [], why) where there is none to copy."""
-    c = open_container(data)
-    if not c.streams.audio:
-        c.close()
-        return None, [], ""
-    s = c.streams.audio[0]
-    tb = float(s.time_base) if s.time_base else 0.0
-    kept = []
-    for p in packets(c, s):  # (up to a damaged stretch)
-        if p.size == 0 or p.pts is None:
-            continue
-        t = float(p.pts) * tb
-        if t + 1e-6 < start or (end and t >= end):
-            continue
-        kept.append(p)
-    return (c, s), kept, ""
-
-
-def _audio_stream(out: Any, source: tuple[Any, Any]) -> tuple[Any, str]:
-    """A stream of ``out`` like the audio stream of ``source`` (container, stream), to copy its packets
-    into unchanged (no re-encode): (stream, codec name), or (None, "dropped: why") where MP4 takes none."""
-    _, template = source
-    name = template.codec_context.name
-    try:
-        add = getattr(out, "add_stream_from_template", None)
-        return (add(template) if add is not None else out.add_stream(template=template)), name
-    except Exception as e:  # noqa: BLE001 - the container takes no such stream
-        return None, f"dropped: {name} audio cannot go into MP4 ({str(e).splitlines()[0][:80]})"
-
-
-def _mux_audio(out: Any, stream: Any, packets: list[Any], start: float) -> None:
-    """Mux ``packets`` into ``stream`` of ``out``, their times moved back by ``start`` seconds."""
-    shift = int(round(start / float(stream.time_base))) if start and stream.time_base else 0
-    for p in packets:
-        if shift:
-            p.pts = p.pts - shift if p.pts is not None else None
-            p.dts = p.dts - shift if p.dts is not None else None
-        p.stream = stream
-        out.mux(p)
-
-
 def encode_mp4(frames: Iterator[np.ndarray] | np.ndarray, fps: float, codec: str = "h264", crf: int = 23,
                audio_from: bytes | None = None, start: float = 0.0, end: float = 0.0) -> bytes:
     """Frames (uint8 HWC RGB, all one size) as an MP4 (H.264 through libx264 by default) on the CPU;
@@ -352,12 +310,13 @@ def encode_mp4(frames: Iterator[np.ndarray] | np.ndarray, fps: float, codec: str
 def encode_video(frames: Iterator[np.ndarray] | np.ndarray, fps: float, codec: str = "h264", crf: int = 23,
                  audio_from: bytes | None = None, start: float = 0.0, end: float = 0.0) -> tuple[bytes, str]:
     """:func:`encode_mp4`, and what became of the source's audio: the codec copied, "" where it has none,
-    or "dropped: why" (a codec MP4 does not hold)."""
+    "dropped: why" (a codec MP4 does not hold) or "damaged ...: what" (copied in part or not at all:
+    :func:`.video_sound.audio_packets` says what the damage cost)."""
     a = av()
     encoder = ENCODERS.get(codec, codec)
     buf = io.BytesIO()
-    source, packets, said = (audio_packets(audio_from, start, end) if audio_from is not None else (None, [], ""))
-    sound = None
+    source, packets, short = (audio_packets(audio_from, start, end) if audio_from is not None else (None, [], ""))
+    sound, said = None, ""
     with a.open(buf, mode="w", format="mp4") as out:
         stream = None
         from fractions import Fraction
@@ -394,9 +353,16 @@ def encode_video(frames: Iterator[np.ndarray] | np.ndarray, fps: float, codec: s
         for packet in stream.encode():
             out.mux(packet)
         if sound is not None:
-            _mux_audio(out, sound, packets, start)
+            left = _mux_audio(out, sound, packets)
+            lost = [short] if short else []
+            if left:
+                lost.append(f"{left} of its {len(packets)} packets refused by the muxer (damaged)")
+            if lost:
+                said = f"damaged and copied in part ({said}): " + "; ".join(lost)
     if source is not None:
         source[0].close()
+    elif short:
+        said = f"damaged and not copied: {short}"
     return buf.getvalue(), said
 
 
