@@ -184,6 +184,26 @@ def _closest(img: np.ndarray, n: int) -> int:
     return int(np.argmin([np.abs(img.astype(int) - frame(i, h, w)).mean() for i in range(n)]))
 
 
+@pytest.mark.parametrize("frames", ["every:1", "every:5"])
+def test_an_mpeg_program_stream_that_times_one_frame_in_four_gives_every_frame_in_its_place(tmp_path, frames):
+    """FFmpeg's MPEG-PS muxer times one H.264 frame in four (MPEG streams need a time every 0.7 s at most): the frames
+    with none were taken for damaged ones, 11 of 48 written with a warning that 37 were lost (2026-12-07). Each is
+    placed on the grid of the timed ones, in turn; a stride seeks to keyframes between them."""
+    from PIL import Image
+
+    from gpubatch.engine.codecs.video_probe import probe
+
+    src = tmp_path / "src"
+    path = make_clip(src / "cls" / "v.mpg", 48, 96, 64, gop=12)
+    info = probe(path.read_bytes())
+    assert info.frames == 48 and info.placed > 30 and not info.skipped and abs(info.fps - 24) < 0.01
+    s = convert(src, tmp_path / "out", to="folder", frames=frames, device="cpu")
+    want = list(range(0, 48, int(frames.split(":")[1])))
+    assert s.records_out == len(want) and not s.skipped and not s.warnings, s.warnings
+    files = sorted((tmp_path / "out" / "cls").glob("*.jpg"))
+    assert [_closest(np.asarray(Image.open(f).convert("RGB")), 48) for f in files] == want
+
+
 def test_frames_are_the_right_frames_with_their_metadata(tmp_path):
     from PIL import Image
 

@@ -99,6 +99,10 @@ class FrameCursor:
         self._container = None
         self._frames: Iterator | None = None
         self._index = {int(p): i for i, p in enumerate(info.pts)}
+        # (frames with no timestamp, placed by the probe on the grid of those with one: each takes the step after
+        # the frame decoded before it)
+        self._step = int(info.pts[1] - info.pts[0]) if info.placed and len(info.pts) > 1 else 0
+        self._last: int | None = None
         self.decoded = 0
 
     def close(self) -> None:
@@ -122,6 +126,7 @@ class FrameCursor:
         MPEG-PS seek by byte position and the timestamps read there: a seek to an H.264 TS file's first frame landed
         on its second keyframe, and every frame before it was "not decoded")."""
         k = self.info.keyframe_before(index)
+        self._last = None
         keys, pts, reorder = self.info.keyframes, self.info.pts, self.info.reorder
         at = keys.index(k)  # (keyframe_before gives one of them)
         tries = [(int(pts[k]), k)] + ([(int(pts[k]) - reorder, k)] if reorder else []) + [
@@ -173,7 +178,11 @@ class FrameCursor:
                 where = f"after frame {self.pos}" if self.pos >= 0 else "before its first frame"
                 self.broken = f"damaged stream {where}: {_why(e)}"
                 return None
-            i = self._index.get(int(frame.pts)) if frame.pts is not None else None
+            pts = frame.pts
+            if pts is None and self._step and self._last is not None:
+                pts = self._last + self._step
+            self._last = int(pts) if pts is not None else None
+            i = self._index.get(int(pts)) if pts is not None else None
             if i is None:
                 continue
             return i, frame

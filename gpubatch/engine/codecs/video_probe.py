@@ -119,6 +119,7 @@ class VideoInfo:
     skip_at: float = 0.0  # this time on
     jump: float = 0.0  # seconds a steady rate's timestamps jump by no whole number of frames (damage that moved
     jump_at: float = 0.0  # them, or a splice: frames may be lost there), and from when
+    placed: int = 0  # frames that carry no timestamp, placed on the grid of those that do (an MPEG stream's)
 
     @property
     def cut_short(self) -> str:
@@ -282,13 +283,14 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         listed = len(table) if table is not None else int(s.frames or 0)  # the frames the file's index counts
         cut = 0  # packets the demuxer gave cut short (the file ends inside them)
         reorder = 0  # the most a packet's presentation time lies after its decoding time
-        untimed = 0  # packets of the video with no timestamp
+        untimed = lead = 0  # packets of the video with no timestamp; those before the first with one
         taken = None  # the last packet taken (where its data lies in the file: a Matroska file's check)
         timed = not listed  # (decoding timestamps kept where the file counts no frames: MPEG-TS, Matroska...)
         for p in packets(c, s):  # (up to a damaged stretch: the frames before it are the video)
             t = p.pts if p.pts is not None else p.dts
             if t is None or p.size == 0:
-                untimed += t is None and p.size > 0  # (a frame no timestamp places: damaged, left out)
+                untimed += t is None and p.size > 0  # (a frame no timestamp places, unless the run's grid does)
+                lead += t is None and p.size > 0 and not pts
                 continue
             if p.pts is not None and p.dts is not None:
                 reorder = max(reorder, int(p.pts - p.dts))
@@ -328,6 +330,13 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         keep = np.concatenate([[True], np.diff(spts) > 0])  # a repeated timestamp is no new frame
         order, spts = order[keep], spts[keep]
         key_flags = np.asarray(keys)[order]
+        grid = _placed(spts, untimed) if untimed and not lead else None
+        if grid is not None:  # (frames an MPEG stream leaves untimed, placed on its steady grid in turn)
+            flags = np.zeros(len(grid), bool)
+            flags[np.searchsorted(grid, spts)] = key_flags
+            spts, key_flags, placed, untimed = grid, flags, untimed, 0
+        else:
+            placed = 0
         keyframes = tuple(int(i) for i in np.flatnonzero(key_flags)) or (0,)
         if keyframes[0] != 0:  # frames before the first keyframe (an open GOP cut): start there
             keyframes = (0, *keyframes)
@@ -355,7 +364,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
         vfr = bool(len(gaps) > 1 and (gaps.max() - gaps.min()) > 0.01 * max(float(np.median(gaps)), 1e-9))
         skipped, skip_at, jump, jump_at = _skips(times, gaps)
         skipped = max(0, skipped - nulls)  # (an AVI's repeated frames keep their place in its timestamps)
-        if timed and not missing and None not in dts:  # (a container that counts no frames: MPEG-TS...)
+        if timed and not missing and not placed and None not in dts:  # (a container that counts no frames: TS...)
             lost, lost_at = _lost_in_decoding_order(np.asarray(dts, np.int64), tb)
             if lost > skipped:
                 skipped, skip_at = lost, lost_at
@@ -378,8 +387,27 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             colorspace=int(getattr(cc, "colorspace", 2) or 2), color_range=int(getattr(cc, "color_range", 0) or 0),
             cut_inside=inside, cut_pts=cut_pts, reorder=reorder, declared=declared, stopped=bool(stopped),
             counted=counted,
-            skipped=skipped, skip_at=skip_at, jump=jump, jump_at=jump_at,
+            skipped=skipped, skip_at=skip_at, jump=jump, jump_at=jump_at, placed=placed,
         )
+
+
+def _placed(spts: np.ndarray, untimed: int) -> np.ndarray | None:
+    """The timestamps of every frame where ``untimed`` frames carry none: an MPEG program or transport stream
+    need time only one frame in several (FFmpeg's MPEG-PS muxer times one H.264 frame in four). Where the timed
+    frames ``spts`` lie on a steady grid (their gaps whole multiples of the smallest step between them) whose holes
+    the untimed frames fill, those after the last timed one at the end (no more than the longest untimed run
+    between two timed ones), the grid is the frames' times; None where they do not fit (damage took frames, or
+    their timestamps: the frames are then skipped, and said)."""
+    if len(spts) < 2:
+        return None
+    gaps = np.diff(spts)
+    step = int(np.gcd.reduce(gaps))
+    if step <= 0:
+        return None
+    holes = int((gaps // step - 1).sum())
+    if not 0 <= untimed - holes <= int(gaps.max() // step) - 1:
+        return None
+    return spts[0] + step * np.arange(len(spts) + untimed, dtype=np.int64)
 
 
 def _skips(times: np.ndarray, gaps: np.ndarray) -> tuple[int, float, float, float]:

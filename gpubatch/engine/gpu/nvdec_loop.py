@@ -54,6 +54,8 @@ def cpu_reason(info: Any, gpu: int, loop: type) -> str:
         return "rotated"
     if info.container == "npy":
         return "a decoded clip"
+    if info.placed:  # (NVDEC's frames are matched by their timestamps; the CPU path places untimed ones in turn)
+        return f"{info.placed} of its frames carry no timestamp"
     if info.container not in loop.CONTAINERS:
         names = sorted(c.upper() for c in loop.CONTAINERS)
         return (f"{info.container}: NVDEC's frames are checked against the CPU's for {', '.join(names[:-1])} and "
