@@ -427,6 +427,17 @@ def test_a_sound_packet_whose_time_jumped_ahead_is_left_out_alone():
     assert _holes(kept) == 1 and _holes([packet(t) for t in (0, 10, 20)]) == 0
 
 
+def test_a_laced_matroska_block_counts_each_of_its_frames():
+    """mkvmerge laces sound (several frames a block), which FFmpeg's muxer does not: a SimpleBlock and a BlockGroup's
+    Block of four laced frames count four, an unlaced one one."""
+    from gpubatch.engine.codecs.container_end import _block_frames
+
+    laced = bytes([0xA3, 0x88, 0x82, 0, 0, 0x86, 3, 1, 2, 3])  # (track 2, timecode 0, EBML lacing, 4 frames)
+    plain = bytes([0xA3, 0x86, 0x82, 0, 0, 0x80, 1, 2])
+    group = bytes([0xA0, 0x8A, 0xA1, 0x88, 0x82, 0, 0, 0x02, 3, 1, 2, 3])  # (a BlockGroup's Block, Xiph lacing)
+    assert [_block_frames(b, 0, 2, len(b)) for b in (laced, plain, group)] == [4, 1, 4]
+
+
 def test_sound_packets_out_of_order_are_left_out_of_a_re_encoded_video_and_counted(tmp_path):
     """A damaged MPEG-TS repeated a sound packet's time; the muxer refused it and the whole video was lost to an
     `ArgumentError` (a byte flip, 2026-12-07). Such packets are now left out, and counted."""

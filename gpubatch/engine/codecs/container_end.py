@@ -207,9 +207,9 @@ def _track_numbers(data: bytes, at: int, stop: int) -> dict[int, int]:
 def sound_packets(data: bytes, kind: str | None) -> int:
     """How many packets the first sound track of a Matroska/WebM or FLV file holds, by its structure: its blocks'
     frames (laced ones counted), blocks of no known track among them (a damaged track number); FLV's sound tags but
-    AAC's header, tags of no known kind among them. A demuxer passes over a damaged block or tag with no word, and the sound copied beside a re-encoded
-    video is then short. 0 where it cannot be told (another container, no sound track, an element of no size, a
-    damaged element)."""
+    AAC's header, tags of no known kind among them. A demuxer passes over a damaged block or tag with no word, and
+    the sound copied beside a re-encoded video is then short. 0 where it cannot be told (another container, no
+    sound track, an element of no size, a damaged element)."""
     try:
         if kind in ("mkv", "webm"):
             return _matroska_sound(data)
@@ -230,6 +230,8 @@ def sound_packets(data: bytes, kind: str | None) -> int:
 
 
 def _matroska_sound(data: bytes) -> int:
+    """:func:`sound_packets` of a Matroska/WebM file: its Segment's elements and each Cluster's walked by their
+    sizes, to the end or to the first damaged one (ValueError, IndexError: no count)."""
     at, size, unknown = _segment(data)
     end = len(data) if unknown else min(at + size, len(data))
     tracks: dict[int, int] = {}
@@ -253,7 +255,7 @@ def _matroska_sound(data: bytes) -> int:
             if block:
                 number = _track(data, inner, block[1], stop)
                 if number == sound or number not in tracks:
-                    count += _frames(data, inner, block[1], stop)
+                    count += _block_frames(data, inner, block[1], stop)
                 inner += block[0]
                 continue
             kid, n, _ = _vint(data, inner, True)
@@ -264,7 +266,7 @@ def _matroska_sound(data: bytes) -> int:
     return count
 
 
-def _frames(data: bytes, at: int, head: int, stop: int) -> int:
+def _block_frames(data: bytes, at: int, head: int, stop: int) -> int:
     """The frames of the block at ``at``: 1, or a laced block's count (the byte after its flags, plus one)."""
     inner = at + head
     if data[at] == 0xA0:  # (a BlockGroup: its Block)
