@@ -32,9 +32,8 @@ def audio_packets(data: bytes, start: float = 0.0, end: float = 0.0) -> tuple[An
         from .container_end import matroska_tracks
 
         listed = matroska_tracks(data) if sniff_container(data) in ("mkv", "webm") else 0
-        return None, [], (f"the file lists {listed} tracks and its demuxer read {streams}: a track's header is "
-                          "damaged (or of a kind FFmpeg does not read), its sound, if any, not copied"
-                          if listed > streams else "")
+        return None, [], (f"the file lists {listed} tracks and its demuxer read {streams} (a track's header is "
+                          "damaged, or of a kind FFmpeg does not read)" if listed > streams else "")
     s = c.streams.audio[0]
     tb = float(s.time_base) if s.time_base else 0.0
     first = s.start_time or 0
