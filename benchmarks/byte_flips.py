@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Random byte flips (not cuts) in the datasets gpubatch writes and in sound and video files, each copy converted:
-every record is written or listed as skipped, or a warning or a one-line error says what the damage cost; never a
-traceback, never fewer records (or, for sound, fewer samples; for video, fewer frames) without a word.
+"""Random byte flips (or, with ``--cut``, cuts) in the datasets gpubatch writes and in sound and video files, each copy
+converted: every record is written or listed as skipped, or a warning or a one-line error says what the damage cost;
+never a traceback, never fewer records (or, for sound, fewer samples; for video, fewer frames) without a word.
 
     python3 benchmarks/byte_flips.py --media datasets|video|video-sound|reencode|audio [--seed 1] [--runs 60]
-        [--keep DIR] [--device auto|cpu|gpu]
+        [--keep DIR] [--device auto|cpu|gpu] [--cut]
 
 ``datasets``: ``sample_data/imagenet`` written as webdataset, TFRecord, RecordIO, LMDB, COCO, Parquet and a folder,
 and zipped (an image folder in a ZIP), then 1-64 bytes of one copy's files flipped (index files and manifests among them), read back to webdataset.
@@ -15,8 +15,8 @@ MPEG-PS and MOV). ``reencode``: those clips with sound re-encoded whole (``--to 
 track's packets counted against the undamaged run's. ``audio``: a 3-s recording as
 FLAC, WAV, Ogg Vorbis, Opus, MP3, AIFF and AAC in MP4, 1-16 bytes of one flipped, resampled. Prints one line a copy
 that lost something, with what was said, and ends with the count of silent losses and tracebacks (``bad``).
-``--device gpu`` takes the GPU path: nvJPEG (the datasets' images resized, so that they are decoded), NVDEC, the
-GPU audio unit.
+``--cut`` cuts one file short instead (a copy stopped part way). ``--device gpu`` takes the GPU path: nvJPEG (the
+datasets' images resized, so that they are decoded), NVDEC, the GPU audio unit.
 """
 
 from __future__ import annotations
@@ -128,6 +128,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--keep", type=Path, help="copy each bad copy's damaged source here, to study")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
+    ap.add_argument("--cut", action="store_true", help="cut one file short (30-99.9%% of it kept) instead of flipping "
+                    "bytes: a copy or download stopped part way")
     args = ap.parse_args()
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
@@ -156,8 +158,14 @@ def main() -> None:
             if args.media != "datasets":
                 files = [rng.choice(files)]
             flips = []
-            for _ in range(rng.choice({"datasets": (1, 4, 16, 64), "audio": (1, 4, 16)}.get(args.media, (1, 2, 8,
-                                                                                                      32)))):
+            if args.cut:
+                f = rng.choice(files)
+                data = f.read_bytes()
+                n = int(len(data) * rng.uniform(0.3, 0.999))
+                f.write_bytes(data[:n])
+                flips.append(f"{f.relative_to(src) if src.is_dir() else f.name} cut at {n} of {len(data)}")
+            counts = {"datasets": (1, 4, 16, 64), "audio": (1, 4, 16)}.get(args.media, (1, 2, 8, 32))
+            for _ in range(0 if args.cut else rng.choice(counts)):
                 f = rng.choice(files)
                 data = bytearray(f.read_bytes())
                 if data:

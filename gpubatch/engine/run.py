@@ -136,6 +136,8 @@ def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
         n = info.skipped
         stats.warn(f"{record.key}: {n:,} frame{'s' * (n != 1)} lost to damage in the file (timestamps that skip them "
                    f"or are missing, from {info.skip_at:.3f} s); the frames it can place are written")
+    if info is not None and info.boxes_cut and not info.missing and any(isinstance(o, Job) for o in out):
+        stats.warn(f"{record.key}: {info.cut_short}; its frames are written")
     if info is not None and info.jump:  # (damage that moved the timestamps, or a splice: how many went, unknown)
         stats.warn(f"{record.key}: its timestamps jump {info.jump:.3f} s at {info.jump_at:.3f} s, off its steady "
                    f"rate (damage that moved them, or a splice): frames may be lost there; the frames it holds are "

@@ -153,7 +153,7 @@ def _described(reader: Any, entry: Any, fetched: tuple) -> tuple:
             from ..engine.codecs.video_probe import probe as probe_video
 
             hdr: Any = probe_video(rec.data)
-            if hdr.missing:  # a file cut short after its index: damaged, not a shorter video
+            if hdr.cut_short:  # a file cut short after its index, or inside it: damaged, not a shorter video
                 raise ValueError(hdr.cut_short)
         elif rec.media is Media.AUDIO:
             from ..engine.codecs.audio_io import npy_header, probe_audio

@@ -837,3 +837,18 @@ def test_a_chained_ogg_file_is_read_whole_not_its_first_stream_alone(tmp_path, k
         assert [e["key"] for e in s.skipped] == ["mixed"]
         assert s.skipped[0]["reason"].startswith("a chained Ogg file whose 2 streams differ in rate or channels "
                                                  "(8,000 Hz x 1, 16,000 Hz x 1)")
+
+
+def test_an_m4a_cut_inside_its_index_after_its_sample_tables_is_refused(tmp_path):
+    """An M4A whose index (moov) comes last, cut 0.5% short: the cut took its metadata, not its sample tables, and
+    the file passed through as whole, with no word (2026-12-07). Padding after a whole file is no cut."""
+    whole = write(tmp_path / "whole.m4a", tone(3.0, 16000), 16000).read_bytes()
+    assert whole.rfind(b"moov") > whole.rfind(b"mdat")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.m4a").write_bytes(whole[: int(len(whole) * 0.995)])
+    (src / "b.m4a").write_bytes(whole + bytes(64))
+    for opts in ({}, {"sample_rate": 8000}):
+        s = convert(src, tmp_path / f"o{len(opts)}", to="webdataset", **opts)
+        assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a"], s.skipped
+        assert s.skipped[0]["reason"] == "the file is cut short: its last box runs past its end"

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from gpubatch.api import convert, info, open_dataset
+from gpubatch.errors import GpubatchError
 from tests.helpers import jpeg_bytes, photo, run_cli
 from tests.video.clips import make_clip
 
@@ -436,6 +437,29 @@ def test_a_laced_matroska_block_counts_each_of_its_frames():
     plain = bytes([0xA3, 0x86, 0x82, 0, 0, 0x80, 1, 2])
     group = bytes([0xA0, 0x8A, 0xA1, 0x88, 0x82, 0, 0, 0x02, 3, 1, 2, 3])  # (a BlockGroup's Block, Xiph lacing)
     assert [_block_frames(b, 0, 2, len(b)) for b in (laced, plain, group)] == [4, 1, 4]
+
+
+def test_an_mp4_cut_inside_its_index_after_the_video_track_is_refused_whole_and_its_frames_written(tmp_path):
+    """An MP4 whose index (moov) comes last, cut 3% short: the cut took the sound track's tables, not the video's.
+    Every frame read, the file passed through as whole and its re-encode had no sound, with no word (2026-12-07).
+    Trailing bytes that are no box are not taken for a cut."""
+    from gpubatch.engine.codecs.video_probe import mp4_boxes_cut
+    from tests.video.clips import make_clip_with_sound
+
+    whole = make_clip_with_sound(tmp_path / "whole.mp4", "mp4", "libx264", "aac", frames=48).read_bytes()
+    assert whole.rfind(b"moov") > whole.rfind(b"mdat") and not mp4_boxes_cut(whole)
+    assert not mp4_boxes_cut(whole + bytes(64)) and not mp4_boxes_cut(whole + b"written by a camera's tool\n")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.mp4").write_bytes(whole[: int(len(whole) * 0.97)])
+    for out, opts in (("pass", {}), ("video", {"to": "video", "resize_shorter": 32})):
+        with pytest.raises(GpubatchError, match="cut short: its last box runs past its end"):
+            convert(src, tmp_path / out, **({"to": "webdataset", "from_format": "video"} | opts))
+    s = convert(src, tmp_path / "frames", to="webdataset", from_format="video", frames="every:1")
+    assert s.records_out == 48 and not s.skipped
+    assert len(s.warnings) == 1 and "cut short: its last box runs past its end" in s.warnings[0]
+    rep = info(src)
+    assert len(rep.unreadable) == 1 and "cut short: its last box runs past its end" in rep.unreadable[0]["reason"]
 
 
 def test_sound_packets_out_of_order_are_left_out_of_a_re_encoded_video_and_counted(tmp_path):

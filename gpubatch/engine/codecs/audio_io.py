@@ -214,7 +214,7 @@ def _wav_header(data: bytes) -> tuple[int, int] | None:
 
 
 def _probe_av(data: bytes) -> AudioInfo:
-    from .video_probe import INDEX_CUT, av, mp4_index_whole, sample_table, sniff_container
+    from .video_probe import BOXES_CUT, INDEX_CUT, av, mp4_boxes_cut, mp4_index_whole, sample_table, sniff_container
 
     a = av("audio that libsndfile does not read (m4a/AAC, or a file it refuses)")
     try:
@@ -230,6 +230,8 @@ def _probe_av(data: bytes) -> AudioInfo:
                 whole = sum(pos + size <= len(data) for pos, size in table.items())
                 raise ValueError(f"the file is cut short: its index lists {len(table):,} packets, {whole:,} are in the "
                                  f"file whole")
+            if table is not None and mp4_boxes_cut(data):  # (cut inside its index at its end: its samples whole)
+                raise ValueError(BOXES_CUT)
             rate = int(s.rate or s.codec_context.sample_rate or 0)
             # (a stream's ``frames`` counts packets, not samples)
             frames = int(round(float(s.duration * s.time_base) * rate)) if s.duration and s.time_base else 0

@@ -52,7 +52,7 @@ def outputs_of_video(record: Record, plan: Any) -> list[Record]:
     info = info_of(record, plan)
     if plan.sample is None and info.container == "npy":  # a decoded clip stays one, its frames transformed
         return [record.with_(data=b"", meta={**record.meta, "frames": list(range(info.frames))})]
-    if info.missing and plan.sample is None:  # the whole video re-encoded: it would be written as if whole
+    if info.cut_short and plan.sample is None:  # the whole video re-encoded: it would be written as if whole
         raise RecordError(record.key, record.origin, Stage.DECODE, info.cut_short)
     present = info.frames
     start, end = record.meta.get("start") or 0.0, record.meta.get("end") or 0.0
@@ -443,7 +443,7 @@ class VideoHostCodec:
 
     def check(self, record: Record, plan: RunPlan) -> Record:
         info = info_of(record, plan)
-        if info.missing:  # passed through, a file cut short would be written as if whole
+        if info.cut_short:  # passed through, a file cut short would be written as if whole
             raise RecordError(record.key, record.origin, Stage.DECODE, info.cut_short)
         return record if record.codec == info.container else record.with_(codec=info.container)
 

@@ -65,6 +65,8 @@ def sniff_container(data: bytes) -> str | None:
 
 #: why an MP4/MOV/M4A file whose index (``moov``) lies at its end, cut before it or inside it, is refused
 INDEX_CUT = "the file is cut short: its index (the moov box, at its end) is not in it whole"
+#: an MP4's cut that spares its frames' tables (:func:`mp4_boxes_cut`)
+BOXES_CUT = "the file is cut short: its last box runs past its end"
 MAX_MISSING = 1 << 16  # the most frames a file cut short or damaged is taken to have lost (its header may claim any)
 
 
@@ -120,12 +122,15 @@ class VideoInfo:
     jump: float = 0.0  # seconds a steady rate's timestamps jump by no whole number of frames (damage that moved
     jump_at: float = 0.0  # them, or a splice: frames may be lost there), and from when
     placed: int = 0  # frames that carry no timestamp, placed on the grid of those that do (an MPEG stream's)
+    boxes_cut: bool = False  # an MP4/MOV whose last top-level box runs past its end, every video frame in it
 
     @property
     def cut_short(self) -> str:
-        """Why the file is damaged where it is cut short (its index counts frames it does not hold), or ""."""
+        """Why the file is damaged where it is cut short (its index counts frames it does not hold, or its last box
+        runs past its end), or ""."""
         if not self.missing:
-            return ""
+            return (f"{BOXES_CUT} (every video frame is in it; what came after them, its sound's index or its "
+                    "metadata, is not)" if self.boxes_cut else "")
         if self.cut_inside:
             return f"the file is cut short: it ends inside a packet, after {self.frames:,} whole frames"
         if self.declared:
@@ -388,6 +393,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             cut_inside=inside, cut_pts=cut_pts, reorder=reorder, declared=declared, stopped=bool(stopped),
             counted=counted,
             skipped=skipped, skip_at=skip_at, jump=jump, jump_at=jump_at, placed=placed,
+            boxes_cut=sniffed in ("mp4", "mov", "3gp") and mp4_boxes_cut(data),
         )
 
 
@@ -513,6 +519,23 @@ def mp4_index_whole(data: bytes) -> bool:
             return at + size <= len(data)
         at += size
     return False
+
+
+def mp4_boxes_cut(data: bytes) -> bool:
+    """Whether an MP4/MOV file's top-level boxes, walked by their sizes, end with one that runs past the file's end:
+    a file cut short. Where its index (``moov``) comes last, a cut inside it that spares the video track's tables
+    leaves every frame readable, and the file passed for whole (its sound's tables, or its metadata, lost)."""
+    at = 0
+    while at + 8 <= len(data):
+        size, head = int.from_bytes(data[at : at + 4], "big"), 8
+        if size == 1 and at + 16 <= len(data):  # (a 64-bit size follows the type)
+            size, head = int.from_bytes(data[at + 8 : at + 16], "big"), 16
+        elif size == 0:  # (the box runs to the file's end)
+            return False
+        if size < head or not data[at + 4 : at + 8].isalnum():  # (a damaged size, or bytes after the last box
+            return False  # that are none: the walk cannot tell)
+        at += size
+    return at > len(data)
 
 
 def sample_table(stream: Any) -> dict[int, int] | None:
