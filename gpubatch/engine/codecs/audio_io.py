@@ -214,7 +214,15 @@ def _wav_header(data: bytes) -> tuple[int, int] | None:
 
 
 def _probe_av(data: bytes) -> AudioInfo:
-    from .video_probe import BOXES_CUT, INDEX_CUT, av, mp4_boxes_cut, mp4_index_whole, sample_table, sniff_container
+    from .video_probe import (
+        BOXES_CUT,
+        INDEX_CUT,
+        av,
+        mp4_boxes_cut,
+        mp4_index_whole,
+        sample_table,
+        sniff_container,
+    )
 
     a = av("audio that libsndfile does not read (m4a/AAC, or a file it refuses)")
     try:
