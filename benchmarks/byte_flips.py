@@ -128,8 +128,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--keep", type=Path, help="copy each bad copy's damaged source here, to study")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
-    ap.add_argument("--cut", action="store_true", help="cut one file short (30-99.9%% of it kept) instead of flipping "
-                    "bytes: a copy or download stopped part way")
+    ap.add_argument("--cut", action="store_true", help="cut one file short (30-99.99%% of it kept, half the cuts in "
+                    "its last 5%%) instead of flipping bytes: a copy or download stopped part way")
     args = ap.parse_args()
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
@@ -161,7 +161,8 @@ def main() -> None:
             if args.cut:
                 f = rng.choice(files)
                 data = f.read_bytes()
-                n = int(len(data) * rng.uniform(0.3, 0.999))
+                n = int(len(data) * rng.choice((rng.uniform(0.3, 0.95), rng.uniform(0.95, 0.9999))))  # (half in
+                # the last 5%, where an index or a sound track written last lies)
                 f.write_bytes(data[:n])
                 flips.append(f"{f.relative_to(src) if src.is_dir() else f.name} cut at {n} of {len(data)}")
             counts = {"datasets": (1, 4, 16, 64), "audio": (1, 4, 16)}.get(args.media, (1, 2, 8, 32))
