@@ -25,6 +25,8 @@ element lists (:func:`matroska_tracks`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 #: how a cut is known: a size in the file's header (the frames it held are counted from its duration), or a packet
 #: that runs past the file's end (the frames after it are not known)
 HEADER, PACKET = "header", "packet"
@@ -124,7 +126,7 @@ def matroska_blocks_after(data: bytes, pos: int) -> int:
             if unknown:
                 return 0
             inner, at = at + n + m, at + n + m + size
-            if ident == 0x1654AE6B:
+            if ident == _TRACKS:
                 tracks |= set(_track_numbers(data, inner, min(at, len(data))))
             if ident != _CLUSTER or at <= pos:  # (a Cluster read whole, or another element)
                 continue
@@ -159,25 +161,35 @@ def matroska_tracks(data: bytes) -> int:
     makes no stream of one whose header the damage made unreadable (its TrackType or CodecID changed), and its
     sound is then lost with no word from the demuxer."""
     try:
-        at, size, unknown = _segment(data)
-        end = len(data) if unknown else min(at + size, len(data))
-        while at < end:
-            ident, n, _ = _vint(data, at, True)
-            size, m, unknown = _vint(data, at + n, False)
-            if ident == _CLUSTER or unknown:  # (Tracks come before the first Cluster)
+        for ident, inner, stop in _segment_kids(data):
+            if ident == _CLUSTER:  # (Tracks come before the first Cluster)
                 return 0
-            if ident == 0x1654AE6B:
-                inner, stop, count = at + n + m, min(at + n + m + size, end), 0
-                while inner < stop:
-                    kid, n, _ = _vint(data, inner, True)
-                    size, m, _ = _vint(data, inner + n, False)
-                    count += kid == 0xAE
-                    inner += n + m + size
-                return count
-            at += n + m + size
+            if ident == _TRACKS:
+                return sum(kid == 0xAE for kid, _, _ in _kids(data, inner, stop))
     except (ValueError, IndexError):
         pass
     return 0
+
+
+def _segment_kids(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(ID, where its data begins, where it ends) of each child of a Matroska/WebM file's Segment, walked by their
+    sizes; ValueError at one of no size (a live-written file's) or of an ID no Segment child has (damage)."""
+    at, size, unknown = _segment(data)
+    end = len(data) if unknown else min(at + size, len(data))
+    for ident, inner, stop in _kids(data, at, end):
+        if ident not in _SEGMENT_KIDS or stop < 0:
+            raise ValueError
+        yield ident, inner, stop
+
+
+def _kids(data: bytes, at: int, stop: int) -> Iterator[tuple[int, int, int]]:
+    """(ID, where its data begins, where it ends; -1: a size unknown) of each EBML element from ``at`` to ``stop``,
+    walked by their sizes (ValueError, IndexError: bytes that are no element)."""
+    while at < stop:
+        ident, n, _ = _vint(data, at, True)
+        size, m, unknown = _vint(data, at + n, False)
+        yield ident, at + n + m, -1 if unknown else at + n + m + size
+        at += n + m + size
 
 
 def _track_numbers(data: bytes, at: int, stop: int) -> dict[int, int]:
@@ -185,18 +197,12 @@ def _track_numbers(data: bytes, at: int, stop: int) -> dict[int, int]:
     2 sound; 0 where the entry gives none)."""
     out = {}
     try:
-        while at < stop:
-            ident, n, _ = _vint(data, at, True)
-            size, m, _ = _vint(data, at + n, False)
-            inner, at = at + n + m, at + n + m + size
+        for ident, inner, end in _kids(data, at, stop):
             number = kind = 0
-            while ident == 0xAE and inner < min(at, stop):
-                kid, n, _ = _vint(data, inner, True)
-                size, m, _ = _vint(data, inner + n, False)
-                if kid in (0xD7, 0x83) and 0 < size <= 8:
-                    value = int.from_bytes(data[inner + n + m : inner + n + m + size], "big")
+            for kid, value_at, value_end in (_kids(data, inner, min(end, stop)) if ident == 0xAE else ()):
+                if kid in (0xD7, 0x83) and 0 < value_end - value_at <= 8:
+                    value = int.from_bytes(data[value_at:value_end], "big")
                     number, kind = (value, kind) if kid == 0xD7 else (number, value)
-                inner += n + m + size
             if number:
                 out[number] = kind
     except (ValueError, IndexError):
@@ -232,24 +238,17 @@ def sound_packets(data: bytes, kind: str | None) -> int:
 def _matroska_sound(data: bytes) -> int:
     """:func:`sound_packets` of a Matroska/WebM file: its Segment's elements and each Cluster's walked by their
     sizes, to the end or to the first damaged one (ValueError, IndexError: no count)."""
-    at, size, unknown = _segment(data)
-    end = len(data) if unknown else min(at + size, len(data))
     tracks: dict[int, int] = {}
     count = 0
-    while at < end:
-        ident, n, _ = _vint(data, at, True)
-        size, m, unknown = _vint(data, at + n, False)
-        if unknown or ident not in _SEGMENT_KIDS:
-            return 0
-        inner, at = at + n + m, at + n + m + size
-        if ident == 0x1654AE6B:
-            tracks = _track_numbers(data, inner, min(at, end))
+    for ident, inner, end in _segment_kids(data):
+        if ident == _TRACKS:
+            tracks = _track_numbers(data, inner, end)
         if ident != _CLUSTER:
             continue
         sound = next((k for k, v in tracks.items() if v == 2), None)
         if sound is None:
             return 0
-        stop = min(at, len(data))
+        stop = min(end, len(data))
         while inner < stop:
             block = _block(data, inner, stop)
             if block:
@@ -270,14 +269,8 @@ def _block_frames(data: bytes, at: int, head: int, stop: int) -> int:
     """The frames of the block at ``at``: 1, or a laced block's count (the byte after its flags, plus one)."""
     inner = at + head
     if data[at] == 0xA0:  # (a BlockGroup: its Block)
-        while inner < stop:
-            kid, n, _ = _vint(data, inner, True)
-            size, m, _ = _vint(data, inner + n, False)
-            if kid == 0xA1:
-                inner += n + m
-                break
-            inner += n + m + size
-        else:
+        inner = next((block for kid, block, _ in _kids(data, inner, stop) if kid == 0xA1), -1)
+        if inner < 0:
             return 1
     k = _vint(data, inner, False)[1]
     flags = data[inner + k + 2]
@@ -303,6 +296,7 @@ def _track(data: bytes, at: int, head: int, stop: int) -> int | None:
 
 _CLUSTER_KIDS = (0xE7, 0xA7, 0xAB, 0x5854, 0xEC, 0xBF)  # (Timecode, Position, PrevSize, SilentTracks, Void, CRC-32)
 _CLUSTER = 0x1F43B675
+_TRACKS = 0x1654AE6B
 #: a Segment's children: SeekHead, Info, Tracks, Cues, Chapters, Tags, Attachments, Cluster, Void, CRC-32
 _SEGMENT_KIDS = (0x114D9B74, 0x1549A966, 0x1654AE6B, 0x1C53BB6B, 0x1043A770, 0x1254C367, 0x1941A469, _CLUSTER, 0xEC,
                  0xBF)

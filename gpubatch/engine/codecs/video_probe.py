@@ -503,39 +503,34 @@ def npy_clip(data: bytes, max_pixels: int = 0) -> VideoInfo:
                      keyframes=tuple(range(t)), pts=np.arange(t, dtype=np.int64))
 
 
-def mp4_index_whole(data: bytes) -> bool:
-    """Whether an MP4/MOV file's top-level boxes hold a ``moov`` box that ends inside the file."""
-    at = 0
-    while at + 8 <= len(data):
-        size, kind = int.from_bytes(data[at : at + 4], "big"), data[at + 4 : at + 8]
-        head = 8
-        if size == 1 and at + 16 <= len(data):  # (a 64-bit size follows the type)
-            size, head = int.from_bytes(data[at + 8 : at + 16], "big"), 16
-        elif size == 0:  # (the box runs to the file's end)
-            size = len(data) - at
-        if size < head:
-            return False
-        if kind == b"moov":
-            return at + size <= len(data)
-        at += size
-    return False
-
-
-def mp4_boxes_cut(data: bytes) -> bool:
-    """Whether an MP4/MOV file's top-level boxes, walked by their sizes, end with one that runs past the file's end:
-    a file cut short. Where its index (``moov``) comes last, a cut inside it that spares the video track's tables
-    leaves every frame readable, and the file passed for whole (its sound's tables, or its metadata, lost)."""
+def _top_boxes(data: bytes) -> Iterator[tuple[bytes, int, int]]:
+    """(type, start, end) of each of an MP4/MOV file's top-level boxes, walked by their sizes (a box of size 0 runs
+    to the file's end); the walk ends at a size smaller than its box's header."""
     at = 0
     while at + 8 <= len(data):
         size, head = int.from_bytes(data[at : at + 4], "big"), 8
         if size == 1 and at + 16 <= len(data):  # (a 64-bit size follows the type)
             size, head = int.from_bytes(data[at + 8 : at + 16], "big"), 16
-        elif size == 0:  # (the box runs to the file's end)
-            return False
-        if size < head or not data[at + 4 : at + 8].isalnum():  # (a damaged size, or bytes after the last box
-            return False  # that are none: the walk cannot tell)
+        elif size == 0:
+            size = len(data) - at
+        if size < head:
+            return
+        yield data[at + 4 : at + 8], at, at + size
         at += size
-    return at > len(data)
+
+
+def mp4_index_whole(data: bytes) -> bool:
+    """Whether an MP4/MOV file's top-level boxes hold a ``moov`` box that ends inside the file."""
+    return next((end <= len(data) for kind, _, end in _top_boxes(data) if kind == b"moov"), False)
+
+
+def mp4_boxes_cut(data: bytes) -> bool:
+    """Whether an MP4/MOV file's top-level boxes end with one that runs past the file's end: a file cut short. Where
+    its index (``moov``) comes last, a cut inside it that spares the video track's tables leaves every frame
+    readable, and the file passed for whole (its sound's tables, or its metadata, lost). Bytes after the last box
+    that are none (a type of other than letters and digits) leave it untold."""
+    boxes = list(_top_boxes(data))
+    return bool(boxes) and all(kind.isalnum() for kind, _, _ in boxes) and boxes[-1][2] > len(data)
 
 
 def sample_table(stream: Any) -> dict[int, int] | None:

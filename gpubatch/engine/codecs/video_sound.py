@@ -140,21 +140,14 @@ def _audio_stream(out: Any, source: tuple[Any, Any]) -> tuple[Any, str]:
 
 
 def _mux_audio(out: Any, stream: Any, packets: list[Any]) -> int:
-    """Mux ``packets`` into ``stream`` of ``out``; how many were left out: a damaged packet whose decoding
-    time does not follow the one before (:func:`audio_packets` has left those out already), or that the
-    muxer refuses."""
+    """Mux ``packets`` into ``stream`` of ``out``; how many the muxer refused (a damaged packet: one whose decoding
+    time does not follow the one before, which :func:`audio_packets` has left out already, or another)."""
     failed = av().FFmpegError
-    last, left = None, 0
+    left = 0
     for p in packets:
-        dts = p.dts  # (in the source's time base: muxing moves the packet's times to the output's)
-        if dts is not None and last is not None and dts <= last:
-            left += 1
-            continue
         p.stream = stream
         try:
             out.mux(p)
         except failed:
             left += 1
-            continue
-        last = dts if dts is not None else last
     return left
