@@ -99,6 +99,33 @@ def _sounds(t: Path) -> tuple[dict[str, Path], dict, int]:
     return {"audio": t / "base"}, {"to": "webdataset", "sample_rate": 16000}, 7
 
 
+def _stored(t: Path) -> tuple[dict[str, Path], dict, dict]:
+    """Sound and video records stored in each dataset format (passed through), to be read back decoded: the
+    readers' framing and the decoders behind them, damaged together."""
+    import soundfile as sf
+
+    from tests.video.clips import make_clip
+
+    x = (0.3 * np.sin(np.arange(32000) * 2 * np.pi * 440 / 16000)).astype(np.float32)
+    for i, (ext, fmt) in enumerate((("flac", "FLAC"), ("wav", "WAV"), ("ogg", "OGG"), ("mp3", "MP3"))):
+        (t / "sa" / "a").mkdir(parents=True, exist_ok=True)
+        sf.write(t / "sa" / "a" / f"c{i}.{ext}", x, 16000, format=fmt)
+    for i, (name, kw) in enumerate((("mp4", {}), ("mkv", {}), ("webm", {"codec": "libvpx-vp9"}))):
+        make_clip(t / "sv" / "a" / f"v{i}.{name}", 12, w=64, h=48, **kw)
+    bases, opts, whole = {}, {}, {}
+    for f in ("webdataset", "tfrecord", "lmdb", "parquet"):
+        for media, src, read in (("audio", t / "sa", {"sample_rate": 16000}),
+                                 ("video", t / "sv", {"frames": "every:1", "resize_shorter": 32})):
+            if f == "lmdb" and media == "video":  # (LMDB holds images and sound; RecordIO images alone)
+                continue
+            kind = f"{media}-{f}"
+            bases[kind] = t / f"base-{kind}"
+            convert(src, bases[kind], to=f, shard_size=2 if f != "lmdb" else None)
+            opts[kind] = {"to": "webdataset", "from_format": f, **read}
+            whole[kind] = convert(bases[kind], t / f"ref-{kind}", **opts[kind]).records_out
+    return bases, opts, whole
+
+
 def _samples(path: Path) -> dict[str, int]:
     import soundfile as sf
 
@@ -123,7 +150,8 @@ def _keep(where: Path | None, src: Path, it: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--media", choices=("datasets", "video", "video-sound", "reencode", "audio"), required=True)
+    ap.add_argument("--media", choices=("datasets", "video", "video-sound", "reencode", "audio", "stored"),
+                    required=True)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--keep", type=Path, help="copy each bad copy's damaged source here, to study")
@@ -136,9 +164,13 @@ def main() -> None:
     t = Path(tempfile.mkdtemp(prefix="gpubatch-flips-"))
     try:
         make = {"datasets": lambda t: _datasets(t, args.device == "gpu"), "video": _videos,
-                "video-sound": _sounded_videos, "reencode": lambda t: _sounded_videos(t, True), "audio": _sounds}
+                "video-sound": _sounded_videos, "reencode": lambda t: _sounded_videos(t, True), "audio": _sounds, "stored": _stored}
         bases, opts, whole = make[args.media](t)
-        opts["device"] = args.device
+        if args.media == "stored":  # (options and record counts by kind: sound or video in each format)
+            for o in opts.values():
+                o["device"] = args.device
+        else:
+            opts["device"] = args.device
         ref = {}
         measure = {"audio": _samples, "reencode": _sound_packets}.get(args.media)
         if measure is not None:  # (each recording's samples, or each video's packets of sound, undamaged)
@@ -155,7 +187,7 @@ def main() -> None:
             else:
                 shutil.copy2(bases[kind], src)
             files = sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else [src]
-            if args.media != "datasets":
+            if args.media not in ("datasets", "stored"):
                 files = [rng.choice(files)]
             flips = []
             if args.cut:
@@ -165,7 +197,7 @@ def main() -> None:
                 # the last 5%, where an index or a sound track written last lies)
                 f.write_bytes(data[:n])
                 flips.append(f"{f.relative_to(src) if src.is_dir() else f.name} cut at {n} of {len(data)}")
-            counts = {"datasets": (1, 4, 16, 64), "audio": (1, 4, 16)}.get(args.media, (1, 2, 8, 32))
+            counts = {"datasets": (1, 4, 16, 64), "audio": (1, 4, 16), "stored": (1, 4, 16, 64)}.get(args.media, (1, 2, 8, 32))
             for _ in range(0 if args.cut else rng.choice(counts)):
                 f = rng.choice(files)
                 data = bytearray(f.read_bytes())
@@ -175,10 +207,15 @@ def main() -> None:
                     f.write_bytes(bytes(data))
                     flips.append(f"{f.relative_to(src) if src.is_dir() else f.name}@{i}")
             try:
-                s = convert(src, t / f"o{it}", **opts)
+                if args.media == "stored":
+                    ref = {}
+                    if kind.startswith("audio"):  # (each recording's samples, read back undamaged)
+                        ref = _samples(t / f"ref-{kind}")
+                    measure = _samples if ref else None
+                s = convert(src, t / f"o{it}", **(opts[kind] if args.media == "stored" else opts))
                 short = {k: (v, ref[k]) for k, v in measure(t / f"o{it}").items()
                          if k in ref and v < 0.98 * ref[k]} if measure is not None and s.records_out else {}
-                lost = s.records_out + len(s.skipped) < whole or short
+                lost = s.records_out + len(s.skipped) < (whole[kind] if isinstance(whole, dict) else whole) or short
                 if lost and not s.skipped and not s.warnings:
                     bad += 1
                     _keep(args.keep, src, it)

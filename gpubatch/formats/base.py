@@ -191,6 +191,21 @@ class Reader(abc.ABC):
     def _read(self, entry: Any) -> Record:
         """Read one entry (never a :class:`Damaged` one). Raises RecordError when it is corrupt."""
 
+    def first_media(self, of: Callable[[Any], str], default: str = "image", look: int = 16) -> str:
+        """The media most of the first ``look`` whole entries hold, as ``of`` reads them (the first such entry's
+        on a tie; ``default`` where none reads): one damaged record at the start must not make a dataset of sound
+        or video read as images, refusing the run's options or misnaming its records' errors."""
+        votes: dict[str, int] = {}
+        for i, entry in enumerate(e for e in self.entries() if not isinstance(e, Damaged)):
+            if i >= look:
+                break
+            try:
+                media = of(entry)
+            except Exception:  # noqa: BLE001 - a bad record: its error comes when it is read
+                continue
+            votes[media] = votes.get(media, 0) + 1
+        return max(votes, key=votes.__getitem__) if votes else default  # (max keeps the first of equals)
+
     def where(self, entry: Any) -> tuple[str, str]:
         """(key, origin) of an entry, for the error of a read that failed before the reader said."""
         return str(entry)[:120], str(self.path)

@@ -212,6 +212,9 @@ class LmdbReader(Reader):
             return Record(key=key, data=data, media=Media.AUDIO, codec=sound, label=label, meta=meta, origin=origin)
         meta = {}
         enc = d.get("encoded")  # absent: Caffe reads raw, DALI encoded; the bytes decide
+        if enc is not False and not sniff_image_codec(data) and self.media == "audio":  # (media: the first few's)
+            raise self.record_error(key, origin, f"not an audio file gpubatch reads (its first bytes {data[:4].hex(' ')}"
+                                    "; the dataset's other records hold sound: damaged?)")
         if enc is True or (enc is None and sniff_image_codec(data)):
             codec = sniff_image_codec(data) or "unknown"
         else:
@@ -233,14 +236,11 @@ class LmdbReader(Reader):
 
     @property
     def media(self) -> str:  # type: ignore[override]
-        """"audio" where the first record holds audio (a file, or features as .npy), else "image"."""
-        first = next((e for e in self.entries() if not isinstance(e, Damaged)), None)
-        if first is None:
-            return "image"
-        try:
-            return "audio" if self._read(first).media is Media.AUDIO else "image"
-        except Exception:  # noqa: BLE001 - a bad first record: its error comes when it is read
-            return "image"
+        """"audio" where most of the first records hold audio (a file, or features as .npy), else "image"."""
+        if getattr(self, "_media", None) is None:
+            self._media = ""  # (while the first records are read: each taken as it is)
+            self._media = self.first_media(lambda e: "audio" if self._read(e).media is Media.AUDIO else "image")
+        return self._media
 
     def close(self) -> None:
         if self.pages is not None:

@@ -344,14 +344,13 @@ class TFRecordReader(Reader):
 
     @property
     def media(self) -> str:  # type: ignore[override]
-        """"video" where the first record holds ``video/encoded`` (a video or clip dataset), "audio" where
+        """"video" where the first record read holds ``video/encoded`` (a video or clip dataset), "audio" where
         it holds ``audio/encoded``, else "image"."""
-        first = next((e for e in self.entries() if isinstance(e, tuple)), None)
-        try:
-            feats = self._features(first) if first is not None else {}
-        except ValueError:
-            return "image"
-        return "video" if _bytes(feats, "video/encoded") else "audio" if _bytes(feats, "audio/encoded") else "image"
+        def of(entry: Any) -> str:
+            feats = self._features(entry)
+            return "video" if _bytes(feats, "video/encoded") else "audio" if _bytes(feats, "audio/encoded") else "image"
+
+        return self.first_media(of)
 
     def _video(self, feats: Any, s: int, off: int, origin: str, media: str = "video") -> Record:
         """A record of a video (or audio) dataset: ``video/encoded`` (a video file's bytes, or a clip's

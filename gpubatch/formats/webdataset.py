@@ -227,11 +227,7 @@ class WebDatasetReader(Reader):
         if any(e in AUDIO_EXTENSIONS for e in exts):
             return "audio"
         if "npy" in exts:  # arrays gpubatch wrote: audio features or video clips, as the first sample says
-            first = next((e for e in self.entries() if not isinstance(e, Damaged)), None)
-            try:
-                return self._read(first).media.value if first is not None else "image"
-            except Exception:  # noqa: BLE001 - a bad first sample: its error comes when it is read
-                return "image"
+            return self.first_media(lambda e: self._read(e).media.value)
         return self.folder_classes or "image"
 
     def member_extensions(self) -> dict[str, int]:

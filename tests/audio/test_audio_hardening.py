@@ -852,3 +852,23 @@ def test_an_m4a_cut_inside_its_index_after_its_sample_tables_is_refused(tmp_path
         s = convert(src, tmp_path / f"o{len(opts)}", to="webdataset", **opts)
         assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a"], s.skipped
         assert s.skipped[0]["reason"] == "the file is cut short: its last box runs past its end"
+
+
+@pytest.mark.parametrize("to", ["tfrecord", "lmdb"])
+def test_a_sound_dataset_whose_first_record_is_damaged_still_reads_as_sound(tmp_path, to):
+    """The reader's media was its first record's: a byte flipped there (a TFRecord's CRC fails; an LMDB's FLAC
+    loses its magic) made a whole dataset of sound read as images, and a resample refused the run ("resample takes
+    audio data, not image", 2026-12-07, `byte_flips.py --media stored`). Most of the first records decide."""
+    for i in range(4):
+        write(tmp_path / "src" / "a" / f"c{i}.flac", tone(1.0, 16000, 300 + 100 * i), 16000)
+    convert(tmp_path / "src", tmp_path / "ds", to=to, **({"shard_size": 2} if to == "tfrecord" else {}))
+    first = (tmp_path / "src" / "a" / "c0.flac").read_bytes()
+    f = sorted((tmp_path / "ds").glob("data-00000*.tfrecord" if to == "tfrecord" else "*.mdb"))[0]
+    data = bytearray(f.read_bytes())
+    at = data.find(first[:64])
+    assert at >= 0
+    data[at + (0 if to == "lmdb" else 200)] ^= 0x55  # (LMDB: its magic; TFRecord: its frames, under the CRC)
+    f.write_bytes(bytes(data))
+    s = convert(tmp_path / "ds", tmp_path / "out", to="webdataset", sample_rate=8000)
+    assert s.records_out == 3 and len(s.skipped) == 1, (s.records_out, s.skipped)
+    assert "image" not in s.skipped[0]["reason"], s.skipped[0]

@@ -161,6 +161,25 @@ def test_a_file_nvdec_cannot_decode_falls_back_to_the_cpu(tmp_path):
     assert s.fallbacks == 1
 
 
+def test_an_mpeg_program_stream_with_untimed_frames_goes_to_the_cpu_whole_and_named(tmp_path):
+    """FFmpeg's MPEG-PS muxer times one H.264 frame in four; NVDEC's frames are matched by their times, so a GPU run
+    hands such a file to the CPU path, which places the untimed frames in turn: every frame written, the
+    fallback named with its reason (on the GPU machine, where the route is the one asked)."""
+    from PIL import Image
+
+    from .test_video_cpu import _closest
+
+    src = tmp_path / "src"
+    make_clip(src / "cls" / "v.mpg", 48, 96, 64, gop=12)
+    make_clip(src / "cls" / "w.mp4", 24)
+    s = convert(src, tmp_path / "out", to="folder", frames="every:1", device="gpu")
+    assert s.records_out == 48 + 24 and not s.skipped and s.fallbacks == 1
+    assert len(s.warnings) == 1 and "decoded on the CPU: cls/v" in s.warnings[0], s.warnings
+    assert "of its frames carry no timestamp" in s.warnings[0], s.warnings
+    files = sorted((tmp_path / "out" / "cls").glob("v*.jpg"))
+    assert [_closest(np.asarray(Image.open(f).convert("RGB")), 48) for f in files] == list(range(48))
+
+
 def test_gpu_whole_video_reencode_and_augment(tmp_path):
     src = tmp_path / "src"
     make_clip(src / "a.mp4", 30, 160, 120)
