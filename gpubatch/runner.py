@@ -112,6 +112,9 @@ def _execute(req: Any, run: Run, src_path: Path, dst_path: Path, fmt: Any, plan:
         if plan.media == "video" and Media.VIDEO not in fmt.media and not getattr(plan.sample, "kind", "") == "frames":
             raise UsageError(f"{fmt.name} holds {' and '.join(m.value for m in fmt.media)} records, not video: "
                              f"{media_formats(Media.VIDEO)}")
+        if plan.media == "audio" and Media.AUDIO not in fmt.media:  # (refused before any worker starts)
+            raise UsageError(f"{fmt.name} holds {' and '.join(m.value for m in fmt.media)} records, not audio: "
+                             f"{media_formats(Media.AUDIO)}")
         ahead = early[0] if early else None  # (prestart's, taken where they fit; None: started with the tasks)
         early[:] = [ahead_of_run.started_early(req, run.finish, plan, device, settings, ahead)]
         entries = select(reader)

@@ -429,8 +429,10 @@ def test_audio_option_errors_are_one_line(tmp_path):
         p = run_cli("convert", root, tmp_path / "o", "--to", "webdataset", *args)
         assert p.returncode != 0 and words in p.stderr and "Traceback" not in p.stderr, p.stderr
         assert not (tmp_path / "o").exists()
-    p = run_cli("convert", root, tmp_path / "o", "--to", "recordio")
-    assert p.returncode != 0 and "recordio holds image records, not audio" in p.stderr
+    for to in ("recordio", "coco"):  # (refused before any worker starts: no worker's traceback, no staging left)
+        p = run_cli("convert", root, tmp_path / "o", "--to", to)
+        assert p.returncode != 0 and f"{to} holds image records, not audio" in p.stderr and "Traceback" not in p.stderr
+        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o*")), list(tmp_path.iterdir())
 
 
 def test_audio_pipeline_on_the_cpu(tmp_path):
