@@ -872,3 +872,20 @@ def test_a_sound_dataset_whose_first_record_is_damaged_still_reads_as_sound(tmp_
     s = convert(tmp_path / "ds", tmp_path / "out", to="webdataset", sample_rate=8000)
     assert s.records_out == 3 and len(s.skipped) == 1, (s.records_out, s.skipped)
     assert "image" not in s.skipped[0]["reason"], s.skipped[0]
+
+
+def test_a_tfrecord_of_sound_whose_every_record_fails_its_crc_names_that_not_its_media(tmp_path):
+    """Every record damaged: the run still fails, but for its records' damage, not for "resample takes audio data,
+    not image" (the media guessed from the features read past the CRC)."""
+    from gpubatch.errors import GpubatchError
+
+    for i in range(4):
+        write(tmp_path / "src" / "a" / f"c{i}.flac", tone(1.0, 16000, 300 + 100 * i), 16000)
+    convert(tmp_path / "src", tmp_path / "ds", to="tfrecord", shard_size=2)
+    for f in (tmp_path / "ds").glob("*.tfrecord"):
+        data = bytearray(f.read_bytes())
+        for i in range(2):  # (a byte inside each of its two records' sound)
+            data[300 + i * len(data) // 2] ^= 0x55
+        f.write_bytes(bytes(data))
+    with pytest.raises(GpubatchError, match=r"none of the 4 records .* \(CRC mismatch\)"):
+        convert(tmp_path / "ds", tmp_path / "out", to="webdataset", sample_rate=8000)
