@@ -278,22 +278,20 @@ class TFRecordReader(Reader):
             self.warnings.append(f"features gpubatch does not carry over, left out of the output: {named}")
         return DatasetInfo(classes=classes, categories=categories)
 
-    def _features(self, entry: tuple[int, int, int], checked: bool = True) -> Any:
-        """The record's features; ``checked=False`` reads them past a failed CRC (only what the dataset holds is
-        guessed from them: its media where every first record is damaged)."""
+    def _features(self, entry: tuple[int, int, int]) -> Any:
         s, off, ln = entry
         if ln > MAX_RECORD_BYTES + 16:
             raise ValueError(f"a record of {ln - 16:,} bytes, above the {MAX_RECORD_BYTES:,}-byte bound on one record")
         buf = self.files.pread(s, ln, off)
         if len(buf) != ln:
             raise ValueError("truncated record")
-        if checked and _masked_crc(buf[:8]) != buf[8:12]:
+        if _masked_crc(buf[:8]) != buf[8:12]:
             raise ValueError("corrupt record length (CRC mismatch)")
-        (length,) = struct.unpack("<Q", buf[:8]) if checked else (ln - 16,)
+        (length,) = struct.unpack("<Q", buf[:8])
         if 16 + length != ln:
             raise ValueError("record length disagrees with the index")
         data = buf[12 : 12 + length]
-        if checked and _masked_crc(data) != buf[12 + length :]:
+        if _masked_crc(data) != buf[12 + length :]:
             raise ValueError("corrupt record data (CRC mismatch)")
         try:
             ex = example_pb2().Example.FromString(data)
@@ -348,13 +346,21 @@ class TFRecordReader(Reader):
     def media(self) -> str:  # type: ignore[override]
         """"video" where the first record read holds ``video/encoded`` (a video or clip dataset), "audio" where
         it holds ``audio/encoded``, else "image"."""
-        def of(entry: Any, checked: bool = True) -> str:
-            feats = self._features(entry, checked)
+        def of(entry: Any) -> str:
+            feats = self._features(entry)
             return "video" if _bytes(feats, "video/encoded") else "audio" if _bytes(feats, "audio/encoded") else "image"
 
-        # (where every first record fails its CRC, their features read past it still tell: each record's own
+        def named(entry: Any) -> str:  # (the feature names in the record's bytes, whatever else is damaged)
+            s, off, ln = entry
+            buf = self.files.pread(s, min(ln, MAX_RECORD_BYTES + 16), off)
+            for media in ("video", "audio", "image"):
+                if f"{media}/encoded".encode() in buf:
+                    return media
+            raise ValueError("no media's feature named")
+
+        # (where every first record is damaged, the feature names in their bytes still tell: each record's own
         # error comes when it is read, rather than the run refused for its options' media)
-        return self.first_media(of, "") or self.first_media(lambda e: of(e, False))
+        return self.first_media(of, "") or self.first_media(named)
 
     def _video(self, feats: Any, s: int, off: int, origin: str, media: str = "video") -> Record:
         """A record of a video (or audio) dataset: ``video/encoded`` (a video file's bytes, or a clip's

@@ -173,6 +173,25 @@ def test_a_parquet_file_whose_footer_is_damaged_loses_its_records_alone_and_says
         convert(src, tmp_path / "out2", to="webdataset")
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_a_footer_whose_column_name_is_no_utf8_loses_its_files_records_not_a_traceback(imagenet, tmp_path, first):
+    """A byte of a column's name in a file's footer damaged into invalid UTF-8: pyarrow raised UnicodeDecodeError
+    opening it, a traceback (2026-12-07, `byte_flips.py --media stored --seed 6`). That file's records are lost and
+    listed, as for any footer that does not read."""
+    src = tmp_path / "pq"
+    convert(imagenet, src, to="parquet", shard_size=16)
+    files = sorted(src.glob("*.parquet"))
+    bad = files[0 if first else 1]
+    data = bytearray(bad.read_bytes())
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")  # (its metadata: the schema first)
+    at = data.index(b"bytes", footer)  # (the image column's bytes field, as the schema names it)
+    data[at + 1] = 0xE1
+    bad.write_bytes(bytes(data))
+    s = convert(src, tmp_path / "out", to="webdataset")
+    assert s.records_out == 44 and len(s.skipped) == 16
+    assert all(k["reason"].startswith(f"cannot read {bad.name}") for k in s.skipped), s.skipped[0]
+
+
 def test_a_damaged_text_cell_loses_its_row_alone(imagenet, tmp_path):
     """A byte of one record's key damaged into invalid UTF-8 (Arrow reads the page, Python cannot decode that
     cell): that record is skipped with its reason, the other rows of its row group are written."""
