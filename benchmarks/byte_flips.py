@@ -3,8 +3,8 @@
 converted: every record is written or listed as skipped, or a warning or a one-line error says what the damage cost;
 never a traceback, never fewer records (or, for sound, fewer samples; for video, fewer frames) without a word.
 
-    python3 benchmarks/byte_flips.py --media datasets|video|video-sound|reencode|audio [--seed 1] [--runs 60]
-        [--keep DIR] [--device auto|cpu|gpu] [--cut]
+    python3 benchmarks/byte_flips.py --media datasets|video|video-sound|reencode|audio|stored [--seed 1] [--runs 60]
+        [--keep DIR] [--device auto|cpu|gpu] [--cut] [--augment]
 
 ``datasets``: ``sample_data/imagenet`` written as webdataset, TFRecord, RecordIO, LMDB, COCO, Parquet and a folder,
 and zipped (an image folder in a ZIP), then 1-64 bytes of one copy's files flipped (index files and manifests among them), read back to webdataset.
@@ -15,6 +15,9 @@ MPEG-PS and MOV). ``reencode``: those clips with sound re-encoded whole (``--to 
 track's packets counted against the undamaged run's. ``audio``: a 3-s recording as
 FLAC, WAV, Ogg Vorbis, Opus, MP3, AIFF and AAC in MP4, 1-16 bytes of one flipped, resampled. Prints one line a copy
 that lost something, with what was said, and ends with the count of silent losses and tracebacks (``bad``).
+``stored``: four sound files (FLAC, WAV, Ogg, MP3) and three videos (MP4, MKV, WebM) passed through into
+webdataset, TFRecord, LMDB (sound) and Parquet, 1-64 bytes of one copy's files flipped, read back decoded (resampled;
+every frame). ``--augment`` runs each copy through ``augment`` (two copies of each record, the media's random chain).
 ``--cut`` cuts one file short instead (a copy stopped part way). ``--device gpu`` takes the GPU path: nvJPEG (the
 datasets' images resized, so that they are decoded), NVDEC, the GPU audio unit.
 """
@@ -34,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from gpubatch.api import convert, open_dataset  # noqa: E402
+from gpubatch.api import augment, convert, open_dataset  # noqa: E402
 from gpubatch.errors import GpubatchError  # noqa: E402
 
 
@@ -126,6 +129,20 @@ def _stored(t: Path) -> tuple[dict[str, Path], dict, dict]:
     return bases, opts, whole
 
 
+#: each media's chain of random ops, for ``--augment``
+AUGMENT_OPS = {"image": "random_resized_crop(size=32) | flip() | color_jitter(brightness=0.3)",
+               "audio": "gain(db=(-6, 6)) | add_noise(snr=(10, 20)) | time_shift(seconds=0.05)",
+               "video": "random_clip(length=4, step=2) | flip(p=0.5)"}
+
+
+def _augmented(opts: dict, kind: str) -> dict:
+    """``convert``'s options for a copy as ``augment`` takes them: the media's random chain, two copies a
+    record (a video's clip drawn once per copy; sound's samples not resampled)."""
+    media = next((m for m in ("audio", "video") if m in kind), "image")
+    keep = {k: v for k, v in opts.items() if k in ("to", "from_format", "device")}
+    return {**keep, "ops": AUGMENT_OPS[media], "copies": 2, "seed": 3}
+
+
 def _samples(path: Path) -> dict[str, int]:
     import soundfile as sf
 
@@ -156,6 +173,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--keep", type=Path, help="copy each bad copy's damaged source here, to study")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
+    ap.add_argument("--augment", action="store_true", help="run each copy through `augment` (two copies of each "
+                    "record, a chain of the media's random ops) instead of `convert`")
     ap.add_argument("--cut", action="store_true", help="cut one file short (30-99.99%% of it kept, half the cuts in "
                     "its last 5%%) instead of flipping bytes: a copy or download stopped part way")
     args = ap.parse_args()
@@ -177,6 +196,13 @@ def main() -> None:
             if not (t / "ref").exists():
                 convert(bases["audio" if args.media == "audio" else "video"], t / "ref", **opts)
             ref = measure(t / "ref")
+        whole_aug = {}
+        if args.augment:  # (what each undamaged source gives under augment; sound's samples not counted)
+            measure = None
+            for kind, base in bases.items():
+                o = dict(opts[kind] if args.media == "stored" else opts)
+                whole_aug[kind] = augment(base, t / f"ref-aug-{kind}", **_augmented(o, kind if args.media == "stored"
+                                                                                  else args.media)).records_out
         rng = random.Random(args.seed)
         bad = said = 0
         for it in range(args.runs):
@@ -207,15 +233,20 @@ def main() -> None:
                     f.write_bytes(bytes(data))
                     flips.append(f"{f.relative_to(src) if src.is_dir() else f.name}@{i}")
             try:
-                if args.media == "stored":
+                if args.media == "stored" and not args.augment:
                     ref = {}
                     if kind.startswith("audio"):  # (each recording's samples, read back undamaged)
                         ref = _samples(t / f"ref-{kind}")
                     measure = _samples if ref else None
-                s = convert(src, t / f"o{it}", **(opts[kind] if args.media == "stored" else opts))
+                o = dict(opts[kind] if args.media == "stored" else opts)
+                if args.augment:
+                    s = augment(src, t / f"o{it}", **_augmented(o, kind if args.media == "stored" else args.media))
+                else:
+                    s = convert(src, t / f"o{it}", **o)
                 short = {k: (v, ref[k]) for k, v in measure(t / f"o{it}").items()
                          if k in ref and v < 0.98 * ref[k]} if measure is not None and s.records_out else {}
-                lost = s.records_out + len(s.skipped) < (whole[kind] if isinstance(whole, dict) else whole) or short
+                want = whole_aug[kind] if args.augment else whole[kind] if isinstance(whole, dict) else whole
+                lost = s.records_out + len(s.skipped) * (2 if args.augment else 1) < want or short
                 if lost and not s.skipped and not s.warnings:
                     bad += 1
                     _keep(args.keep, src, it)
