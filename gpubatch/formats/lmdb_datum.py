@@ -164,6 +164,7 @@ def needed_bytes(data_mdb: Path) -> int:
     _, last_pg = max(metas)
     need = (last_pg + 1) * psize
     if size < need:
-        raise FormatError(f"{data_mdb} is truncated: it holds {size:,} bytes, its last page ends at byte {need:,}; "
+        why = "is cut short" if size % psize or need <= 2 * size else "is cut short or its meta page damaged"
+        raise FormatError(f"{data_mdb} {why}: it holds {size:,} bytes, its last page ends at byte {need:,}; "
                           "it cannot be read safely (restore the file)")
     return need

@@ -666,7 +666,23 @@ def test_a_truncated_lmdb_is_refused_in_one_line_not_a_bus_error(imagenet, tmp_p
     for args in (("info", db), ("convert", db, tmp_path / "out", "--to", "webdataset")):
         p = run_cli(*args)
         assert p.returncode == ExitCode.ERROR, (p.returncode, p.stderr)
-        assert "truncated" in one_line(p)
+        assert "is cut short: it holds" in one_line(p)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_lmdb_whose_meta_page_names_a_page_far_past_its_end_is_said_cut_short_or_damaged(imagenet, tmp_path):
+    """A byte of the newer meta page's last page number flipped (`byte_flips.py --media stored`, 2026-12-07): the
+    file is whole, so "truncated" alone misled; refused in one line that names both."""
+    import struct
+
+    db = _written(imagenet, tmp_path / "db", "lmdb")
+    data = bytearray((db / "data.mdb").read_bytes())
+    psize = struct.unpack_from("<I", data, 40)[0]
+    at = max((0, psize), key=lambda a: struct.unpack_from("<Q", data, a + 144)[0])  # (the newer: its txnid)
+    data[at + 136 + 3] ^= 0x40  # (its last page number, 2^30 pages further)
+    (db / "data.mdb").write_bytes(bytes(data))
+    p = run_cli("convert", db, tmp_path / "out", "--to", "webdataset")
+    assert p.returncode == ExitCode.ERROR and "is cut short or its meta page damaged" in one_line(p), p.stderr
     assert not (tmp_path / "out").exists()
 
 
