@@ -138,6 +138,11 @@ def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
                    f"or are missing, from {info.skip_at:.3f} s); the frames it can place are written")
     if info is not None and info.boxes_cut and not info.missing and any(isinstance(o, Job) for o in out):
         stats.warn(f"{record.key}: {info.cut_short}; its frames are written")
+    if record.media in (Media.VIDEO, Media.AUDIO) and bytes(record.data[4:8]) == b"ftyp":  # (MP4, MOV, M4A)
+        from .codecs.video_probe import FRAGMENTS_OPEN, mp4_open_end
+
+        if mp4_open_end(record.data):  # (fragments whose end nothing in the file tells: said, not judged)
+            stats.warn(f"{record.key}: {FRAGMENTS_OPEN} (what it holds is written)")
     if info is not None and info.jump:  # (damage that moved the timestamps, or a splice: how many went, unknown)
         stats.warn(f"{record.key}: its timestamps jump {info.jump:.3f} s at {info.jump_at:.3f} s, off its steady "
                    f"rate (damage that moved them, or a splice): frames may be lost there; the frames it holds are "

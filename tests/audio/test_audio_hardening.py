@@ -889,3 +889,43 @@ def test_a_tfrecord_of_sound_whose_every_record_fails_its_crc_names_that_not_its
         f.write_bytes(bytes(data))
     with pytest.raises(GpubatchError, match=r"none of the 4 records .* \(CRC mismatch\)"):
         convert(tmp_path / "ds", tmp_path / "out", to="webdataset", sample_rate=8000)
+
+
+def test_a_fragmented_m4a_with_no_index_of_its_fragments_at_its_end_is_said(tmp_path):
+    """AAC in a fragmented MP4 cut exactly between two fragments read as a shorter whole recording: 24,576 of 49,024
+    samples, with no word (2026-12-07). Whole (FFmpeg's muxer writes the fragments' index, ``mfra``, last): no
+    warning; without it, its end is said to be unknown, and what it holds is written."""
+    import struct
+
+    import av
+
+    path = tmp_path / "src" / "a" / "f.m4a"
+    path.parent.mkdir(parents=True)
+    with av.open(str(path), "w", format="mp4", options={"movflags": "frag_keyframe+empty_moov",
+                                                        "frag_duration": "500000"}) as c:
+        s = c.add_stream("aac", rate=16000)
+        s.layout = "mono"
+        x = tone(3.0, 16000, 440)[:, 0]
+        for i in range(0, len(x), 1024):
+            f = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[None, i : i + 1024]), format="fltp", layout="mono")
+            f.sample_rate, f.pts = 16000, i
+            for p in s.encode(f):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    data = path.read_bytes()
+    boxes, at = [], 0
+    while at + 8 <= len(data):
+        size, kind = struct.unpack(">I4s", data[at : at + 8])
+        boxes.append((kind, at))
+        at += size
+    moofs = [a for k, a in boxes if k == b"moof"]
+    assert len(moofs) >= 4 and boxes[-1][0] == b"mfra"
+    for opts in ({"sample_rate": 16000}, {}):
+        s = convert(tmp_path / "src", tmp_path / f"whole{len(opts)}", to="webdataset", **opts)
+        assert s.records_out == 1 and not s.warnings and not s.skipped
+    path.write_bytes(data[: moofs[len(moofs) // 2]])
+    for opts in ({"sample_rate": 16000}, {}):
+        s = convert(tmp_path / "src", tmp_path / f"cut{len(opts)}", to="webdataset", **opts)
+        assert s.records_out == 1 and not s.skipped
+        assert len(s.warnings) == 1 and "fragmented MP4 with no index of its fragments" in s.warnings[0], s.warnings

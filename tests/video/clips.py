@@ -17,14 +17,16 @@ def frame(i: int, h: int, w: int) -> np.ndarray:
 
 def make_clip(path: Path, frames: int = 48, w: int = 96, h: int = 64, codec: str = "libx264", fps: int = 24,
               gop: int = 12, bframes: int = 2, pix_fmt: str = "yuv420p", times: list[float] | None = None,
-              faststart: bool = False) -> Path:
+              faststart: bool = False, movflags: str = "") -> Path:
     """Write a clip; ``times`` (seconds per frame) makes a variable-frame-rate one; ``faststart`` puts an
-    MP4's index (``moov``) before its frames, as streaming sites do."""
+    MP4's index (``moov``) before its frames, as streaming sites do; ``movflags`` FFmpeg's MP4 muxer's flags
+    (``frag_keyframe+empty_moov``: a fragmented MP4, as live recorders write)."""
     import av
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), "w", options={"movflags": "faststart"} if faststart else {}) as c:
+    flags = "+".join(f for f in ("faststart" if faststart else "", movflags) if f)
+    with av.open(str(path), "w", options={"movflags": flags} if flags else {}) as c:
         s = c.add_stream(codec, rate=fps)
         s.width, s.height, s.pix_fmt = w, h, pix_fmt
         if codec == "libx264":

@@ -961,3 +961,28 @@ def test_a_matroska_file_whose_sound_outlasts_its_video_is_whole(tmp_path):
     assert got.frames == 24 and got.missing == 0 and got.cut_short == ""
     s = convert(path.parent, tmp_path / "out", to="webdataset")
     assert s.records_out == 1 and not s.skipped
+
+
+@pytest.mark.parametrize("opts", [{"frames": "every:1"}, {}])
+def test_a_fragmented_mp4_with_no_index_of_its_fragments_at_its_end_is_said(tmp_path, opts):
+    """A fragmented MP4 (as live recorders write: ``moof`` boxes, each with its frames' tables) cut exactly between
+    two fragments, or left by a writer that stopped, read as a shorter whole file: 24 of 48 frames written, or passed
+    through, with no word (2026-12-07). FFmpeg's muxer writes an index of the fragments last (``mfra``): whole, no
+    warning; without it, its end is said to be unknown, and what it holds is written."""
+    import struct
+
+    path = make_clip(tmp_path / "src" / "a" / "f.mp4", 48, movflags="frag_keyframe+empty_moov")
+    data = path.read_bytes()
+    boxes, at = [], 0
+    while at + 8 <= len(data):
+        size, kind = struct.unpack(">I4s", data[at : at + 8])
+        boxes.append((kind, at))
+        at += size
+    assert [k for k, _ in boxes].count(b"moof") == 4 and boxes[-1][0] == b"mfra"
+    s = convert(tmp_path / "src", tmp_path / "whole", to="webdataset", device="cpu", **opts)
+    assert s.records_out == (48 if opts else 1) and not s.warnings and not s.skipped
+    path.write_bytes(data[: [a for k, a in boxes if k == b"moof"][2]])  # (two whole fragments of four)
+    s = convert(tmp_path / "src", tmp_path / "cut", to="webdataset", device="cpu", **opts)
+    assert s.records_out == (24 if opts else 1) and not s.skipped
+    assert len(s.warnings) == 1 and "fragmented MP4 with no index of its fragments" in s.warnings[0], s.warnings
+    assert "(what it holds is written)" in s.warnings[0]

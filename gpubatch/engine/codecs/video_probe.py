@@ -515,7 +515,7 @@ def _top_boxes(data: bytes) -> Iterator[tuple[bytes, int, int]]:
             size = len(data) - at
         if size < head:
             return
-        yield data[at + 4 : at + 8], at, at + size
+        yield bytes(data[at + 4 : at + 8]), at, at + size
         at += size
 
 
@@ -531,6 +531,21 @@ def mp4_boxes_cut(data: bytes) -> bool:
     that are none (a type of other than letters and digits) leave it untold."""
     boxes = list(_top_boxes(data))
     return bool(boxes) and all(kind.isalnum() for kind, _, _ in boxes) and boxes[-1][2] > len(data)
+
+
+def mp4_open_end(data: bytes) -> bool:
+    """Whether an MP4/MOV/M4A file (its ``ftyp`` first) is fragmented (``moof`` boxes, each with its frames' tables) and whole box by box but
+    with no index of its fragments at its end (``mfra``, which FFmpeg's muxer writes last): cut exactly between two
+    fragments, or left by a writer that stopped (a recorder killed), it reads as a shorter whole file, and nothing
+    in it counts its frames; a writer may also leave the index out (FFmpeg's ``skip_trailer``). Said, not judged."""
+    if bytes(data[4:8]) != b"ftyp":
+        return False
+    kinds = [kind for kind, _, end in _top_boxes(data) if end <= len(data)]
+    return b"moof" in kinds and b"mfra" not in kinds and not mp4_boxes_cut(data)
+
+
+FRAGMENTS_OPEN = ("a fragmented MP4 with no index of its fragments at its end (mfra): if it was cut between two "
+                  "fragments or its writer stopped early, the frames after its last whole fragment are not known")
 
 
 def sample_table(stream: Any) -> dict[int, int] | None:
