@@ -180,6 +180,36 @@ def test_an_mpeg_program_stream_with_untimed_frames_goes_to_the_cpu_whole_and_na
     assert [_closest(np.asarray(Image.open(f).convert("RGB")), 48) for f in files] == list(range(48))
 
 
+@pytest.mark.parametrize("loop", ["native", "python"])
+def test_a_fragmented_mp4_gives_the_cpu_paths_frames_on_nvdec_and_its_open_end_is_said(tmp_path, monkeypatch, loop):
+    """A fragmented MP4 (``moof`` boxes, as live recorders write) decoded on NVDEC: every frame, as the CPU path gives
+    it; cut between two fragments, the same frames and the same warning as on the CPU."""
+    import struct
+
+    monkeypatch.setenv("GPUBATCH_VIDEO_LOOP", loop)
+    path = make_clip(tmp_path / "src" / "a" / "f.mp4", 48, 160, 120, movflags="frag_keyframe+empty_moov")
+    data = path.read_bytes()
+    moofs, at = [], 0
+    while at + 8 <= len(data):
+        size, kind = struct.unpack(">I4s", data[at : at + 8])
+        moofs += [at] if kind == b"moof" else []
+        at += size
+    for name, n in (("whole", 48), ("cut", 24)):
+        if name == "cut":
+            path.write_bytes(data[: moofs[2]])
+        got = {}
+        for dev in ("cpu", "gpu"):
+            s = convert(tmp_path / "src", tmp_path / f"{name}-{dev}", to="webdataset", frames="every:1",
+                        resize_shorter=48, device=dev)
+            assert s.records_out == n and not s.skipped and not s.fallbacks, (name, dev, s.warnings)
+            assert len(s.warnings) == (name == "cut"), s.warnings
+            got[dev] = _members(tmp_path / f"{name}-{dev}")
+        jpgs = [k for k in got["cpu"] if k.endswith(".jpg")]
+        assert got["cpu"].keys() == got["gpu"].keys() and len(jpgs) == n
+        diffs = [np.abs(_img(got["cpu"][k]) - _img(got["gpu"][k])).mean() for k in jpgs]
+        assert max(diffs) <= 3.0, (name, max(diffs))
+
+
 def test_gpu_whole_video_reencode_and_augment(tmp_path):
     src = tmp_path / "src"
     make_clip(src / "a.mp4", 30, 160, 120)
