@@ -94,7 +94,7 @@ def test_convert_stays_under_each_cap_with_the_same_outputs(photos, tmp_path):
 
 def test_a_cap_below_the_minimum_is_refused_before_anything_is_written(photos, tmp_path):
     dst = tmp_path / "out"
-    for cap in ("256MiB", "576MiB"):  # (576: above the fixed cost, below it and the first batch's state)
+    for cap in ("256MiB", "544MiB"):  # (544: above the fixed cost, below it and the first batch's state)
         rc, _, _, err = _convert(photos, dst, cap)
         assert rc != 0
         line = err.strip().splitlines()[-1]
