@@ -3,7 +3,8 @@
 converted: every record is written or listed as skipped, or a warning or a one-line error says what the damage cost;
 never a traceback, never fewer records (or, for sound, fewer samples; for video, fewer frames) without a word.
 
-    python3 benchmarks/byte_flips.py --media datasets|video|video-sound|reencode|audio|stored [--seed 1] [--runs 60]
+    python3 benchmarks/byte_flips.py --media datasets|video|video-sound|reencode|audio|stored|images [--seed 1]
+        [--runs 60]
         [--keep DIR] [--device auto|cpu|gpu] [--cut] [--augment]
 
 ``datasets``: ``sample_data/imagenet`` written as webdataset, TFRecord, RecordIO, LMDB, COCO, Parquet and a folder,
@@ -17,7 +18,8 @@ FLAC, WAV, Ogg Vorbis, Opus, MP3, AIFF and AAC in MP4, 1-16 bytes of one flipped
 that lost something, with what was said, and ends with the count of silent losses and tracebacks (``bad``).
 ``stored``: four sound files (FLAC, WAV, Ogg, MP3) and three videos (MP4, MKV, WebM) passed through into
 webdataset, TFRecord, LMDB (sound) and Parquet, 1-64 bytes of one copy's files flipped, read back decoded (resampled;
-every frame). ``--augment`` runs each copy through ``augment`` (two copies of each record, the media's random chain).
+every frame). ``images``: twelve photos as PNG, WebP, GIF, BMP, TIFF and JPEG 2000 folders, 1-16 bytes of one file
+flipped, passed through (PNG's CRCs checked, the others decoded) or resized (GIF, TIFF, JPEG 2000). ``--augment`` runs each copy through ``augment`` (two copies of each record, the media's random chain).
 ``--cut`` cuts one file short instead (a copy stopped part way). ``--device gpu`` takes the GPU path: nvJPEG (the
 datasets' images resized, so that they are decoded), NVDEC, the GPU audio unit.
 """
@@ -102,6 +104,25 @@ def _sounds(t: Path) -> tuple[dict[str, Path], dict, int]:
     return {"audio": t / "base"}, {"to": "webdataset", "sample_rate": 16000}, 7
 
 
+def _images(t: Path) -> tuple[dict[str, Path], dict, dict]:
+    """``sample_data/imagenet``'s first 12 photos as a folder of each other codec gpubatch reads (PNG, WebP, GIF, BMP,
+    TIFF, JPEG 2000), passed through (each checked: PNG's CRCs, the others decoded) or resized."""
+    from PIL import Image
+
+    photos = sorted((ROOT / "sample_data" / "imagenet").rglob("*.jpg"))[:12]
+    bases, opts, whole = {}, {}, {}
+    for ext, fmt in (("png", "PNG"), ("webp", "WEBP"), ("gif", "GIF"), ("bmp", "BMP"), ("tif", "TIFF"),
+                     ("jp2", "JPEG2000")):
+        for p in photos:
+            out = t / f"base-{ext}" / p.parent.name / f"{p.stem}.{ext}"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            Image.open(p).convert("RGB").save(out, fmt)
+        bases[ext] = t / f"base-{ext}"
+        opts[ext] = {"to": "webdataset", **({"resize_shorter": 32} if ext in ("gif", "tif", "jp2") else {})}
+        whole[ext] = len(photos)
+    return bases, opts, whole
+
+
 def _stored(t: Path) -> tuple[dict[str, Path], dict, dict]:
     """Sound and video records stored in each dataset format (passed through), to be read back decoded: the
     readers' framing and the decoders behind them, damaged together."""
@@ -167,7 +188,7 @@ def _keep(where: Path | None, src: Path, it: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--media", choices=("datasets", "video", "video-sound", "reencode", "audio", "stored"),
+    ap.add_argument("--media", choices=("datasets", "video", "video-sound", "reencode", "audio", "stored", "images"),
                     required=True)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--runs", type=int, default=60)
@@ -183,9 +204,10 @@ def main() -> None:
     t = Path(tempfile.mkdtemp(prefix="gpubatch-flips-"))
     try:
         make = {"datasets": lambda t: _datasets(t, args.device == "gpu"), "video": _videos,
-                "video-sound": _sounded_videos, "reencode": lambda t: _sounded_videos(t, True), "audio": _sounds, "stored": _stored}
+                "video-sound": _sounded_videos, "reencode": lambda t: _sounded_videos(t, True), "audio": _sounds, "stored": _stored,
+                "images": _images}
         bases, opts, whole = make[args.media](t)
-        if args.media == "stored":  # (options and record counts by kind: sound or video in each format)
+        if args.media in ("stored", "images"):  # (options and record counts by kind)
             for o in opts.values():
                 o["device"] = args.device
         else:
@@ -200,7 +222,7 @@ def main() -> None:
         if args.augment:  # (what each undamaged source gives under augment; sound's samples not counted)
             measure = None
             for kind, base in bases.items():
-                o = dict(opts[kind] if args.media == "stored" else opts)
+                o = dict(opts[kind] if args.media in ("stored", "images") else opts)
                 whole_aug[kind] = augment(base, t / f"ref-aug-{kind}", **_augmented(o, kind if args.media == "stored"
                                                                                   else args.media)).records_out
         rng = random.Random(args.seed)
@@ -223,7 +245,7 @@ def main() -> None:
                 # the last 5%, where an index or a sound track written last lies)
                 f.write_bytes(data[:n])
                 flips.append(f"{f.relative_to(src) if src.is_dir() else f.name} cut at {n} of {len(data)}")
-            counts = {"datasets": (1, 4, 16, 64), "audio": (1, 4, 16), "stored": (1, 4, 16, 64)}.get(args.media, (1, 2, 8, 32))
+            counts = {"datasets": (1, 4, 16, 64), "audio": (1, 4, 16), "stored": (1, 4, 16, 64), "images": (1, 4, 16)}.get(args.media, (1, 2, 8, 32))
             for _ in range(0 if args.cut else rng.choice(counts)):
                 f = rng.choice(files)
                 data = bytearray(f.read_bytes())
@@ -238,7 +260,7 @@ def main() -> None:
                     if kind.startswith("audio"):  # (each recording's samples, read back undamaged)
                         ref = _samples(t / f"ref-{kind}")
                     measure = _samples if ref else None
-                o = dict(opts[kind] if args.media == "stored" else opts)
+                o = dict(opts[kind] if args.media in ("stored", "images") else opts)
                 if args.augment:
                     s = augment(src, t / f"o{it}", **_augmented(o, kind if args.media == "stored" else args.media))
                 else:
