@@ -4,8 +4,7 @@ converted: every record is written or listed as skipped, or a warning or a one-l
 never a traceback, never fewer records (or, for sound, fewer samples; for video, fewer frames) without a word.
 
     python3 benchmarks/byte_flips.py --media datasets|video|video-sound|reencode|audio|stored|images [--seed 1]
-        [--runs 60]
-        [--keep DIR] [--device auto|cpu|gpu] [--cut] [--augment]
+        [--runs 60] [--keep DIR] [--device auto|cpu|gpu] [--cut] [--augment | --loader]
 
 ``datasets``: ``sample_data/imagenet`` written as webdataset, TFRecord, RecordIO, LMDB, COCO, Parquet and a folder,
 and zipped (an image folder in a ZIP), then 1-64 bytes of one copy's files flipped (index files and manifests among them), read back to webdataset.
@@ -18,8 +17,9 @@ FLAC, WAV, Ogg Vorbis, Opus, MP3, AIFF and AAC in MP4, 1-16 bytes of one flipped
 that lost something, with what was said, and ends with the count of silent losses and tracebacks (``bad``).
 ``stored``: four sound files (FLAC, WAV, Ogg, MP3) and three videos (MP4, MKV, WebM) passed through into
 webdataset, TFRecord, LMDB (sound) and Parquet, 1-64 bytes of one copy's files flipped, read back decoded (resampled;
-every frame). ``images``: twelve photos as PNG, WebP, GIF, BMP, TIFF and JPEG 2000 folders, 1-16 bytes of one file
-flipped, passed through (PNG's CRCs checked, the others decoded) or resized (GIF, TIFF, JPEG 2000). ``--augment`` runs each copy through ``augment`` (two copies of each record, the media's random chain).
+every frame; with ``--loader``, the sound alone, read by the training loader). ``images``: twelve photos as PNG, WebP, GIF, BMP, TIFF and JPEG 2000 folders, 1-16 bytes of one file
+flipped, passed through (PNG's CRCs checked, the others decoded) or resized (GIF, TIFF, JPEG 2000). ``--loader`` reads
+each copy of ``datasets`` or ``stored`` through the training loader (``gpubatch.loader``). ``--augment`` runs each copy through ``augment`` (two copies of each record, the media's random chain).
 ``--cut`` cuts one file short instead (a copy stopped part way). ``--device gpu`` takes the GPU path: nvJPEG (the
 datasets' images resized, so that they are decoded), NVDEC, the GPU audio unit.
 """
@@ -33,6 +33,8 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -164,6 +166,18 @@ def _augmented(opts: dict, kind: str) -> dict:
     return {**keep, "ops": AUGMENT_OPS[media], "copies": 2, "seed": 3}
 
 
+def _loaded(src: Path, kind: str, device: str) -> Any:
+    """A damaged copy read through the training loader (``gpubatch.loader``, in order, batches of 8): its rows and
+    the records it left out, as a run's summary gives them (``records_out``, ``skipped``)."""
+    import gpubatch
+
+    media = "audio" if kind.startswith("audio") else "image"
+    loader = gpubatch.loader(src, ops="resize(height=32, width=32)" if media == "image" else None, batch_size=8,
+                             device=device, shuffle=False, keys=(media, "label"))
+    rows = sum(len(batch[1]) for batch in loader)
+    return SimpleNamespace(records_out=rows, skipped=loader.skipped, warnings=[])
+
+
 def _samples(path: Path) -> dict[str, int]:
     import soundfile as sf
 
@@ -196,6 +210,8 @@ def main() -> None:
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
     ap.add_argument("--augment", action="store_true", help="run each copy through `augment` (two copies of each "
                     "record, a chain of the media's random ops) instead of `convert`")
+    ap.add_argument("--loader", action="store_true", help="read each copy through the training loader instead of "
+                    "`convert` (datasets and stored sound only)")
     ap.add_argument("--cut", action="store_true", help="cut one file short (30-99.99%% of it kept, half the cuts in "
                     "its last 5%%) instead of flipping bytes: a copy or download stopped part way")
     args = ap.parse_args()
@@ -207,6 +223,10 @@ def main() -> None:
                 "video-sound": _sounded_videos, "reencode": lambda t: _sounded_videos(t, True), "audio": _sounds, "stored": _stored,
                 "images": _images}
         bases, opts, whole = make[args.media](t)
+        if args.loader:  # (what the loader reads: the datasets gpubatch writes; sound, not 12-frame videos)
+            if args.media not in ("datasets", "stored"):
+                ap.error("--loader takes --media datasets or stored")
+            bases = {k: v for k, v in bases.items() if k != "zip" and not k.startswith("video")}
         if args.media in ("stored", "images"):  # (options and record counts by kind)
             for o in opts.values():
                 o["device"] = args.device
@@ -255,13 +275,18 @@ def main() -> None:
                     f.write_bytes(bytes(data))
                     flips.append(f"{f.relative_to(src) if src.is_dir() else f.name}@{i}")
             try:
-                if args.media == "stored" and not args.augment:
+                if args.loader:  # (the training loader's batches, counted as a run's summary counts records)
+                    s = _loaded(src, kind, args.device)
+                    measure = None
+                elif args.media == "stored" and not args.augment:
                     ref = {}
                     if kind.startswith("audio"):  # (each recording's samples, read back undamaged)
                         ref = _samples(t / f"ref-{kind}")
                     measure = _samples if ref else None
                 o = dict(opts[kind] if args.media in ("stored", "images") else opts)
-                if args.augment:
+                if args.loader:
+                    pass
+                elif args.augment:
                     s = augment(src, t / f"o{it}", **_augmented(o, kind if args.media == "stored" else args.media))
                 else:
                     s = convert(src, t / f"o{it}", **o)
