@@ -213,8 +213,8 @@ class LmdbReader(Reader):
         meta = {}
         enc = d.get("encoded")  # absent: Caffe reads raw, DALI encoded; the bytes decide
         if enc is not False and not sniff_image_codec(data) and self.media == "audio":  # (media: the first few's)
-            raise self.record_error(key, origin, f"not an audio file gpubatch reads (its first bytes {data[:4].hex(' ')}"
-                                    "; the dataset's other records hold sound: damaged?)")
+            raise self.record_error(key, origin, f"not an audio file gpubatch reads (its first bytes "
+                                    f"{data[:4].hex(' ')}; the dataset's other records hold sound: damaged?)")
         if enc is True or (enc is None and sniff_image_codec(data)):
             codec = sniff_image_codec(data) or "unknown"
         else:

@@ -78,7 +78,8 @@ def _parquet_file(pa: Any, path: Path, handles: list) -> Any:
     try:
         return pa.parquet.ParquetFile(f)
     except UnicodeDecodeError as e:  # (pyarrow's own: a damaged footer's column name, read as text)
-        raise OSError(f"its footer names a column in bytes that are no UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise OSError(f"its footer names a column in bytes that are no UTF-8 text ({e.reason} at byte {e.start})"
+                      ) from None
 
 
 class _Undecodable:

@@ -534,10 +534,11 @@ def mp4_boxes_cut(data: bytes) -> bool:
 
 
 def mp4_open_end(data: bytes) -> bool:
-    """Whether an MP4/MOV/M4A file (its ``ftyp`` first) is fragmented (``moof`` boxes, each with its frames' tables) and whole box by box but
-    with no index of its fragments at its end (``mfra``, which FFmpeg's muxer writes last): cut exactly between two
-    fragments, or left by a writer that stopped (a recorder killed), it reads as a shorter whole file, and nothing
-    in it counts its frames; a writer may also leave the index out (FFmpeg's ``skip_trailer``). Said, not judged."""
+    """Whether an MP4/MOV/M4A file (its ``ftyp`` first) is fragmented (``moof`` boxes, each with its frames'
+    tables) and whole box by box but with no index of its fragments at its end (``mfra``, which FFmpeg's muxer
+    writes last): cut exactly between two fragments, or left by a writer that stopped (a recorder killed), it reads
+    as a shorter whole file, and nothing in it counts its frames; a writer may also leave the index out (FFmpeg's
+    ``skip_trailer``). Said, not judged."""
     if bytes(data[4:8]) != b"ftyp":
         return False
     kinds = [kind for kind, _, end in _top_boxes(data) if end <= len(data)]
