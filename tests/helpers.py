@@ -162,3 +162,16 @@ def started_seen(monkeypatch) -> list:
 
     monkeypatch.setattr(local, "Started", Seen)
     return made
+
+
+def mp4_boxes(data: bytes) -> list[tuple[bytes, int]]:
+    """(type, offset) of each top-level box of an MP4/MOV/M4A file, walked by their 32-bit sizes (a test's own walk,
+    apart from the product's)."""
+    boxes, at = [], 0
+    while at + 8 <= len(data):
+        size = int.from_bytes(data[at : at + 4], "big")
+        boxes.append((data[at + 4 : at + 8], at))
+        if size < 8:
+            break
+        at += size
+    return boxes

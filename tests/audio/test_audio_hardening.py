@@ -895,9 +895,9 @@ def test_a_fragmented_m4a_with_no_index_of_its_fragments_at_its_end_is_said(tmp_
     """AAC in a fragmented MP4 cut exactly between two fragments read as a shorter whole recording: 24,576 of 49,024
     samples, with no word (2026-12-07). Whole (FFmpeg's muxer writes the fragments' index, ``mfra``, last): no
     warning; without it, its end is said to be unknown, and what it holds is written."""
-    import struct
-
     import av
+
+    from tests.helpers import mp4_boxes
 
     path = tmp_path / "src" / "a" / "f.m4a"
     path.parent.mkdir(parents=True)
@@ -914,11 +914,7 @@ def test_a_fragmented_m4a_with_no_index_of_its_fragments_at_its_end_is_said(tmp_
         for p in s.encode():
             c.mux(p)
     data = path.read_bytes()
-    boxes, at = [], 0
-    while at + 8 <= len(data):
-        size, kind = struct.unpack(">I4s", data[at : at + 8])
-        boxes.append((kind, at))
-        at += size
+    boxes = mp4_boxes(data)
     moofs = [a for k, a in boxes if k == b"moof"]
     assert len(moofs) >= 4 and boxes[-1][0] == b"mfra"
     for opts in ({"sample_rate": 16000}, {}):

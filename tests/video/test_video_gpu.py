@@ -184,16 +184,12 @@ def test_an_mpeg_program_stream_with_untimed_frames_goes_to_the_cpu_whole_and_na
 def test_a_fragmented_mp4_gives_the_cpu_paths_frames_on_nvdec_and_its_open_end_is_said(tmp_path, monkeypatch, loop):
     """A fragmented MP4 (``moof`` boxes, as live recorders write) decoded on NVDEC: every frame, as the CPU path gives
     it; cut between two fragments, the same frames and the same warning as on the CPU."""
-    import struct
+    from tests.helpers import mp4_boxes
 
     monkeypatch.setenv("GPUBATCH_VIDEO_LOOP", loop)
     path = make_clip(tmp_path / "src" / "a" / "f.mp4", 48, 160, 120, movflags="frag_keyframe+empty_moov")
     data = path.read_bytes()
-    moofs, at = [], 0
-    while at + 8 <= len(data):
-        size, kind = struct.unpack(">I4s", data[at : at + 8])
-        moofs += [at] if kind == b"moof" else []
-        at += size
+    moofs = [at for kind, at in mp4_boxes(data) if kind == b"moof"]
     for name, n in (("whole", 48), ("cut", 24)):
         if name == "cut":
             path.write_bytes(data[: moofs[2]])

@@ -969,15 +969,11 @@ def test_a_fragmented_mp4_with_no_index_of_its_fragments_at_its_end_is_said(tmp_
     two fragments, or left by a writer that stopped, read as a shorter whole file: 24 of 48 frames written, or passed
     through, with no word (2026-12-07). FFmpeg's muxer writes an index of the fragments last (``mfra``): whole, no
     warning; without it, its end is said to be unknown, and what it holds is written."""
-    import struct
+    from tests.helpers import mp4_boxes
 
     path = make_clip(tmp_path / "src" / "a" / "f.mp4", 48, movflags="frag_keyframe+empty_moov")
     data = path.read_bytes()
-    boxes, at = [], 0
-    while at + 8 <= len(data):
-        size, kind = struct.unpack(">I4s", data[at : at + 8])
-        boxes.append((kind, at))
-        at += size
+    boxes = mp4_boxes(data)
     assert [k for k, _ in boxes].count(b"moof") == 4 and boxes[-1][0] == b"mfra"
     s = convert(tmp_path / "src", tmp_path / "whole", to="webdataset", device="cpu", **opts)
     assert s.records_out == (48 if opts else 1) and not s.warnings and not s.skipped
