@@ -925,3 +925,25 @@ def test_a_fragmented_m4a_with_no_index_of_its_fragments_at_its_end_is_said(tmp_
         s = convert(tmp_path / "src", tmp_path / f"cut{len(opts)}", to="webdataset", **opts)
         assert s.records_out == 1 and not s.skipped
         assert len(s.warnings) == 1 and "fragmented MP4 with no index of its fragments" in s.warnings[0], s.warnings
+
+
+@pytest.mark.parametrize("subtype", ["VORBIS", "OPUS"])
+def test_an_ogg_file_cut_between_two_pages_is_cut_short_not_shorter(tmp_path, subtype):
+    """An Ogg file cut exactly at a page's start read as a shorter whole recording, in a copy and decoded: 229,504 of
+    480,000 samples with no word (2026-12-07). Every Ogg stream's last page carries the end-of-stream flag; the cut
+    file's last page does not: its record's error, and ``info`` lists it unreadable. The whole file passes."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rate = 16000 if subtype == "VORBIS" else 48000
+    x = tone(10.0, rate) + 0.05 * np.random.default_rng(0).standard_normal((10 * rate, 1)).astype(np.float32)
+    sf.write(src / "whole.ogg", x, rate, format="OGG", subtype=subtype)
+    data = (src / "whole.ogg").read_bytes()
+    pages = _ogg_pages(data)
+    assert len(pages) >= 6 and data[pages[-1][0] + 5] & 0x04  # (the whole file's last page ends its stream)
+    (src / "cut.ogg").write_bytes(data[: pages[len(pages) // 2][0]])
+    for k, opts in enumerate(({}, {"sample_rate": 8000})):
+        s = convert(src, tmp_path / f"o{k}", to="webdataset", **opts)
+        assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["cut"], s.as_dict()
+        assert "its last Ogg page does not end its stream" in s.skipped[0]["reason"]
+    r = info(src)
+    assert r.records == 1 and len(r.unreadable) == 1

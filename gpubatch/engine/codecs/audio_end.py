@@ -199,7 +199,8 @@ def audio_shortfall(head: bytes, tail: bytes, size: int, frames: int = 0) -> str
     FLAC that stops before its last frame or last sample, an AIFF whose FORM chunk or a Matroska/WebM file whose
     Segment does, an AU, W64 or CAF file shorter than its header's sizes, an MP3 that holds fewer bytes of frames than
     its header frame counts, a WMA shorter than its ASF header's file size, an Ogg (Vorbis, Opus) or AAC (ADTS) file
-    that ends inside its last page or frame, an Ogg file chained or whose ``frames`` fall short of its last page's."""
+    that ends inside its last page or frame, an Ogg file whose last page does not end its stream (cut between two
+    pages), an Ogg file chained or whose ``frames`` fall short of its last page's."""
     kind = sniff_audio(head)
     short = wav_shortfall(head, size)
     if short is not None:
@@ -223,9 +224,13 @@ def audio_shortfall(head: bytes, tail: bytes, size: int, frames: int = 0) -> str
             return f"its ASF header promises {end:,} bytes, the file holds {size:,}: it is cut short"
     if kind in ("ogg", "opus", "aac"):
         what = "Ogg page" if kind in ("ogg", "opus") else "AAC (ADTS) frame"
-        end = tail_end(tail, size, "ogg" if kind in ("ogg", "opus") else "adts")
+        pages: list[int] = []
+        end = tail_end(tail, size, "ogg" if kind in ("ogg", "opus") else "adts", pages)
         if end > size:
             return f"its last {what} runs past the file's end ({end:,} bytes, the file holds {size:,}): it is cut short"
+        if kind != "aac" and end == size and pages and not tail[pages[-1] + 5] & 0x04:  # (its header type's flags)
+            return ("its last Ogg page does not end its stream (no end-of-stream flag, which every Ogg stream's last "
+                    "page carries): it is cut short between two pages, or its writer stopped")
         if (last := ogg_last_sample(head, tail) if frames and kind != "aac" else None) == -1:
             return "a chained Ogg file (streams one after another): its first alone is read, the others' samples lost"
         if last is not None and last > frames + 1:

@@ -460,18 +460,22 @@ def _pack_header(data: bytes, at: int) -> bool:
     return b[0] >> 4 == 2 and bool(b[0] & 0x01 and b[2] & 0x01 and b[4] & 0x01 and b[5] & 0x80 and b[7] & 0x01)
 
 
-def tail_end(tail: bytes, size: int, kind: str) -> int:
+def tail_end(tail: bytes, size: int, kind: str, starts: list[int] | None = None) -> int:
     """Where the last page (Ogg: ``kind`` "ogg") or frame (AAC in ADTS: "adts") of a ``size``-byte file ends, by a
     chain of them walked through its last bytes ``tail`` from the first one found there: past ``size`` in a file cut
     inside it, ``size`` in a whole one; 0 where no chain is found (bytes the walk does not know, a tag after the
     frames). A chain must hold two pages or frames, or start at the file's start, to be taken: the four bytes of
-    a page's capture pattern, or a frame's sync word, may occur inside a payload."""
+    a page's capture pattern, or a frame's sync word, may occur inside a payload. ``starts`` gets where in ``tail``
+    each page or frame of the chain taken begins."""
     start = size - len(tail)
     find = (lambda at: tail.find(b"OggS", at)) if kind == "ogg" else (lambda at: _adts_sync(tail, at))
     at = find(0)
     while at >= 0:
-        end = _chain(tail, at, kind, start + at == 0)
+        pages: list[int] = []
+        end = _chain(tail, at, kind, start + at == 0, pages)
         if end:
+            if starts is not None:
+                starts[:] = pages
             return start + end
         at = find(at + 1)
     return 0
@@ -491,10 +495,12 @@ def _adts_sync(tail: bytes, at: int) -> int:
     return at
 
 
-def _chain(tail: bytes, at: int, kind: str, trusted: bool) -> int:
-    """The end of the chain of pages or frames from ``at`` in ``tail`` (see :func:`tail_end`), or 0."""
+def _chain(tail: bytes, at: int, kind: str, trusted: bool, pages: list[int]) -> int:
+    """The end of the chain of pages or frames from ``at`` in ``tail`` (see :func:`tail_end`), or 0; ``pages`` gets
+    where each begins."""
     n, links = len(tail), 0
     while True:
+        pages.append(at)
         head = 27 if kind == "ogg" else 7  # (a page's header before its segment table; an ADTS header)
         if kind == "ogg" and (tail[at : at + 4] != b"OggS"[: n - at] or (at + 4 < n and tail[at + 4] != 0)):
             return 0
