@@ -350,9 +350,9 @@ class TFRecordReader(Reader):
             feats = self._features(entry)
             return "video" if _bytes(feats, "video/encoded") else "audio" if _bytes(feats, "audio/encoded") else "image"
 
-        def named(entry: Any) -> str:  # (the feature names in the record's bytes, whatever else is damaged)
-            s, off, ln = entry
-            buf = self.files.pread(s, min(ln, MAX_RECORD_BYTES + 16), off)
+        def named(entry: Any) -> str:  # (the feature names in the record's bytes, whatever else is damaged: the
+            s, off, ln = entry  # media's ``encoded`` key comes before its bytes, in the record's first MiB)
+            buf = self.files.pread(s, min(ln, 1 << 20), off)
             for media in ("video", "audio", "image"):
                 if f"{media}/encoded".encode() in buf:
                     return media
