@@ -529,8 +529,12 @@ def mp4_boxes_cut(data: bytes) -> bool:
     its index (``moov``) comes last, a cut inside it that spares the video track's tables leaves every frame
     readable, and the file passed for whole (its sound's tables, or its metadata, lost). Bytes after the last box
     that are none (a type of other than letters and digits) leave it untold."""
-    boxes = list(_top_boxes(data))
-    return bool(boxes) and all(kind.isalnum() for kind, _, _ in boxes) and boxes[-1][2] > len(data)
+    return _cut(list(_top_boxes(data)), len(data))
+
+
+def _cut(boxes: list[tuple[bytes, int, int]], size: int) -> bool:
+    """Whether the last of a file's top-level ``boxes`` (each named by letters and digits) runs past its ``size``."""
+    return bool(boxes) and all(kind.isalnum() for kind, _, _ in boxes) and boxes[-1][2] > size
 
 
 def mp4_open_end(data: bytes) -> bool:
@@ -541,8 +545,9 @@ def mp4_open_end(data: bytes) -> bool:
     ``skip_trailer``). Said, not judged."""
     if bytes(data[4:8]) != b"ftyp":
         return False
-    kinds = [kind for kind, _, end in _top_boxes(data) if end <= len(data)]
-    return b"moof" in kinds and b"mfra" not in kinds and not mp4_boxes_cut(data)
+    boxes = list(_top_boxes(data))  # (one walk: the kinds whole, and whether the last runs past the end)
+    kinds = [kind for kind, _, end in boxes if end <= len(data)]
+    return b"moof" in kinds and b"mfra" not in kinds and not _cut(boxes, len(data))
 
 
 FRAGMENTS_OPEN = ("a fragmented MP4 with no index of its fragments at its end (mfra): if it was cut between two "
