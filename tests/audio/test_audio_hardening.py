@@ -929,8 +929,8 @@ def test_a_fragmented_m4a_with_no_index_of_its_fragments_at_its_end_is_said(tmp_
 
 @pytest.mark.parametrize("subtype", ["VORBIS", "OPUS"])
 def test_an_ogg_file_cut_between_two_pages_is_cut_short_not_shorter(tmp_path, subtype):
-    """An Ogg file cut exactly at a page's start read as a shorter whole recording, in a copy and decoded: 229,504 of
-    480,000 samples with no word (2026-12-07). Every Ogg stream's last page carries the end-of-stream flag; the cut
+    """An Ogg file cut exactly at a page's start read as a shorter whole recording, in a copy and decoded: 60,544 of
+    160,000 samples with no word (10 s of Vorbis; `benchmarks/boundary_cuts.py` at 1dff6d9). Every Ogg stream's last page carries the end-of-stream flag; the cut
     file's last page does not: its record's error, and ``info`` lists it unreadable. The whole file passes."""
     src = tmp_path / "src"
     src.mkdir()
