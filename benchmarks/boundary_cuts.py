@@ -63,34 +63,18 @@ def _tone(seconds: float, rate: int) -> np.ndarray:
             + 0.05 * np.random.default_rng(0).standard_normal(n)).astype(np.float32)
 
 
-def _m4a(path: Path) -> None:
-    import av
-
-    with av.open(str(path), "w", format="mp4", options={"movflags": "frag_keyframe+empty_moov",
-                                                        "frag_duration": "500000"}) as c:
-        s = c.add_stream("aac", rate=16000)
-        s.layout = "mono"
-        x = _tone(3.0, 16000)
-        for i in range(0, len(x), 1024):
-            f = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[None, i : i + 1024]), format="fltp", layout="mono")
-            f.sample_rate, f.pts = 16000, i
-            for p in s.encode(f):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
-
-
 def _cases() -> dict:
     """name -> (file name, how to write it, where to cut it, media)."""
     import soundfile as sf
 
+    from tests.audio.sounds import fragmented_m4a
     from tests.video.clips import make_clip
 
     mid = lambda xs: xs[len(xs) // 2]  # noqa: E731
     return {
         "fmp4": ("f.mp4", lambda p: make_clip(p, 48, movflags="frag_keyframe+empty_moov"),
                  lambda d: _boxes(d, b"moof")[2], "video"),
-        "m4a": ("f.m4a", _m4a, lambda d: mid(_boxes(d, b"moof")), "audio"),
+        "m4a": ("f.m4a", lambda p: fragmented_m4a(p, _tone(3.0, 16000)), lambda d: mid(_boxes(d, b"moof")), "audio"),
         "ogg": ("c.ogg", lambda p: sf.write(p, _tone(10, 16000), 16000, format="OGG"),
                 lambda d: mid(_starts(d, b"OggS")), "audio"),
         "opus": ("c.opus", lambda p: sf.write(p, _tone(10, 48000), 48000, format="OGG", subtype="OPUS"),

@@ -55,3 +55,23 @@ def speech_commands(root: Path, words=("yes", "no", "up"), per_word: int = 2, ra
             write(root / w / f"{k:04d}_nohash_0.wav", tone(0.5 + 0.1 * k, rate, 200 + 100 * i), rate)
     write(root / "_background_noise_" / "white.wav", rng.normal(0, 0.1, (rate, 1)).astype(np.float32), rate)
     return root
+
+
+def fragmented_m4a(path: Path, x: np.ndarray, rate: int = 16000) -> Path:
+    """Mono samples ``x`` as AAC in a fragmented MP4 (``moof`` boxes every half second, FFmpeg's index of them,
+    ``mfra``, last), as live recorders write."""
+    import av
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w", format="mp4", options={"movflags": "frag_keyframe+empty_moov",
+                                                        "frag_duration": "500000"}) as c:
+        s = c.add_stream("aac", rate=rate)
+        s.layout = "mono"
+        for i in range(0, len(x), 1024):
+            f = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[None, i : i + 1024]), format="fltp", layout="mono")
+            f.sample_rate, f.pts = rate, i
+            for p in s.encode(f):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return path

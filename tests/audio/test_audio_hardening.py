@@ -895,24 +895,10 @@ def test_a_fragmented_m4a_with_no_index_of_its_fragments_at_its_end_is_said(tmp_
     """AAC in a fragmented MP4 cut exactly between two fragments read as a shorter whole recording: 24,576 of 49,024
     samples, with no word (2026-12-07). Whole (FFmpeg's muxer writes the fragments' index, ``mfra``, last): no
     warning; without it, its end is said to be unknown, and what it holds is written."""
-    import av
-
+    from tests.audio.sounds import fragmented_m4a
     from tests.helpers import mp4_boxes
 
-    path = tmp_path / "src" / "a" / "f.m4a"
-    path.parent.mkdir(parents=True)
-    with av.open(str(path), "w", format="mp4", options={"movflags": "frag_keyframe+empty_moov",
-                                                        "frag_duration": "500000"}) as c:
-        s = c.add_stream("aac", rate=16000)
-        s.layout = "mono"
-        x = tone(3.0, 16000, 440)[:, 0]
-        for i in range(0, len(x), 1024):
-            f = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[None, i : i + 1024]), format="fltp", layout="mono")
-            f.sample_rate, f.pts = 16000, i
-            for p in s.encode(f):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
+    path = fragmented_m4a(tmp_path / "src" / "a" / "f.m4a", tone(3.0, 16000, 440)[:, 0])
     data = path.read_bytes()
     boxes = mp4_boxes(data)
     moofs = [a for k, a in boxes if k == b"moof"]
