@@ -25,6 +25,7 @@ element lists (:func:`matroska_tracks`).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 
 #: how a cut is known: a size in the file's header (the frames it held are counted from its duration), or a packet
@@ -368,6 +369,30 @@ def _flv_end(data: bytes) -> tuple[int, str]:
         if at > n:
             return at, PACKET
     return 0, ""
+
+
+def flv_told(data: bytes) -> tuple[float, float]:
+    """(the duration an FLV file's ``onMetaData`` declares, the last sound tag's time), in seconds; (0, 0) where it
+    declares none (a live-written file: FFmpeg's muxer writes it when it can seek back). A file cut exactly between
+    two tags reads as a shorter whole one, but for this duration: its frames end well before it
+    (``video_probe.probe_video`` compares them, its sound's last tag beside its frames)."""
+    if data[:3] != b"FLV" or len(data) < 9:
+        return 0.0, 0.0
+    told = sound = 0.0
+    at = int.from_bytes(data[5:9], "big") + 4
+    while at + 11 <= len(data):
+        kind, size = data[at] & 0x1F, int.from_bytes(data[at + 1 : at + 4], "big")
+        if kind not in _FLV_TAGS:
+            break
+        if kind == 18 and not told:  # (script data: onMetaData, an AMF0 array of which "duration" is a number)
+            i = data.find(b"\x00\x08duration\x00", at + 11, min(at + 11 + size, len(data)))
+            if i >= 0 and i + 19 <= len(data):
+                value = struct.unpack(">d", data[i + 11 : i + 19])[0]
+                told = value if 0 < value < 1e7 else 0.0  # (NaN or a hostile figure: no judgement)
+        elif kind == 8:
+            sound = ((data[at + 7] << 24) | int.from_bytes(data[at + 4 : at + 7], "big")) / 1000
+        at += 11 + size + 4
+    return told, sound
 
 
 def _asf_end(data: bytes) -> tuple[int, str]:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import DependencyError
-from .container_end import PACKET, avi_null_frames, declared_end, matroska_blocks_after
+from .container_end import PACKET, avi_null_frames, declared_end, flv_told, matroska_blocks_after
 
 # container names PyAV reports (comma lists) -> the extension gpubatch writes for such bytes
 _CONTAINERS = (("mp4", "mp4"), ("mov", "mov"), ("matroska", "mkv"), ("webm", "webm"), ("avi", "avi"),
@@ -113,7 +113,7 @@ class VideoInfo:
     cut_inside: bool = False  # the file ends inside a packet, in a container that counts no frames (MPEG-TS...)
     cut_pts: int | None = None  # the timestamp of the packet a file cut short ends inside (not to be decoded)
     reorder: int = 0  # the most a frame's presentation timestamp lies after its decoding one (B-frames; a seek's aim)
-    declared: float = 0.0  # a Matroska file's duration, where its frames end well before it (damaged: ``cut_short``)
+    declared: float = 0.0  # a Matroska or FLV file's duration, where its frames end well before it (damaged: ``cut_short``)
     stopped: bool = False  # a Matroska file whose demuxer stopped at a damaged block: ``missing`` blocks after it
     counted: int = 0  # the frames the file's index counts, where more are missing than are taken (MAX_MISSING)
     skipped: int = 0  # frames a steady rate's timestamps skip (a damaged stretch the demuxer passed over) or
@@ -362,6 +362,14 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             end = float(spts[-1] * tb + last - float(c.start_time or 0) / 1e6)
             if told - end > max(2.0 / rate, 0.02 * told):
                 missing, declared = min(round((told - end) * rate), MAX_MISSING), told
+        if not missing and not listed and sniffed == "flv" and rate:
+            # (nor does FLV: a file cut exactly between two tags ends on a whole one, and only the duration its
+            # onMetaData declares, which FFmpeg's muxer writes at the end, tells the frames after it; its time line is
+            # the tags', from 0, and its sound's last tag may end it)
+            told, sound = flv_told(data)
+            end = max(float(spts[-1] * tb + last), sound)
+            if told - end > max(2.0 / rate, 0.02 * told, 0.1):
+                missing, declared = min(round((told - end) * rate), MAX_MISSING), told - float(spts[0] * tb)
         last_pos = -1 if taken is None or taken.pos is None else int(taken.pos)
         if not missing and not listed and sniffed in ("mkv", "webm") and last_pos >= 0:
             # (or, whatever the Duration says, the video's blocks after the last one the demuxer read)
