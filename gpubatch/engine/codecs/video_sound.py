@@ -11,6 +11,7 @@ of its duration.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .video_probe import av, open_container, packets, sniff_container
@@ -41,7 +42,7 @@ def audio_packets(data: bytes, start: float = 0.0, end: float = 0.0) -> tuple[An
     origin = (float(v.start_time * v.time_base) if v is not None and v.start_time is not None and v.time_base
               else float(first) * tb)
     shift = int(round((origin + start) / tb)) if tb else 0
-    kept, reach, steps, got = [], 0.0, [], 0
+    read, reach, steps, got = [], 0.0, [], 0
     for p in packets(c, s):  # (up to a damaged stretch)
         got += p.size > 0 or p.pts is not None  # (not the demuxer's last, empty packet)
         if p.size == 0 or p.pts is None:
@@ -49,14 +50,22 @@ def audio_packets(data: bytes, start: float = 0.0, end: float = 0.0) -> tuple[An
         if p.duration:
             steps.append(float(p.duration) * tb)
         reach = max(reach, float(p.pts - first + (p.duration or 0)) * tb)
-        t = float(p.pts) * tb - origin
-        if t + 1e-6 < start or (end and t >= end):
-            continue
+        read.append(p)
+
+    def wanted(pts: float) -> bool:  # (a time of the stretch wanted)
+        t = pts * tb - origin
+        return not (t + 1e-6 < start or (end and t >= end))
+
+    # (in order, durations and holes over every packet read: a packet lost just inside the stretch leaves its hole
+    # after one outside it, before the video's first frame, say)
+    ordered, left = _in_order(read)
+    _fill_durations(ordered)
+    holes = _holes(ordered, wanted)
+    disordered = sum(wanted(p.pts) for p in left)
+    kept = [p for p in ordered if wanted(p.pts)]
+    for p in kept:
         p.pts = p.pts - shift
         p.dts = p.dts - shift if p.dts is not None else None
-        kept.append(p)
-    kept, disordered = _in_order(kept)
-    _fill_durations(kept)
     lost = []
     declared = float(s.duration) * tb if s.duration and tb else 0.0
     if short := _cut_short(reach, declared, end, steps):
@@ -67,7 +76,7 @@ def audio_packets(data: bytes, start: float = 0.0, end: float = 0.0) -> tuple[An
         listed = s.frames or sound_packets(data, sniff_container(data))
         if got < listed:
             lost.append(f"{got} of its {listed} packets read (the others lost to damage)")
-    if not lost and (holes := _holes(kept)):
+    if not lost and holes:
         worth = "1 packet's" if holes == 1 else f"{holes} packets'"
         lost.append(f"its times skip {worth} worth (lost to damage, or a gap in the recording)")
     if disordered:
@@ -76,30 +85,30 @@ def audio_packets(data: bytes, start: float = 0.0, end: float = 0.0) -> tuple[An
     return (c, s), kept, "; ".join(lost)
 
 
-def _in_order(kept: list[Any]) -> tuple[list[Any], int]:
-    """The packets whose decoding times rise, and how many were not: one that repeats or goes back from the last
+def _in_order(kept: list[Any]) -> tuple[list[Any], list[Any]]:
+    """The packets whose decoding times rise, and those that did not: one that repeats or goes back from the last
     kept, or one that jumps past the next (a damaged time, which would have shut out every packet after it)."""
     out: list[Any] = []
-    left = 0
+    left: list[Any] = []
     for i, p in enumerate(kept):
         if p.dts is not None:
             last = out[-1].dts if out and out[-1].dts is not None else None
             after = kept[i + 1].dts if i + 1 < len(kept) else None
             if (last is not None and p.dts <= last) or (
                     after is not None and p.dts >= after and (last is None or after > last)):
-                left += 1
+                left.append(p)
                 continue
         out.append(p)
     return out, left
 
 
-def _holes(kept: list[Any]) -> int:
+def _holes(kept: list[Any], wanted: Callable[[float], bool] = lambda pts: True) -> int:
     """How many packets' worth the packets' times skip: a gap of more than half a packet between one's end and the
-    next one's start, counted in packets of the one before."""
+    next one's start, counted in packets of the one before; of those, the ones whose times are ``wanted``."""
     n = 0
     for a, b in zip(kept, kept[1:]):
         if a.pts is not None and b.pts is not None and a.duration and b.pts - (a.pts + a.duration) > a.duration / 2:
-            n += round((b.pts - a.pts) / a.duration) - 1
+            n += sum(wanted(a.pts + k * a.duration) for k in range(1, round((b.pts - a.pts) / a.duration)))
     return n
 
 
