@@ -399,14 +399,17 @@ def test_sound_packets_of_no_duration_are_given_the_step_between_packets(tmp_pat
         assert sum(1 for p in c.demux(c.streams.audio[0]) if p.size) == len(kept) == 47
 
 
+@pytest.mark.parametrize("drop", [30, 1])
 @pytest.mark.parametrize("fmt,ext", [("mpegts", "ts"), ("mpeg", "mpg")])
-def test_a_sound_packet_lost_in_a_stream_format_is_found_by_the_hole_in_its_times(tmp_path, fmt, ext):
+def test_a_sound_packet_lost_in_a_stream_format_is_found_by_the_hole_in_its_times(tmp_path, fmt, ext, drop):
     """MPEG-TS and MPEG-PS count no packets: damage that made the demuxer pass over a sound packet or two lost them
-    from the re-encoded video with no word (byte flips, 2026-12-07). Their times keep the hole."""
+    from the re-encoded video with no word (byte flips, 2026-12-07). Their times keep the hole. The second packet
+    lost (``drop=1``; seed 21 of `byte_flips.py --media reencode`, 2026-12-07) leaves its hole after the first,
+    which begins before the video's first frame and is not copied: the hole is counted over every packet read."""
     src = tmp_path / "src"
     src.mkdir()
     vcodec = "mpeg2video" if ext == "mpg" else "libx264"
-    _with_sound(src / f"a.{ext}", codec="mp2", fmt=fmt, drop=30, vcodec=vcodec)
+    _with_sound(src / f"a.{ext}", codec="mp2", fmt=fmt, drop=drop, vcodec=vcodec)
     s = convert(src, tmp_path / "out", to="video", resize_shorter=32)
     said = [w for w in s.warnings if "audio track" in w]
     assert s.records_out == 1 and len(said) == 1 and "its times skip 1 packet's worth" in said[0], s.warnings
@@ -424,7 +427,7 @@ def test_a_sound_packet_whose_time_jumped_ahead_is_left_out_alone():
         return SimpleNamespace(pts=t, dts=t, duration=10)
 
     kept, left = _in_order([packet(t) for t in (0, 10, 20, 99_999, 40, 50, 50, 60)])
-    assert [p.dts for p in kept] == [0, 10, 20, 40, 50, 60] and left == 2
+    assert [p.dts for p in kept] == [0, 10, 20, 40, 50, 60] and len(left) == 2
     assert _holes(kept) == 1 and _holes([packet(t) for t in (0, 10, 20)]) == 0
 
 
@@ -610,6 +613,43 @@ def test_an_flv_file_cut_inside_a_tag_s_size_after_it_is_cut_short(tmp_path):
         s = convert(src, tmp_path / f"out{i}", to="webdataset")
         assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/x"], s.as_dict()
         assert "cut short" in s.skipped[0]["reason"], s.skipped
+
+
+def test_an_flv_file_cut_between_two_tags_says_the_frames_its_duration_declares(tmp_path):
+    """An FLV file cut exactly between two tags reads as a shorter whole one: ``--frames every:1`` wrote 23 of 48
+    frames, and a warning counted 2 lost (the B-frames whose reference the cut took). The duration its onMetaData
+    declares (FFmpeg's muxer writes it at the end) tells the rest: each frame after the cut is listed, and a copy of
+    the file is its record's error. A file with no duration declared (live-written) is not judged."""
+    import struct
+
+    from gpubatch.engine.codecs.container_end import flv_told
+    from gpubatch.engine.codecs.video_probe import probe
+
+    data = make_clip(tmp_path / "c.flv", 48, w=64, h=48).read_bytes()
+    assert flv_told(data) == (pytest.approx(2.083, abs=0.002), 0.0)
+    ends, at = [], int.from_bytes(data[5:9], "big") + 4
+    while at < len(data):
+        at += 11 + int.from_bytes(data[at + 1 : at + 4], "big") + 4
+        ends.append(at)
+    cut = data[: ends[len(ends) // 2]]
+    whole = probe(data)
+    assert whole.frames == 48 and whole.missing == 0 and whole.cut_short == ""
+    got = probe(cut)
+    assert got.frames + got.skipped + got.missing == 48 and got.missing > 20, (got.frames, got.skipped, got.missing)
+    assert got.cut_short.startswith("the file is damaged: its frames end at") and "2.000 s its header" in got.cut_short
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "ok.flv").write_bytes(data)
+    (src / "a" / "x.flv").write_bytes(cut)
+    s = convert(src, tmp_path / "frames", to="webdataset", frames="every:1", resize_shorter=32)
+    lost = [e for e in s.skipped if e["key"].startswith("a/x/")]
+    assert s.records_out == 48 + got.frames and len(lost) == got.missing, s.as_dict()
+    assert all("its frames end at" in e["reason"] for e in lost)
+    s = convert(src, tmp_path / "copy", to="webdataset")
+    assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/x"], s.as_dict()
+    at = cut.index(b"\x00\x08duration\x00") + 11
+    live = cut[:at] + struct.pack(">d", 0.0) + cut[at + 8 :]  # (no duration declared: no judgement)
+    assert flv_told(live)[0] == 0 and probe(live).missing == 0
 
 
 def test_a_kinetics_or_clip_csv_row_of_no_time_is_that_rows_error(tmp_path):
@@ -929,19 +969,21 @@ def test_timestamps_that_jump_off_a_steady_rate_are_said(tmp_path, ext):
     assert _skips(spliced - 0.517 * (np.arange(24) >= 12), np.diff(spliced - 0.517 * (np.arange(24) >= 12)))[2] == 0
 
 
-def test_a_matroska_file_whose_sound_outlasts_its_video_is_whole(tmp_path):
-    """The Segment's duration is the longest track's: a 1-s video beside 3 s of sound is a whole file, not one
-    whose frames end at a damaged block (only a file of one video stream is judged by it)."""
+@pytest.mark.parametrize("ext,sound_codec,sample", [("mkv", "flac", "s16"), ("flv", "aac", "fltp")])
+def test_a_file_whose_sound_outlasts_its_video_is_whole(tmp_path, ext, sound_codec, sample):
+    """A Matroska Segment's duration, and an FLV onMetaData's, is the longest track's: a 1-s video beside 3 s of
+    sound is a whole file, not one whose frames end at a damaged block or a cut (Matroska: only a file of one video
+    stream is judged by it; FLV: its sound's last tag is its end too)."""
     import av
 
     from gpubatch.engine.codecs.video_probe import probe
 
-    path = tmp_path / "src" / "a.mkv"
+    path = tmp_path / "src" / f"a.{ext}"
     path.parent.mkdir()
     with av.open(str(path), "w") as c:
         v = c.add_stream("libx264", rate=24)
         v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
-        a = c.add_stream("flac", rate=16000)
+        a = c.add_stream(sound_codec, rate=16000)
         a.layout = "mono"
         for i in range(24):
             img = np.full((48, 64, 3), i * 10, np.uint8)
@@ -951,7 +993,8 @@ def test_a_matroska_file_whose_sound_outlasts_its_video_is_whole(tmp_path):
             c.mux(p)
         n = a.codec_context.frame_size or 1024
         for t in range(0, 3 * 16000, n):  # (3 s of silence, a frame of the encoder's size at a time)
-            sound = av.AudioFrame.from_ndarray(np.zeros((1, n), np.int16), format="s16", layout="mono")
+            sound = av.AudioFrame.from_ndarray(np.zeros((1, n), np.dtype(np.int16 if sample == "s16" else np.float32)),
+                                               format=sample, layout="mono")
             sound.sample_rate, sound.pts = 16000, t
             for p in a.encode(sound):
                 c.mux(p)
