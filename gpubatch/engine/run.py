@@ -143,6 +143,11 @@ def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
 
         if mp4_open_end(record.data):  # (fragments whose end nothing in the file tells: said, not judged)
             stats.warn(f"{record.key}: {FRAGMENTS_OPEN} (what it holds is written)")
+    if record.media == Media.AUDIO and (record.data[:3] == b"ID3" or record.data[:1] == b"\xff"):  # (an MP3)
+        from .codecs.audio_end import id3_end, lame_tag_damage
+
+        if why := lame_tag_damage(bytes(record.data[: id3_end(bytes(record.data[:10])) + 4096])):
+            stats.warn(f"{record.key}: {why}; it is written")
     if info is not None and info.jump:  # (damage that moved the timestamps, or a splice: how many went, unknown)
         stats.warn(f"{record.key}: its timestamps jump {info.jump:.3f} s at {info.jump_at:.3f} s, off its steady "
                    f"rate (damage that moved them, or a splice): frames may be lost there; the frames it holds are "

@@ -933,3 +933,27 @@ def test_an_ogg_file_cut_between_two_pages_is_cut_short_not_shorter(tmp_path, su
         assert "its last Ogg page does not end its stream" in s.skipped[0]["reason"]
     r = info(src)
     assert r.records == 1 and len(r.unreadable) == 1
+
+
+@pytest.mark.parametrize("rate,channels", [(16000, 1), (44100, 2)])
+def test_an_mp3_whose_lame_tag_is_damaged_is_said(tmp_path, rate, channels):
+    """One byte of an MP3's LAME tag damaged, in its encoder padding: every decoder trimmed 85 samples more from its
+    end with no error (seed 33 of `byte_flips.py --media stored --loader`, 2026-12-07). The tag's CRC-16 tells: a
+    warning names the file and the delay and padding it gives, on the pass-through and the decode; a whole file
+    says nothing of it."""
+    from gpubatch.engine.codecs.audio_end import lame_tag_damage
+
+    whole = write(tmp_path / "src" / "a" / "whole.mp3", tone(2.0, rate, 440.0, channels), rate)
+    data = bytearray(whole.read_bytes())
+    tag = data.index(b"LAME")
+    assert lame_tag_damage(bytes(data[:4096])) == ""
+    data[tag + 23] ^= 0x55  # (the last byte of the delay and padding: the padding's low bits)
+    assert sf.info(io.BytesIO(bytes(data))).frames != sf.info(whole).frames  # (what decoders now trim)
+    (tmp_path / "src" / "a" / "tag.mp3").write_bytes(bytes(data))
+    assert "its MP3 LAME tag is damaged" in lame_tag_damage(bytes(data[:4096]))
+    for i, opts in enumerate(({}, {"sample_rate": RATE})):
+        s = convert(tmp_path / "src", tmp_path / f"out{i}", to="webdataset", **opts)
+        assert s.records_out == 2 and not s.skipped, s.as_dict()
+        assert len(s.warnings) == 1 and s.warnings[0].startswith("a/tag: its MP3 LAME tag is damaged"), s.warnings
+        trims = int.from_bytes(data[tag + 21 : tag + 24], "big")
+        assert f"({trims >> 12} and {trims & 0xFFF} samples)" in s.warnings[0], s.warnings

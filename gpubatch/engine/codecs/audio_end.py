@@ -10,6 +10,7 @@ containers' ends.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from .container_end import W64_RIFF, adts_at, sound_end
@@ -250,10 +251,9 @@ def id3_end(head: bytes) -> int:
     return 10 + sum((b & 0x7F) << (7 * (3 - i)) for i, b in enumerate(head[6:10])) + (10 if head[5] & 0x10 else 0)
 
 
-def mp3_counts(head: bytes) -> tuple[int, int, int, int] | None:
-    """(where an MP3's first frame begins, the frames and the bytes its header frame counts, samples a frame) from
-    its first bytes ``head``: LAME's Xing/Info frame or Fraunhofer's VBRI (a count it lacks is 0). None where the
-    first frame is no Layer III header frame."""
+def _first_frame(head: bytes) -> tuple[int, int, int] | None:
+    """(where an MP3's first frame begins, where its side information ends: a Xing/Info header's place, samples a
+    frame), or None where the first frame is no Layer III frame."""
     start = id3_end(head)
     if len(head) < start + 64 or head[start] != 0xFF or head[start + 1] & 0xE0 != 0xE0:
         return None
@@ -261,8 +261,17 @@ def mp3_counts(head: bytes) -> tuple[int, int, int, int] | None:
     if layer != 1 or version == 1:  # (Layer III only; version 1 is reserved)
         return None
     side = (17 if mono else 32) if version == 3 else (9 if mono else 17)
-    at = start + 4 + side
-    per = 1152 if version == 3 else 576
+    return start, start + 4 + side, 1152 if version == 3 else 576
+
+
+def mp3_counts(head: bytes) -> tuple[int, int, int, int] | None:
+    """(where an MP3's first frame begins, the frames and the bytes its header frame counts, samples a frame) from
+    its first bytes ``head``: LAME's Xing/Info frame or Fraunhofer's VBRI (a count it lacks is 0). None where the
+    first frame is no Layer III header frame."""
+    first = _first_frame(head)
+    if first is None:
+        return None
+    start, at, per = first
     if head[at : at + 4] in (b"Xing", b"Info"):
         flags = int.from_bytes(head[at + 4 : at + 8], "big")
         frames = int.from_bytes(head[at + 8 : at + 12], "big") if flags & 1 else 0
@@ -272,6 +281,36 @@ def mp3_counts(head: bytes) -> tuple[int, int, int, int] | None:
         return (start, int.from_bytes(head[start + 50 : start + 54], "big"),
                 int.from_bytes(head[start + 46 : start + 50], "big"), per)
     return None
+
+
+def lame_tag_damage(head: bytes) -> str:
+    """What a damaged LAME tag in an MP3's Xing/Info frame (its first bytes ``head``) costs, or "". The tag (LAME's
+    since 3.90, FFmpeg's ``Lavc``/``Lavf``) gives the encoder's delay and padding, which decoders trim from the
+    file's two ends, and ends with a CRC-16 of the frame up to it: a damaged delay or padding trims samples of the
+    recording, or keeps padding, with no error from any decoder (a byte flip of 2026-12-07 trimmed 85 samples)."""
+    first = _first_frame(head)
+    if first is None:
+        return ""
+    start, at, _ = first
+    if head[at : at + 4] not in (b"Xing", b"Info"):
+        return ""
+    flags = int.from_bytes(head[at + 4 : at + 8], "big")
+    tag = at + 8 + 4 * bool(flags & 1) + 4 * bool(flags & 2) + 100 * bool(flags & 4) + 4 * bool(flags & 8)
+    lame = re.match(rb"LAME(\d)\.(\d+)", head[tag : tag + 9])
+    if len(head) < tag + 36 or not (head[tag : tag + 4] in (b"Lavc", b"Lavf") or
+                                    (lame and (int(lame[1]), int(lame[2])) >= (3, 90))):
+        return ""  # (no tag, or a LAME before 3.90, whose tag held no CRC)
+    crc = 0
+    for b in head[start : tag + 34]:  # (CRC-16/ARC: the polynomial 0x8005 reflected, from 0)
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0xA001 if crc & 1 else crc >> 1
+    if crc == int.from_bytes(head[tag + 34 : tag + 36], "big"):
+        return ""
+    trims = int.from_bytes(head[tag + 21 : tag + 24], "big")
+    return (f"its MP3 LAME tag is damaged (its CRC does not match): the encoder delay and padding it gives ({trims >> 12} "
+            f"and {trims & 0xFFF} samples), which decoders trim from the file's ends, may be wrong, so a few of its "
+            "samples may be lost or padding kept")
 
 
 def mp3_shortfall(head: bytes, size: int) -> tuple[int, int] | None:
