@@ -4,7 +4,7 @@ converted: every record is written or listed as skipped, or a warning or a one-l
 never a traceback, never fewer records (or, for sound, fewer samples; for video, fewer frames) without a word.
 
     python3 benchmarks/byte_flips.py --media datasets|video|video-sound|reencode|audio|stored|images [--seed 1]
-        [--runs 60] [--keep DIR] [--device auto|cpu|gpu] [--cut] [--augment | --loader]
+        [--runs 60] [--keep DIR] [--device auto|cpu|gpu] [--cut] [--exact] [--augment | --loader]
 
 ``datasets``: ``sample_data/imagenet`` written as webdataset, TFRecord, RecordIO, LMDB, COCO, Parquet and a folder,
 and zipped (an image folder in a ZIP), then 1-64 bytes of one copy's files flipped (index files and manifests among them), read back to webdataset.
@@ -20,7 +20,8 @@ webdataset, TFRecord, LMDB (sound) and Parquet, 1-64 bytes of one copy's files f
 every frame; with ``--loader``, the sound alone, read by the training loader). ``images``: twelve photos as PNG, WebP, GIF, BMP, TIFF and JPEG 2000 folders, 1-16 bytes of one file
 flipped, passed through (PNG's CRCs checked, the others decoded) or resized (GIF, TIFF, JPEG 2000). ``--loader`` reads
 each copy of ``datasets`` or ``stored`` through the training loader (``gpubatch.loader``). ``--augment`` runs each copy through ``augment`` (two copies of each record, the media's random chain).
-``--cut`` cuts one file short instead (a copy stopped part way). ``--device gpu`` takes the GPU path: nvJPEG (the
+``--cut`` cuts one file short instead (a copy stopped part way). ``--exact`` counts a recording short by any
+sample (a re-encoded video's sound by any packet), where the default allows 2% (a decoder's priming). ``--device gpu`` takes the GPU path: nvJPEG (the
 datasets' images resized, so that they are decoded), NVDEC, the GPU audio unit.
 """
 
@@ -212,6 +213,8 @@ def main() -> None:
                     "record, a chain of the media's random ops) instead of `convert`")
     ap.add_argument("--loader", action="store_true", help="read each copy through the training loader instead of "
                     "`convert` (datasets and stored sound only)")
+    ap.add_argument("--exact", action="store_true", help="count a recording (or a video's sound) short by any sample "
+                    "or packet, not only by more than 2%%")
     ap.add_argument("--cut", action="store_true", help="cut one file short (30-99.99%% of it kept, half the cuts in "
                     "its last 5%%) instead of flipping bytes: a copy or download stopped part way")
     args = ap.parse_args()
@@ -291,7 +294,7 @@ def main() -> None:
                 else:
                     s = convert(src, t / f"o{it}", **o)
                 short = {k: (v, ref[k]) for k, v in measure(t / f"o{it}").items()
-                         if k in ref and v < 0.98 * ref[k]} if measure is not None and s.records_out else {}
+                         if k in ref and v < (1 if args.exact else 0.98) * ref[k]} if measure is not None and s.records_out else {}
                 want = whole_aug[kind] if args.augment else whole[kind] if isinstance(whole, dict) else whole
                 lost = s.records_out + len(s.skipped) * (2 if args.augment else 1) < want or short
                 if lost and not s.skipped and not s.warnings:
