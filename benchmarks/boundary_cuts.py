@@ -4,9 +4,10 @@ or tags), each converted whole and cut: what the cut run wrote (frames, or sampl
 it said. A cut inside a packet is found by the packet's length; one on a boundary only by what the container says of
 its end, so this is where a shorter file can pass for a whole one.
 
-    python3 benchmarks/boundary_cuts.py [--only fmp4,m4a,ogg,opus,flac,avi,mkv,mpg,flv]
+    python3 benchmarks/boundary_cuts.py [--only fmp4,m4a,ogg,opus,flac,avi,mkv,mpg,flv] [--device cpu|gpu|auto]
 
-Run it at an older commit (a worktree) to see what that code did with the same files.
+Run it at an older commit (a worktree) to see what that code did with the same files; ``--device gpu`` takes the GPU
+path (NVDEC, the GPU audio unit).
 """
 
 from __future__ import annotations
@@ -91,11 +92,11 @@ def _cases() -> dict:
     }
 
 
-def _run(src: Path, dst: Path, media: str) -> str:
+def _run(src: Path, dst: Path, media: str, device: str = "cpu") -> str:
     """What a run wrote (frames, or each recording's samples at 16 kHz) and what it said."""
     opts = {"frames": "every:1"} if media == "video" else {"sample_rate": 16000}
     try:
-        s = convert(src, dst, to="webdataset", device="cpu", **opts)
+        s = convert(src, dst, to="webdataset", device=device, **opts)
     except GpubatchError as e:
         return f"error: {str(e)[:150]}"
     if media == "video":
@@ -111,6 +112,7 @@ def _run(src: Path, dst: Path, media: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default=None, help="comma-separated cases")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "gpu", "auto"))
     args = ap.parse_args()
     cases = _cases()
     names = args.only.split(",") if args.only else list(cases)
@@ -126,8 +128,8 @@ def main() -> None:
             cut = t / name / "cut" / "a" / fname
             cut.parent.mkdir(parents=True)
             cut.write_bytes(data[:at])
-            print(f"{name}: whole ({len(data):,} bytes): {_run(whole.parent.parent, t / name / 'o1', media)}")
-            print(f"{name}: cut at byte {at:,}: {_run(cut.parent.parent, t / name / 'o2', media)}")
+            print(f"{name}: whole ({len(data):,} bytes): {_run(whole.parent.parent, t / name / 'o1', media, args.device)}")
+            print(f"{name}: cut at byte {at:,}: {_run(cut.parent.parent, t / name / 'o2', media, args.device)}")
     finally:
         shutil.rmtree(t, ignore_errors=True)
 
