@@ -800,8 +800,7 @@ def test_a_chained_ogg_file_is_read_whole_not_its_first_stream_alone(tmp_path, k
     """Two Ogg Vorbis (or Opus) files one after the other (a chained Ogg file, as stream recorders write):
     libsndfile reads the first stream alone, and the second's samples had been lost without a word (16,000 of
     64,000 read; or, the longer first, 48,000 and no error at all). Its last page's stream differs from its first:
-    it is read through PyAV, every stream, as many samples as its streams' last pages count. Streams of other
-    rates are the record's error, in one line."""
+    it is read through PyAV, every stream, as many samples as its streams' last pages count."""
     import io
 
     import soundfile as sf
@@ -824,7 +823,7 @@ def test_a_chained_ogg_file_is_read_whole_not_its_first_stream_alone(tmp_path, k
     (src / f"short_first.{kind}").write_bytes(parts[0] + parts[1])
     (src / f"long_first.{kind}").write_bytes(parts[1] + parts[0])
     (src / f"whole.{kind}").write_bytes(parts[1])
-    assert [n for *_, n in ogg_chains(parts[0] + parts[1])] == [16000, 48000]
+    assert [n for _, _, n, _ in ogg_chains(parts[0] + parts[1])] == [16000, 48000]
     assert sf.info(src / f"short_first.{kind}").frames < 64000  # (libsndfile's count: the first stream's)
     s = convert(src, tmp_path / "out", to="webdataset", sample_rate=16000)
     assert s.records_out == 3 and not s.skipped
@@ -834,9 +833,48 @@ def test_a_chained_ogg_file_is_read_whole_not_its_first_stream_alone(tmp_path, k
     if kind == "ogg":  # (an Opus stream decodes at 48 kHz whatever its input rate: nothing differs)
         (src / f"mixed.{kind}").write_bytes(parts[0] + other.getvalue())
         s = convert(src, tmp_path / "out2", to="webdataset", sample_rate=16000)
-        assert [e["key"] for e in s.skipped] == ["mixed"]
-        assert s.skipped[0]["reason"].startswith("a chained Ogg file whose 2 streams differ in rate or channels "
-                                                 "(8,000 Hz x 1, 16,000 Hz x 1)")
+        assert s.records_out == 4 and not s.skipped, s.as_dict()
+        lengths = {r.key: sf.info(io.BytesIO(r.data)).frames for r in open_dataset(tmp_path / "out2")}
+        assert abs(lengths["mixed"] - 32000) <= 300, lengths
+
+
+def test_a_chained_ogg_file_whose_streams_differ_in_rate_is_read_whole_each_stream_resampled(tmp_path):
+    """A chained Ogg file of a 16-kHz stream and then a 44.1-kHz one (a stream recorder's, where the station changed
+    its rate): FFmpeg's demuxer stops where the rate changes ("not yet implemented"), and the file had been its
+    record's error. Each stream is now read on its own and resampled to the highest rate: every second of it is
+    there, each tone where it was; passed through, the file is copied as it is. Streams of other channel counts
+    stay the record's error, in one line."""
+    import soundfile as sf
+
+    from gpubatch.engine.codecs.audio_io import decode_audio, probe_audio
+    from tests.audio.sounds import encoded
+
+    first, second = encoded(tone(1.0, 16000, 300.0), 16000, "ogg"), encoded(tone(2.0, 44100, 900.0), 44100, "ogg")
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "mixed.ogg").write_bytes(first + second)
+    (src / "a" / "one.ogg").write_bytes(second)
+    got = probe_audio(first + second)
+    assert (got.rate, got.channels, got.frames) == (44100, 1, 3 * 44100)
+    x = decode_audio(first + second)
+    assert x.samples.shape == (1, 3 * 44100) and x.rate == 44100
+
+    def strongest(y):  # (Hz)
+        return int(np.argmax(np.abs(np.fft.rfft(y))) * 44100 / len(y))
+
+    assert strongest(x.samples[0, :44100]) == 300 and strongest(x.samples[0, 44100:]) == 900
+    s = convert(src, tmp_path / "out", to="webdataset", sample_rate=16000)
+    assert s.records_out == 2 and not s.skipped and not s.warnings, s.as_dict()
+    rec = {r.key: r for r in open_dataset(tmp_path / "out")}["a/mixed"]
+    assert abs(sf.info(io.BytesIO(rec.data)).frames - 48000) <= 2
+    s = convert(src, tmp_path / "copy", to="webdataset")
+    assert s.records_out == 2 and not s.skipped
+    assert {r.key: r for r in open_dataset(tmp_path / "copy")}["a/mixed"].data == first + second
+    (src / "a" / "mixed.ogg").write_bytes(first + encoded(tone(1.0, 44100, 900.0, channels=2), 44100, "ogg"))
+    s = convert(src, tmp_path / "out2", to="webdataset", sample_rate=16000)
+    assert [e["key"] for e in s.skipped] == ["a/mixed"]
+    assert s.skipped[0]["reason"].startswith("a chained Ogg file whose 2 streams differ in channels "
+                                             "(16,000 Hz x 1, 44,100 Hz x 2)"), s.skipped
 
 
 def test_an_m4a_cut_inside_its_index_after_its_sample_tables_is_refused(tmp_path):

@@ -165,7 +165,7 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
         if data is None:
             data = Path(data_path).read_bytes()
         info = _chained(data)
-    counted = 0 if info.reader == "pyav" else info.frames  # (PyAV reads every Ogg stream, every MP3 frame)
+    counted = 0 if info.reader != "soundfile" else info.frames  # (PyAV reads every Ogg stream, every MP3 frame)
     if data is not None:
         head = data[: max(1 << 16, id3_end(data[:10]) + 4096)]  # (an MP3's first frames after its tags, cover art and all)
         n = tail_bytes(data[:64])
@@ -182,16 +182,41 @@ def probe_audio(data: bytes | str | Path) -> AudioInfo:
 
 def _chained(data: bytes) -> AudioInfo:
     """The facts of a chained Ogg file (streams one after another, as stream recorders write them; libsndfile reads
-    the first alone), read through PyAV, every stream; ValueError where its streams differ in rate or channels."""
+    the first alone), read through PyAV, every stream. Streams of other rates, which FFmpeg's demuxer does not read
+    past, are read each on its own and resampled to the highest (``reader="chains"``: :func:`_decode_chains`);
+    ValueError where they differ in channels."""
+    from ..ops.audio import ratio, resampled_length
     from .container_end import ogg_chains
 
     chains = ogg_chains(data)
-    kinds = sorted({(rate, channels) for rate, channels, _ in chains})
-    if len(kinds) != 1:
-        said = ", ".join(f"{rate:,} Hz x {channels}" for rate, channels in kinds)
-        raise ValueError(f"a chained Ogg file whose {len(chains)} streams differ in rate or channels ({said}): "
-                         "convert each stream to a file of its own first")
-    return replace(_probe_av(data), frames=sum(n for *_, n in chains))
+    if len({channels for _, channels, *_ in chains}) != 1:
+        said = ", ".join(f"{rate:,} Hz x {channels}" for rate, channels in sorted({c[:2] for c in chains}))
+        raise ValueError(f"a chained Ogg file whose {len(chains)} streams differ in channels ({said}): convert "
+                         "each stream to a file of its own first")
+    if len({rate for rate, *_ in chains}) == 1:
+        return replace(_probe_av(data), frames=sum(n for _, _, n, _ in chains))
+    top = max(rate for rate, *_ in chains)
+    frames = sum(resampled_length(n, *ratio(rate, top)) for rate, _, n, _ in chains)
+    return AudioInfo(sniff_audio(data) or "ogg", "", top, chains[0][1], frames, 0, "chains")
+
+
+def _decode_chains(data: bytes, info: AudioInfo, frames: int) -> np.ndarray:
+    """The samples of a chained Ogg file whose streams differ in rate: each stream's pages decoded as a file of their
+    own, resampled to ``info.rate`` (soxr), one after another; the first ``frames`` where given. A damaged stream is
+    the file's error, as in any file."""
+    from ..ops.audio import _resample_cpu
+    from .container_end import ogg_chains
+
+    starts = [first for *_, first in ogg_chains(data)] + [len(data)]
+    out, got = [], 0
+    for a, b in zip(starts, starts[1:]):
+        piece = decode_audio(data[a:b])
+        out.append(_resample_cpu(piece.samples, piece.rate, info.rate))
+        got += out[-1].shape[1]
+        if frames and got >= frames:
+            break
+    x = np.concatenate(out, axis=1)
+    return np.ascontiguousarray(x[:, :frames] if frames else x)
 
 
 class _Counted(Exception):
@@ -393,6 +418,8 @@ _TAGS = (b"ID3", b"TAG", b"APE")
 
 
 def _decode_av(data: bytes, info: AudioInfo, frames: int) -> np.ndarray:
+    if info.reader == "chains":
+        return _decode_chains(data, info, frames)
     from .video_probe import _why, av
 
     a = av("audio that libsndfile does not read (m4a/AAC, or a file it refuses)")

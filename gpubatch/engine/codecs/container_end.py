@@ -592,11 +592,12 @@ def ogg_last_sample(head: bytes, tail: bytes) -> int | None:
     return granule if granule > 0 else None
 
 
-def ogg_chains(data: bytes) -> list[tuple[int, int, int]]:
-    """(rate, channels, samples) of each logical stream of a chained Ogg file (Vorbis or Opus streams one after
-    another), walking its pages: a stream's samples are its last page's granule position (an Opus stream's less
-    its pre-skip; Opus decodes at 48 kHz). A damaged stretch is passed over to the next page."""
-    chains: dict[int, list[int]] = {}  # serial -> [rate, channels, last granule, pre-skip]
+def ogg_chains(data: bytes) -> list[tuple[int, int, int, int]]:
+    """(rate, channels, samples, where its first page begins) of each logical stream of a chained Ogg file (Vorbis
+    or Opus streams one after another), walking its pages: a stream's samples are its last page's granule position
+    (an Opus stream's less its pre-skip; Opus decodes at 48 kHz). A damaged stretch is passed over to the next
+    page."""
+    chains: dict[int, list[int]] = {}  # serial -> [rate, channels, last granule, pre-skip, first page]
     at = 0
     while 0 <= at and at + 27 <= len(data):
         if data[at : at + 4] != b"OggS" or data[at + 4] != 0:
@@ -609,13 +610,13 @@ def ogg_chains(data: bytes) -> list[tuple[int, int, int]]:
         if data[at + 5] & 2 and serial not in chains:  # (a stream's first page: its identification header)
             head = data[body : body + 30]
             if head[:8] == b"OpusHead":
-                chains[serial] = [48000, head[9], 0, int.from_bytes(head[10:12], "little")]
+                chains[serial] = [48000, head[9], 0, int.from_bytes(head[10:12], "little"), at]
             elif head[:7] == b"\x01vorbis":
-                chains[serial] = [int.from_bytes(head[12:16], "little"), head[11], 0, 0]
+                chains[serial] = [int.from_bytes(head[12:16], "little"), head[11], 0, 0, at]
         if serial in chains and granule > 0:
             chains[serial][2] = granule
         at = body + sum(segments)
-    return [(rate, channels, max(0, last - skip)) for rate, channels, last, skip in chains.values()]
+    return [(rate, channels, max(0, last - skip), first) for rate, channels, last, skip, first in chains.values()]
 
 
 def avi_null_frames(data: bytes, stream: int) -> int:
