@@ -197,7 +197,8 @@ def _chained(data: bytes) -> AudioInfo:
         return replace(_probe_av(data), frames=sum(n for _, _, n, _ in chains))
     top = max(rate for rate, *_ in chains)
     frames = sum(resampled_length(n, *ratio(rate, top)) for rate, _, n, _ in chains)
-    return AudioInfo(sniff_audio(data) or "ogg", "", top, chains[0][1], frames, 0, "chains")
+    codec = sniff_audio(data) or "ogg"
+    return AudioInfo(codec, "OPUS" if codec == "opus" else "VORBIS", top, chains[0][1], frames, 0, "chains")
 
 
 def _decode_chains(data: bytes, info: AudioInfo, frames: int) -> np.ndarray:
