@@ -53,7 +53,7 @@ def test_device_kernels_match_host_kernels(name, monkeypatch):
     from gpubatch.engine.plan import Plan
     from gpubatch.engine.spec import parse_chain
 
-    monkeypatch.setattr(audio_ops, "_resample_cpu", lambda x, src, dst: x if src == dst else
+    monkeypatch.setattr(audio_ops, "resample_cpu", lambda x, src, dst: x if src == dst else
                         audio_ops.resample_poly_np(x, *audio_ops.ratio(src, dst)))
     plan = Plan(ops=parse_chain(AUDIO_CHAINS[name]), media="audio", max_pixels=0, seed=7)
     plan.validate("device")

@@ -185,8 +185,8 @@ def _chained(data: bytes) -> AudioInfo:
     the first alone), read through PyAV, every stream. Streams of other rates, which FFmpeg's demuxer does not read
     past, are read each on its own and resampled to the highest (``reader="chains"``: :func:`_decode_chains`);
     ValueError where they differ in channels."""
-    from ..ops.audio import ratio, resampled_length
     from .container_end import ogg_chains
+    from .resample import ratio, resampled_length
 
     chains = ogg_chains(data)
     if len({channels for _, channels, *_ in chains}) != 1:
@@ -205,14 +205,14 @@ def _decode_chains(data: bytes, info: AudioInfo, frames: int) -> np.ndarray:
     """The samples of a chained Ogg file whose streams differ in rate: each stream's pages decoded as a file of their
     own, resampled to ``info.rate`` (soxr), one after another; the first ``frames`` where given. A damaged stream is
     the file's error, as in any file."""
-    from ..ops.audio import _resample_cpu
     from .container_end import ogg_chains
+    from .resample import resample_cpu
 
     starts = [first for *_, first in ogg_chains(data)] + [len(data)]
     out, got = [], 0
     for a, b in zip(starts, starts[1:]):
         piece = decode_audio(data[a:b])
-        out.append(_resample_cpu(piece.samples, piece.rate, info.rate))
+        out.append(resample_cpu(piece.samples, piece.rate, info.rate))
         got += out[-1].shape[1]
         if frames and got >= frames:
             break

@@ -117,9 +117,10 @@ def run_stream(stream: AudioStream, ops: Any, params: list) -> AudioData:
     """The chain on a long record, a block at a time; the output whole (samples, or features)."""
     import soxr
 
-    from ..ops.audio import _fit, ratio, resampled_length
+    from ..ops.audio import _fit
     from ..ops.spectral import FeatureOp
     from .audio_io import _sf_open, _Source
+    from .resample import ratio, resampled_length
 
     info = stream.info
     # each op's stage: the resamplers (one stream per resample, all its channels), the final length

@@ -32,6 +32,7 @@ import numpy as np
 from ...errors import UsageError
 from ..batch import stack
 from ..codecs.audio_io import AudioData
+from ..codecs.resample import ratio, resample_cpu, resampled_length
 from ..media import MediaSpec
 from ..registry import DEVICE, HOST, register_kernel
 from .base import Op, probability, spread
@@ -95,17 +96,6 @@ class AudioOp(Op):
 # --- resampling -------------------------------------------------------------------------------------
 
 
-def ratio(src: float, dst: float) -> tuple[int, int]:
-    """(up, down) of a resampling from ``src`` to ``dst`` Hz, reduced (rates rounded to 1/100 Hz)."""
-    a, b = round(dst * 100), round(src * 100)
-    g = math.gcd(a, b)
-    return a // g, b // g
-
-
-def resampled_length(n: int, up: int, down: int) -> int:
-    return -(-n * up // down)
-
-
 @functools.lru_cache(maxsize=64)
 def resample_filter(up: int, down: int, half_per_rate: int = 32, beta: float = 10.0) -> np.ndarray:
     """The polyphase low-pass of an ``up``/``down`` resampling: a Kaiser-windowed sinc (beta 10: by Kaiser's formula about
@@ -134,27 +124,6 @@ def resample_poly_np(x: np.ndarray, up: int, down: int) -> np.ndarray:
         ok = (ns >= 0) & (ns < n)
         out[..., j] = x[..., ns[ok]] @ h[ks[ok]]
     return out.astype(np.float32)
-
-
-def _resample_cpu(x: np.ndarray, src: float, dst: float) -> np.ndarray:
-    """soxr (its high-quality setting) from ``src`` to ``dst`` Hz, cut or zero-padded to the length
-    the GPU kernel makes, so both backends give the same number of samples."""
-    if src == dst:
-        return x
-    try:
-        import soxr
-    except ImportError:  # pragma: no cover - a declared dependency
-        from ...errors import DependencyError
-
-        raise DependencyError("resampling on the CPU needs soxr: pip install soxr") from None
-
-    up, down = ratio(src, dst)
-    n = resampled_length(x.shape[-1], up, down)
-    y = soxr.resample(np.ascontiguousarray(x.T), src, dst, quality="HQ").T
-    y = np.asarray(y, np.float32)
-    if y.shape[-1] < n:
-        y = np.pad(y, ((0, 0), (0, n - y.shape[-1])))
-    return np.ascontiguousarray(y[:, :n])
 
 
 def _resample_gpu(rows: list[Any], up: int, down: int) -> list[Any]:
@@ -219,7 +188,7 @@ class Resample(AudioOp):
 
 @register_kernel("resample", HOST)
 def _resample_host(op: Resample, items: list[AudioData], params: list) -> list[AudioData]:
-    return [it._replace(samples=_resample_cpu(it.samples, it.rate, op.rate), rate=op.rate) for it in items]
+    return [it._replace(samples=resample_cpu(it.samples, it.rate, op.rate), rate=op.rate) for it in items]
 
 
 @register_kernel("resample", DEVICE)
@@ -253,7 +222,7 @@ class Speed(AudioOp):
 
 @register_kernel("speed", HOST)
 def _speed_host(op: Speed, items: list[AudioData], params: list) -> list[AudioData]:
-    return [it._replace(samples=_resample_cpu(it.samples, it.rate * f, it.rate)) for it, f in zip(items, params)]
+    return [it._replace(samples=resample_cpu(it.samples, it.rate * f, it.rate)) for it, f in zip(items, params)]
 
 
 @register_kernel("speed", DEVICE)
