@@ -217,6 +217,10 @@ def _decode_chains(data: bytes, info: AudioInfo, frames: int) -> np.ndarray:
         if frames and got >= frames:
             break
     x = np.concatenate(out, axis=1)
+    want = min(frames or info.frames, info.frames)
+    if x.shape[1] < want - _AV_SLACK:  # (streams that hold fewer samples than their pages count)
+        raise ValueError(f"decoded {x.shape[1]:,} samples a channel where its streams' pages count {want:,}: the file "
+                         "is damaged or cut short")
     return np.ascontiguousarray(x[:, :frames] if frames else x)
 
 
