@@ -132,7 +132,8 @@ def outputs_of(record: Record, plan: Plan, stats: RunStats, source: int = 0,
                 continue
         out.append(job)
     info = getattr(record, "_video_info", None) if record.media == Media.VIDEO else None
-    if info is not None and info.skipped:  # (frames the file no longer holds: said, as they cannot be listed)
+    if info is not None and info.skipped and not all(isinstance(o, RecordError) for o in out):  # (frames the file
+        # no longer holds: said, as they cannot be listed; a record refused whole says why in its own error)
         n = info.skipped
         stats.warn(f"{record.key}: {n:,} frame{'s' * (n != 1)} lost to damage in the file (timestamps that skip them "
                    f"or are missing, from {info.skip_at:.3f} s); the frames it can place are written")

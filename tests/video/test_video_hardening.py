@@ -647,6 +647,7 @@ def test_an_flv_file_cut_between_two_tags_says_the_frames_its_duration_declares(
     assert all("its frames end at" in e["reason"] for e in lost)
     s = convert(src, tmp_path / "copy", to="webdataset")
     assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/x"], s.as_dict()
+    assert not s.warnings, s.warnings  # (no "frames it can place are written" for a file refused whole)
     at = cut.index(b"\x00\x08duration\x00") + 11
     live = cut[:at] + struct.pack(">d", 0.0) + cut[at + 8 :]  # (no duration declared: no judgement)
     assert flv_told(live)[0] == 0 and probe(live).missing == 0
