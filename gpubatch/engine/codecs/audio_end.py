@@ -283,6 +283,18 @@ def mp3_counts(head: bytes) -> tuple[int, int, int, int] | None:
     return None
 
 
+def _crc16_arc_table() -> tuple[int, ...]:
+    out = []
+    for n in range(256):
+        for _ in range(8):
+            n = (n >> 1) ^ 0xA001 if n & 1 else n >> 1
+        out.append(n)
+    return tuple(out)
+
+
+_CRC16_ARC = _crc16_arc_table()
+
+
 def lame_tag_damage(head: bytes) -> str:
     """What a damaged LAME tag in an MP3's Xing/Info frame (its first bytes ``head``) costs, or "". The tag (LAME's
     since 3.90, FFmpeg's ``Lavc``/``Lavf``) gives the encoder's delay and padding, which decoders trim from the
@@ -301,10 +313,8 @@ def lame_tag_damage(head: bytes) -> str:
                                     (lame and (int(lame[1]), int(lame[2])) >= (3, 90))):
         return ""  # (no tag, or a LAME before 3.90, whose tag held no CRC)
     crc = 0
-    for b in head[start : tag + 34]:  # (CRC-16/ARC: the polynomial 0x8005 reflected, from 0)
-        crc ^= b
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0xA001 if crc & 1 else crc >> 1
+    for b in head[start : tag + 34]:  # (CRC-16/ARC: the polynomial 0x8005 reflected, from 0; a byte a lookup)
+        crc = (crc >> 8) ^ _CRC16_ARC[(crc ^ b) & 0xFF]
     if crc == int.from_bytes(head[tag + 34 : tag + 36], "big"):
         return ""
     trims = int.from_bytes(head[tag + 21 : tag + 24], "big")

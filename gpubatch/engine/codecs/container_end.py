@@ -375,23 +375,27 @@ def flv_told(data: bytes) -> tuple[float, float]:
     """(the duration an FLV file's ``onMetaData`` declares, the last sound tag's time), in seconds; (0, 0) where it
     declares none (a live-written file: FFmpeg's muxer writes it when it can seek back). A file cut exactly between
     two tags reads as a shorter whole one, but for this duration: its frames end well before it
-    (``video_probe.probe_video`` compares them, its sound's last tag beside its frames)."""
+    (``video_probe.probe`` compares them, its sound's last tag beside its frames). The first tag is read for the
+    one, and the last tags, back from the end by the size each is followed by, for the other: no walk of the file."""
     if data[:3] != b"FLV" or len(data) < 9:
         return 0.0, 0.0
     told = sound = 0.0
-    at = int.from_bytes(data[5:9], "big") + 4
-    while at + 11 <= len(data):
-        kind, size = data[at] & 0x1F, int.from_bytes(data[at + 1 : at + 4], "big")
-        if kind not in _FLV_TAGS:
-            break
-        if kind == 18 and not told:  # (script data: onMetaData, an AMF0 array of which "duration" is a number)
-            i = data.find(b"\x00\x08duration\x00", at + 11, min(at + 11 + size, len(data)))
-            if i >= 0 and i + 19 <= len(data):
-                value = struct.unpack(">d", data[i + 11 : i + 19])[0]
-                told = value if 0 < value < 1e7 else 0.0  # (NaN or a hostile figure: no judgement)
-        elif kind == 8:
+    first = int.from_bytes(data[5:9], "big") + 4
+    if first + 11 <= len(data) and data[first] & 0x1F == 18:  # (script data: onMetaData, an AMF0 array)
+        size = int.from_bytes(data[first + 1 : first + 4], "big")
+        i = data.find(b"\x00\x08duration\x00", first + 11, min(first + 11 + size, len(data)))
+        if i >= 0 and i + 19 <= len(data):
+            value = struct.unpack(">d", data[i + 11 : i + 19])[0]
+            told = value if 0 < value < 1e7 else 0.0  # (NaN or a hostile figure: no judgement)
+    end = len(data)
+    for _ in range(64):  # (a sound that outlasts the video is in the last tags)
+        at = end - 4 - int.from_bytes(data[end - 4 : end], "big")
+        if at < first or data[at] & 0x1F not in _FLV_TAGS or 11 + int.from_bytes(data[at + 1 : at + 4], "big") != end - 4 - at:
+            break  # (no tag there: a damaged end)
+        if data[at] & 0x1F == 8:
             sound = ((data[at + 7] << 24) | int.from_bytes(data[at + 4 : at + 7], "big")) / 1000
-        at += 11 + size + 4
+            break
+        end = at
     return told, sound
 
 
