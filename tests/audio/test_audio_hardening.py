@@ -995,3 +995,26 @@ def test_an_mp3_whose_lame_tag_is_damaged_is_said(tmp_path, rate, channels):
         assert len(s.warnings) == 1 and s.warnings[0].startswith("a/tag: its MP3 LAME tag is damaged"), s.warnings
         trims = int.from_bytes(data[tag + 21 : tag + 24], "big")
         assert f"({trims >> 12} and {trims & 0xFFF} samples)" in s.warnings[0], s.warnings
+
+
+@pytest.mark.parametrize("second_rate", [16000, 44100])
+def test_a_chained_ogg_file_whose_second_stream_s_header_is_damaged_is_its_record_s_error(tmp_path, second_rate):
+    """A chained Ogg file whose second stream's first page lost its identification header (byte flips, seed 83 of
+    `byte_flips.py --media audio --exact`, 2026-12-07): no decoder reads that stream, and the file was written with
+    the first stream's samples alone (24,000 of 48,000), no word. A stream of no readable header is now the record's
+    error, whether the streams share a rate or not."""
+    from tests.audio.sounds import encoded
+
+    first, second = encoded(tone(1.0, 16000, 300.0), 16000, "ogg"), encoded(tone(1.0, second_rate, 900.0), second_rate,
+                                                                           "ogg")
+    damaged = bytearray(first + second)
+    head = len(first) + 27 + damaged[len(first) + 26]  # (the second stream's first page's body: "\x01vorbis"...)
+    assert damaged[head : head + 7] == b"\x01vorbis"
+    damaged[head + 1] ^= 0x20
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "chain.ogg").write_bytes(bytes(damaged))
+    (src / "a" / "whole.ogg").write_bytes(first + second)
+    s = convert(src, tmp_path / "out", to="webdataset", sample_rate=16000)
+    assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/chain"], s.as_dict()
+    assert f"the one from byte {len(first):,} with no readable header (damaged)" in s.skipped[0]["reason"]

@@ -189,6 +189,10 @@ def _chained(data: bytes) -> AudioInfo:
     from .resample import ratio, resampled_length
 
     chains = ogg_chains(data)
+    lost = [first for rate, _, _, first in chains if not rate]
+    if lost:  # (a stream whose header is damaged: no decoder reads it, and its samples would go with no word)
+        raise ValueError(f"a chained Ogg file of {len(chains)} streams, the one from byte {lost[0]:,} with no readable "
+                         "header (damaged): its samples cannot be read")
     if len({channels for _, channels, *_ in chains}) != 1:
         said = ", ".join(f"{rate:,} Hz x {channels}" for rate, channels in sorted({c[:2] for c in chains}))
         raise ValueError(f"a chained Ogg file whose {len(chains)} streams differ in channels ({said}): convert "

@@ -600,7 +600,8 @@ def ogg_chains(data: bytes) -> list[tuple[int, int, int, int]]:
     """(rate, channels, samples, where its first page begins) of each logical stream of a chained Ogg file (Vorbis
     or Opus streams one after another), walking its pages: a stream's samples are its last page's granule position
     (an Opus stream's less its pre-skip; Opus decodes at 48 kHz). A damaged stretch is passed over to the next
-    page."""
+    page. A stream whose identification header no page gives (its first page damaged) has rate and channels 0: its
+    samples cannot be read."""
     chains: dict[int, list[int]] = {}  # serial -> [rate, channels, last granule, pre-skip, first page]
     at = 0
     while 0 <= at and at + 27 <= len(data):
@@ -611,13 +612,14 @@ def ogg_chains(data: bytes) -> list[tuple[int, int, int, int]]:
         body = at + 27 + len(segments)
         serial = int.from_bytes(data[at + 14 : at + 18], "little")
         granule = int.from_bytes(data[at + 6 : at + 14], "little", signed=True)
-        if data[at + 5] & 2 and serial not in chains:  # (a stream's first page: its identification header)
+        chain = chains.setdefault(serial, [0, 0, 0, 0, at])
+        if data[at + 5] & 2 and not chain[0]:  # (a stream's first page: its identification header)
             head = data[body : body + 30]
             if head[:8] == b"OpusHead":
-                chains[serial] = [48000, head[9], 0, int.from_bytes(head[10:12], "little"), at]
+                chain[:4] = [48000, head[9], 0, int.from_bytes(head[10:12], "little")]
             elif head[:7] == b"\x01vorbis":
-                chains[serial] = [int.from_bytes(head[12:16], "little"), head[11], 0, 0, at]
-        if serial in chains and granule > 0:
+                chain[:4] = [int.from_bytes(head[12:16], "little"), head[11], 0, 0]
+        if granule > 0:
             chains[serial][2] = granule
         at = body + sum(segments)
     return [(rate, channels, max(0, last - skip), first) for rate, channels, last, skip, first in chains.values()]
