@@ -13,7 +13,8 @@ HEVC in MP4), 1-32 bytes of one flipped, every frame written (``--frames every:1
 eight clips with a sound track beside the video (AAC, Opus, MP2, MP3, AC-3 in MP4, MKV, WebM, MPEG-TS, FLV, AVI,
 MPEG-PS and MOV). ``reencode``: those clips with sound re-encoded whole (``--to video``), each output's sound
 track's packets counted against the undamaged run's. ``audio``: a 3-s recording as
-FLAC, WAV, Ogg Vorbis, Opus, MP3, AIFF and AAC in MP4, 1-16 bytes of one flipped, resampled. Prints one line a copy
+FLAC, WAV, Ogg Vorbis, Opus, MP3, AIFF and AAC in MP4, and a chained Ogg file of two rates, 1-16 bytes of one
+flipped, resampled. Prints one line a copy
 that lost something, with what was said, and ends with the count of silent losses and tracebacks (``bad``).
 ``stored``: four sound files (FLAC, WAV, Ogg, MP3) and three videos (MP4, MKV, WebM) passed through into
 webdataset, TFRecord, LMDB (sound) and Parquet, 1-64 bytes of one copy's files flipped, read back decoded (resampled;
@@ -104,7 +105,14 @@ def _sounds(t: Path) -> tuple[dict[str, Path], dict, int]:
                          ("aiff", "AIFF", {}), ("opus", "OGG", {"subtype": "OPUS"})):
         sf.write(base / f"c.{ext}", x, 48000 if ext == "opus" else 16000, format=fmt, **kw)
     write(base / "c.m4a", x[:, None], 16000)  # (AAC in MP4, through PyAV)
-    return {"audio": t / "base"}, {"to": "webdataset", "sample_rate": 16000}, 7
+    parts = []  # (a chained Ogg file whose second stream is of another rate: each stream read on its own)
+    for rate, n in ((16000, 24000), (44100, 66150)):
+        buf = io.BytesIO()
+        sf.write(buf, np.interp(np.arange(n) * 16000 / rate, np.arange(48000), x).astype(np.float32), rate,
+                 format="OGG")
+        parts.append(buf.getvalue())
+    (base / "chain.ogg").write_bytes(b"".join(parts))
+    return {"audio": t / "base"}, {"to": "webdataset", "sample_rate": 16000}, 8
 
 
 def _images(t: Path) -> tuple[dict[str, Path], dict, dict]:
