@@ -1018,3 +1018,22 @@ def test_a_chained_ogg_file_whose_second_stream_s_header_is_damaged_is_its_recor
     s = convert(src, tmp_path / "out", to="webdataset", sample_rate=16000)
     assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/chain"], s.as_dict()
     assert f"the one from byte {len(first):,} with no readable header (damaged)" in s.skipped[0]["reason"]
+
+
+def test_an_ogg_stream_of_another_kind_is_no_damaged_stream():
+    """A Skeleton index stream (its first page "fishead", its granules 0) beside the sound is left out of a chained
+    Ogg file's streams, as before; a stream of sound whose header is gone is kept, of rate 0 (its record's error)."""
+    from gpubatch.engine.codecs.container_end import ogg_chains
+    from tests.audio.sounds import encoded
+
+    def page(serial: int, body: bytes, flags: int = 2, granule: int = 0) -> bytes:
+        return (b"OggS\x00" + bytes([flags]) + granule.to_bytes(8, "little") + serial.to_bytes(4, "little")
+                + bytes(8) + bytes([1, len(body)]) + body)
+
+    first, second = encoded(tone(1.0, 16000), 16000, "ogg"), encoded(tone(1.0, 44100), 44100, "ogg")
+    skeleton = page(7, b"fishead\x00" + bytes(56))
+    got = ogg_chains(skeleton + first + second)
+    assert [(rate, n, at) for rate, _, n, at in got] == [(16000, 16000, len(skeleton)),
+                                                          (44100, 44100, len(skeleton) + len(first))]
+    lost = page(9, b"\x01Vorbis" + bytes(23)) + page(9, b"audio", flags=4, granule=4800)
+    assert [rate for rate, *_ in ogg_chains(first + lost)] == [16000, 0]

@@ -596,13 +596,19 @@ def ogg_last_sample(head: bytes, tail: bytes) -> int | None:
     return granule if granule > 0 else None
 
 
+#: the first bytes of an Ogg stream of another kind than Vorbis or Opus (Skeleton's index, FLAC, Speex, Theora...):
+#: such a stream is no damaged one, and holds no sound gpubatch's Ogg reading takes
+_OGG_OTHER = (b"fishead\x00", b"fisbone\x00", b"\x7fFLAC", b"Speex   ", b"\x80theora", b"\x80kate", b"PCM     ",
+              b"CELT    ", b"\x01video", b"\x01text", b"BBCD\x00", b"CMML\x00", b"\x8bDirac", b"OVP80", b"fLaC")
+
+
 def ogg_chains(data: bytes) -> list[tuple[int, int, int, int]]:
     """(rate, channels, samples, where its first page begins) of each logical stream of a chained Ogg file (Vorbis
     or Opus streams one after another), walking its pages: a stream's samples are its last page's granule position
     (an Opus stream's less its pre-skip; Opus decodes at 48 kHz). A damaged stretch is passed over to the next
-    page. A stream whose identification header no page gives (its first page damaged) has rate and channels 0: its
-    samples cannot be read."""
-    chains: dict[int, list[int]] = {}  # serial -> [rate, channels, last granule, pre-skip, first page]
+    page. A stream of sound whose identification header no page gives (its first page damaged, or missing) has
+    rate and channels 0: its samples cannot be read. Streams of other kinds (a Skeleton index...) are left out."""
+    chains: dict[int, list] = {}  # serial -> [rate, channels, last granule, pre-skip, first page, of another kind]
     at = 0
     while 0 <= at and at + 27 <= len(data):
         if data[at : at + 4] != b"OggS" or data[at + 4] != 0:
@@ -612,17 +618,20 @@ def ogg_chains(data: bytes) -> list[tuple[int, int, int, int]]:
         body = at + 27 + len(segments)
         serial = int.from_bytes(data[at + 14 : at + 18], "little")
         granule = int.from_bytes(data[at + 6 : at + 14], "little", signed=True)
-        chain = chains.setdefault(serial, [0, 0, 0, 0, at])
+        chain = chains.setdefault(serial, [0, 0, 0, 0, at, False])
         if data[at + 5] & 2 and not chain[0]:  # (a stream's first page: its identification header)
             head = data[body : body + 30]
             if head[:8] == b"OpusHead":
                 chain[:4] = [48000, head[9], 0, int.from_bytes(head[10:12], "little")]
             elif head[:7] == b"\x01vorbis":
                 chain[:4] = [int.from_bytes(head[12:16], "little"), head[11], 0, 0]
+            elif head.startswith(_OGG_OTHER):
+                chain[5] = True
         if granule > 0:
-            chains[serial][2] = granule
+            chain[2] = granule
         at = body + sum(segments)
-    return [(rate, channels, max(0, last - skip), first) for rate, channels, last, skip, first in chains.values()]
+    return [(rate, channels, max(0, last - skip), first) for rate, channels, last, skip, first, other in chains.values()
+            if not other and (rate or last > 0)]
 
 
 def avi_null_frames(data: bytes, stream: int) -> int:
