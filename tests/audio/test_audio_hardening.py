@@ -949,6 +949,14 @@ def test_a_fragmented_m4a_with_no_index_of_its_fragments_at_its_end_is_said(tmp_
         s = convert(tmp_path / "src", tmp_path / f"cut{len(opts)}", to="webdataset", **opts)
         assert s.records_out == 1 and not s.skipped
         assert len(s.warnings) == 1 and "fragmented MP4 with no index of its fragments" in s.warnings[0], s.warnings
+    # cut inside a fragment (its moof, 99 bytes in): 32,768 of 49,024 samples had been written with no word
+    # (`byte_flips.py --media audio --cut --exact --seed 223`, 2026-12-07); the record's error now
+    (tmp_path / "src" / "a" / "whole.m4a").write_bytes(data)
+    path.write_bytes(data[: moofs[len(moofs) // 2] + 99])
+    for opts in ({"sample_rate": 16000}, {}):
+        s = convert(tmp_path / "src", tmp_path / f"inside{len(opts)}", to="webdataset", **opts)
+        assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/f"], s.as_dict()
+        assert "a fragment (moof, mdat) of it, and what came after, is lost" in s.skipped[0]["reason"]
 
 
 @pytest.mark.parametrize("subtype", ["VORBIS", "OPUS"])

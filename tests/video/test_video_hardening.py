@@ -1031,3 +1031,11 @@ def test_a_fragmented_mp4_with_no_index_of_its_fragments_at_its_end_is_said(tmp_
     assert s.records_out == (24 if opts else 1) and not s.skipped
     assert len(s.warnings) == 1 and "fragmented MP4 with no index of its fragments" in s.warnings[0], s.warnings
     assert "(what it holds is written)" in s.warnings[0]
+    path.write_bytes(data[: [a for k, a in boxes if k == b"moof"][2] + 99])  # (cut inside the third fragment's moof)
+    lost = "the file is cut short: its last box runs past its end: a fragment (moof, mdat) of it, and what came after"
+    if opts:  # (the frames before the cut written, the loss said; never "every video frame is in it")
+        s = convert(tmp_path / "src", tmp_path / "inside", to="webdataset", device="cpu", **opts)
+        assert s.records_out == 24 and len(s.warnings) == 1 and lost in s.warnings[0], s.warnings
+    else:  # (a copy refused: the one record's error)
+        with pytest.raises(GpubatchError, match=r"\(1 x decode: the file is cut short: .* a fragment \(moof, mdat\)"):
+            convert(tmp_path / "src", tmp_path / "inside", to="webdataset", device="cpu", **opts)

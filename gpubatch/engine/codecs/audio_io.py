@@ -250,6 +250,7 @@ def _wav_header(data: bytes) -> tuple[int, int] | None:
 def _probe_av(data: bytes) -> AudioInfo:
     from .video_probe import (
         BOXES_CUT,
+        FRAGMENT_CUT,
         INDEX_CUT,
         av,
         mp4_boxes_cut,
@@ -272,7 +273,10 @@ def _probe_av(data: bytes) -> AudioInfo:
                 whole = sum(pos + size <= len(data) for pos, size in table.items())
                 raise ValueError(f"the file is cut short: its index lists {len(table):,} packets, {whole:,} are in the "
                                  f"file whole")
-            if table is not None and mp4_boxes_cut(data):  # (cut inside its index at its end: its samples whole)
+            cut = mp4_boxes_cut(data) if table is not None or sniff_container(data) in ("mp4", "mov", "3gp") else ""
+            if cut == "fragment":  # (a fragmented M4A cut inside a fragment: the demuxer ends at the last whole one)
+                raise ValueError(f"{BOXES_CUT}: {FRAGMENT_CUT}")
+            if table is not None and cut:  # (cut inside its index at its end: its samples whole)
                 raise ValueError(BOXES_CUT)
             rate = int(s.rate or s.codec_context.sample_rate or 0)
             # (a stream's ``frames`` counts packets, not samples)

@@ -67,6 +67,8 @@ def sniff_container(data: bytes) -> str | None:
 INDEX_CUT = "the file is cut short: its index (the moov box, at its end) is not in it whole"
 #: an MP4's cut that spares its frames' tables (:func:`mp4_boxes_cut`)
 BOXES_CUT = "the file is cut short: its last box runs past its end"
+#: a fragmented MP4's cut inside a fragment (:func:`mp4_boxes_cut`)
+FRAGMENT_CUT = "a fragment (moof, mdat) of it, and what came after, is lost"
 MAX_MISSING = 1 << 16  # the most frames a file cut short or damaged is taken to have lost (its header may claim any)
 
 
@@ -122,15 +124,15 @@ class VideoInfo:
     jump: float = 0.0  # seconds a steady rate's timestamps jump by no whole number of frames (damage that moved
     jump_at: float = 0.0  # them, or a splice: frames may be lost there), and from when
     placed: int = 0  # frames that carry no timestamp, placed on the grid of those that do (an MPEG stream's)
-    boxes_cut: bool = False  # an MP4/MOV whose last top-level box runs past its end, every video frame in it
+    boxes_cut: str = ""  # an MP4/MOV whose last top-level box runs past its end (:func:`mp4_boxes_cut`)
 
     @property
     def cut_short(self) -> str:
         """Why the file is damaged where it is cut short (its index counts frames it does not hold, or its last box
         runs past its end), or ""."""
         if not self.missing:
-            return (f"{BOXES_CUT} (every video frame is in it; what came after them, its sound's index or its "
-                    "metadata, is not)" if self.boxes_cut else "")
+            return ("" if not self.boxes_cut else f"{BOXES_CUT} (every video frame is in it; what came after them, its "
+                    "sound's index or its metadata, is not)" if self.boxes_cut == "index" else f"{BOXES_CUT}: {FRAGMENT_CUT}")
         if self.cut_inside:
             return f"the file is cut short: it ends inside a packet, after {self.frames:,} whole frames"
         if self.declared:
@@ -401,7 +403,7 @@ def probe(data: bytes, max_pixels: int = 0) -> VideoInfo:
             cut_inside=inside, cut_pts=cut_pts, reorder=reorder, declared=declared, stopped=bool(stopped),
             counted=counted,
             skipped=skipped, skip_at=skip_at, jump=jump, jump_at=jump_at, placed=placed,
-            boxes_cut=sniffed in ("mp4", "mov", "3gp") and mp4_boxes_cut(data),
+            boxes_cut=mp4_boxes_cut(data) if sniffed in ("mp4", "mov", "3gp") else "",
         )
 
 
@@ -532,12 +534,17 @@ def mp4_index_whole(data: bytes) -> bool:
     return next((end <= len(data) for kind, _, end in _top_boxes(data) if kind == b"moov"), False)
 
 
-def mp4_boxes_cut(data: bytes) -> bool:
-    """Whether an MP4/MOV file's top-level boxes end with one that runs past the file's end: a file cut short. Where
-    its index (``moov``) comes last, a cut inside it that spares the video track's tables leaves every frame
-    readable, and the file passed for whole (its sound's tables, or its metadata, lost). Bytes after the last box
-    that are none (a type of other than letters and digits) leave it untold."""
-    return _cut(list(_top_boxes(data)), len(data))
+def mp4_boxes_cut(data: bytes) -> str:
+    """Whether an MP4/MOV file's top-level boxes end with one that runs past the file's end (a file cut short), and
+    where: "index" where its index (``moov``) holds every frame's tables (a cut inside it, where it comes last,
+    that spares the video track's tables leaves every frame readable, and the file passed for whole: its sound's
+    tables, or its metadata, lost), "fragment" in a fragmented file (``moof`` boxes: the frames from the cut
+    fragment on are lost, and the demuxer ends at the last whole one with no error), else "". Bytes after the last
+    box that are none (a type of other than letters and digits) leave it untold."""
+    boxes = list(_top_boxes(data))
+    if not _cut(boxes, len(data)):
+        return ""
+    return "fragment" if any(kind == b"moof" for kind, _, _ in boxes) else "index"
 
 
 def _cut(boxes: list[tuple[bytes, int, int]], size: int) -> bool:
