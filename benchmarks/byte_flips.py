@@ -13,8 +13,8 @@ HEVC in MP4), 1-32 bytes of one flipped, every frame written (``--frames every:1
 eight clips with a sound track beside the video (AAC, Opus, MP2, MP3, AC-3 in MP4, MKV, WebM, MPEG-TS, FLV, AVI,
 MPEG-PS and MOV). ``reencode``: those clips with sound re-encoded whole (``--to video``), each output's sound
 track's packets counted against the undamaged run's. ``audio``: a 3-s recording as
-FLAC, WAV, Ogg Vorbis, Opus, MP3, AIFF and AAC in MP4, and a chained Ogg file of two rates, 1-16 bytes of one
-flipped, resampled. Prints one line a copy
+FLAC, WAV, Ogg Vorbis, Opus, MP3 (also after an ID3 tag), AIFF, Wave64, CAF, AU and AAC in MP4 (also fragmented), and
+a chained Ogg file of two rates, 1-16 bytes of one flipped, resampled. Prints one line a copy
 that lost something, with what was said, and ends with the count of silent losses and tracebacks (``bad``).
 ``stored``: four sound files (FLAC, WAV, Ogg, MP3) and three videos (MP4, MKV, WebM) passed through into
 webdataset, TFRecord, LMDB (sound) and Parquet, 1-64 bytes of one copy's files flipped, read back decoded (resampled;
@@ -95,7 +95,7 @@ def _sounded_videos(t: Path, whole: bool = False) -> tuple[dict[str, Path], dict
 def _sounds(t: Path) -> tuple[dict[str, Path], dict, int]:
     import soundfile as sf
 
-    from tests.audio.sounds import write
+    from tests.audio.sounds import fragmented_m4a, write
 
     base = t / "base" / "a"
     base.mkdir(parents=True)
@@ -112,7 +112,16 @@ def _sounds(t: Path) -> tuple[dict[str, Path], dict, int]:
                  format="OGG")
         parts.append(buf.getvalue())
     (base / "chain.ogg").write_bytes(b"".join(parts))
-    return {"audio": t / "base"}, {"to": "webdataset", "sample_rate": 16000}, 8
+    for ext, fmt in (("w64", "W64"), ("caf", "CAF"), ("au", "AU")):  # (the sizes of their headers tell a cut)
+        sf.write(base / f"c.{ext}", x, 16000, format=fmt)
+    fragmented_m4a(base / "f.m4a", x)  # (as live recorders write, with FFmpeg's index of its fragments at its end)
+    mp3 = io.BytesIO()
+    sf.write(mp3, x, 16000, format="MP3")
+    title = b"\x03" + b"a title" * 40  # (an ID3v2.3 tag before the frames: a title frame of 281 bytes)
+    frame = b"TIT2" + len(title).to_bytes(4, "big") + b"\x00\x00" + title
+    syncsafe = bytes((len(frame) >> shift) & 0x7F for shift in (21, 14, 7, 0))
+    (base / "id3.mp3").write_bytes(b"ID3\x03\x00\x00" + syncsafe + frame + mp3.getvalue())
+    return {"audio": t / "base"}, {"to": "webdataset", "sample_rate": 16000}, 13
 
 
 def _images(t: Path) -> tuple[dict[str, Path], dict, dict]:
