@@ -1045,3 +1045,34 @@ def test_an_ogg_stream_of_another_kind_is_no_damaged_stream():
                                                           (44100, 44100, len(skeleton) + len(first))]
     lost = page(9, b"\x01Vorbis" + bytes(23)) + page(9, b"audio", flags=4, granule=4800)
     assert [rate for rate, *_ in ogg_chains(first + lost)] == [16000, 0]
+
+
+def test_an_mp3_whose_frame_header_is_damaged_is_its_record_s_error(tmp_path):
+    """One byte of an MP3 frame's header damaged (its sync), in a file after an ID3 tag: libsndfile's count no longer
+    agreed with the header frame's, the frames were walked and read through PyAV, and the decoders passed over the
+    frame with no error: 47,855 of 48,000 samples written, no word (`byte_flips.py --media audio --exact --seed
+    234`, 2026-12-07). A stretch between frames that holds none, and is no tag, is now the record's error; MP3 files
+    joined one after another (their tags between them) still read whole."""
+    from gpubatch.engine.codecs.audio_end import _mp3_frame, mp3_samples
+    from tests.audio.sounds import encoded
+
+    title = b"\x03" + b"a title" * 40  # (an ID3v2.3 tag before the frames: a title frame)
+    frame = b"TIT2" + len(title).to_bytes(4, "big") + b"\x00\x00" + title
+    tag = b"ID3\x03\x00\x00" + bytes((len(frame) >> shift) & 0x7F for shift in (21, 14, 7, 0)) + frame
+    one = tag + encoded(tone(3.0, 16000), 16000, "mp3")
+    frames, at = [], len(tag)
+    while (n := _mp3_frame(one, at)) and len(frames) < 8:
+        frames.append(at)
+        at += n
+    damaged = bytearray(one)
+    damaged[frames[1] + 1] = 0x79  # (the first sound frame's header, after the Info frame: no frame)
+    stretches: list = []
+    assert mp3_samples(bytes(damaged), stretches) < mp3_samples(one) and stretches[0][0] == frames[1]
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "x.mp3").write_bytes(bytes(damaged))
+    (src / "a" / "joined.mp3").write_bytes(one + one)
+    s = convert(src, tmp_path / "out", to="webdataset", sample_rate=16000)
+    assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/x"], s.as_dict()
+    assert f"the MP3 is damaged: {frames[2] - frames[1]:,} bytes at byte {frames[1]:,} hold no frame" in \
+        s.skipped[0]["reason"]

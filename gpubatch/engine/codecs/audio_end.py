@@ -344,7 +344,8 @@ def mp3_count(data: bytes, counted: int) -> tuple[int, bool]:
     walked. Where its Layer III frames, walked, hold more than ``counted`` and the encoder's delay (MP3 files joined
     one after another, of which libsndfile counts the first; a damaged header frame; a VBR file with no header
     frame, whose count libsndfile guesses from the first frame's rate), those, read through PyAV. Where it has no
-    header frame, the frames walked: libsndfile's count is a guess from the file's size then."""
+    header frame, the frames walked: libsndfile's count is a guess from the file's size then. ValueError where the
+    walk passes over a stretch between frames that is no tag (damage: the decoders pass over it with no error)."""
     slack = 3 * 1152
     counts = mp3_counts(data[: id3_end(data[:10]) + 4096])
     if counts is not None:
@@ -352,7 +353,13 @@ def mp3_count(data: bytes, counted: int) -> tuple[int, bool]:
         have = len(data) - start - (128 if data[-128:-125] == b"TAG" else 0)
         if frames and nbytes and abs(frames * per - counted) <= slack and abs(have - nbytes) <= nbytes // 100:
             return counted, False
-    held = mp3_samples(data)
+    damaged: list[tuple[int, int]] = []
+    held = mp3_samples(data, damaged)
+    if damaged:  # (decoders pass over it with no error, its samples gone)
+        (at, n), more = damaged[0], len(damaged) - 1
+        raise ValueError(f"the MP3 is damaged: {n:,} bytes at byte {at:,} hold no frame"
+                         + (f" (and {more} more such stretch{'es' * (more > 1)})" if more else "")
+                         + ", and the samples of the frames there are lost")
     if held - counted > slack:
         return held, True
     return (held, False) if held and (counts is None or not counts[1]) else (counted, False)
@@ -382,10 +389,11 @@ def _mp3_chained(data: bytes, at: int, like: tuple[int, int], end: int) -> bool:
     return bool(n) and (at + n >= end or bool(_mp3_frame(data, at + n, like)))
 
 
-def mp3_samples(data: bytes) -> int:
+def mp3_samples(data: bytes, damaged: list[tuple[int, int]] | None = None) -> int:
     """The samples a channel an MP3's Layer III frames hold, walked from the first to the last (a damaged stretch
-    passed over to the next frame of the same kind; the Xing/Info/VBRI header frame not counted; no encoder delay
-    taken off); 0 where no frame is found."""
+    passed over to the next frame of the same kind, and noted in ``damaged`` as (where, bytes) where given: not the
+    tags of MP3 files joined one after another; the Xing/Info/VBRI header frame not counted; no encoder delay taken
+    off); 0 where no frame is found."""
     at = id3_end(data[:10])
     if not _mp3_frame(data, at):
         return 0
@@ -402,11 +410,14 @@ def mp3_samples(data: bytes) -> int:
             continue
         if n:  # (the last frame, cut: no whole frame)
             break
+        start, tag = at, data[at : at + 3] in (b"ID3", b"TAG") or data[at : at + 8] == b"APETAGEX"
         at = data.find(b"\xff", at + 1, end)  # (a damaged stretch: to the next header of the same kind that
         while at >= 0 and not _mp3_chained(data, at, like, end):  # another follows, or the end)
             at = data.find(b"\xff", at + 1, end)
         if at < 0:
             break
+        if damaged is not None and not tag:  # (frames follow it: a stretch of frames lost, not the file's tail)
+            damaged.append((start, at - start))
     return max(frames, 0) * per
 
 
