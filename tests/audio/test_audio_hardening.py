@@ -1005,6 +1005,18 @@ def test_an_mp3_whose_lame_tag_is_damaged_is_said(tmp_path, rate, channels):
         assert f"({trims >> 12} and {trims & 0xFFF} samples)" in s.warnings[0], s.warnings
 
 
+def _the_damaged_one_skipped(tmp_path, files: dict) -> str:
+    """``files`` (name -> bytes; the first damaged, the others whole) converted: the first alone skipped, its reason."""
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    for name, data in files.items():
+        (src / "a" / name).write_bytes(data)
+    s = convert(src, tmp_path / "out", to="webdataset", sample_rate=16000)
+    damaged = "a/" + next(iter(files)).rsplit(".", 1)[0]
+    assert s.records_out == len(files) - 1 and [e["key"] for e in s.skipped] == [damaged], s.as_dict()
+    return s.skipped[0]["reason"]
+
+
 @pytest.mark.parametrize("second_rate", [16000, 44100])
 def test_a_chained_ogg_file_whose_second_stream_s_header_is_damaged_is_its_record_s_error(tmp_path, second_rate):
     """A chained Ogg file whose second stream's first page lost its identification header (byte flips, seed 83 of
@@ -1019,13 +1031,8 @@ def test_a_chained_ogg_file_whose_second_stream_s_header_is_damaged_is_its_recor
     head = len(first) + 27 + damaged[len(first) + 26]  # (the second stream's first page's body: "\x01vorbis"...)
     assert damaged[head : head + 7] == b"\x01vorbis"
     damaged[head + 1] ^= 0x20
-    src = tmp_path / "src"
-    (src / "a").mkdir(parents=True)
-    (src / "a" / "chain.ogg").write_bytes(bytes(damaged))
-    (src / "a" / "whole.ogg").write_bytes(first + second)
-    s = convert(src, tmp_path / "out", to="webdataset", sample_rate=16000)
-    assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/chain"], s.as_dict()
-    assert f"the one from byte {len(first):,} with no readable header (damaged)" in s.skipped[0]["reason"]
+    reason = _the_damaged_one_skipped(tmp_path, {"chain.ogg": bytes(damaged), "whole.ogg": first + second})
+    assert f"the one from byte {len(first):,} with no readable header (damaged)" in reason
 
 
 def test_an_ogg_stream_of_another_kind_is_no_damaged_stream():
@@ -1068,11 +1075,5 @@ def test_an_mp3_whose_frame_header_is_damaged_is_its_record_s_error(tmp_path):
     damaged[frames[1] + 1] = 0x79  # (the first sound frame's header, after the Info frame: no frame)
     stretches: list = []
     assert mp3_samples(bytes(damaged), stretches) < mp3_samples(one) and stretches[0][0] == frames[1]
-    src = tmp_path / "src"
-    (src / "a").mkdir(parents=True)
-    (src / "a" / "x.mp3").write_bytes(bytes(damaged))
-    (src / "a" / "joined.mp3").write_bytes(one + one)
-    s = convert(src, tmp_path / "out", to="webdataset", sample_rate=16000)
-    assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["a/x"], s.as_dict()
-    assert f"the MP3 is damaged: {frames[2] - frames[1]:,} bytes at byte {frames[1]:,} hold no frame" in \
-        s.skipped[0]["reason"]
+    reason = _the_damaged_one_skipped(tmp_path, {"chain.mp3": bytes(damaged), "joined.mp3": one + one})
+    assert f"the MP3 is damaged: {frames[2] - frames[1]:,} bytes at byte {frames[1]:,} hold no frame" in reason
