@@ -286,9 +286,11 @@ def _probe_av(data: bytes) -> AudioInfo:
             return AudioInfo(sniff_audio(data) or s.codec_context.name, s.codec_context.name, rate,
                              int(s.codec_context.channels or 0), frames, 0, "pyav")
     except a.FFmpegError as e:
-        if sniff_container(data) in ("mp4", "mov", "3gp") and not mp4_index_whole(data):  # (an M4A cut before its
-            # index at its end)
-            raise ValueError(INDEX_CUT) from None
+        if sniff_container(data) in ("mp4", "mov", "3gp"):
+            if not mp4_index_whole(data):  # (an M4A cut before its index at its end)
+                raise ValueError(INDEX_CUT) from None
+            if mp4_boxes_cut(data) == "fragment":  # (cut inside a fragment, where FFmpeg's demuxer refuses the file:
+                raise ValueError(f"{BOXES_CUT}: {FRAGMENT_CUT}") from None  # PyAV 18.1.1's, 2026-12-07)
         why = getattr(e, "strerror", None) or str(e).split(": ", 1)[0]
         if why == "End of file":  # (the demuxer ran out of bytes inside the file's data: an Ogg file cut short, say)
             raise ValueError("the file ends inside its data (End of file): it is cut short, or damaged") from None
