@@ -651,6 +651,17 @@ def _ogg_pages(data: bytes) -> list[tuple[int, int]]:
     return out
 
 
+def _refused_copied_and_decoded(src, tmp_path, key: str, said: str) -> None:
+    """``src``'s record ``key`` refused, copied and decoded alike, with ``said`` in its reason; the other converted;
+    ``info`` lists it unreadable."""
+    for k, opts in enumerate(({}, {"sample_rate": 8000})):
+        s = convert(src, tmp_path / f"o{k}", to="webdataset", **opts)
+        assert s.records_out == 1 and [e["key"] for e in s.skipped] == [key], s.as_dict()
+        assert said in s.skipped[0]["reason"]
+    r = info(src)
+    assert r.records == 1 and len(r.unreadable) == 1
+
+
 @pytest.mark.parametrize("subtype", ["VORBIS", "OPUS"])
 def test_an_ogg_file_whose_middle_page_fails_its_checksum_is_damaged_not_shorter(tmp_path, subtype):
     """A byte of a middle Ogg page damaged: libogg passes over the page (its CRC fails) and the pages after it,
@@ -668,12 +679,7 @@ def test_an_ogg_file_whose_middle_page_fails_its_checksum_is_damaged_not_shorter
     at, size = pages[2]
     data[at + size // 2] ^= 0x5A
     (src / "damaged.ogg").write_bytes(bytes(data))
-    for k, opts in enumerate(({}, {"sample_rate": 8000})):
-        s = convert(src, tmp_path / f"o{k}", to="webdataset", **opts)
-        assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["damaged"], s.as_dict()
-        assert "its last Ogg page ends at sample" in s.skipped[0]["reason"]
-    r = info(src)
-    assert r.records == 1 and len(r.unreadable) == 1
+    _refused_copied_and_decoded(src, tmp_path, "damaged", "its last Ogg page ends at sample")
 
 
 def test_an_m4a_whose_decoder_passes_over_damaged_frames_is_damaged_not_shorter(tmp_path):
@@ -973,12 +979,7 @@ def test_an_ogg_file_cut_between_two_pages_is_cut_short_not_shorter(tmp_path, su
     pages = _ogg_pages(data)
     assert len(pages) >= 6 and data[pages[-1][0] + 5] & 0x04  # (the whole file's last page ends its stream)
     (src / "cut.ogg").write_bytes(data[: pages[len(pages) // 2][0]])
-    for k, opts in enumerate(({}, {"sample_rate": 8000})):
-        s = convert(src, tmp_path / f"o{k}", to="webdataset", **opts)
-        assert s.records_out == 1 and [e["key"] for e in s.skipped] == ["cut"], s.as_dict()
-        assert "its last Ogg page does not end its stream" in s.skipped[0]["reason"]
-    r = info(src)
-    assert r.records == 1 and len(r.unreadable) == 1
+    _refused_copied_and_decoded(src, tmp_path, "cut", "its last Ogg page does not end its stream")
 
 
 @pytest.mark.parametrize("rate,channels", [(16000, 1), (44100, 2)])

@@ -273,7 +273,7 @@ def _probe_av(data: bytes) -> AudioInfo:
                 whole = sum(pos + size <= len(data) for pos, size in table.items())
                 raise ValueError(f"the file is cut short: its index lists {len(table):,} packets, {whole:,} are in the "
                                  f"file whole")
-            cut = mp4_boxes_cut(data) if table is not None or sniff_container(data) in ("mp4", "mov", "3gp") else ""
+            cut = mp4_boxes_cut(data) if sniff_container(data) in ("mp4", "mov", "3gp") else ""
             if cut == "fragment":  # (a fragmented M4A cut inside a fragment: the demuxer ends at the last whole one)
                 raise ValueError(f"{BOXES_CUT}: {FRAGMENT_CUT}")
             if table is not None and cut:  # (cut inside its index at its end: its samples whole)

@@ -130,9 +130,11 @@ class VideoInfo:
     def cut_short(self) -> str:
         """Why the file is damaged where it is cut short (its index counts frames it does not hold, or its last box
         runs past its end), or ""."""
+        if not self.missing and self.boxes_cut == "index":
+            return (f"{BOXES_CUT} (every video frame is in it; what came after them, its sound's index or its "
+                    "metadata, is not)")
         if not self.missing:
-            return ("" if not self.boxes_cut else f"{BOXES_CUT} (every video frame is in it; what came after them, its "
-                    "sound's index or its metadata, is not)" if self.boxes_cut == "index" else f"{BOXES_CUT}: {FRAGMENT_CUT}")
+            return f"{BOXES_CUT}: {FRAGMENT_CUT}" if self.boxes_cut else ""
         if self.cut_inside:
             return f"the file is cut short: it ends inside a packet, after {self.frames:,} whole frames"
         if self.declared:
